@@ -1,0 +1,347 @@
+"""The host agent: heartbeats with telemetry, runs assigned task attempts, reports their state.
+
+Assignments are the host's `alloc.<host>` record in the `state` bucket, republished
+by the stream to `muster.assign.<host>`; the agent also reads it whenever it
+(re)connects, and reconciles: start what is assigned and was never started here,
+stop what is no longer assigned. It never starts an attempt twice, and refuses
+records stamped with a leadership term older than one it has seen.
+
+Self-fencing: when no heartbeat could be published for `fence_after_s`, the agent stops
+its own attempts, so that a cut-off host's work is dead before the control plane
+replaces it elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from agent.gpu import GpuBackend, SimulatedBackend, open_backend
+from agent.hostinfo import boot_id, host_capacity, host_usage
+from agent.runner import Run
+from server import subjects
+from server.errors import ConfigError, DecodeError, StoreError
+from server.messages import AttemptState, Heartbeat, HostAlloc, StatusReport, Task, decode, encode
+from server.store import Store, connect
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+# Simulated hosts report a typical GPU node's CPU and RAM unless told otherwise.
+SIM_CPUS = 96
+SIM_MEMORY_MB = 1024 * 1024
+
+
+def parse_labels(text: str | None) -> dict[str, str]:
+    from server.validation import validate_labels
+
+    labels: dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise ConfigError(f"label {part!r} is not key=value")
+        labels[k.strip()] = v.strip()
+    errors = validate_labels(labels)
+    if errors:
+        raise ConfigError("; ".join(str(e) for e in errors))
+    return labels
+
+
+@dataclass
+class AgentConfig:
+    nats_url: str
+    host_id: str
+    labels: dict[str, str] = field(default_factory=dict)
+    simulate_gpus: str | None = None
+    heartbeat_interval_s: float = 5.0
+    ttl_intervals: int = 3
+    fence_after_s: float = 10.0
+    kill_grace_s: float = 10.0
+    cpus: int | None = None
+    memory_mb: int | None = None
+    state_dir: Path | None = None
+    fault_file: str | None = None
+
+    def validate(self) -> AgentConfig:
+        ttl = self.heartbeat_interval_s * self.ttl_intervals
+        if self.fence_after_s >= ttl:
+            raise ConfigError("fence_after must be shorter than the heartbeat TTL")
+        if self.heartbeat_interval_s <= 0:
+            raise ConfigError("heartbeat interval must be positive")
+        return self
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, gpus: GpuBackend | None = None) -> None:
+        self.config = config.validate()
+        self.gpus = gpus or open_backend(config.simulate_gpus, config.fault_file)
+        self.boot_id = boot_id()
+        self.runs: dict[str, Run] = {}
+        self.seen: set[str] = set()  # attempts ever started (or refused) here
+        self.max_term = 0
+        self.applied_seq = 0
+        self.last_heartbeat_ok = time.monotonic()
+        self.fenced = False
+        self.dropped = 0
+        self.hb_seq = 0
+        self._reports: deque[StatusReport] = deque()
+        self._report_wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.store: Store | None = None
+        self._seen_file = (config.state_dir / f"{config.host_id}.seen") if config.state_dir else None
+        self._load_seen()
+
+    # ------------------------------------------------------------ persistence of "started"
+
+    def _load_seen(self) -> None:
+        if self._seen_file and self._seen_file.exists():
+            self.seen.update(x for x in self._seen_file.read_text().split() if x)
+
+    def _mark_seen(self, attempt_id: str) -> None:
+        self.seen.add(attempt_id)
+        if self._seen_file:
+            self._seen_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._seen_file, "a") as f:
+                f.write(attempt_id + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    # ------------------------------------------------------------ heartbeats
+
+    def heartbeat(self) -> Heartbeat:
+        cpus, mem = host_capacity()
+        if self.gpus.simulated:
+            cpus = SIM_CPUS
+            mem = SIM_MEMORY_MB
+        cpus = self.config.cpus or cpus
+        mem = self.config.memory_mb or mem
+        cpu_pct, mem_used = host_usage()
+        self.hb_seq += 1
+        if isinstance(self.gpus, SimulatedBackend):
+            self.gpus.set_busy({i for r in self.runs.values() for i in r.task.gpu_indices})
+        return Heartbeat(
+            host_id=self.config.host_id,
+            boot_id=self.boot_id,
+            seq=self.hb_seq,
+            ts=time.time(),
+            labels=self.config.labels,
+            gpus=self.gpus.inventory(),
+            cpus=cpus,
+            memory_mb=mem,
+            gpu_usage=self.gpus.usage(),
+            cpu_pct=cpu_pct,
+            mem_used_mb=mem_used,
+            simulated=self.gpus.simulated,
+            agent_version=VERSION,
+            term=self.max_term,
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.store is not None
+        ttl = f"{int(self.config.heartbeat_interval_s * self.config.ttl_intervals)}s"
+        subject = subjects.kv_subject(subjects.HOSTS_BUCKET, self.config.host_id)
+        while not self._stop.is_set():
+            for fault in self.gpus.poll_faults():
+                log.error("GPU %d fault: %s", fault.index, fault.describe())
+            try:
+                await self.store.js.publish(
+                    subject, encode(self.heartbeat()), headers={"Nats-TTL": ttl},
+                    timeout=min(2.0, self.config.heartbeat_interval_s),
+                )
+                self.last_heartbeat_ok = time.monotonic()
+                if self.fenced:
+                    log.warning("heartbeats resumed; reconciling with current assignments")
+                    self.fenced = False
+                    await self._refresh_assignments()
+            except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
+                log.warning("heartbeat failed: %s", exc)
+            await self._check_fence()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.config.heartbeat_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _fence_loop(self) -> None:
+        while not self._stop.is_set():
+            await self._check_fence()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _check_fence(self) -> None:
+        silent = time.monotonic() - self.last_heartbeat_ok
+        if silent < self.config.fence_after_s or self.fenced:
+            return
+        self.fenced = True
+        log.error("no heartbeat for %.1f s: fencing myself, stopping %d attempts", silent, len(self.runs))
+        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane") for r in self.runs.values()))
+
+    # ------------------------------------------------------------ assignments
+
+    async def _on_assign(self, msg: Msg) -> None:
+        try:
+            alloc = decode(HostAlloc, msg.data)
+        except DecodeError as exc:
+            self.dropped += 1
+            log.warning("dropped assignment: %s", exc)
+            return
+        seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
+        await self.reconcile(alloc, seq)
+
+    async def _refresh_assignments(self) -> None:
+        assert self.store is not None
+        try:
+            rec = await self.store.get(subjects.alloc_key(self.config.host_id))
+        except StoreError as exc:
+            log.warning("cannot read assignments: %s", exc)
+            return
+        if rec.value is None:
+            await self.reconcile(HostAlloc(host_id=self.config.host_id), rec.revision)
+            return
+        try:
+            alloc = decode(HostAlloc, rec.value)
+        except DecodeError as exc:
+            self.dropped += 1
+            log.warning("dropped assignment record: %s", exc)
+            return
+        await self.reconcile(alloc, rec.revision)
+
+    async def reconcile(self, alloc: HostAlloc, seq: int) -> None:
+        """Make the running attempts match `alloc`."""
+        if alloc.host_id != self.config.host_id:
+            self.dropped += 1
+            log.warning("dropped assignment for another host %s", alloc.host_id)
+            return
+        if seq and seq <= self.applied_seq:
+            return  # older than what we applied
+        if alloc.term < self.max_term:
+            self.dropped += 1
+            log.warning("refused assignment with stale term %d < %d", alloc.term, self.max_term)
+            return
+        self.applied_seq = max(self.applied_seq, seq)
+        self.max_term = max(self.max_term, alloc.term)
+        wanted = {t.attempt_id: t for t in alloc.tasks}
+        for attempt_id, run in list(self.runs.items()):
+            t = wanted.get(attempt_id)
+            if t is None or t.stop:
+                asyncio.create_task(run.stop("cancelled" if t is not None else "no longer assigned"))
+        if self.fenced:
+            return  # never start work while cut off
+        for t in alloc.tasks:
+            if t.attempt_id in self.runs:
+                continue
+            if t.attempt_id in self.seen:
+                continue
+            if t.stop:
+                self._mark_seen(t.attempt_id)
+                await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
+                continue
+            self._start(t)
+
+    def _start(self, t: Task) -> None:
+        self._mark_seen(t.attempt_id)
+        run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s)
+        self.runs[t.attempt_id] = run
+        run.start()
+
+    async def _on_run_state(
+        self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str
+    ) -> None:
+        if state.terminal:
+            self.runs.pop(t.attempt_id, None)
+        await self._report(t, state, code, tail, reason)
+
+    # ------------------------------------------------------------ status reports
+
+    async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str) -> None:
+        self._reports.append(
+            StatusReport(
+                host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
+                exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
+            )
+        )
+        self._report_wake.set()
+
+    async def _report_loop(self) -> None:
+        """Deliver status reports in order, retrying until each is acknowledged."""
+        assert self.store is not None
+        subject = subjects.status_subject(self.config.host_id)
+        while True:
+            if not self._reports:
+                if self._stop.is_set():
+                    return
+                self._report_wake.clear()
+                try:
+                    await asyncio.wait_for(self._report_wake.wait(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            r = self._reports[0]
+            try:
+                await self.store.js.publish(
+                    subject, encode(r), headers={"Nats-Msg-Id": f"{r.attempt_id}:{r.state.value}"}, timeout=2
+                )
+                self._reports.popleft()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("status report not delivered yet: %s", exc)
+                if self._stop.is_set():
+                    return
+                await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        external = stop or asyncio.Event()
+
+        async def on_reconnect() -> None:
+            log.info("reconnected to NATS")
+            asyncio.create_task(self._refresh_assignments())
+
+        nc = await connect(self.config.nats_url, name=f"muster-agent-{self.config.host_id}",
+                           reconnected_cb=on_reconnect)
+        self.store = Store(nc)
+        sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
+                                 pending_msgs_limit=10_000)
+        await self._refresh_assignments()
+        tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._fence_loop(), name="fence"),
+            asyncio.create_task(self._report_loop(), name="reports"),
+        ]
+        log.info("agent %s up (%s GPUs%s)", self.config.host_id, len(self.gpus.inventory()),
+                 ", simulated" if self.gpus.simulated else "")
+        await external.wait()
+        await self.shutdown(tasks, sub)
+
+    async def shutdown(self, tasks: list[asyncio.Task[None]], sub: object) -> None:
+        """Stop heartbeating, stop running attempts (they are reported KILLED), deliver
+        the last reports, drain the connection."""
+        self._stop.set()
+        await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
+        await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        except asyncio.TimeoutError:
+            for t in tasks:
+                t.cancel()
+        assert self.store is not None
+        try:
+            await asyncio.wait_for(self.store.nc.drain(), timeout=5)
+        except Exception:  # noqa: BLE001
+            await self.store.nc.close()
+        self.gpus.close()
+
+    def status_json(self) -> str:
+        return json.dumps({"host": self.config.host_id, "running": sorted(self.runs), "term": self.max_term})

@@ -1,0 +1,643 @@
+"""GPU telemetry for the agent: inventory, usage and fault detection.
+
+Three backends share one protocol (`GpuBackend`):
+
+* `NvmlBackend`      real GPUs through nvidia-ml-py (`pynvml`); every NVML query is
+                     guarded so one failing call never takes the agent down.
+* `SimulatedBackend` a fake host ("8xH100") with plausible, seeded telemetry and fault
+                     injection, in-process (`inject_fault`) or from outside through a
+                     JSON-lines fault file.
+* `EmptyBackend`     no GPUs (no driver on this host).
+
+`open_backend()` picks one. GPU indices are NVML enumeration order (PCI bus order); a
+process that runs work on them should set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA agrees.
+
+Fault semantics: `poll_faults()` returns each fault once; from then on the GPU's
+`usage()` entry stays `healthy=False` with the first fault's text, for the life of the
+backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+
+from server.errors import ConfigError
+from server.messages import GpuInfo, GpuUsage
+
+log = logging.getLogger(__name__)
+
+MAX_GPUS = 64
+FAULT_FILE_ENV = "MUSTER_FAULT_FILE"
+FAULT_KINDS = ("xid", "ecc_uncorrectable")
+
+# Memory (MiB) per simulated model, as NVML reports it for the common SKU.
+MODEL_MEMORY_MB: dict[str, int] = {
+    "H100": 81559,
+    "H200": 143771,
+    "A100": 40960,
+    "V100": 16384,
+    "T4": 15360,
+    "L4": 23034,
+    "A10": 23028,
+}
+DEFAULT_MEMORY_MB = 16384
+
+# Board power limit (W) per simulated model; drives the simulated power draw.
+MODEL_POWER_W: dict[str, float] = {
+    "H100": 700.0,
+    "H200": 700.0,
+    "A100": 400.0,
+    "V100": 300.0,
+    "T4": 70.0,
+    "L4": 72.0,
+    "A10": 150.0,
+}
+DEFAULT_POWER_W = 250.0
+
+# Xids that are almost always caused by the application, not the hardware (e.g. 45 is
+# logged whenever a CUDA process is killed). They are logged, not reported as faults.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+
+_SPEC_RE = re.compile(r"^\s*(\d{1,3})\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9_.-]{0,31})\s*$")
+_BRAND_TOKENS = frozenset({"NVIDIA", "TESLA", "GEFORCE", "QUADRO"})
+
+
+@dataclass
+class GpuFault:
+    """A critical fault on one GPU, reported once by `poll_faults()`."""
+
+    index: int
+    kind: str  # "xid" or "ecc_uncorrectable"
+    code: int
+    message: str
+    ts: float
+
+    def describe(self) -> str:
+        """Short text for `GpuUsage.fault`."""
+        label = f"xid {self.code}" if self.kind == "xid" else f"{self.kind} ({self.code})"
+        return f"{label}: {self.message}" if self.message else label
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """What the agent needs from a GPU telemetry source."""
+
+    simulated: bool
+
+    def inventory(self) -> list[GpuInfo]:
+        """Static description of every GPU on the host."""
+        ...
+
+    def usage(self) -> list[GpuUsage]:
+        """Current utilisation, memory, temperature, power and health per GPU."""
+        ...
+
+    def poll_faults(self) -> list[GpuFault]:
+        """Faults that appeared since the previous call; never blocks."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources; safe to call twice."""
+        ...
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def normalise_model(name: str | bytes) -> str:
+    """Reduce an NVML product name to the short model used for scheduling.
+
+    "NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" -> "A100",
+    "Tesla V100-SXM2-16GB" -> "V100", "NVIDIA GeForce RTX 4090" -> "RTX4090",
+    "NVIDIA RTX A6000" -> "A6000". Unrecognisable input gives "UNKNOWN".
+    """
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    tokens = [t for t in name.upper().split() if t not in _BRAND_TOKENS]
+    if not tokens:
+        return "UNKNOWN"
+    first = tokens[0]
+    if first in ("RTX", "GTX") and len(tokens) > 1:
+        following = tokens[1]
+        first = first + following if following[:1].isdigit() else following
+    model = first.split("-", 1)[0]
+    model = re.sub(r"[^A-Z0-9_.]", "", model)[:64]
+    return model or "UNKNOWN"
+
+
+def parse_spec(spec: str) -> tuple[int, str]:
+    """Parse a simulated-host spec such as "8xH100" into (count, model).
+
+    Raises ConfigError for anything else, or a count outside 1..64.
+    """
+    match = _SPEC_RE.match(spec or "")
+    if not match:
+        raise ConfigError(f"bad GPU simulation spec {spec!r}: expected COUNTxMODEL, e.g. 8xH100")
+    count = int(match.group(1))
+    if not 1 <= count <= MAX_GPUS:
+        raise ConfigError(f"bad GPU simulation spec {spec!r}: count must be 1..{MAX_GPUS}")
+    return count, match.group(2).upper()
+
+
+def is_critical_xid(code: int) -> bool:
+    """Whether an Xid should mark the GPU unhealthy (application-caused ones do not)."""
+    return code not in APPLICATION_XIDS
+
+
+def parse_fault_line(line: str, ts: float) -> GpuFault:
+    """Decode one fault-file line ({"index":3,"kind":"xid","code":79,"message":"..."}).
+
+    Raises ValueError when the line is not a valid fault.
+    """
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    index = data.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"bad index {index!r}")
+    kind = data.get("kind", "xid")
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"bad kind {kind!r}")
+    code = data.get("code", 79 if kind == "xid" else 1)
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise ValueError(f"bad code {code!r}")
+    message = str(data.get("message", "injected fault"))[:256]
+    return GpuFault(index=index, kind=kind, code=code, message=message, ts=ts)
+
+
+class FaultFile:
+    """Reads faults appended to a JSON-lines file, each line applied once.
+
+    Only complete (newline-terminated) lines are consumed, so a writer caught mid-line
+    is read on the next poll. If the file shrinks below what was consumed it is taken
+    as a fresh file and read from the start.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.consumed = 0
+
+    def read_new(self) -> list[GpuFault]:
+        """Faults on lines not seen before; bad lines are logged and skipped."""
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("cannot read fault file %s: %s", self.path, exc)
+            return []
+        lines = text.split("\n")[:-1]  # drop the unterminated tail (or the "" after \n)
+        if len(lines) < self.consumed:
+            self.consumed = 0
+        faults: list[GpuFault] = []
+        now = time.time()
+        for number, line in enumerate(lines[self.consumed :], start=self.consumed + 1):
+            if not line.strip():
+                continue
+            try:
+                faults.append(parse_fault_line(line, now))
+            except ValueError as exc:
+                log.warning("fault file %s line %d ignored: %s", self.path, number, exc)
+        self.consumed = len(lines)
+        return faults
+
+
+class _Health:
+    """Per-GPU sticky health shared by the backends (callers hold their own lock)."""
+
+    def __init__(self, count: int) -> None:
+        self.fault_text: dict[int, str] = {}
+        self.count = count
+
+    def record(self, fault: GpuFault) -> bool:
+        """Mark the GPU faulty; False if the index does not exist on this host."""
+        if not 0 <= fault.index < self.count:
+            log.warning("ignoring fault for unknown GPU %d: %s", fault.index, fault.describe())
+            return False
+        self.fault_text.setdefault(fault.index, fault.describe())
+        return True
+
+    def apply(self, entry: GpuUsage) -> GpuUsage:
+        """Set healthy/fault on a usage entry from the sticky state."""
+        text = self.fault_text.get(entry.index)
+        if text is not None:
+            entry.healthy = False
+            entry.fault = text
+        return entry
+
+
+# ---------------------------------------------------------------- empty
+
+
+class EmptyBackend:
+    """A host without GPUs (or without a working driver)."""
+
+    simulated = False
+
+    def inventory(self) -> list[GpuInfo]:
+        return []
+
+    def usage(self) -> list[GpuUsage]:
+        return []
+
+    def poll_faults(self) -> list[GpuFault]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------- simulated
+
+
+@dataclass
+class _SimGpu:
+    util: float = 0.0
+    mem_used: int = 0
+    temp: float = 32.0
+
+
+class SimulatedBackend:
+    """Fake GPUs from a spec like "8xH100", with telemetry that follows `set_busy`.
+
+    `seed` makes telemetry and UUIDs reproducible; without it UUIDs are random per
+    instance (so several simulated agents on one machine do not collide). `fault_file`
+    defaults to the MUSTER_FAULT_FILE environment variable.
+    """
+
+    simulated = True
+
+    def __init__(self, spec: str, fault_file: str | None = None, seed: int | None = None) -> None:
+        self.count, self.model = parse_spec(spec)
+        self.memory_mb = MODEL_MEMORY_MB.get(self.model, DEFAULT_MEMORY_MB)
+        self.power_limit_w = MODEL_POWER_W.get(self.model, DEFAULT_POWER_W)
+        self._rng = random.Random(seed if seed is not None else zlib.crc32(spec.encode()))
+        uuid_rng = random.Random(seed) if seed is not None else None
+        self._uuids = [
+            f"GPU-{uuid.UUID(int=uuid_rng.getrandbits(128), version=4) if uuid_rng else uuid.uuid4()}"
+            for _ in range(self.count)
+        ]
+        self._gpus = [_SimGpu() for _ in range(self.count)]
+        self._busy: set[int] = set()
+        self._health = _Health(self.count)
+        self._pending: list[GpuFault] = []
+        path = fault_file if fault_file is not None else os.environ.get(FAULT_FILE_ENV)
+        self._fault_file = FaultFile(path) if path else None
+        self._lock = threading.Lock()
+
+    def inventory(self) -> list[GpuInfo]:
+        return [
+            GpuInfo(index=i, model=self.model, memory_mb=self.memory_mb, uuid=self._uuids[i])
+            for i in range(self.count)
+        ]
+
+    def set_busy(self, indices: set[int]) -> None:
+        """Hint which GPUs are running work; their telemetry rises, the others idle."""
+        with self._lock:
+            self._busy = {i for i in indices if 0 <= i < self.count}
+
+    def usage(self) -> list[GpuUsage]:
+        """Advance the simulation one step and report it."""
+        out: list[GpuUsage] = []
+        with self._lock:
+            for i, gpu in enumerate(self._gpus):
+                self._step(gpu, busy=i in self._busy)
+                power = self.power_limit_w * (0.08 + 0.85 * gpu.util / 100.0)
+                power *= 1.0 + self._rng.uniform(-0.03, 0.03)
+                entry = GpuUsage(
+                    index=i,
+                    util_pct=round(gpu.util, 1),
+                    mem_used_mb=gpu.mem_used,
+                    temp_c=round(gpu.temp, 1),
+                    power_w=round(power, 1),
+                )
+                out.append(self._health.apply(entry))
+        return out
+
+    def _step(self, gpu: _SimGpu, busy: bool) -> None:
+        """Move one GPU's state towards its busy or idle level, with noise."""
+        rng = self._rng
+        if busy:
+            gpu.util = min(100.0, max(60.0, rng.gauss(90.0, 8.0)))
+            target_mem = int(self.memory_mb * rng.uniform(0.55, 0.9))
+            target_temp = 68.0 + gpu.util / 10.0
+        else:
+            gpu.util = rng.uniform(0.0, 3.0)
+            target_mem = int(self.memory_mb * 0.005)
+            target_temp = 32.0
+        if busy and gpu.mem_used >= self.memory_mb // 2:
+            target_mem = gpu.mem_used + rng.randint(-64, 64)  # a running job keeps its memory
+        gpu.mem_used = max(0, min(self.memory_mb, target_mem))
+        gpu.temp += (target_temp - gpu.temp) * 0.5 + rng.uniform(-0.5, 0.5)
+
+    def inject_fault(
+        self, index: int, kind: str = "xid", code: int = 79, message: str = "GPU has fallen off the bus"
+    ) -> GpuFault:
+        """Fault one GPU: poll_faults() reports it once, the GPU stays unhealthy."""
+        if not 0 <= index < self.count:
+            raise ValueError(f"no GPU {index} on this simulated host ({self.count} GPUs)")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {FAULT_KINDS}, not {kind!r}")
+        fault = GpuFault(index=index, kind=kind, code=code, message=message, ts=time.time())
+        with self._lock:
+            self._health.record(fault)
+            self._pending.append(fault)
+        return fault
+
+    def poll_faults(self) -> list[GpuFault]:
+        with self._lock:
+            faults, self._pending = self._pending, []
+            if self._fault_file is not None:
+                faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
+        return faults
+
+    def close(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------- NVML
+
+T = TypeVar("T")
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be initialised on this host (no library, no driver, no GPU access)."""
+
+
+class NvmlBackend:
+    """Real GPUs through NVML. Construction raises NvmlUnavailable if NVML cannot start.
+
+    `nvml` is the pynvml module (injectable for tests). A GPU whose handle cannot be
+    obtained is still listed (model "UNKNOWN") and reported unhealthy.
+    """
+
+    simulated = False
+
+    def __init__(self, fault_file: str | None = None, nvml: ModuleType | Any | None = None) -> None:
+        if nvml is None:
+            try:
+                import pynvml as nvml  # type: ignore[no-redef]
+            except ImportError as exc:
+                raise NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+        self._nv = nvml
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._closed = False
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(f"nvmlInit failed: {exc}") from exc
+        try:
+            count = min(int(nvml.nvmlDeviceGetCount()), MAX_GPUS)
+        except nvml.NVMLError as exc:
+            self._shutdown()
+            raise NvmlUnavailable(f"nvmlDeviceGetCount failed: {exc}") from exc
+        self._handles: list[Any | None] = []
+        self._inventory: list[GpuInfo] = []
+        self._health = _Health(count)
+        self._pending: list[GpuFault] = []
+        for i in range(count):
+            handle = self._try(f"handle{i}", nvml.nvmlDeviceGetHandleByIndex, i, gpu=i)
+            self._handles.append(handle)
+            self._inventory.append(self._describe(i, handle))
+            if handle is None:
+                self._raise_fault(i, "xid", 79, "NVML cannot open this GPU")
+        self._ecc_baseline: dict[int, int] = {}
+        for i, handle in enumerate(self._handles):
+            total = self._ecc_total(i, handle)
+            if total is not None:
+                self._ecc_baseline[i] = total
+        self._events = self._register_events()
+        path = fault_file if fault_file is not None else os.environ.get(FAULT_FILE_ENV)
+        self._fault_file = FaultFile(path) if path else None
+
+    # -- guarded calls
+
+    def _try(self, what: str, fn: Callable[..., T], *args: Any, gpu: int | None = None) -> T | None:
+        """Call an NVML function; on NVMLError log once per `what` and return None.
+
+        An error saying the GPU is lost also raises a fault on `gpu`.
+        """
+        try:
+            return fn(*args)
+        except self._nv.NVMLError as exc:
+            if what not in self._logged:
+                self._logged.add(what)
+                log.warning("NVML %s failed: %s", what, exc)
+            if gpu is not None and self._is_gpu_lost(exc):
+                self._raise_fault(gpu, "xid", 79, "NVML reports the GPU is lost")
+            return None
+
+    def _is_gpu_lost(self, exc: Exception) -> bool:
+        lost = getattr(self._nv, "NVML_ERROR_GPU_IS_LOST", None)
+        return lost is not None and getattr(exc, "value", None) == lost
+
+    def _raise_fault(self, index: int, kind: str, code: int, message: str) -> None:
+        """Queue a fault for poll_faults() unless this GPU already has one."""
+        if index in self._health.fault_text:
+            return
+        fault = GpuFault(index=index, kind=kind, code=code, message=message, ts=time.time())
+        self._health.record(fault)
+        self._pending.append(fault)
+
+    # -- inventory
+
+    def _describe(self, i: int, handle: Any | None) -> GpuInfo:
+        nv = self._nv
+        if handle is None:
+            return GpuInfo(index=i, model="UNKNOWN", memory_mb=0)
+        name = self._try(f"name{i}", nv.nvmlDeviceGetName, handle, gpu=i)
+        mem = self._try(f"memory{i}", nv.nvmlDeviceGetMemoryInfo, handle, gpu=i)
+        raw_uuid = self._try(f"uuid{i}", nv.nvmlDeviceGetUUID, handle, gpu=i)
+        if isinstance(raw_uuid, bytes):
+            raw_uuid = raw_uuid.decode("ascii", "replace")
+        return GpuInfo(
+            index=i,
+            model=normalise_model(name) if name is not None else "UNKNOWN",
+            memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0,
+            uuid=(raw_uuid or "")[:96],
+        )
+
+    def inventory(self) -> list[GpuInfo]:
+        return [g.model_copy() for g in self._inventory]
+
+    # -- usage
+
+    def usage(self) -> list[GpuUsage]:
+        nv = self._nv
+        out: list[GpuUsage] = []
+        with self._lock:
+            if self._closed:
+                return []
+            for i, handle in enumerate(self._handles):
+                entry = GpuUsage(index=i)
+                if handle is not None:
+                    rates = self._try(f"utilization{i}", nv.nvmlDeviceGetUtilizationRates, handle, gpu=i)
+                    if rates is not None:
+                        entry.util_pct = float(rates.gpu)
+                    mem = self._try(f"memory{i}", nv.nvmlDeviceGetMemoryInfo, handle, gpu=i)
+                    if mem is not None:
+                        entry.mem_used_mb = int(mem.used) // (1024 * 1024)
+                    temp = self._try(
+                        f"temperature{i}", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU, gpu=i
+                    )
+                    if temp is not None:
+                        entry.temp_c = float(temp)
+                    milliwatts = self._try(f"power{i}", nv.nvmlDeviceGetPowerUsage, handle, gpu=i)
+                    if milliwatts is not None:
+                        entry.power_w = round(float(milliwatts) / 1000.0, 1)
+                out.append(self._health.apply(entry))
+        return out
+
+    # -- faults
+
+    def _register_events(self) -> Any | None:
+        """Create an event set for Xid and double-bit ECC events where supported."""
+        nv = self._nv
+        if not hasattr(nv, "nvmlEventSetCreate"):
+            return None
+        event_set = self._try("eventSetCreate", nv.nvmlEventSetCreate)
+        if event_set is None:
+            return None
+        wanted = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
+        registered = 0
+        for i, handle in enumerate(self._handles):
+            if handle is None:
+                continue
+            supported = self._try(f"supportedEvents{i}", nv.nvmlDeviceGetSupportedEventTypes, handle)
+            mask = wanted & int(supported) if supported is not None else 0
+            if mask and self._try(f"registerEvents{i}", self._register, handle, mask, event_set) is not None:
+                registered += 1
+        if not registered:
+            self._try("eventSetFree", nv.nvmlEventSetFree, event_set)
+            return None
+        return event_set
+
+    def _register(self, handle: Any, mask: int, event_set: Any) -> bool:
+        self._nv.nvmlDeviceRegisterEvents(handle, mask, event_set)
+        return True
+
+    def _event_index(self, device: Any) -> int | None:
+        """The index of an event's device: by NVML index, else by handle identity."""
+        index = self._try("eventDeviceIndex", self._nv.nvmlDeviceGetIndex, device)
+        if index is not None:
+            return int(index)
+        for i, handle in enumerate(self._handles):
+            if handle is device:
+                return i
+        return 0 if len(self._handles) == 1 else None
+
+    def _drain_events(self) -> None:
+        """Read every waiting event without blocking (timeout 0)."""
+        nv = self._nv
+        if self._events is None:
+            return
+        for _ in range(256):
+            try:
+                data = nv.nvmlEventSetWait(self._events, 0)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT and "eventWait" not in self._logged:
+                    self._logged.add("eventWait")
+                    log.warning("NVML event wait failed: %s", exc)
+                return
+            index = self._event_index(data.device)
+            if index is None:
+                log.warning("NVML event 0x%x for an unknown device dropped", int(data.eventType))
+                continue
+            if int(data.eventType) & nv.nvmlEventTypeDoubleBitEccError:
+                total = self._ecc_total(index, self._handles[index])
+                if total is not None:
+                    self._ecc_baseline[index] = total
+                self._raise_fault(index, "ecc_uncorrectable", int(total or 1), "double-bit ECC error")
+            elif int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
+                xid = int(data.eventData)
+                if is_critical_xid(xid):
+                    self._raise_fault(index, "xid", xid, f"NVML critical Xid {xid}")
+                else:
+                    log.info("GPU %d: application Xid %d (not a hardware fault)", index, xid)
+
+    def _ecc_total(self, i: int, handle: Any | None) -> int | None:
+        nv = self._nv
+        if handle is None or f"ecc{i}" in self._logged:
+            return None  # a failing ECC query is not retried (often NOT_SUPPORTED)
+        total = self._try(
+            f"ecc{i}",
+            nv.nvmlDeviceGetTotalEccErrors,
+            handle,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC,
+            gpu=i,
+        )
+        return int(total) if total is not None else None
+
+    def _check_ecc_counters(self) -> None:
+        for i, handle in enumerate(self._handles):
+            if i not in self._ecc_baseline:
+                continue
+            total = self._ecc_total(i, handle)
+            if total is not None and total > self._ecc_baseline[i]:
+                new = total - self._ecc_baseline[i]
+                self._ecc_baseline[i] = total
+                self._raise_fault(i, "ecc_uncorrectable", total, f"{new} new uncorrectable ECC errors")
+
+    def poll_faults(self) -> list[GpuFault]:
+        with self._lock:
+            if self._closed:
+                return []
+            self._drain_events()
+            self._check_ecc_counters()
+            faults, self._pending = self._pending, []
+            if self._fault_file is not None:
+                faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
+        return faults
+
+    def _shutdown(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._events is not None:
+                self._try("eventSetFree", self._nv.nvmlEventSetFree, self._events)
+                self._events = None
+            self._shutdown()
+
+
+# ---------------------------------------------------------------- selection
+
+_warned_no_nvml = False
+
+
+def open_backend(simulate: str | None, fault_file: str | None = None) -> GpuBackend:
+    """The backend for this host: simulated if a spec is given, else NVML, else empty.
+
+    A bad spec raises ConfigError. Without a usable NVML, returns an EmptyBackend and
+    logs a warning (once per process).
+    """
+    global _warned_no_nvml
+    if simulate is not None:
+        return SimulatedBackend(simulate, fault_file=fault_file)
+    try:
+        return NvmlBackend(fault_file=fault_file)
+    except NvmlUnavailable as exc:
+        if not _warned_no_nvml:
+            _warned_no_nvml = True
+            log.warning("no NVIDIA GPUs available (%s); reporting zero GPUs", exc)
+        return EmptyBackend()

@@ -1,0 +1,1 @@
+"""Muster control plane: scheduler, API, console and CLI."""

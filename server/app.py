@@ -1,0 +1,102 @@
+"""The HTTP face of a replica: GraphQL at /graphql, the console at /, health and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+from strawberry.asgi import GraphQL
+
+from server import metrics
+from server.auth import bearer, check_token
+from server.runtime import Muster
+from server.schema import build_schema
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class MusterGraphQL(GraphQL):
+    def __init__(self, muster: Muster, **kw: Any) -> None:
+        super().__init__(build_schema(production=muster.config.production), **kw)
+        self.muster = muster
+
+    async def get_context(self, request: Any, response: Any = None) -> dict[str, Any]:
+        return {"muster": self.muster, "token": request.scope.get("muster.token"), "request": request}
+
+
+class RequireToken:
+    """ASGI guard: every GraphQL HTTP request needs `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: ASGIApp, muster: Muster) -> None:
+        self.app = app
+        self.muster = muster
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+            info = check_token(self.muster.state, bearer(headers.get("authorization")))
+            if info is None:
+                resp = JSONResponse(
+                    {"errors": [{"message": "missing or invalid bearer token"}]},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="muster"'},
+                )
+                await resp(scope, receive, send)
+                return
+            length = headers.get("content-length")
+            if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                await JSONResponse({"errors": [{"message": "request body too large"}]}, status_code=413)(
+                    scope, receive, send
+                )
+                return
+            scope["muster.token"] = info
+        await self.app(scope, receive, send)
+
+
+def build_app(muster: Muster, manage_lifecycle: bool = True) -> Starlette:
+    async def livez(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if muster.ready:
+            return PlainTextResponse("ready")
+        return PlainTextResponse("NATS connection down", status_code=503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await muster.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await muster.shutdown()
+
+    from web.console import console_routes
+
+    graphql = RequireToken(MusterGraphQL(muster), muster)
+    app = Starlette(
+        routes=[
+            Route("/livez", livez),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics_endpoint),
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            Mount("/static/htmx", StaticFiles(packages=[("js_lib_htmx", "static/htmx")]), name="htmx"),
+            Mount("/static", StaticFiles(packages=[("web", "static")]), name="static"),
+            *console_routes(),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.muster = muster
+    return app

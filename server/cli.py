@@ -1,0 +1,477 @@
+"""The `muster` command: run the parts (up, nats, server, agent) and operate the cluster
+(job, host) through the GraphQL API. Exit codes: 0 ok, 1 error, 2 placement failure
+(the job could not be placed or failed), 3 not found, 4 unauthorised."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_ERROR = 1
+EXIT_PLACEMENT = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAUTHORISED = 4
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, os.environ.get("MUSTER_LOG_LEVEL", level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def cmd_nats(args: argparse.Namespace) -> int:
+    from server.natsd import nats_server_binary
+
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [nats_server_binary(), "-js", "-sd", str(data_dir), "-a", args.host, "-p", str(args.port)]
+    if args.config:
+        argv += ["-c", args.config]
+    os.execv(argv[0], argv)
+    return 0  # pragma: no cover
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import build_app
+    from server.runtime import Muster, ServerConfig
+
+    _setup_logging()
+    cfg = ServerConfig()
+    if args.nats:
+        cfg.nats_url = args.nats
+    if args.http_port is not None:
+        cfg.http_port = args.http_port
+    if args.http_host:
+        cfg.http_host = args.http_host
+    if args.data_dir:
+        cfg.data_dir = Path(args.data_dir)
+    if args.db_url:
+        cfg.db_url = args.db_url
+    if args.name:
+        cfg.name = args.name
+    if args.lease_ttl:
+        cfg.lease_ttl_s = args.lease_ttl
+    muster = Muster(cfg)
+    app = build_app(muster)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if muster.new_token:
+                print(f"Operator token (shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
+                      flush=True)
+            print(f"muster server {cfg.name} listening on http://{cfg.http_host}:{cfg.http_port}", flush=True)
+
+    config = uvicorn.Config(app, host=cfg.http_host, port=cfg.http_port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=10)
+    Server(config).run()
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.agent import Agent, AgentConfig, parse_labels
+
+    _setup_logging()
+    cfg = AgentConfig(
+        nats_url=args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"),
+        host_id=args.host_id or os.environ.get("MUSTER_HOST_ID") or os.uname().nodename,
+        labels=parse_labels(args.labels if args.labels is not None else os.environ.get("MUSTER_LABELS")),
+        simulate_gpus=args.simulate_gpus or os.environ.get("MUSTER_SIMULATE_GPUS") or None,
+        heartbeat_interval_s=args.heartbeat_interval,
+        fence_after_s=args.fence_after,
+        kill_grace_s=args.kill_grace,
+        cpus=args.cpus,
+        memory_mb=args.memory_mb,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        fault_file=args.fault_file,
+    )
+    agent = Agent(cfg)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Embedded NATS, one server and N local agents, until Ctrl-C."""
+    from server.natsd import wait_for_port
+
+    data = Path(args.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    first_start = not (data / "token").exists()
+    exe = [sys.executable, "-m", "server.cli"]
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    logs = data / "logs"
+    logs.mkdir(exist_ok=True)
+
+    def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(logs / f"{name}.log", "ab")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        procs.append((name, p))
+        return p
+
+    def stop_all() -> None:
+        for name, p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+    nats_url = f"nats://127.0.0.1:{args.nats_port}"
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        nats = spawn("nats", exe + ["nats", "--port", str(args.nats_port), "--data-dir", str(data / "nats")])
+        wait_for_port(args.nats_port, proc=nats)
+        server = spawn("server", exe + ["server", "--nats", nats_url, "--http-port", str(args.http_port),
+                                        "--data-dir", str(data)])
+        wait_for_port(args.http_port, timeout=60, proc=server)
+        gpus = args.simulate_gpus
+        if gpus is None and not _has_nvidia():
+            gpus = "8xH100"
+        for i in range(args.agents):
+            argv = exe + ["agent", "--nats", nats_url, "--host-id", f"local-{i + 1}",
+                          "--labels", f"rack=local,zone=local", "--state-dir", str(data / "agents")]
+            if gpus:
+                argv += ["--simulate-gpus", gpus]
+            spawn(f"agent-{i + 1}", argv)
+        base = f"http://127.0.0.1:{args.http_port}"
+        print(f"Muster is up (data in {data}, logs in {logs})")
+        print(f"  console:  {base}/")
+        print(f"  GraphQL:  {base}/graphql")
+        if gpus:
+            print(f"  agents:   {args.agents} local agents with SIMULATED GPUs ({gpus})")
+        token_file = data / "token"
+        deadline = time.monotonic() + 30
+        while not token_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if first_start and token_file.exists():
+            print(f"  token:    {token_file.read_text().strip()}  (saved in {token_file})")
+        else:
+            print(f"  token:    in {token_file}")
+        print("Press Ctrl-C to stop.", flush=True)
+        while not stopping:
+            for name, p in procs:
+                if p.poll() is not None:
+                    print(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}", file=sys.stderr)
+                    stopping = True
+                    break
+            time.sleep(0.2)
+    finally:
+        print("Stopping...", flush=True)
+        stop_all()
+    return 0
+
+
+def _has_nvidia() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from server.schema import schema_sdl
+
+    sys.stdout.write(schema_sdl())
+    return 0
+
+
+# ---------------------------------------------------------------- API client
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _token(args: argparse.Namespace) -> str:
+    tok = os.environ.get("MUSTER_TOKEN")
+    if tok:
+        return tok
+    path = Path(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "token"
+    if path.exists():
+        return path.read_text().strip()
+    raise ApiError("no token: set MUSTER_TOKEN (or run from the directory holding .muster/token)", EXIT_UNAUTHORISED)
+
+
+def gql(args: argparse.Namespace, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    import httpx
+
+    url = os.environ.get("MUSTER_URL", "http://127.0.0.1:8080").rstrip("/") + "/graphql"
+    try:
+        r = httpx.post(url, json={"query": query, "variables": variables or {}},
+                       headers={"Authorization": f"Bearer {_token(args)}"}, timeout=30)
+    except httpx.HTTPError as exc:
+        raise ApiError(f"cannot reach {url}: {exc}") from exc
+    if r.status_code == 401:
+        raise ApiError("unauthorised: the token was refused", EXIT_UNAUTHORISED)
+    body = r.json()
+    if body.get("errors"):
+        raise ApiError("; ".join(e.get("message", "?") for e in body["errors"]))
+    return body["data"]
+
+
+JOB_FIELDS = """id name state user command gpus gpuModel cpus memoryMb priority submittedAt updatedAt
+cancelReason queuePosition pendingReasons { reason hosts }
+attempts { id number state host { id } gpuIndices exitCode startedAt finishedAt outputTail reason }"""
+
+
+def _out(args: argparse.Namespace, data: Any, table: list[list[str]] | None, headers: list[str] | None) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+        return
+    if table is None or headers is None:
+        print(data)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    if args.job_cmd == "submit":
+        command = args.command
+        if command and command[0] == "--":
+            command = command[1:]
+        if len(command) == 1 and " " in command[0]:
+            command = shlex.split(command[0])
+        q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
+            job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
+        inp = {"name": args.name, "command": command, "gpus": args.gpus, "gpuModel": args.gpu_model,
+               "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
+        res = gql(args, q, {"input": inp})["submitJob"]
+        if res["userErrors"]:
+            for e in res["userErrors"]:
+                print(f"error: {e['field']}: {e['message']} ({e['code']})", file=sys.stderr)
+            return EXIT_ERROR
+        job = res["job"]
+        if args.wait:
+            job = _wait(args, job["id"])
+        _out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
+        if job["state"] == "FAILED":
+            return EXIT_PLACEMENT
+        return 0
+    if args.job_cmd == "list":
+        q = """query($first: Int, $state: JobState) { jobs(first: $first, state: $state) { totalCount
+               edges { node { id name state user gpus gpuModel submittedAt } } } }"""
+        data = gql(args, q, {"first": args.limit, "state": args.state})["jobs"]
+        rows = [[n["id"], n["name"], n["state"], n["user"], str(n["gpus"]), n["gpuModel"] or "-",
+                 (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
+        _out(args, data, rows, ["ID", "NAME", "STATE", "USER", "GPUS", "MODEL", "SUBMITTED"])
+        return 0
+    if args.job_cmd == "show":
+        job = gql(args, f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id})["job"]
+        if job is None:
+            print(f"no job {args.id}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        if args.output == "json":
+            _out(args, job, None, None)
+            return 0
+        print(f"{job['id']}  {job['name']}  {job['state']}")
+        print(f"  command: {shlex.join(job['command'])}")
+        print(f"  wants:   {job['gpus']} GPU {job['gpuModel'] or 'any'}, {job['cpus']} CPU, {job['memoryMb']} MB")
+        if job["state"] == "QUEUED":
+            print(f"  queue position: {job['queuePosition']}")
+            for r in job["pendingReasons"]:
+                print(f"  pending: {r['hosts']} hosts: {r['reason']}")
+        for a in job["attempts"]:
+            print(f"  attempt {a['number']} on {a['host']['id']} GPUs {a['gpuIndices']}: {a['state']}"
+                  f" exit={a['exitCode']} {a['reason']}")
+            if a["outputTail"]:
+                print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+        return 0
+    if args.job_cmd == "cancel":
+        q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
+               job { id state } userErrors { field message code } } }"""
+        res = gql(args, q, {"id": args.id, "reason": args.reason})["cancelJob"]
+        if res["userErrors"]:
+            for e in res["userErrors"]:
+                print(f"error: {e['message']}", file=sys.stderr)
+            return EXIT_NOT_FOUND if res["userErrors"][0]["code"] == "NOT_FOUND" else EXIT_ERROR
+        _out(args, res["job"], [[res["job"]["id"], "cancel requested"]], ["ID", "STATUS"])
+        return 0
+    return EXIT_ERROR
+
+
+def _wait(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
+    while True:
+        job = gql(args, f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id})["job"]
+        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return job
+        time.sleep(0.5)
+
+
+def cmd_host(args: argparse.Namespace) -> int:
+    if args.host_cmd == "list":
+        q = """query($first: Int) { hosts(first: $first) { totalCount edges { node {
+               id health cordoned simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
+               labels { key value } } } } }"""
+        data = gql(args, q, {"first": args.limit})["hosts"]
+        rows = []
+        for n in (e["node"] for e in data["edges"]):
+            rows.append([n["id"], n["health"] + (" CORDONED" if n["cordoned"] else ""),
+                         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
+                         f"{n['gpuUtilPct']}%", str(n["cpus"]),
+                         ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
+        _out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
+        return 0
+    if args.host_cmd in ("cordon", "uncordon"):
+        field = "cordonHost" if args.host_cmd == "cordon" else "uncordonHost"
+        q = f"""mutation($input: HostActionInput!) {{ {field}(input: $input) {{
+                host {{ id health cordoned }} userErrors {{ field message code }} }} }}"""
+        res = gql(args, q, {"input": {"id": args.id, "reason": args.reason}})[field]
+        if res["userErrors"]:
+            for e in res["userErrors"]:
+                print(f"error: {e['field']}: {e['message']}", file=sys.stderr)
+            return EXIT_NOT_FOUND if res["userErrors"][0]["code"] == "NOT_FOUND" else EXIT_ERROR
+        h = res["host"]
+        _out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
+        return 0
+    return EXIT_ERROR
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="muster", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="start NATS, a server and local agents (Ctrl-C stops)")
+    up.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
+    up.add_argument("--http-port", type=int, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
+    up.add_argument("--nats-port", type=int, default=4222)
+    up.add_argument("--agents", type=int, default=2)
+    up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"))
+    up.set_defaults(fn=cmd_up)
+
+    n = sub.add_parser("nats", help="run the embedded nats-server with JetStream")
+    n.add_argument("--port", type=int, default=4222)
+    n.add_argument("--host", default="127.0.0.1")
+    n.add_argument("--data-dir", default=".muster/nats")
+    n.add_argument("--config", default=None)
+    n.set_defaults(fn=cmd_nats)
+
+    s = sub.add_parser("server", help="run a control-plane replica")
+    s.add_argument("--nats", default=None, help="NATS URL(s), comma-separated (MUSTER_NATS_URL)")
+    s.add_argument("--http-port", type=int, default=None)
+    s.add_argument("--http-host", default=None)
+    s.add_argument("--data-dir", default=None)
+    s.add_argument("--db-url", default=None, help="SQLAlchemy URL of the history database (MUSTER_DB_URL)")
+    s.add_argument("--name", default=None, help="replica name (default host-pid-random)")
+    s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
+    s.set_defaults(fn=cmd_server)
+
+    a = sub.add_parser("agent", help="run a host agent")
+    a.add_argument("--nats", default=None)
+    a.add_argument("--host-id", default=None)
+    a.add_argument("--labels", default=None, help="rack=r1,zone=z1")
+    a.add_argument("--simulate-gpus", default=None, help="e.g. 8xH100")
+    a.add_argument("--heartbeat-interval", type=float, default=5.0)
+    a.add_argument("--fence-after", type=float, default=10.0)
+    a.add_argument("--kill-grace", type=float, default=10.0)
+    a.add_argument("--cpus", type=int, default=None)
+    a.add_argument("--memory-mb", type=int, default=None)
+    a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
+    a.add_argument("--fault-file", default=None)
+    a.set_defaults(fn=cmd_agent)
+
+    sc = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
+    sc.set_defaults(fn=cmd_schema)
+
+    def output(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    j = sub.add_parser("job", help="submit, list, show and cancel jobs")
+    jsub = j.add_subparsers(dest="job_cmd", required=True)
+    js = jsub.add_parser("submit")
+    js.add_argument("name")
+    js.add_argument("command", nargs=argparse.REMAINDER)
+    js.add_argument("--gpus", type=int, default=0)
+    js.add_argument("--gpu-model", default=None)
+    js.add_argument("--cpus", type=float, default=1.0)
+    js.add_argument("--memory-mb", type=int, default=512)
+    js.add_argument("--priority", type=int, default=0)
+    js.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    output(js)
+    jl = jsub.add_parser("list")
+    jl.add_argument("--state", default=None)
+    jl.add_argument("--limit", type=int, default=50)
+    output(jl)
+    jsh = jsub.add_parser("show")
+    jsh.add_argument("id")
+    output(jsh)
+    jc = jsub.add_parser("cancel")
+    jc.add_argument("id")
+    jc.add_argument("--reason", default="")
+    output(jc)
+    j.set_defaults(fn=cmd_job)
+
+    h = sub.add_parser("host", help="list, cordon and uncordon hosts")
+    hsub = h.add_subparsers(dest="host_cmd", required=True)
+    hl = hsub.add_parser("list")
+    hl.add_argument("--limit", type=int, default=500)
+    output(hl)
+    for name in ("cordon", "uncordon"):
+        hc = hsub.add_parser(name)
+        hc.add_argument("id")
+        hc.add_argument("--reason", default="", required=(name == "cordon"))
+        output(hc)
+    h.set_defaults(fn=cmd_host)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Leader election on the `lease` KV key, with the leadership term as a fencing token.
+
+Acquisition is one atomic commit of two writes: the `lease` key (must still be at
+the revision we read: absent or expired) with a per-message TTL, and the `term` key.
+The revision of that `term` write is the leadership term; every leader commit checks
+it inside the same batch (see Store.commit's fence), so a stale leader's writes are
+rejected by the store itself. Renewal republishes the lease with a revision check and
+the TTL (KV's update() would drop the TTL). Only the local monotonic clock is trusted:
+a leader that could not renew within the lease TTL stops leading on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from server.errors import ConfigError, ConflictError, StoreError
+from server.store import Fence, Store, Write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    ttl_s: int = 5
+    renew_every_s: float = 1.5
+    retry_every_s: float = 0.5
+
+    def validate(self) -> LeaseConfig:
+        if self.ttl_s < 1 or int(self.ttl_s) != self.ttl_s:
+            raise ConfigError("lease TTL must be a whole number of seconds >= 1")
+        if not (self.ttl_s > 2 * self.renew_every_s > 0):
+            raise ConfigError("lease TTL must exceed twice the renew interval")
+        if self.retry_every_s <= 0:
+            raise ConfigError("lease retry interval must be positive")
+        return self
+
+
+class Leadership:
+    """Campaigns for the lease and keeps it. `term` is 0 while not leading."""
+
+    def __init__(
+        self,
+        store: Store,
+        holder: str,
+        config: LeaseConfig | None = None,
+        on_change: Callable[[bool, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.config = (config or LeaseConfig()).validate()
+        self.on_change = on_change
+        self.term = 0
+        self._lease_rev = 0
+        self._valid_until = 0.0  # monotonic
+        self.changed = asyncio.Event()
+        self.takeovers = 0
+
+    @property
+    def leading(self) -> bool:
+        return self.term > 0 and time.monotonic() < self._valid_until
+
+    def fence(self) -> Fence:
+        return Fence(self.term, self.holder)
+
+    def _set(self, term: int) -> None:
+        was = self.term
+        self.term = term
+        if (was > 0) != (term > 0) or (was and term and was != term):
+            log.info("leadership %s (term %d)", "acquired" if term else "lost", term or was)
+            self.changed.set()
+            if self.on_change:
+                self.on_change(term > 0, term)
+
+    def step_down(self, why: str) -> None:
+        if self.term:
+            log.warning("stepping down from term %d: %s", self.term, why)
+            self._lease_rev = 0
+            self._set(0)
+
+    async def try_acquire(self) -> bool:
+        lease = await self.store.get("lease")
+        if lease.value:  # held (an empty value is a resigned lease)
+            return False
+        term = await self.store.get("term")
+        started = time.monotonic()
+        try:
+            res = await self.store.commit(
+                [
+                    Write("lease", self.holder.encode(), expected=lease.revision, ttl=f"{self.config.ttl_s}s"),
+                    Write(
+                        "term",
+                        json.dumps({"holder": self.holder, "ts": time.time()}).encode(),
+                        expected=term.revision,
+                    ),
+                ]
+            )
+        except ConflictError:
+            return False
+        self._lease_rev = res.revisions["lease"]
+        self._valid_until = started + self.config.ttl_s
+        self.takeovers += 1
+        self._set(res.revisions["term"])
+        return True
+
+    async def renew(self) -> None:
+        started = time.monotonic()
+        try:
+            self._lease_rev = await self.store.put(
+                "lease", self.holder.encode(), expected=self._lease_rev, ttl=f"{self.config.ttl_s}s"
+            )
+            self._valid_until = started + self.config.ttl_s
+        except ConflictError:
+            self.step_down("lease was taken over")
+        except StoreError as exc:
+            log.warning("lease renewal failed: %s", exc)
+            if time.monotonic() >= self._valid_until:
+                self.step_down("lease expired before it could be renewed")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Campaign and renew until `stop` is set; then give the lease up."""
+        while not stop.is_set():
+            try:
+                if self.term:
+                    if time.monotonic() >= self._valid_until:
+                        self.step_down("lease expired (process was paused or cut off)")
+                    else:
+                        await self.renew()
+                else:
+                    await self.try_acquire()
+            except StoreError as exc:
+                log.debug("lease: %s", exc)
+            except Exception:  # noqa: BLE001
+                log.exception("lease loop error")
+            wait = self.config.renew_every_s if self.term else self.config.retry_every_s
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+            except asyncio.TimeoutError:
+                pass
+        await self.resign()
+
+    async def resign(self) -> None:
+        """Hand the lease back so another replica takes over at once."""
+        if not self.term:
+            return
+        rev = self._lease_rev
+        self._set(0)
+        try:
+            # Expire the lease now: a 1 s TTL write, checked against our revision.
+            await self.store.put("lease", b"", expected=rev, ttl="1s")
+        except StoreError:
+            pass

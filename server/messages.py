@@ -1,0 +1,236 @@
+"""Wire and storage formats: every message and KV record Muster reads or writes.
+
+All are pydantic models with a version field `v`; `decode()` is the one entry point for
+untrusted bytes: it enforces a size bound and the schema and raises `DecodeError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from server.errors import DecodeError
+
+MAX_MESSAGE_BYTES = 256 * 1024
+HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+LABEL_KEY_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "QUEUED"
+    PLACED = "PLACED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class AttemptState(str, enum.Enum):
+    PLACED = "PLACED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    LOST = "LOST"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (AttemptState.PLACED, AttemptState.RUNNING)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=False)
+
+
+# ---------------------------------------------------------------- heartbeats
+
+
+class GpuInfo(_Model):
+    index: int = Field(ge=0, le=63)
+    model: str = Field(max_length=64)
+    memory_mb: int = Field(ge=0)
+    uuid: str = Field(default="", max_length=96)
+
+
+class GpuUsage(_Model):
+    index: int = Field(ge=0, le=63)
+    util_pct: float = 0.0
+    mem_used_mb: int = 0
+    temp_c: float = 0.0
+    power_w: float = 0.0
+    healthy: bool = True
+    fault: str | None = None
+
+
+class Heartbeat(_Model):
+    v: Literal[1] = 1
+    host_id: str = Field(pattern=HOST_ID_PATTERN)
+    boot_id: str = Field(max_length=64)
+    seq: int = 0
+    ts: float
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    cpus: int = Field(ge=0, le=4096)
+    memory_mb: int = Field(ge=0)
+    gpu_usage: list[GpuUsage] = Field(default_factory=list, max_length=64)
+    cpu_pct: float = 0.0
+    mem_used_mb: int = 0
+    simulated: bool = False
+    agent_version: str = Field(default="", max_length=32)
+    # Highest leadership term this agent has seen (it refuses older ones).
+    term: int = 0
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobSpec(_Model):
+    name: str = Field(max_length=128)
+    command: list[str] = Field(min_length=1, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    gpus: int = Field(default=0, ge=0, le=64)
+    gpu_model: str | None = None
+    cpus: float = Field(default=1.0, ge=0, le=4096)
+    memory_mb: int = Field(default=512, ge=0)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    user: str = Field(default="operator", max_length=64)
+
+
+class Attempt(_Model):
+    id: str
+    number: int
+    host_id: str
+    gpu_indices: list[int] = Field(default_factory=list)
+    state: AttemptState = AttemptState.PLACED
+    term: int = 0
+    placed_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    output_tail: str = ""
+    reason: str = ""
+
+
+class Job(_Model):
+    v: Literal[1] = 1
+    id: str
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    submitted_at: float
+    updated_at: float
+    attempts: list[Attempt] = Field(default_factory=list)
+    # Why the job is still queued: counted rejection reasons of the last placement try.
+    pending_reasons: dict[str, int] = Field(default_factory=dict)
+    not_before: float = 0.0
+    cancel_reason: str = ""
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+# ---------------------------------------------------------------- allocations
+
+
+class Task(_Model):
+    """One task attempt assigned to a host: what the agent runs, and what it holds."""
+
+    attempt_id: str
+    job_id: str
+    number: int
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    gpu_indices: list[int] = Field(default_factory=list)
+    cpus: float = 0.0
+    memory_mb: int = 0
+    term: int = 0
+    # Set when the job was cancelled: the agent stops the process and reports KILLED.
+    stop: bool = False
+
+
+class HostAlloc(_Model):
+    """The `alloc.<host>` record: every attempt assigned to a host. It is both the
+    allocation ledger (checked against capacity) and the agent's assignment list."""
+
+    v: Literal[1] = 1
+    host_id: str
+    term: int = 0
+    tasks: list[Task] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- agent -> server
+
+
+class StatusReport(_Model):
+    v: Literal[1] = 1
+    host_id: str = Field(pattern=HOST_ID_PATTERN)
+    attempt_id: str = Field(max_length=128)
+    job_id: str = Field(max_length=128)
+    state: AttemptState
+    exit_code: int | None = None
+    output_tail: str = Field(default="", max_length=16384)
+    ts: float
+    term: int = 0
+    reason: str = Field(default="", max_length=512)
+
+
+# ---------------------------------------------------------------- api -> leader
+
+
+class Command(_Model):
+    v: Literal[1] = 1
+    kind: Literal["cancel"]
+    job_id: str = Field(max_length=128)
+    by: str = Field(default="", max_length=64)
+    reason: str = Field(default="", max_length=512)
+    ts: float = Field(default_factory=time.time)
+
+
+class Event(_Model):
+    """Published on `muster.events.<kind>` and recorded in history."""
+
+    v: Literal[1] = 1
+    kind: str
+    ts: float = Field(default_factory=time.time)
+    job_id: str | None = None
+    host_id: str | None = None
+    attempt_id: str | None = None
+    message: str = ""
+    data: dict[str, object] = Field(default_factory=dict)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode(model: BaseModel) -> bytes:
+    return model.model_dump_json(exclude_defaults=False).encode()
+
+
+def decode(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
+    """Decode untrusted bytes into `cls`, or raise DecodeError."""
+    if len(data) > limit:
+        raise DecodeError(f"{cls.__name__}: {len(data)} bytes exceeds {limit}")
+    try:
+        return cls.model_validate_json(data)
+    except PydanticValidationError as exc:
+        raise DecodeError(f"{cls.__name__}: {exc.error_count()} validation errors") from exc
+    except (ValueError, TypeError) as exc:  # pragma: no cover - defensive
+        raise DecodeError(f"{cls.__name__}: {exc}") from exc
+
+
+def new_id(prefix: str) -> str:
+    """Sortable unique id: millisecond time, then randomness."""
+    return f"{prefix}{int(time.time() * 1000):012x}{os.urandom(5).hex()}"

@@ -1,0 +1,39 @@
+"""Prometheus metrics, with conventional names. One registry per process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+HEARTBEATS = Counter(
+    "muster_heartbeats_received_total", "Heartbeat records seen by the watch", registry=REGISTRY
+)
+DROPPED = Counter(
+    "muster_messages_dropped_total",
+    "Untrusted messages dropped (malformed, oversized, wrong host, stale term)",
+    ["kind"],
+    registry=REGISTRY,
+)
+HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
+JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
+QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)
+PLACEMENTS = Counter("muster_placements_total", "Task attempts placed", registry=REGISTRY)
+PLACEMENT_LATENCY = Histogram(
+    "muster_placement_latency_seconds",
+    "Submission to committed placement",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+COMMITS = Counter(
+    "muster_commits_total", "Scheduler commits by outcome", ["outcome"], registry=REGISTRY
+)
+COMMIT_SECONDS = Histogram(
+    "muster_commit_seconds",
+    "Atomic batch commit time",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    registry=REGISTRY,
+)
+LEADER = Gauge("muster_leader", "1 when this replica holds the leader lease", registry=REGISTRY)
+TERM = Gauge("muster_leader_term", "Current leadership term seen by this replica", registry=REGISTRY)
+SUBMISSIONS = Counter("muster_jobs_submitted_total", "Jobs accepted", registry=REGISTRY)

@@ -1,0 +1,253 @@
+"""One scheduling cycle's decisions, as a pure function of a snapshot, inputs and a clock.
+
+`plan_cycle()` folds agent status reports and operator commands into the job and
+allocation records, then places queued jobs, and returns the changed records and the
+events to publish. The scheduler commits the result atomically; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from server import retry
+from server.cluster import ClusterState
+from server.messages import (
+    Attempt,
+    AttemptState,
+    Command,
+    Event,
+    HostAlloc,
+    Job,
+    JobState,
+    StatusReport,
+    Task,
+)
+from server.placement import Choice, HostCapacity, place
+
+OUTPUT_TAIL_BYTES = 4096
+
+
+@dataclass
+class Plan:
+    jobs: dict[str, Job] = field(default_factory=dict)
+    allocs: dict[str, HostAlloc] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    placed: int = 0
+    # Reports that carried nothing new (already applied, unknown attempt, stale).
+    ignored: int = 0
+
+    @property
+    def keys(self) -> int:
+        return len(self.jobs) + len(self.allocs)
+
+
+class _Work:
+    """Copy-on-write access to the snapshot for one cycle."""
+
+    def __init__(self, state: ClusterState, plan: Plan) -> None:
+        self.state = state
+        self.plan = plan
+
+    def job(self, job_id: str) -> Job | None:
+        if job_id in self.plan.jobs:
+            return self.plan.jobs[job_id]
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            return None
+        job = job.model_copy(deep=True)
+        self.plan.jobs[job_id] = job
+        return job
+
+    def alloc(self, host_id: str) -> HostAlloc:
+        if host_id in self.plan.allocs:
+            return self.plan.allocs[host_id]
+        cur = self.state.allocs.get(host_id)
+        alloc = cur.model_copy(deep=True) if cur else HostAlloc(host_id=host_id)
+        self.plan.allocs[host_id] = alloc
+        return alloc
+
+
+def _attempt(job: Job, attempt_id: str) -> Attempt | None:
+    for a in job.attempts:
+        if a.id == attempt_id:
+            return a
+    return None
+
+
+def _event(kind: str, job: Job, attempt: Attempt | None, now: float, message: str = "") -> Event:
+    return Event(
+        kind=kind,
+        ts=now,
+        job_id=job.id,
+        host_id=attempt.host_id if attempt else None,
+        attempt_id=attempt.id if attempt else None,
+        message=message,
+        data={"state": job.state.value},
+    )
+
+
+def apply_report(w: _Work, r: StatusReport, now: float) -> None:
+    job = w.state.jobs.get(r.job_id)
+    if job is None:
+        w.plan.ignored += 1
+        return
+    cur = _attempt(job, r.attempt_id)
+    if cur is None or cur.host_id != r.host_id or cur.state.terminal:
+        w.plan.ignored += 1
+        return
+    if r.state is AttemptState.RUNNING and cur.state is AttemptState.RUNNING:
+        w.plan.ignored += 1
+        return
+    job = w.job(r.job_id)
+    assert job is not None
+    a = _attempt(job, r.attempt_id)
+    assert a is not None
+    if r.state is AttemptState.RUNNING:
+        a.state = AttemptState.RUNNING
+        a.started_at = r.ts
+        if job.state is JobState.PLACED:
+            job.state = JobState.RUNNING
+        job.updated_at = now
+        w.plan.events.append(_event("job.running", job, a, now))
+        return
+    if not r.state.terminal:
+        w.plan.ignored += 1
+        return
+    a.state = r.state
+    a.finished_at = r.ts
+    a.exit_code = r.exit_code
+    a.output_tail = r.output_tail[-OUTPUT_TAIL_BYTES:]
+    a.reason = r.reason
+    if a.started_at is None:
+        a.started_at = r.ts
+    alloc = w.alloc(r.host_id)
+    alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
+    job.updated_at = now
+    if job.state.terminal:  # cancelled meanwhile: the attempt has now stopped
+        w.plan.events.append(_event("attempt.stopped", job, a, now))
+        return
+    if r.state is AttemptState.SUCCEEDED:
+        job.state = JobState.SUCCEEDED
+        w.plan.events.append(_event("job.succeeded", job, a, now))
+        return
+    decision = retry.decide(job, r.state, now)
+    if decision.retry:
+        job.state = JobState.QUEUED
+        job.not_before = decision.not_before
+        w.plan.events.append(_event("job.requeued", job, a, now, decision.why))
+    else:
+        job.state = JobState.FAILED
+        why = f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else decision.why
+        w.plan.events.append(_event("job.failed", job, a, now, why))
+
+
+def apply_cancel(w: _Work, c: Command, now: float) -> None:
+    job = w.state.jobs.get(c.job_id)
+    if job is None or job.state.terminal:
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    job.state = JobState.CANCELLED
+    job.cancel_reason = c.reason or f"cancelled by {c.by or 'operator'}"
+    job.updated_at = now
+    a = job.current
+    if a is not None and not a.state.terminal:
+        # The task keeps its allocation, marked to stop, until the agent reports the
+        # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
+        alloc = w.alloc(a.host_id)
+        for t in alloc.tasks:
+            if t.attempt_id == a.id:
+                t.stop = True
+        a.reason = job.cancel_reason
+    w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
+
+
+def queue_order(jobs: list[Job]) -> list[Job]:
+    return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+
+
+def place_queued(
+    w: _Work,
+    caps: dict[str, HostCapacity],
+    now: float,
+    term: int,
+    max_keys: int,
+) -> None:
+    for job in queue_order(w.state.queued()):
+        if w.plan.keys >= max_keys - 1:
+            break
+        if job.id in w.plan.jobs or job.not_before > now:
+            continue
+        choice = place(job.spec, caps.values())
+        if not isinstance(choice, Choice):
+            continue
+        host = caps[choice.host_id]
+        host.reserve(choice.gpu_indices, job.spec.cpus, job.spec.memory_mb)
+        job = w.job(job.id)
+        assert job is not None
+        number = len(job.attempts) + 1
+        attempt = Attempt(
+            id=f"{job.id}.{number}",
+            number=number,
+            host_id=choice.host_id,
+            gpu_indices=choice.gpu_indices,
+            state=AttemptState.PLACED,
+            term=term,
+            placed_at=now,
+        )
+        job.attempts.append(attempt)
+        job.state = JobState.PLACED
+        job.updated_at = now
+        alloc = w.alloc(choice.host_id)
+        alloc.term = term
+        alloc.tasks.append(
+            Task(
+                attempt_id=attempt.id,
+                job_id=job.id,
+                number=number,
+                command=job.spec.command,
+                env=job.spec.env,
+                cwd=job.spec.cwd,
+                gpu_indices=choice.gpu_indices,
+                cpus=job.spec.cpus,
+                memory_mb=job.spec.memory_mb,
+                term=term,
+            )
+        )
+        w.plan.placed += 1
+        w.plan.events.append(_event("job.placed", job, attempt, now))
+
+
+def plan_cycle(
+    state: ClusterState,
+    *,
+    reports: list[StatusReport],
+    commands: list[Command],
+    now: float,
+    term: int,
+    max_keys: int = 900,
+) -> Plan:
+    """Decide one cycle. `state` is read, never modified."""
+    plan = Plan()
+    w = _Work(state, plan)
+    for r in reports:
+        apply_report(w, r, now)
+    for c in commands:
+        if c.kind == "cancel":
+            apply_cancel(w, c, now)
+    caps = state.capacities(now)
+    # Capacity freed or taken by this cycle's reports and cancels.
+    for host_id, alloc in plan.allocs.items():
+        cap = caps.get(host_id)
+        if cap is None:
+            continue
+        cap.used_gpus.clear()
+        cap.used_cpus = 0.0
+        cap.used_memory_mb = 0
+        for t in alloc.tasks:
+            cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+    for alloc in plan.allocs.values():
+        alloc.term = term or alloc.term
+    place_queued(w, caps, now, term, max_keys)
+    return plan

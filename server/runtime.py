@@ -1,0 +1,328 @@
+"""A control-plane replica: wires the store, watches, leadership, scheduler, history and
+the operations the API and console call. `Muster.start()` / `Muster.shutdown()`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from server import metrics, subjects
+from server.auth import bootstrap_token
+from server.cluster import ClusterState, HostConfig
+from server.errors import ConflictError, StoreError, ValidationError
+from server.health import Health
+from server.history import History
+from server.lease import Leadership, LeaseConfig
+from server.messages import Command, Job, JobState, encode, new_id
+from server.placement import explain
+from server.scheduler import Scheduler, SchedulerConfig
+from server.store import Record, Store, Watch, connect
+from server.validation import validate_job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    nats_url: str = field(default_factory=lambda: os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"))
+    http_host: str = field(default_factory=lambda: os.environ.get("MUSTER_HTTP_HOST", "127.0.0.1"))
+    http_port: int = field(default_factory=lambda: int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
+    data_dir: Path = field(default_factory=lambda: Path(os.environ.get("MUSTER_DATA_DIR", ".muster")))
+    db_url: str | None = field(default_factory=lambda: os.environ.get("MUSTER_DB_URL"))
+    heartbeat_interval_s: float = 5.0
+    lease_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_LEASE_TTL", "5")))
+    replicas: int = field(default_factory=lambda: int(os.environ.get("MUSTER_REPLICAS", "1")))
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    production: bool = field(default_factory=lambda: os.environ.get("MUSTER_ENV", "") == "production")
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / 'history.db'}"
+
+
+@dataclass
+class HostView:
+    """A host as shown by the API and console."""
+
+    id: str
+    health: str
+    cordoned: bool
+    simulated: bool
+    labels: dict[str, str]
+    gpus: int
+    gpu_model: str
+    gpus_allocated: int
+    gpus_unhealthy: int
+    gpu_util_pct: float
+    cpus: int
+    cpu_pct: float
+    memory_mb: int
+    mem_used_mb: int
+    last_seen: float
+    tasks: int
+
+
+@dataclass
+class Summary:
+    hosts_total: int
+    hosts_healthy: int
+    hosts_suspect: int
+    hosts_lost: int
+    gpus_total: int
+    gpus_allocated: int
+    jobs: Counter[str]
+
+
+@dataclass
+class UserError:
+    field: str
+    message: str
+    code: str
+
+
+class Muster:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
+        self.nc: NATS | None = None
+        self.store: Store | None = None
+        self.history: History | None = None
+        self.leadership: Leadership | None = None
+        self.scheduler: Scheduler | None = None
+        self.new_token: str | None = None
+        self.started_at = time.time()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watches: list[Watch] = []
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.history = History(cfg.database_url)
+        self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}")
+        self.store = Store(self.nc, replicas=cfg.replicas)
+        await self.store.ensure()
+        self.state.listeners.append(self._on_state)
+        self._watches.append(await self.store.watch(">", self.state.apply_state_record))
+        self._watches.append(
+            await self.store.watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
+        )
+        for w in self._watches:
+            try:
+                await asyncio.wait_for(w.synced.wait(), timeout=30)
+            except asyncio.TimeoutError:
+                log.warning("watch of %s not synced after 30 s; continuing", w.bucket)
+        self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
+        self.leadership = Leadership(
+            self.store, cfg.name, LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5),
+            on_change=self._on_leadership,
+        )
+        self.scheduler = Scheduler(self.store, self.state, self.leadership, SchedulerConfig())
+        self._tasks = [
+            asyncio.create_task(self.leadership.run(self._stop), name="lease"),
+            asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
+            asyncio.create_task(self.history.run(self._stop), name="history"),
+            asyncio.create_task(self._gauges(), name="gauges"),
+        ]
+
+    async def shutdown(self) -> None:
+        """Stop taking work, finish the current cycle, resign, flush history, drain NATS.
+        Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=10)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in self._watches:
+            await w.stop()
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=5)
+            except Exception:  # noqa: BLE001
+                await self.nc.close()
+        if self.history is not None:
+            self.history.close()
+
+    def _on_heartbeat(self, rec: Record) -> None:
+        metrics.HEARTBEATS.inc()
+        self.state.apply_host_record(rec)
+
+    def _on_state(self, kind: str, obj: object) -> None:
+        if kind == "job" and self.history is not None:
+            job = obj  # type: ignore[assignment]
+            assert isinstance(job, Job)
+            self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
+
+    def _on_leadership(self, leading: bool, term: int) -> None:
+        metrics.LEADER.set(1 if leading else 0)
+        if term:
+            metrics.TERM.set(term)
+
+    async def _gauges(self) -> None:
+        while not self._stop.is_set():
+            s = self.summary()
+            for h, n in (("HEALTHY", s.hosts_healthy), ("SUSPECT", s.hosts_suspect), ("LOST", s.hosts_lost)):
+                metrics.HOSTS.labels(h).set(n)
+            for st in JobState:
+                metrics.JOBS.labels(st.value).set(s.jobs.get(st.value, 0))
+            metrics.TERM.set(self.state.term)
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=2)
+            except asyncio.TimeoutError:
+                pass
+
+    @property
+    def ready(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leadership and self.leadership.leading else "follower"
+
+    # ------------------------------------------------------------ operations
+
+    def known_gpu_models(self) -> set[str]:
+        return {g.model for e in self.state.hosts.values() if e.heartbeat for g in e.heartbeat.gpus}
+
+    async def submit(self, data: dict[str, Any], user: str) -> tuple[Job | None, list[UserError]]:
+        """Validate and store a job (QUEUED). Nothing is stored when it is rejected."""
+        data = dict(data)
+        data.setdefault("user", user)
+        spec, errors = validate_job(data, self.known_gpu_models())
+        if spec is None:
+            return None, [UserError(e.field, e.message, e.code) for e in errors]
+        now = time.time()
+        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
+        assert self.store is not None
+        rev = await self.store.put(subjects.job_key(job.id), encode(job), expected=0, msg_id=job.id)
+        self.state.apply_job(job, rev)
+        metrics.SUBMISSIONS.inc()
+        return job, []
+
+    async def cancel(self, job_id: str, by: str, reason: str = "") -> list[UserError]:
+        job = self.get_job(job_id)
+        if job is None:
+            return [UserError("id", f"no job {job_id}", "NOT_FOUND")]
+        if job.state.terminal:
+            return [UserError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")]
+        assert self.store is not None
+        cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason[:512])
+        try:
+            await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cancel: {exc}") from exc
+        return []
+
+    async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> list[UserError]:
+        if host_id not in self.state.hosts:
+            return [UserError("id", f"no host {host_id}", "NOT_FOUND")]
+        if cordoned and not reason.strip():
+            return [UserError("reason", "a reason is required", "REQUIRED")]
+        assert self.store is not None
+        cfg = HostConfig(cordoned=cordoned, reason=reason[:512], by=by, ts=time.time())
+        key = subjects.hostcfg_key(host_id)
+        for _ in range(5):
+            try:
+                rev = await self.store.put(key, cfg.model_dump_json().encode(),
+                                           expected=self.state.revisions.get(key, 0))
+                self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
+                return []
+            except ConflictError:
+                self.state.apply_state_record(await self.store.get(key))
+        return [UserError("id", "host settings changed concurrently; try again", "CONFLICT")]
+
+    def get_job(self, job_id: str) -> Job | None:
+        job = self.state.jobs.get(job_id)
+        if job is None and self.history is not None:
+            job = self.history.get_job(job_id)
+        return job
+
+    def why_pending(self, job: Job) -> dict[str, int]:
+        if job.state is not JobState.QUEUED:
+            return {}
+        return dict(explain(job.spec, self.state.capacities().values()))
+
+    def queue_position(self, job: Job) -> int | None:
+        if job.state is not JobState.QUEUED:
+            return None
+        from server.planner import queue_order
+
+        for i, j in enumerate(queue_order(self.state.queued()), start=1):
+            if j.id == job.id:
+                return i
+        return None
+
+    def host_view(self, host_id: str, now: float | None = None) -> HostView | None:
+        now = time.time() if now is None else now
+        entry = self.state.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            return None
+        hb = entry.heartbeat
+        alloc = self.state.allocs.get(host_id)
+        used = {i for t in alloc.tasks for i in t.gpu_indices} if alloc else set()
+        utils = [u.util_pct for u in hb.gpu_usage]
+        cfg = self.state.hostcfg.get(host_id)
+        return HostView(
+            id=host_id,
+            health=self.state.health(host_id, now).value,
+            cordoned=bool(cfg and cfg.cordoned),
+            simulated=hb.simulated,
+            labels=dict(hb.labels),
+            gpus=len(hb.gpus),
+            gpu_model=",".join(sorted({g.model for g in hb.gpus})) or "-",
+            gpus_allocated=len(used),
+            gpus_unhealthy=sum(1 for u in hb.gpu_usage if not u.healthy),
+            gpu_util_pct=round(sum(utils) / len(utils), 1) if utils else 0.0,
+            cpus=hb.cpus,
+            cpu_pct=round(hb.cpu_pct, 1),
+            memory_mb=hb.memory_mb,
+            mem_used_mb=hb.mem_used_mb,
+            last_seen=entry.seen_at,
+            tasks=len(alloc.tasks) if alloc else 0,
+        )
+
+    def host_views(self) -> list[HostView]:
+        now = time.time()
+        out = [self.host_view(h, now) for h in sorted(self.state.hosts)]
+        return [v for v in out if v is not None]
+
+    def summary(self) -> Summary:
+        now = time.time()
+        health: Counter[str] = Counter()
+        gpus_total = 0
+        for host_id, e in self.state.hosts.items():
+            health[self.state.health(host_id, now).value] += 1
+            if e.heartbeat and e.present:
+                gpus_total += len(e.heartbeat.gpus)
+        allocated = sum(len(t.gpu_indices) for a in self.state.allocs.values() for t in a.tasks)
+        jobs = self.state.job_counts()
+        return Summary(
+            hosts_total=len(self.state.hosts),
+            hosts_healthy=health[Health.HEALTHY.value],
+            hosts_suspect=health[Health.SUSPECT.value],
+            hosts_lost=health[Health.LOST.value],
+            gpus_total=gpus_total,
+            gpus_allocated=allocated,
+            jobs=jobs,
+        )
+
+
+def validation_error_list(errors: list[ValidationError]) -> list[UserError]:
+    return [UserError(e.field, e.message, e.code) for e in errors]

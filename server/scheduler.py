@@ -1,0 +1,239 @@
+"""The scheduler loop: runs while this replica leads, commits each cycle's plan atomically.
+
+Inputs: queued jobs (from the state watch), agent status reports (durable consumer on
+STATUS) and operator commands (durable consumer on CMDS). Each cycle takes a
+snapshot, asks the pure planner for decisions, and commits them as one revision-
+checked, term-fenced batch. Messages are acknowledged only after their effects are
+committed, so a new leader resumes where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.js import api as jsapi
+
+from server import metrics, subjects
+from server.cluster import ClusterState
+from server.errors import ConflictError, DecodeError, FencedError, StoreError
+from server.lease import Leadership
+from server.messages import Command, Event, StatusReport, decode, encode
+from server.planner import Plan, plan_cycle
+from server.store import Store, Write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    tick_s: float = 1.0  # full re-plan at least this often
+    fetch_batch: int = 500
+    max_keys_per_commit: int = 900
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        state: ClusterState,
+        leadership: Leadership,
+        config: SchedulerConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.leadership = leadership
+        self.config = config or SchedulerConfig()
+        self.wake = asyncio.Event()
+        self._reports: list[tuple[Msg, StatusReport | None]] = []
+        self._commands: list[tuple[Msg, Command | None]] = []
+        self.cycles = 0
+        state.listeners.append(self._on_state)
+
+    def _on_state(self, kind: str, obj: object) -> None:
+        self.wake.set()
+
+    # ------------------------------------------------------------ inputs
+
+    def _decode_report(self, msg: Msg) -> StatusReport | None:
+        try:
+            r = decode(StatusReport, msg.data)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("status").inc()
+            log.warning("dropped status report on %s: %s", msg.subject, exc)
+            return None
+        if msg.subject != subjects.status_subject(r.host_id):
+            metrics.DROPPED.labels("status").inc()
+            log.warning("dropped status report: %s claims host %s", msg.subject, r.host_id)
+            return None
+        return r
+
+    def _decode_command(self, msg: Msg) -> Command | None:
+        try:
+            return decode(Command, msg.data)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("command").inc()
+            log.warning("dropped command: %s", exc)
+            return None
+
+    async def _fetch_loop(self, sub, sink: list, decoder, stop: asyncio.Event) -> None:  # type: ignore[no-untyped-def]
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch=self.config.fetch_batch, timeout=0.5)
+            except asyncio.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnecting; try again
+                log.debug("fetch: %s", exc)
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
+                sink.append((m, decoder(m)))
+            self.wake.set()
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Schedule whenever this replica leads, until `stop` is set."""
+        while not stop.is_set():
+            if not self.leadership.leading:
+                self.leadership.changed.clear()
+                stop_task = asyncio.ensure_future(stop.wait())
+                change_task = asyncio.ensure_future(self.leadership.changed.wait())
+                await asyncio.wait({stop_task, change_task}, return_when=asyncio.FIRST_COMPLETED)
+                stop_task.cancel()
+                change_task.cancel()
+                continue
+            await self._lead(stop)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        term = self.leadership.term
+        log.info("scheduling as leader, term %d", term)
+        js = self.store.js
+        cfg = jsapi.ConsumerConfig(ack_wait=15, max_ack_pending=100_000, max_deliver=-1)
+        status_sub = await js.pull_subscribe(
+            f"{subjects.STATUS_PREFIX}.>", durable="scheduler-status", stream=subjects.STATUS_STREAM, config=cfg
+        )
+        cmd_sub = await js.pull_subscribe(
+            f"{subjects.CMDS_PREFIX}.>", durable="scheduler-cmds", stream=subjects.CMDS_STREAM, config=cfg
+        )
+        leading_stop = asyncio.Event()
+        fetchers = [
+            asyncio.create_task(self._fetch_loop(status_sub, self._reports, self._decode_report, leading_stop)),
+            asyncio.create_task(self._fetch_loop(cmd_sub, self._commands, self._decode_command, leading_stop)),
+        ]
+        try:
+            while not stop.is_set() and self.leadership.leading and self.leadership.term == term:
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
+                except asyncio.TimeoutError:
+                    pass
+                self.wake.clear()
+                try:
+                    await self.cycle()
+                except FencedError as exc:
+                    self.leadership.step_down(str(exc))
+                except StoreError as exc:
+                    log.warning("cycle failed: %s", exc)
+                    await asyncio.sleep(0.1)
+        finally:
+            leading_stop.set()
+            for t in fetchers:
+                t.cancel()
+            await asyncio.gather(*fetchers, return_exceptions=True)
+            for sub in (status_sub, cmd_sub):
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # noqa: BLE001
+                    pass
+            # Unacknowledged inputs go back to the stream for the next leader.
+            for m, _ in self._reports + self._commands:
+                try:
+                    await m.nak()
+                except Exception:  # noqa: BLE001
+                    pass
+            self._reports.clear()
+            self._commands.clear()
+
+    async def cycle(self) -> Plan | None:
+        """One scheduling cycle: plan from the snapshot, commit, acknowledge."""
+        if not self.leadership.leading:
+            return None
+        self.cycles += 1
+        reports_in = self._reports[: self.config.fetch_batch * 4]
+        commands_in = self._commands[: self.config.fetch_batch]
+        now = time.time()
+        term = self.leadership.term
+        plan = plan_cycle(
+            self.state,
+            reports=[r for _, r in reports_in if r is not None],
+            commands=[c for _, c in commands_in if c is not None],
+            now=now,
+            term=term,
+            max_keys=self.config.max_keys_per_commit,
+        )
+        metrics.QUEUE_DEPTH.set(len(self.state.queued()))
+        writes = [
+            Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0))
+            for j in plan.jobs.values()
+        ] + [
+            Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
+            for h, a in plan.allocs.items()
+        ]
+        if writes:
+            started = time.perf_counter()
+            try:
+                res = await self.store.commit(writes, fence=self.leadership.fence())
+            except FencedError:
+                metrics.COMMITS.labels("fenced").inc()
+                raise
+            except ConflictError as exc:
+                metrics.COMMITS.labels("conflict").inc()
+                log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
+                await self._refresh([w.key for w in writes])
+                return None
+            except StoreError:
+                metrics.COMMITS.labels("unknown").inc()
+                await self._refresh([w.key for w in writes])
+                raise
+            metrics.COMMITS.labels("ok").inc()
+            metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
+            for j in plan.jobs.values():
+                self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
+            for h, a in plan.allocs.items():
+                self.state.apply_alloc(a, res.revisions[subjects.alloc_key(h)])
+            if plan.placed:
+                metrics.PLACEMENTS.inc(plan.placed)
+                for ev in plan.events:
+                    if ev.kind == "job.placed" and ev.job_id in plan.jobs:
+                        metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
+        # Effects are durable: acknowledge the inputs, then tell the world.
+        for m, _ in reports_in + commands_in:
+            try:
+                await m.ack()
+            except Exception:  # noqa: BLE001 - redelivery is harmless (idempotent)
+                pass
+        del self._reports[: len(reports_in)]
+        del self._commands[: len(commands_in)]
+        await self._publish(plan.events)
+        if plan.placed and len(self.state.queued()) > 0:
+            self.wake.set()  # more may fit; go again at once
+        return plan
+
+    async def _refresh(self, keys: list[str]) -> None:
+        for k in keys:
+            try:
+                self.state.apply_state_record(await self.store.get(k))
+            except StoreError as exc:
+                log.warning("refresh %s: %s", k, exc)
+
+    async def _publish(self, events: list[Event]) -> None:
+        for ev in events:
+            try:
+                await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.{ev.kind}", encode(ev))
+            except Exception:  # noqa: BLE001 - events are best effort; history has the truth
+                break

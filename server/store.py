@@ -1,0 +1,370 @@
+"""The NATS JetStream adapter: connection, buckets, streams, reads, watches and atomic commits.
+
+Everything that touches NATS for durable state goes through here, and foreign
+exceptions become `StoreError`, `ConflictError` or `FencedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js import errors as jserrors
+
+from server import subjects
+from server.errors import ConflictError, FencedError, StoreError
+
+log = logging.getLogger(__name__)
+
+WRONG_LAST_SEQUENCE = 10071
+MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
+
+
+@dataclass(frozen=True)
+class Record:
+    """One KV value as read or watched: key, revision and payload (None when deleted)."""
+
+    key: str
+    revision: int
+    value: bytes | None
+
+
+@dataclass
+class Write:
+    """One key write inside an atomic batch.
+
+    `expected` is the revision the key must still have (0 = must not exist, or be
+    expired); None means unchecked. `ttl` sets a per-message TTL ("15s")."""
+
+    key: str
+    value: bytes
+    expected: int | None = None
+    ttl: str | None = None
+
+
+@dataclass
+class Fence:
+    """Check that the `term` key still has this revision, inside the same commit."""
+
+    term: int
+    holder: str = ""
+
+
+@dataclass
+class CommitResult:
+    revisions: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+
+
+async def connect(url: str, name: str, **kw: object) -> NATS:
+    """Connect with settings that notice a dead link quickly and never give up."""
+    opts: dict[str, object] = dict(
+        servers=[u.strip() for u in url.split(",") if u.strip()],
+        name=name,
+        ping_interval=2,
+        max_outstanding_pings=3,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=3,
+        allow_reconnect=True,
+    )
+    opts.update(kw)
+    try:
+        return await nats.connect(**opts)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - foreign errors become ours
+        raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
+
+
+def _is_tombstone(headers: dict[str, str] | None) -> bool:
+    if not headers:
+        return False
+    if headers.get("KV-Operation") in ("DEL", "PURGE"):
+        return True
+    return "Nats-Marker-Reason" in headers
+
+
+class Store:
+    """Durable state in JetStream: the `state` and `hosts` buckets and the streams."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        replicas: int = 1,
+        heartbeat_ttl_s: int = 15,
+        timeout: float = 5.0,
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=timeout)
+        self.replicas = replicas
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.timeout = timeout
+
+    # ------------------------------------------------------------ setup
+
+    async def ensure(self) -> None:
+        """Create (or update) every stream and bucket Muster needs. Idempotent."""
+        state = jsapi.StreamConfig(
+            name=subjects.STATE_STREAM,
+            subjects=[f"$KV.{subjects.STATE_BUCKET}.>"],
+            retention=jsapi.RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,
+            discard=jsapi.DiscardPolicy.NEW,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=True,
+            allow_msg_ttl=True,
+            subject_delete_marker_ttl=60,
+            allow_atomic=True,
+            duplicate_window=120,
+            republish=jsapi.RePublish(
+                src=f"$KV.{subjects.STATE_BUCKET}.alloc.>",
+                dest=f"{subjects.ASSIGN_PREFIX}.>",
+            ),
+        )
+        hosts = jsapi.StreamConfig(
+            name=subjects.HOSTS_STREAM,
+            subjects=[f"$KV.{subjects.HOSTS_BUCKET}.>"],
+            retention=jsapi.RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,
+            discard=jsapi.DiscardPolicy.NEW,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=True,
+            allow_msg_ttl=True,
+            subject_delete_marker_ttl=60,
+            duplicate_window=5,
+        )
+        status = jsapi.StreamConfig(
+            name=subjects.STATUS_STREAM,
+            subjects=[f"{subjects.STATUS_PREFIX}.>"],
+            retention=jsapi.RetentionPolicy.WORK_QUEUE,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=7 * 24 * 3600,
+            duplicate_window=120,
+        )
+        cmds = jsapi.StreamConfig(
+            name=subjects.CMDS_STREAM,
+            subjects=[f"{subjects.CMDS_PREFIX}.>"],
+            retention=jsapi.RetentionPolicy.WORK_QUEUE,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=7 * 24 * 3600,
+            duplicate_window=120,
+        )
+        for cfg in (state, hosts, status, cmds):
+            await self._ensure_stream(cfg)
+
+    async def _ensure_stream(self, cfg: jsapi.StreamConfig) -> None:
+        try:
+            await self.js.add_stream(cfg)
+        except jserrors.BadRequestError as exc:
+            if exc.err_code == 10058:  # stream name already in use with a different config
+                await self.js.update_stream(cfg)
+            else:
+                raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
+
+    # ------------------------------------------------------------ reads
+
+    async def get(self, key: str, bucket: str = subjects.STATE_BUCKET) -> Record:
+        """Latest value of a key, read from the stream (expiry markers count as absent)."""
+        stream = f"KV_{bucket}"
+        try:
+            msg = await self.js.get_last_msg(stream, subjects.kv_subject(bucket, key), direct=True)
+        except jserrors.NotFoundError:
+            return Record(key, 0, None)
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cannot read {bucket}/{key}: {exc}") from exc
+        seq = int(msg.seq or 0)
+        if _is_tombstone(msg.headers):
+            return Record(key, seq, None)
+        return Record(key, seq, msg.data or b"")
+
+    async def watch(
+        self,
+        pattern: str,
+        on_record: Callable[[Record], None],
+        bucket: str = subjects.STATE_BUCKET,
+    ) -> Watch:
+        """Watch keys matching `pattern` (the latest value of each, then every change).
+        `on_record` runs synchronously in the subscription callback."""
+        w = Watch(self, bucket, pattern, on_record)
+        await w.start()
+        return w
+
+    # ------------------------------------------------------------ writes
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected: int | None = None,
+        ttl: str | None = None,
+        bucket: str = subjects.STATE_BUCKET,
+        msg_id: str | None = None,
+    ) -> int:
+        """Single acked write, optionally revision-checked. Returns the new revision."""
+        headers: dict[str, str] = {}
+        if expected is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected)
+        if ttl is not None:
+            headers["Nats-TTL"] = ttl
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        try:
+            ack = await self.js.publish(
+                subjects.kv_subject(bucket, key), value, headers=headers or None, timeout=self.timeout
+            )
+        except jserrors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"{key}: revision is no longer {expected}") from exc
+            raise StoreError(f"write {key}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"write {key}: {exc}") from exc
+        return int(ack.seq)
+
+    async def commit(
+        self,
+        writes: list[Write],
+        fence: Fence | None = None,
+        bucket: str = subjects.STATE_BUCKET,
+    ) -> CommitResult:
+        """Apply `writes` (and the fence check) as one atomic batch: all or nothing.
+
+        Raises ConflictError when a revision check failed (FencedError when the
+        leadership term moved on), StoreError when the outcome is unknown. A retry
+        with the same writes is made idempotent by per-message Nats-Msg-Id."""
+        if not writes:
+            return CommitResult()
+        if len(writes) + (1 if fence else 0) > MAX_BATCH + 1:
+            raise StoreError(f"batch of {len(writes)} writes exceeds {MAX_BATCH}")
+        batch_id = uuid.uuid4().hex
+        msgs: list[tuple[str, bytes, dict[str, str]]] = []
+        for w in writes:
+            h: dict[str, str] = {}
+            if w.expected is not None:
+                h["Nats-Expected-Last-Subject-Sequence"] = str(w.expected)
+            if w.ttl is not None:
+                h["Nats-TTL"] = w.ttl
+            msgs.append((subjects.kv_subject(bucket, w.key), w.value, h))
+        if fence is not None:
+            term_subject = subjects.kv_subject(bucket, "term")
+            msgs.append(
+                (
+                    subjects.kv_subject(bucket, "fence"),
+                    json.dumps({"term": fence.term, "holder": fence.holder}).encode(),
+                    {
+                        "Nats-Expected-Last-Subject-Sequence": str(fence.term),
+                        "Nats-Expected-Last-Subject-Sequence-Subject": term_subject,
+                    },
+                )
+            )
+        n = len(msgs)
+        try:
+            for i, (subj, data, h) in enumerate(msgs, start=1):
+                h["Nats-Batch-Id"] = batch_id
+                h["Nats-Batch-Sequence"] = str(i)
+                if i < n:
+                    await self.nc.publish(subj, data, headers=h)
+                else:
+                    h["Nats-Batch-Commit"] = "1"
+                    reply = await self.nc.request(subj, data, timeout=self.timeout, headers=h)
+        except Exception as exc:  # noqa: BLE001 - timeout or connection loss: outcome unknown
+            raise StoreError(f"commit outcome unknown: {exc}") from exc
+        try:
+            resp = json.loads(reply.data or b"{}")
+        except ValueError as exc:
+            raise StoreError(f"commit: bad reply {reply.data[:200]!r}") from exc
+        err = resp.get("error")
+        if err:
+            code = err.get("err_code")
+            if code == WRONG_LAST_SEQUENCE:
+                if fence is not None:
+                    current = await self.get("term", bucket)
+                    if current.revision != fence.term:
+                        raise FencedError(f"term {fence.term} superseded by {current.revision}")
+                raise ConflictError(err.get("description", "wrong last sequence"))
+            raise StoreError(f"commit rejected: {err}")
+        last = int(resp["seq"])
+        revisions = {}
+        first = last - n + 1
+        for i, w in enumerate(writes):
+            revisions[w.key] = first + i
+        return CommitResult(revisions=revisions, last_seq=last)
+
+
+class Watch:
+    """A KV watch built on an ordered push consumer; resumes across reconnects."""
+
+    def __init__(
+        self, store: Store, bucket: str, pattern: str, on_record: Callable[[Record], None]
+    ) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.pattern = pattern
+        self.on_record = on_record
+        self.synced = asyncio.Event()
+        self._sub: JetStreamContext.PushSubscription | None = None
+        self._prefix = f"$KV.{bucket}."
+
+    async def start(self) -> None:
+        info = await self.store.js.stream_info(f"KV_{self.bucket}")
+        if info.state.messages == 0:
+            self.synced.set()
+
+        async def cb(msg: Msg) -> None:
+            try:
+                meta = msg.metadata
+                key = msg.subject[len(self._prefix) :]
+                value = None if _is_tombstone(msg.headers) else msg.data
+                self.on_record(Record(key, meta.sequence.stream, value))
+                if meta.num_pending == 0:
+                    self.synced.set()
+            except Exception:  # noqa: BLE001 - one bad record must not stop the watch
+                log.exception("watch %s: handling %s failed", self.bucket, msg.subject)
+
+        self._sub = await self.store.js.subscribe(
+            f"{self._prefix}{self.pattern}",
+            stream=f"KV_{self.bucket}",
+            cb=cb,
+            ordered_consumer=True,
+            deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=300,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1024 * 1024 * 1024,
+        )
+        if not self.synced.is_set():
+            try:
+                ci = await self._sub.consumer_info()
+                if ci.num_pending == 0 and self._sub.delivered == 0:
+                    self.synced.set()
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+            self._sub = None
+
+
+Handler = Callable[[Msg], Awaitable[None]]

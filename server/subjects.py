@@ -1,0 +1,53 @@
+"""Names of NATS buckets, streams and subjects: the protocol between the parts."""
+
+from __future__ import annotations
+
+# KV bucket of heartbeats: key = host id, per-key TTL = 3 heartbeat intervals.
+HOSTS_BUCKET = "hosts"
+# KV bucket of durable control-plane state. Keys:
+#   job.<id>        Job record (written by API on submit, then by the leader only)
+#   alloc.<host>    HostAlloc: the host's assigned attempts (the leader only)
+#   lease           the leader lease (TTL, renewed with a revision check)
+#   term            written once per leadership acquisition; its revision is the term
+#   fence           written in every leader commit, checked against `term`
+#   auth.token.<h>  hashed API tokens
+#   hostcfg.<host>  operator settings of a host (cordon, drain)
+STATE_BUCKET = "state"
+STATE_STREAM = f"KV_{STATE_BUCKET}"
+HOSTS_STREAM = f"KV_{HOSTS_BUCKET}"
+
+# Agents receive their `alloc.<host>` record republished on this core subject.
+ASSIGN_PREFIX = "muster.assign"
+# Agents report attempt state on this JetStream subject (stream STATUS).
+STATUS_STREAM = "STATUS"
+STATUS_PREFIX = "muster.status"
+# API replicas send commands to the leader (stream CMDS).
+CMDS_STREAM = "CMDS"
+CMDS_PREFIX = "muster.cmd"
+# Events (job and host changes) and alerts, core NATS.
+EVENTS_PREFIX = "muster.events"
+ALERTS_PREFIX = "alerts"
+
+
+def job_key(job_id: str) -> str:
+    return f"job.{job_id}"
+
+
+def alloc_key(host_id: str) -> str:
+    return f"alloc.{host_id}"
+
+
+def hostcfg_key(host_id: str) -> str:
+    return f"hostcfg.{host_id}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    return f"$KV.{bucket}.{key}"
+
+
+def assign_subject(host_id: str) -> str:
+    return f"{ASSIGN_PREFIX}.{host_id}"
+
+
+def status_subject(host_id: str) -> str:
+    return f"{STATUS_PREFIX}.{host_id}"

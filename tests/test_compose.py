@@ -1,0 +1,539 @@
+"""Static checks of the deployment files (compose.yaml, Dockerfile, NATS configs).
+
+Runs without Docker: the compose file is validated against the Compose
+Specification schema (check-jsonschema's vendored copy) and checked for
+consistency with PyYAML; the NATS configs are checked by the real
+nats-server binary (`nats-server -t`), and the loopback 3-node cluster
+config is started once on free ports to prove it forms a JetStream cluster
+that accepts an R3 key-value bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+NATS_DEV_CONF = ROOT / "nats" / "nats.conf"
+NATS_CLUSTER_CONFS = [ROOT / "nats" / "cluster" / f"n{i}.conf" for i in (1, 2, 3)]
+NATS_COMPOSE_CONF = ROOT / "nats" / "compose" / "nats-cluster.conf"
+
+NATS_SERVICES = ("nats1", "nats2", "nats3")
+NATS_MONITOR_PORT = 8222
+JS_HEALTH_PATH = "/healthz?js-enabled-only=true"
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _venv_tool(name: str) -> str:
+    """A console script installed next to the running interpreter."""
+    bindir = Path(sys.executable).parent
+    for candidate in (bindir / name, bindir / f"{name}.exe"):
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    pytest.fail(
+        f"{name} not found next to {sys.executable}; install the test extras "
+        f"(pip install -e '.[test]')"
+    )
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    with COMPOSE.open() as fh:
+        doc = yaml.safe_load(fh)  # SafeLoader resolves `<<` merge keys
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    svcs = compose.get("services")
+    assert isinstance(svcs, dict) and svcs, "compose.yaml has no services"
+    return svcs
+
+
+def _depends_on(svc: dict) -> dict[str, dict]:
+    dep = svc.get("depends_on") or {}
+    if isinstance(dep, list):  # short syntax: no condition
+        return {name: {"condition": "service_started"} for name in dep}
+    return {name: (spec or {}) for name, spec in dep.items()}
+
+
+def _is_named_volume(source: str) -> bool:
+    return not (source.startswith(("/", ".", "~", "$")) or "/" in source)
+
+
+def _named_volumes(svc: dict) -> list[str]:
+    names = []
+    for vol in svc.get("volumes") or []:
+        if isinstance(vol, str):
+            parts = vol.split(":")
+            if len(parts) >= 2 and _is_named_volume(parts[0]):
+                names.append(parts[0])
+        elif isinstance(vol, dict):
+            if vol.get("type", "volume") == "volume" and vol.get("source"):
+                names.append(vol["source"])
+    return names
+
+
+def _secret_names(svc: dict) -> list[str]:
+    out = []
+    for sec in svc.get("secrets") or []:
+        out.append(sec if isinstance(sec, str) else sec["source"])
+    return out
+
+
+def _config_names(svc: dict) -> list[str]:
+    out = []
+    for cfg in svc.get("configs") or []:
+        out.append(cfg if isinstance(cfg, str) else cfg["source"])
+    return out
+
+
+def _published_container_ports(svc: dict) -> set[int]:
+    """Container-side ports of every `ports:` entry (short or long syntax)."""
+    result: set[int] = set()
+    for entry in svc.get("ports") or []:
+        if isinstance(entry, dict):
+            target = str(entry.get("target"))
+        else:
+            spec = str(entry).split("/")[0]  # drop /tcp
+            target = spec.rsplit(":", 1)[-1]
+        if "-" in target:
+            lo, hi = target.split("-", 1)
+            result.update(range(int(lo), int(hi) + 1))
+        else:
+            result.add(int(target))
+    return result
+
+
+def _healthcheck_text(svc: dict) -> str:
+    test = (svc.get("healthcheck") or {}).get("test")
+    if isinstance(test, list):
+        return " ".join(str(t) for t in test)
+    return str(test or "")
+
+
+def _server_services(services: dict) -> dict:
+    return {
+        name: svc
+        for name, svc in services.items()
+        if "server" in " ".join(map(str, _command(svc)))
+        and name not in NATS_SERVICES
+        and name != "postgres"
+    }
+
+
+def _command(svc: dict) -> list:
+    cmd = svc.get("command") or []
+    return cmd if isinstance(cmd, list) else [cmd]
+
+
+# --------------------------------------------------------------------------
+# compose.yaml: schema
+
+
+def test_compose_matches_compose_spec_schema():
+    exe = _venv_tool("check-jsonschema")
+    proc = subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------
+# compose.yaml: consistency
+
+
+def test_expected_services_exist(services):
+    for name in (*NATS_SERVICES, "postgres", "agent", "agent-cpu"):
+        assert name in services, f"missing service {name}"
+    servers = _server_services(services)
+    replicas = sum(
+        int(((svc.get("deploy") or {}).get("replicas")) or 1) for svc in servers.values()
+    )
+    assert replicas >= 2, f"need >= 2 control-plane replicas, have {sorted(servers)}"
+
+
+def test_depends_on_targets_exist_and_wait_for_health(services):
+    for name, svc in services.items():
+        for dep, spec in _depends_on(svc).items():
+            assert dep in services, f"{name} depends on unknown service {dep}"
+            if dep in NATS_SERVICES or dep == "postgres":
+                assert spec.get("condition") == "service_healthy", (
+                    f"{name} -> {dep} must use condition: service_healthy"
+                )
+            if spec.get("condition") == "service_healthy":
+                assert services[dep].get("healthcheck"), (
+                    f"{name} waits for {dep} to be healthy but {dep} has no healthcheck"
+                )
+
+
+def test_servers_and_agents_wait_for_their_backends(services):
+    for name, svc in _server_services(services).items():
+        deps = _depends_on(svc)
+        for dep in (*NATS_SERVICES, "postgres"):
+            assert dep in deps, f"{name} must depend on {dep}"
+    for name in ("agent", "agent-cpu"):
+        deps = _depends_on(services[name])
+        for dep in NATS_SERVICES:
+            assert dep in deps, f"{name} must depend on {dep}"
+
+
+def test_required_healthchecks(services):
+    required = [*NATS_SERVICES, "postgres", *_server_services(services)]
+    for name in required:
+        hc = services[name].get("healthcheck") or {}
+        assert hc.get("test") and not hc.get("disable"), f"{name} needs a healthcheck"
+
+
+def test_named_volumes_declared(compose, services):
+    declared = set((compose.get("volumes") or {}).keys())
+    for name, svc in services.items():
+        for vol in _named_volumes(svc):
+            assert vol in declared, f"{name} uses undeclared volume {vol}"
+
+
+def test_stateful_services_use_named_volumes(services):
+    for name in (*NATS_SERVICES, "postgres"):
+        assert _named_volumes(services[name]), f"{name} must keep its data in a named volume"
+    nats_vols = [tuple(_named_volumes(services[n])) for n in NATS_SERVICES]
+    assert len(set(nats_vols)) == len(NATS_SERVICES), "each NATS node needs its own volume"
+
+
+def test_secrets_declared_and_file_based(compose, services):
+    declared = compose.get("secrets") or {}
+    used = set()
+    for name, svc in services.items():
+        for sec in _secret_names(svc):
+            assert sec in declared, f"{name} uses undeclared secret {sec}"
+            used.add(sec)
+    assert used, "no service uses a secret"
+    for sec, spec in declared.items():
+        assert "file" in spec, f"secret {sec} must come from a file"
+        assert str(spec["file"]).startswith("./secrets/"), f"secret {sec} must live in ./secrets/"
+
+
+def test_configs_declared_and_present(compose, services):
+    declared = compose.get("configs") or {}
+    for name, svc in services.items():
+        for cfg in _config_names(svc):
+            assert cfg in declared, f"{name} uses undeclared config {cfg}"
+            path = declared[cfg].get("file")
+            if path:
+                assert (ROOT / path).is_file(), f"config {cfg}: {path} does not exist"
+
+
+def test_no_credentials_in_environment(services):
+    secretish = re.compile(r"(PASSWORD|TOKEN|SECRET|DB_URL)$")
+    for name, svc in services.items():
+        env = svc.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+        for key, value in env.items():
+            if secretish.search(key) and not key.endswith("_FILE"):
+                pytest.fail(f"{name}: {key} set in environment; use a secret file instead")
+            if value is not None:
+                assert not re.search(r"://[^/\s:@]+:[^@\s$]+@", str(value)), (
+                    f"{name}: {key} contains inline credentials"
+                )
+
+
+def test_postgres_password_from_secret(services):
+    pg = services["postgres"]
+    assert str(pg["image"]).startswith("postgres:16")
+    env = pg.get("environment") or {}
+    assert "POSTGRES_PASSWORD" not in env
+    pw_file = env.get("POSTGRES_PASSWORD_FILE", "")
+    assert pw_file.startswith("/run/secrets/"), pw_file
+    assert pw_file.rsplit("/", 1)[-1] in _secret_names(pg)
+    assert "pg_isready" in _healthcheck_text(pg)
+
+
+def test_nats_services(services):
+    for name in NATS_SERVICES:
+        svc = services[name]
+        image = str(svc["image"])
+        m = re.fullmatch(r"nats:(\d+)\.(\d+)[\w.\-]*", image)
+        assert m, f"{name}: unexpected image {image}"
+        assert (int(m.group(1)), int(m.group(2))) >= (2, 11), f"{name}: need nats 2.11+"
+        hc = _healthcheck_text(svc)
+        assert "wget" in hc and f":{NATS_MONITOR_PORT}{JS_HEALTH_PATH}" in hc, hc
+        cmd = " ".join(map(str, _command(svc)))
+        assert re.search(r"(-c|--config)\s+\S+", cmd), f"{name}: command must pass the config"
+        env = svc.get("environment") or {}
+        assert env.get("SERVER_NAME") == name
+
+
+def test_nats_monitoring_port_not_published(services):
+    for name, svc in services.items():
+        assert NATS_MONITOR_PORT not in _published_container_ports(svc), (
+            f"{name} publishes the NATS monitoring port {NATS_MONITOR_PORT}"
+        )
+
+
+def test_servers_publish_http(services):
+    for name, svc in _server_services(services).items():
+        assert 8080 in _published_container_ports(svc), f"{name} must publish container port 8080"
+        hc = _healthcheck_text(svc)
+        assert "8080" in hc and ("/readyz" in hc or "/livez" in hc), hc
+        assert {"muster_token", "postgres_password"} <= set(_secret_names(svc))
+
+
+def test_agent_has_nvidia_reservation(services):
+    devices = services["agent"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(
+        d.get("driver") == "nvidia" and d.get("count") == "all" and "gpu" in d.get("capabilities", [])
+        for d in devices
+    ), devices
+
+
+def test_agent_cpu_simulates_gpus(services):
+    svc = services["agent-cpu"]
+    assert svc.get("profiles") == ["cpu"]
+    cmd = list(map(str, _command(svc)))
+    assert cmd[0] == "agent"
+    assert "--simulate-gpus" in cmd and cmd[cmd.index("--simulate-gpus") + 1] == "8xH100"
+    assert "deploy" not in svc or "devices" not in str(svc["deploy"]), "cpu agent must not reserve GPUs"
+
+
+def test_secrets_dir_not_shipped():
+    lines = {
+        ln.strip().rstrip("/")
+        for ln in DOCKERIGNORE.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
+    for entry in (".git", ".venv", ".muster", "secrets"):
+        assert entry in lines, f".dockerignore must exclude {entry}"
+    for needed in ("pyproject.toml", "README.md", "server", "agent", "web", "bench"):
+        assert needed not in lines, f".dockerignore must not exclude {needed}"
+
+
+def test_dockerfile():
+    text = DOCKERFILE.read_text()
+    instr = [
+        ln.strip()
+        for ln in re.sub(r"\\\n", " ", text).splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    froms = [ln for ln in instr if ln.upper().startswith("FROM ")]
+    assert froms and froms[-1].split()[1].startswith("python:3.11-slim"), froms
+    users = [ln.split()[1] for ln in instr if ln.upper().startswith("USER ")]
+    assert users and users[-1] not in ("root", "0", "0:0"), "image must run as non-root"
+    assert any("pip install" in ln and "--no-cache-dir" in ln for ln in instr)
+    entry = [ln for ln in instr if ln.upper().startswith("ENTRYPOINT")]
+    assert entry and json.loads(entry[-1].split(None, 1)[1]) == ["muster"], entry
+    assert not re.search(r"^\s*(ENV|ARG)\s+\S*(TOKEN|PASSWORD|DB_URL)", text, re.M | re.I), (
+        "no credentials baked into the image"
+    )
+
+
+# --------------------------------------------------------------------------
+# NATS configs: validated by the real nats-server
+
+
+def _nats_server() -> str:
+    return _venv_tool("nats-server")
+
+
+@pytest.mark.parametrize(
+    "conf", [NATS_DEV_CONF, *NATS_CLUSTER_CONFS], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_nats_config_valid(conf):
+    proc = subprocess.run(
+        [_nats_server(), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"sync_interval:\s*always", conf.read_text())
+
+
+def test_nats_compose_config_valid():
+    env = {**os.environ, "SERVER_NAME": "nats1"}
+    proc = subprocess.run(
+        [_nats_server(), "-t", "-c", str(NATS_COMPOSE_CONF)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = NATS_COMPOSE_CONF.read_text()
+    assert re.search(r"server_name:\s*\$SERVER_NAME", text)
+    assert re.search(r"sync_interval:\s*always", text)
+    for n in NATS_SERVICES:
+        assert f"nats://{n}:6222" in text or f"nats-route://{n}:6222" in text
+    # the server name really comes from the environment
+    env.pop("SERVER_NAME")
+    proc = subprocess.run(
+        [_nats_server(), "-t", "-c", str(NATS_COMPOSE_CONF)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert proc.returncode != 0
+
+
+def test_cluster_configs_layout():
+    for i, conf in enumerate(NATS_CLUSTER_CONFS, start=1):
+        text = conf.read_text()
+        assert re.search(rf"server_name:\s*n{i}\b", text)
+        assert re.search(r"name:\s*muster\b", text)
+        assert f"127.0.0.1:{4221 + i}" in text  # client
+        assert f"127.0.0.1:{6221 + i}" in text  # cluster
+        others = {6222, 6223, 6224} - {6221 + i}
+        for port in others:
+            assert f"nats-route://127.0.0.1:{port}" in text
+        m = re.search(r'store_dir:\s*"?([^"\s]+)', text)
+        assert m and not m.group(1).startswith("/"), "store_dir must be relative"
+
+
+# --------------------------------------------------------------------------
+# The loopback cluster really forms and holds an R3 bucket.
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _http_json(url: str):
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status, json.loads(resp.read() or b"{}")
+
+
+def _wait(pred, timeout: float, what: str, procs, logs):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        for p, log in zip(procs, logs):
+            if p.poll() is not None:
+                pytest.fail(f"nats-server exited ({p.returncode}) while waiting for {what}:\n"
+                            + log.read_text()[-3000:])
+        try:
+            if pred():
+                return
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            last = exc
+        time.sleep(0.2)
+    tails = "\n".join(log.read_text()[-2000:] for log in logs)
+    pytest.fail(f"timed out waiting for {what} (last error: {last})\n{tails}")
+
+
+def test_loopback_cluster_forms(tmp_path):
+    default_ports = [4222, 4223, 4224, 6222, 6223, 6224, 8222, 8223, 8224]
+    mapping = dict(zip(default_ports, _free_ports(len(default_ports))))
+    confs = []
+    for src in NATS_CLUSTER_CONFS:
+        text = re.sub(
+            r"127\.0\.0\.1:(\d+)",
+            lambda m: f"127.0.0.1:{mapping.get(int(m.group(1)), int(m.group(1)))}",
+            src.read_text(),
+        )
+        dst = tmp_path / src.name
+        dst.write_text(text)
+        confs.append(dst)
+
+    procs, logs = [], []
+    try:
+        for conf in confs:
+            log = tmp_path / f"{conf.stem}.log"
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [_nats_server(), "-c", str(conf)],
+                    cwd=tmp_path,
+                    stdout=log.open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        monitor = [mapping[p] for p in (8222, 8223, 8224)]
+        clients = [mapping[p] for p in (4222, 4223, 4224)]
+
+        def healthy():
+            return all(
+                _http_json(f"http://127.0.0.1:{m}{JS_HEALTH_PATH}")[0] == 200 for m in monitor
+            )
+
+        _wait(healthy, 30, "healthz?js-enabled-only=true on all nodes", procs, logs)
+
+        def meta_leader():
+            for m in monitor:
+                _, jsz = _http_json(f"http://127.0.0.1:{m}/jsz")
+                meta = jsz.get("meta_cluster") or {}
+                if meta.get("name") != "muster" or not meta.get("leader"):
+                    return False
+                if meta.get("cluster_size") != 3:
+                    return False
+            return True
+
+        _wait(meta_leader, 30, "a JetStream meta leader on a 3-node cluster", procs, logs)
+
+        for i, _ in enumerate(confs, start=1):
+            assert (tmp_path / "data" / f"n{i}" / "jetstream").is_dir()
+
+        nats = pytest.importorskip("nats")
+
+        async def r3_bucket():
+            nc = await nats.connect(
+                servers=[f"nats://127.0.0.1:{p}" for p in clients], connect_timeout=5
+            )
+            try:
+                js = nc.jetstream()
+                from nats.js.api import KeyValueConfig
+
+                kv = await js.create_key_value(KeyValueConfig(bucket="probe", replicas=3))
+                await kv.put("k", b"v")
+                entry = await kv.get("k")
+                assert entry.value == b"v"
+                info = await js.stream_info("KV_probe")
+                assert info.config.num_replicas == 3
+                assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+            finally:
+                await nc.close()
+
+        asyncio.run(asyncio.wait_for(r3_bucket(), 30))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)

@@ -1,0 +1,1 @@
+"""Muster's web console: server-rendered jinja2 templates driven by htmx."""
