@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from typing import Annotated
-
 import strawberry
 from strawberry.extensions import MaskErrors, MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
 from strawberry.types import Info
@@ -470,17 +468,15 @@ async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> Host
 
 def build_schema(production: bool = False) -> strawberry.Schema:
     extensions: list = [
-        QueryDepthLimiter(max_depth=10),
-        MaxTokensLimiter(max_token_count=5000),
-        MaxAliasesLimiter(max_alias_count=30),
+        lambda: QueryDepthLimiter(max_depth=10),
+        lambda: MaxTokensLimiter(max_token_count=5000),
+        lambda: MaxAliasesLimiter(max_alias_count=30),
     ]
     if production:
-        extensions.append(MaskErrors())
+        extensions.append(MaskErrors)
     return strawberry.Schema(query=Query, mutation=Mutation, extensions=extensions)
 
 
 def schema_sdl() -> str:
     return build_schema().as_str() + "\n"
 
-
-_ = Annotated  # keep import for forward references

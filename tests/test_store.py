@@ -1,0 +1,139 @@
+"""What the design relies on in NATS, re-verified against the real nats-server:
+atomic multi-key batches, revision checks, fencing by the term key, per-key TTL
+expiry seen by a watch, re-registration after expiry, and leader election."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from server import subjects
+from server.errors import ConflictError, FencedError
+from server.lease import Leadership, LeaseConfig
+from server.store import Record, Store, Write, connect
+
+
+@pytest.fixture
+async def store(nats_url: str):
+    nc = await connect(nats_url, name="test")
+    s = Store(nc)
+    await s.ensure()
+    yield s
+    await nc.close()
+
+
+async def test_ensure_is_idempotent(store: Store) -> None:
+    await store.ensure()
+    info = await store.js.stream_info(subjects.STATE_STREAM)
+    assert info.config.allow_atomic is True
+    assert info.config.allow_msg_ttl is True
+
+
+async def test_batch_commit_is_atomic_and_revisions_are_exact(store: Store) -> None:
+    res = await store.commit([Write("job.a", b"A1", expected=0), Write("alloc.h1", b"H1", expected=0)])
+    for key, value in (("job.a", b"A1"), ("alloc.h1", b"H1")):
+        rec = await store.get(key)
+        assert rec.value == value
+        assert rec.revision == res.revisions[key]
+    # One stale revision rejects the whole batch: neither key changes.
+    with pytest.raises(ConflictError):
+        await store.commit([
+            Write("job.a", b"A2", expected=res.revisions["job.a"]),
+            Write("alloc.h1", b"H2", expected=res.revisions["alloc.h1"] - 1),
+        ])
+    assert (await store.get("job.a")).value == b"A1"
+    assert (await store.get("alloc.h1")).value == b"H1"
+
+
+async def test_fence_rejects_commits_after_the_term_moves(store: Store) -> None:
+    from server.store import Fence
+
+    term = await store.put("term", b"t1")
+    await store.commit([Write("job.f", b"1", expected=0)], fence=Fence(term))
+    newer = await store.put("term", b"t2", expected=term)
+    rev = (await store.get("job.f")).revision
+    with pytest.raises(FencedError):
+        await store.commit([Write("job.f", b"2", expected=rev)], fence=Fence(term))
+    assert (await store.get("job.f")).value == b"1"
+    await store.commit([Write("job.f", b"3", expected=rev)], fence=Fence(newer))
+    assert (await store.get("job.f")).value == b"3"
+
+
+async def test_heartbeat_ttl_expiry_is_seen_by_a_watch_and_host_can_return(store: Store) -> None:
+    seen: list[Record] = []
+    got = asyncio.Event()
+
+    def on(rec: Record) -> None:
+        seen.append(rec)
+        got.set()
+
+    w = await store.watch(">", on, bucket=subjects.HOSTS_BUCKET)
+    subject = subjects.kv_subject(subjects.HOSTS_BUCKET, "h1")
+    await store.js.publish(subject, b'{"x":1}', headers={"Nats-TTL": "1s"})
+    # Wait for the value, then for the expiry marker (a record without value).
+    async def wait_for(pred) -> Record:  # type: ignore[no-untyped-def]
+        while True:
+            for r in seen:
+                if pred(r):
+                    return r
+            got.clear()
+            await asyncio.wait_for(got.wait(), timeout=10)
+
+    first = await wait_for(lambda r: r.value is not None)
+    gone = await wait_for(lambda r: r.value is None)
+    assert gone.revision > first.revision
+    assert (await store.get("h1", bucket=subjects.HOSTS_BUCKET)).value is None
+    # Re-registering after expiry works (the marker must not block the write).
+    await store.js.publish(subject, b'{"x":2}', headers={"Nats-TTL": "15s"})
+    back = await wait_for(lambda r: r.value == b'{"x":2}')
+    assert back.revision > gone.revision
+    await w.stop()
+
+
+async def test_put_with_stale_revision_conflicts(store: Store) -> None:
+    rev = await store.put("hostcfg.h1", b"a", expected=0)
+    with pytest.raises(ConflictError):
+        await store.put("hostcfg.h1", b"b", expected=0)
+    assert await store.put("hostcfg.h1", b"c", expected=rev) > rev
+
+
+async def test_only_one_leader_and_a_stale_leader_is_fenced(store: Store) -> None:
+    cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
+    a = Leadership(store, "a", cfg)
+    b = Leadership(store, "b", cfg)
+    assert await a.try_acquire() is True
+    assert await b.try_acquire() is False
+    term_a = a.term
+    assert (await store.get("lease")).value == b"a"
+    # `a` stops renewing (as if frozen); the lease expires and `b` takes over.
+    for _ in range(100):
+        if await b.try_acquire():
+            break
+        await asyncio.sleep(0.1)
+    assert b.term > term_a
+    # a's commit, fenced with its old term, is rejected by the store.
+    with pytest.raises(FencedError):
+        await store.commit([Write("job.z", json.dumps({}).encode(), expected=0)], fence=a.fence())
+    assert (await store.get("job.z")).value is None
+    # and a's renewal fails, so it steps down.
+    a._valid_until = float("inf")
+    await a.renew()
+    assert a.term == 0
+    await b.resign()
+    assert (await store.get("lease")).value in (None, b"")
+
+
+async def test_lease_renewal_keeps_ttl(store: Store) -> None:
+    cfg = LeaseConfig(ttl_s=1, renew_every_s=0.3)
+    a = Leadership(store, "a", cfg)
+    assert await a.try_acquire()
+    await a.renew()
+    assert a.term > 0
+    # Without renewals the renewed lease still expires (the TTL travelled with it).
+    for _ in range(100):
+        if (await store.get("lease")).value is None:
+            break
+        await asyncio.sleep(0.1)
+    assert (await store.get("lease")).value is None
