@@ -216,6 +216,32 @@ class Muster:
         metrics.SUBMISSIONS.inc()
         return job, []
 
+    async def submit_many(
+        self, items: list[dict[str, Any]], user: str
+    ) -> list[tuple[Job | None, list[UserError]]]:
+        """Validate every job, then store the valid ones with pipelined writes."""
+        known = self.known_gpu_models()
+        now = time.time()
+        results: list[tuple[Job | None, list[UserError]]] = []
+        for data in items:
+            data = dict(data)
+            data.setdefault("user", user)
+            spec, errors = validate_job(data, known)
+            if spec is None:
+                results.append((None, [UserError(e.field, e.message, e.code) for e in errors]))
+            else:
+                results.append((Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now), []))
+        assert self.store is not None
+        store = self.store
+        jobs = [j for j, _ in results if j is not None]
+        revs = await asyncio.gather(
+            *(store.put(subjects.job_key(j.id), encode(j), expected=0, msg_id=j.id) for j in jobs)
+        )
+        for j, rev in zip(jobs, revs):
+            self.state.apply_job(j, rev)
+        metrics.SUBMISSIONS.inc(len(jobs))
+        return results
+
     async def cancel(self, job_id: str, by: str, reason: str = "") -> list[UserError]:
         job = self.get_job(job_id)
         if job is None:

@@ -435,13 +435,16 @@ class Query:
 class Mutation:
     @strawberry.mutation
     async def submit_job(self, info: Info, input: SubmitJobInput) -> SubmitJobPayload:
-        data = {
-            "name": input.name, "command": input.command, "gpus": input.gpus, "gpu_model": input.gpu_model,
-            "cpus": input.cpus, "memory_mb": input.memory_mb, "priority": input.priority,
-            "max_attempts": input.max_attempts, "cwd": input.cwd, "env": input.env or {},
-        }
-        job, errors = await _muster(info).submit(data, _user(info))
+        job, errors = await _muster(info).submit(_job_data(input), _user(info))
         return SubmitJobPayload(job=Job(_m=job) if job else None, user_errors=_errors(errors))
+
+    @strawberry.mutation(description="Submit up to 1,000 jobs in one request; each gets its own payload.")
+    async def submit_jobs(self, info: Info, input: list[SubmitJobInput]) -> list[SubmitJobPayload]:
+        if len(input) > MAX_BATCH_SUBMIT:
+            return [SubmitJobPayload(job=None, user_errors=[UserError(
+                field="input", message=f"at most {MAX_BATCH_SUBMIT} jobs per request", code="TOO_LARGE")])]
+        results = await _muster(info).submit_many([_job_data(i) for i in input], _user(info))
+        return [SubmitJobPayload(job=Job(_m=j) if j else None, user_errors=_errors(e)) for j, e in results]
 
     @strawberry.mutation
     async def cancel_job(self, info: Info, id: strawberry.ID, reason: str = "") -> CancelJobPayload:
@@ -457,6 +460,17 @@ class Mutation:
     @strawberry.mutation
     async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
         return await _host_action(info, input, False)
+
+
+MAX_BATCH_SUBMIT = 1000
+
+
+def _job_data(i: SubmitJobInput) -> dict[str, object]:
+    return {
+        "name": i.name, "command": i.command, "gpus": i.gpus, "gpu_model": i.gpu_model,
+        "cpus": i.cpus, "memory_mb": i.memory_mb, "priority": i.priority,
+        "max_attempts": i.max_attempts, "cwd": i.cwd, "env": i.env or {},
+    }
 
 
 async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> HostActionPayload:

@@ -389,3 +389,50 @@ async def test_cancel_form(console: Console) -> None:
     assert r.status_code == 409 and "already" in r.text
     r = await c.post("/jobs/jmissing/cancel", data={"csrf": console.csrf})
     assert r.status_code == 404
+
+
+# ---------------------------------------------------------------- jobs paging, roles
+
+
+async def test_jobs_table_paging_and_filter(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    for i in range(53):
+        job, errors = await m.submit({"name": f"batch-{i:02d}", "command": ["true"], "gpus": 64}, "operator")
+        assert job is not None and not errors
+    assert m.history is not None
+    history = m.history
+    await eventually(lambda: history.list_jobs(limit=1)[1] == 53, what="history to catch up")
+    r = await c.get("/jobs")
+    assert r.status_code == 200
+    assert "53 jobs" in r.text and "Page 1 of 2" in r.text
+    assert r.text.count('id="job-j') == 50
+    assert "batch-52" in r.text and "batch-02" not in r.text  # newest first
+    r = await c.get("/jobs?page=2")
+    assert r.text.count('id="job-j') == 3 and "batch-00" in r.text
+    r = await c.get("/jobs?page=99")
+    assert r.status_code == 200 and "Page 2 of 2" in r.text
+    r = await c.get("/jobs?state=queued")
+    assert "53 jobs QUEUED" in r.text
+    r = await c.get("/jobs?state=BOGUS")
+    assert r.status_code == 200 and "Unknown state" in r.text
+    r = await c.get("/jobs?page=2", headers={"HX-Request": "true"})
+    assert r.text.lstrip().startswith('<div id="live"') and 'hx-get="/jobs?page=2"' in r.text
+
+
+async def test_viewer_token_may_only_view(console: Console) -> None:
+    from server.cluster import TokenInfo
+
+    c = console.client
+    m = console.muster
+    viewer = "mst_viewer-token"
+    h = hashlib.sha256(viewer.encode()).hexdigest()
+    m.state.tokens[h] = TokenInfo(name="alice", role="viewer")
+    r = await c.post("/login", data={"token": viewer})
+    assert r.status_code == 303
+    r = await c.get("/")
+    assert r.status_code == 200 and "alice" in r.text
+    r = await c.post("/submit", data={"csrf": csrf_token(h), "name": "x", "command": "true"})
+    assert r.status_code == 403
+    assert m.state.jobs == {}

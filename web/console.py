@@ -377,7 +377,9 @@ async def _cordon(request: Request, cordoned: bool) -> Response:
     else:
         errors = await m.set_cordon(host_id, cordoned, sess.user, reason)
     if errors:
-        ctx = _host_ctx(m, host_id) or {}
+        ctx = _host_ctx(m, host_id)
+        if ctx is None:
+            return error_page(request, 404, "No such host", f"No host {host_id!r} has reported to this cluster.")
         ctx["errors"] = {("uncordon" if not cordoned else "cordon"): [e.message for e in errors]}
         ctx["reason_value"] = reason
         return render(request, "host.html", ctx, 422)
@@ -549,6 +551,8 @@ async def submit(request: Request) -> Response:
     local: dict[str, list[str]] = {}
     try:
         data["command"] = shlex.split(values["command"])
+        if not data["command"]:
+            local["command"] = ["is required: the program to run and its arguments"]
     except ValueError as exc:
         data["command"] = None
         local["command"] = [f"cannot be split into arguments: {exc}"]
