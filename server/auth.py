@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 ROLES = ("viewer", "operator", "admin")
 
 
+def allows(info: TokenInfo | None, needed: str) -> bool:
+    """Roles are ordered: admin can do what an operator can, who can do what a viewer can."""
+    if info is None or info.role not in ROLES:
+        return False
+    return ROLES.index(info.role) >= ROLES.index(needed)
+
+
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 

@@ -9,7 +9,6 @@ PostgreSQL database write the same history once.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -62,6 +61,29 @@ class EventRow(SQLModel, table=True):
     message: str = ""
 
 
+def job_events(job: Job) -> list[dict[str, object]]:
+    """The timeline of a job, derived from its record: ids are deterministic, so the
+    same event is written once however often (and by however many replicas) it is seen."""
+    out: list[dict[str, object]] = [dict(id=f"{job.id}:submitted", ts=job.submitted_at, kind="job.submitted",
+                                         job_id=job.id, host_id=None, message=job.spec.name)]
+    for a in job.attempts:
+        out.append(dict(id=f"{a.id}:placed", ts=a.placed_at, kind="attempt.placed", job_id=job.id,
+                        host_id=a.host_id, message=f"attempt {a.number} on {a.host_id} GPUs {a.gpu_indices}"))
+        if a.started_at is not None:
+            out.append(dict(id=f"{a.id}:started", ts=a.started_at, kind="attempt.started", job_id=job.id,
+                            host_id=a.host_id, message=f"attempt {a.number} running"))
+        if a.state.terminal and a.finished_at is not None:
+            detail = f"exit code {a.exit_code}" if a.exit_code is not None else ""
+            out.append(dict(id=f"{a.id}:{a.state.value.lower()}", ts=a.finished_at,
+                            kind=f"attempt.{a.state.value.lower()}", job_id=job.id, host_id=a.host_id,
+                            message="; ".join(x for x in (detail, a.reason) if x)))
+    if job.state.terminal:
+        out.append(dict(id=f"{job.id}:{job.state.value.lower()}", ts=job.updated_at,
+                        kind=f"job.{job.state.value.lower()}", job_id=job.id,
+                        host_id=job.current.host_id if job.current else None, message=job.cancel_reason))
+    return out
+
+
 class History:
     def __init__(self, url: str) -> None:
         kw: dict[str, object] = {}
@@ -109,6 +131,7 @@ class History:
         return len(batch)
 
     def _write(self, batch: Sequence[tuple[Job, int]]) -> None:
+        events: list[dict[str, object]] = []
         with Session(self.engine) as s:
             ids = [j.id for j, _ in batch]
             existing = {r.id: r for r in s.exec(select(JobRow).where(JobRow.id.in_(ids)))}  # type: ignore[attr-defined]
@@ -129,20 +152,29 @@ class History:
                     row.revision = rev
                     row.doc = doc
                 s.add(row)
-                prev_state = json.loads(existing[job.id].doc)["state"] if job.id in existing else None
-                if prev_state != job.state.value:
-                    s.merge(EventRow(
-                        id=f"job.{job.id}@{rev}", ts=job.updated_at, kind=f"job.{job.state.value.lower()}",
-                        job_id=job.id, host_id=job.current.host_id if job.current else None,
-                        message=job.cancel_reason if job.state.value == "CANCELLED" else "",
-                    ))
                 for a in job.attempts:
                     s.merge(AttemptRow(
                         id=a.id, job_id=job.id, number=a.number, host_id=a.host_id, state=a.state.value,
                         term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
                         started_at=a.started_at, finished_at=a.finished_at,
                     ))
+                events.extend(job_events(job))
+            s.flush()
+            self._insert_events(s, events)
             s.commit()
+
+    def _insert_events(self, s: Session, events: list[dict[str, object]]) -> None:
+        """Insert events, skipping ids already there (every replica derives the same ids)."""
+        if not events:
+            return
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        for i in range(0, len(events), 500):
+            chunk = events[i : i + 500]
+            s.execute(insert(EventRow).values(chunk).on_conflict_do_nothing(index_elements=["id"]))
 
     async def run(self, stop: asyncio.Event, every_s: float = 0.2) -> None:
         """Flush pending records until `stop`; a last flush on the way out."""

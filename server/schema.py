@@ -13,6 +13,7 @@ import strawberry
 from strawberry.extensions import MaskErrors, MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
 from strawberry.types import Info
 
+from server.auth import allows
 from server.messages import Attempt as AttemptModel
 from server.messages import Job as JobModel
 from server.messages import JobState as JobStateEnum
@@ -27,6 +28,13 @@ def _ts(t: float | None) -> dt.datetime | None:
 
 def _muster(info: Info) -> Muster:
     return info.context["muster"]
+
+
+def _forbidden(info: Info, needed: str = "operator") -> list[UserError] | None:
+    """A userError when the caller's role may not do this, else None."""
+    if allows(info.context.get("token"), needed):
+        return None
+    return [UserError(field="", message=f"this needs the {needed} role", code="FORBIDDEN")]
 
 
 def _user(info: Info) -> str:
@@ -435,11 +443,15 @@ class Query:
 class Mutation:
     @strawberry.mutation
     async def submit_job(self, info: Info, input: SubmitJobInput) -> SubmitJobPayload:
+        if denied := _forbidden(info):
+            return SubmitJobPayload(job=None, user_errors=denied)
         job, errors = await _muster(info).submit(_job_data(input), _user(info))
         return SubmitJobPayload(job=Job(_m=job) if job else None, user_errors=_errors(errors))
 
     @strawberry.mutation(description="Submit up to 1,000 jobs in one request; each gets its own payload.")
     async def submit_jobs(self, info: Info, input: list[SubmitJobInput]) -> list[SubmitJobPayload]:
+        if denied := _forbidden(info):
+            return [SubmitJobPayload(job=None, user_errors=denied)]
         if len(input) > MAX_BATCH_SUBMIT:
             return [SubmitJobPayload(job=None, user_errors=[UserError(
                 field="input", message=f"at most {MAX_BATCH_SUBMIT} jobs per request", code="TOO_LARGE")])]
@@ -449,6 +461,8 @@ class Mutation:
     @strawberry.mutation
     async def cancel_job(self, info: Info, id: strawberry.ID, reason: str = "") -> CancelJobPayload:
         mu = _muster(info)
+        if denied := _forbidden(info):
+            return CancelJobPayload(job=None, user_errors=denied)
         errors = await mu.cancel(str(id), _user(info), reason)
         job = mu.get_job(str(id))
         return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=_errors(errors))
@@ -475,6 +489,8 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
 
 async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> HostActionPayload:
     mu = _muster(info)
+    if denied := _forbidden(info):
+        return HostActionPayload(host=None, user_errors=denied)
     errors = await mu.set_cordon(str(input.id), cordon, _user(info), input.reason)
     v = mu.host_view(str(input.id))
     return HostActionPayload(host=Host.from_view(v) if v else None, user_errors=_errors(errors))
