@@ -208,6 +208,12 @@ def _has_nvidia() -> bool:
         return False
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.__main__ import main as bench_main
+
+    return int(bench_main(args.bench_args) or 0)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from server.schema import schema_sdl
 
@@ -416,6 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
     a.add_argument("--fault-file", default=None)
     a.set_defaults(fn=cmd_agent)
+
+    b = sub.add_parser("bench", help="run the scale benchmark (see `muster bench --help`)", add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
 
     sc = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
     sc.set_defaults(fn=cmd_schema)

@@ -1,0 +1,405 @@
+"""Host health, ClusterState feeding, retry policy, and config validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.agent import AgentConfig, parse_labels
+from server import retry
+from server.cluster import ClusterState, HostConfig
+from server.errors import ConfigError
+from server.health import Health, host_health
+from server.lease import LeaseConfig
+from server.messages import (
+    Attempt,
+    AttemptState,
+    GpuInfo,
+    GpuUsage,
+    Heartbeat,
+    HostAlloc,
+    Job,
+    JobSpec,
+    JobState,
+    Task,
+    encode,
+)
+from server.placement import NOT_HEALTHY, check
+from server.store import Record
+
+T0 = 1_000_000.0
+
+
+def hb(host_id: str = "h1", *, gpus: int = 2, unhealthy: tuple[int, ...] = (), cpus: int = 16,
+       memory_mb: int = 64_000, labels: dict[str, str] | None = None, seq: int = 1) -> bytes:
+    return encode(
+        Heartbeat(
+            host_id=host_id,
+            boot_id="boot-1",
+            seq=seq,
+            ts=T0,
+            labels=labels or {},
+            gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(gpus)],
+            gpu_usage=[GpuUsage(index=i, healthy=i not in unhealthy) for i in range(gpus)],
+            cpus=cpus,
+            memory_mb=memory_mb,
+        )
+    )
+
+
+def job_bytes(job_id: str, state: JobState = JobState.QUEUED, priority: int = 0) -> bytes:
+    spec = JobSpec(name=job_id, command=["true"], priority=priority)
+    return encode(Job(id=job_id, spec=spec, state=state, submitted_at=T0, updated_at=T0))
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __call__(self, kind: str, obj: object) -> None:
+        self.calls.append((kind, obj))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.calls]
+
+
+# ---------------------------------------------------------------- host_health
+
+
+@pytest.mark.parametrize(
+    "present, age, expected",
+    [
+        (True, 0.0, Health.HEALTHY),
+        (True, 5.0, Health.HEALTHY),
+        (True, 10.0, Health.HEALTHY),  # exactly two intervals: not yet suspect
+        (True, 10.01, Health.SUSPECT),
+        (True, 1000.0, Health.SUSPECT),
+        (False, 0.0, Health.LOST),
+        (False, 1000.0, Health.LOST),
+    ],
+)
+def test_host_health(present: bool, age: float, expected: Health) -> None:
+    assert host_health(present=present, last_seen=T0, now=T0 + age, interval_s=5.0) is expected
+
+
+def test_host_health_transitions_over_time() -> None:
+    seen = [host_health(present=True, last_seen=T0, now=T0 + dt, interval_s=2.0) for dt in (0, 3, 4, 4.5, 9)]
+    assert seen == [Health.HEALTHY, Health.HEALTHY, Health.HEALTHY, Health.SUSPECT, Health.SUSPECT]
+    # A fresh heartbeat makes it healthy again; only absence makes it LOST.
+    assert host_health(present=True, last_seen=T0 + 9, now=T0 + 9, interval_s=2.0) is Health.HEALTHY
+    assert host_health(present=False, last_seen=T0 + 9, now=T0 + 9, interval_s=2.0) is Health.LOST
+
+
+# ---------------------------------------------------------------- ClusterState: hosts
+
+
+def test_heartbeat_apply_makes_host_healthy() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("h1", 1, hb("h1", labels={"rack": "r1"})), now=T0)
+    assert s.health("h1", now=T0) is Health.HEALTHY
+    assert s.hosts["h1"].heartbeat is not None and s.hosts["h1"].heartbeat.labels == {"rack": "r1"}
+    assert s.hosts["h1"].revision == 1 and s.hosts["h1"].present
+    assert lis.kinds() == ["host_up"]
+    assert lis.calls[0][1].host_id == "h1"
+    # Further heartbeats do not announce the host again.
+    s.apply_host_record(Record("h1", 2, hb("h1", seq=2)), now=T0 + 5)
+    assert lis.kinds() == ["host_up"]
+    assert s.hosts["h1"].heartbeat.seq == 2
+
+
+def test_unknown_host_is_lost() -> None:
+    assert ClusterState().health("nobody", now=T0) is Health.LOST
+
+
+def test_stale_seen_at_makes_host_suspect() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    assert s.health("h1", now=T0 + 10) is Health.HEALTHY
+    assert s.health("h1", now=T0 + 11) is Health.SUSPECT
+    caps = s.capacities(now=T0 + 11)
+    assert caps["h1"].schedulable is False
+    # A new heartbeat refreshes seen_at.
+    s.apply_host_record(Record("h1", 2, hb()), now=T0 + 11)
+    assert s.health("h1", now=T0 + 11) is Health.HEALTHY
+    assert s.capacities(now=T0 + 11)["h1"].schedulable is True
+
+
+def test_tombstone_makes_host_lost_and_notifies() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
+    assert s.health("h1", now=T0 + 15) is Health.LOST
+    entry = s.hosts["h1"]
+    assert entry.present is False and entry.lost_at == T0 + 15 and entry.revision == 2
+    assert lis.kinds() == ["host_up", "host_lost"]
+    assert lis.calls[1][1] is entry
+    # The last heartbeat is kept; the host is unschedulable.
+    cap = s.capacities(now=T0 + 15)["h1"]
+    assert cap.schedulable is False
+    assert check(JobSpec(name="j", command=["x"]), cap)[0] == NOT_HEALTHY
+    # A second tombstone does not notify again.
+    s.apply_host_record(Record("h1", 3, None), now=T0 + 16)
+    assert lis.kinds() == ["host_up", "host_lost"]
+
+
+def test_tombstone_for_unknown_host_is_harmless() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("ghost", 5, None), now=T0)
+    assert "ghost" not in s.hosts and lis.calls == []
+    assert s.health("ghost", now=T0) is Health.LOST
+
+
+def test_reregistering_after_loss_is_healthy_and_host_up() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
+    s.apply_host_record(Record("h1", 3, hb(seq=1)), now=T0 + 20)
+    assert s.health("h1", now=T0 + 20) is Health.HEALTHY
+    assert s.hosts["h1"].present is True and s.hosts["h1"].lost_at is None
+    assert lis.kinds() == ["host_up", "host_lost", "host_up"]
+
+
+def test_heartbeat_with_other_host_id_is_dropped() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("h1", 1, hb("h2")), now=T0)
+    assert "h1" not in s.hosts and "h2" not in s.hosts
+    assert s.dropped["heartbeat"] == 1
+    assert lis.calls == []
+    # Also for a known host: the held heartbeat stays.
+    s.apply_host_record(Record("h1", 2, hb("h1", cpus=16)), now=T0)
+    s.apply_host_record(Record("h1", 3, hb("evil", cpus=4096)), now=T0 + 1)
+    assert s.dropped["heartbeat"] == 2
+    assert s.hosts["h1"].heartbeat.cpus == 16 and s.hosts["h1"].revision == 2
+
+
+def test_undecodable_heartbeat_is_dropped() -> None:
+    s = ClusterState()
+    s.apply_host_record(Record("h1", 1, b"{not json"), now=T0)
+    s.apply_host_record(Record("h1", 2, b'{"v": 2}'), now=T0)
+    assert "h1" not in s.hosts
+    assert s.dropped["heartbeat"] == 2
+
+
+def test_older_host_revisions_are_ignored() -> None:
+    s = ClusterState()
+    s.apply_host_record(Record("h1", 5, hb(cpus=32)), now=T0)
+    s.apply_host_record(Record("h1", 4, hb(cpus=8)), now=T0 + 1)
+    s.apply_host_record(Record("h1", 5, hb(cpus=8)), now=T0 + 1)
+    assert s.hosts["h1"].heartbeat.cpus == 32
+    assert s.hosts["h1"].seen_at == T0
+    # An old tombstone does not make the host lost either.
+    s.apply_host_record(Record("h1", 3, None), now=T0 + 2)
+    assert s.hosts["h1"].present is True
+    assert s.health("h1", now=T0 + 2) is Health.HEALTHY
+
+
+def test_older_state_revisions_are_ignored() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_state_record(Record("job.j1", 10, job_bytes("j1", JobState.RUNNING)))
+    s.apply_state_record(Record("job.j1", 9, job_bytes("j1", JobState.QUEUED)))
+    s.apply_state_record(Record("job.j1", 10, job_bytes("j1", JobState.QUEUED)))
+    assert s.jobs["j1"].state is JobState.RUNNING
+    assert s.revisions["job.j1"] == 10
+    assert lis.kinds() == ["job"]
+    # apply_job shares the revision bookkeeping.
+    s.apply_job(Job(id="j1", spec=JobSpec(name="j1", command=["x"]), submitted_at=0, updated_at=0), 7)
+    assert s.jobs["j1"].state is JobState.RUNNING
+    s.apply_state_record(Record("job.j1", 11, None))
+    assert "j1" not in s.jobs
+    s.apply_state_record(Record("job.j1", 11, job_bytes("j1")))
+    assert "j1" not in s.jobs
+
+
+def test_state_records_alloc_hostcfg_term_lease() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("h1", 1, hb(gpus=4, unhealthy=(1,), cpus=16, memory_mb=8000)), now=T0)
+    alloc = HostAlloc(host_id="h1", term=3, tasks=[Task(attempt_id="j.1", job_id="j", number=1, command=["x"],
+                                                        gpu_indices=[0, 2], cpus=4, memory_mb=1000)])
+    s.apply_state_record(Record("alloc.h1", 1, encode(alloc)))
+    s.apply_state_record(Record("hostcfg.h1", 2, HostConfig(cordoned=True, reason="maint").model_dump_json().encode()))
+    s.apply_state_record(Record("term", 42, b""))
+    s.apply_state_record(Record("lease", 43, b"server-a"))
+    assert s.allocs["h1"] == alloc
+    assert s.hostcfg["h1"].cordoned is True
+    assert s.term == 42 and s.leader == "server-a"
+    assert ("hostcfg", "h1") in lis.calls
+    cap = s.capacities(now=T0)["h1"]
+    assert cap.cordoned is True and cap.schedulable is True
+    assert cap.used_gpus == {0, 2} and cap.used_cpus == 4.0 and cap.used_memory_mb == 1000
+    assert cap.unhealthy_gpus == frozenset({1})
+    assert cap.free_gpus(None) == [3]
+    assert (cap.cpus, cap.memory_mb) == (16.0, 8000)
+    s.apply_state_record(Record("alloc.h1", 4, None))
+    s.apply_state_record(Record("hostcfg.h1", 5, None))
+    cap = s.capacities(now=T0)["h1"]
+    assert cap.used_gpus == set() and cap.cordoned is False
+
+
+def test_undecodable_state_record_is_dropped_and_counted() -> None:
+    s = ClusterState()
+    s.apply_state_record(Record("job.j1", 1, job_bytes("j1")))
+    s.apply_state_record(Record("job.j1", 2, b"garbage"))
+    s.apply_state_record(Record("alloc.h1", 3, b'{"v": 2, "host_id": "h1"}'))
+    assert s.jobs["j1"].state is JobState.QUEUED
+    assert "h1" not in s.allocs
+    assert s.dropped["job"] == 1 and s.dropped["alloc"] == 1
+
+
+def test_listener_exceptions_do_not_break_feeding() -> None:
+    s = ClusterState()
+    lis = Listener()
+
+    def boom(kind: str, obj: object) -> None:
+        raise RuntimeError("listener bug")
+
+    s.listeners.extend([boom, lis])
+    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    assert "h1" in s.hosts and lis.kinds() == ["host_up"]
+
+
+def test_queued_and_job_counts() -> None:
+    s = ClusterState()
+    s.apply_state_record(Record("job.a", 1, job_bytes("a")))
+    s.apply_state_record(Record("job.b", 2, job_bytes("b", JobState.RUNNING)))
+    s.apply_state_record(Record("job.c", 3, job_bytes("c")))
+    assert sorted(j.id for j in s.queued()) == ["a", "c"]
+    assert s.job_counts() == {"QUEUED": 2, "RUNNING": 1}
+
+
+# ---------------------------------------------------------------- retry
+
+
+def test_backoff_schedule() -> None:
+    assert [retry.backoff_s(n) for n in range(0, 10)] == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert retry.backoff_s(1000) == retry.MAX_BACKOFF_S == 60.0
+
+
+def job_with_attempts(n: int, max_attempts: int = 3) -> Job:
+    return Job(
+        id="j",
+        spec=JobSpec(name="j", command=["x"], max_attempts=max_attempts),
+        submitted_at=0,
+        updated_at=0,
+        attempts=[Attempt(id=f"j.{i}", number=i, host_id="h1", state=AttemptState.LOST) for i in range(1, n + 1)],
+    )
+
+
+@pytest.mark.parametrize("ended", [AttemptState.LOST, AttemptState.KILLED])
+def test_decide_retries_infrastructure_endings(ended: AttemptState) -> None:
+    d = retry.decide(job_with_attempts(1), ended, T0)
+    assert d.retry is True and d.not_before == T0
+    assert d.why == f"attempt 1 {ended.value.lower()}"
+    d = retry.decide(job_with_attempts(2), ended, T0)
+    assert d.retry is True and d.not_before == T0 + 1
+    d = retry.decide(job_with_attempts(3), ended, T0)
+    assert d.retry is False and "all 3 attempts used" in d.why
+    d = retry.decide(job_with_attempts(6, max_attempts=10), ended, T0)
+    assert d.retry is True and d.not_before == T0 + 16
+
+
+@pytest.mark.parametrize("ended", [AttemptState.FAILED, AttemptState.SUCCEEDED])
+def test_decide_does_not_retry_own_endings(ended: AttemptState) -> None:
+    d = retry.decide(job_with_attempts(1, max_attempts=100), ended, T0)
+    assert d.retry is False and d.why == "the attempt itself failed"
+
+
+def test_decide_single_attempt_job() -> None:
+    assert retry.decide(job_with_attempts(1, max_attempts=1), AttemptState.LOST, T0).retry is False
+
+
+# ---------------------------------------------------------------- LeaseConfig
+
+
+def test_lease_config_defaults_are_valid() -> None:
+    cfg = LeaseConfig()
+    assert cfg.validate() is cfg
+    assert LeaseConfig(ttl_s=1, renew_every_s=0.4, retry_every_s=0.1).validate().ttl_s == 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"ttl_s": 0},
+        {"ttl_s": -5},
+        {"ttl_s": 2.5},
+        {"ttl_s": 3, "renew_every_s": 1.5},  # TTL must exceed twice the renew interval
+        {"ttl_s": 5, "renew_every_s": 2.5},
+        {"ttl_s": 5, "renew_every_s": 0},
+        {"ttl_s": 5, "renew_every_s": -1},
+        {"retry_every_s": 0},
+        {"retry_every_s": -0.5},
+    ],
+)
+def test_lease_config_rejects_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        LeaseConfig(**kw).validate()
+
+
+# ---------------------------------------------------------------- agent config and labels
+
+
+def agent_config(**kw: Any) -> AgentConfig:
+    return AgentConfig(nats_url="nats://127.0.0.1:4222", host_id="h1", **kw)
+
+
+def test_agent_config_defaults_are_valid() -> None:
+    cfg = agent_config()
+    assert cfg.validate() is cfg
+    assert agent_config(heartbeat_interval_s=1, ttl_intervals=3, fence_after_s=2.9).validate()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"fence_after_s": 15.0},  # == TTL (5 s x 3)
+        {"fence_after_s": 20.0},
+        {"heartbeat_interval_s": 1.0, "fence_after_s": 3.0},
+        {"ttl_intervals": 1, "fence_after_s": 5.0},
+        {"heartbeat_interval_s": 0.0},
+        {"heartbeat_interval_s": -1.0},
+    ],
+)
+def test_agent_config_rejects_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        agent_config(**kw).validate()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("rack=r1,zone=z1", {"rack": "r1", "zone": "z1"}),
+        (" rack = r1 , zone=z1 ,", {"rack": "r1", "zone": "z1"}),
+        ("", {}),
+        (None, {}),
+        (",,", {}),
+        ("empty=", {"empty": ""}),
+        ("a.b-c_d=X.Y-Z_1", {"a.b-c_d": "X.Y-Z_1"}),
+    ],
+)
+def test_parse_labels_accepts(text: str | None, expected: dict[str, str]) -> None:
+    assert parse_labels(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["rack", "rack=r1,zone", "Rack=r1", "1rack=r1", "=r1", "rack=has space", "rack=a=b", "rack=r/1",
+     ",".join(f"k{i}=v" for i in range(33))],
+)
+def test_parse_labels_rejects(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_labels(text)
