@@ -75,8 +75,8 @@ class AgentConfig:
 
     def validate(self) -> AgentConfig:
         ttl = self.heartbeat_interval_s * self.ttl_intervals
-        if self.fence_after_s >= ttl:
-            raise ConfigError("fence_after must be shorter than the heartbeat TTL")
+        if not 0 < self.fence_after_s < ttl:
+            raise ConfigError("fence_after must be positive and shorter than the heartbeat TTL")
         if self.heartbeat_interval_s <= 0:
             raise ConfigError("heartbeat interval must be positive")
         return self

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class HostConfig(BaseModel):
-    """Operator settings of a host (`hostcfg.<host>`)."""
+    """Operator settings of a host (`hostcfg.<host>`). A draining host is also cordoned;
+    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere."""
 
     cordoned: bool = False
+    draining: bool = False
+    drain_deadline: float = 0.0
     reason: str = ""
     by: str = ""
     ts: float = 0.0
@@ -80,11 +83,14 @@ class ClusterState:
         if entry is not None and rec.revision <= entry.revision:
             return
         if rec.value is None:
-            if entry is not None and entry.present:
-                entry.present = False
+            if entry is None:
+                self.hosts[rec.key] = HostEntry(rec.key, None, rec.revision, now, False, now)
+            else:
                 entry.revision = rec.revision
-                entry.lost_at = now
-                self._notify("host_lost", entry)
+                if entry.present:
+                    entry.present = False
+                    entry.lost_at = now
+                    self._notify("host_lost", entry)
             return
         try:
             hb = decode(Heartbeat, rec.value)
@@ -97,9 +103,13 @@ class ClusterState:
             log.warning("dropped heartbeat: key %s carries host %s", rec.key, hb.host_id)
             return
         was_present = entry.present if entry else False
+        before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
         self.hosts[rec.key] = HostEntry(rec.key, hb, rec.revision, now, True, None)
         if not was_present:
             self._notify("host_up", self.hosts[rec.key])
+        for u in hb.gpu_usage:
+            if not u.healthy and u.index not in before:
+                self._notify("gpu_unhealthy", (rec.key, u))
 
     def apply_state_record(self, rec: Record) -> None:
         key = rec.key
@@ -181,7 +191,7 @@ class ClusterState:
             cap = HostCapacity(
                 id=host_id,
                 schedulable=self.health(host_id, now) is Health.HEALTHY,
-                cordoned=bool(cfg and cfg.cordoned),
+                cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
                 gpu_models={g.index: g.model for g in hb.gpus},
                 unhealthy_gpus=unhealthy,
                 cpus=float(hb.cpus),

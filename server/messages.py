@@ -106,6 +106,11 @@ class JobSpec(_Model):
     priority: int = Field(default=0, ge=-1000, le=1000)
     max_attempts: int = Field(default=3, ge=1, le=100)
     user: str = Field(default="operator", max_length=64)
+    # What happens when the job's host is cut off: STOP (the agent fences itself and the
+    # work is replaced once the host is lost) or KEEP_RUNNING (the agent keeps the process
+    # and the control plane waits `replace_after_s` after the loss before replacing it).
+    on_disconnect: Literal["STOP", "KEEP_RUNNING"] = "STOP"
+    replace_after_s: float = Field(default=0.0, ge=0, le=7 * 24 * 3600)
 
 
 class Attempt(_Model):
@@ -157,8 +162,11 @@ class Task(_Model):
     cpus: float = 0.0
     memory_mb: int = 0
     term: int = 0
-    # Set when the job was cancelled: the agent stops the process and reports KILLED.
+    # Set when the job was cancelled or its host drained: the agent stops the process
+    # and reports KILLED.
     stop: bool = False
+    # KEEP_RUNNING jobs: the agent does not stop this attempt when it fences itself.
+    keep_running: bool = False
 
 
 class HostAlloc(_Model):

@@ -89,7 +89,7 @@ def check(spec: JobSpec, host: HostCapacity) -> tuple[str | None, list[int]]:
             return WRONG_MODEL, []
         matching = [i for i, m in host.gpu_models.items() if spec.gpu_model in (None, m)]
         if len(matching) < spec.gpus:
-            return (WRONG_MODEL if not matching else TOO_FEW_GPUS), []
+            return (WRONG_MODEL if not matching and spec.gpu_model else TOO_FEW_GPUS), []
         free = host.free_gpus(spec.gpu_model)
         if len(free) < spec.gpus:
             return NO_FREE_GPUS, []

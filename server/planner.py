@@ -22,6 +22,7 @@ from server.messages import (
     StatusReport,
     Task,
 )
+from server.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.placement import Choice, HostCapacity, place
 
 OUTPUT_TAIL_BYTES = 4096
@@ -35,6 +36,13 @@ class Plan:
     placed: int = 0
     # Reports that carried nothing new (already applied, unknown attempt, stale).
     ignored: int = 0
+    # Work on lost hosts: replaced now / waiting for the pacing budget / kept because
+    # nothing else could take it / kept because the job asked to wait (KEEP_RUNNING).
+    evicted: int = 0
+    paced: int = 0
+    held_no_capacity: int = 0
+    held_keep_running: int = 0
+    disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def keys(self) -> int:
@@ -87,7 +95,7 @@ def _event(kind: str, job: Job, attempt: Attempt | None, now: float, message: st
 
 
 def apply_report(w: _Work, r: StatusReport, now: float) -> None:
-    job = w.state.jobs.get(r.job_id)
+    job = w.plan.jobs.get(r.job_id) or w.state.jobs.get(r.job_id)
     if job is None:
         w.plan.ignored += 1
         return
@@ -142,7 +150,7 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
 
 
 def apply_cancel(w: _Work, c: Command, now: float) -> None:
-    job = w.state.jobs.get(c.job_id)
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
     if job is None or job.state.terminal:
         w.plan.ignored += 1
         return
@@ -163,6 +171,108 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
 
 
+def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float) -> None:
+    """An attempt ended without a report from its agent (host lost): record it, and
+    requeue the job or fail it according to the retry policy."""
+    job = w.job(job_id)
+    if job is None:
+        return
+    a = _attempt(job, attempt_id)
+    if a is None or a.state.terminal:
+        return
+    a.state = ended
+    a.finished_at = now
+    a.reason = reason
+    job.updated_at = now
+    if job.state.terminal:
+        return
+    decision = retry.decide(job, ended, now)
+    if decision.retry:
+        job.state = JobState.QUEUED
+        job.not_before = decision.not_before
+        w.plan.events.append(_event("job.requeued", job, a, now, f"{reason}; {decision.why}"))
+    else:
+        job.state = JobState.FAILED
+        w.plan.events.append(_event("job.failed", job, a, now, f"{reason}; {decision.why}"))
+
+
+def evict_lost(
+    w: _Work,
+    caps: dict[str, HostCapacity],
+    now: float,
+    budget: EvictionBudget,
+    max_keys: int,
+) -> None:
+    """Replace work on hosts whose heartbeat key expired, within the pacing budgets,
+    never evicting work that has nowhere to go."""
+    state = w.state
+    lost: list[tuple[str, float]] = []
+    for host_id, alloc in state.allocs.items():
+        if not alloc.tasks:
+            continue
+        entry = state.hosts.get(host_id)
+        if entry is None:
+            lost.append((host_id, 0.0))  # expired before this leader started
+        elif not entry.present:
+            lost.append((host_id, entry.lost_at or 0.0))
+    if not lost:
+        return
+    losses = [
+        HostLoss(h, dict(e.heartbeat.labels) if e.heartbeat else {}, e.lost_at or 0.0)
+        for h, e in state.hosts.items()
+        if not e.present
+    ]
+    sizes: dict[tuple[str, str], int] = {}
+    for e in state.hosts.values():
+        if e.heartbeat:
+            for d in host_domains(e.heartbeat.labels):
+                sizes[d] = sizes.get(d, 0) + 1
+    disrupted = disrupted_domains(losses, sizes, now, budget.config)
+    w.plan.disrupted = disrupted
+    healthy = [c for c in caps.values() if c.schedulable and not c.cordoned]
+    for host_id, lost_at in sorted(lost, key=lambda x: x[1]):
+        entry = state.hosts.get(host_id)
+        domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
+        for task in list(state.allocs[host_id].tasks):
+            if w.plan.keys >= max_keys - 2:
+                return
+            job = state.jobs.get(task.job_id)
+            a = _attempt(job, task.attempt_id) if job else None
+            if job is None or a is None or a.state.terminal or task.stop:
+                # Nothing left to replace (finished, cancelled or unknown): free the slot.
+                alloc = w.alloc(host_id)
+                alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
+                if job is not None and a is not None and not a.state.terminal:
+                    _end_attempt(w, job.id, a.id, AttemptState.KILLED, "host lost while stopping", now)
+                continue
+            if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
+                w.plan.held_keep_running += 1
+                continue
+            if not isinstance(place(job.spec, healthy), Choice):
+                w.plan.held_no_capacity += 1
+                continue
+            if not budget.allow(domains, disrupted, now):
+                w.plan.paced += 1
+                continue
+            alloc = w.alloc(host_id)
+            alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
+            _end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
+            w.plan.evicted += 1
+
+
+def drain_due(w: _Work, now: float) -> None:
+    """Stop what still runs on draining hosts whose deadline has passed."""
+    for host_id, cfg in w.state.hostcfg.items():
+        if not cfg.draining or now < cfg.drain_deadline:
+            continue
+        cur = w.state.allocs.get(host_id)
+        if cur is None or all(t.stop for t in cur.tasks):
+            continue
+        alloc = w.alloc(host_id)
+        for t in alloc.tasks:
+            t.stop = True
+
+
 def queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
@@ -174,10 +284,16 @@ def place_queued(
     term: int,
     max_keys: int,
 ) -> None:
-    for job in queue_order(w.state.queued()):
+    candidates = {j.id: j for j in w.state.queued()}
+    for jid, j in w.plan.jobs.items():
+        if j.state is JobState.QUEUED:
+            candidates[jid] = j
+        else:
+            candidates.pop(jid, None)
+    for job in queue_order(list(candidates.values())):
         if w.plan.keys >= max_keys - 1:
             break
-        if job.id in w.plan.jobs or job.not_before > now:
+        if job.not_before > now:
             continue
         choice = place(job.spec, caps.values())
         if not isinstance(choice, Choice):
@@ -213,6 +329,7 @@ def place_queued(
                 cpus=job.spec.cpus,
                 memory_mb=job.spec.memory_mb,
                 term=term,
+                keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
             )
         )
         w.plan.placed += 1
@@ -227,6 +344,7 @@ def plan_cycle(
     now: float,
     term: int,
     max_keys: int = 900,
+    budget: EvictionBudget | None = None,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified."""
     plan = Plan()
@@ -237,7 +355,10 @@ def plan_cycle(
         if c.kind == "cancel":
             apply_cancel(w, c, now)
     caps = state.capacities(now)
-    # Capacity freed or taken by this cycle's reports and cancels.
+    drain_due(w, now)
+    if budget is not None:
+        evict_lost(w, caps, now, budget, max_keys)
+    # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():
         cap = caps.get(host_id)
         if cap is None:

@@ -334,13 +334,15 @@ class Muster:
         health: Counter[str] = Counter()
         gpus_total = 0
         for host_id, e in self.state.hosts.items():
+            if e.heartbeat is None:
+                continue  # known only by its expiry marker
             health[self.state.health(host_id, now).value] += 1
             if e.heartbeat and e.present:
                 gpus_total += len(e.heartbeat.gpus)
         allocated = sum(len(t.gpu_indices) for a in self.state.allocs.values() for t in a.tasks)
         jobs = self.state.job_counts()
         return Summary(
-            hosts_total=len(self.state.hosts),
+            hosts_total=sum(health.values()),
             hosts_healthy=health[Health.HEALTHY.value],
             hosts_suspect=health[Health.SUSPECT.value],
             hosts_lost=health[Health.LOST.value],

@@ -31,7 +31,7 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         errors.append(ValidationError(field, message, code))
 
     name = data.get("name") or ""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         err("name", "must be 1-128 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
     command = data.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
@@ -49,7 +49,7 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         if len(env) > MAX_ENV_VARS or sum(len(str(k)) + len(str(v)) for k, v in env.items()) > MAX_ENV_BYTES:
             err("env", f"must be at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes", "TOO_LARGE")
         for k, v in env.items():
-            if not isinstance(k, str) or not ENV_KEY_RE.match(k) or not isinstance(v, str) or "\x00" in v:
+            if not isinstance(k, str) or not ENV_KEY_RE.fullmatch(k) or not isinstance(v, str) or "\x00" in v:
                 err("env", f"invalid variable {str(k)[:40]!r}")
                 break
     gpus = data.get("gpus", 0)
@@ -68,10 +68,10 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         elif isinstance(gpus, int) and gpus == 0:
             err("gpuModel", "a GPU model needs gpus of at least 1")
     priority = data.get("priority", 0)
-    if not isinstance(priority, int) or not -1000 <= priority <= 1000:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
         err("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
     max_attempts = data.get("max_attempts", 3)
-    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= 100:
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
         err("maxAttempts", "must be from 1 to 100", "OUT_OF_RANGE")
     cwd = data.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd):
@@ -105,8 +105,8 @@ def validate_labels(labels: dict[str, str]) -> list[ValidationError]:
     if len(labels) > MAX_LABELS:
         errors.append(ValidationError("labels", f"at most {MAX_LABELS} labels"))
     for k, v in labels.items():
-        if not LABEL_KEY_RE.match(k):
+        if not LABEL_KEY_RE.fullmatch(k):
             errors.append(ValidationError("labels", f"invalid label key {k[:64]!r}"))
-        elif not LABEL_VALUE_RE.match(v):
+        elif not LABEL_VALUE_RE.fullmatch(v):
             errors.append(ValidationError("labels", f"invalid value for label {k!r}"))
     return errors

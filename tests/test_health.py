@@ -152,7 +152,12 @@ def test_tombstone_for_unknown_host_is_harmless() -> None:
     lis = Listener()
     s.listeners.append(lis)
     s.apply_host_record(Record("ghost", 5, None), now=T0)
-    assert "ghost" not in s.hosts and lis.calls == []
+    # Recorded as lost (its revision is kept, so an older heartbeat cannot revive it),
+    # without a notification and without counting as a schedulable host.
+    assert s.hosts["ghost"].present is False and lis.calls == []
+    assert "ghost" not in s.capacities(now=T0)
+    s.apply_host_record(Record("ghost", 4, b"{}"), now=T0)
+    assert s.hosts["ghost"].present is False
     assert s.health("ghost", now=T0) is Health.LOST
 
 

@@ -135,11 +135,6 @@ def test_exact_fit_of_cpu_and_memory_is_accepted_with_float_slack() -> None:
     assert check(spec(cpus=0.21, memory_mb=500), h) == (NO_FREE_CPU, [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check() reports WRONG_MODEL for a job that names no GPU model when the host has no GPUs "
-    "at all; the accurate reason is TOO_FEW_GPUS ('not enough GPUs on host')",
-)
 def test_gpu_job_without_model_on_cpu_only_host_is_too_few_gpus() -> None:
     assert check(spec(gpus=1), host(gpus=0)) == (TOO_FEW_GPUS, [])
 

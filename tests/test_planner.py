@@ -363,18 +363,14 @@ def test_output_tail_is_truncated(w: World) -> None:
 @pytest.mark.parametrize("ending", [AttemptState.LOST, AttemptState.KILLED])
 def test_lost_or_killed_requeues_with_next_attempt_and_backoff(w: World, ending: AttemptState) -> None:
     placed(w, gpus=1, max_attempts=3)
-    # Attempt 1 ends: requeued, eligible at once (no backoff before the 2nd attempt).
+    # Attempt 1 ends: requeued with no backoff, and placed again in the same cycle.
     plan = w.cycle(reports=[report(w, "j1", ending)], now=NOW + 1)
     job = plan.jobs["j1"]
-    assert job.state is JobState.QUEUED
+    assert job.state is JobState.PLACED
     assert job.attempts[0].state is ending
     assert job.not_before == NOW + 1
-    assert [e.kind for e in plan.events] == ["job.requeued"]
-    assert plan.placed == 0  # not in the same cycle
-    assert w.tasks("h1") == []
-    plan = w.cycle(now=NOW + 1)
-    job = plan.jobs["j1"]
-    assert job.state is JobState.PLACED
+    assert [e.kind for e in plan.events] == ["job.requeued", "job.placed"]
+    assert plan.placed == 1
     assert [a.number for a in job.attempts] == [1, 2]
     assert job.attempts[1].id == "j1.2"
     assert job.attempts[1].gpu_indices == [0]
@@ -440,11 +436,6 @@ def test_bad_reports_are_ignored_and_change_nothing(w: World, kind: str) -> None
     assert dump(w.state) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_report checks a report against the snapshot, not the cycle's working copy: a second "
-    "report for the same attempt in one batch is applied again although the attempt is already terminal",
-)
 def test_duplicate_terminal_report_in_one_batch_is_ignored(w: World) -> None:
     placed(w)
     r = report(w, "j1", AttemptState.SUCCEEDED, exit_code=0)
@@ -454,11 +445,6 @@ def test_duplicate_terminal_report_in_one_batch_is_ignored(w: World) -> None:
     assert [e.kind for e in plan.events] == ["job.succeeded"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_report checks the snapshot's attempt state: a RUNNING report after a terminal report "
-    "for the same attempt in one batch reopens the attempt (SUCCEEDED -> RUNNING) on a finished job",
-)
 def test_running_after_terminal_in_one_batch_does_not_reopen_attempt(w: World) -> None:
     placed(w)
     done = report(w, "j1", AttemptState.SUCCEEDED, exit_code=0)
@@ -469,11 +455,6 @@ def test_running_after_terminal_in_one_batch_does_not_reopen_attempt(w: World) -
     assert job.attempts[0].state is AttemptState.SUCCEEDED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_cancel checks terminal state on the snapshot, not the working copy: a job that "
-    "SUCCEEDED from a report earlier in the same cycle is overwritten to CANCELLED",
-)
 def test_cancel_after_success_in_same_cycle_keeps_success(w: World) -> None:
     placed(w)
     plan = w.cycle(reports=[report(w, "j1", AttemptState.SUCCEEDED, exit_code=0)], commands=[cancel("j1")],
@@ -677,7 +658,7 @@ def test_property_random_cycles_never_overcommit(steps: list[list[tuple]]) -> No
     for batch in steps:
         reports: list[StatusReport] = []
         commands: list[Command] = []
-        touched: set[str] = set()  # one input per job per cycle (see the xfail tests above)
+        touched: set[str] = set()  # one input per job per cycle
         ids = sorted(w.state.jobs)
         for act in batch:
             if act[0] == "submit":

@@ -222,23 +222,18 @@ def test_bad_cwd(cwd: Any) -> None:
     assert errs(cwd=cwd) == [("cwd", "INVALID")]
 
 
-@pytest.mark.xfail(strict=True, reason="validate_job accepts a bool as priority (isinstance(True, int)); "
-                   "gpus/cpus/memory_mb reject bools but priority does not")
 def test_bool_priority_rejected() -> None:
     assert errs(priority=True) == [("priority", "OUT_OF_RANGE")]
 
 
-@pytest.mark.xfail(strict=True, reason="validate_job accepts a bool as max_attempts (isinstance(True, int))")
 def test_bool_max_attempts_rejected() -> None:
     assert errs(max_attempts=True) == [("maxAttempts", "OUT_OF_RANGE")]
 
 
-@pytest.mark.xfail(strict=True, reason="NAME_RE.match with '$' accepts a trailing newline: name 'train\\n' passes")
 def test_name_with_trailing_newline_rejected() -> None:
     assert errs(name="train\n") == [("name", "INVALID")]
 
 
-@pytest.mark.xfail(strict=True, reason="ENV_KEY_RE.match with '$' accepts a trailing newline in an env name")
 def test_env_key_with_trailing_newline_rejected() -> None:
     assert errs(env={"FOO\n": "x"}) == [("env", "INVALID")]
 
@@ -283,8 +278,6 @@ def test_every_bad_label_reported() -> None:
     assert len(errors) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="LABEL_KEY_RE/LABEL_VALUE_RE use match() with '$', which accepts a "
-                   "trailing newline in label keys and values")
 def test_label_with_trailing_newline_rejected() -> None:
     assert len(validate_labels({"rack\n": "r1"})) == 1
     assert len(validate_labels({"rack": "r1\n"})) == 1
