@@ -185,8 +185,10 @@ class Agent:
         if silent < self.config.fence_after_s or self.fenced:
             return
         self.fenced = True
-        log.error("no heartbeat for %.1f s: fencing myself, stopping %d attempts", silent, len(self.runs))
-        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane") for r in self.runs.values()))
+        doomed = [r for r in self.runs.values() if not r.task.keep_running]
+        log.error("no heartbeat for %.1f s: fencing myself, stopping %d attempts (%d keep running)",
+                  silent, len(doomed), len(self.runs) - len(doomed))
+        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane") for r in doomed))
 
     # ------------------------------------------------------------ assignments
 

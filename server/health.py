@@ -19,3 +19,16 @@ def host_health(*, present: bool, last_seen: float, now: float, interval_s: floa
     if now - last_seen > 2 * interval_s:
         return Health.SUSPECT
     return Health.HEALTHY
+
+
+def transitions(
+    before: dict[str, Health], after: dict[str, Health]
+) -> list[tuple[str, Health | None, Health]]:
+    """Hosts whose health changed (None = not known before), in host order."""
+    out: list[tuple[str, Health | None, Health]] = []
+    for host_id in sorted(after):
+        new = after[host_id]
+        old = before.get(host_id)
+        if old is not new:
+            out.append((host_id, old, new))
+    return out

@@ -23,7 +23,9 @@ from server.errors import ConflictError, StoreError, ValidationError
 from server.health import Health
 from server.history import History
 from server.lease import Leadership, LeaseConfig
-from server.messages import Command, Job, JobState, encode, new_id
+from server.monitor import HealthMonitor
+from server.recorder import Recorder
+from server.messages import Command, Event, Job, JobState, encode, new_id
 from server.placement import explain
 from server.scheduler import Scheduler, SchedulerConfig
 from server.store import Record, Store, Watch, connect
@@ -57,6 +59,7 @@ class HostView:
     id: str
     health: str
     cordoned: bool
+    draining: bool
     simulated: bool
     labels: dict[str, str]
     gpus: int
@@ -131,7 +134,11 @@ class Muster:
             on_change=self._on_leadership,
         )
         self.scheduler = Scheduler(self.store, self.state, self.leadership, SchedulerConfig())
+        self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
+        self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
         self._tasks = [
+            asyncio.create_task(self.monitor.run(self._stop), name="monitor"),
+            asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
             asyncio.create_task(self.leadership.run(self._stop), name="lease"),
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
             asyncio.create_task(self.history.run(self._stop), name="history"),
@@ -257,18 +264,41 @@ class Muster:
         return []
 
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> list[UserError]:
-        if host_id not in self.state.hosts:
-            return [UserError("id", f"no host {host_id}", "NOT_FOUND")]
+        """Cordon (no new placements) or uncordon (also ends a drain) a host."""
         if cordoned and not reason.strip():
             return [UserError("reason", "a reason is required", "REQUIRED")]
+        return await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason[:512], by=by,
+                                                           ts=time.time()))
+
+    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> list[UserError]:
+        """Drain a host: no new placements; what still runs after `deadline_s` is stopped
+        and requeued elsewhere."""
+        if not reason.strip():
+            return [UserError("reason", "a reason is required", "REQUIRED")]
+        if not 0 <= deadline_s <= 7 * 24 * 3600:
+            return [UserError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")]
+        now = time.time()
+        return await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True,
+                                                           drain_deadline=now + deadline_s,
+                                                           reason=reason[:512], by=by, ts=now))
+
+    async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> list[UserError]:
+        if host_id not in self.state.hosts:
+            return [UserError("id", f"no host {host_id}", "NOT_FOUND")]
         assert self.store is not None
-        cfg = HostConfig(cordoned=cordoned, reason=reason[:512], by=by, ts=time.time())
         key = subjects.hostcfg_key(host_id)
         for _ in range(5):
             try:
                 rev = await self.store.put(key, cfg.model_dump_json().encode(),
                                            expected=self.state.revisions.get(key, 0))
                 self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
+                action = "drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon")
+                ev = Event(kind=f"host.{action}", host_id=host_id, message=f"{action} by {cfg.by}: {cfg.reason}",
+                           data={"by": cfg.by, "reason": cfg.reason, "deadline": cfg.drain_deadline})
+                try:
+                    await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{action}", encode(ev))
+                except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort
+                    log.warning("host %s event not published", action)
                 return []
             except ConflictError:
                 self.state.apply_state_record(await self.store.get(key))
@@ -309,6 +339,7 @@ class Muster:
             id=host_id,
             health=self.state.health(host_id, now).value,
             cordoned=bool(cfg and cfg.cordoned),
+            draining=bool(cfg and cfg.draining),
             simulated=hb.simulated,
             labels=dict(hb.labels),
             gpus=len(hb.gpus),

@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 from nats.js import api as jsapi
 
 from server import metrics, subjects
 from server.cluster import ClusterState
+from server.eviction import EvictionBudget, EvictionConfig
 from server.errors import ConflictError, DecodeError, FencedError, StoreError
 from server.lease import Leadership
 from server.messages import Command, Event, StatusReport, decode, encode
 from server.planner import Plan, plan_cycle
+from server.monitor import publish_alert
 from server.store import Store, Write
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ class SchedulerConfig:
     tick_s: float = 1.0  # full re-plan at least this often
     fetch_batch: int = 500
     max_keys_per_commit: int = 900
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 class Scheduler:
@@ -51,6 +54,9 @@ class Scheduler:
         self._reports: list[tuple[Msg, StatusReport | None]] = []
         self._commands: list[tuple[Msg, Command | None]] = []
         self.cycles = 0
+        self.budget = EvictionBudget(self.config.eviction)
+        self.disrupted: set[tuple[str, str]] = set()
+        self.last_plan: Plan | None = None
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -175,7 +181,9 @@ class Scheduler:
             now=now,
             term=term,
             max_keys=self.config.max_keys_per_commit,
+            budget=self.budget,
         )
+        self.last_plan = plan
         metrics.QUEUE_DEPTH.set(len(self.state.queued()))
         writes = [
             Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0))
@@ -220,9 +228,35 @@ class Scheduler:
         del self._reports[: len(reports_in)]
         del self._commands[: len(commands_in)]
         await self._publish(plan.events)
+        await self._alerts(plan, now)
         if plan.placed and len(self.state.queued()) > 0:
             self.wake.set()  # more may fit; go again at once
+        elif plan.paced:
+            asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
         return plan
+
+    async def _alerts(self, plan: Plan, now: float) -> None:
+        nc = self.store.nc
+        for ev in plan.events:
+            if ev.kind == "job.failed":
+                await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev.model_copy())
+        for dom, lost in plan.disrupted.items():
+            if dom in self.disrupted:
+                continue
+            label, value = dom
+            size = sum(1 for e in self.state.hosts.values()
+                       if e.heartbeat and e.heartbeat.labels.get(label) == value)
+            cfg = self.budget.config
+            ev = Event(kind=subjects.ALERT_DOMAIN_DISRUPTED, ts=now,
+                       message=(f"{lost} of {size} hosts in {label}={value} lost within "
+                                f"{cfg.domain_window_s:g} s: suspected partition; rescheduling from it "
+                                f"is paced at {cfg.domain_rate_per_s:g}/s and hosts that return before "
+                                f"their work is replaced keep it"),
+                       data={"label": label, "value": value, "lost": lost, "size": size,
+                             "rate_per_s": cfg.domain_rate_per_s})
+            await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.domain.disrupted", encode(ev))
+            await publish_alert(nc, subjects.ALERT_DOMAIN_DISRUPTED, ev)
+        self.disrupted = set(plan.disrupted) | {d for d in self.disrupted if d in plan.disrupted}
 
     async def _refresh(self, keys: list[str]) -> None:
         for k in keys:

@@ -8,6 +8,7 @@ failures are `userErrors`, never exceptions.
 from __future__ import annotations
 
 import base64
+import enum
 import datetime as dt
 import strawberry
 from strawberry.extensions import MaskErrors, MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
@@ -96,6 +97,7 @@ class Host:
     id: strawberry.ID
     health: str
     cordoned: bool
+    draining: bool
     simulated: bool
     labels: list[Label]
     gpus: int
@@ -113,7 +115,8 @@ class Host:
     @staticmethod
     def from_view(v: HostView) -> Host:
         return Host(
-            id=strawberry.ID(v.id), health=v.health, cordoned=v.cordoned, simulated=v.simulated,
+            id=strawberry.ID(v.id), health=v.health, cordoned=v.cordoned, draining=v.draining,
+            simulated=v.simulated,
             labels=[Label(key=k, value=val) for k, val in sorted(v.labels.items())],
             gpus=v.gpus, gpu_model=v.gpu_model, gpus_allocated=v.gpus_allocated,
             gpus_unhealthy=v.gpus_unhealthy, gpu_util_pct=v.gpu_util_pct, cpus=v.cpus,
@@ -124,7 +127,7 @@ class Host:
     @staticmethod
     def unknown(host_id: str) -> Host:
         return Host(
-            id=strawberry.ID(host_id), health="LOST", cordoned=False, simulated=False, labels=[],
+            id=strawberry.ID(host_id), health="LOST", cordoned=False, draining=False, simulated=False, labels=[],
             gpus=0, gpu_model="-", gpus_allocated=0, gpus_unhealthy=0, gpu_util_pct=0.0, cpus=0,
             cpu_pct=0.0, memory_mb=0, mem_used_mb=0, last_seen=None, tasks=0,
         )
@@ -326,6 +329,12 @@ class Cluster:
     leadership: Leadership
 
 
+@strawberry.enum(description="What happens to a running attempt when its host is cut off.")
+class OnDisconnect(enum.Enum):
+    STOP = "STOP"
+    KEEP_RUNNING = "KEEP_RUNNING"
+
+
 @strawberry.input
 class SubmitJobInput:
     name: str
@@ -338,6 +347,10 @@ class SubmitJobInput:
     max_attempts: int = 3
     cwd: str | None = None
     env: strawberry.scalars.JSON | None = None
+    on_disconnect: OnDisconnect = OnDisconnect.STOP
+    replace_after: float = strawberry.field(
+        default=0.0, description="KEEP_RUNNING only: seconds to wait after the host is lost before replacing the work."
+    )
 
 
 @strawberry.type
@@ -356,6 +369,36 @@ class CancelJobPayload:
 class HostActionInput:
     id: strawberry.ID
     reason: str = ""
+
+
+@strawberry.input
+class DrainHostInput:
+    id: strawberry.ID
+    reason: str
+    deadline_seconds: float = 300.0
+
+
+@strawberry.type
+class Alert:
+    id: strawberry.ID
+    kind: str
+    ts: dt.datetime | None
+    host_id: str | None
+    job_id: str | None
+    message: str
+
+
+@strawberry.type
+class AlertEdge:
+    cursor: str
+    node: Alert
+
+
+@strawberry.type
+class AlertConnection:
+    total_count: int
+    edges: list[AlertEdge]
+    page_info: PageInfo
 
 
 @strawberry.type
@@ -422,6 +465,21 @@ class Query:
                                end_cursor=edges[-1].cursor if edges else None),
         )
 
+    @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects).")
+    def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
+               kind: str | None = None) -> AlertConnection:
+        from server.recorder import list_alerts
+
+        offset, n = _page_args(first, after)
+        mu = _muster(info)
+        assert mu.history is not None
+        rows, total = list_alerts(mu.history, kind=kind, limit=n, offset=offset)
+        edges = [AlertEdge(cursor=encode_cursor(offset + i), node=Alert(
+            id=strawberry.ID(r.id), kind=r.kind.removeprefix("alert."), ts=_ts(r.ts), host_id=r.host_id,
+            job_id=r.job_id, message=r.message)) for i, r in enumerate(rows)]
+        return AlertConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+
     @strawberry.field
     def cluster(self, info: Info) -> Cluster:
         mu = _muster(info)
@@ -475,6 +533,15 @@ class Mutation:
     async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
         return await _host_action(info, input, False)
 
+    @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline.")
+    async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
+        mu = _muster(info)
+        if denied := _forbidden(info):
+            return HostActionPayload(host=None, user_errors=denied)
+        errors = await mu.drain(str(input.id), _user(info), input.reason, input.deadline_seconds)
+        v = mu.host_view(str(input.id))
+        return HostActionPayload(host=Host.from_view(v) if v else None, user_errors=_errors(errors))
+
 
 MAX_BATCH_SUBMIT = 1000
 
@@ -484,6 +551,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "name": i.name, "command": i.command, "gpus": i.gpus, "gpu_model": i.gpu_model,
         "cpus": i.cpus, "memory_mb": i.memory_mb, "priority": i.priority,
         "max_attempts": i.max_attempts, "cwd": i.cwd, "env": i.env or {},
+        "on_disconnect": i.on_disconnect.value, "replace_after_s": i.replace_after,
     }
 
 

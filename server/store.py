@@ -166,7 +166,25 @@ class Store:
             max_age=7 * 24 * 3600,
             duplicate_window=120,
         )
-        for cfg in (state, hosts, status, cmds):
+        events = jsapi.StreamConfig(
+            name=subjects.EVENTS_STREAM,
+            subjects=[f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"],
+            retention=jsapi.RetentionPolicy.LIMITS,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=7 * 24 * 3600,
+            max_bytes=1024 * 1024 * 1024,
+        )
+        alerts = jsapi.StreamConfig(
+            name=subjects.ALERTS_STREAM,
+            subjects=[f"{subjects.ALERTS_PREFIX}.>"],
+            retention=jsapi.RetentionPolicy.LIMITS,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=30 * 24 * 3600,
+            max_bytes=1024 * 1024 * 1024,
+        )
+        for cfg in (state, hosts, status, cmds, events, alerts):
             await self._ensure_stream(cfg)
 
     async def _ensure_stream(self, cfg: jsapi.StreamConfig) -> None:

@@ -24,9 +24,19 @@ STATUS_PREFIX = "muster.status"
 # API replicas send commands to the leader (stream CMDS).
 CMDS_STREAM = "CMDS"
 CMDS_PREFIX = "muster.cmd"
-# Events (job and host changes) and alerts, core NATS.
+# Events (job and host changes) and alerts, core NATS. Streams EVENTS and ALERTS keep
+# host/domain events and all alerts for history; plain subscribers get them live.
 EVENTS_PREFIX = "muster.events"
 ALERTS_PREFIX = "alerts"
+EVENTS_STREAM = "EVENTS"
+ALERTS_STREAM = "ALERTS"
+
+# Alert kinds, published on `alerts.<kind>` as Event JSON.
+ALERT_HOST_LOST = "host.lost"
+ALERT_HOST_RECOVERED = "host.recovered"
+ALERT_DOMAIN_DISRUPTED = "domain.disrupted"
+ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
+ALERT_JOB_FAILED = "job.failed"
 
 
 def job_key(job_id: str) -> str:

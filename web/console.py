@@ -329,6 +329,8 @@ async def hosts(request: Request) -> Response:
         "pages": pages,
         "prev_url": url("/hosts", q=q, page=page - 1) if page > 1 else None,
         "next_url": url("/hosts", q=q, page=page + 1) if page < pages else None,
+        "first_url": url("/hosts", q=q, page=1) if page > 1 else None,
+        "last_url": url("/hosts", q=q, page=pages) if page < pages else None,
         "live_url": url("/hosts", q=q, page=page),
     }
     return render(request, "_hosts.html" if _is_htmx(request) else "hosts.html", ctx)
@@ -431,6 +433,8 @@ async def jobs(request: Request) -> Response:
         "pages": pages,
         "prev_url": url("/jobs", state=state, page=page - 1) if page > 1 else None,
         "next_url": url("/jobs", state=state, page=page + 1) if page < pages else None,
+        "first_url": url("/jobs", state=state, page=1) if page > 1 else None,
+        "last_url": url("/jobs", state=state, page=pages) if page < pages else None,
         "live_url": url("/jobs", state=state, page=page),
     }
     return render(request, "_jobs.html" if _is_htmx(request) else "jobs.html", ctx)

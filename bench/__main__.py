@@ -1,0 +1,22 @@
+"""`python -m bench` / `muster bench`: load-test Muster with simulated hosts.
+
+    python -m bench --hosts 50000 --rate 500 --duration 60 --json bench/results/bench.json
+    python -m bench --hosts 50000 --rate 500 --duration 60 --trace
+    python -m bench --nats-cluster 3 ...
+
+See bench/run.py for what is measured, and `python -m bench --help` for every option.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.run import run
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

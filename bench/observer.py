@@ -1,0 +1,229 @@
+"""Watches the `state` bucket during a bench run: correctness and placement quality.
+
+An ordered JetStream consumer reads every committed revision of `$KV.state.>` from the
+start of the run (only committed records: an atomic batch that was rejected is never seen):
+  * every `alloc.<host>` revision is checked against the host's capacity from the fleet file:
+    GPUs, CPU and memory within capacity, no GPU index used twice, every index exists;
+  * every `job.<id>` revision updates the job's state; the store's own timestamp of the
+    first RUNNING revision is the "running" time (the control plane knows it is running);
+  * once a second it samples GPUs allocated and the GPU demand still queued (fragmentation:
+    the share of GPUs left unallocated while GPU jobs wait).
+On `finish` (request on `bench.ctl.observer`) it also re-reads the final `alloc.*` record of
+every host with a last-per-subject consumer, checks those again, and writes `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import nats
+from nats.js import api as jsapi
+
+from bench.workload import read_fleet
+
+log = logging.getLogger("bench.observer")
+PREFIX = "$KV.state."
+EPS = 1e-6
+
+
+def _tombstone(headers: dict | None) -> bool:
+    return bool(headers) and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers)
+
+
+def check_alloc(d: dict, cap: tuple[int, float, int]) -> list[str]:
+    """Problems with one HostAlloc record against (gpus, cpus, memory_mb)."""
+    gpus, cpus, mem = cap
+    problems = []
+    seen: set[int] = set()
+    used_cpu = 0.0
+    used_mem = 0
+    for t in d.get("tasks", []):
+        for i in t.get("gpu_indices", []):
+            if i in seen:
+                problems.append(f"GPU {i} used twice")
+            if not 0 <= i < gpus:
+                problems.append(f"GPU {i} does not exist (host has {gpus})")
+            seen.add(i)
+        used_cpu += float(t.get("cpus", 0))
+        used_mem += int(t.get("memory_mb", 0))
+    if used_cpu > cpus + EPS:
+        problems.append(f"CPU {used_cpu:g} > {cpus}")
+    if used_mem > mem:
+        problems.append(f"memory {used_mem} > {mem} MB")
+    return problems
+
+
+class Observer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.caps = {h.id: (h.gpus, float(h.cpus), h.memory_mb) for h in read_fleet(Path(args.fleet))}
+        self.total_gpus = sum(c[0] for c in self.caps.values())
+        self.alloc_gpus: dict[str, int] = {}
+        self.allocated = 0
+        self.jobs: dict[str, dict] = {}
+        self.queued_gpus: dict[str, int] = {}
+        self.alloc_revisions = 0
+        self.job_revisions = 0
+        self.overcommit: list[dict] = []
+        self.overcommitted_hosts: set[str] = set()
+        self.samples: list[dict] = []
+        self.lag_s = 0.0
+        self.pending = 0
+        self.stop = asyncio.Event()
+        self.nc: nats.NATS | None = None
+
+    def on_record(self, msg) -> None:  # type: ignore[no-untyped-def]
+        key = msg.subject[len(PREFIX):]
+        kind, _, name = key.partition(".")
+        stored = msg.metadata.timestamp.timestamp()
+        self.lag_s = max(0.0, time.time() - stored)
+        self.pending = msg.metadata.num_pending
+        if kind == "alloc":
+            self.alloc_revisions += 1
+            if _tombstone(msg.headers):
+                d = {"tasks": []}
+            else:
+                d = json.loads(msg.data)
+            self._check(name, d, msg.metadata.sequence.stream)
+            n = sum(len(t.get("gpu_indices", [])) for t in d.get("tasks", []))
+            self.allocated += n - self.alloc_gpus.get(name, 0)
+            self.alloc_gpus[name] = n
+        elif kind == "job":
+            self.job_revisions += 1
+            if _tombstone(msg.headers):
+                return
+            d = json.loads(msg.data)
+            st = d.get("state")
+            j = self.jobs.get(name)
+            if j is None:
+                j = self.jobs[name] = {"submitted_at": d.get("submitted_at"), "gpus": d["spec"].get("gpus", 0),
+                                       "priority": d["spec"].get("priority", 0), "running_at": None,
+                                       "placed_at": None, "state": st, "attempts": 0}
+            j["state"] = st
+            atts = d.get("attempts") or []
+            j["attempts"] = len(atts)
+            if atts and j["placed_at"] is None:
+                j["placed_at"] = atts[0].get("placed_at")
+                j["host"] = atts[0].get("host_id")
+            if st in ("RUNNING", "SUCCEEDED", "FAILED") and j["running_at"] is None and atts:
+                j["running_at"] = stored
+                j["running_state_seen"] = st
+            if st == "QUEUED":
+                self.queued_gpus[name] = j["gpus"]
+            else:
+                self.queued_gpus.pop(name, None)
+
+    def _check(self, host: str, d: dict, rev: int, final: bool = False) -> None:
+        cap = self.caps.get(host)
+        problems = ["host not in the fleet"] if cap is None else check_alloc(d, cap)
+        if d.get("host_id", host) != host:
+            problems.append(f"record names host {d.get('host_id')}")
+        if problems:
+            self.overcommitted_hosts.add(host)
+            if len(self.overcommit) < 200:
+                self.overcommit.append({"host": host, "revision": rev, "final_check": final, "problems": problems})
+
+    async def sample_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await asyncio.wait_for(self.stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            q = self.queued_gpus
+            self.samples.append({"t": time.time(), "queued": len(q), "queued_gpu_jobs": sum(1 for g in q.values() if g),
+                                 "queued_gpus": sum(q.values()), "gpus_allocated": self.allocated,
+                                 "gpus_total": self.total_gpus, "lag_s": round(self.lag_s, 3), "pending": self.pending})
+            assert self.nc is not None
+            try:
+                await self.nc.publish("bench.stats.observer", json.dumps(self.samples[-1]).encode())
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def final_check(self) -> int:
+        """Read the last `alloc.*` record of every host and check it again."""
+        assert self.nc is not None
+        js = self.nc.jetstream(timeout=30)
+        done = asyncio.Event()
+        count = 0
+
+        async def cb(msg) -> None:  # type: ignore[no-untyped-def]
+            nonlocal count
+            count += 1
+            host = msg.subject[len(PREFIX) + len("alloc."):]
+            d = {"tasks": []} if _tombstone(msg.headers) else json.loads(msg.data)
+            self._check(host, d, msg.metadata.sequence.stream, final=True)
+            if msg.metadata.num_pending == 0:
+                done.set()
+
+        if self.alloc_revisions == 0:
+            return 0
+        sub = await js.subscribe(PREFIX + "alloc.>", stream="KV_state", cb=cb, ordered_consumer=True,
+                                 deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+                                 pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+        try:
+            await asyncio.wait_for(done.wait(), timeout=120)
+        except asyncio.TimeoutError:
+            log.warning("final alloc read incomplete: %d records", count)
+        await sub.unsubscribe()
+        return count
+
+    async def on_ctl(self, msg) -> None:  # type: ignore[no-untyped-def]
+        req = json.loads(msg.data)
+        if req.get("cmd") != "finish":
+            return
+        # Let the watch catch up with what is stored now.
+        deadline = time.monotonic() + 30
+        while self.pending > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        final = await self.final_check()
+        out = {"alloc_revisions_checked": self.alloc_revisions, "job_revisions": self.job_revisions,
+               "final_alloc_records_checked": final, "overcommitted_hosts": sorted(self.overcommitted_hosts),
+               "overcommit_examples": self.overcommit, "samples": self.samples, "jobs": self.jobs,
+               "watch_lag_s_at_end": round(self.lag_s, 3)}
+        tmp = Path(self.args.out + ".tmp")
+        tmp.write_text(json.dumps(out))
+        tmp.replace(self.args.out)
+        await msg.respond(b'{"ok": true}')
+        self.stop.set()
+
+    async def run(self) -> None:
+        self.nc = await nats.connect(self.args.nats.split(","), name="bench-observer", max_reconnect_attempts=-1,
+                                     reconnect_time_wait=0.5)
+        js = self.nc.jetstream(timeout=30)
+        await self.nc.subscribe("bench.ctl.observer", cb=self.on_ctl)
+
+        async def cb(msg) -> None:  # type: ignore[no-untyped-def]
+            try:
+                self.on_record(msg)
+            except Exception:  # noqa: BLE001
+                log.exception("observer: %s", msg.subject)
+
+        sub = await js.subscribe(PREFIX + ">", stream="KV_state", cb=cb, ordered_consumer=True,
+                                 deliver_policy=jsapi.DeliverPolicy.ALL, pending_msgs_limit=1_000_000,
+                                 pending_bytes_limit=1024 * 1024 * 1024)
+        sampler = asyncio.create_task(self.sample_loop())
+        await self.nc.publish("bench.stats.observer", b'{"ready": true}')
+        await self.stop.wait()
+        sampler.cancel()
+        await sub.unsubscribe()
+        await self.nc.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.observer")
+    ap.add_argument("--nats", required=True)
+    ap.add_argument("--fleet", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s observer %(levelname)s %(message)s")
+    asyncio.run(Observer(args).run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

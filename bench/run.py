@@ -1,0 +1,761 @@
+"""Orchestration of one `muster bench` run.
+
+Starts nats-server (one node, or a 3-node cluster from copies of nats/cluster/n*.conf on
+free ports), one `muster server`, the state observer (bench/observer.py) and K host
+simulator processes (bench/simhosts.py, ~20,000 hosts each), waits until the server sees
+every host healthy, then submits jobs for --duration seconds (Poisson arrivals, batched
+into `submitJobs` requests; the submit time of a job is taken just before its request),
+silences one host's heartbeats part-way to time loss detection, drains, collects every
+process's results and writes the JSON report and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import psutil
+
+from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
+from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
+CLUSTER = "{ cluster { hosts { total healthy suspect lost } leadership { role term } } }"
+HOST = "query($id: ID!) { host(id: $id) { id health } }"
+
+
+class BenchError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
+    return xs[k]
+
+
+def summary_ms(xs: list[float]) -> dict[str, Any]:
+    ms = [x * 1000 for x in xs]
+    r = lambda v: None if v is None else round(v, 1)  # noqa: E731
+    return {"n": len(ms), "p50": r(pct(ms, 50)), "p95": r(pct(ms, 95)), "p99": r(pct(ms, 99)),
+            "max": r(max(ms)) if ms else None, "mean": r(statistics.fmean(ms)) if ms else None}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def histogram_quantiles(m: dict[str, float], name: str) -> dict[str, Any]:
+    """p50/p95/p99 upper bounds from a Prometheus histogram's cumulative buckets."""
+    buckets = []
+    for k, v in m.items():
+        mm = re.match(rf'{name}_bucket\{{le="([^"]+)"\}}', k)
+        if mm:
+            buckets.append((float("inf") if mm.group(1) == "+Inf" else float(mm.group(1)), v))
+    buckets.sort()
+    total = m.get(f"{name}_count", 0.0)
+    out: dict[str, Any] = {"count": int(total), "sum_s": round(m.get(f"{name}_sum", 0.0), 3)}
+    for p in (50, 95, 99):
+        le = None
+        for b, c in buckets:
+            if total and c >= total * p / 100:
+                le = b
+                break
+        out[f"p{p}_le_s"] = le if le != float("inf") else "+Inf"
+    return out
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen | None
+    proc: psutil.Process
+    log: Path | None = None
+    peak_rss: int = 0
+    cpu: float = 0.0
+    cpu_at_start: float | None = None
+    cpu_at_end: float | None = None
+
+    def sample(self) -> None:
+        try:
+            t = self.proc.cpu_times()
+            self.cpu = t.user + t.system
+            self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None if self.popen is not None else self.proc.is_running()
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    work: Path
+    children: list[Child] = field(default_factory=list)
+    nats_url: str = ""
+    http: str = ""
+    token: str = ""
+    stats: dict[str, dict] = field(default_factory=dict)
+    live_dispatch: dict[str, float] = field(default_factory=dict)
+    submitted: dict[str, tuple[float, JobReq]] = field(default_factory=dict)
+    submit_errors: int = 0
+    submit_requests: int = 0
+    ticks: list[dict] = field(default_factory=list)
+    metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    lost: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------ start and stop
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        log = self.work / f"{name}.log"
+        out = open(log, "ab")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        out.close()
+        c = Child(name, p, psutil.Process(p.pid), log)
+        self.children.append(c)
+        return c
+
+    def start_nats(self) -> None:
+        if self.args.nats_cluster == 1:
+            n = start_nats(self.work / "nats", port=0)
+            self.children.append(Child("nats-server", n.proc, psutil.Process(n.proc.pid), n.log_path))
+            self.nats_url = n.url
+            return
+        if self.args.nats_cluster != 3:
+            raise BenchError("--nats-cluster must be 1 or 3")
+        src = ROOT / "nats" / "cluster"
+        confs = [src / f"n{i}.conf" for i in (1, 2, 3)]
+        missing = [str(c) for c in confs if not c.exists()]
+        if missing:
+            raise BenchError(f"--nats-cluster 3 needs {', '.join(missing)} (not in this checkout)")
+        ports = {old: free_port() for old in (4222, 4223, 4224, 6222, 6223, 6224, 8222, 8223, 8224)}
+        urls, monitors = [], []
+        for i, c in enumerate(confs, start=1):
+            text = c.read_text()
+            for old, new in ports.items():
+                text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+            text = text.replace(f'"./data/n{i}"', json.dumps(str(self.work / "nats" / f"n{i}")))
+            if f"127.0.0.1:{ports[4221 + i]}" not in text or str(self.work) not in text:
+                raise BenchError(f"{c} does not have the expected listen/store_dir lines; cannot relocate it")
+            conf = self.work / f"n{i}.conf"
+            conf.write_text(text)
+            log = self.work / f"nats-n{i}.log"
+            out = open(log, "ab")
+            p = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT,
+                                 cwd=self.work, start_new_session=True)
+            out.close()
+            self.children.append(Child(f"nats-server-n{i}", p, psutil.Process(p.pid), log))
+            urls.append(f"nats://127.0.0.1:{ports[4221 + i]}")
+            monitors.append(ports[8221 + i])
+        for (i, u), c in zip(enumerate(urls), self.children[-3:]):
+            wait_for_port(int(u.rsplit(":", 1)[1]), timeout=30, proc=c.popen)
+        deadline = time.monotonic() + 60
+        for m in monitors:
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{m}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise BenchError("the 3-node NATS cluster did not become ready (JetStream) within 60 s")
+                time.sleep(0.5)
+        self.nats_url = ",".join(urls)
+
+    def start_server(self) -> None:
+        port = free_port()
+        env = {"MUSTER_REPLICAS": "3"} if self.args.nats_cluster == 3 else {}
+        data = self.work / "server"
+        c = self.spawn("server", [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
+                                  "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
+        try:
+            wait_for_port(port, timeout=90, proc=c.popen)
+        except Exception as exc:
+            raise BenchError(f"muster server did not start: {exc}; see {c.log}") from exc
+        self.http = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            tf = data / "token"
+            if tf.exists() and tf.read_text().strip():
+                self.token = tf.read_text().strip()
+                return
+            time.sleep(0.1)
+        raise BenchError("muster server wrote no token")
+
+    def stop_all(self) -> None:
+        for c in reversed(self.children):
+            c.stop()
+
+    # ------------------------------------------------------------ the run
+
+    async def gql(self, client: httpx.AsyncClient, q: str, v: dict | None = None) -> dict:
+        r = await client.post("/graphql", json={"query": q, "variables": v or {}})
+        r.raise_for_status()
+        body = r.json()
+        if body.get("errors"):
+            raise BenchError(f"GraphQL error: {body['errors']}")
+        return body["data"]
+
+    def on_stats(self, msg) -> None:  # type: ignore[no-untyped-def]
+        d = json.loads(msg.data)
+        who = msg.subject.rsplit(".", 1)[1]
+        for job_id, ts in d.pop("arrivals", []):
+            self.live_dispatch.setdefault(job_id, ts)
+        self.stats[who] = d
+
+    def sims(self) -> list[dict]:
+        return [v for k, v in self.stats.items() if k != "observer"]
+
+    async def sample_loop(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        me = psutil.Process()
+        self.children.append(Child("bench (submitter, orchestrator)", None, me))
+        while not stop.is_set():
+            for c in self.children:
+                c.sample()
+            try:
+                r = await client.get("/metrics", timeout=10)
+                self.metrics.append((time.time(), parse_metrics(r.text)))
+            except httpx.HTTPError:
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    def tick(self, t0: float, phase: str) -> None:
+        now = time.time()
+        sims = self.sims()
+        m = self.metrics[-1][1] if self.metrics else {}
+        row = {"t": now, "phase": phase, "submitted": len(self.submitted), "dispatched_live": len(self.live_dispatch),
+               "running": sum(s.get("running", 0) for s in sims), "hb_sent": sum(s.get("hb_sent", 0) for s in sims),
+               "hb_received": m.get("muster_heartbeats_received_total", 0.0),
+               "placements": m.get("muster_placements_total", 0.0), "queue_depth": m.get("muster_queue_depth", 0.0),
+               "reports_pending": sum(s.get("reports_pending", 0) for s in sims),
+               "sim_loop_lag_max_ms": max((s.get("loop_lag_max_ms", 0) for s in sims), default=0)}
+        prev = self.ticks[-1] if self.ticks else row
+        dt = max(1e-6, row["t"] - prev["t"])
+        recent = [self.live_dispatch[j] - self.submitted[j][0] for j in list(self.live_dispatch)[-2000:]
+                  if j in self.submitted and self.live_dispatch[j] > now - 1.0]
+        self.ticks.append(row)
+        srv = next((c for c in self.children if c.name == "server"), None)
+        print(f"[{phase} {now - t0:6.1f}s] sub {row['submitted']:>7} ({(row['submitted'] - prev['submitted']) / dt:5.0f}/s)"
+              f" disp {row['dispatched_live']:>7} ({(row['dispatched_live'] - prev['dispatched_live']) / dt:5.0f}/s)"
+              f" run {row['running']:>6} queue {row['queue_depth']:>6.0f}"
+              f" | hb sent {(row['hb_sent'] - prev['hb_sent']) / dt:6.0f}/s recv {(row['hb_received'] - prev['hb_received']) / dt:6.0f}/s"
+              f" | placed {(row['placements'] - prev['placements']) / dt:5.0f}/s"
+              f" | disp p50/max {(pct(recent, 50) or 0) * 1000:6.0f}/{(max(recent) if recent else 0) * 1000:6.0f} ms"
+              f" | server cpu {srv.cpu if srv else 0:6.1f}s", flush=True)
+
+    async def submit_batch(self, client: httpx.AsyncClient, batch: list[JobReq]) -> None:
+        ts = time.time()
+        self.submit_requests += 1
+        try:
+            r = await client.post("/graphql", json={"query": SUBMIT, "variables": {
+                "input": [j.graphql_input() for j in batch]}}, timeout=120)
+            r.raise_for_status()
+            body = r.json()
+            if body.get("errors"):
+                raise BenchError(str(body["errors"])[:300])
+            for req, res in zip(batch, body["data"]["submitJobs"]):
+                if res["job"]:
+                    self.submitted[res["job"]["id"]] = (ts, req)
+                else:
+                    self.submit_errors += 1
+                    if self.submit_errors <= 3:
+                        print(f"submit refused: {res['userErrors']}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
+            self.submit_errors += len(batch)
+            print(f"submit request failed ({len(batch)} jobs): {exc}", file=sys.stderr)
+
+    async def submitter(self, client: httpx.AsyncClient, t0: float) -> None:
+        a = self.args
+        gen = Trace(seed=a.seed, gang_fraction=a.gang_fraction) if a.trace else \
+            Synthetic(seed=a.seed, mean_duration_s=a.mean_duration)
+        offsets = arrivals(a.rate, a.duration, seed=a.seed + 1)
+        self.arrivals_planned = len(offsets)
+        i = 0
+        pending: list[JobReq] = []
+        inflight: set[asyncio.Task] = set()
+        while i < len(offsets) or pending:
+            now = time.monotonic() - t0
+            while i < len(offsets) and offsets[i] <= now:
+                pending.extend(gen.next())
+                i += 1
+            if pending and len(inflight) < a.max_submit_inflight:
+                batch, pending = pending[:1000], pending[1000:]
+                t = asyncio.create_task(self.submit_batch(client, batch))
+                inflight.add(t)
+                t.add_done_callback(inflight.discard)
+            await asyncio.sleep(a.batch_window)
+        if inflight:
+            await asyncio.gather(*inflight)
+
+    async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:  # type: ignore[no-untyped-def]
+        await asyncio.sleep(delay)
+        try:
+            r = await nc.request("bench.ctl.0", json.dumps({"cmd": "silence", "host": host}).encode(), timeout=10)
+            last = json.loads(r.data)["last_heartbeat"]
+        except Exception as exc:  # noqa: BLE001
+            self.lost = {"host": host, "error": f"could not silence: {exc}"}
+            return
+        self.lost = {"host": host, "last_heartbeat": last, "suspect_after_s": None, "lost_after_s": None}
+        deadline = last + 3 * 5.0 + self.args.lost_timeout
+        print(f"silenced host {host}: polling host(id:) health until LOST", flush=True)
+        while time.time() < deadline:
+            try:
+                h = (await self.gql(client, HOST, {"id": host}))["host"]
+            except Exception:  # noqa: BLE001
+                h = None
+            now = time.time()
+            health = h["health"] if h else "LOST"
+            if health == "SUSPECT" and self.lost["suspect_after_s"] is None:
+                self.lost["suspect_after_s"] = round(now - last, 2)
+            if health == "LOST":
+                self.lost["lost_after_s"] = round(now - last, 2)
+                print(f"host {host} LOST {now - last:.1f} s after its last heartbeat", flush=True)
+                return
+            await asyncio.sleep(0.25)
+
+    async def main(self) -> dict:
+        a = self.args
+        fleet = trace_fleet(a.hosts) if a.trace else synthetic_fleet(a.hosts, seed=a.seed)
+        fleet_file = self.work / "fleet.json"
+        write_fleet(fleet, fleet_file)
+        k = a.sim_procs or max(1, math.ceil(a.hosts / 20000))
+        print(f"bench: {a.hosts} hosts in {k} simulator process(es), {a.rate}/s for {a.duration}s, "
+              f"{'trace' if a.trace else 'synthetic'} workload; work dir {self.work}", flush=True)
+        self.start_nats()
+        self.start_server()
+        nc = await nats.connect(self.nats_url.split(","), name="bench-orchestrator")
+        await nc.subscribe("bench.stats.>", cb=lambda m: self.on_stats(m))  # type: ignore[arg-type,return-value]
+        self.spawn("observer", [sys.executable, "-m", "bench.observer", "--nats", self.nats_url,
+                                "--fleet", str(fleet_file), "--out", str(self.work / "observer.json")])
+        bounds = [round(i * a.hosts / k) for i in range(k + 1)]
+        for i in range(k):
+            argv = [sys.executable, "-m", "bench.simhosts", "--nats", self.nats_url, "--fleet", str(fleet_file),
+                    "--start", str(bounds[i]), "--end", str(bounds[i + 1]), "--idx", str(i),
+                    "--out", str(self.work / f"sim{i}.json")]
+            if a.wildcard:
+                argv.append("--wildcard")
+            self.spawn(f"sim{i}", argv)
+        client = httpx.AsyncClient(base_url=self.http, headers={"Authorization": f"Bearer {self.token}"},
+                                   timeout=60, limits=httpx.Limits(max_connections=32))
+        stop_sampling = asyncio.Event()
+        sampler = asyncio.create_task(self.sample_loop(client, stop_sampling))
+        t_boot = time.time()
+        # Wait for every simulator, the observer, and the server seeing every host healthy.
+        deadline = time.monotonic() + a.startup_timeout + a.hosts / 500
+        while True:
+            self.check_children()
+            c = (await self.gql(client, CLUSTER))["cluster"]
+            ready = sum(1 for s in self.sims() if s.get("ready"))
+            if ready == k and "observer" in self.stats and c["hosts"]["healthy"] >= a.hosts \
+                    and c["leadership"]["role"] == "leader":
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"not ready after {a.startup_timeout + a.hosts / 500:.0f} s: {ready}/{k} simulators,"
+                                 f" server sees {c['hosts']}, role {c['leadership']['role']}")
+            print(f"[startup {time.time() - t_boot:5.1f}s] simulators ready {ready}/{k}, server sees "
+                  f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}", flush=True)
+            await asyncio.sleep(1.0)
+        startup_s = time.time() - t_boot
+        for c in self.children:
+            c.sample()
+            c.cpu_at_start = c.cpu
+        # The measured window.
+        t0m = time.monotonic()
+        t0 = time.time()
+        self.window_start = t0
+        self.tick(t0, "run")
+        lost_task = None
+        if a.lose_host_at is not None and a.lose_host_at >= 0:
+            lost_task = asyncio.create_task(self.lose_host(nc, client, a.lose_host_at, fleet[bounds[1] - 1].id))
+        sub_task = asyncio.create_task(self.submitter(client, t0m))
+        while not sub_task.done():
+            await asyncio.sleep(1.0)
+            self.check_children()
+            self.tick(t0, "run")
+        await sub_task
+        self.window_end = time.time()
+        for c in self.children:
+            c.sample()
+            c.cpu_at_end = c.cpu
+        # Drain: until every submitted job has reached a host, or the drain timeout.
+        drain_deadline = time.monotonic() + a.drain
+        while time.monotonic() < drain_deadline:
+            missing = sum(1 for j in self.submitted if j not in self.live_dispatch)
+            if missing == 0 and (lost_task is None or lost_task.done()):
+                break
+            await asyncio.sleep(1.0)
+            self.check_children()
+            self.tick(t0, "drain")
+        if lost_task is not None:
+            if not lost_task.done():
+                print("waiting for the silenced host to be reported LOST", flush=True)
+            try:
+                await asyncio.wait_for(lost_task, timeout=3 * 5.0 + a.lost_timeout + 5)
+            except asyncio.TimeoutError:
+                pass
+        # Let in-flight heartbeats land, then take the last metrics and process samples.
+        await asyncio.sleep(1.5)
+        self.tick(t0, "end")
+        for c in self.children:
+            c.sample()
+        # Collect results.
+        replies = await asyncio.gather(*(nc.request(f"bench.ctl.{i}", b'{"cmd": "finish"}', timeout=60)
+                                         for i in range(k)), return_exceptions=True)
+        for i, r in enumerate(replies):
+            if isinstance(r, Exception):
+                self.notes.append(f"simulator {i} did not finish cleanly: {r}")
+        try:
+            await nc.request("bench.ctl.observer", b'{"cmd": "finish"}', timeout=180)
+        except Exception as exc:  # noqa: BLE001
+            self.notes.append(f"observer did not finish cleanly: {exc}")
+        stop_sampling.set()
+        await sampler
+        for c in self.children:
+            c.sample()
+        await client.aclose()
+        await nc.close()
+        return self.report(fleet, k, startup_s)
+
+    def check_children(self) -> None:
+        for c in self.children:
+            if c.popen is not None and c.popen.poll() is not None:
+                raise BenchError(f"{c.name} exited with {c.popen.returncode}; see {c.log}")
+
+    # ------------------------------------------------------------ the report
+
+    def report(self, fleet: list, k: int, startup_s: float) -> dict:
+        a = self.args
+        sims = []
+        for i in range(k):
+            p = self.work / f"sim{i}.json"
+            if p.exists():
+                sims.append(json.loads(p.read_text()))
+        obs_p = self.work / "observer.json"
+        obs = json.loads(obs_p.read_text()) if obs_p.exists() else {}
+        per_job: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+        for s in sims:
+            for job_id, aid, host, ts in s["arrivals"]:
+                per_job[job_id].append((aid, host, ts))
+        window = self.window_end - self.window_start
+        dispatch, running, never, twice = [], [], [], []
+        by_class: dict[str, list[float]] = defaultdict(list)
+        gangs: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+        ojobs = obs.get("jobs", {})
+        for job_id, (ts, req) in self.submitted.items():
+            arr = per_job.get(job_id)
+            if not arr:
+                never.append(job_id)
+            else:
+                if len(arr) > 1:
+                    twice.append(job_id)
+                first = min(x[2] for x in arr)
+                dispatch.append(first - ts)
+                by_class[req.qos].append(first - ts)
+            ra = (ojobs.get(job_id) or {}).get("running_at")
+            if ra is not None:
+                running.append(ra - ts)
+            if req.gang:
+                gangs[req.gang].append((ts, min(x[2] for x in arr) if arr else None))
+        unknown = sorted(set(per_job) - set(self.submitted))
+        gang_waits = [max(d for _, d in m) - min(t for t, _ in m) for m in gangs.values()
+                      if all(d is not None for _, d in m)]
+        m_first = next((m for t, m in self.metrics if t >= self.window_start), self.metrics[0][1] if self.metrics else {})
+        m_last_window = [m for t, m in self.metrics if t <= self.window_end]
+        m_end = m_last_window[-1] if m_last_window else {}
+        m_final = self.metrics[-1][1] if self.metrics else {}
+        hb = "muster_heartbeats_received_total"
+        hb_recv_window = m_end.get(hb, 0) - m_first.get(hb, 0)
+        t_in = [r for r in self.ticks if r["phase"] == "run"]
+        hb_sent_window = (t_in[-1]["hb_sent"] - t_in[0]["hb_sent"]) if len(t_in) > 1 else 0
+        backlog = [r["hb_sent"] - r["hb_received"] for r in self.ticks]
+        sent_total = sum(s["counters"]["hb_sent"] for s in sims)
+        placements_window = m_end.get("muster_placements_total", 0) - m_first.get("muster_placements_total", 0)
+        samples = obs.get("samples", [])
+        waiting = [s for s in samples if s.get("queued_gpus", 0) > 0 and self.window_start <= s["t"]]
+        free_share = [1 - s["gpus_allocated"] / s["gpus_total"] for s in waiting if s["gpus_total"]]
+        counters = defaultdict(int)
+        for s in sims:
+            for key, v in s["counters"].items():
+                counters[key] += v
+        overcommitted = obs.get("overcommitted_hosts", [])
+        gang_members = sum(1 for _, r in self.submitted.values() if r.gang)
+        frac = sum(1 for _, r in self.submitted.values() if r.fractional_gpu)
+        procs = {}
+        for c in self.children:
+            procs[c.name] = {"cpu_s": round(c.cpu, 2), "peak_rss_mb": round(c.peak_rss / 2**20, 1),
+                             "cpu_s_in_window": round(c.cpu_at_end - c.cpu_at_start, 2)
+                             if c.cpu_at_start is not None and c.cpu_at_end is not None else None,
+                             "cpu_pct_in_window": round(100 * (c.cpu_at_end - c.cpu_at_start) / window, 1)
+                             if c.cpu_at_start is not None and c.cpu_at_end is not None and window > 0 else None}
+        correct = {
+            "ok": not never and not twice and not unknown and not overcommitted and counters["gpu_collisions"] == 0
+                  and bool(obs),
+            "jobs_never_dispatched": len(never),
+            "jobs_dispatched_more_than_once": len(twice),
+            "dispatches_of_unknown_jobs": len(unknown),
+            "overcommitted_hosts": len(overcommitted),
+            "overcommit_examples": obs.get("overcommit_examples", [])[:10],
+            "simulator_gpu_collisions": counters["gpu_collisions"],
+            "alloc_revisions_checked": obs.get("alloc_revisions_checked", 0),
+            "final_alloc_records_checked": obs.get("final_alloc_records_checked", 0),
+            "observer_ran": bool(obs),
+            "examples_never_dispatched": never[:5],
+            "examples_dispatched_twice": {j: per_job[j] for j in twice[:5]},
+        }
+        gpus_total = sum(h.gpus for h in fleet)
+        rep = {
+            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m bench " + " ".join(sys.argv[1:]) if a.argv is None else
+                       "python -m bench " + " ".join(a.argv),
+            "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; every process on one machine",
+            "config": {"hosts": a.hosts, "gpus": gpus_total, "rate": a.rate, "duration_s": a.duration,
+                       "workload": "trace" if a.trace else "synthetic", "nats_cluster": a.nats_cluster,
+                       "simulator_processes": k, "seed": a.seed, "batch_window_s": a.batch_window,
+                       "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host"},
+            "startup_s": round(startup_s, 1),
+            "window_s": round(window, 2),
+            "jobs_submitted": len(self.submitted),
+            "jobs_dispatched": len(self.submitted) - len(never),
+            "submit_errors": self.submit_errors,
+            "submit_requests": self.submit_requests,
+            "submissions_per_s": round(len(self.submitted) / window, 1) if window else None,
+            "placements_per_s": round(placements_window / window, 1) if window else None,
+            "placements_total": m_final.get("muster_placements_total"),
+            "dispatch_latency_ms": summary_ms(dispatch),
+            "running_latency_ms": summary_ms(running),
+            "server_placement_latency": histogram_quantiles(m_final, "muster_placement_latency_seconds"),
+            "heartbeats_per_s": round(hb_recv_window / window, 1) if window else None,
+            "heartbeats_sent_per_s": round(hb_sent_window / window, 1) if window else None,
+            "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
+                           "backlog_at_end": sent_total - m_final.get(hb, 0) if m_final else None,
+                           "backlog_max_during_run": max(backlog) if backlog else None,
+                           "note": "received counts every record the server's hosts watch saw (expiry markers "
+                                   "included); backlog = sent - received, sampled once a second"},
+            "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),
+            "max_concurrent_tasks_upper_bound": sum(s["max_running"] for s in sims),
+            "max_queue_depth": max((r["queue_depth"] for r in self.ticks), default=0),
+            "overcommitted_hosts": len(overcommitted),
+            "lost_host_detection": self.lost or {"skipped": True},
+            "processes": procs,
+            "simulators": {"counters": dict(counters), "reports_pending_at_end": sum(s["reports_pending_at_end"] for s in sims),
+                           "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None)},
+            "observer": {"watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
+                         "max_watch_lag_s": max((s.get("lag_s", 0) for s in samples), default=None)},
+            "quality": {
+                "gpus_unallocated_share_while_gpu_jobs_wait": {
+                    "seconds_with_gpu_jobs_waiting": len(waiting),
+                    "mean": round(statistics.fmean(free_share), 4) if free_share else None,
+                    "max": round(max(free_share), 4) if free_share else None},
+                "wait_ms_by_priority_class": {q: summary_ms(v) for q, v in sorted(by_class.items())},
+                "gangs_submitted": len(gangs),
+                "gang_member_jobs_submitted": gang_members,
+                "gang_wait_ms": summary_ms(gang_waits),
+                "gangs_not_fully_dispatched": len(gangs) - len(gang_waits),
+                "fractional_gpu_jobs_rounded_up": frac,
+            },
+            "correctness": correct,
+            "notes": self.notes + [
+                "dispatch = a simulated host received its assignment (first sighting of the attempt on the host); "
+                "submit time = just before the submitJobs request; wait per priority class uses dispatch latency",
+                "running = the store's timestamp of the job record's first RUNNING (or later) revision",
+                "gangs are not supported by the server yet: each gang is submitted as ceil(n/8) independent 8-GPU "
+                "jobs (counted in jobs_submitted, and separately as gang_member_jobs_submitted); gang wait is "
+                "until its last member was dispatched",
+            ] + (["trace: fractional GPU requests are rounded up to one whole GPU; durations capped at 7 days "
+                  "and divided by 80; qos -> priority LS 300, Guaranteed 200, Burstable 100, BE 0"] if a.trace else []),
+            "work_dir": str(self.work),
+        }
+        rep["_series"] = {"ticks": self.ticks, "dispatch": [(self.submitted[j][0], min(x[2] for x in per_job[j]))
+                                                            for j in self.submitted if j in per_job],
+                          "running": [(self.submitted[j][0], ojobs[j]["running_at"]) for j in self.submitted
+                                      if (ojobs.get(j) or {}).get("running_at") is not None],
+                          "samples": samples, "t0": self.window_start}
+        return rep
+
+
+# ---------------------------------------------------------------- the plot
+
+
+def plot(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = rep["_series"]
+    t0 = s["t0"]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    # 1. latency by second of submission
+    by_sec: dict[int, list[float]] = defaultdict(list)
+    for sub, disp in s["dispatch"]:
+        by_sec[int(sub - t0)].append((disp - sub) * 1000)
+    run_sec: dict[int, list[float]] = defaultdict(list)
+    for sub, ra in s["running"]:
+        run_sec[int(sub - t0)].append((ra - sub) * 1000)
+    xs = sorted(by_sec)
+    ax = axes[0]
+    if xs:
+        ax.plot(xs, [pct(by_sec[x], 50) for x in xs], label="dispatch p50")
+        ax.plot(xs, [pct(by_sec[x], 99) for x in xs], label="dispatch p99")
+        ax.plot(xs, [max(by_sec[x]) for x in xs], label="dispatch max", alpha=0.5)
+    rx = sorted(run_sec)
+    if rx:
+        ax.plot(rx, [pct(run_sec[x], 50) for x in rx], label="running p50", linestyle="--")
+    ax.set_yscale("log")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"muster bench: {rep['config']['hosts']} hosts, {rep['config']['rate']}/s, "
+                 f"{rep['config']['workload']} (by second of submission)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    # 2. throughput
+    ticks = s["ticks"]
+    ax = axes[1]
+    ax2 = ax.twinx()
+    tx, sub_r, disp_r, pl_r, hb_r = [], [], [], [], []
+    for p, q in zip(ticks, ticks[1:]):
+        dt = max(1e-6, q["t"] - p["t"])
+        tx.append(q["t"] - t0)
+        sub_r.append((q["submitted"] - p["submitted"]) / dt)
+        disp_r.append((q["dispatched_live"] - p["dispatched_live"]) / dt)
+        pl_r.append((q["placements"] - p["placements"]) / dt)
+        hb_r.append((q["hb_received"] - p["hb_received"]) / dt)
+    ax.plot(tx, sub_r, label="submitted/s")
+    ax.plot(tx, disp_r, label="dispatched/s")
+    ax.plot(tx, pl_r, label="placements/s (server)", linestyle="--")
+    ax2.plot(tx, hb_r, label="heartbeats received/s", color="grey", alpha=0.6)
+    ax.set_ylabel("jobs per second")
+    ax2.set_ylabel("heartbeats per second")
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="upper right", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    # 3. concurrency
+    ax = axes[2]
+    ax.plot([r["t"] - t0 for r in ticks], [r["running"] for r in ticks], label="tasks running")
+    ax.plot([r["t"] - t0 for r in ticks], [r["queue_depth"] for r in ticks], label="queue depth")
+    ax.plot([r["t"] - t0 for r in ticks], [r["hb_sent"] - r["hb_received"] for r in ticks],
+            label="heartbeat backlog (sent - received)", alpha=0.6)
+    ax.set_xlabel("seconds since the first submission")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="muster bench", description="Load-test Muster with simulated hosts.")
+    ap.add_argument("--hosts", type=int, default=2000)
+    ap.add_argument("--rate", type=float, default=100.0, help="job arrivals per second (Poisson)")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of submissions")
+    ap.add_argument("--trace", action="store_true", help="replay shapes from ../shared/traces (openb + Philly gangs)")
+    ap.add_argument("--nats-cluster", type=int, choices=[1, 3], default=1)
+    ap.add_argument("--json", default=None, help="write the report here (default bench/results/bench-<time>.json)")
+    ap.add_argument("--png", default=None, help="plot file (default: the JSON path with .png)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--mean-duration", type=float, default=8.0, help="synthetic: mean task seconds")
+    ap.add_argument("--gang-fraction", type=float, default=0.02, help="trace: share of arrivals that are gangs")
+    ap.add_argument("--sim-procs", type=int, default=0, help="simulator processes (default hosts/20,000)")
+    ap.add_argument("--wildcard", action="store_true", help="simulators subscribe muster.assign.> once")
+    ap.add_argument("--batch-window", type=float, default=0.05, help="seconds of arrivals per submitJobs request")
+    ap.add_argument("--max-submit-inflight", type=int, default=4)
+    ap.add_argument("--drain", type=float, default=30.0, help="seconds to wait for undispatched jobs after the run")
+    ap.add_argument("--lose-host-at", type=float, default=None,
+                    help="seconds into the run to stop one host's heartbeats (default: a quarter of --duration); "
+                         "negative disables")
+    ap.add_argument("--lost-timeout", type=float, default=20.0, help="extra seconds to wait for LOST beyond the TTL")
+    ap.add_argument("--startup-timeout", type=float, default=90.0)
+    ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    return ap
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.lose_host_at is None:
+        args.lose_host_at = args.duration / 4
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="muster-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    jpath = Path(args.json) if args.json else ROOT / "bench" / "results" / f"bench-{stamp}.json"
+    ppath = Path(args.png) if args.png else jpath.with_suffix(".png")
+    b = Bench(args, work)
+    try:
+        rep = asyncio.run(b.main())
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        b.stop_all()
+    plot(rep, ppath)
+    rep["plot"] = str(ppath)
+    series = rep.pop("_series")
+    jpath.parent.mkdir(parents=True, exist_ok=True)
+    jpath.write_text(json.dumps(rep, indent=2) + "\n")
+    (work / "series.json").write_text(json.dumps(series))
+    show = {k: rep[k] for k in ("jobs_submitted", "jobs_dispatched", "submissions_per_s", "placements_per_s",
+                                "heartbeats_per_s", "heartbeats_sent_per_s", "dispatch_latency_ms",
+                                "running_latency_ms", "max_concurrent_tasks", "overcommitted_hosts",
+                                "lost_host_detection")}
+    show["correct"] = rep["correctness"]["ok"]
+    show["processes"] = {k: (v["cpu_s"], v["cpu_pct_in_window"], v["peak_rss_mb"]) for k, v in rep["processes"].items()}
+    print(json.dumps(show, indent=1))
+    print(f"report: {jpath}\nplot:   {ppath}")
+    if not rep["correctness"]["ok"]:
+        print("CORRECTNESS CHECK FAILED: see 'correctness' in the report", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,324 @@
+"""Many simulated Muster hosts in one process, speaking the agent's wire protocol.
+
+One NATS connection per process. Each host:
+  * heartbeats: a `Heartbeat` JSON published (core publish, no ack) to `$KV.hosts.<id>` with
+    `Nats-TTL: 15s`; the process spreads its hosts' heartbeats evenly over the interval;
+  * assignments: a core subscription per host on `muster.assign.<id>` (the stream's
+    republish of `alloc.<id>`); records older than the last applied `Nats-Sequence` or
+    stamped with an older term are ignored; a task never seen on the host starts (once), a
+    running task that disappears or carries `stop: true` is killed;
+  * tasks: `sleep <seconds>` is simulated with a timer, no process;
+  * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
+    `Nats-Msg-Id: <attempt>:<STATE>`; acknowledgements are pipelined (publish_async, up to
+    `--max-inflight` in flight) and every report is retried until acknowledged.
+
+It records when each attempt first arrived on each host (wall clock), publishes live
+counters on `bench.stats.<idx>` once a second, obeys `bench.ctl.<idx>` requests
+(`silence` a host's heartbeats, `finish`) and writes its results to `--out` on finish.
+
+    python -m bench.simhosts --nats URL --fleet fleet.json --start 0 --end 20000 --idx 0 --out sim0.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import nats
+
+from bench.workload import HostSpec, heartbeat_static, read_fleet
+
+log = logging.getLogger("bench.simhosts")
+
+ASSIGN_PREFIX = "muster.assign."
+TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+
+
+class SimHost:
+    __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
+                 "busy_gpus", "heartbeating", "last_hb", "subject")
+
+    def __init__(self, spec: HostSpec, boot_id: str) -> None:
+        self.spec = spec
+        static = json.dumps(heartbeat_static(spec), separators=(",", ":"))[1:-1]
+        self.hb_head = f'{{"v":1,"host_id":"{spec.id}","boot_id":"{boot_id}","seq":'.encode()
+        self.hb_tail = f',{static},"cpu_pct":1.0,"mem_used_mb":1024,"simulated":true,' \
+                       f'"agent_version":"bench-sim","term":'.encode()
+        self.seq = 0
+        self.applied_seq = 0
+        self.max_term = 0
+        self.running: dict[str, tuple[asyncio.TimerHandle, dict]] = {}
+        self.seen: set[str] = set()
+        self.busy_gpus: set[int] = set()
+        self.heartbeating = True
+        self.last_hb = 0.0
+        self.subject = f"$KV.hosts.{spec.id}"
+
+    def heartbeat(self, now: float) -> bytes:
+        self.seq += 1
+        return b"".join((self.hb_head, str(self.seq).encode(), b',"ts":', repr(now).encode(), self.hb_tail,
+                         str(self.max_term).encode(), b"}"))
+
+
+class Simulator:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        fleet = read_fleet(Path(args.fleet))[args.start:args.end]
+        boot = os.urandom(8).hex()
+        self.hosts = [SimHost(h, boot) for h in fleet]
+        self.by_id = {h.spec.id: h for h in self.hosts}
+        self.nc: nats.NATS | None = None
+        self.js = None
+        self.stop = asyncio.Event()
+        self.sem = asyncio.Semaphore(args.max_inflight)
+        self.pending_reports: set[asyncio.Task] = set()
+        # results
+        self.arrivals: list[tuple[str, str, str, float]] = []  # job, attempt, host, wall time
+        self.new_arrivals: list[tuple[str, float]] = []
+        self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
+                      killed=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
+                      errors=0)
+        self.max_running = 0
+        self.running = 0
+        self.loop_lag_max = 0.0
+        self.ready = False
+
+    # ------------------------------------------------------------ heartbeats
+
+    async def heartbeat_loop(self) -> None:
+        assert self.nc is not None
+        n = len(self.hosts)
+        if n == 0:
+            return
+        interval = self.args.heartbeat_interval
+        hdr = {"Nats-TTL": f"{int(interval * 3)}s"}
+        start = time.monotonic()
+        k = 0
+        while not self.stop.is_set():
+            due = int((time.monotonic() - start) / interval * n) + 1
+            now = time.time()
+            while k < due:
+                h = self.hosts[k % n]
+                k += 1
+                if h.heartbeating:
+                    await self.nc.publish(h.subject, h.heartbeat(now), headers=hdr)
+                    h.last_hb = now
+                    self.c["hb_sent"] += 1
+            await asyncio.sleep(0.02)
+
+    # ------------------------------------------------------------ assignments
+
+    async def on_assign(self, msg) -> None:  # type: ignore[no-untyped-def]
+        t_arr = time.time()
+        self.c["assign_msgs"] += 1
+        h = self.by_id.get(msg.subject[len(ASSIGN_PREFIX):])
+        if h is None:
+            return
+        seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
+        if seq and seq <= h.applied_seq:
+            self.c["assign_stale"] += 1
+            return
+        try:
+            d = json.loads(msg.data)
+            tasks = d["tasks"]
+            term = int(d.get("term", 0))
+        except (ValueError, KeyError, TypeError):
+            self.c["assign_dropped"] += 1
+            return
+        if d.get("host_id") != h.spec.id or term < h.max_term:
+            self.c["assign_dropped"] += 1
+            return
+        h.applied_seq = max(h.applied_seq, seq)
+        h.max_term = max(h.max_term, term)
+        wanted = {t["attempt_id"]: t for t in tasks}
+        for aid in list(h.running):
+            t = wanted.get(aid)
+            if t is None or t.get("stop"):
+                self.kill(h, aid, "cancelled" if t is not None else "no longer assigned")
+        for t in tasks:
+            aid = t["attempt_id"]
+            if aid in h.seen:
+                continue
+            h.seen.add(aid)
+            self.arrivals.append((t["job_id"], aid, h.spec.id, t_arr))
+            self.new_arrivals.append((t["job_id"], t_arr))
+            if t.get("stop"):
+                self.report(h, t, "KILLED", None, "cancelled before it started")
+                continue
+            self.start(h, t)
+
+    def start(self, h: SimHost, t: dict) -> None:
+        gpus = set(t.get("gpu_indices") or ())
+        if gpus & h.busy_gpus:
+            self.c["gpu_collisions"] += 1
+        h.busy_gpus |= gpus
+        cmd = t.get("command") or []
+        try:
+            dur = float(cmd[1]) if len(cmd) > 1 and cmd[0] == "sleep" else 1.0
+        except ValueError:
+            dur = 1.0
+        handle = asyncio.get_running_loop().call_later(dur, self.finish, h, t["attempt_id"])
+        h.running[t["attempt_id"]] = (handle, t)
+        self.c["started"] += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.report(h, t, "RUNNING", None, "")
+
+    def _end(self, h: SimHost, aid: str) -> dict | None:
+        entry = h.running.pop(aid, None)
+        if entry is None:
+            return None
+        handle, t = entry
+        handle.cancel()
+        h.busy_gpus -= set(t.get("gpu_indices") or ())
+        self.running -= 1
+        return t
+
+    def finish(self, h: SimHost, aid: str) -> None:
+        t = self._end(h, aid)
+        if t is not None:
+            self.c["finished"] += 1
+            self.report(h, t, "SUCCEEDED", 0, "")
+
+    def kill(self, h: SimHost, aid: str, reason: str) -> None:
+        t = self._end(h, aid)
+        if t is not None:
+            self.c["killed"] += 1
+            self.report(h, t, "KILLED", None, reason)
+
+    # ------------------------------------------------------------ status reports
+
+    def report(self, h: SimHost, t: dict, state: str, code: int | None, reason: str) -> None:
+        body = json.dumps({"v": 1, "host_id": h.spec.id, "attempt_id": t["attempt_id"], "job_id": t["job_id"],
+                           "state": state, "exit_code": code, "output_tail": "", "ts": time.time(),
+                           "term": t.get("term", 0), "reason": reason}).encode()
+        task = asyncio.create_task(self._deliver(f"muster.status.{h.spec.id}", body,
+                                                 f"{t['attempt_id']}:{state}"))
+        self.pending_reports.add(task)
+        task.add_done_callback(self.pending_reports.discard)
+
+    async def _deliver(self, subject: str, body: bytes, msg_id: str) -> None:
+        """Publish with the ack awaited in the background: many reports are in flight at once."""
+        assert self.js is not None
+        while True:
+            try:
+                async with self.sem:
+                    fut = await self.js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id})
+                    await asyncio.wait_for(fut, timeout=5)
+                self.c["reports_acked"] += 1
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried until acknowledged (idempotent)
+                self.c["report_retries"] += 1
+                log.debug("report %s: %s", msg_id, exc)
+                await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------ control and stats
+
+    def stats(self) -> dict:
+        arr, self.new_arrivals = self.new_arrivals, []
+        return {"idx": self.args.idx, "t": time.time(), "ready": self.ready, "hosts": len(self.hosts),
+                "running": self.running, "max_running": self.max_running,
+                "reports_pending": len(self.pending_reports), "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
+                **self.c, "arrivals": arr}
+
+    async def stats_loop(self) -> None:
+        assert self.nc is not None
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(self.stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            self.loop_lag_max = max(self.loop_lag_max, time.monotonic() - t0 - 1.0)
+            try:
+                await self.nc.publish(f"bench.stats.{self.args.idx}", json.dumps(self.stats()).encode())
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def on_ctl(self, msg) -> None:  # type: ignore[no-untyped-def]
+        req = json.loads(msg.data)
+        if req.get("cmd") == "silence":
+            h = self.by_id.get(req.get("host", ""))
+            if h is None:
+                await msg.respond(json.dumps({"error": "unknown host"}).encode())
+                return
+            h.heartbeating = False
+            await msg.respond(json.dumps({"host": h.spec.id, "last_heartbeat": h.last_hb}).encode())
+        elif req.get("cmd") == "finish":
+            # Deliver the reports still in flight, then write the results.
+            deadline = time.monotonic() + float(req.get("flush_s", 15))
+            while self.pending_reports and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self.write_results()
+            await msg.respond(json.dumps({"ok": True, "pending_reports": len(self.pending_reports)}).encode())
+            self.stop.set()
+
+    def write_results(self) -> None:
+        out = {"idx": self.args.idx, "hosts": len(self.hosts), "counters": self.c,
+               "max_running": self.max_running, "running_at_end": self.running,
+               "reports_pending_at_end": len(self.pending_reports),
+               "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
+               "silenced": {h.spec.id: h.last_hb for h in self.hosts if not h.heartbeating},
+               "arrivals": self.arrivals}
+        tmp = Path(self.args.out + ".tmp")
+        tmp.write_text(json.dumps(out))
+        tmp.replace(self.args.out)
+
+    async def run(self) -> None:
+        async def error_cb(exc: Exception) -> None:
+            if isinstance(exc, nats.errors.SlowConsumerError):
+                self.c["slow_consumer"] += 1
+            else:
+                self.c["errors"] += 1
+                log.warning("nats: %s", exc)
+
+        self.nc = await nats.connect(self.args.nats.split(","), name=f"bench-sim-{self.args.idx}",
+                                     error_cb=error_cb, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                                     pending_size=64 * 1024 * 1024, flush_timeout=30)
+        self.js = self.nc.jetstream(publish_async_max_pending=self.args.max_inflight)
+        await self.nc.subscribe(f"bench.ctl.{self.args.idx}", cb=self.on_ctl)
+        if self.args.wildcard:
+            await self.nc.subscribe(ASSIGN_PREFIX + ">", cb=self.on_assign, pending_msgs_limit=1_000_000,
+                                    pending_bytes_limit=1024 * 1024 * 1024)
+        else:
+            for h in self.hosts:
+                await self.nc.subscribe(ASSIGN_PREFIX + h.spec.id, cb=self.on_assign, pending_msgs_limit=100_000)
+        await self.nc.flush(timeout=60)
+        self.ready = True
+        tasks = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.stats_loop())]
+        await self.stop.wait()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout=5)
+        except Exception:  # noqa: BLE001
+            await self.nc.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.simhosts")
+    ap.add_argument("--nats", required=True)
+    ap.add_argument("--fleet", required=True)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--end", type=int, default=None)
+    ap.add_argument("--idx", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--heartbeat-interval", type=float, default=5.0)
+    ap.add_argument("--max-inflight", type=int, default=2000)
+    ap.add_argument("--wildcard", action="store_true", help="one muster.assign.> subscription, not one per host")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s sim%(process)d %(levelname)s %(message)s")
+    asyncio.run(Simulator(args).run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
