@@ -68,6 +68,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         cfg.name = args.name
     if args.lease_ttl:
         cfg.lease_ttl_s = args.lease_ttl
+    if args.heartbeat_interval:
+        cfg.heartbeat_interval_s = args.heartbeat_interval
     muster = Muster(cfg)
     app = build_app(muster)
 
@@ -407,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--db-url", default=None, help="SQLAlchemy URL of the history database (MUSTER_DB_URL)")
     s.add_argument("--name", default=None, help="replica name (default host-pid-random)")
     s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
+    s.add_argument("--heartbeat-interval", type=float, default=None,
+                   help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
     s.set_defaults(fn=cmd_server)
 
     a = sub.add_parser("agent", help="run a host agent")

@@ -271,7 +271,9 @@ class History:
             for job, rev in batch
         ]
         with self.engine.begin() as conn:
-            stmt = self._insert(jobs_t).values(rows)
+            # executemany: SQLAlchemy batches the rows into multi-row INSERTs ("insertmanyvalues"),
+            # RETURNING included, and caches the compiled statement.
+            stmt = self._insert(jobs_t)
             stmt = stmt.on_conflict_do_update(
                 index_elements=["id"],
                 set_={c: stmt.excluded[c] for c in rows[0] if c != "id"},
@@ -279,7 +281,7 @@ class History:
             ).returning(jobs_t.c.id)
             # Only the jobs whose row this revision replaced (and now holds locked) get
             # their attempts and events written: a newer revision already has them all.
-            applied = set(conn.execute(stmt).scalars())
+            applied = set(conn.execute(stmt, rows).scalars())
             attempts: dict[str, dict[str, object]] = {}
             events: dict[str, dict[str, object]] = {}
             for job, _rev in batch:
@@ -292,16 +294,15 @@ class History:
                         started_at=a.started_at, finished_at=a.finished_at)
                 for e in job_events(job):
                     events[str(e["id"])] = e
-            att_t = AttemptRow.__table__  # type: ignore[attr-defined]
-            arows = list(attempts.values())
-            for i in range(0, len(arows), 500):
-                stmt = self._insert(att_t).values(arows[i : i + 500])
+            if attempts:
+                att_t = AttemptRow.__table__  # type: ignore[attr-defined]
+                arows = list(attempts.values())
+                stmt = self._insert(att_t)
                 conn.execute(stmt.on_conflict_do_update(
-                    index_elements=["id"], set_={c: stmt.excluded[c] for c in arows[0] if c != "id"}))
-            erows = list(events.values())
-            for i in range(0, len(erows), 500):
-                stmt = self._insert(EventRow.__table__).values(erows[i : i + 500])  # type: ignore[attr-defined]
-                conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]))
+                    index_elements=["id"], set_={c: stmt.excluded[c] for c in arows[0] if c != "id"}), arows)
+            if events:
+                stmt = self._insert(EventRow.__table__)  # type: ignore[attr-defined]
+                conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]), list(events.values()))
 
     def prune(self, now: float | None = None) -> int:
         """Delete finished jobs last updated more than `retention_days` before `now`, with

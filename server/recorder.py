@@ -49,9 +49,14 @@ class Recorder:
         return rows
 
     def _write(self, rows: list[dict[str, object]]) -> None:
-        with Session(self.history.engine) as s:
-            self.history._insert_events(s, rows)
-            s.commit()
+        engine = self.history.engine
+        if engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        table = EventRow.__table__  # type: ignore[attr-defined]
+        with engine.begin() as conn:
+            conn.execute(insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
 
     async def _follow(self, stream: str, stop: asyncio.Event) -> None:
         cfg = jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=20_000,
@@ -86,6 +91,11 @@ class Recorder:
                 except Exception:  # noqa: BLE001
                     pass
             self.recorded += len(rows)
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(

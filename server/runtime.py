@@ -41,7 +41,7 @@ class ServerConfig:
     http_port: int = field(default_factory=lambda: int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
     data_dir: Path = field(default_factory=lambda: Path(os.environ.get("MUSTER_DATA_DIR", ".muster")))
     db_url: str | None = field(default_factory=lambda: os.environ.get("MUSTER_DB_URL"))
-    heartbeat_interval_s: float = 5.0
+    heartbeat_interval_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_HEARTBEAT_INTERVAL", "5")))
     lease_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_LEASE_TTL", "5")))
     replicas: int = field(default_factory=lambda: int(os.environ.get("MUSTER_REPLICAS", "1")))
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")

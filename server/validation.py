@@ -76,6 +76,15 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
     cwd = data.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd):
         err("cwd", "must be a path of at most 4096 characters")
+    on_disconnect = data.get("on_disconnect", "STOP")
+    if on_disconnect not in ("STOP", "KEEP_RUNNING"):
+        err("onDisconnect", "must be STOP or KEEP_RUNNING")
+    replace_after = data.get("replace_after_s", 0.0)
+    if (not isinstance(replace_after, (int, float)) or isinstance(replace_after, bool)
+            or not 0 <= replace_after <= 7 * 24 * 3600 or replace_after != replace_after):
+        err("replaceAfter", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
+    elif replace_after and on_disconnect != "KEEP_RUNNING":
+        err("replaceAfter", "only applies to onDisconnect: KEEP_RUNNING")
     if errors:
         return None, errors
     spec = JobSpec(
@@ -90,6 +99,8 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         priority=priority,
         max_attempts=max_attempts,
         user=str(data.get("user") or "operator")[:64],
+        on_disconnect=on_disconnect,
+        replace_after_s=float(replace_after),
     )
     return spec, []
 
