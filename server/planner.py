@@ -7,6 +7,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from server import retry
@@ -229,7 +230,10 @@ def evict_lost(
                 sizes[d] = sizes.get(d, 0) + 1
     disrupted = disrupted_domains(losses, sizes, now, budget.config)
     w.plan.disrupted = disrupted
-    healthy = [c for c in caps.values() if c.schedulable and not c.cordoned]
+    # Where evicted work could go: a private copy, reserved as work is evicted, so no
+    # more is evicted than the rest of the cluster can take.
+    healthy = [copy.deepcopy(c) for c in caps.values() if c.schedulable and not c.cordoned]
+    by_id = {c.id: c for c in healthy}
     for host_id, lost_at in sorted(lost, key=lambda x: x[1]):
         entry = state.hosts.get(host_id)
         domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
@@ -248,12 +252,14 @@ def evict_lost(
             if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
                 w.plan.held_keep_running += 1
                 continue
-            if not isinstance(place(job.spec, healthy), Choice):
+            target = place(job.spec, healthy)
+            if not isinstance(target, Choice):
                 w.plan.held_no_capacity += 1
                 continue
             if not budget.allow(domains, disrupted, now):
                 w.plan.paced += 1
                 continue
+            by_id[target.host_id].reserve(target.gpu_indices, job.spec.cpus, job.spec.memory_mb)
             alloc = w.alloc(host_id)
             alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
             _end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
