@@ -30,6 +30,7 @@ from agent.runner import Run
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
 from server.messages import AttemptState, Heartbeat, HostAlloc, StatusReport, Task, decode, encode
+from server.natsauth import agent_inbox_prefix
 from server.store import Store, connect
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,11 @@ class Agent:
         doomed = [r for r in self.runs.values() if not r.task.keep_running]
         log.error("no heartbeat for %.1f s: fencing myself, stopping %d attempts (%d keep running)",
                   silent, len(doomed), len(self.runs) - len(doomed))
-        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane") for r in doomed))
+        # The work must be dead before the heartbeat key expires and the control plane
+        # replaces it: the grace period is cut to what is left of the TTL.
+        ttl = self.config.heartbeat_interval_s * self.config.ttl_intervals
+        grace = max(0.2, min(self.config.kill_grace_s, ttl - self.config.fence_after_s - 1.0))
+        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane", grace) for r in doomed))
 
     # ------------------------------------------------------------ assignments
 
@@ -311,8 +316,16 @@ class Agent:
             log.info("reconnected to NATS")
             asyncio.create_task(self._refresh_assignments())
 
+        # Credentials: AgentConfig.nats_creds/... when present, else MUSTER_NATS_CREDS etc.
+        # (read by connect()). The per-host inbox prefix is what the agent's NATS
+        # permissions allow it to subscribe to (server/natsauth.py).
         nc = await connect(self.config.nats_url, name=f"muster-agent-{self.config.host_id}",
-                           reconnected_cb=on_reconnect)
+                           reconnected_cb=on_reconnect,
+                           creds=getattr(self.config, "nats_creds", None),
+                           tls_ca=getattr(self.config, "nats_ca", None),
+                           tls_cert=getattr(self.config, "nats_cert", None),
+                           tls_key=getattr(self.config, "nats_key", None),
+                           inbox_prefix=agent_inbox_prefix(self.config.host_id))
         self.store = Store(nc)
         sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
                                  pending_msgs_limit=10_000)

@@ -88,7 +88,7 @@ class Run:
         await self.on_state(t, state, code, self.tail, self.stop_reason or "")
         self.done.set()
 
-    async def stop(self, reason: str) -> None:
+    async def stop(self, reason: str, grace_s: float | None = None) -> None:
         """SIGTERM the process group, wait the grace period, then SIGKILL it."""
         if self.stop_reason is None:
             self.stop_reason = reason
@@ -97,7 +97,7 @@ class Run:
             return
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=self.kill_grace_s)
+            await asyncio.wait_for(proc.wait(), timeout=self.kill_grace_s if grace_s is None else grace_s)
         except asyncio.TimeoutError:
             self._signal(signal.SIGKILL)
             await proc.wait()

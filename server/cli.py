@@ -34,14 +34,77 @@ def _setup_logging(level: str = "INFO") -> None:
 # ---------------------------------------------------------------- processes
 
 
-def cmd_nats(args: argparse.Namespace) -> int:
-    from server.natsd import nats_server_binary
+def _nats_tls(args: argparse.Namespace) -> Any:
+    from server.natsd import ServerTls
 
-    data_dir = Path(args.data_dir)
+    if not args.tls_cert and not args.tls_key:
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ApiError("--tls-cert and --tls-key go together")
+    return ServerTls(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca) if args.tls_ca else None,
+                     verify=bool(args.tls_verify))
+
+
+def cmd_nats(args: argparse.Namespace) -> int:
+    """The embedded nats-server: one node (exec'd), or `--cluster N` local nodes.
+    Auth (nkey users, see server/natsauth.py) is on unless --no-auth or --config."""
+    from server.natsauth import AuthDir
+    from server.natsd import nats_server_binary, render_config, start_cluster
+
+    data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [nats_server_binary(), "-js", "-sd", str(data_dir), "-a", args.host, "-p", str(args.port)]
-    if args.config:
-        argv += ["-c", args.config]
+    tls = _nats_tls(args)
+    auth = None
+    if not args.no_auth and not args.config:
+        auth = AuthDir(Path(args.auth_dir).resolve() if args.auth_dir else data_dir / "auth")
+        if auth.ensure():
+            print(f"NATS credentials created in {auth.path} (control plane: {auth.server_creds})",
+                  file=sys.stderr, flush=True)
+    if args.cluster:
+        n = args.cluster
+        client_ports = [args.port + i if args.port else 0 for i in range(n)]
+        cluster_ports = [args.cluster_port + i if args.cluster_port else 0 for i in range(n)]
+        http_ports = [args.http_port + i if args.http_port else 0 for i in range(n)]
+        stopping = False
+
+        def on_signal(signum: int, frame: Any) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        cl = start_cluster(data_dir, n, host=args.host, client_ports=client_ports, cluster_ports=cluster_ports,
+                           http_ports=http_ports, auth=auth, tls=tls)
+        try:
+            print(f"NATS JetStream cluster of {n} nodes is up (data in {data_dir})")
+            for node in cl.nodes:
+                print(f"  {node.data_dir.name}: {node.url}  (log {node.log_path})")
+            print(f"  client URLs: {cl.url}")
+            if auth is not None:
+                print(f"  auth:        on; control-plane credentials {auth.server_creds}")
+            print("Press Ctrl-C to stop.", flush=True)
+            while not stopping:
+                for node in cl.nodes:
+                    if node.proc.poll() is not None:
+                        print(f"{node.data_dir.name} exited with {node.proc.returncode}; see {node.log_path}",
+                              file=sys.stderr)
+                        stopping = True
+                        break
+                time.sleep(0.2)
+        finally:
+            print("Stopping...", flush=True)
+            cl.stop()
+        return 0
+    if auth is None and tls is None:
+        argv = [nats_server_binary(), "-js", "-sd", str(data_dir), "-a", args.host, "-p", str(args.port)]
+        if args.config:
+            argv += ["-c", args.config]
+    else:
+        conf = data_dir / "nats-server.conf"
+        conf.write_text(render_config(
+            store_dir=data_dir, host=args.host, port=args.port, conf_dir=data_dir, auth=auth,
+            pid_file=auth.pid_file(f"nats-{args.port}") if auth is not None else None, tls=tls))
+        argv = [nats_server_binary(), "-c", str(conf)]
     os.execv(argv[0], argv)
     return 0  # pragma: no cover
 
@@ -118,7 +181,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Embedded NATS, one server and N local agents, until Ctrl-C."""
+    """Embedded NATS, one server and N local agents, until Ctrl-C. NATS auth is on unless
+    --no-auth: each part gets its own credentials from <data-dir>/nats/auth."""
+    from server.natsauth import AuthDir
     from server.natsd import wait_for_port
 
     data = Path(args.data_dir).resolve()
@@ -128,10 +193,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     logs = data / "logs"
     logs.mkdir(exist_ok=True)
+    auth = None if args.no_auth else AuthDir(data / "nats" / "auth")
+    if auth is not None:
+        auth.ensure()
+        for i in range(args.agents):
+            auth.issue_agent(f"local-{i + 1}")
+        auth.reload_servers()  # a NATS still running from before picks up new agents
 
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(name: str, argv: list[str], creds: Path | None = None) -> subprocess.Popen[bytes]:
         out = open(logs / f"{name}.log", "ab")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {k: v for k, v in os.environ.items() if k != "MUSTER_NATS_CREDS"}
+        if creds is not None:
+            env["MUSTER_NATS_CREDS"] = str(creds)
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         out.close()
         procs.append((name, p))
         return p
@@ -156,24 +230,33 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        nats = spawn("nats", exe + ["nats", "--port", str(args.nats_port), "--data-dir", str(data / "nats")])
+        nats_argv = exe + ["nats", "--port", str(args.nats_port), "--data-dir", str(data / "nats")]
+        if auth is None:
+            nats_argv.append("--no-auth")
+        nats = spawn("nats", nats_argv)
         wait_for_port(args.nats_port, proc=nats)
         server = spawn("server", exe + ["server", "--nats", nats_url, "--http-port", str(args.http_port),
-                                        "--data-dir", str(data)])
+                                        "--data-dir", str(data)],
+                       creds=auth.server_creds if auth is not None else None)
         wait_for_port(args.http_port, timeout=60, proc=server)
         gpus = args.simulate_gpus
         if gpus is None and not _has_nvidia():
             gpus = "8xH100"
         for i in range(args.agents):
-            argv = exe + ["agent", "--nats", nats_url, "--host-id", f"local-{i + 1}",
+            host = f"local-{i + 1}"
+            argv = exe + ["agent", "--nats", nats_url, "--host-id", host,
                           "--labels", f"rack=local,zone=local", "--state-dir", str(data / "agents")]
             if gpus:
                 argv += ["--simulate-gpus", gpus]
-            spawn(f"agent-{i + 1}", argv)
+            spawn(f"agent-{i + 1}", argv, creds=auth.agent_creds(host) if auth is not None else None)
         base = f"http://127.0.0.1:{args.http_port}"
         print(f"Muster is up (data in {data}, logs in {logs})")
         print(f"  console:  {base}/")
         print(f"  GraphQL:  {base}/graphql")
+        if auth is not None:
+            print(f"  NATS:     {nats_url} (auth on; credentials in {auth.path})")
+        else:
+            print(f"  NATS:     {nats_url} (NO AUTH)")
         if gpus:
             print(f"  agents:   {args.agents} local agents with SIMULATED GPUs ({gpus})")
         token_file = data / "token"
@@ -214,6 +297,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.__main__ import main as bench_main
 
     return int(bench_main(args.bench_args) or 0)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Verify the invariants over the recorded state; exit 1 when any is broken."""
+    from server.checker import run_check
+
+    url = args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222")
+    problems = asyncio.run(run_check(url))
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} invariant violations")
+    return 1 if problems else 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -364,6 +459,17 @@ def cmd_host(args: argparse.Namespace) -> int:
                          ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
         _out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
         return 0
+    if args.host_cmd == "drain":
+        q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
+               host { id health cordoned draining } userErrors { field message code } } }"""
+        res = gql(args, q, {"input": {"id": args.id, "reason": args.reason, "deadlineSeconds": args.deadline}})["drainHost"]
+        if res["userErrors"]:
+            for e in res["userErrors"]:
+                print(f"error: {e['field']}: {e['message']}", file=sys.stderr)
+            return EXIT_NOT_FOUND if res["userErrors"][0]["code"] == "NOT_FOUND" else EXIT_ERROR
+        h = res["host"]
+        _out(args, h, [[h["id"], h["health"], "draining"]], ["ID", "HEALTH", "STATE"])
+        return 0
     if args.host_cmd in ("cordon", "uncordon"):
         field = "cordonHost" if args.host_cmd == "cordon" else "uncordonHost"
         q = f"""mutation($input: HostActionInput!) {{ {field}(input: $input) {{
@@ -376,6 +482,97 @@ def cmd_host(args: argparse.Namespace) -> int:
         h = res["host"]
         _out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
         return 0
+    return EXIT_ERROR
+
+
+# ---------------------------------------------------------------- tokens and NATS credentials
+
+
+def _admin_nats(args: argparse.Namespace) -> dict[str, Any]:
+    """How `muster token` reaches NATS: --nats/MUSTER_NATS_URL with the control plane's
+    credentials (--creds, MUSTER_NATS_CREDS, else server.nk found under --data-dir)."""
+    from server.natsauth import find_auth_dir
+
+    creds = args.creds or os.environ.get("MUSTER_NATS_CREDS")
+    if not creds:
+        found = find_auth_dir(args.data_dir) / "server.nk"
+        if found.exists():
+            creds = str(found)
+    return {"url": args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"), "creds": creds,
+            "tls_ca": args.nats_ca, "tls_cert": args.nats_cert, "tls_key": args.nats_key}
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from server.errors import MusterError
+    from server.store import Store, connect
+    from server.tokens import create_token, list_tokens, revoke_token
+
+    opts = _admin_nats(args)
+
+    async def run() -> int:
+        nc = await connect(opts.pop("url"), name="muster-token-cli", max_reconnect_attempts=0,
+                           allow_reconnect=False, **opts)
+        try:
+            store = Store(nc)
+            if args.token_cmd == "create":
+                token, info = await create_token(store, args.name, args.role)
+                print(f"Token {info.name!r} ({info.role}) created; it is shown only this once:", file=sys.stderr)
+                print(token, flush=True)
+                return 0
+            if args.token_cmd == "list":
+                tokens = await list_tokens(store)
+                rows = sorted(([i.name, i.role, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
+                                h[:12]] for h, i in tokens.items()), key=lambda r: r[0])
+                _out(args, [{"name": i.name, "role": i.role, "createdAt": i.created_at, "hash": h}
+                            for h, i in tokens.items()], rows, ["NAME", "ROLE", "CREATED", "HASH"])
+                return 0
+            if args.token_cmd == "revoke":
+                n = await revoke_token(store, args.name)
+                if n == 0:
+                    print(f"no token named {args.name!r}", file=sys.stderr)
+                    return EXIT_NOT_FOUND
+                print(f"revoked {n} token(s) named {args.name!r}")
+                return 0
+            return EXIT_ERROR
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(run())
+    except MusterError as exc:
+        raise ApiError(str(exc)) from exc
+
+
+def cmd_creds(args: argparse.Namespace) -> int:
+    from server.errors import ConfigError
+    from server.natsauth import AuthDir, find_auth_dir
+
+    auth = AuthDir(Path(args.auth_dir) if args.auth_dir else find_auth_dir(args.data_dir))
+    try:
+        if args.creds_cmd in ("issue-agent", "issue-subscriber"):
+            if args.creds_cmd == "issue-agent":
+                path = auth.issue_agent(args.name)
+            else:
+                path = auth.issue_subscriber(args.name)
+            reloaded = auth.reload_servers()
+            print(path)
+            print(f"credentials for {args.name} in {path} (give the process MUSTER_NATS_CREDS={path});"
+                  f" {len(reloaded)} nats-server(s) reloaded", file=sys.stderr)
+            return 0
+        if args.creds_cmd in ("revoke-agent", "revoke-subscriber"):
+            kind = "agent" if args.creds_cmd == "revoke-agent" else "subscriber"
+            if not auth.revoke(kind, args.name):
+                print(f"no {kind} credentials for {args.name!r} in {auth.path}", file=sys.stderr)
+                return EXIT_NOT_FOUND
+            reloaded = auth.reload_servers()
+            print(f"revoked {kind} {args.name}; {len(reloaded)} nats-server(s) reloaded")
+            return 0
+        if args.creds_cmd == "list":
+            users = auth.users()
+            _out(args, users, [[u["kind"], u["name"], u["public"]] for u in users], ["KIND", "NAME", "PUBLIC KEY"])
+            return 0
+    except ConfigError as exc:
+        raise ApiError(str(exc)) from exc
     return EXIT_ERROR
 
 
@@ -392,13 +589,24 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-port", type=int, default=4222)
     up.add_argument("--agents", type=int, default=2)
     up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"))
+    up.add_argument("--no-auth", action="store_true", help="run NATS without authentication")
     up.set_defaults(fn=cmd_up)
 
-    n = sub.add_parser("nats", help="run the embedded nats-server with JetStream")
-    n.add_argument("--port", type=int, default=4222)
+    n = sub.add_parser("nats", help="run the embedded nats-server with JetStream (auth on by default)")
+    n.add_argument("--port", type=int, default=4222, help="client port (of the first node with --cluster)")
     n.add_argument("--host", default="127.0.0.1")
     n.add_argument("--data-dir", default=".muster/nats")
-    n.add_argument("--config", default=None)
+    n.add_argument("--config", default=None, help="your own nats-server config (no generated auth)")
+    n.add_argument("--no-auth", action="store_true", help="no authentication (anyone may connect)")
+    n.add_argument("--auth-dir", default=None, help="credentials directory (default <data-dir>/auth)")
+    n.add_argument("--tls-cert", default=None, help="server certificate: clients must use TLS")
+    n.add_argument("--tls-key", default=None)
+    n.add_argument("--tls-ca", default=None, help="CA for client certificates")
+    n.add_argument("--tls-verify", action="store_true", help="require client certificates")
+    n.add_argument("--cluster", type=int, default=0, metavar="N",
+                   help="start N local nodes forming a JetStream cluster (Ctrl-C stops all)")
+    n.add_argument("--cluster-port", type=int, default=6222, help="route port of the first node (0: free)")
+    n.add_argument("--http-port", type=int, default=8222, help="monitoring port of the first node (0: free)")
     n.set_defaults(fn=cmd_nats)
 
     s = sub.add_parser("server", help="run a control-plane replica")
@@ -430,6 +638,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run the scale benchmark (see `muster bench --help`)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
     b.set_defaults(fn=cmd_bench)
+
+    ck = sub.add_parser("check", help="verify the invariants over the recorded state")
+    ck.add_argument("--nats", default=None)
+    ck.set_defaults(fn=cmd_check)
 
     sc = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
     sc.set_defaults(fn=cmd_schema)
@@ -472,7 +684,47 @@ def build_parser() -> argparse.ArgumentParser:
         hc.add_argument("id")
         hc.add_argument("--reason", default="", required=(name == "cordon"))
         output(hc)
+    hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds")
+    hd.add_argument("id")
+    hd.add_argument("--reason", required=True)
+    hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
+    output(hd)
     h.set_defaults(fn=cmd_host)
+
+    def admin_nats(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--nats", default=None, help="NATS URL(s) (MUSTER_NATS_URL)")
+        sp.add_argument("--creds", default=None, help="control-plane credentials (MUSTER_NATS_CREDS)")
+        sp.add_argument("--nats-ca", default=os.environ.get("MUSTER_NATS_CA"))
+        sp.add_argument("--nats-cert", default=os.environ.get("MUSTER_NATS_CERT"))
+        sp.add_argument("--nats-key", default=os.environ.get("MUSTER_NATS_KEY"))
+        sp.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"),
+                        help="where to find the credentials when --creds is not given")
+
+    t = sub.add_parser("token", help="create, list and revoke API tokens (talks to NATS directly)")
+    tsub = t.add_subparsers(dest="token_cmd", required=True)
+    tc = tsub.add_parser("create")
+    tc.add_argument("name")
+    tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
+    admin_nats(tc)
+    tl = tsub.add_parser("list")
+    admin_nats(tl)
+    output(tl)
+    tr = tsub.add_parser("revoke")
+    tr.add_argument("name")
+    admin_nats(tr)
+    t.set_defaults(fn=cmd_token)
+
+    cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents and subscribers")
+    crsub = cr.add_subparsers(dest="creds_cmd", required=True)
+    for name in ("issue-agent", "revoke-agent", "issue-subscriber", "revoke-subscriber", "list"):
+        c = crsub.add_parser(name)
+        if name != "list":
+            c.add_argument("name", metavar="HOST" if "agent" in name else "NAME")
+        c.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
+        c.add_argument("--auth-dir", default=None, help="credentials directory (default: found in --data-dir)")
+        if name == "list":
+            output(c)
+    cr.set_defaults(fn=cmd_creds)
     return p
 
 

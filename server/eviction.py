@@ -4,8 +4,9 @@ Rescheduling out of each failure domain (a `rack` or `zone` label) is paced by i
 token bucket, and a global budget bounds all of it. When a large share of one domain is
 lost within a short window, the loss is treated as a suspected partition rather than as
 many independent failures (an alert says so): the pacing means a switch blip does not
-turn into a rescheduling storm, and hosts that come back before their work was replaced
-simply continue. Work elsewhere draws on its own domains' buckets, so it is unaffected.
+turn into a rescheduling storm, and work that was not yet replaced when its host comes
+back stays there (for STOP jobs the agent has already stopped it by then; KEEP_RUNNING
+jobs simply continue). Work elsewhere draws on its own domains' buckets, so it is unaffected.
 """
 
 from __future__ import annotations

@@ -46,6 +46,18 @@ class ServerConfig:
     replicas: int = field(default_factory=lambda: int(os.environ.get("MUSTER_REPLICAS", "1")))
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     production: bool = field(default_factory=lambda: os.environ.get("MUSTER_ENV", "") == "production")
+    history_retention_days: float | None = field(
+        default_factory=lambda: float(os.environ["MUSTER_HISTORY_RETENTION_DAYS"])
+        if os.environ.get("MUSTER_HISTORY_RETENTION_DAYS") else None)
+    finished_job_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_FINISHED_JOB_TTL", "3600")))
+    # NATS credentials (an nkey seed file, see server.natsauth) and client TLS.
+    nats_creds: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CREDS") or None)
+    nats_ca: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CA") or None)
+    nats_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CERT") or None)
+    nats_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_KEY") or None)
+    # HTTPS for the API and console (uvicorn ssl_certfile / ssl_keyfile).
+    tls_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_CERT") or None)
+    tls_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_KEY") or None)
 
     @property
     def database_url(self) -> str:
@@ -114,8 +126,9 @@ class Muster:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.history = History(cfg.database_url)
-        self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}")
+        self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
+        self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,
+                                tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
         self.store = Store(self.nc, replicas=cfg.replicas)
         await self.store.ensure()
         self.state.listeners.append(self._on_state)
@@ -130,10 +143,14 @@ class Muster:
                 log.warning("watch of %s not synced after 30 s; continuing", w.bucket)
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
         self.leadership = Leadership(
-            self.store, cfg.name, LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5),
+            self.store, cfg.name,
+            LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
+                        shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
+                        trust_local_clock=os.environ.get("MUSTER_TEST_IGNORE_LEASE_CLOCK") != "1"),
             on_change=self._on_leadership,
         )
-        self.scheduler = Scheduler(self.store, self.state, self.leadership, SchedulerConfig())
+        self.scheduler = Scheduler(self.store, self.state, self.leadership,
+                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s))
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
         self._tasks = [

@@ -36,6 +36,9 @@ class SchedulerConfig:
     fetch_batch: int = 500
     max_keys_per_commit: int = 900
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    # A finished job's record leaves the state bucket this long after it finished (the
+    # history database keeps it); 0 keeps it forever.
+    finished_job_ttl_s: int = 3600
 
 
 class Scheduler:
@@ -54,6 +57,8 @@ class Scheduler:
         self._reports: list[tuple[Msg, StatusReport | None]] = []
         self._commands: list[tuple[Msg, Command | None]] = []
         self.cycles = 0
+        self.placed = 0
+        self.conflicts = 0
         self.budget = EvictionBudget(self.config.eviction)
         self.disrupted: set[tuple[str, str]] = set()
         self.last_plan: Plan | None = None
@@ -120,7 +125,10 @@ class Scheduler:
         term = self.leadership.term
         log.info("scheduling as leader, term %d", term)
         js = self.store.js
-        cfg = jsapi.ConsumerConfig(ack_wait=15, max_ack_pending=100_000, max_deliver=-1)
+        # A message taken by a leader that then died or froze returns after ack_wait:
+        # keep it close to the lease so a new leader sees it soon after taking over.
+        cfg = jsapi.ConsumerConfig(ack_wait=self.leadership.config.ttl_s + 1, max_ack_pending=100_000,
+                                   max_deliver=-1)
         status_sub = await js.pull_subscribe(
             f"{subjects.STATUS_PREFIX}.>", durable="scheduler-status", stream=subjects.STATUS_STREAM, config=cfg
         )
@@ -185,8 +193,10 @@ class Scheduler:
         )
         self.last_plan = plan
         metrics.QUEUE_DEPTH.set(len(self.state.queued()))
+        ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
-            Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0))
+            Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0),
+                  ttl=ttl if j.state.terminal and not self._live_attempt(j) else None)
             for j in plan.jobs.values()
         ] + [
             Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
@@ -201,6 +211,7 @@ class Scheduler:
                 raise
             except ConflictError as exc:
                 metrics.COMMITS.labels("conflict").inc()
+                self.conflicts += 1
                 log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
                 await self._refresh([w.key for w in writes])
                 return None
@@ -210,11 +221,14 @@ class Scheduler:
                 raise
             metrics.COMMITS.labels("ok").inc()
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
-            for j in plan.jobs.values():
+            if res.duplicate:
+                await self._refresh([w.key for w in writes])
+            for j in (() if res.duplicate else plan.jobs.values()):
                 self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
-            for h, a in plan.allocs.items():
+            for h, a in (() if res.duplicate else plan.allocs.items()):
                 self.state.apply_alloc(a, res.revisions[subjects.alloc_key(h)])
             if plan.placed:
+                self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)
                 for ev in plan.events:
                     if ev.kind == "job.placed" and ev.job_id in plan.jobs:
@@ -250,13 +264,17 @@ class Scheduler:
             ev = Event(kind=subjects.ALERT_DOMAIN_DISRUPTED, ts=now,
                        message=(f"{lost} of {size} hosts in {label}={value} lost within "
                                 f"{cfg.domain_window_s:g} s: suspected partition; rescheduling from it "
-                                f"is paced at {cfg.domain_rate_per_s:g}/s and hosts that return before "
-                                f"their work is replaced keep it"),
+                                f"is paced at {cfg.domain_rate_per_s:g}/s, only to where capacity exists; "
+                                f"KEEP_RUNNING work on hosts that return in time stays where it is"),
                        data={"label": label, "value": value, "lost": lost, "size": size,
                              "rate_per_s": cfg.domain_rate_per_s})
             await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.domain.disrupted", encode(ev))
             await publish_alert(nc, subjects.ALERT_DOMAIN_DISRUPTED, ev)
         self.disrupted = set(plan.disrupted) | {d for d in self.disrupted if d in plan.disrupted}
+
+    @staticmethod
+    def _live_attempt(job) -> bool:  # type: ignore[no-untyped-def]
+        return any(not a.state.terminal for a in job.attempts)
 
     async def _refresh(self, keys: list[str]) -> None:
         for k in keys:

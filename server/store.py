@@ -7,8 +7,10 @@ exceptions become `StoreError`, `ConflictError` or `FencedError`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,11 +23,13 @@ from nats.js import api as jsapi
 from nats.js import errors as jserrors
 
 from server import subjects
-from server.errors import ConflictError, FencedError, StoreError
+from server.errors import ConfigError, ConflictError, FencedError, StoreError
+from server.tls import client_context
 
 log = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
+DUPLICATE_MSG_ID = 10201
 MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
 
 
@@ -63,10 +67,30 @@ class Fence:
 class CommitResult:
     revisions: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
+    # True when a retry found the batch already applied by an earlier try whose reply
+    # was lost: the caller should re-read the keys rather than trust its own values.
+    duplicate: bool = False
 
 
-async def connect(url: str, name: str, **kw: object) -> NATS:
-    """Connect with settings that notice a dead link quickly and never give up."""
+async def connect(
+    url: str,
+    name: str,
+    *,
+    creds: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    **kw: object,
+) -> NATS:
+    """Connect with settings that notice a dead link quickly and never give up.
+
+    `creds` is an nkey seed file (see server.natsauth); `tls_ca` (and optionally a client
+    `tls_cert`/`tls_key`) turn on TLS. Each falls back to MUSTER_NATS_CREDS,
+    MUSTER_NATS_CA, MUSTER_NATS_CERT and MUSTER_NATS_KEY."""
+    creds = creds or os.environ.get("MUSTER_NATS_CREDS") or None
+    tls_ca = tls_ca or os.environ.get("MUSTER_NATS_CA") or None
+    tls_cert = tls_cert or os.environ.get("MUSTER_NATS_CERT") or None
+    tls_key = tls_key or os.environ.get("MUSTER_NATS_KEY") or None
     opts: dict[str, object] = dict(
         servers=[u.strip() for u in url.split(",") if u.strip()],
         name=name,
@@ -77,6 +101,16 @@ async def connect(url: str, name: str, **kw: object) -> NATS:
         connect_timeout=3,
         allow_reconnect=True,
     )
+    if creds:
+        if not os.path.exists(creds):
+            raise StoreError(f"NATS credentials file {creds} does not exist")
+        opts["nkeys_seed"] = creds
+    try:
+        ctx = client_context(tls_ca, tls_cert, tls_key)
+    except ConfigError as exc:
+        raise StoreError(str(exc)) from exc
+    if ctx is not None:
+        opts["tls"] = ctx
     opts.update(kw)
     try:
         return await nats.connect(**opts)  # type: ignore[arg-type]
@@ -108,6 +142,8 @@ class Store:
         self.replicas = replicas
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.timeout = timeout
+        self.commit_retries = 3
+        self.unknown_outcomes = 0
 
     # ------------------------------------------------------------ setup
 
@@ -273,7 +309,6 @@ class Store:
             return CommitResult()
         if len(writes) + (1 if fence else 0) > MAX_BATCH + 1:
             raise StoreError(f"batch of {len(writes)} writes exceeds {MAX_BATCH}")
-        batch_id = uuid.uuid4().hex
         msgs: list[tuple[str, bytes, dict[str, str]]] = []
         for w in writes:
             h: dict[str, str] = {}
@@ -295,22 +330,39 @@ class Store:
                 )
             )
         n = len(msgs)
-        try:
-            for i, (subj, data, h) in enumerate(msgs, start=1):
-                h["Nats-Batch-Id"] = batch_id
-                h["Nats-Batch-Sequence"] = str(i)
-                if i < n:
-                    await self.nc.publish(subj, data, headers=h)
-                else:
-                    h["Nats-Batch-Commit"] = "1"
-                    reply = await self.nc.request(subj, data, timeout=self.timeout, headers=h)
-        except Exception as exc:  # noqa: BLE001 - timeout or connection loss: outcome unknown
-            raise StoreError(f"commit outcome unknown: {exc}") from exc
-        try:
-            resp = json.loads(reply.data or b"{}")
-        except ValueError as exc:
-            raise StoreError(f"commit: bad reply {reply.data[:200]!r}") from exc
+        # Deterministic message ids: a retry of the same batch after an unknown outcome
+        # is refused as a duplicate if the first try was applied, so it applies once.
+        digest = hashlib.sha256()
+        for subj, data, h in msgs:
+            digest.update(subj.encode() + b"\0" + h.get("Nats-Expected-Last-Subject-Sequence", "").encode()
+                          + b"\0" + hashlib.sha256(data).digest())
+        ident = digest.hexdigest()[:32]
+        for i, (_subj, _data, h) in enumerate(msgs, start=1):
+            h["Nats-Msg-Id"] = f"{ident}.{i}"
+        resp: dict = {}
+        for attempt in range(1, self.commit_retries + 1):
+            batch_id = uuid.uuid4().hex
+            try:
+                for i, (subj, data, h) in enumerate(msgs, start=1):
+                    hh = dict(h, **{"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
+                    if i < n:
+                        await self.nc.publish(subj, data, headers=hh)
+                    else:
+                        hh["Nats-Batch-Commit"] = "1"
+                        reply = await self.nc.request(subj, data, timeout=self.timeout, headers=hh)
+                resp = json.loads(reply.data or b"{}")
+                break
+            except ValueError as exc:
+                raise StoreError(f"commit: bad reply {reply.data[:200]!r}") from exc
+            except Exception as exc:  # noqa: BLE001 - timeout or connection loss: outcome unknown
+                self.unknown_outcomes += 1
+                log.warning("commit outcome unknown (try %d): %s", attempt, exc)
+                if attempt == self.commit_retries:
+                    raise StoreError(f"commit outcome unknown: {exc}") from exc
+                await asyncio.sleep(0.2 * attempt)
         err = resp.get("error")
+        if err and err.get("err_code") == DUPLICATE_MSG_ID:
+            return CommitResult(duplicate=True)
         if err:
             code = err.get("err_code")
             if code == WRONG_LAST_SEQUENCE:

@@ -88,7 +88,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def server(self, name: str = "server", env: dict[str, str] | None = None, **opts: Any) -> Proc:
+    def server(self, name: str = "server", env: dict[str, str] | None = None, wait_token: bool = True,
+               **opts: Any) -> Proc:
         port = free_port()
         data = self.tmp / name
         argv = ["server", "--nats", self.nats_url, "--http-port", str(port), "--data-dir", str(data),
@@ -100,7 +101,7 @@ class Cluster:
         proc.url = f"http://127.0.0.1:{port}"
         token_file = data / "token"
         deadline = time.monotonic() + 30
-        while not self.token and time.monotonic() < deadline:
+        while wait_token and not self.token and time.monotonic() < deadline:
             if token_file.exists() and token_file.read_text().strip():
                 self.token = token_file.read_text().strip()
                 break
@@ -191,3 +192,13 @@ def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+def assert_invariants(nats_url: str) -> None:
+    """Run the invariant checker over everything recorded in the store."""
+    import asyncio
+
+    from server.checker import run_check
+
+    problems = asyncio.run(run_check(nats_url))
+    assert problems == [], "\n".join(problems[:50])

@@ -20,7 +20,7 @@ import pytest
 
 from server import subjects
 from server.messages import GpuInfo, GpuUsage, Heartbeat, encode
-from tests.conftest import Api, Cluster, wait_until
+from tests.conftest import Api, Cluster, assert_invariants, wait_until
 from tests.netproxy import TcpProxy
 
 PY = sys.executable
@@ -128,6 +128,7 @@ def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) ->
     wait_until(lambda: api.q('{ alerts(kind: "host.lost") { totalCount } }')["alerts"]["totalCount"] >= 1,
                what="alert in history")
     alerts.close()
+    assert_invariants(cluster.nats_url)
 
 
 def _ts(iso: str) -> float:
@@ -170,6 +171,7 @@ def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_pa
         j = api.job(job["id"])
         assert [a["state"] for a in j["attempts"]][1] == "RUNNING"
         assert len(j["attempts"]) == 2
+        assert_invariants(direct)
     finally:
         proxy.close()
 
@@ -205,6 +207,7 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
         assert j["state"] == "SUCCEEDED"
         assert len(j["attempts"]) == 1
         assert [m[0] for m in read_marks(log)] == ["start", "end"]
+        assert_invariants(direct)
     finally:
         proxy.close()
 
@@ -304,6 +307,7 @@ def test_rack_loss_is_paced_and_never_stampedes(cluster: Cluster) -> None:
     rack1.close()
     rack9.close()
     alerts.close()
+    assert_invariants(cluster.nats_url)
 
 
 def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None:
@@ -334,3 +338,36 @@ def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None
         assert job["state"] == "SUCCEEDED"
         assert 2 not in job["attempts"][-1]["gpuIndices"]
     alerts.close()
+    assert_invariants(cluster.nats_url)
+
+
+def test_drain_moves_work_away_after_the_deadline(cluster: Cluster, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("dr-a", gpus="2xH100", **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate = tmp_path / "gate"
+    log = tmp_path / "marks"
+    job = api.submit(name="drained", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    cluster.agent("dr-b", gpus="2xH100", **FAST)
+    api.wait_hosts(2)
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
+    r = subprocess.run([PY, "-m", "server.cli", "host", "drain", "dr-a", "--reason", "firmware", "--deadline", "1"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert api.q('{ host(id: "dr-a") { cordoned draining } }')["host"] == {"cordoned": True, "draining": True}
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="work moved")
+    j = api.job(job["id"])
+    assert j["attempts"][0]["state"] == "KILLED" and j["attempts"][1]["host"]["id"] == "dr-b"
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    # Nothing new lands on the drained host.
+    other = api.submit(name="after", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]
+    assert api.wait_job(other["id"], {"SUCCEEDED"})["attempts"][0]["host"]["id"] == "dr-b"
+    assert_invariants(cluster.nats_url)

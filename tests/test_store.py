@@ -137,3 +137,31 @@ async def test_lease_renewal_keeps_ttl(store: Store) -> None:
             break
         await asyncio.sleep(0.1)
     assert (await store.get("lease")).value is None
+
+
+async def test_commit_with_lost_reply_is_retried_and_applied_once(store: Store) -> None:
+    """The first try is applied but its reply is lost (a timeout): the retry carries the
+    same message ids, the store refuses it as a duplicate, and nothing applies twice."""
+    real_request = store.nc.request
+    calls = {"n": 0}
+
+    async def flaky_request(*args, **kw):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        reply = await real_request(*args, **kw)
+        if calls["n"] == 1:
+            raise asyncio.TimeoutError("reply lost")
+        return reply
+
+    store.nc.request = flaky_request  # type: ignore[method-assign]
+    try:
+        res = await store.commit([Write("job.once", b"v1", expected=0), Write("alloc.once", b"a1", expected=0)])
+    finally:
+        store.nc.request = real_request  # type: ignore[method-assign]
+    assert calls["n"] == 2
+    assert res.duplicate is True
+    rec = await store.get("job.once")
+    assert rec.value == b"v1"
+    info = await store.js.stream_info(subjects.STATE_STREAM)
+    # Exactly two messages in the stream: one per key, written once.
+    assert info.state.messages == 2
+    assert store.unknown_outcomes == 1
