@@ -29,7 +29,17 @@ from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.runner import Run
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
-from server.messages import AttemptState, Heartbeat, HostAlloc, StatusReport, Task, decode, encode
+from server.messages import (
+    SHAPE_HEADER,
+    AttemptState,
+    Heartbeat,
+    HostAlloc,
+    StatusReport,
+    Task,
+    decode,
+    encode,
+    shape_digest,
+)
 from server.natsauth import agent_inbox_prefix
 from server.store import Store, connect
 
@@ -156,8 +166,9 @@ class Agent:
             for fault in self.gpus.poll_faults():
                 log.error("GPU %d fault: %s", fault.index, fault.describe())
             try:
+                hb = self.heartbeat()
                 await self.store.js.publish(
-                    subject, encode(self.heartbeat()), headers={"Nats-TTL": ttl},
+                    subject, encode(hb), headers={"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)},
                     timeout=min(2.0, self.config.heartbeat_interval_s),
                 )
                 self.last_heartbeat_ok = time.monotonic()

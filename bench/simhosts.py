@@ -32,6 +32,7 @@ from pathlib import Path
 import nats
 
 from bench.workload import HostSpec, heartbeat_static, read_fleet
+from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
 log = logging.getLogger("bench.simhosts")
 
@@ -41,7 +42,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
 
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "busy_gpus", "heartbeating", "last_hb", "subject")
+                 "busy_gpus", "heartbeating", "last_hb", "subject", "shape")
 
     def __init__(self, spec: HostSpec, boot_id: str) -> None:
         self.spec = spec
@@ -58,6 +59,9 @@ class SimHost:
         self.heartbeating = True
         self.last_hb = 0.0
         self.subject = f"$KV.hosts.{spec.id}"
+        # The same shape header a real agent sends (see server.messages.shape_digest).
+        sample = b"".join((self.hb_head, b"0", b',"ts":0.0', self.hb_tail, b"0}"))
+        self.shape = shape_digest(Heartbeat.model_validate_json(sample))
 
     def heartbeat(self, now: float) -> bytes:
         self.seq += 1
@@ -96,7 +100,7 @@ class Simulator:
         if n == 0:
             return
         interval = self.args.heartbeat_interval
-        hdr = {"Nats-TTL": f"{int(interval * 3)}s"}
+        ttl = f"{int(interval * 3)}s"
         start = time.monotonic()
         k = 0
         while not self.stop.is_set():
@@ -106,7 +110,7 @@ class Simulator:
                 h = self.hosts[k % n]
                 k += 1
                 if h.heartbeating:
-                    await self.nc.publish(h.subject, h.heartbeat(now), headers=hdr)
+                    await self.nc.publish(h.subject, h.heartbeat(now), headers={"Nats-TTL": ttl, SHAPE_HEADER: h.shape})
                     h.last_hb = now
                     self.c["hb_sent"] += 1
             await asyncio.sleep(0.02)

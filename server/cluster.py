@@ -19,7 +19,17 @@ from pydantic import BaseModel
 from server import subjects
 from server.errors import DecodeError
 from server.health import Health, host_health
-from server.messages import Heartbeat, HostAlloc, Job, JobState, decode
+from server.messages import (
+    MAX_MESSAGE_BYTES,
+    SHAPE_HEADER,
+    Heartbeat,
+    HostAlloc,
+    Job,
+    JobState,
+    decode,
+    shape_digest,
+)
+from server.capacity import CapacityIndex
 from server.placement import HostCapacity
 from server.store import Record
 
@@ -46,12 +56,29 @@ class TokenInfo(BaseModel):
 
 @dataclass
 class HostEntry:
+    """A host as last heard of. `heartbeat` is the last decoded heartbeat; heartbeats
+    whose shape header was unchanged are kept raw (`raw`) and decoded only when read."""
+
     host_id: str
     heartbeat: Heartbeat | None
     revision: int
     seen_at: float
     present: bool = True
     lost_at: float | None = None
+    shape: str | None = None
+    raw: bytes | None = None
+
+    def latest(self) -> Heartbeat | None:
+        """The newest heartbeat, decoding a raw one on demand."""
+        if self.raw is not None:
+            try:
+                hb = decode(Heartbeat, self.raw)
+                if hb.host_id == self.host_id:
+                    self.heartbeat = hb
+            except DecodeError:
+                pass
+            self.raw = None
+        return self.heartbeat
 
 
 @dataclass
@@ -67,6 +94,47 @@ class ClusterState:
     leader: str = ""
     dropped: Counter[str] = field(default_factory=Counter)
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
+    index: CapacityIndex = field(default_factory=CapacityIndex)
+    queued_ids: set[str] = field(default_factory=set)
+
+    def _set_job(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        if job.state is JobState.QUEUED:
+            self.queued_ids.add(job.id)
+        else:
+            self.queued_ids.discard(job.id)
+
+    def _index_host(self, host_id: str) -> None:
+        """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings."""
+        entry = self.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            self.index.remove(host_id)
+            return
+        hb = entry.heartbeat
+        cfg = self.hostcfg.get(host_id)
+        cap = HostCapacity(
+            id=host_id,
+            schedulable=entry.present,
+            cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
+            gpu_models={g.index: g.model for g in hb.gpus},
+            unhealthy_gpus=frozenset(u.index for u in hb.gpu_usage if not u.healthy),
+            cpus=float(hb.cpus),
+            memory_mb=hb.memory_mb,
+            labels=dict(hb.labels),
+        )
+        alloc = self.allocs.get(host_id)
+        if alloc:
+            for t in alloc.tasks:
+                cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+        self.index.put(cap)
+
+    @staticmethod
+    def _shape(hb: Heartbeat | None) -> tuple[object, ...] | None:
+        if hb is None:
+            return None
+        return (tuple((g.index, g.model) for g in hb.gpus),
+                tuple(u.index for u in hb.gpu_usage if not u.healthy), hb.cpus, hb.memory_mb,
+                tuple(sorted(hb.labels.items())))
 
     # ------------------------------------------------------------ feeding
 
@@ -90,7 +158,16 @@ class ClusterState:
                 if entry.present:
                     entry.present = False
                     entry.lost_at = now
+                    self._index_host(rec.key)
                     self._notify("host_lost", entry)
+            return
+        shape = (rec.headers or {}).get(SHAPE_HEADER)
+        if (entry is not None and entry.present and entry.heartbeat is not None and shape
+                and shape == entry.shape and len(rec.value) <= MAX_MESSAGE_BYTES):
+            # Same shape as the last decoded heartbeat: liveness only; decode when read.
+            entry.revision = rec.revision
+            entry.seen_at = now
+            entry.raw = rec.value
             return
         try:
             hb = decode(Heartbeat, rec.value)
@@ -104,7 +181,10 @@ class ClusterState:
             return
         was_present = entry.present if entry else False
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
-        self.hosts[rec.key] = HostEntry(rec.key, hb, rec.revision, now, True, None)
+        self.hosts[rec.key] = HostEntry(rec.key, hb, rec.revision, now, True, None,
+                                        shape if shape == shape_digest(hb) else None)
+        if not was_present or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
+            self._index_host(rec.key)
         if not was_present:
             self._notify("host_up", self.hosts[rec.key])
         for u in hb.gpu_usage:
@@ -121,20 +201,23 @@ class ClusterState:
             if kind == "job":
                 if rec.value is None:
                     self.jobs.pop(name, None)
+                    self.queued_ids.discard(name)
                     return
                 job = decode(Job, rec.value)
-                self.jobs[name] = job
+                self._set_job(job)
                 self._notify("job", job)
             elif kind == "alloc":
                 if rec.value is None:
                     self.allocs.pop(name, None)
-                    return
-                self.allocs[name] = decode(HostAlloc, rec.value)
+                else:
+                    self.allocs[name] = decode(HostAlloc, rec.value)
+                self._index_host(name)
             elif kind == "hostcfg":
                 if rec.value is None:
                     self.hostcfg.pop(name, None)
                 else:
                     self.hostcfg[name] = decode(HostConfig, rec.value)
+                self._index_host(name)
                 self._notify("hostcfg", name)
             elif kind == "auth" and name.startswith("token."):
                 h = name[len("token.") :]
@@ -154,7 +237,7 @@ class ClusterState:
         if revision <= self.revisions.get(subjects.job_key(job.id), 0):
             return
         self.revisions[subjects.job_key(job.id)] = revision
-        self.jobs[job.id] = job
+        self._set_job(job)
         self._notify("job", job)
 
     def apply_alloc(self, alloc: HostAlloc, revision: int) -> None:
@@ -163,6 +246,7 @@ class ClusterState:
             return
         self.revisions[key] = revision
         self.allocs[alloc.host_id] = alloc
+        self._index_host(alloc.host_id)
 
     # ------------------------------------------------------------ views
 
@@ -209,4 +293,4 @@ class ClusterState:
         return Counter(j.state.value for j in self.jobs.values())
 
     def queued(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state is JobState.QUEUED]
+        return [self.jobs[i] for i in self.queued_ids]

@@ -25,10 +25,6 @@ def transitions(
     before: dict[str, Health], after: dict[str, Health]
 ) -> list[tuple[str, Health | None, Health]]:
     """Hosts whose health changed (None = not known before), in host order."""
-    out: list[tuple[str, Health | None, Health]] = []
-    for host_id in sorted(after):
-        new = after[host_id]
-        old = before.get(host_id)
-        if old is not new:
-            out.append((host_id, old, new))
-    return out
+    changed = [(h, before.get(h), new) for h, new in after.items() if before.get(h) is not new]
+    changed.sort(key=lambda x: x[0])
+    return changed

@@ -91,6 +91,22 @@ class Heartbeat(_Model):
     term: int = 0
 
 
+SHAPE_HEADER = "Muster-Shape"
+
+
+def shape_digest(hb: Heartbeat) -> str:
+    """A digest of what placement needs from a heartbeat (GPUs, their health, CPU, RAM,
+    labels, boot). Sent as the `Muster-Shape` header so the control plane can take a
+    heartbeat with an unchanged shape as liveness alone, without decoding it."""
+    import hashlib
+
+    parts = [hb.host_id, hb.boot_id, str(hb.cpus), str(hb.memory_mb), str(hb.simulated)]
+    parts += [f"{g.index}:{g.model}:{g.memory_mb}" for g in hb.gpus]
+    parts += [f"u{u.index}:{u.fault}" for u in hb.gpu_usage if not u.healthy]
+    parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
 # ---------------------------------------------------------------- jobs
 
 

@@ -7,7 +7,6 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from server import retry
@@ -24,7 +23,8 @@ from server.messages import (
     Task,
 )
 from server.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
-from server.placement import Choice, HostCapacity, place
+from server.capacity import Placer
+from server.health import Health
 
 OUTPUT_TAIL_BYTES = 4096
 
@@ -199,7 +199,7 @@ def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, re
 
 def evict_lost(
     w: _Work,
-    caps: dict[str, HostCapacity],
+    feasible: Placer,
     now: float,
     budget: EvictionBudget,
     max_keys: int,
@@ -230,10 +230,8 @@ def evict_lost(
                 sizes[d] = sizes.get(d, 0) + 1
     disrupted = disrupted_domains(losses, sizes, now, budget.config)
     w.plan.disrupted = disrupted
-    # Where evicted work could go: a private copy, reserved as work is evicted, so no
-    # more is evicted than the rest of the cluster can take.
-    healthy = [copy.deepcopy(c) for c in caps.values() if c.schedulable and not c.cordoned]
-    by_id = {c.id: c for c in healthy}
+    # `feasible` is where evicted work could go: its own reservations, made as work is
+    # evicted, so no more is evicted than the rest of the cluster can take.
     for host_id, lost_at in sorted(lost, key=lambda x: x[1]):
         entry = state.hosts.get(host_id)
         domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
@@ -252,14 +250,14 @@ def evict_lost(
             if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
                 w.plan.held_keep_running += 1
                 continue
-            target = place(job.spec, healthy)
-            if not isinstance(target, Choice):
+            target = feasible.place(job.spec)
+            if target is None:
                 w.plan.held_no_capacity += 1
                 continue
             if not budget.allow(domains, disrupted, now):
                 w.plan.paced += 1
                 continue
-            by_id[target.host_id].reserve(target.gpu_indices, job.spec.cpus, job.spec.memory_mb)
+            feasible.reserve(target, job.spec)
             alloc = w.alloc(host_id)
             alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
             _end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
@@ -285,7 +283,7 @@ def queue_order(jobs: list[Job]) -> list[Job]:
 
 def place_queued(
     w: _Work,
-    caps: dict[str, HostCapacity],
+    placer: Placer,
     now: float,
     term: int,
     max_keys: int,
@@ -301,11 +299,10 @@ def place_queued(
             break
         if job.not_before > now:
             continue
-        choice = place(job.spec, caps.values())
-        if not isinstance(choice, Choice):
+        choice = placer.place(job.spec)
+        if choice is None:
             continue
-        host = caps[choice.host_id]
-        host.reserve(choice.gpu_indices, job.spec.cpus, job.spec.memory_mb)
+        placer.reserve(choice, job.spec)
         job = w.job(job.id)
         assert job is not None
         number = len(job.attempts) + 1
@@ -360,13 +357,16 @@ def plan_cycle(
     for c in commands:
         if c.kind == "cancel":
             apply_cancel(w, c, now)
-    caps = state.capacities(now)
+    def healthy(host_id: str) -> bool:
+        return state.health(host_id, now) is Health.HEALTHY
+
     drain_due(w, now)
     if budget is not None:
-        evict_lost(w, caps, now, budget, max_keys)
+        evict_lost(w, Placer(state.index, healthy), now, budget, max_keys)
+    placer = Placer(state.index, healthy)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():
-        cap = caps.get(host_id)
+        cap = placer.cap(host_id)
         if cap is None:
             continue
         cap.used_gpus.clear()
@@ -376,5 +376,5 @@ def plan_cycle(
             cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
-    place_queued(w, caps, now, term, max_keys)
+    place_queued(w, placer, now, term, max_keys)
     return plan

@@ -223,7 +223,7 @@ class Muster:
     # ------------------------------------------------------------ operations
 
     def known_gpu_models(self) -> set[str]:
-        return {g.model for e in self.state.hosts.values() if e.heartbeat for g in e.heartbeat.gpus}
+        return self.state.index.models()
 
     async def submit(self, data: dict[str, Any], user: str) -> tuple[Job | None, list[UserError]]:
         """Validate and store a job (QUEUED). Nothing is stored when it is rejected."""
@@ -347,7 +347,8 @@ class Muster:
         entry = self.state.hosts.get(host_id)
         if entry is None or entry.heartbeat is None:
             return None
-        hb = entry.heartbeat
+        hb = entry.latest()
+        assert hb is not None
         alloc = self.state.allocs.get(host_id)
         used = {i for t in alloc.tasks for i in t.gpu_indices} if alloc else set()
         utils = [u.util_pct for u in hb.gpu_usage]

@@ -11,7 +11,14 @@ import base64
 import enum
 import datetime as dt
 import strawberry
-from strawberry.extensions import MaskErrors, MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
+from strawberry.extensions import (
+    MaskErrors,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    ValidationCache,
+)
 from strawberry.types import Info
 
 from server.auth import allows
@@ -566,6 +573,8 @@ async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> Host
 
 def build_schema(production: bool = False) -> strawberry.Schema:
     extensions: list = [
+        lambda: ParserCache(maxsize=256),
+        lambda: ValidationCache(maxsize=256),
         lambda: QueryDepthLimiter(max_depth=10),
         lambda: MaxTokensLimiter(max_token_count=5000),
         lambda: MaxAliasesLimiter(max_alias_count=30),

@@ -40,6 +40,7 @@ class Record:
     key: str
     revision: int
     value: bytes | None
+    headers: dict[str, str] | None = None
 
 
 @dataclass
@@ -404,7 +405,7 @@ class Watch:
                 meta = msg.metadata
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
-                self.on_record(Record(key, meta.sequence.stream, value))
+                self.on_record(Record(key, meta.sequence.stream, value, msg.headers))
                 if meta.num_pending == 0:
                     self.synced.set()
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch

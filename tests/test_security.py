@@ -60,7 +60,7 @@ class Errors:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    async def __call__(self, exc: Exception) -> None:
+    async def cb(self, exc: Exception) -> None:
         self.seen.append(str(exc).lower())
 
     def has(self, text: str) -> bool:
@@ -110,7 +110,7 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
 
         errors = Errors()
         nc = await connect(secure_nats.url, "rogue", creds=str(auth.agent_creds(A)),
-                           inbox_prefix=agent_inbox_prefix(A), error_cb=errors)
+                           inbox_prefix=agent_inbox_prefix(A), error_cb=errors.cb)
         rogue = Store(nc, timeout=1)
         # What host A may do works: its heartbeat, its assignments, its status reports.
         await rogue.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=2,
@@ -187,7 +187,7 @@ def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: Aut
         srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
         await Store(srv).ensure()
         errors = Errors()
-        sub_nc = await connect(secure_nats.url, "pager", creds=str(auth.subscriber_creds("pager")), error_cb=errors)
+        sub_nc = await connect(secure_nats.url, "pager", creds=str(auth.subscriber_creds("pager")), error_cb=errors.cb)
         alerts = await sub_nc.subscribe("alerts.>")
         events = await sub_nc.subscribe("muster.events.>")
         await sub_nc.flush()
@@ -280,7 +280,7 @@ def test_revoked_agent_can_no_longer_connect(secure_nats: NatsProcess, auth: Aut
 
 def _spawn_agent(c: Cluster, auth: AuthDir, host: str) -> Any:
     argv = ["agent", "--nats", c.nats_url, "--host-id", host, "--labels", "rack=r1,zone=z1",
-            "--state-dir", str(c.tmp / "agents"), "--simulate-gpus", "2xH100", "--heartbeat-interval", "1"]
+            "--state-dir", str(c.tmp / "agents"), "--simulate-gpus", "2xH100"]
     return c._spawn(f"agent-{host}", argv, env={"MUSTER_NATS_CREDS": str(auth.agent_creds(host))})
 
 

@@ -341,7 +341,7 @@ def _host_ctx(m: Muster, host_id: str) -> dict[str, Any] | None:
     if view is None:
         return None
     entry = m.state.hosts[host_id]
-    hb = entry.heartbeat
+    hb = entry.latest()
     assert hb is not None
     usage = {u.index: u for u in hb.gpu_usage}
     alloc = m.state.allocs.get(host_id)

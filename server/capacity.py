@@ -1,0 +1,135 @@
+"""Capacity index: every host's free capacity, bucketed by GPU model and free GPU count,
+kept up to date as heartbeats, allocations and host settings change. It lets a
+scheduling cycle place a job by looking at a few buckets instead of every host.
+
+`Placer` is one cycle's copy-on-write view: hosts it reserves on are copied, the index
+itself is not modified, and its choices are the same kind as `placement.place()`'s:
+feasible by `placement.check()`, bin-packed by free GPUs left.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from server.messages import JobSpec
+from server.placement import Choice, HostCapacity, check
+
+ANY = "*"  # bucket key over all GPUs of a host, whatever the model
+
+
+def _keys(cap: HostCapacity) -> list[tuple[str, int]]:
+    if not cap.schedulable or cap.cordoned:
+        return []
+    per_model: dict[str, int] = defaultdict(int)
+    total = 0
+    for i, m in cap.gpu_models.items():
+        if i not in cap.used_gpus and i not in cap.unhealthy_gpus:
+            per_model[m] += 1
+            total += 1
+    return [(m, n) for m, n in per_model.items()] + [(ANY, total)]
+
+
+class CapacityIndex:
+    def __init__(self) -> None:
+        self.caps: dict[str, HostCapacity] = {}
+        self.buckets: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self._where: dict[str, list[tuple[str, int]]] = {}
+        self._model_hosts: Counter[str] = Counter()
+
+    def put(self, cap: HostCapacity) -> None:
+        self.remove(cap.id)
+        self.caps[cap.id] = cap
+        self._model_hosts.update(set(cap.gpu_models.values()))
+        keys = _keys(cap)
+        self._where[cap.id] = keys
+        for k, n in keys:
+            self.buckets[k][n].add(cap.id)
+
+    def remove(self, host_id: str) -> None:
+        old = self.caps.pop(host_id, None)
+        if old is not None:
+            self._model_hosts.subtract(set(old.gpu_models.values()))
+        for k, n in self._where.pop(host_id, []):
+            b = self.buckets[k].get(n)
+            if b is not None:
+                b.discard(host_id)
+                if not b:
+                    del self.buckets[k][n]
+
+    def models(self) -> set[str]:
+        """GPU models of every known host (schedulable or not)."""
+        return {m for m, n in self._model_hosts.items() if n > 0}
+
+    def refresh(self, host_id: str) -> None:
+        cap = self.caps.get(host_id)
+        if cap is not None:
+            self.put(cap)
+
+
+class Placer:
+    """One cycle's placement over the index; reservations stay in this object."""
+
+    def __init__(self, index: CapacityIndex, healthy: Callable[[str], bool]) -> None:
+        self.index = index
+        self.healthy = healthy
+        self.touched: dict[str, HostCapacity] = {}
+        self.failed: list[tuple[str | None, int, float, int]] = []
+
+    def cap(self, host_id: str) -> HostCapacity | None:
+        if host_id in self.touched:
+            return self.touched[host_id]
+        cap = self.index.caps.get(host_id)
+        if cap is None:
+            return None
+        cap = copy.deepcopy(cap)
+        self.touched[host_id] = cap
+        return cap
+
+    def _dominated(self, spec: JobSpec) -> bool:
+        """A job at least as large as one that already found no host this cycle."""
+        for model, gpus, cpus, mem in self.failed:
+            if model == spec.gpu_model and spec.gpus >= gpus and spec.cpus >= cpus and spec.memory_mb >= mem:
+                return True
+        return False
+
+    def place(self, spec: JobSpec) -> Choice | None:
+        if self._dominated(spec):
+            return None
+        best: tuple[int, str, list[int]] | None = None
+        for host_id, cap in self.touched.items():
+            if not self.healthy(host_id):
+                continue
+            reason, gpus = check(spec, cap)
+            if reason is None:
+                left = len(cap.free_gpus(None)) - spec.gpus
+                if best is None or (left, host_id) < best[:2]:
+                    best = (left, host_id, gpus)
+        key = spec.gpu_model or ANY
+        buckets = self.index.buckets.get(key, {})
+        for free in sorted(n for n in buckets if n >= spec.gpus):
+            if best is not None and free - spec.gpus > best[0]:
+                break  # a host this cycle already touched fits tighter
+            found = None
+            for host_id in buckets[free]:
+                if host_id in self.touched or not self.healthy(host_id):
+                    continue
+                cap = self.index.caps[host_id]
+                reason, gpus = check(spec, cap)
+                if reason is None:
+                    found = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+                    break
+            if found is not None:
+                if best is None or found[:2] < best[:2]:
+                    best = found
+                break
+        if best is None:
+            self.failed.append((spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb))
+            return None
+        return Choice(best[1], best[2])
+
+    def reserve(self, choice: Choice, spec: JobSpec) -> None:
+        cap = self.cap(choice.host_id)
+        assert cap is not None
+        cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb)
