@@ -76,6 +76,9 @@ class Placer:
         self.healthy = healthy
         self.touched: dict[str, HostCapacity] = {}
         self.failed: list[tuple[str | None, int, float, int]] = []
+        self.failed_gangs: list[tuple[str | None, int, float, int, int, bool]] = []
+        # Hosts held back for a waiting gang: nothing else is placed on them.
+        self.exclude: set[str] = set()
 
     def cap(self, host_id: str) -> HostCapacity | None:
         if host_id in self.touched:
@@ -99,7 +102,7 @@ class Placer:
             return None
         best: tuple[int, str, list[int]] | None = None
         for host_id, cap in self.touched.items():
-            if not self.healthy(host_id):
+            if host_id in self.exclude or not self.healthy(host_id):
                 continue
             reason, gpus = check(spec, cap)
             if reason is None:
@@ -113,7 +116,7 @@ class Placer:
                 break  # a host this cycle already touched fits tighter
             found = None
             for host_id in buckets[free]:
-                if host_id in self.touched or not self.healthy(host_id):
+                if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
                     continue
                 cap = self.index.caps[host_id]
                 reason, gpus = check(spec, cap)
@@ -133,3 +136,81 @@ class Placer:
         cap = self.cap(choice.host_id)
         assert cap is not None
         cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb)
+
+    # ------------------------------------------------------------ gangs
+
+    def _view(self, host_id: str) -> HostCapacity | None:
+        return self.touched.get(host_id) or self.index.caps.get(host_id)
+
+    def _place_among(self, spec: JobSpec, host_ids: list[str]) -> Choice | None:
+        best: tuple[int, str, list[int]] | None = None
+        for host_id in host_ids:
+            cap = self._view(host_id)
+            if cap is None or host_id in self.exclude or not self.healthy(host_id):
+                continue
+            reason, gpus = check(spec, cap)
+            if reason is None:
+                key = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+                if best is None or key[:2] < best[:2]:
+                    best = key
+        return Choice(best[1], best[2]) if best else None
+
+    def _racks(self, spec: JobSpec) -> list[list[str]]:
+        """Hosts grouped by `rack` label, the racks with most free matching GPUs first."""
+        racks: dict[str, list[str]] = defaultdict(list)
+        free: dict[str, int] = defaultdict(int)
+        for host_id, cap in self.index.caps.items():
+            rack = cap.labels.get("rack")
+            if not rack or not cap.schedulable or cap.cordoned:
+                continue
+            view = self._view(host_id) or cap
+            racks[rack].append(host_id)
+            free[rack] += len(view.free_gpus(spec.gpu_model))
+        return [racks[r] for r in sorted(racks, key=lambda r: (-free[r], r))]
+
+    def _try_gang(self, spec: JobSpec, among: list[str] | None) -> list[Choice] | None:
+        got: list[Choice] = []
+        for _ in range(spec.replicas):
+            c = self._place_among(spec, among) if among is not None else self.place(spec)
+            if c is None:
+                break
+            self.reserve(c, spec)
+            got.append(c)
+        for c in got:  # tentative only: the caller reserves what it keeps
+            cap = self.touched[c.host_id]
+            cap.release(c.gpu_indices, spec.cpus, spec.memory_mb)
+        return got if len(got) == spec.replicas else None
+
+    def place_gang(self, spec: JobSpec) -> list[Choice] | None:
+        """Hosts for all `spec.replicas` tasks at once (on one rack if asked), or None."""
+        key = (spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb, spec.replicas, spec.same_rack)
+        for m, g, c, mem, n, rack in self.failed_gangs:
+            if (m, rack) == (key[0], key[5]) and spec.gpus >= g and spec.cpus >= c \
+                    and spec.memory_mb >= mem and spec.replicas >= n:
+                return None
+        failed_before = len(self.failed)
+        if spec.same_rack:
+            result = None
+            for hosts in self._racks(spec):
+                result = self._try_gang(spec, hosts)
+                if result is not None:
+                    break
+        else:
+            result = self._try_gang(spec, None)
+        del self.failed[failed_before:]  # a gang's partial failure says nothing of single jobs
+        if result is None:
+            self.failed_gangs.append(key)
+        return result
+
+    def reservation_for(self, spec: JobSpec) -> set[str]:
+        """The hosts a waiting gang would want: its best rack, or the hosts with the most
+        free matching GPUs; held back from other jobs while the reservation lasts."""
+        if spec.same_rack:
+            racks = self._racks(spec)
+            return set(racks[0]) if racks else set()
+        ranked = sorted(
+            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned
+             and (spec.gpu_model is None or spec.gpu_model in c.gpu_models.values())),
+            key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(spec.gpu_model)), h),
+        )
+        return set(ranked[: spec.replicas])

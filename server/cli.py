@@ -83,13 +83,17 @@ def cmd_nats(args: argparse.Namespace) -> int:
             if auth is not None:
                 print(f"  auth:        on; control-plane credentials {auth.server_creds}")
             print("Press Ctrl-C to stop.", flush=True)
+            reported: set[str] = set()
             while not stopping:
+                # A node that dies is reported; the others keep serving (that is the point
+                # of a cluster). When none is left, stop.
                 for node in cl.nodes:
-                    if node.proc.poll() is not None:
+                    if node.proc.poll() is not None and node.data_dir.name not in reported:
+                        reported.add(node.data_dir.name)
                         print(f"{node.data_dir.name} exited with {node.proc.returncode}; see {node.log_path}",
-                              file=sys.stderr)
-                        stopping = True
-                        break
+                              file=sys.stderr, flush=True)
+                if len(reported) == len(cl.nodes):
+                    break
                 time.sleep(0.2)
         finally:
             print("Stopping...", flush=True)

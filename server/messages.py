@@ -127,11 +127,17 @@ class JobSpec(_Model):
     # and the control plane waits `replace_after_s` after the loss before replacing it).
     on_disconnect: Literal["STOP", "KEEP_RUNNING"] = "STOP"
     replace_after_s: float = Field(default=0.0, ge=0, le=7 * 24 * 3600)
+    # A gang: `replicas` tasks, each with the resources above, placed all at once or
+    # not at all, optionally all on hosts sharing one `rack` label; if one fails, all
+    # are stopped and the gang is retried as one.
+    replicas: int = Field(default=1, ge=1, le=256)
+    same_rack: bool = False
 
 
 class Attempt(_Model):
     id: str
-    number: int
+    number: int  # the try: all tasks of a gang's try share it
+    task: int = 0  # index of the task within a gang
     host_id: str
     gpu_indices: list[int] = Field(default_factory=list)
     state: AttemptState = AttemptState.PLACED
@@ -160,6 +166,16 @@ class Job(_Model):
     @property
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def tries(self) -> int:
+        """How many tries were made (a gang's tasks of one try count once)."""
+        return self.attempts[-1].number if self.attempts else 0
+
+    def current_tasks(self) -> list[Attempt]:
+        """The attempts of the latest try (one, or one per gang task)."""
+        n = self.tries
+        return [a for a in self.attempts if a.number == n]
 
 
 # ---------------------------------------------------------------- allocations

@@ -132,22 +132,44 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     alloc = w.alloc(r.host_id)
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
+    _after_attempt_end(w, job, a, r.state, now, f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else r.reason)
+
+
+def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
+    """Decide what an ended attempt means for its job. A gang finishes only when every
+    task of the try succeeded; one failure stops the others, and the gang is retried
+    (or failed) as one once none of its tasks is live any more."""
     if job.state.terminal:  # cancelled meanwhile: the attempt has now stopped
         w.plan.events.append(_event("attempt.stopped", job, a, now))
         return
-    if r.state is AttemptState.SUCCEEDED:
-        job.state = JobState.SUCCEEDED
-        w.plan.events.append(_event("job.succeeded", job, a, now))
+    tasks = job.current_tasks() if a.number == job.tries else [a]
+    live = [t for t in tasks if not t.state.terminal]
+    if ended is AttemptState.SUCCEEDED:
+        if not live and all(t.state is AttemptState.SUCCEEDED for t in tasks):
+            job.state = JobState.SUCCEEDED
+            w.plan.events.append(_event("job.succeeded", job, a, now))
         return
-    decision = retry.decide(job, r.state, now)
+    if live:
+        # One gang task failed: stop the rest; the decision waits until they are gone.
+        for t in live:
+            alloc = w.alloc(t.host_id)
+            for task in alloc.tasks:
+                if task.attempt_id == t.id:
+                    task.stop = True
+            t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
+        w.plan.events.append(_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
+        return
+    # The try is over. A gang retries only for infrastructure reasons if every task
+    # that did not succeed ended that way; any FAILED task makes it a FAILED try.
+    worst = AttemptState.FAILED if any(t.state is AttemptState.FAILED for t in tasks) else ended
+    decision = retry.decide(job, worst, now)
     if decision.retry:
         job.state = JobState.QUEUED
         job.not_before = decision.not_before
-        w.plan.events.append(_event("job.requeued", job, a, now, decision.why))
+        w.plan.events.append(_event("job.requeued", job, a, now, f"{why}; {decision.why}" if why else decision.why))
     else:
         job.state = JobState.FAILED
-        why = f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else decision.why
-        w.plan.events.append(_event("job.failed", job, a, now, why))
+        w.plan.events.append(_event("job.failed", job, a, now, why if worst is AttemptState.FAILED else decision.why))
 
 
 def apply_cancel(w: _Work, c: Command, now: float) -> None:
@@ -161,14 +183,14 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     job.cancel_reason = c.reason or f"cancelled by {c.by or 'operator'}"
     job.updated_at = now
     a = job.current
-    if a is not None and not a.state.terminal:
+    for live in [t for t in job.current_tasks() if not t.state.terminal]:
         # The task keeps its allocation, marked to stop, until the agent reports the
         # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
-        alloc = w.alloc(a.host_id)
+        alloc = w.alloc(live.host_id)
         for t in alloc.tasks:
-            if t.attempt_id == a.id:
+            if t.attempt_id == live.id:
                 t.stop = True
-        a.reason = job.cancel_reason
+        live.reason = job.cancel_reason
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
 
 
@@ -185,16 +207,7 @@ def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, re
     a.finished_at = now
     a.reason = reason
     job.updated_at = now
-    if job.state.terminal:
-        return
-    decision = retry.decide(job, ended, now)
-    if decision.retry:
-        job.state = JobState.QUEUED
-        job.not_before = decision.not_before
-        w.plan.events.append(_event("job.requeued", job, a, now, f"{reason}; {decision.why}"))
-    else:
-        job.state = JobState.FAILED
-        w.plan.events.append(_event("job.failed", job, a, now, f"{reason}; {decision.why}"))
+    _after_attempt_end(w, job, a, ended, now, reason)
 
 
 def evict_lost(
@@ -281,60 +294,92 @@ def queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
 
+GANG_RESERVE_AFTER_S = 10.0
+GANG_RESERVE_MAX_S = 600.0
+
+
 def place_queued(
     w: _Work,
     placer: Placer,
     now: float,
     term: int,
     max_keys: int,
+    gang_reserve_after_s: float | None = None,
+    gang_reserve_max_s: float | None = None,
 ) -> None:
+    if gang_reserve_after_s is None:
+        gang_reserve_after_s = GANG_RESERVE_AFTER_S
+    if gang_reserve_max_s is None:
+        gang_reserve_max_s = GANG_RESERVE_MAX_S
     candidates = {j.id: j for j in w.state.queued()}
     for jid, j in w.plan.jobs.items():
         if j.state is JobState.QUEUED:
             candidates[jid] = j
         else:
             candidates.pop(jid, None)
+    reservation: set[str] | None = None
     for job in queue_order(list(candidates.values())):
-        if w.plan.keys >= max_keys - 1:
+        if w.plan.keys + 2 > max_keys:
             break
+        if w.plan.keys + 1 + job.spec.replicas > max_keys:
+            continue  # a gang too large for what is left of this commit: next cycle
         if job.not_before > now:
             continue
-        choice = placer.place(job.spec)
-        if choice is None:
-            continue
-        placer.reserve(choice, job.spec)
+        if job.spec.replicas > 1:
+            choices = placer.place_gang(job.spec)
+            if choices is None:
+                if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
+                        and now - job.submitted_at < gang_reserve_after_s + gang_reserve_max_s:
+                    # Hold back hosts for this gang, for a bounded time, so that a stream
+                    # of small jobs cannot keep it waiting for ever.
+                    reservation = placer.reservation_for(job.spec)
+                    placer.exclude = reservation
+                continue
+        else:
+            choice = placer.place(job.spec)
+            if choice is None:
+                continue
+            choices = [choice]
+        for c in choices:
+            placer.reserve(c, job.spec)
         job = w.job(job.id)
         assert job is not None
-        number = len(job.attempts) + 1
-        attempt = Attempt(
-            id=f"{job.id}.{number}",
-            number=number,
-            host_id=choice.host_id,
-            gpu_indices=choice.gpu_indices,
-            state=AttemptState.PLACED,
-            term=term,
-            placed_at=now,
-        )
-        job.attempts.append(attempt)
+        number = job.tries + 1
+        gang = job.spec.replicas > 1
+        attempt = None
+        for i, choice in enumerate(choices):
+            attempt = Attempt(
+                id=f"{job.id}.{number}.{i}" if gang else f"{job.id}.{number}",
+                number=number,
+                task=i,
+                host_id=choice.host_id,
+                gpu_indices=choice.gpu_indices,
+                state=AttemptState.PLACED,
+                term=term,
+                placed_at=now,
+            )
+            job.attempts.append(attempt)
+            alloc = w.alloc(choice.host_id)
+            alloc.term = term
+            alloc.tasks.append(
+                Task(
+                    attempt_id=attempt.id,
+                    job_id=job.id,
+                    number=number,
+                    command=job.spec.command,
+                    env=dict(job.spec.env, MUSTER_GANG_TASK=str(i), MUSTER_GANG_SIZE=str(len(choices)))
+                    if gang else job.spec.env,
+                    cwd=job.spec.cwd,
+                    gpu_indices=choice.gpu_indices,
+                    cpus=job.spec.cpus,
+                    memory_mb=job.spec.memory_mb,
+                    term=term,
+                    keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
+                )
+            )
         job.state = JobState.PLACED
         job.updated_at = now
-        alloc = w.alloc(choice.host_id)
-        alloc.term = term
-        alloc.tasks.append(
-            Task(
-                attempt_id=attempt.id,
-                job_id=job.id,
-                number=number,
-                command=job.spec.command,
-                env=job.spec.env,
-                cwd=job.spec.cwd,
-                gpu_indices=choice.gpu_indices,
-                cpus=job.spec.cpus,
-                memory_mb=job.spec.memory_mb,
-                term=term,
-                keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
-            )
-        )
+        assert attempt is not None
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
 

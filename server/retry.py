@@ -30,7 +30,7 @@ def backoff_s(attempt_number: int) -> float:
 def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
-    used = len(job.attempts)
+    used = job.tries
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")
     return RetryDecision(True, now + backoff_s(used), f"attempt {used} {ended.value.lower()}")

@@ -165,6 +165,10 @@ class Attempt:
     def number(self) -> int:
         return self._m.number
 
+    @strawberry.field(description="Index of the task within a gang (0 for single jobs).")
+    def task(self) -> int:
+        return self._m.task
+
     @strawberry.field
     def state(self) -> str:
         return self._m.state.value
@@ -256,6 +260,14 @@ class Job:
     @strawberry.field
     def priority(self) -> int:
         return self._m.spec.priority
+
+    @strawberry.field
+    def replicas(self) -> int:
+        return self._m.spec.replicas
+
+    @strawberry.field
+    def same_rack(self) -> bool:
+        return self._m.spec.same_rack
 
     @strawberry.field
     def submitted_at(self) -> dt.datetime | None:
@@ -354,6 +366,8 @@ class SubmitJobInput:
     max_attempts: int = 3
     cwd: str | None = None
     env: strawberry.scalars.JSON | None = None
+    replicas: int = strawberry.field(default=1, description="Gang size: tasks placed all at once or not at all.")
+    same_rack: bool = strawberry.field(default=False, description="Gang tasks must all share one `rack` label.")
     on_disconnect: OnDisconnect = OnDisconnect.STOP
     replace_after: float = strawberry.field(
         default=0.0, description="KEEP_RUNNING only: seconds to wait after the host is lost before replacing the work."
@@ -559,6 +573,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "cpus": i.cpus, "memory_mb": i.memory_mb, "priority": i.priority,
         "max_attempts": i.max_attempts, "cwd": i.cwd, "env": i.env or {},
         "on_disconnect": i.on_disconnect.value, "replace_after_s": i.replace_after,
+        "replicas": i.replicas, "same_rack": i.same_rack,
     }
 
 

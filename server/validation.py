@@ -85,6 +85,12 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         err("replaceAfter", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
     elif replace_after and on_disconnect != "KEEP_RUNNING":
         err("replaceAfter", "only applies to onDisconnect: KEEP_RUNNING")
+    replicas = data.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 256:
+        err("replicas", "must be a whole number from 1 to 256", "OUT_OF_RANGE")
+    same_rack = data.get("same_rack", False)
+    if not isinstance(same_rack, bool):
+        err("sameRack", "must be true or false")
     if errors:
         return None, errors
     spec = JobSpec(
@@ -101,6 +107,8 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         user=str(data.get("user") or "operator")[:64],
         on_disconnect=on_disconnect,
         replace_after_s=float(replace_after),
+        replicas=replicas,
+        same_rack=same_rack,
     )
     return spec, []
 
