@@ -4,7 +4,8 @@ Every attempt records its host, GPUs, term and when it was placed and ended, so 
 allocation history can be replayed: at no moment may a host hold more GPUs, CPU or
 memory than it has, nor one GPU twice. Also: a job has at most one live attempt,
 attempt numbers run 1, 2, 3 ..., terms never go backwards, a SUCCEEDED job has exactly
-one successful attempt, and every allocation record matches its live attempts.
+one successful try (every task of a gang), a gang's try has all its tasks, and every
+allocation record matches its live attempts.
 
 Replaying needs one clock for placement (the leader's) and ending (the agent's or the
 leader's); that holds for processes on one machine and for hosts with synced clocks.
@@ -41,11 +42,15 @@ def check(
     spans: dict[str, list[tuple[float, float, list[int], float, int, str]]] = defaultdict(list)
     live_by_attempt: dict[str, str] = {}
     for job in jobs:
-        numbers = [a.number for a in job.attempts]
-        if numbers != list(range(1, len(numbers) + 1)):
-            problems.append(f"job {job.id}: attempt numbers {numbers}")
+        tries = sorted({a.number for a in job.attempts})
+        if tries != list(range(1, len(tries) + 1)):
+            problems.append(f"job {job.id}: attempt numbers {tries}")
+        for n in tries:
+            tasks = sorted(a.task for a in job.attempts if a.number == n)
+            if tasks != list(range(job.spec.replicas)):
+                problems.append(f"job {job.id}: try {n} has tasks {tasks}, not all {job.spec.replicas} of the gang")
         live = [a for a in job.attempts if not a.state.terminal]
-        if len(live) > 1:
+        if len(live) > job.spec.replicas or any(a.number != job.tries for a in live):
             problems.append(f"job {job.id}: {len(live)} live attempts {[a.id for a in live]}")
         if job.state.terminal and live:
             problems.append(f"job {job.id} is {job.state.value} with live attempt {live[0].id}")
@@ -56,7 +61,7 @@ def check(
             problems.append(f"job {job.id}: attempt term above the current term {current_term}")
         if job.state is JobState.SUCCEEDED:
             ok = [a for a in job.attempts if a.state is AttemptState.SUCCEEDED]
-            if len(ok) != 1:
+            if len(ok) != job.spec.replicas or any(a.number != job.tries for a in ok):
                 problems.append(f"job {job.id}: SUCCEEDED with {len(ok)} successful attempts")
         for a in job.attempts:
             end = a.finished_at if a.state.terminal and a.finished_at is not None else float("inf")

@@ -17,7 +17,7 @@ import pytest
 from server import subjects
 from server.messages import HostAlloc, decode
 from server.store import Record, Store, connect
-from tests.conftest import ROOT, Api, Cluster, wait_until
+from tests.conftest import ROOT, Api, Cluster, assert_invariants, wait_until
 
 PY = sys.executable
 
@@ -244,3 +244,24 @@ def test_schema_file_matches_code() -> None:
 
     committed = (ROOT / "schema.graphql").read_text()
     assert committed == schema_sdl(), "schema.graphql drifted from the code: run `make schema`"
+
+
+def test_gang_job_runs_all_tasks_at_once(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+    cmd = [PY, "-c", "import os; print('task', os.environ['MUSTER_GANG_TASK'], 'of', os.environ['MUSTER_GANG_SIZE'])"]
+    res = api.q(q, {"input": {"name": "gang", "command": cmd, "gpus": 8, "replicas": 2, "sameRack": False,
+                              "cpus": 1, "memoryMb": 64}})["submitJob"]
+    assert res["userErrors"] == []
+    jid = res["job"]["id"]
+    job = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+    assert job["state"] == "SUCCEEDED"
+    assert len(job["attempts"]) == 2
+    assert {a["host"]["id"] for a in job["attempts"]} == {"host-a", "host-b"}
+    assert sorted(a["outputTail"].strip() for a in job["attempts"]) == ["task 0 of 2", "task 1 of 2"]
+    # A gang that cannot fit whole places nothing.
+    res = api.q(q, {"input": {"name": "too-big", "command": ["true"], "gpus": 8, "replicas": 3,
+                              "cpus": 1, "memoryMb": 64}})["submitJob"]
+    big = api.job(res["job"]["id"])
+    assert big["state"] == "QUEUED" and big["attempts"] == []
+    assert_invariants(cluster.nats_url)
