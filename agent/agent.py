@@ -83,6 +83,11 @@ class AgentConfig:
     memory_mb: int | None = None
     state_dir: Path | None = None
     fault_file: str | None = None
+    # NATS credentials (nkey seed file, see server/natsauth.py) and client TLS.
+    nats_creds: str | None = None
+    nats_ca: str | None = None
+    nats_cert: str | None = None
+    nats_key: str | None = None
 
     def validate(self) -> AgentConfig:
         ttl = self.heartbeat_interval_s * self.ttl_intervals

@@ -137,6 +137,10 @@ def cmd_server(args: argparse.Namespace) -> int:
         cfg.lease_ttl_s = args.lease_ttl
     if args.heartbeat_interval:
         cfg.heartbeat_interval_s = args.heartbeat_interval
+    for opt in ("nats_creds", "nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key"):
+        if getattr(args, opt):
+            setattr(cfg, opt, getattr(args, opt))
+    scheme = "https" if cfg.tls_cert else "http"
     muster = Muster(cfg)
     app = build_app(muster)
 
@@ -146,10 +150,11 @@ def cmd_server(args: argparse.Namespace) -> int:
             if muster.new_token:
                 print(f"Operator token (shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
                       flush=True)
-            print(f"muster server {cfg.name} listening on http://{cfg.http_host}:{cfg.http_port}", flush=True)
+            print(f"muster server {cfg.name} listening on {scheme}://{cfg.http_host}:{cfg.http_port}", flush=True)
 
     config = uvicorn.Config(app, host=cfg.http_host, port=cfg.http_port, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=10)
+                            lifespan="on", timeout_graceful_shutdown=10,
+                            ssl_certfile=cfg.tls_cert, ssl_keyfile=cfg.tls_key)
     Server(config).run()
     return 0
 
@@ -170,6 +175,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         state_dir=Path(args.state_dir) if args.state_dir else None,
         fault_file=args.fault_file,
+        nats_creds=args.creds or os.environ.get("MUSTER_NATS_CREDS") or None,
+        nats_ca=args.nats_ca or os.environ.get("MUSTER_NATS_CA") or None,
+        nats_cert=args.nats_cert or os.environ.get("MUSTER_NATS_CERT") or None,
+        nats_key=args.nats_key or os.environ.get("MUSTER_NATS_KEY") or None,
     )
     agent = Agent(cfg)
 
@@ -623,6 +632,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
     s.add_argument("--heartbeat-interval", type=float, default=None,
                    help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
+    s.add_argument("--creds", dest="nats_creds", default=None,
+                   help="NATS credentials: an nkey seed file (MUSTER_NATS_CREDS)")
+    s.add_argument("--nats-ca", default=None, help="CA of the NATS servers' certificates (MUSTER_NATS_CA)")
+    s.add_argument("--nats-cert", default=None, help="NATS client certificate (MUSTER_NATS_CERT)")
+    s.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
+    s.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (MUSTER_TLS_CERT)")
+    s.add_argument("--tls-key", default=None, help="key of --tls-cert (MUSTER_TLS_KEY)")
     s.set_defaults(fn=cmd_server)
 
     a = sub.add_parser("agent", help="run a host agent")
@@ -637,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--memory-mb", type=int, default=None)
     a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
     a.add_argument("--fault-file", default=None)
+    a.add_argument("--creds", default=None, help="this agent's NATS credentials (MUSTER_NATS_CREDS)")
+    a.add_argument("--nats-ca", default=None, help="CA of the NATS servers' certificates (MUSTER_NATS_CA)")
+    a.add_argument("--nats-cert", default=None, help="NATS client certificate (MUSTER_NATS_CERT)")
+    a.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
     a.set_defaults(fn=cmd_agent)
 
     b = sub.add_parser("bench", help="run the scale benchmark (see `muster bench --help`)", add_help=False)
