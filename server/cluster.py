@@ -96,8 +96,19 @@ class ClusterState:
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
     index: CapacityIndex = field(default_factory=CapacityIndex)
     queued_ids: set[str] = field(default_factory=set)
+    job_state_counts: Counter[str] = field(default_factory=Counter)
+
+    def _drop_job(self, job_id: str) -> None:
+        old = self.jobs.pop(job_id, None)
+        if old is not None:
+            self.job_state_counts[old.state.value] -= 1
+        self.queued_ids.discard(job_id)
 
     def _set_job(self, job: Job) -> None:
+        old = self.jobs.get(job.id)
+        if old is not None:
+            self.job_state_counts[old.state.value] -= 1
+        self.job_state_counts[job.state.value] += 1
         self.jobs[job.id] = job
         if job.state is JobState.QUEUED:
             self.queued_ids.add(job.id)
@@ -200,8 +211,7 @@ class ClusterState:
         try:
             if kind == "job":
                 if rec.value is None:
-                    self.jobs.pop(name, None)
-                    self.queued_ids.discard(name)
+                    self._drop_job(name)
                     return
                 job = decode(Job, rec.value)
                 self._set_job(job)
@@ -290,7 +300,7 @@ class ClusterState:
         return out
 
     def job_counts(self) -> Counter[str]:
-        return Counter(j.state.value for j in self.jobs.values())
+        return Counter({k: v for k, v in self.job_state_counts.items() if v})
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.queued_ids]

@@ -53,8 +53,10 @@ class HealthMonitor:
             self.wake.set()
 
     def current(self, now: float) -> dict[str, Health]:
+        suspect_before = now - 2 * self.state.heartbeat_interval_s
+        healthy, suspect, lost = Health.HEALTHY, Health.SUSPECT, Health.LOST
         return {
-            h: self.state.health(h, now)
+            h: (lost if not e.present else suspect if e.seen_at < suspect_before else healthy)
             for h, e in self.state.hosts.items()
             if e.heartbeat is not None
         }

@@ -21,6 +21,7 @@ from server.auth import bootstrap_token
 from server.cluster import ClusterState, HostConfig
 from server.errors import ConflictError, StoreError, ValidationError
 from server.health import Health
+from server.historian import HistorianConfig, HistorianProcess
 from server.history import History
 from server.lease import Leadership, LeaseConfig
 from server.monitor import HealthMonitor
@@ -50,6 +51,9 @@ class ServerConfig:
         default_factory=lambda: float(os.environ["MUSTER_HISTORY_RETENTION_DAYS"])
         if os.environ.get("MUSTER_HISTORY_RETENTION_DAYS") else None)
     finished_job_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_FINISHED_JOB_TTL", "3600")))
+    # Write history from a separate process (what `muster server` does); in-process
+    # when False (embedded use and tests).
+    history_process: bool = field(default_factory=lambda: os.environ.get("MUSTER_HISTORY_PROCESS", "0") == "1")
     # NATS credentials (an nkey seed file, see server.natsauth) and client TLS.
     nats_creds: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CREDS") or None)
     nats_ca: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CA") or None)
@@ -110,6 +114,8 @@ class Muster:
         self.config = config
         self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
         self.nc: NATS | None = None
+        self.hb_nc: NATS | None = None
+        self.historian: HistorianProcess | None = None
         self.store: Store | None = None
         self.history: History | None = None
         self.leadership: Leadership | None = None
@@ -133,8 +139,13 @@ class Muster:
         await self.store.ensure()
         self.state.listeners.append(self._on_state)
         self._watches.append(await self.store.watch(">", self.state.apply_state_record))
+        # Heartbeats (the bulk of the traffic) arrive on a connection of their own, so
+        # lease renewals and commits never queue behind them.
+        self.hb_nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}-heartbeats",
+                                   creds=cfg.nats_creds, tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert,
+                                   tls_key=cfg.nats_key)
         self._watches.append(
-            await self.store.watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
+            await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
         )
         for w in self._watches:
             try:
@@ -152,13 +163,21 @@ class Muster:
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s))
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
-        self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
-        self._tasks = [
-            asyncio.create_task(self.monitor.run(self._stop), name="monitor"),
-            asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
+        self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
+        if cfg.history_process:
+            self.historian = HistorianProcess(HistorianConfig(
+                nats_url=cfg.nats_url, database_url=cfg.database_url, retention_days=cfg.history_retention_days,
+                nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert, nats_key=cfg.nats_key))
+            self.historian.start()
+        else:
+            self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
+            self._tasks += [
+                asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
+                asyncio.create_task(self.history.run(self._stop), name="history"),
+            ]
+        self._tasks += [
             asyncio.create_task(self.leadership.run(self._stop), name="lease"),
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
-            asyncio.create_task(self.history.run(self._stop), name="history"),
             asyncio.create_task(self._gauges(), name="gauges"),
         ]
 
@@ -176,11 +195,14 @@ class Muster:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for w in self._watches:
             await w.stop()
-        if self.nc is not None and not self.nc.is_closed:
-            try:
-                await asyncio.wait_for(self.nc.drain(), timeout=5)
-            except Exception:  # noqa: BLE001
-                await self.nc.close()
+        if self.historian is not None:
+            await asyncio.to_thread(self.historian.stop)
+        for nc in (self.hb_nc, self.nc):
+            if nc is not None and not nc.is_closed:
+                try:
+                    await asyncio.wait_for(nc.drain(), timeout=5)
+                except Exception:  # noqa: BLE001
+                    await nc.close()
         if self.history is not None:
             self.history.close()
 
@@ -189,7 +211,7 @@ class Muster:
         self.state.apply_host_record(rec)
 
     def _on_state(self, kind: str, obj: object) -> None:
-        if kind == "job" and self.history is not None:
+        if kind == "job" and self.history is not None and self.historian is None:
             job = obj  # type: ignore[assignment]
             assert isinstance(job, Job)
             self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
@@ -380,24 +402,29 @@ class Muster:
 
     def summary(self) -> Summary:
         now = time.time()
-        health: Counter[str] = Counter()
-        gpus_total = 0
-        for host_id, e in self.state.hosts.items():
-            if e.heartbeat is None:
+        suspect_before = now - 2 * self.state.heartbeat_interval_s
+        healthy = suspect = lost = gpus_total = 0
+        for e in self.state.hosts.values():
+            hb = e.heartbeat
+            if hb is None:
                 continue  # known only by its expiry marker
-            health[self.state.health(host_id, now).value] += 1
-            if e.heartbeat and e.present:
-                gpus_total += len(e.heartbeat.gpus)
+            if not e.present:
+                lost += 1
+                continue
+            gpus_total += len(hb.gpus)
+            if e.seen_at < suspect_before:
+                suspect += 1
+            else:
+                healthy += 1
         allocated = sum(len(t.gpu_indices) for a in self.state.allocs.values() for t in a.tasks)
-        jobs = self.state.job_counts()
         return Summary(
-            hosts_total=sum(health.values()),
-            hosts_healthy=health[Health.HEALTHY.value],
-            hosts_suspect=health[Health.SUSPECT.value],
-            hosts_lost=health[Health.LOST.value],
+            hosts_total=healthy + suspect + lost,
+            hosts_healthy=healthy,
+            hosts_suspect=suspect,
+            hosts_lost=lost,
             gpus_total=gpus_total,
             gpus_allocated=allocated,
-            jobs=jobs,
+            jobs=Counter({k: v for k, v in self.state.job_state_counts.items() if v}),
         )
 
 

@@ -1,0 +1,121 @@
+"""The historian: writes job history, host events and alerts into SQL from a process of
+its own, so database work never competes with scheduling for the server's interpreter.
+
+`muster server` starts it beside the API/scheduler process; it watches the job records
+in the `state` bucket and follows the EVENTS and ALERTS streams (server.recorder), and
+stops cleanly on SIGTERM after a last flush. Writes are idempotent, so a restart (or a
+second replica writing to the same PostgreSQL database) never duplicates anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HistorianConfig:
+    nats_url: str
+    database_url: str
+    retention_days: float | None = None
+    nats_creds: str | None = None
+    nats_ca: str | None = None
+    nats_cert: str | None = None
+    nats_key: str | None = None
+
+
+async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
+    from server import subjects
+    from server.errors import DecodeError
+    from server.history import History
+    from server.messages import Job, decode
+    from server.recorder import Recorder
+    from server.store import Record, Store, connect
+
+    history = History(cfg.database_url, retention_days=cfg.retention_days)
+    nc = await connect(cfg.nats_url, name="muster-historian", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
+                       tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+    store = Store(nc)
+
+    def on_job(rec: Record) -> None:
+        if rec.value is None:
+            return
+        try:
+            history.record(decode(Job, rec.value), rec.revision)
+        except DecodeError as exc:
+            log.warning("historian: dropped job record %s: %s", rec.key, exc)
+
+    watch = await store.watch("job.>", on_job, bucket=subjects.STATE_BUCKET)
+    recorder = Recorder(store.js, history, cfg.database_url)
+    try:
+        await asyncio.gather(history.run(stop), recorder.run(stop))
+    finally:
+        await watch.stop()
+        try:
+            await asyncio.wait_for(nc.drain(), timeout=5)
+        except Exception:  # noqa: BLE001
+            await nc.close()
+        history.close()
+
+
+def main(config: dict[str, object]) -> None:
+    """Process entry point (multiprocessing, spawn)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s historian %(name)s: %(message)s")
+    logging.getLogger("nats").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    cfg = HistorianConfig(**config)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        parent = os.getppid()
+
+        async def orphaned() -> None:
+            # The server was killed (kill -9): do not outlive it.
+            while not stop.is_set():
+                if os.getppid() != parent:
+                    log.warning("server process gone; historian stopping")
+                    stop.set()
+                await asyncio.sleep(1)
+
+        watchdog = asyncio.create_task(orphaned())
+        await run(cfg, stop)
+        watchdog.cancel()
+
+    asyncio.run(go())
+
+
+class HistorianProcess:
+    """Starts and stops the historian beside this process."""
+
+    def __init__(self, cfg: HistorianConfig) -> None:
+        self.cfg = cfg
+        self.proc: multiprocessing.process.BaseProcess | None = None
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.proc = ctx.Process(target=main, args=(asdict(self.cfg),), name="muster-historian", daemon=True)
+        self.proc.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc is None:
+            return
+        if self.proc.is_alive():
+            self.proc.terminate()  # SIGTERM: last flush, then exit
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(5)
+        self.proc = None
