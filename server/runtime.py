@@ -29,7 +29,7 @@ from server.recorder import Recorder
 from server.messages import Command, Event, Job, JobState, encode, new_id
 from server.placement import explain
 from server.scheduler import Scheduler, SchedulerConfig
-from server.store import Record, Store, Watch, connect
+from server.store import Record, Store, Watch, Write, connect
 from server.validation import validate_job
 
 log = logging.getLogger(__name__)
@@ -278,13 +278,15 @@ class Muster:
             else:
                 results.append((Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now), []))
         assert self.store is not None
-        store = self.store
         jobs = [j for j, _ in results if j is not None]
-        revs = await asyncio.gather(
-            *(store.put(subjects.job_key(j.id), encode(j), expected=0, msg_id=j.id) for j in jobs)
-        )
-        for j, rev in zip(jobs, revs):
-            self.state.apply_job(j, rev)
+        # One atomic batch per 900 jobs: each key must not exist yet (a fresh id), and a
+        # retry after a lost reply is refused as a duplicate, so nothing is stored twice.
+        for i in range(0, len(jobs), 900):
+            chunk = jobs[i : i + 900]
+            res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk])
+            if not res.duplicate:
+                for j in chunk:
+                    self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
 
