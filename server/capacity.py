@@ -19,7 +19,13 @@ from server.placement import Choice, HostCapacity, check
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 
 
-def _keys(cap: HostCapacity) -> list[tuple[str, int]]:
+def size_class(x: float) -> int:
+    """Power-of-two class of a free amount: hosts in a higher class than a request's
+    surely have room for it; only the request's own class needs checking."""
+    return max(0, int(x) + 1).bit_length()
+
+
+def _keys(cap: HostCapacity) -> list[tuple[str, int, tuple[int, int]]]:
     if not cap.schedulable or cap.cordoned:
         return []
     per_model: dict[str, int] = defaultdict(int)
@@ -28,14 +34,17 @@ def _keys(cap: HostCapacity) -> list[tuple[str, int]]:
         if i not in cap.used_gpus and i not in cap.unhealthy_gpus:
             per_model[m] += 1
             total += 1
-    return [(m, n) for m, n in per_model.items()] + [(ANY, total)]
+    room = (size_class(cap.cpus - cap.used_cpus), size_class(cap.memory_mb - cap.used_memory_mb))
+    return [(m, n, room) for m, n in per_model.items()] + [(ANY, total, room)]
 
 
 class CapacityIndex:
     def __init__(self) -> None:
         self.caps: dict[str, HostCapacity] = {}
-        self.buckets: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        self._where: dict[str, list[tuple[str, int]]] = {}
+        # model -> free GPUs of that model -> (CPU class, memory class) -> hosts
+        self.buckets: dict[str, dict[int, dict[tuple[int, int], set[str]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(set)))
+        self._where: dict[str, list[tuple[str, int, tuple[int, int]]]] = {}
         self._model_hosts: Counter[str] = Counter()
 
     def put(self, cap: HostCapacity) -> None:
@@ -44,19 +53,24 @@ class CapacityIndex:
         self._model_hosts.update(set(cap.gpu_models.values()))
         keys = _keys(cap)
         self._where[cap.id] = keys
-        for k, n in keys:
-            self.buckets[k][n].add(cap.id)
+        for k, n, room in keys:
+            self.buckets[k][n][room].add(cap.id)
 
     def remove(self, host_id: str) -> None:
         old = self.caps.pop(host_id, None)
         if old is not None:
             self._model_hosts.subtract(set(old.gpu_models.values()))
-        for k, n in self._where.pop(host_id, []):
-            b = self.buckets[k].get(n)
+        for k, n, room in self._where.pop(host_id, []):
+            by_room = self.buckets[k].get(n)
+            if by_room is None:
+                continue
+            b = by_room.get(room)
             if b is not None:
                 b.discard(host_id)
                 if not b:
-                    del self.buckets[k][n]
+                    del by_room[room]
+            if not by_room:
+                del self.buckets[k][n]
 
     def models(self) -> set[str]:
         """GPU models of every known host (schedulable or not)."""
@@ -115,13 +129,19 @@ class Placer:
             if best is not None and free - spec.gpus > best[0]:
                 break  # a host this cycle already touched fits tighter
             found = None
-            for host_id in buckets[free]:
-                if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
-                    continue
-                cap = self.index.caps[host_id]
-                reason, gpus = check(spec, cap)
-                if reason is None:
-                    found = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+            need_cpu, need_mem = size_class(spec.cpus), size_class(spec.memory_mb)
+            for room, hosts in buckets[free].items():
+                if room[0] < need_cpu or room[1] < need_mem:
+                    continue  # every host in this class is too small
+                for host_id in hosts:
+                    if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
+                        continue
+                    cap = self.index.caps[host_id]
+                    reason, gpus = check(spec, cap)
+                    if reason is None:
+                        found = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+                        break
+                if found is not None:
                     break
             if found is not None:
                 if best is None or found[:2] < best[:2]:
