@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.types.unset import UNSET, UnsetType
 
 from server import metrics
 from server.auth import bearer, check_token
@@ -24,16 +27,42 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 class MusterGraphQL(GraphQL):
+    """GraphQL over HTTP, and subscriptions over WebSockets (graphql-transport-ws, and the
+    legacy graphql-ws). A WebSocket is authenticated at `connection_init`: its payload
+    carries `{"Authorization": "Bearer <token>"}` (or `authorization`, or `token`); an
+    `Authorization` header on the handshake is accepted too. Otherwise it is closed
+    (4403 Forbidden)."""
+
     def __init__(self, muster: Muster, **kw: Any) -> None:
+        kw.setdefault("connection_init_wait_timeout", timedelta(seconds=10))
         super().__init__(build_schema(production=muster.config.production), **kw)
         self.muster = muster
 
     async def get_context(self, request: Any, response: Any = None) -> dict[str, Any]:
         return {"muster": self.muster, "token": request.scope.get("muster.token"), "request": request}
 
+    async def on_ws_connect(self, context: dict[str, Any]) -> UnsetType | dict[str, object] | None:
+        params = context.get("connection_params") or {}
+        token = None
+        if isinstance(params, dict):
+            auth = params.get("Authorization") or params.get("authorization")
+            token = bearer(auth) if isinstance(auth, str) else None
+            if token is None and isinstance(params.get("token"), str):
+                token = params["token"]
+        if token is None:
+            request = context.get("request")
+            headers = {k.decode().lower(): v.decode() for k, v in request.scope.get("headers", [])} if request else {}
+            token = bearer(headers.get("authorization"))
+        info = check_token(self.muster.state, token)
+        if info is None:
+            raise ConnectionRejectionError({"message": "missing or invalid bearer token"})
+        context["token"] = info
+        return UNSET
+
 
 class RequireToken:
-    """ASGI guard: every GraphQL HTTP request needs `Authorization: Bearer <token>`."""
+    """ASGI guard: every GraphQL HTTP request needs `Authorization: Bearer <token>`.
+    WebSockets pass through: MusterGraphQL.on_ws_connect checks them at connection_init."""
 
     def __init__(self, app: ASGIApp, muster: Muster) -> None:
         self.app = app
@@ -92,6 +121,7 @@ def build_app(muster: Muster, manage_lifecycle: bool = True) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics_endpoint),
             Route("/graphql", graphql, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", graphql),
             Mount("/static/htmx", StaticFiles(packages=[("js_lib_htmx", "static/htmx")]), name="htmx"),
             Mount("/static", StaticFiles(packages=[("web", "static")]), name="static"),
             *console_routes(),

@@ -1,5 +1,5 @@
 """The `muster` command: run the parts (up, nats, server, agent) and operate the cluster
-(job, host) through the GraphQL API. Exit codes: 0 ok, 1 error, 2 placement failure
+(job, host, alerts) through the GraphQL API. Exit codes: 0 ok, 1 error, 2 placement failure
 (the job could not be placed or failed), 3 not found, 4 unauthorised."""
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         if getattr(args, opt):
             setattr(cfg, opt, getattr(args, opt))
     scheme = "https" if cfg.tls_cert else "http"
+    cfg.history_process = not args.history_in_process
     muster = Muster(cfg)
     app = build_app(muster)
 
@@ -396,81 +397,208 @@ def cmd_job(args: argparse.Namespace) -> int:
             job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
         inp = {"name": args.name, "command": command, "gpus": args.gpus, "gpuModel": args.gpu_model,
                "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
+        if args.max_attempts is not None:
+            inp["maxAttempts"] = args.max_attempts
         res = gql(args, q, {"input": inp})["submitJob"]
         if res["userErrors"]:
             for e in res["userErrors"]:
                 print(f"error: {e['field']}: {e['message']} ({e['code']})", file=sys.stderr)
             return EXIT_ERROR
         job = res["job"]
+        timed_out = False
         if args.wait:
-            job = _wait(args, job["id"])
+            job, timed_out = _wait(args, job["id"], args.timeout)
         _out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
         if job["state"] == "FAILED":
             return EXIT_PLACEMENT
+        if timed_out:
+            if job["state"] == "QUEUED":
+                print(f"error: job {job['id']} was not placed within {args.timeout:g}s", file=sys.stderr)
+                for r in job.get("pendingReasons") or []:
+                    print(f"  {r['hosts']} hosts: {r['reason']}", file=sys.stderr)
+                return EXIT_PLACEMENT
+            print(f"error: job {job['id']} still {job['state']} after {args.timeout:g}s", file=sys.stderr)
+            return EXIT_ERROR
         return 0
     if args.job_cmd == "list":
-        q = """query($first: Int, $state: JobState) { jobs(first: $first, state: $state) { totalCount
-               edges { node { id name state user gpus gpuModel submittedAt } } } }"""
-        data = gql(args, q, {"first": args.limit, "state": args.state})["jobs"]
-        rows = [[n["id"], n["name"], n["state"], n["user"], str(n["gpus"]), n["gpuModel"] or "-",
-                 (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
-        _out(args, data, rows, ["ID", "NAME", "STATE", "USER", "GPUS", "MODEL", "SUBMITTED"])
-        return 0
+        q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
+               edges { node { id name state user gpus gpuModel priority submittedAt } } } }"""
+        flt = {k: v for k, v in (("state", [s.upper() for s in args.state.split(",")] if args.state else None),
+                                  ("user", args.user), ("namePrefix", args.name)) if v}
+
+        def render_jobs() -> int:
+            data = gql(args, q, {"first": args.limit, "filter": flt or None})["jobs"]
+            rows = [[n["id"], n["name"], n["state"], n["user"], str(n["gpus"]), n["gpuModel"] or "-",
+                     str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
+            _out(args, data, rows, ["ID", "NAME", "STATE", "USER", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
+            return 0
+
+        return _watch(args, render_jobs)
     if args.job_cmd == "show":
-        job = gql(args, f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id})["job"]
+        return _watch(args, lambda: _show_job(args))
+    if args.job_cmd == "logs":
+        job = gql(args, """query($id: ID!) { job(id: $id) { id state attempts { number task state host { id }
+                           exitCode outputTail } } }""", {"id": args.id})["job"]
+        if job is None:
+            print(f"no job {args.id}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        if args.output == "json":
+            _out(args, job["attempts"], None, None)
+            return 0
+        if not job["attempts"]:
+            print(f"job {job['id']} is {job['state']} and has not run yet", file=sys.stderr)
+        for a in job["attempts"]:
+            task = f" task {a['task']}" if a["task"] else ""
+            print(f"==> attempt {a['number']}{task} on {a['host']['id']}: {a['state']}"
+                  + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+            if a["outputTail"]:
+                print(a["outputTail"].rstrip("\n"))
+        return 0
+    if args.job_cmd == "why":
+        job = gql(args, """query($id: ID!) { job(id: $id) { id name state queuePosition
+                           pendingReasons { reason hosts } } }""", {"id": args.id})["job"]
         if job is None:
             print(f"no job {args.id}", file=sys.stderr)
             return EXIT_NOT_FOUND
         if args.output == "json":
             _out(args, job, None, None)
             return 0
-        print(f"{job['id']}  {job['name']}  {job['state']}")
-        print(f"  command: {shlex.join(job['command'])}")
-        print(f"  wants:   {job['gpus']} GPU {job['gpuModel'] or 'any'}, {job['cpus']} CPU, {job['memoryMb']} MB")
-        if job["state"] == "QUEUED":
-            print(f"  queue position: {job['queuePosition']}")
-            for r in job["pendingReasons"]:
-                print(f"  pending: {r['hosts']} hosts: {r['reason']}")
-        for a in job["attempts"]:
-            print(f"  attempt {a['number']} on {a['host']['id']} GPUs {a['gpuIndices']}: {a['state']}"
-                  f" exit={a['exitCode']} {a['reason']}")
-            if a["outputTail"]:
-                print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+        if job["state"] != "QUEUED":
+            print(f"{job['id']} is {job['state']}: it is not waiting for placement")
+            return 0
+        print(f"{job['id']} ({job['name']}) is QUEUED, position {job['queuePosition']} in the queue")
+        if not job["pendingReasons"]:
+            print("  no host rejects it: it should be placed in the next scheduling cycle")
+        else:
+            _out(args, job, [[str(r["hosts"]), r["reason"]] for r in job["pendingReasons"]], ["HOSTS", "REASON"])
         return 0
     if args.job_cmd == "cancel":
-        q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
-               job { id state } userErrors { field message code } } }"""
-        res = gql(args, q, {"id": args.id, "reason": args.reason})["cancelJob"]
-        if res["userErrors"]:
-            for e in res["userErrors"]:
-                print(f"error: {e['message']}", file=sys.stderr)
-            return EXIT_NOT_FOUND if res["userErrors"][0]["code"] == "NOT_FOUND" else EXIT_ERROR
-        _out(args, res["job"], [[res["job"]["id"], "cancel requested"]], ["ID", "STATUS"])
-        return 0
+        return _cancel_job(args)
     return EXIT_ERROR
 
 
-def _wait(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
+def _show_job(args: argparse.Namespace) -> int:
+    job = gql(args, f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id})["job"]
+    if job is None:
+        print(f"no job {args.id}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if args.output == "json":
+        _out(args, job, None, None)
+        return 0
+    print(f"{job['id']}  {job['name']}  {job['state']}")
+    print(f"  command: {shlex.join(job['command'])}")
+    print(f"  wants:   {job['gpus']} GPU {job['gpuModel'] or 'any'}, {job['cpus']} CPU, {job['memoryMb']} MB")
+    if job["state"] == "QUEUED":
+        print(f"  queue position: {job['queuePosition']}")
+        for r in job["pendingReasons"]:
+            print(f"  pending: {r['hosts']} hosts: {r['reason']}")
+    for a in job["attempts"]:
+        print(f"  attempt {a['number']} on {a['host']['id']} GPUs {a['gpuIndices']}: {a['state']}"
+              f" exit={a['exitCode']} {a['reason']}")
+        if a["outputTail"]:
+            print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+    return 0
+
+
+def _cancel_job(args: argparse.Namespace) -> int:
+    q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
+           job { id state } userErrors { field message code } } }"""
+    res = gql(args, q, {"id": args.id, "reason": args.reason})["cancelJob"]
+    if res["userErrors"]:
+        for e in res["userErrors"]:
+            print(f"error: {e['message']}", file=sys.stderr)
+        return EXIT_NOT_FOUND if res["userErrors"][0]["code"] == "NOT_FOUND" else EXIT_ERROR
+    _out(args, res["job"], [[res["job"]["id"], "cancel requested"]], ["ID", "STATUS"])
+    return 0
+
+
+def _wait(args: argparse.Namespace, job_id: str, timeout: float | None = None) -> tuple[dict[str, Any], bool]:
+    """Poll until the job finishes: (job, False); or (job, True) once `timeout` s pass."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         job = gql(args, f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id})["job"]
+        if job is None:
+            raise ApiError(f"job {job_id} is gone", EXIT_NOT_FOUND)
         if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return job
+            return job, False
+        if deadline is not None and time.monotonic() >= deadline:
+            return job, True
         time.sleep(0.5)
+
+
+def _watch(args: argparse.Namespace, render: Any, every_s: float = 2.0) -> int:
+    """Render once; with --watch, re-render every `every_s` s until Ctrl-C (exit 0)."""
+    if not getattr(args, "watch", False):
+        return int(render() or 0)
+    try:
+        while True:
+            if args.output != "json":
+                if sys.stdout.isatty():
+                    print("\033[H\033[2J", end="")
+                print(f"every {every_s:g}s: {time.strftime('%H:%M:%S')}  (Ctrl-C to stop)")
+            rc = int(render() or 0)
+            if rc == EXIT_NOT_FOUND or rc == EXIT_UNAUTHORISED:
+                return rc
+            sys.stdout.flush()
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_host(args: argparse.Namespace) -> int:
     if args.host_cmd == "list":
-        q = """query($first: Int) { hosts(first: $first) { totalCount edges { node {
-               id health cordoned simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
+        q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
+               edges { node { id health cordoned simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
                labels { key value } } } } }"""
-        data = gql(args, q, {"first": args.limit})["hosts"]
-        rows = []
-        for n in (e["node"] for e in data["edges"]):
-            rows.append([n["id"], n["health"] + (" CORDONED" if n["cordoned"] else ""),
-                         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
-                         f"{n['gpuUtilPct']}%", str(n["cpus"]),
-                         ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
-        _out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
+        flt: dict[str, Any] = {k: v for k, v in (
+            ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
+            ("rack", args.rack), ("zone", args.zone), ("gpuModel", args.gpu_model), ("label", args.label),
+            ("search", args.search)) if v}
+        if args.cordoned is not None:
+            flt["cordoned"] = args.cordoned
+
+        def render_hosts() -> int:
+            data = gql(args, q, {"first": args.limit, "filter": flt or None})["hosts"]
+            rows = []
+            for n in (e["node"] for e in data["edges"]):
+                rows.append([n["id"], n["health"] + (" CORDONED" if n["cordoned"] else ""),
+                             f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
+                             f"{n['gpuUtilPct']}%", str(n["cpus"]),
+                             ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
+            _out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
+            return 0
+
+        return _watch(args, render_hosts)
+    if args.host_cmd == "show":
+        q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
+               gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value } }
+               attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
+               id jobId number state exitCode placedAt } } } }"""
+        data = gql(args, q, {"id": args.id})
+        h = data["host"]
+        if h is None:
+            print(f"no host {args.id}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        h["recentAttempts"] = [e["node"] for e in data["attempts"]["edges"]]
+        if args.output == "json":
+            _out(args, h, None, None)
+            return 0
+        flags = " ".join(f for f, on in (("CORDONED", h["cordoned"]), ("DRAINING", h["draining"]),
+                                          ("SIMULATED", h["simulated"])) if on)
+        print(f"{h['id']}  {h['health']}  {flags}".rstrip())
+        print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy,"
+              f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
+        print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
+        print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
+        print(f"  tasks:   {h['tasks']}")
+        labels = ",".join(f"{lb['key']}={lb['value']}" for lb in h["labels"]) or "-"
+        print(f"  labels:  {labels}")
+        print(f"  seen:    {(h['lastSeen'] or '-')[:19]}")
+        if h["recentAttempts"]:
+            print(f"  recent attempts ({data['attempts']['totalCount']} in all):")
+            for a in h["recentAttempts"]:
+                code = "" if a["exitCode"] is None else f" exit={a['exitCode']}"
+                print(f"    {a['jobId']} #{a['number']} {a['state']}{code}  {(a['placedAt'] or '')[:19]}")
         return 0
     if args.host_cmd == "drain":
         q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
@@ -496,6 +624,38 @@ def cmd_host(args: argparse.Namespace) -> int:
         _out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
         return 0
     return EXIT_ERROR
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    """`muster alerts tail`: the last --lines alerts, then new ones as they are recorded
+    (polls the `alerts` query every --interval seconds; Ctrl-C exits 0)."""
+    q = """query($first: Int, $kind: String) { alerts(first: $first, kind: $kind) {
+           edges { node { id kind ts hostId jobId message } } } }"""
+    seen: set[str] = set()
+
+    def show(a: dict[str, Any]) -> None:
+        if args.output == "json":
+            print(json.dumps(a), flush=True)
+        else:
+            where = " ".join(x for x in (a["hostId"] and f"host={a['hostId']}", a["jobId"] and f"job={a['jobId']}") if x)
+            print(f"{(a['ts'] or '')[:19]}  {a['kind']:<18} {where}  {a['message']}".rstrip(), flush=True)
+
+    def fetch(n: int) -> list[dict[str, Any]]:
+        return [e["node"] for e in gql(args, q, {"first": n, "kind": args.kind})["alerts"]["edges"]]
+
+    try:
+        first = fetch(max(args.lines, 1))
+        for a in reversed(first[: args.lines]):
+            show(a)
+        seen.update(a["id"] for a in first)
+        while True:
+            time.sleep(args.interval)
+            new = [a for a in fetch(100) if a["id"] not in seen]
+            for a in reversed(new):  # oldest first
+                seen.add(a["id"])
+                show(a)
+    except KeyboardInterrupt:
+        return 0
 
 
 # ---------------------------------------------------------------- tokens and NATS credentials
@@ -630,6 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--db-url", default=None, help="SQLAlchemy URL of the history database (MUSTER_DB_URL)")
     s.add_argument("--name", default=None, help="replica name (default host-pid-random)")
     s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
+    s.add_argument("--history-in-process", action="store_true",
+                   help="write history from the server process instead of a historian process of its own")
     s.add_argument("--heartbeat-interval", type=float, default=None,
                    help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
     s.add_argument("--creds", dest="nats_creds", default=None,
@@ -683,15 +845,32 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--cpus", type=float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
+    js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    js.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
     output(js)
+
+    def watch(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-w", "--watch", action="store_true", help="re-render every 2 s until Ctrl-C")
+
     jl = jsub.add_parser("list")
-    jl.add_argument("--state", default=None)
+    jl.add_argument("--state", default=None, help="one state or several, comma-separated")
+    jl.add_argument("--user", default=None)
+    jl.add_argument("--name", default=None, help="name prefix")
     jl.add_argument("--limit", type=int, default=50)
     output(jl)
+    watch(jl)
     jsh = jsub.add_parser("show")
     jsh.add_argument("id")
     output(jsh)
+    watch(jsh)
+    jlg = jsub.add_parser("logs", help="the output tail of each attempt")
+    jlg.add_argument("id")
+    output(jlg)
+    jw = jsub.add_parser("why", help="why a job is still queued: rejecting hosts by reason, queue position")
+    jw.add_argument("id")
+    output(jw)
     jc = jsub.add_parser("cancel")
     jc.add_argument("id")
     jc.add_argument("--reason", default="")
@@ -702,7 +881,18 @@ def build_parser() -> argparse.ArgumentParser:
     hsub = h.add_subparsers(dest="host_cmd", required=True)
     hl = hsub.add_parser("list")
     hl.add_argument("--limit", type=int, default=500)
+    hl.add_argument("--health", default=None, help="HEALTHY, SUSPECT, LOST (comma-separated)")
+    hl.add_argument("--rack", default=None)
+    hl.add_argument("--zone", default=None)
+    hl.add_argument("--gpu-model", default=None)
+    hl.add_argument("--label", default=None, help="key=value (or key)")
+    hl.add_argument("--search", default=None, help="host id prefix")
+    hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
     output(hl)
+    watch(hl)
+    hs = hsub.add_parser("show")
+    hs.add_argument("id")
+    output(hs)
     for name in ("cordon", "uncordon"):
         hc = hsub.add_parser(name)
         hc.add_argument("id")
@@ -714,6 +904,15 @@ def build_parser() -> argparse.ArgumentParser:
     hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
     output(hd)
     h.set_defaults(fn=cmd_host)
+
+    al = sub.add_parser("alerts", help="follow alerts")
+    alsub = al.add_subparsers(dest="alerts_cmd", required=True)
+    at = alsub.add_parser("tail", help="print the last alerts, then new ones until Ctrl-C")
+    at.add_argument("-n", "--lines", type=int, default=10, help="recent alerts to print first")
+    at.add_argument("--kind", default=None, help='only this kind, e.g. "host.lost"')
+    at.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    output(at)
+    al.set_defaults(fn=cmd_alerts)
 
     def admin_nats(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--nats", default=None, help="NATS URL(s) (MUSTER_NATS_URL)")

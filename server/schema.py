@@ -10,6 +10,11 @@ from __future__ import annotations
 import base64
 import enum
 import datetime as dt
+import json
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field as dc_field
+
 import strawberry
 from strawberry.extensions import (
     MaskErrors,
@@ -21,7 +26,9 @@ from strawberry.extensions import (
 )
 from strawberry.types import Info
 
+from server import subscriptions
 from server.auth import allows
+from server.health import Health as HealthEnum
 from server.messages import Attempt as AttemptModel
 from server.messages import Job as JobModel
 from server.messages import JobState as JobStateEnum
@@ -51,18 +58,47 @@ def _user(info: Info) -> str:
 
 
 def encode_cursor(n: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{n}".encode()).decode()
+    """An offset cursor: the item at position `n`."""
+    return _b64(f"o:{n}")
+
+
+def _b64(s: str) -> str:
+    return base64.urlsafe_b64encode(s.encode()).decode()
+
+
+def _unb64(c: str) -> tuple[str, str]:
+    try:
+        kind, _, rest = base64.urlsafe_b64decode(c.encode()).decode().partition(":")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError("invalid cursor") from exc
+    return kind, rest
 
 
 def decode_cursor(c: str | None) -> int:
+    """The offset after an offset cursor (0 without one)."""
     if not c:
         return 0
+    kind, n = _unb64(c)
     try:
-        kind, _, n = base64.urlsafe_b64decode(c.encode()).decode().partition(":")
         if kind != "o":
             raise ValueError
         return max(0, int(n) + 1)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
+        raise ValueError("invalid cursor") from exc
+
+
+def encode_key_cursor(kind: str, key: object) -> str:
+    """A keyset cursor: the sort key of an item (stable when items come and go)."""
+    return _b64(f"{kind}:{json.dumps(key, separators=(',', ':'))}")
+
+
+def decode_key_cursor(c: str, kind: str) -> object:
+    k, rest = _unb64(c)
+    if k != kind:
+        raise ValueError("invalid cursor")
+    try:
+        return json.loads(rest)
+    except ValueError as exc:
         raise ValueError("invalid cursor") from exc
 
 
@@ -156,10 +192,15 @@ class HostConnection:
 @strawberry.type
 class Attempt:
     _m: strawberry.Private[AttemptModel]
+    _job_id: strawberry.Private[str | None] = None
 
     @strawberry.field
     def id(self) -> strawberry.ID:
         return strawberry.ID(self._m.id)
+
+    @strawberry.field(description="The job this attempt belongs to.")
+    def job_id(self) -> strawberry.ID | None:
+        return strawberry.ID(self._job_id) if self._job_id else None
 
     @strawberry.field
     def number(self) -> int:
@@ -283,7 +324,7 @@ class Job:
 
     @strawberry.field
     def attempts(self) -> list[Attempt]:
-        return [Attempt(_m=a) for a in self._m.attempts]
+        return [Attempt(_m=a, _job_id=self._m.id) for a in self._m.attempts]
 
     @strawberry.field(description="Why the job is still queued: hosts rejecting it, counted by reason.")
     def pending_reasons(self, info: Info) -> list[PendingReason]:
@@ -341,11 +382,132 @@ class Leadership:
 
 
 @strawberry.type
+class GpuGroup:
+    total: int
+    allocated: int
+    healthy: int = strawberry.field(description="GPUs not reported faulty on HEALTHY hosts.")
+
+
+@strawberry.type
+class GpuModelCounts(GpuGroup):
+    model: str
+
+
+@strawberry.type
+class GpuRackCounts(GpuGroup):
+    rack: str = strawberry.field(description="The host's `rack` label (\"-\" when it has none).")
+
+
+@strawberry.type
+class CpuCounts:
+    total: float
+    allocated: float
+
+
+@strawberry.type
+class MemoryCounts:
+    total: int
+    allocated: int
+
+
+@strawberry.type
+class JobStateCount:
+    state: JobState  # type: ignore[valid-type]
+    count: int
+
+
+@dataclass
+class Aggregates:
+    by_model: dict[str, list[int]] = dc_field(default_factory=dict)  # model -> [total, allocated, healthy]
+    by_rack: dict[str, list[int]] = dc_field(default_factory=dict)
+    cpu_total: float = 0.0
+    cpu_allocated: float = 0.0
+    mem_total: int = 0
+    mem_allocated: int = 0
+
+
+def aggregates(mu: Muster, now: float | None = None) -> Aggregates:
+    """GPU, CPU and memory totals and allocations in one pass over the hosts whose
+    heartbeat key is live (LOST hosts count for nothing). Reads the last decoded
+    heartbeat: what is counted here is part of its shape, so it is never stale."""
+    now = time.time() if now is None else now
+    st = mu.state
+    agg = Aggregates()
+    healthy_value = HealthEnum.HEALTHY
+    for host_id, e in st.hosts.items():
+        hb = e.heartbeat
+        if hb is None or not e.present:
+            continue
+        host_ok = st.health(host_id, now) is healthy_value
+        alloc = st.allocs.get(host_id)
+        used: set[int] = set()
+        if alloc is not None:
+            for t in alloc.tasks:
+                used.update(t.gpu_indices)
+                agg.cpu_allocated += t.cpus
+                agg.mem_allocated += t.memory_mb
+        agg.cpu_total += hb.cpus
+        agg.mem_total += hb.memory_mb
+        bad = {u.index for u in hb.gpu_usage if not u.healthy} if host_ok else None
+        rack = hb.labels.get("rack") or "-"
+        r = agg.by_rack.get(rack)
+        if r is None:
+            r = agg.by_rack[rack] = [0, 0, 0]
+        for g in hb.gpus:
+            m = agg.by_model.get(g.model)
+            if m is None:
+                m = agg.by_model[g.model] = [0, 0, 0]
+            a = 1 if g.index in used else 0
+            h = 1 if bad is not None and g.index not in bad else 0
+            m[0] += 1
+            m[1] += a
+            m[2] += h
+            r[0] += 1
+            r[1] += a
+            r[2] += h
+    return agg
+
+
+@strawberry.type
 class Cluster:
     hosts: HostCounts
     gpus: GpuCounts
     jobs: JobCounts
     leadership: Leadership
+    _mu: strawberry.Private[Muster | None] = None
+    _agg: strawberry.Private[Aggregates | None] = None
+
+    def _aggregates(self) -> Aggregates:
+        if self._agg is None:
+            assert self._mu is not None
+            self._agg = aggregates(self._mu)
+        return self._agg
+
+    @strawberry.field(description="GPUs on live hosts by GPU model.")
+    def gpus_by_model(self) -> list[GpuModelCounts]:
+        return [GpuModelCounts(model=k, total=v[0], allocated=v[1], healthy=v[2])
+                for k, v in sorted(self._aggregates().by_model.items())]
+
+    @strawberry.field(description="GPUs on live hosts by `rack` label.")
+    def gpus_by_rack(self) -> list[GpuRackCounts]:
+        return [GpuRackCounts(rack=k, total=v[0], allocated=v[1], healthy=v[2])
+                for k, v in sorted(self._aggregates().by_rack.items())]
+
+    @strawberry.field(description="CPUs of live hosts, and those reserved by their tasks.")
+    def cpu(self) -> CpuCounts:
+        a = self._aggregates()
+        return CpuCounts(total=a.cpu_total, allocated=round(a.cpu_allocated, 3))
+
+    @strawberry.field(description="Memory (MB) of live hosts, and that reserved by their tasks.")
+    def memory_mb(self) -> MemoryCounts:
+        a = self._aggregates()
+        return MemoryCounts(total=a.mem_total, allocated=a.mem_allocated)
+
+    @strawberry.field(description="Jobs held in the state store, by state (every state, zeros too).")
+    def jobs_by_state(self) -> list[JobStateCount]:
+        assert self._mu is not None
+        counts = self._mu.state.job_counts()
+        return [JobStateCount(state=st, count=counts.get(st.value, 0)) for st in JobStateEnum]
 
 
 @strawberry.enum(description="What happens to a running attempt when its host is cut off.")
@@ -428,6 +590,187 @@ class HostActionPayload:
     user_errors: list[UserError]
 
 
+@strawberry.input(description="Hosts matching every given field.")
+class HostFilter:
+    health: list[str] | None = strawberry.field(default=None, description="HEALTHY, SUSPECT and/or LOST.")
+    rack: str | None = None
+    zone: str | None = None
+    gpu_model: str | None = strawberry.field(default=None, description="Hosts with at least one GPU of this model.")
+    label: str | None = strawberry.field(default=None, description="`key=value`, or `key` for any value.")
+    cordoned: bool | None = None
+    search: str | None = strawberry.field(default=None, description="Host id prefix.")
+
+
+@strawberry.enum
+class HostSort(enum.Enum):
+    ID_ASC = "ID_ASC"
+    ID_DESC = "ID_DESC"
+    HEALTH = "HEALTH"  # LOST, then SUSPECT, then HEALTHY
+    GPUS_FREE_DESC = "GPUS_FREE_DESC"
+    LAST_SEEN_DESC = "LAST_SEEN_DESC"
+
+
+@strawberry.input(description="Jobs matching every given field.")
+class JobFilter:
+    state: list[JobState] | None = None  # type: ignore[valid-type]
+    user: str | None = None
+    name_prefix: str | None = None
+    priority: int | None = None
+    submitted_after: dt.datetime | None = strawberry.field(default=None, description="Inclusive.")
+    submitted_before: dt.datetime | None = strawberry.field(default=None, description="Exclusive.")
+
+
+@strawberry.enum
+class JobSort(enum.Enum):
+    SUBMITTED_AT_DESC = "-submitted_at"
+    SUBMITTED_AT_ASC = "submitted_at"
+    PRIORITY_DESC = "-priority"
+    PRIORITY_ASC = "priority"
+
+
+@strawberry.type
+class AttemptEdge:
+    cursor: str
+    node: Attempt
+
+
+@strawberry.type
+class AttemptConnection:
+    total_count: int
+    edges: list[AttemptEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class HistoryEvent:
+    id: strawberry.ID
+    ts: dt.datetime | None
+    kind: str
+    job_id: str | None
+    host_id: str | None
+    message: str
+
+
+@strawberry.type
+class HistoryEventEdge:
+    cursor: str
+    node: HistoryEvent
+
+
+@strawberry.type
+class HistoryEventConnection:
+    total_count: int
+    edges: list[HistoryEventEdge]
+    page_info: PageInfo
+
+
+_HEALTH_RANK = {"LOST": 0, "SUSPECT": 1, "HEALTHY": 2}
+
+
+def _epoch(t: dt.datetime | None) -> float | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def select_hosts(mu: Muster, f: HostFilter | None, sort: HostSort, now: float) -> list[tuple[list[object], str]]:
+    """(sort key, host id) of every matching host, in order: one pass over the hosts,
+    reading only what the shape of the last decoded heartbeat holds (no decoding)."""
+    st = mu.state
+    healths = {h.upper() for h in f.health} if f and f.health else None
+    rack = f.rack if f else None
+    zone = f.zone if f else None
+    model = f.gpu_model if f else None
+    label_k = label_v = None
+    if f and f.label:
+        label_k, eq, label_v = f.label.partition("=")
+        if not eq:
+            label_v = None
+    cordoned = f.cordoned if f else None
+    search = f.search if f else None
+    need_health = healths is not None or sort is HostSort.HEALTH
+    out: list[tuple[list[object], str]] = []
+    for hid, e in st.hosts.items():
+        hb = e.heartbeat
+        if hb is None:
+            continue
+        if search and not hid.startswith(search):
+            continue
+        labels = hb.labels
+        if rack is not None and labels.get("rack") != rack:
+            continue
+        if zone is not None and labels.get("zone") != zone:
+            continue
+        if label_k is not None and (label_k not in labels or (label_v is not None and labels[label_k] != label_v)):
+            continue
+        if model is not None and not any(g.model == model for g in hb.gpus):
+            continue
+        if cordoned is not None:
+            cfg = st.hostcfg.get(hid)
+            if bool(cfg and cfg.cordoned) != cordoned:
+                continue
+        health = st.health(hid, now).value if need_health else ""
+        if healths is not None and health not in healths:
+            continue
+        if sort is HostSort.HEALTH:
+            key: list[object] = [_HEALTH_RANK.get(health, 3), hid]
+        elif sort is HostSort.GPUS_FREE_DESC:
+            alloc = st.allocs.get(hid)
+            used = len({i for t in alloc.tasks for i in t.gpu_indices}) if alloc else 0
+            bad = sum(1 for u in hb.gpu_usage if not u.healthy)
+            key = [-(len(hb.gpus) - used - bad), hid]
+        elif sort is HostSort.LAST_SEEN_DESC:
+            key = [-round(e.seen_at, 6), hid]
+        else:
+            key = [hid]
+        out.append((key, hid))
+    out.sort(key=lambda x: x[0], reverse=sort is HostSort.ID_DESC)
+    return out
+
+
+def _page_after(rows: list[tuple[list[object], str]], after: list[object], reverse: bool) -> int:
+    """Index of the first row strictly after the cursor key."""
+    import bisect
+
+    if not reverse:
+        return bisect.bisect_right(rows, after, key=lambda x: x[0])  # type: ignore[arg-type]
+    for i, (k, _) in enumerate(rows):
+        if k < after:  # type: ignore[operator]
+            return i
+    return len(rows)
+
+
+def _count(history: object, table: object, conds: list[object]) -> int:
+    from sqlalchemy import func
+    from sqlmodel import Session, select
+
+    with Session(history.engine) as s:  # type: ignore[attr-defined]
+        return int(s.exec(select(func.count()).select_from(table).where(*conds)).one())  # type: ignore[arg-type]
+
+
+def _cluster(mu: Muster) -> Cluster:
+    s = mu.summary()
+    j = s.jobs
+    return Cluster(
+        hosts=HostCounts(total=s.hosts_total, healthy=s.hosts_healthy, suspect=s.hosts_suspect,
+                         lost=s.hosts_lost),
+        gpus=GpuCounts(total=s.gpus_total, allocated=s.gpus_allocated),
+        jobs=JobCounts(queued=j.get("QUEUED", 0), placed=j.get("PLACED", 0), running=j.get("RUNNING", 0),
+                       succeeded=j.get("SUCCEEDED", 0), failed=j.get("FAILED", 0),
+                       cancelled=j.get("CANCELLED", 0)),
+        leadership=Leadership(term=mu.state.term, leader=mu.state.leader, role=mu.role,
+                              replica=mu.config.name),
+        _mu=mu,
+    )
+
+
+def _alert(r: object) -> Alert:
+    return Alert(id=strawberry.ID(r.id), kind=r.kind.removeprefix("alert."), ts=_ts(r.ts),  # type: ignore[attr-defined]
+                 host_id=r.host_id, job_id=r.job_id, message=r.message)  # type: ignore[attr-defined]
+
+
 @strawberry.type
 class Query:
     @strawberry.field
@@ -439,25 +782,52 @@ class Query:
         m = _muster(info).get_job(str(id))
         return Job(_m=m) if m else None
 
-    @strawberry.field
+    @strawberry.field(description="Jobs from the history database (newest first by default). "
+                                  "Cursors are keyset cursors: stable while jobs are added.")
     def jobs(
         self,
         info: Info,
         first: int | None = 50,
         after: str | None = None,
         state: JobState | None = None,  # type: ignore[valid-type]
+        filter: JobFilter | None = None,
+        sort: JobSort = JobSort.SUBMITTED_AT_DESC,
     ) -> JobConnection:
-        offset, n = _page_args(first, after)
+        from server.history import job_cursor
+
+        _, n = _page_args(first, None)
         mu = _muster(info)
         assert mu.history is not None
-        rows, total = mu.history.list_jobs(state=state.value if state else None, limit=n, offset=offset)
-        edges = [JobEdge(cursor=encode_cursor(offset + i), node=Job(_m=mu.state.jobs.get(j.id, j)))
-                 for i, j in enumerate(rows)]
+        states: list[str] = []
+        if state is not None:
+            states.append(state.value)
+        if filter and filter.state:
+            states.extend(s.value for s in filter.state if s.value not in states)
+        offset = 0
+        keyset: str | None = None
+        if after:
+            kind, rest = _unb64(after)
+            if kind == "o":
+                offset = decode_cursor(after)
+            elif kind == "j":
+                sort_name, _, keyset = rest.partition(":")
+                if sort_name != sort.value:
+                    raise ValueError("this cursor belongs to another sort order")
+            else:
+                raise ValueError("invalid cursor")
+        f = filter or JobFilter()
+        rows, total = mu.history.list_jobs(
+            state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
+            submitted_after=_epoch(f.submitted_after), submitted_before=_epoch(f.submitted_before),
+            sort=sort.value, limit=n + 1, offset=offset, after=keyset)
+        more = len(rows) > n
+        rows = rows[:n]
+        edges = [JobEdge(cursor=_b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"),
+                         node=Job(_m=mu.state.jobs.get(j.id, j))) for j in rows]
         return JobConnection(
             total_count=total,
             edges=edges,
-            page_info=PageInfo(has_next_page=offset + len(edges) < total,
-                               end_cursor=edges[-1].cursor if edges else None),
+            page_info=PageInfo(has_next_page=more, end_cursor=edges[-1].cursor if edges else None),
         )
 
     @strawberry.field
@@ -465,26 +835,110 @@ class Query:
         v = _muster(info).host_view(str(id))
         return Host.from_view(v) if v else None
 
-    @strawberry.field
+    @strawberry.field(description="Hosts, filtered and sorted in one pass. Cursors are keyset cursors: "
+                                  "stable while hosts come and go.")
     def hosts(
         self,
         info: Info,
         first: int | None = 50,
         after: str | None = None,
         health: str | None = None,
+        filter: HostFilter | None = None,
+        sort: HostSort = HostSort.ID_ASC,
     ) -> HostConnection:
-        offset, n = _page_args(first, after)
-        views = _muster(info).host_views()
+        _, n = _page_args(first, None)
+        mu = _muster(info)
+        now = time.time()
         if health:
-            views = [v for v in views if v.health == health.upper()]
-        page = views[offset: offset + n]
-        edges = [HostEdge(cursor=encode_cursor(offset + i), node=Host.from_view(v)) for i, v in enumerate(page)]
+            filter = HostFilter(**{**(vars(filter) if filter else {}), "health": [health]})
+        rows = select_hosts(mu, filter, sort, now)
+        start = 0
+        if after:
+            kind, _ = _unb64(after)
+            if kind == "o":
+                start = decode_cursor(after)
+            else:
+                key = decode_key_cursor(after, "h" + sort.value)
+                if not isinstance(key, list):
+                    raise ValueError("invalid cursor")
+                start = _page_after(rows, key, sort is HostSort.ID_DESC)
+        page = rows[start: start + n]
+        edges = []
+        for key, hid in page:
+            v = mu.host_view(hid, now)
+            if v is not None:
+                edges.append(HostEdge(cursor=encode_key_cursor("h" + sort.value, key), node=Host.from_view(v)))
         return HostConnection(
-            total_count=len(views),
+            total_count=len(rows),
             edges=edges,
-            page_info=PageInfo(has_next_page=offset + len(edges) < len(views),
+            page_info=PageInfo(has_next_page=start + len(page) < len(rows),
                                end_cursor=edges[-1].cursor if edges else None),
         )
+
+    @strawberry.field(description="Attempts from the history database, by placement time.")
+    def attempts(self, info: Info, first: int | None = 50, after: str | None = None,
+                 job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
+                 newest_first: bool = False) -> AttemptConnection:
+        from server.history import AttemptRow
+        from server.messages import AttemptState
+
+        offset, n = _page_args(first, after)
+        mu = _muster(info)
+        assert mu.history is not None
+        jid = str(job_id) if job_id is not None else None
+        hid = str(host_id) if host_id is not None else None
+        rows = mu.history.list_attempts(job_id=jid, host_id=hid, limit=n, offset=offset, newest_first=newest_first)
+        conds = []
+        if jid is not None:
+            conds.append(AttemptRow.job_id == jid)
+        if hid is not None:
+            conds.append(AttemptRow.host_id == hid)
+        total = _count(mu.history, AttemptRow, conds)
+        jobs: dict[str, JobModel | None] = {}
+        edges = []
+        for i, r in enumerate(rows):
+            if r.job_id not in jobs:
+                jobs[r.job_id] = mu.get_job(r.job_id)
+            job = jobs[r.job_id]
+            m = next((a for a in job.attempts if a.id == r.id), None) if job else None
+            if m is None:
+                m = AttemptModel(id=r.id, number=r.number, host_id=r.host_id, state=AttemptState(r.state),
+                                 term=r.term, placed_at=r.placed_at, started_at=r.started_at,
+                                 finished_at=r.finished_at, exit_code=r.exit_code)
+            edges.append(AttemptEdge(cursor=encode_cursor(offset + i), node=Attempt(_m=m, _job_id=r.job_id)))
+        return AttemptConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field(description="Recorded job, attempt and host events, oldest first unless newestFirst.")
+    def events(self, info: Info, first: int | None = 50, after: str | None = None,
+               job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
+               kind: str | None = None, since: dt.datetime | None = None,
+               newest_first: bool = False) -> HistoryEventConnection:
+        from server.history import EventRow
+
+        offset, n = _page_args(first, after)
+        mu = _muster(info)
+        assert mu.history is not None
+        jid = str(job_id) if job_id is not None else None
+        hid = str(host_id) if host_id is not None else None
+        since_s = _epoch(since)
+        rows = mu.history.list_events(job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n, offset=offset,
+                                      newest_first=newest_first)
+        conds = []
+        if jid is not None:
+            conds.append(EventRow.job_id == jid)
+        if hid is not None:
+            conds.append(EventRow.host_id == hid)
+        if kind is not None:
+            conds.append(EventRow.kind == kind)
+        if since_s is not None:
+            conds.append(EventRow.ts >= since_s)
+        total = _count(mu.history, EventRow, conds)
+        edges = [HistoryEventEdge(cursor=encode_cursor(offset + i), node=HistoryEvent(
+            id=strawberry.ID(r.id), ts=_ts(r.ts), kind=r.kind, job_id=r.job_id, host_id=r.host_id,
+            message=r.message)) for i, r in enumerate(rows)]
+        return HistoryEventConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
 
     @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects).")
     def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
@@ -495,27 +949,89 @@ class Query:
         mu = _muster(info)
         assert mu.history is not None
         rows, total = list_alerts(mu.history, kind=kind, limit=n, offset=offset)
-        edges = [AlertEdge(cursor=encode_cursor(offset + i), node=Alert(
-            id=strawberry.ID(r.id), kind=r.kind.removeprefix("alert."), ts=_ts(r.ts), host_id=r.host_id,
-            job_id=r.job_id, message=r.message)) for i, r in enumerate(rows)]
+        edges = [AlertEdge(cursor=encode_cursor(offset + i), node=_alert(r)) for i, r in enumerate(rows)]
         return AlertConnection(total_count=total, edges=edges, page_info=PageInfo(
             has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
 
     @strawberry.field
     def cluster(self, info: Info) -> Cluster:
+        return _cluster(_muster(info))
+
+
+@strawberry.type
+class HostHealthChange:
+    host_id: strawberry.ID
+    old_health: str | None = strawberry.field(description="null when the host was not known before.")
+    new_health: str
+    at: dt.datetime | None
+
+    @strawberry.field
+    def host(self, info: Info) -> Host | None:
+        v = _muster(info).host_view(str(self.host_id))
+        return Host.from_view(v) if v else None
+
+
+def _can_read(info: Info) -> None:
+    if not allows(info.context.get("token"), "viewer"):
+        raise PermissionError("a valid token is required")
+
+
+@strawberry.type
+class Subscription:
+    @strawberry.subscription(description="Host health transitions (HEALTHY, SUSPECT, LOST), as they happen.")
+    async def host_health(self, info: Info, host_id: strawberry.ID | None = None) -> AsyncGenerator[HostHealthChange, None]:
+        _can_read(info)
+        gen = subscriptions.hub_for(_muster(info)).host_health()
+        try:
+            async for c in gen:
+                if host_id is None or c.host_id == str(host_id):
+                    yield HostHealthChange(host_id=strawberry.ID(c.host_id), old_health=c.old, new_health=c.new,
+                                           at=_ts(c.ts))
+        finally:
+            await gen.aclose()
+
+    @strawberry.subscription(description="Job records as they change; with `id`, that job only: its "
+                                         "current record first, and the subscription completes once it has finished.")
+    async def job_updates(self, info: Info, id: strawberry.ID | None = None) -> AsyncGenerator[Job, None]:
+        _can_read(info)
         mu = _muster(info)
-        s = mu.summary()
-        j = s.jobs
-        return Cluster(
-            hosts=HostCounts(total=s.hosts_total, healthy=s.hosts_healthy, suspect=s.hosts_suspect,
-                             lost=s.hosts_lost),
-            gpus=GpuCounts(total=s.gpus_total, allocated=s.gpus_allocated),
-            jobs=JobCounts(queued=j.get("QUEUED", 0), placed=j.get("PLACED", 0), running=j.get("RUNNING", 0),
-                           succeeded=j.get("SUCCEEDED", 0), failed=j.get("FAILED", 0),
-                           cancelled=j.get("CANCELLED", 0)),
-            leadership=Leadership(term=mu.state.term, leader=mu.state.leader, role=mu.role,
-                                  replica=mu.config.name),
-        )
+        gen = subscriptions.hub_for(mu).job_updates(str(id) if id is not None else None)
+        try:
+            if id is not None:
+                current = mu.get_job(str(id))
+                if current is None:
+                    raise ValueError(f"no job {id}")
+                yield Job(_m=current)
+                if current.state.terminal:
+                    return
+            async for j in gen:
+                yield Job(_m=j)
+                if id is not None and j.state.terminal:
+                    return
+        finally:
+            await gen.aclose()
+
+    @strawberry.subscription(description="The cluster summary every `intervalSeconds` (at least 0.5).")
+    async def cluster_stats(self, info: Info, interval_seconds: float = 2.0) -> AsyncGenerator[Cluster, None]:
+        import asyncio
+
+        _can_read(info)
+        mu = _muster(info)
+        interval = max(0.5, min(interval_seconds, 3600.0))
+        while True:
+            yield _cluster(mu)
+            await asyncio.sleep(interval)
+
+    @strawberry.subscription(description="Alerts as they are published (`kind` like \"host.lost\").")
+    async def alerts(self, info: Info, kind: str | None = None) -> AsyncGenerator[Alert, None]:
+        _can_read(info)
+        gen = subscriptions.hub_for(_muster(info)).alerts(kind)
+        try:
+            async for a in gen:
+                yield Alert(id=strawberry.ID(a.id), kind=a.kind, ts=_ts(a.ts), host_id=a.host_id, job_id=a.job_id,
+                            message=a.message)
+        finally:
+            await gen.aclose()
 
 
 @strawberry.type
@@ -596,7 +1112,7 @@ def build_schema(production: bool = False) -> strawberry.Schema:
     ]
     if production:
         extensions.append(MaskErrors)
-    return strawberry.Schema(query=Query, mutation=Mutation, extensions=extensions)
+    return strawberry.Schema(query=Query, mutation=Mutation, subscription=Subscription, extensions=extensions)
 
 
 def schema_sdl() -> str:
