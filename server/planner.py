@@ -41,6 +41,10 @@ class Plan:
     # nothing else could take it / kept because the job asked to wait (KEEP_RUNNING).
     evicted: int = 0
     paced: int = 0
+    # How many of the given reports and commands this cycle used (the rest wait: one
+    # commit holds at most `max_keys` records).
+    reports_used: int = 0
+    commands_used: int = 0
     held_no_capacity: int = 0
     held_keep_running: int = 0
     disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -397,11 +401,20 @@ def plan_cycle(
     """Decide one cycle. `state` is read, never modified."""
     plan = Plan()
     w = _Work(state, plan)
+    # Each input touches at most a job and a host's allocation (a gang's failure may
+    # touch every host of the gang, at most 256): leave room for them and for placements.
+    room = max(2, max_keys - 258)
     for r in reports:
+        if plan.keys + 2 > room:
+            break
         apply_report(w, r, now)
+        plan.reports_used += 1
     for c in commands:
+        if plan.keys + 2 > room:
+            break
         if c.kind == "cancel":
             apply_cancel(w, c, now)
+        plan.commands_used += 1
     def healthy(host_id: str) -> bool:
         return state.health(host_id, now) is Health.HEALTHY
 

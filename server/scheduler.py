@@ -103,7 +103,14 @@ class Scheduler:
                 await asyncio.sleep(0.2)
                 continue
             for m in msgs:
-                sink.append((m, decoder(m)))
+                decoded = decoder(m)
+                if decoded is None:  # malformed: counted and dropped, never retried
+                    try:
+                        await m.ack()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    continue
+                sink.append((m, decoded))
             self.wake.set()
 
     # ------------------------------------------------------------ the loop
@@ -184,14 +191,16 @@ class Scheduler:
         term = self.leadership.term
         plan = plan_cycle(
             self.state,
-            reports=[r for _, r in reports_in if r is not None],
-            commands=[c for _, c in commands_in if c is not None],
+            reports=[r for _, r in reports_in],
+            commands=[c for _, c in commands_in],
             now=now,
             term=term,
             max_keys=self.config.max_keys_per_commit,
             budget=self.budget,
         )
         self.last_plan = plan
+        reports_in = reports_in[: plan.reports_used]
+        commands_in = commands_in[: plan.commands_used]
         metrics.QUEUE_DEPTH.set(len(self.state.queued()))
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
