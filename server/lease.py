@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,3 +184,92 @@ class Leadership:
             await self.store.put("lease", b"", expected=rev, ttl="1s")
         except StoreError:
             pass
+
+
+class ThreadedLeadership:
+    """A `Leadership` kept by a thread of its own, with its own event loop and NATS
+    connection: renewals then never wait behind the main loop's work (a burst of API
+    requests or a long scheduling cycle), while safety still rests on the store's fence.
+
+    The main loop reads `leading`, `term` and `fence()` as it would from a Leadership,
+    and waits on `changed`."""
+
+    def __init__(self, connect: Callable[[], object], holder: str, config: LeaseConfig | None = None,
+                 on_change: Callable[[bool, int], None] | None = None, replicas: int = 1) -> None:
+        self._connect = connect  # returns an awaitable NATS connection, called in the thread
+        self.holder = holder
+        self.config = (config or LeaseConfig()).validate()
+        self.on_change = on_change
+        self.replicas = replicas
+        self.changed = asyncio.Event()
+        self.inner: Leadership | None = None
+        self._main: asyncio.AbstractEventLoop | None = None
+        self._tloop: asyncio.AbstractEventLoop | None = None
+        self._tstop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self.inner is not None and self.inner.leading
+
+    @property
+    def term(self) -> int:
+        return self.inner.term if self.inner is not None else 0
+
+    @property
+    def takeovers(self) -> int:
+        return self.inner.takeovers if self.inner is not None else 0
+
+    def fence(self) -> Fence:
+        assert self.inner is not None
+        return self.inner.fence()
+
+    def step_down(self, why: str) -> None:
+        if self.inner is not None and self._tloop is not None:
+            self._tloop.call_soon_threadsafe(self.inner.step_down, why)
+
+    def _changed(self, leading: bool, term: int) -> None:
+        # Called in the lease thread: hand the news to the main loop.
+        def notify() -> None:
+            self.changed.set()
+            if self.on_change:
+                self.on_change(leading, term)
+
+        if self._main is not None:
+            self._main.call_soon_threadsafe(notify)
+
+    def _thread_main(self) -> None:
+        async def go() -> None:
+            from server.store import Store
+
+            self._tloop = asyncio.get_running_loop()
+            self._tstop = asyncio.Event()
+            nc = await self._connect()  # type: ignore[misc]
+            try:
+                self.inner = Leadership(Store(nc, replicas=self.replicas), self.holder, self.config,
+                                        on_change=self._changed)
+                self._ready.set()
+                await self.inner.run(self._tstop)
+            finally:
+                self._ready.set()
+                try:
+                    await asyncio.wait_for(nc.close(), timeout=5)  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001
+                    pass
+
+        try:
+            asyncio.run(go())
+        except Exception:  # noqa: BLE001
+            log.exception("lease thread failed")
+            self._ready.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._main = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._thread_main, name="muster-lease", daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(self._ready.wait, 30)
+        await stop.wait()
+        if self._tloop is not None and self._tstop is not None:
+            self._tloop.call_soon_threadsafe(self._tstop.set)  # resigns the lease on the way out
+        await asyncio.to_thread(self._thread.join, 15)

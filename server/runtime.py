@@ -23,7 +23,7 @@ from server.errors import ConflictError, StoreError, ValidationError
 from server.health import Health
 from server.historian import HistorianConfig, HistorianProcess
 from server.history import History
-from server.lease import Leadership, LeaseConfig
+from server.lease import LeaseConfig, ThreadedLeadership
 from server.monitor import HealthMonitor
 from server.recorder import Recorder
 from server.messages import Command, Event, Job, JobState, encode, new_id
@@ -118,7 +118,7 @@ class Muster:
         self.historian: HistorianProcess | None = None
         self.store: Store | None = None
         self.history: History | None = None
-        self.leadership: Leadership | None = None
+        self.leadership: ThreadedLeadership | None = None
         self.scheduler: Scheduler | None = None
         self.new_token: str | None = None
         self.started_at = time.time()
@@ -153,13 +153,17 @@ class Muster:
             except asyncio.TimeoutError:
                 log.warning("watch of %s not synced after 30 s; continuing", w.bucket)
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
-        self.leadership = Leadership(
-            self.store, cfg.name,
-            LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
-                        shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
-                        trust_local_clock=os.environ.get("MUSTER_TEST_IGNORE_LEASE_CLOCK") != "1"),
-            on_change=self._on_leadership,
-        )
+        lease_cfg = LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
+                                shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
+                                trust_local_clock=os.environ.get("MUSTER_TEST_IGNORE_LEASE_CLOCK") != "1")
+
+        def lease_connection():  # type: ignore[no-untyped-def]
+            return connect(cfg.nats_url, name=f"muster-server-{cfg.name}-lease", creds=cfg.nats_creds,
+                           tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+
+        # The lease is kept by a thread of its own (see ThreadedLeadership).
+        self.leadership = ThreadedLeadership(lease_connection, cfg.name, lease_cfg,
+                                             on_change=self._on_leadership, replicas=cfg.replicas)
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s))
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)

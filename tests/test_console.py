@@ -436,3 +436,381 @@ async def test_viewer_token_may_only_view(console: Console) -> None:
     r = await c.post("/submit", data={"csrf": csrf_token(h), "name": "x", "command": "true"})
     assert r.status_code == 403
     assert m.state.jobs == {}
+
+
+# ---------------------------------------------------------------- overview heat map, hosts filters
+
+
+async def put_hb(m: Muster, host_id: str, *, rack: str = "r1", zone: str = "z1", util: float = 40.0,
+                 gpus: int = 2, model: str = "H100", temp: float = 50.0, power: float = 300.0,
+                 ts: float | None = None) -> None:
+    hb = Heartbeat(
+        host_id=host_id, boot_id="boot-1", ts=time.time() if ts is None else ts,
+        labels={"rack": rack, "zone": zone},
+        gpus=[GpuInfo(index=i, model=model, memory_mb=81920) for i in range(gpus)],
+        gpu_usage=[GpuUsage(index=i, util_pct=util, temp_c=temp + i, power_w=power + i) for i in range(gpus)],
+        cpus=32, memory_mb=256 * 1024, cpu_pct=50.0, mem_used_mb=64 * 1024, simulated=True,
+    )
+    assert m.store is not None
+    await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
+
+
+def live_fragment(text: str) -> str:
+    return text[text.index('<div id="live"'):]
+
+
+async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    import web.console as wc
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.get("/")
+    assert "No hosts have reported yet, so there is nothing to map." in r.text
+    await asyncio.gather(
+        put_hb(m, "a-1", rack="ra", util=5.0), put_hb(m, "a-2", rack="ra", util=45.0),
+        put_hb(m, "b-1", rack="rb", util=100.0), put_hb(m, "c-1", rack="rc", gpus=0),
+    )
+    await eventually(lambda: len(m.state.hosts) == 4, what="heartbeats")
+    r = await c.get("/")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    assert "style=" not in r.text
+    html = r.text
+    # Utilization: GPUs allocated as a bar, CPU and RAM.
+    assert 'id="util-gpu"' in html and 'id="util-cpu"' in html and 'id="util-mem"' in html
+    assert "0 of 6 GPUs" in html
+    assert "64 of 128 cores" in html  # 4 hosts x 32 cores at 50 % (the GPU-less one too)
+    assert "50.0 %" in html  # CPU and RAM both half used
+    # Few hosts: one cell per host, grouped by rack, coloured in 10 % steps.
+    assert "One cell per host" in html
+    assert re.search(r'class="cell heat-0" href="/hosts/a-1"', html)
+    assert re.search(r'class="cell heat-4" href="/hosts/a-2"', html)
+    assert re.search(r'class="cell heat-10" href="/hosts/b-1"', html)
+    assert re.search(r'class="cell heat-none" href="/hosts/c-1"', html)
+    assert 'title="a-2: 45.0 % GPU util, 0/2 GPUs allocated, HEALTHY"' in html
+    assert 'href="/hosts?rack=ra"' in html
+
+    # Many hosts: one cell per rack, capped, and the page says so.
+    monkeypatch.setattr(wc, "HEAT_PER_HOST_MAX", 2)
+    monkeypatch.setattr(wc, "HEAT_MAX_CELLS", 2)
+    await put_hb(m, "a-3", rack="ra", util=60.0)  # a new host: the snapshot is rebuilt
+    await eventually(lambda: len(m.state.hosts) == 5, what="heartbeat")
+    r = await c.get("/", headers={"HX-Request": "true"})
+    html = r.text
+    assert "One cell per rack (3 racks)" in html
+    assert "Showing the first 2 of 3 racks" in html
+    assert html.count('class="cell ') == 2
+    # rack ra: mean of 5, 45, 60 = 36.7 %
+    assert re.search(r'class="cell heat-3" href="/hosts\?rack=ra"[^>]*title="ra: 36.7 % mean GPU util over 3 hosts', html)
+    assert re.search(r'class="cell heat-10" href="/hosts\?rack=rb"', html)
+    assert "rc" not in re.findall(r'href="/hosts\?rack=(\w+)"', html)
+
+
+async def test_hosts_filters_and_sorting(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await asyncio.gather(
+        put_hb(m, "h-1", rack="r1", zone="z1", util=10.0),
+        put_hb(m, "h-2", rack="r1", zone="z2", util=90.0, model="A100"),
+        put_hb(m, "h-3", rack="r2", zone="z1", util=50.0),
+        put_hb(m, "h-4", rack="r2", zone="z2", util=70.0, gpus=4),
+    )
+    await eventually(lambda: len(m.state.hosts) == 4, what="heartbeats")
+    errors = await m.set_cordon("h-3", True, "operator", "flaky NIC")
+    assert not errors
+
+    def ids(text: str) -> list[str]:
+        return re.findall(r'<th scope="row"><a href="/hosts/([^"]+)"', text)
+
+    r = await c.get("/hosts")
+    assert ids(r.text) == ["h-1", "h-2", "h-3", "h-4"]
+    for col in ("id", "health", "util", "alloc"):
+        assert f'id="sort-{col}"' in r.text
+    # Dropdowns offer what the fleet has.
+    assert '<option value="r2">' in r.text and '<option value="z2">' in r.text and '<option value="A100">' in r.text
+
+    assert ids((await c.get("/hosts?rack=r1")).text) == ["h-1", "h-2"]
+    assert ids((await c.get("/hosts?zone=z2")).text) == ["h-2", "h-4"]
+    assert ids((await c.get("/hosts?model=A100")).text) == ["h-2"]
+    assert ids((await c.get("/hosts?cordoned=yes")).text) == ["h-3"]
+    assert ids((await c.get("/hosts?cordoned=no")).text) == ["h-1", "h-2", "h-4"]
+    assert ids((await c.get("/hosts?health=HEALTHY&rack=r2")).text) == ["h-3", "h-4"]
+    r = await c.get("/hosts?health=LOST")
+    assert ids(r.text) == [] and "No host matches these filters" in r.text
+    r = await c.get("/hosts?rack=r2&zone=z2&q=h-")
+    assert ids(r.text) == ["h-4"] and "1 host matching “h-”" in r.text
+
+    r = await c.get("/hosts?sort=util")
+    assert ids(r.text) == ["h-1", "h-3", "h-4", "h-2"]
+    assert 'aria-sort="ascending"' in r.text
+    assert 'href="/hosts?sort=-util" id="sort-util"' in r.text  # a second click reverses
+    r = await c.get("/hosts?sort=-util")
+    assert ids(r.text) == ["h-2", "h-4", "h-3", "h-1"] and 'aria-sort="descending"' in r.text
+    assert ids((await c.get("/hosts?sort=-id")).text) == ["h-4", "h-3", "h-2", "h-1"]
+    assert ids((await c.get("/hosts?sort=health")).text) == ["h-1", "h-2", "h-3", "h-4"]
+    assert ids((await c.get("/hosts?sort=-alloc&rack=r2")).text) == ["h-4", "h-3"]  # 0/4 before 0/2
+
+    # The form sends every field; the server redirects to the canonical URL, and the
+    # live fragment polls that URL with the filters kept.
+    r = await c.get("/hosts?q=h-&health=&rack=r2&zone=&model=&cordoned=&sort=util")
+    assert r.status_code == 303 and r.headers["location"] == "/hosts?q=h-&rack=r2&sort=util"
+    r = await c.get("/hosts?health=healthy&sort=bogus&cordoned=maybe")
+    assert r.status_code == 303 and r.headers["location"] == "/hosts?health=HEALTHY"
+    r = await c.get("/hosts?rack=r2&sort=util", headers={"HX-Request": "true"})
+    assert 'hx-get="/hosts?rack=r2&amp;sort=util"' in r.text
+    assert ids(r.text) == ["h-3", "h-4"]
+    # Paging keeps the filters.
+    r = await c.get("/hosts?q=nothing")
+    assert "No host id contains “nothing”" in r.text
+
+
+async def test_hosts_filters_page_through_many(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    ids = [f"n-{i:03d}" for i in range(120)]
+    await asyncio.gather(*(put_hb(m, h, rack=f"r{i % 2}", util=float(i % 100)) for i, h in enumerate(ids)))
+    await eventually(lambda: len(m.state.hosts) == len(ids), what="heartbeats")
+    r = await c.get("/hosts?rack=r1&sort=-util")
+    assert "60 hosts (rack r1)." in r.text and "Page 1 of 2" in r.text
+    assert 'href="/hosts?rack=r1&amp;sort=-util&amp;page=2"' in r.text
+    r = await c.get("/hosts?rack=r1&sort=-util&page=2")
+    assert "Page 2 of 2" in r.text and r.text.count('<tr class="row-sim">') == 10
+
+
+# ---------------------------------------------------------------- host page: charts, drain
+
+
+async def test_host_page_charts_after_heartbeats(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    t0 = time.time()
+    await put_hb(m, "gpu-1", util=10.0, ts=t0)
+    await eventually(lambda: "gpu-1" in m.state.hosts, what="heartbeat")
+    r = await c.get("/hosts/gpu-1")
+    assert r.status_code == 200
+    assert "Collecting: the charts fill in" in r.text and "<polyline" not in r.text
+    for i, util in enumerate((50.0, 90.0, 30.0), start=1):
+        await put_hb(m, "gpu-1", util=util, temp=60.0 + i, power=350.0 + 10 * i, ts=t0 + i)
+        await eventually(lambda u=util: m.state.hosts["gpu-1"].latest().gpu_usage[0].util_pct == u,  # type: ignore[union-attr]
+                         what="heartbeat")
+        await c.get("/hosts/gpu-1", headers={"HX-Request": "true"})
+    r = await c.get("/hosts/gpu-1")
+    assert_security_headers(r)
+    html = r.text
+    assert "style=" not in html
+    assert 'id="tele-gpu-0"' in html and 'id="tele-gpu-1"' in html
+    assert html.count("<svg") == 6  # 2 GPUs x (util, temp, power)
+    util_line = re.search(r'<svg class="spark spark-util"[^>]*aria-label="GPU 0 Utilization: now 30 %, min 10 %, max 90 %"'
+                          r'.*?<polyline points="([^"]+)"', html, re.S)
+    assert util_line, html[html.index('id="tele-gpu-0"'):][:1500]
+    points = [tuple(map(float, p.split(","))) for p in util_line.group(1).split()]
+    assert len(points) == 4
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    assert xs == sorted(xs) and xs[0] == 0 and xs[-1] == 120
+    assert ys[2] < ys[1] < ys[0]  # 90 % is drawn highest (smallest y)
+    assert "GPU 1 Temperature: now 64 °C" in html and "GPU 1 Power: now 381 W" in html
+    # Bounded: a host's samples are kept in a ring buffer.
+    import web.console as wc
+
+    tel = console.app.state.console_telemetry  # type: ignore[attr-defined]
+    assert tel.buffers["gpu-1"].maxlen == wc.TELEMETRY_MAX_SAMPLES
+
+
+async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await put_hb(m, "d-1")
+    await eventually(lambda: "d-1" in m.state.hosts, what="heartbeat")
+    r = await c.get("/hosts/d-1")
+    assert 'action="/hosts/d-1/drain"' in r.text and 'name="deadline_s"' in r.text
+    # Destructive forms ask for confirmation (static/live.js) and need a reason.
+    assert re.search(r'<form method="post" action="/hosts/d-1/drain" class="stack" data-confirm="Drain d-1\?', r.text)
+    assert re.search(r'<form method="post" action="/hosts/d-1/cordon" class="stack" data-confirm="', r.text)
+    assert re.search(r'<input id="drain-reason" name="reason" required', r.text)
+
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "  ", "deadline_s": "60"})
+    assert r.status_code == 422 and 'id="drain-error"' in r.text and "a reason is required" in r.text
+    assert "d-1" not in m.state.hostcfg
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "soon"})
+    assert r.status_code == 422 and "number of seconds" in r.text and 'value="swap PSU"' in r.text
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "9999999"})
+    assert r.status_code == 422 and "604800" in r.text
+    r = await c.post("/hosts/d-1/drain", data={"reason": "swap PSU", "deadline_s": "60"})
+    assert r.status_code == 403  # no CSRF token
+    assert "d-1" not in m.state.hostcfg
+
+    before = time.time()
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "60"})
+    assert r.status_code == 303 and r.headers["location"] == "/hosts/d-1?notice=draining"
+    cfg = m.state.hostcfg["d-1"]
+    assert cfg.draining and cfg.cordoned and cfg.reason == "swap PSU" and cfg.by == "operator"
+    assert before + 59 <= cfg.drain_deadline <= time.time() + 61
+    r = await c.get("/hosts/d-1?notice=draining")
+    assert "Host draining" in r.text and "DRAINING" in r.text and "swap PSU" in r.text
+    assert 'action="/hosts/d-1/drain"' not in r.text and "Uncordon host" in r.text
+    r = await c.get("/hosts?cordoned=draining")
+    assert "d-1" in r.text and "DRAINING" in r.text
+    assert (await c.post("/hosts/nope/drain", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
+
+
+async def test_cancel_needs_a_reason(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    job, _ = await m.submit({"name": "keep", "command": ["true"], "gpus": 64}, "operator")
+    assert job is not None
+    r = await c.get(f"/jobs/{job.id}")
+    assert re.search(rf'action="/jobs/{job.id}/cancel" class="stack" data-confirm="Cancel job keep', r.text)
+    r = await c.post(f"/jobs/{job.id}/cancel", data={"csrf": console.csrf, "reason": " "})
+    assert r.status_code == 422 and "a reason is required" in r.text
+    await asyncio.sleep(0.3)
+    assert m.state.jobs[job.id].state is JobState.QUEUED
+
+
+# ---------------------------------------------------------------- job page timeline
+
+
+async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> None:
+    from server.messages import Attempt, AttemptState, JobSpec
+    from server.messages import Job as JobRecord
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    now = time.time()
+    job = JobRecord(
+        id="jgang0001", spec=JobSpec(name="gang-job", command=["train"], gpus=1, replicas=2, max_attempts=3),
+        state=JobState.QUEUED, submitted_at=now - 60, updated_at=now - 5, not_before=now + 30,
+        pending_reasons={"not enough free GPUs": 3},
+        attempts=[
+            Attempt(id="a1", number=1, task=0, host_id="h-x", gpu_indices=[0], state=AttemptState.FAILED,
+                    placed_at=now - 50, started_at=now - 49, finished_at=now - 40, exit_code=3,
+                    output_tail="boom from task 0", reason="exit code 3"),
+            Attempt(id="a2", number=1, task=1, host_id="h-y", gpu_indices=[1], state=AttemptState.KILLED,
+                    placed_at=now - 50, started_at=now - 49, finished_at=now - 39, reason="gang member failed"),
+        ],
+    )
+    m.state.apply_job(job, 10**9)  # the live record; history may not have it yet
+    r = await c.get("/jobs/jgang0001")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    html = r.text
+    assert "Gang" in html and "2 tasks placed together" in html
+    assert "1 try of at most 3; each try runs 2 tasks." in html
+    rows = re.findall(r'<tr>\s*<th scope="row" class="num">(\d+)</th>(.*?)</tr>', html, re.S)
+    assert len(rows) == 2
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for _, row in rows]
+    assert [re.sub("<[^>]+>", "", cs[4]).strip() for cs in cells] == ["0", "1"]  # gang task index
+    assert "Output of try 1, task 0 on h-x (tail)" in html and "boom from task 0" in html
+    # The timeline: derived from the record, in time order, with UTC timestamps.
+    timeline = html[html.index('<ol class="timeline"'):]
+    kinds = re.findall(r'<span class="ev-kind">([^<]+)</span>', timeline)
+    assert kinds[0] == "job.submitted"
+    assert kinds.count("attempt.placed") == 2 and "attempt.failed" in kinds and "attempt.killed" in kinds
+    assert kinds.index("attempt.failed") < kinds.index("attempt.killed")
+    assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ">', timeline)
+    assert "exit code 3" in timeline
+    # Why pending: the live explanation, the last try, the back-off.
+    assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
+
+
+async def test_job_timeline_from_history(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.post("/submit", data={"csrf": console.csrf, "name": "tl", "command": "true", "gpus": "64"})
+    job_id = r.headers["location"].split("/")[2].split("?")[0]
+    assert m.history is not None
+    history = m.history
+    await eventually(lambda: bool(history.list_events(job_id=job_id)), what="history to record the job")
+    r = await c.get(f"/jobs/{job_id}")
+    timeline = r.text[r.text.index('<ol class="timeline"'):]
+    assert timeline.count("job.submitted") == 1  # history and the live record merged by id
+    assert "No events recorded yet" not in r.text
+
+
+# ---------------------------------------------------------------- server-sent events
+
+
+async def test_event_stream_sends_job_events(console: Console) -> None:
+    import uvicorn
+
+    from server.natsd import free_port
+
+    m = console.muster
+    # Not signed in: no stream.
+    r = await console.client.get("/events/stream")
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    assert_security_headers(r)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(console.app, host="127.0.0.1", port=port, log_level="warning",  # type: ignore[arg-type]
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="uvicorn")
+        listeners = len(m.state.listeners)
+        cookies = {COOKIE: console.session}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", cookies=cookies, timeout=10) as http:
+            async with http.stream("GET", "/events/stream") as resp:
+                assert resp.status_code == 200
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                assert_security_headers(resp)
+                lines = resp.aiter_lines()
+
+                async def next_event() -> tuple[str, str]:
+                    event = data = ""
+                    while True:
+                        line = await asyncio.wait_for(anext(lines), timeout=10)
+                        if line.startswith("event: "):
+                            event = line[7:]
+                        elif line.startswith("data: "):
+                            data = line[6:]
+                        elif line == "" and event:
+                            return event, data
+
+                assert (await next_event())[0] == "stats"
+                assert len(m.state.listeners) == listeners + 1
+                job, _ = await m.submit({"name": "sse", "command": ["true"], "gpus": 64}, "operator")
+                assert job is not None
+                for _ in range(20):
+                    event, data = await next_event()
+                    if event == "job":
+                        break
+                assert event == "job"
+                import json
+
+                assert json.loads(data) == {"id": job.id, "state": "QUEUED"}
+        # The client went away: its listener is removed.
+        await eventually(lambda: len(m.state.listeners) == listeners, what="the stream's listener to go")
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=15)
+
+
+async def test_pages_carry_live_update_wiring(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.get("/")
+    assert '<script src="/static/live.js" defer></script>' in r.text
+    assert 'data-sse="/events/stream" data-sse-on="job host stats"' in r.text
+    assert 'hx-trigger="every 2s"' in r.text  # the fallback while the stream is down
+    js = await c.get("/static/live.js")
+    assert js.status_code == 200 and "EventSource" in js.text and "htmx:confirm" in js.text
+    job, _ = await m.submit({"name": "w", "command": ["true"], "gpus": 64}, "operator")
+    assert job is not None
+    r = await c.get(f"/jobs/{job.id}")
+    assert f'data-sse-on="job" data-sse-id="{job.id}"' in r.text
+    for path in ("/", "/hosts", "/jobs", f"/jobs/{job.id}", "/submit", "/hosts?rack=x"):
+        r = await c.get(path)
+        assert r.status_code == 200, path
+        assert_security_headers(r)
+        assert "style=" not in r.text and "<style" not in r.text, path
+        assert re.search(r"<script(?![^>]*\bsrc=)", r.text) is None, path

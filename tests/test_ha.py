@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -95,6 +96,7 @@ class Submitter:
         self._t.join(30)
 
 
+@pytest.mark.timeout(600)
 def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -> None:
     servers = [cluster.server(f"s{i}", heartbeat_interval=1) for i in range(3)]
     token = cluster.token

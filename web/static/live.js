@@ -1,0 +1,124 @@
+/* Muster console: live updates over server-sent events, and confirmation of
+   destructive forms. No inline scripts (the CSP allows only 'self').
+
+   Live updates: the page's live element (#live) carries
+     data-sse     the event-stream URL,
+     data-sse-on  the event names that should refresh it (job, host, stats),
+     data-sse-id  optionally, the one job or host id it shows (job/host events for
+                  other ids are then ignored),
+   and its own htmx attributes (hx-get, hx-select, hx-swap) with hx-trigger="every 2s".
+   While the event stream is open, that 2 s poll is suppressed and #live is refreshed
+   only when an event says something it shows changed (at most once a second); when the
+   stream is down (no EventSource, a buffering proxy, a server restart) polling resumes.
+
+   Confirmation: a form with data-confirm="question" asks that question (with the
+   reason typed) before it is sent. */
+(function () {
+  "use strict";
+
+  // ------------------------------------------------------------ confirmation
+
+  document.addEventListener("submit", function (evt) {
+    var form = evt.target;
+    if (!(form instanceof HTMLFormElement)) return;
+    var question = form.getAttribute("data-confirm");
+    if (!question) return;
+    var reason = form.querySelector("[name=reason]");
+    var text = question;
+    if (reason && reason.value.trim()) text += "\n\nReason: " + reason.value.trim();
+    if (!window.confirm(text)) evt.preventDefault();
+  });
+
+  // ------------------------------------------------------------ live updates
+
+  var MIN_GAP_MS = 1000;
+  var source = null;
+  var streamOpen = false;
+  var lastMessage = 0;
+  var SILENT_MS = 15000;  // the server sends `stats` every <= 5 s: silence means a stuck stream
+  var lastRefresh = 0;
+  var timer = null;
+
+  function liveElt() {
+    return document.getElementById("live");
+  }
+
+  function refresh() {
+    timer = null;
+    var el = liveElt();
+    if (!el || !window.htmx) return;
+    if (document.hidden) {  // refresh once the tab is visible again
+      document.addEventListener("visibilitychange", schedule, { once: true });
+      return;
+    }
+    lastRefresh = Date.now();
+    window.htmx.ajax("GET", el.getAttribute("hx-get"), {
+      source: el,
+      target: el,
+      swap: "outerHTML",
+      select: "#live",
+      event: new CustomEvent("muster:sse")
+    });
+  }
+
+  function schedule() {
+    if (timer !== null) return;
+    var wait = Math.max(0, lastRefresh + MIN_GAP_MS - Date.now());
+    timer = window.setTimeout(refresh, wait);
+  }
+
+  // Suppress the 2 s poll of #live while the stream is open.
+  document.addEventListener("htmx:confirm", function (evt) {
+    var d = evt.detail || {};
+    if (!streamOpen || !d.elt || d.elt.id !== "live") return;
+    if (Date.now() - lastMessage > SILENT_MS) return;  // e.g. a buffering proxy: keep polling
+    if (d.triggeringEvent && d.triggeringEvent.type === "muster:sse") return;
+    evt.preventDefault();
+  });
+
+  function start() {
+    var el = liveElt();
+    if (!el || !window.EventSource) return;
+    var url = el.getAttribute("data-sse");
+    if (!url) return;
+    var wanted = (el.getAttribute("data-sse-on") || "").split(/\s+/).filter(Boolean);
+    source = new window.EventSource(url);
+    source.addEventListener("stats", function () { lastMessage = Date.now(); });
+    source.addEventListener("open", function () {
+      lastMessage = Date.now();
+      streamOpen = true;
+      document.documentElement.setAttribute("data-live", "sse");
+    });
+    source.addEventListener("error", function () {
+      // The browser reconnects by itself; poll meanwhile.
+      streamOpen = false;
+      document.documentElement.setAttribute("data-live", "poll");
+    });
+    wanted.forEach(function (name) {
+      source.addEventListener(name, function (msg) {
+        lastMessage = Date.now();
+        var only = (liveElt() || el).getAttribute("data-sse-id");
+        if (only && name !== "stats") {
+          var data = null;
+          try { data = JSON.parse(msg.data); } catch (e) { data = null; }
+          // A host page also shows the jobs on it: refresh on any job event then.
+          if (data && data.id !== only && !(name === "job" && wanted.indexOf("host") >= 0)) return;
+        }
+        schedule();
+      });
+    });
+    source.addEventListener("resync", schedule);
+    source.addEventListener("signout", function () {
+      source.close();
+      streamOpen = false;
+      window.location.reload();
+    });
+    window.addEventListener("pagehide", function () { if (source) source.close(); });
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
