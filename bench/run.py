@@ -34,6 +34,7 @@ import nats
 import psutil
 
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
+from server.client import submit_over_nats
 from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,6 +298,15 @@ class Bench:
         ts = time.time()
         self.last_submit_ts = ts
         self.submit_requests += 1
+        if self.args.submit_via == "nats":
+            try:
+                ids = await submit_over_nats(self.js, [j.nats_input() for j in batch], user="bench")
+                for jid, req in zip(ids, batch):
+                    self.submitted[jid] = (ts, req)
+            except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
+                self.submit_errors += len(batch)
+                print(f"submit publish failed ({len(batch)} jobs): {exc}", file=sys.stderr)
+            return
         try:
             r = await client.post("/graphql", json={"query": SUBMIT, "variables": {
                 "input": [j.graphql_input() for j in batch]}}, timeout=120)
@@ -375,6 +385,7 @@ class Bench:
         self.start_nats()
         self.start_server()
         nc = await nats.connect(self.nats_url.split(","), name="bench-orchestrator")
+        self.js = nc.jetstream(timeout=30)
         await nc.subscribe("bench.stats.>", cb=self.on_stats, pending_msgs_limit=100_000)
         self.spawn("observer", [sys.executable, "-m", "bench.observer", "--nats", self.nats_url,
                                 "--fleet", str(fleet_file), "--out", str(self.work / "observer.json")])
@@ -574,6 +585,7 @@ class Bench:
                        "python -m bench " + " ".join(a.argv),
             "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; every process on one machine",
             "config": {"hosts": a.hosts, "gpus": gpus_total, "rate": a.rate, "duration_s": a.duration,
+                       "submit_via": a.submit_via,
                        "workload": "trace" if a.trace else "synthetic", "nats_cluster": a.nats_cluster,
                        "simulator_processes": k, "seed": a.seed, "batch_window_s": a.batch_window,
                        "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host"},
@@ -621,7 +633,8 @@ class Bench:
             "correctness": correct,
             "notes": self.notes + [
                 "dispatch = a simulated host received its assignment (first sighting of the attempt on the host); "
-                "submit time = just before the submitJobs request; wait per priority class uses dispatch latency",
+                f"submit time = just before the {'NATS publish on muster.submit' if a.submit_via == 'nats' else 'submitJobs request'}; "
+                "wait per priority class uses dispatch latency",
                 "running = the store's timestamp of the job record's first RUNNING (or later) revision",
                 "gangs are not supported by the server yet: each gang is submitted as ceil(n/8) independent 8-GPU "
                 "jobs (counted in jobs_submitted, and separately as gang_member_jobs_submitted); gang wait is "
@@ -725,6 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sim-procs", type=int, default=0, help="simulator processes (default hosts/20,000)")
     ap.add_argument("--wildcard", action="store_true", help="simulators subscribe muster.assign.> once")
     ap.add_argument("--batch-window", type=float, default=0.05, help="seconds of arrivals per submitJobs request")
+    ap.add_argument("--submit-via", choices=["nats", "graphql"], default="nats",
+                    help="submission path: NATS (muster.submit, the high-rate path) or GraphQL submitJobs")
     ap.add_argument("--max-submit-inflight", type=int, default=4)
     ap.add_argument("--drain", type=float, default=30.0, help="seconds to wait for undispatched jobs after the run")
     ap.add_argument("--lose-host-at", type=float, default=None,

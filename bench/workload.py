@@ -59,6 +59,12 @@ class JobReq:
     gang_size: int = 1
     fractional_gpu: bool = False  # the trace asked for a share of one GPU (rounded up to 1)
 
+    def nats_input(self) -> dict[str, object]:
+        """The same job for the NATS submission path (snake_case, see server.client)."""
+        return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
+                "cpus": self.cpus, "memory_mb": self.memory_mb, "priority": self.priority,
+                "max_attempts": 1}
+
     def graphql_input(self) -> dict[str, object]:
         return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
                 "cpus": self.cpus, "memoryMb": self.memory_mb, "priority": self.priority,

@@ -239,6 +239,20 @@ class Command(_Model):
     ts: float = Field(default_factory=time.time)
 
 
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
+
+
+class SubmitRequest(_Model):
+    """A batch of jobs submitted over NATS (`muster.submit.<user>`). Each job is a dict
+    with a client-chosen `id` (so a retried publish cannot create it twice) and the same
+    fields as the GraphQL SubmitJobInput, in snake_case."""
+
+    v: Literal[1] = 1
+    user: str = Field(default="nats", max_length=64)
+    ts: float = 0.0
+    jobs: list[dict[str, object]] = Field(min_length=1, max_length=1000)
+
+
 class Event(_Model):
     """Published on `muster.events.<kind>` and recorded in history."""
 

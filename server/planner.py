@@ -7,9 +7,10 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from server import retry
+from server import retry, subjects
 from server.cluster import ClusterState
 from server.messages import (
     Attempt,
@@ -19,9 +20,12 @@ from server.messages import (
     HostAlloc,
     Job,
     JobState,
+    JOB_ID_PATTERN,
     StatusReport,
+    SubmitRequest,
     Task,
 )
+from server.validation import validate_job
 from server.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.capacity import Placer
 from server.health import Health
@@ -45,6 +49,9 @@ class Plan:
     # commit holds at most `max_keys` records).
     reports_used: int = 0
     commands_used: int = 0
+    submissions_used: int = 0
+    accepted: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (job id, why)
     held_no_capacity: int = 0
     held_keep_running: int = 0
     disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -294,6 +301,27 @@ def drain_due(w: _Work, now: float) -> None:
             t.stop = True
 
 
+def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
+    """Jobs submitted over NATS become QUEUED job records in this cycle's commit (and may
+    be placed in the same commit). A job id that exists already is a retried publish."""
+    for data in req.jobs:
+        job_id = data.get("id")
+        if not isinstance(job_id, str) or not re.fullmatch(JOB_ID_PATTERN, job_id):
+            w.plan.rejected.append((str(job_id)[:64], "id: 8-64 letters, digits, '_' or '-'"))
+            continue
+        if job_id in w.state.jobs or job_id in w.plan.jobs or subjects.job_key(job_id) in w.state.revisions:
+            continue
+        fields = {k: v for k, v in data.items() if k not in ("id", "user")}
+        fields["user"] = req.user
+        spec, errors = validate_job(fields, known_models)
+        if spec is None:
+            w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
+            continue
+        submitted = req.ts if 0 < req.ts <= now else now
+        w.plan.jobs[job_id] = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now)
+        w.plan.accepted += 1
+
+
 def queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
@@ -397,6 +425,7 @@ def plan_cycle(
     term: int,
     max_keys: int = 900,
     budget: EvictionBudget | None = None,
+    submissions: list[SubmitRequest] = (),  # type: ignore[assignment]
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified."""
     plan = Plan()
@@ -415,6 +444,12 @@ def plan_cycle(
         if c.kind == "cancel":
             apply_cancel(w, c, now)
         plan.commands_used += 1
+    known = state.index.models()
+    for req in submissions:
+        if plan.keys + len(req.jobs) > room:
+            break
+        apply_submission(w, req, known, now)
+        plan.submissions_used += 1
     def healthy(host_id: str) -> bool:
         return state.health(host_id, now) is Health.HEALTHY
 

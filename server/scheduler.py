@@ -22,7 +22,7 @@ from server.cluster import ClusterState
 from server.eviction import EvictionBudget, EvictionConfig
 from server.errors import ConflictError, DecodeError, FencedError, StoreError
 from server.lease import Leadership
-from server.messages import Command, Event, StatusReport, decode, encode
+from server.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 from server.planner import Plan, plan_cycle
 from server.monitor import publish_alert
 from server.store import Store, Write
@@ -56,6 +56,7 @@ class Scheduler:
         self.wake = asyncio.Event()
         self._reports: list[tuple[Msg, StatusReport | None]] = []
         self._commands: list[tuple[Msg, Command | None]] = []
+        self._submissions: list[tuple[Msg, SubmitRequest]] = []
         self.cycles = 0
         self.placed = 0
         self.conflicts = 0
@@ -81,6 +82,14 @@ class Scheduler:
             log.warning("dropped status report: %s claims host %s", msg.subject, r.host_id)
             return None
         return r
+
+    def _decode_submission(self, msg: Msg) -> SubmitRequest | None:
+        try:
+            return decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("submission").inc()
+            log.warning("dropped submission: %s", exc)
+            return None
 
     def _decode_command(self, msg: Msg) -> Command | None:
         try:
@@ -142,10 +151,15 @@ class Scheduler:
         cmd_sub = await js.pull_subscribe(
             f"{subjects.CMDS_PREFIX}.>", durable="scheduler-cmds", stream=subjects.CMDS_STREAM, config=cfg
         )
+        submit_sub = await js.pull_subscribe(
+            f"{subjects.SUBMIT_PREFIX}.>", durable="scheduler-submit", stream=subjects.SUBMIT_STREAM, config=cfg
+        )
         leading_stop = asyncio.Event()
         fetchers = [
             asyncio.create_task(self._fetch_loop(status_sub, self._reports, self._decode_report, leading_stop)),
             asyncio.create_task(self._fetch_loop(cmd_sub, self._commands, self._decode_command, leading_stop)),
+            asyncio.create_task(self._fetch_loop(submit_sub, self._submissions, self._decode_submission,
+                                                 leading_stop)),
         ]
         try:
             while not stop.is_set() and self.leadership.leading and self.leadership.term == term:
@@ -166,19 +180,20 @@ class Scheduler:
             for t in fetchers:
                 t.cancel()
             await asyncio.gather(*fetchers, return_exceptions=True)
-            for sub in (status_sub, cmd_sub):
+            for sub in (status_sub, cmd_sub, submit_sub):
                 try:
                     await sub.unsubscribe()
                 except Exception:  # noqa: BLE001
                     pass
             # Unacknowledged inputs go back to the stream for the next leader.
-            for m, _ in self._reports + self._commands:
+            for m, _ in self._reports + self._commands + self._submissions:
                 try:
                     await m.nak()
                 except Exception:  # noqa: BLE001
                     pass
             self._reports.clear()
             self._commands.clear()
+            self._submissions.clear()
 
     async def cycle(self) -> Plan | None:
         """One scheduling cycle: plan from the snapshot, commit, acknowledge."""
@@ -187,6 +202,7 @@ class Scheduler:
         self.cycles += 1
         reports_in = self._reports[: self.config.fetch_batch * 4]
         commands_in = self._commands[: self.config.fetch_batch]
+        submissions_in = self._submissions[:100]
         now = time.time()
         term = self.leadership.term
         plan = plan_cycle(
@@ -197,10 +213,12 @@ class Scheduler:
             term=term,
             max_keys=self.config.max_keys_per_commit,
             budget=self.budget,
+            submissions=[r for _, r in submissions_in],
         )
         self.last_plan = plan
         reports_in = reports_in[: plan.reports_used]
         commands_in = commands_in[: plan.commands_used]
+        submissions_in = submissions_in[: plan.submissions_used]
         metrics.QUEUE_DEPTH.set(len(self.state.queued()))
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
@@ -243,16 +261,22 @@ class Scheduler:
                     if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                         metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
         # Effects are durable: acknowledge the inputs, then tell the world.
-        for m, _ in reports_in + commands_in:
+        for m, _ in reports_in + commands_in + submissions_in:  # type: ignore[operator]
             try:
                 await m.ack()
             except Exception:  # noqa: BLE001 - redelivery is harmless (idempotent)
                 pass
         del self._reports[: len(reports_in)]
         del self._commands[: len(commands_in)]
+        del self._submissions[: len(submissions_in)]
+        if plan.accepted:
+            metrics.SUBMISSIONS.inc(plan.accepted)
+        for job_id, why in plan.rejected:
+            metrics.DROPPED.labels("submission").inc()
+            await self._publish([Event(kind="job.rejected", job_id=job_id, message=why)])
         await self._publish(plan.events)
         await self._alerts(plan, now)
-        if plan.placed and len(self.state.queued()) > 0:
+        if (plan.placed and len(self.state.queued()) > 0) or len(self._submissions) > 0:
             self.wake.set()  # more may fit; go again at once
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon

@@ -203,6 +203,15 @@ class Store:
             max_age=7 * 24 * 3600,
             duplicate_window=120,
         )
+        submit = jsapi.StreamConfig(
+            name=subjects.SUBMIT_STREAM,
+            subjects=[f"{subjects.SUBMIT_PREFIX}.>"],
+            retention=jsapi.RetentionPolicy.WORK_QUEUE,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=7 * 24 * 3600,
+            duplicate_window=120,
+        )
         events = jsapi.StreamConfig(
             name=subjects.EVENTS_STREAM,
             subjects=[f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"],
@@ -221,7 +230,7 @@ class Store:
             max_age=30 * 24 * 3600,
             max_bytes=1024 * 1024 * 1024,
         )
-        for cfg in (state, hosts, status, cmds, events, alerts):
+        for cfg in (state, hosts, status, cmds, submit, events, alerts):
             await self._ensure_stream(cfg)
 
     async def _ensure_stream(self, cfg: jsapi.StreamConfig) -> None:

@@ -24,6 +24,11 @@ STATUS_PREFIX = "muster.status"
 # API replicas send commands to the leader (stream CMDS).
 CMDS_STREAM = "CMDS"
 CMDS_PREFIX = "muster.cmd"
+# Programs that speak NATS submit jobs here (stream SUBMIT), in batches of up to 1,000;
+# the leader turns them into job records in its next commit.
+SUBMIT_STREAM = "SUBMIT"
+SUBMIT_PREFIX = "muster.submit"
+
 # Events (job and host changes) and alerts, core NATS. Streams EVENTS and ALERTS keep
 # host/domain events and all alerts for history; plain subscribers get them live.
 EVENTS_PREFIX = "muster.events"
