@@ -30,6 +30,7 @@ from agent.runner import Run
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
 from server.messages import (
+    MAX_RECORD_BYTES,
     SHAPE_HEADER,
     AttemptState,
     Heartbeat,
@@ -215,7 +216,7 @@ class Agent:
 
     async def _on_assign(self, msg: Msg) -> None:
         try:
-            alloc = decode(HostAlloc, msg.data)
+            alloc = decode(HostAlloc, msg.data, limit=MAX_RECORD_BYTES)
         except DecodeError as exc:
             self.dropped += 1
             log.warning("dropped assignment: %s", exc)
@@ -234,7 +235,7 @@ class Agent:
             await self.reconcile(HostAlloc(host_id=self.config.host_id), rec.revision)
             return
         try:
-            alloc = decode(HostAlloc, rec.value)
+            alloc = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
         except DecodeError as exc:
             self.dropped += 1
             log.warning("dropped assignment record: %s", exc)

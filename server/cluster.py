@@ -21,6 +21,7 @@ from server.errors import DecodeError
 from server.health import Health, host_health
 from server.messages import (
     MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
     SHAPE_HEADER,
     Heartbeat,
     HostAlloc,
@@ -213,14 +214,14 @@ class ClusterState:
                 if rec.value is None:
                     self._drop_job(name)
                     return
-                job = decode(Job, rec.value)
+                job = decode(Job, rec.value, limit=MAX_RECORD_BYTES)
                 self._set_job(job)
                 self._notify("job", job)
             elif kind == "alloc":
                 if rec.value is None:
                     self.allocs.pop(name, None)
                 else:
-                    self.allocs[name] = decode(HostAlloc, rec.value)
+                    self.allocs[name] = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
                 self._index_host(name)
             elif kind == "hostcfg":
                 if rec.value is None:

@@ -34,7 +34,7 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
     from server import subjects
     from server.errors import DecodeError
     from server.history import History
-    from server.messages import Job, decode
+    from server.messages import MAX_RECORD_BYTES, Job, decode
     from server.recorder import Recorder
     from server.store import Record, Store, connect
 
@@ -47,7 +47,7 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
         if rec.value is None:
             return
         try:
-            history.record(decode(Job, rec.value), rec.revision)
+            history.record(decode(Job, rec.value, limit=MAX_RECORD_BYTES), rec.revision)
         except DecodeError as exc:
             log.warning("historian: dropped job record %s: %s", rec.key, exc)
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from server.errors import DecodeError
 
-MAX_MESSAGE_BYTES = 256 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024  # what agents and clients may send
+MAX_RECORD_BYTES = 1024 * 1024  # job and allocation records (NATS's default message limit)
 HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 LABEL_KEY_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"

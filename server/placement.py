@@ -22,7 +22,12 @@ TOO_FEW_GPUS = "not enough GPUs on host"
 NO_FREE_GPUS = "not enough free GPUs"
 NO_FREE_CPU = "not enough free CPU"
 NO_FREE_MEMORY = "not enough free memory"
-REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY)
+TOO_MANY_TASKS = "host runs its maximum number of tasks"
+REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
+           TOO_MANY_TASKS)
+# One host's assignment record lists every task it runs; this keeps it well under NATS's
+# 1 MB message limit (and no GPU host runs more at once in practice).
+MAX_TASKS_PER_HOST = 256
 
 
 @dataclass
@@ -41,6 +46,7 @@ class HostCapacity:
     used_cpus: float = 0.0
     used_memory_mb: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    tasks: int = 0
 
     def free_gpus(self, model: str | None) -> list[int]:
         return sorted(
@@ -55,11 +61,13 @@ class HostCapacity:
         self.used_gpus.update(gpus)
         self.used_cpus += cpus
         self.used_memory_mb += memory_mb
+        self.tasks += 1
 
     def release(self, gpus: list[int], cpus: float, memory_mb: int) -> None:
         self.used_gpus.difference_update(gpus)
         self.used_cpus = max(0.0, self.used_cpus - cpus)
         self.used_memory_mb = max(0, self.used_memory_mb - memory_mb)
+        self.tasks = max(0, self.tasks - 1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,8 @@ def check(spec: JobSpec, host: HostCapacity) -> tuple[str | None, list[int]]:
         return NO_FREE_CPU, []
     if host.used_memory_mb + spec.memory_mb > host.memory_mb:
         return NO_FREE_MEMORY, []
+    if host.tasks >= MAX_TASKS_PER_HOST:
+        return TOO_MANY_TASKS, []
     return None, gpus
 
 

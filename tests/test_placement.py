@@ -14,6 +14,8 @@ from server.placement import (
     NO_FREE_CPU,
     NO_FREE_GPUS,
     NO_FREE_MEMORY,
+    TOO_MANY_TASKS,
+    MAX_TASKS_PER_HOST,
     NOT_HEALTHY,
     REASONS,
     TOO_FEW_GPUS,
@@ -64,8 +66,21 @@ def host(
 
 
 def test_reason_constants_are_listed_in_check_order() -> None:
-    assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY)
+    assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
+                       TOO_MANY_TASKS)
     assert len(set(REASONS)) == len(REASONS)
+
+
+def test_a_host_takes_at_most_max_tasks() -> None:
+    host = HostCapacity(id="h", schedulable=True, cordoned=False, gpu_models={}, unhealthy_gpus=frozenset(),
+                        cpus=10_000.0, memory_mb=10**9)
+    spec = JobSpec(name="t", command=["x"], cpus=0.01, memory_mb=1)
+    for _ in range(MAX_TASKS_PER_HOST):
+        assert check(spec, host)[0] is None
+        host.reserve([], spec.cpus, spec.memory_mb)
+    assert check(spec, host) == (TOO_MANY_TASKS, [])
+    host.release([], spec.cpus, spec.memory_mb)
+    assert check(spec, host)[0] is None
 
 
 def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
