@@ -4,7 +4,8 @@ Starts nats-server (one node, or a 3-node cluster from copies of nats/cluster/n*
 free ports), one `muster server`, the state observer (bench/observer.py) and K host
 simulator processes (bench/simhosts.py, ~20,000 hosts each), waits until the server sees
 every host healthy, then submits jobs for --duration seconds (Poisson arrivals, batched
-into `submitJobs` requests; the submit time of a job is taken just before its request),
+and published on the NATS submission subject, or sent as `submitJobs` requests with
+--submit-via graphql; the submit time of a job is taken just before its publish/request),
 silences one host's heartbeats part-way to time loss detection, drains, collects every
 process's results and writes the JSON report and a PNG plot.
 """

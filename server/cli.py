@@ -318,6 +318,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from server.checker import run_check
 
     url = args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222")
+    if args.creds:
+        os.environ["MUSTER_NATS_CREDS"] = args.creds
     problems = asyncio.run(run_check(url))
     for p in problems:
         print(p)
@@ -827,6 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ck = sub.add_parser("check", help="verify the invariants over the recorded state")
     ck.add_argument("--nats", default=None)
+    ck.add_argument("--creds", default=None, help="NATS credentials (MUSTER_NATS_CREDS)")
     ck.set_defaults(fn=cmd_check)
 
     sc = sub.add_parser("schema", help="print the GraphQL schema (SDL)")

@@ -283,10 +283,10 @@ class Muster:
                 results.append((Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now), []))
         assert self.store is not None
         jobs = [j for j, _ in results if j is not None]
-        # One atomic batch per 900 jobs: each key must not exist yet (a fresh id), and a
-        # retry after a lost reply is refused as a duplicate, so nothing is stored twice.
-        for i in range(0, len(jobs), 900):
-            chunk = jobs[i : i + 900]
+        # One atomic batch per request (up to 1,000 jobs): each key must not exist yet (a
+        # fresh id), and a retry after a lost reply is refused as a duplicate.
+        for i in range(0, len(jobs), 1000):
+            chunk = jobs[i : i + 1000]
             res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk])
             if not res.duplicate:
                 for j in chunk:
