@@ -32,6 +32,7 @@ class Run:
         self.proc: asyncio.subprocess.Process | None = None
         self._tail = bytearray()
         self.stop_reason: str | None = None
+        self.signaled = False  # a stop signal really reached the process
         self.started_at: float | None = None
         self.done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,11 +82,13 @@ class Run:
             if len(self._tail) > TAIL_BYTES:
                 del self._tail[: len(self._tail) - TAIL_BYTES]
         code = await self.proc.wait()
-        if self.stop_reason is not None:
+        if code == 0:
+            state = AttemptState.SUCCEEDED  # it finished on its own, even if a stop raced it
+        elif self.signaled:
             state = AttemptState.KILLED
         else:
-            state = AttemptState.SUCCEEDED if code == 0 else AttemptState.FAILED
-        await self.on_state(t, state, code, self.tail, self.stop_reason or "")
+            state = AttemptState.FAILED
+        await self.on_state(t, state, code, self.tail, (self.stop_reason or "") if state is AttemptState.KILLED else "")
         self.done.set()
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
@@ -103,8 +106,9 @@ class Run:
             await proc.wait()
 
     def _signal(self, sig: int) -> None:
-        if self.proc is None:
+        if self.proc is None or self.proc.returncode is not None:
             return
+        self.signaled = True
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
