@@ -351,13 +351,40 @@ class Bench:
 
     async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:  # type: ignore[no-untyped-def]
         await asyncio.sleep(delay)
+        # The leader's own record of the loss and of the requeues it caused.
+        seen: dict[str, list[tuple[str, float]]] = {"lost": [], "requeued": []}
+
+        async def on_lost(msg) -> None:  # type: ignore[no-untyped-def]
+            ev = json.loads(msg.data)
+            seen["lost"].append((ev.get("host_id"), ev.get("ts")))
+
+        async def on_requeued(msg) -> None:  # type: ignore[no-untyped-def]
+            ev = json.loads(msg.data)
+            seen["requeued"].append((ev.get("host_id"), ev.get("ts")))
+
+        subs = [await nc.subscribe("alerts.host.lost", cb=on_lost),
+                await nc.subscribe("muster.events.job.requeued", cb=on_requeued)]
         try:
-            r = await nc.request("bench.ctl.0", json.dumps({"cmd": "silence", "host": host}).encode(), timeout=10)
-            last = json.loads(r.data)["last_heartbeat"]
+            r = await nc.request("bench.ctl.0", json.dumps({"cmd": "silence", "host": "busiest"}).encode(),
+                                 timeout=10)
+            reply = json.loads(r.data)
+            last, host = reply["last_heartbeat"], reply["host"]
         except Exception as exc:  # noqa: BLE001
             self.lost = {"host": host, "error": f"could not silence: {exc}"}
             return
-        self.lost = {"host": host, "last_heartbeat": last, "suspect_after_s": None, "lost_after_s": None}
+        self.lost = {"host": host, "tasks_on_host": reply.get("running"), "last_heartbeat": last,
+                     "suspect_after_s": None, "lost_after_s": None}
+
+        def leader_view() -> None:
+            lost_ts = [ts for h, ts in seen["lost"] if h == host]
+            req_ts = sorted(ts for h, ts in seen["requeued"] if h == host)
+            if lost_ts:
+                self.lost["leader_lost_after_s"] = round(lost_ts[0] - last, 2)
+            if req_ts:
+                self.lost["first_requeue_after_s"] = round(req_ts[0] - last, 2)
+                self.lost["requeued"] = len(req_ts)
+                if lost_ts:
+                    self.lost["lost_to_first_requeue_s"] = round(req_ts[0] - lost_ts[0], 3)
         deadline = last + 3 * 5.0 + self.args.lost_timeout
         print(f"silenced host {host}: polling host(id:) health until LOST", flush=True)
         while time.time() < deadline:
@@ -369,11 +396,17 @@ class Bench:
             health = h["health"] if h else "LOST"
             if health == "SUSPECT" and self.lost["suspect_after_s"] is None:
                 self.lost["suspect_after_s"] = round(now - last, 2)
-            if health == "LOST":
+            if health == "LOST" and self.lost["lost_after_s"] is None:
                 self.lost["lost_after_s"] = round(now - last, 2)
                 print(f"host {host} LOST {now - last:.1f} s after its last heartbeat", flush=True)
-                return
+            if self.lost["lost_after_s"] is not None and (
+                    not self.lost.get("tasks_on_host") or any(h == host for h, _ in seen["requeued"])):
+                await asyncio.sleep(1.0)  # let the rest of the requeue events arrive
+                break
             await asyncio.sleep(0.25)
+        leader_view()
+        for s in subs:
+            await s.unsubscribe()
 
     async def main(self) -> dict:
         a = self.args

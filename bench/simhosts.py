@@ -249,12 +249,16 @@ class Simulator:
     async def on_ctl(self, msg) -> None:  # type: ignore[no-untyped-def]
         req = json.loads(msg.data)
         if req.get("cmd") == "silence":
-            h = self.by_id.get(req.get("host", ""))
+            if req.get("host") == "busiest":  # the host running the most tasks right now
+                h = max(self.hosts, key=lambda x: len(x.running), default=None)
+            else:
+                h = self.by_id.get(req.get("host", ""))
             if h is None:
                 await msg.respond(json.dumps({"error": "unknown host"}).encode())
                 return
             h.heartbeating = False
-            await msg.respond(json.dumps({"host": h.spec.id, "last_heartbeat": h.last_hb}).encode())
+            await msg.respond(json.dumps({"host": h.spec.id, "last_heartbeat": h.last_hb,
+                                          "running": len(h.running)}).encode())
         elif req.get("cmd") == "finish":
             # Deliver the reports still in flight, then write the results.
             deadline = time.monotonic() + float(req.get("flush_s", 15))
