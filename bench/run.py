@@ -352,7 +352,7 @@ class Bench:
     async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:  # type: ignore[no-untyped-def]
         await asyncio.sleep(delay)
         # The leader's own record of the loss and of the requeues it caused.
-        seen: dict[str, list[tuple[str, float]]] = {"lost": [], "requeued": []}
+        seen: dict[str, list[tuple[str, float]]] = {"lost": [], "requeued": [], "failed": []}
 
         async def on_lost(msg) -> None:  # type: ignore[no-untyped-def]
             ev = json.loads(msg.data)
@@ -362,8 +362,13 @@ class Bench:
             ev = json.loads(msg.data)
             seen["requeued"].append((ev.get("host_id"), ev.get("ts")))
 
+        async def on_failed(msg) -> None:  # type: ignore[no-untyped-def]
+            ev = json.loads(msg.data)
+            seen["failed"].append((ev.get("host_id"), ev.get("ts")))
+
         subs = [await nc.subscribe("alerts.host.lost", cb=on_lost),
-                await nc.subscribe("muster.events.job.requeued", cb=on_requeued)]
+                await nc.subscribe("muster.events.job.requeued", cb=on_requeued),
+                await nc.subscribe("muster.events.job.failed", cb=on_failed)]
         try:
             r = await nc.request("bench.ctl.0", json.dumps({"cmd": "silence", "host": "busiest"}).encode(),
                                  timeout=10)
@@ -378,6 +383,7 @@ class Bench:
         def leader_view() -> None:
             lost_ts = [ts for h, ts in seen["lost"] if h == host]
             req_ts = sorted(ts for h, ts in seen["requeued"] if h == host)
+            self.lost["failed_for_good"] = sum(1 for h, _ in seen["failed"] if h == host)
             if lost_ts:
                 self.lost["leader_lost_after_s"] = round(lost_ts[0] - last, 2)
             if req_ts:
@@ -554,7 +560,12 @@ class Bench:
             if not arr:
                 never.append(job_id)
             else:
-                if len(arr) > 1:
+                attempts = {aid for aid, _, _ in arr}
+                lost_host = (self.lost or {}).get("host")
+                # A second attempt is only right when the first one's host was the one
+                # the benchmark killed; one attempt seen on two hosts is always wrong.
+                redo_ok = len(attempts) == 2 and sorted(arr, key=lambda x: x[2])[0][1] == lost_host
+                if len(arr) != len(attempts) or (len(attempts) > 1 and not redo_ok):
                     twice.append(job_id)
                 first = min(x[2] for x in arr)
                 dispatch.append(first - ts)

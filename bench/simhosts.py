@@ -121,8 +121,8 @@ class Simulator:
         t_arr = time.time()
         self.c["assign_msgs"] += 1
         h = self.by_id.get(msg.subject[len(ASSIGN_PREFIX):])
-        if h is None:
-            return
+        if h is None or not h.heartbeating:
+            return  # unknown, or a silenced (dead) host
         seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
         if seq and seq <= h.applied_seq:
             self.c["assign_stale"] += 1
@@ -257,8 +257,15 @@ class Simulator:
                 await msg.respond(json.dumps({"error": "unknown host"}).encode())
                 return
             h.heartbeating = False
+            n_running = len(h.running)
+            # The host dies: its tasks vanish without a report, as on a real host failure.
+            for handle, _task in h.running.values():
+                handle.cancel()
+            self.running -= len(h.running)
+            h.running.clear()
+            h.busy_gpus.clear()
             await msg.respond(json.dumps({"host": h.spec.id, "last_heartbeat": h.last_hb,
-                                          "running": len(h.running)}).encode())
+                                          "running": n_running}).encode())
         elif req.get("cmd") == "finish":
             # Deliver the reports still in flight, then write the results.
             deadline = time.monotonic() + float(req.get("flush_s", 15))

@@ -63,12 +63,12 @@ class JobReq:
         """The same job for the NATS submission path (snake_case, see server.client)."""
         return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
                 "cpus": self.cpus, "memory_mb": self.memory_mb, "priority": self.priority,
-                "max_attempts": 1}
+                "max_attempts": 3}
 
     def graphql_input(self) -> dict[str, object]:
         return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
                 "cpus": self.cpus, "memoryMb": self.memory_mb, "priority": self.priority,
-                "maxAttempts": 1}
+                "maxAttempts": 3}
 
 
 # ---------------------------------------------------------------- fleets

@@ -5,6 +5,7 @@ checks what NATS itself refuses."""
 
 from __future__ import annotations
 
+import ssl
 import asyncio
 import datetime
 import ipaddress
@@ -433,7 +434,7 @@ def test_server_https_with_nats_tls(tmp_path: Path, auth: AuthDir) -> None:
                        tls_cert=pki["cert"], tls_key=pki["key"])
         assert c.token, srv.output()
         base = srv.url.replace("http://", "https://")
-        with httpx.Client(verify=str(pki["ca"]), timeout=10) as h:
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(pki["ca"])), timeout=10) as h:
             wait_until(lambda: h.get(base + "/readyz").status_code == 200, timeout=20, what="ready over https")
             r = h.post(base + "/graphql", json={"query": "{ cluster { hosts { total } } }"},
                        headers={"Authorization": f"Bearer {c.token}"})
