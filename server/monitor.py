@@ -73,6 +73,8 @@ class HealthMonitor:
             self._term = self.leadership.term
             self.known = current
         for host_id, old, new in transitions(self.known, current):
+            if old is None and new is Health.HEALTHY:
+                continue  # a host seen for the first time is not a transition
             entry = self.state.hosts.get(host_id)
             ev = Event(kind=f"host.{new.value.lower()}", ts=now, host_id=host_id,
                        message=f"{host_id}: {old.value if old else 'NEW'} -> {new.value}",
