@@ -814,3 +814,28 @@ async def test_pages_carry_live_update_wiring(console: Console) -> None:
         assert_security_headers(r)
         assert "style=" not in r.text and "<style" not in r.text, path
         assert re.search(r"<script(?![^>]*\bsrc=)", r.text) is None, path
+
+
+async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
+    from server.messages import Event
+
+    await console.login()
+    r = await console.client.get("/alerts")
+    assert r.status_code == 200 and "No alerts" in r.text
+    assert_security_headers(r)
+    m = console.muster
+    assert m.nc is not None
+    await m.nc.publish("alerts.host.lost", encode(Event(kind="host.lost", host_id="rack9-host",
+                                                        message="host rack9-host: heartbeat key expired")))
+    await m.nc.publish("alerts.gpu.unhealthy", encode(Event(kind="gpu.unhealthy", host_id="gpu-host",
+                                                            message="GPU 3 on gpu-host is unschedulable: xid 79")))
+    deadline = time.monotonic() + 20
+    while True:
+        r = await console.client.get("/alerts")
+        if "rack9-host" in r.text and "xid 79" in r.text:
+            break
+        assert time.monotonic() < deadline, "alerts never showed up in the console"
+        await asyncio.sleep(0.2)
+    assert "host.lost" in r.text and "gpu.unhealthy" in r.text
+    r = await console.client.get("/alerts?kind=gpu.unhealthy")
+    assert "xid 79" in r.text and "rack9-host" not in r.text

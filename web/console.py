@@ -1006,6 +1006,41 @@ async def jobs(request: Request) -> Response:
     return render(request, "_jobs.html" if _is_htmx(request) else "jobs.html", ctx)
 
 
+# ---------------------------------------------------------------- alerts
+
+
+ALERT_KINDS = ("host.lost", "host.recovered", "domain.disrupted", "gpu.unhealthy", "job.failed")
+
+
+@console()
+async def alerts(request: Request) -> Response:
+    """Alerts as recorded in history, newest first (also published on `alerts.>`)."""
+    from server.recorder import list_alerts
+
+    m = _muster(request)
+    kind = request.query_params.get("kind", "").strip()
+    if kind not in ALERT_KINDS:
+        kind = ""
+    page = _page_arg(request)
+    assert m.history is not None
+    rows, total = await run_in_threadpool(list_alerts, m.history, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
+    page, pages = _pages(total, page)
+    ctx = {
+        "rows": [{"id": r.id, "kind": r.kind.removeprefix("alert."), "ts": r.ts, "host_id": r.host_id,
+                  "job_id": r.job_id, "message": r.message} for r in rows],
+        "total": total,
+        "kind": kind,
+        "kinds": ALERT_KINDS,
+        "page": page,
+        "pages": pages,
+        "prev_url": url("/alerts", kind=kind, page=page - 1) if page > 1 else None,
+        "next_url": url("/alerts", kind=kind, page=page + 1) if page < pages else None,
+        "first_url": url("/alerts", kind=kind, page=1) if page > 1 else None,
+        "last_url": url("/alerts", kind=kind, page=pages) if page < pages else None,
+    }
+    return render(request, "alerts.html", ctx)
+
+
 def _overlay(m: Muster, rows: list[Job], state: str, *, first_page: bool) -> list[Job]:
     """History rows replaced by the live records (fresher); on the first page, live jobs
     newer than anything history has written yet are added on top."""
@@ -1303,6 +1338,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/logout", logout, methods=["POST"]),
         Route("/", overview, methods=["GET"]),
         Route("/hosts", hosts, methods=["GET"]),
+        Route("/alerts", alerts, methods=["GET"]),
         Route("/hosts/{host_id}", host_detail, methods=["GET"]),
         Route("/hosts/{host_id}/cordon", cordon, methods=["POST"]),
         Route("/hosts/{host_id}/uncordon", uncordon, methods=["POST"]),
