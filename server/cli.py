@@ -24,11 +24,9 @@ EXIT_UNAUTHORISED = 4
 
 
 def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, os.environ.get("MUSTER_LOG_LEVEL", level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("nats").setLevel(logging.WARNING)
+    from server.logs import setup
+
+    setup(level)
 
 
 # ---------------------------------------------------------------- processes

@@ -66,8 +66,9 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
 
 def main(config: dict[str, object]) -> None:
     """Process entry point (multiprocessing, spawn)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s historian %(name)s: %(message)s")
-    logging.getLogger("nats").setLevel(logging.WARNING)
+    from server.logs import setup
+
+    setup()
     logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = HistorianConfig(**config)  # type: ignore[arg-type]
 

@@ -90,3 +90,33 @@ def test_up_runs_everything_and_resumes(tmp_path: Path) -> None:
         api.wait_hosts(2)
     finally:
         assert stop_up(p) == 0
+
+
+def test_json_logs(tmp_path: Path) -> None:
+    """MUSTER_LOG_FORMAT=json: every log line of a real server is one JSON object."""
+    import json
+    import os
+
+    from server.natsd import start_nats, wait_for_port
+
+    nats = start_nats(tmp_path / "nats", port=0)
+    port = free_port()
+    env = {**os.environ, "MUSTER_LOG_FORMAT": "json"}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "server", "--nats", nats.url, "--http-port",
+                          str(port), "--data-dir", str(tmp_path / "srv")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        wait_for_port(port, timeout=60)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "srv" / "token").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        nats.stop()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines, "the server logged nothing"
+    docs = [json.loads(ln) for ln in lines]
+    assert all({"ts", "level", "logger", "msg"} <= d.keys() for d in docs)
+    assert any("leadership acquired" in d["msg"] for d in docs)
