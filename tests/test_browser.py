@@ -80,7 +80,11 @@ def page(browser: Any, stack: tuple[Cluster, Any, str]) -> Iterator[Any]:
     """A fresh browser context (no cookies) with one page; fails the test on a JS error."""
     _, srv, _ = stack
     ctx = browser.new_context(base_url=srv.url, viewport={"width": 1400, "height": 1000})
-    ctx.set_default_timeout(20_000)
+    # Generous waits: shared CI machines are slow and noisy; nothing here measures speed.
+    ctx.set_default_timeout(60_000)
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
     p = ctx.new_page()
     js_errors: list[str] = []
     p.on("pageerror", lambda exc: js_errors.append(str(exc)))
