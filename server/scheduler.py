@@ -135,7 +135,13 @@ class Scheduler:
                 stop_task.cancel()
                 change_task.cancel()
                 continue
-            await self._lead(stop)
+            try:
+                await self._lead(stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - e.g. NATS re-electing while we set up: lead again
+                log.exception("scheduling interrupted; starting again")
+                await asyncio.sleep(0.5)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         term = self.leadership.term
