@@ -315,9 +315,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Verify the invariants over the recorded state; exit 1 when any is broken."""
     from server.checker import run_check
 
+    from server.natsauth import find_auth_dir
+
     url = args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222")
-    if args.creds:
-        os.environ["MUSTER_NATS_CREDS"] = args.creds
+    creds = args.creds or os.environ.get("MUSTER_NATS_CREDS")
+    if not creds:  # as `muster token` does: the control plane's key under the data dir
+        found = find_auth_dir(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "server.nk"
+        if found.exists():
+            creds = str(found)
+    if creds:
+        os.environ["MUSTER_NATS_CREDS"] = creds
     problems = asyncio.run(run_check(url))
     for p in problems:
         print(p)
