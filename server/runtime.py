@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from server import metrics, subjects
 from server.auth import bootstrap_token
 from server.cluster import ClusterState, HostConfig
-from server.errors import ConflictError, StoreError, ValidationError
+from server.errors import ConflictError, StoreError
 from server.health import Health
 from server.historian import HistorianConfig, HistorianProcess
 from server.history import History
@@ -432,7 +432,3 @@ class Muster:
             gpus_allocated=allocated,
             jobs=Counter({k: v for k, v in self.state.job_state_counts.items() if v}),
         )
-
-
-def validation_error_list(errors: list[ValidationError]) -> list[UserError]:
-    return [UserError(e.field, e.message, e.code) for e in errors]

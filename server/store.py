@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nats
@@ -148,89 +148,58 @@ class Store:
 
     # ------------------------------------------------------------ setup
 
+    def _kv_stream(self, bucket: str, **extra: object) -> jsapi.StreamConfig:
+        """A KV bucket's stream: last value per key, per-message TTL, expiry markers."""
+        return jsapi.StreamConfig(
+            name=f"KV_{bucket}",
+            subjects=[f"$KV.{bucket}.>"],
+            retention=jsapi.RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,
+            discard=jsapi.DiscardPolicy.NEW,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=True,
+            allow_msg_ttl=True,
+            subject_delete_marker_ttl=60,
+            **extra,  # type: ignore[arg-type]
+        )
+
+    def _log_stream(self, name: str, subject_list: list[str], work_queue: bool, max_age_days: int,
+                    **extra: object) -> jsapi.StreamConfig:
+        """A stream of messages: a work queue (consumed once) or a retained log."""
+        return jsapi.StreamConfig(
+            name=name,
+            subjects=subject_list,
+            retention=jsapi.RetentionPolicy.WORK_QUEUE if work_queue else jsapi.RetentionPolicy.LIMITS,
+            storage=jsapi.StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=max_age_days * 24 * 3600,
+            **extra,  # type: ignore[arg-type]
+        )
+
     async def ensure(self) -> None:
         """Create (or update) every stream and bucket Muster needs. Idempotent."""
-        state = jsapi.StreamConfig(
-            name=subjects.STATE_STREAM,
-            subjects=[f"$KV.{subjects.STATE_BUCKET}.>"],
-            retention=jsapi.RetentionPolicy.LIMITS,
-            max_msgs_per_subject=1,
-            discard=jsapi.DiscardPolicy.NEW,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            allow_rollup_hdrs=True,
-            deny_delete=True,
-            allow_direct=True,
-            allow_msg_ttl=True,
-            subject_delete_marker_ttl=60,
-            allow_atomic=True,
-            duplicate_window=120,
-            republish=jsapi.RePublish(
-                src=f"$KV.{subjects.STATE_BUCKET}.alloc.>",
-                dest=f"{subjects.ASSIGN_PREFIX}.>",
+        gib = 1024 * 1024 * 1024
+        configs = [
+            self._kv_stream(
+                subjects.STATE_BUCKET, allow_atomic=True, duplicate_window=120,
+                republish=jsapi.RePublish(src=f"$KV.{subjects.STATE_BUCKET}.alloc.>",
+                                          dest=f"{subjects.ASSIGN_PREFIX}.>"),
             ),
-        )
-        hosts = jsapi.StreamConfig(
-            name=subjects.HOSTS_STREAM,
-            subjects=[f"$KV.{subjects.HOSTS_BUCKET}.>"],
-            retention=jsapi.RetentionPolicy.LIMITS,
-            max_msgs_per_subject=1,
-            discard=jsapi.DiscardPolicy.NEW,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            allow_rollup_hdrs=True,
-            deny_delete=True,
-            allow_direct=True,
-            allow_msg_ttl=True,
-            subject_delete_marker_ttl=60,
-            duplicate_window=5,
-        )
-        status = jsapi.StreamConfig(
-            name=subjects.STATUS_STREAM,
-            subjects=[f"{subjects.STATUS_PREFIX}.>"],
-            retention=jsapi.RetentionPolicy.WORK_QUEUE,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            max_age=7 * 24 * 3600,
-            duplicate_window=120,
-        )
-        cmds = jsapi.StreamConfig(
-            name=subjects.CMDS_STREAM,
-            subjects=[f"{subjects.CMDS_PREFIX}.>"],
-            retention=jsapi.RetentionPolicy.WORK_QUEUE,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            max_age=7 * 24 * 3600,
-            duplicate_window=120,
-        )
-        submit = jsapi.StreamConfig(
-            name=subjects.SUBMIT_STREAM,
-            subjects=[f"{subjects.SUBMIT_PREFIX}.>"],
-            retention=jsapi.RetentionPolicy.WORK_QUEUE,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            max_age=7 * 24 * 3600,
-            duplicate_window=120,
-        )
-        events = jsapi.StreamConfig(
-            name=subjects.EVENTS_STREAM,
-            subjects=[f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"],
-            retention=jsapi.RetentionPolicy.LIMITS,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            max_age=7 * 24 * 3600,
-            max_bytes=1024 * 1024 * 1024,
-        )
-        alerts = jsapi.StreamConfig(
-            name=subjects.ALERTS_STREAM,
-            subjects=[f"{subjects.ALERTS_PREFIX}.>"],
-            retention=jsapi.RetentionPolicy.LIMITS,
-            storage=jsapi.StorageType.FILE,
-            num_replicas=self.replicas,
-            max_age=30 * 24 * 3600,
-            max_bytes=1024 * 1024 * 1024,
-        )
-        for cfg in (state, hosts, status, cmds, submit, events, alerts):
+            self._kv_stream(subjects.HOSTS_BUCKET, duplicate_window=5),
+            self._log_stream(subjects.STATUS_STREAM, [f"{subjects.STATUS_PREFIX}.>"], True, 7,
+                             duplicate_window=120),
+            self._log_stream(subjects.CMDS_STREAM, [f"{subjects.CMDS_PREFIX}.>"], True, 7, duplicate_window=120),
+            self._log_stream(subjects.SUBMIT_STREAM, [f"{subjects.SUBMIT_PREFIX}.>"], True, 7,
+                             duplicate_window=120),
+            self._log_stream(subjects.EVENTS_STREAM,
+                             [f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"],
+                             False, 7, max_bytes=gib),
+            self._log_stream(subjects.ALERTS_STREAM, [f"{subjects.ALERTS_PREFIX}.>"], False, 30, max_bytes=gib),
+        ]
+        for cfg in configs:
             await self._ensure_stream(cfg)
 
     async def _ensure_stream(self, cfg: jsapi.StreamConfig) -> None:
@@ -446,5 +415,3 @@ class Watch:
                 pass
             self._sub = None
 
-
-Handler = Callable[[Msg], Awaitable[None]]
