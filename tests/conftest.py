@@ -109,14 +109,14 @@ class Cluster:
         return proc
 
     def agent(self, host_id: str, gpus: str | None = "8xH100", labels: str = "rack=r1,zone=z1",
-              **opts: Any) -> Proc:
+              env: dict[str, str] | None = None, **opts: Any) -> Proc:
         argv = ["agent", "--nats", self.nats_url, "--host-id", host_id, "--labels", labels,
                 "--state-dir", str(self.tmp / "agents")]
         if gpus:
             argv += ["--simulate-gpus", gpus]
         for k, v in opts.items():
             argv += [f"--{k.replace('_', '-')}", str(v)]
-        return self._spawn(f"agent-{host_id}", argv)
+        return self._spawn(f"agent-{host_id}", argv, env)
 
     def stop_all(self) -> None:
         for p in reversed(self.procs):

@@ -114,23 +114,38 @@ def start_postgres(bindir: Path) -> PostgresServer:
                   "-E", "UTF8", "--no-locale", "--no-sync"])
     last_err: Exception | None = None
     for _ in range(5):  # the free port may be taken before the server binds it
-        port = _free_port()
-        opts = (f"-p {port} -k {sockdir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        srv = PostgresServer(bindir, datadir, sockdir, _free_port(), run_as)
         try:
-            _run(run_as, [str(bindir / "pg_ctl"), "-D", str(datadir), "-l", str(Path(root) / "server.log"),
-                          "-o", opts, "-w", "-t", "60", "start"])
+            _pg_start(srv)
         except RuntimeError as exc:
             last_err = exc
             time.sleep(0.2)
             continue
-        srv = PostgresServer(bindir, datadir, sockdir, port, run_as)
         srv.execute("CREATE DATABASE muster_test")
         srv.url = srv.url_for("muster_test")
         return srv
     log = (Path(root) / "server.log").read_text(errors="replace") if (Path(root) / "server.log").exists() else ""
     shutil.rmtree(root, ignore_errors=True)
     raise RuntimeError(f"PostgreSQL did not start: {last_err}\n{log[-4000:]}")
+
+
+def _pg_start(srv: PostgresServer) -> None:
+    opts = (f"-p {srv.port} -k {srv.sockdir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+    _run(srv.run_as, [str(srv.bindir / "pg_ctl"), "-D", str(srv.datadir), "-l",
+                      str(srv.datadir.parent / "server.log"), "-o", opts, "-w", "-t", "60", "start"])
+
+
+def crash_postgres(srv: PostgresServer) -> None:
+    """Stop the server the way a crash does (`pg_ctl stop -m immediate`: every backend
+    quits at once, no checkpoint), keeping its data for `restart_postgres`."""
+    _run(srv.run_as, [str(srv.bindir / "pg_ctl"), "-D", str(srv.datadir), "-m", "immediate", "-w", "stop"],
+         timeout=60)
+
+
+def restart_postgres(srv: PostgresServer) -> None:
+    """Start a crashed server again on the same port (it recovers from its WAL)."""
+    _pg_start(srv)
 
 
 def stop_postgres(srv: PostgresServer) -> None:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from server.natsauth import AuthDir
+
 yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +142,7 @@ def _server_services(services: dict) -> dict:
     return {
         name: svc
         for name, svc in services.items()
-        if "server" in " ".join(map(str, _command(svc)))
+        if re.search(r"\bmuster server\b", " ".join(map(str, _command(svc))))
         and name not in NATS_SERVICES
         and name != "postgres"
     }
@@ -372,10 +374,31 @@ def test_nats_config_valid(conf):
     assert re.search(r"sync_interval:\s*always", conf.read_text())
 
 
-def test_nats_compose_config_valid():
+def _compose_conf_with_auth(tmp_path: Path, hosts: tuple[str, ...] = ("gpu-host-1",)) -> tuple[Path, AuthDir]:
+    """The compose NATS config beside an `auth/auth.conf` made the way compose's nats-auth
+    service makes it (`muster creds issue-agent HOST --auth-dir ...`, through the CLI)."""
+    registry = AuthDir(tmp_path / "registry")
+    for h in hosts:
+        proc = subprocess.run([sys.executable, "-m", "server.cli", "creds", "issue-agent", h,
+                               "--auth-dir", str(registry.path)], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+    etc = tmp_path / "etc-nats"
+    (etc / "auth").mkdir(parents=True)
+    shutil.copy(registry.conf_file, etc / "auth" / "auth.conf")
+    conf = etc / "nats-cluster.conf"
+    text = NATS_COMPOSE_CONF.read_text()
+    assert 'store_dir: "/data"' in text
+    # The container's /data volume becomes a directory of this test.
+    conf.write_text(text.replace('store_dir: "/data"', f'store_dir: "{tmp_path / "js"}"'))
+    return conf, registry
+
+
+def test_nats_compose_config_valid(tmp_path):
+    conf, _ = _compose_conf_with_auth(tmp_path)
     env = {**os.environ, "SERVER_NAME": "nats1"}
     proc = subprocess.run(
-        [_nats_server(), "-t", "-c", str(NATS_COMPOSE_CONF)],
+        [_nats_server(), "-t", "-c", str(conf)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -385,18 +408,110 @@ def test_nats_compose_config_valid():
     text = NATS_COMPOSE_CONF.read_text()
     assert re.search(r"server_name:\s*\$SERVER_NAME", text)
     assert re.search(r"sync_interval:\s*always", text)
+    assert re.search(r'^include\s+"auth/auth.conf"', text, re.M)
     for n in NATS_SERVICES:
         assert f"nats://{n}:6222" in text or f"nats-route://{n}:6222" in text
     # the server name really comes from the environment
     env.pop("SERVER_NAME")
     proc = subprocess.run(
-        [_nats_server(), "-t", "-c", str(NATS_COMPOSE_CONF)],
+        [_nats_server(), "-t", "-c", str(conf)],
         capture_output=True,
         text=True,
         timeout=30,
         env=env,
     )
     assert proc.returncode != 0
+    # and without the generated users the config is refused (no silent open door)
+    (conf.parent / "auth" / "auth.conf").unlink()
+    proc = subprocess.run([_nats_server(), "-t", "-c", str(conf)], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "SERVER_NAME": "nats1"})
+    assert proc.returncode != 0
+
+
+def test_compose_wires_nats_credentials(compose, services):
+    auth = services["nats-auth"]
+    assert auth.get("restart") == "no"
+    script = " ".join(map(str, _command(auth)))
+    assert "muster creds issue-agent" in script
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in auth["volumes"]}
+    for name in NATS_SERVICES:
+        svc = services[name]
+        assert _depends_on(svc)["nats-auth"]["condition"] == "service_completed_successfully"
+        vols = [v for v in svc["volumes"] if v.endswith(":/etc/nats/auth:ro")]
+        assert vols and vols[0].split(":")[0] == mounts["/auth/nats"], f"{name} must mount the auth conf"
+    # Each party gets only its own seeds: servers the control plane's, agents theirs.
+    for name in _server_services(services):
+        svc = services[name]
+        assert svc["environment"]["MUSTER_NATS_CREDS"] == "/run/nats-creds/server.nk"
+        assert f"{mounts['/auth/server']}:/run/nats-creds:ro" in svc["volumes"]
+        assert mounts["/auth/agents"] not in " ".join(svc["volumes"])
+    for name in ("agent", "agent-cpu"):
+        svc = services[name]
+        creds = svc["environment"]["MUSTER_NATS_CREDS"]
+        assert creds.startswith("/run/nats-creds/") and creds.endswith(".nk")
+        assert f"{mounts['/auth/agents']}:/run/nats-creds:ro" in svc["volumes"]
+        assert mounts["/auth/server"] not in " ".join(svc["volumes"])
+    # the agents' host ids are the ones nats-auth issues credentials for
+    env = auth["environment"]
+    assert "${MUSTER_HOST_ID:-gpu-host-1}" in str(env["MUSTER_HOST_ID"]) or env["MUSTER_HOST_ID"]
+    assert "$$MUSTER_HOST_ID" in script and "$$MUSTER_SIM_HOST_ID" in script
+
+
+@pytest.mark.timeout(120)
+def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
+    """The compose node config, run for real (ports moved to free ones, routes unreachable
+    here): only the generated nkey users get in, and an agent only on its own subjects."""
+    conf, registry = _compose_conf_with_auth(tmp_path, ("gpu-host-1", "gpu-host-2"))
+    port, cport, mport = _free_ports(3)
+    log = open(tmp_path / "nats.log", "wb")
+    proc = subprocess.Popen(
+        [_nats_server(), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", str(mport),
+         "--cluster", f"nats://127.0.0.1:{cport}"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SERVER_NAME": "nats1"})
+    try:
+        from server.natsd import wait_for_port
+
+        wait_for_port(port, proc=proc)
+        asyncio.run(_probe_auth(f"nats://127.0.0.1:{port}", registry))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+async def _probe_auth(url: str, registry: AuthDir) -> None:
+    import nats as natspy
+
+    from server.store import connect
+
+    with pytest.raises(Exception):
+        nc = await natspy.connect(url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
+        await nc.close()
+    srv = await connect(url, name="probe-server", creds=str(registry.server_creds))
+    got: list[bytes] = []
+
+    async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+        got.append(msg.data)
+
+    sub = await srv.subscribe("muster.assign.>", cb=on_msg)
+    await srv.flush()
+    errors: list[Exception] = []
+
+    async def on_error(e: Exception) -> None:
+        errors.append(e)
+
+    agent = await natspy.connect(url, nkeys_seed=str(registry.agent_creds("gpu-host-1")),
+                                 error_cb=on_error, allow_reconnect=False)
+    # Allowed: nothing to check beyond acceptance. Forbidden: publishing as the control
+    # plane to another host's assignment subject.
+    await agent.publish("muster.assign.gpu-host-2", b"forged")
+    await agent.flush()
+    await asyncio.sleep(0.5)
+    assert got == [], "an agent published on another host's assignment subject"
+    assert any("permissions violation" in str(e).lower() for e in errors), errors
+    await agent.close()
+    await sub.unsubscribe()
+    await srv.close()
 
 
 def test_cluster_configs_layout():
