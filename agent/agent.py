@@ -6,6 +6,13 @@ by the stream to `muster.assign.<host>`; the agent also reads it whenever it
 stop what is no longer assigned. It never starts an attempt twice, and refuses
 records stamped with a leadership term older than one it has seen.
 
+Restarts: with a state dir the agent keeps `<host>.seen` (attempts ever started here) and
+`<host>.runs/<attempt>` (the process group of each attempt running now). An agent that
+starts again after a crash (kill -9, OOM) first kills the process groups its previous
+incarnation left running, then reports each attempt it had started and that is still
+assigned as LOST ("agent restarted"): the control plane retries it, and nothing is left
+RUNNING with nobody watching it.
+
 Self-fencing: when no heartbeat could be published for `fence_after_s`, the agent stops
 its own attempts, so that a cut-off host's work is dead before the control plane
 replaces it elsewhere.
@@ -17,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -99,6 +107,18 @@ class AgentConfig:
         return self
 
 
+def process_start_time(pid: int) -> str:
+    """The start time of process `pid` in clock ticks since boot (field 22 of
+    /proc/<pid>/stat), which tells a pid apart from a later process reusing it;
+    "" when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) is in parentheses and may hold spaces.
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
 class Agent:
     def __init__(self, config: AgentConfig, gpus: GpuBackend | None = None) -> None:
         self.config = config.validate()
@@ -117,7 +137,12 @@ class Agent:
         self._stop = asyncio.Event()
         self.store: Store | None = None
         self._seen_file = (config.state_dir / f"{config.host_id}.seen") if config.state_dir else None
+        self._runs_dir = (config.state_dir / f"{config.host_id}.runs") if config.state_dir else None
         self._load_seen()
+        # Attempts a previous incarnation started and this one cannot watch: reported LOST
+        # once each when their assignment is seen.
+        self.killed_leftovers = self._kill_leftovers()
+        self._reported_lost: set[str] = set()
 
     # ------------------------------------------------------------ persistence of "started"
 
@@ -133,6 +158,43 @@ class Agent:
                 f.write(attempt_id + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+
+    def _run_file(self, attempt_id: str) -> Path | None:
+        return self._runs_dir / attempt_id if self._runs_dir else None
+
+    def _record_run(self, attempt_id: str, pid: int) -> None:
+        path = self._run_file(attempt_id)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{pid} {process_start_time(pid)}\n")
+
+    def _forget_run(self, attempt_id: str) -> None:
+        path = self._run_file(attempt_id)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _kill_leftovers(self) -> list[str]:
+        """SIGKILL the process groups of attempts a previous incarnation left running
+        (each ran in a session of its own: its pid is its group id). A pid whose process
+        start time differs was reused by something else and is left alone. Returns the
+        attempts whose processes were killed."""
+        killed: list[str] = []
+        if self._runs_dir is None or not self._runs_dir.exists():
+            return killed
+        for f in sorted(self._runs_dir.iterdir()):
+            try:
+                pid_s, start_s = f.read_text().split()
+                pid = int(pid_s)
+                if process_start_time(pid) == start_s:
+                    os.killpg(pid, signal.SIGKILL)
+                    killed.append(f.name)
+                    log.warning("killed attempt %s (process group %d) left running by a previous agent",
+                                f.name, pid)
+            except (ValueError, OSError):
+                pass
+            f.unlink(missing_ok=True)
+        return killed
 
     # ------------------------------------------------------------ heartbeats
 
@@ -267,6 +329,12 @@ class Agent:
             if t.attempt_id in self.runs:
                 continue
             if t.attempt_id in self.seen:
+                if not t.stop and t.attempt_id not in self._reported_lost:
+                    # Started by a previous incarnation of this agent: its outcome is
+                    # unknown (any process it left was killed at start-up).
+                    self._reported_lost.add(t.attempt_id)
+                    await self._report(t, AttemptState.LOST, None, "",
+                                       "agent restarted; the attempt's outcome is unknown")
                 continue
             if t.stop:
                 self._mark_seen(t.attempt_id)
@@ -283,8 +351,12 @@ class Agent:
     async def _on_run_state(
         self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str
     ) -> None:
+        run = self.runs.get(t.attempt_id)
+        if state is AttemptState.RUNNING and run is not None and run.proc is not None:
+            self._record_run(t.attempt_id, run.proc.pid)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
+            self._forget_run(t.attempt_id)
         await self._report(t, state, code, tail, reason)
 
     # ------------------------------------------------------------ status reports

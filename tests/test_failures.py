@@ -131,6 +131,53 @@ def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) ->
     assert_invariants(cluster.nats_url)
 
 
+def _process_gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet (it runs no more code)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluster, tmp_path: Path) -> None:
+    """An agent killed with SIGKILL leaves its task running (a session of its own). When
+    it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
+    leftover and reports the attempt LOST; the job runs again, once, and nothing stays
+    RUNNING with nobody watching it."""
+    srv = cluster.server()
+    a = cluster.agent("ra", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, log = tmp_path / "gate", tmp_path / "marks"
+    job = api.submit(name="leftover", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    run_files = wait_until(lambda: list((tmp_path / "agents" / "ra.runs").glob("*")), what="the run file")
+    assert [f.name for f in run_files] == [f"{job['id']}.1"]
+    pid = int(run_files[0].read_text().split()[0])
+    a.kill9()
+    time.sleep(0.5)
+    assert not _process_gone(pid), "the task should outlive a SIGKILLed agent (it runs in its own session)"
+    cluster.agent("ra", gpus="2xH100")
+    wait_until(lambda: _process_gone(pid), timeout=60, what="the leftover process killed")
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second attempt")
+    first = api.q('query($id: ID!) { job(id: $id) { attempts { state reason } } }',
+                  {"id": job["id"]})["job"]["attempts"][0]
+    assert first["state"] == "LOST"
+    assert "agent restarted" in first["reason"], first
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    marks = read_marks(log)
+    by_attempt: dict[str, list[str]] = {}
+    for what, attempt, _ in marks:
+        by_attempt.setdefault(attempt, []).append(what)
+    # The leftover never got to finish (SIGKILL: no 'stop', no 'end'); the retry ran once.
+    assert by_attempt == {f"{job['id']}.1": ["start"], f"{job['id']}.2": ["start", "end"]}, by_attempt
+    assert not list((tmp_path / "agents" / "ra.runs").glob("*"))
+    assert_invariants(cluster.nats_url)
+
+
 def _ts(iso: str) -> float:
     from datetime import datetime
 
