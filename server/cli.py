@@ -960,6 +960,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        # Everything after `bench` belongs to the benchmark's own parser (argparse's
+        # REMAINDER would not take a leading `--hosts ...`).
+        from bench.__main__ import main as bench_main
+
+        rest = argv[1:]
+        return int(bench_main(rest[1:] if rest[:1] == ["--"] else rest) or 0)
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)

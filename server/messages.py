@@ -243,6 +243,12 @@ class Command(_Model):
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
 
 
+# Jobs in one NATS submission. The leader takes a submission whole into one commit beside
+# reports and commands (server/planner.py keeps 642 of a commit's 900 keys for inputs), so
+# a larger one could never be taken and would hold up every submission behind it.
+MAX_SUBMIT_JOBS = 500
+
+
 class SubmitRequest(_Model):
     """A batch of jobs submitted over NATS (`muster.submit.<user>`). Each job is a dict
     with a client-chosen `id` (so a retried publish cannot create it twice) and the same
@@ -251,7 +257,7 @@ class SubmitRequest(_Model):
     v: Literal[1] = 1
     user: str = Field(default="nats", max_length=64)
     ts: float = 0.0
-    jobs: list[dict[str, object]] = Field(min_length=1, max_length=1000)
+    jobs: list[dict[str, object]] = Field(min_length=1, max_length=MAX_SUBMIT_JOBS)
 
 
 class Event(_Model):

@@ -18,7 +18,7 @@ DROPPED = Counter(
 HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)
-PLACEMENTS = Counter("muster_placements_total", "Task attempts placed", registry=REGISTRY)
+PLACEMENTS = Counter("muster_placements_total", "Jobs placed (a gang of N tasks counts once)", registry=REGISTRY)
 PLACEMENT_LATENCY = Histogram(
     "muster_placement_latency_seconds",
     "Submission to committed placement",

@@ -131,3 +131,15 @@ def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
             p.kill()
             p.wait()
     assert p.returncode == 0, p.stderr.read() if p.stderr else ""
+
+
+def test_bench_options_reach_the_benchmark_parser() -> None:
+    """`muster bench --hosts N ...` hands every option to the benchmark (no `--` needed)."""
+    for argv in (["bench", "--hosts", "10", "--help"], ["bench", "--", "--hosts", "10", "--help"]):
+        r = subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "usage: muster bench" in r.stdout and "--burst" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "server.cli", "bench", "--no-such-option"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr

@@ -693,3 +693,23 @@ def test_property_random_cycles_never_overcommit(steps: list[list[tuple]]) -> No
     for job in w.state.jobs.values():
         if job.state.terminal and job.state is not JobState.CANCELLED:
             assert all(t.job_id != job.id for a in w.state.allocs.values() for t in a.tasks)
+
+
+def test_the_largest_nats_submission_always_fits_in_one_cycle() -> None:
+    """A submission is taken whole or waits; one that could never fit would block every
+    submission behind it, so the decoder refuses anything larger than fits."""
+    from pydantic import ValidationError
+
+    from server.messages import MAX_SUBMIT_JOBS, SubmitRequest
+
+    w = World()
+    w.host("h1", gpus=8)
+    jobs = [{"id": f"big-{i:04d}", "name": f"b{i}", "command": ["true"], "gpus": 0, "cpus": 0.01,
+             "memory_mb": 1} for i in range(MAX_SUBMIT_JOBS)]
+    big = SubmitRequest(user="u", ts=NOW, jobs=jobs)
+    small = SubmitRequest(user="u", ts=NOW, jobs=[dict(jobs[0], id="after-big")])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[big, small])
+    assert plan.submissions_used >= 1
+    assert {f"big-{i:04d}" for i in range(MAX_SUBMIT_JOBS)} <= set(plan.jobs)
+    with pytest.raises(ValidationError):
+        SubmitRequest(user="u", ts=NOW, jobs=[dict(jobs[0], id=f"x{i}") for i in range(MAX_SUBMIT_JOBS + 1)])

@@ -44,3 +44,27 @@ def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
                what="history holds exactly the 20 jobs")
     assert api.q('query($id: ID!) { job(id: $id) { user } }', {"id": ids[0]})["job"]["user"] == "pipeline"
     assert_invariants(cluster.nats_url)
+
+
+def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: Cluster) -> None:
+    from server.messages import MAX_SUBMIT_JOBS
+
+    srv = cluster.server()
+    api = Api(srv.url, cluster.token)
+    n = 2 * MAX_SUBMIT_JOBS + 100  # three messages
+    jobs = [{"name": f"big{i}", "command": ["true"], "gpus": 1, "cpus": 1, "memory_mb": 64} for i in range(n)]
+
+    async def publish() -> tuple[list[str], list[str]]:
+        nc = await natslib.connect(cluster.nats_url)
+        js = nc.jetstream()
+        ids = await submit_over_nats(js, jobs, user="bulk")
+        later = await submit_over_nats(js, [dict(jobs[0], name="after")], user="bulk")
+        await nc.close()
+        return ids, later
+
+    ids, later = asyncio.run(publish())
+    assert len(set(ids)) == n
+    # No agents: every job is queued, none placed, and the one sent after them is created too.
+    wait_until(lambda: api.job(later[0]), timeout=60, what="the job sent after the big batch")
+    wait_until(lambda: api.q("{ cluster { jobs { queued } } }")["cluster"]["jobs"]["queued"] == n + 1,
+               timeout=60, what="every job queued")
