@@ -4,8 +4,10 @@ An ordered JetStream consumer reads every committed revision of `$KV.state.>` fr
 start of the run (only committed records: an atomic batch that was rejected is never seen):
   * every `alloc.<host>` revision is checked against the host's capacity from the fleet file:
     GPUs, CPU and memory within capacity, no GPU index used twice, every index exists;
-  * every `job.<id>` revision updates the job's state; the store's own timestamp of the
-    first RUNNING revision is the "running" time (the control plane knows it is running);
+  * every `job.<id>` revision updates the job's state and the host of each attempt; the
+    store's own timestamp of the first RUNNING revision is the "running" time (the control
+    plane knows it is running); for a gang, of the first revision in which every task of
+    one try has reported RUNNING;
   * once a second it samples GPUs allocated and the GPU demand still queued (fragmentation:
     the share of GPUs left unallocated while GPU jobs wait).
 On `finish` (request on `bench.ctl.observer`) it also re-reads the final `alloc.*` record of
@@ -58,6 +60,18 @@ def check_alloc(d: dict, cap: tuple[int, float, int]) -> list[str]:
     return problems
 
 
+def _running(state: str, attempts: list[dict], replicas: int) -> bool:
+    """A single job runs once its record says RUNNING (or later); a gang once every task of
+    one try has reported RUNNING (the record says RUNNING from its first task on)."""
+    if replicas <= 1:
+        return state in ("RUNNING", "SUCCEEDED", "FAILED")
+    tries: dict[int, int] = {}
+    for a in attempts:
+        if a.get("started_at") is not None:
+            tries[a.get("number", 1)] = tries.get(a.get("number", 1), 0) + 1
+    return any(n >= replicas for n in tries.values())
+
+
 class Observer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -101,20 +115,24 @@ class Observer:
             st = d.get("state")
             j = self.jobs.get(name)
             if j is None:
-                j = self.jobs[name] = {"submitted_at": d.get("submitted_at"), "gpus": d["spec"].get("gpus", 0),
-                                       "priority": d["spec"].get("priority", 0), "running_at": None,
-                                       "placed_at": None, "state": st, "attempts": 0}
+                spec = d["spec"]
+                j = self.jobs[name] = {"submitted_at": d.get("submitted_at"), "gpus": spec.get("gpus", 0),
+                                       "replicas": spec.get("replicas", 1), "priority": spec.get("priority", 0),
+                                       "running_at": None, "placed_at": None, "state": st, "attempts": 0,
+                                       "placed": {}}
             j["state"] = st
             atts = d.get("attempts") or []
             j["attempts"] = len(atts)
+            for a in atts:
+                j["placed"].setdefault(a["id"], a.get("host_id"))
             if atts and j["placed_at"] is None:
                 j["placed_at"] = atts[0].get("placed_at")
                 j["host"] = atts[0].get("host_id")
-            if st in ("RUNNING", "SUCCEEDED", "FAILED") and j["running_at"] is None and atts:
+            if j["running_at"] is None and atts and _running(st, atts, j["replicas"]):
                 j["running_at"] = stored
                 j["running_state_seen"] = st
             if st == "QUEUED":
-                self.queued_gpus[name] = j["gpus"]
+                self.queued_gpus[name] = j["gpus"] * j["replicas"]  # a gang: every task
             else:
                 self.queued_gpus.pop(name, None)
 

@@ -8,6 +8,14 @@ and published on the NATS submission subject, or sent as `submitJobs` requests w
 --submit-via graphql; the submit time of a job is taken just before its publish/request),
 silences one host's heartbeats part-way to time loss detection, drains, collects every
 process's results and writes the JSON report and a PNG plot.
+
+With --burst N it submits N jobs at once instead (as fast as the submission path takes
+them) and measures the time until every one has reached its hosts: the maximum placement
+throughput, for comparing one NATS node with three.
+
+A gang (a trace job of more than 8 GPUs) is one job of `replicas` tasks. It counts as
+dispatched when every task of one try has reached a host; its dispatch latency is that
+moment minus its submit time, counted once per gang (see `judge`).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +49,11 @@ from server.natsd import free_port, nats_server_binary, start_nats, wait_for_por
 ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
 HOST = "query($id: ID!) { host(id: $id) { id health } }"
+# Jobs per submission: submitJobs takes up to 1,000; on NATS the leader takes a submission
+# message only when all its jobs fit in what one commit leaves for inputs (900 keys less
+# 258, server/planner.py plan_cycle), so a message of more than 642 jobs would never be
+# taken and would hold up every later one.
+MAX_BATCH = {"graphql": 1000, "nats": 500}
 
 
 class BenchError(Exception):
@@ -98,6 +111,90 @@ def histogram_quantiles(m: dict[str, float], name: str) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- dispatch checks
+
+
+@dataclass
+class Verdict:
+    """How one submitted job (single or gang) reached the simulated hosts."""
+
+    dispatched_at: float | None = None  # when the last task of its first complete try arrived
+    tasks_seen: int = 0  # distinct task indices that reached a host, over all tries
+    tries: int = 0
+    twice: bool = False  # an attempt or a task reached hosts more than once, or a retry without cause
+    partial: bool = False  # a try of which some tasks reached hosts and others never did
+    shared_host: bool = False  # two tasks of one try on one host, where they cannot both fit
+    problems: list[str] = field(default_factory=list)
+
+
+def attempt_id(job_id: str, number: int, task: int, replicas: int) -> str:
+    """The server's attempt id (server/planner.py): `<job>.<try>`, or `<job>.<try>.<task>` in a gang."""
+    return f"{job_id}.{number}.{task}" if replicas > 1 else f"{job_id}.{number}"
+
+
+def try_number(job_id: str, aid: str) -> int:
+    """The try an attempt id belongs to (0 if it is not one of this job's)."""
+    try:
+        return int(aid[len(job_id) + 1:].split(".")[0]) if aid.startswith(job_id + ".") else 0
+    except ValueError:
+        return 0
+
+
+def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]], placed: dict[str, str],
+          lost_host: str | None, exclusive: bool) -> Verdict:
+    """Check one job's arrivals: (attempt id, host, wall time, task index) for each first
+    sighting of an attempt on a host. `placed` maps attempt id -> host from the job's
+    records (may be empty), `lost_host` is the host the benchmark killed, and `exclusive`
+    says a gang's tasks cannot share a host (each needs more than half of the largest).
+
+    All-or-nothing: every try that reached any host reached it with all `replicas` tasks,
+    unless the missing tasks were placed on the killed host (which ignores assignments).
+    A second try is right only when the first one touched the killed host."""
+    v = Verdict()
+    by_attempt: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
+    for aid, host, ts, task in arrivals:
+        by_attempt[aid].append((host, ts, task))
+    tries: dict[int, dict[int, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for aid, seen in by_attempt.items():
+        if len(seen) > 1:
+            v.twice = True
+            v.problems.append(f"attempt {aid} reached hosts {len(seen)} times ({sorted(h for h, _, _ in seen)})")
+        host, ts, task = min(seen, key=lambda x: x[1])
+        tries[try_number(job_id, aid)][task].append((host, ts))
+    v.tries = len(tries)
+    want = set(range(replicas))
+    v.tasks_seen = len({t for tasks in tries.values() for t in tasks} & want)
+    for number in sorted(tries):
+        tasks = tries[number]
+        if set(tasks) - want:
+            v.twice = True
+            v.problems.append(f"try {number}: task indices {sorted(set(tasks) - want)} outside 0..{replicas - 1}")
+        for t, hs in tasks.items():
+            if len(hs) > 1:
+                v.twice = True
+                v.problems.append(f"try {number}: task {t} dispatched {len(hs)} times")
+        hosts = [h for hs in tasks.values() for h, _ in hs]
+        if exclusive and len(set(hosts)) < len(hosts):
+            v.shared_host = True
+            v.problems.append(f"try {number}: {len(hosts)} tasks on only {len(set(hosts))} hosts")
+        missing = want - set(tasks)
+        if not missing:
+            if v.dispatched_at is None:
+                v.dispatched_at = max(ts for hs in tasks.values() for _, ts in hs)
+        elif not (lost_host and all(placed.get(attempt_id(job_id, number, i, replicas)) == lost_host
+                                    for i in missing)):
+            v.partial = True
+            v.problems.append(f"try {number}: {len(want & set(tasks))} of {replicas} tasks dispatched")
+    if len(tries) > 1:
+        first = min(tries)
+        first_hosts = {h for hs in tries[first].values() for h, _ in hs}
+        first_hosts |= {h for aid, h in placed.items() if try_number(job_id, aid) == first}
+        if len(tries) > 2 or lost_host not in first_hosts:
+            v.twice = True
+            v.problems.append(f"{len(tries)} tries reached hosts; the first did not touch the killed host")
+    return v
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -143,8 +240,14 @@ class Bench:
     http: str = ""
     token: str = ""
     stats: dict[str, dict] = field(default_factory=dict)
-    live_dispatch: dict[str, float] = field(default_factory=dict)
+    live_dispatch: dict[str, float] = field(default_factory=dict)  # job -> when its last task arrived
+    live_tasks: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> task -> first arrival
+    live_tasks_n: int = 0
     submitted: dict[str, tuple[float, JobReq]] = field(default_factory=dict)
+    tasks_submitted: int = 0
+    replication: dict[str, Any] = field(default_factory=dict)
+    burst_started: float | None = None
+    burst_submitted: float | None = None
     submit_errors: int = 0
     submit_requests: int = 0
     ticks: list[dict] = field(default_factory=list)
@@ -213,7 +316,8 @@ class Bench:
 
     def start_server(self) -> None:
         port = free_port()
-        env = {"MUSTER_REPLICAS": "3"} if self.args.nats_cluster == 3 else {}
+        # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
+        env = {"MUSTER_REPLICAS": str(self.args.replicas)}
         data = self.work / "server"
         c = self.spawn("server", [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
                                   "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
@@ -248,9 +352,21 @@ class Bench:
     async def on_stats(self, msg) -> None:  # type: ignore[no-untyped-def]
         d = json.loads(msg.data)
         who = msg.subject.rsplit(".", 1)[1]
-        for job_id, ts in d.pop("arrivals", []):
-            self.live_dispatch.setdefault(job_id, ts)
+        for job_id, task, ts in d.pop("arrivals", []):
+            seen = self.live_tasks.setdefault(job_id, {})
+            if task not in seen:
+                seen[task] = ts
+                self.live_tasks_n += 1
+                self.live_complete(job_id)
         self.stats[who] = d
+
+    def live_complete(self, job_id: str) -> None:
+        """Mark a job dispatched (live view) once every one of its tasks has reached a host."""
+        if job_id in self.live_dispatch or job_id not in self.submitted:
+            return
+        seen = self.live_tasks.get(job_id)
+        if seen and len(seen) >= self.submitted[job_id][1].replicas:
+            self.live_dispatch[job_id] = max(seen.values())
 
     def sims(self) -> list[dict]:
         return [v for k, v in self.stats.items() if k != "observer"]
@@ -276,6 +392,7 @@ class Bench:
         sims = self.sims()
         m = self.metrics[-1][1] if self.metrics else {}
         row = {"t": now, "phase": phase, "submitted": len(self.submitted), "dispatched_live": len(self.live_dispatch),
+               "tasks_submitted": self.tasks_submitted, "tasks_dispatched_live": self.live_tasks_n,
                "running": sum(s.get("running", 0) for s in sims), "hb_sent": sum(s.get("hb_sent", 0) for s in sims),
                "hb_received": m.get("muster_heartbeats_received_total", 0.0),
                "placements": m.get("muster_placements_total", 0.0), "queue_depth": m.get("muster_queue_depth", 0.0),
@@ -295,6 +412,11 @@ class Bench:
               f" | disp p50/max {(pct(recent, 50) or 0) * 1000:6.0f}/{(max(recent) if recent else 0) * 1000:6.0f} ms"
               f" | server cpu {srv.cpu if srv else 0:6.1f}s", flush=True)
 
+    def record_submitted(self, job_id: str, ts: float, req: JobReq) -> None:
+        self.submitted[job_id] = (ts, req)
+        self.tasks_submitted += req.replicas
+        self.live_complete(job_id)  # its tasks may have been seen before the reply came
+
     async def submit_batch(self, client: httpx.AsyncClient, batch: list[JobReq]) -> None:
         ts = time.time()
         self.last_submit_ts = ts
@@ -303,7 +425,7 @@ class Bench:
             try:
                 ids = await submit_over_nats(self.js, [j.nats_input() for j in batch], user="bench")
                 for jid, req in zip(ids, batch):
-                    self.submitted[jid] = (ts, req)
+                    self.record_submitted(jid, ts, req)
             except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
                 self.submit_errors += len(batch)
                 print(f"submit publish failed ({len(batch)} jobs): {exc}", file=sys.stderr)
@@ -317,7 +439,7 @@ class Bench:
                 raise BenchError(str(body["errors"])[:300])
             for req, res in zip(batch, body["data"]["submitJobs"]):
                 if res["job"]:
-                    self.submitted[res["job"]["id"]] = (ts, req)
+                    self.record_submitted(res["job"]["id"], ts, req)
                 else:
                     self.submit_errors += 1
                     if self.submit_errors <= 3:
@@ -326,10 +448,33 @@ class Bench:
             self.submit_errors += len(batch)
             print(f"submit request failed ({len(batch)} jobs): {exc}", file=sys.stderr)
 
+    def generator(self) -> Trace | Synthetic:
+        a = self.args
+        return Trace(seed=a.seed, gang_fraction=a.gang_fraction) if a.trace else \
+            Synthetic(seed=a.seed, mean_duration_s=a.mean_duration)
+
+    async def burst_submitter(self, client: httpx.AsyncClient) -> None:
+        """--burst: every job at once, in batches (MAX_BATCH) with --max-submit-inflight in flight."""
+        a = self.args
+        gen = self.generator()
+        jobs = [gen.next() for _ in range(a.burst)]
+        self.arrivals_planned = len(jobs)
+        inflight: set[asyncio.Task] = set()
+        self.burst_started = time.time()
+        size = MAX_BATCH[a.submit_via]
+        for i in range(0, len(jobs), size):
+            while len(inflight) >= a.max_submit_inflight:
+                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            t = asyncio.create_task(self.submit_batch(client, jobs[i:i + size]))
+            inflight.add(t)
+            t.add_done_callback(inflight.discard)
+        if inflight:
+            await asyncio.gather(*inflight)
+        self.burst_submitted = time.time()
+
     async def submitter(self, client: httpx.AsyncClient, t0: float) -> None:
         a = self.args
-        gen = Trace(seed=a.seed, gang_fraction=a.gang_fraction) if a.trace else \
-            Synthetic(seed=a.seed, mean_duration_s=a.mean_duration)
+        gen = self.generator()
         offsets = arrivals(a.rate, a.duration, seed=a.seed + 1)
         self.arrivals_planned = len(offsets)
         i = 0
@@ -338,10 +483,11 @@ class Bench:
         while i < len(offsets) or pending:
             now = time.monotonic() - t0
             while i < len(offsets) and offsets[i] <= now:
-                pending.extend(gen.next())
+                pending.append(gen.next())
                 i += 1
             if pending and len(inflight) < a.max_submit_inflight:
-                batch, pending = pending[:1000], pending[1000:]
+                size = MAX_BATCH[a.submit_via]
+                batch, pending = pending[:size], pending[size:]
                 t = asyncio.create_task(self.submit_batch(client, batch))
                 inflight.add(t)
                 t.add_done_callback(inflight.discard)
@@ -420,8 +566,10 @@ class Bench:
         fleet_file = self.work / "fleet.json"
         write_fleet(fleet, fleet_file)
         k = a.sim_procs or max(1, math.ceil(a.hosts / 20000))
-        print(f"bench: {a.hosts} hosts in {k} simulator process(es), {a.rate}/s for {a.duration}s, "
-              f"{'trace' if a.trace else 'synthetic'} workload; work dir {self.work}", flush=True)
+        load = f"a burst of {a.burst} jobs" if a.burst else f"{a.rate}/s for {a.duration}s"
+        print(f"bench: {a.hosts} hosts in {k} simulator process(es), {load}, "
+              f"{'trace' if a.trace else 'synthetic'} workload, {a.nats_cluster} NATS node(s), "
+              f"MUSTER_REPLICAS={a.replicas}; work dir {self.work}", flush=True)
         self.start_nats()
         self.start_server()
         nc = await nats.connect(self.nats_url.split(","), name="bench-orchestrator")
@@ -481,13 +629,27 @@ class Bench:
         lost_task = None
         if a.lose_host_at is not None and a.lose_host_at >= 0:
             lost_task = asyncio.create_task(self.lose_host(nc, client, a.lose_host_at, fleet[bounds[1] - 1].id))
-        sub_task = asyncio.create_task(self.submitter(client, t0m))
+        sub_task = asyncio.create_task(self.burst_submitter(client) if a.burst else self.submitter(client, t0m))
         while not sub_task.done():
             await asyncio.wait({sub_task}, timeout=1.0)
             self.check_children()
             self.tick(t0, "run")
         await sub_task
-        self.window_end = max(t0 + a.duration, getattr(self, "last_submit_ts", 0.0))
+        if a.burst:
+            # The window lasts until every job of the burst has reached its hosts (or --drain).
+            deadline = time.monotonic() + a.drain
+            last_tick = time.monotonic()
+            while len(self.live_dispatch) < len(self.submitted) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                if time.monotonic() - last_tick >= 1.0:
+                    last_tick = time.monotonic()
+                    self.check_children()
+                    self.tick(t0, "run")
+            done = len(self.live_dispatch) == len(self.submitted)
+            self.window_end = max(self.live_dispatch.values()) if done and self.live_dispatch else time.time()
+            self.tick(t0, "run")
+        else:
+            self.window_end = max(t0 + a.duration, getattr(self, "last_submit_ts", 0.0))
         for c in self.children:
             c.sample()
             c.cpu_at_end = c.cpu
@@ -522,6 +684,7 @@ class Bench:
             await nc.request("bench.ctl.observer", b'{"cmd": "finish"}', timeout=180)
         except Exception as exc:  # noqa: BLE001
             self.notes.append(f"observer did not finish cleanly: {exc}")
+        self.replication = await self.stream_replication()
         stop_sampling.set()
         await sampler
         for c in self.children:
@@ -529,6 +692,23 @@ class Bench:
         await client.aclose()
         await nc.close()
         return self.report(fleet, k, startup_s)
+
+    async def stream_replication(self) -> dict[str, Any]:
+        """What replication the state actually got: each JetStream stream's replica count."""
+        out: dict[str, Any] = {"nats_nodes": self.args.nats_cluster, "muster_replicas": self.args.replicas,
+                               "sync_interval": "always" if self.args.nats_cluster == 3 else "default (2 min)"}
+        try:
+            infos = await self.js.streams_info()
+            out["stream_replicas"] = {i.config.name: i.config.num_replicas for i in infos}
+            state = next((i for i in infos if i.config.name == "KV_state"), None)
+            if state is not None and state.cluster is not None:
+                out["KV_state_cluster"] = {"leader": state.cluster.leader,
+                                           "followers": len(state.cluster.replicas or []),
+                                           "followers_current": sum(1 for r in state.cluster.replicas or []
+                                                                    if r.current)}
+        except Exception as exc:  # noqa: BLE001 - recorded; the run itself is still reported
+            out["error"] = f"could not read stream info: {exc}"
+        return out
 
     def check_children(self) -> None:
         for c in self.children:
@@ -546,38 +726,41 @@ class Bench:
                 sims.append(json.loads(p.read_text()))
         obs_p = self.work / "observer.json"
         obs = json.loads(obs_p.read_text()) if obs_p.exists() else {}
-        per_job: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+        per_job: dict[str, list[tuple[str, str, float, int]]] = defaultdict(list)
         for s in sims:
-            for job_id, aid, host, ts in s["arrivals"]:
-                per_job[job_id].append((aid, host, ts))
+            for job_id, aid, host, ts, task in s["arrivals"]:
+                per_job[job_id].append((aid, host, ts, task))
         window = self.window_end - self.window_start
-        dispatch, running, never, twice = [], [], [], []
+        dispatch, running, never, twice, partial, shared = [], [], [], [], [], []
         by_class: dict[str, list[float]] = defaultdict(list)
-        gangs: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+        gang_waits: list[float] = []
         ojobs = obs.get("jobs", {})
+        lost_host = (self.lost or {}).get("host")
+        max_host_gpus = max((h.gpus for h in fleet), default=0)
+        verdicts: dict[str, Verdict] = {}
         for job_id, (ts, req) in self.submitted.items():
-            arr = per_job.get(job_id)
-            if not arr:
+            v = verdicts[job_id] = judge(job_id, req.replicas, per_job.get(job_id, []),
+                                         (ojobs.get(job_id) or {}).get("placed") or {}, lost_host,
+                                         exclusive=req.gang and 2 * req.gpus > max_host_gpus)
+            if v.dispatched_at is None:
                 never.append(job_id)
             else:
-                attempts = {aid for aid, _, _ in arr}
-                lost_host = (self.lost or {}).get("host")
-                # A second attempt is only right when the first one's host was the one
-                # the benchmark killed; one attempt seen on two hosts is always wrong.
-                redo_ok = len(attempts) == 2 and sorted(arr, key=lambda x: x[2])[0][1] == lost_host
-                if len(arr) != len(attempts) or (len(attempts) > 1 and not redo_ok):
-                    twice.append(job_id)
-                first = min(x[2] for x in arr)
-                dispatch.append(first - ts)
-                by_class[req.qos].append(first - ts)
+                dispatch.append(v.dispatched_at - ts)
+                by_class[req.qos].append(v.dispatched_at - ts)
+                if req.gang:
+                    gang_waits.append(v.dispatched_at - ts)
+            if v.twice:
+                twice.append(job_id)
+            if v.partial:
+                partial.append(job_id)
+            if v.shared_host:
+                shared.append(job_id)
             ra = (ojobs.get(job_id) or {}).get("running_at")
             if ra is not None:
                 running.append(ra - ts)
-            if req.gang:
-                gangs[req.gang].append((ts, min(x[2] for x in arr) if arr else None))
         unknown = sorted(set(per_job) - set(self.submitted))
-        gang_waits = [max(d for _, d in m) - min(t for t, _ in m) for m in gangs.values()
-                      if all(d is not None for _, d in m)]
+        gangs = [j for j, (_, r) in self.submitted.items() if r.gang]
+        tasks_dispatched = sum(v.tasks_seen for v in verdicts.values())
         # Rates over the measured window, each from its own first and last sample inside it.
         m_in = [(t, m) for t, m in self.metrics if self.window_start <= t <= self.window_end + 0.5]
         (mt0, m_first), (mt1, m_end) = (m_in[0], m_in[-1]) if len(m_in) > 1 else ((0.0, {}), (1.0, {}))
@@ -599,7 +782,7 @@ class Bench:
             for key, v in s["counters"].items():
                 counters[key] += v
         overcommitted = obs.get("overcommitted_hosts", [])
-        gang_members = sum(1 for _, r in self.submitted.values() if r.gang)
+        gang_tasks = sum(r.replicas for _, r in self.submitted.values() if r.gang)
         frac = sum(1 for _, r in self.submitted.values() if r.fractional_gpu)
         procs = {}
         for c in self.children:
@@ -609,10 +792,12 @@ class Bench:
                              "cpu_pct_in_window": round(100 * (c.cpu_at_end - c.cpu_at_start) / window, 1)
                              if c.cpu_at_start is not None and c.cpu_at_end is not None and window > 0 else None}
         correct = {
-            "ok": not never and not twice and not unknown and not overcommitted and counters["gpu_collisions"] == 0
-                  and bool(obs),
+            "ok": not never and not twice and not partial and not shared and not unknown and not overcommitted
+                  and counters["gpu_collisions"] == 0 and bool(obs),
             "jobs_never_dispatched": len(never),
             "jobs_dispatched_more_than_once": len(twice),
+            "gangs_partially_dispatched": len(partial),
+            "gangs_with_tasks_sharing_a_host": len(shared),
             "dispatches_of_unknown_jobs": len(unknown),
             "overcommitted_hosts": len(overcommitted),
             "overcommit_examples": obs.get("overcommit_examples", [])[:10],
@@ -621,27 +806,39 @@ class Bench:
             "final_alloc_records_checked": obs.get("final_alloc_records_checked", 0),
             "observer_ran": bool(obs),
             "examples_never_dispatched": never[:5],
-            "examples_dispatched_twice": {j: per_job[j] for j in twice[:5]},
+            "examples_dispatched_twice": {j: verdicts[j].problems for j in twice[:5]},
+            "examples_gang_problems": {j: verdicts[j].problems for j in (partial + shared)[:5]},
         }
         gpus_total = sum(h.gpus for h in fleet)
+        # Submissions per second over the time spent submitting (a burst is over long before the window).
+        submit_s = window
+        if a.burst and self.burst_started and self.burst_submitted:
+            submit_s = self.burst_submitted - self.burst_started
         rep = {
             "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m bench " + " ".join(sys.argv[1:]) if a.argv is None else
                        "python -m bench " + " ".join(a.argv),
             "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; every process on one machine",
-            "config": {"hosts": a.hosts, "gpus": gpus_total, "rate": a.rate, "duration_s": a.duration,
-                       "submit_via": a.submit_via,
+            "config": {"hosts": a.hosts, "gpus": gpus_total,
+                       "rate": None if a.burst else a.rate, "duration_s": None if a.burst else a.duration,
+                       "burst": a.burst or None, "submit_via": a.submit_via,
                        "workload": "trace" if a.trace else "synthetic", "nats_cluster": a.nats_cluster,
+                       "muster_replicas": a.replicas,
                        "simulator_processes": k, "seed": a.seed, "batch_window_s": a.batch_window,
                        "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host"},
+            "replication": self.replication,
             "startup_s": round(startup_s, 1),
             "window_s": round(window, 2),
             "jobs_submitted": len(self.submitted),
             "jobs_dispatched": len(self.submitted) - len(never),
+            "tasks_submitted": self.tasks_submitted,
+            "tasks_dispatched": tasks_dispatched,
             "submit_errors": self.submit_errors,
             "submit_requests": self.submit_requests,
-            "submissions_per_s": round(len(self.submitted) / window, 1) if window else None,
+            "submissions_per_s": round(len(self.submitted) / submit_s, 1) if submit_s else None,
             "placements_per_s": round(placements_window / m_dt, 1),
+            "placements_per_s_source": "server metric muster_placements_total (jobs placed; a gang counts "
+                                       "once) over the measured window, sampled once a second",
             "placements_total": m_final.get("muster_placements_total"),
             "dispatch_latency_ms": summary_ms(dispatch),
             "running_latency_ms": summary_ms(running),
@@ -670,7 +867,8 @@ class Bench:
                     "max": round(max(free_share), 4) if free_share else None},
                 "wait_ms_by_priority_class": {q: summary_ms(v) for q, v in sorted(by_class.items())},
                 "gangs_submitted": len(gangs),
-                "gang_member_jobs_submitted": gang_members,
+                "gang_tasks_submitted": gang_tasks,
+                "gang_sizes": dict(sorted(Counter(self.submitted[j][1].replicas for j in gangs).items())),
                 "gang_wait_ms": summary_ms(gang_waits),
                 "gangs_not_fully_dispatched": len(gangs) - len(gang_waits),
                 "fractional_gpu_jobs_rounded_up": frac,
@@ -681,19 +879,53 @@ class Bench:
                 f"submit time = just before the {'NATS publish on muster.submit' if a.submit_via == 'nats' else 'submitJobs request'}; "
                 "wait per priority class uses dispatch latency",
                 "running = the store's timestamp of the job record's first RUNNING (or later) revision",
-                "gangs are not supported by the server yet: each gang is submitted as ceil(n/8) independent 8-GPU "
-                "jobs (counted in jobs_submitted, and separately as gang_member_jobs_submitted); gang wait is "
-                "until its last member was dispatched",
+                "a gang is one job with replicas = ceil(n/8) tasks of 8 GPUs (jobs_* count it once, tasks_* "
+                "count its tasks); it is dispatched when every task of one try has reached its host, and its "
+                "dispatch latency (= gang wait) runs from its submit time to that moment; its running time is "
+                "when every task of one try had reported RUNNING",
             ] + (["trace: fractional GPU requests are rounded up to one whole GPU; durations capped at 7 days "
                   "and divided by 80; qos -> priority LS 300, Guaranteed 200, Burstable 100, BE 0"] if a.trace else []),
             "work_dir": str(self.work),
         }
-        rep["_series"] = {"ticks": self.ticks, "dispatch": [(self.submitted[j][0], min(x[2] for x in per_job[j]))
-                                                            for j in self.submitted if j in per_job],
+        if a.burst:
+            rep["burst"] = self.burst_report(verdicts, ojobs, gpus_total)
+            if rep["burst"]["placements_per_s"] is not None:
+                rep["placements_per_s"] = rep["burst"]["placements_per_s"]
+                rep["placements_per_s_source"] = "burst: jobs / (last job fully dispatched - first submit)"
+        rep["_series"] = {"ticks": self.ticks, "dispatch": [(self.submitted[j][0], v.dispatched_at)
+                                                            for j, v in verdicts.items()
+                                                            if v.dispatched_at is not None],
                           "running": [(self.submitted[j][0], ojobs[j]["running_at"]) for j in self.submitted
                                       if (ojobs.get(j) or {}).get("running_at") is not None],
                           "samples": samples, "t0": self.window_start}
         return rep
+
+    def burst_report(self, verdicts: dict[str, Verdict], ojobs: dict[str, dict], gpus_total: int) -> dict[str, Any]:
+        """--burst: how long the whole burst took to reach its hosts, and the rate that makes."""
+        t0 = self.burst_started or self.window_start
+        n = len(self.submitted)
+        done = [v.dispatched_at for v in verdicts.values() if v.dispatched_at is not None]
+        all_done = bool(n) and len(done) == n
+        span = max(done) - t0 if all_done else None
+        placed = [p for j in self.submitted if (p := (ojobs.get(j) or {}).get("placed_at"))]
+        placed_span = max(placed) - t0 if n and len(placed) == n else None
+        r = lambda v, k=3: None if v is None else round(v, k)  # noqa: E731
+        gpus = sum(q.gpus * q.replicas for _, q in self.submitted.values())
+        return {
+            "jobs": n, "tasks": self.tasks_submitted, "jobs_dispatched": len(done),
+            "gpus_requested": gpus, "gpus_total": gpus_total,
+            "submit_s": r(self.burst_submitted - t0) if self.burst_submitted else None,
+            "time_to_dispatch_all_s": r(span),
+            "placements_per_s": r(n / span, 1) if span else None,
+            "tasks_per_s": r(self.tasks_submitted / span, 1) if span else None,
+            "server_placed_all_s": r(placed_span),
+            "server_placements_per_s": r(n / placed_span, 1) if placed_span else None,
+            "note": ("the burst asks for more GPUs than the fleet has, so part of it waited for others to "
+                     "finish; " if gpus > gpus_total else "") +
+                    "t=0 just before the first batch was published; time_to_dispatch_all = until the last task "
+                    "of the last job reached its simulated host; server_placed_all = until the leader planned "
+                    "the last placement (the job record's placed_at, the same machine's clock)",
+        }
 
 
 # ---------------------------------------------------------------- the plot
@@ -726,8 +958,10 @@ def plot(rep: dict, path: Path) -> None:
         ax.plot(rx, [pct(run_sec[x], 50) for x in rx], label="running p50", linestyle="--")
     ax.set_yscale("log")
     ax.set_ylabel("latency (ms)")
-    ax.set_title(f"muster bench: {rep['config']['hosts']} hosts, {rep['config']['rate']}/s, "
-                 f"{rep['config']['workload']} (by second of submission)")
+    cfg = rep["config"]
+    load = f"burst of {cfg['burst']}" if cfg.get("burst") else f"{cfg['rate']}/s"
+    ax.set_title(f"muster bench: {cfg['hosts']} hosts, {load}, {cfg['workload']}, "
+                 f"{cfg['nats_cluster']} NATS node(s) (by second of submission)")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, alpha=0.3)
     # 2. throughput
@@ -775,6 +1009,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of submissions")
     ap.add_argument("--trace", action="store_true", help="replay shapes from ../shared/traces (openb + Philly gangs)")
     ap.add_argument("--nats-cluster", type=int, choices=[1, 3], default=1)
+    ap.add_argument("--replicas", type=int, choices=[1, 3], default=None,
+                    help="MUSTER_REPLICAS for the server's streams and buckets (default: --nats-cluster)")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="submit this many jobs at once instead of --rate/--duration and time until all are "
+                         "dispatched (maximum placement throughput)")
     ap.add_argument("--json", default=None, help="write the report here (default bench/results/bench-<time>.json)")
     ap.add_argument("--png", default=None, help="plot file (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=1)
@@ -786,10 +1025,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--submit-via", choices=["nats", "graphql"], default="nats",
                     help="submission path: NATS (muster.submit, the high-rate path) or GraphQL submitJobs")
     ap.add_argument("--max-submit-inflight", type=int, default=4)
-    ap.add_argument("--drain", type=float, default=30.0, help="seconds to wait for undispatched jobs after the run")
+    ap.add_argument("--drain", type=float, default=None,
+                    help="seconds to wait for undispatched jobs after the run (default 30; with --burst, 300 "
+                         "after the burst was submitted)")
     ap.add_argument("--lose-host-at", type=float, default=None,
-                    help="seconds into the run to stop one host's heartbeats (default: a quarter of --duration); "
-                         "negative disables")
+                    help="seconds into the run to stop one host's heartbeats (default: a quarter of --duration; "
+                         "none with --burst); negative disables")
     ap.add_argument("--lost-timeout", type=float, default=20.0, help="extra seconds to wait for LOST beyond the TTL")
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--work-dir", default=None)
@@ -800,8 +1041,15 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
+    if args.drain is None:
+        args.drain = 300.0 if args.burst else 30.0
+    if args.replicas is None:
+        args.replicas = args.nats_cluster
+    if args.replicas > args.nats_cluster:
+        print("bench failed: --replicas 3 needs --nats-cluster 3", file=sys.stderr)
+        return 1
     if args.lose_host_at is None:
-        args.lose_host_at = args.duration / 4
+        args.lose_host_at = -1.0 if args.burst else args.duration / 4
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="muster-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -828,11 +1076,16 @@ def run(argv: list[str] | None = None) -> int:
         rep["work_dir"] = None
     jpath.parent.mkdir(parents=True, exist_ok=True)
     jpath.write_text(json.dumps(rep, indent=2) + "\n")
-    show = {k: rep[k] for k in ("jobs_submitted", "jobs_dispatched", "submissions_per_s", "placements_per_s",
+    show = {k: rep[k] for k in ("jobs_submitted", "jobs_dispatched", "tasks_submitted", "tasks_dispatched",
+                                "submissions_per_s", "placements_per_s",
                                 "heartbeats_per_s", "heartbeats_sent_per_s", "dispatch_latency_ms",
                                 "running_latency_ms", "max_concurrent_tasks", "overcommitted_hosts",
                                 "lost_host_detection")}
     show["correct"] = rep["correctness"]["ok"]
+    show["replication"] = rep["replication"].get("stream_replicas")
+    if "burst" in rep:
+        show["burst"] = {k: rep["burst"][k] for k in ("jobs", "tasks", "submit_s", "time_to_dispatch_all_s",
+                                                      "placements_per_s", "server_placements_per_s")}
     show["processes"] = {k: (v["cpu_s"], v["cpu_pct_in_window"], v["peak_rss_mb"]) for k, v in rep["processes"].items()}
     print(json.dumps(show, indent=1))
     print(f"report: {jpath}\nplot:   {ppath}")

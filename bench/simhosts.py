@@ -12,7 +12,8 @@ One NATS connection per process. Each host:
     `Nats-Msg-Id: <attempt>:<STATE>`; acknowledgements are pipelined (publish_async, up to
     `--max-inflight` in flight) and every report is retried until acknowledged.
 
-It records when each attempt first arrived on each host (wall clock), publishes live
+It records when each attempt first arrived on each host (wall clock) with its task index
+(`MUSTER_GANG_TASK` in the task's env for a gang's task, else 0), publishes live
 counters on `bench.stats.<idx>` once a second, obeys `bench.ctl.<idx>` requests
 (`silence` a host's heartbeats, `finish`) and writes its results to `--out` on finish.
 
@@ -38,6 +39,14 @@ log = logging.getLogger("bench.simhosts")
 
 ASSIGN_PREFIX = "muster.assign."
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+
+
+def task_index(t: dict) -> int:
+    """A task's index within its gang (the agent's MUSTER_GANG_TASK); 0 for a single job."""
+    try:
+        return int((t.get("env") or {}).get("MUSTER_GANG_TASK", 0))
+    except (TypeError, ValueError):
+        return -1  # reported as an unknown task index
 
 
 class SimHost:
@@ -82,8 +91,8 @@ class Simulator:
         self.sem = asyncio.Semaphore(args.max_inflight)
         self.pending_reports: set[asyncio.Task] = set()
         # results
-        self.arrivals: list[tuple[str, str, str, float]] = []  # job, attempt, host, wall time
-        self.new_arrivals: list[tuple[str, float]] = []
+        self.arrivals: list[tuple[str, str, str, float, int]] = []  # job, attempt, host, wall time, task
+        self.new_arrivals: list[tuple[str, int, float]] = []  # job, task, wall time
         self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
                       killed=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
                       errors=0)
@@ -149,8 +158,9 @@ class Simulator:
             if aid in h.seen:
                 continue
             h.seen.add(aid)
-            self.arrivals.append((t["job_id"], aid, h.spec.id, t_arr))
-            self.new_arrivals.append((t["job_id"], t_arr))
+            task = task_index(t)
+            self.arrivals.append((t["job_id"], aid, h.spec.id, t_arr, task))
+            self.new_arrivals.append((t["job_id"], task, t_arr))
             if t.get("stop"):
                 self.report(h, t, "KILLED", None, "cancelled before it started")
                 continue

@@ -6,11 +6,16 @@ Two sources:
   * trace (`--trace`): hosts tiled from the Alibaba openb GPU node list (each copy of the
     1,213-node list is its own zone, 32 hosts per rack), job shapes resampled from the openb
     pod list (qos column = priority class), Philly jobs needing more than 8 GPUs added as
-    gangs of ceil(n/8) hosts. Durations are the trace's, capped at 7 days, divided by 80.
+    gangs. Durations are the trace's, capped at 7 days, divided by 80.
 
-Arrivals are Poisson at `rate` per second (a gang is one arrival). The server has no gang
-support yet, so a gang is submitted as N independent 8-GPU jobs; they are counted apart.
-Every job's command is `sleep <seconds>`: the simulated hosts run it as a timer.
+A Philly job of n > 8 GPUs is submitted as ONE gang job: `replicas = ceil(n/8)` tasks of
+8 GPUs each (32 CPUs, 128 GiB), which the server places all at once or not at all (every
+openb host has at most 8 GPUs, so its tasks land on distinct hosts). It counts as one job
+and `replicas` tasks.
+
+Arrivals are Poisson at `rate` per second (a gang is one arrival); `burst` gives the
+same jobs all at once. Every job's command is `sleep <seconds>`: the simulated hosts run
+it as a timer.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class HostSpec:
 
 @dataclass
 class JobReq:
-    """One job to submit (a gang member is one of these too)."""
+    """One job to submit: a single task, or a gang of `replicas` tasks (each with these
+    resources)."""
 
     name: str
     gpus: int
@@ -55,20 +61,30 @@ class JobReq:
     duration_s: float
     priority: int = 0
     qos: str = "synthetic"
-    gang: str | None = None  # gang id when this job is one member of a gang
-    gang_size: int = 1
+    replicas: int = 1  # > 1: a gang, placed all at once or not at all
+    same_rack: bool = False
     fractional_gpu: bool = False  # the trace asked for a share of one GPU (rounded up to 1)
+
+    @property
+    def gang(self) -> bool:
+        return self.replicas > 1
 
     def nats_input(self) -> dict[str, object]:
         """The same job for the NATS submission path (snake_case, see server.client)."""
-        return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
-                "cpus": self.cpus, "memory_mb": self.memory_mb, "priority": self.priority,
-                "max_attempts": 3}
+        d: dict[str, object] = {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"],
+                                "gpus": self.gpus, "cpus": self.cpus, "memory_mb": self.memory_mb,
+                                "priority": self.priority, "max_attempts": 3}
+        if self.gang:
+            d.update(replicas=self.replicas, same_rack=self.same_rack)
+        return d
 
     def graphql_input(self) -> dict[str, object]:
-        return {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"], "gpus": self.gpus,
-                "cpus": self.cpus, "memoryMb": self.memory_mb, "priority": self.priority,
-                "maxAttempts": 3}
+        d: dict[str, object] = {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"],
+                                "gpus": self.gpus, "cpus": self.cpus, "memoryMb": self.memory_mb,
+                                "priority": self.priority, "maxAttempts": 3}
+        if self.gang:
+            d.update(replicas=self.replicas, sameRack=self.same_rack)
+        return d
 
 
 # ---------------------------------------------------------------- fleets
@@ -142,14 +158,14 @@ class Synthetic:
         self.mean = mean_duration_s
         self.n = 0
 
-    def next(self) -> list[JobReq]:
+    def next(self) -> JobReq:
         self.n += 1
         g = self.rng.choices([m[1] for m in self.MIX], [m[0] for m in self.MIX])[0]
         cpus = float(max(1, 8 * g)) if g else float(self.rng.choice([1, 2, 4, 8]))
         mem = 16384 * max(1, g)
         sigma = 0.8
         dur = self.rng.lognormvariate(math.log(self.mean) - sigma * sigma / 2, sigma)
-        return [JobReq(f"syn-{self.n}", g, cpus, mem, round(max(0.05, dur), 3))]
+        return JobReq(f"syn-{self.n}", g, cpus, mem, round(max(0.05, dur), 3))
 
 
 class Trace:
@@ -172,18 +188,16 @@ class Trace:
                 dur = min(float(j["runtime"]) * 60, SEVEN_DAYS_S) / TRACE_SCALE
                 self.gangs.append((int(j["num_gpus"]), dur))
 
-    def next(self) -> list[JobReq]:
+    def next(self) -> JobReq:
         self.n += 1
         if self.gangs and self.rng.random() < self.gang_fraction:
             n_gpus, dur = self.rng.choice(self.gangs)
-            size = math.ceil(n_gpus / 8)
-            gid = f"gang-{self.n}"
-            return [JobReq(f"{gid}-{k}", 8, 32.0, 128 * 1024, round(max(0.05, dur), 3), 0, "gang", gid, size)
-                    for k in range(size)]
+            return JobReq(f"gang-{self.n}", 8, 32.0, 128 * 1024, round(max(0.05, dur), 3), 0, "gang",
+                          replicas=math.ceil(n_gpus / 8))
         g, milli, cpu_milli, mem, qos, dur = self.rng.choice(self.pods)
         frac = g == 1 and 0 < milli < 1000
-        return [JobReq(f"pod-{self.n}", g, max(0.1, cpu_milli / 1000), max(1, mem), round(max(0.05, dur), 3),
-                       QOS_PRIORITY.get(qos, 0), qos, fractional_gpu=frac)]
+        return JobReq(f"pod-{self.n}", g, max(0.1, cpu_milli / 1000), max(1, mem), round(max(0.05, dur), 3),
+                      QOS_PRIORITY.get(qos, 0), qos, fractional_gpu=frac)
 
 
 def arrivals(rate: float, duration_s: float, seed: int = 3) -> list[float]:

@@ -1,22 +1,125 @@
 """`muster bench` end to end at small scale: correctness only, no timing assertions.
 
-Real nats-server, a real `muster server`, 2,000 simulated hosts in one simulator process,
-100 jobs/s for 10 s. Asserts every submitted job reached a host exactly once, no host was
-overcommitted, the report has every required key, and the plot was written.
+Real nats-server, a real `muster server`, simulated hosts in one simulator process:
+  * 2,000 hosts, 100 jobs/s for 10 s (NATS submission path): every submitted job reached a
+    host exactly once, no host was overcommitted, the report has every required key, and
+    the plot was written;
+  * the trace workload with many gangs (one job of `replicas` 8-GPU tasks each): every gang
+    ran all-or-nothing, each task once, on distinct hosts, checked from the simulators' own
+    records as well as by the report;
+  * a 3-node NATS cluster with a burst of trace jobs over GraphQL: the state is stored
+    with 3 replicas, the burst section of the report is there, and everything is correct.
+The dispatch checks themselves (`bench.run.judge`) are tested without a cluster first.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import main
+from bench.run import judge
 
 REQUIRED = ["dispatch_latency_ms", "running_latency_ms", "heartbeats_per_s", "submissions_per_s",
             "placements_per_s", "max_concurrent_tasks", "overcommitted_hosts", "jobs_submitted",
-            "jobs_dispatched", "processes"]
+            "jobs_dispatched", "tasks_submitted", "tasks_dispatched", "processes", "replication"]
+GANG_QUALITY = ["gangs_submitted", "gang_tasks_submitted", "gang_sizes", "gang_wait_ms", "gangs_not_fully_dispatched"]
+CORRECTNESS = ["ok", "jobs_never_dispatched", "jobs_dispatched_more_than_once", "gangs_partially_dispatched",
+               "gangs_with_tasks_sharing_a_host", "dispatches_of_unknown_jobs", "overcommitted_hosts",
+               "simulator_gpu_collisions"]
+
+
+# ---------------------------------------------------------------- the checks, without a cluster
+
+
+def test_judge_complete_gang_is_dispatched_when_its_last_task_arrives() -> None:
+    arr = [("j1.1.0", "h1", 10.0, 0), ("j1.1.2", "h3", 10.5, 2), ("j1.1.1", "h2", 10.2, 1)]
+    v = judge("j1", 3, arr, {}, None, exclusive=True)
+    assert v.dispatched_at == 10.5 and v.tasks_seen == 3 and v.tries == 1
+    assert not (v.twice or v.partial or v.shared_host), v.problems
+
+
+def test_judge_flags_a_partial_gang_a_shared_host_and_a_task_twice() -> None:
+    v = judge("j1", 3, [("j1.1.0", "h1", 1.0, 0), ("j1.1.1", "h2", 1.0, 1)], {}, None, exclusive=True)
+    assert v.partial and v.dispatched_at is None and v.tasks_seen == 2
+    v = judge("j1", 2, [("j1.1.0", "h1", 1.0, 0), ("j1.1.1", "h1", 1.0, 1)], {}, None, exclusive=True)
+    assert v.shared_host and v.dispatched_at == 1.0
+    assert not judge("j1", 2, [("j1.1.0", "h1", 1.0, 0), ("j1.1.1", "h1", 1.0, 1)], {}, None,
+                     exclusive=False).shared_host  # small tasks may share a host
+    v = judge("j1", 2, [("j1.1.0", "h1", 1.0, 0), ("j1.1.0", "h2", 1.1, 0), ("j1.1.1", "h3", 1.0, 1)], {}, None,
+              exclusive=True)
+    assert v.twice
+
+
+def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
+    first = [("j1.1.0", "h1", 1.0, 0), ("j1.1.1", "dead", 1.0, 1)]
+    second = [("j1.2.0", "h4", 20.0, 0), ("j1.2.1", "h5", 20.1, 1)]
+    v = judge("j1", 2, first + second, {}, "dead", exclusive=True)
+    assert not v.twice and v.dispatched_at == 1.0 and v.tries == 2, v.problems
+    assert judge("j1", 2, first + second, {}, "elsewhere", exclusive=True).twice
+    # The killed host ignored its task: the try is incomplete, but not split by the server.
+    partial = [("j1.1.0", "h1", 1.0, 0)]
+    placed = {"j1.1.0": "h1", "j1.1.1": "dead", "j1.2.0": "h4", "j1.2.1": "h5"}
+    v = judge("j1", 2, partial + second, placed, "dead", exclusive=True)
+    assert not v.partial and not v.twice and v.dispatched_at == 20.1, v.problems
+    assert judge("j1", 2, partial + second, {}, "dead", exclusive=True).partial
+    # Single jobs: `<job>.<try>` ids.
+    v = judge("j2", 1, [("j2.1", "dead", 1.0, 0), ("j2.2", "h2", 9.0, 0)], {}, "dead", exclusive=False)
+    assert not v.twice and v.dispatched_at == 1.0
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _check_report(rep: dict) -> None:
+    for key in REQUIRED:
+        assert key in rep, key
+    for key in ("dispatch_latency_ms", "running_latency_ms"):
+        for p in ("p50", "p95", "p99", "max"):
+            assert p in rep[key], (key, p)
+    for name, proc in rep["processes"].items():
+        assert "cpu_s" in proc and "peak_rss_mb" in proc, name
+    assert Path(rep["plot"]).exists() and Path(rep["plot"]).stat().st_size > 0
+    for key in GANG_QUALITY:
+        assert key in rep["quality"], key
+    c = rep["correctness"]
+    for key in CORRECTNESS:
+        assert key in c, key
+    assert rep["jobs_submitted"] > 0
+    assert c["observer_ran"]
+    assert c["alloc_revisions_checked"] > 0
+    assert c["jobs_dispatched_more_than_once"] == 0, c["examples_dispatched_twice"]
+    assert c["gangs_partially_dispatched"] == 0, c["examples_gang_problems"]
+    assert c["gangs_with_tasks_sharing_a_host"] == 0, c["examples_gang_problems"]
+    assert c["dispatches_of_unknown_jobs"] == 0
+    assert rep["overcommitted_hosts"] == 0, c["overcommit_examples"]
+    assert c["simulator_gpu_collisions"] == 0
+    assert c["jobs_never_dispatched"] == 0, c["examples_never_dispatched"]
+    assert rep["jobs_dispatched"] == rep["jobs_submitted"]
+    assert rep["tasks_dispatched"] == rep["tasks_submitted"] >= rep["jobs_submitted"]
+    assert c["ok"]
+
+
+def _check_gangs_from_simulators(work: Path, rep: dict) -> None:
+    """From the simulators' and the observer's own files: every gang job's `replicas` tasks
+    each reached a host exactly once, on distinct hosts, and nothing else of it arrived."""
+    obs = json.loads((work / "observer.json").read_text())
+    arrivals: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
+    for p in work.glob("sim*.json"):
+        for job_id, aid, host, _ts, task in json.loads(p.read_text())["arrivals"]:
+            arrivals[job_id].append((aid, host, task))
+    gangs = {j: d["replicas"] for j, d in obs["jobs"].items() if d["replicas"] > 1}
+    assert len(gangs) == rep["quality"]["gangs_submitted"] > 0
+    assert sum(gangs.values()) == rep["quality"]["gang_tasks_submitted"]
+    for job_id, n in gangs.items():
+        got = arrivals[job_id]
+        assert sorted(t for _, _, t in got) == list(range(n)), (job_id, n, got)
+        assert len({aid for aid, _, _ in got}) == n, got
+        assert len({h for _, h, _ in got}) == n, f"{job_id}: tasks share a host: {got}"
+        assert {aid for aid, _, _ in got} == {f"{job_id}.1.{i}" for i in range(n)}, got
 
 
 @pytest.mark.timeout(170)
@@ -26,23 +129,42 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
                "--lose-host-at", "-1", "--json", str(out), "--work-dir", str(tmp_path / "work")])
     assert out.exists(), "no report written"
     rep = json.loads(out.read_text())
-    for key in REQUIRED:
-        assert key in rep, key
-    for key in ("dispatch_latency_ms", "running_latency_ms"):
-        for p in ("p50", "p95", "p99", "max"):
-            assert p in rep[key], (key, p)
-    for name, proc in rep["processes"].items():
-        assert "cpu_s" in proc and "peak_rss_mb" in proc, name
+    _check_report(rep)
     assert {"nats-server", "server", "observer", "sim0"} <= set(rep["processes"])
-    assert Path(rep["plot"]).exists() and Path(rep["plot"]).stat().st_size > 0
-    c = rep["correctness"]
-    assert rep["jobs_submitted"] > 0
-    assert c["observer_ran"]
-    assert c["alloc_revisions_checked"] > 0
-    assert c["jobs_dispatched_more_than_once"] == 0, c["examples_dispatched_twice"]
-    assert c["dispatches_of_unknown_jobs"] == 0
-    assert rep["overcommitted_hosts"] == 0, c["overcommit_examples"]
-    assert c["simulator_gpu_collisions"] == 0
-    assert c["jobs_never_dispatched"] == 0, c["examples_never_dispatched"]
-    assert rep["jobs_dispatched"] == rep["jobs_submitted"]
+    assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
+    assert rep["replication"]["stream_replicas"]["KV_state"] == 1
+    assert rc == 0
+
+
+@pytest.mark.timeout(170)
+def test_bench_trace_gangs_run_all_or_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(["--trace", "--hosts", "1000", "--rate", "30", "--duration", "8", "--gang-fraction", "0.15",
+               "--drain", "60", "--lose-host-at", "-1", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+    rep = json.loads(out.read_text())
+    _check_report(rep)
+    q = rep["quality"]
+    assert q["gangs_submitted"] > 0 and q["gangs_not_fully_dispatched"] == 0
+    assert q["gang_wait_ms"]["n"] == q["gangs_submitted"]
+    assert rep["tasks_submitted"] == rep["jobs_submitted"] - q["gangs_submitted"] + q["gang_tasks_submitted"]
+    _check_gangs_from_simulators(tmp_path / "work", rep)
+    assert rc == 0
+
+
+@pytest.mark.timeout(170)
+def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(["--nats-cluster", "3", "--trace", "--hosts", "600", "--burst", "300", "--gang-fraction", "0.1",
+               "--submit-via", "graphql", "--drain", "60", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+    rep = json.loads(out.read_text())
+    _check_report(rep)
+    assert {"nats-server-n1", "nats-server-n2", "nats-server-n3"} <= set(rep["processes"])
+    r = rep["replication"]
+    assert rep["config"]["muster_replicas"] == r["muster_replicas"] == 3
+    assert r["stream_replicas"] and set(r["stream_replicas"].values()) == {3}, r
+    b = rep["burst"]
+    assert b["jobs"] == b["jobs_dispatched"] == 300
+    assert b["time_to_dispatch_all_s"] > 0 and b["placements_per_s"] > 0
+    assert rep["placements_per_s"] == b["placements_per_s"]
+    _check_gangs_from_simulators(tmp_path / "work", rep)
     assert rc == 0
