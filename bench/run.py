@@ -269,7 +269,11 @@ class Bench:
 
     def start_nats(self) -> None:
         if self.args.nats_cluster == 1:
-            n = start_nats(self.work / "nats", port=0)
+            conf = None
+            if self.args.nats_sync == "always":
+                conf = self.work / "sync.conf"
+                conf.write_text("jetstream { sync_interval: always }\n")
+            n = start_nats(self.work / "nats", port=0, config=conf)
             self.children.append(Child("nats-server", n.proc, psutil.Process(n.proc.pid), n.log_path))
             self.nats_url = n.url
             return
@@ -287,6 +291,8 @@ class Bench:
             for old, new in ports.items():
                 text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
             text = text.replace(f'"./data/n{i}"', json.dumps(str(self.work / "nats" / f"n{i}")))
+            if self.args.nats_sync == "default":
+                text = re.sub(r"^\s*sync_interval:\s*always\s*$", "", text, flags=re.M)
             if f"127.0.0.1:{ports[4221 + i]}" not in text or str(self.work) not in text:
                 raise BenchError(f"{c} does not have the expected listen/store_dir lines; cannot relocate it")
             conf = self.work / f"n{i}.conf"
@@ -696,7 +702,7 @@ class Bench:
     async def stream_replication(self) -> dict[str, Any]:
         """What replication the state actually got: each JetStream stream's replica count."""
         out: dict[str, Any] = {"nats_nodes": self.args.nats_cluster, "muster_replicas": self.args.replicas,
-                               "sync_interval": "always" if self.args.nats_cluster == 3 else "default (2 min)"}
+                               "sync_interval": "always" if self.args.nats_sync == "always" else "default (2 min)"}
         try:
             infos = await self.js.streams_info()
             out["stream_replicas"] = {i.config.name: i.config.num_replicas for i in infos}
@@ -823,7 +829,7 @@ class Bench:
                        "rate": None if a.burst else a.rate, "duration_s": None if a.burst else a.duration,
                        "burst": a.burst or None, "submit_via": a.submit_via,
                        "workload": "trace" if a.trace else "synthetic", "nats_cluster": a.nats_cluster,
-                       "muster_replicas": a.replicas,
+                       "muster_replicas": a.replicas, "nats_sync": a.nats_sync,
                        "simulator_processes": k, "seed": a.seed, "batch_window_s": a.batch_window,
                        "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host"},
             "replication": self.replication,
@@ -1011,6 +1017,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nats-cluster", type=int, choices=[1, 3], default=1)
     ap.add_argument("--replicas", type=int, choices=[1, 3], default=None,
                     help="MUSTER_REPLICAS for the server's streams and buckets (default: --nats-cluster)")
+    ap.add_argument("--nats-sync", choices=["always", "default"], default=None,
+                    help="JetStream fsync: `always` (every write fsynced before its ack; the default with 3 "
+                         "nodes, as in nats/cluster) or nats-server's `default` (every 2 min; the default "
+                         "with 1 node)")
     ap.add_argument("--burst", type=int, default=0,
                     help="submit this many jobs at once instead of --rate/--duration and time until all are "
                          "dispatched (maximum placement throughput)")
@@ -1045,6 +1055,8 @@ def run(argv: list[str] | None = None) -> int:
         args.drain = 300.0 if args.burst else 30.0
     if args.replicas is None:
         args.replicas = args.nats_cluster
+    if args.nats_sync is None:
+        args.nats_sync = "always" if args.nats_cluster == 3 else "default"
     if args.replicas > args.nats_cluster:
         print("bench failed: --replicas 3 needs --nats-cluster 3", file=sys.stderr)
         return 1
