@@ -735,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         return simulate(argv[1:])
     a = build_parser().parse_args(argv)
-    a.nats_cluster = a.replicas = 1  # bench.run's process helpers read these: one NATS node, R1
+    a.nats_cluster = a.replicas = 1  # bench.run's process helpers read these: one NATS node, R1,
+    a.nats_sync = "default"  # and nats-server's default fsync
     work = Path(a.work_dir) if a.work_dir else Path(tempfile.mkdtemp(prefix="muster-operator-"))
     if work.exists() and any(work.iterdir()):
         print(f"bench.operator: --work-dir {work} is not empty (a fresh database and NATS store go there)",
