@@ -142,6 +142,10 @@ class Agent:
         # Attempts a previous incarnation started and this one cannot watch: reported LOST
         # once each when their assignment is seen.
         self.killed_leftovers = self._kill_leftovers()
+        # Attempts a previous incarnation started: one still assigned is reported LOST once.
+        # (Only those: an attempt this agent ran itself and whose report is not applied yet
+        # is still in the assignment for a while, and must be left alone.)
+        self._inherited = set(self.seen)
         self._reported_lost: set[str] = set()
 
     # ------------------------------------------------------------ persistence of "started"
@@ -329,7 +333,7 @@ class Agent:
             if t.attempt_id in self.runs:
                 continue
             if t.attempt_id in self.seen:
-                if not t.stop and t.attempt_id not in self._reported_lost:
+                if t.attempt_id in self._inherited and not t.stop and t.attempt_id not in self._reported_lost:
                     # Started by a previous incarnation of this agent: its outcome is
                     # unknown (any process it left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)

@@ -63,7 +63,10 @@ class PostgresServer:
     sockdir: Path
     port: int
     run_as: str | None  # system user the server runs as (when we are root)
-    url: str = ""  # SQLAlchemy URL of the session database muster_test
+    url: str = ""
+    # Commits durable before they are acknowledged (synchronous_commit=on): needed by tests
+    # that crash the server; the shared test server trades that for speed.
+    durable: bool = False  # SQLAlchemy URL of the session database muster_test
 
     def admin_url(self, db: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{db}"
@@ -96,7 +99,7 @@ def _run(run_as: str | None, argv: list[str], timeout: float = 120) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
 
 
-def start_postgres(bindir: Path) -> PostgresServer:
+def start_postgres(bindir: Path, durable: bool = False) -> PostgresServer:
     run_as: str | None = None
     root = tempfile.mkdtemp(prefix="muster-pg-")
     if os.geteuid() == 0:
@@ -114,7 +117,7 @@ def start_postgres(bindir: Path) -> PostgresServer:
                   "-E", "UTF8", "--no-locale", "--no-sync"])
     last_err: Exception | None = None
     for _ in range(5):  # the free port may be taken before the server binds it
-        srv = PostgresServer(bindir, datadir, sockdir, _free_port(), run_as)
+        srv = PostgresServer(bindir, datadir, sockdir, _free_port(), run_as, durable=durable)
         try:
             _pg_start(srv)
         except RuntimeError as exc:
@@ -130,8 +133,9 @@ def start_postgres(bindir: Path) -> PostgresServer:
 
 
 def _pg_start(srv: PostgresServer) -> None:
-    opts = (f"-p {srv.port} -k {srv.sockdir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+    opts = (f"-p {srv.port} -k {srv.sockdir} -c listen_addresses=127.0.0.1 -c max_connections=200 "
+            + ("-c synchronous_commit=on" if srv.durable else
+               "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"))
     _run(srv.run_as, [str(srv.bindir / "pg_ctl"), "-D", str(srv.datadir), "-l",
                       str(srv.datadir.parent / "server.log"), "-o", opts, "-w", "-t", "60", "start"])
 

@@ -35,7 +35,8 @@ AGENTS = ("topo-a", "topo-b", "topo-c")
 def test_production_topology_survives_one_of_each_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bindir = find_pg_bin()
     assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
-    pg = start_postgres(bindir)
+    # Durable commits: the history of a crashed PostgreSQL must hold what it acknowledged.
+    pg = start_postgres(bindir, durable=True)
     auth = AuthDir(tmp_path / "auth")
     auth.ensure()
     for h in AGENTS:
@@ -91,9 +92,11 @@ def test_production_topology_survives_one_of_each_killed(tmp_path: Path, monkeyp
 
         time.sleep(3)
         crash_postgres(pg)
+        crashed_at = time.time()
         killed["postgres"] = f"127.0.0.1:{pg.port}"
         time.sleep(4)  # jobs keep being accepted and run while history cannot be written
         restart_postgres(pg)
+        restarted_at = time.time()
         time.sleep(3)
         sub.stop()
         print(f"killed {killed}; {len(sub.ids)} jobs acknowledged, {sub.failed_requests} requests failed")
@@ -132,7 +135,9 @@ def test_production_topology_survives_one_of_each_killed(tmp_path: Path, monkeyp
             assert len(succeeded) == 1, f"job {job_id}: runs {tries}, succeeded {succeeded}"
             others = [a for a in tries if a not in succeeded]
             assert all(attempts[a][1] == victim_agent and attempts[a][2] == "LOST" for a in others), (
-                f"job {job_id} ran again after a try that was not lost with the killed agent: {tries}")
+                f"job {job_id} ran again after a try that was not lost with the killed agent: "
+                f"{[(a, attempts[a][1], attempts[a][2]) for a in tries]}; "
+                f"{[(a.id, a.host_id, a.state.value, a.reason) for a in jobs[job_id].attempts]}")
             rerun += bool(others)
         print(f"{rerun} jobs whose try was lost with the killed agent ran again elsewhere")
         assert_invariants(nats.url)
@@ -145,7 +150,16 @@ def test_production_topology_survives_one_of_each_killed(tmp_path: Path, monkeyp
                 rows = dict(conn.execute(text("SELECT id, state FROM jobs")).all())
             return all(rows.get(jid) == "SUCCEEDED" for jid in jobs)
 
-        wait_until(history_complete, timeout=120, interval=1, what="history caught up in PostgreSQL")
+        try:
+            wait_until(history_complete, timeout=120, interval=1, what="history caught up in PostgreSQL")
+        except AssertionError:
+            with engine.connect() as conn:
+                rows = dict(conn.execute(text("SELECT id, state FROM jobs")).all())
+            missing = {jid: (rows.get(jid), j.state.value, j.updated_at) for jid, j in jobs.items()
+                       if rows.get(jid) != "SUCCEEDED"}
+            raise AssertionError(f"{len(missing)} of {len(jobs)} jobs not SUCCEEDED in PostgreSQL, e.g. "
+                                 f"{list(missing.items())[:5]}; PostgreSQL crashed at {crashed_at:.1f}, "
+                                 f"restarted at {restarted_at:.1f}") from None
         engine.dispose()
         total = api.q('{ jobs(state: SUCCEEDED, first: 1) { totalCount } }')["jobs"]["totalCount"]
         assert total == len(jobs)
