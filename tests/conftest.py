@@ -194,6 +194,33 @@ def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+def wait_all_finished(api: "Api", timeout: float = 300) -> None:
+    """Wait until no job is queued, placed or running (as the replica behind `api` sees it)."""
+
+    def done() -> bool:
+        j = api.q("{ cluster { jobs { queued placed running } } }")["cluster"]["jobs"]
+        return j == {"queued": 0, "placed": 0, "running": 0}
+
+    wait_until(done, timeout=timeout, interval=0.5, what="every job finished")
+
+
+def stored_jobs(nats_url: str) -> dict[str, Any]:
+    """Every job record in the store, by id (credentials from MUSTER_NATS_CREDS if set)."""
+    import asyncio
+
+    from server.checker import load
+    from server.store import Store, connect
+
+    async def go() -> dict[str, Any]:
+        nc = await connect(nats_url, name="test-check")
+        try:
+            return dict((await load(Store(nc))).jobs)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def assert_invariants(nats_url: str) -> None:
     """Run the invariant checker over everything recorded in the store."""
     import asyncio

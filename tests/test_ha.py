@@ -25,7 +25,7 @@ from server.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode,
 from server.natsd import start_nats
 from server.scheduler import Scheduler
 from server.store import Record, Store, connect
-from tests.conftest import Api, Cluster, Proc, assert_invariants, wait_until
+from tests.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished, wait_until
 
 PY = sys.executable
 
@@ -132,11 +132,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     live = [s for s in servers if s.alive()]
     api = Api(live[0].url, token)
 
-    def all_done() -> bool:
-        c = api.q("{ cluster { jobs { queued placed running } } }")["cluster"]["jobs"]
-        return c == {"queued": 0, "placed": 0, "running": 0}
-
-    wait_until(all_done, timeout=300, interval=0.5, what="every job finished")
+    wait_all_finished(api)
     runs = marks.read_text().split("\n") if marks.exists() else []
     runs = [r.split() for r in runs if r.strip()]
     by_job: dict[str, list[str]] = {}
@@ -145,14 +141,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     # Every job the store holds ran (a request whose reply was lost when its server was
     # killed may still have stored its jobs: those count too), and every acknowledged
     # submission is among them.
-    async def stored() -> set[str]:
-        nc = await connect(cluster.nats_url, name="ha-check")
-        try:
-            return set((await load(Store(nc))).jobs)
-        finally:
-            await nc.close()
-
-    in_store = asyncio.run(stored())
+    in_store = set(stored_jobs(cluster.nats_url))
     assert set(sub.ids) <= in_store, f"{len(set(sub.ids) - in_store)} acknowledged jobs lost"
     assert set(by_job) == in_store, f"{len(in_store - set(by_job))} jobs never ran"
     twice = {j: a for j, a in by_job.items() if len(a) > 1}

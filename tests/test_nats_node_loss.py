@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from server.checker import load
 from server.natsd import start_cluster
-from server.store import Store, connect
-from tests.conftest import Api, Cluster, assert_invariants, wait_until
+from server.store import connect
+from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
 from tests.test_ha import Submitter
 
 
@@ -57,20 +56,8 @@ def test_killing_a_nats_node_under_load_loses_nothing(tmp_path: Path) -> None:
               f"{sub.failed_requests} requests failed while the cluster re-elected "
               f"({time.monotonic() - killed_at:.1f} s after the kill)")
 
-        def done() -> bool:
-            j = api.q("{ cluster { jobs { queued placed running } } }")["cluster"]["jobs"]
-            return j == {"queued": 0, "placed": 0, "running": 0}
-
-        wait_until(done, timeout=300, interval=0.5, what="every job finished")
-
-        async def stored() -> set[str]:
-            nc = await connect(nats.url, name="check")
-            try:
-                return set((await load(Store(nc))).jobs)
-            finally:
-                await nc.close()
-
-        in_store = asyncio.run(stored())
+        wait_all_finished(api)
+        in_store = set(stored_jobs(nats.url))
         assert set(sub.ids) <= in_store, f"{len(set(sub.ids) - in_store)} acknowledged jobs lost"
         runs = [r for r in marks.read_text().split() if r] if marks.exists() else []
         assert sorted(runs) == sorted(in_store), "a job ran twice or never"

@@ -20,11 +20,10 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from server.checker import load
 from server.natsauth import AuthDir
 from server.natsd import start_cluster
-from server.store import Store, connect
-from tests.conftest import Api, Cluster, assert_invariants, wait_until
+from server.store import connect
+from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished, wait_until
 from tests.postgres import crash_postgres, find_pg_bin, restart_postgres, start_postgres, stop_postgres
 from tests.test_ha import Submitter, leader
 
@@ -104,14 +103,10 @@ def test_production_topology_survives_one_of_each_killed(tmp_path: Path, monkeyp
 
         api = Api(survivor.url, c.token)
 
-        def all_done() -> bool:
-            j = api.q("{ cluster { jobs { queued placed running } } }")["cluster"]["jobs"]
-            return j == {"queued": 0, "placed": 0, "running": 0}
-
-        wait_until(all_done, timeout=300, interval=0.5, what="every job finished")
+        wait_all_finished(api)
 
         monkeypatch.setenv("MUSTER_NATS_CREDS", str(auth.server_creds))
-        jobs = asyncio.run(_stored_jobs(nats.url))
+        jobs = stored_jobs(nats.url)
         assert set(sub.ids) <= set(jobs), f"{len(set(sub.ids) - set(jobs))} acknowledged jobs lost"
         not_ok = {j.id: j.state.value for j in jobs.values() if j.state.value != "SUCCEEDED"}
         assert not not_ok, f"jobs not succeeded: {list(not_ok.items())[:5]}"
@@ -178,13 +173,5 @@ async def _stream_leader(url: str, auth: AuthDir) -> str:
     try:
         info = await nc.request("$JS.API.STREAM.INFO.KV_state", b"", timeout=5)
         return str(json.loads(info.data)["cluster"]["leader"])
-    finally:
-        await nc.close()
-
-
-async def _stored_jobs(url: str) -> dict:  # type: ignore[type-arg]
-    nc = await connect(url, name="topology-check")
-    try:
-        return dict((await load(Store(nc))).jobs)
     finally:
         await nc.close()
