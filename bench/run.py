@@ -624,9 +624,11 @@ class Bench:
                   f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}", flush=True)
             await asyncio.sleep(2.0)
         startup_s = time.time() - t_boot
+        self.adopt_server_children()
         for c in self.children:
             c.sample()
             c.cpu_at_start = c.cpu
+        self.machine_cpu_at_start = psutil.cpu_times()
         # The measured window.
         t0m = time.monotonic()
         t0 = time.time()
@@ -659,6 +661,7 @@ class Bench:
         for c in self.children:
             c.sample()
             c.cpu_at_end = c.cpu
+        self.machine_cpu_at_end = psutil.cpu_times()
         # Drain: until every submitted job has reached a host, or the drain timeout.
         drain_deadline = time.monotonic() + a.drain
         while time.monotonic() < drain_deadline:
@@ -715,6 +718,33 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - recorded; the run itself is still reported
             out["error"] = f"could not read stream info: {exc}"
         return out
+
+    def adopt_server_children(self) -> None:
+        """Processes the server started itself (the history writer) count too."""
+        for srv in [c for c in self.children if c.name.startswith("server")]:
+            try:
+                kids = srv.proc.children(recursive=True)
+            except psutil.Error:
+                continue
+            known = {c.proc.pid for c in self.children}
+            for p in (k for k in kids if k.pid not in known):
+                try:
+                    cmd = " ".join(p.cmdline())
+                except psutil.Error:
+                    continue
+                what = ("historian" if "spawn_main" in cmd else
+                        "multiprocessing resource tracker" if "resource_tracker" in cmd else f"child {p.pid}")
+                self.children.append(Child(f"{srv.name}: {what}", None, p))
+
+    def machine_busy_pct(self) -> float | None:
+        """Share of all CPUs busy (not idle or waiting for I/O) in the measured window:
+        every process counts, ours and the kernel's."""
+        a, b = getattr(self, "machine_cpu_at_start", None), getattr(self, "machine_cpu_at_end", None)
+        if a is None or b is None:
+            return None
+        total = sum(b) - sum(a)
+        idle = (b.idle - a.idle) + (getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0))
+        return round(100 * (total - idle) / total, 1) if total > 0 else None
 
     def check_children(self) -> None:
         for c in self.children:
@@ -862,6 +892,7 @@ class Bench:
             "overcommitted_hosts": len(overcommitted),
             "lost_host_detection": self.lost or {"skipped": True},
             "processes": procs,
+            "machine_cpu_busy_pct_in_window": self.machine_busy_pct(),
             "simulators": {"counters": dict(counters), "reports_pending_at_end": sum(s["reports_pending_at_end"] for s in sims),
                            "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None)},
             "observer": {"watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),

@@ -9,7 +9,6 @@ feasible by `placement.check()`, bin-packed by free GPUs left.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
@@ -83,7 +82,11 @@ class CapacityIndex:
 
 
 class Placer:
-    """One cycle's placement over the index; reservations stay in this object."""
+    """One cycle's placement over the index; reservations stay in this object.
+
+    Hosts this cycle has touched (reserved on, or whose allocation a report changed) are
+    copies kept in `touched` and bucketed by free GPUs in an overlay of their own, so a
+    placement looks at a few buckets of each, never at every touched host."""
 
     def __init__(self, index: CapacityIndex, healthy: Callable[[str], bool]) -> None:
         self.index = index
@@ -93,16 +96,37 @@ class Placer:
         self.failed_gangs: list[tuple[str | None, int, float, int, int, bool]] = []
         # Hosts held back for a waiting gang: nothing else is placed on them.
         self.exclude: set[str] = set()
+        # Overlay: model -> free GPUs of that model -> touched hosts.
+        self._tbuckets: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self._twhere: dict[str, list[tuple[str, int]]] = {}
+        # Touched hosts whose copy may have changed since they were bucketed (whoever
+        # asks for `cap()` may change it).
+        self._dirty: set[str] = set()
 
     def cap(self, host_id: str) -> HostCapacity | None:
-        if host_id in self.touched:
-            return self.touched[host_id]
-        cap = self.index.caps.get(host_id)
+        """This cycle's own copy of a host's capacity, free to change."""
+        cap = self.touched.get(host_id)
         if cap is None:
-            return None
-        cap = copy.deepcopy(cap)
-        self.touched[host_id] = cap
+            base = self.index.caps.get(host_id)
+            if base is None:
+                return None
+            cap = base.copy()
+            self.touched[host_id] = cap
+        self._dirty.add(host_id)
         return cap
+
+    def _rebucket(self) -> None:
+        for host_id in self._dirty:
+            for k, n in self._twhere.pop(host_id, ()):
+                by_free = self._tbuckets[k]
+                by_free[n].discard(host_id)
+                if not by_free[n]:
+                    del by_free[n]
+            keys = [(k, n) for k, n, _ in _keys(self.touched[host_id])]
+            self._twhere[host_id] = keys
+            for k, n in keys:
+                self._tbuckets[k][n].add(host_id)
+        self._dirty.clear()
 
     def _dominated(self, spec: JobSpec) -> bool:
         """A job at least as large as one that already found no host this cycle."""
@@ -112,45 +136,42 @@ class Placer:
         return False
 
     def place(self, spec: JobSpec) -> Choice | None:
+        """The feasible host left with the fewest free GPUs of the job's kind (bin
+        packing), among touched and untouched hosts, or None."""
         if self._dominated(spec):
             return None
-        best: tuple[int, str, list[int]] | None = None
-        for host_id, cap in self.touched.items():
-            if host_id in self.exclude or not self.healthy(host_id):
-                continue
-            reason, gpus = check(spec, cap)
-            if reason is None:
-                left = len(cap.free_gpus(None)) - spec.gpus
-                if best is None or (left, host_id) < best[:2]:
-                    best = (left, host_id, gpus)
+        if self._dirty:
+            self._rebucket()
         key = spec.gpu_model or ANY
         buckets = self.index.buckets.get(key, {})
-        for free in sorted(n for n in buckets if n >= spec.gpus):
-            if best is not None and free - spec.gpus > best[0]:
-                break  # a host this cycle already touched fits tighter
-            found = None
-            need_cpu, need_mem = size_class(spec.cpus), size_class(spec.memory_mb)
-            for room, hosts in buckets[free].items():
-                if room[0] < need_cpu or room[1] < need_mem:
-                    continue  # every host in this class is too small
-                for host_id in hosts:
-                    if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
-                        continue
-                    cap = self.index.caps[host_id]
-                    reason, gpus = check(spec, cap)
-                    if reason is None:
-                        found = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+        tbuckets = self._tbuckets.get(key, {})
+        need_cpu, need_mem = size_class(spec.cpus), size_class(spec.memory_mb)
+        levels = sorted({n for n in buckets if n >= spec.gpus} | {n for n in tbuckets if n >= spec.gpus})
+        for free in levels:
+            found: tuple[str, list[int]] | None = None
+            for host_id in tbuckets.get(free, ()):
+                if host_id in self.exclude or not self.healthy(host_id):
+                    continue
+                reason, gpus = check(spec, self.touched[host_id])
+                if reason is None and (found is None or host_id < found[0]):
+                    found = (host_id, gpus)
+            if found is None:
+                for room, hosts in buckets.get(free, {}).items():
+                    if room[0] < need_cpu or room[1] < need_mem:
+                        continue  # every host in this class is too small
+                    for host_id in hosts:
+                        if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
+                            continue
+                        reason, gpus = check(spec, self.index.caps[host_id])
+                        if reason is None:
+                            found = (host_id, gpus)
+                            break
+                    if found is not None:
                         break
-                if found is not None:
-                    break
             if found is not None:
-                if best is None or found[:2] < best[:2]:
-                    best = found
-                break
-        if best is None:
-            self.failed.append((spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb))
-            return None
-        return Choice(best[1], best[2])
+                return Choice(found[0], found[1])
+        self.failed.append((spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb))
+        return None
 
     def reserve(self, choice: Choice, spec: JobSpec) -> None:
         cap = self.cap(choice.host_id)
@@ -197,7 +218,8 @@ class Placer:
             self.reserve(c, spec)
             got.append(c)
         for c in got:  # tentative only: the caller reserves what it keeps
-            cap = self.touched[c.host_id]
+            cap = self.cap(c.host_id)
+            assert cap is not None
             cap.release(c.gpu_indices, spec.cpus, spec.memory_mb)
         return got if len(got) == spec.replicas else None
 

@@ -98,6 +98,9 @@ class ClusterState:
     index: CapacityIndex = field(default_factory=CapacityIndex)
     queued_ids: set[str] = field(default_factory=set)
     job_state_counts: Counter[str] = field(default_factory=Counter)
+    # Records this process is committing (key -> encoded value, object): when the watch
+    # brings the same bytes back, the object is used instead of decoding them again.
+    written: dict[str, tuple[bytes, object]] = field(default_factory=dict)
 
     def _drop_job(self, job_id: str) -> None:
         old = self.jobs.pop(job_id, None)
@@ -214,14 +217,19 @@ class ClusterState:
                 if rec.value is None:
                     self._drop_job(name)
                     return
-                job = decode(Job, rec.value, limit=MAX_RECORD_BYTES)
+                own = self.written.pop(key, None)
+                job = own[1] if own is not None and own[0] == rec.value and isinstance(own[1], Job) \
+                    else decode(Job, rec.value, limit=MAX_RECORD_BYTES)
                 self._set_job(job)
                 self._notify("job", job)
             elif kind == "alloc":
                 if rec.value is None:
                     self.allocs.pop(name, None)
                 else:
-                    self.allocs[name] = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
+                    own = self.written.pop(key, None)
+                    self.allocs[name] = own[1] if (own is not None and own[0] == rec.value
+                                                   and isinstance(own[1], HostAlloc)) \
+                        else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
                 self._index_host(name)
             elif kind == "hostcfg":
                 if rec.value is None:
@@ -245,6 +253,7 @@ class ClusterState:
             log.warning("dropped state record %s: %s", key, exc)
 
     def apply_job(self, job: Job, revision: int) -> None:
+        self.written.pop(subjects.job_key(job.id), None)
         if revision <= self.revisions.get(subjects.job_key(job.id), 0):
             return
         self.revisions[subjects.job_key(job.id)] = revision
@@ -253,6 +262,7 @@ class ClusterState:
 
     def apply_alloc(self, alloc: HostAlloc, revision: int) -> None:
         key = subjects.alloc_key(alloc.host_id)
+        self.written.pop(key, None)
         if revision <= self.revisions.get(key, 0):
             return
         self.revisions[key] = revision

@@ -8,6 +8,7 @@ answer "why is my job pending?".
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ class HostCapacity:
             and i not in self.unhealthy_gpus
             and (model is None or m == model)
         )
+
+    def copy(self) -> HostCapacity:
+        """A working copy: what placement changes (the used amounts) is its own; the
+        host's description (models, labels) is shared and never changed."""
+        return dataclasses.replace(self, used_gpus=set(self.used_gpus))
 
     def reserve(self, gpus: list[int], cpus: float, memory_mb: int) -> None:
         self.used_gpus.update(gpus)

@@ -31,6 +31,7 @@ from server.capacity import Placer
 from server.health import Health
 
 OUTPUT_TAIL_BYTES = 4096
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
 @dataclass
@@ -50,6 +51,11 @@ class Plan:
     reports_used: int = 0
     commands_used: int = 0
     submissions_used: int = 0
+    # Positions, within the used ones, of inputs held back because they touch records an
+    # earlier cycle's commit (still in flight) writes: they wait for a later cycle.
+    deferred_reports: list[int] = field(default_factory=list)
+    deferred_commands: list[int] = field(default_factory=list)
+    deferred_submissions: list[int] = field(default_factory=list)
     accepted: int = 0
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (job id, why)
     held_no_capacity: int = 0
@@ -61,30 +67,68 @@ class Plan:
         return len(self.jobs) + len(self.allocs)
 
 
-class _Work:
-    """Copy-on-write access to the snapshot for one cycle."""
+class KeyInFlight(Exception):
+    """A cycle tried to change a record that an earlier, still uncommitted cycle writes.
+    The checks below keep this from happening; if it does, the scheduler waits for the
+    commits in flight and plans again."""
 
-    def __init__(self, state: ClusterState, plan: Plan) -> None:
+
+class _Work:
+    """Copy-on-write access to the snapshot for one cycle.
+
+    `frozen_jobs` and `frozen_hosts` are the job and allocation records that earlier
+    cycles, not yet committed, write: this cycle leaves them alone (their revisions and
+    contents are not known yet), so pipelined commits never touch the same key."""
+
+    def __init__(self, state: ClusterState, plan: Plan, frozen_jobs: frozenset[str] | set[str] = frozenset(),
+                 frozen_hosts: frozenset[str] | set[str] = frozenset()) -> None:
         self.state = state
         self.plan = plan
+        self.frozen_jobs = frozen_jobs
+        self.frozen_hosts = frozen_hosts
+
+    def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
+        """Would work on this job (and these hosts) touch a record in flight? Counts
+        every host of the job's current try (a gang task's end touches the others)."""
+        if not self.frozen_jobs and not self.frozen_hosts:
+            return False
+        if job_id in self.frozen_jobs or any(h in self.frozen_hosts for h in host_ids):
+            return True
+        job = self.plan.jobs.get(job_id) or self.state.jobs.get(job_id)
+        return job is not None and any(t.host_id in self.frozen_hosts for t in job.current_tasks())
 
     def job(self, job_id: str) -> Job | None:
         if job_id in self.plan.jobs:
             return self.plan.jobs[job_id]
+        if job_id in self.frozen_jobs:
+            raise KeyInFlight(subjects.job_key(job_id))
         job = self.state.jobs.get(job_id)
         if job is None:
             return None
-        job = job.model_copy(deep=True)
+        # Copy what a cycle changes (the job and its attempts); the spec is never
+        # modified here and stays shared. Much cheaper than a deep copy.
+        job = job.model_copy(update={"attempts": [a.model_copy() for a in job.attempts]})
         self.plan.jobs[job_id] = job
         return job
 
     def alloc(self, host_id: str) -> HostAlloc:
         if host_id in self.plan.allocs:
             return self.plan.allocs[host_id]
+        if host_id in self.frozen_hosts:
+            raise KeyInFlight(subjects.alloc_key(host_id))
         cur = self.state.allocs.get(host_id)
-        alloc = cur.model_copy(deep=True) if cur else HostAlloc(host_id=host_id)
+        # The task list is this cycle's own; the tasks are shared with the snapshot and
+        # replaced, never changed (`_stop_tasks`).
+        alloc = cur.model_copy(update={"tasks": list(cur.tasks)}) if cur else HostAlloc(host_id=host_id)
         self.plan.allocs[host_id] = alloc
         return alloc
+
+
+def _stop_tasks(alloc: HostAlloc, attempt_ids: set[str] | None) -> None:
+    """Mark tasks (all when `attempt_ids` is None) to be stopped by their agent."""
+    alloc.tasks = [t.model_copy(update={"stop": True}) if not t.stop and (attempt_ids is None or t.attempt_id
+                                                                          in attempt_ids) else t
+                   for t in alloc.tasks]
 
 
 def _attempt(job: Job, attempt_id: str) -> Attempt | None:
@@ -163,10 +207,7 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
     if live:
         # One gang task failed: stop the rest; the decision waits until they are gone.
         for t in live:
-            alloc = w.alloc(t.host_id)
-            for task in alloc.tasks:
-                if task.attempt_id == t.id:
-                    task.stop = True
+            _stop_tasks(w.alloc(t.host_id), {t.id})
             t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
         w.plan.events.append(_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
         return
@@ -197,10 +238,7 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     for live in [t for t in job.current_tasks() if not t.state.terminal]:
         # The task keeps its allocation, marked to stop, until the agent reports the
         # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
-        alloc = w.alloc(live.host_id)
-        for t in alloc.tasks:
-            if t.attempt_id == live.id:
-                t.stop = True
+        _stop_tasks(w.alloc(live.host_id), {live.id})
         live.reason = job.cancel_reason
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
 
@@ -257,11 +295,15 @@ def evict_lost(
     # `feasible` is where evicted work could go: its own reservations, made as work is
     # evicted, so no more is evicted than the rest of the cluster can take.
     for host_id, lost_at in sorted(lost, key=lambda x: x[1]):
+        if host_id in w.frozen_hosts:
+            continue  # an earlier cycle's commit is changing it: next cycle
         entry = state.hosts.get(host_id)
         domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
         for task in list(state.allocs[host_id].tasks):
             if w.plan.keys >= max_keys - 2:
                 return
+            if w.busy(task.job_id):
+                continue
             job = state.jobs.get(task.job_id)
             a = _attempt(job, task.attempt_id) if job else None
             if job is None or a is None or a.state.terminal or task.stop:
@@ -291,14 +333,12 @@ def evict_lost(
 def drain_due(w: _Work, now: float) -> None:
     """Stop what still runs on draining hosts whose deadline has passed."""
     for host_id, cfg in w.state.hostcfg.items():
-        if not cfg.draining or now < cfg.drain_deadline:
+        if not cfg.draining or now < cfg.drain_deadline or host_id in w.frozen_hosts:
             continue
         cur = w.state.allocs.get(host_id)
         if cur is None or all(t.stop for t in cur.tasks):
             continue
-        alloc = w.alloc(host_id)
-        for t in alloc.tasks:
-            t.stop = True
+        _stop_tasks(w.alloc(host_id), None)
 
 
 def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
@@ -306,11 +346,13 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
     be placed in the same commit). A job id that exists already is a retried publish."""
     for data in req.jobs:
         job_id = data.get("id")
-        if not isinstance(job_id, str) or not re.fullmatch(JOB_ID_PATTERN, job_id):
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
             w.plan.rejected.append((str(job_id)[:64], "id: 8-64 letters, digits, '_' or '-'"))
             continue
         if job_id in w.state.jobs or job_id in w.plan.jobs or subjects.job_key(job_id) in w.state.revisions:
             continue
+        if job_id in w.frozen_jobs:
+            raise KeyInFlight(subjects.job_key(job_id))  # plan_cycle holds such submissions back
         fields = {k: v for k, v in data.items() if k not in ("id", "user")}
         fields["user"] = req.user
         spec, errors = validate_job(fields, known_models)
@@ -353,6 +395,8 @@ def place_queued(
     for job in queue_order(list(candidates.values())):
         if w.plan.keys + 2 > max_keys:
             break
+        if job.id in w.frozen_jobs:
+            continue
         if w.plan.keys + 1 + job.spec.replicas > max_keys:
             continue  # a gang too large for what is left of this commit: next cycle
         if job.not_before > now:
@@ -426,32 +470,47 @@ def plan_cycle(
     max_keys: int = 900,
     budget: EvictionBudget | None = None,
     submissions: list[SubmitRequest] = (),  # type: ignore[assignment]
+    frozen_jobs: frozenset[str] | set[str] = frozenset(),
+    frozen_hosts: frozenset[str] | set[str] = frozenset(),
 ) -> Plan:
-    """Decide one cycle. `state` is read, never modified."""
+    """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
+    `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
+    read for decisions nor written: inputs that would touch them wait (they and every
+    input after them are left unused), and no job is placed on a frozen host."""
     plan = Plan()
-    w = _Work(state, plan)
+    w = _Work(state, plan, frozen_jobs, frozen_hosts)
     # Each input touches at most a job and a host's allocation (a gang's failure may
     # touch every host of the gang, at most 256): leave room for them and for placements.
     room = max(2, max_keys - 258)
-    for r in reports:
+    for i, r in enumerate(reports):
         if plan.keys + 2 > room:
             break
-        apply_report(w, r, now)
         plan.reports_used += 1
-    for c in commands:
+        if w.busy(r.job_id, (r.host_id,)):
+            plan.deferred_reports.append(i)
+            continue
+        apply_report(w, r, now)
+    for i, c in enumerate(commands):
         if plan.keys + 2 > room:
             break
+        if c.kind == "cancel" and w.busy(c.job_id):
+            plan.commands_used += 1
+            plan.deferred_commands.append(i)
+            continue
         if c.kind == "cancel":
             apply_cancel(w, c, now)
         plan.commands_used += 1
     known = state.index.models()
-    for req in submissions:
+    for i, req in enumerate(submissions):
         if plan.keys + len(req.jobs) > room:
             break
-        apply_submission(w, req, known, now)
         plan.submissions_used += 1
+        if frozen_jobs and any(isinstance(d.get("id"), str) and d["id"] in frozen_jobs for d in req.jobs):
+            plan.deferred_submissions.append(i)  # a retried publish of jobs being committed
+            continue
+        apply_submission(w, req, known, now)
     def healthy(host_id: str) -> bool:
-        return state.health(host_id, now) is Health.HEALTHY
+        return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY
 
     drain_due(w, now)
     if budget is not None:
@@ -465,6 +524,7 @@ def plan_cycle(
         cap.used_gpus.clear()
         cap.used_cpus = 0.0
         cap.used_memory_mb = 0
+        cap.tasks = 0
         for t in alloc.tasks:
             cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
     for alloc in plan.allocs.values():

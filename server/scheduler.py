@@ -23,11 +23,26 @@ from server.eviction import EvictionBudget, EvictionConfig
 from server.errors import ConflictError, DecodeError, FencedError, StoreError
 from server.lease import Leadership
 from server.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
-from server.planner import Plan, plan_cycle
+from server.planner import KeyInFlight, Plan, plan_cycle
 from server.monitor import publish_alert
 from server.store import Store, Write
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Cycle:
+    """A planned cycle: its decisions, the writes that commit them, the inputs it used."""
+
+    plan: Plan
+    now: float
+    writes: list[Write]
+    reports: list[tuple[Msg, StatusReport | None]]
+    commands: list[tuple[Msg, Command | None]]
+    submissions: list[tuple[Msg, SubmitRequest]]
+
+    def frozen(self) -> tuple[set[str], set[str]]:
+        return set(self.plan.jobs), set(self.plan.allocs)
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,10 @@ class SchedulerConfig:
     tick_s: float = 1.0  # full re-plan at least this often
     fetch_batch: int = 500
     max_keys_per_commit: int = 900
+    # Cycles whose commits may be in flight at once. Each later cycle leaves the records
+    # the earlier ones write alone, so the commits never conflict with each other; the
+    # leader plans while NATS stores (1 = plan, commit, wait, repeat).
+    pipeline: int = 3
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
     # A finished job's record leaves the state bucket this long after it finished (the
     # history database keeps it); 0 keeps it forever.
@@ -63,6 +82,8 @@ class Scheduler:
         self.budget = EvictionBudget(self.config.eviction)
         self.disrupted: set[tuple[str, str]] = set()
         self.last_plan: Plan | None = None
+        self.replans = 0  # plans dropped because they touched a record in flight (KeyInFlight)
+        self._inflight: dict[asyncio.Task[Plan], _Cycle] = {}
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -167,21 +188,44 @@ class Scheduler:
             asyncio.create_task(self._fetch_loop(submit_sub, self._submissions, self._decode_submission,
                                                  leading_stop)),
         ]
+        go_again = False
         try:
             while not stop.is_set() and self.leadership.leading and self.leadership.term == term:
-                try:
-                    await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
-                except asyncio.TimeoutError:
-                    pass
+                if not go_again:
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
+                    except asyncio.TimeoutError:
+                        pass
                 self.wake.clear()
+                go_again = False
                 try:
-                    await self.cycle()
+                    await self._reap(block=len(self._inflight) >= max(1, self.config.pipeline))
+                    c = self._plan_next()
+                    if c is None:
+                        continue
+                    if not c.writes:
+                        await self._finish(c)  # acknowledgements and events only
+                        continue
+                    task = asyncio.ensure_future(self._finish(c))
+                    self._inflight[task] = c
+                    task.add_done_callback(lambda _t: self.wake.set())
+                    go_again = bool(self._reports or self._commands or self._submissions) or (
+                        c.plan.placed > 0 and bool(self.state.queued_ids))
                 except FencedError as exc:
                     self.leadership.step_down(str(exc))
                 except StoreError as exc:
                     log.warning("cycle failed: %s", exc)
                     await asyncio.sleep(0.1)
         finally:
+            # Commits in flight end on their own (each has a timeout); their inputs are
+            # acknowledged, or put back and returned to the stream below.
+            if self._inflight:
+                await asyncio.wait(list(self._inflight), timeout=30)
+                for t in list(self._inflight):
+                    if not t.done():
+                        t.cancel()
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+                self._inflight.clear()
             leading_stop.set()
             for t in fetchers:
                 t.cancel()
@@ -201,31 +245,74 @@ class Scheduler:
             self._commands.clear()
             self._submissions.clear()
 
+    async def _reap(self, block: bool) -> None:
+        """Collect finished commits (waiting for one if `block`); re-raise a fence."""
+        if block and self._inflight:
+            await asyncio.wait(list(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+        fenced: FencedError | None = None
+        for t in [t for t in self._inflight if t.done()]:
+            del self._inflight[t]
+            if t.cancelled():
+                continue
+            exc = t.exception()
+            if isinstance(exc, FencedError):
+                fenced = exc
+            elif isinstance(exc, StoreError):
+                log.warning("cycle failed: %s", exc)
+            elif exc is not None:
+                log.error("commit failed", exc_info=exc)
+        if fenced is not None:
+            raise fenced
+
     async def cycle(self) -> Plan | None:
-        """One scheduling cycle: plan from the snapshot, commit, acknowledge."""
+        """One scheduling cycle, committed before it returns: plan from the snapshot,
+        commit, acknowledge."""
+        c = self._plan_next()
+        if c is None:
+            return None
+        return await self._finish(c)
+
+    def _plan_next(self) -> _Cycle | None:
+        """Plan a cycle from the snapshot, leaving alone what the commits in flight write.
+        Takes the inputs it uses off the queues (the rest stay, in order)."""
         if not self.leadership.leading:
             return None
+        frozen_jobs: set[str] = set()
+        frozen_hosts: set[str] = set()
+        for c in self._inflight.values():
+            jobs, hosts = c.frozen()
+            frozen_jobs |= jobs
+            frozen_hosts |= hosts
         self.cycles += 1
         reports_in = self._reports[: self.config.fetch_batch * 4]
         commands_in = self._commands[: self.config.fetch_batch]
         submissions_in = self._submissions[:100]
         now = time.time()
         term = self.leadership.term
-        plan = plan_cycle(
-            self.state,
-            reports=[r for _, r in reports_in],
-            commands=[c for _, c in commands_in],
-            now=now,
-            term=term,
-            max_keys=self.config.max_keys_per_commit,
-            budget=self.budget,
-            submissions=[r for _, r in submissions_in],
-        )
+        try:
+            plan = plan_cycle(
+                self.state,
+                reports=[r for _, r in reports_in],
+                commands=[c for _, c in commands_in],
+                now=now,
+                term=term,
+                max_keys=self.config.max_keys_per_commit,
+                budget=self.budget,
+                submissions=[r for _, r in submissions_in],
+                frozen_jobs=frozen_jobs,
+                frozen_hosts=frozen_hosts,
+            )
+        except KeyInFlight as exc:
+            # A check missed a record in flight: plan again once nothing is in flight.
+            self.replans += 1
+            log.warning("cycle touched %s while its commit is in flight; planning again after it", exc)
+            self.wake.set()
+            return None
         self.last_plan = plan
-        reports_in = reports_in[: plan.reports_used]
-        commands_in = commands_in[: plan.commands_used]
-        submissions_in = submissions_in[: plan.submissions_used]
-        metrics.QUEUE_DEPTH.set(len(self.state.queued()))
+        reports_in = self._take(self._reports, plan.reports_used, plan.deferred_reports)
+        commands_in = self._take(self._commands, plan.commands_used, plan.deferred_commands)
+        submissions_in = self._take(self._submissions, plan.submissions_used, plan.deferred_submissions)
+        metrics.QUEUE_DEPTH.set(len(self.state.queued_ids))
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
             Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0),
@@ -235,26 +322,59 @@ class Scheduler:
             Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
             for h, a in plan.allocs.items()
         ]
+        objects = list(plan.jobs.values()) + list(plan.allocs.values())
+        for w, obj in zip(writes, objects):
+            self.state.written[w.key] = (w.value, obj)
+        return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
+
+    @staticmethod
+    def _take(queue: list, used: int, deferred: list[int]) -> list:  # type: ignore[type-arg]
+        """Remove the first `used` inputs from `queue` and return them, except the
+        deferred ones, which stay at the front in their order."""
+        head = queue[:used]
+        del queue[:used]
+        if not deferred:
+            return head
+        skip = set(deferred)
+        queue[:0] = [x for i, x in enumerate(head) if i in skip]
+        return [x for i, x in enumerate(head) if i not in skip]
+
+    def _put_back(self, c: _Cycle) -> None:
+        """A cycle that did not commit: its inputs go back to the front of the queues."""
+        for w in c.writes:
+            self.state.written.pop(w.key, None)
+        self._reports[:0] = c.reports
+        self._commands[:0] = c.commands
+        self._submissions[:0] = c.submissions
+
+    async def _finish(self, c: _Cycle) -> Plan:
+        """Commit a planned cycle; once durable, acknowledge its inputs and publish."""
+        plan, now, writes = c.plan, c.now, c.writes
         if writes:
             started = time.perf_counter()
             try:
                 res = await self.store.commit(writes, fence=self.leadership.fence())
             except FencedError:
                 metrics.COMMITS.labels("fenced").inc()
+                self._put_back(c)
                 raise
             except ConflictError as exc:
                 metrics.COMMITS.labels("conflict").inc()
                 self.conflicts += 1
                 log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
+                self._put_back(c)
                 await self._refresh([w.key for w in writes])
-                return None
-            except StoreError:
+                return plan
+            except BaseException:
                 metrics.COMMITS.labels("unknown").inc()
+                self._put_back(c)
                 await self._refresh([w.key for w in writes])
                 raise
             metrics.COMMITS.labels("ok").inc()
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             if res.duplicate:
+                for w in writes:
+                    self.state.written.pop(w.key, None)
                 await self._refresh([w.key for w in writes])
             for j in (() if res.duplicate else plan.jobs.values()):
                 self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
@@ -267,14 +387,11 @@ class Scheduler:
                     if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                         metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
         # Effects are durable: acknowledge the inputs, then tell the world.
-        for m, _ in reports_in + commands_in + submissions_in:  # type: ignore[operator]
+        for m, _ in c.reports + c.commands + c.submissions:  # type: ignore[operator]
             try:
                 await m.ack()
             except Exception:  # noqa: BLE001 - redelivery is harmless (idempotent)
                 pass
-        del self._reports[: len(reports_in)]
-        del self._commands[: len(commands_in)]
-        del self._submissions[: len(submissions_in)]
         if plan.accepted:
             metrics.SUBMISSIONS.inc(plan.accepted)
         for job_id, why in plan.rejected:
@@ -282,7 +399,7 @@ class Scheduler:
             await self._publish([Event(kind="job.rejected", job_id=job_id, message=why)])
         await self._publish(plan.events)
         await self._alerts(plan, now)
-        if (plan.placed and len(self.state.queued()) > 0) or len(self._submissions) > 0:
+        if (plan.placed and len(self.state.queued_ids) > 0) or len(self._submissions) > 0:
             self.wake.set()  # more may fit; go again at once
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon

@@ -130,7 +130,9 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert out.exists(), "no report written"
     rep = json.loads(out.read_text())
     _check_report(rep)
-    assert {"nats-server", "server", "observer", "sim0"} <= set(rep["processes"])
+    assert {"nats-server", "server", "server: historian", "observer", "sim0"} <= set(rep["processes"])
+    assert rep["processes"]["server: historian"]["cpu_s"] > 0  # it wrote the run's history
+    assert 0 < rep["machine_cpu_busy_pct_in_window"] <= 100
     assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
     assert rep["replication"]["stream_replicas"]["KV_state"] == 1
     assert rc == 0

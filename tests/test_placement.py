@@ -389,3 +389,47 @@ def test_property_reserve_never_overcommits(hosts: list[HostCapacity], job_specs
     for hid, gpus in assigned.items():
         assert len(gpus) == len(set(gpus)), f"GPU assigned twice on {hid}: {gpus}"
         assert set(gpus) == by_id[hid].used_gpus
+
+
+# ---------------------------------------------------------------- the capacity index's Placer
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hosts=host_lists(), job_specs=st.lists(specs, min_size=1, max_size=40),
+       releases=st.lists(st.booleans(), min_size=40, max_size=40))
+def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_specs: list[JobSpec],
+                                             releases: list[bool]) -> None:
+    """The index-backed Placer (buckets for untouched hosts, an overlay for the hosts this
+    cycle changed) finds a host exactly when a scan of every host's current capacity
+    does, a feasible one, and one left with the fewest free GPUs of the job's kind."""
+    from server.capacity import CapacityIndex, Placer
+
+    index = CapacityIndex()
+    for h in hosts:
+        index.put(h)
+    placer = Placer(index, healthy=lambda host_id: True)
+    done: list[tuple[str, JobSpec, list[int]]] = []
+    for s, release in zip(job_specs, releases):
+        if s.gpus == 0 and s.gpu_model is not None:
+            s = s.model_copy(update={"gpu_model": None})  # validation refuses a model without GPUs
+        if release and done:
+            # What a cycle's status reports do: change a touched host's copy directly.
+            host_id, old, gpus = done.pop(0)
+            cap = placer.cap(host_id)
+            assert cap is not None
+            cap.release(gpus, old.cpus, old.memory_mb)
+            placer.failed.clear()  # capacity grew: earlier failures say nothing now
+        views = [placer.touched.get(h.id, index.caps[h.id]) for h in hosts]
+        feasible = [v for v in views if check(s, v)[0] is None]
+        got = placer.place(s)
+        if not feasible:
+            assert got is None
+            continue
+        assert got is not None, f"{s} fits on {[v.id for v in feasible]} but the Placer found nothing"
+        view = next(v for v in views if v.id == got.host_id)
+        assert check(s, view) == (None, got.gpu_indices)
+        assert len(view.free_gpus(s.gpu_model)) == min(len(v.free_gpus(s.gpu_model)) for v in feasible)
+        placer.reserve(got, s)
+        done.append((got.host_id, s, got.gpu_indices))
+    for h in hosts:  # the index itself is never changed by a cycle
+        assert index.caps[h.id] is h

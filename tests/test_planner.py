@@ -695,6 +695,96 @@ def test_property_random_cycles_never_overcommit(steps: list[list[tuple]]) -> No
             assert all(t.job_id != job.id for a in w.state.allocs.values() for t in a.tasks)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.lists(action, min_size=1, max_size=6), st.sampled_from(["AB", "BA", "B"])),
+                      min_size=1, max_size=20))
+def test_property_pipelined_cycles_touch_disjoint_records_and_never_overcommit(
+        steps: list[tuple[list[tuple], str]]) -> None:
+    """The scheduler plans cycle B while cycle A's commit is in flight, with A's records
+    frozen. B must touch none of them (so the two commits cannot conflict), and whatever
+    becomes of A (committed before B, after B, or never: its commit failed), the state
+    stays consistent: B decided nothing that relied on A."""
+    w = World(interval_s=1e9)
+    for hid, (g, c, m) in HOSTS.items():
+        w.host(hid, gpus=g, cpus=c, memory_mb=m)
+    now = NOW
+    n_jobs = 0
+    for batch, order in steps:
+        inputs: list[StatusReport | Command] = []
+        ids = sorted(w.state.jobs)
+        for act in batch:
+            if act[0] == "submit":
+                _, gpus, cpus, prio, max_attempts = act
+                n_jobs += 1
+                w.submit(f"j{n_jobs:03d}", gpus=gpus, cpus=cpus, memory_mb=4000 * (gpus + 1),
+                         priority=prio, max_attempts=max_attempts, submitted_at=now)
+            elif act[0] == "tick":
+                now += act[1]
+            elif not ids:
+                continue
+            elif act[0] == "report":
+                _, pick, st_, right_host, extra = act
+                job = w.job(ids[pick % len(ids)])
+                if not job.attempts:
+                    continue
+                a = job.attempts[-1 - (extra % len(job.attempts))] if extra else job.attempts[-1]
+                host_id = a.host_id if right_host else next(h for h in HOSTS if h != a.host_id)
+                inputs.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=job.id, state=st_,
+                                           exit_code=None if st_ is not AttemptState.FAILED else 1, ts=now))
+            elif act[0] == "cancel":
+                inputs.append(cancel(ids[act[1] % len(ids)]))
+        half = len(inputs) // 2
+
+        def plan(part: list, **frozen: set[str]) -> Plan:
+            return plan_cycle(w.state, reports=[r for r in part if isinstance(r, StatusReport)],
+                              commands=[c for c in part if isinstance(c, Command)], now=now, term=TERM,
+                              max_keys=12, **frozen)
+
+        a_plan = plan(inputs[:half])
+        b_plan = plan(inputs[half:], frozen_jobs=set(a_plan.jobs), frozen_hosts=set(a_plan.allocs))
+        assert not set(a_plan.jobs) & set(b_plan.jobs)
+        assert not set(a_plan.allocs) & set(b_plan.allocs)
+        for name in order:
+            w.commit(a_plan if name == "A" else b_plan)
+            check_invariants(w.state)
+
+
+def test_a_frozen_host_takes_no_placement_and_a_frozen_job_waits(w: World) -> None:
+    w.host("h2", gpus=8, cpus=64)
+    w.submit("a", gpus=1, submitted_at=1)
+    w.submit("b", gpus=1, submitted_at=2)
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM,
+                      frozen_jobs={"a"}, frozen_hosts={"h1"})
+    assert set(plan.jobs) == {"b"} and plan.jobs["b"].attempts[0].host_id == "h2"
+    assert set(plan.allocs) == {"h2"}
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM,
+                      frozen_hosts={"h1", "h2"})
+    assert plan.placed == 0 and not plan.allocs
+
+
+def test_inputs_touching_frozen_records_wait_with_everything_after_them(w: World) -> None:
+    from server.messages import SubmitRequest
+
+    w.submit("a", gpus=1)
+    w.submit("b", gpus=1)
+    w.cycle()
+    ra, rb = report(w, "a", AttemptState.RUNNING), report(w, "b", AttemptState.RUNNING)
+    plan = plan_cycle(w.state, reports=[ra, rb], commands=[cancel("b")], now=NOW, term=TERM,
+                      frozen_jobs={"a"})
+    # a's report waits; b's report and cancel, behind it, do not.
+    assert (plan.reports_used, plan.deferred_reports) == (2, [0])
+    assert (plan.commands_used, plan.deferred_commands) == (1, [])
+    assert set(plan.jobs) == {"b"} and plan.jobs["b"].state is JobState.CANCELLED
+    assert plan.jobs["b"].attempts[0].state is AttemptState.RUNNING
+    # Any job of the try on a frozen host holds the report back (a gang's end touches every host).
+    plan = plan_cycle(w.state, reports=[rb], commands=[], now=NOW, term=TERM, frozen_hosts={"h1"})
+    assert plan.deferred_reports == [0] and not plan.jobs
+    sub = SubmitRequest(user="u", ts=NOW, jobs=[{"id": "c", "name": "c", "command": ["true"]}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub],
+                      frozen_jobs={"c"})
+    assert plan.deferred_submissions == [0] and "c" not in plan.jobs
+
+
 def test_the_largest_nats_submission_always_fits_in_one_cycle() -> None:
     """A submission is taken whole or waits; one that could never fit would block every
     submission behind it, so the decoder refuses anything larger than fits."""
