@@ -26,6 +26,7 @@ from pathlib import Path
 import nats
 from nats.js import api as jsapi
 
+from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
 
 log = logging.getLogger("bench.observer")
@@ -83,6 +84,7 @@ class Observer:
         self.queued_gpus: dict[str, int] = {}
         self.alloc_revisions = 0
         self.job_revisions = 0
+        self.preloaded_revisions = 0
         self.overcommit: list[dict] = []
         self.overcommitted_hosts: set[str] = set()
         self.samples: list[dict] = []
@@ -110,6 +112,9 @@ class Observer:
         elif kind == "job":
             self.job_revisions += 1
             if _tombstone(msg.headers):
+                return
+            if name.startswith(PRELOAD_PREFIX):
+                self.preloaded_revisions += 1  # counted against capacity via the allocs only
                 return
             d = json.loads(msg.data)
             st = d.get("state")
@@ -200,6 +205,7 @@ class Observer:
             await asyncio.sleep(0.1)
         final = await self.final_check()
         out = {"alloc_revisions_checked": self.alloc_revisions, "job_revisions": self.job_revisions,
+               "preloaded_job_revisions": self.preloaded_revisions,
                "final_alloc_records_checked": final, "overcommitted_hosts": sorted(self.overcommitted_hosts),
                "overcommit_examples": self.overcommit, "samples": self.samples, "jobs": self.jobs,
                "watch_lag_s_at_end": round(self.lag_s, 3)}

@@ -42,6 +42,8 @@ import httpx
 import nats
 import psutil
 
+from bench.preload import PREFIX as PRELOAD_PREFIX
+from bench.preload import preload
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
 from server.client import submit_over_nats
 from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
@@ -254,6 +256,7 @@ class Bench:
     metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     lost: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    preloaded: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------ start and stop
 
@@ -577,7 +580,13 @@ class Bench:
               f"{'trace' if a.trace else 'synthetic'} workload, {a.nats_cluster} NATS node(s), "
               f"MUSTER_REPLICAS={a.replicas}; work dir {self.work}", flush=True)
         self.start_nats()
-        self.start_server()
+        if a.preload:
+            print(f"preloading {a.preload} running tasks into the state bucket ...", flush=True)
+            self.preloaded = await preload(self.nats_url, fleet, a.preload, replicas=a.replicas)
+            print(f"preloaded {self.preloaded['jobs']} jobs on {self.preloaded['hosts']} hosts "
+                  f"({self.preloaded['bytes'] / 2**20:.0f} MB) in {self.preloaded['seconds']} s", flush=True)
+        else:
+            self.start_server()
         nc = await nats.connect(self.nats_url.split(","), name="bench-orchestrator")
         self.js = nc.jetstream(timeout=30)
         await nc.subscribe("bench.stats.>", cb=self.on_stats, pending_msgs_limit=100_000)
@@ -591,13 +600,25 @@ class Bench:
             if a.wildcard:
                 argv.append("--wildcard")
             self.spawn(f"sim{i}", argv)
+        if a.preload:
+            # The preloaded cluster's hosts are up before the control plane starts (as after
+            # a restart of the servers alone): a leader that found allocations for hosts
+            # with no heartbeat would take them for lost and move their work.
+            wait_until = time.monotonic() + a.startup_timeout
+            while sum(1 for key, st in self.stats.items() if key != "observer" and st.get("ready")) < k:
+                if time.monotonic() > wait_until:
+                    raise BenchError("simulators not ready before the server start")
+                self.check_children()
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(6.0)  # one heartbeat interval: every host has written its key
+            self.start_server()
         client = httpx.AsyncClient(base_url=self.http, headers={"Authorization": f"Bearer {self.token}"},
                                    timeout=60, limits=httpx.Limits(max_connections=32))
         stop_sampling = asyncio.Event()
         sampler = asyncio.create_task(self.sample_loop(client, stop_sampling))
         t_boot = time.time()
         # Wait for every simulator, the observer, and the server seeing every host healthy.
-        deadline = time.monotonic() + a.startup_timeout + a.hosts / 500
+        deadline = time.monotonic() + a.startup_timeout + a.hosts / 500 + a.preload / 5000
         while True:
             self.check_children()
             # From the metrics the sampler scrapes anyway: a GraphQL `cluster` query walks every
@@ -613,7 +634,8 @@ class Bench:
                 break
             if time.monotonic() > deadline:
                 if ready < k or "observer" not in self.stats:
-                    raise BenchError(f"not ready after {a.startup_timeout + a.hosts / 500:.0f} s: {ready}/{k} "
+                    raise BenchError(f"not ready after {a.startup_timeout + a.hosts / 500 + a.preload / 5000:.0f} s: "
+                                     f"{ready}/{k} "
                                      f"simulators, observer {'up' if 'observer' in self.stats else 'missing'}")
                 msg = (f"started the run anyway after {time.time() - t_boot:.0f} s: the server saw only "
                        f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']})")
@@ -794,7 +816,10 @@ class Bench:
             ra = (ojobs.get(job_id) or {}).get("running_at")
             if ra is not None:
                 running.append(ra - ts)
-        unknown = sorted(set(per_job) - set(self.submitted))
+        # Preloaded jobs rerun after their host was lost are expected; anything else
+        # that reached a host without being submitted is a fault.
+        reruns = sorted(j for j in set(per_job) - set(self.submitted) if j.startswith(PRELOAD_PREFIX))
+        unknown = sorted(set(per_job) - set(self.submitted) - set(reruns))
         gangs = [j for j, (_, r) in self.submitted.items() if r.gang]
         tasks_dispatched = sum(v.tasks_seen for v in verdicts.values())
         # Rates over the measured window, each from its own first and last sample inside it.
@@ -835,6 +860,7 @@ class Bench:
             "gangs_partially_dispatched": len(partial),
             "gangs_with_tasks_sharing_a_host": len(shared),
             "dispatches_of_unknown_jobs": len(unknown),
+            "preloaded_jobs_rerun": len(reruns),
             "overcommitted_hosts": len(overcommitted),
             "overcommit_examples": obs.get("overcommit_examples", [])[:10],
             "simulator_gpu_collisions": counters["gpu_collisions"],
@@ -888,6 +914,12 @@ class Bench:
                                    "included); backlog = sent - received, sampled once a second"},
             "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),
             "max_concurrent_tasks_upper_bound": sum(s["max_running"] for s in sims),
+            # What the control plane itself tracked: live (PLACED or RUNNING) jobs in its
+            # state, preloaded ones included, the most seen in any one-second sample.
+            "max_live_jobs_tracked_by_server": max(
+                (sum(v for k, v in m.items() if k.startswith("muster_jobs{") and
+                     ('state="RUNNING"' in k or 'state="PLACED"' in k)) for _, m in self.metrics), default=0),
+            "preloaded": self.preloaded or None,
             "max_queue_depth": max((r["queue_depth"] for r in self.ticks), default=0),
             "overcommitted_hosts": len(overcommitted),
             "lost_host_detection": self.lost or {"skipped": True},
@@ -1074,6 +1106,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "none with --burst); negative disables")
     ap.add_argument("--lost-timeout", type=float, default=20.0, help="extra seconds to wait for LOST beyond the TTL")
     ap.add_argument("--startup-timeout", type=float, default=90.0)
+    ap.add_argument("--preload", type=int, default=0,
+                    help="start with this many long-running tasks already in the cluster (bench/preload.py)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     return ap

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import nats
 
+from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
@@ -94,7 +95,7 @@ class Simulator:
         self.arrivals: list[tuple[str, str, str, float, int]] = []  # job, attempt, host, wall time, task
         self.new_arrivals: list[tuple[str, int, float]] = []  # job, task, wall time
         self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
-                      killed=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
+                      killed=0, adopted=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
                       errors=0)
         self.max_running = 0
         self.running = 0
@@ -158,6 +159,9 @@ class Simulator:
             if aid in h.seen:
                 continue
             h.seen.add(aid)
+            if is_preloaded_attempt(aid):
+                self.c["adopted"] += 1  # already running before the run began (--preload)
+                continue
             task = task_index(t)
             self.arrivals.append((t["job_id"], aid, h.spec.id, t_arr, task))
             self.new_arrivals.append((t["job_id"], task, t_arr))

@@ -37,3 +37,16 @@ COMMIT_SECONDS = Histogram(
 LEADER = Gauge("muster_leader", "1 when this replica holds the leader lease", registry=REGISTRY)
 TERM = Gauge("muster_leader_term", "Current leadership term seen by this replica", registry=REGISTRY)
 SUBMISSIONS = Counter("muster_jobs_submitted_total", "Jobs accepted", registry=REGISTRY)
+INPUTS_WAITING = Gauge(
+    "muster_scheduler_inputs_waiting",
+    "Status reports, commands and submissions fetched by the leader and not yet committed",
+    ["kind"],
+    registry=REGISTRY,
+)
+INPUTS_DEFERRED = Counter(
+    "muster_scheduler_inputs_deferred_total",
+    "Inputs a cycle held back because an earlier cycle's commit, still in flight, writes their records",
+    ["kind"],
+    registry=REGISTRY,
+)
+COMMITS_IN_FLIGHT = Gauge("muster_scheduler_commits_in_flight", "Cycles committing at once", registry=REGISTRY)

@@ -10,6 +10,7 @@ committed, so a new leader resumes where the old one stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from server.lease import Leadership
 from server.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 from server.planner import KeyInFlight, Plan, plan_cycle
 from server.monitor import publish_alert
+from server.pull import PullFeed, ensure_consumer
 from server.store import Store, Write
 
 log = logging.getLogger(__name__)
@@ -120,28 +122,22 @@ class Scheduler:
             log.warning("dropped command: %s", exc)
             return None
 
-    async def _fetch_loop(self, sub, sink: list, decoder, stop: asyncio.Event) -> None:  # type: ignore[no-untyped-def]
-        while not stop.is_set():
-            try:
-                msgs = await sub.fetch(batch=self.config.fetch_batch, timeout=0.5)
-            except asyncio.TimeoutError:
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reconnecting; try again
-                log.debug("fetch: %s", exc)
-                await asyncio.sleep(0.2)
-                continue
-            for m in msgs:
-                decoded = decoder(m)
-                if decoded is None:  # malformed: counted and dropped, never retried
-                    try:
-                        await m.ack()
-                    except Exception:  # noqa: BLE001
-                        pass
-                    continue
-                sink.append((m, decoded))
+    def _receiver(self, sink: list, decoder):  # type: ignore[no-untyped-def]
+        """What a pull feed does with each message: decode it onto the queue (a malformed
+        one is counted, acknowledged and dropped, never retried) and wake the loop."""
+
+        async def receive(m: Msg) -> None:
+            decoded = decoder(m)
+            if decoded is None:
+                try:
+                    await m.ack()
+                except Exception:  # noqa: BLE001
+                    pass
+                return
+            sink.append((m, decoded))
             self.wake.set()
+
+        return receive
 
     # ------------------------------------------------------------ the loop
 
@@ -172,22 +168,21 @@ class Scheduler:
         # keep it close to the lease so a new leader sees it soon after taking over.
         cfg = jsapi.ConsumerConfig(ack_wait=self.leadership.config.ttl_s + 1, max_ack_pending=100_000,
                                    max_deliver=-1)
-        status_sub = await js.pull_subscribe(
-            f"{subjects.STATUS_PREFIX}.>", durable="scheduler-status", stream=subjects.STATUS_STREAM, config=cfg
-        )
-        cmd_sub = await js.pull_subscribe(
-            f"{subjects.CMDS_PREFIX}.>", durable="scheduler-cmds", stream=subjects.CMDS_STREAM, config=cfg
-        )
-        submit_sub = await js.pull_subscribe(
-            f"{subjects.SUBMIT_PREFIX}.>", durable="scheduler-submit", stream=subjects.SUBMIT_STREAM, config=cfg
+        consumers = (
+            (subjects.STATUS_STREAM, "scheduler-status", f"{subjects.STATUS_PREFIX}.>", self._reports,
+             self._decode_report),
+            (subjects.CMDS_STREAM, "scheduler-cmds", f"{subjects.CMDS_PREFIX}.>", self._commands,
+             self._decode_command),
+            (subjects.SUBMIT_STREAM, "scheduler-submit", f"{subjects.SUBMIT_PREFIX}.>", self._submissions,
+             self._decode_submission),
         )
         leading_stop = asyncio.Event()
-        fetchers = [
-            asyncio.create_task(self._fetch_loop(status_sub, self._reports, self._decode_report, leading_stop)),
-            asyncio.create_task(self._fetch_loop(cmd_sub, self._commands, self._decode_command, leading_stop)),
-            asyncio.create_task(self._fetch_loop(submit_sub, self._submissions, self._decode_submission,
-                                                 leading_stop)),
-        ]
+        feeds = []
+        for stream, durable, subject, sink, decoder in consumers:
+            await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
+            feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
+                                  batch=self.config.fetch_batch))
+        fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
         go_again = False
         try:
             while not stop.is_set() and self.leadership.leading and self.leadership.term == term:
@@ -230,11 +225,6 @@ class Scheduler:
             for t in fetchers:
                 t.cancel()
             await asyncio.gather(*fetchers, return_exceptions=True)
-            for sub in (status_sub, cmd_sub, submit_sub):
-                try:
-                    await sub.unsubscribe()
-                except Exception:  # noqa: BLE001
-                    pass
             # Unacknowledged inputs go back to the stream for the next leader.
             for m, _ in self._reports + self._commands + self._submissions:
                 try:
@@ -312,6 +302,13 @@ class Scheduler:
         reports_in = self._take(self._reports, plan.reports_used, plan.deferred_reports)
         commands_in = self._take(self._commands, plan.commands_used, plan.deferred_commands)
         submissions_in = self._take(self._submissions, plan.submissions_used, plan.deferred_submissions)
+        for kind, deferred, waiting in (("status", plan.deferred_reports, self._reports),
+                                        ("command", plan.deferred_commands, self._commands),
+                                        ("submission", plan.deferred_submissions, self._submissions)):
+            if deferred:
+                metrics.INPUTS_DEFERRED.labels(kind).inc(len(deferred))
+            metrics.INPUTS_WAITING.labels(kind).set(len(waiting))
+        metrics.COMMITS_IN_FLIGHT.set(len(self._inflight) + 1)
         metrics.QUEUE_DEPTH.set(len(self.state.queued_ids))
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [

@@ -138,6 +138,42 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rc == 0
 
 
+def test_preload_plan_spreads_running_jobs_and_refuses_what_does_not_fit() -> None:
+    from bench.preload import is_preloaded_attempt, plan
+    from bench.workload import synthetic_fleet
+    from server.messages import AttemptState, JobState
+
+    fleet = synthetic_fleet(10)
+    jobs, allocs = plan(fleet, 35, now=1000.0)
+    assert len({j.id for j in jobs}) == 35
+    assert all(j.state is JobState.RUNNING and j.attempts[0].state is AttemptState.RUNNING for j in jobs)
+    assert sorted(len(a.tasks) for a in allocs) == [3] * 5 + [4] * 5
+    where = {j.attempts[0].id: j.attempts[0].host_id for j in jobs}
+    assert {t.attempt_id: a.host_id for a in allocs for t in a.tasks} == where
+    assert all(is_preloaded_attempt(aid) for aid in where)
+    assert not is_preloaded_attempt("preload-0000001.2")  # a rerun is simulated like any task
+    assert not is_preloaded_attempt("job-0000001.1")
+    with pytest.raises(ValueError):
+        plan(fleet[:1], 100_000, now=1000.0)  # 10,000 CPUs' worth on one host
+
+
+@pytest.mark.timeout(240)
+def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
+    """`--preload`: the server starts with 10,000 running jobs in its state, tracks them
+    through the run (and reruns the lost host's share), and the run is still correct."""
+    out = tmp_path / "bench.json"
+    rc = main(["--hosts", "1000", "--rate", "50", "--duration", "8", "--drain", "60", "--preload", "10000",
+               "--lose-host-at", "2", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+    rep = json.loads(out.read_text())
+    _check_report(rep)
+    assert rep["preloaded"]["jobs"] == 10_000 and rep["preloaded"]["hosts"] == 1000
+    assert rep["max_live_jobs_tracked_by_server"] >= 10_000
+    assert rep["correctness"]["dispatches_of_unknown_jobs"] == 0
+    assert rep["lost_host_detection"]["requeued"] >= 10  # the lost host's preloaded share at least
+    assert rep["correctness"]["preloaded_jobs_rerun"] >= 1
+    assert rc == 0
+
+
 @pytest.mark.timeout(170)
 def test_bench_trace_gangs_run_all_or_nothing(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"

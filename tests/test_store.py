@@ -165,3 +165,61 @@ async def test_commit_with_lost_reply_is_retried_and_applied_once(store: Store) 
     # Exactly two messages in the stream: one per key, written once.
     assert info.state.messages == 2
     assert store.unknown_outcomes == 1
+
+
+async def test_pull_feed_delivers_every_message_across_batches_and_unacked_ones_return(store: Store) -> None:
+    """The scheduler reads its durable consumers with PullFeed: more messages than one
+    pull request's batch all arrive (the next request follows the last), the feed stops
+    cleanly, and what was delivered but not acknowledged is delivered again."""
+    from nats.js import api as jsapi
+
+    from server.pull import PullFeed, ensure_consumer
+
+    js = store.js
+    subject = f"{subjects.STATUS_PREFIX}.feedhost"
+    for i in range(1_250):
+        await js.publish(subject, str(i).encode())
+    cfg = jsapi.ConsumerConfig(ack_wait=2, max_ack_pending=100_000, max_deliver=-1)
+    await ensure_consumer(js, subjects.STATUS_STREAM, "feed-test", subject, cfg)
+    await ensure_consumer(js, subjects.STATUS_STREAM, "feed-test", subject, cfg)  # exists: a no-op
+
+    got: list[int] = []
+    keep: list = []
+
+    async def on_msg(m) -> None:  # type: ignore[no-untyped-def]
+        got.append(int(m.data))
+        if int(m.data) % 100 == 7:
+            keep.append(m)  # left unacknowledged
+        else:
+            await m.ack()
+
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "feed-test", on_msg, batch=500, expires_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(stop))
+    for _ in range(200):
+        if len(got) >= 1_250:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(got) == list(range(1_250))
+    assert feed.requests >= 3  # 1,250 messages took at least three requests of 500
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)  # stops without being cancelled
+
+    # A new feed (the next leader) sees exactly the unacknowledged ones again.
+    again: list[int] = []
+
+    async def on_again(m) -> None:  # type: ignore[no-untyped-def]
+        again.append(int(m.data))
+        await m.ack()
+
+    stop2 = asyncio.Event()
+    task2 = asyncio.create_task(PullFeed(store.nc, subjects.STATUS_STREAM, "feed-test", on_again,
+                                         batch=500, expires_s=0.5).run(stop2))
+    for _ in range(200):
+        if len(again) >= len(keep):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    stop2.set()
+    await asyncio.wait_for(task2, timeout=5)
+    assert sorted(again) == sorted(int(m.data) for m in keep) == [i for i in range(1_250) if i % 100 == 7]

@@ -1,0 +1,111 @@
+"""Reading a durable JetStream pull consumer with a callback.
+
+nats-py's `fetch()` hands over a batch one `asyncio.wait_for(next_msg())` at a time,
+which costs an event-loop turn per message: on a busy leader (thousands of heartbeats
+and watch records a second sharing the loop) that held status reports to ~300/s while
+1,000/s arrived. `PullFeed` keeps one pull request of up to `batch` messages outstanding
+(a long poll that ends after `expires_s`) and receives the messages on a plain
+subscription whose callback sees each one as soon as it is parsed. Acknowledgement stays
+with whoever handles the message (`Msg.ack()` works on these as on fetched ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js.errors import NotFoundError
+
+log = logging.getLogger(__name__)
+
+# Status codes that end a pull request: 404 no messages, 408 request expired, 409
+# (leadership change, consumer deleted, too many waiting requests...).
+_IDLE_HEARTBEAT = "100"
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, subject: str,
+                          config: jsapi.ConsumerConfig) -> None:
+    """Create the durable pull consumer unless it exists (as `pull_subscribe` does)."""
+    try:
+        await js.consumer_info(stream, durable)
+        return
+    except NotFoundError:
+        pass
+    config.filter_subject = subject
+    config.name = durable
+    config.durable_name = durable
+    await js.add_consumer(stream, config=config)
+
+
+class PullFeed:
+    def __init__(self, nc: NATS, stream: str, consumer: str, on_msg: Callable[[Msg], Awaitable[None]],
+                 batch: int = 500, expires_s: float = 2.0) -> None:
+        self.nc = nc
+        self.stream = stream
+        self.consumer = consumer
+        self.on_msg = on_msg
+        self.batch = batch
+        self.expires_s = expires_s
+        self.delivered = 0
+        self.requests = 0
+        self._n = 0
+        self._ended = asyncio.Event()
+        self._status: str | None = None
+
+    async def _cb(self, msg: Msg) -> None:
+        status = msg.headers.get(jsapi.Header.STATUS) if msg.headers else None
+        if status:
+            if status != _IDLE_HEARTBEAT:
+                self._status = status
+                self._ended.set()
+            return
+        self._n += 1
+        self.delivered += 1
+        try:
+            await self.on_msg(msg)
+        except Exception:  # noqa: BLE001 - one bad message must not stop the feed
+            log.exception("pull feed %s/%s: handling a message failed", self.stream, self.consumer)
+        if self._n >= self.batch:
+            self._ended.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Pull until `stop` is set (or the task is cancelled); then unsubscribe.
+        Messages delivered but not acknowledged return after the consumer's ack_wait."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=self._cb, pending_msgs_limit=4 * self.batch + 100,
+                                      pending_bytes_limit=256 * 1024 * 1024)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
+        request = json.dumps({"batch": self.batch, "expires": int(self.expires_s * 1e9)}).encode()
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                self._n = 0
+                self._status = None
+                self._ended.clear()
+                try:
+                    await self.nc.publish(subject, request, reply=inbox)
+                    self.requests += 1
+                except Exception as exc:  # noqa: BLE001 - reconnecting: try again shortly
+                    log.debug("pull request %s: %s", subject, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                ended = asyncio.ensure_future(self._ended.wait())
+                await asyncio.wait({ended, stop_wait}, timeout=self.expires_s + 1.0,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                ended.cancel()
+                if self._status not in (None, "404", "408"):
+                    # e.g. 409 while the stream's leader changes: do not spin.
+                    log.debug("pull %s ended with status %s", subject, self._status)
+                    await asyncio.sleep(0.2)
+        finally:
+            stop_wait.cancel()
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
