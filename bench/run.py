@@ -331,7 +331,8 @@ class Bench:
         c = self.spawn("server", [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
                                   "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
         try:
-            wait_for_port(port, timeout=90, proc=c.popen)
+            # A server loads the whole state before it listens (about 90 s for 500,000 jobs).
+            wait_for_port(port, timeout=90 + self.args.preload / 2000, proc=c.popen)
         except Exception as exc:
             raise BenchError(f"muster server did not start: {exc}; see {c.log}") from exc
         self.http = f"http://127.0.0.1:{port}"
@@ -741,6 +742,15 @@ class Bench:
             out["error"] = f"could not read stream info: {exc}"
         return out
 
+    def state_load(self) -> dict[str, float] | None:
+        """How long the server took to load the state bucket before it served (from its
+        log; only logged when it took more than 10 s)."""
+        log = self.work / "server.log"
+        if not log.exists():
+            return None
+        m = re.findall(r"loaded state: (\d+) records in (\d+) s", log.read_text(errors="replace"))
+        return {"records": int(m[-1][0]), "seconds": float(m[-1][1])} if m else None
+
     def adopt_server_children(self) -> None:
         """Processes the server started itself (the history writer) count too."""
         for srv in [c for c in self.children if c.name.startswith("server")]:
@@ -920,6 +930,7 @@ class Bench:
                 (sum(v for k, v in m.items() if k.startswith("muster_jobs{") and
                      ('state="RUNNING"' in k or 'state="PLACED"' in k)) for _, m in self.metrics), default=0),
             "preloaded": self.preloaded or None,
+            "server_state_load": self.state_load(),
             "max_queue_depth": max((r["queue_depth"] for r in self.ticks), default=0),
             "overcommitted_hosts": len(overcommitted),
             "lost_host_detection": self.lost or {"skipped": True},

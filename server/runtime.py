@@ -148,10 +148,7 @@ class Muster:
             await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
         )
         for w in self._watches:
-            try:
-                await asyncio.wait_for(w.synced.wait(), timeout=30)
-            except asyncio.TimeoutError:
-                log.warning("watch of %s not synced after 30 s; continuing", w.bucket)
+            await self._wait_synced(w)
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
         lease_cfg = LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
                                 shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
@@ -184,6 +181,31 @@ class Muster:
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
             asyncio.create_task(self._gauges(), name="gauges"),
         ]
+
+    @staticmethod
+    async def _wait_synced(w: Watch, stall_s: float = 30.0, every_s: float = 10.0) -> None:
+        """Wait until a watch has replayed its bucket. A large state (500,000 live jobs
+        take about a minute) is waited for as long as records keep arriving; only a watch
+        that makes no progress for `stall_s` is given up on (with a warning)."""
+        started = time.monotonic()
+        last, last_progress = -1, time.monotonic()
+        while not w.synced.is_set():
+            try:
+                await asyncio.wait_for(w.synced.wait(), timeout=every_s)
+            except asyncio.TimeoutError:
+                pass
+            if w.synced.is_set():
+                break
+            now = time.monotonic()
+            if w.received != last:
+                last, last_progress = w.received, now
+                log.info("loading %s: %d records in %.0f s", w.bucket, w.received, now - started)
+            elif now - last_progress >= stall_s:
+                log.warning("watch of %s made no progress for %.0f s (%d records); continuing unsynced",
+                            w.bucket, stall_s, w.received)
+                return
+        if time.monotonic() - started > every_s:
+            log.info("loaded %s: %d records in %.0f s", w.bucket, w.received, time.monotonic() - started)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish the current cycle, resign, flush history, drain NATS.

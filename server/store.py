@@ -370,6 +370,7 @@ class Watch:
         self.pattern = pattern
         self.on_record = on_record
         self.synced = asyncio.Event()
+        self.received = 0  # records handed to on_record so far
         self._sub: JetStreamContext.PushSubscription | None = None
         self._prefix = f"$KV.{bucket}."
 
@@ -384,6 +385,7 @@ class Watch:
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
                 self.on_record(Record(key, meta.sequence.stream, value, msg.headers))
+                self.received += 1
                 if meta.num_pending == 0:
                     self.synced.set()
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch

@@ -223,3 +223,29 @@ async def test_pull_feed_delivers_every_message_across_batches_and_unacked_ones_
     stop2.set()
     await asyncio.wait_for(task2, timeout=5)
     assert sorted(again) == sorted(int(m.data) for m in keep) == [i for i in range(1_250) if i % 100 == 7]
+
+
+async def test_server_waits_for_a_watch_while_it_makes_progress_and_gives_up_when_it_stalls() -> None:
+    """A server loads its whole state before serving: a big state (500,000 live jobs take
+    about a minute) is waited for as long as records keep coming; a stalled watch is
+    given up on instead of blocking the start for ever."""
+    from types import SimpleNamespace
+
+    from server.runtime import Muster
+
+    w = SimpleNamespace(bucket="state", synced=asyncio.Event(), received=0)
+
+    async def feed() -> None:
+        for _ in range(8):  # records keep arriving for longer than the stall limit
+            await asyncio.sleep(0.05)
+            w.received += 1000
+        w.synced.set()
+
+    feeder = asyncio.create_task(feed())
+    await Muster._wait_synced(w, stall_s=0.2, every_s=0.04)  # type: ignore[arg-type]
+    await feeder
+    assert w.synced.is_set() and w.received == 8000
+
+    stalled = SimpleNamespace(bucket="hosts", synced=asyncio.Event(), received=5)
+    await Muster._wait_synced(stalled, stall_s=0.2, every_s=0.04)  # type: ignore[arg-type]
+    assert not stalled.synced.is_set()  # returned without it: gave up
