@@ -332,7 +332,7 @@ class Bench:
                                   "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
         try:
             # A server loads the whole state before it listens (about 90 s for 500,000 jobs).
-            wait_for_port(port, timeout=90 + self.args.preload / 2000, proc=c.popen)
+            wait_for_port(port, timeout=90 + getattr(self.args, "preload", 0) / 2000, proc=c.popen)
         except Exception as exc:
             raise BenchError(f"muster server did not start: {exc}; see {c.log}") from exc
         self.http = f"http://127.0.0.1:{port}"

@@ -647,6 +647,42 @@ action = st.one_of(
 )
 
 
+def play(w: World, batch: list[tuple], now: float, n_jobs: int, *,
+         one_input_per_job: bool) -> tuple[list[StatusReport | Command], float, int]:
+    """Carry out one batch of random actions: submissions and clock ticks at once; reports
+    and cancels returned, in order, as the next cycle's inputs."""
+    inputs: list[StatusReport | Command] = []
+    touched: set[str] = set()
+    ids = sorted(w.state.jobs)
+    for act in batch:
+        if act[0] == "submit":
+            _, gpus, cpus, prio, max_attempts = act
+            n_jobs += 1
+            w.submit(f"j{n_jobs:03d}", gpus=gpus, cpus=cpus, memory_mb=4000 * (gpus + 1),
+                     priority=prio, max_attempts=max_attempts, submitted_at=now)
+        elif act[0] == "tick":
+            now += act[1]
+        elif not ids:
+            continue
+        elif act[0] == "report":
+            _, pick, st_, right_host, extra = act
+            job = w.job(ids[pick % len(ids)])
+            if (one_input_per_job and job.id in touched) or not job.attempts:
+                continue
+            touched.add(job.id)
+            a = job.attempts[-1 - (extra % len(job.attempts))] if extra else job.attempts[-1]
+            host_id = a.host_id if right_host else next(h for h in HOSTS if h != a.host_id)
+            inputs.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=job.id, state=st_,
+                                       exit_code=None if st_ is not AttemptState.FAILED else 1, ts=now))
+        elif act[0] == "cancel":
+            jid = ids[act[1] % len(ids)]
+            if one_input_per_job and jid in touched:
+                continue
+            touched.add(jid)
+            inputs.append(cancel(jid))
+    return inputs, now, n_jobs
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(st.lists(action, min_size=1, max_size=4), min_size=1, max_size=25))
 def test_property_random_cycles_never_overcommit(steps: list[list[tuple]]) -> None:
@@ -656,36 +692,9 @@ def test_property_random_cycles_never_overcommit(steps: list[list[tuple]]) -> No
     now = NOW
     n_jobs = 0
     for batch in steps:
-        reports: list[StatusReport] = []
-        commands: list[Command] = []
-        touched: set[str] = set()  # one input per job per cycle
-        ids = sorted(w.state.jobs)
-        for act in batch:
-            if act[0] == "submit":
-                _, gpus, cpus, prio, max_attempts = act
-                n_jobs += 1
-                w.submit(f"j{n_jobs:03d}", gpus=gpus, cpus=cpus, memory_mb=4000 * (gpus + 1),
-                         priority=prio, max_attempts=max_attempts, submitted_at=now)
-            elif act[0] == "tick":
-                now += act[1]
-            elif not ids:
-                continue
-            elif act[0] == "report":
-                _, pick, st_, right_host, extra = act
-                job = w.job(ids[pick % len(ids)])
-                if job.id in touched or not job.attempts:
-                    continue
-                touched.add(job.id)
-                a = job.attempts[-1 - (extra % len(job.attempts))] if extra else job.attempts[-1]
-                host_id = a.host_id if right_host else next(h for h in HOSTS if h != a.host_id)
-                reports.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=job.id, state=st_,
-                                            exit_code=None if st_ is not AttemptState.FAILED else 1, ts=now))
-            elif act[0] == "cancel":
-                jid = ids[act[1] % len(ids)]
-                if jid in touched:
-                    continue
-                touched.add(jid)
-                commands.append(cancel(jid))
+        inputs, now, n_jobs = play(w, batch, now, n_jobs, one_input_per_job=True)
+        reports = [r for r in inputs if isinstance(r, StatusReport)]
+        commands = [c for c in inputs if isinstance(c, Command)]
         plan = w.cycle(reports=reports, commands=commands, now=now, max_keys=12)
         assert plan.keys <= 12 + len(reports) + len(commands)
         check_invariants(w.state)
@@ -710,29 +719,7 @@ def test_property_pipelined_cycles_touch_disjoint_records_and_never_overcommit(
     now = NOW
     n_jobs = 0
     for batch, order in steps:
-        inputs: list[StatusReport | Command] = []
-        ids = sorted(w.state.jobs)
-        for act in batch:
-            if act[0] == "submit":
-                _, gpus, cpus, prio, max_attempts = act
-                n_jobs += 1
-                w.submit(f"j{n_jobs:03d}", gpus=gpus, cpus=cpus, memory_mb=4000 * (gpus + 1),
-                         priority=prio, max_attempts=max_attempts, submitted_at=now)
-            elif act[0] == "tick":
-                now += act[1]
-            elif not ids:
-                continue
-            elif act[0] == "report":
-                _, pick, st_, right_host, extra = act
-                job = w.job(ids[pick % len(ids)])
-                if not job.attempts:
-                    continue
-                a = job.attempts[-1 - (extra % len(job.attempts))] if extra else job.attempts[-1]
-                host_id = a.host_id if right_host else next(h for h in HOSTS if h != a.host_id)
-                inputs.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=job.id, state=st_,
-                                           exit_code=None if st_ is not AttemptState.FAILED else 1, ts=now))
-            elif act[0] == "cancel":
-                inputs.append(cancel(ids[act[1] % len(ids)]))
+        inputs, now, n_jobs = play(w, batch, now, n_jobs, one_input_per_job=False)
         half = len(inputs) // 2
 
         def plan(part: list, **frozen: set[str]) -> Plan:
