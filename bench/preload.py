@@ -14,13 +14,12 @@ simulated tasks).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from bench.workload import HostSpec
 from server import subjects
 from server.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
-from server.store import Store, connect
+from server.store import Store, Write, connect
 
 PREFIX = "preload-"
 CPUS = 0.1
@@ -57,38 +56,28 @@ def plan(fleet: list[HostSpec], n: int, now: float) -> tuple[list[Job], list[Hos
 
 
 async def preload(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 1,
-                  inflight: int = 2_000) -> dict[str, float]:
-    """Write the records (creating the buckets first); returns what it took."""
+                  batch_keys: int = 900, batch_bytes: int = 2 * 1024 * 1024) -> dict[str, float]:
+    """Write the records (creating the buckets first) with the store's own atomic,
+    create-only commits; returns what it took."""
     started = time.monotonic()
     jobs, allocs = plan(fleet, n, time.time())
+    writes = [Write(subjects.job_key(j.id), encode(j), expected=0) for j in jobs] + \
+             [Write(subjects.alloc_key(a.host_id), encode(a), expected=0) for a in allocs]
     nc = await connect(nats_url.split(",")[0], name="bench-preload")
     try:
         store = Store(nc, replicas=replicas)
         await store.ensure()
-        js = nc.jetstream(timeout=60)
-        sem = asyncio.Semaphore(inflight)
-        pending: set[asyncio.Future] = set()
-        nbytes = 0
-
-        async def put(key: str, value: bytes) -> None:
-            await sem.acquire()
-            fut = await js.publish_async(subjects.kv_subject(subjects.STATE_BUCKET, key), value)
-            fut.add_done_callback(lambda _f: sem.release())
-            pending.add(fut)
-
-        for job in jobs:
-            body = encode(job)
-            nbytes += len(body)
-            await put(subjects.job_key(job.id), body)
-        for alloc in allocs:
-            body = encode(alloc)
-            nbytes += len(body)
-            await put(subjects.alloc_key(alloc.host_id), body)
-        results = await asyncio.gather(*pending, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:
-            raise RuntimeError(f"{len(failed)} preload writes failed, e.g. {failed[0]!r}")
+        chunk: list[Write] = []
+        size = 0
+        for w in writes:
+            if chunk and (len(chunk) >= batch_keys or size + len(w.value) > batch_bytes):
+                await store.commit(chunk)
+                chunk, size = [], 0
+            chunk.append(w)
+            size += len(w.value)
+        if chunk:
+            await store.commit(chunk)
     finally:
         await nc.close()
-    return {"jobs": len(jobs), "hosts": len(allocs), "bytes": nbytes,
+    return {"jobs": len(jobs), "hosts": len(allocs), "bytes": sum(len(w.value) for w in writes),
             "seconds": round(time.monotonic() - started, 1)}

@@ -257,6 +257,8 @@ class Bench:
     lost: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     preloaded: dict[str, float] = field(default_factory=dict)
+    machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
+    machine_cpu_at_end: Any = None
 
     # ------------------------------------------------------------ start and stop
 
@@ -743,13 +745,12 @@ class Bench:
         return out
 
     def state_load(self) -> dict[str, float] | None:
-        """How long the server took to load the state bucket before it served (from its
-        log; only logged when it took more than 10 s)."""
-        log = self.work / "server.log"
-        if not log.exists():
-            return None
-        m = re.findall(r"loaded state: (\d+) records in (\d+) s", log.read_text(errors="replace"))
-        return {"records": int(m[-1][0]), "seconds": float(m[-1][1])} if m else None
+        """How long the server took to load the state bucket before it served (its
+        `muster_state_load_*` gauges)."""
+        m = self.metrics[-1][1] if self.metrics else {}
+        secs = m.get('muster_state_load_seconds{bucket="state"}')
+        recs = m.get('muster_state_load_records{bucket="state"}')
+        return {"records": int(recs or 0), "seconds": secs} if secs is not None else None
 
     def adopt_server_children(self) -> None:
         """Processes the server started itself (the history writer) count too."""
@@ -771,7 +772,7 @@ class Bench:
     def machine_busy_pct(self) -> float | None:
         """Share of all CPUs busy (not idle or waiting for I/O) in the measured window:
         every process counts, ours and the kernel's."""
-        a, b = getattr(self, "machine_cpu_at_start", None), getattr(self, "machine_cpu_at_end", None)
+        a, b = self.machine_cpu_at_start, self.machine_cpu_at_end
         if a is None or b is None:
             return None
         total = sum(b) - sum(a)

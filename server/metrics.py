@@ -50,3 +50,11 @@ INPUTS_DEFERRED = Counter(
     registry=REGISTRY,
 )
 COMMITS_IN_FLIGHT = Gauge("muster_scheduler_commits_in_flight", "Cycles committing at once", registry=REGISTRY)
+STATE_LOAD_SECONDS = Gauge(
+    "muster_state_load_seconds", "How long the server took at start to replay a bucket", ["bucket"],
+    registry=REGISTRY,
+)
+STATE_LOAD_RECORDS = Gauge(
+    "muster_state_load_records", "Records the server replayed from a bucket at start", ["bucket"],
+    registry=REGISTRY,
+)

@@ -204,8 +204,11 @@ class Muster:
                 log.warning("watch of %s made no progress for %.0f s (%d records); continuing unsynced",
                             w.bucket, stall_s, w.received)
                 return
-        if time.monotonic() - started > every_s:
-            log.info("loaded %s: %d records in %.0f s", w.bucket, w.received, time.monotonic() - started)
+        took = time.monotonic() - started
+        metrics.STATE_LOAD_SECONDS.labels(w.bucket).set(round(took, 1))
+        metrics.STATE_LOAD_RECORDS.labels(w.bucket).set(w.received)
+        if took > every_s:
+            log.info("loaded %s: %d records in %.0f s", w.bucket, w.received, took)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish the current cycle, resign, flush history, drain NATS.
