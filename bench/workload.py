@@ -23,12 +23,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = ROOT.parent / "shared" / "traces"
+# Read in place, never copied into the project (see their README); MUSTER_TRACES points
+# elsewhere when the checkout does not sit beside shared/.
+TRACES = Path(os.environ.get("MUSTER_TRACES") or ROOT.parent / "shared" / "traces")
 
 SEVEN_DAYS_S = 7 * 24 * 3600
 TRACE_SCALE = 80.0
