@@ -29,6 +29,10 @@ from server.tls import client_context
 log = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
+# The same refusal without the current sequence in it (nats-server 2.12+ answers a batch
+# this way, e.g. when the fence's check against the `term` key fails). Seen in the
+# topology test: unrecognised, a deposed leader retried its stale commits for ever.
+WRONG_LAST_SEQUENCE_CONSTANT = 10164
 DUPLICATE_MSG_ID = 10201
 MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
 
@@ -344,7 +348,7 @@ class Store:
             return CommitResult(duplicate=True)
         if err:
             code = err.get("err_code")
-            if code == WRONG_LAST_SEQUENCE:
+            if code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
                 if fence is not None:
                     current = await self.get("term", bucket)
                     if current.revision != fence.term:
