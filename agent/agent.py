@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +58,7 @@ VERSION = "0.1.0"
 # Simulated hosts report a typical GPU node's CPU and RAM unless told otherwise.
 SIM_CPUS = 96
 SIM_MEMORY_MB = 1024 * 1024
+ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -88,6 +89,8 @@ class AgentConfig:
     ttl_intervals: int = 3
     fence_after_s: float = 10.0
     kill_grace_s: float = 10.0
+    # An attempt still assigned this long after its end was reported is reported again.
+    resend_after_s: float = 30.0
     cpus: int | None = None
     memory_mb: int | None = None
     state_dir: Path | None = None
@@ -132,7 +135,13 @@ class Agent:
         self.fenced = False
         self.dropped = 0
         self.hb_seq = 0
-        self._reports: deque[StatusReport] = deque()
+        self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
+        # Terminal reports the STATUS stream acknowledged (attempt -> report, when), and
+        # the attempts the last applied assignment lists: an attempt still assigned long
+        # after its end was reported is reported again (see _resend_unapplied).
+        self._ended: OrderedDict[str, tuple[StatusReport, float]] = OrderedDict()
+        self._assigned: set[str] = set()
+        self.resent = 0
         self._report_wake = asyncio.Event()
         self._stop = asyncio.Event()
         self.store: Store | None = None
@@ -251,6 +260,8 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 log.warning("heartbeat failed: %s", exc)
             await self._check_fence()
+            if self._resend_unapplied(time.monotonic()):
+                await self._refresh_assignments()  # in case it is our view that is old
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.config.heartbeat_interval_s)
             except asyncio.TimeoutError:
@@ -323,6 +334,7 @@ class Agent:
         self.applied_seq = max(self.applied_seq, seq)
         self.max_term = max(self.max_term, alloc.term)
         wanted = {t.attempt_id: t for t in alloc.tasks}
+        self._assigned = set(wanted)
         for attempt_id, run in list(self.runs.items()):
             t = wanted.get(attempt_id)
             if t is None or t.stop:
@@ -366,13 +378,30 @@ class Agent:
     # ------------------------------------------------------------ status reports
 
     async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str) -> None:
-        self._reports.append(
-            StatusReport(
-                host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
-                exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
-            )
+        r = StatusReport(
+            host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
+            exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
         )
+        self._reports.append((r, f"{r.attempt_id}:{r.state.value}"))
         self._report_wake.set()
+
+    def _resend_unapplied(self, now: float) -> int:
+        """Report again the end of attempts the assignment still lists `resend_after_s`
+        after the STATUS stream took the report. The leader normally drops an ended
+        attempt from the host's assignment within a cycle; one still there was not
+        applied (e.g. a new leader whose view lagged took the report as stale): the
+        report is idempotent, so sending it again is safe and heals that for good."""
+        n = 0
+        for attempt_id, (r, at) in list(self._ended.items()):
+            if attempt_id in self._assigned and now - at >= self.config.resend_after_s:
+                self.resent += 1
+                n += 1
+                self._ended[attempt_id] = (r, now)
+                self._reports.append((r, f"{r.attempt_id}:{r.state.value}:resent{self.resent}"))
+        if n:
+            log.warning("%d ended attempts still assigned to this host: reporting them again", n)
+            self._report_wake.set()
+        return n
 
     async def _report_loop(self) -> None:
         """Deliver status reports in order, retrying until each is acknowledged."""
@@ -388,12 +417,15 @@ class Agent:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            r = self._reports[0]
+            r, msg_id = self._reports[0]
             try:
-                await self.store.js.publish(
-                    subject, encode(r), headers={"Nats-Msg-Id": f"{r.attempt_id}:{r.state.value}"}, timeout=2
-                )
+                await self.store.js.publish(subject, encode(r), headers={"Nats-Msg-Id": msg_id}, timeout=2)
                 self._reports.popleft()
+                if r.state.terminal:
+                    self._ended[r.attempt_id] = (r, time.monotonic())
+                    self._ended.move_to_end(r.attempt_id)
+                    while len(self._ended) > ENDED_KEPT:
+                        self._ended.popitem(last=False)
             except Exception as exc:  # noqa: BLE001
                 log.warning("status report not delivered yet: %s", exc)
                 if self._stop.is_set():

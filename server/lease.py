@@ -1,10 +1,11 @@
 """Leader election on the `lease` KV key, with the leadership term as a fencing token.
 
-Acquisition is one atomic commit of two writes: the `lease` key (must still be at
-the revision we read: absent or expired) with a per-message TTL, and the `term` key.
-The revision of that `term` write is the leadership term; every leader commit checks
-it inside the same batch (see Store.commit's fence), so a stale leader's writes are
-rejected by the store itself. Renewal republishes the lease with a revision check and
+Acquisition is one atomic commit: the `lease` key (must still be at the revision we
+read: absent or expired) with a per-message TTL, the `term` key and the fence slot keys
+`term.1`..`term.3`. The revision of that `term` write is the leadership term; every
+leader commit checks `term` or one slot key inside the same batch (see Store.commit's
+fence), so a stale leader's writes are rejected by the store itself. (Slots exist
+because a clustered stream refuses a second batch in flight that checks the same key.) Renewal republishes the lease with a revision check and
 the TTL (KV's update() would drop the TTL). Only the local monotonic clock is trusted:
 a leader that could not renew within the lease TTL stops leading on its own.
 """
@@ -23,6 +24,14 @@ from server.errors import ConfigError, ConflictError, StoreError
 from server.store import Fence, Store, Write
 
 log = logging.getLogger(__name__)
+
+
+# Fence slots: how many leader commits may be in flight at once (see store.Fence).
+FENCE_SLOTS = 4
+
+
+def fence_key(slot: int) -> str:
+    return "term" if slot == 0 else f"term.{slot}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class Leadership:
         self.config = (config or LeaseConfig()).validate()
         self.on_change = on_change
         self.term = 0
+        self._slots: dict[int, int] = {}  # revisions of the `term.<n>` fence keys, this term
         self._lease_rev = 0
         self._valid_until = 0.0  # monotonic
         self.changed = asyncio.Event()
@@ -73,8 +83,12 @@ class Leadership:
             return self.term > 0
         return self.term > 0 and time.monotonic() < self._valid_until
 
-    def fence(self) -> Fence:
-        return Fence(self.term, self.holder)
+    def fence(self, slot: int = 0) -> Fence:
+        """The fence for a commit in slot `slot` (0..FENCE_SLOTS-1): commits in flight at
+        the same time must use different slots (see Fence)."""
+        if slot == 0:
+            return Fence(self.term, self.holder)
+        return Fence(self.term, self.holder, key=fence_key(slot), revision=self._slots.get(slot, 0))
 
     def _set(self, term: int) -> None:
         was = self.term
@@ -96,23 +110,25 @@ class Leadership:
         if lease.value:  # held (an empty value is a resigned lease)
             return False
         term = await self.store.get("term")
+        slots = {n: await self.store.get(fence_key(n)) for n in range(1, FENCE_SLOTS)}
         started = time.monotonic()
+        value = json.dumps({"holder": self.holder, "ts": time.time()}).encode()
         try:
             res = await self.store.commit(
                 [
                     Write("lease", self.holder.encode(), expected=lease.revision, ttl=f"{self.config.ttl_s}s"),
-                    Write(
-                        "term",
-                        json.dumps({"holder": self.holder, "ts": time.time()}).encode(),
-                        expected=term.revision,
-                    ),
+                    Write("term", value, expected=term.revision),
                 ]
+                # Every fence slot moves with the term: a deposed leader's commit in
+                # flight in any slot is refused.
+                + [Write(fence_key(n), value, expected=rec.revision) for n, rec in slots.items()]
             )
         except ConflictError:
             return False
         self._lease_rev = res.revisions["lease"]
         self._valid_until = started + self.config.ttl_s
         self.takeovers += 1
+        self._slots = {n: res.revisions[fence_key(n)] for n in slots}
         self._set(res.revisions["term"])
         return True
 
@@ -138,6 +154,7 @@ class Leadership:
             except ConflictError:
                 pass
             term = await self.store.get("term")
+        self._slots = {n: (await self.store.get(fence_key(n))).revision for n in range(1, FENCE_SLOTS)}
         self._valid_until = float("inf")
         self._set(term.revision)
 
@@ -221,9 +238,9 @@ class ThreadedLeadership:
     def takeovers(self) -> int:
         return self.inner.takeovers if self.inner is not None else 0
 
-    def fence(self) -> Fence:
+    def fence(self, slot: int = 0) -> Fence:
         assert self.inner is not None
-        return self.inner.fence()
+        return self.inner.fence(slot)
 
     def step_down(self, why: str) -> None:
         if self.inner is not None and self._tloop is not None:

@@ -58,3 +58,9 @@ STATE_LOAD_RECORDS = Gauge(
     "muster_state_load_records", "Records the server replayed from a bucket at start", ["bucket"],
     registry=REGISTRY,
 )
+CATCH_UP_SECONDS = Histogram(
+    "muster_leader_catch_up_seconds",
+    "How long a new leader waited for its state watch to deliver every record stored before it took over",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)

@@ -83,6 +83,7 @@ class PullFeed:
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
         request = json.dumps({"batch": self.batch, "expires": int(self.expires_s * 1e9)}).encode()
         stop_wait = asyncio.ensure_future(stop.wait())
+        ended: asyncio.Future[object] | None = None
         try:
             while not stop.is_set():
                 self._n = 0
@@ -95,7 +96,7 @@ class PullFeed:
                     log.debug("pull request %s: %s", subject, exc)
                     await asyncio.sleep(0.2)
                     continue
-                ended = asyncio.ensure_future(self._ended.wait())
+                ended = asyncio.ensure_future(self._ended.wait())  # type: ignore[assignment]
                 await asyncio.wait({ended, stop_wait}, timeout=self.expires_s + 1.0,
                                    return_when=asyncio.FIRST_COMPLETED)
                 ended.cancel()
@@ -105,6 +106,8 @@ class PullFeed:
                     await asyncio.sleep(0.2)
         finally:
             stop_wait.cancel()
+            if ended is not None:
+                ended.cancel()  # cancelled mid-wait: do not leave it pending
             try:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001

@@ -162,7 +162,8 @@ class Muster:
         self.leadership = ThreadedLeadership(lease_connection, cfg.name, lease_cfg,
                                              on_change=self._on_leadership, replicas=cfg.replicas)
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
-                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s))
+                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s),
+                                   caught_up=self._watches[0].caught_up)
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
         if cfg.history_process:

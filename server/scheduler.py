@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
@@ -22,7 +23,7 @@ from server import metrics, subjects
 from server.cluster import ClusterState
 from server.eviction import EvictionBudget, EvictionConfig
 from server.errors import ConflictError, DecodeError, FencedError, StoreError
-from server.lease import Leadership
+from server.lease import FENCE_SLOTS, Leadership
 from server.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 from server.planner import KeyInFlight, Plan, plan_cycle
 from server.monitor import publish_alert
@@ -42,6 +43,7 @@ class _Cycle:
     reports: list[tuple[Msg, StatusReport | None]]
     commands: list[tuple[Msg, Command | None]]
     submissions: list[tuple[Msg, SubmitRequest]]
+    slot: int = 0  # fence slot of its commit (one per commit in flight: see store.Fence)
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
@@ -54,7 +56,8 @@ class SchedulerConfig:
     max_keys_per_commit: int = 900
     # Cycles whose commits may be in flight at once. Each later cycle leaves the records
     # the earlier ones write alone, so the commits never conflict with each other; the
-    # leader plans while NATS stores (1 = plan, commit, wait, repeat).
+    # leader plans while NATS stores (1 = plan, commit, wait, repeat). At most
+    # lease.FENCE_SLOTS: each commit in flight checks a fence key of its own.
     pipeline: int = 3
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
     # A finished job's record leaves the state bucket this long after it finished (the
@@ -69,8 +72,14 @@ class Scheduler:
         state: ClusterState,
         leadership: Leadership,
         config: SchedulerConfig | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        # A read barrier: returns once the state watch has delivered everything stored
+        # before the call (Watch.caught_up). A new leader waits for it before it takes
+        # any input, or it would act on records older than the previous leader's last
+        # commits: a report for an attempt it has not seen yet would be dropped as stale.
+        self.caught_up = caught_up
         self.state = state
         self.leadership = leadership
         self.config = config or SchedulerConfig()
@@ -162,6 +171,18 @@ class Scheduler:
 
     async def _lead(self, stop: asyncio.Event) -> None:
         term = self.leadership.term
+        if self.caught_up is not None:
+            started = time.monotonic()
+            barrier = asyncio.ensure_future(self.caught_up())
+            while not barrier.done():
+                await asyncio.wait({barrier}, timeout=1.0)
+                if stop.is_set() or not self.leadership.leading or self.leadership.term != term:
+                    barrier.cancel()
+                    await asyncio.gather(barrier, return_exceptions=True)
+                    return
+            barrier.result()
+            metrics.CATCH_UP_SECONDS.observe(time.monotonic() - started)
+            log.info("leader of term %d caught up with the state in %.2f s", term, time.monotonic() - started)
         log.info("scheduling as leader, term %d", term)
         js = self.store.js
         # A message taken by a leader that then died or froze returns after ack_wait:
@@ -194,13 +215,15 @@ class Scheduler:
                 self.wake.clear()
                 go_again = False
                 try:
-                    await self._reap(block=len(self._inflight) >= max(1, self.config.pipeline))
+                    await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
                     c = self._plan_next()
                     if c is None:
                         continue
                     if not c.writes:
                         await self._finish(c)  # acknowledgements and events only
                         continue
+                    used = {x.slot for x in self._inflight.values()}
+                    c.slot = min(set(range(FENCE_SLOTS)) - used)
                     task = asyncio.ensure_future(self._finish(c))
                     self._inflight[task] = c
                     task.add_done_callback(lambda _t: self.wake.set())
@@ -350,7 +373,7 @@ class Scheduler:
         if writes:
             started = time.perf_counter()
             try:
-                res = await self.store.commit(writes, fence=self.leadership.fence())
+                res = await self.store.commit(writes, fence=self.leadership.fence(c.slot))
             except FencedError:
                 metrics.COMMITS.labels("fenced").inc()
                 self._put_back(c)

@@ -34,6 +34,7 @@ WRONG_LAST_SEQUENCE = 10071
 # topology test: unrecognised, a deposed leader retried its stale commits for ever.
 WRONG_LAST_SEQUENCE_CONSTANT = 10164
 DUPLICATE_MSG_ID = 10201
+WATCH_HEARTBEAT_S = 1.0
 MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
 
 
@@ -62,10 +63,20 @@ class Write:
 
 @dataclass
 class Fence:
-    """Check that the `term` key still has this revision, inside the same commit."""
+    """Check, inside the same commit, that the leader's fence key still has the revision
+    it had when this leader took over: `term` itself (revision = the term) or one of
+    the `term.<n>` slot keys written with it. A clustered stream lets only one batch at a
+    time be in flight with a check on a given key (it refuses the others with err_code
+    10164), so commits in flight together each check a slot of their own."""
 
     term: int
     holder: str = ""
+    key: str = "term"
+    revision: int | None = None  # of `key` (0: absent); None: the key `term` at revision `term`
+
+    @property
+    def expected(self) -> int:
+        return self.term if self.revision is None else self.revision
 
 
 @dataclass
@@ -301,14 +312,13 @@ class Store:
                 h["Nats-TTL"] = w.ttl
             msgs.append((subjects.kv_subject(bucket, w.key), w.value, h))
         if fence is not None:
-            term_subject = subjects.kv_subject(bucket, "term")
             msgs.append(
                 (
-                    subjects.kv_subject(bucket, "fence"),
+                    subjects.kv_subject(bucket, "fence" if fence.key == "term" else f"fence.{fence.key}"),
                     json.dumps({"term": fence.term, "holder": fence.holder}).encode(),
                     {
-                        "Nats-Expected-Last-Subject-Sequence": str(fence.term),
-                        "Nats-Expected-Last-Subject-Sequence-Subject": term_subject,
+                        "Nats-Expected-Last-Subject-Sequence": str(fence.expected),
+                        "Nats-Expected-Last-Subject-Sequence-Subject": subjects.kv_subject(bucket, fence.key),
                     },
                 )
             )
@@ -353,6 +363,8 @@ class Store:
                     current = await self.get("term", bucket)
                     if current.revision != fence.term:
                         raise FencedError(f"term {fence.term} superseded by {current.revision}")
+                    if fence.key != "term" and (await self.get(fence.key, bucket)).revision != fence.expected:
+                        raise FencedError(f"term {fence.term}: fence {fence.key} moved on")
                 raise ConflictError(err.get("description", "wrong last sequence"))
             raise StoreError(f"commit rejected: {err}")
         last = int(resp["seq"])
@@ -375,6 +387,7 @@ class Watch:
         self.on_record = on_record
         self.synced = asyncio.Event()
         self.received = 0  # records handed to on_record so far
+        self.last_seq = 0  # stream sequence of the last record handed to on_record
         self._sub: JetStreamContext.PushSubscription | None = None
         self._prefix = f"$KV.{bucket}."
 
@@ -390,6 +403,7 @@ class Watch:
                 value = None if _is_tombstone(msg.headers) else msg.data
                 self.on_record(Record(key, meta.sequence.stream, value, msg.headers))
                 self.received += 1
+                self.last_seq = max(self.last_seq, meta.sequence.stream)
                 if meta.num_pending == 0:
                     self.synced.set()
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch
@@ -400,6 +414,10 @@ class Watch:
             stream=f"KV_{self.bucket}",
             cb=cb,
             ordered_consumer=True,
+            # The server sends a heartbeat when idle; two missed ones make nats-py
+            # recreate the consumer. Its default (5 s) left a watch whose consumer died
+            # with its NATS node silent for 10 s; 1 s makes that 2 s.
+            idle_heartbeat=WATCH_HEARTBEAT_S,
             deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
             inactive_threshold=300,
             pending_msgs_limit=1_000_000,
@@ -412,6 +430,36 @@ class Watch:
                     self.synced.set()
             except Exception:  # noqa: BLE001
                 pass
+
+    async def caught_up(self, poll_s: float = 0.05) -> None:
+        """Return once every record stored before the call has been handed to `on_record`
+        (a read barrier: a new leader must not act on a view older than its lease).
+
+        The target is the stream's last sequence now. That record may be gone (expired)
+        and never arrive: then the consumer having nothing left to deliver beyond what
+        was handed over also counts. Errors (a consumer being recreated, NATS electing a
+        stream leader) are waited out; cancel the caller to give up."""
+        stream = f"KV_{self.bucket}"
+        while True:
+            try:
+                target = (await self.store.js.stream_info(stream)).state.last_seq
+                break
+            except Exception as exc:  # noqa: BLE001
+                log.debug("watch %s: stream info: %s", self.bucket, exc)
+                await asyncio.sleep(0.2)
+        checked = 0.0
+        loop = asyncio.get_running_loop()
+        while self.last_seq < target:
+            if self._sub is not None and loop.time() - checked >= 0.5:
+                checked = loop.time()
+                try:
+                    ci = await self._sub.consumer_info()
+                    if ci.num_pending == 0 and (ci.delivered.stream_seq or 0) <= self.last_seq \
+                            and self._sub.pending_msgs == 0:
+                        return
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("watch %s: consumer info: %s", self.bucket, exc)
+            await asyncio.sleep(poll_s)
 
     async def stop(self) -> None:
         if self._sub is not None:

@@ -201,7 +201,16 @@ def wait_all_finished(api: "Api", timeout: float = 300) -> None:
         j = api.q("{ cluster { jobs { queued placed running } } }")["cluster"]["jobs"]
         return j == {"queued": 0, "placed": 0, "running": 0}
 
-    wait_until(done, timeout=timeout, interval=0.5, what="every job finished")
+    try:
+        wait_until(done, timeout=timeout, interval=0.5, what="every job finished")
+    except AssertionError:
+        # Say which jobs did not finish and where their tries stand, for the log.
+        left = []
+        for st in ("QUEUED", "PLACED", "RUNNING"):
+            page = api.q("query($s: JobState) { jobs(state: $s, first: 5) { totalCount edges { node { id state "
+                         "attempts { id state host { id } } } } } }", {"s": st})["jobs"]
+            left.append(f"{page['totalCount']} {st}: {[e['node'] for e in page['edges']]}")
+        raise AssertionError("timed out waiting for every job finished; " + "; ".join(left)) from None
 
 
 def stored_jobs(nats_url: str) -> dict[str, Any]:

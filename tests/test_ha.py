@@ -321,3 +321,80 @@ async def _stale_cycle(tmp_path: Path) -> None:
     finally:
         await nc.close()
         natsd.stop()
+
+
+def test_new_leader_takes_no_input_before_its_state_has_caught_up(tmp_path: Path) -> None:
+    """Leader A places a job and resigns; the job's agent reports it finished. Leader B's
+    state watch lags (it starts a second after B took over): B must not take that report
+    before its view holds A's placement, or it drops it as stale and the job stays PLACED
+    for ever (what the production-topology test caught after a NATS node was killed)."""
+    asyncio.run(_late_view(tmp_path))
+
+
+async def _late_view(tmp_path: Path) -> None:
+    from server.messages import AttemptState, StatusReport
+
+    natsd = start_nats(tmp_path / "n", port=0)
+    nc = await connect(natsd.url, name="late")
+    stop = asyncio.Event()
+    try:
+        store = Store(nc)
+        await store.ensure()
+        cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
+        state_a = ClusterState(heartbeat_interval_s=60)
+        watch_a = await store.watch(">", state_a.apply_state_record)
+        await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)
+        a = Leadership(store, "a", cfg)
+        assert await a.try_acquire()
+        hb = Heartbeat(host_id="h", boot_id="x", ts=time.time(), cpus=8, memory_mb=1024,
+                       gpus=[GpuInfo(index=0, model="H100", memory_mb=1)])
+        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "60s"})
+        job = Job(id="j-late", spec=JobSpec(name="l", command=["true"], gpus=1, cpus=1, memory_mb=64),
+                  submitted_at=time.time(), updated_at=time.time())
+        await store.put(subjects.job_key(job.id), encode(job), expected=0)
+        while "j-late" not in state_a.jobs or "h" not in state_a.hosts:
+            await asyncio.sleep(0.02)
+        plan = await Scheduler(store, state_a, a).cycle()
+        assert plan is not None and plan.placed == 1
+        attempt = plan.jobs["j-late"].attempts[0]
+        await a.resign()
+        await watch_a.stop()
+        report = StatusReport(host_id="h", attempt_id=attempt.id, job_id=job.id, state=AttemptState.SUCCEEDED,
+                              exit_code=0, ts=time.time(), term=attempt.term)
+        await store.js.publish(subjects.status_subject("h"), encode(report))
+
+        # B: its state is fed by a watch that starts a second after B leads.
+        state_b = ClusterState(heartbeat_interval_s=60)
+        await store.watch(">", state_b.apply_host_record, bucket=subjects.HOSTS_BUCKET)
+        watch_b: list[Any] = []
+
+        async def caught_up() -> None:
+            while not watch_b:
+                await asyncio.sleep(0.05)
+            await watch_b[0].caught_up()
+
+        b = Leadership(store, "b", cfg)
+        for _ in range(100):
+            if await b.try_acquire():
+                break
+            await asyncio.sleep(0.1)
+        assert b.leading
+        sched_b = Scheduler(store, state_b, b, caught_up=caught_up)
+        run = asyncio.create_task(sched_b.run(stop))
+        await asyncio.sleep(1.0)
+        watch_b.append(await store.watch(">", state_b.apply_state_record))
+
+        async def finished() -> bool:
+            rec = await store.get(subjects.job_key(job.id))
+            return decode(Job, rec.value).state.value == "SUCCEEDED"
+
+        deadline = time.monotonic() + 20
+        while not await finished() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert await finished(), f"job left {state_b.jobs.get(job.id) and state_b.jobs[job.id].state}"
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+    finally:
+        stop.set()
+        await nc.close()
+        natsd.stop()

@@ -249,3 +249,37 @@ async def test_server_waits_for_a_watch_while_it_makes_progress_and_gives_up_whe
     stalled = SimpleNamespace(bucket="hosts", synced=asyncio.Event(), received=5)
     await Muster._wait_synced(stalled, stall_s=0.2, every_s=0.04)  # type: ignore[arg-type]
     assert not stalled.synced.is_set()  # returned without it: gave up
+
+
+async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:
+    """The read barrier a new leader passes before it takes input: records stored before
+    the call have all been handed over when it returns, even while the watch lags."""
+    import time as _time
+
+    seen: list[int] = []
+
+    def slow(rec: Record) -> None:  # a watch that falls behind its writers
+        _time.sleep(0.002)
+        seen.append(rec.revision)
+
+    writer = await connect(nats_url, name="writer")
+    w = None
+    try:
+        js = writer.jetstream()
+        acks = [await js.publish_async(subjects.kv_subject(subjects.STATE_BUCKET, f"job.c{i}"), b"x")
+                for i in range(3000)]
+        last = max([int((await a).seq) for a in acks])
+        w = await store.watch("job.>", slow)  # starts replaying: behind until it has all
+        behind = len(seen)
+        await asyncio.wait_for(w.caught_up(), timeout=60)
+        assert behind < 3000, "the watch was not behind: nothing was tested"
+        assert len(seen) == 3000 and max(seen) == last
+        # The newest record in the stream is one this watch never receives (another key
+        # space): the barrier still returns, once nothing is left to deliver.
+        other = await js.publish(subjects.kv_subject(subjects.STATE_BUCKET, "alloc.c"), b"y")
+        await asyncio.wait_for(w.caught_up(), timeout=30)
+        assert w.last_seq == last < other.seq
+    finally:
+        await writer.close()
+        if w is not None:
+            await w.stop()

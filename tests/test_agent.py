@@ -1,0 +1,69 @@
+"""The agent in-process against a real nats-server: what it does with an assignment
+whose end it already reported."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent.agent import Agent, AgentConfig
+from server import subjects
+from server.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
+from server.store import Store, connect
+
+
+async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
+        nats_url: str, tmp_path: Path) -> None:
+    """Nobody applies the agent's SUCCEEDED report (as when a new leader whose view
+    lagged dropped it as stale): the assignment keeps listing the attempt, so the agent
+    reports its end again, and stops once the assignment no longer lists it. It never
+    runs the attempt a second time."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await store.ensure()
+    marks = tmp_path / "runs"
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id="ra-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
+                              ttl_intervals=6, fence_after_s=2.5, resend_after_s=1.0, state_dir=tmp_path / "agent",
+                              cpus=4, memory_mb=4096))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        task = Task(attempt_id="j-ra.1", job_id="j-ra", number=1, command=["sh", "-c", f"echo ran >> {marks}"],
+                    cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("ra-1"), encode(HostAlloc(host_id="ra-1", term=1, tasks=[task])))
+
+        subject = subjects.status_subject("ra-1")
+
+        async def reported() -> int:
+            """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
+            info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
+            return int((info.state.subjects or {}).get(subject, 0))
+
+        async def last() -> StatusReport:
+            return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
+
+        for _ in range(200):
+            if await reported() >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert await reported() >= 3, f"{await reported()} reports"
+        r = await last()
+        assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
+        assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
+
+        # The end is applied: the assignment drops the attempt; no more reports of it.
+        await store.put(subjects.alloc_key("ra-1"), encode(HostAlloc(host_id="ra-1", term=1, tasks=[])))
+        for _ in range(100):
+            if not agent._assigned:
+                break
+            await asyncio.sleep(0.05)
+        assert not agent._assigned
+        await asyncio.sleep(0.5)  # a report in flight when the assignment changed lands
+        before = await reported()
+        await asyncio.sleep(2.5)  # more than resend_after_s
+        assert await reported() == before
+        assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        await nc.close()
