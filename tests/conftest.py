@@ -118,9 +118,20 @@ class Cluster:
             argv += [f"--{k.replace('_', '-')}", str(v)]
         return self._spawn(f"agent-{host_id}", argv, env)
 
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
+    def stop_all(self, timeout: float = 20) -> None:
+        """SIGTERM every process at once (each shuts down on its own: agents report
+        what they stop to NATS, not to a server), then wait for each; SIGKILL after
+        `timeout`."""
+        live = [p for p in reversed(self.procs) if p.alive()]
+        for p in live:
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in live:
+            try:
+                p.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
 
 
 @pytest.fixture

@@ -220,6 +220,7 @@ def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_pa
         assert len(j["attempts"]) == 2
         assert_invariants(direct)
     finally:
+        cluster.stop_all()  # while the proxy still passes the agent's last words
         proxy.close()
 
 
@@ -256,6 +257,7 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
         assert [m[0] for m in read_marks(log)] == ["start", "end"]
         assert_invariants(direct)
     finally:
+        cluster.stop_all()  # while the proxy still passes the agent's last words
         proxy.close()
 
 
