@@ -110,7 +110,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     marks = tmp_path / "runs"
     # Each run appends its attempt id: a job that ran twice would show up twice.
     cmd = ["sh", "-c", f'echo "$MUSTER_JOB_ID $MUSTER_ATTEMPT_ID" >> {marks}']
-    sub = Submitter(servers, token, rate=200, command=cmd)
+    sub = Submitter(servers, token, rate=120, command=cmd)
     sub.start()
     takeovers = []
     for round_ in range(3):
