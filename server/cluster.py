@@ -252,6 +252,15 @@ class ClusterState:
             self.dropped[kind] += 1
             log.warning("dropped state record %s: %s", key, exc)
 
+    def expect(self, key: str, value: bytes, obj: object) -> None:
+        """This process is committing `obj` (encoded as `value`) to `key`: when the watch
+        brings those bytes back, take the object instead of decoding them again."""
+        self.written[key] = (value, obj)
+
+    def unexpect(self, key: str) -> None:
+        """The commit of `key` did not happen (or its outcome is unknown)."""
+        self.written.pop(key, None)
+
     def apply_job(self, job: Job, revision: int) -> None:
         self.written.pop(subjects.job_key(job.id), None)
         if revision <= self.revisions.get(subjects.job_key(job.id), 0):

@@ -344,7 +344,7 @@ class Scheduler:
         ]
         objects = list(plan.jobs.values()) + list(plan.allocs.values())
         for w, obj in zip(writes, objects):
-            self.state.written[w.key] = (w.value, obj)
+            self.state.expect(w.key, w.value, obj)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
 
     @staticmethod
@@ -362,10 +362,16 @@ class Scheduler:
     def _put_back(self, c: _Cycle) -> None:
         """A cycle that did not commit: its inputs go back to the front of the queues."""
         for w in c.writes:
-            self.state.written.pop(w.key, None)
+            self.state.unexpect(w.key)
         self._reports[:0] = c.reports
         self._commands[:0] = c.commands
         self._submissions[:0] = c.submissions
+
+    async def _not_committed(self, c: _Cycle) -> None:
+        """A refused commit, or one whose outcome is unknown: its inputs go back, and its
+        keys are read again (the store has what our view may not)."""
+        self._put_back(c)
+        await self._refresh([w.key for w in c.writes])
 
     async def _finish(self, c: _Cycle) -> Plan:
         """Commit a planned cycle; once durable, acknowledge its inputs and publish."""
@@ -382,19 +388,17 @@ class Scheduler:
                 metrics.COMMITS.labels("conflict").inc()
                 self.conflicts += 1
                 log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
-                self._put_back(c)
-                await self._refresh([w.key for w in writes])
+                await self._not_committed(c)
                 return plan
             except BaseException:
                 metrics.COMMITS.labels("unknown").inc()
-                self._put_back(c)
-                await self._refresh([w.key for w in writes])
+                await self._not_committed(c)
                 raise
             metrics.COMMITS.labels("ok").inc()
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             if res.duplicate:
                 for w in writes:
-                    self.state.written.pop(w.key, None)
+                    self.state.unexpect(w.key)
                 await self._refresh([w.key for w in writes])
             for j in (() if res.duplicate else plan.jobs.values()):
                 self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
