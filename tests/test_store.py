@@ -254,25 +254,23 @@ async def test_server_waits_for_a_watch_while_it_makes_progress_and_gives_up_whe
 async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:
     """The read barrier a new leader passes before it takes input: records stored before
     the call have all been handed over when it returns, even while the watch lags."""
-    import time as _time
+    from server.store import Watch
 
     seen: list[int] = []
-
-    def slow(rec: Record) -> None:  # a watch that falls behind its writers
-        _time.sleep(0.002)
-        seen.append(rec.revision)
-
     writer = await connect(nats_url, name="writer")
-    w = None
+    w = Watch(store, subjects.STATE_BUCKET, "job.>", lambda rec: seen.append(rec.revision))
     try:
         js = writer.jetstream()
         acks = [await js.publish_async(subjects.kv_subject(subjects.STATE_BUCKET, f"job.c{i}"), b"x")
                 for i in range(3000)]
         last = max([int((await a).seq) for a in acks])
-        w = await store.watch("job.>", slow)  # starts replaying: behind until it has all
-        behind = len(seen)
-        await asyncio.wait_for(w.caught_up(), timeout=60)
-        assert behind < 3000, "the watch was not behind: nothing was tested"
+        # The barrier is asked for before the watch has delivered anything (it has not
+        # even subscribed yet: the most a watch can lag). It must wait.
+        barrier = asyncio.create_task(w.caught_up())
+        await asyncio.sleep(0.5)
+        assert not barrier.done() and not seen
+        await w.start()
+        await asyncio.wait_for(barrier, timeout=60)
         assert len(seen) == 3000 and max(seen) == last
         # The newest record in the stream is one this watch never receives (another key
         # space): the barrier still returns, once nothing is left to deliver.
