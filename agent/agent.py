@@ -392,8 +392,9 @@ class Agent:
         applied (e.g. a new leader whose view lagged took the report as stale): the
         report is idempotent, so sending it again is safe and heals that for good."""
         n = 0
-        for attempt_id, (r, at) in list(self._ended.items()):
-            if attempt_id in self._assigned and now - at >= self.config.resend_after_s:
+        for attempt_id in self._assigned & self._ended.keys():  # the assignment is the short list
+            r, at = self._ended[attempt_id]
+            if now - at >= self.config.resend_after_s:
                 self.resent += 1
                 n += 1
                 self._ended[attempt_id] = (r, now)

@@ -9,7 +9,9 @@ HOSTS_BUCKET = "hosts"
 #   alloc.<host>    HostAlloc: the host's assigned attempts (the leader only)
 #   lease           the leader lease (TTL, renewed with a revision check)
 #   term            written once per leadership acquisition; its revision is the term
+#   term.<n>        fence slots 1..3, written with `term` (see store.Fence)
 #   fence           written in every leader commit, checked against `term`
+#   fence.term.<n>  the same for a commit checking slot `term.<n>`
 #   auth.token.<h>  hashed API tokens
 #   hostcfg.<host>  operator settings of a host (cordon, drain)
 STATE_BUCKET = "state"

@@ -57,12 +57,16 @@ class Proc:
     def stop(self, timeout: float = 20) -> int:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+            self.wait_or_kill(timeout)
         return self.popen.returncode
+
+    def wait_or_kill(self, timeout: float) -> None:
+        """Wait for the process to exit; SIGKILL it after `timeout`."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -127,11 +131,7 @@ class Cluster:
             p.signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for p in live:
-            try:
-                p.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
+            p.wait_or_kill(max(0.1, deadline - time.monotonic()))
 
 
 @pytest.fixture

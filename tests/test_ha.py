@@ -275,6 +275,19 @@ async def _race(shapes: list[tuple[int, int, int]]) -> None:
         natsd.stop()
 
 
+async def _one_host_one_job(store: Store, state: ClusterState, job_id: str) -> Job:
+    """Host `h` (one H100, heartbeat TTL 60 s) and a queued 1-GPU job, both in `state`."""
+    hb = Heartbeat(host_id="h", boot_id="x", ts=time.time(), cpus=8, memory_mb=1024,
+                   gpus=[GpuInfo(index=0, model="H100", memory_mb=1)])
+    await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "60s"})
+    job = Job(id=job_id, spec=JobSpec(name=job_id, command=["true"], gpus=1, cpus=1, memory_mb=64),
+              submitted_at=time.time(), updated_at=time.time())
+    await store.put(subjects.job_key(job.id), encode(job), expected=0)
+    while job_id not in state.jobs or "h" not in state.hosts:
+        await asyncio.sleep(0.02)
+    return job
+
+
 def test_stale_leader_cycle_is_rejected_by_the_store(tmp_path: Path) -> None:
     """Deterministic: leader A has work in view, stops renewing (frozen), B takes over;
     A's next scheduling cycle, with A still believing it leads, is refused whole."""
@@ -299,14 +312,7 @@ async def _stale_cycle(tmp_path: Path) -> None:
         b = Leadership(store, "b", cfg)
         assert await a.try_acquire()
         sched_a = Scheduler(store, state_a, a)
-        hb = Heartbeat(host_id="h", boot_id="x", ts=time.time(), cpus=8, memory_mb=1024,
-                       gpus=[GpuInfo(index=0, model="H100", memory_mb=1)])
-        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "60s"})
-        job = Job(id="j-stale", spec=JobSpec(name="s", command=["true"], gpus=1, cpus=1, memory_mb=64),
-                  submitted_at=time.time(), updated_at=time.time())
-        await store.put(subjects.job_key(job.id), encode(job), expected=0)
-        while "j-stale" not in state_a.jobs or "h" not in state_a.hosts:
-            await asyncio.sleep(0.02)
+        job = await _one_host_one_job(store, state_a, "j-stale")
         # A stops renewing; the lease expires; B takes over with a new term.
         for _ in range(100):
             if await b.try_acquire():
@@ -346,14 +352,7 @@ async def _late_view(tmp_path: Path) -> None:
         await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)
         a = Leadership(store, "a", cfg)
         assert await a.try_acquire()
-        hb = Heartbeat(host_id="h", boot_id="x", ts=time.time(), cpus=8, memory_mb=1024,
-                       gpus=[GpuInfo(index=0, model="H100", memory_mb=1)])
-        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "60s"})
-        job = Job(id="j-late", spec=JobSpec(name="l", command=["true"], gpus=1, cpus=1, memory_mb=64),
-                  submitted_at=time.time(), updated_at=time.time())
-        await store.put(subjects.job_key(job.id), encode(job), expected=0)
-        while "j-late" not in state_a.jobs or "h" not in state_a.hosts:
-            await asyncio.sleep(0.02)
+        job = await _one_host_one_job(store, state_a, "j-late")
         plan = await Scheduler(store, state_a, a).cycle()
         assert plan is not None and plan.placed == 1
         attempt = plan.jobs["j-late"].attempts[0]

@@ -279,5 +279,4 @@ async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(sto
         assert w.last_seq == last < other.seq
     finally:
         await writer.close()
-        if w is not None:
-            await w.stop()
+        await w.stop()
