@@ -131,9 +131,9 @@ def host_row(page: Any, host_id: str) -> Any:
 
 def follow(page: Any, link: Any, url: re.Pattern[str]) -> None:
     """Click a link inside #live and wait for the page it leads to. The live refresh
-    replaces #live every couple of seconds; when it lands between the press and the
-    release of a click, the browser fires no click on the link (on a loaded machine
-    this once swallowed the click, in the test as it would for a person): click again."""
+    replaces #live every couple of seconds; landing between the press and the release of
+    a click it swallowed the click once on a loaded machine. live.js now holds refreshes
+    while a pointer is down inside #live; the second try stays as a guard."""
     for _ in range(3):
         link.click()
         try:

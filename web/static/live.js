@@ -76,6 +76,27 @@
     evt.preventDefault();
   });
 
+  // A refresh replaces #live; landing between the press and the release of a click on
+  // a link inside it, it would swallow the click. While a pointer is down inside #live,
+  // a refresh is not swapped in (the next one comes within seconds).
+  var pressed = false;
+  document.addEventListener("pointerdown", function (evt) {
+    var el = liveElt();
+    pressed = !!(el && el.contains(evt.target));
+  }, true);
+  ["pointerup", "pointercancel"].forEach(function (name) {
+    document.addEventListener(name, function () {
+      window.setTimeout(function () { pressed = false; }, 0);  // after the click fired
+    }, true);
+  });
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var d = evt.detail || {};
+    if (pressed && d.target && d.target.id === "live" && d.requestConfig &&
+        d.requestConfig.verb === "get") {
+      d.shouldSwap = false;
+    }
+  });
+
   function start() {
     var el = liveElt();
     if (!el || !window.EventSource) return;
