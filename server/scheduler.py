@@ -171,18 +171,8 @@ class Scheduler:
 
     async def _lead(self, stop: asyncio.Event) -> None:
         term = self.leadership.term
-        if self.caught_up is not None:
-            started = time.monotonic()
-            barrier = asyncio.ensure_future(self.caught_up())
-            while not barrier.done():
-                await asyncio.wait({barrier}, timeout=1.0)
-                if stop.is_set() or not self.leadership.leading or self.leadership.term != term:
-                    barrier.cancel()
-                    await asyncio.gather(barrier, return_exceptions=True)
-                    return
-            barrier.result()
-            metrics.CATCH_UP_SECONDS.observe(time.monotonic() - started)
-            log.info("leader of term %d caught up with the state in %.2f s", term, time.monotonic() - started)
+        if not await self._catch_up(stop, term):
+            return
         log.info("scheduling as leader, term %d", term)
         js = self.store.js
         # A message taken by a leader that then died or froze returns after ack_wait:
@@ -257,6 +247,24 @@ class Scheduler:
             self._reports.clear()
             self._commands.clear()
             self._submissions.clear()
+
+    async def _catch_up(self, stop: asyncio.Event, term: int) -> bool:
+        """Wait for the read barrier (if any); False if leadership of `term` ended first."""
+        if self.caught_up is None:
+            return True
+        started = time.monotonic()
+        barrier = asyncio.ensure_future(self.caught_up())
+        while not barrier.done():
+            await asyncio.wait({barrier}, timeout=1.0)
+            if stop.is_set() or not self.leadership.leading or self.leadership.term != term:
+                barrier.cancel()
+                await asyncio.gather(barrier, return_exceptions=True)
+                return False
+        barrier.result()
+        took = time.monotonic() - started
+        metrics.CATCH_UP_SECONDS.observe(took)
+        log.info("leader of term %d caught up with the state in %.2f s", term, took)
+        return True
 
     async def _reap(self, block: bool) -> None:
         """Collect finished commits (waiting for one if `block`); re-raise a fence."""
