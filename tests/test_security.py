@@ -67,7 +67,7 @@ class Errors:
     def has(self, text: str) -> bool:
         return any(text.lower() in e for e in self.seen)
 
-    async def wait_for(self, text: str, timeout: float = 3) -> None:
+    async def wait_for(self, text: str, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
         while not self.has(text):
             if time.monotonic() > deadline:
@@ -112,12 +112,15 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         errors = Errors()
         nc = await connect(secure_nats.url, "rogue", creds=str(auth.agent_creds(A)),
                            inbox_prefix=agent_inbox_prefix(A), error_cb=errors.cb)
+        # Allowed calls get a generous bound (the machine is shared); refused ones get no reply at
+        # all, so they wait out a short one.
+        own_store = Store(nc, timeout=15)
         rogue = Store(nc, timeout=1)
         # What host A may do works: its heartbeat, its assignments, its status reports.
-        await rogue.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=2,
-                               headers={"Nats-TTL": "15s"})
-        assert (await rogue.get(subjects.alloc_key(A))).value is not None
-        await rogue.js.publish(subjects.status_subject(A), b"{}", timeout=2)
+        await own_store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=15,
+                                   headers={"Nats-TTL": "15s"})
+        assert (await own_store.get(subjects.alloc_key(A))).value is not None
+        await own_store.js.publish(subjects.status_subject(A), b"{}", timeout=15)
         own_sub = await nc.subscribe(subjects.assign_subject(A))
         assert errors.seen == []
 
@@ -163,7 +166,7 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         # The server changes B's assignment: it is republished, and the rogue hears nothing.
         await store.put(subjects.alloc_key(B), b'{"host_id": "host-b", "tasks": ["new"]}')
         await store.put(subjects.alloc_key(A), b'{"host_id": "host-a", "tasks": ["mine"]}')
-        own = await own_sub.next_msg(timeout=3)
+        own = await own_sub.next_msg(timeout=15)
         assert b"mine" in own.data
         await asyncio.sleep(0.3)
         assert got == []
@@ -194,8 +197,8 @@ def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: Aut
         await sub_nc.flush()
         await srv.publish("alerts.host.lost", b"lost")
         await srv.publish("muster.events.host.LOST", b"event")
-        assert (await alerts.next_msg(timeout=3)).data == b"lost"
-        assert (await events.next_msg(timeout=3)).data == b"event"
+        assert (await alerts.next_msg(timeout=15)).data == b"lost"
+        assert (await events.next_msg(timeout=15)).data == b"event"
         assert errors.seen == []
 
         heard = await srv.subscribe(">")
@@ -263,7 +266,7 @@ def test_revoked_agent_can_no_longer_connect(secure_nats: NatsProcess, auth: Aut
         path = r.stdout.strip()
         assert Path(path) == auth.agent_creds("host-c")
         c = None
-        for _ in range(50):
+        for _ in range(300):
             try:
                 c = await connect(secure_nats.url, "agent-c", creds=path, inbox_prefix=agent_inbox_prefix("host-c"),
                                   allow_reconnect=False, max_reconnect_attempts=0)
@@ -315,12 +318,12 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
 
         job_input = {"name": "hello", "command": ["true"], "gpus": 1, "cpus": 1, "memoryMb": 64}
         v = Api(srv.url, viewer)
-        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=10,
+        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=30,
                    what="viewer token accepted")
         res = v.submit(**job_input)
         assert res["job"] is None and res["userErrors"][0]["code"] == "FORBIDDEN"
         o = Api(srv.url, operator)
-        wait_until(lambda: o.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=10,
+        wait_until(lambda: o.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=30,
                    what="operator token accepted")
         o.wait_hosts(1)
         res = o.submit(**job_input)
@@ -329,7 +332,7 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
 
         r = cli("token", "revoke", "vera", *admin)
         assert r.returncode == 0, r.stderr
-        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 401, timeout=10,
+        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 401, timeout=30,
                    what="revoked token refused")
         assert o.raw("{ cluster { hosts { total } } }").status_code == 200
         assert cli("token", "revoke", "vera", *admin).returncode == 3
