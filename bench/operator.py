@@ -813,8 +813,10 @@ def run(a: argparse.Namespace, argv: list[str], procs: Processes) -> dict[str, A
             say(f"waiting for hosts: server sees {seen}, wants {want}")
             time.sleep(3)
         for c in psutil.Process(server.proc.pid).children():
-            if any("spawn_main" in part for part in c.cmdline()):  # multiprocessing's spawn: the historian
-                procs.children.append(Child("historian", None, c))
+            # The server names its helper processes (server.logs.name_this_process).
+            role = {"muster-history": "historian", "muster-ingest": "heartbeat ingest"}.get(c.name())
+            if role:
+                procs.children.append(Child(role, None, c))
         say("hosts in place; cordoning and draining")
         cordon = """mutation($input: HostActionInput!) { cordonHost(input: $input) { userErrors { message } } }"""
         drain = """mutation($input: DrainHostInput!) { drainHost(input: $input) { userErrors { message } } }"""

@@ -753,7 +753,7 @@ class Bench:
         return {"records": int(recs or 0), "seconds": secs} if secs is not None else None
 
     def adopt_server_children(self) -> None:
-        """Processes the server started itself (the history writer) count too."""
+        """Processes the server started itself (historian, heartbeat ingest) count too."""
         for srv in [c for c in self.children if c.name.startswith("server")]:
             try:
                 kids = srv.proc.children(recursive=True)
@@ -763,9 +763,12 @@ class Bench:
             for p in (k for k in kids if k.pid not in known):
                 try:
                     cmd = " ".join(p.cmdline())
+                    name = p.name()
                 except psutil.Error:
                     continue
-                what = ("historian" if "spawn_main" in cmd else
+                # The server names its helper processes (server.logs.name_this_process).
+                what = ("historian" if name == "muster-history" else
+                        "heartbeat ingest" if name == "muster-ingest" else
                         "multiprocessing resource tracker" if "resource_tracker" in cmd else f"child {p.pid}")
                 self.children.append(Child(f"{srv.name}: {what}", None, p))
 
@@ -921,6 +924,11 @@ class Bench:
             "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
                            "backlog_at_end": sent_total - m_final.get(hb, 0) if m_final else None,
                            "backlog_max_during_run": max(backlog) if backlog else None,
+                           # The server's heartbeat ingest process (server.ingest): how old
+                           # the newest batch was when the server applied it.
+                           "ingest_lag_s_max_in_window": max(
+                               (m.get("muster_heartbeat_ingest_lag_seconds", 0.0) for _, m in m_in), default=None)
+                           if any("muster_heartbeat_ingest_lag_seconds" in m for _, m in m_in) else None,
                            "note": "received counts every record the server's hosts watch saw (expiry markers "
                                    "included); backlog = sent - received, sampled once a second"},
             "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),

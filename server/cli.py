@@ -140,6 +140,7 @@ def cmd_server(args: argparse.Namespace) -> int:
             setattr(cfg, opt, getattr(args, opt))
     scheme = "https" if cfg.tls_cert else "http"
     cfg.history_process = not args.history_in_process
+    cfg.heartbeat_process = not args.heartbeats_in_process
     muster = Muster(cfg)
     app = build_app(muster)
 
@@ -799,6 +800,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
     s.add_argument("--history-in-process", action="store_true",
                    help="write history from the server process instead of a historian process of its own")
+    s.add_argument("--heartbeats-in-process", action="store_true",
+                   help="read heartbeats in the server process instead of an ingest process of its own")
     s.add_argument("--heartbeat-interval", type=float, default=None,
                    help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
     s.add_argument("--creds", dest="nats_creds", default=None,

@@ -161,50 +161,56 @@ class ClusterState:
                 log.exception("listener failed on %s", kind)
 
     def apply_host_record(self, rec: Record, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        entry = self.hosts.get(rec.key)
-        if entry is not None and rec.revision <= entry.revision:
+        """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry."""
+        self.apply_heartbeat(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER),
+                             time.time() if now is None else now)
+
+    def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
+                        now: float) -> None:
+        """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`) or its
+        expiry marker (`value` None), stored at `revision` and received at `now`."""
+        entry = self.hosts.get(key)
+        if entry is not None and revision <= entry.revision:
             return
-        if rec.value is None:
+        if value is None:
             if entry is None:
-                self.hosts[rec.key] = HostEntry(rec.key, None, rec.revision, now, False, now)
+                self.hosts[key] = HostEntry(key, None, revision, now, False, now)
             else:
-                entry.revision = rec.revision
+                entry.revision = revision
                 if entry.present:
                     entry.present = False
                     entry.lost_at = now
-                    self._index_host(rec.key)
+                    self._index_host(key)
                     self._notify("host_lost", entry)
             return
-        shape = (rec.headers or {}).get(SHAPE_HEADER)
         if (entry is not None and entry.present and entry.heartbeat is not None and shape
-                and shape == entry.shape and len(rec.value) <= MAX_MESSAGE_BYTES):
+                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES):
             # Same shape as the last decoded heartbeat: liveness only; decode when read.
-            entry.revision = rec.revision
+            entry.revision = revision
             entry.seen_at = now
-            entry.raw = rec.value
+            entry.raw = value
             return
         try:
-            hb = decode(Heartbeat, rec.value)
+            hb = decode(Heartbeat, value)
         except DecodeError as exc:
             self.dropped["heartbeat"] += 1
-            log.warning("dropped heartbeat for %s: %s", rec.key, exc)
+            log.warning("dropped heartbeat for %s: %s", key, exc)
             return
-        if hb.host_id != rec.key:
+        if hb.host_id != key:
             self.dropped["heartbeat"] += 1
-            log.warning("dropped heartbeat: key %s carries host %s", rec.key, hb.host_id)
+            log.warning("dropped heartbeat: key %s carries host %s", key, hb.host_id)
             return
         was_present = entry.present if entry else False
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
-        self.hosts[rec.key] = HostEntry(rec.key, hb, rec.revision, now, True, None,
-                                        shape if shape == shape_digest(hb) else None)
+        self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
+                                    shape if shape == shape_digest(hb) else None)
         if not was_present or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
-            self._index_host(rec.key)
+            self._index_host(key)
         if not was_present:
-            self._notify("host_up", self.hosts[rec.key])
+            self._notify("host_up", self.hosts[key])
         for u in hb.gpu_usage:
             if not u.healthy and u.index not in before:
-                self._notify("gpu_unhealthy", (rec.key, u))
+                self._notify("gpu_unhealthy", (key, u))
 
     def apply_state_record(self, rec: Record) -> None:
         key = rec.key

@@ -66,9 +66,10 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
 
 def main(config: dict[str, object]) -> None:
     """Process entry point (multiprocessing, spawn)."""
-    from server.logs import setup
+    from server.logs import name_this_process, setup
 
     setup()
+    name_this_process("muster-history")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = HistorianConfig(**config)  # type: ignore[arg-type]
 

@@ -34,3 +34,13 @@ def setup(level: str = "INFO", component: str = "") -> None:
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, os.environ.get("MUSTER_LOG_LEVEL", level).upper(), logging.INFO))
     logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+def name_this_process(name: str) -> None:
+    """Set the process name `ps`, `top` and the benchmark show (Linux `comm`, at most 15
+    bytes): the server's helper processes are all `python ... spawn_main` otherwise."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass

@@ -9,6 +9,15 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 HEARTBEATS = Counter(
     "muster_heartbeats_received_total", "Heartbeat records seen by the watch", registry=REGISTRY
 )
+HEARTBEAT_INGEST_LAG = Gauge(
+    "muster_heartbeat_ingest_lag_seconds",
+    "Age of the newest heartbeat batch from the ingest process when it was applied",
+    registry=REGISTRY,
+)
+HEARTBEAT_INGEST_RESTARTS = Counter(
+    "muster_heartbeat_ingest_restarts_total", "Heartbeat ingest processes restarted after dying",
+    registry=REGISTRY,
+)
 DROPPED = Counter(
     "muster_messages_dropped_total",
     "Untrusted messages dropped (malformed, oversized, wrong host, stale term)",

@@ -23,6 +23,7 @@ from server.errors import ConflictError, StoreError
 from server.health import Health
 from server.historian import HistorianConfig, HistorianProcess
 from server.history import History
+from server.ingest import HeartbeatIngest, IngestConfig
 from server.lease import LeaseConfig, ThreadedLeadership
 from server.monitor import HealthMonitor
 from server.recorder import Recorder
@@ -54,6 +55,10 @@ class ServerConfig:
     # Write history from a separate process (what `muster server` does); in-process
     # when False (embedded use and tests).
     history_process: bool = field(default_factory=lambda: os.environ.get("MUSTER_HISTORY_PROCESS", "0") == "1")
+    # Read heartbeats in a process of its own (server.ingest; what `muster server` does);
+    # on a connection of this process when False.
+    heartbeat_process: bool = field(
+        default_factory=lambda: os.environ.get("MUSTER_HEARTBEAT_PROCESS", "0") == "1")
     # NATS credentials (an nkey seed file, see server.natsauth) and client TLS.
     nats_creds: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CREDS") or None)
     nats_ca: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CA") or None)
@@ -116,6 +121,7 @@ class Muster:
         self.nc: NATS | None = None
         self.hb_nc: NATS | None = None
         self.historian: HistorianProcess | None = None
+        self.ingest: HeartbeatIngest | None = None
         self.store: Store | None = None
         self.history: History | None = None
         self.leadership: ThreadedLeadership | None = None
@@ -139,15 +145,23 @@ class Muster:
         await self.store.ensure()
         self.state.listeners.append(self._on_state)
         self._watches.append(await self.store.watch(">", self.state.apply_state_record))
-        # Heartbeats (the bulk of the traffic) arrive on a connection of their own, so
-        # lease renewals and commits never queue behind them.
-        self.hb_nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}-heartbeats",
-                                   creds=cfg.nats_creds, tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert,
-                                   tls_key=cfg.nats_key)
-        self._watches.append(
-            await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
-        )
-        for w in self._watches:
+        if cfg.heartbeat_process:
+            # Heartbeats (the bulk of the traffic) are read by a process of their own,
+            # which hands this one batches (server.ingest).
+            self.ingest = HeartbeatIngest(IngestConfig(
+                nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
+                nats_key=cfg.nats_key), self.state.apply_heartbeat)
+            self.ingest.start()
+        else:
+            # ... or arrive on a connection of their own, so lease renewals and commits
+            # never queue behind them.
+            self.hb_nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}-heartbeats",
+                                       creds=cfg.nats_creds, tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert,
+                                       tls_key=cfg.nats_key)
+            self._watches.append(
+                await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
+            )
+        for w in [*self._watches, *([self.ingest] if self.ingest else [])]:
             await self._wait_synced(w)
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
         lease_cfg = LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
@@ -177,6 +191,8 @@ class Muster:
                 asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
                 asyncio.create_task(self.history.run(self._stop), name="history"),
             ]
+        if self.ingest is not None:
+            self._tasks.append(asyncio.create_task(self.ingest.run(self._stop), name="heartbeat-ingest"))
         self._tasks += [
             asyncio.create_task(self.leadership.run(self._stop), name="lease"),
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
@@ -184,7 +200,7 @@ class Muster:
         ]
 
     @staticmethod
-    async def _wait_synced(w: Watch, stall_s: float = 30.0, every_s: float = 10.0) -> None:
+    async def _wait_synced(w: Watch | HeartbeatIngest, stall_s: float = 30.0, every_s: float = 10.0) -> None:
         """Wait until a watch has replayed its bucket. A large state (500,000 live jobs
         take about a minute) is waited for as long as records keep arriving; only a watch
         that makes no progress for `stall_s` is given up on (with a warning)."""
@@ -227,6 +243,8 @@ class Muster:
             await w.stop()
         if self.historian is not None:
             await asyncio.to_thread(self.historian.stop)
+        if self.ingest is not None:
+            await asyncio.to_thread(self.ingest.stop)
         for nc in (self.hb_nc, self.nc):
             if nc is not None and not nc.is_closed:
                 try:

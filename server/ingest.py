@@ -1,0 +1,249 @@
+"""Heartbeat ingest: reads the `hosts` bucket in a process of its own and hands the
+server compact batches, so that reading 10,000 heartbeats/s (50,000 hosts) does not
+compete with scheduling for the server's interpreter.
+
+The child process runs the same watch of `KV_hosts` an in-process server runs (an
+ordered consumer: every host's last heartbeat, then each new one and each TTL expiry
+marker) and sends its parent, every `flush_s` and at most `batch_max` records at a time,
+one `HeartbeatBatch` over a pipe. The parent applies it to its ClusterState
+(`ClusterState.apply_heartbeat`) on its event loop: a few microseconds per heartbeat,
+instead of the NATS client's per-message work. Every record keeps its stream revision;
+a batch's records are stamped with the time the child received the batch's first one
+(so a host never looks fresher than it is).
+
+`muster server` runs it unless `--heartbeats-in-process`. The parent restarts a child
+that dies (`muster_heartbeat_ingest_restarts_total`); the new child replays every
+host's last heartbeat, and older revisions are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import NamedTuple
+
+from server import metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    nats_url: str
+    nats_creds: str | None = None
+    nats_ca: str | None = None
+    nats_cert: str | None = None
+    nats_key: str | None = None
+    flush_s: float = 0.2
+    batch_max: int = 2000
+
+
+class HeartbeatBatch(NamedTuple):
+    received_at: float  # when the child received the first of these records
+    synced: bool  # the child's watch has replayed the whole bucket
+    keys: list[str]
+    revisions: list[int]
+    values: list[bytes | None]  # None: the key's TTL expiry marker
+    shapes: list[str | None]  # the Muster-Shape header
+
+
+# ---------------------------------------------------------------- child
+
+
+async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
+    """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone)."""
+    from server import subjects
+    from server.messages import SHAPE_HEADER
+    from server.store import Record, Store, connect
+
+    keys: list[str] = []
+    revs: list[int] = []
+    values: list[bytes | None] = []
+    shapes: list[str | None] = []
+    first_at = 0.0
+
+    def on_record(rec: Record) -> None:
+        nonlocal first_at
+        if not keys:
+            first_at = time.time()
+        keys.append(rec.key)
+        revs.append(rec.revision)
+        values.append(rec.value)
+        shapes.append((rec.headers or {}).get(SHAPE_HEADER))
+
+    nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
+                       tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+    watch = await Store(nc).watch(">", on_record, bucket=subjects.HOSTS_BUCKET)
+    loop = asyncio.get_running_loop()
+    sent_synced = False
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=cfg.flush_s)
+            except asyncio.TimeoutError:
+                pass
+            synced = watch.synced.is_set()
+            while keys or synced != sent_synced:
+                n = min(len(keys), cfg.batch_max)
+                batch = HeartbeatBatch(first_at, synced, keys[:n], revs[:n], values[:n], shapes[:n])
+                del keys[:n], revs[:n], values[:n], shapes[:n]
+                if keys:
+                    first_at = time.time()
+                try:
+                    # Pickling and writing happen off the loop, which keeps reading.
+                    await loop.run_in_executor(None, out.send, batch)
+                except (BrokenPipeError, EOFError, OSError):
+                    log.warning("heartbeat ingest: server process gone; stopping")
+                    stop.set()
+                    break
+                sent_synced = synced
+    finally:
+        await watch.stop()
+        try:
+            await asyncio.wait_for(nc.close(), timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        out.close()
+
+
+def main(config: dict[str, object], out: Connection) -> None:
+    """Process entry point (multiprocessing, spawn)."""
+    from server.logs import name_this_process, setup
+
+    setup()
+    name_this_process("muster-ingest")
+    cfg = IngestConfig(**config)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        parent = os.getppid()
+
+        async def orphaned() -> None:
+            while not stop.is_set():  # the server was killed (kill -9): do not outlive it
+                if os.getppid() != parent:
+                    stop.set()
+                await asyncio.sleep(1)
+
+        watchdog = asyncio.create_task(orphaned())
+        await run(cfg, out, stop)
+        watchdog.cancel()
+
+    asyncio.run(go())
+
+
+# ---------------------------------------------------------------- parent
+
+
+class HeartbeatIngest:
+    """Starts the ingest process, applies its batches on the event loop, restarts it when
+    it dies. Looks like a Watch to `Muster._wait_synced` (`bucket`, `synced`, `received`)."""
+
+    bucket = "hosts"
+
+    def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None]) -> None:
+        self.cfg = cfg
+        self.apply = apply
+        self.synced = asyncio.Event()
+        self.received = 0
+        self.restarts = 0
+        self.lag_s = 0.0  # age of the newest batch's first record when it was applied
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        recv, send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send), name="muster-heartbeat-ingest",
+                                daemon=True)
+        self.proc.start()
+        send.close()  # the child holds the only writer: its exit is our EOF
+        self._reader = threading.Thread(target=self._read, args=(recv,), name="heartbeat-ingest-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read(self, conn: Connection) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                try:
+                    batch = conn.recv()
+                except (EOFError, OSError):
+                    return
+                try:
+                    loop.call_soon_threadsafe(self._on_batch, batch)
+                except RuntimeError:  # the loop is closed
+                    return
+        finally:
+            conn.close()
+
+    def _on_batch(self, batch: HeartbeatBatch) -> None:
+        apply, at = self.apply, batch.received_at
+        for key, rev, value, shape in zip(batch.keys, batch.revisions, batch.values, batch.shapes):
+            try:
+                apply(key, rev, value, shape, at)
+            except Exception:  # noqa: BLE001 - one bad record must not stop the rest
+                log.exception("heartbeat ingest: applying %s failed", key)
+        n = len(batch.keys)
+        self.received += n
+        metrics.HEARTBEATS.inc(n)
+        if n:
+            self.lag_s = max(0.0, time.time() - at)
+            metrics.HEARTBEAT_INGEST_LAG.set(round(self.lag_s, 3))
+        if batch.synced:
+            self.synced.set()
+
+    async def run(self, stop: asyncio.Event, check_s: float = 0.5) -> None:
+        """Restart the ingest process whenever it has died, until `stop`."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=check_s)
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set() or self._stopping:
+                return
+            if not self.alive:
+                code = self.proc.exitcode if self.proc is not None else None
+                log.warning("heartbeat ingest process exited (code %s); restarting it", code)
+                await asyncio.to_thread(self._join)
+                self.restarts += 1
+                metrics.HEARTBEAT_INGEST_RESTARTS.inc()
+                self.start()
+
+    def _join(self) -> None:
+        if self.proc is not None:
+            self.proc.join(5)
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM the child, wait for it and for the reader thread (blocking)."""
+        self._stopping = True
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(5)
+        if self._reader is not None:
+            self._reader.join(5)
+        self.proc = None
+        self._reader = None

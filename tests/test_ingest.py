@@ -1,0 +1,133 @@
+"""The heartbeat ingest process (server.ingest) against a real nats-server: it replays
+the bucket, feeds new heartbeats and TTL expiries to the parent's ClusterState, is
+restarted when killed (kill -9), and stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from server import subjects
+from server.cluster import ClusterState
+from server.ingest import HeartbeatIngest, IngestConfig
+from server.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
+from server.store import Store, connect
+
+
+def heartbeat(host_id: str, seq: int = 1, cpus: int = 16) -> Heartbeat:
+    return Heartbeat(host_id=host_id, boot_id="b1", seq=seq, ts=time.time(), labels={"rack": "r1"},
+                     gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(2)],
+                     gpu_usage=[GpuUsage(index=i) for i in range(2)], cpus=cpus, memory_mb=64_000)
+
+
+async def send(store: Store, hb: Heartbeat, ttl: str = "60s") -> int:
+    """What an agent publishes: the heartbeat, its TTL and its shape digest."""
+    ack = await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, hb.host_id), encode(hb),
+                                 headers={"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)}, timeout=10)
+    return int(ack.seq)
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit may never be reaped here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def until(pred, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_url: str) -> None:
+    nc = await connect(nats_url, name="test-ingest")
+    store = Store(nc)
+    await store.ensure()
+    before = await send(store, heartbeat("h-old"))  # stored before the ingest starts: replayed
+    state = ClusterState(heartbeat_interval_s=5)
+    lost: list[str] = []
+    state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05), state.apply_heartbeat)
+    stop = asyncio.Event()
+    ingest.start()
+    supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+    try:
+        await asyncio.wait_for(ingest.synced.wait(), timeout=60)
+        assert state.hosts["h-old"].revision == before and state.hosts["h-old"].present
+        assert state.index.caps["h-old"].cpus == 16
+
+        # A new host; a heartbeat of the same shape (liveness only) and one of a new shape.
+        rev = await send(store, heartbeat("h-new"))
+        await until(lambda: "h-new" in state.hosts, "the new host")
+        seen = state.hosts["h-new"].seen_at
+        rev2 = await send(store, heartbeat("h-new", seq=2))
+        await until(lambda: state.hosts["h-new"].revision == rev2, "the second heartbeat")
+        assert rev2 > rev and state.hosts["h-new"].seen_at >= seen
+        assert state.hosts["h-new"].latest().seq == 2  # kept raw, decoded when read
+        rev3 = await send(store, heartbeat("h-new", seq=3, cpus=32))
+        await until(lambda: state.hosts["h-new"].revision == rev3, "the reshaped heartbeat")
+        assert state.index.caps["h-new"].cpus == 32  # a new shape re-indexes the host
+
+        # The TTL expiry marker reaches the parent: the host is LOST.
+        await send(store, heartbeat("h-short"), ttl="1s")
+        await until(lambda: "h-short" in state.hosts, "the short-lived host")
+        await until(lambda: not state.hosts["h-short"].present, "the expiry of h-short")
+        assert lost == ["h-short"] and state.hosts["h-short"].lost_at is not None
+        assert not state.index.caps["h-short"].schedulable
+        received = ingest.received
+
+        # kill -9 the ingest process: it is restarted, replays, and keeps feeding.
+        assert ingest.proc is not None and ingest.proc.pid is not None
+        os.kill(ingest.proc.pid, signal.SIGKILL)
+        await until(lambda: ingest.restarts == 1, "a restart")
+        rev4 = await send(store, heartbeat("h-new", seq=4, cpus=32))
+        await until(lambda: state.hosts["h-new"].revision == rev4, "a heartbeat after the restart")
+        assert ingest.received > received and ingest.alive
+        assert state.hosts["h-old"].present and state.hosts["h-new"].present
+        assert not state.hosts["h-short"].present  # the replay does not bring it back
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        proc = ingest.proc
+        await asyncio.to_thread(ingest.stop)
+        await nc.close()
+    # A clean stop: the child exited on SIGTERM (not killed), the reader thread ended.
+    assert proc is not None and proc.exitcode == 0
+    assert ingest.proc is None and ingest._reader is None
+    assert ingest.restarts == 1
+
+
+async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the process that started it: the ingest process does not outlive it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from server.ingest import HeartbeatIngest, IngestConfig\n"
+        "async def main():\n"
+        f"    i = HeartbeatIngest(IngestConfig(nats_url={nats_url!r}), lambda *a: None)\n"
+        "    i.start()\n"
+        "    print(i.proc.pid, flush=True)\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n")
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert running(child)
+        parent.kill()
+        parent.wait(10)
+        await until(lambda: not running(child), "the ingest process to exit after its server")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
