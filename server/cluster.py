@@ -31,6 +31,7 @@ from server.messages import (
     shape_digest,
 )
 from server.capacity import CapacityIndex
+from server.eviction import host_domains
 from server.placement import HostCapacity
 from server.store import Record
 
@@ -101,6 +102,10 @@ class ClusterState:
     # Records this process is committing (key -> encoded value, object): when the watch
     # brings the same bytes back, the object is used instead of decoding them again.
     written: dict[str, tuple[bytes, object]] = field(default_factory=dict)
+    # Hosts whose heartbeat key expired (entry.present False), kept as heartbeats arrive
+    # so the planner need not walk every host each cycle.
+    absent: set[str] = field(default_factory=set)
+    _domain_sizes: dict[tuple[str, str], int] | None = None
 
     def _drop_job(self, job_id: str) -> None:
         old = self.jobs.pop(job_id, None)
@@ -173,6 +178,7 @@ class ClusterState:
         if entry is not None and revision <= entry.revision:
             return
         if value is None:
+            self.absent.add(key)
             if entry is None:
                 self.hosts[key] = HostEntry(key, None, revision, now, False, now)
             else:
@@ -204,6 +210,9 @@ class ClusterState:
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
                                     shape if shape == shape_digest(hb) else None)
+        self.absent.discard(key)
+        if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
+            self._domain_sizes = None
         if not was_present or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
             self._index_host(key)
         if not was_present:
@@ -324,6 +333,18 @@ class ClusterState:
                     cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
             out[host_id] = cap
         return out
+
+    def domain_sizes(self) -> dict[tuple[str, str], int]:
+        """Hosts per failure domain (server.eviction.host_domains of their labels), every
+        host ever heard of counted; recomputed only after a host's labels changed."""
+        if self._domain_sizes is None:
+            sizes: dict[tuple[str, str], int] = {}
+            for e in self.hosts.values():
+                if e.heartbeat:
+                    for d in host_domains(e.heartbeat.labels):
+                        sizes[d] = sizes.get(d, 0) + 1
+            self._domain_sizes = sizes
+        return self._domain_sizes
 
     def job_counts(self) -> Counter[str]:
         return Counter({k: v for k, v in self.job_state_counts.items() if v})

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
 
+HISTORIAN_NICE = 10  # added to the historian process's nice value
+
 
 @dataclass(frozen=True)
 class HistorianConfig:
@@ -70,6 +72,12 @@ def main(config: dict[str, object]) -> None:
 
     setup()
     name_this_process("muster-history")
+    # History has no deadline and catches up from durable consumers: on a busy machine
+    # the scheduler and the heartbeat ingest go first.
+    try:
+        os.nice(HISTORIAN_NICE)
+    except OSError:
+        pass
     logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = HistorianConfig(**config)  # type: ignore[arg-type]
 

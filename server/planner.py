@@ -270,31 +270,24 @@ def evict_lost(
     never evicting work that has nowhere to go."""
     state = w.state
     lost: list[tuple[str, float]] = []
-    for host_id, alloc in state.allocs.items():
-        if not alloc.tasks:
+    # Hosts whose key expired, and hosts with work but no record at all (expired before
+    # this leader started): not a walk over every host.
+    for host_id in (*state.absent, *(state.allocs.keys() - state.hosts.keys())):
+        alloc = state.allocs.get(host_id)
+        if alloc is None or not alloc.tasks:
             continue
         entry = state.hosts.get(host_id)
-        if entry is None:
-            lost.append((host_id, 0.0))  # expired before this leader started
-        elif not entry.present:
-            lost.append((host_id, entry.lost_at or 0.0))
+        lost.append((host_id, (entry.lost_at or 0.0) if entry is not None else 0.0))
     if not lost:
         return
-    losses = [
-        HostLoss(h, dict(e.heartbeat.labels) if e.heartbeat else {}, e.lost_at or 0.0)
-        for h, e in state.hosts.items()
-        if not e.present
-    ]
-    sizes: dict[tuple[str, str], int] = {}
-    for e in state.hosts.values():
-        if e.heartbeat:
-            for d in host_domains(e.heartbeat.labels):
-                sizes[d] = sizes.get(d, 0) + 1
-    disrupted = disrupted_domains(losses, sizes, now, budget.config)
+    absent = [state.hosts[h] for h in state.absent]
+    losses = [HostLoss(e.host_id, dict(e.heartbeat.labels) if e.heartbeat else {}, e.lost_at or 0.0)
+              for e in absent]
+    disrupted = disrupted_domains(losses, state.domain_sizes(), now, budget.config)
     w.plan.disrupted = disrupted
     # `feasible` is where evicted work could go: its own reservations, made as work is
     # evicted, so no more is evicted than the rest of the cluster can take.
-    for host_id, lost_at in sorted(lost, key=lambda x: x[1]):
+    for host_id, lost_at in sorted(lost, key=lambda x: (x[1], x[0])):
         if host_id in w.frozen_hosts:
             continue  # an earlier cycle's commit is changing it: next cycle
         entry = state.hosts.get(host_id)

@@ -173,6 +173,26 @@ def test_reregistering_after_loss_is_healthy_and_host_up() -> None:
     assert lis.kinds() == ["host_up", "host_lost", "host_up"]
 
 
+def test_absent_hosts_and_domain_sizes_follow_heartbeats() -> None:
+    """What the planner's lost-host pass reads instead of walking every host: the set of
+    expired hosts, and hosts per failure domain (recounted when labels change)."""
+    s = ClusterState()
+    s.apply_host_record(Record("h1", 1, hb("h1", labels={"rack": "r1", "zone": "z1"})), now=T0)
+    s.apply_host_record(Record("h2", 2, hb("h2", labels={"rack": "r1", "zone": "z1"})), now=T0)
+    s.apply_host_record(Record("h3", 3, hb("h3", labels={"rack": "r2", "zone": "z1"})), now=T0)
+    s.apply_host_record(Record("gone", 4, None), now=T0)  # expired before we heard of it
+    assert s.absent == {"gone"}
+    assert s.domain_sizes() == {("rack", "r1"): 2, ("rack", "r2"): 1, ("zone", "z1"): 3}
+    s.apply_host_record(Record("h2", 5, None), now=T0 + 15)
+    assert s.absent == {"gone", "h2"}
+    assert s.domain_sizes()[("rack", "r1")] == 2  # a lost host still belongs to its domains
+    s.apply_host_record(Record("h2", 6, hb("h2", labels={"rack": "r2", "zone": "z1"})), now=T0 + 20)
+    assert s.absent == {"gone"}
+    assert s.domain_sizes() == {("rack", "r1"): 1, ("rack", "r2"): 2, ("zone", "z1"): 3}
+    s.apply_host_record(Record("h3", 7, hb("h3", labels={"rack": "r2", "zone": "z1"}, seq=2)), now=T0 + 21)
+    assert s.domain_sizes()[("rack", "r2")] == 2
+
+
 def test_heartbeat_with_other_host_id_is_dropped() -> None:
     s = ClusterState()
     lis = Listener()
