@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import logging
+import time
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -73,3 +78,34 @@ CATCH_UP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+GC_PAUSE = Histogram(
+    "muster_gc_pause_seconds",
+    "Python garbage collections in the server process (each stops its event loop)",
+    ["generation"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=REGISTRY,
+)
+
+GC_FROZEN = Gauge("muster_gc_frozen_objects", "Objects moved out of the garbage collector's sight (server.memory)",
+                  registry=REGISTRY)
+
+
+def watch_gc(slow_s: float = 0.5) -> None:
+    """Time every garbage collection of this process into GC_PAUSE, and log one that
+    stops the process for `slow_s` or more. Idempotent."""
+    if any(getattr(cb, "_muster", False) for cb in gc.callbacks):
+        return
+    started = [0.0]
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - started[0]
+        GC_PAUSE.labels(str(info.get("generation", "?"))).observe(took)
+        if took >= slow_s:
+            logging.getLogger(__name__).warning("garbage collection (generation %s) took %.2f s, %s objects collected",
+                                                info.get("generation"), took, info.get("collected"))
+
+    cb._muster = True  # type: ignore[attr-defined]
+    gc.callbacks.append(cb)

@@ -16,7 +16,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from server import metrics, subjects
+from server import memory, metrics, subjects
 from server.auth import bootstrap_token
 from server.cluster import ClusterState, HostConfig
 from server.errors import ConflictError, StoreError
@@ -137,6 +137,7 @@ class Muster:
 
     async def start(self) -> None:
         cfg = self.config
+        metrics.watch_gc()
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,
@@ -163,6 +164,7 @@ class Muster:
             )
         for w in [*self._watches, *([self.ingest] if self.ingest else [])]:
             await self._wait_synced(w)
+        memory.freeze_survivors()  # the loaded state: out of the collector's sight
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
         lease_cfg = LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
                                 shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
@@ -194,6 +196,7 @@ class Muster:
         if self.ingest is not None:
             self._tasks.append(asyncio.create_task(self.ingest.run(self._stop), name="heartbeat-ingest"))
         self._tasks += [
+            asyncio.create_task(memory.keep_frozen(self._stop), name="gc-freeze"),
             asyncio.create_task(self.leadership.run(self._stop), name="lease"),
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
             asyncio.create_task(self._gauges(), name="gauges"),

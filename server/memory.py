@@ -1,0 +1,44 @@
+"""The garbage collector's policy in a server process.
+
+A server holds its whole view of the cluster in memory: at 50,000 hosts and tens of
+thousands of jobs, millions of long-lived objects. CPython's full collection walks every
+one of them and, here, finds next to nothing to free: measured in `muster bench` at
+50,000 hosts, full collections took 0.6 s growing to 6.7 s, every few seconds, and freed
+0 to 2,874 objects, while holding the GIL (the event loop and the lease thread stood
+still, longer than the lease itself).
+
+So objects that survive are moved out of the collector's sight (`gc.freeze`) once the
+state is loaded and then every `every_s`. Reference counting still frees a frozen object
+when the last reference to it goes (almost everything here: replaced jobs, allocations,
+heartbeats); only reference cycles among frozen objects would stay, and the collector
+found almost none. Young objects are collected (generations 0 and 1) before each freeze
+so fresh garbage is not frozen with them. `muster_gc_pause_seconds` shows the effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from server import metrics
+
+
+def freeze_survivors() -> int:
+    """Collect the young generations, then freeze everything left. Returns the number of
+    objects now frozen."""
+    gc.collect(1)
+    gc.freeze()
+    n = gc.get_freeze_count()
+    metrics.GC_FROZEN.set(n)
+    return n
+
+
+async def keep_frozen(stop: asyncio.Event, every_s: float = 30.0) -> None:
+    """Freeze the survivors every `every_s` until `stop`."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except asyncio.TimeoutError:
+            pass
+        if not stop.is_set():
+            freeze_survivors()
