@@ -8,7 +8,7 @@ one of them and, here, finds next to nothing to free: measured in `muster bench`
 still, longer than the lease itself).
 
 So objects that survive are moved out of the collector's sight (`gc.freeze`) once the
-state is loaded and then every `every_s`. Reference counting still frees a frozen object
+state is loaded and then every `every_s` (2 s). Reference counting still frees a frozen object
 when the last reference to it goes (almost everything here: replaced jobs, allocations,
 heartbeats); only reference cycles among frozen objects would stay, and the collector
 found almost none. Young objects are collected (generations 0 and 1) before each freeze
@@ -33,7 +33,7 @@ def freeze_survivors() -> int:
     return n
 
 
-async def keep_frozen(stop: asyncio.Event, every_s: float = 30.0) -> None:
+async def keep_frozen(stop: asyncio.Event, every_s: float = 2.0) -> None:
     """Freeze the survivors every `every_s` until `stop`."""
     while not stop.is_set():
         try:
