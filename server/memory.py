@@ -20,17 +20,13 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from server import metrics
 
-
-def freeze_survivors() -> int:
-    """Collect the young generations, then freeze everything left. Returns the number of
-    objects now frozen."""
+def freeze_survivors() -> None:
+    """Collect the young generations, then freeze everything left (O(1); counting the
+    frozen objects, `gc.get_freeze_count()`, walks them all: measured at a quarter of
+    the server's loop when done every 2 s, so it is not)."""
     gc.collect(1)
     gc.freeze()
-    n = gc.get_freeze_count()
-    metrics.GC_FROZEN.set(n)
-    return n
 
 
 async def keep_frozen(stop: asyncio.Event, every_s: float = 2.0) -> None:

@@ -86,8 +86,6 @@ GC_PAUSE = Histogram(
     registry=REGISTRY,
 )
 
-GC_FROZEN = Gauge("muster_gc_frozen_objects", "Objects moved out of the garbage collector's sight (server.memory)",
-                  registry=REGISTRY)
 
 
 def watch_gc(slow_s: float = 0.5) -> None:
