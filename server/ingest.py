@@ -58,26 +58,57 @@ class HeartbeatBatch(NamedTuple):
 # ---------------------------------------------------------------- child
 
 
+class Pending:
+    """Records waiting to be sent, at most one heartbeat and one expiry per host, so what
+    waits is bounded by the number of hosts however long the server does not read (it
+    may be stopped). A newer heartbeat replaces an older one (the server keeps only the
+    newest); an expiry replaces the heartbeats before it and stays when the host comes
+    back, and expiries are sent first, so the server still sees the loss. Records are
+    stamped with the time the oldest waiting one was received."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, tuple[int, bytes, str | None]] = {}
+        self.expired: dict[str, int] = {}
+        self.first_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self.beats) + len(self.expired)
+
+    def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float) -> None:
+        if not self:
+            self.first_at = now
+        if value is None:
+            self.expired[key] = revision
+            self.beats.pop(key, None)
+        else:
+            self.beats[key] = (revision, value, shape)
+
+    def take(self, n: int, synced: bool) -> HeartbeatBatch:
+        """Up to `n` records, expiries first, removed from what waits."""
+        batch = HeartbeatBatch(self.first_at, synced, [], [], [], [])
+        while self.expired and len(batch.keys) < n:
+            key, rev = next(iter(self.expired.items()))
+            del self.expired[key]
+            batch.keys.append(key), batch.revisions.append(rev), batch.values.append(None)
+            batch.shapes.append(None)
+        while self.beats and len(batch.keys) < n:
+            key, (rev, value, shape) = next(iter(self.beats.items()))
+            del self.beats[key]
+            batch.keys.append(key), batch.revisions.append(rev), batch.values.append(value)
+            batch.shapes.append(shape)
+        return batch
+
+
 async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
     """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone)."""
     from server import subjects
     from server.messages import SHAPE_HEADER
     from server.store import Record, Store, connect
 
-    keys: list[str] = []
-    revs: list[int] = []
-    values: list[bytes | None] = []
-    shapes: list[str | None] = []
-    first_at = 0.0
+    pending = Pending()
 
     def on_record(rec: Record) -> None:
-        nonlocal first_at
-        if not keys:
-            first_at = time.time()
-        keys.append(rec.key)
-        revs.append(rec.revision)
-        values.append(rec.value)
-        shapes.append((rec.headers or {}).get(SHAPE_HEADER))
+        pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time())
 
     nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
@@ -91,12 +122,8 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
             except asyncio.TimeoutError:
                 pass
             synced = watch.synced.is_set()
-            while keys or synced != sent_synced:
-                n = min(len(keys), cfg.batch_max)
-                batch = HeartbeatBatch(first_at, synced, keys[:n], revs[:n], values[:n], shapes[:n])
-                del keys[:n], revs[:n], values[:n], shapes[:n]
-                if keys:
-                    first_at = time.time()
+            while pending or synced != sent_synced:
+                batch = pending.take(cfg.batch_max, synced)
                 try:
                     # Pickling and writing happen off the loop, which keeps reading.
                     await loop.run_in_executor(None, out.send, batch)
@@ -162,6 +189,7 @@ class HeartbeatIngest:
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._deaths: list[float] = []  # when the ingest process was last found dead
 
     @property
     def alive(self) -> bool:
@@ -221,9 +249,19 @@ class HeartbeatIngest:
             if stop.is_set() or self._stopping:
                 return
             if not self.alive:
+                # Back off when it keeps dying (NATS refusing it, say): 0.5 s after the
+                # first death in a minute, doubling up to 30 s.
+                now = time.monotonic()
+                self._deaths = [t for t in self._deaths if now - t < 60] + [now]
+                delay = min(30.0, 0.5 * 2 ** (len(self._deaths) - 1))
                 code = self.proc.exitcode if self.proc is not None else None
-                log.warning("heartbeat ingest process exited (code %s); restarting it", code)
+                log.warning("heartbeat ingest process exited (code %s); restarting it in %.1f s", code, delay)
                 await asyncio.to_thread(self._join)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                    return
+                except asyncio.TimeoutError:
+                    pass
                 self.restarts += 1
                 metrics.HEARTBEAT_INGEST_RESTARTS.inc()
                 self.start()

@@ -11,7 +11,7 @@ import time
 
 from server import subjects
 from server.cluster import ClusterState
-from server.ingest import HeartbeatIngest, IngestConfig
+from server.ingest import HeartbeatIngest, IngestConfig, Pending
 from server.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
 from server.store import Store, connect
 
@@ -113,7 +113,7 @@ async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp
     script = tmp_path / "parent.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from server.ingest import HeartbeatIngest, IngestConfig\n"
+        "from server.ingest import HeartbeatIngest, IngestConfig, Pending\n"
         "async def main():\n"
         f"    i = HeartbeatIngest(IngestConfig(nats_url={nats_url!r}), lambda *a: None)\n"
         "    i.start()\n"
@@ -131,3 +131,34 @@ async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
+    """What waits in the ingest process is bounded by the number of hosts, and a host
+    that expired and came back between two batches is still seen to have been lost."""
+    p = Pending()
+    p.add("a", 1, b"a1", "s", now=100.0)
+    p.add("b", 2, b"b1", "s", now=101.0)
+    p.add("a", 3, b"a2", "s", now=102.0)  # replaces a's older heartbeat
+    p.add("b", 4, None, None, now=103.0)  # b expired: its older heartbeat is dropped
+    p.add("b", 5, b"b2", "s", now=104.0)  # ... and b came back
+    for i in range(1000):
+        p.add("c", 10 + i, b"c", "s", now=105.0)
+    assert len(p) == 4  # a, b, c heartbeats and b's expiry
+    first = p.take(2, synced=False)
+    assert first.received_at == 100.0  # the oldest waiting record's time: never fresher
+    assert (first.keys, first.revisions, first.values) == (["b", "a"], [4, 3], [None, b"a2"])
+    rest = p.take(10, synced=True)
+    assert (rest.keys, rest.revisions, rest.synced) == (["b", "c"], [5, 1009], True)
+    assert not p and p.take(10, synced=True).keys == []
+
+    # Applied in that order, the server sees b lost, then up again.
+    state = ClusterState(heartbeat_interval_s=5)
+    kinds: list[str] = []
+    state.listeners.append(lambda kind, obj: kinds.append(f"{kind}:{obj.host_id}") if kind.startswith("host") else None)
+    hb = {k: encode(heartbeat(k)) for k in "abc"}
+    state.apply_heartbeat("b", 2, hb["b"], None, 100.0)
+    for batch in (first, rest):
+        for k, r, v in zip(batch.keys, batch.revisions, batch.values):
+            state.apply_heartbeat(k, r, v and hb[k], None, batch.received_at)
+    assert kinds == ["host_up:b", "host_lost:b", "host_up:a", "host_up:b", "host_up:c"]
