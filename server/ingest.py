@@ -84,19 +84,27 @@ class Pending:
             self.beats[key] = (revision, value, shape)
 
     def take(self, n: int, synced: bool) -> HeartbeatBatch:
-        """Up to `n` records, expiries first, removed from what waits."""
-        batch = HeartbeatBatch(self.first_at, synced, [], [], [], [])
-        while self.expired and len(batch.keys) < n:
+        """Up to `n` records, expiries first, removed from what waits. The batch says
+        `synced` only if the watch is (`synced`) and nothing is left waiting."""
+        keys: list[str] = []
+        revs: list[int] = []
+        values: list[bytes | None] = []
+        shapes: list[str | None] = []
+        while self.expired and len(keys) < n:
             key, rev = next(iter(self.expired.items()))
             del self.expired[key]
-            batch.keys.append(key), batch.revisions.append(rev), batch.values.append(None)
-            batch.shapes.append(None)
-        while self.beats and len(batch.keys) < n:
+            keys.append(key)
+            revs.append(rev)
+            values.append(None)
+            shapes.append(None)
+        while self.beats and len(keys) < n:
             key, (rev, value, shape) = next(iter(self.beats.items()))
             del self.beats[key]
-            batch.keys.append(key), batch.revisions.append(rev), batch.values.append(value)
-            batch.shapes.append(shape)
-        return batch
+            keys.append(key)
+            revs.append(rev)
+            values.append(value)
+            shapes.append(shape)
+        return HeartbeatBatch(self.first_at, synced and not self, keys, revs, values, shapes)
 
 
 async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
@@ -122,7 +130,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
             except asyncio.TimeoutError:
                 pass
             synced = watch.synced.is_set()
-            while pending or synced != sent_synced:
+            while (pending or synced != sent_synced) and not stop.is_set():
                 batch = pending.take(cfg.batch_max, synced)
                 try:
                     # Pickling and writing happen off the loop, which keeps reading.
@@ -131,7 +139,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
                     log.warning("heartbeat ingest: server process gone; stopping")
                     stop.set()
                     break
-                sent_synced = synced
+                sent_synced = batch.synced
     finally:
         await watch.stop()
         try:

@@ -145,7 +145,8 @@ def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
     for i in range(1000):
         p.add("c", 10 + i, b"c", "s", now=105.0)
     assert len(p) == 4  # a, b, c heartbeats and b's expiry
-    first = p.take(2, synced=False)
+    first = p.take(2, synced=True)
+    assert not first.synced  # records still wait: the server must not think it has them all
     assert first.received_at == 100.0  # the oldest waiting record's time: never fresher
     assert (first.keys, first.revisions, first.values) == (["b", "a"], [4, 3], [None, b"a2"])
     rest = p.take(10, synced=True)
