@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import os
-import signal
 from dataclasses import asdict, dataclass
+
+from server.childproc import stop_helper
 
 log = logging.getLogger(__name__)
 
@@ -67,40 +67,14 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
 
 
 def main(config: dict[str, object]) -> None:
-    """Process entry point (multiprocessing, spawn)."""
-    from server.logs import name_this_process, setup
+    """Process entry point (multiprocessing, spawn). History has no deadline and catches
+    up from durable consumers, so on a busy machine the scheduler and the heartbeat
+    ingest go first (nice +10)."""
+    from server.childproc import run_helper
 
-    setup()
-    name_this_process("muster-history")
-    # History has no deadline and catches up from durable consumers: on a busy machine
-    # the scheduler and the heartbeat ingest go first.
-    try:
-        os.nice(HISTORIAN_NICE)
-    except OSError:
-        pass
     logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = HistorianConfig(**config)  # type: ignore[arg-type]
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        parent = os.getppid()
-
-        async def orphaned() -> None:
-            # The server was killed (kill -9): do not outlive it.
-            while not stop.is_set():
-                if os.getppid() != parent:
-                    log.warning("server process gone; historian stopping")
-                    stop.set()
-                await asyncio.sleep(1)
-
-        watchdog = asyncio.create_task(orphaned())
-        await run(cfg, stop)
-        watchdog.cancel()
-
-    asyncio.run(go())
+    run_helper("muster-history", lambda stop: run(cfg, stop), nice=HISTORIAN_NICE)
 
 
 class HistorianProcess:
@@ -120,12 +94,5 @@ class HistorianProcess:
         return self.proc is not None and self.proc.is_alive()
 
     def stop(self, timeout: float = 15) -> None:
-        if self.proc is None:
-            return
-        if self.proc.is_alive():
-            self.proc.terminate()  # SIGTERM: last flush, then exit
-            self.proc.join(timeout)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(5)
+        stop_helper(self.proc, timeout)  # SIGTERM: last flush, then exit
         self.proc = None

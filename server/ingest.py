@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from server import metrics
+from server.childproc import stop_helper
 
 log = logging.getLogger(__name__)
 
@@ -151,30 +150,10 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
 
 def main(config: dict[str, object], out: Connection) -> None:
     """Process entry point (multiprocessing, spawn)."""
-    from server.logs import name_this_process, setup
+    from server.childproc import run_helper
 
-    setup()
-    name_this_process("muster-ingest")
     cfg = IngestConfig(**config)  # type: ignore[arg-type]
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        parent = os.getppid()
-
-        async def orphaned() -> None:
-            while not stop.is_set():  # the server was killed (kill -9): do not outlive it
-                if os.getppid() != parent:
-                    stop.set()
-                await asyncio.sleep(1)
-
-        watchdog = asyncio.create_task(orphaned())
-        await run(cfg, out, stop)
-        watchdog.cancel()
-
-    asyncio.run(go())
+    run_helper("muster-ingest", lambda stop: run(cfg, out, stop))
 
 
 # ---------------------------------------------------------------- parent
@@ -283,12 +262,7 @@ class HeartbeatIngest:
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM the child, wait for it and for the reader thread (blocking)."""
         self._stopping = True
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(5)
+        stop_helper(self.proc, timeout)
         if self._reader is not None:
             self._reader.join(5)
         self.proc = None
