@@ -216,3 +216,15 @@ def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
     assert rep["placements_per_s"] == b["placements_per_s"]
     _check_gangs_from_simulators(tmp_path / "work", rep)
     assert rc == 0
+
+
+@pytest.mark.parametrize("mode", ["watch", "core"])
+def test_heartbeat_read_benchmark_reads_every_record(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.hbread` (the per-heartbeat cost quoted in the README): every
+    published record is read and the report is complete. Correctness only."""
+    from bench import hbread
+
+    assert hbread.main(["--mode", mode, "--n", "2000", "--hosts", "2000"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rep["mode"] == mode and rep["records"] == 2000 and rep["record_bytes"] == 700
+    assert rep["cpu_s"] > 0 and rep["cpu_us_per_record"] > 0
