@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
-from server import metrics
+from server import metrics, subjects
 from server.childproc import stop_helper
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class HeartbeatIngest:
     """Starts the ingest process, applies its batches on the event loop, restarts it when
     it dies. Looks like a Watch to `Muster._wait_synced` (`bucket`, `synced`, `received`)."""
 
-    bucket = "hosts"
+    bucket = subjects.HOSTS_BUCKET
 
     def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None]) -> None:
         self.cfg = cfg

@@ -94,13 +94,14 @@ def watch_gc(slow_s: float = 0.5) -> None:
     if any(getattr(cb, "_muster", False) for cb in gc.callbacks):
         return
     started = [0.0]
+    by_generation = {g: GC_PAUSE.labels(str(g)) for g in range(3)}  # runs on every collection
 
     def cb(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
             return
         took = time.perf_counter() - started[0]
-        GC_PAUSE.labels(str(info.get("generation", "?"))).observe(took)
+        by_generation[info.get("generation", 2)].observe(took)
         if took >= slow_s:
             logging.getLogger(__name__).warning("garbage collection (generation %s) took %.2f s, %s objects collected",
                                                 info.get("generation"), took, info.get("collected"))

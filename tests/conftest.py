@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -203,6 +204,16 @@ def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    """`wait_until` for async tests: poll `pred` without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_all_finished(api: "Api", timeout: float = 300) -> None:

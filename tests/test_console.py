@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import eventually
 from server import subjects
 from server.app import build_app
 from server.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
@@ -57,15 +58,6 @@ async def console(nats_url: str, tmp_path: Path) -> AsyncIterator[Console]:
             yield Console(muster, app, client, muster.new_token)
     finally:
         await muster.shutdown()
-
-
-async def eventually(pred, timeout: float = 10.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def put_heartbeat(m: Muster, host_id: str, *, simulated: bool = True, gpus: int = 2) -> None:

@@ -14,6 +14,7 @@ from server.cluster import ClusterState
 from server.ingest import HeartbeatIngest, IngestConfig, Pending
 from server.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
 from server.store import Store, connect
+from tests.conftest import eventually
 
 
 def heartbeat(host_id: str, seq: int = 1, cpus: int = 16) -> Heartbeat:
@@ -38,13 +39,6 @@ def running(pid: int) -> bool:
         return False
 
 
-async def until(pred, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_url: str) -> None:
     nc = await connect(nats_url, name="test-ingest")
     store = Store(nc)
@@ -64,20 +58,20 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
 
         # A new host; a heartbeat of the same shape (liveness only) and one of a new shape.
         rev = await send(store, heartbeat("h-new"))
-        await until(lambda: "h-new" in state.hosts, "the new host")
+        await eventually(lambda: "h-new" in state.hosts, 60, "the new host")
         seen = state.hosts["h-new"].seen_at
         rev2 = await send(store, heartbeat("h-new", seq=2))
-        await until(lambda: state.hosts["h-new"].revision == rev2, "the second heartbeat")
+        await eventually(lambda: state.hosts["h-new"].revision == rev2, 60, "the second heartbeat")
         assert rev2 > rev and state.hosts["h-new"].seen_at >= seen
         assert state.hosts["h-new"].latest().seq == 2  # kept raw, decoded when read
         rev3 = await send(store, heartbeat("h-new", seq=3, cpus=32))
-        await until(lambda: state.hosts["h-new"].revision == rev3, "the reshaped heartbeat")
+        await eventually(lambda: state.hosts["h-new"].revision == rev3, 60, "the reshaped heartbeat")
         assert state.index.caps["h-new"].cpus == 32  # a new shape re-indexes the host
 
         # The TTL expiry marker reaches the parent: the host is LOST.
         await send(store, heartbeat("h-short"), ttl="1s")
-        await until(lambda: "h-short" in state.hosts, "the short-lived host")
-        await until(lambda: not state.hosts["h-short"].present, "the expiry of h-short")
+        await eventually(lambda: "h-short" in state.hosts, 60, "the short-lived host")
+        await eventually(lambda: not state.hosts["h-short"].present, 60, "the expiry of h-short")
         assert lost == ["h-short"] and state.hosts["h-short"].lost_at is not None
         assert not state.index.caps["h-short"].schedulable
         received = ingest.received
@@ -85,9 +79,9 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
         # kill -9 the ingest process: it is restarted, replays, and keeps feeding.
         assert ingest.proc is not None and ingest.proc.pid is not None
         os.kill(ingest.proc.pid, signal.SIGKILL)
-        await until(lambda: ingest.restarts == 1, "a restart")
+        await eventually(lambda: ingest.restarts == 1, 60, "a restart")
         rev4 = await send(store, heartbeat("h-new", seq=4, cpus=32))
-        await until(lambda: state.hosts["h-new"].revision == rev4, "a heartbeat after the restart")
+        await eventually(lambda: state.hosts["h-new"].revision == rev4, 60, "a heartbeat after the restart")
         assert ingest.received > received and ingest.alive
         assert state.hosts["h-old"].present and state.hosts["h-new"].present
         assert not state.hosts["h-short"].present  # the replay does not bring it back
@@ -127,7 +121,7 @@ async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp
         assert running(child)
         parent.kill()
         parent.wait(10)
-        await until(lambda: not running(child), "the ingest process to exit after its server")
+        await eventually(lambda: not running(child), 60, "the ingest process to exit after its server")
     finally:
         if parent.poll() is None:
             parent.kill()
