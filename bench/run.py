@@ -80,6 +80,9 @@ def summary_ms(xs: list[float]) -> dict[str, Any]:
             "max": r(max(ms)) if ms else None, "mean": r(statistics.fmean(ms)) if ms else None}
 
 
+SUSPECT_GAUGE = 'muster_hosts{health="SUSPECT"}'
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -408,6 +411,7 @@ class Bench:
                "running": sum(s.get("running", 0) for s in sims), "hb_sent": sum(s.get("hb_sent", 0) for s in sims),
                "hb_received": m.get("muster_heartbeats_received_total", 0.0),
                "placements": m.get("muster_placements_total", 0.0), "queue_depth": m.get("muster_queue_depth", 0.0),
+               "suspect": m.get(SUSPECT_GAUGE, 0.0),
                "reports_pending": sum(s.get("reports_pending", 0) for s in sims),
                "sim_loop_lag_max_ms": max((s.get("loop_lag_max_ms", 0) for s in sims), default=0)}
         prev = self.ticks[-1] if self.ticks else row
@@ -418,7 +422,7 @@ class Bench:
         srv = next((c for c in self.children if c.name == "server"), None)
         print(f"[{phase} {now - t0:6.1f}s] sub {row['submitted']:>7} ({(row['submitted'] - prev['submitted']) / dt:5.0f}/s)"
               f" disp {row['dispatched_live']:>7} ({(row['dispatched_live'] - prev['dispatched_live']) / dt:5.0f}/s)"
-              f" run {row['running']:>6} queue {row['queue_depth']:>6.0f}"
+              f" run {row['running']:>6} queue {row['queue_depth']:>6.0f} suspect {row['suspect']:>5.0f}"
               f" | hb sent {(row['hb_sent'] - prev['hb_sent']) / dt:6.0f}/s recv {(row['hb_received'] - prev['hb_received']) / dt:6.0f}/s"
               f" | placed {(row['placements'] - prev['placements']) / dt:5.0f}/s"
               f" | disp p50/max {(pct(recent, 50) or 0) * 1000:6.0f}/{(max(recent) if recent else 0) * 1000:6.0f} ms"
@@ -929,6 +933,11 @@ class Bench:
                            "ingest_lag_s_max_in_window": max(
                                (m.get("muster_heartbeat_ingest_lag_seconds", 0.0) for _, m in m_in), default=None)
                            if any("muster_heartbeat_ingest_lag_seconds" in m for _, m in m_in) else None,
+                           # Hosts the server saw as SUSPECT (no heartbeat applied for two
+                           # intervals, so unschedulable) at the worst sample in the window.
+                           "suspect_hosts_max_in_window": max(
+                               (m.get(SUSPECT_GAUGE, 0.0) for _, m in m_in), default=None)
+                           if any(SUSPECT_GAUGE in m for _, m in m_in) else None,
                            "note": "received counts every record the server's hosts watch saw (expiry markers "
                                    "included); backlog = sent - received, sampled once a second"},
             "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from server import subjects
 from server.errors import DecodeError
 from server.health import Health, host_health
+from server.healthindex import HealthIndex
 from server.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
@@ -106,6 +107,23 @@ class ClusterState:
     # so the planner need not walk every host each cycle.
     absent: set[str] = field(default_factory=set)
     _domain_sizes: dict[tuple[str, str], int] | None = None
+    # Every host's health as of its last refresh (HealthMonitor, summaries), kept from
+    # the heartbeats and expiries applied here instead of a pass over every host.
+    health_index: HealthIndex = field(init=False)
+    # GPUs of present hosts, and GPUs allocated to tasks: kept as records arrive.
+    gpus_present: int = 0
+    gpus_allocated: int = 0
+
+    def __post_init__(self) -> None:
+        self.health_index = HealthIndex(self.heartbeat_interval_s)
+
+    def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
+        old = self.allocs.pop(host_id, None)
+        if old is not None:
+            self.gpus_allocated -= sum(len(t.gpu_indices) for t in old.tasks)
+        if alloc is not None:
+            self.allocs[host_id] = alloc
+            self.gpus_allocated += sum(len(t.gpu_indices) for t in alloc.tasks)
 
     def _drop_job(self, job_id: str) -> None:
         old = self.jobs.pop(job_id, None)
@@ -186,12 +204,16 @@ class ClusterState:
                 if entry.present:
                     entry.present = False
                     entry.lost_at = now
+                    if entry.heartbeat is not None:
+                        self.gpus_present -= len(entry.heartbeat.gpus)
+                    self.health_index.expired(key, entry.seen_at)
                     self._index_host(key)
                     self._notify("host_lost", entry)
             return
         if (entry is not None and entry.present and entry.heartbeat is not None and shape
                 and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES):
             # Same shape as the last decoded heartbeat: liveness only; decode when read.
+            self.health_index.seen(key, entry.seen_at, now)
             entry.revision = revision
             entry.seen_at = now
             entry.raw = value
@@ -210,6 +232,10 @@ class ClusterState:
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
                                     shape if shape == shape_digest(hb) else None)
+        self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
+        if was_present and entry is not None and entry.heartbeat is not None:
+            self.gpus_present -= len(entry.heartbeat.gpus)
+        self.gpus_present += len(hb.gpus)
         self.absent.discard(key)
         if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
             self._domain_sizes = None
@@ -239,12 +265,12 @@ class ClusterState:
                 self._notify("job", job)
             elif kind == "alloc":
                 if rec.value is None:
-                    self.allocs.pop(name, None)
+                    self._set_alloc(name, None)
                 else:
                     own = self.written.pop(key, None)
-                    self.allocs[name] = own[1] if (own is not None and own[0] == rec.value
-                                                   and isinstance(own[1], HostAlloc)) \
-                        else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
+                    self._set_alloc(name, own[1] if (own is not None and own[0] == rec.value
+                                                     and isinstance(own[1], HostAlloc))
+                                    else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES))
                 self._index_host(name)
             elif kind == "hostcfg":
                 if rec.value is None:
@@ -290,7 +316,7 @@ class ClusterState:
         if revision <= self.revisions.get(key, 0):
             return
         self.revisions[key] = revision
-        self.allocs[alloc.host_id] = alloc
+        self._set_alloc(alloc.host_id, alloc)
         self._index_host(alloc.host_id)
 
     # ------------------------------------------------------------ views
@@ -333,6 +359,12 @@ class ClusterState:
                     cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
             out[host_id] = cap
         return out
+
+    def refresh_health(self, now: float) -> HealthIndex:
+        """The health index brought up to `now` (see server.healthindex)."""
+        self.health_index.interval_s = self.heartbeat_interval_s
+        self.health_index.refresh(self.hosts, now)
+        return self.health_index
 
     def domain_sizes(self) -> dict[tuple[str, str], int]:
         """Hosts per failure domain (server.eviction.host_domains of their labels), every

@@ -1,6 +1,6 @@
 """The leader's watch over host health: turns heartbeat changes into recorded
 transitions (events) and alerts. Decisions come from `health.host_health` and
-`health.transitions`; this module only publishes.
+`health.transitions`, applied by `healthindex.HealthIndex`; this module only publishes.
 
 Subjects (JSON payloads are `messages.Event`):
   muster.events.host.<HEALTHY|SUSPECT|LOST>   every health transition (kept in EVENTS)
@@ -18,7 +18,7 @@ import time
 
 from server import subjects
 from server.cluster import ClusterState, HostEntry
-from server.health import Health, transitions
+from server.health import Health
 from server.lease import Leadership
 from server.messages import Event, GpuUsage, encode
 
@@ -39,7 +39,6 @@ class HealthMonitor:
         self.state = state
         self.leadership = leadership
         self.every_s = every_s
-        self.known: dict[str, Health] = {}
         self._term = 0
         self.wake = asyncio.Event()
         self._gpu_alerts: list[tuple[str, GpuUsage]] = []
@@ -52,27 +51,19 @@ class HealthMonitor:
             self._gpu_alerts.append(obj)  # type: ignore[arg-type]
             self.wake.set()
 
-    def current(self, now: float) -> dict[str, Health]:
-        suspect_before = now - 2 * self.state.heartbeat_interval_s
-        healthy, suspect, lost = Health.HEALTHY, Health.SUSPECT, Health.LOST
-        return {
-            h: (lost if not e.present else suspect if e.seen_at < suspect_before else healthy)
-            for h, e in self.state.hosts.items()
-            if e.heartbeat is not None
-        }
-
     async def check(self) -> None:
         now = time.time()
-        current = self.current(now)
+        # Only the hosts touched since the last check, or whose last heartbeat has just
+        # grown too old, are looked at (server.healthindex).
+        changes = self.state.refresh_health(now).take_changes()
         if not self.leadership.leading:
-            self.known = current
             self._gpu_alerts.clear()
             return
         if self._term != self.leadership.term:
             # A new term: take the present as known, without re-announcing it.
             self._term = self.leadership.term
-            self.known = current
-        for host_id, old, new in transitions(self.known, current):
+            changes = []
+        for host_id, old, new in changes:
             if old is None and new is Health.HEALTHY:
                 continue  # a host seen for the first time is not a transition
             entry = self.state.hosts.get(host_id)
@@ -88,7 +79,6 @@ class HealthMonitor:
                 await publish_alert(self.nc, subjects.ALERT_HOST_LOST, self._host_alert(entry, now, "heartbeat key expired"))
             elif old is Health.LOST and new is Health.HEALTHY:
                 await publish_alert(self.nc, subjects.ALERT_HOST_RECOVERED, self._host_alert(entry, now, "heartbeats resumed"))
-        self.known = current
         while self._gpu_alerts:
             host_id, usage = self._gpu_alerts.pop(0)
             await publish_alert(self.nc, subjects.ALERT_GPU_UNHEALTHY, Event(

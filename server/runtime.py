@@ -464,22 +464,10 @@ class Muster:
         return [v for v in out if v is not None]
 
     def summary(self) -> Summary:
-        now = time.time()
-        suspect_before = now - 2 * self.state.heartbeat_interval_s
-        healthy = suspect = lost = gpus_total = 0
-        for e in self.state.hosts.values():
-            hb = e.heartbeat
-            if hb is None:
-                continue  # known only by its expiry marker
-            if not e.present:
-                lost += 1
-                continue
-            gpus_total += len(hb.gpus)
-            if e.seen_at < suspect_before:
-                suspect += 1
-            else:
-                healthy += 1
-        allocated = sum(len(t.gpu_indices) for a in self.state.allocs.values() for t in a.tasks)
+        idx = self.state.refresh_health(time.time())
+        healthy, suspect, lost = (idx.count(Health.HEALTHY), idx.count(Health.SUSPECT),
+                                  idx.count(Health.LOST))
+        gpus_total, allocated = self.state.gpus_present, self.state.gpus_allocated
         return Summary(
             hosts_total=healthy + suspect + lost,
             hosts_healthy=healthy,

@@ -375,6 +375,28 @@ class Store:
         return CommitResult(revisions=revisions, last_seq=last)
 
 
+def ack_position(reply: str | None) -> tuple[int, int] | None:
+    """(stream sequence, messages pending) of a JetStream delivery, read from its reply
+    subject: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`, or
+    the form with `<domain>.<account hash>` after `ACK` (and a trailing token). The same
+    fields nats-py's `Msg.metadata` parses; the watch reads only these two, and building
+    the whole metadata (objects, a datetime) was an eighth of the heartbeat ingest
+    process's CPU at 10,000 heartbeats/s. None when the subject is neither form."""
+    if not reply:
+        return None
+    tokens = reply.split(".")
+    if tokens[0] != "$JS" or len(tokens) < 9 or tokens[1] != "ACK":
+        return None
+    try:
+        if len(tokens) == 9:
+            return int(tokens[5]), int(tokens[8])
+        if len(tokens) >= 11:
+            return int(tokens[7]), int(tokens[10])
+    except ValueError:
+        return None
+    return None
+
+
 class Watch:
     """A KV watch built on an ordered push consumer; resumes across reconnects."""
 
@@ -398,13 +420,18 @@ class Watch:
 
         async def cb(msg: Msg) -> None:
             try:
-                meta = msg.metadata
+                pos = ack_position(msg.reply)
+                if pos is None:
+                    meta = msg.metadata  # raises for what is not a JetStream delivery
+                    pos = (meta.sequence.stream, meta.num_pending)
+                seq, pending = pos
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
-                self.on_record(Record(key, meta.sequence.stream, value, msg.headers))
+                self.on_record(Record(key, seq, value, msg.headers))
                 self.received += 1
-                self.last_seq = max(self.last_seq, meta.sequence.stream)
-                if meta.num_pending == 0:
+                if seq > self.last_seq:
+                    self.last_seq = seq
+                if pending == 0:
                     self.synced.set()
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch
                 log.exception("watch %s: handling %s failed", self.bucket, msg.subject)

@@ -280,3 +280,27 @@ async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(sto
     finally:
         await writer.close()
         await w.stop()
+
+
+@pytest.mark.parametrize("reply", [
+    "$JS.ACK.KV_hosts.abc123.1.4711.4711.1764500000000000000.0",
+    "$JS.ACK.KV_hosts.abc123.3.18446744073709.2.1764500000000000000.917",
+    "$JS.ACK._.ACCHASH.KV_hosts.abc123.1.4711.9.1764500000000000000.12",
+    "$JS.ACK.hub.ACCHASH.KV_hosts.abc123.1.4711.9.1764500000000000000.0.xyz",
+])
+def test_ack_position_reads_what_nats_py_reads(reply: str) -> None:
+    """The watch's fast read of a delivery's stream sequence and pending count agrees
+    with nats-py's Msg.metadata on both reply subject forms."""
+    from nats.aio.msg import Msg
+
+    from server.store import ack_position
+
+    meta = Msg.Metadata._from_reply(reply)
+    assert ack_position(reply) == (meta.sequence.stream, meta.num_pending)
+
+
+@pytest.mark.parametrize("reply", [None, "", "_INBOX.abc.1", "$JS.ACK.too.short", "$JS.ACK.a.b.c.x.y.z.w"])
+def test_ack_position_refuses_what_is_not_a_delivery(reply: str | None) -> None:
+    from server.store import ack_position
+
+    assert ack_position(reply) is None
