@@ -20,6 +20,7 @@ from server import subjects
 from server.errors import DecodeError
 from server.health import Health, host_health
 from server.healthindex import HealthIndex
+from server.readclock import ReadClock
 from server.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
@@ -110,6 +111,9 @@ class ClusterState:
     # Every host's health as of its last refresh (HealthMonitor, summaries), kept from
     # the heartbeats and expiries applied here instead of a pass over every host.
     health_index: HealthIndex = field(init=False)
+    # How far the heartbeats have been read, on the store's clock: health is judged at
+    # its time, not the wall clock's (server.readclock).
+    clock: ReadClock = field(default_factory=ReadClock)
     # GPUs of present hosts, and GPUs allocated to tasks: kept as records arrive.
     gpus_present: int = 0
     gpus_allocated: int = 0
@@ -184,14 +188,19 @@ class ClusterState:
                 log.exception("listener failed on %s", kind)
 
     def apply_host_record(self, rec: Record, now: float | None = None) -> None:
-        """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry."""
+        """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry. A
+        watched record is stamped with the store's time and moves the read clock."""
+        local = time.time() if now is None else now
         self.apply_heartbeat(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER),
-                             time.time() if now is None else now)
+                             rec.stamp or local)
+        if rec.stamp:
+            self.clock.advance(rec.stamp, rec.behind, local)
 
     def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
                         now: float) -> None:
         """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`) or its
-        expiry marker (`value` None), stored at `revision` and received at `now`."""
+        expiry marker (`value` None), stored at `revision` and at time `now` (the store's
+        time when known, else when it was received)."""
         entry = self.hosts.get(key)
         if entry is not None and revision <= entry.revision:
             return
@@ -321,11 +330,16 @@ class ClusterState:
 
     # ------------------------------------------------------------ views
 
+    def health_time(self, now: float | None = None) -> float:
+        """The time to judge heartbeats' age at, for the local time `now`: how far they
+        have been read (server.readclock), the local time until any were."""
+        return self.clock.now(time.time() if now is None else now)
+
     def health(self, host_id: str, now: float | None = None) -> Health:
         entry = self.hosts.get(host_id)
         if entry is None:
             return Health.LOST
-        now = time.time() if now is None else now
+        now = self.health_time(now)
         return host_health(
             present=entry.present,
             last_seen=entry.seen_at,
@@ -363,7 +377,7 @@ class ClusterState:
     def refresh_health(self, now: float) -> HealthIndex:
         """The health index brought up to `now` (see server.healthindex)."""
         self.health_index.interval_s = self.heartbeat_interval_s
-        self.health_index.refresh(self.hosts, now)
+        self.health_index.refresh(self.hosts, self.health_time(now))
         return self.health_index
 
     def domain_sizes(self) -> dict[tuple[str, str], int]:

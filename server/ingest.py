@@ -7,9 +7,10 @@ ordered consumer: every host's last heartbeat, then each new one and each TTL ex
 marker) and sends its parent, every `flush_s` and at most `batch_max` records at a time,
 one `HeartbeatBatch` over a pipe. The parent applies it to its ClusterState
 (`ClusterState.apply_heartbeat`) on its event loop: a few microseconds per heartbeat,
-instead of the NATS client's per-message work. Every record keeps its stream revision;
-a batch's records are stamped with the time the child received the batch's first one
-(so a host never looks fresher than it is).
+instead of the NATS client's per-message work. Every record keeps its stream revision
+and the time the store stored it; a batch that leaves nothing waiting in the child also
+says how far the stream has been read, which moves the server's read clock
+(server.readclock: hosts are judged on what has been read, not on the wall clock).
 
 `muster server` runs it unless `--heartbeats-in-process`. The parent restarts a child
 that dies (`muster_heartbeat_ingest_restarts_total`); the new child replays every
@@ -52,6 +53,11 @@ class HeartbeatBatch(NamedTuple):
     revisions: list[int]
     values: list[bytes | None]  # None: the key's TTL expiry marker
     shapes: list[str | None]  # the Muster-Shape header
+    stamps: list[float]  # when the store stored each record (its clock; 0.0 unknown)
+    # Every record the store held up to this time (its clock) has now been sent (0.0:
+    # more are waiting in the child), and `behind` more were pending in the stream.
+    position: float = 0.0
+    behind: int = 0
 
 
 # ---------------------------------------------------------------- child
@@ -62,25 +68,31 @@ class Pending:
     waits is bounded by the number of hosts however long the server does not read (it
     may be stopped). A newer heartbeat replaces an older one (the server keeps only the
     newest); an expiry replaces the heartbeats before it and stays when the host comes
-    back, and expiries are sent first, so the server still sees the loss. Records are
-    stamped with the time the oldest waiting one was received."""
+    back, and expiries are sent first, so the server still sees the loss. Each record
+    keeps the time the store stored it (`stamp`); `first_at` is when the oldest waiting
+    one was received here, and `read_to` the stamp of the newest record read and how
+    many were pending in the stream after it."""
 
     def __init__(self) -> None:
-        self.beats: dict[str, tuple[int, bytes, str | None]] = {}
-        self.expired: dict[str, int] = {}
+        self.beats: dict[str, tuple[int, bytes, str | None, float]] = {}
+        self.expired: dict[str, tuple[int, float]] = {}
         self.first_at = 0.0
+        self.read_to: tuple[float, int] = (0.0, 0)
 
     def __len__(self) -> int:
         return len(self.beats) + len(self.expired)
 
-    def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float) -> None:
+    def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float,
+            stamp: float = 0.0, behind: int = 0) -> None:
         if not self:
             self.first_at = now
         if value is None:
-            self.expired[key] = revision
+            self.expired[key] = (revision, stamp)
             self.beats.pop(key, None)
         else:
-            self.beats[key] = (revision, value, shape)
+            self.beats[key] = (revision, value, shape, stamp)
+        if stamp >= self.read_to[0]:
+            self.read_to = (stamp, behind)
 
     def take(self, n: int, synced: bool) -> HeartbeatBatch:
         """Up to `n` records, expiries first, removed from what waits. The batch says
@@ -89,21 +101,26 @@ class Pending:
         revs: list[int] = []
         values: list[bytes | None] = []
         shapes: list[str | None] = []
+        stamps: list[float] = []
         while self.expired and len(keys) < n:
-            key, rev = next(iter(self.expired.items()))
+            key, (rev, stamp) = next(iter(self.expired.items()))
             del self.expired[key]
             keys.append(key)
             revs.append(rev)
             values.append(None)
             shapes.append(None)
+            stamps.append(stamp)
         while self.beats and len(keys) < n:
-            key, (rev, value, shape) = next(iter(self.beats.items()))
+            key, (rev, value, shape, stamp) = next(iter(self.beats.items()))
             del self.beats[key]
             keys.append(key)
             revs.append(rev)
             values.append(value)
             shapes.append(shape)
-        return HeartbeatBatch(self.first_at, synced and not self, keys, revs, values, shapes)
+            stamps.append(stamp)
+        position, behind = self.read_to if not self else (0.0, 0)
+        return HeartbeatBatch(self.first_at, synced and not self, keys, revs, values, shapes, stamps,
+                              position, behind)
 
 
 async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
@@ -115,7 +132,8 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
     pending = Pending()
 
     def on_record(rec: Record) -> None:
-        pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time())
+        pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time(),
+                    rec.stamp, rec.behind)
 
     nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
@@ -165,9 +183,13 @@ class HeartbeatIngest:
 
     bucket = subjects.HOSTS_BUCKET
 
-    def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None]) -> None:
+    def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
+                 on_position: Callable[[float, int, float], None] | None = None) -> None:
         self.cfg = cfg
         self.apply = apply
+        # Told (stream time read up to, records still pending in the stream, local time)
+        # after each batch that left nothing waiting in the child: ReadClock.advance.
+        self.on_position = on_position
         self.synced = asyncio.Event()
         self.received = 0
         self.restarts = 0
@@ -212,11 +234,16 @@ class HeartbeatIngest:
 
     def _on_batch(self, batch: HeartbeatBatch) -> None:
         apply, at = self.apply, batch.received_at
-        for key, rev, value, shape in zip(batch.keys, batch.revisions, batch.values, batch.shapes):
+        for key, rev, value, shape, stamp in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
+                                                 batch.stamps):
             try:
-                apply(key, rev, value, shape, at)
+                apply(key, rev, value, shape, stamp or at)
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 log.exception("heartbeat ingest: applying %s failed", key)
+        if batch.position and self.on_position is not None:
+            self.on_position(batch.position, batch.behind, time.time())
+        if batch.position:
+            metrics.HEARTBEATS_PENDING.set(batch.behind)
         n = len(batch.keys)
         self.received += n
         metrics.HEARTBEATS.inc(n)

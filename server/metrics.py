@@ -14,6 +14,11 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 HEARTBEATS = Counter(
     "muster_heartbeats_received_total", "Heartbeat records seen by the watch", registry=REGISTRY
 )
+HEARTBEATS_PENDING = Gauge(
+    "muster_heartbeats_pending",
+    "Heartbeat records the server's reader had not read yet (pending in the stream after the newest one read)",
+    registry=REGISTRY,
+)
 HEARTBEAT_INGEST_LAG = Gauge(
     "muster_heartbeat_ingest_lag_seconds",
     "Age of the newest heartbeat batch from the ingest process when it was applied",

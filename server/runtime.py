@@ -151,7 +151,7 @@ class Muster:
             # which hands this one batches (server.ingest).
             self.ingest = HeartbeatIngest(IngestConfig(
                 nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
-                nats_key=cfg.nats_key), self.state.apply_heartbeat)
+                nats_key=cfg.nats_key), self.state.apply_heartbeat, self.state.clock.advance)
             self.ingest.start()
         else:
             # ... or arrive on a connection of their own, so lease renewals and commits
@@ -260,6 +260,7 @@ class Muster:
     def _on_heartbeat(self, rec: Record) -> None:
         metrics.HEARTBEATS.inc()
         self.state.apply_host_record(rec)
+        metrics.HEARTBEATS_PENDING.set(rec.behind)
 
     def _on_state(self, kind: str, obj: object) -> None:
         if kind == "job" and self.history is not None and self.historian is None:

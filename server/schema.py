@@ -463,8 +463,8 @@ def aggregates(mu: Muster, now: float | None = None) -> Aggregates:
     heartbeat key is live (LOST hosts count for nothing). Reads the last decoded
     heartbeat: what is counted here is part of its shape, so it is never stale. Each
     host's share is memoised (see _AGG_MEMO)."""
-    now = time.time() if now is None else now
     st = mu.state
+    now = st.health_time(now)
     memo = _AGG_MEMO.get(mu)
     if memo is None or len(memo) > len(st.hosts):
         memo = _AGG_MEMO[mu] = {k: v for k, v in (memo or {}).items() if k in st.hosts}

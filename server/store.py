@@ -46,6 +46,10 @@ class Record:
     revision: int
     value: bytes | None
     headers: dict[str, str] | None = None
+    # From a watch: when the store stored it (its clock, seconds; 0.0 unknown), and how
+    # many records were still pending in the stream after it.
+    stamp: float = 0.0
+    behind: int = 0
 
 
 @dataclass
@@ -375,13 +379,13 @@ class Store:
         return CommitResult(revisions=revisions, last_seq=last)
 
 
-def ack_position(reply: str | None) -> tuple[int, int] | None:
-    """(stream sequence, messages pending) of a JetStream delivery, read from its reply
-    subject: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`, or
-    the form with `<domain>.<account hash>` after `ACK` (and a trailing token). The same
-    fields nats-py's `Msg.metadata` parses; the watch reads only these two, and building
-    the whole metadata (objects, a datetime) was an eighth of the heartbeat ingest
-    process's CPU at 10,000 heartbeats/s. None when the subject is neither form."""
+def ack_position(reply: str | None) -> tuple[int, int, float] | None:
+    """(stream sequence, messages pending, stored at in seconds) of a JetStream delivery,
+    read from its reply subject: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.
+    <ts>.<pending>`, or the form with `<domain>.<account hash>` after `ACK` (and a
+    trailing token). The same fields nats-py's `Msg.metadata` parses; building the whole
+    metadata (objects, a datetime) was an eighth of the heartbeat ingest process's CPU
+    at 10,000 heartbeats/s. None when the subject is neither form."""
     if not reply:
         return None
     tokens = reply.split(".")
@@ -389,9 +393,9 @@ def ack_position(reply: str | None) -> tuple[int, int] | None:
         return None
     try:
         if len(tokens) == 9:
-            return int(tokens[5]), int(tokens[8])
+            return int(tokens[5]), int(tokens[8]), int(tokens[7]) / 1e9
         if len(tokens) >= 11:
-            return int(tokens[7]), int(tokens[10])
+            return int(tokens[7]), int(tokens[10]), int(tokens[9]) / 1e9
     except ValueError:
         return None
     return None
@@ -423,11 +427,11 @@ class Watch:
                 pos = ack_position(msg.reply)
                 if pos is None:
                     meta = msg.metadata  # raises for what is not a JetStream delivery
-                    pos = (meta.sequence.stream, meta.num_pending)
-                seq, pending = pos
+                    pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
+                seq, pending, stamp = pos
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
-                self.on_record(Record(key, seq, value, msg.headers))
+                self.on_record(Record(key, seq, value, msg.headers, stamp, pending))
                 self.received += 1
                 if seq > self.last_seq:
                     self.last_seq = seq

@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from server import subjects
 from server.cluster import ClusterState
 from server.ingest import HeartbeatIngest, IngestConfig, Pending
@@ -47,7 +49,8 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
     state = ClusterState(heartbeat_interval_s=5)
     lost: list[str] = []
     state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
-    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05), state.apply_heartbeat)
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05), state.apply_heartbeat,
+                             state.clock.advance)
     stop = asyncio.Event()
     ingest.start()
     supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
@@ -55,6 +58,14 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
         await asyncio.wait_for(ingest.synced.wait(), timeout=60)
         assert state.hosts["h-old"].revision == before and state.hosts["h-old"].present
         assert state.index.caps["h-old"].cpus == 16
+        # Stamped with the time the store stored it, and the read clock stands there
+        # (nothing else was in the stream, so it is caught up).
+        stored = (await store.js.get_msg(f"KV_{subjects.HOSTS_BUCKET}", seq=before)).time
+        assert stored is not None
+        assert state.hosts["h-old"].seen_at == pytest.approx(stored.timestamp(), abs=1e-3)
+        await eventually(lambda: state.clock.position is not None, 60, "the read clock")
+        assert state.clock.position == pytest.approx(stored.timestamp(), abs=1e-3)
+        assert state.clock.caught_up and state.clock.behind == 0
 
         # A new host; a heartbeat of the same shape (liveness only) and one of a new shape.
         rev = await send(store, heartbeat("h-new"))
@@ -157,3 +168,19 @@ def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
         for k, r, v in zip(batch.keys, batch.revisions, batch.values):
             state.apply_heartbeat(k, r, v and hb[k], None, batch.received_at)
     assert kinds == ["host_up:b", "host_lost:b", "host_up:a", "host_up:b", "host_up:c"]
+
+
+def test_pending_says_how_far_the_stream_was_read_only_when_all_is_sent() -> None:
+    """Each record keeps the time the store stored it; a batch reports the read position
+    (the newest stamp, and what was pending in the stream after it) only when nothing is
+    left waiting, since the server's read clock must not pass records it has not got."""
+    p = Pending()
+    p.add("a", 1, b"a1", "s", now=500.0, stamp=100.0, behind=7)
+    p.add("b", 2, None, None, now=500.1, stamp=101.0, behind=6)
+    p.add("c", 3, b"c1", "s", now=500.2, stamp=102.5, behind=0)
+    first = p.take(2, synced=True)
+    assert first.stamps == [101.0, 100.0]  # b's expiry first, then a
+    assert (first.position, first.behind) == (0.0, 0)  # c still waits here
+    rest = p.take(10, synced=True)
+    assert rest.stamps == [102.5]
+    assert (rest.position, rest.behind) == (102.5, 0)

@@ -296,7 +296,9 @@ def test_ack_position_reads_what_nats_py_reads(reply: str) -> None:
     from server.store import ack_position
 
     meta = Msg.Metadata._from_reply(reply)
-    assert ack_position(reply) == (meta.sequence.stream, meta.num_pending)
+    seq, pending, stamp = ack_position(reply)  # type: ignore[misc]
+    assert (seq, pending) == (meta.sequence.stream, meta.num_pending)
+    assert stamp == pytest.approx(meta.timestamp.timestamp(), abs=1e-6)
 
 
 @pytest.mark.parametrize("reply", [None, "", "_INBOX.abc.1", "$JS.ACK.too.short", "$JS.ACK.a.b.c.x.y.z.w"])

@@ -1,0 +1,48 @@
+"""ReadClock: how far a server has read the heartbeats, on the store's clock.
+
+A host is SUSPECT when it has been silent for two heartbeat intervals. "Silent" must
+mean silent in what the server has read, not in what it has not read yet: at 50,000
+hosts on a saturated machine the heartbeat reader fell seconds behind the stream, and
+judging hosts by the wall clock then called thousands of live hosts SUSPECT (and, at
+start-up while the first heartbeats were still being read, all 50,000 of them, with an
+event each). Heartbeats are read in stream order, so when the reader has reached a
+record stored at time P, every heartbeat stored before P has been applied: a host last
+heard of at S has been silent for P - S, whatever the reader's lag.
+
+So heartbeats are stamped with the time the store stored them (from the delivery's
+reply subject), and health is judged at `now()`: the stream time of the newest record
+applied, plus the local time since then while the reader is caught up (nothing was
+pending in the stream after that record). Both sides are the store's clock, so clock
+skew between the store and the server does not matter. While the reader is behind,
+`now()` does not advance between batches; a reader that stays behind is shown by
+`muster_heartbeat_ingest_lag_seconds` and by the `behind` count here. Expiry (LOST)
+does not depend on this clock: the store's TTL decides it and the marker arrives in
+the stream's order.
+"""
+
+from __future__ import annotations
+
+
+class ReadClock:
+    def __init__(self) -> None:
+        self.position: float | None = None  # stream time of the newest record applied
+        self.caught_up = True  # nothing was pending in the stream after it
+        self.local_at = 0.0  # local time it was applied
+        self.behind = 0  # records still pending in the stream after it
+
+    def advance(self, position: float, behind: int, local_now: float) -> None:
+        """Every record the store held up to `position` (its time) has been applied;
+        `behind` more were waiting in the stream after it."""
+        if self.position is None or position >= self.position:
+            self.position = position
+        self.behind = behind
+        self.caught_up = behind == 0
+        self.local_at = local_now
+
+    def now(self, local_now: float) -> float:
+        """The time health is judged at (the local clock until anything was read)."""
+        if self.position is None:
+            return local_now
+        if self.caught_up:
+            return self.position + max(0.0, local_now - self.local_at)
+        return self.position

@@ -1,0 +1,72 @@
+"""ReadClock and health judged on what has been read (server.readclock), fake clock."""
+
+from __future__ import annotations
+
+from server.cluster import ClusterState
+from server.health import Health
+from server.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
+from server.readclock import ReadClock
+from server.store import Record
+
+T0 = 1_000_000.0
+
+
+def test_local_time_until_anything_is_read() -> None:
+    c = ReadClock()
+    assert c.now(T0) == T0
+
+
+def test_caught_up_runs_on_from_the_position_and_behind_stands_still() -> None:
+    c = ReadClock()
+    # The store's clock is 100 s ahead of ours: only differences count.
+    c.advance(T0 + 100, behind=0, local_now=T0)
+    assert c.now(T0 + 3) == T0 + 103
+    c.advance(T0 + 104, behind=5000, local_now=T0 + 5)
+    assert c.now(T0 + 5) == c.now(T0 + 60) == T0 + 104  # behind: what was read is all it knows
+    c.advance(T0 + 90, behind=0, local_now=T0 + 61)  # an older position never moves it back
+    assert c.position == T0 + 104 and c.caught_up
+
+
+def beat(host: str, seq: int) -> tuple[bytes, str]:
+    hb = Heartbeat(host_id=host, boot_id="b", seq=seq, ts=T0, gpus=[GpuInfo(index=0, model="H100", memory_mb=1)],
+                   gpu_usage=[GpuUsage(index=0)], cpus=8, memory_mb=1000)
+    return encode(hb), shape_digest(hb)
+
+
+def test_a_reader_that_is_behind_does_not_make_hosts_suspect() -> None:
+    """Hosts are judged on the time up to which heartbeats were read: a reader 30 s behind
+    the stream does not call a host SUSPECT for silence it has not seen; a host silent in
+    what was read is SUSPECT however far behind the reader is."""
+    s = ClusterState(heartbeat_interval_s=5.0)
+    rev = 0
+    for t in (0.0, 5.0, 10.0):  # live-a beats every 5 s, quiet-b stops after its first
+        for host in ("live-a", "quiet-b") if t == 0.0 else ("live-a",):
+            rev += 1
+            value, shape = beat(host, rev)
+            s.apply_host_record(Record(host, rev, value, {"Muster-Shape": shape}, stamp=T0 + t, behind=40_000),
+                                now=T0 + 40 + t)
+    # 50 s of wall clock later, the reader has read only up to T0 + 10.
+    assert s.clock.position == T0 + 10 and not s.clock.caught_up
+    assert s.health("live-a", now=T0 + 50) is Health.HEALTHY
+    assert s.health("quiet-b", now=T0 + 50) is Health.HEALTHY  # silent 10 s in what was read: not yet
+    changes = s.refresh_health(T0 + 50).take_changes()
+    assert sorted(changes) == [("live-a", None, Health.HEALTHY), ("quiet-b", None, Health.HEALTHY)]
+    assert s.capacities(now=T0 + 50)["live-a"].schedulable
+    # The reader catches up to T0 + 12 with nothing more from quiet-b: 12 s of silence.
+    rev += 1
+    value, shape = beat("live-a", rev)
+    s.apply_host_record(Record("live-a", rev, value, {"Muster-Shape": shape}, stamp=T0 + 12, behind=0), now=T0 + 51)
+    assert s.health("quiet-b", now=T0 + 51) is Health.SUSPECT
+    assert s.refresh_health(T0 + 51).take_changes() == [("quiet-b", Health.HEALTHY, Health.SUSPECT)]
+    # Caught up, the clock runs on: live-a silent 11 s after its last heartbeat.
+    assert s.health_time(T0 + 61) == T0 + 22
+    assert s.health("live-a", now=T0 + 61) is Health.HEALTHY  # exactly two intervals
+    assert s.health("live-a", now=T0 + 62) is Health.SUSPECT
+
+
+def test_records_without_a_stamp_keep_the_local_clock() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    value, shape = beat("h", 1)
+    s.apply_host_record(Record("h", 1, value, {"Muster-Shape": shape}), now=T0)
+    assert s.clock.position is None and s.hosts["h"].seen_at == T0
+    assert s.health("h", now=T0 + 11) is Health.SUSPECT
