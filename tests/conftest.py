@@ -195,6 +195,13 @@ class Api:
             time.sleep(0.1)
 
 
+def ctrl_c_works() -> None:
+    """Popen preexec_fn for a child the test stops with SIGINT (Ctrl-C): a suite started
+    in the background by a shell without job control runs with SIGINT ignored, children
+    inherit that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:

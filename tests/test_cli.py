@@ -16,7 +16,7 @@ from typing import Any
 import nats as nats_py
 
 from server.messages import Event, encode
-from tests.conftest import ROOT, Api, Cluster
+from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, wait_until
 
 
 def muster(c: Cluster, url: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -58,8 +58,9 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
 
     # listings in json, filters
-    listing = json.loads(muster(cluster, srv.url, "job", "list", "-o", "json").stdout)
-    assert listing["totalCount"] >= 3
+    # (the list reads the history database, filled asynchronously by the historian)
+    wait_until(lambda: json.loads(muster(cluster, srv.url, "job", "list", "-o", "json").stdout)["totalCount"] >= 3,
+               what="three jobs in `job list`")
     queued = json.loads(muster(cluster, srv.url, "job", "list", "--state", "QUEUED", "-o", "json").stdout)
     assert [e["node"]["id"] for e in queued["edges"]] == [queued_id]
     r = muster(cluster, srv.url, "job", "list")
@@ -80,7 +81,7 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     # --watch re-renders until Ctrl-C, which exits 0
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
     p = subprocess.Popen([sys.executable, "-m", "server.cli", "host", "list", "--watch"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_works)
     time.sleep(5)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=20)
@@ -98,7 +99,7 @@ def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "server.cli", "alerts", "tail", "-n", "0", "-o", "json",
                           "--interval", "0.5"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=ctrl_c_works)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()

@@ -207,8 +207,9 @@ def test_cli_submit_list_show_cancel(two_hosts: tuple[Cluster, Api]) -> None:
     job = json.loads(r.stdout)
     assert job["state"] == "SUCCEEDED"
     assert "42" in job["attempts"][0]["outputTail"]
-    r = muster("job", "list", "-o", "json")
-    assert job["id"] in r.stdout
+    # The list reads the history database, which the historian process fills
+    # asynchronously (at nice +10): wait for the row rather than race it.
+    wait_until(lambda: job["id"] in muster("job", "list", "-o", "json").stdout, what="the job in `job list`")
     r = muster("job", "show", job["id"])
     assert "SUCCEEDED" in r.stdout and "42" in r.stdout
     r = muster("job", "show", "j-does-not-exist")
