@@ -8,8 +8,8 @@ marker) and sends its parent, every `flush_s` and at most `batch_max` records at
 one `HeartbeatBatch` over a pipe. The parent applies it to its ClusterState
 (`ClusterState.apply_heartbeat`) on its event loop: a few microseconds per heartbeat,
 instead of the NATS client's per-message work. Every record keeps its stream revision
-and the time the store stored it; a batch that leaves nothing waiting in the child also
-says how far the stream has been read, which moves the server's read clock
+and the time the store stored it; each batch also says how far the stream has been
+sent, which moves the server's read clock
 (server.readclock: hosts are judged on what has been read, not on the wall clock).
 
 `muster server` runs it unless `--heartbeats-in-process`. The parent restarts a child
@@ -54,8 +54,8 @@ class HeartbeatBatch(NamedTuple):
     values: list[bytes | None]  # None: the key's TTL expiry marker
     shapes: list[str | None]  # the Muster-Shape header
     stamps: list[float]  # when the store stored each record (its clock; 0.0 unknown)
-    # Every record the store held up to this time (its clock) has now been sent (0.0:
-    # more are waiting in the child), and `behind` more were pending in the stream.
+    # Every record the store held before this time (its clock) has now been sent (0.0:
+    # unknown), and `behind` records were still unsent (in the stream or in the child).
     position: float = 0.0
     behind: int = 0
 
@@ -68,16 +68,21 @@ class Pending:
     waits is bounded by the number of hosts however long the server does not read (it
     may be stopped). A newer heartbeat replaces an older one (the server keeps only the
     newest); an expiry replaces the heartbeats before it and stays when the host comes
-    back, and expiries are sent first, so the server still sees the loss. Each record
-    keeps the time the store stored it (`stamp`); `first_at` is when the oldest waiting
-    one was received here, and `read_to` the stamp of the newest record read and how
-    many were pending in the stream after it."""
+    back, and expiries are sent first, so the server still sees the loss.
+
+    Each record keeps the time the store stored it (`stamp`) and the stamp of the first
+    record of its host that has waited since (`first`): a host keeps its place, so the
+    first waiting entry holds the oldest unsent record. A batch says how far the stream
+    has been sent (`position`): every record stored before it has reached the server
+    (or was replaced by a newer one that has). That is the oldest unsent stamp while
+    records wait, and the newest read when none do. `first_at` is when the oldest
+    waiting record was received here."""
 
     def __init__(self) -> None:
-        self.beats: dict[str, tuple[int, bytes, str | None, float]] = {}
-        self.expired: dict[str, tuple[int, float]] = {}
+        self.beats: dict[str, tuple[int, bytes, str | None, float, float]] = {}
+        self.expired: dict[str, tuple[int, float, float]] = {}
         self.first_at = 0.0
-        self.read_to: tuple[float, int] = (0.0, 0)
+        self.read_to: tuple[float, int] = (0.0, 0)  # newest stamp read, pending in the stream after it
 
     def __len__(self) -> int:
         return len(self.beats) + len(self.expired)
@@ -87,10 +92,13 @@ class Pending:
         if not self:
             self.first_at = now
         if value is None:
-            self.expired[key] = (revision, stamp)
-            self.beats.pop(key, None)
+            old = self.beats.pop(key, None)
+            gone = self.expired.get(key)
+            first = min(x for x in (stamp, old and old[4], gone and gone[2]) if x is not None)
+            self.expired[key] = (revision, stamp, first)
         else:
-            self.beats[key] = (revision, value, shape, stamp)
+            old_beat = self.beats.get(key)
+            self.beats[key] = (revision, value, shape, stamp, old_beat[4] if old_beat else stamp)
         if stamp >= self.read_to[0]:
             self.read_to = (stamp, behind)
 
@@ -103,7 +111,7 @@ class Pending:
         shapes: list[str | None] = []
         stamps: list[float] = []
         while self.expired and len(keys) < n:
-            key, (rev, stamp) = next(iter(self.expired.items()))
+            key, (rev, stamp, _) = next(iter(self.expired.items()))
             del self.expired[key]
             keys.append(key)
             revs.append(rev)
@@ -111,14 +119,22 @@ class Pending:
             shapes.append(None)
             stamps.append(stamp)
         while self.beats and len(keys) < n:
-            key, (rev, value, shape, stamp) = next(iter(self.beats.items()))
+            key, (rev, value, shape, stamp, _) = next(iter(self.beats.items()))
             del self.beats[key]
             keys.append(key)
             revs.append(rev)
             values.append(value)
             shapes.append(shape)
             stamps.append(stamp)
-        position, behind = self.read_to if not self else (0.0, 0)
+        if self:
+            # Heartbeats wait in the order their hosts started waiting; an expiry may
+            # carry the older stamp of the heartbeat it replaced, and expiries are few.
+            oldest = [e[2] for e in self.expired.values()]
+            oldest += [e[4] for e in (next(iter(self.beats.values()), None),) if e is not None]
+            # Stamps are nanoseconds from the store: stop just short of the oldest unsent.
+            position, behind = max(0.0, min(oldest) - 1e-6), self.read_to[1] + len(self)
+        else:
+            position, behind = self.read_to
         return HeartbeatBatch(self.first_at, synced and not self, keys, revs, values, shapes, stamps,
                               position, behind)
 
@@ -187,8 +203,8 @@ class HeartbeatIngest:
                  on_position: Callable[[float, int, float], None] | None = None) -> None:
         self.cfg = cfg
         self.apply = apply
-        # Told (stream time read up to, records still pending in the stream, local time)
-        # after each batch that left nothing waiting in the child: ReadClock.advance.
+        # Told (stream time sent up to, records still unsent, local time) after each
+        # batch: ReadClock.advance.
         self.on_position = on_position
         self.synced = asyncio.Event()
         self.received = 0

@@ -16,7 +16,7 @@ HEARTBEATS = Counter(
 )
 HEARTBEATS_PENDING = Gauge(
     "muster_heartbeats_pending",
-    "Heartbeat records the server's reader had not read yet (pending in the stream after the newest one read)",
+    "Heartbeat records not yet applied by the server when it last heard (unread in the stream, or read and waiting in the ingest process)",
     registry=REGISTRY,
 )
 HEARTBEAT_INGEST_LAG = Gauge(

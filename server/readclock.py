@@ -10,9 +10,9 @@ record stored at time P, every heartbeat stored before P has been applied: a hos
 heard of at S has been silent for P - S, whatever the reader's lag.
 
 So heartbeats are stamped with the time the store stored them (from the delivery's
-reply subject), and health is judged at `now()`: the stream time of the newest record
-applied, plus the local time since then while the reader is caught up (nothing was
-pending in the stream after that record). Both sides are the store's clock, so clock
+reply subject), and health is judged at `now()`: the stream time up to which every
+record has been applied, plus the local time since then while the reader is caught up
+(nothing was left unread after it). Both sides are the store's clock, so clock
 skew between the store and the server does not matter. While the reader is behind,
 `now()` does not advance between batches; a reader that stays behind is shown by
 `muster_heartbeat_ingest_lag_seconds` and by the `behind` count here. Expiry (LOST)
@@ -31,8 +31,8 @@ class ReadClock:
         self.behind = 0  # records still pending in the stream after it
 
     def advance(self, position: float, behind: int, local_now: float) -> None:
-        """Every record the store held up to `position` (its time) has been applied;
-        `behind` more were waiting in the stream after it."""
+        """Every record the store held before `position` (its time) has been applied;
+        `behind` records were still unread or unsent (0: caught up)."""
         if self.position is None or position >= self.position:
             self.position = position
         self.behind = behind

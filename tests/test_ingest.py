@@ -170,17 +170,27 @@ def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
     assert kinds == ["host_up:b", "host_lost:b", "host_up:a", "host_up:b", "host_up:c"]
 
 
-def test_pending_says_how_far_the_stream_was_read_only_when_all_is_sent() -> None:
-    """Each record keeps the time the store stored it; a batch reports the read position
-    (the newest stamp, and what was pending in the stream after it) only when nothing is
-    left waiting, since the server's read clock must not pass records it has not got."""
+def test_pending_says_how_far_the_stream_has_been_sent() -> None:
+    """Each record keeps the time the store stored it; every batch says up to when the
+    stream has reached the server: just short of the oldest record still waiting (a
+    host keeps its place while newer heartbeats replace its older one), or the newest
+    read once nothing waits, with what is still unsent."""
     p = Pending()
     p.add("a", 1, b"a1", "s", now=500.0, stamp=100.0, behind=7)
-    p.add("b", 2, None, None, now=500.1, stamp=101.0, behind=6)
-    p.add("c", 3, b"c1", "s", now=500.2, stamp=102.5, behind=0)
-    first = p.take(2, synced=True)
-    assert first.stamps == [101.0, 100.0]  # b's expiry first, then a
-    assert (first.position, first.behind) == (0.0, 0)  # c still waits here
+    p.add("c", 2, b"c1", "s", now=500.1, stamp=101.0, behind=6)
+    p.add("a", 3, b"a2", "s", now=500.2, stamp=103.0, behind=5)  # a keeps its place, first 100
+    p.add("d", 4, b"d1", "s", now=500.3, stamp=104.0, behind=0)
+    first = p.take(1, synced=True)
+    assert first.keys == ["a"] and first.stamps == [103.0]
+    assert first.position == pytest.approx(101.0, abs=1e-5) and first.position < 101.0  # c still waits
+    assert first.behind == 2  # c and d unsent here, nothing in the stream
+    # An expiry replacing a waiting heartbeat carries that heartbeat's older stamp.
+    p.add("d", 5, None, None, now=500.4, stamp=120.0, behind=0)
+    second = p.take(1, synced=True)
+    assert second.keys == ["d"] and second.values == [None] and second.stamps == [120.0]
+    assert second.position == pytest.approx(101.0, abs=1e-5)  # c (first 101) still waits
+    p.add("e", 6, None, None, now=500.5, stamp=121.0, behind=3)
+    p.add("e", 7, b"e1", "s", now=500.6, stamp=122.0, behind=0)
     rest = p.take(10, synced=True)
-    assert rest.stamps == [102.5]
-    assert (rest.position, rest.behind) == (102.5, 0)
+    assert rest.keys == ["e", "c", "e"] and rest.stamps == [121.0, 101.0, 122.0]
+    assert (rest.position, rest.behind) == (122.0, 0)  # nothing waits: the newest read
