@@ -636,8 +636,13 @@ class Bench:
                            "lost": int(m.get('muster_hosts{health="LOST"}', 0))},
                  "leadership": {"role": "leader" if m.get("muster_leader", 0) >= 1 else "follower"}}
             ready = sum(1 for s in self.sims() if s.get("ready"))
+            # Health is judged on what the server has read (server/readclock.py), so every
+            # host can look healthy while the server is still reading a backlog: also wait
+            # until it is within about a second of heartbeats of the stream's end.
+            pending = m.get("muster_heartbeats_pending")
+            caught_up = pending is None or pending <= max(100, a.hosts / 5)
             if ready == k and "observer" in self.stats and c["hosts"]["healthy"] >= a.hosts \
-                    and c["leadership"]["role"] == "leader":
+                    and c["leadership"]["role"] == "leader" and caught_up:
                 break
             if time.monotonic() > deadline:
                 if ready < k or "observer" not in self.stats:
@@ -645,12 +650,14 @@ class Bench:
                                      f"{ready}/{k} "
                                      f"simulators, observer {'up' if 'observer' in self.stats else 'missing'}")
                 msg = (f"started the run anyway after {time.time() - t_boot:.0f} s: the server saw only "
-                       f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']})")
+                       f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']}), "
+                       f"{pending} heartbeats pending")
                 print("WARNING: " + msg, flush=True)
                 self.notes.append(msg)
                 break
             print(f"[startup {time.time() - t_boot:5.1f}s] simulators ready {ready}/{k}, server sees "
-                  f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}", flush=True)
+                  f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}, "
+                  f"heartbeats pending {pending if pending is not None else '?'}", flush=True)
             await asyncio.sleep(2.0)
         startup_s = time.time() - t_boot
         self.adopt_server_children()
@@ -935,6 +942,11 @@ class Bench:
                            if any("muster_heartbeat_ingest_lag_seconds" in m for _, m in m_in) else None,
                            # Hosts the server saw as SUSPECT (no heartbeat applied for two
                            # intervals, so unschedulable) at the worst sample in the window.
+                           # Heartbeat records the server had not applied yet (unread in
+                           # the stream or waiting in the ingest process), its own count.
+                           "pending_max_in_window": max(
+                               (m.get("muster_heartbeats_pending", 0.0) for _, m in m_in), default=None)
+                           if any("muster_heartbeats_pending" in m for _, m in m_in) else None,
                            "suspect_hosts_max_in_window": max(
                                (m.get(SUSPECT_GAUGE, 0.0) for _, m in m_in), default=None)
                            if any(SUSPECT_GAUGE in m for _, m in m_in) else None,

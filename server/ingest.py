@@ -210,6 +210,7 @@ class HeartbeatIngest:
         self.received = 0
         self.restarts = 0
         self.lag_s = 0.0  # age of the newest batch's first record when it was applied
+        self.batches_read = 0  # batches taken from the pipe (one at a time: see _read)
         self.proc: multiprocessing.process.BaseProcess | None = None
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -233,6 +234,11 @@ class HeartbeatIngest:
         self._reader.start()
 
     def _read(self, conn: Connection) -> None:
+        """Hand the loop one batch at a time: the next is read from the pipe only once the
+        last one was applied. Handing over every batch as it came once queued tens of
+        them on the loop while 50,000 hosts registered, and the loop ran them back to
+        back for 25 s (no timer ran, not even the collector policy's). Holding back
+        instead fills the pipe, and the ingest process keeps one record per host."""
         loop = self._loop
         assert loop is not None
         try:
@@ -241,10 +247,22 @@ class HeartbeatIngest:
                     batch = conn.recv()
                 except (EOFError, OSError):
                     return
+                self.batches_read += 1
+                applied = threading.Event()
+
+                def apply_one(b: HeartbeatBatch = batch, done: threading.Event = applied) -> None:
+                    try:
+                        self._on_batch(b)
+                    finally:
+                        done.set()
+
                 try:
-                    loop.call_soon_threadsafe(self._on_batch, batch)
+                    loop.call_soon_threadsafe(apply_one)
                 except RuntimeError:  # the loop is closed
                     return
+                while not applied.wait(0.5):
+                    if loop.is_closed() or self._stopping:
+                        return
         finally:
             conn.close()
 

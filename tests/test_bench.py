@@ -141,6 +141,7 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rep["processes"]["server: heartbeat ingest"]["cpu_s"] > 0  # it read the heartbeats
     assert rep["heartbeats"]["ingest_lag_s_max_in_window"] is not None
     assert rep["heartbeats"]["suspect_hosts_max_in_window"] is not None  # read from the server's gauge
+    assert rep["heartbeats"]["pending_max_in_window"] is not None
     assert 0 < rep["machine_cpu_busy_pct_in_window"] <= 100
     assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
     assert rep["replication"]["stream_replicas"]["KV_state"] == 1

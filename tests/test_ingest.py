@@ -194,3 +194,32 @@ def test_pending_says_how_far_the_stream_has_been_sent() -> None:
     rest = p.take(10, synced=True)
     assert rest.keys == ["e", "c", "e"] and rest.stamps == [121.0, 101.0, 122.0]
     assert (rest.position, rest.behind) == (122.0, 0)  # nothing waits: the newest read
+
+
+async def test_the_server_takes_one_batch_at_a_time_from_the_pipe() -> None:
+    """The reader thread hands the event loop a batch only once the last one was applied:
+    what waits stays in the pipe (and, behind it, coalesced in the ingest process), not
+    queued on the loop, where 50,000 registrations once ran back to back for 25 s."""
+    import multiprocessing
+    import threading
+
+    from server.ingest import HeartbeatBatch
+
+    seen: list[tuple[int, int]] = []  # (batches taken from the pipe, batches applied) at each apply
+
+    def apply(key: str, rev: int, value: bytes | None, shape: str | None, now: float) -> None:
+        seen.append((ingest.batches_read, len(seen) + 1))
+
+    ingest = HeartbeatIngest(IngestConfig(nats_url="nats://unused"), apply)
+    ingest._loop = asyncio.get_running_loop()
+    recv, send = multiprocessing.Pipe(duplex=False)
+    for i in range(20):
+        send.send(HeartbeatBatch(0.0, False, [f"h{i}"], [i + 1], [b"x"], [None], [0.0]))
+    reader = threading.Thread(target=ingest._read, args=(recv,), daemon=True)
+    reader.start()
+
+    await eventually(lambda: len(seen) == 20, 60, "20 batches applied")
+    assert seen == [(k, k) for k in range(1, 21)]  # batch k applied before batch k+1 was read
+    send.close()
+    await asyncio.to_thread(reader.join, 30)
+    assert not reader.is_alive()
