@@ -76,11 +76,13 @@ class Pending:
     has been sent (`position`): every record stored before it has reached the server
     (or was replaced by a newer one that has). That is the oldest unsent stamp while
     records wait, and the newest read when none do. `first_at` is when the oldest
-    waiting record was received here."""
+    waiting record was received here (a batch carries it as `received_at`)."""
 
     def __init__(self) -> None:
-        self.beats: dict[str, tuple[int, bytes, str | None, float, float]] = {}
-        self.expired: dict[str, tuple[int, float, float]] = {}
+        # key -> (revision, value, shape, stamp, first stamp, first received here)
+        self.beats: dict[str, tuple[int, bytes, str | None, float, float, float]] = {}
+        # key -> (revision, stamp, first stamp, first received here)
+        self.expired: dict[str, tuple[int, float, float, float]] = {}
         self.first_at = 0.0
         self.read_to: tuple[float, int] = (0.0, 0)  # newest stamp read, pending in the stream after it
 
@@ -95,10 +97,12 @@ class Pending:
             old = self.beats.pop(key, None)
             gone = self.expired.get(key)
             first = min(x for x in (stamp, old and old[4], gone and gone[2]) if x is not None)
-            self.expired[key] = (revision, stamp, first)
+            since = min(x for x in (now, old and old[5], gone and gone[3]) if x is not None)
+            self.expired[key] = (revision, stamp, first, since)
         else:
             old_beat = self.beats.get(key)
-            self.beats[key] = (revision, value, shape, stamp, old_beat[4] if old_beat else stamp)
+            self.beats[key] = (revision, value, shape, stamp, old_beat[4] if old_beat else stamp,
+                               old_beat[5] if old_beat else now)
         if stamp >= self.read_to[0]:
             self.read_to = (stamp, behind)
 
@@ -111,7 +115,7 @@ class Pending:
         shapes: list[str | None] = []
         stamps: list[float] = []
         while self.expired and len(keys) < n:
-            key, (rev, stamp, _) = next(iter(self.expired.items()))
+            key, (rev, stamp, _, _) = next(iter(self.expired.items()))
             del self.expired[key]
             keys.append(key)
             revs.append(rev)
@@ -119,23 +123,25 @@ class Pending:
             shapes.append(None)
             stamps.append(stamp)
         while self.beats and len(keys) < n:
-            key, (rev, value, shape, stamp, _) = next(iter(self.beats.items()))
+            key, (rev, value, shape, stamp, _, _) = next(iter(self.beats.items()))
             del self.beats[key]
             keys.append(key)
             revs.append(rev)
             values.append(value)
             shapes.append(shape)
             stamps.append(stamp)
+        received_at = self.first_at
         if self:
             # Heartbeats wait in the order their hosts started waiting; an expiry may
             # carry the older stamp of the heartbeat it replaced, and expiries are few.
-            oldest = [e[2] for e in self.expired.values()]
-            oldest += [e[4] for e in (next(iter(self.beats.values()), None),) if e is not None]
+            firsts = [(e[2], e[3]) for e in self.expired.values()]
+            firsts += [(e[4], e[5]) for e in (next(iter(self.beats.values()), None),) if e is not None]
             # Stamps are nanoseconds from the store: stop just short of the oldest unsent.
-            position, behind = max(0.0, min(oldest) - 1e-6), self.read_to[1] + len(self)
+            position, behind = max(0.0, min(f[0] for f in firsts) - 1e-6), self.read_to[1] + len(self)
+            self.first_at = min(f[1] for f in firsts)
         else:
             position, behind = self.read_to
-        return HeartbeatBatch(self.first_at, synced and not self, keys, revs, values, shapes, stamps,
+        return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
                               position, behind)
 
 

@@ -429,6 +429,11 @@ class Watch:
                     meta = msg.metadata  # raises for what is not a JetStream delivery
                     pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
                 seq, pending, stamp = pos
+                # `pending` counts what the store had not delivered yet; what it delivered
+                # and this client has not handed over yet waits in the subscription's queue.
+                sub = self._sub
+                if sub is not None:
+                    pending += sub.pending_msgs
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
                 self.on_record(Record(key, seq, value, msg.headers, stamp, pending))

@@ -184,11 +184,13 @@ def test_pending_says_how_far_the_stream_has_been_sent() -> None:
     assert first.keys == ["a"] and first.stamps == [103.0]
     assert first.position == pytest.approx(101.0, abs=1e-5) and first.position < 101.0  # c still waits
     assert first.behind == 2  # c and d unsent here, nothing in the stream
+    assert first.received_at == 500.0
     # An expiry replacing a waiting heartbeat carries that heartbeat's older stamp.
     p.add("d", 5, None, None, now=500.4, stamp=120.0, behind=0)
     second = p.take(1, synced=True)
     assert second.keys == ["d"] and second.values == [None] and second.stamps == [120.0]
     assert second.position == pytest.approx(101.0, abs=1e-5)  # c (first 101) still waits
+    assert second.received_at == 500.1  # the oldest record still waiting was received then
     p.add("e", 6, None, None, now=500.5, stamp=121.0, behind=3)
     p.add("e", 7, b"e1", "s", now=500.6, stamp=122.0, behind=0)
     rest = p.take(10, synced=True)
