@@ -12,7 +12,11 @@ heard of at S has been silent for P - S, whatever the reader's lag.
 So heartbeats are stamped with the time the store stored them (from the delivery's
 reply subject), and health is judged at `now()`: the stream time up to which every
 record has been applied, plus the local time since then while the reader is caught up
-(nothing was left unread after it). Both sides are the store's clock, so clock
+(nothing was left unread after it, and it was applied within `FRESH_S` of being
+stored; this compares the store's clock with the server's, so it needs clocks kept
+within a second or so, by NTP; with worse skew the clock only moves as records are read,
+which still judges hosts correctly while heartbeats flow, but a cluster whose every host
+fell silent then goes straight to LOST without SUSPECT). Both sides are the store's clock, so clock
 skew between the store and the server does not matter. While the reader is behind,
 `now()` does not advance between batches; a reader that stays behind is shown by
 `muster_heartbeat_ingest_lag_seconds` and by the `behind` count here. Expiry (LOST)
@@ -21,6 +25,11 @@ the stream's order.
 """
 
 from __future__ import annotations
+
+
+# A record applied more than this long after the store stored it was not read at the
+# stream's end, whatever the store's pending count said when it was delivered.
+FRESH_S = 2.0
 
 
 class ReadClock:
@@ -36,7 +45,12 @@ class ReadClock:
         if self.position is None or position >= self.position:
             self.position = position
         self.behind = behind
-        self.caught_up = behind == 0
+        # Caught up only if nothing was left unread *and* the newest record was applied
+        # promptly: the store counts as pending only what it has not yet delivered, and
+        # what it delivered into a backed-up connection (its outbound buffer, the
+        # sockets) arrives seconds later saying "nothing after me". Taking that at its
+        # word let the clock run on at 50,000 hosts while the server was 20 s behind.
+        self.caught_up = behind == 0 and local_now - position < FRESH_S
         self.local_at = local_now
 
     def now(self, local_now: float) -> float:

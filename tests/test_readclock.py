@@ -52,16 +52,31 @@ def test_a_reader_that_is_behind_does_not_make_hosts_suspect() -> None:
     changes = s.refresh_health(T0 + 50).take_changes()
     assert sorted(changes) == [("live-a", None, Health.HEALTHY), ("quiet-b", None, Health.HEALTHY)]
     assert s.capacities(now=T0 + 50)["live-a"].schedulable
-    # The reader catches up to T0 + 12 with nothing more from quiet-b: 12 s of silence.
+    # The reader catches up: a record stored at T0 + 49.5, applied at T0 + 50 with
+    # nothing after it; quiet-b has been silent for 49.5 s of what was read.
     rev += 1
     value, shape = beat("live-a", rev)
-    s.apply_host_record(Record("live-a", rev, value, {"Muster-Shape": shape}, stamp=T0 + 12, behind=0), now=T0 + 51)
-    assert s.health("quiet-b", now=T0 + 51) is Health.SUSPECT
-    assert s.refresh_health(T0 + 51).take_changes() == [("quiet-b", Health.HEALTHY, Health.SUSPECT)]
-    # Caught up, the clock runs on: live-a silent 11 s after its last heartbeat.
-    assert s.health_time(T0 + 61) == T0 + 22
-    assert s.health("live-a", now=T0 + 61) is Health.HEALTHY  # exactly two intervals
-    assert s.health("live-a", now=T0 + 62) is Health.SUSPECT
+    s.apply_host_record(Record("live-a", rev, value, {"Muster-Shape": shape}, stamp=T0 + 49.5, behind=0),
+                        now=T0 + 50)
+    assert s.clock.caught_up
+    assert s.health("quiet-b", now=T0 + 50) is Health.SUSPECT
+    assert s.refresh_health(T0 + 50).take_changes() == [("quiet-b", Health.HEALTHY, Health.SUSPECT)]
+    # Caught up, the clock runs on: live-a silent for two intervals, then more.
+    assert s.health_time(T0 + 60) == T0 + 59.5
+    assert s.health("live-a", now=T0 + 60) is Health.HEALTHY  # exactly two intervals
+    assert s.health("live-a", now=T0 + 61) is Health.SUSPECT
+
+
+def test_a_late_record_saying_nothing_is_pending_does_not_make_the_clock_run_on() -> None:
+    """The store counts as pending only what it has not delivered: a record that sat in a
+    backed-up connection arrives saying "nothing after me". Applied long after it was
+    stored, it does not count as caught up (at 50,000 hosts, taking it at its word let
+    the clock run on while the server was 20 s behind, and live hosts went SUSPECT)."""
+    c = ReadClock()
+    c.advance(T0, behind=0, local_now=T0 + 10)
+    assert not c.caught_up and c.now(T0 + 30) == T0
+    c.advance(T0 + 29, behind=0, local_now=T0 + 30)  # fresh again
+    assert c.caught_up and c.now(T0 + 31) == T0 + 30
 
 
 def test_records_without_a_stamp_keep_the_local_clock() -> None:
