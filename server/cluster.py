@@ -194,7 +194,7 @@ class ClusterState:
         self.apply_heartbeat(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER),
                              rec.stamp or local)
         if rec.stamp:
-            self.clock.advance(rec.stamp, rec.behind, local)
+            self.clock.advance(rec.stamp, rec.behind, local, rec.skipped)
 
     def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
                         now: float) -> None:

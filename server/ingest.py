@@ -58,6 +58,7 @@ class HeartbeatBatch(NamedTuple):
     # unknown), and `behind` records were still unsent (in the stream or in the child).
     position: float = 0.0
     behind: int = 0
+    skipped: int = 0  # records the watch never saw (removed from the stream first) since the last batch
 
 
 # ---------------------------------------------------------------- child
@@ -85,14 +86,16 @@ class Pending:
         self.expired: dict[str, tuple[int, float, float, float]] = {}
         self.first_at = 0.0
         self.read_to: tuple[float, int] = (0.0, 0)  # newest stamp read, pending in the stream after it
+        self.skipped = 0
 
     def __len__(self) -> int:
         return len(self.beats) + len(self.expired)
 
     def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float,
-            stamp: float = 0.0, behind: int = 0) -> None:
+            stamp: float = 0.0, behind: int = 0, skipped: int = 0) -> None:
         if not self:
             self.first_at = now
+        self.skipped += skipped
         if value is None:
             old = self.beats.pop(key, None)
             gone = self.expired.get(key)
@@ -141,8 +144,9 @@ class Pending:
             self.first_at = min(f[1] for f in firsts)
         else:
             position, behind = self.read_to
+        skipped, self.skipped = self.skipped, 0
         return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
-                              position, behind)
+                              position, behind, skipped)
 
 
 async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
@@ -155,7 +159,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
 
     def on_record(rec: Record) -> None:
         pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time(),
-                    rec.stamp, rec.behind)
+                    rec.stamp, rec.behind, rec.skipped)
 
     nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
@@ -206,11 +210,11 @@ class HeartbeatIngest:
     bucket = subjects.HOSTS_BUCKET
 
     def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
-                 on_position: Callable[[float, int, float], None] | None = None) -> None:
+                 on_position: Callable[[float, int, float, int], None] | None = None) -> None:
         self.cfg = cfg
         self.apply = apply
-        # Told (stream time sent up to, records still unsent, local time) after each
-        # batch: ReadClock.advance.
+        # Told (stream time sent up to, records still unsent, local time, records the
+        # watch skipped) after each batch: ReadClock.advance.
         self.on_position = on_position
         self.synced = asyncio.Event()
         self.received = 0
@@ -281,9 +285,11 @@ class HeartbeatIngest:
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 log.exception("heartbeat ingest: applying %s failed", key)
         if batch.position and self.on_position is not None:
-            self.on_position(batch.position, batch.behind, time.time())
+            self.on_position(batch.position, batch.behind, time.time(), batch.skipped)
         if batch.position:
             metrics.HEARTBEATS_PENDING.set(batch.behind)
+        if batch.skipped:
+            metrics.HEARTBEATS_SKIPPED.inc(batch.skipped)
         n = len(batch.keys)
         self.received += n
         metrics.HEARTBEATS.inc(n)

@@ -19,6 +19,12 @@ HEARTBEATS_PENDING = Gauge(
     "Heartbeat records not yet applied by the server when it last heard (unread in the stream, or read and waiting in the ingest process)",
     registry=REGISTRY,
 )
+HEARTBEATS_SKIPPED = Counter(
+    "muster_heartbeats_skipped_total",
+    "Heartbeat records removed from the stream before the server's reader got to them (replaced by a newer "
+    "heartbeat of their host while the reader was behind); while they are, hosts are not judged SUSPECT",
+    registry=REGISTRY,
+)
 HEARTBEAT_INGEST_LAG = Gauge(
     "muster_heartbeat_ingest_lag_seconds",
     "Age of the newest heartbeat batch from the ingest process when it was applied",

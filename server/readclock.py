@@ -38,10 +38,22 @@ class ReadClock:
         self.caught_up = True  # nothing was pending in the stream after it
         self.local_at = 0.0  # local time it was applied
         self.behind = 0  # records still pending in the stream after it
+        # Where the clock stands while superseded heartbeats are being skipped (None: not).
+        self.held_at: float | None = None
 
-    def advance(self, position: float, behind: int, local_now: float) -> None:
+    def advance(self, position: float, behind: int, local_now: float, skipped: int = 0) -> None:
         """Every record the store held before `position` (its time) has been applied;
         `behind` records were still unread or unsent (0: caught up)."""
+        if skipped:
+            # The stream removed records before they were read: a heartbeat replaced by a
+            # newer one of its host (the bucket keeps one per host) while the reader was
+            # more than an interval behind. That host is alive, but the server has only
+            # its older heartbeat, so silence cannot be measured: the clock holds until a
+            # batch arrives with nothing skipped. LOST still comes from the store's TTL.
+            if self.held_at is None:
+                self.held_at = self.position if self.position is not None else position
+        else:
+            self.held_at = None
         if self.position is None or position >= self.position:
             self.position = position
         self.behind = behind
@@ -57,6 +69,8 @@ class ReadClock:
         """The time health is judged at (the local clock until anything was read)."""
         if self.position is None:
             return local_now
+        if self.held_at is not None:
+            return self.held_at
         if self.caught_up:
             return self.position + max(0.0, local_now - self.local_at)
         return self.position

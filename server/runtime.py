@@ -261,6 +261,8 @@ class Muster:
         metrics.HEARTBEATS.inc()
         self.state.apply_host_record(rec)
         metrics.HEARTBEATS_PENDING.set(rec.behind)
+        if rec.skipped:
+            metrics.HEARTBEATS_SKIPPED.inc(rec.skipped)
 
     def _on_state(self, kind: str, obj: object) -> None:
         if kind == "job" and self.history is not None and self.historian is None:

@@ -50,6 +50,9 @@ class Record:
     # many records were still pending in the stream after it.
     stamp: float = 0.0
     behind: int = 0
+    # Records the watch never saw just before this one (removed from the stream first:
+    # a newer value of their key replaced them, or they expired), once synced.
+    skipped: int = 0
 
 
 @dataclass
@@ -436,7 +439,8 @@ class Watch:
                     pending += sub.pending_msgs
                 key = msg.subject[len(self._prefix) :]
                 value = None if _is_tombstone(msg.headers) else msg.data
-                self.on_record(Record(key, seq, value, msg.headers, stamp, pending))
+                skipped = seq - self.last_seq - 1 if self.synced.is_set() and self.last_seq else 0
+                self.on_record(Record(key, seq, value, msg.headers, stamp, pending, max(0, skipped)))
                 self.received += 1
                 if seq > self.last_seq:
                     self.last_seq = seq

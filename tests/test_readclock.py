@@ -85,3 +85,28 @@ def test_records_without_a_stamp_keep_the_local_clock() -> None:
     s.apply_host_record(Record("h", 1, value, {"Muster-Shape": shape}), now=T0)
     assert s.clock.position is None and s.hosts["h"].seen_at == T0
     assert s.health("h", now=T0 + 11) is Health.SUSPECT
+
+
+def test_the_clock_holds_while_superseded_heartbeats_are_skipped() -> None:
+    """A reader more than an interval behind finds heartbeats already replaced by newer
+    ones (the bucket keeps one per host) and never sees them: their hosts are alive but
+    look silent. While batches report skipped records the clock holds where it stood."""
+    c = ReadClock()
+    c.advance(T0 + 10, behind=100, local_now=T0 + 11)
+    c.advance(T0 + 20, behind=100, local_now=T0 + 21, skipped=5000)
+    assert c.held_at == T0 + 10 and c.now(T0 + 60) == T0 + 10
+    c.advance(T0 + 30, behind=100, local_now=T0 + 31, skipped=10)
+    assert c.now(T0 + 60) == T0 + 10  # still holding where it started
+    c.advance(T0 + 40, behind=0, local_now=T0 + 40.5)  # nothing skipped: released
+    assert c.held_at is None and c.now(T0 + 41) == T0 + 40.5
+
+
+def test_a_host_whose_heartbeats_were_skipped_is_not_called_suspect() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    value, shape = beat("a", 1)
+    s.apply_host_record(Record("a", 1, value, {"Muster-Shape": shape}, stamp=T0, behind=10), now=T0 + 1)
+    value, shape = beat("b", 2)
+    # b's record arrives after 3,000 skipped ones (a's newer heartbeats among them).
+    s.apply_host_record(Record("b", 3002, value, {"Muster-Shape": shape}, stamp=T0 + 14, behind=10,
+                               skipped=3000), now=T0 + 15)
+    assert s.health("a", now=T0 + 15) is Health.HEALTHY
