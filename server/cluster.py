@@ -120,6 +120,7 @@ class ClusterState:
 
     def __post_init__(self) -> None:
         self.health_index = HealthIndex(self.heartbeat_interval_s)
+        self.clock.settle_s = self.heartbeat_interval_s
 
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
         old = self.allocs.pop(host_id, None)

@@ -144,7 +144,11 @@ class Pending:
             self.first_at = min(f[1] for f in firsts)
         else:
             position, behind = self.read_to
-        skipped, self.skipped = self.skipped, 0
+        # Every batch until the child has drained says whether records were skipped
+        # since it last did, so the server cannot release its clock half-way through.
+        skipped = self.skipped
+        if not self:
+            self.skipped = 0
         return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
                               position, behind, skipped)
 

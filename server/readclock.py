@@ -38,8 +38,11 @@ class ReadClock:
         self.caught_up = True  # nothing was pending in the stream after it
         self.local_at = 0.0  # local time it was applied
         self.behind = 0  # records still pending in the stream after it
-        # Where the clock stands while superseded heartbeats are being skipped (None: not).
+        # Where the clock stands while superseded heartbeats are being skipped (None: not),
+        # and for how much stream time after the last skip it keeps holding.
         self.held_at: float | None = None
+        self.settle_s = 5.0
+        self._skipped_to = 0.0
 
     def advance(self, position: float, behind: int, local_now: float, skipped: int = 0) -> None:
         """Every record the store held before `position` (its time) has been applied;
@@ -48,11 +51,14 @@ class ReadClock:
             # The stream removed records before they were read: a heartbeat replaced by a
             # newer one of its host (the bucket keeps one per host) while the reader was
             # more than an interval behind. That host is alive, but the server has only
-            # its older heartbeat, so silence cannot be measured: the clock holds until a
-            # batch arrives with nothing skipped. LOST still comes from the store's TTL.
+            # its older heartbeat, so silence cannot be measured: the clock holds, until
+            # the reader has gone a whole heartbeat interval of the stream without a
+            # skip (every live host has then been read again). LOST still comes from the
+            # store's TTL.
             if self.held_at is None:
                 self.held_at = self.position if self.position is not None else position
-        else:
+            self._skipped_to = max(self._skipped_to, position)
+        elif self.held_at is not None and position >= self._skipped_to + self.settle_s:
             self.held_at = None
         if self.position is None or position >= self.position:
             self.position = position

@@ -227,10 +227,12 @@ async def test_the_server_takes_one_batch_at_a_time_from_the_pipe() -> None:
     assert not reader.is_alive()
 
 
-def test_pending_counts_skipped_records_once_per_batch() -> None:
+def test_pending_reports_skipped_records_until_it_drains() -> None:
     p = Pending()
     p.add("a", 1, b"a", "s", now=1.0, stamp=1.0, skipped=0)
     p.add("b", 9, b"b", "s", now=1.1, stamp=1.5, skipped=7)
     p.add("c", 12, b"c", "s", now=1.2, stamp=1.6, skipped=2)
     assert p.take(1, synced=True).skipped == 9
+    assert p.take(10, synced=True).skipped == 9  # said until the child has drained
+    p.add("d", 13, b"d", "s", now=1.3, stamp=1.7)
     assert p.take(10, synced=True).skipped == 0

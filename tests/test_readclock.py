@@ -97,7 +97,9 @@ def test_the_clock_holds_while_superseded_heartbeats_are_skipped() -> None:
     assert c.held_at == T0 + 10 and c.now(T0 + 60) == T0 + 10
     c.advance(T0 + 30, behind=100, local_now=T0 + 31, skipped=10)
     assert c.now(T0 + 60) == T0 + 10  # still holding where it started
-    c.advance(T0 + 40, behind=0, local_now=T0 + 40.5)  # nothing skipped: released
+    c.advance(T0 + 33, behind=0, local_now=T0 + 33.5)  # nothing skipped, but not an interval yet
+    assert c.now(T0 + 60) == T0 + 10
+    c.advance(T0 + 40, behind=0, local_now=T0 + 40.5)  # an interval (5 s) of stream without a skip
     assert c.held_at is None and c.now(T0 + 41) == T0 + 40.5
 
 
