@@ -3,25 +3,31 @@
 A host is SUSPECT when it has been silent for two heartbeat intervals. "Silent" must
 mean silent in what the server has read, not in what it has not read yet: at 50,000
 hosts on a saturated machine the heartbeat reader fell seconds behind the stream, and
-judging hosts by the wall clock then called thousands of live hosts SUSPECT (and, at
+judging hosts by the wall clock called thousands of live hosts SUSPECT (and, at
 start-up while the first heartbeats were still being read, all 50,000 of them, with an
-event each). Heartbeats are read in stream order, so when the reader has reached a
-record stored at time P, every heartbeat stored before P has been applied: a host last
-heard of at S has been silent for P - S, whatever the reader's lag.
+event each).
 
-So heartbeats are stamped with the time the store stored them (from the delivery's
-reply subject), and health is judged at `now()`: the stream time up to which every
-record has been applied, plus the local time since then while the reader is caught up
-(nothing was left unread after it, and it was applied within `FRESH_S` of being
-stored; this compares the store's clock with the server's, so it needs clocks kept
-within a second or so, by NTP; with worse skew the clock only moves as records are read,
-which still judges hosts correctly while heartbeats flow, but a cluster whose every host
-fell silent then goes straight to LOST without SUSPECT). Both sides are the store's clock, so clock
-skew between the store and the server does not matter. While the reader is behind,
-`now()` does not advance between batches; a reader that stays behind is shown by
-`muster_heartbeat_ingest_lag_seconds` and by the `behind` count here. Expiry (LOST)
-does not depend on this clock: the store's TTL decides it and the marker arrives in
-the stream's order.
+Heartbeats are stamped with the time the store stored them (from the delivery's reply
+subject) and read in stream order, so once every record stored before P has been
+applied, a host last heard of at S has been silent for P - S, whatever the reader's lag.
+Health is judged at `now()`:
+
+* the position P (both P and S are the store's clock, so store/server skew does not
+  enter the comparison);
+* plus the local time since it was applied, only while the reader is caught up: nothing
+  left unread (in the stream, the client's queue or the ingest process) and the record
+  applied within `FRESH_S` of being stored (the store counts as pending only what it has
+  not delivered yet; a record delivered into a backed-up connection arrives seconds
+  later saying "nothing after me"). That check compares the two clocks, so keep them
+  within a second or so (NTP); with worse skew the clock moves only as records are read;
+* held where it stood while the reader skips records. The bucket keeps one heartbeat per
+  host, so a reader more than an interval behind finds some already replaced by newer
+  ones and removed: those hosts are alive but the server holds only an older heartbeat.
+  The hold ends once the reader has gone `settle_s` (an interval) of the stream without
+  a skip.
+
+LOST does not depend on this clock: the store's TTL decides it and the expiry marker
+arrives in the stream's order (late, when the reader is behind).
 """
 
 from __future__ import annotations
