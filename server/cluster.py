@@ -110,7 +110,7 @@ class ClusterState:
     _domain_sizes: dict[tuple[str, str], int] | None = None
     # Every host's health as of its last refresh (HealthMonitor, summaries), kept from
     # the heartbeats and expiries applied here instead of a pass over every host.
-    health_index: HealthIndex = field(init=False)
+    health_index: HealthIndex = field(default_factory=HealthIndex)
     # How far the heartbeats have been read, on the store's clock: health is judged at
     # its time, not the wall clock's (server.readclock).
     clock: ReadClock = field(default_factory=ReadClock)
@@ -119,7 +119,6 @@ class ClusterState:
     gpus_allocated: int = 0
 
     def __post_init__(self) -> None:
-        self.health_index = HealthIndex(self.heartbeat_interval_s)
         self.clock.settle_s = self.heartbeat_interval_s
 
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
@@ -377,8 +376,7 @@ class ClusterState:
 
     def refresh_health(self, now: float) -> HealthIndex:
         """The health index brought up to `now` (see server.healthindex)."""
-        self.health_index.interval_s = self.heartbeat_interval_s
-        self.health_index.refresh(self.hosts, self.health_time(now))
+        self.health_index.refresh(self.hosts, self.health_time(now), self.heartbeat_interval_s)
         return self.health_index
 
     def domain_sizes(self) -> dict[tuple[str, str], int]:

@@ -38,8 +38,7 @@ Change = tuple[str, Health | None, Health]
 
 
 class HealthIndex:
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
+    def __init__(self) -> None:
         self.health: dict[str, Health] = {}
         self.counts: Counter[Health] = Counter()
         self._touched: set[str] = set()
@@ -80,9 +79,9 @@ class HealthIndex:
 
     # ------------------------------------------------------------ read
 
-    def refresh(self, hosts: Mapping[str, Seen], now: float) -> None:
+    def refresh(self, hosts: Mapping[str, Seen], now: float, interval_s: float) -> None:
         """Bring `health` and `counts` up to `now`; what changed waits in `take_changes`."""
-        due_line = now - 2 * self.interval_s
+        due_line = now - 2 * interval_s
         candidates, self._touched = self._touched, set()
         for second in sorted(s for s in self._filed if s + 1 <= due_line):
             candidates |= self._filed.pop(second)
@@ -97,7 +96,7 @@ class HealthIndex:
             if entry is None or entry.heartbeat is None:
                 continue
             current[host_id] = host_health(present=entry.present, last_seen=entry.seen_at,
-                                           now=now, interval_s=self.interval_s)
+                                           now=now, interval_s=interval_s)
         changes = transitions(self.health, current)
         for host_id, old, new in changes:
             if old is not None:

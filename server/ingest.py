@@ -290,10 +290,6 @@ class HeartbeatIngest:
                 log.exception("heartbeat ingest: applying %s failed", key)
         if batch.position and self.on_position is not None:
             self.on_position(batch.position, batch.behind, time.time(), batch.skipped)
-        if batch.position:
-            metrics.HEARTBEATS_PENDING.set(batch.behind)
-        if batch.skipped:
-            metrics.HEARTBEATS_SKIPPED.inc(batch.skipped)
         n = len(batch.keys)
         self.received += n
         metrics.HEARTBEATS.inc(n)

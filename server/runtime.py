@@ -151,7 +151,7 @@ class Muster:
             # which hands this one batches (server.ingest).
             self.ingest = HeartbeatIngest(IngestConfig(
                 nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
-                nats_key=cfg.nats_key), self.state.apply_heartbeat, self.state.clock.advance)
+                nats_key=cfg.nats_key), self.state.apply_heartbeat, self._read_to)
             self.ingest.start()
         else:
             # ... or arrive on a connection of their own, so lease renewals and commits
@@ -259,10 +259,19 @@ class Muster:
 
     def _on_heartbeat(self, rec: Record) -> None:
         metrics.HEARTBEATS.inc()
-        self.state.apply_host_record(rec)
-        metrics.HEARTBEATS_PENDING.set(rec.behind)
-        if rec.skipped:
-            metrics.HEARTBEATS_SKIPPED.inc(rec.skipped)
+        self.state.apply_host_record(rec)  # moves the read clock itself
+        self._count_read(rec.behind, rec.skipped)
+
+    def _read_to(self, position: float, behind: int, local_now: float, skipped: int) -> None:
+        """The heartbeat ingest process has sent everything stored before `position`."""
+        self.state.clock.advance(position, behind, local_now, skipped)
+        self._count_read(behind, skipped)
+
+    @staticmethod
+    def _count_read(behind: int, skipped: int) -> None:
+        metrics.HEARTBEATS_PENDING.set(behind)
+        if skipped:
+            metrics.HEARTBEATS_SKIPPED.inc(skipped)
 
     def _on_state(self, kind: str, obj: object) -> None:
         if kind == "job" and self.history is not None and self.historian is None:

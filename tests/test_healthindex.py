@@ -113,13 +113,13 @@ def test_only_touched_and_due_hosts_are_examined() -> None:
             return super().get(key, default)
 
     hosts = Spy(m.s.hosts)
-    m.s.health_index.refresh(hosts, T0 + 2)
+    m.s.health_index.refresh(hosts, T0 + 2, INTERVAL)
     assert examined == []
     m.heartbeat("h7", T0 + 3)  # a healthy host's heartbeat changes nothing to look at
-    m.s.health_index.refresh(hosts, T0 + 3)
+    m.s.health_index.refresh(hosts, T0 + 3, INTERVAL)
     assert examined == []
     m.expire("h8", T0 + 4)
-    m.s.health_index.refresh(hosts, T0 + 4)
+    m.s.health_index.refresh(hosts, T0 + 4, INTERVAL)
     assert examined == ["h8"]
 
 
