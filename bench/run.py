@@ -83,6 +83,12 @@ def summary_ms(xs: list[float]) -> dict[str, Any]:
 SUSPECT_GAUGE = 'muster_hosts{health="SUSPECT"}'
 
 
+def max_in(samples: list[tuple[float, dict[str, float]]], name: str) -> float | None:
+    """The largest value of metric `name` in scraped `samples`; None if it never appeared."""
+    values = [m[name] for _, m in samples if name in m]
+    return max(values) if values else None
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -632,7 +638,7 @@ class Bench:
             # host on the server, and polling it would load the server being measured.
             m = self.metrics[-1][1] if self.metrics else {}
             c = {"hosts": {"healthy": int(m.get('muster_hosts{health="HEALTHY"}', 0)),
-                           "suspect": int(m.get('muster_hosts{health="SUSPECT"}', 0)),
+                           "suspect": int(m.get(SUSPECT_GAUGE, 0)),
                            "lost": int(m.get('muster_hosts{health="LOST"}', 0))},
                  "leadership": {"role": "leader" if m.get("muster_leader", 0) >= 1 else "follower"}}
             ready = sum(1 for s in self.sims() if s.get("ready"))
@@ -937,19 +943,13 @@ class Bench:
                            "backlog_max_during_run": max(backlog) if backlog else None,
                            # The server's heartbeat ingest process (server.ingest): how old
                            # the newest batch was when the server applied it.
-                           "ingest_lag_s_max_in_window": max(
-                               (m.get("muster_heartbeat_ingest_lag_seconds", 0.0) for _, m in m_in), default=None)
-                           if any("muster_heartbeat_ingest_lag_seconds" in m for _, m in m_in) else None,
+                           "ingest_lag_s_max_in_window": max_in(m_in, "muster_heartbeat_ingest_lag_seconds"),
                            # Hosts the server saw as SUSPECT (no heartbeat applied for two
                            # intervals, so unschedulable) at the worst sample in the window.
                            # Heartbeat records the server had not applied yet (unread in
                            # the stream or waiting in the ingest process), its own count.
-                           "pending_max_in_window": max(
-                               (m.get("muster_heartbeats_pending", 0.0) for _, m in m_in), default=None)
-                           if any("muster_heartbeats_pending" in m for _, m in m_in) else None,
-                           "suspect_hosts_max_in_window": max(
-                               (m.get(SUSPECT_GAUGE, 0.0) for _, m in m_in), default=None)
-                           if any(SUSPECT_GAUGE in m for _, m in m_in) else None,
+                           "pending_max_in_window": max_in(m_in, "muster_heartbeats_pending"),
+                           "suspect_hosts_max_in_window": max_in(m_in, SUSPECT_GAUGE),
                            "note": "received counts every record the server's hosts watch saw (expiry markers "
                                    "included); backlog = sent - received, sampled once a second"},
             "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),
