@@ -629,10 +629,21 @@ def test_loopback_cluster_forms(tmp_path):
             )
             try:
                 js = nc.jetstream()
+                from nats.errors import NoRespondersError
                 from nats.js.api import KeyValueConfig
+                from nats.js.errors import NoStreamResponseError
 
                 kv = await js.create_key_value(KeyValueConfig(bucket="probe", replicas=3))
-                await kv.put("k", b"v")
+                # A new R3 stream answers once its replicas have elected a leader: until
+                # then a publish gets no response (seen once in a full suite run).
+                for attempt in range(20):
+                    try:
+                        await kv.put("k", b"v")
+                        break
+                    except (NoStreamResponseError, NoRespondersError):
+                        if attempt == 19:
+                            raise
+                        await asyncio.sleep(0.5)
                 entry = await kv.get("k")
                 assert entry.value == b"v"
                 info = await js.stream_info("KV_probe")
