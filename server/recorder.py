@@ -3,7 +3,9 @@
 One durable consumer per history database (its name is derived from the database
 URL): replicas sharing one PostgreSQL share the consumer, so each event is written
 once; a replica with its own SQLite file has its own consumer and gets every event.
-Event ids are `<stream>:<sequence>`, so a redelivered message is not written twice.
+Event ids are `<stream>:<sequence>:<stored at, µs>`: a redelivered message is not written
+twice, and after the streams were recreated (a NATS store wiped, sequences starting at 1
+again) new events do not collide with the ones already recorded.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class Recorder:
                 log.warning("dropped malformed event on %s", m.subject)
                 continue
             kind = ev.kind if stream == subjects.EVENTS_STREAM else "alert." + m.subject.split(".", 1)[1]
-            rows.append(dict(id=f"{stream}:{m.metadata.sequence.stream}", ts=ev.ts, kind=kind[:64],
+            meta = m.metadata
+            stored_us = round(meta.timestamp.timestamp() * 1e6)
+            rows.append(dict(id=f"{stream}:{meta.sequence.stream}:{stored_us}", ts=ev.ts, kind=kind[:64],
                              job_id=ev.job_id, host_id=ev.host_id, message=ev.message[:2000]))
         return rows
 

@@ -1,0 +1,74 @@
+"""The recorder copies events from the EVENTS stream into history against a real
+nats-server: each event once, even when redelivered, and none lost when the streams are
+recreated (a wiped NATS store numbers its messages from 1 again)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from sqlmodel import Session, select
+
+from server import subjects
+from server.history import EventRow, History
+from server.messages import Event, encode
+from server.recorder import Recorder
+from server.store import Store, connect
+
+
+def rows(history: History) -> list[EventRow]:
+    with Session(history.engine) as s:
+        return list(s.exec(select(EventRow).order_by(EventRow.ts)).all())  # type: ignore[arg-type]
+
+
+async def record_all(rec: Recorder, js) -> None:  # type: ignore[no-untyped-def]
+    """Run the recorder until its EVENTS consumer has been delivered the whole stream and
+    has acknowledged it (acks follow the database write), then stop it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(rec.run(stop))
+    try:
+        last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
+        for _ in range(600):
+            try:
+                ci = await js.consumer_info(subjects.EVENTS_STREAM, rec.durable)
+                if ci.delivered.stream_seq >= last and ci.num_ack_pending == 0:
+                    break
+            except Exception:  # noqa: BLE001 - not created yet
+                pass
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the recorder did not acknowledge the stream")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+async def test_events_survive_recreated_streams_and_redelivery(nats_url: str, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    history = History(db)
+    nc = await connect(nats_url, name="test-recorder")
+    try:
+        store = Store(nc)
+        await store.ensure()
+        subject = f"{subjects.EVENTS_PREFIX}.host.suspect"
+        await store.js.publish(subject, encode(Event(kind="host.suspect", ts=1.0, host_id="h1")))
+        await record_all(Recorder(store.js, history, db), store.js)
+        assert [(r.kind, r.host_id) for r in rows(history)] == [("host.suspect", "h1")]
+
+        # The same message delivered again (a consumer replaying the stream) adds nothing.
+        await store.js.delete_consumer(subjects.EVENTS_STREAM, Recorder(store.js, history, db).durable)
+        await record_all(Recorder(store.js, history, db), store.js)
+        assert len(rows(history)) == 1
+
+        # The store is wiped: the stream is recreated and its first message is sequence 1
+        # again. The new event is recorded beside the old one, not taken for it.
+        await store.js.delete_stream(subjects.EVENTS_STREAM)
+        await store.ensure()
+        ack = await store.js.publish(subject, encode(Event(kind="host.suspect", ts=2.0, host_id="h1")))
+        assert ack.seq == 1
+        await record_all(Recorder(store.js, history, db), store.js)
+        assert [(r.kind, r.host_id, r.ts) for r in rows(history)] == [
+            ("host.suspect", "h1", 1.0), ("host.suspect", "h1", 2.0)]
+    finally:
+        await nc.close()
+        history.close()
