@@ -936,6 +936,8 @@ class Bench:
             "dispatch_latency_ms": summary_ms(dispatch),
             "running_latency_ms": summary_ms(running),
             "server_placement_latency": histogram_quantiles(m_final, "muster_placement_latency_seconds"),
+            # A commit, from sending its batch until the leader has read the acknowledgement.
+            "server_commit_seconds": histogram_quantiles(m_final, "muster_commit_seconds"),
             "heartbeats_per_s": round(hb_recv_rate, 1),
             "heartbeats_sent_per_s": round(hb_sent_rate, 1),
             "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
