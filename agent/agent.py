@@ -15,7 +15,10 @@ RUNNING with nobody watching it.
 
 Self-fencing: when no heartbeat could be published for `fence_after_s`, the agent stops
 its own attempts, so that a cut-off host's work is dead before the control plane
-replaces it elsewhere.
+replaces it elsewhere. An agent that was killed and not restarted, or frozen, cannot:
+each attempt runs under a watchdog (agent.watchdog) that stops it once the agent has not
+shown a published heartbeat for a little longer than `fence_after_s` (it touches
+`<state dir>/<host>.watchdog/alive`, or a temporary directory's, after each one).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -34,7 +39,7 @@ from nats.aio.msg import Msg
 
 from agent.gpu import GpuBackend, SimulatedBackend, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
-from agent.runner import Run
+from agent.runner import Run, Watchdog
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
 from server.messages import (
@@ -147,6 +152,8 @@ class Agent:
         self.store: Store | None = None
         self._seen_file = (config.state_dir / f"{config.host_id}.seen") if config.state_dir else None
         self._runs_dir = (config.state_dir / f"{config.host_id}.runs") if config.state_dir else None
+        self.watchdog = self._watchdog()
+        self._touch_alive()
         self._load_seen()
         # Attempts a previous incarnation started and this one cannot watch: reported LOST
         # once each when their assignment is seen.
@@ -158,6 +165,33 @@ class Agent:
         self._reported_lost: set[str] = set()
 
     # ------------------------------------------------------------ persistence of "started"
+
+    def _watchdog(self) -> Watchdog:
+        """Where this agent shows its attempts' watchdogs that it is alive, and their
+        timing: they act a little after the agent's own fence would have (a live agent
+        stops its attempts itself and reports why), and leave the attempt a grace period
+        that ends a second before the heartbeat key expires."""
+        c = self.config
+        if c.state_dir is not None:
+            d = c.state_dir / f"{c.host_id}.watchdog"
+            d.mkdir(parents=True, exist_ok=True)
+            self._own_watch_dir = False
+        else:
+            d = Path(tempfile.mkdtemp(prefix=f"muster-agent-{c.host_id}-"))
+            self._own_watch_dir = True
+        ttl = c.heartbeat_interval_s * c.ttl_intervals
+        stale_after = c.fence_after_s + min(1.0, (ttl - c.fence_after_s) / 3)
+        grace = max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0))
+        return Watchdog(d, round(stale_after, 3), round(grace, 3))
+
+    def _touch_alive(self) -> None:
+        path = self.watchdog.dir / "alive"
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            path.touch()
+        except OSError as exc:
+            log.warning("cannot touch %s: %s (watchdogs will stop this host's attempts)", path, exc)
 
     def _load_seen(self) -> None:
         if self._seen_file and self._seen_file.exists():
@@ -253,6 +287,7 @@ class Agent:
                     timeout=min(2.0, self.config.heartbeat_interval_s),
                 )
                 self.last_heartbeat_ok = time.monotonic()
+                self._touch_alive()
                 if self.fenced:
                     log.warning("heartbeats resumed; reconciling with current assignments")
                     self.fenced = False
@@ -360,7 +395,7 @@ class Agent:
 
     def _start(self, t: Task) -> None:
         self._mark_seen(t.attempt_id)
-        run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s)
+        run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s, watchdog=self.watchdog)
         self.runs[t.attempt_id] = run
         run.start()
 
@@ -483,6 +518,8 @@ class Agent:
         except Exception:  # noqa: BLE001
             await self.store.nc.close()
         self.gpus.close()
+        if self._own_watch_dir:
+            shutil.rmtree(self.watchdog.dir, ignore_errors=True)
 
     def status_json(self) -> str:
         return json.dumps({"host": self.config.host_id, "running": sorted(self.runs), "term": self.max_term})

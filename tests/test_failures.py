@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import threading
 import time
@@ -113,9 +114,23 @@ def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) ->
     j = api.job(job["id"])
     assert j["attempts"][0]["state"] == "LOST"
     assert j["attempts"][1]["host"]["id"] == "kb"
+    # The killed agent's attempt did not run on beside its replacement: its watchdog
+    # stopped it once the agent's heartbeats stopped, before the host was declared lost.
+    wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
+               what="replacement started")
+    a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
+    marks = read_marks(log)
+    stop1 = [t for w, a, t in marks if w == "stop" and a == a1]
+    start2 = [t for w, a, t in marks if w == "start" and a == a2]
+    assert stop1 and start2, marks
+    assert stop1[0] < start2[0], f"old attempt stopped at {stop1[0]}, new started at {start2[0]}"
     gate.write_text("go")
     j = api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})
     assert j["state"] == "SUCCEEDED"
+    by_attempt: dict[str, list[str]] = {}
+    for what, attempt, _ in read_marks(log):
+        by_attempt.setdefault(attempt, []).append(what)
+    assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
     wait_until(lambda: alerts.of("alerts.host.lost"), what="host lost alert")
     lost = alerts.of("alerts.host.lost")[0]
     assert lost["host_id"] == "ka"
@@ -128,6 +143,45 @@ def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) ->
     wait_until(lambda: api.q('{ alerts(kind: "host.lost") { totalCount } }')["alerts"]["totalCount"] >= 1,
                what="alert in history")
     alerts.close()
+    assert_invariants(cluster.nats_url)
+
+
+def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster: Cluster, tmp_path: Path) -> None:
+    """An agent frozen with SIGSTOP can neither heartbeat nor fence itself: its attempt's
+    watchdog stops the attempt before the control plane, seeing the host lost, runs it
+    elsewhere. Thawed, the agent reports the attempt's end (the watchdog's reason) and
+    starts nothing again; the job ran to its end once."""
+    srv = cluster.server(heartbeat_interval=1)
+    a = cluster.agent("fa", gpus="2xH100", **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, log = tmp_path / "gate", tmp_path / "marks"
+    job = api.submit(name="frozen", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    cluster.agent("fb", gpus="2xH100", **FAST)
+    api.wait_hosts(2)
+    a.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
+                   what="replacement started")
+    finally:
+        a.signal(signal.SIGCONT)
+    a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
+    marks = read_marks(log)
+    stop1 = [t for w, a_, t in marks if w == "stop" and a_ == a1]
+    start2 = [t for w, a_, t in marks if w == "start" and a_ == a2]
+    assert stop1 and start2, marks
+    assert stop1[0] < start2[0], f"old attempt stopped at {stop1[0]}, new started at {start2[0]}"
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    j = api.q('query($id: ID!) { job(id: $id) { attempts { state host { id } } } }', {"id": job["id"]})["job"]
+    assert [(x["state"], x["host"]["id"]) for x in j["attempts"]] == [("LOST", "fa"), ("SUCCEEDED", "fb")]
+    wait_until(lambda: "stopped by its watchdog" in a.output(), timeout=30, what="the thawed agent's report")
+    by_attempt: dict[str, list[str]] = {}
+    for what, attempt, _ in read_marks(log):
+        by_attempt.setdefault(attempt, []).append(what)
+    assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
     assert_invariants(cluster.nats_url)
 
 
