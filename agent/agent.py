@@ -15,10 +15,11 @@ RUNNING with nobody watching it.
 
 Self-fencing: when no heartbeat could be published for `fence_after_s`, the agent stops
 its own attempts, so that a cut-off host's work is dead before the control plane
-replaces it elsewhere. An agent that was killed and not restarted, or frozen, cannot:
-each attempt runs under a watchdog (agent.watchdog) that stops it once the agent has not
-shown a published heartbeat for a little longer than `fence_after_s` (it touches
-`<state dir>/<host>.watchdog/alive`, or a temporary directory's, after each one).
+replaces it elsewhere. An agent that was killed and not restarted, or frozen, cannot: its
+watchdog (agent.watchdog, a small process of its own started with the agent) stops the
+attempts listed in `<host>.runs` once the agent has not touched `<host>.watchdog/alive`
+(it does after every heartbeat the store took) for a little longer than `fence_after_s`.
+Without a state dir both live in a temporary directory.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import OrderedDict, deque
@@ -39,7 +42,7 @@ from nats.aio.msg import Msg
 
 from agent.gpu import GpuBackend, SimulatedBackend, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
-from agent.runner import Run, Watchdog
+from agent.runner import Run
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
 from server.messages import (
@@ -58,6 +61,7 @@ from server.natsauth import agent_inbox_prefix
 from server.store import Store, connect
 
 log = logging.getLogger(__name__)
+WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
 
 VERSION = "0.1.0"
 # Simulated hosts report a typical GPU node's CPU and RAM unless told otherwise.
@@ -151,9 +155,16 @@ class Agent:
         self._stop = asyncio.Event()
         self.store: Store | None = None
         self._seen_file = (config.state_dir / f"{config.host_id}.seen") if config.state_dir else None
-        self._runs_dir = (config.state_dir / f"{config.host_id}.runs") if config.state_dir else None
-        self.watchdog = self._watchdog()
+        # Running attempts' process groups (for a restarted agent and for the watchdog),
+        # and where the watchdog sees that this agent is alive.
+        self._tmp_dir = None if config.state_dir else Path(tempfile.mkdtemp(prefix=f"muster-agent-{config.host_id}-"))
+        base = config.state_dir or self._tmp_dir
+        assert base is not None
+        self._runs_dir = base / f"{config.host_id}.runs"
+        self._watch_dir = base / f"{config.host_id}.watchdog"
+        self._watch_dir.mkdir(parents=True, exist_ok=True)
         self._touch_alive()
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._load_seen()
         # Attempts a previous incarnation started and this one cannot watch: reported LOST
         # once each when their assignment is seen.
@@ -165,33 +176,6 @@ class Agent:
         self._reported_lost: set[str] = set()
 
     # ------------------------------------------------------------ persistence of "started"
-
-    def _watchdog(self) -> Watchdog:
-        """Where this agent shows its attempts' watchdogs that it is alive, and their
-        timing: they act a little after the agent's own fence would have (a live agent
-        stops its attempts itself and reports why), and leave the attempt a grace period
-        that ends a second before the heartbeat key expires."""
-        c = self.config
-        if c.state_dir is not None:
-            d = c.state_dir / f"{c.host_id}.watchdog"
-            d.mkdir(parents=True, exist_ok=True)
-            self._own_watch_dir = False
-        else:
-            d = Path(tempfile.mkdtemp(prefix=f"muster-agent-{c.host_id}-"))
-            self._own_watch_dir = True
-        ttl = c.heartbeat_interval_s * c.ttl_intervals
-        stale_after = c.fence_after_s + min(1.0, (ttl - c.fence_after_s) / 3)
-        grace = max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0))
-        return Watchdog(d, round(stale_after, 3), round(grace, 3))
-
-    def _touch_alive(self) -> None:
-        path = self.watchdog.dir / "alive"
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            path.touch()
-        except OSError as exc:
-            log.warning("cannot touch %s: %s (watchdogs will stop this host's attempts)", path, exc)
 
     def _load_seen(self) -> None:
         if self._seen_file and self._seen_file.exists():
@@ -209,12 +193,13 @@ class Agent:
     def _run_file(self, attempt_id: str) -> Path | None:
         return self._runs_dir / attempt_id if self._runs_dir else None
 
-    def _record_run(self, attempt_id: str, pid: int) -> None:
+    def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False) -> None:
         path = self._run_file(attempt_id)
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{pid} {process_start_time(pid)}\n")
+        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone.
+        path.write_text(f"{pid} {process_start_time(pid)}{' keep' if keep_running else ''}\n")
 
     def _forget_run(self, attempt_id: str) -> None:
         path = self._run_file(attempt_id)
@@ -231,7 +216,7 @@ class Agent:
             return killed
         for f in sorted(self._runs_dir.iterdir()):
             try:
-                pid_s, start_s = f.read_text().split()
+                pid_s, start_s = f.read_text().split()[:2]
                 pid = int(pid_s)
                 if process_start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
@@ -395,7 +380,8 @@ class Agent:
 
     def _start(self, t: Task) -> None:
         self._mark_seen(t.attempt_id)
-        run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s, watchdog=self.watchdog)
+        run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
+                  fenced_dir=self._watch_dir / "fenced")
         self.runs[t.attempt_id] = run
         run.start()
 
@@ -404,7 +390,7 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
-            self._record_run(t.attempt_id, run.proc.pid)
+            self._record_run(t.attempt_id, run.proc.pid, t.keep_running)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
@@ -472,6 +458,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         external = stop or asyncio.Event()
+        self._start_watchdog()
 
         async def on_reconnect() -> None:
             log.info("reconnected to NATS")
@@ -518,8 +505,47 @@ class Agent:
         except Exception:  # noqa: BLE001
             await self.store.nc.close()
         self.gpus.close()
-        if self._own_watch_dir:
-            shutil.rmtree(self.watchdog.dir, ignore_errors=True)
+        self._stop_watchdog()
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------ watchdog
+
+    def watchdog_timing(self) -> tuple[float, float]:
+        """(stale after, grace) for the watchdog: it acts a little after this agent's own
+        fence would (a live agent stops its attempts itself and says why), and its grace
+        ends a second before the heartbeat key expires."""
+        c = self.config
+        ttl = c.heartbeat_interval_s * c.ttl_intervals
+        stale_after = c.fence_after_s + min(1.0, (ttl - c.fence_after_s) / 3)
+        return round(stale_after, 3), round(max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0)), 3)
+
+    def _touch_alive(self) -> None:
+        path = self._watch_dir / "alive"
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            path.touch()
+        except OSError as exc:
+            log.warning("cannot touch %s: %s (the watchdog will stop this host's attempts)", path, exc)
+
+    def _start_watchdog(self) -> None:
+        stale_after, grace = self.watchdog_timing()
+        # A session of its own: it must outlive this process, and not get its signals.
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-I", "-S", WATCHDOG, str(self._watch_dir), str(self._runs_dir), str(os.getpid()),
+             str(stale_after), str(grace)], stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is None:
+            return
+        self._watchdog.terminate()
+        try:
+            self._watchdog.wait(5)
+        except subprocess.TimeoutExpired:
+            self._watchdog.kill()
+            self._watchdog.wait()
+        self._watchdog = None
 
     def status_json(self) -> str:
         return json.dumps({"host": self.config.host_id, "running": sorted(self.runs), "term": self.max_term})

@@ -1,55 +1,22 @@
 """Runs one task attempt as a real subprocess: environment, GPU visibility, output tail,
-a staged stop (SIGTERM, grace period, SIGKILL to the whole process group), and, unless
-the task keeps running through cuts, a watchdog (agent.watchdog) that stops it when the
-agent stops heartbeating."""
+and a staged stop (SIGTERM, grace period, SIGKILL to the whole process group). An
+attempt the agent's watchdog stopped (agent.watchdog) ends KILLED with its reason."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import shutil
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from server.messages import AttemptState, Task
 
 log = logging.getLogger(__name__)
 
 TAIL_BYTES = 4096
-WATCHDOG = Path(__file__).with_name("watchdog.py")
-
-
-class Watchdog(NamedTuple):
-    """Where the agent shows it is alive (`dir/alive`, touched after every heartbeat the
-    store took), and when the watchdog gives up on it (see agent.watchdog)."""
-
-    dir: Path
-    stale_after_s: float
-    grace_s: float
-
-
-def cannot_start(command: list[str], cwd: str | None, env: dict[str, str]) -> str | None:
-    """Why `command` could not be started (as the exec would fail), or None. Checked
-    before starting it through the watchdog, which can only report a failed exec as
-    exit code 127."""
-    if cwd and not os.path.isdir(cwd):
-        return f"[Errno 2] No such directory: {cwd!r}"
-    exe = command[0]
-    if "/" in exe:
-        path = exe if os.path.isabs(exe) or not cwd else os.path.join(cwd, exe)
-        if not os.path.isfile(path):
-            return f"[Errno 2] No such file or directory: {exe!r}"
-        if not os.access(path, os.X_OK):
-            return f"[Errno 13] Permission denied: {exe!r}"
-        return None
-    if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
-        return f"[Errno 2] No such file or directory: {exe!r}"
-    return None
 
 
 class Run:
@@ -59,11 +26,10 @@ class Run:
         on_state: Callable[[Task, AttemptState, int | None, str, str], Awaitable[None]],
         kill_grace_s: float = 10.0,
         base_env: dict[str, str] | None = None,
-        watchdog: Watchdog | None = None,
+        fenced_dir: Path | None = None,
     ) -> None:
         self.task = task
-        # A task that keeps running through cuts (keep_running) is not fenced: no watchdog.
-        self.watchdog = watchdog if not task.keep_running else None
+        self.fenced_dir = fenced_dir  # where the agent's watchdog notes the attempts it stopped
         self.on_state = on_state
         self.kill_grace_s = kill_grace_s
         self.base_env = base_env if base_env is not None else dict(os.environ)
@@ -94,20 +60,11 @@ class Run:
 
     async def _run(self) -> None:
         t = self.task
-        env = self.env()
-        command = list(t.command)
         try:
-            if self.watchdog is not None:
-                why = cannot_start(command, t.cwd or None, env)
-                if why is not None:
-                    raise OSError(why)
-                w = self.watchdog
-                command = [sys.executable, "-I", "-S", str(WATCHDOG), str(w.dir), str(w.stale_after_s),
-                           str(w.grace_s), "--", *command]
             self.proc = await asyncio.create_subprocess_exec(
-                *command,
+                *t.command,
                 cwd=t.cwd or None,
-                env=env,
+                env=self.env(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
@@ -146,17 +103,17 @@ class Run:
         self.done.set()
 
     def _fenced_by_watchdog(self) -> str | None:
-        """The stop reason when the watchdog stopped this attempt (it leaves
-        `fenced.<pid>` behind), else None."""
-        if self.watchdog is None or self.proc is None:
+        """The stop reason when the agent's watchdog stopped this attempt (it leaves
+        `fenced/<attempt>` behind), else None."""
+        if self.fenced_dir is None:
             return None
-        mark = self.watchdog.dir / f"fenced.{self.proc.pid}"
+        mark = self.fenced_dir / self.task.attempt_id
         try:
             silent = mark.read_text().strip()
         except OSError:
             return None
         mark.unlink(missing_ok=True)
-        return f"fenced: stopped by its watchdog after {silent} s without a heartbeat from the agent"
+        return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
         """SIGTERM the process group, wait the grace period, then SIGKILL it."""

@@ -1,45 +1,45 @@
-"""A task attempt's watchdog: runs the attempt's command and stops it once the agent
-that started it has stopped heartbeating, whatever became of that agent.
+"""The agent's watchdog: stops the agent's attempts once the agent has stopped
+heartbeating, whatever became of the agent.
 
 A live agent cut off from NATS stops its own attempts (self-fencing, agent.agent). An
-agent that was killed (kill -9, the OOM killer) or frozen (SIGSTOP, a hung machine)
-cannot, and its attempts would run on while the control plane, seeing the heartbeat key
-expire, runs them again elsewhere. So the agent starts each attempt through this script:
+agent that was killed (kill -9, the OOM killer) and not restarted, or frozen (SIGSTOP, a
+hung machine), cannot, and its attempts would run on while the control plane, seeing the
+heartbeat key expire, runs them again elsewhere. So each agent starts one watchdog, in a
+session of its own so that it outlives the agent:
 
-    python -I -S agent/watchdog.py DIR STALE_AFTER GRACE -- COMMAND...
+    python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE
 
-The agent touches DIR/alive after every heartbeat the store took. The watchdog starts
-COMMAND in its own process group (the agent starts the watchdog in a session of its own,
-so the group is the attempt's) and checks DIR/alive every half second. Once the file has
-not changed for STALE_AFTER seconds (on this process's monotonic clock, so a step of the
-wall clock changes nothing), it writes DIR/fenced.<its pid>, sends SIGTERM to the rest
-of its process group and SIGKILL to whatever is left after GRACE seconds. The agent
-chooses STALE_AFTER just over its own fence delay and GRACE so that the attempt is dead
-before the heartbeat key expires.
+The agent touches DIR/alive after every heartbeat the store took, and keeps in RUNS one
+file per running attempt: `<process group> <process start time> [keep]` (agent.agent).
+Every half second the watchdog looks at DIR/alive. Once it has not changed for
+STALE_AFTER seconds (on the watchdog's monotonic clock, so a step of the wall clock
+changes nothing), it writes DIR/fenced/<attempt> and sends SIGTERM to the process group
+of every listed attempt (but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and
+SIGKILL to those still there GRACE seconds later. A group whose leader's start time does
+not match was reused by something else and is left alone. The agent chooses STALE_AFTER
+just over its own fence delay (a live agent stops its attempts itself and reports why)
+and GRACE so that the attempts are dead before the heartbeat key expires.
 
-The watchdog leaves the group's signals to the attempt (SIGTERM, SIGINT and SIGHUP
-reach it, not the watchdog) and exits as its command did: the same exit code, or the same
-signal. A command that cannot be started exits 127 with the reason on stdout. Standard
-library only: it runs with -I -S.
+The watchdog exits when the agent process is gone and either another agent has taken
+over DIR (the file changes again) or, once DIR/alive is stale, every attempt it fenced is
+gone; and on SIGTERM (the agent's clean shutdown). Standard library only: it runs with -I -S, one small
+process per agent.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
 POLL_S = 0.5
-_GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def say(text: str) -> None:
-    """A line on stdout (the attempt's output); the agent that reads it may be gone."""
+def log(text: str) -> None:
     try:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+        sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING agent.watchdog: {text}\n")
+        sys.stderr.flush()
     except OSError:
         pass
 
@@ -51,81 +51,113 @@ def mtime(path: str) -> int | None:
         return None
 
 
-def group_members(pgid: int, but: int) -> list[int]:
-    """Processes of process group `pgid` other than `but` (from /proc)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == but:
-            continue
+def start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): tells a process apart from
+    a later one with the same pid; "" when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def runs(directory: str) -> dict[str, tuple[int, str, bool]]:
+    """attempt -> (process group, its leader's start time, keeps running)."""
+    out = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in names:
         try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
+            with open(os.path.join(directory, name)) as f:
+                fields = f.read().split()
+            out[name] = (int(fields[0]), fields[1], "keep" in fields[2:])
+        except (OSError, ValueError, IndexError):
             continue
-        # Field 5 is the process group; the command name (field 2) may hold spaces.
-        if int(stat[stat.rindex(")") + 2:].split()[2]) == pgid:
-            out.append(int(name))
     return out
 
 
-def signal_group(sig: int) -> None:
-    """`sig` to every other process of this process group: the attempt and its children."""
-    for pid in group_members(os.getpgrp(), os.getpid()):
+class Watchdog:
+    def __init__(self, directory: str, runs_dir: str, agent_pid: int, stale_after_s: float,
+                 grace_s: float) -> None:
+        self.alive = os.path.join(directory, "alive")
+        self.fenced_dir = os.path.join(directory, "fenced")
+        self.runs_dir = runs_dir
+        self.agent_pid = agent_pid
+        self.agent_started = start_time(agent_pid)
+        self.stale_after_s = stale_after_s
+        self.grace_s = grace_s
+        # attempt -> (process group, its leader's start time, when to SIGKILL it; 0.0: done)
+        self.fenced: dict[str, tuple[int, str, float]] = {}
+        self.last = mtime(self.alive)
+        self.changed = time.monotonic()
+
+    def agent_gone(self) -> bool:
+        return not self.agent_started or start_time(self.agent_pid) != self.agent_started
+
+    def step(self, now: float) -> bool:
+        """One look; False once the watchdog has nothing left to do."""
+        seen = mtime(self.alive)
+        if seen != self.last:
+            self.last, self.changed = seen, now
+            if self.agent_gone():
+                return False  # another agent took over this directory (and kills leftovers)
+        stale = now - self.changed >= self.stale_after_s
+        if stale:
+            self.fence(now)
+        self.finish(now)
+        # A dead agent's attempts are fenced once it is stale, then the watchdog is done.
+        return not (stale and self.agent_gone() and not self.live_fenced())
+
+    def fence(self, now: float) -> None:
+        for attempt, (group, started, keep) in runs(self.runs_dir).items():
+            if keep or attempt in self.fenced or start_time(group) != started:
+                continue
+            os.makedirs(self.fenced_dir, exist_ok=True)
+            silent = now - self.changed
+            with open(os.path.join(self.fenced_dir, attempt), "w") as f:
+                f.write(f"{silent:.1f}\n")
+            log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
+                f"(process group {group})")
+            self.fenced[attempt] = (group, started, now + self.grace_s)
+            self.signal(group, signal.SIGTERM)
+
+    def finish(self, now: float) -> None:
+        """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process
+        group id is not reused while any member is left)."""
+        for attempt, (group, started, kill_at) in list(self.fenced.items()):
+            if kill_at and now >= kill_at:
+                self.signal(group, signal.SIGKILL)
+                self.fenced[attempt] = (group, started, 0.0)
+
+    def live_fenced(self) -> bool:
+        """Any fenced attempt whose group's leader is still there."""
+        return any(start_time(g) == s for g, s, _ in self.fenced.values())
+
+    @staticmethod
+    def signal(group: int, sig: int) -> None:
         try:
-            os.kill(pid, sig)
+            os.killpg(group, sig)
         except OSError:
             pass
 
-
-def fence(directory: str, child: subprocess.Popen, silent_s: float, grace_s: float) -> None:  # type: ignore[type-arg]
-    with open(os.path.join(directory, f"fenced.{os.getpid()}"), "w") as f:
-        f.write(f"{silent_s:.1f}\n")
-    say(f"muster watchdog: no heartbeat from the agent for {silent_s:.1f} s; stopping the attempt")
-    signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    signal_group(signal.SIGKILL)  # also what the attempt left behind after it exited
-
-
-def watch(directory: str, stale_after_s: float, grace_s: float, command: list[str]) -> int:
-    # The watchdog outlives a SIGTERM sent to the group, to report how the command
-    # ended. Handlers, not SIG_IGN: exec resets handled signals to their default, so the
-    # command starts with the default dispositions (an ignored signal would stay ignored).
-    for sig in _GROUP_SIGNALS:
-        signal.signal(sig, lambda *_: None)
-    try:
-        child = subprocess.Popen(command)
-    except (OSError, ValueError) as exc:
-        say(f"cannot start {command[0]!r}: {exc}")
-        return 127
-    alive = os.path.join(directory, "alive")
-    last, changed = mtime(alive), time.monotonic()
-    while True:
-        try:
-            return child.wait(timeout=POLL_S)
-        except subprocess.TimeoutExpired:
-            pass
-        seen, now = mtime(alive), time.monotonic()
-        if seen != last:
-            last, changed = seen, now
-        elif now - changed >= stale_after_s:
-            fence(directory, child, now - changed, grace_s)
-            return child.wait()
+    def run(self) -> None:
+        while self.step(time.monotonic()):
+            time.sleep(POLL_S)
+        # What fenced attempts left behind in their groups dies with them.
+        for group, _, kill_at in self.fenced.values():
+            if kill_at:
+                self.signal(group, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 5 or argv[3] != "--":
-        say("usage: watchdog.py DIR STALE_AFTER GRACE -- COMMAND...")
+    if len(argv) != 5:
+        sys.stderr.write("usage: watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE\n")
         sys.exit(2)
-    code = watch(argv[0], float(argv[1]), float(argv[2]), argv[4:])
-    if code < 0:  # ended by a signal: end by the same one
-        try:
-            signal.signal(-code, signal.SIG_DFL)
-        except (OSError, ValueError):  # SIGKILL, SIGSTOP: not catchable, default already
-            pass
-        os.kill(os.getpid(), -code)
-    sys.exit(code)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    Watchdog(argv[0], argv[1], int(argv[2]), float(argv[3]), float(argv[4])).run()
 
 
 if __name__ == "__main__":

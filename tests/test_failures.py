@@ -21,7 +21,7 @@ import pytest
 
 from server import subjects
 from server.messages import GpuInfo, GpuUsage, Heartbeat, encode
-from tests.conftest import Api, Cluster, assert_invariants, wait_until
+from tests.conftest import Api, Cluster, Proc, assert_invariants, wait_until
 from tests.netproxy import TcpProxy
 
 PY = sys.executable
@@ -95,6 +95,38 @@ def read_marks(log: Path) -> list[tuple[str, str, float]]:
     return out
 
 
+def marks_by_attempt(log: Path) -> dict[str, list[str]]:
+    """What each attempt noted, in order ('start', 'stop', 'end')."""
+    out: dict[str, list[str]] = {}
+    for what, attempt, _ in read_marks(log):
+        out.setdefault(attempt, []).append(what)
+    return out
+
+
+def assert_stopped_before_replaced(log: Path, old: str, new: str) -> None:
+    """Attempt `old` noted its stop before attempt `new` noted its start."""
+    marks = read_marks(log)
+    stop_old = [t for w, a, t in marks if w == "stop" and a == old]
+    start_new = [t for w, a, t in marks if w == "start" and a == new]
+    assert stop_old and start_new, marks
+    assert stop_old[0] < start_new[0], f"old attempt stopped at {stop_old[0]}, new started at {start_new[0]}"
+
+
+def running_marked_job(cluster: Cluster, tmp_path: Path, host: str, name: str,
+                       **agent_opts: Any) -> tuple[Proc, Api, dict[str, Any], Path, Path]:
+    """A server and one agent `host`, and a job on it whose task has started and waits for
+    its gate: (agent, api, job, gate, marks log)."""
+    srv = cluster.server(**{k: v for k, v in agent_opts.items() if k == "heartbeat_interval"})
+    agent = cluster.agent(host, gpus="2xH100", **agent_opts)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, log = tmp_path / "gate", tmp_path / "marks"
+    job = api.submit(name=name, command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    return agent, api, job, gate, log
+
+
 def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) -> None:
     alerts = AlertListener(cluster.nats_url)
     srv = cluster.server(heartbeat_interval=1)
@@ -119,17 +151,11 @@ def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) ->
     wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
                what="replacement started")
     a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
-    marks = read_marks(log)
-    stop1 = [t for w, a, t in marks if w == "stop" and a == a1]
-    start2 = [t for w, a, t in marks if w == "start" and a == a2]
-    assert stop1 and start2, marks
-    assert stop1[0] < start2[0], f"old attempt stopped at {stop1[0]}, new started at {start2[0]}"
+    assert_stopped_before_replaced(log, a1, a2)
     gate.write_text("go")
     j = api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})
     assert j["state"] == "SUCCEEDED"
-    by_attempt: dict[str, list[str]] = {}
-    for what, attempt, _ in read_marks(log):
-        by_attempt.setdefault(attempt, []).append(what)
+    by_attempt = marks_by_attempt(log)
     assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
     wait_until(lambda: alerts.of("alerts.host.lost"), what="host lost alert")
     lost = alerts.of("alerts.host.lost")[0]
@@ -151,14 +177,7 @@ def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster
     watchdog stops the attempt before the control plane, seeing the host lost, runs it
     elsewhere. Thawed, the agent reports the attempt's end (the watchdog's reason) and
     starts nothing again; the job ran to its end once."""
-    srv = cluster.server(heartbeat_interval=1)
-    a = cluster.agent("fa", gpus="2xH100", **FAST)
-    api = Api(srv.url, cluster.token)
-    api.wait_hosts(1)
-    gate, log = tmp_path / "gate", tmp_path / "marks"
-    job = api.submit(name="frozen", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
-    api.wait_job(job["id"], {"RUNNING"})
-    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "fa", "frozen", **FAST)
     cluster.agent("fb", gpus="2xH100", **FAST)
     api.wait_hosts(2)
     a.signal(signal.SIGSTOP)
@@ -168,19 +187,13 @@ def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster
     finally:
         a.signal(signal.SIGCONT)
     a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
-    marks = read_marks(log)
-    stop1 = [t for w, a_, t in marks if w == "stop" and a_ == a1]
-    start2 = [t for w, a_, t in marks if w == "start" and a_ == a2]
-    assert stop1 and start2, marks
-    assert stop1[0] < start2[0], f"old attempt stopped at {stop1[0]}, new started at {start2[0]}"
+    assert_stopped_before_replaced(log, a1, a2)
     gate.write_text("go")
     assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
     j = api.q('query($id: ID!) { job(id: $id) { attempts { state host { id } } } }', {"id": job["id"]})["job"]
     assert [(x["state"], x["host"]["id"]) for x in j["attempts"]] == [("LOST", "fa"), ("SUCCEEDED", "fb")]
-    wait_until(lambda: "stopped by its watchdog" in a.output(), timeout=30, what="the thawed agent's report")
-    by_attempt: dict[str, list[str]] = {}
-    for what, attempt, _ in read_marks(log):
-        by_attempt.setdefault(attempt, []).append(what)
+    wait_until(lambda: "stopped by the agent's watchdog" in a.output(), timeout=30, what="the thawed agent's report")
+    by_attempt = marks_by_attempt(log)
     assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
     assert_invariants(cluster.nats_url)
 
@@ -199,14 +212,7 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
     leftover and reports the attempt LOST; the job runs again, once, and nothing stays
     RUNNING with nobody watching it."""
-    srv = cluster.server()
-    a = cluster.agent("ra", gpus="2xH100")
-    api = Api(srv.url, cluster.token)
-    api.wait_hosts(1)
-    gate, log = tmp_path / "gate", tmp_path / "marks"
-    job = api.submit(name="leftover", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
-    api.wait_job(job["id"], {"RUNNING"})
-    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "ra", "leftover")
     run_files = wait_until(lambda: list((tmp_path / "agents" / "ra.runs").glob("*")), what="the run file")
     assert [f.name for f in run_files] == [f"{job['id']}.1"]
     pid = int(run_files[0].read_text().split()[0])
@@ -222,10 +228,7 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     assert "agent restarted" in first["reason"], first
     gate.write_text("go")
     assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
-    marks = read_marks(log)
-    by_attempt: dict[str, list[str]] = {}
-    for what, attempt, _ in marks:
-        by_attempt.setdefault(attempt, []).append(what)
+    by_attempt = marks_by_attempt(log)
     # The leftover never got to finish (SIGKILL: no 'stop', no 'end'); the retry ran once.
     assert by_attempt == {f"{job['id']}.1": ["start"], f"{job['id']}.2": ["start", "end"]}, by_attempt
     assert not list((tmp_path / "agents" / "ra.runs").glob("*"))
@@ -256,12 +259,8 @@ def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_pa
         wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="replacement")
         wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
                    what="replacement started")
-        marks = read_marks(log)
         a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
-        stop1 = [t for w, a, t in marks if w == "stop" and a == a1]
-        start2 = [t for w, a, t in marks if w == "start" and a == a2]
-        assert stop1 and start2, marks
-        assert stop1[0] < start2[0], f"old attempt stopped at {stop1[0]}, new started at {start2[0]}"
+        assert_stopped_before_replaced(log, a1, a2)
         # Heal the link: the old attempt never comes back.
         proxy.heal()
         wait_until(lambda: api.q('{ host(id: "cut") { health } }')["host"]["health"] == "HEALTHY",
