@@ -165,6 +165,7 @@ class Agent:
         self._watch_dir.mkdir(parents=True, exist_ok=True)
         self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self.watchdog_restarts = 0
         self._load_seen()
         # Attempts a previous incarnation started and this one cannot watch: reported LOST
         # once each when their assignment is seen.
@@ -290,6 +291,7 @@ class Agent:
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():
             await self._check_fence()
+            self._keep_watchdog()
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=0.5)
             except asyncio.TimeoutError:
@@ -535,6 +537,13 @@ class Agent:
         self._watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", WATCHDOG, str(self._watch_dir), str(self._runs_dir), str(os.getpid()),
              str(stale_after), str(grace)], stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _keep_watchdog(self) -> None:
+        """Start the watchdog again if it died (killed by hand, or by the OOM killer)."""
+        if self._watchdog is not None and self._watchdog.poll() is not None:
+            log.warning("the watchdog exited (code %s); starting it again", self._watchdog.returncode)
+            self.watchdog_restarts += 1
+            self._start_watchdog()
 
     def _stop_watchdog(self) -> None:
         if self._watchdog is None:

@@ -71,3 +71,35 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
         stop.set()
         await asyncio.wait_for(run, timeout=30)
         await nc.close()
+
+
+async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_path: Path) -> None:
+    """The agent's watchdog (agent.watchdog) runs beside it; killed, it is started again;
+    the agent's clean shutdown ends it."""
+    import os
+    import signal
+
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id="wd-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
+                              ttl_intervals=6, fence_after_s=2.5, state_dir=tmp_path / "agent", cpus=4,
+                              memory_mb=4096))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        for _ in range(100):
+            if agent._watchdog is not None:
+                break
+            await asyncio.sleep(0.05)
+        first = agent._watchdog
+        assert first is not None and first.poll() is None
+        os.kill(first.pid, signal.SIGKILL)
+        for _ in range(200):
+            if agent._watchdog is not first and agent._watchdog is not None:
+                break
+            await asyncio.sleep(0.05)
+        second = agent._watchdog
+        assert second is not first and second is not None and second.poll() is None
+        assert agent.watchdog_restarts == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+    assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown
