@@ -17,8 +17,8 @@ Self-fencing: when no heartbeat could be published for `fence_after_s`, the agen
 its own attempts, so that a cut-off host's work is dead before the control plane
 replaces it elsewhere. An agent that was killed and not restarted, or frozen, cannot: its
 watchdog (agent.watchdog, a small process of its own started with the agent) stops the
-attempts listed in `<host>.runs` once the agent has not touched `<host>.watchdog/alive`
-(it does after every heartbeat the store took) for a little longer than `fence_after_s`.
+attempts listed in `<host>.runs` once the agent has not written `<host>.watchdog/alive`
+(its pid, after every heartbeat the store took) for a little longer than `fence_after_s`.
 Without a state dir both live in a temporary directory.
 """
 
@@ -523,13 +523,13 @@ class Agent:
         return round(stale_after, 3), round(max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0)), 3)
 
     def _touch_alive(self) -> None:
+        """Show the watchdog this agent is alive: write its pid (the file's modification
+        time is what the watchdog watches; the pid tells it which agent wrote)."""
         path = self._watch_dir / "alive"
         try:
-            os.utime(path)
-        except FileNotFoundError:
-            path.touch()
+            path.write_text(f"{os.getpid()}\n")
         except OSError as exc:
-            log.warning("cannot touch %s: %s (the watchdog will stop this host's attempts)", path, exc)
+            log.warning("cannot write %s: %s (the watchdog will stop this host's attempts)", path, exc)
 
     def _start_watchdog(self) -> None:
         stale_after, grace = self.watchdog_timing()

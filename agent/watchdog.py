@@ -9,9 +9,9 @@ session of its own so that it outlives the agent:
 
     python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE
 
-The agent touches DIR/alive after every heartbeat the store took, and keeps in RUNS one
+The agent writes its pid to DIR/alive after every heartbeat the store took, and keeps in RUNS one
 file per running attempt: `<process group> <process start time> [keep]` (agent.agent).
-Every half second the watchdog looks at DIR/alive. Once it has not changed for
+Four times a second the watchdog looks at DIR/alive. Once it has not changed for
 STALE_AFTER seconds (on the watchdog's monotonic clock, so a step of the wall clock
 changes nothing), it writes DIR/fenced/<attempt> and sends SIGTERM to the process group
 of every listed attempt (but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and
@@ -21,8 +21,8 @@ just over its own fence delay (a live agent stops its attempts itself and report
 and GRACE so that the attempts are dead before the heartbeat key expires.
 
 The watchdog exits when the agent process is gone and either another agent has taken
-over DIR (the file changes again) or, once DIR/alive is stale, every attempt it fenced is
-gone; and on SIGTERM (the agent's clean shutdown). Standard library only: it runs with -I -S, one small
+over DIR (DIR/alive holds another pid) or, once DIR/alive is stale, every attempt it
+fenced is gone; and on SIGTERM (the agent's clean shutdown). Standard library only: it runs with -I -S, one small
 process per agent.
 """
 
@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 
-POLL_S = 0.5
+POLL_S = 0.25
 
 
 def log(text: str) -> None:
@@ -48,6 +48,15 @@ def mtime(path: str) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
     except OSError:
+        return None
+
+
+def writer(path: str) -> int | None:
+    """The pid the agent wrote to `alive` (None while unreadable, e.g. half written)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
         return None
 
 
@@ -102,8 +111,12 @@ class Watchdog:
         seen = mtime(self.alive)
         if seen != self.last:
             self.last, self.changed = seen, now
-            if self.agent_gone():
-                return False  # another agent took over this directory (and kills leftovers)
+            # A change seen after the agent died may be its own last one: only another
+            # pid in the file means another agent took over (it kills the leftovers).
+            other = writer(self.alive)
+            if other not in (None, self.agent_pid) and self.agent_gone():
+                log(f"agent {self.agent_pid} gone and agent {other} took over: exiting")
+                return False
         stale = now - self.changed >= self.stale_after_s
         if stale:
             self.fence(now)

@@ -156,7 +156,7 @@ def test_a_live_agent_keeps_its_attempts(setup: Setup) -> None:
 
     def touch() -> None:
         while not stop.is_set():
-            os.utime(setup.dir / "alive")
+            (setup.dir / "alive").write_text(f"{setup.agent.pid}\n")
             stop.wait(0.1)
 
     t = threading.Thread(target=touch, daemon=True)
@@ -174,13 +174,19 @@ def test_a_live_agent_keeps_its_attempts(setup: Setup) -> None:
 
 
 def test_it_exits_when_another_agent_takes_over(setup: Setup) -> None:
-    """Its agent died and a new one touches `alive` (and kills the leftovers itself)."""
+    """Its agent died and a new one writes its pid to `alive` (and kills the leftovers
+    itself)."""
     p = setup.attempt("j1.1", ["sleep", "600"])
     wd = setup.start(stale_after=5.0, grace=0.5)
     setup.agent.kill()
     setup.agent.wait()
     time.sleep(0.6)
-    os.utime(setup.dir / "alive", ns=(time.time_ns(), time.time_ns() + 1))
+    # Its own last touch, seen after it died, is not a takeover: the watchdog stays.
+    (setup.dir / "alive").write_text(f"{setup.agent.pid}\n")
+    time.sleep(1.0)
+    assert wd.poll() is None
+    newcomer = setup.spawn(["sleep", "600"])
+    (setup.dir / "alive").write_text(f"{newcomer.pid}\n")
     wd.wait(30)
     assert wd.returncode == 0
     assert p.poll() is None and not (setup.dir / "fenced").exists()
