@@ -43,6 +43,7 @@ from nats.aio.msg import Msg
 from agent.gpu import GpuBackend, SimulatedBackend, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.runner import Run
+from agent.watchdog import start_time
 from server import subjects
 from server.errors import ConfigError, DecodeError, StoreError
 from server.messages import (
@@ -119,16 +120,8 @@ class AgentConfig:
         return self
 
 
-def process_start_time(pid: int) -> str:
-    """The start time of process `pid` in clock ticks since boot (field 22 of
-    /proc/<pid>/stat), which tells a pid apart from a later process reusing it;
-    "" when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    # The command name (field 2) is in parentheses and may hold spaces.
-    return stat[stat.rindex(")") + 2:].split()[19]
+# One reading of /proc/<pid>/stat for the agent and its (standard-library only) watchdog.
+process_start_time = start_time
 
 
 class Agent:
@@ -191,21 +184,17 @@ class Agent:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def _run_file(self, attempt_id: str) -> Path | None:
-        return self._runs_dir / attempt_id if self._runs_dir else None
+    def _run_file(self, attempt_id: str) -> Path:
+        return self._runs_dir / attempt_id
 
     def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False) -> None:
         path = self._run_file(attempt_id)
-        if path is None:
-            return
         path.parent.mkdir(parents=True, exist_ok=True)
         # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone.
         path.write_text(f"{pid} {process_start_time(pid)}{' keep' if keep_running else ''}\n")
 
     def _forget_run(self, attempt_id: str) -> None:
-        path = self._run_file(attempt_id)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        self._run_file(attempt_id).unlink(missing_ok=True)
 
     def _kill_leftovers(self) -> list[str]:
         """SIGKILL the process groups of attempts a previous incarnation left running
@@ -213,7 +202,7 @@ class Agent:
         start time differs was reused by something else and is left alone. Returns the
         attempts whose processes were killed."""
         killed: list[str] = []
-        if self._runs_dir is None or not self._runs_dir.exists():
+        if not self._runs_dir.exists():
             return killed
         for f in sorted(self._runs_dir.iterdir()):
             try:
