@@ -26,13 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-import nats
 
 from bench.foundation import summary_ms
 from server.checker import load
 from server.client import submit_over_nats
 from server.natsd import free_port, start_cluster, start_nats, wait_for_port
 from server.store import Store, connect
+from server import natsclient
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def leader_of(servers: list[tuple[subprocess.Popen[bytes], str]], token: str) ->
 
 
 async def submit_load(url: str, rate: float, duration: float, submitted: dict[str, float]) -> None:
-    nc = await nats.connect(url.split(","), name="failover-bench")
+    nc = await natsclient.connect(url.split(","), name="failover-bench")
     js = nc.jetstream(timeout=10)
     t0 = time.monotonic()
     n = 0

@@ -29,6 +29,7 @@ from nats.js import api as jsapi
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
 from server.store import ack_position
+from server import natsclient
 
 log = logging.getLogger("bench.observer")
 PREFIX = "$KV.state."
@@ -222,7 +223,7 @@ class Observer:
         self.stop.set()
 
     async def run(self) -> None:
-        self.nc = await nats.connect(self.args.nats.split(","), name="bench-observer", max_reconnect_attempts=-1,
+        self.nc = await natsclient.connect(self.args.nats.split(","), name="bench-observer", max_reconnect_attempts=-1,
                                      reconnect_time_wait=0.5)
         js = self.nc.jetstream(timeout=30)
         await self.nc.subscribe("bench.ctl.observer", cb=self.on_ctl)

@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import psutil
 
 from bench.run import Bench, BenchError, Child, parse_metrics, summary_ms
@@ -61,6 +60,7 @@ from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_
 from server.history import AttemptRow, EventRow, History, JobRow, job_events
 from server.messages import SHAPE_HEADER, Attempt, AttemptState, Heartbeat, Job, JobSpec, JobState, shape_digest
 from server.schema import encode_cursor
+from server import natsclient
 
 PER_PAGE = 50  # console page size (web.console.PER_PAGE) and the GraphQL page asked for
 
@@ -147,7 +147,7 @@ def build_fleet(n: int, seed: int) -> FleetPlan:
 
 async def publish_once(nats_url: str, hosts: list[tuple[HostSpec, str]]) -> None:
     """One heartbeat per host with the given TTL, then no more (SUSPECT, then LOST)."""
-    nc = await nats.connect(nats_url.split(","), name="bench-operator-once")
+    nc = await natsclient.connect(nats_url.split(","), name="bench-operator-once")
     try:
         boot = os.urandom(8).hex()
         for spec, ttl in hosts:

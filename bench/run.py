@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import psutil
 
 from bench.preload import PREFIX as PRELOAD_PREFIX
@@ -47,6 +46,7 @@ from bench.preload import preload
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
 from server.client import submit_over_nats
 from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
+from server import natsclient
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
@@ -600,7 +600,7 @@ class Bench:
                   f"({self.preloaded['bytes'] / 2**20:.0f} MB) in {self.preloaded['seconds']} s", flush=True)
         else:
             self.start_server()
-        nc = await nats.connect(self.nats_url.split(","), name="bench-orchestrator")
+        nc = await natsclient.connect(self.nats_url.split(","), name="bench-orchestrator")
         self.js = nc.jetstream(timeout=30)
         await nc.subscribe("bench.stats.>", cb=self.on_stats, pending_msgs_limit=100_000)
         self.spawn("observer", [sys.executable, "-m", "bench.observer", "--nats", self.nats_url,

@@ -35,6 +35,7 @@ import nats
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
+from server import natsclient
 
 log = logging.getLogger("bench.simhosts")
 
@@ -308,7 +309,7 @@ class Simulator:
                 self.c["errors"] += 1
                 log.warning("nats: %s", exc)
 
-        self.nc = await nats.connect(self.args.nats.split(","), name=f"bench-sim-{self.args.idx}",
+        self.nc = await natsclient.connect(self.args.nats.split(","), name=f"bench-sim-{self.args.idx}",
                                      error_cb=error_cb, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                                      pending_size=64 * 1024 * 1024, flush_timeout=30)
         self.js = self.nc.jetstream(publish_async_max_pending=self.args.max_inflight)

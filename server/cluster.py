@@ -107,6 +107,9 @@ class ClusterState:
     # Hosts whose heartbeat key expired (entry.present False), kept as heartbeats arrive
     # so the planner need not walk every host each cycle.
     absent: set[str] = field(default_factory=set)
+    # Hosts with an alloc record but no record in the hosts bucket at all (their key
+    # expired and was removed before this process started), kept the same way.
+    unheard: set[str] = field(default_factory=set)
     _domain_sizes: dict[tuple[str, str], int] | None = None
     # Every host's health as of its last refresh (HealthMonitor, summaries), kept from
     # the heartbeats and expiries applied here instead of a pass over every host.
@@ -128,6 +131,10 @@ class ClusterState:
         if alloc is not None:
             self.allocs[host_id] = alloc
             self.gpus_allocated += sum(len(t.gpu_indices) for t in alloc.tasks)
+            if host_id not in self.hosts:
+                self.unheard.add(host_id)
+        else:
+            self.unheard.discard(host_id)
 
     def _drop_job(self, job_id: str) -> None:
         old = self.jobs.pop(job_id, None)
@@ -208,6 +215,7 @@ class ClusterState:
             self.absent.add(key)
             if entry is None:
                 self.hosts[key] = HostEntry(key, None, revision, now, False, now)
+                self.unheard.discard(key)
             else:
                 entry.revision = revision
                 if entry.present:
@@ -241,6 +249,7 @@ class ClusterState:
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
                                     shape if shape == shape_digest(hb) else None)
+        self.unheard.discard(key)
         self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
         if was_present and entry is not None and entry.heartbeat is not None:
             self.gpus_present -= len(entry.heartbeat.gpus)

@@ -271,8 +271,8 @@ def evict_lost(
     state = w.state
     lost: list[tuple[str, float]] = []
     # Hosts whose key expired, and hosts with work but no record at all (expired before
-    # this leader started): not a walk over every host.
-    for host_id in (*state.absent, *(state.allocs.keys() - state.hosts.keys())):
+    # this leader started): sets kept as records arrive, not a walk over every host.
+    for host_id in (*state.absent, *(h for h in state.unheard if h not in state.hosts)):
         alloc = state.allocs.get(host_id)
         if alloc is None or not alloc.tasks:
             continue

@@ -15,14 +15,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 from nats.js import errors as jserrors
 
-from server import subjects
+from server import natsclient, subjects
 from server.errors import ConfigError, ConflictError, FencedError, StoreError
 from server.tls import client_context
 
@@ -136,7 +135,7 @@ async def connect(
         opts["tls"] = ctx
     opts.update(kw)
     try:
-        return await nats.connect(**opts)  # type: ignore[arg-type]
+        return await natsclient.connect(**opts)
     except Exception as exc:  # noqa: BLE001 - foreign errors become ours
         raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
 

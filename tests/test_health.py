@@ -193,6 +193,33 @@ def test_absent_hosts_and_domain_sizes_follow_heartbeats() -> None:
     assert s.domain_sizes()[("rack", "r2")] == 2
 
 
+def test_unheard_hosts_are_allocs_without_any_host_record() -> None:
+    """The planner's other lost-host source: hosts with work but no heartbeat record at
+    all (expired and removed before this server started), kept as records arrive."""
+    s = ClusterState()
+
+    def alloc(host: str, rev: int, tasks: int = 1) -> None:
+        a = HostAlloc(host_id=host, term=1, tasks=[Task(attempt_id=f"j{i}.1", job_id=f"j{i}", number=1,
+                                                        command=["x"], cpus=1, memory_mb=10) for i in range(tasks)])
+        s.apply_state_record(Record(f"alloc.{host}", rev, encode(a)))
+
+    s.apply_host_record(Record("h1", 1, hb("h1")), now=T0)
+    alloc("h1", 1)
+    alloc("ghost", 2)
+    alloc("late", 3)
+    alloc("gone", 4)
+    assert s.unheard == {"ghost", "late", "gone"}
+    s.apply_host_record(Record("late", 5, b"{not json"), now=T0)  # dropped: still nothing heard
+    assert s.unheard == {"ghost", "late", "gone"}
+    s.apply_host_record(Record("late", 6, hb("late")), now=T0)
+    s.apply_host_record(Record("gone", 7, None), now=T0)  # an expiry marker is a record: absent now
+    assert s.unheard == {"ghost"} and s.absent == {"gone"}
+    s.apply_state_record(Record("alloc.ghost", 8, None))
+    assert s.unheard == set()
+    alloc("h1", 9, tasks=2)  # a host already heard of never becomes unheard
+    assert s.unheard == set()
+
+
 def test_heartbeat_with_other_host_id_is_dropped() -> None:
     s = ClusterState()
     lis = Listener()

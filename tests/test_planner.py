@@ -22,6 +22,7 @@ from server.messages import (
     StatusReport,
     encode,
 )
+from server.eviction import EvictionBudget
 from server.planner import Plan, plan_cycle, queue_order
 from server.store import Record
 
@@ -393,6 +394,26 @@ def test_lost_or_killed_requeues_with_next_attempt_and_backoff(w: World, ending:
     assert len(ev) == 1 and "all 3 attempts used" in ev[0].message
     assert w.cycle(now=NOW + 1000).placed == 0
     assert w.tasks("h1") == []
+
+
+def test_work_on_a_host_never_heard_of_is_requeued() -> None:
+    """A leader that starts after a host's key expired and was removed has the host's
+    alloc record but no record of the host: its work is lost, not waited on forever."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    placed(w)
+    # A new leader: the job and alloc records, no record of h1; h2 is alive.
+    fresh = World(interval_s=3600.0)
+    fresh.host("h2")
+    for key, rec in (("job.j1", w.job("j1")), ("alloc.h1", w.state.allocs["h1"])):
+        fresh.state.apply_state_record(Record(key, 100 + len(fresh.state.revisions), encode(rec)))
+    assert fresh.state.unheard == {"h1"}
+    plan = plan_cycle(fresh.state, reports=[], commands=[], now=NOW + 1, term=TERM, max_keys=900,
+                      budget=EvictionBudget())
+    job = plan.jobs["j1"]
+    assert job.attempts[0].state is AttemptState.LOST
+    assert job.state is JobState.PLACED and job.current.host_id == "h2"
+    assert plan.allocs["h1"].tasks == [] and plan.evicted == 1
 
 
 def test_lost_with_single_attempt_fails(w: World) -> None:
