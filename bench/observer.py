@@ -223,8 +223,8 @@ class Observer:
         self.stop.set()
 
     async def run(self) -> None:
-        self.nc = await natsclient.connect(self.args.nats.split(","), name="bench-observer", max_reconnect_attempts=-1,
-                                     reconnect_time_wait=0.5)
+        self.nc = await natsclient.connect(self.args.nats.split(","), name="bench-observer",
+                                           max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         js = self.nc.jetstream(timeout=30)
         await self.nc.subscribe("bench.ctl.observer", cb=self.on_ctl)
 

@@ -9,8 +9,12 @@ One NATS connection per process. Each host:
     running task that disappears or carries `stop: true` is killed;
   * tasks: `sleep <seconds>` is simulated with a timer, no process;
   * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
-    `Nats-Msg-Id: <attempt>:<STATE>`; acknowledgements are pipelined (publish_async, up to
-    `--max-inflight` in flight) and every report is retried until acknowledged.
+    `Nats-Msg-Id: <attempt>:<STATE>`, every report retried until the stream acknowledges
+    it. Reports are sent in batches by one task (`Outbox`), up to `--max-inflight`
+    unacknowledged, with acknowledgements on one wildcard inbox: what nats-py's
+    `publish_async` does, without a task, a future and two semaphores per report
+    (asyncio's Semaphore looks at every waiter on each acquire; with thousands of
+    reports in flight that and the per-report tasks were a fifth of this process).
 
 It records when each attempt first arrived on each host (wall clock) with its task index
 (`MUSTER_GANG_TASK` in the task's env for a gang's task, else 0), publishes live
@@ -28,6 +32,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 import nats
@@ -80,6 +85,68 @@ class SimHost:
                          str(self.max_term).encode(), b"}"))
 
 
+class Outbox:
+    """Status reports on their way to the STATUS stream: sent in batches, each retried
+    until the stream acknowledges it (reports are idempotent by `Nats-Msg-Id`)."""
+
+    RETRY_S = 5.0  # resend what has not been acknowledged after this long
+
+    def __init__(self, nc, inbox: str, max_inflight: int, counters: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+        self.nc = nc
+        self.inbox = inbox
+        self.max_inflight = max_inflight
+        self.c = counters
+        self.queue: deque[tuple[str, bytes, str]] = deque()  # (subject, body, msg id)
+        self.unacked: dict[str, tuple[str, bytes, str, float]] = {}  # token -> report, sent at
+        self.wake = asyncio.Event()
+        self.next_token = 0
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.unacked)
+
+    def put(self, subject: str, body: bytes, msg_id: str) -> None:
+        self.queue.append((subject, body, msg_id))
+        self.wake.set()
+
+    async def on_ack(self, msg) -> None:  # type: ignore[no-untyped-def]
+        entry = self.unacked.pop(msg.subject[len(self.inbox) + 1:], None)
+        if entry is None:
+            return  # a late answer to a report sent again since
+        if not msg.data or b'"error"' in msg.data:  # no responders, or the stream refused
+            self.c["report_retries"] += 1
+            asyncio.get_running_loop().call_later(0.5, self.put, *entry[:3])
+            return
+        self.c["reports_acked"] += 1
+        self.wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.nc.subscribe(self.inbox + ".*", cb=self.on_ack, pending_msgs_limit=1_000_000,
+                                pending_bytes_limit=256 * 1024 * 1024)
+        last_check = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            while self.queue and len(self.unacked) < self.max_inflight:
+                subject, body, msg_id = self.queue.popleft()
+                self.next_token += 1
+                token = str(self.next_token)
+                self.unacked[token] = (subject, body, msg_id, now)
+                await self.nc.publish(subject, body, reply=f"{self.inbox}.{token}",
+                                      headers={"Nats-Msg-Id": msg_id})
+            if now - last_check >= 1.0:
+                last_check = now
+                late = [t for t, e in self.unacked.items() if now - e[3] > self.RETRY_S]
+                for token in late:
+                    subject, body, msg_id, _ = self.unacked.pop(token)
+                    self.c["report_retries"] += 1
+                    self.queue.append((subject, body, msg_id))
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.sleep(0.005)  # gather what else wants to go into the next batch
+
+
 class Simulator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -88,10 +155,8 @@ class Simulator:
         self.hosts = [SimHost(h, boot) for h in fleet]
         self.by_id = {h.spec.id: h for h in self.hosts}
         self.nc: nats.NATS | None = None
-        self.js = None
         self.stop = asyncio.Event()
-        self.sem = asyncio.Semaphore(args.max_inflight)
-        self.pending_reports: set[asyncio.Task] = set()
+        self.outbox: Outbox | None = None
         # results
         self.arrivals: list[tuple[str, str, str, float, int]] = []  # job, attempt, host, wall time, task
         self.new_arrivals: list[tuple[str, int, float]] = []  # job, task, wall time
@@ -216,27 +281,12 @@ class Simulator:
         body = json.dumps({"v": 1, "host_id": h.spec.id, "attempt_id": t["attempt_id"], "job_id": t["job_id"],
                            "state": state, "exit_code": code, "output_tail": "", "ts": time.time(),
                            "term": t.get("term", 0), "reason": reason}).encode()
-        task = asyncio.create_task(self._deliver(f"muster.status.{h.spec.id}", body,
-                                                 f"{t['attempt_id']}:{state}"))
-        self.pending_reports.add(task)
-        task.add_done_callback(self.pending_reports.discard)
+        assert self.outbox is not None
+        self.outbox.put(f"muster.status.{h.spec.id}", body, f"{t['attempt_id']}:{state}")
 
-    async def _deliver(self, subject: str, body: bytes, msg_id: str) -> None:
-        """Publish with the ack awaited in the background: many reports are in flight at once."""
-        assert self.js is not None
-        while True:
-            try:
-                async with self.sem:
-                    fut = await self.js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id})
-                    await asyncio.wait_for(fut, timeout=5)
-                self.c["reports_acked"] += 1
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - retried until acknowledged (idempotent)
-                self.c["report_retries"] += 1
-                log.debug("report %s: %s", msg_id, exc)
-                await asyncio.sleep(0.5)
+    @property
+    def reports_pending(self) -> int:
+        return len(self.outbox) if self.outbox is not None else 0
 
     # ------------------------------------------------------------ control and stats
 
@@ -244,7 +294,7 @@ class Simulator:
         arr, self.new_arrivals = self.new_arrivals, []
         return {"idx": self.args.idx, "t": time.time(), "ready": self.ready, "hosts": len(self.hosts),
                 "running": self.running, "max_running": self.max_running,
-                "reports_pending": len(self.pending_reports), "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
+                "reports_pending": self.reports_pending, "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
                 **self.c, "arrivals": arr}
 
     async def stats_loop(self) -> None:
@@ -284,16 +334,16 @@ class Simulator:
         elif req.get("cmd") == "finish":
             # Deliver the reports still in flight, then write the results.
             deadline = time.monotonic() + float(req.get("flush_s", 15))
-            while self.pending_reports and time.monotonic() < deadline:
+            while self.reports_pending and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             self.write_results()
-            await msg.respond(json.dumps({"ok": True, "pending_reports": len(self.pending_reports)}).encode())
+            await msg.respond(json.dumps({"ok": True, "pending_reports": self.reports_pending}).encode())
             self.stop.set()
 
     def write_results(self) -> None:
         out = {"idx": self.args.idx, "hosts": len(self.hosts), "counters": self.c,
                "max_running": self.max_running, "running_at_end": self.running,
-               "reports_pending_at_end": len(self.pending_reports),
+               "reports_pending_at_end": self.reports_pending,
                "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
                "silenced": {h.spec.id: h.last_hb for h in self.hosts if not h.heartbeating},
                "arrivals": self.arrivals}
@@ -310,9 +360,11 @@ class Simulator:
                 log.warning("nats: %s", exc)
 
         self.nc = await natsclient.connect(self.args.nats.split(","), name=f"bench-sim-{self.args.idx}",
-                                     error_cb=error_cb, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                                     pending_size=64 * 1024 * 1024, flush_timeout=30)
-        self.js = self.nc.jetstream(publish_async_max_pending=self.args.max_inflight)
+                                           error_cb=error_cb, max_reconnect_attempts=-1,
+                                           reconnect_time_wait=0.5, pending_size=64 * 1024 * 1024,
+                                           flush_timeout=30)
+        self.outbox = Outbox(self.nc, f"_INBOX.bench-sim-{self.args.idx}-{os.urandom(4).hex()}",
+                             self.args.max_inflight, self.c)
         await self.nc.subscribe(f"bench.ctl.{self.args.idx}", cb=self.on_ctl)
         if self.args.wildcard:
             await self.nc.subscribe(ASSIGN_PREFIX + ">", cb=self.on_assign, pending_msgs_limit=1_000_000,
@@ -322,7 +374,8 @@ class Simulator:
                 await self.nc.subscribe(ASSIGN_PREFIX + h.spec.id, cb=self.on_assign, pending_msgs_limit=100_000)
         await self.nc.flush(timeout=60)
         self.ready = True
-        tasks = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.stats_loop())]
+        tasks = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.stats_loop()),
+                 asyncio.create_task(self.outbox.run(self.stop))]
         await self.stop.wait()
         for t in tasks:
             t.cancel()
