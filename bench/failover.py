@@ -30,9 +30,9 @@ import httpx
 from bench.foundation import summary_ms
 from server.checker import load
 from server.client import submit_over_nats
+from server import natsclient
 from server.natsd import free_port, start_cluster, start_nats, wait_for_port
 from server.store import Store, connect
-from server import natsclient
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,6 +12,8 @@ start of the run (only committed records: an atomic batch that was rejected is n
     the share of GPUs left unallocated while GPU jobs wait).
 On `finish` (request on `bench.ctl.observer`) it also re-reads the final `alloc.*` record of
 every host with a last-per-subject consumer, checks those again, and writes `--out`.
+It runs at nice +10 (`--nice`): a checker with no deadline gives way to the system it
+checks on a saturated machine, as the server's historian does.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -28,11 +31,14 @@ from nats.js import api as jsapi
 
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
-from server.store import ack_position
 from server import natsclient
+from server.store import ack_position
 
 log = logging.getLogger("bench.observer")
 PREFIX = "$KV.state."
+# A checker with no deadline: it reads every record eventually, and on a saturated machine
+# it gives way to the system it checks (like the server's historian).
+OBSERVER_NICE = 10
 EPS = 1e-6
 
 
@@ -250,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats", required=True)
     ap.add_argument("--fleet", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--nice", type=int, default=OBSERVER_NICE,
+                    help="added to this process's nice value (default %(default)s)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s observer %(levelname)s %(message)s")
+    if args.nice:
+        os.nice(args.nice)
     asyncio.run(Observer(args).run())
     return 0
 

@@ -57,10 +57,10 @@ import psutil
 from bench.run import Bench, BenchError, Child, parse_metrics, summary_ms
 from bench.simhosts import SimHost
 from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_fleet, write_fleet
+from server import natsclient
 from server.history import AttemptRow, EventRow, History, JobRow, job_events
 from server.messages import SHAPE_HEADER, Attempt, AttemptState, Heartbeat, Job, JobSpec, JobState, shape_digest
 from server.schema import encode_cursor
-from server import natsclient
 
 PER_PAGE = 50  # console page size (web.console.PER_PAGE) and the GraphQL page asked for
 

@@ -44,9 +44,9 @@ import psutil
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.preload import preload
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
+from server import natsclient
 from server.client import submit_over_nats
 from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
-from server import natsclient
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""

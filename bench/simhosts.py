@@ -39,8 +39,8 @@ import nats
 
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
-from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
 from server import natsclient
+from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
 log = logging.getLogger("bench.simhosts")
 
