@@ -32,7 +32,7 @@ from nats.js import api as jsapi
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
 from server import natsclient
-from server.store import ack_position
+from server.store import delivery_position
 
 log = logging.getLogger("bench.observer")
 PREFIX = "$KV.state."
@@ -104,13 +104,9 @@ class Observer:
     def on_record(self, msg) -> None:  # type: ignore[no-untyped-def]
         key = msg.subject[len(PREFIX):]
         kind, _, name = key.partition(".")
-        # Read from the reply subject (server.store.ack_position): building nats-py's
+        # Read from the reply subject (server.store.delivery_position): building nats-py's
         # Msg.metadata for every record was a seventh of this process's CPU.
-        pos = ack_position(msg.reply)
-        if pos is None:
-            meta = msg.metadata
-            pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
-        seq, self.pending, stored = pos
+        seq, self.pending, stored = delivery_position(msg)
         self.lag_s = max(0.0, time.time() - stored)
         if kind == "alloc":
             self.alloc_revisions += 1
@@ -192,8 +188,9 @@ class Observer:
             count += 1
             host = msg.subject[len(PREFIX) + len("alloc."):]
             d = {"tasks": []} if _tombstone(msg.headers) else json.loads(msg.data)
-            self._check(host, d, msg.metadata.sequence.stream, final=True)
-            if msg.metadata.num_pending == 0:
+            seq, pending, _ = delivery_position(msg)
+            self._check(host, d, seq, final=True)
+            if pending == 0:
                 done.set()
 
         if self.alloc_revisions == 0:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import shlex
 import signal
@@ -258,7 +257,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for i in range(args.agents):
             host = f"local-{i + 1}"
             argv = exe + ["agent", "--nats", nats_url, "--host-id", host,
-                          "--labels", f"rack=local,zone=local", "--state-dir", str(data / "agents")]
+                          "--labels", "rack=local,zone=local", "--state-dir", str(data / "agents")]
             if gpus:
                 argv += ["--simulate-gpus", gpus]
             spawn(f"agent-{i + 1}", argv, creds=auth.agent_creds(host) if auth is not None else None)

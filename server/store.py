@@ -403,6 +403,16 @@ def ack_position(reply: str | None) -> tuple[int, int, float] | None:
     return None
 
 
+def delivery_position(msg: Msg) -> tuple[int, int, float]:
+    """`ack_position` of a JetStream delivery, or nats-py's `Msg.metadata` for a reply
+    subject of another form (raises for what is not a JetStream delivery)."""
+    pos = ack_position(msg.reply)
+    if pos is None:
+        meta = msg.metadata
+        pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
+    return pos
+
+
 class Watch:
     """A KV watch built on an ordered push consumer; resumes across reconnects."""
 
@@ -426,11 +436,7 @@ class Watch:
 
         async def cb(msg: Msg) -> None:
             try:
-                pos = ack_position(msg.reply)
-                if pos is None:
-                    meta = msg.metadata  # raises for what is not a JetStream delivery
-                    pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
-                seq, pending, stamp = pos
+                seq, pending, stamp = delivery_position(msg)
                 # `pending` counts what the store had not delivered yet; what it delivered
                 # and this client has not handed over yet waits in the subscription's queue.
                 sub = self._sub

@@ -202,6 +202,15 @@ def ctrl_c_works() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def process_gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet (it runs no more code)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
 def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from server import subjects
 from server.messages import HostAlloc, decode
 from server.store import Record, Store, connect
 from tests.conftest import ROOT, Api, Cluster, assert_invariants, wait_until
@@ -50,8 +49,9 @@ def test_job_runs_on_a_gpu_and_succeeds_with_output(two_hosts: tuple[Cluster, Ap
     assert c["hosts"] == {"total": 2, "healthy": 2, "lost": 0}
     assert c["gpus"]["total"] == 16
     assert c["jobs"]["succeeded"] == 1
-    listing = api.q("{ jobs(first: 10) { totalCount edges { node { id state } } } }")
     wait_until(lambda: api.q("{ jobs(first: 10) { totalCount } }")["jobs"]["totalCount"] == 1, what="history row")
+    listing = api.q("{ jobs(first: 10) { totalCount edges { node { id state } } } }")["jobs"]
+    assert [e["node"] for e in listing["edges"]] == [{"id": res["job"]["id"], "state": "SUCCEEDED"}]
 
 
 def test_failing_job_reports_its_exit_code(two_hosts: tuple[Cluster, Api]) -> None:

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import nats as natslib
-import pytest
 
 from server import subjects
 from server.messages import GpuInfo, GpuUsage, Heartbeat, encode
-from tests.conftest import Api, Cluster, Proc, assert_invariants, wait_until
+from tests.conftest import Api, Cluster, Proc, assert_invariants, process_gone, wait_until
 from tests.netproxy import TcpProxy
 
 PY = sys.executable
@@ -198,15 +197,6 @@ def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster
     assert_invariants(cluster.nats_url)
 
 
-def _process_gone(pid: int) -> bool:
-    """No such process, or a zombie nobody has reaped yet (it runs no more code)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
-
-
 def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluster, tmp_path: Path) -> None:
     """An agent killed with SIGKILL leaves its task running (a session of its own). When
     it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
@@ -218,9 +208,9 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     pid = int(run_files[0].read_text().split()[0])
     a.kill9()
     time.sleep(0.5)
-    assert not _process_gone(pid), "the task should outlive a SIGKILLed agent (it runs in its own session)"
+    assert not process_gone(pid), "the task should outlive a SIGKILLed agent (it runs in its own session)"
     cluster.agent("ra", gpus="2xH100")
-    wait_until(lambda: _process_gone(pid), timeout=60, what="the leftover process killed")
+    wait_until(lambda: process_gone(pid), timeout=60, what="the leftover process killed")
     wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second attempt")
     first = api.q('query($id: ID!) { job(id: $id) { attempts { state reason } } }',
                   {"id": job["id"]})["job"]["attempts"][0]

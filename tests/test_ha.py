@@ -312,7 +312,7 @@ async def _stale_cycle(tmp_path: Path) -> None:
         b = Leadership(store, "b", cfg)
         assert await a.try_acquire()
         sched_a = Scheduler(store, state_a, a)
-        job = await _one_host_one_job(store, state_a, "j-stale")
+        await _one_host_one_job(store, state_a, "j-stale")
         # A stops renewing; the lease expires; B takes over with a new term.
         for _ in range(100):
             if await b.try_acquire():

@@ -306,3 +306,21 @@ def test_ack_position_refuses_what_is_not_a_delivery(reply: str | None) -> None:
     from server.store import ack_position
 
     assert ack_position(reply) is None
+
+
+def test_delivery_position_falls_back_to_nats_py_and_refuses_the_rest() -> None:
+    """delivery_position reads both reply forms as nats-py does, and what is no
+    JetStream delivery raises nats-py's own error (from the metadata fallback)."""
+    from nats.aio.msg import Msg
+    from nats.errors import NotJSMessageError
+
+    from server.store import delivery_position
+
+    fast = "$JS.ACK.KV_hosts.abc123.1.4711.9.1764500000000000000.12"
+    assert delivery_position(Msg(None, subject="x", reply=fast)) == (4711, 12, 1764500000.0)  # type: ignore[arg-type]
+    odd = "$JS.ACK.hub.ACCHASH.KV_hosts.abc123.1.4711.9.1764500000000000000.3.xyz.more"
+    meta = Msg.Metadata._from_reply(odd)
+    assert delivery_position(Msg(None, subject="x", reply=odd)) == (  # type: ignore[arg-type]
+        meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
+    with pytest.raises(NotJSMessageError):
+        delivery_position(Msg(None, subject="x", reply="_INBOX.abc.1"))  # type: ignore[arg-type]

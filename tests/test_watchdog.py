@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.agent import WATCHDOG, process_start_time
-from tests.conftest import wait_until
-from tests.test_failures import _process_gone
+from tests.conftest import process_gone, wait_until
 
 PY = sys.executable
 
@@ -100,7 +99,7 @@ def test_a_silent_agent_gets_its_attempts_stopped_but_keep_running_ones(setup: S
     assert log.read_text().split() == ["start", "stop"]
     assert float((setup.dir / "fenced" / "j1.1").read_text()) >= 1.0
     # What the attempt left behind in its group got SIGKILL after the grace period.
-    wait_until(lambda: _process_gone(int(child.read_text())), timeout=30, what="the left-behind child killed")
+    wait_until(lambda: process_gone(int(child.read_text())), timeout=30, what="the left-behind child killed")
     assert kept.poll() is None and not (setup.dir / "fenced" / "j2.1").exists()
     # The agent is gone and nothing it fenced is left: the watchdog exits.
     setup.agent.kill()
