@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js import api as jsapi
 
 from server import metrics, subjects
@@ -165,7 +166,12 @@ class Scheduler:
                 await self._lead(stop)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - e.g. NATS re-electing while we set up: lead again
+            except (StoreError, NatsError, asyncio.TimeoutError, OSError) as exc:
+                # Expected in a cluster's life (NATS re-electing or reconnecting, another
+                # replica's term fencing this one): one line, and lead again if still leader.
+                log.warning("scheduling interrupted (%s: %s); starting again", type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+            except Exception:  # noqa: BLE001 - a bug: the whole traceback, and carry on leading
                 log.exception("scheduling interrupted; starting again")
                 await asyncio.sleep(0.5)
 
