@@ -159,10 +159,8 @@ class Watchdog:
     def run(self) -> None:
         while self.step(time.monotonic()):
             time.sleep(POLL_S)
-        # What fenced attempts left behind in their groups dies with them.
-        for group, _, kill_at in self.fenced.values():
-            if kill_at:
-                self.signal(group, signal.SIGKILL)
+        # What fenced attempts left behind in their groups dies with them, now.
+        self.finish(float("inf"))
 
 
 def main(argv: list[str]) -> None:
