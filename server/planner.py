@@ -90,12 +90,19 @@ class _Work:
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
         every host of the job's current try (a gang task's end touches the others)."""
-        if not self.frozen_jobs and not self.frozen_hosts:
+        if job_id in self.frozen_jobs:
+            return True
+        frozen = self.frozen_hosts
+        if not frozen:
             return False
-        if job_id in self.frozen_jobs or any(h in self.frozen_hosts for h in host_ids):
+        if any(h in frozen for h in host_ids):
             return True
         job = self.plan.jobs.get(job_id) or self.state.jobs.get(job_id)
-        return job is not None and any(t.host_id in self.frozen_hosts for t in job.current_tasks())
+        if job is None or not job.attempts:
+            return False
+        if job.spec.replicas == 1:  # one attempt per try: the current try is the last attempt
+            return job.attempts[-1].host_id in frozen
+        return any(t.host_id in frozen for t in job.current_tasks())
 
     def job(self, job_id: str) -> Job | None:
         if job_id in self.plan.jobs:
