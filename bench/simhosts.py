@@ -130,8 +130,13 @@ class Outbox:
                 self.next_token += 1
                 token = str(self.next_token)
                 self.unacked[token] = (subject, body, msg_id, now)
-                await self.nc.publish(subject, body, reply=f"{self.inbox}.{token}",
-                                      headers={"Nats-Msg-Id": msg_id})
+                try:
+                    await self.nc.publish(subject, body, reply=f"{self.inbox}.{token}",
+                                          headers={"Nats-Msg-Id": msg_id})
+                except Exception as exc:  # noqa: BLE001 - e.g. closed while reconnecting: resent after RETRY_S
+                    self.c["errors"] += 1
+                    log.debug("report %s: %s", msg_id, exc)
+                    break
             if now - last_check >= 1.0:
                 last_check = now
                 late = [t for t, e in self.unacked.items() if now - e[3] > self.RETRY_S]
