@@ -120,10 +120,6 @@ class AgentConfig:
         return self
 
 
-# One reading of /proc/<pid>/stat for the agent and its (standard-library only) watchdog.
-process_start_time = start_time
-
-
 class Agent:
     def __init__(self, config: AgentConfig, gpus: GpuBackend | None = None) -> None:
         self.config = config.validate()
@@ -191,7 +187,7 @@ class Agent:
         path = self._run_file(attempt_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone.
-        path.write_text(f"{pid} {process_start_time(pid)}{' keep' if keep_running else ''}\n")
+        path.write_text(f"{pid} {start_time(pid)}{' keep' if keep_running else ''}\n")
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -208,7 +204,7 @@ class Agent:
             try:
                 pid_s, start_s = f.read_text().split()[:2]
                 pid = int(pid_s)
-                if process_start_time(pid) == start_s:
+                if start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
                     killed.append(f.name)
                     log.warning("killed attempt %s (process group %d) left running by a previous agent",

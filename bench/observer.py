@@ -32,7 +32,7 @@ from nats.js import api as jsapi
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
 from server import natsclient
-from server.store import delivery_position
+from server.store import delivery_position, is_tombstone
 
 log = logging.getLogger("bench.observer")
 PREFIX = "$KV.state."
@@ -40,10 +40,6 @@ PREFIX = "$KV.state."
 # it gives way to the system it checks (like the server's historian).
 OBSERVER_NICE = 10
 EPS = 1e-6
-
-
-def _tombstone(headers: dict | None) -> bool:
-    return bool(headers) and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers)
 
 
 def check_alloc(d: dict, cap: tuple[int, float, int]) -> list[str]:
@@ -110,7 +106,7 @@ class Observer:
         self.lag_s = max(0.0, time.time() - stored)
         if kind == "alloc":
             self.alloc_revisions += 1
-            if _tombstone(msg.headers):
+            if is_tombstone(msg.headers):
                 d = {"tasks": []}
             else:
                 d = json.loads(msg.data)
@@ -120,7 +116,7 @@ class Observer:
             self.alloc_gpus[name] = n
         elif kind == "job":
             self.job_revisions += 1
-            if _tombstone(msg.headers):
+            if is_tombstone(msg.headers):
                 return
             if name.startswith(PRELOAD_PREFIX):
                 self.preloaded_revisions += 1  # counted against capacity via the allocs only
@@ -187,7 +183,7 @@ class Observer:
             nonlocal count
             count += 1
             host = msg.subject[len(PREFIX) + len("alloc."):]
-            d = {"tasks": []} if _tombstone(msg.headers) else json.loads(msg.data)
+            d = {"tasks": []} if is_tombstone(msg.headers) else json.loads(msg.data)
             seq, pending, _ = delivery_position(msg)
             self._check(host, d, seq, final=True)
             if pending == 0:

@@ -174,9 +174,17 @@ class Job(_Model):
         return self.attempts[-1].number if self.attempts else 0
 
     def current_tasks(self) -> list[Attempt]:
-        """The attempts of the latest try (one, or one per gang task)."""
-        n = self.tries
-        return [a for a in self.attempts if a.number == n]
+        """The attempts of the latest try (one, or one per gang task). Tries are appended
+        one after another (planner.place_queued), so they are the list's tail: no walk
+        over every attempt, which the planner asks for every status report."""
+        atts = self.attempts
+        if not atts:
+            return []
+        n = atts[-1].number
+        i = len(atts) - 1
+        while i > 0 and atts[i - 1].number == n:
+            i -= 1
+        return atts[i:]
 
 
 # ---------------------------------------------------------------- allocations

@@ -98,11 +98,7 @@ class _Work:
         if any(h in frozen for h in host_ids):
             return True
         job = self.plan.jobs.get(job_id) or self.state.jobs.get(job_id)
-        if job is None or not job.attempts:
-            return False
-        if job.spec.replicas == 1:  # one attempt per try: the current try is the last attempt
-            return job.attempts[-1].host_id in frozen
-        return any(t.host_id in frozen for t in job.current_tasks())
+        return job is not None and any(t.host_id in frozen for t in job.current_tasks())
 
     def job(self, job_id: str) -> Job | None:
         if job_id in self.plan.jobs:

@@ -140,7 +140,8 @@ async def connect(
         raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
 
 
-def _is_tombstone(headers: dict[str, str] | None) -> bool:
+def is_tombstone(headers: dict[str, str] | None) -> bool:
+    """A KV record's headers say it is a deletion: DEL/PURGE, or a TTL expiry marker."""
     if not headers:
         return False
     if headers.get("KV-Operation") in ("DEL", "PURGE"):
@@ -246,7 +247,7 @@ class Store:
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cannot read {bucket}/{key}: {exc}") from exc
         seq = int(msg.seq or 0)
-        if _is_tombstone(msg.headers):
+        if is_tombstone(msg.headers):
             return Record(key, seq, None)
         return Record(key, seq, msg.data or b"")
 
@@ -443,7 +444,7 @@ class Watch:
                 if sub is not None:
                     pending += sub.pending_msgs
                 key = msg.subject[len(self._prefix) :]
-                value = None if _is_tombstone(msg.headers) else msg.data
+                value = None if is_tombstone(msg.headers) else msg.data
                 skipped = seq - self.last_seq - 1 if self.synced.is_set() and self.last_seq else 0
                 self.on_record(Record(key, seq, value, msg.headers, stamp, pending, max(0, skipped)))
                 self.received += 1

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from server.cluster import ClusterState
 from server.messages import (
+    Attempt,
     AttemptState,
     Command,
     GpuInfo,
@@ -811,3 +812,15 @@ def test_the_largest_nats_submission_always_fits_in_one_cycle() -> None:
     assert {f"big-{i:04d}" for i in range(MAX_SUBMIT_JOBS)} <= set(plan.jobs)
     with pytest.raises(ValidationError):
         SubmitRequest(user="u", ts=NOW, jobs=[dict(jobs[0], id=f"x{i}") for i in range(MAX_SUBMIT_JOBS + 1)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=8), max_size=12))
+def test_current_tasks_are_the_attempts_of_the_latest_try(tasks_per_try: list[int]) -> None:
+    """Tries are appended one after another: the latest try's attempts, read from the
+    tail, are every attempt with the latest number."""
+    attempts = [Attempt(id=f"j.{n}.{t}", number=n, task=t, host_id=f"h{t}") for n, k in enumerate(tasks_per_try, 1)
+                for t in range(k)]
+    job = Job(id="j", spec=JobSpec(name="j", command=["x"]), submitted_at=NOW, updated_at=NOW, attempts=attempts)
+    last = attempts[-1].number if attempts else 0
+    assert job.current_tasks() == [a for a in attempts if a.number == last]

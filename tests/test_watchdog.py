@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.agent import WATCHDOG, process_start_time
+from agent.agent import WATCHDOG
+from agent.watchdog import start_time
 from tests.conftest import process_gone, wait_until
 
 PY = sys.executable
@@ -40,7 +41,7 @@ class Setup:
     def attempt(self, name: str, argv: list[str], keep: bool = False) -> subprocess.Popen[bytes]:
         """Start an attempt in a session of its own and list it as the agent does."""
         p = self.spawn(argv, start_new_session=True)
-        (self.runs / name).write_text(f"{p.pid} {process_start_time(p.pid)}{' keep' if keep else ''}\n")
+        (self.runs / name).write_text(f"{p.pid} {start_time(p.pid)}{' keep' if keep else ''}\n")
         return p
 
     def start(self, stale_after: float = 1.0, grace: float = 1.0) -> subprocess.Popen[bytes]:
