@@ -27,6 +27,7 @@ import math
 import os
 import re
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -334,6 +335,22 @@ class Bench:
                 time.sleep(0.5)
         self.nats_url = ",".join(urls)
 
+    def preloaded_in_history(self) -> int:
+        """How many preloaded jobs the historian has written (its SQLite file, read only)."""
+        db = self.work / "server" / "history.db"
+        if not db.exists():
+            return 0
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            try:
+                return int(con.execute("SELECT count(*) FROM jobs WHERE id >= ? AND id < ?",
+                                       (PRELOAD_PREFIX, PRELOAD_PREFIX[:-1] + chr(ord(PRELOAD_PREFIX[-1]) + 1))
+                                       ).fetchone()[0])
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return 0  # not created yet, or busy
+
     def start_server(self) -> None:
         port = free_port()
         # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
@@ -418,6 +435,7 @@ class Bench:
                "hb_received": m.get("muster_heartbeats_received_total", 0.0),
                "placements": m.get("muster_placements_total", 0.0), "queue_depth": m.get("muster_queue_depth", 0.0),
                "suspect": m.get(SUSPECT_GAUGE, 0.0),
+               "hb_pending": m.get("muster_heartbeats_pending", 0.0),
                "reports_pending": sum(s.get("reports_pending", 0) for s in sims),
                "sim_loop_lag_max_ms": max((s.get("loop_lag_max_ms", 0) for s in sims), default=0)}
         prev = self.ticks[-1] if self.ticks else row
@@ -647,8 +665,13 @@ class Bench:
             # until it is within about a second of heartbeats of the stream's end.
             pending = m.get("muster_heartbeats_pending")
             caught_up = pending is None or pending <= max(100, a.hosts / 5)
+            # A preloaded cluster's history would have been written as its jobs arrived;
+            # here the historian writes them all at start. Wait for it, so the window
+            # measures a cluster that has been running, not the historian catching up.
+            history = self.preloaded_in_history() if a.preload else None
+            history_done = history is None or history >= self.preloaded.get("jobs", 0)
             if ready == k and "observer" in self.stats and c["hosts"]["healthy"] >= a.hosts \
-                    and c["leadership"]["role"] == "leader" and caught_up:
+                    and c["leadership"]["role"] == "leader" and caught_up and history_done:
                 break
             if time.monotonic() > deadline:
                 if ready < k or "observer" not in self.stats:
@@ -657,15 +680,19 @@ class Bench:
                                      f"simulators, observer {'up' if 'observer' in self.stats else 'missing'}")
                 msg = (f"started the run anyway after {time.time() - t_boot:.0f} s: the server saw only "
                        f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']}), "
-                       f"{pending} heartbeats pending")
+                       f"{pending} heartbeats pending"
+                       + (f", {history} preloaded jobs in history" if history is not None else ""))
                 print("WARNING: " + msg, flush=True)
                 self.notes.append(msg)
                 break
             print(f"[startup {time.time() - t_boot:5.1f}s] simulators ready {ready}/{k}, server sees "
                   f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}, "
-                  f"heartbeats pending {pending if pending is not None else '?'}", flush=True)
+                  f"heartbeats pending {pending if pending is not None else '?'}"
+                  + (f", preloaded jobs in history {history}" if history is not None else ""), flush=True)
             await asyncio.sleep(2.0)
         startup_s = time.time() - t_boot
+        if a.preload and history_done:
+            self.preloaded["in_history_after_s"] = round(startup_s, 1)
         self.adopt_server_children()
         for c in self.children:
             c.sample()
@@ -953,7 +980,10 @@ class Bench:
                            "pending_max_in_window": max_in(m_in, "muster_heartbeats_pending"),
                            "suspect_hosts_max_in_window": max_in(m_in, SUSPECT_GAUGE),
                            "note": "received counts every record the server's hosts watch saw (expiry markers "
-                                   "included); backlog = sent - received, sampled once a second"},
+                                   "included); backlog_* = sent - received, sampled once a second (a rough "
+                                   "figure: expiry markers count as received, and heartbeats sent before the "
+                                   "server started never are); pending_max_in_window is the server's own count "
+                                   "of records not yet applied"},
             "max_concurrent_tasks": max((r["running"] for r in self.ticks), default=0),
             "max_concurrent_tasks_upper_bound": sum(s["max_running"] for s in sims),
             # What the control plane itself tracked: live (PLACED or RUNNING) jobs in its
@@ -969,7 +999,9 @@ class Bench:
             "processes": procs,
             "machine_cpu_busy_pct_in_window": self.machine_busy_pct(),
             "simulators": {"counters": dict(counters), "reports_pending_at_end": sum(s["reports_pending_at_end"] for s in sims),
-                           "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None)},
+                           "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None),
+                           "gc_pause_max_ms": max((s.get("gc_pause_max_ms", 0.0) for s in sims), default=None),
+                           "gc_full_pauses": sum(s.get("gc_full_pauses", 0) for s in sims)},
             "observer": {"watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
                          "max_watch_lag_s": max((s.get("lag_s", 0) for s in samples), default=None)},
             "quality": {
@@ -1101,8 +1133,11 @@ def plot(rep: dict, path: Path) -> None:
     ax = axes[2]
     ax.plot([r["t"] - t0 for r in ticks], [r["running"] for r in ticks], label="tasks running")
     ax.plot([r["t"] - t0 for r in ticks], [r["queue_depth"] for r in ticks], label="queue depth")
-    ax.plot([r["t"] - t0 for r in ticks], [r["hb_sent"] - r["hb_received"] for r in ticks],
-            label="heartbeat backlog (sent - received)", alpha=0.6)
+    # The server's own count of heartbeat records not yet applied (unread in the stream
+    # or waiting in its ingest process). Sent minus received is no backlog: received
+    # counts expiry markers, and simulators may heartbeat before the server exists.
+    ax.plot([r["t"] - t0 for r in ticks], [r.get("hb_pending", 0.0) for r in ticks],
+            label="heartbeat backlog (server: records not yet applied)", alpha=0.6)
     ax.set_xlabel("seconds since the first submission")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, alpha=0.3)

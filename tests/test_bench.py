@@ -15,6 +15,7 @@ The dispatch checks themselves (`bench.run.judge`) are tested without a cluster 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
@@ -181,6 +182,14 @@ def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
     assert rep["correctness"]["dispatches_of_unknown_jobs"] == 0
     assert rep["lost_host_detection"]["requeued"] >= 10  # the lost host's preloaded share at least
     assert rep["correctness"]["preloaded_jobs_rerun"] >= 1
+    # The window started only once the historian had written every preloaded job.
+    assert rep["preloaded"]["in_history_after_s"] >= 0
+    con = sqlite3.connect(tmp_path / "work" / "server" / "history.db")
+    try:
+        assert con.execute("SELECT count(*) FROM jobs WHERE id LIKE 'preload-%'").fetchone()[0] >= 10_000
+    finally:
+        con.close()
+    assert rep["simulators"]["gc_pause_max_ms"] >= 0
     assert rc == 0
 
 
