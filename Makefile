@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean schema
+.PHONY: run test install clean schema system-deps
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,7 +16,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/muster up
 
-test: $(STAMP)
+# PostgreSQL and Chromium from Debian when missing (the history and browser tests).
+system-deps:
+	.ci/debian-deps
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q -ra tests
 
 schema: $(STAMP)

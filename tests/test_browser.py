@@ -57,7 +57,8 @@ def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"Chromium is missing: {CHROMIUM} does not exist. The browser tests need Debian's "
-            "Chromium: `apt-get update && apt-get install -y chromium` (.ci/run does this). "
+            "Chromium: `apt-get update && apt-get install -y chromium` (`make test` does this, "
+            "through .ci/debian-deps). "
             "Do not use `playwright install`.",
             pytrace=False,
         )
