@@ -58,7 +58,7 @@ from bench.run import Bench, BenchError, Child, parse_metrics, summary_ms
 from bench.simhosts import SimHost
 from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_fleet, write_fleet
 from server import natsclient
-from server.history import AttemptRow, EventRow, History, JobRow, job_events
+from server.history import DB_FILE, AttemptRow, EventRow, History, JobRow, job_events
 from server.messages import SHAPE_HEADER, Attempt, AttemptState, Heartbeat, Job, JobSpec, JobState, shape_digest
 from server.schema import encode_cursor
 
@@ -773,7 +773,7 @@ def run(a: argparse.Namespace, argv: list[str], procs: Processes) -> dict[str, A
 
     # 1. history
     (work / "server").mkdir(parents=True, exist_ok=True)
-    procs.db_url = f"sqlite:///{work / 'server' / 'history.db'}"
+    procs.db_url = f"sqlite:///{work / 'server' / DB_FILE}"
     filled = fill_history(procs.db_url, fleet.hosts, a.jobs, seed=a.seed, days=a.days, now=now, progress=say)
     say(f"history filled in {filled.seconds:.1f} s: {filled.jobs:,} jobs, {filled.attempts:,} attempts, "
         f"{filled.events:,} events ({filled.alerts:,} alerts), {filled.db_bytes / 2**20:.0f} MiB")

@@ -47,6 +47,7 @@ from bench.preload import preload
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
 from server import natsclient
 from server.client import submit_over_nats
+from server.history import DB_FILE as HISTORY_DB_FILE
 from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,17 +336,22 @@ class Bench:
                 time.sleep(0.5)
         self.nats_url = ",".join(urls)
 
+    @property
+    def server_data_dir(self) -> Path:
+        """The server's --data-dir (its history database lives there)."""
+        return self.work / "server"
+
     def preloaded_in_history(self) -> int:
         """How many preloaded jobs the historian has written (its SQLite file, read only)."""
-        db = self.work / "server" / "history.db"
+        db = self.server_data_dir / HISTORY_DB_FILE
         if not db.exists():
             return 0
         try:
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
             try:
-                return int(con.execute("SELECT count(*) FROM jobs WHERE id >= ? AND id < ?",
-                                       (PRELOAD_PREFIX, PRELOAD_PREFIX[:-1] + chr(ord(PRELOAD_PREFIX[-1]) + 1))
-                                       ).fetchone()[0])
+                # GLOB (case-sensitive) with a literal prefix is answered from the key's index.
+                return int(con.execute("SELECT count(*) FROM jobs WHERE id GLOB ?",
+                                       (PRELOAD_PREFIX + "*",)).fetchone()[0])
             finally:
                 con.close()
         except sqlite3.Error:
@@ -355,7 +361,7 @@ class Bench:
         port = free_port()
         # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
         env = {"MUSTER_REPLICAS": str(self.args.replicas)}
-        data = self.work / "server"
+        data = self.server_data_dir
         c = self.spawn("server", [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
                                   "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
         try:

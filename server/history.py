@@ -35,6 +35,9 @@ from server.messages import Job
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# The SQLite file a server keeps its history in, in its data directory, unless given a
+# database URL (server.runtime.Config.database_url).
+DB_FILE = "history.db"
 # pg_advisory_xact_lock key serialising schema upgrades ("muster" + 1); advisory locks
 # are per database, so this only orders replicas that share one database.
 _PG_MIGRATE_LOCK = 0x6D757374657201

@@ -180,7 +180,7 @@ class Job(_Model):
         atts = self.attempts
         if not atts:
             return []
-        n = atts[-1].number
+        n = self.tries
         i = len(atts) - 1
         while i > 0 and atts[i - 1].number == n:
             i -= 1

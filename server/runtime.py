@@ -22,6 +22,7 @@ from server.cluster import ClusterState, HostConfig
 from server.errors import ConflictError, StoreError
 from server.health import Health
 from server.historian import HistorianConfig, HistorianProcess
+from server.history import DB_FILE as HISTORY_DB_FILE
 from server.history import History
 from server.ingest import HeartbeatIngest, IngestConfig
 from server.lease import LeaseConfig, ThreadedLeadership
@@ -70,7 +71,7 @@ class ServerConfig:
 
     @property
     def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.data_dir / 'history.db'}"
+        return self.db_url or f"sqlite:///{self.data_dir / HISTORY_DB_FILE}"
 
 
 @dataclass
