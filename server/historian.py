@@ -34,9 +34,7 @@ class HistorianConfig:
 
 async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
     from server import subjects
-    from server.errors import DecodeError
     from server.history import History
-    from server.messages import MAX_RECORD_BYTES, Job, decode
     from server.recorder import Recorder
     from server.store import Record, Store, connect
 
@@ -44,14 +42,12 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
     nc = await connect(cfg.nats_url, name="muster-historian", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
     store = Store(nc)
+    job_prefix = subjects.job_key("")
 
     def on_job(rec: Record) -> None:
-        if rec.value is None:
-            return
-        try:
-            history.record(decode(Job, rec.value, limit=MAX_RECORD_BYTES), rec.revision)
-        except DecodeError as exc:
-            log.warning("historian: dropped job record %s: %s", rec.key, exc)
+        if rec.value is not None:
+            # Decoded at the next flush, and only if no newer revision came first.
+            history.record_raw(rec.key.removeprefix(job_prefix), rec.value, rec.revision)
 
     watch = await store.watch("job.>", on_job, bucket=subjects.STATE_BUCKET)
     recorder = Recorder(store.js, history, cfg.database_url)

@@ -20,6 +20,7 @@ host's last heartbeat, and older revisions are ignored.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import threading
@@ -109,30 +110,30 @@ class Pending:
         if stamp >= self.read_to[0]:
             self.read_to = (stamp, behind)
 
+    @staticmethod
+    def _first(waiting: dict, n: int) -> list[tuple]:  # type: ignore[type-arg]
+        """Remove and return the first `n` entries of `waiting` (in the order they came)."""
+        if n <= 0 or not waiting:
+            return []
+        if len(waiting) <= n:
+            out = list(waiting.items())
+            waiting.clear()
+            return out
+        out = list(itertools.islice(waiting.items(), n))
+        for key, _ in out:
+            del waiting[key]
+        return out
+
     def take(self, n: int, synced: bool) -> HeartbeatBatch:
         """Up to `n` records, expiries first, removed from what waits. The batch says
         `synced` only if the watch is (`synced`) and nothing is left waiting."""
-        keys: list[str] = []
-        revs: list[int] = []
-        values: list[bytes | None] = []
-        shapes: list[str | None] = []
-        stamps: list[float] = []
-        while self.expired and len(keys) < n:
-            key, (rev, stamp, _, _) = next(iter(self.expired.items()))
-            del self.expired[key]
-            keys.append(key)
-            revs.append(rev)
-            values.append(None)
-            shapes.append(None)
-            stamps.append(stamp)
-        while self.beats and len(keys) < n:
-            key, (rev, value, shape, stamp, _, _) = next(iter(self.beats.items()))
-            del self.beats[key]
-            keys.append(key)
-            revs.append(rev)
-            values.append(value)
-            shapes.append(shape)
-            stamps.append(stamp)
+        gone = self._first(self.expired, n)
+        beats = self._first(self.beats, n - len(gone))
+        keys = [k for k, _ in gone] + [k for k, _ in beats]
+        revs = [e[0] for _, e in gone] + [e[0] for _, e in beats]
+        values: list[bytes | None] = [None] * len(gone) + [e[1] for _, e in beats]
+        shapes: list[str | None] = [None] * len(gone) + [e[2] for _, e in beats]
+        stamps = [e[1] for _, e in gone] + [e[3] for _, e in beats]
         received_at = self.first_at
         if self:
             # Heartbeats wait in the order their hosts started waiting; an expiry may

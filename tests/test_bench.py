@@ -14,6 +14,7 @@ The dispatch checks themselves (`bench.run.judge`) are tested without a cluster 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections import defaultdict
@@ -147,6 +148,32 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
     assert rep["replication"]["stream_replicas"]["KV_state"] == 1
     assert rc == 0
+
+
+def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends() -> None:
+    """The simulator writes heartbeats as prebuilt HPUB frames: byte for byte what nats-py's
+    publish() sends for the same subject, body and headers (its own code builds the reference)."""
+    from nats.aio.client import Client
+
+    from bench.simhosts import SimHost
+    from bench.workload import HostSpec
+    from server.messages import SHAPE_HEADER
+
+    h = SimHost(HostSpec(id="host-00042", gpus=8, model="A100", cpus=64, memory_mb=512_000,
+                         labels={"rack": "r1"}), "b00t", "15s")
+    frame = h.heartbeat_frame(1764547200.25)
+    h.seq -= 1
+    body = h.heartbeat(1764547200.25)
+    sent: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        sent.append(cmd)
+
+    nc = Client()
+    nc._send_command = capture  # type: ignore[method-assign]
+    asyncio.run(nc._send_publish(h.subject, "", body, len(body), {"Nats-TTL": "15s", SHAPE_HEADER: h.shape}))
+    assert sent == [frame]
+    assert frame.startswith(b"HPUB $KV.hosts.host-00042 ") and b"Muster-Shape: " + h.shape.encode() in frame
 
 
 def test_preload_plan_spreads_running_jobs_and_refuses_what_does_not_fit() -> None:

@@ -18,7 +18,7 @@ from sqlmodel import Session, SQLModel, select
 
 import server.history as history_mod
 from server.history import AttemptRow, EventRow, History, JobRow, alembic_config, job_cursor
-from server.messages import Attempt, AttemptState, Job, JobSpec, JobState
+from server.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,6 +189,27 @@ def test_lifecycle_one_row_and_full_timeline(hist: History, flush_each: bool) ->
     with Session(hist.engine) as s:
         row = s.get(JobRow, "j1")
         assert row is not None and (row.revision, row.state, row.updated_at) == (4, "SUCCEEDED", 1010.0)
+
+
+def test_raw_records_decoded_only_when_newest(hist: History) -> None:
+    """The historian queues job records as stored; only the newest revision of each job
+    is decoded at flush, so a superseded one is never looked at, and a newest one that
+    does not decode (or names another job) is dropped and counted, not written."""
+    revs = lifecycle("j1")
+    hist.record_raw("j1", b"{not json", 1)  # superseded before the flush: never decoded
+    hist.record_raw("j1", encode(revs[3]), 4)
+    hist.record_raw("j1", encode(revs[1]), 2)  # older than what is queued: ignored
+    hist.record_raw("j2", b"{not json", 7)
+    hist.record_raw("j3", encode(lifecycle("other")[0]), 1)  # the record of another job
+    assert hist.flush() == 1
+    assert hist.dropped == 2
+    assert counts(hist) == (1, 1, 5)
+    got = hist.get_job("j1")
+    assert got is not None and got.state == JobState.SUCCEEDED
+    assert hist.get_job("j2") is None and hist.get_job("j3") is None and hist.get_job("other") is None
+    with Session(hist.engine) as s:
+        row = s.get(JobRow, "j1")
+        assert row is not None and row.revision == 4
 
 
 def test_retry_keeps_every_attempt(hist: History) -> None:
