@@ -91,6 +91,10 @@ def max_in(samples: list[tuple[float, dict[str, float]]], name: str) -> float | 
     return max(values) if values else None
 
 
+# The window starts once the observer has this many state records or fewer left to read.
+OBSERVER_CAUGHT_UP = 2000
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -268,6 +272,7 @@ class Bench:
     lost: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     preloaded: dict[str, float] = field(default_factory=dict)
+    observer_behind_at_start: int | None = None  # state records the observer had left to read
     machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
     machine_cpu_at_end: Any = None
 
@@ -676,8 +681,13 @@ class Bench:
             # measures a cluster that has been running, not the historian catching up.
             history = self.preloaded_in_history() if a.preload else None
             history_done = history is None or history >= self.preloaded.get("jobs", 0)
+            # Likewise the observer (a checker at nice +10, like the historian), which reads
+            # every record of the state bucket from the first, the preloaded ones included:
+            # within about a second of state writes of the stream's end.
+            obs_pending = self.stats.get("observer", {}).get("pending")
+            observer_done = obs_pending is not None and obs_pending <= OBSERVER_CAUGHT_UP
             if ready == k and "observer" in self.stats and c["hosts"]["healthy"] >= a.hosts \
-                    and c["leadership"]["role"] == "leader" and caught_up and history_done:
+                    and c["leadership"]["role"] == "leader" and caught_up and history_done and observer_done:
                 break
             if time.monotonic() > deadline:
                 if ready < k or "observer" not in self.stats:
@@ -686,19 +696,21 @@ class Bench:
                                      f"simulators, observer {'up' if 'observer' in self.stats else 'missing'}")
                 msg = (f"started the run anyway after {time.time() - t_boot:.0f} s: the server saw only "
                        f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']}), "
-                       f"{pending} heartbeats pending"
+                       f"{pending} heartbeats pending, the observer {obs_pending} records behind"
                        + (f", {history} preloaded jobs in history" if history is not None else ""))
                 print("WARNING: " + msg, flush=True)
                 self.notes.append(msg)
                 break
             print(f"[startup {time.time() - t_boot:5.1f}s] simulators ready {ready}/{k}, server sees "
                   f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}, "
-                  f"heartbeats pending {pending if pending is not None else '?'}"
+                  f"heartbeats pending {pending if pending is not None else '?'}, "
+                  f"observer behind {obs_pending if obs_pending is not None else '?'}"
                   + (f", preloaded jobs in history {history}" if history is not None else ""), flush=True)
             await asyncio.sleep(2.0)
         startup_s = time.time() - t_boot
         if a.preload and history_done:
             self.preloaded["in_history_after_s"] = round(startup_s, 1)
+        self.observer_behind_at_start = obs_pending
         self.adopt_server_children()
         for c in self.children:
             c.sample()
@@ -1008,7 +1020,8 @@ class Bench:
                            "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None),
                            "gc_pause_max_ms": max((s.get("gc_pause_max_ms", 0.0) for s in sims), default=None),
                            "gc_full_pauses": sum(s.get("gc_full_pauses", 0) for s in sims)},
-            "observer": {"watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
+            "observer": {"records_behind_at_start": self.observer_behind_at_start,
+                         "watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
                          "max_watch_lag_s": max((s.get("lag_s", 0) for s in samples), default=None)},
             "quality": {
                 "gpus_unallocated_share_while_gpu_jobs_wait": {

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.run import judge
+from bench.run import OBSERVER_CAUGHT_UP, judge
 from bench.workload import TRACES
 
 # The traces are read in place from ../shared/traces (never copied into the project); a
@@ -217,6 +217,8 @@ def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
     finally:
         con.close()
     assert rep["simulators"]["gc_pause_max_ms"] >= 0
+    # ... and once the observer had read (nearly) every preloaded record.
+    assert rep["observer"]["records_behind_at_start"] <= OBSERVER_CAUGHT_UP
     assert rc == 0
 
 
