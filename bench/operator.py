@@ -98,8 +98,8 @@ def varied_usage(spec: HostSpec) -> tuple[dict[str, object], float, int]:
 class VariedSimHost(SimHost):
     """bench.simhosts.SimHost with the usage of `varied_usage` in every heartbeat."""
 
-    def __init__(self, spec: HostSpec, boot_id: str) -> None:
-        super().__init__(spec, boot_id)
+    def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
+        super().__init__(spec, boot_id, ttl)
         static, cpu_pct, mem_used = varied_usage(spec)
         body = json.dumps(static, separators=(",", ":"))[1:-1]
         self.hb_tail = (f',{body},"cpu_pct":{cpu_pct},"mem_used_mb":{mem_used},"simulated":true,'

@@ -67,7 +67,7 @@ def task_index(t: dict) -> int:
 
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "busy_gpus", "heartbeating", "last_hb", "subject", "shape", "hpub_head", "hb_headers")
+                 "busy_gpus", "heartbeating", "last_hb", "subject", "shape", "ttl", "frame_head")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -87,10 +87,11 @@ class SimHost:
         # The same shape header a real agent sends (see server.messages.shape_digest).
         sample = b"".join((self.hb_head, b"0", b',"ts":0.0', self.hb_tail, b"0}"))
         self.shape = shape_digest(Heartbeat.model_validate_json(sample))
-        # The heartbeat's HPUB frame but for its length and payload: the header block never
-        # changes (what nats-py's publish builds anew for every message).
-        self.hb_headers = f"NATS/1.0\r\nNats-TTL: {ttl}\r\n{SHAPE_HEADER}: {self.shape}\r\n\r\n".encode()
-        self.hpub_head = f"HPUB {self.subject}  {len(self.hb_headers)} ".encode()  # no reply subject
+        self.ttl = ttl
+        # (shape, "HPUB <subject>  <header length> " (no reply subject), header block): the
+        # heartbeat's frame but for its length and body, built again only if the shape
+        # changes (nats-py's publish builds and checks the header block for every message).
+        self.frame_head: tuple[str, bytes, bytes] | None = None
 
     def heartbeat(self, now: float) -> bytes:
         self.seq += 1
@@ -99,9 +100,12 @@ class SimHost:
 
     def heartbeat_frame(self, now: float) -> bytes:
         """The heartbeat as the HPUB protocol frame nats-py's publish would send (no reply)."""
+        if self.frame_head is None or self.frame_head[0] != self.shape:
+            headers = f"NATS/1.0\r\nNats-TTL: {self.ttl}\r\n{SHAPE_HEADER}: {self.shape}\r\n\r\n".encode()
+            self.frame_head = (self.shape, f"HPUB {self.subject}  {len(headers)} ".encode(), headers)
+        _, hpub, headers = self.frame_head
         body = self.heartbeat(now)
-        return b"".join((self.hpub_head, str(len(self.hb_headers) + len(body)).encode(), b"\r\n",
-                         self.hb_headers, body, b"\r\n"))
+        return b"".join((hpub, str(len(headers) + len(body)).encode(), b"\r\n", headers, body, b"\r\n"))
 
 
 class Outbox:

@@ -150,20 +150,21 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rc == 0
 
 
-def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends() -> None:
+@pytest.mark.parametrize("kind", ["plain", "varied"])
+def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends(kind: str) -> None:
     """The simulator writes heartbeats as prebuilt HPUB frames: byte for byte what nats-py's
-    publish() sends for the same subject, body and headers (its own code builds the reference)."""
+    publish() sends for the same subject, body and headers (its own code builds the
+    reference); also for the operator bench's hosts (a subclass), and after a shape change."""
     from nats.aio.client import Client
 
+    from bench.operator import VariedSimHost
     from bench.simhosts import SimHost
     from bench.workload import HostSpec
     from server.messages import SHAPE_HEADER
 
-    h = SimHost(HostSpec(id="host-00042", gpus=8, model="A100", cpus=64, memory_mb=512_000,
-                         labels={"rack": "r1"}), "b00t", "15s")
-    frame = h.heartbeat_frame(1764547200.25)
-    h.seq -= 1
-    body = h.heartbeat(1764547200.25)
+    cls = SimHost if kind == "plain" else VariedSimHost
+    h = cls(HostSpec(id="host-00042", gpus=8, model="A100", cpus=64, memory_mb=512_000,
+                     labels={"rack": "r1"}), "b00t", "15s")
     sent: list[bytes] = []
 
     async def capture(cmd: bytes, priority: bool = False) -> None:
@@ -171,9 +172,17 @@ def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends() -> None:
 
     nc = Client()
     nc._send_command = capture  # type: ignore[method-assign]
-    asyncio.run(nc._send_publish(h.subject, "", body, len(body), {"Nats-TTL": "15s", SHAPE_HEADER: h.shape}))
-    assert sent == [frame]
-    assert frame.startswith(b"HPUB $KV.hosts.host-00042 ") and b"Muster-Shape: " + h.shape.encode() in frame
+    # The second frame reuses the first's header block; before the third the shape changes
+    # (as the operator bench's hosts set theirs after the base class built its own).
+    for now, shape in ((1764547200.25, h.shape), (1764547205.5, h.shape), (1764547210.75, "f" * 24)):
+        h.shape = shape
+        frame = h.heartbeat_frame(now)
+        h.seq -= 1
+        body = h.heartbeat(now)
+        sent.clear()
+        asyncio.run(nc._send_publish(h.subject, "", body, len(body), {"Nats-TTL": "15s", SHAPE_HEADER: h.shape}))
+        assert sent == [frame]
+        assert frame.startswith(b"HPUB $KV.hosts.host-00042 ") and b"Muster-Shape: " + h.shape.encode() in frame
 
 
 def test_preload_plan_spreads_running_jobs_and_refuses_what_does_not_fit() -> None:
