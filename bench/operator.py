@@ -59,7 +59,7 @@ from bench.simhosts import SimHost
 from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_fleet, write_fleet
 from server import natsclient
 from server.history import DB_FILE, AttemptRow, EventRow, History, JobRow, job_events
-from server.messages import SHAPE_HEADER, Attempt, AttemptState, Heartbeat, Job, JobSpec, JobState, shape_digest
+from server.messages import SHAPE_HEADER, Attempt, AttemptState, Job, JobSpec, JobState
 from server.schema import encode_cursor
 
 PER_PAGE = 50  # console page size (web.console.PER_PAGE) and the GraphQL page asked for
@@ -102,10 +102,8 @@ class VariedSimHost(SimHost):
         super().__init__(spec, boot_id, ttl)
         static, cpu_pct, mem_used = varied_usage(spec)
         body = json.dumps(static, separators=(",", ":"))[1:-1]
-        self.hb_tail = (f',{body},"cpu_pct":{cpu_pct},"mem_used_mb":{mem_used},"simulated":true,'
-                        f'"agent_version":"bench-sim","term":').encode()
-        sample = b"".join((self.hb_head, b"0", b',"ts":0.0', self.hb_tail, b"0}"))
-        self.shape = shape_digest(Heartbeat.model_validate_json(sample))
+        self.set_tail((f',{body},"cpu_pct":{cpu_pct},"mem_used_mb":{mem_used},"simulated":true,'
+                       f'"agent_version":"bench-sim","term":').encode())
 
 
 def simulate(argv: list[str]) -> int:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ import nats
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server import natsclient
-from server.memory import freeze_survivors, keep_frozen
+from server.memory import freeze_survivors, keep_frozen, on_collection
 from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
 log = logging.getLogger("bench.simhosts")
@@ -67,14 +66,12 @@ def task_index(t: dict) -> int:
 
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "busy_gpus", "heartbeating", "last_hb", "subject", "shape", "ttl", "frame_head")
+                 "busy_gpus", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
         static = json.dumps(heartbeat_static(spec), separators=(",", ":"))[1:-1]
         self.hb_head = f'{{"v":1,"host_id":"{spec.id}","boot_id":"{boot_id}","seq":'.encode()
-        self.hb_tail = f',{static},"cpu_pct":1.0,"mem_used_mb":1024,"simulated":true,' \
-                       f'"agent_version":"bench-sim","term":'.encode()
         self.seq = 0
         self.applied_seq = 0
         self.max_term = 0
@@ -84,14 +81,30 @@ class SimHost:
         self.heartbeating = True
         self.last_hb = 0.0
         self.subject = f"$KV.hosts.{spec.id}"
-        # The same shape header a real agent sends (see server.messages.shape_digest).
-        sample = b"".join((self.hb_head, b"0", b',"ts":0.0', self.hb_tail, b"0}"))
-        self.shape = shape_digest(Heartbeat.model_validate_json(sample))
         self.ttl = ttl
-        # (shape, "HPUB <subject>  <header length> " (no reply subject), header block): the
-        # heartbeat's frame but for its length and body, built again only if the shape
-        # changes (nats-py's publish builds and checks the header block for every message).
-        self.frame_head: tuple[str, bytes, bytes] | None = None
+        # ("HPUB <subject>  <header length> " (no reply subject), header block): the
+        # heartbeat's frame but for its length and body, built once per shape (nats-py's
+        # publish builds and checks the header block for every message).
+        self.frame_head: tuple[bytes, bytes] | None = None
+        self.set_tail(f',{static},"cpu_pct":1.0,"mem_used_mb":1024,"simulated":true,'
+                      f'"agent_version":"bench-sim","term":'.encode())
+
+    def set_tail(self, tail: bytes) -> None:
+        """What the heartbeat carries between its timestamp and its term (inventory and
+        usage), and with it the shape header a real agent sends for that
+        (server.messages.shape_digest)."""
+        self.hb_tail = tail
+        sample = b"".join((self.hb_head, b"0", b',"ts":0.0', tail, b"0}"))
+        self.shape = shape_digest(Heartbeat.model_validate_json(sample))
+
+    @property
+    def shape(self) -> str:
+        return self._shape
+
+    @shape.setter
+    def shape(self, value: str) -> None:
+        self._shape = value
+        self.frame_head = None  # its header block carries the shape
 
     def heartbeat(self, now: float) -> bytes:
         self.seq += 1
@@ -100,10 +113,10 @@ class SimHost:
 
     def heartbeat_frame(self, now: float) -> bytes:
         """The heartbeat as the HPUB protocol frame nats-py's publish would send (no reply)."""
-        if self.frame_head is None or self.frame_head[0] != self.shape:
+        if self.frame_head is None:
             headers = f"NATS/1.0\r\nNats-TTL: {self.ttl}\r\n{SHAPE_HEADER}: {self.shape}\r\n\r\n".encode()
-            self.frame_head = (self.shape, f"HPUB {self.subject}  {len(headers)} ".encode(), headers)
-        _, hpub, headers = self.frame_head
+            self.frame_head = (f"HPUB {self.subject}  {len(headers)} ".encode(), headers)
+        hpub, headers = self.frame_head
         body = self.heartbeat(now)
         return b"".join((hpub, str(len(headers) + len(body)).encode(), b"\r\n", headers, body, b"\r\n"))
 
@@ -198,16 +211,12 @@ class Simulator:
         self.gc_pause_max = 0.0  # the longest garbage collection (seconds), any generation, once ready
         self.gc_full_pauses = 0  # full (generation 2) collections
         self.ready = False
-        self._gc_started = 0.0
-        gc.callbacks.append(self._on_gc)
+        on_collection(self._on_gc)
 
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_started = time.perf_counter()
-            return
+    def _on_gc(self, took: float, info: dict) -> None:
         if not self.ready:
             return  # counted from when the hosts are up, like the loop lag
-        self.gc_pause_max = max(self.gc_pause_max, time.perf_counter() - self._gc_started)
+        self.gc_pause_max = max(self.gc_pause_max, took)
         if info.get("generation") == 2:
             self.gc_full_pauses += 1
 

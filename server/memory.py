@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def freeze_survivors() -> None:
@@ -38,3 +41,19 @@ async def keep_frozen(stop: asyncio.Event, every_s: float = 2.0) -> None:
             pass
         if not stop.is_set():
             freeze_survivors()
+
+
+def on_collection(report: Callable[[float, dict[str, Any]], None]) -> Callable[[str, dict[str, Any]], None]:
+    """Time every garbage collection of this process: `report(seconds, info)` after each
+    one (`info` as gc.callbacks get it: generation, collected, ...). Returns the callback
+    it added to `gc.callbacks`."""
+    started = [0.0]
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        report(time.perf_counter() - started[0], info)
+
+    gc.callbacks.append(cb)
+    return cb

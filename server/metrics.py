@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from server.memory import on_collection
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -98,24 +99,17 @@ GC_PAUSE = Histogram(
 )
 
 
-
 def watch_gc(slow_s: float = 0.5) -> None:
     """Time every garbage collection of this process into GC_PAUSE, and log one that
     stops the process for `slow_s` or more. Idempotent."""
     if any(getattr(cb, "_muster", False) for cb in gc.callbacks):
         return
-    started = [0.0]
     by_generation = {g: GC_PAUSE.labels(str(g)) for g in range(3)}  # runs on every collection
 
-    def cb(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-            return
-        took = time.perf_counter() - started[0]
+    def report(took: float, info: dict[str, Any]) -> None:
         by_generation[info.get("generation", 2)].observe(took)
         if took >= slow_s:
             logging.getLogger(__name__).warning("garbage collection (generation %s) took %.2f s, %s objects collected",
                                                 info.get("generation"), took, info.get("collected"))
 
-    cb._muster = True  # type: ignore[attr-defined]
-    gc.callbacks.append(cb)
+    on_collection(report)._muster = True  # type: ignore[attr-defined]
