@@ -128,6 +128,31 @@ def histogram_quantiles(m: dict[str, float], name: str) -> dict[str, Any]:
     return out
 
 
+def histogram_window(first: dict[str, float], end: dict[str, float], name: str) -> dict[str, Any]:
+    """Observations of a Prometheus histogram between two scrapes: how many, how many
+    longer than 0.1, 0.5 and 1 s, and the bucket the longest fell in."""
+    by_le: dict[float, float] = defaultdict(float)  # summed over the histogram's labels
+    total = sum_s = 0.0
+    for k, v in end.items():
+        if not k.startswith(name):
+            continue
+        mm = re.match(rf'{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"\}}', k)
+        if mm:
+            by_le[float("inf") if mm.group(1) == "+Inf" else float(mm.group(1))] += v - first.get(k, 0.0)
+        elif re.match(rf"{name}_count(\{{|$)", k):
+            total += v - first.get(k, 0.0)
+        elif re.match(rf"{name}_sum(\{{|$)", k):
+            sum_s += v - first.get(k, 0.0)
+    cum = sorted(by_le.items())
+    out: dict[str, Any] = {"count": int(total), "sum_s": round(sum_s, 3)}
+    for limit in (0.1, 0.5, 1.0):
+        within = max((c for b, c in cum if b <= limit), default=0.0)
+        out[f"over_{limit:g}_s"] = int(total - within)
+    longest = next((b for b, c in cum if c >= total), None) if total else None
+    out["max_le_s"] = "+Inf" if longest == float("inf") else longest
+    return out
+
+
 # ---------------------------------------------------------------- dispatch checks
 
 
@@ -983,6 +1008,12 @@ class Bench:
             "server_placement_latency": histogram_quantiles(m_final, "muster_placement_latency_seconds"),
             # A commit, from sending its batch until the leader has read the acknowledgement.
             "server_commit_seconds": histogram_quantiles(m_final, "muster_commit_seconds"),
+            # How late the server's event loop woke for a 0.1 s timer, in the window.
+            "server_loop_lag": histogram_window(m_first, m_end, "muster_event_loop_lag_seconds"),
+            "server_gc_pauses": histogram_window(m_first, m_end, "muster_gc_pause_seconds"),
+            # Each scheduling cycle's planning (decisions and encoding), in the window.
+            "server_plan_seconds": histogram_window(m_first, m_end, "muster_plan_seconds"),
+            "server_commits_in_window": histogram_window(m_first, m_end, "muster_commit_seconds"),
             "heartbeats_per_s": round(hb_recv_rate, 1),
             "heartbeats_sent_per_s": round(hb_sent_rate, 1),
             "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),

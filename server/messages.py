@@ -7,11 +7,12 @@ untrusted bytes: it enforces a size bound and the schema and raises `DecodeError
 from __future__ import annotations
 
 import enum
+import json
 import os
 import time
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic import ValidationError as PydanticValidationError
 
 from server.errors import DecodeError
@@ -191,7 +192,13 @@ class Job(_Model):
 
 
 class Task(_Model):
-    """One task attempt assigned to a host: what the agent runs, and what it holds."""
+    """One task attempt assigned to a host: what the agent runs, and what it holds.
+
+    Immutable (a change is a new Task: `model_copy(update=...)`), so its JSON is made
+    once (`compact_json`) however often the host's record is rewritten around it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    _json: bytes | None = PrivateAttr(default=None)
 
     attempt_id: str
     job_id: str
@@ -209,6 +216,23 @@ class Task(_Model):
     # KEEP_RUNNING jobs: the agent does not stop this attempt when it fences itself.
     keep_running: bool = False
 
+    def __eq__(self, other: object) -> bool:  # the fields only, not the cached JSON
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and it holds a dict
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Task:
+        copy = super().model_copy(update=update, deep=deep)
+        copy._json = None  # pydantic copies private attributes: not this one
+        return copy
+
+    def compact_json(self) -> bytes:
+        """The task as JSON without the fields that hold their defaults (a decoder fills
+        them in again): what an `alloc` record lists, made once per task."""
+        if self._json is None:
+            self._json = self.model_dump_json(exclude_defaults=True).encode()
+        return self._json
+
 
 class HostAlloc(_Model):
     """The `alloc.<host>` record: every attempt assigned to a host. It is both the
@@ -218,6 +242,12 @@ class HostAlloc(_Model):
     host_id: str
     term: int = 0
     tasks: list[Task] = Field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        """The record as stored: rewritten on every placement and completion on its
+        host, so built from each task's JSON, made once (`Task.compact_json`)."""
+        head = '{"v":%d,"host_id":%s,"term":%d,"tasks":[' % (self.v, json.dumps(self.host_id), self.term)
+        return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
 
 
 # ---------------------------------------------------------------- agent -> server
@@ -285,6 +315,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def encode(model: BaseModel) -> bytes:
+    if isinstance(model, HostAlloc):
+        return model.to_json()
     return model.model_dump_json(exclude_defaults=False).encode()
 
 

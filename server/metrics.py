@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from typing import Any
@@ -51,6 +52,12 @@ PLACEMENT_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+PLAN_SECONDS = Histogram(
+    "muster_plan_seconds",
+    "One scheduling cycle's planning on the event loop: deciding (server.planner) and encoding its records",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+    registry=REGISTRY,
+)
 COMMITS = Counter(
     "muster_commits_total", "Scheduler commits by outcome", ["outcome"], registry=REGISTRY
 )
@@ -97,6 +104,25 @@ GC_PAUSE = Histogram(
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     registry=REGISTRY,
 )
+LOOP_LAG = Histogram(
+    "muster_event_loop_lag_seconds",
+    "How late the server's event loop woke for a timer: time it served nothing else "
+    "(a long callback, a collection, or the process waiting for a CPU)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=REGISTRY,
+)
+
+
+async def watch_loop_lag(stop: asyncio.Event, every_s: float = 0.1) -> None:
+    """Until `stop`: wake every `every_s` and record into LOOP_LAG how late that was."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + every_s
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except asyncio.TimeoutError:
+            pass
+        LOOP_LAG.observe(max(0.0, loop.time() - due))
 
 
 def watch_gc(slow_s: float = 0.5) -> None:

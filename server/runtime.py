@@ -198,6 +198,7 @@ class Muster:
             self._tasks.append(asyncio.create_task(self.ingest.run(self._stop), name="heartbeat-ingest"))
         self._tasks += [
             asyncio.create_task(memory.keep_frozen(self._stop), name="gc-freeze"),
+            asyncio.create_task(metrics.watch_loop_lag(self._stop), name="loop-lag"),
             asyncio.create_task(self.leadership.run(self._stop), name="lease"),
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
             asyncio.create_task(self._gauges(), name="gauges"),

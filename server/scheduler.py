@@ -311,6 +311,7 @@ class Scheduler:
             frozen_jobs |= jobs
             frozen_hosts |= hosts
         self.cycles += 1
+        started = time.perf_counter()
         reports_in = self._reports[: self.config.fetch_batch * 4]
         commands_in = self._commands[: self.config.fetch_batch]
         submissions_in = self._submissions[:100]
@@ -359,6 +360,7 @@ class Scheduler:
         objects = list(plan.jobs.values()) + list(plan.allocs.values())
         for w, obj in zip(writes, objects):
             self.state.expect(w.key, w.value, obj)
+        metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
 
     @staticmethod

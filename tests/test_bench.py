@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.run import OBSERVER_CAUGHT_UP, judge
+from bench.run import OBSERVER_CAUGHT_UP, histogram_window, judge
 from bench.workload import TRACES
 
 # The traces are read in place from ../shared/traces (never copied into the project); a
@@ -82,9 +82,31 @@ def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
 # ---------------------------------------------------------------- end to end
 
 
+def test_histogram_window_counts_only_what_the_window_observed() -> None:
+    def scrape(fast: float, slow: float, gen1: float = 0.0) -> dict[str, float]:
+        m = {'h_bucket{le="0.1"}': fast, 'h_bucket{le="0.5"}': fast, 'h_bucket{le="1.0"}': fast + slow,
+             'h_bucket{le="+Inf"}': fast + slow, "h_count": fast + slow, "h_sum": 0.01 * fast + 0.9 * slow}
+        # A labelled histogram (GC pauses by generation) is summed over its labels.
+        m.update({'g_bucket{generation="1",le="0.1"}': gen1, 'g_bucket{generation="1",le="+Inf"}': gen1,
+                  'g_count{generation="1"}': gen1, 'g_bucket{generation="2",le="0.1"}': 0.0,
+                  'g_bucket{generation="2",le="+Inf"}': slow, 'g_count{generation="2"}': slow})
+        return m
+
+    w = histogram_window(scrape(100, 1), scrape(150, 3), "h")
+    assert w == {"count": 52, "sum_s": 2.3, "over_0.1_s": 2, "over_0.5_s": 2, "over_1_s": 0, "max_le_s": 1.0}
+    assert histogram_window(scrape(5, 0), scrape(9, 0), "h")["max_le_s"] == 0.1
+    assert histogram_window(scrape(5, 0), scrape(5, 0), "h") == {
+        "count": 0, "sum_s": 0.0, "over_0.1_s": 0, "over_0.5_s": 0, "over_1_s": 0, "max_le_s": None}
+    g = histogram_window(scrape(0, 0, gen1=2), scrape(0, 1, gen1=5), "g")
+    assert g["count"] == 4 and g["over_1_s"] == 1 and g["max_le_s"] == "+Inf"
+
+
 def _check_report(rep: dict) -> None:
     for key in REQUIRED:
         assert key in rep, key
+    for key in ("server_loop_lag", "server_gc_pauses", "server_plan_seconds"):
+        assert rep[key]["count"] >= 0 and "over_0.5_s" in rep[key], key
+    assert rep["server_plan_seconds"]["count"] > 0  # the leader planned in the window
     for key in ("dispatch_latency_ms", "running_latency_ms"):
         for p in ("p50", "p95", "p99", "max"):
             assert p in rep[key], (key, p)

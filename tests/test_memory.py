@@ -41,3 +41,33 @@ async def test_survivors_are_frozen_young_garbage_is_not_and_the_loop_stops() ->
         assert kept[0].me is kept[0]
     finally:
         gc.unfreeze()
+
+
+async def test_loop_lag_is_recorded_and_the_watcher_stops() -> None:
+    """server.metrics.watch_loop_lag: a callback that holds the loop shows as lag."""
+    import time
+
+    from server import metrics
+
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value("muster_event_loop_lag_seconds_count") or 0.0
+
+    def over_quarter_second() -> float:
+        total = count()
+        within = metrics.REGISTRY.get_sample_value("muster_event_loop_lag_seconds_bucket", {"le": "0.25"}) or 0.0
+        return total - within
+
+    stop = asyncio.Event()
+    before, slow_before = count(), over_quarter_second()
+    task = asyncio.create_task(metrics.watch_loop_lag(stop, every_s=0.01))
+    await asyncio.sleep(0.05)
+    time.sleep(0.4)  # hold the loop
+    for _ in range(500):
+        if over_quarter_second() > slow_before:
+            break
+        await asyncio.sleep(0.01)
+    assert count() > before
+    assert over_quarter_second() > slow_before
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)  # stops without being cancelled
+    assert task.result() is None

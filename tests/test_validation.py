@@ -6,12 +6,14 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError as PydanticValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.errors import DecodeError, ValidationError
 from server.messages import (
     MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
     Attempt,
     AttemptState,
     Command,
@@ -307,6 +309,50 @@ CLASSES = [Heartbeat, StatusReport, HostAlloc, Job, Command]
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
 def test_encode_decode_round_trip(msg: Any) -> None:
     assert decode(type(msg), encode(msg)) == msg
+
+
+tasks = st.builds(
+    Task,
+    attempt_id=st.text(min_size=1, max_size=20),
+    job_id=st.text(min_size=1, max_size=20),
+    number=st.integers(0, 100),
+    command=st.lists(st.text(max_size=10), min_size=1, max_size=3),
+    env=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    cwd=st.none() | st.text(max_size=10),
+    gpu_indices=st.lists(st.integers(0, 63), max_size=4),
+    cpus=st.floats(0, 4096),
+    memory_mb=st.integers(0, 10**7),
+    term=st.integers(0, 10**6),
+    stop=st.booleans(),
+    keep_running=st.booleans(),
+)
+
+
+@given(host=st.text(min_size=1, max_size=30), term=st.integers(0, 10**6), tasks=st.lists(tasks, max_size=5))
+def test_alloc_record_omits_defaults_and_decodes_to_the_same_tasks(host: str, term: int, tasks: list[Task]) -> None:
+    alloc = HostAlloc(host_id=host, term=term, tasks=tasks)
+    data = encode(alloc)
+    assert decode(HostAlloc, data, limit=MAX_RECORD_BYTES) == alloc
+    raw = json.loads(data)
+    assert raw["v"] == 1 and raw["host_id"] == host and raw["term"] == term
+    for t, d in zip(tasks, raw["tasks"], strict=True):
+        defaults = Task(attempt_id="a", job_id="j", number=0, command=["x"])
+        omitted = {k for k in Task.model_fields if getattr(t, k) == getattr(defaults, k)} - {
+            "attempt_id", "job_id", "number", "command"}
+        assert omitted.isdisjoint(d), "a field holding its default is written"
+        assert {k for k in Task.model_fields if k not in omitted} <= set(d)
+
+
+def test_task_is_immutable_and_a_changed_copy_is_encoded_anew() -> None:
+    t = Task(attempt_id="j.1", job_id="j", number=1, command=["true"], gpu_indices=[0])
+    before = encode(HostAlloc(host_id="h1", tasks=[t]))  # caches the task's JSON
+    with pytest.raises(PydanticValidationError):
+        t.stop = True  # type: ignore[misc]
+    stopped = t.model_copy(update={"stop": True})
+    assert stopped != t and not t.stop
+    after = decode(HostAlloc, encode(HostAlloc(host_id="h1", tasks=[t, stopped])), limit=MAX_RECORD_BYTES)
+    assert [x.stop for x in after.tasks] == [False, True]
+    assert encode(HostAlloc(host_id="h1", tasks=[t])) == before
 
 
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
