@@ -108,16 +108,29 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def _histogram(first: dict[str, float], end: dict[str, float], name: str
+               ) -> tuple[list[tuple[float, float]], float, float]:
+    """A Prometheus histogram between two scrapes (`first` empty: since the start),
+    summed over its labels: (cumulative count by bucket bound, ascending), count, sum."""
+    by_le: dict[float, float] = defaultdict(float)
+    total = sum_s = 0.0
+    for k, v in end.items():
+        if not k.startswith(name):
+            continue
+        mm = re.match(rf'{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"\}}', k)
+        if mm:
+            by_le[float("inf") if mm.group(1) == "+Inf" else float(mm.group(1))] += v - first.get(k, 0.0)
+        elif re.match(rf"{name}_count(\{{|$)", k):
+            total += v - first.get(k, 0.0)
+        elif re.match(rf"{name}_sum(\{{|$)", k):
+            sum_s += v - first.get(k, 0.0)
+    return sorted(by_le.items()), total, sum_s
+
+
 def histogram_quantiles(m: dict[str, float], name: str) -> dict[str, Any]:
     """p50/p95/p99 upper bounds from a Prometheus histogram's cumulative buckets."""
-    buckets = []
-    for k, v in m.items():
-        mm = re.match(rf'{name}_bucket\{{le="([^"]+)"\}}', k)
-        if mm:
-            buckets.append((float("inf") if mm.group(1) == "+Inf" else float(mm.group(1)), v))
-    buckets.sort()
-    total = m.get(f"{name}_count", 0.0)
-    out: dict[str, Any] = {"count": int(total), "sum_s": round(m.get(f"{name}_sum", 0.0), 3)}
+    buckets, total, sum_s = _histogram({}, m, name)
+    out: dict[str, Any] = {"count": int(total), "sum_s": round(sum_s, 3)}
     for p in (50, 95, 99):
         le = None
         for b, c in buckets:
@@ -131,19 +144,7 @@ def histogram_quantiles(m: dict[str, float], name: str) -> dict[str, Any]:
 def histogram_window(first: dict[str, float], end: dict[str, float], name: str) -> dict[str, Any]:
     """Observations of a Prometheus histogram between two scrapes: how many, how many
     longer than 0.1, 0.5 and 1 s, and the bucket the longest fell in."""
-    by_le: dict[float, float] = defaultdict(float)  # summed over the histogram's labels
-    total = sum_s = 0.0
-    for k, v in end.items():
-        if not k.startswith(name):
-            continue
-        mm = re.match(rf'{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"\}}', k)
-        if mm:
-            by_le[float("inf") if mm.group(1) == "+Inf" else float(mm.group(1))] += v - first.get(k, 0.0)
-        elif re.match(rf"{name}_count(\{{|$)", k):
-            total += v - first.get(k, 0.0)
-        elif re.match(rf"{name}_sum(\{{|$)", k):
-            sum_s += v - first.get(k, 0.0)
-    cum = sorted(by_le.items())
+    cum, total, sum_s = _histogram(first, end, name)
     out: dict[str, Any] = {"count": int(total), "sum_s": round(sum_s, 3)}
     for limit in (0.1, 0.5, 1.0):
         within = max((c for b, c in cum if b <= limit), default=0.0)

@@ -53,6 +53,10 @@ class AttemptState(str, enum.Enum):
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=False)
 
+    def to_json(self) -> bytes:
+        """The message or record as sent and stored (`encode`)."""
+        return self.model_dump_json(exclude_defaults=False).encode()
+
 
 # ---------------------------------------------------------------- heartbeats
 
@@ -197,7 +201,7 @@ class Task(_Model):
     Immutable (a change is a new Task: `model_copy(update=...)`), so its JSON is made
     once (`compact_json`) however often the host's record is rewritten around it."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(frozen=True)
     _json: bytes | None = PrivateAttr(default=None)
 
     attempt_id: str
@@ -318,10 +322,8 @@ class Event(_Model):
 M = TypeVar("M", bound=BaseModel)
 
 
-def encode(model: BaseModel) -> bytes:
-    if isinstance(model, HostAlloc):
-        return model.to_json()
-    return model.model_dump_json(exclude_defaults=False).encode()
+def encode(model: _Model) -> bytes:
+    return model.to_json()
 
 
 def decode(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
