@@ -929,6 +929,10 @@ class Bench:
         (mt0, m_first), (mt1, m_end) = (m_in[0], m_in[-1]) if len(m_in) > 1 else ((0.0, {}), (1.0, {}))
         m_dt = max(1e-6, mt1 - mt0)
         m_final = self.metrics[-1][1] if self.metrics else {}
+        # For the histograms of the window: the last scrape before it and the first after
+        # it, so a window shorter than the scrape interval (a burst) is covered too.
+        h_first = next((m for t, m in reversed(self.metrics) if t <= self.window_start), {})
+        h_end = next((m for t, m in self.metrics if t >= self.window_end), m_final)
         hb = "muster_heartbeats_received_total"
         hb_recv_rate = (m_end.get(hb, 0) - m_first.get(hb, 0)) / m_dt
         t_in = [r for r in self.ticks if r["phase"] == "run"]
@@ -1010,11 +1014,11 @@ class Bench:
             # A commit, from sending its batch until the leader has read the acknowledgement.
             "server_commit_seconds": histogram_quantiles(m_final, "muster_commit_seconds"),
             # How late the server's event loop woke for a 0.1 s timer, in the window.
-            "server_loop_lag": histogram_window(m_first, m_end, "muster_event_loop_lag_seconds"),
-            "server_gc_pauses": histogram_window(m_first, m_end, "muster_gc_pause_seconds"),
+            "server_loop_lag": histogram_window(h_first, h_end, "muster_event_loop_lag_seconds"),
+            "server_gc_pauses": histogram_window(h_first, h_end, "muster_gc_pause_seconds"),
             # Each scheduling cycle's planning (decisions and encoding), in the window.
-            "server_plan_seconds": histogram_window(m_first, m_end, "muster_plan_seconds"),
-            "server_commits_in_window": histogram_window(m_first, m_end, "muster_commit_seconds"),
+            "server_plan_seconds": histogram_window(h_first, h_end, "muster_plan_seconds"),
+            "server_commits_in_window": histogram_window(h_first, h_end, "muster_commit_seconds"),
             "heartbeats_per_s": round(hb_recv_rate, 1),
             "heartbeats_sent_per_s": round(hb_sent_rate, 1),
             "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
