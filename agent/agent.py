@@ -44,9 +44,9 @@ from agent.gpu import GpuBackend, SimulatedBackend, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.runner import Run
 from agent.watchdog import start_time
-from server import subjects
-from server.errors import ConfigError, DecodeError, StoreError
-from server.messages import (
+from wire import subjects
+from wire.errors import ConfigError, DecodeError, StoreError
+from wire.messages import (
     MAX_RECORD_BYTES,
     SHAPE_HEADER,
     AttemptState,
@@ -58,8 +58,8 @@ from server.messages import (
     encode,
     shape_digest,
 )
-from server.natsauth import agent_inbox_prefix
-from server.store import Store, connect
+from wire.subjects import agent_inbox_prefix
+from wire.kv import Store, connect
 
 log = logging.getLogger(__name__)
 WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
@@ -72,7 +72,7 @@ ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
-    from server.validation import validate_labels
+    from wire.validation import validate_labels
 
     labels: dict[str, str] = {}
     for part in (text or "").split(","):

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
-from server.errors import ConfigError
-from server.messages import GpuInfo, GpuUsage
+from wire.errors import ConfigError
+from wire.messages import GpuInfo, GpuUsage
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from server.messages import AttemptState, Task
+from wire.messages import AttemptState, Task
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from pathlib import Path
 import httpx
 
 from bench.foundation import summary_ms
-from server.checker import load
-from server.client import submit_over_nats
-from server import natsclient
-from server.natsd import free_port, start_cluster, start_nats, wait_for_port
-from server.store import Store, connect
+from server.state.checker import load
+from wire.submit import submit_over_nats
+from wire import natsclient
+from server.broker.natsd import free_port, start_cluster, start_nats, wait_for_port
+from wire.kv import Store, connect
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from server.natsd import free_port, start_nats, wait_for_port
+from server.broker.natsd import free_port, start_nats, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

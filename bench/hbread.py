@@ -1,6 +1,6 @@
 """What reading one heartbeat costs a Python process: CPU microseconds per heartbeat for
 the `hosts` watch the heartbeat ingest process runs (`--mode watch`, an ordered
-JetStream consumer through server.store.Watch) and, for comparison, a plain core NATS
+JetStream consumer through wire.kv.Watch) and, for comparison, a plain core NATS
 subscription to the same subjects (`--mode core`, which would miss TTL expiry markers
 and revisions).
 
@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server import subjects
-from server.messages import SHAPE_HEADER
-from server.natsd import start_nats
-from server.store import Record, Store, connect
+from wire import subjects
+from wire.messages import SHAPE_HEADER
+from server.broker.natsd import start_nats
+from wire.kv import Record, Store, connect
+from server.state.streams import ensure_streams
 
 PUBLISHER = """
 import asyncio, sys
@@ -53,7 +54,7 @@ def cpu_s() -> float:
 
 async def measure(url: str, mode: str, n: int, hosts: int, size: int) -> dict[str, Any]:
     nc = await connect(url, name="hbread")
-    await Store(nc).ensure()
+    await ensure_streams(Store(nc))
     got = 0
     done = asyncio.Event()
 

@@ -31,8 +31,9 @@ from nats.js import api as jsapi
 
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
-from server import natsclient
-from server.store import delivery_position, is_tombstone
+from wire import natsclient
+from wire.kv import delivery_position
+from wire.records import is_tombstone
 
 log = logging.getLogger("bench.observer")
 PREFIX = "$KV.state."
@@ -100,7 +101,7 @@ class Observer:
     def on_record(self, msg) -> None:  # type: ignore[no-untyped-def]
         key = msg.subject[len(PREFIX):]
         kind, _, name = key.partition(".")
-        # Read from the reply subject (server.store.delivery_position): building nats-py's
+        # Read from the reply subject (wire.kv.delivery_position): building nats-py's
         # Msg.metadata for every record was a seventh of this process's CPU.
         seq, self.pending, stored = delivery_position(msg)
         self.lag_s = max(0.0, time.time() - stored)

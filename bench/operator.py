@@ -7,7 +7,7 @@
 
 In order:
   1. Fills a fresh SQLite history database (schema at Alembic head, made by
-     `server.history.History`) with --jobs finished jobs submitted over the last --days
+     `server.history.database.History`) with --jobs finished jobs submitted over the last --days
      days: their rows, attempts and the events `job_events` derives, built exactly as
      `History._write` builds them, plus the host events and alerts the recorder would have
      written (one `job.failed` alert per failed job, host incidents, GPU faults). Rows go
@@ -57,10 +57,10 @@ import psutil
 from bench.run import Bench, BenchError, Child, parse_metrics, summary_ms
 from bench.simhosts import SimHost
 from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_fleet, write_fleet
-from server import natsclient
-from server.history import DB_FILE, AttemptRow, EventRow, History, JobRow, job_events
-from server.messages import SHAPE_HEADER, Attempt, AttemptState, Job, JobSpec, JobState
-from server.schema import encode_cursor
+from wire import natsclient
+from server.history.database import DB_FILE, AttemptRow, EventRow, History, JobRow, job_events
+from wire.messages import SHAPE_HEADER, Attempt, AttemptState, Job, JobSpec, JobState
+from server.api.schema import encode_cursor
 
 PER_PAGE = 50  # console page size (web.console.PER_PAGE) and the GraphQL page asked for
 
@@ -229,7 +229,7 @@ class HistoryMaker:
             cwd=f"/home/{user}/work" if rng.random() < 0.3 else None, gpus=g, gpu_model=model,
             cpus=float(8 * g) if g else float(rng.choice((2, 4, 8))), memory_mb=16384 * max(1, g),
             priority=priority, user=user, replicas=replicas, same_rack=replicas > 1 and rng.random() < 0.5)
-        job_id = f"j{int(ts * 1000):012x}{rng.getrandbits(40):010x}"  # as server.messages.new_id
+        job_id = f"j{int(ts * 1000):012x}{rng.getrandbits(40):010x}"  # as wire.messages.new_id
         # How it ended, and the tries on the way.
         r = rng.random()
         lost_first = [AttemptState.LOST] if rng.random() < 0.05 else []
@@ -276,7 +276,7 @@ class HistoryMaker:
                     output_tail=self._tail(state, spec.name, run_s), reason=reason))
             t = finished
             if ended is AttemptState.LOST and n < len(tries):
-                not_before = t = t + (0.0 if n <= 1 else min(60.0, 2.0 ** (n - 2)))  # server.retry.backoff_s
+                not_before = t = t + (0.0 if n <= 1 else min(60.0, 2.0 ** (n - 2)))  # server.scheduling.retry.backoff_s
         job = Job(id=job_id, spec=spec, state=final, submitted_at=ts,
                   updated_at=t if tries else min(ts + rng.uniform(10, 7200), now - 1.0), attempts=attempts,
                   not_before=not_before, cancel_reason=cancel_reason)
@@ -310,7 +310,7 @@ class HistoryMaker:
         return ""
 
     def host_events(self, fleet: list[HostSpec], t0: float, now: float, incidents: int) -> list[dict[str, object]]:
-        """Host health transitions and their alerts (`server.monitor`), GPU faults."""
+        """Host health transitions and their alerts (`server.health.monitor`), GPU faults."""
         rng = self.rng
         out: list[dict[str, object]] = []
         for _ in range(incidents):

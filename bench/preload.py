@@ -17,9 +17,10 @@ from __future__ import annotations
 import time
 
 from bench.workload import HostSpec
-from server import subjects
-from server.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
-from server.store import Store, Write, connect
+from wire import subjects
+from wire.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
+from wire.kv import Store, Write, connect
+from server.state.streams import ensure_streams
 
 PREFIX = "preload-"
 CPUS = 0.1
@@ -66,7 +67,7 @@ async def preload(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 
     nc = await connect(nats_url.split(",")[0], name="bench-preload")
     try:
         store = Store(nc, replicas=replicas)
-        await store.ensure()
+        await ensure_streams(store)
         chunk: list[Write] = []
         size = 0
         for w in writes:

@@ -45,10 +45,10 @@ import psutil
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.preload import preload
 from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
-from server import natsclient
-from server.client import submit_over_nats
-from server.history import DB_FILE as HISTORY_DB_FILE
-from server.natsd import free_port, nats_server_binary, start_nats, wait_for_port
+from wire import natsclient
+from wire.submit import submit_over_nats
+from server.history.database import DB_FILE as HISTORY_DB_FILE
+from server.broker.natsd import free_port, nats_server_binary, start_nats, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
@@ -1024,7 +1024,7 @@ class Bench:
             "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
                            "backlog_at_end": sent_total - m_final.get(hb, 0) if m_final else None,
                            "backlog_max_during_run": max(backlog) if backlog else None,
-                           # The server's heartbeat ingest process (server.ingest): how old
+                           # The server's heartbeat ingest process (server.health.ingest): how old
                            # the newest batch was when the server applied it.
                            "ingest_lag_s_max_in_window": max_in(m_in, "muster_heartbeat_ingest_lag_seconds"),
                            # Hosts the server saw as SUSPECT (no heartbeat applied for two

@@ -46,9 +46,9 @@ import nats
 
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
-from server import natsclient
+from wire import natsclient
 from server.memory import freeze_survivors, keep_frozen, on_collection
-from server.messages import SHAPE_HEADER, Heartbeat, shape_digest
+from wire.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
 log = logging.getLogger("bench.simhosts")
 
@@ -92,7 +92,7 @@ class SimHost:
     def set_tail(self, tail: bytes) -> None:
         """What the heartbeat carries between its timestamp and its term (inventory and
         usage), and with it the shape header a real agent sends for that
-        (server.messages.shape_digest)."""
+        (wire.messages.shape_digest)."""
         self.hb_tail = tail
         sample = b"".join((self.hb_head, b"0", b',"ts":0.0', tail, b"0}"))
         self.shape = shape_digest(Heartbeat.model_validate_json(sample))

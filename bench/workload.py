@@ -73,7 +73,7 @@ class JobReq:
         return self.replicas > 1
 
     def nats_input(self) -> dict[str, object]:
-        """The same job for the NATS submission path (snake_case, see server.client)."""
+        """The same job for the NATS submission path (snake_case, see wire.submit)."""
         d: dict[str, object] = {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"],
                                 "gpus": self.gpus, "cpus": self.cpus, "memory_mb": self.memory_mb,
                                 "priority": self.priority, "max_attempts": 3}

@@ -54,7 +54,7 @@ PLACEMENT_LATENCY = Histogram(
 )
 PLAN_SECONDS = Histogram(
     "muster_plan_seconds",
-    "One scheduling cycle's planning on the event loop: deciding (server.planner) and encoding its records",
+    "One scheduling cycle's planning on the event loop: deciding (server.scheduling.planner) and encoding its records",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
     registry=REGISTRY,
 )

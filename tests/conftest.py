@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.natsd import NatsProcess, free_port, start_nats, wait_for_port
+from server.broker.natsd import NatsProcess, free_port, start_nats, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -255,8 +255,8 @@ def stored_jobs(nats_url: str) -> dict[str, Any]:
     """Every job record in the store, by id (credentials from MUSTER_NATS_CREDS if set)."""
     import asyncio
 
-    from server.checker import load
-    from server.store import Store, connect
+    from server.state.checker import load
+    from wire.kv import Store, connect
 
     async def go() -> dict[str, Any]:
         nc = await connect(nats_url, name="test-check")
@@ -272,7 +272,7 @@ def assert_invariants(nats_url: str) -> None:
     """Run the invariant checker over everything recorded in the store."""
     import asyncio
 
-    from server.checker import run_check
+    from server.state.checker import run_check
 
     problems = asyncio.run(run_check(nats_url))
     assert problems == [], "\n".join(problems[:50])

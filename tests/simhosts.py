@@ -15,8 +15,8 @@ import uuid
 
 import nats
 
-from server import subjects
-from server.messages import GpuInfo, GpuUsage, Heartbeat, encode
+from wire import subjects
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 
 
 def sim_host_id(i: int) -> str:

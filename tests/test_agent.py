@@ -7,9 +7,10 @@ import asyncio
 from pathlib import Path
 
 from agent.agent import Agent, AgentConfig
-from server import subjects
-from server.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
-from server.store import Store, connect
+from wire import subjects
+from wire.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
+from wire.kv import Store, connect
+from server.state.streams import ensure_streams
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
@@ -20,7 +21,7 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
     runs the attempt a second time."""
     nc = await connect(nats_url, name="test-agent")
     store = Store(nc)
-    await store.ensure()
+    await ensure_streams(store)
     marks = tmp_path / "runs"
     agent = Agent(AgentConfig(nats_url=nats_url, host_id="ra-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
                               ttl_intervals=6, fence_after_s=2.5, resend_after_s=1.0, state_dir=tmp_path / "agent",

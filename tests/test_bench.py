@@ -182,7 +182,7 @@ def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends(kind: str) -> N
     from bench.operator import VariedSimHost
     from bench.simhosts import SimHost
     from bench.workload import HostSpec
-    from server.messages import SHAPE_HEADER
+    from wire.messages import SHAPE_HEADER
 
     cls = SimHost if kind == "plain" else VariedSimHost
     h = cls(HostSpec(id="host-00042", gpus=8, model="A100", cpus=64, memory_mb=512_000,
@@ -210,7 +210,7 @@ def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends(kind: str) -> N
 def test_preload_plan_spreads_running_jobs_and_refuses_what_does_not_fit() -> None:
     from bench.preload import is_preloaded_attempt, plan
     from bench.workload import synthetic_fleet
-    from server.messages import AttemptState, JobState
+    from wire.messages import AttemptState, JobState
 
     fleet = synthetic_fleet(10)
     jobs, allocs = plan(fleet, 35, now=1000.0)

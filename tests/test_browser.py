@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from server.natsd import start_nats
+from server.broker.natsd import start_nats
 from tests.conftest import ARTIFACTS, Api, Cluster
 from tests.simhosts import SimHosts, sim_host_id
 

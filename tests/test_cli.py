@@ -15,7 +15,7 @@ from typing import Any
 
 import nats as nats_py
 
-from server.messages import Event, encode
+from wire.messages import Event, encode
 from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, wait_until
 
 

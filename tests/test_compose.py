@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from server.natsauth import AuthDir
+from server.broker.natsauth import AuthDir
 
 yaml = pytest.importorskip("yaml")
 
@@ -469,7 +469,7 @@ def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
          "--cluster", f"nats://127.0.0.1:{cport}"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SERVER_NAME": "nats1"})
     try:
-        from server.natsd import wait_for_port
+        from server.broker.natsd import wait_for_port
 
         wait_for_port(port, proc=proc)
         asyncio.run(_probe_auth(f"nats://127.0.0.1:{port}", registry))
@@ -482,7 +482,7 @@ def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
 async def _probe_auth(url: str, registry: AuthDir) -> None:
     import nats as natspy
 
-    from server.store import connect
+    from wire.kv import connect
 
     with pytest.raises(Exception):
         nc = await natspy.connect(url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)

@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from tests.conftest import eventually
-from server import subjects
-from server.app import build_app
-from server.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
-from server.runtime import Muster, ServerConfig
-from web.console import COOKIE, csrf_token
+from wire import subjects
+from server.api.app import build_app
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
+from server.replica import Muster, ServerConfig
+from web.console import COOKIE, console_routes, csrf_token
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -53,7 +53,7 @@ async def console(nats_url: str, tmp_path: Path) -> AsyncIterator[Console]:
     await muster.start()
     try:
         assert muster.new_token, "a fresh cluster must create the operator token"
-        app = build_app(muster, manage_lifecycle=False)
+        app = build_app(muster, routes=console_routes(), manage_lifecycle=False)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
             yield Console(muster, app, client, muster.new_token)
     finally:
@@ -414,7 +414,7 @@ async def test_jobs_table_paging_and_filter(console: Console) -> None:
 
 
 async def test_viewer_token_may_only_view(console: Console) -> None:
-    from server.cluster import TokenInfo
+    from server.state.cluster import TokenInfo
 
     c = console.client
     m = console.muster
@@ -669,8 +669,8 @@ async def test_cancel_needs_a_reason(console: Console) -> None:
 
 
 async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> None:
-    from server.messages import Attempt, AttemptState, JobSpec
-    from server.messages import Job as JobRecord
+    from wire.messages import Attempt, AttemptState, JobSpec
+    from wire.messages import Job as JobRecord
 
     c = console.client
     m = console.muster
@@ -733,7 +733,7 @@ async def test_job_timeline_from_history(console: Console) -> None:
 async def test_event_stream_sends_job_events(console: Console) -> None:
     import uvicorn
 
-    from server.natsd import free_port
+    from server.broker.natsd import free_port
 
     m = console.muster
     # Not signed in: no stream.
@@ -809,7 +809,7 @@ async def test_pages_carry_live_update_wiring(console: Console) -> None:
 
 
 async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
-    from server.messages import Event
+    from wire.messages import Event
 
     await console.login()
     r = await console.client.get("/alerts")

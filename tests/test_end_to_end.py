@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from server.messages import HostAlloc, decode
-from server.store import Record, Store, connect
+from wire.messages import HostAlloc, decode
+from wire.kv import Record, Store, connect
 from tests.conftest import ROOT, Api, Cluster, assert_invariants, wait_until
 
 PY = sys.executable
@@ -241,7 +241,7 @@ def test_cordoned_host_gets_no_new_work(two_hosts: tuple[Cluster, Api]) -> None:
 
 
 def test_schema_file_matches_code() -> None:
-    from server.schema import schema_sdl
+    from server.api.schema import schema_sdl
 
     committed = (ROOT / "schema.graphql").read_text()
     assert committed == schema_sdl(), "schema.graphql drifted from the code: run `make schema`"

@@ -18,8 +18,8 @@ from typing import Any
 
 import nats as natslib
 
-from server import subjects
-from server.messages import GpuInfo, GpuUsage, Heartbeat, encode
+from wire import subjects
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 from tests.conftest import Api, Cluster, Proc, assert_invariants, process_gone, wait_until
 from tests.netproxy import TcpProxy
 

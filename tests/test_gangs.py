@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from server.cluster import ClusterState
-from server.eviction import EvictionBudget
-from server.messages import (
+from server.state.cluster import ClusterState
+from server.scheduling.eviction import EvictionBudget
+from wire.messages import (
     AttemptState,
     GpuInfo,
     GpuUsage,
@@ -18,8 +18,8 @@ from server.messages import (
     StatusReport,
     encode,
 )
-from server.planner import Plan, plan_cycle
-from server.store import Record
+from server.scheduling.planner import Plan, plan_cycle
+from wire.records import Record
 
 NOW = 1_000_000.0
 
@@ -161,7 +161,7 @@ def test_concurrent_gangs_do_not_deadlock() -> None:
 
 def _stream(w: World, steps: int, reserve: bool) -> bool:
     """Small 4-GPU jobs arrive every step and run two steps; a 2x8-GPU gang waits."""
-    import server.planner as planner
+    import server.scheduling.planner as planner
 
     w.host("a")
     w.host("b")

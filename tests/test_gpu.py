@@ -21,8 +21,8 @@ from agent.gpu import (
     parse_spec,
 )
 from agent.hostinfo import boot_id, host_capacity, host_usage
-from server.errors import ConfigError
-from server.messages import GpuInfo, GpuUsage
+from wire.errors import ConfigError
+from wire.messages import GpuInfo, GpuUsage
 
 # ---------------------------------------------------------------- pure functions
 

@@ -17,14 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server import subjects
-from server.checker import load, violations
-from server.cluster import ClusterState
-from server.lease import Leadership, LeaseConfig
-from server.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
-from server.natsd import start_nats
-from server.scheduler import Scheduler
-from server.store import Record, Store, connect
+from wire import subjects
+from server.state.checker import load, violations
+from server.state.cluster import ClusterState
+from server.state.lease import Leadership, LeaseConfig
+from wire.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
+from server.broker.natsd import start_nats
+from server.scheduling.scheduler import Scheduler
+from wire.kv import Record, Store, connect
+from server.state.streams import ensure_streams
 from tests.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished, wait_until
 
 PY = sys.executable
@@ -215,7 +216,7 @@ async def _race(shapes: list[tuple[int, int, int]]) -> None:
             nc = await connect(natsd.url, name=f"sched{k}")
             conns.append(nc)
             store = Store(nc)
-            await store.ensure()
+            await ensure_streams(store)
             state = ClusterState(heartbeat_interval_s=60)
             await store.watch(">", state.apply_state_record)
             await store.watch(">", state.apply_host_record, bucket=subjects.HOSTS_BUCKET)
@@ -297,13 +298,13 @@ def test_stale_leader_cycle_is_rejected_by_the_store(tmp_path: Path) -> None:
 async def _stale_cycle(tmp_path: Path) -> None:
     import pytest
 
-    from server.errors import FencedError
+    from wire.errors import FencedError
 
     natsd = start_nats(tmp_path / "n", port=0)
     nc = await connect(natsd.url, name="stale")
     try:
         store = Store(nc)
-        await store.ensure()
+        await ensure_streams(store)
         cfg = LeaseConfig(ttl_s=1, renew_every_s=0.3, trust_local_clock=False)
         state_a = ClusterState(heartbeat_interval_s=60)
         await store.watch(">", state_a.apply_state_record)
@@ -338,14 +339,14 @@ def test_new_leader_takes_no_input_before_its_state_has_caught_up(tmp_path: Path
 
 
 async def _late_view(tmp_path: Path) -> None:
-    from server.messages import AttemptState, StatusReport
+    from wire.messages import AttemptState, StatusReport
 
     natsd = start_nats(tmp_path / "n", port=0)
     nc = await connect(natsd.url, name="late")
     stop = asyncio.Event()
     try:
         store = Store(nc)
-        await store.ensure()
+        await ensure_streams(store)
         cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
         state_a = ClusterState(heartbeat_interval_s=60)
         watch_a = await store.watch(">", state_a.apply_state_record)
@@ -407,7 +408,7 @@ def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.Log
 
     import nats.errors
 
-    from server.errors import FencedError
+    from wire.errors import FencedError
 
     class Leading:
         leading = True
@@ -426,9 +427,9 @@ def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.Log
             raise errors.pop(0)
 
         sched._lead = lead  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="server.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="server.scheduling.scheduler"):
             await asyncio.wait_for(sched.run(stop), timeout=30)
-        return [r for r in caplog.records if r.name == "server.scheduler"]
+        return [r for r in caplog.records if r.name == "server.scheduling.scheduler"]
 
     records = asyncio.run(main())
     assert [(r.levelno, r.exc_info is not None) for r in records] == [

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from agent.agent import AgentConfig, parse_labels
-from server import retry
-from server.cluster import ClusterState, HostConfig
-from server.errors import ConfigError
-from server.health import Health, host_health
-from server.lease import LeaseConfig
-from server.messages import (
+from server.scheduling import retry
+from server.state.cluster import ClusterState, HostConfig
+from wire.errors import ConfigError
+from server.health.rules import Health, host_health
+from server.state.lease import LeaseConfig
+from wire.messages import (
     Attempt,
     AttemptState,
     GpuInfo,
@@ -25,8 +25,8 @@ from server.messages import (
     Task,
     encode,
 )
-from server.placement import NOT_HEALTHY, check
-from server.store import Record
+from server.scheduling.placement import NOT_HEALTHY, check
+from wire.records import Record
 
 T0 = 1_000_000.0
 

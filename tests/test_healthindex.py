@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from server.cluster import ClusterState
-from server.health import Health, host_health
-from server.healthindex import HealthIndex
-from server.messages import (
+from server.state.cluster import ClusterState
+from server.health.rules import Health, host_health
+from server.health.index import HealthIndex
+from wire.messages import (
     GpuInfo,
     GpuUsage,
     Heartbeat,
@@ -19,7 +19,7 @@ from server.messages import (
     encode,
     shape_digest,
 )
-from server.store import Record
+from wire.records import Record
 
 T0 = 1_000_000.0
 INTERVAL = 5.0

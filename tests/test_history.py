@@ -16,9 +16,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, text
 from sqlmodel import Session, SQLModel, select
 
-import server.history as history_mod
-from server.history import AttemptRow, EventRow, History, JobRow, alembic_config, job_cursor
-from server.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
+import server.history.database as history_mod
+from server.history.database import AttemptRow, EventRow, History, JobRow, alembic_config, job_cursor
+from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_migrations_apply_and_match_models(db_url: str) -> None:
 
 
 def test_concurrent_processes_upgrade_once(db_url: str) -> None:
-    code = "import sys; from server.history import History; History(sys.argv[1]).close()"
+    code = "import sys; from server.history.database import History; History(sys.argv[1]).close()"
     procs = [subprocess.Popen([sys.executable, "-c", code, db_url], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
     for p in procs:

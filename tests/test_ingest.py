@@ -1,4 +1,4 @@
-"""The heartbeat ingest process (server.ingest) against a real nats-server: it replays
+"""The heartbeat ingest process (server.health.ingest) against a real nats-server: it replays
 the bucket, feeds new heartbeats and TTL expiries to the parent's ClusterState, is
 restarted when killed (kill -9), and stops cleanly."""
 
@@ -11,11 +11,12 @@ import time
 
 import pytest
 
-from server import subjects
-from server.cluster import ClusterState
-from server.ingest import HeartbeatIngest, IngestConfig, Pending
-from server.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
-from server.store import Store, connect
+from wire import subjects
+from server.state.cluster import ClusterState
+from server.health.ingest import HeartbeatIngest, IngestConfig, Pending
+from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
+from wire.kv import Store, connect
+from server.state.streams import ensure_streams
 from tests.conftest import eventually
 
 
@@ -44,7 +45,7 @@ def running(pid: int) -> bool:
 async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_url: str) -> None:
     nc = await connect(nats_url, name="test-ingest")
     store = Store(nc)
-    await store.ensure()
+    await ensure_streams(store)
     before = await send(store, heartbeat("h-old"))  # stored before the ingest starts: replayed
     state = ClusterState(heartbeat_interval_s=5)
     lost: list[str] = []
@@ -118,7 +119,7 @@ async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp
     script = tmp_path / "parent.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from server.ingest import HeartbeatIngest, IngestConfig, Pending\n"
+        "from server.health.ingest import HeartbeatIngest, IngestConfig, Pending\n"
         "async def main():\n"
         f"    i = HeartbeatIngest(IngestConfig(nats_url={nats_url!r}), lambda *a: None)\n"
         "    i.start()\n"
@@ -205,7 +206,7 @@ async def test_the_server_takes_one_batch_at_a_time_from_the_pipe() -> None:
     import multiprocessing
     import threading
 
-    from server.ingest import HeartbeatBatch
+    from server.health.ingest import HeartbeatBatch
 
     seen: list[tuple[int, int]] = []  # (batches taken from the pipe, batches applied) at each apply
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from nats.js.api import KeyValueConfig
 
-from server.natsauth import AuthDir
-from server.store import Store, connect
+from server.broker.natsauth import AuthDir
+from wire.kv import Store, connect
+from server.state.streams import ensure_streams
 from tests.conftest import ROOT
 
 
@@ -82,7 +83,7 @@ def test_three_node_cluster_survives_a_killed_node(tmp_path: Path) -> None:
             await put_retrying(kv, "k0", b"before")
             # Muster's own streams and buckets are created R3 on this cluster too.
             store = Store(nc, replicas=3)
-            await store.ensure()
+            await ensure_streams(store)
             await store.put("probe", b"r3")
 
             # Kill the bucket's stream leader.
@@ -125,10 +126,10 @@ def test_concurrent_fenced_commits_need_a_fence_slot_each_on_a_clustered_stream(
     records. With a fence slot each they all commit; a new term still fences every slot."""
     import pytest
 
-    from server.errors import ConflictError, FencedError
-    from server.lease import FENCE_SLOTS, Leadership, LeaseConfig
-    from server.natsd import start_cluster
-    from server.store import Write
+    from wire.errors import ConflictError, FencedError
+    from server.state.lease import FENCE_SLOTS, Leadership, LeaseConfig
+    from server.broker.natsd import start_cluster
+    from wire.kv import Write
 
     cluster = start_cluster(tmp_path / "nats", size=3)
 
@@ -136,7 +137,7 @@ def test_concurrent_fenced_commits_need_a_fence_slot_each_on_a_clustered_stream(
         nc = await connect(cluster.url, name="slots")
         try:
             store = Store(nc, replicas=3)
-            await store.ensure()
+            await ensure_streams(store)
             a = Leadership(store, "a", LeaseConfig(ttl_s=2, renew_every_s=0.5))
             assert await a.try_acquire()
             n = 0

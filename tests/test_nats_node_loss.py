@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from server.natsd import start_cluster
-from server.store import connect
+from server.broker.natsd import start_cluster
+from wire.kv import connect
 from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
 from tests.test_ha import Submitter
 

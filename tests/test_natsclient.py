@@ -1,4 +1,4 @@
-"""server.natsclient: the faster header parser returns what nats-py's own returns, and
+"""wire.natsclient: the faster header parser returns what nats-py's own returns, and
 the clients Muster connects use it."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
-from server import natsclient
-from server.natsclient import parse_header_lines
-from server.store import connect
+from wire import natsclient
+from wire.natsclient import parse_header_lines
+from wire.kv import connect
 
 TYPICAL = [
     b"Nats-TTL: 15s\r\nMuster-Shape: 0123abcd\r\n\r\n",

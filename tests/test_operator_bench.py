@@ -20,11 +20,11 @@ import pytest
 from sqlalchemy import text
 
 from bench.operator import HistoryMaker, build_fleet, fill_history, job_rows, main
-from server.history import History
-from server.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, HostAlloc, Task, encode, shape_digest
-from server.runtime import Muster, ServerConfig
-from server.schema import _AGG_MEMO, Aggregates, HostSort, aggregates, build_schema, select_hosts
-from server.store import Record
+from server.history.database import History
+from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, HostAlloc, Task, encode, shape_digest
+from server.replica import Muster, ServerConfig
+from server.api.schema import _AGG_MEMO, Aggregates, HostSort, aggregates, build_schema, select_hosts
+from wire.records import Record
 from web.console import Fleet
 
 KINDS = {"console": 16, "graphql": 20}
@@ -197,9 +197,9 @@ def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_
     hosts); its counts must still be exactly those of `explain` over fresh capacities."""
     from collections import Counter
 
-    from server.cluster import HostConfig
-    from server.messages import Job, JobSpec, JobState
-    from server.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
+    from server.state.cluster import HostConfig
+    from wire.messages import Job, JobSpec, JobState
+    from server.scheduling.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
 
     mu, hbs = _muster(tmp_path, 12)
     st = mu.state
@@ -223,8 +223,8 @@ def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_
 
 def test_alert_count_matches_the_alert_kinds_only(tmp_path: Path) -> None:
     """The alerts count is a range on `kind` (index-friendly) and means `kind LIKE 'alert.%'`."""
-    from server.history import EventRow
-    from server.recorder import list_alerts
+    from server.history.database import EventRow
+    from server.history.recorder import list_alerts
 
     h = History(f"sqlite:///{tmp_path / 'h.db'}")
     kinds = ["alert.host.lost", "alert.gpu.xid", "alert.", "alert", "alerts.x", "alert/x", "alertz", "job.placed",

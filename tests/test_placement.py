@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.messages import JobSpec
-from server.placement import (
+from wire.messages import JobSpec
+from server.scheduling.placement import (
     CORDONED,
     NO_FREE_CPU,
     NO_FREE_GPUS,
@@ -402,7 +402,7 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
     """The index-backed Placer (buckets for untouched hosts, an overlay for the hosts this
     cycle changed) finds a host exactly when a scan of every host's current capacity
     does, a feasible one, and one left with the fewest free GPUs of the job's kind."""
-    from server.capacity import CapacityIndex, Placer
+    from server.scheduling.capacity import CapacityIndex, Placer
 
     index = CapacityIndex()
     for h in hosts:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.cluster import ClusterState
-from server.messages import (
+from server.state.cluster import ClusterState
+from wire.messages import (
     Attempt,
     AttemptState,
     Command,
@@ -23,9 +23,9 @@ from server.messages import (
     StatusReport,
     encode,
 )
-from server.eviction import EvictionBudget
-from server.planner import Plan, plan_cycle, queue_order
-from server.store import Record
+from server.scheduling.eviction import EvictionBudget
+from server.scheduling.planner import Plan, plan_cycle, queue_order
+from wire.records import Record
 
 NOW = 1_000_000.0
 TERM = 7
@@ -772,7 +772,7 @@ def test_a_frozen_host_takes_no_placement_and_a_frozen_job_waits(w: World) -> No
 
 
 def test_inputs_touching_frozen_records_wait_with_everything_after_them(w: World) -> None:
-    from server.messages import SubmitRequest
+    from wire.messages import SubmitRequest
 
     w.submit("a", gpus=1)
     w.submit("b", gpus=1)
@@ -799,7 +799,7 @@ def test_the_largest_nats_submission_always_fits_in_one_cycle() -> None:
     submission behind it, so the decoder refuses anything larger than fits."""
     from pydantic import ValidationError
 
-    from server.messages import MAX_SUBMIT_JOBS, SubmitRequest
+    from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest
 
     w = World()
     w.host("h1", gpus=8)

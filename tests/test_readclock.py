@@ -1,12 +1,12 @@
-"""ReadClock and health judged on what has been read (server.readclock), fake clock."""
+"""ReadClock and health judged on what has been read (server.health.readclock), fake clock."""
 
 from __future__ import annotations
 
-from server.cluster import ClusterState
-from server.health import Health
-from server.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
-from server.readclock import ReadClock
-from server.store import Record
+from server.state.cluster import ClusterState
+from server.health.rules import Health
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
+from server.health.readclock import ReadClock
+from wire.records import Record
 
 T0 = 1_000_000.0
 

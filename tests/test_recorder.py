@@ -9,11 +9,12 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from server import subjects
-from server.history import EventRow, History
-from server.messages import Event, encode
-from server.recorder import Recorder
-from server.store import Store, connect
+from wire import subjects
+from server.history.database import EventRow, History
+from wire.messages import Event, encode
+from server.history.recorder import Recorder
+from wire.kv import Store, connect
+from server.state.streams import ensure_streams
 
 
 def rows(history: History) -> list[EventRow]:
@@ -49,7 +50,7 @@ async def test_events_survive_recreated_streams_and_redelivery(nats_url: str, tm
     nc = await connect(nats_url, name="test-recorder")
     try:
         store = Store(nc)
-        await store.ensure()
+        await ensure_streams(store)
         subject = f"{subjects.EVENTS_PREFIX}.host.suspect"
         await store.js.publish(subject, encode(Event(kind="host.suspect", ts=1.0, host_id="h1")))
         await record_all(Recorder(store.js, history, db), store.js)
@@ -63,7 +64,7 @@ async def test_events_survive_recreated_streams_and_redelivery(nats_url: str, tm
         # The store is wiped: the stream is recreated and its first message is sequence 1
         # again. The new event is recorded beside the old one, not taken for it.
         await store.js.delete_stream(subjects.EVENTS_STREAM)
-        await store.ensure()
+        await ensure_streams(store)
         ack = await store.js.publish(subject, encode(Event(kind="host.suspect", ts=2.0, host_id="h1")))
         assert ack.seq == 1
         await record_all(Recorder(store.js, history, db), store.js)

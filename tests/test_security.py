@@ -20,12 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from server import subjects
+from wire import subjects
 from server.cli import build_parser
-from server.errors import StoreError
-from server.natsauth import AuthDir, agent_inbox_prefix
-from server.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
-from server.store import Store, connect
+from wire.errors import StoreError
+from server.broker.natsauth import AuthDir
+from wire.subjects import agent_inbox_prefix
+from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
+from wire.kv import Store, connect
+from server.state.streams import ensure_streams
 from tests.conftest import ROOT, Api, Cluster, wait_until
 
 A, B = "host-a", "host-b"
@@ -104,7 +106,7 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
     async def main() -> None:
         srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
         store = Store(srv)
-        await store.ensure()
+        await ensure_streams(store)
         await store.put(subjects.alloc_key(A), b'{"host_id": "host-a", "tasks": []}')
         b_alloc = await store.put(subjects.alloc_key(B), b'{"host_id": "host-b", "tasks": ["secret"]}')
         b_hb = await store.put(B, b'{"host_id": "host-b"}', bucket=subjects.HOSTS_BUCKET)
@@ -189,7 +191,7 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
 def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: AuthDir) -> None:
     async def main() -> None:
         srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
-        await Store(srv).ensure()
+        await ensure_streams(Store(srv))
         errors = Errors()
         sub_nc = await connect(secure_nats.url, "pager", creds=str(auth.subscriber_creds("pager")), error_cb=errors.cb)
         alerts = await sub_nc.subscribe("alerts.>")
@@ -399,7 +401,7 @@ def test_nats_over_tls(tmp_path: Path, auth: AuthDir) -> None:
         async def main() -> None:
             nc = await connect(proc.url, "tls-client", creds=str(auth.server_creds), tls_ca=str(pki["ca"]))
             store = Store(nc)
-            await store.ensure()
+            await ensure_streams(store)
             rev = await store.put("probe", b"over tls")
             assert (await store.get("probe")) .value == b"over tls" and rev > 0
             assert nc.connected_server_version.major >= 2
@@ -466,7 +468,7 @@ def test_muster_nats_cli_enables_auth_by_default(tmp_path: Path) -> None:
             with pytest.raises(StoreError):
                 await connect(f"nats://127.0.0.1:{port}", "anon", allow_reconnect=False, max_reconnect_attempts=0)
             nc = await connect(f"nats://127.0.0.1:{port}", "srv", creds=str(auth.server_creds))
-            await Store(nc).ensure()
+            await ensure_streams(Store(nc))
             await nc.close()
 
         asyncio.run(main())

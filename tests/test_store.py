@@ -9,23 +9,24 @@ import json
 
 import pytest
 
-from server import subjects
-from server.errors import ConflictError, FencedError
-from server.lease import Leadership, LeaseConfig
-from server.store import Record, Store, Write, connect
+from wire import subjects
+from wire.errors import ConflictError, FencedError
+from server.state.lease import Leadership, LeaseConfig
+from wire.kv import Record, Store, Write, connect
+from server.state.streams import ensure_streams
 
 
 @pytest.fixture
 async def store(nats_url: str):
     nc = await connect(nats_url, name="test")
     s = Store(nc)
-    await s.ensure()
+    await ensure_streams(s)
     yield s
     await nc.close()
 
 
 async def test_ensure_is_idempotent(store: Store) -> None:
-    await store.ensure()
+    await ensure_streams(store)
     info = await store.js.stream_info(subjects.STATE_STREAM)
     assert info.config.allow_atomic is True
     assert info.config.allow_msg_ttl is True
@@ -48,7 +49,7 @@ async def test_batch_commit_is_atomic_and_revisions_are_exact(store: Store) -> N
 
 
 async def test_fence_rejects_commits_after_the_term_moves(store: Store) -> None:
-    from server.store import Fence
+    from wire.kv import Fence
 
     term = await store.put("term", b"t1")
     await store.commit([Write("job.f", b"1", expected=0)], fence=Fence(term))
@@ -173,7 +174,7 @@ async def test_pull_feed_delivers_every_message_across_batches_and_unacked_ones_
     cleanly, and what was delivered but not acknowledged is delivered again."""
     from nats.js import api as jsapi
 
-    from server.pull import PullFeed, ensure_consumer
+    from server.state.consumers import PullFeed, ensure_consumer
 
     js = store.js
     subject = f"{subjects.STATUS_PREFIX}.feedhost"
@@ -231,7 +232,7 @@ async def test_server_waits_for_a_watch_while_it_makes_progress_and_gives_up_whe
     given up on instead of blocking the start for ever."""
     from types import SimpleNamespace
 
-    from server.runtime import Muster
+    from server.replica import Muster
 
     w = SimpleNamespace(bucket="state", synced=asyncio.Event(), received=0)
 
@@ -254,7 +255,7 @@ async def test_server_waits_for_a_watch_while_it_makes_progress_and_gives_up_whe
 async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:
     """The read barrier a new leader passes before it takes input: records stored before
     the call have all been handed over when it returns, even while the watch lags."""
-    from server.store import Watch
+    from wire.kv import Watch
 
     seen: list[int] = []
     writer = await connect(nats_url, name="writer")
@@ -293,7 +294,7 @@ def test_ack_position_reads_what_nats_py_reads(reply: str) -> None:
     with nats-py's Msg.metadata on both reply subject forms."""
     from nats.aio.msg import Msg
 
-    from server.store import ack_position
+    from wire.records import ack_position
 
     meta = Msg.Metadata._from_reply(reply)
     seq, pending, stamp = ack_position(reply)  # type: ignore[misc]
@@ -303,7 +304,7 @@ def test_ack_position_reads_what_nats_py_reads(reply: str) -> None:
 
 @pytest.mark.parametrize("reply", [None, "", "_INBOX.abc.1", "$JS.ACK.too.short", "$JS.ACK.a.b.c.x.y.z.w"])
 def test_ack_position_refuses_what_is_not_a_delivery(reply: str | None) -> None:
-    from server.store import ack_position
+    from wire.records import ack_position
 
     assert ack_position(reply) is None
 
@@ -314,7 +315,7 @@ def test_delivery_position_falls_back_to_nats_py_and_refuses_the_rest() -> None:
     from nats.aio.msg import Msg
     from nats.errors import NotJSMessageError
 
-    from server.store import delivery_position
+    from wire.kv import delivery_position
 
     fast = "$JS.ACK.KV_hosts.abc123.1.4711.9.1764500000000000000.12"
     assert delivery_position(Msg(None, subject="x", reply=fast)) == (4711, 12, 1764500000.0)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import sys
 
 import nats as natslib
 
-from server.client import submit_over_nats
+from wire.submit import submit_over_nats
 from tests.conftest import Api, Cluster, assert_invariants, wait_until
 
 PY = sys.executable
@@ -47,7 +47,7 @@ def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
 
 
 def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: Cluster) -> None:
-    from server.messages import MAX_SUBMIT_JOBS
+    from wire.messages import MAX_SUBMIT_JOBS
 
     srv = cluster.server()
     api = Api(srv.url, cluster.token)

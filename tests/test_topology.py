@@ -20,9 +20,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from server.natsauth import AuthDir
-from server.natsd import start_cluster
-from server.store import connect
+from server.broker.natsauth import AuthDir
+from server.broker.natsd import start_cluster
+from wire.kv import connect
 from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished, wait_until
 from tests.postgres import crash_postgres, find_pg_bin, restart_postgres, start_postgres, stop_postgres
 from tests.test_ha import Submitter, leader

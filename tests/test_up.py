@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from server.natsd import free_port
+from server.broker.natsd import free_port
 from tests.conftest import ROOT, Api
 
 
@@ -97,7 +97,7 @@ def test_json_logs(tmp_path: Path) -> None:
     import json
     import os
 
-    from server.natsd import start_nats, wait_for_port
+    from server.broker.natsd import start_nats, wait_for_port
 
     nats = start_nats(tmp_path / "nats", port=0)
     port = free_port()

@@ -10,8 +10,8 @@ from pydantic import ValidationError as PydanticValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.errors import DecodeError, ValidationError
-from server.messages import (
+from wire.errors import DecodeError, ValidationError
+from wire.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     Attempt,
@@ -28,7 +28,7 @@ from server.messages import (
     decode,
     encode,
 )
-from server.validation import (
+from wire.validation import (
     MAX_CPUS,
     MAX_ENV_BYTES,
     MAX_ENV_VARS,

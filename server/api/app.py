@@ -1,0 +1,128 @@
+"""The HTTP face of a replica: GraphQL at /graphql, health and metrics; the caller adds
+the rest (`muster server` adds the console, web.console.console_routes)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.types.unset import UNSET, UnsetType
+
+from server import metrics
+from server.api.auth import bearer, check_token
+from server.replica import Muster
+from server.api.schema import build_schema
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class MusterGraphQL(GraphQL):
+    """GraphQL over HTTP, and subscriptions over WebSockets (graphql-transport-ws, and the
+    legacy graphql-ws). A WebSocket is authenticated at `connection_init`: its payload
+    carries `{"Authorization": "Bearer <token>"}` (or `authorization`, or `token`); an
+    `Authorization` header on the handshake is accepted too. Otherwise it is closed
+    (4403 Forbidden)."""
+
+    def __init__(self, muster: Muster, **kw: Any) -> None:
+        kw.setdefault("connection_init_wait_timeout", timedelta(seconds=10))
+        super().__init__(build_schema(production=muster.config.production), **kw)
+        self.muster = muster
+
+    async def get_context(self, request: Any, response: Any = None) -> dict[str, Any]:
+        return {"muster": self.muster, "token": request.scope.get("muster.token"), "request": request}
+
+    async def on_ws_connect(self, context: dict[str, Any]) -> UnsetType | dict[str, object] | None:
+        params = context.get("connection_params") or {}
+        token = None
+        if isinstance(params, dict):
+            auth = params.get("Authorization") or params.get("authorization")
+            token = bearer(auth) if isinstance(auth, str) else None
+            if token is None and isinstance(params.get("token"), str):
+                token = params["token"]
+        if token is None:
+            request = context.get("request")
+            headers = {k.decode().lower(): v.decode() for k, v in request.scope.get("headers", [])} if request else {}
+            token = bearer(headers.get("authorization"))
+        info = check_token(self.muster.state, token)
+        if info is None:
+            raise ConnectionRejectionError({"message": "missing or invalid bearer token"})
+        context["token"] = info
+        return UNSET
+
+
+class RequireToken:
+    """ASGI guard: every GraphQL HTTP request needs `Authorization: Bearer <token>`.
+    WebSockets pass through: MusterGraphQL.on_ws_connect checks them at connection_init."""
+
+    def __init__(self, app: ASGIApp, muster: Muster) -> None:
+        self.app = app
+        self.muster = muster
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+            info = check_token(self.muster.state, bearer(headers.get("authorization")))
+            if info is None:
+                resp = JSONResponse(
+                    {"errors": [{"message": "missing or invalid bearer token"}]},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="muster"'},
+                )
+                await resp(scope, receive, send)
+                return
+            length = headers.get("content-length")
+            if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                await JSONResponse({"errors": [{"message": "request body too large"}]}, status_code=413)(
+                    scope, receive, send
+                )
+                return
+            scope["muster.token"] = info
+        await self.app(scope, receive, send)
+
+
+def build_app(muster: Muster, routes: Sequence[BaseRoute] = (), manage_lifecycle: bool = True) -> Starlette:
+    async def livez(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if muster.ready:
+            return PlainTextResponse("ready")
+        return PlainTextResponse("NATS connection down", status_code=503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await muster.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await muster.shutdown()
+
+    graphql = RequireToken(MusterGraphQL(muster), muster)
+    app = Starlette(
+        routes=[
+            Route("/livez", livez),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics_endpoint),
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", graphql),
+            *routes,
+        ],
+        lifespan=lifespan,
+    )
+    app.state.muster = muster
+    return app

@@ -1,0 +1,76 @@
+"""Managing API tokens straight in the `state` bucket (`muster token ...`, an admin path
+that needs the control plane's NATS credentials).
+
+A token is stored only as its SHA-256 hash: key `auth.token.<hash>`, value TokenInfo
+JSON. Every replica watches these keys, so a new token works and a revoked one is
+refused (401) on all of them within a moment."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from wire import subjects
+from server.api.auth import ROLES, token_hash
+from server.state.cluster import TokenInfo
+from wire.errors import ConfigError, ConflictError, DecodeError, StoreError
+from wire.messages import decode
+from server.broker.natsauth import NAME_RE
+from wire.kv import Record, Store
+
+PREFIX = "auth.token."
+
+
+async def list_tokens(store: Store, timeout: float = 10) -> dict[str, TokenInfo]:
+    """Every live token: hash -> TokenInfo."""
+    found: dict[str, TokenInfo] = {}
+
+    def on_record(rec: Record) -> None:
+        h = rec.key[len(PREFIX):]
+        if rec.value is None:
+            found.pop(h, None)
+            return
+        try:
+            found[h] = decode(TokenInfo, rec.value)
+        except DecodeError:
+            pass
+
+    w = await store.watch(PREFIX + ">", on_record)
+    try:
+        await asyncio.wait_for(w.synced.wait(), timeout=timeout)
+    except asyncio.TimeoutError as exc:
+        raise StoreError("could not read the tokens in time") from exc
+    finally:
+        await w.stop()
+    return found
+
+
+async def create_token(store: Store, name: str, role: str) -> tuple[str, TokenInfo]:
+    """A new random token for `name` with `role`. Returns (token, info); only the hash
+    is stored."""
+    if role not in ROLES:
+        raise ConfigError(f"role must be one of {', '.join(ROLES)}")
+    if not NAME_RE.fullmatch(name):
+        raise ConfigError(f"invalid token name {name!r}")
+    if any(info.name == name for info in (await list_tokens(store)).values()):
+        raise ConflictError(f"a token named {name!r} exists; revoke it first")
+    token = "mst_" + secrets.token_urlsafe(24)
+    info = TokenInfo(name=name, role=role, created_at=time.time())
+    await store.put(PREFIX + token_hash(token), info.model_dump_json().encode(), expected=0)
+    return token, info
+
+
+async def revoke_token(store: Store, name: str) -> int:
+    """Delete every token named `name`. Returns how many."""
+    n = 0
+    for h, info in (await list_tokens(store)).items():
+        if info.name != name:
+            continue
+        subject = subjects.kv_subject(subjects.STATE_BUCKET, PREFIX + h)
+        try:
+            await store.js.publish(subject, b"", headers={"KV-Operation": "DEL"}, timeout=store.timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"revoke {name}: {exc}") from exc
+        n += 1
+    return n

@@ -1,0 +1,251 @@
+"""NATS authentication for Muster: one nkey user per party, with per-party permissions.
+
+Everything lives in an *auth directory* (mode 0700), by default `<nats-data-dir>/auth`:
+
+    users.json            who has credentials: kind, name, public nkey (no secrets)
+    auth.conf             the nats-server `authorization {}` block, generated from users.json
+    server.nk             the control plane's nkey seed (servers, `muster token`)
+    agents/<host>.nk      one seed per agent host
+    subscribers/<n>.nk    one seed per alert subscriber
+    pids/*.pid            pid files of the nats-servers using this directory (for reloads)
+
+Seed files (mode 0600) are what `--creds FILE` / MUSTER_NATS_CREDS point at; nats-py
+signs the server's nonce with them (`nkeys_seed`). The nats-server config includes
+`auth.conf`; issuing or revoking a credential rewrites it and signals every server in
+`pids/` to reload (SIGHUP). On reload nats-server drops connections of removed users and
+refuses them from then on.
+
+Permissions:
+- server: everything (control-plane replicas and the admin CLI).
+- agent <host>: publish its heartbeat `$KV.hosts.<host>`, its status reports
+  `muster.status.<host>` and the direct get of its own `alloc.<host>` record; subscribe
+  to its assignments `muster.assign.<host>` and to its own inbox `_INBOX_<host>.>` (where
+  JetStream acks and direct-get replies come). Nothing else.
+- subscriber: subscribe to `alerts.>` and `muster.events.>`; publish nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from wire import subjects
+from wire.errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+KINDS = ("server", "agent", "subscriber")
+
+
+def agent_permissions(host_id: str) -> dict[str, Any]:
+    return {
+        "publish": {
+            "allow": [
+                subjects.kv_subject(subjects.HOSTS_BUCKET, host_id),
+                subjects.status_subject(host_id),
+                f"$JS.API.DIRECT.GET.{subjects.STATE_STREAM}."
+                + subjects.kv_subject(subjects.STATE_BUCKET, subjects.alloc_key(host_id)),
+            ]
+        },
+        "subscribe": {
+            "allow": [subjects.assign_subject(host_id), subjects.agent_inbox_prefix(host_id) + ".>"]
+        },
+    }
+
+
+def subscriber_permissions() -> dict[str, Any]:
+    return {
+        "publish": {"deny": [">"]},
+        "subscribe": {"allow": [f"{subjects.ALERTS_PREFIX}.>", f"{subjects.EVENTS_PREFIX}.>"]},
+    }
+
+
+def _check_name(name: str, what: str) -> None:
+    if not NAME_RE.fullmatch(name):
+        raise ConfigError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def new_user_seed() -> tuple[str, str]:
+    """A fresh nkey user: (seed, public key)."""
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    kp = nkeys.from_seed(bytearray(seed))
+    public = kp.public_key.decode()
+    kp.wipe()
+    return seed.decode(), public
+
+
+def public_key_of(seed_file: str | Path) -> str:
+    import nkeys
+
+    kp = nkeys.from_seed(bytearray(Path(seed_file).read_bytes().strip()))
+    public = kp.public_key.decode()
+    kp.wipe()
+    return public
+
+
+class AuthDir:
+    """The credentials of one NATS deployment (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    # ------------------------------------------------------------ paths
+
+    @property
+    def users_file(self) -> Path:
+        return self.path / "users.json"
+
+    @property
+    def conf_file(self) -> Path:
+        return self.path / "auth.conf"
+
+    @property
+    def server_creds(self) -> Path:
+        return self.path / "server.nk"
+
+    @property
+    def pids_dir(self) -> Path:
+        return self.path / "pids"
+
+    def agent_creds(self, host_id: str) -> Path:
+        return self.path / "agents" / f"{host_id}.nk"
+
+    def subscriber_creds(self, name: str) -> Path:
+        return self.path / "subscribers" / f"{name}.nk"
+
+    def exists(self) -> bool:
+        return self.users_file.exists()
+
+    # ------------------------------------------------------------ registry
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if not self.users_file.exists():
+            return {}
+        return dict(json.loads(self.users_file.read_text()))
+
+    def _save(self, users: dict[str, dict[str, Any]]) -> None:
+        _write_private(self.users_file, json.dumps(users, indent=2, sort_keys=True) + "\n")
+        self.write_conf(users)
+
+    def users(self) -> list[dict[str, Any]]:
+        return sorted(self._load().values(), key=lambda u: (u["kind"], u["name"]))
+
+    def ensure(self) -> bool:
+        """Create the directory and the server credentials on first use. Returns True
+        when it created them."""
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.path, 0o700)
+        users = self._load()
+        created = False
+        if "server:server" not in users or not self.server_creds.exists():
+            seed, public = new_user_seed()
+            _write_private(self.server_creds, seed + "\n")
+            users["server:server"] = {"kind": "server", "name": "server", "public": public,
+                                      "created_at": time.time()}
+            created = True
+        if created or not self.conf_file.exists():
+            self._save(users)
+        return created
+
+    def _issue(self, kind: str, name: str, path: Path) -> Path:
+        self.ensure()
+        users = self._load()
+        key = f"{kind}:{name}"
+        if key in users and path.exists() and public_key_of(path) == users[key]["public"]:
+            return path  # already issued: keep the existing credentials
+        seed, public = new_user_seed()
+        _write_private(path, seed + "\n")
+        users[key] = {"kind": kind, "name": name, "public": public, "created_at": time.time()}
+        self._save(users)
+        return path
+
+    def issue_agent(self, host_id: str) -> Path:
+        _check_name(host_id, "host id")
+        return self._issue("agent", host_id, self.agent_creds(host_id))
+
+    def issue_subscriber(self, name: str) -> Path:
+        _check_name(name, "subscriber name")
+        return self._issue("subscriber", name, self.subscriber_creds(name))
+
+    def revoke(self, kind: str, name: str) -> bool:
+        """Remove a user (its connections are refused after the next reload).
+        Returns False when there was no such user."""
+        users = self._load()
+        entry = users.pop(f"{kind}:{name}", None)
+        if entry is None:
+            return False
+        self._save(users)
+        path = self.agent_creds(name) if kind == "agent" else self.subscriber_creds(name)
+        if path.exists():
+            path.unlink()
+        return True
+
+    def revoke_agent(self, host_id: str) -> bool:
+        return self.revoke("agent", host_id)
+
+    # ------------------------------------------------------------ server config
+
+    def render(self, users: dict[str, dict[str, Any]] | None = None) -> str:
+        users = self._load() if users is None else users
+        entries = []
+        for u in sorted(users.values(), key=lambda u: (u["kind"], u["name"])):
+            e: dict[str, Any] = {"nkey": u["public"]}
+            if u["kind"] == "agent":
+                e["permissions"] = agent_permissions(u["name"])
+            elif u["kind"] == "subscriber":
+                e["permissions"] = subscriber_permissions()
+            entries.append(f"    # {u['kind']} {u['name']}\n    " + json.dumps(e))
+        return ("# Generated by muster (server/natsauth.py) from users.json: do not edit.\n"
+                "authorization {\n  users = [\n" + ",\n".join(entries) + "\n  ]\n}\n")
+
+    def write_conf(self, users: dict[str, dict[str, Any]] | None = None) -> None:
+        _write_private(self.conf_file, self.render(users))
+
+    def pid_file(self, node: str = "nats") -> Path:
+        self.pids_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.pids_dir / f"{node}.pid"
+
+    def reload_servers(self) -> list[int]:
+        """SIGHUP every live nats-server using this directory. Returns their pids."""
+        done = []
+        if not self.pids_dir.exists():
+            return done
+        for f in sorted(self.pids_dir.glob("*.pid")):
+            try:
+                pid = int(f.read_text().strip())
+                cmdline = Path(f"/proc/{pid}/cmdline")
+                if cmdline.parent.parent.exists() and (
+                        not cmdline.exists() or b"nats-server" not in cmdline.read_bytes()):
+                    f.unlink(missing_ok=True)  # stale: that pid is gone or reused
+                    continue
+                os.kill(pid, signal.SIGHUP)
+                done.append(pid)
+            except (ValueError, OSError):
+                continue
+        return done
+
+
+def find_auth_dir(data_dir: str | Path) -> Path:
+    """The auth directory for a data directory: `<d>/auth` (a `muster nats` data dir) or
+    `<d>/nats/auth` (a `muster up` data dir), whichever exists; else `<d>/auth`."""
+    d = Path(data_dir)
+    for cand in (d / "auth", d / "nats" / "auth"):
+        if (cand / "users.json").exists():
+            return cand
+    return d / "auth"

@@ -1,0 +1,116 @@
+"""HealthIndex: every host's health, kept current without a pass over every host.
+
+At 50,000 hosts the health monitor used to build a map of every host's health once a
+second and diff it with the last one: a fifth of the server's busy time
+(README, Benchmarks). A host's health can only change when something happens to it
+(a heartbeat after a silence, an expired key) or when its last heartbeat grows too
+old. The index is told of the first (`seen`, `expired`) and files every live host
+under the second its last heartbeat arrived, so `refresh(now)` looks only at hosts
+touched since the last refresh and at the seconds that have just fallen due. What
+health *is* stays decided by `health.host_health`; what changed by
+`health.transitions`.
+
+Time is the caller's (the time a heartbeat was received, and `now`), so the index is
+tested with a fake clock. Heartbeat times need not be monotonic: every filed second
+older than the due line is examined, in order, on each refresh.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Protocol
+
+from server.health.rules import Health, host_health, transitions
+
+
+class Seen(Protocol):
+    """What the index reads of a host (server.state.cluster.HostEntry)."""
+
+    present: bool
+    seen_at: float
+
+    @property
+    def heartbeat(self) -> object | None: ...
+
+
+Change = tuple[str, Health | None, Health]
+
+
+class HealthIndex:
+    def __init__(self) -> None:
+        self.health: dict[str, Health] = {}
+        self.counts: Counter[Health] = Counter()
+        self._touched: set[str] = set()
+        # int(seen_at) -> live hosts whose last heartbeat arrived in that second.
+        self._filed: dict[int, set[str]] = {}
+        self._changes: list[Change] = []
+
+    # ------------------------------------------------------------ told by ClusterState
+
+    def seen(self, host_id: str, before: float | None, at: float) -> None:
+        """A heartbeat of `host_id` received at `at` (the previous one at `before`)."""
+        if self.health.get(host_id) is not Health.HEALTHY:
+            self._touched.add(host_id)
+        new = int(at)
+        if before is not None:
+            old = int(before)
+            if old == new:
+                return
+            self._unfile(host_id, old)
+        bucket = self._filed.get(new)
+        if bucket is None:
+            self._filed[new] = {host_id}
+        else:
+            bucket.add(host_id)
+
+    def expired(self, host_id: str, last_seen: float | None) -> None:
+        """The heartbeat key of `host_id` expired (or was deleted)."""
+        self._touched.add(host_id)
+        if last_seen is not None:
+            self._unfile(host_id, int(last_seen))
+
+    def _unfile(self, host_id: str, second: int) -> None:
+        bucket = self._filed.get(second)
+        if bucket is not None:
+            bucket.discard(host_id)
+            if not bucket:
+                del self._filed[second]
+
+    # ------------------------------------------------------------ read
+
+    def refresh(self, hosts: Mapping[str, Seen], now: float, interval_s: float) -> None:
+        """Bring `health` and `counts` up to `now`; what changed waits in `take_changes`."""
+        due_line = now - 2 * interval_s
+        candidates, self._touched = self._touched, set()
+        for second in sorted(s for s in self._filed if s + 1 <= due_line):
+            candidates |= self._filed.pop(second)
+        # The second the due line falls in holds hosts on both sides of it: look at it
+        # and keep it filed.
+        partial = self._filed.get(int(due_line))
+        if partial:
+            candidates |= partial
+        current: dict[str, Health] = {}
+        for host_id in candidates:
+            entry = hosts.get(host_id)
+            if entry is None or entry.heartbeat is None:
+                continue
+            current[host_id] = host_health(present=entry.present, last_seen=entry.seen_at,
+                                           now=now, interval_s=interval_s)
+        changes = transitions(self.health, current)
+        for host_id, old, new in changes:
+            if old is not None:
+                self.counts[old] -= 1
+            self.counts[new] += 1
+            self.health[host_id] = new
+        self._changes.extend(changes)
+
+    def take_changes(self) -> list[Change]:
+        """Transitions found by refreshes since the last call, oldest first
+        (None: a host not known before)."""
+        out, self._changes = self._changes, []
+        return out
+
+    def count(self, health: Health) -> int:
+        return self.counts[health]
+

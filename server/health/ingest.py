@@ -1,0 +1,345 @@
+"""Heartbeat ingest: reads the `hosts` bucket in a process of its own and hands the
+server compact batches, so that reading 10,000 heartbeats/s (50,000 hosts) does not
+compete with scheduling for the server's interpreter.
+
+The child process runs the same watch of `KV_hosts` an in-process server runs (an
+ordered consumer: every host's last heartbeat, then each new one and each TTL expiry
+marker) and sends its parent, every `flush_s` and at most `batch_max` records at a time,
+one `HeartbeatBatch` over a pipe. The parent applies it to its ClusterState
+(`ClusterState.apply_heartbeat`) on its event loop: a few microseconds per heartbeat,
+instead of the NATS client's per-message work. Every record keeps its stream revision
+and the time the store stored it; each batch also says how far the stream has been
+sent, which moves the server's read clock
+(server.health.readclock: hosts are judged on what has been read, not on the wall clock).
+
+`muster server` runs it unless `--heartbeats-in-process`. The parent restarts a child
+that dies (`muster_heartbeat_ingest_restarts_total`); the new child replays every
+host's last heartbeat, and older revisions are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import NamedTuple
+
+from server import metrics
+
+from wire import subjects
+from server.childproc import stop_helper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    nats_url: str
+    nats_creds: str | None = None
+    nats_ca: str | None = None
+    nats_cert: str | None = None
+    nats_key: str | None = None
+    flush_s: float = 0.2
+    batch_max: int = 2000
+
+
+class HeartbeatBatch(NamedTuple):
+    received_at: float  # when the child received the first of these records
+    synced: bool  # the child's watch has replayed the whole bucket
+    keys: list[str]
+    revisions: list[int]
+    values: list[bytes | None]  # None: the key's TTL expiry marker
+    shapes: list[str | None]  # the Muster-Shape header
+    stamps: list[float]  # when the store stored each record (its clock; 0.0 unknown)
+    # Every record the store held before this time (its clock) has now been sent (0.0:
+    # unknown), and `behind` records were still unsent (in the stream or in the child).
+    position: float = 0.0
+    behind: int = 0
+    skipped: int = 0  # records the watch never saw (removed from the stream first) since the last batch
+
+
+# ---------------------------------------------------------------- child
+
+
+class Pending:
+    """Records waiting to be sent, at most one heartbeat and one expiry per host, so what
+    waits is bounded by the number of hosts however long the server does not read (it
+    may be stopped). A newer heartbeat replaces an older one (the server keeps only the
+    newest); an expiry replaces the heartbeats before it and stays when the host comes
+    back, and expiries are sent first, so the server still sees the loss.
+
+    Each record keeps the time the store stored it (`stamp`) and the stamp of the first
+    record of its host that has waited since (`first`): a host keeps its place, so the
+    first waiting entry holds the oldest unsent record. A batch says how far the stream
+    has been sent (`position`): every record stored before it has reached the server
+    (or was replaced by a newer one that has). That is the oldest unsent stamp while
+    records wait, and the newest read when none do. `first_at` is when the oldest
+    waiting record was received here (a batch carries it as `received_at`)."""
+
+    def __init__(self) -> None:
+        # key -> (revision, value, shape, stamp, first stamp, first received here)
+        self.beats: dict[str, tuple[int, bytes, str | None, float, float, float]] = {}
+        # key -> (revision, stamp, first stamp, first received here)
+        self.expired: dict[str, tuple[int, float, float, float]] = {}
+        self.first_at = 0.0
+        self.read_to: tuple[float, int] = (0.0, 0)  # newest stamp read, pending in the stream after it
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.beats) + len(self.expired)
+
+    def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float,
+            stamp: float = 0.0, behind: int = 0, skipped: int = 0) -> None:
+        if not self:
+            self.first_at = now
+        self.skipped += skipped
+        if value is None:
+            old = self.beats.pop(key, None)
+            gone = self.expired.get(key)
+            first = min(x for x in (stamp, old and old[4], gone and gone[2]) if x is not None)
+            since = min(x for x in (now, old and old[5], gone and gone[3]) if x is not None)
+            self.expired[key] = (revision, stamp, first, since)
+        else:
+            old_beat = self.beats.get(key)
+            self.beats[key] = (revision, value, shape, stamp, old_beat[4] if old_beat else stamp,
+                               old_beat[5] if old_beat else now)
+        if stamp >= self.read_to[0]:
+            self.read_to = (stamp, behind)
+
+    @staticmethod
+    def _first(waiting: dict, n: int) -> list[tuple]:  # type: ignore[type-arg]
+        """Remove and return the first `n` entries of `waiting` (in the order they came)."""
+        if n <= 0 or not waiting:
+            return []
+        if len(waiting) <= n:
+            out = list(waiting.items())
+            waiting.clear()
+            return out
+        out = list(itertools.islice(waiting.items(), n))
+        for key, _ in out:
+            del waiting[key]
+        return out
+
+    def take(self, n: int, synced: bool) -> HeartbeatBatch:
+        """Up to `n` records, expiries first, removed from what waits. The batch says
+        `synced` only if the watch is (`synced`) and nothing is left waiting."""
+        gone = self._first(self.expired, n)
+        beats = self._first(self.beats, n - len(gone))
+        keys = [k for k, _ in gone] + [k for k, _ in beats]
+        revs = [e[0] for _, e in gone] + [e[0] for _, e in beats]
+        values: list[bytes | None] = [None] * len(gone) + [e[1] for _, e in beats]
+        shapes: list[str | None] = [None] * len(gone) + [e[2] for _, e in beats]
+        stamps = [e[1] for _, e in gone] + [e[3] for _, e in beats]
+        received_at = self.first_at
+        if self:
+            # Heartbeats wait in the order their hosts started waiting; an expiry may
+            # carry the older stamp of the heartbeat it replaced, and expiries are few.
+            firsts = [(e[2], e[3]) for e in self.expired.values()]
+            firsts += [(e[4], e[5]) for e in (next(iter(self.beats.values()), None),) if e is not None]
+            # Stamps are nanoseconds from the store: stop just short of the oldest unsent.
+            position, behind = max(0.0, min(f[0] for f in firsts) - 1e-6), self.read_to[1] + len(self)
+            self.first_at = min(f[1] for f in firsts)
+        else:
+            position, behind = self.read_to
+        # Every batch until the child has drained says whether records were skipped
+        # since it last did, so the server cannot release its clock half-way through.
+        skipped = self.skipped
+        if not self:
+            self.skipped = 0
+        return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
+                              position, behind, skipped)
+
+
+async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
+    """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone)."""
+    from wire import subjects
+    from wire.messages import SHAPE_HEADER
+    from wire.kv import Record, Store, connect
+
+    pending = Pending()
+
+    def on_record(rec: Record) -> None:
+        pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time(),
+                    rec.stamp, rec.behind, rec.skipped)
+
+    nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
+                       tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+    watch = await Store(nc).watch(">", on_record, bucket=subjects.HOSTS_BUCKET)
+    loop = asyncio.get_running_loop()
+    sent_synced = False
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=cfg.flush_s)
+            except asyncio.TimeoutError:
+                pass
+            synced = watch.synced.is_set()
+            while (pending or synced != sent_synced) and not stop.is_set():
+                batch = pending.take(cfg.batch_max, synced)
+                try:
+                    # Pickling and writing happen off the loop, which keeps reading.
+                    await loop.run_in_executor(None, out.send, batch)
+                except (BrokenPipeError, EOFError, OSError):
+                    log.warning("heartbeat ingest: server process gone; stopping")
+                    stop.set()
+                    break
+                sent_synced = batch.synced
+    finally:
+        await watch.stop()
+        try:
+            await asyncio.wait_for(nc.close(), timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        out.close()
+
+
+def main(config: dict[str, object], out: Connection) -> None:
+    """Process entry point (multiprocessing, spawn)."""
+    from server.childproc import run_helper
+
+    cfg = IngestConfig(**config)  # type: ignore[arg-type]
+    run_helper("muster-ingest", lambda stop: run(cfg, out, stop))
+
+
+# ---------------------------------------------------------------- parent
+
+
+class HeartbeatIngest:
+    """Starts the ingest process, applies its batches on the event loop, restarts it when
+    it dies. Looks like a Watch to `Muster._wait_synced` (`bucket`, `synced`, `received`)."""
+
+    bucket = subjects.HOSTS_BUCKET
+
+    def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
+                 on_position: Callable[[float, int, float, int], None] | None = None) -> None:
+        self.cfg = cfg
+        self.apply = apply
+        # Told (stream time sent up to, records still unsent, local time, records the
+        # watch skipped) after each batch: ReadClock.advance.
+        self.on_position = on_position
+        self.synced = asyncio.Event()
+        self.received = 0
+        self.restarts = 0
+        self.lag_s = 0.0  # age of the newest batch's first record when it was applied
+        self.batches_read = 0  # batches taken from the pipe (one at a time: see _read)
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._deaths: list[float] = []  # when the ingest process was last found dead
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        recv, send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send), name="muster-heartbeat-ingest",
+                                daemon=True)
+        self.proc.start()
+        send.close()  # the child holds the only writer: its exit is our EOF
+        self._reader = threading.Thread(target=self._read, args=(recv,), name="heartbeat-ingest-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read(self, conn: Connection) -> None:
+        """Hand the loop one batch at a time: the next is read from the pipe only once the
+        last one was applied. Handing over every batch as it came once queued tens of
+        them on the loop while 50,000 hosts registered, and the loop ran them back to
+        back for 25 s (no timer ran, not even the collector policy's). Holding back
+        instead fills the pipe, and the ingest process keeps one record per host."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                try:
+                    batch = conn.recv()
+                except (EOFError, OSError):
+                    return
+                self.batches_read += 1
+                applied = threading.Event()
+
+                def apply_one(b: HeartbeatBatch = batch, done: threading.Event = applied) -> None:
+                    try:
+                        self._on_batch(b)
+                    finally:
+                        done.set()
+
+                try:
+                    loop.call_soon_threadsafe(apply_one)
+                except RuntimeError:  # the loop is closed
+                    return
+                while not applied.wait(0.5):
+                    if loop.is_closed() or self._stopping:
+                        return
+        finally:
+            conn.close()
+
+    def _on_batch(self, batch: HeartbeatBatch) -> None:
+        apply, at = self.apply, batch.received_at
+        for key, rev, value, shape, stamp in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
+                                                 batch.stamps):
+            try:
+                apply(key, rev, value, shape, stamp or at)
+            except Exception:  # noqa: BLE001 - one bad record must not stop the rest
+                log.exception("heartbeat ingest: applying %s failed", key)
+        if batch.position and self.on_position is not None:
+            self.on_position(batch.position, batch.behind, time.time(), batch.skipped)
+        n = len(batch.keys)
+        self.received += n
+        metrics.HEARTBEATS.inc(n)
+        if n:
+            self.lag_s = max(0.0, time.time() - at)
+            metrics.HEARTBEAT_INGEST_LAG.set(round(self.lag_s, 3))
+        if batch.synced:
+            self.synced.set()
+
+    async def run(self, stop: asyncio.Event, check_s: float = 0.5) -> None:
+        """Restart the ingest process whenever it has died, until `stop`."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=check_s)
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set() or self._stopping:
+                return
+            if not self.alive:
+                # Back off when it keeps dying (NATS refusing it, say): 0.5 s after the
+                # first death in a minute, doubling up to 30 s.
+                now = time.monotonic()
+                self._deaths = [t for t in self._deaths if now - t < 60] + [now]
+                delay = min(30.0, 0.5 * 2 ** (len(self._deaths) - 1))
+                code = self.proc.exitcode if self.proc is not None else None
+                log.warning("heartbeat ingest process exited (code %s); restarting it in %.1f s", code, delay)
+                await asyncio.to_thread(self._join)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+                self.restarts += 1
+                metrics.HEARTBEAT_INGEST_RESTARTS.inc()
+                self.start()
+
+    def _join(self) -> None:
+        if self.proc is not None:
+            self.proc.join(5)
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM the child, wait for it and for the reader thread (blocking)."""
+        self._stopping = True
+        stop_helper(self.proc, timeout)
+        if self._reader is not None:
+            self._reader.join(5)
+        self.proc = None
+        self._reader = None

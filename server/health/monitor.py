@@ -1,0 +1,105 @@
+"""The leader's watch over host health: turns heartbeat changes into recorded
+transitions (events) and alerts. Decisions come from `health.host_health` and
+`health.transitions`, applied by `healthindex.HealthIndex`; this module only publishes.
+
+Subjects (JSON payloads are `messages.Event`):
+  muster.events.host.<HEALTHY|SUSPECT|LOST>   every health transition (kept in EVENTS)
+  alerts.host.lost / alerts.host.recovered     a host's heartbeat key expired / it came back
+  alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error
+  alerts.domain.disrupted                      (from the scheduler) a suspected partition
+  alerts.job.failed                            (from the scheduler) a job failed for good
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from wire import subjects
+from server.state.cluster import ClusterState, HostEntry
+from server.health.rules import Health
+from server.state.lease import Leadership
+from wire.messages import Event, GpuUsage, encode
+
+log = logging.getLogger(__name__)
+
+
+async def publish_alert(nc, kind: str, ev: Event) -> None:  # type: ignore[no-untyped-def]
+    ev.kind = kind
+    try:
+        await nc.publish(f"{subjects.ALERTS_PREFIX}.{kind}", encode(ev))
+    except Exception as exc:  # noqa: BLE001 - alerts are best effort; the log keeps them
+        log.warning("alert %s not published: %s", kind, exc)
+
+
+class HealthMonitor:
+    def __init__(self, nc, state: ClusterState, leadership: Leadership, every_s: float = 1.0) -> None:  # type: ignore[no-untyped-def]
+        self.nc = nc
+        self.state = state
+        self.leadership = leadership
+        self.every_s = every_s
+        self._term = 0
+        self.wake = asyncio.Event()
+        self._gpu_alerts: list[tuple[str, GpuUsage]] = []
+        state.listeners.append(self._on_state)
+
+    def _on_state(self, kind: str, obj: object) -> None:
+        if kind in ("host_lost", "host_up"):
+            self.wake.set()
+        elif kind == "gpu_unhealthy":
+            self._gpu_alerts.append(obj)  # type: ignore[arg-type]
+            self.wake.set()
+
+    async def check(self) -> None:
+        now = time.time()
+        # Only the hosts touched since the last check, or whose last heartbeat has just
+        # grown too old, are looked at (server.health.index).
+        changes = self.state.refresh_health(now).take_changes()
+        if not self.leadership.leading:
+            self._gpu_alerts.clear()
+            return
+        if self._term != self.leadership.term:
+            # A new term: take the present as known, without re-announcing it.
+            self._term = self.leadership.term
+            changes = []
+        for host_id, old, new in changes:
+            if old is None and new is Health.HEALTHY:
+                continue  # a host seen for the first time is not a transition
+            entry = self.state.hosts.get(host_id)
+            ev = Event(kind=f"host.{new.value.lower()}", ts=now, host_id=host_id,
+                       message=f"{host_id}: {old.value if old else 'NEW'} -> {new.value}",
+                       data={"from": old.value if old else None, "to": new.value,
+                             "labels": dict(entry.heartbeat.labels) if entry and entry.heartbeat else {}})
+            try:
+                await self.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{new.value}", encode(ev))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("host event not published: %s", exc)
+            if new is Health.LOST:
+                await publish_alert(self.nc, subjects.ALERT_HOST_LOST, self._host_alert(entry, now, "heartbeat key expired"))
+            elif old is Health.LOST and new is Health.HEALTHY:
+                await publish_alert(self.nc, subjects.ALERT_HOST_RECOVERED, self._host_alert(entry, now, "heartbeats resumed"))
+        while self._gpu_alerts:
+            host_id, usage = self._gpu_alerts.pop(0)
+            await publish_alert(self.nc, subjects.ALERT_GPU_UNHEALTHY, Event(
+                kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
+                message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
+                data={"gpu": usage.index, "fault": usage.fault or ""}))
+
+    @staticmethod
+    def _host_alert(entry: HostEntry | None, now: float, why: str) -> Event:
+        host_id = entry.host_id if entry else "?"
+        labels = dict(entry.heartbeat.labels) if entry and entry.heartbeat else {}
+        return Event(kind="", ts=now, host_id=host_id, message=f"host {host_id}: {why}", data={"labels": labels})
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.every_s)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.check()
+            except Exception:  # noqa: BLE001
+                log.exception("health check failed")

@@ -1,0 +1,120 @@
+"""Copies host/domain events and alerts from their streams into the history database.
+
+One durable consumer per history database (its name is derived from the database
+URL): replicas sharing one PostgreSQL share the consumer, so each event is written
+once; a replica with its own SQLite file has its own consumer and gets every event.
+Event ids are `<stream>:<sequence>:<stored at, µs>`: a redelivered message is not written
+twice, and after the streams were recreated (a NATS store wiped, sequences starting at 1
+again) new events do not collide with the ones already recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+
+from nats.js import api as jsapi
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from wire import subjects
+from wire.errors import DecodeError
+from server.history.database import EventRow, History
+from wire.messages import Event, decode
+
+log = logging.getLogger(__name__)
+
+
+def consumer_name(db_url: str) -> str:
+    return "history-" + hashlib.sha256(db_url.encode()).hexdigest()[:12]
+
+
+class Recorder:
+    def __init__(self, js, history: History, db_url: str) -> None:  # type: ignore[no-untyped-def]
+        self.js = js
+        self.history = history
+        self.durable = consumer_name(db_url)
+        self.recorded = 0
+
+    def _rows(self, stream: str, msgs: list) -> list[dict[str, object]]:  # type: ignore[type-arg]
+        rows = []
+        for m in msgs:
+            try:
+                ev = decode(Event, m.data)
+            except DecodeError:
+                log.warning("dropped malformed event on %s", m.subject)
+                continue
+            kind = ev.kind if stream == subjects.EVENTS_STREAM else "alert." + m.subject.split(".", 1)[1]
+            meta = m.metadata
+            stored_us = round(meta.timestamp.timestamp() * 1e6)
+            rows.append(dict(id=f"{stream}:{meta.sequence.stream}:{stored_us}", ts=ev.ts, kind=kind[:64],
+                             job_id=ev.job_id, host_id=ev.host_id, message=ev.message[:2000]))
+        return rows
+
+    def _write(self, rows: list[dict[str, object]]) -> None:
+        engine = self.history.engine
+        if engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        table = EventRow.__table__  # type: ignore[attr-defined]
+        with engine.begin() as conn:
+            conn.execute(insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
+
+    async def _follow(self, stream: str, stop: asyncio.Event) -> None:
+        cfg = jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=20_000,
+                                   deliver_policy=jsapi.DeliverPolicy.ALL)
+        sub = None
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    subject = f"{subjects.EVENTS_PREFIX}.>" if stream == subjects.EVENTS_STREAM else f"{subjects.ALERTS_PREFIX}.>"
+                    sub = await self.js.pull_subscribe(subject, durable=self.durable, stream=stream, config=cfg)
+                msgs = await sub.fetch(batch=500, timeout=1)
+            except asyncio.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS restarting; try again
+                log.debug("recorder %s: %s", stream, exc)
+                sub = None
+                await asyncio.sleep(1)
+                continue
+            rows = self._rows(stream, msgs)
+            try:
+                if rows:
+                    await asyncio.to_thread(self._write, rows)
+            except Exception:  # noqa: BLE001 - database down: leave unacked, retried later
+                log.exception("recording %d events failed", len(rows))
+                await asyncio.sleep(1)
+                continue
+            for m in msgs:
+                try:
+                    await m.ack()
+                except Exception:  # noqa: BLE001
+                    pass
+            self.recorded += len(rows)
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self._follow(subjects.EVENTS_STREAM, stop),
+            self._follow(subjects.ALERTS_STREAM, stop),
+        )
+
+
+def list_alerts(history: History, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
+    """Recorded alerts, newest first; `kind` like "host.lost"."""
+    with Session(history.engine) as s:
+        cond = EventRow.kind == f"alert.{kind}" if kind else EventRow.kind.startswith("alert.")  # type: ignore[attr-defined]
+        rows = s.exec(select(EventRow).where(cond).order_by(EventRow.ts.desc()).offset(offset).limit(limit)).all()  # type: ignore[attr-defined]
+        # The count as a range on `kind` (what LIKE 'alert.%' means), so that it can use the
+        # kind index instead of scanning every event: 7 ms instead of 330 ms at 2.7 M events.
+        count_cond = cond if kind else (EventRow.kind >= "alert.") & (EventRow.kind < "alert/")  # type: ignore[operator]
+        total = s.exec(select(func.count()).select_from(EventRow).where(count_cond)).one()
+        return list(rows), int(total)

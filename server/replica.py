@@ -1,0 +1,496 @@
+"""A control-plane replica: wires the store, watches, leadership, scheduler, history and
+the operations the API and console call. `Muster.start()` / `Muster.shutdown()`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from server import memory, metrics
+
+from wire import subjects
+from server.api.auth import bootstrap_token
+from server.state.cluster import ClusterState, HostConfig
+from wire.errors import ConflictError, StoreError
+from server.health.rules import Health
+from server.history.historian import HistorianConfig, HistorianProcess
+from server.history.database import DB_FILE as HISTORY_DB_FILE
+from server.history.database import History
+from server.health.ingest import HeartbeatIngest, IngestConfig
+from server.state.lease import LeaseConfig, ThreadedLeadership
+from server.health.monitor import HealthMonitor
+from server.history.recorder import Recorder
+from wire.messages import Command, Event, Job, JobState, encode, new_id
+from server.scheduling.placement import NOT_HEALTHY, check
+from server.scheduling.scheduler import Scheduler, SchedulerConfig
+from wire.kv import Record, Store, Watch, Write, connect
+from server.state.streams import ensure_streams
+from wire.validation import validate_job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    nats_url: str = field(default_factory=lambda: os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"))
+    http_host: str = field(default_factory=lambda: os.environ.get("MUSTER_HTTP_HOST", "127.0.0.1"))
+    http_port: int = field(default_factory=lambda: int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
+    data_dir: Path = field(default_factory=lambda: Path(os.environ.get("MUSTER_DATA_DIR", ".muster")))
+    db_url: str | None = field(default_factory=lambda: os.environ.get("MUSTER_DB_URL"))
+    heartbeat_interval_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_HEARTBEAT_INTERVAL", "5")))
+    lease_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_LEASE_TTL", "5")))
+    replicas: int = field(default_factory=lambda: int(os.environ.get("MUSTER_REPLICAS", "1")))
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    production: bool = field(default_factory=lambda: os.environ.get("MUSTER_ENV", "") == "production")
+    history_retention_days: float | None = field(
+        default_factory=lambda: float(os.environ["MUSTER_HISTORY_RETENTION_DAYS"])
+        if os.environ.get("MUSTER_HISTORY_RETENTION_DAYS") else None)
+    finished_job_ttl_s: int = field(default_factory=lambda: int(os.environ.get("MUSTER_FINISHED_JOB_TTL", "3600")))
+    # Write history from a separate process (what `muster server` does); in-process
+    # when False (embedded use and tests).
+    history_process: bool = field(default_factory=lambda: os.environ.get("MUSTER_HISTORY_PROCESS", "0") == "1")
+    # Read heartbeats in a process of its own (server.health.ingest; what `muster server` does);
+    # on a connection of this process when False.
+    heartbeat_process: bool = field(
+        default_factory=lambda: os.environ.get("MUSTER_HEARTBEAT_PROCESS", "0") == "1")
+    # NATS credentials (an nkey seed file, see server.broker.natsauth) and client TLS.
+    nats_creds: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CREDS") or None)
+    nats_ca: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CA") or None)
+    nats_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CERT") or None)
+    nats_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_KEY") or None)
+    # HTTPS for the API and console (uvicorn ssl_certfile / ssl_keyfile).
+    tls_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_CERT") or None)
+    tls_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_KEY") or None)
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / HISTORY_DB_FILE}"
+
+
+@dataclass
+class HostView:
+    """A host as shown by the API and console."""
+
+    id: str
+    health: str
+    cordoned: bool
+    draining: bool
+    simulated: bool
+    labels: dict[str, str]
+    gpus: int
+    gpu_model: str
+    gpus_allocated: int
+    gpus_unhealthy: int
+    gpu_util_pct: float
+    cpus: int
+    cpu_pct: float
+    memory_mb: int
+    mem_used_mb: int
+    last_seen: float
+    tasks: int
+
+
+@dataclass
+class Summary:
+    hosts_total: int
+    hosts_healthy: int
+    hosts_suspect: int
+    hosts_lost: int
+    gpus_total: int
+    gpus_allocated: int
+    jobs: Counter[str]
+
+
+@dataclass
+class UserError:
+    field: str
+    message: str
+    code: str
+
+
+class Muster:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
+        self.nc: NATS | None = None
+        self.hb_nc: NATS | None = None
+        self.historian: HistorianProcess | None = None
+        self.ingest: HeartbeatIngest | None = None
+        self.store: Store | None = None
+        self.history: History | None = None
+        self.leadership: ThreadedLeadership | None = None
+        self.scheduler: Scheduler | None = None
+        self.new_token: str | None = None
+        self.started_at = time.time()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watches: list[Watch] = []
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        metrics.watch_gc()
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
+        self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,
+                                tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+        self.store = Store(self.nc, replicas=cfg.replicas)
+        await ensure_streams(self.store)
+        self.state.listeners.append(self._on_state)
+        self._watches.append(await self.store.watch(">", self.state.apply_state_record))
+        if cfg.heartbeat_process:
+            # Heartbeats (the bulk of the traffic) are read by a process of their own,
+            # which hands this one batches (server.health.ingest).
+            self.ingest = HeartbeatIngest(IngestConfig(
+                nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
+                nats_key=cfg.nats_key), self.state.apply_heartbeat, self._read_to)
+            self.ingest.start()
+        else:
+            # ... or arrive on a connection of their own, so lease renewals and commits
+            # never queue behind them.
+            self.hb_nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}-heartbeats",
+                                       creds=cfg.nats_creds, tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert,
+                                       tls_key=cfg.nats_key)
+            self._watches.append(
+                await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
+            )
+        for w in [*self._watches, *([self.ingest] if self.ingest else [])]:
+            await self._wait_synced(w)
+        memory.freeze_survivors()  # the loaded state: out of the collector's sight
+        self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)
+        lease_cfg = LeaseConfig(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.lease_ttl_s / 3.5,
+                                shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
+                                trust_local_clock=os.environ.get("MUSTER_TEST_IGNORE_LEASE_CLOCK") != "1")
+
+        def lease_connection():  # type: ignore[no-untyped-def]
+            return connect(cfg.nats_url, name=f"muster-server-{cfg.name}-lease", creds=cfg.nats_creds,
+                           tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+
+        # The lease is kept by a thread of its own (see ThreadedLeadership).
+        self.leadership = ThreadedLeadership(lease_connection, cfg.name, lease_cfg,
+                                             on_change=self._on_leadership, replicas=cfg.replicas)
+        self.scheduler = Scheduler(self.store, self.state, self.leadership,
+                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s),
+                                   caught_up=self._watches[0].caught_up)
+        self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
+        self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
+        if cfg.history_process:
+            self.historian = HistorianProcess(HistorianConfig(
+                nats_url=cfg.nats_url, database_url=cfg.database_url, retention_days=cfg.history_retention_days,
+                nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert, nats_key=cfg.nats_key))
+            self.historian.start()
+        else:
+            self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
+            self._tasks += [
+                asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
+                asyncio.create_task(self.history.run(self._stop), name="history"),
+            ]
+        if self.ingest is not None:
+            self._tasks.append(asyncio.create_task(self.ingest.run(self._stop), name="heartbeat-ingest"))
+        self._tasks += [
+            asyncio.create_task(memory.keep_frozen(self._stop), name="gc-freeze"),
+            asyncio.create_task(metrics.watch_loop_lag(self._stop), name="loop-lag"),
+            asyncio.create_task(self.leadership.run(self._stop), name="lease"),
+            asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
+            asyncio.create_task(self._gauges(), name="gauges"),
+        ]
+
+    @staticmethod
+    async def _wait_synced(w: Watch | HeartbeatIngest, stall_s: float = 30.0, every_s: float = 10.0) -> None:
+        """Wait until a watch has replayed its bucket. A large state (500,000 live jobs
+        take about a minute) is waited for as long as records keep arriving; only a watch
+        that makes no progress for `stall_s` is given up on (with a warning)."""
+        started = time.monotonic()
+        last, last_progress = -1, time.monotonic()
+        while not w.synced.is_set():
+            try:
+                await asyncio.wait_for(w.synced.wait(), timeout=every_s)
+            except asyncio.TimeoutError:
+                pass
+            if w.synced.is_set():
+                break
+            now = time.monotonic()
+            if w.received != last:
+                last, last_progress = w.received, now
+                log.info("loading %s: %d records in %.0f s", w.bucket, w.received, now - started)
+            elif now - last_progress >= stall_s:
+                log.warning("watch of %s made no progress for %.0f s (%d records); continuing unsynced",
+                            w.bucket, stall_s, w.received)
+                return
+        took = time.monotonic() - started
+        metrics.STATE_LOAD_SECONDS.labels(w.bucket).set(round(took, 1))
+        metrics.STATE_LOAD_RECORDS.labels(w.bucket).set(w.received)
+        if took > every_s:
+            log.info("loaded %s: %d records in %.0f s", w.bucket, w.received, took)
+
+    async def shutdown(self) -> None:
+        """Stop taking work, finish the current cycle, resign, flush history, drain NATS.
+        Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=10)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in self._watches:
+            await w.stop()
+        if self.historian is not None:
+            await asyncio.to_thread(self.historian.stop)
+        if self.ingest is not None:
+            await asyncio.to_thread(self.ingest.stop)
+        for nc in (self.hb_nc, self.nc):
+            if nc is not None and not nc.is_closed:
+                try:
+                    await asyncio.wait_for(nc.drain(), timeout=5)
+                except Exception:  # noqa: BLE001
+                    await nc.close()
+        if self.history is not None:
+            self.history.close()
+
+    def _on_heartbeat(self, rec: Record) -> None:
+        metrics.HEARTBEATS.inc()
+        self.state.apply_host_record(rec)  # moves the read clock itself
+        self._count_read(rec.behind, rec.skipped)
+
+    def _read_to(self, position: float, behind: int, local_now: float, skipped: int) -> None:
+        """The heartbeat ingest process has sent everything stored before `position`."""
+        self.state.clock.advance(position, behind, local_now, skipped)
+        self._count_read(behind, skipped)
+
+    @staticmethod
+    def _count_read(behind: int, skipped: int) -> None:
+        metrics.HEARTBEATS_PENDING.set(behind)
+        if skipped:
+            metrics.HEARTBEATS_SKIPPED.inc(skipped)
+
+    def _on_state(self, kind: str, obj: object) -> None:
+        if kind == "job" and self.history is not None and self.historian is None:
+            job = obj  # type: ignore[assignment]
+            assert isinstance(job, Job)
+            self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
+
+    def _on_leadership(self, leading: bool, term: int) -> None:
+        metrics.LEADER.set(1 if leading else 0)
+        if term:
+            metrics.TERM.set(term)
+
+    async def _gauges(self) -> None:
+        while not self._stop.is_set():
+            s = self.summary()
+            for h, n in (("HEALTHY", s.hosts_healthy), ("SUSPECT", s.hosts_suspect), ("LOST", s.hosts_lost)):
+                metrics.HOSTS.labels(h).set(n)
+            for st in JobState:
+                metrics.JOBS.labels(st.value).set(s.jobs.get(st.value, 0))
+            metrics.TERM.set(self.state.term)
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=2)
+            except asyncio.TimeoutError:
+                pass
+
+    @property
+    def ready(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leadership and self.leadership.leading else "follower"
+
+    # ------------------------------------------------------------ operations
+
+    def known_gpu_models(self) -> set[str]:
+        return self.state.index.models()
+
+    async def submit(self, data: dict[str, Any], user: str) -> tuple[Job | None, list[UserError]]:
+        """Validate and store a job (QUEUED). Nothing is stored when it is rejected."""
+        data = dict(data)
+        data.setdefault("user", user)
+        spec, errors = validate_job(data, self.known_gpu_models())
+        if spec is None:
+            return None, [UserError(e.field, e.message, e.code) for e in errors]
+        now = time.time()
+        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
+        assert self.store is not None
+        rev = await self.store.put(subjects.job_key(job.id), encode(job), expected=0, msg_id=job.id)
+        self.state.apply_job(job, rev)
+        metrics.SUBMISSIONS.inc()
+        return job, []
+
+    async def submit_many(
+        self, items: list[dict[str, Any]], user: str
+    ) -> list[tuple[Job | None, list[UserError]]]:
+        """Validate every job, then store the valid ones with pipelined writes."""
+        known = self.known_gpu_models()
+        now = time.time()
+        results: list[tuple[Job | None, list[UserError]]] = []
+        for data in items:
+            data = dict(data)
+            data.setdefault("user", user)
+            spec, errors = validate_job(data, known)
+            if spec is None:
+                results.append((None, [UserError(e.field, e.message, e.code) for e in errors]))
+            else:
+                results.append((Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now), []))
+        assert self.store is not None
+        jobs = [j for j, _ in results if j is not None]
+        # One atomic batch per request (up to 1,000 jobs): each key must not exist yet (a
+        # fresh id), and a retry after a lost reply is refused as a duplicate.
+        for i in range(0, len(jobs), 1000):
+            chunk = jobs[i : i + 1000]
+            res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk])
+            if not res.duplicate:
+                for j in chunk:
+                    self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
+        metrics.SUBMISSIONS.inc(len(jobs))
+        return results
+
+    async def cancel(self, job_id: str, by: str, reason: str = "") -> list[UserError]:
+        job = self.get_job(job_id)
+        if job is None:
+            return [UserError("id", f"no job {job_id}", "NOT_FOUND")]
+        if job.state.terminal:
+            return [UserError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")]
+        assert self.store is not None
+        cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason[:512])
+        try:
+            await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cancel: {exc}") from exc
+        return []
+
+    async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> list[UserError]:
+        """Cordon (no new placements) or uncordon (also ends a drain) a host."""
+        if cordoned and not reason.strip():
+            return [UserError("reason", "a reason is required", "REQUIRED")]
+        return await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason[:512], by=by,
+                                                           ts=time.time()))
+
+    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> list[UserError]:
+        """Drain a host: no new placements; what still runs after `deadline_s` is stopped
+        and requeued elsewhere."""
+        if not reason.strip():
+            return [UserError("reason", "a reason is required", "REQUIRED")]
+        if not 0 <= deadline_s <= 7 * 24 * 3600:
+            return [UserError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")]
+        now = time.time()
+        return await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True,
+                                                           drain_deadline=now + deadline_s,
+                                                           reason=reason[:512], by=by, ts=now))
+
+    async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> list[UserError]:
+        if host_id not in self.state.hosts:
+            return [UserError("id", f"no host {host_id}", "NOT_FOUND")]
+        assert self.store is not None
+        key = subjects.hostcfg_key(host_id)
+        for _ in range(5):
+            try:
+                rev = await self.store.put(key, cfg.model_dump_json().encode(),
+                                           expected=self.state.revisions.get(key, 0))
+                self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
+                action = "drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon")
+                ev = Event(kind=f"host.{action}", host_id=host_id, message=f"{action} by {cfg.by}: {cfg.reason}",
+                           data={"by": cfg.by, "reason": cfg.reason, "deadline": cfg.drain_deadline})
+                try:
+                    await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{action}", encode(ev))
+                except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort
+                    log.warning("host %s event not published", action)
+                return []
+            except ConflictError:
+                self.state.apply_state_record(await self.store.get(key))
+        return [UserError("id", "host settings changed concurrently; try again", "CONFLICT")]
+
+    def get_job(self, job_id: str) -> Job | None:
+        job = self.state.jobs.get(job_id)
+        if job is None and self.history is not None:
+            job = self.history.get_job(job_id)
+        return job
+
+    def why_pending(self, job: Job) -> dict[str, int]:
+        if job.state is not JobState.QUEUED:
+            return {}
+        # Read the capacity index in place (a fresh copy of 50,000 hosts' capacities per
+        # request cost seconds, mostly in garbage collection); health is checked now, as
+        # the planner does.
+        now = time.time()
+        reasons: Counter[str] = Counter()
+        for cap in self.state.index.caps.values():
+            if self.state.health(cap.id, now) is not Health.HEALTHY:
+                reasons[NOT_HEALTHY] += 1
+            elif (r := check(job.spec, cap)[0]) is not None:
+                reasons[r] += 1
+        return dict(reasons)
+
+    def queue_position(self, job: Job) -> int | None:
+        if job.state is not JobState.QUEUED:
+            return None
+        from server.scheduling.planner import queue_order
+
+        for i, j in enumerate(queue_order(self.state.queued()), start=1):
+            if j.id == job.id:
+                return i
+        return None
+
+    def host_view(self, host_id: str, now: float | None = None) -> HostView | None:
+        now = time.time() if now is None else now
+        entry = self.state.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            return None
+        hb = entry.latest()
+        assert hb is not None
+        alloc = self.state.allocs.get(host_id)
+        used = {i for t in alloc.tasks for i in t.gpu_indices} if alloc else set()
+        utils = [u.util_pct for u in hb.gpu_usage]
+        cfg = self.state.hostcfg.get(host_id)
+        return HostView(
+            id=host_id,
+            health=self.state.health(host_id, now).value,
+            cordoned=bool(cfg and cfg.cordoned),
+            draining=bool(cfg and cfg.draining),
+            simulated=hb.simulated,
+            labels=dict(hb.labels),
+            gpus=len(hb.gpus),
+            gpu_model=",".join(sorted({g.model for g in hb.gpus})) or "-",
+            gpus_allocated=len(used),
+            gpus_unhealthy=sum(1 for u in hb.gpu_usage if not u.healthy),
+            gpu_util_pct=round(sum(utils) / len(utils), 1) if utils else 0.0,
+            cpus=hb.cpus,
+            cpu_pct=round(hb.cpu_pct, 1),
+            memory_mb=hb.memory_mb,
+            mem_used_mb=hb.mem_used_mb,
+            last_seen=entry.seen_at,
+            tasks=len(alloc.tasks) if alloc else 0,
+        )
+
+    def host_views(self) -> list[HostView]:
+        now = time.time()
+        out = [self.host_view(h, now) for h in sorted(self.state.hosts)]
+        return [v for v in out if v is not None]
+
+    def summary(self) -> Summary:
+        idx = self.state.refresh_health(time.time())
+        healthy, suspect, lost = (idx.count(Health.HEALTHY), idx.count(Health.SUSPECT),
+                                  idx.count(Health.LOST))
+        gpus_total, allocated = self.state.gpus_present, self.state.gpus_allocated
+        return Summary(
+            hosts_total=healthy + suspect + lost,
+            hosts_healthy=healthy,
+            hosts_suspect=suspect,
+            hosts_lost=lost,
+            gpus_total=gpus_total,
+            gpus_allocated=allocated,
+            jobs=Counter({k: v for k, v in self.state.job_state_counts.items() if v}),
+        )

@@ -1,0 +1,489 @@
+"""The scheduler loop: runs while this replica leads, commits each cycle's plan atomically.
+
+Inputs: queued jobs (from the state watch), agent status reports (durable consumer on
+STATUS) and operator commands (durable consumer on CMDS). Each cycle takes a
+snapshot, asks the pure planner for decisions, and commits them as one revision-
+checked, term-fenced batch. Messages are acknowledged only after their effects are
+committed, so a new leader resumes where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import api as jsapi
+
+from server import metrics
+
+from wire import subjects
+from server.state.cluster import ClusterState
+from server.scheduling.eviction import EvictionBudget, EvictionConfig
+from wire.errors import ConflictError, DecodeError, FencedError, StoreError
+from server.state.lease import FENCE_SLOTS, Leadership
+from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
+from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
+from server.health.monitor import publish_alert
+from server.state.consumers import PullFeed, ensure_consumer
+from wire.kv import Store, Write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Cycle:
+    """A planned cycle: its decisions, the writes that commit them, the inputs it used."""
+
+    plan: Plan
+    now: float
+    writes: list[Write]
+    reports: list[tuple[Msg, StatusReport | None]]
+    commands: list[tuple[Msg, Command | None]]
+    submissions: list[tuple[Msg, SubmitRequest]]
+    slot: int = 0  # fence slot of its commit (one per commit in flight: see store.Fence)
+
+    def frozen(self) -> tuple[set[str], set[str]]:
+        return set(self.plan.jobs), set(self.plan.allocs)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    tick_s: float = 1.0  # full re-plan at least this often
+    fetch_batch: int = 500
+    max_keys_per_commit: int = 900
+    # Cycles whose commits may be in flight at once. Each later cycle leaves the records
+    # the earlier ones write alone, so the commits never conflict with each other; the
+    # leader plans while NATS stores (1 = plan, commit, wait, repeat). At most
+    # lease.FENCE_SLOTS: each commit in flight checks a fence key of its own.
+    pipeline: int = 3
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    # A finished job's record leaves the state bucket this long after it finished (the
+    # history database keeps it); 0 keeps it forever.
+    finished_job_ttl_s: int = 3600
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        state: ClusterState,
+        leadership: Leadership,
+        config: SchedulerConfig | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.store = store
+        # A read barrier: returns once the state watch has delivered everything stored
+        # before the call (Watch.caught_up). A new leader waits for it before it takes
+        # any input, or it would act on records older than the previous leader's last
+        # commits: a report for an attempt it has not seen yet would be dropped as stale.
+        self.caught_up = caught_up
+        self.state = state
+        self.leadership = leadership
+        self.config = config or SchedulerConfig()
+        self.wake = asyncio.Event()
+        self._reports: list[tuple[Msg, StatusReport | None]] = []
+        self._commands: list[tuple[Msg, Command | None]] = []
+        self._submissions: list[tuple[Msg, SubmitRequest]] = []
+        self.cycles = 0
+        self.placed = 0
+        self.conflicts = 0
+        self.budget = EvictionBudget(self.config.eviction)
+        self.disrupted: set[tuple[str, str]] = set()
+        self.last_plan: Plan | None = None
+        self.replans = 0  # plans dropped because they touched a record in flight (KeyInFlight)
+        self._inflight: dict[asyncio.Task[Plan], _Cycle] = {}
+        state.listeners.append(self._on_state)
+
+    def _on_state(self, kind: str, obj: object) -> None:
+        self.wake.set()
+
+    # ------------------------------------------------------------ inputs
+
+    def _decode_report(self, msg: Msg) -> StatusReport | None:
+        try:
+            r = decode(StatusReport, msg.data)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("status").inc()
+            log.warning("dropped status report on %s: %s", msg.subject, exc)
+            return None
+        if msg.subject != subjects.status_subject(r.host_id):
+            metrics.DROPPED.labels("status").inc()
+            log.warning("dropped status report: %s claims host %s", msg.subject, r.host_id)
+            return None
+        return r
+
+    def _decode_submission(self, msg: Msg) -> SubmitRequest | None:
+        try:
+            return decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("submission").inc()
+            log.warning("dropped submission: %s", exc)
+            return None
+
+    def _decode_command(self, msg: Msg) -> Command | None:
+        try:
+            return decode(Command, msg.data)
+        except DecodeError as exc:
+            metrics.DROPPED.labels("command").inc()
+            log.warning("dropped command: %s", exc)
+            return None
+
+    def _receiver(self, sink: list, decoder):  # type: ignore[no-untyped-def]
+        """What a pull feed does with each message: decode it onto the queue (a malformed
+        one is counted, acknowledged and dropped, never retried) and wake the loop."""
+
+        async def receive(m: Msg) -> None:
+            decoded = decoder(m)
+            if decoded is None:
+                try:
+                    await m.ack()
+                except Exception:  # noqa: BLE001
+                    pass
+                return
+            sink.append((m, decoded))
+            self.wake.set()
+
+        return receive
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Schedule whenever this replica leads, until `stop` is set."""
+        while not stop.is_set():
+            if not self.leadership.leading:
+                self.leadership.changed.clear()
+                stop_task = asyncio.ensure_future(stop.wait())
+                change_task = asyncio.ensure_future(self.leadership.changed.wait())
+                await asyncio.wait({stop_task, change_task}, return_when=asyncio.FIRST_COMPLETED)
+                stop_task.cancel()
+                change_task.cancel()
+                continue
+            try:
+                await self._lead(stop)
+            except asyncio.CancelledError:
+                raise
+            except (StoreError, NatsError, asyncio.TimeoutError, OSError) as exc:
+                # Expected in a cluster's life (NATS re-electing or reconnecting, another
+                # replica's term fencing this one): one line, and lead again if still leader.
+                log.warning("scheduling interrupted (%s: %s); starting again", type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+            except Exception:  # noqa: BLE001 - a bug: the whole traceback, and carry on leading
+                log.exception("scheduling interrupted; starting again")
+                await asyncio.sleep(0.5)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        term = self.leadership.term
+        if not await self._catch_up(stop, term):
+            return
+        log.info("scheduling as leader, term %d", term)
+        js = self.store.js
+        # A message taken by a leader that then died or froze returns after ack_wait:
+        # keep it close to the lease so a new leader sees it soon after taking over.
+        cfg = jsapi.ConsumerConfig(ack_wait=self.leadership.config.ttl_s + 1, max_ack_pending=100_000,
+                                   max_deliver=-1)
+        consumers = (
+            (subjects.STATUS_STREAM, "scheduler-status", f"{subjects.STATUS_PREFIX}.>", self._reports,
+             self._decode_report),
+            (subjects.CMDS_STREAM, "scheduler-cmds", f"{subjects.CMDS_PREFIX}.>", self._commands,
+             self._decode_command),
+            (subjects.SUBMIT_STREAM, "scheduler-submit", f"{subjects.SUBMIT_PREFIX}.>", self._submissions,
+             self._decode_submission),
+        )
+        leading_stop = asyncio.Event()
+        feeds = []
+        for stream, durable, subject, sink, decoder in consumers:
+            await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
+            feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
+                                  batch=self.config.fetch_batch))
+        fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
+        go_again = False
+        try:
+            while not stop.is_set() and self.leadership.leading and self.leadership.term == term:
+                if not go_again:
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
+                    except asyncio.TimeoutError:
+                        pass
+                self.wake.clear()
+                go_again = False
+                try:
+                    await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
+                    c = self._plan_next()
+                    if c is None:
+                        continue
+                    if not c.writes:
+                        await self._finish(c)  # acknowledgements and events only
+                        continue
+                    used = {x.slot for x in self._inflight.values()}
+                    c.slot = min(set(range(FENCE_SLOTS)) - used)
+                    task = asyncio.ensure_future(self._finish(c))
+                    self._inflight[task] = c
+                    task.add_done_callback(lambda _t: self.wake.set())
+                    go_again = bool(self._reports or self._commands or self._submissions) or (
+                        c.plan.placed > 0 and bool(self.state.queued_ids))
+                except FencedError as exc:
+                    self.leadership.step_down(str(exc))
+                except StoreError as exc:
+                    log.warning("cycle failed: %s", exc)
+                    await asyncio.sleep(0.1)
+        finally:
+            # Commits in flight end on their own (each has a timeout); their inputs are
+            # acknowledged, or put back and returned to the stream below.
+            if self._inflight:
+                await asyncio.wait(list(self._inflight), timeout=30)
+                for t in list(self._inflight):
+                    if not t.done():
+                        t.cancel()
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+                self._inflight.clear()
+            leading_stop.set()
+            for t in fetchers:
+                t.cancel()
+            await asyncio.gather(*fetchers, return_exceptions=True)
+            # Unacknowledged inputs go back to the stream for the next leader.
+            for m, _ in self._reports + self._commands + self._submissions:
+                try:
+                    await m.nak()
+                except Exception:  # noqa: BLE001
+                    pass
+            self._reports.clear()
+            self._commands.clear()
+            self._submissions.clear()
+
+    async def _catch_up(self, stop: asyncio.Event, term: int) -> bool:
+        """Wait for the read barrier (if any); False if leadership of `term` ended first."""
+        if self.caught_up is None:
+            return True
+        started = time.monotonic()
+        barrier = asyncio.ensure_future(self.caught_up())
+        while not barrier.done():
+            await asyncio.wait({barrier}, timeout=1.0)
+            if stop.is_set() or not self.leadership.leading or self.leadership.term != term:
+                barrier.cancel()
+                await asyncio.gather(barrier, return_exceptions=True)
+                return False
+        barrier.result()
+        took = time.monotonic() - started
+        metrics.CATCH_UP_SECONDS.observe(took)
+        log.info("leader of term %d caught up with the state in %.2f s", term, took)
+        return True
+
+    async def _reap(self, block: bool) -> None:
+        """Collect finished commits (waiting for one if `block`); re-raise a fence."""
+        if block and self._inflight:
+            await asyncio.wait(list(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+        fenced: FencedError | None = None
+        for t in [t for t in self._inflight if t.done()]:
+            del self._inflight[t]
+            if t.cancelled():
+                continue
+            exc = t.exception()
+            if isinstance(exc, FencedError):
+                fenced = exc
+            elif isinstance(exc, StoreError):
+                log.warning("cycle failed: %s", exc)
+            elif exc is not None:
+                log.error("commit failed", exc_info=exc)
+        if fenced is not None:
+            raise fenced
+
+    async def cycle(self) -> Plan | None:
+        """One scheduling cycle, committed before it returns: plan from the snapshot,
+        commit, acknowledge."""
+        c = self._plan_next()
+        if c is None:
+            return None
+        return await self._finish(c)
+
+    def _plan_next(self) -> _Cycle | None:
+        """Plan a cycle from the snapshot, leaving alone what the commits in flight write.
+        Takes the inputs it uses off the queues (the rest stay, in order)."""
+        if not self.leadership.leading:
+            return None
+        frozen_jobs: set[str] = set()
+        frozen_hosts: set[str] = set()
+        for c in self._inflight.values():
+            jobs, hosts = c.frozen()
+            frozen_jobs |= jobs
+            frozen_hosts |= hosts
+        self.cycles += 1
+        started = time.perf_counter()
+        reports_in = self._reports[: self.config.fetch_batch * 4]
+        commands_in = self._commands[: self.config.fetch_batch]
+        submissions_in = self._submissions[:100]
+        now = time.time()
+        term = self.leadership.term
+        try:
+            plan = plan_cycle(
+                self.state,
+                reports=[r for _, r in reports_in],
+                commands=[c for _, c in commands_in],
+                now=now,
+                term=term,
+                max_keys=self.config.max_keys_per_commit,
+                budget=self.budget,
+                submissions=[r for _, r in submissions_in],
+                frozen_jobs=frozen_jobs,
+                frozen_hosts=frozen_hosts,
+            )
+        except KeyInFlight as exc:
+            # A check missed a record in flight: plan again once nothing is in flight.
+            self.replans += 1
+            log.warning("cycle touched %s while its commit is in flight; planning again after it", exc)
+            self.wake.set()
+            return None
+        self.last_plan = plan
+        reports_in = self._take(self._reports, plan.reports_used, plan.deferred_reports)
+        commands_in = self._take(self._commands, plan.commands_used, plan.deferred_commands)
+        submissions_in = self._take(self._submissions, plan.submissions_used, plan.deferred_submissions)
+        for kind, deferred, waiting in (("status", plan.deferred_reports, self._reports),
+                                        ("command", plan.deferred_commands, self._commands),
+                                        ("submission", plan.deferred_submissions, self._submissions)):
+            if deferred:
+                metrics.INPUTS_DEFERRED.labels(kind).inc(len(deferred))
+            metrics.INPUTS_WAITING.labels(kind).set(len(waiting))
+        metrics.COMMITS_IN_FLIGHT.set(len(self._inflight) + 1)
+        metrics.QUEUE_DEPTH.set(len(self.state.queued_ids))
+        ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
+        writes = [
+            Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0),
+                  ttl=ttl if j.state.terminal and not self._live_attempt(j) else None)
+            for j in plan.jobs.values()
+        ] + [
+            Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
+            for h, a in plan.allocs.items()
+        ]
+        objects = list(plan.jobs.values()) + list(plan.allocs.values())
+        for w, obj in zip(writes, objects):
+            self.state.expect(w.key, w.value, obj)
+        metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
+        return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
+
+    @staticmethod
+    def _take(queue: list, used: int, deferred: list[int]) -> list:  # type: ignore[type-arg]
+        """Remove the first `used` inputs from `queue` and return them, except the
+        deferred ones, which stay at the front in their order."""
+        head = queue[:used]
+        del queue[:used]
+        if not deferred:
+            return head
+        skip = set(deferred)
+        queue[:0] = [x for i, x in enumerate(head) if i in skip]
+        return [x for i, x in enumerate(head) if i not in skip]
+
+    def _put_back(self, c: _Cycle) -> None:
+        """A cycle that did not commit: its inputs go back to the front of the queues."""
+        for w in c.writes:
+            self.state.unexpect(w.key)
+        self._reports[:0] = c.reports
+        self._commands[:0] = c.commands
+        self._submissions[:0] = c.submissions
+
+    async def _not_committed(self, c: _Cycle) -> None:
+        """A refused commit, or one whose outcome is unknown: its inputs go back, and its
+        keys are read again (the store has what our view may not)."""
+        self._put_back(c)
+        await self._refresh([w.key for w in c.writes])
+
+    async def _finish(self, c: _Cycle) -> Plan:
+        """Commit a planned cycle; once durable, acknowledge its inputs and publish."""
+        plan, now, writes = c.plan, c.now, c.writes
+        if writes:
+            started = time.perf_counter()
+            try:
+                res = await self.store.commit(writes, fence=self.leadership.fence(c.slot))
+            except FencedError:
+                metrics.COMMITS.labels("fenced").inc()
+                self._put_back(c)
+                raise
+            except ConflictError as exc:
+                metrics.COMMITS.labels("conflict").inc()
+                self.conflicts += 1
+                log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
+                await self._not_committed(c)
+                return plan
+            except BaseException:
+                metrics.COMMITS.labels("unknown").inc()
+                await self._not_committed(c)
+                raise
+            metrics.COMMITS.labels("ok").inc()
+            metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
+            if res.duplicate:
+                for w in writes:
+                    self.state.unexpect(w.key)
+                await self._refresh([w.key for w in writes])
+            for j in (() if res.duplicate else plan.jobs.values()):
+                self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
+            for h, a in (() if res.duplicate else plan.allocs.items()):
+                self.state.apply_alloc(a, res.revisions[subjects.alloc_key(h)])
+            if plan.placed:
+                self.placed += plan.placed
+                metrics.PLACEMENTS.inc(plan.placed)
+                for ev in plan.events:
+                    if ev.kind == "job.placed" and ev.job_id in plan.jobs:
+                        metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
+        # Effects are durable: acknowledge the inputs, then tell the world.
+        for m, _ in c.reports + c.commands + c.submissions:  # type: ignore[operator]
+            try:
+                await m.ack()
+            except Exception:  # noqa: BLE001 - redelivery is harmless (idempotent)
+                pass
+        if plan.accepted:
+            metrics.SUBMISSIONS.inc(plan.accepted)
+        for job_id, why in plan.rejected:
+            metrics.DROPPED.labels("submission").inc()
+            await self._publish([Event(kind="job.rejected", job_id=job_id, message=why)])
+        await self._publish(plan.events)
+        await self._alerts(plan, now)
+        if (plan.placed and len(self.state.queued_ids) > 0) or len(self._submissions) > 0:
+            self.wake.set()  # more may fit; go again at once
+        elif plan.paced:
+            asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
+        return plan
+
+    async def _alerts(self, plan: Plan, now: float) -> None:
+        nc = self.store.nc
+        for ev in plan.events:
+            if ev.kind == "job.failed":
+                await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev.model_copy())
+        for dom, lost in plan.disrupted.items():
+            if dom in self.disrupted:
+                continue
+            label, value = dom
+            size = sum(1 for e in self.state.hosts.values()
+                       if e.heartbeat and e.heartbeat.labels.get(label) == value)
+            cfg = self.budget.config
+            ev = Event(kind=subjects.ALERT_DOMAIN_DISRUPTED, ts=now,
+                       message=(f"{lost} of {size} hosts in {label}={value} lost within "
+                                f"{cfg.domain_window_s:g} s: suspected partition; rescheduling from it "
+                                f"is paced at {cfg.domain_rate_per_s:g}/s, only to where capacity exists; "
+                                f"KEEP_RUNNING work on hosts that return in time stays where it is"),
+                       data={"label": label, "value": value, "lost": lost, "size": size,
+                             "rate_per_s": cfg.domain_rate_per_s})
+            await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.domain.disrupted", encode(ev))
+            await publish_alert(nc, subjects.ALERT_DOMAIN_DISRUPTED, ev)
+        self.disrupted = set(plan.disrupted) | {d for d in self.disrupted if d in plan.disrupted}
+
+    @staticmethod
+    def _live_attempt(job) -> bool:  # type: ignore[no-untyped-def]
+        return any(not a.state.terminal for a in job.attempts)
+
+    async def _refresh(self, keys: list[str]) -> None:
+        for k in keys:
+            try:
+                self.state.apply_state_record(await self.store.get(k))
+            except StoreError as exc:
+                log.warning("refresh %s: %s", k, exc)
+
+    async def _publish(self, events: list[Event]) -> None:
+        for ev in events:
+            try:
+                await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.{ev.kind}", encode(ev))
+            except Exception:  # noqa: BLE001 - events are best effort; history has the truth
+                break

@@ -1,0 +1,40 @@
+"""Reads the recorded state from NATS and runs the invariant checks (`muster check`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from wire import subjects
+from server.state.cluster import ClusterState
+from server.state.invariants import Capacity, check
+from wire.kv import Store, connect
+
+
+async def load(store: Store) -> ClusterState:
+    """A full snapshot of the state and hosts buckets."""
+    state = ClusterState()
+    watches = [
+        await store.watch(">", state.apply_state_record),
+        await store.watch(">", state.apply_host_record, bucket=subjects.HOSTS_BUCKET),
+    ]
+    for w in watches:
+        await asyncio.wait_for(w.synced.wait(), timeout=60)
+        await w.stop()
+    return state
+
+
+def violations(state: ClusterState) -> list[str]:
+    capacity = {
+        h: Capacity(len(e.heartbeat.gpus), float(e.heartbeat.cpus), e.heartbeat.memory_mb)
+        for h, e in state.hosts.items()
+        if e.heartbeat is not None
+    }
+    return check(state.jobs.values(), capacity, state.allocs.values(), current_term=state.term)
+
+
+async def run_check(nats_url: str) -> list[str]:
+    nc = await connect(nats_url, name="muster-check")
+    try:
+        return violations(await load(Store(nc)))
+    finally:
+        await nc.close()

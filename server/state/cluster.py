@@ -1,0 +1,407 @@
+"""ClusterState: every server's in-memory view of the cluster, fed by KV watches.
+
+It holds the latest heartbeat of each host, every job record, every host
+allocation, operator host settings and the token hashes, each with its store
+revision. Records older than what is held are ignored, so the leader can apply
+its own commits at once and let the watch catch up later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from wire import subjects
+from wire.errors import DecodeError
+from server.health.rules import Health, host_health
+from server.health.index import HealthIndex
+from server.health.readclock import ReadClock
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
+    SHAPE_HEADER,
+    Heartbeat,
+    HostAlloc,
+    Job,
+    JobState,
+    decode,
+    shape_digest,
+)
+from server.scheduling.capacity import CapacityIndex
+from server.scheduling.eviction import host_domains
+from server.scheduling.placement import HostCapacity
+from wire.records import Record
+
+log = logging.getLogger(__name__)
+
+
+class HostConfig(BaseModel):
+    """Operator settings of a host (`hostcfg.<host>`). A draining host is also cordoned;
+    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere."""
+
+    cordoned: bool = False
+    draining: bool = False
+    drain_deadline: float = 0.0
+    reason: str = ""
+    by: str = ""
+    ts: float = 0.0
+
+
+class TokenInfo(BaseModel):
+    name: str
+    role: str = "operator"
+    created_at: float = 0.0
+
+
+@dataclass
+class HostEntry:
+    """A host as last heard of. `heartbeat` is the last decoded heartbeat; heartbeats
+    whose shape header was unchanged are kept raw (`raw`) and decoded only when read."""
+
+    host_id: str
+    heartbeat: Heartbeat | None
+    revision: int
+    seen_at: float
+    present: bool = True
+    lost_at: float | None = None
+    shape: str | None = None
+    raw: bytes | None = None
+
+    def latest(self) -> Heartbeat | None:
+        """The newest heartbeat, decoding a raw one on demand."""
+        if self.raw is not None:
+            try:
+                hb = decode(Heartbeat, self.raw)
+                if hb.host_id == self.host_id:
+                    self.heartbeat = hb
+            except DecodeError:
+                pass
+            self.raw = None
+        return self.heartbeat
+
+
+@dataclass
+class ClusterState:
+    heartbeat_interval_s: float = 5.0
+    hosts: dict[str, HostEntry] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    allocs: dict[str, HostAlloc] = field(default_factory=dict)
+    hostcfg: dict[str, HostConfig] = field(default_factory=dict)
+    tokens: dict[str, TokenInfo] = field(default_factory=dict)
+    revisions: dict[str, int] = field(default_factory=dict)
+    term: int = 0
+    leader: str = ""
+    dropped: Counter[str] = field(default_factory=Counter)
+    listeners: list[Callable[[str, object], None]] = field(default_factory=list)
+    index: CapacityIndex = field(default_factory=CapacityIndex)
+    queued_ids: set[str] = field(default_factory=set)
+    job_state_counts: Counter[str] = field(default_factory=Counter)
+    # Records this process is committing (key -> encoded value, object): when the watch
+    # brings the same bytes back, the object is used instead of decoding them again.
+    written: dict[str, tuple[bytes, object]] = field(default_factory=dict)
+    # Hosts whose heartbeat key expired (entry.present False), kept as heartbeats arrive
+    # so the planner need not walk every host each cycle.
+    absent: set[str] = field(default_factory=set)
+    # Hosts with an alloc record but no record in the hosts bucket at all (their key
+    # expired and was removed before this process started), kept the same way.
+    unheard: set[str] = field(default_factory=set)
+    _domain_sizes: dict[tuple[str, str], int] | None = None
+    # Every host's health as of its last refresh (HealthMonitor, summaries), kept from
+    # the heartbeats and expiries applied here instead of a pass over every host.
+    health_index: HealthIndex = field(default_factory=HealthIndex)
+    # How far the heartbeats have been read, on the store's clock: health is judged at
+    # its time, not the wall clock's (server.health.readclock).
+    clock: ReadClock = field(default_factory=ReadClock)
+    # GPUs of present hosts, and GPUs allocated to tasks: kept as records arrive.
+    gpus_present: int = 0
+    gpus_allocated: int = 0
+
+    def __post_init__(self) -> None:
+        self.clock.settle_s = self.heartbeat_interval_s
+
+    def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
+        old = self.allocs.pop(host_id, None)
+        if old is not None:
+            self.gpus_allocated -= sum(len(t.gpu_indices) for t in old.tasks)
+        if alloc is not None:
+            self.allocs[host_id] = alloc
+            self.gpus_allocated += sum(len(t.gpu_indices) for t in alloc.tasks)
+            if host_id not in self.hosts:
+                self.unheard.add(host_id)
+        else:
+            self.unheard.discard(host_id)
+
+    def _drop_job(self, job_id: str) -> None:
+        old = self.jobs.pop(job_id, None)
+        if old is not None:
+            self.job_state_counts[old.state.value] -= 1
+        self.queued_ids.discard(job_id)
+
+    def _set_job(self, job: Job) -> None:
+        old = self.jobs.get(job.id)
+        if old is not None:
+            self.job_state_counts[old.state.value] -= 1
+        self.job_state_counts[job.state.value] += 1
+        self.jobs[job.id] = job
+        if job.state is JobState.QUEUED:
+            self.queued_ids.add(job.id)
+        else:
+            self.queued_ids.discard(job.id)
+
+    def _index_host(self, host_id: str) -> None:
+        """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings."""
+        entry = self.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            self.index.remove(host_id)
+            return
+        hb = entry.heartbeat
+        cfg = self.hostcfg.get(host_id)
+        cap = HostCapacity(
+            id=host_id,
+            schedulable=entry.present,
+            cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
+            gpu_models={g.index: g.model for g in hb.gpus},
+            unhealthy_gpus=frozenset(u.index for u in hb.gpu_usage if not u.healthy),
+            cpus=float(hb.cpus),
+            memory_mb=hb.memory_mb,
+            labels=dict(hb.labels),
+        )
+        alloc = self.allocs.get(host_id)
+        if alloc:
+            for t in alloc.tasks:
+                cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+        self.index.put(cap)
+
+    @staticmethod
+    def _shape(hb: Heartbeat | None) -> tuple[object, ...] | None:
+        if hb is None:
+            return None
+        return (tuple((g.index, g.model) for g in hb.gpus),
+                tuple(u.index for u in hb.gpu_usage if not u.healthy), hb.cpus, hb.memory_mb,
+                tuple(sorted(hb.labels.items())))
+
+    # ------------------------------------------------------------ feeding
+
+    def _notify(self, kind: str, obj: object) -> None:
+        for fn in self.listeners:
+            try:
+                fn(kind, obj)
+            except Exception:  # noqa: BLE001
+                log.exception("listener failed on %s", kind)
+
+    def apply_host_record(self, rec: Record, now: float | None = None) -> None:
+        """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry. A
+        watched record is stamped with the store's time and moves the read clock."""
+        local = time.time() if now is None else now
+        self.apply_heartbeat(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER),
+                             rec.stamp or local)
+        if rec.stamp:
+            self.clock.advance(rec.stamp, rec.behind, local, rec.skipped)
+
+    def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
+                        now: float) -> None:
+        """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`) or its
+        expiry marker (`value` None), stored at `revision` and at time `now` (the store's
+        time when known, else when it was received)."""
+        entry = self.hosts.get(key)
+        if entry is not None and revision <= entry.revision:
+            return
+        if value is None:
+            self.absent.add(key)
+            if entry is None:
+                self.hosts[key] = HostEntry(key, None, revision, now, False, now)
+                self.unheard.discard(key)
+            else:
+                entry.revision = revision
+                if entry.present:
+                    entry.present = False
+                    entry.lost_at = now
+                    if entry.heartbeat is not None:
+                        self.gpus_present -= len(entry.heartbeat.gpus)
+                    self.health_index.expired(key, entry.seen_at)
+                    self._index_host(key)
+                    self._notify("host_lost", entry)
+            return
+        if (entry is not None and entry.present and entry.heartbeat is not None and shape
+                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES):
+            # Same shape as the last decoded heartbeat: liveness only; decode when read.
+            self.health_index.seen(key, entry.seen_at, now)
+            entry.revision = revision
+            entry.seen_at = now
+            entry.raw = value
+            return
+        try:
+            hb = decode(Heartbeat, value)
+        except DecodeError as exc:
+            self.dropped["heartbeat"] += 1
+            log.warning("dropped heartbeat for %s: %s", key, exc)
+            return
+        if hb.host_id != key:
+            self.dropped["heartbeat"] += 1
+            log.warning("dropped heartbeat: key %s carries host %s", key, hb.host_id)
+            return
+        was_present = entry.present if entry else False
+        before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
+        self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
+                                    shape if shape == shape_digest(hb) else None)
+        self.unheard.discard(key)
+        self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
+        if was_present and entry is not None and entry.heartbeat is not None:
+            self.gpus_present -= len(entry.heartbeat.gpus)
+        self.gpus_present += len(hb.gpus)
+        self.absent.discard(key)
+        if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
+            self._domain_sizes = None
+        if not was_present or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
+            self._index_host(key)
+        if not was_present:
+            self._notify("host_up", self.hosts[key])
+        for u in hb.gpu_usage:
+            if not u.healthy and u.index not in before:
+                self._notify("gpu_unhealthy", (key, u))
+
+    def apply_state_record(self, rec: Record) -> None:
+        key = rec.key
+        if rec.revision <= self.revisions.get(key, 0):
+            return
+        self.revisions[key] = rec.revision
+        kind, _, name = key.partition(".")
+        try:
+            if kind == "job":
+                if rec.value is None:
+                    self._drop_job(name)
+                    return
+                own = self.written.pop(key, None)
+                job = own[1] if own is not None and own[0] == rec.value and isinstance(own[1], Job) \
+                    else decode(Job, rec.value, limit=MAX_RECORD_BYTES)
+                self._set_job(job)
+                self._notify("job", job)
+            elif kind == "alloc":
+                if rec.value is None:
+                    self._set_alloc(name, None)
+                else:
+                    own = self.written.pop(key, None)
+                    self._set_alloc(name, own[1] if (own is not None and own[0] == rec.value
+                                                     and isinstance(own[1], HostAlloc))
+                                    else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES))
+                self._index_host(name)
+            elif kind == "hostcfg":
+                if rec.value is None:
+                    self.hostcfg.pop(name, None)
+                else:
+                    self.hostcfg[name] = decode(HostConfig, rec.value)
+                self._index_host(name)
+                self._notify("hostcfg", name)
+            elif kind == "auth" and name.startswith("token."):
+                h = name[len("token.") :]
+                if rec.value is None:
+                    self.tokens.pop(h, None)
+                else:
+                    self.tokens[h] = decode(TokenInfo, rec.value)
+            elif key == "term":
+                self.term = rec.revision
+            elif key == "lease":
+                self.leader = (rec.value or b"").decode(errors="replace")
+        except DecodeError as exc:
+            self.dropped[kind] += 1
+            log.warning("dropped state record %s: %s", key, exc)
+
+    def expect(self, key: str, value: bytes, obj: object) -> None:
+        """This process is committing `obj` (encoded as `value`) to `key`: when the watch
+        brings those bytes back, take the object instead of decoding them again."""
+        self.written[key] = (value, obj)
+
+    def unexpect(self, key: str) -> None:
+        """The commit of `key` did not happen (or its outcome is unknown)."""
+        self.written.pop(key, None)
+
+    def apply_job(self, job: Job, revision: int) -> None:
+        self.written.pop(subjects.job_key(job.id), None)
+        if revision <= self.revisions.get(subjects.job_key(job.id), 0):
+            return
+        self.revisions[subjects.job_key(job.id)] = revision
+        self._set_job(job)
+        self._notify("job", job)
+
+    def apply_alloc(self, alloc: HostAlloc, revision: int) -> None:
+        key = subjects.alloc_key(alloc.host_id)
+        self.written.pop(key, None)
+        if revision <= self.revisions.get(key, 0):
+            return
+        self.revisions[key] = revision
+        self._set_alloc(alloc.host_id, alloc)
+        self._index_host(alloc.host_id)
+
+    # ------------------------------------------------------------ views
+
+    def health_time(self, now: float | None = None) -> float:
+        """The time to judge heartbeats' age at, for the local time `now`: how far they
+        have been read (server.health.readclock), the local time until any were."""
+        return self.clock.now(time.time() if now is None else now)
+
+    def health(self, host_id: str, now: float | None = None) -> Health:
+        entry = self.hosts.get(host_id)
+        if entry is None:
+            return Health.LOST
+        now = self.health_time(now)
+        return host_health(
+            present=entry.present,
+            last_seen=entry.seen_at,
+            now=now,
+            interval_s=self.heartbeat_interval_s,
+        )
+
+    def capacities(self, now: float | None = None) -> dict[str, HostCapacity]:
+        """A fresh working copy of every known host's capacity and current usage."""
+        now = time.time() if now is None else now
+        out: dict[str, HostCapacity] = {}
+        for host_id, entry in self.hosts.items():
+            hb = entry.heartbeat
+            if hb is None:
+                continue
+            cfg = self.hostcfg.get(host_id)
+            unhealthy = frozenset(u.index for u in hb.gpu_usage if not u.healthy)
+            cap = HostCapacity(
+                id=host_id,
+                schedulable=self.health(host_id, now) is Health.HEALTHY,
+                cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
+                gpu_models={g.index: g.model for g in hb.gpus},
+                unhealthy_gpus=unhealthy,
+                cpus=float(hb.cpus),
+                memory_mb=hb.memory_mb,
+                labels=dict(hb.labels),
+            )
+            alloc = self.allocs.get(host_id)
+            if alloc:
+                for t in alloc.tasks:
+                    cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+            out[host_id] = cap
+        return out
+
+    def refresh_health(self, now: float) -> HealthIndex:
+        """The health index brought up to `now` (see server.health.index)."""
+        self.health_index.refresh(self.hosts, self.health_time(now), self.heartbeat_interval_s)
+        return self.health_index
+
+    def domain_sizes(self) -> dict[tuple[str, str], int]:
+        """Hosts per failure domain (server.scheduling.eviction.host_domains of their labels), every
+        host ever heard of counted; recomputed only after a host's labels changed."""
+        if self._domain_sizes is None:
+            sizes: dict[tuple[str, str], int] = {}
+            for e in self.hosts.values():
+                if e.heartbeat:
+                    for d in host_domains(e.heartbeat.labels):
+                        sizes[d] = sizes.get(d, 0) + 1
+            self._domain_sizes = sizes
+        return self._domain_sizes
+
+    def job_counts(self) -> Counter[str]:
+        return Counter({k: v for k, v in self.job_state_counts.items() if v})
+
+    def queued(self) -> list[Job]:
+        return [self.jobs[i] for i in self.queued_ids]

@@ -1,0 +1,140 @@
+"""The JetStream streams and KV buckets Muster needs, created (or updated) by the control
+plane: `ensure_streams(store)` at server start-up, by `muster nats --cluster`, and by the
+benchmark.
+
+A NATS cluster that has just started may not answer JetStream requests yet: its meta
+leader is still being elected (requests time out or are refused as unavailable), and a
+new replicated stream has no leader for a moment after it was created. `ensure_streams`
+waits that out, retrying within a deadline, and returns once every stream has a leader.
+A request refused for its content (a bad configuration) is not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.js import api as jsapi
+from nats.js import errors as jserrors
+
+from wire import subjects
+from wire.errors import StoreError
+from wire.kv import Store
+
+log = logging.getLogger(__name__)
+
+STREAM_IN_USE = 10058  # the stream exists with another configuration: update it
+READY_DEADLINE_S = 60.0
+_RETRY_S = 0.25
+
+
+def kv_stream(bucket: str, replicas: int, **extra: object) -> jsapi.StreamConfig:
+    """A KV bucket's stream: last value per key, per-message TTL, expiry markers."""
+    return jsapi.StreamConfig(
+        name=f"KV_{bucket}",
+        subjects=[f"$KV.{bucket}.>"],
+        retention=jsapi.RetentionPolicy.LIMITS,
+        max_msgs_per_subject=1,
+        discard=jsapi.DiscardPolicy.NEW,
+        storage=jsapi.StorageType.FILE,
+        num_replicas=replicas,
+        allow_rollup_hdrs=True,
+        deny_delete=True,
+        allow_direct=True,
+        allow_msg_ttl=True,
+        subject_delete_marker_ttl=60,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def log_stream(name: str, subject_list: list[str], replicas: int, *, work_queue: bool, max_age_days: int,
+               **extra: object) -> jsapi.StreamConfig:
+    """A stream of messages: a work queue (consumed once) or a retained log."""
+    return jsapi.StreamConfig(
+        name=name,
+        subjects=subject_list,
+        retention=jsapi.RetentionPolicy.WORK_QUEUE if work_queue else jsapi.RetentionPolicy.LIMITS,
+        storage=jsapi.StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age_days * 24 * 3600,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def stream_configs(replicas: int) -> list[jsapi.StreamConfig]:
+    """Every stream and bucket, in the order they are created."""
+    gib = 1024 * 1024 * 1024
+    return [
+        kv_stream(
+            subjects.STATE_BUCKET, replicas, allow_atomic=True, duplicate_window=120,
+            republish=jsapi.RePublish(src=f"$KV.{subjects.STATE_BUCKET}.alloc.>",
+                                      dest=f"{subjects.ASSIGN_PREFIX}.>"),
+        ),
+        kv_stream(subjects.HOSTS_BUCKET, replicas, duplicate_window=5),
+        log_stream(subjects.STATUS_STREAM, [f"{subjects.STATUS_PREFIX}.>"], replicas, work_queue=True,
+                   max_age_days=7, duplicate_window=120),
+        log_stream(subjects.CMDS_STREAM, [f"{subjects.CMDS_PREFIX}.>"], replicas, work_queue=True,
+                   max_age_days=7, duplicate_window=120),
+        log_stream(subjects.SUBMIT_STREAM, [f"{subjects.SUBMIT_PREFIX}.>"], replicas, work_queue=True,
+                   max_age_days=7, duplicate_window=120),
+        log_stream(subjects.EVENTS_STREAM,
+                   [f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"], replicas,
+                   work_queue=False, max_age_days=7, max_bytes=gib),
+        log_stream(subjects.ALERTS_STREAM, [f"{subjects.ALERTS_PREFIX}.>"], replicas, work_queue=False,
+                   max_age_days=30, max_bytes=gib),
+    ]
+
+
+async def ensure_streams(store: Store, deadline_s: float = READY_DEADLINE_S) -> None:
+    """Create (or update) every stream and bucket Muster needs, waiting for a cluster that
+    is still forming. Idempotent. Raises StoreError when JetStream refuses a
+    configuration, or is not ready within `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    for cfg in stream_configs(store.replicas):
+        await _ensure_stream(store, cfg, deadline)
+    for cfg in stream_configs(store.replicas):
+        await _wait_leader(store, cfg.name or "", deadline)
+
+
+async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float) -> None:
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            try:
+                await store.js.add_stream(cfg)
+            except jserrors.BadRequestError as exc:
+                if exc.err_code != STREAM_IN_USE:
+                    raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
+                await store.js.update_stream(cfg)
+            return
+        except StoreError:
+            raise
+        except jserrors.BadRequestError as exc:  # update refused: a configuration it cannot change
+            raise StoreError(f"cannot update stream {cfg.name}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - timeouts, no responders, 503: not ready yet
+            if time.monotonic() >= deadline:
+                raise StoreError(f"cannot create stream {cfg.name}: {exc} (JetStream not ready "
+                                 f"after {tries} tries)") from exc
+            if tries == 1 or tries % 20 == 0:
+                log.info("JetStream not ready for stream %s yet (%s: %s); retrying", cfg.name,
+                         type(exc).__name__, exc)
+            await asyncio.sleep(_RETRY_S)
+
+
+async def _wait_leader(store: Store, name: str, deadline: float) -> None:
+    """Wait until a replicated stream has a leader (a single server's always has)."""
+    if store.replicas <= 1:
+        return
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            info = await store.js.stream_info(name)
+            if info.cluster is not None and info.cluster.leader:
+                return
+            last = "no leader yet"
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+        await asyncio.sleep(_RETRY_S)
+    raise StoreError(f"stream {name} has no leader after the deadline ({last})")

@@ -1,0 +1,402 @@
+"""The NATS JetStream adapter both sides use: connection, reads, watches and atomic commits.
+
+Everything that touches NATS for durable state goes through here, and foreign
+exceptions become `StoreError`, `ConflictError` or `FencedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js import errors as jserrors
+
+from wire import natsclient, subjects
+from wire.errors import ConfigError, ConflictError, FencedError, StoreError
+from wire.records import Record, ack_position, is_tombstone
+from wire.tls import client_context
+
+log = logging.getLogger(__name__)
+
+WRONG_LAST_SEQUENCE = 10071
+# The same refusal without the current sequence in it (nats-server 2.12+ answers a batch
+# this way, e.g. when the fence's check against the `term` key fails). Seen in the
+# topology test: unrecognised, a deposed leader retried its stale commits for ever.
+WRONG_LAST_SEQUENCE_CONSTANT = 10164
+DUPLICATE_MSG_ID = 10201
+WATCH_HEARTBEAT_S = 1.0
+MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
+
+
+@dataclass
+class Write:
+    """One key write inside an atomic batch.
+
+    `expected` is the revision the key must still have (0 = must not exist, or be
+    expired); None means unchecked. `ttl` sets a per-message TTL ("15s")."""
+
+    key: str
+    value: bytes
+    expected: int | None = None
+    ttl: str | None = None
+
+
+@dataclass
+class Fence:
+    """Check, inside the same commit, that the leader's fence key still has the revision
+    it had when this leader took over: `term` itself (revision = the term) or one of
+    the `term.<n>` slot keys written with it. A clustered stream lets only one batch at a
+    time be in flight with a check on a given key (it refuses the others with err_code
+    10164), so commits in flight together each check a slot of their own."""
+
+    term: int
+    holder: str = ""
+    key: str = "term"
+    revision: int | None = None  # of `key` (0: absent); None: the key `term` at revision `term`
+
+    @property
+    def expected(self) -> int:
+        return self.term if self.revision is None else self.revision
+
+
+@dataclass
+class CommitResult:
+    revisions: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    # True when a retry found the batch already applied by an earlier try whose reply
+    # was lost: the caller should re-read the keys rather than trust its own values.
+    duplicate: bool = False
+
+
+async def connect(
+    url: str,
+    name: str,
+    *,
+    creds: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    **kw: object,
+) -> NATS:
+    """Connect with settings that notice a dead link quickly and never give up.
+
+    `creds` is an nkey seed file (see server.broker.natsauth); `tls_ca` (and optionally a client
+    `tls_cert`/`tls_key`) turn on TLS. Each falls back to MUSTER_NATS_CREDS,
+    MUSTER_NATS_CA, MUSTER_NATS_CERT and MUSTER_NATS_KEY."""
+    creds = creds or os.environ.get("MUSTER_NATS_CREDS") or None
+    tls_ca = tls_ca or os.environ.get("MUSTER_NATS_CA") or None
+    tls_cert = tls_cert or os.environ.get("MUSTER_NATS_CERT") or None
+    tls_key = tls_key or os.environ.get("MUSTER_NATS_KEY") or None
+    opts: dict[str, object] = dict(
+        servers=[u.strip() for u in url.split(",") if u.strip()],
+        name=name,
+        ping_interval=2,
+        max_outstanding_pings=3,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=3,
+        allow_reconnect=True,
+    )
+    if creds:
+        if not os.path.exists(creds):
+            raise StoreError(f"NATS credentials file {creds} does not exist")
+        opts["nkeys_seed"] = creds
+    try:
+        ctx = client_context(tls_ca, tls_cert, tls_key)
+    except ConfigError as exc:
+        raise StoreError(str(exc)) from exc
+    if ctx is not None:
+        opts["tls"] = ctx
+    opts.update(kw)
+    try:
+        return await natsclient.connect(**opts)
+    except Exception as exc:  # noqa: BLE001 - foreign errors become ours
+        raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
+
+
+class Store:
+    """Reads, watches and revision-checked writes of Muster's KV buckets (the streams
+    themselves are created by the control plane: server.state.streams)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        replicas: int = 1,
+        timeout: float = 5.0,
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=timeout)
+        self.replicas = replicas
+        self.timeout = timeout
+        self.commit_retries = 3
+        self.unknown_outcomes = 0
+
+    # ------------------------------------------------------------ reads
+
+    async def get(self, key: str, bucket: str = subjects.STATE_BUCKET) -> Record:
+        """Latest value of a key, read from the stream (expiry markers count as absent)."""
+        stream = f"KV_{bucket}"
+        try:
+            msg = await self.js.get_last_msg(stream, subjects.kv_subject(bucket, key), direct=True)
+        except jserrors.NotFoundError:
+            return Record(key, 0, None)
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cannot read {bucket}/{key}: {exc}") from exc
+        seq = int(msg.seq or 0)
+        if is_tombstone(msg.headers):
+            return Record(key, seq, None)
+        return Record(key, seq, msg.data or b"")
+
+    async def watch(
+        self,
+        pattern: str,
+        on_record: Callable[[Record], None],
+        bucket: str = subjects.STATE_BUCKET,
+    ) -> Watch:
+        """Watch keys matching `pattern` (the latest value of each, then every change).
+        `on_record` runs synchronously in the subscription callback."""
+        w = Watch(self, bucket, pattern, on_record)
+        await w.start()
+        return w
+
+    # ------------------------------------------------------------ writes
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected: int | None = None,
+        ttl: str | None = None,
+        bucket: str = subjects.STATE_BUCKET,
+        msg_id: str | None = None,
+    ) -> int:
+        """Single acked write, optionally revision-checked. Returns the new revision."""
+        headers: dict[str, str] = {}
+        if expected is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected)
+        if ttl is not None:
+            headers["Nats-TTL"] = ttl
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        try:
+            ack = await self.js.publish(
+                subjects.kv_subject(bucket, key), value, headers=headers or None, timeout=self.timeout
+            )
+        except jserrors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"{key}: revision is no longer {expected}") from exc
+            raise StoreError(f"write {key}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"write {key}: {exc}") from exc
+        return int(ack.seq)
+
+    async def commit(
+        self,
+        writes: list[Write],
+        fence: Fence | None = None,
+        bucket: str = subjects.STATE_BUCKET,
+    ) -> CommitResult:
+        """Apply `writes` (and the fence check) as one atomic batch: all or nothing.
+
+        Raises ConflictError when a revision check failed (FencedError when the
+        leadership term moved on), StoreError when the outcome is unknown. A retry
+        with the same writes is made idempotent by per-message Nats-Msg-Id."""
+        if not writes:
+            return CommitResult()
+        if len(writes) + (1 if fence else 0) > MAX_BATCH + 1:
+            raise StoreError(f"batch of {len(writes)} writes exceeds {MAX_BATCH}")
+        msgs: list[tuple[str, bytes, dict[str, str]]] = []
+        for w in writes:
+            h: dict[str, str] = {}
+            if w.expected is not None:
+                h["Nats-Expected-Last-Subject-Sequence"] = str(w.expected)
+            if w.ttl is not None:
+                h["Nats-TTL"] = w.ttl
+            msgs.append((subjects.kv_subject(bucket, w.key), w.value, h))
+        if fence is not None:
+            msgs.append(
+                (
+                    subjects.kv_subject(bucket, "fence" if fence.key == "term" else f"fence.{fence.key}"),
+                    json.dumps({"term": fence.term, "holder": fence.holder}).encode(),
+                    {
+                        "Nats-Expected-Last-Subject-Sequence": str(fence.expected),
+                        "Nats-Expected-Last-Subject-Sequence-Subject": subjects.kv_subject(bucket, fence.key),
+                    },
+                )
+            )
+        n = len(msgs)
+        # Deterministic message ids: a retry of the same batch after an unknown outcome
+        # is refused as a duplicate if the first try was applied, so it applies once.
+        digest = hashlib.sha256()
+        for subj, data, h in msgs:
+            digest.update(subj.encode() + b"\0" + h.get("Nats-Expected-Last-Subject-Sequence", "").encode()
+                          + b"\0" + hashlib.sha256(data).digest())
+        ident = digest.hexdigest()[:32]
+        for i, (_subj, _data, h) in enumerate(msgs, start=1):
+            h["Nats-Msg-Id"] = f"{ident}.{i}"
+        resp: dict = {}
+        for attempt in range(1, self.commit_retries + 1):
+            batch_id = uuid.uuid4().hex
+            try:
+                for i, (subj, data, h) in enumerate(msgs, start=1):
+                    hh = dict(h, **{"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
+                    if i < n:
+                        await self.nc.publish(subj, data, headers=hh)
+                    else:
+                        hh["Nats-Batch-Commit"] = "1"
+                        reply = await self.nc.request(subj, data, timeout=self.timeout, headers=hh)
+                resp = json.loads(reply.data or b"{}")
+                break
+            except ValueError as exc:
+                raise StoreError(f"commit: bad reply {reply.data[:200]!r}") from exc
+            except Exception as exc:  # noqa: BLE001 - timeout or connection loss: outcome unknown
+                self.unknown_outcomes += 1
+                log.warning("commit outcome unknown (try %d): %s", attempt, exc)
+                if attempt == self.commit_retries:
+                    raise StoreError(f"commit outcome unknown: {exc}") from exc
+                await asyncio.sleep(0.2 * attempt)
+        err = resp.get("error")
+        if err and err.get("err_code") == DUPLICATE_MSG_ID:
+            return CommitResult(duplicate=True)
+        if err:
+            code = err.get("err_code")
+            if code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
+                if fence is not None:
+                    current = await self.get("term", bucket)
+                    if current.revision != fence.term:
+                        raise FencedError(f"term {fence.term} superseded by {current.revision}")
+                    if fence.key != "term" and (await self.get(fence.key, bucket)).revision != fence.expected:
+                        raise FencedError(f"term {fence.term}: fence {fence.key} moved on")
+                raise ConflictError(err.get("description", "wrong last sequence"))
+            raise StoreError(f"commit rejected: {err}")
+        last = int(resp["seq"])
+        revisions = {}
+        first = last - n + 1
+        for i, w in enumerate(writes):
+            revisions[w.key] = first + i
+        return CommitResult(revisions=revisions, last_seq=last)
+
+
+def delivery_position(msg: Msg) -> tuple[int, int, float]:
+    """`ack_position` of a JetStream delivery, or nats-py's `Msg.metadata` for a reply
+    subject of another form (raises for what is not a JetStream delivery)."""
+    pos = ack_position(msg.reply)
+    if pos is None:
+        meta = msg.metadata
+        pos = (meta.sequence.stream, meta.num_pending, meta.timestamp.timestamp())
+    return pos
+
+
+class Watch:
+    """A KV watch built on an ordered push consumer; resumes across reconnects."""
+
+    def __init__(
+        self, store: Store, bucket: str, pattern: str, on_record: Callable[[Record], None]
+    ) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.pattern = pattern
+        self.on_record = on_record
+        self.synced = asyncio.Event()
+        self.received = 0  # records handed to on_record so far
+        self.last_seq = 0  # stream sequence of the last record handed to on_record
+        self._sub: JetStreamContext.PushSubscription | None = None
+        self._prefix = f"$KV.{bucket}."
+
+    async def start(self) -> None:
+        info = await self.store.js.stream_info(f"KV_{self.bucket}")
+        if info.state.messages == 0:
+            self.synced.set()
+
+        async def cb(msg: Msg) -> None:
+            try:
+                seq, pending, stamp = delivery_position(msg)
+                # `pending` counts what the store had not delivered yet; what it delivered
+                # and this client has not handed over yet waits in the subscription's queue.
+                sub = self._sub
+                if sub is not None:
+                    pending += sub.pending_msgs
+                key = msg.subject[len(self._prefix) :]
+                value = None if is_tombstone(msg.headers) else msg.data
+                skipped = seq - self.last_seq - 1 if self.synced.is_set() and self.last_seq else 0
+                self.on_record(Record(key, seq, value, msg.headers, stamp, pending, max(0, skipped)))
+                self.received += 1
+                if seq > self.last_seq:
+                    self.last_seq = seq
+                if pending == 0:
+                    self.synced.set()
+            except Exception:  # noqa: BLE001 - one bad record must not stop the watch
+                log.exception("watch %s: handling %s failed", self.bucket, msg.subject)
+
+        self._sub = await self.store.js.subscribe(
+            f"{self._prefix}{self.pattern}",
+            stream=f"KV_{self.bucket}",
+            cb=cb,
+            ordered_consumer=True,
+            # The server sends a heartbeat when idle; two missed ones make nats-py
+            # recreate the consumer. Its default (5 s) left a watch whose consumer died
+            # with its NATS node silent for 10 s; 1 s makes that 2 s.
+            idle_heartbeat=WATCH_HEARTBEAT_S,
+            deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=300,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1024 * 1024 * 1024,
+        )
+        if not self.synced.is_set():
+            try:
+                ci = await self._sub.consumer_info()
+                if ci.num_pending == 0 and self._sub.delivered == 0:
+                    self.synced.set()
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def caught_up(self, poll_s: float = 0.05) -> None:
+        """Return once every record stored before the call has been handed to `on_record`
+        (a read barrier: a new leader must not act on a view older than its lease).
+
+        The target is the stream's last sequence now. That record may be gone (expired)
+        and never arrive: then the consumer having nothing left to deliver beyond what
+        was handed over also counts. Errors (a consumer being recreated, NATS electing a
+        stream leader) are waited out; cancel the caller to give up."""
+        stream = f"KV_{self.bucket}"
+        while True:
+            try:
+                target = (await self.store.js.stream_info(stream)).state.last_seq
+                break
+            except Exception as exc:  # noqa: BLE001
+                log.debug("watch %s: stream info: %s", self.bucket, exc)
+                await asyncio.sleep(0.2)
+        checked = 0.0
+        loop = asyncio.get_running_loop()
+        while self.last_seq < target:
+            if self._sub is not None and loop.time() - checked >= 0.5:
+                checked = loop.time()
+                try:
+                    ci = await self._sub.consumer_info()
+                    if ci.num_pending == 0 and (ci.delivered.stream_seq or 0) <= self.last_seq \
+                            and self._sub.pending_msgs == 0:
+                        return
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("watch %s: consumer info: %s", self.bucket, exc)
+            await asyncio.sleep(poll_s)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+            self._sub = None
+

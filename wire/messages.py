@@ -1,0 +1,343 @@
+"""Wire and storage formats: every message and KV record Muster reads or writes.
+
+All are pydantic models with a version field `v`; `decode()` is the one entry point for
+untrusted bytes: it enforces a size bound and the schema and raises `DecodeError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import ValidationError as PydanticValidationError
+
+from wire.errors import DecodeError
+
+MAX_MESSAGE_BYTES = 256 * 1024  # what agents and clients may send
+MAX_RECORD_BYTES = 1024 * 1024  # job and allocation records (NATS's default message limit)
+HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+LABEL_KEY_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "QUEUED"
+    PLACED = "PLACED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class AttemptState(str, enum.Enum):
+    PLACED = "PLACED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    LOST = "LOST"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (AttemptState.PLACED, AttemptState.RUNNING)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=False)
+
+    def to_json(self) -> bytes:
+        """The message or record as sent and stored (`encode`)."""
+        return self.model_dump_json(exclude_defaults=False).encode()
+
+
+# ---------------------------------------------------------------- heartbeats
+
+
+class GpuInfo(_Model):
+    index: int = Field(ge=0, le=63)
+    model: str = Field(max_length=64)
+    memory_mb: int = Field(ge=0)
+    uuid: str = Field(default="", max_length=96)
+
+
+class GpuUsage(_Model):
+    index: int = Field(ge=0, le=63)
+    util_pct: float = 0.0
+    mem_used_mb: int = 0
+    temp_c: float = 0.0
+    power_w: float = 0.0
+    healthy: bool = True
+    fault: str | None = None
+
+
+class Heartbeat(_Model):
+    v: Literal[1] = 1
+    host_id: str = Field(pattern=HOST_ID_PATTERN)
+    boot_id: str = Field(max_length=64)
+    seq: int = 0
+    ts: float
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    cpus: int = Field(ge=0, le=4096)
+    memory_mb: int = Field(ge=0)
+    gpu_usage: list[GpuUsage] = Field(default_factory=list, max_length=64)
+    cpu_pct: float = 0.0
+    mem_used_mb: int = 0
+    simulated: bool = False
+    agent_version: str = Field(default="", max_length=32)
+    # Highest leadership term this agent has seen (it refuses older ones).
+    term: int = 0
+
+
+SHAPE_HEADER = "Muster-Shape"
+
+
+def shape_digest(hb: Heartbeat) -> str:
+    """A digest of what placement needs from a heartbeat (GPUs, their health, CPU, RAM,
+    labels, boot). Sent as the `Muster-Shape` header so the control plane can take a
+    heartbeat with an unchanged shape as liveness alone, without decoding it."""
+    import hashlib
+
+    parts = [hb.host_id, hb.boot_id, str(hb.cpus), str(hb.memory_mb), str(hb.simulated)]
+    parts += [f"{g.index}:{g.model}:{g.memory_mb}" for g in hb.gpus]
+    parts += [f"u{u.index}:{u.fault}" for u in hb.gpu_usage if not u.healthy]
+    parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobSpec(_Model):
+    name: str = Field(max_length=128)
+    command: list[str] = Field(min_length=1, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    gpus: int = Field(default=0, ge=0, le=64)
+    gpu_model: str | None = None
+    cpus: float = Field(default=1.0, ge=0, le=4096)
+    memory_mb: int = Field(default=512, ge=0)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    user: str = Field(default="operator", max_length=64)
+    # What happens when the job's host is cut off: STOP (the agent fences itself and the
+    # work is replaced once the host is lost) or KEEP_RUNNING (the agent keeps the process
+    # and the control plane waits `replace_after_s` after the loss before replacing it).
+    on_disconnect: Literal["STOP", "KEEP_RUNNING"] = "STOP"
+    replace_after_s: float = Field(default=0.0, ge=0, le=7 * 24 * 3600)
+    # A gang: `replicas` tasks, each with the resources above, placed all at once or
+    # not at all, optionally all on hosts sharing one `rack` label; if one fails, all
+    # are stopped and the gang is retried as one.
+    replicas: int = Field(default=1, ge=1, le=256)
+    same_rack: bool = False
+
+
+class Attempt(_Model):
+    id: str
+    number: int  # the try: all tasks of a gang's try share it
+    task: int = 0  # index of the task within a gang
+    host_id: str
+    gpu_indices: list[int] = Field(default_factory=list)
+    state: AttemptState = AttemptState.PLACED
+    term: int = 0
+    placed_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    output_tail: str = ""
+    reason: str = ""
+
+
+class Job(_Model):
+    v: Literal[1] = 1
+    id: str
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    submitted_at: float
+    updated_at: float
+    attempts: list[Attempt] = Field(default_factory=list)
+    # Why the job is still queued: counted rejection reasons of the last placement try.
+    pending_reasons: dict[str, int] = Field(default_factory=dict)
+    not_before: float = 0.0
+    cancel_reason: str = ""
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def tries(self) -> int:
+        """How many tries were made (a gang's tasks of one try count once)."""
+        return self.attempts[-1].number if self.attempts else 0
+
+    def current_tasks(self) -> list[Attempt]:
+        """The attempts of the latest try (one, or one per gang task). Tries are appended
+        one after another (planner.place_queued), so they are the list's tail: no walk
+        over every attempt, which the planner asks for every status report."""
+        atts = self.attempts
+        if not atts:
+            return []
+        n = self.tries
+        i = len(atts) - 1
+        while i > 0 and atts[i - 1].number == n:
+            i -= 1
+        return atts[i:]
+
+
+# ---------------------------------------------------------------- allocations
+
+
+class Task(_Model):
+    """One task attempt assigned to a host: what the agent runs, and what it holds.
+
+    Immutable (a change is a new Task: `model_copy(update=...)`), so its JSON is made
+    once (`compact_json`) however often the host's record is rewritten around it."""
+
+    model_config = ConfigDict(frozen=True)
+    _json: bytes | None = PrivateAttr(default=None)
+
+    attempt_id: str
+    job_id: str
+    number: int
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    gpu_indices: list[int] = Field(default_factory=list)
+    cpus: float = 0.0
+    memory_mb: int = 0
+    term: int = 0
+    # Set when the job was cancelled or its host drained: the agent stops the process
+    # and reports KILLED.
+    stop: bool = False
+    # KEEP_RUNNING jobs: the agent does not stop this attempt when it fences itself.
+    keep_running: bool = False
+
+    def __eq__(self, other: object) -> bool:  # the fields only, not the cached JSON
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and it holds a dict
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Task:
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__pydantic_private__["_json"] = None  # pydantic copies private attributes: not this one
+        return copy
+
+    def compact_json(self) -> bytes:
+        """The task as JSON without the fields that hold their defaults (a decoder fills
+        them in again): what an `alloc` record lists, made once per task. (The cache is
+        read from pydantic's private dict: `self._json` takes BaseModel.__getattr__, ~30
+        times slower.)"""
+        private = self.__pydantic_private__
+        data = private.get("_json")
+        if data is None:
+            data = private["_json"] = self.model_dump_json(exclude_defaults=True).encode()
+        return data
+
+
+class HostAlloc(_Model):
+    """The `alloc.<host>` record: every attempt assigned to a host. It is both the
+    allocation ledger (checked against capacity) and the agent's assignment list."""
+
+    v: Literal[1] = 1
+    host_id: str
+    term: int = 0
+    tasks: list[Task] = Field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        """The record as stored: rewritten on every placement and completion on its
+        host, so built from each task's JSON, made once (`Task.compact_json`)."""
+        head = '{"v":%d,"host_id":%s,"term":%d,"tasks":[' % (self.v, json.dumps(self.host_id), self.term)
+        return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
+
+
+# ---------------------------------------------------------------- agent -> server
+
+
+class StatusReport(_Model):
+    v: Literal[1] = 1
+    host_id: str = Field(pattern=HOST_ID_PATTERN)
+    attempt_id: str = Field(max_length=128)
+    job_id: str = Field(max_length=128)
+    state: AttemptState
+    exit_code: int | None = None
+    output_tail: str = Field(default="", max_length=16384)
+    ts: float
+    term: int = 0
+    reason: str = Field(default="", max_length=512)
+
+
+# ---------------------------------------------------------------- api -> leader
+
+
+class Command(_Model):
+    v: Literal[1] = 1
+    kind: Literal["cancel"]
+    job_id: str = Field(max_length=128)
+    by: str = Field(default="", max_length=64)
+    reason: str = Field(default="", max_length=512)
+    ts: float = Field(default_factory=time.time)
+
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
+
+
+# Jobs in one NATS submission. The leader takes a submission whole into one commit beside
+# reports and commands (server/planner.py keeps 642 of a commit's 900 keys for inputs), so
+# a larger one could never be taken and would hold up every submission behind it.
+MAX_SUBMIT_JOBS = 500
+
+
+class SubmitRequest(_Model):
+    """A batch of jobs submitted over NATS (`muster.submit.<user>`). Each job is a dict
+    with a client-chosen `id` (so a retried publish cannot create it twice) and the same
+    fields as the GraphQL SubmitJobInput, in snake_case."""
+
+    v: Literal[1] = 1
+    user: str = Field(default="nats", max_length=64)
+    ts: float = 0.0
+    jobs: list[dict[str, object]] = Field(min_length=1, max_length=MAX_SUBMIT_JOBS)
+
+
+class Event(_Model):
+    """Published on `muster.events.<kind>` and recorded in history."""
+
+    v: Literal[1] = 1
+    kind: str
+    ts: float = Field(default_factory=time.time)
+    job_id: str | None = None
+    host_id: str | None = None
+    attempt_id: str | None = None
+    message: str = ""
+    data: dict[str, object] = Field(default_factory=dict)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode(model: _Model) -> bytes:
+    return model.to_json()
+
+
+def decode(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
+    """Decode untrusted bytes into `cls`, or raise DecodeError."""
+    if len(data) > limit:
+        raise DecodeError(f"{cls.__name__}: {len(data)} bytes exceeds {limit}")
+    try:
+        return cls.model_validate_json(data)
+    except PydanticValidationError as exc:
+        raise DecodeError(f"{cls.__name__}: {exc.error_count()} validation errors") from exc
+    except (ValueError, TypeError) as exc:  # pragma: no cover - defensive
+        raise DecodeError(f"{cls.__name__}: {exc}") from exc
+
+
+def new_id(prefix: str) -> str:
+    """Sortable unique id: millisecond time, then randomness."""
+    return f"{prefix}{int(time.time() * 1000):012x}{os.urandom(5).hex()}"

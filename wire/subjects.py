@@ -1,0 +1,76 @@
+"""Names of NATS buckets, streams and subjects: the protocol between the parts."""
+
+from __future__ import annotations
+
+# KV bucket of heartbeats: key = host id, per-key TTL = 3 heartbeat intervals.
+HOSTS_BUCKET = "hosts"
+# KV bucket of durable control-plane state. Keys:
+#   job.<id>        Job record (written by API on submit, then by the leader only)
+#   alloc.<host>    HostAlloc: the host's assigned attempts (the leader only)
+#   lease           the leader lease (TTL, renewed with a revision check)
+#   term            written once per leadership acquisition; its revision is the term
+#   term.<n>        fence slots 1..3, written with `term` (see store.Fence)
+#   fence           written in every leader commit, checked against `term`
+#   fence.term.<n>  the same for a commit checking slot `term.<n>`
+#   auth.token.<h>  hashed API tokens
+#   hostcfg.<host>  operator settings of a host (cordon, drain)
+STATE_BUCKET = "state"
+STATE_STREAM = f"KV_{STATE_BUCKET}"
+HOSTS_STREAM = f"KV_{HOSTS_BUCKET}"
+
+# Agents receive their `alloc.<host>` record republished on this core subject.
+ASSIGN_PREFIX = "muster.assign"
+# Agents report attempt state on this JetStream subject (stream STATUS).
+STATUS_STREAM = "STATUS"
+STATUS_PREFIX = "muster.status"
+# API replicas send commands to the leader (stream CMDS).
+CMDS_STREAM = "CMDS"
+CMDS_PREFIX = "muster.cmd"
+# Programs that speak NATS submit jobs here (stream SUBMIT), in batches of up to 1,000;
+# the leader turns them into job records in its next commit.
+SUBMIT_STREAM = "SUBMIT"
+SUBMIT_PREFIX = "muster.submit"
+
+# Events (job and host changes) and alerts, core NATS. Streams EVENTS and ALERTS keep
+# host/domain events and all alerts for history; plain subscribers get them live.
+EVENTS_PREFIX = "muster.events"
+ALERTS_PREFIX = "alerts"
+EVENTS_STREAM = "EVENTS"
+ALERTS_STREAM = "ALERTS"
+
+# Alert kinds, published on `alerts.<kind>` as Event JSON.
+ALERT_HOST_LOST = "host.lost"
+ALERT_HOST_RECOVERED = "host.recovered"
+ALERT_DOMAIN_DISRUPTED = "domain.disrupted"
+ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
+ALERT_JOB_FAILED = "job.failed"
+
+
+def job_key(job_id: str) -> str:
+    return f"job.{job_id}"
+
+
+def alloc_key(host_id: str) -> str:
+    return f"alloc.{host_id}"
+
+
+def hostcfg_key(host_id: str) -> str:
+    return f"hostcfg.{host_id}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    return f"$KV.{bucket}.{key}"
+
+
+def assign_subject(host_id: str) -> str:
+    return f"{ASSIGN_PREFIX}.{host_id}"
+
+
+def status_subject(host_id: str) -> str:
+    return f"{STATUS_PREFIX}.{host_id}"
+
+
+def agent_inbox_prefix(host_id: str) -> str:
+    """The inbox prefix an agent connects with; one token, so that no host's inbox
+    permission covers another's (`.` becomes `~`, which host names never contain)."""
+    return "_INBOX_" + host_id.replace(".", "~")

@@ -1,0 +1,131 @@
+"""Validation of user input into a JobSpec: pure, with one error per bad field."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from wire.errors import ValidationError
+from wire.messages import JobSpec
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+KNOWN_GPU_MODELS = frozenset(
+    {"H100", "H200", "B200", "GB200", "A100", "A10", "A30", "A40", "L4", "L40", "L40S",
+     "V100", "V100M16", "V100M32", "T4", "P100", "G2", "G3", "RTX6000", "RTX4090"}
+)
+MAX_GPUS = 64
+MAX_CPUS = 1024.0
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_ENV_BYTES = 64 * 1024
+MAX_ENV_VARS = 128
+
+
+def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tuple[JobSpec | None, list[ValidationError]]:
+    """Check a job submission; returns (spec, []) or (None, errors)."""
+    errors: list[ValidationError] = []
+
+    def err(field: str, message: str, code: str = "INVALID") -> None:
+        errors.append(ValidationError(field, message, code))
+
+    name = data.get("name") or ""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        err("name", "must be 1-128 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
+    command = data.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        err("command", "must be a non-empty list of strings", "EMPTY_COMMAND")
+    elif not command[0].strip():
+        err("command", "the program (first element) must not be empty", "EMPTY_COMMAND")
+    elif sum(len(c.encode()) for c in command) > MAX_COMMAND_BYTES or len(command) > 256:
+        err("command", f"must be at most 256 arguments and {MAX_COMMAND_BYTES} bytes", "TOO_LARGE")
+    elif any("\x00" in c for c in command):
+        err("command", "must not contain NUL characters")
+    env = data.get("env") or {}
+    if not isinstance(env, dict):
+        err("env", "must be a map of names to values")
+    else:
+        if len(env) > MAX_ENV_VARS or sum(len(str(k)) + len(str(v)) for k, v in env.items()) > MAX_ENV_BYTES:
+            err("env", f"must be at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes", "TOO_LARGE")
+        for k, v in env.items():
+            if not isinstance(k, str) or not ENV_KEY_RE.fullmatch(k) or not isinstance(v, str) or "\x00" in v:
+                err("env", f"invalid variable {str(k)[:40]!r}")
+                break
+    gpus = data.get("gpus", 0)
+    cpus = data.get("cpus", 1.0)
+    memory_mb = data.get("memory_mb", 512)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS:
+        err("gpus", f"must be a whole number from 0 to {MAX_GPUS}", "OUT_OF_RANGE")
+    if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not 0 < cpus <= MAX_CPUS or cpus != cpus:
+        err("cpus", f"must be more than 0 and at most {MAX_CPUS:g}", "OUT_OF_RANGE")
+    if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or not 0 < memory_mb <= MAX_MEMORY_MB:
+        err("memoryMb", f"must be more than 0 and at most {MAX_MEMORY_MB} MB", "OUT_OF_RANGE")
+    model = data.get("gpu_model") or None
+    if model is not None:
+        if not isinstance(model, str) or model not in KNOWN_GPU_MODELS.union(known_models):
+            err("gpuModel", f"unknown GPU model {str(model)[:32]!r}", "UNKNOWN_GPU_MODEL")
+        elif isinstance(gpus, int) and gpus == 0:
+            err("gpuModel", "a GPU model needs gpus of at least 1")
+    priority = data.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
+        err("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
+    max_attempts = data.get("max_attempts", 3)
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
+        err("maxAttempts", "must be from 1 to 100", "OUT_OF_RANGE")
+    cwd = data.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd):
+        err("cwd", "must be a path of at most 4096 characters")
+    on_disconnect = data.get("on_disconnect", "STOP")
+    if on_disconnect not in ("STOP", "KEEP_RUNNING"):
+        err("onDisconnect", "must be STOP or KEEP_RUNNING")
+    replace_after = data.get("replace_after_s", 0.0)
+    if (not isinstance(replace_after, (int, float)) or isinstance(replace_after, bool)
+            or not 0 <= replace_after <= 7 * 24 * 3600 or replace_after != replace_after):
+        err("replaceAfter", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
+    elif replace_after and on_disconnect != "KEEP_RUNNING":
+        err("replaceAfter", "only applies to onDisconnect: KEEP_RUNNING")
+    replicas = data.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 256:
+        err("replicas", "must be a whole number from 1 to 256", "OUT_OF_RANGE")
+    same_rack = data.get("same_rack", False)
+    if not isinstance(same_rack, bool):
+        err("sameRack", "must be true or false")
+    if errors:
+        return None, errors
+    spec = JobSpec(
+        name=name,
+        command=command,
+        env=env,
+        cwd=cwd,
+        gpus=gpus,
+        gpu_model=model,
+        cpus=float(cpus),
+        memory_mb=memory_mb,
+        priority=priority,
+        max_attempts=max_attempts,
+        user=str(data.get("user") or "operator")[:64],
+        on_disconnect=on_disconnect,
+        replace_after_s=float(replace_after),
+        replicas=replicas,
+        same_rack=same_rack,
+    )
+    return spec, []
+
+
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+MAX_LABELS = 32
+
+
+def validate_labels(labels: dict[str, str]) -> list[ValidationError]:
+    """Host labels: at most 32, keys like `rack` or `zone`, short plain values."""
+    errors: list[ValidationError] = []
+    if len(labels) > MAX_LABELS:
+        errors.append(ValidationError("labels", f"at most {MAX_LABELS} labels"))
+    for k, v in labels.items():
+        if not LABEL_KEY_RE.fullmatch(k):
+            errors.append(ValidationError("labels", f"invalid label key {k[:64]!r}"))
+        elif not LABEL_VALUE_RE.fullmatch(v):
+            errors.append(ValidationError("labels", f"invalid value for label {k!r}"))
+    return errors
