@@ -60,7 +60,7 @@ from bench.workload import GPU_MEMORY_MB, HostSpec, heartbeat_static, synthetic_
 from wire import natsclient
 from server.history.database import DB_FILE, AttemptRow, EventRow, History, JobRow, job_events
 from wire.messages import SHAPE_HEADER, Attempt, AttemptState, Job, JobSpec, JobState
-from server.api.schema import encode_cursor
+from server.api.graphql.cursors import encode_cursor
 
 PER_PAGE = 50  # console page size (web.console.PER_PAGE) and the GraphQL page asked for
 

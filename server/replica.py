@@ -9,7 +9,6 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from server import memory, metrics
 from wire import subjects
 from server.api.auth import bootstrap_token
 from server.state.cluster import ClusterState, HostConfig
-from wire.errors import ConflictError, StoreError
+from wire.errors import ConflictError, InvalidInput, NotFound, StoreError, ValidationError
 from server.health.rules import Health
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.database import DB_FILE as HISTORY_DB_FILE
@@ -31,8 +30,9 @@ from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.health.monitor import HealthMonitor
 from server.history.recorder import Recorder
 from wire.messages import Command, Event, Job, JobState, encode, new_id
-from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.views.hosts import HostTable
+from server.views.jobs import JobView
 from wire.kv import Record, Store, Watch, Write, connect
 from server.state.streams import ensure_streams
 from wire.validation import validate_job
@@ -77,51 +77,13 @@ class ServerConfig:
         return self.db_url or f"sqlite:///{self.data_dir / HISTORY_DB_FILE}"
 
 
-@dataclass
-class HostView:
-    """A host as shown by the API and console."""
-
-    id: str
-    health: str
-    cordoned: bool
-    draining: bool
-    simulated: bool
-    labels: dict[str, str]
-    gpus: int
-    gpu_model: str
-    gpus_allocated: int
-    gpus_unhealthy: int
-    gpu_util_pct: float
-    cpus: int
-    cpu_pct: float
-    memory_mb: int
-    mem_used_mb: int
-    last_seen: float
-    tasks: int
-
-
-@dataclass
-class Summary:
-    hosts_total: int
-    hosts_healthy: int
-    hosts_suspect: int
-    hosts_lost: int
-    gpus_total: int
-    gpus_allocated: int
-    jobs: Counter[str]
-
-
-@dataclass
-class UserError:
-    field: str
-    message: str
-    code: str
-
-
 class Muster:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
+        # The read models the API and the console show (server.views).
+        self.hosts: HostTable = self.state.host_table
+        self.jobs = JobView(self.state, None)
         self.nc: NATS | None = None
         self.hb_nc: NATS | None = None
         self.historian: HistorianProcess | None = None
@@ -144,6 +106,7 @@ class Muster:
         metrics.watch_gc()
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
+        self.jobs.history = self.history
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,
                                 tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
         self.store = Store(self.nc, replicas=cfg.replicas)
@@ -291,11 +254,11 @@ class Muster:
 
     async def _gauges(self) -> None:
         while not self._stop.is_set():
-            s = self.summary()
-            for h, n in (("HEALTHY", s.hosts_healthy), ("SUSPECT", s.hosts_suspect), ("LOST", s.hosts_lost)):
-                metrics.HOSTS.labels(h).set(n)
+            counts = self.hosts.counts(time.time())
+            for h in Health:
+                metrics.HOSTS.labels(h.value).set(counts.health[h.value])
             for st in JobState:
-                metrics.JOBS.labels(st.value).set(s.jobs.get(st.value, 0))
+                metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=2)
@@ -315,40 +278,38 @@ class Muster:
     def known_gpu_models(self) -> set[str]:
         return self.state.index.models()
 
-    async def submit(self, data: dict[str, Any], user: str) -> tuple[Job | None, list[UserError]]:
-        """Validate and store a job (QUEUED). Nothing is stored when it is rejected."""
+    async def submit(self, data: dict[str, Any], user: str) -> Job:
+        """Validate and store a job (QUEUED). Raises InvalidInput (nothing stored) when
+        it is rejected."""
         data = dict(data)
         data.setdefault("user", user)
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
-            return None, [UserError(e.field, e.message, e.code) for e in errors]
+            raise InvalidInput(errors)
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
         assert self.store is not None
         rev = await self.store.put(subjects.job_key(job.id), encode(job), expected=0, msg_id=job.id)
         self.state.apply_job(job, rev)
         metrics.SUBMISSIONS.inc()
-        return job, []
+        return job
 
-    async def submit_many(
-        self, items: list[dict[str, Any]], user: str
-    ) -> list[tuple[Job | None, list[UserError]]]:
-        """Validate every job, then store the valid ones with pipelined writes."""
+    async def submit_many(self, items: list[dict[str, Any]], user: str) -> list[Job | InvalidInput]:
+        """Validate every job, then store the valid ones in one atomic batch per 1,000;
+        each item's result is its job or why it was rejected."""
         known = self.known_gpu_models()
         now = time.time()
-        results: list[tuple[Job | None, list[UserError]]] = []
+        results: list[Job | InvalidInput] = []
         for data in items:
             data = dict(data)
             data.setdefault("user", user)
             spec, errors = validate_job(data, known)
-            if spec is None:
-                results.append((None, [UserError(e.field, e.message, e.code) for e in errors]))
-            else:
-                results.append((Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now), []))
+            results.append(InvalidInput(errors) if spec is None
+                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now))
         assert self.store is not None
-        jobs = [j for j, _ in results if j is not None]
-        # One atomic batch per request (up to 1,000 jobs): each key must not exist yet (a
-        # fresh id), and a retry after a lost reply is refused as a duplicate.
+        jobs = [j for j in results if isinstance(j, Job)]
+        # Each key must not exist yet (a fresh id), and a retry after a lost reply is
+        # refused as a duplicate.
         for i in range(0, len(jobs), 1000):
             chunk = jobs[i : i + 1000]
             res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk])
@@ -358,42 +319,41 @@ class Muster:
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
 
-    async def cancel(self, job_id: str, by: str, reason: str = "") -> list[UserError]:
-        job = self.get_job(job_id)
+    async def cancel(self, job_id: str, by: str, reason: str = "") -> None:
+        """Ask the leader to cancel a job. Raises NotFound, or ValidationError
+        (ALREADY_FINISHED) for a job that has ended."""
+        job = self.jobs.get(job_id)
         if job is None:
-            return [UserError("id", f"no job {job_id}", "NOT_FOUND")]
+            raise NotFound(f"no job {job_id}")
         if job.state.terminal:
-            return [UserError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")]
+            raise ValidationError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")
         assert self.store is not None
         cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason[:512])
         try:
             await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cancel: {exc}") from exc
-        return []
 
-    async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> list[UserError]:
+    async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""
         if cordoned and not reason.strip():
-            return [UserError("reason", "a reason is required", "REQUIRED")]
-        return await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason[:512], by=by,
-                                                           ts=time.time()))
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason[:512], by=by, ts=time.time()))
 
-    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> list[UserError]:
+    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> None:
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
         and requeued elsewhere."""
         if not reason.strip():
-            return [UserError("reason", "a reason is required", "REQUIRED")]
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
         if not 0 <= deadline_s <= 7 * 24 * 3600:
-            return [UserError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")]
+            raise ValidationError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
         now = time.time()
-        return await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True,
-                                                           drain_deadline=now + deadline_s,
-                                                           reason=reason[:512], by=by, ts=now))
+        await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True, drain_deadline=now + deadline_s,
+                                                    reason=reason[:512], by=by, ts=now))
 
-    async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> list[UserError]:
+    async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> None:
         if host_id not in self.state.hosts:
-            return [UserError("id", f"no host {host_id}", "NOT_FOUND")]
+            raise NotFound(f"no host {host_id}")
         assert self.store is not None
         key = subjects.hostcfg_key(host_id)
         for _ in range(5):
@@ -408,89 +368,7 @@ class Muster:
                     await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{action}", encode(ev))
                 except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort
                     log.warning("host %s event not published", action)
-                return []
+                return
             except ConflictError:
                 self.state.apply_state_record(await self.store.get(key))
-        return [UserError("id", "host settings changed concurrently; try again", "CONFLICT")]
-
-    def get_job(self, job_id: str) -> Job | None:
-        job = self.state.jobs.get(job_id)
-        if job is None and self.history is not None:
-            job = self.history.get_job(job_id)
-        return job
-
-    def why_pending(self, job: Job) -> dict[str, int]:
-        if job.state is not JobState.QUEUED:
-            return {}
-        # Read the capacity index in place (a fresh copy of 50,000 hosts' capacities per
-        # request cost seconds, mostly in garbage collection); health is checked now, as
-        # the planner does.
-        now = time.time()
-        reasons: Counter[str] = Counter()
-        for cap in self.state.index.caps.values():
-            if self.state.health(cap.id, now) is not Health.HEALTHY:
-                reasons[NOT_HEALTHY] += 1
-            elif (r := check(job.spec, cap)[0]) is not None:
-                reasons[r] += 1
-        return dict(reasons)
-
-    def queue_position(self, job: Job) -> int | None:
-        if job.state is not JobState.QUEUED:
-            return None
-        from server.scheduling.planner import queue_order
-
-        for i, j in enumerate(queue_order(self.state.queued()), start=1):
-            if j.id == job.id:
-                return i
-        return None
-
-    def host_view(self, host_id: str, now: float | None = None) -> HostView | None:
-        now = time.time() if now is None else now
-        entry = self.state.hosts.get(host_id)
-        if entry is None or entry.heartbeat is None:
-            return None
-        hb = entry.latest()
-        assert hb is not None
-        alloc = self.state.allocs.get(host_id)
-        used = {i for t in alloc.tasks for i in t.gpu_indices} if alloc else set()
-        utils = [u.util_pct for u in hb.gpu_usage]
-        cfg = self.state.hostcfg.get(host_id)
-        return HostView(
-            id=host_id,
-            health=self.state.health(host_id, now).value,
-            cordoned=bool(cfg and cfg.cordoned),
-            draining=bool(cfg and cfg.draining),
-            simulated=hb.simulated,
-            labels=dict(hb.labels),
-            gpus=len(hb.gpus),
-            gpu_model=",".join(sorted({g.model for g in hb.gpus})) or "-",
-            gpus_allocated=len(used),
-            gpus_unhealthy=sum(1 for u in hb.gpu_usage if not u.healthy),
-            gpu_util_pct=round(sum(utils) / len(utils), 1) if utils else 0.0,
-            cpus=hb.cpus,
-            cpu_pct=round(hb.cpu_pct, 1),
-            memory_mb=hb.memory_mb,
-            mem_used_mb=hb.mem_used_mb,
-            last_seen=entry.seen_at,
-            tasks=len(alloc.tasks) if alloc else 0,
-        )
-
-    def host_views(self) -> list[HostView]:
-        now = time.time()
-        out = [self.host_view(h, now) for h in sorted(self.state.hosts)]
-        return [v for v in out if v is not None]
-
-    def summary(self) -> Summary:
-        idx = self.state.refresh_health(time.time())
-        healthy, suspect, lost = (idx.count(Health.HEALTHY), idx.count(Health.SUSPECT),
-                                  idx.count(Health.LOST))
-        gpus_total, allocated = self.state.gpus_present, self.state.gpus_allocated
-        return Summary(
-            hosts_total=healthy + suspect + lost,
-            hosts_healthy=healthy,
-            hosts_suspect=suspect,
-            hosts_lost=lost,
-            gpus_total=gpus_total,
-            gpus_allocated=allocated,
-            jobs=Counter({k: v for k, v in self.state.job_state_counts.items() if v}),
-        )
+        raise ConflictError("host settings changed concurrently; try again", field="id")

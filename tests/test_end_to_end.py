@@ -241,7 +241,7 @@ def test_cordoned_host_gets_no_new_work(two_hosts: tuple[Cluster, Api]) -> None:
 
 
 def test_schema_file_matches_code() -> None:
-    from server.api.schema import schema_sdl
+    from server.api.graphql import schema_sdl
 
     committed = (ROOT / "schema.graphql").read_text()
     assert committed == schema_sdl(), "schema.graphql drifted from the code: run `make schema`"

@@ -274,7 +274,7 @@ async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> N
     """50,000 hosts straight into the state: a filtered, sorted page is right (its cost
     is measured by bench/operator.py, not asserted here)."""
     from server.state.cluster import HostEntry
-    from server.api.schema import build_schema
+    from server.api.graphql import build_schema
 
     # Building 50,000 entries can take longer than two 1 s heartbeat intervals on a
     # loaded machine, which would make them SUSPECT before the query: health is not
@@ -499,7 +499,7 @@ async def test_subscription_sees_a_host_get_lost(muster: Muster, nc: Any) -> Non
     assert all(c["hostId"] == "h-042" for c in changes)
     await ws.send({"id": "h", "type": "complete"})
     await asyncio.sleep(0.2)
-    from server.api.subscriptions import hub_for
+    from server.api.feeds import hub_for
 
     await ws.close()
     await asyncio.sleep(0.2)

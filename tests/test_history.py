@@ -17,7 +17,8 @@ from sqlalchemy import func, inspect, text
 from sqlmodel import Session, SQLModel, select
 
 import server.history.database as history_mod
-from server.history.database import AttemptRow, EventRow, History, JobRow, alembic_config, job_cursor
+from server.history.database import History, alembic_config, job_cursor
+from server.history.models import AttemptRow, EventRow, JobRow
 from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from sqlmodel import Session, select
 
 from wire import subjects
-from server.history.database import EventRow, History
+from server.history.database import History
+from server.history.models import EventRow
 from wire.messages import Event, encode
 from server.history.recorder import Recorder
 from wire.kv import Store, connect

@@ -21,7 +21,7 @@ from strawberry.types.unset import UNSET, UnsetType
 from server import metrics
 from server.api.auth import bearer, check_token
 from server.replica import Muster
-from server.api.schema import build_schema
+from server.api.graphql import build_schema
 
 MAX_BODY_BYTES = 1024 * 1024
 

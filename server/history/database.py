@@ -26,10 +26,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Index, Text, and_, delete, func, or_, tuple_
+from sqlalchemy import and_, delete, func, or_, tuple_
 from sqlalchemy.engine import Connection, Engine
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Session, create_engine, select
 
+from server.history.models import AttemptRow, EventRow, JobRow
+from server.history.timeline import job_events
 from wire.errors import DecodeError
 from wire.messages import MAX_RECORD_BYTES, Job, decode
 
@@ -49,86 +51,6 @@ FINISHED_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 FLUSH_EVERY_S = 1.0
 _WRITE_CHUNK = 200  # jobs per write transaction
 _PRUNE_CHUNK = 1000  # jobs per prune transaction
-
-
-class JobRow(SQLModel, table=True):
-    __tablename__ = "jobs"
-    __table_args__ = (
-        Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
-        Index("ix_jobs_user_submitted_at", "user", "submitted_at"),
-        Index("ix_jobs_name", "name", postgresql_ops={"name": "text_pattern_ops"}),
-        Index("ix_jobs_priority_submitted_at", "priority", "submitted_at"),
-        Index("ix_jobs_submitted_at", "submitted_at"),
-        Index("ix_jobs_state_updated_at", "state", "updated_at"),
-    )
-    id: str = Field(primary_key=True)
-    name: str
-    user: str
-    state: str
-    priority: int = 0
-    gpus: int = 0
-    gpu_model: str | None = None
-    submitted_at: float
-    updated_at: float = 0.0
-    revision: int = 0
-    doc: str = Field(sa_column=Column(Text, nullable=False))
-
-
-class AttemptRow(SQLModel, table=True):
-    __tablename__ = "attempts"
-    __table_args__ = (
-        Index("ix_attempts_job_id", "job_id"),
-        Index("ix_attempts_host_id_placed_at", "host_id", "placed_at"),
-    )
-    id: str = Field(primary_key=True)
-    job_id: str
-    number: int = 0
-    host_id: str
-    state: str
-    term: int = 0
-    exit_code: int | None = None
-    placed_at: float = 0.0
-    started_at: float | None = None
-    finished_at: float | None = None
-
-
-class EventRow(SQLModel, table=True):
-    __tablename__ = "events"
-    __table_args__ = (
-        Index("ix_events_job_id_ts", "job_id", "ts"),
-        Index("ix_events_host_id_ts", "host_id", "ts"),
-        Index("ix_events_kind_ts", "kind", "ts"),
-        Index("ix_events_ts", "ts"),
-    )
-    id: str = Field(primary_key=True)
-    ts: float
-    kind: str
-    job_id: str | None = None
-    host_id: str | None = None
-    message: str = ""
-
-
-def job_events(job: Job) -> list[dict[str, object]]:
-    """The timeline of a job, derived from its record: ids are deterministic, so the
-    same event is written once however often (and by however many replicas) it is seen."""
-    out: list[dict[str, object]] = [dict(id=f"{job.id}:submitted", ts=job.submitted_at, kind="job.submitted",
-                                         job_id=job.id, host_id=None, message=job.spec.name)]
-    for a in job.attempts:
-        out.append(dict(id=f"{a.id}:placed", ts=a.placed_at, kind="attempt.placed", job_id=job.id,
-                        host_id=a.host_id, message=f"attempt {a.number} on {a.host_id} GPUs {a.gpu_indices}"))
-        if a.started_at is not None:
-            out.append(dict(id=f"{a.id}:started", ts=a.started_at, kind="attempt.started", job_id=job.id,
-                            host_id=a.host_id, message=f"attempt {a.number} running"))
-        if a.state.terminal and a.finished_at is not None:
-            detail = f"exit code {a.exit_code}" if a.exit_code is not None else ""
-            out.append(dict(id=f"{a.id}:{a.state.value.lower()}", ts=a.finished_at,
-                            kind=f"attempt.{a.state.value.lower()}", job_id=job.id, host_id=a.host_id,
-                            message="; ".join(x for x in (detail, a.reason) if x)))
-    if job.state.terminal:
-        out.append(dict(id=f"{job.id}:{job.state.value.lower()}", ts=job.updated_at,
-                        kind=f"job.{job.state.value.lower()}", job_id=job.id,
-                        host_id=job.current.host_id if job.current else None, message=job.cancel_reason))
-    return out
 
 
 # ---------------------------------------------------------------- migrations
@@ -456,6 +378,20 @@ class History:
             total = s.exec(cq).one()
             return [Job.model_validate_json(r.doc) for r in rows], int(total)
 
+    @staticmethod
+    def _event_filters(job_id: str | None, host_id: str | None, kind: str | None,
+                       since: float | None) -> list[Any]:
+        conds: list[Any] = []
+        if job_id is not None:
+            conds.append(EventRow.job_id == job_id)
+        if host_id is not None:
+            conds.append(EventRow.host_id == host_id)
+        if kind is not None:
+            conds.append(EventRow.kind == kind)
+        if since is not None:
+            conds.append(EventRow.ts >= since)
+        return conds
+
     def list_events(
         self,
         job_id: str | None = None,
@@ -467,19 +403,24 @@ class History:
         newest_first: bool = False,
     ) -> list[EventRow]:
         """Events matching every given filter (`since`: ts >= since), oldest first."""
-        q = select(EventRow)
-        if job_id is not None:
-            q = q.where(EventRow.job_id == job_id)
-        if host_id is not None:
-            q = q.where(EventRow.host_id == host_id)
-        if kind is not None:
-            q = q.where(EventRow.kind == kind)
-        if since is not None:
-            q = q.where(EventRow.ts >= since)
+        q = select(EventRow).where(*self._event_filters(job_id, host_id, kind, since))
         order = (EventRow.ts.desc(), EventRow.id.desc()) if newest_first else (EventRow.ts, EventRow.id)  # type: ignore[attr-defined]
         q = q.order_by(*order).offset(offset).limit(limit)  # type: ignore[arg-type]
         with Session(self.engine) as s:
             return list(s.exec(q).all())
+
+    def count_events(self, job_id: str | None = None, host_id: str | None = None, kind: str | None = None,
+                     since: float | None = None) -> int:
+        return self._count(EventRow, self._event_filters(job_id, host_id, kind, since))
+
+    @staticmethod
+    def _attempt_filters(job_id: str | None, host_id: str | None) -> list[Any]:
+        conds: list[Any] = []
+        if job_id is not None:
+            conds.append(AttemptRow.job_id == job_id)
+        if host_id is not None:
+            conds.append(AttemptRow.host_id == host_id)
+        return conds
 
     def list_attempts(
         self,
@@ -490,15 +431,30 @@ class History:
         newest_first: bool = False,
     ) -> list[AttemptRow]:
         """Attempts of a job and/or on a host, by placement time (oldest first)."""
-        q = select(AttemptRow)
-        if job_id is not None:
-            q = q.where(AttemptRow.job_id == job_id)
-        if host_id is not None:
-            q = q.where(AttemptRow.host_id == host_id)
+        q = select(AttemptRow).where(*self._attempt_filters(job_id, host_id))
         cols = (AttemptRow.placed_at, AttemptRow.id)
         q = q.order_by(*[c.desc() for c in cols] if newest_first else cols).offset(offset).limit(limit)  # type: ignore[attr-defined]
         with Session(self.engine) as s:
             return list(s.exec(q).all())
+
+    def count_attempts(self, job_id: str | None = None, host_id: str | None = None) -> int:
+        return self._count(AttemptRow, self._attempt_filters(job_id, host_id))
+
+    def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
+        """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
+        with Session(self.engine) as s:
+            cond = EventRow.kind == f"alert.{kind}" if kind else EventRow.kind.startswith("alert.")  # type: ignore[attr-defined]
+            rows = s.exec(select(EventRow).where(cond).order_by(EventRow.ts.desc()).offset(offset).limit(limit)).all()  # type: ignore[attr-defined]
+            # The count as a range on `kind` (what LIKE 'alert.%' means), so that it can use
+            # the kind index instead of scanning every event: 7 ms instead of 330 ms at 2.7 M
+            # events.
+            count_cond = cond if kind else (EventRow.kind >= "alert.") & (EventRow.kind < "alert/")  # type: ignore[operator]
+            total = s.exec(select(func.count()).select_from(EventRow).where(count_cond)).one()
+            return list(rows), int(total)
+
+    def _count(self, table: Any, conds: list[Any]) -> int:
+        with Session(self.engine) as s:
+            return int(s.exec(select(func.count()).select_from(table).where(*conds)).one())
 
     def events_for_job(self, job_id: str) -> list[EventRow]:
         with Session(self.engine) as s:

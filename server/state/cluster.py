@@ -35,6 +35,7 @@ from wire.messages import (
 from server.scheduling.capacity import CapacityIndex
 from server.scheduling.eviction import host_domains
 from server.scheduling.placement import HostCapacity
+from server.views.hosts import HostTable
 from wire.records import Record
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class ClusterState:
 
     def __post_init__(self) -> None:
         self.clock.settle_s = self.heartbeat_interval_s
+        # The host read model (GraphQL and the console), told of every change below.
+        self.host_table = HostTable(self)
 
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
         old = self.allocs.pop(host_id, None)
@@ -154,7 +157,10 @@ class ClusterState:
             self.queued_ids.discard(job.id)
 
     def _index_host(self, host_id: str) -> None:
-        """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings."""
+        """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings,
+        and tell the host read model. The one place a HostCapacity is built: schedulable
+        means the heartbeat key is live; a draining host is cordoned."""
+        self.host_table.changed(host_id)
         entry = self.hosts.get(host_id)
         if entry is None or entry.heartbeat is None:
             self.index.remove(host_id)
@@ -357,30 +363,15 @@ class ClusterState:
         )
 
     def capacities(self, now: float | None = None) -> dict[str, HostCapacity]:
-        """A fresh working copy of every known host's capacity and current usage."""
+        """A working copy of every indexed host's capacity as placement sees it at `now`:
+        the index's entry (`_index_host`), not schedulable unless the host is HEALTHY then
+        (the planner asks the same through its `healthy` check)."""
         now = time.time() if now is None else now
         out: dict[str, HostCapacity] = {}
-        for host_id, entry in self.hosts.items():
-            hb = entry.heartbeat
-            if hb is None:
-                continue
-            cfg = self.hostcfg.get(host_id)
-            unhealthy = frozenset(u.index for u in hb.gpu_usage if not u.healthy)
-            cap = HostCapacity(
-                id=host_id,
-                schedulable=self.health(host_id, now) is Health.HEALTHY,
-                cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
-                gpu_models={g.index: g.model for g in hb.gpus},
-                unhealthy_gpus=unhealthy,
-                cpus=float(hb.cpus),
-                memory_mb=hb.memory_mb,
-                labels=dict(hb.labels),
-            )
-            alloc = self.allocs.get(host_id)
-            if alloc:
-                for t in alloc.tasks:
-                    cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
-            out[host_id] = cap
+        for host_id, cap in self.index.caps.items():
+            c = cap.copy()
+            c.schedulable = cap.schedulable and self.health(host_id, now) is Health.HEALTHY
+            out[host_id] = c
         return out
 
     def refresh_health(self, now: float) -> HealthIndex:

@@ -32,7 +32,7 @@ import shlex
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,13 +48,16 @@ from starlette.templating import Jinja2Templates
 
 from server.api.auth import check_token, token_hash
 from server.state.cluster import TokenInfo
-from wire.errors import StoreError
-from server.history.database import job_events
-from wire.messages import Heartbeat, Job, JobState
-from server.replica import Muster, UserError
+from wire.errors import AuthError, ConflictError, MusterError, NotFound, StoreError, ValidationError
+from wire.messages import Job, JobState
+from server.replica import Muster
+from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from wire.validation import KNOWN_GPU_MODELS
 
 log = logging.getLogger(__name__)
+
+# The errors a form shows next to its fields (wire.errors); anything else is a fault.
+CLIENT_ERRORS = (ValidationError, NotFound, AuthError, ConflictError)
 
 COOKIE = "muster_session"
 PER_PAGE = 50
@@ -259,91 +262,11 @@ def _pages(total: int, page: int) -> tuple[int, int]:
     return min(page, pages), pages
 
 
-# ---------------------------------------------------------------- fleet snapshot
+# ---------------------------------------------------------------- fleet
 
-HEALTH_RANK = {"LOST": 0, "SUSPECT": 1, "HEALTHY": 2}
 HEAT_PER_HOST_MAX = 200  # up to this many hosts, the heat map shows one cell per host
 HEAT_MAX_CELLS = 1000  # never more cells than this (racks beyond it are counted, not drawn)
-FLEET_CHUNK = 2000  # hosts per slice of a snapshot build; the loop runs others in between
-FLEET_MAX_AGE_S = 10.0  # the most a snapshot is reused (it is reused 5x as long as it took to build,
-#                         so a big fleet costs the console at most ~1/6 of a core while viewed)
 FILTER_OPTIONS_MAX = 1000  # values offered per filter dropdown
-
-
-@dataclass(slots=True)
-class HostRow:
-    """One host in the snapshot; the same attribute names as runtime.HostView."""
-
-    id: str
-    health: str
-    cordoned: bool
-    draining: bool
-    simulated: bool
-    labels: dict[str, str]
-    rack: str
-    zone: str
-    gpus: int
-    gpu_model: str
-    gpus_allocated: int
-    gpus_unhealthy: int
-    gpu_util_pct: float
-    cpus: int
-    cpu_pct: float
-    memory_mb: int
-    mem_used_mb: int
-    last_seen: float
-    tasks: int
-    present: bool
-
-
-@dataclass
-class RackCell:
-    rack: str
-    hosts: int = 0
-    gpu_hosts: int = 0
-    util_sum: float = 0.0
-    gpus: int = 0
-    gpus_allocated: int = 0
-    gpus_unhealthy: int = 0
-    lost: int = 0
-    suspect: int = 0
-
-    @property
-    def util(self) -> float | None:
-        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
-
-
-@dataclass
-class Snapshot:
-    rows: list[HostRow]  # sorted by id
-    built_at: float
-    cost_s: float
-    generation: int
-    racks: dict[str, RackCell] = field(default_factory=dict)
-    zones: list[str] = field(default_factory=list)
-    models: list[str] = field(default_factory=list)
-    health: dict[str, int] = field(default_factory=dict)
-    cordoned: int = 0
-    draining: int = 0
-    simulated: int = 0
-    gpus_total: int = 0
-    gpus_allocated: int = 0
-    gpus_unhealthy: int = 0
-    gpu_hosts: int = 0
-    util_sum: float = 0.0
-    cpus: int = 0
-    cpu_used: float = 0.0
-    memory_mb: int = 0
-    mem_used_mb: int = 0
-    views: dict[tuple[Any, ...], tuple[list[HostRow], int]] = field(default_factory=dict)
-
-    @property
-    def hosts_total(self) -> int:
-        return len(self.rows)
-
-    @property
-    def gpu_util(self) -> float | None:
-        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
 
 
 def heat_class(util: float | None) -> str:
@@ -351,197 +274,6 @@ def heat_class(util: float | None) -> str:
     if util is None:
         return "heat-none"
     return f"heat-{max(0, min(10, int(util // 10)))}"
-
-
-class Fleet:
-    """A shared, periodically rebuilt snapshot of every host for the overview and the
-    hosts table. One pass per build; per-host rows are memoised and rebuilt only when
-    the host's last decoded heartbeat, allocation or settings object changed; heartbeats
-    of an unchanged shape only update a row's usage figures, read from the raw bytes. A
-    build at 50,000 hosts mostly costs parsing the heartbeats that arrived since the last."""
-
-    def __init__(self, muster: Muster) -> None:
-        self.m = muster
-        self.snap: Snapshot | None = None
-        self.generation = 0
-        # host -> [heartbeat, alloc, settings, row, raw heartbeat last applied to the row]
-        self._memo: dict[str, list[Any]] = {}
-        self._building: asyncio.Task[Snapshot] | None = None
-        muster.state.listeners.append(self._on_state)
-
-    def _on_state(self, kind: str, obj: object) -> None:
-        if kind in ("host_up", "host_lost", "hostcfg", "gpu_unhealthy"):
-            self.generation += 1
-
-    def _fresh(self, snap: Snapshot, now: float) -> bool:
-        return (snap.generation == self.generation
-                and now - snap.built_at <= min(FLEET_MAX_AGE_S, 5 * snap.cost_s))
-
-    async def snapshot(self) -> Snapshot:
-        now = time.monotonic()
-        snap = self.snap
-        if snap is not None and self._fresh(snap, now):
-            return snap
-        if self._building is None or self._building.done():
-            self._building = asyncio.ensure_future(self._build())
-            self._building.add_done_callback(_log_failure)
-        if snap is not None and snap.cost_s > 0.1:
-            return snap  # big fleet: serve the last snapshot while the next one is built
-        return await asyncio.shield(self._building)
-
-    def _row(self, host_id: str, now: float, suspect_after: float) -> HostRow | None:
-        state = self.m.state
-        entry = state.hosts.get(host_id)
-        if entry is None or entry.heartbeat is None:
-            self._memo.pop(host_id, None)
-            return None
-        alloc = state.allocs.get(host_id)
-        cfg = state.hostcfg.get(host_id)
-        # ClusterState.health / server.health.rules.host_health, inlined: this runs per host.
-        if not entry.present:
-            health = "LOST"
-        elif now - entry.seen_at > suspect_after:
-            health = "SUSPECT"
-        else:
-            health = "HEALTHY"
-        memo = self._memo.get(host_id)
-        if memo is not None and memo[0] is entry.heartbeat and memo[1] is alloc and memo[2] is cfg:
-            # Same shape as the row was built from. Heartbeats since then are kept raw by
-            # the server (see ClusterState.apply_host_record); their usage figures are read
-            # without decoding them into models that would replace the last decoded one: at
-            # 50,000 hosts that churn filled the collector's oldest generation, and every
-            # few snapshots cost a full collection of ~2 s.
-            row = memo[3]
-            raw = entry.raw
-            if raw is None or raw is memo[4] or _take_usage(row, raw):
-                memo[4] = raw
-                row.health = health
-                row.last_seen = entry.seen_at
-                row.present = entry.present
-                return row
-        hb: Heartbeat | None = entry.latest()  # decoded and validated (a raw one that did not parse is dropped)
-        if hb is None:
-            return None
-        used = {i for t in alloc.tasks for i in t.gpu_indices} if alloc else set()
-        utils = [u.util_pct for u in hb.gpu_usage]
-        labels = dict(hb.labels)
-        row = HostRow(
-            id=host_id, health=health, cordoned=bool(cfg and cfg.cordoned), draining=bool(cfg and cfg.draining),
-            simulated=hb.simulated, labels=labels, rack=labels.get("rack", ""), zone=labels.get("zone", ""),
-            gpus=len(hb.gpus), gpu_model=",".join(sorted({g.model for g in hb.gpus})) or "-",
-            gpus_allocated=len(used), gpus_unhealthy=sum(1 for u in hb.gpu_usage if not u.healthy),
-            gpu_util_pct=round(sum(utils) / len(utils), 1) if utils else 0.0,
-            cpus=hb.cpus, cpu_pct=round(hb.cpu_pct, 1), memory_mb=hb.memory_mb, mem_used_mb=hb.mem_used_mb,
-            last_seen=entry.seen_at, tasks=len(alloc.tasks) if alloc else 0, present=entry.present,
-        )
-        self._memo[host_id] = [hb, alloc, cfg, row, None]
-        return row
-
-    async def _build(self) -> Snapshot:
-        t0 = time.perf_counter()
-        generation = self.generation
-        now = time.time()
-        ids = list(self.m.state.hosts)
-        suspect_after = 2 * self.m.state.heartbeat_interval_s
-        rows: list[HostRow] = []
-        for start in range(0, len(ids), FLEET_CHUNK):
-            if start:
-                await asyncio.sleep(0)  # let requests and heartbeats in between slices
-            for host_id in ids[start : start + FLEET_CHUNK]:
-                row = self._row(host_id, now, suspect_after)
-                if row is not None:
-                    rows.append(row)
-        if len(self._memo) > len(ids):
-            keep = set(ids)
-            self._memo = {k: v for k, v in self._memo.items() if k in keep}
-        rows.sort(key=lambda r: r.id)
-        snap = Snapshot(rows=rows, built_at=time.monotonic(), cost_s=0.0, generation=generation)
-        health: dict[str, int] = {"HEALTHY": 0, "SUSPECT": 0, "LOST": 0}
-        zones: set[str] = set()
-        models: set[str] = set()
-        racks = snap.racks
-        for r in rows:  # one aggregation pass
-            health[r.health] = health.get(r.health, 0) + 1
-            snap.cordoned += r.cordoned
-            snap.draining += r.draining
-            snap.simulated += r.simulated
-            if r.present:
-                snap.gpus_total += r.gpus
-            snap.gpus_allocated += r.gpus_allocated
-            snap.gpus_unhealthy += r.gpus_unhealthy
-            if r.gpus:
-                snap.gpu_hosts += 1
-                snap.util_sum += r.gpu_util_pct
-            if r.health != "LOST":
-                snap.cpus += r.cpus
-                snap.cpu_used += r.cpus * r.cpu_pct / 100
-                snap.memory_mb += r.memory_mb
-                snap.mem_used_mb += r.mem_used_mb
-            if r.zone:
-                zones.add(r.zone)
-            if r.gpu_model != "-":
-                models.update(r.gpu_model.split(","))
-            cell = racks.get(r.rack)
-            if cell is None:
-                cell = racks[r.rack] = RackCell(r.rack)
-            cell.hosts += 1
-            cell.gpus += r.gpus
-            cell.gpus_allocated += r.gpus_allocated
-            cell.gpus_unhealthy += r.gpus_unhealthy
-            if r.gpus:
-                cell.gpu_hosts += 1
-                cell.util_sum += r.gpu_util_pct
-            if r.health == "LOST":
-                cell.lost += 1
-            elif r.health == "SUSPECT":
-                cell.suspect += 1
-        snap.health = health
-        snap.zones = sorted(zones)
-        snap.models = sorted(models)
-        snap.cost_s = time.perf_counter() - t0
-        self.snap = snap
-        return snap
-
-
-def _usage_number(v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"not a number: {v!r}")
-    return float(v)
-
-
-def _take_usage(row: HostRow, raw: bytes) -> bool:
-    """Copy what changes between heartbeats of one shape (GPU utilisation, CPU %, memory
-    in use) from an undecoded heartbeat into `row`; False when it does not parse as one
-    of this host's heartbeats (the caller then decodes it the validated way)."""
-    try:
-        d = json.loads(raw)
-        if d["host_id"] != row.id:
-            return False
-        utils = [_usage_number(u.get("util_pct", 0.0)) for u in d.get("gpu_usage", ())]
-        cpu_pct = _usage_number(d.get("cpu_pct", 0.0))
-        mem_used = d.get("mem_used_mb", 0)
-        if isinstance(mem_used, bool) or not isinstance(mem_used, int):
-            return False
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        return False
-    row.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else 0.0
-    row.cpu_pct = round(cpu_pct, 1)
-    row.mem_used_mb = mem_used
-    return True
-
-
-def _log_failure(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("console snapshot failed", exc_info=task.exception())
-
-
-def _fleet(request: Request) -> Fleet:
-    app_state = request.app.state
-    fleet: Fleet | None = getattr(app_state, "console_fleet", None)
-    if fleet is None or fleet.m is not _muster(request):
-        fleet = Fleet(_muster(request))
-        app_state.console_fleet = fleet
-    return fleet
 
 
 # ---------------------------------------------------------------- telemetry
@@ -747,13 +479,13 @@ def _meter(used: float, total: float) -> dict[str, Any]:
     return {"used": used, "total": total, "pct": (100.0 * used / total) if total else None}
 
 
-def _heatmap(snap: Snapshot) -> dict[str, Any]:
+def _heatmap(m: Muster, snap: FleetSummary, now: float) -> dict[str, Any]:
     """Heat-map cells: one per host (grouped by rack) for small fleets, else one per rack;
     never more than HEAT_MAX_CELLS."""
     racks = sorted(snap.racks.values(), key=lambda c: (c.rack == "", c.rack))
-    if snap.hosts_total <= HEAT_PER_HOST_MAX:
+    if snap.hosts <= HEAT_PER_HOST_MAX:
         by_rack: dict[str, list[HostRow]] = {}
-        for r in snap.rows:
+        for r in m.hosts.rows(now, live=False):
             by_rack.setdefault(r.rack, []).append(r)
         groups = [(c, by_rack.get(c.rack, [])) for c in racks]
         return {"mode": "hosts", "groups": groups, "shown": len(racks), "racks": len(racks)}
@@ -764,7 +496,8 @@ def _heatmap(snap: Snapshot) -> dict[str, Any]:
 @console()
 async def overview(request: Request) -> Response:
     m = _muster(request)
-    snap = await _fleet(request).snapshot()
+    now = time.time()
+    snap = m.hosts.summary(now)
     counts = m.state.job_counts()
     ctx = {
         "snap": snap,
@@ -773,7 +506,7 @@ async def overview(request: Request) -> Response:
         "gpu_meter": _meter(snap.gpus_allocated, snap.gpus_total),
         "cpu_meter": _meter(snap.cpu_used, snap.cpus),
         "mem_meter": _meter(snap.mem_used_mb, snap.memory_mb),
-        "heat": _heatmap(snap),
+        "heat": _heatmap(m, snap, now),
         "heat_class": heat_class,
         "term": m.state.term,
         "leader": m.state.leader,
@@ -787,16 +520,18 @@ async def overview(request: Request) -> Response:
 
 # ---------------------------------------------------------------- hosts
 
-# Sort keys; rows start in id order and Python's sort is stable (reversed too), so ties
-# stay in id order without the id in the key.
-HOST_SORTS: dict[str, Callable[[HostRow], Any]] = {
-    "id": lambda r: r.id,
-    "health": lambda r: HEALTH_RANK.get(r.health, 3),
-    "util": lambda r: r.gpu_util_pct if r.gpus else -1.0,
-    "alloc": lambda r: (r.gpus_allocated, r.gpus),
-}
+# The table's sort columns (server.views.hosts.ORDERS, "-" reversing), and its filters.
+HOST_SORTS = ("id", "health", "util", "alloc")
 HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "sort")
 CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining"}
+
+
+def console_query(f: dict[str, str]) -> HostQuery:
+    """The read model's query for the hosts table's filters (query-string values)."""
+    cord = f.get("cordoned", "")
+    return HostQuery(search=f.get("q") or None, health=frozenset({f["health"]}) if f.get("health") else None,
+                     rack=f.get("rack") or None, zone=f.get("zone") or None, model=f.get("model") or None,
+                     cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None)
 
 
 def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
@@ -818,42 +553,19 @@ def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
     return f, canonical
 
 
-def _filter_hosts(snap: Snapshot, f: dict[str, str]) -> list[HostRow]:
-    key = tuple(f[k] for k in HOST_FILTERS)
-    hit = snap.views.get(key)
-    if hit is not None:
-        return hit[0]
-    q = f["q"].lower()
-    health, rack, zone, model, cord = f["health"], f["rack"], f["zone"], f["model"], f["cordoned"]
-    want_cordoned = cord == "yes"
-    rows = [
-        r for r in snap.rows
-        if (not q or q in r.id.lower())
-        and (not health or r.health == health)
-        and (not rack or r.rack == rack)
-        and (not zone or r.zone == zone)
-        and (not model or model in r.gpu_model.split(","))
-        and (not cord or (r.draining if cord == "draining" else r.cordoned == want_cordoned))
-    ]
-    sort = f["sort"] or "id"
-    if sort != "id":  # rows are already in id order
-        rows.sort(key=HOST_SORTS[sort.lstrip("-")], reverse=sort.startswith("-"))
-    if len(snap.views) >= 16:
-        snap.views.clear()
-    snap.views[key] = (rows, len(rows))
-    return rows
-
-
 @console()
 async def hosts(request: Request) -> Response:
     f, canonical = _host_filters(request)
     if not canonical and not _is_htmx(request):
         page = request.query_params.get("page")
         return RedirectResponse(url("/hosts", **f, page=page), status_code=303)
-    snap = await _fleet(request).snapshot()
-    views = _filter_hosts(snap, f)
+    m = _muster(request)
+    now = time.time()
+    views = m.hosts.select(console_query(f), f["sort"] or "id", now)
     page, pages = _pages(len(views), _page_arg(request))
     rows = views[(page - 1) * PER_PAGE : page * PER_PAGE]
+    m.hosts.refresh(rows, now)
+    snap = m.hosts.summary(now) if not _is_htmx(request) else None
     filtered = any(f[k] for k in HOST_FILTERS if k != "sort")
     sort = f["sort"] or "id"
 
@@ -863,19 +575,19 @@ async def hosts(request: Request) -> Response:
         new = f"-{col}" if sort == col else col
         return url("/hosts", **{**f, "sort": "" if new == "id" else new})
 
-    racks = sorted(snap.racks)
+    racks = sorted(snap.racks) if snap else []
     ctx = {
         "rows": rows,
         "total": len(views),
-        "any_hosts": bool(snap.rows),
+        "any_hosts": bool(m.state.hosts),
         "f": f,
         "q": f["q"],
         "filtered": filtered,
         "sort": sort,
         "sort_urls": {c: sort_url(c) for c in HOST_SORTS},
         "racks": [r for r in racks if r][:FILTER_OPTIONS_MAX],
-        "zones": snap.zones[:FILTER_OPTIONS_MAX],
-        "models": snap.models[:FILTER_OPTIONS_MAX],
+        "zones": snap.zones[:FILTER_OPTIONS_MAX] if snap else [],
+        "models": snap.models[:FILTER_OPTIONS_MAX] if snap else [],
         "healths": list(HEALTH_RANK),
         "cordoned_choices": CORDONED_CHOICES,
         "page": page,
@@ -891,7 +603,7 @@ async def hosts(request: Request) -> Response:
 
 
 def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str, Any] | None:
-    view = m.host_view(host_id)
+    view = m.hosts.row(host_id, time.time())
     if view is None:
         return None
     entry = m.state.hosts[host_id]
@@ -930,8 +642,8 @@ async def host_detail(request: Request) -> Response:
     return render(request, "_host.html" if _is_htmx(request) else "host.html", ctx)
 
 
-async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str, errors: list[UserError],
-                           values: dict[str, str]) -> Response:
+async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
+                           errors: list[MusterError], values: dict[str, str]) -> Response:
     ctx = _host_ctx(m, host_id, _telemetry(request))
     if ctx is None:
         return error_page(request, 404, "No such host", f"No host {host_id!r} has reported to this cluster.")
@@ -947,13 +659,15 @@ async def _cordon(request: Request, cordoned: bool) -> Response:
     sess: Session = request.state.session
     form = await _form(request)
     reason = form.get("reason", "").strip()
-    if m.host_view(host_id) is None:
+    if m.hosts.row(host_id, time.time()) is None:
         return error_page(request, 404, "No such host", f"No host {host_id!r} has reported to this cluster.")
-    errors: list[UserError] = []
-    if not reason:
-        errors = [UserError("reason", "a reason is required", "REQUIRED")]
-    else:
-        errors = await m.set_cordon(host_id, cordoned, sess.user, reason)
+    errors: list[MusterError] = []
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await m.set_cordon(host_id, cordoned, sess.user, reason)
+    except CLIENT_ERRORS as exc:
+        errors = exc.details()
     if errors:
         return await _host_form_error(request, m, host_id, "cordon" if cordoned else "uncordon", errors,
                                       {"reason": reason})
@@ -983,20 +697,23 @@ async def drain(request: Request) -> Response:
     reason = form.get("reason", "").strip()
     raw_deadline = form.get("deadline_s", "").strip() or DRAIN_DEFAULT_S
     values = {"reason": reason, "deadline_s": raw_deadline}
-    if m.host_view(host_id) is None:
+    if m.hosts.row(host_id, time.time()) is None:
         return error_page(request, 404, "No such host", f"No host {host_id!r} has reported to this cluster.")
-    errors: list[UserError] = []
+    errors: list[MusterError] = []
     if not reason:
-        errors.append(UserError("reason", "a reason is required", "REQUIRED"))
+        errors.append(ValidationError("reason", "a reason is required", "REQUIRED"))
     try:
         deadline = float(raw_deadline)
         if not math.isfinite(deadline):
             raise ValueError
     except ValueError:
         deadline = -1.0
-        errors.append(UserError("deadline", "the deadline must be a number of seconds", "INVALID"))
+        errors.append(ValidationError("deadline", "the deadline must be a number of seconds", "INVALID"))
     if not errors:
-        errors = await m.drain(host_id, sess.user, reason, deadline)
+        try:
+            await m.drain(host_id, sess.user, reason, deadline)
+        except CLIENT_ERRORS as exc:
+            errors = exc.details()
     if errors:
         return await _host_form_error(request, m, host_id, "drain", errors, values)
     return RedirectResponse(url(f"/hosts/{host_id}", notice="draining"), status_code=303)
@@ -1023,7 +740,7 @@ async def jobs(request: Request) -> Response:
         rows, total = await run_in_threadpool(
             m.history.list_jobs, state=state or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
         )
-    shown = _overlay(m, rows, state, first_page=page == 1)
+    shown = m.jobs.overlay(rows, state, newest_live=page == 1, limit=PER_PAGE)
     total += max(0, len(shown) - len(rows)) if page == 1 else 0
     page, pages = _pages(total, page)
     ctx = {
@@ -1053,7 +770,6 @@ ALERT_KINDS = ("host.lost", "host.recovered", "domain.disrupted", "gpu.unhealthy
 @console()
 async def alerts(request: Request) -> Response:
     """Alerts as recorded in history, newest first (also published on `alerts.>`)."""
-    from server.history.recorder import list_alerts
 
     m = _muster(request)
     kind = request.query_params.get("kind", "").strip()
@@ -1061,7 +777,7 @@ async def alerts(request: Request) -> Response:
         kind = ""
     page = _page_arg(request)
     assert m.history is not None
-    rows, total = await run_in_threadpool(list_alerts, m.history, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
+    rows, total = await run_in_threadpool(m.history.list_alerts, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
     page, pages = _pages(total, page)
     ctx = {
         "rows": [{"id": r.id, "kind": r.kind.removeprefix("alert."), "ts": r.ts, "host_id": r.host_id,
@@ -1079,55 +795,15 @@ async def alerts(request: Request) -> Response:
     return render(request, "alerts.html", ctx)
 
 
-def _overlay(m: Muster, rows: list[Job], state: str, *, first_page: bool) -> list[Job]:
-    """History rows replaced by the live records (fresher); on the first page, live jobs
-    newer than anything history has written yet are added on top."""
-    live = m.state.jobs
-    out = [live.get(j.id, j) for j in rows]
-    if state:
-        out = [j for j in out if j.state.value == state]
-    if first_page:
-        seen = {j.id for j in rows}
-        newest = max(((j.submitted_at, j.id) for j in rows), default=None)
-        extra = [
-            j for j in list(live.values())
-            if j.id not in seen and (not state or j.state.value == state)
-            and (newest is None or (j.submitted_at, j.id) > newest)
-        ]
-        if extra:
-            out = sorted(extra + out, key=lambda j: (j.submitted_at, j.id), reverse=True)[:PER_PAGE]
-    return out
-
-
-@dataclass
-class TimelineEvent:
-    ts: float
-    kind: str
-    host_id: str | None
-    message: str
-
-
-def _timeline(job: Job, recorded: list[Any]) -> list[TimelineEvent]:
-    """The job's events: those history recorded, merged (by id) with those derived from
-    the live record, which history may not have written yet; oldest first."""
-    merged: dict[str, TimelineEvent] = {}
-    for e in recorded:
-        merged[str(e.id)] = TimelineEvent(e.ts, e.kind, e.host_id, e.message or "")
-    for d in job_events(job):
-        merged.setdefault(str(d["id"]), TimelineEvent(float(d["ts"]), str(d["kind"]),  # type: ignore[arg-type]
-                                                       d.get("host_id"), str(d.get("message") or "")))  # type: ignore[arg-type]
-    return sorted(merged.values(), key=lambda e: (e.ts, e.kind))
-
-
 async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     if not ID_RE.fullmatch(job_id):
         return None
     job = m.state.jobs.get(job_id)
     if job is None:
-        job = await run_in_threadpool(m.get_job, job_id)
+        job = await run_in_threadpool(m.jobs.get, job_id)
     if job is None:
         return None
-    why = sorted(m.why_pending(job).items(), key=lambda kv: (-kv[1], kv[0]))
+    why = sorted(m.jobs.why_pending(job, time.time()).items(), key=lambda kv: (-kv[1], kv[0]))
     recorded: list[Any] = []
     history_error = False
     if m.history is not None:
@@ -1140,9 +816,9 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "why": why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
-        "position": m.queue_position(job),
+        "position": m.jobs.queue_position(job),
         "queued_total": len(m.state.queued_ids),
-        "events": _timeline(job, recorded),
+        "events": m.jobs.timeline(job, recorded),
         "history_error": history_error,
         "gang": job.spec.replicas > 1,
         "live_url": f"/jobs/{job_id}",
@@ -1171,14 +847,14 @@ async def cancel_job(request: Request) -> Response:
     ctx = await _job_ctx(m, job_id)
     if ctx is None:
         return error_page(request, 404, "No such job", f"There is no job {job_id!r}.")
-    if not reason:
-        errors = [UserError("reason", "a reason is required", "REQUIRED")]
-    else:
-        errors = await m.cancel(job_id, by=sess.user, reason=reason)
-    if errors:
-        ctx["errors"] = [e.message for e in errors]
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await m.cancel(job_id, by=sess.user, reason=reason)
+    except CLIENT_ERRORS as exc:
+        ctx["errors"] = [e.message for e in exc.details()]
         ctx["reason_value"] = reason
-        return render(request, "job.html", ctx, 409 if errors[0].code == "ALREADY_FINISHED" else 422)
+        return render(request, "job.html", ctx, 409 if exc.code == "ALREADY_FINISHED" else 422)
     return RedirectResponse(url(f"/jobs/{job_id}", notice="cancel"), status_code=303)
 
 
@@ -1236,9 +912,11 @@ async def submit(request: Request) -> Response:
         data["memory_mb"] = _number(values["memory_mb"], int)
     if values["gpu_model"]:
         data["gpu_model"] = values["gpu_model"]
-    job, problems = await m.submit(data, sess.user)
-    if job is not None:
+    try:
+        job = await m.submit(data, sess.user)
         return RedirectResponse(url(f"/jobs/{job.id}", notice="submitted"), status_code=303)
+    except ValidationError as exc:
+        problems = exc.details()
     errors: dict[str, list[str]] = dict(local)
     other: list[str] = []
     for p in problems:

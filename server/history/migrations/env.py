@@ -13,7 +13,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from server.history.database import SQLModel  # registers the tables on SQLModel.metadata
+from server.history.models import SQLModel  # registers the tables on SQLModel.metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

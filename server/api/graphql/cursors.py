@@ -1,0 +1,87 @@
+"""Opaque GraphQL cursors: offset cursors (`o:<n>`) for history lists, keyset cursors
+(`<kind>:<json key>`) for lists whose items come and go (hosts, jobs). A cursor that does
+not decode is the client's error: ValidationError on `after`."""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+from collections.abc import Sequence
+
+from wire.errors import ValidationError
+
+MAX_PAGE = 500
+
+
+def _invalid() -> ValidationError:
+    return ValidationError("after", "invalid cursor", "INVALID_CURSOR")
+
+
+def b64(s: str) -> str:
+    return base64.urlsafe_b64encode(s.encode()).decode()
+
+
+def unb64(c: str) -> tuple[str, str]:
+    """(kind, rest) of a cursor."""
+    try:
+        kind, _, rest = base64.urlsafe_b64decode(c.encode()).decode().partition(":")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _invalid() from exc
+    return kind, rest
+
+
+def encode_cursor(n: int) -> str:
+    """An offset cursor: the item at position `n`."""
+    return b64(f"o:{n}")
+
+
+def decode_cursor(c: str | None) -> int:
+    """The offset after an offset cursor (0 without one)."""
+    if not c:
+        return 0
+    kind, n = unb64(c)
+    if kind != "o":
+        raise _invalid()
+    try:
+        return max(0, int(n) + 1)
+    except ValueError as exc:
+        raise _invalid() from exc
+
+
+def encode_key_cursor(kind: str, key: object) -> str:
+    """A keyset cursor: the sort key of an item (stable when items come and go)."""
+    return b64(f"{kind}:{json.dumps(key, separators=(',', ':'))}")
+
+
+def decode_key_cursor(c: str, kind: str) -> object:
+    k, rest = unb64(c)
+    if k != kind:
+        raise _invalid()
+    try:
+        return json.loads(rest)
+    except ValueError as exc:
+        raise _invalid() from exc
+
+
+def page_args(first: int | None, after: str | None) -> tuple[int, int]:
+    """(offset, page size) from `first` and an offset cursor."""
+    n = 50 if first is None else first
+    if n < 0 or n > MAX_PAGE:
+        raise ValidationError("first", f"must be from 0 to {MAX_PAGE}", "OUT_OF_RANGE")
+    return decode_cursor(after), n
+
+
+def index_after(keys: Sequence[tuple[str | int | float, ...]], after: list[object], reverse: bool) -> int:
+    """Index of the first key strictly after the cursor key `after`, in `keys` (ascending,
+    or descending when `reverse`)."""
+    key = tuple(after)
+    try:
+        if not reverse:
+            return bisect.bisect_right(keys, key)  # type: ignore[arg-type]
+        for i, k in enumerate(keys):
+            if k < key:  # type: ignore[operator]
+                return i
+    except TypeError as exc:  # a cursor whose values do not compare with this sort's keys
+        raise _invalid() from exc
+    return len(keys)

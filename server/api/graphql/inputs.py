@@ -1,0 +1,89 @@
+"""GraphQL input types and enums."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+import strawberry
+
+from server.api.graphql.types import JobState
+
+
+@strawberry.enum(description="What happens to a running attempt when its host is cut off.")
+class OnDisconnect(enum.Enum):
+    STOP = "STOP"
+    KEEP_RUNNING = "KEEP_RUNNING"
+
+
+@strawberry.input
+class SubmitJobInput:
+    name: str
+    command: list[str]
+    gpus: int = 0
+    gpu_model: str | None = None
+    cpus: float = 1.0
+    memory_mb: int = 512
+    priority: int = 0
+    max_attempts: int = 3
+    cwd: str | None = None
+    env: strawberry.scalars.JSON | None = None
+    replicas: int = strawberry.field(default=1, description="Gang size: tasks placed all at once or not at all.")
+    same_rack: bool = strawberry.field(default=False, description="Gang tasks must all share one `rack` label.")
+    on_disconnect: OnDisconnect = OnDisconnect.STOP
+    replace_after: float = strawberry.field(
+        default=0.0, description="KEEP_RUNNING only: seconds to wait after the host is lost before replacing the work."
+    )
+
+
+@strawberry.input
+class HostActionInput:
+    id: strawberry.ID
+    reason: str = ""
+
+
+@strawberry.input
+class DrainHostInput:
+    id: strawberry.ID
+    reason: str
+    deadline_seconds: float = 300.0
+
+
+@strawberry.input(description="Hosts matching every given field.")
+class HostFilter:
+    health: list[str] | None = strawberry.field(default=None, description="HEALTHY, SUSPECT and/or LOST.")
+    rack: str | None = None
+    zone: str | None = None
+    gpu_model: str | None = strawberry.field(default=None, description="Hosts with at least one GPU of this model.")
+    label: str | None = strawberry.field(default=None, description="`key=value`, or `key` for any value.")
+    cordoned: bool | None = None
+    search: str | None = strawberry.field(default=None, description="Part of the host id (any case).")
+
+
+@strawberry.enum
+class HostSort(enum.Enum):
+    ID_ASC = "ID_ASC"
+    ID_DESC = "ID_DESC"
+    HEALTH = "HEALTH"  # LOST, then SUSPECT, then HEALTHY
+    GPUS_FREE_DESC = "GPUS_FREE_DESC"
+    LAST_SEEN_DESC = "LAST_SEEN_DESC"
+
+
+@strawberry.input(description="Jobs matching every given field.")
+class JobFilter:
+    state: list[JobState] | None = None  # type: ignore[valid-type]
+    user: str | None = None
+    name_prefix: str | None = None
+    priority: int | None = None
+    submitted_after: dt.datetime | None = strawberry.field(default=None, description="Inclusive.")
+    submitted_before: dt.datetime | None = strawberry.field(default=None, description="Exclusive.")
+
+
+@strawberry.enum
+class JobSort(enum.Enum):
+    SUBMITTED_AT_DESC = "-submitted_at"
+    SUBMITTED_AT_ASC = "submitted_at"
+    PRIORITY_DESC = "-priority"
+    PRIORITY_ASC = "priority"
+
+

@@ -1,0 +1,95 @@
+"""The GraphQL mutations: each checks the caller's role, runs one operation of the replica
+(server.replica.Muster), and returns a payload whose expected failures are `userErrors`
+(server.api.graphql.errors)."""
+
+from __future__ import annotations
+
+import strawberry
+from strawberry.types import Info
+
+from server.api.graphql.context import muster, require, user
+from server.api.graphql.errors import UserError, attempt, user_errors
+from server.api.graphql.inputs import DrainHostInput, HostActionInput, SubmitJobInput
+from server.api.graphql.types import CancelJobPayload, Host, HostActionPayload, Job, SubmitJobPayload
+from wire.errors import AuthError, InvalidInput
+from wire.messages import Job as JobModel
+
+MAX_BATCH_SUBMIT = 1000
+
+
+def _job_data(i: SubmitJobInput) -> dict[str, object]:
+    return {
+        "name": i.name, "command": i.command, "gpus": i.gpus, "gpu_model": i.gpu_model,
+        "cpus": i.cpus, "memory_mb": i.memory_mb, "priority": i.priority,
+        "max_attempts": i.max_attempts, "cwd": i.cwd, "env": i.env or {},
+        "on_disconnect": i.on_disconnect.value, "replace_after_s": i.replace_after,
+        "replicas": i.replicas, "same_rack": i.same_rack,
+    }
+
+
+@strawberry.type
+class Mutation:
+    @strawberry.mutation
+    async def submit_job(self, info: Info, input: SubmitJobInput) -> SubmitJobPayload:
+        async def op() -> JobModel:
+            require(info)
+            return await muster(info).submit(_job_data(input), user(info))
+
+        job, errors = await attempt(op)
+        return SubmitJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
+    @strawberry.mutation(description="Submit up to 1,000 jobs in one request; each gets its own payload.")
+    async def submit_jobs(self, info: Info, input: list[SubmitJobInput]) -> list[SubmitJobPayload]:
+        try:
+            require(info)
+        except AuthError as exc:
+            return [SubmitJobPayload(job=None, user_errors=user_errors(exc))]
+        if len(input) > MAX_BATCH_SUBMIT:
+            return [SubmitJobPayload(job=None, user_errors=[UserError(
+                field="input", message=f"at most {MAX_BATCH_SUBMIT} jobs per request", code="TOO_LARGE")])]
+        results = await muster(info).submit_many([_job_data(i) for i in input], user(info))
+        return [SubmitJobPayload(job=None, user_errors=user_errors(r)) if isinstance(r, InvalidInput)
+                else SubmitJobPayload(job=Job(_m=r), user_errors=[]) for r in results]
+
+    @strawberry.mutation
+    async def cancel_job(self, info: Info, id: strawberry.ID, reason: str = "") -> CancelJobPayload:
+        mu = muster(info)
+
+        async def op() -> None:
+            require(info)
+            await mu.cancel(str(id), user(info), reason)
+
+        _, errors = await attempt(op)
+        job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
+        return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
+    @strawberry.mutation
+    async def cordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
+        return await _host_action(info, input, True)
+
+    @strawberry.mutation
+    async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
+        return await _host_action(info, input, False)
+
+    @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline.")
+    async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
+        async def op() -> None:
+            require(info)
+            await muster(info).drain(str(input.id), user(info), input.reason, input.deadline_seconds)
+
+        _, errors = await attempt(op)
+        return _host_payload(info, str(input.id), errors)
+
+
+async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> HostActionPayload:
+    async def op() -> None:
+        require(info)
+        await muster(info).set_cordon(str(input.id), cordon, user(info), input.reason)
+
+    _, errors = await attempt(op)
+    return _host_payload(info, str(input.id), errors)
+
+
+def _host_payload(info: Info, host_id: str, errors: list[UserError]) -> HostActionPayload:
+    forbidden = any(e.code == "FORBIDDEN" for e in errors)
+    return HostActionPayload(host=None if forbidden else Host.of(info, host_id), user_errors=errors)

@@ -1,0 +1,260 @@
+"""The GraphQL queries. Hosts come from the host read model (server.views.hosts), jobs
+from the job view (live record, else history), attempts, events and alerts from the
+history database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import strawberry
+from strawberry.types import Info
+
+from server.api.graphql.context import epoch, muster, ts
+from server.api.graphql.cursors import (
+    b64,
+    decode_cursor,
+    decode_key_cursor,
+    encode_cursor,
+    encode_key_cursor,
+    index_after,
+    page_args,
+    unb64,
+)
+from server.api.graphql.inputs import HostFilter, HostSort, JobFilter, JobSort
+from server.api.graphql.types import (
+    Alert,
+    AlertConnection,
+    AlertEdge,
+    Attempt,
+    AttemptConnection,
+    AttemptEdge,
+    Cluster,
+    GpuCounts,
+    HistoryEvent,
+    HistoryEventConnection,
+    HistoryEventEdge,
+    Host,
+    HostConnection,
+    HostCounts,
+    HostEdge,
+    Job,
+    JobConnection,
+    JobCounts,
+    JobEdge,
+    JobState,
+    Leadership,
+    PageInfo,
+)
+from server.history.database import job_cursor
+from server.history.models import EventRow
+from server.replica import Muster
+from server.views.hosts import ORDERS, HostQuery, HostRow
+from wire.errors import ValidationError
+from wire.messages import Attempt as AttemptModel
+from wire.messages import AttemptState
+from wire.messages import Job as JobModel
+
+# GraphQL host sorts as orders of the read model.
+HOST_ORDERS = {HostSort.ID_ASC: "id", HostSort.ID_DESC: "-id", HostSort.HEALTH: "health",
+               HostSort.GPUS_FREE_DESC: "free", HostSort.LAST_SEEN_DESC: "last_seen"}
+
+
+def host_query(f: HostFilter | None) -> HostQuery:
+    if f is None:
+        return HostQuery()
+    return HostQuery(search=f.search or None, health=frozenset(h.upper() for h in f.health) if f.health else None,
+                     rack=f.rack, zone=f.zone, model=f.gpu_model, label=f.label or None, cordoned=f.cordoned)
+
+
+def host_key(r: HostRow, order: str) -> tuple[str | int | float, ...]:
+    """A host's keyset-cursor key under `order`: its sort value(s), then its id."""
+    if order in ("id", "-id"):
+        return (r.id,)
+    value = ORDERS[order].key(r)
+    return (*value, r.id) if isinstance(value, tuple) else (value, r.id)
+
+
+def cluster(mu: Muster) -> Cluster:
+    now = time.time()
+    c = mu.hosts.counts(now)
+    j = mu.state.job_counts()
+    return Cluster(
+        hosts=HostCounts(total=c.total, healthy=c.health["HEALTHY"], suspect=c.health["SUSPECT"],
+                         lost=c.health["LOST"]),
+        gpus=GpuCounts(total=c.gpus_total, allocated=c.gpus_allocated),
+        jobs=JobCounts(queued=j.get("QUEUED", 0), placed=j.get("PLACED", 0), running=j.get("RUNNING", 0),
+                       succeeded=j.get("SUCCEEDED", 0), failed=j.get("FAILED", 0),
+                       cancelled=j.get("CANCELLED", 0)),
+        leadership=Leadership(term=mu.state.term, leader=mu.state.leader, role=mu.role,
+                              replica=mu.config.name),
+        _mu=mu,
+    )
+
+
+def alert(r: EventRow) -> Alert:
+    return Alert(id=strawberry.ID(r.id), kind=r.kind.removeprefix("alert."), ts=ts(r.ts),
+                 host_id=r.host_id, job_id=r.job_id, message=r.message)
+
+
+@strawberry.type
+class Query:
+    @strawberry.field
+    def ping(self) -> str:
+        return "pong"
+
+    @strawberry.field
+    def job(self, info: Info, id: strawberry.ID) -> Job | None:
+        m = muster(info).jobs.get(str(id))
+        return Job(_m=m) if m else None
+
+    @strawberry.field(description="Jobs from the history database (newest first by default). "
+                                  "Cursors are keyset cursors: stable while jobs are added.")
+    def jobs(
+        self,
+        info: Info,
+        first: int | None = 50,
+        after: str | None = None,
+        state: JobState | None = None,  # type: ignore[valid-type]
+        filter: JobFilter | None = None,
+        sort: JobSort = JobSort.SUBMITTED_AT_DESC,
+    ) -> JobConnection:
+        _, n = page_args(first, None)
+        mu = muster(info)
+        assert mu.history is not None
+        states: list[str] = []
+        if state is not None:
+            states.append(state.value)
+        if filter and filter.state:
+            states.extend(s.value for s in filter.state if s.value not in states)
+        offset = 0
+        keyset: str | None = None
+        if after:
+            kind, rest = unb64(after)
+            if kind == "o":
+                offset = decode_cursor(after)
+            elif kind == "j":
+                sort_name, _, keyset = rest.partition(":")
+                if sort_name != sort.value:
+                    raise ValidationError("after", "this cursor belongs to another sort order", "INVALID_CURSOR")
+            else:
+                raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
+        f = filter or JobFilter()
+        rows, total = mu.history.list_jobs(
+            state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
+            submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before),
+            sort=sort.value, limit=n + 1, offset=offset, after=keyset)
+        more = len(rows) > n
+        rows = rows[:n]
+        shown = mu.jobs.overlay(rows, None, newest_live=False, limit=n)
+        edges = [JobEdge(cursor=b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"), node=Job(_m=live))
+                 for j, live in zip(rows, shown)]
+        return JobConnection(
+            total_count=total,
+            edges=edges,
+            page_info=PageInfo(has_next_page=more, end_cursor=edges[-1].cursor if edges else None),
+        )
+
+    @strawberry.field
+    def host(self, info: Info, id: strawberry.ID) -> Host | None:
+        return Host.of(info, str(id))
+
+    @strawberry.field(description="Hosts, filtered and sorted in one pass. Cursors are keyset cursors: "
+                                  "stable while hosts come and go.")
+    def hosts(
+        self,
+        info: Info,
+        first: int | None = 50,
+        after: str | None = None,
+        health: str | None = None,
+        filter: HostFilter | None = None,
+        sort: HostSort = HostSort.ID_ASC,
+    ) -> HostConnection:
+        _, n = page_args(first, None)
+        mu = muster(info)
+        now = time.time()
+        if health:
+            filter = HostFilter(**{**(vars(filter) if filter else {}), "health": [health]})
+        order = HOST_ORDERS[sort]
+        rows = mu.hosts.select(host_query(filter), order, now)
+        start = 0
+        if after:
+            kind, _ = unb64(after)
+            if kind == "o":
+                start = decode_cursor(after)
+            else:
+                key = decode_key_cursor(after, "h" + sort.value)
+                if not isinstance(key, list):
+                    raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
+                start = index_after([host_key(r, order) for r in rows], key, sort is HostSort.ID_DESC)
+        page = rows[start: start + n]
+        mu.hosts.refresh(page, now)
+        edges = [HostEdge(cursor=encode_key_cursor("h" + sort.value, host_key(r, order)), node=Host.from_row(r))
+                 for r in page]
+        return HostConnection(
+            total_count=len(rows),
+            edges=edges,
+            page_info=PageInfo(has_next_page=start + len(page) < len(rows),
+                               end_cursor=edges[-1].cursor if edges else None),
+        )
+
+    @strawberry.field(description="Attempts from the history database, by placement time.")
+    def attempts(self, info: Info, first: int | None = 50, after: str | None = None,
+                 job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
+                 newest_first: bool = False) -> AttemptConnection:
+        offset, n = page_args(first, after)
+        mu = muster(info)
+        assert mu.history is not None
+        jid = str(job_id) if job_id is not None else None
+        hid = str(host_id) if host_id is not None else None
+        rows = mu.history.list_attempts(job_id=jid, host_id=hid, limit=n, offset=offset, newest_first=newest_first)
+        total = mu.history.count_attempts(job_id=jid, host_id=hid)
+        jobs: dict[str, JobModel | None] = {}
+        edges = []
+        for i, r in enumerate(rows):
+            if r.job_id not in jobs:
+                jobs[r.job_id] = mu.jobs.get(r.job_id)
+            job = jobs[r.job_id]
+            m = next((a for a in job.attempts if a.id == r.id), None) if job else None
+            if m is None:
+                m = AttemptModel(id=r.id, number=r.number, host_id=r.host_id, state=AttemptState(r.state),
+                                 term=r.term, placed_at=r.placed_at, started_at=r.started_at,
+                                 finished_at=r.finished_at, exit_code=r.exit_code)
+            edges.append(AttemptEdge(cursor=encode_cursor(offset + i), node=Attempt(_m=m, _job_id=r.job_id)))
+        return AttemptConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field(description="Recorded job, attempt and host events, oldest first unless newestFirst.")
+    def events(self, info: Info, first: int | None = 50, after: str | None = None,
+               job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
+               kind: str | None = None, since: dt.datetime | None = None,
+               newest_first: bool = False) -> HistoryEventConnection:
+        offset, n = page_args(first, after)
+        mu = muster(info)
+        assert mu.history is not None
+        jid = str(job_id) if job_id is not None else None
+        hid = str(host_id) if host_id is not None else None
+        since_s = epoch(since)
+        rows = mu.history.list_events(job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n, offset=offset,
+                                      newest_first=newest_first)
+        total = mu.history.count_events(job_id=jid, host_id=hid, kind=kind, since=since_s)
+        edges = [HistoryEventEdge(cursor=encode_cursor(offset + i), node=HistoryEvent(
+            id=strawberry.ID(r.id), ts=ts(r.ts), kind=r.kind, job_id=r.job_id, host_id=r.host_id,
+            message=r.message)) for i, r in enumerate(rows)]
+        return HistoryEventConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects).")
+    def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
+               kind: str | None = None) -> AlertConnection:
+        offset, n = page_args(first, after)
+        mu = muster(info)
+        assert mu.history is not None
+        rows, total = mu.history.list_alerts(kind=kind, limit=n, offset=offset)
+        edges = [AlertEdge(cursor=encode_cursor(offset + i), node=alert(r)) for i, r in enumerate(rows)]
+        return AlertConnection(total_count=total, edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field
+    def cluster(self, info: Info) -> Cluster:
+        return cluster(muster(info))

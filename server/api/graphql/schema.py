@@ -1,0 +1,46 @@
+"""The schema: queries, mutations and subscriptions, with the limits every request runs
+under (depth, tokens, aliases). Errors carry their code (`extensions.code`, from
+wire.errors); in production every error's message is masked ("Unexpected error.")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import strawberry
+from strawberry.extensions import (
+    MaskErrors,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    ValidationCache,
+)
+
+from server.api.graphql.errors import add_code
+from server.api.graphql.mutations import Mutation
+from server.api.graphql.queries import Query
+from server.api.graphql.subscriptions import Subscription
+
+
+class _Schema(strawberry.Schema):
+    def process_errors(self, errors: Any, execution_context: Any = None) -> None:
+        for e in errors:
+            add_code(e)
+        super().process_errors(errors, execution_context)
+
+
+def build_schema(production: bool = False) -> strawberry.Schema:
+    extensions: list[Any] = [
+        lambda: ParserCache(maxsize=256),
+        lambda: ValidationCache(maxsize=256),
+        lambda: QueryDepthLimiter(max_depth=10),
+        lambda: MaxTokensLimiter(max_token_count=5000),
+        lambda: MaxAliasesLimiter(max_alias_count=30),
+    ]
+    if production:
+        extensions.append(MaskErrors)
+    return _Schema(query=Query, mutation=Mutation, subscription=Subscription, extensions=extensions)
+
+
+def schema_sdl() -> str:
+    return build_schema().as_str() + "\n"

@@ -1,0 +1,447 @@
+"""The GraphQL object types: views over the read models (server.views) and the
+wire records, never storage models themselves."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+import strawberry
+from strawberry.types import Info
+
+from server.api.graphql.context import muster, ts
+from server.replica import Muster
+from server.views.hosts import FleetSummary, HostRow
+from wire.messages import Attempt as AttemptModel
+from wire.messages import Job as JobModel
+from wire.messages import JobState as JobStateEnum
+
+JobState = strawberry.enum(JobStateEnum, name="JobState")
+
+
+@strawberry.type
+class UserError:
+    field: str
+    message: str
+    code: str
+
+
+@strawberry.type
+class Label:
+    key: str
+    value: str
+
+
+@strawberry.type
+class PageInfo:
+    has_next_page: bool
+    end_cursor: str | None
+
+
+@strawberry.type
+class Host:
+    id: strawberry.ID
+    health: str
+    cordoned: bool
+    draining: bool
+    simulated: bool
+    labels: list[Label]
+    gpus: int
+    gpu_model: str
+    gpus_allocated: int
+    gpus_unhealthy: int
+    gpu_util_pct: float
+    cpus: int
+    cpu_pct: float
+    memory_mb: int
+    mem_used_mb: int
+    last_seen: dt.datetime | None
+    tasks: int
+
+    @staticmethod
+    def from_row(r: HostRow) -> Host:
+        return Host(
+            id=strawberry.ID(r.id), health=r.health, cordoned=r.cordoned, draining=r.draining,
+            simulated=r.simulated,
+            labels=[Label(key=k, value=val) for k, val in sorted(r.labels.items())],
+            gpus=r.gpus, gpu_model=r.gpu_model, gpus_allocated=r.gpus_allocated,
+            gpus_unhealthy=r.gpus_unhealthy, gpu_util_pct=r.gpu_util_pct, cpus=r.cpus,
+            cpu_pct=r.cpu_pct, memory_mb=r.memory_mb, mem_used_mb=r.mem_used_mb,
+            last_seen=ts(r.last_seen), tasks=r.tasks,
+        )
+
+    @staticmethod
+    def of(info: Info, host_id: str) -> Host | None:
+        """The host's row in the read model, as a GraphQL Host (None if never heard of)."""
+        r = muster(info).hosts.row(host_id, time.time())
+        return Host.from_row(r) if r is not None else None
+
+    @staticmethod
+    def unknown(host_id: str) -> Host:
+        return Host(
+            id=strawberry.ID(host_id), health="LOST", cordoned=False, draining=False, simulated=False, labels=[],
+            gpus=0, gpu_model="-", gpus_allocated=0, gpus_unhealthy=0, gpu_util_pct=0.0, cpus=0,
+            cpu_pct=0.0, memory_mb=0, mem_used_mb=0, last_seen=None, tasks=0,
+        )
+
+
+@strawberry.type
+class HostEdge:
+    cursor: str
+    node: Host
+
+
+@strawberry.type
+class HostConnection:
+    total_count: int
+    edges: list[HostEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class Attempt:
+    _m: strawberry.Private[AttemptModel]
+    _job_id: strawberry.Private[str | None] = None
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self._m.id)
+
+    @strawberry.field(description="The job this attempt belongs to.")
+    def job_id(self) -> strawberry.ID | None:
+        return strawberry.ID(self._job_id) if self._job_id else None
+
+    @strawberry.field
+    def number(self) -> int:
+        return self._m.number
+
+    @strawberry.field(description="Index of the task within a gang (0 for single jobs).")
+    def task(self) -> int:
+        return self._m.task
+
+    @strawberry.field
+    def state(self) -> str:
+        return self._m.state.value
+
+    @strawberry.field
+    def host(self, info: Info) -> Host:
+        return Host.of(info, self._m.host_id) or Host.unknown(self._m.host_id)
+
+    @strawberry.field
+    def gpu_indices(self) -> list[int]:
+        return self._m.gpu_indices
+
+    @strawberry.field
+    def exit_code(self) -> int | None:
+        return self._m.exit_code
+
+    @strawberry.field
+    def output_tail(self) -> str:
+        return self._m.output_tail
+
+    @strawberry.field
+    def term(self) -> int:
+        return self._m.term
+
+    @strawberry.field
+    def placed_at(self) -> dt.datetime | None:
+        return ts(self._m.placed_at)
+
+    @strawberry.field
+    def started_at(self) -> dt.datetime | None:
+        return ts(self._m.started_at)
+
+    @strawberry.field
+    def finished_at(self) -> dt.datetime | None:
+        return ts(self._m.finished_at)
+
+    @strawberry.field
+    def reason(self) -> str:
+        return self._m.reason
+
+
+@strawberry.type
+class PendingReason:
+    reason: str
+    hosts: int
+
+
+@strawberry.type
+class Job:
+    _m: strawberry.Private[JobModel]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self._m.id)
+
+    @strawberry.field
+    def name(self) -> str:
+        return self._m.spec.name
+
+    @strawberry.field
+    def state(self) -> JobState:  # type: ignore[valid-type]
+        return self._m.state
+
+    @strawberry.field
+    def user(self) -> str:
+        return self._m.spec.user
+
+    @strawberry.field
+    def command(self) -> list[str]:
+        return self._m.spec.command
+
+    @strawberry.field
+    def gpus(self) -> int:
+        return self._m.spec.gpus
+
+    @strawberry.field
+    def gpu_model(self) -> str | None:
+        return self._m.spec.gpu_model
+
+    @strawberry.field
+    def cpus(self) -> float:
+        return self._m.spec.cpus
+
+    @strawberry.field
+    def memory_mb(self) -> int:
+        return self._m.spec.memory_mb
+
+    @strawberry.field
+    def priority(self) -> int:
+        return self._m.spec.priority
+
+    @strawberry.field
+    def replicas(self) -> int:
+        return self._m.spec.replicas
+
+    @strawberry.field
+    def same_rack(self) -> bool:
+        return self._m.spec.same_rack
+
+    @strawberry.field
+    def submitted_at(self) -> dt.datetime | None:
+        return ts(self._m.submitted_at)
+
+    @strawberry.field
+    def updated_at(self) -> dt.datetime | None:
+        return ts(self._m.updated_at)
+
+    @strawberry.field
+    def cancel_reason(self) -> str:
+        return self._m.cancel_reason
+
+    @strawberry.field
+    def attempts(self) -> list[Attempt]:
+        return [Attempt(_m=a, _job_id=self._m.id) for a in self._m.attempts]
+
+    @strawberry.field(description="Why the job is still queued: hosts rejecting it, counted by reason.")
+    def pending_reasons(self, info: Info) -> list[PendingReason]:
+        reasons = muster(info).jobs.why_pending(self._m, time.time())
+        return [PendingReason(reason=r, hosts=n) for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+
+    @strawberry.field(description="1-based place in the queue while QUEUED.")
+    def queue_position(self, info: Info) -> int | None:
+        return muster(info).jobs.queue_position(self._m)
+
+
+@strawberry.type
+class JobEdge:
+    cursor: str
+    node: Job
+
+
+@strawberry.type
+class JobConnection:
+    total_count: int
+    edges: list[JobEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class HostCounts:
+    total: int
+    healthy: int
+    suspect: int
+    lost: int
+
+
+@strawberry.type
+class GpuCounts:
+    total: int
+    allocated: int
+
+
+@strawberry.type
+class JobCounts:
+    queued: int
+    placed: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+@strawberry.type
+class Leadership:
+    term: int
+    leader: str
+    role: str = strawberry.field(description="This replica's role: leader or follower.")
+    replica: str
+
+
+@strawberry.type
+class GpuGroup:
+    total: int
+    allocated: int
+    healthy: int = strawberry.field(description="GPUs not reported faulty on HEALTHY hosts.")
+
+
+@strawberry.type
+class GpuModelCounts(GpuGroup):
+    model: str
+
+
+@strawberry.type
+class GpuRackCounts(GpuGroup):
+    rack: str = strawberry.field(description="The host's `rack` label (\"-\" when it has none).")
+
+
+@strawberry.type
+class CpuCounts:
+    total: float
+    allocated: float
+
+
+@strawberry.type(description="Megabytes, as Floats: a fleet's total passes GraphQL's 32-bit Int "
+                               "(2^31 MB = 2 PiB, about 1,000 hosts of 2 TiB).")
+class MemoryCounts:
+    total: float
+    allocated: float
+
+
+@strawberry.type
+class JobStateCount:
+    state: JobState  # type: ignore[valid-type]
+    count: int
+
+
+@dataclass
+@strawberry.type
+class Cluster:
+    hosts: HostCounts
+    gpus: GpuCounts
+    jobs: JobCounts
+    leadership: Leadership
+    _mu: strawberry.Private[Muster | None] = None
+    _summary: strawberry.Private[FleetSummary | None] = None
+
+    def _fleet(self) -> FleetSummary:
+        if self._summary is None:
+            assert self._mu is not None
+            self._summary = self._mu.hosts.summary(time.time())
+        return self._summary
+
+    @strawberry.field(description="GPUs on live hosts by GPU model.")
+    def gpus_by_model(self) -> list[GpuModelCounts]:
+        return [GpuModelCounts(model=k, total=v[0], allocated=v[1], healthy=v[2])
+                for k, v in sorted(self._fleet().by_model.items())]
+
+    @strawberry.field(description="GPUs on live hosts by `rack` label.")
+    def gpus_by_rack(self) -> list[GpuRackCounts]:
+        return [GpuRackCounts(rack=k, total=v[0], allocated=v[1], healthy=v[2])
+                for k, v in sorted(self._fleet().by_gpu_rack.items())]
+
+    @strawberry.field(description="CPUs of live hosts, and those reserved by their tasks.")
+    def cpu(self) -> CpuCounts:
+        a = self._fleet()
+        return CpuCounts(total=a.cpus, allocated=round(a.cpu_allocated, 3))
+
+    @strawberry.field(description="Memory (MB) of live hosts, and that reserved by their tasks.")
+    def memory_mb(self) -> MemoryCounts:
+        a = self._fleet()
+        return MemoryCounts(total=a.memory_mb, allocated=a.mem_allocated)
+
+    @strawberry.field(description="Jobs held in the state store, by state (every state, zeros too).")
+    def jobs_by_state(self) -> list[JobStateCount]:
+        assert self._mu is not None
+        counts = self._mu.state.job_counts()
+        return [JobStateCount(state=st, count=counts.get(st.value, 0)) for st in JobStateEnum]
+
+
+@strawberry.type
+class SubmitJobPayload:
+    job: Job | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class CancelJobPayload:
+    job: Job | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class Alert:
+    id: strawberry.ID
+    kind: str
+    ts: dt.datetime | None
+    host_id: str | None
+    job_id: str | None
+    message: str
+
+
+@strawberry.type
+class AlertEdge:
+    cursor: str
+    node: Alert
+
+
+@strawberry.type
+class AlertConnection:
+    total_count: int
+    edges: list[AlertEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class HostActionPayload:
+    host: Host | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class AttemptEdge:
+    cursor: str
+    node: Attempt
+
+
+@strawberry.type
+class AttemptConnection:
+    total_count: int
+    edges: list[AttemptEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class HistoryEvent:
+    id: strawberry.ID
+    ts: dt.datetime | None
+    kind: str
+    job_id: str | None
+    host_id: str | None
+    message: str
+
+
+@strawberry.type
+class HistoryEventEdge:
+    cursor: str
+    node: HistoryEvent
+
+
+@strawberry.type
+class HistoryEventConnection:
+    total_count: int
+    edges: list[HistoryEventEdge]
+    page_info: PageInfo
+
+

@@ -1,0 +1,64 @@
+"""The history database's tables (SQLModel). The schema itself is owned by the Alembic
+scripts in migrations/; these models must match them (tests/test_history.py checks)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Index, Text
+from sqlmodel import Field, SQLModel
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
+        Index("ix_jobs_user_submitted_at", "user", "submitted_at"),
+        Index("ix_jobs_name", "name", postgresql_ops={"name": "text_pattern_ops"}),
+        Index("ix_jobs_priority_submitted_at", "priority", "submitted_at"),
+        Index("ix_jobs_submitted_at", "submitted_at"),
+        Index("ix_jobs_state_updated_at", "state", "updated_at"),
+    )
+    id: str = Field(primary_key=True)
+    name: str
+    user: str
+    state: str
+    priority: int = 0
+    gpus: int = 0
+    gpu_model: str | None = None
+    submitted_at: float
+    updated_at: float = 0.0
+    revision: int = 0
+    doc: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class AttemptRow(SQLModel, table=True):
+    __tablename__ = "attempts"
+    __table_args__ = (
+        Index("ix_attempts_job_id", "job_id"),
+        Index("ix_attempts_host_id_placed_at", "host_id", "placed_at"),
+    )
+    id: str = Field(primary_key=True)
+    job_id: str
+    number: int = 0
+    host_id: str
+    state: str
+    term: int = 0
+    exit_code: int | None = None
+    placed_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_job_id_ts", "job_id", "ts"),
+        Index("ix_events_host_id_ts", "host_id", "ts"),
+        Index("ix_events_kind_ts", "kind", "ts"),
+        Index("ix_events_ts", "ts"),
+    )
+    id: str = Field(primary_key=True)
+    ts: float
+    kind: str
+    job_id: str | None = None
+    host_id: str | None = None
+    message: str = ""

@@ -1,0 +1,9 @@
+"""Read models: what GraphQL and the console show, computed in one place.
+
+    hosts   HostTable (one row per host, kept by the cluster view), HostQuery (filters),
+            ORDERS (sorts), FleetSummary (the fleet's totals)
+    jobs    JobView: a job's live record or its history row, pages of jobs, why a job
+            is pending, its queue position and timeline
+
+Pure (no I/O of their own; JobView calls the history database it is given).
+"""

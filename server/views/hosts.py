@@ -1,0 +1,430 @@
+"""The host read model: one row per host, the same for GraphQL and the console.
+
+`HostTable` belongs to a ClusterState, which tells it whenever a host's shape (its last
+decoded heartbeat), allocation or settings change (`changed`); the row is rebuilt from
+them when it is next read. What changes with every heartbeat (health, last seen, GPU
+utilisation, CPU and memory in use) is read live: health by `server.health.rules` at the
+read clock, usage from the newest heartbeat, which the cluster view keeps undecoded when
+its shape is unchanged (`HostEntry.raw`) and which is parsed here only when it changed.
+
+Filtering (`HostQuery`), ordering (`ORDERS`) and the fleet's totals (`summary`) are
+defined here once. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from server.health.rules import Health, host_health
+from wire.messages import Heartbeat
+
+if TYPE_CHECKING:
+    from server.state.cluster import ClusterState, HostEntry
+
+HEALTH_RANK = {Health.LOST.value: 0, Health.SUSPECT.value: 1, Health.HEALTHY.value: 2}
+NO_RACK = "-"
+
+
+@dataclass(slots=True)
+class HostRow:
+    """One host as shown. `gpus_by_model` is (model, GPUs, allocated, unhealthy)."""
+
+    id: str
+    health: str
+    present: bool
+    cordoned: bool  # no new placements (a draining host is cordoned too)
+    draining: bool
+    simulated: bool
+    labels: dict[str, str]
+    rack: str
+    zone: str
+    gpus: int
+    gpu_model: str  # the models, comma-separated, or "-"
+    models: tuple[str, ...]
+    gpus_by_model: tuple[tuple[str, int, int, int], ...]
+    gpus_allocated: int
+    gpus_unhealthy: int
+    gpus_free: int  # healthy and not allocated
+    gpu_util_pct: float
+    cpus: int
+    cpu_pct: float
+    cpu_allocated: float
+    memory_mb: int
+    mem_used_mb: int
+    mem_allocated: int
+    last_seen: float
+    tasks: int
+    # What the row was built from (identity), and the raw heartbeat its usage came from.
+    _heartbeat: object = None
+    _alloc: object = None
+    _cfg: object = None
+    _raw: object = None
+
+
+@dataclass(frozen=True)
+class HostQuery:
+    """Hosts matching every given field. `search` is a case-insensitive part of the id;
+    `label` is `key` (any value) or `key=value`; `cordoned` counts draining hosts as
+    cordoned."""
+
+    search: str | None = None
+    health: frozenset[str] | None = None
+    rack: str | None = None
+    zone: str | None = None
+    model: str | None = None
+    label: str | None = None
+    cordoned: bool | None = None
+    draining: bool | None = None
+
+    def matches_static(self, r: HostRow) -> bool:
+        if self.search and self.search.lower() not in r.id.lower():
+            return False
+        if self.rack is not None and r.labels.get("rack") != self.rack:
+            return False
+        if self.zone is not None and r.labels.get("zone") != self.zone:
+            return False
+        if self.model is not None and self.model not in r.models:
+            return False
+        if self.label is not None:
+            k, eq, v = self.label.partition("=")
+            if k not in r.labels or (eq and r.labels[k] != v):
+                return False
+        if self.cordoned is not None and r.cordoned != self.cordoned:
+            return False
+        return self.draining is None or r.draining == self.draining
+
+
+@dataclass(frozen=True)
+class Order:
+    """A host ordering: rows in id order, then stably sorted by `key` (so ties stay in id
+    order), reversed when `reverse`. `live` when the key reads live figures."""
+
+    key: Callable[[HostRow], Any]
+    reverse: bool = False
+    live: bool = False
+
+
+ORDERS: dict[str, Order] = {
+    "id": Order(lambda r: r.id),
+    "-id": Order(lambda r: r.id, reverse=True),
+    "health": Order(lambda r: HEALTH_RANK.get(r.health, 3), live=True),
+    "-health": Order(lambda r: HEALTH_RANK.get(r.health, 3), reverse=True, live=True),
+    "util": Order(lambda r: r.gpu_util_pct if r.gpus else -1.0, live=True),
+    "-util": Order(lambda r: r.gpu_util_pct if r.gpus else -1.0, reverse=True, live=True),
+    "alloc": Order(lambda r: (r.gpus_allocated, r.gpus)),
+    "-alloc": Order(lambda r: (r.gpus_allocated, r.gpus), reverse=True),
+    "free": Order(lambda r: -r.gpus_free),
+    "last_seen": Order(lambda r: -round(r.last_seen, 6), live=True),
+}
+
+
+@dataclass
+class RackSummary:
+    rack: str
+    hosts: int = 0
+    gpu_hosts: int = 0
+    util_sum: float = 0.0
+    gpus: int = 0
+    gpus_allocated: int = 0
+    gpus_unhealthy: int = 0
+    lost: int = 0
+    suspect: int = 0
+
+    @property
+    def util(self) -> float | None:
+        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
+
+
+@dataclass
+class FleetSummary:
+    """The fleet's totals in one pass over the rows. GPU, CPU and memory totals count
+    hosts whose heartbeat key is live (a LOST host counts for nothing); `by_model` and
+    `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a HEALTHY host, no fault);
+    `racks` (every host, by its `rack` label, "" without one) feed the heat map."""
+
+    health: dict[str, int] = field(default_factory=lambda: {h.value: 0 for h in Health})
+    hosts: int = 0
+    cordoned: int = 0
+    draining: int = 0
+    simulated: int = 0
+    gpus_total: int = 0
+    gpus_allocated: int = 0
+    gpus_unhealthy: int = 0
+    gpu_hosts: int = 0
+    util_sum: float = 0.0
+    cpus: int = 0
+    cpu_used: float = 0.0
+    cpu_allocated: float = 0.0
+    memory_mb: int = 0
+    mem_used_mb: int = 0
+    mem_allocated: int = 0
+    by_model: dict[str, list[int]] = field(default_factory=dict)
+    by_gpu_rack: dict[str, list[int]] = field(default_factory=dict)
+    racks: dict[str, RackSummary] = field(default_factory=dict)
+    zones: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_util(self) -> float | None:
+        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
+
+    @property
+    def hosts_total(self) -> int:
+        return self.hosts
+
+
+@dataclass
+class HostCounts:
+    """Hosts by health and GPUs present and allocated, kept as records arrive (the health
+    index, ClusterState's GPU counters): no pass over the hosts."""
+
+    health: dict[str, int]
+    gpus_total: int
+    gpus_allocated: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.health.values())
+
+
+class HostTable:
+    """Every host's row, kept by its ClusterState (see the module docstring)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._rows: dict[str, HostRow] = {}
+        self._stale: set[str] = set()
+
+    def changed(self, host_id: str) -> None:
+        """The host's heartbeat shape, allocation or settings changed."""
+        self._stale.add(host_id)
+
+    # ------------------------------------------------------------ rows
+
+    def row(self, host_id: str, now: float) -> HostRow | None:
+        """The host's row, its live figures as of local time `now`; None for a host never
+        heard of (or whose key expired before any heartbeat was read)."""
+        entry = self.state.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            self._rows.pop(host_id, None)
+            return None
+        r = self._static(entry)
+        self._live(r, entry, self.state.health_time(now))
+        return r
+
+    def rows(self, now: float, *, live: bool = True) -> list[HostRow]:
+        """Every host's row in id order; without `live`, health and usage are as last read."""
+        at = self.state.health_time(now)
+        out: list[HostRow] = []
+        hosts = self.state.hosts
+        for host_id in sorted(hosts):
+            entry = hosts[host_id]
+            if entry.heartbeat is None:
+                continue
+            r = self._static(entry)
+            if live:
+                self._live(r, entry, at)
+            out.append(r)
+        if len(self._rows) > len(hosts):
+            self._rows = {k: v for k, v in self._rows.items() if k in hosts}
+        return out
+
+    def select(self, query: HostQuery | None, order: str, now: float) -> list[HostRow]:
+        """The rows matching `query`, ordered by `order` (a key of ORDERS). Live figures
+        are read only for what the query or the order needs, and for the rows returned
+        the caller asks `refresh` of."""
+        o = ORDERS[order]
+        q = query or HostQuery()
+        at = self.state.health_time(now)
+        hosts = self.state.hosts
+        need_live = o.live or q.health is not None
+        out: list[HostRow] = []
+        for host_id in sorted(hosts):
+            entry = hosts[host_id]
+            if entry.heartbeat is None:
+                continue
+            r = self._static(entry)
+            if not q.matches_static(r):
+                continue
+            if need_live:
+                self._live(r, entry, at)
+                if q.health is not None and r.health not in q.health:
+                    continue
+            out.append(r)
+        if order != "id":
+            out.sort(key=o.key, reverse=o.reverse)
+        return out
+
+    def refresh(self, rows: Iterable[HostRow], now: float) -> None:
+        """Bring the live figures of `rows` up to `now` (a page about to be shown)."""
+        at = self.state.health_time(now)
+        for r in rows:
+            entry = self.state.hosts.get(r.id)
+            if entry is not None:
+                self._live(r, entry, at)
+
+    def counts(self, now: float) -> HostCounts:
+        idx = self.state.refresh_health(now)
+        return HostCounts({h.value: idx.count(h) for h in Health}, self.state.gpus_present,
+                          self.state.gpus_allocated)
+
+    def summary(self, now: float) -> FleetSummary:
+        s = FleetSummary()
+        zones: set[str] = set()
+        models: set[str] = set()
+        for r in self.rows(now):
+            s.hosts += 1
+            s.health[r.health] = s.health.get(r.health, 0) + 1
+            s.cordoned += r.cordoned
+            s.draining += r.draining
+            s.simulated += r.simulated
+            if r.gpus:
+                s.gpu_hosts += 1
+                s.util_sum += r.gpu_util_pct
+            s.gpus_allocated += r.gpus_allocated
+            s.gpus_unhealthy += r.gpus_unhealthy
+            if r.zone:
+                zones.add(r.zone)
+            models.update(r.models)
+            cell = s.racks.get(r.rack)
+            if cell is None:
+                cell = s.racks[r.rack] = RackSummary(r.rack)
+            cell.hosts += 1
+            cell.gpus += r.gpus
+            cell.gpus_allocated += r.gpus_allocated
+            cell.gpus_unhealthy += r.gpus_unhealthy
+            if r.gpus:
+                cell.gpu_hosts += 1
+                cell.util_sum += r.gpu_util_pct
+            if r.health == Health.LOST.value:
+                cell.lost += 1
+                continue
+            if r.health == Health.SUSPECT.value:
+                cell.suspect += 1
+            # A host whose key is live:
+            s.gpus_total += r.gpus
+            s.cpus += r.cpus
+            s.cpu_used += r.cpus * r.cpu_pct / 100
+            s.cpu_allocated += r.cpu_allocated
+            s.memory_mb += r.memory_mb
+            s.mem_used_mb += r.mem_used_mb
+            s.mem_allocated += r.mem_allocated
+            healthy_host = r.health == Health.HEALTHY.value
+            by_rack = s.by_gpu_rack.get(r.rack or NO_RACK)
+            if by_rack is None:
+                by_rack = s.by_gpu_rack[r.rack or NO_RACK] = [0, 0, 0]
+            for model, n, allocated, unhealthy in r.gpus_by_model:
+                m = s.by_model.get(model)
+                if m is None:
+                    m = s.by_model[model] = [0, 0, 0]
+                healthy = n - unhealthy if healthy_host else 0
+                m[0] += n
+                m[1] += allocated
+                m[2] += healthy
+                by_rack[0] += n
+                by_rack[1] += allocated
+                by_rack[2] += healthy
+        s.zones = sorted(zones)
+        s.models = sorted(models)
+        return s
+
+    # ------------------------------------------------------------ building
+
+    def _static(self, entry: HostEntry) -> HostRow:
+        host_id = entry.host_id
+        state = self.state
+        alloc = state.allocs.get(host_id)
+        cfg = state.hostcfg.get(host_id)
+        r = self._rows.get(host_id)
+        if (r is not None and host_id not in self._stale and r._heartbeat is entry.heartbeat
+                and r._alloc is alloc and r._cfg is cfg):
+            return r
+        self._stale.discard(host_id)
+        hb = entry.heartbeat
+        assert hb is not None
+        used: set[int] = set()
+        cpu_allocated, mem_allocated = 0.0, 0
+        for t in alloc.tasks if alloc is not None else ():
+            used.update(t.gpu_indices)
+            cpu_allocated += t.cpus
+            mem_allocated += t.memory_mb
+        bad = {u.index for u in hb.gpu_usage if not u.healthy}
+        per_model: dict[str, list[int]] = {}
+        for g in hb.gpus:
+            m = per_model.get(g.model)
+            if m is None:
+                m = per_model[g.model] = [0, 0, 0]
+            m[0] += 1
+            m[1] += g.index in used
+            m[2] += g.index in bad
+        labels = dict(hb.labels)
+        models = tuple(sorted(per_model))
+        row = HostRow(
+            id=host_id, health=Health.LOST.value, present=entry.present,
+            cordoned=bool(cfg and (cfg.cordoned or cfg.draining)), draining=bool(cfg and cfg.draining),
+            simulated=hb.simulated, labels=labels, rack=labels.get("rack", ""), zone=labels.get("zone", ""),
+            gpus=len(hb.gpus), gpu_model=",".join(models) or "-", models=models,
+            gpus_by_model=tuple((k, v[0], v[1], v[2]) for k, v in per_model.items()),
+            gpus_allocated=len(used), gpus_unhealthy=len(bad),
+            gpus_free=sum(1 for g in hb.gpus if g.index not in used and g.index not in bad),
+            gpu_util_pct=0.0, cpus=hb.cpus, cpu_pct=0.0, cpu_allocated=cpu_allocated, memory_mb=hb.memory_mb,
+            mem_used_mb=0, mem_allocated=mem_allocated, last_seen=entry.seen_at,
+            tasks=len(alloc.tasks) if alloc is not None else 0,
+            _heartbeat=hb, _alloc=alloc, _cfg=cfg,
+        )
+        _usage_from(row, hb)
+        self._rows[host_id] = row
+        return row
+
+    def _live(self, r: HostRow, entry: HostEntry, at: float) -> None:
+        r.present = entry.present
+        r.last_seen = entry.seen_at
+        r.health = host_health(present=entry.present, last_seen=entry.seen_at, now=at,
+                               interval_s=self.state.heartbeat_interval_s).value
+        raw = entry.raw
+        if raw is not None and raw is not r._raw:
+            # Heartbeats of an unchanged shape are kept undecoded by the cluster view; their
+            # usage figures are read without building models (at 50,000 hosts that churn
+            # filled the collector's oldest generation). One that does not parse as this
+            # host's heartbeat is decoded the validated way.
+            if not _usage_from_raw(r, raw):
+                hb = entry.latest()
+                if hb is not None:
+                    _usage_from(r, hb)
+            r._raw = raw
+
+
+def _usage_from(r: HostRow, hb: Heartbeat) -> None:
+    utils = [u.util_pct for u in hb.gpu_usage]
+    r.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else 0.0
+    r.cpu_pct = round(hb.cpu_pct, 1)
+    r.mem_used_mb = hb.mem_used_mb
+
+
+def _number(v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"not a number: {v!r}")
+    return float(v)
+
+
+def _usage_from_raw(r: HostRow, raw: bytes) -> bool:
+    """Copy GPU utilisation, CPU % and memory in use from an undecoded heartbeat into `r`;
+    False when it does not parse as one of this host's heartbeats."""
+    try:
+        d = json.loads(raw)
+        if d["host_id"] != r.id:
+            return False
+        utils = [_number(u.get("util_pct", 0.0)) for u in d.get("gpu_usage", ())]
+        cpu_pct = _number(d.get("cpu_pct", 0.0))
+        mem_used = d.get("mem_used_mb", 0)
+        if isinstance(mem_used, bool) or not isinstance(mem_used, int):
+            return False
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return False
+    r.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else 0.0
+    r.cpu_pct = round(cpu_pct, 1)
+    r.mem_used_mb = mem_used
+    return True
