@@ -11,12 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import nats as nats_py
 
+import psutil
+
+from server.broker.natsd import free_port
 from wire.messages import Event, encode
-from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, wait_until
+from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, process_gone, wait_until
 
 
 def muster(c: Cluster, url: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -88,10 +92,25 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert p.returncode == 0, err
     assert out.count("cli-1") >= 2, out
 
-    # no token, a bad token
+    # not found: 3, from a query's null (show) and from a mutation's NOT_FOUND userError
+    for argv in (["job", "show", "j-nope"], ["job", "cancel", "j-nope"], ["host", "cordon", "nope", "--reason", "x"],
+                 ["host", "drain", "nope", "--reason", "x"]):
+        r = muster(cluster, srv.url, *argv)
+        assert r.returncode == 3, (argv, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: ") and "nope" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    # a bad token, no token: 4; no API at the URL: 1
     r = subprocess.run([sys.executable, "-m", "server.cli", "job", "list"], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": "wrong"}, timeout=60)
     assert r.returncode == 4
+    assert "error: unauthorised" in r.stderr, r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "MUSTER_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "server.cli", "job", "list"], capture_output=True, text=True,
+                       cwd=cluster.tmp, env={**env, "MUSTER_URL": srv.url, "MUSTER_DATA_DIR": str(cluster.tmp / "none")},
+                       timeout=60)
+    assert r.returncode == 4 and "error: no token" in r.stderr, r.stderr
+    r = muster(cluster, f"http://127.0.0.1:{free_port()}", "job", "list")
+    assert r.returncode == 1 and "error: cannot reach" in r.stderr, r.stderr
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
@@ -144,3 +163,62 @@ def test_bench_options_reach_the_benchmark_parser() -> None:
     r = subprocess.run([sys.executable, "-m", "server.cli", "bench", "--no-such-option"], capture_output=True,
                        text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr
+
+
+def test_bench_runs_as_a_subprocess_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """`muster bench` runs `python -m bench` as a child (the CLI never imports bench), and
+    a SIGINT sent to `muster` alone reaches the bench, which stops what it started; the
+    exit code is the bench's own (ended by SIGINT: 130)."""
+    work = tmp_path / "bench-work"
+    log = open(tmp_path / "muster-bench.log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "bench", "--hosts", "4", "--rate", "1",
+                          "--duration", "600", "--work-dir", str(work), "--json", str(tmp_path / "b.json")],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_works)
+    try:
+        def bench_child() -> psutil.Process | None:
+            for c in psutil.Process(p.pid).children():
+                if c.cmdline()[1:3] == ["-m", "bench"]:
+                    return c
+            return None
+
+        bench = wait_until(bench_child, timeout=60, what="the `python -m bench` child")
+        # Wait until the bench has started something of its own (its nats-server) to stop.
+        wait_until(lambda: bench.children(recursive=True), timeout=90, what="the bench's own children")
+        started = [c.pid for c in bench.children(recursive=True)]
+        p.send_signal(signal.SIGINT)
+        p.wait(90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
+    assert p.returncode == 130, (tmp_path / "muster-bench.log").read_text()
+    assert process_gone(bench.pid)
+    assert all(process_gone(pid) for pid in started), started
+
+
+def test_agent_entry_points() -> None:
+    """`muster-agent`, `python -m agent` and `muster agent` are one parser (agent.cli)."""
+    script = Path(sys.executable).parent / "muster-agent"
+    runs = {
+        "muster-agent": [str(script)],
+        "python -m agent": [sys.executable, "-m", "agent"],
+        "muster agent": [sys.executable, "-m", "server.cli", "agent"],
+    }
+    helps = {}
+    for name, argv in runs.items():
+        r = subprocess.run([*argv, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, (name, r.stderr)
+        assert "--simulate-gpus" in r.stdout and "--fence-after" in r.stdout and "--creds" in r.stdout, r.stdout
+        helps[name] = r.stdout.split("options:", 1)[1]
+    assert "usage: muster agent" in subprocess.run(runs["muster agent"] + ["--help"], capture_output=True,
+                                                   text=True, cwd=ROOT, timeout=60).stdout
+    assert helps["muster-agent"] == helps["python -m agent"] == helps["muster agent"]
+    # Bad labels are an error (exit 1) with a message, not a traceback; a bad option is argparse's 2.
+    for name, argv in runs.items():
+        r = subprocess.run([*argv, "--labels", "no-equals-sign"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=60)
+        assert r.returncode == 1, (name, r.stdout, r.stderr)
+        assert "error: label 'no-equals-sign' is not key=value" in r.stderr and "Traceback" not in r.stderr
+        r = subprocess.run([*argv, "--no-such-option"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr, (name, r.stderr)

@@ -1,5 +1,5 @@
 import sys
 
-from server.cli.main import main
+from server.cli.entry import main
 
 sys.exit(main())

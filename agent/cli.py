@@ -1,0 +1,129 @@
+"""`muster-agent` (also `python -m agent`, and `muster agent` on a machine with the whole
+of Muster): run the host agent until SIGINT/SIGTERM.
+
+Each option falls back to an environment variable: MUSTER_NATS_URL, MUSTER_HOST_ID,
+MUSTER_LABELS, MUSTER_SIMULATE_GPUS, MUSTER_AGENT_STATE_DIR, MUSTER_NATS_CREDS,
+MUSTER_NATS_CA, MUSTER_NATS_CERT, MUSTER_NATS_KEY; logging follows MUSTER_LOG_FORMAT
+(text or json) and MUSTER_LOG_LEVEL. Exit codes: 0 stopped, 1 error (bad options,
+labels or settings), 130 interrupted before the agent ran.
+
+Imports: `agent` and `wire` only; never `server`, `web` or `bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from wire.errors import MusterError
+
+
+def add_arguments(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--nats", default=None)
+    a.add_argument("--host-id", default=None)
+    a.add_argument("--labels", default=None, help="rack=r1,zone=z1")
+    a.add_argument("--simulate-gpus", default=None, help="e.g. 8xH100")
+    a.add_argument("--heartbeat-interval", type=float, default=5.0)
+    a.add_argument("--fence-after", type=float, default=10.0)
+    a.add_argument("--kill-grace", type=float, default=10.0)
+    a.add_argument("--cpus", type=int, default=None)
+    a.add_argument("--memory-mb", type=int, default=None)
+    a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
+    a.add_argument("--fault-file", default=None)
+    a.add_argument("--creds", default=None, help="this agent's NATS credentials (MUSTER_NATS_CREDS)")
+    a.add_argument("--nats-ca", default=None, help="CA of the NATS servers' certificates (MUSTER_NATS_CA)")
+    a.add_argument("--nats-cert", default=None, help="NATS client certificate (MUSTER_NATS_CERT)")
+    a.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
+
+
+def build_parser(prog: str = "muster-agent") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run a Muster host agent.")
+    add_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "muster-agent") -> int:
+    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        run(args)
+    except MusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    from agent.agent import Agent, AgentConfig, parse_labels
+
+    setup_logging()
+    cfg = AgentConfig(
+        nats_url=args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"),
+        host_id=args.host_id or os.environ.get("MUSTER_HOST_ID") or os.uname().nodename,
+        labels=parse_labels(args.labels if args.labels is not None else os.environ.get("MUSTER_LABELS")),
+        simulate_gpus=args.simulate_gpus or os.environ.get("MUSTER_SIMULATE_GPUS") or None,
+        heartbeat_interval_s=args.heartbeat_interval,
+        fence_after_s=args.fence_after,
+        kill_grace_s=args.kill_grace,
+        cpus=args.cpus,
+        memory_mb=args.memory_mb,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        fault_file=args.fault_file,
+        nats_creds=args.creds or os.environ.get("MUSTER_NATS_CREDS") or None,
+        nats_ca=args.nats_ca or os.environ.get("MUSTER_NATS_CA") or None,
+        nats_cert=args.nats_cert or os.environ.get("MUSTER_NATS_CERT") or None,
+        nats_key=args.nats_key or os.environ.get("MUSTER_NATS_KEY") or None,
+    )
+    agent = Agent(cfg)
+
+    async def until_stopped() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+
+    asyncio.run(until_stopped())
+
+
+# ---------------------------------------------------------------- logging
+# The same two formats as the control plane's (server/logs.py), which the agent may not
+# import: plain text for people, or one JSON object per line (MUSTER_LOG_FORMAT=json).
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "process": record.process,
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler()
+    if os.environ.get("MUSTER_LOG_FORMAT", "text").lower() == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, os.environ.get("MUSTER_LOG_LEVEL", level).upper(), logging.INFO))
+    logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

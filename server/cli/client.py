@@ -1,0 +1,93 @@
+"""The commands' side of the GraphQL API: the token, the HTTP call, `-o table|json`
+output and `--watch`.
+
+    MUSTER_URL       the API (default http://127.0.0.1:8080)
+    MUSTER_TOKEN     the bearer token; else <MUSTER_DATA_DIR or .muster>/token
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from server.cli.errors import ApiError
+from wire.errors import AuthError
+
+
+def token() -> str:
+    tok = os.environ.get("MUSTER_TOKEN")
+    if tok:
+        return tok
+    path = Path(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "token"
+    if path.exists():
+        return path.read_text().strip()
+    raise AuthError("no token: set MUSTER_TOKEN (or run from the directory holding .muster/token)")
+
+
+def gql(query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `data` of one GraphQL request. AuthError when the token is missing or refused
+    (HTTP 401), ApiError when the API cannot be reached or answers with `errors`."""
+    import httpx
+
+    url = os.environ.get("MUSTER_URL", "http://127.0.0.1:8080").rstrip("/") + "/graphql"
+    try:
+        r = httpx.post(url, json={"query": query, "variables": variables or {}},
+                       headers={"Authorization": f"Bearer {token()}"}, timeout=30)
+    except httpx.HTTPError as exc:
+        raise ApiError(f"cannot reach {url}: {exc}") from exc
+    if r.status_code == 401:
+        raise AuthError("unauthorised: the token was refused")
+    body = r.json()
+    if body.get("errors"):
+        raise ApiError("; ".join(e.get("message", "?") for e in body["errors"]))
+    return body["data"]
+
+
+# ---------------------------------------------------------------- output
+
+
+def add_output(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+
+def add_watch(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-w", "--watch", action="store_true", help="re-render every 2 s until Ctrl-C")
+
+
+def out(args: argparse.Namespace, data: Any, table: list[list[str]] | None = None,
+        headers: list[str] | None = None) -> None:
+    """`data` as indented JSON with `-o json`; else the table (or `data` itself when there is none)."""
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+        return
+    if table is None or headers is None:
+        print(data)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def watch(args: argparse.Namespace, render: Callable[[], None], every_s: float = 2.0) -> int:
+    """Render once; with --watch, re-render every `every_s` s until Ctrl-C (exit 0). An
+    error (a job or host that is gone, a refused token) ends the watch with its exit code."""
+    if not getattr(args, "watch", False):
+        render()
+        return 0
+    try:
+        while True:
+            if args.output != "json":
+                if sys.stdout.isatty():
+                    print("\033[H\033[2J", end="")
+                print(f"every {every_s:g}s: {time.strftime('%H:%M:%S')}  (Ctrl-C to stop)")
+            render()
+            sys.stdout.flush()
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0

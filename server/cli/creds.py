@@ -1,0 +1,70 @@
+"""`muster creds issue-agent|revoke-agent|issue-subscriber|revoke-subscriber|list`: the
+NATS credentials (nkeys) of agents and subscribers, in the credentials directory; running
+nats-servers are told to reload."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from server.cli.client import add_output, out
+from wire.errors import NotFound
+
+if TYPE_CHECKING:
+    from server.broker.natsauth import AuthDir
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents and subscribers")
+    crsub = cr.add_subparsers(dest="creds_cmd", required=True)
+    for name in ("issue-agent", "revoke-agent", "issue-subscriber", "revoke-subscriber", "list"):
+        c = crsub.add_parser(name)
+        if name != "list":
+            c.add_argument("name", metavar="HOST" if "agent" in name else "NAME")
+        c.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
+        c.add_argument("--auth-dir", default=None, help="credentials directory (default: found in --data-dir)")
+        if name == "list":
+            add_output(c)
+            c.set_defaults(fn=cmd_list)
+        elif name.startswith("issue-"):
+            c.set_defaults(fn=cmd_issue)
+        else:
+            c.set_defaults(fn=cmd_revoke)
+
+
+def _auth_dir(args: argparse.Namespace) -> AuthDir:
+    from server.broker.natsauth import AuthDir, find_auth_dir
+
+    return AuthDir(Path(args.auth_dir) if args.auth_dir else find_auth_dir(args.data_dir))
+
+
+def cmd_issue(args: argparse.Namespace) -> int:
+    auth = _auth_dir(args)
+    if args.creds_cmd == "issue-agent":
+        path = auth.issue_agent(args.name)
+    else:
+        path = auth.issue_subscriber(args.name)
+    reloaded = auth.reload_servers()
+    print(path)
+    print(f"credentials for {args.name} in {path} (give the process MUSTER_NATS_CREDS={path});"
+          f" {len(reloaded)} nats-server(s) reloaded", file=sys.stderr)
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    auth = _auth_dir(args)
+    kind = "agent" if args.creds_cmd == "revoke-agent" else "subscriber"
+    if not auth.revoke(kind, args.name):
+        raise NotFound(f"no {kind} credentials for {args.name!r} in {auth.path}")
+    reloaded = auth.reload_servers()
+    print(f"revoked {kind} {args.name}; {len(reloaded)} nats-server(s) reloaded")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    users = _auth_dir(args).users()
+    out(args, users, [[u["kind"], u["name"], u["public"]] for u in users], ["KIND", "NAME", "PUBLIC KEY"])
+    return 0

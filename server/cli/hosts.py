@@ -1,0 +1,127 @@
+"""`muster host list|show|cordon|uncordon|drain`, through the GraphQL API."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.errors import user_errors
+from wire.errors import NotFound
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    h = sub.add_parser("host", help="list, cordon and uncordon hosts")
+    hsub = h.add_subparsers(dest="host_cmd", required=True)
+
+    hl = hsub.add_parser("list")
+    hl.add_argument("--limit", type=int, default=500)
+    hl.add_argument("--health", default=None, help="HEALTHY, SUSPECT, LOST (comma-separated)")
+    hl.add_argument("--rack", default=None)
+    hl.add_argument("--zone", default=None)
+    hl.add_argument("--gpu-model", default=None)
+    hl.add_argument("--label", default=None, help="key=value (or key)")
+    hl.add_argument("--search", default=None, help="host id prefix")
+    hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
+    add_output(hl)
+    add_watch(hl)
+    hl.set_defaults(fn=cmd_list)
+
+    hs = hsub.add_parser("show")
+    hs.add_argument("id")
+    add_output(hs)
+    hs.set_defaults(fn=cmd_show)
+
+    for name in ("cordon", "uncordon"):
+        hc = hsub.add_parser(name)
+        hc.add_argument("id")
+        hc.add_argument("--reason", default="", required=(name == "cordon"))
+        add_output(hc)
+        hc.set_defaults(fn=cmd_cordon)
+
+    hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds")
+    hd.add_argument("id")
+    hd.add_argument("--reason", required=True)
+    hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
+    add_output(hd)
+    hd.set_defaults(fn=cmd_drain)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
+           edges { node { id health cordoned simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
+           labels { key value } } } } }"""
+    flt: dict[str, Any] = {k: v for k, v in (
+        ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
+        ("rack", args.rack), ("zone", args.zone), ("gpuModel", args.gpu_model), ("label", args.label),
+        ("search", args.search)) if v}
+    if args.cordoned is not None:
+        flt["cordoned"] = args.cordoned
+
+    def render() -> None:
+        data = gql(q, {"first": args.limit, "filter": flt or None})["hosts"]
+        rows = []
+        for n in (e["node"] for e in data["edges"]):
+            rows.append([n["id"], n["health"] + (" CORDONED" if n["cordoned"] else ""),
+                         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
+                         f"{n['gpuUtilPct']}%", str(n["cpus"]),
+                         ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
+        out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
+
+    return watch(args, render)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
+           gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value } }
+           attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
+           id jobId number state exitCode placedAt } } } }"""
+    data = gql(q, {"id": args.id})
+    h = data["host"]
+    if h is None:
+        raise NotFound(f"no host {args.id}")
+    h["recentAttempts"] = [e["node"] for e in data["attempts"]["edges"]]
+    if args.output == "json":
+        out(args, h)
+        return 0
+    flags = " ".join(f for f, on in (("CORDONED", h["cordoned"]), ("DRAINING", h["draining"]),
+                                      ("SIMULATED", h["simulated"])) if on)
+    print(f"{h['id']}  {h['health']}  {flags}".rstrip())
+    print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy,"
+          f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
+    print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
+    print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
+    print(f"  tasks:   {h['tasks']}")
+    labels = ",".join(f"{lb['key']}={lb['value']}" for lb in h["labels"]) or "-"
+    print(f"  labels:  {labels}")
+    print(f"  seen:    {(h['lastSeen'] or '-')[:19]}")
+    if h["recentAttempts"]:
+        print(f"  recent attempts ({data['attempts']['totalCount']} in all):")
+        for a in h["recentAttempts"]:
+            code = "" if a["exitCode"] is None else f" exit={a['exitCode']}"
+            print(f"    {a['jobId']} #{a['number']} {a['state']}{code}  {(a['placedAt'] or '')[:19]}")
+    return 0
+
+
+def cmd_cordon(args: argparse.Namespace) -> int:
+    """`cordon` and `uncordon`."""
+    field = "cordonHost" if args.host_cmd == "cordon" else "uncordonHost"
+    q = f"""mutation($input: HostActionInput!) {{ {field}(input: $input) {{
+            host {{ id health cordoned }} userErrors {{ field message code }} }} }}"""
+    res = gql(q, {"input": {"id": args.id, "reason": args.reason}})[field]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    h = res["host"]
+    out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
+           host { id health cordoned draining } userErrors { field message code } } }"""
+    res = gql(q, {"input": {"id": args.id, "reason": args.reason, "deadlineSeconds": args.deadline}})["drainHost"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    h = res["host"]
+    out(args, h, [[h["id"], h["health"], "draining"]], ["ID", "HEALTH", "STATE"])
+    return 0

@@ -1,0 +1,202 @@
+"""`muster job submit|list|show|logs|why|cancel`, through the GraphQL API."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any
+
+from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.errors import ApiError, JobFailed, user_errors
+from wire.errors import NotFound
+
+JOB_FIELDS = """id name state user command gpus gpuModel cpus memoryMb priority submittedAt updatedAt
+cancelReason queuePosition pendingReasons { reason hosts }
+attempts { id number state host { id } gpuIndices exitCode startedAt finishedAt outputTail reason }"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    j = sub.add_parser("job", help="submit, list, show and cancel jobs")
+    jsub = j.add_subparsers(dest="job_cmd", required=True)
+
+    js = jsub.add_parser("submit")
+    js.add_argument("name")
+    js.add_argument("command", nargs=argparse.REMAINDER)
+    js.add_argument("--gpus", type=int, default=0)
+    js.add_argument("--gpu-model", default=None)
+    js.add_argument("--cpus", type=float, default=1.0)
+    js.add_argument("--memory-mb", type=int, default=512)
+    js.add_argument("--priority", type=int, default=0)
+    js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
+    js.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    js.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
+    add_output(js)
+    js.set_defaults(fn=cmd_submit)
+
+    jl = jsub.add_parser("list")
+    jl.add_argument("--state", default=None, help="one state or several, comma-separated")
+    jl.add_argument("--user", default=None)
+    jl.add_argument("--name", default=None, help="name prefix")
+    jl.add_argument("--limit", type=int, default=50)
+    add_output(jl)
+    add_watch(jl)
+    jl.set_defaults(fn=cmd_list)
+
+    jsh = jsub.add_parser("show")
+    jsh.add_argument("id")
+    add_output(jsh)
+    add_watch(jsh)
+    jsh.set_defaults(fn=cmd_show)
+
+    jlg = jsub.add_parser("logs", help="the output tail of each attempt")
+    jlg.add_argument("id")
+    add_output(jlg)
+    jlg.set_defaults(fn=cmd_logs)
+
+    jw = jsub.add_parser("why", help="why a job is still queued: rejecting hosts by reason, queue position")
+    jw.add_argument("id")
+    add_output(jw)
+    jw.set_defaults(fn=cmd_why)
+
+    jc = jsub.add_parser("cancel")
+    jc.add_argument("id")
+    jc.add_argument("--reason", default="")
+    add_output(jc)
+    jc.set_defaults(fn=cmd_cancel)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
+    was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
+    command = args.command
+    if command and command[0] == "--":
+        command = command[1:]
+    if len(command) == 1 and " " in command[0]:
+        command = shlex.split(command[0])
+    q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
+        job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
+    inp = {"name": args.name, "command": command, "gpus": args.gpus, "gpuModel": args.gpu_model,
+           "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
+    if args.max_attempts is not None:
+        inp["maxAttempts"] = args.max_attempts
+    res = gql(q, {"input": inp})["submitJob"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"], "{field}: {message} ({code})")
+    job = res["job"]
+    timed_out = False
+    if args.wait:
+        job, timed_out = wait_for(job["id"], args.timeout)
+    out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
+    if job["state"] == "FAILED":
+        raise JobFailed(f"job {job['id']} FAILED")
+    if timed_out:
+        if job["state"] == "QUEUED":
+            reasons = "".join(f"\n  {r['hosts']} hosts: {r['reason']}" for r in job.get("pendingReasons") or [])
+            raise JobFailed(f"job {job['id']} was not placed within {args.timeout:g}s{reasons}")
+        raise ApiError(f"job {job['id']} still {job['state']} after {args.timeout:g}s")
+    return 0
+
+
+def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any], bool]:
+    """Poll until the job finishes: (job, False); or (job, True) once `timeout` s pass."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id})["job"]
+        if job is None:
+            raise NotFound(f"job {job_id} is gone")
+        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return job, False
+        if deadline is not None and time.monotonic() >= deadline:
+            return job, True
+        time.sleep(0.5)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
+           edges { node { id name state user gpus gpuModel priority submittedAt } } } }"""
+    flt = {k: v for k, v in (("state", [s.upper() for s in args.state.split(",")] if args.state else None),
+                              ("user", args.user), ("namePrefix", args.name)) if v}
+
+    def render() -> None:
+        data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
+        rows = [[n["id"], n["name"], n["state"], n["user"], str(n["gpus"]), n["gpuModel"] or "-",
+                 str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
+        out(args, data, rows, ["ID", "NAME", "STATE", "USER", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
+
+    return watch(args, render)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    return watch(args, lambda: show(args))
+
+
+def show(args: argparse.Namespace) -> None:
+    job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id})["job"]
+    if job is None:
+        raise NotFound(f"no job {args.id}")
+    if args.output == "json":
+        out(args, job)
+        return
+    print(f"{job['id']}  {job['name']}  {job['state']}")
+    print(f"  command: {shlex.join(job['command'])}")
+    print(f"  wants:   {job['gpus']} GPU {job['gpuModel'] or 'any'}, {job['cpus']} CPU, {job['memoryMb']} MB")
+    if job["state"] == "QUEUED":
+        print(f"  queue position: {job['queuePosition']}")
+        for r in job["pendingReasons"]:
+            print(f"  pending: {r['hosts']} hosts: {r['reason']}")
+    for a in job["attempts"]:
+        print(f"  attempt {a['number']} on {a['host']['id']} GPUs {a['gpuIndices']}: {a['state']}"
+              f" exit={a['exitCode']} {a['reason']}")
+        if a["outputTail"]:
+            print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    job = gql("""query($id: ID!) { job(id: $id) { id state attempts { number task state host { id }
+                 exitCode outputTail } } }""", {"id": args.id})["job"]
+    if job is None:
+        raise NotFound(f"no job {args.id}")
+    if args.output == "json":
+        out(args, job["attempts"])
+        return 0
+    if not job["attempts"]:
+        print(f"job {job['id']} is {job['state']} and has not run yet", file=sys.stderr)
+    for a in job["attempts"]:
+        task = f" task {a['task']}" if a["task"] else ""
+        print(f"==> attempt {a['number']}{task} on {a['host']['id']}: {a['state']}"
+              + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+        if a["outputTail"]:
+            print(a["outputTail"].rstrip("\n"))
+    return 0
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    job = gql("""query($id: ID!) { job(id: $id) { id name state queuePosition
+                 pendingReasons { reason hosts } } }""", {"id": args.id})["job"]
+    if job is None:
+        raise NotFound(f"no job {args.id}")
+    if args.output == "json":
+        out(args, job)
+        return 0
+    if job["state"] != "QUEUED":
+        print(f"{job['id']} is {job['state']}: it is not waiting for placement")
+        return 0
+    print(f"{job['id']} ({job['name']}) is QUEUED, position {job['queuePosition']} in the queue")
+    if not job["pendingReasons"]:
+        print("  no host rejects it: it should be placed in the next scheduling cycle")
+    else:
+        out(args, job, [[str(r["hosts"]), r["reason"]] for r in job["pendingReasons"]], ["HOSTS", "REASON"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
+           job { id state } userErrors { field message code } } }"""
+    res = gql(q, {"id": args.id, "reason": args.reason})["cancelJob"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"], "{message}")
+    out(args, res["job"], [[res["job"]["id"], "cancel requested"]], ["ID", "STATUS"])
+    return 0

@@ -1,0 +1,35 @@
+"""The `muster` argument parser: each command family adds its own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, serve, tokens, up
+
+DESCRIPTION = (
+    "The `muster` command: run the parts (up, nats, server, agent) and operate the cluster "
+    "(job, host, alerts) through the GraphQL API. Exit codes: 0 ok, 1 error, 2 placement failure "
+    "(the job could not be placed or failed), 3 not found, 4 unauthorised, 130 interrupted (Ctrl-C)."
+)
+
+# In the order `muster --help` lists them.
+FAMILIES = (
+    up,  # up
+    nats,  # nats
+    serve,  # server
+    passthrough,  # agent, bench
+    check,  # check, schema
+    jobs,  # job
+    hosts,  # host
+    alerts,  # alerts
+    tokens,  # token
+    creds,  # creds
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="muster", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for family in FAMILIES:
+        family.register(sub)
+    return p

@@ -1,0 +1,84 @@
+"""`muster server`: one control-plane replica (the API, the console, the scheduler when
+it leads) under uvicorn until SIGINT/SIGTERM. Unset options come from ServerConfig, which
+reads the MUSTER_* environment (server.replica)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = sub.add_parser("server", help="run a control-plane replica")
+    s.add_argument("--nats", default=None, help="NATS URL(s), comma-separated (MUSTER_NATS_URL)")
+    s.add_argument("--http-port", type=int, default=None)
+    s.add_argument("--http-host", default=None)
+    s.add_argument("--data-dir", default=None)
+    s.add_argument("--db-url", default=None, help="SQLAlchemy URL of the history database (MUSTER_DB_URL)")
+    s.add_argument("--name", default=None, help="replica name (default host-pid-random)")
+    s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
+    s.add_argument("--history-in-process", action="store_true",
+                   help="write history from the server process instead of a historian process of its own")
+    s.add_argument("--heartbeats-in-process", action="store_true",
+                   help="read heartbeats in the server process instead of an ingest process of its own")
+    s.add_argument("--heartbeat-interval", type=float, default=None,
+                   help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
+    s.add_argument("--creds", dest="nats_creds", default=None,
+                   help="NATS credentials: an nkey seed file (MUSTER_NATS_CREDS)")
+    s.add_argument("--nats-ca", default=None, help="CA of the NATS servers' certificates (MUSTER_NATS_CA)")
+    s.add_argument("--nats-cert", default=None, help="NATS client certificate (MUSTER_NATS_CERT)")
+    s.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
+    s.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (MUSTER_TLS_CERT)")
+    s.add_argument("--tls-key", default=None, help="key of --tls-cert (MUSTER_TLS_KEY)")
+    s.set_defaults(fn=cmd_server)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.api.app import build_app
+    from server.logs import setup as setup_logging
+    from server.replica import Muster, ServerConfig
+    from web.console import console_routes
+
+    setup_logging()
+    cfg = ServerConfig()
+    if args.nats:
+        cfg.nats_url = args.nats
+    if args.http_port is not None:
+        cfg.http_port = args.http_port
+    if args.http_host:
+        cfg.http_host = args.http_host
+    if args.data_dir:
+        cfg.data_dir = Path(args.data_dir)
+    if args.db_url:
+        cfg.db_url = args.db_url
+    if args.name:
+        cfg.name = args.name
+    if args.lease_ttl:
+        cfg.lease_ttl_s = args.lease_ttl
+    if args.heartbeat_interval:
+        cfg.heartbeat_interval_s = args.heartbeat_interval
+    for opt in ("nats_creds", "nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key"):
+        if getattr(args, opt):
+            setattr(cfg, opt, getattr(args, opt))
+    scheme = "https" if cfg.tls_cert else "http"
+    cfg.history_process = not args.history_in_process
+    cfg.heartbeat_process = not args.heartbeats_in_process
+    muster = Muster(cfg)
+    app = build_app(muster, routes=console_routes())
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if muster.new_token:
+                print(f"Operator token (shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
+                      flush=True)
+            print(f"muster server {cfg.name} listening on {scheme}://{cfg.http_host}:{cfg.http_port}", flush=True)
+
+    config = uvicorn.Config(app, host=cfg.http_host, port=cfg.http_port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=10,
+                            ssl_certfile=cfg.tls_cert, ssl_keyfile=cfg.tls_key)
+    Server(config).run()
+    return 0

@@ -1,0 +1,89 @@
+"""`muster token create|list|revoke`: API tokens, written to NATS directly (no server
+needed), with the control plane's NATS credentials."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+from server.cli.client import add_output, out
+from wire.errors import NotFound
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    t = sub.add_parser("token", help="create, list and revoke API tokens (talks to NATS directly)")
+    tsub = t.add_subparsers(dest="token_cmd", required=True)
+    tc = tsub.add_parser("create")
+    tc.add_argument("name")
+    tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
+    add_admin_nats(tc)
+    tc.set_defaults(fn=cmd_token)
+    tl = tsub.add_parser("list")
+    add_admin_nats(tl)
+    add_output(tl)
+    tl.set_defaults(fn=cmd_token)
+    tr = tsub.add_parser("revoke")
+    tr.add_argument("name")
+    add_admin_nats(tr)
+    tr.set_defaults(fn=cmd_token)
+
+
+def add_admin_nats(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--nats", default=None, help="NATS URL(s) (MUSTER_NATS_URL)")
+    sp.add_argument("--creds", default=None, help="control-plane credentials (MUSTER_NATS_CREDS)")
+    sp.add_argument("--nats-ca", default=os.environ.get("MUSTER_NATS_CA"))
+    sp.add_argument("--nats-cert", default=os.environ.get("MUSTER_NATS_CERT"))
+    sp.add_argument("--nats-key", default=os.environ.get("MUSTER_NATS_KEY"))
+    sp.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"),
+                    help="where to find the credentials when --creds is not given")
+
+
+def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
+    """How `muster token` reaches NATS: --nats/MUSTER_NATS_URL with the control plane's
+    credentials (--creds, MUSTER_NATS_CREDS, else server.nk found under --data-dir)."""
+    from server.broker.natsauth import find_auth_dir
+
+    creds = args.creds or os.environ.get("MUSTER_NATS_CREDS")
+    if not creds:
+        found = find_auth_dir(args.data_dir) / "server.nk"
+        if found.exists():
+            creds = str(found)
+    return {"url": args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"), "creds": creds,
+            "tls_ca": args.nats_ca, "tls_cert": args.nats_cert, "tls_key": args.nats_key}
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from server.api.tokens import create_token, list_tokens, revoke_token
+    from wire.kv import Store, connect
+
+    opts = admin_nats(args)
+
+    async def run() -> int:
+        nc = await connect(opts.pop("url"), name="muster-token-cli", max_reconnect_attempts=0,
+                           allow_reconnect=False, **opts)
+        try:
+            store = Store(nc)
+            if args.token_cmd == "create":
+                token, info = await create_token(store, args.name, args.role)
+                print(f"Token {info.name!r} ({info.role}) created; it is shown only this once:", file=sys.stderr)
+                print(token, flush=True)
+            elif args.token_cmd == "list":
+                tokens = await list_tokens(store)
+                rows = sorted(([i.name, i.role, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
+                                h[:12]] for h, i in tokens.items()), key=lambda r: r[0])
+                out(args, [{"name": i.name, "role": i.role, "createdAt": i.created_at, "hash": h}
+                           for h, i in tokens.items()], rows, ["NAME", "ROLE", "CREATED", "HASH"])
+            else:  # revoke
+                n = await revoke_token(store, args.name)
+                if n == 0:
+                    raise NotFound(f"no token named {args.name!r}")
+                print(f"revoked {n} token(s) named {args.name!r}")
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())

@@ -1,0 +1,138 @@
+"""`muster up` (what `make run` runs): embedded NATS, one server and N local agents, each
+a subprocess with its log in <data-dir>/logs, until Ctrl-C. NATS auth is on unless
+--no-auth: each part gets its own credentials from <data-dir>/nats/auth."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MUSTER = [sys.executable, "-m", "server.cli"]
+AGENT = [sys.executable, "-m", "agent"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    up = sub.add_parser("up", help="start NATS, a server and local agents (Ctrl-C stops)")
+    up.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
+    up.add_argument("--http-port", type=int, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
+    up.add_argument("--nats-port", type=int, default=4222)
+    up.add_argument("--agents", type=int, default=2)
+    up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"))
+    up.add_argument("--no-auth", action="store_true", help="run NATS without authentication")
+    up.set_defaults(fn=cmd_up)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from server.broker.natsauth import AuthDir
+    from server.broker.natsd import wait_for_port
+
+    data = Path(args.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    first_start = not (data / "token").exists()
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    logs = data / "logs"
+    logs.mkdir(exist_ok=True)
+    auth = None if args.no_auth else AuthDir(data / "nats" / "auth")
+    if auth is not None:
+        auth.ensure()
+        for i in range(args.agents):
+            auth.issue_agent(f"local-{i + 1}")
+        auth.reload_servers()  # a NATS still running from before picks up new agents
+
+    def spawn(name: str, argv: list[str], creds: Path | None = None) -> subprocess.Popen[bytes]:
+        out = open(logs / f"{name}.log", "ab")
+        env = {k: v for k, v in os.environ.items() if k != "MUSTER_NATS_CREDS"}
+        if creds is not None:
+            env["MUSTER_NATS_CREDS"] = str(creds)
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        out.close()
+        procs.append((name, p))
+        return p
+
+    def stop_all() -> None:
+        for name, p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+    nats_url = f"nats://127.0.0.1:{args.nats_port}"
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        nats_argv = MUSTER + ["nats", "--port", str(args.nats_port), "--data-dir", str(data / "nats")]
+        if auth is None:
+            nats_argv.append("--no-auth")
+        nats = spawn("nats", nats_argv)
+        wait_for_port(args.nats_port, proc=nats)
+        server = spawn("server", MUSTER + ["server", "--nats", nats_url, "--http-port", str(args.http_port),
+                                           "--data-dir", str(data)],
+                       creds=auth.server_creds if auth is not None else None)
+        wait_for_port(args.http_port, timeout=60, proc=server)
+        gpus = args.simulate_gpus
+        if gpus is None and not has_nvidia():
+            gpus = "8xH100"
+        for i in range(args.agents):
+            host = f"local-{i + 1}"
+            argv = AGENT + ["--nats", nats_url, "--host-id", host,
+                            "--labels", "rack=local,zone=local", "--state-dir", str(data / "agents")]
+            if gpus:
+                argv += ["--simulate-gpus", gpus]
+            spawn(f"agent-{i + 1}", argv, creds=auth.agent_creds(host) if auth is not None else None)
+        base = f"http://127.0.0.1:{args.http_port}"
+        print(f"Muster is up (data in {data}, logs in {logs})")
+        print(f"  console:  {base}/")
+        print(f"  GraphQL:  {base}/graphql")
+        if auth is not None:
+            print(f"  NATS:     {nats_url} (auth on; credentials in {auth.path})")
+        else:
+            print(f"  NATS:     {nats_url} (NO AUTH)")
+        if gpus:
+            print(f"  agents:   {args.agents} local agents with SIMULATED GPUs ({gpus})")
+        token_file = data / "token"
+        deadline = time.monotonic() + 30
+        while not token_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if first_start and token_file.exists():
+            print(f"  token:    {token_file.read_text().strip()}  (saved in {token_file})")
+        else:
+            print(f"  token:    in {token_file}")
+        print("Press Ctrl-C to stop.", flush=True)
+        while not stopping:
+            for name, p in procs:
+                if p.poll() is not None:
+                    print(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}", file=sys.stderr)
+                    stopping = True
+                    break
+            time.sleep(0.2)
+    finally:
+        print("Stopping...", flush=True)
+        stop_all()
+    return 0
+
+
+def has_nvidia() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:  # noqa: BLE001
+        return False
