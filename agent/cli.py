@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from wire.errors import MusterError
+from wire.logs import setup as setup_logging
 
 
 def add_arguments(a: argparse.ArgumentParser) -> None:
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "muster-agent") -> int:
 def run(args: argparse.Namespace) -> None:
     from agent.agent import Agent, AgentConfig, parse_labels
 
-    setup_logging()
+    setup_logging(component="agent")
     cfg = AgentConfig(
         nats_url=args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"),
         host_id=args.host_id or os.environ.get("MUSTER_HOST_ID") or os.uname().nodename,
@@ -92,37 +90,6 @@ def run(args: argparse.Namespace) -> None:
         await agent.run(stop)
 
     asyncio.run(until_stopped())
-
-
-# ---------------------------------------------------------------- logging
-# The same two formats as the control plane's (server/logs.py), which the agent may not
-# import: plain text for people, or one JSON object per line (MUSTER_LOG_FORMAT=json).
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-            "process": record.process,
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler()
-    if os.environ.get("MUSTER_LOG_FORMAT", "text").lower() == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, os.environ.get("MUSTER_LOG_LEVEL", level).upper(), logging.INFO))
-    logging.getLogger("nats").setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -811,7 +811,7 @@ def run(a: argparse.Namespace, argv: list[str], procs: Processes) -> dict[str, A
             say(f"waiting for hosts: server sees {seen}, wants {want}")
             time.sleep(3)
         for c in psutil.Process(server.proc.pid).children():
-            # The server names its helper processes (server.logs.name_this_process).
+            # The server names its helper processes (wire.logs.name_this_process).
             role = {"muster-history": "historian", "muster-ingest": "heartbeat ingest"}.get(c.name())
             if role:
                 procs.children.append(Child(role, None, c))

@@ -854,7 +854,7 @@ class Bench:
                     name = p.name()
                 except psutil.Error:
                     continue
-                # The server names its helper processes (server.logs.name_this_process).
+                # The server names its helper processes (wire.logs.name_this_process).
                 what = ("historian" if name == "muster-history" else
                         "heartbeat ingest" if name == "muster-ingest" else
                         "multiprocessing resource tracker" if "resource_tracker" in cmd else f"child {p.pid}")

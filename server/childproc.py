@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def run_helper(name: str, body: Callable[[asyncio.Event], Awaitable[None]], nice: int = 0) -> None:
     """Process entry point: set up logging, take `name`, add `nice`, then run
     `body(stop)` until it returns; `stop` is set by SIGTERM/SIGINT or the parent's end."""
-    from server.logs import name_this_process, setup
+    from wire.logs import name_this_process, setup
 
     setup()
     name_this_process(name)

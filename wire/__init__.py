@@ -10,6 +10,7 @@
     natsclient   the faster NATS header parser every Muster client installs
     tls          client TLS settings
     submit       submitting jobs over NATS (`muster.submit.<user>`)
+    logs         the log format every Muster process writes (text, or JSON lines)
     errors       the one error hierarchy (`MusterError` and its subclasses)
 
 Imports: the standard library, pydantic and nats-py only; never `server`, `agent`,

@@ -40,7 +40,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from server.api.schema import schema_sdl
+    from server.api.graphql import schema_sdl
 
     sys.stdout.write(schema_sdl())
     return 0

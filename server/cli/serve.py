@@ -38,7 +38,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.api.app import build_app
-    from server.logs import setup as setup_logging
+    from wire.logs import setup as setup_logging
     from server.replica import Muster, ServerConfig
     from web.console import console_routes
 

@@ -1,5 +1,6 @@
-"""Logging set-up: plain text for people, or one JSON object per line for machines
-(`MUSTER_LOG_FORMAT=json`), with the fields log shippers expect."""
+"""Logging set-up for every Muster process (control plane and agents alike): plain text
+for people, or one JSON object per line for machines (`MUSTER_LOG_FORMAT=json`), with
+the fields log shippers expect."""
 
 from __future__ import annotations
 
