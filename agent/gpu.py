@@ -388,10 +388,11 @@ class NvmlBackend:
     def __init__(self, fault_file: str | None = None, nvml: ModuleType | Any | None = None) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml  # type: ignore[no-redef]
+                import pynvml
             except ImportError as exc:
                 raise NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
-        self._nv = nvml
+            nvml = pynvml
+        self._nv: Any = nvml
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._closed = False

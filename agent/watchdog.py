@@ -73,7 +73,7 @@ def start_time(pid: int) -> str:
 
 def runs(directory: str) -> dict[str, tuple[int, str, bool]]:
     """attempt -> (process group, its leader's start time, keeps running)."""
-    out = {}
+    out: dict[str, tuple[int, str, bool]] = {}
     try:
         names = os.listdir(directory)
     except OSError:

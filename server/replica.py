@@ -129,7 +129,8 @@ class Muster:
             self._watches.append(
                 await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
             )
-        for w in [*self._watches, *([self.ingest] if self.ingest else [])]:
+        loading: list[Watch | HeartbeatIngest] = [*self._watches, *([self.ingest] if self.ingest else [])]
+        for w in loading:
             await self._wait_synced(w)
         memory.freeze_survivors()  # the loaded state: out of the collector's sight
         self.new_token = await bootstrap_token(self.store, self.state, cfg.data_dir)

@@ -97,8 +97,8 @@ async def connect(
     tls_ca = tls_ca or os.environ.get("MUSTER_NATS_CA") or None
     tls_cert = tls_cert or os.environ.get("MUSTER_NATS_CERT") or None
     tls_key = tls_key or os.environ.get("MUSTER_NATS_KEY") or None
+    servers = [u.strip() for u in url.split(",") if u.strip()]
     opts: dict[str, object] = dict(
-        servers=[u.strip() for u in url.split(",") if u.strip()],
         name=name,
         ping_interval=2,
         max_outstanding_pings=3,
@@ -119,7 +119,7 @@ async def connect(
         opts["tls"] = ctx
     opts.update(kw)
     try:
-        return await natsclient.connect(**opts)
+        return await natsclient.connect(servers, **opts)
     except Exception as exc:  # noqa: BLE001 - foreign errors become ours
         raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
 
@@ -385,7 +385,8 @@ class Watch:
                 checked = loop.time()
                 try:
                     ci = await self._sub.consumer_info()
-                    if ci.num_pending == 0 and (ci.delivered.stream_seq or 0) <= self.last_seq \
+                    delivered = ci.delivered.stream_seq if ci.delivered is not None else 0
+                    if ci.num_pending == 0 and (delivered or 0) <= self.last_seq \
                             and self._sub.pending_msgs == 0:
                         return
                 except Exception as exc:  # noqa: BLE001

@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -225,9 +226,11 @@ class Task(_Model):
 
     __hash__ = None  # type: ignore[assignment]  # equal by value, and it holds a dict
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Task:
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Task:
         copy = super().model_copy(update=update, deep=deep)
-        copy.__pydantic_private__["_json"] = None  # pydantic copies private attributes: not this one
+        private = copy.__pydantic_private__
+        assert private is not None  # the model has a private attribute
+        private["_json"] = None  # pydantic copies private attributes: not this one
         return copy
 
     def compact_json(self) -> bytes:
@@ -236,7 +239,8 @@ class Task(_Model):
         read from pydantic's private dict: `self._json` takes BaseModel.__getattr__, ~30
         times slower.)"""
         private = self.__pydantic_private__
-        data = private.get("_json")
+        assert private is not None
+        data: bytes | None = private.get("_json")
         if data is None:
             data = private["_json"] = self.model_dump_json(exclude_defaults=True).encode()
         return data

@@ -93,6 +93,7 @@ def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tupl
         err("sameRack", "must be true or false")
     if errors:
         return None, errors
+    assert isinstance(command, list)
     spec = JobSpec(
         name=name,
         command=command,

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.types.unset import UNSET, UnsetType
@@ -26,7 +27,7 @@ from server.api.graphql import build_schema
 MAX_BODY_BYTES = 1024 * 1024
 
 
-class MusterGraphQL(GraphQL):
+class MusterGraphQL(GraphQL[dict[str, Any], None]):
     """GraphQL over HTTP, and subscriptions over WebSockets (graphql-transport-ws, and the
     legacy graphql-ws). A WebSocket is authenticated at `connection_init`: its payload
     carries `{"Authorization": "Bearer <token>"}` (or `authorization`, or `token`); an
@@ -38,7 +39,8 @@ class MusterGraphQL(GraphQL):
         super().__init__(build_schema(production=muster.config.production), **kw)
         self.muster = muster
 
-    async def get_context(self, request: Any, response: Any = None) -> dict[str, Any]:
+    async def get_context(self, request: Request | WebSocket, response: Response | WebSocket | None = None,
+                          ) -> dict[str, Any]:
         return {"muster": self.muster, "token": request.scope.get("muster.token"), "request": request}
 
     async def on_ws_connect(self, context: dict[str, Any]) -> UnsetType | dict[str, object] | None:

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +116,7 @@ class Hub:
                         _put(q, change)
             self._known = current
 
-    async def host_health(self) -> AsyncIterator[HealthChange]:
+    async def host_health(self) -> AsyncGenerator[HealthChange, None]:
         q: asyncio.Queue[HealthChange] = asyncio.Queue(QUEUE_SIZE)
         self.health_subs.add(q)
         self._hook()
@@ -134,7 +134,7 @@ class Hub:
 
     # ------------------------------------------------------------ jobs
 
-    async def job_updates(self, job_id: str | None) -> AsyncIterator[Job]:
+    async def job_updates(self, job_id: str | None) -> AsyncGenerator[Job, None]:
         q: asyncio.Queue[Job] = asyncio.Queue(QUEUE_SIZE)
         self.job_subs[q] = job_id
         self._hook()
@@ -147,7 +147,7 @@ class Hub:
 
     # ------------------------------------------------------------ alerts
 
-    async def alerts(self, kind: str | None = None) -> AsyncIterator[LiveAlert]:
+    async def alerts(self, kind: str | None = None) -> AsyncGenerator[LiveAlert, None]:
         """Alerts as they are published on `alerts.>` (core NATS, one subscription per
         subscriber, removed when it leaves)."""
         nc = self.muster.nc

@@ -223,7 +223,7 @@ class AuthDir:
 
     def reload_servers(self) -> list[int]:
         """SIGHUP every live nats-server using this directory. Returns their pids."""
-        done = []
+        done: list[int] = []
         if not self.pids_dir.exists():
             return done
         for f in sorted(self.pids_dir.glob("*.pid")):

@@ -16,16 +16,18 @@ import asyncio
 import logging
 import time
 
+from nats.aio.client import Client as NATS
+
 from wire import subjects
 from server.state.cluster import ClusterState, HostEntry
 from server.health.rules import Health
-from server.state.lease import Leadership
+from server.state.lease import Leader
 from wire.messages import Event, GpuUsage, encode
 
 log = logging.getLogger(__name__)
 
 
-async def publish_alert(nc, kind: str, ev: Event) -> None:  # type: ignore[no-untyped-def]
+async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
     ev.kind = kind
     try:
         await nc.publish(f"{subjects.ALERTS_PREFIX}.{kind}", encode(ev))
@@ -34,7 +36,7 @@ async def publish_alert(nc, kind: str, ev: Event) -> None:  # type: ignore[no-un
 
 
 class HealthMonitor:
-    def __init__(self, nc, state: ClusterState, leadership: Leadership, every_s: float = 1.0) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, nc: NATS, state: ClusterState, leadership: Leader, every_s: float = 1.0) -> None:
         self.nc = nc
         self.state = state
         self.leadership = leadership

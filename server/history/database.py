@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, tuple_
 from sqlalchemy.engine import Connection, Engine
-from sqlmodel import Session, create_engine, select
+from sqlmodel import Session, col, create_engine, select
 
 from server.history.models import AttemptRow, EventRow, JobRow
 from server.history.timeline import job_events
@@ -275,14 +275,14 @@ class History:
                 # Lock the job rows first (the order writers use), skipping rows a writer
                 # or another replica's prune holds.
                 q = (select(JobRow.id)
-                     .where(JobRow.state.in_(FINISHED_STATES), JobRow.updated_at < cutoff)  # type: ignore[attr-defined]
-                     .order_by(JobRow.updated_at).limit(_PRUNE_CHUNK)  # type: ignore[arg-type]
+                     .where(col(JobRow.state).in_(FINISHED_STATES), col(JobRow.updated_at) < cutoff)
+                     .order_by(col(JobRow.updated_at)).limit(_PRUNE_CHUNK)
                      .with_for_update(skip_locked=True))
                 ids = list(conn.execute(q).scalars())
                 if ids:
-                    conn.execute(delete(EventRow).where(EventRow.job_id.in_(ids)))  # type: ignore[union-attr]
-                    conn.execute(delete(AttemptRow).where(AttemptRow.job_id.in_(ids)))  # type: ignore[attr-defined]
-                    conn.execute(delete(JobRow).where(JobRow.id.in_(ids)))  # type: ignore[attr-defined]
+                    conn.execute(delete(EventRow).where(col(EventRow.job_id).in_(ids)))
+                    conn.execute(delete(AttemptRow).where(col(AttemptRow.job_id).in_(ids)))
+                    conn.execute(delete(JobRow).where(col(JobRow.id).in_(ids)))
             total += len(ids)
             if len(ids) < _PRUNE_CHUNK:
                 return total
@@ -319,11 +319,11 @@ class History:
             return Job.model_validate_json(row.doc) if row else None
 
     def _name_prefix(self, prefix: str) -> Any:
-        col = JobRow.name
+        name = col(JobRow.name)
         if self.dialect == "sqlite":
             # SQLite's LIKE ignores case; a binary range is exact and uses the index.
-            return and_(col >= prefix, col < prefix + "\U0010ffff")  # type: ignore[operator]
-        return col.startswith(prefix, autoescape=True)  # type: ignore[attr-defined]
+            return and_(name >= prefix, name < prefix + "\U0010ffff")
+        return name.startswith(prefix, autoescape=True)
 
     def list_jobs(
         self,
@@ -353,7 +353,7 @@ class History:
         conds: list[Any] = []
         if state:
             states = [state] if isinstance(state, str) else list(state)
-            conds.append(JobRow.state == states[0] if len(states) == 1 else JobRow.state.in_(states))  # type: ignore[attr-defined]
+            conds.append(col(JobRow.state) == states[0] if len(states) == 1 else col(JobRow.state).in_(states))
         if user is not None:
             conds.append(JobRow.user == user)
         if name:
@@ -404,8 +404,8 @@ class History:
     ) -> list[EventRow]:
         """Events matching every given filter (`since`: ts >= since), oldest first."""
         q = select(EventRow).where(*self._event_filters(job_id, host_id, kind, since))
-        order = (EventRow.ts.desc(), EventRow.id.desc()) if newest_first else (EventRow.ts, EventRow.id)  # type: ignore[attr-defined]
-        q = q.order_by(*order).offset(offset).limit(limit)  # type: ignore[arg-type]
+        ts, ident = col(EventRow.ts), col(EventRow.id)
+        q = q.order_by(*((ts.desc(), ident.desc()) if newest_first else (ts, ident))).offset(offset).limit(limit)
         with Session(self.engine) as s:
             return list(s.exec(q).all())
 
@@ -432,8 +432,8 @@ class History:
     ) -> list[AttemptRow]:
         """Attempts of a job and/or on a host, by placement time (oldest first)."""
         q = select(AttemptRow).where(*self._attempt_filters(job_id, host_id))
-        cols = (AttemptRow.placed_at, AttemptRow.id)
-        q = q.order_by(*[c.desc() for c in cols] if newest_first else cols).offset(offset).limit(limit)  # type: ignore[attr-defined]
+        placed, ident = col(AttemptRow.placed_at), col(AttemptRow.id)
+        q = q.order_by(*((placed.desc(), ident.desc()) if newest_first else (placed, ident))).offset(offset).limit(limit)
         with Session(self.engine) as s:
             return list(s.exec(q).all())
 
@@ -443,12 +443,13 @@ class History:
     def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
         """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
         with Session(self.engine) as s:
-            cond = EventRow.kind == f"alert.{kind}" if kind else EventRow.kind.startswith("alert.")  # type: ignore[attr-defined]
-            rows = s.exec(select(EventRow).where(cond).order_by(EventRow.ts.desc()).offset(offset).limit(limit)).all()  # type: ignore[attr-defined]
+            kind_col = col(EventRow.kind)
+            cond = kind_col == f"alert.{kind}" if kind else kind_col.startswith("alert.")
+            rows = s.exec(select(EventRow).where(cond).order_by(col(EventRow.ts).desc()).offset(offset).limit(limit)).all()
             # The count as a range on `kind` (what LIKE 'alert.%' means), so that it can use
             # the kind index instead of scanning every event: 7 ms instead of 330 ms at 2.7 M
             # events.
-            count_cond = cond if kind else (EventRow.kind >= "alert.") & (EventRow.kind < "alert/")  # type: ignore[operator]
+            count_cond = cond if kind else (kind_col >= "alert.") & (kind_col < "alert/")
             total = s.exec(select(func.count()).select_from(EventRow).where(count_cond)).one()
             return list(rows), int(total)
 
@@ -458,7 +459,7 @@ class History:
 
     def events_for_job(self, job_id: str) -> list[EventRow]:
         with Session(self.engine) as s:
-            q = select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.ts, EventRow.id)  # type: ignore[arg-type]
+            q = select(EventRow).where(EventRow.job_id == job_id).order_by(col(EventRow.ts), col(EventRow.id))
             return list(s.exec(q).all())
 
     def close(self) -> None:

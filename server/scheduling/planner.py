@@ -416,8 +416,9 @@ def place_queued(
             choices = [choice]
         for c in choices:
             placer.reserve(c, job.spec)
-        job = w.job(job.id)
-        assert job is not None
+        copy = w.job(job.id)
+        assert copy is not None
+        job = copy
         number = job.tries + 1
         gang = job.spec.replicas > 1
         attempt = None

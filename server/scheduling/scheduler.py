@@ -26,7 +26,7 @@ from wire import subjects
 from server.state.cluster import ClusterState
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from wire.errors import ConflictError, DecodeError, FencedError, StoreError
-from server.state.lease import FENCE_SLOTS, Leadership
+from server.state.lease import FENCE_SLOTS, Leader
 from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
 from server.health.monitor import publish_alert
@@ -43,8 +43,8 @@ class _Cycle:
     plan: Plan
     now: float
     writes: list[Write]
-    reports: list[tuple[Msg, StatusReport | None]]
-    commands: list[tuple[Msg, Command | None]]
+    reports: list[tuple[Msg, StatusReport]]
+    commands: list[tuple[Msg, Command]]
     submissions: list[tuple[Msg, SubmitRequest]]
     slot: int = 0  # fence slot of its commit (one per commit in flight: see store.Fence)
 
@@ -73,7 +73,7 @@ class Scheduler:
         self,
         store: Store,
         state: ClusterState,
-        leadership: Leadership,
+        leadership: Leader,
         config: SchedulerConfig | None = None,
         caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
@@ -87,8 +87,8 @@ class Scheduler:
         self.leadership = leadership
         self.config = config or SchedulerConfig()
         self.wake = asyncio.Event()
-        self._reports: list[tuple[Msg, StatusReport | None]] = []
-        self._commands: list[tuple[Msg, Command | None]] = []
+        self._reports: list[tuple[Msg, StatusReport]] = []
+        self._commands: list[tuple[Msg, Command]] = []
         self._submissions: list[tuple[Msg, SubmitRequest]] = []
         self.cycles = 0
         self.placed = 0
@@ -243,8 +243,8 @@ class Scheduler:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
                 self._inflight.clear()
             leading_stop.set()
-            for t in fetchers:
-                t.cancel()
+            for f in fetchers:
+                f.cancel()
             await asyncio.gather(*fetchers, return_exceptions=True)
             # Unacknowledged inputs go back to the stream for the next leader.
             for m, _ in self._reports + self._commands + self._submissions:

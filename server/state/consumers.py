@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Literal
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
@@ -83,7 +84,7 @@ class PullFeed:
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
         request = json.dumps({"batch": self.batch, "expires": int(self.expires_s * 1e9)}).encode()
         stop_wait = asyncio.ensure_future(stop.wait())
-        ended: asyncio.Future[object] | None = None
+        ended: asyncio.Future[Literal[True]] | None = None
         try:
             while not stop.is_set():
                 self._n = 0
@@ -96,10 +97,10 @@ class PullFeed:
                     log.debug("pull request %s: %s", subject, exc)
                     await asyncio.sleep(0.2)
                     continue
-                ended = asyncio.ensure_future(self._ended.wait())  # type: ignore[assignment]
-                await asyncio.wait({ended, stop_wait}, timeout=self.expires_s + 1.0,
+                ended = waiting = asyncio.ensure_future(self._ended.wait())
+                await asyncio.wait({waiting, stop_wait}, timeout=self.expires_s + 1.0,
                                    return_when=asyncio.FIRST_COMPLETED)
-                ended.cancel()
+                waiting.cancel()
                 if self._status not in (None, "404", "408"):
                     # e.g. 409 while the stream's leader changes: do not spin.
                     log.debug("pull %s ended with status %s", subject, self._status)

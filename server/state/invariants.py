@@ -94,17 +94,17 @@ def check(
                     problems.append(f"host {host_id} at {t:.3f}: memory over {cap.memory_mb}")
     seen_tasks: dict[str, str] = {}
     for alloc in allocs:
-        for t in alloc.tasks:
-            if t.attempt_id in seen_tasks:
-                problems.append(f"attempt {t.attempt_id} allocated on {seen_tasks[t.attempt_id]} and {alloc.host_id}")
-            seen_tasks[t.attempt_id] = alloc.host_id
-            cap = capacity.get(alloc.host_id)
-        gpus = [g for t in alloc.tasks for g in t.gpu_indices]
+        for task in alloc.tasks:
+            if task.attempt_id in seen_tasks:
+                problems.append(f"attempt {task.attempt_id} allocated on {seen_tasks[task.attempt_id]} "
+                                f"and {alloc.host_id}")
+            seen_tasks[task.attempt_id] = alloc.host_id
+        gpus = [g for task in alloc.tasks for g in task.gpu_indices]
         if len(gpus) != len(set(gpus)):
             problems.append(f"allocation of {alloc.host_id} holds a GPU twice")
         cap = capacity.get(alloc.host_id)
-        if cap is not None and (len(gpus) > cap.gpus or sum(t.cpus for t in alloc.tasks) > cap.cpus + EPS
-                                or sum(t.memory_mb for t in alloc.tasks) > cap.memory_mb):
+        if cap is not None and (len(gpus) > cap.gpus or sum(task.cpus for task in alloc.tasks) > cap.cpus + EPS
+                                or sum(task.memory_mb for task in alloc.tasks) > cap.memory_mb):
             problems.append(f"allocation of {alloc.host_id} exceeds its capacity")
     for attempt_id, host_id in live_by_attempt.items():
         if seen_tasks and seen_tasks.get(attempt_id) != host_id:

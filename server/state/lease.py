@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from wire.errors import ConfigError, ConflictError, StoreError
 from wire.kv import Fence, Store, Write
@@ -54,6 +55,24 @@ class LeaseConfig:
         if self.retry_every_s <= 0:
             raise ConfigError("lease retry interval must be positive")
         return self
+
+
+class Leader(Protocol):
+    """What the scheduler and the health monitor read of a leadership: a `Leadership`, or
+    a `ThreadedLeadership` keeping one in a thread of its own."""
+
+    config: LeaseConfig
+    changed: asyncio.Event
+
+    @property
+    def leading(self) -> bool: ...
+
+    @property
+    def term(self) -> int: ...
+
+    def fence(self, slot: int = 0) -> Fence: ...
+
+    def step_down(self, why: str) -> None: ...
 
 
 class Leadership:

@@ -71,7 +71,7 @@ class HostSort(enum.Enum):
 
 @strawberry.input(description="Jobs matching every given field.")
 class JobFilter:
-    state: list[JobState] | None = None  # type: ignore[valid-type]
+    state: list[JobState] | None = None
     user: str | None = None
     name_prefix: str | None = None
     priority: int | None = None

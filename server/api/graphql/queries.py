@@ -115,7 +115,7 @@ class Query:
         info: Info,
         first: int | None = 50,
         after: str | None = None,
-        state: JobState | None = None,  # type: ignore[valid-type]
+        state: JobState | None = None,
         filter: JobFilter | None = None,
         sort: JobSort = JobSort.SUBMITTED_AT_DESC,
     ) -> JobConnection:

@@ -10,20 +10,16 @@ import strawberry
 from strawberry.types import Info
 
 from server.api.graphql.context import muster, ts
+from server.api.graphql.errors import UserError
 from server.replica import Muster
 from server.views.hosts import FleetSummary, HostRow
 from wire.messages import Attempt as AttemptModel
 from wire.messages import Job as JobModel
 from wire.messages import JobState as JobStateEnum
 
-JobState = strawberry.enum(JobStateEnum, name="JobState")
-
-
-@strawberry.type
-class UserError:
-    field: str
-    message: str
-    code: str
+# The wire's enum is the GraphQL enum (strawberry.enum registers the class itself).
+strawberry.enum(JobStateEnum, name="JobState")
+JobState = JobStateEnum
 
 
 @strawberry.type
@@ -179,7 +175,7 @@ class Job:
         return self._m.spec.name
 
     @strawberry.field
-    def state(self) -> JobState:  # type: ignore[valid-type]
+    def state(self) -> JobState:
         return self._m.state
 
     @strawberry.field
@@ -321,7 +317,7 @@ class MemoryCounts:
 
 @strawberry.type
 class JobStateCount:
-    state: JobState  # type: ignore[valid-type]
+    state: JobState
     count: int
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -22,7 +24,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # name -> (table, columns, dialect options)
-INDEXES: dict[str, tuple[str, list[str], dict[str, object]]] = {
+INDEXES: dict[str, tuple[str, list[str], dict[str, Any]]] = {
     "ix_jobs_state_submitted_at": ("jobs", ["state", "submitted_at"], {}),
     "ix_jobs_user_submitted_at": ("jobs", ["user", "submitted_at"], {}),
     # text_pattern_ops: LIKE 'prefix%' can use the index whatever the database collation.
