@@ -13,7 +13,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.run import run
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `muster bench -- --hosts ...`
+        argv = argv[1:]
+    from bench.cli import run
 
     return run(argv)
 

@@ -9,7 +9,7 @@ Real nats-server, a real `muster server`, simulated hosts in one simulator proce
     records as well as by the report;
   * a 3-node NATS cluster with a burst of trace jobs over GraphQL: the state is stored
     with 3 replicas, the burst section of the report is there, and everything is correct.
-The dispatch checks themselves (`bench.run.judge`) are tested without a cluster first.
+The dispatch checks themselves (`bench.verdict.judge`) are tested without a cluster first.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.run import OBSERVER_CAUGHT_UP, histogram_window, judge
+from bench.run import OBSERVER_CAUGHT_UP
+from bench.stats import histogram_window
+from bench.verdict import judge
 from bench.workload import TRACES
 
 # The traces are read in place from ../shared/traces (never copied into the project); a
@@ -179,7 +181,7 @@ def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends(kind: str) -> N
     reference); also for the operator bench's hosts (a subclass), and after a shape change."""
     from nats.aio.client import Client
 
-    from bench.operator import VariedSimHost
+    from bench.operator.fleet import VariedSimHost
     from bench.simhosts import SimHost
     from bench.workload import HostSpec
     from wire.messages import SHAPE_HEADER

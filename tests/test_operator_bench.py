@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from bench.operator import HistoryMaker, build_fleet, fill_history, job_rows, main
+from bench.operator.fleet import build_fleet
+from bench.operator.history import HistoryMaker, fill_history, job_rows
+from bench.operator.run import main
 from server.history.database import History
 from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, HostAlloc, Task, encode, shape_digest
 from server.replica import Muster, ServerConfig
