@@ -16,6 +16,13 @@ from bench.plot import plot
 from bench.run import Bench
 
 
+def results_dir() -> Path:
+    """Where a report goes by default: bench/results/ in a checkout; an installed
+    package has none, and writes to the current directory."""
+    d = Path(__file__).resolve().parent / "results"
+    return d if d.is_dir() else Path.cwd()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="muster bench", description="Load-test Muster with simulated hosts.")
     ap.add_argument("--hosts", type=int, default=2000)
@@ -32,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--burst", type=int, default=0,
                     help="submit this many jobs at once instead of --rate/--duration and time until all are "
                          "dispatched (maximum placement throughput)")
-    ap.add_argument("--json", default=None, help="write the report here (default bench/results/bench-<time>.json)")
+    ap.add_argument("--json", default=None, help="write the report here (default bench/results/bench-<time>.json in a checkout, "
+                         "else bench-<time>.json in the current directory)")
     ap.add_argument("--png", default=None, help="plot file (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--mean-duration", type=float, default=8.0, help="synthetic: mean task seconds")
@@ -75,7 +83,7 @@ def run(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="muster-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    jpath = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / f"bench-{stamp}.json"
+    jpath = Path(args.json) if args.json else results_dir() / f"bench-{stamp}.json"
     ppath = Path(args.png) if args.png else jpath.with_suffix(".png")
     b = Bench(args, work)
     try:

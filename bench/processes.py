@@ -1,7 +1,6 @@
-"""The benchmark's child processes: nats-server (one node, or a 3-node cluster from
-copies of nats/cluster/n*.conf on free ports), one `muster server`, and whatever else a
-run spawns (simulators, the observer), each sampled for CPU time and peak RSS; the
-server's own helper processes are adopted.
+"""The benchmark's child processes: nats-server (one node, or a 3-node cluster), one
+`muster server`, and whatever else a run spawns (simulators, the observer), each
+sampled for CPU time and peak RSS; the server's own helper processes are adopted.
 
 `Processes` is what `muster bench` (bench.run.Bench) and `python -m bench.operator`
 share. It reads `args.nats_cluster` (1 or 3), `args.nats_sync` (`always` or `default`),
@@ -11,9 +10,7 @@ share. It reads `args.nats_cluster` (1 or 3), `args.nats_sync` (`always` or `def
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +22,7 @@ import httpx
 import psutil
 
 from bench.errors import BenchError
+from bench.natscluster import write_cluster_configs
 from server.broker.natsd import free_port, nats_server_binary, start_nats, wait_for_port
 
 # The directory that holds the `bench` package: the checkout, or site-packages when
@@ -97,46 +95,34 @@ class Processes:
             return
         if self.args.nats_cluster != 3:
             raise BenchError("--nats-cluster must be 1 or 3")
-        src = ROOT / "nats" / "cluster"
-        confs = [src / f"n{i}.conf" for i in (1, 2, 3)]
-        missing = [str(c) for c in confs if not c.exists()]
-        if missing:
-            raise BenchError(f"--nats-cluster 3 needs {', '.join(missing)} (not in this checkout)")
-        ports = {old: free_port() for old in (4222, 4223, 4224, 6222, 6223, 6224, 8222, 8223, 8224)}
-        urls, monitors = [], []
-        for i, c in enumerate(confs, start=1):
-            text = c.read_text()
-            for old, new in ports.items():
-                text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
-            text = text.replace(f'"./data/n{i}"', json.dumps(str(self.work / "nats" / f"n{i}")))
-            if self.args.nats_sync == "default":
-                text = re.sub(r"^\s*sync_interval:\s*always\s*$", "", text, flags=re.M)
-            if f"127.0.0.1:{ports[4221 + i]}" not in text or str(self.work) not in text:
-                raise BenchError(f"{c} does not have the expected listen/store_dir lines; cannot relocate it")
-            conf = self.work / f"n{i}.conf"
-            conf.write_text(text)
-            log = self.work / f"nats-n{i}.log"
+        nodes = write_cluster_configs(self.work, sync_always=self.args.nats_sync == "always")
+        started: list[Child] = []
+        for node in nodes:
+            log = self.work / f"nats-{node.name}.log"
             out = open(log, "ab")
-            p = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT,
+            p = subprocess.Popen([nats_server_binary(), "-c", str(node.config)], stdout=out, stderr=subprocess.STDOUT,
                                  cwd=self.work, start_new_session=True)
             out.close()
-            self.children.append(Child(f"nats-server-n{i}", p, psutil.Process(p.pid), log))
-            urls.append(f"nats://127.0.0.1:{ports[4221 + i]}")
-            monitors.append(ports[8221 + i])
-        for (i, u), c in zip(enumerate(urls), self.children[-3:]):
-            wait_for_port(int(u.rsplit(":", 1)[1]), timeout=30, proc=c.popen)
+            c = Child(f"nats-server-{node.name}", p, psutil.Process(p.pid), log)
+            self.children.append(c)
+            started.append(c)
+        for node, c in zip(nodes, started):
+            try:
+                wait_for_port(node.port, timeout=30, proc=c.popen)
+            except Exception as exc:
+                raise BenchError(f"{c.name} did not start: {exc}; see {c.log}") from exc
         deadline = time.monotonic() + 60
-        for m in monitors:
+        for node in nodes:
             while True:
                 try:
-                    if httpx.get(f"http://127.0.0.1:{m}/healthz", timeout=2).status_code == 200:
+                    if httpx.get(f"http://{node.host}:{node.http_port}/healthz", timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
                     raise BenchError("the 3-node NATS cluster did not become ready (JetStream) within 60 s")
                 time.sleep(0.5)
-        self.nats_url = ",".join(urls)
+        self.nats_url = ",".join(n.url for n in nodes)
 
     @property
     def server_data_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """Orchestration of one `muster bench` run (`python -m bench`; options in bench/cli.py).
 
-Starts nats-server (one node, or a 3-node cluster from copies of nats/cluster/n*.conf on
+Starts nats-server (one node, or a 3-node cluster rendered by bench/natscluster.py on
 free ports), one `muster server`, the state observer (bench/observer.py) and K host
 simulator processes (bench/simhosts.py, ~20,000 hosts each), waits until the server sees
 every host healthy, then submits jobs for --duration seconds (Poisson arrivals, batched

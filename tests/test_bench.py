@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+import bench
 from bench.__main__ import main
+from bench.natscluster import write_cluster_configs
 from bench.run import OBSERVER_CAUGHT_UP
 from bench.stats import histogram_window
 from bench.verdict import judge
@@ -289,6 +296,106 @@ def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
     assert rep["placements_per_s"] == b["placements_per_s"]
     _check_gangs_from_simulators(tmp_path / "work", rep)
     assert rc == 0
+
+
+# ---------------------------------------------------------------- --nats-cluster 3 without a checkout
+
+# Run with the `bench` package copied as a wheel installs it (its modules, nothing
+# beside them: no nats/ directory) and the current directory outside the repository:
+# Processes.start_nats (what `--nats-cluster 3` runs) starts three nodes that form one
+# JetStream cluster, shown by a stream of 3 replicas with a leader and two current followers.
+CLUSTER_FROM_PACKAGE = r"""
+import argparse, asyncio, json, sys
+from pathlib import Path
+
+import nats
+
+import bench.processes
+from bench.processes import ROOT, Processes
+
+site = Path(sys.argv[1])
+assert Path(bench.processes.__file__).resolve().is_relative_to(site), bench.processes.__file__
+assert not (ROOT / "nats").exists(), ROOT
+
+
+async def check(url: str) -> dict:
+    nc = await nats.connect(url.split(","))
+    js = nc.jetstream(timeout=10)
+    await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+    await js.publish("t.x", b"x")
+    for _ in range(100):
+        info = await js.stream_info("T")
+        current = [r.name for r in (info.cluster.replicas or []) if r.current] if info.cluster else []
+        if info.cluster and info.cluster.leader and len(current) == 2:
+            break
+        await asyncio.sleep(0.1)
+    await nc.close()
+    return {"leader": info.cluster.leader, "current_followers": sorted(current), "messages": info.state.messages}
+
+
+work = Path.cwd() / "work"
+p = Processes(argparse.Namespace(nats_cluster=3, nats_sync="always", replicas=3), work)
+try:
+    p.start_nats()
+    out = asyncio.run(check(p.nats_url))
+    out["processes"] = [c.name for c in p.children]
+    out["configs"] = sorted(f.name for f in work.glob("n*.conf"))
+    out["sync_always"] = all("sync_interval: always" in (work / f"n{i}.conf").read_text() for i in (1, 2, 3))
+finally:
+    p.stop_all()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_three_node_nats_cluster_needs_no_checkout(tmp_path: Path) -> None:
+    src = Path(bench.__file__).resolve().parent
+    site = tmp_path / "site-packages"
+    for init in src.rglob("__init__.py"):  # the packages setuptools finds: bench, bench.operator
+        dest = site / init.parent.relative_to(src.parent)
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in init.parent.glob("*.py"):
+            shutil.copy2(f, dest / f.name)
+    assert (site / "bench" / "processes.py").exists() and not (site / "nats").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-c", CLUSTER_FROM_PACKAGE, str(site)], cwd=elsewhere,
+                       env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["processes"] == ["nats-server-n1", "nats-server-n2", "nats-server-n3"]
+    assert out["configs"] == ["n1.conf", "n2.conf", "n3.conf"] and out["sync_always"]
+    assert out["leader"] in {"n1", "n2", "n3"} and len(out["current_followers"]) == 2, out
+    assert out["leader"] not in out["current_followers"] and out["messages"] == 1
+
+
+def _cluster_settings(text: str) -> dict:
+    text = re.sub(r"#.*", "", text)
+    cluster = re.search(r"cluster\s*\{(.*?)\}", text, re.S)
+    assert cluster, text
+    return {"server_name": re.search(r'server_name:\s*"?([\w-]+)', text).group(1),
+            "cluster": re.search(r'name:\s*"?([\w-]+)', cluster.group(1)).group(1),
+            "routes": len(re.findall(r"nats-route://127\.0\.0\.1:\d+", cluster.group(1))),
+            "http": bool(re.search(r"^\s*http:", text, re.M)),
+            "store_dir": bool(re.search(r"^\s*store_dir:", text, re.M)),
+            "sync_always": bool(re.search(r"^\s*sync_interval:\s*always\s*$", text, re.M))}
+
+
+def test_rendered_cluster_has_the_settings_of_nats_cluster_confs(tmp_path: Path) -> None:
+    """The benchmark's 3-node cluster is the one nats/cluster/n*.conf describes (names,
+    cluster, routes, monitoring, fsync), on its own ports and stores; `--nats-sync default`
+    drops only the fsync setting."""
+    shipped = Path(bench.__file__).resolve().parent.parent / "nats" / "cluster"
+    if not (shipped / "n1.conf").exists():
+        pytest.skip(f"no {shipped} (not a checkout)")
+    nodes = write_cluster_configs(tmp_path / "a", sync_always=True)
+    for i, node in enumerate(nodes, start=1):
+        assert _cluster_settings(node.config.read_text()) == _cluster_settings((shipped / f"n{i}.conf").read_text())
+        assert str((tmp_path / "a" / "nats" / f"n{i}").resolve()) in node.config.read_text()
+    ports = {n.port for n in nodes} | {n.http_port for n in nodes}
+    assert len(ports) == 6 and not ports & {4222, 4223, 4224, 8222, 8223, 8224}
+    for node in write_cluster_configs(tmp_path / "b", sync_always=False):
+        assert not _cluster_settings(node.config.read_text())["sync_always"]
 
 
 @pytest.mark.parametrize("mode", ["watch", "core"])
