@@ -14,6 +14,7 @@ The dispatch checks themselves (`bench.verdict.judge`) are tested without a clus
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -396,6 +397,53 @@ def test_rendered_cluster_has_the_settings_of_nats_cluster_confs(tmp_path: Path)
     assert len(ports) == 6 and not ports & {4222, 4223, 4224, 8222, 8223, 8224}
     for node in write_cluster_configs(tmp_path / "b", sync_always=False):
         assert not _cluster_settings(node.config.read_text())["sync_always"]
+
+
+# ---------------------------------------------------------------- matplotlib is the bench extra
+
+IMPORT_ALL_WITHOUT_MATPLOTLIB = r"""
+import importlib, importlib.abc, pkgutil, sys
+
+
+class NoMatplotlib(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(f"{name}: not installed (hidden by the test)")
+        return None
+
+
+sys.meta_path.insert(0, NoMatplotlib())
+names = []
+for top in ("wire", "server", "agent", "web", "bench"):
+    names.append(importlib.import_module(top).__name__)
+    for m in pkgutil.walk_packages(sys.modules[top].__path__, top + "."):
+        if ".migrations" in m.name or m.name.endswith("__main__"):  # Alembic's scripts run when imported
+            continue
+        names.append(importlib.import_module(m.name).__name__)
+print(len(names), "matplotlib" in sys.modules)
+"""
+
+
+def test_muster_imports_without_matplotlib() -> None:
+    """matplotlib is the `bench` extra: no module of Muster imports it, the benchmark only
+    inside bench.plot.plot, and every module, the benchmark's included, imports without it."""
+    root = Path(bench.__file__).resolve().parent.parent
+    where = []
+    for top in ("wire", "server", "agent", "web", "bench"):
+        for f in (root / top).rglob("*.py"):
+            tree = ast.parse(f.read_text(), str(f))
+            top_level = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] == "matplotlib" for n in names):
+                    where.append((str(f.relative_to(root)), id(node) in top_level))
+    assert where and {w for w, _ in where} == {"bench/plot.py"} and not any(top for _, top in where), where
+    r = subprocess.run([sys.executable, "-c", IMPORT_ALL_WITHOUT_MATPLOTLIB], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, loaded = r.stdout.split()
+    assert int(n) > 50 and loaded == "False", r.stdout
 
 
 @pytest.mark.parametrize("mode", ["watch", "core"])
