@@ -1,5 +1,11 @@
-"""The command line of `python -m bench` (also `muster bench`): its options, and one run
-(bench/run.py) from them to the report (JSON) and the plot (PNG)."""
+"""The command line of `python -m bench` (also `muster bench` and `muster-bench`).
+
+    python -m bench [options]                 one run (bench/run.py); --help lists the options
+    python -m bench plot REPORT.json [-o PNG] redraw a run's plot from its report
+
+A run writes its report (JSON) and its plot (PNG, when matplotlib, the `bench` extra, is
+installed); the report keeps what the plot draws, so the PNG need not be kept.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.errors import BenchError
-from bench.plot import plot
+from bench.plot import plot, plot_series
 from bench.run import Bench
 
 
@@ -93,10 +99,15 @@ def run(argv: list[str] | None = None) -> int:
         return 1
     finally:
         b.stop_all()
-    ppath.parent.mkdir(parents=True, exist_ok=True)
-    plot(rep, ppath)
-    rep["plot"] = str(ppath)
     series = rep.pop("_series")
+    rep["plot"] = str(ppath)
+    rep["series"] = plot_series(series)
+    ppath.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot(rep, ppath)
+    except ImportError as exc:  # matplotlib is the `bench` extra
+        print(f"no plot: {exc} (pip install 'muster[bench]'; then python -m bench plot {jpath})", file=sys.stderr)
+        rep["plot"] = None
     if args.keep or args.work_dir or not rep["correctness"]["ok"]:
         (work / "series.json").write_text(json.dumps(series))
     else:
@@ -118,9 +129,38 @@ def run(argv: list[str] | None = None) -> int:
                                                       "placements_per_s", "server_placements_per_s")}
     show["processes"] = {k: (v["cpu_s"], v["cpu_pct_in_window"], v["peak_rss_mb"]) for k, v in rep["processes"].items()}
     print(json.dumps(show, indent=1))
-    print(f"report: {jpath}\nplot:   {ppath}")
+    print(f"report: {jpath}\nplot:   {rep['plot'] or '(not drawn)'}")
     if not rep["correctness"]["ok"]:
         print("CORRECTNESS CHECK FAILED: see 'correctness' in the report", file=sys.stderr)
         return 1
     return 0
 
+
+def build_plot_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="muster bench plot", description="Draw a run's plot from its report.")
+    ap.add_argument("report", help="a report written by `python -m bench` (bench/results/*.json)")
+    ap.add_argument("-o", "--out", default=None, help="the PNG to write (default: the report's path with .png)")
+    return ap
+
+
+def plot_command(argv: list[str]) -> int:
+    a = build_plot_parser().parse_args(argv)
+    src = Path(a.report)
+    try:
+        rep = json.loads(src.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"bench plot: cannot read {src}: {exc}", file=sys.stderr)
+        return 1
+    if not isinstance(rep, dict) or "series" not in rep or "config" not in rep:
+        print(f"bench plot: {src} has no `series` (not a `python -m bench` report, or one written before "
+              "reports kept what the plot draws; see bench/results/README.md)", file=sys.stderr)
+        return 1
+    out = Path(a.out) if a.out else src.with_suffix(".png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot(rep, out)
+    except ImportError as exc:
+        print(f"bench plot: {exc} (matplotlib is the `bench` extra: pip install 'muster[bench]')", file=sys.stderr)
+        return 1
+    print(f"plot: {out}")
+    return 0

@@ -1,40 +1,74 @@
-"""The plot of a `muster bench` run: dispatch and running latency by second of
-submission, throughput, and concurrency over the measured window. matplotlib is imported
-only when a plot is drawn."""
+"""The plot of a `muster bench` run, drawn from its report's `series`.
+
+Three panels over the measured window: dispatch latency (p50, p99, max) and running
+latency (p50) by second of submission; submitted, dispatched and placed jobs per second
+with the heartbeats the server received; tasks running, queue depth and the server's
+heartbeat backlog. `plot_series` reduces a run's raw samples to what the plot draws (a
+few kB, kept in the report), so `python -m bench plot REPORT.json` redraws it later.
+
+matplotlib is the `bench` extra (`pip install 'muster[bench]'`) and is imported only
+when a plot is drawn.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from bench.stats import pct
 
+# The columns of a tick (bench.run.Bench.tick) the plot uses.
+TICK_KEYS = ("t", "submitted", "dispatched_live", "placements", "hb_received", "running", "queue_depth",
+             "hb_pending")
 
-def plot(rep: dict, path: Path) -> None:
+
+def plot_series(raw: dict[str, Any]) -> dict[str, Any]:
+    """What the plot draws, from a run's raw series (its ticks, each job's submit and
+    dispatch times, each job's submit and running times, and `t0`, the window's start):
+    dispatch latency in ms by second of submission as [second, jobs, p50, p99, max],
+    running latency as [second, p50], and the ticks' columns in TICK_KEYS."""
+    t0 = raw["t0"]
+    by_sec: dict[int, list[float]] = defaultdict(list)
+    for sub, disp in raw["dispatch"]:
+        by_sec[int(sub - t0)].append((disp - sub) * 1000)
+    run_sec: dict[int, list[float]] = defaultdict(list)
+    for sub, ra in raw["running"]:
+        run_sec[int(sub - t0)].append((ra - sub) * 1000)
+    r = lambda v: round(v, 2)  # noqa: E731
+    return {
+        "note": "what the plot draws (`python -m bench plot` redraws it from this): dispatch latency (ms) by "
+                "second of submission [second, jobs, p50, p99, max], running latency [second, p50], and the "
+                "once-a-second ticks; t0 = the window's start (seconds since the epoch)",
+        "t0": t0,
+        "dispatch_ms_by_second": [[x, len(v), r(pct(v, 50)), r(pct(v, 99)), r(max(v))]
+                                  for x, v in sorted(by_sec.items())],
+        "running_ms_by_second": [[x, r(pct(v, 50))] for x, v in sorted(run_sec.items())],
+        "ticks": [{k: round(row.get(k, 0.0), 3) for k in TICK_KEYS} for row in raw["ticks"]],
+    }
+
+
+def plot(rep: dict[str, Any], path: Path) -> None:
+    """Draw the report's `series` (see plot_series) into the PNG `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = rep["_series"]
+    s = rep["series"]
     t0 = s["t0"]
     fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
     # 1. latency by second of submission
-    by_sec: dict[int, list[float]] = defaultdict(list)
-    for sub, disp in s["dispatch"]:
-        by_sec[int(sub - t0)].append((disp - sub) * 1000)
-    run_sec: dict[int, list[float]] = defaultdict(list)
-    for sub, ra in s["running"]:
-        run_sec[int(sub - t0)].append((ra - sub) * 1000)
-    xs = sorted(by_sec)
+    disp = s["dispatch_ms_by_second"]
     ax = axes[0]
-    if xs:
-        ax.plot(xs, [pct(by_sec[x], 50) for x in xs], label="dispatch p50")
-        ax.plot(xs, [pct(by_sec[x], 99) for x in xs], label="dispatch p99")
-        ax.plot(xs, [max(by_sec[x]) for x in xs], label="dispatch max", alpha=0.5)
-    rx = sorted(run_sec)
-    if rx:
-        ax.plot(rx, [pct(run_sec[x], 50) for x in rx], label="running p50", linestyle="--")
+    if disp:
+        xs = [row[0] for row in disp]
+        ax.plot(xs, [row[2] for row in disp], label="dispatch p50")
+        ax.plot(xs, [row[3] for row in disp], label="dispatch p99")
+        ax.plot(xs, [row[4] for row in disp], label="dispatch max", alpha=0.5)
+    running = s["running_ms_by_second"]
+    if running:
+        ax.plot([row[0] for row in running], [row[1] for row in running], label="running p50", linestyle="--")
     ax.set_yscale("log")
     ax.set_ylabel("latency (ms)")
     cfg = rep["config"]

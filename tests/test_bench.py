@@ -45,6 +45,7 @@ REQUIRED = ["dispatch_latency_ms", "running_latency_ms", "heartbeats_per_s", "su
             "placements_per_s", "max_concurrent_tasks", "overcommitted_hosts", "jobs_submitted",
             "jobs_dispatched", "tasks_submitted", "tasks_dispatched", "processes", "replication"]
 GANG_QUALITY = ["gangs_submitted", "gang_tasks_submitted", "gang_sizes", "gang_wait_ms", "gangs_not_fully_dispatched"]
+PNG = b"\x89PNG\r\n\x1a\n"
 CORRECTNESS = ["ok", "jobs_never_dispatched", "jobs_dispatched_more_than_once", "gangs_partially_dispatched",
                "gangs_with_tasks_sharing_a_host", "dispatches_of_unknown_jobs", "overcommitted_hosts",
                "simulator_gpu_collisions"]
@@ -87,6 +88,37 @@ def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
     # Single jobs: `<job>.<try>` ids.
     v = judge("j2", 1, [("j2.1", "dead", 1.0, 0), ("j2.2", "h2", 9.0, 0)], {}, "dead", exclusive=False)
     assert not v.twice and v.dispatched_at == 1.0
+
+
+def test_plot_command_draws_a_png_from_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench plot REPORT.json [-o PNG]`: the plot from the `series` a report
+    keeps (bench.plot.plot_series of a run's raw samples), by default beside the report."""
+    from bench.plot import plot_series
+
+    t0 = 1764547200.0
+    ticks = [{"t": t0 + i, "phase": "run", "submitted": 50 * i, "dispatched_live": 50 * i - 3 * (i > 0),
+              "placements": 50.0 * i, "hb_received": 400.0 * i, "running": 40 * i, "queue_depth": 3.0,
+              "hb_pending": 2.0, "tasks_submitted": 50 * i} for i in range(6)]
+    dispatch = [(t0 + j / 50, t0 + j / 50 + 0.004 + (j % 7) / 1000) for j in range(250)]
+    running = [(sub, disp + 0.05) for sub, disp in dispatch[::2]]
+    series = plot_series({"ticks": ticks, "dispatch": dispatch, "running": running, "samples": [], "t0": t0})
+    assert [row[0] for row in series["dispatch_ms_by_second"]] == [0, 1, 2, 3, 4]
+    assert sum(row[1] for row in series["dispatch_ms_by_second"]) == 250
+    assert all(4.0 <= row[2] <= row[3] <= row[4] <= 10.0 for row in series["dispatch_ms_by_second"])
+    rep = {"config": {"hosts": 100, "rate": 50.0, "burst": None, "workload": "synthetic", "nats_cluster": 1},
+           "series": series}
+    report = tmp_path / "small.json"
+    report.write_text(json.dumps(rep))
+    assert main(["plot", str(report), "-o", str(tmp_path / "out" / "small.png")]) == 0
+    assert (tmp_path / "out" / "small.png").read_bytes()[:8] == PNG
+    assert main(["plot", str(report)]) == 0
+    assert (tmp_path / "small.png").read_bytes()[:8] == PNG
+    # A report written before reports kept their series cannot be plotted: said, not a traceback.
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": rep["config"], "dispatch_latency_ms": {}}))
+    capsys.readouterr()
+    assert main(["plot", str(old)]) == 1 and not (tmp_path / "old.png").exists()
+    assert "has no `series`" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- end to end
@@ -180,6 +212,10 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
     assert rep["replication"]["stream_replicas"]["KV_state"] == 1
     assert rc == 0
+    # The report keeps what the plot draws: `python -m bench plot` redraws it.
+    assert rep["series"]["dispatch_ms_by_second"] and rep["series"]["ticks"]
+    assert main(["plot", str(out), "-o", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again.png").read_bytes()[:8] == PNG
 
 
 @pytest.mark.parametrize("kind", ["plain", "varied"])
