@@ -1,6 +1,6 @@
 """The report of one `muster bench` run: what the arrivals the simulators recorded, the
-observer's records, the server's metrics and the process samples add up to. Every key
-is described in the README (Scale benchmark); `correctness.ok` is the run's verdict.
+observer's records, the server's metrics and the process samples add up to;
+`correctness.ok` is the run's verdict (bench.cli adds `plot` and `series`).
 
 Dispatch = a simulated host received its assignment (the first sighting of the attempt on
 the host); a job's latency runs from just before its submission to that moment, and a

@@ -12,8 +12,8 @@ In order:
      `History._write` builds them, plus the host events and alerts the recorder would have
      written (one `job.failed` alert per failed job, host incidents, GPU faults). Rows go
      in with executemany, the secondary indexes dropped first and rebuilt after.
-  2. Starts nats-server and one `muster server` on that database (bench.run's process
-     helpers), the server's --heartbeat-interval set to the simulated hosts' interval.
+  2. Starts nats-server and one `muster server` on that database (bench.processes),
+     the server's --heartbeat-interval set to the simulated hosts' interval.
   3. Publishes the fleet (bench.workload's synthetic fleet: H100/A100/L40S/CPU-only hosts,
      32 per rack, 1,000 per zone): a bench.simhosts simulator keeps 98.5 % of the hosts
      heartbeating, with varied GPU utilisation, temperature, power, memory and a few
