@@ -1,10 +1,12 @@
-"""`python -m bench` / `muster bench`: load-test Muster with simulated hosts.
+"""`python -m bench` / `muster-bench` / `muster bench`: load-test Muster with simulated hosts.
 
-    python -m bench --hosts 50000 --rate 500 --duration 60 --json bench/results/bench.json
+    python -m bench --hosts 50000 --rate 500 --duration 60 --json bench/results/50k-500.json
     python -m bench --hosts 50000 --rate 500 --duration 60 --trace
     python -m bench --nats-cluster 3 ...
+    python -m bench plot bench/results/50k-500.json [-o 50k-500.png]
 
-See bench/run.py for what is measured, and `python -m bench --help` for every option.
+See bench/run.py for what is measured, `python -m bench --help` for every option and
+bench/results/README.md for the recorded runs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.run import run
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `muster bench -- --hosts ...`
+        argv = argv[1:]
+    if argv[:1] == ["plot"]:
+        from bench.cli import plot_command
+
+        return plot_command(argv[1:])
+    from bench.cli import run
 
     return run(argv)
 

@@ -9,21 +9,31 @@ Real nats-server, a real `muster server`, simulated hosts in one simulator proce
     records as well as by the report;
   * a 3-node NATS cluster with a burst of trace jobs over GraphQL: the state is stored
     with 3 replicas, the burst section of the report is there, and everything is correct.
-The dispatch checks themselves (`bench.run.judge`) are tested without a cluster first.
+The dispatch checks themselves (`bench.verdict.judge`) are tested without a cluster first.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import os
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+import bench
 from bench.__main__ import main
-from bench.run import OBSERVER_CAUGHT_UP, histogram_window, judge
+from bench.natscluster import write_cluster_configs
+from bench.run import OBSERVER_CAUGHT_UP
+from bench.stats import histogram_window
+from bench.verdict import judge
 from bench.workload import TRACES
 
 # The traces are read in place from ../shared/traces (never copied into the project); a
@@ -35,6 +45,7 @@ REQUIRED = ["dispatch_latency_ms", "running_latency_ms", "heartbeats_per_s", "su
             "placements_per_s", "max_concurrent_tasks", "overcommitted_hosts", "jobs_submitted",
             "jobs_dispatched", "tasks_submitted", "tasks_dispatched", "processes", "replication"]
 GANG_QUALITY = ["gangs_submitted", "gang_tasks_submitted", "gang_sizes", "gang_wait_ms", "gangs_not_fully_dispatched"]
+PNG = b"\x89PNG\r\n\x1a\n"
 CORRECTNESS = ["ok", "jobs_never_dispatched", "jobs_dispatched_more_than_once", "gangs_partially_dispatched",
                "gangs_with_tasks_sharing_a_host", "dispatches_of_unknown_jobs", "overcommitted_hosts",
                "simulator_gpu_collisions"]
@@ -77,6 +88,37 @@ def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
     # Single jobs: `<job>.<try>` ids.
     v = judge("j2", 1, [("j2.1", "dead", 1.0, 0), ("j2.2", "h2", 9.0, 0)], {}, "dead", exclusive=False)
     assert not v.twice and v.dispatched_at == 1.0
+
+
+def test_plot_command_draws_a_png_from_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench plot REPORT.json [-o PNG]`: the plot from the `series` a report
+    keeps (bench.plot.plot_series of a run's raw samples), by default beside the report."""
+    from bench.plot import plot_series
+
+    t0 = 1764547200.0
+    ticks = [{"t": t0 + i, "phase": "run", "submitted": 50 * i, "dispatched_live": 50 * i - 3 * (i > 0),
+              "placements": 50.0 * i, "hb_received": 400.0 * i, "running": 40 * i, "queue_depth": 3.0,
+              "hb_pending": 2.0, "tasks_submitted": 50 * i} for i in range(6)]
+    dispatch = [(t0 + j / 50, t0 + j / 50 + 0.004 + (j % 7) / 1000) for j in range(250)]
+    running = [(sub, disp + 0.05) for sub, disp in dispatch[::2]]
+    series = plot_series({"ticks": ticks, "dispatch": dispatch, "running": running, "samples": [], "t0": t0})
+    assert [row[0] for row in series["dispatch_ms_by_second"]] == [0, 1, 2, 3, 4]
+    assert sum(row[1] for row in series["dispatch_ms_by_second"]) == 250
+    assert all(4.0 <= row[2] <= row[3] <= row[4] <= 10.0 for row in series["dispatch_ms_by_second"])
+    rep = {"config": {"hosts": 100, "rate": 50.0, "burst": None, "workload": "synthetic", "nats_cluster": 1},
+           "series": series}
+    report = tmp_path / "small.json"
+    report.write_text(json.dumps(rep))
+    assert main(["plot", str(report), "-o", str(tmp_path / "out" / "small.png")]) == 0
+    assert (tmp_path / "out" / "small.png").read_bytes()[:8] == PNG
+    assert main(["plot", str(report)]) == 0
+    assert (tmp_path / "small.png").read_bytes()[:8] == PNG
+    # A report written before reports kept their series cannot be plotted: said, not a traceback.
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": rep["config"], "dispatch_latency_ms": {}}))
+    capsys.readouterr()
+    assert main(["plot", str(old)]) == 1 and not (tmp_path / "old.png").exists()
+    assert "has no `series`" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- end to end
@@ -170,6 +212,10 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert rep["tasks_submitted"] == rep["jobs_submitted"]  # no gangs in the synthetic workload
     assert rep["replication"]["stream_replicas"]["KV_state"] == 1
     assert rc == 0
+    # The report keeps what the plot draws: `python -m bench plot` redraws it.
+    assert rep["series"]["dispatch_ms_by_second"] and rep["series"]["ticks"]
+    assert main(["plot", str(out), "-o", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again.png").read_bytes()[:8] == PNG
 
 
 @pytest.mark.parametrize("kind", ["plain", "varied"])
@@ -179,7 +225,7 @@ def test_simulated_heartbeat_frame_is_what_nats_py_publish_sends(kind: str) -> N
     reference); also for the operator bench's hosts (a subclass), and after a shape change."""
     from nats.aio.client import Client
 
-    from bench.operator import VariedSimHost
+    from bench.operator.fleet import VariedSimHost
     from bench.simhosts import SimHost
     from bench.workload import HostSpec
     from wire.messages import SHAPE_HEADER
@@ -287,6 +333,153 @@ def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
     assert rep["placements_per_s"] == b["placements_per_s"]
     _check_gangs_from_simulators(tmp_path / "work", rep)
     assert rc == 0
+
+
+# ---------------------------------------------------------------- --nats-cluster 3 without a checkout
+
+# Run with the `bench` package copied as a wheel installs it (its modules, nothing
+# beside them: no nats/ directory) and the current directory outside the repository:
+# Processes.start_nats (what `--nats-cluster 3` runs) starts three nodes that form one
+# JetStream cluster, shown by a stream of 3 replicas with a leader and two current followers.
+CLUSTER_FROM_PACKAGE = r"""
+import argparse, asyncio, json, sys
+from pathlib import Path
+
+import nats
+
+import bench.processes
+from bench.processes import ROOT, Processes
+
+site = Path(sys.argv[1])
+assert Path(bench.processes.__file__).resolve().is_relative_to(site), bench.processes.__file__
+assert not (ROOT / "nats").exists(), ROOT
+
+
+async def check(url: str) -> dict:
+    nc = await nats.connect(url.split(","))
+    js = nc.jetstream(timeout=10)
+    await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+    await js.publish("t.x", b"x")
+    for _ in range(100):
+        info = await js.stream_info("T")
+        current = [r.name for r in (info.cluster.replicas or []) if r.current] if info.cluster else []
+        if info.cluster and info.cluster.leader and len(current) == 2:
+            break
+        await asyncio.sleep(0.1)
+    await nc.close()
+    return {"leader": info.cluster.leader, "current_followers": sorted(current), "messages": info.state.messages}
+
+
+work = Path.cwd() / "work"
+p = Processes(argparse.Namespace(nats_cluster=3, nats_sync="always", replicas=3), work)
+try:
+    p.start_nats()
+    out = asyncio.run(check(p.nats_url))
+    out["processes"] = [c.name for c in p.children]
+    out["configs"] = sorted(f.name for f in work.glob("n*.conf"))
+    out["sync_always"] = all("sync_interval: always" in (work / f"n{i}.conf").read_text() for i in (1, 2, 3))
+finally:
+    p.stop_all()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_three_node_nats_cluster_needs_no_checkout(tmp_path: Path) -> None:
+    src = Path(bench.__file__).resolve().parent
+    site = tmp_path / "site-packages"
+    for init in src.rglob("__init__.py"):  # the packages setuptools finds: bench, bench.operator
+        dest = site / init.parent.relative_to(src.parent)
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in init.parent.glob("*.py"):
+            shutil.copy2(f, dest / f.name)
+    assert (site / "bench" / "processes.py").exists() and not (site / "nats").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-c", CLUSTER_FROM_PACKAGE, str(site)], cwd=elsewhere,
+                       env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["processes"] == ["nats-server-n1", "nats-server-n2", "nats-server-n3"]
+    assert out["configs"] == ["n1.conf", "n2.conf", "n3.conf"] and out["sync_always"]
+    assert out["leader"] in {"n1", "n2", "n3"} and len(out["current_followers"]) == 2, out
+    assert out["leader"] not in out["current_followers"] and out["messages"] == 1
+
+
+def _cluster_settings(text: str) -> dict:
+    text = re.sub(r"#.*", "", text)
+    cluster = re.search(r"cluster\s*\{(.*?)\}", text, re.S)
+    assert cluster, text
+    return {"server_name": re.search(r'server_name:\s*"?([\w-]+)', text).group(1),
+            "cluster": re.search(r'name:\s*"?([\w-]+)', cluster.group(1)).group(1),
+            "routes": len(re.findall(r"nats-route://127\.0\.0\.1:\d+", cluster.group(1))),
+            "http": bool(re.search(r"^\s*http:", text, re.M)),
+            "store_dir": bool(re.search(r"^\s*store_dir:", text, re.M)),
+            "sync_always": bool(re.search(r"^\s*sync_interval:\s*always\s*$", text, re.M))}
+
+
+def test_rendered_cluster_has_the_settings_of_nats_cluster_confs(tmp_path: Path) -> None:
+    """The benchmark's 3-node cluster is the one nats/cluster/n*.conf describes (names,
+    cluster, routes, monitoring, fsync), on its own ports and stores; `--nats-sync default`
+    drops only the fsync setting."""
+    shipped = Path(bench.__file__).resolve().parent.parent / "nats" / "cluster"
+    if not (shipped / "n1.conf").exists():
+        pytest.skip(f"no {shipped} (not a checkout)")
+    nodes = write_cluster_configs(tmp_path / "a", sync_always=True)
+    for i, node in enumerate(nodes, start=1):
+        assert _cluster_settings(node.config.read_text()) == _cluster_settings((shipped / f"n{i}.conf").read_text())
+        assert str((tmp_path / "a" / "nats" / f"n{i}").resolve()) in node.config.read_text()
+    ports = {n.port for n in nodes} | {n.http_port for n in nodes}
+    assert len(ports) == 6 and not ports & {4222, 4223, 4224, 8222, 8223, 8224}
+    for node in write_cluster_configs(tmp_path / "b", sync_always=False):
+        assert not _cluster_settings(node.config.read_text())["sync_always"]
+
+
+# ---------------------------------------------------------------- matplotlib is the bench extra
+
+IMPORT_ALL_WITHOUT_MATPLOTLIB = r"""
+import importlib, importlib.abc, pkgutil, sys
+
+
+class NoMatplotlib(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(f"{name}: not installed (hidden by the test)")
+        return None
+
+
+sys.meta_path.insert(0, NoMatplotlib())
+names = []
+for top in ("wire", "server", "agent", "web", "bench"):
+    names.append(importlib.import_module(top).__name__)
+    for m in pkgutil.walk_packages(sys.modules[top].__path__, top + "."):
+        if ".migrations" in m.name or m.name.endswith("__main__"):  # Alembic's scripts run when imported
+            continue
+        names.append(importlib.import_module(m.name).__name__)
+print(len(names), "matplotlib" in sys.modules)
+"""
+
+
+def test_muster_imports_without_matplotlib() -> None:
+    """matplotlib is the `bench` extra: no module of Muster imports it, the benchmark only
+    inside bench.plot.plot, and every module, the benchmark's included, imports without it."""
+    root = Path(bench.__file__).resolve().parent.parent
+    where = []
+    for top in ("wire", "server", "agent", "web", "bench"):
+        for f in (root / top).rglob("*.py"):
+            tree = ast.parse(f.read_text(), str(f))
+            top_level = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] == "matplotlib" for n in names):
+                    where.append((str(f.relative_to(root)), id(node) in top_level))
+    assert where and {w for w, _ in where} == {"bench/plot.py"} and not any(top for _, top in where), where
+    r = subprocess.run([sys.executable, "-c", IMPORT_ALL_WITHOUT_MATPLOTLIB], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, loaded = r.stdout.split()
+    assert int(n) > 50 and loaded == "False", r.stdout
 
 
 @pytest.mark.parametrize("mode", ["watch", "core"])

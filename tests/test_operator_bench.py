@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from bench.operator import HistoryMaker, build_fleet, fill_history, job_rows, main
+from bench.operator.fleet import build_fleet
+from bench.operator.history import HistoryMaker, fill_history, job_rows
+from bench.operator.run import main
 from server.history.database import History
 
 KINDS = {"console": 16, "graphql": 20}

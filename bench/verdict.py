@@ -1,0 +1,92 @@
+"""How one submitted job reached the simulated hosts: `judge` checks a job's arrivals
+(each first sighting of an attempt on a host) for dispatch exactly once, all-or-nothing
+gangs, gang tasks on distinct hosts, and retries only after the host the benchmark killed.
+
+A gang (a trace job of more than 8 GPUs) is one job of `replicas` tasks. It counts as
+dispatched when every task of one try has reached a host; its dispatch latency is that
+moment minus its submit time, counted once per gang."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+@dataclass
+class Verdict:
+    """How one submitted job (single or gang) reached the simulated hosts."""
+
+    dispatched_at: float | None = None  # when the last task of its first complete try arrived
+    tasks_seen: int = 0  # distinct task indices that reached a host, over all tries
+    tries: int = 0
+    twice: bool = False  # an attempt or a task reached hosts more than once, or a retry without cause
+    partial: bool = False  # a try of which some tasks reached hosts and others never did
+    shared_host: bool = False  # two tasks of one try on one host, where they cannot both fit
+    problems: list[str] = field(default_factory=list)
+
+
+def attempt_id(job_id: str, number: int, task: int, replicas: int) -> str:
+    """The server's attempt id (server/planner.py): `<job>.<try>`, or `<job>.<try>.<task>` in a gang."""
+    return f"{job_id}.{number}.{task}" if replicas > 1 else f"{job_id}.{number}"
+
+
+def try_number(job_id: str, aid: str) -> int:
+    """The try an attempt id belongs to (0 if it is not one of this job's)."""
+    try:
+        return int(aid[len(job_id) + 1:].split(".")[0]) if aid.startswith(job_id + ".") else 0
+    except ValueError:
+        return 0
+
+
+def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]], placed: dict[str, str],
+          lost_host: str | None, exclusive: bool) -> Verdict:
+    """Check one job's arrivals: (attempt id, host, wall time, task index) for each first
+    sighting of an attempt on a host. `placed` maps attempt id -> host from the job's
+    records (may be empty), `lost_host` is the host the benchmark killed, and `exclusive`
+    says a gang's tasks cannot share a host (each needs more than half of the largest).
+
+    All-or-nothing: every try that reached any host reached it with all `replicas` tasks,
+    unless the missing tasks were placed on the killed host (which ignores assignments).
+    A second try is right only when the first one touched the killed host."""
+    v = Verdict()
+    by_attempt: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
+    for aid, host, ts, task in arrivals:
+        by_attempt[aid].append((host, ts, task))
+    tries: dict[int, dict[int, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for aid, seen in by_attempt.items():
+        if len(seen) > 1:
+            v.twice = True
+            v.problems.append(f"attempt {aid} reached hosts {len(seen)} times ({sorted(h for h, _, _ in seen)})")
+        host, ts, task = min(seen, key=lambda x: x[1])
+        tries[try_number(job_id, aid)][task].append((host, ts))
+    v.tries = len(tries)
+    want = set(range(replicas))
+    v.tasks_seen = len({t for tasks in tries.values() for t in tasks} & want)
+    for number in sorted(tries):
+        tasks = tries[number]
+        if set(tasks) - want:
+            v.twice = True
+            v.problems.append(f"try {number}: task indices {sorted(set(tasks) - want)} outside 0..{replicas - 1}")
+        for t, hs in tasks.items():
+            if len(hs) > 1:
+                v.twice = True
+                v.problems.append(f"try {number}: task {t} dispatched {len(hs)} times")
+        hosts = [h for hs in tasks.values() for h, _ in hs]
+        if exclusive and len(set(hosts)) < len(hosts):
+            v.shared_host = True
+            v.problems.append(f"try {number}: {len(hosts)} tasks on only {len(set(hosts))} hosts")
+        missing = want - set(tasks)
+        if not missing:
+            if v.dispatched_at is None:
+                v.dispatched_at = max(ts for hs in tasks.values() for _, ts in hs)
+        elif not (lost_host and all(placed.get(attempt_id(job_id, number, i, replicas)) == lost_host
+                                    for i in missing)):
+            v.partial = True
+            v.problems.append(f"try {number}: {len(want & set(tasks))} of {replicas} tasks dispatched")
+    if len(tries) > 1:
+        first = min(tries)
+        first_hosts = {h for hs in tries[first].values() for h, _ in hs}
+        first_hosts |= {h for aid, h in placed.items() if try_number(job_id, aid) == first}
+        if len(tries) > 2 or lost_host not in first_hosts:
+            v.twice = True
+            v.problems.append(f"{len(tries)} tries reached hosts; the first did not touch the killed host")
+    return v
