@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean schema system-deps
+.PHONY: run test lint install clean schema system-deps
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,7 +20,14 @@ run: $(STAMP)
 system-deps:
 	.ci/debian-deps
 
-test: $(STAMP) system-deps
+# Style and import order (ruff), types (mypy: strict for wire/ and the pure decision
+# modules), and the architecture's import rules (import-linter; contracts in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: lint system-deps
 	$(PY) -m pytest -q -ra tests
 
 schema: $(STAMP)

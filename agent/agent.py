@@ -46,6 +46,7 @@ from agent.runner import Run
 from agent.watchdog import start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
+from wire.kv import Store, connect
 from wire.messages import (
     MAX_RECORD_BYTES,
     SHAPE_HEADER,
@@ -59,7 +60,6 @@ from wire.messages import (
     shape_digest,
 )
 from wire.subjects import agent_inbox_prefix
-from wire.kv import Store, connect
 
 log = logging.getLogger(__name__)
 WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
@@ -270,7 +270,7 @@ class Agent:
                 await self._refresh_assignments()  # in case it is our view that is old
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.config.heartbeat_interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _fence_loop(self) -> None:
@@ -279,7 +279,7 @@ class Agent:
             self._keep_watchdog()
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _check_fence(self) -> None:
@@ -423,7 +423,7 @@ class Agent:
                 self._report_wake.clear()
                 try:
                     await asyncio.wait_for(self._report_wake.wait(), timeout=0.5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             r, msg_id = self._reports[0]
@@ -483,7 +483,7 @@ class Agent:
         await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
         try:
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             for t in tasks:
                 t.cancel()
         assert self.store is not None

@@ -28,9 +28,10 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from wire.errors import ConfigError
 from wire.messages import GpuInfo, GpuUsage

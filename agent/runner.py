@@ -125,7 +125,7 @@ class Run:
         self._signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), timeout=self.kill_grace_s if grace_s is None else grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._signal(signal.SIGKILL)
             await proc.wait()
 

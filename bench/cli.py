@@ -45,8 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--burst", type=int, default=0,
                     help="submit this many jobs at once instead of --rate/--duration and time until all are "
                          "dispatched (maximum placement throughput)")
-    ap.add_argument("--json", default=None, help="write the report here (default bench/results/bench-<time>.json in a checkout, "
-                         "else bench-<time>.json in the current directory)")
+    ap.add_argument(
+        "--json",
+        default=None,
+        help="write the report here (default bench/results/bench-<time>.json in a checkout, "
+        "else bench-<time>.json in the current directory)",
+    )
     ap.add_argument("--png", default=None, help="plot file (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--mean-duration", type=float, default=8.0, help="synthetic: mean task seconds")

@@ -22,17 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from bench.foundation import summary_ms
-from server.state.checker import load
-from wire.submit import submit_over_nats
-from wire import natsclient
 from server.broker.natsd import free_port, start_cluster, start_nats, wait_for_port
+from server.state.checker import load
+from wire import natsclient
 from wire.kv import Store, connect
+from wire.submit import submit_over_nats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         killed = asyncio.run(run())
         time.sleep(10)
 
-        async def records():  # type: ignore[no-untyped-def]
+        async def records():
             nc = await connect(url, name="failover-read")
             try:
                 return await load(Store(nc))
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                   for j in submitted if j in state.jobs and state.jobs[j].attempts}
         after_kill = sorted(t for t in placed.values() if t > killed)
         first_after = (after_kill[0] - killed) if after_kill else None
-        phases = {"before": [], "during": [], "after": []}
+        phases: dict[str, list[float]] = {"before": [], "during": [], "after": []}
         for j, ts in submitted.items():
             if j not in placed:
                 continue
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             phases[key].append(lat)
         steady = [t for j, t in placed.items() if submitted[j] < killed - 1 and submitted[j] > killed - a.kill_at + 2]
         report = {
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": "python -m bench.failover " + " ".join(argv if argv is not None else sys.argv[1:]),
             "nats_nodes": a.nats_cluster,
             "rate": a.rate,

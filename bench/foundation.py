@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -81,7 +81,9 @@ def main() -> None:
 
         while gql("{ cluster { hosts { healthy } } }")["cluster"]["hosts"]["healthy"] < 2:
             time.sleep(0.1)
-        submit = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+        submit = (
+            """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+        )
         job_q = """query($id: ID!) { job(id: $id) { state attempts { placedAt startedAt outputTail } } }"""
 
         def wait_done(jid: str) -> dict:
@@ -117,7 +119,7 @@ def main() -> None:
             placed.append(datetime.fromisoformat(j["attempts"][0]["placedAt"]).timestamp())
         span = max(placed) - t0
         report = {
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": f"{os.cpu_count()} CPUs, every process on one machine",
             "idle_submit_to_first_instruction_ms": summary_ms(dispatch),
             "idle_submit_to_running_reported_ms": summary_ms(running),

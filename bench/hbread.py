@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wire import subjects
-from wire.messages import SHAPE_HEADER
 from server.broker.natsd import start_nats
-from wire.kv import Record, Store, connect
 from server.state.streams import ensure_streams
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import SHAPE_HEADER
+from wire.records import Record
 
 PUBLISHER = """
 import asyncio, sys
@@ -36,15 +37,15 @@ import nats
 async def main(url, n, hosts, size):
     nc = await nats.connect(url)
     body = b"x" * size
-    headers = {"Nats-TTL": "15s", "%s": "shape"}
+    headers = {"Nats-TTL": "15s", "SHAPE_HEADER": "shape"}
     for i in range(n):
-        await nc.publish(f"$KV.hosts.h{i %% hosts}", body, headers=headers)
-        if i %% 1000 == 0:
+        await nc.publish(f"$KV.hosts.h{i % hosts}", body, headers=headers)
+        if i % 1000 == 0:
             await nc.flush()
     await nc.flush()
     await nc.close()
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
-""" % SHAPE_HEADER
+""".replace("SHAPE_HEADER", SHAPE_HEADER)
 
 
 def cpu_s() -> float:

@@ -25,10 +25,11 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-import nats
 from nats.js import api as jsapi
 
+import nats
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import read_fleet
 from wire import natsclient
@@ -98,7 +99,7 @@ class Observer:
         self.stop = asyncio.Event()
         self.nc: nats.NATS | None = None
 
-    def on_record(self, msg) -> None:  # type: ignore[no-untyped-def]
+    def on_record(self, msg) -> None:
         key = msg.subject[len(PREFIX):]
         kind, _, name = key.partition(".")
         # Read from the reply subject (wire.kv.delivery_position): building nats-py's
@@ -107,6 +108,7 @@ class Observer:
         self.lag_s = max(0.0, time.time() - stored)
         if kind == "alloc":
             self.alloc_revisions += 1
+            d: dict[str, Any]
             if is_tombstone(msg.headers):
                 d = {"tasks": []}
             else:
@@ -123,7 +125,7 @@ class Observer:
                 self.preloaded_revisions += 1  # counted against capacity via the allocs only
                 return
             d = json.loads(msg.data)
-            st = d.get("state")
+            st = str(d.get("state"))
             j = self.jobs.get(name)
             if j is None:
                 spec = d["spec"]
@@ -161,7 +163,7 @@ class Observer:
         while not self.stop.is_set():
             try:
                 await asyncio.wait_for(self.stop.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             q = self.queued_gpus
             self.samples.append({"t": time.time(), "queued": len(q), "queued_gpu_jobs": sum(1 for g in q.values() if g),
@@ -180,7 +182,7 @@ class Observer:
         done = asyncio.Event()
         count = 0
 
-        async def cb(msg) -> None:  # type: ignore[no-untyped-def]
+        async def cb(msg) -> None:
             nonlocal count
             count += 1
             host = msg.subject[len(PREFIX) + len("alloc."):]
@@ -197,12 +199,12 @@ class Observer:
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
         try:
             await asyncio.wait_for(done.wait(), timeout=120)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("final alloc read incomplete: %d records", count)
         await sub.unsubscribe()
         return count
 
-    async def on_ctl(self, msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_ctl(self, msg) -> None:
         req = json.loads(msg.data)
         if req.get("cmd") != "finish":
             return
@@ -228,7 +230,7 @@ class Observer:
         js = self.nc.jetstream(timeout=30)
         await self.nc.subscribe("bench.ctl.observer", cb=self.on_ctl)
 
-        async def cb(msg) -> None:  # type: ignore[no-untyped-def]
+        async def cb(msg) -> None:
             try:
                 self.on_record(msg)
             except Exception:  # noqa: BLE001

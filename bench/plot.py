@@ -82,7 +82,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     ax = axes[1]
     ax2 = ax.twinx()
     tx, sub_r, disp_r, pl_r, hb_r = [], [], [], [], []
-    for p, q in zip(ticks, ticks[1:]):
+    for p, q in zip(ticks, ticks[1:], strict=False):
         dt = max(1e-6, q["t"] - p["t"])
         tx.append(q["t"] - t0)
         sub_r.append((q["submitted"] - p["submitted"]) / dt)

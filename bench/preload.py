@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 
 from bench.workload import HostSpec
-from wire import subjects
-from wire.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
-from wire.kv import Store, Write, connect
 from server.state.streams import ensure_streams
+from wire import subjects
+from wire.kv import Store, Write, connect
+from wire.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
 
 PREFIX = "preload-"
 CPUS = 0.1

@@ -106,7 +106,7 @@ class Processes:
             c = Child(f"nats-server-{node.name}", p, psutil.Process(p.pid), log)
             self.children.append(c)
             started.append(c)
-        for node, c in zip(nodes, started):
+        for node, c in zip(nodes, started, strict=True):
             try:
                 wait_for_port(node.port, timeout=30, proc=c.popen)
             except Exception as exc:
@@ -169,7 +169,7 @@ class Processes:
                     name = p.name()
                 except psutil.Error:
                     continue
-                # The server names its helper processes (server.logs.name_this_process).
+                # The server names its helper processes (wire.logs.name_this_process).
                 what = ("historian" if name == "muster-history" else
                         "heartbeat ingest" if name == "muster-ingest" else
                         "multiprocessing resource tracker" if "resource_tracker" in cmd else f"child {p.pid}")

@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -98,7 +98,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     samples = obs.get("samples", [])
     waiting = [s for s in samples if s.get("queued_gpus", 0) > 0 and b.window_start <= s["t"]]
     free_share = [1 - s["gpus_allocated"] / s["gpus_total"] for s in waiting if s["gpus_total"]]
-    counters = defaultdict(int)
+    counters: defaultdict[str, int] = defaultdict(int)
     for s in sims:
         for key, v in s["counters"].items():
             counters[key] += v
@@ -137,17 +137,28 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     if a.burst and b.burst_started and b.burst_submitted:
         submit_s = b.burst_submitted - b.burst_started
     rep = {
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m bench " + " ".join(sys.argv[1:]) if a.argv is None else
-                   "python -m bench " + " ".join(a.argv),
-        "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; every process on one machine",
-        "config": {"hosts": a.hosts, "gpus": gpus_total,
-                   "rate": None if a.burst else a.rate, "duration_s": None if a.burst else a.duration,
-                   "burst": a.burst or None, "submit_via": a.submit_via,
-                   "workload": "trace" if a.trace else "synthetic", "nats_cluster": a.nats_cluster,
-                   "muster_replicas": a.replicas, "nats_sync": a.nats_sync,
-                   "simulator_processes": k, "seed": a.seed, "batch_window_s": a.batch_window,
-                   "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host"},
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench " + " ".join(sys.argv[1:])
+        if a.argv is None
+        else "python -m bench " + " ".join(a.argv),
+        "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; "
+                   "every process on one machine",
+        "config": {
+            "hosts": a.hosts,
+            "gpus": gpus_total,
+            "rate": None if a.burst else a.rate,
+            "duration_s": None if a.burst else a.duration,
+            "burst": a.burst or None,
+            "submit_via": a.submit_via,
+            "workload": "trace" if a.trace else "synthetic",
+            "nats_cluster": a.nats_cluster,
+            "muster_replicas": a.replicas,
+            "nats_sync": a.nats_sync,
+            "simulator_processes": k,
+            "seed": a.seed,
+            "batch_window_s": a.batch_window,
+            "assign_subscription": "wildcard muster.assign.>" if a.wildcard else "one per host",
+        },
         "replication": b.replication,
         "startup_s": round(startup_s, 1),
         "window_s": round(window, 2),
@@ -160,7 +171,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "submissions_per_s": round(len(b.submitted) / submit_s, 1) if submit_s else None,
         "placements_per_s": round(placements_window / m_dt, 1),
         "placements_per_s_source": "server metric muster_placements_total (jobs placed; a gang counts "
-                                   "once) over the measured window, sampled once a second",
+        "once) over the measured window, sampled once a second",
         "placements_total": m_final.get("muster_placements_total"),
         "dispatch_latency_ms": summary_ms(dispatch),
         "running_latency_ms": summary_ms(running),
@@ -175,30 +186,41 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "server_commits_in_window": histogram_window(h_first, h_end, "muster_commit_seconds"),
         "heartbeats_per_s": round(hb_recv_rate, 1),
         "heartbeats_sent_per_s": round(hb_sent_rate, 1),
-        "heartbeats": {"sent_total": sent_total, "received_total_at_end": m_final.get(hb),
-                       "backlog_at_end": sent_total - m_final.get(hb, 0) if m_final else None,
-                       "backlog_max_during_run": max(backlog) if backlog else None,
-                       # The server's heartbeat ingest process (server.health.ingest): how old
-                       # the newest batch was when the server applied it.
-                       "ingest_lag_s_max_in_window": max_in(m_in, "muster_heartbeat_ingest_lag_seconds"),
-                       # Hosts the server saw as SUSPECT (no heartbeat applied for two
-                       # intervals, so unschedulable) at the worst sample in the window.
-                       # Heartbeat records the server had not applied yet (unread in
-                       # the stream or waiting in the ingest process), its own count.
-                       "pending_max_in_window": max_in(m_in, "muster_heartbeats_pending"),
-                       "suspect_hosts_max_in_window": max_in(m_in, SUSPECT_GAUGE),
-                       "note": "received counts every record the server's hosts watch saw (expiry markers "
-                               "included); backlog_* = sent - received, sampled once a second (a rough "
-                               "figure: expiry markers count as received, and heartbeats sent before the "
-                               "server started never are); pending_max_in_window is the server's own count "
-                               "of records not yet applied"},
+        "heartbeats": {
+            "sent_total": sent_total,
+            "received_total_at_end": m_final.get(hb),
+            "backlog_at_end": sent_total - m_final.get(hb, 0) if m_final else None,
+            "backlog_max_during_run": max(backlog) if backlog else None,
+            # The server's heartbeat ingest process (server.health.ingest): how old
+            # the newest batch was when the server applied it.
+            "ingest_lag_s_max_in_window": max_in(m_in, "muster_heartbeat_ingest_lag_seconds"),
+            # Hosts the server saw as SUSPECT (no heartbeat applied for two
+            # intervals, so unschedulable) at the worst sample in the window.
+            # Heartbeat records the server had not applied yet (unread in
+            # the stream or waiting in the ingest process), its own count.
+            "pending_max_in_window": max_in(m_in, "muster_heartbeats_pending"),
+            "suspect_hosts_max_in_window": max_in(m_in, SUSPECT_GAUGE),
+            "note": "received counts every record the server's hosts watch saw (expiry markers "
+            "included); backlog_* = sent - received, sampled once a second (a rough "
+            "figure: expiry markers count as received, and heartbeats sent before the "
+            "server started never are); pending_max_in_window is the server's own count "
+            "of records not yet applied",
+        },
         "max_concurrent_tasks": max((r["running"] for r in b.ticks), default=0),
         "max_concurrent_tasks_upper_bound": sum(s["max_running"] for s in sims),
         # What the control plane itself tracked: live (PLACED or RUNNING) jobs in its
         # state, preloaded ones included, the most seen in any one-second sample.
         "max_live_jobs_tracked_by_server": max(
-            (sum(v for k, v in m.items() if k.startswith("muster_jobs{") and
-                 ('state="RUNNING"' in k or 'state="PLACED"' in k)) for _, m in b.metrics), default=0),
+            (
+                sum(
+                    v
+                    for k, v in m.items()
+                    if k.startswith("muster_jobs{") and ('state="RUNNING"' in k or 'state="PLACED"' in k)
+                )
+                for _, m in b.metrics
+            ),
+            default=0,
+        ),
         "preloaded": b.preloaded or None,
         "server_state_load": b.state_load(),
         "max_queue_depth": max((r["queue_depth"] for r in b.ticks), default=0),
@@ -206,18 +228,24 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "lost_host_detection": b.lost or {"skipped": True},
         "processes": procs,
         "machine_cpu_busy_pct_in_window": b.machine_busy_pct(),
-        "simulators": {"counters": dict(counters), "reports_pending_at_end": sum(s["reports_pending_at_end"] for s in sims),
-                       "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None),
-                       "gc_pause_max_ms": max((s.get("gc_pause_max_ms", 0.0) for s in sims), default=None),
-                       "gc_full_pauses": sum(s.get("gc_full_pauses", 0) for s in sims)},
-        "observer": {"records_behind_at_start": b.observer_behind_at_start,
-                     "watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
-                     "max_watch_lag_s": max((s.get("lag_s", 0) for s in samples), default=None)},
+        "simulators": {
+            "counters": dict(counters),
+            "reports_pending_at_end": sum(s["reports_pending_at_end"] for s in sims),
+            "loop_lag_max_ms": max((s["loop_lag_max_ms"] for s in sims), default=None),
+            "gc_pause_max_ms": max((s.get("gc_pause_max_ms", 0.0) for s in sims), default=None),
+            "gc_full_pauses": sum(s.get("gc_full_pauses", 0) for s in sims),
+        },
+        "observer": {
+            "records_behind_at_start": b.observer_behind_at_start,
+            "watch_lag_s_at_end": obs.get("watch_lag_s_at_end"),
+            "max_watch_lag_s": max((s.get("lag_s", 0) for s in samples), default=None),
+        },
         "quality": {
             "gpus_unallocated_share_while_gpu_jobs_wait": {
                 "seconds_with_gpu_jobs_waiting": len(waiting),
                 "mean": round(statistics.fmean(free_share), 4) if free_share else None,
-                "max": round(max(free_share), 4) if free_share else None},
+                "max": round(max(free_share), 4) if free_share else None,
+            },
             "wait_ms_by_priority_class": {q: summary_ms(v) for q, v in sorted(by_class.items())},
             "gangs_submitted": len(gangs),
             "gang_tasks_submitted": gang_tasks,
@@ -227,17 +255,26 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "fractional_gpu_jobs_rounded_up": frac,
         },
         "correctness": correct,
-        "notes": b.notes + [
+        "notes": b.notes
+        + [
             "dispatch = a simulated host received its assignment (first sighting of the attempt on the host); "
-            f"submit time = just before the {'NATS publish on muster.submit' if a.submit_via == 'nats' else 'submitJobs request'}; "
+            "submit time = just before the "
+            f"{'NATS publish on muster.submit' if a.submit_via == 'nats' else 'submitJobs request'}; "
             "wait per priority class uses dispatch latency",
             "running = the store's timestamp of the job record's first RUNNING (or later) revision",
             "a gang is one job with replicas = ceil(n/8) tasks of 8 GPUs (jobs_* count it once, tasks_* "
             "count its tasks); it is dispatched when every task of one try has reached its host, and its "
             "dispatch latency (= gang wait) runs from its submit time to that moment; its running time is "
             "when every task of one try had reported RUNNING",
-        ] + (["trace: fractional GPU requests are rounded up to one whole GPU; durations capped at 7 days "
-              "and divided by 80; qos -> priority LS 300, Guaranteed 200, Burstable 100, BE 0"] if a.trace else []),
+        ]
+        + (
+            [
+                "trace: fractional GPU requests are rounded up to one whole GPU; durations capped at 7 days "
+                "and divided by 80; qos -> priority LS 300, Guaranteed 200, Burstable 100, BE 0"
+            ]
+            if a.trace
+            else []
+        ),
         "work_dir": str(b.work),
     }
     if a.burst:

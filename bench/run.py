@@ -38,7 +38,7 @@ from bench.preload import preload
 from bench.processes import Child, Processes
 from bench.report import build_report
 from bench.stats import SUSPECT_GAUGE, parse_metrics, pct
-from bench.workload import (JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet)
+from bench.workload import JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from wire import natsclient
 from wire.submit import submit_over_nats
@@ -105,7 +105,7 @@ class Bench(Processes):
             raise BenchError(f"GraphQL error: {body['errors']}")
         return body["data"]
 
-    async def on_stats(self, msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_stats(self, msg) -> None:
         d = json.loads(msg.data)
         who = msg.subject.rsplit(".", 1)[1]
         for job_id, task, ts in d.pop("arrivals", []):
@@ -140,7 +140,7 @@ class Bench(Processes):
                 pass
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def tick(self, t0: float, phase: str) -> None:
@@ -162,13 +162,18 @@ class Bench(Processes):
                   if j in self.submitted and self.live_dispatch[j] > now - 1.0]
         self.ticks.append(row)
         srv = next((c for c in self.children if c.name == "server"), None)
-        print(f"[{phase} {now - t0:6.1f}s] sub {row['submitted']:>7} ({(row['submitted'] - prev['submitted']) / dt:5.0f}/s)"
-              f" disp {row['dispatched_live']:>7} ({(row['dispatched_live'] - prev['dispatched_live']) / dt:5.0f}/s)"
-              f" run {row['running']:>6} queue {row['queue_depth']:>6.0f} suspect {row['suspect']:>5.0f}"
-              f" | hb sent {(row['hb_sent'] - prev['hb_sent']) / dt:6.0f}/s recv {(row['hb_received'] - prev['hb_received']) / dt:6.0f}/s"
-              f" | placed {(row['placements'] - prev['placements']) / dt:5.0f}/s"
-              f" | disp p50/max {(pct(recent, 50) or 0) * 1000:6.0f}/{(max(recent) if recent else 0) * 1000:6.0f} ms"
-              f" | server cpu {srv.cpu if srv else 0:6.1f}s", flush=True)
+        print(
+            f"[{phase} {now - t0:6.1f}s] sub {row['submitted']:>7} "
+            f"({(row['submitted'] - prev['submitted']) / dt:5.0f}/s)"
+            f" disp {row['dispatched_live']:>7} ({(row['dispatched_live'] - prev['dispatched_live']) / dt:5.0f}/s)"
+            f" run {row['running']:>6} queue {row['queue_depth']:>6.0f} suspect {row['suspect']:>5.0f}"
+            f" | hb sent {(row['hb_sent'] - prev['hb_sent']) / dt:6.0f}/s"
+            f" recv {(row['hb_received'] - prev['hb_received']) / dt:6.0f}/s"
+            f" | placed {(row['placements'] - prev['placements']) / dt:5.0f}/s"
+            f" | disp p50/max {(pct(recent, 50) or 0) * 1000:6.0f}/{(max(recent) if recent else 0) * 1000:6.0f} ms"
+            f" | server cpu {srv.cpu if srv else 0:6.1f}s",
+            flush=True,
+        )
 
     def record_submitted(self, job_id: str, ts: float, req: JobReq) -> None:
         self.submitted[job_id] = (ts, req)
@@ -182,7 +187,7 @@ class Bench(Processes):
         if self.args.submit_via == "nats":
             try:
                 ids = await submit_over_nats(self.js, [j.nats_input() for j in batch], user="bench")
-                for jid, req in zip(ids, batch):
+                for jid, req in zip(ids, batch, strict=True):
                     self.record_submitted(jid, ts, req)
             except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
                 self.submit_errors += len(batch)
@@ -195,7 +200,7 @@ class Bench(Processes):
             body = r.json()
             if body.get("errors"):
                 raise BenchError(str(body["errors"])[:300])
-            for req, res in zip(batch, body["data"]["submitJobs"]):
+            for req, res in zip(batch, body["data"]["submitJobs"], strict=True):
                 if res["job"]:
                     self.record_submitted(res["job"]["id"], ts, req)
                 else:
@@ -253,20 +258,20 @@ class Bench(Processes):
         if inflight:
             await asyncio.gather(*inflight)
 
-    async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:  # type: ignore[no-untyped-def]
+    async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:
         await asyncio.sleep(delay)
         # The leader's own record of the loss and of the requeues it caused.
         seen: dict[str, list[tuple[str, float]]] = {"lost": [], "requeued": [], "failed": []}
 
-        async def on_lost(msg) -> None:  # type: ignore[no-untyped-def]
+        async def on_lost(msg) -> None:
             ev = json.loads(msg.data)
             seen["lost"].append((ev.get("host_id"), ev.get("ts")))
 
-        async def on_requeued(msg) -> None:  # type: ignore[no-untyped-def]
+        async def on_requeued(msg) -> None:
             ev = json.loads(msg.data)
             seen["requeued"].append((ev.get("host_id"), ev.get("ts")))
 
-        async def on_failed(msg) -> None:  # type: ignore[no-untyped-def]
+        async def on_failed(msg) -> None:
             ev = json.loads(msg.data)
             seen["failed"].append((ev.get("host_id"), ev.get("ts")))
 
@@ -373,7 +378,7 @@ class Bench(Processes):
             # From the metrics the sampler scrapes anyway: a GraphQL `cluster` query walks every
             # host on the server, and polling it would load the server being measured.
             m = self.metrics[-1][1] if self.metrics else {}
-            c = {"hosts": {"healthy": int(m.get('muster_hosts{health="HEALTHY"}', 0)),
+            view: dict[str, dict[str, Any]] = {"hosts": {"healthy": int(m.get('muster_hosts{health="HEALTHY"}', 0)),
                            "suspect": int(m.get(SUSPECT_GAUGE, 0)),
                            "lost": int(m.get('muster_hosts{health="LOST"}', 0))},
                  "leadership": {"role": "leader" if m.get("muster_leader", 0) >= 1 else "follower"}}
@@ -393,8 +398,8 @@ class Bench(Processes):
             # within about a second of state writes of the stream's end.
             obs_pending = self.stats.get("observer", {}).get("pending")
             observer_done = obs_pending is not None and obs_pending <= OBSERVER_CAUGHT_UP
-            if ready == k and "observer" in self.stats and c["hosts"]["healthy"] >= a.hosts \
-                    and c["leadership"]["role"] == "leader" and caught_up and history_done and observer_done:
+            if ready == k and "observer" in self.stats and view["hosts"]["healthy"] >= a.hosts \
+                    and view["leadership"]["role"] == "leader" and caught_up and history_done and observer_done:
                 break
             if time.monotonic() > deadline:
                 if ready < k or "observer" not in self.stats:
@@ -402,14 +407,14 @@ class Bench(Processes):
                                      f"{ready}/{k} "
                                      f"simulators, observer {'up' if 'observer' in self.stats else 'missing'}")
                 msg = (f"started the run anyway after {time.time() - t_boot:.0f} s: the server saw only "
-                       f"{c['hosts']['healthy']} of {a.hosts} hosts healthy (role {c['leadership']['role']}), "
+                       f"{view['hosts']['healthy']} of {a.hosts} hosts healthy (role {view['leadership']['role']}), "
                        f"{pending} heartbeats pending, the observer {obs_pending} records behind"
                        + (f", {history} preloaded jobs in history" if history is not None else ""))
                 print("WARNING: " + msg, flush=True)
                 self.notes.append(msg)
                 break
             print(f"[startup {time.time() - t_boot:5.1f}s] simulators ready {ready}/{k}, server sees "
-                  f"{c['hosts']['healthy']}/{a.hosts} hosts healthy, role {c['leadership']['role']}, "
+                  f"{view['hosts']['healthy']}/{a.hosts} hosts healthy, role {view['leadership']['role']}, "
                   f"heartbeats pending {pending if pending is not None else '?'}, "
                   f"observer behind {obs_pending if obs_pending is not None else '?'}"
                   + (f", preloaded jobs in history {history}" if history is not None else ""), flush=True)
@@ -470,7 +475,7 @@ class Bench(Processes):
                 print("waiting for the silenced host to be reported LOST", flush=True)
             try:
                 await asyncio.wait_for(lost_task, timeout=3 * 5.0 + a.lost_timeout + 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         # Let in-flight heartbeats land, then take the last metrics and process samples.
         await asyncio.sleep(1.5)

@@ -43,11 +43,10 @@ from collections import deque
 from pathlib import Path
 
 import nats
-
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
-from wire import natsclient
 from server.memory import freeze_survivors, keep_frozen, on_collection
+from wire import natsclient
 from wire.messages import SHAPE_HEADER, Heartbeat, shape_digest
 
 log = logging.getLogger("bench.simhosts")
@@ -127,7 +126,7 @@ class Outbox:
 
     RETRY_S = 5.0  # resend what has not been acknowledged after this long
 
-    def __init__(self, nc, inbox: str, max_inflight: int, counters: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, nc, inbox: str, max_inflight: int, counters: dict[str, int]) -> None:
         self.nc = nc
         self.inbox = inbox
         self.max_inflight = max_inflight
@@ -144,7 +143,7 @@ class Outbox:
         self.queue.append((subject, body, msg_id))
         self.wake.set()
 
-    async def on_ack(self, msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_ack(self, msg) -> None:
         entry = self.unacked.pop(msg.subject[len(self.inbox) + 1:], None)
         if entry is None:
             return  # a late answer to a report sent again since
@@ -183,7 +182,7 @@ class Outbox:
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             await asyncio.sleep(0.005)  # gather what else wants to go into the next batch
 
@@ -254,7 +253,7 @@ class Simulator:
 
     # ------------------------------------------------------------ assignments
 
-    async def on_assign(self, msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_assign(self, msg) -> None:
         t_arr = time.time()
         self.c["assign_msgs"] += 1
         h = self.by_id.get(msg.subject[len(ASSIGN_PREFIX):])
@@ -365,7 +364,7 @@ class Simulator:
             t0 = time.monotonic()
             try:
                 await asyncio.wait_for(self.stop.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.loop_lag_max = max(self.loop_lag_max, time.monotonic() - t0 - 1.0)
             try:
@@ -373,7 +372,7 @@ class Simulator:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def on_ctl(self, msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_ctl(self, msg) -> None:
         req = json.loads(msg.data)
         if req.get("cmd") == "silence":
             if req.get("host") == "busiest":  # the host running the most tasks right now

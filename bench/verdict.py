@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+
 @dataclass
 class Verdict:
     """How one submitted job (single or gang) reached the simulated hosts."""

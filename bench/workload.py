@@ -206,7 +206,8 @@ class Trace:
 def arrivals(rate: float, duration_s: float, seed: int = 3) -> list[float]:
     """Poisson arrival offsets (seconds from the start) at `rate` per second."""
     rng = random.Random(seed)
-    t, out = 0.0, []
+    t = 0.0
+    out: list[float] = []
     while True:
         t += rng.expovariate(rate)
         if t >= duration_s:

@@ -37,7 +37,7 @@ async def keep_frozen(stop: asyncio.Event, every_s: float = 2.0) -> None:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         if not stop.is_set():
             freeze_survivors()

@@ -18,7 +18,8 @@ HEARTBEATS = Counter(
 )
 HEARTBEATS_PENDING = Gauge(
     "muster_heartbeats_pending",
-    "Heartbeat records not yet applied by the server when it last heard (unread in the stream, or read and waiting in the ingest process)",
+    "Heartbeat records not yet applied by the server when it last heard (unread in the stream, "
+    "or read and waiting in the ingest process)",
     registry=REGISTRY,
 )
 HEARTBEATS_SKIPPED = Counter(
@@ -120,7 +121,7 @@ async def watch_loop_lag(stop: asyncio.Event, every_s: float = 0.1) -> None:
         due = loop.time() + every_s
         try:
             await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         LOOP_LAG.observe(max(0.0, loop.time() - due))
 

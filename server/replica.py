@@ -16,25 +16,25 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from server import memory, metrics
-
-from wire import subjects
 from server.api.auth import bootstrap_token
-from server.state.cluster import ClusterState, HostConfig
-from wire.errors import ConflictError, InvalidInput, NotFound, StoreError, ValidationError
+from server.health.ingest import HeartbeatIngest, IngestConfig
+from server.health.monitor import HealthMonitor
 from server.health.rules import Health
-from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
-from server.health.ingest import HeartbeatIngest, IngestConfig
-from server.state.lease import LeaseConfig, ThreadedLeadership
-from server.health.monitor import HealthMonitor
+from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
-from wire.messages import Command, Event, Job, JobState, encode, new_id
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.state.cluster import ClusterState, HostConfig
+from server.state.lease import LeaseConfig, ThreadedLeadership
+from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
-from wire.kv import Record, Store, Watch, Write, connect
-from server.state.streams import ensure_streams
+from wire import subjects
+from wire.errors import ConflictError, InvalidInput, NotFound, StoreError, ValidationError
+from wire.kv import Store, Watch, Write, connect
+from wire.messages import Command, Event, Job, JobState, encode, new_id
+from wire.records import Record
 from wire.validation import validate_job
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Muster:
                                 shared=os.environ.get("MUSTER_TEST_SHARED_SCHEDULING") == "1",
                                 trust_local_clock=os.environ.get("MUSTER_TEST_IGNORE_LEASE_CLOCK") != "1")
 
-        def lease_connection():  # type: ignore[no-untyped-def]
+        def lease_connection():
             return connect(cfg.nats_url, name=f"muster-server-{cfg.name}-lease", creds=cfg.nats_creds,
                            tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
 
@@ -181,7 +181,7 @@ class Muster:
         while not w.synced.is_set():
             try:
                 await asyncio.wait_for(w.synced.wait(), timeout=every_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if w.synced.is_set():
                 break
@@ -244,7 +244,7 @@ class Muster:
 
     def _on_state(self, kind: str, obj: object) -> None:
         if kind == "job" and self.history is not None and self.historian is None:
-            job = obj  # type: ignore[assignment]
+            job = obj
             assert isinstance(job, Job)
             self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
 
@@ -263,7 +263,7 @@ class Muster:
             metrics.TERM.set(self.state.term)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     @property

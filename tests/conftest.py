@@ -232,7 +232,7 @@ async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition") 
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def wait_all_finished(api: "Api", timeout: float = 300) -> None:
+def wait_all_finished(api: Api, timeout: float = 300) -> None:
     """Wait until no job is queued, placed or running (as the replica behind `api` sees it)."""
 
     def done() -> bool:

@@ -14,7 +14,6 @@ import time
 import uuid
 
 import nats
-
 from wire import subjects
 from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 

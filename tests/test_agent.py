@@ -7,10 +7,10 @@ import asyncio
 from pathlib import Path
 
 from agent.agent import Agent, AgentConfig
-from wire import subjects
-from wire.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
-from wire.kv import Store, connect
 from server.state.streams import ensure_streams
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(

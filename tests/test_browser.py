@@ -181,7 +181,7 @@ def test_login_and_overview(page: Any, stack: tuple[Cluster, Any, str]) -> None:
     stats = {
         dt.strip(): dd.strip()
         for dt, dd in zip(hosts_card.locator("dl.stats dt").all_inner_texts(),
-                          hosts_card.locator("dl.stats dd").all_inner_texts())
+                          hosts_card.locator("dl.stats dd").all_inner_texts(), strict=True)
     }
     assert stats == {"Healthy": "2", "Suspect": "0", "Lost": "0", "Total": "2", "Cordoned": "0"}, stats
     expect(hosts_card.locator(".sim-note")).to_contain_text("2 of 2 hosts report simulated GPUs")

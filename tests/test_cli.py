@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats as nats_py
-
 import psutil
 
+import nats as nats_py
 from server.broker.natsd import free_port
-from wire.messages import Event, encode
 from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, process_gone, wait_until
+from wire.messages import Event, encode
 
 
 def muster(c: Cluster, url: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -105,9 +104,14 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 4
     assert "error: unauthorised" in r.stderr, r.stderr
     env = {k: v for k, v in os.environ.items() if k != "MUSTER_TOKEN"}
-    r = subprocess.run([sys.executable, "-m", "server.cli", "job", "list"], capture_output=True, text=True,
-                       cwd=cluster.tmp, env={**env, "MUSTER_URL": srv.url, "MUSTER_DATA_DIR": str(cluster.tmp / "none")},
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "server.cli", "job", "list"],
+        capture_output=True,
+        text=True,
+        cwd=cluster.tmp,
+        env={**env, "MUSTER_URL": srv.url, "MUSTER_DATA_DIR": str(cluster.tmp / "none")},
+        timeout=60,
+    )
     assert r.returncode == 4 and "error: no token" in r.stderr, r.stderr
     r = muster(cluster, f"http://127.0.0.1:{free_port()}", "job", "list")
     assert r.returncode == 1 and "error: cannot reach" in r.stderr, r.stderr

@@ -481,10 +481,9 @@ def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
 
 async def _probe_auth(url: str, registry: AuthDir) -> None:
     import nats as natspy
-
     from wire.kv import connect
 
-    with pytest.raises(Exception):
+    with pytest.raises((natspy.errors.Error, OSError)):
         nc = await natspy.connect(url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
         await nc.close()
     srv = await connect(url, name="probe-server", creds=str(registry.server_creds))
@@ -555,7 +554,7 @@ def _wait(pred, timeout: float, what: str, procs, logs):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        for p, log in zip(procs, logs):
+        for p, log in zip(procs, logs, strict=True):
             if p.poll() is not None:
                 pytest.fail(f"nats-server exited ({p.returncode}) while waiting for {what}:\n"
                             + log.read_text()[-3000:])
@@ -571,7 +570,7 @@ def _wait(pred, timeout: float, what: str, procs, logs):
 
 def test_loopback_cluster_forms(tmp_path):
     default_ports = [4222, 4223, 4224, 6222, 6223, 6224, 8222, 8223, 8224]
-    mapping = dict(zip(default_ports, _free_ports(len(default_ports))))
+    mapping = dict(zip(default_ports, _free_ports(len(default_ports)), strict=True))
     confs = []
     for src in NATS_CLUSTER_CONFS:
         text = re.sub(

@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import eventually
-from wire import subjects
 from server.api.app import build_app
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
 from server.replica import Muster, ServerConfig
+from tests.conftest import eventually
 from web.console import COOKIE, console_routes, csrf_token
+from wire import subjects
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -494,7 +494,9 @@ async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: 
     assert "Showing the first 2 of 3 racks" in html
     assert html.count('class="cell ') == 2
     # rack ra: mean of 5, 45, 60 = 36.7 %
-    assert re.search(r'class="cell heat-3" href="/hosts\?rack=ra"[^>]*title="ra: 36.7 % mean GPU util over 3 hosts', html)
+    assert re.search(
+        r'class="cell heat-3" href="/hosts\?rack=ra"[^>]*title="ra: 36.7 % mean GPU util over 3 hosts', html
+    )
     assert re.search(r'class="cell heat-10" href="/hosts\?rack=rb"', html)
     assert "rc" not in re.findall(r'href="/hosts\?rack=(\w+)"', html)
 
@@ -595,8 +597,12 @@ async def test_host_page_charts_after_heartbeats(console: Console) -> None:
     assert "style=" not in html
     assert 'id="tele-gpu-0"' in html and 'id="tele-gpu-1"' in html
     assert html.count("<svg") == 6  # 2 GPUs x (util, temp, power)
-    util_line = re.search(r'<svg class="spark spark-util"[^>]*aria-label="GPU 0 Utilization: now 30 %, min 10 %, max 90 %"'
-                          r'.*?<polyline points="([^"]+)"', html, re.S)
+    util_line = re.search(
+        r'<svg class="spark spark-util"[^>]*aria-label="GPU 0 Utilization: now 30 %, min 10 %, max 90 %"'
+        r'.*?<polyline points="([^"]+)"',
+        html,
+        re.S,
+    )
     assert util_line, html[html.index('id="tele-gpu-0"'):][:1500]
     points = [tuple(map(float, p.split(","))) for p in util_line.group(1).split()]
     assert len(points) == 4

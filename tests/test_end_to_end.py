@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from wire.messages import HostAlloc, decode
-from wire.kv import Record, Store, connect
 from tests.conftest import ROOT, Api, Cluster, assert_invariants, wait_until
+from wire.kv import Store, connect
+from wire.messages import HostAlloc, decode
+from wire.records import Record
 
 PY = sys.executable
 
@@ -33,8 +34,13 @@ def two_hosts(cluster: Cluster) -> tuple[Cluster, Api]:
 
 def test_job_runs_on_a_gpu_and_succeeds_with_output(two_hosts: tuple[Cluster, Api]) -> None:
     cluster, api = two_hosts
-    res = api.submit(name="hello", command=[PY, "-c", "import os; print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"],
-                     gpus=1, cpus=1, memoryMb=256)
+    res = api.submit(
+        name="hello",
+        command=[PY, "-c", "import os; print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"],
+        gpus=1,
+        cpus=1,
+        memoryMb=256,
+    )
     assert res["userErrors"] == []
     assert res["job"]["state"] == "QUEUED"
     job = api.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"}, timeout=60)
@@ -45,7 +51,9 @@ def test_job_runs_on_a_gpu_and_succeeds_with_output(two_hosts: tuple[Cluster, Ap
     assert len(attempt["gpuIndices"]) == 1
     assert f"hello from {attempt['gpuIndices'][0]}" in attempt["outputTail"]
     # The cluster view and the history agree.
-    c = api.q("{ cluster { hosts { total healthy lost } gpus { total allocated } jobs { succeeded failed } } }")["cluster"]
+    c = api.q("{ cluster { hosts { total healthy lost } gpus { total allocated } jobs { succeeded failed } } }")[
+        "cluster"
+    ]
     assert c["hosts"] == {"total": 2, "healthy": 2, "lost": 0}
     assert c["gpus"]["total"] == 16
     assert c["jobs"]["succeeded"] == 1
@@ -69,8 +77,13 @@ def test_job_that_cannot_fit_waits_with_reasons_then_runs(cluster: Cluster, tmp_
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     gate = tmp_path / "gate"
-    hold = api.submit(name="hold", command=[PY, "-c", f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"],
-                      gpus=2, cpus=1, memoryMb=64)
+    hold = api.submit(
+        name="hold",
+        command=[PY, "-c", f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"],
+        gpus=2,
+        cpus=1,
+        memoryMb=64,
+    )
     api.wait_job(hold["job"]["id"], {"RUNNING"})
     waiting = api.submit(name="waits", command=[PY, "-c", "print('ran')"], gpus=2, cpus=1, memoryMb=64)
     too_big = api.submit(name="never", command=["true"], gpus=4, cpus=1, memoryMb=64)
@@ -230,7 +243,8 @@ def test_cli_submit_list_show_cancel(two_hosts: tuple[Cluster, Api]) -> None:
 
 def test_cordoned_host_gets_no_new_work(two_hosts: tuple[Cluster, Api]) -> None:
     cluster, api = two_hosts
-    r = api.q('mutation { cordonHost(input: {id: "host-a", reason: "disk"}) { host { cordoned } userErrors { code } } }')
+    r = api.q('mutation { cordonHost(input: {id: "host-a", reason: "disk"}) '
+              '{ host { cordoned } userErrors { code } } }')
     assert r["cordonHost"]["host"]["cordoned"] is True
     ids = [api.submit(name=f"c{i}", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]["id"] for i in range(6)]
     for jid in ids:

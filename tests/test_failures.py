@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import nats as natslib
-
-from wire import subjects
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 from tests.conftest import Api, Cluster, Proc, assert_invariants, process_gone, wait_until
 from tests.netproxy import TcpProxy
+from wire import subjects
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 
 PY = sys.executable
 FAST = dict(heartbeat_interval=1, fence_after=2, kill_grace=2)
@@ -409,7 +408,9 @@ def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None
     cluster.agent("sick", gpus="4xH100", fault_file=str(faults), **FAST)
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
-    faults.write_text(json.dumps({"index": 2, "kind": "xid", "code": 79, "message": "GPU has fallen off the bus"}) + "\n")
+    faults.write_text(
+        json.dumps({"index": 2, "kind": "xid", "code": 79, "message": "GPU has fallen off the bus"}) + "\n"
+    )
     wait_until(lambda: api.q('{ host(id: "sick") { gpusUnhealthy } }')["host"]["gpusUnhealthy"] == 1,
                timeout=30, what="GPU marked unhealthy")
     wait_until(lambda: alerts.of("alerts.gpu.unhealthy"), what="GPU alert")

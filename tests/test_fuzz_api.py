@@ -12,8 +12,14 @@ from tests.conftest import Api, Cluster
 
 SUBMIT = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { field code } } }"""
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=40), st.lists(st.text(max_size=8), max_size=4))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    st.lists(st.text(max_size=8), max_size=4),
+)
 job_inputs = st.fixed_dictionaries(
     {},
     optional={

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from server.state.cluster import ClusterState
 from server.scheduling.eviction import EvictionBudget
+from server.scheduling.planner import Plan, plan_cycle
+from server.state.cluster import ClusterState
 from wire.messages import (
     AttemptState,
     GpuInfo,
@@ -18,7 +19,6 @@ from wire.messages import (
     StatusReport,
     encode,
 )
-from server.scheduling.planner import Plan, plan_cycle
 from wire.records import Record
 
 NOW = 1_000_000.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+
 import pytest
 
 from agent import gpu as gpu_mod
@@ -79,7 +80,14 @@ def test_bad_spec_raises_config_error_from_open_backend() -> None:
 def test_parse_fault_line() -> None:
     fault = parse_fault_line('{"index":3,"kind":"xid","code":79,"message":"off the bus"}', ts=5.0)
     assert fault == GpuFault(index=3, kind="xid", code=79, message="off the bus", ts=5.0)
-    bad_lines = ['{"index":-1}', '{"index":"3"}', '{"index":1,"kind":"meltdown"}', "[1]", "nonsense", '{"index":1,"code":"x"}']
+    bad_lines = [
+        '{"index":-1}',
+        '{"index":"3"}',
+        '{"index":1,"kind":"meltdown"}',
+        "[1]",
+        "nonsense",
+        '{"index":1,"code":"x"}',
+    ]
     for bad in bad_lines:
         with pytest.raises(ValueError):
             parse_fault_line(bad, ts=0.0)

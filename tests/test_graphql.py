@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats as nats_py
 import pytest
 
-from wire import subjects
+import nats as nats_py
 from server.api.app import build_app
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, Event, encode
 from server.replica import Muster, ServerConfig
-
+from wire import subjects
+from wire.messages import Event, GpuInfo, GpuUsage, Heartbeat, encode
 
 # ---------------------------------------------------------------- helpers
 
@@ -219,7 +218,9 @@ async def test_host_pagination_filters_sorting_and_aggregates(api: Client, nc: A
     # 8-GPU hosts (i % 3 == 0) first, by id; h-007 (A100 with one faulty GPU) has 3 free
     assert free[:4] == ["h-000", "h-003", "h-006", "h-009"]
     # descending keyset pagination is stable too
-    d1 = (await api.q("""{ hosts(first: 10, sort: ID_DESC) { pageInfo { endCursor } edges { node { id } } } }"""))["hosts"]
+    d1 = (await api.q("""{ hosts(first: 10, sort: ID_DESC) { pageInfo { endCursor } edges { node { id } } } }"""))[
+        "hosts"
+    ]
     d2 = (await api.q("""query($a: String) { hosts(first: 10, after: $a, sort: ID_DESC) { edges { node { id } } } }""",
                       {"a": d1["pageInfo"]["endCursor"]}))["hosts"]
     assert [e["node"]["id"] for e in d1["edges"] + d2["edges"]] == desc[:20]
@@ -273,8 +274,8 @@ async def _job_state(api: Client, job_id: str, states: set[str]) -> bool:
 async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> None:
     """50,000 hosts straight into the state: a filtered, sorted page is right (its cost
     is measured by bench/operator.py, not asserted here)."""
-    from server.state.cluster import HostEntry
     from server.api.graphql import build_schema
+    from server.state.cluster import HostEntry
 
     # Building 50,000 entries can take longer than two 1 s heartbeat intervals on a
     # loaded machine, which would make them SUSPECT before the query: health is not

@@ -17,16 +17,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire import subjects
+from server.broker.natsd import start_nats
+from server.scheduling.scheduler import Scheduler
 from server.state.checker import load, violations
 from server.state.cluster import ClusterState
 from server.state.lease import Leadership, LeaseConfig
-from wire.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
-from server.broker.natsd import start_nats
-from server.scheduling.scheduler import Scheduler
-from wire.kv import Record, Store, connect
 from server.state.streams import ensure_streams
 from tests.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished, wait_until
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
+from wire.records import Record
 
 PY = sys.executable
 
@@ -120,7 +121,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
         old, term = cur
         t0 = time.monotonic()
         old.kill9()
-        new = wait_until(lambda: (lambda x: x if x and x[1] > term else None)(leader(servers, token)),
+        new = wait_until(lambda term=term: (lambda x: x if x and x[1] > term else None)(leader(servers, token)),
                          timeout=60, what="a new leader")
         takeovers.append(time.monotonic() - t0)
         assert new[0] is not old

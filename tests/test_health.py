@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from agent.agent import AgentConfig, parse_labels
-from server.scheduling import retry
-from server.state.cluster import ClusterState, HostConfig
-from wire.errors import ConfigError
 from server.health.rules import Health, host_health
+from server.scheduling import retry
+from server.scheduling.placement import NOT_HEALTHY, check
+from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig
+from wire.errors import ConfigError
 from wire.messages import (
     Attempt,
     AttemptState,
@@ -25,7 +26,6 @@ from wire.messages import (
     Task,
     encode,
 )
-from server.scheduling.placement import NOT_HEALTHY, check
 from wire.records import Record
 
 T0 = 1_000_000.0

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from server.state.cluster import ClusterState
-from server.health.rules import Health, host_health
 from server.health.index import HealthIndex
+from server.health.rules import Health, host_health
+from server.state.cluster import ClusterState
 from wire.messages import (
     GpuInfo,
     GpuUsage,
@@ -154,8 +154,16 @@ def test_agrees_with_a_full_scan(seed: int) -> None:
             m.expire(host, now)
         elif r < 0.90:
             m.rev += 1
-            tasks = [Task(attempt_id=f"j{k}-1", job_id=f"j{k}", number=1, command=["x"], gpu_indices=list(range(rnd.randint(0, 2))))
-                     for k in range(rnd.randint(0, 3))]
+            tasks = [
+                Task(
+                    attempt_id=f"j{k}-1",
+                    job_id=f"j{k}",
+                    number=1,
+                    command=["x"],
+                    gpu_indices=list(range(rnd.randint(0, 2))),
+                )
+                for k in range(rnd.randint(0, 3))
+            ]
             m.s.apply_state_record(Record(f"alloc.{host}", m.rev, encode(HostAlloc(host_id=host, tasks=tasks))))
         elif r < 0.92:
             m.rev += 1

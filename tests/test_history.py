@@ -19,8 +19,8 @@ from sqlmodel import Session, SQLModel, select
 import server.history.database as history_mod
 from server.history.database import History, alembic_config, job_cursor
 from server.history.models import AttemptRow, EventRow, JobRow
-from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 DAY = 86400.0

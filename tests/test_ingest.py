@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from wire import subjects
-from server.state.cluster import ClusterState
 from server.health.ingest import HeartbeatIngest, IngestConfig, Pending
-from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
-from wire.kv import Store, connect
+from server.state.cluster import ClusterState
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
 
 
 def heartbeat(host_id: str, seq: int = 1, cpus: int = 16) -> Heartbeat:
@@ -166,7 +166,7 @@ def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
     hb = {k: encode(heartbeat(k)) for k in "abc"}
     state.apply_heartbeat("b", 2, hb["b"], None, 100.0)
     for batch in (first, rest):
-        for k, r, v in zip(batch.keys, batch.revisions, batch.values):
+        for k, r, v in zip(batch.keys, batch.revisions, batch.values, strict=True):
             state.apply_heartbeat(k, r, v and hb[k], None, batch.received_at)
     assert kinds == ["host_up:b", "host_lost:b", "host_up:a", "host_up:b", "host_up:c"]
 

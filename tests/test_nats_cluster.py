@@ -14,9 +14,9 @@ from pathlib import Path
 from nats.js.api import KeyValueConfig
 
 from server.broker.natsauth import AuthDir
-from wire.kv import Store, connect
 from server.state.streams import ensure_streams
 from tests.conftest import ROOT
+from wire.kv import Store, connect
 
 
 def start_cli_cluster(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -126,9 +126,9 @@ def test_concurrent_fenced_commits_need_a_fence_slot_each_on_a_clustered_stream(
     records. With a fence slot each they all commit; a new term still fences every slot."""
     import pytest
 
-    from wire.errors import ConflictError, FencedError
-    from server.state.lease import FENCE_SLOTS, Leadership, LeaseConfig
     from server.broker.natsd import start_cluster
+    from server.state.lease import FENCE_SLOTS, Leadership, LeaseConfig
+    from wire.errors import ConflictError, FencedError
     from wire.kv import Write
 
     cluster = start_cluster(tmp_path / "nats", size=3)

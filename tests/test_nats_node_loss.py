@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from server.broker.natsd import start_cluster
-from wire.kv import connect
 from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
 from tests.test_ha import Submitter
+from wire.kv import connect
 
 
 async def stream_leader(url: str, stream: str) -> str:

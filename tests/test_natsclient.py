@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from wire import natsclient
-from wire.natsclient import parse_header_lines
 from wire.kv import connect
+from wire.natsclient import parse_header_lines
 
 TYPICAL = [
     b"Nats-TTL: 15s\r\nMuster-Shape: 0123abcd\r\n\r\n",

@@ -8,17 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire.messages import JobSpec
 from server.scheduling.placement import (
     CORDONED,
+    MAX_TASKS_PER_HOST,
     NO_FREE_CPU,
     NO_FREE_GPUS,
     NO_FREE_MEMORY,
-    TOO_MANY_TASKS,
-    MAX_TASKS_PER_HOST,
     NOT_HEALTHY,
     REASONS,
     TOO_FEW_GPUS,
+    TOO_MANY_TASKS,
     WRONG_MODEL,
     Choice,
     HostCapacity,
@@ -27,6 +26,7 @@ from server.scheduling.placement import (
     explain,
     place,
 )
+from wire.messages import JobSpec
 
 
 def spec(gpus: int = 0, model: str | None = None, cpus: float = 1.0, memory_mb: int = 512) -> JobSpec:
@@ -227,7 +227,10 @@ def test_infeasible_hosts_are_never_chosen_even_if_tighter() -> None:
 
 
 def test_rejection_counts_every_host() -> None:
-    res = place(spec(gpus=1, model="H100"), [host("a", model="A100"), host("b", cordoned=True), host("c", gpus=1, used_gpus={0})])
+    res = place(
+        spec(gpus=1, model="H100"),
+        [host("a", model="A100"), host("b", cordoned=True), host("c", gpus=1, used_gpus={0})],
+    )
     assert isinstance(res, Rejection)
     assert res.hosts_considered == 3
     assert res.reasons == Counter({WRONG_MODEL: 1, CORDONED: 1, NO_FREE_GPUS: 1})
@@ -409,7 +412,7 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
         index.put(h)
     placer = Placer(index, healthy=lambda host_id: True)
     done: list[tuple[str, JobSpec, list[int]]] = []
-    for s, release in zip(job_specs, releases):
+    for s, release in zip(job_specs, releases, strict=True):
         if s.gpus == 0 and s.gpu_model is not None:
             s = s.model_copy(update={"gpu_model": None})  # validation refuses a model without GPUs
         if release and done:

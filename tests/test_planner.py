@@ -8,6 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.scheduling.eviction import EvictionBudget
+from server.scheduling.planner import Plan, plan_cycle, queue_order
 from server.state.cluster import ClusterState
 from wire.messages import (
     Attempt,
@@ -23,8 +25,6 @@ from wire.messages import (
     StatusReport,
     encode,
 )
-from server.scheduling.eviction import EvictionBudget
-from server.scheduling.planner import Plan, plan_cycle, queue_order
 from wire.records import Record
 
 NOW = 1_000_000.0
@@ -649,7 +649,7 @@ def check_invariants(state: ClusterState) -> None:
             assert not live
         if job.state in (JobState.SUCCEEDED, JobState.FAILED):
             assert not live
-    for attempt_id, (host_id, t) in live_tasks.items():
+    for attempt_id, (_host_id, t) in live_tasks.items():
         job = state.jobs[t.job_id]
         a = next(a for a in job.attempts if a.id == attempt_id)
         assert not a.state.terminal, f"task {attempt_id} kept for a finished attempt"
@@ -744,7 +744,7 @@ def test_property_pipelined_cycles_touch_disjoint_records_and_never_overcommit(
         inputs, now, n_jobs = play(w, batch, now, n_jobs, one_input_per_job=False)
         half = len(inputs) // 2
 
-        def plan(part: list, **frozen: set[str]) -> Plan:
+        def plan(part: list, now: float = now, **frozen: set[str]) -> Plan:
             return plan_cycle(w.state, reports=[r for r in part if isinstance(r, StatusReport)],
                               commands=[c for c in part if isinstance(c, Command)], now=now, term=TERM,
                               max_keys=12, **frozen)

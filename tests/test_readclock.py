@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from server.state.cluster import ClusterState
-from server.health.rules import Health
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
 from server.health.readclock import ReadClock
+from server.health.rules import Health
+from server.state.cluster import ClusterState
+from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
 from wire.records import Record
 
 T0 = 1_000_000.0

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from wire import subjects
 from server.history.database import History
 from server.history.models import EventRow
-from wire.messages import Event, encode
 from server.history.recorder import Recorder
-from wire.kv import Store, connect
 from server.state.streams import ensure_streams
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import Event, encode
 
 
 def rows(history: History) -> list[EventRow]:

@@ -5,12 +5,12 @@ checks what NATS itself refuses."""
 
 from __future__ import annotations
 
-import ssl
 import asyncio
 import datetime
 import ipaddress
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -19,16 +19,17 @@ from typing import Any
 
 import httpx
 import pytest
+from nats.errors import Error as NatsError
 
-from wire import subjects
-from server.cli import build_parser
-from wire.errors import StoreError
 from server.broker.natsauth import AuthDir
-from wire.subjects import agent_inbox_prefix
 from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
-from wire.kv import Store, connect
+from server.cli import build_parser
 from server.state.streams import ensure_streams
 from tests.conftest import ROOT, Api, Cluster, wait_until
+from wire import subjects
+from wire.errors import StoreError
+from wire.kv import Store, connect
+from wire.subjects import agent_inbox_prefix
 
 A, B = "host-a", "host-b"
 
@@ -131,14 +132,14 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         state_before = (await store.js.stream_info(subjects.STATE_STREAM)).state.last_seq
 
         # 1. B's heartbeat.
-        with pytest.raises(Exception):
+        with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, B), b'{"forged": 1}', timeout=1)
         await errors.wait_for(f'permissions violation for publish to "$kv.hosts.{B}"')
         # 2. B's assignments: the direct get, the stream API get, the live subject.
         with pytest.raises(StoreError):
             await rogue.get(subjects.alloc_key(B))
         await errors.wait_for(f"publish to \"$js.api.direct.get.kv_state.$kv.state.alloc.{B}\"")
-        with pytest.raises(Exception):
+        with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.get_msg(subjects.STATE_STREAM, subject=f"$KV.state.alloc.{B}")
         await errors.wait_for('publish to "$js.api.stream.msg.get.kv_state"')
         got: list[bytes] = []
@@ -151,17 +152,17 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         await nc.subscribe("$KV.state.>", cb=on_msg)
         await errors.wait_for('subscription to "$kv.state.>"')
         # ... and writing B's (or anyone's) state directly.
-        with pytest.raises(Exception):
+        with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.publish(subjects.kv_subject(subjects.STATE_BUCKET, subjects.alloc_key(B)), b"{}",
                                    timeout=1)
         await errors.wait_for(f'publish to "$kv.state.alloc.{B}"')
         # 3. A status report for B's task.
-        with pytest.raises(Exception):
+        with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.publish(subjects.status_subject(B), b'{"host_id": "host-b", "state": "SUCCEEDED"}',
                                    timeout=1)
         await errors.wait_for(f'publish to "muster.status.{B}"')
         # 4. JetStream management.
-        with pytest.raises(Exception):
+        with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.delete_stream(subjects.STATUS_STREAM)
         await errors.wait_for('publish to "$js.api.stream.delete.status"')
 
@@ -355,7 +356,7 @@ def make_pki(d: Path) -> dict[str, Path]:
     from cryptography.x509.oid import NameOID
 
     d.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def write_key(key: Any, path: Path) -> None:
         path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

@@ -9,11 +9,12 @@ import json
 
 import pytest
 
+from server.state.lease import Leadership, LeaseConfig
+from server.state.streams import ensure_streams
 from wire import subjects
 from wire.errors import ConflictError, FencedError
-from server.state.lease import Leadership, LeaseConfig
-from wire.kv import Record, Store, Write, connect
-from server.state.streams import ensure_streams
+from wire.kv import Store, Write, connect
+from wire.records import Record
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ async def test_commit_with_lost_reply_is_retried_and_applied_once(store: Store) 
         calls["n"] += 1
         reply = await real_request(*args, **kw)
         if calls["n"] == 1:
-            raise asyncio.TimeoutError("reply lost")
+            raise TimeoutError("reply lost")
         return reply
 
     store.nc.request = flaky_request  # type: ignore[method-assign]

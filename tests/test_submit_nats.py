@@ -6,9 +6,8 @@ import asyncio
 import sys
 
 import nats as natslib
-
-from wire.submit import submit_over_nats
 from tests.conftest import Api, Cluster, assert_invariants, wait_until
+from wire.submit import submit_over_nats
 
 PY = sys.executable
 
@@ -27,7 +26,7 @@ def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
         js = nc.jetstream()
         ids = await submit_over_nats(js, jobs, user="pipeline")
         # The same batch again (a retry after a lost ack): nothing is created twice.
-        again = await submit_over_nats(js, [dict(j, id=i) for j, i in zip(jobs, ids)], user="pipeline")
+        again = await submit_over_nats(js, [dict(j, id=i) for j, i in zip(jobs, ids, strict=True)], user="pipeline")
         assert again == ids
         await submit_over_nats(js, bad, user="pipeline")
         await nc.close()
@@ -35,7 +34,7 @@ def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
 
     ids = asyncio.run(publish())
     for i, jid in enumerate(ids):
-        wait_until(lambda: api.job(jid), timeout=60, what=f"job {jid} created")
+        wait_until(lambda jid=jid: api.job(jid), timeout=60, what=f"job {jid} created")
         job = api.wait_job(jid, {"SUCCEEDED", "FAILED"}, timeout=120)
         assert job["state"] == "SUCCEEDED"
         assert len(job["attempts"]) == 1 and job["attempts"][0]["outputTail"].strip() == str(i)

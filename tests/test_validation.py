@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import ValidationError as PydanticValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError as PydanticValidationError
 
 from wire.errors import DecodeError, ValidationError
 from wire.messages import (

@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -246,7 +247,7 @@ class Store:
         ident = digest.hexdigest()[:32]
         for i, (_subj, _data, h) in enumerate(msgs, start=1):
             h["Nats-Msg-Id"] = f"{ident}.{i}"
-        resp: dict = {}
+        resp: dict[str, Any] = {}
         for attempt in range(1, self.commit_retries + 1):
             batch_id = uuid.uuid4().hex
             try:

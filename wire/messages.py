@@ -258,7 +258,7 @@ class HostAlloc(_Model):
     def to_json(self) -> bytes:
         """The record as stored: rewritten on every placement and completion on its
         host, so built from each task's JSON, made once (`Task.compact_json`)."""
-        head = '{"v":%d,"host_id":%s,"term":%d,"tasks":[' % (self.v, json.dumps(self.host_id), self.term)
+        head = f'{{"v":{self.v},"host_id":{json.dumps(self.host_id)},"term":{self.term},"tasks":['
         return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
 
 

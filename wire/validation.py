@@ -23,7 +23,9 @@ MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 128
 
 
-def validate_job(data: dict[str, Any], known_models: Iterable[str] = ()) -> tuple[JobSpec | None, list[ValidationError]]:
+def validate_job(
+    data: dict[str, Any], known_models: Iterable[str] = ()
+) -> tuple[JobSpec | None, list[ValidationError]]:
     """Check a job submission; returns (spec, []) or (None, errors)."""
     errors: list[ValidationError] = []
 

@@ -34,10 +34,16 @@ def varied_usage(spec: HostSpec) -> tuple[dict[str, object], float, int]:
     busy = 0.0 if rng.random() < 0.3 else rng.uniform(20.0, 100.0)
     bad = rng.randrange(spec.gpus) if spec.gpus and rng.random() < FAULTY_SHARE else -1
     mem = GPU_MEMORY_MB.get(spec.model, 16384)
-    for u in static["gpu_usage"]:  # type: ignore[union-attr]
+    usage = static["gpu_usage"]
+    assert isinstance(usage, list)
+    for u in usage:
         util = round(min(100.0, max(0.0, busy + rng.uniform(-15.0, 15.0))), 1) if busy else 0.0
-        u.update(util_pct=util, mem_used_mb=int(mem * util / 110), temp_c=round(33 + util * 0.45 + rng.uniform(-2, 2), 1),
-                 power_w=round(60 + util * 6.4 + rng.uniform(-5, 5), 1))
+        u.update(
+            util_pct=util,
+            mem_used_mb=int(mem * util / 110),
+            temp_c=round(33 + util * 0.45 + rng.uniform(-2, 2), 1),
+            power_w=round(60 + util * 6.4 + rng.uniform(-5, 5), 1),
+        )
         if u["index"] == bad:
             u.update(healthy=False, fault=rng.choice(GPU_FAULTS))
     cpu_pct = round(min(100.0, busy * 0.6 + rng.uniform(1.0, 10.0)), 1)

@@ -188,20 +188,39 @@ class HistoryMaker:
         gpu_hosts = self.by_gpus[1]
         for _ in range(max(1, incidents // 10)):
             h = rng.choice(gpu_hosts)
-            out.append(dict(ts=rng.uniform(t0, now), kind="alert.gpu.unhealthy", job_id=None, host_id=h.id,
-                            message=f"GPU {rng.randrange(h.gpus)} on {h.id} is unschedulable: {rng.choice(GPU_FAULTS)}"))
+            out.append(
+                dict(
+                    ts=rng.uniform(t0, now),
+                    kind="alert.gpu.unhealthy",
+                    job_id=None,
+                    host_id=h.id,
+                    message=f"GPU {rng.randrange(h.gpus)} on {h.id} is unschedulable: {rng.choice(GPU_FAULTS)}",
+                )
+            )
         return out
 
 
 def job_rows(job: Job, revision: int) -> tuple[dict[str, object], list[dict[str, object]], list[dict[str, object]]]:
     """The jobs, attempts and events rows of a job: what `History._write` writes for it."""
-    row = dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
+    row: dict[str, object] = dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
                priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
                submitted_at=job.submitted_at, updated_at=job.updated_at, revision=revision,
                doc=job.model_dump_json())
-    attempts = [dict(id=a.id, job_id=job.id, number=a.number, host_id=a.host_id, state=a.state.value,
-                     term=a.term, exit_code=a.exit_code, placed_at=a.placed_at, started_at=a.started_at,
-                     finished_at=a.finished_at) for a in job.attempts]
+    attempts: list[dict[str, object]] = [
+        dict(
+            id=a.id,
+            job_id=job.id,
+            number=a.number,
+            host_id=a.host_id,
+            state=a.state.value,
+            term=a.term,
+            exit_code=a.exit_code,
+            placed_at=a.placed_at,
+            started_at=a.started_at,
+            finished_at=a.finished_at,
+        )
+        for a in job.attempts
+    ]
     return row, attempts, job_events(job)
 
 

@@ -14,6 +14,7 @@ import psutil
 from bench.operator.queries import Req
 from bench.processes import Child
 
+
 class Sampler(threading.Thread):
     """Samples the processes' CPU time and RSS twice a second (for peak RSS)."""
 

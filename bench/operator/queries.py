@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -120,7 +120,7 @@ def requests_for(p: Plan) -> list[Req]:
     matching = sum(1 for x in f.hosts if x.id.startswith(prefix))
     cordoned = len(f.cordoned) + len(f.drained)
     user = min(h.by_user, key=lambda u: (abs(h.by_user[u] - h.jobs / 100), u))  # about 1 % of the jobs
-    w0, w1 = (datetime.fromtimestamp(t, timezone.utc).isoformat() for t in h.window)
+    w0, w1 = (datetime.fromtimestamp(t, UTC).isoformat() for t in h.window)
     hosts_page = max(1, n_hosts // PER_PAGE // 2)
     jobs_page = max(1, p.jobs_total // PER_PAGE // 2)
     first_rows = min(PER_PAGE, n_hosts)
@@ -154,50 +154,147 @@ def requests_for(p: Plan) -> list[Req]:
     ]
     graphql = [
         Req("graphql hosts first:50", "graphql", HOSTS_Q, _conn("hosts", n_hosts), {"first": PER_PAGE}),
-        Req("graphql hosts health SUSPECT", "graphql", HOSTS_Q,
+        Req(
+            "graphql hosts health SUSPECT",
+            "graphql",
+            HOSTS_Q,
             _conn("hosts", None, None, lambda n: n["health"] == "SUSPECT"),
-            {"first": PER_PAGE, "filter": {"health": ["SUSPECT"]}}),
-        Req("graphql hosts zone + gpuModel", "graphql", HOSTS_Q, _conn("hosts", a100_in_zone, min(PER_PAGE, a100_in_zone)),
-            {"first": PER_PAGE, "filter": {"zone": zone, "gpuModel": "A100"}}),
-        Req("graphql hosts rack", "graphql", HOSTS_Q, _conn("hosts", in_rack, min(PER_PAGE, in_rack)),
-            {"first": PER_PAGE, "filter": {"rack": rack}}),
-        Req("graphql hosts search", "graphql", HOSTS_Q, _conn("hosts", matching, min(PER_PAGE, matching)),
-            {"first": PER_PAGE, "filter": {"search": prefix}}),
-        Req("graphql hosts cordoned", "graphql", HOSTS_Q, _conn("hosts", cordoned, min(PER_PAGE, cordoned)),
-            {"first": PER_PAGE, "filter": {"cordoned": True}}),
-        Req("graphql hosts sort GPUS_FREE_DESC", "graphql", HOSTS_Q, _conn("hosts", n_hosts, first_rows),
-            {"first": PER_PAGE, "sort": "GPUS_FREE_DESC"}),
-        Req("graphql hosts sort HEALTH", "graphql", HOSTS_Q, _conn("hosts", n_hosts, first_rows),
-            {"first": PER_PAGE, "sort": "HEALTH"}),
-        Req(f"graphql hosts after cursor at {n_hosts // 2:,}", "graphql", HOSTS_Q,
+            {"first": PER_PAGE, "filter": {"health": ["SUSPECT"]}},
+        ),
+        Req(
+            "graphql hosts zone + gpuModel",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", a100_in_zone, min(PER_PAGE, a100_in_zone)),
+            {"first": PER_PAGE, "filter": {"zone": zone, "gpuModel": "A100"}},
+        ),
+        Req(
+            "graphql hosts rack",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", in_rack, min(PER_PAGE, in_rack)),
+            {"first": PER_PAGE, "filter": {"rack": rack}},
+        ),
+        Req(
+            "graphql hosts search",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", matching, min(PER_PAGE, matching)),
+            {"first": PER_PAGE, "filter": {"search": prefix}},
+        ),
+        Req(
+            "graphql hosts cordoned",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", cordoned, min(PER_PAGE, cordoned)),
+            {"first": PER_PAGE, "filter": {"cordoned": True}},
+        ),
+        Req(
+            "graphql hosts sort GPUS_FREE_DESC",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", n_hosts, first_rows),
+            {"first": PER_PAGE, "sort": "GPUS_FREE_DESC"},
+        ),
+        Req(
+            "graphql hosts sort HEALTH",
+            "graphql",
+            HOSTS_Q,
+            _conn("hosts", n_hosts, first_rows),
+            {"first": PER_PAGE, "sort": "HEALTH"},
+        ),
+        Req(
+            f"graphql hosts after cursor at {n_hosts // 2:,}",
+            "graphql",
+            HOSTS_Q,
             _conn("hosts", n_hosts, PER_PAGE if n_hosts >= 2 * PER_PAGE else None),
-            {"first": PER_PAGE, "after": p.host_cursor}),
+            {"first": PER_PAGE, "after": p.host_cursor},
+        ),
         Req("graphql jobs first:50", "graphql", JOBS_Q, _conn("jobs", p.jobs_total), {"first": PER_PAGE}),
-        Req("graphql jobs state FAILED", "graphql", JOBS_Q,
+        Req(
+            "graphql jobs state FAILED",
+            "graphql",
+            JOBS_Q,
             _conn("jobs", h.by_state["FAILED"], each=lambda n: n["state"] == "FAILED"),
-            {"first": PER_PAGE, "filter": {"state": ["FAILED"]}}),
-        Req("graphql jobs state RUNNING", "graphql", JOBS_Q, _conn("jobs", None, None, lambda n: n["state"] == "RUNNING"),
-            {"first": PER_PAGE, "filter": {"state": ["RUNNING"]}}),
-        Req("graphql jobs user", "graphql", JOBS_Q, _conn("jobs", h.by_user[user], min(PER_PAGE, h.by_user[user]),
-                                                         lambda n: n["user"] == user),
-            {"first": PER_PAGE, "filter": {"user": user}}),
-        Req("graphql jobs submitted in one day", "graphql", JOBS_Q, _conn("jobs", h.in_window, min(PER_PAGE, h.in_window)),
-            {"first": PER_PAGE, "filter": {"submittedAfter": w0, "submittedBefore": w1}}),
-        Req("graphql jobs namePrefix", "graphql", JOBS_Q,
+            {"first": PER_PAGE, "filter": {"state": ["FAILED"]}},
+        ),
+        Req(
+            "graphql jobs state RUNNING",
+            "graphql",
+            JOBS_Q,
+            _conn("jobs", None, None, lambda n: n["state"] == "RUNNING"),
+            {"first": PER_PAGE, "filter": {"state": ["RUNNING"]}},
+        ),
+        Req(
+            "graphql jobs user",
+            "graphql",
+            JOBS_Q,
+            _conn("jobs", h.by_user[user], min(PER_PAGE, h.by_user[user]), lambda n: n["user"] == user),
+            {"first": PER_PAGE, "filter": {"user": user}},
+        ),
+        Req(
+            "graphql jobs submitted in one day",
+            "graphql",
+            JOBS_Q,
+            _conn("jobs", h.in_window, min(PER_PAGE, h.in_window)),
+            {"first": PER_PAGE, "filter": {"submittedAfter": w0, "submittedBefore": w1}},
+        ),
+        Req(
+            "graphql jobs namePrefix",
+            "graphql",
+            JOBS_Q,
             _conn("jobs", None, None, lambda n: n["name"].startswith("train-llama-70b")),
-            {"first": PER_PAGE, "filter": {"namePrefix": "train-llama-70b"}}),
-        Req("graphql jobs sort PRIORITY_DESC", "graphql", JOBS_Q, _conn("jobs", p.jobs_total),
-            {"first": PER_PAGE, "sort": "PRIORITY_DESC"}),
-        Req(f"graphql jobs after cursor at {p.jobs_total // 2:,}", "graphql", JOBS_Q, _conn("jobs", p.jobs_total),
-            {"first": PER_PAGE, "after": p.job_cursor}),
-        Req("graphql cluster aggregates", "graphql", CLUSTER_Q, _gql(lambda d: None if (
-            d["cluster"]["hosts"]["total"] == n_hosts and d["cluster"]["gpusByModel"] and d["cluster"]["gpusByRack"])
-            else f"cluster: {str(d)[:200]}")),
-        Req("graphql job with attempts", "graphql", JOB_Q, _gql(lambda d: None if len(
-            d["job"]["attempts"]) == h.retried_attempts else f"{len(d['job']['attempts'])} attempts"),
-            {"id": h.retried_job}),
-        Req("graphql job pendingReasons, queuePosition", "graphql", WHY_Q, _gql(lambda d: None if (
-            d["job"]["state"] == "QUEUED" and d["job"]["pendingReasons"]) else f"job: {d['job']}"),
-            {"id": p.queued_job}),
+            {"first": PER_PAGE, "filter": {"namePrefix": "train-llama-70b"}},
+        ),
+        Req(
+            "graphql jobs sort PRIORITY_DESC",
+            "graphql",
+            JOBS_Q,
+            _conn("jobs", p.jobs_total),
+            {"first": PER_PAGE, "sort": "PRIORITY_DESC"},
+        ),
+        Req(
+            f"graphql jobs after cursor at {p.jobs_total // 2:,}",
+            "graphql",
+            JOBS_Q,
+            _conn("jobs", p.jobs_total),
+            {"first": PER_PAGE, "after": p.job_cursor},
+        ),
+        Req(
+            "graphql cluster aggregates",
+            "graphql",
+            CLUSTER_Q,
+            _gql(
+                lambda d: (
+                    None
+                    if (
+                        d["cluster"]["hosts"]["total"] == n_hosts
+                        and d["cluster"]["gpusByModel"]
+                        and d["cluster"]["gpusByRack"]
+                    )
+                    else f"cluster: {str(d)[:200]}"
+                )
+            ),
+        ),
+        Req(
+            "graphql job with attempts",
+            "graphql",
+            JOB_Q,
+            _gql(
+                lambda d: (
+                    None if len(d["job"]["attempts"]) == h.retried_attempts else f"{len(d['job']['attempts'])} attempts"
+                )
+            ),
+            {"id": h.retried_job},
+        ),
+        Req(
+            "graphql job pendingReasons, queuePosition",
+            "graphql",
+            WHY_Q,
+            _gql(
+                lambda d: None if (d["job"]["state"] == "QUEUED" and d["job"]["pendingReasons"]) else f"job: {d['job']}"
+            ),
+            {"id": p.queued_job},
+        ),
     ]
     return console + graphql

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psutil
@@ -26,13 +26,19 @@ def build_report(a: argparse.Namespace, argv: list[str], *, fleet: FleetPlan, fi
     rows: dict[str, dict[str, Any]] = {}
     for q in reqs:
         s = summary_ms(q.times)
-        rows[q.name] = {"kind": q.kind, "request": q.label(), **s, "ok": q.ok, "failures": q.failures, "first_failure": q.first_failure,
-                        "server_cpu_ms_mean": round(1000 * sum(q.server_cpu) / len(q.server_cpu), 1)
-                        if q.server_cpu else None}
+        rows[q.name] = {
+            "kind": q.kind,
+            "request": q.label(),
+            **s,
+            "ok": q.ok,
+            "failures": q.failures,
+            "first_failure": q.first_failure,
+            "server_cpu_ms_mean": round(1000 * sum(q.server_cpu) / len(q.server_cpu), 1) if q.server_cpu else None,
+        }
     table = markdown(rows)
     failures = sum(q.failures for q in reqs)
     rep: dict[str, Any] = {
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.operator " + " ".join(argv),
         "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; every process on "
                    f"one machine; load average at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}",
@@ -62,7 +68,7 @@ def build_report(a: argparse.Namespace, argv: list[str], *, fleet: FleetPlan, fi
             "sequential, round-robin over the kinds; p-values are nearest-rank over the timed requests",
             "server CPU / request = the server process's CPU time during the request (ms), heartbeat ingestion "
             "included; the historian is a process of its own",
-            "the console pages' host lists come from a shared snapshot rebuilt in the background (web.console.Fleet)",
+            "the console pages and GraphQL read one host read model kept by the cluster view (server.views.hosts)",
             "the console's /jobs has a state filter and offset paging only (no user filter); GraphQL `jobs` "
             "pages with keyset cursors",
         ],

@@ -29,7 +29,7 @@ from bench.operator.report import build_report, print_report
 from bench.processes import Child, Processes
 from bench.stats import parse_metrics
 from bench.workload import write_fleet
-from server.api.schema import encode_cursor
+from server.api.graphql.cursors import encode_cursor
 from server.history.database import DB_FILE
 
 
@@ -46,7 +46,9 @@ class OperatorProcesses(Processes):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.operator", description=(bench.operator.__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.operator", description=(bench.operator.__doc__ or "").split("\n\n")[0]
+    )
     ap.add_argument("--hosts", type=int, default=50_000)
     ap.add_argument("--jobs", type=int, default=500_000, help="finished jobs in the history database")
     ap.add_argument("--days", type=float, default=30.0, help="history spans this many days")
@@ -117,10 +119,27 @@ def run(a: argparse.Namespace, argv: list[str], procs: OperatorProcesses) -> dic
     procs.start_server()
     server = next(c for c in procs.children if c.name == "server")
     write_fleet(fleet.live, work / "fleet.json")
-    procs.spawn("sim", [sys.executable, "-m", "bench.operator", "simulate", "--nats", procs.nats_url,
-                        "--fleet", str(work / "fleet.json"), "--out", str(work / "sim.json"), "--wildcard",
-                        "--heartbeat-interval", str(a.heartbeat_interval)])
-    once = [(h, f"{int(max(3600, 20 * a.heartbeat_interval))}s") for h in fleet.suspect] + [(h, "2s") for h in fleet.lost]
+    procs.spawn(
+        "sim",
+        [
+            sys.executable,
+            "-m",
+            "bench.operator",
+            "simulate",
+            "--nats",
+            procs.nats_url,
+            "--fleet",
+            str(work / "fleet.json"),
+            "--out",
+            str(work / "sim.json"),
+            "--wildcard",
+            "--heartbeat-interval",
+            str(a.heartbeat_interval),
+        ],
+    )
+    once = [(h, f"{int(max(3600, 20 * a.heartbeat_interval))}s") for h in fleet.suspect] + [
+        (h, "2s") for h in fleet.lost
+    ]
     asyncio.run(publish_once(procs.nats_url, once))
     sampler = Sampler(procs.children)
     sampler.start()
@@ -137,24 +156,32 @@ def run(a: argparse.Namespace, argv: list[str], procs: OperatorProcesses) -> dic
             seen = {k: int(m.get(f'muster_hosts{{health="{k}"}}', 0)) for k in want}
             # Every host seen; the one-shot hosts SUSPECT and LOST; heartbeating ones HEALTHY (1 %
             # may lag into SUSPECT on a loaded machine).
-            if (sum(seen.values()) == a.hosts and seen["LOST"] >= want["LOST"] and seen["SUSPECT"] >= want["SUSPECT"]
-                    and seen["HEALTHY"] >= 0.99 * want["HEALTHY"]):
+            if (
+                sum(seen.values()) == a.hosts
+                and seen["LOST"] >= want["LOST"]
+                and seen["SUSPECT"] >= want["SUSPECT"]
+                and seen["HEALTHY"] >= 0.99 * want["HEALTHY"]
+            ):
                 break
             if time.monotonic() > deadline:
                 raise BenchError(f"hosts not in place after {a.startup_timeout + 3 * a.heartbeat_interval:.0f} s: "
                                  f"server sees {seen}, wanted {want}")
             say(f"waiting for hosts: server sees {seen}, wants {want}")
             time.sleep(3)
-        for c in psutil.Process(server.proc.pid).children():
-            # The server names its helper processes (server.logs.name_this_process).
-            role = {"muster-history": "historian", "muster-ingest": "heartbeat ingest"}.get(c.name())
+        for p in psutil.Process(server.proc.pid).children():
+            # The server names its helper processes (wire.logs.name_this_process).
+            role = {"muster-history": "historian", "muster-ingest": "heartbeat ingest"}.get(p.name())
             if role:
-                procs.children.append(Child(role, None, c))
+                procs.children.append(Child(role, None, p))
         say("hosts in place; cordoning and draining")
         cordon = """mutation($input: HostActionInput!) { cordonHost(input: $input) { userErrors { message } } }"""
         drain = """mutation($input: DrainHostInput!) { drainHost(input: $input) { userErrors { message } } }"""
         for hid in fleet.cordoned:
-            _ok(api.post("/graphql", json={"query": cordon, "variables": {"input": {"id": hid, "reason": "bench: RMA"}}}))
+            _ok(
+                api.post(
+                    "/graphql", json={"query": cordon, "variables": {"input": {"id": hid, "reason": "bench: RMA"}}}
+                )
+            )
         for hid in fleet.drained:
             _ok(api.post("/graphql", json={"query": drain, "variables": {
                 "input": {"id": hid, "reason": "bench: kernel upgrade", "deadlineSeconds": 86400}}}))
@@ -171,12 +198,15 @@ def run(a: argparse.Namespace, argv: list[str], procs: OperatorProcesses) -> dic
                     and js["succeeded"] >= live["short"]):
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"live jobs not in place: totalCount {d['jobs']['totalCount']} (want {want_total}), "
-                                 f"{js} (want {live})")
+                raise BenchError(
+                    f"live jobs not in place: totalCount {d['jobs']['totalCount']} (want {want_total}), "
+                    f"{js} (want {live})"
+                )
             time.sleep(1)
         startup_s = time.monotonic() - t_start
         say(f"{want_total:,} jobs in history; live jobs {js}; cursors for the deep pages")
-        hosts_at_start = _ok(api.post("/graphql", json={"query": "{ cluster { hosts { total healthy suspect lost } } }"}))
+        counts_q = "{ cluster { hosts { total healthy suspect lost } } }"
+        hosts_at_start = _ok(api.post("/graphql", json={"query": counts_q}))
         host_cursor = _ok(api.post("/graphql", json={"query": "query($a: String) { hosts(first: 1, after: $a) { "
                                                                "edges { cursor } } }",
                                                       "variables": {"a": encode_cursor(a.hosts // 2 - 1)}}))
@@ -224,7 +254,7 @@ def _ok(r: httpx.Response) -> dict[str, Any]:
         errs = v.get("userErrors") if isinstance(v, dict) else None
         if errs:
             raise BenchError(f"GraphQL userErrors: {errs}")
-    return body["data"]  # type: ignore[no-any-return]
+    return body["data"]
 
 
 def submit_live(api: httpx.Client, n: int, seed: int, say: Callable[[str], None]) -> tuple[str, dict[str, int]]:

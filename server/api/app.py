@@ -21,8 +21,8 @@ from strawberry.types.unset import UNSET, UnsetType
 
 from server import metrics
 from server.api.auth import bearer, check_token
-from server.replica import Muster
 from server.api.graphql import build_schema
+from server.replica import Muster
 
 MAX_BODY_BYTES = 1024 * 1024
 

@@ -11,13 +11,14 @@ import asyncio
 import secrets
 import time
 
-from wire import subjects
 from server.api.auth import ROLES, token_hash
-from server.state.cluster import TokenInfo
-from wire.errors import ConfigError, ConflictError, DecodeError, StoreError
-from wire.messages import decode
 from server.broker.natsauth import NAME_RE
-from wire.kv import Record, Store
+from server.state.cluster import TokenInfo
+from wire import subjects
+from wire.errors import ConfigError, ConflictError, DecodeError, StoreError
+from wire.kv import Store
+from wire.messages import decode
+from wire.records import Record
 
 PREFIX = "auth.token."
 
@@ -39,7 +40,7 @@ async def list_tokens(store: Store, timeout: float = 10) -> dict[str, TokenInfo]
     w = await store.watch(PREFIX + ">", on_record)
     try:
         await asyncio.wait_for(w.synced.wait(), timeout=timeout)
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise StoreError("could not read the tokens in time") from exc
     finally:
         await w.stop()

@@ -10,7 +10,7 @@ from typing import Any
 from server.cli.client import add_output, gql
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     al = sub.add_parser("alerts", help="follow alerts")
     alsub = al.add_subparsers(dest="alerts_cmd", required=True)
     at = alsub.add_parser("tail", help="print the last alerts, then new ones until Ctrl-C")
@@ -32,7 +32,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
         if args.output == "json":
             print(json.dumps(a), flush=True)
         else:
-            where = " ".join(x for x in (a["hostId"] and f"host={a['hostId']}", a["jobId"] and f"job={a['jobId']}") if x)
+            where = " ".join(
+                x for x in (a["hostId"] and f"host={a['hostId']}", a["jobId"] and f"job={a['jobId']}") if x
+            )
             print(f"{(a['ts'] or '')[:19]}  {a['kind']:<18} {where}  {a['message']}".rstrip(), flush=True)
 
     def fetch(n: int) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import os
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     ck = sub.add_parser("check", help="verify the invariants over the recorded state")
     ck.add_argument("--nats", default=None)
     ck.add_argument("--creds", default=None, help="NATS credentials (MUSTER_NATS_CREDS)")

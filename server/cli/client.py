@@ -12,8 +12,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from server.cli.errors import ApiError
 from wire.errors import AuthError
@@ -69,9 +70,9 @@ def out(args: argparse.Namespace, data: Any, table: list[list[str]] | None = Non
         print(data)
         return
     widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
     for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
 def watch(args: argparse.Namespace, render: Callable[[], None], every_s: float = 2.0) -> int:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from server.broker.natsauth import AuthDir
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents and subscribers")
     crsub = cr.add_subparsers(dest="creds_cmd", required=True)
     for name in ("issue-agent", "revoke-agent", "issue-subscriber", "revoke-subscriber", "list"):

@@ -10,7 +10,7 @@ from server.cli.errors import user_errors
 from wire.errors import NotFound
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     h = sub.add_parser("host", help="list, cordon and uncordon hosts")
     hsub = h.add_subparsers(dest="host_cmd", required=True)
 
@@ -62,10 +62,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         data = gql(q, {"first": args.limit, "filter": flt or None})["hosts"]
         rows = []
         for n in (e["node"] for e in data["edges"]):
-            rows.append([n["id"], n["health"] + (" CORDONED" if n["cordoned"] else ""),
-                         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
-                         f"{n['gpuUtilPct']}%", str(n["cpus"]),
-                         ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"])])
+            rows.append(
+                [
+                    n["id"],
+                    n["health"] + (" CORDONED" if n["cordoned"] else ""),
+                    f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
+                    f"{n['gpuUtilPct']}%",
+                    str(n["cpus"]),
+                    ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"]),
+                ]
+            )
         out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
 
     return watch(args, render)

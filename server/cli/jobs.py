@@ -17,7 +17,7 @@ cancelReason queuePosition pendingReasons { reason hosts }
 attempts { id number state host { id } gpuIndices exitCode startedAt finishedAt outputTail reason }"""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("job", help="submit, list, show and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 

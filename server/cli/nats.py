@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from server.broker.natsd import ServerTls
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     n = sub.add_parser("nats", help="run the embedded nats-server with JetStream (auth on by default)")
     n.add_argument("--port", type=int, default=4222, help="client port (of the first node with --cluster)")
     n.add_argument("--host", default="127.0.0.1")

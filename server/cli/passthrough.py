@@ -16,10 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("agent", help="run a host agent (the same as `muster-agent`)", add_help=False)
     a.add_argument("agent_args", nargs=argparse.REMAINDER)
     b = sub.add_parser("bench", help="run the scale benchmark (see `muster bench --help`)", add_help=False)

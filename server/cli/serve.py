@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("server", help="run a control-plane replica")
     s.add_argument("--nats", default=None, help="NATS URL(s), comma-separated (MUSTER_NATS_URL)")
     s.add_argument("--http-port", type=int, default=None)
@@ -38,9 +38,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.api.app import build_app
-    from wire.logs import setup as setup_logging
     from server.replica import Muster, ServerConfig
     from web.console import console_routes
+    from wire.logs import setup as setup_logging
 
     setup_logging()
     cfg = ServerConfig()

@@ -14,7 +14,7 @@ from server.cli.client import add_output, out
 from wire.errors import NotFound
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("token", help="create, list and revoke API tokens (talks to NATS directly)")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
     tc = tsub.add_parser("create")

@@ -17,7 +17,7 @@ MUSTER = [sys.executable, "-m", "server.cli"]
 AGENT = [sys.executable, "-m", "agent"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="start NATS, a server and local agents (Ctrl-C stops)")
     up.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
     up.add_argument("--http-port", type=int, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
@@ -56,7 +56,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return p
 
     def stop_all() -> None:
-        for name, p in reversed(procs):
+        for _name, p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 try:

@@ -31,9 +31,8 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from server import metrics
-
-from wire import subjects
 from server.childproc import stop_helper
+from wire import subjects
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class Pending:
             self.read_to = (stamp, behind)
 
     @staticmethod
-    def _first(waiting: dict, n: int) -> list[tuple]:  # type: ignore[type-arg]
+    def _first(waiting: dict, n: int) -> list[tuple]:
         """Remove and return the first `n` entries of `waiting` (in the order they came)."""
         if n <= 0 or not waiting:
             return []
@@ -159,8 +158,9 @@ class Pending:
 async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
     """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone)."""
     from wire import subjects
+    from wire.kv import Store, connect
     from wire.messages import SHAPE_HEADER
-    from wire.kv import Record, Store, connect
+    from wire.records import Record
 
     pending = Pending()
 
@@ -177,7 +177,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=cfg.flush_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             synced = watch.synced.is_set()
             while (pending or synced != sent_synced) and not stop.is_set():
@@ -286,7 +286,7 @@ class HeartbeatIngest:
     def _on_batch(self, batch: HeartbeatBatch) -> None:
         apply, at = self.apply, batch.received_at
         for key, rev, value, shape, stamp in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
-                                                 batch.stamps):
+                                                 batch.stamps, strict=True):
             try:
                 apply(key, rev, value, shape, stamp or at)
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
@@ -307,7 +307,7 @@ class HeartbeatIngest:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=check_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if stop.is_set() or self._stopping:
                 return
@@ -323,7 +323,7 @@ class HeartbeatIngest:
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 self.restarts += 1
                 metrics.HEARTBEAT_INGEST_RESTARTS.inc()

@@ -18,10 +18,10 @@ import time
 
 from nats.aio.client import Client as NATS
 
-from wire import subjects
-from server.state.cluster import ClusterState, HostEntry
 from server.health.rules import Health
+from server.state.cluster import ClusterState, HostEntry
 from server.state.lease import Leader
+from wire import subjects
 from wire.messages import Event, GpuUsage, encode
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,13 @@ class HealthMonitor:
             except Exception as exc:  # noqa: BLE001
                 log.warning("host event not published: %s", exc)
             if new is Health.LOST:
-                await publish_alert(self.nc, subjects.ALERT_HOST_LOST, self._host_alert(entry, now, "heartbeat key expired"))
+                await publish_alert(
+                    self.nc, subjects.ALERT_HOST_LOST, self._host_alert(entry, now, "heartbeat key expired")
+                )
             elif old is Health.LOST and new is Health.HEALTHY:
-                await publish_alert(self.nc, subjects.ALERT_HOST_RECOVERED, self._host_alert(entry, now, "heartbeats resumed"))
+                await publish_alert(
+                    self.nc, subjects.ALERT_HOST_RECOVERED, self._host_alert(entry, now, "heartbeats resumed")
+                )
         while self._gpu_alerts:
             host_id, usage = self._gpu_alerts.pop(0)
             await publish_alert(self.nc, subjects.ALERT_GPU_UNHEALTHY, Event(
@@ -98,7 +102,7 @@ class HealthMonitor:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=self.every_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.wake.clear()
             try:

@@ -32,7 +32,6 @@ arrives in the stream's order (late, when the reader is behind).
 
 from __future__ import annotations
 
-
 # A record applied more than this long after the store stored it was not read at the
 # stream's end, whatever the store's pending count said when it was delivered.
 FRESH_S = 2.0

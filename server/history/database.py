@@ -145,7 +145,7 @@ class History:
             from sqlalchemy import event
 
             @event.listens_for(self.engine, "connect")
-            def _pragmas(conn, _rec):  # type: ignore[no-untyped-def]
+            def _pragmas(conn, _rec):
                 cur = conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
@@ -294,7 +294,7 @@ class History:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=every_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 await asyncio.to_thread(self.flush)
@@ -433,7 +433,11 @@ class History:
         """Attempts of a job and/or on a host, by placement time (oldest first)."""
         q = select(AttemptRow).where(*self._attempt_filters(job_id, host_id))
         placed, ident = col(AttemptRow.placed_at), col(AttemptRow.id)
-        q = q.order_by(*((placed.desc(), ident.desc()) if newest_first else (placed, ident))).offset(offset).limit(limit)
+        q = (
+            q.order_by(*((placed.desc(), ident.desc()) if newest_first else (placed, ident)))
+            .offset(offset)
+            .limit(limit)
+        )
         with Session(self.engine) as s:
             return list(s.exec(q).all())
 
@@ -445,7 +449,9 @@ class History:
         with Session(self.engine) as s:
             kind_col = col(EventRow.kind)
             cond = kind_col == f"alert.{kind}" if kind else kind_col.startswith("alert.")
-            rows = s.exec(select(EventRow).where(cond).order_by(col(EventRow.ts).desc()).offset(offset).limit(limit)).all()
+            rows = s.exec(
+                select(EventRow).where(cond).order_by(col(EventRow.ts).desc()).offset(offset).limit(limit)
+            ).all()
             # The count as a range on `kind` (what LIKE 'alert.%' means), so that it can use
             # the kind index instead of scanning every event: 7 ms instead of 330 ms at 2.7 M
             # events.
@@ -473,7 +479,7 @@ def _keyset_after(keys: Sequence[tuple[Any, bool]], values: Sequence[Any]) -> An
         vals = tuple_(*values)
         return cols < vals if keys[0][1] else cols > vals
     clauses = []
-    for i, (col, desc) in enumerate(keys):
-        eq = [c == v for (c, _), v in zip(keys[:i], values[:i])]
-        clauses.append(and_(*eq, col < values[i] if desc else col > values[i]))
+    for i, (column, desc) in enumerate(keys):
+        eq = [c == v for (c, _), v in zip(keys[:i], values[:i], strict=True)]
+        clauses.append(and_(*eq, column < values[i] if desc else column > values[i]))
     return or_(*clauses)

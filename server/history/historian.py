@@ -33,10 +33,11 @@ class HistorianConfig:
 
 
 async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
-    from wire import subjects
     from server.history.database import History
     from server.history.recorder import Recorder
-    from wire.kv import Record, Store, connect
+    from wire import subjects
+    from wire.kv import Store, connect
+    from wire.records import Record
 
     history = History(cfg.database_url, retention_days=cfg.retention_days)
     nc = await connect(cfg.nats_url, name="muster-historian", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,

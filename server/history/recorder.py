@@ -16,10 +16,10 @@ import logging
 
 from nats.js import api as jsapi
 
-from wire import subjects
-from wire.errors import DecodeError
 from server.history.database import History
 from server.history.models import EventRow
+from wire import subjects
+from wire.errors import DecodeError
 from wire.messages import Event, decode
 
 log = logging.getLogger(__name__)
@@ -30,13 +30,13 @@ def consumer_name(db_url: str) -> str:
 
 
 class Recorder:
-    def __init__(self, js, history: History, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, js, history: History, db_url: str) -> None:
         self.js = js
         self.history = history
         self.durable = consumer_name(db_url)
         self.recorded = 0
 
-    def _rows(self, stream: str, msgs: list) -> list[dict[str, object]]:  # type: ignore[type-arg]
+    def _rows(self, stream: str, msgs: list) -> list[dict[str, object]]:
         rows = []
         for m in msgs:
             try:
@@ -68,10 +68,14 @@ class Recorder:
         while not stop.is_set():
             try:
                 if sub is None:
-                    subject = f"{subjects.EVENTS_PREFIX}.>" if stream == subjects.EVENTS_STREAM else f"{subjects.ALERTS_PREFIX}.>"
+                    subject = (
+                        f"{subjects.EVENTS_PREFIX}.>"
+                        if stream == subjects.EVENTS_STREAM
+                        else f"{subjects.ALERTS_PREFIX}.>"
+                    )
                     sub = await self.js.pull_subscribe(subject, durable=self.durable, stream=stream, config=cfg)
                 msgs = await sub.fetch(batch=500, timeout=1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             except asyncio.CancelledError:
                 raise

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from wire.messages import JobSpec
 from server.scheduling.placement import Choice, HostCapacity, check
+from wire.messages import JobSpec
 
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from server.health.rules import Health
 from server.scheduling import retry
-
-from wire import subjects
+from server.scheduling.capacity import Placer
+from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.state.cluster import ClusterState
+from wire import subjects
 from wire.messages import (
+    JOB_ID_PATTERN,
     Attempt,
     AttemptState,
     Command,
@@ -22,15 +25,11 @@ from wire.messages import (
     HostAlloc,
     Job,
     JobState,
-    JOB_ID_PATTERN,
     StatusReport,
     SubmitRequest,
     Task,
 )
 from wire.validation import validate_job
-from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
-from server.scheduling.capacity import Placer
-from server.health.rules import Health
 
 OUTPUT_TAIL_BYTES = 4096
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
@@ -192,7 +191,9 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     alloc = w.alloc(r.host_id)
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
-    _after_attempt_end(w, job, a, r.state, now, f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else r.reason)
+    _after_attempt_end(
+        w, job, a, r.state, now, f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else r.reason
+    )
 
 
 def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:

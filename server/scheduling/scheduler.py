@@ -21,17 +21,16 @@ from nats.errors import Error as NatsError
 from nats.js import api as jsapi
 
 from server import metrics
-
-from wire import subjects
-from server.state.cluster import ClusterState
-from server.scheduling.eviction import EvictionBudget, EvictionConfig
-from wire.errors import ConflictError, DecodeError, FencedError, StoreError
-from server.state.lease import FENCE_SLOTS, Leader
-from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
-from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
 from server.health.monitor import publish_alert
+from server.scheduling.eviction import EvictionBudget, EvictionConfig
+from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
+from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
+from server.state.lease import FENCE_SLOTS, Leader
+from wire import subjects
+from wire.errors import ConflictError, DecodeError, FencedError, StoreError
 from wire.kv import Store, Write
+from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ class Scheduler:
             log.warning("dropped command: %s", exc)
             return None
 
-    def _receiver(self, sink: list, decoder):  # type: ignore[no-untyped-def]
+    def _receiver(self, sink: list, decoder):
         """What a pull feed does with each message: decode it onto the queue (a malformed
         one is counted, acknowledged and dropped, never retried) and wake the loop."""
 
@@ -168,7 +167,7 @@ class Scheduler:
                 await self._lead(stop)
             except asyncio.CancelledError:
                 raise
-            except (StoreError, NatsError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, StoreError, NatsError, OSError) as exc:
                 # Expected in a cluster's life (NATS re-electing or reconnecting, another
                 # replica's term fencing this one): one line, and lead again if still leader.
                 log.warning("scheduling interrupted (%s: %s); starting again", type(exc).__name__, exc)
@@ -208,7 +207,7 @@ class Scheduler:
                 if not go_again:
                     try:
                         await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 self.wake.clear()
                 go_again = False
@@ -360,13 +359,13 @@ class Scheduler:
             for h, a in plan.allocs.items()
         ]
         objects = list(plan.jobs.values()) + list(plan.allocs.values())
-        for w, obj in zip(writes, objects):
+        for w, obj in zip(writes, objects, strict=True):
             self.state.expect(w.key, w.value, obj)
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
 
     @staticmethod
-    def _take(queue: list, used: int, deferred: list[int]) -> list:  # type: ignore[type-arg]
+    def _take(queue: list, used: int, deferred: list[int]) -> list:
         """Remove the first `used` inputs from `queue` and return them, except the
         deferred ones, which stay at the front in their order."""
         head = queue[:used]
@@ -429,7 +428,7 @@ class Scheduler:
                     if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                         metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
         # Effects are durable: acknowledge the inputs, then tell the world.
-        for m, _ in c.reports + c.commands + c.submissions:  # type: ignore[operator]
+        for m, _ in c.reports + c.commands + c.submissions:
             try:
                 await m.ack()
             except Exception:  # noqa: BLE001 - redelivery is harmless (idempotent)
@@ -471,7 +470,7 @@ class Scheduler:
         self.disrupted = set(plan.disrupted) | {d for d in self.disrupted if d in plan.disrupted}
 
     @staticmethod
-    def _live_attempt(job) -> bool:  # type: ignore[no-untyped-def]
+    def _live_attempt(job) -> bool:
         return any(not a.state.terminal for a in job.attempts)
 
     async def _refresh(self, keys: list[str]) -> None:

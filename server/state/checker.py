@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from wire import subjects
 from server.state.cluster import ClusterState
 from server.state.invariants import Capacity, check
+from wire import subjects
 from wire.kv import Store, connect
 
 

@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from wire import subjects
-from wire.errors import DecodeError
-from server.health.rules import Health, host_health
 from server.health.index import HealthIndex
 from server.health.readclock import ReadClock
+from server.health.rules import Health, host_health
+from server.scheduling.capacity import CapacityIndex
+from server.scheduling.eviction import host_domains
+from server.scheduling.placement import HostCapacity
+from server.views.hosts import HostTable
+from wire import subjects
+from wire.errors import DecodeError
 from wire.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
@@ -32,10 +36,6 @@ from wire.messages import (
     decode,
     shape_digest,
 )
-from server.scheduling.capacity import CapacityIndex
-from server.scheduling.eviction import host_domains
-from server.scheduling.placement import HostCapacity
-from server.views.hosts import HostTable
 from wire.records import Record
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Literal
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg

@@ -5,8 +5,9 @@ read: absent or expired) with a per-message TTL, the `term` key and the fence sl
 `term.1`..`term.3`. The revision of that `term` write is the leadership term; every
 leader commit checks `term` or one slot key inside the same batch (see Store.commit's
 fence), so a stale leader's writes are rejected by the store itself. (Slots exist
-because a clustered stream refuses a second batch in flight that checks the same key.) Renewal republishes the lease with a revision check and
-the TTL (KV's update() would drop the TTL). Only the local monotonic clock is trusted:
+because a clustered stream refuses a second batch in flight that checks the same key.)
+Renewal republishes the lease with a revision check and the TTL (KV's update() would
+drop the TTL). Only the local monotonic clock is trusted:
 a leader that could not renew within the lease TTL stops leading on its own.
 """
 
@@ -205,7 +206,7 @@ class Leadership:
             wait = self.config.renew_every_s if self.term else self.config.retry_every_s
             try:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await self.resign()
 
@@ -290,7 +291,7 @@ class ThreadedLeadership:
             finally:
                 self._ready.set()
                 try:
-                    await asyncio.wait_for(nc.close(), timeout=5)  # type: ignore[attr-defined]
+                    await asyncio.wait_for(nc.close(), timeout=5)
                 except Exception:  # noqa: BLE001
                     pass
 

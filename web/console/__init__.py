@@ -147,7 +147,7 @@ class Session:
 
 
 def _muster(request: Request) -> Muster:
-    return request.app.state.muster  # type: ignore[no-any-return]
+    return request.app.state.muster
 
 
 def _session(request: Request) -> Session | None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def muster(info: Info) -> Muster:
-    return info.context["muster"]  # type: ignore[no-any-return]
+    return info.context["muster"]
 
 
 def require(info: Info, role: str = "operator") -> None:
@@ -30,12 +30,12 @@ def user(info: Info) -> str:
 
 
 def ts(t: float | None) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) if t else None
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC) if t else None
 
 
 def epoch(t: dt.datetime | None) -> float | None:
     if t is None:
         return None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
+        t = t.replace(tzinfo=dt.UTC)
     return t.timestamp()

@@ -78,9 +78,9 @@ def index_after(keys: Sequence[tuple[str | int | float, ...]], after: list[objec
     key = tuple(after)
     try:
         if not reverse:
-            return bisect.bisect_right(keys, key)  # type: ignore[arg-type]
+            return bisect.bisect_right(keys, key)
         for i, k in enumerate(keys):
-            if k < key:  # type: ignore[operator]
+            if k < key:
                 return i
     except TypeError as exc:  # a cursor whose values do not compare with this sort's keys
         raise _invalid() from exc

@@ -148,7 +148,7 @@ class Query:
         rows = rows[:n]
         shown = mu.jobs.overlay(rows, None, newest_live=False, limit=n)
         edges = [JobEdge(cursor=b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"), node=Job(_m=live))
-                 for j, live in zip(rows, shown)]
+                 for j, live in zip(rows, shown, strict=True)]
         return JobConnection(
             total_count=total,
             edges=edges,

@@ -37,7 +37,9 @@ def _can_read(info: Info) -> None:
 @strawberry.type
 class Subscription:
     @strawberry.subscription(description="Host health transitions (HEALTHY, SUSPECT, LOST), as they happen.")
-    async def host_health(self, info: Info, host_id: strawberry.ID | None = None) -> AsyncGenerator[HostHealthChange, None]:
+    async def host_health(
+        self, info: Info, host_id: strawberry.ID | None = None
+    ) -> AsyncGenerator[HostHealthChange, None]:
         _can_read(info)
         gen = hub_for(muster(info)).host_health()
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import dataclass
+
 import strawberry
 from strawberry.types import Info
 

@@ -12,7 +12,6 @@ indexes are replaced by the ones below.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from typing import Any
 
 import sqlalchemy as sa
