@@ -359,6 +359,11 @@ async def check(url: str) -> dict:
     nc = await nats.connect(url.split(","))
     js = nc.jetstream(timeout=10)
     await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+    for _ in range(100):  # a new R3 stream takes a moment to elect its leader
+        info = await js.stream_info("T")
+        if info.cluster and info.cluster.leader:
+            break
+        await asyncio.sleep(0.1)
     await js.publish("t.x", b"x")
     for _ in range(100):
         info = await js.stream_info("T")
