@@ -28,7 +28,7 @@ CHROMIUM_ARGS = [
 ]
 SHOTS = ARTIFACTS / "browser"
 SIM_HOSTS = 10_000
-PER_PAGE = 50  # web.console.PER_PAGE
+PER_PAGE = 50  # web.console.render.PER_PAGE
 REAL_HOSTS = ["host-a", "host-b"]
 
 

@@ -452,7 +452,7 @@ def live_fragment(text: str) -> str:
 
 
 async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
-    import web.console as wc
+    import web.console.hosts as wc
 
     c = console.client
     m = console.muster
@@ -612,7 +612,7 @@ async def test_host_page_charts_after_heartbeats(console: Console) -> None:
     assert ys[2] < ys[1] < ys[0]  # 90 % is drawn highest (smallest y)
     assert "GPU 1 Temperature: now 64 °C" in html and "GPU 1 Power: now 381 W" in html
     # Bounded: a host's samples are kept in a ring buffer.
-    import web.console as wc
+    import web.console.charts as wc
 
     tel = console.app.state.console_telemetry  # type: ignore[attr-defined]
     assert tel.buffers["gpu-1"].maxlen == wc.TELEMETRY_MAX_SAMPLES

@@ -1,0 +1,40 @@
+"""The alerts page: alerts as recorded in history (server.history), newest first."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from web.console.render import PER_PAGE, clamp_page, muster_of, page_arg, render, url
+from web.console.session import console
+
+ALERT_KINDS = ("host.lost", "host.recovered", "domain.disrupted", "gpu.unhealthy", "job.failed")
+
+
+@console()
+async def alerts(request: Request) -> Response:
+    """Alerts as recorded in history, newest first (also published on `alerts.>`)."""
+
+    m = muster_of(request)
+    kind = request.query_params.get("kind", "").strip()
+    if kind not in ALERT_KINDS:
+        kind = ""
+    page = page_arg(request)
+    assert m.history is not None
+    rows, total = await run_in_threadpool(m.history.list_alerts, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
+    page, pages = clamp_page(total, page)
+    ctx = {
+        "rows": [{"id": r.id, "kind": r.kind.removeprefix("alert."), "ts": r.ts, "host_id": r.host_id,
+                  "job_id": r.job_id, "message": r.message} for r in rows],
+        "total": total,
+        "kind": kind,
+        "kinds": ALERT_KINDS,
+        "page": page,
+        "pages": pages,
+        "prev_url": url("/alerts", kind=kind, page=page - 1) if page > 1 else None,
+        "next_url": url("/alerts", kind=kind, page=page + 1) if page < pages else None,
+        "first_url": url("/alerts", kind=kind, page=1) if page > 1 else None,
+        "last_url": url("/alerts", kind=kind, page=pages) if page < pages else None,
+    }
+    return render(request, "alerts.html", ctx)

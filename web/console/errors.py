@@ -1,0 +1,62 @@
+"""Where the error hierarchy (wire.errors) meets HTTP, in one place.
+
+    ValidationError  422 (409 for code ALREADY_FINISHED: cancelling a job that ended)
+    NotFound         404
+    AuthError        403 (Forbidden too: a role that may only view, a wrong CSRF token)
+    ConflictError    409 (a revision-checked write kept losing its race)
+    StoreError       503 (the cluster store did not answer)
+
+`status_for` is the mapping. A form shows the first three (and ConflictError) next to
+its fields with that status (`FORM_ERRORS`); an endpoint that lets one of `MAPPED`
+propagate gets `error_response`, an error page (plain text for htmx). Any other
+exception is a fault: Starlette logs it and answers 500.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from wire.errors import AuthError, ConflictError, MusterError, NotFound, StoreError, ValidationError
+from web.console.render import error_page
+
+# The errors a form shows next to its fields; the others in MAPPED become an error page.
+FORM_ERRORS = (ValidationError, NotFound, AuthError, ConflictError)
+MAPPED = (ValidationError, NotFound, AuthError, StoreError)
+
+# Titles of the error pages (NotFound's by what was not found: its `field`).
+NOT_FOUND_TITLES = {"host": "No such host", "job": "No such job"}
+TITLES = {403: "Forbidden", 404: "Not found", 409: "Conflict", 422: "Invalid input", 503: "Store unavailable"}
+
+
+def status_for(exc: MusterError) -> int:
+    """The HTTP status of an error of the hierarchy."""
+    if isinstance(exc, ValidationError):
+        return 409 if exc.code == "ALREADY_FINISHED" else 422
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, AuthError):
+        return 403
+    if isinstance(exc, ConflictError):
+        return 409
+    if isinstance(exc, StoreError):
+        return 503
+    return 500
+
+
+def error_response(request: Request, exc: MusterError) -> Response:
+    """An error page for an error of the hierarchy, with its status."""
+    status = status_for(exc)
+    if isinstance(exc, NotFound):
+        return error_page(request, status, NOT_FOUND_TITLES.get(exc.field, TITLES[404]), exc.message)
+    if isinstance(exc, StoreError) and not isinstance(exc, ConflictError):
+        return error_page(request, status, TITLES[503], f"The cluster store did not answer: {exc}")
+    return error_page(request, status, TITLES.get(status, "Error"), exc.message)
+
+
+def no_such_host(host_id: str) -> NotFound:
+    return NotFound(f"No host {host_id!r} has reported to this cluster.", field="host")
+
+
+def no_such_job(job_id: str) -> NotFound:
+    return NotFound(f"There is no job {job_id!r}.", field="job")

@@ -1,0 +1,281 @@
+"""Hosts: the overview (utilization meters, the heat map), the hosts table (filters,
+sorts, paging over the host read model, server.views.hosts), a host's page and the
+cordon, uncordon and drain forms."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from server.replica import Muster
+from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
+from wire.errors import InvalidInput, MusterError, ValidationError
+from wire.messages import JobState
+from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
+from web.console.errors import FORM_ERRORS, no_such_host, status_for
+from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
+from web.console.session import Session, console, read_form
+
+# ---------------------------------------------------------------- the heat map
+
+HEAT_PER_HOST_MAX = 200  # up to this many hosts, the heat map shows one cell per host
+HEAT_MAX_CELLS = 1000  # never more cells than this (racks beyond it are counted, not drawn)
+FILTER_OPTIONS_MAX = 1000  # values offered per filter dropdown
+
+
+def heat_class(util: float | None) -> str:
+    """CSS class of a heat-map cell: heat-0 .. heat-10 by 10 % steps, heat-none without GPUs."""
+    if util is None:
+        return "heat-none"
+    return f"heat-{max(0, min(10, int(util // 10)))}"
+
+
+# ---------------------------------------------------------------- overview
+
+
+def _meter(used: float, total: float) -> dict[str, Any]:
+    return {"used": used, "total": total, "pct": (100.0 * used / total) if total else None}
+
+
+def _heatmap(m: Muster, snap: FleetSummary, now: float) -> dict[str, Any]:
+    """Heat-map cells: one per host (grouped by rack) for small fleets, else one per rack;
+    never more than HEAT_MAX_CELLS."""
+    racks = sorted(snap.racks.values(), key=lambda c: (c.rack == "", c.rack))
+    if snap.hosts <= HEAT_PER_HOST_MAX:
+        by_rack: dict[str, list[HostRow]] = {}
+        for r in m.hosts.rows(now, live=False):
+            by_rack.setdefault(r.rack, []).append(r)
+        groups = [(c, by_rack.get(c.rack, [])) for c in racks]
+        return {"mode": "hosts", "groups": groups, "shown": len(racks), "racks": len(racks)}
+    shown = racks[:HEAT_MAX_CELLS]
+    return {"mode": "racks", "cells": shown, "shown": len(shown), "racks": len(racks)}
+
+
+@console()
+async def overview(request: Request) -> Response:
+    m = muster_of(request)
+    now = time.time()
+    snap = m.hosts.summary(now)
+    counts = m.state.job_counts()
+    ctx = {
+        "snap": snap,
+        "jobs": [(st.value, counts.get(st.value, 0)) for st in JobState],
+        "jobs_total": sum(counts.values()),
+        "gpu_meter": _meter(snap.gpus_allocated, snap.gpus_total),
+        "cpu_meter": _meter(snap.cpu_used, snap.cpus),
+        "mem_meter": _meter(snap.mem_used_mb, snap.memory_mb),
+        "heat": _heatmap(m, snap, now),
+        "heat_class": heat_class,
+        "term": m.state.term,
+        "leader": m.state.leader,
+        "role": m.role,
+        "replica": m.config.name,
+        "live_url": "/",
+        "sse_on": "job host stats",
+    }
+    return render(request, "_overview.html" if is_htmx(request) else "overview.html", ctx)
+
+
+# ---------------------------------------------------------------- the hosts table
+
+# The table's sort columns (server.views.hosts.ORDERS, "-" reversing), and its filters.
+HOST_SORTS = ("id", "health", "util", "alloc")
+HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "sort")
+CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining"}
+
+
+def console_query(f: dict[str, str]) -> HostQuery:
+    """The read model's query for the hosts table's filters (query-string values)."""
+    cord = f.get("cordoned", "")
+    return HostQuery(search=f.get("q") or None, health=frozenset({f["health"]}) if f.get("health") else None,
+                     rack=f.get("rack") or None, zone=f.get("zone") or None, model=f.get("model") or None,
+                     cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None)
+
+
+def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
+    """The hosts table's filters from the query string, and whether it was not canonical
+    (empty or unknown values: the caller redirects to the canonical URL)."""
+    qp = request.query_params
+    f = {k: qp.get(k, "").strip()[:64] for k in HOST_FILTERS}
+    canonical = all(qp.get(k) is None or (qp.get(k) == f[k] and f[k]) for k in HOST_FILTERS)
+    if f["health"]:
+        f["health"] = f["health"].upper() if f["health"].upper() in HEALTH_RANK else ""
+    if f["cordoned"] not in CORDONED_CHOICES:
+        f["cordoned"] = ""
+    sort = f["sort"]
+    if sort.lstrip("-") not in HOST_SORTS or sort == "id":
+        f["sort"] = ""
+    for k in ("health", "cordoned", "sort"):
+        if qp.get(k) is not None and f[k] != qp.get(k):
+            canonical = False
+    return f, canonical
+
+
+@console()
+async def hosts(request: Request) -> Response:
+    f, canonical = _host_filters(request)
+    if not canonical and not is_htmx(request):
+        page = request.query_params.get("page")
+        return RedirectResponse(url("/hosts", **f, page=page), status_code=303)
+    m = muster_of(request)
+    now = time.time()
+    views = m.hosts.select(console_query(f), f["sort"] or "id", now)
+    page, pages = clamp_page(len(views), page_arg(request))
+    rows = views[(page - 1) * PER_PAGE : page * PER_PAGE]
+    m.hosts.refresh(rows, now)
+    snap = m.hosts.summary(now) if not is_htmx(request) else None
+    filtered = any(f[k] for k in HOST_FILTERS if k != "sort")
+    sort = f["sort"] or "id"
+
+    def sort_url(col: str) -> str:
+        # First click sorts the natural way (busiest / most allocated / worst health first
+        # would surprise for ids); a second click on the same column reverses it.
+        new = f"-{col}" if sort == col else col
+        return url("/hosts", **{**f, "sort": "" if new == "id" else new})
+
+    racks = sorted(snap.racks) if snap else []
+    ctx = {
+        "rows": rows,
+        "total": len(views),
+        "any_hosts": bool(m.state.hosts),
+        "f": f,
+        "q": f["q"],
+        "filtered": filtered,
+        "sort": sort,
+        "sort_urls": {c: sort_url(c) for c in HOST_SORTS},
+        "racks": [r for r in racks if r][:FILTER_OPTIONS_MAX],
+        "zones": snap.zones[:FILTER_OPTIONS_MAX] if snap else [],
+        "models": snap.models[:FILTER_OPTIONS_MAX] if snap else [],
+        "healths": list(HEALTH_RANK),
+        "cordoned_choices": CORDONED_CHOICES,
+        "page": page,
+        "pages": pages,
+        "prev_url": url("/hosts", **f, page=page - 1) if page > 1 else None,
+        "next_url": url("/hosts", **f, page=page + 1) if page < pages else None,
+        "first_url": url("/hosts", **f, page=1) if page > 1 else None,
+        "last_url": url("/hosts", **f, page=pages) if page < pages else None,
+        "live_url": url("/hosts", **f, page=page),
+        "sse_on": "host stats",
+    }
+    return render(request, "_hosts.html" if is_htmx(request) else "hosts.html", ctx)
+
+
+# ---------------------------------------------------------------- one host
+
+
+def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str, Any] | None:
+    view = m.hosts.row(host_id, time.time())
+    if view is None:
+        return None
+    entry = m.state.hosts[host_id]
+    hb = entry.latest()
+    assert hb is not None
+    usage = {u.index: u for u in hb.gpu_usage}
+    alloc = m.state.allocs.get(host_id)
+    samples: list[Sample] = []
+    if tel is not None:
+        tel.watch(host_id)
+        samples = tel.samples(host_id)
+    return {
+        "h": view,
+        "hb": hb,
+        "gpus": [(g, usage.get(g.index)) for g in sorted(hb.gpus, key=lambda g: g.index)],
+        "tasks": list(alloc.tasks) if alloc else [],
+        "cfg": m.state.hostcfg.get(host_id),
+        "charts": gpu_charts(samples),
+        "samples": len(samples),
+        "window_s": (samples[-1].ts - samples[0].ts) if len(samples) > 1 else 0.0,
+        "spark_w": SPARK_W,
+        "spark_h": SPARK_H,
+        "live_url": f"/hosts/{host_id}",
+        "sse_on": "host stats job",
+        "sse_id": host_id,
+    }
+
+
+@console()
+async def host_detail(request: Request) -> Response:
+    host_id = request.path_params["host_id"]
+    ctx = _host_ctx(muster_of(request), host_id, telemetry(request))
+    if ctx is None:
+        raise no_such_host(host_id)
+    ctx["errors"] = {}
+    return render(request, "_host.html" if is_htmx(request) else "host.html", ctx)
+
+
+def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
+                     exc: MusterError, values: dict[str, str]) -> Response:
+    """The host page again, with `exc` shown at the form that failed."""
+    ctx = _host_ctx(m, host_id, telemetry(request))
+    if ctx is None:
+        raise no_such_host(host_id)
+    ctx["errors"] = {form_name: [e.message for e in exc.details()]}
+    ctx["reason_value"] = values.get("reason", "")
+    ctx["form_values"] = values
+    return render(request, "host.html", ctx, status_for(exc))
+
+
+async def _cordon(request: Request, cordoned: bool) -> Response:
+    m = muster_of(request)
+    host_id = request.path_params["host_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    reason = form.get("reason", "").strip()
+    if m.hosts.row(host_id, time.time()) is None:
+        raise no_such_host(host_id)
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await m.set_cordon(host_id, cordoned, sess.user, reason)
+    except FORM_ERRORS as exc:
+        return _host_form_error(request, m, host_id, "cordon" if cordoned else "uncordon", exc,
+                                {"reason": reason})
+    return RedirectResponse(url(f"/hosts/{host_id}", notice="cordoned" if cordoned else "uncordoned"),
+                            status_code=303)
+
+
+@console(csrf=True, action=True)
+async def cordon(request: Request) -> Response:
+    return await _cordon(request, True)
+
+
+@console(csrf=True, action=True)
+async def uncordon(request: Request) -> Response:
+    return await _cordon(request, False)
+
+
+DRAIN_DEFAULT_S = "600"
+
+
+@console(csrf=True, action=True)
+async def drain(request: Request) -> Response:
+    m = muster_of(request)
+    host_id = request.path_params["host_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    reason = form.get("reason", "").strip()
+    raw_deadline = form.get("deadline_s", "").strip() or DRAIN_DEFAULT_S
+    values = {"reason": reason, "deadline_s": raw_deadline}
+    if m.hosts.row(host_id, time.time()) is None:
+        raise no_such_host(host_id)
+    errors: list[ValidationError] = []
+    if not reason:
+        errors.append(ValidationError("reason", "a reason is required", "REQUIRED"))
+    try:
+        deadline = float(raw_deadline)
+        if not math.isfinite(deadline):
+            raise ValueError
+    except ValueError:
+        deadline = -1.0
+        errors.append(ValidationError("deadline", "the deadline must be a number of seconds", "INVALID"))
+    try:
+        if errors:
+            raise InvalidInput(errors)
+        await m.drain(host_id, sess.user, reason, deadline)
+    except FORM_ERRORS as exc:
+        return _host_form_error(request, m, host_id, "drain", exc, values)
+    return RedirectResponse(url(f"/hosts/{host_id}", notice="draining"), status_code=303)

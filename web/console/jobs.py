@@ -1,0 +1,206 @@
+"""Jobs: the jobs list (history rows overlaid with live ones, server.views.jobs), a job's
+page and its cancel form, and the submit form."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import time
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from server.replica import Muster
+from wire.errors import ValidationError
+from wire.messages import JobState
+from wire.validation import KNOWN_GPU_MODELS
+from web.console.errors import FORM_ERRORS, no_such_job, status_for
+from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
+from web.console.session import Session, console, read_form
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# Field names used by wire.validation -> names of the submit form's inputs.
+SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel": "gpu_model",
+                 "gpu_model": "gpu_model", "cpus": "cpus", "memoryMb": "memory_mb",
+                 "memory_mb": "memory_mb"}
+
+
+# ---------------------------------------------------------------- the jobs list
+
+
+@console()
+async def jobs(request: Request) -> Response:
+    m = muster_of(request)
+    states = [s.value for s in JobState]
+    state = request.query_params.get("state", "").strip().upper()
+    bad_state = bool(state) and state not in states
+    if bad_state:
+        state = ""
+    page = page_arg(request)
+    assert m.history is not None
+    rows, total = await run_in_threadpool(
+        m.history.list_jobs, state=state or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
+    )
+    if not rows and total and page > 1:
+        page, _ = clamp_page(total, page)
+        rows, total = await run_in_threadpool(
+            m.history.list_jobs, state=state or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
+        )
+    shown = m.jobs.overlay(rows, state, newest_live=page == 1, limit=PER_PAGE)
+    total += max(0, len(shown) - len(rows)) if page == 1 else 0
+    page, pages = clamp_page(total, page)
+    ctx = {
+        "rows": shown,
+        "total": total,
+        "state": state,
+        "states": states,
+        "bad_state": bad_state,
+        "page": page,
+        "pages": pages,
+        "prev_url": url("/jobs", state=state, page=page - 1) if page > 1 else None,
+        "next_url": url("/jobs", state=state, page=page + 1) if page < pages else None,
+        "first_url": url("/jobs", state=state, page=1) if page > 1 else None,
+        "last_url": url("/jobs", state=state, page=pages) if page < pages else None,
+        "live_url": url("/jobs", state=state, page=page),
+        "sse_on": "job",
+    }
+    return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
+
+
+# ---------------------------------------------------------------- one job
+
+
+async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
+    if not ID_RE.fullmatch(job_id):
+        return None
+    job = m.state.jobs.get(job_id)
+    if job is None:
+        job = await run_in_threadpool(m.jobs.get, job_id)
+    if job is None:
+        return None
+    why = sorted(m.jobs.why_pending(job, time.time()).items(), key=lambda kv: (-kv[1], kv[0]))
+    recorded: list[Any] = []
+    history_error = False
+    if m.history is not None:
+        try:
+            recorded = await run_in_threadpool(m.history.list_events, job_id=job_id, limit=500)
+        except Exception:  # noqa: BLE001 - history is a convenience here
+            history_error = True
+    return {
+        "job": job,
+        "why": why,
+        "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
+        "hosts_known": len(m.state.hosts),
+        "position": m.jobs.queue_position(job),
+        "queued_total": len(m.state.queued_ids),
+        "events": m.jobs.timeline(job, recorded),
+        "history_error": history_error,
+        "gang": job.spec.replicas > 1,
+        "live_url": f"/jobs/{job_id}",
+        "sse_on": "job",
+        "sse_id": job_id,
+    }
+
+
+@console()
+async def job_detail(request: Request) -> Response:
+    job_id = request.path_params["job_id"]
+    ctx = await _job_ctx(muster_of(request), job_id)
+    if ctx is None:
+        raise no_such_job(job_id)
+    ctx["errors"] = []
+    return render(request, "_job.html" if is_htmx(request) else "job.html", ctx)
+
+
+@console(csrf=True, action=True)
+async def cancel_job(request: Request) -> Response:
+    m = muster_of(request)
+    job_id = request.path_params["job_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    reason = form.get("reason", "").strip()[:512]
+    ctx = await _job_ctx(m, job_id)
+    if ctx is None:
+        raise no_such_job(job_id)
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await m.cancel(job_id, by=sess.user, reason=reason)
+    except FORM_ERRORS as exc:
+        ctx["errors"] = [e.message for e in exc.details()]
+        ctx["reason_value"] = reason
+        return render(request, "job.html", ctx, status_for(exc))
+    return RedirectResponse(url(f"/jobs/{job_id}", notice="cancel"), status_code=303)
+
+
+# ---------------------------------------------------------------- submit
+
+
+def _submit_ctx(m: Muster, values: dict[str, str], errors: dict[str, list[str]],
+                other: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "values": values,
+        "errors": errors,
+        "other_errors": other or [],
+        "models": sorted(KNOWN_GPU_MODELS | m.known_gpu_models()),
+    }
+
+
+SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "cpus": "1", "memory_mb": "512"}
+
+
+@console()
+async def submit_form(request: Request) -> Response:
+    m = muster_of(request)
+    return render(request, "submit.html", _submit_ctx(m, dict(SUBMIT_DEFAULTS), {}))
+
+
+def _number(raw: str, kind: type) -> Any:
+    """The parsed number, or the raw text (which validation then rejects)."""
+    try:
+        return kind(raw)
+    except (TypeError, ValueError):
+        return raw
+
+
+@console(csrf=True, action=True)
+async def submit(request: Request) -> Response:
+    m = muster_of(request)
+    sess: Session = request.state.session
+    form = await read_form(request)
+    values = {k: form.get(k, "").strip() for k in SUBMIT_DEFAULTS}
+    data: dict[str, Any] = {"name": values["name"]}
+    local: dict[str, list[str]] = {}
+    try:
+        data["command"] = shlex.split(values["command"])
+        if not data["command"]:
+            local["command"] = ["is required: the program to run and its arguments"]
+    except ValueError as exc:
+        data["command"] = None
+        local["command"] = [f"cannot be split into arguments: {exc}"]
+    if values["gpus"]:
+        data["gpus"] = _number(values["gpus"], int)
+    if values["cpus"]:
+        cpus = _number(values["cpus"], float)
+        data["cpus"] = cpus if not isinstance(cpus, float) or math.isfinite(cpus) else values["cpus"]
+    if values["memory_mb"]:
+        data["memory_mb"] = _number(values["memory_mb"], int)
+    if values["gpu_model"]:
+        data["gpu_model"] = values["gpu_model"]
+    try:
+        job = await m.submit(data, sess.user)
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = dict(local)
+        other: list[str] = []
+        for p in exc.details():
+            field = SUBMIT_FIELDS.get(p.field)
+            if field is None:
+                other.append(f"{p.field}: {p.message}")
+            elif field not in local:
+                errors.setdefault(field, []).append(p.message)
+        return render(request, "submit.html", _submit_ctx(m, values, errors, other), status_for(exc))
+    return RedirectResponse(url(f"/jobs/{job.id}", notice="submitted"), status_code=303)

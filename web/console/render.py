@@ -1,0 +1,131 @@
+"""Rendering console responses: the templates and their filters, pages and error pages,
+the security headers every response carries, URLs, notices and paging."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from markupsafe import Markup
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from server.replica import Muster
+
+if TYPE_CHECKING:
+    from web.console.session import Session
+
+PER_PAGE = 50
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+# Short notices a redirect may ask a page to show (never free text from the URL).
+NOTICES = {
+    "cancel": "Cancel requested. The leader stops the job shortly.",
+    "cordoned": "Host cordoned: no new work is placed on it.",
+    "uncordoned": "Host uncordoned: it takes new work again.",
+    "submitted": "Job submitted.",
+    "draining": "Host draining: no new work is placed on it; what still runs at the deadline is stopped and requeued elsewhere.",
+}
+
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
+
+
+def utc(ts: float | None) -> str:
+    """A Unix time as UTC ISO 8601 with seconds, or an em dash."""
+    if not ts:
+        return "—"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def mib(mb: int | float | None) -> str:
+    if mb is None:
+        return "—"
+    if mb >= 1024:
+        return f"{mb / 1024:.1f} GiB"
+    return f"{int(mb)} MiB"
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} %"
+
+
+templates.env.filters["utc"] = utc
+templates.env.filters["mib"] = mib
+templates.env.filters["pct"] = pct
+templates.env.filters["shjoin"] = lambda argv: shlex.join(argv or [])
+templates.env.globals["notices"] = NOTICES
+
+
+def muster_of(request: Request) -> Muster:
+    """The replica this app serves."""
+    return request.app.state.muster  # type: ignore[no-any-return]
+
+
+def is_htmx(request: Request) -> bool:
+    """Whether htmx sent the request (it gets the `#live` fragment, or plain-text errors)."""
+    return request.headers.get("hx-request", "").lower() == "true"
+
+
+def url(path: str, **params: Any) -> str:
+    q = {k: v for k, v in params.items() if v not in (None, "") and not (k == "page" and v == 1)}
+    return f"{path}?{urlencode(q)}" if q else path
+
+
+def render(
+    request: Request, name: str, ctx: dict[str, Any] | None = None, status_code: int = 200,
+) -> Response:
+    sess: Session | None = getattr(request.state, "session", None)
+    csrf = sess.csrf if sess else ""
+    context: dict[str, Any] = {
+        "session": sess,
+        "user": sess.user if sess else None,
+        "can_act": bool(sess and sess.can_act),
+        "csrf": csrf,
+        "csrf_input": Markup('<input type="hidden" name="csrf" value="{}">').format(csrf),
+        "path": request.url.path,
+        "notice": NOTICES.get(request.query_params.get("notice", "")),
+    }
+    context.update(ctx or {})
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def error_page(request: Request, status: int, title: str, message: str) -> Response:
+    """An error as a page, or as plain text for htmx (which shows it in place)."""
+    if is_htmx(request):
+        return Response(message, status_code=status, media_type="text/plain")
+    return render(request, "error.html", {"title": title, "message": message}, status)
+
+
+def secure(resp: Response) -> Response:
+    for k, v in SECURITY_HEADERS.items():
+        resp.headers[k] = v
+    return resp
+
+
+def page_arg(request: Request) -> int:
+    """The `page` query parameter: 1 or more (1 when missing or not a number)."""
+    try:
+        return max(1, min(int(request.query_params.get("page", "1")), 1_000_000))
+    except ValueError:
+        return 1
+
+
+def clamp_page(total: int, page: int) -> tuple[int, int]:
+    """(page clamped to the last page, number of pages) for `total` rows of PER_PAGE."""
+    count = max(1, math.ceil(total / PER_PAGE))
+    return min(page, count), count
