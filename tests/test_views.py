@@ -15,7 +15,7 @@ from server.replica import Muster, ServerConfig
 from server.scheduling.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
 from server.state.cluster import HostConfig
 from server.views.hosts import HostQuery, HostTable
-from web.console import console_query
+from web.console.hosts import console_query
 from wire.messages import (
     SHAPE_HEADER,
     GpuInfo,

@@ -73,7 +73,7 @@ class Telemetry:
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.every_s)
                     break  # the replica is shutting down
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             else:
                 await asyncio.sleep(self.every_s)

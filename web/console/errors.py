@@ -17,8 +17,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from wire.errors import AuthError, ConflictError, MusterError, NotFound, StoreError, ValidationError
 from web.console.render import error_page
+from wire.errors import AuthError, ConflictError, MusterError, NotFound, StoreError, ValidationError
 
 # The errors a form shows next to its fields; the others in MAPPED become an error page.
 FORM_ERRORS = (ValidationError, NotFound, AuthError, ConflictError)

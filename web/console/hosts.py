@@ -13,12 +13,12 @@ from starlette.responses import RedirectResponse, Response
 
 from server.replica import Muster
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
-from wire.errors import InvalidInput, MusterError, ValidationError
-from wire.messages import JobState
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
 from web.console.errors import FORM_ERRORS, no_such_host, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
+from wire.errors import InvalidInput, MusterError, ValidationError
+from wire.messages import JobState
 
 # ---------------------------------------------------------------- the heat map
 
@@ -119,8 +119,7 @@ def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
 async def hosts(request: Request) -> Response:
     f, canonical = _host_filters(request)
     if not canonical and not is_htmx(request):
-        page = request.query_params.get("page")
-        return RedirectResponse(url("/hosts", **f, page=page), status_code=303)
+        return RedirectResponse(url("/hosts", **f, page=request.query_params.get("page")), status_code=303)
     m = muster_of(request)
     now = time.time()
     views = m.hosts.select(console_query(f), f["sort"] or "id", now)

@@ -14,12 +14,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from server.replica import Muster
-from wire.errors import ValidationError
-from wire.messages import JobState
-from wire.validation import KNOWN_GPU_MODELS
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
+from wire.errors import ValidationError
+from wire.messages import JobState
+from wire.validation import KNOWN_GPU_MODELS
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

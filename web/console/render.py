@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -39,7 +39,8 @@ NOTICES = {
     "cordoned": "Host cordoned: no new work is placed on it.",
     "uncordoned": "Host uncordoned: it takes new work again.",
     "submitted": "Job submitted.",
-    "draining": "Host draining: no new work is placed on it; what still runs at the deadline is stopped and requeued elsewhere.",
+    "draining": ("Host draining: no new work is placed on it; what still runs at the deadline is stopped and "
+                 "requeued elsewhere."),
 }
 
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
@@ -49,7 +50,7 @@ def utc(ts: float | None) -> str:
     """A Unix time as UTC ISO 8601 with seconds, or an em dash."""
     if not ts:
         return "—"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def mib(mb: int | float | None) -> str:
@@ -73,7 +74,7 @@ templates.env.globals["notices"] = NOTICES
 
 def muster_of(request: Request) -> Muster:
     """The replica this app serves."""
-    return request.app.state.muster  # type: ignore[no-any-return]
+    return request.app.state.muster
 
 
 def is_htmx(request: Request) -> bool:

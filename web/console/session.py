@@ -15,9 +15,9 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.auth import check_token, token_hash
 from server.state.cluster import TokenInfo
-from wire.errors import Forbidden
 from web.console.errors import MAPPED, error_response
 from web.console.render import error_page, is_htmx, muster_of, render, secure
+from wire.errors import Forbidden
 
 COOKIE = "muster_session"
 MAX_FORM_BYTES = 256 * 1024

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from server.replica import Muster
-from wire.messages import Job
 from web.console.render import muster_of
 from web.console.session import Session, console
+from wire.messages import Job
 
 SSE_QUEUE_MAX = 256  # events buffered per client; past that the client is told to resync
 SSE_STATS_MAX_S = 5.0  # a `stats` event at least this often (also keeps proxies from idling out)
@@ -97,7 +97,7 @@ async def event_stream(request: Request) -> Response:
                     client.wake.clear()
                     try:
                         await asyncio.wait_for(client.wake.wait(), timeout)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 if m.state.tokens.get(sess.hash) is None:
                     yield _sse("signout", {})
