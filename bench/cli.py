@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--preload", type=int, default=0,
                     help="start with this many long-running tasks already in the cluster (bench/preload.py)")
+    ap.add_argument("--read-flood", type=int, default=0,
+                    help="clients sending the heaviest GraphQL reads back to back during the window (bench/readers.py)")
+    ap.add_argument("--browse", type=int, default=0,
+                    help="operators browsing the console during the window, a page a second (bench/readers.py)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     return ap

@@ -255,6 +255,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "fractional_gpu_jobs_rounded_up": frac,
         },
         "correctness": correct,
+        "reads": b.reads,
         "notes": b.notes
         + [
             "dispatch = a simulated host received its assignment (first sighting of the attempt on the host); "

@@ -74,6 +74,7 @@ class Bench(Processes):
     metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     lost: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reads: dict[str, Any] | None = None  # what the readers saw (--read-flood, --browse)
     preloaded: dict[str, float] = field(default_factory=dict)
     observer_behind_at_start: int | None = None  # state records the observer had left to read
     machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
@@ -433,6 +434,12 @@ class Bench(Processes):
         t0 = time.time()
         self.window_start = t0
         self.tick(t0, "run")
+        readers = None
+        if (a.read_flood or a.browse) and not a.burst:
+            readers = self.spawn("readers", [sys.executable, "-m", "bench.readers", "--url", self.http, "--token",
+                                             self.token, "--flood", str(a.read_flood), "--browse", str(a.browse),
+                                             "--duration", str(a.duration), "--out", str(self.work / "reads.json")])
+            readers.finite = True
         lost_task = None
         if a.lose_host_at is not None and a.lose_host_at >= 0:
             lost_task = asyncio.create_task(self.lose_host(nc, client, a.lose_host_at, fleet[bounds[1] - 1].id))
@@ -461,6 +468,13 @@ class Bench(Processes):
             c.sample()
             c.cpu_at_end = c.cpu
         self.machine_cpu_at_end = psutil.cpu_times()
+        if readers is not None:
+            assert readers.popen is not None
+            try:
+                await asyncio.wait_for(asyncio.to_thread(readers.popen.wait), timeout=120)
+                self.reads = json.loads((self.work / "reads.json").read_text())
+            except (TimeoutError, OSError, ValueError) as exc:
+                self.notes.append(f"readers did not report: {exc}")
         # Drain: until every submitted job has reached a host, or the drain timeout.
         drain_deadline = time.monotonic() + a.drain
         while time.monotonic() < drain_deadline:

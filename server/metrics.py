@@ -43,6 +43,12 @@ DROPPED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+POISON = Counter(
+    "muster_poison_total",
+    "Inputs and jobs the scheduler isolated because the store refused their records",
+    ["kind"],
+    registry=REGISTRY,
+)
 HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)

@@ -35,7 +35,7 @@ from wire.errors import ConflictError, InvalidInput, NotFound, StoreError, Valid
 from wire.kv import Store, Watch, Write, connect
 from wire.messages import Command, Event, Job, JobState, encode, new_id
 from wire.records import Record
-from wire.validation import validate_job
+from wire.validation import validate_job, validate_reason
 
 log = logging.getLogger(__name__)
 
@@ -323,13 +323,14 @@ class Muster:
     async def cancel(self, job_id: str, by: str, reason: str = "") -> None:
         """Ask the leader to cancel a job. Raises NotFound, or ValidationError
         (ALREADY_FINISHED) for a job that has ended."""
+        reason = validate_reason(reason)
         job = self.jobs.get(job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
         if job.state.terminal:
             raise ValidationError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")
         assert self.store is not None
-        cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason[:512])
+        cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason)
         try:
             await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
         except Exception as exc:  # noqa: BLE001
@@ -337,20 +338,18 @@ class Muster:
 
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""
-        if cordoned and not reason.strip():
-            raise ValidationError("reason", "a reason is required", "REQUIRED")
-        await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason[:512], by=by, ts=time.time()))
+        reason = validate_reason(reason, required=cordoned)
+        await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason, by=by, ts=time.time()))
 
     async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> None:
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
         and requeued elsewhere."""
-        if not reason.strip():
-            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        reason = validate_reason(reason, required=True)
         if not 0 <= deadline_s <= 7 * 24 * 3600:
             raise ValidationError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
         now = time.time()
         await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True, drain_deadline=now + deadline_s,
-                                                    reason=reason[:512], by=by, ts=now))
+                                                    reason=reason, by=by, ts=now))
 
     async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> None:
         if host_id not in self.state.hosts:

@@ -198,10 +198,17 @@ def _check_gangs_from_simulators(work: Path, rep: dict) -> None:
 def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     rc = main(["--hosts", "2000", "--rate", "100", "--duration", "10", "--drain", "60",
-               "--lose-host-at", "-1", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+               "--lose-host-at", "-1", "--read-flood", "2", "--browse", "1",
+               "--json", str(out), "--work-dir", str(tmp_path / "work")])
     assert out.exists(), "no report written"
     rep = json.loads(out.read_text())
     _check_report(rep)
+    # Readers beside the run (bench.readers): every kind of heavy read answered, without errors.
+    reads = rep["reads"]["requests"]
+    assert {"cluster totals", "hosts 500 by health", "queued jobs with reasons", "history counts",
+            "console /", "console /hosts?sort=util", "console /jobs", "console /alerts"} <= set(reads), reads
+    assert all(r["errors"] == 0 and r["requests"] > 0 for r in reads.values()), reads
+    assert rep["processes"]["readers"]["cpu_s"] > 0
     assert {"nats-server", "server", "server: historian", "observer", "sim0"} <= set(rep["processes"])
     assert rep["processes"]["server: historian"]["cpu_s"] > 0  # it wrote the run's history
     assert rep["processes"]["server: heartbeat ingest"]["cpu_s"] > 0  # it read the heartbeats

@@ -14,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, text
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel, select
 
 import server.history.database as history_mod
@@ -303,11 +304,11 @@ def test_failed_flush_requeues(tmp_path: Path) -> None:
         h.record(lifecycle("j1")[0], 1)
         real = h._write
 
-        def boom(batch):  # type: ignore[no-untyped-def]
-            raise RuntimeError("database restarting")
+        def boom(batch, sanitize=False):  # type: ignore[no-untyped-def]
+            raise OperationalError("INSERT", {}, Exception("database restarting"))
 
         h._write = boom  # type: ignore[method-assign]
-        with pytest.raises(RuntimeError):
+        with pytest.raises(OperationalError):  # the database is down: nothing dropped, all requeued
             h.flush()
         h._write = real  # type: ignore[method-assign]
         assert h.flush() == 1

@@ -16,6 +16,7 @@ from server.scheduling.placement import (
     NO_FREE_MEMORY,
     NOT_HEALTHY,
     REASONS,
+    RECORD_FULL,
     TOO_FEW_GPUS,
     TOO_MANY_TASKS,
     WRONG_MODEL,
@@ -67,7 +68,7 @@ def host(
 
 def test_reason_constants_are_listed_in_check_order() -> None:
     assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
-                       TOO_MANY_TASKS)
+                       TOO_MANY_TASKS, RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
 
 

@@ -10,7 +10,9 @@
     │   └── Forbidden            valid credentials whose role may not do this
     ├── StoreError               the NATS store failed (foreign exceptions translated here)
     │   ├── ConflictError        a revision-checked write lost a race (retry from a fresh view)
-    │   └── FencedError          the write carried a stale leadership term (step down)
+    │   ├── FencedError          the write carried a stale leadership term (step down)
+    │   └── RejectedError        the store refused the write for what it holds (too large, ...):
+    │                            sending it again unchanged cannot succeed
     └── DecodeError              an untrusted message could not be decoded
 
 Each boundary maps them once: GraphQL (server.api.graphql.errors: userErrors on
@@ -89,6 +91,14 @@ class ConflictError(StoreError):
 
 class FencedError(StoreError):
     code = "FENCED"
+
+
+class RejectedError(StoreError):
+    code = "REJECTED"
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key  # the record the store refused, when known
 
 
 class DecodeError(MusterError):

@@ -23,7 +23,7 @@ from nats.js import api as jsapi
 from nats.js import errors as jserrors
 
 from wire import natsclient, subjects
-from wire.errors import ConfigError, ConflictError, FencedError, StoreError
+from wire.errors import ConfigError, ConflictError, FencedError, RejectedError, StoreError
 from wire.records import Record, ack_position, is_tombstone
 from wire.tls import client_context
 
@@ -35,6 +35,9 @@ WRONG_LAST_SEQUENCE = 10071
 # topology test: unrecognised, a deposed leader retried its stale commits for ever.
 WRONG_LAST_SEQUENCE_CONSTANT = 10164
 DUPLICATE_MSG_ID = 10201
+# Refusals that say the cluster is not ready (no leader, no peers, offline): retried as
+# any unknown outcome, never taken for a refusal of the batch's content.
+NOT_READY = frozenset({10005, 10008, 10118})
 WATCH_HEARTBEAT_S = 1.0
 MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
 
@@ -191,6 +194,7 @@ class Store:
             headers["Nats-TTL"] = ttl
         if msg_id:
             headers["Nats-Msg-Id"] = msg_id
+        self._check_sizes([(subjects.kv_subject(bucket, key), value, headers)])
         try:
             ack = await self.js.publish(
                 subjects.kv_subject(bucket, key), value, headers=headers or None, timeout=self.timeout
@@ -238,6 +242,7 @@ class Store:
                 )
             )
         n = len(msgs)
+        self._check_sizes(msgs)
         # Deterministic message ids: a retry of the same batch after an unknown outcome
         # is refused as a duplicate if the first try was applied, so it applies once.
         digest = hashlib.sha256()
@@ -281,13 +286,28 @@ class Store:
                     if fence.key != "term" and (await self.get(fence.key, bucket)).revision != fence.expected:
                         raise FencedError(f"term {fence.term}: fence {fence.key} moved on")
                 raise ConflictError(err.get("description", "wrong last sequence"))
-            raise StoreError(f"commit rejected: {err}")
+            if code in NOT_READY:
+                raise StoreError(f"commit not taken, the store is not ready: {err}")
+            raise RejectedError(f"commit rejected: {err}")
         last = int(resp["seq"])
         revisions = {}
         first = last - n + 1
         for i, w in enumerate(writes):
             revisions[w.key] = first + i
         return CommitResult(revisions=revisions, last_seq=last)
+
+    def _check_sizes(self, msgs: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        """Refuse, before anything is sent, a batch with a message NATS would refuse for
+        its size (its payload and headers past the server's `max_payload`)."""
+        limit = self.nc.max_payload
+        if not limit:
+            return
+        for subj, data, h in msgs:
+            size = len(data) + sum(len(k) + len(v) + 4 for k, v in h.items()) + 128  # batch headers, framing
+            if size > limit:
+                key = subj.split(".", 2)[2] if subj.startswith("$KV.") else subj
+                raise RejectedError(f"record {key} is {len(data):,} bytes; NATS takes at most {limit:,} a message",
+                                    key=key)
 
 
 def delivery_position(msg: Msg) -> tuple[int, int, float]:

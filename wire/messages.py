@@ -9,11 +9,12 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from wire.errors import DecodeError
@@ -23,6 +24,8 @@ MAX_RECORD_BYTES = 1024 * 1024  # job and allocation records (NATS's default mes
 HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 LABEL_KEY_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"
+_LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
+_LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
 
 
 class JobState(str, enum.Enum):
@@ -97,6 +100,16 @@ class Heartbeat(_Model):
     # Highest leadership term this agent has seen (it refuses older ones).
     term: int = 0
 
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        """The same rule the agent checks its configuration with (validation.validate_labels):
+        a heartbeat from an agent that skipped it is refused, not shown."""
+        for k, v in labels.items():
+            if not _LABEL_KEY.fullmatch(k) or not _LABEL_VALUE.fullmatch(v):
+                raise ValueError(f"invalid label {k[:64]!r}")
+        return labels
+
 
 SHAPE_HEADER = "Muster-Shape"
 
@@ -118,6 +131,9 @@ def shape_digest(hb: Heartbeat) -> str:
 
 
 class JobSpec(_Model):
+    # Derived once and kept (wire.budgets.task_bytes); a spec is not changed once validated.
+    _task_bytes: int | None = PrivateAttr(default=None)
+
     name: str = Field(max_length=128)
     command: list[str] = Field(min_length=1, max_length=256)
     env: dict[str, str] = Field(default_factory=dict)
@@ -169,6 +185,8 @@ class Job(_Model):
     pending_reasons: dict[str, int] = Field(default_factory=dict)
     not_before: float = 0.0
     cancel_reason: str = ""
+    # Why the job ended when no attempt says so (its records could not be written, ...).
+    end_reason: str = ""
 
     @property
     def current(self) -> Attempt | None:

@@ -44,6 +44,9 @@ ALERT_HOST_RECOVERED = "host.recovered"
 ALERT_DOMAIN_DISRUPTED = "domain.disrupted"
 ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
 ALERT_JOB_FAILED = "job.failed"
+# The scheduler isolated an input or job whose records the store refused
+# (server.scheduling.isolation).
+ALERT_INPUT_REJECTED = "input.rejected"
 
 
 def job_key(job_id: str) -> str:

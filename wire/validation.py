@@ -6,8 +6,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from wire.budgets import check_spec
 from wire.errors import ValidationError
-from wire.messages import JobSpec
+from wire.messages import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, JobSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -21,6 +22,7 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 128
+MAX_REASON_CHARS = 512
 
 
 def validate_job(
@@ -113,11 +115,29 @@ def validate_job(
         replicas=replicas,
         same_rack=same_rack,
     )
+    # The records the job will make must fit what NATS accepts (wire.budgets).
+    too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]
+    if too_large:
+        return None, too_large
     return spec, []
 
 
-LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
-LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+def validate_reason(reason: str, field: str = "reason", required: bool = False) -> str:
+    """An operator's reason (cancel, cordon, drain): at most 512 characters, no control
+    characters but tab and newline (a NUL is refused by PostgreSQL, and breaks logs).
+    Returns it stripped; raises ValidationError."""
+    text = reason.strip()
+    if required and not text:
+        raise ValidationError(field, "a reason is required", "REQUIRED")
+    if len(text) > MAX_REASON_CHARS:
+        raise ValidationError(field, f"must be at most {MAX_REASON_CHARS} characters", "TOO_LARGE")
+    if any(not (c.isprintable() or c in "\t\n") for c in text):
+        raise ValidationError(field, "must not contain control characters", "INVALID")
+    return text
+
+
+LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
+LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
 MAX_LABELS = 32
 
 

@@ -22,12 +22,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, delete, func, or_, tuple_
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session, col, create_engine, select
 
 from server.history.models import AttemptRow, EventRow, JobRow
@@ -119,6 +120,45 @@ def job_cursor(job: Job, sort: str = "-submitted_at") -> str:
     return json.dumps([_JOB_KEY[c](job) for c, _ in JOB_SORTS[sort]])
 
 
+# Failures of the database itself, not of what was written: never a reason to drop a row.
+_DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError, TimeoutError, ConnectionError)
+T = TypeVar("T")
+
+
+def _same(row: dict[str, object]) -> dict[str, object]:
+    return row
+
+
+def without_nul(row: dict[str, object]) -> dict[str, object]:
+    return {k: v.replace("\x00", "") if isinstance(v, str) else v for k, v in row.items()}
+
+
+def write_isolating(write: Callable[[Sequence[T]], None], items: Sequence[T],
+                    write_sanitized: Callable[[Sequence[T]], None], what: Callable[[Sequence[T]], str]) -> int:
+    """Write `items` together; if the database refuses them for what they hold, write
+    them one at a time, each refused one once more sanitized (`write_sanitized`), and
+    drop what is still refused (logged). One bad row never holds up the rows behind it.
+    A failure of the database itself (connection, timeout) propagates: nothing is dropped
+    for it. Returns how many items were dropped."""
+    try:
+        write(items)
+        return 0
+    except _DATABASE_DOWN:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a row the database refuses
+        if len(items) == 1:
+            try:
+                write_sanitized(items)
+                log.warning("history: %s written without the text the database refused (%s)", what(items), exc)
+                return 0
+            except _DATABASE_DOWN:
+                raise
+            except Exception as exc2:  # noqa: BLE001
+                log.error("history: %s dropped, the database refuses it: %s", what(items), exc2)
+                return 1
+    return sum(write_isolating(write, items[i : i + 1], write_sanitized, what) for i in range(len(items)))
+
+
 class History:
     """The job history store.
 
@@ -205,7 +245,9 @@ class History:
         try:
             # Sorted by id so concurrent writers lock job rows in the same order.
             for i in range(0, len(batch), _WRITE_CHUNK):
-                self._write(batch[i : i + _WRITE_CHUNK])
+                chunk = batch[i : i + _WRITE_CHUNK]
+                self.dropped += write_isolating(self._write, chunk, lambda b: self._write(b, sanitize=True),
+                                                what=lambda b: f"job {b[0][0].id}")
                 done = i + _WRITE_CHUNK
         except Exception:
             for job, rev in batch[done:]:
@@ -220,13 +262,16 @@ class History:
             from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         return insert(table)
 
-    def _write(self, batch: Sequence[tuple[Job, int]]) -> None:
+    def _write(self, batch: Sequence[tuple[Job, int]], sanitize: bool = False) -> None:
+        """Write jobs (their rows, attempts and events) in one transaction; with `sanitize`,
+        text the database refuses (NUL characters) is removed from every row first."""
         jobs_t = JobRow.__table__  # type: ignore[attr-defined]
+        clean = without_nul if sanitize else _same
         rows = [
-            dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
-                 priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
-                 submitted_at=job.submitted_at, updated_at=job.updated_at, revision=rev,
-                 doc=job.model_dump_json())
+            clean(dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
+                       priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
+                       submitted_at=job.submitted_at, updated_at=job.updated_at, revision=rev,
+                       doc=job.model_dump_json()))
             for job, rev in batch
         ]
         with self.engine.begin() as conn:
@@ -252,7 +297,7 @@ class History:
                         term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
                         started_at=a.started_at, finished_at=a.finished_at)
                 for e in job_events(job):
-                    events[str(e["id"])] = e
+                    events[str(e["id"])] = clean(e)
             if attempts:
                 att_t = AttemptRow.__table__  # type: ignore[attr-defined]
                 arows = list(attempts.values())

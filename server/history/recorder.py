@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Sequence
 
 from nats.js import api as jsapi
 
-from server.history.database import History
+from server.history.database import History, without_nul, write_isolating
 from server.history.models import EventRow
 from wire import subjects
 from wire.errors import DecodeError
@@ -35,6 +36,7 @@ class Recorder:
         self.history = history
         self.durable = consumer_name(db_url)
         self.recorded = 0
+        self.dropped = 0  # events the database refused even without their NUL characters
 
     def _rows(self, stream: str, msgs: list) -> list[dict[str, object]]:
         rows = []
@@ -51,7 +53,7 @@ class Recorder:
                              job_id=ev.job_id, host_id=ev.host_id, message=ev.message[:2000]))
         return rows
 
-    def _write(self, rows: list[dict[str, object]]) -> None:
+    def _write(self, rows: Sequence[dict[str, object]]) -> None:
         engine = self.history.engine
         if engine.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
@@ -59,7 +61,7 @@ class Recorder:
             from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         table = EventRow.__table__  # type: ignore[attr-defined]
         with engine.begin() as conn:
-            conn.execute(insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
+            conn.execute(insert(table).on_conflict_do_nothing(index_elements=["id"]), list(rows))
 
     async def _follow(self, stream: str, stop: asyncio.Event) -> None:
         cfg = jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=20_000,
@@ -87,7 +89,9 @@ class Recorder:
             rows = self._rows(stream, msgs)
             try:
                 if rows:
-                    await asyncio.to_thread(self._write, rows)
+                    self.dropped += await asyncio.to_thread(
+                        write_isolating, self._write, rows, lambda r: self._write([without_nul(x) for x in r]),
+                        lambda r: f"event {r[0]['id']}")
             except Exception:  # noqa: BLE001 - database down: leave unacked, retried later
                 log.exception("recording %d events failed", len(rows))
                 await asyncio.sleep(1)

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from server.scheduling.placement import Choice, HostCapacity, check
+from wire.budgets import task_bytes
 from wire.messages import JobSpec
 
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
@@ -176,7 +177,7 @@ class Placer:
     def reserve(self, choice: Choice, spec: JobSpec) -> None:
         cap = self.cap(choice.host_id)
         assert cap is not None
-        cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb)
+        cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec))
 
     # ------------------------------------------------------------ gangs
 
@@ -220,7 +221,7 @@ class Placer:
         for c in got:  # tentative only: the caller reserves what it keeps
             cap = self.cap(c.host_id)
             assert cap is not None
-            cap.release(c.gpu_indices, spec.cpus, spec.memory_mb)
+            cap.release(c.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec))
         return got if len(got) == spec.replicas else None
 
     def place_gang(self, spec: JobSpec) -> list[Choice] | None:

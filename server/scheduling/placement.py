@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from wire.budgets import ALLOC_RECORD_OVERHEAD, RECORD_BUDGET, task_bytes
 from wire.messages import JobSpec
 
 # Rejection reasons, in the order they are checked (the first failing one counts).
@@ -24,8 +25,9 @@ NO_FREE_GPUS = "not enough free GPUs"
 NO_FREE_CPU = "not enough free CPU"
 NO_FREE_MEMORY = "not enough free memory"
 TOO_MANY_TASKS = "host runs its maximum number of tasks"
+RECORD_FULL = "host's assignment record is full"
 REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
-           TOO_MANY_TASKS)
+           TOO_MANY_TASKS, RECORD_FULL)
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
 MAX_TASKS_PER_HOST = 256
@@ -48,6 +50,8 @@ class HostCapacity:
     used_memory_mb: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     tasks: int = 0
+    # Bytes its tasks take in the host's allocation record (wire.budgets).
+    record_bytes: int = 0
 
     def free_gpus(self, model: str | None) -> list[int]:
         return sorted(
@@ -63,17 +67,19 @@ class HostCapacity:
         host's description (models, labels) is shared and never changed."""
         return dataclasses.replace(self, used_gpus=set(self.used_gpus))
 
-    def reserve(self, gpus: list[int], cpus: float, memory_mb: int) -> None:
+    def reserve(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0) -> None:
         self.used_gpus.update(gpus)
         self.used_cpus += cpus
         self.used_memory_mb += memory_mb
         self.tasks += 1
+        self.record_bytes += record_bytes
 
-    def release(self, gpus: list[int], cpus: float, memory_mb: int) -> None:
+    def release(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0) -> None:
         self.used_gpus.difference_update(gpus)
         self.used_cpus = max(0.0, self.used_cpus - cpus)
         self.used_memory_mb = max(0, self.used_memory_mb - memory_mb)
         self.tasks = max(0, self.tasks - 1)
+        self.record_bytes = max(0, self.record_bytes - record_bytes)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ def check(spec: JobSpec, host: HostCapacity) -> tuple[str | None, list[int]]:
         return NO_FREE_MEMORY, []
     if host.tasks >= MAX_TASKS_PER_HOST:
         return TOO_MANY_TASKS, []
+    if host.record_bytes + task_bytes(spec) + ALLOC_RECORD_OVERHEAD > RECORD_BUDGET:
+        return RECORD_FULL, []
     return None, gpus
 
 

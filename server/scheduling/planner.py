@@ -8,6 +8,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
@@ -16,6 +17,7 @@ from server.scheduling.capacity import Placer
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.state.cluster import ClusterState
 from wire import subjects
+from wire.budgets import CANCEL_REASON_MAX, clip_end, clip_start, text_limits
 from wire.messages import (
     JOB_ID_PATTERN,
     Attempt,
@@ -31,7 +33,6 @@ from wire.messages import (
 )
 from wire.validation import validate_job
 
-OUTPUT_TAIL_BYTES = 4096
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
@@ -184,8 +185,11 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     a.state = r.state
     a.finished_at = r.ts
     a.exit_code = r.exit_code
-    a.output_tail = r.output_tail[-OUTPUT_TAIL_BYTES:]
-    a.reason = r.reason
+    # Text from the job's own process, clipped to the share of the job record's budget
+    # an attempt may take (bytes as encoded: wire.budgets).
+    tail_limit, reason_limit = text_limits(job.spec)
+    a.output_tail = clip_end(r.output_tail, tail_limit)
+    a.reason = clip_start(r.reason, reason_limit)
     if a.started_at is None:
         a.started_at = r.ts
     alloc = w.alloc(r.host_id)
@@ -238,14 +242,14 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     job = w.job(c.job_id)
     assert job is not None
     job.state = JobState.CANCELLED
-    job.cancel_reason = c.reason or f"cancelled by {c.by or 'operator'}"
+    job.cancel_reason = clip_start(c.reason, CANCEL_REASON_MAX) or f"cancelled by {c.by or 'operator'}"
     job.updated_at = now
     a = job.current
     for live in [t for t in job.current_tasks() if not t.state.terminal]:
         # The task keeps its allocation, marked to stop, until the agent reports the
         # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
         _stop_tasks(w.alloc(live.host_id), {live.id})
-        live.reason = job.cancel_reason
+        live.reason = clip_start(job.cancel_reason, text_limits(job.spec)[1])
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
 
 
@@ -363,6 +367,22 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         w.plan.accepted += 1
 
 
+def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
+    """End a job FAILED because the store refused one of its records (its placement, or
+    a record it made grew past what NATS takes): the rest of the cluster's work goes on.
+    Live tasks are stopped; nothing is retried."""
+    job = w.job(job_id)
+    if job is None or job.state.terminal:
+        return
+    for t in [t for t in job.current_tasks() if not t.state.terminal]:
+        _stop_tasks(w.alloc(t.host_id), {t.id})
+        t.reason = t.reason or "the job's records could not be written"
+    job.state = JobState.FAILED
+    job.end_reason = clip_start(why, CANCEL_REASON_MAX)
+    job.updated_at = now
+    w.plan.events.append(_event("job.failed", job, job.current, now, job.end_reason))
+
+
 def queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
@@ -379,6 +399,8 @@ def place_queued(
     max_keys: int,
     gang_reserve_after_s: float | None = None,
     gang_reserve_max_s: float | None = None,
+    placements: int | None = None,
+    skip: Collection[str] = (),
 ) -> None:
     if gang_reserve_after_s is None:
         gang_reserve_after_s = GANG_RESERVE_AFTER_S
@@ -392,9 +414,9 @@ def place_queued(
             candidates.pop(jid, None)
     reservation: set[str] | None = None
     for job in queue_order(list(candidates.values())):
-        if w.plan.keys + 2 > max_keys:
+        if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
             break
-        if job.id in w.frozen_jobs:
+        if job.id in w.frozen_jobs or job.id in skip:
             continue
         if w.plan.keys + 1 + job.spec.replicas > max_keys:
             continue  # a gang too large for what is left of this commit: next cycle
@@ -472,13 +494,25 @@ def plan_cycle(
     submissions: list[SubmitRequest] = (),  # type: ignore[assignment]
     frozen_jobs: frozenset[str] | set[str] = frozenset(),
     frozen_hosts: frozenset[str] | set[str] = frozenset(),
+    placements: int | None = None,
+    evict: bool = True,
+    fail: Mapping[str, str] | None = None,
+    skip: Collection[str] = (),
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
     read for decisions nor written: inputs that would touch them wait (they and every
-    input after them are left unused), and no job is placed on a frozen host."""
+    input after them are left unused), and no job is placed on a frozen host.
+
+    The scheduler narrows a cycle when it looks for an input the store refuses (see
+    scheduling.scheduler, isolation): at most `placements` jobs placed, no eviction or
+    drain unless `evict`; the jobs in `fail` end FAILED with their reason, and those in
+    `skip` are left alone (their records cannot be written at all)."""
     plan = Plan()
     w = _Work(state, plan, frozen_jobs, frozen_hosts)
+    for job_id, why in (fail or {}).items():
+        if job_id not in frozen_jobs and not w.busy(job_id):
+            fail_unwritable(w, job_id, why, now)
     # Each input touches at most a job and a host's allocation (a gang's failure may
     # touch every host of the gang, at most 256): leave room for them and for placements.
     room = max(2, max_keys - 258)
@@ -512,8 +546,9 @@ def plan_cycle(
     def healthy(host_id: str) -> bool:
         return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY
 
-    drain_due(w, now)
-    if budget is not None:
+    if evict:
+        drain_due(w, now)
+    if evict and budget is not None:
         evict_lost(w, Placer(state.index, healthy), now, budget, max_keys)
     placer = Placer(state.index, healthy)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
@@ -525,9 +560,11 @@ def plan_cycle(
         cap.used_cpus = 0.0
         cap.used_memory_mb = 0
         cap.tasks = 0
+        cap.record_bytes = 0
         for t in alloc.tasks:
-            cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+            cap.reserve(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1)
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
-    place_queued(w, placer, now, term, max_keys)
+    if placements != 0:
+        place_queued(w, placer, now, term, max_keys, placements=placements, skip=skip)
     return plan

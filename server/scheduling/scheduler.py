@@ -23,12 +23,13 @@ from nats.js import api as jsapi
 from server import metrics
 from server.health.monitor import publish_alert
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
+from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
 from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
 from wire import subjects
-from wire.errors import ConflictError, DecodeError, FencedError, StoreError
+from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
 from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
 
@@ -46,6 +47,8 @@ class _Cycle:
     commands: list[tuple[Msg, Command]]
     submissions: list[tuple[Msg, SubmitRequest]]
     slot: int = 0  # fence slot of its commit (one per commit in flight: see store.Fence)
+    narrowing: Narrowing | None = None  # while isolating a refused input (scheduling.isolation)
+    failing: tuple[str, ...] = ()  # the jobs this cycle fails because their records were refused
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
@@ -97,6 +100,12 @@ class Scheduler:
         self.last_plan: Plan | None = None
         self.replans = 0  # plans dropped because they touched a record in flight (KeyInFlight)
         self._inflight: dict[asyncio.Task[Plan], _Cycle] = {}
+        # Finding what the store refuses (scheduling.isolation).
+        self._isolation: Isolation | None = None
+        self._fail: dict[str, str] = {}  # jobs to end FAILED: their records were refused
+        self._skip: set[str] = set()  # jobs whose records cannot be written at all
+        self._stripped: set[tuple[str, str]] = set()  # reports already retried without their text
+        self.poisoned = 0
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -311,11 +320,28 @@ class Scheduler:
             jobs, hosts = c.frozen()
             frozen_jobs |= jobs
             frozen_hosts |= hosts
+        narrowing = self._isolation.next() if self._isolation is not None else None
+        if self._isolation is not None and narrowing is None:
+            log.warning("isolation over: the rest of the refused cycle committed")
+            self._isolation = None
+        failing = tuple(j for j in self._fail if j not in frozen_jobs)
+        if (narrowing is not None or failing) and self._inflight:
+            return None  # narrowed cycles run alone; planned again when the commits land
         self.cycles += 1
         started = time.perf_counter()
         reports_in = self._reports[: self.config.fetch_batch * 4]
         commands_in = self._commands[: self.config.fetch_batch]
         submissions_in = self._submissions[:100]
+        placements: int | None = None
+        evict = True
+        if failing:  # a cycle of its own: only the failures
+            reports_in, commands_in, submissions_in, placements, evict = [], [], [], 0, False
+        elif narrowing is not None:
+            n = narrowing.inputs
+            reports_in = reports_in[:n]
+            commands_in = commands_in[: n - len(reports_in)]
+            submissions_in = submissions_in[: n - len(reports_in) - len(commands_in)]
+            placements, evict = narrowing.placements, narrowing.evict
         now = time.time()
         term = self.leadership.term
         try:
@@ -330,6 +356,10 @@ class Scheduler:
                 submissions=[r for _, r in submissions_in],
                 frozen_jobs=frozen_jobs,
                 frozen_hosts=frozen_hosts,
+                placements=placements,
+                evict=evict,
+                fail={j: self._fail[j] for j in failing},
+                skip=self._skip,
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
@@ -362,7 +392,8 @@ class Scheduler:
         for w, obj in zip(writes, objects, strict=True):
             self.state.expect(w.key, w.value, obj)
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
-        return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in)
+        return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
+                      failing=failing)
 
     @staticmethod
     def _take(queue: list, used: int, deferred: list[int]) -> list:
@@ -407,6 +438,12 @@ class Scheduler:
                 log.info("commit conflict, refreshing %d keys: %s", len(writes), exc)
                 await self._not_committed(c)
                 return plan
+            except RejectedError as exc:
+                metrics.COMMITS.labels("rejected").inc()
+                self._put_back(c)
+                await self._refused(c, exc)
+                self.wake.set()
+                return plan
             except BaseException:
                 metrics.COMMITS.labels("unknown").inc()
                 await self._not_committed(c)
@@ -427,6 +464,7 @@ class Scheduler:
                 for ev in plan.events:
                     if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                         metrics.PLACEMENT_LATENCY.observe(max(0.0, now - plan.jobs[ev.job_id].submitted_at))
+        self._settled(c)
         # Effects are durable: acknowledge the inputs, then tell the world.
         for m, _ in c.reports + c.commands + c.submissions:
             try:
@@ -445,6 +483,82 @@ class Scheduler:
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
         return plan
+
+    # ------------------------------------------------------------ refused commits
+
+    def _settled(self, c: _Cycle) -> None:
+        """A cycle committed: what it tried while isolating is done."""
+        for job_id in c.failing:
+            self._fail.pop(job_id, None)
+        if c.narrowing is not None and self._isolation is not None:
+            used = bool(c.reports or c.commands or c.submissions)
+            self._isolation.settle(c.narrowing, used, c.plan.placed)
+
+    async def _refused(self, c: _Cycle, exc: RejectedError) -> None:
+        """The store refused a cycle's commit for what it held (its inputs are back at the
+        front of their queues): isolate the input or job behind it (scheduling.isolation)."""
+        if c.failing:
+            # Even the FAILED records of these jobs are refused: leave them alone.
+            for job_id in c.failing:
+                self._fail.pop(job_id, None)
+                self._skip.add(job_id)
+            await self._poison("job", f"jobs {', '.join(c.failing)} left alone: even their FAILED records "
+                                      f"were refused ({exc})", job_ids=list(c.failing))
+            return
+        if c.narrowing is None:
+            n = len(c.reports) + len(c.commands) + len(c.submissions)
+            self._isolation = Isolation(inputs=n, placements=c.plan.placed, evictions=c.plan.evicted > 0)
+            log.warning("the store refused a commit of %d records (%s): trying its %d inputs and %d placements "
+                        "one at a time", len(c.writes), exc, n, c.plan.placed)
+            return
+        iso = self._isolation
+        assert iso is not None
+        if c.reports:
+            m, r = c.reports[0]
+            key = (r.attempt_id, r.state.value)
+            if (r.output_tail or r.reason) and key not in self._stripped:
+                self._stripped.add(key)
+                bare = r.model_copy(update={"output_tail": "", "reason": "output dropped: the job's record "
+                                                                       "could not take it"})
+                self._reports[0] = (m, bare)  # tried again without the job's text
+                return
+            self._reports.pop(0)
+            await self._drop(m, "status", f"status report of {r.attempt_id} dropped: {exc}", job_ids=[r.job_id])
+        elif c.commands:
+            m, cmd = c.commands[0]
+            self._commands.pop(0)
+            await self._drop(m, "command", f"{cmd.kind} of {cmd.job_id} dropped: {exc}", job_ids=[cmd.job_id])
+        elif c.submissions:
+            m, req = c.submissions[0]
+            self._submissions.pop(0)
+            ids = [str(d.get("id")) for d in req.jobs]
+            await self._drop(m, "submission", f"a submission of {len(ids)} jobs from {req.user} dropped: {exc}",
+                             job_ids=ids)
+            await self._publish([Event(kind="job.rejected", job_id=i, message=f"the store refused it: {exc}")
+                                 for i in ids])
+        else:
+            # A placement or evictions: the jobs it changed end FAILED, in a cycle of their own.
+            for job_id in c.plan.jobs:
+                self._fail[job_id] = f"its records could not be written: {exc}"
+            await self._poison("job", f"jobs {', '.join(c.plan.jobs)} fail: the store refused their records ({exc})",
+                               job_ids=list(c.plan.jobs))
+        iso.settle(c.narrowing, bool(c.reports or c.commands or c.submissions), c.plan.placed)
+
+    async def _drop(self, m: Msg, kind: str, message: str, job_ids: list[str]) -> None:
+        try:
+            await m.ack()  # never delivered again
+        except Exception:  # noqa: BLE001
+            pass
+        metrics.DROPPED.labels(kind).inc()
+        await self._poison(kind, message, job_ids)
+
+    async def _poison(self, kind: str, message: str, job_ids: list[str]) -> None:
+        self.poisoned += 1
+        metrics.POISON.labels(kind).inc()
+        log.error("poison input isolated: %s", message)
+        ev = Event(kind=subjects.ALERT_INPUT_REJECTED, job_id=job_ids[0] if len(job_ids) == 1 else None,
+                   message=message[:2000], data={"kind": kind, "jobs": job_ids[:100]})
+        await publish_alert(self.store.nc, subjects.ALERT_INPUT_REJECTED, ev)
 
     async def _alerts(self, plan: Plan, now: float) -> None:
         nc = self.store.nc

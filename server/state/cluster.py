@@ -92,6 +92,8 @@ class ClusterState:
     hosts: dict[str, HostEntry] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     allocs: dict[str, HostAlloc] = field(default_factory=dict)
+    # Bytes of each host's allocation record as stored (what placement adds to).
+    alloc_bytes: dict[str, int] = field(default_factory=dict)
     hostcfg: dict[str, HostConfig] = field(default_factory=dict)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
@@ -127,12 +129,14 @@ class ClusterState:
         # The host read model (GraphQL and the console), told of every change below.
         self.host_table = HostTable(self)
 
-    def _set_alloc(self, host_id: str, alloc: HostAlloc | None) -> None:
+    def _set_alloc(self, host_id: str, alloc: HostAlloc | None, size: int = 0) -> None:
         old = self.allocs.pop(host_id, None)
         if old is not None:
             self.gpus_allocated -= sum(len(t.gpu_indices) for t in old.tasks)
+        self.alloc_bytes.pop(host_id, None)
         if alloc is not None:
             self.allocs[host_id] = alloc
+            self.alloc_bytes[host_id] = size
             self.gpus_allocated += sum(len(t.gpu_indices) for t in alloc.tasks)
             if host_id not in self.hosts:
                 self.unheard.add(host_id)
@@ -181,6 +185,7 @@ class ClusterState:
         if alloc:
             for t in alloc.tasks:
                 cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+            cap.record_bytes = self.alloc_bytes.get(host_id, 0)
         self.index.put(cap)
 
     @staticmethod
@@ -294,7 +299,7 @@ class ClusterState:
                     own = self.written.pop(key, None)
                     self._set_alloc(name, own[1] if (own is not None and own[0] == rec.value
                                                      and isinstance(own[1], HostAlloc))
-                                    else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES))
+                                    else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES), len(rec.value))
                 self._index_host(name)
             elif kind == "hostcfg":
                 if rec.value is None:
@@ -340,7 +345,7 @@ class ClusterState:
         if revision <= self.revisions.get(key, 0):
             return
         self.revisions[key] = revision
-        self._set_alloc(alloc.host_id, alloc)
+        self._set_alloc(alloc.host_id, alloc, len(alloc.to_json()))
         self._index_host(alloc.host_id)
 
     # ------------------------------------------------------------ views

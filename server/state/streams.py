@@ -48,9 +48,23 @@ def kv_stream(bucket: str, replicas: int, **extra: object) -> jsapi.StreamConfig
     )
 
 
+# Caps of the input streams (work queues). Full, a stream refuses new messages (the
+# publisher gets an error and keeps its message) rather than dropping old ones that were
+# acknowledged to their senders: nothing acknowledged is ever discarded.
+INPUT_CAPS = {
+    subjects.STATUS_STREAM: (1_000_000, 1024**3),  # messages, bytes
+    subjects.CMDS_STREAM: (100_000, 256 * 1024**2),
+    subjects.SUBMIT_STREAM: (100_000, 2 * 1024**3),
+}
+
+
 def log_stream(name: str, subject_list: list[str], replicas: int, *, work_queue: bool, max_age_days: int,
                **extra: object) -> jsapi.StreamConfig:
-    """A stream of messages: a work queue (consumed once) or a retained log."""
+    """A stream of messages: a work queue (consumed once, capped, refusing new messages
+    when full) or a retained log (old messages age out)."""
+    if work_queue and name in INPUT_CAPS:
+        extra = {"max_msgs": INPUT_CAPS[name][0], "max_bytes": INPUT_CAPS[name][1],
+                 "discard": jsapi.DiscardPolicy.NEW, **extra}
     return jsapi.StreamConfig(
         name=name,
         subjects=subject_list,

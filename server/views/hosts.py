@@ -14,15 +14,33 @@ defined here once. Pure: no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.health.rules import Health, host_health
 from wire.messages import Heartbeat
 
 if TYPE_CHECKING:
     from server.state.cluster import ClusterState, HostEntry
+
+T = TypeVar("T")
+
+# A pass over the hosts is a generator of steps: it yields after every STEP_ROWS hosts and
+# returns its result. `finish` runs one through at once; the API and the console run them
+# a step at a time with the event loop's other work (the scheduler) between the steps.
+Steps = Generator[None, None, T]
+STEP_ROWS = 2000
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run a pass through and return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
 
 HEALTH_RANK = {Health.LOST.value: 0, Health.SUSPECT.value: 1, Health.HEALTHY.value: 2}
 NO_RACK = "-"
@@ -217,17 +235,23 @@ class HostTable:
 
     def rows(self, now: float, *, live: bool = True) -> list[HostRow]:
         """Every host's row in id order; without `live`, health and usage are as last read."""
+        return finish(self.rows_steps(now, live=live))
+
+    def rows_steps(self, now: float, *, live: bool = True) -> Steps[list[HostRow]]:
+        """`rows` as steps (see `Steps`)."""
         at = self.state.health_time(now)
         out: list[HostRow] = []
         hosts = self.state.hosts
-        for host_id in sorted(hosts):
-            entry = hosts[host_id]
-            if entry.heartbeat is None:
+        for n, host_id in enumerate(sorted(hosts), start=1):
+            entry = hosts.get(host_id)
+            if entry is None or entry.heartbeat is None:
                 continue
             r = self._static(entry)
             if live:
                 self._live(r, entry, at)
             out.append(r)
+            if n % STEP_ROWS == 0:
+                yield
         if len(self._rows) > len(hosts):
             self._rows = {k: v for k, v in self._rows.items() if k in hosts}
         return out
@@ -236,15 +260,21 @@ class HostTable:
         """The rows matching `query`, ordered by `order` (a key of ORDERS). Live figures
         are read only for what the query or the order needs, and for the rows returned
         the caller asks `refresh` of."""
+        return finish(self.select_steps(query, order, now))
+
+    def select_steps(self, query: HostQuery | None, order: str, now: float) -> Steps[list[HostRow]]:
+        """`select` as steps (see `Steps`)."""
         o = ORDERS[order]
         q = query or HostQuery()
         at = self.state.health_time(now)
         hosts = self.state.hosts
         need_live = o.live or q.health is not None
         out: list[HostRow] = []
-        for host_id in sorted(hosts):
-            entry = hosts[host_id]
-            if entry.heartbeat is None:
+        for n, host_id in enumerate(sorted(hosts), start=1):
+            if n % STEP_ROWS == 0:
+                yield
+            entry = hosts.get(host_id)
+            if entry is None or entry.heartbeat is None:
                 continue
             r = self._static(entry)
             if not q.matches_static(r):
@@ -272,10 +302,15 @@ class HostTable:
                           self.state.gpus_allocated)
 
     def summary(self, now: float) -> FleetSummary:
+        return finish(self.summary_steps(now))
+
+    def summary_steps(self, now: float) -> Steps[FleetSummary]:
+        """`summary` as steps (see `Steps`)."""
+        rows = yield from self.rows_steps(now)
         s = FleetSummary()
         zones: set[str] = set()
         models: set[str] = set()
-        for r in self.rows(now):
+        for r in rows:
             s.hosts += 1
             s.health[r.health] = s.health.get(r.health, 0) + 1
             s.cordoned += r.cordoned

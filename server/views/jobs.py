@@ -18,11 +18,15 @@ from server.health.rules import Health
 from server.history.timeline import job_events
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
+from server.views.hosts import STEP_ROWS, Steps, finish
 from wire.messages import Job, JobState
 
 if TYPE_CHECKING:
     from server.history.database import History
     from server.state.cluster import ClusterState
+
+
+ORDER_MAX_AGE_S = 1.0
 
 
 @dataclass
@@ -43,6 +47,8 @@ class JobView:
     def __init__(self, state: ClusterState, history: History | None) -> None:
         self.state = state
         self.history = history
+        self._positions: dict[str, int] = {}
+        self._order_at: float | None = None
 
     def get(self, job_id: str) -> Job | None:
         """The live record, else the recorded one (reads the database)."""
@@ -82,26 +88,34 @@ class JobView:
     def why_pending(self, job: Job, now: float) -> dict[str, int]:
         """Hosts rejecting a queued job now, counted by reason (placement.check, health
         at the read clock, as the planner judges it)."""
+        return finish(self.why_pending_steps(job, now))
+
+    def why_pending_steps(self, job: Job, now: float) -> Steps[dict[str, int]]:
+        """`why_pending` as steps (server.views.hosts.Steps)."""
         if job.state is not JobState.QUEUED:
             return {}
         reasons: Counter[str] = Counter()
         # The capacity index, read in place: a fresh copy of 50,000 hosts' capacities per
         # request cost seconds, mostly in garbage collection.
-        for cap in self.state.index.caps.values():
+        for n, cap in enumerate(list(self.state.index.caps.values()), start=1):
             if self.state.health(cap.id, now) is not Health.HEALTHY:
                 reasons[NOT_HEALTHY] += 1
             elif (r := check(job.spec, cap)[0]) is not None:
                 reasons[r] += 1
+            if n % STEP_ROWS == 0:
+                yield
         return dict(reasons)
 
-    def queue_position(self, job: Job) -> int | None:
-        """1-based place in the planner's queue order while QUEUED."""
+    def queue_position(self, job: Job, now: float | None = None) -> int | None:
+        """1-based place in the planner's queue order while QUEUED. The order is sorted
+        at most once every `ORDER_MAX_AGE_S` (given `now`), however many jobs ask."""
         if job.state is not JobState.QUEUED:
             return None
-        for i, j in enumerate(queue_order(self.state.queued()), start=1):
-            if j.id == job.id:
-                return i
-        return None
+        fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
+        if not fresh or job.id not in self._positions:  # a job queued since: sort again
+            self._positions = {j.id: i for i, j in enumerate(queue_order(self.state.queued()), start=1)}
+            self._order_at = now
+        return self._positions.get(job.id)
 
     @staticmethod
     def timeline(job: Job, recorded: Sequence[Any]) -> list[TimelineEvent]:

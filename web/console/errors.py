@@ -4,6 +4,7 @@
     NotFound         404
     AuthError        403 (Forbidden too: a role that may only view, a wrong CSRF token)
     ConflictError    409 (a revision-checked write kept losing its race)
+    RejectedError    413 (the store refused the record for what it holds: too large)
     StoreError       503 (the cluster store did not answer)
 
 `status_for` is the mapping. A form shows the first three (and ConflictError) next to
@@ -18,15 +19,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from web.console.render import error_page
-from wire.errors import AuthError, ConflictError, MusterError, NotFound, StoreError, ValidationError
+from wire.errors import AuthError, ConflictError, MusterError, NotFound, RejectedError, StoreError, ValidationError
 
 # The errors a form shows next to its fields; the others in MAPPED become an error page.
-FORM_ERRORS = (ValidationError, NotFound, AuthError, ConflictError)
+FORM_ERRORS = (ValidationError, NotFound, AuthError, ConflictError, RejectedError)
 MAPPED = (ValidationError, NotFound, AuthError, StoreError)
 
 # Titles of the error pages (NotFound's by what was not found: its `field`).
 NOT_FOUND_TITLES = {"host": "No such host", "job": "No such job"}
-TITLES = {403: "Forbidden", 404: "Not found", 409: "Conflict", 422: "Invalid input", 503: "Store unavailable"}
+TITLES = {403: "Forbidden", 404: "Not found", 409: "Conflict", 413: "Too large", 422: "Invalid input",
+          503: "Store unavailable"}
 
 
 def status_for(exc: MusterError) -> int:
@@ -39,6 +41,8 @@ def status_for(exc: MusterError) -> int:
         return 403
     if isinstance(exc, ConflictError):
         return 409
+    if isinstance(exc, RejectedError):
+        return 413
     if isinstance(exc, StoreError):
         return 503
     return 500
@@ -49,7 +53,7 @@ def error_response(request: Request, exc: MusterError) -> Response:
     status = status_for(exc)
     if isinstance(exc, NotFound):
         return error_page(request, status, NOT_FOUND_TITLES.get(exc.field, TITLES[404]), exc.message)
-    if isinstance(exc, StoreError) and not isinstance(exc, ConflictError):
+    if isinstance(exc, StoreError) and not isinstance(exc, (ConflictError, RejectedError)):
         return error_page(request, status, TITLES[503], f"The cluster store did not answer: {exc}")
     return error_page(request, status, TITLES.get(status, "Error"), exc.message)
 

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from server.api.reads import reads_for
 from server.replica import Muster
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
@@ -59,7 +60,7 @@ def _heatmap(m: Muster, snap: FleetSummary, now: float) -> dict[str, Any]:
 async def overview(request: Request) -> Response:
     m = muster_of(request)
     now = time.time()
-    snap = m.hosts.summary(now)
+    snap = await reads_for(m).summary()
     counts = m.state.job_counts()
     ctx = {
         "snap": snap,
@@ -122,11 +123,11 @@ async def hosts(request: Request) -> Response:
         return RedirectResponse(url("/hosts", **f, page=request.query_params.get("page")), status_code=303)
     m = muster_of(request)
     now = time.time()
-    views = m.hosts.select(console_query(f), f["sort"] or "id", now)
+    views = await reads_for(m).hosts(console_query(f), f["sort"] or "id")
     page, pages = clamp_page(len(views), page_arg(request))
     rows = views[(page - 1) * PER_PAGE : page * PER_PAGE]
     m.hosts.refresh(rows, now)
-    snap = m.hosts.summary(now) if not is_htmx(request) else None
+    snap = await reads_for(m).summary() if not is_htmx(request) else None
     filtered = any(f[k] for k in HOST_FILTERS if k != "sort")
     sort = f["sort"] or "id"
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from server.api.reads import reads_for
 from server.replica import Muster
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
@@ -82,7 +82,8 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         job = await run_in_threadpool(m.jobs.get, job_id)
     if job is None:
         return None
-    why = sorted(m.jobs.why_pending(job, time.time()).items(), key=lambda kv: (-kv[1], kv[0]))
+    reads = reads_for(m)
+    why = sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))
     recorded: list[Any] = []
     history_error = False
     if m.history is not None:
@@ -95,7 +96,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "why": why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
-        "position": m.jobs.queue_position(job),
+        "position": reads.queue_position(job),
         "queued_total": len(m.state.queued_ids),
         "events": m.jobs.timeline(job, recorded),
         "history_error": history_error,

@@ -14,9 +14,9 @@ from typing import TypeVar
 import strawberry
 from graphql import GraphQLError
 
-from wire.errors import AuthError, ConflictError, MusterError, NotFound, ValidationError
+from wire.errors import AuthError, ConflictError, MusterError, NotFound, RejectedError, ValidationError
 
-EXPECTED = (ValidationError, NotFound, AuthError, ConflictError)
+EXPECTED = (ValidationError, NotFound, AuthError, ConflictError, RejectedError)
 T = TypeVar("T")
 
 

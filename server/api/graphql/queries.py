@@ -46,6 +46,7 @@ from server.api.graphql.types import (
     Leadership,
     PageInfo,
 )
+from server.api.reads import in_thread, reads_for
 from server.history.database import job_cursor
 from server.history.models import EventRow
 from server.replica import Muster
@@ -104,13 +105,14 @@ class Query:
         return "pong"
 
     @strawberry.field
-    def job(self, info: Info, id: strawberry.ID) -> Job | None:
-        m = muster(info).jobs.get(str(id))
+    async def job(self, info: Info, id: strawberry.ID) -> Job | None:
+        mu = muster(info)
+        m = mu.state.jobs.get(str(id)) or await in_thread(mu.jobs.get, str(id))
         return Job(_m=m) if m else None
 
     @strawberry.field(description="Jobs from the history database (newest first by default). "
                                   "Cursors are keyset cursors: stable while jobs are added.")
-    def jobs(
+    async def jobs(
         self,
         info: Info,
         first: int | None = 50,
@@ -140,10 +142,12 @@ class Query:
             else:
                 raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
         f = filter or JobFilter()
-        rows, total = mu.history.list_jobs(
+        rows, total = await in_thread(
+            mu.history.list_jobs,
             state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
             submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before),
-            sort=sort.value, limit=n + 1, offset=offset, after=keyset)
+            sort=sort.value, limit=n + 1, offset=offset, after=keyset,
+        )
         more = len(rows) > n
         rows = rows[:n]
         shown = mu.jobs.overlay(rows, None, newest_live=False, limit=n)
@@ -161,7 +165,7 @@ class Query:
 
     @strawberry.field(description="Hosts, filtered and sorted in one pass. Cursors are keyset cursors: "
                                   "stable while hosts come and go.")
-    def hosts(
+    async def hosts(
         self,
         info: Info,
         first: int | None = 50,
@@ -176,7 +180,7 @@ class Query:
         if health:
             filter = HostFilter(**{**(vars(filter) if filter else {}), "health": [health]})
         order = HOST_ORDERS[sort]
-        rows = mu.hosts.select(host_query(filter), order, now)
+        rows = await reads_for(mu).hosts(host_query(filter), order)
         start = 0
         if after:
             kind, _ = unb64(after)
@@ -199,7 +203,7 @@ class Query:
         )
 
     @strawberry.field(description="Attempts from the history database, by placement time.")
-    def attempts(self, info: Info, first: int | None = 50, after: str | None = None,
+    async def attempts(self, info: Info, first: int | None = 50, after: str | None = None,
                  job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
                  newest_first: bool = False) -> AttemptConnection:
         offset, n = page_args(first, after)
@@ -207,13 +211,14 @@ class Query:
         assert mu.history is not None
         jid = str(job_id) if job_id is not None else None
         hid = str(host_id) if host_id is not None else None
-        rows = mu.history.list_attempts(job_id=jid, host_id=hid, limit=n, offset=offset, newest_first=newest_first)
-        total = mu.history.count_attempts(job_id=jid, host_id=hid)
+        rows = await in_thread(mu.history.list_attempts, job_id=jid, host_id=hid, limit=n, offset=offset,
+                               newest_first=newest_first)
+        total = await in_thread(mu.history.count_attempts, job_id=jid, host_id=hid)
         jobs: dict[str, JobModel | None] = {}
         edges = []
         for i, r in enumerate(rows):
             if r.job_id not in jobs:
-                jobs[r.job_id] = mu.jobs.get(r.job_id)
+                jobs[r.job_id] = mu.state.jobs.get(r.job_id) or await in_thread(mu.history.get_job, r.job_id)
             job = jobs[r.job_id]
             m = next((a for a in job.attempts if a.id == r.id), None) if job else None
             if m is None:
@@ -225,7 +230,7 @@ class Query:
             has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
 
     @strawberry.field(description="Recorded job, attempt and host events, oldest first unless newestFirst.")
-    def events(self, info: Info, first: int | None = 50, after: str | None = None,
+    async def events(self, info: Info, first: int | None = 50, after: str | None = None,
                job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
                kind: str | None = None, since: dt.datetime | None = None,
                newest_first: bool = False) -> HistoryEventConnection:
@@ -235,9 +240,9 @@ class Query:
         jid = str(job_id) if job_id is not None else None
         hid = str(host_id) if host_id is not None else None
         since_s = epoch(since)
-        rows = mu.history.list_events(job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n, offset=offset,
-                                      newest_first=newest_first)
-        total = mu.history.count_events(job_id=jid, host_id=hid, kind=kind, since=since_s)
+        rows = await in_thread(mu.history.list_events, job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n,
+                               offset=offset, newest_first=newest_first)
+        total = await in_thread(mu.history.count_events, job_id=jid, host_id=hid, kind=kind, since=since_s)
         edges = [HistoryEventEdge(cursor=encode_cursor(offset + i), node=HistoryEvent(
             id=strawberry.ID(r.id), ts=ts(r.ts), kind=r.kind, job_id=r.job_id, host_id=r.host_id,
             message=r.message)) for i, r in enumerate(rows)]
@@ -245,12 +250,12 @@ class Query:
             has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
 
     @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects).")
-    def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
+    async def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
                kind: str | None = None) -> AlertConnection:
         offset, n = page_args(first, after)
         mu = muster(info)
         assert mu.history is not None
-        rows, total = mu.history.list_alerts(kind=kind, limit=n, offset=offset)
+        rows, total = await in_thread(mu.history.list_alerts, kind=kind, limit=n, offset=offset)
         edges = [AlertEdge(cursor=encode_cursor(offset + i), node=alert(r)) for i, r in enumerate(rows)]
         return AlertConnection(total_count=total, edges=edges, page_info=PageInfo(
             has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))

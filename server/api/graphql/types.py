@@ -12,6 +12,7 @@ from strawberry.types import Info
 
 from server.api.graphql.context import muster, ts
 from server.api.graphql.errors import UserError
+from server.api.reads import reads_for
 from server.replica import Muster
 from server.views.hosts import FleetSummary, HostRow
 from wire.messages import Attempt as AttemptModel
@@ -232,13 +233,13 @@ class Job:
         return [Attempt(_m=a, _job_id=self._m.id) for a in self._m.attempts]
 
     @strawberry.field(description="Why the job is still queued: hosts rejecting it, counted by reason.")
-    def pending_reasons(self, info: Info) -> list[PendingReason]:
-        reasons = muster(info).jobs.why_pending(self._m, time.time())
+    async def pending_reasons(self, info: Info) -> list[PendingReason]:
+        reasons = await reads_for(muster(info)).why_pending(self._m)
         return [PendingReason(reason=r, hosts=n) for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
 
     @strawberry.field(description="1-based place in the queue while QUEUED.")
     def queue_position(self, info: Info) -> int | None:
-        return muster(info).jobs.queue_position(self._m)
+        return reads_for(muster(info)).queue_position(self._m)
 
 
 @strawberry.type
@@ -332,30 +333,30 @@ class Cluster:
     _mu: strawberry.Private[Muster | None] = None
     _summary: strawberry.Private[FleetSummary | None] = None
 
-    def _fleet(self) -> FleetSummary:
+    async def _fleet(self) -> FleetSummary:
         if self._summary is None:
             assert self._mu is not None
-            self._summary = self._mu.hosts.summary(time.time())
+            self._summary = await reads_for(self._mu).summary()
         return self._summary
 
     @strawberry.field(description="GPUs on live hosts by GPU model.")
-    def gpus_by_model(self) -> list[GpuModelCounts]:
+    async def gpus_by_model(self) -> list[GpuModelCounts]:
         return [GpuModelCounts(model=k, total=v[0], allocated=v[1], healthy=v[2])
-                for k, v in sorted(self._fleet().by_model.items())]
+                for k, v in sorted((await self._fleet()).by_model.items())]
 
     @strawberry.field(description="GPUs on live hosts by `rack` label.")
-    def gpus_by_rack(self) -> list[GpuRackCounts]:
+    async def gpus_by_rack(self) -> list[GpuRackCounts]:
         return [GpuRackCounts(rack=k, total=v[0], allocated=v[1], healthy=v[2])
-                for k, v in sorted(self._fleet().by_gpu_rack.items())]
+                for k, v in sorted((await self._fleet()).by_gpu_rack.items())]
 
     @strawberry.field(description="CPUs of live hosts, and those reserved by their tasks.")
-    def cpu(self) -> CpuCounts:
-        a = self._fleet()
+    async def cpu(self) -> CpuCounts:
+        a = await self._fleet()
         return CpuCounts(total=a.cpus, allocated=round(a.cpu_allocated, 3))
 
     @strawberry.field(description="Memory (MB) of live hosts, and that reserved by their tasks.")
-    def memory_mb(self) -> MemoryCounts:
-        a = self._fleet()
+    async def memory_mb(self) -> MemoryCounts:
+        a = await self._fleet()
         return MemoryCounts(total=a.memory_mb, allocated=a.mem_allocated)
 
     @strawberry.field(description="Jobs held in the state store, by state (every state, zeros too).")

@@ -1,0 +1,98 @@
+"""Reads for the API and the console, run so that they cannot stop the scheduler.
+
+The leader's scheduler shares its event loop with the HTTP side. A pass over 50,000
+hosts (a hosts page, the fleet's totals, why a job is pending) takes a few hundred
+milliseconds of Python; done in one go it would hold every placement back that long,
+and a flood of such requests would hold them back for good. So:
+
+- every pass runs in steps (server.views.hosts.Steps): after each slice of hosts the
+  loop runs whatever else is ready (a scheduling cycle, a commit's acknowledgement)
+  before the next slice;
+- one pass runs at a time (`Reads.lock`): a flood of heavy reads queues behind it
+  instead of multiplying the CPU it takes;
+- the fleet's totals are reused for five times as long as they took to compute, at most
+  `SUMMARY_MAX_AGE_S` (a small fleet's are always fresh; 50,000 hosts' are computed
+  about once a second however many pages and queries ask), and queue positions come
+  from one sort per second (server.views.jobs);
+- history queries (SQL) run in a thread (`in_thread`), not on the loop.
+
+One `Reads` per replica (`reads_for`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from server.views.hosts import FleetSummary, HostQuery, HostRow, Steps
+from wire.messages import Job
+
+if TYPE_CHECKING:
+    from server.replica import Muster
+
+T = TypeVar("T")
+SUMMARY_MAX_AGE_S = 1.0
+
+
+class Reads:
+    def __init__(self, muster: Muster) -> None:
+        self.muster = muster
+        self.lock = asyncio.Lock()
+        self._summary_lock = asyncio.Lock()
+        self._summary: FleetSummary | None = None
+        self._summary_at = 0.0
+        self._summary_cost = 0.0
+        self.passes = 0  # passes run (for tests and metrics)
+
+    async def run(self, steps: Steps[T]) -> T:
+        """Run a pass a step at a time, one pass at a time, the loop's other work between
+        the steps."""
+        async with self.lock:
+            self.passes += 1
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+                await asyncio.sleep(0)
+
+    async def summary(self) -> FleetSummary:
+        """The fleet's totals, at most `SUMMARY_MAX_AGE_S` old (see the module docstring)."""
+        async with self._summary_lock:  # one computation for every request waiting on it
+            age = time.monotonic() - self._summary_at
+            if self._summary is None or age > min(SUMMARY_MAX_AGE_S, 5 * self._summary_cost):
+                started = time.monotonic()
+                self._summary = await self.run(self.muster.hosts.summary_steps(time.time()))
+                self._summary_at = time.monotonic()
+                self._summary_cost = self._summary_at - started
+            return self._summary
+
+    async def hosts(self, query: HostQuery | None, order: str) -> list[HostRow]:
+        return await self.run(self.muster.hosts.select_steps(query, order, time.time()))
+
+    async def rows(self, *, live: bool = True) -> list[HostRow]:
+        return await self.run(self.muster.hosts.rows_steps(time.time(), live=live))
+
+    async def why_pending(self, job: Job) -> dict[str, int]:
+        return await self.run(self.muster.jobs.why_pending_steps(job, time.time()))
+
+    def queue_position(self, job: Job) -> int | None:
+        return self.muster.jobs.queue_position(job, time.monotonic())
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """A blocking read (SQL) in a worker thread, off the event loop."""
+    return await asyncio.to_thread(fn, *args, **kw)
+
+
+_READS: weakref.WeakKeyDictionary[Any, Reads] = weakref.WeakKeyDictionary()
+
+
+def reads_for(muster: Muster) -> Reads:
+    reads = _READS.get(muster)
+    if reads is None:
+        reads = _READS[muster] = Reads(muster)
+    return reads

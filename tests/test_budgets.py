@@ -1,0 +1,198 @@
+"""Byte budgets (wire.budgets) and the isolation of refused inputs (server.scheduling.
+isolation): pure code, with hypothesis properties."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.isolation import EVICTIONS, INPUT, PLACEMENT, Isolation
+from server.scheduling.placement import RECORD_FULL, HostCapacity, check
+from server.scheduling.planner import Plan, plan_cycle
+from server.state.cluster import ClusterState
+from wire.budgets import (
+    RECORD_BUDGET,
+    clip_end,
+    clip_start,
+    encoded_len,
+    job_record_bound,
+    task_bytes,
+    task_record_bound,
+    text_limits,
+)
+from wire.errors import ValidationError
+from wire.messages import Attempt, AttemptState, GpuInfo, Heartbeat, Job, JobSpec, JobState, StatusReport, encode
+from wire.records import Record
+from wire.validation import validate_job, validate_reason
+
+# Text a job's process may print: control characters, quotes, backslashes, non-ASCII.
+nasty = st.text(alphabet=st.sampled_from(["\x00", "\x01", "\x1b", "\n", '"', "\\", "é", "漢", "a", "😀"]),
+                max_size=20000)
+
+
+@given(text=nasty, limit=st.integers(min_value=1, max_value=8192))
+@settings(max_examples=200, deadline=None)
+def test_clipping_keeps_the_most_text_that_fits(text: str, limit: int) -> None:
+    tail, head = clip_end(text, limit), clip_start(text, limit)
+    assert text.endswith(tail) and text.startswith(head)
+    assert encoded_len(tail) <= limit and encoded_len(head) <= limit
+    # Maximal: one more character would not fit (or there is none).
+    if len(tail) < len(text):
+        assert encoded_len(text[-len(tail) - 1:]) > limit
+    if len(head) < len(text):
+        assert encoded_len(text[: len(head) + 1]) > limit
+
+
+@given(replicas=st.integers(1, 256), tries=st.integers(1, 100), gpus=st.integers(0, 64),
+       env_bytes=st.integers(0, 60000), command_bytes=st.integers(1, 60000))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_job_record_never_grows_past_its_bound(replicas: int, tries: int, gpus: int, env_bytes: int,
+                                                 command_bytes: int) -> None:
+    """Every attempt filled with the most text its limits allow, in the longest ids and
+    numbers, still encodes within `job_record_bound`; and a spec validation accepts
+    never has a bound past the budget."""
+    spec = JobSpec(name="n" * 128, command=["\x01" * command_bytes], env={"E" * 8: "\x01" * env_bytes},
+                   replicas=replicas, max_attempts=tries, gpus=gpus, cwd="/" + "d" * 4000)
+    bound = job_record_bound(spec)
+    tail, reason = text_limits(spec)
+    n = min(tries * replicas, 3000)  # enough attempts to check the per-attempt bound
+    attempts = [Attempt(id=f"{'j' * 64}.{t}.{i}", number=t, task=i, host_id="h" * 63, gpu_indices=[63] * gpus,
+                        state=AttemptState.FAILED, term=10**15, placed_at=1e10, started_at=1e10, finished_at=1e10,
+                        exit_code=-(2**31), output_tail=clip_end("\x01" * 9000, tail),
+                        reason=clip_start("\x00" * 3000, reason))
+                for t in range(1, tries + 1) for i in range(replicas)][:n]
+    job = Job(id="j" * 64, spec=spec, state=JobState.FAILED, submitted_at=1e10, updated_at=1e10,
+              attempts=attempts, cancel_reason=clip_start("\x00" * 9000, 1024),
+              pending_reasons={"not enough free GPUs on host": 10**6, "host's assignment record is full": 10**6})
+    per_attempt = (bound - len(Job(id="j" * 64, spec=spec, submitted_at=1e10, updated_at=1e10).to_json())) / (
+        tries * replicas)
+    assert len(job.to_json()) <= len(Job(id="j" * 64, spec=spec, submitted_at=1e10,
+                                          updated_at=1e10).to_json()) + 2048 + n * per_attempt
+    _spec, errors = validate_job(dict(name="x", command=["x"], replicas=replicas, max_attempts=tries, gpus=gpus))
+    if errors:
+        assert all(e.code == "TOO_LARGE" and "over" in e.message for e in errors)
+    else:
+        assert job_record_bound(_spec) <= RECORD_BUDGET  # type: ignore[arg-type]
+
+
+def test_the_largest_gang_with_the_default_attempts_is_accepted_and_a_huge_one_refused() -> None:
+    spec, errors = validate_job(dict(name="g", command=["x"], replicas=256, max_attempts=3, gpus=8,
+                                     env={"K": "v" * 60000}))
+    assert spec is not None and not errors, errors
+    spec, errors = validate_job(dict(name="g", command=["x"], replicas=256, max_attempts=100))
+    assert spec is None and [e.code for e in errors] == ["TOO_LARGE"]
+    assert "bytes over" in errors[0].message and "983,040" in errors[0].message
+
+
+def test_a_full_assignment_record_refuses_one_more_task() -> None:
+    spec = JobSpec(name="x", command=["x"], env={"K": "v" * 50000})
+    host = HostCapacity(id="h", schedulable=True, cordoned=False, gpu_models={}, unhealthy_gpus=frozenset(),
+                        cpus=1000.0, memory_mb=10**9)
+    assert check(spec, host)[0] is None
+    host.record_bytes = RECORD_BUDGET - task_bytes(spec) // 2
+    assert check(spec, host)[0] == RECORD_FULL
+    assert task_bytes(spec) == task_record_bound(spec)
+
+
+@given(text=st.text(max_size=600))
+@settings(max_examples=300, deadline=None)
+def test_reasons_with_control_characters_are_refused(text: str) -> None:
+    stripped = text.strip()
+    bad = any(not (c.isprintable() or c in "\t\n") for c in stripped) or len(stripped) > 512
+    try:
+        assert validate_reason(text) == stripped and not bad
+    except ValidationError as exc:
+        assert bad and exc.field == "reason" and exc.code in ("INVALID", "TOO_LARGE")
+
+
+def test_validate_reason_refuses_nul_and_requires_when_asked() -> None:
+    for reason in ("bad\x00reason", "\x1b[31mred"):
+        try:
+            validate_reason(reason)
+            raise AssertionError("accepted")
+        except ValidationError as exc:
+            assert exc.code == "INVALID"
+    try:
+        validate_reason("  ", required=True)
+        raise AssertionError("accepted")
+    except ValidationError as exc:
+        assert exc.code == "REQUIRED"
+    assert validate_reason(string.printable.strip() + "\tok\nnext") .endswith("next")
+
+
+# ---------------------------------------------------------------- the planner keeps its records small
+
+NOW = 1_000_000.0
+
+
+def _state_with(job: Job, hosts: int = 1) -> ClusterState:
+    st = ClusterState()
+    for i in range(hosts):
+        hb = Heartbeat(host_id=f"h{i}", boot_id="b", ts=NOW, cpus=64, memory_mb=256_000,
+                       gpus=[GpuInfo(index=g, model="H100", memory_mb=80_000) for g in range(8)])
+        st.apply_host_record(Record(f"h{i}", 1 + i, encode(hb)), now=NOW)
+    st.apply_state_record(Record(f"job.{job.id}", 100, encode(job)))
+    return st
+
+
+def _commit(st: ClusterState, plan: Plan, rev: int) -> None:
+    for j in plan.jobs.values():
+        st.apply_state_record(Record(f"job.{j.id}", rev, encode(j)))
+        rev += 1
+    for a in plan.allocs.values():
+        st.apply_state_record(Record(f"alloc.{a.host_id}", rev, encode(a)))
+        rev += 1
+
+
+def test_a_report_full_of_control_characters_is_clipped_to_the_attempts_share() -> None:
+    """The job a stalled cluster came from: a gang whose tasks each print kilobytes of
+    control characters. Its record stays within its bound however much they print."""
+    spec = JobSpec(name="noisy", command=["x"], gpus=1, replicas=8)
+    st = _state_with(Job(id="noisy-job", spec=spec, submitted_at=NOW - 10, updated_at=NOW - 10))
+    plan = plan_cycle(st, reports=[], commands=[], now=NOW, term=1)
+    assert plan.placed == 1
+    _commit(st, plan, 200)
+    job = st.jobs["noisy-job"]
+    reports = [StatusReport(host_id=a.host_id, attempt_id=a.id, job_id=job.id, state=AttemptState.FAILED,
+                            exit_code=1, output_tail="\x01" * 16000, reason="\x00" * 500, ts=NOW)
+               for a in job.attempts]
+    plan = plan_cycle(st, reports=reports, commands=[], now=NOW + 1, term=1)
+    job = plan.jobs["noisy-job"]
+    tail, reason = text_limits(job.spec)
+    assert all(a.output_tail and encoded_len(a.output_tail) <= tail and encoded_len(a.reason) <= reason
+               for a in job.attempts)
+    assert len(job.to_json()) <= job_record_bound(job.spec)
+
+
+def test_a_job_whose_records_were_refused_ends_failed_with_the_reason() -> None:
+    spec = JobSpec(name="fat", command=["x"], gpus=1)
+    st = _state_with(Job(id="fat-job", spec=spec, submitted_at=NOW - 10, updated_at=NOW - 10))
+    _commit(st, plan_cycle(st, reports=[], commands=[], now=NOW, term=1), 200)
+    plan = plan_cycle(st, reports=[], commands=[], now=NOW + 1, term=1,
+                      fail={"fat-job": "its records could not be written: too large"})
+    failed = plan.jobs["fat-job"]
+    assert failed.state is JobState.FAILED and failed.end_reason.startswith("its records could not be written")
+    assert all(t.stop for t in plan.allocs["h0"].tasks if t.job_id == "fat-job")
+    assert [e.kind for e in plan.events] == ["job.failed"]
+    # A job left alone (its records cannot be written at all) is not placed.
+    st2 = _state_with(Job(id="left", spec=spec, submitted_at=NOW - 10, updated_at=NOW - 10))
+    assert plan_cycle(st2, reports=[], commands=[], now=NOW, term=1, skip={"left"}).placed == 0
+    assert plan_cycle(st2, reports=[], commands=[], now=NOW, term=1, placements=0).placed == 0
+
+
+# ---------------------------------------------------------------- isolation
+
+
+def test_isolation_tries_each_input_then_each_placement_then_evictions() -> None:
+    iso = Isolation(inputs=2, placements=2, evictions=True)
+    seen = []
+    while (n := iso.next()) is not None:
+        seen.append(n)
+        iso.settle(n, used_input=n is INPUT, placed=1 if n is PLACEMENT else 0)
+    assert seen == [INPUT, INPUT, PLACEMENT, PLACEMENT, EVICTIONS]
+    # No input left to take (another replica consumed it): nothing more to try there.
+    iso = Isolation(inputs=3, placements=0, evictions=False)
+    iso.settle(INPUT, used_input=False, placed=0)
+    assert iso.next() is None

@@ -1,0 +1,136 @@
+"""Byte budgets: what a KV record may grow to, so that no input can make the scheduler
+write a record NATS refuses.
+
+Every job record (`job.<id>`) and allocation record (`alloc.<host>`) stays within
+`RECORD_BUDGET` bytes, under NATS's default 1 MiB payload limit with room for headers:
+
+- A job's record grows with its attempts (at most `max_attempts` tries of `replicas`
+  tasks each). The free text an attempt holds (its output tail and reason, which come
+  from the job's own process) is clipped to a share of `TEXT_BUDGET_PER_JOB`, measured
+  in bytes of its JSON encoding (a control character takes 6 bytes there). What cannot
+  be clipped (ids, numbers, the spec) is bounded by `job_record_bound`; a job whose bound
+  exceeds the budget is refused at submission (`check_spec`, code TOO_LARGE).
+- A host's allocation record lists every task assigned to it, each with its command and
+  environment; `task_record_bound` is one task's worst case, and placement puts no task
+  on a host whose record it would push past the budget.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+
+from wire.messages import Attempt, AttemptState, Job, JobSpec, Task
+
+RECORD_BUDGET = 960 * 1024
+TEXT_BUDGET_PER_JOB = 320 * 1024
+TAIL_MAX = 4096  # bytes of an attempt's output tail, encoded, at most
+REASON_MAX = 512  # bytes of an attempt's reason, encoded, at most
+# Below these the share of a job's text budget is not cut further (the planner's own
+# reasons, such as "host <id> lost while stopping", must always fit).
+TAIL_MIN = 256
+REASON_MIN = 160
+CANCEL_REASON_MAX = 1024
+_PENDING_REASONS_BOUND = 1024  # a dozen fixed reason strings with counts
+_JOB_ID = "j" * 64  # the longest job id
+_HOST_ID = "h" * 63  # the longest host id
+_LONG_NUMBER = 10**15
+_LONG_TIME = 10_000_000_000.123456
+
+
+def encoded_len(text: str) -> int:
+    """Bytes `text` takes inside a JSON document as the records are written (UTF-8, with
+    control characters escaped)."""
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def clip_end(text: str, limit: int) -> str:
+    """The longest tail of `text` whose encoding fits in `limit` bytes."""
+    if len(text) * 6 <= limit or encoded_len(text) <= limit:
+        return text
+    s = text[-limit:]
+    while (n := encoded_len(s)) > limit:
+        s = s[max(1, (n - limit) // 6):]
+    return s
+
+
+def clip_start(text: str, limit: int) -> str:
+    """The longest head of `text` whose encoding fits in `limit` bytes."""
+    if len(text) * 6 <= limit or encoded_len(text) <= limit:
+        return text
+    s = text[:limit]
+    while (n := encoded_len(s)) > limit:
+        s = s[: len(s) - max(1, (n - limit) // 6)]
+    return s
+
+
+def attempts_bound(spec: JobSpec) -> int:
+    """How many attempt entries a job's record can hold."""
+    return spec.max_attempts * spec.replicas
+
+
+def text_limits(spec: JobSpec) -> tuple[int, int]:
+    """(output tail, reason) bytes one attempt of `spec` may keep, encoded."""
+    share = TEXT_BUDGET_PER_JOB // attempts_bound(spec)
+    tail = max(TAIL_MIN, min(TAIL_MAX, share * TAIL_MAX // (TAIL_MAX + REASON_MAX)))
+    reason = max(REASON_MIN, min(REASON_MAX, share - tail))
+    return tail, reason
+
+
+def _worst_attempt(spec: JobSpec) -> Attempt:
+    return Attempt(id=f"{_JOB_ID}.{spec.max_attempts}.{spec.replicas - 1}", number=spec.max_attempts,
+                   task=spec.replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * spec.gpus,
+                   state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
+                   started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31))
+
+
+def job_record_bound(spec: JobSpec) -> int:
+    """The most bytes the record of a job with `spec` can take, every attempt at its
+    largest (its free text clipped to `text_limits`)."""
+    tail, reason = text_limits(spec)
+    base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME)
+    per_attempt = len(_worst_attempt(spec).to_json()) + 1 + tail + reason
+    return len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + attempts_bound(spec) * per_attempt
+
+
+def task_record_bound(spec: JobSpec) -> int:
+    """The most bytes one task of `spec` takes in its host's allocation record."""
+    env = dict(spec.env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256") if spec.replicas > 1 else spec.env
+    task = Task(attempt_id=f"{_JOB_ID}.{spec.max_attempts}.255", job_id=_JOB_ID, number=spec.max_attempts,
+                command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * spec.gpus, cpus=spec.cpus,
+                memory_mb=spec.memory_mb, term=_LONG_NUMBER, stop=True, keep_running=True)
+    return len(task.compact_json()) + 1
+
+
+def task_bytes(spec: JobSpec) -> int:
+    """`task_record_bound(spec)`, computed once per spec (placement asks for every host it
+    considers)."""
+    private = spec.__pydantic_private__
+    assert private is not None
+    n: int | None = private.get("_task_bytes")
+    if n is None:
+        n = private["_task_bytes"] = task_record_bound(spec)
+    return n
+
+
+ALLOC_RECORD_OVERHEAD = len(f'{{"v":1,"host_id":"{_HOST_ID}","term":{_LONG_NUMBER},"tasks":[]}}')
+
+
+def check_spec(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, message) for each budget `spec` cannot keep; empty when its records fit."""
+    problems: list[tuple[str, str]] = []
+    job_bytes = job_record_bound(spec)
+    if job_bytes > RECORD_BUDGET:
+        problems.append(("maxAttempts", (
+            f"the job's record could grow to {job_bytes:,} bytes ({spec.max_attempts} tries x {spec.replicas} "
+            f"tasks, with its command and environment), {job_bytes - RECORD_BUDGET:,} bytes over the "
+            f"{RECORD_BUDGET:,}-byte limit of a job record: fewer tries or tasks, or a smaller command and "
+            f"environment")))
+    task_bytes = task_record_bound(spec) + ALLOC_RECORD_OVERHEAD
+    if task_bytes > RECORD_BUDGET:
+        problems.append(("env", (
+            f"one task's assignment (its command and environment) takes {task_bytes:,} bytes, "
+            f"{task_bytes - RECORD_BUDGET:,} bytes over the {RECORD_BUDGET:,}-byte limit of a host's "
+            f"assignment record")))
+    return problems
