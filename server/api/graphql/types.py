@@ -228,6 +228,11 @@ class Job:
     def cancel_reason(self) -> str:
         return self._m.cancel_reason
 
+    @strawberry.field(description="Why the job ended when no attempt says so (for example: the store refused "
+                                  "its records).")
+    def end_reason(self) -> str:
+        return self._m.end_reason
+
     @strawberry.field
     def attempts(self) -> list[Attempt]:
         return [Attempt(_m=a, _job_id=self._m.id) for a in self._m.attempts]
