@@ -4,6 +4,7 @@
     python -m bench --hosts 50000 --rate 500 --duration 60 --trace
     python -m bench --nats-cluster 3 ...
     python -m bench plot bench/results/50k-500.json [-o 50k-500.png]
+    python -m bench placement --pods PODS.csv --nodes NODES.csv [--policy fgd] [--seeds 10]
 
 See bench/run.py for what is measured, `python -m bench --help` for every option and
 bench/results/README.md for the recorded runs.
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # `muster bench -- --hosts ...`
         argv = argv[1:]
+    if argv[:1] == ["placement"]:
+        from bench.placement import main as placement_main
+
+        return placement_main(argv[1:])
     if argv[:1] == ["plot"]:
         from bench.cli import plot_command
 

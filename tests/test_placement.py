@@ -12,8 +12,12 @@ from server.scheduling.placement import (
     CORDONED,
     MAX_TASKS_PER_HOST,
     NO_FREE_CPU,
+    NO_FREE_GPU_MEMORY,
     NO_FREE_GPUS,
     NO_FREE_MEMORY,
+    NO_FREE_MIG,
+    NO_FREE_SHARE,
+    NO_MIG,
     NOT_HEALTHY,
     REASONS,
     RECORD_FULL,
@@ -67,8 +71,9 @@ def host(
 
 
 def test_reason_constants_are_listed_in_check_order() -> None:
-    assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
-                       TOO_MANY_TASKS, RECORD_FULL)
+    assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
+                       NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS,
+                       RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
 
 
@@ -79,7 +84,7 @@ def test_a_host_takes_at_most_max_tasks() -> None:
     for _ in range(MAX_TASKS_PER_HOST):
         assert check(spec, host)[0] is None
         host.reserve([], spec.cpus, spec.memory_mb)
-    assert check(spec, host) == (TOO_MANY_TASKS, [])
+    assert check(spec, host)[:2] == (TOO_MANY_TASKS, [])
     host.release([], spec.cpus, spec.memory_mb)
     assert check(spec, host)[0] is None
 
@@ -93,22 +98,22 @@ def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
         cpus=4,
         memory_mb=500,
     )
-    assert check(s, h) == (NOT_HEALTHY, [])
+    assert check(s, h)[:2] == (NOT_HEALTHY, [])
     h.schedulable = True
-    assert check(s, h) == (CORDONED, [])
+    assert check(s, h)[:2] == (CORDONED, [])
     h.cordoned = False
-    assert check(s, h) == (WRONG_MODEL, [])
+    assert check(s, h)[:2] == (WRONG_MODEL, [])
     h.gpu_models = {0: "A100", 1: "H100"}
-    assert check(s, h) == (TOO_FEW_GPUS, [])
+    assert check(s, h)[:2] == (TOO_FEW_GPUS, [])
     h.gpu_models = {0: "A100", 1: "H100", 2: "H100"}
     h.used_gpus = {2}
-    assert check(s, h) == (NO_FREE_GPUS, [])
+    assert check(s, h)[:2] == (NO_FREE_GPUS, [])
     h.used_gpus = set()
-    assert check(s, h) == (NO_FREE_CPU, [])
+    assert check(s, h)[:2] == (NO_FREE_CPU, [])
     h.cpus = 8
-    assert check(s, h) == (NO_FREE_MEMORY, [])
+    assert check(s, h)[:2] == (NO_FREE_MEMORY, [])
     h.memory_mb = 1000
-    assert check(s, h) == (None, [1, 2])
+    assert check(s, h)[:2] == (None, [1, 2])
 
 
 @pytest.mark.parametrize(
@@ -126,7 +131,7 @@ def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
     ],
 )
 def test_each_reason_alone(h: HostCapacity, s: JobSpec, reason: str) -> None:
-    assert check(s, h) == (reason, [])
+    assert check(s, h)[:2] == (reason, [])
     res = place(s, [h])
     assert isinstance(res, Rejection)
     assert res.reasons == Counter({reason: 1})
@@ -140,19 +145,19 @@ def test_unhealthy_host_wins_over_every_other_reason() -> None:
 
 def test_gpu_less_job_fits_gpu_less_host() -> None:
     h = host(gpus=0, cpus=4, memory_mb=1024)
-    assert check(spec(cpus=4, memory_mb=1024), h) == (None, [])
+    assert check(spec(cpus=4, memory_mb=1024), h)[:2] == (None, [])
 
 
 def test_exact_fit_of_cpu_and_memory_is_accepted_with_float_slack() -> None:
     # 0.1 + 0.2 > 0.3 in binary floating point; the EPS slack must still accept it.
     h = host(gpus=0, cpus=0.3, used_cpus=0.1, memory_mb=1000, used_memory_mb=500)
-    assert check(spec(cpus=0.2, memory_mb=500), h) == (None, [])
-    assert check(spec(cpus=0.2, memory_mb=501), h) == (NO_FREE_MEMORY, [])
-    assert check(spec(cpus=0.21, memory_mb=500), h) == (NO_FREE_CPU, [])
+    assert check(spec(cpus=0.2, memory_mb=500), h)[:2] == (None, [])
+    assert check(spec(cpus=0.2, memory_mb=501), h)[:2] == (NO_FREE_MEMORY, [])
+    assert check(spec(cpus=0.21, memory_mb=500), h)[:2] == (NO_FREE_CPU, [])
 
 
 def test_gpu_job_without_model_on_cpu_only_host_is_too_few_gpus() -> None:
-    assert check(spec(gpus=1), host(gpus=0)) == (TOO_FEW_GPUS, [])
+    assert check(spec(gpus=1), host(gpus=0))[:2] == (TOO_FEW_GPUS, [])
 
 
 # ---------------------------------------------------------------- GPU choice
@@ -160,24 +165,24 @@ def test_gpu_job_without_model_on_cpu_only_host_is_too_few_gpus() -> None:
 
 def test_unhealthy_gpus_never_chosen_but_the_others_are() -> None:
     h = host(gpus=4, unhealthy=frozenset({0, 2}))
-    assert check(spec(gpus=2), h) == (None, [1, 3])
+    assert check(spec(gpus=2), h)[:2] == (None, [1, 3])
     assert h.free_gpus(None) == [1, 3]
     res = place(spec(gpus=2), [h])
     assert res == Choice("h1", [1, 3])
-    assert check(spec(gpus=3), h) == (NO_FREE_GPUS, [])
+    assert check(spec(gpus=3), h)[:2] == (NO_FREE_GPUS, [])
 
 
 def test_gpus_of_the_requested_model_only() -> None:
     h = host(models={0: "A100", 1: "H100", 2: "A100", 3: "H100", 4: "H100"}, used_gpus={1})
-    assert check(spec(gpus=2, model="H100"), h) == (None, [3, 4])
-    assert check(spec(gpus=2, model="A100"), h) == (None, [0, 2])
+    assert check(spec(gpus=2, model="H100"), h)[:2] == (None, [3, 4])
+    assert check(spec(gpus=2, model="A100"), h)[:2] == (None, [0, 2])
     # No model named: lowest free indices of any model.
-    assert check(spec(gpus=3), h) == (None, [0, 2, 3])
+    assert check(spec(gpus=3), h)[:2] == (None, [0, 2, 3])
 
 
 def test_used_gpus_are_skipped() -> None:
     h = host(gpus=8, used_gpus={0, 1, 2, 5})
-    assert check(spec(gpus=3), h) == (None, [3, 4, 6])
+    assert check(spec(gpus=3), h)[:2] == (None, [3, 4, 6])
 
 
 # ---------------------------------------------------------------- ranking
@@ -286,7 +291,7 @@ def test_reserve_and_release_keep_counts_right() -> None:
     assert h.free_gpus(None) == [2, 3]
     h.reserve([3], 1.0, 100)
     assert h.free_gpus(None) == [2]
-    assert check(spec(gpus=2), h) == (NO_FREE_GPUS, [])
+    assert check(spec(gpus=2), h)[:2] == (NO_FREE_GPUS, [])
     h.release([0, 1], 2.5, 300)
     assert h.used_gpus == {3}
     assert h.used_cpus == pytest.approx(1.0)
@@ -373,7 +378,7 @@ def test_property_reserve_never_overcommits(hosts: list[HostCapacity], job_specs
             assert res.reasons == explain(s, hosts)
             continue
         h = by_id[res.host_id]
-        assert check(s, h) == (None, res.gpu_indices)
+        assert check(s, h)[:2] == (None, res.gpu_indices)
         assert h.schedulable and not h.cordoned
         assert len(res.gpu_indices) == s.gpus
         for g in res.gpu_indices:
@@ -431,7 +436,7 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
             continue
         assert got is not None, f"{s} fits on {[v.id for v in feasible]} but the Placer found nothing"
         view = next(v for v in views if v.id == got.host_id)
-        assert check(s, view) == (None, got.gpu_indices)
+        assert check(s, view)[:2] == (None, got.gpu_indices)
         assert len(view.free_gpus(s.gpu_model)) == min(len(v.free_gpus(s.gpu_model)) for v in feasible)
         placer.reserve(got, s)
         done.append((got.host_id, s, got.gpu_indices))

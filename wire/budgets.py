@@ -80,7 +80,8 @@ def text_limits(spec: JobSpec) -> tuple[int, int]:
 
 def _worst_attempt(spec: JobSpec) -> Attempt:
     return Attempt(id=f"{_JOB_ID}.{spec.max_attempts}.{spec.replicas - 1}", number=spec.max_attempts,
-                   task=spec.replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * spec.gpus,
+                   task=spec.replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * max(spec.gpus, 1),
+                   gpu_share=999 if spec.gpu_share else 0, mig=["u" * 96] if spec.mig_profile else [],
                    state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
                    started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31))
 
@@ -98,8 +99,10 @@ def task_record_bound(spec: JobSpec) -> int:
     """The most bytes one task of `spec` takes in its host's allocation record."""
     env = dict(spec.env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256") if spec.replicas > 1 else spec.env
     task = Task(attempt_id=f"{_JOB_ID}.{spec.max_attempts}.255", job_id=_JOB_ID, number=spec.max_attempts,
-                command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * spec.gpus, cpus=spec.cpus,
-                memory_mb=spec.memory_mb, term=_LONG_NUMBER, stop=True, keep_running=True)
+                command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * max(spec.gpus, 1),
+                gpu_share=999 if spec.gpu_share else 0, gpu_memory_mb=spec.gpu_memory_mb,
+                mig=["u" * 96] if spec.mig_profile else [], cpus=spec.cpus, memory_mb=spec.memory_mb,
+                term=_LONG_NUMBER, stop=True, keep_running=True)
     return len(task.compact_json()) + 1
 
 

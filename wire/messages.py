@@ -65,11 +65,24 @@ class _Model(BaseModel):
 # ---------------------------------------------------------------- heartbeats
 
 
+MIG_PROFILE_PATTERN = r"^[1-9]g\.[0-9]{1,4}gb(\+me)?$"  # e.g. 1g.10gb, 3g.40gb, 1g.18gb+me
+
+
+class MigInstance(_Model):
+    """A MIG instance of a GPU in MIG mode: a device of its own, scheduled whole."""
+
+    uuid: str = Field(min_length=1, max_length=96)  # CUDA_VISIBLE_DEVICES=MIG-<uuid>
+    profile: str = Field(pattern=MIG_PROFILE_PATTERN)
+    memory_mb: int = Field(ge=0)
+
+
 class GpuInfo(_Model):
     index: int = Field(ge=0, le=63)
     model: str = Field(max_length=64)
     memory_mb: int = Field(ge=0)
     uuid: str = Field(default="", max_length=96)
+    # A GPU in MIG mode is scheduled only through its instances (never whole or shared).
+    mig: list[MigInstance] = Field(default_factory=list, max_length=8)
 
 
 class GpuUsage(_Model):
@@ -80,6 +93,10 @@ class GpuUsage(_Model):
     power_w: float = 0.0
     healthy: bool = True
     fault: str | None = None
+    # What the agent runs on this GPU: thousandths of it allocated to shared tasks, and
+    # the GPU memory they were given (a GPU held whole shows 1000).
+    share_allocated: int = 0
+    mem_allocated_mb: int = 0
 
 
 class Heartbeat(_Model):
@@ -121,7 +138,8 @@ def shape_digest(hb: Heartbeat) -> str:
     import hashlib
 
     parts = [hb.host_id, hb.boot_id, str(hb.cpus), str(hb.memory_mb), str(hb.simulated)]
-    parts += [f"{g.index}:{g.model}:{g.memory_mb}" for g in hb.gpus]
+    parts += [f"{g.index}:{g.model}:{g.memory_mb}" + "".join(f"|{m.uuid}/{m.profile}/{m.memory_mb}" for m in g.mig)
+              for g in hb.gpus]
     parts += [f"u{u.index}:{u.fault}" for u in hb.gpu_usage if not u.healthy]
     parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
@@ -155,6 +173,26 @@ class JobSpec(_Model):
     # are stopped and the gang is retried as one.
     replicas: int = Field(default=1, ge=1, le=256)
     same_rack: bool = False
+    # GPU models the job may run on (any of them; `gpu_model` is the one-model form and,
+    # when set, the only element). A gang's tasks may mix models unless `same_model`.
+    gpu_models: list[str] | None = Field(default=None, max_length=32)
+    same_model: bool = False
+    # A share of ONE GPU, in thousandths (1-999; `gpus` is then 0), with the GPU memory
+    # it needs (0: none reserved). Several shared tasks run on one GPU, not isolated from
+    # each other (CUDA MPS limits them where it runs on the host).
+    gpu_share: int = Field(default=0, ge=0, le=999)
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    # One MIG instance of this profile (e.g. "1g.18gb"); `gpus` and `gpu_share` are 0.
+    mig_profile: str | None = Field(default=None, pattern=MIG_PROFILE_PATTERN)
+
+    def models(self) -> frozenset[str] | None:
+        """The GPU models the job accepts, None for any."""
+        if self.gpu_models:
+            return frozenset(self.gpu_models)
+        return frozenset({self.gpu_model}) if self.gpu_model else None
+
+    def wants_gpu(self) -> bool:
+        return self.gpus > 0 or self.gpu_share > 0 or self.mig_profile is not None
 
 
 class Attempt(_Model):
@@ -163,6 +201,8 @@ class Attempt(_Model):
     task: int = 0  # index of the task within a gang
     host_id: str
     gpu_indices: list[int] = Field(default_factory=list)
+    gpu_share: int = 0  # thousandths of gpu_indices[0] (a shared GPU)
+    mig: list[str] = Field(default_factory=list)  # MIG instance uuids
     state: AttemptState = AttemptState.PLACED
     term: int = 0
     placed_at: float = 0.0
@@ -230,6 +270,11 @@ class Task(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     gpu_indices: list[int] = Field(default_factory=list)
+    # A share of gpu_indices[0] in thousandths, with the GPU memory it was given (MPS's
+    # limits where MPS runs); 0 for whole GPUs.
+    gpu_share: int = 0
+    gpu_memory_mb: int = 0
+    mig: list[str] = Field(default_factory=list)  # MIG instance uuids (CUDA_VISIBLE_DEVICES=MIG-<uuid>)
     cpus: float = 0.0
     memory_mb: int = 0
     term: int = 0

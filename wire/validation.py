@@ -8,7 +8,7 @@ from typing import Any
 
 from wire.budgets import check_spec
 from wire.errors import ValidationError
-from wire.messages import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, JobSpec
+from wire.messages import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, MIG_PROFILE_PATTERN, JobSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -23,6 +23,8 @@ MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 128
 MAX_REASON_CHARS = 512
+MAX_GPU_MEMORY_MB = 1024 * 1024
+MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 
 
 def validate_job(
@@ -65,12 +67,45 @@ def validate_job(
         err("cpus", f"must be more than 0 and at most {MAX_CPUS:g}", "OUT_OF_RANGE")
     if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or not 0 < memory_mb <= MAX_MEMORY_MB:
         err("memoryMb", f"must be more than 0 and at most {MAX_MEMORY_MB} MB", "OUT_OF_RANGE")
+    share = data.get("gpu_share", 0) or 0
+    gpu_memory = data.get("gpu_memory_mb", 0) or 0
+    mig_profile = data.get("mig_profile") or None
+    if not isinstance(share, int) or isinstance(share, bool) or not 0 <= share <= 999:
+        err("gpuShare", "must be a whole number of thousandths of one GPU, from 1 to 999", "OUT_OF_RANGE")
+    elif share and isinstance(gpus, int) and gpus:
+        err("gpuShare", "a share of one GPU goes with gpus: 0 (ask for whole GPUs or for a share, not both)")
+    if not isinstance(gpu_memory, int) or isinstance(gpu_memory, bool) or not 0 <= gpu_memory <= MAX_GPU_MEMORY_MB:
+        err("gpuMemoryMb", f"must be from 0 to {MAX_GPU_MEMORY_MB} MB", "OUT_OF_RANGE")
+    elif gpu_memory and not share:
+        err("gpuMemoryMb", "GPU memory is asked for with a share of a GPU (gpuShare); whole GPUs come with theirs")
+    if mig_profile is not None:
+        if not isinstance(mig_profile, str) or not MIG_PROFILE_RE.fullmatch(mig_profile):
+            err("migProfile", "must be a MIG profile such as 1g.10gb or 3g.40gb", "INVALID")
+        elif (isinstance(gpus, int) and gpus) or share:
+            err("migProfile", "a MIG instance goes with gpus: 0 and no gpuShare")
+    wants_gpu = (isinstance(gpus, int) and gpus > 0) or bool(share) or mig_profile is not None
     model = data.get("gpu_model") or None
-    if model is not None:
-        if not isinstance(model, str) or model not in KNOWN_GPU_MODELS.union(known_models):
+    models = data.get("gpu_models")
+    known = KNOWN_GPU_MODELS.union(known_models)
+    if model is not None and models:
+        err("gpuModels", "give gpuModel (one model) or gpuModels (any of several), not both")
+    elif model is not None:
+        if not isinstance(model, str) or model not in known:
             err("gpuModel", f"unknown GPU model {str(model)[:32]!r}", "UNKNOWN_GPU_MODEL")
-        elif isinstance(gpus, int) and gpus == 0:
-            err("gpuModel", "a GPU model needs gpus of at least 1")
+        elif not wants_gpu:
+            err("gpuModel", "a GPU model needs gpus of at least 1 (or a gpuShare or migProfile)")
+    elif models is not None:
+        if (not isinstance(models, list) or not models or len(models) > 32
+                or not all(isinstance(m, str) for m in models)):
+            err("gpuModels", "must be a list of 1 to 32 GPU models")
+            models = None
+        elif unknown := [m for m in models if m not in known]:
+            err("gpuModels", f"unknown GPU model {str(unknown[0])[:32]!r}", "UNKNOWN_GPU_MODEL")
+        elif not wants_gpu:
+            err("gpuModels", "GPU models need gpus of at least 1 (or a gpuShare or migProfile)")
+    same_model = data.get("same_model", False)
+    if not isinstance(same_model, bool):
+        err("sameModel", "must be true or false")
     priority = data.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
         err("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
@@ -114,6 +149,11 @@ def validate_job(
         replace_after_s=float(replace_after),
         replicas=replicas,
         same_rack=same_rack,
+        gpu_models=sorted(set(models)) if models and not model else None,
+        same_model=same_model,
+        gpu_share=share,
+        gpu_memory_mb=gpu_memory,
+        mig_profile=mig_profile,
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

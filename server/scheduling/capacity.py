@@ -10,13 +10,18 @@ feasible by `placement.check()`, bin-packed by free GPUs left.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import EllipsisType
+from typing import Any
 
-from server.scheduling.placement import Choice, HostCapacity, check
+from server.scheduling.fragmentation import Fragmentation
+from server.scheduling.placement import FULL, Choice, HostCapacity, check
 from wire.budgets import task_bytes
 from wire.messages import JobSpec
 
+POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
+SHARE_STEP = 50  # thousandths per level of the share buckets
 
 
 def size_class(x: float) -> int:
@@ -25,26 +30,59 @@ def size_class(x: float) -> int:
     return max(0, int(x) + 1).bit_length()
 
 
-def _keys(cap: HostCapacity) -> list[tuple[str, int, tuple[int, int]]]:
+Key = tuple[str, str]  # ("w", model): free whole GPUs; ("s", model): best free share; ("m", profile): free MIG
+
+
+def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
+    """Where a host is filed: for whole GPUs, by how many of each model are free; for
+    shares, by the most free share on one GPU of each model (in SHARE_STEP levels); for
+    MIG, by how many instances of each profile are free; each with its CPU and memory
+    class."""
     if not cap.schedulable or cap.cordoned:
         return []
-    per_model: dict[str, int] = defaultdict(int)
-    total = 0
+    whole: dict[str, int] = defaultdict(int)
+    share: dict[str, int] = defaultdict(int)
+    total = best = 0
     for i, m in cap.gpu_models.items():
-        if i not in cap.used_gpus and i not in cap.unhealthy_gpus:
-            per_model[m] += 1
+        f = cap.free_share(i)
+        if f == FULL:
+            whole[m] += 1
             total += 1
+        if f > share[m]:
+            share[m] = f
+        best = max(best, f)
+    mig: dict[str, int] = defaultdict(int)
+    for u, (g, profile, _mem) in cap.mig.items():
+        if u not in cap.used_mig and g not in cap.unhealthy_gpus:
+            mig[profile] += 1
     room = (size_class(cap.cpus - cap.used_cpus), size_class(cap.memory_mb - cap.used_memory_mb))
-    return [(m, n, room) for m, n in per_model.items()] + [(ANY, total, room)]
+    out: list[tuple[Key, int, tuple[int, int]]] = [(("w", m), n, room) for m, n in whole.items()]
+    out.append((("w", ANY), total, room))
+    out += [(("s", m), f // SHARE_STEP, room) for m, f in share.items() if f > 0]
+    if best > 0:
+        out.append((("s", ANY), best // SHARE_STEP, room))
+    out += [(("m", p), n, room) for p, n in mig.items()]
+    return out
+
+
+def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], int]:
+    """The bucket keys a task of `spec` may find a host in, and the lowest level."""
+    if spec.gpus > 0:
+        return ([("w", m) for m in sorted(models)] if models else [("w", ANY)]), spec.gpus
+    if spec.gpu_share > 0:
+        return ([("s", m) for m in sorted(models)] if models else [("s", ANY)]), spec.gpu_share // SHARE_STEP
+    if spec.mig_profile is not None:
+        return [("m", spec.mig_profile)], 1
+    return [("w", ANY)], 0
 
 
 class CapacityIndex:
     def __init__(self) -> None:
         self.caps: dict[str, HostCapacity] = {}
-        # model -> free GPUs of that model -> (CPU class, memory class) -> hosts
-        self.buckets: dict[str, dict[int, dict[tuple[int, int], set[str]]]] = defaultdict(
+        # key -> level -> (CPU class, memory class) -> hosts (see _keys)
+        self.buckets: dict[Key, dict[int, dict[tuple[int, int], set[str]]]] = defaultdict(
             lambda: defaultdict(lambda: defaultdict(set)))
-        self._where: dict[str, list[tuple[str, int, tuple[int, int]]]] = {}
+        self._where: dict[str, list[tuple[Key, int, tuple[int, int]]]] = {}
         self._model_hosts: Counter[str] = Counter()
 
     def put(self, cap: HostCapacity) -> None:
@@ -86,22 +124,35 @@ class Placer:
     """One cycle's placement over the index; reservations stay in this object.
 
     Hosts this cycle has touched (reserved on, or whose allocation a report changed) are
-    copies kept in `touched` and bucketed by free GPUs in an overlay of their own, so a
-    placement looks at a few buckets of each, never at every touched host."""
+    copies kept in `touched` and filed in an overlay of their own, so a placement looks
+    at a few buckets of each, never at every touched host.
 
-    def __init__(self, index: CapacityIndex, healthy: Callable[[str], bool]) -> None:
+    Policies: `binpack` takes the feasible host found first walking the levels from the
+    tightest (fewest free GPUs, least free share), and `fgd` (the default) considers up
+    to `candidates` feasible hosts from the tightest levels up and takes the one whose
+    expected fragmentation grows least under the recent mix of task shapes
+    (scheduling.fragmentation), ties going to the tightest fit."""
+
+    def __init__(self, index: CapacityIndex, healthy: Callable[[str], bool], *, policy: str = "fgd",
+                 fragmentation: Fragmentation | None = None, candidates: int = 16) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}: one of {', '.join(POLICIES)}")
         self.index = index
         self.healthy = healthy
+        self.policy = policy
+        self.frag = fragmentation if policy == "fgd" and fragmentation is not None and fragmentation.mix.shapes \
+            else None
+        self.candidates = candidates if self.frag is not None else 1
         self.touched: dict[str, HostCapacity] = {}
-        self.failed: list[tuple[str | None, int, float, int]] = []
-        self.failed_gangs: list[tuple[str | None, int, float, int, int, bool]] = []
+        self.failed: list[tuple[Any, ...]] = []
+        self.failed_gangs: list[tuple[Any, ...]] = []
         # Hosts held back for a waiting gang: nothing else is placed on them.
         self.exclude: set[str] = set()
-        # Overlay: model -> free GPUs of that model -> touched hosts.
-        self._tbuckets: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        self._twhere: dict[str, list[tuple[str, int]]] = {}
-        # Touched hosts whose copy may have changed since they were bucketed (whoever
-        # asks for `cap()` may change it).
+        # Overlay: key -> level -> touched hosts.
+        self._tbuckets: dict[Key, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self._twhere: dict[str, list[tuple[Key, int]]] = {}
+        # Touched hosts whose copy may have changed since they were filed (whoever asks
+        # for `cap()` may change it).
         self._dirty: set[str] = set()
 
     def cap(self, host_id: str) -> HostCapacity | None:
@@ -119,85 +170,131 @@ class Placer:
     def _rebucket(self) -> None:
         for host_id in self._dirty:
             for k, n in self._twhere.pop(host_id, ()):
-                by_free = self._tbuckets[k]
-                by_free[n].discard(host_id)
-                if not by_free[n]:
-                    del by_free[n]
+                by_level = self._tbuckets[k]
+                by_level[n].discard(host_id)
+                if not by_level[n]:
+                    del by_level[n]
             keys = [(k, n) for k, n, _ in _keys(self.touched[host_id])]
             self._twhere[host_id] = keys
             for k, n in keys:
                 self._tbuckets[k][n].add(host_id)
         self._dirty.clear()
 
-    def _dominated(self, spec: JobSpec) -> bool:
+    @staticmethod
+    def _size(spec: JobSpec, models: frozenset[str] | None) -> tuple[Any, ...]:
+        return (models, spec.mig_profile, spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
+
+    def _dominated(self, spec: JobSpec, models: frozenset[str] | None) -> bool:
         """A job at least as large as one that already found no host this cycle."""
-        for model, gpus, cpus, mem in self.failed:
-            if model == spec.gpu_model and spec.gpus >= gpus and spec.cpus >= cpus and spec.memory_mb >= mem:
+        me = self._size(spec, models)
+        for f in self.failed:
+            if f[:2] == me[:2] and all(a >= b for a, b in zip(me[2:], f[2:], strict=True)):
                 return True
         return False
 
-    def place(self, spec: JobSpec) -> Choice | None:
-        """The feasible host left with the fewest free GPUs of the job's kind (bin
-        packing), among touched and untouched hosts, or None."""
-        if self._dominated(spec):
-            return None
-        if self._dirty:
-            self._rebucket()
-        key = spec.gpu_model or ANY
-        buckets = self.index.buckets.get(key, {})
-        tbuckets = self._tbuckets.get(key, {})
+    def _feasible(self, spec: JobSpec, models: frozenset[str] | None) -> Iterator[tuple[int, str, Choice]]:
+        """(level, host, choice) of feasible hosts, tightest levels first; at one level the
+        touched hosts come first (lowest id first), then untouched ones."""
+        keys, lowest = _wanted(spec, models)
         need_cpu, need_mem = size_class(spec.cpus), size_class(spec.memory_mb)
-        levels = sorted({n for n in buckets if n >= spec.gpus} | {n for n in tbuckets if n >= spec.gpus})
-        for free in levels:
-            found: tuple[str, list[int]] | None = None
-            for host_id in tbuckets.get(free, ()):
-                if host_id in self.exclude or not self.healthy(host_id):
+        levels: set[int] = set()
+        for k in keys:
+            levels.update(n for n in self.index.buckets.get(k, {}) if n >= lowest)
+            levels.update(n for n in self._tbuckets.get(k, {}) if n >= lowest)
+        seen: set[str] = set()
+        for level in sorted(levels):
+            touched = sorted({h for k in keys for h in self._tbuckets.get(k, {}).get(level, ())})
+            for host_id in touched:
+                if host_id in seen or host_id in self.exclude or not self.healthy(host_id):
                     continue
-                reason, gpus = check(spec, self.touched[host_id])
-                if reason is None and (found is None or host_id < found[0]):
-                    found = (host_id, gpus)
-            if found is None:
-                for room, hosts in buckets.get(free, {}).items():
+                seen.add(host_id)
+                reason, gpus, mig = check(spec, self.touched[host_id], models)
+                if reason is None:
+                    yield level, host_id, Choice(host_id, gpus, mig)
+            for k in keys:
+                for room, hosts in self.index.buckets.get(k, {}).get(level, {}).items():
                     if room[0] < need_cpu or room[1] < need_mem:
                         continue  # every host in this class is too small
                     for host_id in hosts:
-                        if host_id in self.touched or host_id in self.exclude or not self.healthy(host_id):
+                        if host_id in seen or host_id in self.touched or host_id in self.exclude \
+                                or not self.healthy(host_id):
                             continue
-                        reason, gpus = check(spec, self.index.caps[host_id])
+                        seen.add(host_id)
+                        reason, gpus, mig = check(spec, self.index.caps[host_id], models)
                         if reason is None:
-                            found = (host_id, gpus)
-                            break
-                    if found is not None:
-                        break
-            if found is not None:
-                return Choice(found[0], found[1])
-        self.failed.append((spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb))
-        return None
+                            yield level, host_id, Choice(host_id, gpus, mig)
+
+    def place(self, spec: JobSpec, models: frozenset[str] | None | EllipsisType = ...) -> Choice | None:
+        """A host for one task of `spec` (of one of `models`, by default the job's), by the
+        policy, among touched and untouched hosts, or None."""
+        accept = spec.models() if models is ... else models
+        if self._dominated(spec, accept):
+            return None
+        if self._dirty:
+            self._rebucket()
+        found: list[tuple[int, str, Choice]] = []
+        for cand in self._feasible(spec, accept):
+            found.append(cand)
+            if len(found) >= self.candidates:
+                break
+        if not found:
+            self.failed.append(self._size(spec, accept))
+            return None
+        if self.frag is None or len(found) == 1:
+            return found[0][2]
+        return min((self._scored(spec, level, c) for level, _h, c in found), key=lambda x: x[0])[1]
+
+    def _scored(self, spec: JobSpec, level: int, choice: Choice) -> tuple[tuple[float, int, str], Choice]:
+        """(growth of expected fragmentation, tightness, host) of a choice; for a share, the
+        GPU of the host that grows it least."""
+        assert self.frag is not None
+        host = self._view(choice.host_id)
+        assert host is not None
+        before = self.frag.of(host)
+        options = [choice.gpu_indices]
+        if spec.gpu_share > 0:
+            options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, spec.models())]
+        best: tuple[tuple[float, int, str], Choice] | None = None
+        for gpus in options:
+            after = host.copy()
+            after.reserve(gpus, spec.cpus, spec.memory_mb, 0, spec.gpu_share, spec.gpu_memory_mb, choice.mig)
+            key = (round(self.frag.of(after) - before, 6), level, choice.host_id)
+            if best is None or key < best[0]:
+                best = (key, Choice(choice.host_id, gpus, choice.mig))
+        assert best is not None
+        return best
 
     def reserve(self, choice: Choice, spec: JobSpec) -> None:
         cap = self.cap(choice.host_id)
         assert cap is not None
-        cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec))
+        cap.reserve(choice.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec), spec.gpu_share,
+                    spec.gpu_memory_mb, choice.mig)
+
+    def release(self, choice: Choice, spec: JobSpec) -> None:
+        cap = self.cap(choice.host_id)
+        assert cap is not None
+        cap.release(choice.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec), spec.gpu_share,
+                    spec.gpu_memory_mb, choice.mig)
 
     # ------------------------------------------------------------ gangs
 
     def _view(self, host_id: str) -> HostCapacity | None:
         return self.touched.get(host_id) or self.index.caps.get(host_id)
 
-    def _place_among(self, spec: JobSpec, host_ids: list[str]) -> Choice | None:
-        best: tuple[int, str, list[int]] | None = None
+    def _place_among(self, spec: JobSpec, host_ids: list[str], models: frozenset[str] | None) -> Choice | None:
+        best: tuple[int, str, Choice] | None = None
         for host_id in host_ids:
             cap = self._view(host_id)
             if cap is None or host_id in self.exclude or not self.healthy(host_id):
                 continue
-            reason, gpus = check(spec, cap)
+            reason, gpus, mig = check(spec, cap, models)
             if reason is None:
-                key = (len(cap.free_gpus(None)) - spec.gpus, host_id, gpus)
+                key = (len(cap.free_gpus(None)) - spec.gpus, host_id, Choice(host_id, gpus, mig))
                 if best is None or key[:2] < best[:2]:
                     best = key
-        return Choice(best[1], best[2]) if best else None
+        return best[2] if best else None
 
-    def _racks(self, spec: JobSpec) -> list[list[str]]:
+    def _racks(self, spec: JobSpec, models: frozenset[str] | None) -> list[list[str]]:
         """Hosts grouped by `rack` label, the racks with most free matching GPUs first."""
         racks: dict[str, list[str]] = defaultdict(list)
         free: dict[str, int] = defaultdict(int)
@@ -207,39 +304,56 @@ class Placer:
                 continue
             view = self._view(host_id) or cap
             racks[rack].append(host_id)
-            free[rack] += len(view.free_gpus(spec.gpu_model))
+            free[rack] += len(view.free_gpus(models))
         return [racks[r] for r in sorted(racks, key=lambda r: (-free[r], r))]
 
-    def _try_gang(self, spec: JobSpec, among: list[str] | None) -> list[Choice] | None:
+    def _try_gang(self, spec: JobSpec, among: list[str] | None, models: frozenset[str] | None) -> list[Choice] | None:
         got: list[Choice] = []
         for _ in range(spec.replicas):
-            c = self._place_among(spec, among) if among is not None else self.place(spec)
+            c = self._place_among(spec, among, models) if among is not None else self.place(spec, models)
             if c is None:
                 break
             self.reserve(c, spec)
             got.append(c)
         for c in got:  # tentative only: the caller reserves what it keeps
-            cap = self.cap(c.host_id)
-            assert cap is not None
-            cap.release(c.gpu_indices, spec.cpus, spec.memory_mb, task_bytes(spec))
+            self.release(c, spec)
         return got if len(got) == spec.replicas else None
 
+    def _model_choices(self, spec: JobSpec) -> list[frozenset[str] | None]:
+        """The model sets a gang's tasks are placed under: the job's own, or, with
+        `same_model`, each of its models alone (the one with most free GPUs first)."""
+        models = spec.models()
+        if not spec.same_model or models is None or len(models) == 1:
+            return [models]
+        free = Counter[str]()
+        for cap in self.index.caps.values():
+            if cap.schedulable and not cap.cordoned:
+                for i, m in cap.gpu_models.items():
+                    if m in models:
+                        free[m] += cap.free_share(i)
+        return [frozenset({m}) for m in sorted(models, key=lambda m: (-free[m], m))]
+
     def place_gang(self, spec: JobSpec) -> list[Choice] | None:
-        """Hosts for all `spec.replicas` tasks at once (on one rack if asked), or None."""
-        key = (spec.gpu_model, spec.gpus, spec.cpus, spec.memory_mb, spec.replicas, spec.same_rack)
-        for m, g, c, mem, n, rack in self.failed_gangs:
-            if (m, rack) == (key[0], key[5]) and spec.gpus >= g and spec.cpus >= c \
-                    and spec.memory_mb >= mem and spec.replicas >= n:
+        """Hosts for all `spec.replicas` tasks at once (on one rack if asked, of one model
+        if asked), or None."""
+        key: tuple[Any, ...] = (self._size(spec, spec.models()), spec.same_model, spec.replicas, spec.same_rack)
+        for f in self.failed_gangs:
+            size, same_model, n, rack = f
+            if (size[:2], same_model, rack) == (key[0][:2], key[1], key[3]) and spec.replicas >= n \
+                    and all(a >= b for a, b in zip(key[0][2:], size[2:], strict=True)):
                 return None
         failed_before = len(self.failed)
-        if spec.same_rack:
-            result = None
-            for hosts in self._racks(spec):
-                result = self._try_gang(spec, hosts)
-                if result is not None:
-                    break
-        else:
-            result = self._try_gang(spec, None)
+        result = None
+        for models in self._model_choices(spec):
+            if spec.same_rack:
+                for hosts in self._racks(spec, models):
+                    result = self._try_gang(spec, hosts, models)
+                    if result is not None:
+                        break
+            else:
+                result = self._try_gang(spec, None, models)
+            if result is not None:
+                break
         del self.failed[failed_before:]  # a gang's partial failure says nothing of single jobs
         if result is None:
             self.failed_gangs.append(key)
@@ -248,12 +362,13 @@ class Placer:
     def reservation_for(self, spec: JobSpec) -> set[str]:
         """The hosts a waiting gang would want: its best rack, or the hosts with the most
         free matching GPUs; held back from other jobs while the reservation lasts."""
+        models = spec.models()
         if spec.same_rack:
-            racks = self._racks(spec)
+            racks = self._racks(spec, models)
             return set(racks[0]) if racks else set()
         ranked = sorted(
             (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned
-             and (spec.gpu_model is None or spec.gpu_model in c.gpu_models.values())),
-            key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(spec.gpu_model)), h),
+             and (models is None or models & set(c.gpu_models.values()))),
+            key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(models)), h),
         )
         return set(ranked[: spec.replicas])

@@ -12,9 +12,10 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import EllipsisType
 
 from wire.budgets import ALLOC_RECORD_OVERHEAD, RECORD_BUDGET, task_bytes
-from wire.messages import JobSpec
+from wire.messages import JobSpec, Task
 
 # Rejection reasons, in the order they are checked (the first failing one counts).
 NOT_HEALTHY = "host not healthy"
@@ -22,24 +23,34 @@ CORDONED = "host cordoned"
 WRONG_MODEL = "wrong GPU model"
 TOO_FEW_GPUS = "not enough GPUs on host"
 NO_FREE_GPUS = "not enough free GPUs"
+NO_FREE_SHARE = "no GPU with enough free share"
+NO_FREE_GPU_MEMORY = "no GPU with enough free GPU memory"
+NO_MIG = "no MIG instance of that profile"
+NO_FREE_MIG = "no free MIG instance of that profile"
 NO_FREE_CPU = "not enough free CPU"
 NO_FREE_MEMORY = "not enough free memory"
 TOO_MANY_TASKS = "host runs its maximum number of tasks"
 RECORD_FULL = "host's assignment record is full"
-REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_CPU, NO_FREE_MEMORY,
-           TOO_MANY_TASKS, RECORD_FULL)
+REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE, NO_FREE_GPU_MEMORY,
+           NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
 MAX_TASKS_PER_HOST = 256
+FULL = 1000  # thousandths of a GPU
 
 
 @dataclass
 class HostCapacity:
     """What the placement needs to know about one host: a mutable working copy, so a
-    scheduling cycle can reserve capacity as it places one job after another."""
+    scheduling cycle can reserve capacity as it places one job after another.
+
+    A GPU is held whole (`used_gpus`), or shared by tasks that each hold thousandths of
+    it and some of its memory (`share_used`, `share_memory_used`), or it is in MIG mode
+    (`mig_gpus`) and only its instances (`mig`: uuid -> (GPU, profile, memory)) are
+    scheduled, each whole (`used_mig`). Shares are integers: no drift."""
 
     id: str
-    schedulable: bool  # healthy (heartbeating)
+    schedulable: bool  # the heartbeat key is live (health is checked by the caller)
     cordoned: bool
     gpu_models: dict[int, str]  # GPU index -> model
     unhealthy_gpus: frozenset[int]
@@ -52,40 +63,91 @@ class HostCapacity:
     tasks: int = 0
     # Bytes its tasks take in the host's allocation record (wire.budgets).
     record_bytes: int = 0
+    gpu_memory: dict[int, int] = field(default_factory=dict)  # GPU index -> MB
+    share_used: dict[int, int] = field(default_factory=dict)  # GPU index -> thousandths held by shares
+    share_memory_used: dict[int, int] = field(default_factory=dict)  # GPU index -> MB held by shares
+    mig: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    mig_gpus: frozenset[int] = frozenset()
+    used_mig: set[str] = field(default_factory=set)
 
-    def free_gpus(self, model: str | None) -> list[int]:
-        return sorted(
-            i
-            for i, m in self.gpu_models.items()
-            if i not in self.used_gpus
-            and i not in self.unhealthy_gpus
-            and (model is None or m == model)
-        )
+    def _usable(self, i: int, models: frozenset[str] | str | None) -> bool:
+        if i in self.unhealthy_gpus or i in self.mig_gpus:
+            return False
+        if models is None:
+            return True
+        m = self.gpu_models[i]
+        return m == models if isinstance(models, str) else m in models
+
+    def free_gpus(self, models: frozenset[str] | str | None) -> list[int]:
+        """GPUs free to be held whole: healthy, not in MIG mode, not held, not shared."""
+        return sorted(i for i in self.gpu_models
+                      if i not in self.used_gpus and not self.share_used.get(i) and self._usable(i, models))
+
+    def share_options(self, share: int, memory_mb: int, models: frozenset[str] | str | None) -> list[int]:
+        """GPUs a share of `share` thousandths with `memory_mb` of GPU memory fits on."""
+        return [i for i in sorted(self.gpu_models)
+                if i not in self.used_gpus and self._usable(i, models)
+                and self.share_used.get(i, 0) + share <= FULL
+                and self.share_memory_used.get(i, 0) + memory_mb <= self.gpu_memory.get(i, 0)]
+
+    def free_share(self, i: int) -> int:
+        """Thousandths of GPU `i` still free (0 when it is held whole, faulty or in MIG mode)."""
+        if i in self.used_gpus or not self._usable(i, None):
+            return 0
+        return FULL - self.share_used.get(i, 0)
+
+    def free_mig(self, profile: str, models: frozenset[str] | None) -> list[str]:
+        return sorted(u for u, (g, p, _m) in self.mig.items()
+                      if p == profile and u not in self.used_mig and g not in self.unhealthy_gpus
+                      and (models is None or self.gpu_models.get(g) in models))
 
     def copy(self) -> HostCapacity:
         """A working copy: what placement changes (the used amounts) is its own; the
-        host's description (models, labels) is shared and never changed."""
-        return dataclasses.replace(self, used_gpus=set(self.used_gpus))
+        host's description (models, labels, MIG instances) is shared and never changed."""
+        return dataclasses.replace(self, used_gpus=set(self.used_gpus), share_used=dict(self.share_used),
+                                   share_memory_used=dict(self.share_memory_used), used_mig=set(self.used_mig))
 
-    def reserve(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0) -> None:
-        self.used_gpus.update(gpus)
+    def reserve(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0, share: int = 0,
+                gpu_memory_mb: int = 0, mig: Iterable[str] = ()) -> None:
+        if share:
+            for i in gpus:
+                self.share_used[i] = self.share_used.get(i, 0) + share
+                self.share_memory_used[i] = self.share_memory_used.get(i, 0) + gpu_memory_mb
+        else:
+            self.used_gpus.update(gpus)
+        self.used_mig.update(mig)
         self.used_cpus += cpus
         self.used_memory_mb += memory_mb
         self.tasks += 1
         self.record_bytes += record_bytes
 
-    def release(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0) -> None:
-        self.used_gpus.difference_update(gpus)
+    def release(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0, share: int = 0,
+                gpu_memory_mb: int = 0, mig: Iterable[str] = ()) -> None:
+        if share:
+            for i in gpus:
+                self.share_used[i] = max(0, self.share_used.get(i, 0) - share)
+                self.share_memory_used[i] = max(0, self.share_memory_used.get(i, 0) - gpu_memory_mb)
+                if not self.share_used[i]:
+                    del self.share_used[i]
+                    self.share_memory_used.pop(i, None)
+        else:
+            self.used_gpus.difference_update(gpus)
+        self.used_mig.difference_update(mig)
         self.used_cpus = max(0.0, self.used_cpus - cpus)
         self.used_memory_mb = max(0, self.used_memory_mb - memory_mb)
         self.tasks = max(0, self.tasks - 1)
         self.record_bytes = max(0, self.record_bytes - record_bytes)
+
+    def hold(self, task: Task) -> None:
+        """Reserve what an assigned task holds (its allocation record's entry)."""
+        self.reserve(task.gpu_indices, task.cpus, task.memory_mb, 0, task.gpu_share, task.gpu_memory_mb, task.mig)
 
 
 @dataclass(frozen=True)
 class Choice:
     host_id: str
     gpu_indices: list[int]
+    mig: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,32 +159,59 @@ class Rejection:
 EPS = 1e-9
 
 
-def check(spec: JobSpec, host: HostCapacity) -> tuple[str | None, list[int]]:
-    """Feasibility of one host: (None, gpu indices) when it fits, else (reason, [])."""
+def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | EllipsisType = ...,
+          ) -> tuple[str | None, list[int], tuple[str, ...]]:
+    """Feasibility of one host: (None, GPU indices, MIG instances) when it fits, else
+    (reason, [], ()). `models` narrows the job's accepted GPU models (a gang whose tasks
+    must share one model); by default the job's own. Whole GPUs: the lowest free
+    indices; a share: the fitting GPU with the least free share left (best fit); MIG:
+    the first free instance of the profile."""
     if not host.schedulable:
-        return NOT_HEALTHY, []
+        return NOT_HEALTHY, [], ()
     if host.cordoned:
-        return CORDONED, []
+        return CORDONED, [], ()
+    accept = spec.models() if models is ... else models
     gpus: list[int] = []
-    if spec.gpus > 0:
-        if spec.gpu_model is not None and spec.gpu_model not in host.gpu_models.values():
-            return WRONG_MODEL, []
-        matching = [i for i, m in host.gpu_models.items() if spec.gpu_model in (None, m)]
-        if len(matching) < spec.gpus:
-            return (WRONG_MODEL if not matching and spec.gpu_model else TOO_FEW_GPUS), []
-        free = host.free_gpus(spec.gpu_model)
-        if len(free) < spec.gpus:
-            return NO_FREE_GPUS, []
-        gpus = free[: spec.gpus]
+    mig: tuple[str, ...] = ()
+    if spec.gpus > 0 or spec.gpu_share > 0:
+        matching = [i for i, m in host.gpu_models.items()
+                    if (accept is None or m in accept) and i not in host.mig_gpus]
+        if not matching:
+            return (WRONG_MODEL if accept is not None and host.gpu_models else TOO_FEW_GPUS), [], ()
+        if spec.gpus > 0:
+            if len(matching) < spec.gpus:
+                return TOO_FEW_GPUS, [], ()
+            free = host.free_gpus(accept)
+            if len(free) < spec.gpus:
+                return NO_FREE_GPUS, [], ()
+            gpus = free[: spec.gpus]
+        else:
+            fits = host.share_options(spec.gpu_share, 0, accept)
+            if not fits:
+                return NO_FREE_SHARE, [], ()
+            if spec.gpu_memory_mb:
+                fits = host.share_options(spec.gpu_share, spec.gpu_memory_mb, accept)
+                if not fits:
+                    return NO_FREE_GPU_MEMORY, [], ()
+            gpus = [min(fits, key=lambda i: (host.free_share(i), i))]
+    elif spec.mig_profile is not None:
+        offered = [u for u, (g, p, _m) in host.mig.items()
+                   if p == spec.mig_profile and (accept is None or host.gpu_models.get(g) in accept)]
+        if not offered:
+            return NO_MIG, [], ()
+        instances = host.free_mig(spec.mig_profile, accept)
+        if not instances:
+            return NO_FREE_MIG, [], ()
+        mig = (instances[0],)
     if host.used_cpus + spec.cpus > host.cpus + EPS:
-        return NO_FREE_CPU, []
+        return NO_FREE_CPU, [], ()
     if host.used_memory_mb + spec.memory_mb > host.memory_mb:
-        return NO_FREE_MEMORY, []
+        return NO_FREE_MEMORY, [], ()
     if host.tasks >= MAX_TASKS_PER_HOST:
-        return TOO_MANY_TASKS, []
+        return TOO_MANY_TASKS, [], ()
     if host.record_bytes + task_bytes(spec) + ALLOC_RECORD_OVERHEAD > RECORD_BUDGET:
-        return RECORD_FULL, []
-    return None, gpus
+        return RECORD_FULL, [], ()
+    return None, gpus, mig
 
 
 def _score(spec: JobSpec, host: HostCapacity) -> tuple[float, ...]:
@@ -134,29 +223,30 @@ def _score(spec: JobSpec, host: HostCapacity) -> tuple[float, ...]:
 
 
 def place(spec: JobSpec, hosts: Iterable[HostCapacity]) -> Choice | Rejection:
-    """Choose a host for one task of `spec`, or say why none fits."""
-    best: tuple[tuple[float, ...], str, list[int]] | None = None
+    """Choose a host for one task of `spec`, or say why none fits (bin-packing over every
+    host given; the scheduler's Placer uses the capacity index instead)."""
+    best: tuple[tuple[float, ...], str, list[int], tuple[str, ...]] | None = None
     reasons: Counter[str] = Counter()
     n = 0
     for host in hosts:
         n += 1
-        reason, gpus = check(spec, host)
+        reason, gpus, mig = check(spec, host)
         if reason is not None:
             reasons[reason] += 1
             continue
-        key = (_score(spec, host), host.id, gpus)
+        key = (_score(spec, host), host.id, gpus, mig)
         if best is None or key[:2] < best[:2]:
             best = key
     if best is None:
         return Rejection(reasons, n)
-    return Choice(best[1], best[2])
+    return Choice(best[1], best[2], best[3])
 
 
 def explain(spec: JobSpec, hosts: Iterable[HostCapacity]) -> Counter[str]:
     """Counted reasons every host rejects `spec` right now (empty when one fits)."""
     reasons: Counter[str] = Counter()
     for host in hosts:
-        reason, _ = check(spec, host)
+        reason = check(spec, host)[0]
         if reason is not None:
             reasons[reason] += 1
     return reasons

@@ -452,6 +452,8 @@ def place_queued(
                 task=i,
                 host_id=choice.host_id,
                 gpu_indices=choice.gpu_indices,
+                gpu_share=job.spec.gpu_share,
+                mig=list(choice.mig),
                 state=AttemptState.PLACED,
                 term=term,
                 placed_at=now,
@@ -469,6 +471,9 @@ def place_queued(
                     if gang else job.spec.env,
                     cwd=job.spec.cwd,
                     gpu_indices=choice.gpu_indices,
+                    gpu_share=job.spec.gpu_share,
+                    gpu_memory_mb=job.spec.gpu_memory_mb,
+                    mig=list(choice.mig),
                     cpus=job.spec.cpus,
                     memory_mb=job.spec.memory_mb,
                     term=term,
@@ -498,6 +503,7 @@ def plan_cycle(
     evict: bool = True,
     fail: Mapping[str, str] | None = None,
     skip: Collection[str] = (),
+    policy: str = "fgd",
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -548,21 +554,26 @@ def plan_cycle(
 
     if evict:
         drain_due(w, now)
+    frag = state.shapes.fragmentation()
     if evict and budget is not None:
-        evict_lost(w, Placer(state.index, healthy), now, budget, max_keys)
-    placer = Placer(state.index, healthy)
+        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag), now, budget, max_keys)
+    placer = Placer(state.index, healthy, policy=policy, fragmentation=frag)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():
         cap = placer.cap(host_id)
         if cap is None:
             continue
         cap.used_gpus.clear()
+        cap.share_used.clear()
+        cap.share_memory_used.clear()
+        cap.used_mig.clear()
         cap.used_cpus = 0.0
         cap.used_memory_mb = 0
         cap.tasks = 0
         cap.record_bytes = 0
         for t in alloc.tasks:
-            cap.reserve(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1)
+            cap.hold(t)
+            cap.record_bytes += len(t.compact_json()) + 1
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
     if placements != 0:

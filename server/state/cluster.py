@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from server.health.readclock import ReadClock
 from server.health.rules import Health, host_health
 from server.scheduling.capacity import CapacityIndex
 from server.scheduling.eviction import host_domains
+from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
 from server.views.hosts import HostTable
 from wire import subjects
@@ -94,6 +96,10 @@ class ClusterState:
     allocs: dict[str, HostAlloc] = field(default_factory=dict)
     # Bytes of each host's allocation record as stored (what placement adds to).
     alloc_bytes: dict[str, int] = field(default_factory=dict)
+    # The shapes of recently submitted tasks, for fragmentation-aware placement.
+    shapes: RecentShapes = field(default_factory=lambda: RecentShapes())
+    # Per host: its last decoded heartbeat and what placement reads of it (_index_host).
+    _host_shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     hostcfg: dict[str, HostConfig] = field(default_factory=dict)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
@@ -151,6 +157,8 @@ class ClusterState:
 
     def _set_job(self, job: Job) -> None:
         old = self.jobs.get(job.id)
+        if old is None and job.state is JobState.QUEUED:
+            self.shapes.saw(Shape.of(job.spec))
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
         self.job_state_counts[job.state.value] += 1
@@ -168,23 +176,37 @@ class ClusterState:
         entry = self.hosts.get(host_id)
         if entry is None or entry.heartbeat is None:
             self.index.remove(host_id)
+            self._host_shapes.pop(host_id, None)
             return
         hb = entry.heartbeat
         cfg = self.hostcfg.get(host_id)
+        shape = self._host_shapes.get(host_id)
+        if shape is None or shape[0] is not hb:
+            # What a heartbeat says of the host's GPUs, derived once per decoded heartbeat
+            # (allocations change far more often than heartbeat shapes).
+            mig = {m.uuid: (g.index, m.profile, m.memory_mb) for g in hb.gpus for m in g.mig}
+            shape = self._host_shapes[host_id] = (
+                hb, {g.index: g.model for g in hb.gpus}, {g.index: g.memory_mb for g in hb.gpus}, mig,
+                frozenset(g.index for g in hb.gpus if g.mig),
+                frozenset(u.index for u in hb.gpu_usage if not u.healthy), dict(hb.labels))
+        _hb, models, memory, mig, mig_gpus, unhealthy, labels = shape
         cap = HostCapacity(
             id=host_id,
             schedulable=entry.present,
             cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
-            gpu_models={g.index: g.model for g in hb.gpus},
-            unhealthy_gpus=frozenset(u.index for u in hb.gpu_usage if not u.healthy),
+            gpu_models=models,
+            unhealthy_gpus=unhealthy,
             cpus=float(hb.cpus),
             memory_mb=hb.memory_mb,
-            labels=dict(hb.labels),
+            labels=labels,
+            gpu_memory=memory,
+            mig=mig,
+            mig_gpus=mig_gpus,
         )
         alloc = self.allocs.get(host_id)
         if alloc:
             for t in alloc.tasks:
-                cap.reserve(t.gpu_indices, t.cpus, t.memory_mb)
+                cap.hold(t)
             cap.record_bytes = self.alloc_bytes.get(host_id, 0)
         self.index.put(cap)
 
