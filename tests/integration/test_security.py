@@ -25,28 +25,17 @@ from server.broker.natsauth import AuthDir
 from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
 from server.cli import build_parser
 from server.state.streams import ensure_streams
-from tests.conftest import ROOT, Api, Cluster, wait_until
+from tests.conftest import ROOT, A, B, wait_until
+from tests.integration.conftest import Api, Cluster
 from wire import subjects
 from wire.errors import StoreError
 from wire.kv import Store, connect
 from wire.subjects import agent_inbox_prefix
 
-A, B = "host-a", "host-b"
-
 
 def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=60)
-
-
-@pytest.fixture
-def auth(tmp_path: Path) -> AuthDir:
-    a = AuthDir(tmp_path / "auth")
-    a.ensure()
-    a.issue_agent(A)
-    a.issue_agent(B)
-    a.issue_subscriber("pager")
-    return a
 
 
 @pytest.fixture
@@ -76,18 +65,6 @@ class Errors:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no error containing {text!r}; got {self.seen}")
             await asyncio.sleep(0.02)
-
-
-def test_credentials_files_are_private(auth: AuthDir) -> None:
-    assert (auth.path.stat().st_mode & 0o777) == 0o700
-    for f in [auth.server_creds, auth.agent_creds(A), auth.subscriber_creds("pager"), auth.users_file,
-              auth.conf_file]:
-        assert (f.stat().st_mode & 0o777) == 0o600, f
-        assert f.read_text().strip()
-    assert auth.server_creds.read_text().startswith("SU")
-    conf = auth.conf_file.read_text()  # only public keys in the server config
-    for f in [auth.server_creds, auth.agent_creds(A), auth.subscriber_creds("pager")]:
-        assert f.read_text().strip() not in conf
 
 
 def test_no_credentials_no_connection(secure_nats: NatsProcess, auth: AuthDir, tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from server.broker.natsd import start_nats
-from tests.conftest import ARTIFACTS, Api, Cluster
-from tests.simhosts import SimHosts, sim_host_id
+from tests.integration.conftest import ARTIFACTS, Api, Cluster
+from tests.integration.simhosts import SimHosts, sim_host_id
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

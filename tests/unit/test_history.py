@@ -1,11 +1,11 @@
-"""History: Alembic migrations, idempotent mirroring, filters, retention; on SQLite and PostgreSQL."""
+"""History on SQLite (a file per test): Alembic migrations, idempotent mirroring,
+concurrent replicas, filters and sorting, retention, 5,000 jobs. The tests that take a
+`db_url` run on PostgreSQL too, from tests/integration/test_history.py."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,18 +19,16 @@ from sqlmodel import Session, SQLModel, select
 import server.history.database as history_mod
 from server.history.database import History, alembic_config, job_cursor
 from server.history.models import AttemptRow, EventRow, JobRow
-from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY = 86400.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.db'}"
-    return str(request.getfixturevalue("postgres_url"))
+@pytest.fixture(params=["sqlite"])
+def db_url(tmp_path: Path) -> str:
+    """A history database in a file: SQLite here; tests/integration/test_history.py runs
+    the same tests on PostgreSQL."""
+    return f"sqlite:///{tmp_path / 'history.db'}"
 
 
 @pytest.fixture
@@ -112,20 +110,6 @@ def test_migrations_apply_and_match_models(db_url: str) -> None:
     finally:
         h.close()
         h2.close()
-
-
-def test_concurrent_processes_upgrade_once(db_url: str) -> None:
-    code = "import sys; from server.history.database import History; History(sys.argv[1]).close()"
-    procs = [subprocess.Popen([sys.executable, "-c", code, db_url], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out.decode()
-    h = History(db_url)
-    try:
-        assert _schema_diff(h) == []
-    finally:
-        h.close()
 
 
 def test_adopts_pre_alembic_database(db_url: str) -> None:

@@ -5,7 +5,7 @@ The server binaries (`initdb`, `pg_ctl`, `postgres`) are looked up on PATH, then
 tests that need them (CI installs PostgreSQL; nothing is skipped). PostgreSQL refuses to run
 as root, so as root the server runs as the `postgres` system user.
 
-Use from a test module or conftest: ``from tests.postgres import postgres_server, postgres_url``
+Use from a test module or conftest: ``from tests.integration.postgres import postgres_server, postgres_url``
 (or ``pytest_plugins = ["tests.postgres"]`` in the top-level conftest).
 """
 

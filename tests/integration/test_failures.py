@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import nats as natslib
-from tests.conftest import Api, Cluster, Proc, assert_invariants, process_gone, wait_until
-from tests.netproxy import TcpProxy
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, process_gone
+from tests.integration.netproxy import TcpProxy
 from wire import subjects
 from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
 

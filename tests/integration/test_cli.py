@@ -18,7 +18,8 @@ import psutil
 
 import nats as nats_py
 from server.broker.natsd import free_port
-from tests.conftest import ROOT, Api, Cluster, ctrl_c_works, process_gone, wait_until
+from tests.conftest import ROOT, wait_until
+from tests.integration.conftest import Api, Cluster, ctrl_c_works, process_gone
 from wire.messages import Event, encode
 
 

@@ -23,7 +23,8 @@ from server.state.checker import load, violations
 from server.state.cluster import ClusterState
 from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
-from tests.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished, wait_until
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished
 from wire import subjects
 from wire.kv import Store, connect
 from wire.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
@@ -399,41 +400,3 @@ async def _late_view(tmp_path: Path) -> None:
         stop.set()
         await nc.close()
         natsd.stop()
-
-
-def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    """A fenced commit or a NATS timeout is part of a cluster's life: one warning line,
-    then the scheduler leads again. Anything else is a bug: logged with its traceback.
-    The scheduler keeps going either way, and stops when told."""
-    import logging
-
-    import nats.errors
-
-    from wire.errors import FencedError
-
-    class Leading:
-        leading = True
-        term = 1
-        changed = asyncio.Event()
-
-    async def main() -> list[logging.LogRecord]:
-        stop = asyncio.Event()
-        sched = Scheduler(None, ClusterState(), Leading())  # type: ignore[arg-type]
-        errors = [FencedError("term 1 superseded by 2"), nats.errors.TimeoutError(), ValueError("a bug")]
-
-        async def lead(_stop: asyncio.Event) -> None:
-            if not errors:
-                stop.set()
-                return
-            raise errors.pop(0)
-
-        sched._lead = lead  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="server.scheduling.scheduler"):
-            await asyncio.wait_for(sched.run(stop), timeout=30)
-        return [r for r in caplog.records if r.name == "server.scheduling.scheduler"]
-
-    records = asyncio.run(main())
-    assert [(r.levelno, r.exc_info is not None) for r in records] == [
-        (logging.WARNING, False), (logging.WARNING, False), (logging.ERROR, True)]
-    assert "FencedError: term 1 superseded by 2" in records[0].getMessage()
-    assert "TimeoutError" in records[1].getMessage()

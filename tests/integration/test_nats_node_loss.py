@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from server.broker.natsd import start_cluster
-from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
-from tests.test_ha import Submitter
+from tests.integration.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
+from tests.integration.test_ha import Submitter
 from wire.kv import connect
 
 

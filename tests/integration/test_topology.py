@@ -22,9 +22,10 @@ from sqlalchemy import create_engine, text
 
 from server.broker.natsauth import AuthDir
 from server.broker.natsd import start_cluster
-from tests.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished, wait_until
-from tests.postgres import crash_postgres, find_pg_bin, restart_postgres, start_postgres, stop_postgres
-from tests.test_ha import Submitter, leader
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
+from tests.integration.postgres import crash_postgres, find_pg_bin, restart_postgres, start_postgres, stop_postgres
+from tests.integration.test_ha import Submitter, leader
 from wire.kv import connect
 
 AGENTS = ("topo-a", "topo-b", "topo-c")

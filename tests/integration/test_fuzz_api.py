@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Api, Cluster
+from tests.integration.conftest import Api, Cluster
 
 SUBMIT = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { field code } } }"""
 

@@ -3,14 +3,11 @@ the clients Muster connects use it."""
 
 from __future__ import annotations
 
-import asyncio
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from wire import natsclient
-from wire.kv import connect
 from wire.natsclient import parse_header_lines
 
 TYPICAL = [
@@ -21,6 +18,8 @@ TYPICAL = [
     b"",
     b"\r\n\r\n",
 ]
+
+
 MALFORMED = [
     b"no colon here\r\nGood: yes\r\n\r\n",
     b"Bad Name: has a space\r\nBad\tTab: x\r\nOk:value-without-space\r\n",
@@ -53,25 +52,3 @@ def test_client_uses_it() -> None:
     assert nc._parse_header_lines is parse_header_lines
     # Only the instance: nats-py's class and other clients are untouched.
     assert Client()._parse_header_lines is not parse_header_lines
-
-
-def test_headers_arrive_through_a_real_server(nats_url: str) -> None:
-    async def main() -> dict[str, str]:
-        nc = await connect(nats_url, name="test-natsclient")
-        assert nc._parse_header_lines is parse_header_lines
-        got: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def cb(msg) -> None:  # type: ignore[no-untyped-def]
-            if not got.done():
-                got.set_result(msg.headers)
-
-        await nc.subscribe("t.headers", cb=cb)
-        pub = await natsclient.connect(nats_url)
-        await pub.publish("t.headers", b"x", headers={"Nats-TTL": "15s", "Muster-Shape": "caf\u00e9"})
-        await pub.flush()
-        headers = await asyncio.wait_for(got, 10)
-        await pub.close()
-        await nc.close()
-        return headers
-
-    assert asyncio.run(main()) == {"Nats-TTL": "15s", "Muster-Shape": "caf\u00e9"}

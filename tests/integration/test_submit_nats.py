@@ -6,7 +6,8 @@ import asyncio
 import sys
 
 import nats as natslib
-from tests.conftest import Api, Cluster, assert_invariants, wait_until
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants
 from wire.submit import submit_over_nats
 
 PY = sys.executable

@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 
 from server.broker.natsd import free_port
-from tests.conftest import ROOT, Api
+from tests.conftest import ROOT
+from tests.integration.conftest import Api
 
 
 def start_up(data: Path, http: int, nats: int) -> tuple[subprocess.Popen[str], list[str]]:

@@ -18,7 +18,8 @@ import pytest
 
 from agent.agent import WATCHDOG
 from agent.watchdog import start_time
-from tests.conftest import process_gone, wait_until
+from tests.conftest import wait_until
+from tests.integration.conftest import process_gone
 
 PY = sys.executable
 
