@@ -14,8 +14,9 @@ import time
 import uuid
 
 import nats
+from tests.factories import heartbeat
 from wire import subjects
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
+from wire.messages import Heartbeat, encode
 
 
 def sim_host_id(i: int) -> str:
@@ -23,21 +24,10 @@ def sim_host_id(i: int) -> str:
 
 
 def sim_heartbeat(i: int, seq: int, boot_id: str, gpus: int = 8) -> Heartbeat:
-    return Heartbeat(
-        host_id=sim_host_id(i),
-        boot_id=boot_id,
-        seq=seq,
-        ts=time.time(),
-        labels={"rack": f"r{i % 50:02d}", "zone": f"z{i % 4}"},
-        gpus=[GpuInfo(index=g, model="H100", memory_mb=81559, uuid=f"SIM-{i:05d}-{g}") for g in range(gpus)],
-        gpu_usage=[GpuUsage(index=g, temp_c=35.0, power_w=70.0) for g in range(gpus)],
-        cpus=64,
-        memory_mb=512 * 1024,
-        cpu_pct=1.0,
-        mem_used_mb=8192,
-        simulated=True,
-        agent_version="sim",
-    )
+    return heartbeat(sim_host_id(i), boot_id=boot_id, seq=seq, ts=time.time(),
+                     labels={"rack": f"r{i % 50:02d}", "zone": f"z{i % 4}"}, gpus=gpus, gpu_memory_mb=81559,
+                     uuids=[f"SIM-{i:05d}-{g}" for g in range(gpus)], temp_c=35.0, power_w=70.0, cpus=64,
+                     memory_mb=512 * 1024, cpu_pct=1.0, mem_used_mb=8192, simulated=True, agent_version="sim")
 
 
 class SimHosts:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from agent.agent import Agent, AgentConfig
 from server.state.streams import ensure_streams
+from tests.factories import host_alloc, task
 from wire import subjects
 from wire.kv import Store, connect
-from wire.messages import AttemptState, HostAlloc, StatusReport, Task, decode, encode
+from wire.messages import AttemptState, StatusReport, decode, encode
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
@@ -29,9 +30,8 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
     try:
-        task = Task(attempt_id="j-ra.1", job_id="j-ra", number=1, command=["sh", "-c", f"echo ran >> {marks}"],
-                    cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("ra-1"), encode(HostAlloc(host_id="ra-1", term=1, tasks=[task])))
+        t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
 
         subject = subjects.status_subject("ra-1")
 
@@ -53,7 +53,7 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
         assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
 
         # The end is applied: the assignment drops the attempt; no more reports of it.
-        await store.put(subjects.alloc_key("ra-1"), encode(HostAlloc(host_id="ra-1", term=1, tasks=[])))
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
         for _ in range(100):
             if not agent._assigned:
                 break

@@ -17,9 +17,10 @@ import pytest
 from server.api.app import build_app
 from server.replica import Muster, ServerConfig
 from tests.conftest import eventually
+from tests.factories import heartbeat
 from web.console import COOKIE, console_routes, csrf_token
 from wire import subjects
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, JobState, encode
+from wire.messages import JobState, encode
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -61,12 +62,8 @@ async def console(nats_url: str, tmp_path: Path) -> AsyncIterator[Console]:
 
 
 async def put_heartbeat(m: Muster, host_id: str, *, simulated: bool = True, gpus: int = 2) -> None:
-    hb = Heartbeat(
-        host_id=host_id, boot_id="boot-1", ts=time.time(), labels={"rack": "r1"},
-        gpus=[GpuInfo(index=i, model="H100", memory_mb=81920) for i in range(gpus)],
-        gpu_usage=[GpuUsage(index=i, util_pct=40.0) for i in range(gpus)],
-        cpus=32, memory_mb=256 * 1024, cpu_pct=12.5, mem_used_mb=4096, simulated=simulated,
-    )
+    hb = heartbeat(host_id, seq=0, ts=time.time(), labels={"rack": "r1"}, gpus=gpus, gpu_memory_mb=81920, util=40.0,
+                   cpus=32, memory_mb=256 * 1024, cpu_pct=12.5, mem_used_mb=4096, simulated=simulated)
     assert m.store is not None
     await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
 
@@ -436,13 +433,10 @@ async def test_viewer_token_may_only_view(console: Console) -> None:
 async def put_hb(m: Muster, host_id: str, *, rack: str = "r1", zone: str = "z1", util: float = 40.0,
                  gpus: int = 2, model: str = "H100", temp: float = 50.0, power: float = 300.0,
                  ts: float | None = None) -> None:
-    hb = Heartbeat(
-        host_id=host_id, boot_id="boot-1", ts=time.time() if ts is None else ts,
-        labels={"rack": rack, "zone": zone},
-        gpus=[GpuInfo(index=i, model=model, memory_mb=81920) for i in range(gpus)],
-        gpu_usage=[GpuUsage(index=i, util_pct=util, temp_c=temp + i, power_w=power + i) for i in range(gpus)],
-        cpus=32, memory_mb=256 * 1024, cpu_pct=50.0, mem_used_mb=64 * 1024, simulated=True,
-    )
+    hb = heartbeat(host_id, seq=0, ts=time.time() if ts is None else ts, labels={"rack": rack, "zone": zone},
+                   gpus=gpus, model=model, gpu_memory_mb=81920, util=util, temp_c=[temp + i for i in range(gpus)],
+                   power_w=[power + i for i in range(gpus)], cpus=32, memory_mb=256 * 1024, cpu_pct=50.0,
+                   mem_used_mb=64 * 1024, simulated=True)
     assert m.store is not None
     await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
 
@@ -674,15 +668,16 @@ async def test_cancel_needs_a_reason(console: Console) -> None:
 
 
 async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> None:
-    from wire.messages import Attempt, AttemptState, JobSpec
-    from wire.messages import Job as JobRecord
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import Attempt, AttemptState
 
     c = console.client
     m = console.muster
     await console.login()
     now = time.time()
-    job = JobRecord(
-        id="jgang0001", spec=JobSpec(name="gang-job", command=["train"], gpus=1, replicas=2, max_attempts=3),
+    job = make_job(
+        "jgang0001", spec=job_spec("gang-job", command=["train"], gpus=1, replicas=2, max_attempts=3),
         state=JobState.QUEUED, submitted_at=now - 60, updated_at=now - 5, not_before=now + 30,
         pending_reasons={"not enough free GPUs": 3},
         attempts=[

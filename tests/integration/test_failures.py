@@ -18,10 +18,11 @@ from typing import Any
 
 import nats as natslib
 from tests.conftest import wait_until
+from tests.factories import heartbeat
 from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, process_gone
 from tests.integration.netproxy import TcpProxy
 from wire import subjects
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
+from wire.messages import encode
 
 PY = sys.executable
 FAST = dict(heartbeat_interval=1, fence_after=2, kill_grace=2)
@@ -327,10 +328,8 @@ class Rack:
             for host_id, labels in self.hosts:
                 if host_id in self.paused:
                     continue
-                hb = Heartbeat(host_id=host_id, boot_id=self._boot, seq=seq, ts=time.time(), labels=labels,
-                               gpus=[GpuInfo(index=g, model="H100", memory_mb=81559) for g in range(8)],
-                               gpu_usage=[GpuUsage(index=g) for g in range(8)], cpus=64, memory_mb=512 * 1024,
-                               simulated=True)
+                hb = heartbeat(host_id, boot_id=self._boot, seq=seq, ts=time.time(), labels=labels, gpus=8,
+                               gpu_memory_mb=81559, cpus=64, memory_mb=512 * 1024, simulated=True)
                 await nc.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, host_id), encode(hb),
                                  headers={"Nats-TTL": self.ttl})
             await nc.flush()

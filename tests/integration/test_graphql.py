@@ -17,8 +17,9 @@ import pytest
 import nats as nats_py
 from server.api.app import build_app
 from server.replica import Muster, ServerConfig
+from tests.factories import heartbeat
 from wire import subjects
-from wire.messages import Event, GpuInfo, GpuUsage, Heartbeat, encode
+from wire.messages import Event, Heartbeat, encode
 
 # ---------------------------------------------------------------- helpers
 
@@ -107,22 +108,19 @@ async def wait_for(pred: Any, timeout: float = 30, what: str = "condition") -> A
         await asyncio.sleep(0.1)
 
 
-def heartbeat(i: int) -> Heartbeat:
+def host_heartbeat(i: int) -> Heartbeat:
     """Host h-<i>: 60 hosts with 3 models, 5 racks, 2 zones; h-007's GPU 1 is faulty."""
-    model = ("H100", "A100", "L4")[i % 3]
-    n = (8, 4, 2)[i % 3]
-    return Heartbeat(
-        host_id=f"h-{i:03d}", boot_id="b", seq=1, ts=time.time(),
+    return heartbeat(
+        f"h-{i:03d}", boot_id="b", seq=1, ts=time.time(),
         labels={"rack": f"r{i % 5}", "zone": f"z{i % 2}", "tier": "gold" if i < 10 else "std"},
-        gpus=[GpuInfo(index=g, model=model, memory_mb=1000) for g in range(n)],
-        gpu_usage=[GpuUsage(index=g, healthy=not (i == 7 and g == 1)) for g in range(n)],
-        cpus=32 + i, memory_mb=1000 * (i + 1), simulated=True,
+        gpus=(8, 4, 2)[i % 3], model=("H100", "A100", "L4")[i % 3], gpu_memory_mb=1000,
+        unhealthy=[1] if i == 7 else [], cpus=32 + i, memory_mb=1000 * (i + 1), simulated=True,
     )
 
 
 async def publish_hosts(nc: Any, ids: range, ttl: str = "60s") -> None:
     for i in ids:
-        hb = heartbeat(i)
+        hb = host_heartbeat(i)
         await nc.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, hb.host_id), encode(hb),
                          headers={"Nats-TTL": ttl})
     await nc.flush()
@@ -179,7 +177,7 @@ async def test_host_pagination_filters_sorting_and_aggregates(api: Client, nc: A
             # A host sorting before the cursor appears: the next page neither repeats nor skips.
             await publish_hosts(nc, range(100, 101))
             await wait_for(lambda: _total(api, 61), what="61 hosts")
-            hb = heartbeat(100)
+            hb = host_heartbeat(100)
             assert hb.host_id == "h-100"
         if not data["pageInfo"]["hasNextPage"]:
             break
@@ -226,7 +224,7 @@ async def test_host_pagination_filters_sorting_and_aggregates(api: Client, nc: A
     assert [e["node"]["id"] for e in d1["edges"] + d2["edges"]] == desc[:20]
 
     # aggregates, against sums by hand (61 hosts, nothing allocated yet)
-    hosts = [heartbeat(i) for i in [*range(60), 100]]
+    hosts = [host_heartbeat(i) for i in [*range(60), 100]]
     agg_q = """{ cluster { hosts { total healthy lost } gpus { total allocated }
                  gpusByModel { model total allocated healthy } gpusByRack { rack total allocated healthy }
                  cpu { total allocated } memoryMb { total allocated } jobsByState { state count } } }"""
@@ -284,11 +282,9 @@ async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> N
     now = time.time()
     hb_by_model = {}
     for m in ("H100", "A100"):
-        hb_by_model[m] = Heartbeat.model_construct(
-            host_id="x", boot_id="b", seq=1, ts=now, labels={"rack": "r1", "zone": "z1"},
-            gpus=[GpuInfo(index=g, model=m, memory_mb=1) for g in range(8)],
-            gpu_usage=[GpuUsage(index=g) for g in range(8)], cpus=64, memory_mb=1024, cpu_pct=0.0,
-            mem_used_mb=0, simulated=True)
+        hb_by_model[m] = heartbeat("x", boot_id="b", seq=1, ts=now, labels={"rack": "r1", "zone": "z1"}, gpus=8,
+                                   model=m, gpu_memory_mb=1, cpus=64, memory_mb=1024, cpu_pct=0.0, mem_used_mb=0,
+                                   simulated=True)
     for i in range(50_000):
         hid = f"big-{i:05d}"
         hb = hb_by_model["A100" if i % 10 == 0 else "H100"].model_copy(update={"host_id": hid})

@@ -24,10 +24,12 @@ from server.state.cluster import ClusterState
 from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
 from tests.conftest import wait_until
+from tests.factories import heartbeat, job_spec
+from tests.factories import job as make_job
 from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished
 from wire import subjects
 from wire.kv import Store, connect
-from wire.messages import GpuInfo, Heartbeat, HostAlloc, Job, JobSpec, decode, encode, new_id
+from wire.messages import HostAlloc, Job, decode, encode, new_id
 from wire.records import Record
 
 PY = sys.executable
@@ -234,8 +236,8 @@ async def _race(shapes: list[tuple[int, int, int]]) -> None:
 
         await writer.watch("alloc.>", on_alloc)
         for h in range(3):
-            hb = Heartbeat(host_id=f"h{h}", boot_id="b", ts=time.time(), cpus=32, memory_mb=128,
-                           gpus=[GpuInfo(index=i, model="H100", memory_mb=1) for i in range(8)])
+            hb = heartbeat(f"h{h}", boot_id="b", seq=0, ts=time.time(), cpus=32, memory_mb=128, gpus=8, gpu_memory_mb=1,
+                           gpu_usage=[])
             await writer.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, f"h{h}"), encode(hb),
                                     headers={"Nats-TTL": "600s"})
         for s in schedulers:
@@ -244,8 +246,7 @@ async def _race(shapes: list[tuple[int, int, int]]) -> None:
         now = time.time()
         ids = []
         for g, c, m in shapes:
-            job = Job(id=new_id("j"), spec=JobSpec(name="r", command=["true"], gpus=g, cpus=c, memory_mb=m),
-                      submitted_at=now, updated_at=now)
+            job = make_job(new_id("j"), spec=job_spec("r", gpus=g, cpus=c, memory_mb=m), submitted_at=now)
             await writer.put(subjects.job_key(job.id), encode(job), expected=0)
             ids.append(job.id)
         # Let them race until nothing more can be placed.
@@ -280,11 +281,11 @@ async def _race(shapes: list[tuple[int, int, int]]) -> None:
 
 async def _one_host_one_job(store: Store, state: ClusterState, job_id: str) -> Job:
     """Host `h` (one H100, heartbeat TTL 60 s) and a queued 1-GPU job, both in `state`."""
-    hb = Heartbeat(host_id="h", boot_id="x", ts=time.time(), cpus=8, memory_mb=1024,
-                   gpus=[GpuInfo(index=0, model="H100", memory_mb=1)])
+    hb = heartbeat("h", boot_id="x", seq=0, ts=time.time(), cpus=8, memory_mb=1024, gpus=1, gpu_memory_mb=1,
+                   gpu_usage=[])
     await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "60s"})
-    job = Job(id=job_id, spec=JobSpec(name=job_id, command=["true"], gpus=1, cpus=1, memory_mb=64),
-              submitted_at=time.time(), updated_at=time.time())
+    job = make_job(job_id, spec=job_spec(job_id, gpus=1, cpus=1, memory_mb=64), submitted_at=time.time(),
+                   updated_at=time.time())
     await store.put(subjects.job_key(job.id), encode(job), expected=0)
     while job_id not in state.jobs or "h" not in state.hosts:
         await asyncio.sleep(0.02)

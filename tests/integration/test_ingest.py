@@ -15,15 +15,13 @@ from server.health.ingest import HeartbeatIngest, IngestConfig
 from server.state.cluster import ClusterState
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
+from tests.factories import heartbeat
 from wire import subjects
 from wire.kv import Store, connect
-from wire.messages import SHAPE_HEADER, GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
+from wire.messages import SHAPE_HEADER, Heartbeat, encode, shape_digest
 
-
-def heartbeat(host_id: str, seq: int = 1, cpus: int = 16) -> Heartbeat:
-    return Heartbeat(host_id=host_id, boot_id="b1", seq=seq, ts=time.time(), labels={"rack": "r1"},
-                     gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(2)],
-                     gpu_usage=[GpuUsage(index=i) for i in range(2)], cpus=cpus, memory_mb=64_000)
+# What the agents of these tests send: a host in rack r1 (two H100s, the factory's shape).
+AGENT = {"boot_id": "b1", "labels": {"rack": "r1"}}
 
 
 async def send(store: Store, hb: Heartbeat, ttl: str = "60s") -> int:
@@ -46,7 +44,7 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
     nc = await connect(nats_url, name="test-ingest")
     store = Store(nc)
     await ensure_streams(store)
-    before = await send(store, heartbeat("h-old"))  # stored before the ingest starts: replayed
+    before = await send(store, heartbeat("h-old", ts=time.time(), **AGENT))  # stored before the ingest starts: replayed
     state = ClusterState(heartbeat_interval_s=5)
     lost: list[str] = []
     state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
@@ -69,19 +67,19 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
         assert state.clock.caught_up and state.clock.behind == 0
 
         # A new host; a heartbeat of the same shape (liveness only) and one of a new shape.
-        rev = await send(store, heartbeat("h-new"))
+        rev = await send(store, heartbeat("h-new", ts=time.time(), **AGENT))
         await eventually(lambda: "h-new" in state.hosts, 60, "the new host")
         seen = state.hosts["h-new"].seen_at
-        rev2 = await send(store, heartbeat("h-new", seq=2))
+        rev2 = await send(store, heartbeat("h-new", seq=2, ts=time.time(), **AGENT))
         await eventually(lambda: state.hosts["h-new"].revision == rev2, 60, "the second heartbeat")
         assert rev2 > rev and state.hosts["h-new"].seen_at >= seen
         assert state.hosts["h-new"].latest().seq == 2  # kept raw, decoded when read
-        rev3 = await send(store, heartbeat("h-new", seq=3, cpus=32))
+        rev3 = await send(store, heartbeat("h-new", seq=3, cpus=32, ts=time.time(), **AGENT))
         await eventually(lambda: state.hosts["h-new"].revision == rev3, 60, "the reshaped heartbeat")
         assert state.index.caps["h-new"].cpus == 32  # a new shape re-indexes the host
 
         # The TTL expiry marker reaches the parent: the host is LOST.
-        await send(store, heartbeat("h-short"), ttl="1s")
+        await send(store, heartbeat("h-short", ts=time.time(), **AGENT), ttl="1s")
         await eventually(lambda: "h-short" in state.hosts, 60, "the short-lived host")
         await eventually(lambda: not state.hosts["h-short"].present, 60, "the expiry of h-short")
         assert lost == ["h-short"] and state.hosts["h-short"].lost_at is not None
@@ -92,7 +90,7 @@ async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_
         assert ingest.proc is not None and ingest.proc.pid is not None
         os.kill(ingest.proc.pid, signal.SIGKILL)
         await eventually(lambda: ingest.restarts == 1, 60, "a restart")
-        rev4 = await send(store, heartbeat("h-new", seq=4, cpus=32))
+        rev4 = await send(store, heartbeat("h-new", seq=4, cpus=32, ts=time.time(), **AGENT))
         await eventually(lambda: state.hosts["h-new"].revision == rev4, 60, "a heartbeat after the restart")
         assert ingest.received > received and ingest.alive
         assert state.hosts["h-old"].present and state.hosts["h-new"].present

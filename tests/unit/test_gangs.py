@@ -8,17 +8,9 @@ import itertools
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState
-from wire.messages import (
-    AttemptState,
-    GpuInfo,
-    GpuUsage,
-    Heartbeat,
-    Job,
-    JobSpec,
-    JobState,
-    StatusReport,
-    encode,
-)
+from tests.factories import heartbeat_record, job_spec
+from tests.factories import job as make_job
+from wire.messages import AttemptState, Job, JobState, StatusReport, encode
 from wire.records import Record
 
 NOW = 1_000_000.0
@@ -30,19 +22,17 @@ class World:
         self.rev = itertools.count(1)
 
     def host(self, host_id: str, rack: str = "r1", gpus: int = 8) -> None:
-        hb = Heartbeat(host_id=host_id, boot_id="b", ts=NOW, labels={"rack": rack},
-                       gpus=[GpuInfo(index=i, model="H100", memory_mb=1) for i in range(gpus)],
-                       gpu_usage=[GpuUsage(index=i) for i in range(gpus)], cpus=64, memory_mb=10**6)
-        self.state.apply_host_record(Record(host_id, next(self.rev), encode(hb)), now=NOW)
+        rec = heartbeat_record(host_id, next(self.rev), shape=False, boot_id="b", seq=0, ts=NOW, labels={"rack": rack},
+                               gpus=gpus, gpu_memory_mb=1, cpus=64, memory_mb=10**6)
+        self.state.apply_host_record(rec, now=NOW)
 
     def lose(self, host_id: str) -> None:
         self.state.apply_host_record(Record(host_id, next(self.rev), None), now=NOW)
 
     def submit(self, job_id: str, gpus: int, replicas: int = 1, same_rack: bool = False,
                at: float = NOW, max_attempts: int = 3) -> None:
-        job = Job(id=job_id, spec=JobSpec(name=job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1,
-                                          replicas=replicas, same_rack=same_rack, max_attempts=max_attempts),
-                  submitted_at=at, updated_at=at)
+        job = make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, replicas=replicas,
+                                             same_rack=same_rack, max_attempts=max_attempts), submitted_at=at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
     def cycle(self, reports: list[StatusReport] | None = None, now: float = NOW) -> Plan:

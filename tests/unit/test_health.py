@@ -12,45 +12,10 @@ from server.scheduling import retry
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig
+from tests.factories import T0, heartbeat_record, host_alloc, job, job_spec, task
 from wire.errors import ConfigError
-from wire.messages import (
-    Attempt,
-    AttemptState,
-    GpuInfo,
-    GpuUsage,
-    Heartbeat,
-    HostAlloc,
-    Job,
-    JobSpec,
-    JobState,
-    Task,
-    encode,
-)
+from wire.messages import Attempt, AttemptState, Job, JobState, encode
 from wire.records import Record
-
-T0 = 1_000_000.0
-
-
-def hb(host_id: str = "h1", *, gpus: int = 2, unhealthy: tuple[int, ...] = (), cpus: int = 16,
-       memory_mb: int = 64_000, labels: dict[str, str] | None = None, seq: int = 1) -> bytes:
-    return encode(
-        Heartbeat(
-            host_id=host_id,
-            boot_id="boot-1",
-            seq=seq,
-            ts=T0,
-            labels=labels or {},
-            gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(gpus)],
-            gpu_usage=[GpuUsage(index=i, healthy=i not in unhealthy) for i in range(gpus)],
-            cpus=cpus,
-            memory_mb=memory_mb,
-        )
-    )
-
-
-def job_bytes(job_id: str, state: JobState = JobState.QUEUED, priority: int = 0) -> bytes:
-    spec = JobSpec(name=job_id, command=["true"], priority=priority)
-    return encode(Job(id=job_id, spec=spec, state=state, submitted_at=T0, updated_at=T0))
 
 
 class Listener:
@@ -98,14 +63,14 @@ def test_heartbeat_apply_makes_host_healthy() -> None:
     s = ClusterState(heartbeat_interval_s=5.0)
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_host_record(Record("h1", 1, hb("h1", labels={"rack": "r1"})), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, labels={"rack": "r1"}), now=T0)
     assert s.health("h1", now=T0) is Health.HEALTHY
     assert s.hosts["h1"].heartbeat is not None and s.hosts["h1"].heartbeat.labels == {"rack": "r1"}
     assert s.hosts["h1"].revision == 1 and s.hosts["h1"].present
     assert lis.kinds() == ["host_up"]
     assert lis.calls[0][1].host_id == "h1"
     # Further heartbeats do not announce the host again.
-    s.apply_host_record(Record("h1", 2, hb("h1", seq=2)), now=T0 + 5)
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False, seq=2), now=T0 + 5)
     assert lis.kinds() == ["host_up"]
     assert s.hosts["h1"].heartbeat.seq == 2
 
@@ -116,13 +81,13 @@ def test_unknown_host_is_lost() -> None:
 
 def test_stale_seen_at_makes_host_suspect() -> None:
     s = ClusterState(heartbeat_interval_s=5.0)
-    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
     assert s.health("h1", now=T0 + 10) is Health.HEALTHY
     assert s.health("h1", now=T0 + 11) is Health.SUSPECT
     caps = s.capacities(now=T0 + 11)
     assert caps["h1"].schedulable is False
     # A new heartbeat refreshes seen_at.
-    s.apply_host_record(Record("h1", 2, hb()), now=T0 + 11)
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False), now=T0 + 11)
     assert s.health("h1", now=T0 + 11) is Health.HEALTHY
     assert s.capacities(now=T0 + 11)["h1"].schedulable is True
 
@@ -131,7 +96,7 @@ def test_tombstone_makes_host_lost_and_notifies() -> None:
     s = ClusterState()
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
     s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
     assert s.health("h1", now=T0 + 15) is Health.LOST
     entry = s.hosts["h1"]
@@ -141,7 +106,7 @@ def test_tombstone_makes_host_lost_and_notifies() -> None:
     # The last heartbeat is kept; the host is unschedulable.
     cap = s.capacities(now=T0 + 15)["h1"]
     assert cap.schedulable is False
-    assert check(JobSpec(name="j", command=["x"]), cap)[0] == NOT_HEALTHY
+    assert check(job_spec("j", command=["x"]), cap)[0] == NOT_HEALTHY
     # A second tombstone does not notify again.
     s.apply_host_record(Record("h1", 3, None), now=T0 + 16)
     assert lis.kinds() == ["host_up", "host_lost"]
@@ -165,9 +130,9 @@ def test_reregistering_after_loss_is_healthy_and_host_up() -> None:
     s = ClusterState()
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
     s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
-    s.apply_host_record(Record("h1", 3, hb(seq=1)), now=T0 + 20)
+    s.apply_host_record(heartbeat_record("h1", 3, shape=False, seq=1), now=T0 + 20)
     assert s.health("h1", now=T0 + 20) is Health.HEALTHY
     assert s.hosts["h1"].present is True and s.hosts["h1"].lost_at is None
     assert lis.kinds() == ["host_up", "host_lost", "host_up"]
@@ -177,19 +142,20 @@ def test_absent_hosts_and_domain_sizes_follow_heartbeats() -> None:
     """What the planner's lost-host pass reads instead of walking every host: the set of
     expired hosts, and hosts per failure domain (recounted when labels change)."""
     s = ClusterState()
-    s.apply_host_record(Record("h1", 1, hb("h1", labels={"rack": "r1", "zone": "z1"})), now=T0)
-    s.apply_host_record(Record("h2", 2, hb("h2", labels={"rack": "r1", "zone": "z1"})), now=T0)
-    s.apply_host_record(Record("h3", 3, hb("h3", labels={"rack": "r2", "zone": "z1"})), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, labels={"rack": "r1", "zone": "z1"}), now=T0)
+    s.apply_host_record(heartbeat_record("h2", 2, shape=False, labels={"rack": "r1", "zone": "z1"}), now=T0)
+    s.apply_host_record(heartbeat_record("h3", 3, shape=False, labels={"rack": "r2", "zone": "z1"}), now=T0)
     s.apply_host_record(Record("gone", 4, None), now=T0)  # expired before we heard of it
     assert s.absent == {"gone"}
     assert s.domain_sizes() == {("rack", "r1"): 2, ("rack", "r2"): 1, ("zone", "z1"): 3}
     s.apply_host_record(Record("h2", 5, None), now=T0 + 15)
     assert s.absent == {"gone", "h2"}
     assert s.domain_sizes()[("rack", "r1")] == 2  # a lost host still belongs to its domains
-    s.apply_host_record(Record("h2", 6, hb("h2", labels={"rack": "r2", "zone": "z1"})), now=T0 + 20)
+    s.apply_host_record(heartbeat_record("h2", 6, shape=False, labels={"rack": "r2", "zone": "z1"}), now=T0 + 20)
     assert s.absent == {"gone"}
     assert s.domain_sizes() == {("rack", "r1"): 1, ("rack", "r2"): 2, ("zone", "z1"): 3}
-    s.apply_host_record(Record("h3", 7, hb("h3", labels={"rack": "r2", "zone": "z1"}, seq=2)), now=T0 + 21)
+    s.apply_host_record(heartbeat_record("h3", 7, shape=False, labels={"rack": "r2", "zone": "z1"}, seq=2),
+                        now=T0 + 21)
     assert s.domain_sizes()[("rack", "r2")] == 2
 
 
@@ -199,11 +165,10 @@ def test_unheard_hosts_are_allocs_without_any_host_record() -> None:
     s = ClusterState()
 
     def alloc(host: str, rev: int, tasks: int = 1) -> None:
-        a = HostAlloc(host_id=host, term=1, tasks=[Task(attempt_id=f"j{i}.1", job_id=f"j{i}", number=1,
-                                                        command=["x"], cpus=1, memory_mb=10) for i in range(tasks)])
+        a = host_alloc(host, [task(f"j{i}", command=["x"], cpus=1, memory_mb=10) for i in range(tasks)], term=1)
         s.apply_state_record(Record(f"alloc.{host}", rev, encode(a)))
 
-    s.apply_host_record(Record("h1", 1, hb("h1")), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
     alloc("h1", 1)
     alloc("ghost", 2)
     alloc("late", 3)
@@ -211,7 +176,7 @@ def test_unheard_hosts_are_allocs_without_any_host_record() -> None:
     assert s.unheard == {"ghost", "late", "gone"}
     s.apply_host_record(Record("late", 5, b"{not json"), now=T0)  # dropped: still nothing heard
     assert s.unheard == {"ghost", "late", "gone"}
-    s.apply_host_record(Record("late", 6, hb("late")), now=T0)
+    s.apply_host_record(heartbeat_record("late", 6, shape=False), now=T0)
     s.apply_host_record(Record("gone", 7, None), now=T0)  # an expiry marker is a record: absent now
     assert s.unheard == {"ghost"} and s.absent == {"gone"}
     s.apply_state_record(Record("alloc.ghost", 8, None))
@@ -224,13 +189,13 @@ def test_heartbeat_with_other_host_id_is_dropped() -> None:
     s = ClusterState()
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_host_record(Record("h1", 1, hb("h2")), now=T0)
+    s.apply_host_record(heartbeat_record("h2", 1, key="h1", shape=False), now=T0)
     assert "h1" not in s.hosts and "h2" not in s.hosts
     assert s.dropped["heartbeat"] == 1
     assert lis.calls == []
     # Also for a known host: the held heartbeat stays.
-    s.apply_host_record(Record("h1", 2, hb("h1", cpus=16)), now=T0)
-    s.apply_host_record(Record("h1", 3, hb("evil", cpus=4096)), now=T0 + 1)
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False, cpus=16), now=T0)
+    s.apply_host_record(heartbeat_record("evil", 3, key="h1", shape=False, cpus=4096), now=T0 + 1)
     assert s.dropped["heartbeat"] == 2
     assert s.hosts["h1"].heartbeat.cpus == 16 and s.hosts["h1"].revision == 2
 
@@ -245,9 +210,9 @@ def test_undecodable_heartbeat_is_dropped() -> None:
 
 def test_older_host_revisions_are_ignored() -> None:
     s = ClusterState()
-    s.apply_host_record(Record("h1", 5, hb(cpus=32)), now=T0)
-    s.apply_host_record(Record("h1", 4, hb(cpus=8)), now=T0 + 1)
-    s.apply_host_record(Record("h1", 5, hb(cpus=8)), now=T0 + 1)
+    s.apply_host_record(heartbeat_record("h1", 5, shape=False, cpus=32), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 4, shape=False, cpus=8), now=T0 + 1)
+    s.apply_host_record(heartbeat_record("h1", 5, shape=False, cpus=8), now=T0 + 1)
     assert s.hosts["h1"].heartbeat.cpus == 32
     assert s.hosts["h1"].seen_at == T0
     # An old tombstone does not make the host lost either.
@@ -260,18 +225,18 @@ def test_older_state_revisions_are_ignored() -> None:
     s = ClusterState()
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_state_record(Record("job.j1", 10, job_bytes("j1", JobState.RUNNING)))
-    s.apply_state_record(Record("job.j1", 9, job_bytes("j1", JobState.QUEUED)))
-    s.apply_state_record(Record("job.j1", 10, job_bytes("j1", JobState.QUEUED)))
+    s.apply_state_record(Record("job.j1", 10, encode(job("j1", state=JobState.RUNNING))))
+    s.apply_state_record(Record("job.j1", 9, encode(job("j1", state=JobState.QUEUED))))
+    s.apply_state_record(Record("job.j1", 10, encode(job("j1", state=JobState.QUEUED))))
     assert s.jobs["j1"].state is JobState.RUNNING
     assert s.revisions["job.j1"] == 10
     assert lis.kinds() == ["job"]
     # apply_job shares the revision bookkeeping.
-    s.apply_job(Job(id="j1", spec=JobSpec(name="j1", command=["x"]), submitted_at=0, updated_at=0), 7)
+    s.apply_job(job("j1", spec=job_spec("j1", command=["x"]), submitted_at=0), 7)
     assert s.jobs["j1"].state is JobState.RUNNING
     s.apply_state_record(Record("job.j1", 11, None))
     assert "j1" not in s.jobs
-    s.apply_state_record(Record("job.j1", 11, job_bytes("j1")))
+    s.apply_state_record(Record("job.j1", 11, encode(job("j1"))))
     assert "j1" not in s.jobs
 
 
@@ -279,9 +244,9 @@ def test_state_records_alloc_hostcfg_term_lease() -> None:
     s = ClusterState()
     lis = Listener()
     s.listeners.append(lis)
-    s.apply_host_record(Record("h1", 1, hb(gpus=4, unhealthy=(1,), cpus=16, memory_mb=8000)), now=T0)
-    alloc = HostAlloc(host_id="h1", term=3, tasks=[Task(attempt_id="j.1", job_id="j", number=1, command=["x"],
-                                                        gpu_indices=[0, 2], cpus=4, memory_mb=1000)])
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, gpus=4, unhealthy=(1,), cpus=16, memory_mb=8000),
+                        now=T0)
+    alloc = host_alloc("h1", [task("j", command=["x"], gpu_indices=[0, 2], cpus=4, memory_mb=1000)], term=3)
     s.apply_state_record(Record("alloc.h1", 1, encode(alloc)))
     s.apply_state_record(Record("hostcfg.h1", 2, HostConfig(cordoned=True, reason="maint").model_dump_json().encode()))
     s.apply_state_record(Record("term", 42, b""))
@@ -304,7 +269,7 @@ def test_state_records_alloc_hostcfg_term_lease() -> None:
 
 def test_undecodable_state_record_is_dropped_and_counted() -> None:
     s = ClusterState()
-    s.apply_state_record(Record("job.j1", 1, job_bytes("j1")))
+    s.apply_state_record(Record("job.j1", 1, encode(job("j1"))))
     s.apply_state_record(Record("job.j1", 2, b"garbage"))
     s.apply_state_record(Record("alloc.h1", 3, b'{"v": 2, "host_id": "h1"}'))
     assert s.jobs["j1"].state is JobState.QUEUED
@@ -320,15 +285,15 @@ def test_listener_exceptions_do_not_break_feeding() -> None:
         raise RuntimeError("listener bug")
 
     s.listeners.extend([boom, lis])
-    s.apply_host_record(Record("h1", 1, hb()), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
     assert "h1" in s.hosts and lis.kinds() == ["host_up"]
 
 
 def test_queued_and_job_counts() -> None:
     s = ClusterState()
-    s.apply_state_record(Record("job.a", 1, job_bytes("a")))
-    s.apply_state_record(Record("job.b", 2, job_bytes("b", JobState.RUNNING)))
-    s.apply_state_record(Record("job.c", 3, job_bytes("c")))
+    s.apply_state_record(Record("job.a", 1, encode(job("a"))))
+    s.apply_state_record(Record("job.b", 2, encode(job("b", state=JobState.RUNNING))))
+    s.apply_state_record(Record("job.c", 3, encode(job("c"))))
     assert sorted(j.id for j in s.queued()) == ["a", "c"]
     assert s.job_counts() == {"QUEUED": 2, "RUNNING": 1}
 
@@ -342,11 +307,10 @@ def test_backoff_schedule() -> None:
 
 
 def job_with_attempts(n: int, max_attempts: int = 3) -> Job:
-    return Job(
-        id="j",
-        spec=JobSpec(name="j", command=["x"], max_attempts=max_attempts),
+    return job(
+        "j",
+        spec=job_spec("j", command=["x"], max_attempts=max_attempts),
         submitted_at=0,
-        updated_at=0,
         attempts=[Attempt(id=f"j.{i}", number=i, host_id="h1", state=AttemptState.LOST) for i in range(1, n + 1)],
     )
 

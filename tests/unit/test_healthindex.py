@@ -10,26 +10,16 @@ import pytest
 from server.health.index import HealthIndex
 from server.health.rules import Health, host_health
 from server.state.cluster import ClusterState
-from wire.messages import (
-    GpuInfo,
-    GpuUsage,
-    Heartbeat,
-    HostAlloc,
-    Task,
-    encode,
-    shape_digest,
-)
+from tests.factories import T0, heartbeat_record, host_alloc, task
+from wire.messages import SHAPE_HEADER, encode
 from wire.records import Record
 
-T0 = 1_000_000.0
 INTERVAL = 5.0
 
 
-def beat(host_id: str, seq: int, gpus: int = 2) -> tuple[bytes, str]:
-    hb = Heartbeat(host_id=host_id, boot_id="b", seq=seq, ts=T0,
-                   gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(gpus)],
-                   gpu_usage=[GpuUsage(index=i) for i in range(gpus)], cpus=16, memory_mb=64_000)
-    return encode(hb), shape_digest(hb)
+def beat(rec: Record) -> tuple[bytes | None, str | None]:
+    """A heartbeat record's bytes and shape, as the ingest process hands them over."""
+    return rec.value, (rec.headers or {}).get(SHAPE_HEADER)
 
 
 def full_scan(s: ClusterState, now: float) -> dict[str, Health]:
@@ -48,7 +38,7 @@ class Model:
 
     def heartbeat(self, host: str, now: float, gpus: int = 2) -> None:
         self.rev += 1
-        value, shape = beat(host, self.rev, gpus)
+        value, shape = beat(heartbeat_record(host, self.rev, boot_id="b", seq=self.rev, gpus=gpus))
         self.s.apply_heartbeat(host, self.rev, value, shape, now)
 
     def expire(self, host: str, now: float) -> None:
@@ -154,17 +144,9 @@ def test_agrees_with_a_full_scan(seed: int) -> None:
             m.expire(host, now)
         elif r < 0.90:
             m.rev += 1
-            tasks = [
-                Task(
-                    attempt_id=f"j{k}-1",
-                    job_id=f"j{k}",
-                    number=1,
-                    command=["x"],
-                    gpu_indices=list(range(rnd.randint(0, 2))),
-                )
-                for k in range(rnd.randint(0, 3))
-            ]
-            m.s.apply_state_record(Record(f"alloc.{host}", m.rev, encode(HostAlloc(host_id=host, tasks=tasks))))
+            tasks = [task(f"j{k}", attempt_id=f"j{k}-1", command=["x"], gpu_indices=list(range(rnd.randint(0, 2))))
+                     for k in range(rnd.randint(0, 3))]
+            m.s.apply_state_record(Record(f"alloc.{host}", m.rev, encode(host_alloc(host, tasks))))
         elif r < 0.92:
             m.rev += 1
             m.s.apply_state_record(Record(f"alloc.{host}", m.rev, None))
@@ -186,7 +168,7 @@ def test_agrees_with_a_full_scan(seed: int) -> None:
 
 def test_interval_is_read_from_the_state() -> None:
     s = ClusterState(heartbeat_interval_s=1.0)
-    value, shape = beat("h1", 1)
+    value, shape = beat(heartbeat_record("h1", 1, boot_id="b"))
     s.apply_heartbeat("h1", 1, value, shape, T0)
     s.refresh_health(T0).take_changes()
     assert s.refresh_health(T0 + 2.5).take_changes() == [("h1", Health.HEALTHY, Health.SUSPECT)]

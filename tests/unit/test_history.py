@@ -19,7 +19,8 @@ from sqlmodel import Session, SQLModel, select
 import server.history.database as history_mod
 from server.history.database import History, alembic_config, job_cursor
 from server.history.models import AttemptRow, EventRow, JobRow
-from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
+from tests.factories import job, job_spec
+from wire.messages import Attempt, AttemptState, Job, JobState, encode
 
 DAY = 86400.0
 
@@ -38,35 +39,36 @@ def hist(db_url: str):  # type: ignore[no-untyped-def]
     h.close()
 
 
-def spec(name: str = "train", user: str = "alice", priority: int = 0, gpus: int = 1) -> JobSpec:
-    return JobSpec(name=name, command=["python", "train.py"], user=user, priority=priority, gpus=gpus)
+TRAIN = ["python", "train.py"]  # what every job of these tests runs
 
 
 def lifecycle(jid: str, t0: float = 1000.0, *, name: str = "train", user: str = "alice",
               priority: int = 0, final: JobState = JobState.SUCCEEDED) -> list[Job]:
     """The successive records of a job: QUEUED, PLACED, RUNNING, then `final`."""
-    s = spec(name, user, priority)
+    s = job_spec(name, command=TRAIN, user=user, priority=priority, gpus=1)
     a_id = f"{jid}-a1"
-    queued = Job(id=jid, spec=s, submitted_at=t0, updated_at=t0)
-    placed = Job(id=jid, spec=s, state=JobState.PLACED, submitted_at=t0, updated_at=t0 + 1,
+    queued = job(jid, spec=s, submitted_at=t0)
+    placed = job(jid, spec=s, state=JobState.PLACED, submitted_at=t0, updated_at=t0 + 1,
                  attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], placed_at=t0 + 1)])
-    running = Job(id=jid, spec=s, state=JobState.RUNNING, submitted_at=t0, updated_at=t0 + 2,
+    running = job(jid, spec=s, state=JobState.RUNNING, submitted_at=t0, updated_at=t0 + 2,
                   attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=AttemptState.RUNNING,
                                     placed_at=t0 + 1, started_at=t0 + 2)])
     astate = {JobState.SUCCEEDED: AttemptState.SUCCEEDED, JobState.FAILED: AttemptState.FAILED,
               JobState.CANCELLED: AttemptState.KILLED}[final]
-    done = Job(id=jid, spec=s, state=final, submitted_at=t0, updated_at=t0 + 10,
+    done = job(jid, spec=s, state=final, submitted_at=t0, updated_at=t0 + 10,
                attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=astate,
                                  placed_at=t0 + 1, started_at=t0 + 2, finished_at=t0 + 10,
                                  exit_code=0 if final == JobState.SUCCEEDED else 1)])
     return [queued, placed, running, done]
 
 
-def job(jid: str, t: float, *, state: JobState = JobState.QUEUED, name: str = "train", user: str = "alice",
-        priority: int = 0, updated: float | None = None) -> Job:
-    """A job in `state` (finished ones carry one finished attempt)."""
+def job_in_state(jid: str, t: float, *, state: JobState = JobState.QUEUED, name: str = "train", user: str = "alice",
+                 priority: int = 0, updated: float | None = None) -> Job:
+    """A job submitted at `t` and now in `state`: a record of its `lifecycle` (finished
+    ones carry one finished attempt), last updated at `updated` if given."""
     if state == JobState.QUEUED:
-        return Job(id=jid, spec=spec(name, user, priority), submitted_at=t, updated_at=updated or t)
+        return job(jid, spec=job_spec(name, command=TRAIN, user=user, priority=priority, gpus=1), submitted_at=t,
+                   updated_at=updated or t)
     final = state if state.terminal else JobState.SUCCEEDED
     j = lifecycle(jid, t, name=name, user=user, priority=priority, final=final)
     j = j[{JobState.PLACED: 1, JobState.RUNNING: 2}.get(state, 3)]
@@ -308,8 +310,8 @@ def _fixture_jobs() -> list[Job]:
     states = [JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
     names = ["train-a", "train-b", "Train-c", "eval_1", "evalx1", "sweep%1"]
     for i in range(30):
-        out.append(job(f"j{i:02d}", 1000.0 + (i * 7) % 30, state=states[i % 5], name=names[i % 6],
-                       user=["alice", "bob", "carol"][i % 3], priority=[0, 5, -1, 10][i % 4]))
+        out.append(job_in_state(f"j{i:02d}", 1000.0 + (i * 7) % 30, state=states[i % 5], name=names[i % 6],
+                                user=["alice", "bob", "carol"][i % 3], priority=[0, 5, -1, 10][i % 4]))
     return out
 
 
@@ -409,11 +411,11 @@ def test_retention_prunes_only_old_finished_jobs(db_url: str, monkeypatch: pytes
     try:
         old, keep = [], []
         for i, st in enumerate([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED] * 3):
-            j = job(f"old{i}", now - 30 * DAY, state=st, updated=now - 8 * DAY - i)
+            j = job_in_state(f"old{i}", now - 30 * DAY, state=st, updated=now - 8 * DAY - i)
             old.append(j)
-        keep.append(job("oldq", now - 30 * DAY, state=JobState.QUEUED, updated=now - 20 * DAY))
-        keep.append(job("oldr", now - 30 * DAY, state=JobState.RUNNING, updated=now - 20 * DAY))
-        keep.append(job("recent", now - 30 * DAY, state=JobState.SUCCEEDED, updated=now - 6 * DAY))
+        keep.append(job_in_state("oldq", now - 30 * DAY, state=JobState.QUEUED, updated=now - 20 * DAY))
+        keep.append(job_in_state("oldr", now - 30 * DAY, state=JobState.RUNNING, updated=now - 20 * DAY))
+        keep.append(job_in_state("recent", now - 30 * DAY, state=JobState.SUCCEEDED, updated=now - 6 * DAY))
         for j in old + keep:
             h.record(j, 1)
         h.flush()
@@ -434,8 +436,9 @@ async def test_run_prunes_with_retention(tmp_path: Path) -> None:
 
     h = History(f"sqlite:///{tmp_path / 'h.db'}", retention_days=1)
     try:
-        h.record(job("old", time.time() - 10 * DAY, state=JobState.SUCCEEDED, updated=time.time() - 5 * DAY), 1)
-        h.record(job("new", time.time(), state=JobState.SUCCEEDED, updated=time.time()), 1)
+        h.record(job_in_state("old", time.time() - 10 * DAY, state=JobState.SUCCEEDED,
+                              updated=time.time() - 5 * DAY), 1)
+        h.record(job_in_state("new", time.time(), state=JobState.SUCCEEDED, updated=time.time()), 1)
         h.flush()
         stop = asyncio.Event()
         task = asyncio.create_task(h.run(stop, every_s=0.05))
@@ -456,8 +459,8 @@ async def test_run_prunes_with_retention(tmp_path: Path) -> None:
 def test_five_thousand_jobs(hist: History) -> None:
     rng = random.Random(7)
     states = list(JobState)
-    jobs = [job(f"j{i:05d}", 1_000_000.0 + i, state=rng.choice(states), user=f"u{rng.randrange(20)}",
-                name=rng.choice(["train", "eval", "sweep"]) + f"-{i % 50}", priority=rng.randrange(-3, 4))
+    jobs = [job_in_state(f"j{i:05d}", 1_000_000.0 + i, state=rng.choice(states), user=f"u{rng.randrange(20)}",
+                         name=rng.choice(["train", "eval", "sweep"]) + f"-{i % 50}", priority=rng.randrange(-3, 4))
             for i in range(5000)]
     for j in jobs:
         hist.record(j, 1)

@@ -12,13 +12,11 @@ import pytest
 from server.health.ingest import HeartbeatIngest, IngestConfig, Pending
 from server.state.cluster import ClusterState
 from tests.conftest import eventually
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode
+from tests.factories import heartbeat
+from wire.messages import encode
 
-
-def heartbeat(host_id: str, seq: int = 1, cpus: int = 16) -> Heartbeat:
-    return Heartbeat(host_id=host_id, boot_id="b1", seq=seq, ts=time.time(), labels={"rack": "r1"},
-                     gpus=[GpuInfo(index=i, model="H100", memory_mb=80_000) for i in range(2)],
-                     gpu_usage=[GpuUsage(index=i) for i in range(2)], cpus=cpus, memory_mb=64_000)
+# The heartbeats of these tests: a host in rack r1 (two H100s, the factory's shape).
+AGENT = {"boot_id": "b1", "labels": {"rack": "r1"}}
 
 
 def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
@@ -45,7 +43,7 @@ def test_pending_keeps_one_heartbeat_per_host_and_every_loss() -> None:
     state = ClusterState(heartbeat_interval_s=5)
     kinds: list[str] = []
     state.listeners.append(lambda kind, obj: kinds.append(f"{kind}:{obj.host_id}") if kind.startswith("host") else None)
-    hb = {k: encode(heartbeat(k)) for k in "abc"}
+    hb = {k: encode(heartbeat(k, ts=time.time(), **AGENT)) for k in "abc"}
     state.apply_heartbeat("b", 2, hb["b"], None, 100.0)
     for batch in (first, rest):
         for k, r, v in zip(batch.keys, batch.revisions, batch.values, strict=True):

@@ -26,41 +26,9 @@ from server.scheduling.placement import (
     explain,
     place,
 )
+from tests.factories import host_capacity as host
+from tests.factories import job_spec as spec
 from wire.messages import JobSpec
-
-
-def spec(gpus: int = 0, model: str | None = None, cpus: float = 1.0, memory_mb: int = 512) -> JobSpec:
-    return JobSpec(name="j", command=["true"], gpus=gpus, gpu_model=model, cpus=cpus, memory_mb=memory_mb)
-
-
-def host(
-    hid: str = "h1",
-    *,
-    gpus: int = 8,
-    model: str = "H100",
-    models: dict[int, str] | None = None,
-    cpus: float = 64.0,
-    memory_mb: int = 256_000,
-    schedulable: bool = True,
-    cordoned: bool = False,
-    unhealthy: frozenset[int] = frozenset(),
-    used_gpus: set[int] | None = None,
-    used_cpus: float = 0.0,
-    used_memory_mb: int = 0,
-) -> HostCapacity:
-    return HostCapacity(
-        id=hid,
-        schedulable=schedulable,
-        cordoned=cordoned,
-        gpu_models=dict(models) if models is not None else {i: model for i in range(gpus)},
-        unhealthy_gpus=frozenset(unhealthy),
-        cpus=cpus,
-        memory_mb=memory_mb,
-        used_gpus=set(used_gpus or ()),
-        used_cpus=used_cpus,
-        used_memory_mb=used_memory_mb,
-    )
-
 
 # ---------------------------------------------------------------- check: reasons in order
 
@@ -72,26 +40,19 @@ def test_reason_constants_are_listed_in_check_order() -> None:
 
 
 def test_a_host_takes_at_most_max_tasks() -> None:
-    host = HostCapacity(id="h", schedulable=True, cordoned=False, gpu_models={}, unhealthy_gpus=frozenset(),
-                        cpus=10_000.0, memory_mb=10**9)
-    spec = JobSpec(name="t", command=["x"], cpus=0.01, memory_mb=1)
+    h = host("h", gpus=0, cpus=10_000.0, memory_mb=10**9)
+    s = spec("t", command=["x"], cpus=0.01, memory_mb=1)
     for _ in range(MAX_TASKS_PER_HOST):
-        assert check(spec, host)[0] is None
-        host.reserve([], spec.cpus, spec.memory_mb)
-    assert check(spec, host) == (TOO_MANY_TASKS, [])
-    host.release([], spec.cpus, spec.memory_mb)
-    assert check(spec, host)[0] is None
+        assert check(s, h)[0] is None
+        h.reserve([], s.cpus, s.memory_mb)
+    assert check(s, h) == (TOO_MANY_TASKS, [])
+    h.release([], s.cpus, s.memory_mb)
+    assert check(s, h)[0] is None
 
 
 def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
-    s = spec(gpus=2, model="H100", cpus=8, memory_mb=1000)
-    h = host(
-        models={0: "A100"},
-        schedulable=False,
-        cordoned=True,
-        cpus=4,
-        memory_mb=500,
-    )
+    s = spec(gpus=2, gpu_model="H100", cpus=8, memory_mb=1000)
+    h = host(models={0: "A100"}, schedulable=False, cordoned=True, cpus=4, memory_mb=500)
     assert check(s, h) == (NOT_HEALTHY, [])
     h.schedulable = True
     assert check(s, h) == (CORDONED, [])
@@ -115,9 +76,9 @@ def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
     [
         (host(schedulable=False), spec(), NOT_HEALTHY),
         (host(cordoned=True), spec(), CORDONED),
-        (host(model="A100"), spec(gpus=1, model="H100"), WRONG_MODEL),
+        (host(model="A100"), spec(gpus=1, gpu_model="H100"), WRONG_MODEL),
         (host(gpus=4), spec(gpus=8), TOO_FEW_GPUS),
-        (host(models={0: "H100", 1: "H100", 2: "A100", 3: "A100"}), spec(gpus=3, model="H100"), TOO_FEW_GPUS),
+        (host(models={0: "H100", 1: "H100", 2: "A100", 3: "A100"}), spec(gpus=3, gpu_model="H100"), TOO_FEW_GPUS),
         (host(gpus=4, used_gpus={0, 1}), spec(gpus=3), NO_FREE_GPUS),
         (host(gpus=4, unhealthy=frozenset({0, 1})), spec(gpus=3), NO_FREE_GPUS),
         (host(cpus=8, used_cpus=7.5), spec(cpus=1), NO_FREE_CPU),
@@ -134,7 +95,7 @@ def test_each_reason_alone(h: HostCapacity, s: JobSpec, reason: str) -> None:
 
 def test_unhealthy_host_wins_over_every_other_reason() -> None:
     h = host(schedulable=False, cordoned=True, gpus=0, cpus=0, memory_mb=0)
-    assert check(spec(gpus=4, model="B200", cpus=99, memory_mb=10**9), h)[0] == NOT_HEALTHY
+    assert check(spec(gpus=4, gpu_model="B200", cpus=99, memory_mb=10**9), h)[0] == NOT_HEALTHY
 
 
 def test_gpu_less_job_fits_gpu_less_host() -> None:
@@ -168,8 +129,8 @@ def test_unhealthy_gpus_never_chosen_but_the_others_are() -> None:
 
 def test_gpus_of_the_requested_model_only() -> None:
     h = host(models={0: "A100", 1: "H100", 2: "A100", 3: "H100", 4: "H100"}, used_gpus={1})
-    assert check(spec(gpus=2, model="H100"), h) == (None, [3, 4])
-    assert check(spec(gpus=2, model="A100"), h) == (None, [0, 2])
+    assert check(spec(gpus=2, gpu_model="H100"), h) == (None, [3, 4])
+    assert check(spec(gpus=2, gpu_model="A100"), h) == (None, [0, 2])
     # No model named: lowest free indices of any model.
     assert check(spec(gpus=3), h) == (None, [0, 2, 3])
 
@@ -228,7 +189,7 @@ def test_infeasible_hosts_are_never_chosen_even_if_tighter() -> None:
 
 def test_rejection_counts_every_host() -> None:
     res = place(
-        spec(gpus=1, model="H100"),
+        spec(gpus=1, gpu_model="H100"),
         [host("a", model="A100"), host("b", cordoned=True), host("c", gpus=1, used_gpus={0})],
     )
     assert isinstance(res, Rejection)
@@ -252,7 +213,7 @@ def test_explain_counts_per_reason_across_many_hosts() -> None:
     hosts += [host(f"s{i}", schedulable=False) for i in range(5)]
     hosts += [host(f"c{i}", cordoned=True) for i in range(3)]
     hosts += [host(f"m{i}", gpus=8, memory_mb=100) for i in range(2)]
-    s = spec(gpus=2, model="H100")
+    s = spec(gpus=2, gpu_model="H100")
     reasons = explain(s, hosts)
     assert reasons == Counter({WRONG_MODEL: 48, NO_FREE_GPUS: 19, NOT_HEALTHY: 5, CORDONED: 3, NO_FREE_MEMORY: 2})
     assert sum(reasons.values()) == len(hosts)
@@ -264,12 +225,12 @@ def test_explain_counts_per_reason_across_many_hosts() -> None:
 
 def test_explain_does_not_count_fitting_hosts() -> None:
     hosts = [host("fits"), host("a", model="A100")]
-    assert explain(spec(gpus=1, model="H100"), hosts) == Counter({WRONG_MODEL: 1})
+    assert explain(spec(gpus=1, gpu_model="H100"), hosts) == Counter({WRONG_MODEL: 1})
     assert explain(spec(gpus=1), [host("fits")]) == Counter()
 
 
 def test_explain_accepts_a_generator() -> None:
-    reasons = explain(spec(gpus=1, model="H100"), (host(str(i), model="A100") for i in range(3)))
+    reasons = explain(spec(gpus=1, gpu_model="H100"), (host(str(i), model="A100") for i in range(3)))
     assert reasons == Counter({WRONG_MODEL: 3})
 
 
@@ -333,12 +294,12 @@ def host_caps(draw: st.DrawFn, i: int) -> HostCapacity:
     n = draw(st.integers(0, 8))
     models = {g: draw(st.sampled_from(MODELS)) for g in range(n)}
     unhealthy = draw(st.frozensets(st.integers(0, max(0, n - 1)), max_size=n)) if n else frozenset()
-    return HostCapacity(
-        id=f"h{i}",
+    return host(
+        f"h{i}",
         schedulable=draw(st.sampled_from([True, True, True, False])),
         cordoned=draw(st.sampled_from([False, False, False, True])),
-        gpu_models=models,
-        unhealthy_gpus=unhealthy,
+        models=models,
+        unhealthy=unhealthy,
         cpus=float(draw(st.integers(0, 64))) + draw(st.sampled_from([0.0, 0.5, 0.3])),
         memory_mb=draw(st.integers(0, 65536)),
     )
@@ -353,7 +314,7 @@ def host_lists(draw: st.DrawFn) -> list[HostCapacity]:
 specs = st.builds(
     spec,
     gpus=st.integers(0, 9),
-    model=st.none() | st.sampled_from(MODELS + ["B200"]),
+    gpu_model=st.none() | st.sampled_from(MODELS + ["B200"]),
     cpus=st.sampled_from([0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 7.5, 16.0, 33.0]),
     memory_mb=st.integers(0, 40000),
 )

@@ -11,20 +11,9 @@ from hypothesis import strategies as st
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle, queue_order
 from server.state.cluster import ClusterState
-from wire.messages import (
-    Attempt,
-    AttemptState,
-    Command,
-    GpuInfo,
-    GpuUsage,
-    Heartbeat,
-    HostAlloc,
-    Job,
-    JobSpec,
-    JobState,
-    StatusReport,
-    encode,
-)
+from tests.factories import heartbeat_record, job_spec
+from tests.factories import job as make_job
+from wire.messages import Attempt, AttemptState, Command, HostAlloc, Job, JobState, StatusReport, encode
 from wire.records import Record
 
 NOW = 1_000_000.0
@@ -49,16 +38,9 @@ class World:
         unhealthy: tuple[int, ...] = (),
         now: float = NOW,
     ) -> None:
-        hb = Heartbeat(
-            host_id=host_id,
-            boot_id="boot",
-            ts=now,
-            gpus=[GpuInfo(index=i, model=model, memory_mb=80_000) for i in range(gpus)],
-            gpu_usage=[GpuUsage(index=i, healthy=i not in unhealthy) for i in range(gpus)],
-            cpus=cpus,
-            memory_mb=memory_mb,
-        )
-        self.state.apply_host_record(Record(host_id, next(self.rev), encode(hb)), now=now)
+        rec = heartbeat_record(host_id, next(self.rev), shape=False, boot_id="boot", seq=0, ts=now, gpus=gpus,
+                               model=model, unhealthy=unhealthy, cpus=cpus, memory_mb=memory_mb)
+        self.state.apply_host_record(rec, now=now)
 
     def submit(
         self,
@@ -72,21 +54,9 @@ class World:
         max_attempts: int = 3,
         submitted_at: float = NOW - 100,
     ) -> None:
-        job = Job(
-            id=job_id,
-            spec=JobSpec(
-                name=job_id,
-                command=["run", job_id],
-                gpus=gpus,
-                gpu_model=model,
-                cpus=cpus,
-                memory_mb=memory_mb,
-                priority=priority,
-                max_attempts=max_attempts,
-            ),
-            submitted_at=submitted_at,
-            updated_at=submitted_at,
-        )
+        spec = job_spec(job_id, command=["run", job_id], gpus=gpus, gpu_model=model, cpus=cpus, memory_mb=memory_mb,
+                        priority=priority, max_attempts=max_attempts)
+        job = make_job(job_id, spec=spec, submitted_at=submitted_at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
     def alloc_record(self, alloc: HostAlloc) -> None:
@@ -821,6 +791,6 @@ def test_current_tasks_are_the_attempts_of_the_latest_try(tasks_per_try: list[in
     tail, are every attempt with the latest number."""
     attempts = [Attempt(id=f"j.{n}.{t}", number=n, task=t, host_id=f"h{t}") for n, k in enumerate(tasks_per_try, 1)
                 for t in range(k)]
-    job = Job(id="j", spec=JobSpec(name="j", command=["x"]), submitted_at=NOW, updated_at=NOW, attempts=attempts)
+    job = make_job("j", spec=job_spec("j", command=["x"]), submitted_at=NOW, attempts=attempts)
     last = attempts[-1].number if attempts else 0
     assert job.current_tasks() == [a for a in attempts if a.number == last]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from server.health.readclock import ReadClock
 from server.health.rules import Health
 from server.state.cluster import ClusterState
-from wire.messages import GpuInfo, GpuUsage, Heartbeat, encode, shape_digest
-from wire.records import Record
+from tests.factories import T0, heartbeat_record
 
-T0 = 1_000_000.0
+# The hosts of these tests: one small GPU each.
+HOST = {"boot_id": "b", "gpus": 1, "gpu_memory_mb": 1, "cpus": 8, "memory_mb": 1000}
 
 
 def test_local_time_until_anything_is_read() -> None:
@@ -27,12 +27,6 @@ def test_caught_up_runs_on_from_the_position_and_behind_stands_still() -> None:
     assert c.position == T0 + 104 and c.caught_up
 
 
-def beat(host: str, seq: int) -> tuple[bytes, str]:
-    hb = Heartbeat(host_id=host, boot_id="b", seq=seq, ts=T0, gpus=[GpuInfo(index=0, model="H100", memory_mb=1)],
-                   gpu_usage=[GpuUsage(index=0)], cpus=8, memory_mb=1000)
-    return encode(hb), shape_digest(hb)
-
-
 def test_a_reader_that_is_behind_does_not_make_hosts_suspect() -> None:
     """Hosts are judged on the time up to which heartbeats were read: a reader 30 s behind
     the stream does not call a host SUSPECT for silence it has not seen; a host silent in
@@ -42,8 +36,7 @@ def test_a_reader_that_is_behind_does_not_make_hosts_suspect() -> None:
     for t in (0.0, 5.0, 10.0):  # live-a beats every 5 s, quiet-b stops after its first
         for host in ("live-a", "quiet-b") if t == 0.0 else ("live-a",):
             rev += 1
-            value, shape = beat(host, rev)
-            s.apply_host_record(Record(host, rev, value, {"Muster-Shape": shape}, stamp=T0 + t, behind=40_000),
+            s.apply_host_record(heartbeat_record(host, rev, seq=rev, **HOST, stamp=T0 + t, behind=40_000),
                                 now=T0 + 40 + t)
     # 50 s of wall clock later, the reader has read only up to T0 + 10.
     assert s.clock.position == T0 + 10 and not s.clock.caught_up
@@ -55,9 +48,7 @@ def test_a_reader_that_is_behind_does_not_make_hosts_suspect() -> None:
     # The reader catches up: a record stored at T0 + 49.5, applied at T0 + 50 with
     # nothing after it; quiet-b has been silent for 49.5 s of what was read.
     rev += 1
-    value, shape = beat("live-a", rev)
-    s.apply_host_record(Record("live-a", rev, value, {"Muster-Shape": shape}, stamp=T0 + 49.5, behind=0),
-                        now=T0 + 50)
+    s.apply_host_record(heartbeat_record("live-a", rev, seq=rev, **HOST, stamp=T0 + 49.5, behind=0), now=T0 + 50)
     assert s.clock.caught_up
     assert s.health("quiet-b", now=T0 + 50) is Health.SUSPECT
     assert s.refresh_health(T0 + 50).take_changes() == [("quiet-b", Health.HEALTHY, Health.SUSPECT)]
@@ -81,8 +72,7 @@ def test_a_late_record_saying_nothing_is_pending_does_not_make_the_clock_run_on(
 
 def test_records_without_a_stamp_keep_the_local_clock() -> None:
     s = ClusterState(heartbeat_interval_s=5.0)
-    value, shape = beat("h", 1)
-    s.apply_host_record(Record("h", 1, value, {"Muster-Shape": shape}), now=T0)
+    s.apply_host_record(heartbeat_record("h", 1, seq=1, **HOST), now=T0)
     assert s.clock.position is None and s.hosts["h"].seen_at == T0
     assert s.health("h", now=T0 + 11) is Health.SUSPECT
 
@@ -105,10 +95,8 @@ def test_the_clock_holds_while_superseded_heartbeats_are_skipped() -> None:
 
 def test_a_host_whose_heartbeats_were_skipped_is_not_called_suspect() -> None:
     s = ClusterState(heartbeat_interval_s=5.0)
-    value, shape = beat("a", 1)
-    s.apply_host_record(Record("a", 1, value, {"Muster-Shape": shape}, stamp=T0, behind=10), now=T0 + 1)
-    value, shape = beat("b", 2)
+    s.apply_host_record(heartbeat_record("a", 1, seq=1, **HOST, stamp=T0, behind=10), now=T0 + 1)
     # b's record arrives after 3,000 skipped ones (a's newer heartbeats among them).
-    s.apply_host_record(Record("b", 3002, value, {"Muster-Shape": shape}, stamp=T0 + 14, behind=10,
-                               skipped=3000), now=T0 + 15)
+    s.apply_host_record(heartbeat_record("b", 3002, seq=2, **HOST, stamp=T0 + 14, behind=10, skipped=3000),
+                        now=T0 + 15)
     assert s.health("a", now=T0 + 15) is Health.HEALTHY

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError as PydanticValidationError
 
+from tests.factories import heartbeat, host_alloc, job, job_spec, task
 from wire.errors import DecodeError, ValidationError
 from wire.messages import (
     MAX_MESSAGE_BYTES,
@@ -17,8 +18,6 @@ from wire.messages import (
     Attempt,
     AttemptState,
     Command,
-    GpuInfo,
-    GpuUsage,
     Heartbeat,
     HostAlloc,
     Job,
@@ -289,15 +288,13 @@ def test_label_with_trailing_newline_rejected() -> None:
 
 
 def sample_messages() -> list:
-    spec = JobSpec(name="j", command=["true"], gpus=1, gpu_model="H100")
+    spec = job_spec("j", gpus=1, gpu_model="H100")
     return [
-        Heartbeat(host_id="h1", boot_id="b", ts=1.0, cpus=8, memory_mb=1024, labels={"rack": "r1"},
-                  gpus=[GpuInfo(index=0, model="H100", memory_mb=80_000)],
-                  gpu_usage=[GpuUsage(index=0, healthy=False, fault="xid 79")]),
+        heartbeat("h1", boot_id="b", seq=0, ts=1.0, cpus=8, memory_mb=1024, labels={"rack": "r1"}, gpus=1,
+                  unhealthy=[0], fault="xid 79"),
         StatusReport(host_id="h1", attempt_id="j.1", job_id="j", state=AttemptState.FAILED, exit_code=3, ts=2.0),
-        HostAlloc(host_id="h1", term=4, tasks=[Task(attempt_id="j.1", job_id="j", number=1, command=["true"],
-                                                     gpu_indices=[0], cpus=1.0, memory_mb=512, term=4)]),
-        Job(id="j", spec=spec, submitted_at=1.0, updated_at=2.0,
+        host_alloc("h1", [task("j", gpu_indices=[0], cpus=1.0, memory_mb=512, term=4)], term=4),
+        job("j", spec=spec, submitted_at=1.0, updated_at=2.0,
             attempts=[Attempt(id="j.1", number=1, host_id="h1", gpu_indices=[0])]),
         Command(kind="cancel", job_id="j", by="me", ts=3.0),
     ]
@@ -330,7 +327,7 @@ tasks = st.builds(
 
 @given(host=st.text(min_size=1, max_size=30), term=st.integers(0, 10**6), tasks=st.lists(tasks, max_size=5))
 def test_alloc_record_omits_defaults_and_decodes_to_the_same_tasks(host: str, term: int, tasks: list[Task]) -> None:
-    alloc = HostAlloc(host_id=host, term=term, tasks=tasks)
+    alloc = host_alloc(host, tasks, term=term)
     data = encode(alloc)
     assert decode(HostAlloc, data, limit=MAX_RECORD_BYTES) == alloc
     raw = json.loads(data)
@@ -344,15 +341,15 @@ def test_alloc_record_omits_defaults_and_decodes_to_the_same_tasks(host: str, te
 
 
 def test_task_is_immutable_and_a_changed_copy_is_encoded_anew() -> None:
-    t = Task(attempt_id="j.1", job_id="j", number=1, command=["true"], gpu_indices=[0])
-    before = encode(HostAlloc(host_id="h1", tasks=[t]))  # caches the task's JSON
+    t = task("j", gpu_indices=[0])
+    before = encode(host_alloc("h1", [t]))  # caches the task's JSON
     with pytest.raises(PydanticValidationError):
         t.stop = True  # type: ignore[misc]
     stopped = t.model_copy(update={"stop": True})
     assert stopped != t and not t.stop
-    after = decode(HostAlloc, encode(HostAlloc(host_id="h1", tasks=[t, stopped])), limit=MAX_RECORD_BYTES)
+    after = decode(HostAlloc, encode(host_alloc("h1", [t, stopped])), limit=MAX_RECORD_BYTES)
     assert [x.stop for x in after.tasks] == [False, True]
-    assert encode(HostAlloc(host_id="h1", tasks=[t])) == before
+    assert encode(host_alloc("h1", [t])) == before
 
 
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)

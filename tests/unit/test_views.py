@@ -15,20 +15,9 @@ from server.replica import Muster, ServerConfig
 from server.scheduling.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
 from server.state.cluster import HostConfig
 from server.views.hosts import HostQuery, HostTable
+from tests.factories import heartbeat, heartbeat_record, host_alloc, job, job_spec, task
 from web.console.hosts import console_query
-from wire.messages import (
-    SHAPE_HEADER,
-    GpuInfo,
-    GpuUsage,
-    Heartbeat,
-    HostAlloc,
-    Job,
-    JobSpec,
-    JobState,
-    Task,
-    encode,
-    shape_digest,
-)
+from wire.messages import SHAPE_HEADER, GpuUsage, Heartbeat, JobState, shape_digest
 from wire.records import Record
 
 
@@ -37,11 +26,10 @@ def _muster(tmp_path: Path, hosts: int, memory_mb: int = 2 * 1024 * 1024) -> tup
     mu = Muster(ServerConfig(data_dir=tmp_path / "mu", heartbeat_interval_s=5.0))
     hbs = []
     for i in range(hosts):
-        hb = Heartbeat(host_id=f"h-{i:03d}", boot_id="b", ts=time.time(), labels={"rack": f"r{i % 3}"},
-                       gpus=[GpuInfo(index=g, model="H100" if i % 2 else "A100", memory_mb=81920) for g in range(8)],
-                       gpu_usage=[GpuUsage(index=g, util_pct=10.0 * g) for g in range(8)], cpus=192,
-                       memory_mb=memory_mb, cpu_pct=5.0, mem_used_mb=1024)
-        mu.state.apply_host_record(Record(hb.host_id, i + 1, encode(hb), {SHAPE_HEADER: shape_digest(hb)}))
+        hb = heartbeat(f"h-{i:03d}", boot_id="b", seq=0, ts=time.time(), labels={"rack": f"r{i % 3}"}, gpus=8,
+                       model="H100" if i % 2 else "A100", gpu_memory_mb=81920, util=[10.0 * g for g in range(8)],
+                       cpus=192, memory_mb=memory_mb, cpu_pct=5.0, mem_used_mb=1024)
+        mu.state.apply_host_record(heartbeat_record(hb, i + 1))
         hbs.append(hb)
     return mu, hbs
 
@@ -86,9 +74,8 @@ def test_fleet_summary_follows_heartbeats_allocations_and_health(tmp_path: Path)
     assert first == fresh(now) and first.by_model["H100"] == [120, 0, 120]
     # a GPU fault arrives (a new shape: decoded), then work is placed on a host
     bad = hbs[1].model_copy(update={"gpu_usage": [GpuUsage(index=g, healthy=g != 3) for g in range(8)]})
-    st.apply_host_record(Record("h-001", 100, encode(bad), {SHAPE_HEADER: shape_digest(bad)}))
-    st.apply_alloc(HostAlloc(host_id="h-002", tasks=[Task(attempt_id="j.1", job_id="j", number=1, command=["x"],
-                                                          gpu_indices=[0, 1], cpus=4, memory_mb=100)]), 101)
+    st.apply_host_record(heartbeat_record(bad, 100))
+    st.apply_alloc(host_alloc("h-002", [task("j", command=["x"], gpu_indices=[0, 1], cpus=4, memory_mb=100)]), 101)
     now = time.time()
     got = mu.hosts.summary(now)
     assert got == fresh(now)
@@ -114,7 +101,7 @@ def test_host_rows_read_raw_heartbeats_without_decoding_them(tmp_path: Path) -> 
     # same shape, new figures: the server keeps it raw; the row reads its usage
     busy = hbs[1].model_copy(update={"seq": 2, "cpu_pct": 77.0, "mem_used_mb": 4096,
                                      "gpu_usage": [GpuUsage(index=g, util_pct=55.0) for g in range(8)]})
-    mu.state.apply_host_record(Record("h-001", 10, encode(busy), {SHAPE_HEADER: shape_digest(busy)}))
+    mu.state.apply_host_record(heartbeat_record(busy, 10))
     assert entry.raw is not None
     row = mu.hosts.row("h-001", now)
     assert row is not None and (row.gpu_util_pct, row.cpu_pct, row.mem_used_mb) == (55.0, 77.0, 4096)
@@ -159,18 +146,18 @@ def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_
     mu, hbs = _muster(tmp_path, 12)
     st = mu.state
     # h-001 full, h-003 cordoned, h-005 silent for a minute (SUSPECT), evens are A100.
-    st.apply_alloc(HostAlloc(host_id="h-001", tasks=[Task(attempt_id="x.1", job_id="x", number=1, command=["x"],
-                                                          gpu_indices=list(range(8)), cpus=8, memory_mb=100)]), 50)
+    st.apply_alloc(host_alloc("h-001", [task("x", command=["x"], gpu_indices=list(range(8)), cpus=8, memory_mb=100)]),
+                   50)
     _cfg(mu, "h-003", 51, HostConfig(cordoned=True))
     old = hbs[5].model_copy(update={"ts": time.time() - 60})
-    st.apply_host_record(Record("h-005", 52, encode(old), {SHAPE_HEADER: shape_digest(old)}))
+    st.apply_host_record(heartbeat_record(old, 52))
     st.hosts["h-005"].seen_at = time.time() - 60
     now = time.time()
-    for spec in (JobSpec(name="a", command=["x"], gpus=8, gpu_model="H100"),
-                 JobSpec(name="b", command=["x"], gpus=2, gpu_model="A100"),
-                 JobSpec(name="c", command=["x"], gpus=0, cpus=1000)):
-        job = Job(id=f"q-{spec.name}", spec=spec, state=JobState.QUEUED, submitted_at=1.0, updated_at=1.0)
-        assert mu.jobs.why_pending(job, now) == dict(explain(spec, st.capacities(now).values())), spec
-    got = Counter(mu.jobs.why_pending(Job(id="q", spec=JobSpec(name="q", command=["x"], gpus=8, gpu_model="H100"),
-                                          state=JobState.QUEUED, submitted_at=1.0, updated_at=1.0), now))
+    for spec in (job_spec("a", command=["x"], gpus=8, gpu_model="H100"),
+                 job_spec("b", command=["x"], gpus=2, gpu_model="A100"),
+                 job_spec("c", command=["x"], gpus=0, cpus=1000)):
+        queued = job(f"q-{spec.name}", spec=spec, state=JobState.QUEUED, submitted_at=1.0)
+        assert mu.jobs.why_pending(queued, now) == dict(explain(spec, st.capacities(now).values())), spec
+    got = Counter(mu.jobs.why_pending(job("q", spec=job_spec("q", command=["x"], gpus=8, gpu_model="H100"),
+                                          state=JobState.QUEUED, submitted_at=1.0), now))
     assert got[WRONG_MODEL] == 6 and got[NO_FREE_GPUS] == 1 and got[CORDONED] == 1 and got[NOT_HEALTHY] == 1
