@@ -1,14 +1,18 @@
 """Static checks of the deployment files (compose.yaml, Dockerfile, .dockerignore, NATS
 configs), read with PyYAML and regular expressions: services, health checks, volumes,
-secrets, the NATS credentials wiring (each party mounts only its own seed), the image.
-What runs the files for real (the Compose schema, `nats-server -t`, a loopback cluster) is in
+secrets, the NATS credentials wiring (each party mounts only its own seed; each agent
+reports the host id its seed was issued for), the image. What runs the files for real
+(the Compose schema, `nats-server -t`, a loopback cluster) is in
 tests/integration/test_compose.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -334,10 +338,98 @@ def test_compose_wires_nats_credentials(compose, services):
         assert creds.startswith("/run/nats-creds/") and creds.endswith(".nk")
         assert f"{mounts['/auth/agents']}:/run/nats-creds:ro" in svc["volumes"]
         assert mounts["/auth/server"] not in " ".join(svc["volumes"])
-    # the agents' host ids are the ones nats-auth issues credentials for
+    # The agents' host ids are the ones nats-auth issues credentials for: the same
+    # variables with the same defaults, so that the two cannot drift apart.
     env = auth["environment"]
-    assert "${MUSTER_HOST_ID:-gpu-host-1}" in str(env["MUSTER_HOST_ID"]) or env["MUSTER_HOST_ID"]
-    assert "$$MUSTER_HOST_ID" in script and "$$MUSTER_SIM_HOST_ID" in script
+    agent_env, sim_env = services["agent"]["environment"], services["agent-cpu"]["environment"]
+    assert env["MUSTER_HOST_ID"] == agent_env["MUSTER_HOST_ID"] == "${MUSTER_HOST_ID:-gpu-host-1}"
+    assert env["MUSTER_SIM_HOST_ID"] == sim_env["MUSTER_HOST_ID"] == "${MUSTER_SIM_HOST_ID:-sim-host-1}"
+    assert "for h in $$MUSTER_HOST_ID $$MUSTER_SIM_HOST_ID $$MUSTER_AGENT_HOSTS; do" in script
+    assert 'install -o 10001 -g 10001 -m 0400 "/auth/registry/agents/$$h.nk" "/auth/agents/$$h.nk"' in script
+
+
+def _interpolate(value: str | None, env: dict[str, str]) -> str | None:
+    """Compose's interpolation of a value, in the forms compose.yaml uses: `${VAR:-default}`
+    (the default when VAR is unset or empty), `${VAR}` and `$VAR`, and `$$` for a `$`
+    left to the container's shell. A key without a value (None) passes VAR through from
+    the environment."""
+    if value is None:
+        return None
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1) or m.group(3)
+        if m.group(2) is not None:
+            return env.get(name) or m.group(2)
+        return env.get(name, "")
+
+    return re.sub(r"\$\$|\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", one, str(value))
+
+
+@pytest.mark.parametrize("shell, expected", [
+    ({}, {"agent": "gpu-host-1", "agent-cpu": "sim-host-1"}),
+    ({"MUSTER_HOST_ID": "dgx-07", "MUSTER_SIM_HOST_ID": "sim-07", "MUSTER_AGENT_HOSTS": "dgx-08 dgx-09"},
+     {"agent": "dgx-07", "agent-cpu": "sim-07"}),
+], ids=["defaults", "set-in-the-shell"])
+def test_each_agent_reports_the_host_id_its_credentials_were_issued_for(
+        services, shell: dict[str, str], expected: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """Each agent service, started the way compose starts it (the image's `muster`
+    entrypoint with the service's command and environment, interpolated as compose
+    does), runs an agent whose host id, heartbeat and heartbeat subject are exactly
+    the host id compose sets for it, and one nats-auth issued a seed for, read from the
+    file nats-auth installed for that host. The agent is built in-process; it does
+    not run (nothing connects)."""
+    import agent.agent as agent_mod
+    import agent.cli as agent_cli
+    from wire import subjects
+
+    auth_env = {k: _interpolate(v, shell) for k, v in services["nats-auth"]["environment"].items()}
+    issued = " ".join(auth_env[k] or "" for k in ("MUSTER_HOST_ID", "MUSTER_SIM_HOST_ID", "MUSTER_AGENT_HOSTS"))
+    issued_for = set(issued.split())  # the nats-auth loop: `for h in $MUSTER_HOST_ID $MUSTER_SIM_HOST_ID ...`
+
+    real_agent = agent_mod.Agent
+    configs: list[agent_mod.AgentConfig] = []
+
+    class Recorder:
+        """Stands in for the agent `agent.cli.run` starts: keeps its configuration."""
+
+        def __init__(self, config: agent_mod.AgentConfig) -> None:
+            configs.append(config)
+
+        async def run(self, stop: object) -> None:
+            return None
+
+    monkeypatch.setattr(agent_mod, "Agent", Recorder)
+    monkeypatch.setattr(agent_cli, "setup_logging", lambda **_: None)
+    for name, host_id in expected.items():
+        svc = services[name]
+        command = [str(c) for c in _command(svc)]
+        assert command[0] == "agent"  # `muster agent ...`: the image's entrypoint is `muster`
+        for key in [k for k in os.environ if k.startswith("MUSTER_")]:
+            monkeypatch.delenv(key)
+        for key, value in (svc.get("environment") or {}).items():
+            resolved = _interpolate(value, shell)
+            if resolved is None:  # `KEY:` without a value: passed through from the shell
+                resolved = shell.get(key)
+            if resolved is not None:
+                monkeypatch.setenv(key, resolved)
+        agent_cli.run(agent_cli.build_parser("muster agent").parse_args(command[1:]))
+        (cfg,) = configs
+        configs.clear()
+        assert cfg.host_id == host_id, name
+        assert cfg.host_id in issued_for, (name, issued_for)
+        # nats-auth installs /auth/agents/<host>.nk into the volume agents mount at /run/nats-creds.
+        assert cfg.nats_creds == f"/run/nats-creds/{host_id}.nk", name
+        assert "nats-creds-agents:/run/nats-creds:ro" in svc["volumes"], name
+        # What that agent reports: its heartbeat, published on its host's key of the hosts bucket.
+        agent = real_agent(dataclasses.replace(cfg, state_dir=tmp_path / name))
+        try:
+            assert agent.heartbeat().host_id == host_id, name
+            assert subjects.kv_subject(subjects.HOSTS_BUCKET, agent.config.host_id) == f"$KV.hosts.{host_id}"
+        finally:
+            agent.gpus.close()
 
 
 # --------------------------------------------------------------------------
