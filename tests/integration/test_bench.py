@@ -195,10 +195,11 @@ def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
 # Processes.start_nats (what `--nats-cluster 3` runs) starts three nodes that form one
 # JetStream cluster, shown by a stream of 3 replicas with a leader and two current followers.
 CLUSTER_FROM_PACKAGE = r"""
-import argparse, asyncio, json, sys
+import argparse, asyncio, json, sys, time
 from pathlib import Path
 
 import nats
+from nats.js.errors import BadRequestError
 
 import bench.processes
 from bench.processes import ROOT, Processes
@@ -211,7 +212,17 @@ assert not (ROOT / "nats").exists(), ROOT
 async def check(url: str) -> dict:
     nc = await nats.connect(url.split(","))
     js = nc.jetstream(timeout=10)
-    await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+    deadline = time.monotonic() + 60
+    while True:  # a cluster that has just formed may not answer JetStream requests yet
+        try:
+            await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+            break
+        except BadRequestError:
+            raise
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
     for _ in range(100):  # a new R3 stream takes a moment to elect its leader
         info = await js.stream_info("T")
         if info.cluster and info.cluster.leader:

@@ -284,9 +284,22 @@ def test_loopback_cluster_forms(tmp_path):
                 js = nc.jetstream()
                 from nats.errors import NoRespondersError
                 from nats.js.api import KeyValueConfig
-                from nats.js.errors import NoStreamResponseError
+                from nats.js.errors import BadRequestError, NoStreamResponseError
 
-                kv = await js.create_key_value(KeyValueConfig(bucket="probe", replicas=3))
+                # A cluster that has just elected its meta leader may still not answer
+                # JetStream requests (a request times out): retried until it does, as
+                # Muster's ensure_streams does.
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        kv = await js.create_key_value(KeyValueConfig(bucket="probe", replicas=3))
+                        break
+                    except BadRequestError:
+                        raise
+                    except Exception:  # noqa: BLE001 - timeouts, no responders, 503: not ready yet
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.25)
                 # A new R3 stream answers once its replicas have elected a leader: until
                 # then a publish gets no response (seen once in a full suite run).
                 for attempt in range(20):

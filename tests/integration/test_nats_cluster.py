@@ -50,6 +50,23 @@ async def put_retrying(kv: object, key: str, value: bytes, timeout: float = 30) 
             await asyncio.sleep(0.2)
 
 
+async def stream_with_leader(js: object, name: str, timeout: float = 30) -> object:
+    """The stream's info once its replicas have elected a leader (a new R3 stream has none
+    for a moment; its replicas are not all listed until then)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            info = await js.stream_info(name)  # type: ignore[attr-defined]
+            if info.cluster is not None and info.cluster.leader:
+                return info
+            last = info.cluster
+        except Exception as exc:  # noqa: BLE001 - no leader to answer yet
+            last = exc
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"stream {name} has no leader after {timeout} s ({last})")
+
+
 def test_three_node_cluster_survives_a_killed_node(tmp_path: Path) -> None:
     data = tmp_path / "nats"
     p, lines = start_cli_cluster(data)
@@ -77,7 +94,7 @@ def test_three_node_cluster_survives_a_killed_node(tmp_path: Path) -> None:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.3)
-            info = await js.stream_info("KV_r3")
+            info = await stream_with_leader(js, "KV_r3")
             assert info.config.num_replicas == 3
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2
             await put_retrying(kv, "k0", b"before")
