@@ -1,0 +1,106 @@
+"""The agent in-process against a real nats-server: what it does with an assignment
+whose end it already reported."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent.agent import Agent, AgentConfig
+from server.state.streams import ensure_streams
+from tests.factories import host_alloc, task
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import AttemptState, StatusReport, decode, encode
+
+
+async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
+        nats_url: str, tmp_path: Path) -> None:
+    """Nobody applies the agent's SUCCEEDED report (as when a new leader whose view
+    lagged dropped it as stale): the assignment keeps listing the attempt, so the agent
+    reports its end again, and stops once the assignment no longer lists it. It never
+    runs the attempt a second time."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id="ra-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
+                              ttl_intervals=6, fence_after_s=2.5, resend_after_s=1.0, state_dir=tmp_path / "agent",
+                              cpus=4, memory_mb=4096))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
+
+        subject = subjects.status_subject("ra-1")
+
+        async def reported() -> int:
+            """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
+            info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
+            return int((info.state.subjects or {}).get(subject, 0))
+
+        async def last() -> StatusReport:
+            return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
+
+        for _ in range(200):
+            if await reported() >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert await reported() >= 3, f"{await reported()} reports"
+        r = await last()
+        assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
+        assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
+
+        # The end is applied: the assignment drops the attempt; no more reports of it.
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
+        for _ in range(100):
+            if not agent._assigned:
+                break
+            await asyncio.sleep(0.05)
+        assert not agent._assigned
+        for _ in range(200):  # a report queued before the assignment changed lands first
+            if not agent._reports:
+                break
+            await asyncio.sleep(0.05)
+        assert not agent._reports
+        before = await reported()
+        await asyncio.sleep(2.5)  # more than resend_after_s
+        assert await reported() == before
+        assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        await nc.close()
+
+
+async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_path: Path) -> None:
+    """The agent's watchdog (agent.watchdog) runs beside it; killed, it is started again;
+    the agent's clean shutdown ends it."""
+    import os
+    import signal
+
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id="wd-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
+                              ttl_intervals=6, fence_after_s=2.5, state_dir=tmp_path / "agent", cpus=4,
+                              memory_mb=4096))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        for _ in range(100):
+            if agent._watchdog is not None:
+                break
+            await asyncio.sleep(0.05)
+        first = agent._watchdog
+        assert first is not None and first.poll() is None
+        os.kill(first.pid, signal.SIGKILL)
+        for _ in range(200):
+            if agent._watchdog is not first and agent._watchdog is not None:
+                break
+            await asyncio.sleep(0.05)
+        second = agent._watchdog
+        assert second is not first and second is not None and second.poll() is None
+        assert agent.watchdog_restarts == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+    assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown

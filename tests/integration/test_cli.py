@@ -1,0 +1,229 @@
+"""The `muster` CLI through its real entry point (`python -m server.cli`) against a real
+server subprocess and a real agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import nats as nats_py
+from server.broker.natsd import free_port
+from tests.conftest import ROOT, wait_until
+from tests.integration.conftest import Api, Cluster, ctrl_c_works, process_gone
+from wire.messages import Event, encode
+
+
+def muster(c: Cluster, url: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MUSTER_URL": url, "MUSTER_TOKEN": c.token}
+    return subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_job_and_host_commands(cluster: Cluster) -> None:
+    srv = cluster.server()
+    cluster.agent("cli-1", gpus="2xH100")
+    Api(srv.url, cluster.token).wait_hosts(1)
+
+    # a job that succeeds: -o json, its logs
+    r = muster(cluster, srv.url, "job", "submit", "--wait", "-o", "json", "hello", "--", "sh", "-c", "echo hi-there")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["state"] == "SUCCEEDED"
+    r = muster(cluster, srv.url, "job", "logs", job["id"])
+    assert r.returncode == 0 and "hi-there" in r.stdout and "attempt 1 on cli-1" in r.stdout, r.stdout + r.stderr
+    r = muster(cluster, srv.url, "job", "logs", job["id"], "-o", "json")
+    assert json.loads(r.stdout)[0]["outputTail"].strip() == "hi-there"
+
+    # a job that fails: exit code 2, like `nomad job run`
+    r = muster(cluster, srv.url, "job", "submit", "--wait", "bad", "--", "sh", "-c", "exit 3")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "FAILED" in r.stdout
+
+    # a job that can never be placed: --wait --timeout gives up with 2; `why` explains (exit 0)
+    r = muster(cluster, srv.url, "job", "submit", "--gpus", "64", "--wait", "--timeout", "2", "huge", "--", "true")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "not placed" in r.stderr
+    queued_id = r.stdout.split()[-2]  # table: ID STATE / <id> QUEUED
+    r = muster(cluster, srv.url, "job", "why", queued_id)
+    assert r.returncode == 0, r.stderr
+    assert "QUEUED" in r.stdout and "position 1" in r.stdout and "GPU" in r.stdout.upper(), r.stdout
+    why = json.loads(muster(cluster, srv.url, "job", "why", queued_id, "-o", "json").stdout)
+    assert why["queuePosition"] == 1 and why["pendingReasons"][0]["hosts"] == 1
+    assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
+
+    # listings in json, filters
+    # (the list reads the history database, filled asynchronously by the historian)
+    wait_until(lambda: json.loads(muster(cluster, srv.url, "job", "list", "-o", "json").stdout)["totalCount"] >= 3,
+               what="three jobs in `job list`")
+    queued = json.loads(muster(cluster, srv.url, "job", "list", "--state", "QUEUED", "-o", "json").stdout)
+    assert [e["node"]["id"] for e in queued["edges"]] == [queued_id]
+    r = muster(cluster, srv.url, "job", "list")
+    assert r.returncode == 0 and "NAME" in r.stdout and "huge" in r.stdout
+
+    # hosts
+    r = muster(cluster, srv.url, "host", "show", "cli-1")
+    assert r.returncode == 0, r.stderr
+    assert "cli-1" in r.stdout and "HEALTHY" in r.stdout and "rack=r1" in r.stdout and job["id"] in r.stdout
+    h = json.loads(muster(cluster, srv.url, "host", "show", "cli-1", "-o", "json").stdout)
+    assert h["gpus"] == 2 and h["health"] == "HEALTHY" and len(h["recentAttempts"]) == 2
+    assert muster(cluster, srv.url, "host", "show", "nope").returncode == 3
+    hosts = json.loads(muster(cluster, srv.url, "host", "list", "--rack", "r1", "-o", "json").stdout)
+    assert hosts["totalCount"] == 1
+    hosts = json.loads(muster(cluster, srv.url, "host", "list", "--rack", "r9", "-o", "json").stdout)
+    assert hosts["totalCount"] == 0
+
+    # --watch re-renders until Ctrl-C, which exits 0
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "host", "list", "--watch"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_works)
+    time.sleep(5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert out.count("cli-1") >= 2, out
+
+    # not found: 3, from a query's null (show) and from a mutation's NOT_FOUND userError
+    for argv in (["job", "show", "j-nope"], ["job", "cancel", "j-nope"], ["host", "cordon", "nope", "--reason", "x"],
+                 ["host", "drain", "nope", "--reason", "x"]):
+        r = muster(cluster, srv.url, *argv)
+        assert r.returncode == 3, (argv, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: ") and "nope" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    # a bad token, no token: 4; no API at the URL: 1
+    r = subprocess.run([sys.executable, "-m", "server.cli", "job", "list"], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": "wrong"}, timeout=60)
+    assert r.returncode == 4
+    assert "error: unauthorised" in r.stderr, r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "MUSTER_TOKEN"}
+    r = subprocess.run(
+        [sys.executable, "-m", "server.cli", "job", "list"],
+        capture_output=True,
+        text=True,
+        cwd=cluster.tmp,
+        env={**env, "MUSTER_URL": srv.url, "MUSTER_DATA_DIR": str(cluster.tmp / "none")},
+        timeout=60,
+    )
+    assert r.returncode == 4 and "error: no token" in r.stderr, r.stderr
+    r = muster(cluster, f"http://127.0.0.1:{free_port()}", "job", "list")
+    assert r.returncode == 1 and "error: cannot reach" in r.stderr, r.stderr
+
+
+def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
+    srv = cluster.server()
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "alerts", "tail", "-n", "0", "-o", "json",
+                          "--interval", "0.5"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=ctrl_c_works)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        time.sleep(3)  # the CLI has started and taken its first look
+
+        async def publish() -> None:
+            nc = await nats_py.connect(cluster.nats_url)
+            ev = Event(kind="host.lost", host_id="tail-host", message="heartbeat key expired")
+            await nc.publish("alerts.host.lost", encode(ev))
+            await nc.flush()
+            await nc.close()
+
+        asyncio.run(publish())
+        deadline = time.monotonic() + 20
+        found: dict[str, Any] | None = None
+        while found is None and time.monotonic() < deadline:
+            for line in list(lines):
+                a = json.loads(line)
+                if a["hostId"] == "tail-host":
+                    found = a
+            time.sleep(0.1)
+        assert found is not None, (lines, p.poll())
+        assert found["kind"] == "host.lost" and found["message"] == "heartbeat key expired"
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, p.stderr.read() if p.stderr else ""
+
+
+def test_bench_options_reach_the_benchmark_parser() -> None:
+    """`muster bench --hosts N ...` hands every option to the benchmark (no `--` needed)."""
+    for argv in (["bench", "--hosts", "10", "--help"], ["bench", "--", "--hosts", "10", "--help"]):
+        r = subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "usage: muster bench" in r.stdout and "--burst" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "server.cli", "bench", "--no-such-option"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr
+
+
+def test_bench_runs_as_a_subprocess_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """`muster bench` runs `python -m bench` as a child (the CLI never imports bench), and
+    a SIGINT sent to `muster` alone reaches the bench, which stops what it started; the
+    exit code is the bench's own (ended by SIGINT: 130)."""
+    work = tmp_path / "bench-work"
+    log = open(tmp_path / "muster-bench.log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "bench", "--hosts", "4", "--rate", "1",
+                          "--duration", "600", "--work-dir", str(work), "--json", str(tmp_path / "b.json")],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_works)
+    try:
+        def bench_child() -> psutil.Process | None:
+            for c in psutil.Process(p.pid).children():
+                if c.cmdline()[1:3] == ["-m", "bench"]:
+                    return c
+            return None
+
+        bench = wait_until(bench_child, timeout=60, what="the `python -m bench` child")
+        # Wait until the bench has started something of its own (its nats-server) to stop.
+        wait_until(lambda: bench.children(recursive=True), timeout=90, what="the bench's own children")
+        started = [c.pid for c in bench.children(recursive=True)]
+        p.send_signal(signal.SIGINT)
+        p.wait(90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
+    assert p.returncode == 130, (tmp_path / "muster-bench.log").read_text()
+    assert process_gone(bench.pid)
+    assert all(process_gone(pid) for pid in started), started
+
+
+def test_agent_entry_points() -> None:
+    """`muster-agent`, `python -m agent` and `muster agent` are one parser (agent.cli)."""
+    script = Path(sys.executable).parent / "muster-agent"
+    runs = {
+        "muster-agent": [str(script)],
+        "python -m agent": [sys.executable, "-m", "agent"],
+        "muster agent": [sys.executable, "-m", "server.cli", "agent"],
+    }
+    helps = {}
+    for name, argv in runs.items():
+        r = subprocess.run([*argv, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, (name, r.stderr)
+        assert "--simulate-gpus" in r.stdout and "--fence-after" in r.stdout and "--creds" in r.stdout, r.stdout
+        helps[name] = r.stdout.split("options:", 1)[1]
+    assert "usage: muster agent" in subprocess.run(runs["muster agent"] + ["--help"], capture_output=True,
+                                                   text=True, cwd=ROOT, timeout=60).stdout
+    assert helps["muster-agent"] == helps["python -m agent"] == helps["muster agent"]
+    # Bad labels are an error (exit 1) with a message, not a traceback; a bad option is argparse's 2.
+    for name, argv in runs.items():
+        r = subprocess.run([*argv, "--labels", "no-equals-sign"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=60)
+        assert r.returncode == 1, (name, r.stdout, r.stderr)
+        assert "error: label 'no-equals-sign' is not key=value" in r.stderr and "Traceback" not in r.stderr
+        r = subprocess.run([*argv, "--no-such-option"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr, (name, r.stderr)

@@ -1,0 +1,833 @@
+"""The operator console, end to end: a real nats-server (fixture `nats_url` from
+conftest), a real in-process Muster, the Starlette app driven through httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.api.app import build_app
+from server.replica import Muster, ServerConfig
+from tests.conftest import eventually
+from tests.factories import heartbeat
+from web.console import COOKIE, console_routes, csrf_token
+from wire import subjects
+from wire.messages import JobState, encode
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+
+
+@dataclass
+class Console:
+    muster: Muster
+    app: object
+    client: httpx.AsyncClient
+    token: str
+
+    @property
+    def session(self) -> str:
+        return hashlib.sha256(self.token.encode()).hexdigest()
+
+    @property
+    def csrf(self) -> str:
+        return csrf_token(self.session)
+
+    async def login(self) -> None:
+        r = await self.client.post("/login", data={"token": self.token})
+        assert r.status_code == 303, r.text
+
+
+@pytest.fixture
+async def console(nats_url: str, tmp_path: Path) -> AsyncIterator[Console]:
+    muster = Muster(ServerConfig(nats_url=nats_url, data_dir=tmp_path, http_port=0))
+    await muster.start()
+    try:
+        assert muster.new_token, "a fresh cluster must create the operator token"
+        app = build_app(muster, routes=console_routes(), manage_lifecycle=False)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            yield Console(muster, app, client, muster.new_token)
+    finally:
+        await muster.shutdown()
+
+
+async def put_heartbeat(m: Muster, host_id: str, *, simulated: bool = True, gpus: int = 2) -> None:
+    hb = heartbeat(host_id, seq=0, ts=time.time(), labels={"rack": "r1"}, gpus=gpus, gpu_memory_mb=81920, util=40.0,
+                   cpus=32, memory_mb=256 * 1024, cpu_pct=12.5, mem_used_mb=4096, simulated=simulated)
+    assert m.store is not None
+    await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
+
+
+def assert_security_headers(r: httpx.Response) -> None:
+    assert r.headers["content-security-policy"] == CSP
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["referrer-policy"] == "same-origin"
+    assert r.headers["x-frame-options"] == "DENY"
+
+
+# ---------------------------------------------------------------- sign-in
+
+
+async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console) -> None:
+    c = console.client
+    r = await c.get("/login")
+    assert r.status_code == 200
+    assert 'name="token"' in r.text
+
+    r = await c.post("/login", data={"token": "mst_wrong"})
+    assert r.status_code == 401
+    assert "not valid" in r.text
+    assert "set-cookie" not in r.headers
+    r = await c.post("/login", data={})
+    assert r.status_code == 401
+
+    r = await c.post("/login", data={"token": console.token})
+    assert r.status_code == 303
+    assert r.headers["location"] == "/"
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}={console.session};")
+    assert console.token not in cookie
+    low = cookie.lower()
+    assert "httponly" in low and "samesite=strict" in low and "path=/" in low
+    assert "secure" not in low  # plain http here
+    assert (await c.get("/")).status_code == 200
+
+    # Over https the cookie is Secure.
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url="https://test") as tls:
+        r = await tls.post("/login", data={"token": console.token})
+        assert r.status_code == 303
+        assert "secure" in r.headers["set-cookie"].lower()
+
+
+async def test_logged_out_user_is_redirected(console: Console) -> None:
+    c = console.client
+    for path in ("/", "/hosts", "/jobs", "/submit", "/jobs/j123", "/hosts/h1"):
+        r = await c.get(path)
+        assert r.status_code == 303, path
+        assert r.headers["location"] == "/login"
+        assert_security_headers(r)
+    r = await c.get("/hosts", headers={"HX-Request": "true"})
+    assert r.status_code == 401
+    assert r.headers["hx-redirect"] == "/login"
+    r = await c.post("/submit", data={"name": "x", "command": "true"})
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    assert console.muster.state.jobs == {}
+
+    # A forged cookie is not a session.
+    c.cookies.set(COOKIE, "0" * 64)
+    assert (await c.get("/")).status_code == 303
+    c.cookies.clear()
+
+    # Signed in, then the token is revoked: logged out at the next request.
+    await console.login()
+    assert (await c.get("/")).status_code == 200
+    console.muster.state.tokens.pop(console.session)
+    r = await c.get("/")
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+
+
+async def test_logout(console: Console) -> None:
+    c = console.client
+    await console.login()
+    r = await c.post("/logout", data={})
+    assert r.status_code == 403
+    r = await c.post("/logout", data={"csrf": console.csrf})
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    assert COOKIE in r.headers["set-cookie"]
+    assert (await c.get("/")).status_code == 303
+
+
+# ---------------------------------------------------------------- pages
+
+
+async def test_pages_render_with_security_headers(console: Console) -> None:
+    c = console.client
+    assert_security_headers(await c.get("/login"))
+    await console.login()
+
+    r = await c.get("/")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    assert "Leader term" in r.text and console.muster.role in r.text
+    assert "No hosts have reported yet" in r.text
+    assert "No jobs yet" in r.text
+    for label in ("Overview", "Hosts", "Jobs", "Submit", "Logout"):
+        assert label in r.text
+    # No inline script or style anywhere (the CSP would block them).
+    assert "<style" not in r.text and "style=" not in r.text
+    assert re.search(r"<script(?![^>]*\bsrc=)", r.text) is None
+    assert '<script src="/static/htmx/htmx.min.js"' in r.text
+    assert """<meta name="htmx-config" content='{"includeIndicatorStyles":false}'>""" in r.text
+    assert 'hx-trigger="every 2s"' in r.text
+
+    # The htmx poll gets only the live fragment.
+    r = await c.get("/", headers={"HX-Request": "true"})
+    assert r.status_code == 200
+    assert r.text.lstrip().startswith('<div id="live"') and "<html" not in r.text
+    assert_security_headers(r)
+
+    r = await c.get("/hosts")
+    assert r.status_code == 200 and "No hosts have reported yet" in r.text
+    r = await c.get("/jobs")
+    assert r.status_code == 200 and "No jobs yet" in r.text
+    r = await c.get("/jobs?state=RUNNING")
+    assert r.status_code == 200 and "No RUNNING jobs" in r.text
+    r = await c.get("/submit")
+    assert r.status_code == 200
+    assert f'name="csrf" value="{console.csrf}"' in r.text
+    for name in ("name", "command", "gpus", "gpu_model", "cpus", "memory_mb"):
+        assert f'name="{name}"' in r.text
+
+    r = await c.get("/jobs/jnope")
+    assert r.status_code == 404
+    assert_security_headers(r)
+    assert (await c.get("/hosts/nope")).status_code == 404
+
+    # The static files the pages use are served.
+    assert (await c.get("/static/muster.css")).status_code == 200
+    assert (await c.get("/static/htmx/htmx.min.js")).status_code == 200
+
+
+# ---------------------------------------------------------------- submit
+
+
+async def test_invalid_submission_shows_field_errors_and_stores_nothing(console: Console) -> None:
+    c = console.client
+    await console.login()
+    r = await c.post("/submit", data={
+        "csrf": console.csrf, "name": "bad name!", "command": "echo 'unterminated",
+        "gpus": "lots", "gpu_model": "", "cpus": "0", "memory_mb": "-5",
+    })
+    assert r.status_code == 422
+    assert_security_headers(r)
+    for field in ("name", "command", "gpus", "cpus", "memory_mb"):
+        assert f'id="f-{field}-error"' in r.text, field
+    assert 'id="f-gpu_model-error"' not in r.text
+    assert "cannot be split into arguments" in r.text
+    # What was typed is kept.
+    assert 'value="bad name!"' in r.text
+    # GPU model without GPUs, unknown model.
+    r = await c.post("/submit", data={
+        "csrf": console.csrf, "name": "ok", "command": "true", "gpus": "0", "gpu_model": "H100",
+        "cpus": "1", "memory_mb": "512",
+    })
+    assert r.status_code == 422 and 'id="f-gpu_model-error"' in r.text
+    r = await c.post("/submit", data={
+        "csrf": console.csrf, "name": "ok", "command": "true", "gpus": "1", "gpu_model": "Z9000",
+        "cpus": "1", "memory_mb": "512",
+    })
+    assert r.status_code == 422 and "unknown GPU model" in r.text
+    r = await c.post("/submit", data={"csrf": console.csrf, "name": "ok", "command": "   "})
+    assert r.status_code == 422 and 'id="f-command-error"' in r.text
+
+    await asyncio.sleep(0.5)  # let history flush, should anything have been stored
+    assert console.muster.state.jobs == {}
+    assert console.muster.history is not None
+    assert console.muster.history.list_jobs() == ([], 0)
+
+
+async def test_valid_submission_redirects_to_job_page(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.post("/submit", data={
+        "csrf": console.csrf, "name": "train-1", "command": "python -c 'print(\"hi there\")'",
+        "gpus": "1", "gpu_model": "H100", "cpus": "2", "memory_mb": "1024",
+    })
+    assert r.status_code == 303, r.text
+    loc = r.headers["location"]
+    m_ = re.fullmatch(r"/jobs/(j[0-9a-f]+)\?notice=submitted", loc)
+    assert m_, loc
+    job_id = m_.group(1)
+    job = m.state.jobs[job_id]
+    assert job.spec.command == ["python", "-c", 'print("hi there")']
+    assert job.spec.user == "operator"
+    assert (job.spec.gpus, job.spec.gpu_model, job.spec.cpus, job.spec.memory_mb) == (1, "H100", 2.0, 1024)
+
+    r = await c.get(loc)
+    assert r.status_code == 200
+    assert_security_headers(r)
+    assert "Job submitted." in r.text
+    assert "train-1" in r.text and "QUEUED" in r.text
+    assert "Why pending" in r.text and "Queue position" in r.text
+    assert "No hosts have reported yet" in r.text
+    assert f'action="/jobs/{job_id}/cancel"' in r.text
+    # The live poll of the job page is a fragment.
+    r = await c.get(f"/jobs/{job_id}", headers={"HX-Request": "true"})
+    assert r.status_code == 200 and "<html" not in r.text and "QUEUED" in r.text
+
+    # With a host that cannot take it (no free capacity of that model), the reasons are counted.
+    await put_heartbeat(m, "sim-a100", gpus=0)
+    await eventually(lambda: "sim-a100" in m.state.hosts, what="heartbeat")
+    r = await c.get(f"/jobs/{job_id}")
+    assert "wrong GPU model" in r.text
+
+    # The jobs list shows it (live overlay, then history).
+    r = await c.get("/jobs")
+    assert r.status_code == 200 and job_id in r.text
+    r = await c.get("/jobs?state=QUEUED")
+    assert job_id in r.text
+    r = await c.get("/jobs?state=FAILED")
+    assert job_id not in r.text
+
+
+async def test_post_without_csrf_is_refused(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    good = {"name": "x", "command": "true"}
+    r = await c.post("/submit", data=good)
+    assert r.status_code == 403
+    assert_security_headers(r)
+    r = await c.post("/submit", data={**good, "csrf": "0" * 64})
+    assert r.status_code == 403
+    assert m.state.jobs == {}
+
+    await put_heartbeat(m, "sim-1")
+    await eventually(lambda: "sim-1" in m.state.hosts, what="heartbeat")
+    r = await c.post("/hosts/sim-1/cordon", data={"reason": "maintenance"})
+    assert r.status_code == 403
+    assert "sim-1" not in m.state.hostcfg
+    r = await c.post("/jobs/jx/cancel", data={"reason": "no"})
+    assert r.status_code == 403
+
+
+# ---------------------------------------------------------------- hosts
+
+
+async def test_hosts_table_paging_search_and_cordon(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    ids = [f"sim-{i:03d}" for i in range(55)] + ["real-1"]
+    await asyncio.gather(*(put_heartbeat(m, h, simulated=h != "real-1") for h in ids))
+    await eventually(lambda: len(m.state.hosts) == len(ids), what="heartbeats")
+
+    r = await c.get("/hosts")
+    assert r.status_code == 200
+    assert "56 hosts" in r.text and "Page 1 of 2" in r.text
+    assert "SIMULATED" in r.text and "H100" in r.text and "rack=r1" in r.text
+    assert r.text.count('<tr class="row-sim">') == 49  # real-1 sorts first, then 49 sim hosts
+    r2 = await c.get("/hosts?page=2")
+    assert "Page 2 of 2" in r2.text
+    assert r2.text.count("<tr") == 1 + 6  # header row + 6 hosts
+    assert (await c.get("/hosts?page=abc")).status_code == 200
+    r = await c.get("/hosts?q=real")
+    assert "real-1" in r.text and "sim-000" not in r.text and "SIMULATED" not in r.text.split("<tbody>")[1]
+    r = await c.get("/hosts?q=nothing-like-this")
+    assert "No host id contains" in r.text
+    r = await c.get("/hosts?page=2", headers={"HX-Request": "true"})
+    assert r.text.lstrip().startswith('<div id="live"') and 'hx-get="/hosts?page=2"' in r.text
+
+    r = await c.get("/")
+    assert "55 of 56 hosts report simulated GPUs" in r.text
+
+    r = await c.get("/hosts/sim-007")
+    assert r.status_code == 200
+    assert "SIMULATED" in r.text and "Cordon host" in r.text
+    # A reason is required.
+    r = await c.post("/hosts/sim-007/cordon", data={"csrf": console.csrf, "reason": " "})
+    assert r.status_code == 422 and 'id="cordon-error"' in r.text
+    assert not (m.state.hostcfg.get("sim-007") and m.state.hostcfg["sim-007"].cordoned)
+    r = await c.post("/hosts/sim-007/cordon", data={"csrf": console.csrf, "reason": "bad fan"})
+    assert r.status_code == 303
+    assert r.headers["location"] == "/hosts/sim-007?notice=cordoned"
+    cfg = m.state.hostcfg["sim-007"]
+    assert cfg.cordoned and cfg.by == "operator" and cfg.reason == "bad fan"
+    r = await c.get("/hosts/sim-007?notice=cordoned")
+    assert "CORDONED" in r.text and "bad fan" in r.text and "Uncordon host" in r.text
+    r = await c.post("/hosts/sim-007/uncordon", data={"csrf": console.csrf, "reason": ""})
+    assert r.status_code == 422
+    r = await c.post("/hosts/sim-007/uncordon", data={"csrf": console.csrf, "reason": "fan replaced"})
+    assert r.status_code == 303
+    assert not m.state.hostcfg["sim-007"].cordoned
+    r = await c.post("/hosts/nope/cordon", data={"csrf": console.csrf, "reason": "x"})
+    assert r.status_code == 404
+
+
+# ---------------------------------------------------------------- cancel
+
+
+async def test_cancel_form(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.post("/submit", data={"csrf": console.csrf, "name": "sleepy", "command": "sleep 100"})
+    assert r.status_code == 303
+    job_id = r.headers["location"].split("/")[2].split("?")[0]
+    r = await c.post(f"/jobs/{job_id}/cancel", data={"csrf": console.csrf, "reason": "not needed"})
+    assert r.status_code == 303
+    assert r.headers["location"] == f"/jobs/{job_id}?notice=cancel"
+    # The leader applies the cancel command.
+    await eventually(lambda: m.state.jobs[job_id].state is JobState.CANCELLED, timeout=20,
+                     what="the job to be cancelled")
+    r = await c.get(f"/jobs/{job_id}")
+    assert "CANCELLED" in r.text and "not needed" in r.text
+    assert f'action="/jobs/{job_id}/cancel"' not in r.text
+    r = await c.post(f"/jobs/{job_id}/cancel", data={"csrf": console.csrf, "reason": "again"})
+    assert r.status_code == 409 and "already" in r.text
+    r = await c.post("/jobs/jmissing/cancel", data={"csrf": console.csrf})
+    assert r.status_code == 404
+
+
+# ---------------------------------------------------------------- jobs paging, roles
+
+
+async def test_jobs_table_paging_and_filter(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    for i in range(53):
+        job = await m.submit({"name": f"batch-{i:02d}", "command": ["true"], "gpus": 64}, "operator")
+        assert job.spec.name == f"batch-{i:02d}"
+    assert m.history is not None
+    history = m.history
+    await eventually(lambda: history.list_jobs(limit=1)[1] == 53, what="history to catch up")
+    r = await c.get("/jobs")
+    assert r.status_code == 200
+    assert "53 jobs" in r.text and "Page 1 of 2" in r.text
+    assert r.text.count('id="job-j') == 50
+    assert "batch-52" in r.text and "batch-02" not in r.text  # newest first
+    r = await c.get("/jobs?page=2")
+    assert r.text.count('id="job-j') == 3 and "batch-00" in r.text
+    r = await c.get("/jobs?page=99")
+    assert r.status_code == 200 and "Page 2 of 2" in r.text
+    r = await c.get("/jobs?state=queued")
+    assert "53 jobs QUEUED" in r.text
+    r = await c.get("/jobs?state=BOGUS")
+    assert r.status_code == 200 and "Unknown state" in r.text
+    r = await c.get("/jobs?page=2", headers={"HX-Request": "true"})
+    assert r.text.lstrip().startswith('<div id="live"') and 'hx-get="/jobs?page=2"' in r.text
+
+
+async def test_viewer_token_may_only_view(console: Console) -> None:
+    from server.state.cluster import TokenInfo
+
+    c = console.client
+    m = console.muster
+    viewer = "mst_viewer-token"
+    h = hashlib.sha256(viewer.encode()).hexdigest()
+    m.state.tokens[h] = TokenInfo(name="alice", role="viewer")
+    r = await c.post("/login", data={"token": viewer})
+    assert r.status_code == 303
+    r = await c.get("/")
+    assert r.status_code == 200 and "alice" in r.text
+    r = await c.post("/submit", data={"csrf": csrf_token(h), "name": "x", "command": "true"})
+    assert r.status_code == 403
+    assert m.state.jobs == {}
+
+
+# ---------------------------------------------------------------- overview heat map, hosts filters
+
+
+async def put_hb(m: Muster, host_id: str, *, rack: str = "r1", zone: str = "z1", util: float = 40.0,
+                 gpus: int = 2, model: str = "H100", temp: float = 50.0, power: float = 300.0,
+                 ts: float | None = None) -> None:
+    hb = heartbeat(host_id, seq=0, ts=time.time() if ts is None else ts, labels={"rack": rack, "zone": zone},
+                   gpus=gpus, model=model, gpu_memory_mb=81920, util=util, temp_c=[temp + i for i in range(gpus)],
+                   power_w=[power + i for i in range(gpus)], cpus=32, memory_mb=256 * 1024, cpu_pct=50.0,
+                   mem_used_mb=64 * 1024, simulated=True)
+    assert m.store is not None
+    await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
+
+
+def live_fragment(text: str) -> str:
+    return text[text.index('<div id="live"'):]
+
+
+async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    import web.console.hosts as wc
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.get("/")
+    assert "No hosts have reported yet, so there is nothing to map." in r.text
+    await asyncio.gather(
+        put_hb(m, "a-1", rack="ra", util=5.0), put_hb(m, "a-2", rack="ra", util=45.0),
+        put_hb(m, "b-1", rack="rb", util=100.0), put_hb(m, "c-1", rack="rc", gpus=0),
+    )
+    await eventually(lambda: len(m.state.hosts) == 4, what="heartbeats")
+    r = await c.get("/")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    assert "style=" not in r.text
+    html = r.text
+    # Utilization: GPUs allocated as a bar, CPU and RAM.
+    assert 'id="util-gpu"' in html and 'id="util-cpu"' in html and 'id="util-mem"' in html
+    assert "0 of 6 GPUs" in html
+    assert "64 of 128 cores" in html  # 4 hosts x 32 cores at 50 % (the GPU-less one too)
+    assert "50.0 %" in html  # CPU and RAM both half used
+    # Few hosts: one cell per host, grouped by rack, coloured in 10 % steps.
+    assert "One cell per host" in html
+    assert re.search(r'class="cell heat-0" href="/hosts/a-1"', html)
+    assert re.search(r'class="cell heat-4" href="/hosts/a-2"', html)
+    assert re.search(r'class="cell heat-10" href="/hosts/b-1"', html)
+    assert re.search(r'class="cell heat-none" href="/hosts/c-1"', html)
+    assert 'title="a-2: 45.0 % GPU util, 0/2 GPUs allocated, HEALTHY"' in html
+    assert 'href="/hosts?rack=ra"' in html
+
+    # Many hosts: one cell per rack, capped, and the page says so.
+    monkeypatch.setattr(wc, "HEAT_PER_HOST_MAX", 2)
+    monkeypatch.setattr(wc, "HEAT_MAX_CELLS", 2)
+    await put_hb(m, "a-3", rack="ra", util=60.0)  # a new host: the snapshot is rebuilt
+    await eventually(lambda: len(m.state.hosts) == 5, what="heartbeat")
+    r = await c.get("/", headers={"HX-Request": "true"})
+    html = r.text
+    assert "One cell per rack (3 racks)" in html
+    assert "Showing the first 2 of 3 racks" in html
+    assert html.count('class="cell ') == 2
+    # rack ra: mean of 5, 45, 60 = 36.7 %
+    assert re.search(
+        r'class="cell heat-3" href="/hosts\?rack=ra"[^>]*title="ra: 36.7 % mean GPU util over 3 hosts', html
+    )
+    assert re.search(r'class="cell heat-10" href="/hosts\?rack=rb"', html)
+    assert "rc" not in re.findall(r'href="/hosts\?rack=(\w+)"', html)
+
+
+async def test_hosts_filters_and_sorting(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await asyncio.gather(
+        put_hb(m, "h-1", rack="r1", zone="z1", util=10.0),
+        put_hb(m, "h-2", rack="r1", zone="z2", util=90.0, model="A100"),
+        put_hb(m, "h-3", rack="r2", zone="z1", util=50.0),
+        put_hb(m, "h-4", rack="r2", zone="z2", util=70.0, gpus=4),
+    )
+    await eventually(lambda: len(m.state.hosts) == 4, what="heartbeats")
+    await m.set_cordon("h-3", True, "operator", "flaky NIC")
+
+    def ids(text: str) -> list[str]:
+        return re.findall(r'<th scope="row"><a href="/hosts/([^"]+)"', text)
+
+    r = await c.get("/hosts")
+    assert ids(r.text) == ["h-1", "h-2", "h-3", "h-4"]
+    for col in ("id", "health", "util", "alloc"):
+        assert f'id="sort-{col}"' in r.text
+    # Dropdowns offer what the fleet has.
+    assert '<option value="r2">' in r.text and '<option value="z2">' in r.text and '<option value="A100">' in r.text
+
+    assert ids((await c.get("/hosts?rack=r1")).text) == ["h-1", "h-2"]
+    assert ids((await c.get("/hosts?zone=z2")).text) == ["h-2", "h-4"]
+    assert ids((await c.get("/hosts?model=A100")).text) == ["h-2"]
+    assert ids((await c.get("/hosts?cordoned=yes")).text) == ["h-3"]
+    assert ids((await c.get("/hosts?cordoned=no")).text) == ["h-1", "h-2", "h-4"]
+    assert ids((await c.get("/hosts?health=HEALTHY&rack=r2")).text) == ["h-3", "h-4"]
+    r = await c.get("/hosts?health=LOST")
+    assert ids(r.text) == [] and "No host matches these filters" in r.text
+    r = await c.get("/hosts?rack=r2&zone=z2&q=h-")
+    assert ids(r.text) == ["h-4"] and "1 host matching “h-”" in r.text
+
+    r = await c.get("/hosts?sort=util")
+    assert ids(r.text) == ["h-1", "h-3", "h-4", "h-2"]
+    assert 'aria-sort="ascending"' in r.text
+    assert 'href="/hosts?sort=-util" id="sort-util"' in r.text  # a second click reverses
+    r = await c.get("/hosts?sort=-util")
+    assert ids(r.text) == ["h-2", "h-4", "h-3", "h-1"] and 'aria-sort="descending"' in r.text
+    assert ids((await c.get("/hosts?sort=-id")).text) == ["h-4", "h-3", "h-2", "h-1"]
+    assert ids((await c.get("/hosts?sort=health")).text) == ["h-1", "h-2", "h-3", "h-4"]
+    assert ids((await c.get("/hosts?sort=-alloc&rack=r2")).text) == ["h-4", "h-3"]  # 0/4 before 0/2
+
+    # The form sends every field; the server redirects to the canonical URL, and the
+    # live fragment polls that URL with the filters kept.
+    r = await c.get("/hosts?q=h-&health=&rack=r2&zone=&model=&cordoned=&sort=util")
+    assert r.status_code == 303 and r.headers["location"] == "/hosts?q=h-&rack=r2&sort=util"
+    r = await c.get("/hosts?health=healthy&sort=bogus&cordoned=maybe")
+    assert r.status_code == 303 and r.headers["location"] == "/hosts?health=HEALTHY"
+    r = await c.get("/hosts?rack=r2&sort=util", headers={"HX-Request": "true"})
+    assert 'hx-get="/hosts?rack=r2&amp;sort=util"' in r.text
+    assert ids(r.text) == ["h-3", "h-4"]
+    # Paging keeps the filters.
+    r = await c.get("/hosts?q=nothing")
+    assert "No host id contains “nothing”" in r.text
+
+
+async def test_hosts_filters_page_through_many(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    ids = [f"n-{i:03d}" for i in range(120)]
+    await asyncio.gather(*(put_hb(m, h, rack=f"r{i % 2}", util=float(i % 100)) for i, h in enumerate(ids)))
+    await eventually(lambda: len(m.state.hosts) == len(ids), what="heartbeats")
+    r = await c.get("/hosts?rack=r1&sort=-util")
+    assert "60 hosts (rack r1)." in r.text and "Page 1 of 2" in r.text
+    assert 'href="/hosts?rack=r1&amp;sort=-util&amp;page=2"' in r.text
+    r = await c.get("/hosts?rack=r1&sort=-util&page=2")
+    assert "Page 2 of 2" in r.text and r.text.count('<tr class="row-sim">') == 10
+
+
+# ---------------------------------------------------------------- host page: charts, drain
+
+
+async def test_host_page_charts_after_heartbeats(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    t0 = time.time()
+    await put_hb(m, "gpu-1", util=10.0, ts=t0)
+    await eventually(lambda: "gpu-1" in m.state.hosts, what="heartbeat")
+    r = await c.get("/hosts/gpu-1")
+    assert r.status_code == 200
+    assert "Collecting: the charts fill in" in r.text and "<polyline" not in r.text
+    for i, util in enumerate((50.0, 90.0, 30.0), start=1):
+        await put_hb(m, "gpu-1", util=util, temp=60.0 + i, power=350.0 + 10 * i, ts=t0 + i)
+        await eventually(lambda u=util: m.state.hosts["gpu-1"].latest().gpu_usage[0].util_pct == u,  # type: ignore[union-attr]
+                         what="heartbeat")
+        await c.get("/hosts/gpu-1", headers={"HX-Request": "true"})
+    r = await c.get("/hosts/gpu-1")
+    assert_security_headers(r)
+    html = r.text
+    assert "style=" not in html
+    assert 'id="tele-gpu-0"' in html and 'id="tele-gpu-1"' in html
+    assert html.count("<svg") == 6  # 2 GPUs x (util, temp, power)
+    util_line = re.search(
+        r'<svg class="spark spark-util"[^>]*aria-label="GPU 0 Utilization: now 30 %, min 10 %, max 90 %"'
+        r'.*?<polyline points="([^"]+)"',
+        html,
+        re.S,
+    )
+    assert util_line, html[html.index('id="tele-gpu-0"'):][:1500]
+    points = [tuple(map(float, p.split(","))) for p in util_line.group(1).split()]
+    assert len(points) == 4
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    assert xs == sorted(xs) and xs[0] == 0 and xs[-1] == 120
+    assert ys[2] < ys[1] < ys[0]  # 90 % is drawn highest (smallest y)
+    assert "GPU 1 Temperature: now 64 °C" in html and "GPU 1 Power: now 381 W" in html
+    # Bounded: a host's samples are kept in a ring buffer.
+    import web.console.charts as wc
+
+    tel = console.app.state.console_telemetry  # type: ignore[attr-defined]
+    assert tel.buffers["gpu-1"].maxlen == wc.TELEMETRY_MAX_SAMPLES
+
+
+async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await put_hb(m, "d-1")
+    await eventually(lambda: "d-1" in m.state.hosts, what="heartbeat")
+    r = await c.get("/hosts/d-1")
+    assert 'action="/hosts/d-1/drain"' in r.text and 'name="deadline_s"' in r.text
+    # Destructive forms ask for confirmation (static/live.js) and need a reason.
+    assert re.search(r'<form method="post" action="/hosts/d-1/drain" class="stack" data-confirm="Drain d-1\?', r.text)
+    assert re.search(r'<form method="post" action="/hosts/d-1/cordon" class="stack" data-confirm="', r.text)
+    assert re.search(r'<input id="drain-reason" name="reason" required', r.text)
+
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "  ", "deadline_s": "60"})
+    assert r.status_code == 422 and 'id="drain-error"' in r.text and "a reason is required" in r.text
+    assert "d-1" not in m.state.hostcfg
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "soon"})
+    assert r.status_code == 422 and "number of seconds" in r.text and 'value="swap PSU"' in r.text
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "9999999"})
+    assert r.status_code == 422 and "604800" in r.text
+    r = await c.post("/hosts/d-1/drain", data={"reason": "swap PSU", "deadline_s": "60"})
+    assert r.status_code == 403  # no CSRF token
+    assert "d-1" not in m.state.hostcfg
+
+    before = time.time()
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "60"})
+    assert r.status_code == 303 and r.headers["location"] == "/hosts/d-1?notice=draining"
+    cfg = m.state.hostcfg["d-1"]
+    assert cfg.draining and cfg.cordoned and cfg.reason == "swap PSU" and cfg.by == "operator"
+    assert before + 59 <= cfg.drain_deadline <= time.time() + 61
+    r = await c.get("/hosts/d-1?notice=draining")
+    assert "Host draining" in r.text and "DRAINING" in r.text and "swap PSU" in r.text
+    assert 'action="/hosts/d-1/drain"' not in r.text and "Uncordon host" in r.text
+    r = await c.get("/hosts?cordoned=draining")
+    assert "d-1" in r.text and "DRAINING" in r.text
+    assert (await c.post("/hosts/nope/drain", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
+
+
+async def test_cancel_needs_a_reason(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    job = await m.submit({"name": "keep", "command": ["true"], "gpus": 64}, "operator")
+    assert job is not None
+    r = await c.get(f"/jobs/{job.id}")
+    assert re.search(rf'action="/jobs/{job.id}/cancel" class="stack" data-confirm="Cancel job keep', r.text)
+    r = await c.post(f"/jobs/{job.id}/cancel", data={"csrf": console.csrf, "reason": " "})
+    assert r.status_code == 422 and "a reason is required" in r.text
+    await asyncio.sleep(0.3)
+    assert m.state.jobs[job.id].state is JobState.QUEUED
+
+
+# ---------------------------------------------------------------- job page timeline
+
+
+async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> None:
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import Attempt, AttemptState
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    now = time.time()
+    job = make_job(
+        "jgang0001", spec=job_spec("gang-job", command=["train"], gpus=1, replicas=2, max_attempts=3),
+        state=JobState.QUEUED, submitted_at=now - 60, updated_at=now - 5, not_before=now + 30,
+        pending_reasons={"not enough free GPUs": 3},
+        attempts=[
+            Attempt(id="a1", number=1, task=0, host_id="h-x", gpu_indices=[0], state=AttemptState.FAILED,
+                    placed_at=now - 50, started_at=now - 49, finished_at=now - 40, exit_code=3,
+                    output_tail="boom from task 0", reason="exit code 3"),
+            Attempt(id="a2", number=1, task=1, host_id="h-y", gpu_indices=[1], state=AttemptState.KILLED,
+                    placed_at=now - 50, started_at=now - 49, finished_at=now - 39, reason="gang member failed"),
+        ],
+    )
+    m.state.apply_job(job, 10**9)  # the live record; history may not have it yet
+    r = await c.get("/jobs/jgang0001")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    html = r.text
+    assert "Gang" in html and "2 tasks placed together" in html
+    assert "1 try of at most 3; each try runs 2 tasks." in html
+    rows = re.findall(r'<tr>\s*<th scope="row" class="num">(\d+)</th>(.*?)</tr>', html, re.S)
+    assert len(rows) == 2
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for _, row in rows]
+    assert [re.sub("<[^>]+>", "", cs[4]).strip() for cs in cells] == ["0", "1"]  # gang task index
+    assert "Output of try 1, task 0 on h-x (tail)" in html and "boom from task 0" in html
+    # The timeline: derived from the record, in time order, with UTC timestamps.
+    timeline = html[html.index('<ol class="timeline"'):]
+    kinds = re.findall(r'<span class="ev-kind">([^<]+)</span>', timeline)
+    assert kinds[0] == "job.submitted"
+    assert kinds.count("attempt.placed") == 2 and "attempt.failed" in kinds and "attempt.killed" in kinds
+    assert kinds.index("attempt.failed") < kinds.index("attempt.killed")
+    assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ">', timeline)
+    assert "exit code 3" in timeline
+    # Why pending: the live explanation, the last try, the back-off.
+    assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
+
+
+async def test_job_timeline_from_history(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.post("/submit", data={"csrf": console.csrf, "name": "tl", "command": "true", "gpus": "64"})
+    job_id = r.headers["location"].split("/")[2].split("?")[0]
+    assert m.history is not None
+    history = m.history
+    await eventually(lambda: bool(history.list_events(job_id=job_id)), what="history to record the job")
+    r = await c.get(f"/jobs/{job_id}")
+    timeline = r.text[r.text.index('<ol class="timeline"'):]
+    assert timeline.count("job.submitted") == 1  # history and the live record merged by id
+    assert "No events recorded yet" not in r.text
+
+
+# ---------------------------------------------------------------- server-sent events
+
+
+async def test_event_stream_sends_job_events(console: Console) -> None:
+    import uvicorn
+
+    from server.broker.natsd import free_port
+
+    m = console.muster
+    # Not signed in: no stream.
+    r = await console.client.get("/events/stream")
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    assert_security_headers(r)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(console.app, host="127.0.0.1", port=port, log_level="warning",  # type: ignore[arg-type]
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="uvicorn")
+        listeners = len(m.state.listeners)
+        cookies = {COOKIE: console.session}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", cookies=cookies, timeout=10) as http:
+            async with http.stream("GET", "/events/stream") as resp:
+                assert resp.status_code == 200
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                assert_security_headers(resp)
+                lines = resp.aiter_lines()
+
+                async def next_event() -> tuple[str, str]:
+                    event = data = ""
+                    while True:
+                        line = await asyncio.wait_for(anext(lines), timeout=10)
+                        if line.startswith("event: "):
+                            event = line[7:]
+                        elif line.startswith("data: "):
+                            data = line[6:]
+                        elif line == "" and event:
+                            return event, data
+
+                assert (await next_event())[0] == "stats"
+                assert len(m.state.listeners) == listeners + 1
+                job = await m.submit({"name": "sse", "command": ["true"], "gpus": 64}, "operator")
+                assert job is not None
+                for _ in range(20):
+                    event, data = await next_event()
+                    if event == "job":
+                        break
+                assert event == "job"
+                import json
+
+                assert json.loads(data) == {"id": job.id, "state": "QUEUED"}
+        # The client went away: its listener is removed.
+        await eventually(lambda: len(m.state.listeners) == listeners, what="the stream's listener to go")
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=15)
+
+
+async def test_pages_carry_live_update_wiring(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    r = await c.get("/")
+    assert '<script src="/static/live.js" defer></script>' in r.text
+    assert 'data-sse="/events/stream" data-sse-on="job host stats"' in r.text
+    assert 'hx-trigger="every 2s"' in r.text  # the fallback while the stream is down
+    js = await c.get("/static/live.js")
+    assert js.status_code == 200 and "EventSource" in js.text and "htmx:confirm" in js.text
+    job = await m.submit({"name": "w", "command": ["true"], "gpus": 64}, "operator")
+    assert job is not None
+    r = await c.get(f"/jobs/{job.id}")
+    assert f'data-sse-on="job" data-sse-id="{job.id}"' in r.text
+    for path in ("/", "/hosts", "/jobs", f"/jobs/{job.id}", "/submit", "/hosts?rack=x"):
+        r = await c.get(path)
+        assert r.status_code == 200, path
+        assert_security_headers(r)
+        assert "style=" not in r.text and "<style" not in r.text, path
+        assert re.search(r"<script(?![^>]*\bsrc=)", r.text) is None, path
+
+
+async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
+    from wire.messages import Event
+
+    await console.login()
+    r = await console.client.get("/alerts")
+    assert r.status_code == 200 and "No alerts" in r.text
+    assert_security_headers(r)
+    m = console.muster
+    assert m.nc is not None
+    await m.nc.publish("alerts.host.lost", encode(Event(kind="host.lost", host_id="rack9-host",
+                                                        message="host rack9-host: heartbeat key expired")))
+    await m.nc.publish("alerts.gpu.unhealthy", encode(Event(kind="gpu.unhealthy", host_id="gpu-host",
+                                                            message="GPU 3 on gpu-host is unschedulable: xid 79")))
+    deadline = time.monotonic() + 20
+    while True:
+        r = await console.client.get("/alerts")
+        if "rack9-host" in r.text and "xid 79" in r.text:
+            break
+        assert time.monotonic() < deadline, "alerts never showed up in the console"
+        await asyncio.sleep(0.2)
+    assert "host.lost" in r.text and "gpu.unhealthy" in r.text
+    r = await console.client.get("/alerts?kind=gpu.unhealthy")
+    assert "xid 79" in r.text and "rack9-host" not in r.text

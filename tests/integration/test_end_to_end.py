@@ -1,0 +1,276 @@
+"""End to end: real nats-server, a real `muster server` and real `muster agent`
+processes, driven through the GraphQL API and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants
+from wire.kv import Store, connect
+from wire.messages import HostAlloc, decode
+from wire.records import Record
+
+PY = sys.executable
+
+
+@pytest.fixture
+def two_hosts(cluster: Cluster) -> tuple[Cluster, Api]:
+    srv = cluster.server()
+    cluster.agent("host-a", gpus="8xH100", labels="rack=r1,zone=z1")
+    cluster.agent("host-b", gpus="8xH100", labels="rack=r2,zone=z1")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(2)
+    return cluster, api
+
+
+def test_job_runs_on_a_gpu_and_succeeds_with_output(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    res = api.submit(
+        name="hello",
+        command=[PY, "-c", "import os; print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"],
+        gpus=1,
+        cpus=1,
+        memoryMb=256,
+    )
+    assert res["userErrors"] == []
+    assert res["job"]["state"] == "QUEUED"
+    job = api.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"}, timeout=60)
+    assert job["state"] == "SUCCEEDED"
+    [attempt] = job["attempts"]
+    assert attempt["exitCode"] == 0
+    assert attempt["host"]["id"] in ("host-a", "host-b")
+    assert len(attempt["gpuIndices"]) == 1
+    assert f"hello from {attempt['gpuIndices'][0]}" in attempt["outputTail"]
+    # The cluster view and the history agree.
+    c = api.q("{ cluster { hosts { total healthy lost } gpus { total allocated } jobs { succeeded failed } } }")[
+        "cluster"
+    ]
+    assert c["hosts"] == {"total": 2, "healthy": 2, "lost": 0}
+    assert c["gpus"]["total"] == 16
+    assert c["jobs"]["succeeded"] == 1
+    wait_until(lambda: api.q("{ jobs(first: 10) { totalCount } }")["jobs"]["totalCount"] == 1, what="history row")
+    listing = api.q("{ jobs(first: 10) { totalCount edges { node { id state } } } }")["jobs"]
+    assert [e["node"] for e in listing["edges"]] == [{"id": res["job"]["id"], "state": "SUCCEEDED"}]
+
+
+def test_failing_job_reports_its_exit_code(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    res = api.submit(name="fails", command=[PY, "-c", "import sys; print('bad'); sys.exit(3)"], cpus=1, memoryMb=64)
+    job = api.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"})
+    assert job["state"] == "FAILED"
+    assert job["attempts"][0]["exitCode"] == 3
+    assert "bad" in job["attempts"][0]["outputTail"]
+
+
+def test_job_that_cannot_fit_waits_with_reasons_then_runs(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server()
+    cluster.agent("small", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate = tmp_path / "gate"
+    hold = api.submit(
+        name="hold",
+        command=[PY, "-c", f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"],
+        gpus=2,
+        cpus=1,
+        memoryMb=64,
+    )
+    api.wait_job(hold["job"]["id"], {"RUNNING"})
+    waiting = api.submit(name="waits", command=[PY, "-c", "print('ran')"], gpus=2, cpus=1, memoryMb=64)
+    too_big = api.submit(name="never", command=["true"], gpus=4, cpus=1, memoryMb=64)
+    wrong = api.submit(name="wrong", command=["true"], gpus=1, gpuModel="A100", cpus=1, memoryMb=64)
+    w = api.job(waiting["job"]["id"])
+    assert w["state"] == "QUEUED"
+    assert w["queuePosition"] >= 1
+    assert {"reason": "not enough free GPUs", "hosts": 1} in w["pendingReasons"]
+    assert api.job(too_big["job"]["id"])["pendingReasons"] == [{"reason": "not enough GPUs on host", "hosts": 1}]
+    assert api.job(wrong["job"]["id"])["pendingReasons"] == [{"reason": "wrong GPU model", "hosts": 1}]
+    gate.write_text("go")
+    done = api.wait_job(waiting["job"]["id"], {"SUCCEEDED", "FAILED"})
+    assert done["state"] == "SUCCEEDED"
+    assert api.job(hold["job"]["id"])["state"] == "SUCCEEDED"
+    assert api.job(too_big["job"]["id"])["state"] == "QUEUED"
+
+
+def test_cancel_stops_a_running_job(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    res = api.submit(name="sleeper", command=[PY, "-c", "import time; print('started', flush=True); time.sleep(600)"],
+                     gpus=1, cpus=1, memoryMb=64)
+    api.wait_job(res["job"]["id"], {"RUNNING"})
+    r = api.q('mutation($id: ID!) { cancelJob(id: $id, reason: "test") { job { id } userErrors { code } } }',
+              {"id": res["job"]["id"]})
+    assert r["cancelJob"]["userErrors"] == []
+    job = api.wait_job(res["job"]["id"], {"CANCELLED"})
+    # The attempt is reported stopped by the agent, and its GPUs are freed.
+    wait_until(lambda: api.job(res["job"]["id"])["attempts"][0]["state"] == "KILLED", what="attempt killed")
+    wait_until(lambda: api.q("{ cluster { gpus { allocated } } }")["cluster"]["gpus"]["allocated"] == 0,
+               what="GPUs freed")
+    assert job["state"] == "CANCELLED"
+
+
+def test_bad_input_is_rejected_and_nothing_is_stored(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    cases = [
+        (dict(name="neg", command=["true"], gpus=-1), "gpus", "OUT_OF_RANGE"),
+        (dict(name="zero", command=["true"], gpus=0, cpus=0, memoryMb=0), "cpus", "OUT_OF_RANGE"),
+        (dict(name="absurd", command=["true"], gpus=100000), "gpus", "OUT_OF_RANGE"),
+        (dict(name="mem", command=["true"], memoryMb=2**31 - 1), "memoryMb", "OUT_OF_RANGE"),
+        (dict(name="empty", command=[]), "command", "EMPTY_COMMAND"),
+        (dict(name="blank", command=[""]), "command", "EMPTY_COMMAND"),
+        (dict(name="model", command=["true"], gpus=1, gpuModel="NOPE9000"), "gpuModel", "UNKNOWN_GPU_MODEL"),
+        (dict(name="bad name!", command=["true"]), "name", "INVALID"),
+    ]
+    for inp, field, code in cases:
+        res = api.submit(**inp)
+        assert res["job"] is None, inp
+        assert any(e["field"] == field and e["code"] == code for e in res["userErrors"]), (inp, res)
+    assert api.q("{ cluster { jobs { queued placed running succeeded failed } } }")["cluster"]["jobs"] == {
+        "queued": 0, "placed": 0, "running": 0, "succeeded": 0, "failed": 0}
+    assert api.q("{ jobs(first: 5) { totalCount } }")["jobs"]["totalCount"] == 0
+
+
+def test_requests_without_a_valid_token_get_401(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    assert api.raw("{ ping }", token="").status_code == 401
+    assert api.raw("{ ping }", token="wrong-token").status_code == 401
+    assert api.raw("{ ping }").status_code == 200
+    q = 'mutation { submitJob(input: {name: "x", command: ["true"]}) { job { id } } }'
+    assert api.raw(q, token="wrong-token").status_code == 401
+    assert api.q("{ jobs(first: 5) { totalCount } }")["jobs"]["totalCount"] == 0
+
+
+def test_many_jobs_at_once_never_overcommit(cluster: Cluster, nats_url: str) -> None:
+    """60 jobs of 1-3 GPUs onto two 4-GPU hosts; every revision of every allocation
+    record, watched live from the store, stays within capacity."""
+    srv = cluster.server()
+    cluster.agent("c1", gpus="4xH100", cpus=8, memory_mb=4096)
+    cluster.agent("c2", gpus="4xH100", cpus=8, memory_mb=4096)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(2)
+    seen: list[HostAlloc] = []
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def watcher() -> None:
+        async def main() -> None:
+            nc = await connect(nats_url, name="checker")
+            store = Store(nc)
+
+            def on(rec: Record) -> None:
+                if rec.key.startswith("alloc.") and rec.value:
+                    seen.append(decode(HostAlloc, rec.value))
+
+            w = await store.watch("alloc.>", on)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            await w.stop()
+            await nc.close()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=watcher)
+    t.start()
+    ready.wait(30)
+    ids = []
+    for i in range(60):
+        res = api.submit(name=f"burst-{i}", command=[PY, "-c", "import time; time.sleep(0.2)"],
+                         gpus=1 + i % 3, cpus=1 + i % 4, memoryMb=512 + 100 * (i % 5))
+        assert res["userErrors"] == []
+        ids.append(res["job"]["id"])
+    for jid in ids:
+        assert api.wait_job(jid, {"SUCCEEDED", "FAILED"}, timeout=180)["state"] == "SUCCEEDED"
+    stop.set()
+    t.join(30)
+    assert seen, "the allocation watch saw nothing"
+    for alloc in seen:
+        gpus = [i for task in alloc.tasks for i in task.gpu_indices]
+        assert len(gpus) == len(set(gpus)), f"GPU given twice on {alloc.host_id}: {alloc}"
+        assert all(0 <= i < 4 for i in gpus)
+        assert sum(task.cpus for task in alloc.tasks) <= 8
+        assert sum(task.memory_mb for task in alloc.tasks) <= 4096
+    # Each job ran exactly once: one attempt, one placement.
+    placed = defaultdict(set)
+    for alloc in seen:
+        for task in alloc.tasks:
+            placed[task.job_id].add(task.attempt_id)
+    assert set(placed) == set(ids)
+    assert all(len(v) == 1 for v in placed.values())
+
+
+def test_cli_submit_list_show_cancel(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    env = {**os.environ, "MUSTER_URL": api.url.removesuffix("/graphql"), "MUSTER_TOKEN": cluster.token}
+
+    def muster(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "server.cli", *args], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=120)
+
+    r = muster("job", "submit", "--gpus", "1", "--wait", "-o", "json", "cli-job", "--", PY, "-c", "print(42)")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["state"] == "SUCCEEDED"
+    assert "42" in job["attempts"][0]["outputTail"]
+    # The list reads the history database, which the historian process fills
+    # asynchronously (at nice +10): wait for the row rather than race it.
+    wait_until(lambda: job["id"] in muster("job", "list", "-o", "json").stdout, what="the job in `job list`")
+    r = muster("job", "show", job["id"])
+    assert "SUCCEEDED" in r.stdout and "42" in r.stdout
+    r = muster("job", "show", "j-does-not-exist")
+    assert r.returncode == 3
+    r = muster("job", "submit", "bad", "--", "")
+    assert r.returncode == 1 and "command" in r.stderr
+    r = muster("host", "list", "-o", "json")
+    hosts = json.loads(r.stdout)
+    assert hosts["totalCount"] == 2
+    r = muster("host", "cordon", "host-a", "--reason", "maintenance")
+    assert r.returncode == 0, r.stderr
+    assert api.q('{ host(id: "host-a") { cordoned } }')["host"]["cordoned"] is True
+    r = muster("job", "cancel", job["id"])
+    assert r.returncode == 1 and "already" in r.stderr
+    env["MUSTER_TOKEN"] = "nope"
+    assert muster("job", "list").returncode == 4
+
+
+def test_cordoned_host_gets_no_new_work(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    r = api.q('mutation { cordonHost(input: {id: "host-a", reason: "disk"}) '
+              '{ host { cordoned } userErrors { code } } }')
+    assert r["cordonHost"]["host"]["cordoned"] is True
+    ids = [api.submit(name=f"c{i}", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]["id"] for i in range(6)]
+    for jid in ids:
+        job = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert job["attempts"][0]["host"]["id"] == "host-b"
+    r = api.q('mutation { uncordonHost(input: {id: "host-a"}) { host { cordoned } } }')
+    assert r["uncordonHost"]["host"]["cordoned"] is False
+
+
+def test_gang_job_runs_all_tasks_at_once(two_hosts: tuple[Cluster, Api]) -> None:
+    cluster, api = two_hosts
+    q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+    cmd = [PY, "-c", "import os; print('task', os.environ['MUSTER_GANG_TASK'], 'of', os.environ['MUSTER_GANG_SIZE'])"]
+    res = api.q(q, {"input": {"name": "gang", "command": cmd, "gpus": 8, "replicas": 2, "sameRack": False,
+                              "cpus": 1, "memoryMb": 64}})["submitJob"]
+    assert res["userErrors"] == []
+    jid = res["job"]["id"]
+    job = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+    assert job["state"] == "SUCCEEDED"
+    assert len(job["attempts"]) == 2
+    assert {a["host"]["id"] for a in job["attempts"]} == {"host-a", "host-b"}
+    assert sorted(a["outputTail"].strip() for a in job["attempts"]) == ["task 0 of 2", "task 1 of 2"]
+    # A gang that cannot fit whole places nothing.
+    res = api.q(q, {"input": {"name": "too-big", "command": ["true"], "gpus": 8, "replicas": 3,
+                              "cpus": 1, "memoryMb": 64}})["submitJob"]
+    big = api.job(res["job"]["id"])
+    assert big["state"] == "QUEUED" and big["attempts"] == []
+    assert_invariants(cluster.nats_url)

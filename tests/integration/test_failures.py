@@ -1,0 +1,466 @@
+"""Failure detection and recovery with real processes: a killed agent, a cut-off agent
+(behind a TCP proxy), a KEEP_RUNNING job, a whole rack lost at once, a sick GPU.
+
+Agents here heartbeat every second (TTL 3 s, self-fence after 2 s) so the tests are
+short; the logic is the same as with the 5 s default."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nats as natslib
+from tests.conftest import wait_until
+from tests.factories import heartbeat
+from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, process_gone
+from tests.integration.netproxy import TcpProxy
+from wire import subjects
+from wire.messages import encode
+
+PY = sys.executable
+FAST = dict(heartbeat_interval=1, fence_after=2, kill_grace=2)
+
+
+class AlertListener:
+    """Subscribes to `alerts.>` in a background thread and keeps what arrives."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.alerts: list[tuple[str, dict[str, Any]]] = []
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._t.start()
+        self._ready.wait(10)
+
+    async def _main(self) -> None:
+        nc = await natslib.connect(self.url)
+
+        async def cb(msg: Any) -> None:
+            self.alerts.append((msg.subject, json.loads(msg.data)))
+
+        await nc.subscribe("alerts.>", cb=cb)
+        await nc.flush()
+        self._ready.set()
+        while not self._stop.is_set():
+            await asyncio.sleep(0.05)
+        await nc.close()
+
+    def of(self, subject: str) -> list[dict[str, Any]]:
+        return [a for s, a in self.alerts if s == subject]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+
+
+def marker_command(log: Path, gate: Path | None = None, seconds: float = 600) -> list[str]:
+    """A job that records its start and its stop (SIGTERM) with timestamps in `log`."""
+    code = f"""
+import os, signal, sys, time
+log = {str(log)!r}
+me = os.environ['MUSTER_ATTEMPT_ID']
+def note(what):
+    with open(log, 'a') as f:
+        f.write(f"{{what}} {{me}} {{time.time()}}\\n")
+def stop(*_):
+    note('stop'); sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+note('start')
+gate = {str(gate) if gate else None!r}
+t0 = time.time()
+while time.time() - t0 < {seconds}:
+    if gate and os.path.exists(gate):
+        break
+    time.sleep(0.05)
+note('end')
+"""
+    return [PY, "-c", code]
+
+
+def read_marks(log: Path) -> list[tuple[str, str, float]]:
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        what, attempt, ts = line.split()
+        out.append((what, attempt, float(ts)))
+    return out
+
+
+def marks_by_attempt(log: Path) -> dict[str, list[str]]:
+    """What each attempt noted, in order ('start', 'stop', 'end')."""
+    out: dict[str, list[str]] = {}
+    for what, attempt, _ in read_marks(log):
+        out.setdefault(attempt, []).append(what)
+    return out
+
+
+def assert_stopped_before_replaced(log: Path, old: str, new: str) -> None:
+    """Attempt `old` noted its stop before attempt `new` noted its start."""
+    marks = read_marks(log)
+    stop_old = [t for w, a, t in marks if w == "stop" and a == old]
+    start_new = [t for w, a, t in marks if w == "start" and a == new]
+    assert stop_old and start_new, marks
+    assert stop_old[0] < start_new[0], f"old attempt stopped at {stop_old[0]}, new started at {start_new[0]}"
+
+
+def running_marked_job(cluster: Cluster, tmp_path: Path, host: str, name: str,
+                       **agent_opts: Any) -> tuple[Proc, Api, dict[str, Any], Path, Path]:
+    """A server and one agent `host`, and a job on it whose task has started and waits for
+    its gate: (agent, api, job, gate, marks log)."""
+    srv = cluster.server(**{k: v for k, v in agent_opts.items() if k == "heartbeat_interval"})
+    agent = cluster.agent(host, gpus="2xH100", **agent_opts)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, log = tmp_path / "gate", tmp_path / "marks"
+    job = api.submit(name=name, command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    return agent, api, job, gate, log
+
+
+def test_killed_agent_work_reruns_elsewhere(cluster: Cluster, tmp_path: Path) -> None:
+    alerts = AlertListener(cluster.nats_url)
+    srv = cluster.server(heartbeat_interval=1)
+    a = cluster.agent("ka", gpus="2xH100", **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate = tmp_path / "gate"
+    log = tmp_path / "marks"
+    job = api.submit(name="survivor", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    j = api.wait_job(job["id"], {"RUNNING"})
+    assert j["attempts"][0]["host"]["id"] == "ka"
+    cluster.agent("kb", gpus="2xH100", **FAST)
+    api.wait_hosts(2)
+    killed_at = time.time()
+    a.kill9()
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second attempt")
+    j = api.job(job["id"])
+    assert j["attempts"][0]["state"] == "LOST"
+    assert j["attempts"][1]["host"]["id"] == "kb"
+    # The killed agent's attempt did not run on beside its replacement: its watchdog
+    # stopped it once the agent's heartbeats stopped, before the host was declared lost.
+    wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
+               what="replacement started")
+    a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
+    assert_stopped_before_replaced(log, a1, a2)
+    gate.write_text("go")
+    j = api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})
+    assert j["state"] == "SUCCEEDED"
+    by_attempt = marks_by_attempt(log)
+    assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
+    wait_until(lambda: alerts.of("alerts.host.lost"), what="host lost alert")
+    lost = alerts.of("alerts.host.lost")[0]
+    assert lost["host_id"] == "ka"
+    placed2 = api.q('query($id: ID!) { job(id: $id) { attempts { placedAt } } }', {"id": job["id"]})
+    rerun_after = _ts(placed2["job"]["attempts"][1]["placedAt"]) - killed_at
+    print(f"kill -9 to rerun placed: {rerun_after:.2f} s (heartbeat TTL 3 s)")
+    # The replacement cannot precede the host's loss: TTL expiry first, then requeue.
+    assert rerun_after > 0
+    # Recorded in history: the host's transitions and the alert.
+    wait_until(lambda: api.q('{ alerts(kind: "host.lost") { totalCount } }')["alerts"]["totalCount"] >= 1,
+               what="alert in history")
+    alerts.close()
+    assert_invariants(cluster.nats_url)
+
+
+def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster: Cluster, tmp_path: Path) -> None:
+    """An agent frozen with SIGSTOP can neither heartbeat nor fence itself: its attempt's
+    watchdog stops the attempt before the control plane, seeing the host lost, runs it
+    elsewhere. Thawed, the agent reports the attempt's end (the watchdog's reason) and
+    starts nothing again; the job ran to its end once."""
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "fa", "frozen", **FAST)
+    cluster.agent("fb", gpus="2xH100", **FAST)
+    api.wait_hosts(2)
+    a.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
+                   what="replacement started")
+    finally:
+        a.signal(signal.SIGCONT)
+    a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
+    assert_stopped_before_replaced(log, a1, a2)
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    j = api.q('query($id: ID!) { job(id: $id) { attempts { state host { id } } } }', {"id": job["id"]})["job"]
+    assert [(x["state"], x["host"]["id"]) for x in j["attempts"]] == [("LOST", "fa"), ("SUCCEEDED", "fb")]
+    wait_until(lambda: "stopped by the agent's watchdog" in a.output(), timeout=30, what="the thawed agent's report")
+    by_attempt = marks_by_attempt(log)
+    assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
+    assert_invariants(cluster.nats_url)
+
+
+def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluster, tmp_path: Path) -> None:
+    """An agent killed with SIGKILL leaves its task running (a session of its own). When
+    it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
+    leftover and reports the attempt LOST; the job runs again, once, and nothing stays
+    RUNNING with nobody watching it."""
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "ra", "leftover")
+    run_files = wait_until(lambda: list((tmp_path / "agents" / "ra.runs").glob("*")), what="the run file")
+    assert [f.name for f in run_files] == [f"{job['id']}.1"]
+    pid = int(run_files[0].read_text().split()[0])
+    a.kill9()
+    time.sleep(0.5)
+    assert not process_gone(pid), "the task should outlive a SIGKILLed agent (it runs in its own session)"
+    cluster.agent("ra", gpus="2xH100")
+    wait_until(lambda: process_gone(pid), timeout=60, what="the leftover process killed")
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second attempt")
+    first = api.q('query($id: ID!) { job(id: $id) { attempts { state reason } } }',
+                  {"id": job["id"]})["job"]["attempts"][0]
+    assert first["state"] == "LOST"
+    assert "agent restarted" in first["reason"], first
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    by_attempt = marks_by_attempt(log)
+    # The leftover never got to finish (SIGKILL: no 'stop', no 'end'); the retry ran once.
+    assert by_attempt == {f"{job['id']}.1": ["start"], f"{job['id']}.2": ["start", "end"]}, by_attempt
+    assert not list((tmp_path / "agents" / "ra.runs").glob("*"))
+    assert_invariants(cluster.nats_url)
+
+
+def _ts(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_path: Path, nats: Any) -> None:
+    proxy = TcpProxy(nats.port)
+    try:
+        srv = cluster.server(heartbeat_interval=1)
+        cluster.nats_url, direct = proxy.url, cluster.nats_url
+        cluster.agent("cut", gpus="2xH100", **FAST)
+        cluster.nats_url = direct
+        api = Api(srv.url, cluster.token)
+        api.wait_hosts(1)
+        log = tmp_path / "marks"
+        job = api.submit(name="fenced", command=marker_command(log, seconds=600), gpus=1, cpus=1, memoryMb=64)["job"]
+        api.wait_job(job["id"], {"RUNNING"})
+        cluster.agent("spare", gpus="2xH100", **FAST)
+        api.wait_hosts(2)
+        proxy.cut()
+        wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="replacement")
+        wait_until(lambda: sum(1 for m in read_marks(log) if m[0] == "start") == 2, timeout=60,
+                   what="replacement started")
+        a1, a2 = f"{job['id']}.1", f"{job['id']}.2"
+        assert_stopped_before_replaced(log, a1, a2)
+        # Heal the link: the old attempt never comes back.
+        proxy.heal()
+        wait_until(lambda: api.q('{ host(id: "cut") { health } }')["host"]["health"] == "HEALTHY",
+                   timeout=60, what="host back")
+        wait_until(lambda: api.job(job["id"])["attempts"][0]["state"] in ("LOST", "KILLED"), what="attempt 1 ended")
+        time.sleep(2)  # give a wrongly restarted attempt the chance to show up
+        assert [a for w, a, t in read_marks(log) if w == "start"].count(a1) == 1
+        j = api.job(job["id"])
+        assert [a["state"] for a in j["attempts"]][1] == "RUNNING"
+        assert len(j["attempts"]) == 2
+        assert_invariants(direct)
+    finally:
+        cluster.stop_all()  # while the proxy still passes the agent's last words
+        proxy.close()
+
+
+def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path, nats: Any) -> None:
+    proxy = TcpProxy(nats.port)
+    try:
+        srv = cluster.server(heartbeat_interval=1)
+        cluster.nats_url, direct = proxy.url, cluster.nats_url
+        cluster.agent("kr", gpus="2xH100", **FAST)
+        cluster.nats_url = direct
+        cluster.agent("other", gpus="2xH100", **FAST)
+        api = Api(srv.url, cluster.token)
+        api.wait_hosts(2)
+        api.q('mutation { cordonHost(input: {id: "other", reason: "keep it for later"}) { host { id } } }')
+        gate = tmp_path / "gate"
+        log = tmp_path / "marks"
+        q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+        res = api.q(q, {"input": {"name": "training", "command": marker_command(log, gate), "gpus": 1, "cpus": 1,
+                                  "memoryMb": 64, "onDisconnect": "KEEP_RUNNING", "replaceAfter": 120}})
+        jid = res["submitJob"]["job"]["id"]
+        api.wait_job(jid, {"RUNNING"})
+        api.q('mutation { uncordonHost(input: {id: "other"}) { host { id } } }')
+        proxy.cut()
+        wait_until(lambda: api.q('{ host(id: "kr") { health } }')["host"]["health"] == "LOST", timeout=60,
+                   what="host lost")
+        time.sleep(3)  # longer than the fence timeout: a STOP job would be dead by now
+        proxy.heal()
+        wait_until(lambda: api.q('{ host(id: "kr") { health } }')["host"]["health"] == "HEALTHY", timeout=60,
+                   what="host back")
+        gate.write_text("go")
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert j["state"] == "SUCCEEDED"
+        assert len(j["attempts"]) == 1
+        assert [m[0] for m in read_marks(log)] == ["start", "end"]
+        assert_invariants(direct)
+    finally:
+        cluster.stop_all()  # while the proxy still passes the agent's last words
+        proxy.close()
+
+
+class Rack:
+    """Simulated hosts (heartbeats straight into the bucket) whose heartbeats can stop."""
+
+    def __init__(self, url: str, hosts: list[tuple[str, dict[str, str]]], ttl_s: int = 3) -> None:
+        self.url = url
+        self.hosts = hosts
+        self.ttl = f"{ttl_s}s"
+        self.paused: set[str] = set()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._boot = uuid.uuid4().hex[:12]
+        self._t = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._t.start()
+        self._ready.wait(30)
+
+    async def _main(self) -> None:
+        nc = await natslib.connect(self.url)
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            for host_id, labels in self.hosts:
+                if host_id in self.paused:
+                    continue
+                hb = heartbeat(host_id, boot_id=self._boot, seq=seq, ts=time.time(), labels=labels, gpus=8,
+                               gpu_memory_mb=81559, cpus=64, memory_mb=512 * 1024, simulated=True)
+                await nc.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, host_id), encode(hb),
+                                 headers={"Nats-TTL": self.ttl})
+            await nc.flush()
+            self._ready.set()
+            for _ in range(10):
+                if self._stop.is_set():
+                    break
+                await asyncio.sleep(0.1)
+        await nc.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+
+
+def test_rack_loss_is_paced_and_never_stampedes(cluster: Cluster) -> None:
+    alerts = AlertListener(cluster.nats_url)
+    srv = cluster.server(heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    r9 = [(f"r9-{i:03d}", {"rack": "r9", "zone": "z1"}) for i in range(200)]
+    rack9 = Rack(cluster.nats_url, r9)
+    api.wait_hosts(200)
+    inputs = [{"name": f"w{i}", "command": ["sleep", "3600"], "gpus": 8, "cpus": 1, "memoryMb": 64}
+              for i in range(200)]
+    ids = [p["job"]["id"] for p in api.q("""mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
+        job { id } } }""", {"input": inputs})["submitJobs"]]
+    wait_until(lambda: api.q("{ cluster { jobs { placed } } }")["cluster"]["jobs"]["placed"] == 200,
+               timeout=60, what="200 placements")
+    # Capacity elsewhere for only 60 of the 200 jobs: the rest must stay where they are.
+    r1 = [(f"r1-{i:03d}", {"rack": "r1", "zone": "z2"}) for i in range(60)]
+    rack1 = Rack(cluster.nats_url, r1)
+    api.wait_hosts(260)
+    rack9.paused = {h for h, _ in r9}
+    wait_until(lambda: alerts.of("alerts.domain.disrupted"), timeout=60, what="domain alert")
+    alert = alerts.of("alerts.domain.disrupted")[0]
+    assert alert["data"]["value"] in ("r9", "z1") and "paced" in alert["message"]
+    # Work elsewhere is unaffected: a new job lands on rack r1 while r9's work moves.
+    small = api.submit(name="unrelated", command=["true"], gpus=0, cpus=1, memoryMb=64)["job"]
+    wait_until(lambda: api.job(small["id"])["state"] == "SUCCEEDED" or api.job(small["id"])["attempts"],
+               timeout=60, what="unrelated job placed")
+    assert api.job(small["id"])["attempts"][0]["host"]["id"].startswith("r1-")
+
+    def moved() -> list[dict[str, Any]]:
+        jobs = [api.job(j) for j in ids]
+        return [j for j in jobs if len(j["attempts"]) > 1]
+
+    wait_until(lambda: len(moved()) >= 52, timeout=120, what="work moved to rack r1")
+    # Bring r9 back: whatever was not replaced continues where it was.
+    rack9.paused = set()
+    wait_until(lambda: api.q("{ cluster { hosts { healthy } } }")["cluster"]["hosts"]["healthy"] == 260,
+               timeout=60, what="rack back")
+    before = len(moved())
+    time.sleep(2)
+    after = moved()
+    assert len(after) == before, "work kept moving after the rack returned"
+    # Only what had somewhere to go was moved (60 free hosts, plus r9 hosts freed as the
+    # rack came back); without that check all 200 would have gone within ~10 s.
+    assert len(after) < 100
+    kept = [api.job(j) for j in ids if api.job(j)["attempts"][0]["state"] in ("PLACED", "RUNNING")]
+    assert len(kept) == 200 - len(after)
+    assert all(j["attempts"][0]["host"]["id"].startswith("r9-") for j in kept)
+    # The pace: replacements recorded by the leader never beat the budget (burst 20 + 20/s).
+    times = sorted(_ts(j["attempts"][0]["finishedAt"]) for j in after)
+    for i, t in enumerate(times):
+        assert i + 1 <= 20 + 20 * (t - times[0]) + 1, f"{i + 1} replacements within {t - times[0]:.2f} s"
+    rack1.close()
+    rack9.close()
+    alerts.close()
+    assert_invariants(cluster.nats_url)
+
+
+def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None:
+    alerts = AlertListener(cluster.nats_url)
+    srv = cluster.server(heartbeat_interval=1)
+    faults = tmp_path / "faults.jsonl"
+    cluster.agent("sick", gpus="4xH100", fault_file=str(faults), **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    faults.write_text(
+        json.dumps({"index": 2, "kind": "xid", "code": 79, "message": "GPU has fallen off the bus"}) + "\n"
+    )
+    wait_until(lambda: api.q('{ host(id: "sick") { gpusUnhealthy } }')["host"]["gpusUnhealthy"] == 1,
+               timeout=30, what="GPU marked unhealthy")
+    wait_until(lambda: alerts.of("alerts.gpu.unhealthy"), what="GPU alert")
+    alert = alerts.of("alerts.gpu.unhealthy")[0]
+    assert alert["host_id"] == "sick" and alert["data"]["gpu"] == 2 and "xid 79" in alert["data"]["fault"].lower()
+    gate = tmp_path / "gate"
+    ids = [api.submit(name=f"g{i}", command=marker_command(tmp_path / "m", gate), gpus=1, cpus=1,
+                      memoryMb=64)["job"]["id"] for i in range(4)]
+    wait_until(lambda: sum(api.job(j)["state"] == "RUNNING" for j in ids) == 3, what="3 running")
+    used = sorted(api.job(j)["attempts"][0]["gpuIndices"][0] for j in ids if api.job(j)["attempts"])
+    assert used == [0, 1, 3]
+    waiting = [api.job(j) for j in ids if api.job(j)["state"] == "QUEUED"]
+    assert len(waiting) == 1
+    assert {"reason": "not enough free GPUs", "hosts": 1} in waiting[0]["pendingReasons"]
+    gate.write_text("go")
+    for j in ids:
+        job = api.wait_job(j, {"SUCCEEDED", "FAILED"})
+        assert job["state"] == "SUCCEEDED"
+        assert 2 not in job["attempts"][-1]["gpuIndices"]
+    alerts.close()
+    assert_invariants(cluster.nats_url)
+
+
+def test_drain_moves_work_away_after_the_deadline(cluster: Cluster, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("dr-a", gpus="2xH100", **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate = tmp_path / "gate"
+    log = tmp_path / "marks"
+    job = api.submit(name="drained", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    cluster.agent("dr-b", gpus="2xH100", **FAST)
+    api.wait_hosts(2)
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
+    r = subprocess.run([PY, "-m", "server.cli", "host", "drain", "dr-a", "--reason", "firmware", "--deadline", "1"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert api.q('{ host(id: "dr-a") { cordoned draining } }')["host"] == {"cordoned": True, "draining": True}
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="work moved")
+    j = api.job(job["id"])
+    assert j["attempts"][0]["state"] == "KILLED" and j["attempts"][1]["host"]["id"] == "dr-b"
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    # Nothing new lands on the drained host.
+    other = api.submit(name="after", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]
+    assert api.wait_job(other["id"], {"SUCCEEDED"})["attempts"][0]["host"]["id"] == "dr-b"
+    assert_invariants(cluster.nats_url)

@@ -1,0 +1,137 @@
+"""The heartbeat ingest process (server.health.ingest) against a real nats-server: it replays
+the bucket, feeds new heartbeats and TTL expiries to the parent's ClusterState, is
+restarted when killed (kill -9), and stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from server.health.ingest import HeartbeatIngest, IngestConfig
+from server.state.cluster import ClusterState
+from server.state.streams import ensure_streams
+from tests.conftest import eventually
+from tests.factories import heartbeat
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import SHAPE_HEADER, Heartbeat, encode, shape_digest
+
+# What the agents of these tests send: a host in rack r1 (two H100s, the factory's shape).
+AGENT = {"boot_id": "b1", "labels": {"rack": "r1"}}
+
+
+async def send(store: Store, hb: Heartbeat, ttl: str = "60s") -> int:
+    """What an agent publishes: the heartbeat, its TTL and its shape digest."""
+    ack = await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, hb.host_id), encode(hb),
+                                 headers={"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)}, timeout=10)
+    return int(ack.seq)
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit may never be reaped here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_ingest_process_feeds_heartbeats_expiries_and_survives_kill9(nats_url: str) -> None:
+    nc = await connect(nats_url, name="test-ingest")
+    store = Store(nc)
+    await ensure_streams(store)
+    before = await send(store, heartbeat("h-old", ts=time.time(), **AGENT))  # stored before the ingest starts: replayed
+    state = ClusterState(heartbeat_interval_s=5)
+    lost: list[str] = []
+    state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05), state.apply_heartbeat,
+                             state.clock.advance)
+    stop = asyncio.Event()
+    ingest.start()
+    supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+    try:
+        await asyncio.wait_for(ingest.synced.wait(), timeout=60)
+        assert state.hosts["h-old"].revision == before and state.hosts["h-old"].present
+        assert state.index.caps["h-old"].cpus == 16
+        # Stamped with the time the store stored it, and the read clock stands there
+        # (nothing else was in the stream, so it is caught up).
+        stored = (await store.js.get_msg(f"KV_{subjects.HOSTS_BUCKET}", seq=before)).time
+        assert stored is not None
+        assert state.hosts["h-old"].seen_at == pytest.approx(stored.timestamp(), abs=1e-3)
+        await eventually(lambda: state.clock.position is not None, 60, "the read clock")
+        assert state.clock.position == pytest.approx(stored.timestamp(), abs=1e-3)
+        assert state.clock.caught_up and state.clock.behind == 0
+
+        # A new host; a heartbeat of the same shape (liveness only) and one of a new shape.
+        rev = await send(store, heartbeat("h-new", ts=time.time(), **AGENT))
+        await eventually(lambda: "h-new" in state.hosts, 60, "the new host")
+        seen = state.hosts["h-new"].seen_at
+        rev2 = await send(store, heartbeat("h-new", seq=2, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-new"].revision == rev2, 60, "the second heartbeat")
+        assert rev2 > rev and state.hosts["h-new"].seen_at >= seen
+        assert state.hosts["h-new"].latest().seq == 2  # kept raw, decoded when read
+        rev3 = await send(store, heartbeat("h-new", seq=3, cpus=32, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-new"].revision == rev3, 60, "the reshaped heartbeat")
+        assert state.index.caps["h-new"].cpus == 32  # a new shape re-indexes the host
+
+        # The TTL expiry marker reaches the parent: the host is LOST.
+        await send(store, heartbeat("h-short", ts=time.time(), **AGENT), ttl="1s")
+        await eventually(lambda: "h-short" in state.hosts, 60, "the short-lived host")
+        await eventually(lambda: not state.hosts["h-short"].present, 60, "the expiry of h-short")
+        assert lost == ["h-short"] and state.hosts["h-short"].lost_at is not None
+        assert not state.index.caps["h-short"].schedulable
+        received = ingest.received
+
+        # kill -9 the ingest process: it is restarted, replays, and keeps feeding.
+        assert ingest.proc is not None and ingest.proc.pid is not None
+        os.kill(ingest.proc.pid, signal.SIGKILL)
+        await eventually(lambda: ingest.restarts == 1, 60, "a restart")
+        rev4 = await send(store, heartbeat("h-new", seq=4, cpus=32, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-new"].revision == rev4, 60, "a heartbeat after the restart")
+        assert ingest.received > received and ingest.alive
+        assert state.hosts["h-old"].present and state.hosts["h-new"].present
+        assert not state.hosts["h-short"].present  # the replay does not bring it back
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        proc = ingest.proc
+        await asyncio.to_thread(ingest.stop)
+        await nc.close()
+    # A clean stop: the child exited on SIGTERM (not killed), the reader thread ended.
+    assert proc is not None and proc.exitcode == 0
+    assert ingest.proc is None and ingest._reader is None
+    assert ingest.restarts == 1
+
+
+async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the process that started it: the ingest process does not outlive it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from server.health.ingest import HeartbeatIngest, IngestConfig, Pending\n"
+        "async def main():\n"
+        f"    i = HeartbeatIngest(IngestConfig(nats_url={nats_url!r}), lambda *a: None)\n"
+        "    i.start()\n"
+        "    print(i.proc.pid, flush=True)\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n")
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert running(child)
+        parent.kill()
+        parent.wait(10)
+        await eventually(lambda: not running(child), 60, "the ingest process to exit after its server")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -1,0 +1,458 @@
+"""NATS authentication and per-party permissions, API tokens through the CLI, and TLS.
+
+Every test here runs a real nats-server with the users Muster generates (nkeys), and
+checks what NATS itself refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from nats.errors import Error as NatsError
+
+from server.broker.natsauth import AuthDir
+from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
+from server.cli import build_parser
+from server.state.streams import ensure_streams
+from tests.conftest import ROOT, A, B, wait_until
+from tests.integration.conftest import Api, Cluster
+from wire import subjects
+from wire.errors import StoreError
+from wire.kv import Store, connect
+from wire.subjects import agent_inbox_prefix
+
+
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=60)
+
+
+@pytest.fixture
+def secure_nats(tmp_path: Path, auth: AuthDir) -> Any:
+    proc = start_nats(tmp_path / "nats", port=0, auth=auth)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+class Errors:
+    """Collects the asynchronous errors (permission violations) NATS sends a client."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def cb(self, exc: Exception) -> None:
+        self.seen.append(str(exc).lower())
+
+    def has(self, text: str) -> bool:
+        return any(text.lower() in e for e in self.seen)
+
+    async def wait_for(self, text: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.has(text):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no error containing {text!r}; got {self.seen}")
+            await asyncio.sleep(0.02)
+
+
+def test_no_credentials_no_connection(secure_nats: NatsProcess, auth: AuthDir, tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(StoreError, match="(?i)authorization"):
+            await connect(secure_nats.url, "anonymous", allow_reconnect=False, max_reconnect_attempts=0)
+        other = AuthDir(tmp_path / "other")
+        other.ensure()  # a well-formed key the server does not know
+        with pytest.raises(StoreError, match="(?i)authorization"):
+            await connect(secure_nats.url, "stranger", creds=str(other.server_creds), allow_reconnect=False,
+                          max_reconnect_attempts=0)
+
+    asyncio.run(main())
+
+
+def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: AuthDir) -> None:
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        store = Store(srv)
+        await ensure_streams(store)
+        await store.put(subjects.alloc_key(A), b'{"host_id": "host-a", "tasks": []}')
+        b_alloc = await store.put(subjects.alloc_key(B), b'{"host_id": "host-b", "tasks": ["secret"]}')
+        b_hb = await store.put(B, b'{"host_id": "host-b"}', bucket=subjects.HOSTS_BUCKET)
+
+        errors = Errors()
+        nc = await connect(secure_nats.url, "rogue", creds=str(auth.agent_creds(A)),
+                           inbox_prefix=agent_inbox_prefix(A), error_cb=errors.cb)
+        # Allowed calls get a generous bound (the machine is shared); refused ones get no reply at
+        # all, so they wait out a short one.
+        own_store = Store(nc, timeout=15)
+        rogue = Store(nc, timeout=1)
+        # What host A may do works: its heartbeat, its assignments, its status reports.
+        await own_store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=15,
+                                   headers={"Nats-TTL": "15s"})
+        assert (await own_store.get(subjects.alloc_key(A))).value is not None
+        await own_store.js.publish(subjects.status_subject(A), b"{}", timeout=15)
+        own_sub = await nc.subscribe(subjects.assign_subject(A))
+        assert errors.seen == []
+
+        status_before = (await store.js.stream_info(subjects.STATUS_STREAM)).state.messages
+        hosts_before = (await store.js.stream_info(subjects.HOSTS_STREAM)).state.last_seq
+        state_before = (await store.js.stream_info(subjects.STATE_STREAM)).state.last_seq
+
+        # 1. B's heartbeat.
+        with pytest.raises((NatsError, TimeoutError)):
+            await rogue.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, B), b'{"forged": 1}', timeout=1)
+        await errors.wait_for(f'permissions violation for publish to "$kv.hosts.{B}"')
+        # 2. B's assignments: the direct get, the stream API get, the live subject.
+        with pytest.raises(StoreError):
+            await rogue.get(subjects.alloc_key(B))
+        await errors.wait_for(f"publish to \"$js.api.direct.get.kv_state.$kv.state.alloc.{B}\"")
+        with pytest.raises((NatsError, TimeoutError)):
+            await rogue.js.get_msg(subjects.STATE_STREAM, subject=f"$KV.state.alloc.{B}")
+        await errors.wait_for('publish to "$js.api.stream.msg.get.kv_state"')
+        got: list[bytes] = []
+
+        async def on_msg(msg: Any) -> None:
+            got.append(msg.data)
+
+        await nc.subscribe(subjects.assign_subject(B), cb=on_msg)
+        await errors.wait_for(f'permissions violation for subscription to "muster.assign.{B}"')
+        await nc.subscribe("$KV.state.>", cb=on_msg)
+        await errors.wait_for('subscription to "$kv.state.>"')
+        # ... and writing B's (or anyone's) state directly.
+        with pytest.raises((NatsError, TimeoutError)):
+            await rogue.js.publish(subjects.kv_subject(subjects.STATE_BUCKET, subjects.alloc_key(B)), b"{}",
+                                   timeout=1)
+        await errors.wait_for(f'publish to "$kv.state.alloc.{B}"')
+        # 3. A status report for B's task.
+        with pytest.raises((NatsError, TimeoutError)):
+            await rogue.js.publish(subjects.status_subject(B), b'{"host_id": "host-b", "state": "SUCCEEDED"}',
+                                   timeout=1)
+        await errors.wait_for(f'publish to "muster.status.{B}"')
+        # 4. JetStream management.
+        with pytest.raises((NatsError, TimeoutError)):
+            await rogue.js.delete_stream(subjects.STATUS_STREAM)
+        await errors.wait_for('publish to "$js.api.stream.delete.status"')
+
+        # The server changes B's assignment: it is republished, and the rogue hears nothing.
+        await store.put(subjects.alloc_key(B), b'{"host_id": "host-b", "tasks": ["new"]}')
+        await store.put(subjects.alloc_key(A), b'{"host_id": "host-a", "tasks": ["mine"]}')
+        own = await own_sub.next_msg(timeout=15)
+        assert b"mine" in own.data
+        await asyncio.sleep(0.3)
+        assert got == []
+
+        # Nothing the rogue tried changed anything.
+        assert (await store.js.stream_info(subjects.STATUS_STREAM)).state.messages == status_before
+        assert (await store.js.stream_info(subjects.HOSTS_STREAM)).state.last_seq == hosts_before
+        hb = await store.get(B, bucket=subjects.HOSTS_BUCKET)
+        assert (hb.revision, hb.value) == (b_hb, b'{"host_id": "host-b"}')
+        alloc = await store.get(subjects.alloc_key(B))
+        assert alloc.revision > b_alloc and b"new" in (alloc.value or b"")
+        assert (await store.js.stream_info(subjects.STATE_STREAM)).state.last_seq == state_before + 2
+        assert nc.is_connected  # violations are refused, the agent's own link stays up
+        await nc.close()
+        await srv.close()
+
+    asyncio.run(main())
+
+
+def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: AuthDir) -> None:
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        await ensure_streams(Store(srv))
+        errors = Errors()
+        sub_nc = await connect(secure_nats.url, "pager", creds=str(auth.subscriber_creds("pager")), error_cb=errors.cb)
+        alerts = await sub_nc.subscribe("alerts.>")
+        events = await sub_nc.subscribe("muster.events.>")
+        await sub_nc.flush()
+        await srv.publish("alerts.host.lost", b"lost")
+        await srv.publish("muster.events.host.LOST", b"event")
+        assert (await alerts.next_msg(timeout=15)).data == b"lost"
+        assert (await events.next_msg(timeout=15)).data == b"event"
+        assert errors.seen == []
+
+        heard = await srv.subscribe(">")
+        await srv.flush()
+        for subject in ("alerts.host.lost", "muster.events.host.LOST", "muster.cmd.cancel",
+                        "$KV.hosts.host-a", "muster.status.host-a"):
+            await sub_nc.publish(subject, b"forged")
+            await sub_nc.flush()
+            await errors.wait_for(f'permissions violation for publish to "{subject.lower()}"')
+        await sub_nc.subscribe("muster.assign.>")
+        await errors.wait_for('subscription to "muster.assign.>"')
+        await asyncio.sleep(0.3)
+        forged = []
+        while True:
+            try:
+                m = await heard.next_msg(timeout=0.1)
+            except Exception:  # noqa: BLE001
+                break
+            if m.data == b"forged":
+                forged.append(m.subject)
+        assert forged == []
+        for stream in (subjects.ALERTS_STREAM, subjects.CMDS_STREAM, subjects.STATUS_STREAM):
+            info = await Store(srv).js.stream_info(stream)
+            assert info.state.messages == (1 if stream == subjects.ALERTS_STREAM else 0), stream
+        await sub_nc.close()
+        await srv.close()
+
+    asyncio.run(main())
+
+
+def test_revoked_agent_can_no_longer_connect(secure_nats: NatsProcess, auth: AuthDir) -> None:
+    async def main() -> None:
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        async def quiet(exc: Exception) -> None:
+            pass
+
+        nc = await connect(secure_nats.url, "agent-a", creds=str(auth.agent_creds(A)),
+                           inbox_prefix=agent_inbox_prefix(A), closed_cb=on_closed, error_cb=quiet,
+                           max_reconnect_attempts=3, reconnect_time_wait=0.2)
+        assert nc.is_connected
+        creds_a = auth.agent_creds(A).read_text()
+
+        r = await asyncio.to_thread(cli, "creds", "revoke-agent", A, "--auth-dir", str(auth.path))
+        assert r.returncode == 0, r.stderr
+        assert "1 nats-server(s) reloaded" in r.stdout
+        assert not auth.agent_creds(A).exists()
+        assert A not in auth.conf_file.read_text()
+        # The live connection is dropped and cannot come back.
+        await asyncio.wait_for(closed.wait(), timeout=15)
+        assert not nc.is_connected
+        kept = auth.path / "kept-a.nk"
+        kept.write_text(creds_a)
+        with pytest.raises(StoreError, match="(?i)authorization"):
+            await connect(secure_nats.url, "agent-a", creds=str(kept), allow_reconnect=False,
+                          max_reconnect_attempts=0)
+        # Other agents are unaffected, and a newly issued agent works without a restart.
+        b = await connect(secure_nats.url, "agent-b", creds=str(auth.agent_creds(B)),
+                          inbox_prefix=agent_inbox_prefix(B))
+        r = await asyncio.to_thread(cli, "creds", "issue-agent", "host-c", "--auth-dir", str(auth.path))
+        assert r.returncode == 0, r.stderr
+        path = r.stdout.strip()
+        assert Path(path) == auth.agent_creds("host-c")
+        c = None
+        for _ in range(300):
+            try:
+                c = await connect(secure_nats.url, "agent-c", creds=path, inbox_prefix=agent_inbox_prefix("host-c"),
+                                  allow_reconnect=False, max_reconnect_attempts=0)
+                break
+            except StoreError:
+                await asyncio.sleep(0.1)  # the reload is asynchronous
+        assert c is not None and c.is_connected
+        r = await asyncio.to_thread(cli, "creds", "list", "--auth-dir", str(auth.path))
+        assert "host-c" in r.stdout and "host-b" in r.stdout and "host-a" not in r.stdout
+        await b.close()
+        await c.close()
+
+    asyncio.run(main())
+
+
+def _spawn_agent(c: Cluster, auth: AuthDir, host: str) -> Any:
+    argv = ["agent", "--nats", c.nats_url, "--host-id", host, "--labels", "rack=r1,zone=z1",
+            "--state-dir", str(c.tmp / "agents"), "--simulate-gpus", "2xH100"]
+    return c._spawn(f"agent-{host}", argv, env={"MUSTER_NATS_CREDS": str(auth.agent_creds(host))})
+
+
+def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, auth: AuthDir,
+                                                     tmp_path: Path) -> None:
+    c = Cluster(secure_nats.url, tmp_path)
+    try:
+        srv = c.server(env={"MUSTER_NATS_CREDS": str(auth.server_creds)})
+        assert c.token, srv.output()
+        agent = _spawn_agent(c, auth, A)  # a real agent with its own, narrow credentials
+        admin = ["--nats", secure_nats.url, "--creds", str(auth.server_creds)]
+
+        r = cli("token", "create", "--role", "viewer", "vera", *admin)
+        assert r.returncode == 0, r.stderr
+        viewer = r.stdout.strip()
+        assert viewer.startswith("mst_") and len(r.stdout.strip().splitlines()) == 1
+        r = cli("token", "create", "--role", "operator", "otto", *admin)
+        assert r.returncode == 0, r.stderr
+        operator = r.stdout.strip()
+        assert cli("token", "create", "--role", "viewer", "vera", *admin).returncode != 0  # name taken
+        r = cli("token", "create", "--role", "viewer", "nobody", "--nats", secure_nats.url,
+                "--data-dir", str(tmp_path / "elsewhere"))  # no credentials: refused by NATS
+        assert r.returncode != 0 and "uthorization" in r.stderr
+
+        r = cli("token", "list", "-o", "json", *admin)
+        assert r.returncode == 0, r.stderr
+        listed = {t["name"]: t for t in json.loads(r.stdout)}
+        assert listed["vera"]["role"] == "viewer" and listed["otto"]["role"] == "operator"
+        assert listed["operator"]["role"] == "admin"  # the bootstrap token
+        assert viewer not in r.stdout and operator not in r.stdout  # only hashes are stored
+
+        job_input = {"name": "hello", "command": ["true"], "gpus": 1, "cpus": 1, "memoryMb": 64}
+        v = Api(srv.url, viewer)
+        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=30,
+                   what="viewer token accepted")
+        res = v.submit(**job_input)
+        assert res["job"] is None and res["userErrors"][0]["code"] == "FORBIDDEN"
+        o = Api(srv.url, operator)
+        wait_until(lambda: o.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=30,
+                   what="operator token accepted")
+        o.wait_hosts(1)
+        res = o.submit(**job_input)
+        assert not res["userErrors"], res
+        assert o.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+
+        r = cli("token", "revoke", "vera", *admin)
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: v.raw("{ cluster { hosts { total } } }").status_code == 401, timeout=30,
+                   what="revoked token refused")
+        assert o.raw("{ cluster { hosts { total } } }").status_code == 200
+        assert cli("token", "revoke", "vera", *admin).returncode == 3
+        assert "vera" not in cli("token", "list", *admin).stdout
+        assert agent.alive()
+    finally:
+        c.stop_all()
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def make_pki(d: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost, signed by it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def write_key(key: Any, path: Path) -> None:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "muster test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    out = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server-key.pem"}
+    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_key(key, out["key"])
+    return out
+
+
+def test_nats_over_tls(tmp_path: Path, auth: AuthDir) -> None:
+    pki = make_pki(tmp_path / "pki")
+    proc = start_nats(tmp_path / "nats", port=0, auth=auth, tls=ServerTls(pki["cert"], pki["key"]))
+    try:
+        assert proc.url.startswith("tls://")
+
+        async def main() -> None:
+            nc = await connect(proc.url, "tls-client", creds=str(auth.server_creds), tls_ca=str(pki["ca"]))
+            store = Store(nc)
+            await ensure_streams(store)
+            rev = await store.put("probe", b"over tls")
+            assert (await store.get("probe")) .value == b"over tls" and rev > 0
+            assert nc.connected_server_version.major >= 2
+            await nc.close()
+            plain = f"nats://127.0.0.1:{proc.port}"
+            with pytest.raises(StoreError):  # no TLS: refused
+                await connect(plain, "plain", creds=str(auth.server_creds), allow_reconnect=False,
+                              max_reconnect_attempts=0, connect_timeout=2)
+            with pytest.raises(StoreError):  # TLS, but not trusting our CA: refused
+                await connect(proc.url, "untrusting", creds=str(auth.server_creds),
+                              tls_ca=str(make_pki(tmp_path / "other")["ca"]), allow_reconnect=False,
+                              max_reconnect_attempts=0, connect_timeout=2)
+
+        asyncio.run(main())
+    finally:
+        proc.stop()
+
+
+def _server_has_https_flags() -> bool:
+    p = build_parser()
+    try:
+        p.parse_args(["server", "--tls-cert", "x", "--tls-key", "y"])
+        return True
+    except SystemExit:
+        return False
+
+
+@pytest.mark.skipif(not _server_has_https_flags(), reason="`muster server --tls-cert/--tls-key` not wired yet")
+def test_server_https_with_nats_tls(tmp_path: Path, auth: AuthDir) -> None:
+    pki = make_pki(tmp_path / "pki")
+    nats = start_nats(tmp_path / "nats", port=0, auth=auth, tls=ServerTls(pki["cert"], pki["key"]))
+    c = Cluster(nats.url, tmp_path)
+    try:
+        srv = c.server(env={"MUSTER_NATS_CREDS": str(auth.server_creds), "MUSTER_NATS_CA": str(pki["ca"])},
+                       tls_cert=pki["cert"], tls_key=pki["key"])
+        assert c.token, srv.output()
+        base = srv.url.replace("http://", "https://")
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(pki["ca"])), timeout=10) as h:
+            wait_until(lambda: h.get(base + "/readyz").status_code == 200, timeout=20, what="ready over https")
+            r = h.post(base + "/graphql", json={"query": "{ cluster { hosts { total } } }"},
+                       headers={"Authorization": f"Bearer {c.token}"})
+            assert r.status_code == 200 and not r.json().get("errors"), r.text
+        with pytest.raises(httpx.HTTPError):  # not trusting the CA
+            httpx.get(base + "/livez", timeout=5)
+        with pytest.raises(httpx.HTTPError):  # plain http on the https port
+            httpx.get(srv.url + "/livez", timeout=5)
+        assert "https://" in srv.output()
+    finally:
+        c.stop_all()
+        nats.stop()
+
+
+def test_muster_nats_cli_enables_auth_by_default(tmp_path: Path) -> None:
+    data = tmp_path / "nd"
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "nats", "--port", str(port), "--data-dir", str(data)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, proc=p)  # type: ignore[arg-type]
+        auth = AuthDir(data / "auth")
+        assert auth.server_creds.exists()
+
+        async def main() -> None:
+            with pytest.raises(StoreError):
+                await connect(f"nats://127.0.0.1:{port}", "anon", allow_reconnect=False, max_reconnect_attempts=0)
+            nc = await connect(f"nats://127.0.0.1:{port}", "srv", creds=str(auth.server_creds))
+            await ensure_streams(Store(nc))
+            await nc.close()
+
+        asyncio.run(main())
+        # `muster creds` finds the credentials from the data directory, and reloads the server.
+        r = cli("creds", "issue-subscriber", "ops", "--data-dir", str(data))
+        assert r.returncode == 0 and "1 nats-server(s) reloaded" in r.stderr, r.stderr
+    finally:
+        p.terminate()
+        p.wait(10)

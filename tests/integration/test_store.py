@@ -1,0 +1,258 @@
+"""What the design relies on in NATS, re-verified against the real nats-server:
+atomic multi-key batches, revision checks, fencing by the term key, per-key TTL
+expiry seen by a watch, re-registration after expiry, and leader election."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from server.state.lease import Leadership, LeaseConfig
+from server.state.streams import ensure_streams
+from wire import subjects
+from wire.errors import ConflictError, FencedError
+from wire.kv import Store, Write, connect
+from wire.records import Record
+
+
+@pytest.fixture
+async def store(nats_url: str):
+    nc = await connect(nats_url, name="test")
+    s = Store(nc)
+    await ensure_streams(s)
+    yield s
+    await nc.close()
+
+
+async def test_ensure_is_idempotent(store: Store) -> None:
+    await ensure_streams(store)
+    info = await store.js.stream_info(subjects.STATE_STREAM)
+    assert info.config.allow_atomic is True
+    assert info.config.allow_msg_ttl is True
+
+
+async def test_batch_commit_is_atomic_and_revisions_are_exact(store: Store) -> None:
+    res = await store.commit([Write("job.a", b"A1", expected=0), Write("alloc.h1", b"H1", expected=0)])
+    for key, value in (("job.a", b"A1"), ("alloc.h1", b"H1")):
+        rec = await store.get(key)
+        assert rec.value == value
+        assert rec.revision == res.revisions[key]
+    # One stale revision rejects the whole batch: neither key changes.
+    with pytest.raises(ConflictError):
+        await store.commit([
+            Write("job.a", b"A2", expected=res.revisions["job.a"]),
+            Write("alloc.h1", b"H2", expected=res.revisions["alloc.h1"] - 1),
+        ])
+    assert (await store.get("job.a")).value == b"A1"
+    assert (await store.get("alloc.h1")).value == b"H1"
+
+
+async def test_fence_rejects_commits_after_the_term_moves(store: Store) -> None:
+    from wire.kv import Fence
+
+    term = await store.put("term", b"t1")
+    await store.commit([Write("job.f", b"1", expected=0)], fence=Fence(term))
+    newer = await store.put("term", b"t2", expected=term)
+    rev = (await store.get("job.f")).revision
+    with pytest.raises(FencedError):
+        await store.commit([Write("job.f", b"2", expected=rev)], fence=Fence(term))
+    assert (await store.get("job.f")).value == b"1"
+    await store.commit([Write("job.f", b"3", expected=rev)], fence=Fence(newer))
+    assert (await store.get("job.f")).value == b"3"
+
+
+async def test_heartbeat_ttl_expiry_is_seen_by_a_watch_and_host_can_return(store: Store) -> None:
+    seen: list[Record] = []
+    got = asyncio.Event()
+
+    def on(rec: Record) -> None:
+        seen.append(rec)
+        got.set()
+
+    w = await store.watch(">", on, bucket=subjects.HOSTS_BUCKET)
+    subject = subjects.kv_subject(subjects.HOSTS_BUCKET, "h1")
+    await store.js.publish(subject, b'{"x":1}', headers={"Nats-TTL": "1s"})
+    # Wait for the value, then for the expiry marker (a record without value).
+    async def wait_for(pred) -> Record:  # type: ignore[no-untyped-def]
+        while True:
+            for r in seen:
+                if pred(r):
+                    return r
+            got.clear()
+            await asyncio.wait_for(got.wait(), timeout=10)
+
+    first = await wait_for(lambda r: r.value is not None)
+    gone = await wait_for(lambda r: r.value is None)
+    assert gone.revision > first.revision
+    assert (await store.get("h1", bucket=subjects.HOSTS_BUCKET)).value is None
+    # Re-registering after expiry works (the marker must not block the write).
+    await store.js.publish(subject, b'{"x":2}', headers={"Nats-TTL": "15s"})
+    back = await wait_for(lambda r: r.value == b'{"x":2}')
+    assert back.revision > gone.revision
+    await w.stop()
+
+
+async def test_put_with_stale_revision_conflicts(store: Store) -> None:
+    rev = await store.put("hostcfg.h1", b"a", expected=0)
+    with pytest.raises(ConflictError):
+        await store.put("hostcfg.h1", b"b", expected=0)
+    assert await store.put("hostcfg.h1", b"c", expected=rev) > rev
+
+
+async def test_only_one_leader_and_a_stale_leader_is_fenced(store: Store) -> None:
+    cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
+    a = Leadership(store, "a", cfg)
+    b = Leadership(store, "b", cfg)
+    assert await a.try_acquire() is True
+    assert await b.try_acquire() is False
+    term_a = a.term
+    assert (await store.get("lease")).value == b"a"
+    # `a` stops renewing (as if frozen); the lease expires and `b` takes over.
+    for _ in range(100):
+        if await b.try_acquire():
+            break
+        await asyncio.sleep(0.1)
+    assert b.term > term_a
+    # a's commit, fenced with its old term, is rejected by the store.
+    with pytest.raises(FencedError):
+        await store.commit([Write("job.z", json.dumps({}).encode(), expected=0)], fence=a.fence())
+    assert (await store.get("job.z")).value is None
+    # and a's renewal fails, so it steps down.
+    a._valid_until = float("inf")
+    await a.renew()
+    assert a.term == 0
+    await b.resign()
+    assert (await store.get("lease")).value in (None, b"")
+
+
+async def test_lease_renewal_keeps_ttl(store: Store) -> None:
+    cfg = LeaseConfig(ttl_s=1, renew_every_s=0.3)
+    a = Leadership(store, "a", cfg)
+    assert await a.try_acquire()
+    await a.renew()
+    assert a.term > 0
+    # Without renewals the renewed lease still expires (the TTL travelled with it).
+    for _ in range(100):
+        if (await store.get("lease")).value is None:
+            break
+        await asyncio.sleep(0.1)
+    assert (await store.get("lease")).value is None
+
+
+async def test_commit_with_lost_reply_is_retried_and_applied_once(store: Store) -> None:
+    """The first try is applied but its reply is lost (a timeout): the retry carries the
+    same message ids, the store refuses it as a duplicate, and nothing applies twice."""
+    real_request = store.nc.request
+    calls = {"n": 0}
+
+    async def flaky_request(*args, **kw):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        reply = await real_request(*args, **kw)
+        if calls["n"] == 1:
+            raise TimeoutError("reply lost")
+        return reply
+
+    store.nc.request = flaky_request  # type: ignore[method-assign]
+    try:
+        res = await store.commit([Write("job.once", b"v1", expected=0), Write("alloc.once", b"a1", expected=0)])
+    finally:
+        store.nc.request = real_request  # type: ignore[method-assign]
+    assert calls["n"] == 2
+    assert res.duplicate is True
+    rec = await store.get("job.once")
+    assert rec.value == b"v1"
+    info = await store.js.stream_info(subjects.STATE_STREAM)
+    # Exactly two messages in the stream: one per key, written once.
+    assert info.state.messages == 2
+    assert store.unknown_outcomes == 1
+
+
+async def test_pull_feed_delivers_every_message_across_batches_and_unacked_ones_return(store: Store) -> None:
+    """The scheduler reads its durable consumers with PullFeed: more messages than one
+    pull request's batch all arrive (the next request follows the last), the feed stops
+    cleanly, and what was delivered but not acknowledged is delivered again."""
+    from nats.js import api as jsapi
+
+    from server.state.consumers import PullFeed, ensure_consumer
+
+    js = store.js
+    subject = f"{subjects.STATUS_PREFIX}.feedhost"
+    for i in range(1_250):
+        await js.publish(subject, str(i).encode())
+    cfg = jsapi.ConsumerConfig(ack_wait=2, max_ack_pending=100_000, max_deliver=-1)
+    await ensure_consumer(js, subjects.STATUS_STREAM, "feed-test", subject, cfg)
+    await ensure_consumer(js, subjects.STATUS_STREAM, "feed-test", subject, cfg)  # exists: a no-op
+
+    got: list[int] = []
+    keep: list = []
+
+    async def on_msg(m) -> None:  # type: ignore[no-untyped-def]
+        got.append(int(m.data))
+        if int(m.data) % 100 == 7:
+            keep.append(m)  # left unacknowledged
+        else:
+            await m.ack()
+
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "feed-test", on_msg, batch=500, expires_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(stop))
+    for _ in range(200):
+        if len(got) >= 1_250:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(got) == list(range(1_250))
+    assert feed.requests >= 3  # 1,250 messages took at least three requests of 500
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)  # stops without being cancelled
+
+    # A new feed (the next leader) sees exactly the unacknowledged ones again.
+    again: list[int] = []
+
+    async def on_again(m) -> None:  # type: ignore[no-untyped-def]
+        again.append(int(m.data))
+        await m.ack()
+
+    stop2 = asyncio.Event()
+    task2 = asyncio.create_task(PullFeed(store.nc, subjects.STATUS_STREAM, "feed-test", on_again,
+                                         batch=500, expires_s=0.5).run(stop2))
+    for _ in range(200):
+        if len(again) >= len(keep):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    stop2.set()
+    await asyncio.wait_for(task2, timeout=5)
+    assert sorted(again) == sorted(int(m.data) for m in keep) == [i for i in range(1_250) if i % 100 == 7]
+
+
+async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:
+    """The read barrier a new leader passes before it takes input: records stored before
+    the call have all been handed over when it returns, even while the watch lags."""
+    from wire.kv import Watch
+
+    seen: list[int] = []
+    writer = await connect(nats_url, name="writer")
+    w = Watch(store, subjects.STATE_BUCKET, "job.>", lambda rec: seen.append(rec.revision))
+    try:
+        js = writer.jetstream()
+        acks = [await js.publish_async(subjects.kv_subject(subjects.STATE_BUCKET, f"job.c{i}"), b"x")
+                for i in range(3000)]
+        last = max([int((await a).seq) for a in acks])
+        # The barrier is asked for before the watch has delivered anything (it has not
+        # even subscribed yet: the most a watch can lag). It must wait.
+        barrier = asyncio.create_task(w.caught_up())
+        await asyncio.sleep(0.5)
+        assert not barrier.done() and not seen
+        await w.start()
+        await asyncio.wait_for(barrier, timeout=60)
+        assert len(seen) == 3000 and max(seen) == last
+        # The newest record in the stream is one this watch never receives (another key
+        # space): the barrier still returns, once nothing is left to deliver.
+        other = await js.publish(subjects.kv_subject(subjects.STATE_BUCKET, "alloc.c"), b"y")
+        await asyncio.wait_for(w.caught_up(), timeout=30)
+        assert w.last_seq == last < other.seq
+    finally:
+        await writer.close()
+        await w.stop()

@@ -1,0 +1,70 @@
+"""The NATS submission path: jobs published on `muster.submit.<user>` run once each."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import nats as natslib
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants
+from wire.submit import submit_over_nats
+
+PY = sys.executable
+
+
+def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
+    srv = cluster.server()
+    cluster.agent("ns-a", gpus="4xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    jobs = [{"name": f"n{i}", "command": [PY, "-c", f"print({i})"], "gpus": 1, "cpus": 1, "memory_mb": 64}
+            for i in range(20)]
+    bad = [{"id": "bad-job-0001", "name": "bad", "command": [], "gpus": 1}]
+
+    async def publish() -> list[str]:
+        nc = await natslib.connect(cluster.nats_url)
+        js = nc.jetstream()
+        ids = await submit_over_nats(js, jobs, user="pipeline")
+        # The same batch again (a retry after a lost ack): nothing is created twice.
+        again = await submit_over_nats(js, [dict(j, id=i) for j, i in zip(jobs, ids, strict=True)], user="pipeline")
+        assert again == ids
+        await submit_over_nats(js, bad, user="pipeline")
+        await nc.close()
+        return ids
+
+    ids = asyncio.run(publish())
+    for i, jid in enumerate(ids):
+        wait_until(lambda jid=jid: api.job(jid), timeout=60, what=f"job {jid} created")
+        job = api.wait_job(jid, {"SUCCEEDED", "FAILED"}, timeout=120)
+        assert job["state"] == "SUCCEEDED"
+        assert len(job["attempts"]) == 1 and job["attempts"][0]["outputTail"].strip() == str(i)
+    assert api.job("bad-job-0001") is None
+    wait_until(lambda: api.q('{ jobs(first: 100) { totalCount } }')["jobs"]["totalCount"] == 20,
+               what="history holds exactly the 20 jobs")
+    assert api.q('query($id: ID!) { job(id: $id) { user } }', {"id": ids[0]})["job"]["user"] == "pipeline"
+    assert_invariants(cluster.nats_url)
+
+
+def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: Cluster) -> None:
+    from wire.messages import MAX_SUBMIT_JOBS
+
+    srv = cluster.server()
+    api = Api(srv.url, cluster.token)
+    n = 2 * MAX_SUBMIT_JOBS + 100  # three messages
+    jobs = [{"name": f"big{i}", "command": ["true"], "gpus": 1, "cpus": 1, "memory_mb": 64} for i in range(n)]
+
+    async def publish() -> tuple[list[str], list[str]]:
+        nc = await natslib.connect(cluster.nats_url)
+        js = nc.jetstream()
+        ids = await submit_over_nats(js, jobs, user="bulk")
+        later = await submit_over_nats(js, [dict(jobs[0], name="after")], user="bulk")
+        await nc.close()
+        return ids, later
+
+    ids, later = asyncio.run(publish())
+    assert len(set(ids)) == n
+    # No agents: every job is queued, none placed, and the one sent after them is created too.
+    wait_until(lambda: api.job(later[0]), timeout=60, what="the job sent after the big batch")
+    wait_until(lambda: api.q("{ cluster { jobs { queued } } }")["cluster"]["jobs"]["queued"] == n + 1,
+               timeout=60, what="every job queued")

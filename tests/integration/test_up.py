@@ -1,0 +1,123 @@
+"""`muster up` (what `make run` runs): everything starts, prints its URLs and token,
+stops cleanly on Ctrl-C, and a second start resumes with the same state."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from server.broker.natsd import free_port
+from tests.conftest import ROOT
+from tests.integration.conftest import Api
+
+
+def start_up(data: Path, http: int, nats: int) -> tuple[subprocess.Popen[str], list[str]]:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "up", "--data-dir", str(data), "--http-port", str(http),
+         "--nats-port", str(nats)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )
+    lines: list[str] = []
+    assert p.stdout is not None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if "Press Ctrl-C" in line:
+            return p, lines
+    p.kill()
+    raise AssertionError("muster up did not come up:\n" + "\n".join(lines))
+
+
+def leftovers(data: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(data) in cmd:
+            found.append(cmd)
+    return found
+
+
+def stop_up(p: subprocess.Popen[str]) -> int:
+    p.send_signal(signal.SIGINT)
+    try:
+        return p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_up_runs_everything_and_resumes(tmp_path: Path) -> None:
+    data = tmp_path / ".muster"
+    http, nats = free_port(), free_port()
+    p, lines = start_up(data, http, nats)
+    out = "\n".join(lines)
+    assert f"http://127.0.0.1:{http}/" in out
+    assert f"http://127.0.0.1:{http}/graphql" in out
+    assert "SIMULATED" in out
+    m = re.search(r"token:\s+(\S+)\s+\(saved in", out)
+    assert m, out
+    token = m.group(1)
+    assert (data / "token").read_text().strip() == token
+    try:
+        api = Api(f"http://127.0.0.1:{http}", token)
+        api.wait_hosts(2)
+        hosts = api.q("{ hosts { edges { node { id simulated } } } }")["hosts"]["edges"]
+        assert {h["node"]["id"] for h in hosts} == {"local-1", "local-2"}
+        assert all(h["node"]["simulated"] for h in hosts)
+        job = api.submit(name="persisted", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]
+        assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    finally:
+        rc = stop_up(p)
+    assert rc == 0
+    # Nothing left running.
+    assert leftovers(data) == []
+
+    # Second start: same token (not printed again), the job is still there.
+    p, lines = start_up(data, http, nats)
+    out = "\n".join(lines)
+    assert token not in out
+    try:
+        api = Api(f"http://127.0.0.1:{http}", token)
+        assert api.job(job["id"])["state"] == "SUCCEEDED"
+        api.wait_hosts(2)
+    finally:
+        assert stop_up(p) == 0
+
+
+def test_json_logs(tmp_path: Path) -> None:
+    """MUSTER_LOG_FORMAT=json: every log line of a real server is one JSON object."""
+    import json
+    import os
+
+    from server.broker.natsd import start_nats, wait_for_port
+
+    nats = start_nats(tmp_path / "nats", port=0)
+    port = free_port()
+    env = {**os.environ, "MUSTER_LOG_FORMAT": "json"}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "server", "--nats", nats.url, "--http-port",
+                          str(port), "--data-dir", str(tmp_path / "srv")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        wait_for_port(port, timeout=60)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "srv" / "token").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        nats.stop()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines, "the server logged nothing"
+    docs = [json.loads(ln) for ln in lines]
+    assert all({"ts", "level", "logger", "msg"} <= d.keys() for d in docs)
+    assert any("leadership acquired" in d["msg"] for d in docs)

@@ -1,0 +1,193 @@
+"""The agent's watchdog (agent/watchdog.py) with real processes and signals, the agent
+played by a `sleep`: it stops the listed attempts (and what they started) once `alive`
+stops changing, leaves KEEP_RUNNING attempts and reused pids alone, does nothing while
+the agent is alive, and exits when its agent is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.agent import WATCHDOG
+from agent.watchdog import start_time
+from tests.conftest import wait_until
+from tests.integration.conftest import process_gone
+
+PY = sys.executable
+
+
+class Setup:
+    def __init__(self, tmp: Path) -> None:
+        self.dir, self.runs = tmp / "watch", tmp / "runs"
+        self.dir.mkdir()
+        self.runs.mkdir()
+        (self.dir / "alive").touch()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.agent = self.spawn(["sleep", "600"])
+        self.watchdog: subprocess.Popen[bytes] | None = None
+
+    def spawn(self, argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(argv, **kw)  # type: ignore[call-overload]
+        self.procs.append(p)
+        return p
+
+    def attempt(self, name: str, argv: list[str], keep: bool = False) -> subprocess.Popen[bytes]:
+        """Start an attempt in a session of its own and list it as the agent does."""
+        p = self.spawn(argv, start_new_session=True)
+        (self.runs / name).write_text(f"{p.pid} {start_time(p.pid)}{' keep' if keep else ''}\n")
+        return p
+
+    def start(self, stale_after: float = 1.0, grace: float = 1.0) -> subprocess.Popen[bytes]:
+        self.watchdog = subprocess.Popen(
+            [PY, "-I", "-S", WATCHDOG, str(self.dir), str(self.runs), str(self.agent.pid), str(stale_after),
+             str(grace)], stderr=subprocess.PIPE, start_new_session=True)
+        return self.watchdog
+
+    def close(self) -> None:
+        for p in [*self.procs, *([self.watchdog] if self.watchdog else [])]:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[Setup]:
+    s = Setup(tmp_path)
+    yield s
+    s.close()
+
+
+def marker(log: Path, child_pid_file: Path | None = None) -> list[str]:
+    """Notes 'start', and 'stop' on SIGTERM (then exits 143); optionally leaves a
+    `sleep` child behind in its process group, whose pid it writes down."""
+    code = f"""
+import os, signal, subprocess, sys, time
+def note(what):
+    with open({str(log)!r}, 'a') as f:
+        f.write(what + '\\n')
+def stop(*_):
+    note('stop'); sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+if {str(child_pid_file) if child_pid_file else None!r}:
+    child = subprocess.Popen(['sleep', '600'])
+    with open({str(child_pid_file)!r}, 'w') as f:
+        f.write(str(child.pid))
+note('start')
+while True:
+    time.sleep(0.05)
+"""
+    return [PY, "-c", code]
+
+
+def test_a_silent_agent_gets_its_attempts_stopped_but_keep_running_ones(setup: Setup, tmp_path: Path) -> None:
+    log, child = tmp_path / "marks", tmp_path / "child"
+    fenced = setup.attempt("j1.1", marker(log, child))
+    kept = setup.attempt("j2.1", ["sleep", "600"], keep=True)
+    wait_until(lambda: log.exists() and child.exists(), what="the attempt started")
+    wd = setup.start(stale_after=1.0, grace=1.0)
+    fenced.wait(60)
+    assert fenced.returncode == 143  # its SIGTERM handler ran
+    assert log.read_text().split() == ["start", "stop"]
+    assert float((setup.dir / "fenced" / "j1.1").read_text()) >= 1.0
+    # What the attempt left behind in its group got SIGKILL after the grace period.
+    wait_until(lambda: process_gone(int(child.read_text())), timeout=30, what="the left-behind child killed")
+    assert kept.poll() is None and not (setup.dir / "fenced" / "j2.1").exists()
+    # The agent is gone and nothing it fenced is left: the watchdog exits.
+    setup.agent.kill()
+    setup.agent.wait()
+    _, err = wd.communicate(timeout=30)
+    assert wd.returncode == 0
+    assert b"stopping attempt j1.1" in err
+
+
+def test_a_killed_agents_attempts_are_stopped_once_it_is_stale(setup: Setup, tmp_path: Path) -> None:
+    """The agent dies first (kill -9, not restarted); its attempts are still stopped once
+    `alive` has gone stale, and then the watchdog exits."""
+    log = tmp_path / "marks"
+    p = setup.attempt("j1.1", marker(log))
+    wait_until(lambda: log.exists(), what="the attempt started")
+    wd = setup.start(stale_after=1.5, grace=0.5)
+    setup.agent.kill()
+    setup.agent.wait()
+    p.wait(60)
+    assert log.read_text().split() == ["start", "stop"]
+    assert (setup.dir / "fenced" / "j1.1").exists()
+    wd.wait(30)
+    assert wd.returncode == 0
+
+
+def test_an_attempt_that_ignores_sigterm_is_killed_after_the_grace_period(setup: Setup) -> None:
+    p = setup.attempt("j1.1", [PY, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                         "while True: time.sleep(0.05)"])
+    time.sleep(0.5)  # let it install its handler
+    setup.start(stale_after=1.0, grace=0.5)
+    p.wait(60)
+    assert p.returncode == -signal.SIGKILL
+    assert (setup.dir / "fenced" / "j1.1").exists()
+
+
+def test_a_reused_pid_is_left_alone(setup: Setup) -> None:
+    """A run file whose start time is not the process's (the pid was reused)."""
+    other = setup.spawn(["sleep", "600"], start_new_session=True)
+    (setup.runs / "j1.1").write_text(f"{other.pid} 1\n")
+    wd = setup.start(stale_after=0.5, grace=0.2)
+    time.sleep(3)  # well past stale-after plus grace
+    assert other.poll() is None
+    assert not (setup.dir / "fenced").exists()
+    wd.terminate()  # the agent's clean shutdown
+    wd.wait(30)
+    assert wd.returncode == 0
+
+
+def test_a_live_agent_keeps_its_attempts(setup: Setup) -> None:
+    """While `alive` keeps changing nothing is stopped, long past the stale delay."""
+    p = setup.attempt("j1.1", ["sleep", "600"])
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():
+            (setup.dir / "alive").write_text(f"{setup.agent.pid}\n")
+            stop.wait(0.1)
+
+    t = threading.Thread(target=touch, daemon=True)
+    t.start()
+    try:
+        # Stale after 2.5 s, touched every 0.1 s: also on a filesystem whose timestamps
+        # have whole seconds the file changes well within the delay.
+        wd = setup.start(stale_after=2.5, grace=0.5)
+        time.sleep(6)
+        assert p.poll() is None and wd.poll() is None
+        assert not (setup.dir / "fenced").exists()
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_it_exits_when_another_agent_takes_over(setup: Setup) -> None:
+    """Its agent died and a new one writes its pid to `alive` (and kills the leftovers
+    itself)."""
+    p = setup.attempt("j1.1", ["sleep", "600"])
+    wd = setup.start(stale_after=5.0, grace=0.5)
+    setup.agent.kill()
+    setup.agent.wait()
+    time.sleep(0.6)
+    # Its own last touch, seen after it died, is not a takeover: the watchdog stays.
+    (setup.dir / "alive").write_text(f"{setup.agent.pid}\n")
+    time.sleep(1.0)
+    assert wd.poll() is None
+    newcomer = setup.spawn(["sleep", "600"])
+    (setup.dir / "alive").write_text(f"{newcomer.pid}\n")
+    wd.wait(30)
+    assert wd.returncode == 0
+    assert p.poll() is None and not (setup.dir / "fenced").exists()

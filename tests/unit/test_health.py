@@ -1,0 +1,421 @@
+"""Host health, ClusterState feeding, retry policy, and config validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.agent import AgentConfig, parse_labels
+from server.health.rules import Health, host_health
+from server.scheduling import retry
+from server.scheduling.placement import NOT_HEALTHY, check
+from server.state.cluster import ClusterState, HostConfig
+from server.state.lease import LeaseConfig
+from tests.factories import T0, heartbeat_record, host_alloc, job, job_spec, task
+from wire.errors import ConfigError
+from wire.messages import Attempt, AttemptState, Job, JobState, encode
+from wire.records import Record
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __call__(self, kind: str, obj: object) -> None:
+        self.calls.append((kind, obj))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.calls]
+
+
+# ---------------------------------------------------------------- host_health
+
+
+@pytest.mark.parametrize(
+    "present, age, expected",
+    [
+        (True, 0.0, Health.HEALTHY),
+        (True, 5.0, Health.HEALTHY),
+        (True, 10.0, Health.HEALTHY),  # exactly two intervals: not yet suspect
+        (True, 10.01, Health.SUSPECT),
+        (True, 1000.0, Health.SUSPECT),
+        (False, 0.0, Health.LOST),
+        (False, 1000.0, Health.LOST),
+    ],
+)
+def test_host_health(present: bool, age: float, expected: Health) -> None:
+    assert host_health(present=present, last_seen=T0, now=T0 + age, interval_s=5.0) is expected
+
+
+def test_host_health_transitions_over_time() -> None:
+    seen = [host_health(present=True, last_seen=T0, now=T0 + dt, interval_s=2.0) for dt in (0, 3, 4, 4.5, 9)]
+    assert seen == [Health.HEALTHY, Health.HEALTHY, Health.HEALTHY, Health.SUSPECT, Health.SUSPECT]
+    # A fresh heartbeat makes it healthy again; only absence makes it LOST.
+    assert host_health(present=True, last_seen=T0 + 9, now=T0 + 9, interval_s=2.0) is Health.HEALTHY
+    assert host_health(present=False, last_seen=T0 + 9, now=T0 + 9, interval_s=2.0) is Health.LOST
+
+
+# ---------------------------------------------------------------- ClusterState: hosts
+
+
+def test_heartbeat_apply_makes_host_healthy() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, labels={"rack": "r1"}), now=T0)
+    assert s.health("h1", now=T0) is Health.HEALTHY
+    assert s.hosts["h1"].heartbeat is not None and s.hosts["h1"].heartbeat.labels == {"rack": "r1"}
+    assert s.hosts["h1"].revision == 1 and s.hosts["h1"].present
+    assert lis.kinds() == ["host_up"]
+    assert lis.calls[0][1].host_id == "h1"
+    # Further heartbeats do not announce the host again.
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False, seq=2), now=T0 + 5)
+    assert lis.kinds() == ["host_up"]
+    assert s.hosts["h1"].heartbeat.seq == 2
+
+
+def test_unknown_host_is_lost() -> None:
+    assert ClusterState().health("nobody", now=T0) is Health.LOST
+
+
+def test_stale_seen_at_makes_host_suspect() -> None:
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
+    assert s.health("h1", now=T0 + 10) is Health.HEALTHY
+    assert s.health("h1", now=T0 + 11) is Health.SUSPECT
+    caps = s.capacities(now=T0 + 11)
+    assert caps["h1"].schedulable is False
+    # A new heartbeat refreshes seen_at.
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False), now=T0 + 11)
+    assert s.health("h1", now=T0 + 11) is Health.HEALTHY
+    assert s.capacities(now=T0 + 11)["h1"].schedulable is True
+
+
+def test_tombstone_makes_host_lost_and_notifies() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
+    s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
+    assert s.health("h1", now=T0 + 15) is Health.LOST
+    entry = s.hosts["h1"]
+    assert entry.present is False and entry.lost_at == T0 + 15 and entry.revision == 2
+    assert lis.kinds() == ["host_up", "host_lost"]
+    assert lis.calls[1][1] is entry
+    # The last heartbeat is kept; the host is unschedulable.
+    cap = s.capacities(now=T0 + 15)["h1"]
+    assert cap.schedulable is False
+    assert check(job_spec("j", command=["x"]), cap)[0] == NOT_HEALTHY
+    # A second tombstone does not notify again.
+    s.apply_host_record(Record("h1", 3, None), now=T0 + 16)
+    assert lis.kinds() == ["host_up", "host_lost"]
+
+
+def test_tombstone_for_unknown_host_is_harmless() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(Record("ghost", 5, None), now=T0)
+    # Recorded as lost (its revision is kept, so an older heartbeat cannot revive it),
+    # without a notification and without counting as a schedulable host.
+    assert s.hosts["ghost"].present is False and lis.calls == []
+    assert "ghost" not in s.capacities(now=T0)
+    s.apply_host_record(Record("ghost", 4, b"{}"), now=T0)
+    assert s.hosts["ghost"].present is False
+    assert s.health("ghost", now=T0) is Health.LOST
+
+
+def test_reregistering_after_loss_is_healthy_and_host_up() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
+    s.apply_host_record(Record("h1", 2, None), now=T0 + 15)
+    s.apply_host_record(heartbeat_record("h1", 3, shape=False, seq=1), now=T0 + 20)
+    assert s.health("h1", now=T0 + 20) is Health.HEALTHY
+    assert s.hosts["h1"].present is True and s.hosts["h1"].lost_at is None
+    assert lis.kinds() == ["host_up", "host_lost", "host_up"]
+
+
+def test_absent_hosts_and_domain_sizes_follow_heartbeats() -> None:
+    """What the planner's lost-host pass reads instead of walking every host: the set of
+    expired hosts, and hosts per failure domain (recounted when labels change)."""
+    s = ClusterState()
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, labels={"rack": "r1", "zone": "z1"}), now=T0)
+    s.apply_host_record(heartbeat_record("h2", 2, shape=False, labels={"rack": "r1", "zone": "z1"}), now=T0)
+    s.apply_host_record(heartbeat_record("h3", 3, shape=False, labels={"rack": "r2", "zone": "z1"}), now=T0)
+    s.apply_host_record(Record("gone", 4, None), now=T0)  # expired before we heard of it
+    assert s.absent == {"gone"}
+    assert s.domain_sizes() == {("rack", "r1"): 2, ("rack", "r2"): 1, ("zone", "z1"): 3}
+    s.apply_host_record(Record("h2", 5, None), now=T0 + 15)
+    assert s.absent == {"gone", "h2"}
+    assert s.domain_sizes()[("rack", "r1")] == 2  # a lost host still belongs to its domains
+    s.apply_host_record(heartbeat_record("h2", 6, shape=False, labels={"rack": "r2", "zone": "z1"}), now=T0 + 20)
+    assert s.absent == {"gone"}
+    assert s.domain_sizes() == {("rack", "r1"): 1, ("rack", "r2"): 2, ("zone", "z1"): 3}
+    s.apply_host_record(heartbeat_record("h3", 7, shape=False, labels={"rack": "r2", "zone": "z1"}, seq=2),
+                        now=T0 + 21)
+    assert s.domain_sizes()[("rack", "r2")] == 2
+
+
+def test_unheard_hosts_are_allocs_without_any_host_record() -> None:
+    """The planner's other lost-host source: hosts with work but no heartbeat record at
+    all (expired and removed before this server started), kept as records arrive."""
+    s = ClusterState()
+
+    def alloc(host: str, rev: int, tasks: int = 1) -> None:
+        a = host_alloc(host, [task(f"j{i}", command=["x"], cpus=1, memory_mb=10) for i in range(tasks)], term=1)
+        s.apply_state_record(Record(f"alloc.{host}", rev, encode(a)))
+
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
+    alloc("h1", 1)
+    alloc("ghost", 2)
+    alloc("late", 3)
+    alloc("gone", 4)
+    assert s.unheard == {"ghost", "late", "gone"}
+    s.apply_host_record(Record("late", 5, b"{not json"), now=T0)  # dropped: still nothing heard
+    assert s.unheard == {"ghost", "late", "gone"}
+    s.apply_host_record(heartbeat_record("late", 6, shape=False), now=T0)
+    s.apply_host_record(Record("gone", 7, None), now=T0)  # an expiry marker is a record: absent now
+    assert s.unheard == {"ghost"} and s.absent == {"gone"}
+    s.apply_state_record(Record("alloc.ghost", 8, None))
+    assert s.unheard == set()
+    alloc("h1", 9, tasks=2)  # a host already heard of never becomes unheard
+    assert s.unheard == set()
+
+
+def test_heartbeat_with_other_host_id_is_dropped() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(heartbeat_record("h2", 1, key="h1", shape=False), now=T0)
+    assert "h1" not in s.hosts and "h2" not in s.hosts
+    assert s.dropped["heartbeat"] == 1
+    assert lis.calls == []
+    # Also for a known host: the held heartbeat stays.
+    s.apply_host_record(heartbeat_record("h1", 2, shape=False, cpus=16), now=T0)
+    s.apply_host_record(heartbeat_record("evil", 3, key="h1", shape=False, cpus=4096), now=T0 + 1)
+    assert s.dropped["heartbeat"] == 2
+    assert s.hosts["h1"].heartbeat.cpus == 16 and s.hosts["h1"].revision == 2
+
+
+def test_undecodable_heartbeat_is_dropped() -> None:
+    s = ClusterState()
+    s.apply_host_record(Record("h1", 1, b"{not json"), now=T0)
+    s.apply_host_record(Record("h1", 2, b'{"v": 2}'), now=T0)
+    assert "h1" not in s.hosts
+    assert s.dropped["heartbeat"] == 2
+
+
+def test_older_host_revisions_are_ignored() -> None:
+    s = ClusterState()
+    s.apply_host_record(heartbeat_record("h1", 5, shape=False, cpus=32), now=T0)
+    s.apply_host_record(heartbeat_record("h1", 4, shape=False, cpus=8), now=T0 + 1)
+    s.apply_host_record(heartbeat_record("h1", 5, shape=False, cpus=8), now=T0 + 1)
+    assert s.hosts["h1"].heartbeat.cpus == 32
+    assert s.hosts["h1"].seen_at == T0
+    # An old tombstone does not make the host lost either.
+    s.apply_host_record(Record("h1", 3, None), now=T0 + 2)
+    assert s.hosts["h1"].present is True
+    assert s.health("h1", now=T0 + 2) is Health.HEALTHY
+
+
+def test_older_state_revisions_are_ignored() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_state_record(Record("job.j1", 10, encode(job("j1", state=JobState.RUNNING))))
+    s.apply_state_record(Record("job.j1", 9, encode(job("j1", state=JobState.QUEUED))))
+    s.apply_state_record(Record("job.j1", 10, encode(job("j1", state=JobState.QUEUED))))
+    assert s.jobs["j1"].state is JobState.RUNNING
+    assert s.revisions["job.j1"] == 10
+    assert lis.kinds() == ["job"]
+    # apply_job shares the revision bookkeeping.
+    s.apply_job(job("j1", spec=job_spec("j1", command=["x"]), submitted_at=0), 7)
+    assert s.jobs["j1"].state is JobState.RUNNING
+    s.apply_state_record(Record("job.j1", 11, None))
+    assert "j1" not in s.jobs
+    s.apply_state_record(Record("job.j1", 11, encode(job("j1"))))
+    assert "j1" not in s.jobs
+
+
+def test_state_records_alloc_hostcfg_term_lease() -> None:
+    s = ClusterState()
+    lis = Listener()
+    s.listeners.append(lis)
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False, gpus=4, unhealthy=(1,), cpus=16, memory_mb=8000),
+                        now=T0)
+    alloc = host_alloc("h1", [task("j", command=["x"], gpu_indices=[0, 2], cpus=4, memory_mb=1000)], term=3)
+    s.apply_state_record(Record("alloc.h1", 1, encode(alloc)))
+    s.apply_state_record(Record("hostcfg.h1", 2, HostConfig(cordoned=True, reason="maint").model_dump_json().encode()))
+    s.apply_state_record(Record("term", 42, b""))
+    s.apply_state_record(Record("lease", 43, b"server-a"))
+    assert s.allocs["h1"] == alloc
+    assert s.hostcfg["h1"].cordoned is True
+    assert s.term == 42 and s.leader == "server-a"
+    assert ("hostcfg", "h1") in lis.calls
+    cap = s.capacities(now=T0)["h1"]
+    assert cap.cordoned is True and cap.schedulable is True
+    assert cap.used_gpus == {0, 2} and cap.used_cpus == 4.0 and cap.used_memory_mb == 1000
+    assert cap.unhealthy_gpus == frozenset({1})
+    assert cap.free_gpus(None) == [3]
+    assert (cap.cpus, cap.memory_mb) == (16.0, 8000)
+    s.apply_state_record(Record("alloc.h1", 4, None))
+    s.apply_state_record(Record("hostcfg.h1", 5, None))
+    cap = s.capacities(now=T0)["h1"]
+    assert cap.used_gpus == set() and cap.cordoned is False
+
+
+def test_undecodable_state_record_is_dropped_and_counted() -> None:
+    s = ClusterState()
+    s.apply_state_record(Record("job.j1", 1, encode(job("j1"))))
+    s.apply_state_record(Record("job.j1", 2, b"garbage"))
+    s.apply_state_record(Record("alloc.h1", 3, b'{"v": 2, "host_id": "h1"}'))
+    assert s.jobs["j1"].state is JobState.QUEUED
+    assert "h1" not in s.allocs
+    assert s.dropped["job"] == 1 and s.dropped["alloc"] == 1
+
+
+def test_listener_exceptions_do_not_break_feeding() -> None:
+    s = ClusterState()
+    lis = Listener()
+
+    def boom(kind: str, obj: object) -> None:
+        raise RuntimeError("listener bug")
+
+    s.listeners.extend([boom, lis])
+    s.apply_host_record(heartbeat_record("h1", 1, shape=False), now=T0)
+    assert "h1" in s.hosts and lis.kinds() == ["host_up"]
+
+
+def test_queued_and_job_counts() -> None:
+    s = ClusterState()
+    s.apply_state_record(Record("job.a", 1, encode(job("a"))))
+    s.apply_state_record(Record("job.b", 2, encode(job("b", state=JobState.RUNNING))))
+    s.apply_state_record(Record("job.c", 3, encode(job("c"))))
+    assert sorted(j.id for j in s.queued()) == ["a", "c"]
+    assert s.job_counts() == {"QUEUED": 2, "RUNNING": 1}
+
+
+# ---------------------------------------------------------------- retry
+
+
+def test_backoff_schedule() -> None:
+    assert [retry.backoff_s(n) for n in range(0, 10)] == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert retry.backoff_s(1000) == retry.MAX_BACKOFF_S == 60.0
+
+
+def job_with_attempts(n: int, max_attempts: int = 3) -> Job:
+    return job(
+        "j",
+        spec=job_spec("j", command=["x"], max_attempts=max_attempts),
+        submitted_at=0,
+        attempts=[Attempt(id=f"j.{i}", number=i, host_id="h1", state=AttemptState.LOST) for i in range(1, n + 1)],
+    )
+
+
+@pytest.mark.parametrize("ended", [AttemptState.LOST, AttemptState.KILLED])
+def test_decide_retries_infrastructure_endings(ended: AttemptState) -> None:
+    d = retry.decide(job_with_attempts(1), ended, T0)
+    assert d.retry is True and d.not_before == T0
+    assert d.why == f"attempt 1 {ended.value.lower()}"
+    d = retry.decide(job_with_attempts(2), ended, T0)
+    assert d.retry is True and d.not_before == T0 + 1
+    d = retry.decide(job_with_attempts(3), ended, T0)
+    assert d.retry is False and "all 3 attempts used" in d.why
+    d = retry.decide(job_with_attempts(6, max_attempts=10), ended, T0)
+    assert d.retry is True and d.not_before == T0 + 16
+
+
+@pytest.mark.parametrize("ended", [AttemptState.FAILED, AttemptState.SUCCEEDED])
+def test_decide_does_not_retry_own_endings(ended: AttemptState) -> None:
+    d = retry.decide(job_with_attempts(1, max_attempts=100), ended, T0)
+    assert d.retry is False and d.why == "the attempt itself failed"
+
+
+def test_decide_single_attempt_job() -> None:
+    assert retry.decide(job_with_attempts(1, max_attempts=1), AttemptState.LOST, T0).retry is False
+
+
+# ---------------------------------------------------------------- LeaseConfig
+
+
+def test_lease_config_defaults_are_valid() -> None:
+    cfg = LeaseConfig()
+    assert cfg.validate() is cfg
+    assert LeaseConfig(ttl_s=1, renew_every_s=0.4, retry_every_s=0.1).validate().ttl_s == 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"ttl_s": 0},
+        {"ttl_s": -5},
+        {"ttl_s": 2.5},
+        {"ttl_s": 3, "renew_every_s": 1.5},  # TTL must exceed twice the renew interval
+        {"ttl_s": 5, "renew_every_s": 2.5},
+        {"ttl_s": 5, "renew_every_s": 0},
+        {"ttl_s": 5, "renew_every_s": -1},
+        {"retry_every_s": 0},
+        {"retry_every_s": -0.5},
+    ],
+)
+def test_lease_config_rejects_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        LeaseConfig(**kw).validate()
+
+
+# ---------------------------------------------------------------- agent config and labels
+
+
+def agent_config(**kw: Any) -> AgentConfig:
+    return AgentConfig(nats_url="nats://127.0.0.1:4222", host_id="h1", **kw)
+
+
+def test_agent_config_defaults_are_valid() -> None:
+    cfg = agent_config()
+    assert cfg.validate() is cfg
+    assert agent_config(heartbeat_interval_s=1, ttl_intervals=3, fence_after_s=2.9).validate()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"fence_after_s": 15.0},  # == TTL (5 s x 3)
+        {"fence_after_s": 20.0},
+        {"heartbeat_interval_s": 1.0, "fence_after_s": 3.0},
+        {"ttl_intervals": 1, "fence_after_s": 5.0},
+        {"heartbeat_interval_s": 0.0},
+        {"heartbeat_interval_s": -1.0},
+    ],
+)
+def test_agent_config_rejects_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        agent_config(**kw).validate()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("rack=r1,zone=z1", {"rack": "r1", "zone": "z1"}),
+        (" rack = r1 , zone=z1 ,", {"rack": "r1", "zone": "z1"}),
+        ("", {}),
+        (None, {}),
+        (",,", {}),
+        ("empty=", {"empty": ""}),
+        ("a.b-c_d=X.Y-Z_1", {"a.b-c_d": "X.Y-Z_1"}),
+    ],
+)
+def test_parse_labels_accepts(text: str | None, expected: dict[str, str]) -> None:
+    assert parse_labels(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["rack", "rack=r1,zone", "Rack=r1", "1rack=r1", "=r1", "rack=has space", "rack=a=b", "rack=r/1",
+     ",".join(f"k{i}=v" for i in range(33))],
+)
+def test_parse_labels_rejects(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_labels(text)

@@ -1,0 +1,477 @@
+"""History on SQLite (a file per test): Alembic migrations, idempotent mirroring,
+concurrent replicas, filters and sorting, retention, 5,000 jobs. The tests that take a
+`db_url` run on PostgreSQL too, from tests/integration/test_history.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import func, inspect, text
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session, SQLModel, select
+
+import server.history.database as history_mod
+from server.history.database import History, alembic_config, job_cursor
+from server.history.models import AttemptRow, EventRow, JobRow
+from tests.factories import job, job_spec
+from wire.messages import Attempt, AttemptState, Job, JobState, encode
+
+DAY = 86400.0
+
+
+@pytest.fixture(params=["sqlite"])
+def db_url(tmp_path: Path) -> str:
+    """A history database in a file: SQLite here; tests/integration/test_history.py runs
+    the same tests on PostgreSQL."""
+    return f"sqlite:///{tmp_path / 'history.db'}"
+
+
+@pytest.fixture
+def hist(db_url: str):  # type: ignore[no-untyped-def]
+    h = History(db_url)
+    yield h
+    h.close()
+
+
+TRAIN = ["python", "train.py"]  # what every job of these tests runs
+
+
+def lifecycle(jid: str, t0: float = 1000.0, *, name: str = "train", user: str = "alice",
+              priority: int = 0, final: JobState = JobState.SUCCEEDED) -> list[Job]:
+    """The successive records of a job: QUEUED, PLACED, RUNNING, then `final`."""
+    s = job_spec(name, command=TRAIN, user=user, priority=priority, gpus=1)
+    a_id = f"{jid}-a1"
+    queued = job(jid, spec=s, submitted_at=t0)
+    placed = job(jid, spec=s, state=JobState.PLACED, submitted_at=t0, updated_at=t0 + 1,
+                 attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], placed_at=t0 + 1)])
+    running = job(jid, spec=s, state=JobState.RUNNING, submitted_at=t0, updated_at=t0 + 2,
+                  attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=AttemptState.RUNNING,
+                                    placed_at=t0 + 1, started_at=t0 + 2)])
+    astate = {JobState.SUCCEEDED: AttemptState.SUCCEEDED, JobState.FAILED: AttemptState.FAILED,
+              JobState.CANCELLED: AttemptState.KILLED}[final]
+    done = job(jid, spec=s, state=final, submitted_at=t0, updated_at=t0 + 10,
+               attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=astate,
+                                 placed_at=t0 + 1, started_at=t0 + 2, finished_at=t0 + 10,
+                                 exit_code=0 if final == JobState.SUCCEEDED else 1)])
+    return [queued, placed, running, done]
+
+
+def job_in_state(jid: str, t: float, *, state: JobState = JobState.QUEUED, name: str = "train", user: str = "alice",
+                 priority: int = 0, updated: float | None = None) -> Job:
+    """A job submitted at `t` and now in `state`: a record of its `lifecycle` (finished
+    ones carry one finished attempt), last updated at `updated` if given."""
+    if state == JobState.QUEUED:
+        return job(jid, spec=job_spec(name, command=TRAIN, user=user, priority=priority, gpus=1), submitted_at=t,
+                   updated_at=updated or t)
+    final = state if state.terminal else JobState.SUCCEEDED
+    j = lifecycle(jid, t, name=name, user=user, priority=priority, final=final)
+    j = j[{JobState.PLACED: 1, JobState.RUNNING: 2}.get(state, 3)]
+    if updated is not None:
+        j.updated_at = updated
+    return j
+
+
+def counts(h: History) -> tuple[int, int, int]:
+    with Session(h.engine) as s:
+        return tuple(int(s.exec(select(func.count()).select_from(t)).one())  # type: ignore[return-value]
+                     for t in (JobRow, AttemptRow, EventRow))
+
+
+# ---------------------------------------------------------------- migrations
+
+
+def _schema_diff(h: History) -> list[object]:
+    with h.engine.connect() as conn:
+        mc = MigrationContext.configure(conn, opts={"compare_type": True})
+        return list(compare_metadata(mc, SQLModel.metadata))
+
+
+def test_migrations_apply_and_match_models(db_url: str) -> None:
+    h = History(db_url)
+    h2 = History(db_url)  # a second upgrade is a no-op
+    try:
+        assert _schema_diff(h) == []
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        with h.engine.connect() as conn:
+            assert MigrationContext.configure(conn).get_current_revision() == head
+        names = {ix["name"] for t in ("jobs", "attempts", "events") for ix in inspect(h.engine).get_indexes(t)}
+        assert {"ix_jobs_state_submitted_at", "ix_jobs_user_submitted_at", "ix_jobs_name",
+                "ix_jobs_priority_submitted_at", "ix_jobs_submitted_at", "ix_attempts_job_id",
+                "ix_attempts_host_id_placed_at", "ix_events_job_id_ts", "ix_events_host_id_ts",
+                "ix_events_kind_ts", "ix_events_ts"} <= names
+        if h.dialect == "postgresql":  # compare_metadata does not look at operator classes
+            with h.engine.connect() as conn:
+                ddl = conn.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_jobs_name'")).scalar()
+            assert "text_pattern_ops" in str(ddl)
+    finally:
+        h.close()
+        h2.close()
+
+
+def test_adopts_pre_alembic_database(db_url: str) -> None:
+    """A database made by the old create_all (no alembic_version, single-column indexes)."""
+    h = History(db_url)
+    with h.engine.begin() as conn:
+        conn.execute(text("DROP TABLE alembic_version"))
+        for name in _initial_indexes():
+            conn.execute(text(f"DROP INDEX {name}"))
+        for table, names in _legacy_indexes().items():
+            for name in names:
+                col = name.removeprefix(f"ix_{table}_")
+                conn.execute(text(f'CREATE INDEX {name} ON {table} ("{col}")'))
+    h.record(lifecycle("j1")[-1], 4)
+    h.flush()
+    h.close()
+    h = History(db_url)
+    try:
+        assert _schema_diff(h) == []
+        assert h.get_job("j1") is not None
+    finally:
+        h.close()
+
+
+def _initial_indexes() -> dict[str, tuple[str, list[str], dict[str, object]]]:
+    return _initial_module().INDEXES  # type: ignore[no-any-return]
+
+
+def _legacy_indexes() -> dict[str, list[str]]:
+    return _initial_module().LEGACY_INDEXES  # type: ignore[no-any-return]
+
+
+def _initial_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = history_mod.MIGRATIONS_DIR / "versions" / "0001_initial.py"
+    spec_ = importlib.util.spec_from_file_location("muster_migration_0001", path)
+    assert spec_ and spec_.loader
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------- writing
+
+
+@pytest.mark.parametrize("flush_each", [False, True])
+def test_lifecycle_one_row_and_full_timeline(hist: History, flush_each: bool) -> None:
+    for rev, j in enumerate(lifecycle("j1"), start=1):
+        hist.record(j, rev)
+        if flush_each:
+            hist.flush()
+    hist.flush()
+    assert counts(hist) == (1, 1, 5)
+    got = hist.get_job("j1")
+    assert got is not None and got.state == JobState.SUCCEEDED
+    kinds = [e.kind for e in hist.events_for_job("j1")]
+    assert kinds == ["job.submitted", "attempt.placed", "attempt.started", "attempt.succeeded", "job.succeeded"]
+    (att,) = hist.list_attempts(job_id="j1")
+    assert (att.state, att.host_id, att.started_at, att.finished_at, att.exit_code) == ("SUCCEEDED", "h1", 1002.0,
+                                                                                         1010.0, 0)
+    with Session(hist.engine) as s:
+        row = s.get(JobRow, "j1")
+        assert row is not None and (row.revision, row.state, row.updated_at) == (4, "SUCCEEDED", 1010.0)
+
+
+def test_raw_records_decoded_only_when_newest(hist: History) -> None:
+    """The historian queues job records as stored; only the newest revision of each job
+    is decoded at flush, so a superseded one is never looked at, and a newest one that
+    does not decode (or names another job) is dropped and counted, not written."""
+    revs = lifecycle("j1")
+    hist.record_raw("j1", b"{not json", 1)  # superseded before the flush: never decoded
+    hist.record_raw("j1", encode(revs[3]), 4)
+    hist.record_raw("j1", encode(revs[1]), 2)  # older than what is queued: ignored
+    hist.record_raw("j2", b"{not json", 7)
+    hist.record_raw("j3", encode(lifecycle("other")[0]), 1)  # the record of another job
+    assert hist.flush() == 1
+    assert hist.dropped == 2
+    assert counts(hist) == (1, 1, 5)
+    got = hist.get_job("j1")
+    assert got is not None and got.state == JobState.SUCCEEDED
+    assert hist.get_job("j2") is None and hist.get_job("j3") is None and hist.get_job("other") is None
+    with Session(hist.engine) as s:
+        row = s.get(JobRow, "j1")
+        assert row is not None and row.revision == 4
+
+
+def test_retry_keeps_every_attempt(hist: History) -> None:
+    revs = lifecycle("j1")
+    lost = revs[2].model_copy(deep=True)
+    lost.attempts[0].state, lost.attempts[0].finished_at, lost.state = AttemptState.LOST, 1005.0, JobState.QUEUED
+    retry = revs[3].model_copy(deep=True)
+    retry.attempts = [lost.attempts[0], Attempt(id="j1-a2", number=2, host_id="h2", state=AttemptState.SUCCEEDED,
+                                                placed_at=1006.0, started_at=1007.0, finished_at=1010.0, exit_code=0)]
+    for rev, j in enumerate([*revs[:3], lost, retry], start=1):
+        hist.record(j, rev)
+    hist.flush()
+    assert [a.id for a in hist.list_attempts(job_id="j1")] == ["j1-a1", "j1-a2"]
+    assert [a.id for a in hist.list_attempts(host_id="h2")] == ["j1-a2"]
+    kinds = [e.kind for e in hist.events_for_job("j1")]
+    assert kinds == ["job.submitted", "attempt.placed", "attempt.started", "attempt.lost",
+                     "attempt.placed", "attempt.started", "attempt.succeeded", "job.succeeded"]
+
+
+def test_older_revision_never_overwrites_newer(db_url: str) -> None:
+    a, b = History(db_url), History(db_url)
+    try:
+        revs = lifecycle("j1")
+        a.record(revs[3], 4)
+        a.flush()
+        b.record(revs[1], 2)  # a replica late with an old record
+        b.flush()
+        a.record(revs[2], 3)
+        a.flush()
+        got = b.get_job("j1")
+        assert got is not None and got.state == JobState.SUCCEEDED
+        (att,) = b.list_attempts(job_id="j1")
+        assert att.state == "SUCCEEDED" and att.finished_at == 1010.0
+        with Session(a.engine) as s:
+            assert s.get(JobRow, "j1").revision == 4  # type: ignore[union-attr]
+        assert counts(a) == (1, 1, 5)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_replicas_write_concurrently_once(db_url: str) -> None:
+    """Two replicas see the same job revisions (in different orders and batches) at once."""
+    n_jobs = 60
+    revisions = [(rev, j) for i in range(n_jobs) for rev, j in
+                 enumerate(lifecycle(f"j{i:03d}", 1000.0 + i, user=f"u{i % 3}"), start=1)]
+    replicas = [History(db_url) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def replica(h: History, seed: int) -> None:
+        try:
+            items = list(revisions)
+            random.Random(seed).shuffle(items)
+            for k, (rev, j) in enumerate(items):
+                h.record(j, rev)
+                if k % 7 == 0:
+                    for _ in range(5):  # a PostgreSQL deadlock/serialisation error is retried
+                        try:
+                            h.flush()
+                            break
+                        except Exception:  # noqa: BLE001
+                            pass
+            h.flush()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica, args=(h, seed)) for seed, h in enumerate(replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert not errors, errors
+        assert counts(replicas[0]) == (n_jobs, n_jobs, 5 * n_jobs)
+        jobs, total = replicas[1].list_jobs(limit=1000)
+        assert total == n_jobs and all(j.state == JobState.SUCCEEDED for j in jobs)
+        with Session(replicas[0].engine) as s:
+            assert set(s.exec(select(JobRow.revision)).all()) == {4}
+            assert set(s.exec(select(AttemptRow.state)).all()) == {"SUCCEEDED"}
+        for i in range(0, n_jobs, 7):
+            assert len(replicas[0].events_for_job(f"j{i:03d}")) == 5
+    finally:
+        for h in replicas:
+            h.close()
+
+
+def test_failed_flush_requeues(tmp_path: Path) -> None:
+    h = History(f"sqlite:///{tmp_path / 'h.db'}")
+    try:
+        h.record(lifecycle("j1")[0], 1)
+        real = h._write
+
+        def boom(batch, sanitize=False):  # type: ignore[no-untyped-def]
+            raise OperationalError("INSERT", {}, Exception("database restarting"))
+
+        h._write = boom  # type: ignore[method-assign]
+        with pytest.raises(OperationalError):  # the database is down: nothing dropped, all requeued
+            h.flush()
+        h._write = real  # type: ignore[method-assign]
+        assert h.flush() == 1
+        assert h.get_job("j1") is not None
+    finally:
+        h.close()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _fixture_jobs() -> list[Job]:
+    out = []
+    states = [JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+    names = ["train-a", "train-b", "Train-c", "eval_1", "evalx1", "sweep%1"]
+    for i in range(30):
+        out.append(job_in_state(f"j{i:02d}", 1000.0 + (i * 7) % 30, state=states[i % 5], name=names[i % 6],
+                                user=["alice", "bob", "carol"][i % 3], priority=[0, 5, -1, 10][i % 4]))
+    return out
+
+
+SORT_KEYS = {
+    "-submitted_at": (lambda j: (j.submitted_at, j.id), True),
+    "submitted_at": (lambda j: (j.submitted_at, j.id), False),
+    "-priority": (lambda j: (-j.spec.priority, j.submitted_at, j.id), False),
+    "priority": (lambda j: (-j.spec.priority, j.submitted_at, j.id), True),
+}
+
+
+def test_filters_and_sorting(hist: History) -> None:
+    jobs = _fixture_jobs()
+    for j in jobs:
+        hist.record(j, 1)
+    hist.flush()
+
+    def expect(pred, sort: str = "-submitted_at") -> list[str]:  # type: ignore[no-untyped-def]
+        key, rev = SORT_KEYS[sort]
+        return [j.id for j in sorted((j for j in jobs if pred(j)), key=key, reverse=rev)]
+
+    def ids(sort: str = "-submitted_at", **kw: object) -> list[str]:
+        got, total = hist.list_jobs(sort=sort, limit=1000, **kw)  # type: ignore[arg-type]
+        assert total == len(got)
+        return [j.id for j in got]
+
+    assert ids() == expect(lambda j: True)
+    assert ids(state="RUNNING") == expect(lambda j: j.state == JobState.RUNNING)
+    assert ids(state=["FAILED", "CANCELLED"]) == expect(lambda j: j.state in (JobState.FAILED, JobState.CANCELLED))
+    assert ids(user="bob") == expect(lambda j: j.spec.user == "bob")
+    assert ids(name="train") == expect(lambda j: j.spec.name.startswith("train"))  # case-sensitive
+    assert ids(name="eval_") == expect(lambda j: j.spec.name.startswith("eval_"))  # _ is not a wildcard
+    assert ids(name="sweep%") == expect(lambda j: j.spec.name.startswith("sweep%"))
+    assert ids(name="nope") == []
+    assert ids(priority=5) == expect(lambda j: j.spec.priority == 5)
+    assert ids(submitted_after=1010.0, submitted_before=1020.0) == expect(lambda j: 1010 <= j.submitted_at < 1020)
+    assert ids(state="SUCCEEDED", user="alice", priority=10) == expect(
+        lambda j: j.state == JobState.SUCCEEDED and j.spec.user == "alice" and j.spec.priority == 10)
+    for sort in SORT_KEYS:
+        want = expect(lambda j: True, sort)
+        assert ids(sort) == want
+        # offset paging
+        pages = [hist.list_jobs(sort=sort, limit=7, offset=o) for o in range(0, 35, 7)]
+        assert [j.id for p, _ in pages for j in p] == want and {t for _, t in pages} == {30}
+        # keyset paging, unfiltered and filtered
+        for kw, pred in (({}, lambda j: True), ({"state": ["QUEUED", "FAILED"]},
+                                                lambda j: j.state in (JobState.QUEUED, JobState.FAILED))):
+            seen: list[str] = []
+            after = None
+            while True:
+                page, total = hist.list_jobs(sort=sort, limit=4, after=after, **kw)  # type: ignore[arg-type]
+                assert total == len(expect(pred))
+                if not page:
+                    break
+                seen += [j.id for j in page]
+                after = job_cursor(page[-1], sort)
+            assert seen == expect(pred, sort)
+    page, total = hist.list_jobs(user="alice", sort="-priority", limit=3)
+    assert [j.id for j in page] == expect(lambda j: j.spec.user == "alice", "-priority")[:3] and total == 10
+    rest, _ = hist.list_jobs(user="alice", sort="-priority", limit=100, after=job_cursor(page[-1], "-priority"))
+    assert [j.id for j in page + rest] == expect(lambda j: j.spec.user == "alice", "-priority")
+    with pytest.raises(ValueError):
+        hist.list_jobs(sort="name")
+
+
+def test_list_events_and_attempts(hist: History) -> None:
+    for i in range(4):
+        for rev, j in enumerate(lifecycle(f"j{i}", 1000.0 + 100 * i), start=1):
+            hist.record(j, rev)
+    hist.flush()
+    evs = hist.list_events(limit=1000)
+    assert len(evs) == 20 and [e.ts for e in evs] == sorted(e.ts for e in evs)
+    assert {e.kind for e in hist.list_events(job_id="j2")} == {
+        "job.submitted", "attempt.placed", "attempt.started", "attempt.succeeded", "job.succeeded"}
+    assert [e.job_id for e in hist.list_events(kind="job.succeeded")] == ["j0", "j1", "j2", "j3"]
+    assert [e.id for e in hist.list_events(kind="job.succeeded", since=1110.0)] == ["j1:succeeded", "j2:succeeded",
+                                                                                     "j3:succeeded"]
+    host_evs = hist.list_events(host_id="h1", limit=1000)
+    assert len(host_evs) == 16 and all(e.host_id == "h1" for e in host_evs)  # job.submitted has no host
+    assert [e.id for e in hist.list_events(kind="job.succeeded", limit=2, offset=1)] == ["j1:succeeded",
+                                                                                         "j2:succeeded"]
+    assert hist.list_events(kind="job.succeeded", newest_first=True)[0].job_id == "j3"
+    atts = hist.list_attempts(host_id="h1")
+    assert [a.job_id for a in atts] == ["j0", "j1", "j2", "j3"]
+    assert [a.job_id for a in hist.list_attempts(host_id="h1", limit=2, offset=1)] == ["j1", "j2"]
+    assert [a.job_id for a in hist.list_attempts(host_id="h1", newest_first=True)] == ["j3", "j2", "j1", "j0"]
+    assert hist.list_attempts(host_id="h9") == []
+
+
+# ---------------------------------------------------------------- retention
+
+
+def test_retention_prunes_only_old_finished_jobs(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history_mod, "_PRUNE_CHUNK", 3)  # several chunks
+    now = 100 * DAY
+    h = History(db_url, retention_days=7)
+    try:
+        old, keep = [], []
+        for i, st in enumerate([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED] * 3):
+            j = job_in_state(f"old{i}", now - 30 * DAY, state=st, updated=now - 8 * DAY - i)
+            old.append(j)
+        keep.append(job_in_state("oldq", now - 30 * DAY, state=JobState.QUEUED, updated=now - 20 * DAY))
+        keep.append(job_in_state("oldr", now - 30 * DAY, state=JobState.RUNNING, updated=now - 20 * DAY))
+        keep.append(job_in_state("recent", now - 30 * DAY, state=JobState.SUCCEEDED, updated=now - 6 * DAY))
+        for j in old + keep:
+            h.record(j, 1)
+        h.flush()
+        assert h.prune(now) == len(old)
+        _, total = h.list_jobs(limit=100)
+        assert total == 3 and {j.id for j in h.list_jobs(limit=100)[0]} == {"oldq", "oldr", "recent"}
+        for j in old:
+            assert h.events_for_job(j.id) == [] and h.list_attempts(job_id=j.id) == []
+        assert len(h.events_for_job("recent")) == 5 and len(h.list_attempts(job_id="oldr")) == 1
+        assert h.prune(now) == 0
+        assert History(db_url).prune(now + 365 * DAY) == 0  # no retention: nothing goes
+    finally:
+        h.close()
+
+
+async def test_run_prunes_with_retention(tmp_path: Path) -> None:
+    import time
+
+    h = History(f"sqlite:///{tmp_path / 'h.db'}", retention_days=1)
+    try:
+        h.record(job_in_state("old", time.time() - 10 * DAY, state=JobState.SUCCEEDED,
+                              updated=time.time() - 5 * DAY), 1)
+        h.record(job_in_state("new", time.time(), state=JobState.SUCCEEDED, updated=time.time()), 1)
+        h.flush()
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.run(stop, every_s=0.05))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if h.get_job("old") is None:
+                break
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert h.get_job("old") is None and h.get_job("new") is not None
+    finally:
+        h.close()
+
+
+# ---------------------------------------------------------------- volume
+
+
+def test_five_thousand_jobs(hist: History) -> None:
+    rng = random.Random(7)
+    states = list(JobState)
+    jobs = [job_in_state(f"j{i:05d}", 1_000_000.0 + i, state=rng.choice(states), user=f"u{rng.randrange(20)}",
+                         name=rng.choice(["train", "eval", "sweep"]) + f"-{i % 50}", priority=rng.randrange(-3, 4))
+            for i in range(5000)]
+    for j in jobs:
+        hist.record(j, 1)
+    assert hist.flush() == 5000
+    assert counts(hist)[0] == 5000
+    want = sorted((j for j in jobs if j.state == JobState.RUNNING and j.spec.user == "u3"),
+                  key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+    got, total = hist.list_jobs(state="RUNNING", user="u3", sort="-priority", limit=1000)
+    assert total == len(want) > 0 and [j.id for j in got] == [j.id for j in want]
+    want = [j for j in jobs if j.spec.name.startswith("eval-1") and 1_001_000 <= j.submitted_at < 1_004_000]
+    got, total = hist.list_jobs(name="eval-1", submitted_after=1_001_000, submitted_before=1_004_000,
+                                sort="submitted_at", limit=5000)
+    assert total == len(want) and [j.id for j in got] == [j.id for j in want]

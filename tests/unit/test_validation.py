@@ -1,0 +1,488 @@
+"""validate_job, validate_labels, and decode() of untrusted bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError as PydanticValidationError
+
+from tests.factories import heartbeat, host_alloc, job, job_spec, task
+from wire.errors import DecodeError, ValidationError
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
+    Attempt,
+    AttemptState,
+    Command,
+    Heartbeat,
+    HostAlloc,
+    Job,
+    JobSpec,
+    StatusReport,
+    Task,
+    decode,
+    encode,
+)
+from wire.validation import (
+    MAX_CPUS,
+    MAX_ENV_BYTES,
+    MAX_ENV_VARS,
+    MAX_GPUS,
+    MAX_LABELS,
+    MAX_MEMORY_MB,
+    validate_job,
+    validate_labels,
+)
+
+BASE: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"]}
+
+
+def errs(**overrides: Any) -> list[tuple[str, str]]:
+    data = {**BASE, **overrides}
+    spec, errors = validate_job(data)
+    assert (spec is None) == bool(errors)
+    for e in errors:
+        assert isinstance(e, ValidationError)
+        assert e.message and str(e).startswith(f"{e.field}: ")
+    return [(e.field, e.code) for e in errors]
+
+
+def without(key: str) -> dict[str, Any]:
+    return {k: v for k, v in BASE.items() if k != key}
+
+
+# ---------------------------------------------------------------- valid input
+
+
+def test_minimal_valid_input_returns_spec_with_defaults() -> None:
+    spec, errors = validate_job(dict(BASE))
+    assert errors == []
+    assert isinstance(spec, JobSpec)
+    assert spec.name == "train-1"
+    assert spec.command == ["python", "train.py"]
+    assert (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mb) == (0, None, 1.0, 512)
+    assert (spec.priority, spec.max_attempts, spec.user, spec.env, spec.cwd) == (0, 3, "operator", {}, None)
+
+
+def test_full_valid_input_returns_spec() -> None:
+    data = {
+        **BASE,
+        "env": {"CUDA_VISIBLE_ORDER": "x", "_A1": ""},
+        "cwd": "/data/run",
+        "gpus": 8,
+        "gpu_model": "H100",
+        "cpus": 16,
+        "memory_mb": 65536,
+        "priority": -1000,
+        "max_attempts": 100,
+        "user": "u" * 100,
+    }
+    spec, errors = validate_job(data)
+    assert errors == [] and spec is not None
+    assert spec.gpus == 8 and spec.gpu_model == "H100"
+    assert spec.cpus == 16.0 and isinstance(spec.cpus, float)
+    assert spec.memory_mb == 65536 and spec.priority == -1000 and spec.max_attempts == 100
+    assert spec.env == {"CUDA_VISIBLE_ORDER": "x", "_A1": ""}
+    assert spec.cwd == "/data/run"
+    assert spec.user == "u" * 64
+
+
+def test_limits_are_inclusive() -> None:
+    assert errs(gpus=MAX_GPUS, gpu_model="B200", cpus=MAX_CPUS, memory_mb=MAX_MEMORY_MB, priority=1000,
+                max_attempts=1, name="a" * 128) == []
+    assert errs(cpus=0.001, memory_mb=1) == []
+
+
+def test_known_models_extend_the_builtin_list() -> None:
+    assert errs(gpus=1, gpu_model="MI300X") == [("gpuModel", "UNKNOWN_GPU_MODEL")]
+    spec, errors = validate_job({**BASE, "gpus": 1, "gpu_model": "MI300X"}, known_models=["MI300X"])
+    assert errors == [] and spec is not None and spec.gpu_model == "MI300X"
+
+
+def test_empty_gpu_model_means_any() -> None:
+    spec, errors = validate_job({**BASE, "gpus": 1, "gpu_model": ""})
+    assert errors == [] and spec is not None and spec.gpu_model is None
+
+
+# ---------------------------------------------------------------- each rule
+
+
+@pytest.mark.parametrize("name", ["", None, "-lead", ".lead", "has space", "a" * 129, "ünï", "a/b", 5, ["a"]])
+def test_bad_names(name: Any) -> None:
+    assert errs(name=name) == [("name", "INVALID")]
+
+
+def test_missing_name() -> None:
+    spec, errors = validate_job(without("name"))
+    assert spec is None and [(e.field, e.code) for e in errors] == [("name", "INVALID")]
+
+
+@pytest.mark.parametrize("command", [None, [], "python train.py", [1, 2], ["ok", None], {"a": "b"}])
+def test_command_must_be_nonempty_list_of_strings(command: Any) -> None:
+    assert errs(command=command) == [("command", "EMPTY_COMMAND")]
+
+
+@pytest.mark.parametrize("command", [[""], ["   "], ["\t", "arg"]])
+def test_empty_program(command: list[str]) -> None:
+    assert errs(command=command) == [("command", "EMPTY_COMMAND")]
+
+
+def test_missing_command() -> None:
+    spec, errors = validate_job(without("command"))
+    assert spec is None and [(e.field, e.code) for e in errors] == [("command", "EMPTY_COMMAND")]
+
+
+@pytest.mark.parametrize("command", [["x" * (64 * 1024 + 1)], ["a"] * 257, ["é" * (32 * 1024 + 1)]])
+def test_command_too_large(command: list[str]) -> None:
+    assert errs(command=command) == [("command", "TOO_LARGE")]
+
+
+def test_command_with_nul() -> None:
+    assert errs(command=["echo", "a\x00b"]) == [("command", "INVALID")]
+
+
+def test_env_not_a_map() -> None:
+    assert errs(env=["A=1"]) == [("env", "INVALID")]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {f"V{i}": "x" for i in range(MAX_ENV_VARS + 1)},
+        {"BIG": "x" * MAX_ENV_BYTES},
+    ],
+)
+def test_env_too_big(env: dict[str, str]) -> None:
+    assert errs(env=env) == [("env", "TOO_LARGE")]
+
+
+def test_env_at_the_limit_is_fine() -> None:
+    assert errs(env={f"V{i}": "x" for i in range(MAX_ENV_VARS)}) == []
+    assert errs(env={"BIG": "x" * (MAX_ENV_BYTES - 3)}) == []
+
+
+@pytest.mark.parametrize("env", [{"1BAD": "x"}, {"A-B": "x"}, {"": "x"}, {"OK": 5}, {"OK": None}, {"OK": "a\x00"},
+                                 {"K" * 129: "x"}])
+def test_env_bad_variable(env: dict[str, Any]) -> None:
+    assert errs(env=env) == [("env", "INVALID")]
+
+
+@pytest.mark.parametrize("gpus", [-1, MAX_GPUS + 1, 10**9, 1.5, "2", None, True, False])
+def test_bad_gpus(gpus: Any) -> None:
+    assert errs(gpus=gpus) == [("gpus", "OUT_OF_RANGE")]
+
+
+@pytest.mark.parametrize("cpus", [0, 0.0, -1, MAX_CPUS + 0.5, float("nan"), float("inf"), "1", None, True])
+def test_bad_cpus(cpus: Any) -> None:
+    assert errs(cpus=cpus) == [("cpus", "OUT_OF_RANGE")]
+
+
+@pytest.mark.parametrize("memory_mb", [0, -5, MAX_MEMORY_MB + 1, 512.0, "512", None, True])
+def test_bad_memory(memory_mb: Any) -> None:
+    assert errs(memory_mb=memory_mb) == [("memoryMb", "OUT_OF_RANGE")]
+
+
+def test_zero_everything() -> None:
+    assert errs(gpus=0, cpus=0, memory_mb=0) == [("cpus", "OUT_OF_RANGE"), ("memoryMb", "OUT_OF_RANGE")]
+
+
+def test_absurd_resources() -> None:
+    assert errs(gpus=100_000, cpus=1e12, memory_mb=10**15) == [
+        ("gpus", "OUT_OF_RANGE"),
+        ("cpus", "OUT_OF_RANGE"),
+        ("memoryMb", "OUT_OF_RANGE"),
+    ]
+
+
+@pytest.mark.parametrize("model", ["X9000", "h100", 5, ["H100"]])
+def test_unknown_gpu_model(model: Any) -> None:
+    assert errs(gpus=1, gpu_model=model) == [("gpuModel", "UNKNOWN_GPU_MODEL")]
+
+
+def test_model_with_zero_gpus() -> None:
+    assert errs(gpu_model="H100") == [("gpuModel", "INVALID")]
+    assert errs(gpus=0, gpu_model="H100") == [("gpuModel", "INVALID")]
+
+
+@pytest.mark.parametrize("priority", [1001, -1001, "1", 1.0, None])
+def test_bad_priority(priority: Any) -> None:
+    assert errs(priority=priority) == [("priority", "OUT_OF_RANGE")]
+
+
+@pytest.mark.parametrize("max_attempts", [0, 101, -1, "3", 2.0, None])
+def test_bad_max_attempts(max_attempts: Any) -> None:
+    assert errs(max_attempts=max_attempts) == [("maxAttempts", "OUT_OF_RANGE")]
+
+
+@pytest.mark.parametrize("cwd", ["/" + "d" * 4096, 5, "/tmp/\x00"])
+def test_bad_cwd(cwd: Any) -> None:
+    assert errs(cwd=cwd) == [("cwd", "INVALID")]
+
+
+def test_bool_priority_rejected() -> None:
+    assert errs(priority=True) == [("priority", "OUT_OF_RANGE")]
+
+
+def test_bool_max_attempts_rejected() -> None:
+    assert errs(max_attempts=True) == [("maxAttempts", "OUT_OF_RANGE")]
+
+
+def test_name_with_trailing_newline_rejected() -> None:
+    assert errs(name="train\n") == [("name", "INVALID")]
+
+
+def test_env_key_with_trailing_newline_rejected() -> None:
+    assert errs(env={"FOO\n": "x"}) == [("env", "INVALID")]
+
+
+def test_one_error_per_bad_field() -> None:
+    spec, errors = validate_job({"name": "", "command": [], "env": 3, "gpus": -1, "cpus": 0, "memory_mb": 0,
+                                 "gpu_model": "nope", "priority": 5000, "max_attempts": 0, "cwd": 7})
+    assert spec is None
+    assert [e.field for e in errors] == ["name", "command", "env", "gpus", "cpus", "memoryMb", "gpuModel",
+                                         "priority", "maxAttempts", "cwd"]
+
+
+# ---------------------------------------------------------------- labels
+
+
+def test_valid_labels() -> None:
+    assert validate_labels({}) == []
+    assert validate_labels({"rack": "r1", "zone": "z-1.a_B", "empty": "", "a.b-c_d": "X" * 63}) == []
+    assert validate_labels({f"k{i}": "v" for i in range(MAX_LABELS)}) == []
+
+
+def test_too_many_labels() -> None:
+    errors = validate_labels({f"k{i}": "v" for i in range(MAX_LABELS + 1)})
+    assert [e.field for e in errors] == ["labels"]
+    assert "at most" in errors[0].message
+
+
+@pytest.mark.parametrize("key", ["Rack", "1rack", "", "-x", "rack zone", "k" * 64, "räck"])
+def test_bad_label_key(key: str) -> None:
+    errors = validate_labels({key: "v"})
+    assert len(errors) == 1 and errors[0].field == "labels" and "key" in errors[0].message
+
+
+@pytest.mark.parametrize("value", ["has space", "v" * 64, "a/b", "a=b", "é"])
+def test_bad_label_value(value: str) -> None:
+    errors = validate_labels({"rack": value})
+    assert len(errors) == 1 and errors[0].field == "labels" and "value" in errors[0].message
+
+
+def test_every_bad_label_reported() -> None:
+    errors = validate_labels({"Bad": "x", "good": "y", "also": "no way"})
+    assert len(errors) == 2
+
+
+def test_label_with_trailing_newline_rejected() -> None:
+    assert len(validate_labels({"rack\n": "r1"})) == 1
+    assert len(validate_labels({"rack": "r1\n"})) == 1
+
+
+# ---------------------------------------------------------------- decode
+
+
+def sample_messages() -> list:
+    spec = job_spec("j", gpus=1, gpu_model="H100")
+    return [
+        heartbeat("h1", boot_id="b", seq=0, ts=1.0, cpus=8, memory_mb=1024, labels={"rack": "r1"}, gpus=1,
+                  unhealthy=[0], fault="xid 79"),
+        StatusReport(host_id="h1", attempt_id="j.1", job_id="j", state=AttemptState.FAILED, exit_code=3, ts=2.0),
+        host_alloc("h1", [task("j", gpu_indices=[0], cpus=1.0, memory_mb=512, term=4)], term=4),
+        job("j", spec=spec, submitted_at=1.0, updated_at=2.0,
+            attempts=[Attempt(id="j.1", number=1, host_id="h1", gpu_indices=[0])]),
+        Command(kind="cancel", job_id="j", by="me", ts=3.0),
+    ]
+
+
+CLASSES = [Heartbeat, StatusReport, HostAlloc, Job, Command]
+
+
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
+def test_encode_decode_round_trip(msg: Any) -> None:
+    assert decode(type(msg), encode(msg)) == msg
+
+
+tasks = st.builds(
+    Task,
+    attempt_id=st.text(min_size=1, max_size=20),
+    job_id=st.text(min_size=1, max_size=20),
+    number=st.integers(0, 100),
+    command=st.lists(st.text(max_size=10), min_size=1, max_size=3),
+    env=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    cwd=st.none() | st.text(max_size=10),
+    gpu_indices=st.lists(st.integers(0, 63), max_size=4),
+    cpus=st.floats(0, 4096),
+    memory_mb=st.integers(0, 10**7),
+    term=st.integers(0, 10**6),
+    stop=st.booleans(),
+    keep_running=st.booleans(),
+)
+
+
+@given(host=st.text(min_size=1, max_size=30), term=st.integers(0, 10**6), tasks=st.lists(tasks, max_size=5))
+def test_alloc_record_omits_defaults_and_decodes_to_the_same_tasks(host: str, term: int, tasks: list[Task]) -> None:
+    alloc = host_alloc(host, tasks, term=term)
+    data = encode(alloc)
+    assert decode(HostAlloc, data, limit=MAX_RECORD_BYTES) == alloc
+    raw = json.loads(data)
+    assert raw["v"] == 1 and raw["host_id"] == host and raw["term"] == term
+    for t, d in zip(tasks, raw["tasks"], strict=True):
+        defaults = Task(attempt_id="a", job_id="j", number=0, command=["x"])
+        omitted = {k for k in Task.model_fields if getattr(t, k) == getattr(defaults, k)} - {
+            "attempt_id", "job_id", "number", "command"}
+        assert omitted.isdisjoint(d), "a field holding its default is written"
+        assert {k for k in Task.model_fields if k not in omitted} <= set(d)
+
+
+def test_task_is_immutable_and_a_changed_copy_is_encoded_anew() -> None:
+    t = task("j", gpu_indices=[0])
+    before = encode(host_alloc("h1", [t]))  # caches the task's JSON
+    with pytest.raises(PydanticValidationError):
+        t.stop = True  # type: ignore[misc]
+    stopped = t.model_copy(update={"stop": True})
+    assert stopped != t and not t.stop
+    after = decode(HostAlloc, encode(host_alloc("h1", [t, stopped])), limit=MAX_RECORD_BYTES)
+    assert [x.stop for x in after.tasks] == [False, True]
+    assert encode(host_alloc("h1", [t])) == before
+
+
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
+def test_decode_rejects_oversized(msg: Any) -> None:
+    data = encode(msg)
+    padded = data + b" " * (MAX_MESSAGE_BYTES + 1 - len(data))
+    assert len(padded) == MAX_MESSAGE_BYTES + 1
+    with pytest.raises(DecodeError, match="exceeds"):
+        decode(type(msg), padded)
+    # Exactly at the limit is still decoded.
+    assert decode(type(msg), padded[:-1]) == msg
+    with pytest.raises(DecodeError):
+        decode(type(msg), data, limit=len(data) - 1)
+    assert decode(type(msg), data, limit=len(data)) == msg
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("data", [b"", b"{", b"not json", b"\xff\xfe\x00", b"[]", b"null", b"1", b'"x"',
+                                  b'{"v": 1', b"{}"])
+def test_decode_rejects_malformed(cls: type, data: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode(cls, data)
+
+
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("v", [2, 0, "1", None])
+def test_decode_rejects_wrong_version(msg: Any, v: Any) -> None:
+    doc = json.loads(encode(msg))
+    doc["v"] = v
+    with pytest.raises(DecodeError):
+        decode(type(msg), json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
+def test_decode_missing_version_defaults_to_1(msg: Any) -> None:
+    doc = json.loads(encode(msg))
+    del doc["v"]
+    assert decode(type(msg), json.dumps(doc).encode()) == msg
+
+
+@pytest.mark.parametrize(
+    "cls, field, value",
+    [
+        (Heartbeat, "cpus", "lots"),
+        (Heartbeat, "cpus", -1),
+        (Heartbeat, "ts", "yesterday"),
+        (Heartbeat, "host_id", "bad host"),
+        (Heartbeat, "host_id", ""),
+        (Heartbeat, "gpus", [{"index": 64, "model": "H100", "memory_mb": 1}]),
+        (Heartbeat, "labels", {f"k{i}": "v" for i in range(33)}),
+        (StatusReport, "state", "EXPLODED"),
+        (StatusReport, "exit_code", "three"),
+        (StatusReport, "output_tail", "x" * 16385),
+        (HostAlloc, "tasks", [{"attempt_id": "a"}]),
+        (HostAlloc, "tasks", "none"),
+        (Job, "state", "DONE"),
+        (Job, "spec", {"name": "j", "command": []}),
+        (Job, "spec", {"name": "j", "command": ["x"], "gpus": 65}),
+        (Job, "attempts", [{"id": "a"}]),
+        (Command, "kind", "delete"),
+        (Command, "job_id", "j" * 129),
+    ],
+)
+def test_decode_rejects_wrong_types(cls: type, field: str, value: Any) -> None:
+    msg = next(m for m in sample_messages() if type(m) is cls)
+    doc = json.loads(encode(msg))
+    doc[field] = value
+    with pytest.raises(DecodeError):
+        decode(cls, json.dumps(doc).encode())
+
+
+def test_decode_ignores_unknown_fields() -> None:
+    msg = sample_messages()[0]
+    doc = json.loads(encode(msg))
+    doc["future_field"] = {"x": 1}
+    assert decode(Heartbeat, json.dumps(doc).encode()) == msg
+
+
+# ---------------------------------------------------------------- fuzz
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=25,
+)
+
+
+def decode_or_error(cls: type, data: bytes) -> None:
+    try:
+        out = decode(cls, data)
+    except DecodeError:
+        return
+    assert isinstance(out, cls)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cls=st.sampled_from(CLASSES), data=st.binary(max_size=300))
+def test_fuzz_random_bytes(cls: type, data: bytes) -> None:
+    decode_or_error(cls, data)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cls=st.sampled_from(CLASSES), value=json_values)
+def test_fuzz_random_json(cls: type, value: Any) -> None:
+    decode_or_error(cls, json.dumps(value).encode())
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(idx=st.integers(0, len(CLASSES) - 1), data=st.data())
+def test_fuzz_mutated_valid_documents(idx: int, data: st.DataObject) -> None:
+    """Valid documents with one field (top level or nested) replaced by a random JSON value."""
+    msg = sample_messages()[idx]
+    doc = json.loads(encode(msg))
+    target = doc
+    # Walk down into a nested object now and then.
+    while True:
+        nested = [k for k, v in target.items() if isinstance(v, dict) and v] + [
+            k for k, v in target.items() if isinstance(v, list) and v and isinstance(v[0], dict)
+        ]
+        if not nested or not data.draw(st.booleans()):
+            break
+        k = data.draw(st.sampled_from(nested))
+        target = target[k] if isinstance(target[k], dict) else target[k][0]
+    key = data.draw(st.sampled_from(sorted(target) + ["extra"]))
+    target[key] = data.draw(json_values)
+    decode_or_error(type(msg), json.dumps(doc).encode())
+
+
+@settings(max_examples=100, deadline=None)
+@given(depth=st.integers(100, 20_000))
+def test_fuzz_deep_nesting(depth: int) -> None:
+    data = b"[" * depth + b"]" * depth
+    with pytest.raises(DecodeError):
+        decode(Job, data)
+    with pytest.raises(DecodeError):
+        decode(Heartbeat, b'{"labels": ' + b"{\"a\": " * depth + b"1" + b"}" * depth + b"}")
