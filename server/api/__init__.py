@@ -8,4 +8,8 @@
     subscriptions  the live feeds behind GraphQL subscriptions
 
 Reads come from `server.views`; operations from `server.replica.Muster`.
+
+May import: `wire`, `server.views`, `server.state`, `server.history`, `server.replica`
+(operations), Starlette, strawberry and uvicorn. Never `web` or `agent`: the console's
+routes are handed in by the caller (`build_app(muster, routes=...)`).
 """

@@ -11,4 +11,7 @@ Pure:
 I/O:
     ingest       the heartbeat reader process: reads the `hosts` bucket, hands batches
     monitor      publishes transitions as events and alerts (leader only)
+
+The pure modules import `wire` and each other only (import-linter: no NATS, SQL, HTTP,
+asyncio or subprocess); `ingest` and `monitor` add `wire.kv` and `server.state`.
 """

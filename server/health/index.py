@@ -1,8 +1,7 @@
 """HealthIndex: every host's health, kept current without a pass over every host.
 
-At 50,000 hosts the health monitor used to build a map of every host's health once a
-second and diff it with the last one: a fifth of the server's busy time
-(README, Benchmarks). A host's health can only change when something happens to it
+Building a map of every host's health once a second and diffing it with the last one
+costs a fifth of a server's busy time at 50,000 hosts. A host's health can only change when something happens to it
 (a heartbeat after a silence, an expired key) or when its last heartbeat grows too
 old. The index is told of the first (`seen`, `expired`) and files every live host
 under the second its last heartbeat arrived, so `refresh(now)` looks only at hosts

@@ -6,4 +6,7 @@
     recorder     copies host events and alerts from their streams into the database
     historian    the process that writes history beside a server
     migrations/  Alembic scripts (the schema is owned by them)
+
+May import: `wire`, `server.state` (what a record means), SQLModel/SQLAlchemy, Alembic
+and psycopg. Never the API, the console or the scheduler.
 """

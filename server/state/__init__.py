@@ -7,4 +7,8 @@
     lease        the leader lease and the leadership term that fences every commit
     consumers    durable pull consumers feeding the leader its inputs
     checker      `muster check`: loads the state from NATS and runs the invariants
+
+`cluster` and `invariants` are pure: they import `wire`, the indexes they keep
+(`server.scheduling.capacity`, `server.health.index`, `server.views.hosts`) and nothing
+that does I/O (import-linter). The others add `wire.kv` (the JetStream adapter).
 """

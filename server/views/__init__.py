@@ -5,5 +5,8 @@
     jobs    JobView: a job's live record or its history row, pages of jobs, why a job
             is pending, its queue position and timeline
 
-Pure (no I/O of their own; JobView calls the history database it is given).
+Pure (no I/O of their own; JobView calls the history database it is given): they
+import `wire`, `server.state` and the pure decision modules (why pending), never NATS,
+SQL, HTTP or GraphQL libraries (import-linter). GraphQL types and console pages are
+thin layers over them.
 """
