@@ -62,6 +62,8 @@ class Plan:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (job id, why)
     held_no_capacity: int = 0
     held_keep_running: int = 0
+    # Hosts with work but no record in the hosts bucket, still in their grace period.
+    held_unheard: int = 0
     disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
@@ -275,19 +277,37 @@ def evict_lost(
     now: float,
     budget: EvictionBudget,
     max_keys: int,
+    unheard_since: Mapping[str, float] | None = None,
+    unheard_grace_s: float = 0.0,
 ) -> None:
     """Replace work on hosts whose heartbeat key expired, within the pacing budgets,
-    never evicting work that has nowhere to go."""
+    never evicting work that has nowhere to go.
+
+    A host with work but no record in the hosts bucket at all (`unheard`: its key
+    expired and its expiry marker is gone, or the bucket itself was lost, as when a
+    whole NATS cluster restarts with the bucket in memory) is replaced only once it has
+    been unheard for `unheard_grace_s` since `unheard_since[host]` (when the scheduler
+    first saw it so): a live agent heartbeats again within an interval, and an agent
+    that cannot has fenced itself well within that time."""
     state = w.state
     lost: list[tuple[str, float]] = []
-    # Hosts whose key expired, and hosts with work but no record at all (expired before
-    # this leader started): sets kept as records arrive, not a walk over every host.
-    for host_id in (*state.absent, *(h for h in state.unheard if h not in state.hosts)):
+    # Hosts whose key expired, and hosts with work but no record at all: sets kept as
+    # records arrive, not a walk over every host.
+    for host_id in state.absent:
         alloc = state.allocs.get(host_id)
         if alloc is None or not alloc.tasks:
             continue
-        entry = state.hosts.get(host_id)
-        lost.append((host_id, (entry.lost_at or 0.0) if entry is not None else 0.0))
+        gone = state.hosts.get(host_id)
+        lost.append((host_id, (gone.lost_at or 0.0) if gone is not None else 0.0))
+    for host_id in state.unheard:
+        alloc = state.allocs.get(host_id)
+        if host_id in state.hosts or alloc is None or not alloc.tasks:
+            continue
+        since = (unheard_since or {}).get(host_id, now)
+        if now - since < unheard_grace_s:
+            w.plan.held_unheard += 1
+            continue
+        lost.append((host_id, since))
     if not lost:
         return
     absent = [state.hosts[h] for h in state.absent]
@@ -504,6 +524,8 @@ def plan_cycle(
     fail: Mapping[str, str] | None = None,
     skip: Collection[str] = (),
     policy: str = "fgd",
+    unheard_since: Mapping[str, float] | None = None,
+    unheard_grace_s: float = 0.0,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -556,7 +578,8 @@ def plan_cycle(
         drain_due(w, now)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
-        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag), now, budget, max_keys)
+        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag), now, budget, max_keys,
+                   unheard_since, unheard_grace_s)
     placer = Placer(state.index, healthy, policy=policy, fragmentation=frag)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():

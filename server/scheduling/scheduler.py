@@ -68,6 +68,12 @@ class SchedulerConfig:
     # A finished job's record leaves the state bucket this long after it finished (the
     # history database keeps it); 0 keeps it forever.
     finished_job_ttl_s: int = 3600
+    # Work on a host with no record in the hosts bucket at all (its key expired before
+    # this leader started, or the bucket was lost with a whole NATS cluster) is replaced
+    # only after the host has been unheard this long; None: one heartbeat TTL (three
+    # intervals), within which a live agent heartbeats again and a cut-off one has
+    # fenced itself.
+    unheard_grace_s: float | None = None
 
 
 class Scheduler:
@@ -106,6 +112,8 @@ class Scheduler:
         self._skip: set[str] = set()  # jobs whose records cannot be written at all
         self._stripped: set[tuple[str, str]] = set()  # reports already retried without their text
         self.poisoned = 0
+        # When this leader first saw each unheard host (planner.evict_lost's grace).
+        self._unheard_since: dict[str, float] = {}
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -344,6 +352,7 @@ class Scheduler:
             placements, evict = narrowing.placements, narrowing.evict
         now = time.time()
         term = self.leadership.term
+        self._note_unheard(now)
         try:
             plan = plan_cycle(
                 self.state,
@@ -360,6 +369,8 @@ class Scheduler:
                 evict=evict,
                 fail={j: self._fail[j] for j in failing},
                 skip=self._skip,
+                unheard_since=self._unheard_since,
+                unheard_grace_s=self.unheard_grace_s,
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
@@ -394,6 +405,20 @@ class Scheduler:
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
                       failing=failing)
+
+    @property
+    def unheard_grace_s(self) -> float:
+        g = self.config.unheard_grace_s
+        return 3 * self.state.heartbeat_interval_s if g is None else g
+
+    def _note_unheard(self, now: float) -> None:
+        """Keep when each host with work but no record in the hosts bucket was first seen
+        so by this leader (a fresh leader counts from its first cycle)."""
+        unheard = {h for h in self.state.unheard if h not in self.state.hosts}
+        for h in [h for h in self._unheard_since if h not in unheard]:
+            del self._unheard_since[h]
+        for h in unheard:
+            self._unheard_since.setdefault(h, now)
 
     @staticmethod
     def _take(queue: list, used: int, deferred: list[int]) -> list:

@@ -387,6 +387,41 @@ def test_work_on_a_host_never_heard_of_is_requeued() -> None:
     assert plan.allocs["h1"].tasks == [] and plan.evicted == 1
 
 
+def test_unheard_host_keeps_its_work_through_the_grace_period_and_heartbeating_again_ends_it() -> None:
+    """A whole NATS cluster restarted with the hosts bucket lost: every host has work but
+    no record. Nothing is evicted within the grace period; a host that heartbeats again
+    keeps its work; one still unheard after the grace period is replaced."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    w.host("h2")
+    placed(w, "j1", gpus=8)  # a whole host each
+    placed(w, "j2", gpus=8)
+    where = {j: w.job(j).current.host_id for j in ("j1", "j2")}
+    assert sorted(where.values()) == ["h1", "h2"]
+    fresh = World(interval_s=3600.0)
+    fresh.host("h3")
+    for key, rec in [(f"job.{j}", w.job(j)) for j in ("j1", "j2")] + \
+                    [(f"alloc.{h}", w.state.allocs[h]) for h in ("h1", "h2")]:
+        fresh.state.apply_state_record(Record(key, 100 + len(fresh.state.revisions), encode(rec)))
+    assert fresh.state.unheard == {"h1", "h2"}
+    since = {"h1": NOW, "h2": NOW}
+
+    def cycle(now: float) -> Plan:
+        return plan_cycle(fresh.state, reports=[], commands=[], now=now, term=TERM, max_keys=900,
+                          budget=EvictionBudget(), unheard_since=since, unheard_grace_s=15.0)
+
+    plan = cycle(NOW + 14.9)
+    assert plan.evicted == 0 and plan.held_unheard == 2 and not plan.jobs
+    # j1's host heartbeats again: it is no longer unheard and keeps its work.
+    fresh.host(where["j1"])
+    assert fresh.state.unheard == {where["j2"]}
+    plan = cycle(NOW + 15.0)
+    assert plan.evicted == 1 and plan.held_unheard == 0
+    assert plan.jobs["j2"].attempts[0].state is AttemptState.LOST
+    assert plan.jobs["j2"].current.host_id == "h3"
+    assert "j1" not in plan.jobs
+
+
 def test_lost_with_single_attempt_fails(w: World) -> None:
     placed(w, max_attempts=1)
     plan = w.cycle(reports=[report(w, "j1", AttemptState.LOST)])
