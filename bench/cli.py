@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--submit-via", choices=["nats", "graphql"], default="nats",
                     help="submission path: NATS (muster.submit, the high-rate path) or GraphQL submitJobs")
     ap.add_argument("--max-submit-inflight", type=int, default=4)
+    ap.add_argument("--one-per-request", action="store_true",
+                    help="with --submit-via graphql: --clients clients each send submitJob with one job "
+                         "(bench/clients.py) instead of batched submitJobs")
+    ap.add_argument("--clients", type=int, default=4, help="clients of --one-per-request")
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for undispatched jobs after the run (default 30; with --burst, 300 "
                          "after the burst was submitted)")
@@ -91,6 +95,10 @@ def run(argv: list[str] | None = None) -> int:
         args.nats_sync = "always" if args.nats_cluster == 3 else "default"
     if args.replicas > args.nats_cluster:
         print("bench failed: --replicas 3 needs --nats-cluster 3", file=sys.stderr)
+        return 1
+    if args.one_per_request and (args.submit_via != "graphql" or args.burst or args.clients < 1):
+        print("bench failed: --one-per-request needs --submit-via graphql, --clients 1 or more, and no --burst",
+              file=sys.stderr)
         return 1
     if args.lose_host_at is None:
         args.lose_host_at = -1.0 if args.burst else args.duration / 4

@@ -150,6 +150,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "duration_s": None if a.burst else a.duration,
             "burst": a.burst or None,
             "submit_via": a.submit_via,
+            "one_per_request_clients": a.clients if a.one_per_request else None,
             "workload": "trace" if a.trace else "synthetic",
             "nats_cluster": a.nats_cluster,
             "muster_replicas": a.replicas,
@@ -168,6 +169,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "tasks_dispatched": tasks_dispatched,
         "submit_errors": b.submit_errors,
         "submit_requests": b.submit_requests,
+        "submit_request_ms": summary_ms(b.request_s) if a.one_per_request else None,
         "submissions_per_s": round(len(b.submitted) / submit_s, 1) if submit_s else None,
         "placements_per_s": round(placements_window / m_dt, 1),
         "placements_per_s_source": "server metric muster_placements_total (jobs placed; a gang counts "

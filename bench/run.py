@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.clients import run_clients
 from bench.errors import BenchError
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.preload import preload
@@ -70,6 +71,7 @@ class Bench(Processes):
     burst_submitted: float | None = None
     submit_errors: int = 0
     submit_requests: int = 0
+    request_s: list[float] = field(default_factory=list)  # --one-per-request: each request's time
     ticks: list[dict] = field(default_factory=list)
     metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     lost: dict[str, Any] = field(default_factory=dict)
@@ -238,6 +240,9 @@ class Bench(Processes):
 
     async def submitter(self, client: httpx.AsyncClient, t0: float) -> None:
         a = self.args
+        if a.one_per_request:
+            await self.one_per_request_submitter(t0)
+            return
         gen = self.generator()
         offsets = arrivals(a.rate, a.duration, seed=a.seed + 1)
         self.arrivals_planned = len(offsets)
@@ -258,6 +263,35 @@ class Bench(Processes):
             await asyncio.sleep(a.batch_window)
         if inflight:
             await asyncio.gather(*inflight)
+
+    async def one_per_request_submitter(self, t0: float) -> None:
+        """--one-per-request: --clients clients, one submitJob with one job per request
+        (bench/clients.py); a job's submit time is its arrival, so time it waits for a
+        free client counts in its dispatch latency."""
+        a = self.args
+        gen = self.generator()
+        offsets = arrivals(a.rate, a.duration, seed=a.seed + 1)
+        self.arrivals_planned = len(offsets)
+        jobs: asyncio.Queue = asyncio.Queue()
+
+        def submitted(job_id: str, arrived: float, req: object) -> None:
+            assert isinstance(req, JobReq)
+            self.last_submit_ts = time.time()
+            self.record_submitted(job_id, arrived, req)
+
+        clients = asyncio.create_task(run_clients(self.http, self.token, a.clients, jobs, submitted))
+        for offset in offsets:
+            delay = offset - (time.monotonic() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            job = gen.next()
+            jobs.put_nowait((time.time(), job.graphql_input(), job))
+            self.submit_requests += 1
+        for _ in range(a.clients):
+            jobs.put_nowait(None)
+        res = await clients
+        self.submit_errors += res.refused + res.failed
+        self.request_s = res.request_s
 
     async def lose_host(self, nc, client: httpx.AsyncClient, delay: float, host: str) -> None:
         await asyncio.sleep(delay)
