@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.plot import plot_placement
 from server.scheduling.capacity import POLICIES, CapacityIndex, Placer
 from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix
 from server.scheduling.placement import FULL, HostCapacity
@@ -154,7 +155,7 @@ def at(curve: list[tuple[float, float]], level: float) -> float:
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     tasks = read_pods(Path(a.pods))
-    out: dict[str, Any] = {"pods": a.pods, "nodes": a.nodes, "inflate": a.inflate, "seeds": a.seeds,
+    out: dict[str, Any] = {"order": "creation", "pods": a.pods, "nodes": a.nodes, "inflate": a.inflate, "seeds": a.seeds,
                            "candidates": a.candidates, "policies": {},
                            "paper_fgd_simulator": {k: {"at_100": v[0], "at_130": v[1]} for k, v in PAPER.items()}}
     for policy in a.policy or list(POLICIES):
@@ -177,31 +178,6 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def plot(rep: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, r in rep["policies"].items():
-        xs = [100 * lv for lv, _ in r["allocated_pct_by_arrived"]]
-        ax.plot(xs, [v for _, v in r["allocated_pct_by_arrived"]], label=f"Muster {policy}")
-    for name, (a100, a130) in rep["paper_fgd_simulator"].items():
-        ax.scatter([100, 130], [a100["at_100"] if isinstance(a100, dict) else a100,
-                               a130["at_130"] if isinstance(a130, dict) else a130], marker="x", s=20)
-        ax.annotate(f"paper {name}", (130, a130["at_130"] if isinstance(a130, dict) else a130), fontsize=7)
-    ax.set_xlabel("GPU demand arrived (% of capacity)")
-    ax.set_ylabel("GPU capacity allocated (%)")
-    ax.set_xlim(0, 135)
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="muster bench placement", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", required=True, help="pod list CSV (openb format)")
@@ -218,7 +194,7 @@ def main(argv: list[str]) -> int:
     jpath.write_text(json.dumps(rep, indent=1) + "\n")
     ppath = Path(a.png) if a.png else jpath.with_suffix(".png")
     try:
-        plot(rep, ppath)
+        plot_placement(rep, ppath)
         print(f"plot: {ppath}")
     except ImportError as exc:
         print(f"no plot: {exc}", file=sys.stderr)
