@@ -68,6 +68,9 @@ class SchedulerConfig:
     # A finished job's record leaves the state bucket this long after it finished (the
     # history database keeps it); 0 keeps it forever.
     finished_job_ttl_s: int = 3600
+    # How the host of a task is chosen among the feasible ones (scheduling.capacity.POLICIES):
+    # "fgd", fragmentation-aware, or "binpack", the tightest fit.
+    placement_policy: str = "fgd"
 
 
 class Scheduler:
@@ -352,6 +355,7 @@ class Scheduler:
                 now=now,
                 term=term,
                 max_keys=self.config.max_keys_per_commit,
+                policy=self.config.placement_policy,
                 budget=self.budget,
                 submissions=[r for _, r in submissions_in],
                 frozen_jobs=frozen_jobs,
