@@ -158,6 +158,12 @@ def replay(nodes_path: Path, tasks: list[Task], policy: str, candidates: int, se
     for lv in LEVELS:
         near = by_level.get(lv) or by_level.get(lv - 1, []) + by_level.get(lv + 1, [])
         curve.append((lv, round(sum(near) / len(near), 3) if near else (curve[-1][1] if curve else 0.0)))
+    # Correctness: no host ends with more than it has (GPUs in integer thousandths).
+    overcommitted = sorted(c.id for c in index.caps.values()
+                           if any(n > FULL for n in c.share_used.values()) or c.used_gpus & set(c.share_used)
+                           or not c.used_gpus <= set(c.gpu_models) or c.used_cpus > c.cpus + 1e-6
+                           or c.used_memory_mb > c.memory_mb)
+    placed_milli = sum(FULL * len(c.used_gpus) + sum(c.share_used.values()) for c in index.caps.values())
     free = sum(c.free_share(i) for c in index.caps.values() for i in c.gpu_models)
     fragmented = sum(frag.of(c) for c in index.caps.values())
     return {"seed": seed, "tasks": len(tasks_in), "curve": curve, "unplaced": dict(unplaced),
@@ -165,6 +171,7 @@ def replay(nodes_path: Path, tasks: list[Task], policy: str, candidates: int, se
             "free_pct": round(100 * free / capacity, 3),
             "fragmented_pct_of_free": round(100 * fragmented / free, 3) if free else 0.0,
             "fragmented_pct_of_capacity": round(100 * fragmented / capacity, 3),
+            "overcommitted_hosts": overcommitted, "allocated_matches_hosts": placed_milli == allocated,
             "seconds": round(seconds, 2), "placements_per_s": round(len(tasks_in) / seconds, 1),
             "capacity_gpus": capacity // FULL, "hosts": len(nodes)}
 
