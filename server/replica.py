@@ -74,6 +74,8 @@ class ServerConfig:
     tls_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_KEY") or None)
     # The placement policy (server.scheduling.capacity.POLICIES): fgd or binpack.
     placement_policy: str = field(default_factory=lambda: os.environ.get("MUSTER_PLACEMENT_POLICY") or "fgd")
+    placement_candidates: int = field(
+        default_factory=lambda: int(os.environ.get("MUSTER_PLACEMENT_CANDIDATES", "16")))
 
     @property
     def database_url(self) -> str:
@@ -153,7 +155,8 @@ class Muster:
                                              on_change=self._on_leadership, replicas=cfg.replicas)
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s,
-                                                   placement_policy=cfg.placement_policy),
+                                                   placement_policy=cfg.placement_policy,
+                                                   placement_candidates=max(1, cfg.placement_candidates)),
                                    caught_up=self._watches[0].caught_up)
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]

@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--placement-policy", default=None, choices=POLICIES,
                    help="how a task's host is chosen: fgd (fragmentation-aware, the default) or binpack "
                         "(MUSTER_PLACEMENT_POLICY)")
+    s.add_argument("--placement-candidates", type=int, default=None,
+                   help="fgd: feasible hosts compared per task (default 16; MUSTER_PLACEMENT_CANDIDATES)")
     s.set_defaults(fn=cmd_server)
 
 
@@ -65,6 +67,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         cfg.lease_ttl_s = args.lease_ttl
     if args.heartbeat_interval:
         cfg.heartbeat_interval_s = args.heartbeat_interval
+    if args.placement_candidates:
+        cfg.placement_candidates = args.placement_candidates
     for opt in ("nats_creds", "nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key", "placement_policy"):
         if getattr(args, opt):
             setattr(cfg, opt, getattr(args, opt))

@@ -255,15 +255,14 @@ class Placer:
         assert self.frag is not None
         host = self._view(choice.host_id)
         assert host is not None
-        before = self.frag.of(host)
         options = [choice.gpu_indices]
         if spec.gpu_share > 0:
             options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, models)]
+        grown = self.frag.growth(host, options, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb,
+                                 choice.mig)
         best: tuple[tuple[float, int, str], Choice] | None = None
-        for gpus in options:
-            after = host.copy()
-            after.reserve(gpus, spec.cpus, spec.memory_mb, 0, spec.gpu_share, spec.gpu_memory_mb, choice.mig)
-            key = (round(self.frag.of(after) - before, 6), level, choice.host_id)
+        for gpus, g in zip(options, grown, strict=True):
+            key = (round(g, 6), level, choice.host_id)
             if best is None or key < best[0]:
                 best = (key, Choice(choice.host_id, gpus, choice.mig))
         assert best is not None

@@ -504,6 +504,7 @@ def plan_cycle(
     fail: Mapping[str, str] | None = None,
     skip: Collection[str] = (),
     policy: str = "fgd",
+    candidates: int = 16,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -556,8 +557,9 @@ def plan_cycle(
         drain_due(w, now)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
-        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag), now, budget, max_keys)
-    placer = Placer(state.index, healthy, policy=policy, fragmentation=frag)
+        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates), now,
+                   budget, max_keys)
+    placer = Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():
         cap = placer.cap(host_id)

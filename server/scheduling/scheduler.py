@@ -71,6 +71,8 @@ class SchedulerConfig:
     # How the host of a task is chosen among the feasible ones (scheduling.capacity.POLICIES):
     # "fgd", fragmentation-aware, or "binpack", the tightest fit.
     placement_policy: str = "fgd"
+    # fgd: the feasible hosts compared per task (from the tightest levels of the index up).
+    placement_candidates: int = 16
 
 
 class Scheduler:
@@ -356,6 +358,7 @@ class Scheduler:
                 term=term,
                 max_keys=self.config.max_keys_per_commit,
                 policy=self.config.placement_policy,
+                candidates=self.config.placement_candidates,
                 budget=self.budget,
                 submissions=[r for _, r in submissions_in],
                 frozen_jobs=frozen_jobs,
