@@ -40,7 +40,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from agent.gpu import GpuBackend, SimulatedBackend, open_backend
+from agent.gpu import GpuBackend, SimulatedBackend, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.runner import Run
 from agent.watchdog import start_time
@@ -227,6 +227,18 @@ class Agent:
         self.hb_seq += 1
         if isinstance(self.gpus, SimulatedBackend):
             self.gpus.set_busy({i for r in self.runs.values() for i in r.task.gpu_indices})
+        usage = self.gpus.usage()
+        # What this agent runs on each GPU: thousandths allocated (1000 for a GPU held
+        # whole) and GPU memory given to shared tasks.
+        share: dict[int, int] = {}
+        gpu_mem: dict[int, int] = {}
+        for r in self.runs.values():
+            for i in r.task.gpu_indices:
+                share[i] = share.get(i, 0) + (r.task.gpu_share or 1000)
+                gpu_mem[i] = gpu_mem.get(i, 0) + r.task.gpu_memory_mb
+        for u in usage:
+            u.share_allocated = share.get(u.index, 0)
+            u.mem_allocated_mb = gpu_mem.get(u.index, 0)
         return Heartbeat(
             host_id=self.config.host_id,
             boot_id=self.boot_id,
@@ -236,7 +248,7 @@ class Agent:
             gpus=self.gpus.inventory(),
             cpus=cpus,
             memory_mb=mem,
-            gpu_usage=self.gpus.usage(),
+            gpu_usage=usage,
             cpu_pct=cpu_pct,
             mem_used_mb=mem_used,
             simulated=self.gpus.simulated,
@@ -368,7 +380,7 @@ class Agent:
     def _start(self, t: Task) -> None:
         self._mark_seen(t.attempt_id)
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
-                  fenced_dir=self._watch_dir / "fenced")
+                  fenced_dir=self._watch_dir / "fenced", mps=bool(t.gpu_share) and mps_running())
         self.runs[t.attempt_id] = run
         run.start()
 

@@ -27,7 +27,8 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--nats", default=None)
     a.add_argument("--host-id", default=None)
     a.add_argument("--labels", default=None, help="rack=r1,zone=z1")
-    a.add_argument("--simulate-gpus", default=None, help="e.g. 8xH100")
+    a.add_argument("--simulate-gpus", default=None,
+                   help="e.g. 8xH100; with MIG instances: 8xH100,mig=0-1:7*1g.10gb (GPUs 0 and 1 in MIG mode)")
     a.add_argument("--heartbeat-interval", type=float, default=5.0)
     a.add_argument("--fence-after", type=float, default=10.0)
     a.add_argument("--kill-grace", type=float, default=10.0)

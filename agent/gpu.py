@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from wire.errors import ConfigError
-from wire.messages import GpuInfo, GpuUsage
+from wire.messages import MIG_PROFILE_PATTERN, GpuInfo, GpuUsage, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +137,73 @@ def normalise_model(name: str | bytes) -> str:
     return model or "UNKNOWN"
 
 
+_MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
+_MIG_IN_NAME_RE = re.compile(r"([1-9]g\.[0-9]{1,4}gb(\+me)?)", re.IGNORECASE)
+MAX_MIG_PER_GPU = 7
+
+
+def parse_mig(clause: str, count: int) -> dict[int, list[str]]:
+    """The MIG part of a simulated-host spec: `mig=GPUS:N*PROFILE[+N*PROFILE...]`, GPUS an
+    index or a range (`0`, `0-3`), e.g. `mig=0-1:7*1g.10gb` or `mig=2:1*3g.40gb+2*2g.20gb`.
+    Returns GPU index -> the profiles of its instances, in order. ConfigError otherwise."""
+    where, _, layout = clause.partition(":")
+    bad = f"bad MIG spec {clause!r}: expected mig=GPUS:N*PROFILE[+N*PROFILE...], e.g. mig=0-1:7*1g.10gb"
+    m = re.fullmatch(r"(\d{1,2})(?:-(\d{1,2}))?", where.strip())
+    if not m or not layout:
+        raise ConfigError(bad)
+    first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+    if not 0 <= first <= last < count:
+        raise ConfigError(f"{bad} (GPUs 0-{count - 1} on this host)")
+    profiles: list[str] = []
+    for part in layout.split("+"):
+        n, star, profile = part.strip().partition("*")
+        if not star or not n.isdigit() or not _MIG_PROFILE_RE.fullmatch(profile.strip()):
+            raise ConfigError(bad)
+        profiles += [profile.strip()] * int(n)
+    if not 1 <= len(profiles) <= MAX_MIG_PER_GPU:
+        raise ConfigError(f"{bad} (1 to {MAX_MIG_PER_GPU} instances per GPU)")
+    return {i: list(profiles) for i in range(first, last + 1)}
+
+
+def mig_profile_of(name: str | bytes) -> str | None:
+    """The MIG profile in an NVML MIG device name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" ->
+    "1g.10gb"), or None."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    m = _MIG_IN_NAME_RE.search(name)
+    return m.group(1).lower() if m else None
+
+
+def mig_memory_mb(profile: str) -> int:
+    """A simulated MIG instance's memory: the profile's gigabytes (1g.10gb -> 10,240 MiB)."""
+    return int(profile.split(".")[1].split("gb")[0]) * 1024
+
+
 def parse_spec(spec: str) -> tuple[int, str]:
-    """Parse a simulated-host spec such as "8xH100" into (count, model).
+    """Parse a simulated-host spec such as "8xH100" into (count, model); a spec with MIG
+    clauses ("8xH100,mig=0-1:7*1g.10gb") gives the same, see `parse_full_spec`.
 
     Raises ConfigError for anything else, or a count outside 1..64.
     """
+    count, model, _ = parse_full_spec(spec)
+    return count, model
+
+
+def parse_full_spec(spec: str) -> tuple[int, str, dict[int, list[str]]]:
+    """`COUNTxMODEL[,mig=GPUS:N*PROFILE[+...]]...` -> (count, model, GPU -> MIG profiles)."""
+    head, *clauses = (spec or "").split(",")
+    count, model = _parse_count_model(head)
+    mig: dict[int, list[str]] = {}
+    for clause in clauses:
+        key, eq, value = clause.strip().partition("=")
+        if key != "mig" or not eq:
+            raise ConfigError(f"bad GPU simulation spec {spec!r}: after COUNTxMODEL only mig=... clauses "
+                              "(e.g. 8xH100,mig=0-1:7*1g.10gb)")
+        mig.update(parse_mig(value, count))
+    return count, model, mig
+
+
+def _parse_count_model(spec: str) -> tuple[int, str]:
     match = _SPEC_RE.match(spec or "")
     if not match:
         raise ConfigError(f"bad GPU simulation spec {spec!r}: expected COUNTxMODEL, e.g. 8xH100")
@@ -281,7 +343,7 @@ class SimulatedBackend:
     simulated = True
 
     def __init__(self, spec: str, fault_file: str | None = None, seed: int | None = None) -> None:
-        self.count, self.model = parse_spec(spec)
+        self.count, self.model, mig = parse_full_spec(spec)
         self.memory_mb = MODEL_MEMORY_MB.get(self.model, DEFAULT_MEMORY_MB)
         self.power_limit_w = MODEL_POWER_W.get(self.model, DEFAULT_POWER_W)
         self._rng = random.Random(seed if seed is not None else zlib.crc32(spec.encode()))
@@ -290,6 +352,13 @@ class SimulatedBackend:
             f"GPU-{uuid.UUID(int=uuid_rng.getrandbits(128), version=4) if uuid_rng else uuid.uuid4()}"
             for _ in range(self.count)
         ]
+        # MIG instances of the GPUs in MIG mode (the spec's mig= clauses), with UUIDs as
+        # NVML gives them ("MIG-<uuid>").
+        self.mig: dict[int, list[MigInstance]] = {
+            i: [MigInstance(uuid="MIG-" + str(uuid.UUID(int=uuid_rng.getrandbits(128), version=4) if uuid_rng
+                                              else uuid.uuid4()),
+                            profile=p, memory_mb=mig_memory_mb(p)) for p in profiles]
+            for i, profiles in sorted(mig.items())}
         self._gpus = [_SimGpu() for _ in range(self.count)]
         self._busy: set[int] = set()
         self._health = _Health(self.count)
@@ -300,7 +369,8 @@ class SimulatedBackend:
 
     def inventory(self) -> list[GpuInfo]:
         return [
-            GpuInfo(index=i, model=self.model, memory_mb=self.memory_mb, uuid=self._uuids[i])
+            GpuInfo(index=i, model=self.model, memory_mb=self.memory_mb, uuid=self._uuids[i],
+                    mig=[m.model_copy() for m in self.mig.get(i, ())])
             for i in range(self.count)
         ]
 
@@ -470,7 +540,38 @@ class NvmlBackend:
             model=normalise_model(name) if name is not None else "UNKNOWN",
             memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0,
             uuid=(raw_uuid or "")[:96],
+            mig=self._mig_instances(i, handle),
         )
+
+    def _mig_instances(self, i: int, handle: Any) -> list[MigInstance]:
+        """The MIG instances of GPU `i` as NVML reports them (none unless MIG mode is on).
+        The agent only reads MIG state; it never changes a GPU's MIG mode."""
+        nv = self._nv
+        if not hasattr(nv, "nvmlDeviceGetMigMode"):
+            return []
+        mode = self._try(f"migMode{i}", nv.nvmlDeviceGetMigMode, handle)
+        enabled = getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        if not mode or mode[0] != enabled:
+            return []
+        slots = self._try(f"migCount{i}", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        out: list[MigInstance] = []
+        for j in range(min(int(slots), MAX_MIG_PER_GPU + 1)):
+            try:  # an empty slot raises NOT_FOUND: not an error
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+            except nv.NVMLError:
+                continue
+            name = self._try(f"migName{i}.{j}", nv.nvmlDeviceGetName, mh)
+            raw_uuid = self._try(f"migUuid{i}.{j}", nv.nvmlDeviceGetUUID, mh)
+            mem = self._try(f"migMemory{i}.{j}", nv.nvmlDeviceGetMemoryInfo, mh)
+            if isinstance(raw_uuid, bytes):
+                raw_uuid = raw_uuid.decode("ascii", "replace")
+            profile = mig_profile_of(name) if name is not None else None
+            if not raw_uuid or profile is None or len(out) >= MAX_MIG_PER_GPU:
+                log.warning("GPU %d: MIG device %d not reported (name %r, uuid %r)", i, j, name, raw_uuid)
+                continue
+            out.append(MigInstance(uuid=raw_uuid[:96], profile=profile,
+                                   memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0))
+        return out
 
     def inventory(self) -> list[GpuInfo]:
         return [g.model_copy() for g in self._inventory]
@@ -620,6 +721,18 @@ class NvmlBackend:
                 self._try("eventSetFree", self._nv.nvmlEventSetFree, self._events)
                 self._events = None
             self._shutdown()
+
+
+# ---------------------------------------------------------------- CUDA MPS
+
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
+
+
+def mps_running(env: dict[str, str] | None = None) -> bool:
+    """Whether a CUDA MPS control daemon serves this host: its control pipe exists in
+    CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps). The agent never starts MPS."""
+    pipe_dir = (env if env is not None else os.environ).get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT
+    return os.path.exists(os.path.join(pipe_dir, "control"))
 
 
 # ---------------------------------------------------------------- selection

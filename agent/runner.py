@@ -19,6 +19,27 @@ log = logging.getLogger(__name__)
 TAIL_BYTES = 4096
 
 
+def gpu_env(task: Task, mps: bool) -> dict[str, str]:
+    """What a task's process is told of its GPUs. Whole GPUs and a share of one:
+    CUDA_VISIBLE_DEVICES lists their indices (in PCI bus order, as NVML counts them); a MIG
+    instance: CUDA_VISIBLE_DEVICES=MIG-<uuid>. A shared task runs beside the other tasks
+    on its GPU, time-sliced and not isolated; where CUDA MPS runs on the host (`mps`), its
+    share becomes CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (rounded up to a whole percent) and its
+    GPU memory CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (for device 0, the one device it sees)."""
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if task.mig:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(u if u.startswith("MIG-") else f"MIG-{u}" for u in task.mig)
+        return env
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in task.gpu_indices)
+    if task.gpu_share:
+        env["MUSTER_GPU_SHARE"] = str(task.gpu_share)  # thousandths of the GPU
+        if mps:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-task.gpu_share // 10)))
+            if task.gpu_memory_mb:
+                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={task.gpu_memory_mb}M"
+    return env
+
+
 class Run:
     def __init__(
         self,
@@ -27,8 +48,10 @@ class Run:
         kill_grace_s: float = 10.0,
         base_env: dict[str, str] | None = None,
         fenced_dir: Path | None = None,
+        mps: bool = False,
     ) -> None:
         self.task = task
+        self.mps = mps  # CUDA MPS runs on the host: a shared task gets its limits
         self.fenced_dir = fenced_dir  # where the agent's watchdog notes the attempts it stopped
         self.on_state = on_state
         self.kill_grace_s = kill_grace_s
@@ -51,8 +74,7 @@ class Run:
     def env(self) -> dict[str, str]:
         env = dict(self.base_env)
         env.update(self.task.env)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.task.gpu_indices)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.update(gpu_env(self.task, self.mps))
         env["MUSTER_JOB_ID"] = self.task.job_id
         env["MUSTER_ATTEMPT_ID"] = self.task.attempt_id
         env["MUSTER_ATTEMPT"] = str(self.task.number)

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.errors import BenchError
-from bench.plot import plot, plot_series
+from bench.plot import plot, plot_placement, plot_series
 from bench.run import Bench
 
 
@@ -167,6 +167,16 @@ def plot_command(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"bench plot: cannot read {src}: {exc}", file=sys.stderr)
         return 1
+    if isinstance(rep, dict) and "policies" in rep:  # a `bench placement` report
+        out = Path(a.out) if a.out else src.with_suffix(".png")
+        try:
+            plot_placement(rep, out)
+        except ImportError as exc:
+            print(f"bench plot: {exc} (matplotlib is the `bench` extra: pip install 'muster[bench]')",
+                  file=sys.stderr)
+            return 1
+        print(f"plot: {out}")
+        return 0
     if not isinstance(rep, dict) or "series" not in rep or "config" not in rep:
         print(f"bench plot: {src} has no `series` (not a `python -m bench` report, or one written before "
               "reports kept what the plot draws; see bench/results/README.md)", file=sys.stderr)

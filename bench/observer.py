@@ -31,7 +31,7 @@ from nats.js import api as jsapi
 
 import nats
 from bench.preload import PREFIX as PRELOAD_PREFIX
-from bench.workload import read_fleet
+from bench.workload import DEFAULT_GPU_MEMORY_MB, GPU_MEMORY_MB, read_fleet
 from wire import natsclient
 from wire.kv import delivery_position
 from wire.records import is_tombstone
@@ -44,22 +44,42 @@ OBSERVER_NICE = 10
 EPS = 1e-6
 
 
-def check_alloc(d: dict, cap: tuple[int, float, int]) -> list[str]:
-    """Problems with one HostAlloc record against (gpus, cpus, memory_mb)."""
-    gpus, cpus, mem = cap
+def check_alloc(d: dict, cap: tuple[int, float, int] | tuple[int, float, int, int]) -> list[str]:
+    """Problems with one HostAlloc record against (gpus, cpus, memory_mb[, GPU memory MB]):
+    GPUs counted in integer thousandths (a GPU held whole is 1000; shares add up; never
+    more than 1000, never shared and held whole), shared GPU memory, MIG instances once."""
+    gpus, cpus, mem = cap[:3]
+    gpu_mem = cap[3] if len(cap) > 3 else None
     problems = []
-    seen: set[int] = set()
+    whole: set[int] = set()
+    milli: dict[int, int] = {}
+    shared_mem: dict[int, int] = {}
+    mig: set[str] = set()
     used_cpu = 0.0
     used_mem = 0
     for t in d.get("tasks", []):
+        share = int(t.get("gpu_share") or 0)
         for i in t.get("gpu_indices", []):
-            if i in seen:
+            if i in whole or (not share and i in milli):
                 problems.append(f"GPU {i} used twice")
             if not 0 <= i < gpus:
                 problems.append(f"GPU {i} does not exist (host has {gpus})")
-            seen.add(i)
+            milli[i] = milli.get(i, 0) + (share or 1000)
+            if share:
+                shared_mem[i] = shared_mem.get(i, 0) + int(t.get("gpu_memory_mb") or 0)
+            else:
+                whole.add(i)
+        for u in t.get("mig") or ():
+            if u in mig:
+                problems.append(f"MIG instance {u} used twice")
+            mig.add(u)
         used_cpu += float(t.get("cpus", 0))
         used_mem += int(t.get("memory_mb", 0))
+    for i, n in sorted(milli.items()):
+        if n > 1000 and i not in whole:
+            problems.append(f"GPU {i} shared {n}/1000")
+        if gpu_mem is not None and shared_mem.get(i, 0) > gpu_mem:
+            problems.append(f"GPU {i} gives its shares {shared_mem[i]} MB of {gpu_mem} MB")
     if used_cpu > cpus + EPS:
         problems.append(f"CPU {used_cpu:g} > {cpus}")
     if used_mem > mem:
@@ -82,7 +102,8 @@ def _running(state: str, attempts: list[dict], replicas: int) -> bool:
 class Observer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.caps = {h.id: (h.gpus, float(h.cpus), h.memory_mb) for h in read_fleet(Path(args.fleet))}
+        self.caps = {h.id: (h.gpus, float(h.cpus), h.memory_mb, GPU_MEMORY_MB.get(h.model, DEFAULT_GPU_MEMORY_MB))
+                     for h in read_fleet(Path(args.fleet))}
         self.total_gpus = sum(c[0] for c in self.caps.values())
         self.alloc_gpus: dict[str, int] = {}
         self.allocated = 0
@@ -114,7 +135,9 @@ class Observer:
             else:
                 d = json.loads(msg.data)
             self._check(name, d, seq)
-            n = sum(len(t.get("gpu_indices", [])) for t in d.get("tasks", []))
+            # GPUs allocated, in thousandths: shares count what they hold.
+            n = sum(int(t.get("gpu_share") or 0) or 1000 * len(t.get("gpu_indices", []))
+                    for t in d.get("tasks", []))
             self.allocated += n - self.alloc_gpus.get(name, 0)
             self.alloc_gpus[name] = n
         elif kind == "job":
@@ -129,7 +152,8 @@ class Observer:
             j = self.jobs.get(name)
             if j is None:
                 spec = d["spec"]
-                j = self.jobs[name] = {"submitted_at": d.get("submitted_at"), "gpus": spec.get("gpus", 0),
+                j = self.jobs[name] = {"submitted_at": d.get("submitted_at"),
+                                       "gpus": spec.get("gpus", 0) + (spec.get("gpu_share") or 0) / 1000,
                                        "replicas": spec.get("replicas", 1), "priority": spec.get("priority", 0),
                                        "running_at": None, "placed_at": None, "state": st, "attempts": 0,
                                        "placed": {}}
@@ -167,7 +191,7 @@ class Observer:
                 pass
             q = self.queued_gpus
             self.samples.append({"t": time.time(), "queued": len(q), "queued_gpu_jobs": sum(1 for g in q.values() if g),
-                                 "queued_gpus": sum(q.values()), "gpus_allocated": self.allocated,
+                                 "queued_gpus": sum(q.values()), "gpus_allocated": round(self.allocated / 1000, 3),
                                  "gpus_total": self.total_gpus, "lag_s": round(self.lag_s, 3), "pending": self.pending})
             assert self.nc is not None
             try:

@@ -113,3 +113,33 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_placement(rep: dict[str, Any], path: Path) -> None:
+    """Draw a `muster bench placement` report (bench.placement): the share of the cluster's
+    GPU capacity allocated against the GPU demand arrived, one line per policy, with the
+    FGD paper's published figures at 100 % and 130 % as marks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, r in rep["policies"].items():
+        curve = r["allocated_pct_by_arrived"]  # [arrived %, allocated %]
+        ax.plot([lv for lv, _ in curve], [v for _, v in curve], label=f"Muster {policy}")
+    paper = sorted(rep.get("paper_fgd_simulator", {}).items(), key=lambda kv: -kv[1]["at_130"])
+    for k, (name, fig_) in enumerate(paper):
+        ax.scatter([100, 130], [fig_["at_100"], fig_["at_130"]], marker="x", s=20, color="grey")
+        ax.annotate(f"paper {name} {fig_['at_130']}", (133, 97 - 4 * k), fontsize=7, va="center")
+    ax.set_xlabel("GPU demand arrived (% of capacity)")
+    ax.set_ylabel("GPU capacity allocated (%)")
+    ax.set_title(f"placement replay: {Path(rep['pods']).name} ({rep['order']} order, {rep['seeds']} seeds)",
+                 fontsize=9)
+    ax.set_xlim(0, 165)
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -254,7 +254,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "gang_sizes": dict(sorted(Counter(b.submitted[j][1].replicas for j in gangs).items())),
             "gang_wait_ms": summary_ms(gang_waits),
             "gangs_not_fully_dispatched": len(gangs) - len(gang_waits),
-            "fractional_gpu_jobs_rounded_up": frac,
+            "gpu_share_jobs": frac,
         },
         "correctness": correct,
         "reads": b.reads,
@@ -272,7 +272,8 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         ]
         + (
             [
-                "trace: fractional GPU requests are rounded up to one whole GPU; durations capped at 7 days "
+                "trace: a fraction of one GPU is asked as that share of a GPU (gpuShare, thousandths), a "
+                "gpu_spec model set as gpuModels; durations capped at 7 days "
                 "and divided by 80; qos -> priority LS 300, Guaranteed 200, Burstable 100, BE 0"
             ]
             if a.trace
@@ -303,7 +304,7 @@ def burst_report(b: Bench, verdicts: dict[str, Verdict], ojobs: dict[str, dict],
     placed = [p for j in b.submitted if (p := (ojobs.get(j) or {}).get("placed_at"))]
     placed_span = max(placed) - t0 if n and len(placed) == n else None
     r = lambda v, k=3: None if v is None else round(v, k)  # noqa: E731
-    gpus = sum(q.gpus * q.replicas for _, q in b.submitted.values())
+    gpus = sum((q.gpus + q.gpu_share / 1000) * q.replicas for _, q in b.submitted.values())
     return {
         "jobs": n, "tasks": b.tasks_submitted, "jobs_dispatched": len(done),
         "gpus_requested": gpus, "gpus_total": gpus_total,

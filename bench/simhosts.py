@@ -63,9 +63,36 @@ def task_index(t: dict) -> int:
         return -1  # reported as an unknown task index
 
 
+def hold(h: SimHost, t: dict) -> bool:
+    """Take what an assigned task holds on its host: False when that overcommits a GPU
+    (held whole while anything holds it, shared past 1000 thousandths) or a MIG instance."""
+    ok = True
+    share = int(t.get("gpu_share") or 0)
+    for i in t.get("gpu_indices") or ():
+        used = h.gpu_milli.get(i, 0)
+        if (used and not share) or used + (share or 1000) > 1000:
+            ok = False
+        h.gpu_milli[i] = used + (share or 1000)
+    for u in t.get("mig") or ():
+        ok = ok and u not in h.busy_mig
+        h.busy_mig.add(u)
+    return ok
+
+
+def unhold(h: SimHost, t: dict) -> None:
+    share = int(t.get("gpu_share") or 0)
+    for i in t.get("gpu_indices") or ():
+        left = h.gpu_milli.get(i, 0) - (share or 1000)
+        if left > 0:
+            h.gpu_milli[i] = left
+        else:
+            h.gpu_milli.pop(i, None)
+    h.busy_mig.difference_update(t.get("mig") or ())
+
+
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "busy_gpus", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head")
+                 "gpu_milli", "busy_mig", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -76,7 +103,10 @@ class SimHost:
         self.max_term = 0
         self.running: dict[str, tuple[asyncio.TimerHandle, dict]] = {}
         self.seen: set[str] = set()
-        self.busy_gpus: set[int] = set()
+        # Thousandths of each GPU its running tasks hold (1000 for a GPU held whole), and
+        # the MIG instances they run on: what the simulator checks placements against.
+        self.gpu_milli: dict[int, int] = {}
+        self.busy_mig: set[str] = set()
         self.heartbeating = True
         self.last_hb = 0.0
         self.subject = f"$KV.hosts.{spec.id}"
@@ -297,10 +327,8 @@ class Simulator:
             self.start(h, t)
 
     def start(self, h: SimHost, t: dict) -> None:
-        gpus = set(t.get("gpu_indices") or ())
-        if gpus & h.busy_gpus:
+        if not hold(h, t):
             self.c["gpu_collisions"] += 1
-        h.busy_gpus |= gpus
         cmd = t.get("command") or []
         try:
             dur = float(cmd[1]) if len(cmd) > 1 and cmd[0] == "sleep" else 1.0
@@ -319,7 +347,7 @@ class Simulator:
             return None
         handle, t = entry
         handle.cancel()
-        h.busy_gpus -= set(t.get("gpu_indices") or ())
+        unhold(h, t)
         self.running -= 1
         return t
 
@@ -389,7 +417,8 @@ class Simulator:
                 handle.cancel()
             self.running -= len(h.running)
             h.running.clear()
-            h.busy_gpus.clear()
+            h.gpu_milli.clear()
+            h.busy_mig.clear()
             await msg.respond(json.dumps({"host": h.spec.id, "last_heartbeat": h.last_hb,
                                           "running": n_running}).encode())
         elif req.get("cmd") == "finish":

@@ -5,8 +5,10 @@ Two sources:
     log-normal durations (mean `mean_duration_s`);
   * trace (`--trace`): hosts tiled from the Alibaba openb GPU node list (each copy of the
     1,213-node list is its own zone, 32 hosts per rack), job shapes resampled from the openb
-    pod list (qos column = priority class), Philly jobs needing more than 8 GPUs added as
-    gangs. Durations are the trace's, capped at 7 days, divided by 80.
+    pod list (qos column = priority class; a fraction of one GPU asked as that share of a
+    GPU, `gpu_share` in thousandths; the `gpu_spec` model set, where given, as any-of
+    `gpu_models`), Philly jobs needing more than 8 GPUs added as gangs. Durations are the
+    trace's, capped at 7 days, divided by 80.
 
 A Philly job of n > 8 GPUs is submitted as ONE gang job: `replicas = ceil(n/8)` tasks of
 8 GPUs each (32 CPUs, 128 GiB), which the server places all at once or not at all (every
@@ -37,6 +39,7 @@ SEVEN_DAYS_S = 7 * 24 * 3600
 TRACE_SCALE = 80.0
 GPU_MEMORY_MB = {"H100": 81920, "A100": 81920, "L40S": 46068, "P100": 16384, "T4": 15360,
                  "V100M16": 16384, "V100M32": 32768, "A10": 24576, "G2": 32768, "G3": 49152}
+DEFAULT_GPU_MEMORY_MB = 16384
 # qos class -> job priority (higher is scheduled first).
 QOS_PRIORITY = {"LS": 300, "Guaranteed": 200, "Burstable": 100, "BE": 0}
 RACK_SIZE = 32
@@ -66,7 +69,12 @@ class JobReq:
     qos: str = "synthetic"
     replicas: int = 1  # > 1: a gang, placed all at once or not at all
     same_rack: bool = False
-    fractional_gpu: bool = False  # the trace asked for a share of one GPU (rounded up to 1)
+    gpu_share: int = 0  # thousandths of ONE GPU (the trace's fraction; gpus is then 0)
+    gpu_models: list[str] = field(default_factory=list)  # any of these models (the trace's gpu_spec)
+
+    @property
+    def fractional_gpu(self) -> bool:
+        return self.gpu_share > 0
 
     @property
     def gang(self) -> bool:
@@ -79,6 +87,10 @@ class JobReq:
                                 "priority": self.priority, "max_attempts": 3}
         if self.gang:
             d.update(replicas=self.replicas, same_rack=self.same_rack)
+        if self.gpu_share:
+            d["gpu_share"] = self.gpu_share
+        if self.gpu_models:
+            d["gpu_models"] = self.gpu_models
         return d
 
     def graphql_input(self) -> dict[str, object]:
@@ -87,6 +99,10 @@ class JobReq:
                                 "priority": self.priority, "maxAttempts": 3}
         if self.gang:
             d.update(replicas=self.replicas, sameRack=self.same_rack)
+        if self.gpu_share:
+            d["gpuShare"] = self.gpu_share
+        if self.gpu_models:
+            d["gpuModels"] = self.gpu_models
         return d
 
 
@@ -131,7 +147,7 @@ def heartbeat_static(h: HostSpec) -> dict[str, object]:
     """The parts of a host's heartbeat that never change."""
     return {
         "labels": h.labels,
-        "gpus": [{"index": i, "model": h.model, "memory_mb": GPU_MEMORY_MB.get(h.model, 16384),
+        "gpus": [{"index": i, "model": h.model, "memory_mb": GPU_MEMORY_MB.get(h.model, DEFAULT_GPU_MEMORY_MB),
                   "uuid": f"GPU-{h.id}-{i}"} for i in range(h.gpus)],
         "cpus": h.cpus,
         "memory_mb": h.memory_mb,
@@ -183,8 +199,9 @@ class Trace:
             start = float(r["scheduled_time"] or r["creation_time"] or 0)
             end = float(r["deletion_time"] or start)
             dur = min(max(0.0, end - start), SEVEN_DAYS_S) / TRACE_SCALE
+            models = sorted({m for m in (r.get("gpu_spec") or "").split("|") if m})
             self.pods.append((int(r["num_gpu"]), int(r["gpu_milli"] or 0), int(r["cpu_milli"]),
-                              int(r["memory_mib"]), r["qos"] or "BE", dur))
+                              int(r["memory_mib"]), r["qos"] or "BE", dur, models))
         self.gangs = []
         for j in json.load(open(traces / "philly_multigpu_jobs.json")):
             if int(j["num_gpus"]) > 8:
@@ -197,10 +214,13 @@ class Trace:
             n_gpus, dur = self.rng.choice(self.gangs)
             return JobReq(f"gang-{self.n}", 8, 32.0, 128 * 1024, round(max(0.05, dur), 3), 0, "gang",
                           replicas=math.ceil(n_gpus / 8))
-        g, milli, cpu_milli, mem, qos, dur = self.rng.choice(self.pods)
-        frac = g == 1 and 0 < milli < 1000
-        return JobReq(f"pod-{self.n}", g, max(0.1, cpu_milli / 1000), max(1, mem), round(max(0.05, dur), 3),
-                      QOS_PRIORITY.get(qos, 0), qos, fractional_gpu=frac)
+        g, milli, cpu_milli, mem, qos, dur, models = self.rng.choice(self.pods)
+        # The trace's own demand: a fraction of one GPU as a share (thousandths), its
+        # model set as any-of models.
+        share = milli if g == 1 and 0 < milli < 1000 else 0
+        return JobReq(f"pod-{self.n}", 0 if share else g, max(0.1, cpu_milli / 1000), max(1, mem),
+                      round(max(0.05, dur), 3), QOS_PRIORITY.get(qos, 0), qos, gpu_share=share,
+                      gpu_models=models if g else [])
 
 
 def arrivals(rate: float, duration_s: float, seed: int = 3) -> list[float]:

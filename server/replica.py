@@ -24,6 +24,7 @@ from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
+from server.scheduling.capacity import POLICIES
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
@@ -31,7 +32,7 @@ from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
 from wire import subjects
-from wire.errors import ConflictError, InvalidInput, NotFound, StoreError, ValidationError
+from wire.errors import ConfigError, ConflictError, InvalidInput, NotFound, StoreError, ValidationError
 from wire.kv import Store, Watch, Write, connect
 from wire.messages import Command, Event, Job, JobState, encode, new_id
 from wire.records import Record
@@ -71,6 +72,10 @@ class ServerConfig:
     # HTTPS for the API and console (uvicorn ssl_certfile / ssl_keyfile).
     tls_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_CERT") or None)
     tls_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_KEY") or None)
+    # The placement policy (server.scheduling.capacity.POLICIES): fgd or binpack.
+    placement_policy: str = field(default_factory=lambda: os.environ.get("MUSTER_PLACEMENT_POLICY") or "fgd")
+    placement_candidates: int = field(
+        default_factory=lambda: int(os.environ.get("MUSTER_PLACEMENT_CANDIDATES", "16")))
 
     @property
     def database_url(self) -> str:
@@ -79,6 +84,9 @@ class ServerConfig:
 
 class Muster:
     def __init__(self, config: ServerConfig) -> None:
+        if config.placement_policy not in POLICIES:
+            raise ConfigError(f"unknown placement policy {config.placement_policy!r} (MUSTER_PLACEMENT_POLICY): "
+                              f"one of {', '.join(POLICIES)}")
         self.config = config
         self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
         # The read models the API and the console show (server.views).
@@ -146,7 +154,9 @@ class Muster:
         self.leadership = ThreadedLeadership(lease_connection, cfg.name, lease_cfg,
                                              on_change=self._on_leadership, replicas=cfg.replicas)
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
-                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s),
+                                   SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s,
+                                                   placement_policy=cfg.placement_policy,
+                                                   placement_candidates=max(1, cfg.placement_candidates)),
                                    caught_up=self._watches[0].caught_up)
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]

@@ -79,7 +79,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
-           gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value } }
+           gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
+           gpuDevices { index model memoryMb healthy shareAllocated memAllocatedMb tasks sharing
+           migInstances { uuid profile memoryMb allocated } } }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
     data = gql(q, {"id": args.id})
@@ -95,6 +97,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
     print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy,"
           f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
+    for g in h["gpuDevices"]:
+        print(f"    GPU {g['index']} {g['model']} {g['memoryMb']} MB: {gpu_line(g)}")
     print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
     print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
     print(f"  tasks:   {h['tasks']}")
@@ -131,3 +135,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
     h = res["host"]
     out(args, h, [[h["id"], h["health"], "draining"]], ["ID", "HEALTH", "STATE"])
     return 0
+
+
+def gpu_line(g: dict[str, Any]) -> str:
+    """What is allocated of one GPU, in words."""
+    health = "" if g["healthy"] else " (faulty)"
+    if g["migInstances"]:
+        used = sum(m["allocated"] for m in g["migInstances"])
+        names = ", ".join(f"{m['profile']}{'*' if m['allocated'] else ''}" for m in g["migInstances"])
+        return f"MIG mode, {used}/{len(g['migInstances'])} instances allocated ({names}){health}"
+    if g["sharing"]:
+        return (f"{g['shareAllocated']}/1000 allocated to {g['tasks']} tasks, {g['memAllocatedMb']} MB of its "
+                f"memory ({g['sharing']}){health}")
+    return ("allocated whole" if g["shareAllocated"] else "free") + health

@@ -12,9 +12,10 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from wire.errors import NotFound
 
-JOB_FIELDS = """id name state user command gpus gpuModel cpus memoryMb priority submittedAt updatedAt
-cancelReason queuePosition pendingReasons { reason hosts }
-attempts { id number state host { id } gpuIndices exitCode startedAt finishedAt outputTail reason }"""
+JOB_FIELDS = """id name state user command gpus gpuModel gpuModels sameModel gpuShare gpuMemoryMb migProfile
+gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason queuePosition pendingReasons { reason hosts }
+attempts { id number state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
+reason }"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     js.add_argument("name")
     js.add_argument("command", nargs=argparse.REMAINDER)
     js.add_argument("--gpus", type=int, default=0)
-    js.add_argument("--gpu-model", default=None)
+    js.add_argument("--gpu-model", default=None, metavar="MODEL[,MODEL...]",
+                    help="one GPU model, or several, comma-separated: any of them will do")
+    js.add_argument("--same-model", action="store_true", help="a gang's tasks all on one of the models")
+    js.add_argument("--gpu-share", type=int, default=0, metavar="THOUSANDTHS",
+                    help="a share of ONE GPU in thousandths, 1-999 (with --gpus 0); shared, not isolated")
+    js.add_argument("--gpu-memory-mb", type=int, default=0, help="GPU memory a --gpu-share task needs")
+    js.add_argument("--mig-profile", default=None, metavar="PROFILE",
+                    help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
+    js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
     js.add_argument("--cpus", type=float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
@@ -78,8 +87,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
         command = shlex.split(command[0])
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
-    inp = {"name": args.name, "command": command, "gpus": args.gpus, "gpuModel": args.gpu_model,
-           "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
+    inp: dict[str, Any] = {"name": args.name, "command": command, "gpus": args.gpus,
+                           "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
+    models = [m.strip() for m in (args.gpu_model or "").split(",") if m.strip()]
+    if len(models) == 1:
+        inp["gpuModel"] = models[0]
+    elif models:
+        inp["gpuModels"] = models
+    for key, value, default in (("sameModel", args.same_model, False), ("gpuShare", args.gpu_share, 0),
+                                ("gpuMemoryMb", args.gpu_memory_mb, 0), ("migProfile", args.mig_profile, None),
+                                ("replicas", args.replicas, 1)):
+        if value != default:
+            inp[key] = value
     if args.max_attempts is not None:
         inp["maxAttempts"] = args.max_attempts
     res = gql(q, {"input": inp})["submitJob"]
@@ -142,16 +161,34 @@ def show(args: argparse.Namespace) -> None:
         return
     print(f"{job['id']}  {job['name']}  {job['state']}")
     print(f"  command: {shlex.join(job['command'])}")
-    print(f"  wants:   {job['gpus']} GPU {job['gpuModel'] or 'any'}, {job['cpus']} CPU, {job['memoryMb']} MB")
+    print(f"  wants:   {wants_gpu(job)}, {job['cpus']} CPU, {job['memoryMb']} MB")
     if job["state"] == "QUEUED":
         print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:
             print(f"  pending: {r['hosts']} hosts: {r['reason']}")
     for a in job["attempts"]:
-        print(f"  attempt {a['number']} on {a['host']['id']} GPUs {a['gpuIndices']}: {a['state']}"
+        where = (f"MIG {','.join(a['migInstances'])}" if a["migInstances"] else
+                 f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
+                 f"GPUs {a['gpuIndices']}")
+        print(f"  attempt {a['number']} on {a['host']['id']} {where}: {a['state']}"
               f" exit={a['exitCode']} {a['reason']}")
         if a["outputTail"]:
             print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+
+
+def wants_gpu(job: dict[str, Any]) -> str:
+    """What a job asks of GPUs, in words: '2 GPU H100', '250/1000 of one GPU A10|T4 (shared,
+    not isolated), 4096 MB GPU memory', 'MIG 1g.10gb', '0 GPU any'."""
+    models = "|".join(job.get("gpuModels") or []) or "any"
+    if job.get("migProfile"):
+        what = f"MIG {job['migProfile']} {models}"
+    elif job.get("gpuShare"):
+        what = f"{job['gpuShare']}/1000 of one GPU {models} ({job['gpuSharing']})"
+        if job.get("gpuMemoryMb"):
+            what += f", {job['gpuMemoryMb']} MB GPU memory"
+    else:
+        what = f"{job['gpus']} GPU {models}"
+    return what + (" (one model for the gang)" if job.get("sameModel") else "")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

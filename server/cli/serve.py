@@ -8,6 +8,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from server.scheduling.capacity import POLICIES
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("server", help="run a control-plane replica")
@@ -31,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
     s.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (MUSTER_TLS_CERT)")
     s.add_argument("--tls-key", default=None, help="key of --tls-cert (MUSTER_TLS_KEY)")
+    s.add_argument("--placement-policy", default=None, choices=POLICIES,
+                   help="how a task's host is chosen: fgd (fragmentation-aware, the default) or binpack "
+                        "(MUSTER_PLACEMENT_POLICY)")
+    s.add_argument("--placement-candidates", type=int, default=None,
+                   help="fgd: feasible hosts compared per task (default 16; MUSTER_PLACEMENT_CANDIDATES)")
     s.set_defaults(fn=cmd_server)
 
 
@@ -60,7 +67,9 @@ def cmd_server(args: argparse.Namespace) -> int:
         cfg.lease_ttl_s = args.lease_ttl
     if args.heartbeat_interval:
         cfg.heartbeat_interval_s = args.heartbeat_interval
-    for opt in ("nats_creds", "nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key"):
+    if args.placement_candidates:
+        cfg.placement_candidates = args.placement_candidates
+    for opt in ("nats_creds", "nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key", "placement_policy"):
         if getattr(args, opt):
             setattr(cfg, opt, getattr(args, opt))
     scheme = "https" if cfg.tls_cert else "http"

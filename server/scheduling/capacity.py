@@ -68,6 +68,10 @@ def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
 def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], int]:
     """The bucket keys a task of `spec` may find a host in, and the lowest level."""
     if spec.gpus > 0:
+        if models and len(models) > 1:
+            # Hosts are filed per model: one whose free GPUs of several accepted models add
+            # up to the request has each model at a lower level.
+            return [("w", m) for m in sorted(models)], 1
         return ([("w", m) for m in sorted(models)] if models else [("w", ANY)]), spec.gpus
     if spec.gpu_share > 0:
         return ([("s", m) for m in sorted(models)] if models else [("s", ANY)]), spec.gpu_share // SHARE_STEP
@@ -242,23 +246,23 @@ class Placer:
             return None
         if self.frag is None or len(found) == 1:
             return found[0][2]
-        return min((self._scored(spec, level, c) for level, _h, c in found), key=lambda x: x[0])[1]
+        return min((self._scored(spec, level, c, accept) for level, _h, c in found), key=lambda x: x[0])[1]
 
-    def _scored(self, spec: JobSpec, level: int, choice: Choice) -> tuple[tuple[float, int, str], Choice]:
+    def _scored(self, spec: JobSpec, level: int, choice: Choice,
+                models: frozenset[str] | None) -> tuple[tuple[float, int, str], Choice]:
         """(growth of expected fragmentation, tightness, host) of a choice; for a share, the
         GPU of the host that grows it least."""
         assert self.frag is not None
         host = self._view(choice.host_id)
         assert host is not None
-        before = self.frag.of(host)
         options = [choice.gpu_indices]
         if spec.gpu_share > 0:
-            options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, spec.models())]
+            options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, models)]
+        grown = self.frag.growth(host, options, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb,
+                                 choice.mig)
         best: tuple[tuple[float, int, str], Choice] | None = None
-        for gpus in options:
-            after = host.copy()
-            after.reserve(gpus, spec.cpus, spec.memory_mb, 0, spec.gpu_share, spec.gpu_memory_mb, choice.mig)
-            key = (round(self.frag.of(after) - before, 6), level, choice.host_id)
+        for gpus, g in zip(options, grown, strict=True):
+            key = (round(g, 6), level, choice.host_id)
             if best is None or key < best[0]:
                 best = (key, Choice(choice.host_id, gpus, choice.mig))
         assert best is not None
@@ -325,12 +329,12 @@ class Placer:
         models = spec.models()
         if not spec.same_model or models is None or len(models) == 1:
             return [models]
+        # Free GPUs of each model as the index files them (whole GPUs on schedulable
+        # hosts): a read of its buckets, not of every host.
         free = Counter[str]()
-        for cap in self.index.caps.values():
-            if cap.schedulable and not cap.cordoned:
-                for i, m in cap.gpu_models.items():
-                    if m in models:
-                        free[m] += cap.free_share(i)
+        for m in models:
+            for level, rooms in self.index.buckets.get(("w", m), {}).items():
+                free[m] += level * sum(len(hosts) for hosts in rooms.values())
         return [frozenset({m}) for m in sorted(models, key=lambda m: (-free[m], m))]
 
     def place_gang(self, spec: JobSpec) -> list[Choice] | None:

@@ -75,33 +75,67 @@ class ShapeMix:
 EMPTY = ShapeMix(())
 
 
-def _fits(host: HostCapacity, s: Shape) -> bool:
-    if host.used_cpus + s.cpus > host.cpus + EPS or host.used_memory_mb + s.memory_mb > host.memory_mb:
-        return False
+# A host's free state, all fragmentation depends on: its GPUs with something free, as
+# (model, free thousandths, free GPU memory MB), sorted; free CPU (rounded to 1/1000)
+# and memory; its free MIG instances as (profile, model), sorted. Hosts in the same
+# state share one memoised value.
+GpuFree = tuple[str, int, int]
+State = tuple[tuple[GpuFree, ...], float, int, tuple[tuple[str, str], ...]]
+
+
+def gpus_free(host: HostCapacity) -> dict[int, GpuFree]:
+    """Each GPU of `host` with free thousandths (not held whole, healthy, not in MIG mode)."""
+    out: dict[int, GpuFree] = {}
+    for i, model in host.gpu_models.items():
+        f = host.free_share(i)
+        if f:
+            out[i] = (model, f, host.gpu_memory.get(i, 0) - host.share_memory_used.get(i, 0))
+    return out
+
+
+def mig_free(host: HostCapacity, taken: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    if not host.mig:
+        return ()
+    return tuple(sorted((p, host.gpu_models.get(g, "")) for u, (g, p, _m) in host.mig.items()
+                        if u not in host.used_mig and u not in taken and g not in host.unhealthy_gpus))
+
+
+def state(gpus: Iterable[GpuFree], cpus_free: float, memory_free: int, mig: tuple[tuple[str, str], ...]) -> State:
+    return tuple(sorted(gpus)), round(cpus_free, 3), memory_free, mig
+
+
+def state_of(host: HostCapacity) -> State:
+    return state(gpus_free(host).values(), host.cpus - host.used_cpus, host.memory_mb - host.used_memory_mb,
+                 mig_free(host))
+
+
+def frag_in(st: State, s: Shape) -> int:
+    """Free GPU thousandths in host state `st` that shape `s` could not use: all of them
+    when `s` does not fit at all, else those on GPUs too small for it or of a model it
+    does not accept."""
+    gpus, cpus, memory, mig = st
+    total = sum(f for _m, f, _fm in gpus)
+    if total == 0:
+        return 0
+    if cpus + EPS < s.cpus or memory < s.memory_mb:
+        return total
+    models = s.models
     if s.gpus > 0:
-        return len(host.free_gpus(s.models)) >= s.gpus
+        if sum(1 for m, f, _fm in gpus if f == FULL and (models is None or m in models)) < s.gpus:
+            return total
+        return sum(f for m, f, _fm in gpus if f < FULL or (models is not None and m not in models))
     if s.share > 0:
-        return bool(host.share_options(s.share, s.gpu_memory_mb, s.models))
+        if not any(f >= s.share and fm >= s.gpu_memory_mb and (models is None or m in models) for m, f, fm in gpus):
+            return total
+        return sum(f for m, f, _fm in gpus if f < s.share or (models is not None and m not in models))
     if s.mig is not None:
-        return bool(host.free_mig(s.mig, s.models))
-    return True
+        return 0 if any(p == s.mig and (models is None or m in models) for p, m in mig) else total
+    return 0
 
 
 def frag_for(host: HostCapacity, s: Shape) -> int:
     """Free GPU thousandths on `host` that shape `s` could not use."""
-    free = {i: host.free_share(i) for i in host.gpu_models}
-    total = sum(free.values())
-    if total == 0:
-        return 0
-    if not _fits(host, s):
-        return total
-    if s.share > 0:
-        return sum(f for i, f in free.items()
-                   if f < s.share or (s.models is not None and host.gpu_models[i] not in s.models))
-    if s.gpus > 0:
-        return sum(f for i, f in free.items()
-                   if f < FULL or (s.models is not None and host.gpu_models[i] not in s.models))
-    return 0
+    return frag_in(state_of(host), s)
 
 
 class Fragmentation:
@@ -109,22 +143,45 @@ class Fragmentation:
 
     def __init__(self, mix: ShapeMix) -> None:
         self.mix = mix
-        self._memo: dict[tuple[object, ...], float] = {}
+        self._memo: dict[State, float] = {}
 
-    def of(self, host: HostCapacity) -> float:
-        if not self.mix.shapes:
-            return 0.0
-        key = (tuple(sorted((host.gpu_models[i], host.free_share(i),
-                             host.gpu_memory.get(i, 0) - host.share_memory_used.get(i, 0))
-                            for i in host.gpu_models)),
-               round(host.cpus - host.used_cpus, 3), host.memory_mb - host.used_memory_mb,
-               tuple(sorted(u for u in host.mig if u not in host.used_mig)) if host.mig else ())
-        value = self._memo.get(key)
-        if value is None:
+    def value(self, st: State) -> float:
+        """The expected fragmentation of a host in state `st`."""
+        v = self._memo.get(st)
+        if v is None:
             if len(self._memo) > 200_000:
                 self._memo.clear()
-            value = self._memo[key] = sum(p * frag_for(host, s) for s, p in self.mix.shapes)
-        return value
+            v = self._memo[st] = sum(p * frag_in(st, s) for s, p in self.mix.shapes) if self.mix.shapes else 0.0
+        return v
+
+    def of(self, host: HostCapacity) -> float:
+        return self.value(state_of(host))
+
+    def growth(self, host: HostCapacity, options: list[list[int]], share: int, gpu_memory_mb: int, cpus: float,
+               memory_mb: int, mig: tuple[str, ...]) -> list[float]:
+        """How much the host's expected fragmentation grows if a task takes `cpus`,
+        `memory_mb`, the MIG instances `mig` and, for each option, those GPUs (whole, or
+        `share` thousandths and `gpu_memory_mb` of the one GPU given)."""
+        free = gpus_free(host)
+        cpus_free, memory_free = host.cpus - host.used_cpus, host.memory_mb - host.used_memory_mb
+        mig_now = mig_free(host)
+        before = self.value(state(free.values(), cpus_free, memory_free, mig_now))
+        mig_after = mig_free(host, mig) if mig else mig_now
+        out = []
+        for gpus in options:
+            after = dict(free)
+            for i in gpus:
+                if share and i in after:
+                    m, f, fm = after[i]
+                    if f > share:
+                        after[i] = (m, f - share, fm - gpu_memory_mb)
+                    else:
+                        del after[i]
+                else:
+                    after.pop(i, None)
+            out.append(self.value(state(after.values(), cpus_free - cpus, memory_free - memory_mb, mig_after))
+                       - before)
+        return out
 
 
 class RecentShapes:

@@ -174,13 +174,14 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     gpus: list[int] = []
     mig: tuple[str, ...] = ()
     if spec.gpus > 0 or spec.gpu_share > 0:
+        if accept is not None and not any(m in accept for m in host.gpu_models.values()):
+            return WRONG_MODEL, [], ()
+        # GPUs in MIG mode are scheduled only through their instances.
         matching = [i for i, m in host.gpu_models.items()
                     if (accept is None or m in accept) and i not in host.mig_gpus]
-        if not matching:
-            return (WRONG_MODEL if accept is not None and host.gpu_models else TOO_FEW_GPUS), [], ()
+        if len(matching) < max(1, spec.gpus):
+            return TOO_FEW_GPUS, [], ()
         if spec.gpus > 0:
-            if len(matching) < spec.gpus:
-                return TOO_FEW_GPUS, [], ()
             free = host.free_gpus(accept)
             if len(free) < spec.gpus:
                 return NO_FREE_GPUS, [], ()
@@ -195,6 +196,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
                     return NO_FREE_GPU_MEMORY, [], ()
             gpus = [min(fits, key=lambda i: (host.free_share(i), i))]
     elif spec.mig_profile is not None:
+        if accept is not None and not any(m in accept for m in host.gpu_models.values()):
+            return WRONG_MODEL, [], ()
         offered = [u for u, (g, p, _m) in host.mig.items()
                    if p == spec.mig_profile and (accept is None or host.gpu_models.get(g) in accept)]
         if not offered:

@@ -526,6 +526,7 @@ def plan_cycle(
     policy: str = "fgd",
     unheard_since: Mapping[str, float] | None = None,
     unheard_grace_s: float = 0.0,
+    candidates: int = 16,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -578,9 +579,9 @@ def plan_cycle(
         drain_due(w, now)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
-        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag), now, budget, max_keys,
-                   unheard_since, unheard_grace_s)
-    placer = Placer(state.index, healthy, policy=policy, fragmentation=frag)
+        evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates), now,
+                   budget, max_keys, unheard_since, unheard_grace_s)
+    placer = Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():
         cap = placer.cap(host_id)

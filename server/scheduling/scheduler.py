@@ -74,6 +74,11 @@ class SchedulerConfig:
     # intervals), within which a live agent heartbeats again and a cut-off one has
     # fenced itself.
     unheard_grace_s: float | None = None
+    # How the host of a task is chosen among the feasible ones (scheduling.capacity.POLICIES):
+    # "fgd", fragmentation-aware, or "binpack", the tightest fit.
+    placement_policy: str = "fgd"
+    # fgd: the feasible hosts compared per task (from the tightest levels of the index up).
+    placement_candidates: int = 16
 
 
 class Scheduler:
@@ -361,6 +366,8 @@ class Scheduler:
                 now=now,
                 term=term,
                 max_keys=self.config.max_keys_per_commit,
+                policy=self.config.placement_policy,
+                candidates=self.config.placement_candidates,
                 budget=self.budget,
                 submissions=[r for _, r in submissions_in],
                 frozen_jobs=frozen_jobs,

@@ -1,8 +1,10 @@
 """The invariants, checked from the recorded history: pure code over job records.
 
-Every attempt records its host, GPUs, term and when it was placed and ended, so the
-allocation history can be replayed: at no moment may a host hold more GPUs, CPU or
-memory than it has, nor one GPU twice. Also: a job has at most one live attempt,
+Every attempt records its host, GPUs (and its share of one GPU, or its MIG instances),
+term and when it was placed and ended, so the allocation history can be replayed: at no
+moment may a host hold more GPUs, CPU or memory than it has, nor one GPU twice; a shared
+GPU never holds more than 1000 thousandths (integers: no rounding) nor more GPU memory
+than it has, and is never also held whole; a MIG instance is never held twice. Also: a job has at most one live attempt,
 attempt numbers run 1, 2, 3 ..., terms never go backwards, a SUCCEEDED job has exactly
 one successful try (every task of a gang), a gang's try has all its tasks, and every
 allocation record matches its live attempts.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from wire.messages import AttemptState, HostAlloc, Job, JobState
 
@@ -27,6 +29,60 @@ class Capacity:
     gpus: int
     cpus: float
     memory_mb: int
+    gpu_memory_mb: dict[int, int] = field(default_factory=dict)  # GPU index -> MB (for shares)
+    mig: frozenset[str] = frozenset()  # the MIG instances the host reports
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one task holds: whole GPUs, or `share` thousandths and `gpu_memory_mb` of the
+    one GPU in `gpus`, or MIG instances."""
+
+    gpus: tuple[int, ...]
+    share: int = 0
+    gpu_memory_mb: int = 0
+    mig: tuple[str, ...] = ()
+
+
+def gpu_problems(holds: Iterable[Hold], cap: Capacity | None) -> list[str]:
+    """Overcommit of GPUs among `holds`, held at once on one host: a GPU held whole twice,
+    held whole and shared, shared past 1000 thousandths or past its memory; a MIG
+    instance held twice or unknown to the host; a GPU index beyond the host's."""
+    problems: list[str] = []
+    whole: defaultdict[int, int] = defaultdict(int)
+    share: defaultdict[int, int] = defaultdict(int)
+    mem: defaultdict[int, int] = defaultdict(int)
+    mig: defaultdict[str, int] = defaultdict(int)
+    for h in holds:
+        for g in h.gpus:
+            if h.share:
+                share[g] += h.share
+                mem[g] += h.gpu_memory_mb
+            else:
+                whole[g] += 1
+        for u in h.mig:
+            mig[u] += 1
+    held = [g for g, n in whole.items() for _ in range(n)]
+    if len(held) != len(set(held)):
+        problems.append(f"a GPU held twice {sorted(held)}")
+    for g in sorted(share):
+        if whole.get(g):
+            problems.append(f"GPU {g} held whole and shared")
+        if share[g] > 1000:
+            problems.append(f"GPU {g} shared {share[g]}/1000")
+        if cap is not None and cap.gpu_memory_mb and mem[g] > cap.gpu_memory_mb.get(g, 0):
+            problems.append(f"GPU {g} gives its shares {mem[g]} MB of {cap.gpu_memory_mb.get(g, 0)} MB")
+    twice = sorted(u for u, n in mig.items() if n > 1)
+    if twice:
+        problems.append(f"MIG instances held twice {twice}")
+    if cap is not None:
+        gpus = set(whole) | set(share)
+        if len(gpus) > cap.gpus or any(g >= cap.gpus for g in gpus):
+            problems.append(f"GPUs {sorted(gpus)} beyond {cap.gpus}")
+        unknown = sorted(u for u in mig if u not in cap.mig)
+        if unknown:
+            problems.append(f"MIG instances {unknown} not on the host")
+    return problems
 
 
 def check(
@@ -38,8 +94,8 @@ def check(
     """Every violation found, as a sentence; an empty list means all invariants hold."""
     problems: list[str] = []
     jobs = list(jobs)
-    # (host) -> list of (start, end, gpus, cpus, mem, attempt id)
-    spans: dict[str, list[tuple[float, float, list[int], float, int, str]]] = defaultdict(list)
+    # (host) -> list of (start, end, GPUs held, cpus, mem, attempt id)
+    spans: dict[str, list[tuple[float, float, Hold, float, int, str]]] = defaultdict(list)
     live_by_attempt: dict[str, str] = {}
     for job in jobs:
         tries = sorted({a.number for a in job.attempts})
@@ -65,7 +121,9 @@ def check(
                 problems.append(f"job {job.id}: SUCCEEDED with {len(ok)} successful attempts")
         for a in job.attempts:
             end = a.finished_at if a.state.terminal and a.finished_at is not None else float("inf")
-            spans[a.host_id].append((a.placed_at, end, a.gpu_indices, job.spec.cpus, job.spec.memory_mb, a.id))
+            hold = Hold(tuple(a.gpu_indices), a.gpu_share, job.spec.gpu_memory_mb if a.gpu_share else 0,
+                        tuple(a.mig))
+            spans[a.host_id].append((a.placed_at, end, hold, job.spec.cpus, job.spec.memory_mb, a.id))
             if not a.state.terminal:
                 live_by_attempt[a.id] = a.host_id
     for host_id, items in spans.items():
@@ -82,12 +140,8 @@ def check(
                 active.discard(i)
                 continue
             active.add(i)
-            gpus = [g for j in active for g in items[j][2]]
-            if len(gpus) != len(set(gpus)):
-                problems.append(f"host {host_id} at {t:.3f}: a GPU held twice {sorted(gpus)}")
+            problems += [f"host {host_id} at {t:.3f}: {p}" for p in gpu_problems((items[j][2] for j in active), cap)]
             if cap is not None:
-                if len(gpus) > cap.gpus or any(g >= cap.gpus for g in gpus):
-                    problems.append(f"host {host_id} at {t:.3f}: GPUs {sorted(gpus)} beyond {cap.gpus}")
                 if sum(items[j][3] for j in active) > cap.cpus + EPS:
                     problems.append(f"host {host_id} at {t:.3f}: CPU over {cap.cpus}")
                 if sum(items[j][4] for j in active) > cap.memory_mb:
@@ -99,11 +153,11 @@ def check(
                 problems.append(f"attempt {task.attempt_id} allocated on {seen_tasks[task.attempt_id]} "
                                 f"and {alloc.host_id}")
             seen_tasks[task.attempt_id] = alloc.host_id
-        gpus = [g for task in alloc.tasks for g in task.gpu_indices]
-        if len(gpus) != len(set(gpus)):
-            problems.append(f"allocation of {alloc.host_id} holds a GPU twice")
         cap = capacity.get(alloc.host_id)
-        if cap is not None and (len(gpus) > cap.gpus or sum(task.cpus for task in alloc.tasks) > cap.cpus + EPS
+        holds = [Hold(tuple(t.gpu_indices), t.gpu_share, t.gpu_memory_mb if t.gpu_share else 0, tuple(t.mig))
+                 for t in alloc.tasks]
+        problems += [f"allocation of {alloc.host_id}: {p}" for p in gpu_problems(holds, cap)]
+        if cap is not None and (sum(task.cpus for task in alloc.tasks) > cap.cpus + EPS
                                 or sum(task.memory_mb for task in alloc.tasks) > cap.memory_mb):
             problems.append(f"allocation of {alloc.host_id} exceeds its capacity")
     for attempt_id, host_id in live_by_attempt.items():

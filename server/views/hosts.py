@@ -83,6 +83,60 @@ class HostRow:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    uuid: str
+    profile: str
+    memory_mb: int
+    allocated: bool
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU of a host as placement holds it: `share_allocated` thousandths of it are
+    allocated (1000 when a task holds it whole), `mem_allocated_mb` of its memory to
+    shared tasks, by `tasks` tasks; a GPU in MIG mode lists its instances."""
+
+    index: int
+    model: str
+    memory_mb: int
+    uuid: str
+    healthy: bool
+    share_allocated: int
+    mem_allocated_mb: int
+    tasks: int
+    whole: bool
+    mig: tuple[MigDevice, ...]
+
+
+def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
+    """Every GPU of a host with what its allocation's `tasks` hold of it."""
+    share: dict[int, int] = {}
+    mem: dict[int, int] = {}
+    count: dict[int, int] = {}
+    whole: set[int] = set()
+    mig_used: set[str] = set()
+    for t in tasks:
+        mig_used.update(t.mig)
+        for i in t.gpu_indices:
+            count[i] = count.get(i, 0) + 1
+            if t.gpu_share:
+                share[i] = share.get(i, 0) + t.gpu_share
+                mem[i] = mem.get(i, 0) + t.gpu_memory_mb
+            else:
+                whole.add(i)
+    bad = {u.index for u in hb.gpu_usage if not u.healthy}
+    mig_parent = {m.uuid: g.index for g in hb.gpus for m in g.mig}
+    for u in mig_used:
+        if u in mig_parent:
+            count[mig_parent[u]] = count.get(mig_parent[u], 0) + 1
+    return [GpuDevice(index=g.index, model=g.model, memory_mb=g.memory_mb, uuid=g.uuid, healthy=g.index not in bad,
+                      share_allocated=1000 if g.index in whole else share.get(g.index, 0),
+                      mem_allocated_mb=mem.get(g.index, 0), tasks=count.get(g.index, 0), whole=g.index in whole,
+                      mig=tuple(MigDevice(m.uuid, m.profile, m.memory_mb, m.uuid in mig_used) for m in g.mig))
+            for g in sorted(hb.gpus, key=lambda g: g.index)]
+
+
+@dataclass(frozen=True)
 class HostQuery:
     """Hosts matching every given field. `search` is a case-insensitive part of the id;
     `label` is `key` (any value) or `key=value`; `cordoned` counts draining hosts as
@@ -233,6 +287,14 @@ class HostTable:
         self._live(r, entry, self.state.health_time(now))
         return r
 
+    def devices(self, host_id: str) -> list[GpuDevice]:
+        """The host's GPUs with what is allocated of each (empty for a host never heard of)."""
+        entry = self.state.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            return []
+        alloc = self.state.allocs.get(host_id)
+        return gpu_devices(entry.heartbeat, alloc.tasks if alloc is not None else ())
+
     def rows(self, now: float, *, live: bool = True) -> list[HostRow]:
         """Every host's row in id order; without `live`, health and usage are as last read."""
         return finish(self.rows_steps(now, live=live))
@@ -380,12 +442,19 @@ class HostTable:
         self._stale.discard(host_id)
         hb = entry.heartbeat
         assert hb is not None
+        # A GPU counts as allocated when any task holds it, whole, a share of it or one of
+        # its MIG instances (GpuDevice says how much).
         used: set[int] = set()
         cpu_allocated, mem_allocated = 0.0, 0
+        mig_used: list[str] = []
         for t in alloc.tasks if alloc is not None else ():
             used.update(t.gpu_indices)
+            mig_used += t.mig
             cpu_allocated += t.cpus
             mem_allocated += t.memory_mb
+        if mig_used:
+            parents = {m.uuid: g.index for g in hb.gpus for m in g.mig}
+            used.update(parents[u] for u in mig_used if u in parents)
         bad = {u.index for u in hb.gpu_usage if not u.healthy}
         per_model: dict[str, list[int]] = {}
         for g in hb.gpus:

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 
 
 ORDER_MAX_AGE_S = 1.0
+# How a task's GPU is shared, as GraphQL, the console and the CLI say it.
+SHARED = "shared, not isolated"
+MIG = "MIG instance"
+
+
+def sharing(share: int, mig: bool) -> str | None:
+    """None for whole GPUs (or none), SHARED for a share of one GPU (time-sliced, or
+    limited by CUDA MPS where it runs: never isolated), MIG for a MIG instance."""
+    return SHARED if share else MIG if mig else None
 
 
 @dataclass

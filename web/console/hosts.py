@@ -183,7 +183,8 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
     return {
         "h": view,
         "hb": hb,
-        "gpus": [(g, usage.get(g.index)) for g in sorted(hb.gpus, key=lambda g: g.index)],
+        "gpus": [(g, usage.get(g.index), d) for g, d in zip(sorted(hb.gpus, key=lambda g: g.index),
+                                                            m.hosts.devices(host_id), strict=True)],
         "tasks": list(alloc.tasks) if alloc else [],
         "cfg": m.state.hostcfg.get(host_id),
         "charts": gpu_charts(samples),

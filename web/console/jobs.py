@@ -25,8 +25,9 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 # Field names used by wire.validation -> names of the submit form's inputs.
 SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel": "gpu_model",
-                 "gpu_model": "gpu_model", "cpus": "cpus", "memoryMb": "memory_mb",
-                 "memory_mb": "memory_mb"}
+                 "gpu_model": "gpu_model", "gpuModels": "gpu_model", "cpus": "cpus", "memoryMb": "memory_mb",
+                 "memory_mb": "memory_mb", "gpuShare": "gpu_share", "gpuMemoryMb": "gpu_memory_mb",
+                 "migProfile": "mig_profile", "sameModel": "same_model"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -151,7 +152,8 @@ def _submit_ctx(m: Muster, values: dict[str, str], errors: dict[str, list[str]],
     }
 
 
-SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "cpus": "1", "memory_mb": "512"}
+SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
+                   "mig_profile": "", "cpus": "1", "memory_mb": "512"}
 
 
 @console()
@@ -190,8 +192,16 @@ async def submit(request: Request) -> Response:
         data["cpus"] = cpus if not isinstance(cpus, float) or math.isfinite(cpus) else values["cpus"]
     if values["memory_mb"]:
         data["memory_mb"] = _number(values["memory_mb"], int)
-    if values["gpu_model"]:
-        data["gpu_model"] = values["gpu_model"]
+    models = [x.strip() for x in values["gpu_model"].split(",") if x.strip()]
+    if len(models) == 1:
+        data["gpu_model"] = models[0]
+    elif models:
+        data["gpu_models"] = models  # any of them
+    for key in ("gpu_share", "gpu_memory_mb"):
+        if values[key]:
+            data[key] = _number(values[key], int)
+    if values["mig_profile"]:
+        data["mig_profile"] = values["mig_profile"]
     try:
         job = await m.submit(data, sess.user)
     except ValidationError as exc:

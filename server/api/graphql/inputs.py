@@ -21,7 +21,18 @@ class SubmitJobInput:
     name: str
     command: list[str]
     gpus: int = 0
-    gpu_model: str | None = None
+    gpu_model: str | None = strawberry.field(default=None, description="One GPU model (shorthand of gpuModels).")
+    gpu_models: list[str] | None = strawberry.field(
+        default=None, description="GPU models the job may run on, any of them (not with gpuModel).")
+    same_model: bool = strawberry.field(
+        default=False, description="Gang tasks must all run on one model of gpuModels.")
+    gpu_share: int = strawberry.field(
+        default=0, description="A share of ONE GPU, in thousandths (1-999; gpus 0). Shared, not isolated: "
+                               "several tasks run on that GPU (under CUDA MPS limits where MPS runs).")
+    gpu_memory_mb: int = strawberry.field(
+        default=0, description="GPU memory a gpuShare task needs on its GPU (0: none reserved).")
+    mig_profile: str | None = strawberry.field(
+        default=None, description="One MIG instance of this profile, e.g. 1g.10gb (gpus 0, no gpuShare).")
     cpus: float = 1.0
     memory_mb: int = 512
     priority: int = 0

@@ -23,7 +23,9 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "cpus": i.cpus, "memory_mb": i.memory_mb, "priority": i.priority,
         "max_attempts": i.max_attempts, "cwd": i.cwd, "env": i.env or {},
         "on_disconnect": i.on_disconnect.value, "replace_after_s": i.replace_after,
-        "replicas": i.replicas, "same_rack": i.same_rack,
+        "replicas": i.replicas, "same_rack": i.same_rack, "gpu_models": i.gpu_models,
+        "same_model": i.same_model, "gpu_share": i.gpu_share, "gpu_memory_mb": i.gpu_memory_mb,
+        "mig_profile": i.mig_profile,
     }
 
 

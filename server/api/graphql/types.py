@@ -14,7 +14,8 @@ from server.api.graphql.context import muster, ts
 from server.api.graphql.errors import UserError
 from server.api.reads import reads_for
 from server.replica import Muster
-from server.views.hosts import FleetSummary, HostRow
+from server.views.hosts import FleetSummary, GpuDevice, HostRow
+from server.views.jobs import sharing
 from wire.messages import Attempt as AttemptModel
 from wire.messages import Job as JobModel
 from wire.messages import JobState as JobStateEnum
@@ -36,6 +37,40 @@ class PageInfo:
     end_cursor: str | None
 
 
+@strawberry.type(description="A MIG instance: a device of its own, scheduled whole.")
+class MigInstance:
+    uuid: str = strawberry.field(description="CUDA_VISIBLE_DEVICES=MIG-<uuid> for the task on it.")
+    profile: str
+    memory_mb: int
+    allocated: bool
+
+
+@strawberry.type(description="One GPU of a host and what is allocated of it.")
+class HostGpu:
+    index: int
+    model: str
+    memory_mb: int
+    uuid: str
+    healthy: bool
+    share_allocated: int = strawberry.field(
+        description="Thousandths of the GPU allocated: 1000 when a task holds it whole, else the sum of the "
+                    "shares of the tasks sharing it.")
+    mem_allocated_mb: int = strawberry.field(description="GPU memory given to the tasks sharing it.")
+    tasks: int
+    sharing: str | None = strawberry.field(
+        description="\"shared, not isolated\" when tasks share it, \"MIG instance\" in MIG mode, else null.")
+    mig_instances: list[MigInstance]
+
+    @staticmethod
+    def of(d: GpuDevice) -> HostGpu:
+        shared = not d.whole and d.share_allocated > 0
+        return HostGpu(index=d.index, model=d.model, memory_mb=d.memory_mb, uuid=d.uuid, healthy=d.healthy,
+                       share_allocated=d.share_allocated, mem_allocated_mb=d.mem_allocated_mb, tasks=d.tasks,
+                       sharing=sharing(int(shared), bool(d.mig)),
+                       mig_instances=[MigInstance(uuid=m.uuid, profile=m.profile, memory_mb=m.memory_mb,
+                                                  allocated=m.allocated) for m in d.mig])
+
+
 @strawberry.type
 class Host:
     id: strawberry.ID
@@ -55,6 +90,11 @@ class Host:
     mem_used_mb: int
     last_seen: dt.datetime | None
     tasks: int
+
+    @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
+                                  "isolated) or MIG instances.")
+    def gpu_devices(self, info: Info) -> list[HostGpu]:
+        return [HostGpu.of(d) for d in muster(info).hosts.devices(str(self.id))]
 
     @staticmethod
     def from_row(r: HostRow) -> Host:
@@ -125,9 +165,21 @@ class Attempt:
     def host(self, info: Info) -> Host:
         return Host.of(info, self._m.host_id) or Host.unknown(self._m.host_id)
 
-    @strawberry.field
+    @strawberry.field(description="The GPUs it runs on (for a share: the one GPU it shares).")
     def gpu_indices(self) -> list[int]:
         return self._m.gpu_indices
+
+    @strawberry.field(description="Thousandths of gpuIndices[0] it holds (0: whole GPUs).")
+    def gpu_share(self) -> int:
+        return self._m.gpu_share
+
+    @strawberry.field(description="MIG instances (UUIDs) it runs on.")
+    def mig_instances(self) -> list[str]:
+        return self._m.mig
+
+    @strawberry.field(description="null for whole GPUs, \"shared, not isolated\" for a share, \"MIG instance\".")
+    def gpu_sharing(self) -> str | None:
+        return sharing(self._m.gpu_share, bool(self._m.mig))
 
     @strawberry.field
     def exit_code(self) -> int | None:
@@ -192,9 +244,34 @@ class Job:
     def gpus(self) -> int:
         return self._m.spec.gpus
 
-    @strawberry.field
+    @strawberry.field(description="The one GPU model asked for (gpuModel), or null.")
     def gpu_model(self) -> str | None:
         return self._m.spec.gpu_model
+
+    @strawberry.field(description="Every GPU model the job accepts (gpuModel or gpuModels); empty for any.")
+    def gpu_models(self) -> list[str]:
+        return sorted(self._m.spec.models() or ())
+
+    @strawberry.field(description="Gang tasks all on one model of gpuModels.")
+    def same_model(self) -> bool:
+        return self._m.spec.same_model
+
+    @strawberry.field(description="Thousandths of one GPU asked for (0: whole GPUs or none).")
+    def gpu_share(self) -> int:
+        return self._m.spec.gpu_share
+
+    @strawberry.field(description="GPU memory a gpuShare task needs on its GPU.")
+    def gpu_memory_mb(self) -> int:
+        return self._m.spec.gpu_memory_mb
+
+    @strawberry.field(description="The MIG profile asked for, or null.")
+    def mig_profile(self) -> str | None:
+        return self._m.spec.mig_profile
+
+    @strawberry.field(description="How the job's GPU is shared: null for whole GPUs (or none), \"shared, not "
+                                  "isolated\" for a gpuShare, \"MIG instance\" for a migProfile.")
+    def gpu_sharing(self) -> str | None:
+        return sharing(self._m.spec.gpu_share, bool(self._m.spec.mig_profile))
 
     @strawberry.field
     def cpus(self) -> float:

@@ -1,0 +1,201 @@
+"""GPU sharing outside the placement core: simulated and NVML MIG inventories (a fake NVML
+library: no real GPU here), the environment a shared or MIG task gets (CUDA MPS limits
+where MPS runs), and the overcommit checks of `muster check` and of the benchmark (shares
+counted in integer thousandths, MIG instances once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent.gpu import NvmlBackend, SimulatedBackend, mig_profile_of, mps_running, parse_full_spec, parse_spec
+from agent.runner import gpu_env
+from bench.observer import check_alloc
+from bench.simhosts import SimHost, hold, unhold
+from bench.workload import HostSpec
+from server.state.invariants import Capacity, Hold, check, gpu_problems
+from tests.factories import T0, host_alloc, job, job_spec, task
+from tests.unit.test_gpu import FakeNvml
+from wire.errors import ConfigError
+from wire.messages import Attempt, AttemptState, JobState
+
+# ---------------------------------------------------------------- simulated MIG
+
+
+def test_simulated_spec_with_mig_clauses() -> None:
+    count, model, mig = parse_full_spec("8xH100,mig=0-1:7*1g.10gb,mig=3:1*3g.40gb+2*2g.20gb")
+    assert (count, model) == (8, "H100")
+    assert mig == {0: ["1g.10gb"] * 7, 1: ["1g.10gb"] * 7, 3: ["3g.40gb", "2g.20gb", "2g.20gb"]}
+    assert parse_spec("8xH100,mig=0:1*1g.10gb") == (8, "H100")
+
+
+@pytest.mark.parametrize("spec", ["8xH100,mig=8:1*1g.10gb", "8xH100,mig=0:8*1g.10gb", "8xH100,mig=0:1*1g.10",
+                                  "8xH100,mig=0", "8xH100,mig=1-0:1*1g.10gb", "8xH100,foo=1", "8xH100,mig=0:0*1g.10gb"])
+def test_bad_mig_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_full_spec(spec)
+
+
+def test_simulated_backend_reports_mig_instances_as_devices() -> None:
+    b = SimulatedBackend("4xH100,mig=1:2*3g.40gb", seed=7)
+    inv = b.inventory()
+    assert [len(g.mig) for g in inv] == [0, 2, 0, 0]
+    a, c = inv[1].mig
+    assert (a.profile, a.memory_mb) == ("3g.40gb", 40 * 1024)
+    assert a.uuid.startswith("MIG-") and a.uuid != c.uuid
+    assert [m.uuid for m in SimulatedBackend("4xH100,mig=1:2*3g.40gb", seed=7).inventory()[1].mig] == \
+        [a.uuid, c.uuid]  # seeded: the same instances every time
+
+
+# ---------------------------------------------------------------- NVML MIG (fake library)
+
+
+class MigNvml(FakeNvml):
+    """FakeNvml with GPU 1 in MIG mode holding two instances (slots 0 and 2 of 7)."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        return (1, 1) if h == 1 else (0, 0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> tuple[int, int]:
+        if j not in (0, 2):
+            raise self.NVMLError(6)  # NOT_FOUND: an empty slot
+        return (h, j)
+
+    def nvmlDeviceGetName(self, h: int | tuple[int, int]) -> str:
+        if isinstance(h, tuple):
+            return f"NVIDIA H100 80GB HBM3 MIG {'1g.10gb' if h[1] == 0 else '3g.40gb'}"
+        return super().nvmlDeviceGetName(h)
+
+    def nvmlDeviceGetUUID(self, h: int | tuple[int, int]) -> bytes:
+        if isinstance(h, tuple):
+            return f"MIG-aaaa{h[0]}{h[1]}".encode()
+        return super().nvmlDeviceGetUUID(h)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int | tuple[int, int]) -> SimpleNamespace:
+        if isinstance(h, tuple):
+            return SimpleNamespace(total=(9856 if h[1] == 0 else 40192) * 1024 * 1024, used=0, free=0)
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_nvml_reports_mig_instances_read_only() -> None:
+    fake = MigNvml(["NVIDIA H100 80GB HBM3"] * 2)
+    backend = NvmlBackend(nvml=fake)
+    g0, g1 = backend.inventory()
+    assert g0.mig == []
+    assert [(m.uuid, m.profile, m.memory_mb) for m in g1.mig] == [("MIG-aaaa10", "1g.10gb", 9856),
+                                                                   ("MIG-aaaa12", "3g.40gb", 40192)]
+    assert not [n for n in dir(fake) if n.startswith("nvmlDeviceSetMig")]  # nothing to change MIG mode with
+    backend.close()
+
+
+def test_nvml_without_mig_support_reports_none() -> None:
+    backend = NvmlBackend(nvml=FakeNvml(["NVIDIA A100-SXM4-40GB"]))
+    assert backend.inventory()[0].mig == []
+    backend.close()
+
+
+@pytest.mark.parametrize("name, profile", [("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
+                                           (b"NVIDIA A100-SXM4-40GB MIG 3g.20gb", "3g.20gb"),
+                                           ("NVIDIA H100 MIG 1g.20gb+me", "1g.20gb+me"),
+                                           ("NVIDIA H100 80GB HBM3", None)])
+def test_mig_profile_from_the_device_name(name: str | bytes, profile: str | None) -> None:
+    assert mig_profile_of(name) == profile
+
+
+# ---------------------------------------------------------------- a task's environment
+
+
+def test_whole_gpus_and_a_share_see_their_gpu_indices() -> None:
+    assert gpu_env(task(gpu_indices=[2, 3]), mps=True)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    env = gpu_env(task(gpu_indices=[5], gpu_share=250, gpu_memory_mb=4096), mps=False)
+    assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["MUSTER_GPU_SHARE"] == "250"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env  # time-sliced: no limits without MPS
+
+
+def test_under_mps_a_share_gets_its_thread_percentage_and_memory_limit() -> None:
+    env = gpu_env(task(gpu_indices=[5], gpu_share=255, gpu_memory_mb=4096), mps=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "26"  # 25.5 % rounded up
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert gpu_env(task(gpu_indices=[0], gpu_share=1), mps=True)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in gpu_env(task(gpu_indices=[0], gpu_share=500), mps=True)
+
+
+def test_a_mig_task_sees_its_instance() -> None:
+    env = gpu_env(task(mig=["MIG-1234"]), mps=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "MIG-1234"
+    assert gpu_env(task(mig=["abcd"]), mps=False)["CUDA_VISIBLE_DEVICES"] == "MIG-abcd"
+
+
+def test_mps_is_seen_by_its_control_pipe(tmp_path: Path) -> None:
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    assert not mps_running(env)
+    (tmp_path / "control").touch()
+    assert mps_running(env)
+
+
+# ---------------------------------------------------------------- overcommit checks
+
+
+def test_gpu_problems_count_shares_in_thousandths() -> None:
+    cap = Capacity(2, 8.0, 1000, {0: 1000, 1: 1000}, frozenset({"MIG-a"}))
+    assert gpu_problems([Hold((0,), 333, 300), Hold((0,), 333, 300), Hold((0,), 334, 400)], cap) == []
+    assert gpu_problems([Hold((0,), 500), Hold((0,), 501)], cap) == ["GPU 0 shared 1001/1000"]
+    assert gpu_problems([Hold((0,), 500, 600), Hold((0,), 400, 401)], cap) == \
+        ["GPU 0 gives its shares 1001 MB of 1000 MB"]
+    assert gpu_problems([Hold((1,)), Hold((1,), 10)], cap) == ["GPU 1 held whole and shared"]
+    assert gpu_problems([Hold((), mig=("MIG-a",)), Hold((), mig=("MIG-a",))], cap) == \
+        ["MIG instances held twice ['MIG-a']"]
+    assert gpu_problems([Hold((), mig=("MIG-b",))], cap) == ["MIG instances ['MIG-b'] not on the host"]
+    assert gpu_problems([Hold((0, 1)), Hold((2,))], cap) == ["GPUs [0, 1, 2] beyond 2"]
+
+
+def test_muster_check_replays_shared_attempts() -> None:
+    def attempt(i: int, share: int, end: float | None) -> Attempt:
+        return Attempt(id=f"j{i}.1", number=1, host_id="h1", gpu_indices=[0], gpu_share=share, term=1,
+                       state=AttemptState.SUCCEEDED if end else AttemptState.RUNNING, placed_at=T0 + i,
+                       started_at=T0 + i, finished_at=end)
+
+    cap = {"h1": Capacity(1, 8.0, 10_000, {0: 1000})}
+    ok = [job(f"j{i}", state=JobState.SUCCEEDED, spec=job_spec(gpu_share=500, gpu_memory_mb=400),
+              attempts=[attempt(i, 500, T0 + i + 1.5)]) for i in range(3)]
+    assert check(ok, cap) == []  # at most two halves at once
+    over = [job(f"j{i}", state=JobState.RUNNING, spec=job_spec(gpu_share=500), attempts=[attempt(i, 500, None)])
+            for i in range(3)]
+    assert any("GPU 0 shared 1500/1000" in p for p in check(over, cap))
+
+
+def test_the_benchmark_checks_shares_exactly() -> None:
+    shared = [{"gpu_indices": [0], "gpu_share": 300, "gpu_memory_mb": 100, "cpus": 1, "memory_mb": 1}] * 3
+    assert check_alloc({"tasks": shared}, (1, 8.0, 100, 300)) == []
+    assert check_alloc({"tasks": shared + [{"gpu_indices": [0], "gpu_share": 101}]}, (1, 8.0, 100, 300)) == \
+        ["GPU 0 shared 1001/1000"]
+    assert check_alloc({"tasks": shared + [{"gpu_indices": [0]}]}, (1, 8.0, 100, 300))[0] == "GPU 0 used twice"
+    assert check_alloc({"tasks": [{"mig": ["MIG-a"]}, {"mig": ["MIG-a"]}]}, (1, 8.0, 100)) == \
+        ["MIG instance MIG-a used twice"]
+
+
+def test_the_host_simulator_holds_shares_and_releases_them() -> None:
+    h = SimHost(HostSpec("sim-0", 1, "A10", 8, 1000), "boot")
+    a, b, c = ({"gpu_indices": [0], "gpu_share": 600}, {"gpu_indices": [0], "gpu_share": 400},
+               {"gpu_indices": [0], "gpu_share": 1})
+    assert hold(h, a) and hold(h, b)
+    assert not hold(h, c)  # 1,001 thousandths: a collision
+    unhold(h, c)
+    unhold(h, a)
+    assert h.gpu_milli == {0: 400}
+    assert not hold(h, {"gpu_indices": [0]})  # whole while shared
+
+
+def test_allocation_records_are_checked_too() -> None:
+    alloc = host_alloc("h1", [task(attempt_id=f"j{i}.1.0", job_id=f"j{i}", gpu_indices=[0], gpu_share=600)
+                              for i in range(2)])
+    problems = check([], {"h1": Capacity(1, 64.0, 100_000)}, [alloc])
+    assert problems == ["allocation of h1: GPU 0 shared 1200/1000"]

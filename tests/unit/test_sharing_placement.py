@@ -1,0 +1,248 @@
+"""Placement of shares of a GPU, MIG instances and any-of GPU models: the named checks, the
+capacity index's Placer under both policies (binpack, fgd) and the fragmentation measure.
+Properties with hypothesis: never more than 1000 thousandths nor more than a GPU's memory
+on one GPU, a model set never violated, a MIG instance never held twice, and the Placer
+finds a host exactly when a scan of every host does."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.capacity import CapacityIndex, Placer
+from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix, frag_for
+from server.scheduling.placement import (
+    FULL,
+    NO_FREE_GPU_MEMORY,
+    NO_FREE_GPUS,
+    NO_FREE_MIG,
+    NO_FREE_SHARE,
+    NO_MIG,
+    TOO_FEW_GPUS,
+    WRONG_MODEL,
+    HostCapacity,
+    check,
+)
+from tests.factories import host_capacity, job_spec
+from wire.messages import JobSpec
+
+
+def mig_host(host_id: str = "m1", profiles: tuple[str, ...] = ("1g.10gb", "1g.10gb", "3g.40gb")) -> HostCapacity:
+    """Two H100s, GPU 0 in MIG mode with `profiles`."""
+    cap = host_capacity(host_id, gpus=2)
+    cap.gpu_memory = {0: 81920, 1: 81920}
+    cap.mig = {f"MIG-{host_id}-{k}": (0, p, 10240) for k, p in enumerate(profiles)}
+    cap.mig_gpus = frozenset({0})
+    return cap
+
+
+def shared_host(host_id: str = "s1", gpus: int = 2, memory: int = 16000, model: str = "A10") -> HostCapacity:
+    cap = host_capacity(host_id, gpus=gpus, model=model)
+    cap.gpu_memory = {i: memory for i in range(gpus)}
+    return cap
+
+
+# ---------------------------------------------------------------- the named checks
+
+
+def test_shares_fill_one_gpu_to_exactly_1000() -> None:
+    h = shared_host(gpus=1)
+    s = job_spec(gpu_share=333)
+    for _ in range(3):
+        reason, gpus, _ = check(s, h)
+        assert reason is None and gpus == [0]
+        h.reserve(gpus, s.cpus, s.memory_mb, share=s.gpu_share)
+    assert h.share_used == {0: 999}
+    assert check(job_spec(gpu_share=2), h)[0] == NO_FREE_SHARE
+    assert check(job_spec(gpu_share=1), h)[0] is None
+    assert check(job_spec(gpus=1), h)[0] == NO_FREE_GPUS  # a shared GPU is not free to hold whole
+
+
+def test_a_share_needs_its_gpu_memory() -> None:
+    h = shared_host(gpus=1, memory=16000)
+    h.reserve([0], 1.0, 100, share=100, gpu_memory_mb=12000)
+    assert check(job_spec(gpu_share=100, gpu_memory_mb=4001), h)[0] == NO_FREE_GPU_MEMORY
+    assert check(job_spec(gpu_share=100, gpu_memory_mb=4000), h)[0] is None
+
+
+def test_a_share_goes_to_the_fullest_gpu_it_fits_and_never_to_a_gpu_held_whole() -> None:
+    h = shared_host(gpus=3)
+    h.reserve([0], 1.0, 100)  # whole
+    h.reserve([2], 1.0, 100, share=600)
+    assert check(job_spec(gpu_share=400), h)[1] == [2]
+    assert check(job_spec(gpu_share=401), h)[1] == [1]
+
+
+def test_model_sets_and_their_reasons() -> None:
+    h = host_capacity(models={0: "V100M16", 1: "V100M32"})
+    assert check(job_spec(gpus=2, gpu_models=["V100M16", "V100M32"]), h)[:2] == (None, [0, 1])
+    assert check(job_spec(gpus=1, gpu_models=["V100M32", "T4"]), h)[:2] == (None, [1])
+    assert check(job_spec(gpus=2, gpu_models=["V100M32", "T4"]), h)[0] == TOO_FEW_GPUS
+    assert check(job_spec(gpus=1, gpu_models=["A10", "T4"]), h)[0] == WRONG_MODEL
+    assert check(job_spec(gpu_share=10, gpu_models=["A10", "T4"]), h)[0] == WRONG_MODEL
+    # A host without GPUs is the wrong model for a job that names one (whatever it asks).
+    assert check(job_spec(gpus=1, gpu_model="H100"), host_capacity(gpus=0))[0] == WRONG_MODEL
+    assert check(job_spec(gpus=1), host_capacity(gpus=0))[0] == TOO_FEW_GPUS
+
+
+def test_mig_instances_are_devices_of_their_own() -> None:
+    h = mig_host()
+    assert check(job_spec(gpus=2), h)[0] == TOO_FEW_GPUS  # GPU 0 is in MIG mode
+    assert check(job_spec(gpus=1), h)[1] == [1]
+    assert check(job_spec(mig_profile="2g.20gb"), h)[0] == NO_MIG
+    s = job_spec(mig_profile="1g.10gb")
+    got = []
+    for _ in range(2):
+        reason, gpus, mig = check(s, h)
+        assert reason is None and gpus == []
+        h.reserve(gpus, s.cpus, s.memory_mb, mig=mig)
+        got += mig
+    assert sorted(got) == ["MIG-m1-0", "MIG-m1-1"]
+    assert check(s, h)[0] == NO_FREE_MIG
+    assert check(job_spec(mig_profile="3g.40gb", gpu_model="A100"), h)[0] == WRONG_MODEL
+
+
+def test_why_pending_reasons_for_shares_name_the_cause() -> None:
+    full = shared_host("full", gpus=1)
+    full.reserve([0], 1.0, 100, share=900)
+    reasons = Counter(check(job_spec(gpu_share=200), h)[0] for h in (full, mig_host(), host_capacity(gpus=0)))
+    assert reasons == Counter({NO_FREE_SHARE: 1, None: 1, TOO_FEW_GPUS: 1})
+
+
+# ---------------------------------------------------------------- fragmentation
+
+
+def test_fragmentation_counts_what_a_shape_cannot_use() -> None:
+    h = shared_host(gpus=2)
+    h.reserve([0], 1.0, 100, share=700)
+    half = Shape(0, 500, 0, 1.0, 0, None, None)
+    whole = Shape(1, 0, 0, 1.0, 0, None, None)
+    assert frag_for(h, half) == 300  # GPU 0's 300 free thousandths are too few for a half
+    assert frag_for(h, whole) == 300
+    assert frag_for(h, Shape(2, 0, 0, 1.0, 0, None, None)) == 1300  # no room at all: everything
+    mix = Fragmentation(ShapeMix.of(Counter({half: 1, whole: 3})))
+    assert mix.of(h) == 300
+
+
+def test_fgd_keeps_whole_gpus_whole_where_binpack_would_not() -> None:
+    """A host with half a GPU free and a host with two empty GPUs: a quarter share goes
+    to the half-free GPU under FGD (whole GPUs stay usable by whole tasks)."""
+    a = shared_host("a", gpus=2)
+    a.reserve([0], 1.0, 100, share=500)
+    a.reserve([1], 1.0, 100, share=500)
+    b = shared_host("b", gpus=2)
+    index = CapacityIndex()
+    for h in (a, b):
+        index.put(h)
+    mix = Fragmentation(ShapeMix.of(Counter({Shape(1, 0, 0, 1.0, 0, None, None): 5,
+                                             Shape(0, 250, 0, 1.0, 0, None, None): 5})))
+    got = Placer(index, lambda _h: True, policy="fgd", fragmentation=mix).place(job_spec(gpu_share=250))
+    assert got is not None and got.host_id == "a"
+
+
+# ---------------------------------------------------------------- properties
+
+MODELS = ["A10", "T4", "V100M16"]
+PROFILES = ["1g.10gb", "3g.40gb"]
+
+
+@st.composite
+def hosts(draw: st.DrawFn, i: int) -> HostCapacity:
+    n = draw(st.integers(0, 4))
+    cap = host_capacity(f"h{i}", models={g: draw(st.sampled_from(MODELS)) for g in range(n)},
+                        cpus=float(draw(st.integers(1, 16))), memory_mb=draw(st.integers(1000, 64000)),
+                        unhealthy=draw(st.frozensets(st.integers(0, max(0, n - 1)), max_size=1)) if n else ())
+    cap.gpu_memory = {g: draw(st.sampled_from([8000, 16000])) for g in range(n)}
+    if n and draw(st.booleans()):
+        cap.mig_gpus = frozenset({0})
+        cap.mig = {f"MIG-{i}-{k}": (0, draw(st.sampled_from(PROFILES)), 10240) for k in range(draw(st.integers(1, 3)))}
+    return cap
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[HostCapacity]:
+    return [draw(hosts(i)) for i in range(draw(st.integers(1, 5)))]
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> JobSpec:
+    kind = draw(st.sampled_from(["whole", "share", "share", "mig", "none"]))
+    models = draw(st.none() | st.lists(st.sampled_from(MODELS + ["H100"]), min_size=1, max_size=3, unique=True))
+    cpus = draw(st.sampled_from([0.5, 1.0, 2.0, 4.0]))
+    mem = draw(st.integers(100, 8000))
+    if kind == "whole":
+        return job_spec(gpus=draw(st.integers(1, 3)), gpu_models=models, cpus=cpus, memory_mb=mem)
+    if kind == "share":
+        return job_spec(gpu_share=draw(st.sampled_from([1, 100, 250, 333, 500, 999])), cpus=cpus, memory_mb=mem,
+                        gpu_memory_mb=draw(st.sampled_from([0, 0, 2000, 6000])), gpu_models=models)
+    if kind == "mig":
+        return job_spec(mig_profile=draw(st.sampled_from(PROFILES)), cpus=cpus, memory_mb=mem)
+    return job_spec(cpus=cpus, memory_mb=mem)
+
+
+Held = dict[str, list[tuple[JobSpec, list[int], tuple[str, ...]]]]
+
+
+def assert_never_overcommitted(caps: list[HostCapacity], held: Held) -> None:
+    for h in caps:
+        share: Counter[int] = Counter()
+        mem: Counter[int] = Counter()
+        whole: Counter[int] = Counter()
+        mig: Counter[str] = Counter()
+        for s, gpus, instances in held[h.id]:
+            for g in gpus:
+                assert g in h.gpu_models and g not in h.unhealthy_gpus and g not in h.mig_gpus
+                models = s.models()
+                assert models is None or h.gpu_models[g] in models, "a model set violated"
+                if s.gpu_share:
+                    share[g] += s.gpu_share
+                    mem[g] += s.gpu_memory_mb
+                else:
+                    whole[g] += 1
+            mig.update(instances)
+            for u in instances:
+                assert u in h.mig and h.mig[u][1] == s.mig_profile
+        for g in set(share) | set(whole):
+            assert whole[g] <= 1 and not (whole[g] and share[g]), f"GPU {g} of {h.id} held twice"
+            assert share[g] <= FULL, f"GPU {g} of {h.id} shared {share[g]}/1000"
+            assert mem[g] <= h.gpu_memory[g], f"GPU {g} of {h.id} gives {mem[g]} MB of {h.gpu_memory[g]}"
+        assert all(n == 1 for n in mig.values()), f"a MIG instance of {h.id} held twice"
+        assert h.share_used == {g: n for g, n in share.items() if n}
+        assert h.used_mig == set(mig)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet=fleets(), job_specs=st.lists(specs(), min_size=1, max_size=30), policy=st.sampled_from(["binpack", "fgd"]),
+       releases=st.lists(st.booleans(), min_size=30, max_size=30))
+def test_property_placer_never_overcommits_and_finds_what_a_scan_finds(
+        fleet: list[HostCapacity], job_specs: list[JobSpec], policy: str, releases: list[bool]) -> None:
+    index = CapacityIndex()
+    for h in fleet:
+        index.put(h)
+    mix = Fragmentation(ShapeMix.of(Counter(Shape.of(s) for s in job_specs)))
+    placer = Placer(index, lambda _h: True, policy=policy, fragmentation=mix)
+    held: Held = {h.id: [] for h in fleet}
+    for s, release in zip(job_specs, releases, strict=False):
+        if release and any(held.values()):
+            host_id = next(h for h, v in held.items() if v)
+            old, gpus, instances = held[host_id].pop(0)
+            cap = placer.cap(host_id)
+            assert cap is not None
+            cap.release(gpus, old.cpus, old.memory_mb, 0, old.gpu_share, old.gpu_memory_mb, instances)
+            placer.failed.clear()
+        views = [placer.touched.get(h.id, index.caps[h.id]) for h in fleet]
+        feasible = [v.id for v in views if check(s, v)[0] is None]
+        got = placer.place(s)
+        assert (got is not None) == bool(feasible), f"{s} fits on {feasible}, the Placer found {got}"
+        if got is None:
+            continue
+        view = next(v for v in views if v.id == got.host_id)
+        reason, _, _ = check(s, view)
+        assert reason is None
+        placer.reserve(got, s)
+        held[got.host_id].append((s, got.gpu_indices, got.mig))
+        assert_never_overcommitted([placer.touched.get(h.id, index.caps[h.id]) for h in fleet], held)
+    for h in fleet:  # the index itself is never changed by a cycle
+        assert index.caps[h.id] is h
