@@ -162,11 +162,17 @@ def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
 @needs_traces
 @pytest.mark.timeout(170)
 def test_bench_trace_gangs_run_all_or_nothing(tmp_path: Path) -> None:
+    """Trace jobs and gangs, each sent by one of three clients as a submitJob of its own
+    (--one-per-request)."""
     out = tmp_path / "bench.json"
     rc = main(["--trace", "--hosts", "1000", "--rate", "30", "--duration", "8", "--gang-fraction", "0.15",
+               "--submit-via", "graphql", "--one-per-request", "--clients", "3",
                "--drain", "60", "--lose-host-at", "-1", "--json", str(out), "--work-dir", str(tmp_path / "work")])
     rep = json.loads(out.read_text())
     _check_report(rep)
+    assert rep["config"]["one_per_request_clients"] == 3
+    assert rep["submit_errors"] == 0 and rep["submit_requests"] == rep["jobs_submitted"]
+    assert rep["submit_request_ms"]["n"] == rep["jobs_submitted"] > 0
     q = rep["quality"]
     assert q["gangs_submitted"] > 0 and q["gangs_not_fully_dispatched"] == 0
     assert q["gang_wait_ms"]["n"] == q["gangs_submitted"]

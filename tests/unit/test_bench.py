@@ -188,3 +188,65 @@ def test_rendered_cluster_has_the_settings_of_nats_cluster_confs(tmp_path: Path)
     assert len(ports) == 6 and not ports & {4222, 4223, 4224, 8222, 8223, 8224}
     for node in write_cluster_configs(tmp_path / "b", sync_always=False):
         assert not _cluster_settings(node.config.read_text())["sync_always"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--one-per-request"],  # NATS submission is batched by nature
+    ["--one-per-request", "--submit-via", "graphql", "--burst", "10"],
+    ["--one-per-request", "--submit-via", "graphql", "--clients", "0"],
+])
+def test_one_per_request_needs_graphql_clients_and_arrivals(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    assert main([*argv, "--work-dir", str(tmp_path)]) == 1
+    assert "--one-per-request needs" in capsys.readouterr().err
+
+
+async def test_one_job_per_request_clients_submit_every_job_and_count_refusals() -> None:
+    """bench.clients against a small HTTP/1.1 server in this process: every job goes in a
+    request of its own on each client's keep-alive connection; refusals are counted."""
+    from bench.clients import run_clients
+
+    requests: list[dict] = []
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            length = 0
+            while (h := await reader.readline()) not in (b"\r\n", b""):
+                if h.lower().startswith(b"content-length:"):
+                    length = int(h.split(b":")[1])
+            body = json.loads(await reader.readexactly(length))
+            requests.append(body)
+            inp = body["variables"]["input"]
+            answer = {"data": {"submitJob": {"job": None, "userErrors": [{"message": "no"}]}}} \
+                if inp["name"].startswith("bad") else {"data": {"submitJob": {"job": {"id": "j-" + inp["name"]},
+                                                                              "userErrors": []}}}
+            data = json.dumps(answer).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(data)).encode() + b"\r\n\r\n" + data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    jobs: asyncio.Queue = asyncio.Queue()
+    names = [f"ok{i}" for i in range(20)] + ["bad1", "bad2"]
+    for i, name in enumerate(names):
+        jobs.put_nowait((1000.0 + i, {"name": name, "command": ["true"]}, name))
+    for _ in range(3):
+        jobs.put_nowait(None)
+    seen: dict[str, tuple[float, object]] = {}
+    res = await run_clients(f"http://127.0.0.1:{port}", "tok", 3, jobs,
+                            lambda job_id, arrived, tag: seen.__setitem__(job_id, (arrived, tag)))
+    server.close()
+    await server.wait_closed()
+    assert (res.submitted, res.refused, res.failed) == (20, 2, 0)
+    assert len(res.request_s) == 22 and connections == 3
+    assert seen == {f"j-ok{i}": (1000.0 + i, f"ok{i}") for i in range(20)}
+    assert sorted(r["variables"]["input"]["name"] for r in requests) == sorted(names)
+    assert all("submitJob(input: $input)" in r["query"] for r in requests)
