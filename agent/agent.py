@@ -42,6 +42,7 @@ from nats.aio.msg import Msg
 
 from agent.gpu import GpuBackend, SimulatedBackend, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
+from agent.isolation import DEFAULT_PIDS_MAX, Isolation
 from agent.runner import Run
 from agent.watchdog import start_time
 from wire import subjects
@@ -110,6 +111,16 @@ class AgentConfig:
     nats_ca: str | None = None
     nats_cert: str | None = None
     nats_key: str | None = None
+    # How attempts are isolated (agent.isolation): the user they run as (None: the
+    # dedicated task user when the agent is root, else the agent's own user), the cgroup
+    # version (auto, v2, v1, off), each attempt's pids limit (0: none), where attempts'
+    # working directories are made (None: a temporary directory), and where the GPU
+    # device files are.
+    run_as: str | None = None
+    cgroups: str = "auto"
+    pids_max: int = DEFAULT_PIDS_MAX
+    work_dir: Path | None = None
+    gpu_dev_dir: str = "/dev"
 
     def validate(self) -> AgentConfig:
         ttl = self.heartbeat_interval_s * self.ttl_intervals
@@ -149,9 +160,16 @@ class Agent:
         self._tmp_dir = None if config.state_dir else Path(tempfile.mkdtemp(prefix=f"muster-agent-{config.host_id}-"))
         base = config.state_dir or self._tmp_dir
         assert base is not None
+        # The agent's files are its own: a task (another user) can neither read nor change them.
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(base, 0o700)
         self._runs_dir = base / f"{config.host_id}.runs"
         self._watch_dir = base / f"{config.host_id}.watchdog"
-        self._watch_dir.mkdir(parents=True, exist_ok=True)
+        self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
+                                   pids_max=config.pids_max, work_root=config.work_dir,
+                                   private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
+                                   gpu_minors=getattr(self.gpus, "device_minors", lambda: None)())
         self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0
@@ -183,11 +201,15 @@ class Agent:
     def _run_file(self, attempt_id: str) -> Path:
         return self._runs_dir / attempt_id
 
-    def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False) -> None:
+    def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False,
+                    cgroup_paths: list[str] | None = None) -> None:
         path = self._run_file(attempt_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone.
-        path.write_text(f"{pid} {start_time(pid)}{' keep' if keep_running else ''}\n")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone; `cg:<dir>`: the
+        # attempt's cgroup directories (killed whole by the watchdog and a restarted agent).
+        fields = [str(pid), start_time(pid)] + (["keep"] if keep_running else [])
+        fields += [f"cg:{d}" for d in cgroup_paths or []]
+        path.write_text(" ".join(fields) + "\n")
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -202,7 +224,11 @@ class Agent:
             return killed
         for f in sorted(self._runs_dir.iterdir()):
             try:
-                pid_s, start_s = f.read_text().split()[:2]
+                fields = f.read_text().split()
+                cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
+                if cgroup_paths:
+                    self.isolation.kill_leftover(cgroup_paths)
+                pid_s, start_s = fields[:2]
                 pid = int(pid_s)
                 if start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
@@ -242,6 +268,8 @@ class Agent:
             simulated=self.gpus.simulated,
             agent_version=VERSION,
             term=self.max_term,
+            isolation=self.isolation.describe(),
+            isolated=self.isolation.isolated,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -368,7 +396,7 @@ class Agent:
     def _start(self, t: Task) -> None:
         self._mark_seen(t.attempt_id)
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
-                  fenced_dir=self._watch_dir / "fenced")
+                  fenced_dir=self._watch_dir / "fenced", isolation=self.isolation, host_id=self.config.host_id)
         self.runs[t.attempt_id] = run
         run.start()
 
@@ -377,7 +405,7 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
-            self._record_run(t.attempt_id, run.proc.pid, t.keep_running)
+            self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
@@ -445,6 +473,8 @@ class Agent:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         external = stop or asyncio.Event()
+        self.isolation.log_start()
+        self._check_creds()
         self._start_watchdog()
 
         async def on_reconnect() -> None:
@@ -493,8 +523,24 @@ class Agent:
             await self.store.nc.close()
         self.gpus.close()
         self._stop_watchdog()
+        self.isolation.close()
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    def _check_creds(self) -> None:
+        """Say so when the agent's NATS credentials are open to the task user."""
+        for path in (self.config.nats_creds or os.environ.get("MUSTER_NATS_CREDS"), self.config.nats_key):
+            if not path:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            user = self.isolation.user
+            if (st.st_mode & 0o004 or (st.st_mode & 0o040 and st.st_gid in user.groups)
+                    or (user.switches and st.st_uid == user.uid)):
+                log.error("%s (mode %o, owner uid %d) may be read by tasks: make it private to the agent's "
+                          "user (chmod 600)", path, st.st_mode & 0o777, st.st_uid)
 
     # ------------------------------------------------------------ watchdog
 
