@@ -50,6 +50,7 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
                    help="processes and threads per attempt (0: no limit)")
     a.add_argument("--work-dir", default=os.environ.get("MUSTER_AGENT_WORK_DIR") or None,
                    help="where attempts' working directories are made (default: a new temporary directory)")
+    a.add_argument("--gpu-dev-dir", default="/dev", help="where the nvidia<N> device files are (for tests)")
 
 
 def build_parser(prog: str = "muster-agent") -> argparse.ArgumentParser:
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> None:
         cgroups=args.cgroups,
         pids_max=args.pids_max,
         work_dir=Path(args.work_dir) if args.work_dir else None,
+        gpu_dev_dir=args.gpu_dev_dir,
     )
     agent = Agent(cfg)
 

@@ -104,7 +104,7 @@ class Muster:
     async def start(self) -> None:
         cfg = self.config
         metrics.watch_gc()
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the token file, SQLite history
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
         self.jobs.history = self.history
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,
