@@ -90,8 +90,8 @@ def test_a_job_hunting_for_secrets_finds_none(cluster: Cluster, shared: Path) ->
     api.wait_hosts(1)
     (state / "operator-notes").write_text("TOPSECRET\n")
     assert state.stat().st_mode & 0o777 == 0o700
-    res = api.submit(name="hunter", command=["sh", "-c", HUNT], env={"AGENT_STATE": str(state), "HUNT_DIR": str(shared)},
-                     gpus=1, cpus=1, memoryMb=64)
+    res = api.submit(name="hunter", command=["sh", "-c", HUNT],
+                     env={"AGENT_STATE": str(state), "HUNT_DIR": str(shared)}, gpus=1, cpus=1, memoryMb=64)
     job = api.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"})
     a = attempt(api, job["id"])
     assert "hunt over: found=0" in a["outputTail"], a["outputTail"]
