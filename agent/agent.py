@@ -164,6 +164,9 @@ class Agent:
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(base, 0o700)
         self._runs_dir = base / f"{config.host_id}.runs"
+        # Terminal reports not yet acknowledged by the STATUS stream, one file each: an
+        # agent killed before delivering one delivers it after its restart.
+        self._unsent_dir = base / f"{config.host_id}.reports"
         self._watch_dir = base / f"{config.host_id}.watchdog"
         self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
@@ -182,6 +185,7 @@ class Agent:
         # is still in the assignment for a while, and must be left alone.)
         self._inherited = set(self.seen)
         self._reported_lost: set[str] = set()
+        self._load_unsent()
 
     # ------------------------------------------------------------ persistence of "started"
 
@@ -239,6 +243,40 @@ class Agent:
                 pass
             f.unlink(missing_ok=True)
         return killed
+
+    def _load_unsent(self) -> None:
+        """Queue the terminal reports a previous incarnation could not deliver: the real
+        outcome of those attempts, not LOST."""
+        if not self._unsent_dir.exists():
+            return
+        loaded: list[tuple[StatusReport, str]] = []
+        for f in self._unsent_dir.iterdir():
+            if f.name.endswith(".tmp"):  # half written when the agent died: never acknowledged either
+                f.unlink(missing_ok=True)
+                continue
+            try:
+                msg_id, _, body = f.read_bytes().partition(b"\n")
+                r = decode(StatusReport, body)
+            except (OSError, DecodeError) as exc:
+                log.warning("dropped unsent report %s: %s", f.name, exc)
+                f.unlink(missing_ok=True)
+                continue
+            loaded.append((r, msg_id.decode()))
+        for r, msg_id in sorted(loaded, key=lambda x: x[0].ts):
+            self._reports.append((r, msg_id))
+            self._reported_lost.add(r.attempt_id)  # its end is known: never LOST
+        if loaded:
+            log.warning("delivering %d reports a previous agent could not deliver", len(loaded))
+
+    def _persist_unsent(self, r: StatusReport, msg_id: str) -> None:
+        self._unsent_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self._unsent_dir / r.attempt_id
+        tmp = path.parent / f"{path.name}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(msg_id.encode() + b"\n" + encode(r))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------ heartbeats
 
@@ -406,10 +444,12 @@ class Agent:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
             self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths)
+        # Terminal: the report is kept on disk (until delivered) before the run is
+        # forgotten, so that a restart finds one or the other.
+        await self._report(t, state, code, tail, reason)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
-        await self._report(t, state, code, tail, reason)
 
     # ------------------------------------------------------------ status reports
 
@@ -418,7 +458,13 @@ class Agent:
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
         )
-        self._reports.append((r, f"{r.attempt_id}:{r.state.value}"))
+        msg_id = f"{r.attempt_id}:{r.state.value}"
+        if state.terminal:
+            try:
+                self._persist_unsent(r, msg_id)
+            except OSError as exc:
+                log.warning("cannot keep the report of %s on disk: %s", r.attempt_id, exc)
+        self._reports.append((r, msg_id))
         self._report_wake.set()
 
     def _resend_unapplied(self, now: float) -> int:
@@ -459,6 +505,7 @@ class Agent:
                 await self.store.js.publish(subject, encode(r), headers={"Nats-Msg-Id": msg_id}, timeout=2)
                 self._reports.popleft()
                 if r.state.terminal:
+                    (self._unsent_dir / r.attempt_id).unlink(missing_ok=True)
                     self._ended[r.attempt_id] = (r, time.monotonic())
                     self._ended.move_to_end(r.attempt_id)
                     while len(self._ended) > ENDED_KEPT:
