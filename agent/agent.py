@@ -255,13 +255,13 @@ class Agent:
                 f.unlink(missing_ok=True)
                 continue
             try:
-                msg_id, _, body = f.read_bytes().partition(b"\n")
+                head, _, body = f.read_bytes().partition(b"\n")
                 r = decode(StatusReport, body)
             except (OSError, DecodeError) as exc:
                 log.warning("dropped unsent report %s: %s", f.name, exc)
                 f.unlink(missing_ok=True)
                 continue
-            loaded.append((r, msg_id.decode()))
+            loaded.append((r, head.decode(errors="replace")))
         for r, msg_id in sorted(loaded, key=lambda x: x[0].ts):
             self._reports.append((r, msg_id))
             self._reported_lost.add(r.attempt_id)  # its end is known: never LOST
