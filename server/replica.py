@@ -71,6 +71,11 @@ class ServerConfig:
     # HTTPS for the API and console (uvicorn ssl_certfile / ssl_keyfile).
     tls_cert: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_CERT") or None)
     tls_key: str | None = field(default_factory=lambda: os.environ.get("MUSTER_TLS_KEY") or None)
+    # Addresses (or networks) of TLS-terminating proxies whose X-Forwarded-Proto and
+    # X-Forwarded-For are believed ("" none, "*" any).
+    trusted_proxies: str = field(default_factory=lambda: os.environ.get("MUSTER_TRUSTED_PROXIES", "127.0.0.1,::1"))
+    # How long a console session lasts (seconds).
+    session_ttl_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_SESSION_TTL", "28800")))
 
     @property
     def database_url(self) -> str:
