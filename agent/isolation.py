@@ -49,6 +49,9 @@ LAUNCHER = str(Path(__file__).with_name("launch.py"))
 DEFAULT_TASK_USER = "muster-task"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_PIDS_MAX = 8192
+# The least memory an attempt is limited to, whatever it asked for (a process needs some
+# to start at all: a job asking for 1 MB would be killed before its first instruction).
+MIN_MEMORY_LIMIT_MB = 32
 OOM_REASON = "oom-killed"
 CGROUP_MODES = ("auto", "v2", "v1", "off")
 # The environment of the launcher itself (it may run as root before switching users).
@@ -248,7 +251,8 @@ class Isolation:
                 deny: tuple[tuple[int, int], ...] = ()
                 if "devices" in self.hierarchy.controllers:
                     deny = denied_devices(t.gpu_indices, gpu_devices(self.dev_dir), self.gpu_minors)
-                limits = cgroups.Limits(cpus=t.cpus, memory_mb=t.memory_mb, pids=self.pids_max, deny_devices=deny)
+                limits = cgroups.Limits(cpus=t.cpus, memory_mb=max(t.memory_mb, MIN_MEMORY_LIMIT_MB),
+                                        pids=self.pids_max, deny_devices=deny)
                 group = self.hierarchy.create(t.attempt_id, limits)
             cwd = t.cwd
             if not cwd:

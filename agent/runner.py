@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from agent.isolation import LAUNCH_ENV, OOM_REASON, Isolation, Launch, clean_env, task_facts
+from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
 from wire.messages import AttemptState, Task
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class Run:
         elif oom:
             state = AttemptState.FAILED
             reason = (f"{OOM_REASON}: the kernel killed {oom} process{'es' if oom > 1 else ''} of the task "
-                      f"for using more than its memory limit of {t.memory_mb} MB")
+                      f"for using more than its memory limit of {max(t.memory_mb, MIN_MEMORY_LIMIT_MB)} MB")
             log.warning("attempt %s %s", t.attempt_id, reason)
         else:
             state = AttemptState.FAILED
