@@ -221,6 +221,10 @@ class Isolation:
                                      + (" (device access is limited on cgroup v1 only)"
                                         if self.hierarchy.version == 2 else ""))
             self.warnings.extend(self.hierarchy.notes)
+        if self.hierarchy is not None:  # empty attempt cgroups a killed agent left behind
+            for g in self.hierarchy.leftovers():
+                if not g.pids():
+                    cgroups.remove_paths(g.paths)
         confined = self.hierarchy is not None and "memory" in self.hierarchy.controllers
         self.isolated = confined and self.user.switches and self.user.uid != 0
 
