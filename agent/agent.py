@@ -42,6 +42,7 @@ from nats.aio.msg import Msg
 
 from agent.gpu import GpuBackend, SimulatedBackend, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
+from agent.isolation import DEFAULT_PIDS_MAX, Isolation
 from agent.runner import Run
 from agent.watchdog import start_time
 from wire import subjects
@@ -110,6 +111,16 @@ class AgentConfig:
     nats_ca: str | None = None
     nats_cert: str | None = None
     nats_key: str | None = None
+    # How attempts are isolated (agent.isolation): the user they run as (None: the
+    # dedicated task user when the agent is root, else the agent's own user), the cgroup
+    # version (auto, v2, v1, off), each attempt's pids limit (0: none), where attempts'
+    # working directories are made (None: a temporary directory), and where the GPU
+    # device files are.
+    run_as: str | None = None
+    cgroups: str = "auto"
+    pids_max: int = DEFAULT_PIDS_MAX
+    work_dir: Path | None = None
+    gpu_dev_dir: str = "/dev"
 
     def validate(self) -> AgentConfig:
         ttl = self.heartbeat_interval_s * self.ttl_intervals
@@ -149,9 +160,19 @@ class Agent:
         self._tmp_dir = None if config.state_dir else Path(tempfile.mkdtemp(prefix=f"muster-agent-{config.host_id}-"))
         base = config.state_dir or self._tmp_dir
         assert base is not None
+        # The agent's files are its own: a task (another user) can neither read nor change them.
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(base, 0o700)
         self._runs_dir = base / f"{config.host_id}.runs"
+        # Terminal reports not yet acknowledged by the STATUS stream, one file each: an
+        # agent killed before delivering one delivers it after its restart.
+        self._unsent_dir = base / f"{config.host_id}.reports"
         self._watch_dir = base / f"{config.host_id}.watchdog"
-        self._watch_dir.mkdir(parents=True, exist_ok=True)
+        self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
+                                   pids_max=config.pids_max, work_root=config.work_dir,
+                                   private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
+                                   gpu_minors=getattr(self.gpus, "device_minors", lambda: None)())
         self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0
@@ -164,6 +185,7 @@ class Agent:
         # is still in the assignment for a while, and must be left alone.)
         self._inherited = set(self.seen)
         self._reported_lost: set[str] = set()
+        self._load_unsent()
 
     # ------------------------------------------------------------ persistence of "started"
 
@@ -183,11 +205,15 @@ class Agent:
     def _run_file(self, attempt_id: str) -> Path:
         return self._runs_dir / attempt_id
 
-    def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False) -> None:
+    def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False,
+                    cgroup_paths: list[str] | None = None) -> None:
         path = self._run_file(attempt_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone.
-        path.write_text(f"{pid} {start_time(pid)}{' keep' if keep_running else ''}\n")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone; `cg:<dir>`: the
+        # attempt's cgroup directories (killed whole by the watchdog and a restarted agent).
+        fields = [str(pid), start_time(pid)] + (["keep"] if keep_running else [])
+        fields += [f"cg:{d}" for d in cgroup_paths or []]
+        path.write_text(" ".join(fields) + "\n")
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -202,7 +228,11 @@ class Agent:
             return killed
         for f in sorted(self._runs_dir.iterdir()):
             try:
-                pid_s, start_s = f.read_text().split()[:2]
+                fields = f.read_text().split()
+                cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
+                if cgroup_paths:
+                    self.isolation.kill_leftover(cgroup_paths)
+                pid_s, start_s = fields[:2]
                 pid = int(pid_s)
                 if start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
@@ -213,6 +243,40 @@ class Agent:
                 pass
             f.unlink(missing_ok=True)
         return killed
+
+    def _load_unsent(self) -> None:
+        """Queue the terminal reports a previous incarnation could not deliver: the real
+        outcome of those attempts, not LOST."""
+        if not self._unsent_dir.exists():
+            return
+        loaded: list[tuple[StatusReport, str]] = []
+        for f in self._unsent_dir.iterdir():
+            if f.name.endswith(".tmp"):  # half written when the agent died: never acknowledged either
+                f.unlink(missing_ok=True)
+                continue
+            try:
+                head, _, body = f.read_bytes().partition(b"\n")
+                r = decode(StatusReport, body)
+            except (OSError, DecodeError) as exc:
+                log.warning("dropped unsent report %s: %s", f.name, exc)
+                f.unlink(missing_ok=True)
+                continue
+            loaded.append((r, head.decode(errors="replace")))
+        for r, msg_id in sorted(loaded, key=lambda x: x[0].ts):
+            self._reports.append((r, msg_id))
+            self._reported_lost.add(r.attempt_id)  # its end is known: never LOST
+        if loaded:
+            log.warning("delivering %d reports a previous agent could not deliver", len(loaded))
+
+    def _persist_unsent(self, r: StatusReport, msg_id: str) -> None:
+        self._unsent_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self._unsent_dir / r.attempt_id
+        tmp = path.parent / f"{path.name}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(msg_id.encode() + b"\n" + encode(r))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------ heartbeats
 
@@ -254,6 +318,8 @@ class Agent:
             simulated=self.gpus.simulated,
             agent_version=VERSION,
             term=self.max_term,
+            isolation=self.isolation.describe(),
+            isolated=self.isolation.isolated,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -380,7 +446,8 @@ class Agent:
     def _start(self, t: Task) -> None:
         self._mark_seen(t.attempt_id)
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
-                  fenced_dir=self._watch_dir / "fenced", mps=bool(t.gpu_share) and mps_running())
+                  fenced_dir=self._watch_dir / "fenced", isolation=self.isolation, host_id=self.config.host_id,
+                  mps=bool(t.gpu_share) and mps_running())
         self.runs[t.attempt_id] = run
         run.start()
 
@@ -389,11 +456,13 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
-            self._record_run(t.attempt_id, run.proc.pid, t.keep_running)
+            self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths)
+        # Terminal: the report is kept on disk (until delivered) before the run is
+        # forgotten, so that a restart finds one or the other.
+        await self._report(t, state, code, tail, reason)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
-        await self._report(t, state, code, tail, reason)
 
     # ------------------------------------------------------------ status reports
 
@@ -402,7 +471,13 @@ class Agent:
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
         )
-        self._reports.append((r, f"{r.attempt_id}:{r.state.value}"))
+        msg_id = f"{r.attempt_id}:{r.state.value}"
+        if state.terminal:
+            try:
+                self._persist_unsent(r, msg_id)
+            except OSError as exc:
+                log.warning("cannot keep the report of %s on disk: %s", r.attempt_id, exc)
+        self._reports.append((r, msg_id))
         self._report_wake.set()
 
     def _resend_unapplied(self, now: float) -> int:
@@ -443,6 +518,7 @@ class Agent:
                 await self.store.js.publish(subject, encode(r), headers={"Nats-Msg-Id": msg_id}, timeout=2)
                 self._reports.popleft()
                 if r.state.terminal:
+                    (self._unsent_dir / r.attempt_id).unlink(missing_ok=True)
                     self._ended[r.attempt_id] = (r, time.monotonic())
                     self._ended.move_to_end(r.attempt_id)
                     while len(self._ended) > ENDED_KEPT:
@@ -457,6 +533,8 @@ class Agent:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         external = stop or asyncio.Event()
+        self.isolation.log_start()
+        self._check_creds()
         self._start_watchdog()
 
         async def on_reconnect() -> None:
@@ -505,8 +583,24 @@ class Agent:
             await self.store.nc.close()
         self.gpus.close()
         self._stop_watchdog()
+        self.isolation.close()
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    def _check_creds(self) -> None:
+        """Say so when the agent's NATS credentials are open to the task user."""
+        for path in (self.config.nats_creds or os.environ.get("MUSTER_NATS_CREDS"), self.config.nats_key):
+            if not path:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            user = self.isolation.user
+            if (st.st_mode & 0o004 or (st.st_mode & 0o040 and st.st_gid in user.groups)
+                    or (user.switches and st.st_uid == user.uid)):
+                log.error("%s (mode %o, owner uid %d) may be read by tasks: make it private to the agent's "
+                          "user (chmod 600)", path, st.st_mode & 0o777, st.st_uid)
 
     # ------------------------------------------------------------ watchdog
 

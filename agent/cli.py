@@ -3,7 +3,8 @@ of Muster): run the host agent until SIGINT/SIGTERM.
 
 Each option falls back to an environment variable: MUSTER_NATS_URL, MUSTER_HOST_ID,
 MUSTER_LABELS, MUSTER_SIMULATE_GPUS, MUSTER_AGENT_STATE_DIR, MUSTER_NATS_CREDS,
-MUSTER_NATS_CA, MUSTER_NATS_CERT, MUSTER_NATS_KEY; logging follows MUSTER_LOG_FORMAT
+MUSTER_NATS_CA, MUSTER_NATS_CERT, MUSTER_NATS_KEY, MUSTER_RUN_AS, MUSTER_CGROUPS,
+MUSTER_AGENT_WORK_DIR; logging follows MUSTER_LOG_FORMAT
 (text or json) and MUSTER_LOG_LEVEL. Exit codes: 0 stopped, 1 error (bad options,
 labels or settings), 130 interrupted before the agent ran.
 
@@ -19,6 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
+from agent.isolation import CGROUP_MODES, DEFAULT_PIDS_MAX
 from wire.errors import MusterError
 from wire.logs import setup as setup_logging
 
@@ -40,6 +42,16 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--nats-ca", default=None, help="CA of the NATS servers' certificates (MUSTER_NATS_CA)")
     a.add_argument("--nats-cert", default=None, help="NATS client certificate (MUSTER_NATS_CERT)")
     a.add_argument("--nats-key", default=None, help="NATS client key (MUSTER_NATS_KEY)")
+    a.add_argument("--run-as", default=os.environ.get("MUSTER_RUN_AS") or None,
+                   help="user tasks run as (default, as root: muster-task, created if missing, else nobody; "
+                        "not root: the agent's own user)")
+    a.add_argument("--cgroups", default=os.environ.get("MUSTER_CGROUPS", "auto"), choices=CGROUP_MODES,
+                   help="cgroup version for attempts (auto: v2 if it has the memory controller, else v1)")
+    a.add_argument("--pids-max", type=int, default=DEFAULT_PIDS_MAX,
+                   help="processes and threads per attempt (0: no limit)")
+    a.add_argument("--work-dir", default=os.environ.get("MUSTER_AGENT_WORK_DIR") or None,
+                   help="where attempts' working directories are made (default: a new temporary directory)")
+    a.add_argument("--gpu-dev-dir", default="/dev", help="where the nvidia<N> device files are (for tests)")
 
 
 def build_parser(prog: str = "muster-agent") -> argparse.ArgumentParser:
@@ -80,6 +92,11 @@ def run(args: argparse.Namespace) -> None:
         nats_ca=args.nats_ca or os.environ.get("MUSTER_NATS_CA") or None,
         nats_cert=args.nats_cert or os.environ.get("MUSTER_NATS_CERT") or None,
         nats_key=args.nats_key or os.environ.get("MUSTER_NATS_KEY") or None,
+        run_as=args.run_as,
+        cgroups=args.cgroups,
+        pids_max=args.pids_max,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        gpu_dev_dir=args.gpu_dev_dir,
     )
     agent = Agent(cfg)
 

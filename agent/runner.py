@@ -1,6 +1,11 @@
 """Runs one task attempt as a real subprocess: environment, GPU visibility, output tail,
-and a staged stop (SIGTERM, grace period, SIGKILL to the whole process group). An
-attempt the agent's watchdog stopped (agent.watchdog) ends KILLED with its reason."""
+and a staged stop (SIGTERM, grace period, SIGKILL to the whole attempt). An attempt the
+agent's watchdog stopped (agent.watchdog) ends KILLED with its reason.
+
+The attempt is started through the launcher (agent.launch) as its isolation prescribes
+(agent.isolation: task user, clean environment, working directory, cgroup). When its
+first process exits, whatever it left behind is killed (the whole cgroup, else its
+process group), so that nothing of an ended attempt runs on or holds its output pipe."""
 
 from __future__ import annotations
 
@@ -12,11 +17,28 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
 from wire.messages import AttemptState, Task
 
 log = logging.getLogger(__name__)
 
 TAIL_BYTES = 4096
+# How long the output of an attempt whose process exited is still read (what escaped a
+# stop without cgroups may hold the pipe for ever).
+PIPE_AFTER_EXIT_S = 2.0
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Tells when the process exits, even while something it left holds its output
+    (`Process.wait()` also waits for the pipes)."""
+
+    def __init__(self, exited: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.exited = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
 
 
 def gpu_env(task: Task, mps: bool) -> dict[str, str]:
@@ -49,80 +71,168 @@ class Run:
         base_env: dict[str, str] | None = None,
         fenced_dir: Path | None = None,
         mps: bool = False,
+        isolation: Isolation | None = None,
+        host_id: str = "",
     ) -> None:
         self.task = task
         self.mps = mps  # CUDA MPS runs on the host: a shared task gets its limits
         self.fenced_dir = fenced_dir  # where the agent's watchdog notes the attempts it stopped
         self.on_state = on_state
         self.kill_grace_s = kill_grace_s
-        self.base_env = base_env if base_env is not None else dict(os.environ)
+        self.base_env = base_env if base_env is not None else clean_env()
+        self.isolation = isolation
+        self.host_id = host_id
         self.proc: asyncio.subprocess.Process | None = None
+        self.launch: Launch | None = None
         self._tail = bytearray()
         self.stop_reason: str | None = None
         self.signaled = False  # a stop signal really reached the process
         self.started_at: float | None = None
         self.done = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._transport: asyncio.SubprocessTransport | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
     def tail(self) -> str:
         return self._tail.decode(errors="replace")
 
+    @property
+    def cgroup_paths(self) -> list[str]:
+        return list(self.launch.group.paths) if self.launch is not None and self.launch.group is not None else []
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"run-{self.task.attempt_id}")
 
     def env(self) -> dict[str, str]:
+        """The attempt's environment: a clean base, the job's env, then the facts the agent
+        sets (agent.isolation). Nothing of the agent's own environment."""
         env = dict(self.base_env)
         env.update(self.task.env)
         env.update(gpu_env(self.task, self.mps))
-        env["MUSTER_JOB_ID"] = self.task.job_id
-        env["MUSTER_ATTEMPT_ID"] = self.task.attempt_id
-        env["MUSTER_ATTEMPT"] = str(self.task.number)
+        env.update(task_facts(self.task, self.host_id))
         return env
+
+    async def _spawn(self) -> str:
+        """Start the launcher; "" once the job's command runs, else why it could not."""
+        t = self.task
+        loop = asyncio.get_running_loop()
+        if self.isolation is not None:
+            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env())
+        else:
+            self.launch = Isolation.unconfined(t, self.env())
+        status_r, status_w = os.pipe()
+        try:
+            try:
+                transport, protocol = await loop.subprocess_exec(
+                    lambda: _Protocol(self._exited, loop),
+                    *self.launch.argv, str(status_w),
+                    env=dict(LAUNCH_ENV),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(status_w,),
+                )
+            finally:
+                os.close(status_w)
+            self._transport = transport
+            self.proc = asyncio.subprocess.Process(transport, protocol, loop)
+            readable: asyncio.Future[None] = loop.create_future()
+
+            def ready() -> None:
+                if not readable.done():
+                    readable.set_result(None)
+
+            loop.add_reader(status_r, ready)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(status_r)
+            return os.read(status_r, 4096).decode(errors="replace")  # nothing once the command runs
+        finally:
+            os.close(status_r)
 
     async def _run(self) -> None:
         t = self.task
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *t.command,
-                cwd=t.cwd or None,
-                env=self.env(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            failed = await self._spawn()
         except (OSError, ValueError) as exc:
-            self._tail.extend(f"cannot start {t.command[0]!r}: {exc}\n".encode())
-            await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {exc}")
+            failed = str(exc)
+        if failed:
+            if self.proc is not None:
+                await self._exited.wait()
+            await self._cleanup()
+            self._tail.extend(f"{failed}\n".encode())
+            await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {failed}")
             self.done.set()
             return
+        assert self.proc is not None and self.proc.stdout is not None
         self.started_at = time.time()
         await self.on_state(t, AttemptState.RUNNING, None, "", "")
-        assert self.proc.stdout is not None
-        while True:
-            chunk = await self.proc.stdout.read(65536)
-            if not chunk:
-                break
-            self._tail.extend(chunk)
-            if len(self._tail) > TAIL_BYTES:
-                del self._tail[: len(self._tail) - TAIL_BYTES]
-        code = await self.proc.wait()
+        if self.stop_reason is not None:  # stopped while it was being started
+            asyncio.create_task(self.stop(self.stop_reason))
+        reader = asyncio.create_task(self._read(self.proc.stdout))
+        await self._exited.wait()
+        code = self.proc.returncode
+        assert code is not None
+        # Whatever the process left (daemons, background children) dies with it.
+        await self._sweep()
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout=PIPE_AFTER_EXIT_S)
+        except TimeoutError:
+            reader.cancel()
+            log.warning("attempt %s: what it left behind still holds its output; no longer read", t.attempt_id)
+        oom = self.launch.group.oom_kills() if self.launch is not None and self.launch.group is not None else 0
+        await self._cleanup()
         fenced = self._fenced_by_watchdog()
+        reason = ""
         if code == 0:
             state = AttemptState.SUCCEEDED  # it finished on its own, even if a stop raced it
         elif fenced:
             # The watchdog stopped it (the agent was frozen or cut off); an agent that
             # comes back and fences itself only finds the attempt ended.
             state = AttemptState.KILLED
-            self.stop_reason = fenced
+            self.stop_reason = reason = fenced
             log.warning("attempt %s %s", t.attempt_id, fenced.removeprefix("fenced: "))
         elif self.signaled:
             state = AttemptState.KILLED
+            reason = self.stop_reason or ""
+        elif oom:
+            state = AttemptState.FAILED
+            reason = (f"{OOM_REASON}: the kernel killed {oom} process{'es' if oom > 1 else ''} of the task "
+                      f"for using more than its memory limit of {max(t.memory_mb, MIN_MEMORY_LIMIT_MB)} MB")
+            log.warning("attempt %s %s", t.attempt_id, reason)
         else:
             state = AttemptState.FAILED
-        await self.on_state(t, state, code, self.tail, (self.stop_reason or "") if state is AttemptState.KILLED else "")
+        await self.on_state(t, state, code, self.tail, reason)
         self.done.set()
+
+    async def _read(self, stdout: asyncio.StreamReader) -> None:
+        while True:
+            chunk = await stdout.read(65536)
+            if not chunk:
+                return
+            self._tail.extend(chunk)
+            if len(self._tail) > TAIL_BYTES:
+                del self._tail[: len(self._tail) - TAIL_BYTES]
+
+    async def _sweep(self) -> None:
+        """SIGKILL what is left of the attempt: its cgroup, and its process group."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.launch is not None and self.launch.group is not None:
+            await asyncio.to_thread(Isolation.sweep, self.launch)
+
+    async def _cleanup(self) -> None:
+        if self.launch is not None:
+            await self._sweep()
+            await asyncio.to_thread(Isolation.release, self.launch)
+        if self._transport is not None:
+            self._transport.close()  # the pipe, if something still holds it
 
     def _fenced_by_watchdog(self) -> str | None:
         """The stop reason when the agent's watchdog stopped this attempt (it leaves
@@ -138,21 +248,23 @@ class Run:
         return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
-        """SIGTERM the process group, wait the grace period, then SIGKILL it."""
+        """SIGTERM the attempt, wait the grace period, then SIGKILL all of it."""
         if self.stop_reason is None:
             self.stop_reason = reason
         proc = self.proc
-        if proc is None or proc.returncode is not None:
+        if proc is None or self._exited.is_set():
             return
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=self.kill_grace_s if grace_s is None else grace_s)
+            await asyncio.wait_for(self._exited.wait(), timeout=self.kill_grace_s if grace_s is None else grace_s)
         except TimeoutError:
             self._signal(signal.SIGKILL)
-            await proc.wait()
+            await self._sweep()
+            await self._exited.wait()
 
     def _signal(self, sig: int) -> None:
-        if self.proc is None or self.proc.returncode is not None:
+        """`sig` to the attempt's process group and to every process in its cgroup."""
+        if self.proc is None or self._exited.is_set():
             return
         self.signaled = True
         try:
@@ -161,7 +273,10 @@ class Run:
             pass
         except PermissionError:
             self.proc.send_signal(sig)
+        if self.launch is not None and self.launch.group is not None:
+            self.launch.group.signal(sig)
 
     async def wait(self) -> None:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+

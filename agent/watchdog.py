@@ -10,13 +10,15 @@ session of its own so that it outlives the agent:
     python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE
 
 The agent writes its pid to DIR/alive after every heartbeat the store took, and keeps in RUNS one
-file per running attempt: `<process group> <process start time> [keep]` (agent.agent).
+file per running attempt: `<process group> <process start time> [keep] [cg:<dir>]...`
+(agent.agent), the directories being the attempt's cgroups (agent.cgroups).
 Four times a second the watchdog looks at DIR/alive. Once it has not changed for
 STALE_AFTER seconds (on the watchdog's monotonic clock, so a step of the wall clock
 changes nothing), it writes DIR/fenced/<attempt> and sends SIGTERM to the process group
-of every listed attempt (but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and
-SIGKILL to those still there GRACE seconds later. A group whose leader's start time does
-not match was reused by something else and is left alone. The agent chooses STALE_AFTER
+of every listed attempt and to every process in its cgroups (but `keep` ones:
+KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the whole of its
+cgroups GRACE seconds later (so a double fork or `setsid` does not escape). A group whose
+leader's start time does not match was reused by something else and is left alone. The agent chooses STALE_AFTER
 just over its own fence delay (a live agent stops its attempts itself and reports why)
 and GRACE so that the attempts are dead before the heartbeat key expires.
 
@@ -28,12 +30,33 @@ process per agent.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
 import time
+from types import ModuleType
 
 POLL_S = 0.25
+
+
+def _load_cgroups() -> ModuleType | None:
+    """agent/cgroups.py, loaded by its path (this script runs with -I -S, outside the package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroups.py")
+    spec = importlib.util.spec_from_file_location("muster_agent_cgroups", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - without it, process groups are still stopped
+        log(f"cannot load {path}: {exc}; attempts' cgroups will not be killed")
+        return None
+    return module
+
+
+cgroups = _load_cgroups()
 
 
 def log(text: str) -> None:
@@ -71,9 +94,9 @@ def start_time(pid: int) -> str:
     return stat[stat.rindex(")") + 2:].split()[19]
 
 
-def runs(directory: str) -> dict[str, tuple[int, str, bool]]:
-    """attempt -> (process group, its leader's start time, keeps running)."""
-    out: dict[str, tuple[int, str, bool]] = {}
+def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
+    """attempt -> (process group, its leader's start time, keeps running, cgroup directories)."""
+    out: dict[str, tuple[int, str, bool, list[str]]] = {}
     try:
         names = os.listdir(directory)
     except OSError:
@@ -82,7 +105,8 @@ def runs(directory: str) -> dict[str, tuple[int, str, bool]]:
         try:
             with open(os.path.join(directory, name)) as f:
                 fields = f.read().split()
-            out[name] = (int(fields[0]), fields[1], "keep" in fields[2:])
+            out[name] = (int(fields[0]), fields[1], "keep" in fields[2:],
+                         [f[3:] for f in fields[2:] if f.startswith("cg:")])
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -98,8 +122,9 @@ class Watchdog:
         self.agent_started = start_time(agent_pid)
         self.stale_after_s = stale_after_s
         self.grace_s = grace_s
-        # attempt -> (process group, its leader's start time, when to SIGKILL it; 0.0: done)
-        self.fenced: dict[str, tuple[int, str, float]] = {}
+        # attempt -> (process group, its leader's start time, when to SIGKILL it (0.0: done),
+        # its cgroup directories)
+        self.fenced: dict[str, tuple[int, str, float, list[str]]] = {}
         self.last = mtime(self.alive)
         self.changed = time.monotonic()
 
@@ -125,7 +150,7 @@ class Watchdog:
         return not (stale and self.agent_gone() and not self.live_fenced())
 
     def fence(self, now: float) -> None:
-        for attempt, (group, started, keep) in runs(self.runs_dir).items():
+        for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
             if keep or attempt in self.fenced or start_time(group) != started:
                 continue
             os.makedirs(self.fenced_dir, exist_ok=True)
@@ -134,20 +159,25 @@ class Watchdog:
                 f.write(f"{silent:.1f}\n")
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
-            self.fenced[attempt] = (group, started, now + self.grace_s)
+            self.fenced[attempt] = (group, started, now + self.grace_s, cgs)
             self.signal(group, signal.SIGTERM)
+            if cgroups is not None and cgs:
+                cgroups.signal_paths(cgs, signal.SIGTERM)
 
     def finish(self, now: float) -> None:
         """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process
-        group id is not reused while any member is left)."""
-        for attempt, (group, started, kill_at) in list(self.fenced.items()):
+        group id is not reused while any member is left), and everything in its cgroups."""
+        for attempt, (group, started, kill_at, cgs) in list(self.fenced.items()):
             if kill_at and now >= kill_at:
                 self.signal(group, signal.SIGKILL)
-                self.fenced[attempt] = (group, started, 0.0)
+                if cgroups is not None and cgs:
+                    cgroups.kill_paths(cgs, wait_s=1.0)
+                self.fenced[attempt] = (group, started, 0.0, cgs)
 
     def live_fenced(self) -> bool:
         """Any fenced attempt whose group's leader is still there."""
-        return any(start_time(g) == s for g, s, _ in self.fenced.values())
+        return any(start_time(g) == s or (cgroups is not None and cgroups.populated(cgs))
+                   for g, s, _, cgs in self.fenced.values())
 
     @staticmethod
     def signal(group: int, sig: int) -> None:

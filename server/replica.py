@@ -76,6 +76,11 @@ class ServerConfig:
     placement_policy: str = field(default_factory=lambda: os.environ.get("MUSTER_PLACEMENT_POLICY") or "fgd")
     placement_candidates: int = field(
         default_factory=lambda: int(os.environ.get("MUSTER_PLACEMENT_CANDIDATES", "16")))
+    # Addresses (or networks) of TLS-terminating proxies whose X-Forwarded-Proto and
+    # X-Forwarded-For are believed ("" none, "*" any).
+    trusted_proxies: str = field(default_factory=lambda: os.environ.get("MUSTER_TRUSTED_PROXIES", "127.0.0.1,::1"))
+    # How long a console session lasts (seconds).
+    session_ttl_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_SESSION_TTL", "28800")))
 
     @property
     def database_url(self) -> str:
@@ -112,7 +117,7 @@ class Muster:
     async def start(self) -> None:
         cfg = self.config
         metrics.watch_gc()
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the token file, SQLite history
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
         self.jobs.history = self.history
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,

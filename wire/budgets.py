@@ -97,7 +97,8 @@ def job_record_bound(spec: JobSpec) -> int:
 
 def task_record_bound(spec: JobSpec) -> int:
     """The most bytes one task of `spec` takes in its host's allocation record."""
-    env = dict(spec.env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256") if spec.replicas > 1 else spec.env
+    env = dict(spec.env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256",
+               MUSTER_GANG_HOSTS=",".join([_HOST_ID] * spec.replicas)) if spec.replicas > 1 else spec.env
     task = Task(attempt_id=f"{_JOB_ID}.{spec.max_attempts}.255", job_id=_JOB_ID, number=spec.max_attempts,
                 command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * max(spec.gpus, 1),
                 gpu_share=999 if spec.gpu_share else 0, gpu_memory_mb=spec.gpu_memory_mb,

@@ -116,6 +116,11 @@ class Heartbeat(_Model):
     agent_version: str = Field(default="", max_length=32)
     # Highest leadership term this agent has seen (it refuses older ones).
     term: int = 0
+    # How the agent isolates task attempts (agent.isolation): a line saying so, and whether
+    # they are confined (a cgroup with a memory limit, and a user other than the agent's
+    # and root); None from an agent that does not say.
+    isolation: str = Field(default="", max_length=256)
+    isolated: bool | None = None
 
     @field_validator("labels")
     @classmethod
@@ -142,6 +147,8 @@ def shape_digest(hb: Heartbeat) -> str:
               for g in hb.gpus]
     parts += [f"u{u.index}:{u.fault}" for u in hb.gpu_usage if not u.healthy]
     parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]
+    if hb.isolated is not None:  # (absent from older agents' heartbeats: their digest is unchanged)
+        parts += [f"isolated={hb.isolated}", hb.isolation]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
 
 

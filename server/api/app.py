@@ -1,5 +1,9 @@
 """The HTTP face of a replica: GraphQL at /graphql, health and metrics; the caller adds
-the rest (`muster server` adds the console, web.console.console_routes)."""
+the rest (`muster server` adds the console, web.console.console_routes).
+
+Behind a TLS-terminating proxy listed in MUSTER_TRUSTED_PROXIES, the request's scheme and
+client address are the proxy's X-Forwarded-Proto and X-Forwarded-For (uvicorn's
+ProxyHeadersMiddleware); an HTTPS response carries Strict-Transport-Security."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -18,13 +23,15 @@ from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.types.unset import UNSET, UnsetType
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from server import metrics
-from server.api.auth import bearer, check_token
+from server.api.auth import bearer, check_token, token_hash
 from server.api.graphql import build_schema
 from server.replica import Muster
 
 MAX_BODY_BYTES = 1024 * 1024
+HSTS = b"max-age=31536000"
 
 
 class MusterGraphQL(GraphQL[dict[str, Any], None]):
@@ -41,7 +48,8 @@ class MusterGraphQL(GraphQL[dict[str, Any], None]):
 
     async def get_context(self, request: Request | WebSocket, response: Response | WebSocket | None = None,
                           ) -> dict[str, Any]:
-        return {"muster": self.muster, "token": request.scope.get("muster.token"), "request": request}
+        return {"muster": self.muster, "token": request.scope.get("muster.token"),
+                "token_hash": request.scope.get("muster.token_hash"), "request": request}
 
     async def on_ws_connect(self, context: dict[str, Any]) -> UnsetType | dict[str, object] | None:
         params = context.get("connection_params") or {}
@@ -59,6 +67,7 @@ class MusterGraphQL(GraphQL[dict[str, Any], None]):
         if info is None:
             raise ConnectionRejectionError({"message": "missing or invalid bearer token"})
         context["token"] = info
+        context["token_hash"] = token_hash(token or "")  # subscriptions end once it is revoked
         return UNSET
 
 
@@ -89,7 +98,28 @@ class RequireToken:
                 )
                 return
             scope["muster.token"] = info
+            scope["muster.token_hash"] = token_hash(bearer(headers.get("authorization")) or "")
         await self.app(scope, receive, send)
+
+
+class StrictTransportSecurity:
+    """ASGI: HSTS on every HTTPS response (the scheme as the trusted proxy said, if any)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_hsts(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"strict-transport-security", HSTS)]
+            await send(message)
+
+        await self.app(scope, receive, send_hsts)
 
 
 def build_app(muster: Muster, routes: Sequence[BaseRoute] = (), manage_lifecycle: bool = True) -> Starlette:
@@ -125,6 +155,15 @@ def build_app(muster: Muster, routes: Sequence[BaseRoute] = (), manage_lifecycle
             *routes,
         ],
         lifespan=lifespan,
+        middleware=_middleware(muster.config.trusted_proxies),
     )
     app.state.muster = muster
     return app
+
+
+def _middleware(trusted_proxies: str) -> list[Middleware]:
+    out = []
+    if trusted_proxies.strip():
+        out.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=trusted_proxies))
+    out.append(Middleware(StrictTransportSecurity))
+    return out

@@ -1,5 +1,10 @@
 """API tokens: stored only as SHA-256 hashes in the `state` bucket, so every replica
-accepts them; the operator token is created at the cluster's first start."""
+accepts them; the operator token is created at the cluster's first start.
+
+Console sessions: a random id in the browser's cookie, its SHA-256 hash as the key
+`auth.session.<hash>` with the hash of the token it was opened with and when it ends (the
+key expires then too). Every replica knows every session; signing out deletes it, and a
+session whose token was revoked is no longer valid."""
 
 from __future__ import annotations
 
@@ -11,13 +16,16 @@ import secrets
 import time
 from pathlib import Path
 
-from server.state.cluster import ClusterState, TokenInfo
-from wire.errors import ConflictError
+from server.state.cluster import ClusterState, SessionInfo, TokenInfo
+from wire import subjects
+from wire.errors import ConflictError, StoreError
 from wire.kv import Store
+from wire.records import Record
 
 log = logging.getLogger(__name__)
 
 ROLES = ("viewer", "operator", "admin")
+SESSION_PREFIX = "auth.session."
 
 
 def allows(info: TokenInfo | None, needed: str) -> bool:
@@ -75,3 +83,47 @@ async def bootstrap_token(store: Store, state: ClusterState, data_dir: Path) -> 
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
+
+
+def session_hash(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+async def open_session(store: Store, state: ClusterState, token: str, ttl_s: float) -> str:
+    """A new console session for `token` (already checked), valid `ttl_s` seconds: its id."""
+    session_id = secrets.token_urlsafe(32)
+    key = SESSION_PREFIX + session_hash(session_id)
+    now = time.time()
+    value = SessionInfo(token=token_hash(token), created_at=now, expires_at=now + ttl_s).model_dump_json().encode()
+    revision = await store.put(key, value, ttl=f"{max(1, int(ttl_s))}s")
+    state.apply_state_record(Record(key, revision, value))  # usable at once on this replica
+    return session_id
+
+
+def session_of(state: ClusterState, session_id: str, now: float | None = None) -> tuple[str, TokenInfo] | None:
+    """(session hash, its token) of a live session: known, not expired, its token not revoked."""
+    if not session_id or len(session_id) > 128:
+        return None
+    h = session_hash(session_id)
+    info = state.sessions.get(h)
+    if info is None or (time.time() if now is None else now) >= info.expires_at:
+        return None
+    token = state.tokens.get(info.token)
+    return (h, token) if token is not None else None
+
+
+def session_alive(state: ClusterState, h: str) -> bool:
+    """The session (by hash) is still there and its token too."""
+    info = state.sessions.get(h)
+    return info is not None and time.time() < info.expires_at and info.token in state.tokens
+
+
+async def close_session(store: Store, state: ClusterState, h: str) -> None:
+    """End the session (by hash) on every replica."""
+    key = SESSION_PREFIX + h
+    try:
+        await store.js.publish(subjects.kv_subject(subjects.STATE_BUCKET, key), b"",
+                               headers={"KV-Operation": "DEL"}, timeout=store.timeout)
+    except Exception as exc:  # noqa: BLE001
+        raise StoreError(f"sign out: {exc}") from exc
+    state.sessions.pop(h, None)

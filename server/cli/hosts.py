@@ -81,7 +81,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy shareAllocated memAllocatedMb tasks sharing
-           migInstances { uuid profile memoryMb allocated } } }
+           migInstances { uuid profile memoryMb allocated } } isolated isolation }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
     data = gql(q, {"id": args.id})
@@ -93,7 +93,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         out(args, h)
         return 0
     flags = " ".join(f for f, on in (("CORDONED", h["cordoned"]), ("DRAINING", h["draining"]),
-                                      ("SIMULATED", h["simulated"])) if on)
+                                      ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
+                     if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
     print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy,"
           f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
@@ -104,6 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  tasks:   {h['tasks']}")
     labels = ",".join(f"{lb['key']}={lb['value']}" for lb in h["labels"]) or "-"
     print(f"  labels:  {labels}")
+    print(f"  isolation: {h['isolation'] or '-'}")
     print(f"  seen:    {(h['lastSeen'] or '-')[:19]}")
     if h["recentAttempts"]:
         print(f"  recent attempts ({data['attempts']['totalCount']} in all):")

@@ -88,6 +88,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     config = uvicorn.Config(app, host=cfg.http_host, port=cfg.http_port, log_level="warning",
                             lifespan="on", timeout_graceful_shutdown=10,
+                            proxy_headers=False,  # the app trusts MUSTER_TRUSTED_PROXIES (server.api.app)
                             ssl_certfile=cfg.tls_cert, ssl_keyfile=cfg.tls_key)
     Server(config).run()
     return 0

@@ -33,7 +33,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     from server.broker.natsd import wait_for_port
 
     data = Path(args.data_dir).resolve()
-    data.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Everything under it (NATS seeds, the operator token, the job history and NATS's own
+    # store, which hold jobs' env, the agents' state) is for this user only: tasks run as
+    # another user when this runs as root (docs/security.md).
+    os.chmod(data, 0o700)
     first_start = not (data / "token").exists()
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     logs = data / "logs"

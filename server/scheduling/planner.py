@@ -197,9 +197,10 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     alloc = w.alloc(r.host_id)
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
-    _after_attempt_end(
-        w, job, a, r.state, now, f"exit code {r.exit_code}" if r.state is AttemptState.FAILED else r.reason
-    )
+    why = r.reason
+    if r.state is AttemptState.FAILED:  # the agent's reason (spawn failed, oom-killed, ...) with the code
+        why = f"exit code {r.exit_code}" + (f" ({a.reason})" if a.reason else "")
+    _after_attempt_end(w, job, a, r.state, now, why)
 
 
 def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
@@ -464,6 +465,7 @@ def place_queued(
         job = copy
         number = job.tries + 1
         gang = job.spec.replicas > 1
+        gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
         attempt = None
         for i, choice in enumerate(choices):
             attempt = Attempt(
@@ -487,7 +489,8 @@ def place_queued(
                     job_id=job.id,
                     number=number,
                     command=job.spec.command,
-                    env=dict(job.spec.env, MUSTER_GANG_TASK=str(i), MUSTER_GANG_SIZE=str(len(choices)))
+                    env=dict(job.spec.env, MUSTER_GANG_TASK=str(i), MUSTER_GANG_SIZE=str(len(choices)),
+                             MUSTER_GANG_HOSTS=gang_hosts)
                     if gang else job.spec.env,
                     cwd=job.spec.cwd,
                     gpu_indices=choice.gpu_indices,

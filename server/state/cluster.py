@@ -61,6 +61,15 @@ class TokenInfo(BaseModel):
     created_at: float = 0.0
 
 
+class SessionInfo(BaseModel):
+    """A console session (`auth.session.<sha256 of its id>`): the token it was opened
+    with (its hash) and when it ends; the key also expires then (Nats-TTL)."""
+
+    token: str
+    created_at: float = 0.0
+    expires_at: float = 0.0
+
+
 @dataclass
 class HostEntry:
     """A host as last heard of. `heartbeat` is the last decoded heartbeat; heartbeats
@@ -102,6 +111,7 @@ class ClusterState:
     _host_shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     hostcfg: dict[str, HostConfig] = field(default_factory=dict)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
+    sessions: dict[str, SessionInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
     term: int = 0
     leader: str = ""
@@ -336,6 +346,12 @@ class ClusterState:
                     self.tokens.pop(h, None)
                 else:
                     self.tokens[h] = decode(TokenInfo, rec.value)
+            elif kind == "auth" and name.startswith("session."):
+                h = name[len("session.") :]
+                if rec.value is None:
+                    self.sessions.pop(h, None)
+                else:
+                    self.sessions[h] = decode(SessionInfo, rec.value)
             elif key == "term":
                 self.term = rec.revision
             elif key == "lease":

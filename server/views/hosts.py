@@ -75,6 +75,10 @@ class HostRow:
     mem_allocated: int
     last_seen: float
     tasks: int
+    # Whether the agent confines its tasks (cgroup and a user of their own), and how; None
+    # from an agent that does not say (wire.messages.Heartbeat.isolated).
+    isolated: bool | None = None
+    isolation: str = ""
     # What the row was built from (identity), and the raw heartbeat its usage came from.
     _heartbeat: object = None
     _alloc: object = None
@@ -477,6 +481,7 @@ class HostTable:
             gpu_util_pct=0.0, cpus=hb.cpus, cpu_pct=0.0, cpu_allocated=cpu_allocated, memory_mb=hb.memory_mb,
             mem_used_mb=0, mem_allocated=mem_allocated, last_seen=entry.seen_at,
             tasks=len(alloc.tasks) if alloc is not None else 0,
+            isolated=hb.isolated, isolation=hb.isolation,
             _heartbeat=hb, _alloc=alloc, _cfg=cfg,
         )
         _usage_from(row, hb)

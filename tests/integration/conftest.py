@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -114,9 +115,13 @@ class Cluster:
         return proc
 
     def agent(self, host_id: str, gpus: str | None = "8xH100", labels: str = "rack=r1,zone=z1",
-              env: dict[str, str] | None = None, **opts: Any) -> Proc:
+              env: dict[str, str] | None = None, isolate: bool = False, **opts: Any) -> Proc:
+        """An agent. Unless `isolate`, its tasks run as the test's own user (`--run-as`),
+        so that they may use the test's files and interpreter; cgroups apply either way."""
         argv = ["agent", "--nats", self.nats_url, "--host-id", host_id, "--labels", labels,
                 "--state-dir", str(self.tmp / "agents")]
+        if not isolate and "run_as" not in opts:
+            argv += ["--run-as", pwd.getpwuid(os.geteuid()).pw_name]
         if gpus:
             argv += ["--simulate-gpus", gpus]
         for k, v in opts.items():

@@ -4,6 +4,8 @@ whose end it already reported."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 from pathlib import Path
 
 from agent.agent import Agent, AgentConfig
@@ -12,6 +14,8 @@ from tests.factories import host_alloc, task
 from wire import subjects
 from wire.kv import Store, connect
 from wire.messages import AttemptState, StatusReport, decode, encode
+
+ME = pwd.getpwuid(os.geteuid()).pw_name  # the tasks write to the test's directory
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
@@ -26,7 +30,7 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
     marks = tmp_path / "runs"
     agent = Agent(AgentConfig(nats_url=nats_url, host_id="ra-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
                               ttl_intervals=6, fence_after_s=2.5, resend_after_s=1.0, state_dir=tmp_path / "agent",
-                              cpus=4, memory_mb=4096))
+                              cpus=4, memory_mb=4096, run_as=ME))
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
     try:
@@ -82,7 +86,7 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
 
     agent = Agent(AgentConfig(nats_url=nats_url, host_id="wd-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
                               ttl_intervals=6, fence_after_s=2.5, state_dir=tmp_path / "agent", cpus=4,
-                              memory_mb=4096))
+                              memory_mb=4096, run_as=ME))
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
     try:

@@ -95,9 +95,18 @@ def _compose_conf_with_auth(tmp_path: Path, hosts: tuple[str, ...] = ("gpu-host-
     return conf, registry
 
 
+def _route_env(password: str = "0123abcd", ports: tuple[int, ...] = (1, 2, 3)) -> dict[str, str]:
+    """What the compose NATS services' command exports: the route password and the three
+    route URLs that carry it (here to loopback ports)."""
+    env = {"NATS_ROUTE_PASSWORD": password}
+    for i, port in enumerate(ports, start=1):
+        env[f"NATS_ROUTE_{i}"] = f"nats-route://muster-route:{password}@127.0.0.1:{port}"
+    return env
+
+
 def test_nats_compose_config_valid(tmp_path):
     conf, _ = _compose_conf_with_auth(tmp_path)
-    env = {**os.environ, "SERVER_NAME": "nats1"}
+    env = {**os.environ, "SERVER_NAME": "nats1", **_route_env()}
     proc = subprocess.run(
         [_nats_server(), "-t", "-c", str(conf)],
         capture_output=True,
@@ -110,8 +119,12 @@ def test_nats_compose_config_valid(tmp_path):
     assert re.search(r"server_name:\s*\$SERVER_NAME", text)
     assert re.search(r"sync_interval:\s*always", text)
     assert re.search(r'^include\s+"auth/auth.conf"', text, re.M)
-    for n in NATS_SERVICES:
-        assert f"nats://{n}:6222" in text or f"nats-route://{n}:6222" in text
+    for i, _ in enumerate(NATS_SERVICES, start=1):
+        assert f"$NATS_ROUTE_{i}" in text
+    # the routes' password really comes from the environment
+    proc = subprocess.run([_nats_server(), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30,
+                          env={k: v for k, v in env.items() if k != "NATS_ROUTE_PASSWORD"})
+    assert proc.returncode != 0 and "NATS_ROUTE_PASSWORD" in proc.stdout + proc.stderr
     # the server name really comes from the environment
     env.pop("SERVER_NAME")
     proc = subprocess.run(
@@ -125,7 +138,7 @@ def test_nats_compose_config_valid(tmp_path):
     # and without the generated users the config is refused (no silent open door)
     (conf.parent / "auth" / "auth.conf").unlink()
     proc = subprocess.run([_nats_server(), "-t", "-c", str(conf)], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "SERVER_NAME": "nats1"})
+                          timeout=30, env={**os.environ, "SERVER_NAME": "nats1", **_route_env()})
     assert proc.returncode != 0
 
 
@@ -139,7 +152,7 @@ def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
     proc = subprocess.Popen(
         [_nats_server(), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", str(mport),
          "--cluster", f"nats://127.0.0.1:{cport}"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SERVER_NAME": "nats1"})
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SERVER_NAME": "nats1", **_route_env()})
     try:
         from server.broker.natsd import wait_for_port
 
@@ -149,6 +162,47 @@ def test_compose_nats_config_refuses_anonymous_and_scopes_agents(tmp_path):
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+@pytest.mark.timeout(120)
+def test_compose_nats_routes_need_the_route_password(tmp_path):
+    """Two nodes of the compose config (on free ports) route to each other with the
+    password; a node that offers a route without it is refused."""
+    conf, _ = _compose_conf_with_auth(tmp_path)
+    ports = _free_ports(10)
+    clients, routes, monitors, nobody = ports[0:3], ports[3:6], ports[6:9], ports[9]
+    procs = []
+    logs = []
+    try:
+        for i, name in enumerate(("nats1", "nats2", "intruder")):
+            # The config's own listen addresses, moved to free ports (the `--cluster` flag
+            # would replace the cluster block's authorization).
+            text = conf.read_text().replace(str(tmp_path / "js"), str(tmp_path / f"js-{name}"))
+            text = text.replace('listen: "0.0.0.0:4222"', f'listen: "127.0.0.1:{clients[i]}"')
+            text = text.replace('listen: "0.0.0.0:6222"', f'listen: "127.0.0.1:{routes[i]}"')
+            text = text.replace('http: "127.0.0.1:8222"', f'http: "127.0.0.1:{monitors[i]}"')
+            node_conf = tmp_path / f"{name}.conf"
+            node_conf.write_text(text)
+            shutil.copytree(conf.parent / "auth", tmp_path / "auth", dirs_exist_ok=True)
+            password = "wrong" if name == "intruder" else "0123abcd"
+            env = {**os.environ, "SERVER_NAME": name, **_route_env(password, (routes[0], routes[1], nobody))}
+            log = tmp_path / f"{name}.log"
+            logs.append(log)
+            procs.append(subprocess.Popen([_nats_server(), "-c", str(node_conf)],
+                                          stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env))
+
+        def routes_of(i: int) -> set[str]:
+            _, routez = _http_json(f"http://127.0.0.1:{monitors[i]}/routez")
+            return {r.get("remote_name") or r.get("remote_id") for r in routez.get("routes") or []}
+
+        _wait(lambda: "nats2" in routes_of(0) and "nats1" in routes_of(1), 30, "the two nodes routed", procs, logs)
+        _wait(lambda: "Authentication Failure" in logs[0].read_text(), 30, "the intruder's route refused",
+              procs, logs)
+        assert "intruder" not in routes_of(0) | routes_of(1) and routes_of(2) == set()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
 
 
 async def _probe_auth(url: str, registry: AuthDir) -> None:

@@ -15,10 +15,13 @@ import httpx
 import pytest
 
 from server.api.app import build_app
+from server.api.auth import SESSION_PREFIX, session_hash
+from server.api.tokens import create_token
 from server.replica import Muster, ServerConfig
 from tests.conftest import eventually
 from tests.factories import heartbeat
 from web.console import COOKIE, console_routes, csrf_token
+from web.console.session import LOGIN_FAILURES, LoginThrottle
 from wire import subjects
 from wire.messages import JobState, encode
 
@@ -37,11 +40,16 @@ class Console:
 
     @property
     def session(self) -> str:
+        """The session id the client holds in its cookie (once signed in)."""
+        return self.client.cookies.get(COOKIE) or ""
+
+    @property
+    def token_hash(self) -> str:
         return hashlib.sha256(self.token.encode()).hexdigest()
 
     @property
     def csrf(self) -> str:
-        return csrf_token(self.session)
+        return csrf_token(session_hash(self.session))
 
     async def login(self) -> None:
         r = await self.client.post("/login", data={"token": self.token})
@@ -96,17 +104,68 @@ async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console)
     assert r.headers["location"] == "/"
     cookie = r.headers["set-cookie"]
     assert cookie.startswith(f"{COOKIE}={console.session};")
-    assert console.token not in cookie
+    # The cookie is a random session id: not the token, nor its hash (which `muster token
+    # list` shows), and a new one at each sign-in.
+    assert console.token not in cookie and console.token_hash not in cookie and len(console.session) >= 40
+    first = console.session
     low = cookie.lower()
     assert "httponly" in low and "samesite=strict" in low and "path=/" in low
     assert "secure" not in low  # plain http here
+    assert "max-age=28800" in low  # MUSTER_SESSION_TTL
     assert (await c.get("/")).status_code == 200
+    assert (await c.post("/login", data={"token": console.token})).status_code == 303
+    assert console.session != first
+    # Every replica knows the session: it is in the state bucket, under its hash.
+    m = console.muster
+    assert m.store is not None
+    rec = await m.store.get(SESSION_PREFIX + session_hash(console.session))
+    assert rec.value is not None and console.token_hash.encode() in rec.value
 
-    # Over https the cookie is Secure.
+    # Over https the cookie is Secure, and responses carry HSTS.
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url="https://test") as tls:
         r = await tls.post("/login", data={"token": console.token})
         assert r.status_code == 303
         assert "secure" in r.headers["set-cookie"].lower()
+        assert r.headers["strict-transport-security"] == "max-age=31536000"
+    assert "strict-transport-security" not in (await c.get("/login")).headers
+
+
+async def test_behind_a_trusted_tls_proxy_the_cookie_is_secure(console: Console) -> None:
+    """A TLS-terminating proxy at a trusted address (127.0.0.1 by default) says
+    X-Forwarded-Proto: https; from an untrusted address the header is ignored."""
+    https = {"X-Forwarded-Proto": "https"}
+    r = await console.client.post("/login", data={"token": console.token}, headers=https)
+    assert r.status_code == 303 and "secure" in r.headers["set-cookie"].lower()
+    assert r.headers["strict-transport-security"] == "max-age=31536000"
+    untrusted = httpx.ASGITransport(app=console.app, client=("203.0.113.9", 4000))
+    async with httpx.AsyncClient(transport=untrusted, base_url="http://test") as far:
+        r = await far.post("/login", data={"token": console.token}, headers=https)
+        assert r.status_code == 303 and "secure" not in r.headers["set-cookie"].lower()
+        assert "strict-transport-security" not in r.headers
+
+
+async def test_failed_sign_ins_are_limited_per_address(console: Console) -> None:
+    c = console.client
+    for _ in range(LOGIN_FAILURES):
+        assert (await c.post("/login", data={"token": "mst_guess"})).status_code == 401
+    r = await c.post("/login", data={"token": "mst_guess"})
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+    assert (await c.post("/login", data={"token": console.token})).status_code == 429  # even the right one
+    other = httpx.ASGITransport(app=console.app, client=("192.0.2.7", 4000))
+    async with httpx.AsyncClient(transport=other, base_url="http://test") as elsewhere:
+        assert (await elsewhere.post("/login", data={"token": console.token})).status_code == 303
+
+
+def test_login_throttle_forgets_old_failures_and_old_addresses() -> None:
+    t = LoginThrottle(failures=3, window_s=60, max_clients=2)
+    for now in (0.0, 1.0, 2.0):
+        assert t.wait_s("a", now) == 0
+        t.failed("a", now)
+    assert t.wait_s("a", 30.0) == 30.0  # the first failure leaves the window at 60
+    assert t.wait_s("a", 60.0) == 0
+    t.failed("b", 61.0)
+    t.failed("c", 62.0)  # past max_clients: "a" (seen longest ago) is forgotten
+    assert "a" not in t._seen and {"b", "c"} == set(t._seen)
 
 
 async def test_logged_out_user_is_redirected(console: Console) -> None:
@@ -131,9 +190,18 @@ async def test_logged_out_user_is_redirected(console: Console) -> None:
     # Signed in, then the token is revoked: logged out at the next request.
     await console.login()
     assert (await c.get("/")).status_code == 200
-    console.muster.state.tokens.pop(console.session)
+    console.muster.state.tokens.pop(console.token_hash)
     r = await c.get("/")
     assert r.status_code == 303 and r.headers["location"] == "/login"
+
+
+async def test_a_session_expires(console: Console) -> None:
+    c = console.client
+    await console.login()
+    assert (await c.get("/")).status_code == 200
+    info = console.muster.state.sessions[session_hash(console.session)]
+    info.expires_at = time.time() - 1
+    assert (await c.get("/")).status_code == 303
 
 
 async def test_logout(console: Console) -> None:
@@ -141,10 +209,17 @@ async def test_logout(console: Console) -> None:
     await console.login()
     r = await c.post("/logout", data={})
     assert r.status_code == 403
+    session = console.session
     r = await c.post("/logout", data={"csrf": console.csrf})
     assert r.status_code == 303 and r.headers["location"] == "/login"
     assert COOKIE in r.headers["set-cookie"]
     assert (await c.get("/")).status_code == 303
+    # The session ended on the server: the old cookie, kept by whoever copied it, is dead.
+    c.cookies.set(COOKIE, session)
+    assert (await c.get("/")).status_code == 303
+    m = console.muster
+    assert m.store is not None
+    assert (await m.store.get(SESSION_PREFIX + session_hash(session))).value is None
 
 
 # ---------------------------------------------------------------- pages
@@ -422,9 +497,30 @@ async def test_viewer_token_may_only_view(console: Console) -> None:
     assert r.status_code == 303
     r = await c.get("/")
     assert r.status_code == 200 and "alice" in r.text
-    r = await c.post("/submit", data={"csrf": csrf_token(h), "name": "x", "command": "true"})
+    r = await c.post("/submit", data={"csrf": console.csrf, "name": "x", "command": "true"})
     assert r.status_code == 403
     assert m.state.jobs == {}
+
+
+async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
+    """A job's env may hold its owner's secrets: operators see it on the job page, viewers
+    do not (nor does GraphQL show it to anyone)."""
+    m = console.muster
+    job = await m.submit({"name": "envy", "command": ["true"], "gpus": 64, "env": {"WANDB_API_KEY": "k-123"}},
+                         "operator")
+    assert job is not None
+    await eventually(lambda: job.id in m.state.jobs, what="the job in the view")
+    c = console.client
+    await console.login()
+    assert "WANDB_API_KEY=k-123" in (await c.get(f"/jobs/{job.id}")).text
+    assert m.store is not None
+    viewer, _ = await create_token(m.store, "vera", "viewer")
+    await eventually(lambda: len(m.state.tokens) == 2, what="the viewer token in the view")
+    c.cookies.clear()
+    assert (await c.post("/login", data={"token": viewer})).status_code == 303
+    page = await c.get(f"/jobs/{job.id}")
+    assert page.status_code == 200 and "envy" in page.text
+    assert "WANDB_API_KEY" not in page.text and "k-123" not in page.text
 
 
 # ---------------------------------------------------------------- overview heat map, hosts filters
@@ -748,6 +844,7 @@ async def test_event_stream_sends_job_events(console: Console) -> None:
     try:
         await eventually(lambda: server.started, what="uvicorn")
         listeners = len(m.state.listeners)
+        await console.login()
         cookies = {COOKIE: console.session}
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", cookies=cookies, timeout=10) as http:
             async with http.stream("GET", "/events/stream") as resp:

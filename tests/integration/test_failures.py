@@ -305,6 +305,43 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
         proxy.close()
 
 
+def test_an_agent_killed_before_delivering_a_report_delivers_it_after_its_restart(
+        cluster: Cluster, tmp_path: Path, nats: Any) -> None:
+    """The job ends while its agent is cut off from NATS; the agent keeps the report on
+    disk and is killed (-9) before it could deliver it. Restarted, it delivers the real
+    outcome: the job SUCCEEDED with its one attempt, not LOST and run again."""
+    proxy = TcpProxy(nats.port)
+    try:
+        srv = cluster.server(heartbeat_interval=1)
+        cluster.nats_url, direct = proxy.url, cluster.nats_url
+        agent = cluster.agent("ur", gpus="2xH100", **FAST)
+        cluster.nats_url = direct
+        api = Api(srv.url, cluster.token)
+        api.wait_hosts(1)
+        gate, log = tmp_path / "gate", tmp_path / "marks"
+        # KEEP_RUNNING: the control plane waits before replacing the work of a lost host.
+        q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""
+        res = api.q(q, {"input": {"name": "finishes-alone", "command": marker_command(log, gate), "gpus": 1,
+                                  "cpus": 1, "memoryMb": 64, "onDisconnect": "KEEP_RUNNING", "replaceAfter": 300}})
+        jid = res["submitJob"]["job"]["id"]
+        api.wait_job(jid, {"RUNNING"})
+        proxy.cut()
+        gate.write_text("go")
+        unsent = tmp_path / "agents" / "ur.reports" / f"{jid}.1"
+        wait_until(unsent.exists, timeout=30, what="the report kept on disk")
+        agent.kill9()
+        proxy.heal()
+        cluster.agent("ur", gpus="2xH100", **FAST)
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"}, timeout=60)
+        assert j["state"] == "SUCCEEDED" and [a["state"] for a in j["attempts"]] == ["SUCCEEDED"], j
+        assert [m[0] for m in read_marks(log)] == ["start", "end"]
+        wait_until(lambda: not unsent.exists(), what="the delivered report forgotten")
+        assert_invariants(direct)
+    finally:
+        cluster.stop_all()
+        proxy.close()
+
+
 class Rack:
     """Simulated hosts (heartbeats straight into the bucket) whose heartbeats can stop."""
 

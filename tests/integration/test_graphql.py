@@ -473,6 +473,33 @@ async def test_websocket_auth_at_connection_init(muster: Muster) -> None:
         await ws.close()
 
 
+async def test_a_revoked_token_ends_its_subscriptions(muster: Muster) -> None:
+    """Revoking the token a WebSocket signed in with ends every subscription on it (an
+    error, then nothing more), whether or not anything happens to send."""
+    from server.api.auth import token_hash
+
+    app = build_app(muster, manage_lifecycle=False)
+    ws = WS(app)
+    await ws.connect()
+    assert (await ws.init({"Authorization": f"Bearer {muster.new_token}"}))["type"] == "connection_ack"
+    await ws.subscribe("quiet", "subscription { alerts { id } }")  # nothing to send
+    await ws.subscribe("busy", "subscription { clusterStats(intervalSeconds: 0.5) { hosts { total } } }")
+    assert (await ws.next())["id"] == "busy"
+    assert muster.new_token is not None
+    muster.state.tokens.pop(token_hash(muster.new_token))  # as the watch does on `muster token revoke`
+    said: dict[str, list[str]] = {"quiet": [], "busy": []}
+    ended: set[str] = set()
+    while ended != {"quiet", "busy"}:
+        msg = await ws.next()
+        assert msg["id"] not in ended, msg
+        if msg["type"] in ("complete", "error"):
+            ended.add(msg["id"])
+        errors = msg.get("payload", {}).get("errors", []) if msg["type"] == "next" else msg.get("payload", [])
+        said[msg["id"]] += [e["message"] for e in errors or []]
+    assert all(any("revoked" in m for m in said[op]) for op in said), said
+    await ws.close()
+
+
 async def test_subscription_sees_a_host_get_lost(muster: Muster, nc: Any) -> None:
     app = build_app(muster, manage_lifecycle=False)
     ws = WS(app)

@@ -230,3 +230,34 @@ async def test_an_event_with_nul_is_recorded_and_the_events_behind_it_too(nats_u
     finally:
         await nc.close()
         history.close()
+
+
+async def test_a_full_input_stream_refuses_new_messages_and_keeps_what_it_took(nats_url: str) -> None:
+    """STATUS, CMDS and SUBMIT are capped work queues that refuse new messages when full
+    (the publisher gets an error and keeps its message) rather than dropping ones already
+    acknowledged to their senders. Shown on a stream configured the same way, with a
+    cap of three messages."""
+    from nats.js import api as jsapi
+    from nats.js import errors as jserrors
+
+    from server.state.streams import INPUT_CAPS, log_stream, stream_configs
+
+    configs = {c.name: c for c in stream_configs(1)}
+    for name in (subjects.STATUS_STREAM, subjects.CMDS_STREAM, subjects.SUBMIT_STREAM):
+        c = configs[name]
+        assert (c.max_msgs, c.max_bytes) == INPUT_CAPS[name] and c.discard == jsapi.DiscardPolicy.NEW, c
+        assert c.retention == jsapi.RetentionPolicy.WORK_QUEUE
+    nc = await connect(nats_url, name="caps")
+    try:
+        store = Store(nc)
+        small = log_stream(subjects.STATUS_STREAM, [f"{subjects.STATUS_PREFIX}.>"], 1, work_queue=True,
+                           max_age_days=7, max_msgs=3)
+        await store.js.add_stream(small)
+        for i in range(3):
+            await store.js.publish(subjects.status_subject("h1"), f"report {i}".encode(), timeout=5)
+        with pytest.raises(jserrors.APIError, match="maximum messages exceeded"):
+            await store.js.publish(subjects.status_subject("h1"), b"report 3", timeout=5)
+        kept = [(await store.js.get_msg(subjects.STATUS_STREAM, seq)).data for seq in (1, 2, 3)]
+        assert kept == [b"report 0", b"report 1", b"report 2"]
+    finally:
+        await nc.close()

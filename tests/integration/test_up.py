@@ -3,14 +3,19 @@ stops cleanly on Ctrl-C, and a second start resumes with the same state."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
 from server.broker.natsd import free_port
 from tests.conftest import ROOT
@@ -55,8 +60,31 @@ def stop_up(p: subprocess.Popen[str]) -> int:
             p.kill()
 
 
-def test_up_runs_everything_and_resumes(tmp_path: Path) -> None:
-    data = tmp_path / ".muster"
+HUNT = r"""
+found=0
+env | grep -E 'NATS|TOKEN|CREDS|SEED' && found=1
+for f in $(find "$1" -type f 2>/dev/null); do
+  if head -c 65536 "$f" 2>/dev/null | grep -q -a -E 'SU[A-Z2-7]{40}|mst_'; then echo "READ $f"; found=1; fi
+done
+ls "$1/.muster" >/dev/null 2>&1 && { echo "LISTED $1/.muster"; found=1; }
+echo "hunt over: found=$found uid=$(id -u)"
+"""
+
+
+@pytest.fixture
+def public(tmp_path: Path) -> Iterator[Path]:
+    """A directory any user may enter (the test's tmp_path is private to its user), as a
+    project directory usually is."""
+    d = Path(tempfile.mkdtemp(prefix="muster-up-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_up_runs_everything_and_resumes(public: Path) -> None:
+    """... and, run as root, its tasks run as another user and cannot read its secrets:
+    the NATS seeds, the operator token, the history, the agents' state."""
+    data = public / ".muster"
     http, nats = free_port(), free_port()
     p, lines = start_up(data, http, nats)
     out = "\n".join(lines)
@@ -75,6 +103,16 @@ def test_up_runs_everything_and_resumes(tmp_path: Path) -> None:
         assert all(h["node"]["simulated"] for h in hosts)
         job = api.submit(name="persisted", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]
         assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+        assert data.stat().st_mode & 0o777 == 0o700
+        if os.geteuid() == 0:
+            hunt = api.submit(name="hunter", command=["sh", "-c", HUNT, "hunt", str(public)], gpus=1, cpus=1,
+                              memoryMb=64)["job"]
+            api.wait_job(hunt["id"], {"SUCCEEDED", "FAILED"})
+            tail = api.job(hunt["id"])["attempts"][-1]["outputTail"]
+            assert "hunt over: found=0" in tail, tail
+            assert token not in tail
+            isolated = api.q("{ hosts { edges { node { isolated } } } }")["hosts"]["edges"]
+            assert all(h["node"]["isolated"] is True for h in isolated), isolated
     finally:
         rc = stop_up(p)
     assert rc == 0
@@ -96,7 +134,6 @@ def test_up_runs_everything_and_resumes(tmp_path: Path) -> None:
 def test_json_logs(tmp_path: Path) -> None:
     """MUSTER_LOG_FORMAT=json: every log line of a real server is one JSON object."""
     import json
-    import os
 
     from server.broker.natsd import start_nats, wait_for_port
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import cgroups
 from agent.agent import WATCHDOG
 from agent.watchdog import start_time
 from tests.conftest import wait_until
@@ -191,3 +192,49 @@ def test_it_exits_when_another_agent_takes_over(setup: Setup) -> None:
     wd.wait(30)
     assert wd.returncode == 0
     assert p.poll() is None and not (setup.dir / "fenced").exists()
+
+
+def _hierarchy() -> cgroups.Hierarchy | None:
+    h, _ = cgroups.detect("auto", "muster-test-watchdog")
+    return h
+
+
+def _no_cgroups() -> bool:
+    h = _hierarchy()
+    if h is not None:
+        cgroups.remove_paths(h.bases.values())  # only a probe
+    return h is None
+
+
+@pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
+def test_a_daemon_that_left_the_attempts_process_group_is_killed_with_its_cgroup(
+        setup: Setup, tmp_path: Path) -> None:
+    """The attempt runs in a cgroup (as the agent starts it, agent.launch) and double-forks
+    a child into a session of its own: the process group is not enough, the cgroup is
+    (the run file lists it as `cg:<dir>`)."""
+    h = _hierarchy()
+    assert h is not None
+    group = h.create(f"wd-{os.getpid()}", cgroups.Limits())
+    try:
+        daemon = tmp_path / "daemon"
+        gate = tmp_path / "gate"
+        # The cgroup is joined before anything runs (the launcher's way), here by a shell.
+        joins = "; ".join(f"echo $$ > {f}" for f in group.procs_files())
+        script = (f"{joins}; while [ ! -e {gate} ]; do sleep 0.05; done; "
+                  f"(setsid sh -c 'echo $$ > {daemon}; exec sleep 600' < /dev/null > /dev/null 2>&1 &); exec sleep 600")
+        p = setup.spawn(["sh", "-c", script], start_new_session=True)
+        wait_until(lambda: len(group.pids()) == 1, what="the attempt in its cgroup")
+        gate.touch()
+        wait_until(lambda: daemon.exists() and daemon.read_text().strip(), what="the daemon started")
+        pid = int(daemon.read_text())
+        assert os.getsid(pid) != os.getsid(p.pid) and pid in group.pids()
+        line = " ".join([str(p.pid), start_time(p.pid)] + [f"cg:{d}" for d in group.paths])
+        (setup.runs / "j1.1").write_text(line + "\n")
+        setup.start(stale_after=1.0, grace=0.5)
+        p.wait(60)
+        wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
+        assert group.pids() == []
+    finally:
+        group.kill()
+        group.remove()
+        cgroups.remove_paths(h.bases.values())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
 import re
 from pathlib import Path
 
@@ -331,13 +332,19 @@ def test_compose_wires_nats_credentials(compose, services):
         svc = services[name]
         assert svc["environment"]["MUSTER_NATS_CREDS"] == "/run/nats-creds/server.nk"
         assert f"{mounts['/auth/server']}:/run/nats-creds:ro" in svc["volumes"]
-        assert mounts["/auth/agents"] not in " ".join(svc["volumes"])
-    for name in ("agent", "agent-cpu"):
+        assert not {mounts["/auth/agent"], mounts["/auth/agent-cpu"]} & set(_named_volumes(svc))
+    for name, target, host_var in (("agent", "/auth/agent", "MUSTER_HOST_ID"),
+                                   ("agent-cpu", "/auth/agent-cpu", "MUSTER_SIM_HOST_ID")):
         svc = services[name]
         creds = svc["environment"]["MUSTER_NATS_CREDS"]
         assert creds.startswith("/run/nats-creds/") and creds.endswith(".nk")
-        assert f"{mounts['/auth/agents']}:/run/nats-creds:ro" in svc["volumes"]
-        assert mounts["/auth/server"] not in " ".join(svc["volumes"])
+        # Its own volume, into which nats-auth installs its host's seed and no other.
+        assert f"{mounts[target]}:/run/nats-creds:ro" in svc["volumes"]
+        others = {v for t, v in mounts.items() if t != target and t != "/auth/nats"}
+        assert not others & set(_named_volumes(svc)), (name, svc["volumes"])
+        installs = re.findall(rf'install [^;]*"{target}/([^"]+)"', script.replace("\\\n", " "))
+        assert installs == [f"$${host_var}.nk"], (name, installs)
+    assert mounts["/auth/agent"] != mounts["/auth/agent-cpu"]
     # The agents' host ids are the ones nats-auth issues credentials for: the same
     # variables with the same defaults, so that the two cannot drift apart.
     env = auth["environment"]
@@ -345,7 +352,39 @@ def test_compose_wires_nats_credentials(compose, services):
     assert env["MUSTER_HOST_ID"] == agent_env["MUSTER_HOST_ID"] == "${MUSTER_HOST_ID:-gpu-host-1}"
     assert env["MUSTER_SIM_HOST_ID"] == sim_env["MUSTER_HOST_ID"] == "${MUSTER_SIM_HOST_ID:-sim-host-1}"
     assert "for h in $$MUSTER_HOST_ID $$MUSTER_SIM_HOST_ID $$MUSTER_AGENT_HOSTS; do" in script
-    assert 'install -o 10001 -g 10001 -m 0400 "/auth/registry/agents/$$h.nk" "/auth/agents/$$h.nk"' in script
+
+
+def test_the_tasks_network_reaches_nats_only(compose, services):
+    """Agents (and the tasks they run) share a network with NATS and nothing else of the
+    control plane; the NATS monitoring port listens on each container's loopback."""
+    for name in ("agent", "agent-cpu"):
+        assert services[name]["networks"] == ["hosts"], name
+        assert services[name]["user"] == "0:0"  # so that tasks run as another user
+    on_hosts = {n for n, svc in services.items() if "hosts" in (svc.get("networks") or [])}
+    assert on_hosts == {*NATS_SERVICES, "agent", "agent-cpu"}, on_hosts
+    for name in ("postgres", *_server_services(services)):
+        assert services[name]["networks"] == ["control"], name
+    assert services["nats-auth"]["network_mode"] == "none"
+    assert set(compose["networks"]) == {"control", "hosts"}
+    assert re.search(r'^http:\s*"127\.0\.0\.1:8222"', NATS_COMPOSE_CONF.read_text(), re.M)
+
+
+def test_nats_routes_authenticate(services):
+    text = NATS_COMPOSE_CONF.read_text()
+    cluster = text[text.index("cluster {"):]
+    assert re.search(r"authorization\s*\{\s*user:\s*muster-route\s+password:\s*\$NATS_ROUTE_PASSWORD", cluster)
+    assert [f"$NATS_ROUTE_{i}" for i in (1, 2, 3)] == re.findall(r"\$NATS_ROUTE_\d", cluster)
+    for name in NATS_SERVICES:
+        svc = services[name]
+        assert "nats_route_password" in _secret_names(svc)
+        script = " ".join(map(str, _command(svc)))
+        assert 'NATS_ROUTE_PASSWORD="$$(cat /run/secrets/nats_route_password)"' in script
+        assert "nats-route://muster-route:$$NATS_ROUTE_PASSWORD@nats$$i:6222" in script
+
+
+def test_servers_run_in_production_mode(services):
+    for name, svc in _server_services(services).items():
+        assert svc["environment"]["MUSTER_ENV"] == "production", name
 
 
 def _interpolate(value: str | None, env: dict[str, str]) -> str | None:
@@ -422,14 +461,16 @@ def test_each_agent_reports_the_host_id_its_credentials_were_issued_for(
         assert cfg.host_id in issued_for, (name, issued_for)
         # nats-auth installs /auth/agents/<host>.nk into the volume agents mount at /run/nats-creds.
         assert cfg.nats_creds == f"/run/nats-creds/{host_id}.nk", name
-        assert "nats-creds-agents:/run/nats-creds:ro" in svc["volumes"], name
+        assert f"nats-creds-{name}:/run/nats-creds:ro" in svc["volumes"], name
         # What that agent reports: its heartbeat, published on its host's key of the hosts bucket.
-        agent = real_agent(dataclasses.replace(cfg, state_dir=tmp_path / name))
+        agent = real_agent(dataclasses.replace(cfg, state_dir=tmp_path / name, cgroups="off",
+                                               run_as=pwd.getpwuid(os.geteuid()).pw_name))
         try:
             assert agent.heartbeat().host_id == host_id, name
             assert subjects.kv_subject(subjects.HOSTS_BUCKET, agent.config.host_id) == f"$KV.hosts.{host_id}"
         finally:
             agent.gpus.close()
+            agent.isolation.close()
 
 
 # --------------------------------------------------------------------------

@@ -70,6 +70,12 @@ def test_gang_is_placed_whole_in_one_commit() -> None:
     assert len({a.host_id for a in job.attempts}) == 3
     assert set(plan.allocs) == {a.host_id for a in job.attempts}
     assert w.used_gpus() == 24
+    # Each task is told its index, the gang's size and every member's host (its peers).
+    hosts = ",".join(a.host_id for a in job.attempts)
+    for a in job.attempts:
+        t = next(t for t in w.state.allocs[a.host_id].tasks if t.attempt_id == a.id)
+        assert (t.env["MUSTER_GANG_TASK"], t.env["MUSTER_GANG_SIZE"], t.env["MUSTER_GANG_HOSTS"]) == \
+            (str(a.task), "3", hosts)
 
 
 def test_gang_that_does_not_fit_places_nothing() -> None:

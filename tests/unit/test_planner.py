@@ -323,6 +323,16 @@ def test_failed_with_exit_code_fails_the_job(w: World) -> None:
     assert w.cycle(now=NOW + 100).placed == 0
 
 
+def test_an_oom_kill_is_the_failed_attempts_reason_and_the_jobs(w: World) -> None:
+    placed(w)
+    why = "oom-killed: the kernel killed 1 process of the task for using more than its memory limit of 64 MB"
+    r = report(w, "j1", AttemptState.FAILED, exit_code=-9).model_copy(update={"reason": why})
+    plan = w.cycle(reports=[r], now=NOW + 1)
+    job = plan.jobs["j1"]
+    assert job.state is JobState.FAILED and job.attempts[0].reason == why
+    assert [e.message for e in plan.events if e.kind == "job.failed"] == [f"exit code -9 ({why})"]
+
+
 def test_output_tail_is_truncated(w: World) -> None:
     placed(w)
     r = report(w, "j1", AttemptState.FAILED, exit_code=1)

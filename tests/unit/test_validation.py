@@ -284,6 +284,23 @@ def test_label_with_trailing_newline_rejected() -> None:
     assert len(validate_labels({"rack": "r1\n"})) == 1
 
 
+@pytest.mark.parametrize("labels", [{"Rack": "r1"}, {"rack": "has space"}, {"rack": "a/b"}, {"k" * 64: "v"}])
+def test_a_heartbeat_with_labels_the_agent_would_refuse_is_refused_by_the_server(labels: dict[str, str]) -> None:
+    """An agent that skipped its own label check (or a forged heartbeat) does not get its
+    labels shown or matched: the heartbeat is not decoded, and the cluster view drops it."""
+    from server.state.cluster import ClusterState
+    from wire.messages import encode
+
+    body = json.loads(encode(heartbeat("h1", boot_id="b", seq=0, ts=1.0, cpus=8, memory_mb=1024)))
+    body["labels"] = labels
+    raw = json.dumps(body).encode()
+    with pytest.raises(DecodeError):
+        decode(Heartbeat, raw)
+    state = ClusterState()
+    state.apply_heartbeat("h1", 1, raw, None, 1.0)
+    assert state.dropped["heartbeat"] == 1 and "h1" not in state.hosts
+
+
 # ---------------------------------------------------------------- decode
 
 

@@ -1,19 +1,28 @@
 """Sign-in: the session cookie, CSRF tokens, the `console()` endpoint decorator (sign-in,
 CSRF and role checks, errors mapped to HTTP, security headers), form reading, and the
-login and logout handlers."""
+login and logout handlers.
+
+The cookie holds a random session id (server.api.auth.open_session), never anything a
+token list shows; the session ends when it expires (MUSTER_SESSION_TTL), when its token
+is revoked, or at sign-out, on every replica. The cookie is `Secure` on HTTPS, including
+behind a TLS-terminating proxy the server trusts (MUSTER_TRUSTED_PROXIES: its
+X-Forwarded-Proto). Failed sign-ins are limited per client address (`LoginThrottle`)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import re
+import math
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from server.api.auth import check_token, token_hash
+from server.api import auth
+from server.api.auth import check_token
 from server.state.cluster import TokenInfo
 from web.console.errors import MAPPED, error_response
 from web.console.render import error_page, is_htmx, muster_of, render, secure
@@ -22,7 +31,10 @@ from wire.errors import Forbidden
 COOKIE = "muster_session"
 MAX_FORM_BYTES = 256 * 1024
 MAX_TOKEN_CHARS = 1024
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Failed sign-ins allowed per client address and window; past that, 429 until the window
+# has room again.
+LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 60.0
 
 BAD_CSRF = "The form's security token is missing or wrong."
 
@@ -50,12 +62,50 @@ class Session:
 
 
 def session_of(request: Request) -> Session | None:
-    """The request's session: its cookie names a token hash the cluster still holds."""
-    h = request.cookies.get(COOKIE, "")
-    if not HEX64.fullmatch(h):
-        return None
-    info = muster_of(request).state.tokens.get(h)
-    return Session(h, info) if info is not None else None
+    """The request's session: its cookie holds the id of a live session (not expired, not
+    signed out, its token not revoked)."""
+    found = auth.session_of(muster_of(request).state, request.cookies.get(COOKIE, ""))
+    return Session(*found) if found is not None else None
+
+
+class LoginThrottle:
+    """At most `failures` failed sign-ins per client address in `window_s` seconds.
+    Bounded: the addresses seen longest ago are forgotten past `max_clients`."""
+
+    def __init__(self, failures: int = LOGIN_FAILURES, window_s: float = LOGIN_WINDOW_S,
+                 max_clients: int = 10_000) -> None:
+        self.failures = failures
+        self.window_s = window_s
+        self.max_clients = max_clients
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait_s(self, client: str, now: float) -> float:
+        """Seconds before `client` may try again (0: now)."""
+        times = self._seen.get(client)
+        if times is None:
+            return 0.0
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if len(times) < self.failures:
+            return 0.0
+        return times[0] + self.window_s - now
+
+    def failed(self, client: str, now: float) -> None:
+        times = self._seen.pop(client, None) or deque()
+        times.append(now)
+        while len(times) > self.failures:
+            times.popleft()
+        self._seen[client] = times  # most recent last
+        while len(self._seen) > self.max_clients:
+            self._seen.popitem(last=False)
+
+
+def _throttle(request: Request) -> LoginThrottle:
+    state = request.app.state
+    if getattr(state, "login_throttle", None) is None:
+        state.login_throttle = LoginThrottle()
+    throttle: LoginThrottle = state.login_throttle
+    return throttle
 
 
 def _unauthenticated(request: Request) -> Response:
@@ -135,13 +185,25 @@ async def login(request: Request) -> Response:
         form = await read_form(request)
     except Exception:  # noqa: BLE001
         form = {}
+    client = request.client.host if request.client else "?"
+    throttle = _throttle(request)
+    wait = throttle.wait_s(client, time.monotonic())
+    if wait > 0:
+        resp = render(request, "login.html",
+                      {"error": f"Too many failed sign-ins from your address: try again in {math.ceil(wait)} s."}, 429)
+        resp.headers["Retry-After"] = str(math.ceil(wait))
+        return resp
     token = form.get("token", "").strip()
-    info = check_token(muster_of(request).state, token) if 0 < len(token) <= MAX_TOKEN_CHARS else None
+    m = muster_of(request)
+    info = check_token(m.state, token) if 0 < len(token) <= MAX_TOKEN_CHARS else None
     if info is None:
+        throttle.failed(client, time.monotonic())
         return render(request, "login.html", {"error": "That token is not valid."}, 401)
+    assert m.store is not None
+    session_id = await auth.open_session(m.store, m.state, token, m.config.session_ttl_s)
     resp = RedirectResponse("/", status_code=303)
     resp.set_cookie(
-        COOKIE, token_hash(token), httponly=True, samesite="strict", path="/",
+        COOKIE, session_id, max_age=int(m.config.session_ttl_s), httponly=True, samesite="strict", path="/",
         secure=request.url.scheme == "https",
     )
     return resp
@@ -158,6 +220,9 @@ async def logout(request: Request) -> Response:
         if not _csrf_ok(form, sess):
             request.state.session = sess
             raise Forbidden(BAD_CSRF)
+        m = muster_of(request)
+        assert m.store is not None
+        await auth.close_session(m.store, m.state, sess.hash)
     resp = RedirectResponse("/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
                        secure=request.url.scheme == "https")

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from server.api.auth import session_alive
 from server.replica import Muster
 from web.console.render import muster_of
 from web.console.session import Session, console
@@ -99,9 +100,9 @@ async def event_stream(request: Request) -> Response:
                         await asyncio.wait_for(client.wake.wait(), timeout)
                     except TimeoutError:
                         pass
-                if m.state.tokens.get(sess.hash) is None:
+                if not session_alive(m.state, sess.hash):
                     yield _sse("signout", {})
-                    return  # the token was revoked: stop streaming to this browser
+                    return  # signed out, expired, or its token revoked: stop streaming to this browser
                 if client.overflow:
                     client.overflow = False
                     while not client.queue.empty():

@@ -90,6 +90,10 @@ class Host:
     mem_used_mb: int
     last_seen: dt.datetime | None
     tasks: int
+    isolated: bool | None = strawberry.field(
+        default=None, description="Whether the host's agent confines tasks (a cgroup with a memory limit, and "
+        "a user other than the agent's and root); false: NOT ISOLATED; null: the agent does not say")
+    isolation: str = strawberry.field(default="", description="How the host's agent isolates tasks, in words")
 
     @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
                                   "isolated) or MIG instances.")
@@ -105,7 +109,7 @@ class Host:
             gpus=r.gpus, gpu_model=r.gpu_model, gpus_allocated=r.gpus_allocated,
             gpus_unhealthy=r.gpus_unhealthy, gpu_util_pct=r.gpu_util_pct, cpus=r.cpus,
             cpu_pct=r.cpu_pct, memory_mb=r.memory_mb, mem_used_mb=r.mem_used_mb,
-            last_seen=ts(r.last_seen), tasks=r.tasks,
+            last_seen=ts(r.last_seen), tasks=r.tasks, isolated=r.isolated, isolation=r.isolation,
         )
 
     @staticmethod

@@ -1,0 +1,482 @@
+"""Control groups for task attempts: one cgroup per attempt, created by the agent under
+its own cgroup, with the attempt's CPU, memory and pids limits and (cgroup v1) its GPU
+device access, killed as a whole when the attempt is stopped.
+
+Two kinds of host:
+
+- **cgroup v2** (one unified hierarchy, `cgroup2` mount): a directory per attempt under
+  `<agent's cgroup>/muster-<host>/`, with `cpu.max`, `memory.max` (no swap,
+  `memory.oom.group`), `pids.max` where those controllers are available to the agent, and
+  `cgroup.kill` (or freeze, kill, thaw) to end everything in it. Device access is not
+  limited: cgroup v2 does that with BPF programs, which Muster does not load.
+- **cgroup v1** (a mount per controller): a directory per attempt in each of the `cpu`,
+  `memory`, `pids`, `devices` and `freezer` hierarchies that are mounted and writable,
+  with `cpu.cfs_quota_us`, `memory.limit_in_bytes` (and `memory.memsw.limit_in_bytes`),
+  `pids.max` and `devices.deny` for the GPUs the attempt was not given; the freezer
+  makes the kill atomic (freeze, SIGKILL every process, thaw).
+
+A host with both (a v2 `unified` hierarchy beside v1 controllers) uses the one that has
+the memory controller. `detect()` says which one the agent can use, or why none.
+
+Standard library only, and no import of the rest of Muster: the agent's watchdog
+(agent/watchdog.py, run with `python -I -S`) loads this file by its path to kill the
+cgroups of the attempts it stops (`kill_paths`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+CGROUP_FS = "/sys/fs/cgroup"
+V1_CONTROLLERS = ("cpu", "memory", "pids", "devices", "freezer")
+V2_CONTROLLERS = ("cpu", "memory", "pids")
+CPU_PERIOD_US = 100_000
+MIN_CPU_QUOTA_US = 1_000
+MB = 1024 * 1024
+
+
+class CgroupError(OSError):
+    """A cgroup could not be created, limited, joined or removed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one attempt may use (0: no limit)."""
+
+    cpus: float = 0.0
+    memory_mb: int = 0
+    pids: int = 0
+    # Character devices the attempt may not open: (major, minor).
+    deny_devices: tuple[tuple[int, int], ...] = ()
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _pids(directory: str) -> list[int]:
+    try:
+        return [int(x) for x in _read(os.path.join(directory, "cgroup.procs")).split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _counter(path: str, key: str) -> int:
+    """`key N` from a flat keyed file such as memory.events (0 when absent)."""
+    try:
+        for line in _read(path).splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+# ---------------------------------------------------------------- killing (also the watchdog's)
+
+
+def signal_paths(paths: Iterable[str], sig: int) -> int:
+    """Send `sig` to every process in the cgroups `paths`; how many were signalled."""
+    n = 0
+    for pid in {p for d in paths for p in _pids(d)}:
+        try:
+            os.kill(pid, sig)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+def populated(paths: Iterable[str]) -> bool:
+    return any(_pids(d) for d in paths)
+
+
+def kill_paths(paths: list[str], wait_s: float = 5.0) -> bool:
+    """SIGKILL every process in the cgroups `paths` (one attempt's: its v2 directory, or
+    its directories in the v1 hierarchies), including those forked meanwhile; True once
+    none is left, False if some are still there after `wait_s` seconds."""
+    existing = [d for d in paths if os.path.isdir(d)]
+    if not existing:
+        return True
+    killed = False
+    for d in existing:
+        if os.path.exists(os.path.join(d, "cgroup.kill")):  # v2, Linux 5.14+: atomic
+            try:
+                _write(os.path.join(d, "cgroup.kill"), "1")
+                killed = True
+            except OSError:
+                pass
+    if not killed:
+        freezer = next((d for d in existing if os.path.exists(os.path.join(d, "freezer.state"))), None)
+        if freezer is not None:
+            _freeze_and_kill(freezer, existing)
+        elif any(os.path.exists(os.path.join(d, "cgroup.freeze")) for d in existing):
+            d2 = next(d for d in existing if os.path.exists(os.path.join(d, "cgroup.freeze")))
+            try:
+                _write(os.path.join(d2, "cgroup.freeze"), "1")
+                signal_paths(existing, signal.SIGKILL)  # v2 kills frozen tasks
+            finally:
+                try:
+                    _write(os.path.join(d2, "cgroup.freeze"), "0")
+                except OSError:
+                    pass
+    deadline = time.monotonic() + wait_s
+    while True:
+        # Without a freezer a process may fork between the listing and the kill: go on
+        # until the listing is empty.
+        signal_paths(existing, signal.SIGKILL)
+        if not populated(existing):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _freeze_and_kill(freezer: str, paths: list[str]) -> None:
+    state = os.path.join(freezer, "freezer.state")
+    try:
+        _write(state, "FROZEN")
+        deadline = time.monotonic() + 2.0
+        while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        signal_paths(paths, signal.SIGKILL)  # v1: frozen tasks die once thawed
+    except OSError:
+        pass
+    finally:
+        try:
+            _write(state, "THAWED")
+        except OSError:
+            pass
+
+
+def remove_paths(paths: Iterable[str]) -> bool:
+    """rmdir each cgroup (their processes must be gone); True when all are gone."""
+    ok = True
+    for d in paths:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            ok = False
+    return ok
+
+
+# ---------------------------------------------------------------- one attempt's cgroup
+
+
+@dataclass
+class Group:
+    """One attempt's cgroup: a directory (v2) or one per controller (v1)."""
+
+    name: str
+    version: int
+    paths: list[str]
+    memory: str | None = None  # the directory whose memory counters tell an OOM kill
+
+    def procs_files(self) -> list[str]:
+        """What the attempt's first process writes its pid to (agent.launch)."""
+        return [os.path.join(d, "cgroup.procs") for d in self.paths]
+
+    def pids(self) -> list[int]:
+        return sorted({p for d in self.paths for p in _pids(d)})
+
+    def signal(self, sig: int) -> int:
+        return signal_paths(self.paths, sig)
+
+    def kill(self, wait_s: float = 5.0) -> bool:
+        return kill_paths(self.paths, wait_s)
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for going over the memory limit."""
+        if self.memory is None:
+            return 0
+        if self.version == 2:
+            return _counter(os.path.join(self.memory, "memory.events"), "oom_kill")
+        return _counter(os.path.join(self.memory, "memory.oom_control"), "oom_kill")
+
+    def remove(self, wait_s: float = 2.0) -> bool:
+        """Remove the (empty) cgroup; the kernel may take a moment after the last exit."""
+        deadline = time.monotonic() + wait_s
+        while not remove_paths(self.paths):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+
+# ---------------------------------------------------------------- hierarchies
+
+
+@dataclass
+class Hierarchy:
+    """Where this agent makes its attempts' cgroups, and which limits it can set."""
+
+    version: int
+    # v2: {"": <base dir>}; v1: controller -> <base dir> in that controller's hierarchy.
+    bases: dict[str, str]
+    controllers: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        what = ", ".join(self.controllers) if self.controllers else "no resource controllers"
+        return f"cgroup v{self.version} ({what})"
+
+    def limits_missing(self) -> list[str]:
+        """The controllers this host lacks for full isolation (devices: v1 only)."""
+        wanted = V2_CONTROLLERS if self.version == 2 else ("cpu", "memory", "pids", "devices")
+        return [c for c in wanted if c not in self.controllers]
+
+    def create(self, name: str, limits: Limits) -> Group:
+        """The cgroup for attempt `name`, limits applied. Raises CgroupError."""
+        paths = [os.path.join(base, name) for base in self.bases.values()]
+        try:
+            for d in paths:
+                os.makedirs(d, exist_ok=True)
+        except OSError as exc:
+            remove_paths(paths)
+            raise CgroupError(f"cannot create cgroup {name}: {exc}") from exc
+        if self.version == 2:
+            group = Group(name, 2, paths, paths[0] if "memory" in self.controllers else None)
+        else:
+            mem = self.bases.get("memory")
+            group = Group(name, 1, paths, os.path.join(mem, name) if mem else None)
+        try:
+            self._limit(group, limits)
+        except OSError as exc:
+            remove_paths(paths)
+            raise CgroupError(f"cannot set the limits of cgroup {name}: {exc}") from exc
+        return group
+
+    def _limit(self, group: Group, limits: Limits) -> None:
+        quota = max(MIN_CPU_QUOTA_US, int(limits.cpus * CPU_PERIOD_US)) if limits.cpus > 0 else 0
+        if self.version == 2:
+            d = group.paths[0]
+            if quota and "cpu" in self.controllers:
+                _write(os.path.join(d, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+            if limits.memory_mb > 0 and "memory" in self.controllers:
+                _write(os.path.join(d, "memory.max"), str(limits.memory_mb * MB))
+                if os.path.exists(os.path.join(d, "memory.swap.max")):
+                    _write(os.path.join(d, "memory.swap.max"), "0")
+                _write(os.path.join(d, "memory.oom.group"), "1")
+            if limits.pids > 0 and "pids" in self.controllers:
+                _write(os.path.join(d, "pids.max"), str(limits.pids))
+            return
+        at = {c: os.path.join(base, group.name) for c, base in self.bases.items()}
+        if quota and "cpu" in at:
+            _write(os.path.join(at["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(at["cpu"], "cpu.cfs_quota_us"), str(quota))
+        if limits.memory_mb > 0 and "memory" in at:
+            _write(os.path.join(at["memory"], "memory.limit_in_bytes"), str(limits.memory_mb * MB))
+            memsw = os.path.join(at["memory"], "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):  # no swap beyond the limit
+                _write(memsw, str(limits.memory_mb * MB))
+        if limits.pids > 0 and "pids" in at:
+            _write(os.path.join(at["pids"], "pids.max"), str(limits.pids))
+        if limits.deny_devices and "devices" in at:
+            for major, minor in limits.deny_devices:
+                _write(os.path.join(at["devices"], "devices.deny"), f"c {major}:{minor} rwm")
+
+    def leftovers(self) -> list[Group]:
+        """Attempt cgroups left under the bases (by an agent that was killed)."""
+        names: set[str] = set()
+        for base in self.bases.values():
+            try:
+                names.update(e.name for e in os.scandir(base) if e.is_dir())
+            except OSError:
+                pass
+        out = []
+        for name in sorted(names):
+            paths = [os.path.join(b, name) for b in self.bases.values() if os.path.isdir(os.path.join(b, name))]
+            out.append(Group(name, self.version, paths))
+        return out
+
+
+# ---------------------------------------------------------------- finding the hierarchies
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    root: str  # the part of the hierarchy mounted there
+    fstype: str  # cgroup or cgroup2
+    options: frozenset[str]
+
+
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
+    out: list[Mount] = []
+    try:
+        text = _read(mountinfo)
+    except OSError:
+        return out
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+            continue
+        out.append(Mount(_unescape(fields[4]), _unescape(fields[3]), rest[0], frozenset(rest[2].split(","))))
+    return out
+
+
+def _unescape(path: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        path = path.replace(code, ch)
+    return path
+
+
+def own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
+    """controller (or "" for v2) -> this process's cgroup path in that hierarchy."""
+    out: dict[str, str] = {}
+    try:
+        text = _read(proc_cgroup)
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if not controllers:
+            out[""] = path
+        for c in controllers.split(","):
+            if c:
+                out[c] = path
+    return out
+
+
+def _under(mount: Mount, path: str) -> str:
+    """The directory of cgroup `path` under `mount`."""
+    rel = path
+    if mount.root != "/" and (path == mount.root or path.startswith(mount.root + "/")):
+        rel = path[len(mount.root):]
+    return os.path.join(mount.point, rel.lstrip("/"))
+
+
+def _try_base(base: str) -> str | None:
+    """Make the base directory; None when it cannot be made (no permission)."""
+    try:
+        os.makedirs(base, exist_ok=True)
+        return base if os.access(base, os.W_OK) else None
+    except OSError:
+        return None
+
+
+def detect_v2(base_name: str, found: list[Mount] | None = None,
+              own: dict[str, str] | None = None) -> tuple[Hierarchy | None, str]:
+    """The v2 hierarchy, with the controllers that can be enabled for attempts, or why not."""
+    found = mounts() if found is None else found
+    own = own_cgroups() if own is None else own
+    v2 = next((m for m in found if m.fstype == "cgroup2"), None)
+    if v2 is None or "" not in own:
+        return None, "no cgroup v2 hierarchy"
+    mine = _under(v2, own[""])
+    base = _try_base(os.path.join(mine, base_name))
+    if base is None:
+        return None, f"cgroup v2 at {mine} is not writable by the agent"
+    try:
+        available = set(_read(os.path.join(mine, "cgroup.controllers")).split())
+    except OSError:
+        available = set()
+    wanted = [c for c in V2_CONTROLLERS if c in available]
+    notes: list[str] = []
+    if wanted and own[""] != "/" and _pids(mine) == [os.getpid()]:
+        # cgroup v2 enables controllers for children only in a cgroup without processes
+        # of its own: the agent (alone in its cgroup, e.g. a systemd service with
+        # Delegate=yes) moves into a leaf beside its attempts' base.
+        leaf = os.path.join(mine, f"{base_name}.agent")
+        try:
+            os.makedirs(leaf, exist_ok=True)
+            _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+        except OSError as exc:
+            notes.append(f"cannot move the agent into {leaf}: {exc}")
+    enabled = _enable(mine, wanted, notes) and _enable(base, wanted, notes)
+    controllers = tuple(wanted) if enabled else ()
+    if not enabled:
+        notes.append(f"cgroup v2 controllers {', '.join(wanted)} cannot be enabled under {mine}")
+    return Hierarchy(2, {"": base}, controllers, notes), ""
+
+
+def _enable(directory: str, controllers: list[str], notes: list[str]) -> bool:
+    """Enable `controllers` for the children of `directory` (cgroup.subtree_control)."""
+    if not controllers:
+        return True
+    path = os.path.join(directory, "cgroup.subtree_control")
+    try:
+        have = set(_read(path).split())
+    except OSError as exc:
+        notes.append(f"{path}: {exc}")
+        return False
+    missing = [c for c in controllers if c not in have]
+    if not missing:
+        return True
+    try:
+        _write(path, " ".join(f"+{c}" for c in missing))
+        return True
+    except OSError as exc:
+        # EBUSY: the directory holds processes (cgroup v2 lets only leaves hold them).
+        why = "it holds processes" if exc.errno == errno.EBUSY else str(exc)
+        notes.append(f"cannot enable {', '.join(missing)} in {directory}: {why}")
+        return False
+
+
+def detect_v1(base_name: str, found: list[Mount] | None = None,
+              own: dict[str, str] | None = None) -> tuple[Hierarchy | None, str]:
+    """The v1 controllers the agent can make cgroups in, or why none."""
+    found = mounts() if found is None else found
+    own = own_cgroups() if own is None else own
+    bases: dict[str, str] = {}
+    notes: list[str] = []
+    for c in V1_CONTROLLERS:
+        m = next((m for m in found if m.fstype == "cgroup" and c in m.options), None)
+        if m is None or c not in own:
+            continue
+        base = _try_base(os.path.join(_under(m, own[c]), base_name))
+        if base is None:
+            notes.append(f"cgroup v1 {c} at {m.point} is not writable by the agent")
+            continue
+        bases[c] = base
+    if not bases:
+        return None, "; ".join(notes) or "no cgroup v1 controllers mounted"
+    return Hierarchy(1, bases, tuple(c for c in V1_CONTROLLERS if c in bases), notes), ""
+
+
+def detect(mode: str, base_name: str) -> tuple[Hierarchy | None, str]:
+    """The hierarchy to use: `mode` is auto, v2, v1 or off. Returns (hierarchy, "") or
+    (None, why none can be used)."""
+    if mode == "off":
+        return None, "cgroups turned off (--cgroups off)"
+    found, own = mounts(), own_cgroups()
+    if mode == "v2":
+        return detect_v2(base_name, found, own)
+    if mode == "v1":
+        return detect_v1(base_name, found, own)
+    h2, why2 = detect_v2(base_name, found, own)
+    if h2 is not None and "memory" in h2.controllers:
+        return h2, ""
+    h1, why1 = detect_v1(base_name, found, own)
+    if h1 is not None and "memory" in h1.controllers:
+        if h2 is not None:
+            remove_paths(h2.bases.values())
+        return h1, ""
+    if h2 is not None:
+        if h1 is not None:
+            remove_paths(h1.bases.values())
+        return h2, ""
+    if h1 is not None:
+        return h1, ""
+    return None, "; ".join(w for w in (why2, why1) if w)

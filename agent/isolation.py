@@ -1,0 +1,332 @@
+"""How the agent keeps a task attempt away from the agent, the host and other attempts.
+
+Each attempt:
+
+- runs as the **task user** (`--run-as`; by default `muster-task`, created by the agent
+  when missing, else `nobody`), never as the agent's user when the agent is root. A
+  non-root agent cannot switch users: its tasks run as itself, and it says so;
+- starts with a **clean environment**: `PATH` (a fixed default), `HOME`, `USER`,
+  `LOGNAME`, the job's `env` (which may override those four), then the facts the agent
+  sets (`task_facts`): nothing of the agent's own environment (its NATS credentials,
+  tokens, settings) reaches it;
+- works in a **directory of its own** (`<work root>/<attempt>`, owned by the task user,
+  mode 0700, removed when the attempt ends) unless the job sets `cwd`, which the task
+  user must be able to enter;
+- lives in a **cgroup of its own** (agent.cgroups) with the job's CPU and memory, a pids
+  limit and (cgroup v1) no access to the GPUs it was not given; the whole cgroup is
+  killed when the attempt is stopped or its first process ends, so no descendant
+  survives it; an attempt whose process the kernel killed for memory ends FAILED with
+  the reason `oom-killed: ...`.
+
+The agent's own files (state directory, runs, watchdog directory, launch specs) are
+private to the agent's user (mode 0700), and the work root is only traversable (0711).
+`describe()` is what the agent logs at start and sends in its heartbeats; a host where
+attempts are not confined (no usable cgroup with a memory limit, or tasks running as the
+agent's user or root) is shown "not isolated".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import cgroups
+from wire.errors import ConfigError
+from wire.messages import Task
+
+log = logging.getLogger(__name__)
+
+LAUNCHER = str(Path(__file__).with_name("launch.py"))
+DEFAULT_TASK_USER = "muster-task"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_PIDS_MAX = 8192
+# The least memory an attempt is limited to, whatever it asked for (a process needs some
+# to start at all: a job asking for 1 MB would be killed before its first instruction).
+MIN_MEMORY_LIMIT_MB = 32
+OOM_REASON = "oom-killed"
+CGROUP_MODES = ("auto", "v2", "v1", "off")
+# The environment of the launcher itself (it may run as root before switching users).
+LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+_GPU_DEVICE = re.compile(r"^nvidia(\d+)$")
+
+
+@dataclass(frozen=True)
+class TaskUser:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @property
+    def switches(self) -> bool:
+        """Whether tasks run as another user than the agent's."""
+        return self.uid != os.geteuid()
+
+
+def _lookup(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"--run-as: no user {name!r} on this host") from exc
+
+
+def _user(pw: pwd.struct_passwd) -> TaskUser:
+    try:
+        groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
+    except OSError:
+        groups = (pw.pw_gid,)
+    return TaskUser(pw.pw_name, pw.pw_uid, pw.pw_gid, groups)
+
+
+def _create_task_user() -> pwd.struct_passwd | None:
+    """Make the dedicated task user (a system user without a home or login shell)."""
+    useradd = shutil.which("useradd")
+    if useradd is None:
+        return None
+    try:
+        subprocess.run([useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+                        "/usr/sbin/nologin", "--user-group", DEFAULT_TASK_USER],
+                       check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("cannot create the task user %s: %s", DEFAULT_TASK_USER, exc)
+    try:
+        return pwd.getpwnam(DEFAULT_TASK_USER)
+    except KeyError:
+        return None
+
+
+def resolve_user(run_as: str | None) -> tuple[TaskUser, str]:
+    """The user tasks run as, and a warning when it does not keep them from the agent."""
+    me = pwd.getpwuid(os.geteuid())
+    if os.geteuid() != 0:
+        if run_as and _lookup(run_as).pw_uid != me.pw_uid:
+            raise ConfigError(f"--run-as {run_as}: only an agent running as root can run tasks as another user")
+        return (_user(me), f"tasks run as the agent's own user {me.pw_name!r} (the agent is not root): "
+                           f"they can read and change everything that user can, the agent's credentials included")
+    if run_as:
+        pw = _lookup(run_as)
+        warning = "tasks run as root: they can read the agent's credentials and do anything on this host" \
+            if pw.pw_uid == 0 else ""
+        return _user(pw), warning
+    try:
+        return _user(pwd.getpwnam(DEFAULT_TASK_USER)), ""
+    except KeyError:
+        pass
+    pw_new = _create_task_user()
+    if pw_new is not None:
+        log.info("created the task user %s (uid %d)", pw_new.pw_name, pw_new.pw_uid)
+        return _user(pw_new), ""
+    return _user(pwd.getpwnam("nobody")), ""
+
+
+def gpu_devices(dev_dir: str = "/dev") -> dict[int, tuple[int, int]]:
+    """minor number N of /dev/nvidiaN -> (major, minor) of the device file."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        names = os.listdir(dev_dir)
+    except OSError:
+        return out
+    for name in names:
+        m = _GPU_DEVICE.match(name)
+        if not m:
+            continue
+        try:
+            st = os.stat(os.path.join(dev_dir, name))
+        except OSError:
+            continue
+        if os.major(st.st_rdev) or os.minor(st.st_rdev):
+            out[int(m.group(1))] = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    return out
+
+
+def denied_devices(gpu_indices: list[int], devices: dict[int, tuple[int, int]],
+                   minors: dict[int, int] | None = None) -> tuple[tuple[int, int], ...]:
+    """The GPU device files an attempt given `gpu_indices` may not open: every
+    /dev/nvidiaN but those of its GPUs (`minors`: GPU index -> N, the index itself when
+    unknown). The control devices (nvidiactl, nvidia-uvm, ...) stay open."""
+    mine = {(minors or {}).get(i, i) for i in gpu_indices}
+    return tuple(sorted(dev for n, dev in devices.items() if n not in mine))
+
+
+def task_facts(t: Task, host_id: str) -> dict[str, str]:
+    """The MUSTER_* variables every attempt gets (docs/configuration.md). A gang's
+    MUSTER_GANG_TASK, MUSTER_GANG_SIZE and MUSTER_GANG_HOSTS come with the task's env
+    from the scheduler."""
+    return {
+        "MUSTER_JOB_ID": t.job_id,
+        "MUSTER_ATTEMPT_ID": t.attempt_id,
+        "MUSTER_ATTEMPT": str(t.number),
+        "MUSTER_TASK_INDEX": t.env.get("MUSTER_GANG_TASK", "0"),
+        "MUSTER_GANG_SIZE": t.env.get("MUSTER_GANG_SIZE", "1"),
+        "MUSTER_HOST_ID": host_id,
+    }
+
+
+def clean_env() -> dict[str, str]:
+    """What an attempt's environment starts from, before the job's env."""
+    return {"PATH": DEFAULT_PATH}
+
+
+@dataclass
+class Launch:
+    """One attempt made ready to start: the launcher's argv (the status fd is appended)
+    and what to undo when it ends."""
+
+    argv: list[str]
+    group: cgroups.Group | None
+    work_dir: Path | None  # made for this attempt, removed at its end
+    spec: Path | None = None  # the launcher removes it once read
+
+
+class Isolation:
+    """The agent's way of running attempts (see the module docstring)."""
+
+    def __init__(self, host_id: str, *, run_as: str | None = None, cgroup_mode: str = "auto",
+                 pids_max: int = DEFAULT_PIDS_MAX, work_root: Path | None = None, private_dir: Path,
+                 dev_dir: str = "/dev", gpu_minors: dict[int, int] | None = None) -> None:
+        if cgroup_mode not in CGROUP_MODES:
+            raise ConfigError(f"--cgroups must be one of {', '.join(CGROUP_MODES)}")
+        self.host_id = host_id
+        self.user, user_warning = resolve_user(run_as)
+        self.hierarchy, cgroup_why = cgroups.detect(cgroup_mode, f"muster-{host_id}")
+        self.pids_max = pids_max
+        self.dev_dir = dev_dir
+        self.gpu_minors = gpu_minors
+        self.private_dir = private_dir
+        private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(private_dir, 0o700)
+        self._own_root = work_root is None
+        self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.work_root, 0o711)  # the task user may enter its own directory, not list
+        self.warnings: list[str] = []
+        if user_warning:
+            self.warnings.append(user_warning)
+        if self.hierarchy is None:
+            self.warnings.append(f"no cgroups ({cgroup_why}): attempts have no CPU, memory or pids limit, "
+                                 f"and a process that leaves its process group survives a stop")
+        else:
+            missing = self.hierarchy.limits_missing()
+            if missing:
+                self.warnings.append(f"{self.hierarchy.describe()}: no {', '.join(missing)} limit"
+                                     + (" (device access is limited on cgroup v1 only)"
+                                        if self.hierarchy.version == 2 else ""))
+            self.warnings.extend(self.hierarchy.notes)
+        if self.hierarchy is not None:  # empty attempt cgroups a killed agent left behind
+            for g in self.hierarchy.leftovers():
+                if not g.pids():
+                    cgroups.remove_paths(g.paths)
+        confined = self.hierarchy is not None and "memory" in self.hierarchy.controllers
+        self.isolated = confined and self.user.switches and self.user.uid != 0
+
+    def describe(self) -> str:
+        """One line for the heartbeat and the log."""
+        cg = self.hierarchy.describe() if self.hierarchy is not None else "no cgroups"
+        who = f"tasks run as {self.user.name}" if self.user.switches else \
+            f"tasks run as the agent's user {self.user.name}"
+        return f"{cg}; {who}"
+
+    def log_start(self) -> None:
+        if self.isolated:
+            log.info("isolation: %s", self.describe())
+        else:
+            log.error("THIS HOST DOES NOT ISOLATE TASKS: %s", self.describe())
+        for w in self.warnings:
+            log.warning("isolation: %s", w)
+
+    # ------------------------------------------------------------ one attempt
+
+    def prepare(self, t: Task, env: dict[str, str]) -> Launch:
+        """Make attempt `t` ready to start with `env`: its cgroup, its working directory and
+        the launcher's spec. Raises OSError (the attempt fails to start)."""
+        group = None
+        work_dir = None
+        try:
+            if self.hierarchy is not None:
+                deny: tuple[tuple[int, int], ...] = ()
+                if "devices" in self.hierarchy.controllers:
+                    deny = denied_devices(t.gpu_indices, gpu_devices(self.dev_dir), self.gpu_minors)
+                limits = cgroups.Limits(cpus=t.cpus, memory_mb=max(t.memory_mb, MIN_MEMORY_LIMIT_MB),
+                                        pids=self.pids_max, deny_devices=deny)
+                group = self.hierarchy.create(t.attempt_id, limits)
+            cwd = t.cwd
+            if not cwd:
+                work_dir = self.work_root / t.attempt_id
+                work_dir.mkdir(mode=0o700)
+                os.chown(work_dir, self.user.uid, self.user.gid)
+                cwd = str(work_dir)
+            env = dict(env)
+            for k, v in (("HOME", str(work_dir or cwd)), ("USER", self.user.name), ("LOGNAME", self.user.name)):
+                env.setdefault(k, v)
+            env["MUSTER_WORK_DIR"] = cwd
+            spec: dict[str, object] = {
+                "cgroup_procs": group.procs_files() if group is not None else [],
+                "user": self.user.name, "cwd": cwd, "command": list(t.command), "env": env,
+            }
+            if self.user.switches:
+                spec.update(uid=self.user.uid, gid=self.user.gid, groups=list(self.user.groups))
+            fd, spec_path = tempfile.mkstemp(prefix=f"{t.attempt_id}.", suffix=".json", dir=self.private_dir)
+            with os.fdopen(fd, "w") as f:
+                json.dump(spec, f)
+        except OSError:
+            self._undo(group, work_dir)
+            raise
+        return Launch([sys.executable, "-I", "-S", LAUNCHER, spec_path], group, work_dir, Path(spec_path))
+
+    @staticmethod
+    def unconfined(t: Task, env: dict[str, str]) -> Launch:
+        """A launch without isolation (a Run made without an agent's Isolation): the
+        agent's user, the job's cwd or the current directory, no cgroup."""
+        spec = {"cwd": t.cwd or os.getcwd(), "command": list(t.command), "env": env}
+        fd, spec_path = tempfile.mkstemp(prefix="muster-launch-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f)
+        return Launch([sys.executable, "-I", "-S", LAUNCHER, spec_path], None, None, Path(spec_path))
+
+    @staticmethod
+    def _undo(group: cgroups.Group | None, work_dir: Path | None) -> None:
+        if group is not None:
+            group.kill(wait_s=1.0)
+            group.remove()
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    @staticmethod
+    def sweep(launch: Launch) -> None:
+        """Kill whatever of the attempt is still running (blocking: call in a thread)."""
+        if launch.group is not None and not launch.group.kill():
+            log.warning("processes of attempt cgroup %s survive SIGKILL", launch.group.name)
+
+    @staticmethod
+    def release(launch: Launch) -> None:
+        """Remove the attempt's cgroup and working directory (blocking)."""
+        if launch.spec is not None:
+            launch.spec.unlink(missing_ok=True)
+        if launch.group is not None and not launch.group.remove():
+            log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
+        if launch.work_dir is not None:
+            shutil.rmtree(launch.work_dir, ignore_errors=True)
+
+    def kill_leftover(self, paths: list[str]) -> None:
+        """A previous agent's attempt cgroup (from its runs file): kill and remove it."""
+        cgroups.kill_paths(paths)
+        cgroups.remove_paths(paths)
+
+    def close(self) -> None:
+        """At the agent's clean shutdown: remove what it made (empty bases only)."""
+        if self.hierarchy is not None:
+            for g in self.hierarchy.leftovers():
+                if not g.pids():
+                    cgroups.remove_paths(g.paths)
+            cgroups.remove_paths(self.hierarchy.bases.values())
+        if self._own_root:
+            shutil.rmtree(self.work_root, ignore_errors=True)

@@ -1,0 +1,160 @@
+"""The agent's isolation in-process (agent.isolation, agent.cgroups): what an attempt's
+environment holds, which GPU devices it is denied, how the cgroup hierarchies are read
+from /proc, and the limits written for an attempt. Real cgroups, users and processes are
+in tests/integration/test_isolation.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent import cgroups
+from agent.isolation import DEFAULT_PATH, denied_devices, gpu_devices, resolve_user, task_facts
+from agent.runner import Run
+from wire.errors import ConfigError
+from wire.messages import AttemptState, Task
+
+HYBRID = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+CONTAINER_V2 = "30 25 0:26 /kubepods/pod1 /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+PROC_CGROUP = """\
+8:pids:/
+4:memory:/process_api/abc
+1:cpu,cpuacct:/
+0::/user.slice/agent.service
+"""
+
+
+def task(**kw: object) -> Task:
+    base: dict[str, object] = {"attempt_id": "j1.1", "job_id": "j1", "number": 1, "command": ["true"]}
+    return Task.model_validate({**base, **kw})
+
+
+async def _nothing(t: Task, s: AttemptState, c: int | None, tail: str, r: str) -> None:
+    return None
+
+
+def test_mountinfo_and_proc_cgroup_are_read(tmp_path: Path) -> None:
+    (tmp_path / "mountinfo").write_text(HYBRID)
+    found = cgroups.mounts(str(tmp_path / "mountinfo"))
+    assert [(m.point, m.fstype) for m in found] == [
+        ("/sys/fs/cgroup/cpu,cpuacct", "cgroup"), ("/sys/fs/cgroup/memory", "cgroup"),
+        ("/sys/fs/cgroup/pids", "cgroup"), ("/sys/fs/cgroup/unified", "cgroup2")]
+    assert {"cpu", "cpuacct"} <= found[0].options
+    (tmp_path / "cgroup").write_text(PROC_CGROUP)
+    own = cgroups.own_cgroups(str(tmp_path / "cgroup"))
+    assert own == {"pids": "/", "memory": "/process_api/abc", "cpu": "/", "cpuacct": "/",
+                   "": "/user.slice/agent.service"}
+    assert cgroups._under(found[1], own["memory"]) == "/sys/fs/cgroup/memory/process_api/abc"
+    # A container sees its own part of the hierarchy mounted at /sys/fs/cgroup.
+    (tmp_path / "mountinfo2").write_text(CONTAINER_V2)
+    (v2,) = cgroups.mounts(str(tmp_path / "mountinfo2"))
+    assert cgroups._under(v2, "/kubepods/pod1") == "/sys/fs/cgroup/"
+    assert cgroups._under(v2, "/kubepods/pod1/agent") == "/sys/fs/cgroup/agent"
+
+
+def test_cgroups_off_is_said_so() -> None:
+    h, why = cgroups.detect("off", "muster-x")
+    assert h is None and "off" in why
+
+
+def test_v1_limits_written_for_an_attempt(tmp_path: Path) -> None:
+    """The files a v1 hierarchy gets for an attempt (plain directories stand in for the
+    controllers' mounts)."""
+    bases = {c: str(tmp_path / c / "muster-h") for c in ("cpu", "memory", "pids", "devices")}
+    for b in bases.values():
+        os.makedirs(b)
+    (tmp_path / "memory" / "muster-h" / "j1.1").mkdir()
+    (tmp_path / "memory" / "muster-h" / "j1.1" / "memory.memsw.limit_in_bytes").write_text("")
+    h = cgroups.Hierarchy(1, bases, tuple(bases))
+    g = h.create("j1.1", cgroups.Limits(cpus=2.5, memory_mb=64, pids=100, deny_devices=((195, 1),)))
+    at = {c: Path(b) / "j1.1" for c, b in bases.items()}
+    assert (at["cpu"] / "cpu.cfs_quota_us").read_text() == "250000"
+    assert (at["cpu"] / "cpu.cfs_period_us").read_text() == "100000"
+    assert (at["memory"] / "memory.limit_in_bytes").read_text() == str(64 * 1024 * 1024)
+    assert (at["memory"] / "memory.memsw.limit_in_bytes").read_text() == str(64 * 1024 * 1024)
+    assert (at["pids"] / "pids.max").read_text() == "100"
+    assert (at["devices"] / "devices.deny").read_text() == "c 195:1 rwm"
+    assert g.memory == str(at["memory"]) and len(g.procs_files()) == 4
+    # No limit asked, none written; a tiny CPU share still gets the kernel's minimum quota.
+    g2 = h.create("j2.1", cgroups.Limits(cpus=0.001))
+    assert (Path(bases["cpu"]) / "j2.1" / "cpu.cfs_quota_us").read_text() == "1000"
+    assert not (Path(bases["memory"]) / "j2.1" / "memory.limit_in_bytes").exists()
+    assert {x.name for x in h.leftovers()} == {"j1.1", "j2.1"} and g2.oom_kills() == 0
+
+
+def test_v2_limits_written_for_an_attempt(tmp_path: Path) -> None:
+    base = tmp_path / "muster-h"
+    base.mkdir()
+    h = cgroups.Hierarchy(2, {"": str(base)}, ("cpu", "memory", "pids"))
+    (base / "j1.1").mkdir()
+    (base / "j1.1" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    g = h.create("j1.1", cgroups.Limits(cpus=1, memory_mb=128, pids=50))
+    d = base / "j1.1"
+    assert (d / "cpu.max").read_text() == "100000 100000"
+    assert (d / "memory.max").read_text() == str(128 * 1024 * 1024)
+    assert (d / "memory.oom.group").read_text() == "1"
+    assert (d / "pids.max").read_text() == "50"
+    assert g.oom_kills() == 1
+    assert cgroups.Hierarchy(2, {"": str(base)}, ()).limits_missing() == ["cpu", "memory", "pids"]
+
+
+def test_gpu_device_files_are_found_and_the_others_denied(tmp_path: Path) -> None:
+    for n, target in ((0, "/dev/null"), (1, "/dev/zero"), (2, "/dev/full")):
+        (tmp_path / f"nvidia{n}").symlink_to(target)
+    (tmp_path / "nvidiactl").symlink_to("/dev/null")  # a control device: never denied
+    (tmp_path / "nvidia9").write_text("")  # not a device
+    devices = gpu_devices(str(tmp_path))
+    assert set(devices) == {0, 1, 2}
+    null, zero, full = (os.stat(p).st_rdev for p in ("/dev/null", "/dev/zero", "/dev/full"))
+    assert devices[1] == (os.major(zero), os.minor(zero))
+    assert set(denied_devices([1], devices)) == {(os.major(null), os.minor(null)), (os.major(full), os.minor(full))}
+    # With NVML's minor numbers: GPU index 1 is /dev/nvidia2.
+    assert (os.major(full), os.minor(full)) not in denied_devices([1], devices, {0: 0, 1: 2, 2: 1})
+
+
+@given(assigned=st.sets(st.integers(0, 15)), present=st.sets(st.integers(0, 15)))
+def test_an_attempt_is_denied_exactly_the_gpus_it_was_not_given(assigned: set[int], present: set[int]) -> None:
+    devices = {n: (195, n) for n in present}
+    denied = denied_devices(sorted(assigned), devices)
+    assert set(denied) == {(195, n) for n in present - assigned}
+
+
+def test_an_attempts_environment_holds_nothing_of_the_agents(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUSTER_NATS_CREDS", "/etc/muster/agent.nk")
+    monkeypatch.setenv("MUSTER_TOKEN", "mst_secret")
+    t = task(env={"MY_VAR": "1", "MUSTER_JOB_ID": "forged", "MUSTER_GANG_TASK": "2", "MUSTER_GANG_SIZE": "4",
+                  "MUSTER_GANG_HOSTS": "a,b,c,d"}, gpu_indices=[3, 5])
+    env = Run(t, _nothing, host_id="h7").env()
+    assert env == {
+        "PATH": DEFAULT_PATH, "MY_VAR": "1", "CUDA_VISIBLE_DEVICES": "3,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "MUSTER_JOB_ID": "j1", "MUSTER_ATTEMPT_ID": "j1.1", "MUSTER_ATTEMPT": "1", "MUSTER_TASK_INDEX": "2",
+        "MUSTER_GANG_TASK": "2", "MUSTER_GANG_SIZE": "4", "MUSTER_GANG_HOSTS": "a,b,c,d", "MUSTER_HOST_ID": "h7",
+    }
+    # A job may set its own PATH.
+    assert Run(task(env={"PATH": "/opt/bin"}), _nothing).env()["PATH"] == "/opt/bin"
+    assert task_facts(task(), "h")["MUSTER_GANG_SIZE"] == "1"
+
+
+def test_the_task_user_is_checked() -> None:
+    with pytest.raises(ConfigError, match="no user"):
+        resolve_user("no-such-user-here")
+    if os.geteuid() == 0:
+        user, warning = resolve_user("root")
+        assert user.uid == 0 and "root" in warning
+        user, warning = resolve_user("nobody")
+        assert user.name == "nobody" and user.switches and warning == ""
+    else:
+        user, warning = resolve_user(None)
+        assert user.uid == os.geteuid() and not user.switches and "own user" in warning
+        with pytest.raises(ConfigError, match="root"):
+            resolve_user("root")
