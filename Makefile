@@ -27,8 +27,13 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# The suite in TEST_WORKERS processes (pytest-xdist): most tests wait on the processes
+# they start, so a 2-core machine runs several at once; tests marked `heavy` run on one
+# worker, one at a time (tests/conftest.py). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
+
 test: lint system-deps
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra tests -n $(TEST_WORKERS) --dist loadgroup
 
 schema: $(STAMP)
 	$(VENV)/bin/muster schema > schema.graphql

@@ -114,10 +114,12 @@ class AgentConfig:
     # How attempts are isolated (agent.isolation): the user they run as (None: the
     # dedicated task user when the agent is root, else the agent's own user), the cgroup
     # version (auto, v2, v1, off), each attempt's pids limit (0: none), where attempts'
-    # working directories are made (None: a temporary directory), and where the GPU
-    # device files are.
+    # working directories are made (None: a temporary directory), where the GPU device
+    # files are, and the name of the cgroup under which attempts' cgroups are made (None:
+    # muster-<host id>).
     run_as: str | None = None
     cgroups: str = "auto"
+    cgroup_name: str | None = None
     pids_max: int = DEFAULT_PIDS_MAX
     work_dir: Path | None = None
     gpu_dev_dir: str = "/dev"
@@ -172,7 +174,8 @@ class Agent:
         self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
                                    pids_max=config.pids_max, work_root=config.work_dir,
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
-                                   gpu_minors=getattr(self.gpus, "device_minors", lambda: None)())
+                                   gpu_minors=getattr(self.gpus, "device_minors", lambda: None)(),
+                                   cgroup_name=config.cgroup_name)
         self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0

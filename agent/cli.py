@@ -47,6 +47,8 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
                         "not root: the agent's own user)")
     a.add_argument("--cgroups", default=os.environ.get("MUSTER_CGROUPS", "auto"), choices=CGROUP_MODES,
                    help="cgroup version for attempts (auto: v2 if it has the memory controller, else v1)")
+    a.add_argument("--cgroup-name", default=os.environ.get("MUSTER_CGROUP_NAME") or None,
+                   help="the cgroup attempts' cgroups are made under (default muster-<host id>)")
     a.add_argument("--pids-max", type=int, default=DEFAULT_PIDS_MAX,
                    help="processes and threads per attempt (0: no limit)")
     a.add_argument("--work-dir", default=os.environ.get("MUSTER_AGENT_WORK_DIR") or None,
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> None:
         nats_key=args.nats_key or os.environ.get("MUSTER_NATS_KEY") or None,
         run_as=args.run_as,
         cgroups=args.cgroups,
+        cgroup_name=args.cgroup_name,
         pids_max=args.pids_max,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         gpu_dev_dir=args.gpu_dev_dir,

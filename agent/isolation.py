@@ -192,12 +192,13 @@ class Isolation:
 
     def __init__(self, host_id: str, *, run_as: str | None = None, cgroup_mode: str = "auto",
                  pids_max: int = DEFAULT_PIDS_MAX, work_root: Path | None = None, private_dir: Path,
-                 dev_dir: str = "/dev", gpu_minors: dict[int, int] | None = None) -> None:
+                 dev_dir: str = "/dev", gpu_minors: dict[int, int] | None = None,
+                 cgroup_name: str | None = None) -> None:
         if cgroup_mode not in CGROUP_MODES:
             raise ConfigError(f"--cgroups must be one of {', '.join(CGROUP_MODES)}")
         self.host_id = host_id
         self.user, user_warning = resolve_user(run_as)
-        self.hierarchy, cgroup_why = cgroups.detect(cgroup_mode, f"muster-{host_id}")
+        self.hierarchy, cgroup_why = cgroups.detect(cgroup_mode, cgroup_name or f"muster-{host_id}")
         self.pids_max = pids_max
         self.dev_dir = dev_dir
         self.gpu_minors = gpu_minors

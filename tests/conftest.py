@@ -39,6 +39,15 @@ async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition") 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `heavy` (long runs of many processes: benchmarks, clusters under load)
+    share one xdist group, so that with `-n N --dist loadgroup` (make test) they run on one
+    worker one after another, never two at once on a 2-core machine."""
+    for item in items:
+        if item.get_closest_marker("heavy") is not None:
+            item.add_marker(pytest.mark.xdist_group("heavy"))
+
+
 @pytest.fixture
 def auth(tmp_path: Path) -> AuthDir:
     """A credentials directory as Muster makes it (nkey seeds, the nats-server users and

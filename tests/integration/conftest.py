@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,10 @@ class Cluster:
                 "--state-dir", str(self.tmp / "agents")]
         if not isolate and "run_as" not in opts:
             argv += ["--run-as", pwd.getpwuid(os.geteuid()).pw_name]
+        if not isolate and "cgroup_name" not in opts:
+            # Host ids repeat between tests that may run at once (pytest-xdist): each
+            # agent's attempts get cgroups under a name of this test's own.
+            argv += ["--cgroup-name", f"muster-{host_id}-{zlib.crc32(str(self.tmp).encode()):08x}"]
         if gpus:
             argv += ["--simulate-gpus", gpus]
         for k, v in opts.items():

@@ -101,6 +101,7 @@ def _check_gangs_from_simulators(work: Path, rep: dict) -> None:
         assert {aid for aid, _, _ in got} == {f"{job_id}.1.{i}" for i in range(n)}, got
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(170)
 def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
@@ -132,6 +133,7 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
     assert (tmp_path / "again.png").read_bytes()[:8] == PNG
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(240)
 def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
     """`--preload`: the server starts with 10,000 running jobs in its state, tracks them
@@ -159,6 +161,7 @@ def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
     assert rc == 0
 
 
+@pytest.mark.heavy
 @needs_traces
 @pytest.mark.timeout(170)
 def test_bench_trace_gangs_run_all_or_nothing(tmp_path: Path) -> None:
@@ -181,6 +184,7 @@ def test_bench_trace_gangs_run_all_or_nothing(tmp_path: Path) -> None:
     assert rc == 0
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(170)
 @needs_traces
 def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import nats as natslib
 from tests.conftest import wait_until
 from tests.factories import heartbeat
@@ -382,6 +384,7 @@ class Rack:
         self._t.join(10)
 
 
+@pytest.mark.heavy
 def test_rack_loss_is_paced_and_never_stampedes(cluster: Cluster) -> None:
     alerts = AlertListener(cluster.nats_url)
     srv = cluster.server(heartbeat_interval=1)

@@ -101,6 +101,7 @@ class Submitter:
         self._t.join(30)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -> None:
     servers = [cluster.server(f"s{i}", heartbeat_interval=1) for i in range(3)]
@@ -156,6 +157,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     assert_invariants(cluster.nats_url)
 
 
+@pytest.mark.heavy
 def test_frozen_leader_is_fenced_by_the_store(cluster: Cluster, tmp_path: Path) -> None:
     # The replicas do not trust their own clock here: only the store's fence can stop
     # a leader that was frozen past its lease.
@@ -200,6 +202,7 @@ def test_frozen_leader_is_fenced_by_the_store(cluster: Cluster, tmp_path: Path) 
 job_shape = st.tuples(st.integers(0, 8), st.integers(1, 16), st.integers(1, 64))
 
 
+@pytest.mark.heavy
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(shapes=st.lists(job_shape, min_size=5, max_size=40))

@@ -16,6 +16,9 @@ from tests.integration.conftest import Api, Cluster, assert_invariants, stored_j
 from tests.integration.test_ha import Submitter
 from wire.kv import connect
 
+# Starts many processes for a long time: runs on one test worker, one heavy test at a time.
+pytestmark = pytest.mark.heavy
+
 
 async def stream_leader(url: str, stream: str) -> str:
     nc = await connect(url, name="probe")

@@ -15,6 +15,9 @@ import pytest
 
 from bench.operator.run import main
 
+# Starts many processes for a long time: runs on one test worker, one heavy test at a time.
+pytestmark = pytest.mark.heavy
+
 KINDS = {"console": 16, "graphql": 20}
 
 

@@ -28,6 +28,9 @@ from tests.integration.postgres import crash_postgres, find_pg_bin, restart_post
 from tests.integration.test_ha import Submitter, leader
 from wire.kv import connect
 
+# Starts many processes for a long time: runs on one test worker, one heavy test at a time.
+pytestmark = pytest.mark.heavy
+
 AGENTS = ("topo-a", "topo-b", "topo-c")
 
 
