@@ -81,7 +81,7 @@ def read_pods(path: Path) -> list[Task]:
     or a share of one GPU in thousandths, with its CPU, memory and any-of GPU models."""
     with path.open() as f:
         rows = list(csv.DictReader(f))
-    rows.sort(key=lambda r: (int(r["creation_time"] or 0), r["name"]))
+    rows.sort(key=lambda r: (int(r.get("creation_time") or 0), r["name"]))  # some variants have no times
     out = []
     for r in rows:
         n, milli = int(r["num_gpu"] or 0), int(r["gpu_milli"] or 0)
