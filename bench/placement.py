@@ -70,7 +70,8 @@ def read_nodes(path: Path, names: list[str] | None = None) -> list[HostCapacity]
             n = int(row["gpu"] or 0)
             model = row["model"] or "GPU"
             nodes.append(HostCapacity(
-                id=names[k] if names else row["sn"], schedulable=True, cordoned=False, gpu_models={i: model for i in range(n)},
+                id=names[k] if names else row["sn"], schedulable=True, cordoned=False,
+                gpu_models={i: model for i in range(n)},
                 unhealthy_gpus=frozenset(), cpus=int(row["cpu_milli"]) / 1000, memory_mb=int(row["memory_mib"]),
                 gpu_memory={i: 0 for i in range(n)}))
     return nodes

@@ -89,7 +89,8 @@ def test_the_simulator_node_names_and_inflation(tmp_path: Path) -> None:
 
 def test_pod_lists_without_times_or_model_sets_are_read(tmp_path: Path) -> None:
     """Some openb variants (e.g. multigpu50) have only name, CPU, memory and GPUs."""
-    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nb,1000,10,2,1000\na,500,10,1,300\n")
+    (tmp_path / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nb,1000,10,2,1000\na,500,10,1,300\n")
     tasks = placement.read_pods(tmp_path / "pods.csv")
     assert [(t.name, t.spec.gpus, t.spec.gpu_share, t.spec.models()) for t in tasks] == [
         ("a", 0, 300, None), ("b", 2, 0, None)]
