@@ -1,26 +1,29 @@
 """Placement quality on a real cluster trace, in process, no servers: the method of the FGD
 paper's Kubernetes Scheduler Simulator (hkust-adsl/kubernetes-scheduler-simulator, as its
-artifact runs it).
+artifact runs it; docs/benchmarks.md says step by step where each part comes from).
 
     muster bench placement --pods ../shared/traces/openb_pod_list_default.csv \\
-        --nodes ../shared/traces/openb_node_list_all_node.csv [--policy fgd] [--inflate 1.3] [--seeds 10]
+        --nodes ../shared/traces/openb_node_list_gpu_node.csv [--policy fgd] [--inflate 1.3] [--seeds 10]
 
-Each seed: the pod list in a seeded random order (`--order shuffle`, the artifact's
-`--shuffle-pod=true`; `--order creation` keeps the trace's creation order), then tasks
-sampled from it (seeded) appended while the GPUs asked for stay within `--inflate` times
-the cluster's GPU capacity. The tasks arrive one after another and none leaves; each is
-placed by Muster's own placement core (server.scheduling.capacity.Placer over an
-incremental CapacityIndex, a fresh Placer per task as in a scheduling cycle, with the
-named policy) or left unplaced. A fraction of one GPU is a share (thousandths), a
-`gpu_spec` model set is any-of models.
+Each seed: the pod list sorted by name in a seeded random order (`--order shuffle`, the
+artifact's `--shuffle-pod=true`; `--order creation` keeps the trace's creation order),
+then tasks drawn from it (seeded) appended until the next one drawn would take the GPU
+demand past `--inflate` times the cluster's GPU capacity (one GPU of a multi-GPU task
+counted in that test, as the simulator's tuning does); the nodes named as the simulator
+names them, a seeded permutation's index before each name, so that hosts of equal merit
+(taken lowest id first) come in a random order fixed for the run. The tasks arrive one
+after another and none leaves; each is placed by Muster's own placement core
+(server.scheduling.capacity.Placer over an incremental CapacityIndex, a fresh Placer per
+task as in a scheduling cycle, with the named policy) or left unplaced. A fraction of one
+GPU is a share (thousandths), a `gpu_spec` model set is any-of models.
 
 Reported, per policy, averaged over the seeds: the share of the cluster's GPU capacity
 allocated at each level of GPU demand arrived (0-130 %; as the simulator's analysis, the
 mean over the tasks at which the arrived demand rounds to that percent), the tasks left
 unplaced by shape, and the fragmented GPU share at the end (FGD's measure: free GPU
 capacity the typical tasks could not use, weighted by how often each arrives, as a share
-of the free capacity and of all capacity). The typical-task mix is the pod list's own, as
-the simulator's "typical pods"; the live scheduler uses its recent submissions instead.
+of the free capacity and of all capacity). The typical-task mix is the pod list's own,
+as the simulator's "typical pods"; the live scheduler uses its recent submissions instead.
 """
 
 from __future__ import annotations
