@@ -1,26 +1,29 @@
 """Placement quality on a real cluster trace, in process, no servers: the method of the FGD
 paper's Kubernetes Scheduler Simulator (hkust-adsl/kubernetes-scheduler-simulator, as its
-artifact runs it).
+artifact runs it; docs/benchmarks.md says step by step where each part comes from).
 
     muster bench placement --pods ../shared/traces/openb_pod_list_default.csv \\
-        --nodes ../shared/traces/openb_node_list_all_node.csv [--policy fgd] [--inflate 1.3] [--seeds 10]
+        --nodes ../shared/traces/openb_node_list_gpu_node.csv [--policy fgd] [--inflate 1.3] [--seeds 10]
 
-Each seed: the pod list in a seeded random order (`--order shuffle`, the artifact's
-`--shuffle-pod=true`; `--order creation` keeps the trace's creation order), then tasks
-sampled from it (seeded) appended while the GPUs asked for stay within `--inflate` times
-the cluster's GPU capacity. The tasks arrive one after another and none leaves; each is
-placed by Muster's own placement core (server.scheduling.capacity.Placer over an
-incremental CapacityIndex, a fresh Placer per task as in a scheduling cycle, with the
-named policy) or left unplaced. A fraction of one GPU is a share (thousandths), a
-`gpu_spec` model set is any-of models.
+Each seed: the pod list sorted by name in a seeded random order (`--order shuffle`, the
+artifact's `--shuffle-pod=true`; `--order creation` keeps the trace's creation order),
+then tasks drawn from it (seeded) appended until the next one drawn would take the GPU
+demand past `--inflate` times the cluster's GPU capacity (one GPU of a multi-GPU task
+counted in that test, as the simulator's tuning does); the nodes named as the simulator
+names them, a seeded permutation's index before each name, so that hosts of equal merit
+(taken lowest id first) come in a random order fixed for the run. The tasks arrive one
+after another and none leaves; each is placed by Muster's own placement core
+(server.scheduling.capacity.Placer over an incremental CapacityIndex, a fresh Placer per
+task as in a scheduling cycle, with the named policy) or left unplaced. A fraction of one
+GPU is a share (thousandths), a `gpu_spec` model set is any-of models.
 
 Reported, per policy, averaged over the seeds: the share of the cluster's GPU capacity
 allocated at each level of GPU demand arrived (0-130 %; as the simulator's analysis, the
 mean over the tasks at which the arrived demand rounds to that percent), the tasks left
 unplaced by shape, and the fragmented GPU share at the end (FGD's measure: free GPU
 capacity the typical tasks could not use, weighted by how often each arrives, as a share
-of the free capacity and of all capacity). The typical-task mix is the pod list's own, as
-the simulator's "typical pods"; the live scheduler uses its recent submissions instead.
+of the free capacity and of all capacity). The typical-task mix is the pod list's own,
+as the simulator's "typical pods"; the live scheduler uses its recent submissions instead.
 """
 
 from __future__ import annotations
@@ -61,15 +64,17 @@ class Task:
         return self.spec.gpus * FULL + self.spec.gpu_share
 
 
-def read_nodes(path: Path) -> list[HostCapacity]:
-    """The node list (openb format: sn, cpu_milli, memory_mib, gpu, model) as capacities."""
+def read_nodes(path: Path, names: list[str] | None = None) -> list[HostCapacity]:
+    """The node list (openb format: sn, cpu_milli, memory_mib, gpu, model) as capacities,
+    named `names` (in the file's order) if given."""
     nodes = []
     with path.open() as f:
-        for row in csv.DictReader(f):
+        for k, row in enumerate(csv.DictReader(f)):
             n = int(row["gpu"] or 0)
             model = row["model"] or "GPU"
             nodes.append(HostCapacity(
-                id=row["sn"], schedulable=True, cordoned=False, gpu_models={i: model for i in range(n)},
+                id=names[k] if names else row["sn"], schedulable=True, cordoned=False,
+                gpu_models={i: model for i in range(n)},
                 unhealthy_gpus=frozenset(), cpus=int(row["cpu_milli"]) / 1000, memory_mb=int(row["memory_mib"]),
                 gpu_memory={i: 0 for i in range(n)}))
     return nodes
@@ -80,7 +85,7 @@ def read_pods(path: Path) -> list[Task]:
     or a share of one GPU in thousandths, with its CPU, memory and any-of GPU models."""
     with path.open() as f:
         rows = list(csv.DictReader(f))
-    rows.sort(key=lambda r: (int(r["creation_time"] or 0), r["name"]))
+    rows.sort(key=lambda r: (int(r.get("creation_time") or 0), r["name"]))  # some variants have no times
     out = []
     for r in rows:
         n, milli = int(r["num_gpu"] or 0), int(r["gpu_milli"] or 0)
@@ -94,19 +99,33 @@ def read_pods(path: Path) -> list[Task]:
 
 
 def arrivals(tasks: list[Task], capacity_milli: int, factor: float, order: str, rng: random.Random) -> list[Task]:
-    """The tasks in the order they arrive: the pod list (shuffled, or in creation order),
-    then tasks sampled from it appended while the GPUs asked for stay within `factor`
-    times the capacity (the simulator's workload tuning)."""
-    out = sorted(tasks, key=lambda t: t.name) if order == "shuffle" else list(tasks)
+    """The tasks in the order they arrive: the pod list (by name, shuffled; or in creation
+    order), then tasks drawn from it (by name) appended until the next one drawn would
+    take the GPU demand past `factor` times the capacity, that test counting one GPU of a
+    multi-GPU task as the simulator's workload tuning does."""
+    by_name = sorted(tasks, key=lambda t: t.name)
+    out = list(by_name) if order == "shuffle" else list(tasks)
     if order == "shuffle":
         rng.shuffle(out)
     asked = sum(t.gpu_milli for t in out)
     while True:
-        t = rng.choice(tasks)
-        if asked + t.gpu_milli > factor * capacity_milli:
+        t = by_name[rng.randrange(len(by_name))]
+        if asked + (FULL if t.spec.gpus else t.spec.gpu_share) > factor * capacity_milli:
             return out
         out.append(t)
         asked += t.gpu_milli
+
+
+def node_names(path: Path, rng: random.Random) -> list[str]:
+    """The simulator's node names: each node's own, sorted, prefixed with its place in a
+    seeded random permutation ("0042-openb-node-0007"), so that hosts of equal merit are
+    taken in a random order that is fixed for the run."""
+    with path.open() as f:
+        sns = [row["sn"] for row in csv.DictReader(f)]
+    perm = list(range(len(sns)))
+    rng.shuffle(perm)
+    prefix = {sn: f"{perm[i]:04d}-" for i, sn in enumerate(sorted(sns))}
+    return [prefix[sn] + sn for sn in sns]
 
 
 def shape_name(spec: JobSpec) -> str:
@@ -118,8 +137,9 @@ def shape_name(spec: JobSpec) -> str:
 
 
 def typical_mix(tasks: list[Task]) -> Fragmentation:
-    """FGD's measure over the pod list's own task shapes (memory aside, as the
-    simulator's typical pods)."""
+    """FGD's measure over the pod list's own task shapes, counted over the list before any
+    inflation: the most frequent first until they cover 95 % of the tasks, those without
+    GPUs included, memory aside (the simulator's typical pods)."""
     shapes: Counter[Shape] = Counter()
     for t in tasks:
         s = Shape.of(t.spec)
@@ -129,12 +149,14 @@ def typical_mix(tasks: list[Task]) -> Fragmentation:
 
 def replay(nodes_path: Path, tasks: list[Task], policy: str, candidates: int, seed: int, factor: float,
            order: str, frag: Fragmentation) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with nodes_path.open() as f:
+        capacity = sum(int(row["gpu"] or 0) for row in csv.DictReader(f)) * FULL
+    tasks_in = arrivals(tasks, capacity, factor, order, rng)
     index = CapacityIndex()
-    nodes = read_nodes(nodes_path)
+    nodes = read_nodes(nodes_path, node_names(nodes_path, rng))
     for n in nodes:
         index.put(n)
-    capacity = sum(len(n.gpu_models) for n in nodes) * FULL
-    tasks_in = arrivals(tasks, capacity, factor, order, random.Random(seed))
     asked = allocated = 0
     by_level: dict[int, list[float]] = defaultdict(list)  # arrived %, rounded -> allocated % after each task
     unplaced: Counter[str] = Counter()

@@ -1,20 +1,24 @@
 """Capacity index: every host's free capacity, bucketed by GPU model and free GPU count,
 kept up to date as heartbeats, allocations and host settings change. It lets a
-scheduling cycle place a job by looking at a few buckets instead of every host.
+scheduling cycle place a job by looking at a few buckets instead of every host. Each
+bucket keeps its hosts in host id order, the fixed order in which hosts of equal merit
+are taken.
 
 `Placer` is one cycle's copy-on-write view: hosts it reserves on are copied, the index
 itself is not modified, and its choices are the same kind as `placement.place()`'s:
-feasible by `placement.check()`, bin-packed by free GPUs left.
+feasible by `placement.check()`, ranked by the policy.
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left, insort
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import EllipsisType
 from typing import Any
 
-from server.scheduling.fragmentation import Fragmentation
+from server.scheduling.fragmentation import Fragmentation, score
 from server.scheduling.placement import FULL, Choice, HostCapacity, check
 from wire.budgets import task_bytes
 from wire.messages import JobSpec
@@ -83,9 +87,9 @@ def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], in
 class CapacityIndex:
     def __init__(self) -> None:
         self.caps: dict[str, HostCapacity] = {}
-        # key -> level -> (CPU class, memory class) -> hosts (see _keys)
-        self.buckets: dict[Key, dict[int, dict[tuple[int, int], set[str]]]] = defaultdict(
-            lambda: defaultdict(lambda: defaultdict(set)))
+        # key -> level -> (CPU class, memory class) -> hosts, sorted by id (see _keys)
+        self.buckets: dict[Key, dict[int, dict[tuple[int, int], list[str]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(list)))
         self._where: dict[str, list[tuple[Key, int, tuple[int, int]]]] = {}
         self._model_hosts: Counter[str] = Counter()
 
@@ -96,7 +100,7 @@ class CapacityIndex:
         keys = _keys(cap)
         self._where[cap.id] = keys
         for k, n, room in keys:
-            self.buckets[k][n][room].add(cap.id)
+            insort(self.buckets[k][n][room], cap.id)
 
     def remove(self, host_id: str) -> None:
         old = self.caps.pop(host_id, None)
@@ -108,7 +112,9 @@ class CapacityIndex:
                 continue
             b = by_room.get(room)
             if b is not None:
-                b.discard(host_id)
+                i = bisect_left(b, host_id)
+                if i < len(b) and b[i] == host_id:
+                    del b[i]
                 if not b:
                     del by_room[room]
             if not by_room:
@@ -131,11 +137,14 @@ class Placer:
     copies kept in `touched` and filed in an overlay of their own, so a placement looks
     at a few buckets of each, never at every touched host.
 
-    Policies: `binpack` takes the feasible host found first walking the levels from the
-    tightest (fewest free GPUs, least free share), and `fgd` (the default) considers up
-    to `candidates` feasible hosts from the tightest levels up and takes the one whose
-    expected fragmentation grows least under the recent mix of task shapes
-    (scheduling.fragmentation), ties going to the tightest fit."""
+    Feasible hosts are found walking the levels from the tightest (fewest free GPUs,
+    least free share) up, and at one level in host id order. Policies: `binpack` takes
+    the first one found; `fgd` (the default) considers the first `candidates` of them and
+    takes the one with the best FGD score (scheduling.fragmentation.score: the growth of
+    its expected fragmentation under the recent mix of task shapes, at the FGD paper's
+    resolution), ties going to the lowest host id: hosts of equal merit fill one after
+    another in a fixed order. A share goes to the GPU of that host with the best score,
+    the lowest index among equals."""
 
     def __init__(self, index: CapacityIndex, healthy: Callable[[str], bool], *, policy: str = "fgd",
                  fragmentation: Fragmentation | None = None, candidates: int = 16) -> None:
@@ -197,8 +206,8 @@ class Placer:
         return False
 
     def _feasible(self, spec: JobSpec, models: frozenset[str] | None) -> Iterator[tuple[int, str, Choice]]:
-        """(level, host, choice) of feasible hosts, tightest levels first; at one level the
-        touched hosts come first (lowest id first), then untouched ones."""
+        """(level, host, choice) of feasible hosts, tightest levels first; at one level in
+        host id order, touched and untouched hosts alike."""
         keys, lowest = _wanted(spec, models)
         need_cpu, need_mem = size_class(spec.cpus), size_class(spec.memory_mb)
         levels: set[int] = set()
@@ -207,26 +216,26 @@ class Placer:
             levels.update(n for n in self._tbuckets.get(k, {}) if n >= lowest)
         seen: set[str] = set()
         for level in sorted(levels):
-            touched = sorted({h for k in keys for h in self._tbuckets.get(k, {}).get(level, ())})
-            for host_id in touched:
-                if host_id in seen or host_id in self.exclude or not self.healthy(host_id):
-                    continue
-                seen.add(host_id)
-                reason, gpus, mig = check(spec, self.touched[host_id], models)
-                if reason is None:
-                    yield level, host_id, Choice(host_id, gpus, mig)
+            touched = {h for k in keys for h in self._tbuckets.get(k, {}).get(level, ())}
+            sources: list[Iterable[str]] = [sorted(touched)] if touched else []
             for k in keys:
                 for room, hosts in self.index.buckets.get(k, {}).get(level, {}).items():
-                    if room[0] < need_cpu or room[1] < need_mem:
-                        continue  # every host in this class is too small
-                    for host_id in hosts:
-                        if host_id in seen or host_id in self.touched or host_id in self.exclude \
-                                or not self.healthy(host_id):
-                            continue
-                        seen.add(host_id)
-                        reason, gpus, mig = check(spec, self.index.caps[host_id], models)
-                        if reason is None:
-                            yield level, host_id, Choice(host_id, gpus, mig)
+                    if room[0] >= need_cpu and room[1] >= need_mem:  # else every host in it is too small
+                        sources.append(hosts)
+            for host_id in (sources[0] if len(sources) == 1 else heapq.merge(*sources)):
+                if host_id in seen or host_id in self.exclude:
+                    continue
+                cap = self.touched.get(host_id)
+                if cap is None:
+                    cap = self.index.caps[host_id]
+                elif host_id not in touched:
+                    continue  # the index files it where it was before this cycle changed it
+                seen.add(host_id)
+                if not self.healthy(host_id):
+                    continue
+                reason, gpus, mig = check(spec, cap, models)
+                if reason is None:
+                    yield level, host_id, Choice(host_id, gpus, mig)
 
     def place(self, spec: JobSpec, models: frozenset[str] | None | EllipsisType = ...) -> Choice | None:
         """A host for one task of `spec` (of one of `models`, by default the job's), by the
@@ -244,14 +253,13 @@ class Placer:
         if not found:
             self.failed.append(self._size(spec, accept))
             return None
-        if self.frag is None or len(found) == 1:
+        if self.frag is None or (len(found) == 1 and not spec.gpu_share):
             return found[0][2]
-        return min((self._scored(spec, level, c, accept) for level, _h, c in found), key=lambda x: x[0])[1]
+        return min((self._scored(spec, c, accept) for _level, _h, c in found), key=lambda x: x[0])[1]
 
-    def _scored(self, spec: JobSpec, level: int, choice: Choice,
-                models: frozenset[str] | None) -> tuple[tuple[float, int, str], Choice]:
-        """(growth of expected fragmentation, tightness, host) of a choice; for a share, the
-        GPU of the host that grows it least."""
+    def _scored(self, spec: JobSpec, choice: Choice, models: frozenset[str] | None) -> tuple[tuple[int, str], Choice]:
+        """(minus the FGD score, host) of a choice; for a share, on the GPU of the host with
+        the best score (the lowest index among equals)."""
         assert self.frag is not None
         host = self._view(choice.host_id)
         assert host is not None
@@ -260,9 +268,9 @@ class Placer:
             options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, models)]
         grown = self.frag.growth(host, options, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb,
                                  choice.mig)
-        best: tuple[tuple[float, int, str], Choice] | None = None
+        best: tuple[tuple[int, str], Choice] | None = None
         for gpus, g in zip(options, grown, strict=True):
-            key = (round(g, 6), level, choice.host_id)
+            key = (-score(g), choice.host_id)
             if best is None or key < best[0]:
                 best = (key, Choice(choice.host_id, gpus, choice.mig))
         assert best is not None

@@ -53,3 +53,44 @@ def test_a_small_replay_is_complete_and_never_overcommits(tmp_path: Path, order:
             assert sum(run["unplaced"].values()) <= run["tasks"] == sum(run["arrived"].values())
             assert run["capacity_gpus"] == 20 and 0 <= run["allocated_pct"] <= 100
             assert 0 <= run["fragmented_pct_of_free"] <= 100
+
+
+def test_the_simulator_node_names_and_inflation(tmp_path: Path) -> None:
+    """Nodes get the simulator's names (a seeded permutation's index before each sorted
+    name: a random order of equal hosts, fixed for a run), and the inflation stops at
+    the first drawn task that would pass the target, counting one GPU of a multi-GPU
+    task as the simulator's tuning does."""
+    import random
+
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(PODS)
+    names = placement.node_names(tmp_path / "nodes.csv", random.Random(7))
+    assert names == placement.node_names(tmp_path / "nodes.csv", random.Random(7))
+    assert sorted(n[5:] for n in names) == ["n0", "n1", "n2", "n3", "n4"]
+    assert [n[5:] for n in names] == ["n0", "n1", "n2", "n3", "n4"]  # in the file's order
+    assert sorted(int(n[:4]) for n in names) == [0, 1, 2, 3, 4]
+    assert {tuple(placement.node_names(tmp_path / "nodes.csv", random.Random(s))) for s in range(8)} != {tuple(names)}
+    caps = placement.read_nodes(tmp_path / "nodes.csv", names)
+    assert [c.id for c in caps] == names and len(caps[0].gpu_models) == 8
+
+    tasks = placement.read_pods(tmp_path / "pods.csv")
+    asked = sum(t.gpu_milli for t in tasks)  # 9750 thousandths
+    for seed in range(20):
+        got = placement.arrivals(tasks, 20 * 1000, 1.3, "shuffle", random.Random(seed))
+        assert sorted(t.name for t in got[:len(tasks)]) == sorted(t.name for t in tasks)
+        # Every appended task passed the test with its per-GPU demand (a 4-GPU task may
+        # take the total past the target), and the draw that failed it ended the list.
+        running = asked
+        for t in got[len(tasks):]:
+            assert running + (1000 if t.spec.gpus else t.spec.gpu_share) <= 1.3 * 20 * 1000
+            running += t.gpu_milli
+        assert len(got) > len(tasks)  # 9,750 of 26,000 thousandths: room for more
+
+
+def test_pod_lists_without_times_or_model_sets_are_read(tmp_path: Path) -> None:
+    """Some openb variants (e.g. multigpu50) have only name, CPU, memory and GPUs."""
+    (tmp_path / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nb,1000,10,2,1000\na,500,10,1,300\n")
+    tasks = placement.read_pods(tmp_path / "pods.csv")
+    assert [(t.name, t.spec.gpus, t.spec.gpu_share, t.spec.models()) for t in tasks] == [
+        ("a", 0, 300, None), ("b", 2, 0, None)]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.scheduling.capacity import CapacityIndex, Placer
-from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix, frag_for
+from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix, frag_for, score
 from server.scheduling.placement import (
     FULL,
     NO_FREE_GPU_MEMORY,
@@ -140,6 +140,91 @@ def test_fgd_keeps_whole_gpus_whole_where_binpack_would_not() -> None:
                                              Shape(0, 250, 0, 1.0, 0, None, None): 5})))
     got = Placer(index, lambda _h: True, policy="fgd", fragmentation=mix).place(job_spec(gpu_share=250))
     assert got is not None and got.host_id == "a"
+
+
+def test_a_task_without_gpus_finds_all_free_gpu_capacity_fragmented() -> None:
+    """As in the FGD paper's measure: a shape without GPUs uses none of the free GPU
+    capacity, whether or not it fits."""
+    h = shared_host(gpus=2)
+    h.reserve([0], 1.0, 100, share=700)
+    assert frag_for(h, Shape(0, 0, 0, 1.0, 0, None, None)) == 1300
+    assert frag_for(h, Shape(0, 0, 0, 1000.0, 0, None, None)) == 1300
+    assert frag_for(host_capacity(gpus=0), Shape(0, 0, 0, 1.0, 0, None, None)) == 0
+
+
+def test_the_fgd_score_has_the_papers_resolution() -> None:
+    """100 * sigmoid(-growth / 1000) truncated: no growth scores 50, growths up to about
+    40 thousandths tie at 49, a shrinking fragmentation scores more."""
+    assert score(0) == 50 and score(-39) == 50 and score(-41) == 51
+    assert score(1) == 49 and score(40) == 49 and score(41) == 48
+    assert score(10**6) == 0 and score(-(10**6)) == 100
+
+
+@given(a=st.floats(-1e7, 1e7), b=st.floats(-1e7, 1e7))
+def test_property_the_fgd_score_never_prefers_more_growth(a: float, b: float) -> None:
+    lo, hi = min(a, b), max(a, b)
+    assert 0 <= score(hi) <= score(lo) <= 100
+
+
+def test_fgd_fills_equal_hosts_in_host_id_order() -> None:
+    """Hosts of equal merit are taken in a fixed order (the lowest id first), so one host
+    fills before the next is opened; bin-packing takes them in the same order."""
+    index = CapacityIndex()
+    for name in ("h3", "h1", "h4", "h2"):
+        index.put(host_capacity(name, gpus=4, cpus=64.0, memory_mb=256000))
+    whole = Shape(1, 0, 0, 1.0, 0, None, None)
+    mix = Fragmentation(ShapeMix.of(Counter({whole: 3, Shape(0, 500, 0, 1.0, 0, None, None): 1})))
+    for policy in ("fgd", "binpack"):
+        placed = []
+        index2 = CapacityIndex()
+        for cap in index.caps.values():
+            index2.put(cap.copy())
+        for _ in range(6):
+            got = Placer(index2, lambda _h: True, policy=policy, fragmentation=mix).place(job_spec(gpus=1))
+            assert got is not None
+            cap = index2.caps[got.host_id]
+            cap.reserve(got.gpu_indices, 1.0, 100)
+            index2.put(cap)
+            placed.append(got.host_id)
+        assert placed == ["h1"] * 4 + ["h2"] * 2, policy
+
+
+def test_a_share_goes_to_the_gpu_with_the_best_score_lowest_index_first() -> None:
+    h = shared_host("a", gpus=3)
+    h.reserve([1], 1.0, 100, share=500)
+    h.reserve([2], 1.0, 100, share=500)
+    index = CapacityIndex()
+    index.put(h)
+    mix = Fragmentation(ShapeMix.of(Counter({Shape(1, 0, 0, 1.0, 0, None, None): 1,
+                                             Shape(0, 500, 0, 1.0, 0, None, None): 1})))
+    got = Placer(index, lambda _h: True, policy="fgd", fragmentation=mix).place(job_spec(gpu_share=500))
+    # GPU 0 stays whole; GPUs 1 and 2 score the same: the lower index.
+    assert got is not None and got.gpu_indices == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 4), st.booleans()), max_size=60))
+def test_property_index_buckets_stay_sorted_and_exact(ops: list[tuple[int, int, bool]]) -> None:
+    """However hosts come, change and go, every bucket lists its hosts once, in id order,
+    and exactly the hosts filed under it."""
+    index = CapacityIndex()
+    for i, used, remove in ops:
+        host_id = f"h{i}"
+        if remove:
+            index.remove(host_id)
+            continue
+        cap = host_capacity(host_id, gpus=4)
+        cap.reserve(list(range(used)), 0.0, 0)
+        index.put(cap)
+    filed: dict[tuple[object, ...], set[str]] = {}
+    for host_id, keys in index._where.items():
+        for k, n, room in keys:
+            filed.setdefault((k, n, room), set()).add(host_id)
+    listed = {(k, n, room): hosts for k, levels in index.buckets.items() for n, rooms in levels.items()
+              for room, hosts in rooms.items()}
+    for where, hosts in listed.items():
+        assert hosts == sorted(set(hosts)), where
+    assert {w: set(h) for w, h in listed.items() if h} == filed
 
 
 # ---------------------------------------------------------------- properties
