@@ -56,6 +56,9 @@ class Run:
         env["MUSTER_JOB_ID"] = self.task.job_id
         env["MUSTER_ATTEMPT_ID"] = self.task.attempt_id
         env["MUSTER_ATTEMPT"] = str(self.task.number)
+        # Seconds between SIGTERM and SIGKILL when the control plane stops this attempt
+        # (preemption, time limit, cancel): the task's window to checkpoint.
+        env["MUSTER_PREEMPT_DEADLINE"] = f"{self.task.grace_s or self.kill_grace_s:g}"
         return env
 
     async def _run(self) -> None:

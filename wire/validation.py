@@ -8,7 +8,14 @@ from typing import Any
 
 from wire.budgets import check_spec
 from wire.errors import ValidationError
-from wire.messages import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, MIG_PROFILE_PATTERN, JobSpec
+from wire.messages import (
+    DEFAULT_QUEUE,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MIG_PROFILE_PATTERN,
+    QUEUE_NAME_PATTERN,
+    JobSpec,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -25,6 +32,8 @@ MAX_ENV_VARS = 128
 MAX_REASON_CHARS = 512
 MAX_GPU_MEMORY_MB = 1024 * 1024
 MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
+QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+MAX_TIME_LIMIT_S = 365 * 24 * 3600
 
 
 def validate_job(
@@ -130,6 +139,13 @@ def validate_job(
     same_rack = data.get("same_rack", False)
     if not isinstance(same_rack, bool):
         err("sameRack", "must be true or false")
+    queue = data.get("queue") or DEFAULT_QUEUE
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
+        err("queue", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a letter or digit")
+    time_limit = data.get("time_limit_s", 0) or 0
+    if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
+            or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
+        err("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds", "OUT_OF_RANGE")
     if errors:
         return None, errors
     assert isinstance(command, list)
@@ -154,6 +170,8 @@ def validate_job(
         gpu_share=share,
         gpu_memory_mb=gpu_memory,
         mig_profile=mig_profile,
+        queue=queue,
+        time_limit_s=float(time_limit),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

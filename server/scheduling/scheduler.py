@@ -24,7 +24,7 @@ from server import metrics
 from server.health.monitor import publish_alert
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
-from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
+from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
 from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
@@ -53,6 +53,10 @@ class _Cycle:
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
 
+    @property
+    def writes_usage(self) -> bool:
+        return bool(self.plan.usage)
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -68,6 +72,8 @@ class SchedulerConfig:
     # A finished job's record leaves the state bucket this long after it finished (the
     # history database keeps it); 0 keeps it forever.
     finished_job_ttl_s: int = 3600
+    # Fair share and preemption (scheduling.planner.QueuePolicy).
+    queues: QueuePolicy = field(default_factory=QueuePolicy)
 
 
 class Scheduler:
@@ -360,6 +366,8 @@ class Scheduler:
                 evict=evict,
                 fail={j: self._fail[j] for j in failing},
                 skip=self._skip,
+                queues=self.config.queues,
+                usage=not any(c.writes_usage for c in self._inflight.values()),
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
@@ -387,8 +395,11 @@ class Scheduler:
         ] + [
             Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
             for h, a in plan.allocs.items()
+        ] + [
+            Write(subjects.qusage_key(q), encode(u), expected=self.state.revisions.get(subjects.qusage_key(q), 0))
+            for q, u in plan.usage.items()
         ]
-        objects = list(plan.jobs.values()) + list(plan.allocs.values())
+        objects = list(plan.jobs.values()) + list(plan.allocs.values()) + list(plan.usage.values())
         for w, obj in zip(writes, objects, strict=True):
             self.state.expect(w.key, w.value, obj)
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
@@ -458,6 +469,12 @@ class Scheduler:
                 self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
             for h, a in (() if res.duplicate else plan.allocs.items()):
                 self.state.apply_alloc(a, res.revisions[subjects.alloc_key(h)])
+            for q, u in (() if res.duplicate else plan.usage.items()):
+                self.state.apply_queue_usage(u, res.revisions[subjects.qusage_key(q)])
+            for (kind, queue), n in plan.preempted.items():
+                metrics.PREEMPTIONS.labels(queue, kind).inc(n)
+            if plan.timed_out:
+                metrics.TIMEOUTS.inc(plan.timed_out)
             if plan.placed:
                 self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)

@@ -55,7 +55,7 @@ def lifecycle(jid: str, t0: float = 1000.0, *, name: str = "train", user: str = 
                   attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=AttemptState.RUNNING,
                                     placed_at=t0 + 1, started_at=t0 + 2)])
     astate = {JobState.SUCCEEDED: AttemptState.SUCCEEDED, JobState.FAILED: AttemptState.FAILED,
-              JobState.CANCELLED: AttemptState.KILLED}[final]
+              JobState.CANCELLED: AttemptState.KILLED, JobState.TIMEOUT: AttemptState.TIMEOUT}[final]
     done = job(jid, spec=s, state=final, submitted_at=t0, updated_at=t0 + 10,
                attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=astate,
                                  placed_at=t0 + 1, started_at=t0 + 2, finished_at=t0 + 10,
