@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError as PydanticValidationError
+
 from wire.budgets import check_spec
 from wire.errors import ValidationError
 from wire.messages import (
@@ -15,6 +17,7 @@ from wire.messages import (
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
     JobSpec,
+    Queue,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -210,3 +213,29 @@ def validate_labels(labels: dict[str, str]) -> list[ValidationError]:
         elif not LABEL_VALUE_RE.fullmatch(v):
             errors.append(ValidationError("labels", f"invalid value for label {k!r}"))
     return errors
+
+
+_QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "minRuntimeSeconds",
+                 "default_time_limit_s": "defaultTimeLimitSeconds", "max_time_limit_s": "maxTimeLimitSeconds",
+                 "max_preemptions": "maxPreemptions", "preempt_within": "preemptWithin",
+                 "fair_share_preemption": "fairSharePreemption"}
+
+
+def validate_queue(data: dict[str, Any]) -> Queue:
+    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
+    raises InvalidInput with one error per bad field."""
+    from wire.errors import InvalidInput
+
+    try:
+        q = Queue.model_validate(data)
+    except PydanticValidationError as exc:
+        errors = []
+        for e in exc.errors():
+            loc = [str(x) for x in e["loc"]]
+            field = _QUEUE_FIELDS.get(loc[0], loc[0]) if loc else "input"
+            where = f" ({'.'.join(loc[1:])})" if len(loc) > 1 else ""
+            errors.append(ValidationError(field, f"{e['msg']}{where}", "INVALID"))
+        raise InvalidInput(errors) from exc
+    if q.max_time_limit_s and q.default_time_limit_s > q.max_time_limit_s:
+        raise ValidationError("defaultTimeLimitSeconds", "must not exceed maxTimeLimitSeconds", "OUT_OF_RANGE")
+    return q

@@ -193,7 +193,7 @@ async def submit(request: Request) -> Response:
     if values["gpu_model"]:
         data["gpu_model"] = values["gpu_model"]
     try:
-        job = await m.submit(data, sess.user)
+        job = await m.submit(data, sess.user, None if sess.info.role == "admin" else sess.info.queues)
     except ValidationError as exc:
         errors: dict[str, list[str]] = dict(local)
         other: list[str] = []
