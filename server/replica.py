@@ -25,12 +25,14 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling.planner import QueuePolicy
+from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
+from server.views.queues import rows as queue_rows
 from wire import subjects
 from wire.errors import ConflictError, Forbidden, InvalidInput, NotFound, StoreError, ValidationError
 from wire.kv import Store, Watch, Write, connect
@@ -89,6 +91,11 @@ class ServerConfig:
         default_factory=lambda: float(os.environ.get("MUSTER_FAIR_SHARE_HALF_LIFE", "3600")))
     preemptions_per_cycle: int = field(
         default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTIONS_PER_CYCLE", "16")))
+    # Alerts: this many preemptions within a minute is a storm; a queue below its entitled
+    # share with jobs waiting and none placed for this long is starved.
+    preemption_storm: int = field(default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTION_STORM", "50")))
+    queue_starved_after_s: float = field(
+        default_factory=lambda: float(os.environ.get("MUSTER_QUEUE_STARVED_AFTER", "600")))
 
     @property
     def database_url(self) -> str:
@@ -116,6 +123,7 @@ class Muster:
         self._tasks: list[asyncio.Task[None]] = []
         self._watches: list[Watch] = []
         self._closed = False
+        self._gauge_labels: dict[int, set[tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -166,7 +174,9 @@ class Muster:
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s,
                                                    queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
-                                                                      preemptions_per_cycle=cfg.preemptions_per_cycle)),
+                                                                      preemptions_per_cycle=cfg.preemptions_per_cycle),
+                                                   watch=QueueWatch(storm_count=cfg.preemption_storm,
+                                                                    starved_after_s=cfg.queue_starved_after_s)),
                                    caught_up=self._watches[0].caught_up)
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
@@ -281,10 +291,35 @@ class Muster:
             for st in JobState:
                 metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
+            self._queue_gauges()
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=2)
             except TimeoutError:
                 pass
+
+    def _queue_gauges(self) -> None:
+        """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share."""
+        seen: set[tuple[str, ...]] = set()
+        for row in queue_rows(self.state, time.time(), self.config.fair_share_half_life_s):
+            name = row.queue.name
+            metrics.QUEUE_PENDING.labels(name).set(row.pending)
+            metrics.QUEUE_FAIR_SHARE.labels(name).set(row.share)
+            seen.add((name,))
+            for r in row.resources:
+                metrics.QUEUE_ALLOCATED.labels(name, r.resource).set(r.used)
+                metrics.QUEUE_BORROWED.labels(name, r.resource).set(r.borrowed)
+                if r.nominal is not None:
+                    metrics.QUEUE_NOMINAL.labels(name, r.resource).set(r.nominal)
+                seen.add((name, r.resource))
+        for gauge in (metrics.QUEUE_PENDING, metrics.QUEUE_FAIR_SHARE, metrics.QUEUE_ALLOCATED,
+                      metrics.QUEUE_BORROWED, metrics.QUEUE_NOMINAL):
+            for labels in list(self._gauge_labels.get(id(gauge), set())):
+                if labels not in seen:
+                    try:
+                        gauge.remove(*labels)
+                    except KeyError:
+                        pass
+            self._gauge_labels[id(gauge)] = {x for x in seen if len(x) == len(gauge._labelnames)}
 
     @property
     def ready(self) -> bool:

@@ -25,9 +25,11 @@ from server.health.monitor import publish_alert
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
+from server.scheduling.queuewatch import QueueWatch
 from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
+from server.views import queues as queue_view
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
@@ -74,6 +76,8 @@ class SchedulerConfig:
     finished_job_ttl_s: int = 3600
     # Fair share and preemption (scheduling.planner.QueuePolicy).
     queues: QueuePolicy = field(default_factory=QueuePolicy)
+    # Alerts: a preemption storm, a starved queue (scheduling.queuewatch).
+    watch: QueueWatch = field(default_factory=QueueWatch)
 
 
 class Scheduler:
@@ -112,6 +116,9 @@ class Scheduler:
         self._skip: set[str] = set()  # jobs whose records cannot be written at all
         self._stripped: set[tuple[str, str]] = set()  # reports already retried without their text
         self.poisoned = 0
+        self.watch = self.config.watch
+        self._placed_queues: set[str] = set()
+        self._watched_at = 0.0
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -577,8 +584,25 @@ class Scheduler:
                    message=message[:2000], data={"kind": kind, "jobs": job_ids[:100]})
         await publish_alert(self.store.nc, subjects.ALERT_INPUT_REJECTED, ev)
 
+    def _queue_alerts(self, plan: Plan, now: float) -> list[Event]:
+        """Preemption storms at once; starved queues checked at most once a second."""
+        out = self.watch.preempted(now, sum(plan.preempted.values()))
+        for ev in plan.events:
+            if ev.kind == "job.placed" and ev.job_id in plan.jobs:
+                self._placed_queues.add(plan.jobs[ev.job_id].spec.queue)
+        if now - self._watched_at >= 1.0:
+            self._watched_at = now
+            rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
+            below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
+            out += self.watch.queues(now, dict(self.state.queue_queued), self._placed_queues, below,
+                                     {r.queue.name: (r.dominant, r.entitled) for r in rows})
+            self._placed_queues = set()
+        return out
+
     async def _alerts(self, plan: Plan, now: float) -> None:
         nc = self.store.nc
+        for ev in self._queue_alerts(plan, now):
+            await publish_alert(nc, ev.kind, ev)
         for ev in plan.events:
             if ev.kind == "job.failed":
                 await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev.model_copy())

@@ -293,3 +293,24 @@ def test_reclaim_and_fair_share_never_take_a_queue_below_its_nominal(queues: dic
             assert after.over_nominal(v.queue, [H100])
         after.give(v.queue, v.usage)
     assert after.admits(me, {H100: amount}) is None
+
+
+def test_queue_watch_alerts_a_storm_once_and_a_starved_queue_once() -> None:
+    from server.scheduling.queuewatch import QueueWatch
+
+    w = QueueWatch(storm_count=5, storm_window_s=60, starved_after_s=100)
+    assert w.preempted(0.0, 3) == []
+    [storm] = w.preempted(10.0, 2)
+    assert storm.kind == "preemption.storm" and storm.data["preempted"] == 5
+    assert w.preempted(20.0, 4) == []  # the same storm
+    assert w.preempted(200.0, 0) == []  # quiet window: re-armed
+    assert len(w.preempted(201.0, 5)) == 1
+    pending, below = {"a": 3, "b": 1}, {"a"}
+    assert w.queues(0.0, pending, set(), below, {}) == []
+    assert w.queues(50.0, pending, set(), below, {}) == []
+    [starved] = w.queues(100.0, pending, set(), below, {"a": (0.1, 0.5)})
+    assert starved.kind == "queue.starved" and starved.data["queue"] == "a"
+    assert w.queues(150.0, pending, set(), below, {}) == []  # once
+    assert w.queues(160.0, pending, {"a"}, below, {}) == []  # a placement resets it
+    assert w.queues(250.0, pending, set(), below, {}) == []
+    assert len(w.queues(350.0, pending, set(), below, {})) == 1
