@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import shlex
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
