@@ -476,6 +476,10 @@ class Admission:
                 add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
             add(usage.setdefault(job.spec.queue, {}), job_usage(job))
         self.book = QueueBook(state.queues, usage)
+        # The book as it will be once the preemptions under way are done (victims gone,
+        # preemptors placed): what further preemptions are decided on, so that victims
+        # stopping are not counted as borrowing twice.
+        self.future = self.book.copy()
         past = {q: fairshare.past_allocation(rec, now, policy.half_life_s) for q, rec in state.queue_past.items()}
         self.shares = fairshare.Shares(self.book, state.capacity, past)
         self.models = sorted(state.index.models())
@@ -555,6 +559,23 @@ def _victims_live(w: _Work, job: Job) -> tuple[bool, set[str]]:
     return live, hosts
 
 
+def _foresee(w: _Work, adm: Admission, job: Job) -> None:
+    """Count a waiting preemptor in the future book: its victims still stopping gone, its
+    demand taken."""
+    for entry in job.preempting:
+        vid, number = _victim_try(entry)
+        victim = w.plan.jobs.get(vid) or w.state.jobs.get(vid)
+        if victim is None:
+            continue
+        live = [a for a in victim.current_tasks() if a.number == number and not a.state.terminal]
+        if live:
+            gone: dict[str, float] = {}
+            for a in live:
+                add(gone, task_demand(victim.spec, a.gpu_model))
+            adm.future.give(victim.spec.queue, gone)
+    adm.future.take(job.spec.queue, adm.demand(job))
+
+
 def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
     """Stop the running tries that reached their time limit (SIGTERM, the grace of their
     task, SIGKILL); they end TIMEOUT once their agent reports them stopped."""
@@ -619,26 +640,28 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
                 continue
             if now - min(started) < vq.min_runtime_s:
                 continue
-            if wanted and not any(r in wanted for r in job_usage(job)):
+            held = job_usage(job)
+            if wanted and not any(r in wanted for r in held):
                 continue
-            pool.append(((job.spec.priority, now - min(started), -job.submitted_at, job.id), job))
+            gpus = sum(v for r, v in held.items() if r.startswith("gpu:")) or held.get("cpu", 1.0) / 1000
+            pool.append(((job.spec.priority, (now - min(started)) * gpus, -job.submitted_at, job.id), job))
     pool.sort(key=lambda x: x[0])
     out: list[preemption.Victim] = []
     for _cost, job in pool:
         tasks = [t for t in job.current_tasks() if not t.state.terminal]
         if any(t.host_id in w.frozen_hosts for t in tasks):
             continue
-        held: list[tuple[str, Task]] = []
+        where: list[tuple[str, Task]] = []
         for t in tasks:
             alloc = state.allocs.get(t.host_id)
             task = next((x for x in alloc.tasks if x.attempt_id == t.id), None) if alloc else None
             if task is None or task.stop:
                 break
-            held.append((t.host_id, task))
+            where.append((t.host_id, task))
         else:
             since = min(t.started_at or now for t in tasks)
             out.append(preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at,
-                                         job_usage(job), tuple(held)))
+                                         job_usage(job), tuple(where)))
             if len(out) >= limit:
                 break
     return out
@@ -670,7 +693,7 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
     if refusal is None:
         if q.preempt_within:
             kinds.append(preemption.PRIORITY)
-        if q.reclaim and adm.book.within_nominal(job.spec.queue, demand):
+        if q.reclaim and adm.future.within_nominal(job.spec.queue, demand):
             kinds.append(preemption.RECLAIM)
         if q.fair_share_preemption:
             kinds.append(preemption.FAIR_SHARE)
@@ -694,7 +717,7 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
                 candidates.append(v)
     if not candidates:
         return 0
-    found = preemption.choose(req, candidates, adm.book, adm.shares, now, _fits(placer, job.spec))
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, job.spec))
     if found is None or len(found.victims) > allowed:
         return 0
     hosts = {h for v in found.victims for h, _t in v.tasks}
@@ -723,6 +746,9 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
         w.plan.events.append(_event("job.preempting", victim, victim.current, now, why))
     me.preempting = entries
     me.updated_at = now
+    for v in found.victims:
+        adm.future.give(v.queue, v.usage)
+    adm.future.take(job.spec.queue, demand)
     key = (found.kind, job.spec.queue)
     w.plan.preempted[key] = w.plan.preempted.get(key, 0) + len(found.victims)
     return len(found.victims)
@@ -764,6 +790,7 @@ def place_queued(
         if job.preempting:
             live, hosts = _victims_live(w, job)
             held[job.id] = hosts
+            _foresee(w, adm, job)
             if live:
                 waiting |= hosts
                 inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
@@ -778,9 +805,71 @@ def place_queued(
     reservation: set[str] | None = None
     blocked: list[tuple[Job, Refusal | None]] = []
 
-    def order() -> Iterator[Job]:
+    # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
+    # second pass, and none is placed in a cohort where a job within its nominal quota
+    # waits for victims to stop (what reclaim frees is not lent out again at once).
+    deferred: dict[str, list[Job]] = {}
+    starved: set[str | None] = set()  # cohorts with a preemption under way
+    for job in candidates.values():
+        if job.preempting and job.id not in {r.id for r in ready}:
+            q = adm.queue(job)
+            starved.add(q.cohort if q is not None else None)
+
+    def first_pass() -> Iterator[Job]:
         yield from ready
-        yield from fairshare.admission_order(by_queue, adm.shares.share)
+        for job in fairshare.admission_order(by_queue, adm.shares.share):
+            if book.would_borrow(job.spec.queue, adm.demand(job)):
+                deferred.setdefault(job.spec.queue, []).append(job)
+            else:
+                yield job
+
+    def second_pass() -> Iterator[Job]:
+        for job in fairshare.admission_order(deferred, adm.shares.share):
+            q = adm.queue(job)
+            if q is not None and starved and (q.cohort in starved or not q.quota):
+                continue
+            yield job
+
+    within = [True]  # in the first pass
+
+    def order() -> Iterator[Job]:
+        yield from first_pass()
+        if budget > 0:
+            preempt_blocked()
+        within[0] = False
+        yield from second_pass()
+
+    def wait_for_reclaim(job: Job) -> None:
+        """A job within its queue's nominal quota found no room: what borrowers would take
+        now is what reclaim will take back, so the cohort lends nothing new this cycle."""
+        q = adm.queue(job)
+        if within[0] and q is not None and q.reclaim and q.cohort is not None:
+            starved.add(q.cohort)
+
+    budget = policy.preemptions_per_cycle
+    gave_up: set[str] = set()
+
+    def preempt_blocked() -> None:
+        """Preemption, for the jobs that could not be placed, in admission order, within
+        the cycle's and each queue's limits."""
+        nonlocal budget
+        gave_up.update(j for j in held if j in w.plan.jobs and not w.plan.jobs[j].preempting)
+        for job, refusal in blocked:
+            if budget <= 0 or w.plan.keys + 4 > max_keys:
+                break
+            if job.id in w.frozen_jobs or job.id in skip or job.id in gave_up or w.busy(job.id) \
+                    or job.not_before > now:
+                continue
+            current = w.plan.jobs.get(job.id, job)
+            if current.state is not JobState.QUEUED or current.preempting:
+                continue
+            n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
+            if n:
+                budget -= n
+                inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + n
+                q = adm.queue(job)
+                starved.add(q.cohort if q is not None else None)
+        blocked.clear()
 
     for job in order():
         if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
@@ -802,6 +891,8 @@ def place_queued(
             if job.preempting:
                 _forget_preemption(w, job, now)
             blocked.append((job, refusal))
+            if refusal is not None and refusal.within_nominal:
+                wait_for_reclaim(job)
             continue
         if job.spec.replicas > 1:
             choices = placer.place_gang(spec)
@@ -809,6 +900,7 @@ def place_queued(
                 if job.preempting:
                     _forget_preemption(w, job, now)
                 blocked.append((job, None))
+                wait_for_reclaim(job)
                 if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
                         and now - job.submitted_at < gang_reserve_after_s + gang_reserve_max_s:
                     # Hold back hosts for this gang, for a bounded time, so that a stream
@@ -821,6 +913,7 @@ def place_queued(
                 if job.preempting:
                     _forget_preemption(w, job, now)
                 blocked.append((job, None))
+                wait_for_reclaim(job)
                 continue
             choices = [choice]
         for c in choices:
@@ -879,23 +972,8 @@ def place_queued(
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
     placer.exclude = reservation or set()
-    # Preemption, for the jobs that could not be placed, in admission order, within the
-    # cycle's and each queue's limits.
-    budget = policy.preemptions_per_cycle
-    gave_up = {j for j in held if j in w.plan.jobs and not w.plan.jobs[j].preempting}
-    for job, refusal in blocked:
-        if budget <= 0 or w.plan.keys + 4 > max_keys:
-            break
-        if job.id in w.frozen_jobs or job.id in skip or job.id in gave_up or w.busy(job.id) \
-                or job.not_before > now:
-            continue
-        current = w.plan.jobs.get(job.id, job)
-        if current.state is not JobState.QUEUED or current.preempting:
-            continue
-        n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
-        if n:
-            budget -= n
-            inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + n
+    if budget > 0:
+        preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
 
 
 def _forget_preemption(w: _Work, job: Job, now: float) -> None:

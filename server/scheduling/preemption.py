@@ -11,8 +11,8 @@ Three kinds, each switched per queue (wire.messages.Queue):
 Rules: reclaim and fair share never take a job from a queue that is not above its
 nominal quota (checked again after each victim chosen); no job younger than its queue's
 `min_runtime_s` and no job already stopping is a victim; a gang is a victim as a whole.
-Victims are chosen to lose the least work: lowest priority first, then the shortest
-runtime; then every victim not needed for the fit is given back (most valuable first),
+Victims are chosen to lose the least work: lowest priority first, then the least
+runtime times GPUs held; then every victim not needed for the fit is given back (most valuable first),
 so the set is minimal in that order.
 """
 
@@ -45,8 +45,11 @@ class Victim:
     tasks: tuple[tuple[str, Task], ...]  # (host, task) of each live task
 
     def cost(self, now: float) -> tuple[int, float, float, str]:
-        """Lower is cheaper to stop: low priority, then little runtime lost."""
-        return (self.priority, now - self.started_at, -self.submitted_at, self.job_id)
+        """Lower is cheaper to stop: low priority, then little work lost (its runtime
+        times the GPUs it holds, or times its CPUs for a job without GPUs)."""
+        gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
+        size = gpus or self.usage.get("cpu", 1.0) / 1000
+        return (self.priority, (now - self.started_at) * size, -self.submitted_at, self.job_id)
 
 
 @dataclass

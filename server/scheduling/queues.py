@@ -303,6 +303,15 @@ class QueueBook:
             return True
         return any(meters(q, r) and self.used(name, r) > nominal(q, r) + EPS for r in resources)
 
+    def would_borrow(self, name: str, demand: Mapping[str, float]) -> bool:
+        """Whether taking `demand` puts the queue above its nominal quota on a resource it
+        meters (an unmetered queue always borrows)."""
+        q = self.queues.get(name)
+        if q is None or unmetered(q):
+            return True
+        return any(v > 0 and meters(q, r) and self.used(name, r) + v > nominal(q, r) + EPS
+                   for r, v in demand.items())
+
     def within_nominal(self, name: str, demand: Mapping[str, float]) -> bool:
         """Whether the queue, taking `demand`, stays within its nominal quota on every
         resource it meters (and meters at least one of them): reclaim applies."""
