@@ -31,6 +31,7 @@ import json
 import math
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +262,9 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             (idle_grace if stopping else idle_outside).append(idle / sim.total)
         if int(now / args.cycle) % int(max(1, 1.0 / args.cycle)) == 0:
             samples.append({"t": round(now, 2), "alloc": alloc, "queued": dict(sim.state.queue_queued)})
+            if int(now) % 30 == 0:
+                print(f"t={now:.0f}/{end:.0f} s: GPUs held {alloc}, queued {dict(sim.state.queue_queued)}",
+                      file=sys.stderr, flush=True)
         now = round(now + args.cycle, 6)
     delivered = lost = 0.0
     preempted = 0

@@ -626,6 +626,8 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
         vq = book.queue(qn)
         if vq is None:
             continue
+        if kind != preemption.PRIORITY and not adm.future.over_nominal(qn, wanted):
+            continue  # nothing of this queue may be taken: do not walk its jobs
         for job_id in state.queue_live.get(qn, ()):
             if job_id in w.plan.jobs or job_id in w.frozen_jobs:
                 continue
@@ -847,15 +849,16 @@ def place_queued(
             starved.add(q.cohort)
 
     budget = policy.preemptions_per_cycle
+    tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
     gave_up: set[str] = set()
 
     def preempt_blocked() -> None:
         """Preemption, for the jobs that could not be placed, in admission order, within
         the cycle's and each queue's limits."""
-        nonlocal budget
+        nonlocal budget, tries
         gave_up.update(j for j in held if j in w.plan.jobs and not w.plan.jobs[j].preempting)
         for job, refusal in blocked:
-            if budget <= 0 or w.plan.keys + 4 > max_keys:
+            if budget <= 0 or tries <= 0 or w.plan.keys + 4 > max_keys:
                 break
             if job.id in w.frozen_jobs or job.id in skip or job.id in gave_up or w.busy(job.id) \
                     or job.not_before > now:
@@ -863,6 +866,7 @@ def place_queued(
             current = w.plan.jobs.get(job.id, job)
             if current.state is not JobState.QUEUED or current.preempting:
                 continue
+            tries -= 1
             n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
             if n:
                 budget -= n
