@@ -62,6 +62,7 @@ class Shares:
         self.book = book
         self.capacity = {r: v for r, v in capacity.items() if v > 0}
         self.past = past or {}
+        self._cache: dict[str, tuple[int, float]] = {}
 
     def dominant(self, name: str) -> float:
         """The queue's dominant share (unweighted): 0 for a queue that holds nothing and
@@ -76,8 +77,14 @@ class Shares:
         return best
 
     def share(self, name: str) -> float:
+        version = self.book.versions.get(name, 0)
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
         q = self.book.queues.get(name)
-        return self.dominant(name) / (q.weight if q is not None else 1.0)
+        value = self.dominant(name) / (q.weight if q is not None else 1.0)
+        self._cache[name] = (version, value)
+        return value
 
     def entitled(self, name: str, active: list[str]) -> float:
         """The dominant share the queue is entitled to among the `active` queues (those

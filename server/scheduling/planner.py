@@ -483,6 +483,7 @@ class Admission:
         past = {q: fairshare.past_allocation(rec, now, policy.half_life_s) for q, rec in state.queue_past.items()}
         self.shares = fairshare.Shares(self.book, state.capacity, past)
         self.models = sorted(state.index.models())
+        self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
 
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)
@@ -516,6 +517,14 @@ class Admission:
     def demand(self, job: Job) -> dict[str, float]:
         """What the job would take (for preemption): its GPUs counted as the model its
         queue has most quota of among those it accepts."""
+        hit = self._demands.get(job.id)
+        if hit is not None and hit[0] is job.spec:
+            return hit[1]
+        d = self._demand(job)
+        self._demands[job.id] = (job.spec, d)
+        return d
+
+    def _demand(self, job: Job) -> dict[str, float]:
         spec = job.spec
         q = self.book.queue(spec.queue)
         model: str | None = None
@@ -806,6 +815,9 @@ def place_queued(
     kept = set().union(*held.values()) if held else set()
     reservation: set[str] | None = None
     blocked: list[tuple[Job, Refusal | None]] = []
+    # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
+    # a job at least as large in every respect is refused too, and not looked at.
+    refused: dict[str, tuple[tuple[float, ...], Refusal]] = {}
 
     # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
     # second pass, and none is placed in a cohort where a job within its nominal quota
@@ -826,11 +838,11 @@ def place_queued(
                 yield job
 
     def second_pass() -> Iterator[Job]:
-        for job in fairshare.admission_order(deferred, adm.shares.share):
-            q = adm.queue(job)
-            if q is not None and starved and (q.cohort in starved or not q.quota):
-                continue
-            yield job
+        def lends(name: str) -> bool:
+            q = book.queue(name)
+            return q is None or not starved or (q.cohort not in starved and bool(q.quota))
+
+        yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share)
 
     within = [True]  # in the first pass
 
@@ -887,11 +899,22 @@ def place_queued(
         q = adm.queue(job)
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
+        size = (job.spec.gpus, job.spec.gpu_share, job.spec.replicas, job.spec.cpus, job.spec.memory_mb)
+        floor = refused.get(job.spec.queue)
+        if floor is not None and job.spec.models() is None and all(
+                x >= y for x, y in zip(size, floor[0], strict=True)):
+            # At least as large as a job its queue's quota just refused: refused too
+            # (kept for preemption while the cycle may still look for victims).
+            if len(blocked) < 2 * policy.preemptions_per_cycle:
+                blocked.append((job, floor[1]))
+            continue
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
         # but those still stopping for others; any other job none of them.
         placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)
         spec, refusal = adm.restrict(job)
         if spec is None:
+            if job.spec.models() is None and refusal is not None and not job.preempting:
+                refused.setdefault(job.spec.queue, (size, refusal))
             if job.preempting:
                 _forget_preemption(w, job, now)
             blocked.append((job, refusal))

@@ -167,6 +167,9 @@ class QueueBook:
         if DEFAULT_QUEUE not in self.queues:
             self.queues[DEFAULT_QUEUE] = implicit_default_queue()
         self.usage: dict[str, dict[str, float]] = {q: dict(u) for q, u in usage.items()}
+        # Changes with every take/give of a queue (shares computed from the book are cached by it).
+        self.versions: dict[str, int] = {}
+        self.gpu_metered = {n: any(k.startswith(GPU_PREFIX) for k in q.quota) for n, q in self.queues.items()}
         self.cohorts: dict[str, list[str]] = {}
         for name in sorted(self.queues):
             c = self.queues[name].cohort
@@ -185,13 +188,22 @@ class QueueBook:
         other = QueueBook.__new__(QueueBook)
         other.queues = self.queues
         other.usage = {q: dict(u) for q, u in self.usage.items()}
+        other.versions = {}
         other.cohorts = self.cohorts
+        other.gpu_metered = self.gpu_metered
         other.pool = dict(self.pool)
         other.drawn = dict(self.drawn)
         return other
 
     def queue(self, name: str) -> Queue | None:
         return self.queues.get(name)
+
+    def meters(self, name: str, resource: str) -> bool:
+        """`meters(queue, resource)`, from figures kept per queue."""
+        if resource.startswith(GPU_PREFIX):
+            return self.gpu_metered.get(name, False)
+        q = self.queues.get(name)
+        return q is not None and resource in q.quota
 
     def used(self, name: str, resource: str) -> float:
         return self.usage.get(name, {}).get(resource, 0.0)
@@ -219,7 +231,7 @@ class QueueBook:
             return Refusal(UNKNOWN_QUEUE, "", 0.0, 0.0, 0.0)
         for r in sorted(demand):
             want = demand[r]
-            if want <= 0 or not meters(q, r):
+            if want <= 0 or not self.meters(name, r):
                 continue
             used = self.used(name, r)
             new = used + want
@@ -244,6 +256,7 @@ class QueueBook:
     def take(self, name: str, d: Mapping[str, float], sign: float = 1.0) -> None:
         """Queue `name` now holds `d` more (`sign` -1: less)."""
         q = self.queues.get(name)
+        self.versions[name] = self.versions.get(name, 0) + 1
         before = dict(self.usage.get(name, {}))
         add(self.usage.setdefault(name, {}), d, sign)
         if q is None or q.cohort is None:
@@ -301,7 +314,7 @@ class QueueBook:
         q = self.queues.get(name)
         if q is None or unmetered(q):
             return True
-        return any(meters(q, r) and self.used(name, r) > nominal(q, r) + EPS for r in resources)
+        return any(self.meters(name, r) and self.used(name, r) > nominal(q, r) + EPS for r in resources)
 
     def would_borrow(self, name: str, demand: Mapping[str, float]) -> bool:
         """Whether taking `demand` puts the queue above its nominal quota on a resource it
@@ -309,7 +322,7 @@ class QueueBook:
         q = self.queues.get(name)
         if q is None or unmetered(q):
             return True
-        return any(v > 0 and meters(q, r) and self.used(name, r) + v > nominal(q, r) + EPS
+        return any(v > 0 and self.meters(name, r) and self.used(name, r) + v > nominal(q, r) + EPS
                    for r, v in demand.items())
 
     def within_nominal(self, name: str, demand: Mapping[str, float]) -> bool:
@@ -318,7 +331,7 @@ class QueueBook:
         q = self.queues.get(name)
         if q is None or unmetered(q):
             return False
-        metered = [r for r in demand if demand[r] > 0 and meters(q, r)]
+        metered = [r for r in demand if demand[r] > 0 and self.meters(name, r)]
         return bool(metered) and all(self.used(name, r) + demand[r] <= nominal(q, r) + EPS for r in metered)
 
 
