@@ -713,8 +713,11 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
             kinds.append(preemption.RECLAIM)
         if q.preempt_within:
             kinds.append(preemption.PRIORITY)
-    elif refusal.reason == OVER_QUOTA and q.preempt_within:
-        kinds.append(preemption.PRIORITY)
+    elif refusal.reason == OVER_QUOTA:
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+        if q.fair_share_preemption and not refusal.hard:
+            kinds.append(preemption.FAIR_SHARE)  # it would borrow, and the pool is drawn by others
     allowed = min(budget, q.max_preemptions - inflight.get(job.spec.queue, 0), MAX_PREEMPTING)
     if not kinds or allowed <= 0:
         return 0

@@ -6,7 +6,7 @@ Three kinds, each switched per queue (wire.messages.Queue):
 - reclaim: a job of a queue that stays within its nominal quota stops jobs of queues
   that borrow (hold more than their nominal quota, in its cohort, or unmetered queues);
 - fair share (off by default): a job stops jobs of queues over their nominal quota
-  whose share stays above the preemptor's queue's share.
+  whose share stays at least as high as the preemptor's queue's share.
 
 Rules: reclaim and fair share never take a job from a queue that is not above its
 nominal quota (checked again after each victim chosen); no job younger than its queue's
@@ -93,7 +93,8 @@ def eligible(v: Victim, req: Request, kind: str, book: QueueBook, shares: Shares
         after.give(v.queue, v.usage)
         after.take(req.queue, req.demand)
         s = Shares(after, shares.capacity, shares.past)
-        return s.share(v.queue) > s.share(req.queue)
+        # Shares meeting is fair; the move back would leave the other queue lower: no ping-pong.
+        return s.share(v.queue) >= s.share(req.queue) - 1e-9
     return False
 
 
@@ -104,6 +105,8 @@ def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: 
     the first kind (in `req.kinds` order) that finds one; None when none does."""
     ranked = sorted(candidates, key=lambda v: v.cost(now))[:MAX_CANDIDATES]
     for kind in req.kinds:
+        if kind == RECLAIM and not book.within_nominal(req.queue, req.demand):
+            continue  # reclaim only restores a queue's nominal quota
         chosen: list[Victim] = []
         trial = book.copy()
         found = False

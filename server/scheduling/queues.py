@@ -141,6 +141,9 @@ class Refusal:
     used: float
     wanted: float
     limit: float
+    # The queue's own limit is reached (nominal without a cohort, or nominal + borrowing
+    # limit), not merely the cohort's pool: no preemption across queues can help.
+    hard: bool = False
 
     def detail(self) -> str:
         return (f"{self.resource}: {_fmt(self.used)} used + {_fmt(self.wanted)} wanted > "
@@ -238,11 +241,11 @@ class QueueBook:
             n = nominal(q, r)
             if q.cohort is None:
                 if new > n + EPS:
-                    return Refusal(OVER_QUOTA, r, used, want, n)
+                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True)
                 continue
             limit = n + borrowing_limit(q, r)
             if new > limit + EPS:
-                return Refusal(OVER_QUOTA, r, used, want, limit)
+                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True)
             key = (q.cohort, r)
             if key not in self.pool:
                 self._recount(q.cohort, r)

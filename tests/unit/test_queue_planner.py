@@ -178,6 +178,27 @@ def test_preempted_tries_do_not_count_against_max_attempts() -> None:
     assert w.job("low").state is JobState.PLACED and w.job("low").tries == 2
 
 
+def test_fair_share_preemption_evens_out_borrowing_by_weight() -> None:
+    w = QWorld()
+    w.host("h1", gpus=8)
+    for name, gpus in (("a", 2), ("b", 2), ("idle", 4)):
+        w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, fair_share_preemption=name == "b")
+    _fill(w, "a", 8, NOW - 1000)  # a borrows all it can: b's 2 and the idle queue's 4
+    for i in range(8):
+        w.qsubmit(f"b{i}", "b", submitted_at=NOW - 10 + i)
+    now = NOW
+    for _ in range(6):
+        w.qcycle(w.agent_reports(now), now=now)
+        no_overcommit(w.state)
+        now += 1
+    # b took back its nominal (reclaim), then what a borrowed from the idle queue was
+    # shared out by fair share until the shares met.
+    assert (w.holding("a"), w.holding("b")) == (4, 4)
+    kinds = {a.reason.split(")")[0].split("(")[-1] for j in w.state.jobs.values() for a in j.attempts
+             if a.state is AttemptState.PREEMPTED}
+    assert kinds == {"reclaim", "fair-share"}
+
+
 def test_min_runtime_and_disabled_preemption_protect_running_jobs() -> None:
     w = QWorld()
     w.host("h1", gpus=1)
