@@ -426,7 +426,11 @@ class Agent:
         for attempt_id, run in list(self.runs.items()):
             t = wanted.get(attempt_id)
             if t is None or t.stop:
-                asyncio.create_task(run.stop("cancelled" if t is not None else "no longer assigned"))
+                # A stop from the control plane (cancel, drain, preemption, time limit)
+                # says why and may give its own grace between SIGTERM and SIGKILL.
+                why = (t.stop_reason or "cancelled") if t is not None else "no longer assigned"
+                grace = t.grace_s if t is not None and t.grace_s > 0 else None
+                asyncio.create_task(run.stop(why, grace))
         if self.fenced:
             return  # never start work while cut off
         for t in alloc.tasks:

@@ -111,6 +111,9 @@ class Run:
         env.update(self.task.env)
         env.update(gpu_env(self.task, self.mps))
         env.update(task_facts(self.task, self.host_id))
+        # Seconds between SIGTERM and SIGKILL when the control plane stops this attempt
+        # (preemption, time limit, cancel): the task's window to checkpoint.
+        env["MUSTER_PREEMPT_DEADLINE"] = f"{self.task.grace_s or self.kill_grace_s:g}"
         return env
 
     async def _spawn(self) -> str:

@@ -5,6 +5,7 @@
     python -m bench --nats-cluster 3 ...
     python -m bench plot bench/results/50k-500.json [-o 50k-500.png]
     python -m bench placement --pods PODS.csv --nodes NODES.csv [--policy fgd] [--seeds 10]
+    python -m bench --tenants 4 --hosts 200 --rate 500 [--trace]   (fairness: bench/fairness.py)
 
 See bench/run.py for what is measured, `python -m bench --help` for every option and
 bench/results/README.md for the recorded runs.
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.placement import main as placement_main
 
         return placement_main(argv[1:])
+    if any(a == "--tenants" or a.startswith("--tenants=") for a in argv):
+        from bench.fairness import run as fairness_run
+
+        return fairness_run(argv)
     if argv[:1] == ["plot"]:
         from bench.cli import plot_command
 

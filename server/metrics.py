@@ -59,6 +59,19 @@ PLACEMENT_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+PREEMPTIONS = Counter(
+    "muster_preemptions_total", "Jobs told to stop to make room, by the preempting queue and the kind of preemption",
+    ["queue", "kind"], registry=REGISTRY)
+TIMEOUTS = Counter("muster_timeouts_total", "Tries stopped at their time limit", registry=REGISTRY)
+QUEUE_ALLOCATED = Gauge("muster_queue_allocated", "What a queue's jobs hold now, by resource",
+                        ["queue", "resource"], registry=REGISTRY)
+QUEUE_NOMINAL = Gauge("muster_queue_nominal", "A queue's nominal quota, by resource", ["queue", "resource"],
+                      registry=REGISTRY)
+QUEUE_BORROWED = Gauge("muster_queue_borrowed", "What a queue holds above its nominal quota, by resource",
+                       ["queue", "resource"], registry=REGISTRY)
+QUEUE_PENDING = Gauge("muster_queue_pending", "A queue's jobs waiting to be placed", ["queue"], registry=REGISTRY)
+QUEUE_FAIR_SHARE = Gauge("muster_queue_fair_share", "A queue's weighted dominant share (current use and decayed "
+                         "past use, over cluster capacity, divided by its weight)", ["queue"], registry=REGISTRY)
 PLAN_SECONDS = Histogram(
     "muster_plan_seconds",
     "One scheduling cycle's planning on the event loop: deciding (server.scheduling.planner) and encoding its records",

@@ -25,18 +25,32 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling.capacity import POLICIES
+from server.scheduling.planner import QueuePolicy
+from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
+from server.views.queues import rows as queue_rows
 from wire import subjects
-from wire.errors import ConfigError, ConflictError, InvalidInput, NotFound, StoreError, ValidationError
+from wire.errors import ConfigError, ConflictError, Forbidden, InvalidInput, NotFound, StoreError, ValidationError
 from wire.kv import Store, Watch, Write, connect
-from wire.messages import Command, Event, Job, JobState, encode, new_id
+from wire.messages import (
+    DEFAULT_QUEUE,
+    Command,
+    Event,
+    Job,
+    JobSpec,
+    JobState,
+    Queue,
+    encode,
+    implicit_default_queue,
+    new_id,
+)
 from wire.records import Record
-from wire.validation import validate_job, validate_reason
+from wire.validation import validate_job, validate_queue, validate_reason
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +95,17 @@ class ServerConfig:
     trusted_proxies: str = field(default_factory=lambda: os.environ.get("MUSTER_TRUSTED_PROXIES", "127.0.0.1,::1"))
     # How long a console session lasts (seconds).
     session_ttl_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_SESSION_TTL", "28800")))
+    # Fair share: the half-life of queues' past use (0: only current use counts), and how
+    # many jobs one scheduling cycle may preempt, all queues together.
+    fair_share_half_life_s: float = field(
+        default_factory=lambda: float(os.environ.get("MUSTER_FAIR_SHARE_HALF_LIFE", "3600")))
+    preemptions_per_cycle: int = field(
+        default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTIONS_PER_CYCLE", "16")))
+    # Alerts: this many preemptions within a minute is a storm; a queue below its entitled
+    # share with jobs waiting and none placed for this long is starved.
+    preemption_storm: int = field(default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTION_STORM", "50")))
+    queue_starved_after_s: float = field(
+        default_factory=lambda: float(os.environ.get("MUSTER_QUEUE_STARVED_AFTER", "600")))
 
     @property
     def database_url(self) -> str:
@@ -96,7 +121,7 @@ class Muster:
         self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
         # The read models the API and the console show (server.views).
         self.hosts: HostTable = self.state.host_table
-        self.jobs = JobView(self.state, None)
+        self.jobs = JobView(self.state, None, half_life_s=config.fair_share_half_life_s)
         self.nc: NATS | None = None
         self.hb_nc: NATS | None = None
         self.historian: HistorianProcess | None = None
@@ -111,6 +136,7 @@ class Muster:
         self._tasks: list[asyncio.Task[None]] = []
         self._watches: list[Watch] = []
         self._closed = False
+        self._gauge_labels: dict[int, set[tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,7 +187,11 @@ class Muster:
         self.scheduler = Scheduler(self.store, self.state, self.leadership,
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s,
                                                    placement_policy=cfg.placement_policy,
-                                                   placement_candidates=max(1, cfg.placement_candidates)),
+                                                   placement_candidates=max(1, cfg.placement_candidates),
+                                                   queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
+                                                                      preemptions_per_cycle=cfg.preemptions_per_cycle),
+                                                   watch=QueueWatch(storm_count=cfg.preemption_storm,
+                                                                    starved_after_s=cfg.queue_starved_after_s)),
                                    caught_up=self._watches[0].caught_up)
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
@@ -276,10 +306,35 @@ class Muster:
             for st in JobState:
                 metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
+            self._queue_gauges()
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=2)
             except TimeoutError:
                 pass
+
+    def _queue_gauges(self) -> None:
+        """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share."""
+        seen: set[tuple[str, ...]] = set()
+        for row in queue_rows(self.state, time.time(), self.config.fair_share_half_life_s):
+            name = row.queue.name
+            metrics.QUEUE_PENDING.labels(name).set(row.pending)
+            metrics.QUEUE_FAIR_SHARE.labels(name).set(row.share)
+            seen.add((name,))
+            for r in row.resources:
+                metrics.QUEUE_ALLOCATED.labels(name, r.resource).set(r.used)
+                metrics.QUEUE_BORROWED.labels(name, r.resource).set(r.borrowed)
+                if r.nominal is not None:
+                    metrics.QUEUE_NOMINAL.labels(name, r.resource).set(r.nominal)
+                seen.add((name, r.resource))
+        for gauge in (metrics.QUEUE_PENDING, metrics.QUEUE_FAIR_SHARE, metrics.QUEUE_ALLOCATED,
+                      metrics.QUEUE_BORROWED, metrics.QUEUE_NOMINAL):
+            for labels in list(self._gauge_labels.get(id(gauge), set())):
+                if labels not in seen:
+                    try:
+                        gauge.remove(*labels)
+                    except KeyError:
+                        pass
+            self._gauge_labels[id(gauge)] = {x for x in seen if len(x) == len(gauge._labelnames)}
 
     @property
     def ready(self) -> bool:
@@ -294,14 +349,39 @@ class Muster:
     def known_gpu_models(self) -> set[str]:
         return self.state.index.models()
 
-    async def submit(self, data: dict[str, Any], user: str) -> Job:
+    def queue(self, name: str) -> Queue | None:
+        """A queue's record; the `default` queue always exists."""
+        q = self.state.queues.get(name)
+        if q is None and name == DEFAULT_QUEUE:
+            return implicit_default_queue()
+        return q
+
+    def queues(self) -> list[Queue]:
+        out = dict(self.state.queues)
+        out.setdefault(DEFAULT_QUEUE, implicit_default_queue())
+        return [out[n] for n in sorted(out)]
+
+    def _check_queue(self, spec: JobSpec, allowed: list[str] | None) -> None:
+        """A job may go to an existing queue its token is bound to, within the queue's
+        maximum time limit. Raises Forbidden or ValidationError."""
+        if allowed is not None and spec.queue not in allowed:
+            raise Forbidden(f"this token may not submit to queue {spec.queue!r} (only to {', '.join(allowed)})")
+        q = self.queue(spec.queue)
+        if q is None:
+            raise ValidationError("queue", f"no queue named {spec.queue!r}", "UNKNOWN_QUEUE")
+        if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
+            raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
+                                  "OUT_OF_RANGE")
+
+    async def submit(self, data: dict[str, Any], user: str, queues: list[str] | None = None) -> Job:
         """Validate and store a job (QUEUED). Raises InvalidInput (nothing stored) when
-        it is rejected."""
+        it is rejected; Forbidden when `queues` (the caller's token's) leave its queue out."""
         data = dict(data)
         data.setdefault("user", user)
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
             raise InvalidInput(errors)
+        self._check_queue(spec, queues)
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
         assert self.store is not None
@@ -310,16 +390,25 @@ class Muster:
         metrics.SUBMISSIONS.inc()
         return job
 
-    async def submit_many(self, items: list[dict[str, Any]], user: str) -> list[Job | InvalidInput]:
+    async def submit_many(self, items: list[dict[str, Any]], user: str,
+                          queues: list[str] | None = None) -> list[Job | InvalidInput | Forbidden]:
         """Validate every job, then store the valid ones in one atomic batch per 1,000;
         each item's result is its job or why it was rejected."""
         known = self.known_gpu_models()
         now = time.time()
-        results: list[Job | InvalidInput] = []
+        results: list[Job | InvalidInput | Forbidden] = []
         for data in items:
             data = dict(data)
             data.setdefault("user", user)
             spec, errors = validate_job(data, known)
+            if spec is not None:
+                try:
+                    self._check_queue(spec, queues)
+                except ValidationError as exc:
+                    spec, errors = None, [exc]
+                except Forbidden as exc:
+                    results.append(exc)
+                    continue
             results.append(InvalidInput(errors) if spec is None
                            else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now))
         assert self.store is not None
@@ -334,6 +423,67 @@ class Muster:
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
+
+    # ------------------------------------------------------------ queues
+
+    async def create_queue(self, data: dict[str, Any], by: str) -> Queue:
+        """Store a new queue. Raises ValidationError (bad input, or the name is taken)."""
+        now = time.time()
+        q = validate_queue({**data, "created_at": now, "updated_at": now, "by": by})
+        if q.name in self.state.queues:
+            raise ValidationError("name", f"a queue named {q.name!r} exists", "EXISTS")
+        await self._put_queue(q, 0)
+        return q
+
+    async def update_queue(self, name: str, changes: dict[str, Any], by: str) -> Queue:
+        """Change the given fields of a queue (the `default` queue gets a record of its own
+        on its first change). Raises NotFound or ValidationError."""
+        for _ in range(5):
+            cur = self.queue(name)
+            if cur is None:
+                raise NotFound(f"no queue named {name!r}")
+            q = validate_queue({**cur.model_dump(), **changes, "name": name, "updated_at": time.time(), "by": by})
+            try:
+                await self._put_queue(q, self.state.revisions.get(subjects.queue_key(name), 0))
+                return q
+            except ConflictError:
+                assert self.store is not None
+                self.state.apply_state_record(await self.store.get(subjects.queue_key(name)))
+        raise ConflictError("the queue changed concurrently; try again", field="name")
+
+    async def delete_queue(self, name: str, by: str) -> None:
+        """Delete a queue that holds no work. Raises NotFound, or ValidationError
+        (QUEUE_IN_USE with the counts; the default queue cannot be deleted)."""
+        if name == DEFAULT_QUEUE:
+            raise ValidationError("name", "the default queue always exists (change it with updateQueue)",
+                                  "PROTECTED")
+        if name not in self.state.queues:
+            raise NotFound(f"no queue named {name!r}")
+        queued = self.state.queue_queued.get(name, 0)
+        live = len(self.state.queue_live.get(name, ()))
+        if queued or live:
+            raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "
+                                          "cancel them or wait for them to end first", "QUEUE_IN_USE")
+        assert self.store is not None
+        key = subjects.queue_key(name)
+        rev = await self.store.delete(key, expected=self.state.revisions.get(key, 0))
+        self.state.apply_state_record(Record(key, rev, None))
+        await self._queue_event("deleted", name, by)
+
+    async def _put_queue(self, q: Queue, expected: int) -> None:
+        assert self.store is not None
+        key = subjects.queue_key(q.name)
+        rev = await self.store.put(key, encode(q), expected=expected)
+        self.state.apply_state_record(Record(key, rev, encode(q)))
+        await self._queue_event("created" if expected == 0 else "updated", q.name, q.by)
+
+    async def _queue_event(self, action: str, name: str, by: str) -> None:
+        assert self.store is not None
+        ev = Event(kind=f"queue.{action}", message=f"queue {name} {action} by {by}", data={"queue": name, "by": by})
+        try:
+            await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.queue.{action}", encode(ev))
+        except Exception:  # noqa: BLE001 - the record is stored; the event is best effort
+            log.warning("queue %s event not published", action)
 
     async def cancel(self, job_id: str, by: str, reason: str = "") -> None:
         """Ask the leader to cancel a job. Raises NotFound, or ValidationError

@@ -32,6 +32,8 @@ REASON_MAX = 512  # bytes of an attempt's reason, encoded, at most
 TAIL_MIN = 256
 REASON_MIN = 160
 CANCEL_REASON_MAX = 1024
+STOP_REASON_MAX = 160  # a task's stop reason (the control plane's own words)
+MAX_PREEMPTING = 64  # victims one preemption stops, at most (a job record lists them)
 _PENDING_REASONS_BOUND = 1024  # a dozen fixed reason strings with counts
 _JOB_ID = "j" * 64  # the longest job id
 _HOST_ID = "h" * 63  # the longest host id
@@ -83,14 +85,16 @@ def _worst_attempt(spec: JobSpec) -> Attempt:
                    task=spec.replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * max(spec.gpus, 1),
                    gpu_share=999 if spec.gpu_share else 0, mig=["u" * 96] if spec.mig_profile else [],
                    state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
-                   started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31))
+                   started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31), stop_kind="preempt",
+                   stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64)
 
 
 def job_record_bound(spec: JobSpec) -> int:
     """The most bytes the record of a job with `spec` can take, every attempt at its
     largest (its free text clipped to `text_limits`)."""
     tail, reason = text_limits(spec)
-    base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME)
+    base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
+               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
     per_attempt = len(_worst_attempt(spec).to_json()) + 1 + tail + reason
     return len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + attempts_bound(spec) * per_attempt
 
@@ -103,7 +107,8 @@ def task_record_bound(spec: JobSpec) -> int:
                 command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * max(spec.gpus, 1),
                 gpu_share=999 if spec.gpu_share else 0, gpu_memory_mb=spec.gpu_memory_mb,
                 mig=["u" * 96] if spec.mig_profile else [], cpus=spec.cpus, memory_mb=spec.memory_mb,
-                term=_LONG_NUMBER, stop=True, keep_running=True)
+                term=_LONG_NUMBER, stop=True, keep_running=True, stop_reason="r" * STOP_REASON_MAX,
+                grace_s=_LONG_TIME)
     return len(task.compact_json()) + 1
 
 

@@ -207,6 +207,21 @@ class Store:
             raise StoreError(f"write {key}: {exc}") from exc
         return int(ack.seq)
 
+    async def delete(self, key: str, *, expected: int | None = None, bucket: str = subjects.STATE_BUCKET) -> int:
+        """Delete a key (a delete marker), optionally revision-checked. Returns its revision."""
+        headers = {"KV-Operation": "DEL"}
+        if expected is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected)
+        try:
+            ack = await self.js.publish(subjects.kv_subject(bucket, key), b"", headers=headers, timeout=self.timeout)
+        except jserrors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"{key}: revision is no longer {expected}") from exc
+            raise StoreError(f"delete {key}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"delete {key}: {exc}") from exc
+        return int(ack.seq)
+
     async def commit(
         self,
         writes: list[Write],

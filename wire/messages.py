@@ -35,10 +35,11 @@ class JobState(str, enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"  # stopped at its time limit (not retried)
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT)
 
 
 class AttemptState(str, enum.Enum):
@@ -48,6 +49,10 @@ class AttemptState(str, enum.Enum):
     FAILED = "FAILED"
     KILLED = "KILLED"
     LOST = "LOST"
+    # Set by the control plane when an attempt it stopped has ended (the agent reports
+    # KILLED): stopped to make room for another job, or at its time limit.
+    PREEMPTED = "PREEMPTED"
+    TIMEOUT = "TIMEOUT"
 
     @property
     def terminal(self) -> bool:
@@ -154,6 +159,9 @@ def shape_digest(hb: Heartbeat) -> str:
 
 # ---------------------------------------------------------------- jobs
 
+DEFAULT_QUEUE = "default"
+QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
 
 class JobSpec(_Model):
     # Derived once and kept (wire.budgets.task_bytes); a spec is not changed once validated.
@@ -191,6 +199,10 @@ class JobSpec(_Model):
     gpu_memory_mb: int = Field(default=0, ge=0)
     # One MIG instance of this profile (e.g. "1g.18gb"); `gpus` and `gpu_share` are 0.
     mig_profile: str | None = Field(default=None, pattern=MIG_PROFILE_PATTERN)
+    # The queue the job runs in (its quota, fair share and preemption rules), and its
+    # time limit in seconds (0: the queue's default, if any).
+    queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME_PATTERN)
+    time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
 
     def models(self) -> frozenset[str] | None:
         """The GPU models the job accepts, None for any."""
@@ -218,6 +230,14 @@ class Attempt(_Model):
     exit_code: int | None = None
     output_tail: str = ""
     reason: str = ""
+    # What the control plane stopped it for ("preempt", "timeout") and when (the reason
+    # names the job it made room for); the agent's KILLED report then ends it
+    # PREEMPTED or TIMEOUT.
+    stop_kind: str = ""
+    stop_at: float | None = None
+    # Set at placement: the time limit it runs under (0: none), the GPU model it got.
+    time_limit_s: float = 0.0
+    gpu_model: str = ""
 
 
 class Job(_Model):
@@ -234,6 +254,9 @@ class Job(_Model):
     cancel_reason: str = ""
     # Why the job ended when no attempt says so (its records could not be written, ...).
     end_reason: str = ""
+    # A job that preempted others waits for these attempts to end before it is placed
+    # (the handover: its tasks never start beside the ones they replace).
+    preempting: list[str] = Field(default_factory=list)
 
     @property
     def current(self) -> Attempt | None:
@@ -290,6 +313,10 @@ class Task(_Model):
     stop: bool = False
     # KEEP_RUNNING jobs: the agent does not stop this attempt when it fences itself.
     keep_running: bool = False
+    # With `stop`: why (shown in the agent's log and report), and the grace in seconds
+    # between SIGTERM and SIGKILL (0: the agent's own default).
+    stop_reason: str = ""
+    grace_s: float = 0.0
 
     def __eq__(self, other: object) -> bool:  # the fields only, not the cached JSON
         return type(other) is type(self) and self.__dict__ == other.__dict__
@@ -330,6 +357,80 @@ class HostAlloc(_Model):
         host, so built from each task's JSON, made once (`Task.compact_json`)."""
         head = f'{{"v":{self.v},"host_id":{json.dumps(self.host_id)},"term":{self.term},"tasks":['
         return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
+
+
+# ---------------------------------------------------------------- queues
+
+
+class ResourceQuota(_Model):
+    """A queue's quota of one resource: what it is guaranteed (`nominal`), how much more
+    it may borrow from its cohort (None: no limit), and how much of its nominal it lends
+    to the cohort while unused (None: all of it)."""
+
+    nominal: float = Field(default=0.0, ge=0, le=1e15)
+    borrowing_limit: float | None = Field(default=None, ge=0, le=1e15)
+    lending_limit: float | None = Field(default=None, ge=0, le=1e15)
+
+
+# Resource names of quotas and usage: "gpu:<model>", "cpu" (cores), "memory_mb".
+RESOURCE_PATTERN = r"^(cpu|memory_mb|gpu:[A-Za-z0-9][A-Za-z0-9_.+-]{0,63})$"
+
+
+class Queue(_Model):
+    """The `queue.<name>` record: a queue's quota, fair-share weight, cohort, preemption
+    rules and time limits (server.scheduling.queues). A queue without any quota is
+    unmetered: it uses what is free, and all it holds counts as borrowed."""
+
+    v: Literal[1] = 1
+    name: str = Field(pattern=QUEUE_NAME_PATTERN)
+    description: str = Field(default="", max_length=512)
+    cohort: str | None = Field(default=None, pattern=QUEUE_NAME_PATTERN)
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    quota: dict[str, ResourceQuota] = Field(default_factory=dict, max_length=64)
+    # Preemption, each kind on or off: (a) a higher-priority job of this queue stops a
+    # lower-priority one of the same queue; (b) a job of this queue within its nominal
+    # quota takes back what others borrowed; (c) fair share across queues.
+    preempt_within: bool = True
+    reclaim: bool = True
+    fair_share_preemption: bool = False
+    # SIGTERM .. SIGKILL for this queue's preempted (and timed-out) attempts; exported to
+    # tasks as MUSTER_PREEMPT_DEADLINE. Attempts younger than `min_runtime_s` are not
+    # preempted. At most `max_preemptions` of this queue's jobs preempt per cycle, and
+    # at most that many victims are stopping for it at once.
+    preempt_grace_s: float = Field(default=30.0, ge=0, le=24 * 3600)
+    min_runtime_s: float = Field(default=60.0, ge=0, le=7 * 24 * 3600)
+    max_preemptions: int = Field(default=8, ge=0, le=10_000)
+    # Time limits: applied to jobs that give none (0: none), and the most a job may ask.
+    default_time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
+    max_time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    by: str = Field(default="", max_length=64)
+
+    @field_validator("quota")
+    @classmethod
+    def _resources(cls, quota: dict[str, ResourceQuota]) -> dict[str, ResourceQuota]:
+        for k in quota:
+            if not re.fullmatch(RESOURCE_PATTERN, k):
+                raise ValueError(f"unknown resource {k[:64]!r}")
+        return quota
+
+
+def implicit_default_queue() -> Queue:
+    """The `default` queue as it is until an operator stores one: unmetered, without
+    preemption, no time limits (the scheduler's behaviour before queues existed)."""
+    return Queue(name=DEFAULT_QUEUE, preempt_within=False, reclaim=False)
+
+
+class QueueUsage(_Model):
+    """The `qusage.<name>` record, kept by the leader: the queue's past use, in
+    resource-seconds decayed with the fair-share half-life, as of `at`."""
+
+    v: Literal[1] = 1
+    name: str = Field(pattern=QUEUE_NAME_PATTERN)
+    at: float = 0.0
+    half_life_s: float = 0.0
+    usage: dict[str, float] = Field(default_factory=dict, max_length=256)
 
 
 # ---------------------------------------------------------------- agent -> server

@@ -14,6 +14,8 @@ HOSTS_BUCKET = "hosts"
 #   fence.term.<n>  the same for a commit checking slot `term.<n>`
 #   auth.token.<h>  hashed API tokens
 #   hostcfg.<host>  operator settings of a host (cordon, drain)
+#   queue.<name>    a queue's quota, weight, cohort and rules (the API, admin only)
+#   qusage.<name>   a queue's decayed past use (the leader)
 STATE_BUCKET = "state"
 STATE_STREAM = f"KV_{STATE_BUCKET}"
 HOSTS_STREAM = f"KV_{HOSTS_BUCKET}"
@@ -47,6 +49,10 @@ ALERT_JOB_FAILED = "job.failed"
 # The scheduler isolated an input or job whose records the store refused
 # (server.scheduling.isolation).
 ALERT_INPUT_REJECTED = "input.rejected"
+# Preemptions over the storm threshold within a window, and a queue whose work waited
+# past the starvation threshold while it was below its entitled share.
+ALERT_PREEMPTION_STORM = "preemption.storm"
+ALERT_QUEUE_STARVED = "queue.starved"
 
 
 def job_key(job_id: str) -> str:
@@ -59,6 +65,14 @@ def alloc_key(host_id: str) -> str:
 
 def hostcfg_key(host_id: str) -> str:
     return f"hostcfg.{host_id}"
+
+
+def queue_key(name: str) -> str:
+    return f"queue.{name}"
+
+
+def qusage_key(name: str) -> str:
+    return f"qusage.{name}"
 
 
 def kv_subject(bucket: str, key: str) -> str:

@@ -6,9 +6,19 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError as PydanticValidationError
+
 from wire.budgets import check_spec
 from wire.errors import ValidationError
-from wire.messages import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, MIG_PROFILE_PATTERN, JobSpec
+from wire.messages import (
+    DEFAULT_QUEUE,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MIG_PROFILE_PATTERN,
+    QUEUE_NAME_PATTERN,
+    JobSpec,
+    Queue,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -25,6 +35,8 @@ MAX_ENV_VARS = 128
 MAX_REASON_CHARS = 512
 MAX_GPU_MEMORY_MB = 1024 * 1024
 MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
+QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+MAX_TIME_LIMIT_S = 365 * 24 * 3600
 
 
 def validate_job(
@@ -130,6 +142,13 @@ def validate_job(
     same_rack = data.get("same_rack", False)
     if not isinstance(same_rack, bool):
         err("sameRack", "must be true or false")
+    queue = data.get("queue") or DEFAULT_QUEUE
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
+        err("queue", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a letter or digit")
+    time_limit = data.get("time_limit_s", 0) or 0
+    if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
+            or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
+        err("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds", "OUT_OF_RANGE")
     if errors:
         return None, errors
     assert isinstance(command, list)
@@ -154,6 +173,8 @@ def validate_job(
         gpu_share=share,
         gpu_memory_mb=gpu_memory,
         mig_profile=mig_profile,
+        queue=queue,
+        time_limit_s=float(time_limit),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]
@@ -192,3 +213,29 @@ def validate_labels(labels: dict[str, str]) -> list[ValidationError]:
         elif not LABEL_VALUE_RE.fullmatch(v):
             errors.append(ValidationError("labels", f"invalid value for label {k!r}"))
     return errors
+
+
+_QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "minRuntimeSeconds",
+                 "default_time_limit_s": "defaultTimeLimitSeconds", "max_time_limit_s": "maxTimeLimitSeconds",
+                 "max_preemptions": "maxPreemptions", "preempt_within": "preemptWithin",
+                 "fair_share_preemption": "fairSharePreemption"}
+
+
+def validate_queue(data: dict[str, Any]) -> Queue:
+    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
+    raises InvalidInput with one error per bad field."""
+    from wire.errors import InvalidInput
+
+    try:
+        q = Queue.model_validate(data)
+    except PydanticValidationError as exc:
+        errors = []
+        for e in exc.errors():
+            loc = [str(x) for x in e["loc"]]
+            field = _QUEUE_FIELDS.get(loc[0], loc[0]) if loc else "input"
+            where = f" ({'.'.join(loc[1:])})" if len(loc) > 1 else ""
+            errors.append(ValidationError(field, f"{e['msg']}{where}", "INVALID"))
+        raise InvalidInput(errors) from exc
+    if q.max_time_limit_s and q.default_time_limit_s > q.max_time_limit_s:
+        raise ValidationError("defaultTimeLimitSeconds", "must not exceed maxTimeLimitSeconds", "OUT_OF_RANGE")
+    return q

@@ -16,7 +16,7 @@ from typing import Any
 from bench.errors import BenchError
 from bench.operator.fleet import GPU_FAULTS
 from bench.workload import HostSpec
-from server.history.database import AttemptRow, EventRow, History, JobRow, job_events
+from server.history.database import AttemptRow, EventRow, History, JobRow, attempt_rows, job_events, job_row
 from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState
 
 FIRST = ("ana", "ben", "chen", "dara", "eli", "fatima", "gus", "hana", "ivan", "jo", "kai", "lena", "mo", "nia",
@@ -202,26 +202,7 @@ class HistoryMaker:
 
 def job_rows(job: Job, revision: int) -> tuple[dict[str, object], list[dict[str, object]], list[dict[str, object]]]:
     """The jobs, attempts and events rows of a job: what `History._write` writes for it."""
-    row: dict[str, object] = dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
-               priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
-               submitted_at=job.submitted_at, updated_at=job.updated_at, revision=revision,
-               doc=job.model_dump_json())
-    attempts: list[dict[str, object]] = [
-        dict(
-            id=a.id,
-            job_id=job.id,
-            number=a.number,
-            host_id=a.host_id,
-            state=a.state.value,
-            term=a.term,
-            exit_code=a.exit_code,
-            placed_at=a.placed_at,
-            started_at=a.started_at,
-            finished_at=a.finished_at,
-        )
-        for a in job.attempts
-    ]
-    return row, attempts, job_events(job)
+    return job_row(job, revision), attempt_rows(job), job_events(job)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from wire.errors import ConfigError, ConflictError, DecodeError, StoreError
 from wire.kv import Store
 from wire.messages import decode
 from wire.records import Record
+from wire.validation import QUEUE_NAME_RE
 
 PREFIX = "auth.token."
 
@@ -47,17 +48,20 @@ async def list_tokens(store: Store, timeout: float = 10) -> dict[str, TokenInfo]
     return found
 
 
-async def create_token(store: Store, name: str, role: str) -> tuple[str, TokenInfo]:
-    """A new random token for `name` with `role`. Returns (token, info); only the hash
-    is stored."""
+async def create_token(store: Store, name: str, role: str, queues: list[str] | None = None) -> tuple[str, TokenInfo]:
+    """A new random token for `name` with `role`, bound to `queues` (the queues it may
+    submit jobs to; None: any). Returns (token, info); only the hash is stored."""
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
+    for q in queues or ():
+        if not QUEUE_NAME_RE.fullmatch(q):
+            raise ConfigError(f"invalid queue name {q!r}")
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"invalid token name {name!r}")
     if any(info.name == name for info in (await list_tokens(store)).values()):
         raise ConflictError(f"a token named {name!r} exists; revoke it first")
     token = "mst_" + secrets.token_urlsafe(24)
-    info = TokenInfo(name=name, role=role, created_at=time.time())
+    info = TokenInfo(name=name, role=role, created_at=time.time(), queues=sorted(set(queues)) if queues else None)
     await store.put(PREFIX + token_hash(token), info.model_dump_json().encode(), expected=0)
     return token, info
 

@@ -12,8 +12,9 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from wire.errors import NotFound
 
-JOB_FIELDS = """id name state user command gpus gpuModel gpuModels sameModel gpuShare gpuMemoryMb migProfile
-gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason queuePosition pendingReasons { reason hosts }
+JOB_FIELDS = """id name state user queue timeLimitSeconds command gpus gpuModel gpuModels sameModel gpuShare
+gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason endReason queuePosition
+pendingReasons { reason hosts kind detail }
 attempts { id number state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
 reason }"""
 
@@ -39,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
     js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
+    js.add_argument("--queue", default=None, help="the queue to run in (default: default)")
+    js.add_argument("--time-limit", type=float, default=None, metavar="S",
+                    help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
@@ -49,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     jl.add_argument("--state", default=None, help="one state or several, comma-separated")
     jl.add_argument("--user", default=None)
     jl.add_argument("--name", default=None, help="name prefix")
+    jl.add_argument("--queue", default=None)
     jl.add_argument("--limit", type=int, default=50)
     add_output(jl)
     add_watch(jl)
@@ -101,6 +106,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             inp[key] = value
     if args.max_attempts is not None:
         inp["maxAttempts"] = args.max_attempts
+    if args.queue:
+        inp["queue"] = args.queue
+    if args.time_limit is not None:
+        inp["timeLimitSeconds"] = args.time_limit
     res = gql(q, {"input": inp})["submitJob"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
@@ -109,11 +118,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         job, timed_out = wait_for(job["id"], args.timeout)
     out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
-    if job["state"] == "FAILED":
-        raise JobFailed(f"job {job['id']} FAILED")
+    if job["state"] in ("FAILED", "TIMEOUT"):
+        raise JobFailed(f"job {job['id']} {job['state']}")
     if timed_out:
         if job["state"] == "QUEUED":
-            reasons = "".join(f"\n  {r['hosts']} hosts: {r['reason']}" for r in job.get("pendingReasons") or [])
+            reasons = "".join(f"\n  {_reason(r)}" for r in job.get("pendingReasons") or [])
             raise JobFailed(f"job {job['id']} was not placed within {args.timeout:g}s{reasons}")
         raise ApiError(f"job {job['id']} still {job['state']} after {args.timeout:g}s")
     return 0
@@ -126,7 +135,7 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
         job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id})["job"]
         if job is None:
             raise NotFound(f"job {job_id} is gone")
-        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"):
             return job, False
         if deadline is not None and time.monotonic() >= deadline:
             return job, True
@@ -135,15 +144,15 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
-           edges { node { id name state user gpus gpuModel priority submittedAt } } } }"""
+           edges { node { id name state user queue gpus gpuModel priority submittedAt } } } }"""
     flt = {k: v for k, v in (("state", [s.upper() for s in args.state.split(",")] if args.state else None),
-                              ("user", args.user), ("namePrefix", args.name)) if v}
+                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue)) if v}
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
-        rows = [[n["id"], n["name"], n["state"], n["user"], str(n["gpus"]), n["gpuModel"] or "-",
+        rows = [[n["id"], n["name"], n["state"], n["user"], n["queue"], str(n["gpus"]), n["gpuModel"] or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
-        out(args, data, rows, ["ID", "NAME", "STATE", "USER", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
+        out(args, data, rows, ["ID", "NAME", "STATE", "USER", "QUEUE", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
 
     return watch(args, render)
 
@@ -159,13 +168,15 @@ def show(args: argparse.Namespace) -> None:
     if args.output == "json":
         out(args, job)
         return
-    print(f"{job['id']}  {job['name']}  {job['state']}")
+    print(f"{job['id']}  {job['name']}  {job['state']}  queue {job['queue']}")
     print(f"  command: {shlex.join(job['command'])}")
+    if job.get("endReason"):
+        print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants_gpu(job)}, {job['cpus']} CPU, {job['memoryMb']} MB")
     if job["state"] == "QUEUED":
         print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:
-            print(f"  pending: {r['hosts']} hosts: {r['reason']}")
+            print(f"  pending: {_reason(r)}")
     for a in job["attempts"]:
         where = (f"MIG {','.join(a['migInstances'])}" if a["migInstances"] else
                  f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
@@ -211,8 +222,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    job = gql("""query($id: ID!) { job(id: $id) { id name state queuePosition
-                 pendingReasons { reason hosts } } }""", {"id": args.id})["job"]
+    job = gql("""query($id: ID!) { job(id: $id) { id name state queue queuePosition
+                 pendingReasons { reason hosts kind detail } } }""", {"id": args.id})["job"]
     if job is None:
         raise NotFound(f"no job {args.id}")
     if args.output == "json":
@@ -221,12 +232,20 @@ def cmd_why(args: argparse.Namespace) -> int:
     if job["state"] != "QUEUED":
         print(f"{job['id']} is {job['state']}: it is not waiting for placement")
         return 0
-    print(f"{job['id']} ({job['name']}) is QUEUED, position {job['queuePosition']} in the queue")
+    print(f"{job['id']} ({job['name']}) is QUEUED, position {job['queuePosition']} in queue {job['queue']}")
     if not job["pendingReasons"]:
         print("  no host rejects it: it should be placed in the next scheduling cycle")
     else:
-        out(args, job, [[str(r["hosts"]), r["reason"]] for r in job["pendingReasons"]], ["HOSTS", "REASON"])
+        out(args, job, [[r.get("kind") or "host", str(r["hosts"]) if (r.get("kind") or "host") == "host" else "-",
+                         r["reason"], r.get("detail") or ""] for r in job["pendingReasons"]],
+            ["KIND", "HOSTS", "REASON", "DETAIL"])
     return 0
+
+
+def _reason(r: dict[str, Any]) -> str:
+    if r.get("kind") == "queue":
+        return f"queue: {r['reason']}" + (f" ({r['detail']})" if r.get("detail") else "")
+    return f"{r['hosts']} hosts: {r['reason']}"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

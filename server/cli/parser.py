@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, serve, tokens, up
+from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, queues, serve, tokens, up
 
 DESCRIPTION = (
     "The `muster` command: run the parts (up, nats, server, agent) and operate the cluster "
@@ -20,6 +20,7 @@ FAMILIES = (
     passthrough,  # agent, bench
     check,  # check, schema
     jobs,  # job
+    queues,  # queue, usage
     hosts,  # host
     alerts,  # alerts
     tokens,  # token

@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tc = tsub.add_parser("create")
     tc.add_argument("name")
     tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
+    tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to (default: any)")
     add_admin_nats(tc)
     tc.set_defaults(fn=cmd_token)
     tl = tsub.add_parser("list")
@@ -68,15 +69,19 @@ def cmd_token(args: argparse.Namespace) -> int:
         try:
             store = Store(nc)
             if args.token_cmd == "create":
-                token, info = await create_token(store, args.name, args.role)
-                print(f"Token {info.name!r} ({info.role}) created; it is shown only this once:", file=sys.stderr)
+                queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+                token, info = await create_token(store, args.name, args.role, queues)
+                bound = f", queues {', '.join(info.queues)}" if info.queues else ""
+                print(f"Token {info.name!r} ({info.role}{bound}) created; it is shown only this once:",
+                      file=sys.stderr)
                 print(token, flush=True)
             elif args.token_cmd == "list":
                 tokens = await list_tokens(store)
-                rows = sorted(([i.name, i.role, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
+                rows = sorted(([i.name, i.role, ",".join(i.queues) if i.queues else "*",
+                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
                                 h[:12]] for h, i in tokens.items()), key=lambda r: r[0])
-                out(args, [{"name": i.name, "role": i.role, "createdAt": i.created_at, "hash": h}
-                           for h, i in tokens.items()], rows, ["NAME", "ROLE", "CREATED", "HASH"])
+                out(args, [{"name": i.name, "role": i.role, "queues": i.queues, "createdAt": i.created_at, "hash": h}
+                           for h, i in tokens.items()], rows, ["NAME", "ROLE", "QUEUES", "CREATED", "HASH"])
             else:  # revoke
                 n = await revoke_token(store, args.name)
                 if n == 0:

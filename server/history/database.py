@@ -23,16 +23,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, delete, func, or_, tuple_
+from sqlalchemy import and_, case, delete, func, or_, tuple_
+from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session, col, create_engine, select
 
 from server.history.models import AttemptRow, EventRow, JobRow
 from server.history.timeline import job_events
+from server.scheduling.queues import gpu_amount
 from wire.errors import DecodeError
 from wire.messages import MAX_RECORD_BYTES, Job, decode
 
@@ -113,6 +116,25 @@ JOB_SORTS: dict[str, tuple[tuple[str, bool], ...]] = {
     "priority": (("priority", False), ("submitted_at", True), ("id", True)),
 }
 _JOB_KEY = {"submitted_at": lambda j: j.submitted_at, "priority": lambda j: j.spec.priority, "id": lambda j: j.id}
+
+
+def job_row(job: Job, revision: int) -> dict[str, object]:
+    """A job's row in the `jobs` table."""
+    return dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
+                priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
+                queue=job.spec.queue, submitted_at=job.submitted_at, updated_at=job.updated_at, revision=revision,
+                doc=job.model_dump_json())
+
+
+def attempt_rows(job: Job) -> list[dict[str, object]]:
+    """A job's rows in the `attempts` table, with what each attempt held (accounting)."""
+    gpus = gpu_amount(job.spec)
+    return [dict(id=a.id, job_id=job.id, number=a.number, host_id=a.host_id, state=a.state.value,
+                 term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
+                 started_at=a.started_at, finished_at=a.finished_at, queue=job.spec.queue,
+                 user=job.spec.user, gpus=gpus, gpu_model=a.gpu_model or job.spec.gpu_model or "",
+                 cpus=job.spec.cpus, memory_mb=float(job.spec.memory_mb))
+            for a in job.attempts]
 
 
 def job_cursor(job: Job, sort: str = "-submitted_at") -> str:
@@ -267,13 +289,7 @@ class History:
         text the database refuses (NUL characters) is removed from every row first."""
         jobs_t = JobRow.__table__  # type: ignore[attr-defined]
         clean = without_nul if sanitize else _same
-        rows = [
-            clean(dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
-                       priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
-                       submitted_at=job.submitted_at, updated_at=job.updated_at, revision=rev,
-                       doc=job.model_dump_json()))
-            for job, rev in batch
-        ]
+        rows = [clean(job_row(job, rev)) for job, rev in batch]
         with self.engine.begin() as conn:
             # executemany: SQLAlchemy batches the rows into multi-row INSERTs ("insertmanyvalues"),
             # RETURNING included, and caches the compiled statement.
@@ -291,11 +307,8 @@ class History:
             for job, _rev in batch:
                 if job.id not in applied:
                     continue
-                for a in job.attempts:
-                    attempts[a.id] = dict(
-                        id=a.id, job_id=job.id, number=a.number, host_id=a.host_id, state=a.state.value,
-                        term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
-                        started_at=a.started_at, finished_at=a.finished_at)
+                for row in attempt_rows(job):
+                    attempts[str(row["id"])] = row
                 for e in job_events(job):
                     events[str(e["id"])] = clean(e)
             if attempts:
@@ -379,6 +392,7 @@ class History:
         priority: int | None = None,
         submitted_after: float | None = None,
         submitted_before: float | None = None,
+        queue: str | None = None,
         sort: str = "-submitted_at",
         limit: int = 50,
         offset: int = 0,
@@ -405,6 +419,8 @@ class History:
             conds.append(self._name_prefix(name))
         if priority is not None:
             conds.append(JobRow.priority == priority)
+        if queue is not None:
+            conds.append(JobRow.queue == queue)
         if submitted_after is not None:
             conds.append(JobRow.submitted_at >= submitted_after)
         if submitted_before is not None:
@@ -489,6 +505,35 @@ class History:
     def count_attempts(self, job_id: str | None = None, host_id: str | None = None) -> int:
         return self._count(AttemptRow, self._attempt_filters(job_id, host_id))
 
+    def usage(self, *, queue: str | None = None, user: str | None = None, since: float | None = None,
+              until: float | None = None, now: float | None = None) -> list[UsageRow]:
+        """Resources used by attempts in [`since`, `until`) (the parts of their runs that
+        fall in it; a running attempt counts up to `now`), summed per queue, user and GPU
+        model: GPU-seconds, CPU-seconds, memory MB-seconds, and how many attempts."""
+        now = time.time() if now is None else now
+        until = now if until is None else min(until, now)
+        a = AttemptRow
+        end = case((col(a.finished_at).is_(None), now), else_=col(a.finished_at))
+        end = case((end > until, until), else_=end)
+        start: Any = col(a.started_at)
+        if since is not None:
+            start = case((start < since, since), else_=start)
+        seconds = case((end > start, end - start), else_=0.0)
+        conds: list[Any] = [col(a.started_at).is_not(None), col(a.started_at) < until]
+        if since is not None:
+            conds.append(or_(col(a.finished_at).is_(None), col(a.finished_at) > since))
+        if queue is not None:
+            conds.append(a.queue == queue)
+        if user is not None:
+            conds.append(a.user == user)
+        keys = (col(a.queue), col(a.user), col(a.gpu_model))
+        q = (sa_select(*keys, func.sum(seconds * col(a.gpus)), func.sum(seconds * col(a.cpus)),
+                       func.sum(seconds * col(a.memory_mb)), func.count())
+             .where(*conds).group_by(*keys).order_by(*keys))
+        with self.engine.connect() as conn:
+            return [UsageRow(str(r[0]), str(r[1]), str(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
+                             int(r[6])) for r in conn.execute(q).all()]
+
     def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
         """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
         with Session(self.engine) as s:
@@ -515,6 +560,19 @@ class History:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Usage of one queue, user and GPU model over a period (`History.usage`)."""
+
+    queue: str
+    user: str
+    gpu_model: str
+    gpu_seconds: float
+    cpu_seconds: float
+    memory_mb_seconds: float
+    attempts: int
 
 
 def _keyset_after(keys: Sequence[tuple[Any, bool]], values: Sequence[Any]) -> Any:

@@ -16,6 +16,7 @@ class JobRow(SQLModel, table=True):
         Index("ix_jobs_priority_submitted_at", "priority", "submitted_at"),
         Index("ix_jobs_submitted_at", "submitted_at"),
         Index("ix_jobs_state_updated_at", "state", "updated_at"),
+        Index("ix_jobs_queue_submitted_at", "queue", "submitted_at"),
     )
     id: str = Field(primary_key=True)
     name: str
@@ -24,6 +25,7 @@ class JobRow(SQLModel, table=True):
     priority: int = 0
     gpus: int = 0
     gpu_model: str | None = None
+    queue: str = Field(default="default", sa_column_kwargs={"server_default": "default"})
     submitted_at: float
     updated_at: float = 0.0
     revision: int = 0
@@ -35,6 +37,8 @@ class AttemptRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_attempts_job_id", "job_id"),
         Index("ix_attempts_host_id_placed_at", "host_id", "placed_at"),
+        Index("ix_attempts_queue_started_at", "queue", "started_at"),
+        Index("ix_attempts_started_at", "started_at"),
     )
     id: str = Field(primary_key=True)
     job_id: str
@@ -46,6 +50,13 @@ class AttemptRow(SQLModel, table=True):
     placed_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
+    # What the attempt held (one task), for accounting per queue and user.
+    queue: str = Field(default="default", sa_column_kwargs={"server_default": "default"})
+    user: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    gpus: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
+    gpu_model: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    cpus: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
+    memory_mb: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
 
 
 class EventRow(SQLModel, table=True):

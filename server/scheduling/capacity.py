@@ -168,6 +168,15 @@ class Placer:
         # for `cap()` may change it).
         self._dirty: set[str] = set()
 
+    def fork(self) -> Placer:
+        """A what-if copy: this cycle's reservations copied, further changes its own
+        (scheduling.preemption asks whether a job would fit were some tasks stopped)."""
+        other = Placer(self.index, self.healthy, policy="binpack")
+        other.touched = {h: c.copy() for h, c in self.touched.items()}
+        other._dirty = set(other.touched)
+        other.exclude = set(self.exclude)
+        return other
+
     def cap(self, host_id: str) -> HostCapacity | None:
         """This cycle's own copy of a host's capacity, free to change."""
         cap = self.touched.get(host_id)

@@ -8,16 +8,30 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
-from server.scheduling import retry
+from server.scheduling import fairshare, preemption, retry
 from server.scheduling.capacity import Placer
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
+from server.scheduling.placement import Choice
+from server.scheduling.queues import (
+    COHORT_EXHAUSTED,
+    OVER_QUOTA,
+    QueueBook,
+    Refusal,
+    add,
+    effective_time_limit,
+    job_demand,
+    job_usage,
+    meters,
+    nominal,
+    task_demand,
+)
 from server.state.cluster import ClusterState
 from wire import subjects
-from wire.budgets import CANCEL_REASON_MAX, clip_end, clip_start, text_limits
+from wire.budgets import CANCEL_REASON_MAX, MAX_PREEMPTING, STOP_REASON_MAX, clip_end, clip_start, text_limits
 from wire.messages import (
     JOB_ID_PATTERN,
     Attempt,
@@ -26,7 +40,10 @@ from wire.messages import (
     Event,
     HostAlloc,
     Job,
+    JobSpec,
     JobState,
+    Queue,
+    QueueUsage,
     StatusReport,
     SubmitRequest,
     Task,
@@ -65,10 +82,25 @@ class Plan:
     # Hosts with work but no record in the hosts bucket, still in their grace period.
     held_unheard: int = 0
     disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Queues' decayed past use brought up to date (written every USAGE_EVERY_S).
+    usage: dict[str, QueueUsage] = field(default_factory=dict)
+    # Victims this cycle stopped, by kind of preemption and preempting queue; attempts
+    # stopped at their time limit.
+    preempted: dict[tuple[str, str], int] = field(default_factory=dict)
+    timed_out: int = 0
 
     @property
     def keys(self) -> int:
-        return len(self.jobs) + len(self.allocs)
+        return len(self.jobs) + len(self.allocs) + len(self.usage)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Cluster-wide settings of queue admission (server.scheduling.fairshare, preemption)."""
+
+    half_life_s: float = 3600.0  # of the decay of queues' past use; 0: only current use counts
+    usage_every_s: float = 10.0  # how often the leader writes the decayed use
+    preemptions_per_cycle: int = 16  # victim jobs one cycle may stop, all queues together
 
 
 class KeyInFlight(Exception):
@@ -131,11 +163,29 @@ class _Work:
         return alloc
 
 
-def _stop_tasks(alloc: HostAlloc, attempt_ids: set[str] | None) -> None:
-    """Mark tasks (all when `attempt_ids` is None) to be stopped by their agent."""
-    alloc.tasks = [t.model_copy(update={"stop": True}) if not t.stop and (attempt_ids is None or t.attempt_id
-                                                                          in attempt_ids) else t
+def _stop_tasks(alloc: HostAlloc, attempt_ids: set[str] | None, reason: str = "",
+                grace_s: float | None = None) -> None:
+    """Mark tasks (all when `attempt_ids` is None) to be stopped by their agent, with a
+    reason and (when given) the grace between SIGTERM and SIGKILL."""
+    update: dict[str, object] = {"stop": True}
+    if reason:
+        update["stop_reason"] = clip_start(reason, STOP_REASON_MAX)
+    if grace_s is not None:
+        update["grace_s"] = grace_s
+    alloc.tasks = [t.model_copy(update=update) if not t.stop and (attempt_ids is None or t.attempt_id
+                                                                  in attempt_ids) else t
                    for t in alloc.tasks]
+
+
+def _ended_as(a: Attempt, ended: AttemptState) -> AttemptState:
+    """How an attempt the control plane stopped ended: an attempt stopped (KILLED) or
+    lost while being preempted ends PREEMPTED, at its time limit TIMEOUT."""
+    if ended in (AttemptState.KILLED, AttemptState.LOST):
+        if a.stop_kind == "preempt":
+            return AttemptState.PREEMPTED
+        if a.stop_kind == "timeout":
+            return AttemptState.TIMEOUT
+    return ended
 
 
 def _attempt(job: Job, attempt_id: str) -> Attempt | None:
@@ -184,23 +234,26 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     if not r.state.terminal:
         w.plan.ignored += 1
         return
-    a.state = r.state
+    ended = _ended_as(a, r.state)
+    a.state = ended
     a.finished_at = r.ts
     a.exit_code = r.exit_code
     # Text from the job's own process, clipped to the share of the job record's budget
     # an attempt may take (bytes as encoded: wire.budgets).
     tail_limit, reason_limit = text_limits(job.spec)
     a.output_tail = clip_end(r.output_tail, tail_limit)
-    a.reason = clip_start(r.reason, reason_limit)
+    if not a.stop_kind or not a.reason:
+        a.reason = clip_start(r.reason, reason_limit)
     if a.started_at is None:
         a.started_at = r.ts
     alloc = w.alloc(r.host_id)
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
-    why = r.reason
-    if r.state is AttemptState.FAILED:  # the agent's reason (spawn failed, oom-killed, ...) with the code
+    if ended is AttemptState.FAILED:  # the agent's reason (spawn failed, oom-killed, ...) with the code
         why = f"exit code {r.exit_code}" + (f" ({a.reason})" if a.reason else "")
-    _after_attempt_end(w, job, a, r.state, now, why)
+    else:
+        why = a.reason or r.reason
+    _after_attempt_end(w, job, a, ended, now, why)
 
 
 def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
@@ -217,6 +270,8 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
             job.state = JobState.SUCCEEDED
             w.plan.events.append(_event("job.succeeded", job, a, now))
         return
+    if live and ended in (AttemptState.PREEMPTED, AttemptState.TIMEOUT):
+        return  # the others were told to stop with it: the decision waits for them
     if live:
         # One gang task failed: stop the rest; the decision waits until they are gone.
         for t in live:
@@ -227,7 +282,21 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
     # The try is over. A gang retries only for infrastructure reasons if every task
     # that did not succeed ended that way; any FAILED task makes it a FAILED try.
     worst = AttemptState.FAILED if any(t.state is AttemptState.FAILED for t in tasks) else ended
+    if any(t.state is AttemptState.TIMEOUT for t in tasks) and worst is not AttemptState.FAILED:
+        worst = AttemptState.TIMEOUT
+    elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
+        worst = AttemptState.PREEMPTED
     decision = retry.decide(job, worst, now)
+    if worst is AttemptState.TIMEOUT:
+        job.state = JobState.TIMEOUT
+        job.end_reason = job.end_reason or f"time limit of {a.time_limit_s:g} s reached"
+        w.plan.events.append(_event("job.timeout", job, a, now, job.end_reason))
+        return
+    if worst is AttemptState.PREEMPTED:
+        job.state = JobState.QUEUED
+        job.not_before = decision.not_before
+        w.plan.events.append(_event("job.preempted", job, a, now, a.reason or "preempted"))
+        return
     if decision.retry:
         job.state = JobState.QUEUED
         job.not_before = decision.not_before
@@ -265,9 +334,10 @@ def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, re
     a = _attempt(job, attempt_id)
     if a is None or a.state.terminal:
         return
+    ended = _ended_as(a, ended)
     a.state = ended
     a.finished_at = now
-    a.reason = reason
+    a.reason = a.reason if a.stop_kind and a.reason else reason
     job.updated_at = now
     _after_attempt_end(w, job, a, ended, now, reason)
 
@@ -405,11 +475,319 @@ def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
 
 
 def queue_order(jobs: list[Job]) -> list[Job]:
-    return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+    """Jobs by priority, then submission order (one queue's order; across queues the
+    planner interleaves them by fair share: scheduling.fairshare)."""
+    return fairshare.within_queue_order(jobs)
 
 
 GANG_RESERVE_AFTER_S = 10.0
 GANG_RESERVE_MAX_S = 600.0
+
+
+class Admission:
+    """One cycle's queue accounting: the queue book (what each queue holds, this cycle's
+    changes included), fair shares, and the preemptions under way."""
+
+    def __init__(self, w: _Work, now: float, policy: QueuePolicy) -> None:
+        state = w.state
+        self.policy = policy
+        usage = {q: dict(u) for q, u in state.queue_usage.items()}
+        for job_id, job in w.plan.jobs.items():  # reports, cancels, evictions of this cycle
+            old = state.jobs.get(job_id)
+            if old is not None:
+                add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
+            add(usage.setdefault(job.spec.queue, {}), job_usage(job))
+        self.book = QueueBook(state.queues, usage)
+        # The book as it will be once the preemptions under way are done (victims gone,
+        # preemptors placed): what further preemptions are decided on, so that victims
+        # stopping are not counted as borrowing twice.
+        self.future = self.book.copy()
+        past = {q: fairshare.past_allocation(rec, now, policy.half_life_s) for q, rec in state.queue_past.items()}
+        self.shares = fairshare.Shares(self.book, state.capacity, past)
+        self.models = sorted(state.index.models())
+        self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
+
+    def queue(self, job: Job) -> Queue | None:
+        return self.book.queue(job.spec.queue)
+
+    def restrict(self, job: Job) -> tuple[JobSpec | None, Refusal | None]:
+        """The spec to place the job with (its GPU models narrowed to those its queue may
+        take it on), or the queue's refusal."""
+        spec = job.spec
+        qn = spec.queue
+        q = self.book.queue(qn)
+        assert q is not None
+        if not spec.wants_gpu() or not meters(q, "gpu:"):
+            refusal = self.book.admits(qn, job_demand(spec, None))
+            return (spec, None) if refusal is None else (None, refusal)
+        models = sorted(spec.models() or self.models)
+        allowed: list[str] = []
+        refusals: list[tuple[bool, Refusal]] = []
+        for m in models:
+            refusal = self.book.admits(qn, job_demand(spec, m))
+            if refusal is None:
+                allowed.append(m)
+            else:
+                # The refusal shown: one on a model the queue has a quota of, if any.
+                refusals.append((nominal(q, "gpu:" + m) <= 0, refusal))
+        if not allowed:
+            return None, min(refusals, key=lambda x: x[0])[1] if refusals else Refusal(OVER_QUOTA, "gpu:", 0, 0, 0)
+        if frozenset(allowed) == spec.models():
+            return spec, None
+        return spec.model_copy(update={"gpu_model": None, "gpu_models": allowed}), None
+
+    def demand(self, job: Job) -> dict[str, float]:
+        """What the job would take (for preemption): its GPUs counted as the model its
+        queue has most quota of among those it accepts."""
+        hit = self._demands.get(job.id)
+        if hit is not None and hit[0] is job.spec:
+            return hit[1]
+        d = self._demand(job)
+        self._demands[job.id] = (job.spec, d)
+        return d
+
+    def _demand(self, job: Job) -> dict[str, float]:
+        spec = job.spec
+        q = self.book.queue(spec.queue)
+        model: str | None = None
+        if spec.wants_gpu():
+            models = sorted(spec.models() or self.models) or [""]
+            model = max(models, key=lambda m: (nominal(q, "gpu:" + m) if q else 0.0, -models.index(m)))
+        return job_demand(spec, model)
+
+
+def _model_of(placer: Placer, choice: Choice) -> str:
+    cap = placer.touched.get(choice.host_id) or placer.index.caps.get(choice.host_id)
+    if cap is None:
+        return ""
+    if choice.gpu_indices:
+        return cap.gpu_models.get(choice.gpu_indices[0], "")
+    if choice.mig:
+        g = cap.mig.get(choice.mig[0])
+        return cap.gpu_models.get(g[0], "") if g else ""
+    return ""
+
+
+def _victim_try(entry: str) -> tuple[str, int]:
+    job_id, _, number = entry.rpartition(":")
+    return job_id, int(number) if number.isdigit() else 0
+
+
+def _victims_live(w: _Work, job: Job) -> tuple[bool, set[str]]:
+    """Whether any victim this job waits for still runs, and the hosts they ran on."""
+    live = False
+    hosts: set[str] = set()
+    for entry in job.preempting:
+        vid, number = _victim_try(entry)
+        victim = w.plan.jobs.get(vid) or w.state.jobs.get(vid)
+        if victim is None:
+            continue
+        for a in victim.attempts:
+            if a.number == number:
+                hosts.add(a.host_id)
+                if not a.state.terminal:
+                    live = True
+    return live, hosts
+
+
+def _foresee(w: _Work, adm: Admission, job: Job) -> None:
+    """Count a waiting preemptor in the future book: its victims still stopping gone, its
+    demand taken."""
+    for entry in job.preempting:
+        vid, number = _victim_try(entry)
+        victim = w.plan.jobs.get(vid) or w.state.jobs.get(vid)
+        if victim is None:
+            continue
+        live = [a for a in victim.current_tasks() if a.number == number and not a.state.terminal]
+        if live:
+            gone: dict[str, float] = {}
+            for a in live:
+                add(gone, task_demand(victim.spec, a.gpu_model))
+            adm.future.give(victim.spec.queue, gone)
+    adm.future.take(job.spec.queue, adm.demand(job))
+
+
+def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
+    """Stop the running tries that reached their time limit (SIGTERM, the grace of their
+    task, SIGKILL); they end TIMEOUT once their agent reports them stopped."""
+    for job_id in w.state.due_deadlines(now):
+        if w.plan.keys + 2 > max_keys:
+            return
+        if w.busy(job_id):
+            continue
+        job = w.job(job_id)
+        if job is None or job.state.terminal:
+            continue
+        tasks = [t for t in job.current_tasks() if not t.state.terminal]
+        if not tasks or any(t.stop_kind for t in tasks):
+            continue
+        if w.plan.keys + 1 + len(tasks) > max_keys:
+            return
+        why = f"time limit of {tasks[0].time_limit_s:g} s reached"
+        for t in tasks:
+            t.stop_kind = "timeout"
+            t.stop_at = now
+            t.reason = why
+            _stop_tasks(w.alloc(t.host_id), {t.id}, why)
+        job.updated_at = now
+        w.plan.timed_out += 1
+        w.plan.events.append(_event("job.timing_out", job, tasks[0], now, why))
+
+
+def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, now: float,
+                limit: int = preemption.MAX_CANDIDATES) -> list[preemption.Victim]:
+    """Running jobs that `kind` of preemption could stop for `req`, the cheapest first
+    (at most `limit`): never one this cycle already changed, one already stopping, or
+    one on a host a commit in flight writes."""
+    state = w.state
+    book = adm.book
+    me = book.queue(req.queue)
+    if me is None:
+        return []
+    if kind == preemption.PRIORITY:
+        queues = [req.queue]
+    elif kind == preemption.RECLAIM:
+        queues = [q for q, c in book.queues.items() if q != req.queue
+                  and ((c.cohort is not None and c.cohort == me.cohort) or not c.quota)]
+    else:
+        queues = [q for q in book.queues if q != req.queue]
+    wanted = {r for r, v in req.demand.items() if v > 0}
+    pool: list[tuple[tuple[int, float, float, str], Job]] = []
+    for qn in queues:
+        vq = book.queue(qn)
+        if vq is None:
+            continue
+        if kind != preemption.PRIORITY and not adm.future.over_nominal(qn, wanted):
+            continue  # nothing of this queue may be taken: do not walk its jobs
+        for job_id in state.queue_live.get(qn, ()):
+            if job_id in w.plan.jobs or job_id in w.frozen_jobs:
+                continue
+            job = state.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
+                continue
+            if kind == preemption.PRIORITY and job.spec.priority >= req.priority:
+                continue
+            tasks = [t for t in job.current_tasks() if not t.state.terminal]
+            started = [t.started_at for t in tasks if t.started_at is not None]
+            if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
+                continue
+            if now - min(started) < vq.min_runtime_s:
+                continue
+            held = job_usage(job)
+            if wanted and not any(r in wanted for r in held):
+                continue
+            gpus = sum(v for r, v in held.items() if r.startswith("gpu:")) or held.get("cpu", 1.0) / 1000
+            pool.append(((job.spec.priority, (now - min(started)) * gpus, -job.submitted_at, job.id), job))
+    pool.sort(key=lambda x: x[0])
+    out: list[preemption.Victim] = []
+    for _cost, job in pool:
+        tasks = [t for t in job.current_tasks() if not t.state.terminal]
+        if any(t.host_id in w.frozen_hosts for t in tasks):
+            continue
+        where: list[tuple[str, Task]] = []
+        for t in tasks:
+            alloc = state.allocs.get(t.host_id)
+            task = next((x for x in alloc.tasks if x.attempt_id == t.id), None) if alloc else None
+            if task is None or task.stop:
+                break
+            where.append((t.host_id, task))
+        else:
+            since = min(t.started_at or now for t in tasks)
+            out.append(preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at,
+                                         job_usage(job), tuple(where)))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _fits(placer: Placer, spec: JobSpec) -> Callable[[list[preemption.Victim]], bool]:
+    def fits(victims: list[preemption.Victim]) -> bool:
+        trial = placer.fork()
+        for v in victims:
+            for host_id, t in v.tasks:
+                cap = trial.cap(host_id)
+                if cap is not None:
+                    cap.release(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1, t.gpu_share,
+                                t.gpu_memory_mb, t.mig)
+        if spec.replicas > 1:
+            return trial.place_gang(spec) is not None
+        return trial.place(spec) is not None
+    return fits
+
+
+def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Refusal | None, now: float,
+                max_keys: int, budget: int, inflight: dict[str, int]) -> int:
+    """Try preemption for one waiting job; returns how many victims it stopped."""
+    q = adm.queue(job)
+    if q is None or job.preempting:
+        return 0
+    kinds: list[str] = []
+    demand = adm.demand(job)
+    if refusal is None:
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+        if q.reclaim and adm.future.within_nominal(job.spec.queue, demand):
+            kinds.append(preemption.RECLAIM)
+        if q.fair_share_preemption:
+            kinds.append(preemption.FAIR_SHARE)
+    elif refusal.reason == COHORT_EXHAUSTED:
+        if q.reclaim:
+            kinds.append(preemption.RECLAIM)
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+    elif refusal.reason == OVER_QUOTA:
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+        if q.fair_share_preemption and not refusal.hard:
+            kinds.append(preemption.FAIR_SHARE)  # it would borrow, and the pool is drawn by others
+    allowed = min(budget, q.max_preemptions - inflight.get(job.spec.queue, 0), MAX_PREEMPTING)
+    if not kinds or allowed <= 0:
+        return 0
+    req = preemption.Request(job.id, job.spec.queue, job.spec.priority, demand, tuple(kinds))
+    candidates: list[preemption.Victim] = []
+    seen: set[str] = set()
+    for kind in kinds:
+        for v in _candidates(w, adm, req, kind, now):
+            if v.job_id not in seen:
+                seen.add(v.job_id)
+                candidates.append(v)
+    if not candidates:
+        return 0
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, job.spec))
+    if found is None or len(found.victims) > allowed:
+        return 0
+    hosts = {h for v in found.victims for h, _t in v.tasks}
+    if w.plan.keys + 1 + len(found.victims) + len(hosts) > max_keys:
+        return 0
+    me = w.job(job.id)
+    assert me is not None
+    entries: list[str] = []
+    for v in found.victims:
+        victim = w.job(v.job_id)
+        assert victim is not None
+        vq = adm.book.queue(v.queue)
+        grace = vq.preempt_grace_s if vq is not None else 0.0
+        why = f"preempted ({found.kind}) by {job.id} of queue {job.spec.queue}"
+        number = 0
+        for t in victim.current_tasks():
+            if t.state.terminal:
+                continue
+            number = t.number
+            t.stop_kind = "preempt"
+            t.stop_at = now
+            t.reason = why
+            _stop_tasks(w.alloc(t.host_id), {t.id}, why, grace)
+        victim.updated_at = now
+        entries.append(f"{victim.id}:{number}")
+        w.plan.events.append(_event("job.preempting", victim, victim.current, now, why))
+    me.preempting = entries
+    me.updated_at = now
+    for v in found.victims:
+        adm.future.give(v.queue, v.usage)
+    adm.future.take(job.spec.queue, demand)
+    key = (found.kind, job.spec.queue)
+    w.plan.preempted[key] = w.plan.preempted.get(key, 0) + len(found.victims)
+    return len(found.victims)
 
 
 def place_queued(
@@ -422,19 +800,119 @@ def place_queued(
     gang_reserve_max_s: float | None = None,
     placements: int | None = None,
     skip: Collection[str] = (),
+    policy: QueuePolicy | None = None,
 ) -> None:
     if gang_reserve_after_s is None:
         gang_reserve_after_s = GANG_RESERVE_AFTER_S
     if gang_reserve_max_s is None:
         gang_reserve_max_s = GANG_RESERVE_MAX_S
+    policy = policy or QueuePolicy()
+    adm = Admission(w, now, policy)
+    book = adm.book
     candidates = {j.id: j for j in w.state.queued()}
     for jid, j in w.plan.jobs.items():
         if j.state is JobState.QUEUED:
             candidates[jid] = j
         else:
             candidates.pop(jid, None)
+    # Jobs that preempted others: wait while their victims stop; once all have, they
+    # are placed before anything else, and the hosts the victims held are kept for them.
+    ready: list[Job] = []
+    held: dict[str, set[str]] = {}
+    waiting: set[str] = set()  # hosts of victims still stopping
+    inflight: dict[str, int] = {}
+    by_queue: dict[str, list[Job]] = {}
+    for job in candidates.values():
+        if job.preempting:
+            live, hosts = _victims_live(w, job)
+            held[job.id] = hosts
+            _foresee(w, adm, job)
+            if live:
+                waiting |= hosts
+                inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
+                continue
+            ready.append(job)
+            continue
+        by_queue.setdefault(job.spec.queue, []).append(job)
+    for qn in by_queue:
+        by_queue[qn] = queue_order(by_queue[qn])
+    ready.sort(key=lambda j: (j.submitted_at, j.id))
+    kept = set().union(*held.values()) if held else set()
     reservation: set[str] | None = None
-    for job in queue_order(list(candidates.values())):
+    blocked: list[tuple[Job, Refusal | None]] = []
+    # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
+    # a job at least as large in every respect is refused too, and not looked at.
+    refused: dict[str, tuple[tuple[float, ...], Refusal]] = {}
+
+    # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
+    # second pass, and none is placed in a cohort where a job within its nominal quota
+    # waits for victims to stop (what reclaim frees is not lent out again at once).
+    deferred: dict[str, list[Job]] = {}
+    starved: set[str | None] = set()  # cohorts with a preemption under way
+    for job in candidates.values():
+        if job.preempting and job.id not in {r.id for r in ready}:
+            q = adm.queue(job)
+            starved.add(q.cohort if q is not None else None)
+
+    def first_pass() -> Iterator[Job]:
+        yield from ready
+        for job in fairshare.admission_order(by_queue, adm.shares.share):
+            if book.would_borrow(job.spec.queue, adm.demand(job)):
+                deferred.setdefault(job.spec.queue, []).append(job)
+            else:
+                yield job
+
+    def second_pass() -> Iterator[Job]:
+        def lends(name: str) -> bool:
+            q = book.queue(name)
+            return q is None or not starved or (q.cohort not in starved and bool(q.quota))
+
+        yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share)
+
+    within = [True]  # in the first pass
+
+    def order() -> Iterator[Job]:
+        yield from first_pass()
+        if budget > 0:
+            preempt_blocked()
+        within[0] = False
+        yield from second_pass()
+
+    def wait_for_reclaim(job: Job) -> None:
+        """A job within its queue's nominal quota found no room: what borrowers would take
+        now is what reclaim will take back, so the cohort lends nothing new this cycle."""
+        q = adm.queue(job)
+        if within[0] and q is not None and q.reclaim and q.cohort is not None:
+            starved.add(q.cohort)
+
+    budget = policy.preemptions_per_cycle
+    tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
+    gave_up: set[str] = set()
+
+    def preempt_blocked() -> None:
+        """Preemption, for the jobs that could not be placed, in admission order, within
+        the cycle's and each queue's limits."""
+        nonlocal budget, tries
+        gave_up.update(j for j in held if j in w.plan.jobs and not w.plan.jobs[j].preempting)
+        for job, refusal in blocked:
+            if budget <= 0 or tries <= 0 or w.plan.keys + 4 > max_keys:
+                break
+            if job.id in w.frozen_jobs or job.id in skip or job.id in gave_up or w.busy(job.id) \
+                    or job.not_before > now:
+                continue
+            current = w.plan.jobs.get(job.id, job)
+            if current.state is not JobState.QUEUED or current.preempting:
+                continue
+            tries -= 1
+            n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
+            if n:
+                budget -= n
+                inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + n
+                q = adm.queue(job)
+                starved.add(q.cohort if q is not None else None)
+        blocked.clear()
+
+    for job in order():
         if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
             break
         if job.id in w.frozen_jobs or job.id in skip:
@@ -443,31 +921,67 @@ def place_queued(
             continue  # a gang too large for what is left of this commit: next cycle
         if job.not_before > now:
             continue
+        q = adm.queue(job)
+        if q is None:
+            continue  # its queue was deleted: it waits until one of that name exists
+        size = (job.spec.gpus, job.spec.gpu_share, job.spec.replicas, job.spec.cpus, job.spec.memory_mb)
+        floor = refused.get(job.spec.queue)
+        if floor is not None and job.spec.models() is None and all(
+                x >= y for x, y in zip(size, floor[0], strict=True)):
+            # At least as large as a job its queue's quota just refused: refused too
+            # (kept for preemption while the cycle may still look for victims).
+            if len(blocked) < 2 * policy.preemptions_per_cycle:
+                blocked.append((job, floor[1]))
+            continue
+        # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
+        # but those still stopping for others; any other job none of them.
+        placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)
+        spec, refusal = adm.restrict(job)
+        if spec is None:
+            if job.spec.models() is None and refusal is not None and not job.preempting:
+                refused.setdefault(job.spec.queue, (size, refusal))
+            if job.preempting:
+                _forget_preemption(w, job, now)
+            blocked.append((job, refusal))
+            if refusal is not None and refusal.within_nominal:
+                wait_for_reclaim(job)
+            continue
         if job.spec.replicas > 1:
-            choices = placer.place_gang(job.spec)
+            choices = placer.place_gang(spec)
             if choices is None:
+                if job.preempting:
+                    _forget_preemption(w, job, now)
+                blocked.append((job, None))
+                wait_for_reclaim(job)
                 if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
                         and now - job.submitted_at < gang_reserve_after_s + gang_reserve_max_s:
                     # Hold back hosts for this gang, for a bounded time, so that a stream
                     # of small jobs cannot keep it waiting for ever.
-                    reservation = placer.reservation_for(job.spec)
-                    placer.exclude = reservation
+                    reservation = placer.reservation_for(spec)
                 continue
         else:
-            choice = placer.place(job.spec)
+            choice = placer.place(spec)
             if choice is None:
+                if job.preempting:
+                    _forget_preemption(w, job, now)
+                blocked.append((job, None))
+                wait_for_reclaim(job)
                 continue
             choices = [choice]
         for c in choices:
-            placer.reserve(c, job.spec)
+            placer.reserve(c, spec)
         copy = w.job(job.id)
         assert copy is not None
         job = copy
+        job.preempting = []
         number = job.tries + 1
         gang = job.spec.replicas > 1
         gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
+        limit = effective_time_limit(job.spec, q)
         attempt = None
         for i, choice in enumerate(choices):
+            model = _model_of(placer, choice)
+            book.take(job.spec.queue, task_demand(job.spec, model))
             attempt = Attempt(
                 id=f"{job.id}.{number}.{i}" if gang else f"{job.id}.{number}",
                 number=number,
@@ -479,6 +993,8 @@ def place_queued(
                 state=AttemptState.PLACED,
                 term=term,
                 placed_at=now,
+                time_limit_s=limit,
+                gpu_model=model,
             )
             job.attempts.append(attempt)
             alloc = w.alloc(choice.host_id)
@@ -501,6 +1017,7 @@ def place_queued(
                     memory_mb=job.spec.memory_mb,
                     term=term,
                     keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
+                    grace_s=q.preempt_grace_s,
                 )
             )
         job.state = JobState.PLACED
@@ -508,6 +1025,37 @@ def place_queued(
         assert attempt is not None
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
+    placer.exclude = reservation or set()
+    if budget > 0:
+        preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+
+
+def _forget_preemption(w: _Work, job: Job, now: float) -> None:
+    """A job whose victims have stopped but that still cannot be placed (the room went
+    elsewhere, or its quota changed) gives up its claim: it may preempt again."""
+    copy = w.job(job.id)
+    if copy is not None and copy.preempting:
+        copy.preempting = []
+        copy.updated_at = now
+
+
+def update_usage(w: _Work, now: float, policy: QueuePolicy) -> None:
+    """Bring the queues' decayed past use up to date, every `usage_every_s`."""
+    state = w.state
+    if policy.half_life_s <= 0:
+        return
+    names = set(state.queue_usage) | set(state.queue_past)
+    for name in sorted(names):
+        old = state.queue_past.get(name)
+        held = state.queue_usage.get(name, {})
+        if old is not None and now - old.at < policy.usage_every_s and old.half_life_s == policy.half_life_s:
+            continue
+        if old is None and not held:
+            continue
+        rec = fairshare.decay(old, held, now, policy.half_life_s, name)
+        if old is not None and not rec.usage and not old.usage:
+            continue
+        w.plan.usage[name] = rec
 
 
 def plan_cycle(
@@ -530,6 +1078,8 @@ def plan_cycle(
     unheard_since: Mapping[str, float] | None = None,
     unheard_grace_s: float = 0.0,
     candidates: int = 16,
+    queues: QueuePolicy | None = None,
+    usage: bool = True,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -539,7 +1089,11 @@ def plan_cycle(
     The scheduler narrows a cycle when it looks for an input the store refuses (see
     scheduling.scheduler, isolation): at most `placements` jobs placed, no eviction or
     drain unless `evict`; the jobs in `fail` end FAILED with their reason, and those in
-    `skip` are left alone (their records cannot be written at all)."""
+    `skip` are left alone (their records cannot be written at all).
+
+    `queues` holds the fair-share and preemption settings; with `usage` the queues'
+    decayed past use is brought up to date when due (the scheduler passes False while a
+    commit in flight writes it)."""
     plan = Plan()
     w = _Work(state, plan, frozen_jobs, frozen_hosts)
     for job_id, why in (fail or {}).items():
@@ -578,8 +1132,10 @@ def plan_cycle(
     def healthy(host_id: str) -> bool:
         return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY
 
+    queues = queues or QueuePolicy()
     if evict:
         drain_due(w, now)
+        enforce_time_limits(w, now, room)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
         evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates), now,
@@ -603,6 +1159,8 @@ def plan_cycle(
             cap.record_bytes += len(t.compact_json()) + 1
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
+    if evict and usage and plan.keys + len(state.queue_usage) + len(state.queue_past) < room:
+        update_usage(w, now, queues)
     if placements != 0:
-        place_queued(w, placer, now, term, max_keys, placements=placements, skip=skip)
+        place_queued(w, placer, now, term, max_keys, placements=placements, skip=skip, policy=queues)
     return plan

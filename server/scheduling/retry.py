@@ -27,10 +27,20 @@ def backoff_s(attempt_number: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** (attempt_number - 2))
 
 
+def preempted_tries(job: Job) -> int:
+    """Tries that ended because they were preempted: they do not count as tries used."""
+    return len({a.number for a in job.attempts if a.state is AttemptState.PREEMPTED})
+
+
 def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
+    if ended is AttemptState.PREEMPTED:
+        # Requeued at once, keeping its submission time (its place in its queue).
+        return RetryDecision(True, now, "preempted; requeued")
+    if ended is AttemptState.TIMEOUT:
+        return RetryDecision(False, why="time limit reached")
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
-    used = job.tries
+    used = job.tries - preempted_tries(job)
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")
     return RetryDecision(True, now + backoff_s(used), f"attempt {used} {ended.value.lower()}")

@@ -24,10 +24,12 @@ from server import metrics
 from server.health.monitor import publish_alert
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
-from server.scheduling.planner import KeyInFlight, Plan, plan_cycle
+from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
+from server.scheduling.queuewatch import QueueWatch
 from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
+from server.views import queues as queue_view
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
@@ -52,6 +54,10 @@ class _Cycle:
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
+
+    @property
+    def writes_usage(self) -> bool:
+        return bool(self.plan.usage)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,10 @@ class SchedulerConfig:
     placement_policy: str = "fgd"
     # fgd: the feasible hosts compared per task (from the tightest levels of the index up).
     placement_candidates: int = 16
+    # Fair share and preemption (scheduling.planner.QueuePolicy).
+    queues: QueuePolicy = field(default_factory=QueuePolicy)
+    # Alerts: a preemption storm, a starved queue (scheduling.queuewatch).
+    watch: QueueWatch = field(default_factory=QueueWatch)
 
 
 class Scheduler:
@@ -119,6 +129,9 @@ class Scheduler:
         self.poisoned = 0
         # When this leader first saw each unheard host (planner.evict_lost's grace).
         self._unheard_since: dict[str, float] = {}
+        self.watch = self.config.watch
+        self._placed_queues: set[str] = set()
+        self._watched_at = 0.0
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -378,6 +391,8 @@ class Scheduler:
                 skip=self._skip,
                 unheard_since=self._unheard_since,
                 unheard_grace_s=self.unheard_grace_s,
+                queues=self.config.queues,
+                usage=not any(c.writes_usage for c in self._inflight.values()),
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
@@ -405,8 +420,11 @@ class Scheduler:
         ] + [
             Write(subjects.alloc_key(h), encode(a), expected=self.state.revisions.get(subjects.alloc_key(h), 0))
             for h, a in plan.allocs.items()
+        ] + [
+            Write(subjects.qusage_key(q), encode(u), expected=self.state.revisions.get(subjects.qusage_key(q), 0))
+            for q, u in plan.usage.items()
         ]
-        objects = list(plan.jobs.values()) + list(plan.allocs.values())
+        objects = list(plan.jobs.values()) + list(plan.allocs.values()) + list(plan.usage.values())
         for w, obj in zip(writes, objects, strict=True):
             self.state.expect(w.key, w.value, obj)
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
@@ -490,6 +508,12 @@ class Scheduler:
                 self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
             for h, a in (() if res.duplicate else plan.allocs.items()):
                 self.state.apply_alloc(a, res.revisions[subjects.alloc_key(h)])
+            for q, u in (() if res.duplicate else plan.usage.items()):
+                self.state.apply_queue_usage(u, res.revisions[subjects.qusage_key(q)])
+            for (kind, queue), n in plan.preempted.items():
+                metrics.PREEMPTIONS.labels(queue, kind).inc(n)
+            if plan.timed_out:
+                metrics.TIMEOUTS.inc(plan.timed_out)
             if plan.placed:
                 self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)
@@ -592,8 +616,25 @@ class Scheduler:
                    message=message[:2000], data={"kind": kind, "jobs": job_ids[:100]})
         await publish_alert(self.store.nc, subjects.ALERT_INPUT_REJECTED, ev)
 
+    def _queue_alerts(self, plan: Plan, now: float) -> list[Event]:
+        """Preemption storms at once; starved queues checked at most once a second."""
+        out = self.watch.preempted(now, sum(plan.preempted.values()))
+        for ev in plan.events:
+            if ev.kind == "job.placed" and ev.job_id in plan.jobs:
+                self._placed_queues.add(plan.jobs[ev.job_id].spec.queue)
+        if now - self._watched_at >= 1.0:
+            self._watched_at = now
+            rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
+            below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
+            out += self.watch.queues(now, dict(self.state.queue_queued), self._placed_queues, below,
+                                     {r.queue.name: (r.dominant, r.entitled) for r in rows})
+            self._placed_queues = set()
+        return out
+
     async def _alerts(self, plan: Plan, now: float) -> None:
         nc = self.store.nc
+        for ev in self._queue_alerts(plan, now):
+            await publish_alert(nc, ev.kind, ev)
         for ev in plan.events:
             if ev.kind == "job.failed":
                 await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev.model_copy())

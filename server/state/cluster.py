@@ -24,6 +24,8 @@ from server.scheduling.capacity import CapacityIndex
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
+from server.scheduling.queues import add as add_resources
+from server.scheduling.queues import gpu_key, job_usage
 from server.views.hosts import HostTable
 from wire import subjects
 from wire.errors import DecodeError
@@ -31,10 +33,13 @@ from wire.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     SHAPE_HEADER,
+    AttemptState,
     Heartbeat,
     HostAlloc,
     Job,
     JobState,
+    Queue,
+    QueueUsage,
     decode,
     shape_digest,
 )
@@ -59,6 +64,8 @@ class TokenInfo(BaseModel):
     name: str
     role: str = "operator"
     created_at: float = 0.0
+    # The queues this token may submit to (None: any; admin tokens: any).
+    queues: list[str] | None = None
 
 
 class SessionInfo(BaseModel):
@@ -139,6 +146,19 @@ class ClusterState:
     # GPUs of present hosts, and GPUs allocated to tasks: kept as records arrive.
     gpus_present: int = 0
     gpus_allocated: int = 0
+    # Queues (`queue.<name>`), their decayed past use (`qusage.<name>`), and per queue
+    # what its jobs hold now, its jobs holding something, and its queued jobs: kept as
+    # job records arrive (server.scheduling.queues).
+    queues: dict[str, Queue] = field(default_factory=dict)
+    queue_past: dict[str, QueueUsage] = field(default_factory=dict)
+    queue_usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    queue_live: dict[str, set[str]] = field(default_factory=dict)
+    queue_queued: Counter[str] = field(default_factory=Counter)
+    # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
+    capacity: dict[str, float] = field(default_factory=dict)
+    _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Running tries with a time limit: job id -> when it is reached.
+    deadlines: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.clock.settle_s = self.heartbeat_interval_s
@@ -163,7 +183,9 @@ class ClusterState:
         old = self.jobs.pop(job_id, None)
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
+            self._queue_account(old, -1)
         self.queued_ids.discard(job_id)
+        self.deadlines.pop(job_id, None)
 
     def _set_job(self, job: Job) -> None:
         old = self.jobs.get(job.id)
@@ -171,12 +193,58 @@ class ClusterState:
             self.shapes.saw(Shape.of(job.spec))
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
+            self._queue_account(old, -1)
         self.job_state_counts[job.state.value] += 1
         self.jobs[job.id] = job
+        self._queue_account(job, 1)
         if job.state is JobState.QUEUED:
             self.queued_ids.add(job.id)
         else:
             self.queued_ids.discard(job.id)
+        self._deadline(job)
+
+    def _queue_account(self, job: Job, sign: int) -> None:
+        """Add (`sign` 1) or remove (-1) what a job record holds and waits for to its
+        queue's figures."""
+        q = job.spec.queue
+        if job.state is JobState.QUEUED:
+            self.queue_queued[q] += sign
+            if not self.queue_queued[q]:
+                del self.queue_queued[q]
+        held = job_usage(job)
+        if not held:
+            return
+        add_resources(self.queue_usage.setdefault(q, {}), held, float(sign))
+        live = self.queue_live.setdefault(q, set())
+        if sign > 0:
+            live.add(job.id)
+        else:
+            live.discard(job.id)
+
+    def _deadline(self, job: Job) -> None:
+        """Keep the time a running try reaches its time limit (none once it is stopping)."""
+        tasks = job.current_tasks() if job.state in (JobState.RUNNING, JobState.PLACED) else []
+        started = [t.started_at for t in tasks if t.state is AttemptState.RUNNING and t.started_at is not None]
+        limit = tasks[0].time_limit_s if tasks else 0.0
+        if started and limit > 0 and not any(t.stop_kind for t in tasks):
+            self.deadlines[job.id] = min(started) + limit
+        else:
+            self.deadlines.pop(job.id, None)
+
+    def _host_capacity(self, cap: HostCapacity | None) -> None:
+        """Keep the cluster's capacity totals as a host's entry changes."""
+        host_id = cap.id if cap is not None else ""
+        old = self._host_resources.pop(host_id, None) if cap is not None else None
+        if old:
+            add_resources(self.capacity, old, -1.0)
+        if cap is None or not cap.schedulable:
+            return
+        res: dict[str, float] = {"cpu": cap.cpus, "memory_mb": float(cap.memory_mb)}
+        for i, m in cap.gpu_models.items():
+            if i not in cap.unhealthy_gpus:
+                res[gpu_key(m)] = res.get(gpu_key(m), 0.0) + 1.0
+        self._host_resources[host_id] = res
+        add_resources(self.capacity, res)
 
     def _index_host(self, host_id: str) -> None:
         """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings,
@@ -187,6 +255,9 @@ class ClusterState:
         if entry is None or entry.heartbeat is None:
             self.index.remove(host_id)
             self._host_shapes.pop(host_id, None)
+            old = self._host_resources.pop(host_id, None)
+            if old:
+                add_resources(self.capacity, old, -1.0)
             return
         hb = entry.heartbeat
         cfg = self.hostcfg.get(host_id)
@@ -219,6 +290,7 @@ class ClusterState:
                 cap.hold(t)
             cap.record_bytes = self.alloc_bytes.get(host_id, 0)
         self.index.put(cap)
+        self._host_capacity(cap)
 
     @staticmethod
     def _shape(hb: Heartbeat | None) -> tuple[object, ...] | None:
@@ -340,6 +412,17 @@ class ClusterState:
                     self.hostcfg[name] = decode(HostConfig, rec.value)
                 self._index_host(name)
                 self._notify("hostcfg", name)
+            elif kind == "queue":
+                if rec.value is None:
+                    self.queues.pop(name, None)
+                else:
+                    self.queues[name] = decode(Queue, rec.value)
+                self._notify("queue", name)
+            elif kind == "qusage":
+                if rec.value is None:
+                    self.queue_past.pop(name, None)
+                else:
+                    self.queue_past[name] = decode(QueueUsage, rec.value)
             elif kind == "auth" and name.startswith("token."):
                 h = name[len("token.") :]
                 if rec.value is None:
@@ -439,3 +522,15 @@ class ClusterState:
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.queued_ids]
+
+    def due_deadlines(self, now: float) -> list[str]:
+        """Jobs whose running try reached its time limit by `now`, earliest first."""
+        return [j for _d, j in sorted((d, j) for j, d in self.deadlines.items() if d <= now)]
+
+    def apply_queue_usage(self, rec: QueueUsage, revision: int) -> None:
+        key = subjects.qusage_key(rec.name)
+        self.written.pop(key, None)
+        if revision <= self.revisions.get(key, 0):
+            return
+        self.revisions[key] = revision
+        self.queue_past[rec.name] = rec

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
+from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
+from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
 from wire.messages import Job, JobState
 
@@ -53,9 +55,10 @@ class JobPage:
 
 
 class JobView:
-    def __init__(self, state: ClusterState, history: History | None) -> None:
+    def __init__(self, state: ClusterState, history: History | None, half_life_s: float = 3600.0) -> None:
         self.state = state
         self.history = history
+        self.half_life_s = half_life_s  # of queues' past use, as the scheduler decays it
         self._positions: dict[str, int] = {}
         self._order_at: float | None = None
 
@@ -115,14 +118,29 @@ class JobView:
                 yield
         return dict(reasons)
 
+    def queue_reasons(self, job: Job, now: float) -> list[queue_view.QueueReason]:
+        """Why a queued job waits at queue level (server.views.queues.reasons); for a gang,
+        whether the hosts take its tasks one by one but not all at once."""
+        whole: bool | None = None
+        if job.state is JobState.QUEUED and job.spec.replicas > 1:
+            placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
+                            policy="binpack")
+            if placer.place(job.spec) is not None:
+                whole = placer.place_gang(job.spec) is not None
+        return queue_view.reasons(self.state, job, now, self.half_life_s, whole)
+
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
-        """1-based place in the planner's queue order while QUEUED. The order is sorted
-        at most once every `ORDER_MAX_AGE_S` (given `now`), however many jobs ask."""
+        """1-based place in its queue's order (priority, then submission) while QUEUED.
+        The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`), however
+        many jobs ask."""
         if job.state is not JobState.QUEUED:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
         if not fresh or job.id not in self._positions:  # a job queued since: sort again
-            self._positions = {j.id: i for i, j in enumerate(queue_order(self.state.queued()), start=1)}
+            by_queue: dict[str, list[Job]] = {}
+            for j in self.state.queued():
+                by_queue.setdefault(j.spec.queue, []).append(j)
+            self._positions = {j.id: i for js in by_queue.values() for i, j in enumerate(queue_order(js), start=1)}
             self._order_at = now
         return self._positions.get(job.id)
 

@@ -928,3 +928,32 @@ async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
     assert "host.lost" in r.text and "gpu.unhealthy" in r.text
     r = await console.client.get("/alerts?kind=gpu.unhealthy")
     assert "xid 79" in r.text and "rack9-host" not in r.text
+
+
+async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await put_heartbeat(m, "qh1", gpus=2)
+    await eventually(lambda: "qh1" in m.state.hosts, what="the host")
+    await m.create_queue({"name": "vision", "cohort": "lab", "quota": {"gpu:H100": {"nominal": 1}}}, "operator")
+    small = await m.submit({"name": "v-small", "command": ["sleep", "60"], "gpus": 1, "queue": "vision"}, "operator")
+    big = await m.submit({"name": "v-big", "command": ["true"], "gpus": 2, "queue": "vision"}, "operator")
+    await m.submit({"name": "plain", "command": ["true"], "gpus": 64}, "operator")
+    assert m.history is not None
+    history = m.history
+    await eventually(lambda: history.list_jobs(limit=1)[1] == 3, what="history to catch up")
+    r = await c.get("/queues")
+    assert r.status_code == 200
+    assert_security_headers(r)
+    assert 'id="queue-vision"' in r.text and 'id="queue-default"' in r.text
+    assert "gpu:H100" in r.text and "<meter" in r.text and "nominal 1" in r.text
+    r = await c.get("/jobs?queue=vision")
+    assert r.status_code == 200 and "v-small" in r.text and "v-big" in r.text and "plain" not in r.text
+    assert "in queue vision" in r.text
+    # The 2-GPU job waits on its queue's quota (1 GPU, in a cohort with nothing to lend).
+    r = await c.get(f"/jobs/{big.id}")
+    assert r.status_code == 200
+    assert 'id="queue-reasons"' in r.text and "over nominal quota and cannot borrow" in r.text
+    assert 'href="/queues#queue-vision"' in r.text
+    assert small.spec.queue == "vision"

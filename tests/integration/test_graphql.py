@@ -243,7 +243,7 @@ async def test_host_pagination_filters_sorting_and_aggregates(api: Client, nc: A
     assert c["cpu"] == {"total": float(sum(h.cpus for h in hosts)), "allocated": 0.0}
     assert c["memoryMb"] == {"total": sum(h.memory_mb for h in hosts), "allocated": 0}
     assert c["gpus"]["total"] == sum(len(h.gpus) for h in hosts)
-    assert {s["state"] for s in c["jobsByState"]} == {"QUEUED", "PLACED", "RUNNING", "SUCCEEDED", "FAILED",
+    assert {s["state"] for s in c["jobsByState"]} == {"QUEUED", "PLACED", "RUNNING", "SUCCEEDED", "FAILED", "TIMEOUT",
                                                      "CANCELLED"}
 
     # a placed job shows up in the allocations

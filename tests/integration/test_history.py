@@ -30,6 +30,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_replicas_write_concurrently_once,
     test_retention_prunes_only_old_finished_jobs,
     test_retry_keeps_every_attempt,
+    test_usage_sums_attempts_per_queue_user_and_model,
 )
 
 

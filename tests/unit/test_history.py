@@ -55,7 +55,7 @@ def lifecycle(jid: str, t0: float = 1000.0, *, name: str = "train", user: str = 
                   attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=AttemptState.RUNNING,
                                     placed_at=t0 + 1, started_at=t0 + 2)])
     astate = {JobState.SUCCEEDED: AttemptState.SUCCEEDED, JobState.FAILED: AttemptState.FAILED,
-              JobState.CANCELLED: AttemptState.KILLED}[final]
+              JobState.CANCELLED: AttemptState.KILLED, JobState.TIMEOUT: AttemptState.TIMEOUT}[final]
     done = job(jid, spec=s, state=final, submitted_at=t0, updated_at=t0 + 10,
                attempts=[Attempt(id=a_id, number=1, host_id="h1", gpu_indices=[0], state=astate,
                                  placed_at=t0 + 1, started_at=t0 + 2, finished_at=t0 + 10,
@@ -475,3 +475,49 @@ def test_five_thousand_jobs(hist: History) -> None:
     got, total = hist.list_jobs(name="eval-1", submitted_after=1_001_000, submitted_before=1_004_000,
                                 sort="submitted_at", limit=5000)
     assert total == len(want) and [j.id for j in got] == [j.id for j in want]
+
+
+def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
+    """Accounting: GPU-, CPU- and memory-seconds are the sums over the recorded attempts
+    (the parts of their runs inside the period; a running one counts up to now)."""
+    rng = random.Random(7)
+    jobs = []
+    for i in range(40):
+        queue, user = rng.choice(["a", "b"]), rng.choice(["ann", "bob"])
+        spec = job_spec(f"u{i}", gpus=rng.randint(1, 4), cpus=float(rng.randint(1, 8)), memory_mb=1024,
+                        queue=queue, user=user)
+        start = 1000.0 + rng.randint(0, 500)
+        end = None if i % 7 == 0 else start + rng.randint(1, 300)
+        model = rng.choice(["H100", "A100"])
+        attempts = [Attempt(id=f"u{i}.1", number=1, host_id="h", gpu_indices=list(range(spec.gpus)),
+                            state=AttemptState.RUNNING if end is None else AttemptState.SUCCEEDED,
+                            placed_at=start, started_at=start, finished_at=end, gpu_model=model)]
+        jobs.append(job(f"u{i}", spec=spec, state=JobState.RUNNING if end is None else JobState.SUCCEEDED,
+                        attempts=attempts, submitted_at=start))
+        hist.record(jobs[-1], 1)
+    hist.flush()
+    now, since, until = 2000.0, 1200.0, 1600.0
+    expected: dict[tuple[str, str, str], list[float]] = {}
+    for j in jobs:
+        a = j.attempts[0]
+        lo = max(a.started_at or 0.0, since)
+        hi = min(a.finished_at if a.finished_at is not None else now, until)
+        if hi <= lo and not (a.started_at < until and (a.finished_at is None or a.finished_at > since)):
+            continue
+        secs = max(0.0, hi - lo)
+        e = expected.setdefault((j.spec.queue, j.spec.user, a.gpu_model), [0.0, 0.0, 0.0, 0])
+        e[0] += secs * j.spec.gpus
+        e[1] += secs * j.spec.cpus
+        e[2] += secs * j.spec.memory_mb
+        e[3] += 1
+    got = {(r.queue, r.user, r.gpu_model): [r.gpu_seconds, r.cpu_seconds, r.memory_mb_seconds, r.attempts]
+           for r in hist.usage(since=since, until=until, now=now)}
+    assert got.keys() == expected.keys()
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v), k
+    only = hist.usage(queue="a", user="ann", now=now)
+    assert {(r.queue, r.user) for r in only} <= {("a", "ann")}
+    total = sum(r.gpu_seconds for r in hist.usage(now=now))
+    assert total == pytest.approx(sum(((a.finished_at or now) - a.started_at) * j.spec.gpus
+                                      for j in jobs for a in j.attempts))
+    assert {r.spec.queue for r in hist.list_jobs(queue="b", limit=100)[0]} == {"b"}

@@ -139,6 +139,7 @@ def test_an_attempts_environment_holds_nothing_of_the_agents(monkeypatch: pytest
         "PATH": DEFAULT_PATH, "MY_VAR": "1", "CUDA_VISIBLE_DEVICES": "3,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "MUSTER_JOB_ID": "j1", "MUSTER_ATTEMPT_ID": "j1.1", "MUSTER_ATTEMPT": "1", "MUSTER_TASK_INDEX": "2",
         "MUSTER_GANG_TASK": "2", "MUSTER_GANG_SIZE": "4", "MUSTER_GANG_HOSTS": "a,b,c,d", "MUSTER_HOST_ID": "h7",
+        "MUSTER_PREEMPT_DEADLINE": "10",  # the agent's kill grace: the task's own grace_s is unset
     }
     # A job may set its own PATH.
     assert Run(task(env={"PATH": "/opt/bin"}), _nothing).env()["PATH"] == "/opt/bin"

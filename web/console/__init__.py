@@ -9,6 +9,7 @@
               a host's page, cordon, uncordon and drain
     charts    `Telemetry` (per-host ring buffers of GPU samples) and the SVG sparklines
     jobs      the jobs list, a job's page, cancel, the submit form
+    queues    the queues page (quota against use, fair share) and usage per queue and user
     alerts    the alerts page
     sse       the server-sent event stream
     (here)    `console_routes()`: the route table, static files and htmx
@@ -46,7 +47,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from web.console import alerts, hosts, jobs, session, sse
+from web.console import alerts, hosts, jobs, queues, session, sse
 from web.console.hosts import console_query
 from web.console.render import SECURITY_HEADERS
 from web.console.session import COOKIE, csrf_token
@@ -64,6 +65,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/", hosts.overview, methods=["GET"]),
         Route("/hosts", hosts.hosts, methods=["GET"]),
         Route("/alerts", alerts.alerts, methods=["GET"]),
+        Route("/queues", queues.queues, methods=["GET"]),
         Route("/hosts/{host_id}", hosts.host_detail, methods=["GET"]),
         Route("/hosts/{host_id}/cordon", hosts.cordon, methods=["POST"]),
         Route("/hosts/{host_id}/uncordon", hosts.uncordon, methods=["POST"]),

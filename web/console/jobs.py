@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -41,17 +42,24 @@ async def jobs(request: Request) -> Response:
     bad_state = bool(state) and state not in states
     if bad_state:
         state = ""
+    queue_names = [q.name for q in m.queues()]
+    queue = request.query_params.get("queue", "").strip()
+    if queue not in queue_names:
+        queue = ""
     page = page_arg(request)
     assert m.history is not None
     rows, total = await run_in_threadpool(
-        m.history.list_jobs, state=state or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
+        m.history.list_jobs, state=state or None, queue=queue or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
     )
     if not rows and total and page > 1:
         page, _ = clamp_page(total, page)
         rows, total = await run_in_threadpool(
-            m.history.list_jobs, state=state or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
+            m.history.list_jobs, state=state or None, queue=queue or None, limit=PER_PAGE,
+            offset=(page - 1) * PER_PAGE
         )
     shown = m.jobs.overlay(rows, state, newest_live=page == 1, limit=PER_PAGE)
+    if queue:
+        shown = [j for j in shown if j.spec.queue == queue]
     total += max(0, len(shown) - len(rows)) if page == 1 else 0
     page, pages = clamp_page(total, page)
     ctx = {
@@ -60,13 +68,15 @@ async def jobs(request: Request) -> Response:
         "state": state,
         "states": states,
         "bad_state": bad_state,
+        "queue": queue,
+        "queues": queue_names,
         "page": page,
         "pages": pages,
-        "prev_url": url("/jobs", state=state, page=page - 1) if page > 1 else None,
-        "next_url": url("/jobs", state=state, page=page + 1) if page < pages else None,
-        "first_url": url("/jobs", state=state, page=1) if page > 1 else None,
-        "last_url": url("/jobs", state=state, page=pages) if page < pages else None,
-        "live_url": url("/jobs", state=state, page=page),
+        "prev_url": url("/jobs", state=state, queue=queue, page=page - 1) if page > 1 else None,
+        "next_url": url("/jobs", state=state, queue=queue, page=page + 1) if page < pages else None,
+        "first_url": url("/jobs", state=state, queue=queue, page=1) if page > 1 else None,
+        "last_url": url("/jobs", state=state, queue=queue, page=pages) if page < pages else None,
+        "live_url": url("/jobs", state=state, queue=queue, page=page),
         "sse_on": "job",
     }
     return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
@@ -85,6 +95,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         return None
     reads = reads_for(m)
     why = sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))
+    queue_why = m.jobs.queue_reasons(job, time.time())
     recorded: list[Any] = []
     history_error = False
     if m.history is not None:
@@ -95,6 +106,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     return {
         "job": job,
         "why": why,
+        "queue_why": queue_why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
         "position": reads.queue_position(job),
@@ -203,7 +215,7 @@ async def submit(request: Request) -> Response:
     if values["mig_profile"]:
         data["mig_profile"] = values["mig_profile"]
     try:
-        job = await m.submit(data, sess.user)
+        job = await m.submit(data, sess.user, None if sess.info.role == "admin" else sess.info.queues)
     except ValidationError as exc:
         errors: dict[str, list[str]] = dict(local)
         other: list[str] = []

@@ -45,6 +45,11 @@ class SubmitJobInput:
     replace_after: float = strawberry.field(
         default=0.0, description="KEEP_RUNNING only: seconds to wait after the host is lost before replacing the work."
     )
+    queue: str = strawberry.field(default="default", description="The queue to run in (the token must be bound "
+                                                                  "to it, if bound to any).")
+    time_limit_seconds: float = strawberry.field(
+        default=0.0, description="Stop the job after this long running (SIGTERM, grace, SIGKILL); it ends TIMEOUT. "
+                                 "0: the queue's default.")
 
 
 @strawberry.input
@@ -88,6 +93,33 @@ class JobFilter:
     priority: int | None = None
     submitted_after: dt.datetime | None = strawberry.field(default=None, description="Inclusive.")
     submitted_before: dt.datetime | None = strawberry.field(default=None, description="Exclusive.")
+    queue: str | None = None
+
+
+@strawberry.input(description="A queue's quota of one resource.")
+class QueueResourceInput:
+    resource: str = strawberry.field(description="\"gpu:<model>\", \"cpu\" or \"memory_mb\".")
+    nominal: float
+    borrowing_limit: float | None = strawberry.field(default=None, description="null: no limit.")
+    lending_limit: float | None = strawberry.field(default=None, description="null: lends all of its nominal.")
+
+
+@strawberry.input(description="A queue's settings. On update, only the fields given change (`quota`, when "
+                               "given, replaces the whole quota).")
+class QueueInput:
+    name: str
+    description: str | None = None
+    cohort: str | None = strawberry.field(default=None, description="On update: \"\" leaves the cohort.")
+    weight: float | None = None
+    quota: list[QueueResourceInput] | None = None
+    preempt_within: bool | None = strawberry.field(default=None, description="Priority preemption in the queue.")
+    reclaim: bool | None = strawberry.field(default=None, description="Take back what others borrowed.")
+    fair_share_preemption: bool | None = None
+    preempt_grace_seconds: float | None = None
+    min_runtime_seconds: float | None = None
+    max_preemptions: int | None = None
+    default_time_limit_seconds: float | None = None
+    max_time_limit_seconds: float | None = None
 
 
 @strawberry.enum

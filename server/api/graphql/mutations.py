@@ -4,14 +4,26 @@
 
 from __future__ import annotations
 
+import time
+
 import strawberry
 from strawberry.types import Info
 
 from server.api.graphql.context import muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
-from server.api.graphql.inputs import DrainHostInput, HostActionInput, SubmitJobInput
-from server.api.graphql.types import CancelJobPayload, Host, HostActionPayload, Job, SubmitJobPayload
-from wire.errors import AuthError, InvalidInput
+from server.api.graphql.inputs import DrainHostInput, HostActionInput, QueueInput, SubmitJobInput
+from server.api.graphql.types import (
+    CancelJobPayload,
+    DeleteQueuePayload,
+    Host,
+    HostActionPayload,
+    Job,
+    Queue,
+    QueuePayload,
+    SubmitJobPayload,
+)
+from server.views.queues import rows as queue_rows
+from wire.errors import AuthError, MusterError
 from wire.messages import Job as JobModel
 
 MAX_BATCH_SUBMIT = 1000
@@ -26,7 +38,42 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "replicas": i.replicas, "same_rack": i.same_rack, "gpu_models": i.gpu_models,
         "same_model": i.same_model, "gpu_share": i.gpu_share, "gpu_memory_mb": i.gpu_memory_mb,
         "mig_profile": i.mig_profile,
+        "queue": i.queue, "time_limit_s": i.time_limit_seconds,
     }
+
+
+def _queue_data(i: QueueInput) -> dict[str, object]:
+    """The fields given, as wire.messages.Queue names them."""
+    fields = {
+        "description": i.description, "cohort": i.cohort, "weight": i.weight,
+        "preempt_within": i.preempt_within, "reclaim": i.reclaim, "fair_share_preemption": i.fair_share_preemption,
+        "preempt_grace_s": i.preempt_grace_seconds, "min_runtime_s": i.min_runtime_seconds,
+        "max_preemptions": i.max_preemptions, "default_time_limit_s": i.default_time_limit_seconds,
+        "max_time_limit_s": i.max_time_limit_seconds,
+    }
+    data: dict[str, object] = {k: v for k, v in fields.items() if v is not None}
+    if data.get("cohort") == "":
+        data["cohort"] = None
+    if i.quota is not None:
+        data["quota"] = {q.resource: {"nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
+                                      "lending_limit": q.lending_limit} for q in i.quota}
+    return data
+
+
+def _queue(info: Info, name: str) -> Queue | None:
+    mu = muster(info)
+    for row in queue_rows(mu.state, time.time(), mu.jobs.half_life_s):
+        if row.queue.name == name:
+            return Queue(_row=row)
+    return None
+
+
+def bound_queues(info: Info) -> list[str] | None:
+    """The queues the caller's token may submit to (None: any; admins: any)."""
+    tok = info.context.get("token")
+    if tok is None or tok.role == "admin":
+        return None
+    return tok.queues
 
 
 @strawberry.type
@@ -35,7 +82,7 @@ class Mutation:
     async def submit_job(self, info: Info, input: SubmitJobInput) -> SubmitJobPayload:
         async def op() -> JobModel:
             require(info)
-            return await muster(info).submit(_job_data(input), user(info))
+            return await muster(info).submit(_job_data(input), user(info), bound_queues(info))
 
         job, errors = await attempt(op)
         return SubmitJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
@@ -49,8 +96,8 @@ class Mutation:
         if len(input) > MAX_BATCH_SUBMIT:
             return [SubmitJobPayload(job=None, user_errors=[UserError(
                 field="input", message=f"at most {MAX_BATCH_SUBMIT} jobs per request", code="TOO_LARGE")])]
-        results = await muster(info).submit_many([_job_data(i) for i in input], user(info))
-        return [SubmitJobPayload(job=None, user_errors=user_errors(r)) if isinstance(r, InvalidInput)
+        results = await muster(info).submit_many([_job_data(i) for i in input], user(info), bound_queues(info))
+        return [SubmitJobPayload(job=None, user_errors=user_errors(r)) if isinstance(r, MusterError)
                 else SubmitJobPayload(job=Job(_m=r), user_errors=[]) for r in results]
 
     @strawberry.mutation
@@ -64,6 +111,36 @@ class Mutation:
         _, errors = await attempt(op)
         job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
         return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
+    @strawberry.mutation(description="Create a queue (admin).")
+    async def create_queue(self, info: Info, input: QueueInput) -> QueuePayload:
+        async def op() -> str:
+            require(info, "admin")
+            q = await muster(info).create_queue({"name": input.name, **_queue_data(input)}, user(info))
+            return q.name
+
+        name, errors = await attempt(op)
+        return QueuePayload(queue=_queue(info, name) if name else None, user_errors=errors)
+
+    @strawberry.mutation(description="Change a queue's settings (admin): only the fields given change.")
+    async def update_queue(self, info: Info, input: QueueInput) -> QueuePayload:
+        async def op() -> str:
+            require(info, "admin")
+            q = await muster(info).update_queue(input.name, _queue_data(input), user(info))
+            return q.name
+
+        name, errors = await attempt(op)
+        return QueuePayload(queue=_queue(info, name) if name else None, user_errors=errors)
+
+    @strawberry.mutation(description="Delete a queue (admin). Refused while it has queued, placed or running jobs.")
+    async def delete_queue(self, info: Info, name: str) -> DeleteQueuePayload:
+        async def op() -> bool:
+            require(info, "admin")
+            await muster(info).delete_queue(name, user(info))
+            return True
+
+        done, errors = await attempt(op)
+        return DeleteQueuePayload(deleted=bool(done), user_errors=errors)
 
     @strawberry.mutation
     async def cordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:

@@ -45,12 +45,17 @@ from server.api.graphql.types import (
     JobState,
     Leadership,
     PageInfo,
+    Queue,
+    QueueConnection,
+    QueueEdge,
+    Usage,
 )
 from server.api.reads import in_thread, reads_for
 from server.history.database import job_cursor
 from server.history.models import EventRow
 from server.replica import Muster
 from server.views.hosts import ORDERS, HostQuery, HostRow
+from server.views.queues import rows as queue_rows
 from wire.errors import ValidationError
 from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState
@@ -86,7 +91,7 @@ def cluster(mu: Muster) -> Cluster:
         gpus=GpuCounts(total=c.gpus_total, allocated=c.gpus_allocated),
         jobs=JobCounts(queued=j.get("QUEUED", 0), placed=j.get("PLACED", 0), running=j.get("RUNNING", 0),
                        succeeded=j.get("SUCCEEDED", 0), failed=j.get("FAILED", 0),
-                       cancelled=j.get("CANCELLED", 0)),
+                       cancelled=j.get("CANCELLED", 0), timeout=j.get("TIMEOUT", 0)),
         leadership=Leadership(term=mu.state.term, leader=mu.state.leader, role=mu.role,
                               replica=mu.config.name),
         _mu=mu,
@@ -146,7 +151,7 @@ class Query:
             mu.history.list_jobs,
             state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
             submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before),
-            sort=sort.value, limit=n + 1, offset=offset, after=keyset,
+            queue=f.queue, sort=sort.value, limit=n + 1, offset=offset, after=keyset,
         )
         more = len(rows) > n
         rows = rows[:n]
@@ -263,3 +268,31 @@ class Query:
     @strawberry.field
     def cluster(self, info: Info) -> Cluster:
         return cluster(muster(info))
+
+    @strawberry.field(description="Queues by name, with quota, use, borrowing, lending, pending and running "
+                                  "counts and fair share.")
+    def queues(self, info: Info, first: int | None = 50, after: str | None = None) -> QueueConnection:
+        offset, n = page_args(first, after)
+        mu = muster(info)
+        rows = queue_rows(mu.state, time.time(), mu.jobs.half_life_s)
+        page = rows[offset: offset + n]
+        edges = [QueueEdge(cursor=encode_cursor(offset + i), node=Queue(_row=r)) for i, r in enumerate(page)]
+        return QueueConnection(total_count=len(rows), edges=edges, page_info=PageInfo(
+            has_next_page=offset + len(page) < len(rows), end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field
+    def queue(self, info: Info, name: str) -> Queue | None:
+        mu = muster(info)
+        return next((Queue(_row=r) for r in queue_rows(mu.state, time.time(), mu.jobs.half_life_s)
+                     if r.queue.name == name), None)
+
+    @strawberry.field(description="GPU-seconds (per model), CPU-seconds and memory MB-seconds used by attempts in "
+                                  "[since, until), per queue and user, from the history database.")
+    async def usage(self, info: Info, queue: str | None = None, user: str | None = None,
+                    since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[Usage]:
+        mu = muster(info)
+        assert mu.history is not None
+        rows = await in_thread(mu.history.usage, queue=queue, user=user, since=epoch(since), until=epoch(until))
+        return [Usage(queue=r.queue, user=r.user, gpu_model=r.gpu_model, gpu_seconds=r.gpu_seconds,
+                      cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts)
+                for r in rows]

@@ -16,6 +16,7 @@ from server.api.reads import reads_for
 from server.replica import Muster
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing
+from server.views.queues import QueueRow as QueueRowModel
 from wire.messages import Attempt as AttemptModel
 from wire.messages import Job as JobModel
 from wire.messages import JobState as JobStateEnum
@@ -209,15 +210,27 @@ class Attempt:
     def finished_at(self) -> dt.datetime | None:
         return ts(self._m.finished_at)
 
-    @strawberry.field
+    @strawberry.field(description="Why the attempt ended (or is being stopped): a preemption names the job it made "
+                                  "room for; a time limit says so.")
     def reason(self) -> str:
         return self._m.reason
+
+    @strawberry.field(description="GPU model of the GPUs it got.")
+    def gpu_model(self) -> str:
+        return self._m.gpu_model
+
+    @strawberry.field(description="The time limit it ran under (0: none).")
+    def time_limit_seconds(self) -> float:
+        return self._m.time_limit_s
 
 
 @strawberry.type
 class PendingReason:
     reason: str
-    hosts: int
+    hosts: int = strawberry.field(description="Hosts rejecting the job for this reason (0 for queue reasons).")
+    kind: str = strawberry.field(default="host", description="`host`: a placement check; `queue`: the queue's "
+                                                            "quota, cohort, fair share, a preemption or a gang.")
+    detail: str = strawberry.field(default="", description="The figures behind a queue reason.")
 
 
 @strawberry.type
@@ -293,6 +306,14 @@ class Job:
     def replicas(self) -> int:
         return self._m.spec.replicas
 
+    @strawberry.field(description="The queue the job runs in.")
+    def queue(self) -> str:
+        return self._m.spec.queue
+
+    @strawberry.field(description="The job's own time limit (0: its queue's default, if any).")
+    def time_limit_seconds(self) -> float:
+        return self._m.spec.time_limit_s
+
     @strawberry.field
     def same_rack(self) -> bool:
         return self._m.spec.same_rack
@@ -318,12 +339,16 @@ class Job:
     def attempts(self) -> list[Attempt]:
         return [Attempt(_m=a, _job_id=self._m.id) for a in self._m.attempts]
 
-    @strawberry.field(description="Why the job is still queued: hosts rejecting it, counted by reason.")
+    @strawberry.field(description="Why the job is still queued: its queue's reasons first (quota, cohort, fair "
+                                  "share, preemption grace, gang), then hosts rejecting it, counted by reason.")
     async def pending_reasons(self, info: Info) -> list[PendingReason]:
-        reasons = await reads_for(muster(info)).why_pending(self._m)
-        return [PendingReason(reason=r, hosts=n) for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+        mu = muster(info)
+        queue = [PendingReason(reason=r.reason, hosts=0, kind="queue", detail=r.detail)
+                 for r in mu.jobs.queue_reasons(self._m, time.time())]
+        reasons = await reads_for(mu).why_pending(self._m)
+        return queue + [PendingReason(reason=r, hosts=n) for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
 
-    @strawberry.field(description="1-based place in the queue while QUEUED.")
+    @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED.")
     def queue_position(self, info: Info) -> int | None:
         return reads_for(muster(info)).queue_position(self._m)
 
@@ -363,6 +388,7 @@ class JobCounts:
     succeeded: int
     failed: int
     cancelled: int
+    timeout: int = 0
 
 
 @strawberry.type
@@ -529,3 +555,130 @@ class HistoryEventConnection:
     page_info: PageInfo
 
 
+
+
+@strawberry.type(description="One resource of a queue: \"gpu:<model>\", \"cpu\" (cores) or \"memory_mb\".")
+class QueueResource:
+    resource: str
+    nominal: float | None = strawberry.field(description="Guaranteed amount; null: not metered for this queue.")
+    borrowing_limit: float | None = strawberry.field(description="How much more it may borrow; null: no limit.")
+    lending_limit: float | None = strawberry.field(description="How much of its nominal it lends; null: all.")
+    used: float
+    borrowed: float = strawberry.field(description="Held above the nominal quota.")
+    lent: float = strawberry.field(description="Of its nominal quota, held by other queues of its cohort.")
+
+
+@strawberry.type
+class Queue:
+    _row: strawberry.Private[QueueRowModel]
+
+    @strawberry.field
+    def name(self) -> str:
+        return self._row.queue.name
+
+    @strawberry.field
+    def description(self) -> str:
+        return self._row.queue.description
+
+    @strawberry.field
+    def cohort(self) -> str | None:
+        return self._row.queue.cohort
+
+    @strawberry.field
+    def weight(self) -> float:
+        return self._row.queue.weight
+
+    @strawberry.field(description="Quota, use, borrowing and lending per resource.")
+    def resources(self) -> list[QueueResource]:
+        return [QueueResource(resource=r.resource, nominal=r.nominal, borrowing_limit=r.borrowing_limit,
+                              lending_limit=r.lending_limit, used=r.used, borrowed=r.borrowed, lent=r.lent)
+                for r in self._row.resources]
+
+    @strawberry.field(description="Jobs waiting to be placed.")
+    def pending_count(self) -> int:
+        return self._row.pending
+
+    @strawberry.field(description="Jobs placed or running.")
+    def running_count(self) -> int:
+        return self._row.running
+
+    @strawberry.field(description="Weighted dominant share: current and decayed past use over the cluster's "
+                                  "capacity, divided by the weight. The lowest goes first.")
+    def fair_share(self) -> float:
+        return self._row.share
+
+    @strawberry.field(description="The dominant share its weight entitles it to among the active queues.")
+    def entitled_share(self) -> float:
+        return self._row.entitled
+
+    @strawberry.field
+    def preempt_within(self) -> bool:
+        return self._row.queue.preempt_within
+
+    @strawberry.field
+    def reclaim(self) -> bool:
+        return self._row.queue.reclaim
+
+    @strawberry.field
+    def fair_share_preemption(self) -> bool:
+        return self._row.queue.fair_share_preemption
+
+    @strawberry.field
+    def preempt_grace_seconds(self) -> float:
+        return self._row.queue.preempt_grace_s
+
+    @strawberry.field
+    def min_runtime_seconds(self) -> float:
+        return self._row.queue.min_runtime_s
+
+    @strawberry.field
+    def max_preemptions(self) -> int:
+        return self._row.queue.max_preemptions
+
+    @strawberry.field
+    def default_time_limit_seconds(self) -> float:
+        return self._row.queue.default_time_limit_s
+
+    @strawberry.field
+    def max_time_limit_seconds(self) -> float:
+        return self._row.queue.max_time_limit_s
+
+    @strawberry.field
+    def updated_at(self) -> dt.datetime | None:
+        return ts(self._row.queue.updated_at)
+
+
+@strawberry.type
+class QueueEdge:
+    cursor: str
+    node: Queue
+
+
+@strawberry.type
+class QueueConnection:
+    total_count: int
+    edges: list[QueueEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class QueuePayload:
+    queue: Queue | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class DeleteQueuePayload:
+    deleted: bool
+    user_errors: list[UserError]
+
+
+@strawberry.type(description="Resources used over a period by one queue, user and GPU model.")
+class Usage:
+    queue: str
+    user: str
+    gpu_model: str
+    gpu_seconds: float
+    cpu_seconds: float
+    memory_mb_seconds: float
+    attempts: int

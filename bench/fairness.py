@@ -1,0 +1,332 @@
+"""`muster bench --tenants N`: the fairness scenario. N queues with different weights and
+nominal quotas (one cohort, reclaim on) arrive in waves on a simulated fleet; each wave
+submits jobs at `--rate` per second for `--wave` seconds, job shapes from the traces
+(`--trace`) or the synthetic mix.
+
+It drives the leader's own decision code (server.scheduling.planner.plan_cycle: fair
+share, quotas, preemption, time limits) over a ClusterState in simulated time, with a
+simulated agent: a placed task starts at once and ends after its duration; a task told
+to stop checkpoints for `--ckpt` seconds (at most its grace) and ends KILLED. No NATS,
+no processes: the figures are the policy's, and the planning time is real CPU time of
+plan_cycle on this machine. Dispatch latency through NATS is what `muster bench`
+without --tenants measures.
+
+Reported:
+- time from a queue becoming active until it holds 90 % of its entitlement (its weight's
+  part of the GPUs among the backlogged queues), and until it holds 90 % of its nominal
+  quota (what reclaim restores; the rest of a weighted share comes from other queues' jobs
+  ending, or from fair-share preemption, off by default), per wave;
+- Jain's fairness index of allocation / entitlement, sampled every cycle while every
+  queue is backlogged;
+- GPU-seconds lost to preemption (the runtime of preempted tries, taken as lost: no
+  checkpoint is assumed to survive) as a share of GPU-seconds delivered;
+- the share of GPUs idle while a waiting job would fit on their host, outside and inside
+  preemption graces;
+- plan_cycle's time per cycle (p50, p99) and queueing delay (submission to placement,
+  simulated seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.workload import TRACES, JobReq, Synthetic, Trace
+from server.scheduling.planner import QueuePolicy, plan_cycle
+from server.scheduling.queues import queue_usage
+from server.state.cluster import ClusterState
+from wire.messages import (
+    AttemptState,
+    GpuInfo,
+    Heartbeat,
+    Job,
+    JobSpec,
+    JobState,
+    Queue,
+    ResourceQuota,
+    StatusReport,
+    encode,
+)
+
+GPUS_PER_HOST = 8
+MODEL = "H100"
+
+
+@dataclass
+class Tenant:
+    name: str
+    weight: float
+    start_s: float
+    nominal: float
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="muster bench --tenants", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tenants", type=int, required=True, help="queues (weights 1, 2, 3, 1, 2, 3, ...)")
+    ap.add_argument("--hosts", type=int, default=200, help=f"simulated hosts of {GPUS_PER_HOST} GPUs")
+    ap.add_argument("--rate", type=float, default=500.0, help="job arrivals per second during a wave")
+    ap.add_argument("--wave", type=float, default=10.0, help="seconds each queue's wave of submissions lasts")
+    ap.add_argument("--gap", type=float, default=60.0, help="seconds between the waves' starts")
+    ap.add_argument("--tail", type=float, default=120.0, help="seconds simulated after the last wave began")
+    ap.add_argument("--cycle", type=float, default=0.25, help="simulated seconds between scheduling cycles")
+    ap.add_argument("--grace", type=float, default=10.0, help="the queues' preemption grace")
+    ap.add_argument("--ckpt", type=float, default=2.0, help="seconds a stopped task takes to exit")
+    ap.add_argument("--min-runtime", type=float, default=0.0, help="the queues' minimum runtime before preemption")
+    ap.add_argument("--mean-duration", type=float, default=120.0, help="synthetic: mean task seconds")
+    ap.add_argument("--trace", action="store_true", help="job shapes from ../shared/traces (openb + Philly gangs)")
+    ap.add_argument("--half-life", type=float, default=300.0, help="fair-share half-life (s)")
+    ap.add_argument("--fair-share-preemption", action="store_true",
+                    help="turn on the queues' fair-share preemption (off by default, as in a queue's defaults)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="the report (default: bench/results/fairness-<tenants>q.json)")
+    return ap
+
+
+class Simulation:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.state = ClusterState(heartbeat_interval_s=1e9)  # simulated hosts never fall silent
+        self.rev = 0
+        self.total = float(args.hosts * GPUS_PER_HOST)
+        weights = [1.0 + (i % 3) for i in range(args.tenants)]
+        self.tenants = [Tenant(f"t{i}", w, i * args.gap, 0.0) for i, w in enumerate(weights)]
+        for t in self.tenants:  # nominal quotas share the fleet out by weight
+            t.nominal = math.floor(self.total * t.weight / sum(weights))
+        self.shapes = Trace(seed=args.seed) if args.trace else Synthetic(seed=args.seed,
+                                                                         mean_duration_s=args.mean_duration)
+        self.durations: dict[str, float] = {}
+        self.started: dict[str, float] = {}
+        self.placed_at: dict[str, float] = {}
+        self.violations: list[str] = []
+        self.ends: dict[str, int] = {}
+
+    def _next_rev(self) -> int:
+        self.rev += 1
+        return self.rev
+
+    def setup(self, now: float) -> None:
+        for i in range(self.args.hosts):
+            hb = Heartbeat(host_id=f"sim-{i:05d}", boot_id="b", ts=now, cpus=256, memory_mb=4 * 1024 * 1024,
+                           labels={"rack": f"r{i // 32}"},
+                           gpus=[GpuInfo(index=g, model=MODEL, memory_mb=81920) for g in range(GPUS_PER_HOST)])
+            self.state.apply_heartbeat(hb.host_id, self._next_rev(), encode(hb), None, now)
+        for t in self.tenants:
+            q = Queue(name=t.name, weight=t.weight, cohort="all", min_runtime_s=self.args.min_runtime,
+                      preempt_grace_s=self.args.grace, max_preemptions=64,
+                      fair_share_preemption=self.args.fair_share_preemption,
+                      quota={f"gpu:{MODEL}": ResourceQuota(nominal=t.nominal)})
+            from wire.records import Record
+
+            self.state.apply_state_record(Record(f"queue.{t.name}", self._next_rev(), encode(q)))
+
+    def arrivals(self) -> list[tuple[float, str, JobReq]]:
+        out = []
+        for t in self.tenants:
+            at = t.start_s
+            while True:
+                at += self.rng.expovariate(self.args.rate)
+                if at >= t.start_s + self.args.wave:
+                    break
+                req = self.shapes.next()
+                if req.gpus == 0 or req.gpus > GPUS_PER_HOST:
+                    continue
+                out.append((at, t.name, req))
+        return sorted(out, key=lambda x: x[0])
+
+    def submit(self, at: float, queue: str, req: JobReq, n: int) -> None:
+        spec = JobSpec(name=req.name, command=["sleep", f"{req.duration_s:.3f}"], gpus=req.gpus,
+                       cpus=min(req.cpus, 32.0), memory_mb=min(req.memory_mb, 256 * 1024), queue=queue,
+                       replicas=req.replicas, max_attempts=3)
+        job = Job(id=f"j{n:08d}x", spec=spec, submitted_at=at, updated_at=at)
+        self.durations[job.id] = max(1.0, req.duration_s)
+        self.state.apply_job(job, self._next_rev())
+
+    def agent(self, now: float) -> list[StatusReport]:
+        """What the simulated agents report by `now`."""
+        out: list[StatusReport] = []
+        ckpt = min(self.args.ckpt, self.args.grace)
+        for host_id, alloc in self.state.allocs.items():
+            held: set[int] = set()
+            for t in alloc.tasks:
+                if held & set(t.gpu_indices):
+                    self.violations.append(f"overcommit on {host_id} at {now:.2f}")
+                held |= set(t.gpu_indices)
+                job = self.state.jobs.get(t.job_id)
+                a = next((x for x in job.current_tasks() if x.id == t.attempt_id), None) if job else None
+                if a is None or a.state.terminal:
+                    continue
+                if a.state is AttemptState.PLACED:
+                    out.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=t.job_id,
+                                            state=AttemptState.RUNNING, ts=now))
+                    self.started[a.id] = now
+                elif t.stop and a.stop_at is not None and now >= a.stop_at + ckpt:
+                    out.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=t.job_id,
+                                            state=AttemptState.KILLED, ts=now, reason="stopped"))
+                elif a.started_at is not None and now >= a.started_at + self.durations[t.job_id]:
+                    out.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=t.job_id,
+                                            state=AttemptState.SUCCEEDED, exit_code=0, ts=now))
+        return out
+
+    def apply(self, plan: Any) -> None:
+        for job in plan.jobs.values():
+            self.state.apply_job(job, self._next_rev())
+        for alloc in plan.allocs.values():
+            self.state.apply_alloc(alloc, self._next_rev())
+        for u in plan.usage.values():
+            self.state.apply_queue_usage(u, self._next_rev())
+
+    def check_quotas(self, now: float) -> None:
+        """No queue holds more than nominal + borrowing (unlimited here: the cohort's
+        pool, i.e. the fleet) counting only tasks not told to stop."""
+        held: dict[str, int] = {}
+        for alloc in self.state.allocs.values():
+            for t in alloc.tasks:
+                if not t.stop:
+                    q = self.state.jobs[t.job_id].spec.queue
+                    held[q] = held.get(q, 0) + len(t.gpu_indices)
+        if sum(held.values()) > self.total:
+            self.violations.append(f"cohort over its pool at {now:.2f}: {held}")
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    rep = simulate(args)
+    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / \
+        f"fairness-{args.tenants}q.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in rep.items() if k not in ("args", "series")}, indent=1))
+    print(f"report: {path}")
+    return 0 if rep["correctness"]["ok"] else 1
+
+
+def simulate(args: argparse.Namespace) -> dict[str, Any]:
+    sim = Simulation(args)
+    t0 = 0.0
+    sim.setup(t0)
+    arrivals = sim.arrivals()
+    end = sim.tenants[-1].start_s + args.tail
+    policy = QueuePolicy(half_life_s=args.half_life)
+    plan_s: list[float] = []
+    samples: list[dict[str, Any]] = []
+    reached: dict[str, float | None] = {t.name: None for t in sim.tenants}
+    nominal_at: dict[str, float | None] = {t.name: None for t in sim.tenants}
+    jain: list[float] = []
+    idle_outside: list[float] = []
+    idle_grace: list[float] = []
+    i = 0
+    now = t0
+    n = 0
+    while now <= end:
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            at, q, req = arrivals[i]
+            sim.submit(at, q, req, n)
+            n += 1
+            i += 1
+        reports = sim.agent(now)
+        started = time.perf_counter()
+        plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=policy)
+        plan_s.append(time.perf_counter() - started)
+        for ev in plan.events:
+            if ev.kind == "job.placed" and ev.job_id:
+                sim.placed_at.setdefault(ev.job_id, now)
+            if ev.kind in ("job.succeeded", "job.failed", "job.cancelled", "job.timeout") and ev.job_id:
+                sim.ends[ev.job_id] = sim.ends.get(ev.job_id, 0) + 1
+        sim.apply(plan)
+        sim.check_quotas(now)
+        # Figures of this moment.
+        usage = queue_usage(sim.state.jobs.values())
+        alloc = {t.name: usage.get(t.name, {}).get(f"gpu:{MODEL}", 0.0) for t in sim.tenants}
+        backlogged = [t for t in sim.tenants if sim.state.queue_queued.get(t.name, 0) > 0]
+        wsum = sum(t.weight for t in backlogged) or 1.0
+        entitled = {t.name: sim.total * t.weight / wsum for t in backlogged}
+        for t in backlogged:
+            if reached[t.name] is None and now >= t.start_s and alloc[t.name] >= 0.9 * entitled[t.name]:
+                reached[t.name] = now - t.start_s
+            if nominal_at[t.name] is None and now >= t.start_s and alloc[t.name] >= 0.9 * t.nominal:
+                nominal_at[t.name] = now - t.start_s
+        active = [t for t in sim.tenants if now >= t.start_s]
+        if len(active) == len(sim.tenants) and len(backlogged) == len(sim.tenants):
+            x = [alloc[t.name] / entitled[t.name] for t in sim.tenants]
+            jain.append(sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if any(x) else 0.0)
+        waiting = [j for j in sim.state.queued() if j.not_before <= now]
+        if waiting:
+            smallest = min(j.spec.gpus for j in waiting)
+            idle = 0
+            for cap in sim.state.index.caps.values():
+                free = len(cap.free_gpus(None))
+                if free >= smallest:
+                    idle += free
+            stopping = any(t.stop for a in sim.state.allocs.values() for t in a.tasks)
+            (idle_grace if stopping else idle_outside).append(idle / sim.total)
+        if int(now / args.cycle) % int(max(1, 1.0 / args.cycle)) == 0:
+            samples.append({"t": round(now, 2), "alloc": alloc, "queued": dict(sim.state.queue_queued)})
+            if int(now) % 30 == 0:
+                print(f"t={now:.0f}/{end:.0f} s: GPUs held {alloc}, queued {dict(sim.state.queue_queued)}",
+                      file=sys.stderr, flush=True)
+        now = round(now + args.cycle, 6)
+    delivered = lost = 0.0
+    preempted = 0
+    delays = []
+    for job in sim.state.jobs.values():
+        for a in job.attempts:
+            if a.started_at is None:
+                continue
+            ran = ((a.finished_at if a.finished_at is not None else now) - a.started_at) * len(a.gpu_indices)
+            delivered += ran
+            if a.state is AttemptState.PREEMPTED:
+                lost += ran
+                preempted += 1
+        if job.id in sim.placed_at:
+            delays.append(sim.placed_at[job.id] - job.submitted_at)
+    twice = [j for j, k in sim.ends.items() if k > 1]
+    ended_wrong = [j.id for j in sim.state.jobs.values() if j.state.terminal and j.id not in sim.ends]
+    ok = not sim.violations and not twice and not ended_wrong
+    return {
+        "scenario": "fairness",
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "hosts": args.hosts,
+        "gpus": sim.total,
+        "tenants": [{"queue": t.name, "weight": t.weight, "nominal": t.nominal, "active_from_s": t.start_s}
+                    for t in sim.tenants],
+        "jobs_submitted": n,
+        "jobs_finished": sum(1 for j in sim.state.jobs.values() if j.state is JobState.SUCCEEDED),
+        "time_to_90pct_entitled_s": {k: (round(v, 2) if v is not None else None) for k, v in reached.items()},
+        "time_to_90pct_nominal_s": {k: (round(v, 2) if v is not None else None) for k, v in nominal_at.items()},
+        "goal_time_to_90pct_s": args.grace + args.cycle,
+        "jain_index_all_backlogged": _dist(jain),
+        "preemption": {"preempted_tries": preempted, "gpu_s_lost": round(lost, 1),
+                       "gpu_s_delivered": round(delivered, 1),
+                       "lost_share": round(lost / delivered, 5) if delivered else 0.0},
+        "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace)},
+        "plan_cycle_ms": {"p50": round(_pct(plan_s, 50) * 1000, 2), "p99": round(_pct(plan_s, 99) * 1000, 2),
+                          "cycles": len(plan_s)},
+        "queueing_delay_s": {"p50": round(_pct(delays, 50), 2), "p99": round(_pct(delays, 99), 2)},
+        "correctness": {"ok": ok, "violations": sim.violations[:20], "ended_twice": twice[:20],
+                        "terminal_without_end_event": ended_wrong[:20]},
+        "traces": str(TRACES) if args.trace else None,
+        "series": samples,
+    }
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * p / 100))]
+
+
+def _dist(xs: list[float]) -> dict[str, float | int]:
+    if not xs:
+        return {"samples": 0}
+    return {"samples": len(xs), "min": round(min(xs), 4), "p5": round(_pct(xs, 5), 4),
+            "mean": round(statistics.fmean(xs), 4), "max": round(max(xs), 4)}

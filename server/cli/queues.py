@@ -1,0 +1,211 @@
+"""`muster queue list|show|create|set|delete` and `muster usage`, through the GraphQL API
+(managing queues needs an admin token)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.errors import user_errors
+from wire.errors import ConfigError, NotFound
+
+QUEUE_FIELDS = """name description cohort weight pendingCount runningCount fairShare entitledShare
+preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
+defaultTimeLimitSeconds maxTimeLimitSeconds
+resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    q = sub.add_parser("queue", help="list, show, create, change and delete queues")
+    qsub = q.add_subparsers(dest="queue_cmd", required=True)
+    ql = qsub.add_parser("list")
+    add_output(ql)
+    add_watch(ql)
+    ql.set_defaults(fn=cmd_list)
+    qs = qsub.add_parser("show")
+    qs.add_argument("name")
+    add_output(qs)
+    qs.set_defaults(fn=cmd_show)
+    for name, fn, text in (("create", cmd_create, "create a queue (admin)"),
+                           ("set", cmd_set, "change a queue's settings (admin); only those given change")):
+        p = qsub.add_parser(name, help=text)
+        p.add_argument("name")
+        p.add_argument("--quota", action="append", default=None, metavar="RESOURCE=NOMINAL[:BORROW[:LEND]]",
+                       help="a resource's quota, e.g. gpu:H100=8:4:2 (borrow up to 4 more, lend at most 2; '-' "
+                            "for no limit); repeat for each resource (cpu, memory_mb, gpu:<model>); with `set` the "
+                            "given quotas replace the whole quota ('--quota none' removes it)")
+        p.add_argument("--cohort", default=None, help="the cohort to borrow and lend in ('' for none, with set)")
+        p.add_argument("--weight", type=float, default=None, help="fair-share weight (default 1)")
+        p.add_argument("--description", default=None)
+        p.add_argument("--preempt-within", choices=["on", "off"], default=None,
+                       help="priority preemption within the queue")
+        p.add_argument("--reclaim", choices=["on", "off"], default=None)
+        p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None)
+        p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
+        p.add_argument("--min-runtime", type=float, default=None, metavar="S")
+        p.add_argument("--max-preemptions", type=int, default=None)
+        p.add_argument("--default-time-limit", type=float, default=None, metavar="S")
+        p.add_argument("--max-time-limit", type=float, default=None, metavar="S")
+        add_output(p)
+        p.set_defaults(fn=fn)
+    qd = qsub.add_parser("delete", help="delete a queue without work (admin)")
+    qd.add_argument("name")
+    add_output(qd)
+    qd.set_defaults(fn=cmd_delete)
+
+    u = sub.add_parser("usage", help="GPU-, CPU- and memory-seconds per queue and user, from history")
+    u.add_argument("--queue", default=None)
+    u.add_argument("--user", default=None)
+    u.add_argument("--since", default=None, help="ISO date/time, or a duration like 24h, 7d (ago)")
+    u.add_argument("--until", default=None, help="ISO date/time (default now)")
+    add_output(u)
+    u.set_defaults(fn=cmd_usage)
+
+
+def parse_quota(items: list[str]) -> list[dict[str, Any]]:
+    """`RESOURCE=NOMINAL[:BORROW[:LEND]]` items as QueueResourceInput values."""
+    out_: list[dict[str, Any]] = []
+    for item in items:
+        if item == "none":
+            continue
+        res, sep, rest = item.partition("=")
+        if not sep or not res:
+            raise ConfigError(f"quota {item!r} is not RESOURCE=NOMINAL[:BORROW[:LEND]]")
+        parts = rest.split(":")
+        if len(parts) > 3:
+            raise ConfigError(f"quota {item!r} has more than three numbers")
+
+        def num(x: str, item: str = item) -> float | None:
+            if x in ("", "-"):
+                return None
+            try:
+                return float(x)
+            except ValueError:
+                raise ConfigError(f"quota {item!r}: {x!r} is not a number") from None
+
+        nominal = num(parts[0])
+        out_.append({"resource": res, "nominal": nominal or 0.0,
+                     "borrowingLimit": num(parts[1]) if len(parts) > 1 else None,
+                     "lendingLimit": num(parts[2]) if len(parts) > 2 else None})
+    return out_
+
+
+def _input(args: argparse.Namespace) -> dict[str, Any]:
+    inp: dict[str, Any] = {"name": args.name}
+    if args.quota is not None:
+        inp["quota"] = parse_quota(args.quota)
+    onoff = {"on": True, "off": False}
+    for key, value in (("cohort", args.cohort), ("weight", args.weight), ("description", args.description),
+                       ("preemptWithin", onoff.get(args.preempt_within or "")),
+                       ("reclaim", onoff.get(args.reclaim or "")),
+                       ("fairSharePreemption", onoff.get(args.fair_share_preemption or "")),
+                       ("preemptGraceSeconds", args.grace), ("minRuntimeSeconds", args.min_runtime),
+                       ("maxPreemptions", args.max_preemptions),
+                       ("defaultTimeLimitSeconds", args.default_time_limit),
+                       ("maxTimeLimitSeconds", args.max_time_limit)):
+        if value is not None:
+            inp[key] = value
+    return inp
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def _gpus(q: dict[str, Any]) -> tuple[str, str, str]:
+    """GPU nominal, used and borrowed summed over models."""
+    rs = [r for r in q["resources"] if r["resource"].startswith("gpu:")]
+    nominal = [r["nominal"] for r in rs if r["nominal"] is not None]
+    return (_fmt(sum(nominal)) if nominal else "-", _fmt(sum(r["used"] for r in rs)),
+            _fmt(sum(r["borrowed"] for r in rs)))
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    def render() -> None:
+        data = gql(f"{{ queues(first: 500) {{ totalCount edges {{ node {{ {QUEUE_FIELDS} }} }} }} }}")["queues"]
+        rows = []
+        for q in (e["node"] for e in data["edges"]):
+            nominal, used, borrowed = _gpus(q)
+            rows.append([q["name"], q["cohort"] or "-", f"{q['weight']:g}", nominal, used, borrowed,
+                         str(q["pendingCount"]), str(q["runningCount"]), f"{q['fairShare']:.3f}",
+                         f"{q['entitledShare']:.3f}"])
+        out(args, data, rows, ["QUEUE", "COHORT", "WEIGHT", "GPU QUOTA", "GPUS USED", "BORROWED", "PENDING",
+                               "RUNNING", "SHARE", "ENTITLED"])
+
+    return watch(args, render)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    q = gql(f"query($n: String!) {{ queue(name: $n) {{ {QUEUE_FIELDS} }} }}", {"n": args.name})["queue"]
+    if q is None:
+        raise NotFound(f"no queue {args.name}")
+    _show(args, q)
+    return 0
+
+
+def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
+    if args.output == "json":
+        out(args, q)
+        return
+    print(f"{q['name']}  cohort {q['cohort'] or '-'}  weight {q['weight']:g}  {q['description']}")
+    print(f"  pending {q['pendingCount']}, running {q['runningCount']}, fair share {q['fairShare']:.3f} "
+          f"(entitled {q['entitledShare']:.3f})")
+    print(f"  preemption: within {'on' if q['preemptWithin'] else 'off'}, reclaim {'on' if q['reclaim'] else 'off'}"
+          f", fair share {'on' if q['fairSharePreemption'] else 'off'}; grace {q['preemptGraceSeconds']:g} s, "
+          f"min runtime {q['minRuntimeSeconds']:g} s, at most {q['maxPreemptions']} at once")
+    print(f"  time limit: default {q['defaultTimeLimitSeconds']:g} s, max {q['maxTimeLimitSeconds']:g} s (0: none)")
+    out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),
+                   _fmt(r["used"]), _fmt(r["borrowed"]), _fmt(r["lent"])] for r in q["resources"]],
+        ["RESOURCE", "NOMINAL", "BORROW LIMIT", "LEND LIMIT", "USED", "BORROWED", "LENT"])
+
+
+def _mutate(args: argparse.Namespace, name: str) -> int:
+    q = f"""mutation($input: QueueInput!) {{ {name}(input: $input) {{ queue {{ {QUEUE_FIELDS} }}
+            userErrors {{ field message code }} }} }}"""
+    res = gql(q, {"input": _input(args)})[name]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"], "{field}: {message} ({code})")
+    _show(args, res["queue"])
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    return _mutate(args, "createQueue")
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    return _mutate(args, "updateQueue")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    res = gql("""mutation($n: String!) { deleteQueue(name: $n) { deleted userErrors { field message code } } }""",
+              {"n": args.name})["deleteQueue"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"], "{message} ({code})")
+    out(args, res, [[args.name, "deleted"]], ["QUEUE", "STATUS"])
+    return 0
+
+
+def _when(text: str | None) -> str | None:
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return at.isoformat()
+    try:
+        return dt.datetime.fromisoformat(text).isoformat()
+    except ValueError:
+        raise ConfigError(f"{text!r} is neither an ISO date/time nor a duration like 24h") from None
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    q = """query($q: String, $u: String, $s: DateTime, $t: DateTime) { usage(queue: $q, user: $u, since: $s,
+           until: $t) { queue user gpuModel gpuSeconds cpuSeconds memoryMbSeconds attempts } }"""
+    rows = gql(q, {"q": args.queue, "u": args.user, "s": _when(args.since), "t": _when(args.until)})["usage"]
+    out(args, rows, [[r["queue"], r["user"], r["gpuModel"] or "-", f"{r['gpuSeconds'] / 3600:.2f}",
+                      f"{r['cpuSeconds'] / 3600:.2f}", f"{r['memoryMbSeconds'] / 3600 / 1024:.2f}", str(r["attempts"])]
+                     for r in rows], ["QUEUE", "USER", "GPU MODEL", "GPU-HOURS", "CPU-HOURS", "GB-HOURS", "ATTEMPTS"])
+    return 0

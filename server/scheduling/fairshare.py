@@ -1,0 +1,119 @@
+"""Fair share: which queue's job is considered next. Pure: usage, capacity and a clock in.
+
+A queue's share is its dominant resource share (DRF) divided by its weight: the largest,
+over the cluster's resources, of what it holds plus its decayed past use, each as a part
+of the cluster's capacity of that resource. Past use is the queue's resource-seconds
+decayed with a half-life (`qusage.<queue>` records, kept by the leader: `decay`),
+expressed as the allocation that, held for ever, would decay to the same figure
+(usage x ln 2 / half-life). So a queue that ran heavily a moment ago still ranks
+behind one that did not, and the difference halves every half-life; with the half-life
+0 only what queues hold now counts.
+
+The admission order interleaves the queues: always the next job of the queue with the
+lowest share (ties: the queue's name), the share recomputed as the cycle places jobs;
+within a queue, higher priority first, then submission order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping
+
+from server.scheduling.queues import QueueBook
+from wire.messages import Job, QueueUsage
+
+LN2 = math.log(2)
+
+
+def decay(rec: QueueUsage | None, held: Mapping[str, float], now: float, half_life_s: float,
+          name: str) -> QueueUsage:
+    """The queue's decayed past use brought from `rec.at` to `now`, `held` having been
+    held (constant) in between: u' = u 2^(-dt/h) + a h/ln2 (1 - 2^(-dt/h)). A missing
+    record starts from nothing at `now`; a record kept under another half-life is
+    rescaled to this one's steady state."""
+    if rec is None or half_life_s <= 0:
+        return QueueUsage(name=name, at=now, half_life_s=half_life_s, usage={})
+    dt = max(0.0, now - rec.at)
+    f = 0.5 ** (dt / half_life_s)
+    scale = half_life_s / rec.half_life_s if rec.half_life_s > 0 else 1.0
+    usage: dict[str, float] = {}
+    for r in set(rec.usage) | set(held):
+        v = rec.usage.get(r, 0.0) * scale * f + held.get(r, 0.0) * half_life_s / LN2 * (1 - f)
+        if v > 1e-9:
+            usage[r] = v
+    return QueueUsage(name=name, at=max(now, rec.at), half_life_s=half_life_s, usage=usage)
+
+
+def past_allocation(rec: QueueUsage | None, now: float, half_life_s: float) -> dict[str, float]:
+    """The decayed past use as a steady allocation (resource units), as of `now`."""
+    if rec is None or half_life_s <= 0:
+        return {}
+    f = 0.5 ** (max(0.0, now - rec.at) / half_life_s)
+    scale = half_life_s / rec.half_life_s if rec.half_life_s > 0 else 1.0
+    return {r: v * scale * f * LN2 / half_life_s for r, v in rec.usage.items()}
+
+
+class Shares:
+    """Queues' weighted dominant shares against the cluster's `capacity`."""
+
+    def __init__(self, book: QueueBook, capacity: Mapping[str, float],
+                 past: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        self.book = book
+        self.capacity = {r: v for r, v in capacity.items() if v > 0}
+        self.past = past or {}
+        self._cache: dict[str, tuple[int, float]] = {}
+
+    def dominant(self, name: str) -> float:
+        """The queue's dominant share (unweighted): 0 for a queue that holds nothing and
+        has no past use."""
+        held = self.book.usage.get(name, {})
+        past = self.past.get(name, {})
+        best = 0.0
+        for r, cap in self.capacity.items():
+            x = (held.get(r, 0.0) + past.get(r, 0.0)) / cap
+            if x > best:
+                best = x
+        return best
+
+    def share(self, name: str) -> float:
+        version = self.book.versions.get(name, 0)
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        q = self.book.queues.get(name)
+        value = self.dominant(name) / (q.weight if q is not None else 1.0)
+        self._cache[name] = (version, value)
+        return value
+
+    def entitled(self, name: str, active: list[str]) -> float:
+        """The dominant share the queue is entitled to among the `active` queues (those
+        holding or wanting something): its weight's part of the weights."""
+        weights = {a: (self.book.queues[a].weight if a in self.book.queues else 1.0) for a in active}
+        if name not in weights:
+            weights[name] = self.book.queues[name].weight if name in self.book.queues else 1.0
+        total = sum(weights.values())
+        return weights[name] / total if total > 0 else 0.0
+
+
+def within_queue_order(jobs: list[Job]) -> list[Job]:
+    """A queue's jobs: higher priority first, then submission order."""
+    return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+
+
+def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], float]) -> Iterator[Job]:
+    """Each queue's jobs (already in within-queue order), interleaved: the queue with the
+    lowest `share` (as it is when its turn comes) goes next; ties by queue name. `share`
+    is read again after every job, so placements made meanwhile count."""
+    heap = [(share(q), q, 0) for q, jobs in by_queue.items() if jobs]
+    heapq.heapify(heap)
+    while heap:
+        s, q, i = heapq.heappop(heap)
+        now_s = share(q)
+        if now_s > s + 1e-12:  # it took more since it was queued up: back in line
+            heapq.heappush(heap, (now_s, q, i))
+            continue
+        jobs = by_queue[q]
+        yield jobs[i]
+        if i + 1 < len(jobs):
+            heapq.heappush(heap, (share(q), q, i + 1))

@@ -1,0 +1,134 @@
+"""Preemption: which running jobs to stop so that a waiting job can run. Pure: the
+candidates, the queue book, a feasibility test and a clock in; the victims out.
+
+Three kinds, each switched per queue (wire.messages.Queue):
+- priority: within one queue, a job stops lower-priority jobs of the same queue;
+- reclaim: a job of a queue that stays within its nominal quota stops jobs of queues
+  that borrow (hold more than their nominal quota, in its cohort, or unmetered queues);
+- fair share (off by default): a job stops jobs of queues over their nominal quota
+  whose share stays at least as high as the preemptor's queue's share.
+
+Rules: reclaim and fair share never take a job from a queue that is not above its
+nominal quota (checked again after each victim chosen); no job younger than its queue's
+`min_runtime_s` and no job already stopping is a victim; a gang is a victim as a whole.
+Victims are chosen to lose the least work: lowest priority first, then the least
+runtime times GPUs held; then every victim not needed for the fit is given back (most valuable first),
+so the set is minimal in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from server.scheduling.fairshare import Shares
+from server.scheduling.queues import QueueBook, Resources
+from wire.messages import Task
+
+PRIORITY = "priority"
+RECLAIM = "reclaim"
+FAIR_SHARE = "fair-share"
+KINDS = (PRIORITY, RECLAIM, FAIR_SHARE)
+MAX_CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A running job that could be stopped: its queue, what it holds and where."""
+
+    job_id: str
+    queue: str
+    priority: int
+    started_at: float
+    submitted_at: float
+    usage: Resources
+    tasks: tuple[tuple[str, Task], ...]  # (host, task) of each live task
+
+    def cost(self, now: float) -> tuple[int, float, float, str]:
+        """Lower is cheaper to stop: low priority, then little work lost (its runtime
+        times the GPUs it holds, or times its CPUs for a job without GPUs)."""
+        gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
+        size = gpus or self.usage.get("cpu", 1.0) / 1000
+        return (self.priority, (now - self.started_at) * size, -self.submitted_at, self.job_id)
+
+
+@dataclass
+class Preemption:
+    kind: str
+    victims: list[Victim] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A waiting job that may preempt: its queue, priority, the resources it needs (the
+    whole gang) and which kinds of preemption its queue allows now."""
+
+    job_id: str
+    queue: str
+    priority: int
+    demand: Resources
+    kinds: tuple[str, ...]
+
+
+def eligible(v: Victim, req: Request, kind: str, book: QueueBook, shares: Shares | None, now: float) -> bool:
+    """Whether `v` may be stopped for `req` by `kind`, with `book` as it stands (victims
+    chosen before already given back)."""
+    vq = book.queue(v.queue)
+    if vq is None or now - v.started_at < vq.min_runtime_s:
+        return False
+    if kind == PRIORITY:
+        return v.queue == req.queue and v.priority < req.priority
+    if v.queue == req.queue:
+        return False
+    relevant = [r for r in req.demand if req.demand[r] > 0 and v.usage.get(r, 0.0) > 0]
+    if not relevant or not book.over_nominal(v.queue, relevant):
+        return False
+    if kind == RECLAIM:
+        me = book.queue(req.queue)
+        return me is not None and (vq.cohort is not None and vq.cohort == me.cohort or not vq.quota)
+    if kind == FAIR_SHARE:
+        if shares is None:
+            return False
+        after = book.copy()
+        after.give(v.queue, v.usage)
+        after.take(req.queue, req.demand)
+        s = Shares(after, shares.capacity, shares.past)
+        # Shares meeting is fair; the move back would leave the other queue lower: no ping-pong.
+        return s.share(v.queue) >= s.share(req.queue) - 1e-9
+    return False
+
+
+def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: Shares | None, now: float,
+           fits: Callable[[list[Victim]], bool]) -> Preemption | None:
+    """The cheapest set of victims after whose stop `req` is admitted by its queue's quota
+    and `fits` on the hosts (the caller's placement test with their tasks released), for
+    the first kind (in `req.kinds` order) that finds one; None when none does."""
+    ranked = sorted(candidates, key=lambda v: v.cost(now))[:MAX_CANDIDATES]
+    for kind in req.kinds:
+        if kind == RECLAIM and not book.within_nominal(req.queue, req.demand):
+            continue  # reclaim only restores a queue's nominal quota
+        chosen: list[Victim] = []
+        trial = book.copy()
+        found = False
+        for v in ranked:
+            if not eligible(v, req, kind, trial, shares, now):
+                continue
+            chosen.append(v)
+            trial.give(v.queue, v.usage)
+            if trial.admits(req.queue, req.demand) is None and fits(chosen):
+                found = True
+                break
+        if not found:
+            continue
+        # Give back every victim the fit does not need, the most valuable first.
+        for v in list(reversed(chosen)):
+            rest = [x for x in chosen if x is not v]
+            if not rest:
+                break
+            again = book.copy()
+            for x in rest:
+                again.give(x.queue, x.usage)
+            if again.admits(req.queue, req.demand) is None and fits(rest):
+                chosen = rest
+        return Preemption(kind, chosen)
+    return None

@@ -1,0 +1,358 @@
+"""Queue quotas: what each job costs, what each queue holds, and whether a queue may take
+more (nominal quota, borrowing within a cohort, lending limits). Pure: a snapshot of the
+queues and their usage in, answers out.
+
+Resources are named "gpu:<model>" (GPUs, a share or MIG instance counted as the part of
+a GPU it is), "cpu" (cores) and "memory_mb". A queue meters a resource it has a quota
+for; listing any "gpu:<model>" meters GPUs of every model (a model it does not list has
+nominal 0 there). A resource a queue does not meter is not limited for it, and a queue
+with no quota at all is unmetered: it takes what is free, and everything it holds counts
+as borrowed (reclaim may take it back).
+
+Cohorts (Kueue's model): each queue of a cohort lends the part of its nominal quota
+above `nominal - lending_limit` to the cohort's pool; a queue's use above its own
+non-lent part draws on the pool, and a queue may use at most `nominal +
+borrowing_limit`. A queue within its nominal quota can still find the pool drained by
+borrowers: that is what reclaim (server.scheduling.preemption) takes back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from wire.messages import DEFAULT_QUEUE, Attempt, AttemptState, Job, JobSpec, Queue, implicit_default_queue
+
+Resources = dict[str, float]
+GPU_PREFIX = "gpu:"
+CPU = "cpu"
+MEMORY = "memory_mb"
+EPS = 1e-6
+
+# Queue-level reasons a queued job waits (why pending).
+OVER_QUOTA = "over nominal quota and cannot borrow"
+COHORT_EXHAUSTED = "cohort exhausted"
+FAIR_SHARE = "waiting for fair share"
+PREEMPTION_GRACE = "waiting for a preemption grace to end"
+GANG_WHOLE = "gang cannot fit as a whole"
+UNKNOWN_QUEUE = "queue does not exist"
+
+
+def gpu_key(model: str) -> str:
+    return GPU_PREFIX + model
+
+
+def mig_fraction(profile: str | None) -> float:
+    """The part of a GPU a MIG instance is: its compute slices of 7 ("3g.40gb" -> 3/7)."""
+    if not profile:
+        return 0.0
+    try:
+        return min(1.0, int(profile.split("g", 1)[0]) / 7)
+    except ValueError:
+        return 1.0
+
+
+def gpu_amount(spec: JobSpec) -> float:
+    """GPUs one task of `spec` holds: whole GPUs, a share, or a MIG instance's part."""
+    if spec.gpus > 0:
+        return float(spec.gpus)
+    if spec.gpu_share > 0:
+        return spec.gpu_share / 1000
+    return mig_fraction(spec.mig_profile)
+
+
+def task_demand(spec: JobSpec, model: str | None) -> Resources:
+    """What one task of `spec` costs, its GPUs counted as `model` ("" when unknown)."""
+    d: Resources = {CPU: spec.cpus, MEMORY: float(spec.memory_mb)}
+    g = gpu_amount(spec)
+    if g > 0:
+        d[gpu_key(model or "")] = g
+    return d
+
+
+def job_demand(spec: JobSpec, model: str | None) -> Resources:
+    """What the whole job (every task of a gang) costs with its GPUs of `model`."""
+    return {r: v * spec.replicas for r, v in task_demand(spec, model).items()}
+
+
+def attempt_usage(spec: JobSpec, a: Attempt) -> Resources:
+    return task_demand(spec, a.gpu_model)
+
+
+def job_usage(job: Job) -> Resources:
+    """What a job's live attempts hold now (placed, running or stopping)."""
+    out: Resources = {}
+    for a in job.current_tasks():
+        if a.state in (AttemptState.PLACED, AttemptState.RUNNING):
+            for r, v in attempt_usage(job.spec, a).items():
+                out[r] = out.get(r, 0.0) + v
+    return out
+
+
+def add(into: dict[str, float], d: Mapping[str, float], sign: float = 1.0) -> None:
+    for r, v in d.items():
+        nv = into.get(r, 0.0) + sign * v
+        if abs(nv) < EPS:
+            into.pop(r, None)
+        else:
+            into[r] = nv
+
+
+def meters(q: Queue, resource: str) -> bool:
+    """Whether `q` has a quota for `resource` (GPUs: for any model)."""
+    if resource.startswith(GPU_PREFIX):
+        return any(k.startswith(GPU_PREFIX) for k in q.quota)
+    return resource in q.quota
+
+
+def unmetered(q: Queue) -> bool:
+    return not q.quota
+
+
+def nominal(q: Queue, resource: str) -> float:
+    rq = q.quota.get(resource)
+    return rq.nominal if rq is not None else 0.0
+
+
+def borrowing_limit(q: Queue, resource: str) -> float:
+    rq = q.quota.get(resource)
+    if rq is None:
+        # A metered resource without an entry (a GPU model the queue does not list):
+        # nothing of its own, and it may borrow without a limit of its own.
+        return math.inf
+    return math.inf if rq.borrowing_limit is None else rq.borrowing_limit
+
+
+def guaranteed(q: Queue, resource: str) -> float:
+    """The part of the nominal quota the queue does not lend."""
+    rq = q.quota.get(resource)
+    if rq is None or rq.lending_limit is None:
+        return 0.0
+    return max(0.0, rq.nominal - rq.lending_limit)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a queue may not take a demand now, on which resource, with the figures."""
+
+    reason: str
+    resource: str
+    used: float
+    wanted: float
+    limit: float
+    # The queue's own limit is reached (nominal without a cohort, or nominal + borrowing
+    # limit), not merely the cohort's pool: no preemption across queues can help.
+    hard: bool = False
+
+    def detail(self) -> str:
+        return (f"{self.resource}: {_fmt(self.used)} used + {_fmt(self.wanted)} wanted > "
+                f"{_fmt(self.limit)} available")
+
+    @property
+    def within_nominal(self) -> bool:
+        """Blocked by the cohort only, while the queue would stay within its nominal
+        quota: reclaim may help."""
+        return self.reason == COHORT_EXHAUSTED
+
+
+def _fmt(x: float) -> str:
+    return "unlimited" if math.isinf(x) else f"{x:g}"
+
+
+class QueueBook:
+    """Every queue's configuration and live usage, for one cycle or one read: `admits`
+    answers whether a queue may take a demand, `take`/`give` move usage as the cycle
+    places or stops work. Copying is cheap (a few queues, a few resources each)."""
+
+    def __init__(self, queues: Mapping[str, Queue], usage: Mapping[str, Mapping[str, float]]) -> None:
+        self.queues: dict[str, Queue] = dict(queues)
+        if DEFAULT_QUEUE not in self.queues:
+            self.queues[DEFAULT_QUEUE] = implicit_default_queue()
+        self.usage: dict[str, dict[str, float]] = {q: dict(u) for q, u in usage.items()}
+        # Changes with every take/give of a queue (shares computed from the book are cached by it).
+        self.versions: dict[str, int] = {}
+        self.gpu_metered = {n: any(k.startswith(GPU_PREFIX) for k in q.quota) for n, q in self.queues.items()}
+        self.cohorts: dict[str, list[str]] = {}
+        for name in sorted(self.queues):
+            c = self.queues[name].cohort
+            if c is not None:
+                self.cohorts.setdefault(c, []).append(name)
+        # Per cohort and resource: the pool (lendable nominal) and what of it is drawn.
+        self.pool: dict[tuple[str, str], float] = {}
+        self.drawn: dict[tuple[str, str], float] = {}
+        for cohort, members in self.cohorts.items():
+            resources = {r for m in members for r in self.queues[m].quota} | {
+                r for m in members for r in self.usage.get(m, {})}
+            for r in resources:
+                self._recount(cohort, r)
+
+    def copy(self) -> QueueBook:
+        other = QueueBook.__new__(QueueBook)
+        other.queues = self.queues
+        other.usage = {q: dict(u) for q, u in self.usage.items()}
+        other.versions = {}
+        other.cohorts = self.cohorts
+        other.gpu_metered = self.gpu_metered
+        other.pool = dict(self.pool)
+        other.drawn = dict(self.drawn)
+        return other
+
+    def queue(self, name: str) -> Queue | None:
+        return self.queues.get(name)
+
+    def meters(self, name: str, resource: str) -> bool:
+        """`meters(queue, resource)`, from figures kept per queue."""
+        if resource.startswith(GPU_PREFIX):
+            return self.gpu_metered.get(name, False)
+        q = self.queues.get(name)
+        return q is not None and resource in q.quota
+
+    def used(self, name: str, resource: str) -> float:
+        return self.usage.get(name, {}).get(resource, 0.0)
+
+    def _recount(self, cohort: str, r: str) -> None:
+        pool = drawn = 0.0
+        for m in self.cohorts[cohort]:
+            q = self.queues[m]
+            if not meters(q, r):
+                continue
+            g = guaranteed(q, r)
+            pool += nominal(q, r) - g
+            drawn += max(0.0, self.used(m, r) - g)
+        self.pool[(cohort, r)] = pool
+        self.drawn[(cohort, r)] = drawn
+
+    def _drawn_by(self, name: str, r: str, used: float) -> float:
+        return max(0.0, used - guaranteed(self.queues[name], r))
+
+    def admits(self, name: str, demand: Mapping[str, float]) -> Refusal | None:
+        """None when queue `name` may take `demand` on top of what it holds, else the
+        first refusal (resources in name order)."""
+        q = self.queues.get(name)
+        if q is None:
+            return Refusal(UNKNOWN_QUEUE, "", 0.0, 0.0, 0.0)
+        for r in sorted(demand):
+            want = demand[r]
+            if want <= 0 or not self.meters(name, r):
+                continue
+            used = self.used(name, r)
+            new = used + want
+            n = nominal(q, r)
+            if q.cohort is None:
+                if new > n + EPS:
+                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True)
+                continue
+            limit = n + borrowing_limit(q, r)
+            if new > limit + EPS:
+                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True)
+            key = (q.cohort, r)
+            if key not in self.pool:
+                self._recount(q.cohort, r)
+            drawn = self.drawn[key] - self._drawn_by(name, r, used) + self._drawn_by(name, r, new)
+            if drawn > self.pool[key] + EPS:
+                # What the pool still has for this queue, shown as its limit.
+                avail = used + max(0.0, self.pool[key] - self.drawn[key])
+                return Refusal(COHORT_EXHAUSTED if new <= n + EPS else OVER_QUOTA, r, used, want, avail)
+        return None
+
+    def take(self, name: str, d: Mapping[str, float], sign: float = 1.0) -> None:
+        """Queue `name` now holds `d` more (`sign` -1: less)."""
+        q = self.queues.get(name)
+        self.versions[name] = self.versions.get(name, 0) + 1
+        before = dict(self.usage.get(name, {}))
+        add(self.usage.setdefault(name, {}), d, sign)
+        if q is None or q.cohort is None:
+            return
+        for r in d:
+            key = (q.cohort, r)
+            if key not in self.pool:
+                self._recount(q.cohort, r)
+                continue
+            if meters(q, r):
+                self.drawn[key] += self._drawn_by(name, r, self.used(name, r)) - self._drawn_by(
+                    name, r, before.get(r, 0.0))
+
+    def give(self, name: str, d: Mapping[str, float]) -> None:
+        self.take(name, d, -1.0)
+
+    def borrowed(self, name: str) -> Resources:
+        """What the queue holds above its nominal quota, per metered resource (an
+        unmetered queue: all it holds)."""
+        q = self.queues.get(name)
+        out: Resources = {}
+        for r, v in self.usage.get(name, {}).items():
+            if q is None or unmetered(q):
+                over = v
+            elif meters(q, r):
+                over = v - nominal(q, r)
+            else:
+                continue
+            if over > EPS:
+                out[r] = over
+        return out
+
+    def lent(self, name: str) -> Resources:
+        """The part of the queue's lendable nominal quota others use now: its unused
+        lendable quota, times the share of the cohort's pool that is drawn by others."""
+        q = self.queues.get(name)
+        out: Resources = {}
+        if q is None or q.cohort is None:
+            return out
+        for r in q.quota:
+            unused = max(0.0, nominal(q, r) - guaranteed(q, r) - max(0.0, self.used(name, r) - guaranteed(q, r)))
+            key = (q.cohort, r)
+            pool = self.pool.get(key, 0.0)
+            others = self.drawn.get(key, 0.0) - self._drawn_by(name, r, self.used(name, r))
+            own_left = pool - (nominal(q, r) - guaranteed(q, r))
+            # Others' draw is met first from everyone else's lendable part.
+            from_me = max(0.0, others - own_left)
+            if min(unused, from_me) > EPS:
+                out[r] = min(unused, from_me)
+        return out
+
+    def over_nominal(self, name: str, resources: Iterable[str]) -> bool:
+        """Whether the queue holds more than its nominal quota of any of `resources`
+        (always for an unmetered queue): only then may reclaim or fair share take from it."""
+        q = self.queues.get(name)
+        if q is None or unmetered(q):
+            return True
+        return any(self.meters(name, r) and self.used(name, r) > nominal(q, r) + EPS for r in resources)
+
+    def would_borrow(self, name: str, demand: Mapping[str, float]) -> bool:
+        """Whether taking `demand` puts the queue above its nominal quota on a resource it
+        meters (an unmetered queue always borrows)."""
+        q = self.queues.get(name)
+        if q is None or unmetered(q):
+            return True
+        return any(v > 0 and self.meters(name, r) and self.used(name, r) + v > nominal(q, r) + EPS
+                   for r, v in demand.items())
+
+    def within_nominal(self, name: str, demand: Mapping[str, float]) -> bool:
+        """Whether the queue, taking `demand`, stays within its nominal quota on every
+        resource it meters (and meters at least one of them): reclaim applies."""
+        q = self.queues.get(name)
+        if q is None or unmetered(q):
+            return False
+        metered = [r for r in demand if demand[r] > 0 and self.meters(name, r)]
+        return bool(metered) and all(self.used(name, r) + demand[r] <= nominal(q, r) + EPS for r in metered)
+
+
+def queue_usage(jobs: Iterable[Job]) -> dict[str, dict[str, float]]:
+    """Live usage per queue from job records (a full recount; the cluster view keeps the
+    same figures as records arrive)."""
+    out: dict[str, dict[str, float]] = {}
+    for j in jobs:
+        u = job_usage(j)
+        if u:
+            add(out.setdefault(j.spec.queue, {}), u)
+    return out
+
+
+def effective_time_limit(spec: JobSpec, q: Queue | None) -> float:
+    """The time limit a job runs under: its own, else its queue's default, capped by the
+    queue's maximum (0: none)."""
+    limit = spec.time_limit_s or (q.default_time_limit_s if q is not None else 0.0)
+    if q is not None and q.max_time_limit_s > 0:
+        limit = min(limit, q.max_time_limit_s) if limit > 0 else q.max_time_limit_s
+    return limit

@@ -1,0 +1,162 @@
+"""The queue read model, the same for GraphQL, the console and /metrics: each queue's
+quota beside what it holds, borrows and lends, its pending and running jobs and its fair
+share; and the queue-level reasons a queued job waits (why pending).
+
+Built from the cluster view's figures (kept as job records arrive: ClusterState
+queue_usage, queue_live, queue_queued), never by a pass over every job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from server.scheduling import fairshare
+from server.scheduling.queues import (
+    COHORT_EXHAUSTED,
+    FAIR_SHARE,
+    GANG_WHOLE,
+    OVER_QUOTA,
+    PREEMPTION_GRACE,
+    UNKNOWN_QUEUE,
+    QueueBook,
+    borrowing_limit,
+    job_demand,
+    meters,
+    nominal,
+)
+from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
+
+if TYPE_CHECKING:
+    from server.state.cluster import ClusterState
+
+
+@dataclass(frozen=True)
+class ResourceRow:
+    resource: str
+    nominal: float | None  # None: not metered
+    borrowing_limit: float | None  # None: no limit
+    lending_limit: float | None
+    used: float
+    borrowed: float
+    lent: float
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    queue: Queue
+    resources: list[ResourceRow]
+    pending: int
+    running: int
+    share: float  # weighted dominant share (current and decayed past use)
+    dominant: float  # unweighted dominant share
+    entitled: float  # the part of the cluster its weight entitles it to among active queues
+
+
+@dataclass(frozen=True)
+class QueueReason:
+    reason: str
+    detail: str
+
+
+def queues(state: ClusterState) -> dict[str, Queue]:
+    out = dict(state.queues)
+    out.setdefault(DEFAULT_QUEUE, implicit_default_queue())
+    return out
+
+
+def book(state: ClusterState) -> QueueBook:
+    return QueueBook(queues(state), state.queue_usage)
+
+
+def shares(state: ClusterState, b: QueueBook, now: float, half_life_s: float) -> fairshare.Shares:
+    past = {q: fairshare.past_allocation(rec, now, half_life_s) for q, rec in state.queue_past.items()}
+    return fairshare.Shares(b, state.capacity, past)
+
+
+def active(state: ClusterState) -> list[str]:
+    """Queues holding something or with jobs waiting."""
+    return sorted({q for q, n in state.queue_queued.items() if n > 0}
+                  | {q for q, live in state.queue_live.items() if live})
+
+
+def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
+    b = book(state)
+    s = shares(state, b, now, half_life_s)
+    act = active(state)
+    out = []
+    for name, q in sorted(b.queues.items()):
+        used = b.usage.get(name, {})
+        borrowed = b.borrowed(name)
+        lent = b.lent(name)
+        names = sorted(set(q.quota) | set(used))
+        res = []
+        for r in names:
+            rq = q.quota.get(r)
+            metered = meters(q, r)
+            limit = borrowing_limit(q, r) if metered else None
+            res.append(ResourceRow(
+                resource=r, nominal=nominal(q, r) if metered else None,
+                borrowing_limit=None if limit is None or limit == float("inf") else limit,
+                lending_limit=rq.lending_limit if rq is not None else None,
+                used=used.get(r, 0.0), borrowed=borrowed.get(r, 0.0), lent=lent.get(r, 0.0)))
+        out.append(QueueRow(queue=q, resources=res, pending=state.queue_queued.get(name, 0),
+                            running=len(state.queue_live.get(name, ())), share=s.share(name),
+                            dominant=s.dominant(name), entitled=s.entitled(name, act)))
+    return out
+
+
+def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
+            gang_fits_whole: bool | None = None) -> list[QueueReason]:
+    """Why a queued job waits, at queue level: its queue is missing; it waits for the
+    victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
+    that fits task by task but not whole (`gang_fits_whole` False, computed by the
+    caller); or it waits its turn by fair share (with the queue's figures)."""
+    if job.state is not JobState.QUEUED:
+        return []
+    b = book(state)
+    name = job.spec.queue
+    q = b.queue(name)
+    if q is None:
+        return [QueueReason(UNKNOWN_QUEUE, f"no queue named {name!r}: the job waits until one is created")]
+    out: list[QueueReason] = []
+    if job.preempting:
+        stopping = 0
+        for entry in job.preempting:
+            vid, _, number = entry.rpartition(":")
+            v = state.jobs.get(vid)
+            if v is not None and any(str(a.number) == number and not a.state.terminal for a in v.attempts):
+                stopping += 1
+        if stopping:
+            out.append(QueueReason(PREEMPTION_GRACE, f"{stopping} preempted job(s) stopping (grace up to "
+                                                     f"{_grace(state, job):g} s)"))
+    models = sorted(job.spec.models() or state.index.models()) if job.spec.wants_gpu() else [None]
+    refusals = [b.admits(name, job_demand(job.spec, m)) for m in models] or [b.admits(name, job_demand(job.spec, None))]
+    if all(r is not None for r in refusals):
+        r = next((x for x in refusals if x is not None and x.reason == COHORT_EXHAUSTED), refusals[0])
+        assert r is not None
+        label = COHORT_EXHAUSTED if r.reason == COHORT_EXHAUSTED else (
+            OVER_QUOTA if r.reason == OVER_QUOTA else r.reason)
+        detail = r.detail() + (f" (cohort {q.cohort})" if q.cohort and r.reason == COHORT_EXHAUSTED else "")
+        out.append(QueueReason(label, detail))
+    if gang_fits_whole is False:
+        out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
+                                           "not all"))
+    act = active(state)
+    s = shares(state, b, now, half_life_s)
+    others = [a for a in act if a != name and state.queue_queued.get(a, 0) > 0]
+    if others and not out:
+        out.append(QueueReason(FAIR_SHARE, f"queue {name} share {s.share(name):.3f} (dominant {s.dominant(name):.3f}"
+                                           f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
+                                           "waiting"))
+    return out
+
+
+def _grace(state: ClusterState, job: Job) -> float:
+    best = 0.0
+    for entry in job.preempting:
+        v = state.jobs.get(entry.rpartition(":")[0])
+        if v is not None:
+            vq = state.queues.get(v.spec.queue)
+            best = max(best, vq.preempt_grace_s if vq is not None else 0.0)
+    return best

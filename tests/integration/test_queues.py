@@ -1,0 +1,272 @@
+"""Queues with real processes: priority preemption with a real SIGTERM and grace (the
+victim's process is gone before the preemptor's starts on that GPU, from timestamps the
+tasks write themselves), reclaim across a cohort, a token refused on a queue it is not
+bound to, quota changes while jobs run, deleting a queue with work refused, accounting
+totals equal to the sum of the attempts, a time limit hit, and the leader killed
+(SIGKILL) in the middle of a preemption. The pure logic is tested in
+tests/unit/test_queues.py and tests/unit/test_queue_planner.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants
+
+# A task that writes what happens to it: start, SIGTERM, exit (after a checkpoint of
+# `ckpt` seconds), done; with MUSTER_PREEMPT_DEADLINE and its GPUs.
+TASK = """
+import os, signal, sys, time
+log, name, run_s, ckpt = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+def w(ev):
+    with open(log, "a") as f:
+        f.write(json.dumps({"job": name, "ev": ev, "t": time.time(), "attempt": os.environ["MUSTER_ATTEMPT_ID"],
+                            "deadline": os.environ.get("MUSTER_PREEMPT_DEADLINE"),
+                            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+import json
+def term(*_):
+    w("term"); time.sleep(ckpt); w("exit"); sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+w("start")
+time.sleep(run_s)
+w("done")
+"""
+
+QUEUE_Q = """query($n: String!) { queue(name: $n) { name pendingCount runningCount fairShare
+             resources { resource nominal used borrowed lent } } }"""
+
+
+def task(tmp: Path, name: str, run_s: float, ckpt: float = 0.5) -> list[str]:
+    script = tmp / "task.py"
+    if not script.exists():
+        script.write_text(TASK)
+    return [sys.executable, str(script), str(tmp / "events.jsonl"), name, str(run_s), str(ckpt)]
+
+
+def events(tmp: Path) -> list[dict[str, Any]]:
+    path = tmp / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def when(tmp: Path, job: str, ev: str, nth: int = 0) -> dict[str, Any]:
+    found = [e for e in events(tmp) if e["job"] == job and e["ev"] == ev]
+    assert len(found) > nth, (job, ev, events(tmp))
+    return found[nth]
+
+
+def admin(api: Api, mutation: str, inp: dict[str, Any]) -> dict[str, Any]:
+    res = api.q(f"""mutation($input: QueueInput!) {{ {mutation}(input: $input) {{ queue {{ name cohort
+                    resources {{ resource nominal }} }} userErrors {{ field message code }} }} }}""",
+                {"input": inp})[mutation]
+    assert not res["userErrors"], res
+    return res["queue"]
+
+
+def submit(api: Api, name: str, command: list[str], token: str | None = None, **inp: Any) -> dict[str, Any]:
+    q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) {
+           job { id state } userErrors { field message code } } }"""
+    r = api.raw(q, {"input": {"name": name, "command": command, "gpus": 1, **inp}}, token=token)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]["submitJob"]
+
+
+def attempts(api: Api, job_id: str) -> list[dict[str, Any]]:
+    return api.q("""query($id: ID!) { job(id: $id) { attempts { id state reason startedAt finishedAt
+                    gpuModel } } }""", {"id": job_id})["job"]["attempts"]
+
+
+def cancel(api: Api, job_id: str) -> None:
+    api.q("mutation($id: ID!) { cancelJob(id: $id) { job { id } } }", {"id": job_id})
+
+
+def settled(api: Api, *job_ids: str) -> None:
+    """Wait until the jobs' attempts have all ended (a cancelled job's try stops after it)."""
+    wait_until(lambda: all(a["state"] not in ("PLACED", "RUNNING") for j in job_ids for a in attempts(api, j)),
+               timeout=60, what="every attempt ended")
+
+
+def muster(c: Cluster, url: str, *argv: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MUSTER_URL": url, "MUSTER_TOKEN": token or c.token}
+    return subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=60)
+
+
+def test_priority_preemption_stops_the_victim_before_the_preemptor_starts(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(env={"MUSTER_FAIR_SHARE_HALF_LIFE": "0"})
+    cluster.agent("p1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    admin(api, "createQueue", {"name": "train", "quota": [{"resource": "gpu:H100", "nominal": 1}],
+                               "minRuntimeSeconds": 0, "preemptGraceSeconds": 5})
+    low = submit(api, "low", task(tmp_path, "low", 300, ckpt=1.0), queue="train")["job"]["id"]
+    api.wait_job(low, {"RUNNING"})
+    wait_until(lambda: any(e["job"] == "low" and e["ev"] == "start" for e in events(tmp_path)), timeout=30,
+               what="the low-priority task started")
+    high = submit(api, "high", task(tmp_path, "high", 0.2), queue="train", priority=10)["job"]["id"]
+    api.wait_job(high, {"SUCCEEDED"}, timeout=60)
+    term, exited, started = when(tmp_path, "low", "term"), when(tmp_path, "low", "exit"), when(tmp_path, "high",
+                                                                                              "start")
+    # The victim got SIGTERM, checkpointed for a second, exited; only then did the
+    # preemptor start, on the same GPU. Both learnt the grace from their environment.
+    assert term["t"] < exited["t"] < started["t"]
+    assert started["gpus"] == exited["gpus"] == "0"
+    assert term["deadline"] == "5"
+    first = attempts(api, low)[0]
+    assert first["state"] == "PREEMPTED" and "preempted (priority) by " + high in first["reason"]
+    # Requeued, and not out of tries: it runs again once the GPU is free.
+    wait_until(lambda: len([e for e in events(tmp_path) if e["job"] == "low" and e["ev"] == "start"]) == 2,
+               timeout=60, what="the preempted job ran again")
+    assert api.job(low)["state"] == "RUNNING"
+    cancel(api, low)
+    api.wait_job(low, {"CANCELLED"})
+    settled(api, low, high)
+    assert_invariants(cluster.nats_url)
+
+
+def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(env={"MUSTER_FAIR_SHARE_HALF_LIFE": "0"})
+    cluster.agent("r1", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    # Two queues of one cohort, one GPU each; created with the CLI.
+    for name in ("research", "prod"):
+        r = muster(cluster, srv.url, "queue", "create", name, "--cohort", "lab", "--quota", "gpu:H100=1",
+                   "--min-runtime", "0", "--grace", "3")
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "alice", "--role", "operator",
+                        "--queues", "research", "--nats", cluster.nats_url], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    alice = r.stdout.strip().splitlines()[-1]
+    wait_until(lambda: api.raw("{ ping }", token=alice).status_code == 200, timeout=10, what="alice's token")
+    refused = submit(api, "nope", ["true"], token=alice, queue="prod")
+    assert refused["job"] is None and refused["userErrors"][0]["code"] == "FORBIDDEN"
+    # research borrows prod's idle GPU.
+    r1 = submit(api, "r1", task(tmp_path, "r1", 300), token=alice, queue="research")["job"]["id"]
+    r2 = submit(api, "r2", task(tmp_path, "r2", 300), token=alice, queue="research")["job"]["id"]
+    for j in (r1, r2):
+        api.wait_job(j, {"RUNNING"})
+    research = api.q(QUEUE_Q, {"n": "research"})["queue"]
+    gpu = next(x for x in research["resources"] if x["resource"] == "gpu:H100")
+    assert (gpu["used"], gpu["borrowed"]) == (2, 1)
+    wait_until(lambda: len([e for e in events(tmp_path) if e["ev"] == "start"]) == 2, timeout=30,
+               what="both research tasks started")
+    # A queue with work cannot be deleted.
+    res = api.q('mutation { deleteQueue(name: "research") { deleted userErrors { code message } } }')["deleteQueue"]
+    assert not res["deleted"] and res["userErrors"][0]["code"] == "QUEUE_IN_USE"
+    # prod wants its GPU back: the younger research job is preempted.
+    p1 = submit(api, "p1", task(tmp_path, "p1", 0.5), queue="prod")["job"]["id"]
+    api.wait_job(p1, {"SUCCEEDED"}, timeout=60)
+    victim = "r2"
+    assert attempts(api, r2)[0]["state"] == "PREEMPTED" and "reclaim" in attempts(api, r2)[0]["reason"]
+    assert when(tmp_path, victim, "exit")["t"] < when(tmp_path, "p1", "start")["t"]
+    assert when(tmp_path, victim, "exit")["gpus"] == when(tmp_path, "p1", "start")["gpus"]
+    assert api.job(r1)["state"] == "RUNNING"
+    # Quota changes while jobs run: research's quota cut to nothing; the running job goes on,
+    # a new one waits with its queue's reason, and runs once the quota is back.
+    r = muster(cluster, srv.url, "queue", "set", "research", "--quota", "gpu:H100=0:0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r3 = submit(api, "r3", task(tmp_path, "r3", 0.2), token=alice, queue="research")["job"]["id"]
+    why = api.q("""query($id: ID!) { job(id: $id) { state pendingReasons { reason kind detail } } }""",
+                {"id": r3})["job"]
+
+    def over_quota() -> bool:
+        j = api.q("""query($id: ID!) { job(id: $id) { state pendingReasons { reason kind detail } } }""",
+                  {"id": r3})["job"]
+        why.update(j)
+        return any(p["kind"] == "queue" and p["reason"] == "over nominal quota and cannot borrow"
+                   for p in j["pendingReasons"])
+
+    wait_until(over_quota, timeout=20, what="r3 waits on its queue's quota")
+    assert api.job(r1)["state"] == "RUNNING" and api.job(r3)["state"] == "QUEUED"
+    r = muster(cluster, srv.url, "job", "why", r3)
+    assert "over nominal quota" in r.stdout, r.stdout
+    # Cancel r1 (and the requeued r2) to free the GPUs; restore the quota: r3 runs.
+    for j in (r1, r2):
+        cancel(api, j)
+    r = muster(cluster, srv.url, "queue", "set", "research", "--quota", "gpu:H100=1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    api.wait_job(r3, {"SUCCEEDED"}, timeout=60)
+    for j in (r1, r2):
+        api.wait_job(j, {"CANCELLED"})
+    # Accounting: the totals are the sums over the recorded attempts.
+    settled(api, r1, r2, r3, p1)
+    until = dt.datetime.now(dt.UTC).isoformat()
+    time.sleep(1.5)  # history is written about once a second
+
+    def sums() -> tuple[float, float]:
+        usage = api.q("query($t: DateTime) { usage(until: $t) { queue user gpuSeconds attempts } }",
+                      {"t": until})["usage"]
+        total = 0.0
+        for j in (r1, r2, r3, p1):
+            for a in attempts(api, j):
+                if a["startedAt"] and a["finishedAt"]:
+                    total += (dt.datetime.fromisoformat(a["finishedAt"])
+                              - dt.datetime.fromisoformat(a["startedAt"])).total_seconds()
+        return sum(u["gpuSeconds"] for u in usage), total
+
+    wait_until(lambda: abs(sums()[0] - sums()[1]) < 1e-3, timeout=20, what="usage equals the attempts' sum")
+    r = muster(cluster, srv.url, "usage", "--queue", "research", "-o", "json")
+    rows = json.loads(r.stdout)
+    assert {x["queue"] for x in rows} == {"research"} and {x["user"] for x in rows} == {"alice"}
+    r = muster(cluster, srv.url, "queue", "list")
+    assert r.returncode == 0 and "research" in r.stdout and "prod" in r.stdout and "default" in r.stdout
+    assert_invariants(cluster.nats_url)
+
+
+def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server()
+    cluster.agent("t1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    admin(api, "createQueue", {"name": "short", "defaultTimeLimitSeconds": 2, "maxTimeLimitSeconds": 60,
+                               "preemptGraceSeconds": 2})
+    too_long = submit(api, "x", ["true"], queue="short", timeLimitSeconds=3600)
+    assert too_long["userErrors"][0]["field"] == "timeLimitSeconds"
+    j = submit(api, "slow", task(tmp_path, "slow", 300), queue="short")["job"]["id"]
+    job = api.wait_job(j, {"TIMEOUT", "FAILED", "SUCCEEDED"}, timeout=60)
+    assert job["state"] == "TIMEOUT"
+    [a] = attempts(api, j)
+    assert a["state"] == "TIMEOUT" and "time limit of 2 s" in a["reason"]
+    start, term = when(tmp_path, "slow", "start"), when(tmp_path, "slow", "term")
+    assert term["t"] - start["t"] >= 2 - 0.5 and term["deadline"] == "2"
+    assert when(tmp_path, "slow", "exit")["t"] > term["t"]
+
+
+def test_leader_killed_during_a_preemption(cluster: Cluster, tmp_path: Path) -> None:
+    env = {"MUSTER_FAIR_SHARE_HALF_LIFE": "0"}
+    a = cluster.server("a", env=env, lease_ttl=3)
+    b = cluster.server("b", env=env, lease_ttl=3, wait_token=False)
+    cluster.agent("f1", gpus="1xH100")
+    apis = {"a": (a, Api(a.url, cluster.token)), "b": (b, Api(b.url, cluster.token))}
+    apis["a"][1].wait_hosts(1)
+    admin(apis["a"][1], "createQueue", {"name": "q", "quota": [{"resource": "gpu:H100", "nominal": 1}],
+                                        "minRuntimeSeconds": 0, "preemptGraceSeconds": 8})
+    api = apis["a"][1]
+    low = submit(api, "low", task(tmp_path, "low", 300, ckpt=4.0), queue="q")["job"]["id"]
+    api.wait_job(low, {"RUNNING"})
+    wait_until(lambda: any(e["ev"] == "start" for e in events(tmp_path)), timeout=30, what="low started")
+    high = submit(api, "high", task(tmp_path, "high", 0.2), queue="q", priority=5)["job"]["id"]
+    # The preemption is committed (the victim got SIGTERM and checkpoints for 4 s): kill the leader.
+    wait_until(lambda: any(e["job"] == "low" and e["ev"] == "term" for e in events(tmp_path)), timeout=30,
+               what="the victim got SIGTERM")
+    leader = next(name for name, (_p, x) in apis.items()
+                  if x.q("{ cluster { leadership { role } } }")["cluster"]["leadership"]["role"] == "leader")
+    apis[leader][0].kill9()
+    survivor = apis["b" if leader == "a" else "a"][1]
+    survivor.wait_job(high, {"SUCCEEDED"}, timeout=90)
+    assert when(tmp_path, "low", "exit")["t"] < when(tmp_path, "high", "start")["t"]
+    assert len([e for e in events(tmp_path) if e["job"] == "low" and e["ev"] == "term"]) == 1
+    first = attempts(survivor, low)[0]
+    assert first["state"] == "PREEMPTED"
+    cancel(survivor, low)
+    survivor.wait_job(low, {"CANCELLED"}, timeout=60)
+    settled(survivor, low, high)
+    assert_invariants(cluster.nats_url)

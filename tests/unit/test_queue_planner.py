@@ -1,0 +1,317 @@
+"""Queues in the planner (server.scheduling.planner with queues, fairshare, preemption):
+quotas cap placement, fair share interleaves queues, reclaim and priority preemption with
+the safe handover (the preemptor is placed only once its victims are reported stopped,
+and no allocation ever holds both), PREEMPTED tries requeued in submission order without
+counting against maxAttempts, time limits ending TIMEOUT, a new leader finishing a
+preemption from the records, and Hypothesis properties over random clusters driven for
+many cycles by a simulated agent (no overcommit, quotas kept, no queue below its nominal
+quota left waiting behind borrowers once reclaim has run)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
+from server.scheduling.queues import QueueBook, job_demand, meters, nominal, queue_usage
+from server.state.cluster import ClusterState
+from tests.factories import job as make_job
+from tests.factories import job_spec
+from tests.unit.test_planner import NOW, TERM, World
+from wire.messages import AttemptState, JobState, Queue, ResourceQuota, StatusReport, encode
+from wire.records import Record
+
+H100 = "gpu:H100"
+
+
+class QWorld(World):
+    def queue(self, name: str, *, cohort: str | None = None, gpus: float | None = None, borrow: float | None = None,
+              lend: float | None = None, **fields: object) -> Queue:
+        quota = {H100: ResourceQuota(nominal=gpus, borrowing_limit=borrow, lending_limit=lend)} \
+            if gpus is not None else {}
+        q = Queue(name=name, cohort=cohort, quota=quota, **fields)
+        self.state.apply_state_record(Record(f"queue.{name}", next(self.rev), encode(q)))
+        return q
+
+    def qsubmit(self, job_id: str, queue: str, *, gpus: int = 1, priority: int = 0, submitted_at: float = NOW - 100,
+                **fields: object) -> None:
+        spec = job_spec(job_id, command=["run", job_id], gpus=gpus, queue=queue, priority=priority, **fields)
+        job = make_job(job_id, spec=spec, submitted_at=submitted_at)
+        self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
+
+    def qcycle(self, reports: list[StatusReport] | None = None, now: float = NOW, **kw: object) -> Plan:
+        for host_id, entry in list(self.state.hosts.items()):  # the hosts keep heartbeating
+            hb = entry.latest()
+            if hb is not None and entry.seen_at < now:
+                self.host(host_id, gpus=len(hb.gpus), now=now)
+        plan = plan_cycle(self.state, reports=reports or [], commands=[], now=now, term=TERM,
+                          queues=QueuePolicy(half_life_s=0), **kw)  # type: ignore[arg-type]
+        self.commit(plan)
+        return plan
+
+    def agent_reports(self, now: float) -> list[StatusReport]:
+        """What agents would report: placed tasks started, stopped tasks KILLED."""
+        out = []
+        for host_id, alloc in self.state.allocs.items():
+            for t in alloc.tasks:
+                job = self.state.jobs.get(t.job_id)
+                a = next((a for a in job.attempts if a.id == t.attempt_id), None) if job else None
+                if a is None or a.state.terminal:
+                    continue
+                if t.stop:
+                    out.append(StatusReport(host_id=host_id, attempt_id=t.attempt_id, job_id=t.job_id,
+                                            state=AttemptState.KILLED, ts=now, reason="stopped"))
+                elif a.state is AttemptState.PLACED:
+                    out.append(StatusReport(host_id=host_id, attempt_id=t.attempt_id, job_id=t.job_id,
+                                            state=AttemptState.RUNNING, ts=now))
+        return out
+
+    def holding(self, queue: str) -> float:
+        return queue_usage(self.state.jobs.values()).get(queue, {}).get(H100, 0.0)
+
+
+def no_overcommit(state: ClusterState) -> None:
+    for host_id, alloc in state.allocs.items():
+        used = Counter(i for t in alloc.tasks for i in t.gpu_indices)
+        assert all(n == 1 for n in used.values()), (host_id, used)
+
+
+def test_quota_caps_what_a_queue_is_placed() -> None:
+    w = QWorld()
+    w.host("h1")
+    w.queue("a", gpus=2)
+    for i in range(4):
+        w.qsubmit(f"a{i}", "a")
+    plan = w.qcycle()
+    assert plan.placed == 2
+    assert w.holding("a") == 2
+    assert all(a.gpu_model == "H100" for j in w.state.jobs.values() for a in j.attempts)
+
+
+def test_unknown_queue_waits_and_default_queue_runs_as_before() -> None:
+    w = QWorld()
+    w.host("h1")
+    w.qsubmit("lost", "nosuch")
+    w.qsubmit("plain", "default")
+    plan = w.qcycle()
+    assert plan.placed == 1 and w.job("plain").state is JobState.PLACED and w.job("lost").state is JobState.QUEUED
+
+
+def test_fair_share_interleaves_queues_by_weight() -> None:
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", weight=3.0)
+    w.queue("b", weight=1.0)
+    for i in range(10):
+        # a's jobs were all submitted first: FIFO would give a everything.
+        w.qsubmit(f"a{i}", "a", submitted_at=NOW - 100 + i)
+        w.qsubmit(f"b{i}", "b", submitted_at=NOW - 50 + i)
+    w.qcycle()
+    assert (w.holding("a"), w.holding("b")) == (6, 2)
+
+
+def _fill(w: QWorld, queue: str, n: int, started: float, prefix: str | None = None) -> None:
+    for i in range(n):
+        w.qsubmit(f"{prefix or queue}{i}", queue, submitted_at=started + i)
+    w.qcycle(now=started + n)
+    w.qcycle(w.agent_reports(started + n), now=started + n)
+
+
+def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0, preempt_grace_s=45)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)
+    _fill(w, "a", 2, NOW - 1000)
+    _fill(w, "b", 6, NOW - 900)  # b borrows 2 of a's 4
+    assert (w.holding("a"), w.holding("b")) == (2, 6)
+    w.qsubmit("a-new1", "a", submitted_at=NOW - 10)
+    w.qsubmit("a-new2", "a", submitted_at=NOW - 9)
+    plan = w.qcycle(now=NOW)
+    assert plan.placed == 0 and plan.preempted == {("reclaim", "a"): 2}
+    stopping = [t for t in w.tasks("h1") if t.stop]
+    # The two youngest of b's jobs, told to stop with a's grace ... no: their own queue's grace.
+    assert sorted(t.job_id for t in stopping) == ["b4", "b5"] and all(t.grace_s == 30 for t in stopping)
+    assert "reclaim" in w.job("b5").current.reason
+    assert sorted(w.job("a-new1").preempting + w.job("a-new2").preempting) == ["b4:1", "b5:1"]
+    # While they stop nothing new is placed on their GPUs, nor preempted again.
+    plan = w.qcycle(now=NOW + 1)
+    assert plan.placed == 0 and not plan.preempted
+    no_overcommit(w.state)
+    # Their agent reports them stopped: a's jobs are placed in the same cycle, on their GPUs.
+    freed = {i for t in stopping for i in t.gpu_indices}
+    plan = w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)
+    assert plan.placed == 2
+    new = [t for t in w.tasks("h1") if t.job_id.startswith("a-new")]
+    assert {i for t in new for i in t.gpu_indices} == freed
+    assert not any(t.job_id in ("b4", "b5") for t in w.tasks("h1"))
+    no_overcommit(w.state)
+    for v in ("b4", "b5"):
+        j = w.job(v)
+        assert j.state is JobState.QUEUED and j.current.state is AttemptState.PREEMPTED
+        assert j.submitted_at == NOW - 900 + int(v[1])  # keeps its place in its queue
+    assert (w.holding("a"), w.holding("b")) == (4, 4)
+
+
+def test_preempted_tries_do_not_count_against_max_attempts() -> None:
+    w = QWorld()
+    w.host("h1", gpus=1)
+    w.queue("a", gpus=1, min_runtime_s=0)
+    w.qsubmit("low", "a", max_attempts=1, submitted_at=NOW - 500)
+    w.qcycle(now=NOW - 400)
+    w.qcycle(w.agent_reports(NOW - 400), now=NOW - 400)
+    w.qsubmit("high", "a", priority=10)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("priority", "a"): 1}
+    plan = w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    assert w.job("high").state is JobState.PLACED
+    low = w.job("low")
+    assert low.state is JobState.QUEUED and low.attempts[0].state is AttemptState.PREEMPTED
+    # high ends: low runs again though its single attempt was used.
+    w.qcycle(w.agent_reports(NOW + 2), now=NOW + 2)
+    high = w.job("high").current
+    done = StatusReport(host_id="h1", attempt_id=high.id, job_id="high", state=AttemptState.SUCCEEDED, exit_code=0,
+                        ts=NOW + 3)
+    w.qcycle([done], now=NOW + 3)
+    assert w.job("low").state is JobState.PLACED and w.job("low").tries == 2
+
+
+def test_fair_share_preemption_evens_out_borrowing_by_weight() -> None:
+    w = QWorld()
+    w.host("h1", gpus=8)
+    for name, gpus in (("a", 2), ("b", 2), ("idle", 4)):
+        w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, fair_share_preemption=name == "b")
+    _fill(w, "a", 8, NOW - 1000)  # a borrows all it can: b's 2 and the idle queue's 4
+    for i in range(8):
+        w.qsubmit(f"b{i}", "b", submitted_at=NOW - 10 + i)
+    now = NOW
+    for _ in range(6):
+        w.qcycle(w.agent_reports(now), now=now)
+        no_overcommit(w.state)
+        now += 1
+    # b took back its nominal (reclaim), then what a borrowed from the idle queue was
+    # shared out by fair share until the shares met.
+    assert (w.holding("a"), w.holding("b")) == (4, 4)
+    kinds = {a.reason.split(")")[0].split("(")[-1] for j in w.state.jobs.values() for a in j.attempts
+             if a.state is AttemptState.PREEMPTED}
+    assert kinds == {"reclaim", "fair-share"}
+
+
+def test_min_runtime_and_disabled_preemption_protect_running_jobs() -> None:
+    w = QWorld()
+    w.host("h1", gpus=1)
+    w.queue("a", gpus=1, min_runtime_s=600)
+    w.qsubmit("low", "a", submitted_at=NOW - 500)
+    w.qcycle(now=NOW - 100)
+    w.qcycle(w.agent_reports(NOW - 100), now=NOW - 100)
+    w.qsubmit("high", "a", priority=10)
+    assert not w.qcycle(now=NOW).preempted  # low ran 100 s of its 600 s minimum
+    w.queue("a", gpus=1, min_runtime_s=0, preempt_within=False)
+    assert not w.qcycle(now=NOW + 1).preempted  # priority preemption switched off
+
+
+def test_time_limit_stops_the_try_and_ends_the_job_timeout() -> None:
+    w = QWorld()
+    w.host("h1")
+    w.queue("a", default_time_limit_s=60, max_time_limit_s=120, preempt_grace_s=5)
+    w.qsubmit("short", "a")
+    w.qsubmit("long", "a", time_limit_s=1000)  # capped at the queue's maximum
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW), now=NOW)
+    assert w.job("long").current.time_limit_s == 120
+    assert w.state.deadlines == {"short": NOW + 60, "long": NOW + 120}
+    plan = w.qcycle(now=NOW + 61)
+    assert plan.timed_out == 1
+    [t] = [t for t in w.tasks("h1") if t.job_id == "short"]
+    assert t.stop and t.grace_s == 5 and "time limit" in t.stop_reason
+    w.qcycle(w.agent_reports(NOW + 63), now=NOW + 63)
+    j = w.job("short")
+    assert j.state is JobState.TIMEOUT and j.current.state is AttemptState.TIMEOUT
+    assert "time limit of 60 s" in j.end_reason
+    assert w.job("long").state is JobState.RUNNING
+
+
+def test_a_new_leader_finishes_a_preemption_from_the_records() -> None:
+    w = QWorld()
+    w.host("h1", gpus=1)
+    w.queue("a", gpus=1, min_runtime_s=0)
+    w.qsubmit("low", "a", submitted_at=NOW - 500)
+    w.qcycle(now=NOW - 100)
+    w.qcycle(w.agent_reports(NOW - 100), now=NOW - 100)
+    w.qsubmit("high", "a", priority=10)
+    w.qcycle(now=NOW)
+    reports = w.agent_reports(NOW + 5)
+    # A new leader: a state rebuilt from the stored records only.
+    fresh = QWorld()
+    fresh.host("h1", gpus=1)
+    for key in sorted(w.state.revisions):
+        kind, _, name = key.partition(".")
+        if kind == "job":
+            fresh.state.apply_state_record(Record(key, next(fresh.rev), encode(w.state.jobs[name])))
+        elif kind == "alloc":
+            fresh.alloc_record(w.state.allocs[name])
+        elif kind == "queue":
+            fresh.state.apply_state_record(Record(key, next(fresh.rev), encode(w.state.queues[name])))
+    assert not fresh.qcycle(now=NOW + 1).preempted  # it waits for the victim, preempts nothing new
+    fresh.qcycle(reports, now=NOW + 5)
+    assert fresh.job("high").state is JobState.PLACED
+    assert fresh.job("low").current.state is AttemptState.PREEMPTED
+    no_overcommit(fresh.state)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[tuple[str, float | None]], list[tuple[str, int, int, int]]]:
+    """Queues (name, borrowing limit) and jobs (queue, GPUs, priority, wave): the first
+    wave comes from the first queues and borrows, the second from all and reclaims."""
+    nq = draw(st.integers(2, 4))
+    queues = [(f"q{i}", draw(st.none() | st.integers(0, 8).map(float))) for i in range(nq)]
+    jobs = draw(st.lists(st.tuples(st.integers(0, nq - 1), st.integers(1, 2), st.integers(0, 3), st.integers(0, 1)),
+                         min_size=8, max_size=40))
+    return queues, [(f"q{q if wave else q % 2}", g, p, wave) for q, g, p, wave in jobs]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(0, 2**16))
+def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_nominal(scenario, seed: int) -> None:
+    queues, jobs = scenario
+    w = QWorld()
+    nhosts = len(queues) // 2 + 1
+    for h in range(nhosts):
+        w.host(f"h{h}", gpus=8)
+    total = 8 * nhosts
+    for name, borrow in queues:
+        # Nominal quotas share the cluster out; one cohort; reclaim on.
+        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0)
+    configs = dict(w.state.queues)
+    # Jobs arrive in two waves: what the first wave borrows, the second reclaims.
+    now = NOW
+    for step in range(24):
+        for i, (q, g, p, wave) in enumerate(jobs):
+            if step == 8 * wave:
+                w.qsubmit(f"j{i}", q, gpus=g, priority=p, submitted_at=now - 100 + i)
+        w.qcycle(w.agent_reports(now), now=now)
+        no_overcommit(w.state)
+        usage = queue_usage(w.state.jobs.values())
+        for name, q in configs.items():
+            rq = q.quota[H100]
+            limit = nominal(q, H100) + (rq.borrowing_limit if rq.borrowing_limit is not None else 1e9)
+            # A queue may hold more than nominal + borrowing only while its victims stop
+            # (never through a placement): count only tasks not told to stop.
+            held = sum(len(t.gpu_indices) for a in w.state.allocs.values() for t in a.tasks
+                       if not t.stop and w.state.jobs[t.job_id].spec.queue == name)
+            assert held <= limit + 1e-6, (name, held, limit, usage)
+        now += 1
+    # Quiescence: a queue waiting with a job that fits within its nominal quota does not
+    # wait behind borrowers: nobody in the cohort holds more than its nominal.
+    book = QueueBook(w.state.queues, queue_usage(w.state.jobs.values()))
+    for j in w.state.queued():
+        q = w.state.queues[j.spec.queue]
+        if book.within_nominal(j.spec.queue, job_demand(j.spec, "H100")) and meters(q, H100):
+            borrowers = [n for n in configs if book.used(n, H100) > nominal(configs[n], H100) + 1e-6]
+            # What is free plus what the borrowers hold above nominal cannot host the job.
+            assert not borrowers or j.spec.gpus > 1, (j.id, borrowers, book.usage)

@@ -1,0 +1,316 @@
+"""Queue quotas, fair share and victim choice as pure code (server.scheduling.queues,
+fairshare, preemption): the book's answers and figures, cohort borrowing and lending,
+usage decay, the admission order, and Hypothesis properties (no queue ever takes more
+than nominal + borrowing limit, a cohort never lends more than its pool, the order is
+deterministic, victims never come from a queue at or below its nominal quota).
+The planner-level tests are in test_queue_planner.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.scheduling import fairshare, preemption
+from server.scheduling.queues import (
+    COHORT_EXHAUSTED,
+    OVER_QUOTA,
+    QueueBook,
+    effective_time_limit,
+    job_demand,
+    job_usage,
+    meters,
+    mig_fraction,
+    nominal,
+)
+from tests.factories import job, job_spec, task
+from wire.messages import Attempt, AttemptState, JobState, Queue, QueueUsage, ResourceQuota
+
+H100 = "gpu:H100"
+A100 = "gpu:A100"
+
+
+def queue(name: str, cohort: str | None = None, weight: float = 1.0, **quota: tuple[float, float | None, float | None]
+          ) -> Queue:
+    """A queue with quotas given as resource=(nominal, borrowing limit, lending limit);
+    resource names use '_' for ':' ("gpu_H100")."""
+    return Queue(name=name, cohort=cohort, weight=weight, quota={
+        r.replace("gpu_", "gpu:"): ResourceQuota(nominal=n, borrowing_limit=b, lending_limit=lend)
+        for r, (n, b, lend) in quota.items()})
+
+
+def test_demand_counts_gangs_shares_and_mig() -> None:
+    assert job_demand(job_spec(gpus=2, cpus=4, memory_mb=100, replicas=3), "H100") == {
+        H100: 6.0, "cpu": 12.0, "memory_mb": 300.0}
+    assert job_demand(job_spec(gpu_share=250), "A100")[A100] == 0.25
+    assert job_demand(job_spec(mig_profile="3g.40gb"), "A100")[A100] == pytest.approx(3 / 7)
+    assert "gpu:" not in " ".join(job_demand(job_spec(), None))
+    assert mig_fraction("7g.80gb") == 1.0
+
+
+def test_job_usage_counts_live_tasks_only() -> None:
+    spec = job_spec(gpus=1, replicas=2)
+    j = job("g", spec=spec, state=JobState.RUNNING, attempts=[
+        Attempt(id="g.1.0", number=1, task=0, host_id="a", state=AttemptState.RUNNING, gpu_model="H100"),
+        Attempt(id="g.1.1", number=1, task=1, host_id="b", state=AttemptState.SUCCEEDED, gpu_model="H100")])
+    assert job_usage(j)[H100] == 1.0
+
+
+def test_a_queue_without_cohort_stops_at_its_nominal_quota() -> None:
+    book = QueueBook({"a": queue("a", gpu_H100=(8, None, None))}, {"a": {H100: 6}})
+    assert book.admits("a", {H100: 2}) is None
+    r = book.admits("a", {H100: 3})
+    assert r is not None and r.reason == OVER_QUOTA and r.limit == 8 and "6 used + 3 wanted > 8" in r.detail()
+    # A GPU model it has no quota of is metered too (nominal 0); cpu is not metered.
+    assert meters(book.queues["a"], A100) and not meters(book.queues["a"], "cpu")
+    assert book.admits("a", {A100: 1}).reason == OVER_QUOTA
+    assert book.admits("a", {"cpu": 10_000}) is None
+
+
+def test_borrowing_within_a_cohort_up_to_the_limits() -> None:
+    queues = {"a": queue("a", "c", gpu_H100=(8, 4, None)), "b": queue("b", "c", gpu_H100=(8, None, 2))}
+    book = QueueBook(queues, {})
+    # a may borrow at most 4, and b lends at most 2 of its 8.
+    assert book.admits("a", {H100: 10}) is None
+    refusal = book.admits("a", {H100: 11})
+    assert refusal is not None and refusal.reason == OVER_QUOTA
+    book.take("a", {H100: 10})
+    assert book.borrowed("a") == {H100: 2}
+    assert book.lent("b") == {H100: 2}
+    # b is within its nominal: its own use never competes with its non-lent part ...
+    assert book.admits("b", {H100: 6}) is None
+    # ... but the 2 it lends are in use by a: reclaim is what takes them back.
+    r = book.admits("b", {H100: 7})
+    assert r is not None and r.reason == COHORT_EXHAUSTED and r.within_nominal
+    book.give("a", {H100: 2})
+    assert book.admits("b", {H100: 8}) is None
+
+
+def test_default_queue_is_unmetered_and_always_exists() -> None:
+    book = QueueBook({}, {"default": {H100: 100}})
+    assert book.admits("default", {H100: 1000, "cpu": 1e6}) is None
+    assert book.borrowed("default") == {H100: 100}
+    assert book.over_nominal("default", [H100])
+    assert book.admits("nope", {H100: 1}).reason == "queue does not exist"
+
+
+def test_time_limits_default_and_maximum() -> None:
+    q = Queue(name="q", default_time_limit_s=60, max_time_limit_s=600)
+    assert effective_time_limit(job_spec(), q) == 60
+    assert effective_time_limit(job_spec(time_limit_s=100), q) == 100
+    assert effective_time_limit(job_spec(time_limit_s=1000), q) == 600
+    assert effective_time_limit(job_spec(), Queue(name="r", max_time_limit_s=5)) == 5
+    assert effective_time_limit(job_spec(), None) == 0
+
+
+# ---------------------------------------------------------------- properties of the book
+
+quotas = st.builds(lambda n, b, lend: (n, b, lend), st.integers(0, 16), st.none() | st.integers(0, 8),
+                   st.none() | st.integers(0, 16))
+
+
+@st.composite
+def books(draw: st.DrawFn) -> dict[str, Queue]:
+    n = draw(st.integers(1, 5))
+    out = {}
+    for i in range(n):
+        cohort = draw(st.sampled_from([None, "c1", "c2"]))
+        kw = {"gpu_H100": draw(quotas)} if draw(st.booleans()) else {}
+        if draw(st.booleans()):
+            kw["gpu_A100"] = draw(quotas)
+        out[f"q{i}"] = queue(f"q{i}", cohort, **kw)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(books(), st.lists(st.tuples(st.integers(0, 4), st.sampled_from([H100, A100]), st.integers(1, 6),
+                                   st.booleans()), max_size=60))
+def test_admitted_usage_never_passes_nominal_plus_borrowing_nor_the_pool(queues: dict[str, Queue], ops: list) -> None:
+    book = QueueBook(queues, {})
+    names = sorted(queues)
+    held: list[tuple[str, dict[str, float]]] = []
+    for qi, r, amount, release in ops:
+        name = names[qi % len(names)]
+        if release and held:
+            q, d = held.pop(qi % len(held))
+            book.give(q, d)
+        elif book.admits(name, {r: amount}) is None:
+            book.take(name, {r: amount})
+            held.append((name, {r: amount}))
+        # Invariants after every step.
+        for qn, q in queues.items():
+            for res in (H100, A100):
+                if not meters(q, res):
+                    continue
+                used = book.used(qn, res)
+                rq = q.quota.get(res)
+                limit = nominal(q, res) if q.cohort is None else nominal(q, res) + (
+                    math.inf if rq is None or rq.borrowing_limit is None else rq.borrowing_limit)
+                assert used <= limit + 1e-6
+        for (cohort, res), pool in book.pool.items():
+            assert book.drawn[(cohort, res)] <= pool + 1e-6
+    # The incremental figures equal a book built afresh from the same usage.
+    again = QueueBook(queues, book.usage)
+    for key, pool in again.pool.items():
+        assert book.pool.get(key, pool) == pytest.approx(pool)
+        assert book.drawn.get(key, again.drawn[key]) == pytest.approx(again.drawn[key])
+
+
+# ---------------------------------------------------------------- fair share
+
+
+def test_decay_halves_past_use_every_half_life_and_accumulates_use() -> None:
+    rec = QueueUsage(name="a", at=0.0, half_life_s=100.0, usage={H100: 1000.0})
+    later = fairshare.decay(rec, {}, 100.0, 100.0, "a")
+    assert later.usage[H100] == pytest.approx(500.0)
+    # Holding 2 GPUs for ever converges to 2 x h / ln 2 resource-seconds.
+    steady = fairshare.decay(QueueUsage(name="a", at=0.0, half_life_s=100.0), {H100: 2.0}, 1e6, 100.0, "a")
+    assert steady.usage[H100] == pytest.approx(2 * 100 / math.log(2))
+    assert fairshare.past_allocation(steady, 1e6, 100.0)[H100] == pytest.approx(2.0)
+    # Half-life 0: no memory.
+    assert fairshare.decay(rec, {H100: 5.0}, 10.0, 0.0, "a").usage == {}
+
+
+def test_shares_are_dominant_and_weighted() -> None:
+    queues = {"a": queue("a", weight=2.0), "b": queue("b")}
+    book = QueueBook(queues, {"a": {H100: 4, "cpu": 10}, "b": {"cpu": 50}})
+    s = fairshare.Shares(book, {H100: 8, "cpu": 100})
+    assert s.dominant("a") == pytest.approx(0.5) and s.share("a") == pytest.approx(0.25)
+    assert s.share("b") == pytest.approx(0.5)
+    assert s.entitled("a", ["a", "b"]) == pytest.approx(2 / 3)
+    past = fairshare.Shares(book, {H100: 8, "cpu": 100}, past={"b": {H100: 8}})
+    assert past.share("b") == pytest.approx(1.0)
+
+
+def test_admission_order_interleaves_by_share() -> None:
+    jobs = {q: [job(f"{q}{i}", spec=job_spec(queue=q)) for i in range(3)] for q in ("a", "b")}
+    held = {"a": 0.0, "b": 0.5}
+    out = []
+    for j in fairshare.admission_order(jobs, lambda q: held[q]):
+        out.append(j.id)
+        held[j.spec.queue] += 0.2
+    assert out == ["a0", "a1", "a2", "b0", "b1", "b2"] or out[:3] == ["a0", "a1", "a2"]
+    assert out[0] == "a0" and "b0" in out[:4]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-2, 2), st.integers(0, 5)), max_size=30),
+       st.dictionaries(st.sampled_from("abc"), st.floats(0, 2), min_size=3, max_size=3))
+def test_admission_order_is_deterministic_and_keeps_each_queues_order(specs: list, base: dict) -> None:
+    jobs = [job(f"j{i}{q}", spec=job_spec(queue="q" + q, priority=p), submitted_at=1000.0 + t)
+            for i, (q, p, t) in enumerate(specs)]
+    by_queue: dict[str, list] = {}
+    for j in jobs:
+        by_queue.setdefault(j.spec.queue, []).append(j)
+
+    def run() -> list[str]:
+        held = {"q" + k: v for k, v in base.items()}
+        ordered = {q: fairshare.within_queue_order(js) for q, js in by_queue.items()}
+        out = []
+        for j in fairshare.admission_order(ordered, lambda q: held[q]):
+            out.append(j.id)
+            held[j.spec.queue] += 0.1
+        return out
+
+    first = run()
+    assert first == run() and sorted(first) == sorted(j.id for j in jobs)
+    for _q, js in by_queue.items():
+        mine = [i for i in first if i in {j.id for j in js}]
+        assert mine == [j.id for j in fairshare.within_queue_order(js)]
+
+
+# ---------------------------------------------------------------- victims
+
+
+def victim(job_id: str, q: str, *, priority: int = 0, started: float = 0.0, gpus: float = 1.0,
+           host: str = "h1") -> preemption.Victim:
+    return preemption.Victim(job_id, q, priority, started, started, {H100: gpus},
+                             ((host, task(job_id, gpu_indices=[0])),))
+
+
+def test_priority_preemption_takes_the_lowest_priority_then_the_youngest() -> None:
+    book = QueueBook({"a": queue("a", gpu_H100=(2, None, None))}, {"a": {H100: 2}})
+    req = preemption.Request("new", "a", 5, {H100: 1}, (preemption.PRIORITY,))
+    cands = [victim("old", "a", priority=0, started=0), victim("young", "a", priority=0, started=900),
+             victim("high", "a", priority=9, started=950)]
+    got = preemption.choose(req, cands, book, None, 1000.0, lambda vs: True)
+    assert got is not None and [v.job_id for v in got.victims] == ["young"]
+
+
+def test_min_runtime_protects_young_jobs() -> None:
+    q = queue("a", gpu_H100=(1, None, None)).model_copy(update={"min_runtime_s": 600})
+    book = QueueBook({"a": q}, {"a": {H100: 1}})
+    req = preemption.Request("new", "a", 5, {H100: 1}, (preemption.PRIORITY,))
+    assert preemption.choose(req, [victim("v", "a", started=500)], book, None, 1000.0, lambda vs: True) is None
+    assert preemption.choose(req, [victim("v", "a", started=300)], book, None, 1000.0, lambda vs: True)
+
+
+def test_reclaim_takes_only_from_borrowers_and_no_more_than_needed() -> None:
+    queues = {"a": queue("a", "c", gpu_H100=(4, None, None)), "b": queue("b", "c", gpu_H100=(4, None, None)),
+              "x": queue("x", "other", gpu_H100=(8, None, None))}
+    for q in queues.values():
+        q.min_runtime_s = 0
+    # b borrows 2 of a's 4; x is in another cohort.
+    book = QueueBook(queues, {"a": {H100: 2}, "b": {H100: 6}, "x": {H100: 8}})
+    req = preemption.Request("new", "a", 0, {H100: 2}, (preemption.RECLAIM,))
+    assert book.admits("a", {H100: 2}).reason == COHORT_EXHAUSTED
+    cands = [victim(f"b{i}", "b", started=float(i)) for i in range(6)] + [victim("x0", "x", started=99.0)]
+    got = preemption.choose(req, cands, book, None, 100.0, lambda vs: True)
+    assert got is not None and got.kind == preemption.RECLAIM
+    assert sorted(v.job_id for v in got.victims) == ["b4", "b5"]  # the two youngest; never x
+
+
+@settings(max_examples=150, deadline=None)
+@given(books(), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(1, 4)), max_size=20),
+       st.integers(0, 4), st.integers(1, 6), st.sampled_from(preemption.KINDS))
+def test_reclaim_and_fair_share_never_take_a_queue_below_its_nominal(queues: dict[str, Queue], running: list,
+                                                                     who: int, amount: int, kind: str) -> None:
+    names = sorted(queues)
+    for q in queues.values():
+        q.min_runtime_s = 0
+    book = QueueBook(queues, {})
+    cands = []
+    for i, (qi, prio, g) in enumerate(running):
+        name = names[qi % len(names)]
+        if book.admits(name, {H100: g}) is None:
+            book.take(name, {H100: g})
+            cands.append(victim(f"v{i}", name, priority=prio, started=float(i), gpus=g))
+    me = names[who % len(names)]
+    req = preemption.Request("new", me, 2, {H100: amount}, (kind,))
+    shares = fairshare.Shares(book, {H100: 64})
+    got = preemption.choose(req, cands, book, shares, 100.0, lambda vs: True)
+    if got is None:
+        return
+    after = book.copy()
+    for v in got.victims:
+        if kind == preemption.PRIORITY:
+            assert v.queue == me and v.priority < 2
+        else:
+            assert v.queue != me
+            # The victim's queue was above its nominal before this victim was given back.
+            assert after.over_nominal(v.queue, [H100])
+        after.give(v.queue, v.usage)
+    assert after.admits(me, {H100: amount}) is None
+
+
+def test_queue_watch_alerts_a_storm_once_and_a_starved_queue_once() -> None:
+    from server.scheduling.queuewatch import QueueWatch
+
+    w = QueueWatch(storm_count=5, storm_window_s=60, starved_after_s=100)
+    assert w.preempted(0.0, 3) == []
+    [storm] = w.preempted(10.0, 2)
+    assert storm.kind == "preemption.storm" and storm.data["preempted"] == 5
+    assert w.preempted(20.0, 4) == []  # the same storm
+    assert w.preempted(200.0, 0) == []  # quiet window: re-armed
+    assert len(w.preempted(201.0, 5)) == 1
+    pending, below = {"a": 3, "b": 1}, {"a"}
+    assert w.queues(0.0, pending, set(), below, {}) == []
+    assert w.queues(50.0, pending, set(), below, {}) == []
+    [starved] = w.queues(100.0, pending, set(), below, {"a": (0.1, 0.5)})
+    assert starved.kind == "queue.starved" and starved.data["queue"] == "a"
+    assert w.queues(150.0, pending, set(), below, {}) == []  # once
+    assert w.queues(160.0, pending, {"a"}, below, {}) == []  # a placement resets it
+    assert w.queues(250.0, pending, set(), below, {}) == []
+    assert len(w.queues(350.0, pending, set(), below, {})) == 1
