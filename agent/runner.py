@@ -87,6 +87,9 @@ class Run:
         self._tail = bytearray()
         self.stop_reason: str | None = None
         self.signaled = False  # a stop signal really reached the process
+        self._stopping: asyncio.Future[None] | None = None  # the stop under way
+        self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
+        self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
         self.done = asyncio.Event()
         self._exited = asyncio.Event()
@@ -251,33 +254,61 @@ class Run:
         return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
-        """SIGTERM the attempt, wait the grace period, then SIGKILL all of it."""
+        """SIGTERM the attempt, wait the grace period, then SIGKILL all of it. A stop
+        already under way is waited for, not started again: the attempt gets one SIGTERM
+        (its checkpoint window is not cut short by a second signal), however often the
+        control plane repeats the stop."""
         if self.stop_reason is None:
             self.stop_reason = reason
         proc = self.proc
         if proc is None or self._exited.is_set():
             return
+        # A later stop may shorten the grace (fencing must finish within the TTL), never
+        # lengthen it.
+        kill_at = time.monotonic() + (self.kill_grace_s if grace_s is None else grace_s)
+        if self._kill_at is None or kill_at < self._kill_at:
+            self._kill_at = kill_at
+            self._kill_at_moved.set()
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         self._signal(signal.SIGTERM)
+        exited = asyncio.ensure_future(self._exited.wait())
         try:
-            await asyncio.wait_for(self._exited.wait(), timeout=self.kill_grace_s if grace_s is None else grace_s)
-        except TimeoutError:
+            while not self._exited.is_set():
+                assert self._kill_at is not None
+                left = self._kill_at - time.monotonic()
+                if left <= 0:
+                    break
+                self._kill_at_moved.clear()
+                moved = asyncio.ensure_future(self._kill_at_moved.wait())
+                await asyncio.wait({exited, moved}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                moved.cancel()
+        finally:
+            exited.cancel()
+        if not self._exited.is_set():
             self._signal(signal.SIGKILL)
             await self._sweep()
             await self._exited.wait()
 
     def _signal(self, sig: int) -> None:
-        """`sig` to the attempt's process group and to every process in its cgroup."""
+        """`sig` to every process of the attempt, once each: the processes in its cgroup
+        (every descendant: the launcher joined it before the job's command ran), or,
+        without one, its process group. SIGKILL goes to both."""
         if self.proc is None or self._exited.is_set():
             return
         self.signaled = True
+        group = self.launch.group if self.launch is not None else None
+        if group is not None and group.signal(sig) and sig != signal.SIGKILL:
+            return
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
         except PermissionError:
             self.proc.send_signal(sig)
-        if self.launch is not None and self.launch.group is not None:
-            self.launch.group.signal(sig)
 
     async def wait(self) -> None:
         if self._task is not None:

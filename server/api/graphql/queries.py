@@ -216,9 +216,12 @@ class Query:
         assert mu.history is not None
         jid = str(job_id) if job_id is not None else None
         hid = str(host_id) if host_id is not None else None
+        # Counted before the page is read, and never fewer than the page shows: the
+        # historian writes between the two reads.
+        total = await in_thread(mu.history.count_attempts, job_id=jid, host_id=hid)
         rows = await in_thread(mu.history.list_attempts, job_id=jid, host_id=hid, limit=n, offset=offset,
                                newest_first=newest_first)
-        total = await in_thread(mu.history.count_attempts, job_id=jid, host_id=hid)
+        total = max(total, offset + len(rows))
         jobs: dict[str, JobModel | None] = {}
         edges = []
         for i, r in enumerate(rows):
@@ -245,9 +248,10 @@ class Query:
         jid = str(job_id) if job_id is not None else None
         hid = str(host_id) if host_id is not None else None
         since_s = epoch(since)
+        total = await in_thread(mu.history.count_events, job_id=jid, host_id=hid, kind=kind, since=since_s)
         rows = await in_thread(mu.history.list_events, job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n,
                                offset=offset, newest_first=newest_first)
-        total = await in_thread(mu.history.count_events, job_id=jid, host_id=hid, kind=kind, since=since_s)
+        total = max(total, offset + len(rows))  # as for attempts
         edges = [HistoryEventEdge(cursor=encode_cursor(offset + i), node=HistoryEvent(
             id=strawberry.ID(r.id), ts=ts(r.ts), kind=r.kind, job_id=r.job_id, host_id=r.host_id,
             message=r.message)) for i, r in enumerate(rows)]
