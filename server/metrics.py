@@ -53,6 +53,9 @@ HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)
 PLACEMENTS = Counter("muster_placements_total", "Jobs placed (a gang of N tasks counts once)", registry=REGISTRY)
+REDELIVERED = Counter("muster_assignments_redelivered_total",
+                      "Assignment records sent again to a host whose agent had not started a task placed "
+                      "on it (scheduling.delivery)", registry=REGISTRY)
 PLACEMENT_LATENCY = Histogram(
     "muster_placement_latency_seconds",
     "Submission to committed placement",

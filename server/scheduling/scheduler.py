@@ -22,6 +22,8 @@ from nats.js import api as jsapi
 
 from server import metrics
 from server.health.monitor import publish_alert
+from server.health.rules import Health
+from server.scheduling.delivery import undelivered
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
@@ -80,6 +82,10 @@ class SchedulerConfig:
     # intervals), within which a live agent heartbeats again and a cut-off one has
     # fenced itself.
     unheard_grace_s: float | None = None
+    # A task its agent has not reported running this long after it was placed has its
+    # host's assignment record sent again (scheduling.delivery); None: two heartbeat
+    # intervals.
+    redeliver_after_s: float | None = None
     # How the host of a task is chosen among the feasible ones (scheduling.capacity.POLICIES):
     # "fgd", fragmentation-aware, or "binpack", the tightest fit.
     placement_policy: str = "fgd"
@@ -129,6 +135,9 @@ class Scheduler:
         self.poisoned = 0
         # When this leader first saw each unheard host (planner.evict_lost's grace).
         self._unheard_since: dict[str, float] = {}
+        # Assignment records sent again: host -> (revision, when); when the last check ran.
+        self._redelivered: dict[str, tuple[int, float]] = {}
+        self._delivery_checked = 0.0
         self.watch = self.config.watch
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
@@ -247,6 +256,7 @@ class Scheduler:
                 self.wake.clear()
                 go_again = False
                 try:
+                    await self._redeliver()
                     await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
                     c = self._plan_next()
                     if c is None:
@@ -430,6 +440,34 @@ class Scheduler:
         metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
                       failing=failing)
+
+    async def _redeliver(self) -> None:
+        """Once a second: send again the assignment record of each host whose agent has
+        not started a task placed on it (scheduling.delivery)."""
+        now = time.time()
+        if now - self._delivery_checked < 1.0:
+            return
+        self._delivery_checked = now
+        after = self.config.redeliver_after_s
+        after = 2 * self.state.heartbeat_interval_s if after is None else after
+        due = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
+                          self._redelivered)
+        for host, rev in due.items():
+            alloc = self.state.allocs.get(host)
+            if alloc is None:
+                continue
+            try:
+                await self.store.nc.publish(subjects.assign_subject(host), encode(alloc),
+                                            headers={"Nats-Sequence": str(rev)})
+            except NatsError as exc:
+                log.warning("cannot send %s its assignments again: %s", host, exc)
+                return
+            self._redelivered[host] = (rev, now)
+            metrics.REDELIVERED.inc()
+            log.warning("%s has not started a task placed on it %.0f s ago: its assignments sent again "
+                        "(revision %d)", host, after, rev)
+        for host in [h for h, (_r, t) in self._redelivered.items() if now - t > 10 * after]:
+            del self._redelivered[host]
 
     @property
     def unheard_grace_s(self) -> float:

@@ -126,6 +126,8 @@ class ClusterState:
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
     index: CapacityIndex = field(default_factory=CapacityIndex)
     queued_ids: set[str] = field(default_factory=set)
+    # Jobs placed whose every task has not been reported running yet (scheduling.delivery).
+    placed_ids: set[str] = field(default_factory=set)
     job_state_counts: Counter[str] = field(default_factory=Counter)
     # Records this process is committing (key -> encoded value, object): when the watch
     # brings the same bytes back, the object is used instead of decoding them again.
@@ -185,6 +187,7 @@ class ClusterState:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
         self.queued_ids.discard(job_id)
+        self.placed_ids.discard(job_id)
         self.deadlines.pop(job_id, None)
 
     def _set_job(self, job: Job) -> None:
@@ -201,6 +204,11 @@ class ClusterState:
             self.queued_ids.add(job.id)
         else:
             self.queued_ids.discard(job.id)
+        if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(
+                a.state is AttemptState.PLACED for a in job.current_tasks())):  # a gang runs from its first task
+            self.placed_ids.add(job.id)
+        else:
+            self.placed_ids.discard(job.id)
         self._deadline(job)
 
     def _queue_account(self, job: Job, sign: int) -> None:
