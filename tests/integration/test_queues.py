@@ -161,14 +161,19 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     # A queue with work cannot be deleted.
     res = api.q('mutation { deleteQueue(name: "research") { deleted userErrors { code message } } }')["deleteQueue"]
     assert not res["deleted"] and res["userErrors"][0]["code"] == "QUEUE_IN_USE"
-    # prod wants its GPU back: the younger research job is preempted.
+    # prod wants its GPU back: the younger research job (the one that started last, which
+    # on a busy machine need not be the one submitted last) is preempted.
+    started = {j: dt.datetime.fromisoformat(attempts(api, j)[0]["startedAt"]) for j in (r1, r2)}
+    assert started[r1] != started[r2], started
+    victim_id, keeper = (r2, r1) if started[r2] > started[r1] else (r1, r2)
+    victim = "r2" if victim_id == r2 else "r1"
     p1 = submit(api, "p1", task(tmp_path, "p1", 0.5), queue="prod")["job"]["id"]
     api.wait_job(p1, {"SUCCEEDED"}, timeout=60)
-    victim = "r2"
-    assert attempts(api, r2)[0]["state"] == "PREEMPTED" and "reclaim" in attempts(api, r2)[0]["reason"]
+    first = attempts(api, victim_id)[0]
+    assert first["state"] == "PREEMPTED" and "reclaim" in first["reason"], first
     assert when(tmp_path, victim, "exit")["t"] < when(tmp_path, "p1", "start")["t"]
     assert when(tmp_path, victim, "exit")["gpus"] == when(tmp_path, "p1", "start")["gpus"]
-    assert api.job(r1)["state"] == "RUNNING"
+    assert api.job(keeper)["state"] == "RUNNING"
     # Quota changes while jobs run: research's quota cut to nothing; the running job goes on,
     # a new one waits with its queue's reason, and runs once the quota is back.
     r = muster(cluster, srv.url, "queue", "set", "research", "--quota", "gpu:H100=0:0")
@@ -185,10 +190,10 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
                    for p in j["pendingReasons"])
 
     wait_until(over_quota, timeout=20, what="r3 waits on its queue's quota")
-    assert api.job(r1)["state"] == "RUNNING" and api.job(r3)["state"] == "QUEUED"
+    assert api.job(keeper)["state"] == "RUNNING" and api.job(r3)["state"] == "QUEUED"
     r = muster(cluster, srv.url, "job", "why", r3)
     assert "over nominal quota" in r.stdout, r.stdout
-    # Cancel r1 (and the requeued r2) to free the GPUs; restore the quota: r3 runs.
+    # Cancel the one running (and the requeued victim) to free the GPUs; restore the quota: r3 runs.
     for j in (r1, r2):
         cancel(api, j)
     r = muster(cluster, srv.url, "queue", "set", "research", "--quota", "gpu:H100=1")

@@ -195,7 +195,8 @@ def test_it_exits_when_another_agent_takes_over(setup: Setup) -> None:
 
 
 def _hierarchy() -> cgroups.Hierarchy | None:
-    h, _ = cgroups.detect("auto", "muster-test-watchdog")
+    # A name of this process's own: tests of other workers (pytest-xdist) probe and remove theirs.
+    h, _ = cgroups.detect("auto", f"muster-test-watchdog-{os.getpid()}")
     return h
 
 
