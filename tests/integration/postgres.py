@@ -15,7 +15,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from server.broker.natsd import free_port
 
 _BINARIES = ("initdb", "pg_ctl", "postgres")
 
@@ -51,9 +52,7 @@ def find_pg_bin() -> Path | None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # outside the ephemeral range (server.broker.natsd)
 
 
 @dataclass

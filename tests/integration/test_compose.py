@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from server.broker.natsauth import AuthDir
+from server.broker.natsd import free_port
 from tests.conftest import ROOT
 from tests.unit.test_compose import (
     COMPOSE,
@@ -240,16 +240,11 @@ async def _probe_auth(url: str, registry: AuthDir) -> None:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
+    ports: list[int] = []
+    while len(ports) < n:  # outside the ephemeral range (server.broker.natsd.free_port), distinct
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
     return ports
 
 
