@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --submit-via graphql: --clients clients each send submitJob with one job "
                          "(bench/clients.py) instead of batched submitJobs")
     ap.add_argument("--clients", type=int, default=4, help="clients of --one-per-request")
+    ap.add_argument("--queues", type=int, default=0,
+                    help="create this many queues (q0, q1, ...; equal weights, each a fair part of every GPU "
+                         "model's capacity as nominal quota) and submit each job to one of them, in turn")
+    ap.add_argument("--cohorts", type=int, default=1,
+                    help="cohorts the --queues are spread over (queue i in c<i %% N>)")
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for undispatched jobs after the run (default 30; with --burst, 300 "
                          "after the burst was submitted)")
@@ -95,6 +100,9 @@ def run(argv: list[str] | None = None) -> int:
         args.nats_sync = "always" if args.nats_cluster == 3 else "default"
     if args.replicas > args.nats_cluster:
         print("bench failed: --replicas 3 needs --nats-cluster 3", file=sys.stderr)
+        return 1
+    if args.queues < 0 or args.cohorts < 1 or (args.queues and args.cohorts > args.queues):
+        print("bench failed: --queues must be 0 or more and --cohorts from 1 to --queues", file=sys.stderr)
         return 1
     if args.one_per_request and (args.submit_via != "graphql" or args.burst or args.clients < 1):
         print("bench failed: --one-per-request needs --submit-via graphql, --clients 1 or more, and no --burst",

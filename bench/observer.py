@@ -148,7 +148,7 @@ class Observer:
                 self.preloaded_revisions += 1  # counted against capacity via the allocs only
                 return
             d = json.loads(msg.data)
-            st = str(d.get("state"))
+            st = str(d.get("state", "QUEUED"))  # stored without its defaults
             j = self.jobs.get(name)
             if j is None:
                 spec = d["spec"]

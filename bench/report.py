@@ -27,6 +27,17 @@ if TYPE_CHECKING:
     from bench.run import Bench
 
 
+def queue_figures(names: list[str], samples: list[tuple[float, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per queue, from the server's gauges scraped in the window: the most GPUs it held
+    at once (every model together), its nominal GPUs, and the most it borrowed."""
+    def most(gauge: str, q: str) -> float:
+        prefix = f'{gauge}{{queue="{q}",resource="gpu:'
+        return max((sum(v for k, v in m.items() if k.startswith(prefix)) for _, m in samples), default=0.0)
+
+    return {q: {"max_gpus_held": most("muster_queue_allocated", q), "nominal_gpus": most("muster_queue_nominal", q),
+                "max_gpus_borrowed": most("muster_queue_borrowed", q)} for q in names}
+
+
 def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     """The run's report from what `b` collected: the simulators' and the observer's
     files in its work directory, the scraped metrics, the ticks and the process samples.
@@ -151,6 +162,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "burst": a.burst or None,
             "submit_via": a.submit_via,
             "one_per_request_clients": a.clients if a.one_per_request else None,
+            "queues": {"queues": a.queues, "cohorts": a.cohorts} if a.queues else None,
             "workload": "trace" if a.trace else "synthetic",
             "nats_cluster": a.nats_cluster,
             "muster_replicas": a.replicas,
@@ -170,6 +182,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "submit_errors": b.submit_errors,
         "submit_requests": b.submit_requests,
         "submit_request_ms": summary_ms(b.request_s) if a.one_per_request else None,
+        "queues": queue_figures(b.queue_names, m_in) if b.queue_names else None,
         "submissions_per_s": round(len(b.submitted) / submit_s, 1) if submit_s else None,
         "placements_per_s": round(placements_window / m_dt, 1),
         "placements_per_s_source": "server metric muster_placements_total (jobs placed; a gang counts "

@@ -39,7 +39,17 @@ from bench.preload import preload
 from bench.processes import Child, Processes
 from bench.report import build_report
 from bench.stats import SUSPECT_GAUGE, parse_metrics, pct
-from bench.workload import JobReq, Synthetic, Trace, arrivals, synthetic_fleet, trace_fleet, write_fleet
+from bench.workload import (
+    HostSpec,
+    JobReq,
+    Queued,
+    Synthetic,
+    Trace,
+    arrivals,
+    synthetic_fleet,
+    trace_fleet,
+    write_fleet,
+)
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from wire import natsclient
 from wire.submit import submit_over_nats
@@ -72,6 +82,7 @@ class Bench(Processes):
     submit_errors: int = 0
     submit_requests: int = 0
     request_s: list[float] = field(default_factory=list)  # --one-per-request: each request's time
+    queue_names: list[str] = field(default_factory=list)  # --queues: the queues jobs go to, in turn
     ticks: list[dict] = field(default_factory=list)
     metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     lost: dict[str, Any] = field(default_factory=dict)
@@ -214,10 +225,34 @@ class Bench(Processes):
             self.submit_errors += len(batch)
             print(f"submit request failed ({len(batch)} jobs): {exc}", file=sys.stderr)
 
-    def generator(self) -> Trace | Synthetic:
+    def generator(self) -> Trace | Synthetic | Queued:
         a = self.args
-        return Trace(seed=a.seed, gang_fraction=a.gang_fraction) if a.trace else \
+        gen: Trace | Synthetic = Trace(seed=a.seed, gang_fraction=a.gang_fraction) if a.trace else \
             Synthetic(seed=a.seed, mean_duration_s=a.mean_duration)
+        return Queued(gen, self.queue_names) if self.queue_names else gen
+
+    async def create_queues(self, client: httpx.AsyncClient, fleet: list[HostSpec]) -> None:
+        """--queues N --cohorts M: N queues of equal weight, queue i in cohort c<i % M>,
+        each with a nominal quota of 1/N of every GPU model's GPUs (borrowing unlimited
+        within its cohort), created through GraphQL before the window."""
+        a = self.args
+        gpus: dict[str, int] = {}
+        for h in fleet:
+            if h.gpus and h.model:
+                gpus[h.model] = gpus.get(h.model, 0) + h.gpus
+        q = ("mutation($in: QueueInput!) { createQueue(input: $in) { queue { name } "
+             "userErrors { code message } } }")
+        for i in range(a.queues):
+            name = f"q{i}"
+            inp = {"name": name, "cohort": f"c{i % max(1, a.cohorts)}", "weight": 1.0,
+                   "quota": [{"resource": f"gpu:{m}", "nominal": n // a.queues} for m, n in sorted(gpus.items())]}
+            r = await client.post("/graphql", json={"query": q, "variables": {"in": inp}}, timeout=60)
+            r.raise_for_status()
+            body = r.json()
+            errs = body.get("errors") or (body.get("data") or {}).get("createQueue", {}).get("userErrors")
+            if errs:
+                raise BenchError(f"cannot create queue {name}: {errs}")
+            self.queue_names.append(name)
 
     async def burst_submitter(self, client: httpx.AsyncClient) -> None:
         """--burst: every job at once, in batches (MAX_BATCH) with --max-submit-inflight in flight."""
@@ -454,6 +489,8 @@ class Bench(Processes):
                   f"observer behind {obs_pending if obs_pending is not None else '?'}"
                   + (f", preloaded jobs in history {history}" if history is not None else ""), flush=True)
             await asyncio.sleep(2.0)
+        if a.queues:
+            await self.create_queues(client, fleet)
         startup_s = time.time() - t_boot
         if a.preload and history_done:
             self.preloaded["in_history_after_s"] = round(startup_s, 1)

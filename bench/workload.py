@@ -71,6 +71,7 @@ class JobReq:
     same_rack: bool = False
     gpu_share: int = 0  # thousandths of ONE GPU (the trace's fraction; gpus is then 0)
     gpu_models: list[str] = field(default_factory=list)  # any of these models (the trace's gpu_spec)
+    queue: str | None = None  # the queue it is submitted to (None: the default queue)
 
     @property
     def fractional_gpu(self) -> bool:
@@ -91,6 +92,8 @@ class JobReq:
             d["gpu_share"] = self.gpu_share
         if self.gpu_models:
             d["gpu_models"] = self.gpu_models
+        if self.queue:
+            d["queue"] = self.queue
         return d
 
     def graphql_input(self) -> dict[str, object]:
@@ -103,6 +106,8 @@ class JobReq:
             d["gpuShare"] = self.gpu_share
         if self.gpu_models:
             d["gpuModels"] = self.gpu_models
+        if self.queue:
+            d["queue"] = self.queue
         return d
 
 
@@ -221,6 +226,21 @@ class Trace:
         return JobReq(f"pod-{self.n}", 0 if share else g, max(0.1, cpu_milli / 1000), max(1, mem),
                       round(max(0.05, dur), 3), QOS_PRIORITY.get(qos, 0), qos, gpu_share=share,
                       gpu_models=models if g else [])
+
+
+class Queued:
+    """Another generator's jobs, each sent to the next of `queues` in turn."""
+
+    def __init__(self, gen: Trace | Synthetic, queues: list[str]) -> None:
+        self.gen = gen
+        self.queues = queues
+        self.n = 0
+
+    def next(self) -> JobReq:
+        job = self.gen.next()
+        job.queue = self.queues[self.n % len(self.queues)]
+        self.n += 1
+        return job
 
 
 def arrivals(rate: float, duration_s: float, seed: int = 3) -> list[float]:

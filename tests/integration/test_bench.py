@@ -104,13 +104,18 @@ def _check_gangs_from_simulators(work: Path, rep: dict) -> None:
 @pytest.mark.heavy
 @pytest.mark.timeout(170)
 def test_bench_small_run_is_correct(tmp_path: Path) -> None:
+    """A small rate run with readers beside it, its jobs sent to four queues in two cohorts."""
     out = tmp_path / "bench.json"
     rc = main(["--hosts", "2000", "--rate", "100", "--duration", "10", "--drain", "60",
-               "--lose-host-at", "-1", "--read-flood", "2", "--browse", "1",
+               "--lose-host-at", "-1", "--read-flood", "2", "--browse", "1", "--queues", "4", "--cohorts", "2",
                "--json", str(out), "--work-dir", str(tmp_path / "work")])
     assert out.exists(), "no report written"
     rep = json.loads(out.read_text())
     _check_report(rep)
+    # Every queue held GPUs in the window, with a quarter of each model's GPUs as its quota.
+    assert rep["config"]["queues"] == {"queues": 4, "cohorts": 2}
+    assert set(rep["queues"]) == {"q0", "q1", "q2", "q3"}
+    assert all(q["max_gpus_held"] > 0 and q["nominal_gpus"] > 0 for q in rep["queues"].values()), rep["queues"]
     # Readers beside the run (bench.readers): every kind of heavy read answered, without errors.
     reads = rep["reads"]["requests"]
     assert {"cluster totals", "hosts 500 by health", "queued jobs with reasons", "history counts",
@@ -349,3 +354,18 @@ def test_heartbeat_read_benchmark_reads_every_record(mode: str, capsys: pytest.C
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rep["mode"] == mode and rep["records"] == 2000 and rep["record_bytes"] == 700
     assert rep["cpu_s"] > 0 and rep["cpu_us_per_record"] > 0
+
+
+def test_heartbeat_storage_benchmark_stores_every_key(tmp_path: Path) -> None:
+    """`python -m bench.hbcost` (what storing heartbeats costs NATS per way of keeping the
+    hosts bucket): on a real 3-node cluster every key is stored and the nats-servers'
+    CPU is counted. Correctness only."""
+    from bench import hbcost
+
+    out = tmp_path / "hbcost.json"
+    assert hbcost.main(["--variants", "r3-memory", "--n", "600", "--hosts", "200", "--rate", "2000",
+                        "--json", str(out)]) == 0
+    (res,) = json.loads(out.read_text())["results"]
+    assert (res["variant"], res["replicas"], res["storage"]) == ("r3-memory", 3, "memory")
+    assert res["sent"] == 600 and res["keys_stored"] == 200
+    assert res["nats_cpu_s"] > 0 and res["cpu_us_per_heartbeat"] > 0

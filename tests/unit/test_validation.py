@@ -403,7 +403,7 @@ def test_decode_rejects_wrong_version(msg: Any, v: Any) -> None:
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
 def test_decode_missing_version_defaults_to_1(msg: Any) -> None:
     doc = json.loads(encode(msg))
-    del doc["v"]
+    doc.pop("v", None)  # a job record is stored without its defaults, "v" included
     assert decode(type(msg), json.dumps(doc).encode()) == msg
 
 
@@ -503,3 +503,19 @@ def test_fuzz_deep_nesting(depth: int) -> None:
         decode(Job, data)
     with pytest.raises(DecodeError):
         decode(Heartbeat, b'{"labels": ' + b"{\"a\": " * depth + b"1" + b"}" * depth + b"}")
+
+
+def test_a_job_record_is_stored_without_its_defaults_and_reads_back_whole() -> None:
+    """`job.<id>` records leave out what holds its default (a reader fills it in): the
+    record is smaller, and a decoded job keeps only the fields it carried as given."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+
+    j = make_job("j1", spec=job_spec("j1", gpus=2))
+    raw = encode(j)
+    doc = json.loads(raw)
+    assert "v" not in doc and "cancel_reason" not in doc and "preempting" not in doc
+    assert "env" not in doc["spec"] and doc["spec"]["gpus"] == 2
+    back = decode(Job, raw)
+    assert back == j
+    assert back.model_fields_set <= set(doc)
