@@ -103,9 +103,10 @@ async def test_records_the_store_refuses_are_isolated_and_the_rest_is_scheduled(
     # Through NATS: one submission holds a job whose record the store refuses; another
     # submission, in the same cycle, holds ordinary jobs.
     js = mu.store.js
-    # (15,900 bytes of environment: the submission message fits in 16 KB, the job record
-    # the leader makes of it, with its own fields and the batch's headers, does not.)
-    fat_ids = await submit_over_nats(js, [{"name": "fat", "command": ["true"], "env": {"DATA": "y" * 15900}}],
+    # (16,100 bytes of environment: the submission message, 16,239 bytes with its id
+    # header, fits in 16 KB; the job record the leader makes of it, 16,271 bytes, with the
+    # batch's headers and framing does not.)
+    fat_ids = await submit_over_nats(js, [{"name": "fat", "command": ["true"], "env": {"DATA": "y" * 16100}}],
                                      user="poison", timeout=10)
     ok_ids = await submit_over_nats(js, [{"name": f"ok-{i}", "command": ["true"], "gpus": 1} for i in range(3)],
                                     user="batch", timeout=10)
