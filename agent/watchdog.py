@@ -14,9 +14,9 @@ file per running attempt: `<process group> <process start time> [keep] [cg:<dir>
 (agent.agent), the directories being the attempt's cgroups (agent.cgroups).
 Four times a second the watchdog looks at DIR/alive. Once it has not changed for
 STALE_AFTER seconds (on the watchdog's monotonic clock, so a step of the wall clock
-changes nothing), it writes DIR/fenced/<attempt> and sends SIGTERM to the process group
-of every listed attempt and to every process in its cgroups (but `keep` ones:
-KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the whole of its
+changes nothing), it writes DIR/fenced/<attempt> and sends one SIGTERM to every process
+in the cgroups of every listed attempt, or to its process group when its cgroups hold none
+(but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the whole of its
 cgroups GRACE seconds later (so a double fork or `setsid` does not escape). A group whose
 leader's start time does not match was reused by something else and is left alone. The agent chooses STALE_AFTER
 just over its own fence delay (a live agent stops its attempts itself and reports why)
@@ -160,9 +160,12 @@ class Watchdog:
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
             self.fenced[attempt] = (group, started, now + self.grace_s, cgs)
-            self.signal(group, signal.SIGTERM)
-            if cgroups is not None and cgs:
-                cgroups.signal_paths(cgs, signal.SIGTERM)
+            # One SIGTERM a process, as the agent's own stop sends it: to the processes in
+            # the attempt's cgroups (every descendant), or, without any, its process group.
+            # (Both would give a process in both two SIGTERMs, and a handler that runs on
+            # each of them twice.) SIGKILL, GRACE seconds later, goes to both.
+            if not (cgroups is not None and cgs and cgroups.signal_paths(cgs, signal.SIGTERM)):
+                self.signal(group, signal.SIGTERM)
 
     def finish(self, now: float) -> None:
         """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process

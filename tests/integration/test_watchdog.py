@@ -18,6 +18,7 @@ import pytest
 
 from agent import cgroups
 from agent.agent import WATCHDOG
+from agent import watchdog
 from agent.watchdog import start_time
 from tests.conftest import wait_until
 from tests.integration.conftest import process_gone
@@ -235,6 +236,49 @@ def test_a_daemon_that_left_the_attempts_process_group_is_killed_with_its_cgroup
         p.wait(60)
         wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
         assert group.pids() == []
+    finally:
+        group.kill()
+        group.remove()
+        cgroups.remove_paths(h.bases.values())
+
+
+@pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
+def test_an_attempt_in_its_cgroup_and_process_group_gets_one_sigterm(
+        setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt's process is in its cgroup and leads its process group (as the agent
+    starts it): the watchdog sends it one SIGTERM, not one per way of finding it (a task's
+    handler would run twice), and SIGKILL both ways after the grace period. The watchdog
+    runs in this process here, its signals recorded on their way out."""
+    h = _hierarchy()
+    assert h is not None
+    group = h.create(f"wd1-{os.getpid()}", cgroups.Limits())
+    try:
+        joins = "; ".join(f"echo $$ > {f}" for f in group.procs_files())
+        p = setup.spawn(["sh", "-c", f"{joins}; exec sleep 600"], start_new_session=True)
+        wait_until(lambda: group.pids() == [p.pid], what="the attempt in its cgroup")
+        line = " ".join([str(p.pid), start_time(p.pid)] + [f"cg:{d}" for d in group.paths])
+        (setup.runs / "j1.1").write_text(line + "\n")
+        sent: list[tuple[str, int, int]] = []
+        real_kill, real_killpg = os.kill, os.killpg
+
+        def kill(pid: int, sig: int) -> None:
+            sent.append(("kill", pid, sig))
+            real_kill(pid, sig)
+
+        def killpg(pgid: int, sig: int) -> None:
+            sent.append(("killpg", pgid, sig))
+            real_killpg(pgid, sig)
+
+        monkeypatch.setattr(os, "kill", kill)
+        monkeypatch.setattr(os, "killpg", killpg)
+        wd = watchdog.Watchdog(str(setup.dir), str(setup.runs), setup.agent.pid, stale_after_s=1.0, grace_s=5.0)
+        wd.fence(0.0)
+        assert [s for s in sent if s[2] == signal.SIGTERM] == [("kill", p.pid, signal.SIGTERM)]
+        p.wait(30)
+        assert p.returncode == -signal.SIGTERM
+        sent.clear()
+        wd.finish(10.0)
+        assert ("killpg", p.pid, signal.SIGKILL) in sent
     finally:
         group.kill()
         group.remove()
