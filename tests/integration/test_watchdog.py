@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import cgroups
+from agent import cgroups, watchdog
 from agent.agent import WATCHDOG
-from agent import watchdog
 from agent.watchdog import start_time
 from tests.conftest import wait_until
 from tests.integration.conftest import process_gone
