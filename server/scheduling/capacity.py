@@ -26,6 +26,7 @@ from wire.messages import JobSpec
 
 POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
+MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
 
 
@@ -71,6 +72,8 @@ def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
     room = (cpu_class(cap.cpus - cap.used_cpus), size_class(cap.memory_mb - cap.used_memory_mb))
     out: list[tuple[Key, int, tuple[int, int]]] = [(("w", m), n, room) for m, n in whole.items()]
     out.append((("w", ANY), total, room))
+    if len(set(cap.gpu_models.values())) > 1:
+        out.append((("w", MIXED), total, room))
     out += [(("s", m), f // SHARE_STEP, room) for m, f in share.items() if f > 0]
     if best > 0:
         out.append((("s", ANY), best // SHARE_STEP, room))
@@ -82,9 +85,10 @@ def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], in
     """The bucket keys a task of `spec` may find a host in, and the lowest level."""
     if spec.gpus > 0:
         if models and len(models) > 1:
-            # Hosts are filed per model: one whose free GPUs of several accepted models add
-            # up to the request has each model at a lower level.
-            return [("w", m) for m in sorted(models)], 1
+            # Hosts are filed per model; one whose free GPUs of several accepted models add
+            # up to the request has each model at a lower level, and is found among the
+            # hosts of several models instead (filed by all their free GPUs).
+            return [("w", m) for m in sorted(models)] + [("w", MIXED)], spec.gpus
         return ([("w", m) for m in sorted(models)] if models else [("w", ANY)]), spec.gpus
     if spec.gpu_share > 0:
         return ([("s", m) for m in sorted(models)] if models else [("s", ANY)]), spec.gpu_share // SHARE_STEP

@@ -532,8 +532,8 @@ class Admission:
                 refusals.append((nominal(q, "gpu:" + m) <= 0, refusal))
         if not allowed:
             return None, min(refusals, key=lambda x: x[0])[1] if refusals else Refusal(OVER_QUOTA, "gpu:", 0, 0, 0)
-        if frozenset(allowed) == spec.models():
-            return spec, None
+        if frozenset(allowed) == spec.models() or (spec.models() is None and len(allowed) == len(models)):
+            return spec, None  # nothing narrowed: a job of any model stays one (placed without a model set)
         return spec.model_copy(update={"gpu_model": None, "gpu_models": allowed}), None
 
     def demand(self, job: Job) -> dict[str, float]:

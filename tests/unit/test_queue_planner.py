@@ -14,7 +14,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
+from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
 from server.scheduling.queues import QueueBook, job_demand, meters, nominal, queue_usage
 from server.state.cluster import ClusterState
 from tests.factories import job as make_job
@@ -88,6 +88,30 @@ def test_quota_caps_what_a_queue_is_placed() -> None:
     assert plan.placed == 2
     assert w.holding("a") == 2
     assert all(a.gpu_model == "H100" for j in w.state.jobs.values() for a in j.attempts)
+
+
+def test_a_job_of_any_model_stays_one_unless_its_queue_narrows_the_models() -> None:
+    """A queue with a quota per GPU model places a job that names no model on any model
+    while every model is allowed (no model set made up for it: a set is placed the slower
+    way), and on the allowed models only once a model's quota is used up."""
+    w = QWorld()
+    w.host("h1")
+    w.host("a1", model="A100")
+    w.state.apply_state_record(Record("queue.q", next(w.rev), encode(Queue(name="q", quota={
+        H100: ResourceQuota(nominal=8.0), "gpu:A100": ResourceQuota(nominal=1.0)}))))
+    w.qsubmit("j1", "q")
+    adm = Admission(_Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
+    job = w.job("j1")
+    spec, refusal = adm.restrict(job)
+    assert spec is job.spec and refusal is None
+    w.qsubmit("j0", "q", gpu_model="A100")  # uses up the queue's A100 quota
+    plan = w.qcycle()
+    assert plan.placed == 2 and w.holding("q") + w.state.queue_usage["q"].get("gpu:A100", 0.0) == 2
+    assert "A100" in {a.gpu_model for a in w.job("j0").attempts}
+    w.qsubmit("j2", "q")
+    adm = Admission(_Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
+    spec, refusal = adm.restrict(w.job("j2"))
+    assert spec is not None and refusal is None and spec.models() == frozenset({"H100"})
 
 
 def test_unknown_queue_waits_and_default_queue_runs_as_before() -> None:
