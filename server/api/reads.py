@@ -10,10 +10,15 @@ and a flood of such requests would hold them back for good. So:
   before the next slice;
 - one pass runs at a time (`Reads.lock`): a flood of heavy reads queues behind it
   instead of multiplying the CPU it takes;
+- on the leader, passes get at most `LEADER_READ_SHARE` of the loop: after each step the
+  pass waits three times as long as the step took, so that scheduling keeps the rest
+  whatever the HTTP side is asked (a pass takes four times as long there; a follower
+  runs them at full speed: point heavy readers at followers);
 - the fleet's totals are reused for five times as long as they took to compute, at most
   `SUMMARY_MAX_AGE_S` (a small fleet's are always fresh; 50,000 hosts' are computed
-  about once a second however many pages and queries ask), and queue positions come
-  from one sort per second (server.views.jobs);
+  about once a second however many pages and queries ask; on the leader at most every
+  `LEADER_SUMMARY_MAX_AGE_S`, one heartbeat interval), and queue positions come from
+  one sort per second (server.views.jobs);
 - history queries (SQL) run in a thread (`in_thread`), not on the loop.
 
 One `Reads` per replica (`reads_for`).
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.views.hosts import FleetSummary, HostQuery, HostRow, Steps
@@ -35,11 +40,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 SUMMARY_MAX_AGE_S = 1.0
+LEADER_SUMMARY_MAX_AGE_S = 5.0
+LEADER_READ_SHARE = 0.25
 
 
 class Reads:
-    def __init__(self, muster: Muster) -> None:
+    def __init__(self, muster: Muster, *, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.muster = muster
+        self._clock = clock
+        self._sleep = sleep
         self.lock = asyncio.Lock()
         self._summary_lock = asyncio.Lock()
         self._summary: FleetSummary | None = None
@@ -49,21 +59,26 @@ class Reads:
 
     async def run(self, steps: Steps[T]) -> T:
         """Run a pass a step at a time, one pass at a time, the loop's other work between
-        the steps."""
+        the steps (on the leader, for three times as long as the step took)."""
         async with self.lock:
             self.passes += 1
             while True:
+                started = self._clock()
                 try:
                     next(steps)
                 except StopIteration as done:
                     return done.value
-                await asyncio.sleep(0)
+                pause = 0.0
+                if self.muster.role == "leader":
+                    pause = (self._clock() - started) * (1 / LEADER_READ_SHARE - 1)
+                await self._sleep(pause)
 
     async def summary(self) -> FleetSummary:
         """The fleet's totals, at most `SUMMARY_MAX_AGE_S` old (see the module docstring)."""
         async with self._summary_lock:  # one computation for every request waiting on it
             age = time.monotonic() - self._summary_at
-            if self._summary is None or age > min(SUMMARY_MAX_AGE_S, 5 * self._summary_cost):
+            limit = LEADER_SUMMARY_MAX_AGE_S if self.muster.role == "leader" else SUMMARY_MAX_AGE_S
+            if self._summary is None or age > min(limit, 5 * self._summary_cost):
                 started = time.monotonic()
                 self._summary = await self.run(self.muster.hosts.summary_steps(time.time()))
                 self._summary_at = time.monotonic()
