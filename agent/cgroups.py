@@ -7,8 +7,12 @@ Two kinds of host:
 - **cgroup v2** (one unified hierarchy, `cgroup2` mount): a directory per attempt under
   `<agent's cgroup>/muster-<host>/`, with `cpu.max`, `memory.max` (no swap,
   `memory.oom.group`), `pids.max` where those controllers are available to the agent, and
-  `cgroup.kill` (or freeze, kill, thaw) to end everything in it. Device access is not
-  limited: cgroup v2 does that with BPF programs, which Muster does not load.
+  `cgroup.kill` (or freeze, kill, thaw) to end everything in it. Device access is limited
+  the way cgroup v2 does it, with a BPF program (`BPF_PROG_TYPE_CGROUP_DEVICE`, attached
+  with `BPF_F_ALLOW_MULTI` so that programs above it, systemd's, still apply) refusing
+  the GPUs the attempt was not given; where the kernel refuses to load one (no
+  `CAP_BPF`/`CAP_SYS_ADMIN`, no BPF cgroup support) devices are not limited, and the
+  host says so.
 - **cgroup v1** (a mount per controller): a directory per attempt in each of the `cpu`,
   `memory`, `pids`, `devices` and `freezer` hierarchies that are mounted and writable,
   with `cpu.cfs_quota_us`, `memory.limit_in_bytes` (and `memory.memsw.limit_in_bytes`),
@@ -27,7 +31,9 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import signal
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -235,9 +241,8 @@ class Hierarchy:
         return f"cgroup v{self.version} ({what})"
 
     def limits_missing(self) -> list[str]:
-        """The controllers this host lacks for full isolation (devices: v1 only)."""
-        wanted = V2_CONTROLLERS if self.version == 2 else ("cpu", "memory", "pids", "devices")
-        return [c for c in wanted if c not in self.controllers]
+        """The controllers this host lacks for full isolation (devices: on v2, BPF)."""
+        return [c for c in ("cpu", "memory", "pids", "devices") if c not in self.controllers]
 
     def create(self, name: str, limits: Limits) -> Group:
         """The cgroup for attempt `name`, limits applied. Raises CgroupError."""
@@ -273,6 +278,8 @@ class Hierarchy:
                 _write(os.path.join(d, "memory.oom.group"), "1")
             if limits.pids > 0 and "pids" in self.controllers:
                 _write(os.path.join(d, "pids.max"), str(limits.pids))
+            if limits.deny_devices and "devices" in self.controllers:
+                attach_device_program(d, limits.deny_devices)
             return
         at = {c: os.path.join(base, group.name) for c, base in self.bases.items()}
         if quota and "cpu" in at:
@@ -408,7 +415,90 @@ def detect_v2(base_name: str, found: list[Mount] | None = None,
     controllers = tuple(wanted) if enabled else ()
     if not enabled:
         notes.append(f"cgroup v2 controllers {', '.join(wanted)} cannot be enabled under {mine}")
+    why = _probe_device_program(base)
+    if why:
+        notes.append(f"GPU device files not limited: {why}")
+    else:
+        controllers += ("devices",)
     return Hierarchy(2, {"": base}, controllers, notes), ""
+
+
+# ---------------------------------------------------------------- cgroup v2 device access (BPF)
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}  # bpf(2)'s number
+BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
+BPF_PROG_TYPE_CGROUP_DEVICE, BPF_CGROUP_DEVICE = 15, 6
+BPF_F_ALLOW_MULTI = 2
+BPF_DEVCG_DEV_CHAR = 2
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def device_program(deny: Iterable[tuple[int, int]]) -> bytes:
+    """A `BPF_PROG_TYPE_CGROUP_DEVICE` program: 0 (refused) for any access to one of the
+    character devices `deny` (major, minor), 1 (allowed) for everything else. Its context
+    is `struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor;}`, the device
+    type in the low 16 bits of `access_type`."""
+    ldx_w, and_k, jne_k, mov_k, exit_ = 0x61, 0x57, 0x55, 0xB7, 0x95
+    p = [_insn(ldx_w, 2, 1, 0), _insn(and_k, 2, imm=0xFFFF), _insn(ldx_w, 3, 1, 4), _insn(ldx_w, 4, 1, 8)]
+    for major, minor in deny:
+        p += [_insn(jne_k, 2, off=4, imm=BPF_DEVCG_DEV_CHAR), _insn(jne_k, 3, off=3, imm=major),
+              _insn(jne_k, 4, off=2, imm=minor), _insn(mov_k, 0, imm=0), _insn(exit_)]
+    p += [_insn(mov_k, 0, imm=1), _insn(exit_)]
+    return b"".join(p)
+
+
+def attach_device_program(directory: str, deny: Iterable[tuple[int, int]]) -> None:
+    """Load `device_program(deny)` and attach it to the cgroup v2 `directory`, before any
+    process joins it. The attachment keeps the program; it goes with the cgroup. Raises
+    OSError."""
+    import ctypes  # here, not at the top: the watchdog loads this file and never needs it
+
+    nr = _BPF_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"bpf(2) not known on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    prog = device_program(deny)
+    insns = ctypes.create_string_buffer(prog, len(prog))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    load = ctypes.create_string_buffer(struct.pack(
+        "<IIQQIIQII16sII", BPF_PROG_TYPE_CGROUP_DEVICE, len(prog) // 8, ctypes.addressof(insns),
+        ctypes.addressof(license_), 0, 0, 0, 0, 0, b"muster_devices", 0, BPF_CGROUP_DEVICE), 128)
+    fd = libc.syscall(nr, BPF_PROG_LOAD, load, 128)
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"bpf(BPF_PROG_LOAD): {os.strerror(e)}")
+    try:
+        cg = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            attach = ctypes.create_string_buffer(struct.pack("<IIII", cg, fd, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI),
+                                                 128)
+            if libc.syscall(nr, BPF_PROG_ATTACH, attach, 128) < 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"bpf(BPF_PROG_ATTACH) to {directory}: {os.strerror(e)}")
+        finally:
+            os.close(cg)
+    finally:
+        os.close(fd)
+
+
+def _probe_device_program(base: str) -> str:
+    """Why device access cannot be limited under `base` ("" when it can): a program that
+    allows everything is attached to a cgroup made for the probe, then removed."""
+    probe = os.path.join(base, f".probe-{os.getpid()}")
+    try:
+        os.makedirs(probe, exist_ok=True)
+        attach_device_program(probe, ())
+        return ""
+    except OSError as exc:
+        return str(exc)
+    finally:
+        try:
+            os.rmdir(probe)
+        except OSError:
+            pass
 
 
 def _enable(directory: str, controllers: list[str], notes: list[str]) -> bool:

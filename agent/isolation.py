@@ -218,9 +218,7 @@ class Isolation:
         else:
             missing = self.hierarchy.limits_missing()
             if missing:
-                self.warnings.append(f"{self.hierarchy.describe()}: no {', '.join(missing)} limit"
-                                     + (" (device access is limited on cgroup v1 only)"
-                                        if self.hierarchy.version == 2 else ""))
+                self.warnings.append(f"{self.hierarchy.describe()}: no {', '.join(missing)} limit")
             self.warnings.extend(self.hierarchy.notes)
         if self.hierarchy is not None:  # empty attempt cgroups a killed agent left behind
             for g in self.hierarchy.leftovers():

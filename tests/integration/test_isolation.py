@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,16 +175,20 @@ def test_a_job_over_its_memory_limit_is_oom_killed_and_reported_so(cluster: Clus
 
 
 @ROOT_ONLY
-@needs("v1", "devices")
-def test_a_job_opens_only_its_own_gpus_device(cluster: Cluster, tmp_path: Path) -> None:
-    """cgroup v1's devices controller: the agent denies the device files of the GPUs an
-    attempt was not given (nvidia0 and nvidia1 stand in here for /dev/null and /dev/zero)."""
+@pytest.mark.parametrize("version", [
+    pytest.param("v1", marks=needs("v1", "devices")),
+    pytest.param("v2", marks=needs("v2", "devices")),
+])
+def test_a_job_opens_only_its_own_gpus_device(cluster: Cluster, tmp_path: Path, version: str) -> None:
+    """cgroup v1's devices controller, or on cgroup v2 a BPF device program: the agent
+    denies the device files of the GPUs an attempt was not given (nvidia0 and nvidia1
+    stand in here for /dev/null and /dev/zero)."""
     dev = tmp_path / "dev"
     dev.mkdir()
     (dev / "nvidia0").symlink_to("/dev/null")
     (dev / "nvidia1").symlink_to("/dev/zero")
     srv = cluster.server()
-    cluster.agent("iso-g", gpus="2xH100", isolate=True, cgroups="v1", gpu_dev_dir=str(dev))
+    cluster.agent("iso-g", gpus="2xH100", isolate=True, cgroups=version, gpu_dev_dir=str(dev))
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     probe = ("for d in /dev/null /dev/zero; do if head -c 1 $d > /dev/null 2>&1; then echo \"open $d\"; "
@@ -209,3 +214,26 @@ def test_a_host_that_cannot_isolate_is_shown_not_isolated(cluster: Cluster) -> N
     assert console.post("/login", data={"token": cluster.token}).status_code == 303
     page = console.get("/hosts/iso-n")
     assert page.status_code == 200 and "NOT ISOLATED" in page.text, page.text[:500]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="loading a BPF program needs root")
+def test_a_bpf_device_program_refuses_exactly_the_devices_it_lists(tmp_path: Path) -> None:
+    """agent.cgroups' cgroup v2 device program, loaded into the kernel and attached to a
+    real cgroup v2: a process in it cannot open /dev/zero (listed) and can open /dev/null
+    and /dev/full (not listed)."""
+    h, why = cgroups.detect_v2(f"muster-test-bpf-{os.getpid()}")
+    if h is None or "devices" not in h.controllers:
+        pytest.skip(f"no cgroup v2 with BPF device programs: {why or h.notes if h else why}")
+    zero = os.stat("/dev/zero").st_rdev
+    group = h.create("a1", cgroups.Limits(deny_devices=((os.major(zero), os.minor(zero)),)))
+    try:
+        out = tmp_path / "out"
+        joins = "; ".join(f"echo $$ > {f}" for f in group.procs_files())
+        probe = (f"{joins}; for d in /dev/null /dev/zero /dev/full; do "
+                 f"if head -c 1 $d > /dev/null 2>&1; then echo open $d; else echo denied $d; fi; done > {out}")
+        subprocess.run(["sh", "-c", probe], check=True, timeout=30)
+        assert out.read_text().split("\n")[:3] == ["open /dev/null", "denied /dev/zero", "open /dev/full"]
+    finally:
+        group.kill()
+        group.remove()
+        cgroups.remove_paths(h.bases.values())

@@ -105,7 +105,8 @@ def test_v2_limits_written_for_an_attempt(tmp_path: Path) -> None:
     assert (d / "memory.oom.group").read_text() == "1"
     assert (d / "pids.max").read_text() == "50"
     assert g.oom_kills() == 1
-    assert cgroups.Hierarchy(2, {"": str(base)}, ()).limits_missing() == ["cpu", "memory", "pids"]
+    assert cgroups.Hierarchy(2, {"": str(base)}, ()).limits_missing() == ["cpu", "memory", "pids", "devices"]
+    assert h.limits_missing() == ["devices"]  # no BPF device program on this host
 
 
 def test_gpu_device_files_are_found_and_the_others_denied(tmp_path: Path) -> None:
