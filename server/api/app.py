@@ -127,9 +127,14 @@ def build_app(muster: Muster, routes: Sequence[BaseRoute] = (), manage_lifecycle
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        if muster.ready:
-            return PlainTextResponse("ready")
-        return PlainTextResponse("NATS connection down", status_code=503)
+        """Ready to serve. `?role=follower` also asks that this replica not lead: a health
+        check for a pool of readers (dashboards, the console), which the leader serves
+        at a quarter of its loop (server.api.reads)."""
+        if not muster.ready:
+            return PlainTextResponse("NATS connection down", status_code=503)
+        if request.query_params.get("role") == "follower" and muster.role == "leader":
+            return PlainTextResponse("leader", status_code=503)
+        return PlainTextResponse("ready")
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)

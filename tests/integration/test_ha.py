@@ -192,6 +192,10 @@ def test_frozen_leader_is_fenced_by_the_store(cluster: Cluster, tmp_path: Path) 
     print(f"stale leader's commits rejected by the store: {rejected:g}")
     r = roles(servers, token)
     assert [n for n, v in r.items() if v["role"] == "leader"] == [other.name]
+    # A pool of readers is sent to followers only: the leader fails that health check.
+    assert httpx.get(old.url + "/readyz?role=follower").status_code == 200
+    assert httpx.get(other.url + "/readyz?role=follower").status_code == 503
+    assert httpx.get(other.url + "/readyz").status_code == 200
     for jid in ids:
         assert len(other_api.job(jid)["attempts"]) == 1
     assert_invariants(cluster.nats_url)
