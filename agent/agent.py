@@ -419,7 +419,6 @@ class Agent:
             self.dropped += 1
             log.warning("refused assignment with stale term %d < %d", alloc.term, self.max_term)
             return
-        self.applied_seq = max(self.applied_seq, seq)
         self.max_term = max(self.max_term, alloc.term)
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
@@ -432,7 +431,11 @@ class Agent:
                 grace = t.grace_s if t is not None and t.grace_s > 0 else None
                 asyncio.create_task(run.stop(why, grace))
         if self.fenced:
-            return  # never start work while cut off
+            # Never start work while cut off. Nor is the record taken as applied: the
+            # read when heartbeats resume (or the leader's resend of the same revision)
+            # starts what it lists, which would otherwise stay PLACED for good.
+            return
+        self.applied_seq = max(self.applied_seq, seq)
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
                 continue

@@ -108,3 +108,46 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
         stop.set()
         await asyncio.wait_for(run, timeout=30)
     assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown
+
+
+async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resume(
+        nats_url: str, tmp_path: Path) -> None:
+    """A fenced agent (cut off from the control plane) starts nothing; the assignment
+    that reached it meanwhile is not taken as applied, so the read of the record when
+    heartbeats resume starts its work (it stayed PLACED for good when the record counted
+    as applied: the leader's resends of the same revision were ignored too)."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id="fz-1", simulate_gpus="1xH100", heartbeat_interval_s=5.0,
+                              ttl_intervals=3, fence_after_s=12.0, state_dir=tmp_path / "agent", cpus=4,
+                              memory_mb=4096, run_as=ME))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        for _ in range(200):
+            if agent.store is not None and agent.last_heartbeat_ok:
+                break
+            await asyncio.sleep(0.05)
+        agent.fenced = True  # as _check_fence sets it when heartbeats fail
+        t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
+        for _ in range(200):
+            if "j-fz.1" in agent._assigned:
+                break
+            await asyncio.sleep(0.05)
+        assert "j-fz.1" in agent._assigned  # the record reached the agent ...
+        assert "j-fz.1" not in agent.runs and not marks.exists()  # ... which started nothing
+        # Heartbeats resume (what the heartbeat loop does then):
+        agent.fenced = False
+        await agent._refresh_assignments()
+        for _ in range(200):
+            if marks.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        await nc.close()
