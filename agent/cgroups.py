@@ -105,6 +105,19 @@ def signal_paths(paths: Iterable[str], sig: int) -> int:
     return n
 
 
+def signal_attempt(paths: Iterable[str], group: int, sig: int) -> None:
+    """`sig` to every process of one attempt, once each: the processes in its cgroups
+    (every descendant), or, when those hold none, its process group `group`. SIGKILL
+    goes to both. The agent's stop and the watchdog's both send signals this way.
+    Raises PermissionError (from `killpg`)."""
+    if signal_paths(paths, sig) and sig != signal.SIGKILL:
+        return
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
 def populated(paths: Iterable[str]) -> bool:
     return any(_pids(d) for d in paths)
 
@@ -198,9 +211,6 @@ class Group:
 
     def pids(self) -> list[int]:
         return sorted({p for d in self.paths for p in _pids(d)})
-
-    def signal(self, sig: int) -> int:
-        return signal_paths(self.paths, sig)
 
     def kill(self, wait_s: float = 5.0) -> bool:
         return kill_paths(self.paths, wait_s)

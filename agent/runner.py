@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
 from wire.messages import AttemptState, Task
 
@@ -301,12 +302,8 @@ class Run:
             return
         self.signaled = True
         group = self.launch.group if self.launch is not None else None
-        if group is not None and group.signal(sig) and sig != signal.SIGKILL:
-            return
         try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+            cgroups.signal_attempt(group.paths if group is not None else (), self.proc.pid, sig)
         except PermissionError:
             self.proc.send_signal(sig)
 

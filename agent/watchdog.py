@@ -160,12 +160,16 @@ class Watchdog:
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
             self.fenced[attempt] = (group, started, now + self.grace_s, cgs)
-            # One SIGTERM a process, as the agent's own stop sends it: to the processes in
-            # the attempt's cgroups (every descendant), or, without any, its process group.
-            # (Both would give a process in both two SIGTERMs, and a handler that runs on
-            # each of them twice.) SIGKILL, GRACE seconds later, goes to both.
-            if not (cgroups is not None and cgs and cgroups.signal_paths(cgs, signal.SIGTERM)):
+            # One SIGTERM a process, as the agent's own stop sends it (cgroups.signal_attempt:
+            # a process found both in the cgroup and in the group would get two, and its
+            # handler would run twice). SIGKILL, GRACE seconds later, goes to both.
+            if cgroups is None:
                 self.signal(group, signal.SIGTERM)
+            else:
+                try:
+                    cgroups.signal_attempt(cgs, group, signal.SIGTERM)
+                except OSError:
+                    pass
 
     def finish(self, now: float) -> None:
         """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process

@@ -30,6 +30,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic.alias_generators import to_camel
+
 ROOT = Path(__file__).resolve().parent.parent
 # Read in place, never copied into the project (see their README); MUSTER_TRACES points
 # elsewhere when the checkout does not sit beside shared/.
@@ -97,18 +99,8 @@ class JobReq:
         return d
 
     def graphql_input(self) -> dict[str, object]:
-        d: dict[str, object] = {"name": self.name, "command": ["sleep", f"{self.duration_s:.3f}"],
-                                "gpus": self.gpus, "cpus": self.cpus, "memoryMb": self.memory_mb,
-                                "priority": self.priority, "maxAttempts": 3}
-        if self.gang:
-            d.update(replicas=self.replicas, sameRack=self.same_rack)
-        if self.gpu_share:
-            d["gpuShare"] = self.gpu_share
-        if self.gpu_models:
-            d["gpuModels"] = self.gpu_models
-        if self.queue:
-            d["queue"] = self.queue
-        return d
+        """The same job as SubmitJobInput (the NATS fields in camelCase)."""
+        return {to_camel(k): v for k, v in self.nats_input().items()}
 
 
 # ---------------------------------------------------------------- fleets

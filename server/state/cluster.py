@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -102,6 +102,17 @@ class HostEntry:
                 pass
             self.raw = None
         return self.heartbeat
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _keep(into: dict[str, M], name: str, value: bytes | None, cls: type[M]) -> None:
+    """A record's decoded value under `name`, or nothing once the record is deleted."""
+    if value is None:
+        into.pop(name, None)
+    else:
+        into[name] = decode(cls, value)
 
 
 @dataclass
@@ -414,35 +425,18 @@ class ClusterState:
                                     else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES), len(rec.value))
                 self._index_host(name)
             elif kind == "hostcfg":
-                if rec.value is None:
-                    self.hostcfg.pop(name, None)
-                else:
-                    self.hostcfg[name] = decode(HostConfig, rec.value)
+                _keep(self.hostcfg, name, rec.value, HostConfig)
                 self._index_host(name)
                 self._notify("hostcfg", name)
             elif kind == "queue":
-                if rec.value is None:
-                    self.queues.pop(name, None)
-                else:
-                    self.queues[name] = decode(Queue, rec.value)
+                _keep(self.queues, name, rec.value, Queue)
                 self._notify("queue", name)
             elif kind == "qusage":
-                if rec.value is None:
-                    self.queue_past.pop(name, None)
-                else:
-                    self.queue_past[name] = decode(QueueUsage, rec.value)
+                _keep(self.queue_past, name, rec.value, QueueUsage)
             elif kind == "auth" and name.startswith("token."):
-                h = name[len("token.") :]
-                if rec.value is None:
-                    self.tokens.pop(h, None)
-                else:
-                    self.tokens[h] = decode(TokenInfo, rec.value)
+                _keep(self.tokens, name[len("token.") :], rec.value, TokenInfo)
             elif kind == "auth" and name.startswith("session."):
-                h = name[len("session.") :]
-                if rec.value is None:
-                    self.sessions.pop(h, None)
-                else:
-                    self.sessions[h] = decode(SessionInfo, rec.value)
+                _keep(self.sessions, name[len("session.") :], rec.value, SessionInfo)
             elif key == "term":
                 self.term = rec.revision
             elif key == "lease":

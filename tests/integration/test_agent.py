@@ -4,9 +4,12 @@ whose end it already reported."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from agent.agent import Agent, AgentConfig
 from server.state.streams import ensure_streams
@@ -16,6 +19,21 @@ from wire.kv import Store, connect
 from wire.messages import AttemptState, StatusReport, decode, encode
 
 ME = pwd.getpwuid(os.geteuid()).pw_name  # the tasks write to the test's directory
+
+
+@contextlib.asynccontextmanager
+async def running_agent(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any) -> AsyncIterator[Agent]:
+    """An agent run in this process (one simulated GPU, tasks as the test's user) until
+    the block ends; then its clean shutdown."""
+    agent = Agent(AgentConfig(nats_url=nats_url, host_id=host_id, simulate_gpus="1xH100", state_dir=tmp_path / "agent",
+                              cpus=4, memory_mb=4096, run_as=ME, **cfg))
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
@@ -28,53 +46,48 @@ async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_
     store = Store(nc)
     await ensure_streams(store)
     marks = tmp_path / "runs"
-    agent = Agent(AgentConfig(nats_url=nats_url, host_id="ra-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
-                              ttl_intervals=6, fence_after_s=2.5, resend_after_s=1.0, state_dir=tmp_path / "agent",
-                              cpus=4, memory_mb=4096, run_as=ME))
-    stop = asyncio.Event()
-    run = asyncio.create_task(agent.run(stop))
     try:
-        t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
+        async with running_agent(nats_url, tmp_path, "ra-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                                 fence_after_s=2.5, resend_after_s=1.0) as agent:
+            t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
 
-        subject = subjects.status_subject("ra-1")
+            subject = subjects.status_subject("ra-1")
 
-        async def reported() -> int:
-            """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
-            info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
-            return int((info.state.subjects or {}).get(subject, 0))
+            async def reported() -> int:
+                """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
+                info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
+                return int((info.state.subjects or {}).get(subject, 0))
 
-        async def last() -> StatusReport:
-            return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
+            async def last() -> StatusReport:
+                return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
 
-        for _ in range(200):
-            if await reported() >= 3:
-                break
-            await asyncio.sleep(0.1)
-        assert await reported() >= 3, f"{await reported()} reports"
-        r = await last()
-        assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
-        assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
+            for _ in range(200):
+                if await reported() >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            assert await reported() >= 3, f"{await reported()} reports"
+            r = await last()
+            assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
+            assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
 
-        # The end is applied: the assignment drops the attempt; no more reports of it.
-        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
-        for _ in range(100):
-            if not agent._assigned:
-                break
-            await asyncio.sleep(0.05)
-        assert not agent._assigned
-        for _ in range(200):  # a report queued before the assignment changed lands first
-            if not agent._reports:
-                break
-            await asyncio.sleep(0.05)
-        assert not agent._reports
-        before = await reported()
-        await asyncio.sleep(2.5)  # more than resend_after_s
-        assert await reported() == before
-        assert marks.read_text().splitlines() == ["ran"]
+            # The end is applied: the assignment drops the attempt; no more reports of it.
+            await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
+            for _ in range(100):
+                if not agent._assigned:
+                    break
+                await asyncio.sleep(0.05)
+            assert not agent._assigned
+            for _ in range(200):  # a report queued before the assignment changed lands first
+                if not agent._reports:
+                    break
+                await asyncio.sleep(0.05)
+            assert not agent._reports
+            before = await reported()
+            await asyncio.sleep(2.5)  # more than resend_after_s
+            assert await reported() == before
+            assert marks.read_text().splitlines() == ["ran"]
     finally:
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
         await nc.close()
 
 
@@ -84,12 +97,8 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
     import os
     import signal
 
-    agent = Agent(AgentConfig(nats_url=nats_url, host_id="wd-1", simulate_gpus="1xH100", heartbeat_interval_s=0.5,
-                              ttl_intervals=6, fence_after_s=2.5, state_dir=tmp_path / "agent", cpus=4,
-                              memory_mb=4096, run_as=ME))
-    stop = asyncio.Event()
-    run = asyncio.create_task(agent.run(stop))
-    try:
+    async with running_agent(nats_url, tmp_path, "wd-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                             fence_after_s=2.5) as agent:
         for _ in range(100):
             if agent._watchdog is not None:
                 break
@@ -104,9 +113,6 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
         second = agent._watchdog
         assert second is not first and second is not None and second.poll() is None
         assert agent.watchdog_restarts == 1
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
     assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown
 
 
@@ -120,34 +126,29 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
     store = Store(nc)
     await ensure_streams(store)
     marks = tmp_path / "runs"
-    agent = Agent(AgentConfig(nats_url=nats_url, host_id="fz-1", simulate_gpus="1xH100", heartbeat_interval_s=5.0,
-                              ttl_intervals=3, fence_after_s=12.0, state_dir=tmp_path / "agent", cpus=4,
-                              memory_mb=4096, run_as=ME))
-    stop = asyncio.Event()
-    run = asyncio.create_task(agent.run(stop))
     try:
-        for _ in range(200):
-            if agent.store is not None and agent.last_heartbeat_ok:
-                break
-            await asyncio.sleep(0.05)
-        agent.fenced = True  # as _check_fence sets it when heartbeats fail
-        t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
-        for _ in range(200):
-            if "j-fz.1" in agent._assigned:
-                break
-            await asyncio.sleep(0.05)
-        assert "j-fz.1" in agent._assigned  # the record reached the agent ...
-        assert "j-fz.1" not in agent.runs and not marks.exists()  # ... which started nothing
-        # Heartbeats resume (what the heartbeat loop does then):
-        agent.fenced = False
-        await agent._refresh_assignments()
-        for _ in range(200):
-            if marks.exists():
-                break
-            await asyncio.sleep(0.05)
-        assert marks.read_text().splitlines() == ["ran"]
+        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=5.0, ttl_intervals=3,
+                                 fence_after_s=12.0) as agent:
+            for _ in range(200):
+                if agent.store is not None and agent.last_heartbeat_ok:
+                    break
+                await asyncio.sleep(0.05)
+            agent.fenced = True  # as _check_fence sets it when heartbeats fail
+            t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
+            for _ in range(200):
+                if "j-fz.1" in agent._assigned:
+                    break
+                await asyncio.sleep(0.05)
+            assert "j-fz.1" in agent._assigned  # the record reached the agent ...
+            assert "j-fz.1" not in agent.runs and not marks.exists()  # ... which started nothing
+            # Heartbeats resume (what the heartbeat loop does then):
+            agent.fenced = False
+            await agent._refresh_assignments()
+            for _ in range(200):
+                if marks.exists():
+                    break
+                await asyncio.sleep(0.05)
+            assert marks.read_text().splitlines() == ["ran"]
     finally:
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
         await nc.close()
