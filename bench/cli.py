@@ -84,6 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="clients sending the heaviest GraphQL reads back to back during the window (bench/readers.py)")
     ap.add_argument("--browse", type=int, default=0,
                     help="operators browsing the console during the window, a page a second (bench/readers.py)")
+    ap.add_argument("--servers", type=int, choices=[1, 2], default=1,
+                    help="muster server replicas (one leads; --one-per-request clients are spread over all)")
+    ap.add_argument("--db-url", default=None, help="the servers' history database (SQLAlchemy URL; default SQLite "
+                    "in each server's data directory)")
+    ap.add_argument("--postgres", action="store_true",
+                    help="start a PostgreSQL server (fsync and synchronous_commit on) for the history")
+    ap.add_argument("--kill-leader-at", type=float, default=None,
+                    help="seconds into the window: SIGKILL the leading muster server (needs --servers 2)")
+    ap.add_argument("--kill-nats-leader-at", type=float, default=None,
+                    help="seconds into the window: SIGKILL the NATS node leading the state stream "
+                    "(needs --nats-cluster 3)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     return ap
@@ -107,6 +118,15 @@ def run(argv: list[str] | None = None) -> int:
     if args.one_per_request and (args.submit_via != "graphql" or args.burst or args.clients < 1):
         print("bench failed: --one-per-request needs --submit-via graphql, --clients 1 or more, and no --burst",
               file=sys.stderr)
+        return 1
+    if args.kill_leader_at is not None and args.servers < 2:
+        print("bench failed: --kill-leader-at needs --servers 2", file=sys.stderr)
+        return 1
+    if args.kill_nats_leader_at is not None and args.nats_cluster != 3:
+        print("bench failed: --kill-nats-leader-at needs --nats-cluster 3", file=sys.stderr)
+        return 1
+    if args.postgres and args.db_url:
+        print("bench failed: --postgres starts a database of its own; leave out --db-url", file=sys.stderr)
         return 1
     if args.lose_host_at is None:
         args.lose_host_at = -1.0 if args.burst else args.duration / 4

@@ -86,7 +86,7 @@ class Result:
 
 
 async def run_clients(
-    base_url: str,
+    base_urls: list[str],
     token: str,
     clients: int,
     jobs: asyncio.Queue[tuple[float, dict[str, object], object] | None],
@@ -95,11 +95,22 @@ async def run_clients(
 ) -> Result:
     """Run `clients` clients until each takes a None from `jobs`. A queue item is
     (arrival time, the job's SubmitJobInput, what the caller tracks it by); each job
-    submitted is handed to `on_submitted(job id, arrival time, tag)`."""
+    submitted is handed to `on_submitted(job id, arrival time, tag)`. Client i talks to
+    `base_urls[i % len(base_urls)]` (replicas of the API: any of them takes submissions);
+    when a request fails it reconnects, to the next URL if its own refuses."""
     res = Result()
 
-    async def client() -> None:
-        conn = await connect_to(base_url, token)
+    async def reconnect(i: int) -> tuple[int, Connection]:
+        for k in range(len(base_urls)):
+            j = (i + k) % len(base_urls)
+            try:
+                return j, await connect_to(base_urls[j], token)
+            except OSError:
+                continue
+        raise BenchError("no API replica accepts connections")
+
+    async def client(n: int) -> None:
+        at, conn = n % len(base_urls), await connect_to(base_urls[n % len(base_urls)], token)
         try:
             while True:
                 item = await jobs.get()
@@ -113,7 +124,7 @@ async def run_clients(
                 except (OSError, asyncio.IncompleteReadError, BenchError):
                     res.failed += 1
                     await conn.close()
-                    conn = await connect_to(base_url, token)
+                    at, conn = await reconnect(at)
                     continue
                 res.request_s.append(time.monotonic() - t)
                 if status != 200:
@@ -129,5 +140,5 @@ async def run_clients(
         finally:
             await conn.close()
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(n) for n in range(clients)))
     return res

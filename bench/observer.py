@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 from nats.js import api as jsapi
 
-import nats
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import DEFAULT_GPU_MEMORY_MB, GPU_MEMORY_MB, read_fleet
 from wire import natsclient
@@ -202,7 +202,6 @@ class Observer:
     async def final_check(self) -> int:
         """Read the last `alloc.*` record of every host and check it again."""
         assert self.nc is not None
-        js = self.nc.jetstream(timeout=30)
         done = asyncio.Event()
         count = 0
 
@@ -218,9 +217,19 @@ class Observer:
 
         if self.alloc_revisions == 0:
             return 0
-        sub = await js.subscribe(PREFIX + "alloc.>", stream="KV_state", cb=cb, ordered_consumer=True,
-                                 deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
-                                 pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+        # After a NATS node is killed (--kill-nats-leader-at) a new consumer's create can go
+        # unanswered (seen: 30 s, placed on the dead node, it seems): try again, 10 s each.
+        quick = self.nc.jetstream(timeout=10)
+        for attempt in range(6):
+            try:
+                sub = await quick.subscribe(PREFIX + "alloc.>", stream="KV_state", cb=cb, ordered_consumer=True,
+                                            deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+                                            pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+                break
+            except nats.errors.TimeoutError:
+                log.warning("final alloc read: consumer create unanswered (try %d)", attempt + 1)
+                if attempt == 5:
+                    raise
         try:
             await asyncio.wait_for(done.wait(), timeout=120)
         except TimeoutError:

@@ -1,10 +1,11 @@
 """The benchmark's child processes: nats-server (one node, or a 3-node cluster), one
-`muster server`, and whatever else a run spawns (simulators, the observer), each
+`muster server` or more, and whatever else a run spawns (simulators, the observer), each
 sampled for CPU time and peak RSS; the server's own helper processes are adopted.
 
 `Processes` is what `muster bench` (bench.run.Bench) and `python -m bench.operator`
 share. It reads `args.nats_cluster` (1 or 3), `args.nats_sync` (`always` or `default`),
-`args.replicas` (MUSTER_REPLICAS for the server) and, if present, `args.preload`.
+`args.replicas` (MUSTER_REPLICAS for the server) and, if present, `args.preload`,
+`args.servers` (replicas of `muster server`) and `args.db_url` (their history database).
 """
 
 from __future__ import annotations
@@ -42,12 +43,26 @@ class Child:
     cpu_at_start: float | None = None
     cpu_at_end: float | None = None
     finite: bool = False  # a load generator that ends on its own (exit 0 is no failure)
+    killed: bool = False  # killed on purpose by the run (its exit is no failure)
+    tree: bool = False  # count its child processes too (PostgreSQL's backends)
 
     def sample(self) -> None:
         try:
             t = self.proc.cpu_times()
-            self.cpu = t.user + t.system
-            self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+            cpu = t.user + t.system
+            rss = self.proc.memory_info().rss
+            if self.tree:
+                # Children it has reaped are in children_*; those alive are added one by one.
+                cpu += t.children_user + t.children_system
+                for k in self.proc.children(recursive=True):
+                    try:
+                        kt = k.cpu_times()
+                        cpu += kt.user + kt.system
+                        rss += k.memory_info().rss
+                    except psutil.Error:
+                        pass
+            self.cpu = max(self.cpu, cpu)
+            self.peak_rss = max(self.peak_rss, rss)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
 
@@ -71,8 +86,9 @@ class Processes:
     work: Path
     children: list[Child] = field(default_factory=list)
     nats_url: str = ""
-    http: str = ""
+    http: str = ""  # the first server's API
     token: str = ""
+    servers: list[tuple[Child, str]] = field(default_factory=list)  # each replica and its API
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.work / f"{name}.log"
@@ -127,29 +143,48 @@ class Processes:
 
     @property
     def server_data_dir(self) -> Path:
-        """The server's --data-dir (its history database lives there)."""
+        """The first server's --data-dir (its history database lives there without --db-url)."""
         return self.work / "server"
 
     def start_server(self) -> None:
+        """Start `args.servers` (default 1) `muster server` replicas, one after another:
+        the first is named `server`, the others `server-2`...; each has a data directory
+        of its own, and with `args.db_url` they share that history database."""
+        for i in range(getattr(self.args, "servers", 1) or 1):
+            self._start_one_server(i)
+
+    def _start_one_server(self, i: int) -> None:
         port = free_port()
+        name = "server" if i == 0 else f"server-{i + 1}"
         # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
         env = {"MUSTER_REPLICAS": str(self.args.replicas)}
-        data = self.server_data_dir
-        c = self.spawn("server", [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
-                                  "--http-port", str(port), "--data-dir", str(data), "--name", "bench-server"], env)
+        data = self.work / name
+        argv = [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
+                "--http-port", str(port), "--data-dir", str(data), "--name", f"bench-{name}"]
+        if getattr(self.args, "db_url", None):
+            argv += ["--db-url", self.args.db_url]
+        c = self.spawn(name, argv, env)
         try:
             # A server loads the whole state before it listens (about 90 s for 500,000 jobs).
             wait_for_port(port, timeout=90 + getattr(self.args, "preload", 0) / 2000, proc=c.popen)
         except Exception as exc:
             raise BenchError(f"muster server did not start: {exc}; see {c.log}") from exc
-        self.http = f"http://127.0.0.1:{port}"
+        self.servers.append((c, f"http://127.0.0.1:{port}"))
+        if not self.http:
+            self.http = f"http://127.0.0.1:{port}"
+        if self.token:
+            return
+        # The replica that bootstrapped the cluster writes the operator token.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            tf = data / "token"
-            if tf.exists() and tf.read_text().strip():
-                self.token = tf.read_text().strip()
-                return
+            for d in (self.work / (c.name) for c, _ in self.servers):
+                tf = d / "token"
+                if tf.exists() and tf.read_text().strip():
+                    self.token = tf.read_text().strip()
+                    return
             time.sleep(0.1)
+        if i == 0 and getattr(self.args, "servers", 1) > 1:
+            return  # the token may come from the next replica
         raise BenchError("muster server wrote no token")
 
     def stop_all(self) -> None:
@@ -178,6 +213,8 @@ class Processes:
 
     def check_children(self) -> None:
         for c in self.children:
+            if c.killed:
+                continue
             if c.popen is not None and c.popen.poll() is not None and not (c.finite and c.popen.returncode == 0):
                 raise BenchError(f"{c.name} exited with {c.popen.returncode}; see {c.log}")
 

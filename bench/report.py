@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from bench.leaders import failover_figures
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.stats import SUSPECT_GAUGE, histogram_quantiles, histogram_window, max_in, summary_ms
 from bench.verdict import Verdict, judge
@@ -96,8 +97,13 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     m_final = b.metrics[-1][1] if b.metrics else {}
     # For the histograms of the window: the last scrape before it and the first after
     # it, so a window shorter than the scrape interval (a burst) is covered too.
-    h_first = next((m for t, m in reversed(b.metrics) if t <= b.window_start), {})
-    h_end = next((m for t, m in b.metrics if t >= b.window_end), m_final)
+    # Both from one replica: after a change of leader the histograms are the new
+    # leader's, from the start of the window or, if it led none of it, since it started.
+    end_i = next((i for i, (t, _) in enumerate(b.metrics) if t >= b.window_end), len(b.metrics) - 1)
+    h_end = b.metrics[end_i][1] if b.metrics else {}
+    src = b.metrics_from[end_i] if b.metrics_from else None
+    h_first = next((m for (t, m), f in zip(reversed(b.metrics), reversed(b.metrics_from), strict=True)
+                    if t <= b.window_start and f == src), {})
     hb = "muster_heartbeats_received_total"
     hb_recv_rate = (m_end.get(hb, 0) - m_first.get(hb, 0)) / m_dt
     t_in = [r for r in b.ticks if r["phase"] == "run"]
@@ -167,6 +173,11 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "nats_cluster": a.nats_cluster,
             "muster_replicas": a.replicas,
             "nats_sync": a.nats_sync,
+            "servers": a.servers,
+            "history_database": "PostgreSQL (fsync, synchronous_commit on), started by the bench" if a.postgres
+            else (a.db_url.split(":", 1)[0] if a.db_url else "SQLite in each server's data directory"),
+            "kill_leader_at_s": a.kill_leader_at,
+            "kill_nats_leader_at_s": a.kill_nats_leader_at,
             "simulator_processes": k,
             "seed": a.seed,
             "batch_window_s": a.batch_window,
@@ -294,6 +305,14 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         ),
         "work_dir": str(b.work),
     }
+    submitted_at = {j: ts for j, (ts, _) in b.submitted.items()}
+    dispatched_at = {j: v.dispatched_at for j, v in verdicts.items() if v.dispatched_at is not None}
+    placed_at = {j: d["placed_at"] for j, d in ojobs.items() if d.get("placed_at") is not None}
+    rep["failover"] = [failover_figures(k["at"], f"{k['what']} ({k['process']})", submitted_at, dispatched_at,
+                                        placed_at) for k in b.kills] or None
+    rep["leader_changes"] = [{"t_in_window_s": round(t - b.window_start, 2), "from": f, "to": to}
+                             for t, f, to in b.scrapes.changes]
+    rep["history_lag"] = b.history_lag
     if a.burst:
         rep["burst"] = burst_report(b, verdicts, ojobs, gpus_total)
         if rep["burst"]["placements_per_s"] is not None:

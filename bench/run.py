@@ -34,6 +34,9 @@ import psutil
 
 from bench.clients import run_clients
 from bench.errors import BenchError
+from bench.historylag import HistoryLag, sqlite_read_only
+from bench.leaders import LeaderScrapes
+from bench.postgres import PostgresServer, find_pg_bin, start_postgres, stop_postgres
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.preload import preload
 from bench.processes import Child, Processes
@@ -84,7 +87,12 @@ class Bench(Processes):
     request_s: list[float] = field(default_factory=list)  # --one-per-request: each request's time
     queue_names: list[str] = field(default_factory=list)  # --queues: the queues jobs go to, in turn
     ticks: list[dict] = field(default_factory=list)
-    metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # the leader's (bench.leaders)
+    metrics_from: list[str] = field(default_factory=list)  # which replica each of `metrics` came from
+    scrapes: LeaderScrapes = field(default_factory=LeaderScrapes)
+    kills: list[dict[str, Any]] = field(default_factory=list)  # --kill-*-at: what was killed, when
+    history_lag: dict[str, Any] | None = None
+    pg: PostgresServer | None = None  # --postgres
     lost: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     reads: dict[str, Any] | None = None  # what the readers saw (--read-flood, --browse)
@@ -144,18 +152,72 @@ class Bench(Processes):
     async def sample_loop(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         me = psutil.Process()
         self.children.append(Child("bench (submitter, orchestrator)", None, me))
+
+        async def scrape(url: str) -> dict[str, float] | None:
+            try:
+                r = await client.get(url + "/metrics", timeout=10)
+                return parse_metrics(r.text)
+            except httpx.HTTPError:
+                return None
+
         while not stop.is_set():
             for c in self.children:
                 c.sample()
-            try:
-                r = await client.get("/metrics", timeout=10)
-                self.metrics.append((time.time(), parse_metrics(r.text)))
-            except httpx.HTTPError:
-                pass
+            live = [(c.name, url) for c, url in self.servers if not c.killed]
+            got = await asyncio.gather(*(scrape(url) for _, url in live))
+            scrapes = {name: m for (name, _), m in zip(live, got, strict=True) if m is not None}
+            if scrapes:
+                follow, m = self.scrapes.add(time.time(), scrapes, [c.name for c, _ in self.servers])
+                self.metrics.append((time.time(), m))
+                self.metrics_from.append(follow)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except TimeoutError:
                 pass
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        if self.pg is not None:
+            stop_postgres(self.pg)
+            self.pg = None
+
+    def start_postgres(self) -> None:
+        """--postgres: a PostgreSQL server as production runs one (every commit fsync'd
+        before it is acknowledged) for the servers' history; its backends count in its CPU."""
+        bindir = find_pg_bin()
+        if bindir is None:
+            raise BenchError("--postgres: no PostgreSQL server binaries (initdb, pg_ctl, postgres) on PATH, "
+                             "in /usr/lib/postgresql/*/bin or $MUSTER_PG_BIN")
+        self.pg = start_postgres(bindir, durable=True)
+        self.args.db_url = self.pg.url
+        pid = self.pg.postmaster_pid()
+        if pid is not None:
+            self.children.append(Child("postgres", None, psutil.Process(pid), self.pg.datadir.parent / "server.log",
+                                       tree=True))
+
+    async def kill_at(self, delay: float, what: str, nc: Any, client: httpx.AsyncClient) -> None:
+        """--kill-leader-at / --kill-nats-leader-at: SIGKILL the leading `muster server`, or
+        the NATS node that leads the state stream, `delay` seconds into the window."""
+        await asyncio.sleep(delay)
+        if what == "leader server":
+            name = self.scrapes.leader
+            victim = next((c for c, _ in self.servers if c.name == name), None)
+        else:
+            info = await nc.jetstream(timeout=10).stream_info("KV_state")
+            name = info.cluster.leader if info.cluster else None
+            victim = next((c for c in self.children if c.name == f"nats-server-{name}"), None)
+        if victim is None or victim.popen is None:
+            self.notes.append(f"--kill: found no {what} to kill (leader {name!r})")
+            return
+        victim.killed = True
+        victim.popen.kill()
+        killed_at = time.time()
+        self.kills.append({"what": what, "process": victim.name, "at": killed_at})
+        print(f"killed {what} {victim.name} (SIGKILL)", flush=True)
+        if what == "leader server":
+            # The bench's own GraphQL calls (the lost host's polling) go to a replica alive.
+            alive = next(url for c, url in self.servers if not c.killed)
+            client.base_url = httpx.URL(alive)
 
     def tick(self, t0: float, phase: str) -> None:
         now = time.time()
@@ -314,7 +376,8 @@ class Bench(Processes):
             self.last_submit_ts = time.time()
             self.record_submitted(job_id, arrived, req)
 
-        clients = asyncio.create_task(run_clients(self.http, self.token, a.clients, jobs, submitted))
+        clients = asyncio.create_task(run_clients([url for _, url in self.servers], self.token, a.clients, jobs,
+                                                  submitted))
         for offset in offsets:
             delay = offset - (time.monotonic() - t0)
             if delay > 0:
@@ -404,6 +467,9 @@ class Bench(Processes):
               f"{'trace' if a.trace else 'synthetic'} workload, {a.nats_cluster} NATS node(s), "
               f"MUSTER_REPLICAS={a.replicas}; work dir {self.work}", flush=True)
         self.start_nats()
+        if a.postgres:
+            self.start_postgres()
+            print(f"history in PostgreSQL {self.args.db_url} (fsync and synchronous_commit on)", flush=True)
         if a.preload:
             print(f"preloading {a.preload} running tasks into the state bucket ...", flush=True)
             self.preloaded = await preload(self.nats_url, fleet, a.preload, replicas=a.replicas)
@@ -511,6 +577,13 @@ class Bench(Processes):
                                              self.token, "--flood", str(a.read_flood), "--browse", str(a.browse),
                                              "--duration", str(a.duration), "--out", str(self.work / "reads.json")])
             readers.finite = True
+        kill_tasks = [asyncio.create_task(self.kill_at(delay, what, nc, client))
+                      for delay, what in ((a.kill_leader_at, "leader server"),
+                                          (a.kill_nats_leader_at, "NATS state stream leader"))
+                      if delay is not None]
+        lag = HistoryLag(a.db_url or sqlite_read_only(str(self.server_data_dir / HISTORY_DB_FILE)), since=t0)
+        stop_lag = asyncio.Event()
+        lag_task = asyncio.create_task(lag.run(stop_lag))
         lost_task = None
         if a.lose_host_at is not None and a.lose_host_at >= 0:
             lost_task = asyncio.create_task(self.lose_host(nc, client, a.lose_host_at, fleet[bounds[1] - 1].id))
@@ -562,8 +635,19 @@ class Bench(Processes):
                 await asyncio.wait_for(lost_task, timeout=3 * 5.0 + a.lost_timeout + 5)
             except TimeoutError:
                 pass
+        for t in kill_tasks:
+            if not t.done():
+                t.cancel()
+            try:
+                await t
+            except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - reported, the run goes on
+                if not isinstance(exc, asyncio.CancelledError):
+                    self.notes.append(f"--kill failed: {exc!r}")
         # Let in-flight heartbeats land, then take the last metrics and process samples.
         await asyncio.sleep(1.5)
+        stop_lag.set()
+        await lag_task
+        self.history_lag = await asyncio.to_thread(lag.finish)
         self.tick(t0, "end")
         for c in self.children:
             c.sample()

@@ -210,6 +210,35 @@ def test_bench_burst_on_three_nats_nodes(tmp_path: Path) -> None:
     assert rc == 0
 
 
+@pytest.mark.heavy
+@pytest.mark.timeout(300)
+def test_bench_on_the_ha_topology_survives_its_leader_and_its_nats_leader_killed(tmp_path: Path) -> None:
+    """Three NATS nodes, two server replicas, the history in a PostgreSQL with
+    synchronous_commit on; the leading server killed with SIGKILL, then the NATS node that
+    leads the state stream: the other replica takes over, every job is dispatched once,
+    and the report has the failover and history-lag figures."""
+    out = tmp_path / "bench.json"
+    rc = main(["--nats-cluster", "3", "--servers", "2", "--postgres", "--hosts", "300", "--rate", "30",
+               "--duration", "20", "--drain", "60", "--lose-host-at", "-1", "--kill-leader-at", "2",
+               "--kill-nats-leader-at", "6", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+    rep = json.loads(out.read_text())
+    _check_report(rep)
+    assert rep["config"]["servers"] == 2 and rep["config"]["history_database"].startswith("PostgreSQL")
+    assert {"postgres", "server", "server-2", "server-2: historian"} <= set(rep["processes"])
+    assert rep["processes"]["postgres"]["cpu_s"] > 0
+    killed = {f["killed"].split(" (")[0]: f for f in rep["failover"]}
+    assert set(killed) == {"leader server", "NATS state stream leader"}, rep["failover"]
+    for f in killed.values():
+        assert f["kill_to_first_placement_s"] is not None and f["kill_to_first_placement_s"] > 0, f
+        assert f["dispatch_latency_ms"]["before"]["n"] > 0
+    assert rep["leader_changes"] and rep["leader_changes"][0] == {**rep["leader_changes"][0], "from": "server",
+                                                                  "to": "server-2"}
+    lag = rep["history_lag"]
+    assert lag["rows"] > 0 and lag["seen_only_at_the_end"] == 0 and lag["query_errors"] == 0, lag
+    assert rep["replication"]["stream_replicas"]["KV_state"] == 3
+    assert rc == 0
+
+
 # ---------------------------------------------------------------- --nats-cluster 3 without a checkout
 
 # Run with the `bench` package copied as a wheel installs it (its modules, nothing

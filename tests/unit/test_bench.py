@@ -201,17 +201,15 @@ def test_one_per_request_needs_graphql_clients_and_arrivals(argv: list[str], cap
     assert "--one-per-request needs" in capsys.readouterr().err
 
 
-async def test_one_job_per_request_clients_submit_every_job_and_count_refusals() -> None:
-    """bench.clients against a small HTTP/1.1 server in this process: every job goes in a
-    request of its own on each client's keep-alive connection; refusals are counted."""
-    from bench.clients import run_clients
-
-    requests: list[dict] = []
-    connections = 0
+async def _api_replica(requests: list[dict], connections: list[int], close_after: int | None = None
+                       ) -> asyncio.Server:
+    """A small HTTP/1.1 server in this process answering submitJob (names starting `bad`
+    refused); with `close_after`, it stops listening and drops the connection after that
+    many requests, as a replica that dies does."""
+    server: asyncio.Server
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
+        connections.append(1)
         while True:
             line = await reader.readline()
             if not line:
@@ -221,6 +219,9 @@ async def test_one_job_per_request_clients_submit_every_job_and_count_refusals()
                 if h.lower().startswith(b"content-length:"):
                     length = int(h.split(b":")[1])
             body = json.loads(await reader.readexactly(length))
+            if close_after is not None and len(requests) >= close_after:
+                server.close()
+                break
             requests.append(body)
             inp = body["variables"]["input"]
             answer = {"data": {"submitJob": {"job": None, "userErrors": [{"message": "no"}]}}} \
@@ -233,7 +234,24 @@ async def test_one_job_per_request_clients_submit_every_job_and_count_refusals()
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    return server
+
+
+def _url(server: asyncio.Server) -> str:
+    return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_one_job_per_request_clients_submit_every_job_and_count_refusals() -> None:
+    """bench.clients against two API replicas in this process: every job goes in a request
+    of its own on each client's keep-alive connection, the clients spread over both
+    replicas; refusals are counted."""
+    from bench.clients import run_clients
+
+    requests: list[dict] = []
+    conns_a: list[int] = []
+    conns_b: list[int] = []
+    a = await _api_replica(requests, conns_a)
+    b = await _api_replica(requests, conns_b)
     jobs: asyncio.Queue = asyncio.Queue()
     names = [f"ok{i}" for i in range(20)] + ["bad1", "bad2"]
     for i, name in enumerate(names):
@@ -241,12 +259,35 @@ async def test_one_job_per_request_clients_submit_every_job_and_count_refusals()
     for _ in range(3):
         jobs.put_nowait(None)
     seen: dict[str, tuple[float, object]] = {}
-    res = await run_clients(f"http://127.0.0.1:{port}", "tok", 3, jobs,
+    res = await run_clients([_url(a), _url(b)], "tok", 3, jobs,
                             lambda job_id, arrived, tag: seen.__setitem__(job_id, (arrived, tag)))
-    server.close()
-    await server.wait_closed()
+    for srv in (a, b):
+        srv.close()
+        await srv.wait_closed()
     assert (res.submitted, res.refused, res.failed) == (20, 2, 0)
-    assert len(res.request_s) == 22 and connections == 3
+    assert len(res.request_s) == 22 and (len(conns_a), len(conns_b)) == (2, 1)
     assert seen == {f"j-ok{i}": (1000.0 + i, f"ok{i}") for i in range(20)}
     assert sorted(r["variables"]["input"]["name"] for r in requests) == sorted(names)
     assert all("submitJob(input: $input)" in r["query"] for r in requests)
+
+
+async def test_one_job_per_request_client_moves_to_the_next_replica_when_its_own_dies() -> None:
+    from bench.clients import run_clients
+
+    requests: list[dict] = []
+    conns_a: list[int] = []
+    conns_b: list[int] = []
+    a = await _api_replica(requests, conns_a, close_after=3)
+    b = await _api_replica(requests, conns_b)
+    jobs: asyncio.Queue = asyncio.Queue()
+    for i in range(10):
+        jobs.put_nowait((float(i), {"name": f"ok{i}", "command": ["true"]}, i))
+    jobs.put_nowait(None)
+    seen: list[str] = []
+    res = await run_clients([_url(a), _url(b)], "tok", 1, jobs, lambda job_id, arrived, tag: seen.append(job_id))
+    b.close()
+    await b.wait_closed()
+    # The request the dying replica dropped is counted failed; the rest went to the other.
+    assert (res.submitted, res.failed) == (9, 1)
+    assert len(conns_a) == 1 and len(conns_b) == 1
+    assert len(seen) == 9 and len(set(seen)) == 9

@@ -1,0 +1,85 @@
+"""History lag: from a job's end, as the leader recorded it (the `updated_at` of its
+terminal record), to its terminal row being readable in the history database.
+
+The bench polls the `jobs` table every `every_s` for terminal rows it has not seen yet
+(the (state, updated_at) index answers it) and takes the poll that first returns a row as
+the moment it became readable: a lag is late by at most one poll interval plus the query.
+Each poll reads rows whose `updated_at` is within `margin_s` of the newest one seen, so
+the query stays small; the historian writes rows in the order of the state stream, so a
+row older than that margin arriving later would be missed, and `finish` counts such rows
+(`seen_only_at_the_end`) rather than assume there are none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sqlalchemy import bindparam, create_engine, text
+
+from bench.stats import summary_ms
+from wire.messages import JobState
+
+TERMINAL = tuple(s.value for s in JobState if s.terminal)
+_ROWS = text("SELECT id, updated_at FROM jobs WHERE state IN :states AND updated_at >= :lo").bindparams(
+    bindparam("states", expanding=True))
+
+
+def sqlite_read_only(path: str) -> str:
+    """The SQLAlchemy URL that opens a SQLite file read only (never creates or locks it for writing)."""
+    return f"sqlite:///file:{path}?mode=ro&uri=true"
+
+
+class HistoryLag:
+    def __init__(self, url: str, since: float, every_s: float = 0.5, margin_s: float = 30.0) -> None:
+        self.engine = create_engine(url, pool_size=1, max_overflow=0) if url.startswith("postgresql") \
+            else create_engine(url)
+        self.since = since
+        self.every_s = every_s
+        self.margin_s = margin_s
+        self.lag: dict[str, float] = {}  # job -> seconds from its end to its row being read
+        self.newest = since
+        self.errors = 0
+
+    def _rows(self, lo: float) -> list[tuple[str, float]]:
+        with self.engine.connect() as conn:
+            return [(r[0], float(r[1])) for r in conn.execute(_ROWS, {"states": list(TERMINAL), "lo": lo})]
+
+    def poll_once(self) -> int:
+        """One poll: the rows not seen before get their lag. Returns how many."""
+        rows = self._rows(max(self.since, self.newest - self.margin_s))
+        now = time.time()
+        new = 0
+        for job_id, updated in rows:
+            if job_id not in self.lag:
+                self.lag[job_id] = max(0.0, now - updated)
+                self.newest = max(self.newest, updated)
+                new += 1
+        return new
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self.poll_once)
+            except Exception:  # noqa: BLE001 - the database not there yet, or busy: counted, polled again
+                self.errors += 1
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.every_s)
+            except TimeoutError:
+                pass
+
+    def finish(self) -> dict[str, Any]:
+        """The lag figures; one last full read counts the terminal rows the polls missed."""
+        missed = None
+        try:
+            self.poll_once()  # rows written since the last poll
+            rows = self._rows(self.since)
+            missed = sum(1 for job_id, _ in rows if job_id not in self.lag)
+        except Exception:  # noqa: BLE001
+            self.errors += 1
+        self.engine.dispose()
+        return {"ms": summary_ms(list(self.lag.values())), "rows": len(self.lag), "seen_only_at_the_end": missed,
+                "poll_every_s": self.every_s, "query_errors": self.errors,
+                "note": "a job's end = updated_at of its terminal record (the leader's clock); read = the first "
+                        "poll that returned its terminal row; late by at most one poll interval plus the query"}
