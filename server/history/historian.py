@@ -3,18 +3,25 @@ its own, so database work never competes with scheduling for the server's interp
 
 `muster server` starts it beside the API/scheduler process; it watches the job records
 in the `state` bucket and follows the EVENTS and ALERTS streams (server.history.recorder), and
-stops cleanly on SIGTERM after a last flush. Writes are idempotent, so a restart (or a
-second replica writing to the same PostgreSQL database) never duplicates anything.
+stops cleanly on SIGTERM after a last flush. Writes are idempotent, so a restart never
+duplicates anything. Of the replicas sharing one PostgreSQL database, one historian
+writes at a time (server.history.writerlease); the others wait to take over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
+import os
+import socket
 from dataclasses import asdict, dataclass
 
 from server.childproc import stop_helper
+from server.history.writerlease import WriterLease, lease_key, shared_database
+from wire.errors import StoreError
+from wire.kv import Store
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +40,75 @@ class HistorianConfig:
 
 
 async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
-    from server.history.database import History
-    from server.history.recorder import Recorder
-    from wire import subjects
+    """Write history until `stop`. A database of its own (SQLite) is written at once; a
+    shared one (PostgreSQL, which every replica's historian is given) only while this
+    historian holds the writer lease (server.history.writerlease)."""
     from wire.kv import Store, connect
-    from wire.records import Record
 
-    history = History(cfg.database_url, retention_days=cfg.retention_days)
     nc = await connect(cfg.nats_url, name="muster-historian", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
     store = Store(nc)
+    try:
+        if shared_database(cfg.database_url):
+            await _write_while_leased(cfg, store, stop)
+        else:
+            await _write(cfg, store, stop)
+    finally:
+        try:
+            await asyncio.wait_for(nc.drain(), timeout=5)
+        except Exception:  # noqa: BLE001
+            await nc.close()
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass
+
+
+async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
+    lease = WriterLease(store, lease_key(cfg.database_url), holder=f"{socket.gethostname()}:{os.getpid()}")
+    while not stop.is_set():
+        try:
+            held = await lease.acquire()
+        except StoreError as exc:
+            log.warning("history writer lease: %s", exc)
+            held = False
+        if not held:
+            await _pause(stop, lease.retry_every_s)
+            continue
+        log.info("this historian writes the shared history database")
+        lost = asyncio.Event()  # set when the lease is lost, or on stop
+        keeper = asyncio.create_task(_keep(lease, stop, lost), name="history-writer-lease")
+        try:
+            await _write(cfg, store, lost)
+        finally:
+            lost.set()
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        if stop.is_set():
+            await lease.release()
+
+
+async def _keep(lease: WriterLease, stop: asyncio.Event, lost: asyncio.Event) -> None:
+    """Renew the lease until `stop`, or until it is lost; then set `lost`."""
+    while not stop.is_set():
+        await _pause(stop, lease.renew_every_s)
+        if not stop.is_set() and not await lease.renew():
+            log.warning("history writer lease lost: another historian writes the shared database")
+            break
+    lost.set()
+
+
+async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
+    from server.history.database import History
+    from server.history.recorder import Recorder
+    from wire import subjects
+    from wire.records import Record
+
+    history = History(cfg.database_url, retention_days=cfg.retention_days)
     job_prefix = subjects.job_key("")
 
     def on_job(rec: Record) -> None:
@@ -56,10 +122,6 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
         await asyncio.gather(history.run(stop), recorder.run(stop))
     finally:
         await watch.stop()
-        try:
-            await asyncio.wait_for(nc.drain(), timeout=5)
-        except Exception:  # noqa: BLE001
-            await nc.close()
         history.close()
 
 

@@ -12,6 +12,7 @@ A request refused for its content (a bad configuration) is not retried.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -29,7 +30,8 @@ READY_DEADLINE_S = 60.0
 _RETRY_S = 0.25
 
 
-def kv_stream(bucket: str, replicas: int, **extra: object) -> jsapi.StreamConfig:
+def kv_stream(bucket: str, replicas: int, storage: jsapi.StorageType = jsapi.StorageType.FILE,
+              **extra: object) -> jsapi.StreamConfig:
     """A KV bucket's stream: last value per key, per-message TTL, expiry markers."""
     return jsapi.StreamConfig(
         name=f"KV_{bucket}",
@@ -37,7 +39,7 @@ def kv_stream(bucket: str, replicas: int, **extra: object) -> jsapi.StreamConfig
         retention=jsapi.RetentionPolicy.LIMITS,
         max_msgs_per_subject=1,
         discard=jsapi.DiscardPolicy.NEW,
-        storage=jsapi.StorageType.FILE,
+        storage=storage,
         num_replicas=replicas,
         allow_rollup_hdrs=True,
         deny_delete=True,
@@ -76,6 +78,15 @@ def log_stream(name: str, subject_list: list[str], replicas: int, *, work_queue:
     )
 
 
+def hosts_storage(replicas: int) -> jsapi.StorageType:
+    """Heartbeats are ephemeral: replicated, the `hosts` bucket is kept in memory on each
+    node (it survives the loss of a node; a restart of every node loses it, and the
+    leader's grace for unheard hosts keeps work in place until agents are heard again),
+    sparing the fsync of every heartbeat that the state bucket needs
+    (docs/benchmarks.md, "What a heartbeat costs NATS"). A single node keeps it on file."""
+    return jsapi.StorageType.MEMORY if replicas > 1 else jsapi.StorageType.FILE
+
+
 def stream_configs(replicas: int) -> list[jsapi.StreamConfig]:
     """Every stream and bucket, in the order they are created."""
     gib = 1024 * 1024 * 1024
@@ -85,7 +96,7 @@ def stream_configs(replicas: int) -> list[jsapi.StreamConfig]:
             republish=jsapi.RePublish(src=f"$KV.{subjects.STATE_BUCKET}.alloc.>",
                                       dest=f"{subjects.ASSIGN_PREFIX}.>"),
         ),
-        kv_stream(subjects.HOSTS_BUCKET, replicas, duplicate_window=5),
+        kv_stream(subjects.HOSTS_BUCKET, replicas, hosts_storage(replicas), duplicate_window=5),
         log_stream(subjects.STATUS_STREAM, [f"{subjects.STATUS_PREFIX}.>"], replicas, work_queue=True,
                    max_age_days=7, duplicate_window=120),
         log_stream(subjects.CMDS_STREAM, [f"{subjects.CMDS_PREFIX}.>"], replicas, work_queue=True,
@@ -121,7 +132,7 @@ async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float)
             except jserrors.BadRequestError as exc:
                 if exc.err_code != STREAM_IN_USE:
                     raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
-                await store.js.update_stream(cfg)
+                await store.js.update_stream(await _keeping_storage(store, cfg))
             return
         except StoreError:
             raise
@@ -135,6 +146,22 @@ async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float)
                 log.info("JetStream not ready for stream %s yet (%s: %s); retrying", cfg.name,
                          type(exc).__name__, exc)
             await asyncio.sleep(_RETRY_S)
+
+
+async def _keeping_storage(store: Store, cfg: jsapi.StreamConfig) -> jsapi.StreamConfig:
+    """`cfg` with the storage of the stream as it exists: JetStream cannot change a
+    stream's storage in place. A `hosts` bucket made on file by an earlier version stays
+    on file (and costs its fsyncs) until it is deleted with the servers stopped
+    (docs/deployment.md); the servers then make it anew."""
+    info = await store.js.stream_info(cfg.name or "")
+    if info.config.storage is None or cfg.storage is None:
+        return cfg
+    have, want = jsapi.StorageType(info.config.storage), jsapi.StorageType(cfg.storage)  # nats-py gives a str
+    if have == want:
+        return cfg
+    log.warning("stream %s is kept on %s storage (this version makes it on %s): to move it, stop the "
+                "servers, delete the stream and start them again", cfg.name, have.value, want.value)
+    return dataclasses.replace(cfg, storage=have)
 
 
 async def _wait_leader(store: Store, name: str, deadline: float) -> None:

@@ -196,3 +196,106 @@ def test_concurrent_fenced_commits_need_a_fence_slot_each_on_a_clustered_stream(
         asyncio.run(go())
     finally:
         cluster.stop()
+
+
+def test_replicated_hosts_bucket_is_kept_in_memory_and_an_old_file_one_is_kept_as_it_is(tmp_path: Path,
+                                                                                         caplog) -> None:
+    """On 3 nodes the `hosts` bucket is R3 in memory (heartbeats are ephemeral) and the
+    state bucket R3 on file; a `hosts` bucket an earlier version made on file is left on
+    file (JetStream cannot change a stream's storage), with a warning, and start-up goes on."""
+    import dataclasses
+    import logging
+
+    from nats.js import api as jsapi
+
+    from server.broker.natsd import start_cluster
+    from server.state.streams import stream_configs
+    from wire import subjects
+
+    async def storages(url: str, before: list[jsapi.StreamConfig] | None = None) -> dict[str, str]:
+        nc = await connect(url, name="storage")
+        try:
+            store = Store(nc, replicas=3)
+            for cfg in before or []:
+                await store.js.add_stream(cfg)
+            await ensure_streams(store)
+            out = {}
+            for name in (subjects.HOSTS_STREAM, subjects.STATE_STREAM):
+                info = await store.js.stream_info(name)
+                assert info.config.num_replicas == 3
+                out[name] = jsapi.StorageType(info.config.storage).value
+            await store.js.delete_stream(subjects.HOSTS_STREAM)
+            await store.js.delete_stream(subjects.STATE_STREAM)
+            return out
+        finally:
+            await nc.close()
+
+    cluster = start_cluster(tmp_path / "nats", size=3)
+    try:
+        assert asyncio.run(storages(cluster.url)) == {subjects.HOSTS_STREAM: "memory", subjects.STATE_STREAM: "file"}
+        old_hosts = dataclasses.replace(stream_configs(3)[1], storage=jsapi.StorageType.FILE)
+        assert old_hosts.name == subjects.HOSTS_STREAM
+        with caplog.at_level(logging.WARNING, logger="server.state.streams"):
+            assert asyncio.run(storages(cluster.url, [old_hosts])) == {subjects.HOSTS_STREAM: "file",
+                                                                        subjects.STATE_STREAM: "file"}
+        assert any("KV_hosts is kept on file storage" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        cluster.stop()
+
+
+def test_a_restart_of_every_node_empties_the_hosts_bucket_but_keeps_it(tmp_path: Path) -> None:
+    """The `hosts` bucket in memory, after all three nodes are stopped and started again:
+    the bucket is still there (its configuration lives in the cluster's metadata, on
+    disk) and takes heartbeats at once, its old ones are gone (the leader's grace for
+    unheard hosts covers that, docs/failures.md), and the state bucket kept its records."""
+    from server.broker.natsd import free_port, start_cluster
+    from wire import subjects
+
+    ports = [[free_port() for _ in range(3)] for _ in range(3)]
+
+    def cluster():  # the same nodes, ports and data each time
+        return start_cluster(tmp_path / "nats", size=3, client_ports=ports[0], cluster_ports=ports[1],
+                             http_ports=ports[2])
+
+    async def write(url: str) -> None:
+        nc = await connect(url, name="before")
+        try:
+            store = Store(nc, replicas=3)
+            await ensure_streams(store)
+            await store.put("h1", b"heartbeat", bucket=subjects.HOSTS_BUCKET, ttl="15s")
+            await store.put("job.j1", b"job", expected=0)
+        finally:
+            await nc.close()
+
+    async def after(url: str) -> tuple[str, bytes | None, bytes | None, int]:
+        nc = await connect(url, name="after")
+        try:
+            store = Store(nc, replicas=3)
+            deadline = time.monotonic() + 60
+            while True:  # the streams elect their leaders again
+                try:
+                    info = await store.js.stream_info(subjects.HOSTS_STREAM)
+                    rev = await store.put("h2", b"heartbeat", bucket=subjects.HOSTS_BUCKET, ttl="15s")
+                    old = (await store.get("h1", bucket=subjects.HOSTS_BUCKET)).value
+                    job = (await store.get("job.j1")).value
+                    return str(info.config.storage), old, job, rev
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        finally:
+            await nc.close()
+
+    c = cluster()
+    try:
+        asyncio.run(write(c.url))
+    finally:
+        c.stop()
+    c = cluster()
+    try:
+        storage, old, job, rev = asyncio.run(after(c.url))
+    finally:
+        c.stop()
+    assert "memory" in storage
+    assert old is None and rev > 0
+    assert job == b"job"

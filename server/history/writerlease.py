@@ -1,0 +1,78 @@
+"""Which historian writes a database that several server replicas share.
+
+Every replica starts a historian. With SQLite each writes its own file; with a shared
+database (PostgreSQL) one at a time is enough, so the others would only repeat every
+write. The writer holds a key in the state bucket, `history.writer.<database digest>`,
+with a TTL; it renews it every `renew_every_s`, gives it up when it stops, and the others
+try to take it every `retry_every_s`. There is no fencing: history writes are idempotent
+(a row is only replaced by a newer revision), so a moment with two writers costs work,
+never correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+from wire.errors import ConflictError, StoreError
+from wire.kv import Store
+
+log = logging.getLogger(__name__)
+
+
+def shared_database(url: str) -> bool:
+    """A database other replicas may write too (anything but a SQLite file of one's own)."""
+    return not url.startswith("sqlite")
+
+
+def lease_key(url: str) -> str:
+    return "history.writer." + hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
+@dataclass
+class WriterLease:
+    store: Store
+    key: str
+    holder: str
+    ttl_s: int = 10
+    renew_every_s: float = 3.0
+    retry_every_s: float = 2.0
+    revision: int = 0
+    valid_until: float = 0.0  # local monotonic clock
+
+    async def acquire(self) -> bool:
+        """Take the key if nobody holds it (absent, expired, or given up)."""
+        rec = await self.store.get(self.key)
+        if rec.value:
+            return False
+        started = time.monotonic()
+        try:
+            self.revision = await self.store.put(self.key, self.holder.encode(), expected=rec.revision,
+                                                 ttl=f"{self.ttl_s}s")
+        except ConflictError:
+            return False
+        self.valid_until = started + self.ttl_s
+        return True
+
+    async def renew(self) -> bool:
+        """Keep the key. False once it is lost: taken by another, or not renewed in time."""
+        started = time.monotonic()
+        try:
+            self.revision = await self.store.put(self.key, self.holder.encode(), expected=self.revision,
+                                                 ttl=f"{self.ttl_s}s")
+        except ConflictError:
+            return False
+        except StoreError as exc:
+            log.warning("history writer lease not renewed: %s", exc)
+            return time.monotonic() < self.valid_until
+        self.valid_until = started + self.ttl_s
+        return True
+
+    async def release(self) -> None:
+        """Give the key up (an empty value), so another replica takes over at once."""
+        try:
+            await self.store.put(self.key, b"", expected=self.revision, ttl=f"{self.ttl_s}s")
+        except StoreError:
+            pass  # lost already, or NATS gone: the TTL frees it

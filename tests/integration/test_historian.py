@@ -1,0 +1,91 @@
+"""The historian with a database several replicas share: two historians against one
+NATS and one PostgreSQL; one writes at a time, and when it stops the other takes over
+and writes what came after. With SQLite (a file of each replica's own) both write."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from server.history.database import History
+from server.history.historian import HistorianConfig, run
+from server.history.writerlease import lease_key
+from server.state.streams import ensure_streams
+from tests.integration.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import Job, JobSpec, JobState, encode
+
+WRITES = "this historian writes the shared history database"
+
+
+async def _put_job(store: Store, jid: str) -> None:
+    job = Job(id=jid, spec=JobSpec(name=jid, command=["x"]), state=JobState.QUEUED, submitted_at=1.0,
+              updated_at=1.0)
+    await store.put(subjects.job_key(jid), encode(job))
+
+
+async def _until(check, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+async def test_one_historian_writes_a_shared_database_and_the_other_takes_over(
+        nats_url: str, postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.INFO, logger="server.history.historian")
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    history = History(postgres_url)
+    cfg = HistorianConfig(nats_url=nats_url, database_url=postgres_url)
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    a = asyncio.create_task(run(cfg, stop_a))
+    await _until(lambda: caplog.text.count(WRITES) == 1)
+    b = asyncio.create_task(run(cfg, stop_b))
+    try:
+        await _put_job(store, "j1")
+        await _until(lambda: history.get_job("j1") is not None)
+        await asyncio.sleep(3 * 2.0)  # the second has tried to take the lease, more than once
+        assert caplog.text.count(WRITES) == 1
+        assert (await store.get(lease_key(postgres_url))).value
+        stop_a.set()
+        await a
+        # Given up at stop: the other takes it at its next try, and writes what came after.
+        await _until(lambda: caplog.text.count(WRITES) == 2, timeout=30)
+        await _put_job(store, "j2")
+        await _until(lambda: history.get_job("j2") is not None)
+        assert history.get_job("j1") is not None
+    finally:
+        stop_a.set()
+        stop_b.set()
+        await asyncio.gather(a, b)
+        history.close()
+        await nc.close()
+    assert caplog.text.count(WRITES) == 2
+
+
+async def test_historians_of_their_own_sqlite_files_both_write(nats_url: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="server.history.historian")
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    urls = [f"sqlite:///{tmp_path / f'h{i}.db'}" for i in range(2)]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=u), stop)) for u in urls]
+    histories = [History(u) for u in urls]
+    try:
+        await _put_job(store, "j1")
+        await _until(lambda: all(h.get_job("j1") is not None for h in histories))
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        for h in histories:
+            h.close()
+        await nc.close()
+    assert WRITES not in caplog.text
