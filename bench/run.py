@@ -102,7 +102,22 @@ class Bench(Processes):
     machine_cpu_at_end: Any = None
 
     def preloaded_in_history(self) -> int:
-        """How many preloaded jobs the historian has written (its SQLite file, read only)."""
+        """How many preloaded jobs the historian has written (its SQLite file, read only,
+        or the database of --db-url / --postgres)."""
+        if self.args.db_url:
+            from sqlalchemy import create_engine, text
+
+            try:
+                engine = create_engine(self.args.db_url, pool_size=1, max_overflow=0)
+                try:
+                    with engine.connect() as conn:
+                        # A literal prefix: answered from the key's index (text_pattern_ops).
+                        return int(conn.execute(text("SELECT count(*) FROM jobs WHERE id LIKE :p"),
+                                                {"p": PRELOAD_PREFIX + "%"}).scalar_one())
+                finally:
+                    engine.dispose()
+            except Exception:  # noqa: BLE001 - not created yet, or busy
+                return 0
         db = self.server_data_dir / HISTORY_DB_FILE
         if not db.exists():
             return 0
