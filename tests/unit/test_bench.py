@@ -291,3 +291,24 @@ async def test_one_job_per_request_client_moves_to_the_next_replica_when_its_own
     assert (res.submitted, res.failed) == (9, 1)
     assert len(conns_a) == 1 and len(conns_b) == 1
     assert len(seen) == 9 and len(set(seen)) == 9
+
+
+def test_preloaded_jobs_are_counted_in_the_history_database_the_servers_were_given(tmp_path: Path) -> None:
+    """With --db-url (or --postgres) the start waits on that database, not on a SQLite
+    file in the first server's data directory (which then never appears)."""
+    import argparse
+    import sqlite3
+
+    from bench.preload import PREFIX
+    from bench.run import Bench
+
+    db = tmp_path / "shared.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY)")
+    con.executemany("INSERT INTO jobs VALUES (?)", [(f"{PREFIX}{i}",) for i in range(3)] + [("j-other",)])
+    con.commit()
+    con.close()
+    assert Bench(argparse.Namespace(db_url=f"sqlite:///{db}"), tmp_path / "work").preloaded_in_history() == 3
+    assert Bench(argparse.Namespace(db_url=None), tmp_path / "work").preloaded_in_history() == 0
+    assert Bench(argparse.Namespace(db_url=f"sqlite:///{tmp_path / 'none' / 'x.db'}"),
+                 tmp_path / "work").preloaded_in_history() == 0
