@@ -192,6 +192,10 @@ class Bench(Processes):
 
     def stop_all(self) -> None:
         super().stop_all()
+        # The servers' helpers (a historian's last flush) may outlive them a moment: let
+        # them finish before their database goes.
+        helpers = [c.proc for c in self.children if c.popen is None and c.name.startswith("server")]
+        psutil.wait_procs(helpers, timeout=20)
         if self.pg is not None:
             stop_postgres(self.pg)
             self.pg = None

@@ -6,14 +6,16 @@ write. The writer holds a key in the state bucket, `history.writer.<database dig
 with a TTL; it renews it every `renew_every_s`, gives it up when it stops, and the others
 try to take it every `retry_every_s`. There is no fencing: history writes are idempotent
 (a row is only replaced by a newer revision), so a moment with two writers costs work,
-never correctness.
+never correctness. For the same reason a writer whose renewal fails (NATS slow or out of
+reach) keeps writing, and stops only once it sees another holder: stopping on a timeout
+made a loaded cluster hand the lease back and forth, and each new writer reads every job
+record again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from dataclasses import dataclass
 
 from wire.errors import ConflictError, StoreError
@@ -36,38 +38,33 @@ class WriterLease:
     store: Store
     key: str
     holder: str
-    ttl_s: int = 10
-    renew_every_s: float = 3.0
+    ttl_s: int = 30
+    renew_every_s: float = 5.0
     retry_every_s: float = 2.0
     revision: int = 0
-    valid_until: float = 0.0  # local monotonic clock
 
     async def acquire(self) -> bool:
         """Take the key if nobody holds it (absent, expired, or given up)."""
         rec = await self.store.get(self.key)
         if rec.value:
             return False
-        started = time.monotonic()
         try:
             self.revision = await self.store.put(self.key, self.holder.encode(), expected=rec.revision,
                                                  ttl=f"{self.ttl_s}s")
         except ConflictError:
             return False
-        self.valid_until = started + self.ttl_s
         return True
 
     async def renew(self) -> bool:
-        """Keep the key. False once it is lost: taken by another, or not renewed in time."""
-        started = time.monotonic()
+        """Keep the key. False once another holds it (the key moved on since our write);
+        a renewal that fails otherwise is tried again at the next one."""
         try:
             self.revision = await self.store.put(self.key, self.holder.encode(), expected=self.revision,
                                                  ttl=f"{self.ttl_s}s")
         except ConflictError:
             return False
         except StoreError as exc:
-            log.warning("history writer lease not renewed: %s", exc)
-            return time.monotonic() < self.valid_until
-        self.valid_until = started + self.ttl_s
+            log.warning("history writer lease not renewed (still writing, trying again): %s", exc)
         return True
 
     async def release(self) -> None:
