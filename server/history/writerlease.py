@@ -9,7 +9,8 @@ try to take it every `retry_every_s`. There is no fencing: history writes are id
 never correctness. For the same reason a writer whose renewal fails (NATS slow or out of
 reach) keeps writing, and stops only once it sees another holder: stopping on a timeout
 made a loaded cluster hand the lease back and forth, and each new writer reads every job
-record again.
+record again. The price of the long TTL: after a writer's crash (not a stop, which gives
+the key up) history waits up to `ttl_s` for the next.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ class WriterLease:
     store: Store
     key: str
     holder: str
-    ttl_s: int = 30
-    renew_every_s: float = 5.0
+    # Long: a historian runs at nice +10, and on a saturated machine its loop (reading
+    # 500,000 job records at start) went more than 30 s without renewing.
+    ttl_s: int = 120
+    renew_every_s: float = 10.0
     retry_every_s: float = 2.0
     revision: int = 0
 
