@@ -15,6 +15,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import secrets
 import socket
 from dataclasses import asdict, dataclass
 
@@ -68,7 +69,8 @@ async def _pause(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
-    lease = WriterLease(store, lease_key(cfg.database_url), holder=f"{socket.gethostname()}:{os.getpid()}")
+    lease = WriterLease(store, lease_key(cfg.database_url),
+                        holder=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}")
     while not stop.is_set():
         try:
             held = await lease.acquire()

@@ -47,8 +47,12 @@ class WriterLease:
     revision: int = 0
 
     async def acquire(self) -> bool:
-        """Take the key if nobody holds it (absent, expired, or given up)."""
+        """Take the key if nobody holds it (absent, expired, or given up), or find it ours
+        (a write whose answer was lost)."""
         rec = await self.store.get(self.key)
+        if rec.value == self.holder.encode():
+            self.revision = rec.revision
+            return True
         if rec.value:
             return False
         try:
@@ -65,7 +69,14 @@ class WriterLease:
             self.revision = await self.store.put(self.key, self.holder.encode(), expected=self.revision,
                                                  ttl=f"{self.ttl_s}s")
         except ConflictError:
-            return False
+            # Moved on: another holder, or our own earlier renewal whose answer timed out.
+            try:
+                rec = await self.store.get(self.key)
+            except StoreError:
+                return True
+            if rec.value != self.holder.encode():
+                return False
+            self.revision = rec.revision
         except StoreError as exc:
             log.warning("history writer lease not renewed (still writing, trying again): %s", exc)
         return True

@@ -37,12 +37,17 @@ async def test_a_writer_keeps_the_lease_through_timeouts_and_gives_it_up_to_a_ne
     assert await mine.renew()  # still the writer
     store.fail = None
     assert await mine.renew()
+    # A renewal that landed although its answer timed out: the key moved on, to us.
+    store.revision += 1
+    assert await mine.renew() and mine.revision == store.revision
     # The key expired (its expiry marker is the last revision) and another took it.
     store.value, store.revision = None, store.revision + 1
     assert await other.acquire()
     assert not await mine.renew()
     await other.release()
     assert store.value == b"" and await mine.acquire()
+    # An acquisition that landed although its answer was lost is found ours.
+    assert await mine.acquire() and mine.revision == store.revision
 
 
 def test_only_a_database_of_others_too_is_shared() -> None:
