@@ -26,6 +26,10 @@ from wire.kv import Store
 log = logging.getLogger(__name__)
 
 STREAM_IN_USE = 10058  # the stream exists with another configuration: update it
+# "no suitable peers for placement, peer offline": a cluster that has just formed may not
+# have seen every peer yet (seen in CI). Retried within the deadline like a timeout; a
+# cluster too small for the replicas asked answers the same, and fails at the deadline.
+NO_PEERS_YET = 10005
 READY_DEADLINE_S = 60.0
 _RETRY_S = 0.25
 
@@ -122,6 +126,10 @@ async def ensure_streams(store: Store, deadline_s: float = READY_DEADLINE_S) -> 
         await _wait_leader(store, cfg.name or "", deadline)
 
 
+class _NotReady(Exception):
+    """A refusal that means the cluster is not ready yet (retried)."""
+
+
 async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float) -> None:
     tries = 0
     while True:
@@ -130,6 +138,8 @@ async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float)
             try:
                 await store.js.add_stream(cfg)
             except jserrors.BadRequestError as exc:
+                if exc.err_code == NO_PEERS_YET:
+                    raise _NotReady(str(exc)) from exc
                 if exc.err_code != STREAM_IN_USE:
                     raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
                 await store.js.update_stream(await _keeping_storage(store, cfg))

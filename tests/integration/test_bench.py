@@ -268,8 +268,12 @@ async def check(url: str) -> dict:
         try:
             await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
             break
-        except BadRequestError:
-            raise
+        except BadRequestError as exc:
+            if exc.err_code != 10005:  # "no suitable peers": a peer not seen yet, retried
+                raise
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
         except Exception:
             if time.monotonic() > deadline:
                 raise
