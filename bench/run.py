@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sqlite3
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from bench.workload import (
     write_fleet,
 )
 from server.history.database import DB_FILE as HISTORY_DB_FILE
-from wire import natsclient
+from wire import natsclient, subjects
 from wire.submit import submit_over_nats
 
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
@@ -101,36 +100,28 @@ class Bench(Processes):
     machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
     machine_cpu_at_end: Any = None
 
-    def preloaded_in_history(self) -> int:
-        """How many preloaded jobs the historian has written (its SQLite file, read only,
-        or the database of --db-url / --postgres)."""
-        if self.args.db_url:
-            from sqlalchemy import create_engine, text
+    @property
+    def history_url(self) -> str:
+        """The history database the servers write: --db-url / --postgres, or the first
+        server's SQLite file, opened read only."""
+        return self.args.db_url or sqlite_read_only(str(self.server_data_dir / HISTORY_DB_FILE))
 
-            try:
-                engine = create_engine(self.args.db_url, pool_size=1, max_overflow=0)
-                try:
-                    with engine.connect() as conn:
-                        # A literal prefix: answered from the key's index (text_pattern_ops).
-                        return int(conn.execute(text("SELECT count(*) FROM jobs WHERE id LIKE :p"),
-                                                {"p": PRELOAD_PREFIX + "%"}).scalar_one())
-                finally:
-                    engine.dispose()
-            except Exception:  # noqa: BLE001 - not created yet, or busy
-                return 0
-        db = self.server_data_dir / HISTORY_DB_FILE
-        if not db.exists():
-            return 0
+    def preloaded_in_history(self) -> int:
+        """How many preloaded jobs the historian has written."""
+        from sqlalchemy import create_engine, text
+
+        # A key range, not LIKE: answered from the primary key's index on both dialects.
+        upper = PRELOAD_PREFIX[:-1] + chr(ord(PRELOAD_PREFIX[-1]) + 1)
         try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            engine = create_engine(self.history_url)
             try:
-                # GLOB (case-sensitive) with a literal prefix is answered from the key's index.
-                return int(con.execute("SELECT count(*) FROM jobs WHERE id GLOB ?",
-                                       (PRELOAD_PREFIX + "*",)).fetchone()[0])
+                with engine.connect() as conn:
+                    return int(conn.execute(text("SELECT count(*) FROM jobs WHERE id >= :lo AND id < :hi"),
+                                            {"lo": PRELOAD_PREFIX, "hi": upper}).scalar_one())
             finally:
-                con.close()
-        except sqlite3.Error:
-            return 0  # not created yet, or busy
+                engine.dispose()
+        except Exception:  # noqa: BLE001 - not created yet, or busy
+            return 0
 
     # ------------------------------------------------------------ the run
 
@@ -222,7 +213,7 @@ class Bench(Processes):
             name = self.scrapes.leader
             victim = next((c for c, _ in self.servers if c.name == name), None)
         else:
-            info = await nc.jetstream(timeout=10).stream_info("KV_state")
+            info = await nc.jetstream(timeout=10).stream_info(subjects.STATE_STREAM)
             name = info.cluster.leader if info.cluster else None
             victim = next((c for c in self.children if c.name == f"nats-server-{name}"), None)
         if victim is None or victim.popen is None:
@@ -600,7 +591,7 @@ class Bench(Processes):
                       for delay, what in ((a.kill_leader_at, "leader server"),
                                           (a.kill_nats_leader_at, "NATS state stream leader"))
                       if delay is not None]
-        lag = HistoryLag(a.db_url or sqlite_read_only(str(self.server_data_dir / HISTORY_DB_FILE)), since=t0)
+        lag = HistoryLag(self.history_url, since=t0)
         stop_lag = asyncio.Event()
         lag_task = asyncio.create_task(lag.run(stop_lag))
         lost_task = None
