@@ -39,10 +39,11 @@ class WriterLease:
     store: Store
     key: str
     holder: str
-    # Long: a historian runs at nice +10, and on a saturated machine its loop (reading
-    # 500,000 job records at start) went more than 30 s without renewing.
-    ttl_s: int = 120
-    renew_every_s: float = 10.0
+    # A writer that died unannounced (SIGKILL) holds history up for this long; a renewal
+    # that times out does not end the writer (see renew), so the TTL need not cover the
+    # historian's slowest renewals on a saturated machine.
+    ttl_s: int = 30
+    renew_every_s: float = 5.0
     retry_every_s: float = 2.0
     revision: int = 0
 
