@@ -1,7 +1,8 @@
 """The server's helper processes (historian, heartbeat ingest): how each one runs and
 stops. A helper names itself (`ps` shows `muster-history`, `muster-ingest`), stops
 cleanly on SIGTERM or SIGINT, and does not outlive the server: when its parent is gone
-(kill -9) it stops by itself within a second."""
+(kill -9) it stops by itself within a second. The server starts a helper that died
+again (HelperProcess.run)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -60,3 +62,66 @@ def stop_helper(proc: multiprocessing.process.BaseProcess | None, timeout: float
     if proc.is_alive():
         proc.kill()
         proc.join(5)
+
+
+class HelperProcess:
+    """A helper process the server starts beside itself, starts again whenever it has
+    died, and stops. Subclasses say how it starts (`start`, which sets `proc`)."""
+
+    label = "helper"  # for the log
+
+    def __init__(self) -> None:
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self.restarts = 0
+        self._stopping = False
+        self._deaths: list[float] = []  # when the process was last found dead
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def restarted(self) -> None:
+        """Called after each restart (a metric, say)."""
+
+    def _join(self) -> None:
+        if self.proc is not None:
+            self.proc.join(5)
+
+    async def run(self, stop: asyncio.Event, check_s: float = 0.5) -> None:
+        """Start the process again whenever it has died, until `stop`. Backs off when it
+        keeps dying (NATS refusing it, say): 0.5 s after the first death in a minute,
+        doubling up to 30 s."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=check_s)
+            except TimeoutError:
+                pass
+            if stop.is_set() or self._stopping:
+                return
+            if self.alive:
+                continue
+            now = time.monotonic()
+            self._deaths = [t for t in self._deaths if now - t < 60] + [now]
+            delay = min(30.0, 0.5 * 2 ** (len(self._deaths) - 1))
+            code = self.proc.exitcode if self.proc is not None else None
+            log.warning("%s process exited (code %s); restarting it in %.1f s", self.label, code, delay)
+            await asyncio.to_thread(self._join)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+                return
+            except TimeoutError:
+                pass
+            if self._stopping:
+                return
+            self.restarts += 1
+            self.restarted()
+            self.start()
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM the process and wait for it (blocking); no restart after this."""
+        self._stopping = True
+        stop_helper(self.proc, timeout)
+        self.proc = None

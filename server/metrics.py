@@ -37,6 +37,9 @@ HEARTBEAT_INGEST_RESTARTS = Counter(
     "muster_heartbeat_ingest_restarts_total", "Heartbeat ingest processes restarted after dying",
     registry=REGISTRY,
 )
+HISTORIAN_RESTARTS = Counter(
+    "muster_historian_restarts_total", "Historian processes restarted after dying", registry=REGISTRY,
+)
 DROPPED = Counter(
     "muster_messages_dropped_total",
     "Untrusted messages dropped (malformed, oversized, wrong host, stale term)",

@@ -206,6 +206,8 @@ class Muster:
                 asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
                 asyncio.create_task(self.history.run(self._stop), name="history"),
             ]
+        if self.historian is not None:
+            self._tasks.append(asyncio.create_task(self.historian.run(self._stop), name="historian"))
         if self.ingest is not None:
             self._tasks.append(asyncio.create_task(self.ingest.run(self._stop), name="heartbeat-ingest"))
         self._tasks += [

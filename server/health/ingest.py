@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from server import metrics
-from server.childproc import stop_helper
+from server.childproc import HelperProcess
 from wire import subjects
 
 log = logging.getLogger(__name__)
@@ -210,14 +210,16 @@ def main(config: dict[str, object], out: Connection) -> None:
 # ---------------------------------------------------------------- parent
 
 
-class HeartbeatIngest:
+class HeartbeatIngest(HelperProcess):
     """Starts the ingest process, applies its batches on the event loop, restarts it when
     it dies. Looks like a Watch to `Muster._wait_synced` (`bucket`, `synced`, `received`)."""
 
     bucket = subjects.HOSTS_BUCKET
+    label = "heartbeat ingest"
 
     def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
                  on_position: Callable[[float, int, float, int], None] | None = None) -> None:
+        super().__init__()
         self.cfg = cfg
         self.apply = apply
         # Told (stream time sent up to, records still unsent, local time, records the
@@ -225,18 +227,10 @@ class HeartbeatIngest:
         self.on_position = on_position
         self.synced = asyncio.Event()
         self.received = 0
-        self.restarts = 0
         self.lag_s = 0.0  # age of the newest batch's first record when it was applied
         self.batches_read = 0  # batches taken from the pipe (one at a time: see _read)
-        self.proc: multiprocessing.process.BaseProcess | None = None
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = False
-        self._deaths: list[float] = []  # when the ingest process was last found dead
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -302,44 +296,17 @@ class HeartbeatIngest:
         if batch.synced:
             self.synced.set()
 
-    async def run(self, stop: asyncio.Event, check_s: float = 0.5) -> None:
-        """Restart the ingest process whenever it has died, until `stop`."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=check_s)
-            except TimeoutError:
-                pass
-            if stop.is_set() or self._stopping:
-                return
-            if not self.alive:
-                # Back off when it keeps dying (NATS refusing it, say): 0.5 s after the
-                # first death in a minute, doubling up to 30 s.
-                now = time.monotonic()
-                self._deaths = [t for t in self._deaths if now - t < 60] + [now]
-                delay = min(30.0, 0.5 * 2 ** (len(self._deaths) - 1))
-                code = self.proc.exitcode if self.proc is not None else None
-                log.warning("heartbeat ingest process exited (code %s); restarting it in %.1f s", code, delay)
-                await asyncio.to_thread(self._join)
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                    return
-                except TimeoutError:
-                    pass
-                self.restarts += 1
-                metrics.HEARTBEAT_INGEST_RESTARTS.inc()
-                self.start()
+    def restarted(self) -> None:
+        metrics.HEARTBEAT_INGEST_RESTARTS.inc()
 
     def _join(self) -> None:
-        if self.proc is not None:
-            self.proc.join(5)
+        super()._join()
         if self._reader is not None:
             self._reader.join(5)
 
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM the child, wait for it and for the reader thread (blocking)."""
-        self._stopping = True
-        stop_helper(self.proc, timeout)
+        super().stop(timeout)
         if self._reader is not None:
             self._reader.join(5)
-        self.proc = None
         self._reader = None

@@ -19,7 +19,8 @@ import secrets
 import socket
 from dataclasses import asdict, dataclass
 
-from server.childproc import stop_helper
+from server import metrics
+from server.childproc import HelperProcess
 from server.history.writerlease import WriterLease, lease_key, shared_database
 from wire.errors import StoreError
 from wire.kv import Store
@@ -27,6 +28,7 @@ from wire.kv import Store
 log = logging.getLogger(__name__)
 
 HISTORIAN_NICE = 10  # added to the historian process's nice value
+RESTART_EVERY_S = 2.0  # after writing could not start or stopped on an error
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
         if shared_database(cfg.database_url):
             await _write_while_leased(cfg, store, stop)
         else:
-            await _write(cfg, store, stop)
+            await _write_until(cfg, store, stop)
     finally:
         try:
             await asyncio.wait_for(nc.drain(), timeout=5)
@@ -84,7 +86,7 @@ async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.
         lost = asyncio.Event()  # set when the lease is lost, or on stop
         keeper = asyncio.create_task(_keep(lease, stop, lost), name="history-writer-lease")
         try:
-            await _write(cfg, store, lost)
+            await _write_until(cfg, store, lost)
         finally:
             lost.set()
             keeper.cancel()
@@ -104,6 +106,19 @@ async def _keep(lease: WriterLease, stop: asyncio.Event, lost: asyncio.Event) ->
     lost.set()
 
 
+async def _write_until(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
+    """Write until `stop`. Writing may fail to start, or end, when the database or NATS is
+    down (a schema check needs the database, a watch needs the stream's leader): it is
+    started again every RESTART_EVERY_S, never given up, since no other process would
+    write this history instead."""
+    while not stop.is_set():
+        try:
+            await _write(cfg, store, stop)
+        except Exception as exc:  # noqa: BLE001 - database or NATS down: try again
+            log.warning("history writing stopped (%s); starting again in %.0f s", exc, RESTART_EVERY_S)
+            await _pause(stop, RESTART_EVERY_S)
+
+
 async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
     from server.history.database import History
     from server.history.recorder import Recorder
@@ -118,12 +133,16 @@ async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> Non
             # Decoded at the next flush, and only if no newer revision came first.
             history.record_raw(rec.key.removeprefix(job_prefix), rec.value, rec.revision)
 
-    watch = await store.watch("job.>", on_job, bucket=subjects.STATE_BUCKET)
-    recorder = Recorder(store.js, history, cfg.database_url)
     try:
-        await asyncio.gather(history.run(stop), recorder.run(stop))
+        watch = await store.watch("job.>", on_job, bucket=subjects.STATE_BUCKET)
+        try:
+            recorder = Recorder(store.js, history, cfg.database_url)
+            async with asyncio.TaskGroup() as group:  # one failing stops the other
+                group.create_task(history.run(stop), name="history-flush")
+                group.create_task(recorder.run(stop), name="history-recorder")
+        finally:
+            await watch.stop()
     finally:
-        await watch.stop()
         history.close()
 
 
@@ -138,22 +157,22 @@ def main(config: dict[str, object]) -> None:
     run_helper("muster-history", lambda stop: run(cfg, stop), nice=HISTORIAN_NICE)
 
 
-class HistorianProcess:
-    """Starts and stops the historian beside this process."""
+class HistorianProcess(HelperProcess):
+    """Starts the historian beside this process, again when it has died (run), and stops it."""
+
+    label = "historian"
 
     def __init__(self, cfg: HistorianConfig) -> None:
+        super().__init__()
         self.cfg = cfg
-        self.proc: multiprocessing.process.BaseProcess | None = None
 
     def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(target=main, args=(asdict(self.cfg),), name="muster-historian", daemon=True)
         self.proc.start()
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
+    def restarted(self) -> None:
+        metrics.HISTORIAN_RESTARTS.inc()
 
     def stop(self, timeout: float = 15) -> None:
-        stop_helper(self.proc, timeout)  # SIGTERM: last flush, then exit
-        self.proc = None
+        super().stop(timeout)  # SIGTERM: last flush, then exit

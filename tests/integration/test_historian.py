@@ -1,6 +1,8 @@
 """The historian with a database several replicas share: two historians against one
 NATS and one PostgreSQL; one writes at a time, and when it stops the other takes over
-and writes what came after. With SQLite (a file of each replica's own) both write."""
+and writes what came after. With SQLite (a file of each replica's own) both write. A
+historian that takes over while PostgreSQL is down keeps trying, and writes once it is
+back."""
 
 from __future__ import annotations
 
@@ -14,12 +16,21 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, run
 from server.history.writerlease import lease_key
 from server.state.streams import ensure_streams
-from tests.integration.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from tests.integration.postgres import (  # noqa: F401 - fixtures
+    crash_postgres,
+    find_pg_bin,
+    postgres_server,
+    postgres_url,
+    restart_postgres,
+    start_postgres,
+    stop_postgres,
+)
 from wire import subjects
 from wire.kv import Store, connect
 from wire.messages import Job, JobSpec, JobState, encode
 
 WRITES = "this historian writes the shared history database"
+RESTARTS = "history writing stopped"
 
 
 async def _put_job(store: Store, jid: str) -> None:
@@ -89,3 +100,72 @@ async def test_historians_of_their_own_sqlite_files_both_write(nats_url: str, tm
             h.close()
         await nc.close()
     assert WRITES not in caplog.text
+
+
+async def test_a_historian_that_starts_while_postgresql_is_down_writes_once_it_is_back(
+        nats_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The takeover in test_topology: the writer's replica is killed, and PostgreSQL is down
+    # when the other historian takes the lease and checks the schema.
+    caplog.set_level(logging.INFO, logger="server.history.historian")
+    bindir = find_pg_bin()
+    assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
+    pg = start_postgres(bindir)
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    stop = asyncio.Event()
+    task: asyncio.Task[None] | None = None
+    try:
+        crash_postgres(pg)
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
+        await _until(lambda: caplog.text.count(RESTARTS) >= 2)  # tried, and tried again
+        assert not task.done()
+        await _put_job(store, "j1")
+        await asyncio.to_thread(restart_postgres, pg)
+        history = History(pg.url)
+        try:
+            await _until(lambda: history.get_job("j1") is not None)
+        finally:
+            history.close()
+        assert caplog.text.count(WRITES) == 1  # the lease was kept throughout
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+        await nc.close()
+        stop_postgres(pg)
+
+
+async def test_a_killed_historian_process_is_started_again_and_writes(nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+
+    from server.history.historian import HistorianProcess
+
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    historian = HistorianProcess(HistorianConfig(nats_url=nats_url, database_url=url))
+    stop = asyncio.Event()
+    historian.start()
+    supervisor = asyncio.create_task(historian.run(stop))
+    history = History(url)
+    try:
+        await _put_job(store, "j1")
+        await _until(lambda: history.get_job("j1") is not None)
+        assert historian.proc is not None and historian.proc.pid is not None
+        os.kill(historian.proc.pid, signal.SIGKILL)
+        await _until(lambda: historian.restarts == 1)
+        await _put_job(store, "j2")
+        await _until(lambda: history.get_job("j2") is not None)
+        assert historian.alive
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        proc = historian.proc
+        await asyncio.to_thread(historian.stop)
+        history.close()
+        await nc.close()
+    assert proc is not None and proc.exitcode == 0  # the restarted one stopped cleanly on SIGTERM
+    assert historian.restarts == 1 and historian.proc is None
