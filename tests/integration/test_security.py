@@ -177,6 +177,7 @@ def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: Aut
         await sub_nc.flush()
         await srv.publish("alerts.host.lost", b"lost")
         await srv.publish("muster.events.host.LOST", b"event")
+        await srv.flush()  # both published: a missing one below is the subscriber's
         assert (await alerts.next_msg(timeout=15)).data == b"lost"
         assert (await events.next_msg(timeout=15)).data == b"event"
         assert errors.seen == []
