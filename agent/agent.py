@@ -60,6 +60,7 @@ from wire.messages import (
     encode,
     shape_digest,
 )
+from wire.stopping import pause
 from wire.subjects import agent_inbox_prefix
 
 log = logging.getLogger(__name__)
@@ -349,19 +350,13 @@ class Agent:
             await self._check_fence()
             if self._resend_unapplied(time.monotonic()):
                 await self._refresh_assignments()  # in case it is our view that is old
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=self.config.heartbeat_interval_s)
-            except TimeoutError:
-                pass
+            await pause(self._stop, self.config.heartbeat_interval_s)
 
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():
             await self._check_fence()
             self._keep_watchdog()
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=0.5)
-            except TimeoutError:
-                pass
+            await pause(self._stop, 0.5)
 
     async def _check_fence(self) -> None:
         silent = time.monotonic() - self.last_heartbeat_ok

@@ -20,6 +20,7 @@ from sqlalchemy import bindparam, create_engine, text
 
 from bench.stats import summary_ms
 from wire.messages import JobState
+from wire.stopping import pause
 
 TERMINAL = tuple(s.value for s in JobState if s.terminal)
 _ROWS = text("SELECT id, updated_at FROM jobs WHERE state IN :states AND updated_at >= :lo").bindparams(
@@ -64,10 +65,7 @@ class HistoryLag:
                 await asyncio.to_thread(self.poll_once)
             except Exception:  # noqa: BLE001 - the database not there yet, or busy: counted, polled again
                 self.errors += 1
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.every_s)
-            except TimeoutError:
-                pass
+            await pause(stop, self.every_s)
 
     def finish(self) -> dict[str, Any]:
         """The lag figures; one last full read counts the terminal rows the polls missed."""

@@ -54,6 +54,7 @@ from bench.workload import (
 )
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from wire import natsclient, subjects
+from wire.stopping import pause
 from wire.submit import submit_over_nats
 
 SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } userErrors { message } } }"""
@@ -176,10 +177,7 @@ class Bench(Processes):
                 follow, m = self.scrapes.add(time.time(), scrapes, [c.name for c, _ in self.servers])
                 self.metrics.append((time.time(), m))
                 self.metrics_from.append(follow)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+            await pause(stop, 1.0)
 
     def stop_all(self) -> None:
         super().stop_all()

@@ -14,6 +14,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from wire.stopping import pause
+
 log = logging.getLogger(__name__)
 
 
@@ -95,10 +97,7 @@ class HelperProcess:
         keeps dying (NATS refusing it, say): 0.5 s after the first death in a minute,
         doubling up to 30 s."""
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=check_s)
-            except TimeoutError:
-                pass
+            await pause(stop, check_s)
             if stop.is_set() or self._stopping:
                 return
             if self.alive:
@@ -109,11 +108,8 @@ class HelperProcess:
             code = self.proc.exitcode if self.proc is not None else None
             log.warning("%s process exited (code %s); restarting it in %.1f s", self.label, code, delay)
             await asyncio.to_thread(self._join)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            if await pause(stop, delay):
                 return
-            except TimeoutError:
-                pass
             if self._stopping:
                 return
             self.restarts += 1

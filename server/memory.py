@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from wire.stopping import pause
+
 
 def freeze_survivors() -> None:
     """Collect the young generations, then freeze everything left (O(1); counting the
@@ -35,11 +37,7 @@ def freeze_survivors() -> None:
 async def keep_frozen(stop: asyncio.Event, every_s: float = 2.0) -> None:
     """Freeze the survivors every `every_s` until `stop`."""
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except TimeoutError:
-            pass
-        if not stop.is_set():
+        if not await pause(stop, every_s):
             freeze_survivors()
 
 

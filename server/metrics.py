@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from server.memory import on_collection
+from wire.stopping import pause
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -144,10 +145,7 @@ async def watch_loop_lag(stop: asyncio.Event, every_s: float = 0.1) -> None:
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         due = loop.time() + every_s
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except TimeoutError:
-            pass
+        await pause(stop, every_s)
         LOOP_LAG.observe(max(0.0, loop.time() - due))
 
 

@@ -50,6 +50,7 @@ from wire.messages import (
     new_id,
 )
 from wire.records import Record
+from wire.stopping import pause
 from wire.validation import validate_job, validate_queue, validate_reason
 
 log = logging.getLogger(__name__)
@@ -309,10 +310,7 @@ class Muster:
                 metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
             self._queue_gauges()
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=2)
-            except TimeoutError:
-                pass
+            await pause(self._stop, 2)
 
     def _queue_gauges(self) -> None:
         """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share."""

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from server import metrics
 from server.childproc import HelperProcess
 from wire import subjects
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +176,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
     sent_synced = False
     try:
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=cfg.flush_s)
-            except TimeoutError:
-                pass
+            await pause(stop, cfg.flush_s)
             synced = watch.synced.is_set()
             while (pending or synced != sent_synced) and not stop.is_set():
                 batch = pending.take(cfg.batch_max, synced)

@@ -38,6 +38,7 @@ from server.history.timeline import job_events
 from server.scheduling.queues import gpu_amount
 from wire.errors import DecodeError
 from wire.messages import MAX_RECORD_BYTES, Job, decode
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -350,10 +351,7 @@ class History:
         set, prune about every `prune_every_s` seconds."""
         next_prune = time.monotonic()
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=every_s)
-            except TimeoutError:
-                pass
+            await pause(stop, every_s)
             try:
                 await asyncio.to_thread(self.flush)
             except Exception:  # noqa: BLE001 - the database may be restarting; keep going

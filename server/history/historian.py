@@ -24,6 +24,7 @@ from server.childproc import HelperProcess
 from server.history.writerlease import WriterLease, lease_key, shared_database
 from wire.errors import StoreError
 from wire.kv import Store
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,6 @@ async def run(cfg: HistorianConfig, stop: asyncio.Event) -> None:
             await nc.close()
 
 
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
-
-
 async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
     lease = WriterLease(store, lease_key(cfg.database_url),
                         holder=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}")
@@ -80,7 +74,7 @@ async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.
             log.warning("history writer lease: %s", exc)
             held = False
         if not held:
-            await _pause(stop, lease.retry_every_s)
+            await pause(stop, lease.retry_every_s)
             continue
         log.info("this historian writes the shared history database")
         lost = asyncio.Event()  # set when the lease is lost, or on stop
@@ -99,7 +93,7 @@ async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.
 async def _keep(lease: WriterLease, stop: asyncio.Event, lost: asyncio.Event) -> None:
     """Renew the lease until `stop`, or until it is lost; then set `lost`."""
     while not stop.is_set():
-        await _pause(stop, lease.renew_every_s)
+        await pause(stop, lease.renew_every_s)
         if not stop.is_set() and not await lease.renew():
             log.warning("history writer lease lost: another historian writes the shared database")
             break
@@ -116,7 +110,7 @@ async def _write_until(cfg: HistorianConfig, store: Store, stop: asyncio.Event) 
             await _write(cfg, store, stop)
         except Exception as exc:  # noqa: BLE001 - database or NATS down: try again
             log.warning("history writing stopped (%s); starting again in %.0f s", exc, RESTART_EVERY_S)
-            await _pause(stop, RESTART_EVERY_S)
+            await pause(stop, RESTART_EVERY_S)
 
 
 async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:

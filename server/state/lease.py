@@ -24,6 +24,7 @@ from typing import Protocol
 
 from wire.errors import ConfigError, ConflictError, StoreError
 from wire.kv import Fence, Store, Write
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +205,7 @@ class Leadership:
             except Exception:  # noqa: BLE001
                 log.exception("lease loop error")
             wait = self.config.renew_every_s if self.term else self.config.retry_every_s
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=wait)
-            except TimeoutError:
-                pass
+            await pause(stop, wait)
         await self.resign()
 
     async def resign(self) -> None:
