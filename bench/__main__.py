@@ -6,6 +6,7 @@
     python -m bench plot bench/results/50k-500.json [-o 50k-500.png]
     python -m bench placement --pods PODS.csv --nodes NODES.csv [--policy fgd] [--seeds 10]
     python -m bench --tenants 4 --hosts 200 --rate 500 [--trace]   (fairness: bench/fairness.py)
+    python -m bench backlog --hosts 50000 --queues 8   (plan_cycle with a long queue: bench/backlog.py)
 
 See bench/run.py for what is measured, `python -m bench --help` for every option and
 bench/results/README.md for the recorded runs.
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.placement import main as placement_main
 
         return placement_main(argv[1:])
+    if argv[:1] == ["backlog"]:
+        from bench.backlog import main as backlog_main
+
+        return backlog_main(argv[1:])
     if any(a == "--tenants" or a.startswith("--tenants=") for a in argv):
         from bench.fairness import run as fairness_run
 

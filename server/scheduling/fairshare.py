@@ -101,10 +101,13 @@ def within_queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
 
-def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], float]) -> Iterator[Job]:
+def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], float],
+                    rest: Callable[[str, int], bool] | None = None) -> Iterator[Job]:
     """Each queue's jobs (already in within-queue order), interleaved: the queue with the
     lowest `share` (as it is when its turn comes) goes next; ties by queue name. `share`
-    is read again after every job, so placements made meanwhile count."""
+    is read again after every job, so placements made meanwhile count. `rest(q, i)`, asked
+    before a queue's i-th job is handed out, may drop that job and the queue's others
+    after it (the caller has dealt with them all: none of them could be admitted)."""
     heap = [(share(q), q, 0) for q, jobs in by_queue.items() if jobs]
     heapq.heapify(heap)
     while heap:
@@ -112,6 +115,8 @@ def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], fl
         now_s = share(q)
         if now_s > s + 1e-12:  # it took more since it was queued up: back in line
             heapq.heappush(heap, (now_s, q, i))
+            continue
+        if rest is not None and rest(q, i):
             continue
         jobs = by_queue[q]
         yield jobs[i]

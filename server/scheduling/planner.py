@@ -7,6 +7,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from server.scheduling.queues import (
     Refusal,
     add,
     effective_time_limit,
+    gpu_amount,
     job_demand,
     job_usage,
     meters,
@@ -474,6 +476,18 @@ def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
     w.plan.events.append(_event("job.failed", job, job.current, now, job.end_reason))
 
 
+# The planner's shortcuts over a long queue (a borrow floor, queues left once each of
+# their jobs is known refused) change how much it looks at, never what it decides; off,
+# it looks at every job (tests/unit/test_planner_backlog.py compares the two).
+SHORTCUTS = True
+
+
+def _size(spec: JobSpec) -> tuple[float, ...]:
+    """What a job takes, in every respect its queue's admission is decided on (its GPU
+    models aside): a job at least as large in each is refused or borrows likewise."""
+    return (gpu_amount(spec), spec.replicas, spec.cpus, spec.memory_mb)
+
+
 def queue_order(jobs: list[Job]) -> list[Job]:
     """Jobs by priority, then submission order (one queue's order; across queues the
     planner interleaves them by fair share: scheduling.fairshare)."""
@@ -506,6 +520,9 @@ class Admission:
         self.shares = fairshare.Shares(self.book, state.capacity, past)
         self.models = sorted(state.index.models())
         self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
+        # Per queue, its running jobs that could be victims, cheapest first: built once a
+        # cycle (server.scheduling.planner._running_by_cost), read by every search for victims.
+        self.running: dict[str, list[tuple[tuple[int, float, float, str], Job]]] = {}
 
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)
@@ -634,6 +651,38 @@ def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
         w.plan.events.append(_event("job.timing_out", job, tasks[0], now, why))
 
 
+def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> list[tuple[tuple[int, float, float, str], Job]]:
+    """The running jobs of queue `qn` that could be stopped this cycle, cheapest first
+    (preemption.Victim.cost), with what each holds: not frozen, every task started and
+    none stopping, past the queue's minimum runtime. Built once a cycle; whatever the
+    cycle changes afterwards (victims chosen, reports) is left out by the reader."""
+    hit = adm.running.get(qn)
+    if hit is not None:
+        return hit
+    state = w.state
+    vq = adm.book.queue(qn)
+    out: list[tuple[tuple[int, float, float, str], Job]] = []
+    if vq is not None:
+        for job_id in state.queue_live.get(qn, ()):
+            if job_id in w.frozen_jobs:
+                continue
+            job = state.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
+                continue
+            tasks = [t for t in job.current_tasks() if not t.state.terminal]
+            started = [t.started_at for t in tasks if t.started_at is not None]
+            if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
+                continue
+            if now - min(started) < vq.min_runtime_s:
+                continue
+            # What job_usage would count (every live task runs), without building it.
+            gpus = gpu_amount(job.spec) * len(tasks) or job.spec.cpus * len(tasks) / 1000
+            out.append(((job.spec.priority, (now - min(started)) * gpus, -job.submitted_at, job.id), job))
+        out.sort(key=lambda x: x[0])
+    adm.running[qn] = out
+    return out
+
+
 def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, now: float,
                 limit: int = preemption.MAX_CANDIDATES) -> list[preemption.Victim]:
     """Running jobs that `kind` of preemption could stop for `req`, the cheapest first
@@ -652,35 +701,22 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
     else:
         queues = [q for q in book.queues if q != req.queue]
     wanted = {r for r, v in req.demand.items() if v > 0}
-    pool: list[tuple[tuple[int, float, float, str], Job]] = []
+    pools = []
     for qn in queues:
-        vq = book.queue(qn)
-        if vq is None:
+        if book.queue(qn) is None:
             continue
         if kind != preemption.PRIORITY and not adm.future.over_nominal(qn, wanted):
             continue  # nothing of this queue may be taken: do not walk its jobs
-        for job_id in state.queue_live.get(qn, ()):
-            if job_id in w.plan.jobs or job_id in w.frozen_jobs:
-                continue
-            job = state.jobs.get(job_id)
-            if job is None or job.state is not JobState.RUNNING:
-                continue
-            if kind == preemption.PRIORITY and job.spec.priority >= req.priority:
-                continue
-            tasks = [t for t in job.current_tasks() if not t.state.terminal]
-            started = [t.started_at for t in tasks if t.started_at is not None]
-            if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
-                continue
-            if now - min(started) < vq.min_runtime_s:
-                continue
-            held = job_usage(job)
-            if wanted and not any(r in wanted for r in held):
-                continue
-            gpus = sum(v for r, v in held.items() if r.startswith("gpu:")) or held.get("cpu", 1.0) / 1000
-            pool.append(((job.spec.priority, (now - min(started)) * gpus, -job.submitted_at, job.id), job))
-    pool.sort(key=lambda x: x[0])
+        pools.append(_running_by_cost(w, adm, qn, now))
     out: list[preemption.Victim] = []
-    for _cost, job in pool:
+    for cost, job in heapq.merge(*pools, key=lambda x: x[0]):
+        if kind == preemption.PRIORITY and cost[0] >= req.priority:
+            break  # the rest are of the preemptor's priority or higher (the cost starts with it)
+        if job.id in w.plan.jobs:
+            continue  # changed this cycle (a victim already, or a report)
+        held = job_usage(job)
+        if wanted and not any(r in wanted for r in held):
+            continue
         tasks = [t for t in job.current_tasks() if not t.state.terminal]
         if any(t.host_id in w.frozen_hosts for t in tasks):
             continue
@@ -694,7 +730,7 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
         else:
             since = min(t.started_at or now for t in tasks)
             out.append(preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at,
-                                         job_usage(job), tuple(where)))
+                                         held, tuple(where)))
             if len(out) >= limit:
                 break
     return out
@@ -834,8 +870,14 @@ def place_queued(
             ready.append(job)
             continue
         by_queue.setdefault(job.spec.queue, []).append(job)
+    # Per queue, the smallest size of any of its jobs in each respect (None when one of
+    # them names GPU models): a refusal or a borrow at most that large covers them all.
+    least: dict[str, tuple[float, ...] | None] = {}
     for qn in by_queue:
         by_queue[qn] = queue_order(by_queue[qn])
+        sizes = [_size(j.spec) for j in by_queue[qn]]
+        least[qn] = None if any(j.spec.models() is not None for j in by_queue[qn]) else \
+            tuple(min(col) for col in zip(*sizes, strict=True))
     ready.sort(key=lambda j: (j.submitted_at, j.id))
     kept = set().union(*held.values()) if held else set()
     reservation: set[str] | None = None
@@ -854,11 +896,53 @@ def place_queued(
             q = adm.queue(job)
             starved.add(q.cohort if q is not None else None)
 
+    def below_a_refusal(job: Job) -> bool:
+        """At least as large as a job its queue's quota refused this cycle (for jobs of any
+        model): refused too, unlooked at (placements only take, so it stays refused); kept
+        for preemption while the cycle may still look for victims."""
+        floor = refused.get(job.spec.queue)
+        if floor is None or job.spec.models() is not None:
+            return False
+        if not all(x >= y for x, y in zip(_size(job.spec), floor[0], strict=True)):
+            return False
+        if len(blocked) < 2 * policy.preemptions_per_cycle and job.not_before <= now \
+                and job.id not in w.frozen_jobs and job.id not in skip:
+            blocked.append((job, floor[1]))
+        return True
+
+    # Per queue, the size of a job (of any model) that would borrow: one at least as large
+    # would too, and waits for the second pass without its demand being worked out.
+    borrows: dict[str, tuple[float, ...]] = {}
+
+    def covers(floor: tuple[float, ...] | None, qn: str) -> bool:
+        """Whether every job of queue `qn` is at least as large as `floor`."""
+        low = least.get(qn)
+        return floor is not None and low is not None and all(x >= y for x, y in zip(low, floor, strict=True))
+
+    def refused_rest(qn: str, i: int) -> bool:
+        """Once the list for preemption is full, a queue whose every job is below a refusal
+        is left at once: each of its jobs would be skipped."""
+        hit = refused.get(qn)
+        return hit is not None and len(blocked) >= 2 * policy.preemptions_per_cycle and covers(hit[0], qn)
+
+    def first_rest(qn: str, i: int) -> bool:
+        if covers(borrows.get(qn), qn):  # each would borrow: all wait for the second pass
+            deferred.setdefault(qn, []).extend(by_queue[qn][i:])
+            return True
+        return False
+
     def first_pass() -> Iterator[Job]:
         yield from ready
-        for job in fairshare.admission_order(by_queue, adm.shares.share):
-            if book.would_borrow(job.spec.queue, adm.demand(job)):
-                deferred.setdefault(job.spec.queue, []).append(job)
+        for job in fairshare.admission_order(by_queue, adm.shares.share, first_rest if SHORTCUTS else None):
+            qn = job.spec.queue
+            size = _size(job.spec)
+            floor = borrows.get(qn)
+            unconstrained = job.spec.models() is None and SHORTCUTS
+            if (unconstrained and floor is not None and all(x >= y for x, y in zip(size, floor, strict=True))) \
+                    or book.would_borrow(qn, adm.demand(job)):
+                deferred.setdefault(qn, []).append(job)
+                if unconstrained and (floor is None or all(x <= y for x, y in zip(size, floor, strict=True))):
+                    borrows[qn] = size  # the smallest known to borrow
             else:
                 yield job
 
@@ -867,7 +951,8 @@ def place_queued(
             q = book.queue(name)
             return q is None or not starved or (q.cohort not in starved and bool(q.quota))
 
-        yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share)
+        yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share,
+                                             refused_rest if SHORTCUTS else None)
 
     within = [True]  # in the first pass
 
@@ -924,15 +1009,9 @@ def place_queued(
         q = adm.queue(job)
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
-        size = (job.spec.gpus, job.spec.gpu_share, job.spec.replicas, job.spec.cpus, job.spec.memory_mb)
-        floor = refused.get(job.spec.queue)
-        if floor is not None and job.spec.models() is None and all(
-                x >= y for x, y in zip(size, floor[0], strict=True)):
-            # At least as large as a job its queue's quota just refused: refused too
-            # (kept for preemption while the cycle may still look for victims).
-            if len(blocked) < 2 * policy.preemptions_per_cycle:
-                blocked.append((job, floor[1]))
+        if below_a_refusal(job):
             continue
+        size = _size(job.spec)
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
         # but those still stopping for others; any other job none of them.
         placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)

@@ -195,6 +195,19 @@ def test_admission_order_interleaves_by_share() -> None:
     assert out[0] == "a0" and "b0" in out[:4]
 
 
+def test_admission_order_leaves_a_queue_when_told_its_rest_is_dealt_with() -> None:
+    jobs = {q: [job(f"{q}{i}", spec=job_spec(queue=q)) for i in range(3)] for q in ("a", "b")}
+    asked: list[tuple[str, int]] = []
+
+    def rest(q: str, i: int) -> bool:
+        asked.append((q, i))
+        return q == "a" and i == 1  # a1 and a2 dealt with by the caller
+
+    out = [j.id for j in fairshare.admission_order(jobs, lambda q: 0.0, rest)]
+    assert out == ["a0", "b0", "b1", "b2"]
+    assert ("a", 1) in asked and ("a", 2) not in asked
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-2, 2), st.integers(0, 5)), max_size=30),
        st.dictionaries(st.sampled_from("abc"), st.floats(0, 2), min_size=3, max_size=3))

@@ -1,0 +1,24 @@
+"""The backlog scenario (`python -m bench backlog`, bench/backlog.py) at a small scale,
+for what it sets up only: a full fleet, a backlog that stays queued, no GPU held twice,
+and the same outcome with the planner's shortcuts off. Its figures come from the
+benchmark itself (docs/benchmarks.md), never from a test."""
+
+from __future__ import annotations
+
+from bench.backlog import build_parser, measure
+from server.scheduling import planner
+
+
+def test_small_backlog_run_fills_the_fleet_and_keeps_a_backlog() -> None:
+    args = build_parser().parse_args(["--hosts", "40", "--queues", "4", "--demand", "1.3", "--cycles", "3"])
+    rep = measure(args)
+    assert rep["correctness"] == {"ok": True, "violations": []}
+    assert rep["gpus_demanded"] >= 1.3 * rep["gpus"]
+    assert rep["jobs_queued"] > 0 and rep["jobs_running"] > 0
+    assert rep["jobs_queued"] + rep["jobs_running"] == rep["jobs_submitted"]
+    assert rep["plan_cycle_ms"]["cycles"] == 3
+    assert planner.SHORTCUTS  # put back after the run
+    off = measure(build_parser().parse_args(["--hosts", "40", "--queues", "4", "--demand", "1.3", "--cycles", "3",
+                                             "--no-shortcuts"]))
+    assert (off["jobs_queued"], off["jobs_running"]) == (rep["jobs_queued"], rep["jobs_running"])
+    assert planner.SHORTCUTS

@@ -1,0 +1,116 @@
+"""The planner's shortcuts over long queues (server.scheduling.planner.SHORTCUTS: a
+queue's jobs deferred at once when each of them would borrow, a queue left once each of
+its jobs is known refused) change how many jobs a cycle looks at, never what it decides:
+random clusters with queues over and under their quotas are driven for many cycles by a
+simulated agent, and every cycle's plan with the shortcuts equals the plan without."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.scheduling import planner
+from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
+from tests.unit.test_planner import NOW, TERM
+from tests.unit.test_queue_planner import QWorld
+from wire.messages import encode
+
+QUEUES = ("qa", "qb", "qc")
+
+
+SHAPES = (  # (gpus, gpu_share, cpus, memory_mb)
+    (1, 0, 1.0, 512), (2, 0, 2.0, 512), (8, 0, 8.0, 4096), (0, 250, 1.0, 512), (0, 500, 1.0, 512),
+    (0, 0, 2.0, 512), (4, 0, 1.0, 4096),
+)
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Jobs of three queues; each queue's jobs mostly of one shape (so that floors cover
+    whole queues and the shortcuts are taken), some of any shape, some naming a model."""
+    base = {q: draw(st.sampled_from(SHAPES)) for q in QUEUES}
+    out = []
+    for _ in range(draw(st.integers(4, 48))):
+        queue = draw(st.sampled_from(QUEUES))
+        gpus, share, cpus, memory = base[queue] if draw(st.integers(0, 3)) else draw(st.sampled_from(SHAPES))
+        fields: dict[str, Any] = {"queue": queue, "gpus": gpus, "gpu_share": share, "cpus": cpus,
+                                  "memory_mb": memory, "priority": draw(st.integers(0, 2)),
+                                  "wave": draw(st.integers(0, 2))}
+        if gpus and draw(st.integers(0, 7)) == 0:
+            fields["gpu_model"] = "H100"  # a job naming its model: never behind a floor
+        if gpus and draw(st.integers(0, 7)) == 0:
+            fields["replicas"] = 2
+        out.append(fields)
+    return out
+
+
+def _plan(w: QWorld, reports: list, now: float, shortcuts: bool) -> Plan:
+    old = planner.SHORTCUTS
+    planner.SHORTCUTS = shortcuts
+    try:
+        return plan_cycle(w.state, reports=reports, commands=[], now=now, term=TERM,
+                          queues=QueuePolicy(half_life_s=0, preemptions_per_cycle=2))
+    finally:
+        planner.SHORTCUTS = old
+
+
+def _canonical(plan: Plan) -> tuple[object, ...]:
+    return ({k: encode(v) for k, v in plan.jobs.items()}, {k: encode(v) for k, v in plan.allocs.items()},
+            [(e.kind, e.job_id, e.message) for e in plan.events], plan.placed, dict(plan.preempted))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs(), st.lists(st.sampled_from([0.75, 1.5, 2.25, 4.0, 8.0]), min_size=3, max_size=3))
+def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals: list[float]) -> None:
+    w = QWorld()
+    for h in range(2):
+        w.host(f"h{h}", gpus=8, cpus=32)
+    for name, gpus in zip(QUEUES, nominals, strict=True):
+        w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, preempt_within=True)
+    now = NOW
+    for step in range(16):
+        for i, f in enumerate(specs):
+            if step == 4 * f["wave"]:
+                fields = {k: v for k, v in f.items() if k != "wave"}
+                w.qsubmit(f"j{i:03d}", submitted_at=now - 100 + i, **fields)
+        reports = w.agent_reports(now)
+        for host_id in list(w.state.hosts):  # the hosts keep heartbeating
+            w.host(host_id, gpus=8, cpus=32, now=now)
+        fast = _plan(w, reports, now, True)
+        slow = _plan(w, reports, now, False)
+        assert _canonical(fast) == _canonical(slow), f"cycle {step}"
+        w.commit(fast)
+        now += 1
+
+
+def test_a_queue_whose_every_job_would_borrow_is_deferred_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut is taken (not only harmless): with a queue at its nominal quota, the
+    first pass works out the demand of one of its jobs, not of each."""
+    w = QWorld()
+    w.host("h0", gpus=8)
+    w.queue("qa", cohort="c", gpus=2, min_runtime_s=0)
+    w.queue("qb", cohort="c", gpus=6, min_runtime_s=0)
+    for i in range(2):
+        w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)  # qa now holds its nominal 2 GPUs
+    for i in range(50):
+        w.qsubmit(f"wait{i:02d}", "qa", gpus=2, submitted_at=NOW - 100 + i)
+    seen: list[str] = []
+    real = planner.Admission.demand
+
+    def demand(self: planner.Admission, job: Any) -> Any:
+        seen.append(job.id)
+        return real(self, job)
+
+    monkeypatch.setattr(planner.Admission, "demand", demand)
+    fast = _plan(w, [], NOW + 2, True)
+    looked_fast = len([j for j in seen if j.startswith("wait")])
+    seen.clear()
+    slow = _plan(w, [], NOW + 2, False)
+    looked_slow = len([j for j in seen if j.startswith("wait")])
+    assert _canonical(fast) == _canonical(slow)
+    assert looked_slow >= 50 and looked_fast < looked_slow
