@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import time
@@ -276,6 +277,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         now = round(now + args.cycle, 6)
     delivered = lost = 0.0
     preempted = 0
+    by: dict[str, dict[str, float]] = {}  # "<kind> by <queue> from <victims' queue>"
     delays = []
     for job in sim.state.jobs.values():
         for a in job.attempts:
@@ -286,6 +288,12 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             if a.state is AttemptState.PREEMPTED:
                 lost += ran
                 preempted += 1
+                m = _PREEMPTED_BY.search(a.reason or "")
+                key = f"{m.group(1)} by {m.group(2)} from {job.spec.queue}" if m else f"? from {job.spec.queue}"
+                b = by.setdefault(key, {"tries": 0, "gpus": 0, "gpu_s_lost": 0.0})
+                b["tries"] += 1
+                b["gpus"] += len(a.gpu_indices)
+                b["gpu_s_lost"] += ran
         if job.id in sim.placed_at:
             delays.append(sim.placed_at[job.id] - job.submitted_at)
     twice = [j for j, k in sim.ends.items() if k > 1]
@@ -306,7 +314,12 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "jain_index_all_backlogged": _dist(jain),
         "preemption": {"preempted_tries": preempted, "gpu_s_lost": round(lost, 1),
                        "gpu_s_delivered": round(delivered, 1),
-                       "lost_share": round(lost / delivered, 5) if delivered else 0.0},
+                       "lost_share": round(lost / delivered, 5) if delivered else 0.0,
+                       # Who took from whom, and how long the victims had run (GPU-weighted).
+                       "by": {k: {"tries": int(v["tries"]), "gpus": int(v["gpus"]),
+                                  "gpu_s_lost": round(v["gpu_s_lost"], 1),
+                                  "mean_runtime_s": round(v["gpu_s_lost"] / v["gpus"], 1) if v["gpus"] else 0.0}
+                              for k, v in sorted(by.items())}},
         "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace)},
         "plan_cycle_ms": {"p50": round(_pct(plan_s, 50) * 1000, 2), "p99": round(_pct(plan_s, 99) * 1000, 2),
                           "cycles": len(plan_s)},
@@ -316,6 +329,9 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "traces": str(TRACES) if args.trace else None,
         "series": samples,
     }
+
+
+_PREEMPTED_BY = re.compile(r"preempted \(([^)]+)\) by \S+ of queue (\S+)")
 
 
 def _pct(xs: list[float], p: float) -> float:

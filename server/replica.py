@@ -344,6 +344,15 @@ class Muster:
     def role(self) -> str:
         return "leader" if self.leadership and self.leadership.leading else "follower"
 
+    @property
+    def term(self) -> int:
+        """The term shown (API, console): the one this replica holds when it leads (the
+        store may already show a newer one it has not noticed yet, and the two must not
+        read as one), otherwise the newest it has seen in the store."""
+        if self.leadership is not None and self.leadership.leading:
+            return self.leadership.term
+        return self.state.term
+
     # ------------------------------------------------------------ operations
 
     def known_gpu_models(self) -> set[str]:

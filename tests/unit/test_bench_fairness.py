@@ -6,6 +6,8 @@ itself (docs/benchmarks.md), never from a test."""
 
 from __future__ import annotations
 
+import re
+
 from bench.fairness import build_parser, simulate
 
 
@@ -17,4 +19,12 @@ def test_small_fairness_run_is_correct() -> None:
     assert rep["jobs_submitted"] > 50 and rep["jobs_finished"] > 0
     # The run exercised what it checks: the later queues reclaimed from the first.
     assert rep["preemption"]["preempted_tries"] > 0
+    # The breakdown names who took from whom and adds up to the totals.
+    by = rep["preemption"]["by"]
+    assert sum(v["tries"] for v in by.values()) == rep["preemption"]["preempted_tries"]
+    assert abs(sum(v["gpu_s_lost"] for v in by.values()) - rep["preemption"]["gpu_s_lost"]) < 1
+    for key in by:
+        m = re.fullmatch(r"(reclaim|priority|fair-share) by (t\d) from (t\d)", key)
+        assert m is not None, key
+        assert (m.group(2) == m.group(3)) == (m.group(1) == "priority"), key  # reclaim takes from others
     assert set(rep["time_to_90pct_entitled_s"]) == {"t0", "t1", "t2"}

@@ -71,7 +71,7 @@ async def overview(request: Request) -> Response:
         "mem_meter": _meter(snap.mem_used_mb, snap.memory_mb),
         "heat": _heatmap(m, snap, now),
         "heat_class": heat_class,
-        "term": m.state.term,
+        "term": m.term,
         "leader": m.state.leader,
         "role": m.role,
         "replica": m.config.name,

@@ -74,7 +74,7 @@ class _Client:
 def _stats(m: Muster) -> dict[str, Any]:
     counts = m.state.job_counts()
     return {"ts": round(time.time(), 3), "hosts": len(m.state.hosts), "jobs": dict(counts),
-            "term": m.state.term}
+            "term": m.term}
 
 
 @console()

@@ -393,7 +393,8 @@ class JobCounts:
 
 @strawberry.type
 class Leadership:
-    term: int
+    term: int = strawberry.field(description="The leader's term: the one this replica holds when it leads, "
+                                             "otherwise the newest it has seen in the store.")
     leader: str
     role: str = strawberry.field(description="This replica's role: leader or follower.")
     replica: str
