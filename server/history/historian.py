@@ -92,9 +92,8 @@ async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.
 
 async def _keep(lease: WriterLease, stop: asyncio.Event, lost: asyncio.Event) -> None:
     """Renew the lease until `stop`, or until it is lost; then set `lost`."""
-    while not stop.is_set():
-        await pause(stop, lease.renew_every_s)
-        if not stop.is_set() and not await lease.renew():
+    while not await pause(stop, lease.renew_every_s):
+        if not await lease.renew():
             log.warning("history writer lease lost: another historian writes the shared database")
             break
     lost.set()

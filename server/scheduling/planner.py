@@ -488,6 +488,11 @@ def _size(spec: JobSpec) -> tuple[float, ...]:
     return (gpu_amount(spec), spec.replicas, spec.cpus, spec.memory_mb)
 
 
+def _at_least(size: tuple[float, ...], floor: tuple[float, ...]) -> bool:
+    """Whether `size` is at least `floor` in every respect (both `_size` tuples)."""
+    return all(x >= y for x, y in zip(size, floor, strict=True))
+
+
 def queue_order(jobs: list[Job]) -> list[Job]:
     """Jobs by priority, then submission order (one queue's order; across queues the
     planner interleaves them by fair share: scheduling.fairshare)."""
@@ -870,14 +875,12 @@ def place_queued(
             ready.append(job)
             continue
         by_queue.setdefault(job.spec.queue, []).append(job)
-    # Per queue, the smallest size of any of its jobs in each respect (None when one of
-    # them names GPU models): a refusal or a borrow at most that large covers them all.
-    least: dict[str, tuple[float, ...] | None] = {}
     for qn in by_queue:
         by_queue[qn] = queue_order(by_queue[qn])
-        sizes = [_size(j.spec) for j in by_queue[qn]]
-        least[qn] = None if any(j.spec.models() is not None for j in by_queue[qn]) else \
-            tuple(min(col) for col in zip(*sizes, strict=True))
+    # Per queue, the smallest size of any of its jobs in each respect (None when one of
+    # them names GPU models): a refusal or a borrow at most that large covers them all.
+    # Worked out for a queue only once a floor is there to compare with.
+    least: dict[str, tuple[float, ...] | None] = {}
     ready.sort(key=lambda j: (j.submitted_at, j.id))
     kept = set().union(*held.values()) if held else set()
     reservation: set[str] | None = None
@@ -903,7 +906,7 @@ def place_queued(
         floor = refused.get(job.spec.queue)
         if floor is None or job.spec.models() is not None:
             return False
-        if not all(x >= y for x, y in zip(_size(job.spec), floor[0], strict=True)):
+        if not _at_least(_size(job.spec), floor[0]):
             return False
         if len(blocked) < 2 * policy.preemptions_per_cycle and job.not_before <= now \
                 and job.id not in w.frozen_jobs and job.id not in skip:
@@ -916,8 +919,14 @@ def place_queued(
 
     def covers(floor: tuple[float, ...] | None, qn: str) -> bool:
         """Whether every job of queue `qn` is at least as large as `floor`."""
-        low = least.get(qn)
-        return floor is not None and low is not None and all(x >= y for x, y in zip(low, floor, strict=True))
+        if floor is None:
+            return False
+        if qn not in least:
+            jobs = by_queue.get(qn, [])
+            least[qn] = None if not jobs or any(j.spec.models() is not None for j in jobs) else \
+                tuple(min(col) for col in zip(*(_size(j.spec) for j in jobs), strict=True))
+        low = least[qn]
+        return low is not None and _at_least(low, floor)
 
     def refused_rest(qn: str, i: int) -> bool:
         """Once the list for preemption is full, a queue whose every job is below a refusal
@@ -938,10 +947,10 @@ def place_queued(
             size = _size(job.spec)
             floor = borrows.get(qn)
             unconstrained = job.spec.models() is None and SHORTCUTS
-            if (unconstrained and floor is not None and all(x >= y for x, y in zip(size, floor, strict=True))) \
+            if (unconstrained and floor is not None and _at_least(size, floor)) \
                     or book.would_borrow(qn, adm.demand(job)):
                 deferred.setdefault(qn, []).append(job)
-                if unconstrained and (floor is None or all(x <= y for x, y in zip(size, floor, strict=True))):
+                if unconstrained and (floor is None or _at_least(floor, size)):
                     borrows[qn] = size  # the smallest known to borrow
             else:
                 yield job
