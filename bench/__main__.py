@@ -7,6 +7,7 @@
     python -m bench placement --pods PODS.csv --nodes NODES.csv [--policy fgd] [--seeds 10]
     python -m bench --tenants 4 --hosts 200 --rate 500 [--trace]   (fairness: bench/fairness.py)
     python -m bench backlog --hosts 50000 --queues 8   (plan_cycle with a long queue: bench/backlog.py)
+    python -m bench api --clients 4 --seconds 8 --rounds 3   (what one submitJob costs: bench/apicost.py)
 
 See bench/run.py for what is measured, `python -m bench --help` for every option and
 bench/results/README.md for the recorded runs.
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.backlog import main as backlog_main
 
         return backlog_main(argv[1:])
+    if argv[:1] == ["api"]:
+        from bench.apicost import main as api_main
+
+        return api_main(argv[1:])
     if any(a == "--tenants" or a.startswith("--tenants=") for a in argv):
         from bench.fairness import run as fairness_run
 

@@ -160,6 +160,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         else "python -m bench " + " ".join(a.argv),
         "machine": f"{os.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB; "
                    "every process on one machine",
+        "machine_speed": b.machine_speed,
         "config": {
             "hosts": a.hosts,
             "gpus": gpus_total,

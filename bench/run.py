@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.calibration import python_speed
 from bench.clients import run_clients
 from bench.errors import BenchError
 from bench.historylag import HistoryLag, sqlite_read_only
@@ -98,6 +99,7 @@ class Bench(Processes):
     reads: dict[str, Any] | None = None  # what the readers saw (--read-flood, --browse)
     preloaded: dict[str, float] = field(default_factory=dict)
     observer_behind_at_start: int | None = None  # state records the observer had left to read
+    machine_speed: dict[str, Any] | None = None  # bench.calibration, just before the run
     machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
     machine_cpu_at_end: Any = None
 
@@ -474,6 +476,9 @@ class Bench(Processes):
         print(f"bench: {a.hosts} hosts in {k} simulator process(es), {load}, "
               f"{'trace' if a.trace else 'synthetic'} workload, {a.nats_cluster} NATS node(s), "
               f"MUSTER_REPLICAS={a.replicas}; work dir {self.work}", flush=True)
+        self.machine_speed = python_speed()
+        speed = self.machine_speed
+        print(f"machine: {speed['python_workload_ms']} ms for {speed['workload']}", flush=True)
         self.start_nats()
         if a.postgres:
             self.start_postgres()

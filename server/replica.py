@@ -91,6 +91,8 @@ class ServerConfig:
     placement_policy: str = field(default_factory=lambda: os.environ.get("MUSTER_PLACEMENT_POLICY") or "fgd")
     placement_candidates: int = field(
         default_factory=lambda: int(os.environ.get("MUSTER_PLACEMENT_CANDIDATES", "16")))
+    # The most of the event loop's time the leader's planning may take (scheduling.cadence).
+    plan_share: float = field(default_factory=lambda: float(os.environ.get("MUSTER_PLAN_SHARE", "0.5")))
     # Addresses (or networks) of TLS-terminating proxies whose X-Forwarded-Proto and
     # X-Forwarded-For are believed ("" none, "*" any).
     trusted_proxies: str = field(default_factory=lambda: os.environ.get("MUSTER_TRUSTED_PROXIES", "127.0.0.1,::1"))
@@ -189,6 +191,7 @@ class Muster:
                                    SchedulerConfig(finished_job_ttl_s=cfg.finished_job_ttl_s,
                                                    placement_policy=cfg.placement_policy,
                                                    placement_candidates=max(1, cfg.placement_candidates),
+                                                   plan_share=cfg.plan_share,
                                                    queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
                                                                       preemptions_per_cycle=cfg.preemptions_per_cycle),
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,

@@ -23,6 +23,7 @@ from nats.js import api as jsapi
 from server import metrics
 from server.health.monitor import publish_alert
 from server.health.rules import Health
+from server.scheduling.cadence import cycle_gap
 from server.scheduling.delivery import undelivered
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
@@ -36,6 +37,7 @@ from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
 from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,11 @@ class SchedulerConfig:
     queues: QueuePolicy = field(default_factory=QueuePolicy)
     # Alerts: a preemption storm, a starved queue (scheduling.queuewatch).
     watch: QueueWatch = field(default_factory=QueueWatch)
+    # After a cycle that planned for T seconds and placed nothing, the next one starts
+    # no sooner than T * (1 - share) / share later (scheduling.cadence), so that the
+    # API, the state watch and the commits keep the rest of the event loop when every
+    # new job wakes the scheduler for a queue that cannot be placed. 1: back to back.
+    plan_share: float = 0.5
 
 
 class Scheduler:
@@ -141,6 +148,7 @@ class Scheduler:
         self.watch = self.config.watch
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
+        self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -258,6 +266,8 @@ class Scheduler:
                 try:
                     await self._redeliver()
                     await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
+                    if await self._wait_for_turn(stop):
+                        break
                     c = self._plan_next()
                     if c is None:
                         continue
@@ -299,6 +309,14 @@ class Scheduler:
             self._reports.clear()
             self._commands.clear()
             self._submissions.clear()
+
+    async def _wait_for_turn(self, stop: asyncio.Event) -> bool:
+        """Leave the event loop to the rest of the replica until the last cycle's gap
+        (plan_share, scheduling.cadence) has passed. Returns whether `stop` was set."""
+        rest = self._plan_after - time.monotonic()
+        if rest <= 0:
+            return stop.is_set()
+        return await pause(stop, rest)
 
     async def _catch_up(self, stop: asyncio.Event, term: int) -> bool:
         """Wait for the read barrier (if any); False if leadership of `term` ended first."""
@@ -437,7 +455,9 @@ class Scheduler:
         objects = list(plan.jobs.values()) + list(plan.allocs.values()) + list(plan.usage.values())
         for w, obj in zip(writes, objects, strict=True):
             self.state.expect(w.key, w.value, obj)
-        metrics.PLAN_SECONDS.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        metrics.PLAN_SECONDS.observe(took)
+        self._plan_after = time.monotonic() + cycle_gap(took, self.config.plan_share, placed=plan.placed)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
                       failing=failing)
 

@@ -56,6 +56,7 @@ def _check_report(rep: dict) -> None:
     for key in ("server_loop_lag", "server_gc_pauses", "server_plan_seconds"):
         assert rep[key]["count"] >= 0 and "over_0.5_s" in rep[key], key
     assert rep["server_plan_seconds"]["count"] > 0  # the leader planned in the window
+    assert rep["machine_speed"]["python_workload_ms"] > 0 and "range(2,000,000)" in rep["machine_speed"]["workload"]
     for key in ("dispatch_latency_ms", "running_latency_ms"):
         for p in ("p50", "p95", "p99", "max"):
             assert p in rep[key], (key, p)
@@ -402,3 +403,27 @@ def test_heartbeat_storage_benchmark_stores_every_key(tmp_path: Path) -> None:
     assert (res["variant"], res["replicas"], res["storage"]) == ("r3-memory", 3, "memory")
     assert res["sent"] == 600 and res["keys_stored"] == 200
     assert res["nats_cpu_s"] > 0 and res["cpu_us_per_heartbeat"] > 0
+
+
+# ---------------------------------------------------------------- what one submitJob costs
+
+@pytest.mark.timeout(150)
+def test_api_cost_benchmark_queues_every_job_it_submits(tmp_path: Path) -> None:
+    """`python -m bench api` on a real nats-server and `muster server`: each round counts
+    the jobs its clients had accepted, the queue holds all of them (no hosts: none placed),
+    and the report names the server's CPU per request. Its figures come from the benchmark
+    (docs/benchmarks.md), never from a test."""
+    out = tmp_path / "api.json"
+    r = subprocess.run([sys.executable, "-m", "bench", "api", "--clients", "2", "--seconds", "1", "--rounds", "2",
+                        "--plan-share", "0.5", "--json", str(out)], cwd=Path(bench.__file__).resolve().parent.parent,
+                       capture_output=True, text=True, timeout=140)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["config"] == {"clients": 2, "seconds": 1.0, "plan_share": 0.5}
+    first, second = rep["rounds"]
+    assert first["requests"] > 0 and second["requests"] > 0
+    assert second["queued_at_end"] == first["queued_at_end"] + second["requests"]
+    assert first["submit_ms"]["n"] == first["requests"]
+    assert first["server_cpu_ms_per_request"] > 0 and rep["machine_speed"]["python_workload_ms"] > 0
+    # Every job is still queued: the server's own count agrees.
+    assert [x["server_queue_depth"] for x in rep["rounds"]] == [x["queued_at_end"] for x in rep["rounds"]]
