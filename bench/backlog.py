@@ -12,12 +12,13 @@ cycle looks at the whole backlog every time, the worst case for its cost.
 
 Reports plan_cycle's time per cycle (p50, p99, max), the queued and running jobs, and
 how long the fill took. `--no-shortcuts` turns off the planner's shortcuts over long
-queues (server.scheduling.planner.SHORTCUTS), for comparison.
+queues (QueuePolicy.shortcuts in server.scheduling.planner), for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -30,7 +31,6 @@ from typing import Any
 
 from bench.fairness import Simulation
 from bench.fairness import build_parser as fairness_parser
-from server.scheduling import planner
 from server.scheduling.planner import QueuePolicy, plan_cycle
 from wire.messages import JobState
 
@@ -79,19 +79,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     now += sim_args.cycle
     gc.collect()
     gc.freeze()  # as the server does (server.memory): the state is long-lived
-    old = planner.SHORTCUTS
-    planner.SHORTCUTS = not args.no_shortcuts
+    measured = dataclasses.replace(policy, shortcuts=not args.no_shortcuts)
     ms: list[float] = []
-    try:
-        for _ in range(args.cycles):
-            reports = sim.agent(now)
-            t = time.perf_counter()
-            plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=policy)
-            ms.append((time.perf_counter() - t) * 1000)
-            sim.apply(plan)
-            now += sim_args.cycle
-    finally:
-        planner.SHORTCUTS = old
+    for _ in range(args.cycles):
+        reports = sim.agent(now)
+        t = time.perf_counter()
+        plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=measured)
+        ms.append((time.perf_counter() - t) * 1000)
+        sim.apply(plan)
+        now += sim_args.cycle
     queued = sum(1 for j in sim.state.jobs.values() if j.state is JobState.QUEUED)
     running = sum(1 for j in sim.state.jobs.values() if j.state is JobState.RUNNING)
     ms.sort()

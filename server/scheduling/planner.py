@@ -103,6 +103,10 @@ class QueuePolicy:
     half_life_s: float = 3600.0  # of the decay of queues' past use; 0: only current use counts
     usage_every_s: float = 10.0  # how often the leader writes the decayed use
     preemptions_per_cycle: int = 16  # victim jobs one cycle may stop, all queues together
+    # The shortcuts over a long queue (a borrow floor, queues left once each of their
+    # jobs is known refused) change how much a cycle looks at, never what it decides;
+    # off, it looks at every job (tests/unit/test_planner_backlog.py compares the two).
+    shortcuts: bool = True
 
 
 class KeyInFlight(Exception):
@@ -474,12 +478,6 @@ def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
     job.end_reason = clip_start(why, CANCEL_REASON_MAX)
     job.updated_at = now
     w.plan.events.append(_event("job.failed", job, job.current, now, job.end_reason))
-
-
-# The planner's shortcuts over a long queue (a borrow floor, queues left once each of
-# their jobs is known refused) change how much it looks at, never what it decides; off,
-# it looks at every job (tests/unit/test_planner_backlog.py compares the two).
-SHORTCUTS = True
 
 
 def _size(spec: JobSpec) -> tuple[float, ...]:
@@ -942,11 +940,11 @@ def place_queued(
 
     def first_pass() -> Iterator[Job]:
         yield from ready
-        for job in fairshare.admission_order(by_queue, adm.shares.share, first_rest if SHORTCUTS else None):
+        for job in fairshare.admission_order(by_queue, adm.shares.share, first_rest if policy.shortcuts else None):
             qn = job.spec.queue
             size = _size(job.spec)
             floor = borrows.get(qn)
-            unconstrained = job.spec.models() is None and SHORTCUTS
+            unconstrained = job.spec.models() is None and policy.shortcuts
             if (unconstrained and floor is not None and _at_least(size, floor)) \
                     or book.would_borrow(qn, adm.demand(job)):
                 deferred.setdefault(qn, []).append(job)
@@ -961,7 +959,7 @@ def place_queued(
             return q is None or not starved or (q.cohort not in starved and bool(q.quota))
 
         yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share,
-                                             refused_rest if SHORTCUTS else None)
+                                             refused_rest if policy.shortcuts else None)
 
     within = [True]  # in the first pass
 

@@ -1,4 +1,4 @@
-"""The planner's shortcuts over long queues (server.scheduling.planner.SHORTCUTS: a
+"""The planner's shortcuts over long queues (QueuePolicy.shortcuts in server.scheduling.planner: a
 queue's jobs deferred at once when each of them would borrow, a queue left once each of
 its jobs is known refused) change how many jobs a cycle looks at, never what it decides:
 random clusters with queues over and under their quotas are driven for many cycles by a
@@ -48,13 +48,8 @@ def jobs(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 def _plan(w: QWorld, reports: list, now: float, shortcuts: bool) -> Plan:
-    old = planner.SHORTCUTS
-    planner.SHORTCUTS = shortcuts
-    try:
-        return plan_cycle(w.state, reports=reports, commands=[], now=now, term=TERM,
-                          queues=QueuePolicy(half_life_s=0, preemptions_per_cycle=2))
-    finally:
-        planner.SHORTCUTS = old
+    return plan_cycle(w.state, reports=reports, commands=[], now=now, term=TERM,
+                      queues=QueuePolicy(half_life_s=0, preemptions_per_cycle=2, shortcuts=shortcuts))
 
 
 def _canonical(plan: Plan) -> tuple[object, ...]:
