@@ -5,7 +5,7 @@
 A fresh nats-server and one `muster server` with no hosts, so that every job submitted
 stays queued and the queue grows round after round (the case where every new job wakes
 a scheduling cycle that walks the whole queue and places nothing). `--clients`
-clients (bench/clients.py: one keep-alive connection each) send `submitJob` with one job
+clients (bench.clients.run_clients: one keep-alive connection each) send `submitJob` with one job
 each, closed loop (the next as soon as the last is answered), for `--seconds` per round.
 Per round: requests answered, requests a second, the server process's CPU time per
 request (from /proc, its historian and heartbeat ingest processes not included), the
@@ -23,13 +23,14 @@ import os
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.calibration import python_speed
-from bench.clients import SUBMIT_ONE, connect
+from bench.clients import run_clients
 from bench.errors import BenchError
 from bench.processes import Processes
 from bench.stats import parse_metrics, summary_ms
@@ -47,33 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _round(url: str, token: str, clients: int, seconds: float, first: int) -> tuple[int, list[float]]:
-    """Closed-loop clients for `seconds`; returns the requests answered with a job and
-    each request's answer time."""
-    times: list[float] = []
-    done = 0
-    stop_at = time.monotonic() + seconds
+    """Closed-loop clients (bench.clients.run_clients, each taking the next job as soon
+    as its last is answered) for `seconds`; returns the requests answered with a job
+    and each request's answer time."""
+    jobs: asyncio.Queue[tuple[float, dict[str, object], object] | None] = asyncio.Queue(maxsize=clients)
 
-    async def client(n: int) -> None:
-        nonlocal done
-        conn = await connect(url, token)
-        i = 0
-        try:
-            while time.monotonic() < stop_at:
-                inp = {"name": f"api-{first}-{n}-{i}", "command": ["true"], "gpus": 1}
-                body = json.dumps({"query": SUBMIT_ONE, "variables": {"input": inp}}).encode()
-                t = time.monotonic()
-                status, answer = await conn.post(body)
-                times.append(time.monotonic() - t)
-                job = ((json.loads(answer).get("data") or {}).get("submitJob") or {}).get("job")
-                if status != 200 or not job:
-                    raise BenchError(f"submitJob refused: {status} {answer[:300]!r}")
-                done += 1
-                i += 1
-        finally:
-            await conn.close()
+    async def feed() -> None:
+        stop_at, i = time.monotonic() + seconds, 0
+        while time.monotonic() < stop_at:
+            await jobs.put((time.monotonic(), {"name": f"api-{first}-{i}", "command": ["true"], "gpus": 1}, None))
+            i += 1
+        for _ in range(clients):
+            await jobs.put(None)
 
-    await asyncio.gather(*(client(n) for n in range(clients)))
-    return done, times
+    feeder = asyncio.create_task(feed())
+    res = await run_clients([url], token, clients, jobs, lambda _id, _at, _tag: None)
+    await feeder
+    if res.refused or res.failed:
+        raise BenchError(f"submitJob refused {res.refused} and failed {res.failed} of "
+                         f"{res.submitted + res.refused + res.failed} requests")
+    return res.submitted, res.request_s
 
 
 def _queue_depth(url: str, expected: int, wait_s: float = 10.0) -> int | None:
@@ -125,7 +119,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         procs.stop_all()
     return {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench api " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["api"] else sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPUs; every process on one machine",
         "machine_speed": speed,

@@ -476,8 +476,7 @@ class Bench(Processes):
         print(f"bench: {a.hosts} hosts in {k} simulator process(es), {load}, "
               f"{'trace' if a.trace else 'synthetic'} workload, {a.nats_cluster} NATS node(s), "
               f"MUSTER_REPLICAS={a.replicas}; work dir {self.work}", flush=True)
-        self.machine_speed = python_speed()
-        speed = self.machine_speed
+        self.machine_speed = speed = python_speed()
         print(f"machine: {speed['python_workload_ms']} ms for {speed['workload']}", flush=True)
         self.start_nats()
         if a.postgres:

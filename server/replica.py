@@ -91,7 +91,8 @@ class ServerConfig:
     placement_policy: str = field(default_factory=lambda: os.environ.get("MUSTER_PLACEMENT_POLICY") or "fgd")
     placement_candidates: int = field(
         default_factory=lambda: int(os.environ.get("MUSTER_PLACEMENT_CANDIDATES", "16")))
-    # The most of the event loop's time the leader's planning may take (scheduling.cadence).
+    # After a cycle that placed nothing, the most of the event loop's time the leader's
+    # planning may take (scheduling.cadence).
     plan_share: float = field(default_factory=lambda: float(os.environ.get("MUSTER_PLAN_SHARE", "0.5")))
     # Addresses (or networks) of TLS-terminating proxies whose X-Forwarded-Proto and
     # X-Forwarded-For are believed ("" none, "*" any).
