@@ -1,7 +1,8 @@
 """Watches the `state` bucket during a bench run: correctness and placement quality.
 
-An ordered JetStream consumer reads every committed revision of `$KV.state.>` from the
-start of the run (only committed records: an atomic batch that was rejected is never seen):
+A watch (wire.kv.Watch, every revision) reads every committed revision of the bucket from
+the start of the stream (only committed records: an atomic batch that was rejected is never
+seen); its consumer is recreated within seconds when the NATS node serving it is lost:
   * every `alloc.<host>` revision is checked against the host's capacity from the fleet file:
     GPUs, CPU and memory within capacity, no GPU index used twice, every index exists;
   * every `job.<id>` revision updates the job's state and the host of each attempt; the
@@ -10,8 +11,9 @@ start of the run (only committed records: an atomic batch that was rejected is n
     one try has reported RUNNING;
   * once a second it samples GPUs allocated and the GPU demand still queued (fragmentation:
     the share of GPUs left unallocated while GPU jobs wait).
-On `finish` (request on `bench.ctl.observer`) it also re-reads the final `alloc.*` record of
-every host with a last-per-subject consumer, checks those again, and writes `--out`.
+On `finish` (request on `bench.ctl.observer`) it first reads every record stored until then
+(`read_every_record` in `--out` says whether it could within CATCH_UP_S), then re-reads the
+final `alloc.*` record of every host, checks those again, and writes `--out`.
 It runs at nice +10 (`--nice`): a checker with no deadline gives way to the system it
 checks on a saturated machine, as the server's historian does.
 """
@@ -28,19 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-from nats.js import api as jsapi
 
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import DEFAULT_GPU_MEMORY_MB, GPU_MEMORY_MB, read_fleet
-from wire import natsclient
-from wire.kv import delivery_position
-from wire.records import is_tombstone
+from wire import natsclient, subjects
+from wire.kv import Store, Watch
+from wire.records import Record
 
 log = logging.getLogger("bench.observer")
-PREFIX = "$KV.state."
 # A checker with no deadline: it reads every record eventually, and on a saturated machine
 # it gives way to the system it checks (like the server's historian).
 OBSERVER_NICE = 10
+CATCH_UP_S = 60.0  # on finish, how long the watch may take to read what is stored
 EPS = 1e-6
 
 
@@ -119,21 +120,17 @@ class Observer:
         self.pending = 0
         self.stop = asyncio.Event()
         self.nc: nats.NATS | None = None
+        self.store: Store | None = None
+        self.watch: Watch | None = None
 
-    def on_record(self, msg) -> None:
-        key = msg.subject[len(PREFIX):]
-        kind, _, name = key.partition(".")
-        # Read from the reply subject (wire.kv.delivery_position): building nats-py's
-        # Msg.metadata for every record was a seventh of this process's CPU.
-        seq, self.pending, stored = delivery_position(msg)
-        self.lag_s = max(0.0, time.time() - stored)
+    def on_record(self, rec: Record) -> None:
+        kind, _, name = rec.key.partition(".")
+        self.pending = rec.behind
+        self.lag_s = max(0.0, time.time() - rec.stamp)
+        seq = rec.revision
         if kind == "alloc":
             self.alloc_revisions += 1
-            d: dict[str, Any]
-            if is_tombstone(msg.headers):
-                d = {"tasks": []}
-            else:
-                d = json.loads(msg.data)
+            d: dict[str, Any] = {"tasks": []} if rec.value is None else json.loads(rec.value)
             self._check(name, d, seq)
             # GPUs allocated, in thousandths: shares count what they hold.
             n = sum(int(t.get("gpu_share") or 0) or 1000 * len(t.get("gpu_indices", []))
@@ -142,12 +139,12 @@ class Observer:
             self.alloc_gpus[name] = n
         elif kind == "job":
             self.job_revisions += 1
-            if is_tombstone(msg.headers):
+            if rec.value is None:
                 return
             if name.startswith(PRELOAD_PREFIX):
                 self.preloaded_revisions += 1  # counted against capacity via the allocs only
                 return
-            d = json.loads(msg.data)
+            d = json.loads(rec.value)
             st = str(d.get("state", "QUEUED"))  # stored without its defaults
             j = self.jobs.get(name)
             if j is None:
@@ -166,7 +163,7 @@ class Observer:
                 j["placed_at"] = atts[0].get("placed_at")
                 j["host"] = atts[0].get("host_id")
             if j["running_at"] is None and atts and _running(st, atts, j["replicas"]):
-                j["running_at"] = stored
+                j["running_at"] = rec.stamp
                 j["running_state_seen"] = st
             if st == "QUEUED":
                 self.queued_gpus[name] = j["gpus"] * j["replicas"]  # a gang: every task
@@ -201,52 +198,50 @@ class Observer:
 
     async def final_check(self) -> int:
         """Read the last `alloc.*` record of every host and check it again."""
-        assert self.nc is not None
-        done = asyncio.Event()
-        count = 0
-
-        async def cb(msg) -> None:
-            nonlocal count
-            count += 1
-            host = msg.subject[len(PREFIX) + len("alloc."):]
-            d = {"tasks": []} if is_tombstone(msg.headers) else json.loads(msg.data)
-            seq, pending, _ = delivery_position(msg)
-            self._check(host, d, seq, final=True)
-            if pending == 0:
-                done.set()
-
+        assert self.store is not None
         if self.alloc_revisions == 0:
             return 0
+        count = 0
+
+        def on_alloc(rec: Record) -> None:
+            nonlocal count
+            count += 1
+            d = {"tasks": []} if rec.value is None else json.loads(rec.value)
+            self._check(rec.key[len("alloc."):], d, rec.revision, final=True)
+
         # After a NATS node is killed (--kill-nats-leader-at) a new consumer's create can go
         # unanswered (seen: 30 s, placed on the dead node, it seems): try again, 10 s each.
-        quick = self.nc.jetstream(timeout=10)
         for attempt in range(6):
             try:
-                sub = await quick.subscribe(PREFIX + "alloc.>", stream="KV_state", cb=cb, ordered_consumer=True,
-                                            deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
-                                            pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+                watch = await self.store.watch("alloc.>", on_alloc)  # the latest of each host
                 break
             except nats.errors.TimeoutError:
                 log.warning("final alloc read: consumer create unanswered (try %d)", attempt + 1)
                 if attempt == 5:
                     raise
         try:
-            await asyncio.wait_for(done.wait(), timeout=120)
+            await asyncio.wait_for(watch.caught_up(), timeout=120)
         except TimeoutError:
             log.warning("final alloc read incomplete: %d records", count)
-        await sub.unsubscribe()
+        await watch.stop()
         return count
 
     async def on_ctl(self, msg) -> None:
         req = json.loads(msg.data)
         if req.get("cmd") != "finish":
             return
-        # Let the watch catch up with what is stored now.
-        deadline = time.monotonic() + 30
-        while self.pending > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        # Read every record stored until now first (the watch's consumer may be being
+        # recreated after a NATS node's loss); a report from part of the records says so.
+        assert self.watch is not None
+        try:
+            await asyncio.wait_for(self.watch.caught_up(), timeout=CATCH_UP_S)
+            read_all = True
+        except TimeoutError:
+            read_all = False
+            log.warning("the watch did not catch up within %.0f s", CATCH_UP_S)
         final = await self.final_check()
-        out = {"alloc_revisions_checked": self.alloc_revisions, "job_revisions": self.job_revisions,
+        out = {"read_every_record": read_all, "alloc_revisions_checked": self.alloc_revisions,
+               "job_revisions": self.job_revisions,
                "preloaded_job_revisions": self.preloaded_revisions,
                "final_alloc_records_checked": final, "overcommitted_hosts": sorted(self.overcommitted_hosts),
                "overcommit_examples": self.overcommit, "samples": self.samples, "jobs": self.jobs,
@@ -260,23 +255,17 @@ class Observer:
     async def run(self) -> None:
         self.nc = await natsclient.connect(self.args.nats.split(","), name="bench-observer",
                                            max_reconnect_attempts=-1, reconnect_time_wait=0.5)
-        js = self.nc.jetstream(timeout=30)
+        self.store = Store(self.nc, timeout=10)
         await self.nc.subscribe("bench.ctl.observer", cb=self.on_ctl)
-
-        async def cb(msg) -> None:
-            try:
-                self.on_record(msg)
-            except Exception:  # noqa: BLE001
-                log.exception("observer: %s", msg.subject)
-
-        sub = await js.subscribe(PREFIX + ">", stream="KV_state", cb=cb, ordered_consumer=True,
-                                 deliver_policy=jsapi.DeliverPolicy.ALL, pending_msgs_limit=1_000_000,
-                                 pending_bytes_limit=1024 * 1024 * 1024)
+        # Every revision from the start of the stream; the watch recreates its consumer
+        # within seconds when the NATS node serving it is lost.
+        self.watch = Watch(self.store, subjects.STATE_BUCKET, ">", self.on_record, every_revision=True)
+        await self.watch.start()
         sampler = asyncio.create_task(self.sample_loop())
         await self.nc.publish("bench.stats.observer", b'{"ready": true}')
         await self.stop.wait()
         sampler.cancel()
-        await sub.unsubscribe()
+        await self.watch.stop()
         await self.nc.drain()
 
 

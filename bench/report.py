@@ -131,7 +131,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
                          if c.cpu_at_start is not None and c.cpu_at_end is not None and window > 0 else None}
     correct = {
         "ok": not never and not twice and not partial and not shared and not unknown and not overcommitted
-              and counters["gpu_collisions"] == 0 and bool(obs),
+              and counters["gpu_collisions"] == 0 and bool(obs) and obs.get("read_every_record") is True,
         "jobs_never_dispatched": len(never),
         "jobs_dispatched_more_than_once": len(twice),
         "gangs_partially_dispatched": len(partial),
@@ -144,6 +144,8 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "alloc_revisions_checked": obs.get("alloc_revisions_checked", 0),
         "final_alloc_records_checked": obs.get("final_alloc_records_checked", 0),
         "observer_ran": bool(obs),
+        # Every state record stored until the end was checked (not a report from part of them).
+        "observer_read_every_record": obs.get("read_every_record"),
         "examples_never_dispatched": never[:5],
         "examples_dispatched_twice": {j: verdicts[j].problems for j in twice[:5]},
         "examples_gang_problems": {j: verdicts[j].problems for j in (partial + shared)[:5]},

@@ -339,12 +339,21 @@ class Watch:
     """A KV watch built on an ordered push consumer; resumes across reconnects."""
 
     def __init__(
-        self, store: Store, bucket: str, pattern: str, on_record: Callable[[Record], None]
+        self,
+        store: Store,
+        bucket: str,
+        pattern: str,
+        on_record: Callable[[Record], None],
+        *,
+        every_revision: bool = False,
     ) -> None:
         self.store = store
         self.bucket = bucket
         self.pattern = pattern
         self.on_record = on_record
+        # False: the latest value of each key, then every change (a view of the bucket);
+        # True: every revision still stored, oldest first (a checker reading the history).
+        self.every_revision = every_revision
         self.synced = asyncio.Event()
         self.received = 0  # records handed to on_record so far
         self.last_seq = 0  # stream sequence of the last record handed to on_record
@@ -385,7 +394,7 @@ class Watch:
             # recreate the consumer. Its default (5 s) left a watch whose consumer died
             # with its NATS node silent for 10 s; 1 s makes that 2 s.
             idle_heartbeat=WATCH_HEARTBEAT_S,
-            deliver_policy=jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+            deliver_policy=jsapi.DeliverPolicy.ALL if self.every_revision else jsapi.DeliverPolicy.LAST_PER_SUBJECT,
             inactive_threshold=300,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1024 * 1024 * 1024,

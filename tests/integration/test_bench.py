@@ -69,7 +69,7 @@ def _check_report(rep: dict) -> None:
     for key in CORRECTNESS:
         assert key in c, key
     assert rep["jobs_submitted"] > 0
-    assert c["observer_ran"]
+    assert c["observer_ran"] and c["observer_read_every_record"] is True
     assert c["alloc_revisions_checked"] > 0
     assert c["jobs_dispatched_more_than_once"] == 0, c["examples_dispatched_twice"]
     assert c["gangs_partially_dispatched"] == 0, c["examples_gang_problems"]
