@@ -11,8 +11,10 @@ API with the heaviest queries it allows, while the run measures dispatch latency
   health with a search, a 100-job page with each job's pending reasons and queue
   position, and history counts.
 
-Runs in a process of its own (a load generator, like the host simulators), so the
-measured processes are only Muster's. Writes, per request kind: count, errors, latency
+Each reader goes once through all its requests whatever `--duration` says (on a slow
+machine a round can outlast a short run), then goes on until the duration is over, so
+every kind of request is in the report. Runs in a process of its own (a load generator,
+like the host simulators), so the measured processes are only Muster's. Writes, per request kind: count, errors, latency
 percentiles (ms).
 """
 
@@ -63,9 +65,11 @@ class Tally:
 
 async def flood(url: str, token: str, until: float, tally: Tally) -> None:
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as c:
-        while time.monotonic() < until:
+        rounds = 0
+        while rounds == 0 or time.monotonic() < until:
+            rounds += 1
             for kind, query in FLOOD.items():
-                if time.monotonic() >= until:
+                if rounds > 1 and time.monotonic() >= until:
                     return
                 t = time.perf_counter()
                 try:
@@ -84,9 +88,11 @@ async def browse(url: str, token: str, until: float, tally: Tally, pause_s: floa
             tally.add("console login", time.perf_counter(), f"{r.status_code} {r.text[:200]}")
             return
         job_url = "/jobs"
-        while time.monotonic() < until:
+        rounds = 0
+        while rounds == 0 or time.monotonic() < until:
+            rounds += 1
             for page in BROWSE:
-                if time.monotonic() >= until:
+                if rounds > 1 and time.monotonic() >= until:
                     return
                 path = job_url if page == "JOB" else page
                 t = time.perf_counter()

@@ -119,33 +119,43 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
+    """`alerts tail -n 1` prints the last alert, then each new one. An alert published
+    before the CLI starts is printed either way (the last one, or new after its first
+    look); one published once that has been printed is new to it."""
     srv = cluster.server()
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "server.cli", "alerts", "tail", "-n", "0", "-o", "json",
+
+    async def publish(host: str) -> None:
+        nc = await nats_py.connect(cluster.nats_url)
+        ev = Event(kind="host.lost", host_id=host, message="heartbeat key expired")
+        await nc.publish("alerts.host.lost", encode(ev))
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(publish("tail-before"))
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "alerts", "tail", "-n", "1", "-o", "json",
                           "--interval", "0.5"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, preexec_fn=ctrl_c_works)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
-    try:
-        time.sleep(3)  # the CLI has started and taken its first look
 
-        async def publish() -> None:
-            nc = await nats_py.connect(cluster.nats_url)
-            ev = Event(kind="host.lost", host_id="tail-host", message="heartbeat key expired")
-            await nc.publish("alerts.host.lost", encode(ev))
-            await nc.flush()
-            await nc.close()
-
-        asyncio.run(publish())
-        deadline = time.monotonic() + 20
-        found: dict[str, Any] | None = None
-        while found is None and time.monotonic() < deadline:
+    def printed(host: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
             for line in list(lines):
                 a = json.loads(line)
-                if a["hostId"] == "tail-host":
-                    found = a
+                if a["hostId"] == host:
+                    return a
+            if p.poll() is not None:
+                break
             time.sleep(0.1)
+        return None
+
+    try:
+        assert printed("tail-before") is not None, (lines, p.poll())  # its first look is behind it
+        asyncio.run(publish("tail-host"))
+        found = printed("tail-host")
         assert found is not None, (lines, p.poll())
         assert found["kind"] == "host.lost" and found["message"] == "heartbeat key expired"
     finally:
