@@ -6,7 +6,9 @@ submits jobs at `--rate` per second for `--wave` seconds, job shapes from the tr
 It drives the leader's own decision code (server.scheduling.planner.plan_cycle: fair
 share, quotas, preemption, time limits) over a ClusterState in simulated time, with a
 simulated agent: a placed task starts at once and ends after its duration; a task told
-to stop checkpoints for `--ckpt` seconds (at most its grace) and ends KILLED. No NATS,
+to stop checkpoints for `--ckpt` seconds (at most its grace) and ends KILLED. A share of
+the jobs (`--checkpointing`, 0 by default) keep what they saved: their next try runs only
+the rest of their duration; the others start again from nothing. No NATS,
 no processes: the figures are the policy's, and the planning time is real CPU time of
 plan_cycle on this machine. Dispatch latency through NATS is what `muster bench`
 without --tenants measures.
@@ -18,8 +20,10 @@ Reported:
   ending, or from fair-share preemption, off by default), per wave;
 - Jain's fairness index of allocation / entitlement, sampled every cycle while every
   queue is backlogged;
-- GPU-seconds lost to preemption (the runtime of preempted tries, taken as lost: no
-  checkpoint is assumed to survive) as a share of GPU-seconds delivered;
+- GPU-seconds lost to preemption as a share of GPU-seconds delivered: the whole runtime of
+  a preempted try of a job that keeps no checkpoint, the stop-to-exit time of one that
+  does; and, per queue's arrival, a lower bound on what any choice of victims must lose
+  when no job keeps a checkpoint (`lower_bound` in the report);
 - the share of GPUs idle while a waiting job would fit on their host, outside and inside
   preemption graces;
 - plan_cycle's time per cycle (p50, p99) and queueing delay (submission to placement,
@@ -80,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cycle", type=float, default=0.25, help="simulated seconds between scheduling cycles")
     ap.add_argument("--grace", type=float, default=10.0, help="the queues' preemption grace")
     ap.add_argument("--ckpt", type=float, default=2.0, help="seconds a stopped task takes to exit")
+    ap.add_argument("--checkpointing", type=float, default=0.0,
+                    help="share of jobs whose next try resumes from what they saved when stopped (0-1)")
     ap.add_argument("--min-runtime", type=float, default=0.0, help="the queues' minimum runtime before preemption")
     ap.add_argument("--mean-duration", type=float, default=120.0, help="synthetic: mean task seconds")
     ap.add_argument("--trace", action="store_true", help="job shapes from ../shared/traces (openb + Philly gangs)")
@@ -109,6 +115,11 @@ class Simulation:
         self.placed_at: dict[str, float] = {}
         self.violations: list[str] = []
         self.ends: dict[str, int] = {}
+        # Which jobs keep a checkpoint: a draw of their own per job, so that the arrivals
+        # are the same whatever --checkpointing says.
+        self.keep_rng = random.Random(args.seed + 1_000_003)
+        self.keeps: set[str] = set()
+        self.credited: set[tuple[str, int]] = set()  # (job, try) whose saved work counts
 
     def _next_rev(self) -> int:
         self.rev += 1
@@ -149,6 +160,8 @@ class Simulation:
                        replicas=req.replicas, max_attempts=3)
         job = Job(id=f"j{n:08d}x", spec=spec, submitted_at=at, updated_at=at)
         self.durations[job.id] = max(1.0, req.duration_s)
+        if self.keep_rng.random() < self.args.checkpointing:
+            self.keeps.add(job.id)
         self.state.apply_job(job, self._next_rev())
 
     def agent(self, now: float) -> list[StatusReport]:
@@ -172,10 +185,53 @@ class Simulation:
                 elif t.stop and a.stop_at is not None and now >= a.stop_at + ckpt:
                     out.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=t.job_id,
                                             state=AttemptState.KILLED, ts=now, reason="stopped"))
+                    if t.job_id in self.keeps and a.started_at is not None \
+                            and (t.job_id, a.number) not in self.credited:
+                        # It saved its work up to the stop: the next try runs the rest.
+                        self.credited.add((t.job_id, a.number))
+                        done = max(0.0, a.stop_at - a.started_at)
+                        self.durations[t.job_id] = max(1.0, self.durations[t.job_id] - done)
                 elif a.started_at is not None and now >= a.started_at + self.durations[t.job_id]:
                     out.append(StatusReport(host_id=host_id, attempt_id=a.id, job_id=t.job_id,
                                             state=AttemptState.SUCCEEDED, exit_code=0, ts=now))
         return out
+
+    def loss_lower_bound(self, queue: str, nominal: float, now: float) -> dict[str, float]:
+        """At `queue`'s arrival, the least GPU-seconds any choice of victims must lose for
+        it to hold 90 % of its nominal quota one grace later, when no job keeps a
+        checkpoint. Relaxed, so a lower bound: GPUs free now and every running task that
+        ends by itself within the grace count as the queue's; any lender (a queue of the
+        cohort above its nominal quota) gives up to its excess, its youngest GPUs first,
+        one GPU at a time, wherever it is; each GPU taken loses its runtime so far."""
+        grace = self.args.grace
+        free = sum(len(cap.free_gpus(None)) for cap in self.state.index.caps.values())
+        ending = 0
+        held: dict[str, int] = {}
+        ages: dict[str, list[float]] = {}
+        for alloc in self.state.allocs.values():
+            for t in alloc.tasks:
+                job = self.state.jobs.get(t.job_id)
+                if job is None or t.stop:
+                    continue
+                a = next((x for x in job.current_tasks() if x.id == t.attempt_id), None)
+                if a is None or a.state.terminal:
+                    continue
+                n = len(t.gpu_indices)
+                q = job.spec.queue
+                held[q] = held.get(q, 0) + n
+                started = a.started_at if a.started_at is not None else now
+                if started + self.durations[t.job_id] <= now + grace:
+                    ending += n
+                    continue
+                ages.setdefault(q, []).extend([now - started] * n)
+        need = max(0, math.ceil(0.9 * nominal) - free - ending)
+        nominals = {t.name: t.nominal for t in self.tenants}
+        pool: list[float] = []
+        for q, xs in ages.items():
+            if q != queue:
+                pool.extend(sorted(xs)[:max(0, held.get(q, 0) - int(nominals.get(q, 0)))])
+        pool.sort()
+        return {"gpus_to_take": need, "gpus_takeable": len(pool), "gpu_s": round(sum(pool[:need]), 1)}
 
     def apply(self, plan: Any) -> None:
         for job in plan.jobs.values():
@@ -227,12 +283,16 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     i = 0
     now = t0
     n = 0
+    bounds: dict[str, dict[str, float]] = {}
     while now <= end:
         while i < len(arrivals) and arrivals[i][0] <= now:
             at, q, req = arrivals[i]
             sim.submit(at, q, req, n)
             n += 1
             i += 1
+        for t in sim.tenants:
+            if t.start_s > t0 and t.name not in bounds and now >= t.start_s:
+                bounds[t.name] = sim.loss_lower_bound(t.name, t.nominal, now)
         reports = sim.agent(now)
         started = time.perf_counter()
         plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=policy)
@@ -286,14 +346,19 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             ran = ((a.finished_at if a.finished_at is not None else now) - a.started_at) * len(a.gpu_indices)
             delivered += ran
             if a.state is AttemptState.PREEMPTED:
-                lost += ran
+                wasted = ran
+                if job.id in sim.keeps and a.stop_at is not None:
+                    # Saved at the stop: only the time from the stop to its exit is lost.
+                    wasted = max(0.0, (a.finished_at or now) - max(a.stop_at, a.started_at)) * len(a.gpu_indices)
+                lost += wasted
                 preempted += 1
                 m = _PREEMPTED_BY.search(a.reason or "")
                 key = f"{m.group(1)} by {m.group(2)} from {job.spec.queue}" if m else f"? from {job.spec.queue}"
-                b = by.setdefault(key, {"tries": 0, "gpus": 0, "gpu_s_lost": 0.0})
+                b = by.setdefault(key, {"tries": 0, "gpus": 0, "gpu_s_lost": 0.0, "gpu_s_run": 0.0})
                 b["tries"] += 1
                 b["gpus"] += len(a.gpu_indices)
-                b["gpu_s_lost"] += ran
+                b["gpu_s_lost"] += wasted
+                b["gpu_s_run"] += ran
         if job.id in sim.placed_at:
             delays.append(sim.placed_at[job.id] - job.submitted_at)
     twice = [j for j, k in sim.ends.items() if k > 1]
@@ -318,8 +383,15 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                        # Who took from whom, and how long the victims had run (GPU-weighted).
                        "by": {k: {"tries": int(v["tries"]), "gpus": int(v["gpus"]),
                                   "gpu_s_lost": round(v["gpu_s_lost"], 1),
-                                  "mean_runtime_s": round(v["gpu_s_lost"] / v["gpus"], 1) if v["gpus"] else 0.0}
-                              for k, v in sorted(by.items())}},
+                                  "mean_runtime_s": round(v["gpu_s_run"] / v["gpus"], 1) if v["gpus"] else 0.0}
+                              for k, v in sorted(by.items())},
+                       "jobs_keeping_checkpoints": len(sim.keeps),
+                       # What reclaim within the goal must lose at each later queue's arrival
+                       # with no checkpoints (Simulation.loss_lower_bound), and its share.
+                       "lower_bound": {"by_queue_arrival": bounds,
+                                       "gpu_s": round(sum(b["gpu_s"] for b in bounds.values()), 1),
+                                       "share": round(sum(b["gpu_s"] for b in bounds.values()) / delivered, 5)
+                                       if delivered else 0.0}},
         "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace)},
         "plan_cycle_ms": {"p50": round(_pct(plan_s, 50) * 1000, 2), "p99": round(_pct(plan_s, 99) * 1000, 2),
                           "cycles": len(plan_s)},

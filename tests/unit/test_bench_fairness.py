@@ -28,3 +28,53 @@ def test_small_fairness_run_is_correct() -> None:
         assert m is not None, key
         assert (m.group(2) == m.group(3)) == (m.group(1) == "priority"), key  # reclaim takes from others
     assert set(rep["time_to_90pct_entitled_s"]) == {"t0", "t1", "t2"}
+
+
+def _step(sim, now: float) -> None:  # type: ignore[no-untyped-def]
+    from server.scheduling.planner import QueuePolicy, plan_cycle
+
+    plan = plan_cycle(sim.state, reports=sim.agent(now), commands=[], now=now, term=1, queues=QueuePolicy())
+    sim.apply(plan)
+
+
+def test_the_loss_lower_bound_takes_the_youngest_excess_of_the_lenders() -> None:
+    """One host of 8 GPUs. t0 (nominal 2) borrows t1's unused nominal 5 and holds 7 in
+    one-GPU jobs started at 1, 11 and 21 s; the 8th GPU is no queue's nominal and stays
+    free. t1 (nominal 5) arriving at 30 s needs 5 GPUs (90 % of 5, rounded up) within a
+    grace of 10 s: one is free, none ends by itself, so 4 must be taken from t0's 5 above
+    its nominal, the youngest: runtimes 9, 9, 19, 19."""
+    from bench.fairness import Simulation
+    from bench.workload import JobReq
+
+    args = build_parser().parse_args(["--tenants", "2", "--hosts", "1", "--grace", "10"])
+    sim = Simulation(args)
+    sim.setup(0.0)
+    assert [t.nominal for t in sim.tenants] == [2, 5]
+    n = 0
+    for at, count in ((0.0, 2), (10.0, 3), (20.0, 2)):
+        for _ in range(count):
+            sim.submit(at, "t0", JobReq(name="j", gpus=1, cpus=1, memory_mb=1024, duration_s=1000), n)
+            n += 1
+        _step(sim, at)  # placed
+        _step(sim, at + 1)  # reported running: started at + 1
+    assert sorted(a.started_at for j in sim.state.jobs.values() for a in j.attempts) == [1, 1, 11, 11, 11, 21, 21]
+    bound = sim.loss_lower_bound("t1", 5, 30.0)
+    assert bound == {"gpus_to_take": 4, "gpus_takeable": 5, "gpu_s": 9 * 2 + 19 * 2}
+    # A job that ends by itself within the grace frees its GPU without loss.
+    first = next(j for j in sim.state.jobs.values() if j.attempts[0].started_at == 21)
+    sim.durations[first.id] = 15.0  # ends at 36 s
+    assert sim.loss_lower_bound("t1", 5, 30.0) == {"gpus_to_take": 3, "gpus_takeable": 5, "gpu_s": 9 + 19 * 2}
+
+
+def test_jobs_that_keep_checkpoints_lose_only_their_stop_to_exit_time() -> None:
+    """The same small run with every job keeping its checkpoint: it is as correct, and each
+    preempted try loses no more than the exit time (--ckpt) on each GPU it held."""
+    args = build_parser().parse_args(["--tenants", "3", "--hosts", "6", "--rate", "20", "--wave", "3", "--gap", "10",
+                                      "--tail", "25", "--mean-duration", "20", "--grace", "3", "--ckpt", "1",
+                                      "--checkpointing", "1"])
+    rep = simulate(args)
+    assert rep["correctness"]["ok"], rep["correctness"]
+    p = rep["preemption"]
+    assert p["preempted_tries"] > 0 and p["jobs_keeping_checkpoints"] == rep["jobs_submitted"]
+    for key, v in p["by"].items():
+        assert v["gpu_s_lost"] <= v["gpus"] * (1.0 + args.cycle) + 1e-6, (key, v)
