@@ -86,11 +86,17 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
     p = subprocess.Popen([sys.executable, "-m", "server.cli", "host", "list", "--watch"], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_works)
-    time.sleep(5)
+    assert p.stdout is not None
+    seen = ""
+    while seen.count("cli-1") < 2:  # two renders (each is flushed), however slow the machine
+        line = p.stdout.readline()
+        assert line, f"--watch ended before rendering twice: {seen!r}"
+        seen += line
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=20)
     assert p.returncode == 0, err
-    assert out.count("cli-1") >= 2, out
+    out = seen + out
+    assert out.count("every 2s:") >= 2, out
 
     # not found: 3, from a query's null (show) and from a mutation's NOT_FOUND userError
     for argv in (["job", "show", "j-nope"], ["job", "cancel", "j-nope"], ["host", "cordon", "nope", "--reason", "x"],
