@@ -116,7 +116,9 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     marks = tmp_path / "runs"
     # Each run appends its attempt id: a job that ran twice would show up twice.
     cmd = ["sh", "-c", f'echo "$MUSTER_JOB_ID $MUSTER_ATTEMPT_ID" >> {marks}']
-    sub = Submitter(servers, token, rate=120, command=cmd)
+    # 60 jobs/s: enough to have submissions in flight at every kill; every job runs a real
+    # process on one of two agents, so the rate sets how long the drain below takes.
+    sub = Submitter(servers, token, rate=60, command=cmd)
     sub.start()
     takeovers = []
     for round_ in range(3):
@@ -134,7 +136,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
     time.sleep(2)
     sub.stop()
     print(f"takeover times after kill -9: {[round(t, 2) for t in takeovers]} s (lease 5 s)")
-    assert len(sub.ids) > 1000
+    assert len(sub.ids) > 500
     live = [s for s in servers if s.alive()]
     api = Api(live[0].url, token)
 
