@@ -88,8 +88,7 @@ def _queue_depth(url: str, expected: int, wait_s: float = 10.0) -> int | None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    if args.plan_share is not None:
-        os.environ["MUSTER_PLAN_SHARE"] = str(args.plan_share)
+    server_env = {} if args.plan_share is None else {"MUSTER_PLAN_SHARE": str(args.plan_share)}
     speed = python_speed()
     work = Path(tempfile.mkdtemp(prefix="muster-bench-api-"))
     procs = Processes(argparse.Namespace(nats_cluster=1, nats_sync="default", replicas=1, servers=1, preload=0,
@@ -97,7 +96,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     try:
         procs.start_nats()
-        procs.start_server()
+        procs.start_server(server_env)
         server = procs.servers[0][0].proc
 
         def cpu() -> float:

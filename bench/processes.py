@@ -146,18 +146,19 @@ class Processes:
         """The first server's --data-dir (its history database lives there without --db-url)."""
         return self.work / "server"
 
-    def start_server(self) -> None:
+    def start_server(self, env: dict[str, str] | None = None) -> None:
         """Start `args.servers` (default 1) `muster server` replicas, one after another:
         the first is named `server`, the others `server-2`...; each has a data directory
-        of its own, and with `args.db_url` they share that history database."""
+        of its own, and with `args.db_url` they share that history database. `env` adds
+        to each server's environment (its MUSTER_* settings)."""
         for i in range(getattr(self.args, "servers", 1) or 1):
-            self._start_one_server(i)
+            self._start_one_server(i, env or {})
 
-    def _start_one_server(self, i: int) -> None:
+    def _start_one_server(self, i: int, extra_env: dict[str, str]) -> None:
         port = free_port()
         name = "server" if i == 0 else f"server-{i + 1}"
         # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
-        env = {"MUSTER_REPLICAS": str(self.args.replicas)}
+        env = {**extra_env, "MUSTER_REPLICAS": str(self.args.replicas)}
         data = self.work / name
         argv = [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
                 "--http-port", str(port), "--data-dir", str(data), "--name", f"bench-{name}"]
