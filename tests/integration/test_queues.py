@@ -123,7 +123,8 @@ def test_priority_preemption_stops_the_victim_before_the_preemptor_starts(cluste
     # Requeued, and not out of tries: it runs again once the GPU is free.
     wait_until(lambda: len([e for e in events(tmp_path) if e["job"] == "low" and e["ev"] == "start"]) == 2,
                timeout=60, what="the preempted job ran again")
-    assert api.job(low)["state"] == "RUNNING"
+    # The task writes its start before its agent's RUNNING report reaches the server.
+    api.wait_job(low, {"RUNNING"}, timeout=30)
     cancel(api, low)
     api.wait_job(low, {"CANCELLED"})
     settled(api, low, high)
