@@ -4,6 +4,7 @@ credentials directory. Fixtures that start real processes are in tests/integrati
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,17 @@ def wait_until(pred: Any, timeout: float = 30, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
-async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """`wait_until` for async tests: poll `pred` without blocking the event loop."""
+async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition", interval: float = 0.05) -> Any:
+    """`wait_until` for async tests: poll `pred` (a function, or a coroutine function)
+    without blocking the event loop; returns its first truthy value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
+        v = pred()
+        if inspect.isawaitable(v):
+            v = await v
+        if v:
+            return v
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
 
 

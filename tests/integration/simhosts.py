@@ -14,6 +14,7 @@ import time
 import uuid
 
 import nats
+from agent.agent import AgentConfig
 from tests.factories import heartbeat
 from wire import subjects
 from wire.messages import Heartbeat, encode
@@ -31,13 +32,13 @@ def sim_heartbeat(i: int, seq: int, boot_id: str, gpus: int = 8) -> Heartbeat:
 
 
 class SimHosts:
-    """Publish heartbeats of hosts sim-00001 .. sim-<count> until stopped."""
+    """Publish heartbeats of hosts sim-00001 .. sim-<count> until stopped, every
+    `interval_s`, each key living as many intervals as an agent's does."""
 
-    def __init__(self, nats_url: str, count: int, *, ttl: str = "15s", interval_s: float = 5.0,
-                 batch: int = 500) -> None:
+    def __init__(self, nats_url: str, count: int, *, interval_s: float = 5.0, batch: int = 500) -> None:
         self.nats_url = nats_url
         self.count = count
-        self.ttl = ttl
+        self.ttl = f"{int(interval_s * AgentConfig.ttl_intervals)}s"
         self.interval_s = interval_s
         self.batch = batch
         self.boot_id = uuid.uuid4().hex[:16]

@@ -104,7 +104,7 @@ def page(browser: Any, stack: tuple[Cluster, Any, str]) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def sim_hosts(stack: tuple[Cluster, Any, str]) -> Iterator[SimHosts]:
     _, _, nats_url = stack
-    sim = SimHosts(nats_url, SIM_HOSTS, ttl=f"{3 * SIM_INTERVAL_S}s", interval_s=SIM_INTERVAL_S).start()
+    sim = SimHosts(nats_url, SIM_HOSTS, interval_s=SIM_INTERVAL_S).start()
     try:
         sim.wait_published(timeout=60)
         yield sim

@@ -543,17 +543,17 @@ async def put_hb(m: Muster, host_id: str, *, rack: str = "r1", zone: str = "z1",
 async def get_when_summary_shows(
     c: httpx.AsyncClient, url: str, headers: dict[str, str], text: str
 ) -> httpx.Response:
-    """GET `url` until its page holds `text`. The fleet summary a page shows is cached for
-    up to `LEADER_SUMMARY_MAX_AGE_S` (longer on a busy machine, where it costs more), so a
-    page read just after new heartbeats may show the previous one."""
+    """GET `url` until its page holds `text`. The fleet summary a page shows may be up to
+    `LEADER_SUMMARY_MAX_AGE_S` old (it is cached), so a page read just after new
+    heartbeats may still show the previous one."""
     from server.api.reads import LEADER_SUMMARY_MAX_AGE_S
 
-    deadline = time.monotonic() + 4 * LEADER_SUMMARY_MAX_AGE_S
-    while True:
+    async def showing() -> httpx.Response | None:
         r = await c.get(url, headers=headers)
-        if text in r.text or time.monotonic() > deadline:
-            return r
-        await asyncio.sleep(0.2)
+        return r if text in r.text else None
+
+    return await eventually(showing, timeout=4 * LEADER_SUMMARY_MAX_AGE_S, what=f"{url} to show {text!r}",
+                            interval=0.2)
 
 
 def live_fragment(text: str) -> str:
