@@ -35,12 +35,14 @@ from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import DEFAULT_GPU_MEMORY_MB, GPU_MEMORY_MB, read_fleet
 from wire import natsclient, subjects
 from wire.kv import Store, Watch
+from wire.messages import AttemptState
 from wire.records import Record
 
 log = logging.getLogger("bench.observer")
 # A checker with no deadline: it reads every record eventually, and on a saturated machine
 # it gives way to the system it checks (like the server's historian).
 OBSERVER_NICE = 10
+ENDED = {s.value for s in AttemptState if s.terminal}
 CATCH_UP_S = 60.0  # on finish, how long the watch may take to read what is stored
 EPS = 1e-6
 
@@ -159,6 +161,8 @@ class Observer:
             j["attempts"] = len(atts)
             for a in atts:
                 j["placed"].setdefault(a["id"], a.get("host_id"))
+                if a.get("state") in ENDED:  # how it ended, for the report's problems
+                    j.setdefault("ended", {})[a["id"]] = f"{a['state']}: {a.get('reason') or '-'}"
             if atts and j["placed_at"] is None:
                 j["placed_at"] = atts[0].get("placed_at")
                 j["host"] = atts[0].get("host_id")

@@ -53,9 +53,11 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     obs_p = b.work / "observer.json"
     obs = json.loads(obs_p.read_text()) if obs_p.exists() else {}
     per_job: dict[str, list[tuple[str, str, float, int]]] = defaultdict(list)
+    fenced: dict[str, float] = {}  # attempt id -> when its simulator's fence stopped it
     for s in sims:
         for job_id, aid, host, ts, task in s["arrivals"]:
             per_job[job_id].append((aid, host, ts, task))
+        fenced.update(s.get("fenced", {}))
     window = b.window_end - b.window_start
     dispatch, running, never, twice, partial, shared = [], [], [], [], [], []
     by_class: dict[str, list[float]] = defaultdict(list)
@@ -65,9 +67,10 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     max_host_gpus = max((h.gpus for h in fleet), default=0)
     verdicts: dict[str, Verdict] = {}
     for job_id, (ts, req) in b.submitted.items():
-        v = verdicts[job_id] = judge(job_id, req.replicas, per_job.get(job_id, []),
-                                     (ojobs.get(job_id) or {}).get("placed") or {}, lost_host,
-                                     exclusive=req.gang and 2 * req.gpus > max_host_gpus)
+        oj = ojobs.get(job_id) or {}
+        v = verdicts[job_id] = judge(job_id, req.replicas, per_job.get(job_id, []), oj.get("placed") or {},
+                                     lost_host, exclusive=req.gang and 2 * req.gpus > max_host_gpus,
+                                     ended=oj.get("ended") or {}, fenced=fenced)
         if v.dispatched_at is None:
             never.append(job_id)
         else:
@@ -134,6 +137,11 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
               and counters["gpu_collisions"] == 0 and bool(obs) and obs.get("read_every_record") is True,
         "jobs_never_dispatched": len(never),
         "jobs_dispatched_more_than_once": len(twice),
+        # Tried again after a simulator fenced itself (no heartbeat stored for an agent's
+        # fence_after_s: its NATS node lost, say) and stopped the try before: not twice.
+        "jobs_retried_after_fence": sum(1 for v in verdicts.values() if v.retried_after_fence),
+        "simulator_fences": counters["fences"],
+        "tasks_stopped_by_fences": counters["fenced_kills"],
         "gangs_partially_dispatched": len(partial),
         "gangs_with_tasks_sharing_a_host": len(shared),
         "dispatches_of_unknown_jobs": len(unknown),

@@ -10,6 +10,12 @@ One NATS connection per process. Each host:
     stamped with an older term are ignored; a task never seen on the host starts (once), a
     running task that disappears or carries `stop: true` is killed;
   * tasks: `sleep <seconds>` is simulated with a timer, no process;
+  * self-fencing, as an agent fences itself (agent.agent): once a second one heartbeat goes
+    through JetStream with an acknowledgement instead; when none was stored for the agent's
+    `fence_after_s`, every task of the process's hosts is stopped (KILLED, "fenced") before
+    their keys expire and the control plane replaces them, and no task starts until a
+    heartbeat is stored again. The process has one connection, so its hosts are cut off
+    together (its NATS node killed, say);
   * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
     `Nats-Msg-Id: <attempt>:<STATE>`, every report retried until the stream acknowledges
     it. Reports are sent in batches by one task (`Outbox`), up to `--max-inflight`
@@ -43,16 +49,20 @@ from collections import deque
 from pathlib import Path
 
 import nats
+from agent.agent import AgentConfig
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server.memory import freeze_survivors, keep_frozen, on_collection
 from wire import natsclient
 from wire.messages import SHAPE_HEADER, Heartbeat, shape_digest
+from wire.stopping import pause
 
 log = logging.getLogger("bench.simhosts")
 
 ASSIGN_PREFIX = "muster.assign."
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+FENCE_AFTER_S = AgentConfig.fence_after_s  # an agent's default
+FENCED = "fenced: host cut off from the control plane"  # the agent's reason
 
 
 def task_index(t: dict) -> int:
@@ -233,7 +243,12 @@ class Simulator:
         self.new_arrivals: list[tuple[str, int, float]] = []  # job, task, wall time
         self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
                       killed=0, adopted=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
-                      errors=0)
+                      errors=0, fences=0, fenced_kills=0, acked_hb_failures=0, assign_while_fenced=0)
+        # Self-fencing: when a heartbeat was last stored (acknowledged), whether the hosts
+        # are fenced now, and when each attempt was stopped by a fence (wall time).
+        self.stored_at = time.monotonic()
+        self.fenced = False
+        self.fenced_attempts: dict[str, float] = {}
         self.max_running = 0
         self.running = 0
         self.loop_lag_max = 0.0
@@ -303,13 +318,18 @@ class Simulator:
         if d.get("host_id") != h.spec.id or term < h.max_term:
             self.c["assign_dropped"] += 1
             return
-        h.applied_seq = max(h.applied_seq, seq)
         h.max_term = max(h.max_term, term)
         wanted = {t["attempt_id"]: t for t in tasks}
         for aid in list(h.running):
             t = wanted.get(aid)
             if t is None or t.get("stop"):
                 self.kill(h, aid, "cancelled" if t is not None else "no longer assigned")
+        if self.fenced:
+            # As an agent: nothing starts while cut off, and the record is not taken as
+            # applied, so the leader's resend of it starts its tasks once heard again.
+            self.c["assign_while_fenced"] += 1
+            return
+        h.applied_seq = max(h.applied_seq, seq)
         for t in tasks:
             aid = t["attempt_id"]
             if aid in h.seen:
@@ -362,6 +382,47 @@ class Simulator:
         if t is not None:
             self.c["killed"] += 1
             self.report(h, t, "KILLED", None, reason)
+
+    # ------------------------------------------------------------ self-fencing
+
+    async def fence_loop(self) -> None:
+        """One acknowledged heartbeat a second, taking the hosts in turn; fence when none
+        was stored for FENCE_AFTER_S, lift the fence at the next one stored."""
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        k = 0
+        self.stored_at = time.monotonic()
+        while not await pause(self.stop, 1.0):
+            h = next((self.hosts[(k + i) % len(self.hosts)] for i in range(len(self.hosts))
+                      if self.hosts[(k + i) % len(self.hosts)].heartbeating), None)
+            k += 1
+            if h is not None:
+                try:
+                    await js.publish(h.subject, h.heartbeat(time.time()), timeout=2.0,
+                                     headers={"Nats-TTL": h.ttl, SHAPE_HEADER: h.shape})
+                    self.stored_at = time.monotonic()
+                    if self.fenced:
+                        self.fenced = False
+                        log.warning("heartbeats stored again: fence lifted")
+                except Exception as exc:  # noqa: BLE001 - the link or the stream is down
+                    self.c["acked_hb_failures"] += 1
+                    log.debug("acknowledged heartbeat: %s", exc)
+            silent = time.monotonic() - self.stored_at
+            if not self.fenced and silent >= min(FENCE_AFTER_S, 2 * self.args.heartbeat_interval):
+                self.fence(silent)
+
+    def fence(self, silent: float) -> None:
+        self.fenced = True
+        self.c["fences"] += 1
+        now = time.time()
+        n = 0
+        for h in self.hosts:
+            for aid in list(h.running):
+                self.fenced_attempts[aid] = now
+                self.kill(h, aid, FENCED)
+                n += 1
+        self.c["fenced_kills"] += n
+        log.error("no heartbeat stored for %.1f s: fenced, %d tasks stopped", silent, n)
 
     # ------------------------------------------------------------ status reports
 
@@ -437,7 +498,7 @@ class Simulator:
                "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
                "gc_pause_max_ms": round(self.gc_pause_max * 1000, 1), "gc_full_pauses": self.gc_full_pauses,
                "silenced": {h.spec.id: h.last_hb for h in self.hosts if not h.heartbeating},
-               "arrivals": self.arrivals}
+               "fenced": self.fenced_attempts, "arrivals": self.arrivals}
         tmp = Path(self.args.out + ".tmp")
         tmp.write_text(json.dumps(out))
         tmp.replace(self.args.out)
@@ -470,7 +531,8 @@ class Simulator:
         freeze_survivors()
         self.ready = True
         tasks = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.stats_loop()),
-                 asyncio.create_task(self.outbox.run(self.stop)), asyncio.create_task(keep_frozen(self.stop))]
+                 asyncio.create_task(self.outbox.run(self.stop)), asyncio.create_task(keep_frozen(self.stop)),
+                 asyncio.create_task(self.fence_loop())]
         await self.stop.wait()
         for t in tasks:
             t.cancel()

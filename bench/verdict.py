@@ -20,6 +20,7 @@ class Verdict:
     tasks_seen: int = 0  # distinct task indices that reached a host, over all tries
     tries: int = 0
     twice: bool = False  # an attempt or a task reached hosts more than once, or a retry without cause
+    retried_after_fence: bool = False  # a later try came after its simulator fenced the one before
     partial: bool = False  # a try of which some tasks reached hosts and others never did
     shared_host: bool = False  # two tasks of one try on one host, where they cannot both fit
     problems: list[str] = field(default_factory=list)
@@ -39,15 +40,21 @@ def try_number(job_id: str, aid: str) -> int:
 
 
 def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]], placed: dict[str, str],
-          lost_host: str | None, exclusive: bool) -> Verdict:
+          lost_host: str | None, exclusive: bool, ended: dict[str, str] | None = None,
+          fenced: dict[str, float] | None = None) -> Verdict:
     """Check one job's arrivals: (attempt id, host, wall time, task index) for each first
     sighting of an attempt on a host. `placed` maps attempt id -> host from the job's
     records (may be empty), `lost_host` is the host the benchmark killed, and `exclusive`
     says a gang's tasks cannot share a host (each needs more than half of the largest).
+    `ended` maps attempt id -> "STATE: reason" from the job's records; it only explains
+    problems. `fenced` maps attempt id -> when a simulator stopped it by fencing itself.
 
     All-or-nothing: every try that reached any host reached it with all `replicas` tasks,
     unless the missing tasks were placed on the killed host (which ignores assignments).
-    A second try is right only when the first one touched the killed host."""
+    A later try is right only when the one before touched the killed host, or when every
+    attempt of the one before that reached a host had been stopped by its host's fence
+    (as an agent fences itself when its heartbeats are not stored) before the later try
+    first reached a host."""
     v = Verdict()
     by_attempt: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
     for aid, host, ts, task in arrivals:
@@ -83,11 +90,20 @@ def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]
                                     for i in missing)):
             v.partial = True
             v.problems.append(f"try {number}: {len(want & set(tasks))} of {replicas} tasks dispatched")
-    if len(tries) > 1:
-        first = min(tries)
-        first_hosts = {h for hs in tries[first].values() for h, _ in hs}
-        first_hosts |= {h for aid, h in placed.items() if try_number(job_id, aid) == first}
-        if len(tries) > 2 or lost_host not in first_hosts:
-            v.twice = True
-            v.problems.append(f"{len(tries)} tries reached hosts; the first did not touch the killed host")
+    numbers = sorted(tries)
+    for number, after in zip(numbers, numbers[1:], strict=False):
+        touched = {h for hs in tries[number].values() for h, _ in hs}
+        touched |= {h for aid, h in placed.items() if try_number(job_id, aid) == number}
+        if lost_host is not None and lost_host in touched:
+            continue
+        next_at = min(ts for hs in tries[after].values() for _, ts in hs)
+        reached = [aid for aid in by_attempt if try_number(job_id, aid) == number]
+        if all((fenced or {}).get(aid, float("inf")) <= next_at for aid in reached):
+            v.retried_after_fence = True
+            continue
+        v.twice = True
+        how = "; ".join(f"{aid} on {placed.get(aid, '?')} ended {e}" for aid, e in sorted((ended or {}).items())
+                        if try_number(job_id, aid) == number)
+        v.problems.append(f"try {number} of {len(tries)} that reached hosts: a later one came though it neither "
+                          f"touched the killed host nor was fenced" + (f" ({how})" if how else ""))
     return v

@@ -45,7 +45,10 @@ def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
     second = [("j1.2.0", "h4", 20.0, 0), ("j1.2.1", "h5", 20.1, 1)]
     v = judge("j1", 2, first + second, {}, "dead", exclusive=True)
     assert not v.twice and v.dispatched_at == 1.0 and v.tries == 2, v.problems
-    assert judge("j1", 2, first + second, {}, "elsewhere", exclusive=True).twice
+    v = judge("j1", 2, first + second, {"j1.1.0": "h1", "j1.1.1": "dead"}, "elsewhere", exclusive=True,
+              ended={"j1.1.0": "LOST: host lost", "j1.2.0": "SUCCEEDED: -"})
+    assert v.twice and "j1.1.0 on h1 ended LOST: host lost" in v.problems[-1], v.problems  # how the first ended
+    assert "j1.2.0" not in v.problems[-1]
     # The killed host ignored its task: the try is incomplete, but not split by the server.
     partial = [("j1.1.0", "h1", 1.0, 0)]
     placed = {"j1.1.0": "h1", "j1.1.1": "dead", "j1.2.0": "h4", "j1.2.1": "h5"}
@@ -55,6 +58,27 @@ def test_judge_accepts_a_second_try_only_after_the_killed_host() -> None:
     # Single jobs: `<job>.<try>` ids.
     v = judge("j2", 1, [("j2.1", "dead", 1.0, 0), ("j2.2", "h2", 9.0, 0)], {}, "dead", exclusive=False)
     assert not v.twice and v.dispatched_at == 1.0
+
+
+def test_judge_accepts_a_later_try_only_after_a_fence_stopped_the_one_before() -> None:
+    """A simulator that could not store a heartbeat fences itself, as an agent does: the
+    try it stopped may be replaced, but only once every attempt of it was stopped."""
+    first = [("j1.1.0", "h1", 1.0, 0), ("j1.1.1", "h2", 1.0, 1)]
+    second = [("j1.2.0", "h4", 20.0, 0), ("j1.2.1", "h5", 20.1, 1)]
+    v = judge("j1", 2, first + second, {}, None, exclusive=True, fenced={"j1.1.0": 12.0, "j1.1.1": 12.0})
+    assert not v.twice and v.retried_after_fence and v.dispatched_at == 1.0, v.problems
+    # One task of the first try was never stopped: both ran at once.
+    v = judge("j1", 2, first + second, {}, None, exclusive=True, fenced={"j1.1.0": 12.0})
+    assert v.twice and not v.retried_after_fence and "try 1 of 2" in v.problems[0], v.problems
+    # Stopped only after the next try had reached a host.
+    assert judge("j1", 2, first + second, {}, None, exclusive=True,
+                 fenced={"j1.1.0": 12.0, "j1.1.1": 25.0}).twice
+    # A third try needs a cause for the second as well.
+    third = [("j1.3.0", "h6", 40.0, 0), ("j1.3.1", "h7", 40.0, 1)]
+    fenced = {"j1.1.0": 12.0, "j1.1.1": 12.0}
+    assert judge("j1", 2, first + second + third, {}, None, exclusive=True, fenced=fenced).twice
+    v = judge("j1", 2, first + second + third, {"j1.2.1": "dead"}, "dead", exclusive=True, fenced=fenced)
+    assert not v.twice, v.problems
 
 
 def test_plot_command_draws_a_png_from_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
