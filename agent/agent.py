@@ -65,6 +65,7 @@ from wire.subjects import agent_inbox_prefix
 
 log = logging.getLogger(__name__)
 WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
+FENCED_REASON = "fenced: host cut off from the control plane"  # an attempt stopped by a fence
 
 VERSION = "0.1.0"
 # Simulated hosts report a typical GPU node's CPU and RAM unless told otherwise.
@@ -330,27 +331,37 @@ class Agent:
         assert self.store is not None
         ttl = f"{int(self.config.heartbeat_interval_s * self.config.ttl_intervals)}s"
         subject = subjects.kv_subject(subjects.HOSTS_BUCKET, self.config.host_id)
+        interval = self.config.heartbeat_interval_s
+        failures = 0
         while not self._stop.is_set():
+            began = time.monotonic()
             for fault in self.gpus.poll_faults():
                 log.error("GPU %d fault: %s", fault.index, fault.describe())
             try:
                 hb = self.heartbeat()
                 await self.store.js.publish(
                     subject, encode(hb), headers={"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)},
-                    timeout=min(2.0, self.config.heartbeat_interval_s),
+                    timeout=min(2.0, interval),
                 )
                 self.last_heartbeat_ok = time.monotonic()
+                failures = 0
                 self._touch_alive()
                 if self.fenced:
                     log.warning("heartbeats resumed; reconciling with current assignments")
                     self.fenced = False
                     await self._refresh_assignments()
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
-                log.warning("heartbeat failed: %s", exc)
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             await self._check_fence()
             if self._resend_unapplied(time.monotonic()):
                 await self._refresh_assignments()  # in case it is our view that is old
-            await pause(self._stop, self.config.heartbeat_interval_s)
+            # One heartbeat an interval, counted from the start of the last (a slow publish
+            # does not stretch the period); after a failure the next try comes within a
+            # second, so that one slow or lost answer is not half of fence_after.
+            wait = interval - (time.monotonic() - began)
+            await pause(self._stop, max(0.0, min(wait, 1.0) if failures else wait))
 
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():
@@ -370,7 +381,7 @@ class Agent:
         # replaces it: the grace period is cut to what is left of the TTL.
         ttl = self.config.heartbeat_interval_s * self.config.ttl_intervals
         grace = max(0.2, min(self.config.kill_grace_s, ttl - self.config.fence_after_s - 1.0))
-        await asyncio.gather(*(r.stop("fenced: host cut off from the control plane", grace) for r in doomed))
+        await asyncio.gather(*(r.stop(FENCED_REASON, grace) for r in doomed))
 
     # ------------------------------------------------------------ assignments
 

@@ -49,7 +49,7 @@ from collections import deque
 from pathlib import Path
 
 import nats
-from agent.agent import AgentConfig
+from agent.agent import FENCED_REASON, AgentConfig
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server.memory import freeze_survivors, keep_frozen, on_collection
@@ -62,7 +62,7 @@ log = logging.getLogger("bench.simhosts")
 ASSIGN_PREFIX = "muster.assign."
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
 FENCE_AFTER_S = AgentConfig.fence_after_s  # an agent's default
-FENCED = "fenced: host cut off from the control plane"  # the agent's reason
+FENCED = FENCED_REASON  # the agent's reason
 
 
 def task_index(t: dict) -> int:

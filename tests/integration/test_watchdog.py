@@ -129,9 +129,11 @@ def test_a_killed_agents_attempts_are_stopped_once_it_is_stale(setup: Setup, tmp
 
 
 def test_an_attempt_that_ignores_sigterm_is_killed_after_the_grace_period(setup: Setup) -> None:
-    p = setup.attempt("j1.1", [PY, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                         "while True: time.sleep(0.05)"])
-    time.sleep(0.5)  # let it install its handler
+    ready = setup.dir / "ignoring"
+    p = setup.attempt("j1.1", [PY, "-c", "import pathlib, signal, sys, time\n"
+                                         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                         "pathlib.Path(sys.argv[1]).touch()\nwhile True: time.sleep(0.05)", str(ready)])
+    wait_until(ready.exists, timeout=60, what="the attempt ignoring SIGTERM")
     setup.start(stale_after=1.0, grace=0.5)
     p.wait(60)
     assert p.returncode == -signal.SIGKILL
