@@ -11,11 +11,12 @@ One NATS connection per process. Each host:
     running task that disappears or carries `stop: true` is killed;
   * tasks: `sleep <seconds>` is simulated with a timer, no process;
   * self-fencing, as an agent fences itself (agent.agent): once a second one heartbeat goes
-    through JetStream with an acknowledgement instead; when none was stored for the agent's
-    `fence_after_s`, every task of the process's hosts is stopped (KILLED, "fenced") before
-    their keys expire and the control plane replaces them, and no task starts until a
-    heartbeat is stored again. The process has one connection, so its hosts are cut off
-    together (its NATS node killed, say);
+    through JetStream with an acknowledgement instead. Its acknowledgement also vouches for
+    every heartbeat the process sent before it (one connection: the server takes them in
+    order), so each host knows when its key was last stored. A host whose key was not
+    stored for the agent's `fence_after_s` stops its tasks (KILLED, "fenced") before the
+    key expires and the control plane replaces them, and starts none until it is stored
+    again;
   * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
     `Nats-Msg-Id: <attempt>:<STATE>`, every report retried until the stream acknowledges
     it. Reports are sent in batches by one task (`Outbox`), up to `--max-inflight`
@@ -102,7 +103,8 @@ def unhold(h: SimHost, t: dict) -> None:
 
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "gpu_milli", "busy_mig", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head")
+                 "gpu_milli", "busy_mig", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head",
+                 "stored", "fenced")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -119,6 +121,10 @@ class SimHost:
         self.busy_mig: set[str] = set()
         self.heartbeating = True
         self.last_hb = 0.0
+        # Self-fencing (Simulator.fence_loop): when its key was last known stored (wall
+        # time), and whether it is fenced now.
+        self.stored = time.time()
+        self.fenced = False
         self.subject = f"$KV.hosts.{spec.id}"
         self.ttl = ttl
         # ("HPUB <subject>  <header length> " (no reply subject), header block): the
@@ -244,10 +250,7 @@ class Simulator:
         self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
                       killed=0, adopted=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
                       errors=0, fences=0, fenced_kills=0, acked_hb_failures=0, assign_while_fenced=0)
-        # Self-fencing: when a heartbeat was last stored (acknowledged), whether the hosts
-        # are fenced now, and when each attempt was stopped by a fence (wall time).
-        self.stored_at = time.monotonic()
-        self.fenced = False
+        # When each attempt was stopped by its host's fence (wall time).
         self.fenced_attempts: dict[str, float] = {}
         self.max_running = 0
         self.running = 0
@@ -324,7 +327,7 @@ class Simulator:
             t = wanted.get(aid)
             if t is None or t.get("stop"):
                 self.kill(h, aid, "cancelled" if t is not None else "no longer assigned")
-        if self.fenced:
+        if h.fenced:
             # As an agent: nothing starts while cut off, and the record is not taken as
             # applied, so the leader's resend of it starts its tasks once heard again.
             self.c["assign_while_fenced"] += 1
@@ -386,43 +389,64 @@ class Simulator:
     # ------------------------------------------------------------ self-fencing
 
     async def fence_loop(self) -> None:
-        """One acknowledged heartbeat a second, taking the hosts in turn; fence when none
-        was stored for FENCE_AFTER_S, lift the fence at the next one stored."""
+        """One acknowledged heartbeat a second, taking the hosts in turn. Each one stored
+        vouches for the heartbeats sent before it; then each host whose key was not stored
+        for the fence delay is fenced, and each fenced host stored since is let go."""
         assert self.nc is not None
         js = self.nc.jetstream()
+        interval = self.args.heartbeat_interval
+        # The agent's delay, shorter than the key's TTL (3 intervals) as an agent's must be.
+        fence_after = min(FENCE_AFTER_S, 2 * interval)
         k = 0
-        self.stored_at = time.monotonic()
+        for h in self.hosts:
+            h.stored = time.time()
         while not await pause(self.stop, 1.0):
-            h = next((self.hosts[(k + i) % len(self.hosts)] for i in range(len(self.hosts))
-                      if self.hosts[(k + i) % len(self.hosts)].heartbeating), None)
+            probe = next((self.hosts[(k + i) % len(self.hosts)] for i in range(len(self.hosts))
+                          if self.hosts[(k + i) % len(self.hosts)].heartbeating), None)
             k += 1
-            if h is not None:
+            sent = time.time()
+            stored = False
+            if probe is not None:
                 try:
-                    await js.publish(h.subject, h.heartbeat(time.time()), timeout=2.0,
-                                     headers={"Nats-TTL": h.ttl, SHAPE_HEADER: h.shape})
-                    self.stored_at = time.monotonic()
-                    if self.fenced:
-                        self.fenced = False
-                        log.warning("heartbeats stored again: fence lifted")
+                    await js.publish(probe.subject, probe.heartbeat(sent), timeout=2.0,
+                                     headers={"Nats-TTL": probe.ttl, SHAPE_HEADER: probe.shape})
+                    stored = True
+                    probe.last_hb = sent
                 except Exception as exc:  # noqa: BLE001 - the link or the stream is down
                     self.c["acked_hb_failures"] += 1
                     log.debug("acknowledged heartbeat: %s", exc)
-            silent = time.monotonic() - self.stored_at
-            if not self.fenced and silent >= min(FENCE_AFTER_S, 2 * self.args.heartbeat_interval):
-                self.fence(silent)
+            now = time.time()
+            fenced, stopped, lifted = 0, 0, 0
+            for h in self.hosts:
+                if not h.heartbeating:
+                    continue
+                if stored:
+                    # Its last heartbeat sent before the probe (one interval earlier when the
+                    # last went out after it).
+                    h.stored = max(h.stored, h.last_hb if h.last_hb <= sent else h.last_hb - interval)
+                if h.fenced:
+                    if now - h.stored < fence_after:
+                        h.fenced = False
+                        lifted += 1
+                elif now - h.stored >= fence_after:
+                    fenced += 1
+                    stopped += self.fence(h, now)
+            if fenced:
+                log.error("no heartbeat stored for %.0f s: %d hosts fenced, %d tasks stopped", fence_after, fenced,
+                          stopped)
+            if lifted:
+                log.warning("heartbeats stored again: fence lifted on %d hosts", lifted)
 
-    def fence(self, silent: float) -> None:
-        self.fenced = True
+    def fence(self, h: SimHost, now: float) -> int:
+        """Fence host `h`: stop its tasks (KILLED, the agent's reason); how many."""
+        h.fenced = True
         self.c["fences"] += 1
-        now = time.time()
-        n = 0
-        for h in self.hosts:
-            for aid in list(h.running):
-                self.fenced_attempts[aid] = now
-                self.kill(h, aid, FENCED)
-                n += 1
-        self.c["fenced_kills"] += n
-        log.error("no heartbeat stored for %.1f s: fenced, %d tasks stopped", silent, n)
+        doomed = list(h.running)
+        for aid in doomed:
+            self.fenced_attempts[aid] = now
+            self.kill(h, aid, FENCED)
+        self.c["fenced_kills"] += len(doomed)
+        return len(doomed)
 
     # ------------------------------------------------------------ status reports
 

@@ -56,7 +56,7 @@ async def test_the_host_simulator_stops_its_tasks_when_no_heartbeat_is_stored(na
 
         nats.proc.send_signal(signal.SIGSTOP)  # nothing is stored, nothing answers
         try:
-            await eventually(lambda: b"fenced, 1 tasks stopped" in log.read_bytes(), timeout=90,
+            await eventually(lambda: b"1 hosts fenced, 1 tasks stopped" in log.read_bytes(), timeout=90,
                              what="the simulator fenced", interval=0.5)
         finally:
             nats.proc.send_signal(signal.SIGCONT)
@@ -74,7 +74,7 @@ async def test_the_host_simulator_stops_its_tasks_when_no_heartbeat_is_stored(na
 
         killed = await eventually(last_report, timeout=60, what="the fenced task's report", interval=0.5)
         assert killed["attempt_id"] == "j1.1" and killed["reason"] == FENCED
-        await eventually(lambda: b"fence lifted" in log.read_bytes(), timeout=60, what="the fence lifted",
+        await eventually(lambda: b"fence lifted on 1 hosts" in log.read_bytes(), timeout=60, what="the fence lifted",
                          interval=0.5)
 
         # A task assigned after the fence lifted starts.
