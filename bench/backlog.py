@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.calibration import python_speed
 from bench.fairness import Simulation
 from bench.fairness import build_parser as fairness_parser
 from server.scheduling.planner import QueuePolicy, plan_cycle
@@ -108,9 +109,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    speed = python_speed()  # the same workload as every run's machine_speed: runs are compared by it
     rep = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
            "command": "python -m bench backlog " + " ".join(argv),
-           "machine": f"{os.cpu_count()} CPUs, one process", **measure(args)}
+           "machine": f"{os.cpu_count()} CPUs, one process", "machine_speed": speed, **measure(args)}
     path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / \
         f"backlog-{args.hosts // 1000}k.json"
     path.parent.mkdir(parents=True, exist_ok=True)

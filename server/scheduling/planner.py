@@ -666,21 +666,16 @@ def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> list[tupl
     vq = adm.book.queue(qn)
     out: list[tuple[tuple[int, float, float, str], Job]] = []
     if vq is not None:
+        facts = state.stoppable  # kept as job records arrive (preemption.stoppable)
         for job_id in state.queue_live.get(qn, ()):
-            if job_id in w.frozen_jobs:
+            known = facts.get(job_id)
+            if known is None or job_id in w.frozen_jobs:
                 continue
-            job = state.jobs.get(job_id)
-            if job is None or job.state is not JobState.RUNNING:
+            since, size = known
+            if now - since < vq.min_runtime_s:
                 continue
-            tasks = [t for t in job.current_tasks() if not t.state.terminal]
-            started = [t.started_at for t in tasks if t.started_at is not None]
-            if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
-                continue
-            if now - min(started) < vq.min_runtime_s:
-                continue
-            # What job_usage would count (every live task runs), without building it.
-            gpus = gpu_amount(job.spec) * len(tasks) or job.spec.cpus * len(tasks) / 1000
-            out.append(((job.spec.priority, (now - min(started)) * gpus, -job.submitted_at, job.id), job))
+            job = state.jobs[job_id]
+            out.append(((job.spec.priority, (now - since) * size, -job.submitted_at, job_id), job))
         out.sort(key=lambda x: x[0])
     adm.running[qn] = out
     return out

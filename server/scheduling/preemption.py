@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.scheduling.fairshare import Shares
-from server.scheduling.queues import QueueBook, Resources
-from wire.messages import Task
+from server.scheduling.queues import QueueBook, Resources, gpu_amount
+from wire.messages import Job, JobState, Task
 
 PRIORITY = "priority"
 RECLAIM = "reclaim"
@@ -50,6 +50,21 @@ class Victim:
         gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
         size = gpus or self.usage.get("cpu", 1.0) / 1000
         return (self.priority, (now - self.started_at) * size, -self.submitted_at, self.job_id)
+
+
+def stoppable(job: Job) -> tuple[float, float] | None:
+    """What a search for victims needs of a job whatever the clock, worked out when its
+    record changes (server.state.cluster keeps it per running job): when its first live
+    task started, and the GPUs its live tasks hold (thousandths of their CPUs for a job
+    without GPUs), the size `Victim.cost` multiplies its runtime by. None when it cannot
+    be stopped: not running, a live task not started yet, or one already stopping."""
+    if job.state is not JobState.RUNNING:
+        return None
+    tasks = [t for t in job.current_tasks() if not t.state.terminal]
+    started = [t.started_at for t in tasks if t.started_at is not None]
+    if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
+        return None
+    return min(started), gpu_amount(job.spec) * len(tasks) or job.spec.cpus * len(tasks) / 1000
 
 
 @dataclass

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
+from server.scheduling.preemption import stoppable
 from server.scheduling.queues import QueueBook, job_demand, meters, nominal, queue_usage
 from server.state.cluster import ClusterState
 from tests.factories import job as make_job
@@ -221,6 +222,38 @@ def test_fair_share_preemption_evens_out_borrowing_by_weight() -> None:
     kinds = {a.reason.split(")")[0].split("(")[-1] for j in w.state.jobs.values() for a in j.attempts
              if a.state is AttemptState.PREEMPTED}
     assert kinds == {"reclaim", "fair-share"}
+
+
+def _stoppable_kept(state: ClusterState) -> None:
+    """The facts the state keeps for searches for victims are the job records' own."""
+    assert state.stoppable == {j.id: f for j in state.jobs.values() if (f := stoppable(j)) is not None}
+
+
+def test_the_state_keeps_which_running_jobs_could_be_stopped() -> None:
+    """ClusterState.stoppable follows each job record (placed, running, stopping,
+    requeued), so the victim search reads it instead of every running job's attempts."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)
+    w.qsubmit("b0", "b", gpus=2, submitted_at=NOW - 1000)
+    w.qcycle(now=NOW - 1000)
+    _stoppable_kept(w.state)
+    assert "b0" not in w.state.stoppable  # placed, not started: not a victim yet
+    w.qcycle(w.agent_reports(NOW - 990), now=NOW - 990)
+    assert w.state.stoppable["b0"] == (NOW - 990, 2.0)  # since its start, 2 GPUs
+    _fill(w, "b", 4, NOW - 900, prefix="bf")  # b borrows 2 of a's 4
+    _stoppable_kept(w.state)
+    w.qsubmit("a0", "a", gpus=2, submitted_at=NOW - 10)
+    w.qsubmit("a1", "a", gpus=2, submitted_at=NOW - 9)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted  # reclaim: b's victims stopping are no longer stoppable
+    stopping = {t.job_id for t in w.tasks("h1") if t.stop}
+    assert stopping and not stopping & set(w.state.stoppable)
+    _stoppable_kept(w.state)
+    w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)  # stopped and requeued; a's placed
+    _stoppable_kept(w.state)
+    assert not stopping & set(w.state.stoppable)
 
 
 def test_min_runtime_and_disabled_preemption_protect_running_jobs() -> None:
