@@ -11,12 +11,14 @@ One NATS connection per process. Each host:
     running task that disappears or carries `stop: true` is killed;
   * tasks: `sleep <seconds>` is simulated with a timer, no process;
   * self-fencing, as an agent fences itself (agent.agent): once a second one heartbeat goes
-    through JetStream with an acknowledgement instead. Its acknowledgement also vouches for
-    every heartbeat the process sent before it (one connection: the server takes them in
-    order), so each host knows when its key was last stored. A host whose key was not
-    stored for the agent's `fence_after_s` stops its tasks (KILLED, "fenced") before the
-    key expires and the control plane replaces them, and starts none until it is stored
-    again;
+    through JetStream with an acknowledgement instead. Two such probes acknowledged one
+    after the other, on one connection without a reconnection between them, vouch for
+    every heartbeat the process sent between them (the server takes a connection's
+    messages in order, and a stream that had lost its leader in between would have failed
+    the second probe); heartbeats sent around a failed probe are vouched for by nothing. So
+    each host knows when its key was last known stored. A host whose key was not stored
+    for the agent's `fence_after_s` stops its tasks (KILLED, "fenced") before the key
+    expires and the control plane replaces them, and starts none until it is stored again;
   * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
     `Nats-Msg-Id: <attempt>:<STATE>`, every report retried until the stream acknowledges
     it. Reports are sent in batches by one task (`Outbox`), up to `--max-inflight`
@@ -103,8 +105,8 @@ def unhold(h: SimHost, t: dict) -> None:
 
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
-                 "gpu_milli", "busy_mig", "heartbeating", "last_hb", "subject", "_shape", "ttl", "frame_head",
-                 "stored", "fenced")
+                 "gpu_milli", "busy_mig", "heartbeating", "last_hb", "prev_hb", "subject", "_shape", "ttl",
+                 "frame_head", "stored", "fenced")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -121,6 +123,7 @@ class SimHost:
         self.busy_mig: set[str] = set()
         self.heartbeating = True
         self.last_hb = 0.0
+        self.prev_hb = 0.0  # the heartbeat before the last (wall time): Simulator.fence_loop
         # Self-fencing (Simulator.fence_loop): when its key was last known stored (wall
         # time), and whether it is fenced now.
         self.stored = time.time()
@@ -287,7 +290,7 @@ class Simulator:
                 k += 1
                 if h.heartbeating:
                     frames.append(h.heartbeat_frame(now))
-                    h.last_hb = now
+                    h.prev_hb, h.last_hb = h.last_hb, now
             if frames and not nc.is_closed:
                 # The due heartbeats as one write into nats-py's outgoing buffer: the same
                 # frames its publish() sends, without building each header block again
@@ -389,9 +392,10 @@ class Simulator:
     # ------------------------------------------------------------ self-fencing
 
     async def fence_loop(self) -> None:
-        """One acknowledged heartbeat a second, taking the hosts in turn. Each one stored
-        vouches for the heartbeats sent before it; then each host whose key was not stored
-        for the fence delay is fenced, and each fenced host stored since is let go."""
+        """One acknowledged heartbeat (a probe) a second, taking the hosts in turn. Two
+        probes stored one after the other vouch for the heartbeats sent between them; then
+        each host whose key was not known stored for the fence delay is fenced, and each
+        fenced host stored since is let go."""
         assert self.nc is not None
         js = self.nc.jetstream()
         interval = self.args.heartbeat_interval
@@ -400,6 +404,8 @@ class Simulator:
         k = 0
         for h in self.hosts:
             h.stored = time.time()
+        last_ok: float | None = None  # when the previous probe was sent, if it was stored
+        last_reconnects = self.nc.stats["reconnects"]
         while not await pause(self.stop, 1.0):
             probe = next((self.hosts[(k + i) % len(self.hosts)] for i in range(len(self.hosts))
                           if self.hosts[(k + i) % len(self.hosts)].heartbeating), None)
@@ -411,19 +417,24 @@ class Simulator:
                     await js.publish(probe.subject, probe.heartbeat(sent), timeout=2.0,
                                      headers={"Nats-TTL": probe.ttl, SHAPE_HEADER: probe.shape})
                     stored = True
-                    probe.last_hb = sent
+                    probe.stored = max(probe.stored, sent)
+                    probe.prev_hb, probe.last_hb = probe.last_hb, sent
                 except Exception as exc:  # noqa: BLE001 - the link or the stream is down
                     self.c["acked_hb_failures"] += 1
                     log.debug("acknowledged heartbeat: %s", exc)
+            reconnects = self.nc.stats["reconnects"]
+            since = last_ok if stored and reconnects == last_reconnects else None
+            last_ok, last_reconnects = (sent if stored else None), reconnects
             now = time.time()
             fenced, stopped, lifted = 0, 0, 0
             for h in self.hosts:
                 if not h.heartbeating:
                     continue
-                if stored:
-                    # Its last heartbeat sent before the probe (one interval earlier when the
-                    # last went out after it).
-                    h.stored = max(h.stored, h.last_hb if h.last_hb <= sent else h.last_hb - interval)
+                if since is not None:
+                    # Its latest heartbeat sent between the two probes, if any.
+                    t = h.last_hb if h.last_hb <= sent else h.prev_hb
+                    if since <= t <= sent and t > h.stored:
+                        h.stored = t
                 if h.fenced:
                     if now - h.stored < fence_after:
                         h.fenced = False

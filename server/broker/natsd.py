@@ -40,21 +40,29 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given twice
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, for a server to listen on. Picked at random
     below the kernel's ephemeral range: a port the kernel hands out for `bind(0)` lies in
     the range every outgoing connection takes its source port from, so between this call
     and the server's bind another process's connection may take it (seen with several
-    test workers starting NATS clusters at once)."""
+    test workers starting NATS clusters at once). A port this process was given before is
+    never picked again: a cluster's nine ports are picked before any node binds one, and
+    two the same made a node fail to start (seen in a clean-clone run)."""
     lo, _hi = _ephemeral_ports()
     pick = random.SystemRandom()
     for _ in range(200):
         port = pick.randrange(10_000, lo) if lo > 11_000 else pick.randrange(61_000, 65_535)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
