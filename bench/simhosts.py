@@ -65,7 +65,6 @@ log = logging.getLogger("bench.simhosts")
 ASSIGN_PREFIX = "muster.assign."
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
 FENCE_AFTER_S = AgentConfig.fence_after_s  # an agent's default
-FENCED = FENCED_REASON  # the agent's reason
 
 
 def task_index(t: dict) -> int:
@@ -124,9 +123,9 @@ class SimHost:
         self.heartbeating = True
         self.last_hb = 0.0
         self.prev_hb = 0.0  # the heartbeat before the last (wall time): Simulator.fence_loop
-        # Self-fencing (Simulator.fence_loop): when its key was last known stored (wall
-        # time), and whether it is fenced now.
-        self.stored = time.time()
+        # Self-fencing (Simulator.fence_loop, which sets it when it starts): when its key
+        # was last known stored (wall time), and whether it is fenced now.
+        self.stored = 0.0
         self.fenced = False
         self.subject = f"$KV.hosts.{spec.id}"
         self.ttl = ttl
@@ -401,14 +400,14 @@ class Simulator:
         interval = self.args.heartbeat_interval
         # The agent's delay, shorter than the key's TTL (3 intervals) as an agent's must be.
         fence_after = min(FENCE_AFTER_S, 2 * interval)
+        n = len(self.hosts)
         k = 0
         for h in self.hosts:
-            h.stored = time.time()
+            h.stored = time.time()  # from when this loop starts watching
         last_ok: float | None = None  # when the previous probe was sent, if it was stored
         last_reconnects = self.nc.stats["reconnects"]
         while not await pause(self.stop, 1.0):
-            probe = next((self.hosts[(k + i) % len(self.hosts)] for i in range(len(self.hosts))
-                          if self.hosts[(k + i) % len(self.hosts)].heartbeating), None)
+            probe = next((h for h in (self.hosts[(k + i) % n] for i in range(n)) if h.heartbeating), None)
             k += 1
             sent = time.time()
             stored = False
@@ -455,7 +454,7 @@ class Simulator:
         doomed = list(h.running)
         for aid in doomed:
             self.fenced_attempts[aid] = now
-            self.kill(h, aid, FENCED)
+            self.kill(h, aid, FENCED_REASON)
         self.c["fenced_kills"] += len(doomed)
         return len(doomed)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.simhosts import FENCED
+from agent.agent import FENCED_REASON
 from bench.workload import synthetic_fleet, write_fleet
 from server.broker.natsd import NatsProcess
 from server.state.streams import ensure_streams
@@ -73,7 +73,7 @@ async def test_the_host_simulator_stops_its_tasks_when_no_heartbeat_is_stored(na
             return r if r["state"] == "KILLED" else None
 
         killed = await eventually(last_report, timeout=60, what="the fenced task's report", interval=0.5)
-        assert killed["attempt_id"] == "j1.1" and killed["reason"] == FENCED
+        assert killed["attempt_id"] == "j1.1" and killed["reason"] == FENCED_REASON
         await eventually(lambda: b"fence lifted on 1 hosts" in log.read_bytes(), timeout=60, what="the fence lifted",
                          interval=0.5)
 
