@@ -54,10 +54,12 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     obs = json.loads(obs_p.read_text()) if obs_p.exists() else {}
     per_job: dict[str, list[tuple[str, str, float, int]]] = defaultdict(list)
     fenced: dict[str, float] = {}  # attempt id -> when its simulator's fence stopped it
+    host_ends: dict[str, list] = {}  # attempt id -> [state, when, when its report was stored] on its host
     for s in sims:
         for job_id, aid, host, ts, task in s["arrivals"]:
             per_job[job_id].append((aid, host, ts, task))
         fenced.update(s.get("fenced", {}))
+        host_ends.update(s.get("host_ends", {}))
     window = b.window_end - b.window_start
     dispatch, running, never, twice, partial, shared = [], [], [], [], [], []
     by_class: dict[str, list[float]] = defaultdict(list)
@@ -70,7 +72,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         oj = ojobs.get(job_id) or {}
         v = verdicts[job_id] = judge(job_id, req.replicas, per_job.get(job_id, []), oj.get("placed") or {},
                                      lost_host, exclusive=req.gang and 2 * req.gpus > max_host_gpus,
-                                     ended=oj.get("ended") or {}, fenced=fenced)
+                                     ended=oj.get("ended") or {}, fenced=fenced, host_ends=host_ends)
         if v.dispatched_at is None:
             never.append(job_id)
         else:
@@ -90,7 +92,8 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     # Preloaded jobs rerun after their host was lost are expected; anything else
     # that reached a host without being submitted is a fault.
     reruns = sorted(j for j in set(per_job) - set(b.submitted) if j.startswith(PRELOAD_PREFIX))
-    unknown = sorted(set(per_job) - set(b.submitted) - set(reruns))
+    # A job whose submission was given up in doubt may still have been stored and run.
+    unknown = sorted(set(per_job) - set(b.submitted) - set(reruns) - b.in_doubt)
     gangs = [j for j, (_, r) in b.submitted.items() if r.gang]
     tasks_dispatched = sum(v.tasks_seen for v in verdicts.values())
     # Rates over the measured window, each from its own first and last sample inside it.
@@ -202,6 +205,11 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "tasks_submitted": b.tasks_submitted,
         "tasks_dispatched": tasks_dispatched,
         "submit_errors": b.submit_errors,
+        # NATS submissions accepted only when sent again (bench.run.submit_again), and
+        # jobs given up with the outcome unknown (of which some reached a host).
+        "submit_retried_ok": b.submit_retried_ok,
+        "submissions_in_doubt": len(b.in_doubt),
+        "in_doubt_dispatched": len(b.in_doubt & set(per_job)),
         "submit_requests": b.submit_requests,
         "submit_request_ms": summary_ms(b.request_s) if a.one_per_request else None,
         "queues": queue_figures(b.queue_names, m_in) if b.queue_names else None,

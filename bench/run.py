@@ -55,6 +55,7 @@ from bench.workload import (
 )
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from wire import natsclient, subjects
+from wire.messages import new_id
 from wire.stopping import pause
 from wire.submit import submit_over_nats
 
@@ -65,6 +66,9 @@ HOST = "query($id: ID!) { host(id: $id) { id health } }"
 # 258, server/planner.py plan_cycle), so a message of more than 642 jobs would never be
 # taken and would hold up every later one.
 MAX_BATCH = {"graphql": 1000, "nats": 500}
+# How long a failed NATS submission is sent again: well inside the SUBMIT stream's 120 s
+# duplicate window (server.state.streams), so a retry of a stored one is dropped.
+SUBMIT_RETRY_S = 60.0
 # The window starts once the observer has this many state records or fewer left to read.
 OBSERVER_CAUGHT_UP = 2000
 
@@ -85,6 +89,13 @@ class Bench(Processes):
     burst_submitted: float | None = None
     submit_errors: int = 0
     submit_requests: int = 0
+    # NATS submissions whose publish failed, sent again with the same ids (the stream's
+    # duplicate window makes that safe): jobs accepted on a later try, retry tasks still
+    # running, and jobs given up while in doubt (a publish that timed out may have been
+    # stored: such a job may still run, and is not counted as an unknown dispatch).
+    submit_retried_ok: int = 0
+    retrying: set[asyncio.Task] = field(default_factory=set)
+    in_doubt: set[str] = field(default_factory=set)
     request_s: list[float] = field(default_factory=list)  # --one-per-request: each request's time
     queue_names: list[str] = field(default_factory=list)  # --queues: the queues jobs go to, in turn
     ticks: list[dict] = field(default_factory=list)
@@ -271,13 +282,16 @@ class Bench(Processes):
         self.last_submit_ts = ts
         self.submit_requests += 1
         if self.args.submit_via == "nats":
+            jobs = [{**j.nats_input(), "id": new_id("j")} for j in batch]
             try:
-                ids = await submit_over_nats(self.js, [j.nats_input() for j in batch], user="bench")
+                ids = await submit_over_nats(self.js, jobs, user="bench")
                 for jid, req in zip(ids, batch, strict=True):
                     self.record_submitted(jid, ts, req)
-            except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
-                self.submit_errors += len(batch)
-                print(f"submit publish failed ({len(batch)} jobs): {exc}", file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001 - sent again by a task of its own (the load is open-loop)
+                print(f"submit publish failed ({len(batch)} jobs): {exc}; trying again", file=sys.stderr)
+                t = asyncio.create_task(self.submit_again(jobs, batch, ts))
+                self.retrying.add(t)
+                t.add_done_callback(self.retrying.discard)
             return
         try:
             r = await client.post("/graphql", json={"query": SUBMIT, "variables": {
@@ -296,6 +310,29 @@ class Bench(Processes):
         except Exception as exc:  # noqa: BLE001 - counted, not retried (the load is open-loop)
             self.submit_errors += len(batch)
             print(f"submit request failed ({len(batch)} jobs): {exc}", file=sys.stderr)
+
+    async def submit_again(self, jobs: list[dict[str, Any]], batch: list[JobReq], ts: float) -> None:
+        """A NATS submission whose publish failed, sent again once a second with the same
+        ids, as a client would: the stream stores it at most once (Nats-Msg-Id from its
+        ids, a 120 s duplicate window), so a publish that timed out after being stored
+        creates nothing twice. Its jobs count from the first try. Given up after
+        SUBMIT_RETRY_S (or when the run ends): then counted as errors, and in doubt."""
+        deadline = ts + SUBMIT_RETRY_S
+        try:
+            while time.time() < deadline:
+                await asyncio.sleep(1.0)
+                try:
+                    ids = await submit_over_nats(self.js, jobs, user="bench")
+                except Exception:  # noqa: BLE001 - next second
+                    continue
+                for jid, req in zip(ids, batch, strict=True):
+                    self.record_submitted(jid, ts, req)
+                self.submit_retried_ok += len(batch)
+                return
+        except asyncio.CancelledError:
+            pass
+        self.submit_errors += len(batch)
+        self.in_doubt.update(str(j["id"]) for j in jobs)
 
     def generator(self) -> Trace | Synthetic | Queued:
         a = self.args
@@ -635,11 +672,14 @@ class Bench(Processes):
         drain_deadline = time.monotonic() + a.drain
         while time.monotonic() < drain_deadline:
             missing = sum(1 for j in self.submitted if j not in self.live_dispatch)
-            if missing == 0 and (lost_task is None or lost_task.done()):
+            if missing == 0 and not self.retrying and (lost_task is None or lost_task.done()):
                 break
             await asyncio.sleep(1.0)
             self.check_children()
             self.tick(t0, "drain")
+        for t in list(self.retrying):  # still not accepted: given up, in doubt
+            t.cancel()
+        await asyncio.gather(*self.retrying, return_exceptions=True)
         if lost_task is not None:
             if not lost_task.done():
                 print("waiting for the silenced host to be reported LOST", flush=True)

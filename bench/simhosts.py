@@ -49,6 +49,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
@@ -174,8 +175,10 @@ class Outbox:
 
     RETRY_S = 5.0  # resend what has not been acknowledged after this long
 
-    def __init__(self, nc, inbox: str, max_inflight: int, counters: dict[str, int]) -> None:
+    def __init__(self, nc, inbox: str, max_inflight: int, counters: dict[str, int],
+                 on_stored: Callable[[str], None] | None = None) -> None:
         self.nc = nc
+        self.on_stored = on_stored  # called with a report's msg id once the stream has it
         self.inbox = inbox
         self.max_inflight = max_inflight
         self.c = counters
@@ -200,6 +203,8 @@ class Outbox:
             asyncio.get_running_loop().call_later(0.5, self.put, *entry[:3])
             return
         self.c["reports_acked"] += 1
+        if self.on_stored is not None:
+            self.on_stored(entry[2])
         self.wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -254,6 +259,9 @@ class Simulator:
                       errors=0, fences=0, fenced_kills=0, acked_hb_failures=0, assign_while_fenced=0)
         # When each attempt was stopped by its host's fence (wall time).
         self.fenced_attempts: dict[str, float] = {}
+        # How each attempt ended on its host: [state, when, when the stream stored the
+        # report (None: not yet)], wall times; it explains a retry the verdict rejects.
+        self.host_ends: dict[str, list] = {}
         self.max_running = 0
         self.running = 0
         self.loop_lag_max = 0.0
@@ -380,12 +388,14 @@ class Simulator:
         t = self._end(h, aid)
         if t is not None:
             self.c["finished"] += 1
+            self.host_ends[aid] = ["SUCCEEDED", time.time(), None]
             self.report(h, t, "SUCCEEDED", 0, "")
 
     def kill(self, h: SimHost, aid: str, reason: str) -> None:
         t = self._end(h, aid)
         if t is not None:
             self.c["killed"] += 1
+            self.host_ends[aid] = ["KILLED", time.time(), None]
             self.report(h, t, "KILLED", None, reason)
 
     # ------------------------------------------------------------ self-fencing
@@ -467,6 +477,12 @@ class Simulator:
         assert self.outbox is not None
         self.outbox.put(f"muster.status.{h.spec.id}", body, f"{t['attempt_id']}:{state}")
 
+    def _report_stored(self, msg_id: str) -> None:
+        aid, _, state = msg_id.rpartition(":")
+        end = self.host_ends.get(aid)
+        if end is not None and end[0] == state and end[2] is None:
+            end[2] = time.time()
+
     @property
     def reports_pending(self) -> int:
         return len(self.outbox) if self.outbox is not None else 0
@@ -532,7 +548,7 @@ class Simulator:
                "loop_lag_max_ms": round(self.loop_lag_max * 1000, 1),
                "gc_pause_max_ms": round(self.gc_pause_max * 1000, 1), "gc_full_pauses": self.gc_full_pauses,
                "silenced": {h.spec.id: h.last_hb for h in self.hosts if not h.heartbeating},
-               "fenced": self.fenced_attempts, "arrivals": self.arrivals}
+               "fenced": self.fenced_attempts, "host_ends": self.host_ends, "arrivals": self.arrivals}
         tmp = Path(self.args.out + ".tmp")
         tmp.write_text(json.dumps(out))
         tmp.replace(self.args.out)
@@ -550,7 +566,7 @@ class Simulator:
                                            reconnect_time_wait=0.5, pending_size=64 * 1024 * 1024,
                                            flush_timeout=30)
         self.outbox = Outbox(self.nc, f"_INBOX.bench-sim-{self.args.idx}-{os.urandom(4).hex()}",
-                             self.args.max_inflight, self.c)
+                             self.args.max_inflight, self.c, self._report_stored)
         await self.nc.subscribe(f"bench.ctl.{self.args.idx}", cb=self.on_ctl)
         if self.args.wildcard:
             await self.nc.subscribe(ASSIGN_PREFIX + ">", cb=self.on_assign, pending_msgs_limit=1_000_000,

@@ -41,13 +41,15 @@ def try_number(job_id: str, aid: str) -> int:
 
 def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]], placed: dict[str, str],
           lost_host: str | None, exclusive: bool, ended: dict[str, str] | None = None,
-          fenced: dict[str, float] | None = None) -> Verdict:
+          fenced: dict[str, float] | None = None, host_ends: dict[str, list] | None = None) -> Verdict:
     """Check one job's arrivals: (attempt id, host, wall time, task index) for each first
     sighting of an attempt on a host. `placed` maps attempt id -> host from the job's
     records (may be empty), `lost_host` is the host the benchmark killed, and `exclusive`
     says a gang's tasks cannot share a host (each needs more than half of the largest).
     `ended` maps attempt id -> "STATE: reason" from the job's records; it only explains
-    problems. `fenced` maps attempt id -> when a simulator stopped it by fencing itself.
+    problems. `fenced` maps attempt id -> when a simulator stopped it by fencing itself,
+    and `host_ends` attempt id -> [state, when, when its report was stored or None] as
+    its host saw it end; it too only explains problems.
 
     All-or-nothing: every try that reached any host reached it with all `replicas` tasks,
     unless the missing tasks were placed on the killed host (which ignores assignments).
@@ -102,8 +104,18 @@ def judge(job_id: str, replicas: int, arrivals: list[tuple[str, str, float, int]
             v.retried_after_fence = True
             continue
         v.twice = True
-        how = "; ".join(f"{aid} on {placed.get(aid, '?')} ended {e}" for aid, e in sorted((ended or {}).items())
-                        if try_number(job_id, aid) == number)
+        how = "; ".join(f"{aid} on {placed.get(aid, '?')} ended {e}{_on_host(aid, host_ends, next_at)}"
+                        for aid, e in sorted((ended or {}).items()) if try_number(job_id, aid) == number)
         v.problems.append(f"try {number} of {len(tries)} that reached hosts: a later one came though it neither "
                           f"touched the killed host nor was fenced" + (f" ({how})" if how else ""))
     return v
+
+
+def _on_host(aid: str, host_ends: dict[str, list] | None, retry_at: float) -> str:
+    """How the attempt ended on its host, in seconds before (-) or after the retry reached one."""
+    end = (host_ends or {}).get(aid)
+    if not end:
+        return ", on its host: not ended"
+    state, at, stored = end
+    said = "its report not stored" if stored is None else f"its report stored at {stored - retry_at:+.1f} s"
+    return f", on its host: {state} at {at - retry_at:+.1f} s, {said} (from the retry's arrival)"

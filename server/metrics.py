@@ -56,6 +56,10 @@ POISON = Counter(
 HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)
+LOST_HOSTS_WAITING_FOR_REPORTS = Gauge(
+    "muster_lost_hosts_waiting_for_reports",
+    "Lost hosts whose work is not replaced yet: their key expired after the last status report read",
+    registry=REGISTRY)
 PLACEMENTS = Counter("muster_placements_total", "Jobs placed (a gang of N tasks counts once)", registry=REGISTRY)
 REDELIVERED = Counter("muster_assignments_redelivered_total",
                       "Assignment records sent again to a host whose agent had not started a task placed "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
@@ -83,6 +83,9 @@ class Plan:
     held_keep_running: int = 0
     # Hosts with work but no record in the hosts bucket, still in their grace period.
     held_unheard: int = 0
+    # Hosts whose key expired after the last status report read: their work waits until
+    # the status stream has been read up to the expiry (`evict_lost`).
+    held_for_reports: int = 0
     disrupted: dict[tuple[str, str], int] = field(default_factory=dict)
     # Queues' decayed past use brought up to date (written every USAGE_EVERY_S).
     usage: dict[str, QueueUsage] = field(default_factory=dict)
@@ -356,9 +359,18 @@ def evict_lost(
     max_keys: int,
     unheard_since: Mapping[str, float] | None = None,
     unheard_grace_s: float = 0.0,
+    reports_read_to: float | None = None,
 ) -> None:
     """Replace work on hosts whose heartbeat key expired, within the pacing budgets,
     never evicting work that has nowhere to go.
+
+    A host whose key expired after `reports_read_to` (the store's time up to which every
+    status report has been handed to a cycle; None: not known, no wait) keeps its work
+    until the reports have been read that far: a report its agent had stored before the
+    key expired (a task that finished, or that its agent stopped when it fenced itself)
+    says how the attempt ended, and replacing the work first would run a finished task
+    again. That happens when the status stream or its consumer is re-electing a leader
+    while the hosts stream already has one again.
 
     A host with work but no record in the hosts bucket at all (`unheard`: its key
     expired and its expiry marker is gone, or the bucket itself was lost, as when a
@@ -375,7 +387,11 @@ def evict_lost(
         if alloc is None or not alloc.tasks:
             continue
         gone = state.hosts.get(host_id)
-        lost.append((host_id, (gone.lost_at or 0.0) if gone is not None else 0.0))
+        lost_at = (gone.lost_at or 0.0) if gone is not None else 0.0
+        if reports_read_to is not None and lost_at > reports_read_to:
+            w.plan.held_for_reports += 1
+            continue
+        lost.append((host_id, lost_at))
     for host_id in state.unheard:
         alloc = state.allocs.get(host_id)
         if host_id in state.hosts or alloc is None or not alloc.tasks:
@@ -399,12 +415,13 @@ def evict_lost(
             continue  # an earlier cycle's commit is changing it: next cycle
         entry = state.hosts.get(host_id)
         domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
-        for task in list(state.allocs[host_id].tasks):
+        # As this cycle left them: a report it applied may have ended a task already.
+        for task in list((w.plan.allocs.get(host_id) or state.allocs[host_id]).tasks):
             if w.plan.keys >= max_keys - 2:
                 return
             if w.busy(task.job_id):
                 continue
-            job = state.jobs.get(task.job_id)
+            job = w.plan.jobs.get(task.job_id) or state.jobs.get(task.job_id)
             a = _attempt(job, task.attempt_id) if job else None
             if job is None or a is None or a.state.terminal or task.stop:
                 # Nothing left to replace (finished, cancelled or unknown): free the slot.
@@ -1161,6 +1178,8 @@ def plan_cycle(
     candidates: int = 16,
     queues: QueuePolicy | None = None,
     usage: bool = True,
+    reports_read_to: float | None = None,
+    report_stamps: Sequence[float] = (),
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -1174,7 +1193,13 @@ def plan_cycle(
 
     `queues` holds the fair-share and preemption settings; with `usage` the queues'
     decayed past use is brought up to date when due (the scheduler passes False while a
-    commit in flight writes it)."""
+    commit in flight writes it).
+
+    `reports_read_to` is the store's time up to which every status report has been
+    given to this cycle or an earlier one (None: not known), and `report_stamps` when the
+    store stored each of `reports`: work on a host whose key expired later waits
+    (`evict_lost`), and so does any whose expiry is newer than a report this cycle
+    leaves for the next."""
     plan = Plan()
     w = _Work(state, plan, frozen_jobs, frozen_hosts)
     for job_id, why in (fail or {}).items():
@@ -1219,8 +1244,10 @@ def plan_cycle(
         enforce_time_limits(w, now, room)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
+        if reports_read_to is not None and plan.reports_used < min(len(reports), len(report_stamps)):
+            reports_read_to = min(reports_read_to, report_stamps[plan.reports_used])
         evict_lost(w, Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates), now,
-                   budget, max_keys, unheard_since, unheard_grace_s)
+                   budget, max_keys, unheard_since, unheard_grace_s, reports_read_to)
     placer = Placer(state.index, healthy, policy=policy, fragmentation=frag, candidates=candidates)
     # Capacity freed or taken by this cycle's reports, cancels and evictions.
     for host_id, alloc in plan.allocs.items():

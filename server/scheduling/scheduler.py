@@ -37,9 +37,16 @@ from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
 from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
+from wire.records import ack_position
 from wire.stopping import pause
 
 log = logging.getLogger(__name__)
+
+
+def _stored_at(msg: Msg) -> float:
+    """When the store stored a delivered message (its clock, seconds); unknown: no bound."""
+    pos = ack_position(msg.reply)
+    return pos[2] if pos is not None else float("inf")
 
 
 @dataclass
@@ -149,6 +156,9 @@ class Scheduler:
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
+        # The status stream's feed while leading: how far its reports have been read
+        # (PullFeed.read_to), which lost hosts' eviction waits for (planner.evict_lost).
+        self._status_feed: PullFeed | None = None
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -252,6 +262,7 @@ class Scheduler:
             await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
             feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
                                   batch=self.config.fetch_batch))
+        self._status_feed = feeds[0]
         fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
         go_again = False
         try:
@@ -297,6 +308,7 @@ class Scheduler:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
                 self._inflight.clear()
             leading_stop.set()
+            self._status_feed = None
             for f in fetchers:
                 f.cancel()
             await asyncio.gather(*fetchers, return_exceptions=True)
@@ -399,6 +411,13 @@ class Scheduler:
         now = time.time()
         term = self.leadership.term
         self._note_unheard(now)
+        # Every report the store stored before `read_to` is in `reports_in` or was taken
+        # by an earlier cycle: the queue holds them in the stream's order.
+        feed = self._status_feed
+        read_to = feed.read_to if feed is not None else None
+        if read_to is not None and len(self._reports) > len(reports_in):
+            read_to = min(read_to, _stored_at(self._reports[len(reports_in)][0]))
+        stamps = [_stored_at(m) for m, _ in reports_in] if read_to is not None else []
         try:
             plan = plan_cycle(
                 self.state,
@@ -421,6 +440,8 @@ class Scheduler:
                 unheard_grace_s=self.unheard_grace_s,
                 queues=self.config.queues,
                 usage=not any(c.writes_usage for c in self._inflight.values()),
+                reports_read_to=read_to,
+                report_stamps=stamps,
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
@@ -440,6 +461,7 @@ class Scheduler:
             metrics.INPUTS_WAITING.labels(kind).set(len(waiting))
         metrics.COMMITS_IN_FLIGHT.set(len(self._inflight) + 1)
         metrics.QUEUE_DEPTH.set(len(self.state.queued_ids))
+        metrics.LOST_HOSTS_WAITING_FOR_REPORTS.set(plan.held_for_reports)
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
             Write(subjects.job_key(j.id), encode(j), expected=self.state.revisions.get(subjects.job_key(j.id), 0),
@@ -596,6 +618,8 @@ class Scheduler:
             self.wake.set()  # more may fit; go again at once
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
+        elif plan.held_for_reports:
+            asyncio.get_running_loop().call_later(0.2, self.wake.set)  # the status feed moves on its own
         return plan
 
     # ------------------------------------------------------------ refused commits

@@ -7,6 +7,14 @@ and watch records a second sharing the loop) that held status reports to ~300/s 
 (a long poll that ends after `expires_s`) and receives the messages on a plain
 subscription whose callback sees each one as soon as it is parsed. Acknowledgement stays
 with whoever handles the message (`Msg.ack()` works on these as on fetched ones).
+
+`read_to` says how far the stream has been handed over: every message the store stored
+before that time (its clock, seconds) has been given to `on_msg`. A message moves it to
+when it was stored (the stream delivers in order; one taken earlier and not acknowledged
+comes back only after `ack_wait`); a pull request that ends with 404 or 408 having
+found nothing more moves it to when that answer arrived (the local clock, which must be
+kept close to the store's, as for host health). The consumer must not be paused: a
+paused consumer lets requests expire with messages waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -23,11 +32,15 @@ from nats.js import JetStreamContext
 from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
+from wire.records import ack_position
+
 log = logging.getLogger(__name__)
 
 # Status codes that end a pull request: 404 no messages, 408 request expired, 409
 # (leadership change, consumer deleted, too many waiting requests...).
 _IDLE_HEARTBEAT = "100"
+# A request that ends so found nothing more to deliver (no wait / expired).
+_NOTHING_MORE = ("404", "408")
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, subject: str,
@@ -58,6 +71,7 @@ class PullFeed:
         self._n = 0
         self._ended = asyncio.Event()
         self._status: str | None = None
+        self.read_to = 0.0
 
     async def _cb(self, msg: Msg) -> None:
         status = msg.headers.get(jsapi.Header.STATUS) if msg.headers else None
@@ -65,6 +79,8 @@ class PullFeed:
             if status != _IDLE_HEARTBEAT:
                 self._status = status
                 self._ended.set()
+            if status in _NOTHING_MORE:
+                self.read_to = max(self.read_to, time.time())
             return
         self._n += 1
         self.delivered += 1
@@ -72,6 +88,9 @@ class PullFeed:
             await self.on_msg(msg)
         except Exception:  # noqa: BLE001 - one bad message must not stop the feed
             log.exception("pull feed %s/%s: handling a message failed", self.stream, self.consumer)
+        pos = ack_position(msg.reply)
+        if pos is not None and pos[2] > self.read_to:
+            self.read_to = pos[2]
         if self._n >= self.batch:
             self._ended.set()
 

@@ -25,7 +25,7 @@ from server.state.checker import load, violations
 from server.state.cluster import ClusterState
 from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
-from tests.conftest import wait_until
+from tests.conftest import eventually, wait_until
 from tests.factories import heartbeat, job_spec
 from tests.factories import job as make_job
 from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, stored_jobs, wait_all_finished
@@ -429,6 +429,96 @@ async def _late_view(tmp_path: Path) -> None:
         assert await finished(), f"job left {state_b.jobs.get(job.id) and state_b.jobs[job.id].state}"
         stop.set()
         await asyncio.wait_for(run, timeout=30)
+    finally:
+        stop.set()
+        await nc.close()
+        natsd.stop()
+
+
+def test_a_report_stored_before_its_hosts_key_expired_is_read_before_the_work_is_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leader A places a job on host h and resigns. h's agent reports the task finished,
+    then h's key expires. Leader B reads the expiry at once, but the status stream hands it
+    the report two seconds late (as when the stream's consumer re-elects its leader while
+    the hosts stream already has one): B must apply the report, not replace the finished
+    work on the other host and run it again."""
+    from server.state import consumers
+
+    late = asyncio.Event()
+    real_cb = consumers.PullFeed._cb
+
+    async def late_status(self: consumers.PullFeed, msg: Any) -> None:
+        if self.stream == subjects.STATUS_STREAM and not late.is_set():
+            late.set()
+            await asyncio.sleep(2.0)
+        await real_cb(self, msg)
+
+    monkeypatch.setattr(consumers.PullFeed, "_cb", late_status)
+    asyncio.run(_report_before_expiry(tmp_path, late))
+
+
+async def _report_before_expiry(tmp_path: Path, late: asyncio.Event) -> None:
+    from wire.messages import AttemptState, StatusReport
+
+    natsd = start_nats(tmp_path / "n", port=0)
+    nc = await connect(natsd.url, name="expiry")
+    stop = asyncio.Event()
+    try:
+        store = Store(nc)
+        await ensure_streams(store)
+        cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
+        state_a = ClusterState(heartbeat_interval_s=60)
+        await store.watch(">", state_a.apply_state_record)
+        await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)
+        a = Leadership(store, "a", cfg)
+        assert await a.try_acquire()
+        job = await _one_host_one_job(store, state_a, "j-expiry")
+        plan = await Scheduler(store, state_a, a).cycle()
+        assert plan is not None and plan.placed == 1
+        attempt = plan.jobs["j-expiry"].attempts[0]
+        await a.resign()
+        report = StatusReport(host_id="h", attempt_id=attempt.id, job_id=job.id, state=AttemptState.SUCCEEDED,
+                              exit_code=0, ts=time.time(), term=attempt.term)
+        await store.js.publish(subjects.status_subject("h"), encode(report))
+        # h's last heartbeat, with a short TTL, then silence; h2 could take the work.
+        hb = heartbeat("h", boot_id="x", seq=1, ts=time.time(), cpus=8, memory_mb=1024, gpus=1, gpu_memory_mb=1,
+                       gpu_usage=[])
+        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h"), encode(hb), headers={"Nats-TTL": "1s"})
+        hb2 = heartbeat("h2", boot_id="y", seq=0, ts=time.time(), cpus=8, memory_mb=1024, gpus=1, gpu_memory_mb=1,
+                        gpu_usage=[])
+        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "h2"), encode(hb2),
+                               headers={"Nats-TTL": "60s"})
+
+        state_b = ClusterState(heartbeat_interval_s=60)
+        await store.watch(">", state_b.apply_state_record)
+        await store.watch(">", state_b.apply_host_record, bucket=subjects.HOSTS_BUCKET)
+        await eventually(lambda: "h" in state_b.absent and "h2" in state_b.hosts, timeout=30,
+                         what="h expired, h2 heard")
+        assert state_b.allocs["h"].tasks  # the work is still on the lost host
+        b = Leadership(store, "b", cfg)
+        for _ in range(100):
+            if await b.try_acquire():
+                break
+            await asyncio.sleep(0.1)
+        assert b.leading
+        renew = asyncio.create_task(b.run(stop))  # B keeps its lease
+        sched_b = Scheduler(store, state_b, b)
+        run = asyncio.create_task(sched_b.run(stop))
+        await asyncio.wait_for(late.wait(), timeout=20)  # the report is on its way, late
+
+        async def settled() -> Job | None:
+            """The job once it has ended or been tried again."""
+            rec = await store.get(subjects.job_key(job.id))
+            j = decode(Job, rec.value)
+            return j if j.state.terminal or len(j.attempts) > 1 else None
+
+        final = await eventually(settled, timeout=20, what="the job ended or tried again")
+        assert [(x.state, x.host_id) for x in final.attempts] == [(AttemptState.SUCCEEDED, "h")], final.attempts
+        assert final.state.value == "SUCCEEDED"
+        assert not (state_b.allocs.get("h2") and state_b.allocs["h2"].tasks)
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        await asyncio.wait_for(renew, timeout=30)
     finally:
         stop.set()
         await nc.close()

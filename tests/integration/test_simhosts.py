@@ -96,3 +96,7 @@ async def test_the_host_simulator_stops_its_tasks_when_no_heartbeat_is_stored(na
     assert list(result["fenced"]) == ["j1.1"]  # what the benchmark's verdict reads (bench.verdict.judge)
     assert result["counters"]["fences"] == 1 and result["counters"]["fenced_kills"] == 1
     assert result["counters"]["acked_hb_failures"] > 0
+    # How it ended on its host: killed by the fence, its report stored once the server
+    # ran again (after the fence, which was while the server was stopped).
+    state, ended_at, stored_at = result["host_ends"]["j1.1"]
+    assert state == "KILLED" and stored_at is not None and stored_at > ended_at >= result["fenced"]["j1.1"]

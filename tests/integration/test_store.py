@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
 from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
+from tests.conftest import eventually
 from wire import subjects
 from wire.errors import ConflictError, FencedError
 from wire.kv import Store, Write, connect
@@ -225,6 +227,47 @@ async def test_pull_feed_delivers_every_message_across_batches_and_unacked_ones_
     stop2.set()
     await asyncio.wait_for(task2, timeout=5)
     assert sorted(again) == sorted(int(m.data) for m in keep) == [i for i in range(1_250) if i % 100 == 7]
+
+
+async def test_pull_feed_says_how_far_the_stream_has_been_handed_over(store: Store) -> None:
+    """`read_to`: every message stored before it has been given to the callback, taken at
+    moments while messages are still arriving; once nothing is left, an expired pull
+    request moves it past the last message without any new one."""
+    from nats.js import api as jsapi
+
+    from server.state.consumers import PullFeed, ensure_consumer
+    from wire.records import ack_position
+
+    js = store.js
+    subject = f"{subjects.STATUS_PREFIX}.readto"
+    cfg = jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=100_000, max_deliver=-1)
+    await ensure_consumer(js, subjects.STATUS_STREAM, "readto-test", subject, cfg)
+    handed: list[float] = []  # when the store stored each message handed over, in order
+
+    async def on_msg(m) -> None:  # type: ignore[no-untyped-def]
+        pos = ack_position(m.reply)
+        assert pos is not None
+        handed.append(pos[2])
+        await m.ack()
+        await asyncio.sleep(0.002)  # a slow reader, so that it lags the writer
+
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "readto-test", on_msg, batch=50, expires_s=0.5)
+    assert feed.read_to == 0.0
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(stop))
+    seen: list[tuple[float, int]] = []  # (read_to, messages handed over) at one moment
+    for i in range(300):
+        await js.publish(subject, str(i).encode())
+        seen.append((feed.read_to, len(handed)))
+    await eventually(lambda: len(handed) == 300, timeout=30, what="every message handed over")
+    last = time.time()
+    assert any(n < 300 and r > 0 for r, n in seen)  # it was read while still being written
+    for read_to, n in seen:
+        assert sum(1 for t in handed if t < read_to) <= n, (read_to, n)
+    assert feed.read_to >= handed[-1]
+    await eventually(lambda: feed.read_to >= last, timeout=10, what="read_to moved by an expired request")
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)
 
 
 async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:

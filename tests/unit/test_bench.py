@@ -70,6 +70,15 @@ def test_judge_accepts_a_later_try_only_after_a_fence_stopped_the_one_before() -
     # One task of the first try was never stopped: both ran at once.
     v = judge("j1", 2, first + second, {}, None, exclusive=True, fenced={"j1.1.0": 12.0})
     assert v.twice and not v.retried_after_fence and "try 1 of 2" in v.problems[0], v.problems
+    # The problem says how each attempt of that try ended, in the job's record and on its
+    # host, timed from the retry's arrival.
+    v = judge("j1", 2, first + second, {"j1.1.0": "h1", "j1.1.1": "h2"}, None, exclusive=True,
+              ended={"j1.1.0": "KILLED: fenced", "j1.1.1": "LOST: host h2 lost"}, fenced={"j1.1.0": 12.0},
+              host_ends={"j1.1.0": ["KILLED", 12.0, 12.5], "j1.1.1": ["SUCCEEDED", 8.0, None]})
+    assert ("j1.1.1 on h2 ended LOST: host h2 lost, on its host: SUCCEEDED at -12.0 s, its report not stored"
+            in v.problems[0]), v.problems
+    assert "j1.1.0 on h1 ended KILLED: fenced, on its host: KILLED at -8.0 s, its report stored at -7.5 s" \
+        in v.problems[0], v.problems
     # Stopped only after the next try had reached a host.
     assert judge("j1", 2, first + second, {}, None, exclusive=True,
                  fenced={"j1.1.0": 12.0, "j1.1.1": 25.0}).twice

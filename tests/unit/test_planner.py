@@ -432,6 +432,44 @@ def test_unheard_host_keeps_its_work_through_the_grace_period_and_heartbeating_a
     assert "j1" not in plan.jobs
 
 
+def test_work_on_a_lost_host_waits_until_the_status_reports_are_read_up_to_its_expiry() -> None:
+    """h1's key expired at NOW + 10. Its work is replaced only once every status report
+    stored before then has been given to a cycle: a report the agent stored first (its task
+    finished) ends the attempt instead, and the finished work does not run again."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    w.host("h2")
+    placed(w, "j1", gpus=8)
+    placed(w, "j2", gpus=8)
+    on = {w.job(j).current.host_id: j for j in ("j1", "j2")}
+    lost = "h1"
+    w.state.apply_host_record(Record(lost, next(w.rev), None), now=NOW + 10)
+    w.host("h3")  # somewhere for the work to go
+
+    def cycle(read_to: float | None, reports: list[StatusReport] = (), stamps: list[float] = (),
+              max_keys: int = 900) -> Plan:
+        return plan_cycle(w.state, reports=list(reports), commands=[], now=NOW + 11, term=TERM,
+                          max_keys=max_keys, budget=EvictionBudget(), reports_read_to=read_to,
+                          report_stamps=list(stamps))
+
+    plan = cycle(NOW + 9.9)
+    assert plan.evicted == 0 and plan.held_for_reports == 1 and not plan.jobs
+    # The report its agent stored at NOW + 9, read now: the attempt ends as reported.
+    done = report(w, on[lost], AttemptState.SUCCEEDED, exit_code=0)
+    plan = cycle(NOW + 10.5, [done], [NOW + 9])
+    assert plan.evicted == 0 and plan.held_for_reports == 0
+    assert plan.jobs[on[lost]].state is JobState.SUCCEEDED and len(plan.jobs[on[lost]].attempts) == 1
+    # A report left for the next cycle (key cap) stored before the expiry still holds it.
+    other = report(w, on["h2"], AttemptState.RUNNING)
+    plan = cycle(NOW + 10.5, [other, other], [NOW + 9, NOW + 9], max_keys=259)  # room for one
+    assert plan.reports_used == 1 and plan.evicted == 0 and plan.held_for_reports == 1
+    # Read past the expiry with nothing from h1: its work is replaced; unknown: no wait.
+    for read_to in (NOW + 10.5, None):
+        plan = cycle(read_to)
+        assert plan.evicted == 1 and plan.held_for_reports == 0
+        assert plan.jobs[on[lost]].attempts[0].state is AttemptState.LOST
+
+
 def test_lost_with_single_attempt_fails(w: World) -> None:
     placed(w, max_attempts=1)
     plan = w.cycle(reports=[report(w, "j1", AttemptState.LOST)])
