@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from nats.js.api import KeyValueConfig
 
@@ -17,6 +19,8 @@ from server.broker.natsauth import AuthDir
 from server.state.streams import ensure_streams
 from tests.conftest import ROOT
 from wire.kv import Store, connect
+
+T = TypeVar("T")
 
 
 def start_cli_cluster(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -39,15 +43,22 @@ def start_cli_cluster(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
     raise AssertionError("cluster did not come up:\n" + "\n".join(lines))
 
 
-async def put_retrying(kv: object, key: str, value: bytes, timeout: float = 30) -> int:
+async def retrying(call: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
+    """`call()` until it answers: a stream just made, or whose leader was just killed,
+    has no leader for a while (no responders), longer on a loaded machine."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return int(await kv.put(key, value))  # type: ignore[attr-defined]
+            return await call()
         except Exception:  # noqa: BLE001 - leader election in progress
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def put_retrying(kv: Any, key: str, value: bytes, timeout: float = 30) -> int:
+    """A put (nats-py's KV or Muster's Store) retried until the stream answers."""
+    return int(await retrying(lambda: kv.put(key, value), timeout))
 
 
 async def stream_with_leader(js: object, name: str, timeout: float = 30) -> object:
@@ -101,7 +112,7 @@ def test_three_node_cluster_survives_a_killed_node(tmp_path: Path) -> None:
             # Muster's own streams and buckets are created R3 on this cluster too.
             store = Store(nc, replicas=3)
             await ensure_streams(store)
-            await store.put("probe", b"r3")
+            await put_retrying(store, "probe", b"r3")
 
             # Kill the bucket's stream leader.
             leader = (await js.stream_info("KV_r3")).cluster.leader  # type: ignore[union-attr]
@@ -119,7 +130,7 @@ def test_three_node_cluster_survives_a_killed_node(tmp_path: Path) -> None:
             assert (await kv.get("k21")).value == b"v19"
             new_leader = (await js.stream_info("KV_r3")).cluster.leader  # type: ignore[union-attr]
             assert new_leader and new_leader != leader
-            assert (await store.get("probe")).value == b"r3"
+            assert (await retrying(lambda: store.get("probe"))).value == b"r3"
             print(f"failover after SIGKILL of {leader}: {failover_s:.2f} s; new leader {new_leader}")
             await nc.close()
 
@@ -156,7 +167,7 @@ def test_concurrent_fenced_commits_need_a_fence_slot_each_on_a_clustered_stream(
             store = Store(nc, replicas=3)
             await ensure_streams(store)
             a = Leadership(store, "a", LeaseConfig(ttl_s=2, renew_every_s=0.5))
-            assert await a.try_acquire()
+            assert await retrying(a.try_acquire)
             n = 0
 
             async def commit(slot: int) -> str:
@@ -262,8 +273,8 @@ def test_a_restart_of_every_node_empties_the_hosts_bucket_but_keeps_it(tmp_path:
         try:
             store = Store(nc, replicas=3)
             await ensure_streams(store)
-            await store.put("h1", b"heartbeat", bucket=subjects.HOSTS_BUCKET, ttl="15s")
-            await store.put("job.j1", b"job", expected=0)
+            await retrying(lambda: store.put("h1", b"heartbeat", bucket=subjects.HOSTS_BUCKET, ttl="15s"))
+            await retrying(lambda: store.put("job.j1", b"job", expected=0, msg_id="job.j1"))
         finally:
             await nc.close()
 
