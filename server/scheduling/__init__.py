@@ -11,6 +11,8 @@ Pure (a snapshot, inputs and a clock in; decisions out; no I/O):
     fragmentation  FGD's expected fragmentation of a host under the recent task shapes
     queues         quota accounting: what a job costs, nominal quotas, cohort borrowing
     fairshare      DRF shares with decayed past use, the admission order
+    backlog        each queue's queued jobs in order and its smallest job, kept by the
+                   cluster state as job records arrive
     preemption     victims for priority, reclaim and fair-share preemption
     queuewatch     preemption-storm and starved-queue alerts
     eviction       which lost hosts' work may be replaced now (failure domains, budgets)

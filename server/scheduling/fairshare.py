@@ -96,9 +96,14 @@ class Shares:
         return weights[name] / total if total > 0 else 0.0
 
 
+def order_key(job: Job) -> tuple[int, float, str]:
+    """Where a job stands in its queue: higher priority first, then submission order."""
+    return (-job.spec.priority, job.submitted_at, job.id)
+
+
 def within_queue_order(jobs: list[Job]) -> list[Job]:
     """A queue's jobs: higher priority first, then submission order."""
-    return sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+    return sorted(jobs, key=order_key)
 
 
 def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], float],

@@ -7,6 +7,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -24,8 +25,8 @@ from server.scheduling.queues import (
     Refusal,
     add,
     effective_time_limit,
-    gpu_amount,
     job_demand,
+    job_size,
     job_usage,
     meters,
     nominal,
@@ -497,14 +498,8 @@ def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
     w.plan.events.append(_event("job.failed", job, job.current, now, job.end_reason))
 
 
-def _size(spec: JobSpec) -> tuple[float, ...]:
-    """What a job takes, in every respect its queue's admission is decided on (its GPU
-    models aside): a job at least as large in each is refused or borrows likewise."""
-    return (gpu_amount(spec), spec.replicas, spec.cpus, spec.memory_mb)
-
-
 def _at_least(size: tuple[float, ...], floor: tuple[float, ...]) -> bool:
-    """Whether `size` is at least `floor` in every respect (both `_size` tuples)."""
+    """Whether `size` is at least `floor` in every respect (both `job_size` tuples)."""
     return all(x >= y for x, y in zip(size, floor, strict=True))
 
 
@@ -860,36 +855,45 @@ def place_queued(
     policy = policy or QueuePolicy()
     adm = Admission(w, now, policy)
     book = adm.book
-    candidates = {j.id: j for j in w.state.queued()}
-    for jid, j in w.plan.jobs.items():
-        if j.state is JobState.QUEUED:
-            candidates[jid] = j
+    # The queued jobs: each queue's in its order as the state keeps it (scheduling.backlog),
+    # with this cycle's changes (jobs it requeued or took out of the queue).
+    state, backlog, changed = w.state, w.state.backlog, w.plan.jobs
+    by_queue: dict[str, list[Job]] = {}
+    for qn, keys in backlog.order.items():
+        jobs = state.jobs
+        if changed:
+            by_queue[qn] = [jobs[k[2]] for k in keys if k[2] not in changed]
         else:
-            candidates.pop(jid, None)
+            by_queue[qn] = [jobs[k[2]] for k in keys]
+    preempting = [state.jobs[i] for i in backlog.preempting if i not in changed]
+    added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
+    for j in changed.values():
+        if j.state is JobState.QUEUED:
+            if j.preempting:
+                preempting.append(j)
+            else:
+                bisect.insort(by_queue.setdefault(j.spec.queue, []), j, key=fairshare.order_key)
+                added.setdefault(j.spec.queue, []).append(j)
+    by_queue = {qn: jobs for qn, jobs in by_queue.items() if jobs}
     # Jobs that preempted others: wait while their victims stop; once all have, they
     # are placed before anything else, and the hosts the victims held are kept for them.
     ready: list[Job] = []
     held: dict[str, set[str]] = {}
     waiting: set[str] = set()  # hosts of victims still stopping
     inflight: dict[str, int] = {}
-    by_queue: dict[str, list[Job]] = {}
-    for job in candidates.values():
-        if job.preempting:
-            live, hosts = _victims_live(w, job)
-            held[job.id] = hosts
-            _foresee(w, adm, job)
-            if live:
-                waiting |= hosts
-                inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
-                continue
-            ready.append(job)
+    for job in preempting:
+        live, hosts = _victims_live(w, job)
+        held[job.id] = hosts
+        _foresee(w, adm, job)
+        if live:
+            waiting |= hosts
+            inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
             continue
-        by_queue.setdefault(job.spec.queue, []).append(job)
-    for qn in by_queue:
-        by_queue[qn] = queue_order(by_queue[qn])
+        ready.append(job)
     # Per queue, the smallest size of any of its jobs in each respect (None when one of
     # them names GPU models): a refusal or a borrow at most that large covers them all.
-    # Worked out for a queue only once a floor is there to compare with.
+    # The state's figure may count jobs this cycle took out of the queue: a floor no
+    # higher than the true one, which only ever covers less.
     least: dict[str, tuple[float, ...] | None] = {}
     ready.sort(key=lambda j: (j.submitted_at, j.id))
     kept = set().union(*held.values()) if held else set()
@@ -904,8 +908,9 @@ def place_queued(
     # waits for victims to stop (what reclaim frees is not lent out again at once).
     deferred: dict[str, list[Job]] = {}
     starved: set[str | None] = set()  # cohorts with a preemption under way
-    for job in candidates.values():
-        if job.preempting and job.id not in {r.id for r in ready}:
+    ready_ids = {r.id for r in ready}
+    for job in preempting:
+        if job.id not in ready_ids:
             q = adm.queue(job)
             starved.add(q.cohort if q is not None else None)
 
@@ -916,7 +921,7 @@ def place_queued(
         floor = refused.get(job.spec.queue)
         if floor is None or job.spec.models() is not None:
             return False
-        if not _at_least(_size(job.spec), floor[0]):
+        if not _at_least(job_size(job.spec), floor[0]):
             return False
         if len(blocked) < 2 * policy.preemptions_per_cycle and job.not_before <= now \
                 and job.id not in w.frozen_jobs and job.id not in skip:
@@ -932,9 +937,13 @@ def place_queued(
         if floor is None:
             return False
         if qn not in least:
-            jobs = by_queue.get(qn, [])
-            least[qn] = None if not jobs or any(j.spec.models() is not None for j in jobs) else \
-                tuple(min(col) for col in zip(*(_size(j.spec) for j in jobs), strict=True))
+            low = backlog.least(qn) if by_queue.get(qn) else None
+            more = added.get(qn, [])
+            if low is not None and any(j.spec.models() is not None for j in more):
+                low = None
+            if low is not None and more:
+                low = tuple(min(col) for col in zip(low, *(job_size(j.spec) for j in more), strict=True))
+            least[qn] = low
         low = least[qn]
         return low is not None and _at_least(low, floor)
 
@@ -954,7 +963,7 @@ def place_queued(
         yield from ready
         for job in fairshare.admission_order(by_queue, adm.shares.share, first_rest if policy.shortcuts else None):
             qn = job.spec.queue
-            size = _size(job.spec)
+            size = job_size(job.spec)
             floor = borrows.get(qn)
             unconstrained = job.spec.models() is None and policy.shortcuts
             if (unconstrained and floor is not None and _at_least(size, floor)) \
@@ -1030,7 +1039,7 @@ def place_queued(
             continue  # its queue was deleted: it waits until one of that name exists
         if below_a_refusal(job):
             continue
-        size = _size(job.spec)
+        size = job_size(job.spec)
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
         # but those still stopping for others; any other job none of them.
         placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)

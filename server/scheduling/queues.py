@@ -62,6 +62,12 @@ def gpu_amount(spec: JobSpec) -> float:
     return mig_fraction(spec.mig_profile)
 
 
+def job_size(spec: JobSpec) -> tuple[float, ...]:
+    """What a job takes, in every respect its queue's admission is decided on (its GPU
+    models aside): a job at least as large in each is refused or borrows likewise."""
+    return (gpu_amount(spec), spec.replicas, spec.cpus, spec.memory_mb)
+
+
 def task_demand(spec: JobSpec, model: str | None) -> Resources:
     """What one task of `spec` costs, its GPUs counted as `model` ("" when unknown)."""
     d: Resources = {CPU: spec.cpus, MEMORY: float(spec.memory_mb)}

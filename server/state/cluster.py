@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from server.health.index import HealthIndex
 from server.health.readclock import ReadClock
 from server.health.rules import Health, host_health
+from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
@@ -177,6 +178,9 @@ class ClusterState:
     # job id -> (first live task's start, size), so that each cycle's searches for victims
     # need not look into every running job's attempts again.
     stoppable: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The queued jobs of each queue in their order, and each queue's smallest job
+    # (scheduling.backlog): what the planner would otherwise sort and measure each cycle.
+    backlog: Backlog = field(default_factory=Backlog)
 
     def __post_init__(self) -> None:
         self.clock.settle_s = self.heartbeat_interval_s
@@ -202,6 +206,7 @@ class ClusterState:
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
+            self.backlog.update(old, None)
         self.queued_ids.discard(job_id)
         self.placed_ids.discard(job_id)
         self.deadlines.pop(job_id, None)
@@ -217,6 +222,7 @@ class ClusterState:
         self.job_state_counts[job.state.value] += 1
         self.jobs[job.id] = job
         self._queue_account(job, 1)
+        self.backlog.update(old, job)
         if job.state is JobState.QUEUED:
             self.queued_ids.add(job.id)
         else:
