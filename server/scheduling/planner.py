@@ -537,7 +537,7 @@ class Admission:
         self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
         # Per queue, its running jobs that could be victims, cheapest first: built once a
         # cycle (server.scheduling.planner._running_by_cost), read by every search for victims.
-        self.running: dict[str, list[tuple[tuple[int, float, float, str], Job]]] = {}
+        self.running: dict[str, _Ranked] = {}
 
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)
@@ -666,7 +666,32 @@ def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
         w.plan.events.append(_event("job.timing_out", job, tasks[0], now, why))
 
 
-def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> list[tuple[tuple[int, float, float, str], Job]]:
+class _Ranked:
+    """A queue's running jobs that could be stopped, cheapest first, put in order only as
+    far as they are read: a search for victims stops after a few, and a cycle's searches
+    share one ranking (a heap, popped into `done` as readers go further)."""
+
+    __slots__ = ("_heap", "done")
+
+    def __init__(self, items: list[tuple[tuple[int, float, float, str], Job]]) -> None:
+        heapq.heapify(items)  # the cost ends with the job id: no two compare equal
+        self._heap = items
+        self.done: list[tuple[tuple[int, float, float, str], Job]] = []
+
+    def __iter__(self) -> Iterator[tuple[tuple[int, float, float, str], Job]]:
+        i = 0
+        done, heap = self.done, self._heap
+        while True:
+            if i < len(done):
+                yield done[i]
+                i += 1
+            elif heap:
+                done.append(heapq.heappop(heap))
+            else:
+                return
+
+
+def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> _Ranked:
     """The running jobs of queue `qn` that could be stopped this cycle, cheapest first
     (preemption.Victim.cost), with what each holds: not frozen, every task started and
     none stopping, past the queue's minimum runtime. Built once a cycle; whatever the
@@ -679,18 +704,13 @@ def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> list[tupl
     out: list[tuple[tuple[int, float, float, str], Job]] = []
     if vq is not None:
         facts = state.stoppable  # kept as job records arrive (preemption.stoppable)
-        for job_id in state.queue_live.get(qn, ()):
-            known = facts.get(job_id)
-            if known is None or job_id in w.frozen_jobs:
-                continue
-            since, size = known
-            if now - since < vq.min_runtime_s:
-                continue
-            job = state.jobs[job_id]
-            out.append(((job.spec.priority, (now - since) * size, -job.submitted_at, job_id), job))
-        out.sort(key=lambda x: x[0])
-    adm.running[qn] = out
-    return out
+        jobs, frozen, min_runtime = state.jobs, w.frozen_jobs, vq.min_runtime_s
+        out = [((job.spec.priority, (now - known[0]) * known[1], -job.submitted_at, job_id), job)
+               for job_id in state.queue_live.get(qn, ())
+               if (known := facts.get(job_id)) is not None and not now - known[0] < min_runtime
+               and job_id not in frozen and (job := jobs[job_id]) is not None]
+    ranked = adm.running[qn] = _Ranked(out)
+    return ranked
 
 
 def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, now: float,
