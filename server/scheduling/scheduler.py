@@ -262,7 +262,7 @@ class Scheduler:
             await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
             feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
                                   batch=self.config.fetch_batch))
-        self._status_feed = feeds[0]
+        self._status_feed = next(f for f in feeds if f.stream == subjects.STATUS_STREAM)
         fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
         go_again = False
         try:
