@@ -258,10 +258,13 @@ class Scheduler:
         )
         leading_stop = asyncio.Event()
         feeds = []
+        # What an earlier leader took and did not acknowledge comes back after ack_wait:
+        # until then the status feed cannot say how far the reports have been read.
+        trust_after = time.time() + (cfg.ack_wait or 0)
         for stream, durable, subject, sink, decoder in consumers:
             await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
             feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
-                                  batch=self.config.fetch_batch))
+                                  batch=self.config.fetch_batch, trust_after=trust_after))
         self._status_feed = next(f for f in feeds if f.stream == subjects.STATUS_STREAM)
         fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
         go_again = False

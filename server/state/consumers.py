@@ -14,7 +14,11 @@ when it was stored (the stream delivers in order; one taken earlier and not ackn
 comes back only after `ack_wait`); a pull request that ends with 404 or 408 having
 found nothing more moves it to when that answer arrived (the local clock, which must be
 kept close to the store's, as for host health). The consumer must not be paused: a
-paused consumer lets requests expire with messages waiting.
+paused consumer lets requests expire with messages waiting. A message handed to an
+earlier reader (a leader that died) and not acknowledged comes back only after the
+consumer's `ack_wait`, so a new reader learns nothing from what it reads before then:
+`read_to` stays 0 until `trust_after` (local time; the scheduler passes its start plus
+`ack_wait`).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, subje
 
 class PullFeed:
     def __init__(self, nc: NATS, stream: str, consumer: str, on_msg: Callable[[Msg], Awaitable[None]],
-                 batch: int = 500, expires_s: float = 2.0) -> None:
+                 batch: int = 500, expires_s: float = 2.0, trust_after: float = 0.0) -> None:
         self.nc = nc
         self.stream = stream
         self.consumer = consumer
@@ -72,6 +76,7 @@ class PullFeed:
         self._ended = asyncio.Event()
         self._status: str | None = None
         self.read_to = 0.0
+        self.trust_after = trust_after
 
     async def _cb(self, msg: Msg) -> None:
         status = msg.headers.get(jsapi.Header.STATUS) if msg.headers else None
@@ -79,8 +84,8 @@ class PullFeed:
             if status != _IDLE_HEARTBEAT:
                 self._status = status
                 self._ended.set()
-            if status in _NOTHING_MORE:
-                self.read_to = max(self.read_to, time.time())
+            if status in _NOTHING_MORE and (now := time.time()) >= self.trust_after:
+                self.read_to = max(self.read_to, now)
             return
         self._n += 1
         self.delivered += 1
@@ -89,7 +94,7 @@ class PullFeed:
         except Exception:  # noqa: BLE001 - one bad message must not stop the feed
             log.exception("pull feed %s/%s: handling a message failed", self.stream, self.consumer)
         pos = ack_position(msg.reply)
-        if pos is not None and pos[2] > self.read_to:
+        if pos is not None and pos[2] > self.read_to and time.time() >= self.trust_after:
             self.read_to = pos[2]
         if self._n >= self.batch:
             self._ended.set()

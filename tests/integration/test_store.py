@@ -270,6 +270,38 @@ async def test_pull_feed_says_how_far_the_stream_has_been_handed_over(store: Sto
     await asyncio.wait_for(task, timeout=5)
 
 
+async def test_a_new_pull_feed_says_nothing_of_how_far_it_read_until_redeliveries_are_due(store: Store) -> None:
+    """A leader's feed starts with `trust_after` (its start plus the consumer's ack_wait):
+    what an earlier leader took and did not acknowledge may still come back until then,
+    so `read_to` stays 0 however much it reads, and moves once that time has passed."""
+    from nats.js import api as jsapi
+
+    from server.state.consumers import PullFeed, ensure_consumer
+
+    subject = f"{subjects.STATUS_PREFIX}.trust"
+    await ensure_consumer(store.js, subjects.STATUS_STREAM, "trust-test", subject,
+                          jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=100_000, max_deliver=-1))
+    for i in range(3):
+        await store.js.publish(subject, str(i).encode())
+    handed: list[bytes] = []
+
+    async def on_msg(m) -> None:  # type: ignore[no-untyped-def]
+        handed.append(m.data)
+        await m.ack()
+
+    trust_after = time.time() + 3.0
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "trust-test", on_msg, batch=50, expires_s=0.5,
+                    trust_after=trust_after)
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(stop))
+    await eventually(lambda: len(handed) == 3, timeout=10, what="the messages handed over")
+    await asyncio.sleep(1.0)  # expired requests too
+    assert time.time() < trust_after and feed.read_to == 0.0
+    await eventually(lambda: feed.read_to >= trust_after, timeout=10, what="read_to moved after trust_after")
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
 async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(store: Store, nats_url: str) -> None:
     """The read barrier a new leader passes before it takes input: records stored before
     the call have all been handed over when it returns, even while the watch lags."""
