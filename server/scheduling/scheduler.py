@@ -622,7 +622,7 @@ class Scheduler:
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
         elif plan.held_for_reports:
-            asyncio.get_running_loop().call_later(0.2, self.wake.set)  # the status feed moves on its own
+            asyncio.get_running_loop().call_later(0.5, self.wake.set)  # the status feed moves on its own
         return plan
 
     # ------------------------------------------------------------ refused commits

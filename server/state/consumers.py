@@ -10,8 +10,7 @@ with whoever handles the message (`Msg.ack()` works on these as on fetched ones)
 
 `read_to` says how far the stream has been handed over: every message the store stored
 before that time (its clock, seconds) has been given to `on_msg`. A message moves it to
-when it was stored (the stream delivers in order; one taken earlier and not acknowledged
-comes back only after `ack_wait`); a pull request that ends with 404 or 408 having
+when it was stored (the stream delivers in order); a pull request that ends with 404 or 408 having
 found nothing more moves it to when that answer arrived (the local clock, which must be
 kept close to the store's, as for host health). The consumer must not be paused: a
 paused consumer lets requests expire with messages waiting. A message handed to an
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 # Status codes that end a pull request: 404 no messages, 408 request expired, 409
 # (leadership change, consumer deleted, too many waiting requests...).
 _IDLE_HEARTBEAT = "100"
-# A request that ends so found nothing more to deliver (no wait / expired).
+# A pull request that ends with these found nothing more to deliver (no wait / expired).
 _NOTHING_MORE = ("404", "408")
 
 
