@@ -374,7 +374,8 @@ class Simulator:
         self.max_running = max(self.max_running, self.running)
         self.report(h, t, "RUNNING", None, "")
 
-    def _end(self, h: SimHost, aid: str) -> dict | None:
+    def _end(self, h: SimHost, aid: str, state: str) -> dict | None:
+        """Take a running task off its host as it ends in `state`, noting when (host_ends)."""
         entry = h.running.pop(aid, None)
         if entry is None:
             return None
@@ -382,20 +383,19 @@ class Simulator:
         handle.cancel()
         unhold(h, t)
         self.running -= 1
+        self.host_ends[aid] = [state, time.time(), None]
         return t
 
     def finish(self, h: SimHost, aid: str) -> None:
-        t = self._end(h, aid)
+        t = self._end(h, aid, "SUCCEEDED")
         if t is not None:
             self.c["finished"] += 1
-            self.host_ends[aid] = ["SUCCEEDED", time.time(), None]
             self.report(h, t, "SUCCEEDED", 0, "")
 
     def kill(self, h: SimHost, aid: str, reason: str) -> None:
-        t = self._end(h, aid)
+        t = self._end(h, aid, "KILLED")
         if t is not None:
             self.c["killed"] += 1
-            self.host_ends[aid] = ["KILLED", time.time(), None]
             self.report(h, t, "KILLED", None, reason)
 
     # ------------------------------------------------------------ self-fencing

@@ -365,6 +365,29 @@ async def _stale_cycle(tmp_path: Path) -> None:
         natsd.stop()
 
 
+async def _finished_under_a_resigned_leader(store: Store, cfg: LeaseConfig, job_id: str) -> Job:
+    """Leader A places `job_id` on host `h` and resigns (its state watches stopped); the
+    task's agent then reports it finished (stored in the status stream, unread)."""
+    from wire.messages import AttemptState, StatusReport
+
+    state_a = ClusterState(heartbeat_interval_s=60)
+    watches = [await store.watch(">", state_a.apply_state_record),
+               await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)]
+    a = Leadership(store, "a", cfg)
+    assert await a.try_acquire()
+    job = await _one_host_one_job(store, state_a, job_id)
+    plan = await Scheduler(store, state_a, a).cycle()
+    assert plan is not None and plan.placed == 1
+    attempt = plan.jobs[job_id].attempts[0]
+    await a.resign()
+    for w in watches:
+        await w.stop()
+    report = StatusReport(host_id="h", attempt_id=attempt.id, job_id=job.id, state=AttemptState.SUCCEEDED,
+                          exit_code=0, ts=time.time(), term=attempt.term)
+    await store.js.publish(subjects.status_subject("h"), encode(report))
+    return job
+
+
 def test_new_leader_takes_no_input_before_its_state_has_caught_up(tmp_path: Path) -> None:
     """Leader A places a job and resigns; the job's agent reports it finished. Leader B's
     state watch lags (it starts a second after B took over): B must not take that report
@@ -374,8 +397,6 @@ def test_new_leader_takes_no_input_before_its_state_has_caught_up(tmp_path: Path
 
 
 async def _late_view(tmp_path: Path) -> None:
-    from wire.messages import AttemptState, StatusReport
-
     natsd = start_nats(tmp_path / "n", port=0)
     nc = await connect(natsd.url, name="late")
     stop = asyncio.Event()
@@ -383,20 +404,7 @@ async def _late_view(tmp_path: Path) -> None:
         store = Store(nc)
         await ensure_streams(store)
         cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
-        state_a = ClusterState(heartbeat_interval_s=60)
-        watch_a = await store.watch(">", state_a.apply_state_record)
-        await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)
-        a = Leadership(store, "a", cfg)
-        assert await a.try_acquire()
-        job = await _one_host_one_job(store, state_a, "j-late")
-        plan = await Scheduler(store, state_a, a).cycle()
-        assert plan is not None and plan.placed == 1
-        attempt = plan.jobs["j-late"].attempts[0]
-        await a.resign()
-        await watch_a.stop()
-        report = StatusReport(host_id="h", attempt_id=attempt.id, job_id=job.id, state=AttemptState.SUCCEEDED,
-                              exit_code=0, ts=time.time(), term=attempt.term)
-        await store.js.publish(subjects.status_subject("h"), encode(report))
+        job = await _finished_under_a_resigned_leader(store, cfg, "j-late")
 
         # B: its state is fed by a watch that starts a second after B leads.
         state_b = ClusterState(heartbeat_interval_s=60)
@@ -458,7 +466,7 @@ def test_a_report_stored_before_its_hosts_key_expired_is_read_before_the_work_is
 
 
 async def _report_before_expiry(tmp_path: Path, late: asyncio.Event) -> None:
-    from wire.messages import AttemptState, StatusReport
+    from wire.messages import AttemptState
 
     natsd = start_nats(tmp_path / "n", port=0)
     nc = await connect(natsd.url, name="expiry")
@@ -467,19 +475,7 @@ async def _report_before_expiry(tmp_path: Path, late: asyncio.Event) -> None:
         store = Store(nc)
         await ensure_streams(store)
         cfg = LeaseConfig(ttl_s=2, renew_every_s=0.5)
-        state_a = ClusterState(heartbeat_interval_s=60)
-        await store.watch(">", state_a.apply_state_record)
-        await store.watch(">", state_a.apply_host_record, bucket=subjects.HOSTS_BUCKET)
-        a = Leadership(store, "a", cfg)
-        assert await a.try_acquire()
-        job = await _one_host_one_job(store, state_a, "j-expiry")
-        plan = await Scheduler(store, state_a, a).cycle()
-        assert plan is not None and plan.placed == 1
-        attempt = plan.jobs["j-expiry"].attempts[0]
-        await a.resign()
-        report = StatusReport(host_id="h", attempt_id=attempt.id, job_id=job.id, state=AttemptState.SUCCEEDED,
-                              exit_code=0, ts=time.time(), term=attempt.term)
-        await store.js.publish(subjects.status_subject("h"), encode(report))
+        job = await _finished_under_a_resigned_leader(store, cfg, "j-expiry")
         # h's last heartbeat, with a short TTL, then silence; h2 could take the work.
         hb = heartbeat("h", boot_id="x", seq=1, ts=time.time(), cpus=8, memory_mb=1024, gpus=1, gpu_memory_mb=1,
                        gpu_usage=[])
