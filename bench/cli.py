@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for undispatched jobs after the run (default 30; with --burst, 300 "
                          "after the burst was submitted)")
+    ap.add_argument("--history-wait", type=float, default=60.0,
+                    help="seconds to wait after the drain for the history database to hold every job that "
+                         "ended in the window (history lag counts only rows written)")
     ap.add_argument("--lose-host-at", type=float, default=None,
                     help="seconds into the run to stop one host's heartbeats (default: a quarter of --duration; "
                          "none with --burst); negative disables")

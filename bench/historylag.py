@@ -8,6 +8,12 @@ Each poll reads rows whose `updated_at` is within `margin_s` of the newest one s
 the query stays small; the historian writes rows in the order of the state stream, so a
 row older than that margin arriving later would be missed, and `finish` counts such rows
 (`seen_only_at_the_end`) rather than assume there are none.
+
+A row that is never written before the run ends would be missing from the figures, not
+late in them (after a failover the historian may take a while to resume), so the run
+ends with `catch_up`: it waits, up to a bound, until the table holds as many rows as the
+leader counts jobs that ended in the window (`expected_rows`), and `finish` reports any
+still missing (`missing_at_end`) and how long the wait took.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ def sqlite_read_only(path: str) -> str:
     return f"sqlite:///file:{path}?mode=ro&uri=true"
 
 
+def ended_jobs(metrics: dict[str, float]) -> int | None:
+    """Jobs in a terminal state in a server's live state (its `muster_jobs` gauge), or None
+    when the scrape has no such gauge."""
+    found = [v for k, v in metrics.items() if k.startswith("muster_jobs{")
+             and any(f'state="{s}"' in k for s in TERMINAL)]
+    return int(sum(found)) if found else None
+
+
 class HistoryLag:
     def __init__(self, url: str, since: float, every_s: float = 0.5, margin_s: float = 30.0) -> None:
         self.engine = create_engine(url, pool_size=1, max_overflow=0) if url.startswith("postgresql") \
@@ -42,6 +56,8 @@ class HistoryLag:
         self.lag: dict[str, float] = {}  # job -> seconds from its end to its row being read
         self.newest = since
         self.errors = 0
+        self.expected: int | None = None  # jobs the leader counted as ended in the window (catch_up)
+        self.waited_s: float | None = None
 
     def _rows(self, lo: float) -> list[tuple[str, float]]:
         with self.engine.connect() as conn:
@@ -67,6 +83,17 @@ class HistoryLag:
                 self.errors += 1
             await pause(stop, self.every_s)
 
+    async def catch_up(self, expected: int | None, timeout: float) -> None:
+        """Wait (while `run` polls) until at least `expected` rows have been read, or
+        `timeout` seconds; `expected` None: the leader's count is not known, no wait."""
+        self.expected = expected
+        if expected is None:
+            return
+        t0 = time.monotonic()
+        while len(self.lag) < expected and time.monotonic() - t0 < timeout:
+            await asyncio.sleep(self.every_s)
+        self.waited_s = round(time.monotonic() - t0, 1)
+
     def finish(self) -> dict[str, Any]:
         """The lag figures; one last full read counts the terminal rows the polls missed."""
         missed = None
@@ -79,5 +106,8 @@ class HistoryLag:
         self.engine.dispose()
         return {"ms": summary_ms(list(self.lag.values())), "rows": len(self.lag), "seen_only_at_the_end": missed,
                 "poll_every_s": self.every_s, "query_errors": self.errors,
+                "expected_rows": self.expected,
+                "missing_at_end": None if self.expected is None else max(0, self.expected - len(self.lag)),
+                "caught_up_wait_s": self.waited_s,
                 "note": "a job's end = updated_at of its terminal record (the leader's clock); read = the first "
                         "poll that returned its terminal row; late by at most one poll interval plus the query"}

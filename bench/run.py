@@ -34,7 +34,7 @@ import psutil
 from bench.calibration import python_speed
 from bench.clients import run_clients
 from bench.errors import BenchError
-from bench.historylag import HistoryLag, sqlite_read_only
+from bench.historylag import HistoryLag, ended_jobs, sqlite_read_only
 from bench.leaders import LeaderScrapes
 from bench.postgres import PostgresServer, find_pg_bin, start_postgres, stop_postgres
 from bench.preload import PREFIX as PRELOAD_PREFIX
@@ -619,6 +619,7 @@ class Bench(Processes):
         t0m = time.monotonic()
         t0 = time.time()
         self.window_start = t0
+        ended_at_start = ended_jobs(self.metrics[-1][1]) if self.metrics else None
         self.tick(t0, "run")
         readers = None
         if (a.read_flood or a.browse) and not a.burst:
@@ -697,6 +698,12 @@ class Bench(Processes):
                     self.notes.append(f"--kill failed: {exc!r}")
         # Let in-flight heartbeats land, then take the last metrics and process samples.
         await asyncio.sleep(1.5)
+        ended_now = ended_jobs(self.metrics[-1][1]) if self.metrics else None
+        if ended_at_start is not None and ended_now is not None:
+            if len(lag.lag) < ended_now - ended_at_start:
+                print(f"waiting for the history database: {len(lag.lag)} of {ended_now - ended_at_start} "
+                      "ended jobs' rows read", flush=True)
+            await lag.catch_up(ended_now - ended_at_start, a.history_wait)
         stop_lag.set()
         await lag_task
         self.history_lag = await asyncio.to_thread(lag.finish)

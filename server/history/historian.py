@@ -87,15 +87,21 @@ async def _write_while_leased(cfg: HistorianConfig, store: Store, stop: asyncio.
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
         if stop.is_set():
-            await lease.release()
+            await lease.release()  # given up by the keeper already, unless it was cancelled first
 
 
 async def _keep(lease: WriterLease, stop: asyncio.Event, lost: asyncio.Event) -> None:
-    """Renew the lease until `stop`, or until it is lost; then set `lost`."""
+    """Renew the lease until `stop`, or until it is lost; then set `lost`. On `stop` the
+    lease is given up first, before this writer's last flush: that flush may take long
+    (a niced process on a busy machine, a slow database), and a NATS node lost meanwhile
+    would make a later release fail and leave history to the key's TTL. The next writer
+    may start while this one flushes; the writes are idempotent."""
     while not await pause(stop, lease.renew_every_s):
         if not await lease.renew():
             log.warning("history writer lease lost: another historian writes the shared database")
             break
+    else:
+        await lease.release()
     lost.set()
 
 

@@ -83,8 +83,13 @@ class WriterLease:
         return True
 
     async def release(self) -> None:
-        """Give the key up (an empty value), so another replica takes over at once."""
+        """Give the key up (an empty value), so another replica takes over at once. Once
+        only: a second call (or one before any acquire) does nothing."""
+        if not self.revision:
+            return
         try:
             await self.store.put(self.key, b"", expected=self.revision, ttl=f"{self.ttl_s}s")
         except StoreError:
             pass  # lost already, or NATS gone: the TTL frees it
+        finally:
+            self.revision = 0

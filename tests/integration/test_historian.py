@@ -134,6 +134,58 @@ async def test_a_historian_that_starts_while_postgresql_is_down_writes_once_it_i
         stop_postgres(pg)
 
 
+async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(
+        nats_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL frozen (SIGSTOP on every one of its processes): the writer's last flush
+    hangs, yet the lease is already free for the next writer; once PostgreSQL runs again
+    the flush ends and the stopped writer's last job is in the database."""
+    import os
+    import signal
+
+    import psutil
+
+    caplog.set_level(logging.INFO, logger="server.history.historian")
+    bindir = find_pg_bin()
+    assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
+    pg = start_postgres(bindir)
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
+    frozen: list[psutil.Process] = []
+    history = History(pg.url)
+    try:
+        await _put_job(store, "j1")
+        await _until(lambda: history.get_job("j1") is not None)
+        assert (await store.get(lease_key(pg.url))).value
+        pid = pg.postmaster_pid()
+        assert pid is not None
+        postmaster = psutil.Process(pid)
+        frozen = [postmaster, *postmaster.children(recursive=True)]
+        for proc in frozen:
+            os.kill(proc.pid, signal.SIGSTOP)
+        await _put_job(store, "j2")
+        stop.set()
+
+        async def released() -> bool:  # given up (an empty value), not expired (no value)
+            return (await store.get(lease_key(pg.url))).value == b""
+
+        await eventually(released, timeout=60, what="the lease given up")
+        assert not task.done()  # still in its last flush, held by the frozen database
+    finally:
+        for proc in frozen:
+            os.kill(proc.pid, signal.SIGCONT)
+        stop.set()
+        await asyncio.wait_for(task, timeout=120)
+        try:
+            assert history.get_job("j2") is not None
+        finally:
+            history.close()
+            await nc.close()
+            stop_postgres(pg)
+
+
 @pytest.mark.timeout(360)
 async def test_a_killed_historian_process_is_started_again_and_writes(nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import os
