@@ -667,50 +667,51 @@ def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
 
 
 class _Ranked:
-    """A queue's running jobs that could be stopped, cheapest first, put in order only as
-    far as they are read: a search for victims stops after a few, and a cycle's searches
-    share one ranking (a heap, popped into `done` as readers go further)."""
+    """A queue's running jobs that could be stopped, cheapest first, read only as far as
+    the searches go: a search for victims stops after a few, and a cycle's searches share
+    one reading (what was read is kept in `done`)."""
 
-    __slots__ = ("_heap", "done")
+    __slots__ = ("_rest", "done")
 
-    def __init__(self, items: list[tuple[tuple[int, float, float, str], Job]]) -> None:
-        heapq.heapify(items)  # the cost ends with the job id: no two compare equal
-        self._heap = items
+    def __init__(self, rest: Iterator[tuple[tuple[int, float, float, str], Job]]) -> None:
+        self._rest = rest
         self.done: list[tuple[tuple[int, float, float, str], Job]] = []
 
     def __iter__(self) -> Iterator[tuple[tuple[int, float, float, str], Job]]:
         i = 0
-        done, heap = self.done, self._heap
+        done = self.done
         while True:
             if i < len(done):
                 yield done[i]
                 i += 1
-            elif heap:
-                done.append(heapq.heappop(heap))
             else:
-                return
+                item = next(self._rest, None)
+                if item is None:
+                    return
+                done.append(item)
 
 
 def _running_by_cost(w: _Work, adm: Admission, qn: str, now: float) -> _Ranked:
     """The running jobs of queue `qn` that could be stopped this cycle, cheapest first
     (preemption.Victim.cost), with what each holds: not frozen, every task started and
-    none stopping, past the queue's minimum runtime. Built once a cycle; whatever the
-    cycle changes afterwards (victims chosen, reports) is left out by the reader."""
+    none stopping, past the queue's minimum runtime. One reading a cycle, from the order
+    the cluster state keeps (scheduling.victimindex); whatever the cycle changes (victims
+    chosen, reports) is left out by the reader."""
     hit = adm.running.get(qn)
     if hit is not None:
         return hit
-    state = w.state
     vq = adm.book.queue(qn)
-    out: list[tuple[tuple[int, float, float, str], Job]] = []
-    if vq is not None:
-        facts = state.stoppable  # kept as job records arrive (preemption.stoppable)
-        jobs, frozen, min_runtime = state.jobs, w.frozen_jobs, vq.min_runtime_s
-        out = [((job.spec.priority, (now - known[0]) * known[1], -job.submitted_at, job_id), job)
-               for job_id in state.queue_live.get(qn, ())
-               if (known := facts.get(job_id)) is not None and not now - known[0] < min_runtime
-               and job_id not in frozen and (job := jobs[job_id]) is not None]
-    ranked = adm.running[qn] = _Ranked(out)
+    ranked = adm.running[qn] = _Ranked(_unfrozen(w, w.state.victims.cheapest(qn, now, vq.min_runtime_s))
+                                       if vq is not None else iter(()))
     return ranked
+
+
+def _unfrozen(w: _Work, ranked: Iterator[tuple[tuple[int, float, float, str], str]]
+              ) -> Iterator[tuple[tuple[int, float, float, str], Job]]:
+    jobs, frozen = w.state.jobs, w.frozen_jobs
+    for cost, job_id in ranked:
+        if job_id not in frozen and (job := jobs.get(job_id)) is not None:
+            yield cost, job
 
 
 def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, now: float,

@@ -25,9 +25,9 @@ from server.scheduling.capacity import CapacityIndex
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
-from server.scheduling.preemption import stoppable
 from server.scheduling.queues import add as add_resources
 from server.scheduling.queues import gpu_key, job_usage
+from server.scheduling.victimindex import VictimIndex
 from server.views.hosts import HostTable
 from wire import subjects
 from wire.errors import DecodeError
@@ -174,10 +174,9 @@ class ClusterState:
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
     # Running tries with a time limit: job id -> when it is reached.
     deadlines: dict[str, float] = field(default_factory=dict)
-    # Running jobs that could be stopped for another (scheduling.preemption.stoppable):
-    # job id -> (first live task's start, size), so that each cycle's searches for victims
-    # need not look into every running job's attempts again.
-    stoppable: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Running jobs that could be stopped for another (scheduling.preemption.stoppable), per
+    # queue in an order the searches for victims read cheapest first (scheduling.victimindex).
+    victims: VictimIndex = field(default_factory=VictimIndex)
     # The queued jobs of each queue in their order, and each queue's smallest job
     # (scheduling.backlog): what the planner would otherwise sort and measure each cycle.
     backlog: Backlog = field(default_factory=Backlog)
@@ -210,7 +209,7 @@ class ClusterState:
         self.queued_ids.discard(job_id)
         self.placed_ids.discard(job_id)
         self.deadlines.pop(job_id, None)
-        self.stoppable.pop(job_id, None)
+        self.victims.drop(job_id)
 
     def _set_job(self, job: Job) -> None:
         old = self.jobs.get(job.id)
@@ -233,11 +232,7 @@ class ClusterState:
         else:
             self.placed_ids.discard(job.id)
         self._deadline(job)
-        facts = stoppable(job)
-        if facts is None:
-            self.stoppable.pop(job.id, None)
-        else:
-            self.stoppable[job.id] = facts
+        self.victims.update(job)
 
     def _queue_account(self, job: Job, sign: int) -> None:
         """Add (`sign` 1) or remove (-1) what a job record holds and waits for to its

@@ -88,10 +88,17 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_works)
     assert p.stdout is not None
     seen = ""
-    while seen.count("cli-1") < 2:  # two renders (each is flushed), however slow the machine
-        line = p.stdout.readline()
-        assert line, f"--watch ended before rendering twice: {seen!r}"
-        seen += line
+    # Two renders (each is flushed), however slow the machine; a --watch that hangs is
+    # killed after two minutes, which ends the read below with the output so far.
+    deadline = threading.Timer(120, p.kill)
+    deadline.start()
+    try:
+        while seen.count("cli-1") < 2:
+            line = p.stdout.readline()
+            assert line, f"--watch ended (or hung and was killed) before rendering twice: {seen!r}"
+            seen += line
+    finally:
+        deadline.cancel()
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=20)
     assert p.returncode == 0, err

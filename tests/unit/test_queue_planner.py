@@ -226,11 +226,12 @@ def test_fair_share_preemption_evens_out_borrowing_by_weight() -> None:
 
 def _stoppable_kept(state: ClusterState) -> None:
     """The facts the state keeps for searches for victims are the job records' own."""
-    assert state.stoppable == {j.id: f for j in state.jobs.values() if (f := stoppable(j)) is not None}
+    kept = {job_id: (f.started_at, f.size) for job_id, f in state.victims.facts.items()}
+    assert kept == {j.id: f for j in state.jobs.values() if (f := stoppable(j)) is not None}
 
 
 def test_the_state_keeps_which_running_jobs_could_be_stopped() -> None:
-    """ClusterState.stoppable follows each job record (placed, running, stopping,
+    """ClusterState.victims follows each job record (placed, running, stopping,
     requeued), so the victim search reads it instead of every running job's attempts."""
     w = QWorld()
     w.host("h1", gpus=8)
@@ -239,9 +240,10 @@ def test_the_state_keeps_which_running_jobs_could_be_stopped() -> None:
     w.qsubmit("b0", "b", gpus=2, submitted_at=NOW - 1000)
     w.qcycle(now=NOW - 1000)
     _stoppable_kept(w.state)
-    assert "b0" not in w.state.stoppable  # placed, not started: not a victim yet
+    assert "b0" not in w.state.victims.facts  # placed, not started: not a victim yet
     w.qcycle(w.agent_reports(NOW - 990), now=NOW - 990)
-    assert w.state.stoppable["b0"] == (NOW - 990, 2.0)  # since its start, 2 GPUs
+    b0 = w.state.victims.facts["b0"]
+    assert (b0.started_at, b0.size) == (NOW - 990, 2.0)  # since its start, 2 GPUs
     _fill(w, "b", 4, NOW - 900, prefix="bf")  # b borrows 2 of a's 4
     _stoppable_kept(w.state)
     w.qsubmit("a0", "a", gpus=2, submitted_at=NOW - 10)
@@ -249,11 +251,11 @@ def test_the_state_keeps_which_running_jobs_could_be_stopped() -> None:
     plan = w.qcycle(now=NOW)
     assert plan.preempted  # reclaim: b's victims stopping are no longer stoppable
     stopping = {t.job_id for t in w.tasks("h1") if t.stop}
-    assert stopping and not stopping & set(w.state.stoppable)
+    assert stopping and not stopping & set(w.state.victims.facts)
     _stoppable_kept(w.state)
     w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)  # stopped and requeued; a's placed
     _stoppable_kept(w.state)
-    assert not stopping & set(w.state.stoppable)
+    assert not stopping & set(w.state.victims.facts)
 
 
 def test_min_runtime_and_disabled_preemption_protect_running_jobs() -> None:

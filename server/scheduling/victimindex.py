@@ -1,0 +1,117 @@
+"""The running jobs that could be stopped for another, per queue, kept in an order from
+which the cheapest to stop at any moment can be read without looking at the rest.
+
+A victim's cost (preemption.Victim.cost) is its priority, then its runtime times its size
+(GPUs held, or thousandths of its CPUs), which grows with the clock, so no one order of
+all a queue's jobs holds for long. Within one (priority, size) group it does: the later a
+job started, the cheaper it is, whatever the time. Each group is therefore kept sorted by
+start (a SortedList, updated as job records arrive), and a search for victims merges the
+groups' youngest jobs by their cost now, reading only as far as it needs. Building the
+ranking by walking every running job of a queue, each cycle, was most of a cycle's cost
+with 140,000 running jobs and a long backlog (docs/benchmarks.md, "A long queue").
+
+Pure data, no I/O; ClusterState keeps one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sortedcontainers import SortedList
+
+from server.scheduling.preemption import stoppable
+from wire.messages import Job
+
+Cost = tuple[int, float, float, str]  # preemption.Victim.cost
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What ranking a stoppable job needs, whatever the clock (preemption.stoppable)."""
+
+    queue: str
+    priority: int
+    size: float
+    started_at: float
+    submitted_at: float
+
+
+class VictimIndex:
+    def __init__(self) -> None:
+        self.facts: dict[str, Facts] = {}
+        # queue -> (priority, size) -> (started_at, submitted_at, job id), ascending
+        self._groups: dict[str, dict[tuple[int, float], SortedList]] = {}
+
+    def update(self, job: Job) -> None:
+        """A job record arrived: index it if it could be stopped now, else forget it."""
+        known = stoppable(job)
+        if known is None:
+            self.drop(job.id)
+            return
+        facts = Facts(job.spec.queue, job.spec.priority, known[1], known[0], job.submitted_at)
+        old = self.facts.get(job.id)
+        if old == facts:
+            return
+        if old is not None:
+            self._remove(job.id, old)
+        self.facts[job.id] = facts
+        groups = self._groups.setdefault(facts.queue, {})
+        group = groups.get((facts.priority, facts.size))
+        if group is None:
+            group = groups[(facts.priority, facts.size)] = SortedList()
+        group.add((facts.started_at, facts.submitted_at, job.id))
+
+    def drop(self, job_id: str) -> None:
+        old = self.facts.pop(job_id, None)
+        if old is not None:
+            self._remove(job_id, old)
+
+    def _remove(self, job_id: str, old: Facts) -> None:
+        groups = self._groups[old.queue]
+        group = groups[(old.priority, old.size)]
+        group.remove((old.started_at, old.submitted_at, job_id))
+        if not group:
+            del groups[(old.priority, old.size)]
+            if not groups:
+                del self._groups[old.queue]
+
+    def cheapest(self, queue: str, now: float, min_runtime_s: float = 0.0) -> Iterator[tuple[Cost, str]]:
+        """The queue's stoppable jobs that have run at least `min_runtime_s`, cheapest
+        first: (cost, job id), the cost as preemption.Victim.cost has it at `now`.
+        Lazy: each step reads a few more jobs. The index must not change while it is
+        read (a cycle plans without awaiting)."""
+        groups = self._groups.get(queue)
+        if not groups:
+            return iter(())
+        runs = [_group_by_cost(group, prio, size, now, min_runtime_s) for (prio, size), group in groups.items()]
+        if len(runs) == 1:
+            return runs[0]
+        return heapq.merge(*runs, key=lambda x: x[0])
+
+    def __len__(self) -> int:
+        return len(self.facts)
+
+
+def _group_by_cost(group: SortedList, priority: int, size: float, now: float,
+                   min_runtime_s: float) -> Iterator[tuple[Cost, str]]:
+    """One (priority, size) group in cost order: the youngest first. Jobs whose runtimes
+    times the size round to one cost are put in the cost's own order (its later terms)."""
+    # Start at jobs a little younger than the minimum runtime allows; the exact test is below.
+    latest = (now - min_runtime_s + 1.0,)
+    tied: list[tuple[Cost, str]] = []
+    for started, submitted, job_id in group.irange(maximum=latest, reverse=True):
+        ran = now - started
+        if ran < min_runtime_s:
+            continue
+        cost = (priority, ran * size, -submitted, job_id)
+        if tied and tied[0][0][1] != cost[1]:
+            if len(tied) > 1:
+                tied.sort()
+            yield from tied
+            tied = []
+        tied.append((cost, job_id))
+    if len(tied) > 1:
+        tied.sort()
+    yield from tied

@@ -1,0 +1,80 @@
+"""scheduling.victimindex: a queue's stoppable jobs read cheapest first, at any clock and
+minimum runtime, always the order of preemption.Victim.cost over the records afresh."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.preemption import stoppable
+from server.state.cluster import ClusterState
+from tests.factories import job, job_spec
+from wire.messages import Attempt, AttemptState, Job, JobState
+
+
+def afresh(jobs: dict[str, Job], queue: str, now: float, min_runtime_s: float) -> list[tuple[tuple, str]]:
+    """Every stoppable job of `queue` past the minimum runtime, sorted by its cost now."""
+    out = []
+    for j in jobs.values():
+        facts = stoppable(j)
+        if j.spec.queue != queue or facts is None or now - facts[0] < min_runtime_s:
+            continue
+        out.append(((j.spec.priority, (now - facts[0]) * facts[1], -j.submitted_at, j.id), j.id))
+    return sorted(out)
+
+
+def running(i: int, queue: str, prio: int, gpus: int, cpus: float, started: float, submitted: float,
+            state: JobState, stopping: bool) -> Job:
+    att = Attempt(id=f"j{i}.1", number=1, host_id="h1", state=AttemptState.RUNNING, started_at=started,
+                  stop_kind="preempt" if stopping else "")
+    return job(f"j{i}", state=state, submitted_at=submitted, attempts=[att],
+               spec=job_spec(f"j{i}", queue=queue, priority=prio, gpus=gpus, cpus=cpus))
+
+
+# Few distinct values, so that costs tie (equal runtimes x sizes, equal submissions) often;
+# 0.1-step starts and 3-GPU jobs make products that round.
+record = st.builds(
+    running, st.integers(0, 9), st.sampled_from(["a", "b"]), st.integers(0, 1), st.sampled_from([0, 1, 3]),
+    st.sampled_from([1.0, 3.0]), st.sampled_from([0.1, 0.2, 0.30000000000000004, 0.3, 1.7, 5.0, 5.0, 9.9]),
+    st.sampled_from([1.0, 2.0, 2.0]),
+    st.sampled_from([JobState.RUNNING, JobState.RUNNING, JobState.RUNNING, JobState.QUEUED, JobState.SUCCEEDED]),
+    st.booleans())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(record, st.integers(0, 9)), max_size=40),
+       st.sampled_from([10.0, 10.3, 12.0, 1e9]), st.sampled_from([0.0, 0.0, 2.0, 8.3, 9.8]))
+def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: float, min_runtime_s: float) -> None:
+    """Records set (a job) and dropped (an index) in any order, a job's queue, priority,
+    size, start and state changing between its records."""
+    state = ClusterState()
+    for step in steps:
+        if isinstance(step, Job):
+            state._set_job(step)
+        else:
+            state._drop_job(f"j{step}")
+    for q in ("a", "b"):
+        assert list(state.victims.cheapest(q, now, min_runtime_s)) == afresh(state.jobs, q, now, min_runtime_s)
+    assert set(state.victims.facts) == {j.id for j in state.jobs.values() if stoppable(j) is not None}
+
+
+def test_ties_in_runtime_times_size_go_in_the_cost_order() -> None:
+    """Equal starts and submissions: the job id decides, lowest first, also in the middle
+    of a group (the start order alone would put the highest id first)."""
+    state = ClusterState()
+    for i, started in ((1, 5.0), (2, 5.0), (3, 1.0), (4, 5.0)):
+        state._set_job(running(i, "a", 0, 1, 1.0, started, 2.0, JobState.RUNNING, False))
+    assert [job_id for _, job_id in state.victims.cheapest("a", 10.0)] == ["j1", "j2", "j4", "j3"]
+
+
+def test_reading_stops_where_the_reader_stops() -> None:
+    """The first victims are read without ranking the rest: a queue of 10,000 running jobs
+    of one size is read one job at a time, youngest first."""
+    state = ClusterState()
+    for i in range(10_000):
+        state._set_job(running(i, "a", 0, 1, 1.0, float(i), 1.0, JobState.RUNNING, False))
+    ranked = state.victims.cheapest("a", 20_000.0)
+    assert [job_id for _, job_id in (next(ranked), next(ranked))] == ["j9999", "j9998"]
+    # Past the minimum runtime only: jobs started after 20,000 - 15,000 are left out.
+    assert next(state.victims.cheapest("a", 20_000.0, 15_000.0))[1] == "j5000"
+    assert list(state.victims.cheapest("nope", 20_000.0)) == []
