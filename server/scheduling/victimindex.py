@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sortedcontainers import SortedList
 
@@ -27,8 +27,7 @@ from wire.messages import Job
 Cost = tuple[int, float, float, str]  # preemption.Victim.cost
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
+class Facts(NamedTuple):
     """What ranking a stoppable job needs, whatever the clock (preemption.stoppable)."""
 
     queue: str
