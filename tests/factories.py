@@ -10,7 +10,7 @@ called twice with the same arguments makes equal objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.scheduling.placement import HostCapacity
 from wire.messages import (
@@ -27,6 +27,9 @@ from wire.messages import (
     shape_digest,
 )
 from wire.records import Record
+
+if TYPE_CHECKING:
+    from server.state.cluster import ClusterState
 
 T0 = 1_000_000.0  # the time of everything a test does not date itself
 
@@ -116,6 +119,15 @@ def job(
     `not_before`, `pending_reasons`, ...) may be given."""
     return Job(id=job_id, spec=spec if spec is not None else job_spec(job_id), state=state,
                submitted_at=submitted_at, updated_at=submitted_at if updated_at is None else updated_at, **fields)
+
+
+def set_or_drop(state: ClusterState, step: Job | int) -> None:
+    """One step of a property over a sequence of job records: a record applied to `state`
+    (a Job), or job `j<step>` dropped from it (an int)."""
+    if isinstance(step, Job):
+        state._set_job(step)
+    else:
+        state._drop_job(f"j{step}")
 
 
 def task(

@@ -7,7 +7,9 @@ back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,6 +19,7 @@ from server.history.writerlease import lease_key
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
 from tests.integration.postgres import (  # noqa: F401 - fixtures
+    PostgresServer,
     crash_postgres,
     find_pg_bin,
     postgres_server,
@@ -37,6 +40,25 @@ async def _put_job(store: Store, jid: str) -> None:
     job = Job(id=jid, spec=JobSpec(name=jid, command=["x"]), state=JobState.QUEUED, submitted_at=1.0,
               updated_at=1.0)
     await store.put(subjects.job_key(jid), encode(job))
+
+
+@contextlib.asynccontextmanager
+async def _own_postgres(nats_url: str) -> AsyncIterator[tuple[PostgresServer, Store]]:
+    """A PostgreSQL server of the test's own (to crash or freeze), and a store on NATS with
+    the streams created; both gone afterwards."""
+    bindir = find_pg_bin()
+    assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
+    pg = start_postgres(bindir)
+    try:
+        nc = await connect(nats_url, name="test")
+        try:
+            store = Store(nc)
+            await ensure_streams(store)
+            yield pg, store
+        finally:
+            await nc.close()
+    finally:
+        stop_postgres(pg)
 
 
 async def _until(check, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
@@ -105,37 +127,29 @@ async def test_a_historian_that_starts_while_postgresql_is_down_writes_once_it_i
     # The takeover in test_topology: the writer's replica is killed, and PostgreSQL is down
     # when the other historian takes the lease and checks the schema.
     caplog.set_level(logging.INFO, logger="server.history.historian")
-    bindir = find_pg_bin()
-    assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
-    pg = start_postgres(bindir)
-    nc = await connect(nats_url, name="test")
-    store = Store(nc)
-    await ensure_streams(store)
-    stop = asyncio.Event()
-    task: asyncio.Task[None] | None = None
-    try:
-        crash_postgres(pg)
-        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
-        await _until(lambda: caplog.text.count(RESTARTS) >= 2)  # tried, and tried again
-        assert not task.done()
-        await _put_job(store, "j1")
-        await asyncio.to_thread(restart_postgres, pg)
-        history = History(pg.url)
+    async with _own_postgres(nats_url) as (pg, store):
+        stop = asyncio.Event()
+        task: asyncio.Task[None] | None = None
         try:
-            await _until(lambda: history.get_job("j1") is not None)
+            crash_postgres(pg)
+            task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
+            await _until(lambda: caplog.text.count(RESTARTS) >= 2)  # tried, and tried again
+            assert not task.done()
+            await _put_job(store, "j1")
+            await asyncio.to_thread(restart_postgres, pg)
+            history = History(pg.url)
+            try:
+                await _until(lambda: history.get_job("j1") is not None)
+            finally:
+                history.close()
+            assert caplog.text.count(WRITES) == 1  # the lease was kept throughout
         finally:
-            history.close()
-        assert caplog.text.count(WRITES) == 1  # the lease was kept throughout
-    finally:
-        stop.set()
-        if task is not None:
-            await task
-        await nc.close()
-        stop_postgres(pg)
+            stop.set()
+            if task is not None:
+                await task
 
 
-async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(
-        nats_url: str, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(nats_url: str) -> None:
     """PostgreSQL frozen (SIGSTOP on every one of its processes): the writer's last flush
     hangs, yet the lease is already free for the next writer; once PostgreSQL runs again
     the flush ends and the stopped writer's last job is in the database."""
@@ -144,46 +158,38 @@ async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(
 
     import psutil
 
-    caplog.set_level(logging.INFO, logger="server.history.historian")
-    bindir = find_pg_bin()
-    assert bindir is not None, "PostgreSQL binaries not found (CI installs them)"
-    pg = start_postgres(bindir)
-    nc = await connect(nats_url, name="test")
-    store = Store(nc)
-    await ensure_streams(store)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
-    frozen: list[psutil.Process] = []
-    history = History(pg.url)
-    try:
-        await _put_job(store, "j1")
-        await _until(lambda: history.get_job("j1") is not None)
-        assert (await store.get(lease_key(pg.url))).value
-        pid = pg.postmaster_pid()
-        assert pid is not None
-        postmaster = psutil.Process(pid)
-        frozen = [postmaster, *postmaster.children(recursive=True)]
-        for proc in frozen:
-            os.kill(proc.pid, signal.SIGSTOP)
-        await _put_job(store, "j2")
-        stop.set()
-
-        async def released() -> bool:  # given up (an empty value), not expired (no value)
-            return (await store.get(lease_key(pg.url))).value == b""
-
-        await eventually(released, timeout=60, what="the lease given up")
-        assert not task.done()  # still in its last flush, held by the frozen database
-    finally:
-        for proc in frozen:
-            os.kill(proc.pid, signal.SIGCONT)
-        stop.set()
-        await asyncio.wait_for(task, timeout=120)
+    async with _own_postgres(nats_url) as (pg, store):
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
+        frozen: list[psutil.Process] = []
+        history = History(pg.url)
         try:
-            assert history.get_job("j2") is not None
+            await _put_job(store, "j1")
+            await _until(lambda: history.get_job("j1") is not None)
+            assert (await store.get(lease_key(pg.url))).value
+            pid = pg.postmaster_pid()
+            assert pid is not None
+            postmaster = psutil.Process(pid)
+            frozen = [postmaster, *postmaster.children(recursive=True)]
+            for proc in frozen:
+                os.kill(proc.pid, signal.SIGSTOP)
+            await _put_job(store, "j2")
+            stop.set()
+
+            async def released() -> bool:  # given up (an empty value), not expired (no value)
+                return (await store.get(lease_key(pg.url))).value == b""
+
+            await eventually(released, timeout=60, what="the lease given up")
+            assert not task.done()  # still in its last flush, held by the frozen database
         finally:
-            history.close()
-            await nc.close()
-            stop_postgres(pg)
+            for proc in frozen:
+                os.kill(proc.pid, signal.SIGCONT)
+            stop.set()
+            await asyncio.wait_for(task, timeout=120)
+            try:
+                assert history.get_job("j2") is not None
+            finally:
+                history.close()
 
 
 @pytest.mark.timeout(360)

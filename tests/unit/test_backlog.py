@@ -12,7 +12,7 @@ from server.scheduling.backlog import Backlog
 from server.scheduling.fairshare import order_key
 from server.scheduling.queues import job_size
 from server.state.cluster import ClusterState
-from tests.factories import job, job_spec
+from tests.factories import job, job_spec, set_or_drop
 from wire.messages import Job, JobState
 
 
@@ -57,10 +57,7 @@ def test_the_backlog_equals_the_records_worked_out_afresh(steps: list) -> None:
     queue, size, models and `preempting` changing between its records."""
     state = ClusterState()
     for step in steps:
-        if isinstance(step, Job):
-            state._set_job(step)
-        else:
-            state._drop_job(f"j{step}")
+        set_or_drop(state, step)
         assert held(state.backlog) == afresh(state.jobs)
     assert len(state.backlog) == len(state.queued_ids)
 

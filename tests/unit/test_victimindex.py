@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from server.scheduling.preemption import stoppable
 from server.state.cluster import ClusterState
-from tests.factories import job, job_spec
+from tests.factories import job, job_spec, set_or_drop
 from wire.messages import Attempt, AttemptState, Job, JobState
 
 
@@ -49,10 +49,7 @@ def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: floa
     size, start and state changing between its records."""
     state = ClusterState()
     for step in steps:
-        if isinstance(step, Job):
-            state._set_job(step)
-        else:
-            state._drop_job(f"j{step}")
+        set_or_drop(state, step)
     for q in ("a", "b"):
         assert list(state.victims.cheapest(q, now, min_runtime_s)) == afresh(state.jobs, q, now, min_runtime_s)
     assert set(state.victims.facts) == {j.id for j in state.jobs.values() if stoppable(j) is not None}
