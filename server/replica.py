@@ -35,8 +35,18 @@ from server.views.hosts import HostTable
 from server.views.jobs import JobView
 from server.views.queues import rows as queue_rows
 from wire import subjects
-from wire.errors import ConfigError, ConflictError, Forbidden, InvalidInput, NotFound, StoreError, ValidationError
-from wire.kv import Store, Watch, Write, connect
+from wire.errors import (
+    ConfigError,
+    ConflictError,
+    FencedError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    RejectedError,
+    StoreError,
+    ValidationError,
+)
+from wire.kv import CommitResult, Store, Watch, Write, connect
 from wire.messages import (
     DEFAULT_QUEUE,
     Command,
@@ -54,6 +64,11 @@ from wire.stopping import pause
 from wire.validation import validate_job, validate_queue, validate_reason
 
 log = logging.getLogger(__name__)
+
+# A submission NATS cannot take (a stream electing its leader: 5-10 s) is tried again for
+# this long (wire.kv.Store.create, Store.commit), so a client waits at most this plus one
+# store timeout (5 s) for its answer.
+SUBMIT_RETRY_S = 10.0
 
 
 @dataclass
@@ -398,7 +413,14 @@ class Muster:
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
         assert self.store is not None
-        rev = await self.store.put(subjects.job_key(job.id), encode(job), expected=0, msg_id=job.id)
+        try:
+            # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
+            rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
+        except ConflictError:
+            raise
+        except StoreError as exc:
+            raise StoreError(f"job {job.id} not stored ({exc}); it may have been: look it up before "
+                             "submitting it again") from exc
         self.state.apply_job(job, rev)
         metrics.SUBMISSIONS.inc()
         return job
@@ -430,12 +452,24 @@ class Muster:
         # refused as a duplicate.
         for i in range(0, len(jobs), 1000):
             chunk = jobs[i : i + 1000]
-            res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk])
+            res = await self._commit_new_jobs(chunk)
             if not res.duplicate:
                 for j in chunk:
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
+
+    async def _commit_new_jobs(self, jobs: list[Job]) -> CommitResult:
+        """New jobs' records in one atomic batch, tried again while NATS cannot take it."""
+        assert self.store is not None
+        try:
+            return await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in jobs],
+                                           within_s=SUBMIT_RETRY_S)
+        except (ConflictError, FencedError, RejectedError):
+            raise
+        except StoreError as exc:
+            raise StoreError(f"{len(jobs)} jobs not stored ({exc}); they may have been (the first is "
+                             f"{jobs[0].id}): look them up before submitting them again") from exc
 
     # ------------------------------------------------------------ queues
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -207,6 +208,35 @@ class Store:
             raise StoreError(f"write {key}: {exc}") from exc
         return int(ack.seq)
 
+    async def create(self, key: str, value: bytes, *, within_s: float = 0.0, every_s: float = 0.5,
+                     bucket: str = subjects.STATE_BUCKET) -> int:
+        """Write a key that must not exist yet (a fresh id); returns its revision. While
+        NATS cannot take the write (a stream electing its leader, a node lost) it is tried
+        again every `every_s` for up to `within_s`. A try whose outcome was unknown may have
+        been stored: the next then finds the key taken (NATS checks the expected revision
+        before the message id) and reads it back, so the key is written once and the
+        caller told so. ConflictError when the key holds something else."""
+        deadline = time.monotonic() + within_s
+        unknown = False
+        while True:
+            try:
+                try:
+                    return await self.put(key, value, expected=0, bucket=bucket)
+                except ConflictError:
+                    if not unknown:
+                        raise
+                    rec = await self.get(key, bucket)  # a StoreError here: tried again below
+                    if rec.value == value:
+                        return rec.revision
+                    raise
+            except ConflictError:
+                raise
+            except StoreError:
+                unknown = True
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(every_s)
+
     async def delete(self, key: str, *, expected: int | None = None, bucket: str = subjects.STATE_BUCKET) -> int:
         """Delete a key (a delete marker), optionally revision-checked. Returns its revision."""
         headers = {"KV-Operation": "DEL"}
@@ -227,12 +257,30 @@ class Store:
         writes: list[Write],
         fence: Fence | None = None,
         bucket: str = subjects.STATE_BUCKET,
+        *,
+        within_s: float = 0.0,
+        every_s: float = 0.5,
     ) -> CommitResult:
         """Apply `writes` (and the fence check) as one atomic batch: all or nothing.
 
         Raises ConflictError when a revision check failed (FencedError when the
-        leadership term moved on), StoreError when the outcome is unknown. A retry
-        with the same writes is made idempotent by per-message Nats-Msg-Id."""
+        leadership term moved on), RejectedError when NATS refused the batch itself,
+        StoreError when the outcome is unknown or NATS could not take it. A retry with
+        the same writes is made idempotent by per-message Nats-Msg-Id; with `within_s`
+        the last kind is tried again every `every_s` for up to that long (a stream
+        electing its leader), and a try that was applied makes the next a duplicate."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await self._commit_once(writes, fence, bucket)
+            except (ConflictError, FencedError, RejectedError):
+                raise
+            except StoreError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(every_s)
+
+    async def _commit_once(self, writes: list[Write], fence: Fence | None, bucket: str) -> CommitResult:
         if not writes:
             return CommitResult()
         if len(writes) + (1 if fence else 0) > MAX_BATCH + 1:

@@ -14,7 +14,7 @@ from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
 from wire import subjects
-from wire.errors import ConflictError, FencedError
+from wire.errors import ConflictError, FencedError, StoreError
 from wire.kv import Store, Write, connect
 from wire.records import Record
 
@@ -331,3 +331,50 @@ async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(sto
     finally:
         await writer.close()
         await w.stop()
+
+
+async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """nats-server frozen (SIGSTOP) for longer than a write's timeout: `create` and
+    `commit(within_s=...)` try again until it answers. The tries sent while it was frozen
+    reach it when it runs again, so the first of them is what gets stored; the caller is
+    still told of success, and each record is stored once."""
+    import os
+    import signal
+
+    from server.broker.natsd import start_nats
+
+    natsd = start_nats(tmp_path / "n", port=0)
+    nc = await connect(natsd.url, name="test")
+    try:
+        store = Store(nc, timeout=1.0)
+        await ensure_streams(store)
+        os.kill(natsd.proc.pid, signal.SIGSTOP)
+        try:
+            created = asyncio.create_task(store.create("job.c1", b"C1", within_s=120, every_s=0.2))
+            committed = asyncio.create_task(store.commit(
+                [Write("job.c2", b"C2", expected=0), Write("job.c3", b"C3", expected=0)], within_s=120, every_s=0.2))
+            await asyncio.sleep(2.5)  # at least two tries of each have timed out
+            assert not created.done() and not committed.done()
+        finally:
+            os.kill(natsd.proc.pid, signal.SIGCONT)
+        rev = await asyncio.wait_for(created, timeout=120)
+        res = await asyncio.wait_for(committed, timeout=120)
+        assert await store.get("job.c1") == Record("job.c1", rev, b"C1")
+        for key, value in (("job.c2", b"C2"), ("job.c3", b"C3")):
+            rec = await store.get(key)
+            assert rec.value == value and (res.duplicate or res.revisions[key] == rec.revision)
+        info = await store.js.stream_info(subjects.STATE_STREAM, subjects_filter="$KV.state.job.>")
+        assert info.state.subjects == {"$KV.state.job.c1": 1, "$KV.state.job.c2": 1, "$KV.state.job.c3": 1}
+        # Without a retry window a write NATS cannot take fails at once, as before.
+        os.kill(natsd.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreError):
+                await store.create("job.c4", b"C4")
+        finally:
+            os.kill(natsd.proc.pid, signal.SIGCONT)
+        # A key that holds something else is a conflict, retried or not.
+        with pytest.raises(ConflictError):
+            await store.create("job.c1", b"other", within_s=5)
+    finally:
+        await nc.close()
+        natsd.stop()
