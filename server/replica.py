@@ -416,7 +416,7 @@ class Muster:
         try:
             # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
             rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
-        except ConflictError:
+        except (ConflictError, RejectedError):
             raise
         except StoreError as exc:
             raise StoreError(f"job {job.id} not stored ({exc}); it may have been: look it up before "

@@ -229,8 +229,8 @@ class Store:
                     if rec.value == value:
                         return rec.revision
                     raise
-            except ConflictError:
-                raise
+            except (ConflictError, RejectedError):
+                raise  # taken, or a record NATS refuses: trying again would not change it
             except StoreError:
                 unknown = True
                 if time.monotonic() >= deadline:

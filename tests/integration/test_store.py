@@ -14,7 +14,7 @@ from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
 from wire import subjects
-from wire.errors import ConflictError, FencedError, StoreError
+from wire.errors import ConflictError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write, connect
 from wire.records import Record
 
@@ -264,7 +264,8 @@ async def test_pull_feed_says_how_far_the_stream_has_been_handed_over(store: Sto
     assert any(n < 300 and r > 0 for r, n in seen)  # it was read while still being written
     for read_to, n in seen:
         assert sum(1 for t in handed if t < read_to) <= n, (read_to, n)
-    assert feed.read_to >= handed[-1]
+    # The last message's callback may still be in its sleep: read_to moves when it returns.
+    await eventually(lambda: feed.read_to >= handed[-1], timeout=10, what="read_to past the last message")
     await eventually(lambda: feed.read_to >= last, timeout=10, what="read_to moved by an expired request")
     stop.set()
     await asyncio.wait_for(task, timeout=5)
@@ -372,9 +373,12 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(tmp
                 await store.create("job.c4", b"C4")
         finally:
             os.kill(natsd.proc.pid, signal.SIGCONT)
-        # A key that holds something else is a conflict, retried or not.
+        # A key that holds something else is a conflict, and a record NATS refuses (past its
+        # max_payload) is refused: at once, not tried again for the window (120 s here).
         with pytest.raises(ConflictError):
-            await store.create("job.c1", b"other", within_s=5)
+            await asyncio.wait_for(store.create("job.c1", b"other", within_s=120), timeout=60)
+        with pytest.raises(RejectedError):
+            await asyncio.wait_for(store.create("job.big", b"x" * (nc.max_payload + 1), within_s=120), timeout=60)
     finally:
         await nc.close()
         natsd.stop()
