@@ -700,10 +700,11 @@ class Bench(Processes):
         await asyncio.sleep(1.5)
         ended_now = ended_jobs(self.metrics[-1][1]) if self.metrics else None
         if ended_at_start is not None and ended_now is not None:
-            if len(lag.lag) < ended_now - ended_at_start:
-                print(f"waiting for the history database: {len(lag.lag)} of {ended_now - ended_at_start} "
-                      "ended jobs' rows read", flush=True)
-            await lag.catch_up(ended_now - ended_at_start, a.history_wait)
+            expected = ended_now - ended_at_start
+            if len(lag.lag) < expected:
+                print(f"waiting for the history database: {len(lag.lag)} of {expected} ended jobs' rows read",
+                      flush=True)
+            await lag.catch_up(expected, a.history_wait)
         stop_lag.set()
         await lag_task
         self.history_lag = await asyncio.to_thread(lag.finish)

@@ -4,11 +4,13 @@ the operations the API and console call. `Muster.start()` / `Muster.shutdown()`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from wire.errors import (
     StoreError,
     ValidationError,
 )
-from wire.kv import CommitResult, Store, Watch, Write, connect
+from wire.kv import Store, Watch, Write, connect
 from wire.messages import (
     DEFAULT_QUEUE,
     Command,
@@ -69,6 +71,19 @@ log = logging.getLogger(__name__)
 # this long (wire.kv.Store.create, Store.commit), so a client waits at most this plus one
 # store timeout (5 s) for its answer.
 SUBMIT_RETRY_S = 10.0
+
+
+@contextlib.contextmanager
+def _maybe_stored(what: str) -> Iterator[None]:
+    """A new record's write whose outcome stayed unknown past SUBMIT_RETRY_S: say which,
+    and that it may have been stored. A definite refusal (taken, fenced, too large) passes."""
+    try:
+        yield
+    except (ConflictError, FencedError, RejectedError):
+        raise
+    except StoreError as exc:
+        raise StoreError(f"{what} not stored ({exc}); it may have been: look it up before submitting "
+                         "again") from exc
 
 
 @dataclass
@@ -413,14 +428,9 @@ class Muster:
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
         assert self.store is not None
-        try:
+        with _maybe_stored(f"job {job.id}"):
             # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
             rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
-        except (ConflictError, RejectedError):
-            raise
-        except StoreError as exc:
-            raise StoreError(f"job {job.id} not stored ({exc}); it may have been: look it up before "
-                             "submitting it again") from exc
         self.state.apply_job(job, rev)
         metrics.SUBMISSIONS.inc()
         return job
@@ -452,24 +462,14 @@ class Muster:
         # refused as a duplicate.
         for i in range(0, len(jobs), 1000):
             chunk = jobs[i : i + 1000]
-            res = await self._commit_new_jobs(chunk)
+            with _maybe_stored(f"{len(chunk)} jobs (the first {chunk[0].id})"):
+                res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk],
+                                              within_s=SUBMIT_RETRY_S)
             if not res.duplicate:
                 for j in chunk:
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
-
-    async def _commit_new_jobs(self, jobs: list[Job]) -> CommitResult:
-        """New jobs' records in one atomic batch, tried again while NATS cannot take it."""
-        assert self.store is not None
-        try:
-            return await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in jobs],
-                                           within_s=SUBMIT_RETRY_S)
-        except (ConflictError, FencedError, RejectedError):
-            raise
-        except StoreError as exc:
-            raise StoreError(f"{len(jobs)} jobs not stored ({exc}); they may have been (the first is "
-                             f"{jobs[0].id}): look them up before submitting them again") from exc
 
     # ------------------------------------------------------------ queues
 

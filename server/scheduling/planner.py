@@ -879,14 +879,14 @@ def place_queued(
     # The queued jobs: each queue's in its order as the state keeps it (scheduling.backlog),
     # with this cycle's changes (jobs it requeued or took out of the queue).
     state, backlog, changed = w.state, w.state.backlog, w.plan.jobs
+    jobs = state.jobs
     by_queue: dict[str, list[Job]] = {}
     for qn, keys in backlog.order.items():
-        jobs = state.jobs
         if changed:
             by_queue[qn] = [jobs[k[2]] for k in keys if k[2] not in changed]
         else:
             by_queue[qn] = [jobs[k[2]] for k in keys]
-    preempting = [state.jobs[i] for i in backlog.preempting if i not in changed]
+    preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():
         if j.state is JobState.QUEUED:

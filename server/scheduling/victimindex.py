@@ -89,9 +89,6 @@ class VictimIndex:
             return runs[0]
         return heapq.merge(*runs, key=lambda x: x[0])
 
-    def __len__(self) -> int:
-        return len(self.facts)
-
 
 def _group_by_cost(group: SortedList, priority: int, size: float, now: float,
                    min_runtime_s: float) -> Iterator[tuple[Cost, str]]:
