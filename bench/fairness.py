@@ -338,6 +338,11 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     delivered = lost = 0.0
     preempted = 0
     by: dict[str, dict[str, float]] = {}  # "<kind> by <queue> from <victims' queue>"
+    # Whether the stop came within the goal window after its preempting queue's arrival
+    # (one grace plus one cycle: the reclaim the goal asks for) or later (churn).
+    arrived = {t.name: t.start_s for t in sim.tenants}
+    window = args.grace + args.cycle
+    by_window: dict[str, dict[str, float]] = {k: {"tries": 0, "gpu_s_lost": 0.0} for k in ("arrival", "later")}
     delays = []
     for job in sim.state.jobs.values():
         for a in job.attempts:
@@ -359,6 +364,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                 b["gpus"] += len(a.gpu_indices)
                 b["gpu_s_lost"] += wasted
                 b["gpu_s_run"] += ran
+                stopped = a.stop_at if a.stop_at is not None else now
+                w = by_window["arrival" if m and stopped - arrived.get(m.group(2), -1e9) <= window else "later"]
+                w["tries"] += 1
+                w["gpu_s_lost"] += wasted
         if job.id in sim.placed_at:
             delays.append(sim.placed_at[job.id] - job.submitted_at)
     twice = [j for j, k in sim.ends.items() if k > 1]
@@ -385,6 +394,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                                   "gpu_s_lost": round(v["gpu_s_lost"], 1),
                                   "mean_runtime_s": round(v["gpu_s_run"] / v["gpus"], 1) if v["gpus"] else 0.0}
                               for k, v in sorted(by.items())},
+                       # Stopped within one grace plus one cycle of the preempting queue's
+                       # arrival, or later.
+                       "by_window": {k: {"tries": int(v["tries"]), "gpu_s_lost": round(v["gpu_s_lost"], 1)}
+                                     for k, v in by_window.items()},
                        "jobs_keeping_checkpoints": len(sim.keeps),
                        # What reclaim within the goal must lose at each later queue's arrival
                        # with no checkpoints (Simulation.loss_lower_bound), and its share.

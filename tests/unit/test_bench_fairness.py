@@ -27,6 +27,11 @@ def test_small_fairness_run_is_correct() -> None:
         m = re.fullmatch(r"(reclaim|priority|fair-share) by (t\d) from (t\d)", key)
         assert m is not None, key
         assert (m.group(2) == m.group(3)) == (m.group(1) == "priority"), key  # reclaim takes from others
+    # So does the split by when the stop came (within the goal window of the arrival, or later).
+    window = rep["preemption"]["by_window"]
+    assert sum(v["tries"] for v in window.values()) == rep["preemption"]["preempted_tries"]
+    assert abs(sum(v["gpu_s_lost"] for v in window.values()) - rep["preemption"]["gpu_s_lost"]) < 1
+    assert window["arrival"]["tries"] > 0  # the later queues reclaimed on arriving
     assert set(rep["time_to_90pct_entitled_s"]) == {"t0", "t1", "t2"}
 
 
