@@ -19,6 +19,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 
 from wire.messages import Attempt, AttemptState, Job, JobSpec, Task
@@ -80,13 +81,16 @@ def text_limits(spec: JobSpec) -> tuple[int, int]:
     return tail, reason
 
 
-def _worst_attempt(spec: JobSpec) -> Attempt:
-    return Attempt(id=f"{_JOB_ID}.{spec.max_attempts}.{spec.replicas - 1}", number=spec.max_attempts,
-                   task=spec.replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * max(spec.gpus, 1),
-                   gpu_share=999 if spec.gpu_share else 0, mig=["u" * 96] if spec.mig_profile else [],
-                   state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
-                   started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31), stop_kind="preempt",
-                   stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64)
+@functools.lru_cache(maxsize=1024)
+def _worst_attempt_bytes(max_attempts: int, replicas: int, gpus: int, shared: bool, mig: bool) -> int:
+    """The encoded size of the largest attempt entry a job of this shape can hold (the
+    same for every job of the shape: worked out once per shape)."""
+    return len(Attempt(id=f"{_JOB_ID}.{max_attempts}.{replicas - 1}", number=max_attempts,
+                       task=replicas - 1, host_id=_HOST_ID, gpu_indices=[63] * max(gpus, 1),
+                       gpu_share=999 if shared else 0, mig=["u" * 96] if mig else [],
+                       state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
+                       started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31), stop_kind="preempt",
+                       stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64).to_json())
 
 
 def job_record_bound(spec: JobSpec) -> int:
@@ -95,7 +99,8 @@ def job_record_bound(spec: JobSpec) -> int:
     tail, reason = text_limits(spec)
     base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
                preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
-    per_attempt = len(_worst_attempt(spec).to_json()) + 1 + tail + reason
+    per_attempt = _worst_attempt_bytes(spec.max_attempts, spec.replicas, spec.gpus, bool(spec.gpu_share),
+                                       bool(spec.mig_profile)) + 1 + tail + reason
     return len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + attempts_bound(spec) * per_attempt
 
 
@@ -136,10 +141,10 @@ def check_spec(spec: JobSpec) -> list[tuple[str, str]]:
             f"tasks, with its command and environment), {job_bytes - RECORD_BUDGET:,} bytes over the "
             f"{RECORD_BUDGET:,}-byte limit of a job record: fewer tries or tasks, or a smaller command and "
             f"environment")))
-    task_bytes = task_record_bound(spec) + ALLOC_RECORD_OVERHEAD
-    if task_bytes > RECORD_BUDGET:
+    assignment = task_bytes(spec) + ALLOC_RECORD_OVERHEAD
+    if assignment > RECORD_BUDGET:
         problems.append(("env", (
-            f"one task's assignment (its command and environment) takes {task_bytes:,} bytes, "
-            f"{task_bytes - RECORD_BUDGET:,} bytes over the {RECORD_BUDGET:,}-byte limit of a host's "
+            f"one task's assignment (its command and environment) takes {assignment:,} bytes, "
+            f"{assignment - RECORD_BUDGET:,} bytes over the {RECORD_BUDGET:,}-byte limit of a host's "
             f"assignment record")))
     return problems

@@ -7,6 +7,7 @@ import enum
 
 import strawberry
 
+from server.api.graphql.conversion import plan_once
 from server.api.graphql.types import JobState
 
 
@@ -16,6 +17,7 @@ class OnDisconnect(enum.Enum):
     KEEP_RUNNING = "KEEP_RUNNING"
 
 
+@plan_once
 @strawberry.input
 class SubmitJobInput:
     name: str
