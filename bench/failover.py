@@ -63,7 +63,7 @@ async def submit_load(url: str, rate: float, duration: float, submitted: dict[st
             jobs = [{"name": f"fo-{n + i}", "command": ["true"], "gpus": 0, "cpus": 0.01, "memory_mb": 1}
                     for i in range(due)]
             try:
-                for jid in await submit_over_nats(js, jobs, user="bench"):
+                for jid in await submit_over_nats(js, jobs, user="bench", within_s=0):
                     submitted[jid] = ts
                 n += due
             except Exception:  # noqa: BLE001 - NATS leader change: try again next tick

@@ -284,7 +284,7 @@ class Bench(Processes):
         if self.args.submit_via == "nats":
             jobs = [{**j.nats_input(), "id": new_id("j")} for j in batch]
             try:
-                ids = await submit_over_nats(self.js, jobs, user="bench")
+                ids = await submit_over_nats(self.js, jobs, user="bench", within_s=0)
                 for jid, req in zip(ids, batch, strict=True):
                     self.record_submitted(jid, ts, req)
             except Exception as exc:  # noqa: BLE001 - sent again by a task of its own (the load is open-loop)
@@ -322,7 +322,7 @@ class Bench(Processes):
             while time.time() < deadline:
                 await asyncio.sleep(1.0)
                 try:
-                    ids = await submit_over_nats(self.js, jobs, user="bench")
+                    ids = await submit_over_nats(self.js, jobs, user="bench", within_s=0)
                 except Exception:  # noqa: BLE001 - next second
                     continue
                 for jid, req in zip(ids, batch, strict=True):

@@ -6,22 +6,37 @@ Each job gets a client-chosen id before it is sent, so the publish can be retrie
 safely: the stream deduplicates the message (Nats-Msg-Id) and the leader never creates
 a job id twice. The publish is acknowledged once the batch is stored durably; the jobs
 appear as QUEUED (or already PLACED) records on the leader's next cycle.
+
+While NATS cannot take the publish (the submission stream electing a leader after a
+node was lost: no responders, a timeout, 503) it is sent again every `every_s` for up to
+`within_s` (RETRY_S, 10 s, by default, as the API waits out an election): a try that was
+stored although its answer was lost makes the next a duplicate, acknowledged as stored.
+A refusal that a retry cannot change (past `max_payload`, another JetStream error) is
+raised at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
 
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError, ServiceUnavailableError
+
 from wire import subjects
 from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
+RETRY_S = 10.0
 
-async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nats", timeout: float = 10) -> list[str]:
+
+async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nats", timeout: float = 10, *,
+                           within_s: float = RETRY_S, every_s: float = 0.5) -> list[str]:
     """Publish `jobs` on `muster.submit.<user>`, in messages of at most MAX_SUBMIT_JOBS
     jobs; returns their ids. Each message carries a Nats-Msg-Id derived from its job ids,
-    so publishing the same jobs again (a retry after a lost ack) creates nothing twice."""
+    so publishing the same jobs again (a retry after a lost ack) creates nothing twice;
+    a message NATS cannot take is sent again for up to `within_s` (0: raised at once)."""
     jobs = [dict(j) for j in jobs]
     for j in jobs:
         j.setdefault("id", new_id("j"))
@@ -29,6 +44,25 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nat
         chunk = jobs[i : i + MAX_SUBMIT_JOBS]
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
         msg_id = hashlib.sha256("\x1f".join(str(j["id"]) for j in chunk).encode()).hexdigest()[:32]
-        await js.publish(f"{subjects.SUBMIT_PREFIX}.{user}", encode(req), headers={"Nats-Msg-Id": msg_id},
-                         timeout=timeout)
+        await _publish(js, f"{subjects.SUBMIT_PREFIX}.{user}", encode(req), msg_id, timeout, within_s, every_s)
     return [str(j["id"]) for j in jobs]
+
+
+async def _publish(js: Any, subject: str, payload: bytes, msg_id: str, timeout: float, within_s: float,
+                   every_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
+            return
+        except MaxPayloadError:
+            raise
+        except APIError as exc:
+            if not isinstance(exc, ServiceUnavailableError) and exc.code != 503:
+                raise  # refused by the stream: sending it again would not change that
+            if time.monotonic() >= deadline:
+                raise
+        except Exception:  # noqa: BLE001 - no responders, a timeout, a lost connection: NATS may take it later
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(every_s)

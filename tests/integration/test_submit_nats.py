@@ -68,3 +68,54 @@ def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: C
     wait_until(lambda: api.job(later[0]), timeout=60, what="the job sent after the big batch")
     wait_until(lambda: api.q("{ cluster { jobs { queued } } }")["cluster"]["jobs"]["queued"] == n + 1,
                timeout=60, what="every job queued")
+
+
+async def test_a_submission_rides_out_a_nats_server_that_stops_answering(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """nats-server frozen (SIGSTOP) for longer than a publish's timeout, as while the
+    submission stream elects a leader: `submit_over_nats` sends the batch again until it
+    answers, and the stream stores it once (the tries that waited in the socket are
+    duplicates of the first). Without a retry window it fails at once; a batch NATS
+    refuses (past max_payload) is refused at once, not tried again for the window."""
+    import os
+    import signal
+
+    import pytest
+    from nats.errors import MaxPayloadError
+
+    from server.broker.natsd import start_nats
+    from server.state.streams import ensure_streams
+    from wire import subjects
+    from wire.kv import Store, connect
+
+    natsd = start_nats(tmp_path / "n", port=0)
+    nc = await connect(natsd.url, name="test")
+    try:
+        await ensure_streams(Store(nc, timeout=1.0))
+        js = nc.jetstream()
+        jobs = [{"name": f"r{i}", "command": ["true"], "gpus": 1} for i in range(3)]
+        os.kill(natsd.proc.pid, signal.SIGSTOP)
+        try:
+            sent = asyncio.create_task(submit_over_nats(js, jobs, user="r", timeout=1.0, within_s=120, every_s=0.2))
+            await asyncio.sleep(2.5)  # at least two tries have timed out
+            assert not sent.done()
+        finally:
+            os.kill(natsd.proc.pid, signal.SIGCONT)
+        ids = await asyncio.wait_for(sent, timeout=120)
+        assert len(set(ids)) == 3
+        info = await js.stream_info(subjects.SUBMIT_STREAM)
+        assert info.state.messages == 1
+        os.kill(natsd.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the client raises for a timeout
+                await submit_over_nats(js, jobs[:1], user="r", timeout=1.0, within_s=0)
+        finally:
+            os.kill(natsd.proc.pid, signal.SIGCONT)
+        # (That try reached the server when it ran again: its outcome was unknown to the client.)
+        stored = (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages
+        fat = [{"name": "fat", "command": ["true"], "env": {"DATA": "y" * (nc.max_payload + 1)}}]
+        with pytest.raises(MaxPayloadError):
+            await asyncio.wait_for(submit_over_nats(js, fat, user="r", within_s=120), timeout=60)
+        assert (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages == stored
+    finally:
+        await nc.close()
+        natsd.stop()
