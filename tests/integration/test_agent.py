@@ -127,8 +127,11 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
     await ensure_streams(store)
     marks = tmp_path / "runs"
     try:
-        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=5.0, ttl_intervals=3,
-                                 fence_after_s=12.0) as agent:
+        # One heartbeat at the start, the next 30 s later: a heartbeat taken while the test
+        # holds the agent fenced would end the fence (and start the work) by itself, which
+        # a 5 s interval allowed on a loaded machine (seen in a clean-clone run).
+        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=30.0, ttl_intervals=3,
+                                 fence_after_s=60.0) as agent:
             for _ in range(200):
                 if agent.store is not None and agent.last_heartbeat_ok:
                     break
