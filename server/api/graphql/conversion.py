@@ -8,7 +8,9 @@ class a `from_input` hook (strawberry's `StrawberryObjectDefinition.from_input`,
 hook its own pydantic integration uses) that makes the per-field plan on first use:
 a field whose value needs no conversion (a scalar, or a list of scalars, nullable or
 not) is taken as it is (a list copied), any other through strawberry's own conversion
-(`InputContext.convert`). The object built is the one strawberry builds (tested)."""
+(`InputContext.convert`). The object built is the one strawberry builds (tested). The
+plan takes the field names of the first schema that builds the class: a class shared by
+schemas with different name converters would need one plan each (Muster has one schema)."""
 
 from __future__ import annotations
 
