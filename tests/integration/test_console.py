@@ -597,7 +597,8 @@ async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: 
     monkeypatch.setattr(wc, "HEAT_MAX_CELLS", 2)
     await put_hb(m, "a-3", rack="ra", util=60.0)  # a new host: the snapshot is rebuilt
     await eventually(lambda: len(m.state.hosts) == 5, what="heartbeat")
-    r = await get_when_summary_shows(c, "/", {"HX-Request": "true"}, "over 3 hosts")
+    # (Not just "over 3 hosts": the page's overall line says "over 3 hosts with GPUs" before a-3 too.)
+    r = await get_when_summary_shows(c, "/", {"HX-Request": "true"}, "mean GPU util over 3 hosts")
     html = r.text
     assert "One cell per rack (3 racks)" in html
     assert "Showing the first 2 of 3 racks" in html
