@@ -32,6 +32,7 @@ from server.broker.natsd import free_port, start_cluster, start_nats, wait_for_p
 from server.state.checker import load
 from wire import natsclient
 from wire.kv import Store, connect
+from wire.messages import new_id
 from wire.submit import submit_over_nats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,23 +52,32 @@ def leader_of(servers: list[tuple[subprocess.Popen[bytes], str]], token: str) ->
     return None
 
 
-async def submit_load(url: str, rate: float, duration: float, submitted: dict[str, float]) -> None:
+async def submit_load(url: str, rate: float, duration: float, submitted: dict[str, float],
+                      publish_timeout: float = 10.0) -> None:
     nc = await natsclient.connect(url.split(","), name="failover-bench")
     js = nc.jetstream(timeout=10)
     t0 = time.monotonic()
     n = 0
+    # Batches not yet acknowledged, oldest first: their first try's time and their jobs,
+    # ids included. A failed publish is sent again with the same ids, so a try that was
+    # stored although its answer was lost makes the resend a duplicate (no job runs
+    # uncounted); its jobs are timed from the first try.
+    pending: list[tuple[float, list[dict[str, object]]]] = []
     while time.monotonic() - t0 < duration:
         due = int((time.monotonic() - t0) * rate) - n
         if due > 0:
-            ts = time.time()
-            jobs = [{"name": f"fo-{n + i}", "command": ["true"], "gpus": 0, "cpus": 0.01, "memory_mb": 1}
-                    for i in range(due)]
+            pending.append((time.time(), [{"id": new_id("j"), "name": f"fo-{n + i}", "command": ["true"], "gpus": 0,
+                                           "cpus": 0.01, "memory_mb": 1} for i in range(due)]))
+            n += due
+        while pending:
+            ts, jobs = pending[0]
             try:
-                for jid in await submit_over_nats(js, jobs, user="bench", within_s=0):
-                    submitted[jid] = ts
-                n += due
-            except Exception:  # noqa: BLE001 - NATS leader change: try again next tick
-                pass
+                ids = await submit_over_nats(js, jobs, user="bench", timeout=publish_timeout, within_s=0)
+            except Exception:  # noqa: BLE001 - NATS leader change: the same jobs again next tick
+                break
+            for jid in ids:
+                submitted[jid] = ts
+            pending.pop(0)
         await asyncio.sleep(0.02)
     await nc.close()
 
