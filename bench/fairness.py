@@ -106,8 +106,16 @@ class Simulation:
         self.total = float(args.hosts * GPUS_PER_HOST)
         weights = [1.0 + (i % 3) for i in range(args.tenants)]
         self.tenants = [Tenant(f"t{i}", w, i * args.gap, 0.0) for i, w in enumerate(weights)]
-        for t in self.tenants:  # nominal quotas share the fleet out by weight
-            t.nominal = math.floor(self.total * t.weight / sum(weights))
+        # Nominal quotas share the whole fleet out by weight: each its floor, and the GPUs
+        # the floors leave over one each to the largest remainders (earlier queues first
+        # on a tie), so that no GPU is left that no queue owns (the cohort lends only
+        # what its queues own).
+        exact = [self.total * t.weight / sum(weights) for t in self.tenants]
+        for t, x in zip(self.tenants, exact, strict=True):
+            t.nominal = math.floor(x)
+        left = int(self.total) - sum(int(t.nominal) for t in self.tenants)
+        for i in sorted(range(len(exact)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))[:left]:
+            self.tenants[i].nominal += 1
         self.shapes = Trace(seed=args.seed) if args.trace else Synthetic(seed=args.seed,
                                                                          mean_duration_s=args.mean_duration)
         self.durations: dict[str, float] = {}

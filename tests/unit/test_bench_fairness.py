@@ -6,6 +6,7 @@ itself (docs/benchmarks.md), never from a test."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from bench.fairness import build_parser, simulate
@@ -43,10 +44,10 @@ def _step(sim, now: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_the_loss_lower_bound_takes_the_youngest_excess_of_the_lenders() -> None:
-    """One host of 8 GPUs. t0 (nominal 2) borrows t1's unused nominal 5 and holds 7 in
-    one-GPU jobs started at 1, 11 and 21 s; the 8th GPU is no queue's nominal and stays
-    free. t1 (nominal 5) arriving at 30 s needs 5 GPUs (90 % of 5, rounded up) within a
-    grace of 10 s: one is free, none ends by itself, so 4 must be taken from t0's 5 above
+    """One host of 8 GPUs. t0 (nominal 3) borrows from t1's unused nominal 5 and holds 7
+    in one-GPU jobs started at 1, 11 and 21 s; the 8th GPU stays free (t0 has no 8th
+    job). t1 (nominal 5) arriving at 30 s needs 5 GPUs (90 % of 5, rounded up) within a
+    grace of 10 s: one is free, none ends by itself, so 4 must be taken from t0's 4 above
     its nominal, the youngest: runtimes 9, 9, 19, 19."""
     from bench.fairness import Simulation
     from bench.workload import JobReq
@@ -54,7 +55,7 @@ def test_the_loss_lower_bound_takes_the_youngest_excess_of_the_lenders() -> None
     args = build_parser().parse_args(["--tenants", "2", "--hosts", "1", "--grace", "10"])
     sim = Simulation(args)
     sim.setup(0.0)
-    assert [t.nominal for t in sim.tenants] == [2, 5]
+    assert [t.nominal for t in sim.tenants] == [3, 5]  # 8 GPUs by weights 1 and 2: 2.67 and 5.33, all owned
     n = 0
     for at, count in ((0.0, 2), (10.0, 3), (20.0, 2)):
         for _ in range(count):
@@ -64,11 +65,26 @@ def test_the_loss_lower_bound_takes_the_youngest_excess_of_the_lenders() -> None
         _step(sim, at + 1)  # reported running: started at + 1
     assert sorted(a.started_at for j in sim.state.jobs.values() for a in j.attempts) == [1, 1, 11, 11, 11, 21, 21]
     bound = sim.loss_lower_bound("t1", 5, 30.0)
-    assert bound == {"gpus_to_take": 4, "gpus_takeable": 5, "gpu_s": 9 * 2 + 19 * 2}
+    assert bound == {"gpus_to_take": 4, "gpus_takeable": 4, "gpu_s": 9 * 2 + 19 * 2}
     # A job that ends by itself within the grace frees its GPU without loss.
     first = next(j for j in sim.state.jobs.values() if j.attempts[0].started_at == 21)
     sim.durations[first.id] = 15.0  # ends at 36 s
-    assert sim.loss_lower_bound("t1", 5, 30.0) == {"gpus_to_take": 3, "gpus_takeable": 5, "gpu_s": 9 + 19 * 2}
+    assert sim.loss_lower_bound("t1", 5, 30.0) == {"gpus_to_take": 3, "gpus_takeable": 4, "gpu_s": 9 + 19 * 2}
+
+
+def test_nominal_quotas_share_out_the_whole_fleet() -> None:
+    """Floors by weight, then the GPUs they leave over to the largest remainders: no GPU
+    is left that no queue owns, and no queue gets more than one above its floor."""
+    from bench.fairness import Simulation
+
+    for tenants, hosts in ((4, 200), (2, 1), (3, 6), (5, 7), (7, 3)):
+        sim = Simulation(build_parser().parse_args(["--tenants", str(tenants), "--hosts", str(hosts)]))
+        weights = [t.weight for t in sim.tenants]
+        exact = [sim.total * w / sum(weights) for w in weights]
+        assert sum(t.nominal for t in sim.tenants) == sim.total
+        assert all(math.floor(x) <= t.nominal <= math.floor(x) + 1 for t, x in zip(sim.tenants, exact, strict=True))
+    sim = Simulation(build_parser().parse_args(["--tenants", "4", "--hosts", "200"]))
+    assert [t.nominal for t in sim.tenants] == [229, 457, 686, 228]  # 228.57, 457.14, 685.71, 228.57
 
 
 def test_jobs_that_keep_checkpoints_lose_only_their_stop_to_exit_time() -> None:
