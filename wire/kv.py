@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from nats.js import JetStreamContext
 from nats.js import api as jsapi
 from nats.js import errors as jserrors
 
-from wire import natsclient, subjects
+from wire import natsclient, retrying, subjects
 from wire.errors import ConfigError, ConflictError, FencedError, RejectedError, StoreError
 from wire.records import Record, ack_position, is_tombstone
 from wire.tls import client_context
@@ -216,26 +215,26 @@ class Store:
         been stored: the next then finds the key taken (NATS checks the expected revision
         before the message id) and reads it back, so the key is written once and the
         caller told so. ConflictError when the key holds something else."""
-        deadline = time.monotonic() + within_s
         unknown = False
-        while True:
+
+        async def once() -> int:
+            nonlocal unknown
             try:
-                try:
-                    return await self.put(key, value, expected=0, bucket=bucket)
-                except ConflictError:
-                    if not unknown:
-                        raise
-                    rec = await self.get(key, bucket)  # a StoreError here: tried again below
-                    if rec.value == value:
-                        return rec.revision
+                return await self.put(key, value, expected=0, bucket=bucket)
+            except ConflictError:
+                if not unknown:
                     raise
-            except (ConflictError, RejectedError):
-                raise  # taken, or a record NATS refuses: trying again would not change it
-            except StoreError:
-                unknown = True
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(every_s)
+                rec = await self.get(key, bucket)  # a StoreError here: tried again
+                if rec.value == value:
+                    return rec.revision
+                raise
+            except StoreError as exc:
+                unknown = unknown or not isinstance(exc, RejectedError)
+                raise
+
+        # Taken, or a record NATS refuses: trying again would not change it.
+        return await retrying.within(once, within_s, every_s, lambda e: isinstance(e, StoreError)
+                                     and not isinstance(e, ConflictError | RejectedError))
 
     async def delete(self, key: str, *, expected: int | None = None, bucket: str = subjects.STATE_BUCKET) -> int:
         """Delete a key (a delete marker), optionally revision-checked. Returns its revision."""
@@ -269,16 +268,9 @@ class Store:
         the same writes is made idempotent by per-message Nats-Msg-Id; with `within_s`
         the last kind is tried again every `every_s` for up to that long (a stream
         electing its leader), and a try that was applied makes the next a duplicate."""
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                return await self._commit_once(writes, fence, bucket)
-            except (ConflictError, FencedError, RejectedError):
-                raise
-            except StoreError:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(every_s)
+        return await retrying.within(lambda: self._commit_once(writes, fence, bucket), within_s, every_s,
+                                     lambda e: isinstance(e, StoreError)
+                                     and not isinstance(e, ConflictError | FencedError | RejectedError))
 
     async def _commit_once(self, writes: list[Write], fence: Fence | None, bucket: str) -> CommitResult:
         if not writes:

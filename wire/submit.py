@@ -17,7 +17,7 @@ raised at once.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hashlib
 import time
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError, ServiceUnavailableError
 
-from wire import subjects
+from wire import retrying, subjects
 from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
 RETRY_S = 10.0
@@ -44,25 +44,17 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nat
         chunk = jobs[i : i + MAX_SUBMIT_JOBS]
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
         msg_id = hashlib.sha256("\x1f".join(str(j["id"]) for j in chunk).encode()).hexdigest()[:32]
-        await _publish(js, f"{subjects.SUBMIT_PREFIX}.{user}", encode(req), msg_id, timeout, within_s, every_s)
+        publish = functools.partial(js.publish, f"{subjects.SUBMIT_PREFIX}.{user}", encode(req),
+                                    headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
+        await retrying.within(publish, within_s, every_s, _again)
     return [str(j["id"]) for j in jobs]
 
 
-async def _publish(js: Any, subject: str, payload: bytes, msg_id: str, timeout: float, within_s: float,
-                   every_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            await js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
-            return
-        except MaxPayloadError:
-            raise
-        except APIError as exc:
-            if not isinstance(exc, ServiceUnavailableError) and exc.code != 503:
-                raise  # refused by the stream: sending it again would not change that
-            if time.monotonic() >= deadline:
-                raise
-        except Exception:  # noqa: BLE001 - no responders, a timeout, a lost connection: NATS may take it later
-            if time.monotonic() >= deadline:
-                raise
-        await asyncio.sleep(every_s)
+def _again(exc: Exception) -> bool:
+    """Whether NATS may take the publish later: not past max_payload, nor another
+    JetStream refusal; a 503, no responders, a timeout or a lost connection may pass."""
+    if isinstance(exc, MaxPayloadError):
+        return False
+    if isinstance(exc, APIError):
+        return isinstance(exc, ServiceUnavailableError) or exc.code == 503
+    return True

@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 import nats as natslib
-from tests.conftest import wait_until
+from tests.conftest import eventually, wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
 from wire.submit import submit_over_nats
 
@@ -110,8 +110,13 @@ async def test_a_submission_rides_out_a_nats_server_that_stops_answering(tmp_pat
                 await submit_over_nats(js, jobs[:1], user="r", timeout=1.0, within_s=0)
         finally:
             os.kill(natsd.proc.pid, signal.SIGCONT)
-        # (That try reached the server when it ran again: its outcome was unknown to the client.)
-        stored = (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages
+        # That try reached the server when it ran again (its outcome was unknown to the
+        # client): it is stored, once the server has read it.
+        async def stored_two() -> bool:
+            return (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2
+
+        await eventually(stored_two, timeout=30, what="the timed-out try stored")
+        stored = 2
         fat = [{"name": "fat", "command": ["true"], "env": {"DATA": "y" * (nc.max_payload + 1)}}]
         with pytest.raises(MaxPayloadError):
             await asyncio.wait_for(submit_over_nats(js, fat, user="r", within_s=120), timeout=60)
