@@ -317,20 +317,17 @@ class Bench(Processes):
         ids, a 120 s duplicate window), so a publish that timed out after being stored
         creates nothing twice. Its jobs count from the first try. Given up after
         SUBMIT_RETRY_S (or when the run ends): then counted as errors, and in doubt."""
-        deadline = ts + SUBMIT_RETRY_S
         try:
-            while time.time() < deadline:
-                await asyncio.sleep(1.0)
-                try:
-                    ids = await submit_over_nats(self.js, jobs, user="bench", within_s=0)
-                except Exception:  # noqa: BLE001 - next second
-                    continue
-                for jid, req in zip(ids, batch, strict=True):
-                    self.record_submitted(jid, ts, req)
-                self.submit_retried_ok += len(batch)
-                return
-        except asyncio.CancelledError:
+            await asyncio.sleep(1.0)
+            left = max(0.0, ts + SUBMIT_RETRY_S - time.time())
+            ids = await submit_over_nats(self.js, jobs, user="bench", within_s=left, every_s=1.0)
+        except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the run ended, or NATS never took it
             pass
+        else:
+            for jid, req in zip(ids, batch, strict=True):
+                self.record_submitted(jid, ts, req)
+            self.submit_retried_ok += len(batch)
+            return
         self.submit_errors += len(batch)
         self.in_doubt.update(str(j["id"]) for j in jobs)
 

@@ -62,15 +62,14 @@ from wire.messages import (
     new_id,
 )
 from wire.records import Record
+from wire.retrying import SUBMIT_RETRY_S
 from wire.stopping import pause
 from wire.validation import validate_job, validate_queue, validate_reason
 
 log = logging.getLogger(__name__)
 
-# A submission NATS cannot take (a stream electing its leader: 5-10 s) is tried again for
-# this long (wire.kv.Store.create, Store.commit), so a client waits at most this plus one
-# store timeout (5 s) for its answer.
-SUBMIT_RETRY_S = 10.0
+# A submission NATS cannot take is tried again for SUBMIT_RETRY_S (wire.kv.Store.create,
+# Store.commit), so a client waits at most that plus one store timeout (5 s) for its answer.
 
 
 @contextlib.contextmanager

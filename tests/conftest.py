@@ -4,8 +4,12 @@ credentials directory. Fixtures that start real processes are in tests/integrati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,19 @@ async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition", 
             return v
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def frozen(*pids: int) -> Iterator[None]:
+    """The processes stopped (SIGSTOP) for the block and continued (SIGCONT) after it,
+    whatever happens in it: a server that stops answering without closing anything."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

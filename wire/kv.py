@@ -228,8 +228,8 @@ class Store:
                 if rec.value == value:
                     return rec.revision
                 raise
-            except StoreError as exc:
-                unknown = unknown or not isinstance(exc, RejectedError)
+            except StoreError:
+                unknown = True  # it may have been stored (a refusal is not tried again anyway)
                 raise
 
         # Taken, or a record NATS refuses: trying again would not change it.

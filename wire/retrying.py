@@ -13,6 +13,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# How long a submission waits out NATS not taking writes (a stream electing its leader
+# after a node was lost: 5-10 s): the API's (server.replica) and submit_over_nats'.
+SUBMIT_RETRY_S = 10.0
+
 
 async def within(op: Callable[[], Awaitable[T]], within_s: float, every_s: float,
                  again: Callable[[Exception], bool]) -> T:

@@ -9,8 +9,9 @@ appear as QUEUED (or already PLACED) records on the leader's next cycle.
 
 While NATS cannot take the publish (the submission stream electing a leader after a
 node was lost: no responders, a timeout, 503) it is sent again every `every_s` for up to
-`within_s` (RETRY_S, 10 s, by default, as the API waits out an election): a try that was
-stored although its answer was lost makes the next a duplicate, acknowledged as stored.
+`within_s` (wire.retrying.SUBMIT_RETRY_S, 10 s, by default, as the API waits out an
+election): a try that was stored although its answer was lost makes the next a
+duplicate, acknowledged as stored.
 A refusal that a retry cannot change (past `max_payload`, another JetStream error) is
 raised at once.
 """
@@ -28,11 +29,9 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from wire import retrying, subjects
 from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
-RETRY_S = 10.0
-
 
 async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nats", timeout: float = 10, *,
-                           within_s: float = RETRY_S, every_s: float = 0.5) -> list[str]:
+                           within_s: float = retrying.SUBMIT_RETRY_S, every_s: float = 0.5) -> list[str]:
     """Publish `jobs` on `muster.submit.<user>`, in messages of at most MAX_SUBMIT_JOBS
     jobs; returns their ids. Each message carries a Nats-Msg-Id derived from its job ids,
     so publishing the same jobs again (a retry after a lost ack) creates nothing twice;

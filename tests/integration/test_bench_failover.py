@@ -5,35 +5,30 @@ stream once, and no job is there that it does not count."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 from bench.failover import submit_load
-from server.broker.natsd import start_nats
+from server.broker.natsd import NatsProcess
 from server.state.streams import ensure_streams
+from tests.conftest import frozen
 from wire import subjects
 from wire.kv import Store, connect
 from wire.messages import SubmitRequest
 
 
-async def test_a_failed_batch_is_sent_again_with_its_ids(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failed_batch_is_sent_again_with_its_ids(nats: NatsProcess) -> None:
     """Frozen (SIGSTOP) for longer than a publish's timeout: the tries sent meanwhile
     reach the server when it runs again, so a batch whose publish failed may be stored.
     Sent again with the same ids it is stored once; sent as new jobs (as the benchmark
     once did) the stored try's jobs would run uncounted."""
-    natsd = start_nats(tmp_path / "n", port=0)
-    nc = await connect(natsd.url, name="test")
+    nc = await connect(nats.url, name="test")
     try:
         await ensure_streams(Store(nc, timeout=1.0))
         submitted: dict[str, float] = {}
-        load = asyncio.create_task(submit_load(natsd.url, rate=50, duration=6, submitted=submitted,
+        load = asyncio.create_task(submit_load(nats.url, rate=50, duration=6, submitted=submitted,
                                                publish_timeout=0.5))
         await asyncio.sleep(1.5)
-        os.kill(natsd.proc.pid, signal.SIGSTOP)
-        try:
+        with frozen(nats.proc.pid):
             await asyncio.sleep(2.0)  # several publishes time out meanwhile
-        finally:
-            os.kill(natsd.proc.pid, signal.SIGCONT)
         await asyncio.wait_for(load, timeout=60)
         js = nc.jetstream()
         info = await js.stream_info(subjects.SUBMIT_STREAM)
@@ -46,4 +41,3 @@ async def test_a_failed_batch_is_sent_again_with_its_ids(tmp_path) -> None:  # t
         assert set(stored) == set(submitted)  # none stored that the benchmark does not count
     finally:
         await nc.close()
-        natsd.stop()

@@ -17,7 +17,7 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, run
 from server.history.writerlease import lease_key
 from server.state.streams import ensure_streams
-from tests.conftest import eventually
+from tests.conftest import eventually, frozen
 from tests.integration.postgres import (  # noqa: F401 - fixtures
     PostgresServer,
     crash_postgres,
@@ -153,15 +153,11 @@ async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(nats_u
     """PostgreSQL frozen (SIGSTOP on every one of its processes): the writer's last flush
     hangs, yet the lease is already free for the next writer; once PostgreSQL runs again
     the flush ends and the stopped writer's last job is in the database."""
-    import os
-    import signal
-
     import psutil
 
     async with _own_postgres(nats_url) as (pg, store):
         stop = asyncio.Event()
         task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=pg.url), stop))
-        frozen: list[psutil.Process] = []
         history = History(pg.url)
         try:
             await _put_job(store, "j1")
@@ -170,20 +166,16 @@ async def test_a_stopping_writer_gives_the_lease_up_before_its_last_flush(nats_u
             pid = pg.postmaster_pid()
             assert pid is not None
             postmaster = psutil.Process(pid)
-            frozen = [postmaster, *postmaster.children(recursive=True)]
-            for proc in frozen:
-                os.kill(proc.pid, signal.SIGSTOP)
-            await _put_job(store, "j2")
-            stop.set()
+            with frozen(postmaster.pid, *(p.pid for p in postmaster.children(recursive=True))):
+                await _put_job(store, "j2")
+                stop.set()
 
-            async def released() -> bool:  # given up (an empty value), not expired (no value)
-                return (await store.get(lease_key(pg.url))).value == b""
+                async def released() -> bool:  # given up (an empty value), not expired (no value)
+                    return (await store.get(lease_key(pg.url))).value == b""
 
-            await eventually(released, timeout=60, what="the lease given up")
-            assert not task.done()  # still in its last flush, held by the frozen database
+                await eventually(released, timeout=60, what="the lease given up")
+                assert not task.done()  # still in its last flush, held by the frozen database
         finally:
-            for proc in frozen:
-                os.kill(proc.pid, signal.SIGCONT)
             stop.set()
             await asyncio.wait_for(task, timeout=120)
             try:

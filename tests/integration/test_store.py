@@ -10,9 +10,10 @@ import time
 
 import pytest
 
+from server.broker.natsd import NatsProcess
 from server.state.lease import Leadership, LeaseConfig
 from server.state.streams import ensure_streams
-from tests.conftest import eventually
+from tests.conftest import eventually, frozen
 from wire import subjects
 from wire.errors import ConflictError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write, connect
@@ -334,30 +335,21 @@ async def test_watch_caught_up_waits_for_every_record_stored_before_the_call(sto
         await w.stop()
 
 
-async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(nats: NatsProcess) -> None:
     """nats-server frozen (SIGSTOP) for longer than a write's timeout: `create` and
     `commit(within_s=...)` try again until it answers. The tries sent while it was frozen
     reach it when it runs again, so the first of them is what gets stored; the caller is
     still told of success, and each record is stored once."""
-    import os
-    import signal
-
-    from server.broker.natsd import start_nats
-
-    natsd = start_nats(tmp_path / "n", port=0)
-    nc = await connect(natsd.url, name="test")
+    nc = await connect(nats.url, name="test")
     try:
         store = Store(nc, timeout=1.0)
         await ensure_streams(store)
-        os.kill(natsd.proc.pid, signal.SIGSTOP)
-        try:
+        with frozen(nats.proc.pid):
             created = asyncio.create_task(store.create("job.c1", b"C1", within_s=120, every_s=0.2))
             committed = asyncio.create_task(store.commit(
                 [Write("job.c2", b"C2", expected=0), Write("job.c3", b"C3", expected=0)], within_s=120, every_s=0.2))
             await asyncio.sleep(2.5)  # at least two tries of each have timed out
             assert not created.done() and not committed.done()
-        finally:
-            os.kill(natsd.proc.pid, signal.SIGCONT)
         rev = await asyncio.wait_for(created, timeout=120)
         res = await asyncio.wait_for(committed, timeout=120)
         assert await store.get("job.c1") == Record("job.c1", rev, b"C1")
@@ -367,12 +359,8 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(tmp
         info = await store.js.stream_info(subjects.STATE_STREAM, subjects_filter="$KV.state.job.>")
         assert info.state.subjects == {"$KV.state.job.c1": 1, "$KV.state.job.c2": 1, "$KV.state.job.c3": 1}
         # Without a retry window a write NATS cannot take fails at once, as before.
-        os.kill(natsd.proc.pid, signal.SIGSTOP)
-        try:
-            with pytest.raises(StoreError):
-                await store.create("job.c4", b"C4")
-        finally:
-            os.kill(natsd.proc.pid, signal.SIGCONT)
+        with frozen(nats.proc.pid), pytest.raises(StoreError):
+            await store.create("job.c4", b"C4")
         # A key that holds something else is a conflict, and a record NATS refuses (past its
         # max_payload) is refused: at once, not tried again for the window (120 s here).
         with pytest.raises(ConflictError):
@@ -381,4 +369,3 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(tmp
             await asyncio.wait_for(store.create("job.big", b"x" * (nc.max_payload + 1), within_s=120), timeout=60)
     finally:
         await nc.close()
-        natsd.stop()

@@ -5,9 +5,16 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+from nats.errors import MaxPayloadError
+
 import nats as natslib
-from tests.conftest import eventually, wait_until
+from server.broker.natsd import NatsProcess
+from server.state.streams import ensure_streams
+from tests.conftest import eventually, frozen, wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
+from wire import subjects
+from wire.kv import Store, connect
 from wire.submit import submit_over_nats
 
 PY = sys.executable
@@ -70,57 +77,39 @@ def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: C
                timeout=60, what="every job queued")
 
 
-async def test_a_submission_rides_out_a_nats_server_that_stops_answering(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_submission_rides_out_a_nats_server_that_stops_answering(nats: NatsProcess) -> None:
     """nats-server frozen (SIGSTOP) for longer than a publish's timeout, as while the
     submission stream elects a leader: `submit_over_nats` sends the batch again until it
     answers, and the stream stores it once (the tries that waited in the socket are
     duplicates of the first). Without a retry window it fails at once; a batch NATS
     refuses (past max_payload) is refused at once, not tried again for the window."""
-    import os
-    import signal
-
-    import pytest
-    from nats.errors import MaxPayloadError
-
-    from server.broker.natsd import start_nats
-    from server.state.streams import ensure_streams
-    from wire import subjects
-    from wire.kv import Store, connect
-
-    natsd = start_nats(tmp_path / "n", port=0)
-    nc = await connect(natsd.url, name="test")
+    nc = await connect(nats.url, name="test")
     try:
         await ensure_streams(Store(nc, timeout=1.0))
         js = nc.jetstream()
+
+        async def stored() -> int:
+            return (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages
+
         jobs = [{"name": f"r{i}", "command": ["true"], "gpus": 1} for i in range(3)]
-        os.kill(natsd.proc.pid, signal.SIGSTOP)
-        try:
+        with frozen(nats.proc.pid):
             sent = asyncio.create_task(submit_over_nats(js, jobs, user="r", timeout=1.0, within_s=120, every_s=0.2))
             await asyncio.sleep(2.5)  # at least two tries have timed out
             assert not sent.done()
-        finally:
-            os.kill(natsd.proc.pid, signal.SIGCONT)
         ids = await asyncio.wait_for(sent, timeout=120)
         assert len(set(ids)) == 3
-        info = await js.stream_info(subjects.SUBMIT_STREAM)
-        assert info.state.messages == 1
-        os.kill(natsd.proc.pid, signal.SIGSTOP)
-        try:
-            with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the client raises for a timeout
-                await submit_over_nats(js, jobs[:1], user="r", timeout=1.0, within_s=0)
-        finally:
-            os.kill(natsd.proc.pid, signal.SIGCONT)
+        assert await stored() == 1
+        with frozen(nats.proc.pid), pytest.raises(Exception):  # noqa: B017, PT011 - whatever the client raises for a timeout
+            await submit_over_nats(js, jobs[:1], user="r", timeout=1.0, within_s=0)
         # That try reached the server when it ran again (its outcome was unknown to the
         # client): it is stored, once the server has read it.
         async def stored_two() -> bool:
-            return (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2
+            return await stored() == 2
 
         await eventually(stored_two, timeout=30, what="the timed-out try stored")
-        stored = 2
         fat = [{"name": "fat", "command": ["true"], "env": {"DATA": "y" * (nc.max_payload + 1)}}]
         with pytest.raises(MaxPayloadError):
             await asyncio.wait_for(submit_over_nats(js, fat, user="r", within_s=120), timeout=60)
-        assert (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages == stored
+        assert await stored() == 2
     finally:
         await nc.close()
-        natsd.stop()
