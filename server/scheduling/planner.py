@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -917,7 +918,21 @@ def place_queued(
     # higher than the true one, which only ever covers less.
     least: dict[str, tuple[float, ...] | None] = {}
     ready.sort(key=lambda j: (j.submitted_at, j.id))
-    kept = set().union(*held.values()) if held else set()
+    # Hosts kept for preemptors, counted once per preemptor keeping each: a host is let
+    # go as soon as the last preemptor keeping it is placed or gives up, so that what its
+    # victims freed beyond that preemptor's need goes to other jobs in the same cycle.
+    keeping = Counter(h for hosts in held.values() for h in hosts)
+    kept = set(keeping)
+    let_go: set[str] = set()
+
+    def let_go_of(job: Job) -> None:
+        if job.id in held and job.id not in let_go:
+            let_go.add(job.id)
+            for h in held[job.id]:
+                keeping[h] -= 1
+                if keeping[h] <= 0:
+                    kept.discard(h)
+
     reservation: set[str] | None = None
     blocked: list[tuple[Job, Refusal | None]] = []
     # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
@@ -1070,6 +1085,7 @@ def place_queued(
                 refused.setdefault(job.spec.queue, (size, refusal))
             if job.preempting:
                 _forget_preemption(w, job, now)
+                let_go_of(job)
             blocked.append((job, refusal))
             if refusal is not None and refusal.within_nominal:
                 wait_for_reclaim(job)
@@ -1079,6 +1095,7 @@ def place_queued(
             if choices is None:
                 if job.preempting:
                     _forget_preemption(w, job, now)
+                    let_go_of(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
                 if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
@@ -1092,6 +1109,7 @@ def place_queued(
             if choice is None:
                 if job.preempting:
                     _forget_preemption(w, job, now)
+                    let_go_of(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
                 continue
@@ -1153,6 +1171,7 @@ def place_queued(
         assert attempt is not None
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
+        let_go_of(job)
     placer.exclude = reservation or set()
     if budget > 0:
         preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)

@@ -180,6 +180,36 @@ def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     assert (w.holding("a"), w.holding("b")) == (4, 4)
 
 
+def test_gpus_freed_beyond_a_preemptors_need_go_to_other_jobs_in_the_same_cycle() -> None:
+    """The host kept for a preemptor while its victim stops is let go once the preemptor
+    is placed: what the victim freed beyond its need goes to another waiting job in that
+    cycle, not one cycle later."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)
+    _fill(w, "b", 4, NOW - 1000, prefix="old")  # four 1-GPU jobs, long running
+    w.qsubmit("big", "b", gpus=4, submitted_at=NOW - 200)  # b borrows a's 4
+    w.qcycle(now=NOW - 100)
+    w.qcycle(w.agent_reports(NOW - 100), now=NOW - 100)
+    assert w.holding("b") == 8
+    w.qsubmit("first", "a", gpus=2, submitted_at=NOW - 10)
+    plan = w.qcycle(now=NOW)
+    # The cheapest victim: big ran 100 s on 4 GPUs, two old ones 1,000 s on one each.
+    assert plan.preempted == {("reclaim", "a"): 1} and w.job("first").preempting == ["big:1"]
+    freed = {i for t in w.tasks("h1") if t.job_id == "big" for i in t.gpu_indices}
+    w.qsubmit("second", "a", gpus=2, submitted_at=NOW + 1)  # within a's quota too, no room
+    plan = w.qcycle(now=NOW + 1)
+    assert plan.placed == 0 and not plan.preempted and not w.job("second").preempting
+    # big reports stopped: first takes 2 of its 4 GPUs, second the other 2, in that cycle.
+    plan = w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)
+    assert plan.placed == 2
+    assert w.job("first").state is JobState.PLACED and w.job("second").state is JobState.PLACED
+    assert {i for t in w.tasks("h1") if t.job_id in ("first", "second") for i in t.gpu_indices} == freed
+    no_overcommit(w.state)
+    assert (w.holding("a"), w.holding("b")) == (4, 4)
+
+
 def test_preempted_tries_do_not_count_against_max_attempts() -> None:
     w = QWorld()
     w.host("h1", gpus=1)
