@@ -315,7 +315,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         # Figures of this moment.
         usage = queue_usage(sim.state.jobs.values())
         alloc = {t.name: usage.get(t.name, {}).get(f"gpu:{MODEL}", 0.0) for t in sim.tenants}
-        backlogged = [t for t in sim.tenants if sim.state.queue_queued.get(t.name, 0) > 0]
+        backlogged = [t for t in sim.tenants if sim.state.backlog.count(t.name) > 0]
         wsum = sum(t.weight for t in backlogged) or 1.0
         entitled = {t.name: sim.total * t.weight / wsum for t in backlogged}
         for t in backlogged:
@@ -338,9 +338,9 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             stopping = any(t.stop for a in sim.state.allocs.values() for t in a.tasks)
             (idle_grace if stopping else idle_outside).append(idle / sim.total)
         if int(now / args.cycle) % int(max(1, 1.0 / args.cycle)) == 0:
-            samples.append({"t": round(now, 2), "alloc": alloc, "queued": dict(sim.state.queue_queued)})
+            samples.append({"t": round(now, 2), "alloc": alloc, "queued": sim.state.backlog.counts()})
             if int(now) % 30 == 0:
-                print(f"t={now:.0f}/{end:.0f} s: GPUs held {alloc}, queued {dict(sim.state.queue_queued)}",
+                print(f"t={now:.0f}/{end:.0f} s: GPUs held {alloc}, queued {sim.state.backlog.counts()}",
                       file=sys.stderr, flush=True)
         now = round(now + args.cycle, 6)
     delivered = lost = 0.0

@@ -505,7 +505,7 @@ class Muster:
                                   "PROTECTED")
         if name not in self.state.queues:
             raise NotFound(f"no queue named {name!r}")
-        queued = self.state.queue_queued.get(name, 0)
+        queued = self.state.backlog.count(name)
         live = len(self.state.queue_live.get(name, ()))
         if queued or live:
             raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "

@@ -6,14 +6,16 @@ skips the rest of a queue once a job no larger than any of them was refused or w
 borrow (the planner's shortcuts). Sorting each queue and finding its smallest job from
 scratch was 45 % of a cycle profiled at 10,000 full hosts with 4,256 jobs queued; here
 both move with each record instead: a job is inserted at or removed from its place (a
-binary search and a list move) and its size counted in or out. Pure data, no I/O;
-ClusterState keeps one.
+binary search and a list move) and its size counted in or out. It is the one record
+of which jobs are queued: the cluster view, the queue figures (pending counts, active
+queues) and the metrics read it. Pure data, no I/O; ClusterState keeps one.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Iterator
 
 from server.scheduling.fairshare import order_key
 from server.scheduling.queues import job_size
@@ -25,9 +27,11 @@ OrderKey = tuple[int, float, str]
 class Backlog:
     def __init__(self) -> None:
         # queue -> its queued jobs' order keys (fairshare.order_key), in order; jobs that
-        # wait for victims to stop (`preempting`) are kept apart, as the planner takes them.
+        # wait for victims to stop (`preempting`: job id -> queue) are kept apart, as the
+        # planner takes them, and counted per queue.
         self.order: dict[str, list[OrderKey]] = {}
-        self.preempting: set[str] = set()
+        self.preempting: dict[str, str] = {}
+        self._preempting_in: Counter[str] = Counter()
         # queue -> per respect of `job_size`, how many queued jobs have each value; and how
         # many name GPU models (a job that does is compared with nothing: `least` None).
         self._sizes: dict[str, list[Counter[float]]] = {}
@@ -42,7 +46,9 @@ class Backlog:
 
     def _add(self, job: Job) -> None:
         if job.preempting:
-            self.preempting.add(job.id)
+            if job.id not in self.preempting:
+                self.preempting[job.id] = job.spec.queue
+                self._preempting_in[job.spec.queue] += 1
             return
         q = job.spec.queue
         bisect.insort(self.order.setdefault(q, []), order_key(job))
@@ -54,7 +60,11 @@ class Backlog:
 
     def _remove(self, job: Job) -> None:
         if job.preempting:
-            self.preempting.discard(job.id)
+            q = self.preempting.pop(job.id, None)
+            if q is not None:
+                self._preempting_in[q] -= 1
+                if not self._preempting_in[q]:
+                    del self._preempting_in[q]
             return
         q = job.spec.queue
         keys = self.order.get(q)
@@ -84,6 +94,24 @@ class Backlog:
         if not counts or self._with_models.get(queue):
             return None
         return tuple(min(c) for c in counts)
+
+    def count(self, queue: str) -> int:
+        """How many of the queue's jobs are queued (those waiting for victims included)."""
+        return len(self.order.get(queue, ())) + self._preempting_in.get(queue, 0)
+
+    def counts(self) -> dict[str, int]:
+        """Per queue with queued jobs, how many."""
+        out = {q: len(keys) for q, keys in self.order.items()}
+        for q, n in self._preempting_in.items():
+            out[q] = out.get(q, 0) + n
+        return out
+
+    def ids(self) -> Iterator[str]:
+        """Every queued job's id: queue by queue in order, then those waiting for victims."""
+        for keys in self.order.values():
+            for key in keys:
+                yield key[2]
+        yield from self.preempting
 
     def __len__(self) -> int:
         return sum(len(keys) for keys in self.order.values()) + len(self.preempting)

@@ -294,7 +294,7 @@ class Scheduler:
                     self._inflight[task] = c
                     task.add_done_callback(lambda _t: self.wake.set())
                     go_again = bool(self._reports or self._commands or self._submissions) or (
-                        c.plan.placed > 0 and bool(self.state.queued_ids))
+                        c.plan.placed > 0 and len(self.state.backlog) > 0)
                 except FencedError as exc:
                     self.leadership.step_down(str(exc))
                 except StoreError as exc:
@@ -463,7 +463,7 @@ class Scheduler:
                 metrics.INPUTS_DEFERRED.labels(kind).inc(len(deferred))
             metrics.INPUTS_WAITING.labels(kind).set(len(waiting))
         metrics.COMMITS_IN_FLIGHT.set(len(self._inflight) + 1)
-        metrics.QUEUE_DEPTH.set(len(self.state.queued_ids))
+        metrics.QUEUE_DEPTH.set(len(self.state.backlog))
         metrics.LOST_HOSTS_WAITING_FOR_REPORTS.set(plan.held_for_reports)
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [
@@ -617,7 +617,7 @@ class Scheduler:
             await self._publish([Event(kind="job.rejected", job_id=job_id, message=why)])
         await self._publish(plan.events)
         await self._alerts(plan, now)
-        if (plan.placed and len(self.state.queued_ids) > 0) or len(self._submissions) > 0:
+        if (plan.placed and len(self.state.backlog) > 0) or len(self._submissions) > 0:
             self.wake.set()  # more may fit; go again at once
         elif plan.paced:
             asyncio.get_running_loop().call_later(0.1, self.wake.set)  # pacing: come back soon
@@ -711,7 +711,7 @@ class Scheduler:
             self._watched_at = now
             rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
             below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
-            out += self.watch.queues(now, dict(self.state.queue_queued), self._placed_queues, below,
+            out += self.watch.queues(now, self.state.backlog.counts(), self._placed_queues, below,
                                      {r.queue.name: (r.dominant, r.entitled) for r in rows})
             self._placed_queues = set()
         return out

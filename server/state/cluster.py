@@ -138,7 +138,6 @@ class ClusterState:
     dropped: Counter[str] = field(default_factory=Counter)
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
     index: CapacityIndex = field(default_factory=CapacityIndex)
-    queued_ids: set[str] = field(default_factory=set)
     # Jobs placed whose every task has not been reported running yet (scheduling.delivery).
     placed_ids: set[str] = field(default_factory=set)
     job_state_counts: Counter[str] = field(default_factory=Counter)
@@ -162,13 +161,12 @@ class ClusterState:
     gpus_present: int = 0
     gpus_allocated: int = 0
     # Queues (`queue.<name>`), their decayed past use (`qusage.<name>`), and per queue
-    # what its jobs hold now, its jobs holding something, and its queued jobs: kept as
-    # job records arrive (server.scheduling.queues).
+    # what its jobs hold now and its jobs holding something: kept as job records arrive
+    # (server.scheduling.queues; its queued jobs are the backlog's, below).
     queues: dict[str, Queue] = field(default_factory=dict)
     queue_past: dict[str, QueueUsage] = field(default_factory=dict)
     queue_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     queue_live: dict[str, set[str]] = field(default_factory=dict)
-    queue_queued: Counter[str] = field(default_factory=Counter)
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -206,7 +204,6 @@ class ClusterState:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
             self.backlog.update(old, None)
-        self.queued_ids.discard(job_id)
         self.placed_ids.discard(job_id)
         self.deadlines.pop(job_id, None)
         self.victims.drop(job_id)
@@ -222,10 +219,6 @@ class ClusterState:
         self.jobs[job.id] = job
         self._queue_account(job, 1)
         self.backlog.update(old, job)
-        if job.state is JobState.QUEUED:
-            self.queued_ids.add(job.id)
-        else:
-            self.queued_ids.discard(job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(
                 a.state is AttemptState.PLACED for a in job.current_tasks())):  # a gang runs from its first task
             self.placed_ids.add(job.id)
@@ -235,13 +228,8 @@ class ClusterState:
         self.victims.update(job)
 
     def _queue_account(self, job: Job, sign: int) -> None:
-        """Add (`sign` 1) or remove (-1) what a job record holds and waits for to its
-        queue's figures."""
+        """Add (`sign` 1) or remove (-1) what a job record holds to its queue's figures."""
         q = job.spec.queue
-        if job.state is JobState.QUEUED:
-            self.queue_queued[q] += sign
-            if not self.queue_queued[q]:
-                del self.queue_queued[q]
         held = job_usage(job)
         if not held:
             return
@@ -535,7 +523,7 @@ class ClusterState:
         return Counter({k: v for k, v in self.job_state_counts.items() if v})
 
     def queued(self) -> list[Job]:
-        return [self.jobs[i] for i in self.queued_ids]
+        return [self.jobs[i] for i in self.backlog.ids()]
 
     def due_deadlines(self, now: float) -> list[str]:
         """Jobs whose running try reached its time limit by `now`, earliest first."""

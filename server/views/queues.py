@@ -3,7 +3,7 @@ quota beside what it holds, borrows and lends, its pending and running jobs and 
 share; and the queue-level reasons a queued job waits (why pending).
 
 Built from the cluster view's figures (kept as job records arrive: ClusterState
-queue_usage, queue_live, queue_queued), never by a pass over every job.
+queue_usage, queue_live, and the backlog's counts), never by a pass over every job.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def shares(state: ClusterState, b: QueueBook, now: float, half_life_s: float) ->
 
 def active(state: ClusterState) -> list[str]:
     """Queues holding something or with jobs waiting."""
-    return sorted({q for q, n in state.queue_queued.items() if n > 0}
+    return sorted(set(state.backlog.counts())
                   | {q for q, live in state.queue_live.items() if live})
 
 
@@ -100,7 +100,7 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
                 borrowing_limit=None if limit is None or limit == float("inf") else limit,
                 lending_limit=rq.lending_limit if rq is not None else None,
                 used=used.get(r, 0.0), borrowed=borrowed.get(r, 0.0), lent=lent.get(r, 0.0)))
-        out.append(QueueRow(queue=q, resources=res, pending=state.queue_queued.get(name, 0),
+        out.append(QueueRow(queue=q, resources=res, pending=state.backlog.count(name),
                             running=len(state.queue_live.get(name, ())), share=s.share(name),
                             dominant=s.dominant(name), entitled=s.entitled(name, act)))
     return out
@@ -144,7 +144,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                            "not all"))
     act = active(state)
     s = shares(state, b, now, half_life_s)
-    others = [a for a in act if a != name and state.queue_queued.get(a, 0) > 0]
+    others = [a for a in act if a != name and state.backlog.count(a) > 0]
     if others and not out:
         out.append(QueueReason(FAIR_SHARE, f"queue {name} share {s.share(name):.3f} (dominant {s.dominant(name):.3f}"
                                            f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "

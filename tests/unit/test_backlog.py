@@ -1,7 +1,10 @@
-"""scheduling.backlog: each queue's queued jobs in order and its smallest job, kept as
-job records arrive, always equal to working them out from the records afresh."""
+"""scheduling.backlog: each queue's queued jobs in order, their ids and counts, and its
+smallest job, kept as job records arrive, always equal to working them out from the
+records afresh."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -59,7 +62,12 @@ def test_the_backlog_equals_the_records_worked_out_afresh(steps: list) -> None:
     for step in steps:
         set_or_drop(state, step)
         assert held(state.backlog) == afresh(state.jobs)
-    assert len(state.backlog) == len(state.queued_ids)
+        # The one record of which jobs are queued: ids, counts per queue, the total.
+        queued = [j for j in state.jobs.values() if j.state is JobState.QUEUED]
+        assert len(state.backlog) == len(queued) and sorted(state.backlog.ids()) == sorted(j.id for j in queued)
+        per_queue = Counter(j.spec.queue for j in queued)
+        assert state.backlog.counts() == dict(per_queue)
+        assert all(state.backlog.count(q) == per_queue[q] for q in ("a", "b"))
 
 
 def test_the_backlog_stays_right_through_a_fairness_run_with_reclaim(monkeypatch: pytest.MonkeyPatch) -> None:

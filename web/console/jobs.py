@@ -110,7 +110,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
         "position": reads.queue_position(job),
-        "queued_total": len(m.state.queued_ids),
+        "queued_total": len(m.state.backlog),
         "events": m.jobs.timeline(job, recorded),
         "history_error": history_error,
         "gang": job.spec.replicas > 1,
