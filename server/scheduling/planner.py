@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -21,11 +22,14 @@ from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domai
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
+    CPU,
+    MEMORY,
     OVER_QUOTA,
     QueueBook,
     Refusal,
     add,
     effective_time_limit,
+    gpu_key,
     job_demand,
     job_size,
     job_usage,
@@ -543,15 +547,18 @@ class Admission:
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)
 
-    def restrict(self, job: Job) -> tuple[JobSpec | None, Refusal | None]:
+    def restrict(self, job: Job, seen: dict[str, float] | None = None) -> tuple[JobSpec | None, Refusal | None]:
         """The spec to place the job with (its GPU models narrowed to those its queue may
-        take it on), or the queue's refusal."""
+        take it on), or the queue's refusal. Each refusal met on the way lowers `seen`
+        (resource -> the least demand of it refused) where it is lower."""
         spec = job.spec
         qn = spec.queue
         q = self.book.queue(qn)
         assert q is not None
         if not spec.wants_gpu() or not meters(q, "gpu:"):
             refusal = self.book.admits(qn, job_demand(spec, None))
+            if refusal is not None and seen is not None:
+                _note(seen, refusal)
             return (spec, None) if refusal is None else (None, refusal)
         models = sorted(spec.models() or self.models)
         allowed: list[str] = []
@@ -561,6 +568,8 @@ class Admission:
             if refusal is None:
                 allowed.append(m)
             else:
+                if seen is not None:
+                    _note(seen, refusal)
                 # The refusal shown: one on a model the queue has a quota of, if any.
                 refusals.append((nominal(q, "gpu:" + m) <= 0, refusal))
         if not allowed:
@@ -568,6 +577,14 @@ class Admission:
         if frozenset(allowed) == spec.models() or (spec.models() is None and len(allowed) == len(models)):
             return spec, None  # nothing narrowed: a job of any model stays one (placed without a model set)
         return spec.model_copy(update={"gpu_model": None, "gpu_models": allowed}), None
+
+    def models_of(self, queue: str, spec: JobSpec | None) -> Sequence[str] | None:
+        """The GPU models `restrict` asks the queue's quota about for a job (`spec`; None:
+        one naming no models), None when the queue meters no GPUs."""
+        if not self.book.gpu_metered.get(queue, False):
+            return None
+        models = spec.models() if spec is not None else None
+        return sorted(models) if models is not None else self.models
 
     def demand(self, job: Job) -> dict[str, float]:
         """What the job would take (for preemption): its GPUs counted as the model its
@@ -587,6 +604,27 @@ class Admission:
             models = sorted(spec.models() or self.models) or [""]
             model = max(models, key=lambda m: (nominal(q, "gpu:" + m) if q else 0.0, -models.index(m)))
         return job_demand(spec, model)
+
+
+def _note(seen: dict[str, float], refusal: Refusal) -> None:
+    if refusal.resource and refusal.wanted < seen.get(refusal.resource, math.inf):
+        seen[refusal.resource] = refusal.wanted
+
+
+def refused_whole(seen: Mapping[str, float], size: tuple[float, ...], models: Sequence[str] | None) -> bool:
+    """Whether a job of `size` (`job_size`) is refused by its queue on every GPU model it
+    may take (`models`; None: its GPUs are not metered), given `seen`, the least demand of
+    each resource the queue's quota refused this cycle: it demands at least that much
+    of one resource, for each model. Placements only take within a cycle, and a queue's
+    quota refuses each resource on its own, more of it the more is asked
+    (`QueueBook.admits`), so such a job is refused too."""
+    gpus, tasks, cpus, memory = size
+    if cpus * tasks >= seen.get(CPU, math.inf) or memory * tasks >= seen.get(MEMORY, math.inf):
+        return True
+    if models is None or not models or gpus <= 0:
+        return False
+    want = gpus * tasks
+    return all(want >= seen.get(gpu_key(m), math.inf) for m in models)
 
 
 def _model_of(placer: Placer, choice: Choice) -> str:
@@ -938,6 +976,10 @@ def place_queued(
     # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
     # a job at least as large in every respect is refused too, and not looked at.
     refused: dict[str, tuple[tuple[float, ...], Refusal]] = {}
+    # Per queue, the least demand of each resource its quota refused this cycle (any
+    # job's, on any model): once the list for preemption is full, a job asking at least
+    # that much of one resource on every model it may take is not looked at.
+    seen: dict[str, dict[str, float]] = {}
 
     # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
     # second pass, and none is placed in a cohort where a job within its nominal quota
@@ -954,11 +996,12 @@ def place_queued(
         """At least as large as a job its queue's quota refused this cycle (for jobs of any
         model): refused too, unlooked at (placements only take, so it stays refused); kept
         for preemption while the cycle may still look for victims."""
-        floor = refused.get(job.spec.queue)
-        if floor is None or job.spec.models() is not None:
-            return False
-        if not _at_least(job_size(job.spec), floor[0]):
-            return False
+        qn = job.spec.queue
+        floor = refused.get(qn)
+        if floor is None or job.spec.models() is not None or not _at_least(job_size(job.spec), floor[0]):
+            hit = seen.get(qn)
+            return hit is not None and len(blocked) >= 2 * policy.preemptions_per_cycle and \
+                refused_whole(hit, job_size(job.spec), adm.models_of(qn, job.spec))
         if len(blocked) < 2 * policy.preemptions_per_cycle and job.not_before <= now \
                 and job.id not in w.frozen_jobs and job.id not in skip:
             blocked.append((job, floor[1]))
@@ -968,10 +1011,8 @@ def place_queued(
     # would too, and waits for the second pass without its demand being worked out.
     borrows: dict[str, tuple[float, ...]] = {}
 
-    def covers(floor: tuple[float, ...] | None, qn: str) -> bool:
-        """Whether every job of queue `qn` is at least as large as `floor`."""
-        if floor is None:
-            return False
+    def lowest(qn: str) -> tuple[float, ...] | None:
+        """The smallest of queue `qn`'s jobs in each respect (None: one names GPU models)."""
         if qn not in least:
             low = backlog.least(qn) if by_queue.get(qn) else None
             more = added.get(qn, [])
@@ -980,14 +1021,25 @@ def place_queued(
             if low is not None and more:
                 low = tuple(min(col) for col in zip(low, *(job_size(j.spec) for j in more), strict=True))
             least[qn] = low
-        low = least[qn]
+        return least[qn]
+
+    def covers(floor: tuple[float, ...] | None, qn: str) -> bool:
+        """Whether every job of queue `qn` is at least as large as `floor`."""
+        if floor is None:
+            return False
+        low = lowest(qn)
         return low is not None and _at_least(low, floor)
 
     def refused_rest(qn: str, i: int) -> bool:
         """Once the list for preemption is full, a queue whose every job is below a refusal
         is left at once: each of its jobs would be skipped."""
+        if len(blocked) < 2 * policy.preemptions_per_cycle:
+            return False
         hit = refused.get(qn)
-        return hit is not None and len(blocked) >= 2 * policy.preemptions_per_cycle and covers(hit[0], qn)
+        if hit is not None and covers(hit[0], qn):
+            return True
+        low = lowest(qn) if seen.get(qn) else None
+        return low is not None and refused_whole(seen[qn], low, adm.models_of(qn, None))
 
     def first_rest(qn: str, i: int) -> bool:
         if covers(borrows.get(qn), qn):  # each would borrow: all wait for the second pass
@@ -1079,7 +1131,7 @@ def place_queued(
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
         # but those still stopping for others; any other job none of them.
         placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)
-        spec, refusal = adm.restrict(job)
+        spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
         if spec is None:
             if job.spec.models() is None and refusal is not None and not job.preempting:
                 refused.setdefault(job.spec.queue, (size, refusal))

@@ -1,6 +1,7 @@
 """The planner's shortcuts over long queues (QueuePolicy.shortcuts in server.scheduling.planner: a
-queue's jobs deferred at once when each of them would borrow, a queue left once each of
-its jobs is known refused) change how many jobs a cycle looks at, never what it decides:
+queue's jobs deferred at once when each of them would borrow, a job or a queue left once
+it is known refused, by a refused job no larger or by the least refused demand of one
+resource) change how many jobs a cycle looks at, never what it decides:
 random clusters with queues over and under their quotas are driven for many cycles by a
 simulated agent, and every cycle's plan with the shortcuts equals the plan without."""
 
@@ -14,9 +15,11 @@ from hypothesis import strategies as st
 
 from server.scheduling import planner
 from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
+from server.scheduling.queues import CPU
 from tests.unit.test_planner import NOW, TERM
 from tests.unit.test_queue_planner import QWorld
-from wire.messages import encode
+from wire.messages import ResourceQuota, encode
+from wire.records import Record
 
 QUEUES = ("qa", "qb", "qc")
 
@@ -58,13 +61,20 @@ def _canonical(plan: Plan) -> tuple[object, ...]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(jobs(), st.lists(st.sampled_from([0.75, 1.5, 2.25, 4.0, 8.0]), min_size=3, max_size=3))
-def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals: list[float]) -> None:
+@given(jobs(), st.lists(st.sampled_from([0.75, 1.5, 2.25, 4.0, 8.0]), min_size=3, max_size=3),
+       st.lists(st.sampled_from([None, None, 3.0, 8.0, 20.0]), min_size=3, max_size=3))
+def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals: list[float],
+                                           cpu_nominals: list[float | None]) -> None:
+    """Queues with a GPU quota, some with a CPU quota as well (refused on either)."""
     w = QWorld()
     for h in range(2):
         w.host(f"h{h}", gpus=8, cpus=32)
-    for name, gpus in zip(QUEUES, nominals, strict=True):
-        w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, preempt_within=True)
+    for name, gpus, cpus in zip(QUEUES, nominals, cpu_nominals, strict=True):
+        q = w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, preempt_within=True)
+        if cpus is not None:
+            quota = {**q.quota, CPU: ResourceQuota(nominal=cpus)}
+            w.state.apply_state_record(Record(f"queue.{name}", next(w.rev),
+                                              encode(q.model_copy(update={"quota": quota}))))
     now = NOW
     for step in range(16):
         for i, f in enumerate(specs):
@@ -109,3 +119,37 @@ def test_a_queue_whose_every_job_would_borrow_is_deferred_at_once(monkeypatch: p
     looked_slow = len([j for j in seen if j.startswith("wait")])
     assert _canonical(fast) == _canonical(slow)
     assert looked_slow >= 50 and looked_fast < looked_slow
+
+
+def test_a_job_asking_as_much_of_a_refused_resource_is_not_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the list for preemption is full, a job asking at least as many GPUs as one its
+    queue's quota refused is refused unlooked at, whatever its CPUs: the jobs refused
+    first were large in CPUs, so no earlier refusal was smaller in every respect."""
+    w = QWorld()
+    w.host("h0", gpus=8, cpus=64)
+    w.queue("qa", gpus=2, min_runtime_s=0)  # no cohort: it may never hold more than 2
+    for i in range(2):
+        w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    # 1 GPU each, CPUs 8, 4, then 1, 2, 3, 1, 2, 3, ...
+    cpus = [8.0, 4.0] + [float(1 + i % 3) for i in range(40)]
+    for i, c in enumerate(cpus):
+        w.qsubmit(f"wait{i:02d}", "qa", gpus=1, cpus=c, submitted_at=NOW - 100 + i)
+    looked: list[str] = []
+    real = planner.Admission.restrict
+
+    def restrict(self: planner.Admission, job: Any, seen: Any = None) -> Any:
+        looked.append(job.id)
+        return real(self, job, seen)
+
+    monkeypatch.setattr(planner.Admission, "restrict", restrict)
+    fast = _plan(w, [], NOW + 2, True)
+    looked_fast = list(looked)
+    looked.clear()
+    slow = _plan(w, [], NOW + 2, False)
+    assert _canonical(fast) == _canonical(slow) and fast.placed == 0
+    assert len(looked) == len(cpus)
+    # Two refusals fill the list (2 x preemptions_per_cycle 2 = 4 places: wait00-03);
+    # every later job asks for 1 GPU, as much as the least refused.
+    assert looked_fast == ["wait00", "wait01", "wait02", "wait03"]
