@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--preload", type=int, default=0,
                     help="start with this many long-running tasks already in the cluster (bench/preload.py)")
+    ap.add_argument("--backlog", type=int, default=0,
+                    help="start with this many jobs queued in a queue whose quota admits none of them, in front "
+                         "of the measured jobs (bench/preload.py)")
     ap.add_argument("--read-flood", type=int, default=0,
                     help="clients sending the heaviest GraphQL reads back to back during the window (bench/readers.py)")
     ap.add_argument("--browse", type=int, default=0,

@@ -31,6 +31,7 @@ from typing import Any
 
 import nats.errors
 
+from bench.preload import BACKLOG_PREFIX
 from bench.preload import PREFIX as PRELOAD_PREFIX
 from bench.workload import DEFAULT_GPU_MEMORY_MB, GPU_MEMORY_MB, read_fleet
 from wire import natsclient, subjects
@@ -146,6 +147,8 @@ class Observer:
             if name.startswith(PRELOAD_PREFIX):
                 self.preloaded_revisions += 1  # counted against capacity via the allocs only
                 return
+            if name.startswith(BACKLOG_PREFIX):
+                return  # never placed (the report counts any that reached a host as a fault)
             d = json.loads(rec.value)
             st = str(d.get("state", "QUEUED"))  # stored without its defaults
             j = self.jobs.get(name)

@@ -10,19 +10,39 @@ simulated hosts adopt attempt 1 of each (`preload-*.1`) as already running, as a
 that restarts and finds its processes alive does, and never report on it. A preloaded
 job whose host is lost is requeued and run again like any other (those reruns are real
 simulated tasks).
+
+`--backlog N` writes, the same way, N QUEUED jobs (`backlog-<n>`, 1-8 GPUs, 1-32 CPUs and
+4-64 GB each, drawn with the run's seed) to a queue `backlog` whose quota admits no GPU
+of any model: a long queue that never moves, which every scheduling cycle finds in front
+of the measured jobs (it holds nothing, so fair share puts it first). The measured jobs'
+dispatch latency then includes what that queue costs a cycle. None of them may ever run.
 """
 
 from __future__ import annotations
 
+import random
 import time
 
 from bench.workload import HostSpec
 from server.state.streams import ensure_streams
 from wire import subjects
 from wire.kv import Store, Write, connect
-from wire.messages import Attempt, AttemptState, HostAlloc, Job, JobSpec, JobState, Task, encode
+from wire.messages import (
+    Attempt,
+    AttemptState,
+    HostAlloc,
+    Job,
+    JobSpec,
+    JobState,
+    Queue,
+    ResourceQuota,
+    Task,
+    encode,
+)
 
 PREFIX = "preload-"
+BACKLOG_PREFIX = "backlog-"
+BACKLOG_QUEUE = "backlog"
 CPUS = 0.1
 MEMORY_MB = 64
 COMMAND = ["sleep", "86400"]
@@ -56,14 +76,55 @@ def plan(fleet: list[HostSpec], n: int, now: float) -> tuple[list[Job], list[Hos
     return jobs, [HostAlloc(host_id=h, term=0, tasks=t) for h, t in tasks.items() if t]
 
 
-async def preload(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 1,
-                  batch_keys: int = 900, batch_bytes: int = 2 * 1024 * 1024) -> dict[str, float]:
+def backlog_plan(fleet: list[HostSpec], n: int, now: float, seed: int = 1) -> tuple[Queue, list[Job]]:
+    """The `backlog` queue (a nominal quota of 0 for every GPU model of the fleet, no
+    cohort: it may never hold a GPU) and its N queued jobs, in submission order."""
+    models = sorted({h.model for h in fleet if h.gpus and h.model})
+    queue = Queue(name=BACKLOG_QUEUE, description="bench --backlog: a queue that never moves",
+                  quota={f"gpu:{m}": ResourceQuota(nominal=0.0) for m in models},
+                  created_at=now, updated_at=now, by="bench")
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        job_id = f"{BACKLOG_PREFIX}{i:07d}"
+        spec = JobSpec(name=job_id, command=["sleep", "60"], gpus=rng.choice((1, 1, 2, 4, 8)),
+                       cpus=float(rng.randint(1, 32)), memory_mb=rng.choice((4096, 16384, 65536)),
+                       queue=BACKLOG_QUEUE, user="backlog")
+        jobs.append(Job(id=job_id, spec=spec, submitted_at=now - n + i, updated_at=now))
+    return queue, jobs
+
+
+def is_backlog_job(job_id: str) -> bool:
+    return job_id.startswith(BACKLOG_PREFIX)
+
+
+async def preload_backlog(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 1,
+                          seed: int = 1) -> dict[str, float]:
+    """Write the backlog queue and its jobs; returns what it took."""
+    started = time.monotonic()
+    queue, jobs = backlog_plan(fleet, n, time.time(), seed)
+    writes = [Write(subjects.queue_key(queue.name), encode(queue), expected=0)] + \
+             [Write(subjects.job_key(j.id), encode(j), expected=0) for j in jobs]
+    await _write(nats_url, writes, replicas)
+    return {"jobs": len(jobs), "bytes": sum(len(w.value) for w in writes),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+async def preload(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 1) -> dict[str, float]:
     """Write the records (creating the buckets first) with the store's own atomic,
     create-only commits; returns what it took."""
     started = time.monotonic()
     jobs, allocs = plan(fleet, n, time.time())
     writes = [Write(subjects.job_key(j.id), encode(j), expected=0) for j in jobs] + \
              [Write(subjects.alloc_key(a.host_id), encode(a), expected=0) for a in allocs]
+    await _write(nats_url, writes, replicas)
+    return {"jobs": len(jobs), "hosts": len(allocs), "bytes": sum(len(w.value) for w in writes),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+async def _write(nats_url: str, writes: list[Write], replicas: int, batch_keys: int = 900,
+                 batch_bytes: int = 2 * 1024 * 1024) -> None:
+    """Create the buckets, then commit `writes` in atomic, create-only batches."""
     nc = await connect(nats_url.split(",")[0], name="bench-preload")
     try:
         store = Store(nc, replicas=replicas)
@@ -80,5 +141,3 @@ async def preload(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 
             await store.commit(chunk)
     finally:
         await nc.close()
-    return {"jobs": len(jobs), "hosts": len(allocs), "bytes": sum(len(w.value) for w in writes),
-            "seconds": round(time.monotonic() - started, 1)}

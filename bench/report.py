@@ -267,8 +267,12 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             default=0,
         ),
         "preloaded": b.preloaded or None,
+        "backlog": b.backlogged or None,
         "server_state_load": b.state_load(),
-        "max_queue_depth": max((r["queue_depth"] for r in b.ticks), default=0),
+        # The server's own count of queued jobs, less the --backlog queue's (which never moves).
+        "max_queue_depth": max((r["queue_depth"] for r in b.ticks), default=0) - b.backlogged.get("jobs", 0),
+        "min_queue_depth_with_backlog": min((r["queue_depth"] for r in b.ticks if r["phase"] == "run"), default=0)
+        if b.backlogged else None,
         "overcommitted_hosts": len(overcommitted),
         "lost_host_detection": b.lost or {"skipped": True},
         "processes": procs,

@@ -38,7 +38,7 @@ from bench.historylag import HistoryLag, ended_jobs, sqlite_read_only
 from bench.leaders import LeaderScrapes
 from bench.postgres import PostgresServer, find_pg_bin, start_postgres, stop_postgres
 from bench.preload import PREFIX as PRELOAD_PREFIX
-from bench.preload import preload
+from bench.preload import preload, preload_backlog
 from bench.processes import Child, Processes
 from bench.report import build_report
 from bench.stats import SUSPECT_GAUGE, parse_metrics, pct
@@ -109,6 +109,7 @@ class Bench(Processes):
     notes: list[str] = field(default_factory=list)
     reads: dict[str, Any] | None = None  # what the readers saw (--read-flood, --browse)
     preloaded: dict[str, float] = field(default_factory=dict)
+    backlogged: dict[str, float] = field(default_factory=dict)
     observer_behind_at_start: int | None = None  # state records the observer had left to read
     machine_speed: dict[str, Any] | None = None  # bench.calibration, just before the run
     machine_cpu_at_start: Any = None  # psutil.cpu_times() at the window's start and end
@@ -516,6 +517,10 @@ class Bench(Processes):
         if a.postgres:
             self.start_postgres()
             print(f"history in PostgreSQL {self.args.db_url} (fsync and synchronous_commit on)", flush=True)
+        if a.backlog:
+            self.backlogged = await preload_backlog(self.nats_url, fleet, a.backlog, replicas=a.replicas, seed=a.seed)
+            print(f"queued {self.backlogged['jobs']} jobs in queue backlog, which admits none of them "
+                  f"({self.backlogged['bytes'] / 2**20:.0f} MB in {self.backlogged['seconds']} s)", flush=True)
         if a.preload:
             print(f"preloading {a.preload} running tasks into the state bucket ...", flush=True)
             self.preloaded = await preload(self.nats_url, fleet, a.preload, replicas=a.replicas)

@@ -143,13 +143,18 @@ def test_bench_small_run_is_correct(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_bench_with_preloaded_running_tasks_is_correct(tmp_path: Path) -> None:
     """`--preload`: the server starts with 10,000 running jobs in its state, tracks them
-    through the run (and reruns the lost host's share), and the run is still correct."""
+    through the run (and reruns the lost host's share), and the run is still correct.
+    With `--backlog`: 3,000 jobs wait in a queue that admits none of them all along, and
+    none of them reaches a host."""
     out = tmp_path / "bench.json"
     rc = main(["--hosts", "1000", "--rate", "50", "--duration", "8", "--drain", "60", "--preload", "10000",
-               "--lose-host-at", "2", "--json", str(out), "--work-dir", str(tmp_path / "work")])
+               "--backlog", "3000", "--lose-host-at", "2", "--json", str(out), "--work-dir", str(tmp_path / "work")])
     rep = json.loads(out.read_text())
     _check_report(rep)
     assert rep["preloaded"]["jobs"] == 10_000 and rep["preloaded"]["hosts"] == 1000
+    # The server counted the backlog's 3,000 queued jobs in every sample; none was placed
+    # (a backlog job on a host would be a dispatch of an unknown job, below).
+    assert rep["backlog"]["jobs"] == 3000 and rep["min_queue_depth_with_backlog"] >= 3000
     assert rep["max_live_jobs_tracked_by_server"] >= 10_000
     assert rep["correctness"]["dispatches_of_unknown_jobs"] == 0
     assert rep["lost_host_detection"]["requeued"] >= 10  # the lost host's preloaded share at least
