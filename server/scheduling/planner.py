@@ -23,6 +23,7 @@ from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     CPU,
+    EPS,
     MEMORY,
     OVER_QUOTA,
     QueueBook,
@@ -36,6 +37,7 @@ from server.scheduling.queues import (
     meters,
     nominal,
     task_demand,
+    unmetered,
 )
 from server.state.cluster import ClusterState
 from wire import subjects
@@ -540,6 +542,7 @@ class Admission:
         self.shares = fairshare.Shares(self.book, state.capacity, past)
         self.models = sorted(state.index.models())
         self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
+        self._any_model: dict[str, str] = {}  # per queue, the model a job naming none is counted as
         # Per queue, its running jobs that could be victims, cheapest first: built once a
         # cycle (server.scheduling.planner._running_by_cost), read by every search for victims.
         self.running: dict[str, _Ranked] = {}
@@ -585,6 +588,25 @@ class Admission:
             return None
         models = spec.models() if spec is not None else None
         return sorted(models) if models is not None else self.models
+
+    def borrows(self, queue: str, size: tuple[float, ...]) -> bool:
+        """`QueueBook.would_borrow` for a job of `size` (`job_size`) naming no GPU model,
+        its GPUs counted as `demand` counts them: worked out from the size alone, and
+        true of every job at least as large in each respect."""
+        q = self.book.queue(queue)
+        if q is None:
+            return False
+        if unmetered(q):
+            return True
+        gpus, tasks, cpus, memory = size
+        model = self._any_model.get(queue)
+        if model is None:
+            models = self.models or [""]
+            model = self._any_model[queue] = max(models, key=lambda m: (nominal(q, "gpu:" + m), -models.index(m)))
+        for r, v in ((CPU, cpus * tasks), (MEMORY, memory * tasks), (gpu_key(model), gpus * tasks)):
+            if v > 0 and self.book.meters(queue, r) and self.book.used(queue, r) + v > nominal(q, r) + EPS:
+                return True
+        return False
 
     def demand(self, job: Job) -> dict[str, float]:
         """What the job would take (for preemption): its GPUs counted as the model its
@@ -1042,7 +1064,9 @@ def place_queued(
         return low is not None and refused_whole(seen[qn], low, adm.models_of(qn, None))
 
     def first_rest(qn: str, i: int) -> bool:
-        if covers(borrows.get(qn), qn):  # each would borrow: all wait for the second pass
+        # Each would borrow (one at least as large as each did, or the smallest would):
+        # all wait for the second pass.
+        if covers(borrows.get(qn), qn) or ((low := lowest(qn)) is not None and adm.borrows(qn, low)):
             deferred.setdefault(qn, []).extend(by_queue[qn][i:])
             return True
         return False

@@ -153,3 +153,36 @@ def test_a_job_asking_as_much_of_a_refused_resource_is_not_looked_at(monkeypatch
     # Two refusals fill the list (2 x preemptions_per_cycle 2 = 4 places: wait00-03);
     # every later job asks for 1 GPU, as much as the least refused.
     assert looked_fast == ["wait00", "wait01", "wait02", "wait03"]
+
+
+def test_a_queue_whose_smallest_job_would_borrow_is_deferred_without_a_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue at its nominal quota whose jobs differ in every size but GPUs: its smallest
+    job would borrow, so the first pass defers the whole queue without working out any
+    job's demand (no job was at least as large in every respect as an earlier one, which
+    the floor of known borrowers needs)."""
+    w = QWorld()
+    w.host("h0", gpus=8, cpus=64)
+    w.queue("qa", cohort="c", gpus=2, min_runtime_s=0)
+    w.queue("qb", cohort="c", gpus=6, min_runtime_s=0)
+    for i in range(2):
+        w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)  # qa holds its nominal 2 GPUs
+    for i in range(30):  # CPUs falling while memory rises: no job smaller than an earlier one in every respect
+        w.qsubmit(f"wait{i:02d}", "qa", gpus=1, cpus=float(30 - i), memory_mb=512 + 64 * i,
+                  submitted_at=NOW - 100 + i)
+    seen: list[str] = []
+    real = planner.Admission.demand
+
+    def demand(self: planner.Admission, job: Any) -> Any:
+        seen.append(job.id)
+        return real(self, job)
+
+    monkeypatch.setattr(planner.Admission, "demand", demand)
+    fast = _plan(w, [], NOW + 2, True)
+    looked_fast = [j for j in seen if j.startswith("wait")]
+    seen.clear()
+    slow = _plan(w, [], NOW + 2, False)
+    assert _canonical(fast) == _canonical(slow)
+    # Only the jobs the cycle looks for victims for (2 x preemptions_per_cycle) had theirs.
+    assert len([j for j in seen if j.startswith("wait")]) >= 30 and len(looked_fast) <= 4
