@@ -91,9 +91,27 @@ def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals
         now += 1
 
 
-def test_a_queue_whose_every_job_would_borrow_is_deferred_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shortcut is taken (not only harmless): with a queue at its nominal quota, the
-    first pass works out the demand of one of its jobs, not of each."""
+def _looked_at(w: QWorld, monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[str], list[str]]:
+    """The queued jobs (`wait*`) a cycle called `planner.Admission.<method>` for, with the
+    shortcuts and without; the two plans are the same."""
+    seen: list[str] = []
+    real = getattr(planner.Admission, method)
+
+    def spy(self: planner.Admission, job: Any, *args: Any) -> Any:
+        seen.append(job.id)
+        return real(self, job, *args)
+
+    monkeypatch.setattr(planner.Admission, method, spy)
+    fast = _plan(w, [], NOW + 2, True)
+    looked_fast = [j for j in seen if j.startswith("wait")]
+    seen.clear()
+    slow = _plan(w, [], NOW + 2, False)
+    assert _canonical(fast) == _canonical(slow)
+    return looked_fast, [j for j in seen if j.startswith("wait")]
+
+
+def _queue_at_nominal() -> QWorld:
+    """qa (2 GPUs nominal, cohort c with qb's 6) holding its 2 GPUs."""
     w = QWorld()
     w.host("h0", gpus=8)
     w.queue("qa", cohort="c", gpus=2, min_runtime_s=0)
@@ -101,24 +119,18 @@ def test_a_queue_whose_every_job_would_borrow_is_deferred_at_once(monkeypatch: p
     for i in range(2):
         w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
     w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)  # qa now holds its nominal 2 GPUs
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    return w
+
+
+def test_a_queue_whose_every_job_would_borrow_is_deferred_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut is taken (not only harmless): with a queue at its nominal quota, the
+    first pass works out the demand of one of its jobs, not of each."""
+    w = _queue_at_nominal()
     for i in range(50):
         w.qsubmit(f"wait{i:02d}", "qa", gpus=2, submitted_at=NOW - 100 + i)
-    seen: list[str] = []
-    real = planner.Admission.demand
-
-    def demand(self: planner.Admission, job: Any) -> Any:
-        seen.append(job.id)
-        return real(self, job)
-
-    monkeypatch.setattr(planner.Admission, "demand", demand)
-    fast = _plan(w, [], NOW + 2, True)
-    looked_fast = len([j for j in seen if j.startswith("wait")])
-    seen.clear()
-    slow = _plan(w, [], NOW + 2, False)
-    looked_slow = len([j for j in seen if j.startswith("wait")])
-    assert _canonical(fast) == _canonical(slow)
-    assert looked_slow >= 50 and looked_fast < looked_slow
+    fast, slow = _looked_at(w, monkeypatch, "demand")
+    assert len(slow) >= 50 and len(fast) < len(slow)
 
 
 def test_a_job_asking_as_much_of_a_refused_resource_is_not_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,23 +148,11 @@ def test_a_job_asking_as_much_of_a_refused_resource_is_not_looked_at(monkeypatch
     cpus = [8.0, 4.0] + [float(1 + i % 3) for i in range(40)]
     for i, c in enumerate(cpus):
         w.qsubmit(f"wait{i:02d}", "qa", gpus=1, cpus=c, submitted_at=NOW - 100 + i)
-    looked: list[str] = []
-    real = planner.Admission.restrict
-
-    def restrict(self: planner.Admission, job: Any, seen: Any = None) -> Any:
-        looked.append(job.id)
-        return real(self, job, seen)
-
-    monkeypatch.setattr(planner.Admission, "restrict", restrict)
-    fast = _plan(w, [], NOW + 2, True)
-    looked_fast = list(looked)
-    looked.clear()
-    slow = _plan(w, [], NOW + 2, False)
-    assert _canonical(fast) == _canonical(slow) and fast.placed == 0
-    assert len(looked) == len(cpus)
+    fast, slow = _looked_at(w, monkeypatch, "restrict")
+    assert len(slow) == len(cpus)
     # Two refusals fill the list (2 x preemptions_per_cycle 2 = 4 places: wait00-03);
     # every later job asks for 1 GPU, as much as the least refused.
-    assert looked_fast == ["wait00", "wait01", "wait02", "wait03"]
+    assert fast == ["wait00", "wait01", "wait02", "wait03"]
 
 
 def test_a_queue_whose_smallest_job_would_borrow_is_deferred_without_a_look(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,29 +160,10 @@ def test_a_queue_whose_smallest_job_would_borrow_is_deferred_without_a_look(monk
     job would borrow, so the first pass defers the whole queue without working out any
     job's demand (no job was at least as large in every respect as an earlier one, which
     the floor of known borrowers needs)."""
-    w = QWorld()
-    w.host("h0", gpus=8, cpus=64)
-    w.queue("qa", cohort="c", gpus=2, min_runtime_s=0)
-    w.queue("qb", cohort="c", gpus=6, min_runtime_s=0)
-    for i in range(2):
-        w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)  # qa holds its nominal 2 GPUs
+    w = _queue_at_nominal()
     for i in range(30):  # CPUs falling while memory rises: no job smaller than an earlier one in every respect
         w.qsubmit(f"wait{i:02d}", "qa", gpus=1, cpus=float(30 - i), memory_mb=512 + 64 * i,
                   submitted_at=NOW - 100 + i)
-    seen: list[str] = []
-    real = planner.Admission.demand
-
-    def demand(self: planner.Admission, job: Any) -> Any:
-        seen.append(job.id)
-        return real(self, job)
-
-    monkeypatch.setattr(planner.Admission, "demand", demand)
-    fast = _plan(w, [], NOW + 2, True)
-    looked_fast = [j for j in seen if j.startswith("wait")]
-    seen.clear()
-    slow = _plan(w, [], NOW + 2, False)
-    assert _canonical(fast) == _canonical(slow)
+    fast, slow = _looked_at(w, monkeypatch, "demand")
     # Only the jobs the cycle looks for victims for (2 x preemptions_per_cycle) had theirs.
-    assert len([j for j in seen if j.startswith("wait")]) >= 30 and len(looked_fast) <= 4
+    assert len(slow) >= 30 and len(fast) <= 4
