@@ -48,8 +48,14 @@ class Victim:
         """Lower is cheaper to stop: low priority, then little work lost (its runtime
         times the GPUs it holds, or times its CPUs for a job without GPUs)."""
         gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
-        size = gpus or self.usage.get("cpu", 1.0) / 1000
+        size = work_size(gpus, self.usage.get("cpu", 1.0))
         return (self.priority, (now - self.started_at) * size, -self.submitted_at, self.job_id)
+
+
+def work_size(gpus: float, cpus: float) -> float:
+    """What a victim's runtime is multiplied by to weigh the work its stop loses: the GPUs
+    its live tasks hold, or thousandths of their CPUs for a job without GPUs."""
+    return gpus or cpus / 1000
 
 
 def stoppable(job: Job) -> tuple[float, float] | None:
@@ -64,7 +70,7 @@ def stoppable(job: Job) -> tuple[float, float] | None:
     started = [t.started_at for t in tasks if t.started_at is not None]
     if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
         return None
-    return min(started), gpu_amount(job.spec) * len(tasks) or job.spec.cpus * len(tasks) / 1000
+    return min(started), work_size(gpu_amount(job.spec) * len(tasks), job.spec.cpus * len(tasks))
 
 
 @dataclass
