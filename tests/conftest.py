@@ -51,14 +51,24 @@ async def eventually(pred: Any, timeout: float = 10.0, what: str = "condition", 
 @contextlib.contextmanager
 def frozen(*pids: int) -> Iterator[None]:
     """The processes stopped (SIGSTOP) for the block and continued (SIGCONT) after it,
-    whatever happens in it: a server that stops answering without closing anything."""
+    whatever happens in it: a server that stops answering without closing anything. The
+    block starts once each process is seen stopped (`T` in /proc/<pid>/stat), not merely
+    signalled."""
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
+        for pid in pids:
+            wait_until(lambda pid=pid: _state(pid) in ("T", "t"), timeout=10, interval=0.01,
+                       what=f"process {pid} stopped")
         yield
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc/<pid>/stat (after the command's parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
