@@ -390,7 +390,7 @@ def test_muster_imports_without_matplotlib() -> None:
 
 @pytest.mark.parametrize("mode", ["watch", "core"])
 def test_heartbeat_read_benchmark_reads_every_record(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m bench.hbread` (the per-heartbeat cost quoted in the README): every
+    """`python -m bench.hbread` (the per-heartbeat cost quoted in docs/benchmarks.md): every
     published record is read and the report is complete. Correctness only."""
     from bench import hbread
 

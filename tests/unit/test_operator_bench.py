@@ -1,7 +1,7 @@
 """The operator benchmark's history, without running it: the rows it bulk-inserts are the
 rows `History` itself writes for the same jobs, and the filled database keeps the schema
-Alembic made (SQLite files). Then what the benchmark found at 50,000 hosts (see README,
-"Operator latency at 50,000 hosts and 500,000 jobs")."""
+Alembic made (SQLite files). Then what the benchmark found at 50,000 hosts (see
+docs/benchmarks.md, "Operator latency at 50,000 hosts and 500,000 jobs")."""
 
 from __future__ import annotations
 
