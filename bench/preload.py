@@ -94,10 +94,6 @@ def backlog_plan(fleet: list[HostSpec], n: int, now: float, seed: int = 1) -> tu
     return queue, jobs
 
 
-def is_backlog_job(job_id: str) -> bool:
-    return job_id.startswith(BACKLOG_PREFIX)
-
-
 async def preload_backlog(nats_url: str, fleet: list[HostSpec], n: int, replicas: int = 1,
                           seed: int = 1) -> dict[str, float]:
     """Write the backlog queue and its jobs; returns what it took."""

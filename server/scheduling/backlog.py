@@ -27,11 +27,10 @@ OrderKey = tuple[int, float, str]
 class Backlog:
     def __init__(self) -> None:
         # queue -> its queued jobs' order keys (fairshare.order_key), in order; jobs that
-        # wait for victims to stop (`preempting`: job id -> queue) are kept apart, as the
-        # planner takes them, and counted per queue.
+        # wait for victims to stop (`preempting`: job id -> queue; a few at a time) are
+        # kept apart, as the planner takes them.
         self.order: dict[str, list[OrderKey]] = {}
         self.preempting: dict[str, str] = {}
-        self._preempting_in: Counter[str] = Counter()
         # queue -> per respect of `job_size`, how many queued jobs have each value; and how
         # many name GPU models (a job that does is compared with nothing: `least` None).
         self._sizes: dict[str, list[Counter[float]]] = {}
@@ -46,9 +45,7 @@ class Backlog:
 
     def _add(self, job: Job) -> None:
         if job.preempting:
-            if job.id not in self.preempting:
-                self.preempting[job.id] = job.spec.queue
-                self._preempting_in[job.spec.queue] += 1
+            self.preempting[job.id] = job.spec.queue
             return
         q = job.spec.queue
         bisect.insort(self.order.setdefault(q, []), order_key(job))
@@ -60,11 +57,7 @@ class Backlog:
 
     def _remove(self, job: Job) -> None:
         if job.preempting:
-            q = self.preempting.pop(job.id, None)
-            if q is not None:
-                self._preempting_in[q] -= 1
-                if not self._preempting_in[q]:
-                    del self._preempting_in[q]
+            self.preempting.pop(job.id, None)
             return
         q = job.spec.queue
         keys = self.order.get(q)
@@ -97,13 +90,13 @@ class Backlog:
 
     def count(self, queue: str) -> int:
         """How many of the queue's jobs are queued (those waiting for victims included)."""
-        return len(self.order.get(queue, ())) + self._preempting_in.get(queue, 0)
+        return len(self.order.get(queue, ())) + sum(1 for q in self.preempting.values() if q == queue)
 
     def counts(self) -> dict[str, int]:
         """Per queue with queued jobs, how many."""
         out = {q: len(keys) for q, keys in self.order.items()}
-        for q, n in self._preempting_in.items():
-            out[q] = out.get(q, 0) + n
+        for q in self.preempting.values():
+            out[q] = out.get(q, 0) + 1
         return out
 
     def ids(self) -> Iterator[str]:

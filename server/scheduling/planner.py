@@ -23,7 +23,6 @@ from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     CPU,
-    EPS,
     MEMORY,
     OVER_QUOTA,
     QueueBook,
@@ -34,10 +33,8 @@ from server.scheduling.queues import (
     job_demand,
     job_size,
     job_usage,
-    meters,
     nominal,
     task_demand,
-    unmetered,
 )
 from server.state.cluster import ClusterState
 from wire import subjects
@@ -558,12 +555,12 @@ class Admission:
         qn = spec.queue
         q = self.book.queue(qn)
         assert q is not None
-        if not spec.wants_gpu() or not meters(q, "gpu:"):
+        models = self.models_of(qn, spec) if spec.wants_gpu() else None
+        if models is None:
             refusal = self.book.admits(qn, job_demand(spec, None))
             if refusal is not None and seen is not None:
                 _note(seen, refusal)
             return (spec, None) if refusal is None else (None, refusal)
-        models = sorted(spec.models() or self.models)
         allowed: list[str] = []
         refusals: list[tuple[bool, Refusal]] = []
         for m in models:
@@ -581,13 +578,13 @@ class Admission:
             return spec, None  # nothing narrowed: a job of any model stays one (placed without a model set)
         return spec.model_copy(update={"gpu_model": None, "gpu_models": allowed}), None
 
-    def models_of(self, queue: str, spec: JobSpec | None) -> Sequence[str] | None:
+    def models_of(self, queue: str, spec: JobSpec | None) -> list[str] | None:
         """The GPU models `restrict` asks the queue's quota about for a job (`spec`; None:
         one naming no models), None when the queue meters no GPUs."""
         if not self.book.gpu_metered.get(queue, False):
             return None
         models = spec.models() if spec is not None else None
-        return sorted(models) if models is not None else self.models
+        return sorted(models) if models else self.models
 
     def borrows(self, queue: str, size: tuple[float, ...]) -> bool:
         """`QueueBook.would_borrow` for a job of `size` (`job_size`) naming no GPU model,
@@ -596,17 +593,12 @@ class Admission:
         q = self.book.queue(queue)
         if q is None:
             return False
-        if unmetered(q):
-            return True
         gpus, tasks, cpus, memory = size
         model = self._any_model.get(queue)
         if model is None:
-            models = self.models or [""]
-            model = self._any_model[queue] = max(models, key=lambda m: (nominal(q, "gpu:" + m), -models.index(m)))
-        for r, v in ((CPU, cpus * tasks), (MEMORY, memory * tasks), (gpu_key(model), gpus * tasks)):
-            if v > 0 and self.book.meters(queue, r) and self.book.used(queue, r) + v > nominal(q, r) + EPS:
-                return True
-        return False
+            model = self._any_model[queue] = _counted_model(q, self.models)
+        return self.book.would_borrow(queue, {CPU: cpus * tasks, MEMORY: memory * tasks,
+                                              gpu_key(model): gpus * tasks})
 
     def demand(self, job: Job) -> dict[str, float]:
         """What the job would take (for preemption): its GPUs counted as the model its
@@ -621,11 +613,15 @@ class Admission:
     def _demand(self, job: Job) -> dict[str, float]:
         spec = job.spec
         q = self.book.queue(spec.queue)
-        model: str | None = None
-        if spec.wants_gpu():
-            models = sorted(spec.models() or self.models) or [""]
-            model = max(models, key=lambda m: (nominal(q, "gpu:" + m) if q else 0.0, -models.index(m)))
+        model = _counted_model(q, sorted(spec.models() or self.models)) if spec.wants_gpu() else None
         return job_demand(spec, model)
+
+
+def _counted_model(q: Queue | None, models: list[str]) -> str:
+    """The model a job that accepts any of `models` is counted as: the one its queue has
+    most quota of (the first on a tie; "" when there are none)."""
+    models = models or [""]
+    return max(models, key=lambda m: (nominal(q, "gpu:" + m) if q else 0.0, -models.index(m)))
 
 
 def _note(seen: dict[str, float], refusal: Refusal) -> None:
@@ -983,15 +979,18 @@ def place_queued(
     # victims freed beyond that preemptor's need goes to other jobs in the same cycle.
     keeping = Counter(h for hosts in held.values() for h in hosts)
     kept = set(keeping)
-    let_go: set[str] = set()
+    keeps = dict(held)  # preemptors not yet placed nor given up
 
     def let_go_of(job: Job) -> None:
-        if job.id in held and job.id not in let_go:
-            let_go.add(job.id)
-            for h in held[job.id]:
-                keeping[h] -= 1
-                if keeping[h] <= 0:
-                    kept.discard(h)
+        for h in keeps.pop(job.id, ()):
+            keeping[h] -= 1
+            if not keeping[h]:
+                kept.discard(h)
+
+    def give_up(job: Job) -> None:
+        """A preemptor that cannot be placed: its preemption is forgotten, its hosts let go."""
+        _forget_preemption(w, job, now)
+        let_go_of(job)
 
     reservation: set[str] | None = None
     blocked: list[tuple[Job, Refusal | None]] = []
@@ -1160,8 +1159,7 @@ def place_queued(
             if job.spec.models() is None and refusal is not None and not job.preempting:
                 refused.setdefault(job.spec.queue, (size, refusal))
             if job.preempting:
-                _forget_preemption(w, job, now)
-                let_go_of(job)
+                give_up(job)
             blocked.append((job, refusal))
             if refusal is not None and refusal.within_nominal:
                 wait_for_reclaim(job)
@@ -1170,8 +1168,7 @@ def place_queued(
             choices = placer.place_gang(spec)
             if choices is None:
                 if job.preempting:
-                    _forget_preemption(w, job, now)
-                    let_go_of(job)
+                    give_up(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
                 if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
@@ -1184,8 +1181,7 @@ def place_queued(
             choice = placer.place(spec)
             if choice is None:
                 if job.preempting:
-                    _forget_preemption(w, job, now)
-                    let_go_of(job)
+                    give_up(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
                 continue
