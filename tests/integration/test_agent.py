@@ -13,6 +13,7 @@ from typing import Any
 
 from agent.agent import Agent, AgentConfig
 from server.state.streams import ensure_streams
+from tests.conftest import eventually
 from tests.factories import host_alloc, task
 from wire import subjects
 from wire.kv import Store, connect
@@ -127,15 +128,15 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
     await ensure_streams(store)
     marks = tmp_path / "runs"
     try:
-        # One heartbeat at the start, the next 30 s later: a heartbeat taken while the test
-        # holds the agent fenced would end the fence (and start the work) by itself, which
-        # a 5 s interval allowed on a loaded machine (seen in a clean-clone run).
-        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=30.0, ttl_intervals=3,
-                                 fence_after_s=60.0) as agent:
-            for _ in range(200):
-                if agent.store is not None and agent.last_heartbeat_ok:
-                    break
-                await asyncio.sleep(0.05)
+        # One heartbeat at the start, seen before the test fences the agent, and none after
+        # it: a heartbeat taken while the test holds the agent fenced would end the fence
+        # (and start the work) by itself. Seen in clean-clone runs on a loaded machine with
+        # a 5 s interval, and with a 30 s one when the first heartbeat came only after the
+        # test had stopped waiting for it and fenced the agent.
+        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                                 fence_after_s=600.0) as agent:
+            await eventually(lambda: agent.store is not None and agent.last_heartbeat_ok, timeout=60,
+                             what="the agent's first heartbeat")
             agent.fenced = True  # as _check_fence sets it when heartbeats fail
             t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
             await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
