@@ -13,13 +13,24 @@ incarnation left running, then reports each attempt it had started and that is s
 assigned as LOST ("agent restarted"): the control plane retries it, and nothing is left
 RUNNING with nobody watching it.
 
-Self-fencing: when no heartbeat could be published for `fence_after_s`, the agent stops
-its own attempts, so that a cut-off host's work is dead before the control plane
-replaces it elsewhere. An agent that was killed and not restarted, or frozen, cannot: its
-watchdog (agent.watchdog, a small process of its own started with the agent) stops the
-attempts listed in `<host>.runs` once the agent has not written `<host>.watchdog/alive`
-(its pid, after every heartbeat the store took) for a little longer than `fence_after_s`.
-Without a state dir both live in a temporary directory.
+Self-fencing: a cut-off host's work must be dead before the control plane, seeing its
+heartbeat key expire one TTL after the last heartbeat stored, replaces it elsewhere. When
+no heartbeat has been stored for `fence_after_s` (counted from when the last stored one
+was sent), the agent freezes its attempts (SIGSTOP: they run nothing) and starts none.
+Each heartbeat it then sends is a probe, stored only if the host's key still holds the
+heartbeat stored last (`Nats-Expected-Last-Subject-Sequence`): then the key never expired
+nor was lost, the control plane cannot have replaced the work, and the attempts are
+continued where they stood (a stream re-electing its leader after a NATS node's loss
+costs no work). A probe refused means the key changed (expired, the bucket emptied):
+the attempts are stopped. With no answer at all, they get SIGTERM a moment before the
+key could expire and SIGKILL at the deadline (`fence_timing`). KEEP_RUNNING attempts are
+never touched. An agent that was killed and not restarted, or frozen itself, cannot do
+this: its watchdog (agent.watchdog, a small process of its own started with the agent)
+stops the attempts listed in `<host>.runs` once the agent has neither had a heartbeat
+stored (`<host>.watchdog/alive`: its pid and when that heartbeat was sent) for a little
+longer than `fence_after_s` nor shown itself awake (`awake`, touched twice a second), and
+kills them at the deadline whatever the agent does. Without a state dir both live in a
+temporary directory.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from nats.js import errors as jserrors
 
 from agent.gpu import GpuBackend, SimulatedBackend, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
@@ -47,7 +59,7 @@ from agent.runner import Run
 from agent.watchdog import start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
-from wire.kv import Store, connect
+from wire.kv import WRONG_LAST_SEQUENCE, Store, connect
 from wire.messages import (
     MAX_RECORD_BYTES,
     SHAPE_HEADER,
@@ -90,6 +102,15 @@ def parse_labels(text: str | None) -> dict[str, str]:
     if errors:
         raise ConfigError("; ".join(str(e) for e in errors))
     return labels
+
+
+def fence_timing(fence_after_s: float, ttl_s: float, kill_grace_s: float) -> tuple[float, float]:
+    """(SIGTERM at, SIGKILL at): seconds after the last stored heartbeat was sent at which
+    attempts still frozen by the fence get SIGTERM, and by which they are dead. The
+    deadline is a second before the key can expire (one TTL after that moment); SIGTERM
+    comes up to a second (`kill_grace_s` if shorter) before it, and never before the fence."""
+    kill_at = max(fence_after_s + 0.2, ttl_s - 1.0)
+    return max(fence_after_s, kill_at - min(1.0, kill_grace_s)), kill_at
 
 
 @dataclass
@@ -144,8 +165,14 @@ class Agent:
         self.seen: set[str] = set()  # attempts ever started (or refused) here
         self.max_term = 0
         self.applied_seq = 0
+        # When the last heartbeat the store took was sent (monotonic): the store stored it
+        # after that, so its key cannot expire before this plus the TTL.
         self.last_heartbeat_ok = time.monotonic()
         self.fenced = False
+        self._hb_rev: int | None = None  # the stream sequence of that heartbeat
+        self._frozen: dict[str, Run] = {}  # attempts frozen by the fence, waiting for a probe
+        self._fence_stops: set[asyncio.Task[None]] = set()
+        self.thawed = 0  # attempts continued after a fence (counter)
         self.dropped = 0
         self.hb_seq = 0
         self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
@@ -337,19 +364,30 @@ class Agent:
             began = time.monotonic()
             for fault in self.gpus.poll_faults():
                 log.error("GPU %d fault: %s", fault.index, fault.describe())
+            # While attempts are frozen, a heartbeat is stored only over the last one stored:
+            # then the key never expired (see the module's docstring).
+            probe = self._hb_rev if self._frozen else None
             try:
                 hb = self.heartbeat()
-                await self.store.js.publish(
-                    subject, encode(hb), headers={"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)},
-                    timeout=min(2.0, interval),
-                )
-                self.last_heartbeat_ok = time.monotonic()
+                headers = {"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)}
+                if probe is not None:
+                    headers["Nats-Expected-Last-Subject-Sequence"] = str(probe)
+                sent = time.monotonic()
+                ack = await self.store.js.publish(subject, encode(hb), headers=headers, timeout=min(2.0, interval))
+                self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
                 failures = 0
                 self._touch_alive()
                 if self.fenced:
-                    log.warning("heartbeats resumed; reconciling with current assignments")
-                    self.fenced = False
+                    self._end_fence(key_intact=probe is not None)
                     await self._refresh_assignments()
+            except jserrors.APIError as exc:
+                failures += 1
+                if probe is not None and exc.err_code == WRONG_LAST_SEQUENCE:
+                    self._stop_frozen("its heartbeat key changed while it was cut off (expired, or the "
+                                      "bucket was emptied)")
+                    self._hb_rev = None
+                elif failures == 1 or failures % 10 == 0:
+                    log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
                 if failures == 1 or failures % 10 == 0:
@@ -366,22 +404,57 @@ class Agent:
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():
             await self._check_fence()
+            self._touch_awake()
             self._keep_watchdog()
             await pause(self._stop, 0.5)
 
+    def fence_timing(self) -> tuple[float, float]:
+        c = self.config
+        return fence_timing(c.fence_after_s, c.heartbeat_interval_s * c.ttl_intervals, c.kill_grace_s)
+
     async def _check_fence(self) -> None:
         silent = time.monotonic() - self.last_heartbeat_ok
-        if silent < self.config.fence_after_s or self.fenced:
+        if silent < self.config.fence_after_s:
             return
-        self.fenced = True
-        doomed = [r for r in self.runs.values() if not r.task.keep_running]
-        log.error("no heartbeat for %.1f s: fencing myself, stopping %d attempts (%d keep running)",
-                  silent, len(doomed), len(self.runs) - len(doomed))
-        # The work must be dead before the heartbeat key expires and the control plane
-        # replaces it: the grace period is cut to what is left of the TTL.
-        ttl = self.config.heartbeat_interval_s * self.config.ttl_intervals
-        grace = max(0.2, min(self.config.kill_grace_s, ttl - self.config.fence_after_s - 1.0))
-        await asyncio.gather(*(r.stop(FENCED_REASON, grace) for r in doomed))
+        if not self.fenced:
+            self.fenced = True
+            doomed = [r for r in self.runs.values() if not r.task.keep_running]
+            for r in doomed:
+                r.freeze()
+            self._frozen = {r.task.attempt_id: r for r in doomed}
+            log.error("no heartbeat stored for %.1f s: fencing myself, %d attempts frozen until the store confirms "
+                      "this host's key (%d keep running)", silent, len(doomed), len(self.runs) - len(doomed))
+        term_at, _ = self.fence_timing()
+        if self._frozen and silent >= term_at:
+            self._stop_frozen(f"no heartbeat stored for {silent:.1f} s")
+
+    def _stop_frozen(self, why: str) -> None:
+        """Stop the frozen attempts: SIGTERM (continued to take it), SIGKILL at the fence's
+        deadline, before the key can expire and the control plane replace them."""
+        frozen, self._frozen = self._frozen, {}
+        if not frozen:
+            return
+        _, kill_at = self.fence_timing()
+        grace = max(0.0, kill_at - (time.monotonic() - self.last_heartbeat_ok))
+        log.error("%s: stopping %d frozen attempts (SIGKILL in %.1f s)", why, len(frozen), grace)
+        for r in frozen.values():
+            t = asyncio.create_task(r.stop(FENCED_REASON, grace))
+            self._fence_stops.add(t)
+            t.add_done_callback(self._fence_stops.discard)
+
+    def _end_fence(self, key_intact: bool) -> None:
+        """A heartbeat was stored again. Over the one stored before the fence (`key_intact`):
+        the frozen attempts go on where they stood."""
+        self.fenced = False
+        frozen, self._frozen = self._frozen, {}
+        if key_intact and frozen:
+            for r in frozen.values():
+                r.thaw()
+            self.thawed += len(frozen)
+            log.warning("heartbeats stored again over the last one before the fence: %d frozen attempts continued",
+                        len(frozen))
+        else:
+            log.warning("heartbeats resumed; reconciling with current assignments")
 
     # ------------------------------------------------------------ assignments
 
@@ -620,30 +693,43 @@ class Agent:
 
     # ------------------------------------------------------------ watchdog
 
-    def watchdog_timing(self) -> tuple[float, float]:
-        """(stale after, grace) for the watchdog: it acts a little after this agent's own
-        fence would (a live agent stops its attempts itself and says why), and its grace
-        ends a second before the heartbeat key expires."""
+    def watchdog_timing(self) -> tuple[float, float, float]:
+        """(stale after, grace, deadline) for the watchdog: a silent agent that is not
+        awake gets its attempts stopped a little after its own fence would have frozen them
+        (SIGTERM), and SIGKILLed a second before the heartbeat key can expire; a silent agent
+        that is awake fences by itself, and the watchdog only kills what is left at the
+        deadline, a quarter of a second after the agent's own (`fence_timing`) and never
+        later than a quarter of a second before the key can expire."""
         c = self.config
         ttl = c.heartbeat_interval_s * c.ttl_intervals
         stale_after = c.fence_after_s + min(1.0, (ttl - c.fence_after_s) / 3)
-        return round(stale_after, 3), round(max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0)), 3)
+        grace = max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0))
+        _, kill_at = self.fence_timing()
+        deadline = min(ttl - 0.25, max(kill_at + 0.25, stale_after + grace))
+        return round(stale_after, 3), round(grace, 3), round(deadline, 3)
 
     def _touch_alive(self) -> None:
-        """Show the watchdog this agent is alive: write its pid (the file's modification
-        time is what the watchdog watches; the pid tells it which agent wrote)."""
+        """Show the watchdog a heartbeat was stored: write this agent's pid (which agent
+        wrote) and when that heartbeat was sent (monotonic, the clock the watchdog reads)."""
         path = self._watch_dir / "alive"
         try:
-            path.write_text(f"{os.getpid()}\n")
+            path.write_text(f"{os.getpid()} {self.last_heartbeat_ok:.3f}\n")
         except OSError as exc:
             log.warning("cannot write %s: %s (the watchdog will stop this host's attempts)", path, exc)
 
+    def _touch_awake(self) -> None:
+        """Show the watchdog this agent is running its fence loop (and so fences itself)."""
+        try:
+            (self._watch_dir / "awake").write_text(f"{os.getpid()}\n")
+        except OSError:
+            pass  # the watchdog then treats a silent agent as asleep: SIGTERM at stale_after
+
     def _start_watchdog(self) -> None:
-        stale_after, grace = self.watchdog_timing()
+        stale_after, grace, deadline = self.watchdog_timing()
         # A session of its own: it must outlive this process, and not get its signals.
         self._watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", WATCHDOG, str(self._watch_dir), str(self._runs_dir), str(os.getpid()),
-             str(stale_after), str(grace)], stdin=subprocess.DEVNULL, start_new_session=True)
+             str(stale_after), str(grace), str(deadline)], stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _keep_watchdog(self) -> None:
         """Start the watchdog again if it died (killed by hand, or by the OOM killer)."""

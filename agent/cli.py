@@ -32,6 +32,9 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--simulate-gpus", default=None,
                    help="e.g. 8xH100; with MIG instances: 8xH100,mig=0-1:7*1g.10gb (GPUs 0 and 1 in MIG mode)")
     a.add_argument("--heartbeat-interval", type=float, default=5.0)
+    a.add_argument("--ttl-intervals", type=int, default=3,
+                   help="the heartbeat key's TTL in heartbeat intervals (the control plane counts the host lost "
+                        "when it expires)")
     a.add_argument("--fence-after", type=float, default=10.0)
     a.add_argument("--kill-grace", type=float, default=10.0)
     a.add_argument("--cpus", type=int, default=None)
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> None:
         labels=parse_labels(args.labels if args.labels is not None else os.environ.get("MUSTER_LABELS")),
         simulate_gpus=args.simulate_gpus or os.environ.get("MUSTER_SIMULATE_GPUS") or None,
         heartbeat_interval_s=args.heartbeat_interval,
+        ttl_intervals=args.ttl_intervals,
         fence_after_s=args.fence_after,
         kill_grace_s=args.kill_grace,
         cpus=args.cpus,

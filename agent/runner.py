@@ -89,6 +89,7 @@ class Run:
         self.stop_reason: str | None = None
         self.signaled = False  # a stop signal really reached the process
         self._stopping: asyncio.Future[None] | None = None  # the stop under way
+        self.frozen = False  # SIGSTOPped by the agent's fence (freeze), not yet continued
         self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
         self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
@@ -274,8 +275,40 @@ class Run:
             self._stopping = asyncio.ensure_future(self._stop())
         await asyncio.shield(self._stopping)
 
+    def freeze(self) -> None:
+        """SIGSTOP every process of the attempt (its cgroups and its process group), so that
+        it runs nothing while the agent cannot tell whether the control plane still counts
+        its host alive. SIGSTOP cannot be caught; a process forked during a sweep of the
+        cgroup is caught by the next (at most three), and one stopped process group is
+        stopped at once (a fork under way when the signal comes is restarted, stopped)."""
+        if self.proc is None or self._exited.is_set():
+            return
+        self.frozen = True
+        self._pause(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT what `freeze` stopped."""
+        if not self.frozen:
+            return
+        self.frozen = False
+        if self.proc is not None and not self._exited.is_set():
+            self._pause(signal.SIGCONT)
+
+    def _pause(self, sig: int) -> None:
+        assert self.proc is not None
+        paths = self.cgroup_paths
+        for _ in range(3 if sig == signal.SIGSTOP else 1):
+            cgroups.signal_paths(paths, sig)
+        try:
+            os.killpg(self.proc.pid, sig)
+        except OSError:
+            pass
+
     async def _stop(self) -> None:
         self._signal(signal.SIGTERM)
+        # A frozen attempt gets its SIGTERM when it is continued: its handler runs, within
+        # the grace (a fenced agent's grace ends before its heartbeat key can expire).
+        self.thaw()
         exited = asyncio.ensure_future(self._exited.wait())
         try:
             while not self._exited.is_set():

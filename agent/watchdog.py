@@ -7,20 +7,27 @@ hung machine), cannot, and its attempts would run on while the control plane, se
 heartbeat key expire, runs them again elsewhere. So each agent starts one watchdog, in a
 session of its own so that it outlives the agent:
 
-    python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE
+    python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE]
 
-The agent writes its pid to DIR/alive after every heartbeat the store took, and keeps in RUNS one
-file per running attempt: `<process group> <process start time> [keep] [cg:<dir>]...`
+The agent writes to DIR/alive, after every heartbeat the store took, its pid and when that
+heartbeat was sent (its monotonic clock, which is the system's and so this process's
+too); it touches DIR/awake twice a second while its fence loop runs; and it keeps in RUNS
+one file per running attempt: `<process group> <process start time> [keep] [cg:<dir>]...`
 (agent.agent), the directories being the attempt's cgroups (agent.cgroups).
-Four times a second the watchdog looks at DIR/alive. Once it has not changed for
-STALE_AFTER seconds (on the watchdog's monotonic clock, so a step of the wall clock
-changes nothing), it writes DIR/fenced/<attempt> and sends one SIGTERM to every process
-in the cgroups of every listed attempt, or to its process group when its cgroups hold none
-(but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the whole of its
-cgroups GRACE seconds later (so a double fork or `setsid` does not escape). A group whose
-leader's start time does not match was reused by something else and is left alone. The agent chooses STALE_AFTER
-just over its own fence delay (a live agent stops its attempts itself and reports why)
-and GRACE so that the attempts are dead before the heartbeat key expires.
+Four times a second the watchdog looks at both. The agent is silent for as long as no
+heartbeat was stored since (from the time in DIR/alive, or when the watchdog saw the file
+change; a step of the wall clock changes nothing). Once it has been silent for
+STALE_AFTER seconds and is not awake (DIR/awake unchanged for AWAKE_S, or the agent
+gone), the watchdog writes DIR/fenced/<attempt> and sends one SIGTERM to every process in
+the cgroups of every listed attempt, or to its process group when its cgroups hold none
+(but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the
+whole of its cgroups GRACE seconds later (so a double fork or `setsid` does not escape).
+An awake agent fences by itself (it freezes its attempts, and continues them if its key
+held): the watchdog leaves it alone until DEADLINE seconds of silence, then SIGKILLs
+whatever it left. A group whose leader's start time
+does not match was reused by something else and is left alone. The agent chooses
+STALE_AFTER just over its own fence delay, and GRACE and DEADLINE so that the attempts
+are dead before the heartbeat key can expire.
 
 The watchdog exits when the agent process is gone and either another agent has taken
 over DIR (DIR/alive holds another pid) or, once DIR/alive is stale, every attempt it
@@ -38,6 +45,8 @@ import time
 from types import ModuleType
 
 POLL_S = 0.25
+# An agent that has not touched DIR/awake for this long is taken for frozen or hung.
+AWAKE_S = 2.0
 
 
 def _load_cgroups() -> ModuleType | None:
@@ -74,13 +83,27 @@ def mtime(path: str) -> int | None:
         return None
 
 
-def writer(path: str) -> int | None:
-    """The pid the agent wrote to `alive` (None while unreadable, e.g. half written)."""
+def written(path: str) -> tuple[int | None, float | None]:
+    """(pid, when the heartbeat was sent) the agent wrote to `alive`; None for what is
+    unreadable (half written, or an older agent's file with the pid alone)."""
     try:
         with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
+            fields = f.read().split()
+    except OSError:
+        return None, None
+    pid: int | None = None
+    sent: float | None = None
+    try:
+        pid = int(fields[0])
+        sent = float(fields[1])
+    except (IndexError, ValueError):
+        pass
+    return pid, sent
+
+
+def writer(path: str) -> int | None:
+    """The pid the agent wrote to `alive` (None while unreadable, e.g. half written)."""
+    return written(path)[0]
 
 
 def start_time(pid: int) -> str:
@@ -114,19 +137,23 @@ def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
 
 class Watchdog:
     def __init__(self, directory: str, runs_dir: str, agent_pid: int, stale_after_s: float,
-                 grace_s: float) -> None:
+                 grace_s: float, deadline_s: float | None = None) -> None:
         self.alive = os.path.join(directory, "alive")
+        self.awake = os.path.join(directory, "awake")
         self.fenced_dir = os.path.join(directory, "fenced")
         self.runs_dir = runs_dir
         self.agent_pid = agent_pid
         self.agent_started = start_time(agent_pid)
         self.stale_after_s = stale_after_s
         self.grace_s = grace_s
-        # attempt -> (process group, its leader's start time, when to SIGKILL it (0.0: done),
+        self.deadline_s = stale_after_s + grace_s if deadline_s is None else deadline_s
+        # attempt -> (process group, its leader's start time, when to SIGKILL it (None: done),
         # its cgroup directories)
-        self.fenced: dict[str, tuple[int, str, float, list[str]]] = {}
+        self.fenced: dict[str, tuple[int, str, float | None, list[str]]] = {}
         self.last = mtime(self.alive)
         self.changed = time.monotonic()
+        self.last_awake = mtime(self.awake)
+        self.awake_changed = time.monotonic()
 
     def agent_gone(self) -> bool:
         return not self.agent_started or start_time(self.agent_pid) != self.agent_started
@@ -135,21 +162,35 @@ class Watchdog:
         """One look; False once the watchdog has nothing left to do."""
         seen = mtime(self.alive)
         if seen != self.last:
-            self.last, self.changed = seen, now
+            other, sent = written(self.alive)
+            self.last, self.changed = seen, (sent if sent is not None and sent <= now else now)
             # A change seen after the agent died may be its own last one: only another
             # pid in the file means another agent took over (it kills the leftovers).
-            other = writer(self.alive)
             if other not in (None, self.agent_pid) and self.agent_gone():
                 log(f"agent {self.agent_pid} gone and agent {other} took over: exiting")
                 return False
-        stale = now - self.changed >= self.stale_after_s
-        if stale:
+        seen_awake = mtime(self.awake)
+        if seen_awake != self.last_awake:
+            self.last_awake, self.awake_changed = seen_awake, now
+        silent = now - self.changed
+        stale = silent >= self.stale_after_s
+        if stale and not self.agent_awake(now):
             self.fence(now)
+        elif silent >= self.deadline_s:
+            self.fence(now, kill=True)  # the agent is awake but left attempts running
         self.finish(now)
         # A dead agent's attempts are fenced once it is stale, then the watchdog is done.
         return not (stale and self.agent_gone() and not self.live_fenced())
 
-    def fence(self, now: float) -> None:
+    def agent_awake(self, now: float) -> bool:
+        """The agent runs its fence loop (and so fences itself)."""
+        return (self.last_awake is not None and now - self.awake_changed < AWAKE_S
+                and not self.agent_gone())
+
+    def fence(self, now: float, kill: bool = False) -> None:
+        """Stop every listed attempt not yet fenced: SIGTERM, SIGKILL after the grace;
+        with `kill`, SIGKILL now."""
+        kill_at = now if kill else now + self.grace_s
         for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
             if keep or attempt in self.fenced or start_time(group) != started:
                 continue
@@ -159,7 +200,9 @@ class Watchdog:
                 f.write(f"{silent:.1f}\n")
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
-            self.fenced[attempt] = (group, started, now + self.grace_s, cgs)
+            self.fenced[attempt] = (group, started, kill_at, cgs)
+            if kill:
+                continue  # finish(), in this same step
             # One SIGTERM a process, as the agent's own stop sends it (cgroups.signal_attempt:
             # a process found both in the cgroup and in the group would get two, and its
             # handler would run twice). SIGKILL, GRACE seconds later, goes to both.
@@ -175,11 +218,11 @@ class Watchdog:
         """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process
         group id is not reused while any member is left), and everything in its cgroups."""
         for attempt, (group, started, kill_at, cgs) in list(self.fenced.items()):
-            if kill_at and now >= kill_at:
+            if kill_at is not None and now >= kill_at:
                 self.signal(group, signal.SIGKILL)
                 if cgroups is not None and cgs:
                     cgroups.kill_paths(cgs, wait_s=1.0)
-                self.fenced[attempt] = (group, started, 0.0, cgs)
+                self.fenced[attempt] = (group, started, None, cgs)
 
     def live_fenced(self) -> bool:
         """Any fenced attempt whose group's leader is still there."""
@@ -201,11 +244,12 @@ class Watchdog:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 5:
-        sys.stderr.write("usage: watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE\n")
+    if len(argv) not in (5, 6):
+        sys.stderr.write("usage: watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE]\n")
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    Watchdog(argv[0], argv[1], int(argv[2]), float(argv[3]), float(argv[4])).run()
+    Watchdog(argv[0], argv[1], int(argv[2]), float(argv[3]), float(argv[4]),
+             float(argv[5]) if len(argv) == 6 else None).run()
 
 
 if __name__ == "__main__":

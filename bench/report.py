@@ -145,6 +145,9 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "jobs_retried_after_fence": sum(1 for v in verdicts.values() if v.retried_after_fence),
         "simulator_fences": counters["fences"],
         "tasks_stopped_by_fences": counters["fenced_kills"],
+        # Frozen by a fence and continued: their host's key was stored again before it could
+        # expire (agent.agent's freeze).
+        "tasks_continued_after_fences": counters["fenced_thawed"],
         "gangs_partially_dispatched": len(partial),
         "gangs_with_tasks_sharing_a_host": len(shared),
         "dispatches_of_unknown_jobs": len(unknown),

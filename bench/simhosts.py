@@ -17,8 +17,11 @@ One NATS connection per process. Each host:
     messages in order, and a stream that had lost its leader in between would have failed
     the second probe); heartbeats sent around a failed probe are vouched for by nothing. So
     each host knows when its key was last known stored. A host whose key was not stored
-    for the agent's `fence_after_s` stops its tasks (KILLED, "fenced") before the key
-    expires and the control plane replaces them, and starts none until it is stored again;
+    for the agent's `fence_after_s` freezes its tasks (their timers stop) and starts none;
+    stored again before the key could have expired (`agent.agent.fence_timing`'s
+    deadline), it continues them; not stored by the fence's SIGTERM moment, or stored only
+    after the deadline, it stops them (KILLED, "fenced"), before the key expires and the
+    control plane replaces them;
   * status: `StatusReport` JSON via JetStream publish to `muster.status.<id>` with
     `Nats-Msg-Id: <attempt>:<STATE>`, every report retried until the stream acknowledges
     it. Reports are sent in batches by one task (`Outbox`), up to `--max-inflight`
@@ -53,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nats
-from agent.agent import FENCED_REASON, AgentConfig
+from agent.agent import FENCED_REASON, AgentConfig, fence_timing
 from bench.preload import is_preloaded_attempt
 from bench.workload import HostSpec, heartbeat_static, read_fleet
 from server.memory import freeze_survivors, keep_frozen, on_collection
@@ -106,7 +109,7 @@ def unhold(h: SimHost, t: dict) -> None:
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
                  "gpu_milli", "busy_mig", "heartbeating", "last_hb", "prev_hb", "subject", "_shape", "ttl",
-                 "frame_head", "stored", "fenced")
+                 "frame_head", "stored", "fenced", "frozen", "fenced_from")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -128,6 +131,9 @@ class SimHost:
         # was last known stored (wall time), and whether it is fenced now.
         self.stored = 0.0
         self.fenced = False
+        # While fenced: the frozen tasks' seconds left to run, and `stored` at the fence.
+        self.frozen: dict[str, float] = {}
+        self.fenced_from = 0.0
         self.subject = f"$KV.hosts.{spec.id}"
         self.ttl = ttl
         # ("HPUB <subject>  <header length> " (no reply subject), header block): the
@@ -256,7 +262,8 @@ class Simulator:
         self.new_arrivals: list[tuple[str, int, float]] = []  # job, task, wall time
         self.c = dict(hb_sent=0, assign_msgs=0, assign_stale=0, assign_dropped=0, started=0, finished=0,
                       killed=0, adopted=0, reports_acked=0, report_retries=0, gpu_collisions=0, slow_consumer=0,
-                      errors=0, fences=0, fenced_kills=0, acked_hb_failures=0, assign_while_fenced=0)
+                      errors=0, fences=0, fenced_kills=0, fenced_thawed=0, acked_hb_failures=0,
+                      assign_while_fenced=0)
         # When each attempt was stopped by its host's fence (wall time).
         self.fenced_attempts: dict[str, float] = {}
         # How each attempt ended on its host: [state, when, when the stream stored the
@@ -410,6 +417,7 @@ class Simulator:
         interval = self.args.heartbeat_interval
         # The agent's delay, shorter than the key's TTL (3 intervals) as an agent's must be.
         fence_after = min(FENCE_AFTER_S, 2 * interval)
+        term_at, kill_at = fence_timing(fence_after, 3 * interval, AgentConfig.kill_grace_s)
         n = len(self.hosts)
         k = 0
         for h in self.hosts:
@@ -435,7 +443,7 @@ class Simulator:
             since = last_ok if stored and reconnects == last_reconnects else None
             last_ok, last_reconnects = (sent if stored else None), reconnects
             now = time.time()
-            fenced, stopped, lifted = 0, 0, 0
+            fenced, frozen, stopped, thawed, lifted = 0, 0, 0, 0, 0
             for h in self.hosts:
                 if not h.heartbeating:
                     continue
@@ -445,28 +453,60 @@ class Simulator:
                     if since <= t <= sent and t > h.stored:
                         h.stored = t
                 if h.fenced:
-                    if now - h.stored < fence_after:
+                    if h.stored > h.fenced_from:  # stored again
+                        # Over the one before the fence only if the key cannot have expired.
+                        if h.stored - h.fenced_from < kill_at:
+                            thawed += self.thaw(h)
+                        else:
+                            stopped += self.stop_frozen(h, now)
                         h.fenced = False
                         lifted += 1
+                    elif h.frozen and now - h.fenced_from >= term_at:
+                        stopped += self.stop_frozen(h, now)
                 elif now - h.stored >= fence_after:
                     fenced += 1
-                    stopped += self.fence(h, now)
+                    frozen += self.fence(h)
             if fenced:
-                log.error("no heartbeat stored for %.0f s: %d hosts fenced, %d tasks stopped", fence_after, fenced,
-                          stopped)
+                log.error("no heartbeat stored for %.0f s: %d hosts fenced, %d tasks frozen", fence_after, fenced,
+                          frozen)
+            if stopped:
+                log.error("%d frozen tasks stopped (no heartbeat stored over the last before the fence)", stopped)
             if lifted:
-                log.warning("heartbeats stored again: fence lifted on %d hosts", lifted)
+                log.warning("heartbeats stored again: fence lifted on %d hosts, %d frozen tasks continued", lifted,
+                            thawed)
 
-    def fence(self, h: SimHost, now: float) -> int:
-        """Fence host `h`: stop its tasks (KILLED, the agent's reason); how many."""
-        h.fenced = True
+    def fence(self, h: SimHost) -> int:
+        """Fence host `h`: freeze its tasks (their timers stop); how many."""
+        h.fenced, h.fenced_from = True, h.stored
         self.c["fences"] += 1
-        doomed = list(h.running)
-        for aid in doomed:
-            self.fenced_attempts[aid] = now
-            self.kill(h, aid, FENCED_REASON)
-        self.c["fenced_kills"] += len(doomed)
-        return len(doomed)
+        loop = asyncio.get_running_loop()
+        for aid, (handle, _) in h.running.items():
+            handle.cancel()
+            h.frozen[aid] = max(0.0, handle.when() - loop.time())
+        return len(h.frozen)
+
+    def thaw(self, h: SimHost) -> int:
+        """Continue `h`'s frozen tasks where they stood; how many."""
+        loop = asyncio.get_running_loop()
+        frozen, h.frozen = h.frozen, {}
+        for aid, left in frozen.items():
+            entry = h.running.get(aid)
+            if entry is not None:
+                h.running[aid] = (loop.call_later(left, self.finish, h, aid), entry[1])
+        self.c["fenced_thawed"] += len(frozen)
+        return len(frozen)
+
+    def stop_frozen(self, h: SimHost, now: float) -> int:
+        """Stop `h`'s frozen tasks (KILLED, the agent's reason); how many."""
+        frozen, h.frozen = h.frozen, {}
+        n = 0
+        for aid in frozen:
+            if aid in h.running:
+                self.fenced_attempts[aid] = now
+                self.kill(h, aid, FENCED_REASON)
+                n += 1
+        self.c["fenced_kills"] += n
+        return n
 
     # ------------------------------------------------------------ status reports
 

@@ -28,6 +28,9 @@ from wire.messages import encode
 
 PY = sys.executable
 FAST = dict(heartbeat_interval=1, fence_after=2, kill_grace=2)
+# A key that outlives a short cut: TTL 10 s, fence after 2 s, so frozen attempts get
+# SIGTERM 8 s after the last stored heartbeat was sent (agent.Agent.fence_timing).
+LONG_TTL = dict(heartbeat_interval=1, ttl_intervals=10, fence_after=2, kill_grace=2)
 
 
 class AlertListener:
@@ -234,12 +237,18 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_path: Path, nats: Any) -> None:
+@pytest.mark.parametrize("timing", ["fast", "long_ttl"])
+def test_cut_off_agent_fences_itself_before_replacement(cluster: Cluster, tmp_path: Path, nats: Any,
+                                                        timing: str) -> None:
+    """An agent cut off for good stops its attempt (SIGTERM, its handler runs) before the
+    control plane, seeing the key expire, runs it elsewhere; healed, it never runs it
+    again. `fast`: the fence's SIGTERM comes at the fence (no time to freeze); `long_ttl`:
+    the attempt is frozen first, then stopped a moment before the key could expire."""
     proxy = TcpProxy(nats.port)
     try:
         srv = cluster.server(heartbeat_interval=1)
         cluster.nats_url, direct = proxy.url, cluster.nats_url
-        cluster.agent("cut", gpus="2xH100", **FAST)
+        cluster.agent("cut", gpus="2xH100", **(FAST if timing == "fast" else LONG_TTL))
         cluster.nats_url = direct
         api = Api(srv.url, cluster.token)
         api.wait_hosts(1)
@@ -304,6 +313,110 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
         assert_invariants(direct)
     finally:
         cluster.stop_all()  # while the proxy still passes the agent's last words
+        proxy.close()
+
+
+def group_states(group: int) -> list[str]:
+    """The state letter of every process in process group `group` ('T': stopped)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == group:
+            out.append(fields[0])
+    return out
+
+
+def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, nats: Any, proxy: TcpProxy,
+                            host: str) -> tuple[Proc, Api, str, Path, Path, int]:
+    """A server, an agent `host` behind `proxy` (LONG_TTL) running a marked job, and the
+    link cut until the agent's fence froze the job's processes: (agent, api, job id, gate,
+    marks log, the attempt's process group)."""
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.nats_url, direct = proxy.url, cluster.nats_url
+    agent = cluster.agent(host, gpus="2xH100", **LONG_TTL)
+    cluster.nats_url = direct
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, log = tmp_path / "gate", tmp_path / "marks"
+    jid = api.submit(name="frozen", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]["id"]
+    api.wait_job(jid, {"RUNNING"})
+    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    run_file = tmp_path / "agents" / f"{host}.runs" / f"{jid}.1"
+    group = int(wait_until(lambda: run_file.exists() and run_file.read_text().split()[0], what="the run file"))
+    proxy.cut()
+    wait_until(lambda: (st := group_states(group)) and all(x == "T" for x in st), timeout=60,
+               what="the attempt's processes stopped by the fence")
+    return agent, api, jid, gate, log, group
+
+
+def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Cluster, tmp_path: Path,
+                                                                     nats: Any) -> None:
+    """An agent cut off for longer than its fence delay freezes its attempt (SIGSTOP), runs
+    nothing while it cannot tell whether the control plane still counts its host alive,
+    and, once a heartbeat is stored over the last one before the cut (its key never
+    expired, so nothing was replaced), continues it: no SIGTERM, one attempt, the job ends
+    as if nothing happened. A NATS node's loss that leaves a stream without a leader for a
+    few seconds looks the same to an agent."""
+    proxy = TcpProxy(nats.port)
+    try:
+        agent, api, jid, gate, log, group = frozen_job_behind_a_cut(cluster, tmp_path, nats, proxy, "fz")
+        proxy.heal()
+        wait_until(lambda: "1 frozen attempts continued" in agent.output(), timeout=60, what="the attempt continued")
+        assert "T" not in group_states(group)
+        j = api.job(jid)
+        assert [a["state"] for a in j["attempts"]] == ["RUNNING"]
+        gate.write_text("go")
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
+        assert marks_by_attempt(log) == {f"{jid}.1": ["start", "end"]}
+        assert_invariants(cluster.nats_url)
+    finally:
+        cluster.stop_all()  # while the proxy still passes the agent's last words
+        proxy.close()
+
+
+def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster, tmp_path: Path,
+                                                               nats: Any) -> None:
+    """While the agent is cut off and its attempt frozen, its host's key changes (here a
+    heartbeat stored by the test; an expiry, or a bucket emptied by a NATS restart, alike):
+    the agent's first heartbeat after the cut is refused, as the control plane may have
+    replaced the work, so the frozen attempt is stopped (SIGTERM: its handler runs) and
+    reported; the job runs again, once."""
+    from agent.hostinfo import boot_id
+
+    proxy = TcpProxy(nats.port)
+    try:
+        agent, api, jid, gate, log, _ = frozen_job_behind_a_cut(cluster, tmp_path, nats, proxy, "fk")
+
+        async def overwrite() -> None:
+            nc = await natslib.connect(cluster.nats_url)
+            hb = heartbeat("fk", boot_id=boot_id(), labels={"rack": "r1", "zone": "z1"})
+            await nc.jetstream().publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "fk"), encode(hb),
+                                         headers={"Nats-TTL": "10s"})
+            await nc.close()
+
+        asyncio.run(overwrite())
+        proxy.heal()
+        wait_until(lambda: "heartbeat key changed" in agent.output(), timeout=60, what="the probe refused")
+        a1, a2 = f"{jid}.1", f"{jid}.2"
+        wait_until(lambda: marks_by_attempt(log).get(a1) == ["start", "stop"], timeout=60,
+                   what="the frozen attempt stopped")
+        wait_until(lambda: len(api.job(jid)["attempts"]) == 2, timeout=60, what="a second attempt")
+        wait_until(lambda: marks_by_attempt(log).get(a2) == ["start"], timeout=60, what="the second attempt started")
+        gate.write_text("go")
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert j["state"] == "SUCCEEDED"
+        assert [a["state"] for a in j["attempts"]] == ["KILLED", "SUCCEEDED"]
+        assert marks_by_attempt(log) == {a1: ["start", "stop"], a2: ["start", "end"]}
+        assert_invariants(cluster.nats_url)
+    finally:
+        cluster.stop_all()
         proxy.close()
 
 

@@ -59,3 +59,52 @@ async def test_a_repeated_stop_sends_one_sigterm_and_a_shorter_grace_kills_soone
     assert log.read_text().count("term") == 1
     assert run.stop_reason == "cancelled"
     assert AttemptState.RUNNING in states and states[-1] is AttemptState.KILLED
+
+
+def _states(group: int) -> list[str]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == group:
+                out.append(fields[0])
+    return out
+
+
+async def test_a_frozen_attempt_runs_nothing_until_continued_and_a_stop_reaches_its_handler(tmp_path: Path) -> None:
+    """The fence's freeze stops every process of the attempt (a child included); thawed,
+    they run on; a stop while frozen delivers the SIGTERM on continuing, so the task's
+    handler runs."""
+    log = tmp_path / "signals"
+    states: list[AttemptState] = []
+
+    async def on_state(_task: object, state: AttemptState, *_: object) -> None:
+        states.append(state)
+
+    code = STUBBORN.replace("open(path, \"a\").write(\"ready\\n\")",
+                            "import subprocess; subprocess.Popen(['sleep', '600']); open(path, 'a').write('ready\\n')")
+    run = Run(task(command=[sys.executable, "-c", code, str(log)]), on_state, kill_grace_s=600.0)
+    run.start()
+    await _started(run, log)
+    assert run.proc is not None
+    group = run.proc.pid
+    while len(_states(group)) < 2:  # the task and its child
+        await asyncio.sleep(0.05)
+    run.freeze()
+    while not all(x == "T" for x in _states(group)):
+        await asyncio.sleep(0.05)
+    run.thaw()
+    while "T" in _states(group):
+        await asyncio.sleep(0.05)
+    run.freeze()
+    while not all(x == "T" for x in _states(group)):
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(run.stop("fenced: host cut off from the control plane", 3.0), timeout=120)
+    await run.wait()
+    assert log.read_text().count("term") == 1  # handled after continuing, before the SIGKILL
+    assert states == [AttemptState.RUNNING, AttemptState.KILLED]
+    assert not run.frozen

@@ -46,10 +46,12 @@ class Setup:
         (self.runs / name).write_text(f"{p.pid} {start_time(p.pid)}{' keep' if keep else ''}\n")
         return p
 
-    def start(self, stale_after: float = 1.0, grace: float = 1.0) -> subprocess.Popen[bytes]:
+    def start(self, stale_after: float = 1.0, grace: float = 1.0,
+              deadline: float | None = None) -> subprocess.Popen[bytes]:
         self.watchdog = subprocess.Popen(
             [PY, "-I", "-S", WATCHDOG, str(self.dir), str(self.runs), str(self.agent.pid), str(stale_after),
-             str(grace)], stderr=subprocess.PIPE, start_new_session=True)
+             str(grace), *([str(deadline)] if deadline is not None else [])],
+            stderr=subprocess.PIPE, start_new_session=True)
         return self.watchdog
 
     def close(self) -> None:
@@ -175,6 +177,50 @@ def test_a_live_agent_keeps_its_attempts(setup: Setup) -> None:
     finally:
         stop.set()
         t.join(5)
+
+
+def test_an_awake_agent_fences_by_itself_and_what_it_leaves_is_killed_at_the_deadline(
+        setup: Setup, tmp_path: Path) -> None:
+    """No heartbeat stored (`alive` unchanged) but the agent awake (`awake` touched): the
+    agent freezes and continues its attempts itself, so the watchdog sends no SIGTERM at
+    the stale delay (that would end an attempt the agent may continue); at the deadline
+    it SIGKILLs whatever is still there."""
+    log = tmp_path / "marks"
+    fenced = setup.attempt("j1.1", marker(log))
+    kept = setup.attempt("j2.1", ["sleep", "600"], keep=True)
+    wait_until(lambda: log.exists() and "start" in log.read_text(), what="the attempt started")
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():
+            (setup.dir / "awake").write_text(f"{setup.agent.pid}\n")
+            stop.wait(0.1)
+
+    t = threading.Thread(target=touch, daemon=True)
+    t.start()
+    try:
+        setup.start(stale_after=0.5, grace=0.5, deadline=2.0)
+        fenced.wait(60)
+        assert fenced.returncode == -signal.SIGKILL  # no SIGTERM: its handler would exit 143
+        assert log.read_text().split() == ["start"]
+        assert (setup.dir / "fenced" / "j1.1").exists()  # the agent's report gives the watchdog as the reason
+        assert kept.poll() is None
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_an_agent_that_stops_being_awake_gets_the_sigterm(setup: Setup, tmp_path: Path) -> None:
+    """Awake once, then no more (the agent frozen or hung after its last touch): the
+    watchdog takes it for asleep and stops its attempts with SIGTERM as before."""
+    log = tmp_path / "marks"
+    fenced = setup.attempt("j1.1", marker(log))
+    wait_until(lambda: log.exists() and "start" in log.read_text(), what="the attempt started")
+    (setup.dir / "awake").write_text(f"{setup.agent.pid}\n")
+    setup.start(stale_after=0.5, grace=5.0, deadline=60.0)
+    fenced.wait(60)
+    assert fenced.returncode == 143
+    assert log.read_text().split() == ["start", "stop"]
 
 
 def test_it_exits_when_another_agent_takes_over(setup: Setup) -> None:

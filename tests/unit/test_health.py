@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.agent import AgentConfig, parse_labels
+from agent.agent import AgentConfig, fence_timing, parse_labels
 from server.health.rules import Health, host_health
 from server.scheduling import retry
 from server.scheduling.placement import NOT_HEALTHY, check
@@ -377,6 +377,39 @@ def test_agent_config_defaults_are_valid() -> None:
     cfg = agent_config()
     assert cfg.validate() is cfg
     assert agent_config(heartbeat_interval_s=1, ttl_intervals=3, fence_after_s=2.9).validate()
+
+
+@pytest.mark.parametrize(
+    "fence_after, ttl, grace, expected",
+    [
+        (10.0, 15.0, 10.0, (13.0, 14.0)),  # the defaults: frozen from 10 s, SIGTERM at 13, dead by 14
+        (10.0, 15.0, 0.5, (13.5, 14.0)),  # a shorter kill grace leaves the freeze longer
+        (2.0, 3.0, 2.0, (2.0, 2.2)),  # no room to freeze: SIGTERM at the fence, as before freezing
+        (2.0, 10.0, 2.0, (8.0, 9.0)),
+    ],
+)
+def test_fence_timing(fence_after: float, ttl: float, grace: float, expected: tuple[float, float]) -> None:
+    """Frozen attempts get SIGTERM no earlier than the fence and are dead a second before
+    the heartbeat key can expire."""
+    assert fence_timing(fence_after, ttl, grace) == pytest.approx(expected)
+
+
+def test_the_watchdog_acts_after_the_agent_and_before_the_key_expires() -> None:
+    """The watchdog's SIGTERM (for an agent that is not awake) comes after the agent's own
+    fence, its SIGKILL and its deadline for an awake agent after the agent's own deadline,
+    and all before the key can expire."""
+    from agent.agent import Agent
+
+    for kw in ({}, {"heartbeat_interval_s": 1.0, "fence_after_s": 2.0, "kill_grace_s": 2.0},
+               {"heartbeat_interval_s": 1.0, "ttl_intervals": 10, "fence_after_s": 2.0}):
+        cfg = agent_config(**kw).validate()
+        agent = Agent.__new__(Agent)
+        agent.config = cfg
+        ttl = cfg.heartbeat_interval_s * cfg.ttl_intervals
+        stale_after, grace, deadline = agent.watchdog_timing()
+        _, kill_at = agent.fence_timing()
+        assert cfg.fence_after_s < stale_after and kill_at < deadline < ttl, (kw, stale_after, deadline)
+        assert stale_after + grace <= deadline + 1e-9, kw
 
 
 @pytest.mark.parametrize(
