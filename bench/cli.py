@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kill-nats-leader-at", type=float, default=None,
                     help="seconds into the window: SIGKILL the NATS node leading the state stream "
                     "(needs --nats-cluster 3)")
+    ap.add_argument("--kill-nats-leader-of", choices=("state", "hosts"), default="state",
+                    help="which stream's leading NATS node --kill-nats-leader-at kills (the report says which "
+                    "streams it led)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     return ap

@@ -334,8 +334,9 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     submitted_at = {j: ts for j, (ts, _) in b.submitted.items()}
     dispatched_at = {j: v.dispatched_at for j, v in verdicts.items() if v.dispatched_at is not None}
     placed_at = {j: d["placed_at"] for j, d in ojobs.items() if d.get("placed_at") is not None}
-    rep["failover"] = [failover_figures(k["at"], f"{k['what']} ({k['process']})", submitted_at, dispatched_at,
-                                        placed_at) for k in b.kills] or None
+    rep["failover"] = [{**failover_figures(k["at"], f"{k['what']} ({k['process']})", submitted_at, dispatched_at,
+                                           placed_at), **({"streams_led": k["led"]} if "led" in k else {})}
+                       for k in b.kills] or None
     rep["leader_changes"] = [{"t_in_window_s": round(t - b.window_start, 2), "from": f, "to": to}
                              for t, f, to in b.scrapes.changes]
     rep["history_lag"] = b.history_lag

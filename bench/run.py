@@ -219,14 +219,21 @@ class Bench(Processes):
 
     async def kill_at(self, delay: float, what: str, nc: Any, client: httpx.AsyncClient) -> None:
         """--kill-leader-at / --kill-nats-leader-at: SIGKILL the leading `muster server`, or
-        the NATS node that leads the state stream, `delay` seconds into the window."""
+        the NATS node that leads the state stream (the hosts stream with
+        `--kill-nats-leader-of hosts`), `delay` seconds into the window."""
         await asyncio.sleep(delay)
         if what == "leader server":
             name = self.scrapes.leader
             victim = next((c for c, _ in self.servers if c.name == name), None)
-        else:
-            info = await nc.jetstream(timeout=10).stream_info(subjects.STATE_STREAM)
-            name = info.cluster.leader if info.cluster else None
+        led: list[str] = []
+        if what != "leader server":
+            js = nc.jetstream(timeout=10)
+            leaders = {}
+            for stream in (subjects.STATE_STREAM, subjects.HOSTS_STREAM):
+                info = await js.stream_info(stream)
+                leaders[stream] = info.cluster.leader if info.cluster else None
+            name = leaders[subjects.HOSTS_STREAM if self.args.kill_nats_leader_of == "hosts" else subjects.STATE_STREAM]
+            led = sorted(s for s, n in leaders.items() if n == name)
             victim = next((c for c in self.children if c.name == f"nats-server-{name}"), None)
         if victim is None or victim.popen is None:
             self.notes.append(f"--kill: found no {what} to kill (leader {name!r})")
@@ -234,7 +241,7 @@ class Bench(Processes):
         victim.killed = True
         victim.popen.kill()
         killed_at = time.time()
-        self.kills.append({"what": what, "process": victim.name, "at": killed_at})
+        self.kills.append({"what": what, "process": victim.name, "at": killed_at, **({"led": led} if led else {})})
         print(f"killed {what} {victim.name} (SIGKILL)", flush=True)
         if what == "leader server":
             # The bench's own GraphQL calls (the lost host's polling) go to a replica alive.
@@ -631,7 +638,7 @@ class Bench(Processes):
             readers.finite = True
         kill_tasks = [asyncio.create_task(self.kill_at(delay, what, nc, client))
                       for delay, what in ((a.kill_leader_at, "leader server"),
-                                          (a.kill_nats_leader_at, "NATS state stream leader"))
+                                          (a.kill_nats_leader_at, f"NATS {a.kill_nats_leader_of} stream leader"))
                       if delay is not None]
         lag = HistoryLag(self.history_url, since=t0)
         stop_lag = asyncio.Event()

@@ -11,7 +11,8 @@ One NATS connection per process. Each host:
     running task that disappears or carries `stop: true` is killed;
   * tasks: `sleep <seconds>` is simulated with a timer, no process;
   * self-fencing, as an agent fences itself (agent.agent): once a second one heartbeat goes
-    through JetStream with an acknowledgement instead. Two such probes acknowledged one
+    through JetStream with an acknowledgement instead (after a heartbeat from each fenced
+    host: an agent tries again every second). Two such probes acknowledged one
     after the other, on one connection without a reconnection between them, vouch for
     every heartbeat the process sent between them (the server takes a connection's
     messages in order, and a stream that had lost its leader in between would have failed
@@ -425,6 +426,15 @@ class Simulator:
         last_ok: float | None = None  # when the previous probe was sent, if it was stored
         last_reconnects = self.nc.stats["reconnects"]
         while not await pause(self.stop, 1.0):
+            # A fenced agent tries a heartbeat every second (agent.agent retries a failed one
+            # within a second): sent before this probe, which vouches for them if stored.
+            retry = [h for h in self.hosts if h.fenced and h.heartbeating]
+            t = time.time()
+            if retry and not self.nc.is_closed:
+                await self.nc._send_command(b"".join(h.heartbeat_frame(t) for h in retry))
+                for h in retry:
+                    h.prev_hb, h.last_hb = h.last_hb, t
+                self.c["hb_sent"] += len(retry)
             probe = next((h for h in (self.hosts[(k + i) % n] for i in range(n)) if h.heartbeating), None)
             k += 1
             sent = time.time()
@@ -440,6 +450,11 @@ class Simulator:
                     self.c["acked_hb_failures"] += 1
                     log.debug("acknowledged heartbeat: %s", exc)
             reconnects = self.nc.stats["reconnects"]
+            if stored and reconnects == last_reconnects:
+                # The probe, sent a moment after the fenced hosts' heartbeats on the same
+                # connection, was stored: so were they (an agent learns it from each ack).
+                for h in retry:
+                    h.stored = max(h.stored, t)
             since = last_ok if stored and reconnects == last_reconnects else None
             last_ok, last_reconnects = (sent if stored else None), reconnects
             now = time.time()
