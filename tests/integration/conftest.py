@@ -258,10 +258,21 @@ def stored_jobs(nats_url: str) -> dict[str, Any]:
 
 
 def assert_invariants(nats_url: str) -> None:
-    """Run the invariant checker over everything recorded in the store."""
+    """Run the invariant checker over everything recorded in the store. A read that times
+    out (a cluster still settling after a node was killed) is tried again, up to three
+    times."""
     import asyncio
+
+    from nats.errors import TimeoutError as NatsTimeout
 
     from server.state.checker import run_check
 
-    problems = asyncio.run(run_check(nats_url))
+    for attempt in range(3):
+        try:
+            problems = asyncio.run(run_check(nats_url))
+            break
+        except NatsTimeout:
+            if attempt == 2:
+                raise
+            time.sleep(2)
     assert problems == [], "\n".join(problems[:50])

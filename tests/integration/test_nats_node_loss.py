@@ -68,3 +68,46 @@ def test_killing_a_nats_node_under_load_loses_nothing(tmp_path: Path) -> None:
     finally:
         c.stop_all()
         nats.stop()
+
+
+@pytest.mark.timeout(600)
+def test_losing_the_node_that_leads_the_hosts_stream_costs_running_work_nothing(tmp_path: Path) -> None:
+    """The NATS node leading the `hosts` stream killed (SIGKILL): no heartbeat is stored
+    until the other two elect a leader, longer than the agent's fence delay here (1 s), so
+    the agent freezes its running attempt. Its key (TTL 15 s) outlives the election, the
+    first heartbeat after it is stored over the last one before, and the attempt goes on:
+    one attempt, never SIGTERMed, the job ends SUCCEEDED."""
+    from tests.integration.test_failures import marker_command, marks_by_attempt, read_marks
+
+    nats = start_cluster(tmp_path / "nats", size=3)
+    c = Cluster(nats.url, tmp_path)
+    try:
+        srv = c.server(heartbeat_interval=1, env={"MUSTER_REPLICAS": "3"})
+        agent = c.agent("hl-a", gpus="2xH100", heartbeat_interval=1, ttl_intervals=15, fence_after=1, kill_grace=2)
+        api = Api(srv.url, c.token)
+        api.wait_hosts(1)
+        gate, log = tmp_path / "gate", tmp_path / "marks"
+        jid = api.submit(name="long", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]["id"]
+        api.wait_job(jid, {"RUNNING"}, timeout=120)
+        deadline = time.monotonic() + 60
+        while not any(m[0] == "start" for m in read_marks(log)):
+            assert time.monotonic() < deadline, "the task did not start"
+            time.sleep(0.1)
+        leader = asyncio.run(stream_leader(nats.url, "KV_hosts"))
+        victim = next(n for n in nats.nodes if n.data_dir.name == leader)
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        deadline = time.monotonic() + 120
+        while "frozen attempts continued" not in agent.output():
+            assert "frozen attempts (SIGKILL" not in agent.output(), agent.output()[-3000:]
+            assert time.monotonic() < deadline, "the agent did not fence and continue:\n" + agent.output()[-3000:]
+            time.sleep(0.2)
+        assert "fencing myself, 1 attempts frozen" in agent.output()
+        gate.write_text("go")
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"}, timeout=120)
+        assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1, j
+        assert marks_by_attempt(log) == {f"{jid}.1": ["start", "end"]}
+        assert_invariants(nats.url)
+    finally:
+        c.stop_all()
+        nats.stop()
