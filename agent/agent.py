@@ -17,10 +17,10 @@ Self-fencing: a cut-off host's work must be dead before the control plane, seein
 heartbeat key expire one TTL after the last heartbeat stored, replaces it elsewhere. When
 no heartbeat has been stored for `fence_after_s` (counted from when the last stored one
 was sent), the agent freezes its attempts (SIGSTOP: they run nothing) and starts none.
-Each heartbeat it then sends is a probe, stored only if the host's key still holds the
-heartbeat stored last (`Nats-Expected-Last-Subject-Sequence`): then the key never expired
-nor was lost, the control plane cannot have replaced the work, and the attempts are
-continued where they stood (a stream re-electing its leader after a NATS node's loss
+Every heartbeat is stored only if the host's key still holds the one this agent stored
+last (`Nats-Expected-Last-Subject-Sequence`): one stored while frozen proves the key never
+expired nor was lost, the control plane cannot have replaced the work, and the attempts
+are continued where they stood (a stream re-electing its leader after a NATS node's loss
 costs no work). A probe refused means the key changed (expired, the bucket emptied):
 the attempts are stopped. With no answer at all, they get SIGTERM a moment before the
 key could expire and SIGKILL at the deadline (`fence_timing`). KEEP_RUNNING attempts are
@@ -364,9 +364,10 @@ class Agent:
             began = time.monotonic()
             for fault in self.gpus.poll_faults():
                 log.error("GPU %d fault: %s", fault.index, fault.describe())
-            # While attempts are frozen, a heartbeat is stored only over the last one stored:
-            # then the key never expired (see the module's docstring).
-            probe = self._hb_rev if self._frozen else None
+            # Each heartbeat is stored only over the last one this agent stored, so that one
+            # taken while attempts are frozen (or sent just before the fence froze them)
+            # proves the key never expired (see the module's docstring).
+            probe = self._hb_rev
             try:
                 hb = self.heartbeat()
                 headers = {"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)}
@@ -383,9 +384,14 @@ class Agent:
             except jserrors.APIError as exc:
                 failures += 1
                 if probe is not None and exc.err_code == WRONG_LAST_SEQUENCE:
-                    self._stop_frozen("its heartbeat key changed while it was cut off (expired, or the "
-                                      "bucket was emptied)")
+                    # The next heartbeat goes unconditionally (within a second).
                     self._hb_rev = None
+                    if self._frozen:
+                        self._stop_frozen("its heartbeat key changed while it was cut off (expired, or the "
+                                          "bucket was emptied)")
+                    else:
+                        log.warning("heartbeat refused: the key no longer holds the last heartbeat this agent "
+                                    "stored (one stored without its acknowledgement, or the key expired)")
                 elif failures == 1 or failures % 10 == 0:
                     log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
@@ -444,10 +450,13 @@ class Agent:
 
     def _end_fence(self, key_intact: bool) -> None:
         """A heartbeat was stored again. Over the one stored before the fence (`key_intact`):
-        the frozen attempts go on where they stood."""
+        the frozen attempts go on where they stood; else (the agent knew of no heartbeat
+        stored to check against) they are stopped."""
         self.fenced = False
+        if not key_intact:
+            self._stop_frozen("a heartbeat was stored again, but whether the key held could not be checked")
         frozen, self._frozen = self._frozen, {}
-        if key_intact and frozen:
+        if frozen:
             for r in frozen.values():
                 r.thaw()
             self.thawed += len(frozen)

@@ -212,6 +212,22 @@ def ctrl_c_works() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def group_states(group: int) -> list[str]:
+    """The state letter of every process in process group `group` ('T': stopped)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == group:
+            out.append(fields[0])
+    return out
+
+
 def process_gone(pid: int) -> bool:
     """No such process, or a zombie nobody has reaped yet (it runs no more code)."""
     try:

@@ -1,5 +1,6 @@
 """The agent in-process against a real nats-server: what it does with an assignment
-whose end it already reported."""
+whose end it already reported, with one that arrives while it is fenced, and with its
+frozen attempts when heartbeats are stored again."""
 
 from __future__ import annotations
 
@@ -135,8 +136,7 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
         # test had stopped waiting for it and fenced the agent.
         async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=300.0, ttl_intervals=3,
                                  fence_after_s=600.0) as agent:
-            await eventually(lambda: agent.store is not None and agent.last_heartbeat_ok, timeout=60,
-                             what="the agent's first heartbeat")
+            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
             agent.fenced = True  # as _check_fence sets it when heartbeats fail
             t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
             await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
@@ -154,5 +154,68 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
                     break
                 await asyncio.sleep(0.05)
             assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        await nc.close()
+
+
+MARKER = """
+import signal, sys, time
+def stop(*_):
+    open(sys.argv[1], "a").write("stop\\n"); sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1], "a").write("start\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(nats_url: str, tmp_path: Path) -> None:
+    """The agent freezes its attempts at the fence. A heartbeat stored afterwards continues
+    them only if it was checked against the last one stored before (the key held); stored
+    without that check (the agent knew of none to check against), they are stopped: the
+    key may have expired meanwhile."""
+    import sys
+
+    from agent.agent import FENCED_REASON
+    from tests.integration.conftest import group_states
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    try:
+        # Heartbeats far apart and a fence far away: the test moves the agent's clock of the
+        # last stored heartbeat back to fence it, and plays the heartbeat's outcome itself.
+        async with running_agent(nats_url, tmp_path, "fr-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                                 fence_after_s=600.0) as agent:
+            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+            logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
+            tasks = [task(f"j-{k}", command=[sys.executable, "-c", MARKER, str(logs[k])], cpus=1, memory_mb=64,
+                          term=1) for k in logs]
+            await store.put(subjects.alloc_key("fr-1"), encode(host_alloc("fr-1", tasks, term=1)))
+            await eventually(lambda: all(f.exists() and "start" in f.read_text() for f in logs.values()),
+                             timeout=60, what="both attempts running")
+            groups = [agent.runs[t.attempt_id].proc.pid for t in tasks]  # type: ignore[union-attr]
+
+            async def fence() -> None:
+                agent.last_heartbeat_ok -= 601.0  # no heartbeat stored for longer than fence_after
+                await agent._check_fence()
+                assert agent.fenced and set(agent._frozen) == {t.attempt_id for t in tasks}
+                await eventually(lambda: all(x == "T" for g in groups for x in group_states(g)), timeout=30,
+                                 what="the attempts frozen")
+                agent.last_heartbeat_ok += 601.0
+
+            await fence()
+            agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
+            await eventually(lambda: not any("T" in group_states(g) for g in groups), timeout=30,
+                             what="the attempts continued")
+            assert agent.thawed == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
+
+            await fence()
+            agent._end_fence(key_intact=False)  # a heartbeat stored without the check
+            # Both attempts stopped (SIGTERM, their handlers ran), reported KILLED as fenced.
+            await eventually(lambda: not agent.runs, timeout=60, what="the attempts stopped")
+            assert all(f.read_text().split() == ["start", "stop"] for f in logs.values())
+            assert {r.attempt_id: (r.state, r.reason) for r, _ in agent._ended.values()} == {
+                f"j-{k}.1": (AttemptState.KILLED, FENCED_REASON) for k in logs}
     finally:
         await nc.close()

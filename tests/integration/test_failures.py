@@ -21,7 +21,7 @@ import pytest
 import nats as natslib
 from tests.conftest import wait_until
 from tests.factories import heartbeat
-from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, process_gone
+from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, group_states, process_gone
 from tests.integration.netproxy import TcpProxy
 from wire import subjects
 from wire.messages import encode
@@ -314,22 +314,6 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
     finally:
         cluster.stop_all()  # while the proxy still passes the agent's last words
         proxy.close()
-
-
-def group_states(group: int) -> list[str]:
-    """The state letter of every process in process group `group` ('T': stopped)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == group:
-            out.append(fields[0])
-    return out
 
 
 def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, nats: Any, proxy: TcpProxy,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agent.runner import Run
 from tests.factories import task
+from tests.integration.conftest import group_states
 from wire.messages import AttemptState
 
 # Counts its SIGTERMs in a file and ignores them: only a SIGKILL ends it.
@@ -61,20 +62,6 @@ async def test_a_repeated_stop_sends_one_sigterm_and_a_shorter_grace_kills_soone
     assert AttemptState.RUNNING in states and states[-1] is AttemptState.KILLED
 
 
-def _states(group: int) -> list[str]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == group:
-                out.append(fields[0])
-    return out
-
-
 async def test_a_frozen_attempt_runs_nothing_until_continued_and_a_stop_reaches_its_handler(tmp_path: Path) -> None:
     """The fence's freeze stops every process of the attempt (a child included); thawed,
     they run on; a stop while frozen delivers the SIGTERM on continuing, so the task's
@@ -92,16 +79,16 @@ async def test_a_frozen_attempt_runs_nothing_until_continued_and_a_stop_reaches_
     await _started(run, log)
     assert run.proc is not None
     group = run.proc.pid
-    while len(_states(group)) < 2:  # the task and its child
+    while len(group_states(group)) < 2:  # the task and its child
         await asyncio.sleep(0.05)
     run.freeze()
-    while not all(x == "T" for x in _states(group)):
+    while not all(x == "T" for x in group_states(group)):
         await asyncio.sleep(0.05)
     run.thaw()
-    while "T" in _states(group):
+    while "T" in group_states(group):
         await asyncio.sleep(0.05)
     run.freeze()
-    while not all(x == "T" for x in _states(group)):
+    while not all(x == "T" for x in group_states(group)):
         await asyncio.sleep(0.05)
     await asyncio.wait_for(run.stop("fenced: host cut off from the control plane", 3.0), timeout=120)
     await run.wait()
