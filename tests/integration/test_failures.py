@@ -31,6 +31,9 @@ FAST = dict(heartbeat_interval=1, fence_after=2, kill_grace=2)
 # A key that outlives a short cut: TTL 10 s, fence after 2 s, so frozen attempts get
 # SIGTERM 8 s after the last stored heartbeat was sent (agent.Agent.fence_timing).
 LONG_TTL = dict(heartbeat_interval=1, ttl_intervals=10, fence_after=2, kill_grace=2)
+# For the cuts healed while frozen: 16 s between the freeze and the SIGTERM, so that a
+# loaded machine's slow reconnection does not make a test that means to continue stop.
+FREEZE = dict(heartbeat_interval=1, ttl_intervals=20, fence_after=2, kill_grace=2)
 
 
 class AlertListener:
@@ -318,12 +321,12 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
 
 def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, nats: Any, proxy: TcpProxy,
                             host: str) -> tuple[Proc, Api, str, Path, Path, int]:
-    """A server, an agent `host` behind `proxy` (LONG_TTL) running a marked job, and the
+    """A server, an agent `host` behind `proxy` (FREEZE) running a marked job, and the
     link cut until the agent's fence froze the job's processes: (agent, api, job id, gate,
     marks log, the attempt's process group)."""
     srv = cluster.server(heartbeat_interval=1)
     cluster.nats_url, direct = proxy.url, cluster.nats_url
-    agent = cluster.agent(host, gpus="2xH100", **LONG_TTL)
+    agent = cluster.agent(host, gpus="2xH100", **FREEZE)
     cluster.nats_url = direct
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
@@ -382,7 +385,7 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
             nc = await natslib.connect(cluster.nats_url)
             hb = heartbeat("fk", boot_id=boot_id(), labels={"rack": "r1", "zone": "z1"})
             await nc.jetstream().publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "fk"), encode(hb),
-                                         headers={"Nats-TTL": "10s"})
+                                         headers={"Nats-TTL": "20s"})
             await nc.close()
 
         asyncio.run(overwrite())
