@@ -381,9 +381,9 @@ class Agent:
                 if self.fenced:
                     self._end_fence(key_intact=probe is not None)
                     await self._refresh_assignments()
-            except jserrors.APIError as exc:
+            except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
-                if probe is not None and exc.err_code == WRONG_LAST_SEQUENCE:
+                if probe is not None and isinstance(exc, jserrors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
                     # The next heartbeat goes unconditionally (within a second).
                     self._hb_rev = None
                     if self._frozen:
@@ -393,10 +393,6 @@ class Agent:
                         log.warning("heartbeat refused: the key no longer holds the last heartbeat this agent "
                                     "stored (one stored without its acknowledgement, or the key expired)")
                 elif failures == 1 or failures % 10 == 0:
-                    log.warning("heartbeat failed (%d in a row): %s", failures, exc)
-            except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
-                failures += 1
-                if failures == 1 or failures % 10 == 0:
                     log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             await self._check_fence()
             if self._resend_unapplied(time.monotonic()):

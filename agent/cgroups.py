@@ -107,10 +107,11 @@ def signal_paths(paths: Iterable[str], sig: int) -> int:
 
 def signal_attempt(paths: Iterable[str], group: int, sig: int) -> None:
     """`sig` to every process of one attempt, once each: the processes in its cgroups
-    (every descendant), or, when those hold none, its process group `group`. SIGKILL
-    goes to both. The agent's stop and the watchdog's both send signals this way.
-    Raises PermissionError (from `killpg`)."""
-    if signal_paths(paths, sig) and sig != signal.SIGKILL:
+    (every descendant), or, when those hold none, its process group `group`. SIGKILL,
+    SIGSTOP and SIGCONT (which no handler sees twice) go to both. The agent's stop,
+    freeze and thaw and the watchdog's stop all send signals this way. Raises
+    PermissionError (from `killpg`)."""
+    if signal_paths(paths, sig) and sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT):
         return
     try:
         os.killpg(group, sig)

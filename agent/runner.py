@@ -296,13 +296,11 @@ class Run:
 
     def _pause(self, sig: int) -> None:
         assert self.proc is not None
-        paths = self.cgroup_paths
         for _ in range(3 if sig == signal.SIGSTOP else 1):
-            cgroups.signal_paths(paths, sig)
-        try:
-            os.killpg(self.proc.pid, sig)
-        except OSError:
-            pass
+            try:
+                cgroups.signal_attempt(self.cgroup_paths, self.proc.pid, sig)
+            except PermissionError:
+                self.proc.send_signal(sig)
 
     async def _stop(self) -> None:
         self._signal(signal.SIGTERM)

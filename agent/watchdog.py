@@ -101,11 +101,6 @@ def written(path: str) -> tuple[int | None, float | None]:
     return pid, sent
 
 
-def writer(path: str) -> int | None:
-    """The pid the agent wrote to `alive` (None while unreadable, e.g. half written)."""
-    return written(path)[0]
-
-
 def start_time(pid: int) -> str:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot): tells a process apart from
     a later one with the same pid; "" when there is none."""

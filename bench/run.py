@@ -222,11 +222,11 @@ class Bench(Processes):
         the NATS node that leads the state stream (the hosts stream with
         `--kill-nats-leader-of hosts`), `delay` seconds into the window."""
         await asyncio.sleep(delay)
+        led: list[str] = []
         if what == "leader server":
             name = self.scrapes.leader
             victim = next((c for c, _ in self.servers if c.name == name), None)
-        led: list[str] = []
-        if what != "leader server":
+        else:
             js = nc.jetstream(timeout=10)
             leaders = {}
             for stream in (subjects.STATE_STREAM, subjects.HOSTS_STREAM):

@@ -267,6 +267,7 @@ class Simulator:
                       assign_while_fenced=0)
         # When each attempt was stopped by its host's fence (wall time).
         self.fenced_attempts: dict[str, float] = {}
+        self.fenced_hosts: set[SimHost] = set()  # the hosts fenced now (fence_loop)
         # How each attempt ended on its host: [state, when, when the stream stored the
         # report (None: not yet)], wall times; it explains a retry the verdict rejects.
         self.host_ends: dict[str, list] = {}
@@ -428,7 +429,7 @@ class Simulator:
         while not await pause(self.stop, 1.0):
             # A fenced agent tries a heartbeat every second (agent.agent retries a failed one
             # within a second): sent before this probe, which vouches for them if stored.
-            retry = [h for h in self.hosts if h.fenced and h.heartbeating]
+            retry = [h for h in self.fenced_hosts if h.heartbeating]
             t = time.time()
             if retry and not self.nc.is_closed:
                 await self.nc._send_command(b"".join(h.heartbeat_frame(t) for h in retry))
@@ -475,6 +476,7 @@ class Simulator:
                         else:
                             stopped += self.stop_frozen(h, now)
                         h.fenced = False
+                        self.fenced_hosts.discard(h)
                         lifted += 1
                     elif h.frozen and now - h.fenced_from >= term_at:
                         stopped += self.stop_frozen(h, now)
@@ -493,6 +495,7 @@ class Simulator:
     def fence(self, h: SimHost) -> int:
         """Fence host `h`: freeze its tasks (their timers stop); how many."""
         h.fenced, h.fenced_from = True, h.stored
+        self.fenced_hosts.add(h)
         self.c["fences"] += 1
         loop = asyncio.get_running_loop()
         for aid, (handle, _) in h.running.items():

@@ -66,9 +66,15 @@ def frozen(*pids: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command's parentheses (state, ppid,
+    process group, ...). Raises OSError when there is no such process."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
 def _state(pid: int) -> str:
-    """A process's state letter from /proc/<pid>/stat (after the command's parentheses)."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    """A process's state letter."""
+    return proc_stat(pid)[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

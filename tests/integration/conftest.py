@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from server.broker.natsd import NatsProcess, free_port, start_nats, wait_for_port
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, proc_stat, wait_until
 
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -219,10 +219,9 @@ def group_states(group: int) -> list[str]:
         if not d.name.isdigit():
             continue
         try:
-            stat = (d / "stat").read_text()
+            fields = proc_stat(int(d.name))
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[2]) == group:
             out.append(fields[0])
     return out
@@ -231,10 +230,9 @@ def group_states(group: int) -> list[str]:
 def process_gone(pid: int) -> bool:
     """No such process, or a zombie nobody has reaped yet (it runs no more code)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return proc_stat(pid)[0] == "Z"
     except OSError:
         return True
-    return stat[stat.rindex(")") + 2] == "Z"
 
 
 def wait_all_finished(api: Api, timeout: float = 300) -> None:

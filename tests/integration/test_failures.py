@@ -120,12 +120,18 @@ def assert_stopped_before_replaced(log: Path, old: str, new: str) -> None:
     assert stop_old[0] < start_new[0], f"old attempt stopped at {stop_old[0]}, new started at {start_new[0]}"
 
 
-def running_marked_job(cluster: Cluster, tmp_path: Path, host: str, name: str,
+def running_marked_job(cluster: Cluster, tmp_path: Path, host: str, name: str, via: TcpProxy | None = None,
                        **agent_opts: Any) -> tuple[Proc, Api, dict[str, Any], Path, Path]:
-    """A server and one agent `host`, and a job on it whose task has started and waits for
-    its gate: (agent, api, job, gate, marks log)."""
+    """A server and one agent `host` (connected through `via` when given), and a job on it
+    whose task has started and waits for its gate: (agent, api, job, gate, marks log)."""
     srv = cluster.server(**{k: v for k, v in agent_opts.items() if k == "heartbeat_interval"})
-    agent = cluster.agent(host, gpus="2xH100", **agent_opts)
+    direct = cluster.nats_url
+    if via is not None:
+        cluster.nats_url = via.url
+    try:
+        agent = cluster.agent(host, gpus="2xH100", **agent_opts)
+    finally:
+        cluster.nats_url = direct
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     gate, log = tmp_path / "gate", tmp_path / "marks"
@@ -319,21 +325,13 @@ def test_keep_running_job_survives_a_short_cut(cluster: Cluster, tmp_path: Path,
         proxy.close()
 
 
-def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, nats: Any, proxy: TcpProxy,
+def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, proxy: TcpProxy,
                             host: str) -> tuple[Proc, Api, str, Path, Path, int]:
     """A server, an agent `host` behind `proxy` (FREEZE) running a marked job, and the
     link cut until the agent's fence froze the job's processes: (agent, api, job id, gate,
     marks log, the attempt's process group)."""
-    srv = cluster.server(heartbeat_interval=1)
-    cluster.nats_url, direct = proxy.url, cluster.nats_url
-    agent = cluster.agent(host, gpus="2xH100", **FREEZE)
-    cluster.nats_url = direct
-    api = Api(srv.url, cluster.token)
-    api.wait_hosts(1)
-    gate, log = tmp_path / "gate", tmp_path / "marks"
-    jid = api.submit(name="frozen", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]["id"]
-    api.wait_job(jid, {"RUNNING"})
-    wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), what="the task started")
+    agent, api, job, gate, log = running_marked_job(cluster, tmp_path, host, "frozen", via=proxy, **FREEZE)
+    jid = job["id"]
     run_file = tmp_path / "agents" / f"{host}.runs" / f"{jid}.1"
     group = int(wait_until(lambda: run_file.exists() and run_file.read_text().split()[0], what="the run file"))
     proxy.cut()
@@ -352,7 +350,7 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
     few seconds looks the same to an agent."""
     proxy = TcpProxy(nats.port)
     try:
-        agent, api, jid, gate, log, group = frozen_job_behind_a_cut(cluster, tmp_path, nats, proxy, "fz")
+        agent, api, jid, gate, log, group = frozen_job_behind_a_cut(cluster, tmp_path, proxy, "fz")
         proxy.heal()
         wait_until(lambda: "1 frozen attempts continued" in agent.output(), timeout=60, what="the attempt continued")
         assert "T" not in group_states(group)
@@ -379,7 +377,7 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
 
     proxy = TcpProxy(nats.port)
     try:
-        agent, api, jid, gate, log, _ = frozen_job_behind_a_cut(cluster, tmp_path, nats, proxy, "fk")
+        agent, api, jid, gate, log, _ = frozen_job_behind_a_cut(cluster, tmp_path, proxy, "fk")
 
         async def overwrite() -> None:
             nc = await natslib.connect(cluster.nats_url)

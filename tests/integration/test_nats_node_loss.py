@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from server.broker.natsd import start_cluster
+from tests.conftest import wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants, stored_jobs, wait_all_finished
 from tests.integration.test_ha import Submitter
 from wire.kv import connect
@@ -89,10 +90,7 @@ def test_losing_the_node_that_leads_the_hosts_stream_costs_running_work_nothing(
         gate, log = tmp_path / "gate", tmp_path / "marks"
         jid = api.submit(name="long", command=marker_command(log, gate), gpus=1, cpus=1, memoryMb=64)["job"]["id"]
         api.wait_job(jid, {"RUNNING"}, timeout=120)
-        deadline = time.monotonic() + 60
-        while not any(m[0] == "start" for m in read_marks(log)):
-            assert time.monotonic() < deadline, "the task did not start"
-            time.sleep(0.1)
+        wait_until(lambda: any(m[0] == "start" for m in read_marks(log)), timeout=60, what="the task started")
         leader = asyncio.run(stream_leader(nats.url, "KV_hosts"))
         victim = next(n for n in nats.nodes if n.data_dir.name == leader)
         victim.proc.send_signal(signal.SIGKILL)

@@ -5,6 +5,7 @@ the agent is alive, and exits when its agent is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,6 +94,26 @@ while True:
     return [PY, "-c", code]
 
 
+@contextlib.contextmanager
+def touching(path: Path, pid: int) -> Iterator[None]:
+    """`path` written (the agent's pid) every 0.1 s by a thread, as an agent keeps
+    `alive` or `awake` fresh, for the block."""
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():
+            path.write_text(f"{pid}\n")
+            stop.wait(0.1)
+
+    t = threading.Thread(target=touch, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+
+
 def test_a_silent_agent_gets_its_attempts_stopped_but_keep_running_ones(setup: Setup, tmp_path: Path) -> None:
     log, child = tmp_path / "marks", tmp_path / "child"
     fenced = setup.attempt("j1.1", marker(log, child))
@@ -158,25 +179,13 @@ def test_a_reused_pid_is_left_alone(setup: Setup) -> None:
 def test_a_live_agent_keeps_its_attempts(setup: Setup) -> None:
     """While `alive` keeps changing nothing is stopped, long past the stale delay."""
     p = setup.attempt("j1.1", ["sleep", "600"])
-    stop = threading.Event()
-
-    def touch() -> None:
-        while not stop.is_set():
-            (setup.dir / "alive").write_text(f"{setup.agent.pid}\n")
-            stop.wait(0.1)
-
-    t = threading.Thread(target=touch, daemon=True)
-    t.start()
-    try:
+    with touching(setup.dir / "alive", setup.agent.pid):
         # Stale after 2.5 s, touched every 0.1 s: also on a filesystem whose timestamps
         # have whole seconds the file changes well within the delay.
         wd = setup.start(stale_after=2.5, grace=0.5)
         time.sleep(6)
         assert p.poll() is None and wd.poll() is None
         assert not (setup.dir / "fenced").exists()
-    finally:
-        stop.set()
-        t.join(5)
 
 
 def test_an_awake_agent_fences_by_itself_and_what_it_leaves_is_killed_at_the_deadline(
@@ -189,25 +198,13 @@ def test_an_awake_agent_fences_by_itself_and_what_it_leaves_is_killed_at_the_dea
     fenced = setup.attempt("j1.1", marker(log))
     kept = setup.attempt("j2.1", ["sleep", "600"], keep=True)
     wait_until(lambda: log.exists() and "start" in log.read_text(), what="the attempt started")
-    stop = threading.Event()
-
-    def touch() -> None:
-        while not stop.is_set():
-            (setup.dir / "awake").write_text(f"{setup.agent.pid}\n")
-            stop.wait(0.1)
-
-    t = threading.Thread(target=touch, daemon=True)
-    t.start()
-    try:
+    with touching(setup.dir / "awake", setup.agent.pid):
         setup.start(stale_after=0.5, grace=0.5, deadline=2.0)
         fenced.wait(60)
         assert fenced.returncode == -signal.SIGKILL  # no SIGTERM: its handler would exit 143
         assert log.read_text().split() == ["start"]
         assert (setup.dir / "fenced" / "j1.1").exists()  # the agent's report gives the watchdog as the reason
         assert kept.poll() is None
-    finally:
-        stop.set()
-        t.join(5)
 
 
 def test_an_agent_that_stops_being_awake_gets_the_sigterm(setup: Setup, tmp_path: Path) -> None:
