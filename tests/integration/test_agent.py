@@ -215,6 +215,9 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             # Both attempts stopped (SIGTERM, their handlers ran), reported KILLED as fenced.
             await eventually(lambda: not agent.runs, timeout=60, what="the attempts stopped")
             assert all(f.read_text().split() == ["start", "stop"] for f in logs.values())
+            # An attempt leaves `runs` when it ends and enters `_ended` once the STATUS
+            # stream has taken its report: wait for both reports, then check them.
+            await eventually(lambda: len(agent._ended) == 2, timeout=60, what="both ends reported")
             assert {r.attempt_id: (r.state, r.reason) for r, _ in agent._ended.values()} == {
                 f"j-{k}.1": (AttemptState.KILLED, FENCED_REASON) for k in logs}
     finally:
