@@ -21,8 +21,10 @@ Every heartbeat is stored only if the host's key still holds the one this agent 
 last (`Nats-Expected-Last-Subject-Sequence`): one stored while frozen proves the key never
 expired nor was lost, the control plane cannot have replaced the work, and the attempts
 are continued where they stood (a stream re-electing its leader after a NATS node's loss
-costs no work). A probe refused means the key changed (expired, the bucket emptied):
-the attempts are stopped. With no answer at all, they get SIGTERM a moment before the
+costs no work). A probe refused means the key changed: the agent reads the key, and if it
+holds a heartbeat of its own, sent with the check, whose acknowledgement was lost, the
+chain holds and goes on from it; otherwise (expired, the bucket emptied, overwritten) the
+attempts are stopped. With no answer at all, they get SIGTERM a moment before the
 key could expire and SIGKILL at the deadline (`fence_timing`). KEEP_RUNNING attempts are
 never touched. An agent that was killed and not restarted, or frozen itself, cannot do
 this: its watchdog (agent.watchdog, a small process of its own started with the agent)
@@ -84,6 +86,7 @@ VERSION = "0.1.0"
 SIM_CPUS = 96
 SIM_MEMORY_MB = 1024 * 1024
 ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
+UNACKED_KEPT = 64  # heartbeats sent and not acknowledged, remembered to recognise in the key
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -170,6 +173,10 @@ class Agent:
         self.last_heartbeat_ok = time.monotonic()
         self.fenced = False
         self._hb_rev: int | None = None  # the stream sequence of that heartbeat
+        # Heartbeats sent over `_hb_rev` and not acknowledged (a timeout may hide one the
+        # store took): heartbeat seq -> (exact bytes, when sent). See _adopt_unacknowledged.
+        self._unacked: OrderedDict[int, tuple[bytes, float]] = OrderedDict()
+        self.adopted = 0  # heartbeats found stored after their acknowledgement was lost
         self._frozen: dict[str, Run] = {}  # attempts frozen by the fence, waiting for a probe
         self._fence_stops: set[asyncio.Task[None]] = set()
         self.thawed = 0  # attempts continued after a fence (counter)
@@ -370,12 +377,17 @@ class Agent:
             probe = self._hb_rev
             try:
                 hb = self.heartbeat()
+                data = encode(hb)
                 headers = {"Nats-TTL": ttl, SHAPE_HEADER: shape_digest(hb)}
+                sent = time.monotonic()
                 if probe is not None:
                     headers["Nats-Expected-Last-Subject-Sequence"] = str(probe)
-                sent = time.monotonic()
-                ack = await self.store.js.publish(subject, encode(hb), headers=headers, timeout=min(2.0, interval))
+                    self._unacked[hb.seq] = (data, sent)
+                    while len(self._unacked) > UNACKED_KEPT:
+                        self._unacked.popitem(last=False)
+                ack = await self.store.js.publish(subject, data, headers=headers, timeout=min(2.0, interval))
                 self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
+                self._unacked.clear()
                 failures = 0
                 self._touch_alive()
                 if self.fenced:
@@ -384,14 +396,16 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
                 if probe is not None and isinstance(exc, jserrors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
-                    # The next heartbeat goes unconditionally (within a second).
-                    self._hb_rev = None
-                    if self._frozen:
-                        self._stop_frozen("its heartbeat key changed while it was cut off (expired, or the "
-                                          "bucket was emptied)")
-                    else:
-                        log.warning("heartbeat refused: the key no longer holds the last heartbeat this agent "
-                                    "stored (one stored without its acknowledgement, or the key expired)")
+                    if not await self._adopt_unacknowledged():
+                        # The next heartbeat goes unconditionally (within a second).
+                        self._hb_rev = None
+                        self._unacked.clear()
+                        if self._frozen:
+                            self._stop_frozen("its heartbeat key changed while it was cut off (expired, "
+                                              "overwritten, or the bucket was emptied)")
+                        else:
+                            log.warning("heartbeat refused: the key no longer holds the last heartbeat this "
+                                        "agent stored (it expired, or was overwritten)")
                 elif failures == 1 or failures % 10 == 0:
                     log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             await self._check_fence()
@@ -402,6 +416,37 @@ class Agent:
             # second, so that one slow or lost answer is not half of fence_after.
             wait = interval - (time.monotonic() - began)
             await pause(self._stop, max(0.0, min(wait, 1.0) if failures else wait))
+
+    async def _adopt_unacknowledged(self) -> bool:
+        """After a checked heartbeat was refused: does the key hold one this agent sent with
+        the check whose acknowledgement was lost (a publish that timed out after the store
+        took it)? That heartbeat was stored only over `_hb_rev`, so the key still held then
+        and holds now: the chain goes on from it (`_hb_rev` := its sequence, and the fence
+        counts from when it was sent). Matched on its exact bytes, so that neither another
+        agent process of this host nor anyone else's write can pass for it. A stale read
+        (a replica behind) can at worst show an older heartbeat of ours, which was stored
+        all the same: what proves the key held is still only a checked heartbeat taken."""
+        assert self.store is not None
+        if not self._unacked:
+            return False
+        try:
+            rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET)
+        except StoreError as exc:
+            log.warning("heartbeat refused, and the key cannot be read: %s", exc)
+            return False
+        if rec.value is None:
+            return False
+        for seq, (data, sent) in self._unacked.items():
+            if data == rec.value:
+                self._hb_rev = rec.revision
+                self.last_heartbeat_ok = max(self.last_heartbeat_ok, sent)
+                self._touch_alive()
+                while self._unacked and next(iter(self._unacked)) <= seq:
+                    self._unacked.popitem(last=False)
+                self.adopted += 1
+                log.warning("heartbeat %d was stored though its acknowledgement was lost: going on from it", seq)
+                return True
+        return False
 
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():

@@ -18,7 +18,8 @@ refuses them from then on.
 Permissions:
 - server: everything (control-plane replicas and the admin CLI).
 - agent <host>: publish its heartbeat `$KV.hosts.<host>`, its status reports
-  `muster.status.<host>` and the direct get of its own `alloc.<host>` record; subscribe
+  `muster.status.<host>` and the direct get of its own `alloc.<host>` record and of its
+  own heartbeat key (to recognise a heartbeat whose acknowledgement was lost); subscribe
   to its assignments `muster.assign.<host>` and to its own inbox `_INBOX_<host>.>` (where
   JetStream acks and direct-get replies come). Nothing else.
 - subscriber: subscribe to `alerts.>` and `muster.events.>`; publish nothing.
@@ -49,6 +50,8 @@ def agent_permissions(host_id: str) -> dict[str, Any]:
                 subjects.status_subject(host_id),
                 f"$JS.API.DIRECT.GET.{subjects.STATE_STREAM}."
                 + subjects.kv_subject(subjects.STATE_BUCKET, subjects.alloc_key(host_id)),
+                f"$JS.API.DIRECT.GET.{subjects.HOSTS_STREAM}."
+                + subjects.kv_subject(subjects.HOSTS_BUCKET, host_id),
             ]
         },
         "subscribe": {

@@ -3,7 +3,9 @@
 `cut()` black-holes the link: established connections stay open but no byte passes
 either way (as when a switch drops packets), and new connections hang. `heal()`
 closes the black-holed connections (as TCP would once the peer's timers fire) and
-lets new ones through again.
+lets new ones through again. `hold_replies()` holds only what the target sends back (a
+request reaches the target and takes effect, its answer does not come back: a lost
+acknowledgement); `release()` lets the held bytes go on, late, on the same connections.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._cut = False
+        self._held = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -42,13 +45,13 @@ class TcpProxy:
         self._loop.run_until_complete(start())
         self._loop.run_forever()
 
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, back: bool = False) -> None:
         try:
             while True:
                 data = await r.read(65536)
                 if not data:
                     break
-                while self._cut:
+                while self._cut or (back and self._held):
                     await asyncio.sleep(0.05)  # black hole: hold the bytes
                     if w.is_closing():
                         return
@@ -68,11 +71,17 @@ class TcpProxy:
             cw.close()
             return
         self._writers.update({cw, uw})
-        await asyncio.gather(self._pipe(cr, uw), self._pipe(ur, cw))
+        await asyncio.gather(self._pipe(cr, uw), self._pipe(ur, cw, back=True))
         self._writers.difference_update({cw, uw})
 
     def cut(self) -> None:
         self._cut = True
+
+    def hold_replies(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
 
     def heal(self) -> None:
         def _heal() -> None:

@@ -405,6 +405,40 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
         proxy.close()
 
 
+def test_a_heartbeat_stored_whose_acknowledgement_was_lost_does_not_stop_frozen_work(
+        cluster: Cluster, tmp_path: Path, nats: Any) -> None:
+    """The link carries the agent's heartbeats to NATS but no answer back: the first one
+    is stored over the last acknowledged one, its acknowledgement never arrives, the
+    agent fences and freezes its attempt, and every later heartbeat (checked against the
+    last acknowledged) is refused, as the key now holds that first one. Once answers come
+    back, the agent is told of the refusal, reads its key, finds its own heartbeat there
+    (stored only over the last acknowledged one, so the key never expired), goes on from
+    it, and continues the attempt: no SIGTERM, one attempt."""
+    proxy = TcpProxy(nats.port)
+    try:
+        agent, api, job, gate, log = running_marked_job(cluster, tmp_path, "la", "lost-ack", via=proxy, **FREEZE)
+        jid = job["id"]
+        run_file = tmp_path / "agents" / "la.runs" / f"{jid}.1"
+        group = int(wait_until(lambda: run_file.exists() and run_file.read_text().split()[0], what="the run file"))
+        proxy.hold_replies()
+        wait_until(lambda: (st := group_states(group)) and all(x == "T" for x in st), timeout=60,
+                   what="the attempt's processes stopped by the fence")
+        proxy.release()
+        wait_until(lambda: "1 frozen attempts continued" in agent.output() or "heartbeat key changed" in agent.output(),
+                   timeout=60, what="the probe's outcome")
+        assert "1 frozen attempts continued" in agent.output() and "heartbeat key changed" not in agent.output()
+        assert "acknowledgement was lost: going on from it" in agent.output()
+        assert "T" not in group_states(group)
+        gate.write_text("go")
+        j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
+        assert marks_by_attempt(log) == {f"{jid}.1": ["start", "end"]}
+        assert_invariants(cluster.nats_url)
+    finally:
+        cluster.stop_all()
+        proxy.close()
+
+
 def test_an_agent_killed_before_delivering_a_report_delivers_it_after_its_restart(
         cluster: Cluster, tmp_path: Path, nats: Any) -> None:
     """The job ends while its agent is cut off from NATS; the agent keeps the report on

@@ -100,6 +100,7 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         await own_store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=15,
                                    headers={"Nats-TTL": "15s"})
         assert (await own_store.get(subjects.alloc_key(A))).value is not None
+        assert (await own_store.get(A, bucket=subjects.HOSTS_BUCKET)).value == b"{}"  # its own heartbeat key
         await own_store.js.publish(subjects.status_subject(A), b"{}", timeout=15)
         own_sub = await nc.subscribe(subjects.assign_subject(A))
         assert errors.seen == []
@@ -112,6 +113,9 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
         with pytest.raises((NatsError, TimeoutError)):
             await rogue.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, B), b'{"forged": 1}', timeout=1)
         await errors.wait_for(f'permissions violation for publish to "$kv.hosts.{B}"')
+        with pytest.raises(StoreError):
+            await rogue.get(B, bucket=subjects.HOSTS_BUCKET)
+        await errors.wait_for(f"publish to \"$js.api.direct.get.kv_hosts.$kv.hosts.{B}\"")
         # 2. B's assignments: the direct get, the stream API get, the live subject.
         with pytest.raises(StoreError):
             await rogue.get(subjects.alloc_key(B))
