@@ -179,7 +179,14 @@ class Agent:
         self.adopted = 0  # heartbeats found stored after their acknowledgement was lost
         self._frozen: dict[str, Run] = {}  # attempts frozen by the fence, waiting for a probe
         self._fence_stops: set[asyncio.Task[None]] = set()
-        self.thawed = 0  # attempts continued after a fence (counter)
+        # Fences since this agent started (heartbeat fields): ended, the last one's length,
+        # attempts continued and stopped.
+        self.fences = 0
+        self.last_fence_s = 0.0
+        self.fence_continued = 0
+        self.fence_stopped = 0
+        self._fenced_at = 0.0  # when the fence froze the attempts (monotonic)
+        self._fence_stopping = 0  # attempts this fence stopped (counted in at its end)
         self.dropped = 0
         self.hb_seq = 0
         self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
@@ -359,6 +366,10 @@ class Agent:
             term=self.max_term,
             isolation=self.isolation.describe(),
             isolated=self.isolation.isolated,
+            fences=self.fences,
+            last_fence_s=round(self.last_fence_s, 3),
+            fence_continued=self.fence_continued,
+            fence_stopped=self.fence_stopped,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -465,6 +476,7 @@ class Agent:
             return
         if not self.fenced:
             self.fenced = True
+            self._fenced_at = time.monotonic()
             doomed = [r for r in self.runs.values() if not r.task.keep_running]
             for r in doomed:
                 r.freeze()
@@ -484,6 +496,7 @@ class Agent:
         _, kill_at = self.fence_timing()
         grace = max(0.0, kill_at - (time.monotonic() - self.last_heartbeat_ok))
         log.error("%s: stopping %d frozen attempts (SIGKILL in %.1f s)", why, len(frozen), grace)
+        self._fence_stopping += len(frozen)
         for r in frozen.values():
             t = asyncio.create_task(r.stop(FENCED_REASON, grace))
             self._fence_stops.add(t)
@@ -496,11 +509,17 @@ class Agent:
         self.fenced = False
         if not key_intact:
             self._stop_frozen("a heartbeat was stored again, but whether the key held could not be checked")
+        # The counters move together, once a fence is over, so that every heartbeat
+        # carries whole fences.
+        self.fences += 1
+        self.last_fence_s = time.monotonic() - self._fenced_at
+        self.fence_stopped += self._fence_stopping
+        self._fence_stopping = 0
         frozen, self._frozen = self._frozen, {}
         if frozen:
             for r in frozen.values():
                 r.thaw()
-            self.thawed += len(frozen)
+            self.fence_continued += len(frozen)
             log.warning("heartbeats stored again over the last one before the fence: %d frozen attempts continued",
                         len(frozen))
         else:

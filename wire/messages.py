@@ -126,6 +126,13 @@ class Heartbeat(_Model):
     # and root); None from an agent that does not say.
     isolation: str = Field(default="", max_length=256)
     isolated: bool | None = None
+    # The agent's self-fences since it started (agent.agent): how many have ended, how
+    # long the last one lasted (from the freeze until a heartbeat was stored again), and
+    # the attempts they froze and then continued, or stopped.
+    fences: int = Field(default=0, ge=0)
+    last_fence_s: float = Field(default=0.0, ge=0)
+    fence_continued: int = Field(default=0, ge=0)
+    fence_stopped: int = Field(default=0, ge=0)
 
     @field_validator("labels")
     @classmethod
@@ -143,8 +150,9 @@ SHAPE_HEADER = "Muster-Shape"
 
 def shape_digest(hb: Heartbeat) -> str:
     """A digest of what placement needs from a heartbeat (GPUs, their health, CPU, RAM,
-    labels, boot). Sent as the `Muster-Shape` header so the control plane can take a
-    heartbeat with an unchanged shape as liveness alone, without decoding it."""
+    labels, boot), and of the fence counters, so that a fence is seen when it is over.
+    Sent as the `Muster-Shape` header so the control plane can take a heartbeat with an
+    unchanged shape as liveness alone, without decoding it."""
     import hashlib
 
     parts = [hb.host_id, hb.boot_id, str(hb.cpus), str(hb.memory_mb), str(hb.simulated)]
@@ -154,6 +162,8 @@ def shape_digest(hb: Heartbeat) -> str:
     parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]
     if hb.isolated is not None:  # (absent from older agents' heartbeats: their digest is unchanged)
         parts += [f"isolated={hb.isolated}", hb.isolation]
+    if hb.fences or hb.fence_continued or hb.fence_stopped:  # (a host that never fenced: unchanged)
+        parts.append(f"fences={hb.fences}/{hb.fence_continued}/{hb.fence_stopped}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
 
 

@@ -45,6 +45,9 @@ ALERT_HOST_LOST = "host.lost"
 ALERT_HOST_RECOVERED = "host.recovered"
 ALERT_DOMAIN_DISRUPTED = "domain.disrupted"
 ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
+# A host's agent fenced itself (no heartbeat stored for its fence delay) and is heard
+# again: how long, and how many attempts it continued or stopped.
+ALERT_HOST_FENCED = "host.fenced"
 ALERT_JOB_FAILED = "job.failed"
 # The scheduler isolated an input or job whose records the store refused
 # (server.scheduling.isolation).

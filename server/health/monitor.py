@@ -5,6 +5,7 @@ transitions (events) and alerts. Decisions come from `health.host_health` and
 Subjects (JSON payloads are `messages.Event`):
   muster.events.host.<HEALTHY|SUSPECT|LOST>   every health transition (kept in EVENTS)
   alerts.host.lost / alerts.host.recovered     a host's heartbeat key expired / it came back
+  alerts.host.fenced                           a host's agent fenced itself and is heard again
   alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
@@ -22,7 +23,7 @@ from server.health.rules import Health
 from server.state.cluster import ClusterState, HostEntry
 from server.state.lease import Leader
 from wire import subjects
-from wire.messages import Event, GpuUsage, encode
+from wire.messages import Event, GpuUsage, Heartbeat, encode
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,21 @@ async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
         log.warning("alert %s not published: %s", kind, exc)
 
 
+def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float) -> Event:
+    """The alert for fences a host's heartbeat `hb` reports beyond those of the heartbeat
+    read `before` (the agent's counters only grow, and move together when a fence ends)."""
+    n = hb.fences - before.fences
+    continued = max(0, hb.fence_continued - before.fence_continued)
+    stopped = max(0, hb.fence_stopped - before.fence_stopped)
+    what = f"{n} fences" if n > 1 else "fenced"
+    return Event(
+        kind=subjects.ALERT_HOST_FENCED, ts=now, host_id=host_id,
+        message=(f"host {host_id}: {what} (no heartbeat stored for its fence delay), the last for "
+                 f"{hb.last_fence_s:.1f} s; {continued} frozen attempts continued, {stopped} stopped"),
+        data={"labels": dict(hb.labels), "fences": n, "last_fence_s": hb.last_fence_s,
+              "continued": continued, "stopped": stopped})
+
+
 class HealthMonitor:
     def __init__(self, nc: NATS, state: ClusterState, leadership: Leader, every_s: float = 1.0) -> None:
         self.nc = nc
@@ -44,6 +60,7 @@ class HealthMonitor:
         self._term = 0
         self.wake = asyncio.Event()
         self._gpu_alerts: list[tuple[str, GpuUsage]] = []
+        self._fence_alerts: list[tuple[str, Heartbeat, Heartbeat]] = []
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -51,6 +68,9 @@ class HealthMonitor:
             self.wake.set()
         elif kind == "gpu_unhealthy":
             self._gpu_alerts.append(obj)  # type: ignore[arg-type]
+            self.wake.set()
+        elif kind == "host_fenced":
+            self._fence_alerts.append(obj)  # type: ignore[arg-type]
             self.wake.set()
 
     async def check(self) -> None:
@@ -60,6 +80,7 @@ class HealthMonitor:
         changes = self.state.refresh_health(now).take_changes()
         if not self.leadership.leading:
             self._gpu_alerts.clear()
+            self._fence_alerts.clear()
             return
         if self._term != self.leadership.term:
             # A new term: take the present as known, without re-announcing it.
@@ -91,6 +112,9 @@ class HealthMonitor:
                 kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
                 message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
                 data={"gpu": usage.index, "fault": usage.fault or ""}))
+        while self._fence_alerts:
+            host_id, hb, before = self._fence_alerts.pop(0)
+            await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, fence_alert(host_id, hb, before, now))
 
     @staticmethod
     def _host_alert(entry: HostEntry | None, now: float, why: str) -> Event:

@@ -395,6 +395,8 @@ class ClusterState:
             self._index_host(key)
         if not was_present:
             self._notify("host_up", self.hosts[key])
+        if entry is not None and entry.heartbeat is not None and hb.fences > entry.heartbeat.fences:
+            self._notify("host_fenced", (key, hb, entry.heartbeat))
         for u in hb.gpu_usage:
             if not u.healthy and u.index not in before:
                 self._notify("gpu_unhealthy", (key, u))

@@ -79,6 +79,11 @@ class HostRow:
     # from an agent that does not say (wire.messages.Heartbeat.isolated).
     isolated: bool | None = None
     isolation: str = ""
+    # The agent's self-fences since it started (wire.messages.Heartbeat.fences).
+    fences: int = 0
+    last_fence_s: float = 0.0
+    fence_continued: int = 0
+    fence_stopped: int = 0
     # What the row was built from (identity), and the raw heartbeat its usage came from.
     _heartbeat: object = None
     _alloc: object = None
@@ -482,6 +487,8 @@ class HostTable:
             mem_used_mb=0, mem_allocated=mem_allocated, last_seen=entry.seen_at,
             tasks=len(alloc.tasks) if alloc is not None else 0,
             isolated=hb.isolated, isolation=hb.isolation,
+            fences=hb.fences, last_fence_s=hb.last_fence_s, fence_continued=hb.fence_continued,
+            fence_stopped=hb.fence_stopped,
             _heartbeat=hb, _alloc=alloc, _cfg=cfg,
         )
         _usage_from(row, hb)

@@ -208,7 +208,7 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
             await eventually(lambda: not any("T" in group_states(g) for g in groups), timeout=30,
                              what="the attempts continued")
-            assert agent.thawed == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
+            assert agent.fence_continued == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
 
             await fence()
             agent._end_fence(key_intact=False)  # a heartbeat stored without the check
@@ -220,5 +220,8 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             await eventually(lambda: len(agent._ended) == 2, timeout=60, what="both ends reported")
             assert {r.attempt_id: (r.state, r.reason) for r, _ in agent._ended.values()} == {
                 f"j-{k}.1": (AttemptState.KILLED, FENCED_REASON) for k in logs}
+            # The heartbeat tells the control plane of both fences and what they did.
+            hb = agent.heartbeat()
+            assert (hb.fences, hb.fence_continued, hb.fence_stopped) == (2, 2, 2) and hb.last_fence_s > 0
     finally:
         await nc.close()

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import nats as natslib
@@ -349,6 +350,7 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
     as if nothing happened. A NATS node's loss that leaves a stream without a leader for a
     few seconds looks the same to an agent."""
     proxy = TcpProxy(nats.port)
+    alerts = AlertListener(cluster.nats_url)
     try:
         agent, api, jid, gate, log, group = frozen_job_behind_a_cut(cluster, tmp_path, proxy, "fz")
         proxy.heal()
@@ -356,12 +358,26 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
         assert "T" not in group_states(group)
         j = api.job(jid)
         assert [a["state"] for a in j["attempts"]] == ["RUNNING"]
+        # Operators see the fence: an alert, and the host's counters.
+        wait_until(lambda: alerts.of("alerts.host.fenced"), timeout=60, what="the fence alert")
+        alert = alerts.of("alerts.host.fenced")[0]
+        assert alert["host_id"] == "fz"
+        assert {k: alert["data"][k] for k in ("fences", "continued", "stopped")} == {
+            "fences": 1, "continued": 1, "stopped": 0}
+        assert alert["data"]["last_fence_s"] > 0
+        h = api.q('query { host(id: "fz") { fences lastFenceSeconds fenceContinued fenceStopped } }')["host"]
+        assert (h["fences"], h["fenceContinued"], h["fenceStopped"]) == (1, 1, 0) and h["lastFenceSeconds"] > 0
+        console = httpx.Client(base_url=api.url.removesuffix("/graphql"), timeout=30)
+        assert console.post("/login", data={"token": cluster.token}).status_code == 303
+        page = console.get("/hosts/fz").text
+        assert "1 since the agent started" in page and "Frozen attempts continued: 1, stopped: 0" in page
         gate.write_text("go")
         j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
         assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
         assert marks_by_attempt(log) == {f"{jid}.1": ["start", "end"]}
         assert_invariants(cluster.nats_url)
     finally:
+        alerts.close()
         cluster.stop_all()  # while the proxy still passes the agent's last words
         proxy.close()
 
@@ -376,6 +392,7 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
     from agent.hostinfo import boot_id
 
     proxy = TcpProxy(nats.port)
+    alerts = AlertListener(cluster.nats_url)
     try:
         agent, api, jid, gate, log, _ = frozen_job_behind_a_cut(cluster, tmp_path, proxy, "fk")
 
@@ -399,8 +416,12 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
         assert j["state"] == "SUCCEEDED"
         assert [a["state"] for a in j["attempts"]] == ["KILLED", "SUCCEEDED"]
         assert marks_by_attempt(log) == {a1: ["start", "stop"], a2: ["start", "end"]}
+        wait_until(lambda: alerts.of("alerts.host.fenced"), timeout=60, what="the fence alert")
+        data = alerts.of("alerts.host.fenced")[0]["data"]
+        assert {k: data[k] for k in ("fences", "continued", "stopped")} == {"fences": 1, "continued": 0, "stopped": 1}
         assert_invariants(cluster.nats_url)
     finally:
+        alerts.close()
         cluster.stop_all()
         proxy.close()
 

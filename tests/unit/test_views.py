@@ -161,3 +161,41 @@ def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_
     got = Counter(mu.jobs.why_pending(job("q", spec=job_spec("q", command=["x"], gpus=8, gpu_model="H100"),
                                           state=JobState.QUEUED, submitted_at=1.0), now))
     assert got[WRONG_MODEL] == 6 and got[NO_FREE_GPUS] == 1 and got[CORDONED] == 1 and got[NOT_HEALTHY] == 1
+
+
+async def test_a_fence_shows_in_the_host_row_and_graphql_and_is_noticed_once(tmp_path: Path) -> None:
+    """The agent's fence counters are part of the heartbeat's shape only once it fenced
+    (a host that never did keeps its digest), so the server decodes the heartbeat that
+    first carries a fence and notices it once; an agent restarted (counters from zero) is
+    no fence, and its next fence is noticed against the zeros."""
+    from server.health.monitor import fence_alert
+
+    mu, hbs = _muster(tmp_path, 1)
+    notices: list[object] = []
+    mu.state.listeners.append(lambda kind, obj: notices.append(obj) if kind == "host_fenced" else None)
+    hb0 = hbs[0]
+    assert shape_digest(hb0.model_copy(update={"seq": 5, "cpu_pct": 50.0})) == shape_digest(hb0)
+    fenced = hb0.model_copy(update={"seq": 6, "fences": 1, "last_fence_s": 6.5, "fence_continued": 2})
+    assert shape_digest(fenced) != shape_digest(hb0)
+    mu.state.apply_host_record(heartbeat_record(fenced, 10))
+    mu.state.apply_host_record(heartbeat_record(fenced.model_copy(update={"seq": 7}), 11))  # same counters
+    assert len(notices) == 1
+    host_id, hb, before = notices[0]  # type: ignore[misc]
+    ev = fence_alert(host_id, hb, before, now=1.0)
+    assert ev.kind == "host.fenced" and ev.host_id == "h-000"
+    assert ev.data == {"labels": {"rack": "r0"}, "fences": 1, "last_fence_s": 6.5, "continued": 2, "stopped": 0}
+    row = mu.hosts.row("h-000", time.time())
+    assert row is not None and (row.fences, row.last_fence_s, row.fence_continued, row.fence_stopped) == (1, 6.5, 2, 0)
+    res = await build_schema().execute('{ host(id: "h-000") { fences lastFenceSeconds fenceContinued fenceStopped } }',
+                                       context_value={"muster": mu, "token": None})
+    assert res.errors is None, res.errors
+    assert res.data["host"] == {"fences": 1, "lastFenceSeconds": 6.5, "fenceContinued": 2, "fenceStopped": 0}
+
+    restarted = hb0.model_copy(update={"seq": 1})
+    mu.state.apply_host_record(heartbeat_record(restarted, 12))
+    again = restarted.model_copy(update={"seq": 2, "fences": 1, "last_fence_s": 20.0, "fence_stopped": 3})
+    mu.state.apply_host_record(heartbeat_record(again, 13))
+    assert len(notices) == 2
+    ev = fence_alert(*notices[1], now=2.0)  # type: ignore[misc]
+    assert (ev.data["fences"], ev.data["continued"], ev.data["stopped"]) == (1, 0, 3)
+    assert "20.0 s" in ev.message

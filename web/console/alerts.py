@@ -9,8 +9,8 @@ from starlette.responses import Response
 from web.console.render import PER_PAGE, clamp_page, muster_of, page_arg, render, url
 from web.console.session import console
 
-ALERT_KINDS = ("host.lost", "host.recovered", "domain.disrupted", "gpu.unhealthy", "job.failed", "preemption.storm",
-               "queue.starved")
+ALERT_KINDS = ("host.lost", "host.recovered", "host.fenced", "domain.disrupted", "gpu.unhealthy", "job.failed",
+               "preemption.storm", "queue.starved")
 
 
 @console()

@@ -34,7 +34,7 @@ def _state_event(kind: str, obj: object) -> tuple[str, dict[str, Any]] | None:
         return "job", {"id": obj.id, "state": obj.state.value}
     if kind in ("host_up", "host_lost"):
         return "host", {"id": getattr(obj, "host_id", ""), "change": kind}
-    if kind == "gpu_unhealthy" and isinstance(obj, tuple) and obj:
+    if kind in ("gpu_unhealthy", "host_fenced") and isinstance(obj, tuple) and obj:
         return "host", {"id": str(obj[0]), "change": kind}
     if kind == "hostcfg":
         return "host", {"id": str(obj), "change": kind}

@@ -95,6 +95,16 @@ class Host:
         default=None, description="Whether the host's agent confines tasks (a cgroup with a memory limit, and "
         "a user other than the agent's and root); false: NOT ISOLATED; null: the agent does not say")
     isolation: str = strawberry.field(default="", description="How the host's agent isolates tasks, in words")
+    fences: int = strawberry.field(
+        default=0, description="Times the host's agent fenced itself since it started (no heartbeat stored "
+        "for its fence delay: attempts frozen, then continued if its key held, else stopped)")
+    last_fence_seconds: float = strawberry.field(
+        default=0.0, description="How long the last fence lasted, from the freeze to a heartbeat stored again")
+    fence_continued: int = strawberry.field(
+        default=0, description="Attempts frozen by those fences and continued (the host's key held)")
+    fence_stopped: int = strawberry.field(
+        default=0, description="Attempts frozen by those fences and stopped (the key changed, or no answer "
+        "before the deadline)")
 
     @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
                                   "isolated) or MIG instances.")
@@ -111,6 +121,8 @@ class Host:
             gpus_unhealthy=r.gpus_unhealthy, gpu_util_pct=r.gpu_util_pct, cpus=r.cpus,
             cpu_pct=r.cpu_pct, memory_mb=r.memory_mb, mem_used_mb=r.mem_used_mb,
             last_seen=ts(r.last_seen), tasks=r.tasks, isolated=r.isolated, isolation=r.isolation,
+            fences=r.fences, last_fence_seconds=r.last_fence_s, fence_continued=r.fence_continued,
+            fence_stopped=r.fence_stopped,
         )
 
     @staticmethod
