@@ -119,6 +119,33 @@ def signal_attempt(paths: Iterable[str], group: int, sig: int) -> None:
         pass
 
 
+def freezer_file(paths: Iterable[str]) -> tuple[str, str, str] | None:
+    """The attempt's freezer, if it has one: (file, frozen value, thawed value); v1
+    `freezer.state`, v2 `cgroup.freeze`."""
+    for d in paths:
+        if os.path.exists(os.path.join(d, "freezer.state")):
+            return os.path.join(d, "freezer.state"), "FROZEN", "THAWED"
+        if os.path.exists(os.path.join(d, "cgroup.freeze")):
+            return os.path.join(d, "cgroup.freeze"), "1", "0"
+    return None
+
+
+def set_frozen(paths: Iterable[str], frozen: bool) -> bool:
+    """Freeze (or thaw) the attempt's cgroup with the kernel's freezer: a frozen process
+    runs nothing whoever signals it (a SIGCONT from a process of the same user included),
+    and every process forked into the cgroup is frozen too. False when the attempt has no
+    freezer, or it could not be written."""
+    found = freezer_file(paths)
+    if found is None:
+        return False
+    path, on, off = found
+    try:
+        _write(path, on if frozen else off)
+    except OSError:
+        return False
+    return True
+
+
 def populated(paths: Iterable[str]) -> bool:
     return any(_pids(d) for d in paths)
 
@@ -377,7 +404,7 @@ def own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
     return out
 
 
-def _under(mount: Mount, path: str) -> str:
+def under(mount: Mount, path: str) -> str:
     """The directory of cgroup `path` under `mount`."""
     rel = path
     if mount.root != "/" and (path == mount.root or path.startswith(mount.root + "/")):
@@ -402,7 +429,7 @@ def detect_v2(base_name: str, found: list[Mount] | None = None,
     v2 = next((m for m in found if m.fstype == "cgroup2"), None)
     if v2 is None or "" not in own:
         return None, "no cgroup v2 hierarchy"
-    mine = _under(v2, own[""])
+    mine = under(v2, own[""])
     base = _try_base(os.path.join(mine, base_name))
     if base is None:
         return None, f"cgroup v2 at {mine} is not writable by the agent"
@@ -546,7 +573,7 @@ def detect_v1(base_name: str, found: list[Mount] | None = None,
         m = next((m for m in found if m.fstype == "cgroup" and c in m.options), None)
         if m is None or c not in own:
             continue
-        base = _try_base(os.path.join(_under(m, own[c]), base_name))
+        base = _try_base(os.path.join(under(m, own[c]), base_name))
         if base is None:
             notes.append(f"cgroup v1 {c} at {m.point} is not writable by the agent")
             continue

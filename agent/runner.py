@@ -90,6 +90,7 @@ class Run:
         self.signaled = False  # a stop signal really reached the process
         self._stopping: asyncio.Future[None] | None = None  # the stop under way
         self.frozen = False  # SIGSTOPped by the agent's fence (freeze), not yet continued
+        self.cgroup_frozen = False  # and its cgroup frozen by the kernel freezer
         self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
         self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
@@ -276,21 +277,27 @@ class Run:
         await asyncio.shield(self._stopping)
 
     def freeze(self) -> None:
-        """SIGSTOP every process of the attempt (its cgroups and its process group), so that
-        it runs nothing while the agent cannot tell whether the control plane still counts
-        its host alive. SIGSTOP cannot be caught; a process forked during a sweep of the
-        cgroup is caught by the next (at most three), and one stopped process group is
-        stopped at once (a fork under way when the signal comes is restarted, stopped)."""
+        """SIGSTOP every process of the attempt (its cgroups and its process group), then
+        freeze its cgroup where it has a freezer, so that it runs nothing while the agent
+        cannot tell whether the control plane still counts its host alive. SIGSTOP cannot
+        be caught; a process forked during a sweep of the cgroup is caught by the next (at
+        most three), and one stopped process group is stopped at once (a fork under way
+        when the signal comes is restarted, stopped). The freezer holds them even against
+        a SIGCONT from another process of the task's user; the SIGSTOP keeps a host without
+        one (or an attempt without a cgroup) frozen all the same."""
         if self.proc is None or self._exited.is_set():
             return
         self.frozen = True
         self._pause(signal.SIGSTOP)
+        self.cgroup_frozen = cgroups.set_frozen(self.cgroup_paths, True)
 
     def thaw(self) -> None:
-        """SIGCONT what `freeze` stopped."""
+        """Thaw the cgroup and SIGCONT what `freeze` stopped."""
         if not self.frozen:
             return
         self.frozen = False
+        if self.cgroup_frozen:
+            self.cgroup_frozen = not cgroups.set_frozen(self.cgroup_paths, False)
         if self.proc is not None and not self._exited.is_set():
             self._pause(signal.SIGCONT)
 

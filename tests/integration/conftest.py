@@ -214,17 +214,53 @@ def ctrl_c_works() -> None:
 
 def group_states(group: int) -> list[str]:
     """The state letter of every process in process group `group` ('T': stopped)."""
+    return [x for _, x in _group_pids(group)]
+
+
+# How /proc shows a process the fence froze (agent.runner.Run.freeze: SIGSTOP, and the
+# cgroup's freezer where the attempt has one): stopped ('T'), or held by the v1 freezer
+# ('D'); the v2 freezer's processes show as sleeping, so its own `cgroup.events` is read.
+FROZEN_STATES = ("T", "D")
+
+
+def _v2_frozen(pid: int) -> bool:
+    from agent import cgroups
+
+    path = cgroups.own_cgroups(f"/proc/{pid}/cgroup").get("")
+    if path is None:
+        return False
+    for m in cgroups.mounts():
+        if m.fstype == "cgroup2":
+            try:
+                return "frozen 1" in Path(cgroups.under(m, path), "cgroup.events").read_text().splitlines()
+            except OSError:
+                continue
+    return False
+
+
+def _group_pids(group: int) -> list[tuple[int, str]]:
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = proc_stat(int(d.name))
-        except OSError:
-            continue
-        if int(fields[2]) == group:
-            out.append(fields[0])
+        if d.name.isdigit():
+            try:
+                fields = proc_stat(int(d.name))
+            except OSError:
+                continue
+            if int(fields[2]) == group:
+                out.append((int(d.name), fields[0]))
     return out
+
+
+def group_frozen(group: int) -> bool:
+    """Every process of process group `group` is frozen (and there is one)."""
+    st = _group_pids(group)
+    return bool(st) and all(x in FROZEN_STATES or _v2_frozen(pid) for pid, x in st)
+
+
+def group_running(group: int) -> bool:
+    """No process of process group `group` is frozen (and there is one)."""
+    st = _group_pids(group)
+    return bool(st) and not any(x in FROZEN_STATES or _v2_frozen(pid) for pid, x in st)
 
 
 def process_gone(pid: int) -> bool:

@@ -177,7 +177,7 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
     import sys
 
     from agent.agent import FENCED_REASON
-    from tests.integration.conftest import group_states
+    from tests.integration.conftest import group_frozen, group_running
 
     nc = await connect(nats_url, name="test-agent")
     store = Store(nc)
@@ -200,13 +200,13 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
                 agent.last_heartbeat_ok -= 601.0  # no heartbeat stored for longer than fence_after
                 await agent._check_fence()
                 assert agent.fenced and set(agent._frozen) == {t.attempt_id for t in tasks}
-                await eventually(lambda: all(x == "T" for g in groups for x in group_states(g)), timeout=30,
+                await eventually(lambda: all(group_frozen(g) for g in groups), timeout=30,
                                  what="the attempts frozen")
                 agent.last_heartbeat_ok += 601.0
 
             await fence()
             agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
-            await eventually(lambda: not any("T" in group_states(g) for g in groups), timeout=30,
+            await eventually(lambda: all(group_running(g) for g in groups), timeout=30,
                              what="the attempts continued")
             assert agent.fence_continued == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
 

@@ -22,7 +22,15 @@ import pytest
 import nats as natslib
 from tests.conftest import wait_until
 from tests.factories import heartbeat
-from tests.integration.conftest import Api, Cluster, Proc, assert_invariants, group_states, process_gone
+from tests.integration.conftest import (
+    Api,
+    Cluster,
+    Proc,
+    assert_invariants,
+    group_frozen,
+    group_running,
+    process_gone,
+)
 from tests.integration.netproxy import TcpProxy
 from wire import subjects
 from wire.messages import encode
@@ -336,7 +344,7 @@ def frozen_job_behind_a_cut(cluster: Cluster, tmp_path: Path, proxy: TcpProxy,
     run_file = tmp_path / "agents" / f"{host}.runs" / f"{jid}.1"
     group = int(wait_until(lambda: run_file.exists() and run_file.read_text().split()[0], what="the run file"))
     proxy.cut()
-    wait_until(lambda: (st := group_states(group)) and all(x == "T" for x in st), timeout=60,
+    wait_until(lambda: group_frozen(group), timeout=60,
                what="the attempt's processes stopped by the fence")
     return agent, api, jid, gate, log, group
 
@@ -355,7 +363,7 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
         agent, api, jid, gate, log, group = frozen_job_behind_a_cut(cluster, tmp_path, proxy, "fz")
         proxy.heal()
         wait_until(lambda: "1 frozen attempts continued" in agent.output(), timeout=60, what="the attempt continued")
-        assert "T" not in group_states(group)
+        wait_until(lambda: group_running(group), timeout=60, what="the attempt's processes running")
         j = api.job(jid)
         assert [a["state"] for a in j["attempts"]] == ["RUNNING"]
         # Operators see the fence: an alert, and the host's counters.
@@ -442,14 +450,14 @@ def test_a_heartbeat_stored_whose_acknowledgement_was_lost_does_not_stop_frozen_
         run_file = tmp_path / "agents" / "la.runs" / f"{jid}.1"
         group = int(wait_until(lambda: run_file.exists() and run_file.read_text().split()[0], what="the run file"))
         proxy.hold_replies()
-        wait_until(lambda: (st := group_states(group)) and all(x == "T" for x in st), timeout=60,
+        wait_until(lambda: group_frozen(group), timeout=60,
                    what="the attempt's processes stopped by the fence")
         proxy.release()
         wait_until(lambda: "1 frozen attempts continued" in agent.output() or "heartbeat key changed" in agent.output(),
                    timeout=60, what="the probe's outcome")
         assert "1 frozen attempts continued" in agent.output() and "heartbeat key changed" not in agent.output()
         assert "acknowledgement was lost: going on from it" in agent.output()
-        assert "T" not in group_states(group)
+        wait_until(lambda: group_running(group), timeout=60, what="the attempt's processes running")
         gate.write_text("go")
         j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
         assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1

@@ -6,13 +6,18 @@ brings the SIGKILL forward (fencing must finish within the heartbeat TTL)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+import signal
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agent.runner import Run
 from tests.factories import task
-from tests.integration.conftest import group_states
+from tests.integration.conftest import group_frozen, group_running, group_states
 from wire.messages import AttemptState
 
 # Counts its SIGTERMs in a file and ignores them: only a SIGKILL ends it.
@@ -82,16 +87,98 @@ async def test_a_frozen_attempt_runs_nothing_until_continued_and_a_stop_reaches_
     while len(group_states(group)) < 2:  # the task and its child
         await asyncio.sleep(0.05)
     run.freeze()
-    while not all(x == "T" for x in group_states(group)):
+    while not group_frozen(group):
         await asyncio.sleep(0.05)
     run.thaw()
-    while "T" in group_states(group):
+    while not group_running(group):
         await asyncio.sleep(0.05)
     run.freeze()
-    while not all(x == "T" for x in group_states(group)):
+    while not group_frozen(group):
         await asyncio.sleep(0.05)
     await asyncio.wait_for(run.stop("fenced: host cut off from the control plane", 3.0), timeout=120)
     await run.wait()
     assert log.read_text().count("term") == 1  # handled after continuing, before the SIGKILL
     assert states == [AttemptState.RUNNING, AttemptState.KILLED]
     assert not run.frozen
+
+
+# Counts in a file, as fast as it runs: a frozen attempt's count stands still.
+COUNTER = """
+import sys, time
+n = 0
+while True:
+    n += 1
+    with open(sys.argv[1], "w") as f:
+        f.write(str(n))
+    time.sleep(0.01)
+"""
+
+
+def frozen_by_kernel(paths: list[str]) -> bool:
+    """What the freezer says of the cgroup: v1 `freezer.state`, v2 `cgroup.events`."""
+    for d in paths:
+        if os.path.exists(f"{d}/freezer.state"):
+            return Path(d, "freezer.state").read_text().strip() == "FROZEN"
+        if os.path.exists(f"{d}/cgroup.events"):
+            return "frozen 1" in Path(d, "cgroup.events").read_text().splitlines()
+    return False
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+async def test_a_frozen_attempt_in_a_cgroup_with_a_freezer_stays_frozen_whoever_continues_it(
+        tmp_path: Path, version: str) -> None:
+    """Where the attempt's cgroup has a freezer (v1 `freezer`, v2 `cgroup.freeze`), the
+    fence freezes it there as well as with SIGSTOP: a SIGCONT from anyone else (another
+    process of the task's user) does not make it run; the agent's thaw does."""
+    from agent import cgroups
+    from agent.isolation import Isolation
+
+    name = f"muster-test-frz-{version}-{os.getpid()}"
+    h, why = cgroups.detect(version, name)
+    if h is not None:
+        cgroups.remove_paths(h.bases.values())
+    if h is None or (version == "v1" and "freezer" not in h.controllers):
+        pytest.skip(f"no cgroup {version} freezer here: {why or h.describe()}")  # type: ignore[union-attr]
+    # Tasks as the test's own user: they run the checkout's interpreter and write tmp_path.
+    iso = Isolation("frz", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode=version,
+                    private_dir=tmp_path / "private", cgroup_name=name)
+    count = tmp_path / "count"
+
+    async def on_state(*_: object) -> None:
+        pass
+
+    run = Run(task(command=[sys.executable, "-c", COUNTER, str(count)]), on_state, isolation=iso, host_id="frz")
+    run.start()
+
+    def counted() -> int:
+        try:
+            return int(count.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    async def counting_past(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while counted() <= n:
+            assert time.monotonic() < deadline, "the attempt does not run"
+            await asyncio.sleep(0.05)
+
+    try:
+        await counting_past(0)
+        assert run.proc is not None and run.cgroup_paths
+        run.freeze()
+        assert run.cgroup_frozen
+        group = run.proc.pid
+        while not group_frozen(group):
+            await asyncio.sleep(0.05)
+        for pid in cgroups.Group("x", int(version[1]), run.cgroup_paths).pids():
+            os.kill(pid, signal.SIGCONT)  # what any process of the task's user may do
+        before = counted()
+        await asyncio.sleep(1.0)
+        assert counted() == before, "a SIGCONT from outside made the frozen attempt run"
+        assert frozen_by_kernel(run.cgroup_paths)
+        run.thaw()
+        assert not run.cgroup_frozen
+        await counting_past(before)
+    finally:
+        await asyncio.wait_for(run.stop("test over", 1.0), timeout=60)
+        await run.wait()

@@ -54,12 +54,12 @@ def test_mountinfo_and_proc_cgroup_are_read(tmp_path: Path) -> None:
     own = cgroups.own_cgroups(str(tmp_path / "cgroup"))
     assert own == {"pids": "/", "memory": "/process_api/abc", "cpu": "/", "cpuacct": "/",
                    "": "/user.slice/agent.service"}
-    assert cgroups._under(found[1], own["memory"]) == "/sys/fs/cgroup/memory/process_api/abc"
+    assert cgroups.under(found[1], own["memory"]) == "/sys/fs/cgroup/memory/process_api/abc"
     # A container sees its own part of the hierarchy mounted at /sys/fs/cgroup.
     (tmp_path / "mountinfo2").write_text(CONTAINER_V2)
     (v2,) = cgroups.mounts(str(tmp_path / "mountinfo2"))
-    assert cgroups._under(v2, "/kubepods/pod1") == "/sys/fs/cgroup/"
-    assert cgroups._under(v2, "/kubepods/pod1/agent") == "/sys/fs/cgroup/agent"
+    assert cgroups.under(v2, "/kubepods/pod1") == "/sys/fs/cgroup/"
+    assert cgroups.under(v2, "/kubepods/pod1/agent") == "/sys/fs/cgroup/agent"
 
 
 def test_cgroups_off_is_said_so() -> None:
