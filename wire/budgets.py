@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import json
 
+from pydantic_core import to_json
+
 from wire.messages import Attempt, AttemptState, Job, JobSpec, Task
 
 RECORD_BUDGET = 960 * 1024
@@ -93,28 +95,69 @@ def _worst_attempt_bytes(max_attempts: int, replicas: int, gpus: int, shared: bo
                        stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64).to_json())
 
 
-def job_record_bound(spec: JobSpec) -> int:
-    """The most bytes the record of a job with `spec` can take, every attempt at its
-    largest (its free text clipped to `text_limits`)."""
-    tail, reason = text_limits(spec)
+def _spec_json_len(spec: JobSpec) -> int:
+    """The bytes `spec` takes inside its job's record (Job.to_json leaves out defaults)."""
+    return len(spec.__pydantic_serializer__.to_json(spec, exclude_defaults=True))
+
+
+@functools.cache
+def _job_frame_bytes() -> int:
+    """The bytes of the largest attempt-less job record but for its spec's own: a job's
+    record is this frame with the spec's JSON inside, so the two lengths add up."""
+    spec = JobSpec(name="x", command=["x"])
     base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
                preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
+    return len(base.to_json()) - _spec_json_len(spec)
+
+
+def job_record_bound(spec: JobSpec) -> int:
+    """The most bytes the record of a job with `spec` can take, every attempt at its
+    largest (its free text clipped to `text_limits`). Worked out from lengths made once
+    (the record's frame, the largest attempt of the job's shape) and the spec's JSON,
+    not by building the record (each submission asks)."""
+    tail, reason = text_limits(spec)
     per_attempt = _worst_attempt_bytes(spec.max_attempts, spec.replicas, spec.gpus, bool(spec.gpu_share),
                                        bool(spec.mig_profile)) + 1 + tail + reason
-    return len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + attempts_bound(spec) * per_attempt
+    return (_job_frame_bytes() + _spec_json_len(spec) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX
+            + attempts_bound(spec) * per_attempt)
+
+
+_FRAME_COMMAND = ["x"]
+_FRAME_ENV = {"k": "v"}
+_FRAME_CWD = "c"
+
+
+@functools.lru_cache(maxsize=1024)
+def _task_frame_bytes(max_attempts: int, gpus: int, shared: bool, gpu_memory_mb: int, mig: bool, cpus: float,
+                      memory_mb: int, has_env: bool, has_cwd: bool) -> int:
+    """The bytes of the largest task of this shape but for its command's, env's and cwd's
+    JSON (which a task's JSON holds as they are, so the lengths add up): made once per
+    shape."""
+    task = Task(attempt_id=f"{_JOB_ID}.{max_attempts}.255", job_id=_JOB_ID, number=max_attempts,
+                command=_FRAME_COMMAND, env=_FRAME_ENV if has_env else {}, cwd=_FRAME_CWD if has_cwd else None,
+                gpu_indices=[63] * max(gpus, 1), gpu_share=999 if shared else 0, gpu_memory_mb=gpu_memory_mb,
+                mig=["u" * 96] if mig else [], cpus=cpus, memory_mb=memory_mb, term=_LONG_NUMBER, stop=True,
+                keep_running=True, stop_reason="r" * STOP_REASON_MAX, grace_s=_LONG_TIME)
+    n = len(task.compact_json()) - len(to_json(_FRAME_COMMAND))
+    if has_env:
+        n -= len(to_json(_FRAME_ENV))
+    if has_cwd:
+        n -= len(to_json(_FRAME_CWD))
+    return n
 
 
 def task_record_bound(spec: JobSpec) -> int:
     """The most bytes one task of `spec` takes in its host's allocation record."""
     env = dict(spec.env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256",
                MUSTER_GANG_HOSTS=",".join([_HOST_ID] * spec.replicas)) if spec.replicas > 1 else spec.env
-    task = Task(attempt_id=f"{_JOB_ID}.{spec.max_attempts}.255", job_id=_JOB_ID, number=spec.max_attempts,
-                command=spec.command, env=env, cwd=spec.cwd, gpu_indices=[63] * max(spec.gpus, 1),
-                gpu_share=999 if spec.gpu_share else 0, gpu_memory_mb=spec.gpu_memory_mb,
-                mig=["u" * 96] if spec.mig_profile else [], cpus=spec.cpus, memory_mb=spec.memory_mb,
-                term=_LONG_NUMBER, stop=True, keep_running=True, stop_reason="r" * STOP_REASON_MAX,
-                grace_s=_LONG_TIME)
-    return len(task.compact_json()) + 1
+    n = _task_frame_bytes(spec.max_attempts, spec.gpus, bool(spec.gpu_share), spec.gpu_memory_mb,
+                          bool(spec.mig_profile), spec.cpus, spec.memory_mb, bool(env), spec.cwd is not None)
+    n += len(to_json(spec.command))
+    if env:
+        n += len(to_json(env))
+    if spec.cwd is not None:
+        n += len(to_json(spec.cwd))
+    return n + 1
 
 
 def task_bytes(spec: JobSpec) -> int:

@@ -77,6 +77,51 @@ def test_a_job_record_never_grows_past_its_bound(replicas: int, tries: int, gpus
         assert job_record_bound(_spec) <= RECORD_BUDGET  # type: ignore[arg-type]
 
 
+words = st.text(alphabet=st.sampled_from(["\x00", "\x1b", '"', "\\", "é", "漢", "😀", "a", "/", " "]), max_size=40)
+
+
+@given(command=st.lists(words, min_size=1, max_size=5),
+       env=st.dictionaries(st.from_regex(r"[A-Z_]{1,8}", fullmatch=True), words, max_size=4),
+       cwd=st.none() | words, replicas=st.integers(1, 256), tries=st.integers(1, 100), gpus=st.integers(0, 64),
+       share=st.sampled_from([0, 1, 500, 999]), gpu_memory=st.sampled_from([0, 1, 81920]),
+       mig=st.sampled_from([None, "1g.10gb"]), cpus=st.sampled_from([0.001, 1.0, 2.5, 4096.0]),
+       memory=st.integers(1, 2**40))
+@settings(max_examples=300, deadline=None)
+def test_the_record_bounds_equal_the_records_they_stand_for(
+        command: list[str], env: dict[str, str], cwd: str | None, replicas: int, tries: int, gpus: int, share: int,
+        gpu_memory: int, mig: str | None, cpus: float, memory: int) -> None:
+    """The bounds are worked out from lengths made once per shape plus the spec's own JSON;
+    they equal what building the largest records gives, byte for byte."""
+    from wire.budgets import (
+        _HOST_ID,
+        _JOB_ID,
+        _LONG_NUMBER,
+        _LONG_TIME,
+        _PENDING_REASONS_BOUND,
+        CANCEL_REASON_MAX,
+        MAX_PREEMPTING,
+        STOP_REASON_MAX,
+        _worst_attempt_bytes,
+    )
+    from wire.messages import Task
+
+    spec = JobSpec(name="n", command=command, env=env, cwd=cwd, replicas=replicas, max_attempts=tries, gpus=gpus,
+                   gpu_share=share, gpu_memory_mb=gpu_memory, mig_profile=mig, cpus=cpus, memory_mb=memory)
+    gang = dict(env, MUSTER_GANG_TASK="255", MUSTER_GANG_SIZE="256",
+                MUSTER_GANG_HOSTS=",".join([_HOST_ID] * replicas)) if replicas > 1 else env
+    task = Task(attempt_id=f"{_JOB_ID}.{tries}.255", job_id=_JOB_ID, number=tries, command=command, env=gang, cwd=cwd,
+                gpu_indices=[63] * max(gpus, 1), gpu_share=999 if share else 0, gpu_memory_mb=gpu_memory,
+                mig=["u" * 96] if mig else [], cpus=cpus, memory_mb=memory, term=_LONG_NUMBER, stop=True,
+                keep_running=True, stop_reason="r" * STOP_REASON_MAX, grace_s=_LONG_TIME)
+    assert task_record_bound(spec) == len(task.compact_json()) + 1
+    base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
+               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
+    tail, reason = text_limits(spec)
+    per_attempt = _worst_attempt_bytes(tries, replicas, gpus, bool(share), bool(mig)) + 1 + tail + reason
+    assert job_record_bound(spec) == (len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX
+                                      + tries * replicas * per_attempt)
+
+
 def test_the_largest_gang_with_the_default_attempts_is_accepted_and_a_huge_one_refused() -> None:
     spec, errors = validate_job(dict(name="g", command=["x"], replicas=256, max_attempts=3, gpus=8,
                                      env={"K": "v" * 60000}))
