@@ -36,12 +36,23 @@ async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
         log.warning("alert %s not published: %s", kind, exc)
 
 
+# Fences noticed in one check beyond which one alert stands for them all: a NATS node's
+# loss can fence most of the fleet at once, and 50,000 alerts would bury everything else.
+FENCE_ALERTS_ONE_BY_ONE = 5
+FENCE_ALERT_HOSTS_NAMED = 20
+
+
+def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
+    """(fences, frozen attempts continued, stopped) that `hb` reports beyond `before` (the
+    agent's counters only grow, and move together when a fence ends)."""
+    return (hb.fences - before.fences, max(0, hb.fence_continued - before.fence_continued),
+            max(0, hb.fence_stopped - before.fence_stopped))
+
+
 def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float) -> Event:
     """The alert for fences a host's heartbeat `hb` reports beyond those of the heartbeat
-    read `before` (the agent's counters only grow, and move together when a fence ends)."""
-    n = hb.fences - before.fences
-    continued = max(0, hb.fence_continued - before.fence_continued)
-    stopped = max(0, hb.fence_stopped - before.fence_stopped)
+    read `before`."""
+    n, continued, stopped = _fence_counts(hb, before)
     what = f"{n} fences" if n > 1 else "fenced"
     return Event(
         kind=subjects.ALERT_HOST_FENCED, ts=now, host_id=host_id,
@@ -49,6 +60,32 @@ def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float) -> E
                  f"{hb.last_fence_s:.1f} s; {continued} frozen attempts continued, {stopped} stopped"),
         data={"labels": dict(hb.labels), "fences": n, "last_fence_s": hb.last_fence_s,
               "continued": continued, "stopped": stopped})
+
+
+def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> Event:
+    """One alert for many hosts' fences noticed together: how many hosts, what their
+    fences did in all, the longest, and the first hosts by name."""
+    each = [_fence_counts(hb, before) for _, hb, before in fenced]
+    continued = sum(c for _, c, _ in each)
+    stopped = sum(x for _, _, x in each)
+    longest = max(hb.last_fence_s for _, hb, _ in fenced)
+    names = [h for h, _, _ in fenced[:FENCE_ALERT_HOSTS_NAMED]]
+    more = f" and {len(fenced) - len(names)} more" if len(fenced) > len(names) else ""
+    return Event(
+        kind=subjects.ALERT_HOST_FENCED, ts=now,
+        message=(f"{len(fenced)} hosts fenced (no heartbeat stored for their fence delay), the longest for "
+                 f"{longest:.1f} s; {continued} frozen attempts continued, {stopped} stopped: "
+                 f"{', '.join(names)}{more}"),
+        data={"hosts": len(fenced), "host_ids": names, "fences": sum(n for n, _, _ in each),
+              "last_fence_s": longest, "continued": continued, "stopped": stopped})
+
+
+def fence_alerts(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> list[Event]:
+    """The alerts for the fences noticed since the last check: one a host, or one for
+    them all past FENCE_ALERTS_ONE_BY_ONE."""
+    if len(fenced) > FENCE_ALERTS_ONE_BY_ONE:
+        return [fences_alert(fenced, now)]
+    return [fence_alert(host_id, hb, before, now) for host_id, hb, before in fenced]
 
 
 class HealthMonitor:
@@ -69,9 +106,8 @@ class HealthMonitor:
         elif kind == "gpu_unhealthy":
             self._gpu_alerts.append(obj)  # type: ignore[arg-type]
             self.wake.set()
-        elif kind == "host_fenced":
+        elif kind == "host_fenced":  # alerted at the next check (within every_s), with the others then
             self._fence_alerts.append(obj)  # type: ignore[arg-type]
-            self.wake.set()
 
     async def check(self) -> None:
         now = time.time()
@@ -112,9 +148,9 @@ class HealthMonitor:
                 kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
                 message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
                 data={"gpu": usage.index, "fault": usage.fault or ""}))
-        while self._fence_alerts:
-            host_id, hb, before = self._fence_alerts.pop(0)
-            await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, fence_alert(host_id, hb, before, now))
+        fenced, self._fence_alerts = self._fence_alerts, []
+        for ev in fence_alerts(fenced, now):
+            await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, ev)
 
     @staticmethod
     def _host_alert(entry: HostEntry | None, now: float, why: str) -> Event:
