@@ -116,6 +116,20 @@ def fence_timing(fence_after_s: float, ttl_s: float, kill_grace_s: float) -> tup
     return max(fence_after_s, kill_at - min(1.0, kill_grace_s)), kill_at
 
 
+def watchdog_timing(fence_after_s: float, ttl_s: float, kill_grace_s: float) -> tuple[float, float, float]:
+    """(stale after, grace, deadline) for the watchdog: a silent agent that is not awake
+    gets its attempts stopped a little after its own fence would have frozen them
+    (SIGTERM), and SIGKILLed a second before the heartbeat key can expire; a silent agent
+    that is awake fences by itself, and the watchdog only kills what is left at the
+    deadline, a quarter of a second after the agent's own (`fence_timing`) and never later
+    than a quarter of a second before the key can expire."""
+    stale_after = fence_after_s + min(1.0, (ttl_s - fence_after_s) / 3)
+    grace = max(0.2, min(kill_grace_s, ttl_s - stale_after - 1.0))
+    _, kill_at = fence_timing(fence_after_s, ttl_s, kill_grace_s)
+    deadline = min(ttl_s - 0.25, max(kill_at + 0.25, stale_after + grace))
+    return round(stale_after, 3), round(grace, 3), round(deadline, 3)
+
+
 @dataclass
 class AgentConfig:
     nats_url: str
@@ -763,19 +777,8 @@ class Agent:
     # ------------------------------------------------------------ watchdog
 
     def watchdog_timing(self) -> tuple[float, float, float]:
-        """(stale after, grace, deadline) for the watchdog: a silent agent that is not
-        awake gets its attempts stopped a little after its own fence would have frozen them
-        (SIGTERM), and SIGKILLed a second before the heartbeat key can expire; a silent agent
-        that is awake fences by itself, and the watchdog only kills what is left at the
-        deadline, a quarter of a second after the agent's own (`fence_timing`) and never
-        later than a quarter of a second before the key can expire."""
         c = self.config
-        ttl = c.heartbeat_interval_s * c.ttl_intervals
-        stale_after = c.fence_after_s + min(1.0, (ttl - c.fence_after_s) / 3)
-        grace = max(0.2, min(c.kill_grace_s, ttl - stale_after - 1.0))
-        _, kill_at = self.fence_timing()
-        deadline = min(ttl - 0.25, max(kill_at + 0.25, stale_after + grace))
-        return round(stale_after, 3), round(grace, 3), round(deadline, 3)
+        return watchdog_timing(c.fence_after_s, c.heartbeat_interval_s * c.ttl_intervals, c.kill_grace_s)
 
     def _touch_alive(self) -> None:
         """Show the watchdog a heartbeat was stored: write this agent's pid (which agent
@@ -789,7 +792,7 @@ class Agent:
     def _touch_awake(self) -> None:
         """Show the watchdog this agent is running its fence loop (and so fences itself)."""
         try:
-            (self._watch_dir / "awake").write_text(f"{os.getpid()}\n")
+            (self._watch_dir / "awake").touch()  # its time is what the watchdog reads
         except OSError:
             pass  # the watchdog then treats a silent agent as asleep: SIGTERM at stale_after
 

@@ -398,16 +398,14 @@ def test_the_watchdog_acts_after_the_agent_and_before_the_key_expires() -> None:
     """The watchdog's SIGTERM (for an agent that is not awake) comes after the agent's own
     fence, its SIGKILL and its deadline for an awake agent after the agent's own deadline,
     and all before the key can expire."""
-    from agent.agent import Agent
+    from agent.agent import fence_timing, watchdog_timing
 
     for kw in ({}, {"heartbeat_interval_s": 1.0, "fence_after_s": 2.0, "kill_grace_s": 2.0},
                {"heartbeat_interval_s": 1.0, "ttl_intervals": 10, "fence_after_s": 2.0}):
         cfg = agent_config(**kw).validate()
-        agent = Agent.__new__(Agent)
-        agent.config = cfg
         ttl = cfg.heartbeat_interval_s * cfg.ttl_intervals
-        stale_after, grace, deadline = agent.watchdog_timing()
-        _, kill_at = agent.fence_timing()
+        stale_after, grace, deadline = watchdog_timing(cfg.fence_after_s, ttl, cfg.kill_grace_s)
+        _, kill_at = fence_timing(cfg.fence_after_s, ttl, cfg.kill_grace_s)
         assert cfg.fence_after_s < stale_after and kill_at < deadline < ttl, (kw, stale_after, deadline)
         assert stale_after + grace <= deadline + 1e-9, kw
 
