@@ -20,7 +20,8 @@ change; a step of the wall clock changes nothing). Once it has been silent for
 STALE_AFTER seconds and is not awake (DIR/awake unchanged for AWAKE_S, or the agent
 gone), the watchdog writes DIR/fenced/<attempt> and sends one SIGTERM to every process in
 the cgroups of every listed attempt, or to its process group when its cgroups hold none
-(but `keep` ones: KEEP_RUNNING jobs opt out of fencing), and SIGKILL to the group and the
+(but `keep` ones: KEEP_RUNNING jobs opt out of fencing), continued (thawed and SIGCONT, so
+that an attempt the agent froze runs its handler), and SIGKILL to the group and the
 whole of its cgroups GRACE seconds later (so a double fork or `setsid` does not escape).
 An awake agent fences by itself (it freezes its attempts, and continues them if its key
 held): the watchdog leaves it alone until DEADLINE seconds of silence, then SIGKILLs
@@ -201,11 +202,17 @@ class Watchdog:
             # One SIGTERM a process, as the agent's own stop sends it (cgroups.signal_attempt:
             # a process found both in the cgroup and in the group would get two, and its
             # handler would run twice). SIGKILL, GRACE seconds later, goes to both.
+            # Then continued, as the agent's own stop does: an attempt its agent froze (the
+            # fence: SIGSTOP and the cgroup freezer) would otherwise keep the SIGTERM pending
+            # and never run its handler before the SIGKILL.
             if cgroups is None:
                 self.signal(group, signal.SIGTERM)
+                self.signal(group, signal.SIGCONT)
             else:
                 try:
                     cgroups.signal_attempt(cgs, group, signal.SIGTERM)
+                    cgroups.set_frozen(cgs, False)
+                    cgroups.signal_attempt(cgs, group, signal.SIGCONT)
                 except OSError:
                     pass
 

@@ -21,7 +21,7 @@ from agent import cgroups, watchdog
 from agent.agent import WATCHDOG
 from agent.watchdog import start_time
 from tests.conftest import wait_until
-from tests.integration.conftest import process_gone
+from tests.integration.conftest import group_states, process_gone
 
 PY = sys.executable
 
@@ -149,6 +149,24 @@ def test_a_killed_agents_attempts_are_stopped_once_it_is_stale(setup: Setup, tmp
     assert (setup.dir / "fenced" / "j1.1").exists()
     wd.wait(30)
     assert wd.returncode == 0
+
+
+def test_an_attempt_its_dead_agent_froze_is_continued_to_run_its_sigterm_handler(setup: Setup,
+                                                                                   tmp_path: Path) -> None:
+    """The agent froze an attempt (its fence: SIGSTOP) and died: the watchdog's SIGTERM
+    would stay pending in a stopped process until the SIGKILL; it continues the attempt
+    after the SIGTERM, as the agent's own stop does, so the attempt's handler runs."""
+    log = tmp_path / "marks"
+    p = setup.attempt("j1.1", marker(log))
+    wait_until(lambda: log.exists(), what="the attempt started")
+    os.killpg(p.pid, signal.SIGSTOP)
+    wait_until(lambda: group_states(p.pid) == ["T"], what="the attempt frozen")
+    wd = setup.start(stale_after=1.0, grace=30.0)
+    setup.agent.kill()
+    setup.agent.wait()
+    p.wait(60)  # well before the grace's SIGKILL
+    assert p.returncode == 143 and log.read_text().split() == ["start", "stop"]
+    wd.wait(60)
 
 
 def test_an_attempt_that_ignores_sigterm_is_killed_after_the_grace_period(setup: Setup) -> None:
