@@ -421,7 +421,10 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
                 if probe is not None and isinstance(exc, jserrors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
-                    if not await self._adopt_unacknowledged():
+                    outcome = await self._adopt_unacknowledged(probe)
+                    if outcome == "unknown" and self._frozen:
+                        pass  # read again after the next refusal; the fence's deadline still holds
+                    elif outcome != "adopted":
                         # The next heartbeat goes unconditionally (within a second).
                         self._hb_rev = None
                         self._unacked.clear()
@@ -442,25 +445,28 @@ class Agent:
             wait = interval - (time.monotonic() - began)
             await pause(self._stop, max(0.0, min(wait, 1.0) if failures else wait))
 
-    async def _adopt_unacknowledged(self) -> bool:
-        """After a checked heartbeat was refused: does the key hold one this agent sent with
-        the check whose acknowledgement was lost (a publish that timed out after the store
-        took it)? That heartbeat was stored only over `_hb_rev`, so the key still held then
-        and holds now: the chain goes on from it (`_hb_rev` := its sequence, and the fence
-        counts from when it was sent). Matched on its exact bytes, so that neither another
-        agent process of this host nor anyone else's write can pass for it. A stale read
-        (a replica behind) can at worst show an older heartbeat of ours, which was stored
-        all the same: what proves the key held is still only a checked heartbeat taken."""
+    async def _adopt_unacknowledged(self, probe: int) -> str:
+        """After a heartbeat checked against `probe` was refused: does the key hold one this
+        agent sent with the check whose acknowledgement was lost (a publish that timed out
+        after the store took it)? That heartbeat was stored only over `_hb_rev`, so the key
+        still held then and holds now: the chain goes on from it (`_hb_rev` := its
+        sequence, and the fence counts from when it was sent): "adopted". Matched on its
+        exact bytes, so that neither another agent process of this host nor anyone else's
+        write can pass for it. A read that fails, or shows `probe` itself (a replica behind:
+        the refusal says the key no longer holds it), tells nothing: "unknown". Anything
+        else in the key: "changed". A stale read can at worst show an older heartbeat of
+        ours, which was stored all the same: what proves the key held is still only a
+        checked heartbeat taken."""
         assert self.store is not None
-        if not self._unacked:
-            return False
         try:
             rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET)
         except StoreError as exc:
             log.warning("heartbeat refused, and the key cannot be read: %s", exc)
-            return False
+            return "unknown"
+        if rec.revision == probe:
+            return "unknown"
         if rec.value is None:
-            return False
+            return "changed"
         for seq, (data, sent) in self._unacked.items():
             if data == rec.value:
                 self._hb_rev = rec.revision
@@ -470,8 +476,8 @@ class Agent:
                     self._unacked.popitem(last=False)
                 self.adopted += 1
                 log.warning("heartbeat %d was stored though its acknowledgement was lost: going on from it", seq)
-                return True
-        return False
+                return "adopted"
+        return "changed"
 
     async def _fence_loop(self) -> None:
         while not self._stop.is_set():

@@ -225,3 +225,39 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             assert (hb.fences, hb.fence_continued, hb.fence_stopped) == (2, 2, 2) and hb.last_fence_s > 0
     finally:
         await nc.close()
+
+
+async def test_a_refused_heartbeat_reads_the_key_to_tell_a_lost_acknowledgement_from_a_change(
+        nats_url: str, tmp_path: Path) -> None:
+    """After a checked heartbeat is refused the agent reads its key: its own heartbeat,
+    sent with the check and never acknowledged, there byte for byte, is adopted (the chain
+    goes on from it); the very heartbeat the refused one was checked against (a replica
+    behind) tells nothing; anything else is a change."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    key = subjects.kv_subject(subjects.HOSTS_BUCKET, "ak-1")
+    try:
+        # Heartbeats far apart: the test plays them itself.
+        async with running_agent(nats_url, tmp_path, "ak-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                                 fence_after_s=600.0) as agent:
+            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+            probe = agent._hb_rev
+            assert probe is not None
+            assert await agent._adopt_unacknowledged(probe) == "unknown"  # the key shows the probe itself
+            # A heartbeat of the agent's, sent with the check, whose acknowledgement was lost.
+            hb = agent.heartbeat()
+            data = encode(hb)
+            agent._unacked[hb.seq] = (data, 1.0)
+            ack = await store.js.publish(key, data, headers={"Nats-TTL": "900s",
+                                                             "Nats-Expected-Last-Subject-Sequence": str(probe)})
+            assert await agent._adopt_unacknowledged(probe) == "adopted"
+            assert agent._hb_rev == ack.seq and agent.adopted == 1 and not agent._unacked
+            # A heartbeat for this host the agent did not send (another process, by hand),
+            # while one of its own is still unacknowledged: a change.
+            agent._unacked[hb.seq + 1] = (encode(agent.heartbeat()), 2.0)
+            forged = hb.model_copy(update={"seq": hb.seq + 100})
+            await store.js.publish(key, encode(forged), headers={"Nats-TTL": "900s"})
+            assert await agent._adopt_unacknowledged(ack.seq) == "changed"
+    finally:
+        await nc.close()
