@@ -337,6 +337,9 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
     rep["failover"] = [{**failover_figures(k["at"], f"{k['what']} ({k['process']})", submitted_at, dispatched_at,
                                            placed_at), **({"streams_led": k["led"]} if "led" in k else {})}
                        for k in b.kills] or None
+    rep["fence_alerts"] = {"alerts": len(b.fence_alerts), "hosts": sum(h for h, _, _ in b.fence_alerts),
+                           "continued": sum(c for _, c, _ in b.fence_alerts),
+                           "stopped": sum(x for _, _, x in b.fence_alerts)}
     rep["leader_changes"] = [{"t_in_window_s": round(t - b.window_start, 2), "from": f, "to": to}
                              for t, f, to in b.scrapes.changes]
     rep["history_lag"] = b.history_lag

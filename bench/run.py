@@ -103,6 +103,9 @@ class Bench(Processes):
     metrics_from: list[str] = field(default_factory=list)  # which replica each of `metrics` came from
     scrapes: LeaderScrapes = field(default_factory=LeaderScrapes)
     kills: list[dict[str, Any]] = field(default_factory=list)  # --kill-*-at: what was killed, when
+    # The `host.fenced` alerts the leader published (monitor.fence_alerts): each one's
+    # number of hosts (one, or many in one alert) and frozen tasks continued and stopped.
+    fence_alerts: list[tuple[int, int, int]] = field(default_factory=list)
     history_lag: dict[str, Any] | None = None
     pg: PostgresServer | None = None  # --postgres
     lost: dict[str, Any] = field(default_factory=dict)
@@ -147,6 +150,11 @@ class Bench(Processes):
         if body.get("errors"):
             raise BenchError(f"GraphQL error: {body['errors']}")
         return body["data"]
+
+    async def on_fence_alert(self, msg) -> None:
+        data = json.loads(msg.data).get("data") or {}
+        self.fence_alerts.append((int(data.get("hosts", 1)), int(data.get("continued", 0)),
+                                  int(data.get("stopped", 0))))
 
     async def on_stats(self, msg) -> None:
         d = json.loads(msg.data)
@@ -538,6 +546,7 @@ class Bench(Processes):
         nc = await natsclient.connect(self.nats_url.split(","), name="bench-orchestrator")
         self.js = nc.jetstream(timeout=30)
         await nc.subscribe("bench.stats.>", cb=self.on_stats, pending_msgs_limit=100_000)
+        await nc.subscribe(f"alerts.{subjects.ALERT_HOST_FENCED}", cb=self.on_fence_alert)
         self.spawn("observer", [sys.executable, "-m", "bench.observer", "--nats", self.nats_url,
                                 "--fleet", str(fleet_file), "--out", str(self.work / "observer.json")])
         bounds = [round(i * a.hosts / k) for i in range(k + 1)]

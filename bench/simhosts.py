@@ -107,10 +107,14 @@ def unhold(h: SimHost, t: dict) -> None:
     h.busy_mig.difference_update(t.get("mig") or ())
 
 
+TERM_KEY = '"term":'  # what every heartbeat tail ends with (SimHost.set_tail)
+
+
 class SimHost:
     __slots__ = ("spec", "hb_head", "hb_tail", "seq", "applied_seq", "max_term", "running", "seen",
                  "gpu_milli", "busy_mig", "heartbeating", "last_hb", "prev_hb", "subject", "_shape", "ttl",
-                 "frame_head", "stored", "fenced", "frozen", "fenced_from")
+                 "frame_head", "stored", "fenced", "frozen", "fenced_from", "tail_base", "fenced_at",
+                 "fence_counts", "fence_stopping")
 
     def __init__(self, spec: HostSpec, boot_id: str, ttl: str = "15s") -> None:
         self.spec = spec
@@ -135,6 +139,12 @@ class SimHost:
         # While fenced: the frozen tasks' seconds left to run, and `stored` at the fence.
         self.frozen: dict[str, float] = {}
         self.fenced_from = 0.0
+        # The heartbeat's fence counters, as an agent's (agent.agent): fences ended, the
+        # last one's length, frozen tasks continued and stopped; and this fence's start
+        # (wall time) and the tasks it stopped so far (counted in when it ends).
+        self.fence_counts = (0, 0.0, 0, 0)
+        self.fenced_at = 0.0
+        self.fence_stopping = 0
         self.subject = f"$KV.hosts.{spec.id}"
         self.ttl = ttl
         # ("HPUB <subject>  <header length> " (no reply subject), header block): the
@@ -146,8 +156,13 @@ class SimHost:
 
     def set_tail(self, tail: bytes) -> None:
         """What the heartbeat carries between its timestamp and its term (inventory and
-        usage), and with it the shape header a real agent sends for that
-        (wire.messages.shape_digest)."""
+        usage; the fence counters are added to it), and with it the shape header a real
+        agent sends for that (wire.messages.shape_digest)."""
+        self.tail_base = tail
+        fences, last_s, continued, stopped = self.fence_counts
+        if fences:
+            tail = (f'{tail.decode()[:-len(TERM_KEY)]}"fences":{fences},"last_fence_s":{last_s:.3f},'
+                    f'"fence_continued":{continued},"fence_stopped":{stopped},{TERM_KEY}').encode()
         self.hb_tail = tail
         sample = b"".join((self.hb_head, b"0", b',"ts":0.0', tail, b"0}"))
         self.shape = shape_digest(Heartbeat.model_validate_json(sample))
@@ -471,10 +486,13 @@ class Simulator:
                 if h.fenced:
                     if h.stored > h.fenced_from:  # stored again
                         # Over the one before the fence only if the key cannot have expired.
+                        continued = 0
                         if h.stored - h.fenced_from < kill_at:
-                            thawed += self.thaw(h)
+                            continued = self.thaw(h)
+                            thawed += continued
                         else:
                             stopped += self.stop_frozen(h, now)
+                        self.fence_ended(h, continued, now)
                         h.fenced = False
                         self.fenced_hosts.discard(h)
                         lifted += 1
@@ -494,7 +512,7 @@ class Simulator:
 
     def fence(self, h: SimHost) -> int:
         """Fence host `h`: freeze its tasks (their timers stop); how many."""
-        h.fenced, h.fenced_from = True, h.stored
+        h.fenced, h.fenced_from, h.fenced_at = True, h.stored, time.time()
         self.fenced_hosts.add(h)
         self.c["fences"] += 1
         loop = asyncio.get_running_loop()
@@ -524,7 +542,17 @@ class Simulator:
                 self.kill(h, aid, FENCED_REASON)
                 n += 1
         self.c["fenced_kills"] += n
+        h.fence_stopping += n
         return n
+
+    @staticmethod
+    def fence_ended(h: SimHost, continued: int, now: float) -> None:
+        """The fence of `h` is over: its heartbeat's counters move together, as an agent's
+        do (and with them its shape, so the control plane reads the fence)."""
+        fences, _, cont, stopped = h.fence_counts
+        h.fence_counts = (fences + 1, max(0.0, now - h.fenced_at), cont + continued, stopped + h.fence_stopping)
+        h.fence_stopping = 0
+        h.set_tail(h.tail_base)
 
     # ------------------------------------------------------------ status reports
 

@@ -89,6 +89,21 @@ async def test_the_host_simulator_freezes_its_tasks_when_no_heartbeat_is_stored(
         await eventually(lambda: log.read_bytes().count(b"fence lifted on 1 hosts") == 2, timeout=60,
                          what="the second fence lifted", interval=0.5)
 
+        # Its heartbeat carries the fence counters, as an agent's, with its shape header.
+        from wire.messages import SHAPE_HEADER, Heartbeat, shape_digest
+
+        async def counted() -> tuple[Heartbeat, str] | None:
+            try:
+                m = await js.get_last_msg(subjects.HOSTS_STREAM, subjects.kv_subject(subjects.HOSTS_BUCKET, host))
+            except Exception:  # noqa: BLE001
+                return None
+            hb = Heartbeat.model_validate_json(m.data)
+            return (hb, (m.headers or {}).get(SHAPE_HEADER, "")) if hb.fences == 2 else None
+
+        hb, shape = await eventually(counted, timeout=60, what="the fence counters heartbeated", interval=0.5)
+        assert (hb.fence_continued, hb.fence_stopped) == (1, 1) and hb.last_fence_s > 0
+        assert shape == shape_digest(hb)
+
         # A task assigned after the fence lifted starts.
         task2 = {**task, "attempt_id": "j2.1", "job_id": "j2"}
         await nc.publish(f"muster.assign.{host}", json.dumps({"host_id": host, "term": 1, "tasks": [task2]}).encode(),
