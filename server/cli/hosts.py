@@ -81,7 +81,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy shareAllocated memAllocatedMb tasks sharing
-           migInstances { uuid profile memoryMb allocated } } isolated isolation }
+           migInstances { uuid profile memoryMb allocated } } isolated isolation
+           fences lastFenceSeconds fenceContinued fenceStopped }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
     data = gql(q, {"id": args.id})
@@ -106,6 +107,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     labels = ",".join(f"{lb['key']}={lb['value']}" for lb in h["labels"]) or "-"
     print(f"  labels:  {labels}")
     print(f"  isolation: {h['isolation'] or '-'}")
+    if h["fences"]:
+        print(f"  fences:  {h['fences']} since the agent started, the last {h['lastFenceSeconds']:.1f} s;"
+              f" frozen attempts continued {h['fenceContinued']}, stopped {h['fenceStopped']}")
     print(f"  seen:    {(h['lastSeen'] or '-')[:19]}")
     if h["recentAttempts"]:
         print(f"  recent attempts ({data['attempts']['totalCount']} in all):")

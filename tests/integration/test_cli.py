@@ -76,6 +76,7 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert "cli-1" in r.stdout and "HEALTHY" in r.stdout and "rack=r1" in r.stdout and job["id"] in r.stdout
     h = json.loads(muster(cluster, srv.url, "host", "show", "cli-1", "-o", "json").stdout)
     assert h["gpus"] == 2 and h["health"] == "HEALTHY" and len(h["recentAttempts"]) == 2
+    assert h["fences"] == 0 and "fences:" not in r.stdout  # shown once the host has fenced (test_failures)
     assert muster(cluster, srv.url, "host", "show", "nope").returncode == 3
     hosts = json.loads(muster(cluster, srv.url, "host", "list", "--rack", "r1", "-o", "json").stdout)
     assert hosts["totalCount"] == 1

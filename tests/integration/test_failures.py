@@ -379,6 +379,10 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
         assert console.post("/login", data={"token": cluster.token}).status_code == 303
         page = console.get("/hosts/fz").text
         assert "1 since the agent started" in page and "Frozen attempts continued: 1, stopped: 0" in page
+        from tests.integration.test_cli import muster
+
+        shown = muster(cluster, api.url.removesuffix("/graphql"), "host", "show", "fz").stdout
+        assert "fences:  1 since the agent started" in shown and "continued 1, stopped 0" in shown, shown
         gate.write_text("go")
         j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
         assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
