@@ -53,6 +53,14 @@ POISON = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+HOST_FENCES = Counter(
+    "muster_host_fences_total", "Fences hosts' agents reported (noticed by the leader: alerts.host.fenced)",
+    registry=REGISTRY,
+)
+FENCED_ATTEMPTS = Counter(
+    "muster_fenced_attempts_total", "Attempts those fences froze, by how they came out of it",
+    ["outcome"], registry=REGISTRY,
+)
 HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)

@@ -19,6 +19,7 @@ import time
 
 from nats.aio.client import Client as NATS
 
+from server import metrics
 from server.health.rules import Health
 from server.state.cluster import ClusterState, HostEntry
 from server.state.lease import Leader
@@ -149,6 +150,11 @@ class HealthMonitor:
                 message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
                 data={"gpu": usage.index, "fault": usage.fault or ""}))
         fenced, self._fence_alerts = self._fence_alerts, []
+        for _, hb, before in fenced:
+            n, continued, stopped = _fence_counts(hb, before)
+            metrics.HOST_FENCES.inc(n)
+            metrics.FENCED_ATTEMPTS.labels(outcome="continued").inc(continued)
+            metrics.FENCED_ATTEMPTS.labels(outcome="stopped").inc(stopped)
         for ev in fence_alerts(fenced, now):
             await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, ev)
 

@@ -383,6 +383,9 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
 
         shown = muster(cluster, api.url.removesuffix("/graphql"), "host", "show", "fz").stdout
         assert "fences:  1 since the agent started" in shown and "continued 1, stopped 0" in shown, shown
+        scraped = httpx.get(api.url.removesuffix("/graphql") + "/metrics", timeout=30).text
+        assert "muster_host_fences_total 1.0" in scraped
+        assert 'muster_fenced_attempts_total{outcome="continued"} 1.0' in scraped
         gate.write_text("go")
         j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
         assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
@@ -431,6 +434,8 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
         wait_until(lambda: alerts.of("alerts.host.fenced"), timeout=60, what="the fence alert")
         data = alerts.of("alerts.host.fenced")[0]["data"]
         assert {k: data[k] for k in ("fences", "continued", "stopped")} == {"fences": 1, "continued": 0, "stopped": 1}
+        scraped = httpx.get(api.url.removesuffix("/graphql") + "/metrics", timeout=30).text
+        assert 'muster_fenced_attempts_total{outcome="stopped"} 1.0' in scraped
         assert_invariants(cluster.nats_url)
     finally:
         alerts.close()
