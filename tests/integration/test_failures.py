@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 import threading
@@ -366,7 +367,9 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
         wait_until(lambda: group_running(group), timeout=60, what="the attempt's processes running")
         j = api.job(jid)
         assert [a["state"] for a in j["attempts"]] == ["RUNNING"]
-        # Operators see the fence: an alert, and the host's counters.
+        # Operators see the fence: an alert, and the host's counters. (On a loaded machine a
+        # heartbeat late by the fence delay, 2 s here, can make another fence that also
+        # continues its attempt: the totals are read as at least this one, none stopped.)
         wait_until(lambda: alerts.of("alerts.host.fenced"), timeout=60, what="the fence alert")
         alert = alerts.of("alerts.host.fenced")[0]
         assert alert["host_id"] == "fz"
@@ -374,18 +377,20 @@ def test_a_cut_shorter_than_the_key_freezes_the_work_and_it_goes_on(cluster: Clu
             "fences": 1, "continued": 1, "stopped": 0}
         assert alert["data"]["last_fence_s"] > 0
         h = api.q('query { host(id: "fz") { fences lastFenceSeconds fenceContinued fenceStopped } }')["host"]
-        assert (h["fences"], h["fenceContinued"], h["fenceStopped"]) == (1, 1, 0) and h["lastFenceSeconds"] > 0
+        assert h["fences"] >= 1 and h["fenceContinued"] >= 1 and h["fenceStopped"] == 0 and h["lastFenceSeconds"] > 0
         console = httpx.Client(base_url=api.url.removesuffix("/graphql"), timeout=30)
         assert console.post("/login", data={"token": cluster.token}).status_code == 303
         page = console.get("/hosts/fz").text
-        assert "1 since the agent started" in page and "Frozen attempts continued: 1, stopped: 0" in page
+        assert re.search(r"\d+ since the agent started", page) and re.search(
+            r"Frozen attempts continued: [1-9]\d*, stopped: 0", page), page
         from tests.integration.test_cli import muster
 
         shown = muster(cluster, api.url.removesuffix("/graphql"), "host", "show", "fz").stdout
-        assert "fences:  1 since the agent started" in shown and "continued 1, stopped 0" in shown, shown
+        assert re.search(r"fences: +[1-9]\d* since the agent started", shown) and re.search(
+            r"continued [1-9]\d*, stopped 0", shown), shown
         scraped = httpx.get(api.url.removesuffix("/graphql") + "/metrics", timeout=30).text
-        assert "muster_host_fences_total 1.0" in scraped
-        assert 'muster_fenced_attempts_total{outcome="continued"} 1.0' in scraped
+        assert re.search(r"^muster_host_fences_total [1-9]\d*\.0$", scraped, re.M), scraped
+        assert re.search(r'^muster_fenced_attempts_total\{outcome="continued"\} [1-9]\d*\.0$', scraped, re.M)
         gate.write_text("go")
         j = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
         assert j["state"] == "SUCCEEDED" and len(j["attempts"]) == 1
@@ -431,8 +436,11 @@ def test_a_fenced_agent_whose_key_changed_stops_its_frozen_work(cluster: Cluster
         assert j["state"] == "SUCCEEDED"
         assert [a["state"] for a in j["attempts"]] == ["KILLED", "SUCCEEDED"]
         assert marks_by_attempt(log) == {a1: ["start", "stop"], a2: ["start", "end"]}
-        wait_until(lambda: alerts.of("alerts.host.fenced"), timeout=60, what="the fence alert")
-        data = alerts.of("alerts.host.fenced")[0]["data"]
+        # The fence that stopped it (another, made by a heartbeat late on a loaded machine,
+        # would have continued its attempt instead).
+        wait_until(lambda: any(a["data"]["stopped"] for a in alerts.of("alerts.host.fenced")), timeout=60,
+                   what="the alert of the fence that stopped the attempt")
+        data = next(a["data"] for a in alerts.of("alerts.host.fenced") if a["data"]["stopped"])
         assert {k: data[k] for k in ("fences", "continued", "stopped")} == {"fences": 1, "continued": 0, "stopped": 1}
         scraped = httpx.get(api.url.removesuffix("/graphql") + "/metrics", timeout=30).text
         assert 'muster_fenced_attempts_total{outcome="stopped"} 1.0' in scraped
