@@ -203,6 +203,11 @@ class Agent:
         self._fence_stopping = 0  # attempts this fence stopped (counted in at its end)
         self.dropped = 0
         self.hb_seq = 0
+        # GPUs the backend reported faulted since this agent started: index -> the fault,
+        # and when the last was taken in (monotonic). A new fault wakes the heartbeat.
+        self.gpu_faults: dict[int, str] = {}
+        self._fault_at = 0.0
+        self._hb_wake = asyncio.Event()
         self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
         # Terminal reports the STATUS stream acknowledged (attempt -> report, when), and
         # the attempts the last applied assignment lists: an attempt still assigned long
@@ -394,8 +399,7 @@ class Agent:
         failures = 0
         while not self._stop.is_set():
             began = time.monotonic()
-            for fault in self.gpus.poll_faults():
-                log.error("GPU %d fault: %s", fault.index, fault.describe())
+            self._poll_gpu_faults()
             # Each heartbeat is stored only over the last one this agent stored, so that one
             # taken while attempts are frozen (or sent just before the fence froze them)
             # proves the key never expired (see the module's docstring).
@@ -443,7 +447,8 @@ class Agent:
             # does not stretch the period); after a failure the next try comes within a
             # second, so that one slow or lost answer is not half of fence_after.
             wait = interval - (time.monotonic() - began)
-            await pause(self._stop, max(0.0, min(wait, 1.0) if failures else wait))
+            await pause(self._hb_wake, max(0.0, min(wait, 1.0) if failures else wait))  # set by stop() too
+            self._hb_wake.clear()
 
     async def _adopt_unacknowledged(self, probe: int) -> str:
         """After a heartbeat checked against `probe` was refused: does the key hold one this
@@ -629,6 +634,34 @@ class Agent:
         self.runs[t.attempt_id] = run
         run.start()
 
+    def _poll_gpu_faults(self) -> None:
+        """Take in the faults the GPU backend saw since it was last asked (each is
+        reported once; the GPU stays unhealthy in every later heartbeat)."""
+        for fault in self.gpus.poll_faults():
+            log.error("GPU %d fault: %s", fault.index, fault.describe())
+            self.gpu_faults.setdefault(fault.index, fault.describe())
+            self._fault_at = time.monotonic()
+            self._hb_wake.set()
+
+    async def _heartbeat_since(self, t0: float) -> None:
+        """Wait, two heartbeat intervals at most, until a heartbeat sent after `t0` (monotonic)
+        was stored: the leader then learns of a GPU fault before the report of the task it
+        ended, and does not place the job's next try on that GPU."""
+        deadline = time.monotonic() + 2 * self.config.heartbeat_interval_s
+        self._hb_wake.set()
+        while self.last_heartbeat_ok < t0 and time.monotonic() < deadline and not self._stop.is_set():
+            await asyncio.sleep(0.05)
+
+    def _task_gpu_fault(self, t: Task) -> str:
+        """The faults of the GPUs `t` holds (whole, shared, or under its MIG instance)."""
+        self._poll_gpu_faults()
+        if not self.gpu_faults:
+            return ""
+        held = set(t.gpu_indices)
+        if t.mig:
+            held.update(g.index for g in self.gpus.inventory() for m in g.mig if m.uuid in t.mig)
+        return "; ".join(f"GPU {i} faulted ({self.gpu_faults[i]})" for i in sorted(held & self.gpu_faults.keys()))
+
     async def _on_run_state(
         self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str
     ) -> None:
@@ -637,17 +670,22 @@ class Agent:
             self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths)
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.
-        await self._report(t, state, code, tail, reason)
+        fault = self._task_gpu_fault(t) if state is AttemptState.FAILED else ""
+        if fault:
+            await self._heartbeat_since(self._fault_at)
+        await self._report(t, state, code, tail, reason, gpu_fault=fault)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
 
     # ------------------------------------------------------------ status reports
 
-    async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str) -> None:
+    async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str,
+                      gpu_fault: str = "") -> None:
         r = StatusReport(
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
+            gpu_fault=gpu_fault[:512],
         )
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:
@@ -747,6 +785,7 @@ class Agent:
         """Stop heartbeating, stop running attempts (they are reported KILLED), deliver
         the last reports, drain the connection."""
         self._stop.set()
+        self._hb_wake.set()
         await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
         await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
         try:

@@ -82,6 +82,8 @@ PREEMPTIONS = Counter(
     "muster_preemptions_total", "Jobs told to stop to make room, by the preempting queue and the kind of preemption",
     ["queue", "kind"], registry=REGISTRY)
 TIMEOUTS = Counter("muster_timeouts_total", "Tries stopped at their time limit", registry=REGISTRY)
+GPU_FAULT_STOPS = Counter("muster_gpu_fault_stops_total", "Tries stopped because a GPU they hold faulted",
+                          registry=REGISTRY)
 QUEUE_ALLOCATED = Gauge("muster_queue_allocated", "What a queue's jobs hold now, by resource",
                         ["queue", "resource"], registry=REGISTRY)
 QUEUE_NOMINAL = Gauge("muster_queue_nominal", "A queue's nominal quota, by resource", ["queue", "resource"],

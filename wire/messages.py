@@ -240,9 +240,9 @@ class Attempt(_Model):
     exit_code: int | None = None
     output_tail: str = ""
     reason: str = ""
-    # What the control plane stopped it for ("preempt", "timeout") and when (the reason
-    # names the job it made room for); the agent's KILLED report then ends it
-    # PREEMPTED or TIMEOUT.
+    # What the control plane stopped it for ("preempt", "timeout", "gpu-fault") and when
+    # (the reason names the job it made room for, or the fault); the agent's KILLED
+    # report then ends it PREEMPTED, TIMEOUT or (a GPU fault) KILLED.
     stop_kind: str = ""
     stop_at: float | None = None
     # Set at placement: the time limit it runs under (0: none), the GPU model it got.
@@ -465,6 +465,9 @@ class StatusReport(_Model):
     ts: float
     term: int = 0
     reason: str = Field(default="", max_length=512)
+    # A task that failed while a GPU it holds was faulted: what the agent saw of the
+    # fault (the leader then counts the end as the infrastructure's, not the job's).
+    gpu_fault: str = Field(default="", max_length=512)
 
 
 # ---------------------------------------------------------------- api -> leader

@@ -58,6 +58,8 @@ from wire.messages import (
 from wire.validation import validate_job
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+# Attempt.stop_kind of a try stopped because a GPU it holds faulted (stop_on_faulted_gpus).
+GPU_FAULT = "gpu-fault"
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Plan:
     # stopped at their time limit.
     preempted: dict[tuple[str, str], int] = field(default_factory=dict)
     timed_out: int = 0
+    gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
 
     @property
     def keys(self) -> int:
@@ -136,6 +139,9 @@ class _Work:
         self.plan = plan
         self.frozen_jobs = frozen_jobs
         self.frozen_hosts = frozen_hosts
+        # GPUs this cycle's reports say faulted under a task (the host's heartbeat may not
+        # say so yet): none of this cycle's placements uses them.
+        self.faulted: dict[str, set[int]] = {}
 
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
@@ -249,6 +255,15 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
         w.plan.ignored += 1
         return
     ended = _ended_as(a, r.state)
+    # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
+    # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
+    # which the retry policy counts as the infrastructure's failure.
+    fault = (r.gpu_fault or gpu_fault(w.state, r.host_id, a.gpu_indices, a.mig)) \
+        if ended is AttemptState.FAILED else ""
+    if fault:
+        ended = AttemptState.KILLED
+        if r.gpu_fault:
+            w.faulted.setdefault(r.host_id, set()).update(held_gpus(w.state, r.host_id, a.gpu_indices, a.mig))
     a.state = ended
     a.finished_at = r.ts
     a.exit_code = r.exit_code
@@ -256,7 +271,9 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     # an attempt may take (bytes as encoded: wire.budgets).
     tail_limit, reason_limit = text_limits(job.spec)
     a.output_tail = clip_end(r.output_tail, tail_limit)
-    if not a.stop_kind or not a.reason:
+    if fault:
+        a.reason = clip_start(f"{fault}; the task exited with code {r.exit_code}", reason_limit)
+    elif not a.stop_kind or not a.reason:
         a.reason = clip_start(r.reason, reason_limit)
     if a.started_at is None:
         a.started_at = r.ts
@@ -284,7 +301,8 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
             job.state = JobState.SUCCEEDED
             w.plan.events.append(_event("job.succeeded", job, a, now))
         return
-    if live and ended in (AttemptState.PREEMPTED, AttemptState.TIMEOUT):
+    if live and (ended in (AttemptState.PREEMPTED, AttemptState.TIMEOUT)
+                 or ended is AttemptState.KILLED and a.stop_kind == GPU_FAULT):
         return  # the others were told to stop with it: the decision waits for them
     if live:
         # One gang task failed: stop the rest; the decision waits until they are gone.
@@ -721,6 +739,71 @@ def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
         job.updated_at = now
         w.plan.timed_out += 1
         w.plan.events.append(_event("job.timing_out", job, tasks[0], now, why))
+
+
+def held_gpus(state: ClusterState, host_id: str, gpu_indices: Sequence[int], mig: Sequence[str]) -> set[int]:
+    """The GPUs a task holds on `host_id`: whole, shared, or the GPU its MIG instance is on."""
+    held = set(gpu_indices)
+    entry = state.hosts.get(host_id) if mig else None
+    if entry is not None and entry.heartbeat is not None:
+        held.update(g.index for g in entry.heartbeat.gpus for m in g.mig if m.uuid in mig)
+    return held
+
+
+def gpu_fault(state: ClusterState, host_id: str, gpu_indices: Sequence[int], mig: Sequence[str]) -> str:
+    """What faulted among the GPUs a task holds on `host_id`, as its host's heartbeat
+    says; "" when none did."""
+    bad = state.faulted_gpus.get(host_id)
+    if not bad:
+        return ""
+    entry = state.hosts.get(host_id)
+    hb = entry.heartbeat if entry is not None else None
+    hit = sorted(held_gpus(state, host_id, gpu_indices, mig) & bad)
+    if not hit:
+        return ""
+    faults = {u.index: u.fault for u in hb.gpu_usage} if hb is not None else {}
+    return "; ".join(f"GPU {i} faulted ({faults.get(i) or 'unhealthy'})" for i in hit)
+
+
+def stop_on_faulted_gpus(w: _Work, now: float, max_keys: int) -> None:
+    """Stop the tries that hold a GPU their host reports faulted (an Xid, an
+    uncorrectable ECC error, a GPU fallen off the bus): SIGTERM, the task's grace,
+    SIGKILL, every task of a gang's try with it. They end KILLED, which the retry policy
+    counts as the infrastructure's failure, not the job's: the job is tried again, on
+    other GPUs (a faulted one is never placed on), while it has tries left."""
+    for host_id in sorted(w.state.faulted_gpus):
+        if host_id in w.frozen_hosts:
+            continue
+        # As this cycle left them: its reports may have ended tasks already.
+        cur = w.plan.allocs.get(host_id) or w.state.allocs.get(host_id)
+        if cur is None:
+            continue
+        for entry in list(cur.tasks):
+            if entry.stop:
+                continue
+            why = gpu_fault(w.state, host_id, entry.gpu_indices, entry.mig)
+            if not why or w.busy(entry.job_id):
+                continue
+            snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
+            if snap is None or snap.state.terminal:
+                continue
+            live = [t for t in snap.current_tasks() if not t.state.terminal and not t.stop_kind]
+            if not any(t.id == entry.attempt_id for t in live):
+                continue
+            if w.plan.keys + 1 + len(live) > max_keys:
+                return
+            job = w.job(entry.job_id)
+            assert job is not None
+            tasks = [t for t in job.current_tasks() if not t.state.terminal and not t.stop_kind]
+            for t in tasks:
+                t.stop_kind = GPU_FAULT
+                t.stop_at = now
+                t.reason = clip_start(why if t.host_id == host_id else f"gang task on {host_id}: {why}",
+                                      text_limits(job.spec)[1])
+                _stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
+            job.updated_at = now
+            w.plan.gpu_fault_stops += 1
+            w.plan.events.append(_event("job.gpu_fault", job, tasks[0], now, why))
 
 
 class _Ranked:
@@ -1363,6 +1446,7 @@ def plan_cycle(
     if evict:
         drain_due(w, now)
         enforce_time_limits(w, now, room)
+        stop_on_faulted_gpus(w, now, room)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:
         if reports_read_to is not None and plan.reports_used < min(len(reports), len(report_stamps)):
@@ -1386,6 +1470,10 @@ def plan_cycle(
         for t in alloc.tasks:
             cap.hold(t)
             cap.record_bytes += len(t.compact_json()) + 1
+    for host_id, bad in w.faulted.items():
+        cap = placer.cap(host_id)
+        if cap is not None:
+            cap.unhealthy_gpus = cap.unhealthy_gpus | bad
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
     if evict and usage and plan.keys + len(state.queue_usage) + len(state.queue_past) < room:

@@ -597,6 +597,8 @@ class Scheduler:
                 metrics.PREEMPTIONS.labels(queue, kind).inc(n)
             if plan.timed_out:
                 metrics.TIMEOUTS.inc(plan.timed_out)
+            if plan.gpu_fault_stops:
+                metrics.GPU_FAULT_STOPS.inc(plan.gpu_fault_stops)
             if plan.placed:
                 self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)

@@ -170,6 +170,9 @@ class ClusterState:
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Hosts whose heartbeat reports faulted GPUs, and their indices (kept by _index_host):
+    # the planner stops the work on them without a pass over every host.
+    faulted_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
     # Running tries with a time limit: job id -> when it is reached.
     deadlines: dict[str, float] = field(default_factory=dict)
     # Running jobs that could be stopped for another (scheduling.preemption.stoppable), per
@@ -274,6 +277,7 @@ class ClusterState:
         if entry is None or entry.heartbeat is None:
             self.index.remove(host_id)
             self._host_shapes.pop(host_id, None)
+            self.faulted_gpus.pop(host_id, None)
             old = self._host_resources.pop(host_id, None)
             if old:
                 add_resources(self.capacity, old, -1.0)
@@ -290,6 +294,10 @@ class ClusterState:
                 frozenset(g.index for g in hb.gpus if g.mig),
                 frozenset(u.index for u in hb.gpu_usage if not u.healthy), dict(hb.labels))
         _hb, models, memory, mig, mig_gpus, unhealthy, labels = shape
+        if unhealthy:
+            self.faulted_gpus[host_id] = unhealthy
+        else:
+            self.faulted_gpus.pop(host_id, None)
         cap = HostCapacity(
             id=host_id,
             schedulable=entry.present,

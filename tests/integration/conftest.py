@@ -181,7 +181,8 @@ class Api:
 
     def job(self, job_id: str) -> dict[str, Any]:
         q = """query($id: ID!) { job(id: $id) { id state queuePosition pendingReasons { reason hosts }
-               attempts { id number state host { id } gpuIndices exitCode outputTail startedAt finishedAt } } }"""
+               attempts { id number state host { id } gpuIndices exitCode outputTail reason startedAt
+                          finishedAt } } }"""
         return self.q(q, {"id": job_id})["job"]
 
     def wait_job(self, job_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:

@@ -656,6 +656,56 @@ def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None
     assert_invariants(cluster.nats_url)
 
 
+def test_work_on_a_gpu_that_faults_is_stopped_or_counted_as_the_gpus_failure(cluster: Cluster,
+                                                                              tmp_path: Path) -> None:
+    """A try running on a GPU that faults is stopped (SIGTERM) and tried again on another
+    GPU; a task that crashes with its GPU ends KILLED, not FAILED, and is tried again."""
+    srv = cluster.server(heartbeat_interval=1)
+    faults = tmp_path / "faults.jsonl"
+    cluster.agent("gf", gpus="4xH100", fault_file=str(faults), **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, marks, crash = tmp_path / "gate", tmp_path / "marks", tmp_path / "crash"
+    crasher = [PY, "-c", f"""
+import os, sys, time
+if os.environ['MUSTER_ATTEMPT_ID'].endswith('.1'):
+    while not os.path.exists({str(crash)!r}):
+        time.sleep(0.05)
+    sys.exit(1)
+"""]
+    stopped = api.submit(name="on-faulted", command=marker_command(marks, gate), gpus=1, cpus=1,
+                         memoryMb=64)["job"]["id"]
+    crashed = api.submit(name="crashes", command=crasher, gpus=1, cpus=1, memoryMb=64)["job"]["id"]
+    wait_until(lambda: all(api.job(j)["state"] == "RUNNING" for j in (stopped, crashed)), what="both running")
+    gpu_a = api.job(stopped)["attempts"][0]["gpuIndices"][0]
+    gpu_b = api.job(crashed)["attempts"][0]["gpuIndices"][0]
+
+    def inject(index: int) -> None:
+        with faults.open("a") as f:
+            f.write(json.dumps({"index": index, "kind": "xid", "code": 79, "message": "GPU has fallen off the bus"})
+                    + "\n")
+
+    inject(gpu_a)
+    wait_until(lambda: len(api.job(stopped)["attempts"]) == 2, timeout=60, what="a second try")
+    first = api.job(stopped)["attempts"][0]
+    assert first["state"] == "KILLED" and f"GPU {gpu_a} faulted (xid 79" in first["reason"]
+    assert marks_by_attempt(marks)[f"{stopped}.1"] == ["start", "stop"]  # SIGTERM, its handler ran
+    # The crash: the fault is written first, then the task exits 1 with its GPU.
+    inject(gpu_b)
+    crash.write_text("now")
+    wait_until(lambda: len(api.job(crashed)["attempts"]) == 2 or api.job(crashed)["state"] == "FAILED",
+               timeout=60, what="the crashed job tried again")
+    first = api.job(crashed)["attempts"][0]
+    assert first["state"] == "KILLED" and first["exitCode"] == 1, first
+    assert f"GPU {gpu_b} faulted (xid 79" in first["reason"] and "exited with code 1" in first["reason"]
+    gate.write_text("go")
+    for j in (stopped, crashed):
+        job = api.wait_job(j, {"SUCCEEDED", "FAILED"})
+        assert job["state"] == "SUCCEEDED", job
+        assert not {gpu_a, gpu_b} & set(job["attempts"][-1]["gpuIndices"])
+    assert_invariants(cluster.nats_url)
+
+
 def test_drain_moves_work_away_after_the_deadline(cluster: Cluster, tmp_path: Path) -> None:
     import os
     import subprocess

@@ -223,7 +223,7 @@ class Attempt:
         return ts(self._m.finished_at)
 
     @strawberry.field(description="Why the attempt ended (or is being stopped): a preemption names the job it made "
-                                  "room for; a time limit says so.")
+                                  "room for; a time limit says so; a GPU fault names the GPU and the fault.")
     def reason(self) -> str:
         return self._m.reason
 
