@@ -208,6 +208,7 @@ class Agent:
         self.gpu_faults: dict[int, str] = {}
         self._fault_at = 0.0
         self._hb_wake = asyncio.Event()
+        self._hb_stored = asyncio.Event()  # set each time the store takes a heartbeat
         self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
         # Terminal reports the STATUS stream acknowledged (attempt -> report, when), and
         # the attempts the last applied assignment lists: an attempt still assigned long
@@ -416,6 +417,7 @@ class Agent:
                         self._unacked.popitem(last=False)
                 ack = await self.store.js.publish(subject, data, headers=headers, timeout=min(2.0, interval))
                 self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
+                self._hb_stored.set()
                 self._unacked.clear()
                 failures = 0
                 self._touch_alive()
@@ -649,8 +651,13 @@ class Agent:
         ended, and does not place the job's next try on that GPU."""
         deadline = time.monotonic() + 2 * self.config.heartbeat_interval_s
         self._hb_wake.set()
-        while self.last_heartbeat_ok < t0 and time.monotonic() < deadline and not self._stop.is_set():
-            await asyncio.sleep(0.05)
+        while self.last_heartbeat_ok < t0 and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("no heartbeat stored since a GPU fault: reporting the task's end without it")
+                return
+            self._hb_stored.clear()
+            await pause(self._hb_stored, left)
 
     def _task_gpu_fault(self, t: Task) -> str:
         """The faults of the GPUs `t` holds (whole, shared, or under its MIG instance)."""
@@ -786,6 +793,7 @@ class Agent:
         the last reports, drain the connection."""
         self._stop.set()
         self._hb_wake.set()
+        self._hb_stored.set()
         await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
         await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
         try:

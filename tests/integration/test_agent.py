@@ -18,7 +18,7 @@ from tests.conftest import eventually
 from tests.factories import host_alloc, task
 from wire import subjects
 from wire.kv import Store, connect
-from wire.messages import AttemptState, StatusReport, decode, encode
+from wire.messages import AttemptState, Heartbeat, StatusReport, decode, encode
 
 ME = pwd.getpwuid(os.geteuid()).pw_name  # the tasks write to the test's directory
 
@@ -259,5 +259,47 @@ async def test_a_refused_heartbeat_reads_the_key_to_tell_a_lost_acknowledgement_
             forged = hb.model_copy(update={"seq": hb.seq + 100})
             await store.js.publish(key, encode(forged), headers={"Nats-TTL": "900s"})
             assert await agent._adopt_unacknowledged(ack.seq) == "changed"
+    finally:
+        await nc.close()
+
+
+async def test_a_task_that_fails_with_its_gpu_is_reported_with_the_fault_after_a_heartbeat_shows_it(
+        nats_url: str, tmp_path: Path) -> None:
+    """The task exits 1 just after its GPU faulted. The agent's FAILED report names the
+    fault, and is sent only once a heartbeat showing the fault is stored: with a 60 s
+    heartbeat interval, the fault itself wakes the heartbeat (else the report would wait
+    two intervals)."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    crash = tmp_path / "crash"
+    try:
+        async with running_agent(nats_url, tmp_path, "gf-1", heartbeat_interval_s=60.0) as agent:
+            t = task("j-gf", command=["sh", "-c", f"while [ ! -e {crash} ]; do sleep 0.05; done; exit 1"],
+                     gpu_indices=[0], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("gf-1"), encode(host_alloc("gf-1", [t], term=1)))
+            subject = subjects.status_subject("gf-1")
+
+            async def last() -> StatusReport | None:
+                try:
+                    msg = await store.js.get_last_msg(subjects.STATUS_STREAM, subject)
+                except Exception:  # noqa: BLE001 - nothing reported yet
+                    return None
+                return decode(StatusReport, msg.data)
+
+            await eventually(lambda: agent.runs.get("j-gf.1") is not None and agent.runs["j-gf.1"].proc is not None)
+            agent.gpus.inject_fault(0)  # type: ignore[attr-defined]  # the simulated backend
+            crash.write_text("now")
+            r = None
+            for _ in range(300):
+                r = await last()
+                if r is not None and r.state is AttemptState.FAILED:
+                    break
+                await asyncio.sleep(0.1)
+            assert r is not None and r.state is AttemptState.FAILED and r.exit_code == 1, r
+            assert r.gpu_fault.startswith("GPU 0 faulted (xid 79"), r.gpu_fault
+            hb = decode(Heartbeat, (await store.get("gf-1", bucket=subjects.HOSTS_BUCKET)).value)
+            assert [u.healthy for u in hb.gpu_usage] == [False]
+            assert agent.gpu_faults == {0: "xid 79: GPU has fallen off the bus"}
     finally:
         await nc.close()
