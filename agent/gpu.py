@@ -108,6 +108,11 @@ class GpuBackend(Protocol):
         """Faults that appeared since the previous call; never blocks."""
         ...
 
+    def clear_faults(self) -> list[int]:
+        """Forget every fault mark (an operator cleared them, after a reset or a repair):
+        the GPUs report healthy until a new fault. Returns the indices cleared."""
+        ...
+
     def close(self) -> None:
         """Release the backend's resources; safe to call twice."""
         ...
@@ -292,6 +297,12 @@ class _Health:
         self.fault_text.setdefault(fault.index, fault.describe())
         return True
 
+    def clear(self) -> list[int]:
+        """Forget every mark; the indices that had one."""
+        cleared = sorted(self.fault_text)
+        self.fault_text.clear()
+        return cleared
+
     def apply(self, entry: GpuUsage) -> GpuUsage:
         """Set healthy/fault on a usage entry from the sticky state."""
         text = self.fault_text.get(entry.index)
@@ -316,6 +327,9 @@ class EmptyBackend:
         return []
 
     def poll_faults(self) -> list[GpuFault]:
+        return []
+
+    def clear_faults(self) -> list[int]:
         return []
 
     def close(self) -> None:
@@ -433,6 +447,10 @@ class SimulatedBackend:
             if self._fault_file is not None:
                 faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
         return faults
+
+    def clear_faults(self) -> list[int]:
+        with self._lock:
+            return self._health.clear()
 
     def close(self) -> None:
         return None
@@ -705,6 +723,12 @@ class NvmlBackend:
             if self._fault_file is not None:
                 faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
         return faults
+
+    def clear_faults(self) -> list[int]:
+        """The ECC baselines stay where they are: only errors counted after the clear
+        are a new fault. A GPU still unreachable is marked again at the next read."""
+        with self._lock:
+            return self._health.clear()
 
     def _shutdown(self) -> None:
         try:

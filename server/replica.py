@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -550,7 +550,8 @@ class Muster:
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""
         reason = validate_reason(reason, required=cordoned)
-        await self._set_hostcfg(host_id, HostConfig(cordoned=cordoned, reason=reason, by=by, ts=time.time()))
+        await self._set_hostcfg(host_id, lambda cur: HostConfig(cordoned=cordoned, reason=reason, by=by,
+                                                                ts=time.time(), gpu_clears=cur.gpu_clears))
 
     async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> None:
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
@@ -559,26 +560,42 @@ class Muster:
         if not 0 <= deadline_s <= 7 * 24 * 3600:
             raise ValidationError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
         now = time.time()
-        await self._set_hostcfg(host_id, HostConfig(cordoned=True, draining=True, drain_deadline=now + deadline_s,
-                                                    reason=reason, by=by, ts=now))
+        await self._set_hostcfg(host_id, lambda cur: HostConfig(
+            cordoned=True, draining=True, drain_deadline=now + deadline_s, reason=reason, by=by, ts=now,
+            gpu_clears=cur.gpu_clears))
 
-    async def _set_hostcfg(self, host_id: str, cfg: HostConfig) -> None:
+    async def clear_gpu_faults(self, host_id: str, by: str, reason: str) -> None:
+        """Clear a host's GPU fault marks (after the GPUs were reset or replaced): the
+        leader passes the clear to the host's agent, whose GPUs then report healthy until
+        a new fault. A cordon or drain stays as it is."""
+        reason = validate_reason(reason, required=True)
+        await self._set_hostcfg(host_id, lambda cur: cur.model_copy(update={"gpu_clears": cur.gpu_clears + 1}),
+                                action="gpu_faults_cleared", by=by, reason=reason)
+
+    async def _set_hostcfg(self, host_id: str, change: Callable[[HostConfig], HostConfig], action: str = "",
+                           by: str = "", reason: str = "") -> None:
+        """Store a host's settings as `change` makes them from the stored ones (read
+        again after a concurrent change). `action` names the event (by default what the
+        settings say: drain, cordon or uncordon), `by` and `reason` its author and why
+        (by default the settings')."""
         if host_id not in self.state.hosts:
             raise NotFound(f"no host {host_id}")
         assert self.store is not None
         key = subjects.hostcfg_key(host_id)
         for _ in range(5):
+            cfg = change(self.state.hostcfg.get(host_id) or HostConfig())
             try:
                 rev = await self.store.put(key, cfg.model_dump_json().encode(),
                                            expected=self.state.revisions.get(key, 0))
                 self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
-                action = "drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon")
-                ev = Event(kind=f"host.{action}", host_id=host_id, message=f"{action} by {cfg.by}: {cfg.reason}",
-                           data={"by": cfg.by, "reason": cfg.reason, "deadline": cfg.drain_deadline})
+                what = action or ("drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon"))
+                who, why = by or cfg.by, reason or cfg.reason
+                ev = Event(kind=f"host.{what}", host_id=host_id, message=f"{what} by {who}: {why}",
+                           data={"by": who, "reason": why, "deadline": cfg.drain_deadline})
                 try:
-                    await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{action}", encode(ev))
+                    await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{what}", encode(ev))
                 except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort
-                    log.warning("host %s event not published", action)
+                    log.warning("host %s event not published", what)
                 return
             except ConflictError:
                 self.state.apply_state_record(await self.store.get(key))

@@ -171,7 +171,8 @@ def task_bytes(spec: JobSpec) -> int:
     return n
 
 
-ALLOC_RECORD_OVERHEAD = len(f'{{"v":1,"host_id":"{_HOST_ID}","term":{_LONG_NUMBER},"tasks":[]}}')
+ALLOC_RECORD_OVERHEAD = len(f'{{"v":1,"host_id":"{_HOST_ID}","term":{_LONG_NUMBER},'
+                            f'"gpu_clears":{_LONG_NUMBER},"tasks":[]}}')
 
 
 def check_spec(spec: JobSpec) -> list[tuple[str, str]]:

@@ -369,11 +369,15 @@ class HostAlloc(_Model):
     host_id: str
     term: int = 0
     tasks: list[Task] = Field(default_factory=list)
+    # How many times an operator cleared the host's GPU fault marks (`muster host
+    # clear-gpu-faults`): when it rises, the agent forgets its marks.
+    gpu_clears: int = Field(default=0, ge=0)
 
     def to_json(self) -> bytes:
         """The record as stored: rewritten on every placement and completion on its
         host, so built from each task's JSON, made once (`Task.compact_json`)."""
-        head = f'{{"v":{self.v},"host_id":{json.dumps(self.host_id)},"term":{self.term},"tasks":['
+        clears = f'"gpu_clears":{self.gpu_clears},' if self.gpu_clears else ""
+        head = f'{{"v":{self.v},"host_id":{json.dumps(self.host_id)},"term":{self.term},{clears}"tasks":['
         return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
 
 

@@ -1,4 +1,4 @@
-"""`muster host list|show|cordon|uncordon|drain`, through the GraphQL API."""
+"""`muster host list|show|cordon|uncordon|drain|clear-gpu-faults`, through the GraphQL API."""
 
 from __future__ import annotations
 
@@ -45,6 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
     add_output(hd)
     hd.set_defaults(fn=cmd_drain)
+
+    hg = hsub.add_parser("clear-gpu-faults",
+                         help="clear a host's GPU fault marks after its GPUs were reset or replaced")
+    hg.add_argument("id")
+    hg.add_argument("--reason", required=True)
+    add_output(hg)
+    hg.set_defaults(fn=cmd_clear_gpu_faults)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -129,6 +136,18 @@ def cmd_cordon(args: argparse.Namespace) -> int:
         raise user_errors(res["userErrors"])
     h = res["host"]
     out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
+    return 0
+
+
+def cmd_clear_gpu_faults(args: argparse.Namespace) -> int:
+    q = """mutation($input: HostActionInput!) { clearGpuFaults(input: $input) {
+           host { id health gpusUnhealthy } userErrors { field message code } } }"""
+    res = gql(q, {"input": {"id": args.id, "reason": args.reason}})["clearGpuFaults"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    h = res["host"]
+    # The agent clears its marks once the leader has passed the clear on: a heartbeat later.
+    out(args, h, [[h["id"], h["health"], str(h["gpusUnhealthy"])]], ["ID", "HEALTH", "GPUS UNHEALTHY (BEFORE)"])
     return 0
 
 

@@ -481,6 +481,16 @@ def drain_due(w: _Work, now: float) -> None:
         _stop_tasks(w.alloc(host_id), None)
 
 
+def pass_gpu_clears(w: _Work) -> None:
+    """Copy an operator's clear of a host's GPU fault marks (`HostConfig.gpu_clears`)
+    into the host's assignment, where its agent reads it."""
+    for host_id, cfg in w.state.hostcfg.items():
+        cur = w.state.allocs.get(host_id)
+        if cfg.gpu_clears <= (cur.gpu_clears if cur is not None else 0) or host_id in w.frozen_hosts:
+            continue
+        w.alloc(host_id).gpu_clears = cfg.gpu_clears
+
+
 def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
     """Jobs submitted over NATS become QUEUED job records in this cycle's commit (and may
     be placed in the same commit). A job id that exists already is a retried publish."""
@@ -1445,6 +1455,7 @@ def plan_cycle(
     queues = queues or QueuePolicy()
     if evict:
         drain_due(w, now)
+        pass_gpu_clears(w)
         enforce_time_limits(w, now, room)
         stop_on_faulted_gpus(w, now, room)
     frag = state.shapes.fragmentation()

@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 
 class HostConfig(BaseModel):
     """Operator settings of a host (`hostcfg.<host>`). A draining host is also cordoned;
-    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere."""
+    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere.
+    `gpu_clears` counts the operator's clears of its GPU fault marks (the leader copies
+    it into the host's assignment, where the agent reads it)."""
 
     cordoned: bool = False
     draining: bool = False
@@ -60,6 +62,7 @@ class HostConfig(BaseModel):
     reason: str = ""
     by: str = ""
     ts: float = 0.0
+    gpu_clears: int = 0
 
 
 class TokenInfo(BaseModel):

@@ -766,6 +766,37 @@ async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
     assert (await c.post("/hosts/nope/drain", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
 
 
+async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await put_hb(m, "g-1")
+    await eventually(lambda: "g-1" in m.state.hosts, what="heartbeat")
+    assert 'action="/hosts/g-1/clear-gpu-faults"' not in (await c.get("/hosts/g-1")).text  # nothing to clear
+    hb = heartbeat("g-1", seq=1, ts=time.time(), gpus=2, unhealthy=[1], fault="xid 79: GPU has fallen off the bus")
+    assert m.store is not None
+    await m.store.put("g-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: m.state.faulted_gpus.get("g-1") == frozenset({1}), what="the fault")
+    await m.set_cordon("g-1", True, "operator", "GPU 1 fell off the bus")
+    r = await c.get("/hosts/g-1")
+    assert re.search(r'action="/hosts/g-1/clear-gpu-faults" class="stack" data-confirm="Clear the GPU fault marks '
+                     r'of g-1\? Its 1 faulted GPU', r.text)
+    r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": " "})
+    assert r.status_code == 422 and 'id="gpus-error"' in r.text and "a reason is required" in r.text
+    r = await c.post("/hosts/g-1/clear-gpu-faults", data={"reason": "reset"})
+    assert r.status_code == 403  # no CSRF token
+    assert m.state.hostcfg["g-1"].gpu_clears == 0
+    r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": "GPU 1 reset"})
+    assert r.status_code == 303 and r.headers["location"] == "/hosts/g-1?notice=gpus-cleared"
+    cfg = m.state.hostcfg["g-1"]
+    assert cfg.gpu_clears == 1 and cfg.cordoned and cfg.reason == "GPU 1 fell off the bus"
+    assert "GPU fault marks cleared" in (await c.get("/hosts/g-1?notice=gpus-cleared")).text
+    # A cordon change keeps the count: the clear is not undone.
+    await m.set_cordon("g-1", False, "operator", "")
+    assert m.state.hostcfg["g-1"].gpu_clears == 1 and not m.state.hostcfg["g-1"].cordoned
+    assert (await c.post("/hosts/nope/clear-gpu-faults", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
+
+
 async def test_cancel_needs_a_reason(console: Console) -> None:
     c = console.client
     m = console.muster

@@ -414,6 +414,27 @@ def test_nvml_ecc_counter_increase_is_a_fault() -> None:
     assert [u.healthy for u in backend.usage()] == [False, True]
 
 
+def test_cleared_fault_marks_report_healthy_until_a_new_fault() -> None:
+    sim = SimulatedBackend("2xH100", seed=1)
+    sim.inject_fault(1)
+    sim.poll_faults()
+    assert sim.clear_faults() == [1]
+    assert [u.healthy for u in sim.usage()] == [True, True] and sim.clear_faults() == []
+    sim.inject_fault(1, code=48, message="DBE")
+    assert [(f.index, f.code) for f in sim.poll_faults()] == [(1, 48)]
+    assert [u.healthy for u in sim.usage()] == [True, False]
+    # NVML: the ECC baseline stays, so only errors counted after the clear are a new fault.
+    fake = FakeNvml(["NVIDIA H200"] * 2)
+    nv = NvmlBackend(nvml=fake)
+    fake.ecc[0] = 3
+    assert [f.index for f in nv.poll_faults()] == [0]
+    assert nv.clear_faults() == [0]
+    assert nv.poll_faults() == [] and [u.healthy for u in nv.usage()] == [True, True]
+    fake.ecc[0] = 4
+    assert [(f.index, f.code) for f in nv.poll_faults()] == [(0, 4)]
+    assert [u.healthy for u in nv.usage()] == [False, True]
+
+
 def test_nvml_double_bit_event_is_not_double_counted() -> None:
     fake = FakeNvml(["NVIDIA H200"])
     backend = NvmlBackend(nvml=fake)

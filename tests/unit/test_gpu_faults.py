@@ -5,10 +5,11 @@ failure, not the job's."""
 from __future__ import annotations
 
 from server.scheduling.planner import GPU_FAULT
+from server.state.cluster import HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job
 from tests.unit.test_planner import NOW, World, report
-from wire.messages import AttemptState, JobState, StatusReport, encode
+from wire.messages import AttemptState, HostAlloc, JobState, StatusReport, decode, encode
 from wire.records import Record
 
 XID = "xid 79: GPU has fallen off the bus"
@@ -140,3 +141,24 @@ def test_a_fault_on_a_gpu_no_task_holds_stops_nothing() -> None:
     # The GPU comes back healthy (a new agent after a reset): the host is no longer listed.
     w.host("h1", gpus=2)
     assert w.state.faulted_gpus == {}
+
+
+def test_an_operators_clear_of_the_fault_marks_is_passed_to_the_agent_in_the_assignment() -> None:
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=2)
+    w.submit("j", gpus=1)
+    w.cycle()
+    cfg = HostConfig(cordoned=True, reason="reset", gpu_clears=2)
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+    plan = w.cycle()
+    alloc = w.state.allocs["h1"]
+    assert plan.allocs["h1"].gpu_clears == 2 and alloc.gpu_clears == 2
+    assert [t.job_id for t in alloc.tasks] == ["j"]  # the tasks are kept
+    again = decode(HostAlloc, alloc.to_json())
+    assert again.gpu_clears == 2 and again == alloc
+    assert "h1" not in w.cycle().allocs  # passed once
+    # A host the leader never assigned anything gets an assignment carrying the clear.
+    w.host("h2", gpus=1)
+    w.state.apply_state_record(Record("hostcfg.h2", next(w.rev), HostConfig(gpu_clears=1).model_dump_json().encode()))
+    w.cycle()
+    assert w.state.allocs["h2"].gpu_clears == 1 and w.state.allocs["h2"].tasks == []

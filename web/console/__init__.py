@@ -6,7 +6,7 @@
     session   the session cookie, CSRF tokens, the `console()` endpoint decorator
               (sign-in, CSRF, role, errors, security headers), forms, login and logout
     hosts     the overview (meters, heat map), the hosts table (`console_query`),
-              a host's page, cordon, uncordon and drain
+              a host's page, cordon, uncordon, drain and clear GPU faults
     charts    `Telemetry` (per-host ring buffers of GPU samples) and the SVG sparklines
     jobs      the jobs list, a job's page, cancel, the submit form
     queues    the queues page (quota against use, fair share) and usage per queue and user
@@ -70,6 +70,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/hosts/{host_id}/cordon", hosts.cordon, methods=["POST"]),
         Route("/hosts/{host_id}/uncordon", hosts.uncordon, methods=["POST"]),
         Route("/hosts/{host_id}/drain", hosts.drain, methods=["POST"]),
+        Route("/hosts/{host_id}/clear-gpu-faults", hosts.clear_gpu_faults, methods=["POST"]),
         Route("/jobs", jobs.jobs, methods=["GET"]),
         Route("/jobs/{job_id}", jobs.job_detail, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),

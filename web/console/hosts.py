@@ -1,6 +1,6 @@
 """Hosts: the overview (utilization meters, the heat map), the hosts table (filters,
 sorts, paging over the host read model, server.views.hosts), a host's page and the
-cordon, uncordon and drain forms."""
+cordon, uncordon, drain and clear-GPU-faults forms."""
 
 from __future__ import annotations
 
@@ -247,6 +247,24 @@ async def cordon(request: Request) -> Response:
 @console(csrf=True, action=True)
 async def uncordon(request: Request) -> Response:
     return await _cordon(request, False)
+
+
+@console(csrf=True, action=True)
+async def clear_gpu_faults(request: Request) -> Response:
+    m = muster_of(request)
+    host_id = request.path_params["host_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    reason = form.get("reason", "").strip()
+    if m.hosts.row(host_id, time.time()) is None:
+        raise no_such_host(host_id)
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required", "REQUIRED")
+        await m.clear_gpu_faults(host_id, sess.user, reason)
+    except FORM_ERRORS as exc:
+        return _host_form_error(request, m, host_id, "gpus", exc, {"reason": reason})
+    return RedirectResponse(url(f"/hosts/{host_id}", notice="gpus-cleared"), status_code=303)
 
 
 DRAIN_DEFAULT_S = "600"

@@ -39,6 +39,8 @@ NOTICES = {
     "cordoned": "Host cordoned: no new work is placed on it.",
     "uncordoned": "Host uncordoned: it takes new work again.",
     "submitted": "Job submitted.",
+    "gpus-cleared": ("GPU fault marks cleared: the host's agent forgets them at its next assignment, and its "
+                     "GPUs take work again until a new fault."),
     "draining": ("Host draining: no new work is placed on it; what still runs at the deadline is stopped and "
                  "requeued elsewhere."),
 }

@@ -150,6 +150,17 @@ class Mutation:
     async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
         return await _host_action(info, input, False)
 
+    @strawberry.mutation(description="Clear a host's GPU fault marks (after its GPUs were reset or replaced; a "
+                                     "reason is required): its agent forgets them and the GPUs take work again "
+                                     "until a new fault. A GPU still unreachable is marked again at once.")
+    async def clear_gpu_faults(self, info: Info, input: HostActionInput) -> HostActionPayload:
+        async def op() -> None:
+            require(info)
+            await muster(info).clear_gpu_faults(str(input.id), user(info), input.reason)
+
+        _, errors = await attempt(op)
+        return _host_payload(info, str(input.id), errors)
+
     @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline.")
     async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
         async def op() -> None:
