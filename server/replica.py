@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling.capacity import POLICIES
+from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -139,10 +140,44 @@ class ServerConfig:
     preemption_storm: int = field(default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTION_STORM", "50")))
     queue_starved_after_s: float = field(
         default_factory=lambda: float(os.environ.get("MUSTER_QUEUE_STARVED_AFTER", "600")))
+    # The pacing of work moved off lost hosts and the partition threshold
+    # (scheduling.eviction), from MUSTER_EVICTION_* and MUSTER_PARTITION_*.
+    eviction: EvictionConfig = field(default_factory=lambda: eviction_from_env(os.environ))
 
     @property
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.data_dir / HISTORY_DB_FILE}"
+
+
+# Settings of scheduling.eviction.EvictionConfig: variable -> (field, type, least value).
+EVICTION_SETTINGS: dict[str, tuple[str, type, float]] = {
+    "MUSTER_EVICTION_RATE": ("global_rate_per_s", float, 0.01),
+    "MUSTER_EVICTION_BURST": ("global_burst", float, 1.0),
+    "MUSTER_DOMAIN_EVICTION_RATE": ("domain_rate_per_s", float, 0.01),
+    "MUSTER_DOMAIN_EVICTION_BURST": ("domain_burst", float, 1.0),
+    "MUSTER_PARTITION_SHARE": ("domain_share", float, 0.01),
+    "MUSTER_PARTITION_WINDOW": ("domain_window_s", float, 1.0),
+    "MUSTER_PARTITION_MIN_HOSTS": ("domain_min_hosts", int, 1),
+}
+
+
+def eviction_from_env(env: Mapping[str, str]) -> EvictionConfig:
+    """The eviction pacing and partition threshold, each from its variable when set.
+    Raises ConfigError for a value that is not a number, or out of range."""
+    values: dict[str, Any] = {}
+    for var, (name, kind, least) in EVICTION_SETTINGS.items():
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r}: not {'a whole number' if kind is int else 'a number'}") from None
+        if not value >= least or (name == "domain_share" and value > 1):
+            most = " and at most 1" if name == "domain_share" else ""
+            raise ConfigError(f"{var}={raw!r}: must be at least {least:g}{most}")
+        values[name] = value
+    return EvictionConfig(**values)
 
 
 class Muster:
@@ -222,6 +257,7 @@ class Muster:
                                                    placement_policy=cfg.placement_policy,
                                                    placement_candidates=max(1, cfg.placement_candidates),
                                                    plan_share=cfg.plan_share,
+                                                   eviction=cfg.eviction,
                                                    queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
                                                                       preemptions_per_cycle=cfg.preemptions_per_cycle),
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,
