@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -220,7 +221,10 @@ def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
     return render(request, "host.html", ctx, status_for(exc))
 
 
-async def _cordon(request: Request, cordoned: bool) -> Response:
+async def _reasoned_action(request: Request, form_name: str, notice: str,
+                           act: Callable[[Muster, str, str, str], Awaitable[None]]) -> Response:
+    """A host form that needs a reason: `act(muster, host id, user, reason)`, then the
+    host's page with `notice`, or the page again with the error at the form."""
     m = muster_of(request)
     host_id = request.path_params["host_id"]
     sess: Session = request.state.session
@@ -231,40 +235,27 @@ async def _cordon(request: Request, cordoned: bool) -> Response:
     try:
         if not reason:
             raise ValidationError("reason", "a reason is required", "REQUIRED")
-        await m.set_cordon(host_id, cordoned, sess.user, reason)
+        await act(m, host_id, sess.user, reason)
     except FORM_ERRORS as exc:
-        return _host_form_error(request, m, host_id, "cordon" if cordoned else "uncordon", exc,
-                                {"reason": reason})
-    return RedirectResponse(url(f"/hosts/{host_id}", notice="cordoned" if cordoned else "uncordoned"),
-                            status_code=303)
+        return _host_form_error(request, m, host_id, form_name, exc, {"reason": reason})
+    return RedirectResponse(url(f"/hosts/{host_id}", notice=notice), status_code=303)
 
 
 @console(csrf=True, action=True)
 async def cordon(request: Request) -> Response:
-    return await _cordon(request, True)
+    return await _reasoned_action(request, "cordon", "cordoned",
+                                  lambda m, host_id, user, reason: m.set_cordon(host_id, True, user, reason))
 
 
 @console(csrf=True, action=True)
 async def uncordon(request: Request) -> Response:
-    return await _cordon(request, False)
+    return await _reasoned_action(request, "uncordon", "uncordoned",
+                                  lambda m, host_id, user, reason: m.set_cordon(host_id, False, user, reason))
 
 
 @console(csrf=True, action=True)
 async def clear_gpu_faults(request: Request) -> Response:
-    m = muster_of(request)
-    host_id = request.path_params["host_id"]
-    sess: Session = request.state.session
-    form = await read_form(request)
-    reason = form.get("reason", "").strip()
-    if m.hosts.row(host_id, time.time()) is None:
-        raise no_such_host(host_id)
-    try:
-        if not reason:
-            raise ValidationError("reason", "a reason is required", "REQUIRED")
-        await m.clear_gpu_faults(host_id, sess.user, reason)
-    except FORM_ERRORS as exc:
-        return _host_form_error(request, m, host_id, "gpus", exc, {"reason": reason})
-    return RedirectResponse(url(f"/hosts/{host_id}", notice="gpus-cleared"), status_code=303)
+    return await _reasoned_action(request, "gpus", "gpus-cleared", Muster.clear_gpu_faults)
 
 
 DRAIN_DEFAULT_S = "600"
