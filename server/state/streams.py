@@ -22,6 +22,7 @@ from nats.js import errors as jserrors
 from wire import subjects
 from wire.errors import StoreError
 from wire.kv import Store
+from wire.retrying import within
 
 log = logging.getLogger(__name__)
 
@@ -132,30 +133,37 @@ class _NotReady(Exception):
 
 async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float) -> None:
     tries = 0
-    while True:
+
+    async def once() -> None:
+        nonlocal tries
         tries += 1
         try:
+            await store.js.add_stream(cfg)
+        except jserrors.BadRequestError as exc:
+            if exc.err_code == NO_PEERS_YET:
+                raise _NotReady(str(exc)) from exc
+            if exc.err_code != STREAM_IN_USE:
+                raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
             try:
-                await store.js.add_stream(cfg)
-            except jserrors.BadRequestError as exc:
-                if exc.err_code == NO_PEERS_YET:
-                    raise _NotReady(str(exc)) from exc
-                if exc.err_code != STREAM_IN_USE:
-                    raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
                 await store.js.update_stream(await _keeping_storage(store, cfg))
-            return
-        except StoreError:
-            raise
-        except jserrors.BadRequestError as exc:  # update refused: a configuration it cannot change
-            raise StoreError(f"cannot update stream {cfg.name}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - timeouts, no responders, 503: not ready yet
-            if time.monotonic() >= deadline:
-                raise StoreError(f"cannot create stream {cfg.name}: {exc} (JetStream not ready "
-                                 f"after {tries} tries)") from exc
-            if tries == 1 or tries % 20 == 0:
-                log.info("JetStream not ready for stream %s yet (%s: %s); retrying", cfg.name,
-                         type(exc).__name__, exc)
-            await asyncio.sleep(_RETRY_S)
+            except jserrors.BadRequestError as refused:  # a configuration it cannot change
+                raise StoreError(f"cannot update stream {cfg.name}: {refused}") from refused
+
+    def again(exc: Exception) -> bool:
+        """Timeouts, no responders, 503, no peers yet: not ready yet. A refusal is final."""
+        if isinstance(exc, StoreError):
+            return False
+        if tries == 1 or tries % 20 == 0:
+            log.info("JetStream not ready for stream %s yet (%s: %s); retrying", cfg.name, type(exc).__name__, exc)
+        return True
+
+    try:
+        await within(once, max(0.0, deadline - time.monotonic()), _RETRY_S, again)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - not ready by the deadline
+        raise StoreError(f"cannot create stream {cfg.name}: {exc} (JetStream not ready "
+                         f"after {tries} tries)") from exc
 
 
 async def _keeping_storage(store: Store, cfg: jsapi.StreamConfig) -> jsapi.StreamConfig:
