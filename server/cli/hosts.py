@@ -87,7 +87,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
-           gpuDevices { index model memoryMb healthy shareAllocated memAllocatedMb tasks sharing
+           gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            migInstances { uuid profile memoryMb allocated } } isolated isolation
            fences lastFenceSeconds fenceContinued fenceStopped }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
@@ -164,7 +164,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def gpu_line(g: dict[str, Any]) -> str:
     """What is allocated of one GPU, in words."""
-    health = "" if g["healthy"] else " (faulty)"
+    health = "" if g["healthy"] else f" (faulty: {g.get('fault') or 'unhealthy'})"
     if g["migInstances"]:
         used = sum(m["allocated"] for m in g["migInstances"])
         names = ", ".join(f"{m['profile']}{'*' if m['allocated'] else ''}" for m in g["migInstances"])

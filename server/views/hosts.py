@@ -115,6 +115,7 @@ class GpuDevice:
     tasks: int
     whole: bool
     mig: tuple[MigDevice, ...]
+    fault: str | None = None  # what its agent reported when it faulted (healthy False)
 
 
 def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
@@ -133,7 +134,7 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
                 mem[i] = mem.get(i, 0) + t.gpu_memory_mb
             else:
                 whole.add(i)
-    bad = {u.index for u in hb.gpu_usage if not u.healthy}
+    bad = {u.index: u.fault for u in hb.gpu_usage if not u.healthy}
     mig_parent = {m.uuid: g.index for g in hb.gpus for m in g.mig}
     for u in mig_used:
         if u in mig_parent:
@@ -141,7 +142,8 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
     return [GpuDevice(index=g.index, model=g.model, memory_mb=g.memory_mb, uuid=g.uuid, healthy=g.index not in bad,
                       share_allocated=1000 if g.index in whole else share.get(g.index, 0),
                       mem_allocated_mb=mem.get(g.index, 0), tasks=count.get(g.index, 0), whole=g.index in whole,
-                      mig=tuple(MigDevice(m.uuid, m.profile, m.memory_mb, m.uuid in mig_used) for m in g.mig))
+                      mig=tuple(MigDevice(m.uuid, m.profile, m.memory_mb, m.uuid in mig_used) for m in g.mig),
+                      fault=(bad[g.index] or "unhealthy") if g.index in bad else None)
             for g in sorted(hb.gpus, key=lambda g: g.index)]
 
 

@@ -61,6 +61,9 @@ class HostGpu:
     sharing: str | None = strawberry.field(
         description="\"shared, not isolated\" when tasks share it, \"MIG instance\" in MIG mode, else null.")
     mig_instances: list[MigInstance]
+    fault: str | None = strawberry.field(
+        description="What faulted (an Xid, uncorrectable ECC errors, the GPU unreachable) when it is not healthy; "
+                    "cleared by clearGpuFaults or the agent's restart.")
 
     @staticmethod
     def of(d: GpuDevice) -> HostGpu:
@@ -69,7 +72,7 @@ class HostGpu:
                        share_allocated=d.share_allocated, mem_allocated_mb=d.mem_allocated_mb, tasks=d.tasks,
                        sharing=sharing(int(shared), bool(d.mig)),
                        mig_instances=[MigInstance(uuid=m.uuid, profile=m.profile, memory_mb=m.memory_mb,
-                                                  allocated=m.allocated) for m in d.mig])
+                                                  allocated=m.allocated) for m in d.mig], fault=d.fault)
 
 
 @strawberry.type
