@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     hl.add_argument("--label", default=None, help="key=value (or key)")
     hl.add_argument("--search", default=None, help="host id prefix")
     hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
+    hl.add_argument("--gpu-faults", default=None, action=argparse.BooleanOptionalAction,
+                    help="hosts with (or, --no-gpu-faults, without) a faulted GPU")
     add_output(hl)
     add_watch(hl)
     hl.set_defaults(fn=cmd_list)
@@ -64,6 +66,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         ("search", args.search)) if v}
     if args.cordoned is not None:
         flt["cordoned"] = args.cordoned
+    if args.gpu_faults is not None:
+        flt["gpuFaults"] = args.gpu_faults
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["hosts"]

@@ -151,7 +151,7 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
 class HostQuery:
     """Hosts matching every given field. `search` is a case-insensitive part of the id;
     `label` is `key` (any value) or `key=value`; `cordoned` counts draining hosts as
-    cordoned."""
+    cordoned; `gpu_faults`: hosts with (True) or without (False) a faulted GPU."""
 
     search: str | None = None
     health: frozenset[str] | None = None
@@ -161,6 +161,7 @@ class HostQuery:
     label: str | None = None
     cordoned: bool | None = None
     draining: bool | None = None
+    gpu_faults: bool | None = None
 
     def matches_static(self, r: HostRow) -> bool:
         if self.search and self.search.lower() not in r.id.lower():
@@ -176,6 +177,8 @@ class HostQuery:
             if k not in r.labels or (eq and r.labels[k] != v):
                 return False
         if self.cordoned is not None and r.cordoned != self.cordoned:
+            return False
+        if self.gpu_faults is not None and (r.gpus_unhealthy > 0) != self.gpu_faults:
             return False
         return self.draining is None or r.draining == self.draining
 

@@ -778,6 +778,9 @@ async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: 
     await m.store.put("g-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
     await eventually(lambda: m.state.faulted_gpus.get("g-1") == frozenset({1}), what="the fault")
     await m.set_cordon("g-1", True, "operator", "GPU 1 fell off the bus")
+    r = await c.get("/hosts?faults=yes")
+    assert 'href="/hosts/g-1"' in r.text and '<option value="yes" selected>With a faulted GPU</option>' in r.text
+    assert 'href="/hosts/g-1"' not in (await c.get("/hosts?faults=no")).text
     r = await c.get("/hosts/g-1")
     assert re.search(r'action="/hosts/g-1/clear-gpu-faults" class="stack" data-confirm="Clear the GPU fault marks '
                      r'of g-1\? Its 1 faulted GPU', r.text)

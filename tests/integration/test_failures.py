@@ -659,11 +659,14 @@ def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None
         None, None, "xid 79: GPU has fallen off the bus", None]
     shown = muster(cluster, srv.url, "host", "show", "sick").stdout
     assert "(faulty: xid 79: GPU has fallen off the bus)" in shown, shown
+    assert "sick" in muster(cluster, srv.url, "host", "list", "--gpu-faults").stdout
     cleared = muster(cluster, srv.url, "host", "clear-gpu-faults", "sick", "--reason", "GPU 2 reset")
     assert cleared.returncode == 0, cleared.stderr
     wait_until(lambda: api.q('{ host(id: "sick") { gpusUnhealthy } }')["host"]["gpusUnhealthy"] == 0,
                timeout=30, what="GPU 2 healthy again")
     assert all(d["fault"] is None for d in api.q(devices)["host"]["gpuDevices"])
+    assert "sick" not in muster(cluster, srv.url, "host", "list", "--gpu-faults").stdout
+    assert "sick" in muster(cluster, srv.url, "host", "list", "--no-gpu-faults").stdout
     whole = api.submit(name="all-four", command=["true"], gpus=4, cpus=1, memoryMb=64)["job"]["id"]
     job = api.wait_job(whole, {"SUCCEEDED", "FAILED"})
     assert job["state"] == "SUCCEEDED" and sorted(job["attempts"][-1]["gpuIndices"]) == [0, 1, 2, 3]

@@ -114,12 +114,16 @@ def test_host_rows_read_raw_heartbeats_without_decoding_them(tmp_path: Path) -> 
 
 
 def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
-    """Both read one table with one query type: a case-insensitive part of the id, and a
-    draining host counts as cordoned."""
-    mu, _ = _muster(tmp_path, 12)
+    """Both read one table with one query type: a case-insensitive part of the id, a
+    draining host counts as cordoned, a host with a faulted GPU is one with GPU faults."""
+    mu, hbs = _muster(tmp_path, 12)
     _cfg(mu, "h-003", 50, HostConfig(cordoned=True, reason="maint"))
     _cfg(mu, "h-004", 51, HostConfig(cordoned=True, draining=True, drain_deadline=time.time() + 60, reason="r"))
     _cfg(mu, "h-005", 52, HostConfig(draining=True, reason="only draining"))
+    faulted = hbs[7].model_copy(update={"seq": 2, "gpu_usage": [
+        GpuUsage(index=g, healthy=g != 3, fault="xid 79: GPU has fallen off the bus" if g == 3 else None)
+        for g in range(8)]})
+    mu.state.apply_host_record(heartbeat_record(faulted, 53))
     now = time.time()
 
     def ids(q: HostQuery) -> list[str]:
@@ -131,12 +135,16 @@ def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
         (HostFilter(cordoned=True), {"cordoned": "yes"}),
         (HostFilter(cordoned=False), {"cordoned": "no"}),
         (HostFilter(rack="r1", gpu_model="H100"), {"rack": "r1", "model": "H100"}),
+        (HostFilter(gpu_faults=True), {"faults": "yes"}),
+        (HostFilter(gpu_faults=False, cordoned=True), {"faults": "no", "cordoned": "yes"}),
     ]
     for gql, console in cases:
         assert ids(host_query(gql)) == ids(console_query(console)), (gql, console)
     assert ids(host_query(HostFilter(search="H-01"))) == ["h-010", "h-011"]
     assert ids(host_query(HostFilter(cordoned=True))) == ["h-003", "h-004", "h-005"]
     assert ids(console_query({"cordoned": "draining"})) == ["h-004", "h-005"]
+    assert ids(host_query(HostFilter(gpu_faults=True))) == ["h-007"]
+    assert "h-007" not in ids(host_query(HostFilter(gpu_faults=False))) and len(ids(HostQuery(gpu_faults=False))) == 11
 
 
 def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_path: Path) -> None:

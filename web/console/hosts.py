@@ -86,8 +86,9 @@ async def overview(request: Request) -> Response:
 
 # The table's sort columns (server.views.hosts.ORDERS, "-" reversing), and its filters.
 HOST_SORTS = ("id", "health", "util", "alloc")
-HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "sort")
+HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "faults", "sort")
 CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining"}
+FAULTS_CHOICES = {"yes": "With a faulted GPU", "no": "No faulted GPU"}
 
 
 def console_query(f: dict[str, str]) -> HostQuery:
@@ -95,7 +96,8 @@ def console_query(f: dict[str, str]) -> HostQuery:
     cord = f.get("cordoned", "")
     return HostQuery(search=f.get("q") or None, health=frozenset({f["health"]}) if f.get("health") else None,
                      rack=f.get("rack") or None, zone=f.get("zone") or None, model=f.get("model") or None,
-                     cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None)
+                     cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None,
+                     gpu_faults={"yes": True, "no": False}.get(f.get("faults", "")))
 
 
 def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
@@ -108,10 +110,12 @@ def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
         f["health"] = f["health"].upper() if f["health"].upper() in HEALTH_RANK else ""
     if f["cordoned"] not in CORDONED_CHOICES:
         f["cordoned"] = ""
+    if f["faults"] not in FAULTS_CHOICES:
+        f["faults"] = ""
     sort = f["sort"]
     if sort.lstrip("-") not in HOST_SORTS or sort == "id":
         f["sort"] = ""
-    for k in ("health", "cordoned", "sort"):
+    for k in ("health", "cordoned", "faults", "sort"):
         if qp.get(k) is not None and f[k] != qp.get(k):
             canonical = False
     return f, canonical
@@ -153,6 +157,7 @@ async def hosts(request: Request) -> Response:
         "models": snap.models[:FILTER_OPTIONS_MAX] if snap else [],
         "healths": list(HEALTH_RANK),
         "cordoned_choices": CORDONED_CHOICES,
+        "faults_choices": FAULTS_CHOICES,
         "page": page,
         "pages": pages,
         "prev_url": url("/hosts", **f, page=page - 1) if page > 1 else None,

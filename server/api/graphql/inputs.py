@@ -75,6 +75,8 @@ class HostFilter:
     gpu_model: str | None = strawberry.field(default=None, description="Hosts with at least one GPU of this model.")
     label: str | None = strawberry.field(default=None, description="`key=value`, or `key` for any value.")
     cordoned: bool | None = None
+    gpu_faults: bool | None = strawberry.field(
+        default=None, description="Hosts with (true) or without (false) a faulted GPU.")
     search: str | None = strawberry.field(default=None, description="Part of the host id (any case).")
 
 
