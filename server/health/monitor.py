@@ -37,10 +37,62 @@ async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
         log.warning("alert %s not published: %s", kind, exc)
 
 
-# Fences noticed in one check beyond which one alert stands for them all: a NATS node's
-# loss can fence most of the fleet at once, and 50,000 alerts would bury everything else.
-FENCE_ALERTS_ONE_BY_ONE = 5
-FENCE_ALERT_HOSTS_NAMED = 20
+# Alerts of one kind noticed in one check beyond which one alert stands for them all (the
+# first hosts named): a NATS node's loss can fence most of the fleet at once, a switch or
+# a rack's power take hundreds of hosts, a driver fault every GPU of a rack, and 50,000
+# alerts would bury everything else.
+ALERTS_ONE_BY_ONE = 5
+ALERT_HOSTS_NAMED = 20
+
+
+def summarized(events: list[Event], now: float, head: str, totals: dict[str, object]) -> list[Event]:
+    """Alerts of one kind noticed in one check (one a host, or a GPU) as they are, or past
+    ALERTS_ONE_BY_ONE one alert standing for them all: `head`, the first hosts by name,
+    and in its data the number of hosts, their first names and `totals`."""
+    if len(events) <= ALERTS_ONE_BY_ONE:
+        return events
+    hosts = list(dict.fromkeys(e.host_id or "?" for e in events))
+    names = hosts[:ALERT_HOSTS_NAMED]
+    more = f" and {len(hosts) - len(names)} more" if len(hosts) > len(names) else ""
+    return [Event(kind=events[0].kind, ts=now, message=f"{head}: {', '.join(names)}{more}",
+                  data={"hosts": len(hosts), "host_ids": names, **totals})]
+
+
+def _by_label(events: list[Event], label: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in events:
+        labels = e.data.get("labels")
+        value = labels.get(label) if isinstance(labels, dict) else None
+        if isinstance(value, str):
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def host_alerts(events: list[Event], now: float, what: str) -> list[Event]:
+    """Hosts lost (or recovered) in one check, each with its labels: one alert a host, or
+    one for them all with how many there are in each rack and zone."""
+    return summarized(events, now, f"{len(events)} hosts {what}",
+                      {"by_rack": _by_label(events, "rack"), "by_zone": _by_label(events, "zone")})
+
+
+def gpu_alert(host_id: str, usage: GpuUsage, now: float) -> Event:
+    return Event(kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
+                 message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
+                 data={"gpu": usage.index, "fault": usage.fault or ""})
+
+
+def gpu_alerts(faulted: list[tuple[str, GpuUsage]], now: float) -> list[Event]:
+    """GPUs faulted in one check: one alert a GPU, or one for them all with how many of
+    each kind of fault (its text up to the first colon: "xid 79", ...)."""
+    kinds: dict[str, int] = {}
+    for _, u in faulted:
+        k = (u.fault or "unhealthy").split(":")[0]
+        kinds[k] = kinds.get(k, 0) + 1
+    hosts = len({h for h, _ in faulted})
+    return summarized([gpu_alert(h, u, now) for h, u in faulted], now,
+                      f"{len(faulted)} GPUs on {hosts} hosts unschedulable ("
+                      + ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) + ")",
+                      {"gpus": len(faulted), "faults": kinds})
 
 
 def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
@@ -70,7 +122,7 @@ def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> 
     continued = sum(c for _, c, _ in each)
     stopped = sum(x for _, _, x in each)
     longest = max(hb.last_fence_s for _, hb, _ in fenced)
-    names = [h for h, _, _ in fenced[:FENCE_ALERT_HOSTS_NAMED]]
+    names = [h for h, _, _ in fenced[:ALERT_HOSTS_NAMED]]
     more = f" and {len(fenced) - len(names)} more" if len(fenced) > len(names) else ""
     return Event(
         kind=subjects.ALERT_HOST_FENCED, ts=now,
@@ -83,8 +135,8 @@ def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> 
 
 def fence_alerts(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> list[Event]:
     """The alerts for the fences noticed since the last check: one a host, or one for
-    them all past FENCE_ALERTS_ONE_BY_ONE."""
-    if len(fenced) > FENCE_ALERTS_ONE_BY_ONE:
+    them all past ALERTS_ONE_BY_ONE."""
+    if len(fenced) > ALERTS_ONE_BY_ONE:
         return [fences_alert(fenced, now)]
     return [fence_alert(host_id, hb, before, now) for host_id, hb, before in fenced]
 
@@ -123,6 +175,8 @@ class HealthMonitor:
             # A new term: take the present as known, without re-announcing it.
             self._term = self.leadership.term
             changes = []
+        lost: list[Event] = []
+        recovered: list[Event] = []
         for host_id, old, new in changes:
             if old is None and new is Health.HEALTHY:
                 continue  # a host seen for the first time is not a transition
@@ -136,19 +190,16 @@ class HealthMonitor:
             except Exception as exc:  # noqa: BLE001
                 log.warning("host event not published: %s", exc)
             if new is Health.LOST:
-                await publish_alert(
-                    self.nc, subjects.ALERT_HOST_LOST, self._host_alert(entry, now, "heartbeat key expired")
-                )
+                lost.append(self._host_alert(entry, now, "heartbeat key expired"))
             elif old is Health.LOST and new is Health.HEALTHY:
-                await publish_alert(
-                    self.nc, subjects.ALERT_HOST_RECOVERED, self._host_alert(entry, now, "heartbeats resumed")
-                )
-        while self._gpu_alerts:
-            host_id, usage = self._gpu_alerts.pop(0)
-            await publish_alert(self.nc, subjects.ALERT_GPU_UNHEALTHY, Event(
-                kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
-                message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
-                data={"gpu": usage.index, "fault": usage.fault or ""}))
+                recovered.append(self._host_alert(entry, now, "heartbeats resumed"))
+        for ev in host_alerts(lost, now, "lost (heartbeat keys expired)"):
+            await publish_alert(self.nc, subjects.ALERT_HOST_LOST, ev)
+        for ev in host_alerts(recovered, now, "recovered (heartbeats resumed)"):
+            await publish_alert(self.nc, subjects.ALERT_HOST_RECOVERED, ev)
+        faulted, self._gpu_alerts = self._gpu_alerts, []
+        for ev in gpu_alerts(faulted, now):
+            await publish_alert(self.nc, subjects.ALERT_GPU_UNHEALTHY, ev)
         fenced, self._fence_alerts = self._fence_alerts, []
         for _, hb, before in fenced:
             n, continued, stopped = _fence_counts(hb, before)

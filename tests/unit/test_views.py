@@ -212,7 +212,7 @@ async def test_a_fence_shows_in_the_host_row_and_graphql_and_is_noticed_once(tmp
 def test_many_fences_noticed_together_make_one_alert() -> None:
     """A NATS node's loss can fence most of the fleet at once: past a handful of fences
     in one check, one alert stands for them all, naming the first hosts."""
-    from server.health.monitor import FENCE_ALERT_HOSTS_NAMED, FENCE_ALERTS_ONE_BY_ONE, fence_alerts, fences_alert
+    from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, fence_alerts, fences_alert
 
     before = heartbeat("h", boot_id="b")
     fenced = [(f"h-{i:02d}", before.model_copy(update={"host_id": f"h-{i:02d}", "fences": 1, "last_fence_s": 5.0 + i,
@@ -220,9 +220,9 @@ def test_many_fences_noticed_together_make_one_alert() -> None:
               for i in range(30)]
     ev = fences_alert(fenced, now=1.0)
     assert ev.kind == "host.fenced" and ev.host_id is None
-    assert ev.data["hosts"] == 30 and ev.data["host_ids"] == [f"h-{i:02d}" for i in range(FENCE_ALERT_HOSTS_NAMED)]
+    assert ev.data["hosts"] == 30 and ev.data["host_ids"] == [f"h-{i:02d}" for i in range(ALERT_HOSTS_NAMED)]
     assert (ev.data["fences"], ev.data["continued"], ev.data["stopped"], ev.data["last_fence_s"]) == (30, 60, 15, 34.0)
     assert ev.message.startswith("30 hosts fenced") and "and 10 more" in ev.message
     assert fence_alerts(fenced, now=1.0) == [ev]
-    few = fence_alerts(fenced[:FENCE_ALERTS_ONE_BY_ONE], now=1.0)
-    assert [e.host_id for e in few] == [f"h-{i:02d}" for i in range(FENCE_ALERTS_ONE_BY_ONE)]
+    few = fence_alerts(fenced[:ALERTS_ONE_BY_ONE], now=1.0)
+    assert [e.host_id for e in few] == [f"h-{i:02d}" for i in range(ALERTS_ONE_BY_ONE)]

@@ -1,0 +1,41 @@
+"""The leader's alerts on host health (server.health.monitor): one a host or a GPU, or
+past ALERTS_ONE_BY_ONE in one check, one alert standing for them all."""
+
+from __future__ import annotations
+
+from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, gpu_alerts, host_alerts
+from wire.messages import Event, GpuUsage
+
+
+def lost(host_id: str, rack: str, zone: str = "z1") -> Event:
+    return Event(kind="", ts=1.0, host_id=host_id, message=f"host {host_id}: heartbeat key expired",
+                 data={"labels": {"rack": rack, "zone": zone}})
+
+
+def test_a_few_lost_hosts_are_alerted_one_by_one() -> None:
+    events = [lost(f"h{i}", "r1") for i in range(ALERTS_ONE_BY_ONE)]
+    assert host_alerts(events, 2.0, "lost") == events
+    assert host_alerts([], 2.0, "lost") == []
+
+
+def test_a_rack_lost_at_once_is_one_alert_counting_its_hosts_by_rack_and_zone() -> None:
+    events = [lost(f"h{i:03d}", "r1" if i < 30 else "r2", "z1" if i % 2 else "z2") for i in range(40)]
+    [alert] = host_alerts(events, 2.0, "lost (heartbeat keys expired)")
+    assert alert.ts == 2.0 and alert.host_id is None
+    assert alert.message.startswith("40 hosts lost (heartbeat keys expired): h000, h001")
+    assert alert.message.endswith(f"h{ALERT_HOSTS_NAMED - 1:03d} and {40 - ALERT_HOSTS_NAMED} more")
+    assert alert.data == {"hosts": 40, "host_ids": [f"h{i:03d}" for i in range(ALERT_HOSTS_NAMED)],
+                          "by_rack": {"r1": 30, "r2": 10}, "by_zone": {"z1": 20, "z2": 20}}
+
+
+def test_gpu_faults_are_one_alert_a_gpu_or_one_for_many_counting_each_fault() -> None:
+    few = [("h1", GpuUsage(index=2, healthy=False, fault="xid 79: GPU has fallen off the bus"))]
+    [one] = gpu_alerts(few, 3.0)
+    assert one.kind == "gpu.unhealthy" and one.host_id == "h1" and one.data == {
+        "gpu": 2, "fault": "xid 79: GPU has fallen off the bus"}
+    many = [(f"h{i // 8}", GpuUsage(index=i % 8, healthy=False,
+                                    fault="xid 79: GPU has fallen off the bus" if i < 14 else None))
+            for i in range(16)]
+    [alert] = gpu_alerts(many, 3.0)
+    assert alert.message == "16 GPUs on 2 hosts unschedulable (unhealthy: 2, xid 79: 14): h0, h1"
+    assert alert.data == {"hosts": 2, "host_ids": ["h0", "h1"], "gpus": 16, "faults": {"xid 79": 14, "unhealthy": 2}}
