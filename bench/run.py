@@ -458,7 +458,9 @@ class Bench(Processes):
 
         async def on_lost(msg) -> None:
             ev = json.loads(msg.data)
-            seen["lost"].append((ev.get("host_id"), ev.get("ts")))
+            # One alert a host, or one for many lost in one check (its first 20 named).
+            for host_id in [ev.get("host_id")] if ev.get("host_id") else (ev.get("data") or {}).get("host_ids", []):
+                seen["lost"].append((host_id, ev.get("ts")))
 
         async def on_requeued(msg) -> None:
             ev = json.loads(msg.data)
