@@ -45,17 +45,28 @@ ALERTS_ONE_BY_ONE = 5
 ALERT_HOSTS_NAMED = 20
 
 
-def summarized(events: list[Event], now: float, head: str, totals: dict[str, object]) -> list[Event]:
-    """Alerts of one kind noticed in one check (one a host, or a GPU) as they are, or past
-    ALERTS_ONE_BY_ONE one alert standing for them all: `head`, the first hosts by name,
-    and in its data the number of hosts, their first names and `totals`."""
+def summarized(events: list[Event], now: float, head: str, totals: dict[str, object], of: str = "host") -> list[Event]:
+    """Alerts of one kind noticed together (one a host, a GPU or a job) as they are, or
+    past ALERTS_ONE_BY_ONE one alert standing for them all: `head`, the first hosts (or
+    jobs, `of="job"`) by name, and in its data how many there are, their first names
+    (`hosts` and `host_ids`, or `jobs` and `job_ids`) and `totals`."""
     if len(events) <= ALERTS_ONE_BY_ONE:
         return events
-    hosts = list(dict.fromkeys(e.host_id or "?" for e in events))
-    names = hosts[:ALERT_HOSTS_NAMED]
-    more = f" and {len(hosts) - len(names)} more" if len(hosts) > len(names) else ""
+    ids = list(dict.fromkeys(getattr(e, f"{of}_id") or "?" for e in events))
+    names = ids[:ALERT_HOSTS_NAMED]
+    more = f" and {len(ids) - len(names)} more" if len(ids) > len(names) else ""
     return [Event(kind=events[0].kind, ts=now, message=f"{head}: {', '.join(names)}{more}",
-                  data={"hosts": len(hosts), "host_ids": names, **totals})]
+                  data={f"{of}s": len(ids), f"{of}_ids": names, **totals})]
+
+
+def job_failed_alerts(failed: list[Event], queues: dict[str, str], now: float) -> list[Event]:
+    """Jobs a cycle failed for good: one alert a job, or one for them all with how many
+    of each queue (`queues`: job id -> its queue)."""
+    by_queue: dict[str, int] = {}
+    for e in failed:
+        q = queues.get(e.job_id or "", "?")
+        by_queue[q] = by_queue.get(q, 0) + 1
+    return summarized(failed, now, f"{len(failed)} jobs failed for good", {"by_queue": by_queue}, of="job")
 
 
 def _by_label(events: list[Event], label: str) -> dict[str, int]:

@@ -21,7 +21,7 @@ from nats.errors import Error as NatsError
 from nats.js import api as jsapi
 
 from server import metrics
-from server.health.monitor import publish_alert
+from server.health.monitor import job_failed_alerts, publish_alert
 from server.health.rules import Health
 from server.scheduling.cadence import cycle_gap
 from server.scheduling.delivery import undelivered
@@ -722,9 +722,10 @@ class Scheduler:
         nc = self.store.nc
         for ev in self._queue_alerts(plan, now):
             await publish_alert(nc, ev.kind, ev)
-        for ev in plan.events:
-            if ev.kind == "job.failed":
-                await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev.model_copy())
+        failed = [ev.model_copy() for ev in plan.events if ev.kind == "job.failed"]
+        queues = {ev.job_id: plan.jobs[ev.job_id].spec.queue for ev in failed if ev.job_id and ev.job_id in plan.jobs}
+        for ev in job_failed_alerts(failed, queues, now):  # one for many past 5 in a cycle
+            await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev)
         for dom, lost in plan.disrupted.items():
             if dom in self.disrupted:
                 continue

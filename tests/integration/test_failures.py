@@ -734,6 +734,31 @@ if os.environ['MUSTER_ATTEMPT_ID'].endswith('.1'):
     assert_invariants(cluster.nats_url)
 
 
+def test_every_job_failed_for_good_is_alerted_one_by_one_or_within_one_alert_for_many(cluster: Cluster) -> None:
+    alerts = AlertListener(cluster.nats_url)
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("jf", gpus="1xH100", cpus=32, **FAST)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    inputs = [{"name": f"bad{i}", "command": ["false"], "gpus": 0, "cpus": 1, "memoryMb": 16} for i in range(20)]
+    ids = [p["job"]["id"] for p in api.q("""mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
+        job { id } } }""", {"input": inputs})["submitJobs"]]
+    for j in ids:
+        assert api.wait_job(j, {"SUCCEEDED", "FAILED"})["state"] == "FAILED"
+
+    def covered() -> set[str]:
+        out: set[str] = set()
+        for a in alerts.of("alerts.job.failed"):
+            out.update([a["job_id"]] if a["job_id"] else a["data"]["job_ids"])
+        return out
+
+    wait_until(lambda: covered() == set(ids), timeout=30, what="every failed job alerted")
+    sent = alerts.of("alerts.job.failed")
+    assert sum(1 if a["job_id"] else a["data"]["jobs"] for a in sent) == 20
+    assert all(a["data"]["by_queue"] == {"default": a["data"]["jobs"]} for a in sent if not a["job_id"])
+    alerts.close()
+
+
 def test_drain_moves_work_away_after_the_deadline(cluster: Cluster, tmp_path: Path) -> None:
     import os
     import subprocess

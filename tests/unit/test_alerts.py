@@ -3,7 +3,7 @@ past ALERTS_ONE_BY_ONE in one check, one alert standing for them all."""
 
 from __future__ import annotations
 
-from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, gpu_alerts, host_alerts
+from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, gpu_alerts, host_alerts, job_failed_alerts
 from wire.messages import Event, GpuUsage
 
 
@@ -39,3 +39,17 @@ def test_gpu_faults_are_one_alert_a_gpu_or_one_for_many_counting_each_fault() ->
     [alert] = gpu_alerts(many, 3.0)
     assert alert.message == "16 GPUs on 2 hosts unschedulable (unhealthy: 2, xid 79: 14): h0, h1"
     assert alert.data == {"hosts": 2, "host_ids": ["h0", "h1"], "gpus": 16, "faults": {"xid 79": 14, "unhealthy": 2}}
+
+
+def test_jobs_failed_in_one_cycle_are_one_alert_a_job_or_one_for_many_by_queue() -> None:
+    def failed(i: int) -> Event:
+        return Event(kind="job.failed", ts=1.0, job_id=f"j{i:02d}", host_id="h1", message="exit code 1",
+                     data={"state": "FAILED"})
+
+    few = [failed(i) for i in range(3)]
+    assert job_failed_alerts(few, {}, 2.0) == few
+    many = [failed(i) for i in range(30)]
+    [alert] = job_failed_alerts(many, {f"j{i:02d}": "a" if i < 25 else "b" for i in range(30)}, 2.0)
+    assert alert.job_id is None and alert.host_id is None
+    assert alert.message.startswith("30 jobs failed for good: j00, j01") and alert.message.endswith("and 10 more")
+    assert alert.data == {"jobs": 30, "job_ids": [f"j{i:02d}" for i in range(20)], "by_queue": {"a": 25, "b": 5}}
