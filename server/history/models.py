@@ -13,7 +13,6 @@ class JobRow(SQLModel, table=True):
         Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
         Index("ix_jobs_user_submitted_at", "user", "submitted_at"),
         Index("ix_jobs_name", "name", postgresql_ops={"name": "text_pattern_ops"}),
-        Index("ix_jobs_priority_submitted_at", "priority", "submitted_at"),
         Index("ix_jobs_submitted_at", "submitted_at"),
         Index("ix_jobs_state_updated_at", "state", "updated_at"),
         Index("ix_jobs_queue_submitted_at", "queue", "submitted_at"),
@@ -30,6 +29,11 @@ class JobRow(SQLModel, table=True):
     updated_at: float = 0.0
     revision: int = 0
     doc: str = Field(sa_column=Column(Text, nullable=False))
+
+
+# priority DESC, submitted_at, id: the PRIORITY_DESC sort and its reverse (migration 0003).
+Index("ix_jobs_priority_order", JobRow.__table__.c.priority.desc(),  # type: ignore[attr-defined]
+      JobRow.__table__.c.submitted_at, JobRow.__table__.c.id)  # type: ignore[attr-defined]
 
 
 class AttemptRow(SQLModel, table=True):
