@@ -6,7 +6,7 @@ Subjects (JSON payloads are `messages.Event`):
   muster.events.host.<HEALTHY|SUSPECT|LOST>   every health transition (kept in EVENTS)
   alerts.host.lost / alerts.host.recovered     a host's heartbeat key expired / it came back
   alerts.host.fenced                           a host's agent fenced itself and is heard again
-  alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error
+  alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error (its work is moved)
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
 """
@@ -88,7 +88,8 @@ def host_alerts(events: list[Event], now: float, what: str) -> list[Event]:
 
 def gpu_alert(host_id: str, usage: GpuUsage, now: float) -> Event:
     return Event(kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
-                 message=f"GPU {usage.index} on {host_id} is unschedulable: {usage.fault or 'unhealthy'}",
+                 message=(f"GPU {usage.index} on {host_id} faulted: {usage.fault or 'unhealthy'}; it takes no new work, "
+                          f"and what ran on it is stopped and tried again elsewhere"),
                  data={"gpu": usage.index, "fault": usage.fault or ""})
 
 
@@ -101,7 +102,7 @@ def gpu_alerts(faulted: list[tuple[str, GpuUsage]], now: float) -> list[Event]:
         kinds[k] = kinds.get(k, 0) + 1
     hosts = len({h for h, _ in faulted})
     return summarized([gpu_alert(h, u, now) for h, u in faulted], now,
-                      f"{len(faulted)} GPUs on {hosts} hosts unschedulable ("
+                      f"{len(faulted)} GPUs on {hosts} hosts faulted ("
                       + ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) + ")",
                       {"gpus": len(faulted), "faults": kinds})
 

@@ -33,11 +33,12 @@ def test_gpu_faults_are_one_alert_a_gpu_or_one_for_many_counting_each_fault() ->
     [one] = gpu_alerts(few, 3.0)
     assert one.kind == "gpu.unhealthy" and one.host_id == "h1" and one.data == {
         "gpu": 2, "fault": "xid 79: GPU has fallen off the bus"}
+    assert one.message.startswith("GPU 2 on h1 faulted: xid 79") and "stopped and tried again elsewhere" in one.message
     many = [(f"h{i // 8}", GpuUsage(index=i % 8, healthy=False,
                                     fault="xid 79: GPU has fallen off the bus" if i < 14 else None))
             for i in range(16)]
     [alert] = gpu_alerts(many, 3.0)
-    assert alert.message == "16 GPUs on 2 hosts unschedulable (unhealthy: 2, xid 79: 14): h0, h1"
+    assert alert.message == "16 GPUs on 2 hosts faulted (unhealthy: 2, xid 79: 14): h0, h1"
     assert alert.data == {"hosts": 2, "host_ids": ["h0", "h1"], "gpus": 16, "faults": {"xid 79": 14, "unhealthy": 2}}
 
 
