@@ -88,8 +88,8 @@ def host_alerts(events: list[Event], now: float, what: str) -> list[Event]:
 
 def gpu_alert(host_id: str, usage: GpuUsage, now: float) -> Event:
     return Event(kind=subjects.ALERT_GPU_UNHEALTHY, ts=now, host_id=host_id,
-                 message=(f"GPU {usage.index} on {host_id} faulted: {usage.fault or 'unhealthy'}; it takes no new work, "
-                          f"and what ran on it is stopped and tried again elsewhere"),
+                 message=(f"GPU {usage.index} on {host_id} faulted: {usage.fault or 'unhealthy'}; it takes no new "
+                          f"work, and what ran on it is stopped and tried again elsewhere"),
                  data={"gpu": usage.index, "fault": usage.fault or ""})
 
 

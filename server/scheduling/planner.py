@@ -781,7 +781,7 @@ def stop_on_faulted_gpus(w: _Work, now: float, max_keys: int) -> None:
     SIGKILL, every task of a gang's try with it. They end KILLED, which the retry policy
     counts as the infrastructure's failure, not the job's: the job is tried again, on
     other GPUs (a faulted one is never placed on), while it has tries left."""
-    for host_id in sorted(w.state.faulted_gpus):
+    for host_id in sorted(w.state.faulted_work):
         if host_id in w.frozen_hosts:
             continue
         # As this cycle left them: its reports may have ended tasks already.

@@ -173,9 +173,11 @@ class ClusterState:
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Hosts whose heartbeat reports faulted GPUs, and their indices (kept by _index_host):
-    # the planner stops the work on them without a pass over every host.
+    # Hosts whose heartbeat reports faulted GPUs, and their indices; and those of them where
+    # a task not yet told to stop holds one (both kept by _index_host): the planner stops
+    # that work without a pass over every host, or over every task of a faulted host.
     faulted_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
+    faulted_work: set[str] = field(default_factory=set)
     # Running tries with a time limit: job id -> when it is reached.
     deadlines: dict[str, float] = field(default_factory=dict)
     # Running jobs that could be stopped for another (scheduling.preemption.stoppable), per
@@ -281,6 +283,7 @@ class ClusterState:
             self.index.remove(host_id)
             self._host_shapes.pop(host_id, None)
             self.faulted_gpus.pop(host_id, None)
+            self.faulted_work.discard(host_id)
             old = self._host_resources.pop(host_id, None)
             if old:
                 add_resources(self.capacity, old, -1.0)
@@ -319,6 +322,12 @@ class ClusterState:
             for t in alloc.tasks:
                 cap.hold(t)
             cap.record_bytes = self.alloc_bytes.get(host_id, 0)
+        if unhealthy and alloc and any(
+                not t.stop and (not unhealthy.isdisjoint(t.gpu_indices)
+                                or any(u in mig and mig[u][0] in unhealthy for u in t.mig)) for t in alloc.tasks):
+            self.faulted_work.add(host_id)
+        else:
+            self.faulted_work.discard(host_id)
         self.index.put(cap)
         self._host_capacity(cap)
 

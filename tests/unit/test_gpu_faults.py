@@ -35,8 +35,10 @@ def test_a_try_on_a_faulted_gpu_is_stopped_then_tried_again_on_another() -> None
     assert w.job("on0").current.gpu_indices == [0] and w.job("on1").current.gpu_indices == [1]
     running(w, "on0", "on1")
     fault(w, "h1", 2, (0,))
+    assert w.state.faulted_work == {"h1"}
     plan = w.cycle()
     assert plan.gpu_fault_stops == 1
+    assert w.state.faulted_work == set()  # told to stop: nothing more to do there
     [stopped] = [t for t in w.tasks("h1") if t.stop]
     assert stopped.job_id == "on0" and "GPU 0 faulted (xid 79" in stopped.stop_reason
     a = w.job("on0").current
@@ -135,7 +137,7 @@ def test_a_fault_on_a_gpu_no_task_holds_stops_nothing() -> None:
     running(w, "j")
     held = w.job("j").current.gpu_indices[0]
     fault(w, "h1", 2, (1 - held,))
-    assert w.state.faulted_gpus == {"h1": frozenset({1 - held})}
+    assert w.state.faulted_gpus == {"h1": frozenset({1 - held})} and w.state.faulted_work == set()
     plan = w.cycle()
     assert plan.gpu_fault_stops == 0 and not any(t.stop for t in w.tasks("h1"))
     # The GPU comes back healthy (a new agent after a reset): the host is no longer listed.
