@@ -209,9 +209,9 @@ class Agent:
         self._fault_at = 0.0
         self._hb_wake = asyncio.Event()
         self._hb_stored = asyncio.Event()  # set each time the store takes a heartbeat
-        # The assignment's count of operator clears of the GPU fault marks (None: no
+        # The assignment's counts of operators' clears of each GPU's fault mark (None: no
         # assignment read yet; the first one read is where this agent starts from).
-        self._gpu_clears: int | None = None
+        self._gpu_clears: dict[int, int] | None = None
         self._reports: deque[tuple[StatusReport, str]] = deque()  # (report, Nats-Msg-Id)
         # Terminal reports the STATUS stream acknowledged (attempt -> report, when), and
         # the attempts the last applied assignment lists: an attempt still assigned long
@@ -598,12 +598,16 @@ class Agent:
             log.warning("refused assignment with stale term %d < %d", alloc.term, self.max_term)
             return
         self.max_term = max(self.max_term, alloc.term)
-        if self._gpu_clears is not None and alloc.gpu_clears > self._gpu_clears:
-            cleared = self.gpus.clear_faults()
-            self.gpu_faults.clear()
-            log.warning("GPU fault marks cleared by an operator (GPUs %s)", cleared or "none marked")
-            self._hb_wake.set()  # the leader learns of the GPUs at once
-        self._gpu_clears = alloc.gpu_clears if self._gpu_clears is None else max(self._gpu_clears, alloc.gpu_clears)
+        seen = self._gpu_clears
+        if seen is not None:
+            rose = sorted(i for i, n in alloc.gpu_clears.items() if n > seen.get(i, 0))
+            if rose:
+                cleared = self.gpus.clear_faults(rose)
+                for i in rose:
+                    self.gpu_faults.pop(i, None)
+                log.warning("GPU fault marks cleared by an operator: GPUs %s (%s marked)", rose, cleared or "none")
+                self._hb_wake.set()  # the leader learns of the GPUs at once
+        self._gpu_clears = {i: max(n, (seen or {}).get(i, 0)) for i, n in ((seen or {}) | alloc.gpu_clears).items()}
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
         for attempt_id, run in list(self.runs.items()):

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -108,9 +108,9 @@ class GpuBackend(Protocol):
         """Faults that appeared since the previous call; never blocks."""
         ...
 
-    def clear_faults(self) -> list[int]:
-        """Forget every fault mark (an operator cleared them, after a reset or a repair):
-        the GPUs report healthy until a new fault. Returns the indices cleared."""
+    def clear_faults(self, indices: Collection[int]) -> list[int]:
+        """Forget these GPUs' fault marks (an operator cleared them, after a reset or a
+        repair): they report healthy until a new fault. Returns the indices that had one."""
         ...
 
     def close(self) -> None:
@@ -297,10 +297,11 @@ class _Health:
         self.fault_text.setdefault(fault.index, fault.describe())
         return True
 
-    def clear(self) -> list[int]:
-        """Forget every mark; the indices that had one."""
-        cleared = sorted(self.fault_text)
-        self.fault_text.clear()
+    def clear(self, indices: Collection[int]) -> list[int]:
+        """Forget the marks of `indices`; those that had one."""
+        cleared = sorted(i for i in set(indices) if i in self.fault_text)
+        for i in cleared:
+            del self.fault_text[i]
         return cleared
 
     def apply(self, entry: GpuUsage) -> GpuUsage:
@@ -329,7 +330,7 @@ class EmptyBackend:
     def poll_faults(self) -> list[GpuFault]:
         return []
 
-    def clear_faults(self) -> list[int]:
+    def clear_faults(self, indices: Collection[int]) -> list[int]:  # noqa: ARG002 - no GPUs
         return []
 
     def close(self) -> None:
@@ -448,9 +449,9 @@ class SimulatedBackend:
                 faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
         return faults
 
-    def clear_faults(self) -> list[int]:
+    def clear_faults(self, indices: Collection[int]) -> list[int]:
         with self._lock:
-            return self._health.clear()
+            return self._health.clear(indices)
 
     def close(self) -> None:
         return None
@@ -724,11 +725,11 @@ class NvmlBackend:
                 faults += [f for f in self._fault_file.read_new() if self._health.record(f)]
         return faults
 
-    def clear_faults(self) -> list[int]:
+    def clear_faults(self, indices: Collection[int]) -> list[int]:
         """The ECC baselines stay where they are: only errors counted after the clear
         are a new fault. A GPU still unreachable is marked again at the next read."""
         with self._lock:
-            return self._health.clear()
+            return self._health.clear(indices)
 
     def _shutdown(self) -> None:
         try:

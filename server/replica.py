@@ -600,13 +600,34 @@ class Muster:
             cordoned=True, draining=True, drain_deadline=now + deadline_s, reason=reason, by=by, ts=now,
             gpu_clears=cur.gpu_clears))
 
-    async def clear_gpu_faults(self, host_id: str, by: str, reason: str) -> None:
-        """Clear a host's GPU fault marks (after the GPUs were reset or replaced): the
-        leader passes the clear to the host's agent, whose GPUs then report healthy until
-        a new fault. A cordon or drain stays as it is."""
+    async def clear_gpu_faults(self, host_id: str, by: str, reason: str, gpus: list[int] | None = None) -> list[int]:
+        """Clear GPU fault marks of a host (after those GPUs were reset or replaced): the
+        GPUs in `gpus`, or every GPU its heartbeat reports faulted. The leader passes the
+        clear to the host's agent, whose GPUs then report healthy until a new fault. A
+        cordon or drain stays as it is. Returns the GPUs cleared."""
         reason = validate_reason(reason, required=True)
-        await self._set_hostcfg(host_id, lambda cur: cur.model_copy(update={"gpu_clears": cur.gpu_clears + 1}),
-                                action="gpu_faults_cleared", by=by, reason=reason)
+        entry = self.state.hosts.get(host_id)
+        if entry is None or entry.heartbeat is None:
+            raise NotFound(f"no host {host_id}")
+        have = {g.index for g in entry.heartbeat.gpus}
+        if gpus is None:
+            targets = sorted(self.state.faulted_gpus.get(host_id, ()))
+            if not targets:
+                raise ValidationError("gpus", f"host {host_id} reports no faulted GPU", "NOTHING_TO_CLEAR")
+        else:
+            targets = sorted(set(gpus))
+            if not targets or not set(targets) <= have:
+                raise ValidationError("gpus", f"host {host_id} has GPUs {sorted(have)}; not {targets}", "INVALID")
+
+        def change(cur: HostConfig) -> HostConfig:
+            counts = dict(cur.gpu_clears)
+            for i in targets:
+                counts[i] = counts.get(i, 0) + 1
+            return cur.model_copy(update={"gpu_clears": counts})
+
+        await self._set_hostcfg(host_id, change, action="gpu_faults_cleared", by=by,
+                                reason=f"{reason} (GPUs {', '.join(map(str, targets))})")
+        return targets
 
     async def _set_hostcfg(self, host_id: str, change: Callable[[HostConfig], HostConfig], action: str = "",
                            by: str = "", reason: str = "") -> None:

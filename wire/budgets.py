@@ -171,8 +171,10 @@ def task_bytes(spec: JobSpec) -> int:
     return n
 
 
+# With a count of operators' clears for each of the 64 GPU indices a host may have.
+_GPU_CLEARS = "{" + ",".join(f'"{i}":{_LONG_NUMBER}' for i in range(64)) + "}"
 ALLOC_RECORD_OVERHEAD = len(f'{{"v":1,"host_id":"{_HOST_ID}","term":{_LONG_NUMBER},'
-                            f'"gpu_clears":{_LONG_NUMBER},"tasks":[]}}')
+                            f'"gpu_clears":{_GPU_CLEARS},"tasks":[]}}')
 
 
 def check_spec(spec: JobSpec) -> list[tuple[str, str]]:

@@ -369,14 +369,14 @@ class HostAlloc(_Model):
     host_id: str
     term: int = 0
     tasks: list[Task] = Field(default_factory=list)
-    # How many times an operator cleared the host's GPU fault marks (`muster host
-    # clear-gpu-faults`): when it rises, the agent forgets its marks.
-    gpu_clears: int = Field(default=0, ge=0)
+    # How many times an operator cleared each GPU's fault mark (`muster host
+    # clear-gpu-faults`), by GPU index: when a count rises, the agent forgets that mark.
+    gpu_clears: dict[int, int] = Field(default_factory=dict, max_length=64)
 
     def to_json(self) -> bytes:
         """The record as stored: rewritten on every placement and completion on its
         host, so built from each task's JSON, made once (`Task.compact_json`)."""
-        clears = f'"gpu_clears":{self.gpu_clears},' if self.gpu_clears else ""
+        clears = f'"gpu_clears":{json.dumps(self.gpu_clears, sort_keys=True)},' if self.gpu_clears else ""
         head = f'{{"v":{self.v},"host_id":{json.dumps(self.host_id)},"term":{self.term},{clears}"tasks":['
         return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
 

@@ -49,9 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     hd.set_defaults(fn=cmd_drain)
 
     hg = hsub.add_parser("clear-gpu-faults",
-                         help="clear a host's GPU fault marks after its GPUs were reset or replaced")
+                         help="clear GPU fault marks of a host after those GPUs were reset or replaced")
     hg.add_argument("id")
     hg.add_argument("--reason", required=True)
+    hg.add_argument("--gpu", type=int, action="append", default=None, dest="gpus",
+                    help="a GPU index to clear (repeat for more; default: every faulted GPU)")
     add_output(hg)
     hg.set_defaults(fn=cmd_clear_gpu_faults)
 
@@ -144,9 +146,9 @@ def cmd_cordon(args: argparse.Namespace) -> int:
 
 
 def cmd_clear_gpu_faults(args: argparse.Namespace) -> int:
-    q = """mutation($input: HostActionInput!) { clearGpuFaults(input: $input) {
+    q = """mutation($input: ClearGpuFaultsInput!) { clearGpuFaults(input: $input) {
            host { id health gpusUnhealthy } userErrors { field message code } } }"""
-    res = gql(q, {"input": {"id": args.id, "reason": args.reason}})["clearGpuFaults"]
+    res = gql(q, {"input": {"id": args.id, "reason": args.reason, "gpus": args.gpus}})["clearGpuFaults"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"])
     h = res["host"]

@@ -482,13 +482,17 @@ def drain_due(w: _Work, now: float) -> None:
 
 
 def pass_gpu_clears(w: _Work) -> None:
-    """Copy an operator's clear of a host's GPU fault marks (`HostConfig.gpu_clears`)
-    into the host's assignment, where its agent reads it."""
+    """Copy operators' clears of a host's GPU fault marks (`HostConfig.gpu_clears`, a
+    count per GPU) into the host's assignment, where its agent reads them."""
     for host_id, cfg in w.state.hostcfg.items():
-        cur = w.state.allocs.get(host_id)
-        if cfg.gpu_clears <= (cur.gpu_clears if cur is not None else 0) or host_id in w.frozen_hosts:
+        if not cfg.gpu_clears or host_id in w.frozen_hosts:
             continue
-        w.alloc(host_id).gpu_clears = cfg.gpu_clears
+        cur = w.state.allocs.get(host_id)
+        have = cur.gpu_clears if cur is not None else {}
+        if all(have.get(i, 0) >= n for i, n in cfg.gpu_clears.items()):
+            continue
+        alloc = w.alloc(host_id)
+        alloc.gpu_clears = {i: max(n, cfg.gpu_clears.get(i, 0)) for i, n in (have | cfg.gpu_clears).items()}
 
 
 def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: float) -> None:

@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 class HostConfig(BaseModel):
     """Operator settings of a host (`hostcfg.<host>`). A draining host is also cordoned;
     at `drain_deadline` its remaining attempts are stopped and requeued elsewhere.
-    `gpu_clears` counts the operator's clears of its GPU fault marks (the leader copies
-    it into the host's assignment, where the agent reads it)."""
+    `gpu_clears` counts the operator's clears of each GPU's fault mark, by GPU index (the
+    leader copies them into the host's assignment, where the agent reads them)."""
 
     cordoned: bool = False
     draining: bool = False
@@ -62,7 +62,7 @@ class HostConfig(BaseModel):
     reason: str = ""
     by: str = ""
     ts: float = 0.0
-    gpu_clears: int = 0
+    gpu_clears: dict[int, int] = {}
 
 
 class TokenInfo(BaseModel):

@@ -782,21 +782,30 @@ async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: 
     assert 'href="/hosts/g-1"' in r.text and '<option value="yes" selected>With a faulted GPU</option>' in r.text
     assert 'href="/hosts/g-1"' not in (await c.get("/hosts?faults=no")).text
     r = await c.get("/hosts/g-1")
-    assert re.search(r'action="/hosts/g-1/clear-gpu-faults" class="stack" data-confirm="Clear the GPU fault marks '
-                     r'of g-1\? Its 1 faulted GPU', r.text)
+    assert re.search(r'action="/hosts/g-1/clear-gpu-faults" class="stack" data-confirm="Clear GPU fault marks '
+                     r'of g-1\? The GPUs cleared', r.text)
+    assert 'name="gpus"' in r.text and "every faulted GPU (1)" in r.text
     r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": " "})
     assert r.status_code == 422 and 'id="gpus-error"' in r.text and "a reason is required" in r.text
     r = await c.post("/hosts/g-1/clear-gpu-faults", data={"reason": "reset"})
     assert r.status_code == 403  # no CSRF token
-    assert m.state.hostcfg["g-1"].gpu_clears == 0
+    assert m.state.hostcfg["g-1"].gpu_clears == {}
+    r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": "reset", "gpus": "one"})
+    assert r.status_code == 422 and "whole numbers" in r.text and 'value="one"' in r.text
+    r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": "reset", "gpus": "7"})
+    assert r.status_code == 422 and "has GPUs [0, 1]" in r.text
+    assert m.state.hostcfg["g-1"].gpu_clears == {}
     r = await c.post("/hosts/g-1/clear-gpu-faults", data={"csrf": console.csrf, "reason": "GPU 1 reset"})
     assert r.status_code == 303 and r.headers["location"] == "/hosts/g-1?notice=gpus-cleared"
     cfg = m.state.hostcfg["g-1"]
-    assert cfg.gpu_clears == 1 and cfg.cordoned and cfg.reason == "GPU 1 fell off the bus"
+    assert cfg.gpu_clears == {1: 1} and cfg.cordoned and cfg.reason == "GPU 1 fell off the bus"
     assert "GPU fault marks cleared" in (await c.get("/hosts/g-1?notice=gpus-cleared")).text
     # A cordon change keeps the count: the clear is not undone.
     await m.set_cordon("g-1", False, "operator", "")
-    assert m.state.hostcfg["g-1"].gpu_clears == 1 and not m.state.hostcfg["g-1"].cordoned
+    assert m.state.hostcfg["g-1"].gpu_clears == {1: 1} and not m.state.hostcfg["g-1"].cordoned
+    # GPUs named: cleared whether or not the heartbeat shows them faulted.
+    await m.clear_gpu_faults("g-1", "operator", "GPU 0 swapped", [0])
+    assert m.state.hostcfg["g-1"].gpu_clears == {0: 1, 1: 1}
     assert (await c.post("/hosts/nope/clear-gpu-faults", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
 
 

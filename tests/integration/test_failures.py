@@ -680,6 +680,10 @@ def test_gpu_with_xid_gets_no_new_work(cluster: Cluster, tmp_path: Path) -> None
     assert job["state"] == "SUCCEEDED" and sorted(job["attempts"][-1]["gpuIndices"]) == [0, 1, 2, 3]
     refused = muster(cluster, srv.url, "host", "clear-gpu-faults", "sick", "--reason", "")
     assert refused.returncode != 0  # a reason is required
+    refused = muster(cluster, srv.url, "host", "clear-gpu-faults", "sick", "--reason", "r", "--gpu", "9")
+    assert refused.returncode != 0 and "has GPUs [0, 1, 2, 3]" in refused.stderr + refused.stdout
+    refused = muster(cluster, srv.url, "host", "clear-gpu-faults", "sick", "--reason", "r")
+    assert refused.returncode != 0 and "no faulted GPU" in refused.stderr + refused.stdout
     alerts.close()
     assert_invariants(cluster.nats_url)
 

@@ -416,19 +416,20 @@ def test_nvml_ecc_counter_increase_is_a_fault() -> None:
 
 def test_cleared_fault_marks_report_healthy_until_a_new_fault() -> None:
     sim = SimulatedBackend("2xH100", seed=1)
+    sim.inject_fault(0)
     sim.inject_fault(1)
     sim.poll_faults()
-    assert sim.clear_faults() == [1]
-    assert [u.healthy for u in sim.usage()] == [True, True] and sim.clear_faults() == []
+    assert sim.clear_faults([1, 5]) == [1]  # only the GPUs named; one without a mark is no error
+    assert [u.healthy for u in sim.usage()] == [False, True] and sim.clear_faults([1]) == []
     sim.inject_fault(1, code=48, message="DBE")
     assert [(f.index, f.code) for f in sim.poll_faults()] == [(1, 48)]
-    assert [u.healthy for u in sim.usage()] == [True, False]
+    assert [u.healthy for u in sim.usage()] == [False, False]
     # NVML: the ECC baseline stays, so only errors counted after the clear are a new fault.
     fake = FakeNvml(["NVIDIA H200"] * 2)
     nv = NvmlBackend(nvml=fake)
     fake.ecc[0] = 3
     assert [f.index for f in nv.poll_faults()] == [0]
-    assert nv.clear_faults() == [0]
+    assert nv.clear_faults([0, 1]) == [0]
     assert nv.poll_faults() == [] and [u.healthy for u in nv.usage()] == [True, True]
     fake.ecc[0] = 4
     assert [(f.index, f.code) for f in nv.poll_faults()] == [(0, 4)]

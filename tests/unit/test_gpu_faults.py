@@ -150,17 +150,22 @@ def test_an_operators_clear_of_the_fault_marks_is_passed_to_the_agent_in_the_ass
     w.host("h1", gpus=2)
     w.submit("j", gpus=1)
     w.cycle()
-    cfg = HostConfig(cordoned=True, reason="reset", gpu_clears=2)
+    cfg = HostConfig(cordoned=True, reason="reset", gpu_clears={0: 2, 1: 1})
     w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
     plan = w.cycle()
     alloc = w.state.allocs["h1"]
-    assert plan.allocs["h1"].gpu_clears == 2 and alloc.gpu_clears == 2
+    assert plan.allocs["h1"].gpu_clears == {0: 2, 1: 1} and alloc.gpu_clears == {0: 2, 1: 1}
     assert [t.job_id for t in alloc.tasks] == ["j"]  # the tasks are kept
     again = decode(HostAlloc, alloc.to_json())
-    assert again.gpu_clears == 2 and again == alloc
+    assert again.gpu_clears == {0: 2, 1: 1} and again == alloc
     assert "h1" not in w.cycle().allocs  # passed once
+    cfg = cfg.model_copy(update={"gpu_clears": {0: 2, 1: 2}})  # GPU 1 cleared again
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+    w.cycle()
+    assert w.state.allocs["h1"].gpu_clears == {0: 2, 1: 2}
     # A host the leader never assigned anything gets an assignment carrying the clear.
     w.host("h2", gpus=1)
-    w.state.apply_state_record(Record("hostcfg.h2", next(w.rev), HostConfig(gpu_clears=1).model_dump_json().encode()))
+    w.state.apply_state_record(Record("hostcfg.h2", next(w.rev),
+                                      HostConfig(gpu_clears={0: 1}).model_dump_json().encode()))
     w.cycle()
-    assert w.state.allocs["h2"].gpu_clears == 1 and w.state.allocs["h2"].tasks == []
+    assert w.state.allocs["h2"].gpu_clears == {0: 1} and w.state.allocs["h2"].tasks == []

@@ -227,7 +227,8 @@ def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
 
 
 async def _reasoned_action(request: Request, form_name: str, notice: str,
-                           act: Callable[[Muster, str, str, str], Awaitable[None]]) -> Response:
+                           act: Callable[[Muster, str, str, str], Awaitable[object]],
+                           values: dict[str, str] | None = None) -> Response:
     """A host form that needs a reason: `act(muster, host id, user, reason)`, then the
     host's page with `notice`, or the page again with the error at the form."""
     m = muster_of(request)
@@ -242,7 +243,7 @@ async def _reasoned_action(request: Request, form_name: str, notice: str,
             raise ValidationError("reason", "a reason is required", "REQUIRED")
         await act(m, host_id, sess.user, reason)
     except FORM_ERRORS as exc:
-        return _host_form_error(request, m, host_id, form_name, exc, {"reason": reason})
+        return _host_form_error(request, m, host_id, form_name, exc, {"reason": reason, **(values or {})})
     return RedirectResponse(url(f"/hosts/{host_id}", notice=notice), status_code=303)
 
 
@@ -260,7 +261,17 @@ async def uncordon(request: Request) -> Response:
 
 @console(csrf=True, action=True)
 async def clear_gpu_faults(request: Request) -> Response:
-    return await _reasoned_action(request, "gpus", "gpus-cleared", Muster.clear_gpu_faults)
+    form = await read_form(request)
+    raw = form.get("gpus", "").strip()
+
+    async def clear(m: Muster, host_id: str, user: str, reason: str) -> None:
+        try:
+            gpus = [int(x) for x in raw.replace(",", " ").split()] if raw else None
+        except ValueError:
+            raise ValidationError("gpus", "GPU indices are whole numbers, such as 2 or 2, 3", "INVALID") from None
+        await m.clear_gpu_faults(host_id, user, reason, gpus)
+
+    return await _reasoned_action(request, "gpus", "gpus-cleared", clear, {"gpus": raw})
 
 
 DRAIN_DEFAULT_S = "600"

@@ -61,6 +61,14 @@ class HostActionInput:
 
 
 @strawberry.input
+class ClearGpuFaultsInput:
+    id: strawberry.ID
+    reason: str
+    gpus: list[int] | None = strawberry.field(
+        default=None, description="The GPU indices to clear; null: every GPU the host reports faulted.")
+
+
+@strawberry.input
 class DrainHostInput:
     id: strawberry.ID
     reason: str

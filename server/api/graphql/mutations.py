@@ -11,7 +11,7 @@ from strawberry.types import Info
 
 from server.api.graphql.context import muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
-from server.api.graphql.inputs import DrainHostInput, HostActionInput, QueueInput, SubmitJobInput
+from server.api.graphql.inputs import ClearGpuFaultsInput, DrainHostInput, HostActionInput, QueueInput, SubmitJobInput
 from server.api.graphql.types import (
     CancelJobPayload,
     DeleteQueuePayload,
@@ -150,13 +150,14 @@ class Mutation:
     async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
         return await _host_action(info, input, False)
 
-    @strawberry.mutation(description="Clear a host's GPU fault marks (after its GPUs were reset or replaced; a "
-                                     "reason is required): its agent forgets them and the GPUs take work again "
-                                     "until a new fault. A GPU still unreachable is marked again at once.")
-    async def clear_gpu_faults(self, info: Info, input: HostActionInput) -> HostActionPayload:
+    @strawberry.mutation(description="Clear GPU fault marks of a host, after those GPUs were reset or replaced (a "
+                                     "reason is required; `gpus`: which, by default every faulted one): its agent "
+                                     "forgets them and the GPUs take work again until a new fault. A GPU still "
+                                     "unreachable is marked again at once.")
+    async def clear_gpu_faults(self, info: Info, input: ClearGpuFaultsInput) -> HostActionPayload:
         async def op() -> None:
             require(info)
-            await muster(info).clear_gpu_faults(str(input.id), user(info), input.reason)
+            await muster(info).clear_gpu_faults(str(input.id), user(info), input.reason, input.gpus)
 
         _, errors = await attempt(op)
         return _host_payload(info, str(input.id), errors)
