@@ -10,12 +10,13 @@ from sqlmodel import Field, SQLModel
 class JobRow(SQLModel, table=True):
     __tablename__ = "jobs"
     __table_args__ = (
-        Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
-        Index("ix_jobs_user_submitted_at", "user", "submitted_at"),
+        # The list orders end with the id, their tie-break (migration 0003).
+        Index("ix_jobs_state_submitted_at", "state", "submitted_at", "id"),
+        Index("ix_jobs_user_submitted_at", "user", "submitted_at", "id"),
         Index("ix_jobs_name", "name", postgresql_ops={"name": "text_pattern_ops"}),
-        Index("ix_jobs_submitted_at", "submitted_at"),
+        Index("ix_jobs_submitted_at", "submitted_at", "id"),
         Index("ix_jobs_state_updated_at", "state", "updated_at"),
-        Index("ix_jobs_queue_submitted_at", "queue", "submitted_at"),
+        Index("ix_jobs_queue_submitted_at", "queue", "submitted_at", "id"),
     )
     id: str = Field(primary_key=True)
     name: str
