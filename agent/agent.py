@@ -138,7 +138,8 @@ class AgentConfig:
     simulate_gpus: str | None = None
     heartbeat_interval_s: float = 5.0
     ttl_intervals: int = 3
-    fence_after_s: float = 10.0
+    # 0: two heartbeat intervals (10 s at the default 5 s), set by validate().
+    fence_after_s: float = 0.0
     kill_grace_s: float = 10.0
     # An attempt still assigned this long after its end was reported is reported again.
     resend_after_s: float = 30.0
@@ -165,11 +166,16 @@ class AgentConfig:
     gpu_dev_dir: str = "/dev"
 
     def validate(self) -> AgentConfig:
-        ttl = self.heartbeat_interval_s * self.ttl_intervals
-        if not 0 < self.fence_after_s < ttl:
-            raise ConfigError("fence_after must be positive and shorter than the heartbeat TTL")
+        """Check the settings; an unset fence delay becomes two heartbeat intervals (one
+        heartbeat may fail without a fence), which must be shorter than the key's TTL."""
         if self.heartbeat_interval_s <= 0:
             raise ConfigError("heartbeat interval must be positive")
+        if self.fence_after_s == 0:
+            self.fence_after_s = 2 * self.heartbeat_interval_s
+        ttl = self.heartbeat_interval_s * self.ttl_intervals
+        if not 0 < self.fence_after_s < ttl:
+            raise ConfigError(f"fence_after ({self.fence_after_s:g} s) must be positive and shorter than the "
+                              f"heartbeat TTL ({ttl:g} s)")
         return self
 
 

@@ -35,7 +35,9 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--ttl-intervals", type=int, default=3,
                    help="the heartbeat key's TTL in heartbeat intervals (the control plane counts the host lost "
                         "when it expires)")
-    a.add_argument("--fence-after", type=float, default=10.0)
+    a.add_argument("--fence-after", type=float, default=0.0,
+                   help="seconds without a stored heartbeat before the agent freezes its attempts "
+                        "(default: two heartbeat intervals; less than the TTL)")
     a.add_argument("--kill-grace", type=float, default=10.0)
     a.add_argument("--cpus", type=int, default=None)
     a.add_argument("--memory-mb", type=int, default=None)

@@ -69,7 +69,6 @@ log = logging.getLogger("bench.simhosts")
 
 ASSIGN_PREFIX = "muster.assign."
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
-FENCE_AFTER_S = AgentConfig.fence_after_s  # an agent's default
 
 
 def task_index(t: dict) -> int:
@@ -432,8 +431,8 @@ class Simulator:
         assert self.nc is not None
         js = self.nc.jetstream()
         interval = self.args.heartbeat_interval
-        # The agent's delay, shorter than the key's TTL (3 intervals) as an agent's must be.
-        fence_after = min(FENCE_AFTER_S, 2 * interval)
+        # An agent's default delay: two intervals (AgentConfig.validate), less than the TTL.
+        fence_after = AgentConfig(nats_url="", host_id="", heartbeat_interval_s=interval).validate().fence_after_s
         term_at, kill_at = fence_timing(fence_after, 3 * interval, AgentConfig.kill_grace_s)
         n = len(self.hosts)
         k = 0

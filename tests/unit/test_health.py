@@ -375,8 +375,11 @@ def agent_config(**kw: Any) -> AgentConfig:
 
 def test_agent_config_defaults_are_valid() -> None:
     cfg = agent_config()
-    assert cfg.validate() is cfg
+    assert cfg.validate() is cfg and cfg.fence_after_s == 10.0
     assert agent_config(heartbeat_interval_s=1, ttl_intervals=3, fence_after_s=2.9).validate()
+    # The default delay follows the interval: an agent heartbeating every 30 s does not
+    # fence itself between two heartbeats.
+    assert agent_config(heartbeat_interval_s=30).validate().fence_after_s == 60.0
 
 
 @pytest.mark.parametrize(
@@ -419,6 +422,7 @@ def test_the_watchdog_acts_after_the_agent_and_before_the_key_expires() -> None:
         {"ttl_intervals": 1, "fence_after_s": 5.0},
         {"heartbeat_interval_s": 0.0},
         {"heartbeat_interval_s": -1.0},
+        {"ttl_intervals": 2},  # the default delay, two intervals, is the whole TTL
     ],
 )
 def test_agent_config_rejects_bad_settings(kw: dict[str, Any]) -> None:
