@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import strawberry
 from strawberry.types import Info
@@ -25,6 +27,9 @@ from server.api.graphql.types import (
 from server.views.queues import rows as queue_rows
 from wire.errors import AuthError, MusterError
 from wire.messages import Job as JobModel
+
+if TYPE_CHECKING:
+    from server.replica import Muster
 
 MAX_BATCH_SUBMIT = 1000
 
@@ -144,41 +149,36 @@ class Mutation:
 
     @strawberry.mutation
     async def cordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
-        return await _host_action(info, input, True)
+        return await _on_host(info, str(input.id),
+                              lambda m: m.set_cordon(str(input.id), True, user(info), input.reason))
 
     @strawberry.mutation
     async def uncordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:
-        return await _host_action(info, input, False)
+        return await _on_host(info, str(input.id),
+                              lambda m: m.set_cordon(str(input.id), False, user(info), input.reason))
 
     @strawberry.mutation(description="Clear GPU fault marks of a host, after those GPUs were reset or replaced (a "
                                      "reason is required; `gpus`: which, by default every faulted one): its agent "
                                      "forgets them and the GPUs take work again until a new fault. A GPU still "
                                      "unreachable is marked again at once.")
     async def clear_gpu_faults(self, info: Info, input: ClearGpuFaultsInput) -> HostActionPayload:
-        async def op() -> None:
-            require(info)
-            await muster(info).clear_gpu_faults(str(input.id), user(info), input.reason, input.gpus)
-
-        _, errors = await attempt(op)
-        return _host_payload(info, str(input.id), errors)
+        return await _on_host(info, str(input.id),
+                              lambda m: m.clear_gpu_faults(str(input.id), user(info), input.reason, input.gpus))
 
     @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline.")
     async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
-        async def op() -> None:
-            require(info)
-            await muster(info).drain(str(input.id), user(info), input.reason, input.deadline_seconds)
-
-        _, errors = await attempt(op)
-        return _host_payload(info, str(input.id), errors)
+        return await _on_host(info, str(input.id),
+                              lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds))
 
 
-async def _host_action(info: Info, input: HostActionInput, cordon: bool) -> HostActionPayload:
+async def _on_host(info: Info, host_id: str, act: Callable[[Muster], Awaitable[object]]) -> HostActionPayload:
+    """An operator's action on a host (`act` on the replica), its errors as `userErrors`."""
     async def op() -> None:
         require(info)
-        await muster(info).set_cordon(str(input.id), cordon, user(info), input.reason)
+        await act(muster(info))
 
     _, errors = await attempt(op)
-    return _host_payload(info, str(input.id), errors)
+    return _host_payload(info, host_id, errors)
 
 
 def _host_payload(info: Info, host_id: str, errors: list[UserError]) -> HostActionPayload:
