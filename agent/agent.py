@@ -72,6 +72,7 @@ from wire.messages import (
     Task,
     decode,
     encode,
+    max_counts,
     shape_digest,
 )
 from wire.stopping import pause
@@ -209,9 +210,7 @@ class Agent:
         self._fence_stopping = 0  # attempts this fence stopped (counted in at its end)
         self.dropped = 0
         self.hb_seq = 0
-        # GPUs the backend reported faulted since this agent started: index -> the fault,
-        # and when the last was taken in (monotonic). A new fault wakes the heartbeat.
-        self.gpu_faults: dict[int, str] = {}
+        # When the backend last reported a new GPU fault (monotonic); it wakes the heartbeat.
         self._fault_at = 0.0
         self._hb_wake = asyncio.Event()
         self._hb_stored = asyncio.Event()  # set each time the store takes a heartbeat
@@ -609,11 +608,9 @@ class Agent:
             rose = sorted(i for i, n in alloc.gpu_clears.items() if n > seen.get(i, 0))
             if rose:
                 cleared = self.gpus.clear_faults(rose)
-                for i in rose:
-                    self.gpu_faults.pop(i, None)
                 log.warning("GPU fault marks cleared by an operator: GPUs %s (%s marked)", rose, cleared or "none")
                 self._hb_wake.set()  # the leader learns of the GPUs at once
-        self._gpu_clears = {i: max(n, (seen or {}).get(i, 0)) for i, n in ((seen or {}) | alloc.gpu_clears).items()}
+        self._gpu_clears = max_counts(seen or {}, alloc.gpu_clears)
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
         for attempt_id, run in list(self.runs.items()):
@@ -660,9 +657,14 @@ class Agent:
         reported once; the GPU stays unhealthy in every later heartbeat)."""
         for fault in self.gpus.poll_faults():
             log.error("GPU %d fault: %s", fault.index, fault.describe())
-            self.gpu_faults.setdefault(fault.index, fault.describe())
             self._fault_at = time.monotonic()
             self._hb_wake.set()
+
+    @property
+    def gpu_faults(self) -> dict[int, str]:
+        """The GPUs the backend holds faulted (until an operator clears them): index -> the
+        fault. The backend's marks are the one record of them."""
+        return {u.index: u.fault or "unhealthy" for u in self.gpus.usage() if not u.healthy}
 
     async def _heartbeat_since(self, t0: float) -> None:
         """Wait, two heartbeat intervals at most, until a heartbeat sent after `t0` (monotonic)
@@ -681,12 +683,13 @@ class Agent:
     def _task_gpu_fault(self, t: Task) -> str:
         """The faults of the GPUs `t` holds (whole, shared, or under its MIG instance)."""
         self._poll_gpu_faults()
-        if not self.gpu_faults:
+        faults = self.gpu_faults
+        if not faults:
             return ""
         held = set(t.gpu_indices)
         if t.mig:
             held.update(g.index for g in self.gpus.inventory() for m in g.mig if m.uuid in t.mig)
-        return "; ".join(f"GPU {i} faulted ({self.gpu_faults[i]})" for i in sorted(held & self.gpu_faults.keys()))
+        return "; ".join(f"GPU {i} faulted ({faults[i]})" for i in sorted(held & faults.keys()))
 
     async def _on_run_state(
         self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str

@@ -361,6 +361,11 @@ class Task(_Model):
         return data
 
 
+def max_counts(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
+    """Counts that only grow (`HostAlloc.gpu_clears`) from two readings: the larger of each."""
+    return {i: max(a.get(i, 0), b.get(i, 0)) for i in a.keys() | b.keys()}
+
+
 class HostAlloc(_Model):
     """The `alloc.<host>` record: every attempt assigned to a host. It is both the
     allocation ledger (checked against capacity) and the agent's assignment list."""

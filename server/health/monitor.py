@@ -52,11 +52,16 @@ def summarized(events: list[Event], now: float, head: str, totals: dict[str, obj
     (`hosts` and `host_ids`, or `jobs` and `job_ids`) and `totals`."""
     if len(events) <= ALERTS_ONE_BY_ONE:
         return events
+    return [summary(events, now, head, totals, of)]
+
+
+def summary(events: list[Event], now: float, head: str, totals: dict[str, object], of: str = "host") -> Event:
+    """One alert standing for `events` (see `summarized`)."""
     ids = list(dict.fromkeys(getattr(e, f"{of}_id") or "?" for e in events))
     names = ids[:ALERT_HOSTS_NAMED]
     more = f" and {len(ids) - len(names)} more" if len(ids) > len(names) else ""
-    return [Event(kind=events[0].kind, ts=now, message=f"{head}: {', '.join(names)}{more}",
-                  data={f"{of}s": len(ids), f"{of}_ids": names, **totals})]
+    return Event(kind=events[0].kind, ts=now, message=f"{head}: {', '.join(names)}{more}",
+                 data={f"{of}s": len(ids), f"{of}_ids": names, **totals})
 
 
 def job_failed_alerts(failed: list[Event], queues: dict[str, str], now: float) -> list[Event]:
@@ -134,15 +139,11 @@ def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> 
     continued = sum(c for _, c, _ in each)
     stopped = sum(x for _, _, x in each)
     longest = max(hb.last_fence_s for _, hb, _ in fenced)
-    names = [h for h, _, _ in fenced[:ALERT_HOSTS_NAMED]]
-    more = f" and {len(fenced) - len(names)} more" if len(fenced) > len(names) else ""
-    return Event(
-        kind=subjects.ALERT_HOST_FENCED, ts=now,
-        message=(f"{len(fenced)} hosts fenced (no heartbeat stored for their fence delay), the longest for "
-                 f"{longest:.1f} s; {continued} frozen attempts continued, {stopped} stopped: "
-                 f"{', '.join(names)}{more}"),
-        data={"hosts": len(fenced), "host_ids": names, "fences": sum(n for n, _, _ in each),
-              "last_fence_s": longest, "continued": continued, "stopped": stopped})
+    return summary([fence_alert(h, hb, before, now) for h, hb, before in fenced], now,
+                   f"{len(fenced)} hosts fenced (no heartbeat stored for their fence delay), the longest for "
+                   f"{longest:.1f} s; {continued} frozen attempts continued, {stopped} stopped",
+                   {"fences": sum(n for n, _, _ in each), "last_fence_s": longest, "continued": continued,
+                    "stopped": stopped})
 
 
 def fence_alerts(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> list[Event]:

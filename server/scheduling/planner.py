@@ -54,11 +54,15 @@ from wire.messages import (
     StatusReport,
     SubmitRequest,
     Task,
+    max_counts,
 )
 from wire.validation import validate_job
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
-# Attempt.stop_kind of a try stopped because a GPU it holds faulted (stop_on_faulted_gpus).
+# Attempt.stop_kind: what the control plane stopped a try for (_stop_attempt): to make room
+# for another job, at its time limit, or because a GPU it holds faulted.
+PREEMPT = "preempt"
+TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
 
 
@@ -197,13 +201,21 @@ def _stop_tasks(alloc: HostAlloc, attempt_ids: set[str] | None, reason: str = ""
                    for t in alloc.tasks]
 
 
+def _stop_attempt(w: _Work, t: Attempt, kind: str, why: str, now: float, grace_s: float | None = None) -> None:
+    """Mark a live task of a try stopping for `kind` (its agent's KILLED report then ends it
+    as `_ended_as` says), with `why` as its reason, and tell its agent (SIGTERM, the grace,
+    SIGKILL)."""
+    t.stop_kind, t.stop_at, t.reason = kind, now, why
+    _stop_tasks(w.alloc(t.host_id), {t.id}, why, grace_s)
+
+
 def _ended_as(a: Attempt, ended: AttemptState) -> AttemptState:
     """How an attempt the control plane stopped ended: an attempt stopped (KILLED) or
     lost while being preempted ends PREEMPTED, at its time limit TIMEOUT."""
     if ended in (AttemptState.KILLED, AttemptState.LOST):
-        if a.stop_kind == "preempt":
+        if a.stop_kind == PREEMPT:
             return AttemptState.PREEMPTED
-        if a.stop_kind == "timeout":
+        if a.stop_kind == TIMEOUT:
             return AttemptState.TIMEOUT
     return ended
 
@@ -263,7 +275,7 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     if fault:
         ended = AttemptState.KILLED
         if r.gpu_fault:
-            w.faulted.setdefault(r.host_id, set()).update(held_gpus(w.state, r.host_id, a.gpu_indices, a.mig))
+            w.faulted.setdefault(r.host_id, set()).update(w.state.task_gpus(r.host_id, a.gpu_indices, a.mig))
     a.state = ended
     a.finished_at = r.ts
     a.exit_code = r.exit_code
@@ -489,10 +501,9 @@ def pass_gpu_clears(w: _Work) -> None:
             continue
         cur = w.state.allocs.get(host_id)
         have = cur.gpu_clears if cur is not None else {}
-        if all(have.get(i, 0) >= n for i, n in cfg.gpu_clears.items()):
-            continue
-        alloc = w.alloc(host_id)
-        alloc.gpu_clears = {i: max(n, cfg.gpu_clears.get(i, 0)) for i, n in (have | cfg.gpu_clears).items()}
+        merged = max_counts(have, cfg.gpu_clears)
+        if merged != have:
+            w.alloc(host_id).gpu_clears = merged
 
 
 def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
@@ -746,22 +757,10 @@ def enforce_time_limits(w: _Work, now: float, max_keys: int) -> None:
             return
         why = f"time limit of {tasks[0].time_limit_s:g} s reached"
         for t in tasks:
-            t.stop_kind = "timeout"
-            t.stop_at = now
-            t.reason = why
-            _stop_tasks(w.alloc(t.host_id), {t.id}, why)
+            _stop_attempt(w, t, TIMEOUT, why, now)
         job.updated_at = now
         w.plan.timed_out += 1
         w.plan.events.append(_event("job.timing_out", job, tasks[0], now, why))
-
-
-def held_gpus(state: ClusterState, host_id: str, gpu_indices: Sequence[int], mig: Sequence[str]) -> set[int]:
-    """The GPUs a task holds on `host_id`: whole, shared, or the GPU its MIG instance is on."""
-    held = set(gpu_indices)
-    entry = state.hosts.get(host_id) if mig else None
-    if entry is not None and entry.heartbeat is not None:
-        held.update(g.index for g in entry.heartbeat.gpus for m in g.mig if m.uuid in mig)
-    return held
 
 
 def gpu_fault(state: ClusterState, host_id: str, gpu_indices: Sequence[int], mig: Sequence[str]) -> str:
@@ -772,7 +771,7 @@ def gpu_fault(state: ClusterState, host_id: str, gpu_indices: Sequence[int], mig
         return ""
     entry = state.hosts.get(host_id)
     hb = entry.heartbeat if entry is not None else None
-    hit = sorted(held_gpus(state, host_id, gpu_indices, mig) & bad)
+    hit = sorted(state.task_gpus(host_id, gpu_indices, mig) & bad)
     if not hit:
         return ""
     faults = {u.index: u.fault for u in hb.gpu_usage} if hb is not None else {}
@@ -810,11 +809,9 @@ def stop_on_faulted_gpus(w: _Work, now: float, max_keys: int) -> None:
             assert job is not None
             tasks = [t for t in job.current_tasks() if not t.state.terminal and not t.stop_kind]
             for t in tasks:
-                t.stop_kind = GPU_FAULT
-                t.stop_at = now
-                t.reason = clip_start(why if t.host_id == host_id else f"gang task on {host_id}: {why}",
-                                      text_limits(job.spec)[1])
-                _stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
+                _stop_attempt(w, t, GPU_FAULT, clip_start(why if t.host_id == host_id else
+                                                          f"gang task on {host_id}: {why}", text_limits(job.spec)[1]),
+                              now)
             job.updated_at = now
             w.plan.gpu_fault_stops += 1
             w.plan.events.append(_event("job.gpu_fault", job, tasks[0], now, why))
@@ -994,10 +991,7 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
             if t.state.terminal:
                 continue
             number = t.number
-            t.stop_kind = "preempt"
-            t.stop_at = now
-            t.reason = why
-            _stop_tasks(w.alloc(t.host_id), {t.id}, why, grace)
+            _stop_attempt(w, t, PREEMPT, why, now, grace)
         victim.updated_at = now
         entries.append(f"{victim.id}:{number}")
         w.plan.events.append(_event("job.preempting", victim, victim.current, now, why))

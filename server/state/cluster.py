@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -323,13 +323,23 @@ class ClusterState:
                 cap.hold(t)
             cap.record_bytes = self.alloc_bytes.get(host_id, 0)
         if unhealthy and alloc and any(
-                not t.stop and (not unhealthy.isdisjoint(t.gpu_indices)
-                                or any(u in mig and mig[u][0] in unhealthy for u in t.mig)) for t in alloc.tasks):
+                not t.stop and not unhealthy.isdisjoint(self.task_gpus(host_id, t.gpu_indices, t.mig))
+                for t in alloc.tasks):
             self.faulted_work.add(host_id)
         else:
             self.faulted_work.discard(host_id)
         self.index.put(cap)
         self._host_capacity(cap)
+
+    def task_gpus(self, host_id: str, gpu_indices: Iterable[int], mig: Iterable[str]) -> set[int]:
+        """The GPUs a task holds on a host: whole, shared, or the GPU its MIG instance is on
+        (as the host's last decoded heartbeat says)."""
+        held = set(gpu_indices)
+        shape = self._host_shapes.get(host_id) if mig else None
+        if shape is not None:
+            parents = shape[3]  # MIG instance uuid -> (GPU index, profile, memory)
+            held.update(parents[u][0] for u in mig if u in parents)
+        return held
 
     @staticmethod
     def _shape(hb: Heartbeat | None) -> tuple[object, ...] | None:
