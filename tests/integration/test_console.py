@@ -728,12 +728,16 @@ async def test_host_page_charts_after_heartbeats(console: Console) -> None:
     assert tel.buffers["gpu-1"].maxlen == wc.TELEMETRY_MAX_SAMPLES
 
 
-async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
-    c = console.client
-    m = console.muster
+async def signed_in_with_host(console: Console, host_id: str) -> tuple[httpx.AsyncClient, Muster]:
+    """The console's client, signed in, and its replica, which has read `host_id`'s heartbeat."""
     await console.login()
-    await put_hb(m, "d-1")
-    await eventually(lambda: "d-1" in m.state.hosts, what="heartbeat")
+    await put_hb(console.muster, host_id)
+    await eventually(lambda: host_id in console.muster.state.hosts, what="heartbeat")
+    return console.client, console.muster
+
+
+async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
+    c, m = await signed_in_with_host(console, "d-1")
     r = await c.get("/hosts/d-1")
     assert 'action="/hosts/d-1/drain"' in r.text and 'name="deadline_s"' in r.text
     # Destructive forms ask for confirmation (static/live.js) and need a reason.
@@ -767,11 +771,7 @@ async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
 
 
 async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: Console) -> None:
-    c = console.client
-    m = console.muster
-    await console.login()
-    await put_hb(m, "g-1")
-    await eventually(lambda: "g-1" in m.state.hosts, what="heartbeat")
+    c, m = await signed_in_with_host(console, "g-1")
     assert 'action="/hosts/g-1/clear-gpu-faults"' not in (await c.get("/hosts/g-1")).text  # nothing to clear
     hb = heartbeat("g-1", seq=1, ts=time.time(), gpus=2, unhealthy=[1], fault="xid 79: GPU has fallen off the bus")
     assert m.store is not None

@@ -26,14 +26,20 @@ def running(w: World, *job_ids: str, now: float = NOW) -> None:
     w.cycle(reports=[report(w, j, AttemptState.RUNNING, ts=now) for j in job_ids], now=now)
 
 
-def test_a_try_on_a_faulted_gpu_is_stopped_then_tried_again_on_another() -> None:
+def two_running(a: str, b: str) -> World:
+    """Host h1 with 2 GPUs, jobs `a` and `b` running on one each."""
     w = World(interval_s=3600.0)
     w.host("h1", gpus=2)
-    w.submit("on0", gpus=1)
-    w.submit("on1", gpus=1)
+    w.submit(a, gpus=1)
+    w.submit(b, gpus=1)
     w.cycle()
+    running(w, a, b)
+    return w
+
+
+def test_a_try_on_a_faulted_gpu_is_stopped_then_tried_again_on_another() -> None:
+    w = two_running("on0", "on1")
     assert w.job("on0").current.gpu_indices == [0] and w.job("on1").current.gpu_indices == [1]
-    running(w, "on0", "on1")
     fault(w, "h1", 2, (0,))
     assert w.state.faulted_work == {"h1"}
     plan = w.cycle()
@@ -60,12 +66,7 @@ def test_a_try_on_a_faulted_gpu_is_stopped_then_tried_again_on_another() -> None
 
 
 def test_a_task_that_failed_on_a_faulted_gpu_is_retried_and_another_failure_is_not() -> None:
-    w = World(interval_s=3600.0)
-    w.host("h1", gpus=2)
-    w.submit("sick", gpus=1)
-    w.submit("buggy", gpus=1)
-    w.cycle()
-    running(w, "sick", "buggy")
+    w = two_running("sick", "buggy")
     # The process died with its GPU before the heartbeat told the leader: the agent's
     # report says what faulted.
     sick = w.job("sick").current
