@@ -486,6 +486,7 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._closed = False
+        self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -609,9 +610,9 @@ class NvmlBackend:
                     rates = self._try(f"utilization{i}", nv.nvmlDeviceGetUtilizationRates, handle, gpu=i)
                     if rates is not None:
                         entry.util_pct = float(rates.gpu)
-                    mem = self._try(f"memory{i}", nv.nvmlDeviceGetMemoryInfo, handle, gpu=i)
-                    if mem is not None:
-                        entry.mem_used_mb = int(mem.used) // (1024 * 1024)
+                    used = self._memory_used(i, handle)
+                    if used is not None:
+                        entry.mem_used_mb = used // (1024 * 1024)
                     temp = self._try(
                         f"temperature{i}", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU, gpu=i
                     )
@@ -622,6 +623,25 @@ class NvmlBackend:
                         entry.power_w = round(float(milliwatts) / 1000.0, 1)
                 out.append(self._health.apply(entry))
         return out
+
+    def _memory_used(self, i: int, handle: Any) -> int | None:
+        """Bytes of GPU memory in use, as nvidia-smi counts them: NVML's version 2 figure,
+        without the memory the driver reserves (version 1's `used` includes it: 615 MB on
+        an idle H200). Falls back to version 1 where the library or driver lacks version 2."""
+        nv = self._nv
+        if self._memory_v2:
+            try:
+                return int(nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2).used)
+            except TypeError:  # a pynvml without the version argument
+                self._memory_v2 = False
+            except nv.NVMLError as exc:
+                if self._is_gpu_lost(exc):
+                    self._raise_fault(i, "xid", 79, "NVML reports the GPU is lost")
+                    return None
+                log.info("NVML memory info version 2 unavailable (%s): reading version 1", exc)
+                self._memory_v2 = False
+        mem = self._try(f"memory{i}", nv.nvmlDeviceGetMemoryInfo, handle, gpu=i)
+        return int(mem.used) if mem is not None else None
 
     # -- faults
 

@@ -94,7 +94,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
-           migInstances { uuid profile memoryMb allocated } } isolated isolation
+           utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
            fences lastFenceSeconds fenceContinued fenceStopped }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
@@ -114,6 +114,8 @@ def cmd_show(args: argparse.Namespace) -> int:
           f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
     for g in h["gpuDevices"]:
         print(f"    GPU {g['index']} {g['model']} {g['memoryMb']} MB: {gpu_line(g)}")
+        print(f"      util {g['utilPct']:.0f}%, memory {g['memUsedMb']}/{g['memoryMb']} MB, "
+              f"{g['tempC']:.0f} °C, {g['powerW']:.0f} W")
     print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
     print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
     print(f"  tasks:   {h['tasks']}")

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
     up.add_argument("--http-port", type=int, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
     up.add_argument("--nats-port", type=int, default=4222)
-    up.add_argument("--agents", type=int, default=2)
+    up.add_argument("--agents", type=int, default=None,
+                    help="local agents (default 2 with simulated GPUs; 1 on this machine's NVIDIA GPUs)")
     up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"))
     up.add_argument("--no-auth", action="store_true", help="run NATS without authentication")
     up.set_defaults(fn=cmd_up)
@@ -38,6 +39,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     # store, which hold jobs' env, the agents' state) is for this user only: tasks run as
     # another user when this runs as root (docs/security.md).
     os.chmod(data, 0o700)
+    try:
+        agent_gpus = plan_agents(args.agents, args.simulate_gpus, nvidia=args.simulate_gpus is None and has_nvidia())
+    except ValueError as e:
+        print(f"muster up: {e}", file=sys.stderr)
+        return 2
     first_start = not (data / "token").exists()
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     logs = data / "logs"
@@ -45,7 +51,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     auth = None if args.no_auth else AuthDir(data / "nats" / "auth")
     if auth is not None:
         auth.ensure()
-        for i in range(args.agents):
+        for i in range(len(agent_gpus)):
             auth.issue_agent(f"local-{i + 1}")
         auth.reload_servers()  # a NATS still running from before picks up new agents
 
@@ -88,10 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                                            "--data-dir", str(data)],
                        creds=auth.server_creds if auth is not None else None)
         wait_for_port(args.http_port, timeout=60, proc=server)
-        gpus = args.simulate_gpus
-        if gpus is None and not has_nvidia():
-            gpus = "8xH100"
-        for i in range(args.agents):
+        for i, gpus in enumerate(agent_gpus):
             host = f"local-{i + 1}"
             argv = AGENT + ["--nats", nats_url, "--host-id", host,
                             "--labels", "rack=local,zone=local", "--state-dir", str(data / "agents")]
@@ -106,8 +109,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"  NATS:     {nats_url} (auth on; credentials in {auth.path})")
         else:
             print(f"  NATS:     {nats_url} (NO AUTH)")
-        if gpus:
-            print(f"  agents:   {args.agents} local agents with SIMULATED GPUs ({gpus})")
+        if agent_gpus[:1] == [None]:
+            print("  agent:    local-1 with this machine's NVIDIA GPUs (NVML)")
+        elif agent_gpus:
+            print(f"  agents:   {len(agent_gpus)} local agents with SIMULATED GPUs ({agent_gpus[0]})")
         token_file = data / "token"
         deadline = time.monotonic() + 30
         while not token_file.exists() and time.monotonic() < deadline:
@@ -128,6 +133,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("Stopping...", flush=True)
         stop_all()
     return 0
+
+
+def plan_agents(agents: int | None, simulate: str | None, nvidia: bool) -> list[str | None]:
+    """The GPUs of each local agent: a simulated spec, or None for this machine's GPUs.
+
+    Simulated GPUs (asked for, or no NVIDIA driver): `agents` agents, 2 by default. Real
+    GPUs: one agent, since every agent on a machine would report the same physical GPUs
+    and the cluster would count each of them once per agent.
+    """
+    if agents is not None and agents < 0:
+        raise ValueError("--agents must be 0 or more")
+    if simulate is not None or not nvidia:
+        return [simulate or "8xH100"] * (2 if agents is None else agents)
+    if agents is not None and agents > 1:
+        raise ValueError(f"--agents {agents}: this machine's GPUs can back one agent only "
+                         "(each would report the same GPUs); add --simulate-gpus SPEC for more")
+    return [None] * (1 if agents is None else agents)
 
 
 def has_nvidia() -> bool:

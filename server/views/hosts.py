@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.health.rules import Health, host_health
-from wire.messages import Heartbeat
+from wire.messages import GpuUsage, Heartbeat
 
 if TYPE_CHECKING:
     from server.state.cluster import ClusterState, HostEntry
@@ -116,6 +116,11 @@ class GpuDevice:
     whole: bool
     mig: tuple[MigDevice, ...]
     fault: str | None = None  # what its agent reported when it faulted (healthy False)
+    # Its telemetry in the host's latest heartbeat.
+    util_pct: float = 0.0
+    mem_used_mb: int = 0
+    temp_c: float = 0.0
+    power_w: float = 0.0
 
 
 def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
@@ -134,6 +139,7 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
                 mem[i] = mem.get(i, 0) + t.gpu_memory_mb
             else:
                 whole.add(i)
+    usage = {u.index: u for u in hb.gpu_usage}
     bad = {u.index: u.fault for u in hb.gpu_usage if not u.healthy}
     mig_parent = {m.uuid: g.index for g in hb.gpus for m in g.mig}
     for u in mig_used:
@@ -143,8 +149,15 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
                       share_allocated=1000 if g.index in whole else share.get(g.index, 0),
                       mem_allocated_mb=mem.get(g.index, 0), tasks=count.get(g.index, 0), whole=g.index in whole,
                       mig=tuple(MigDevice(m.uuid, m.profile, m.memory_mb, m.uuid in mig_used) for m in g.mig),
-                      fault=(bad[g.index] or "unhealthy") if g.index in bad else None)
+                      fault=(bad[g.index] or "unhealthy") if g.index in bad else None,
+                      **_telemetry(usage.get(g.index)))
             for g in sorted(hb.gpus, key=lambda g: g.index)]
+
+
+def _telemetry(u: GpuUsage | None) -> dict[str, Any]:
+    if u is None:
+        return {}
+    return {"util_pct": u.util_pct, "mem_used_mb": u.mem_used_mb, "temp_c": u.temp_c, "power_w": u.power_w}
 
 
 @dataclass(frozen=True)
@@ -306,8 +319,10 @@ class HostTable:
         entry = self.state.hosts.get(host_id)
         if entry is None or entry.heartbeat is None:
             return []
+        hb = entry.latest()  # the newest telemetry, also from a heartbeat kept undecoded
+        assert hb is not None
         alloc = self.state.allocs.get(host_id)
-        return gpu_devices(entry.heartbeat, alloc.tasks if alloc is not None else ())
+        return gpu_devices(hb, alloc.tasks if alloc is not None else ())
 
     def rows(self, now: float, *, live: bool = True) -> list[HostRow]:
         """Every host's row in id order; without `live`, health and usage are as last read."""

@@ -303,7 +303,14 @@ class FakeNvml:
         self._check("name", h)
         return self.names[h]
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+    nvmlMemory_v2 = 0x02000028
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
+        """Version 1's `used` counts the driver's reserved 500 MB, version 2's does not."""
+        if version is not None:
+            self._check("memory_v2", h)
+            return SimpleNamespace(total=81559 * 1024 * 1024, reserved=500 * 1024 * 1024,
+                                   used=(500 + h) * 1024 * 1024, free=0)
         self._check("memory", h)
         return SimpleNamespace(total=81559 * 1024 * 1024, used=(1000 + h) * 1024 * 1024, free=0)
 
@@ -363,8 +370,9 @@ def test_nvml_inventory_and_usage_with_fake_library() -> None:
     ]
     assert fake.registered == {0: 0xA, 1: 0xA}
     u0, u1 = backend.usage()
-    assert (u0.util_pct, u0.mem_used_mb, u0.temp_c, u0.power_w, u0.healthy) == (10.0, 1000, 40.0, 250.5, True)
-    assert (u1.util_pct, u1.mem_used_mb, u1.temp_c) == (20.0, 1001, 41.0)
+    # memory in use as nvidia-smi counts it: NVML's version 2, without the driver's reserve
+    assert (u0.util_pct, u0.mem_used_mb, u0.temp_c, u0.power_w, u0.healthy) == (10.0, 500, 40.0, 250.5, True)
+    assert (u1.util_pct, u1.mem_used_mb, u1.temp_c) == (20.0, 501, 41.0)
     assert backend.poll_faults() == []
     backend.close()
     backend.close()
@@ -454,6 +462,18 @@ def test_nvml_event_wait_error_does_not_raise() -> None:
     assert backend.usage()[0].healthy is True
 
 
+def test_nvml_memory_falls_back_to_version_1_once_where_version_2_is_missing() -> None:
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 2)
+    fake.fail["memory_v2"] = fake.NVML_ERROR_NOT_SUPPORTED
+    backend = NvmlBackend(nvml=fake)
+    assert [u.mem_used_mb for u in backend.usage()] == [1000, 1001]
+    del fake.fail["memory_v2"]
+    assert [u.mem_used_mb for u in backend.usage()] == [1000, 1001]  # version 2 not asked again
+    old = FakeNvml(["NVIDIA H100 80GB HBM3"])
+    old.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=81559 << 20, used=(1000 + h) << 20, free=0)
+    assert [u.mem_used_mb for u in NvmlBackend(nvml=old).usage()] == [1000]  # a pynvml without versions
+
+
 def test_nvml_gpu_lost_during_usage_is_a_fault() -> None:
     fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 2)
     backend = NvmlBackend(nvml=fake)
@@ -461,6 +481,9 @@ def test_nvml_gpu_lost_during_usage_is_a_fault() -> None:
     usage = backend.usage()
     assert [u.healthy for u in usage] == [False, True]
     assert [(f.index, f.code) for f in backend.poll_faults()] == [(0, 79)]
+    fake.fail = {"memory_v2:1": fake.NVML_ERROR_GPU_IS_LOST}
+    assert [u.healthy for u in backend.usage()] == [False, False]
+    assert [(f.index, f.code) for f in backend.poll_faults()] == [(1, 79)]
 
 
 def test_nvml_init_failure_raises_unavailable() -> None:

@@ -113,6 +113,24 @@ def test_host_rows_read_raw_heartbeats_without_decoding_them(tmp_path: Path) -> 
     assert row is not None and entry.raw is None and entry.heartbeat is decoded and row.gpu_util_pct == 35.0
 
 
+async def test_each_gpus_telemetry_is_the_newest_heartbeats_also_when_kept_raw(tmp_path: Path) -> None:
+    """The first version of these fields, run on a real H200, read the last heartbeat whose
+    shape changed, not the newest one (kept undecoded), and showed the busy GPU idle."""
+    mu, hbs = _muster(tmp_path, 2)
+    busy = hbs[1].model_copy(update={"seq": 2, "gpu_usage": [
+        GpuUsage(index=g, util_pct=97.0, mem_used_mb=70000 + g, temp_c=61.0, power_w=650.0) for g in range(8)]})
+    mu.state.apply_host_record(heartbeat_record(busy, 10))
+    assert mu.state.hosts["h-001"].raw is not None  # same shape: kept raw
+    devices = mu.hosts.devices("h-001")
+    assert [(d.util_pct, d.mem_used_mb, d.temp_c, d.power_w) for d in devices] == [
+        (97.0, 70000 + g, 61.0, 650.0) for g in range(8)]
+    res = await build_schema().execute('{ host(id: "h-001") { gpuDevices { index utilPct memUsedMb tempC powerW } } }',
+                                       context_value={"muster": mu, "token": None})
+    assert res.errors is None, res.errors
+    assert res.data["host"]["gpuDevices"][3] == {"index": 3, "utilPct": 97.0, "memUsedMb": 70003, "tempC": 61.0,
+                                                 "powerW": 650.0}
+
+
 def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
     """Both read one table with one query type: a case-insensitive part of the id, a
     draining host counts as cordoned, a host with a faulted GPU is one with GPU faults."""

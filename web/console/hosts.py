@@ -180,7 +180,6 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
     entry = m.state.hosts[host_id]
     hb = entry.latest()
     assert hb is not None
-    usage = {u.index: u for u in hb.gpu_usage}
     alloc = m.state.allocs.get(host_id)
     samples: list[Sample] = []
     if tel is not None:
@@ -189,8 +188,7 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
     return {
         "h": view,
         "hb": hb,
-        "gpus": [(g, usage.get(g.index), d) for g, d in zip(sorted(hb.gpus, key=lambda g: g.index),
-                                                            m.hosts.devices(host_id), strict=True)],
+        "gpus": m.hosts.devices(host_id),
         "tasks": list(alloc.tasks) if alloc else [],
         "cfg": m.state.hostcfg.get(host_id),
         "charts": gpu_charts(samples),

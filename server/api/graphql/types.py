@@ -64,6 +64,10 @@ class HostGpu:
     fault: str | None = strawberry.field(
         description="What faulted (an Xid, uncorrectable ECC errors, the GPU unreachable) when it is not healthy; "
                     "cleared by clearGpuFaults or the agent's restart.")
+    util_pct: float = strawberry.field(default=0.0, description="Utilization in the latest heartbeat, in percent.")
+    mem_used_mb: int = strawberry.field(default=0, description="GPU memory in use in the latest heartbeat.")
+    temp_c: float = strawberry.field(default=0.0, description="Temperature in the latest heartbeat, in °C.")
+    power_w: float = strawberry.field(default=0.0, description="Power draw in the latest heartbeat, in watts.")
 
     @staticmethod
     def of(d: GpuDevice) -> HostGpu:
@@ -72,7 +76,8 @@ class HostGpu:
                        share_allocated=d.share_allocated, mem_allocated_mb=d.mem_allocated_mb, tasks=d.tasks,
                        sharing=sharing(int(shared), bool(d.mig)),
                        mig_instances=[MigInstance(uuid=m.uuid, profile=m.profile, memory_mb=m.memory_mb,
-                                                  allocated=m.allocated) for m in d.mig], fault=d.fault)
+                                                  allocated=m.allocated) for m in d.mig], fault=d.fault,
+                       util_pct=d.util_pct, mem_used_mb=d.mem_used_mb, temp_c=d.temp_c, power_w=d.power_w)
 
 
 @strawberry.type
