@@ -10,7 +10,7 @@ from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
-from wire.errors import NotFound
+from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds command gpus gpuModel gpuModels sameModel gpuShare
 gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason endReason queuePosition
@@ -23,30 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("job", help="submit, list, show and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 
-    js = jsub.add_parser("submit")
+    js = jsub.add_parser("submit", usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
+                         description="Options may also follow NAME; then end them with --.")
     js.add_argument("name")
     js.add_argument("command", nargs=argparse.REMAINDER)
-    js.add_argument("--gpus", type=int, default=0)
-    js.add_argument("--gpu-model", default=None, metavar="MODEL[,MODEL...]",
-                    help="one GPU model, or several, comma-separated: any of them will do")
-    js.add_argument("--same-model", action="store_true", help="a gang's tasks all on one of the models")
-    js.add_argument("--gpu-share", type=int, default=0, metavar="THOUSANDTHS",
-                    help="a share of ONE GPU in thousandths, 1-999 (with --gpus 0); shared, not isolated")
-    js.add_argument("--gpu-memory-mb", type=int, default=0, help="GPU memory a --gpu-share task needs")
-    js.add_argument("--mig-profile", default=None, metavar="PROFILE",
-                    help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
-    js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
-    js.add_argument("--cpus", type=float, default=1.0)
-    js.add_argument("--memory-mb", type=int, default=512)
-    js.add_argument("--priority", type=int, default=0)
-    js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
-    js.add_argument("--queue", default=None, help="the queue to run in (default: default)")
-    js.add_argument("--time-limit", type=float, default=None, metavar="S",
-                    help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
-    js.add_argument("--wait", action="store_true", help="wait until the job finishes")
-    js.add_argument("--timeout", type=float, default=None, metavar="S",
-                    help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
-    add_output(js)
+    submit_options(js)
     js.set_defaults(fn=cmd_submit)
 
     jl = jsub.add_parser("list")
@@ -82,14 +63,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     jc.set_defaults(fn=cmd_cancel)
 
 
+def submit_options(js: argparse.ArgumentParser) -> None:
+    """The options of `job submit`: on its parser, and on the one that reads options
+    given after the job's name (`late_options`)."""
+    js.add_argument("--gpus", type=int, default=0)
+    js.add_argument("--gpu-model", default=None, metavar="MODEL[,MODEL...]",
+                    help="one GPU model, or several, comma-separated: any of them will do")
+    js.add_argument("--same-model", action="store_true", help="a gang's tasks all on one of the models")
+    js.add_argument("--gpu-share", type=int, default=0, metavar="THOUSANDTHS",
+                    help="a share of ONE GPU in thousandths, 1-999 (with --gpus 0); shared, not isolated")
+    js.add_argument("--gpu-memory-mb", type=int, default=0, help="GPU memory a --gpu-share task needs")
+    js.add_argument("--mig-profile", default=None, metavar="PROFILE",
+                    help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
+    js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
+    js.add_argument("--cpus", type=float, default=1.0)
+    js.add_argument("--memory-mb", type=int, default=512)
+    js.add_argument("--priority", type=int, default=0)
+    js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
+    js.add_argument("--queue", default=None, help="the queue to run in (default: default)")
+    js.add_argument("--time-limit", type=float, default=None, metavar="S",
+                    help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
+    js.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    js.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
+    add_output(js)
+
+
+def submit_command(args: argparse.Namespace) -> list[str]:
+    """The command of `job submit NAME ...`, with options given after NAME (before a
+    `--`) read into `args`. Options after NAME with no `--` are refused rather than taken
+    as the command: `job submit train --gpus 1 python t.py` would otherwise run the
+    command `--gpus 1 python t.py` on no GPU."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    elif command[:1] and command[0].startswith("-"):
+        if "--" not in command:
+            raise ValidationError("command", f"{command[0]} after the job's name: put options before the name, "
+                                  "or end them with -- (muster job submit NAME --gpus 1 -- COMMAND ...)")
+        end = command.index("--")
+        late = argparse.ArgumentParser(prog="muster job submit NAME", add_help=False)
+        submit_options(late)
+        late.parse_args(command[:end], namespace=args)
+        command = command[end + 1:]
+    if len(command) == 1 and " " in command[0]:
+        command = shlex.split(command[0])
+    return command
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
     was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
-    command = args.command
-    if command and command[0] == "--":
-        command = command[1:]
-    if len(command) == 1 and " " in command[0]:
-        command = shlex.split(command[0])
+    command = submit_command(args)
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
     inp: dict[str, Any] = {"name": args.name, "command": command, "gpus": args.gpus,
