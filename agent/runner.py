@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from agent import cgroups
@@ -42,13 +42,15 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited.set()
 
 
-def gpu_env(task: Task, mps: bool) -> dict[str, str]:
+def gpu_env(task: Task, mps: bool, agent_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a task's process is told of its GPUs. Whole GPUs and a share of one:
     CUDA_VISIBLE_DEVICES lists their indices (in PCI bus order, as NVML counts them); a MIG
     instance: CUDA_VISIBLE_DEVICES=MIG-<uuid>. A shared task runs beside the other tasks
     on its GPU, time-sliced and not isolated; where CUDA MPS runs on the host (`mps`), its
     share becomes CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (rounded up to a whole percent) and its
-    GPU memory CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (for device 0, the one device it sees)."""
+    GPU memory CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (for device 0, the one device it sees),
+    with the MPS pipe directory the agent found MPS in (`agent_env`, default the agent's
+    environment), which the task's clean environment would otherwise lack."""
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if task.mig:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(u if u.startswith("MIG-") else f"MIG-{u}" for u in task.mig)
@@ -60,6 +62,9 @@ def gpu_env(task: Task, mps: bool) -> dict[str, str]:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-task.gpu_share // 10)))
             if task.gpu_memory_mb:
                 env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={task.gpu_memory_mb}M"
+            pipe = (os.environ if agent_env is None else agent_env).get("CUDA_MPS_PIPE_DIRECTORY")
+            if pipe:
+                env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
     return env
 
 

@@ -128,6 +128,18 @@ def test_under_mps_a_share_gets_its_thread_percentage_and_memory_limit() -> None
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in gpu_env(task(gpu_indices=[0], gpu_share=500), mps=True)
 
 
+def test_under_mps_a_share_is_told_the_pipe_directory_the_agent_found_mps_in() -> None:
+    """The task's environment is clean: without the directory a task of an MPS daemon
+    serving a pipe outside /tmp/nvidia-mps would run without MPS, its limits unenforced."""
+    shared = task(gpu_indices=[0], gpu_share=500)
+    assert gpu_env(shared, mps=True, agent_env={"CUDA_MPS_PIPE_DIRECTORY": "/run/mps"})[
+        "CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in gpu_env(shared, mps=True, agent_env={})  # the default directory
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in gpu_env(shared, mps=False, agent_env={"CUDA_MPS_PIPE_DIRECTORY": "/x"})
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in gpu_env(task(gpu_indices=[0]), mps=True,
+                                                    agent_env={"CUDA_MPS_PIPE_DIRECTORY": "/x"})
+
+
 def test_a_mig_task_sees_its_instance() -> None:
     env = gpu_env(task(mig=["MIG-1234"]), mps=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "MIG-1234"
