@@ -35,6 +35,7 @@ OVER_QUOTA = "over nominal quota and cannot borrow"
 COHORT_EXHAUSTED = "cohort exhausted"
 FAIR_SHARE = "waiting for fair share"
 PREEMPTION_GRACE = "waiting for a preemption grace to end"
+RECLAIM_WAIT = "waiting for reclaim"
 GANG_WHOLE = "gang cannot fit as a whole"
 UNKNOWN_QUEUE = "queue does not exist"
 

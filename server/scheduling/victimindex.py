@@ -76,6 +76,19 @@ class VictimIndex:
             if not groups:
                 del self._groups[old.queue]
 
+    def young(self, queue: str, now: float, min_runtime_s: float) -> tuple[int, float | None]:
+        """The queue's stoppable jobs still younger than `min_runtime_s` at `now`: how many,
+        and the seconds until the first of them may be stopped (None: there is none)."""
+        count = 0
+        first: float | None = None
+        for group in self._groups.get(queue, {}).values():
+            at = group.bisect_left((now - min_runtime_s,))
+            if at < len(group):
+                count += len(group) - at
+                due = group[at][0] + min_runtime_s - now
+                first = due if first is None else min(first, due)
+        return count, first
+
     def cheapest(self, queue: str, now: float, min_runtime_s: float = 0.0) -> Iterator[tuple[Cost, str]]:
         """The queue's stoppable jobs that have run at least `min_runtime_s`, cheapest
         first: (cost, job id), the cost as preemption.Victim.cost has it at `now`.

@@ -8,6 +8,7 @@ queue_usage, queue_live, and the backlog's counts), never by a pass over every j
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from server.scheduling.queues import (
     GANG_WHOLE,
     OVER_QUOTA,
     PREEMPTION_GRACE,
+    RECLAIM_WAIT,
     UNKNOWN_QUEUE,
     QueueBook,
     borrowing_limit,
@@ -139,6 +141,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             OVER_QUOTA if r.reason == OVER_QUOTA else r.reason)
         detail = r.detail() + (f" (cohort {q.cohort})" if q.cohort and r.reason == COHORT_EXHAUSTED else "")
         out.append(QueueReason(label, detail))
+        if r.reason == COHORT_EXHAUSTED and not job.preempting:
+            out.extend(_reclaim_waits(state, b, q, r.resource, now))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -149,6 +153,29 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         out.append(QueueReason(FAIR_SHARE, f"queue {name} share {s.share(name):.3f} (dominant {s.dominant(name):.3f}"
                                            f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
                                            "waiting"))
+    return out
+
+
+def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, now: float) -> list[QueueReason]:
+    """Why reclaim has not taken back what a job within its queue's nominal quota needs:
+    reclaim is off for its queue, or the borrowers' running jobs are all younger than
+    their queue's minimum runtime (with when the first may be stopped)."""
+    borrowers = [m for m in b.cohorts.get(q.cohort or "", []) if m != q.name and resource in b.borrowed(m)]
+    if not borrowers:
+        return []
+    if not q.reclaim:
+        return [QueueReason(RECLAIM_WAIT, f"reclaim is off for queue {q.name}: what {', '.join(borrowers)} "
+                                          "borrowed comes back only as their jobs end")]
+    out: list[QueueReason] = []
+    for m in borrowers:
+        mq = b.queue(m)
+        assert mq is not None
+        old = next(state.victims.cheapest(m, now, mq.min_runtime_s), None)
+        young, first = state.victims.young(m, now, mq.min_runtime_s)
+        if old is None and young and first is not None:
+            out.append(QueueReason(RECLAIM_WAIT, f"queue {m} borrows {resource}, but its {young} running job(s) "
+                                                 f"have run less than its minimum runtime ({mq.min_runtime_s:g} s): "
+                                                 f"the first may be stopped in {math.ceil(first):g} s"))
     return out
 
 

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
 from server.scheduling.preemption import stoppable
-from server.scheduling.queues import QueueBook, job_demand, meters, nominal, queue_usage
+from server.scheduling.queues import RECLAIM_WAIT, QueueBook, job_demand, meters, nominal, queue_usage
 from server.state.cluster import ClusterState
+from server.views.queues import reasons
 from tests.factories import job as make_job
 from tests.factories import job_spec
 from tests.unit.test_planner import NOW, TERM, World
@@ -404,3 +405,24 @@ def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_n
             borrowers = [n for n in configs if book.used(n, H100) > nominal(configs[n], H100) + 1e-6]
             # What is free plus what the borrowers hold above nominal cannot host the job.
             assert not borrowers or j.spec.gpus > 1, (j.id, borrowers, book.usage)
+
+
+def test_why_pending_says_what_reclaim_waits_for() -> None:
+    """A job within its queue's nominal quota, the rest lent out: reclaim waits for the
+    borrowers' minimum runtime (and says when it ends), or is off for the queue."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=60)
+    _fill(w, "b", 8, NOW - 18)  # started at NOW - 10: 8 GPUs, 4 of them a's
+    w.qsubmit("mine", "a", gpus=4)
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["mine"], NOW, 0.0)}
+    assert why[RECLAIM_WAIT] == ("queue b borrows gpu:H100, but its 8 running job(s) have run less than its "
+                                 "minimum runtime (60 s): the first may be stopped in 50 s")
+    assert not w.qcycle(now=NOW).preempted  # as it says
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0, reclaim=False)
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["mine"], NOW + 60, 0.0)}
+    assert why[RECLAIM_WAIT] == "reclaim is off for queue a: what b borrowed comes back only as their jobs end"
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    assert RECLAIM_WAIT not in {r.reason for r in reasons(w.state, w.state.jobs["mine"], NOW + 60, 0.0)}
+    assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes them back
