@@ -128,6 +128,20 @@ async def connect(
         raise StoreError(f"cannot connect to NATS at {url}: {exc}") from exc
 
 
+async def connect_once(url: str, name: str, *, creds: str | None = None, tls_ca: str | None = None,
+                       tls_cert: str | None = None, tls_key: str | None = None) -> NATS:
+    """A connection for a short-lived command (`muster token`, `muster check`): each
+    server in `url` tried twice, then StoreError (nats-py's `max_reconnect_attempts=0`
+    means "for ever", so a wrong URL used to hang the command); no reconnect once
+    connected, and no traceback logged for each failed try."""
+
+    async def quiet(exc: Exception) -> None:
+        log.debug("NATS at %s: %s", url, exc)
+
+    return await connect(url, name, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                         max_reconnect_attempts=1, allow_reconnect=False, error_cb=quiet)
+
+
 class Store:
     """Reads, watches and revision-checked writes of Muster's KV buckets (the streams
     themselves are created by the control plane: server.state.streams)."""

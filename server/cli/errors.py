@@ -43,6 +43,7 @@ def exit_code(exc: MusterError) -> int:
 
 def user_errors(errors: list[dict[str, str]], line: str = "{field}: {message}") -> MusterError:
     """The error for a mutation's `userErrors` (a non-empty list): NotFound when the first
-    is NOT_FOUND, else ApiError; one message line per error, formatted by `line`."""
-    text = "\n".join(line.format(**e) for e in errors)
+    is NOT_FOUND, else ApiError; one message line per error, formatted by `line` (an
+    error about no one field, such as a queue the token may not use, without it)."""
+    text = "\n".join(line.format(**e) if e.get("field") else str(e.get("message", "")) for e in errors)
     return NotFound(text) if errors[0].get("code") == "NOT_FOUND" else ApiError(text)

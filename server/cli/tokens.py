@@ -59,13 +59,12 @@ def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_token(args: argparse.Namespace) -> int:
     from server.api.tokens import create_token, list_tokens, revoke_token
-    from wire.kv import Store, connect
+    from wire.kv import Store, connect_once
 
     opts = admin_nats(args)
 
     async def run() -> int:
-        nc = await connect(opts.pop("url"), name="muster-token-cli", max_reconnect_attempts=0,
-                           allow_reconnect=False, **opts)
+        nc = await connect_once(opts.pop("url"), "muster-token-cli", **opts)
         try:
             store = Store(nc)
             if args.token_cmd == "create":

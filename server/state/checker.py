@@ -7,7 +7,7 @@ import asyncio
 from server.state.cluster import ClusterState
 from server.state.invariants import Capacity, check
 from wire import subjects
-from wire.kv import Store, connect
+from wire.kv import Store, connect_once
 
 
 async def load(store: Store) -> ClusterState:
@@ -35,7 +35,7 @@ def violations(state: ClusterState) -> list[str]:
 
 
 async def run_check(nats_url: str) -> list[str]:
-    nc = await connect(nats_url, name="muster-check")
+    nc = await connect_once(nats_url, "muster-check")
     try:
         return violations(await load(Store(nc)))
     finally:

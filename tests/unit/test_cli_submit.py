@@ -42,3 +42,11 @@ def test_a_command_without_options_or_in_one_string() -> None:
 def test_an_unknown_option_after_the_name_is_a_usage_error() -> None:
     with pytest.raises(SystemExit):
         _submit("train", "--gpu", "1", "--", "true")
+
+
+def test_a_user_error_names_its_field_only_when_it_has_one() -> None:
+    from server.cli.errors import user_errors
+
+    err = user_errors([{"field": "", "message": "this token may not submit to queue 'default'", "code": "FORBIDDEN"},
+                       {"field": "gpus", "message": "must be at least 0", "code": "INVALID"}])
+    assert str(err) == "this token may not submit to queue 'default'\ngpus: must be at least 0"

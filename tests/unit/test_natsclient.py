@@ -3,11 +3,16 @@ the clients Muster connects use it."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from wire import natsclient
+from wire.errors import StoreError
+from wire.kv import connect_once
 from wire.natsclient import parse_header_lines
 
 TYPICAL = [
@@ -52,3 +57,13 @@ def test_client_uses_it() -> None:
     assert nc._parse_header_lines is parse_header_lines
     # Only the instance: nats-py's class and other clients are untouched.
     assert Client()._parse_header_lines is not parse_header_lines
+
+
+async def test_a_short_lived_command_gives_up_on_a_nats_that_does_not_answer() -> None:
+    """`muster token` and `muster check` connect with connect_once: a port nothing listens
+    on is an error after two tries, not a wait for ever (it used to be)."""
+    with socket.socket() as s:  # a free port, closed again: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreError, match="cannot connect to NATS"):
+        await connect_once(f"nats://127.0.0.1:{port}", "test")
