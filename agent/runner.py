@@ -201,8 +201,8 @@ class Run:
         await self._cleanup()
         fenced = self._fenced_by_watchdog()
         reason = ""
-        if code == 0:
-            state = AttemptState.SUCCEEDED  # it finished on its own, even if a stop raced it
+        if code == 0 and not self.signaled:
+            state = AttemptState.SUCCEEDED  # it finished on its own
         elif fenced:
             # The watchdog stopped it (the agent was frozen or cut off); an agent that
             # comes back and fences itself only finds the attempt ended.
@@ -210,6 +210,9 @@ class Run:
             self.stop_reason = reason = fenced
             log.warning("attempt %s %s", t.attempt_id, fenced.removeprefix("fenced: "))
         elif self.signaled:
+            # Stopped, whatever its exit code: one that saves its state in the grace and
+            # exits 0 has not finished its work (a preempted try must be run again, a
+            # try at its time limit ends TIMEOUT), so it is not SUCCEEDED.
             state = AttemptState.KILLED
             reason = self.stop_reason or ""
         elif oom:

@@ -182,3 +182,42 @@ async def test_a_frozen_attempt_in_a_cgroup_with_a_freezer_stays_frozen_whoever_
     finally:
         await asyncio.wait_for(run.stop("test over", 1.0), timeout=60)
         await run.wait()
+
+
+# Saves its state when asked to stop, then exits 0, as a job that checkpoints in its grace does.
+CHECKPOINTS = """
+import signal, sys, time
+path = sys.argv[1]
+def term(*_):
+    with open(path, "a") as f:
+        f.write("checkpoint\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open(path, "a").write("ready\\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+async def test_a_try_that_exits_0_after_its_stop_signal_is_stopped_not_succeeded(tmp_path: Path) -> None:
+    """Stopped for a preemption, a time limit or a GPU fault, a task that saves its state and
+    exits 0 has not finished its work: it ends KILLED (the leader makes that PREEMPTED,
+    TIMEOUT...), so a preempted job runs again. One that ends on its own exits SUCCEEDED."""
+    reports: list[tuple[AttemptState, int | None]] = []
+
+    async def on_state(_task: object, state: AttemptState, code: int | None, *_: object) -> None:
+        reports.append((state, code))
+
+    log = tmp_path / "signals"
+    run = Run(task(command=[sys.executable, "-c", CHECKPOINTS, str(log), "600"]), on_state, kill_grace_s=60.0)
+    run.start()
+    await _started(run, log)
+    await asyncio.wait_for(run.stop("preempted", 60.0), timeout=120)
+    await run.wait()
+    assert "checkpoint" in log.read_text()
+    assert reports[-1] == (AttemptState.KILLED, 0) and run.stop_reason == "preempted"
+
+    reports.clear()
+    done = Run(task(command=[sys.executable, "-c", CHECKPOINTS, str(tmp_path / "other"), "0"]), on_state)
+    done.start()
+    await asyncio.wait_for(done.wait(), timeout=120)
+    assert reports[-1] == (AttemptState.SUCCEEDED, 0)
