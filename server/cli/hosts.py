@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
-           edges { node { id health cordoned simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
+           edges { node { id health cordoned draining simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
            labels { key value } } } } }"""
     flt: dict[str, Any] = {k: v for k, v in (
         ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
@@ -73,18 +73,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["hosts"]
-        rows = []
-        for n in (e["node"] for e in data["edges"]):
-            rows.append(
-                [
-                    n["id"],
-                    n["health"] + (" CORDONED" if n["cordoned"] else ""),
-                    f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
-                    f"{n['gpuUtilPct']}%",
-                    str(n["cpus"]),
-                    ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"]),
-                ]
-            )
+        rows = [host_row(e["node"]) for e in data["edges"]]
         out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
 
     return watch(args, render)
@@ -168,6 +157,18 @@ def cmd_drain(args: argparse.Namespace) -> int:
     h = res["host"]
     out(args, h, [[h["id"], h["health"], "draining"]], ["ID", "HEALTH", "STATE"])
     return 0
+
+
+def host_row(n: dict[str, Any]) -> list[str]:
+    """One host of `host list`: a draining host says DRAINING (it is cordoned too)."""
+    return [
+        n["id"],
+        n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else ""),
+        f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
+        f"{n['gpuUtilPct']}%",
+        str(n["cpus"]),
+        ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"]),
+    ]
 
 
 def gpu_line(g: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from wire.errors import NotFound, ValidationError
 
-JOB_FIELDS = """id name state user queue timeLimitSeconds command gpus gpuModel gpuModels sameModel gpuShare
+JOB_FIELDS = """id name state user queue timeLimitSeconds command replicas gpus gpuModel gpuModels sameModel gpuShare
 gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason endReason queuePosition
 pendingReasons { reason hosts kind detail }
 attempts { id number state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
@@ -197,7 +197,7 @@ def show(args: argparse.Namespace) -> None:
     print(f"  command: {shlex.join(job['command'])}")
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
-    print(f"  wants:   {wants_gpu(job)}, {job['cpus']} CPU, {job['memoryMb']} MB")
+    print(f"  wants:   {wants(job)}")
     if job["state"] == "QUEUED":
         print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:
@@ -210,6 +210,12 @@ def show(args: argparse.Namespace) -> None:
               f" exit={a['exitCode']} {a['reason']}")
         if a["outputTail"]:
             print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+
+
+def wants(job: dict[str, Any]) -> str:
+    """What a job asks for, in words; a gang's is per task."""
+    gang = f"a gang of {job['replicas']} tasks, each " if job.get("replicas", 1) > 1 else ""
+    return f"{gang}{wants_gpu(job)}, {job['cpus']} CPU, {job['memoryMb']} MB"
 
 
 def wants_gpu(job: dict[str, Any]) -> str:

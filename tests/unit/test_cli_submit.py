@@ -1,10 +1,13 @@
-"""`muster job submit`: where the options may go, and what the command is."""
+"""The CLI's own logic: where `job submit`'s options may go and what the command is; how
+errors, hosts and a job's wants are printed."""
 
 from __future__ import annotations
 
 import pytest
 
-from server.cli.jobs import submit_command
+from server.cli.errors import user_errors
+from server.cli.hosts import host_row
+from server.cli.jobs import submit_command, wants
 from server.cli.parser import build_parser
 from wire.errors import ValidationError
 
@@ -45,8 +48,17 @@ def test_an_unknown_option_after_the_name_is_a_usage_error() -> None:
 
 
 def test_a_user_error_names_its_field_only_when_it_has_one() -> None:
-    from server.cli.errors import user_errors
-
     err = user_errors([{"field": "", "message": "this token may not submit to queue 'default'", "code": "FORBIDDEN"},
                        {"field": "gpus", "message": "must be at least 0", "code": "INVALID"}])
     assert str(err) == "this token may not submit to queue 'default'\ngpus: must be at least 0"
+
+
+def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
+    node = {"id": "h1", "health": "HEALTHY", "cordoned": True, "draining": True, "simulated": False, "gpus": 8,
+            "gpusAllocated": 0, "gpuModel": "H100", "gpuUtilPct": 0.0, "cpus": 96, "labels": []}
+    assert host_row(node)[1] == "HEALTHY DRAINING"
+    assert host_row({**node, "draining": False})[1] == "HEALTHY CORDONED"
+    assert host_row({**node, "draining": False, "cordoned": False})[1] == "HEALTHY"
+    job = {"replicas": 2, "gpus": 8, "gpuModels": ["H100"], "cpus": 4.0, "memoryMb": 1024}
+    assert wants(job) == "a gang of 2 tasks, each 8 GPU H100, 4.0 CPU, 1024 MB"
+    assert wants({**job, "replicas": 1}) == "8 GPU H100, 4.0 CPU, 1024 MB"
