@@ -76,6 +76,7 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--mig-profile", default=None, metavar="PROFILE",
                     help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
     js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
+    js.add_argument("--same-rack", action="store_true", help="a gang's tasks all in one rack")
     js.add_argument("--cpus", type=float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
@@ -83,6 +84,13 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--queue", default=None, help="the queue to run in (default: default)")
     js.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
+    js.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
+                    help="an environment variable of the task (repeat for more)")
+    js.add_argument("--cwd", default=None, help="the task's working directory (default: a directory of its own)")
+    js.add_argument("--keep-running", action="store_true",
+                    help="keep running when the host is cut off from the control plane (KEEP_RUNNING)")
+    js.add_argument("--replace-after", type=float, default=None, metavar="S",
+                    help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
@@ -111,12 +119,9 @@ def submit_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
-    was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
-    command = submit_command(args)
-    q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
-        job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
+def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
+    """`SubmitJobInput` from `job submit`'s options: what was given, the rest left to the
+    API's defaults."""
     inp: dict[str, Any] = {"name": args.name, "command": command, "gpus": args.gpus,
                            "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
     models = [m.strip() for m in (args.gpu_model or "").split(",") if m.strip()]
@@ -126,16 +131,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
         inp["gpuModels"] = models
     for key, value, default in (("sameModel", args.same_model, False), ("gpuShare", args.gpu_share, 0),
                                 ("gpuMemoryMb", args.gpu_memory_mb, 0), ("migProfile", args.mig_profile, None),
-                                ("replicas", args.replicas, 1)):
+                                ("replicas", args.replicas, 1), ("sameRack", args.same_rack, False),
+                                ("cwd", args.cwd, None), ("maxAttempts", args.max_attempts, None),
+                                ("queue", args.queue or None, None), ("timeLimitSeconds", args.time_limit, None),
+                                ("replaceAfter", args.replace_after, None)):
         if value != default:
             inp[key] = value
-    if args.max_attempts is not None:
-        inp["maxAttempts"] = args.max_attempts
-    if args.queue:
-        inp["queue"] = args.queue
-    if args.time_limit is not None:
-        inp["timeLimitSeconds"] = args.time_limit
-    res = gql(q, {"input": inp})["submitJob"]
+    if args.keep_running:
+        inp["onDisconnect"] = "KEEP_RUNNING"
+    if args.env:
+        env: dict[str, str] = {}
+        for item in args.env:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ValidationError("env", f"{item!r}: expected KEY=VALUE")
+            env[key] = value
+        inp["env"] = env
+    return inp
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
+    was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
+    q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
+        job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
+    res = gql(q, {"input": submit_input(args, submit_command(args))})["submitJob"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
     job = res["job"]

@@ -7,7 +7,7 @@ import pytest
 
 from server.cli.errors import user_errors
 from server.cli.hosts import host_row
-from server.cli.jobs import submit_command, wants
+from server.cli.jobs import submit_command, submit_input, wants
 from server.cli.parser import build_parser
 from wire.errors import ValidationError
 
@@ -62,3 +62,18 @@ def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
     job = {"replicas": 2, "gpus": 8, "gpuModels": ["H100"], "cpus": 4.0, "memoryMb": 1024}
     assert wants(job) == "a gang of 2 tasks, each 8 GPU H100, 4.0 CPU, 1024 MB"
     assert wants({**job, "replicas": 1}) == "8 GPU H100, 4.0 CPU, 1024 MB"
+
+
+def test_the_submission_carries_env_cwd_rack_and_disconnect_options_and_only_what_was_given() -> None:
+    args = build_parser().parse_args(["job", "submit", "--env", "A=1", "--env", "B=x=y", "--env", "EMPTY=",
+                                      "--cwd", "/data", "--replicas", "2", "--same-rack", "--keep-running",
+                                      "--replace-after", "120", "--queue", "q", "train", "--", "run"])
+    inp = submit_input(args, submit_command(args))
+    assert inp == {"name": "train", "command": ["run"], "gpus": 0, "cpus": 1.0, "memoryMb": 512, "priority": 0,
+                   "replicas": 2, "sameRack": True, "cwd": "/data", "queue": "q", "replaceAfter": 120.0,
+                   "onDisconnect": "KEEP_RUNNING", "env": {"A": "1", "B": "x=y", "EMPTY": ""}}
+    plain = build_parser().parse_args(["job", "submit", "train", "--", "run"])
+    assert set(submit_input(plain, ["run"])) == {"name", "command", "gpus", "cpus", "memoryMb", "priority"}
+    bad = build_parser().parse_args(["job", "submit", "--env", "NOEQUALS", "train", "--", "run"])
+    with pytest.raises(ValidationError, match="expected KEY=VALUE"):
+        submit_input(bad, ["run"])
