@@ -314,6 +314,38 @@ async def test_invalid_submission_shows_field_errors_and_stores_nothing(console:
     assert console.muster.history.list_jobs() == ([], 0)
 
 
+async def test_submission_to_a_queue_with_a_time_limit(console: Console) -> None:
+    """The submit form offers the queues the session's token may use, takes a time limit,
+    and shows the queue's refusals on their fields."""
+    c = console.client
+    m = console.muster
+    await console.login()
+    await m.create_queue({"name": "vision", "max_time_limit_s": 3600}, "operator")
+    await m.create_queue({"name": "audio"}, "operator")
+    await eventually(lambda: {"vision", "audio"} <= set(m.state.queues), what="the queues in the view")
+    form = await c.get("/submit")
+    assert '<option value="vision">' in form.text and '<option value="audio">' in form.text
+    base = {"csrf": console.csrf, "name": "q-job", "command": "true", "cpus": "1", "memory_mb": "512"}
+    r = await c.post("/submit", data={**base, "queue": "vision", "time_limit": "7200"})
+    assert r.status_code == 422 and 'id="f-time_limit-error"' in r.text and "allows at most 3600 s" in r.text
+    r = await c.post("/submit", data={**base, "queue": "nope"})
+    assert r.status_code == 422 and 'id="f-queue-error"' in r.text and "no queue named" in r.text
+    r = await c.post("/submit", data={**base, "queue": "vision", "time_limit": "1800"})
+    assert r.status_code == 303, r.text
+    job = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
+    assert (job.spec.queue, job.spec.time_limit_s) == ("vision", 1800.0)
+    # A token bound to one queue is offered that one, and refused another on the field.
+    assert m.store is not None
+    bound, _ = await create_token(m.store, "vic", "operator", ["audio"])
+    await eventually(lambda: len(m.state.tokens) == 2, what="the bound token in the view")
+    c.cookies.clear()
+    assert (await c.post("/login", data={"token": bound})).status_code == 303
+    form = await c.get("/submit")
+    assert '<option value="audio">' in form.text and '<option value="vision">' not in form.text
+    r = await c.post("/submit", data={**base, "csrf": console.csrf, "queue": "vision"})
+    assert r.status_code == 403 and 'id="f-queue-error"' in r.text and "may not submit to queue" in r.text
+
+
 async def test_valid_submission_redirects_to_job_page(console: Console) -> None:
     c = console.client
     m = console.muster

@@ -18,7 +18,7 @@ from server.replica import Muster
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
-from wire.errors import ValidationError
+from wire.errors import Forbidden, ValidationError
 from wire.messages import JobState
 from wire.validation import KNOWN_GPU_MODELS
 
@@ -28,7 +28,8 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel": "gpu_model",
                  "gpu_model": "gpu_model", "gpuModels": "gpu_model", "cpus": "cpus", "memoryMb": "memory_mb",
                  "memory_mb": "memory_mb", "gpuShare": "gpu_share", "gpuMemoryMb": "gpu_memory_mb",
-                 "migProfile": "mig_profile", "sameModel": "same_model"}
+                 "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
+                 "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -154,9 +155,12 @@ async def cancel_job(request: Request) -> Response:
 # ---------------------------------------------------------------- submit
 
 
-def _submit_ctx(m: Muster, values: dict[str, str], errors: dict[str, list[str]],
+def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[str, list[str]],
                 other: list[str] | None = None) -> dict[str, Any]:
+    bound = None if sess.info.role == "admin" else sess.info.queues
     return {
+        # The queues offered: those the session's token may submit to.
+        "queues": [q.name for q in m.queues() if bound is None or q.name in bound],
         "values": values,
         "errors": errors,
         "other_errors": other or [],
@@ -165,13 +169,13 @@ def _submit_ctx(m: Muster, values: dict[str, str], errors: dict[str, list[str]],
 
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
-                   "mig_profile": "", "cpus": "1", "memory_mb": "512"}
+                   "mig_profile": "", "cpus": "1", "memory_mb": "512", "queue": "", "time_limit": ""}
 
 
 @console()
 async def submit_form(request: Request) -> Response:
     m = muster_of(request)
-    return render(request, "submit.html", _submit_ctx(m, dict(SUBMIT_DEFAULTS), {}))
+    return render(request, "submit.html", _submit_ctx(m, request.state.session, dict(SUBMIT_DEFAULTS), {}))
 
 
 def _number(raw: str, kind: type) -> Any:
@@ -214,16 +218,24 @@ async def submit(request: Request) -> Response:
             data[key] = _number(values[key], int)
     if values["mig_profile"]:
         data["mig_profile"] = values["mig_profile"]
+    if values["queue"]:
+        data["queue"] = values["queue"]
+    if values["time_limit"]:
+        limit = _number(values["time_limit"], float)
+        data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]
     try:
         job = await m.submit(data, sess.user, None if sess.info.role == "admin" else sess.info.queues)
-    except ValidationError as exc:
+    except (ValidationError, Forbidden) as exc:
         errors: dict[str, list[str]] = dict(local)
         other: list[str] = []
-        for p in exc.details():
-            field = SUBMIT_FIELDS.get(p.field)
-            if field is None:
-                other.append(f"{p.field}: {p.message}")
-            elif field not in local:
-                errors.setdefault(field, []).append(p.message)
-        return render(request, "submit.html", _submit_ctx(m, values, errors, other), status_for(exc))
+        if isinstance(exc, Forbidden):  # a queue the session's token may not submit to
+            errors["queue"] = [exc.message]
+        else:
+            for p in exc.details():
+                field = SUBMIT_FIELDS.get(p.field)
+                if field is None:
+                    other.append(f"{p.field}: {p.message}")
+                elif field not in local:
+                    errors.setdefault(field, []).append(p.message)
+        return render(request, "submit.html", _submit_ctx(m, sess, values, errors, other), status_for(exc))
     return RedirectResponse(url(f"/jobs/{job.id}", notice="submitted"), status_code=303)
