@@ -36,6 +36,7 @@ COHORT_EXHAUSTED = "cohort exhausted"
 FAIR_SHARE = "waiting for fair share"
 PREEMPTION_GRACE = "waiting for a preemption grace to end"
 RECLAIM_WAIT = "waiting for reclaim"
+PRIORITY_WAIT = "waiting for priority preemption"
 GANG_WHOLE = "gang cannot fit as a whole"
 UNKNOWN_QUEUE = "queue does not exist"
 

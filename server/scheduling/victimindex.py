@@ -76,18 +76,26 @@ class VictimIndex:
             if not groups:
                 del self._groups[old.queue]
 
-    def young(self, queue: str, now: float, min_runtime_s: float) -> tuple[int, float | None]:
-        """The queue's stoppable jobs still younger than `min_runtime_s` at `now`: how many,
-        and the seconds until the first of them may be stopped (None: there is none)."""
+    def young(self, queue: str, now: float, min_runtime_s: float,
+              below: int | None = None) -> tuple[int, float | None]:
+        """The queue's stoppable jobs (of a priority lower than `below`, when given) still
+        younger than `min_runtime_s` at `now`: how many, and the seconds until the first
+        of them may be stopped (None: there is none)."""
         count = 0
         first: float | None = None
-        for group in self._groups.get(queue, {}).values():
+        for (priority, _size), group in self._groups.get(queue, {}).items():
+            if below is not None and priority >= below:
+                continue
             at = group.bisect_left((now - min_runtime_s,))
             if at < len(group):
                 count += len(group) - at
                 due = group[at][0] + min_runtime_s - now
                 first = due if first is None else min(first, due)
         return count, first
+
+    def below(self, queue: str, priority: int) -> int:
+        """How many of the queue's stoppable jobs have a priority lower than `priority`."""
+        return sum(len(g) for (p, _size), g in self._groups.get(queue, {}).items() if p < priority)
 
     def cheapest(self, queue: str, now: float, min_runtime_s: float = 0.0) -> Iterator[tuple[Cost, str]]:
         """The queue's stoppable jobs that have run at least `min_runtime_s`, cheapest

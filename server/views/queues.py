@@ -19,6 +19,7 @@ from server.scheduling.queues import (
     GANG_WHOLE,
     OVER_QUOTA,
     PREEMPTION_GRACE,
+    PRIORITY_WAIT,
     RECLAIM_WAIT,
     UNKNOWN_QUEUE,
     QueueBook,
@@ -143,6 +144,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         out.append(QueueReason(label, detail))
         if r.reason == COHORT_EXHAUSTED and not job.preempting:
             out.extend(_reclaim_waits(state, b, q, r.resource, now))
+        if not job.preempting:
+            out.extend(_priority_waits(state, q, job, now))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -177,6 +180,28 @@ def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, n
                                                  f"have run less than its minimum runtime ({mq.min_runtime_s:g} s): "
                                                  f"the first may be stopped in {math.ceil(first):g} s"))
     return out
+
+
+def _priority_waits(state: ClusterState, q: Queue, job: Job, now: float) -> list[QueueReason]:
+    """Why no lower-priority job of its own queue was stopped for a job its queue's quota
+    refuses: priority preemption is off for the queue, or they are all younger than its
+    minimum runtime (with when the first may be stopped)."""
+    p = job.spec.priority
+    lower = state.victims.below(q.name, p)
+    if not lower:
+        return []
+    if not q.preempt_within:
+        return [QueueReason(PRIORITY_WAIT, f"priority preemption is off for queue {q.name}: its {lower} "
+                                           "lower-priority running job(s) are not stopped for this one")]
+    old = next(state.victims.cheapest(q.name, now, q.min_runtime_s), None)
+    if old is not None and old[0][0] < p:
+        return []  # one may be stopped now: the next cycle looks for victims
+    young, first = state.victims.young(q.name, now, q.min_runtime_s, below=p)
+    if not young or first is None:
+        return []
+    return [QueueReason(PRIORITY_WAIT, f"its queue's {young} lower-priority running job(s) have run less than its "
+                                       f"minimum runtime ({q.min_runtime_s:g} s): the first may be stopped in "
+                                       f"{math.ceil(first):g} s")]
 
 
 def _grace(state: ClusterState, job: Job) -> float:

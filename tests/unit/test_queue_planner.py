@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
 from server.scheduling.preemption import stoppable
-from server.scheduling.queues import RECLAIM_WAIT, QueueBook, job_demand, meters, nominal, queue_usage
+from server.scheduling.queues import PRIORITY_WAIT, RECLAIM_WAIT, QueueBook, job_demand, meters, nominal, queue_usage
 from server.state.cluster import ClusterState
 from server.views.queues import reasons
 from tests.factories import job as make_job
@@ -426,3 +426,26 @@ def test_why_pending_says_what_reclaim_waits_for() -> None:
     w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
     assert RECLAIM_WAIT not in {r.reason for r in reasons(w.state, w.state.jobs["mine"], NOW + 60, 0.0)}
     assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes them back
+
+
+def test_why_pending_says_what_priority_preemption_waits_for() -> None:
+    """A high-priority job its full queue refuses: the lower-priority jobs are younger than
+    the queue's minimum runtime (and when the first may go), or priority preemption is off."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", gpus=4, min_runtime_s=60)
+    _fill(w, "a", 4, NOW - 14)  # started at NOW - 10
+    w.qsubmit("urgent", "a", priority=10)
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["urgent"], NOW, 0.0)}
+    assert why[PRIORITY_WAIT] == ("its queue's 4 lower-priority running job(s) have run less than its minimum "
+                                  "runtime (60 s): the first may be stopped in 50 s")
+    assert not w.qcycle(now=NOW).preempted
+    w.queue("a", gpus=4, min_runtime_s=60, preempt_within=False)
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["urgent"], NOW + 60, 0.0)}
+    assert why[PRIORITY_WAIT] == ("priority preemption is off for queue a: its 4 lower-priority running job(s) "
+                                  "are not stopped for this one")
+    w.queue("a", gpus=4, min_runtime_s=60)
+    assert PRIORITY_WAIT not in {r.reason for r in reasons(w.state, w.state.jobs["urgent"], NOW + 60, 0.0)}
+    assert w.qcycle(now=NOW + 60).preempted
+    w.qsubmit("peer", "a", priority=0)  # no lower-priority job to stop for it: no such reason
+    assert PRIORITY_WAIT not in {r.reason for r in reasons(w.state, w.state.jobs["peer"], NOW + 60, 0.0)}
