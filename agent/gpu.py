@@ -528,13 +528,17 @@ class NvmlBackend:
             if what not in self._logged:
                 self._logged.add(what)
                 log.warning("NVML %s failed: %s", what, exc)
-            if gpu is not None and self._is_gpu_lost(exc):
-                self._raise_fault(gpu, "xid", 79, "NVML reports the GPU is lost")
+            if gpu is not None:
+                self._fault_if_lost(gpu, exc)
             return None
 
-    def _is_gpu_lost(self, exc: Exception) -> bool:
+    def _fault_if_lost(self, gpu: int, exc: Exception) -> bool:
+        """Raise a fault on `gpu` when `exc` says NVML lost it; whether it did."""
         lost = getattr(self._nv, "NVML_ERROR_GPU_IS_LOST", None)
-        return lost is not None and getattr(exc, "value", None) == lost
+        if lost is None or getattr(exc, "value", None) != lost:
+            return False
+        self._raise_fault(gpu, "xid", 79, "NVML reports the GPU is lost")
+        return True
 
     def _raise_fault(self, index: int, kind: str, code: int, message: str) -> None:
         """Queue a fault for poll_faults() unless this GPU already has one."""
@@ -635,8 +639,7 @@ class NvmlBackend:
             except TypeError:  # a pynvml without the version argument
                 self._memory_v2 = False
             except nv.NVMLError as exc:
-                if self._is_gpu_lost(exc):
-                    self._raise_fault(i, "xid", 79, "NVML reports the GPU is lost")
+                if self._fault_if_lost(i, exc):
                     return None
                 log.info("NVML memory info version 2 unavailable (%s): reading version 1", exc)
                 self._memory_v2 = False

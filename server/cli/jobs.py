@@ -64,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def submit_options(js: argparse.ArgumentParser) -> None:
-    """The options of `job submit`: on its parser, and on the one that reads options
-    given after the job's name (`late_options`)."""
+    """The options of `job submit`: on its parser, and on the one `submit_command` reads
+    options given after the job's name with."""
     js.add_argument("--gpus", type=int, default=0)
     js.add_argument("--gpu-model", default=None, metavar="MODEL[,MODEL...]",
                     help="one GPU model, or several, comma-separated: any of them will do")

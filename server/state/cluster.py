@@ -72,6 +72,11 @@ class TokenInfo(BaseModel):
     # The queues this token may submit to (None: any; admin tokens: any).
     queues: list[str] | None = None
 
+    @property
+    def submit_queues(self) -> list[str] | None:
+        """The queues a submission with this token may go to (None: any)."""
+        return None if self.role == "admin" else self.queues
+
 
 class SessionInfo(BaseModel):
     """A console session (`auth.session.<sha256 of its id>`): the token it was opened

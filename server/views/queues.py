@@ -173,12 +173,9 @@ def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, n
     for m in borrowers:
         mq = b.queue(m)
         assert mq is not None
-        old = next(state.victims.cheapest(m, now, mq.min_runtime_s), None)
-        young, first = state.victims.young(m, now, mq.min_runtime_s)
-        if old is None and young and first is not None:
-            out.append(QueueReason(RECLAIM_WAIT, f"queue {m} borrows {resource}, but its {young} running job(s) "
-                                                 f"have run less than its minimum runtime ({mq.min_runtime_s:g} s): "
-                                                 f"the first may be stopped in {math.ceil(first):g} s"))
+        young = _too_young(state, mq, now)
+        if young is not None:
+            out.append(QueueReason(RECLAIM_WAIT, f"queue {m} borrows {resource}, but its {young}"))
     return out
 
 
@@ -193,15 +190,23 @@ def _priority_waits(state: ClusterState, q: Queue, job: Job, now: float) -> list
     if not q.preempt_within:
         return [QueueReason(PRIORITY_WAIT, f"priority preemption is off for queue {q.name}: its {lower} "
                                            "lower-priority running job(s) are not stopped for this one")]
+    young = _too_young(state, q, now, below=p)
+    return [QueueReason(PRIORITY_WAIT, f"its queue's {young}")] if young is not None else []
+
+
+def _too_young(state: ClusterState, q: Queue, now: float, below: int | None = None) -> str | None:
+    """When every stoppable job of queue `q` (of a priority lower than `below`, when given)
+    is younger than the queue's minimum runtime, and there is one: how many, and when the
+    first may be stopped, in words; else None (one may be stopped now, or none runs)."""
     old = next(state.victims.cheapest(q.name, now, q.min_runtime_s), None)
-    if old is not None and old[0][0] < p:
-        return []  # one may be stopped now: the next cycle looks for victims
-    young, first = state.victims.young(q.name, now, q.min_runtime_s, below=p)
+    if old is not None and (below is None or old[0][0] < below):
+        return None  # one may be stopped now: the next cycle looks for victims
+    young, first = state.victims.young(q.name, now, q.min_runtime_s, below=below)
     if not young or first is None:
-        return []
-    return [QueueReason(PRIORITY_WAIT, f"its queue's {young} lower-priority running job(s) have run less than its "
-                                       f"minimum runtime ({q.min_runtime_s:g} s): the first may be stopped in "
-                                       f"{math.ceil(first):g} s")]
+        return None
+    kind = "lower-priority " if below is not None else ""
+    return (f"{young} {kind}running job(s) have run less than its minimum runtime ({q.min_runtime_s:g} s): "
+            f"the first may be stopped in {math.ceil(first):g} s")
 
 
 def _grace(state: ClusterState, job: Job) -> float:

@@ -157,7 +157,7 @@ async def cancel_job(request: Request) -> Response:
 
 def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[str, list[str]],
                 other: list[str] | None = None) -> dict[str, Any]:
-    bound = None if sess.info.role == "admin" else sess.info.queues
+    bound = sess.info.submit_queues
     return {
         # The queues offered: those the session's token may submit to.
         "queues": [q.name for q in m.queues() if bound is None or q.name in bound],
@@ -224,7 +224,7 @@ async def submit(request: Request) -> Response:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]
     try:
-        job = await m.submit(data, sess.user, None if sess.info.role == "admin" else sess.info.queues)
+        job = await m.submit(data, sess.user, sess.info.submit_queues)
     except (ValidationError, Forbidden) as exc:
         errors: dict[str, list[str]] = dict(local)
         other: list[str] = []
