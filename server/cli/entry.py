@@ -3,11 +3,12 @@ an exit code (see server.cli.errors) and a message on stderr."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from server.cli import passthrough
-from server.cli.errors import EXIT_INTERRUPTED, exit_code
-from server.cli.parser import build_parser
+from server.cli.errors import EXIT_INTERRUPTED, EXIT_OK, exit_code
+from server.cli.parser import parse_args
 from wire.errors import MusterError
 
 
@@ -16,13 +17,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] and argv[0] in passthrough.COMMANDS:
             return passthrough.COMMANDS[argv[0]](argv[1:])
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
         return int(args.fn(args) or 0)
     except MusterError as exc:
         report(exc)
         return exit_code(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader closed stdout (`muster job list --watch | head`): it wanted no more,
+        # which is a clean end. Point stdout at /dev/null so that the interpreter's last
+        # flush at exit does not fail on the closed pipe again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 def report(exc: MusterError) -> None:

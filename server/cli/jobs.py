@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     js.add_argument("name")
     js.add_argument("command", nargs=argparse.REMAINDER)
     submit_options(js)
-    js.set_defaults(fn=cmd_submit)
+    js.set_defaults(fn=cmd_submit, after=None)
 
     jl = jsub.add_parser("list")
     jl.add_argument("--state", default=None, help="one state or several, comma-separated")
@@ -98,22 +98,24 @@ def submit_options(js: argparse.ArgumentParser) -> None:
 
 
 def submit_command(args: argparse.Namespace) -> list[str]:
-    """The command of `job submit NAME ...`, with options given after NAME (before a
-    `--`) read into `args`. Options after NAME with no `--` are refused rather than taken
-    as the command: `job submit train --gpus 1 python t.py` would otherwise run the
-    command `--gpus 1 python t.py` on no GPU."""
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    elif command[:1] and command[0].startswith("-"):
-        if "--" not in command:
-            raise ValidationError("command", f"{command[0]} after the job's name: put options before the name, "
+    """The command of `job submit NAME ...`: what follows the first `--` (`args.after`,
+    see `parser.parse_args`), word for word, with options given between NAME and that
+    `--` read into `args`; without a `--`, the words after NAME. Options after NAME with
+    no `--` are refused rather than taken as the command: `job submit train --gpus 1
+    python t.py` would otherwise run the command `--gpus 1 python t.py` on no GPU."""
+    words = list(args.command)
+    after: list[str] | None = getattr(args, "after", None)
+    if after is None:
+        if words[:1] and words[0].startswith("-"):
+            raise ValidationError("command", f"{words[0]} after the job's name: put options before the name, "
                                   "or end them with -- (muster job submit NAME --gpus 1 -- COMMAND ...)")
-        end = command.index("--")
-        late = argparse.ArgumentParser(prog="muster job submit NAME", add_help=False)
-        submit_options(late)
-        late.parse_args(command[:end], namespace=args)
-        command = command[end + 1:]
+        command = words
+    else:
+        if words:
+            late = argparse.ArgumentParser(prog="muster job submit NAME", add_help=False)
+            submit_options(late)
+            late.parse_args(words, namespace=args)
+        command = list(after)
     if len(command) == 1 and " " in command[0]:
         command = shlex.split(command[0])
     return command

@@ -28,6 +28,18 @@ FAMILIES = (
 )
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed. For `job submit`, everything after the first `--` is the job's
+    command word for word (argparse would drop one `--` and read a command beginning
+    with `-` as options): it goes to `args.after`, for `jobs.submit_command`."""
+    if argv[:2] == ["job", "submit"] and "--" in argv:
+        end = argv.index("--")
+        args = build_parser().parse_args(argv[:end])
+        args.after = argv[end + 1:]
+        return args
+    return build_parser().parse_args(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="muster", description=DESCRIPTION)
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -106,6 +106,21 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     out = seen + out
     assert out.count("every 2s:") >= 2, out
 
+    # --watch into a reader that stops reading (`| head -1`): a clean end, no traceback
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "host", "list", "--watch"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stderr is not None
+    deadline = threading.Timer(120, p.kill)
+    deadline.start()
+    try:
+        assert p.stdout.readline().startswith("every 2s:")
+        p.stdout.close()  # the next render writes into a closed pipe
+        err = p.stderr.read()
+        p.wait(timeout=20)
+    finally:
+        deadline.cancel()
+    assert p.returncode == 0 and "Traceback" not in err, err
+
     # not found: 3, from a query's null (show) and from a mutation's NOT_FOUND userError
     for argv in (["job", "show", "j-nope"], ["job", "cancel", "j-nope"], ["host", "cordon", "nope", "--reason", "x"],
                  ["host", "drain", "nope", "--reason", "x"]):

@@ -8,12 +8,12 @@ import pytest
 from server.cli.errors import user_errors
 from server.cli.hosts import host_row
 from server.cli.jobs import submit_command, submit_input, wants
-from server.cli.parser import build_parser
+from server.cli.parser import parse_args
 from wire.errors import ValidationError
 
 
 def _submit(*argv: str) -> tuple[dict[str, object], list[str]]:
-    args = build_parser().parse_args(["job", "submit", *argv])
+    args = parse_args(["job", "submit", *argv])
     command = submit_command(args)
     return {k: getattr(args, k) for k in ("name", "gpus", "gpu_model", "wait", "output", "cpus")}, command
 
@@ -42,6 +42,14 @@ def test_a_command_without_options_or_in_one_string() -> None:
     assert _submit("train", "--", "ls", "--", "-l")[1] == ["ls", "--", "-l"]
 
 
+def test_everything_after_the_first_double_dash_is_the_command_word_for_word() -> None:
+    assert _submit("train", "--", "--odd", "x")[1] == ["--odd", "x"]
+    assert _submit("train", "--", "-", "--")[1] == ["-", "--"]
+    assert _submit("--gpus", "1", "train", "--", "--", "y")[1] == ["--", "y"]
+    opts, command = _submit("train", "--gpus", "1", "--", "--odd")
+    assert opts["gpus"] == 1 and command == ["--odd"]
+
+
 def test_an_unknown_option_after_the_name_is_a_usage_error() -> None:
     with pytest.raises(SystemExit):
         _submit("train", "--gpu", "1", "--", "true")
@@ -65,15 +73,15 @@ def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
 
 
 def test_the_submission_carries_env_cwd_rack_and_disconnect_options_and_only_what_was_given() -> None:
-    args = build_parser().parse_args(["job", "submit", "--env", "A=1", "--env", "B=x=y", "--env", "EMPTY=",
+    args = parse_args(["job", "submit", "--env", "A=1", "--env", "B=x=y", "--env", "EMPTY=",
                                       "--cwd", "/data", "--replicas", "2", "--same-rack", "--keep-running",
                                       "--replace-after", "120", "--queue", "q", "train", "--", "run"])
     inp = submit_input(args, submit_command(args))
     assert inp == {"name": "train", "command": ["run"], "gpus": 0, "cpus": 1.0, "memoryMb": 512, "priority": 0,
                    "replicas": 2, "sameRack": True, "cwd": "/data", "queue": "q", "replaceAfter": 120.0,
                    "onDisconnect": "KEEP_RUNNING", "env": {"A": "1", "B": "x=y", "EMPTY": ""}}
-    plain = build_parser().parse_args(["job", "submit", "train", "--", "run"])
+    plain = parse_args(["job", "submit", "train", "--", "run"])
     assert set(submit_input(plain, ["run"])) == {"name", "command", "gpus", "cpus", "memoryMb", "priority"}
-    bad = build_parser().parse_args(["job", "submit", "--env", "NOEQUALS", "train", "--", "run"])
+    bad = parse_args(["job", "submit", "--env", "NOEQUALS", "train", "--", "run"])
     with pytest.raises(ValidationError, match="expected KEY=VALUE"):
         submit_input(bad, ["run"])
