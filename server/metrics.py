@@ -93,6 +93,11 @@ QUEUE_BORROWED = Gauge("muster_queue_borrowed", "What a queue holds above its no
 QUEUE_PENDING = Gauge("muster_queue_pending", "A queue's jobs waiting to be placed", ["queue"], registry=REGISTRY)
 QUEUE_FAIR_SHARE = Gauge("muster_queue_fair_share", "A queue's weighted dominant share (current use and decayed "
                          "past use, over cluster capacity, divided by its weight)", ["queue"], registry=REGISTRY)
+QUEUE_DOMINANT_SHARE = Gauge("muster_queue_dominant_share", "A queue's dominant share, unweighted (current use and "
+                             "decayed past use over cluster capacity, the largest over resources)", ["queue"],
+                             registry=REGISTRY)
+QUEUE_ENTITLED_SHARE = Gauge("muster_queue_entitled_share", "The dominant share a queue's weight entitles it to among "
+                             "the active queues (itself counted as active)", ["queue"], registry=REGISTRY)
 PLAN_SECONDS = Histogram(
     "muster_plan_seconds",
     "One scheduling cycle's planning on the event loop: deciding (server.scheduling.planner) and encoding its records",

@@ -382,12 +382,15 @@ class Muster:
             await pause(self._stop, 2)
 
     def _queue_gauges(self) -> None:
-        """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share."""
+        """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share (the rank,
+        the dominant share and the entitled share)."""
         seen: set[tuple[str, ...]] = set()
         for row in queue_rows(self.state, time.time(), self.config.fair_share_half_life_s):
             name = row.queue.name
             metrics.QUEUE_PENDING.labels(name).set(row.pending)
             metrics.QUEUE_FAIR_SHARE.labels(name).set(row.share)
+            metrics.QUEUE_DOMINANT_SHARE.labels(name).set(row.dominant)
+            metrics.QUEUE_ENTITLED_SHARE.labels(name).set(row.entitled)
             seen.add((name,))
             for r in row.resources:
                 metrics.QUEUE_ALLOCATED.labels(name, r.resource).set(r.used)
@@ -395,7 +398,8 @@ class Muster:
                 if r.nominal is not None:
                     metrics.QUEUE_NOMINAL.labels(name, r.resource).set(r.nominal)
                 seen.add((name, r.resource))
-        for gauge in (metrics.QUEUE_PENDING, metrics.QUEUE_FAIR_SHARE, metrics.QUEUE_ALLOCATED,
+        for gauge in (metrics.QUEUE_PENDING, metrics.QUEUE_FAIR_SHARE, metrics.QUEUE_DOMINANT_SHARE,
+                      metrics.QUEUE_ENTITLED_SHARE, metrics.QUEUE_ALLOCATED,
                       metrics.QUEUE_BORROWED, metrics.QUEUE_NOMINAL):
             for labels in list(self._gauge_labels.get(id(gauge), set())):
                 if labels not in seen:

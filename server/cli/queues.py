@@ -11,7 +11,7 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import user_errors
 from wire.errors import ConfigError, NotFound
 
-QUEUE_FIELDS = """name description cohort weight pendingCount runningCount fairShare entitledShare
+QUEUE_FIELDS = """name description cohort weight pendingCount runningCount fairShare dominantShare entitledShare
 preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
@@ -129,10 +129,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         for q in (e["node"] for e in data["edges"]):
             nominal, used, borrowed = _gpus(q)
             rows.append([q["name"], q["cohort"] or "-", f"{q['weight']:g}", nominal, used, borrowed,
-                         str(q["pendingCount"]), str(q["runningCount"]), f"{q['fairShare']:.3f}",
-                         f"{q['entitledShare']:.3f}"])
+                         str(q["pendingCount"]), str(q["runningCount"]), f"{q['dominantShare']:.3f}",
+                         f"{q['entitledShare']:.3f}", f"{q['fairShare']:.3f}"])
         out(args, data, rows, ["QUEUE", "COHORT", "WEIGHT", "GPU QUOTA", "GPUS USED", "BORROWED", "PENDING",
-                               "RUNNING", "SHARE", "ENTITLED"])
+                               "RUNNING", "SHARE", "ENTITLED", "RANK"])
 
     return watch(args, render)
 
@@ -150,15 +150,21 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         out(args, q)
         return
     print(f"{q['name']}  cohort {q['cohort'] or '-'}  weight {q['weight']:g}  {q['description']}")
-    print(f"  pending {q['pendingCount']}, running {q['runningCount']}, fair share {q['fairShare']:.3f} "
-          f"(entitled {q['entitledShare']:.3f})")
+    print(f"  pending {q['pendingCount']}, running {q['runningCount']}; dominant share {q['dominantShare']:.3f}, "
+          f"entitled {q['entitledShare']:.3f}; fair-share rank {q['fairShare']:.3f} (share / weight: lowest first)")
     print(f"  preemption: within {'on' if q['preemptWithin'] else 'off'}, reclaim {'on' if q['reclaim'] else 'off'}"
           f", fair share {'on' if q['fairSharePreemption'] else 'off'}; grace {q['preemptGraceSeconds']:g} s, "
           f"min runtime {q['minRuntimeSeconds']:g} s, at most {q['maxPreemptions']} at once")
-    print(f"  time limit: default {q['defaultTimeLimitSeconds']:g} s, max {q['maxTimeLimitSeconds']:g} s (0: none)")
+    print(f"  time limit: {time_limits(q['defaultTimeLimitSeconds'], q['maxTimeLimitSeconds'])}")
     out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),
                    _fmt(r["used"]), _fmt(r["borrowed"]), _fmt(r["lent"])] for r in q["resources"]],
         ["RESOURCE", "NOMINAL", "BORROW LIMIT", "LEND LIMIT", "USED", "BORROWED", "LENT"])
+
+
+def time_limits(default: float, maximum: float) -> str:
+    """A queue's time limits in words (0 is none)."""
+    return (f"{f'{default:g} s' if default else 'none'} by default, "
+            f"{f'at most {maximum:g} s' if maximum else 'no maximum'}")
 
 
 def _mutate(args: argparse.Namespace, name: str) -> int:

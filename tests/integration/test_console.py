@@ -1043,6 +1043,14 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     assert_security_headers(r)
     assert 'id="queue-vision"' in r.text and 'id="queue-default"' in r.text
     assert "gpu:H100" in r.text and "<meter" in r.text and "nominal 1" in r.text
+    # vision holds one GPU of the two (its dominant share), is entitled to half of the
+    # cluster beside the default queue, and ranks by share / weight (1).
+    await eventually(lambda: len(m.state.queue_live.get("vision", ())) == 1, what="v-small placed")
+    r = await c.get("/queues")
+    row = r.text[r.text.index('id="queue-vision"'):]
+    row = row[:row.index("</tr>")]
+    assert ">Fair-share rank</th>" in r.text
+    assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
     r = await c.get("/jobs?queue=vision")
     assert r.status_code == 200 and "v-small" in r.text and "v-big" in r.text and "plain" not in r.text
     assert "in queue vision" in r.text

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.conftest import ROOT, wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
 
@@ -39,7 +41,7 @@ time.sleep(run_s)
 w("done")
 """
 
-QUEUE_Q = """query($n: String!) { queue(name: $n) { name pendingCount runningCount fairShare
+QUEUE_Q = """query($n: String!) { queue(name: $n) { name pendingCount runningCount fairShare dominantShare entitledShare
              resources { resource nominal used borrowed lent } } }"""
 
 
@@ -137,9 +139,9 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     # Two queues of one cohort, one GPU each; created with the CLI.
-    for name in ("research", "prod"):
+    for name, weight in (("research", "2"), ("prod", "1")):
         r = muster(cluster, srv.url, "queue", "create", name, "--cohort", "lab", "--quota", "gpu:H100=1",
-                   "--min-runtime", "0", "--grace", "3")
+                   "--min-runtime", "0", "--grace", "3", "--weight", weight)
         assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "alice", "--role", "operator",
                         "--queues", "research", "--nats", cluster.nats_url], capture_output=True, text=True,
@@ -157,6 +159,25 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     research = api.q(QUEUE_Q, {"n": "research"})["queue"]
     gpu = next(x for x in research["resources"] if x["resource"] == "gpu:H100")
     assert (gpu["used"], gpu["borrowed"]) == (2, 1)
+    # It holds every GPU (its dominant share), alone it is entitled to all of them, and
+    # its weight of 2 halves its fair-share rank; the CLI shows the three in that order.
+    assert (research["dominantShare"], research["entitledShare"], research["fairShare"]) == (1.0, 1.0, 0.5)
+    row = next(line.split() for line in muster(cluster, srv.url, "queue", "list").stdout.splitlines()
+               if line.startswith("research"))
+    assert row[-3:] == ["1.000", "1.000", "0.500"], row
+    # The same on /metrics, per queue (the gauges are refreshed every 2 s).
+    want = {'muster_queue_allocated{queue="research",resource="gpu:H100"}': 2.0,
+            'muster_queue_nominal{queue="research",resource="gpu:H100"}': 1.0,
+            'muster_queue_borrowed{queue="research",resource="gpu:H100"}': 1.0,
+            'muster_queue_pending{queue="research"}': 0.0, 'muster_queue_fair_share{queue="research"}': 0.5,
+            'muster_queue_dominant_share{queue="research"}': 1.0,
+            'muster_queue_entitled_share{queue="research"}': 1.0}
+
+    def gauges() -> dict[str, float]:
+        text = httpx.get(srv.url + "/metrics", timeout=30).text
+        return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines()) if k in want}
+
+    wait_until(lambda: gauges() == want, timeout=30, what=f"research's gauges {want}")
     wait_until(lambda: len([e for e in events(tmp_path) if e["ev"] == "start"]) == 2, timeout=30,
                what="both research tasks started")
     # A queue with work cannot be deleted.

@@ -9,6 +9,7 @@ from server.cli.errors import user_errors
 from server.cli.hosts import host_row
 from server.cli.jobs import submit_command, submit_input, wants
 from server.cli.parser import parse_args
+from server.cli.queues import time_limits
 from wire.errors import ValidationError
 
 
@@ -85,3 +86,9 @@ def test_the_submission_carries_env_cwd_rack_and_disconnect_options_and_only_wha
     bad = parse_args(["job", "submit", "--env", "NOEQUALS", "train", "--", "run"])
     with pytest.raises(ValidationError, match="expected KEY=VALUE"):
         submit_input(bad, ["run"])
+
+
+def test_a_queues_time_limits_in_words() -> None:
+    assert time_limits(0, 0) == "none by default, no maximum"
+    assert time_limits(3600, 86400) == "3600 s by default, at most 86400 s"
+    assert time_limits(0, 600) == "none by default, at most 600 s"

@@ -628,7 +628,13 @@ class Queue:
     def fair_share(self) -> float:
         return self._row.share
 
-    @strawberry.field(description="The dominant share its weight entitles it to among the active queues.")
+    @strawberry.field(description="Dominant share, unweighted: current and decayed past use over the cluster's "
+                                  "capacity, the largest over resources. Compare it with entitledShare.")
+    def dominant_share(self) -> float:
+        return self._row.dominant
+
+    @strawberry.field(description="The dominant share its weight entitles it to among the active queues (itself "
+                                  "counted as active).")
     def entitled_share(self) -> float:
         return self._row.entitled
 
