@@ -486,7 +486,8 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._closed = False
-        self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
+        self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")  # the library has version 2
+        self._memory_v1_only: set[int] = set()  # GPUs whose driver answered version 2 with an error
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -631,9 +632,10 @@ class NvmlBackend:
     def _memory_used(self, i: int, handle: Any) -> int | None:
         """Bytes of GPU memory in use, as nvidia-smi counts them: NVML's version 2 figure,
         without the memory the driver reserves (version 1's `used` includes it: 615 MB on
-        an idle H200). Falls back to version 1 where the library or driver lacks version 2."""
+        an idle H200). Falls back to version 1 where the library lacks version 2 (for every
+        GPU) or the driver refuses it for a GPU (for that GPU: a host may mix GPUs)."""
         nv = self._nv
-        if self._memory_v2:
+        if self._memory_v2 and i not in self._memory_v1_only:
             try:
                 return int(nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2).used)
             except TypeError:  # a pynvml without the version argument
@@ -641,8 +643,8 @@ class NvmlBackend:
             except nv.NVMLError as exc:
                 if self._fault_if_lost(i, exc):
                     return None
-                log.info("NVML memory info version 2 unavailable (%s): reading version 1", exc)
-                self._memory_v2 = False
+                log.info("NVML memory info version 2 unavailable for GPU %d (%s): reading version 1", i, exc)
+                self._memory_v1_only.add(i)
         mem = self._try(f"memory{i}", nv.nvmlDeviceGetMemoryInfo, handle, gpu=i)
         return int(mem.used) if mem is not None else None
 

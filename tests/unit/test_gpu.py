@@ -463,12 +463,17 @@ def test_nvml_event_wait_error_does_not_raise() -> None:
 
 
 def test_nvml_memory_falls_back_to_version_1_once_where_version_2_is_missing() -> None:
-    fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 2)
-    fake.fail["memory_v2"] = fake.NVML_ERROR_NOT_SUPPORTED
+    """Version 1 counts the driver's reserve (1000 MB and up here), version 2 does not
+    (500 and up); a GPU whose driver refuses version 2 is read with version 1 from then
+    on, and the host's other GPUs still with version 2."""
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 3)
+    fake.fail["memory_v2:0"] = fake.NVML_ERROR_NOT_SUPPORTED
     backend = NvmlBackend(nvml=fake)
-    assert [u.mem_used_mb for u in backend.usage()] == [1000, 1001]
-    del fake.fail["memory_v2"]
-    assert [u.mem_used_mb for u in backend.usage()] == [1000, 1001]  # version 2 not asked again
+    assert [u.mem_used_mb for u in backend.usage()] == [1000, 501, 502]
+    del fake.fail["memory_v2:0"]
+    assert [u.mem_used_mb for u in backend.usage()] == [1000, 501, 502]  # version 2 not asked again of GPU 0
+    fake.fail["memory_v2"] = fake.NVML_ERROR_NOT_SUPPORTED
+    assert [u.mem_used_mb for u in NvmlBackend(nvml=fake).usage()] == [1000, 1001, 1002]
     old = FakeNvml(["NVIDIA H100 80GB HBM3"])
     old.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=81559 << 20, used=(1000 + h) << 20, free=0)
     assert [u.mem_used_mb for u in NvmlBackend(nvml=old).usage()] == [1000]  # a pynvml without versions
