@@ -86,7 +86,14 @@ class VictimIndex:
         for (priority, _size), group in self._groups.get(queue, {}).items():
             if below is not None and priority >= below:
                 continue
-            at = group.bisect_left((now - min_runtime_s,))
+            # The first that has run less than the minimum, by the test `cheapest` makes
+            # (now - started < min_runtime_s: one that has run it exactly may be stopped),
+            # from a little before it, as floating point may put it on either side.
+            at = group.bisect_left((now - min_runtime_s - 1.0,))
+            for started, _submitted, _job_id in group.islice(at):
+                if now - started < min_runtime_s:
+                    break
+                at += 1
             if at < len(group):
                 count += len(group) - at
                 due = group[at][0] + min_runtime_s - now

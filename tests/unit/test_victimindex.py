@@ -43,15 +43,24 @@ record = st.builds(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(record, st.integers(0, 9)), max_size=40),
-       st.sampled_from([10.0, 10.3, 12.0, 1e9]), st.sampled_from([0.0, 0.0, 2.0, 8.3, 9.8]))
-def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: float, min_runtime_s: float) -> None:
+       st.sampled_from([10.0, 10.3, 12.0, 1e9]), st.sampled_from([0.0, 0.0, 2.0, 5.0, 8.3, 9.8]),
+       st.sampled_from([None, 1]))
+def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: float, min_runtime_s: float,
+                                                          below: int | None) -> None:
     """Records set (a job) and dropped (an index) in any order, a job's queue, priority,
-    size, start and state changing between its records."""
+    size, start and state changing between its records. The jobs still too young to be
+    stopped (`young`) are exactly the others: a job that has run the minimum runtime
+    exactly (a start of 5.0 at 10.0 with 5.0) may be stopped, and is not young."""
     state = ClusterState()
     for step in steps:
         set_or_drop(state, step)
     for q in ("a", "b"):
         assert list(state.victims.cheapest(q, now, min_runtime_s)) == afresh(state.jobs, q, now, min_runtime_s)
+        starts = [f[0] for j in state.jobs.values() if j.spec.queue == q and (f := stoppable(j)) is not None
+                  and (below is None or j.spec.priority < below) and now - f[0] < min_runtime_s]
+        count, first = state.victims.young(q, now, min_runtime_s, below)
+        assert count == len(starts)
+        assert first == (min(starts) + min_runtime_s - now if starts else None)
     assert set(state.victims.facts) == {j.id for j in state.jobs.values() if stoppable(j) is not None}
 
 
