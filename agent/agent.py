@@ -214,6 +214,10 @@ class Agent:
         self._fault_at = 0.0
         self._hb_wake = asyncio.Event()
         self._hb_stored = asyncio.Event()  # set each time the store takes a heartbeat
+        # Shutting down: heartbeats say so (nothing more is placed here), and no new
+        # attempt is started; set once the store has taken a heartbeat that says so.
+        self.leaving = False
+        self._leaving_stored = asyncio.Event()
         # The assignment's counts of operators' clears of each GPU's fault mark (None: no
         # assignment read yet; the first one read is where this agent starts from).
         self._gpu_clears: dict[int, int] | None = None
@@ -398,6 +402,7 @@ class Agent:
             last_fence_s=round(self.last_fence_s, 3),
             fence_continued=self.fence_continued,
             fence_stopped=self.fence_stopped,
+            leaving=self.leaving,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -426,6 +431,8 @@ class Agent:
                 ack = await self.store.js.publish(subject, data, headers=headers, timeout=min(2.0, interval))
                 self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
                 self._hb_stored.set()
+                if hb.leaving:
+                    self._leaving_stored.set()
                 self._unacked.clear()
                 failures = 0
                 self._touch_alive()
@@ -626,6 +633,12 @@ class Agent:
             # read when heartbeats resume (or the leader's resend of the same revision)
             # starts what it lists, which would otherwise stay PLACED for good.
             return
+        if self.leaving:
+            # Shutting down: what the leader placed before it read that this host is
+            # leaving stays assigned, unstarted. This agent's next start runs it (it was
+            # never seen); if the host does not come back, it is replaced when it is lost.
+            # Started now, it would outlive the agent with no one to stop or report it.
+            return
         self.applied_seq = max(self.applied_seq, seq)
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
@@ -811,8 +824,15 @@ class Agent:
         await self.shutdown(tasks, sub)
 
     async def shutdown(self, tasks: list[asyncio.Task[None]], sub: object) -> None:
-        """Stop heartbeating, stop running attempts (they are reported KILLED), deliver
-        the last reports, drain the connection."""
+        """Say in a heartbeat that this host is leaving (the leader places nothing more on
+        it, and no new attempt starts here), stop heartbeating, stop running attempts
+        (they are reported KILLED), deliver the last reports, drain the connection."""
+        self.leaving = True
+        self._hb_wake.set()
+        try:  # without a link the leader learns it when the key expires
+            await asyncio.wait_for(self._leaving_stored.wait(), timeout=min(5.0, 2 * self.config.heartbeat_interval_s))
+        except TimeoutError:
+            log.warning("shutting down before a heartbeat saying so was stored")
         self._stop.set()
         self._hb_wake.set()
         self._hb_stored.set()

@@ -133,6 +133,8 @@ class Heartbeat(_Model):
     last_fence_s: float = Field(default=0.0, ge=0)
     fence_continued: int = Field(default=0, ge=0)
     fence_stopped: int = Field(default=0, ge=0)
+    # The agent is shutting down: it starts no new attempt, so nothing is placed on it.
+    leaving: bool = False
 
     @field_validator("labels")
     @classmethod
@@ -150,7 +152,8 @@ SHAPE_HEADER = "Muster-Shape"
 
 def shape_digest(hb: Heartbeat) -> str:
     """A digest of what placement needs from a heartbeat (GPUs, their health, CPU, RAM,
-    labels, boot), and of the fence counters, so that a fence is seen when it is over.
+    labels, boot, whether the agent is shutting down), and of the fence counters, so that
+    a fence is seen when it is over.
     Sent as the `Muster-Shape` header so the control plane can take a heartbeat with an
     unchanged shape as liveness alone, without decoding it."""
     import hashlib
@@ -164,6 +167,8 @@ def shape_digest(hb: Heartbeat) -> str:
         parts += [f"isolated={hb.isolated}", hb.isolation]
     if hb.fences or hb.fence_continued or hb.fence_stopped:  # (a host that never fenced: unchanged)
         parts.append(f"fences={hb.fences}/{hb.fence_continued}/{hb.fence_stopped}")
+    if hb.leaving:  # (a host not shutting down: unchanged)
+        parts.append("leaving")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
 
 

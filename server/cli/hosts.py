@@ -60,8 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
-           edges { node { id health cordoned draining simulated gpus gpuModel gpusAllocated gpuUtilPct cpus memoryMb
-           labels { key value } } } } }"""
+           edges { node { id health cordoned draining leaving simulated gpus gpuModel gpusAllocated gpuUtilPct cpus
+           memoryMb labels { key value } } } } }"""
     flt: dict[str, Any] = {k: v for k, v in (
         ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
         ("rack", args.rack), ("zone", args.zone), ("gpuModel", args.gpu_model), ("label", args.label),
@@ -80,7 +80,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    q = """query($id: ID!) { host(id: $id) { id health cordoned draining simulated gpus gpuModel gpusAllocated
+    q = """query($id: ID!) { host(id: $id) { id health cordoned draining leaving simulated gpus gpuModel gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
@@ -96,6 +96,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         out(args, h)
         return 0
     flags = " ".join(f for f, on in (("CORDONED", h["cordoned"]), ("DRAINING", h["draining"]),
+                                      ("LEAVING", h["leaving"]),
                                       ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
                      if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
@@ -160,10 +161,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def host_row(n: dict[str, Any]) -> list[str]:
-    """One host of `host list`: a draining host says DRAINING (it is cordoned too)."""
+    """One host of `host list`: a draining host says DRAINING (it is cordoned too); one whose
+    agent is shutting down, LEAVING."""
     return [
         n["id"],
-        n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else ""),
+        n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else "")
+        + (" LEAVING" if n.get("leaving") else ""),
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
         f"{n['gpuUtilPct']}%",
         str(n["cpus"]),

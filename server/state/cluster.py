@@ -311,7 +311,7 @@ class ClusterState:
             self.faulted_gpus.pop(host_id, None)
         cap = HostCapacity(
             id=host_id,
-            schedulable=entry.present,
+            schedulable=entry.present and not hb.leaving,  # an agent shutting down starts nothing
             cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
             gpu_models=models,
             unhealthy_gpus=unhealthy,
@@ -352,7 +352,7 @@ class ClusterState:
             return None
         return (tuple((g.index, g.model) for g in hb.gpus),
                 tuple(u.index for u in hb.gpu_usage if not u.healthy), hb.cpus, hb.memory_mb,
-                tuple(sorted(hb.labels.items())))
+                tuple(sorted(hb.labels.items())), hb.leaving)
 
     # ------------------------------------------------------------ feeding
 

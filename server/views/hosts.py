@@ -84,6 +84,8 @@ class HostRow:
     last_fence_s: float = 0.0
     fence_continued: int = 0
     fence_stopped: int = 0
+    # The agent is shutting down (wire.messages.Heartbeat.leaving): nothing new is placed.
+    leaving: bool = False
     # What the row was built from (identity), and the raw heartbeat its usage came from.
     _heartbeat: object = None
     _alloc: object = None
@@ -508,7 +510,7 @@ class HostTable:
             tasks=len(alloc.tasks) if alloc is not None else 0,
             isolated=hb.isolated, isolation=hb.isolation,
             fences=hb.fences, last_fence_s=hb.last_fence_s, fence_continued=hb.fence_continued,
-            fence_stopped=hb.fence_stopped,
+            fence_stopped=hb.fence_stopped, leaving=hb.leaving,
             _heartbeat=hb, _alloc=alloc, _cfg=cfg,
         )
         _usage_from(row, hb)

@@ -303,3 +303,92 @@ async def test_a_task_that_fails_with_its_gpu_is_reported_with_the_fault_after_a
             assert agent.gpu_faults == {0: "xid 79: GPU has fallen off the bus"}
     finally:
         await nc.close()
+
+
+HOLD_ON_STOP = """
+import os, signal, sys, time
+def stop(*_):
+    open(sys.argv[1], "a").write("stop\\n")
+    while not os.path.exists(sys.argv[2]):  # the test says when to exit
+        time.sleep(0.05)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1], "a").write("start\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
+        nats_url: str, tmp_path: Path) -> None:
+    """A clean shutdown first stores a heartbeat saying the host is leaving (the leader
+    places nothing more on it), then stops the running attempts. An assignment that
+    arrives meanwhile (the leader placed it before it read that heartbeat) is not started:
+    started, it would outlive the agent with nobody to stop or report it. The agent's next
+    start runs it, once."""
+    import sys
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
+    release = tmp_path / "release"
+    a = task("j-a", command=[sys.executable, "-c", HOLD_ON_STOP, str(logs["a"]), str(release)], cpus=1,
+             memory_mb=64, term=1)
+    b = task("j-b", command=[sys.executable, "-c", HOLD_ON_STOP, str(logs["b"]), str(release)], cpus=1,
+             memory_mb=64, term=1)
+    cfg = dict(nats_url=nats_url, host_id="lv-1", simulate_gpus="1xH100", state_dir=tmp_path / "agent", cpus=4,
+               memory_mb=4096, run_as=ME, heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5,
+               kill_grace_s=120.0)
+
+    async def stored_heartbeat() -> Heartbeat | None:
+        try:
+            rec = await store.get("lv-1", bucket=subjects.HOSTS_BUCKET)
+        except Exception:  # noqa: BLE001 - not stored yet
+            return None
+        return decode(Heartbeat, rec.value) if rec.value else None
+
+    try:
+        agent = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a], term=1)))
+        await eventually(lambda: logs["a"].exists() and "start" in logs["a"].read_text(), timeout=60,
+                         what="attempt a running")
+        hb = await stored_heartbeat()
+        assert hb is not None and not hb.leaving
+
+        stop.set()  # the agent's clean shutdown begins
+        for _ in range(600):
+            hb = await stored_heartbeat()
+            if hb is not None and hb.leaving:
+                break
+            await asyncio.sleep(0.05)
+        assert hb is not None and hb.leaving, "no heartbeat saying the host is leaving"
+        await eventually(lambda: "stop" in logs["a"].read_text(), timeout=60, what="attempt a told to stop")
+        # a is in its grace (held by the test); a placement made before the leader read
+        # the heartbeat arrives now.
+        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a, b], term=1)))
+        await eventually(lambda: b.attempt_id in agent._assigned, timeout=60, what="the assignment of b read")
+        release.touch()
+        await asyncio.wait_for(run, timeout=60)
+        assert not logs["b"].exists() and b.attempt_id not in agent.seen  # never started
+        assert logs["a"].read_text().split() == ["start", "stop"]
+
+        # The agent's next start runs b, which it never started.
+        release.unlink()
+        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [b], term=1)))
+        again = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
+        stop2 = asyncio.Event()
+        run2 = asyncio.create_task(again.run(stop2))
+        try:
+            await eventually(lambda: logs["b"].exists() and "start" in logs["b"].read_text(), timeout=60,
+                             what="attempt b started by the next agent")
+            assert b.attempt_id in again.seen
+        finally:
+            release.touch()
+            stop2.set()
+            await asyncio.wait_for(run2, timeout=60)
+        assert logs["b"].read_text().split() == ["start", "stop"]  # started once
+    finally:
+        await nc.close()

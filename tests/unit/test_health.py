@@ -12,6 +12,7 @@ from server.scheduling import retry
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig
+from server.views.hosts import HostTable
 from tests.factories import T0, heartbeat_record, host_alloc, job, job_spec, task
 from wire.errors import ConfigError
 from wire.messages import Attempt, AttemptState, Job, JobState, encode
@@ -90,6 +91,26 @@ def test_stale_seen_at_makes_host_suspect() -> None:
     s.apply_host_record(heartbeat_record("h1", 2, shape=False), now=T0 + 11)
     assert s.health("h1", now=T0 + 11) is Health.HEALTHY
     assert s.capacities(now=T0 + 11)["h1"].schedulable is True
+
+
+def test_a_host_whose_agent_is_leaving_takes_no_new_work_and_is_shown_leaving() -> None:
+    """The agent's shutdown heartbeat (`leaving`) changes the heartbeat's shape, so the
+    server decodes it although its GPUs, CPU and memory are unchanged; the host stays
+    HEALTHY (it still heartbeats) but nothing is placed on it."""
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(heartbeat_record("h1", 1), now=T0)
+    assert s.capacities(now=T0)["h1"].schedulable is True
+    s.apply_host_record(heartbeat_record("h1", 2, seq=2, leaving=True), now=T0 + 1)
+    assert s.health("h1", now=T0 + 1) is Health.HEALTHY
+    cap = s.capacities(now=T0 + 1)["h1"]
+    assert cap.schedulable is False and check(job_spec(), cap)[0] == NOT_HEALTHY
+    row = HostTable(s).row("h1", T0 + 1)
+    assert row is not None and row.leaving
+    # The agent started again: a heartbeat without the mark.
+    s.apply_host_record(heartbeat_record("h1", 3, seq=1, boot_id="b2"), now=T0 + 2)
+    assert s.capacities(now=T0 + 2)["h1"].schedulable is True
+    row = HostTable(s).row("h1", T0 + 2)
+    assert row is not None and not row.leaving
 
 
 def test_tombstone_makes_host_lost_and_notifies() -> None:

@@ -113,6 +113,9 @@ class Host:
     fence_stopped: int = strawberry.field(
         default=0, description="Attempts frozen by those fences and stopped (the key changed, or no answer "
         "before the deadline)")
+    leaving: bool = strawberry.field(
+        default=False, description="The host's agent is shutting down: it starts nothing new and nothing is "
+        "placed on it (until it starts again, or its heartbeat expires and the host is lost)")
 
     @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
                                   "isolated) or MIG instances.")
@@ -130,7 +133,7 @@ class Host:
             cpu_pct=r.cpu_pct, memory_mb=r.memory_mb, mem_used_mb=r.mem_used_mb,
             last_seen=ts(r.last_seen), tasks=r.tasks, isolated=r.isolated, isolation=r.isolation,
             fences=r.fences, last_fence_seconds=r.last_fence_s, fence_continued=r.fence_continued,
-            fence_stopped=r.fence_stopped,
+            fence_stopped=r.fence_stopped, leaving=r.leaving and r.present,
         )
 
     @staticmethod
