@@ -15,7 +15,7 @@ from wire.errors import NotFound, ValidationError
 JOB_FIELDS = """id name state user queue timeLimitSeconds command replicas gpus gpuModel gpuModels sameModel gpuShare
 gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason endReason queuePosition
 pendingReasons { reason hosts kind detail }
-attempts { id number state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
+attempts { id number task state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
 reason }"""
 
 
@@ -228,10 +228,15 @@ def show(args: argparse.Namespace) -> None:
         where = (f"MIG {','.join(a['migInstances'])}" if a["migInstances"] else
                  f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
                  f"GPUs {a['gpuIndices']}")
-        print(f"  attempt {a['number']} on {a['host']['id']} {where}: {a['state']}"
+        print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
               f" exit={a['exitCode']} {a['reason']}")
         if a["outputTail"]:
             print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+
+
+def task_of(job: dict[str, Any], attempt: dict[str, Any]) -> str:
+    """' task N' for an attempt of a gang's task (numbered from 0), '' for a single task."""
+    return f" task {attempt['task']}" if job.get("replicas", 1) > 1 else ""
 
 
 def wants(job: dict[str, Any]) -> str:
@@ -256,7 +261,7 @@ def wants_gpu(job: dict[str, Any]) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    job = gql("""query($id: ID!) { job(id: $id) { id state attempts { number task state host { id }
+    job = gql("""query($id: ID!) { job(id: $id) { id state replicas attempts { number task state host { id }
                  exitCode outputTail } } }""", {"id": args.id})["job"]
     if job is None:
         raise NotFound(f"no job {args.id}")
@@ -266,8 +271,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not job["attempts"]:
         print(f"job {job['id']} is {job['state']} and has not run yet", file=sys.stderr)
     for a in job["attempts"]:
-        task = f" task {a['task']}" if a["task"] else ""
-        print(f"==> attempt {a['number']}{task} on {a['host']['id']}: {a['state']}"
+        print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
               + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
         if a["outputTail"]:
             print(a["outputTail"].rstrip("\n"))

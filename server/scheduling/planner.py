@@ -319,8 +319,8 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
     if live:
         # One gang task failed: stop the rest; the decision waits until they are gone.
         for t in live:
-            _stop_tasks(w.alloc(t.host_id), {t.id})
             t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
+            _stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
         w.plan.events.append(_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
         return
     # The try is over. A gang retries only for infrastructure reasons if every task
@@ -364,8 +364,8 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     for live in [t for t in job.current_tasks() if not t.state.terminal]:
         # The task keeps its allocation, marked to stop, until the agent reports the
         # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
-        _stop_tasks(w.alloc(live.host_id), {live.id})
         live.reason = clip_start(job.cancel_reason, text_limits(job.spec)[1])
+        _stop_tasks(w.alloc(live.host_id), {live.id}, live.reason)
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
 
 
@@ -490,7 +490,7 @@ def drain_due(w: _Work, now: float) -> None:
         cur = w.state.allocs.get(host_id)
         if cur is None or all(t.stop for t in cur.tasks):
             continue
-        _stop_tasks(w.alloc(host_id), None)
+        _stop_tasks(w.alloc(host_id), None, f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else ""))
 
 
 def pass_gpu_clears(w: _Work) -> None:
@@ -537,8 +537,8 @@ def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
     if job is None or job.state.terminal:
         return
     for t in [t for t in job.current_tasks() if not t.state.terminal]:
-        _stop_tasks(w.alloc(t.host_id), {t.id})
         t.reason = t.reason or "the job's records could not be written"
+        _stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
     job.state = JobState.FAILED
     job.end_reason = clip_start(why, CANCEL_REASON_MAX)
     job.updated_at = now

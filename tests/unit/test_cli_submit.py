@@ -7,7 +7,7 @@ import pytest
 
 from server.cli.errors import user_errors
 from server.cli.hosts import host_row
-from server.cli.jobs import submit_command, submit_input, wants
+from server.cli.jobs import submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
 from wire.errors import ValidationError
@@ -93,3 +93,9 @@ def test_a_queues_time_limits_in_words() -> None:
     assert time_limits(0, 0) == "none by default, no maximum"
     assert time_limits(3600, 86400) == "3600 s by default, at most 86400 s"
     assert time_limits(0, 600) == "none by default, at most 600 s"
+
+
+def test_a_gangs_attempts_say_their_task_from_task_0() -> None:
+    gang, single = {"replicas": 2}, {"replicas": 1}
+    assert [task_of(gang, {"task": t}) for t in (0, 1)] == [" task 0", " task 1"]
+    assert task_of(single, {"task": 0}) == ""

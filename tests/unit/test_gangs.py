@@ -113,7 +113,7 @@ def test_one_failed_task_stops_the_gang_and_it_fails_as_one() -> None:
     job = w.job("g")
     assert job.state is JobState.RUNNING
     stops = [t for a in w.state.allocs.values() for t in a.tasks]
-    assert len(stops) == 2 and all(t.stop for t in stops)
+    assert len(stops) == 2 and all(t.stop and t.stop_reason == "gang task 1 ended FAILED" for t in stops)
     w.cycle(reports=[w.report("g", 0, AttemptState.KILLED), w.report("g", 2, AttemptState.KILLED)])
     assert w.job("g").state is JobState.FAILED
     assert w.used_gpus() == 0

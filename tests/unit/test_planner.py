@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle, queue_order
-from server.state.cluster import ClusterState
+from server.state.cluster import ClusterState, HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job
 from wire.messages import Attempt, AttemptState, Command, HostAlloc, Job, JobState, StatusReport, encode
@@ -573,6 +573,7 @@ def test_cancel_running_job_holds_capacity_until_killed(w: World) -> None:
     assert job.attempts[0].reason == "cancelled by alice"
     tasks = w.tasks("h1")
     assert len(tasks) == 1 and tasks[0].attempt_id == "j1.1" and tasks[0].stop is True
+    assert tasks[0].stop_reason == "cancelled by alice"  # what the agent reports the attempt ended for
     assert "next" not in plan.jobs  # the GPUs are still held
     assert w.cycle().placed == 0
     # The agent reports the process gone: capacity is freed and reused at once.
@@ -584,6 +585,20 @@ def test_cancel_running_job_holds_capacity_until_killed(w: World) -> None:
     assert [e.kind for e in plan.events][0] == "attempt.stopped"
     assert plan.jobs["next"].state is JobState.PLACED
     assert [t.attempt_id for t in w.tasks("h1")] == ["next.1"]
+
+
+def test_a_drain_past_its_deadline_stops_the_hosts_tasks_saying_so(w: World) -> None:
+    placed(w, "j1", gpus=8)
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
+    cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW - 1, reason="reboot", by="alice")
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+    w.cycle()
+    tasks = w.tasks("h1")
+    assert [(t.attempt_id, t.stop, t.stop_reason) for t in tasks] == [("j1.1", True, "host h1 drained: reboot")]
+    # The agent stops the task and reports the task's stop reason as the attempt's.
+    killed = report(w, "j1", AttemptState.KILLED).model_copy(update={"reason": tasks[0].stop_reason})
+    plan = w.cycle(reports=[killed])
+    assert plan.jobs["j1"].attempts[0].reason == "host h1 drained: reboot"
 
 
 def test_cancel_of_terminal_or_unknown_job_is_ignored(w: World) -> None:
