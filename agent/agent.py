@@ -68,6 +68,8 @@ from wire.messages import (
     AttemptState,
     Heartbeat,
     HostAlloc,
+    OutputReply,
+    OutputRequest,
     StatusReport,
     Task,
     decode,
@@ -579,6 +581,22 @@ class Agent:
         seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
         await self.reconcile(alloc, seq)
 
+    async def _on_output_request(self, msg: Msg) -> None:
+        """Answer an API replica's question for a running attempt's output so far."""
+        try:
+            req = decode(OutputRequest, msg.data)
+        except DecodeError as exc:
+            self.dropped += 1
+            log.warning("dropped output request: %s", exc)
+            return
+        run = self.runs.get(req.attempt_id)
+        reply = OutputReply(attempt_id=req.attempt_id, running=run is not None,
+                            output_tail=run.tail if run is not None else "", ts=time.time())
+        try:
+            await msg.respond(encode(reply))
+        except Exception as exc:  # noqa: BLE001 - the asker is gone, or the link is down
+            log.info("output request not answered: %s", exc)
+
     async def _refresh_assignments(self) -> None:
         assert self.store is not None
         try:
@@ -812,6 +830,8 @@ class Agent:
         self.store = Store(nc)
         sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
                                  pending_msgs_limit=10_000)
+        await nc.subscribe(subjects.output_subject(self.config.host_id), cb=self._on_output_request,
+                           pending_msgs_limit=1_000)
         await self._refresh_assignments()
         tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),

@@ -57,7 +57,10 @@ from wire.messages import (
     Job,
     JobSpec,
     JobState,
+    OutputReply,
+    OutputRequest,
     Queue,
+    decode,
     encode,
     implicit_default_queue,
     new_id,
@@ -586,6 +589,19 @@ class Muster:
             await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cancel: {exc}") from exc
+
+    async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> OutputReply | None:
+        """A running attempt's output so far, asked of its host's agent; None when the agent
+        does not answer in time (gone, cut off, or an agent from before this request)."""
+        assert self.store is not None
+        try:
+            msg = await self.store.nc.request(subjects.output_subject(host_id),
+                                              encode(OutputRequest(attempt_id=attempt_id)), timeout=timeout_s)
+            reply = decode(OutputReply, msg.data)
+        except Exception as exc:  # noqa: BLE001 - no responders, a timeout, a reply that does not decode
+            log.info("no output from %s for %s: %s", host_id, attempt_id, exc)
+            return None
+        return reply if reply.attempt_id == attempt_id else None
 
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""

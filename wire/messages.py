@@ -484,6 +484,28 @@ class StatusReport(_Model):
     gpu_fault: str = Field(default="", max_length=512)
 
 
+# ---------------------------------------------------------------- api <-> agent
+
+
+class OutputRequest(_Model):
+    """A running attempt's output so far, asked of its host's agent (`muster.output.<host>`)."""
+
+    v: Literal[1] = 1
+    attempt_id: str = Field(max_length=128)
+
+
+class OutputReply(_Model):
+    """The agent's answer: the last bytes its process wrote (stdout and stderr, as the
+    final report's `output_tail` keeps them); `running` false when the agent runs no such
+    attempt (it ended, or never ran here)."""
+
+    v: Literal[1] = 1
+    attempt_id: str = Field(max_length=128)
+    running: bool
+    output_tail: str = Field(default="", max_length=16384)
+    ts: float
+
+
 # ---------------------------------------------------------------- api -> leader
 
 

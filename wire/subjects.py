@@ -25,6 +25,9 @@ ASSIGN_PREFIX = "muster.assign"
 # Agents report attempt state on this JetStream subject (stream STATUS).
 STATUS_STREAM = "STATUS"
 STATUS_PREFIX = "muster.status"
+# API replicas ask a host's agent for a running attempt's output so far (core NATS,
+# request-reply: OutputRequest, answered with OutputReply).
+OUTPUT_PREFIX = "muster.output"
 # API replicas send commands to the leader (stream CMDS).
 CMDS_STREAM = "CMDS"
 CMDS_PREFIX = "muster.cmd"
@@ -84,6 +87,10 @@ def kv_subject(bucket: str, key: str) -> str:
 
 def assign_subject(host_id: str) -> str:
     return f"{ASSIGN_PREFIX}.{host_id}"
+
+
+def output_subject(host_id: str) -> str:
+    return f"{OUTPUT_PREFIX}.{host_id}"
 
 
 def status_subject(host_id: str) -> str:

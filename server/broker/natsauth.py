@@ -20,8 +20,10 @@ Permissions:
 - agent <host>: publish its heartbeat `$KV.hosts.<host>`, its status reports
   `muster.status.<host>` and the direct get of its own `alloc.<host>` record and of its
   own heartbeat key (to recognise a heartbeat whose acknowledgement was lost); subscribe
-  to its assignments `muster.assign.<host>` and to its own inbox `_INBOX_<host>.>` (where
-  JetStream acks and direct-get replies come). Nothing else.
+  to its assignments `muster.assign.<host>`, to `muster.output.<host>` (an API replica
+  asking for a running attempt's output; one answer per request is allowed) and to its
+  own inbox `_INBOX_<host>.>` (where JetStream acks and direct-get replies come). Nothing
+  else.
 - subscriber: subscribe to `alerts.>` and `muster.events.>`; publish nothing.
 """
 
@@ -55,8 +57,11 @@ def agent_permissions(host_id: str) -> dict[str, Any]:
             ]
         },
         "subscribe": {
-            "allow": [subjects.assign_subject(host_id), subjects.agent_inbox_prefix(host_id) + ".>"]
+            "allow": [subjects.assign_subject(host_id), subjects.output_subject(host_id),
+                      subjects.agent_inbox_prefix(host_id) + ".>"]
         },
+        # One answer to each request it receives (its running attempts' output).
+        "allow_responses": {"max": 1},
     }
 
 

@@ -46,8 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_watch(jsh)
     jsh.set_defaults(fn=cmd_show)
 
-    jlg = jsub.add_parser("logs", help="the output tail of each attempt")
+    jlg = jsub.add_parser("logs", help="the output of each attempt: its last 4 KB, asked of the agent while it runs")
     jlg.add_argument("id")
+    jlg.add_argument("-f", "--follow", action="store_true",
+                     help="keep printing new output every 2 s until the job ends (Ctrl-C to stop)")
     add_output(jlg)
     jlg.set_defaults(fn=cmd_logs)
 
@@ -260,22 +262,71 @@ def wants_gpu(job: dict[str, Any]) -> str:
     return what + (" (one model for the gang)" if job.get("sameModel") else "")
 
 
+LOGS_QUERY = """query($id: ID!) { job(id: $id) { id state replicas attempts { number task state host { id }
+                exitCode outputTail liveOutput } } }"""
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
-    job = gql("""query($id: ID!) { job(id: $id) { id state replicas attempts { number task state host { id }
-                 exitCode outputTail } } }""", {"id": args.id})["job"]
-    if job is None:
-        raise NotFound(f"no job {args.id}")
+    """Each attempt's output: the tail its final report kept, or, while it runs, what its
+    agent has so far. With --follow, the new output every 2 s until the job ends."""
+    job = _logs(args.id)
     if args.output == "json":
         out(args, job["attempts"])
         return 0
-    if not job["attempts"]:
+    if not job["attempts"] and not args.follow:
         print(f"job {job['id']} is {job['state']} and has not run yet", file=sys.stderr)
-    for a in job["attempts"]:
-        print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
-              + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
-        if a["outputTail"]:
-            print(a["outputTail"].rstrip("\n"))
-    return 0
+    shown: dict[tuple[int, int], tuple[str, str]] = {}  # attempt (number, task) -> (state, output shown)
+    try:
+        while True:
+            for a in job["attempts"]:
+                key = (a["number"], a["task"])
+                text = a["outputTail"] if a["state"] not in ("PLACED", "RUNNING") else (a["liveOutput"] or "")
+                before = shown.get(key)
+                if before is None:
+                    print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
+                          + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+                    if a["state"] == "RUNNING" and a["liveOutput"] is None:
+                        print("(its agent did not answer: no output yet)", file=sys.stderr)
+                more = new_output(before[1] if before else "", text)
+                if more:
+                    print(more, end="" if more.endswith("\n") else "\n")
+                if before is not None and before[0] != a["state"] and a["state"] not in ("PLACED", "RUNNING"):
+                    print(f"==> attempt {a['number']}{task_of(job, a)}: {a['state']}"
+                          + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+                shown[key] = (a["state"], text)
+            sys.stdout.flush()
+            if not args.follow or job["state"] in TERMINAL:
+                return 0
+            time.sleep(2)
+            job = _logs(args.id)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _logs(job_id: str) -> dict[str, Any]:
+    job = gql(LOGS_QUERY, {"id": job_id})["job"]
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def new_output(before: str, now: str) -> str:
+    """What `now` (an output tail: the last few KB of a process's output) adds to `before`
+    (an earlier tail of the same output): the part after where `before` ends in it. When
+    `before` is not in `now` at all, more was written between the two than a tail holds:
+    a line says so, then the whole of `now`. Output that repeats itself exactly for a
+    kilobyte may be taken as already shown."""
+    if not before:
+        return now
+    if now == before:
+        return ""
+    for n in (1024, 128):  # the end of what was shown; a shorter one when the tail slid far
+        anchor = before[-n:]
+        at = now.rfind(anchor)
+        if at >= 0:
+            return now[at + len(anchor):]
+    return "[... output skipped: more than a tail was written meanwhile ...]\n" + now
 
 
 def cmd_why(args: argparse.Namespace) -> int:

@@ -147,6 +147,61 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 1 and "error: cannot reach" in r.stderr, r.stderr
 
 
+PHASES = """
+import os, sys, time
+for i in range(3):
+    print(f"first {i}", flush=True)
+while not os.path.exists(sys.argv[1]):  # the test says when to go on
+    time.sleep(0.05)
+for i in range(3):
+    print(f"second {i}", flush=True)
+"""
+
+
+def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Cluster) -> None:
+    """`liveOutput` is what the running attempt has written so far, asked of its agent;
+    `job logs -f` prints each new line once, then the end, and exits with the job."""
+    srv = cluster.server()
+    cluster.agent("out-1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    go = cluster.tmp / "go"
+    job_id = api.submit(name="phases", command=[sys.executable, "-c", PHASES, str(go)])["job"]["id"]
+    q = """query($id: ID!) { job(id: $id) { state attempts { state outputTail liveOutput } } }"""
+
+    def live() -> str:
+        a = api.q(q, {"id": job_id})["job"]["attempts"]
+        return (a[0]["liveOutput"] or "") if a else ""
+
+    wait_until(lambda: "first 2" in live(), timeout=60, what="the first lines in liveOutput")
+    assert live() == "first 0\nfirst 1\nfirst 2\n"
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", "job", "logs", "-f", job_id], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    deadline = threading.Timer(120, p.kill)
+    deadline.start()
+    try:
+        seen = ""
+        while "first 2" not in seen:
+            line = p.stdout.readline()
+            assert line, f"logs -f ended before the first lines: {seen!r}"
+            seen += line
+        go.touch()
+        rest, err = p.communicate(timeout=90)
+    finally:
+        deadline.cancel()
+    assert p.returncode == 0, err
+    lines = (seen + rest).splitlines()
+    assert lines[0].startswith("==> attempt 1 on out-1: RUNNING"), lines
+    assert [x for x in lines if not x.startswith("==>")] == [f"first {i}" for i in range(3)] + [
+        f"second {i}" for i in range(3)], lines
+    assert lines[-1] == "==> attempt 1: SUCCEEDED (exit 0) <==", lines
+    ended = api.q(q, {"id": job_id})["job"]
+    assert ended["state"] == "SUCCEEDED" and ended["attempts"][0]["liveOutput"] is None
+    assert ended["attempts"][0]["outputTail"].splitlines()[-1] == "second 2"
+
+
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
     """`alerts tail -n 1` prints the last alert, then each new one. An alert published
     before the CLI starts is printed either way (the last one, or new after its first

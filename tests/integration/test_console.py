@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -901,6 +902,44 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     assert "exit code 3" in timeline
     # Why pending: the live explanation, the last try, the back-off.
     assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
+
+
+async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:
+    """The job page asks each running try's agent for its output so far (the request an
+    agent answers on `muster.output.<host>`; here the test answers for host h-live), and
+    says so when an agent does not answer (h-gone)."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire import subjects
+    from wire.messages import Attempt, AttemptState, OutputReply, OutputRequest, decode, encode
+
+    m = console.muster
+    await console.login()
+    now = time.time()
+    attempts = [Attempt(id=f"jlive0001.1.{t}", number=1, task=t, host_id=h, gpu_indices=[0],
+                        state=AttemptState.RUNNING, placed_at=now - 5, started_at=now - 4)
+                for t, h in ((0, "h-live"), (1, "h-gone"))]
+    m.state.apply_job(make_job("jlive0001", spec=job_spec("live", command=["train"], replicas=2),
+                               state=JobState.RUNNING, attempts=attempts), 10**9)
+    assert m.store is not None
+    asked: list[str] = []
+
+    async def agent(msg: Any) -> None:
+        req = decode(OutputRequest, msg.data)
+        asked.append(req.attempt_id)
+        await msg.respond(encode(OutputReply(attempt_id=req.attempt_id, running=True,
+                                             output_tail="epoch 1 <loss> 0.5\n", ts=time.time())))
+
+    sub = await m.store.nc.subscribe(subjects.output_subject("h-live"), cb=agent)
+    try:
+        r = await console.client.get("/jobs/jlive0001")
+    finally:
+        await sub.unsubscribe()
+    assert r.status_code == 200 and asked == ["jlive0001.1.0"]
+    assert "Output of try 1, task 0 on h-live so far" in r.text
+    assert '<pre tabindex="0" id="live-jlive0001.1.0">epoch 1 &lt;loss&gt; 0.5' in r.text  # escaped
+    gone = r.text[r.text.index("Output of try 1, task 1 on h-gone so far"):]
+    assert gone.index("Its agent did not answer") < gone.index("</section>")
 
 
 async def test_job_timeline_from_history(console: Console) -> None:

@@ -170,6 +170,43 @@ def test_rogue_agent_cannot_touch_another_host(secure_nats: NatsProcess, auth: A
     asyncio.run(main())
 
 
+def test_an_agent_answers_requests_for_its_output_and_may_publish_no_other_reply(
+        secure_nats: NatsProcess, auth: AuthDir) -> None:
+    """An agent may take requests on its own `muster.output.<host>` and answer each once
+    (`allow_responses`); it may not listen on another host's, nor publish to an inbox
+    no request of its own named."""
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        errors = Errors()
+        nc = await connect(secure_nats.url, "agent-a", creds=str(auth.agent_creds(A)),
+                           inbox_prefix=agent_inbox_prefix(A), error_cb=errors.cb)
+
+        async def answer(msg: Any) -> None:
+            await msg.respond(b"output of " + msg.data)
+
+        await nc.subscribe(subjects.output_subject(A), cb=answer)
+        await nc.flush()
+        reply = await srv.request(subjects.output_subject(A), b"j1.1", timeout=15)
+        assert reply.data == b"output of j1.1" and errors.seen == []
+
+        await nc.subscribe(subjects.output_subject(B), cb=answer)
+        await errors.wait_for(f'permissions violation for subscription to "muster.output.{B}"')
+        heard: list[bytes] = []
+
+        async def on_reply(msg: Any) -> None:
+            heard.append(msg.data)
+
+        await srv.subscribe("_INBOX.forged", cb=on_reply)
+        await srv.flush()
+        await nc.publish("_INBOX.forged", b"unasked")
+        await errors.wait_for('permissions violation for publish to "_inbox.forged"')
+        assert heard == [] and nc.is_connected
+        await nc.close()
+        await srv.close()
+
+    asyncio.run(main())
+
+
 def test_alert_subscriber_may_only_subscribe(secure_nats: NatsProcess, auth: AuthDir) -> None:
     async def main() -> None:
         srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))

@@ -7,7 +7,7 @@ import pytest
 
 from server.cli.errors import user_errors
 from server.cli.hosts import host_row
-from server.cli.jobs import submit_command, submit_input, task_of, wants
+from server.cli.jobs import new_output, submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
 from wire.errors import ValidationError
@@ -99,3 +99,16 @@ def test_a_gangs_attempts_say_their_task_from_task_0() -> None:
     gang, single = {"replicas": 2}, {"replicas": 1}
     assert [task_of(gang, {"task": t}) for t in (0, 1)] == [" task 0", " task 1"]
     assert task_of(single, {"task": 0}) == ""
+
+
+def test_following_output_prints_only_what_is_new() -> None:
+    assert new_output("", "a\nb\n") == "a\nb\n"
+    assert new_output("a\nb\n", "a\nb\n") == ""
+    assert new_output("a\nb\n", "a\nb\nc\n") == "c\n"
+    # The tail slid: its start is gone, the end of what was shown is still in it.
+    before = "".join(f"line {i}\n" for i in range(400))
+    now = "".join(f"line {i}\n" for i in range(200, 450))
+    assert new_output(before[-4096:], now[-4096:]) == "".join(f"line {i}\n" for i in range(400, 450))
+    assert new_output(before, before[-500:] + "more\n") == "more\n"  # less than a kilobyte of it left
+    # More than a tail was written between the two: say so, and show the new tail.
+    assert new_output("old\n", "new\n") == "[... output skipped: more than a tail was written meanwhile ...]\nnew\n"

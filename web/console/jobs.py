@@ -3,6 +3,7 @@ page and its cancel form, and the submit form."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import shlex
@@ -19,7 +20,7 @@ from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
 from wire.errors import Forbidden, ValidationError
-from wire.messages import JobState
+from wire.messages import AttemptState, JobState
 from wire.validation import KNOWN_GPU_MODELS
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -104,8 +105,14 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
             recorded = await run_in_threadpool(m.history.list_events, job_id=job_id, limit=500)
         except Exception:  # noqa: BLE001 - history is a convenience here
             history_error = True
+    running = [a for a in job.attempts if a.state is AttemptState.RUNNING]
+    replies = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in running))
+    # A running try's output so far, from its agent (None: it did not answer).
+    live = {a.id: (r.output_tail if r is not None and r.running else None)
+            for a, r in zip(running, replies, strict=True)}
     return {
         "job": job,
+        "live": live,
         "why": why,
         "queue_why": queue_why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),

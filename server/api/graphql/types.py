@@ -18,6 +18,7 @@ from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing
 from server.views.queues import QueueRow as QueueRowModel
 from wire.messages import Attempt as AttemptModel
+from wire.messages import AttemptState as AttemptStateEnum
 from wire.messages import Job as JobModel
 from wire.messages import JobState as JobStateEnum
 
@@ -216,6 +217,15 @@ class Attempt:
     @strawberry.field
     def output_tail(self) -> str:
         return self._m.output_tail
+
+    @strawberry.field(description="A running attempt's output so far (stdout and stderr, the last 4 KB), asked of "
+                                  "its host's agent: null when the attempt is not RUNNING or the agent does not "
+                                  "answer within 2 s. outputTail holds the output once the attempt has ended.")
+    async def live_output(self, info: Info) -> str | None:
+        if self._m.state is not AttemptStateEnum.RUNNING:
+            return None
+        reply = await muster(info).live_output(self._m.host_id, self._m.id)
+        return reply.output_tail if reply is not None and reply.running else None
 
     @strawberry.field
     def term(self) -> int:
