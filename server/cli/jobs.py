@@ -12,8 +12,9 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from wire.errors import NotFound, ValidationError
 
-JOB_FIELDS = """id name state user queue timeLimitSeconds command replicas gpus gpuModel gpuModels sameModel gpuShare
-gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason endReason queuePosition
+JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
+gpuModels sameModel gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason
+endReason queuePosition
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
 reason }"""
@@ -222,6 +223,9 @@ def show(args: argparse.Namespace) -> None:
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants(job)}")
+    if job["effectiveTimeLimitSeconds"]:
+        whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
+        print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")
     if job["state"] == "QUEUED":
         print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:

@@ -19,9 +19,10 @@ from server.history.timeline import job_events
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
+from server.scheduling.queues import effective_time_limit
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
-from wire.messages import Job, JobState
+from wire.messages import Job, JobSpec, JobState, Queue
 
 if TYPE_CHECKING:
     from server.history.database import History
@@ -38,6 +39,19 @@ def sharing(share: int, mig: bool) -> str | None:
     """None for whole GPUs (or none), SHARED for a share of one GPU (time-sliced, or
     limited by CUDA MPS where it runs: never isolated), MIG for a MIG instance."""
     return SHARED if share else MIG if mig else None
+
+
+def time_limit(spec: JobSpec, q: Queue | None) -> tuple[float, str]:
+    """The time limit a job's tries run under (0: none), and where it comes from in words:
+    '' (none), 'its own', "the queue's default" or "the queue's maximum"."""
+    limit = effective_time_limit(spec, q)
+    if not limit:
+        return 0.0, ""
+    if spec.time_limit_s and limit == spec.time_limit_s:
+        return limit, "its own"
+    if q is not None and not spec.time_limit_s and limit == q.default_time_limit_s:
+        return limit, "the queue's default"
+    return limit, "the queue's maximum"
 
 
 @dataclass

@@ -335,6 +335,11 @@ async def test_submission_to_a_queue_with_a_time_limit(console: Console) -> None
     assert r.status_code == 303, r.text
     job = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
     assert (job.spec.queue, job.spec.time_limit_s) == ("vision", 1800.0)
+    page = await c.get(f"/jobs/{job.id}")
+    assert "<dt>Time limit</dt><dd>1800 s <span class=\"muted\">(its own)</span>" in page.text
+    r = await c.post("/submit", data={**base, "queue": "vision"})  # none given: the queue's maximum
+    page = await c.get(r.headers["location"])
+    assert "<dt>Time limit</dt><dd>3600 s <span class=\"muted\">(the queue&#39;s maximum)</span>" in page.text
     # A token bound to one queue is offered that one, and refused another on the field.
     assert m.store is not None
     bound, _ = await create_token(m.store, "vic", "operator", ["audio"])
@@ -937,7 +942,7 @@ async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Consol
         await sub.unsubscribe()
     assert r.status_code == 200 and asked == ["jlive0001.1.0"]
     assert "Output of try 1, task 0 on h-live so far" in r.text
-    assert '<pre tabindex="0" id="live-jlive0001.1.0">epoch 1 &lt;loss&gt; 0.5' in r.text  # escaped
+    assert '<pre tabindex="0" class="tail" id="live-jlive0001.1.0"><code>epoch 1 &lt;loss&gt; 0.5' in r.text  # escaped
     gone = r.text[r.text.index("Output of try 1, task 1 on h-gone so far"):]
     assert gone.index("Its agent did not answer") < gone.index("</section>")
 
@@ -1089,6 +1094,8 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     row = r.text[r.text.index('id="queue-vision"'):]
     row = row[:row.index("</tr>")]
     assert ">Fair-share rank</th>" in r.text
+    # A bar for the metered GPUs only; CPU and memory, unmetered, are counted without one.
+    assert row.count("<meter") == 1 and 'aria-label="vision gpu:H100 used"' in row and "not metered" in row
     assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
     r = await c.get("/jobs?queue=vision")
     assert r.status_code == 200 and "v-small" in r.text and "v-big" in r.text and "plain" not in r.text

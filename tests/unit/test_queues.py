@@ -25,6 +25,7 @@ from server.scheduling.queues import (
     mig_fraction,
     nominal,
 )
+from server.views.jobs import time_limit
 from tests.factories import job, job_spec, task
 from wire.messages import Attempt, AttemptState, JobState, Queue, QueueUsage, ResourceQuota
 
@@ -103,6 +104,12 @@ def test_time_limits_default_and_maximum() -> None:
     assert effective_time_limit(job_spec(time_limit_s=1000), q) == 600
     assert effective_time_limit(job_spec(), Queue(name="r", max_time_limit_s=5)) == 5
     assert effective_time_limit(job_spec(), None) == 0
+    # What the job page and `job show` say of it: the limit, and where it comes from.
+    assert time_limit(job_spec(), q) == (60, "the queue's default")
+    assert time_limit(job_spec(time_limit_s=100), q) == (100, "its own")
+    assert time_limit(job_spec(time_limit_s=1000), q) == (600, "the queue's maximum")
+    assert time_limit(job_spec(), Queue(name="r", max_time_limit_s=5)) == (5, "the queue's maximum")
+    assert time_limit(job_spec(), None) == (0, "")
 
 
 # ---------------------------------------------------------------- properties of the book

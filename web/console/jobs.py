@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
 from server.replica import Muster
+from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
@@ -113,6 +114,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     return {
         "job": job,
         "live": live,
+        "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,
         "queue_why": queue_why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),

@@ -15,7 +15,7 @@ from server.api.graphql.errors import UserError
 from server.api.reads import reads_for
 from server.replica import Muster
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
-from server.views.jobs import sharing
+from server.views.jobs import sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
 from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState as AttemptStateEnum
@@ -346,6 +346,11 @@ class Job:
     @strawberry.field(description="The job's own time limit (0: its queue's default, if any).")
     def time_limit_seconds(self) -> float:
         return self._m.spec.time_limit_s
+
+    @strawberry.field(description="The time limit its tries run under: its own, else its queue's default, capped "
+                                  "by the queue's maximum (0: none).")
+    def effective_time_limit_seconds(self, info: Info) -> float:
+        return time_limit(self._m.spec, muster(info).queue(self._m.spec.queue))[0]
 
     @strawberry.field
     def same_rack(self) -> bool:
