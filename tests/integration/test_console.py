@@ -1097,6 +1097,11 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     # A bar for the metered GPUs only; CPU and memory, unmetered, are counted without one.
     assert row.count("<meter") == 1 and 'aria-label="vision gpu:H100 used"' in row and "not metered" in row
     assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
+    # The host's tasks say which job, by name, and its queue.
+    r = await c.get("/hosts/qh1")
+    task_row = r.text[r.text.index(f'id="task-{small.id}.1"'):]
+    task_row = task_row[:task_row.index("</tr>")]
+    assert "<td>v-small</td>" in task_row and '<a href="/queues#queue-vision">vision</a>' in task_row
     r = await c.get("/jobs?queue=vision")
     assert r.status_code == 200 and "v-small" in r.text and "v-big" in r.text and "plain" not in r.text
     assert "in queue vision" in r.text

@@ -190,6 +190,7 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "hb": hb,
         "gpus": m.hosts.devices(host_id),
         "tasks": list(alloc.tasks) if alloc else [],
+        "jobs": {t.job_id: j for t in (alloc.tasks if alloc else []) if (j := m.state.jobs.get(t.job_id)) is not None},
         "cfg": m.state.hostcfg.get(host_id),
         "charts": gpu_charts(samples),
         "samples": len(samples),
