@@ -745,7 +745,7 @@ class Agent:
         r = StatusReport(
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
-            gpu_fault=gpu_fault[:512],
+            gpu_fault=gpu_fault[:512], shutdown=self.leaving and state is AttemptState.KILLED,
         )
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:

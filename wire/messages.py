@@ -482,6 +482,9 @@ class StatusReport(_Model):
     # A task that failed while a GPU it holds was faulted: what the agent saw of the
     # fault (the leader then counts the end as the infrastructure's, not the job's).
     gpu_fault: str = Field(default="", max_length=512)
+    # The agent stopped the attempt because the agent itself is shutting down (an orderly
+    # stop: the leader does not count the try against the job's maxAttempts).
+    shutdown: bool = False
 
 
 # ---------------------------------------------------------------- api <-> agent

@@ -64,6 +64,8 @@ JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 PREEMPT = "preempt"
 TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
+# And the disruptions, which retry does not count: a drain, the agent's shutdown.
+DRAIN, SHUTDOWN, DISRUPTIONS = retry.DRAIN, retry.SHUTDOWN, retry.DISRUPTIONS
 
 
 @dataclass
@@ -266,6 +268,8 @@ def apply_report(w: _Work, r: StatusReport, now: float) -> None:
     if not r.state.terminal:
         w.plan.ignored += 1
         return
+    if r.shutdown and r.state is AttemptState.KILLED and not a.stop_kind:
+        a.stop_kind, a.stop_at = SHUTDOWN, now  # stopped by its agent's orderly shutdown
     ended = _ended_as(a, r.state)
     # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
     # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
@@ -320,6 +324,8 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
         # One gang task failed: stop the rest; the decision waits until they are gone.
         for t in live:
             t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
+            if a.stop_kind in DISRUPTIONS and not t.stop_kind:
+                t.stop_kind, t.stop_at = a.stop_kind, now  # the gang's try ends by the same disruption
             _stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
         w.plan.events.append(_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
         return
@@ -482,15 +488,41 @@ def evict_lost(
             w.plan.evicted += 1
 
 
-def drain_due(w: _Work, now: float) -> None:
-    """Stop what still runs on draining hosts whose deadline has passed."""
+def drain_due(w: _Work, now: float, max_keys: int) -> None:
+    """Stop what still runs on draining hosts whose deadline has passed. Each try stopped
+    is marked a drain's (retry.DRAIN): it is not counted against its job's maxAttempts.
+    A job whose record is in flight, or that would not fit this cycle's commit, is left
+    for a later cycle (its host's other tasks are stopped now)."""
     for host_id, cfg in w.state.hostcfg.items():
         if not cfg.draining or now < cfg.drain_deadline or host_id in w.frozen_hosts:
             continue
         cur = w.state.allocs.get(host_id)
         if cur is None or all(t.stop for t in cur.tasks):
             continue
-        _stop_tasks(w.alloc(host_id), None, f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else ""))
+        why = f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else "")
+        later: set[str] = set()
+        for entry in cur.tasks:
+            if entry.stop:
+                continue
+            snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
+            if snap is None or snap.state.terminal:
+                continue
+            live = [t for t in snap.current_tasks() if t.id == entry.attempt_id and not t.state.terminal]
+            if not live or live[0].stop_kind:
+                continue
+            if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 2 > max_keys):
+                later.add(entry.attempt_id)
+                continue
+            job = w.job(entry.job_id)
+            assert job is not None
+            a = _attempt(job, entry.attempt_id)
+            assert a is not None
+            _stop_attempt(w, a, DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
+            job.updated_at = now
+        if later:
+            _stop_tasks(w.alloc(host_id), {t.attempt_id for t in cur.tasks if t.attempt_id not in later}, why)
+        else:
+            _stop_tasks(w.alloc(host_id), None, why)
 
 
 def pass_gpu_clears(w: _Work) -> None:
@@ -1452,7 +1484,7 @@ def plan_cycle(
 
     queues = queues or QueuePolicy()
     if evict:
-        drain_due(w, now)
+        drain_due(w, now, room)
         pass_gpu_clears(w)
         enforce_time_limits(w, now, room)
         stop_on_faulted_gpus(w, now, room)

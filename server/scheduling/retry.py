@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wire.messages import AttemptState, Job
+from wire.messages import Attempt, AttemptState, Job
 
 # Attempts that ended through no fault of the job's own code: the host was lost, the
 # agent fenced itself or shut down. A nonzero exit is the job's own failure.
 INFRASTRUCTURE_ENDINGS = (AttemptState.LOST, AttemptState.KILLED)
 MAX_BACKOFF_S = 60.0
+# Attempt.stop_kind of an orderly disruption: the host was drained, or its agent shut
+# down (an upgrade, a reboot). Like a preemption, such a try is not counted against
+# maxAttempts (as Kubernetes leaves disruptions out of a Job's backoffLimit), and the job
+# is requeued at once: the job did nothing wrong, and the operator meant it.
+DRAIN = "drain"
+SHUTDOWN = "shutdown"
+DISRUPTIONS = (DRAIN, SHUTDOWN)
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,20 @@ def backoff_s(attempt_number: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** (attempt_number - 2))
 
 
-def preempted_tries(job: Job) -> int:
-    """Tries that ended because they were preempted: they do not count as tries used."""
-    return len({a.number for a in job.attempts if a.state is AttemptState.PREEMPTED})
+def disrupted(tasks: list[Attempt]) -> bool:
+    """A try (its tasks) that ended only through an orderly disruption: every task that
+    did not succeed was stopped (KILLED) by a drain or its agent's shutdown."""
+    ended = [t for t in tasks if t.state is not AttemptState.SUCCEEDED]
+    return bool(ended) and all(t.state is AttemptState.KILLED and t.stop_kind in DISRUPTIONS for t in ended)
+
+
+def uncounted_tries(job: Job) -> int:
+    """Tries that do not count as tries used: preempted, or ended by a disruption."""
+    by_try: dict[int, list[Attempt]] = {}
+    for a in job.attempts:
+        by_try.setdefault(a.number, []).append(a)
+    return sum(1 for tasks in by_try.values()
+               if any(t.state is AttemptState.PREEMPTED for t in tasks) or disrupted(tasks))
 
 
 def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
@@ -40,7 +58,9 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
         return RetryDecision(False, why="time limit reached")
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
-    used = job.tries - preempted_tries(job)
+    if disrupted(job.current_tasks()):
+        return RetryDecision(True, now, "stopped by a drain or its agent's shutdown; requeued (not counted)")
+    used = job.tries - uncounted_tries(job)
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")
     return RetryDecision(True, now + backoff_s(used), f"attempt {used} {ended.value.lower()}")

@@ -374,6 +374,9 @@ async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
         await asyncio.wait_for(run, timeout=60)
         assert not logs["b"].exists() and b.attempt_id not in agent.seen  # never started
         assert logs["a"].read_text().split() == ["start", "stop"]
+        # a's end was reported as stopped by the agent's shutdown (not counted as a try).
+        ended, _at = agent._ended[a.attempt_id]
+        assert ended.state is AttemptState.KILLED and ended.shutdown
 
         # The agent's next start runs b, which it never started.
         release.unlink()

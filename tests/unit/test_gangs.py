@@ -7,7 +7,7 @@ import itertools
 
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle
-from server.state.cluster import ClusterState
+from server.state.cluster import ClusterState, HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job
 from wire.messages import AttemptState, Job, JobState, StatusReport, encode
@@ -117,6 +117,27 @@ def test_one_failed_task_stops_the_gang_and_it_fails_as_one() -> None:
     w.cycle(reports=[w.report("g", 0, AttemptState.KILLED), w.report("g", 2, AttemptState.KILLED)])
     assert w.job("g").state is JobState.FAILED
     assert w.used_gpus() == 0
+
+
+def test_a_gang_with_a_drained_member_is_requeued_without_using_an_attempt() -> None:
+    w = World()
+    for h in "ab":
+        w.host(h)
+    w.submit("g", gpus=8, replicas=2, max_attempts=1)
+    w.cycle()
+    w.cycle(reports=[w.report("g", i, AttemptState.RUNNING) for i in range(2)])
+    drained = w.job("g").attempts[0].host_id
+    cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW - 1, reason="", by="ops")
+    w.state.apply_state_record(Record(f"hostcfg.{drained}", next(w.rev), cfg.model_dump_json().encode()))
+    w.cycle()
+    w.cycle(reports=[w.report("g", 0, AttemptState.KILLED)])
+    # The other task is stopped for the same drain ...
+    other = w.job("g").attempts[1]
+    assert other.stop_kind == "drain" and other.state is AttemptState.RUNNING
+    w.cycle(reports=[w.report("g", 1, AttemptState.KILLED)])
+    # ... and the try, ended by the drain alone, uses none of the gang's one attempt.
+    job = w.job("g")
+    assert job.state is JobState.QUEUED and [a.stop_kind for a in job.attempts] == ["drain", "drain"]
 
 
 def test_lost_member_retries_the_whole_gang() -> None:

@@ -601,6 +601,57 @@ def test_a_drain_past_its_deadline_stops_the_hosts_tasks_saying_so(w: World) -> 
     assert plan.jobs["j1"].attempts[0].reason == "host h1 drained: reboot"
 
 
+def test_a_drained_try_is_requeued_at_once_and_not_counted_against_max_attempts(w: World) -> None:
+    """A drain is the operator's doing, not the job's: the try it stops does not use one of
+    the job's attempts (a later plain kill still does)."""
+    placed(w, "j1", gpus=8, max_attempts=1)
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
+    cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW - 1, reason="reboot", by="alice")
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+    plan = w.cycle()
+    assert plan.jobs["j1"].attempts[0].stop_kind == "drain"
+    killed = report(w, "j1", AttemptState.KILLED).model_copy(update={"reason": w.tasks("h1")[0].stop_reason})
+    w.cycle(reports=[killed], now=NOW + 1)
+    job = w.job("j1")
+    assert job.state is JobState.QUEUED and job.not_before == NOW + 1
+    assert job.attempts[0].state is AttemptState.KILLED and job.attempts[0].reason == "host h1 drained: reboot"
+    # Placed on another host, and killed there by the infrastructure: its one attempt is used.
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), HostConfig().model_dump_json().encode()))
+    w.host("h2", gpus=8)
+    w.cycle(now=NOW + 2)
+    assert w.job("j1").state is JobState.PLACED and w.job("j1").tries == 2
+    w.cycle(reports=[report(w, "j1", AttemptState.KILLED)], now=NOW + 3)
+    assert w.job("j1").state is JobState.FAILED
+
+
+def test_a_try_its_agent_stopped_while_shutting_down_is_not_counted(w: World) -> None:
+    placed(w, "j1", gpus=8, max_attempts=1)
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
+    bye = report(w, "j1", AttemptState.KILLED).model_copy(update={"shutdown": True, "reason": "agent shutting down"})
+    w.cycle(reports=[bye], now=NOW + 1)
+    job = w.job("j1")  # requeued at once, and placed again in the same cycle
+    assert job.state is JobState.PLACED and job.tries == 2 and job.attempts[0].stop_kind == "shutdown"
+    # The same report without the mark (a kill the agent did not make for its shutdown)
+    # uses the job's one attempt.
+    w.cycle(reports=[report(w, "j1", AttemptState.KILLED)], now=NOW + 3)
+    assert w.job("j1").state is JobState.FAILED
+
+
+def test_a_drain_leaves_a_job_whose_record_is_in_flight_for_a_later_cycle(w: World) -> None:
+    placed(w, "j1", gpus=4)
+    placed(w, "j2", gpus=4)
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING), report(w, "j2", AttemptState.RUNNING)])
+    cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW - 1, reason="", by="alice")
+    w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, max_keys=900, frozen_jobs={"j1"})
+    w.commit(plan)
+    assert {t.job_id: t.stop for t in w.tasks("h1")} == {"j1": False, "j2": True}
+    assert "j1" not in plan.jobs and plan.jobs["j2"].attempts[0].stop_kind == "drain"
+    w.cycle()  # j1's record is no longer in flight
+    assert all(t.stop and t.stop_reason == "host h1 drained" for t in w.tasks("h1"))
+    assert w.job("j1").attempts[0].stop_kind == "drain"
+
+
 def test_cancel_of_terminal_or_unknown_job_is_ignored(w: World) -> None:
     placed(w)
     w.cycle(reports=[report(w, "j1", AttemptState.SUCCEEDED, exit_code=0)])

@@ -248,6 +248,12 @@ class Attempt:
     def reason(self) -> str:
         return self._m.reason
 
+    @strawberry.field(description="What stopped it, when the control plane or its agent did: preempt, timeout, "
+                                  "gpu-fault, drain or shutdown (the agent's); empty otherwise. A try stopped by "
+                                  "preempt, drain or shutdown does not count against maxAttempts.")
+    def stop_kind(self) -> str:
+        return self._m.stop_kind
+
     @strawberry.field(description="GPU model of the GPUs it got.")
     def gpu_model(self) -> str:
         return self._m.gpu_model
