@@ -909,6 +909,23 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
 
 
+async def test_the_jobs_table_says_what_each_job_asks_of_gpus(console: Console) -> None:
+    m = console.muster
+    await console.login()
+    share = await m.submit({"name": "s", "command": ["true"], "gpu_share": 250, "gpu_models": ["A10", "T4"]},
+                           "operator")
+    gang = await m.submit({"name": "g", "command": ["true"], "gpus": 8, "replicas": 4}, "operator")
+    r = await console.client.get("/jobs")
+
+    def gpus_cell(job_id: str) -> str:
+        row = r.text[r.text.index(f'href="/jobs/{job_id}"'):]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row[:row.index("</tr>")], re.S)
+        return re.sub(r"<[^>]+>", "", cells[4]).strip()
+
+    assert gpus_cell(share.id) == "250/1000 shared × A10|T4"  # not "0"
+    assert gpus_cell(gang.id) == "8 × 4 tasks"
+
+
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:
     """The job page asks each running try's agent for its output so far (the request an
     agent answers on `muster.output.<host>`; here the test answers for host h-live), and
