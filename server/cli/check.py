@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
+
+from server.cli.tokens import add_admin_nats, admin_nats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     ck = sub.add_parser("check", help="verify the invariants over the recorded state")
-    ck.add_argument("--nats", default=None)
-    ck.add_argument("--creds", default=None, help="NATS credentials (MUSTER_NATS_CREDS)")
+    add_admin_nats(ck)
     ck.set_defaults(fn=cmd_check)
 
     sc = sub.add_parser("schema", help="print the GraphQL schema (SDL)")
@@ -20,19 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Print each broken invariant and their count; exit 1 when any is broken."""
-    from server.broker.natsauth import find_auth_dir
+    """Print each broken invariant and their count; exit 1 when any is broken. Reaches
+    NATS as `muster token` does (the control plane's credentials, found under --data-dir
+    when not given)."""
     from server.state.checker import run_check
 
-    url = args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222")
-    creds = args.creds or os.environ.get("MUSTER_NATS_CREDS")
-    if not creds:  # as `muster token` does: the control plane's key under the data dir
-        found = find_auth_dir(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "server.nk"
-        if found.exists():
-            creds = str(found)
-    if creds:
-        os.environ["MUSTER_NATS_CREDS"] = creds
-    problems = asyncio.run(run_check(url))
+    conn = admin_nats(args)
+    problems = asyncio.run(run_check(conn.pop("url"), **conn))
     for p in problems:
         print(p)
     print(f"{len(problems)} invariant violations")

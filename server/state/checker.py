@@ -34,8 +34,10 @@ def violations(state: ClusterState) -> list[str]:
     return check(state.jobs.values(), capacity, state.allocs.values(), current_term=state.term)
 
 
-async def run_check(nats_url: str) -> list[str]:
-    nc = await connect_once(nats_url, "muster-check")
+async def run_check(nats_url: str, **connection: str | None) -> list[str]:
+    """The broken invariants of the recorded state; `connection`: connect_once's
+    credentials and TLS files."""
+    nc = await connect_once(nats_url, "muster-check", **connection)
     try:
         return violations(await load(Store(nc)))
     finally:

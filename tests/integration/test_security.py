@@ -360,6 +360,13 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
         assert cli("token", "revoke", "vera", *admin).returncode == 3
         assert "vera" not in cli("token", "list", *admin).stdout
         assert agent.alive()
+        # `muster check` reaches NATS as `muster token` does: the control plane's key found
+        # under --data-dir; without credentials NATS refuses it.
+        r = cli("check", "--nats", secure_nats.url, "--data-dir", str(tmp_path))
+        assert r.returncode == 0 and r.stdout.strip().endswith("0 invariant violations"), r.stdout + r.stderr
+        r = cli("check", "--nats", secure_nats.url, "--data-dir", str(tmp_path / "none"),
+                env={"MUSTER_NATS_CREDS": ""})
+        assert r.returncode != 0 and "invariant violations" not in r.stdout, r.stdout + r.stderr
     finally:
         c.stop_all()
 
