@@ -95,6 +95,8 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    js.add_argument("-f", "--follow", action="store_true",
+                    help="wait, printing the job's output as it runs (as job logs -f); exit as --wait does")
     js.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
     add_output(js)
@@ -165,6 +167,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
     job = res["job"]
     timed_out = False
+    if args.follow:
+        print(f"{job['id']} submitted", file=sys.stderr)
+        try:
+            job = print_output(_logs(job["id"]), follow=True)
+        except KeyboardInterrupt:
+            return 0  # the job goes on; `muster job logs -f ID` follows it again
+        if job["state"] in ("FAILED", "TIMEOUT"):
+            raise JobFailed(f"job {job['id']} {job['state']}")
+        return 0
     if args.wait:
         job, timed_out = wait_for(job["id"], args.timeout)
     out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
@@ -280,32 +291,44 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return 0
     if not job["attempts"] and not args.follow:
         print(f"job {job['id']} is {job['state']} and has not run yet", file=sys.stderr)
-    shown: dict[tuple[int, int], tuple[str, str]] = {}  # attempt (number, task) -> (state, output shown)
     try:
-        while True:
-            for a in job["attempts"]:
-                key = (a["number"], a["task"])
-                text = a["outputTail"] if a["state"] not in ("PLACED", "RUNNING") else (a["liveOutput"] or "")
-                before = shown.get(key)
-                if before is None:
-                    print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
-                          + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
-                    if a["state"] == "RUNNING" and a["liveOutput"] is None:
-                        print("(its agent did not answer: no output yet)", file=sys.stderr)
-                more = new_output(before[1] if before else "", text)
-                if more:
-                    print(more, end="" if more.endswith("\n") else "\n")
-                if before is not None and before[0] != a["state"] and a["state"] not in ("PLACED", "RUNNING"):
-                    print(f"==> attempt {a['number']}{task_of(job, a)}: {a['state']}"
-                          + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
-                shown[key] = (a["state"], text)
-            sys.stdout.flush()
-            if not args.follow or job["state"] in TERMINAL:
-                return 0
-            time.sleep(2)
-            job = _logs(args.id)
+        print_output(job, args.follow)
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0
+
+
+def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
+    """Print each attempt's output (LOGS_QUERY's `job`) under a header; with `follow`, ask
+    again every 2 s and print what is new, and each attempt's end, until the job ends.
+    The job as last read."""
+    shown: dict[tuple[int, int], tuple[str, str]] = {}  # attempt (number, task) -> (state, output shown)
+    while True:
+        for a in job["attempts"]:
+            key = (a["number"], a["task"])
+            before = shown.get(key)
+            live = a["state"] in ("PLACED", "RUNNING")
+            if live and a["liveOutput"] is None:  # no answer (yet): keep what was shown
+                text = before[1] if before else ""
+            else:
+                text = a["liveOutput"] if live else a["outputTail"]
+            if before is None:
+                print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
+                      + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+                if a["state"] == "RUNNING" and a["liveOutput"] is None:
+                    print("(its agent did not answer: no output yet)", file=sys.stderr)
+            more = new_output(before[1] if before else "", text)
+            if more:
+                print(more, end="" if more.endswith("\n") else "\n")
+            if before is not None and before[0] != a["state"] and not live:
+                print(f"==> attempt {a['number']}{task_of(job, a)}: {a['state']}"
+                      + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+            shown[key] = (a["state"], text)
+        sys.stdout.flush()
+        if not follow or job["state"] in TERMINAL:
+            return job
+        time.sleep(2)
+        job = _logs(job["id"])
 
 
 def _logs(job_id: str) -> dict[str, Any]:

@@ -200,6 +200,13 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     ended = api.q(q, {"id": job_id})["job"]
     assert ended["state"] == "SUCCEEDED" and ended["attempts"][0]["liveOutput"] is None
     assert ended["attempts"][0]["outputTail"].splitlines()[-1] == "second 2"
+    # `job submit -f`: the output as it runs, then the exit code of --wait (2: FAILED).
+    r = muster(cluster, srv.url, "job", "submit", "-f", "failing", "--", "sh", "-c", "echo one; echo two; exit 3")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("==> attempt 1 on out-1: ") and lines[1:3] == ["one", "two"], lines
+    assert lines[-1] == "==> attempt 1: FAILED (exit 3) <==" or lines[0].endswith("FAILED (exit 3) <=="), lines
+    assert "submitted" in r.stderr and "FAILED" in r.stderr
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:

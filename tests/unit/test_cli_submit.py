@@ -112,3 +112,24 @@ def test_following_output_prints_only_what_is_new() -> None:
     assert new_output(before, before[-500:] + "more\n") == "more\n"  # less than a kilobyte of it left
     # More than a tail was written between the two: say so, and show the new tail.
     assert new_output("old\n", "new\n") == "[... output skipped: more than a tail was written meanwhile ...]\nnew\n"
+
+
+def test_following_a_job_prints_each_line_once_through_an_unanswered_poll(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """An agent that does not answer one poll (liveOutput null) changes nothing shown; the
+    end comes from the final report's tail."""
+    from server.cli import jobs
+
+    def job(state: str, live: str | None, tail: str = "", code: int | None = None) -> dict[str, object]:
+        return {"id": "j1", "state": state, "replicas": 1, "attempts": [
+            {"number": 1, "task": 0, "state": state, "host": {"id": "h1"}, "exitCode": code,
+             "outputTail": tail, "liveOutput": live}]}
+
+    polls = iter([job("RUNNING", None), job("RUNNING", "a\nb\n"),
+                  job("SUCCEEDED", None, "a\nb\nc\n", 0)])
+    monkeypatch.setattr(jobs, "_logs", lambda job_id: next(polls))
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    last = jobs.print_output(job("RUNNING", "a\n"), follow=True)
+    assert last["state"] == "SUCCEEDED"
+    assert capsys.readouterr().out.splitlines() == [
+        "==> attempt 1 on h1: RUNNING <==", "a", "b", "c", "==> attempt 1: SUCCEEDED (exit 0) <=="]
