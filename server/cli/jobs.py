@@ -174,19 +174,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 0  # the job goes on; `muster job logs -f ID` follows it again
         if job["state"] in ("FAILED", "TIMEOUT"):
-            raise JobFailed(f"job {job['id']} {job['state']}")
+            raise JobFailed(ended(job))
         return 0
     if args.wait:
         job, timed_out = wait_for(job["id"], args.timeout)
     out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
     if job["state"] in ("FAILED", "TIMEOUT"):
-        raise JobFailed(f"job {job['id']} {job['state']}")
+        raise JobFailed(ended(job))
     if timed_out:
         if job["state"] == "QUEUED":
             reasons = "".join(f"\n  {_reason(r)}" for r in job.get("pendingReasons") or [])
             raise JobFailed(f"job {job['id']} was not placed within {args.timeout:g}s{reasons}")
         raise ApiError(f"job {job['id']} still {job['state']} after {args.timeout:g}s")
     return 0
+
+
+def ended(job: dict[str, Any]) -> str:
+    """'job ID FAILED', with why: the end reason, else each ended task of the last try
+    that did not succeed (where, its exit code and reason)."""
+    line = f"job {job['id']} {job['state']}"
+    if job.get("endReason"):
+        return f"{line}: {job['endReason']}"
+    last = [a for a in job.get("attempts") or [] if a["number"] == job["attempts"][-1]["number"]]
+    why = [f"attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: "
+           + (f"exit {a['exitCode']}" if a.get("exitCode") is not None else a["state"])
+           + (f" ({a['reason']})" if a.get("reason") else "")
+           for a in last if a["state"] != "SUCCEEDED"]
+    return line + "".join(f"\n  {w}" for w in why)
 
 
 def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any], bool]:
@@ -244,7 +258,7 @@ def show(args: argparse.Namespace) -> None:
     for a in job["attempts"]:
         where = (f"MIG {','.join(a['migInstances'])}" if a["migInstances"] else
                  f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
-                 f"GPUs {a['gpuIndices']}")
+                 f"GPUs {a['gpuIndices']}" if a["gpuIndices"] else "no GPU")
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
               f" exit={a['exitCode']} {a['reason']}")
         if a["outputTail"]:
@@ -277,8 +291,8 @@ def wants_gpu(job: dict[str, Any]) -> str:
     return what + (" (one model for the gang)" if job.get("sameModel") else "")
 
 
-LOGS_QUERY = """query($id: ID!) { job(id: $id) { id state replicas attempts { number task state host { id }
-                exitCode outputTail liveOutput } } }"""
+LOGS_QUERY = """query($id: ID!) { job(id: $id) { id state replicas endReason attempts { number task state
+                host { id } exitCode reason outputTail liveOutput } } }"""
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
 
 

@@ -47,7 +47,7 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     # a job that fails: exit code 2, like `nomad job run`
     r = muster(cluster, srv.url, "job", "submit", "--wait", "bad", "--", "sh", "-c", "exit 3")
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "FAILED" in r.stdout
+    assert "FAILED" in r.stdout and "attempt 1 on cli-1: exit 3" in r.stderr, r.stderr  # and why
 
     # a job that can never be placed: --wait --timeout gives up with 2; `why` explains (exit 0)
     r = muster(cluster, srv.url, "job", "submit", "--gpus", "64", "--wait", "--timeout", "2", "huge", "--", "true")
@@ -206,7 +206,7 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     lines = r.stdout.splitlines()
     assert lines[0].startswith("==> attempt 1 on out-1: ") and lines[1:3] == ["one", "two"], lines
     assert lines[-1] == "==> attempt 1: FAILED (exit 3) <==" or lines[0].endswith("FAILED (exit 3) <=="), lines
-    assert "submitted" in r.stderr and "FAILED" in r.stderr
+    assert "submitted" in r.stderr and "error: job " in r.stderr and "attempt 1 on out-1: exit 3" in r.stderr, r.stderr
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:

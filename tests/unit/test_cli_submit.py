@@ -133,3 +133,19 @@ def test_following_a_job_prints_each_line_once_through_an_unanswered_poll(monkey
     assert last["state"] == "SUCCEEDED"
     assert capsys.readouterr().out.splitlines() == [
         "==> attempt 1 on h1: RUNNING <==", "a", "b", "c", "==> attempt 1: SUCCEEDED (exit 0) <=="]
+
+
+def test_a_failed_job_says_why() -> None:
+    from server.cli.jobs import ended
+
+    def attempt(task: int, state: str, code: int | None, reason: str) -> dict[str, object]:
+        return {"number": 1, "task": task, "state": state, "host": {"id": f"h{task}"}, "exitCode": code,
+                "reason": reason}
+
+    job = {"id": "j1", "state": "FAILED", "replicas": 2, "endReason": "", "attempts": [
+        attempt(0, "FAILED", 127, "spawn failed: cannot start 'x'"),
+        attempt(1, "KILLED", None, "gang task 0 ended FAILED")]}
+    assert ended(job) == ("job j1 FAILED\n  attempt 1 task 0 on h0: exit 127 (spawn failed: cannot start 'x')"
+                          "\n  attempt 1 task 1 on h1: KILLED (gang task 0 ended FAILED)")
+    assert ended({**job, "state": "TIMEOUT", "endReason": "time limit of 60 s reached"}) == \
+        "job j1 TIMEOUT: time limit of 60 s reached"
