@@ -352,6 +352,20 @@ async def test_submission_to_a_queue_with_a_time_limit(console: Console) -> None
     assert r.status_code == 403 and 'id="f-queue-error"' in r.text and "may not submit to queue" in r.text
 
 
+async def test_a_gang_with_a_priority_from_the_form(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    base = {"csrf": console.csrf, "name": "gang", "command": "torchrun train.py", "gpus": "8", "cpus": "1",
+            "memory_mb": "512"}
+    r = await c.post("/submit", data={**base, "replicas": "0"})
+    assert r.status_code == 422 and 'id="f-replicas-error"' in r.text, r.text
+    r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7"})
+    assert r.status_code == 303, r.text
+    job = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
+    assert (job.spec.replicas, job.spec.priority, job.spec.gpus) == (4, 7, 8)
+
+
 async def test_valid_submission_redirects_to_job_page(console: Console) -> None:
     c = console.client
     m = console.muster

@@ -31,7 +31,8 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "gpu_model": "gpu_model", "gpuModels": "gpu_model", "cpus": "cpus", "memoryMb": "memory_mb",
                  "memory_mb": "memory_mb", "gpuShare": "gpu_share", "gpuMemoryMb": "gpu_memory_mb",
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
-                 "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit"}
+                 "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
+                 "priority": "priority"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -178,7 +179,8 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
-                   "mig_profile": "", "cpus": "1", "memory_mb": "512", "queue": "", "time_limit": ""}
+                   "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0", "queue": "",
+                   "time_limit": ""}
 
 
 @console()
@@ -227,6 +229,9 @@ async def submit(request: Request) -> Response:
             data[key] = _number(values[key], int)
     if values["mig_profile"]:
         data["mig_profile"] = values["mig_profile"]
+    for key in ("replicas", "priority"):
+        if values[key]:
+            data[key] = _number(values[key], int)
     if values["queue"]:
         data["queue"] = values["queue"]
     if values["time_limit"]:
