@@ -218,6 +218,17 @@ class JobSpec(_Model):
     # time limit in seconds (0: the queue's default, if any).
     queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME_PATTERN)
     time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
+    # Labels a host must have to run the job (key=value each, all of them: a zone, a
+    # network, a driver line), as its agent reports them (`--labels`).
+    host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("host_labels")
+    @classmethod
+    def _host_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for k, v in labels.items():
+            if not _LABEL_KEY.fullmatch(k) or not _LABEL_VALUE.fullmatch(v):
+                raise ValueError(f"invalid host label {k[:64]!r}")
+        return labels
 
     def models(self) -> frozenset[str] | None:
         """The GPU models the job accepts, None for any."""

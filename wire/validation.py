@@ -145,6 +145,18 @@ def validate_job(
     queue = data.get("queue") or DEFAULT_QUEUE
     if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
         err("queue", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a letter or digit")
+    host_labels = data.get("host_labels") or {}
+    if not isinstance(host_labels, dict) or len(host_labels) > MAX_HOST_LABELS:
+        err("hostLabels", f"must be a map of at most {MAX_HOST_LABELS} labels", "TOO_LARGE")
+    else:
+        for k, v in host_labels.items():
+            if not isinstance(k, str) or not LABEL_KEY_RE.fullmatch(k):
+                err("hostLabels", f"invalid label key {str(k)[:64]!r}: lower-case letters, digits, '_', '.', "
+                    "'-', starting with a letter")
+                break
+            if not isinstance(v, str) or not LABEL_VALUE_RE.fullmatch(v):
+                err("hostLabels", f"invalid value for label {k!r}")
+                break
     time_limit = data.get("time_limit_s", 0) or 0
     if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
             or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
@@ -175,6 +187,7 @@ def validate_job(
         mig_profile=mig_profile,
         queue=queue,
         time_limit_s=float(time_limit),
+        host_labels=dict(host_labels),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]
@@ -200,6 +213,7 @@ def validate_reason(reason: str, field: str = "reason", required: bool = False) 
 LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
 LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
 MAX_LABELS = 32
+MAX_HOST_LABELS = 16  # a job's required host labels
 
 
 def validate_labels(labels: dict[str, str]) -> list[ValidationError]:

@@ -75,6 +75,11 @@ def out(args: argparse.Namespace, data: Any, table: list[list[str]] | None = Non
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def labels_text(labels: list[dict[str, str]]) -> str:
+    """GraphQL labels (`{key value}`) as `key=value,key=value`."""
+    return ",".join(f"{lb['key']}={lb['value']}" for lb in labels)
+
+
 def watch(args: argparse.Namespace, render: Callable[[], None], every_s: float = 2.0) -> int:
     """Render once; with --watch, re-render every `every_s` s until Ctrl-C (exit 0). An
     error (a job or host that is gone, a refused token) ends the watch with its exit code."""

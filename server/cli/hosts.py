@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
 from wire.errors import NotFound
 
@@ -109,7 +109,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
     print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
     print(f"  tasks:   {h['tasks']}")
-    labels = ",".join(f"{lb['key']}={lb['value']}" for lb in h["labels"]) or "-"
+    labels = labels_text(h["labels"]) or "-"
     print(f"  labels:  {labels}")
     print(f"  isolation: {h['isolation'] or '-'}")
     if h["fences"]:
@@ -170,7 +170,7 @@ def host_row(n: dict[str, Any]) -> list[str]:
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
         f"{n['gpuUtilPct']}%",
         str(n["cpus"]),
-        ",".join(f"{lb['key']}={lb['value']}" for lb in n["labels"]),
+        labels_text(n["labels"]),
     ]
 
 

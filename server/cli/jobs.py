@@ -8,13 +8,13 @@ import sys
 import time
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
-gpuModels sameModel gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority submittedAt updatedAt cancelReason
-endReason queuePosition
+gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
+submittedAt updatedAt cancelReason endReason queuePosition
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
 reason }"""
@@ -80,6 +80,8 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
     js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
     js.add_argument("--same-rack", action="store_true", help="a gang's tasks all in one rack")
+    js.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
+                    help="a label the host must have, as its agent reports it (repeat for more: all must match)")
     js.add_argument("--cpus", type=float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
@@ -146,14 +148,15 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
             inp[key] = value
     if args.keep_running:
         inp["onDisconnect"] = "KEEP_RUNNING"
-    if args.env:
-        env: dict[str, str] = {}
-        for item in args.env:
-            key, eq, value = item.partition("=")
-            if not eq or not key:
-                raise ValidationError("env", f"{item!r}: expected KEY=VALUE")
-            env[key] = value
-        inp["env"] = env
+    for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
+        if given:
+            pairs: dict[str, str] = {}
+            for item in given:
+                key, eq, value = item.partition("=")
+                if not eq or not key:
+                    raise ValidationError(option, f"{item!r}: expected KEY=VALUE")
+                pairs[key] = value
+            inp[field] = pairs
     return inp
 
 
@@ -248,6 +251,8 @@ def show(args: argparse.Namespace) -> None:
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants(job)}")
+    if job.get("hostLabels"):
+        print(f"  on hosts labelled: {labels_text(job['hostLabels'])}")
     if job["effectiveTimeLimitSeconds"]:
         whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
         print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")

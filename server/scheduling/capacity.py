@@ -20,7 +20,7 @@ from types import EllipsisType
 from typing import Any
 
 from server.scheduling.fragmentation import Fragmentation, score
-from server.scheduling.placement import FULL, Choice, HostCapacity, check
+from server.scheduling.placement import FULL, Choice, HostCapacity, check, labels_match
 from wire.budgets import task_bytes
 from wire.messages import JobSpec
 
@@ -28,6 +28,7 @@ POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
+KIND = 3  # Placer._size: the items that must be equal for one failure to say anything of another
 
 
 def size_class(x: float) -> int:
@@ -239,13 +240,17 @@ class Placer:
 
     @staticmethod
     def _size(spec: JobSpec, models: frozenset[str] | None) -> tuple[Any, ...]:
-        return (models, spec.mig_profile, spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
+        """What a failed placement says of others: its kind (the first KIND items: models,
+        MIG profile, required host labels), then its amounts."""
+        return (models, spec.mig_profile, tuple(sorted(spec.host_labels.items())), spec.gpus, spec.gpu_share,
+                spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
 
     def _dominated(self, spec: JobSpec, models: frozenset[str] | None) -> bool:
-        """A job at least as large as one that already found no host this cycle."""
+        """A job of the same kind at least as large as one that already found no host this
+        cycle."""
         me = self._size(spec, models)
         for f in self.failed:
-            if f[:2] == me[:2] and all(a >= b for a, b in zip(me[2:], f[2:], strict=True)):
+            if f[:KIND] == me[:KIND] and all(a >= b for a, b in zip(me[KIND:], f[KIND:], strict=True)):
                 return True
         return False
 
@@ -366,7 +371,7 @@ class Placer:
         free: dict[str, int] = defaultdict(int)
         for host_id, cap in self.index.caps.items():
             rack = cap.labels.get("rack")
-            if not rack or not cap.schedulable or cap.cordoned:
+            if not rack or not cap.schedulable or cap.cordoned or not labels_match(spec, cap):
                 continue
             view = self._view(host_id) or cap
             racks[rack].append(host_id)
@@ -405,8 +410,8 @@ class Placer:
         key: tuple[Any, ...] = (self._size(spec, spec.models()), spec.same_model, spec.replicas, spec.same_rack)
         for f in self.failed_gangs:
             size, same_model, n, rack = f
-            if (size[:2], same_model, rack) == (key[0][:2], key[1], key[3]) and spec.replicas >= n \
-                    and all(a >= b for a, b in zip(key[0][2:], size[2:], strict=True)):
+            if (size[:KIND], same_model, rack) == (key[0][:KIND], key[1], key[3]) and spec.replicas >= n \
+                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)):
                 return None
         failed_before = len(self.failed)
         result = None
@@ -433,7 +438,7 @@ class Placer:
             racks = self._racks(spec, models)
             return set(racks[0]) if racks else set()
         ranked = sorted(
-            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned
+            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned and labels_match(spec, c)
              and (models is None or models & set(c.gpu_models.values()))),
             key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(models)), h),
         )

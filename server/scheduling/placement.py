@@ -31,7 +31,8 @@ NO_FREE_CPU = "not enough free CPU"
 NO_FREE_MEMORY = "not enough free memory"
 TOO_MANY_TASKS = "host runs its maximum number of tasks"
 RECORD_FULL = "host's assignment record is full"
-REASONS = (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE, NO_FREE_GPU_MEMORY,
+NO_LABELS = "host lacks a required label"
+REASONS = (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE, NO_FREE_GPU_MEMORY,
            NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
@@ -170,6 +171,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
         return NOT_HEALTHY, [], ()
     if host.cordoned:
         return CORDONED, [], ()
+    if spec.host_labels and not labels_match(spec, host):
+        return NO_LABELS, [], ()
     accept = spec.models() if models is ... else models
     gpus: list[int] = []
     mig: tuple[str, ...] = ()
@@ -215,6 +218,11 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     if host.record_bytes + task_bytes(spec) + ALLOC_RECORD_OVERHEAD > RECORD_BUDGET:
         return RECORD_FULL, [], ()
     return None, gpus, mig
+
+
+def labels_match(spec: JobSpec, host: HostCapacity) -> bool:
+    """Whether the host has every label the job requires (`JobSpec.host_labels`)."""
+    return all(host.labels.get(k) == v for k, v in spec.host_labels.items())
 
 
 def _score(spec: JobSpec, host: HostCapacity) -> tuple[float, ...]:

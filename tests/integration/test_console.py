@@ -360,10 +360,17 @@ async def test_a_gang_with_a_priority_from_the_form(console: Console) -> None:
             "memory_mb": "512"}
     r = await c.post("/submit", data={**base, "replicas": "0"})
     assert r.status_code == 422 and 'id="f-replicas-error"' in r.text, r.text
-    r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7"})
+    r = await c.post("/submit", data={**base, "host_labels": "zone"})
+    assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "expected KEY=VALUE" in r.text
+    r = await c.post("/submit", data={**base, "host_labels": "Zone=a"})
+    assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "invalid label key" in r.text
+    r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7", "host_labels": "zone=eu-1, net=ib"})
     assert r.status_code == 303, r.text
     job = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
     assert (job.spec.replicas, job.spec.priority, job.spec.gpus) == (4, 7, 8)
+    assert job.spec.host_labels == {"zone": "eu-1", "net": "ib"}
+    page = await c.get(f"/jobs/{job.id}")
+    assert '<span class="label">net=ib</span> <span class="label">zone=eu-1</span>' in page.text
 
 
 async def test_valid_submission_redirects_to_job_page(console: Console) -> None:

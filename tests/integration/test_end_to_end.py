@@ -255,6 +255,23 @@ def test_cordoned_host_gets_no_new_work(two_hosts: tuple[Cluster, Api]) -> None:
     assert r["uncordonHost"]["host"]["cordoned"] is False
 
 
+def test_a_job_runs_only_on_hosts_with_its_labels(two_hosts: tuple[Cluster, Api]) -> None:
+    """host-a is in rack r1, host-b in r2: a job that requires rack=r2 runs on host-b every
+    time; one that requires a label no host has waits, and says why."""
+    cluster, api = two_hosts
+    ids = [api.submit(name=f"l{i}", command=["true"], gpus=1, cpus=1, memoryMb=64,
+                      hostLabels={"rack": "r2", "zone": "z1"})["job"]["id"] for i in range(4)]
+    for jid in ids:
+        job = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert job["state"] == "SUCCEEDED" and job["attempts"][0]["host"]["id"] == "host-b", job
+    nowhere = api.submit(name="nowhere", command=["true"], gpus=1, cpus=1, memoryMb=64,
+                         hostLabels={"net": "ib"})["job"]["id"]
+    wait_until(lambda: api.job(nowhere)["pendingReasons"] == [{"reason": "host lacks a required label", "hosts": 2}],
+               timeout=60, what="the reason in why pending")
+    got = api.q('query($id: ID!) { job(id: $id) { state hostLabels { key value } } }', {"id": nowhere})["job"]
+    assert got == {"state": "QUEUED", "hostLabels": [{"key": "net", "value": "ib"}]}
+
+
 def test_gang_job_runs_all_tasks_at_once(two_hosts: tuple[Cluster, Api]) -> None:
     cluster, api = two_hosts
     q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""

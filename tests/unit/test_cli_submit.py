@@ -75,13 +75,15 @@ def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
 
 
 def test_the_submission_carries_env_cwd_rack_and_disconnect_options_and_only_what_was_given() -> None:
-    args = parse_args(["job", "submit", "--env", "A=1", "--env", "B=x=y", "--env", "EMPTY=",
+    args = parse_args(["job", "submit", "--env", "A=1", "--env", "B=x=y", "--env", "EMPTY=", "--host-label", "zone=a",
+                       "--host-label", "net=ib",
                                       "--cwd", "/data", "--replicas", "2", "--same-rack", "--keep-running",
                                       "--replace-after", "120", "--queue", "q", "train", "--", "run"])
     inp = submit_input(args, submit_command(args))
     assert inp == {"name": "train", "command": ["run"], "gpus": 0, "cpus": 1.0, "memoryMb": 512, "priority": 0,
                    "replicas": 2, "sameRack": True, "cwd": "/data", "queue": "q", "replaceAfter": 120.0,
-                   "onDisconnect": "KEEP_RUNNING", "env": {"A": "1", "B": "x=y", "EMPTY": ""}}
+                   "onDisconnect": "KEEP_RUNNING", "env": {"A": "1", "B": "x=y", "EMPTY": ""},
+                   "hostLabels": {"zone": "a", "net": "ib"}}
     plain = parse_args(["job", "submit", "train", "--", "run"])
     assert set(submit_input(plain, ["run"])) == {"name", "command", "gpus", "cpus", "memoryMb", "priority"}
     bad = parse_args(["job", "submit", "--env", "NOEQUALS", "train", "--", "run"])

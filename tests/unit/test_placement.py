@@ -17,6 +17,7 @@ from server.scheduling.placement import (
     NO_FREE_MEMORY,
     NO_FREE_MIG,
     NO_FREE_SHARE,
+    NO_LABELS,
     NO_MIG,
     NOT_HEALTHY,
     REASONS,
@@ -39,10 +40,28 @@ from wire.messages import JobSpec
 
 
 def test_reason_constants_are_listed_in_check_order() -> None:
-    assert REASONS == (NOT_HEALTHY, CORDONED, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
+    assert REASONS == (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
                        NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS,
                        RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
+
+
+def test_a_job_runs_only_on_hosts_with_every_label_it_requires() -> None:
+    from server.scheduling.capacity import CapacityIndex, Placer
+
+    hosts = [host("h1", labels={"zone": "a"}), host("h2", labels={"zone": "b", "net": "ib"})]
+    wants = spec("t", command=["x"], gpus=1, host_labels={"zone": "b", "net": "ib"})
+    assert check(wants, hosts[0])[0] == NO_LABELS and check(wants, hosts[1])[0] is None
+    assert explain(spec("t", command=["x"], gpus=1, host_labels={"zone": "c"}), hosts) == Counter({NO_LABELS: 2})
+    index = CapacityIndex()
+    for h in hosts:
+        index.put(h)
+    placer = Placer(index, healthy=lambda host_id: True)
+    choice = placer.place(wants)
+    assert choice is not None and choice.host_id == "h2"
+    # A job whose labels no host has finds none; that says nothing of a job without them.
+    assert placer.place(spec("u", command=["x"], gpus=1, host_labels={"zone": "c"})) is None
+    assert placer.place(spec("v", command=["x"], gpus=1)) is not None
 
 
 def test_a_host_takes_at_most_max_tasks() -> None:
@@ -295,6 +314,10 @@ def test_placing_one_after_another_with_reserve_fills_hosts() -> None:
 MODELS = ["H100", "A100", "L4"]
 
 
+# Hosts' labels, and the labels a job requires: none most often, else a zone and a network.
+LABEL_SETS = st.sampled_from([{}, {}, {}, {"zone": "a"}, {"zone": "b"}, {"zone": "a", "net": "ib"}])
+
+
 @st.composite
 def host_caps(draw: st.DrawFn, i: int) -> HostCapacity:
     n = draw(st.integers(0, 8))
@@ -308,6 +331,7 @@ def host_caps(draw: st.DrawFn, i: int) -> HostCapacity:
         unhealthy=unhealthy,
         cpus=float(draw(st.integers(0, 64))) + draw(st.sampled_from([0.0, 0.5, 0.3])),
         memory_mb=draw(st.integers(0, 65536)),
+        labels=draw(LABEL_SETS),
     )
 
 
@@ -319,6 +343,7 @@ def host_lists(draw: st.DrawFn) -> list[HostCapacity]:
 
 specs = st.builds(
     spec,
+    host_labels=LABEL_SETS,
     gpus=st.integers(0, 9),
     gpu_model=st.none() | st.sampled_from(MODELS + ["B200"]),
     cpus=st.sampled_from([0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 7.5, 16.0, 33.0]),

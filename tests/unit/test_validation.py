@@ -145,6 +145,15 @@ def test_command_with_nul() -> None:
     assert errs(command=["echo", "a\x00b"]) == [("command", "INVALID")]
 
 
+def test_host_labels() -> None:
+    assert errs(host_labels={"zone": "eu-1", "net": "ib", "empty": ""}) == []
+    assert errs(host_labels=["zone=eu-1"]) == [("hostLabels", "TOO_LARGE")]
+    assert errs(host_labels={f"k{i}": "v" for i in range(17)}) == [("hostLabels", "TOO_LARGE")]
+    assert errs(host_labels={"Zone": "a"}) == [("hostLabels", "INVALID")]
+    assert errs(host_labels={"zone": "a b"}) == [("hostLabels", "INVALID")]
+    assert errs(host_labels={"zone": 1}) == [("hostLabels", "INVALID")]
+
+
 def test_env_not_a_map() -> None:
     assert errs(env=["A=1"]) == [("env", "INVALID")]
 

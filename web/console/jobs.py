@@ -32,7 +32,7 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "memory_mb": "memory_mb", "gpuShare": "gpu_share", "gpuMemoryMb": "gpu_memory_mb",
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
                  "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
-                 "priority": "priority"}
+                 "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -179,8 +179,8 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
-                   "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0", "queue": "",
-                   "time_limit": ""}
+                   "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
+                   "host_labels": "", "queue": "", "time_limit": ""}
 
 
 @console()
@@ -232,6 +232,13 @@ async def submit(request: Request) -> Response:
     for key in ("replicas", "priority"):
         if values[key]:
             data[key] = _number(values[key], int)
+    if values["host_labels"]:
+        pairs = [p.strip().partition("=") for p in values["host_labels"].split(",") if p.strip()]
+        if any(not eq or not k.strip() for k, eq, _v in pairs):
+            local["host_labels"] = ["expected KEY=VALUE pairs, comma-separated (zone=eu-1,net=ib)"]
+            data["host_labels"] = values["host_labels"]  # which validation refuses too
+        else:
+            data["host_labels"] = {k.strip(): v.strip() for k, _eq, v in pairs}
     if values["queue"]:
         data["queue"] = values["queue"]
     if values["time_limit"]:

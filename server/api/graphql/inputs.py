@@ -52,6 +52,9 @@ class SubmitJobInput:
     time_limit_seconds: float = strawberry.field(
         default=0.0, description="Stop the job after this long running (SIGTERM, grace, SIGKILL); it ends TIMEOUT. "
                                  "0: the queue's default.")
+    host_labels: strawberry.scalars.JSON | None = strawberry.field(
+        default=None, description="Labels a host must have to run the job, as a map of label to value (at most "
+                                  "16; all must match the host's, e.g. {\"zone\": \"eu-1\", \"net\": \"ib\"}).")
 
 
 @strawberry.input

@@ -362,6 +362,10 @@ class Job:
     def same_rack(self) -> bool:
         return self._m.spec.same_rack
 
+    @strawberry.field(description="Labels a host must have to run it.")
+    def host_labels(self) -> list[Label]:
+        return [Label(key=k, value=v) for k, v in sorted(self._m.spec.host_labels.items())]
+
     @strawberry.field
     def submitted_at(self) -> dt.datetime | None:
         return ts(self._m.submitted_at)
