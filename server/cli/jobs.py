@@ -96,6 +96,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     help="keep running when the host is cut off from the control plane (KEEP_RUNNING)")
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
+    js.add_argument("--array", type=int, default=None, metavar="N",
+                    help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
+                         "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE); not with --wait or -f")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("-f", "--follow", action="store_true",
                     help="wait, printing the job's output as it runs (as job logs -f); exit as --wait does")
@@ -160,12 +163,29 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
     return inp
 
 
+def array_inputs(inp: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The N jobs of `--array N`: NAME-i, each with MUSTER_ARRAY_INDEX=i and
+    MUSTER_ARRAY_SIZE=N in its environment."""
+    if not 1 <= n <= 1000:
+        raise ValidationError("array", "must be from 1 to 1000 jobs (one request)")
+    if len(f"{inp['name']}-{n - 1}") > 128:
+        raise ValidationError("name", f"at most {128 - len(str(n - 1)) - 1} characters with --array {n}")
+    return [{**inp, "name": f"{inp['name']}-{i}",
+             "env": {**inp.get("env", {}), "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": str(n)}}
+            for i in range(n)]
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
     was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
+    inp = submit_input(args, submit_command(args))
+    if args.array is not None:
+        if args.wait or args.follow:
+            raise ValidationError("array", "--array submits many jobs: follow them with job list --name NAME-")
+        return submit_array(args, array_inputs(inp, args.array))
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
-    res = gql(q, {"input": submit_input(args, submit_command(args))})["submitJob"]
+    res = gql(q, {"input": inp})["submitJob"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
     job = res["job"]
@@ -189,6 +209,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
             reasons = "".join(f"\n  {_reason(r)}" for r in job.get("pendingReasons") or [])
             raise JobFailed(f"job {job['id']} was not placed within {args.timeout:g}s{reasons}")
         raise ApiError(f"job {job['id']} still {job['state']} after {args.timeout:g}s")
+    return 0
+
+
+def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
+    """One request for every job of an array. The jobs differ only in name and index, so a
+    refusal is normally every job's; the jobs stored, if any were, are listed before the
+    first refusal is raised."""
+    q = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
+        job { id name state } userErrors { field message code } } }"""
+    res = gql(q, {"input": inputs})["submitJobs"]
+    jobs = [r["job"] for r in res if r["job"]]
+    if jobs:
+        out(args, jobs, [[j["id"], j["name"], j["state"]] for j in jobs], ["ID", "NAME", "STATE"])
+    refused = [r for r in res if r["userErrors"]]
+    if refused:
+        raise user_errors(refused[0]["userErrors"], "{field}: {message} ({code})")
     return 0
 
 

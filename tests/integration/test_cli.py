@@ -207,6 +207,15 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     assert lines[0].startswith("==> attempt 1 on out-1: ") and lines[1:3] == ["one", "two"], lines
     assert lines[-1] == "==> attempt 1: FAILED (exit 3) <==" or lines[0].endswith("FAILED (exit 3) <=="), lines
     assert "submitted" in r.stderr and "error: job " in r.stderr and "attempt 1 on out-1: exit 3" in r.stderr, r.stderr
+    # `--array 3`: three jobs in one request, each told its index.
+    r = muster(cluster, srv.url, "job", "submit", "--array", "3", "-o", "json", "sweep", "--", "sh", "-c",
+               "echo index=$MUSTER_ARRAY_INDEX of $MUSTER_ARRAY_SIZE")
+    assert r.returncode == 0, r.stderr
+    jobs = json.loads(r.stdout)
+    assert [j["name"] for j in jobs] == ["sweep-0", "sweep-1", "sweep-2"]
+    for i, j in enumerate(jobs):
+        done = api.wait_job(j["id"], {"SUCCEEDED", "FAILED"})
+        assert done["state"] == "SUCCEEDED" and done["attempts"][0]["outputTail"] == f"index={i} of 3\n", done
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:

@@ -151,3 +151,18 @@ def test_a_failed_job_says_why() -> None:
                           "\n  attempt 1 task 1 on h1: KILLED (gang task 0 ended FAILED)")
     assert ended({**job, "state": "TIMEOUT", "endReason": "time limit of 60 s reached"}) == \
         "job j1 TIMEOUT: time limit of 60 s reached"
+
+
+def test_an_array_is_n_jobs_each_told_its_index() -> None:
+    from server.cli.jobs import array_inputs
+
+    args = parse_args(["job", "submit", "--gpus", "1", "--env", "LR=0.1", "--array", "3", "sweep", "--", "run"])
+    jobs = array_inputs(submit_input(args, submit_command(args)), args.array)
+    assert [j["name"] for j in jobs] == ["sweep-0", "sweep-1", "sweep-2"]
+    assert [j["env"] for j in jobs] == [{"LR": "0.1", "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": "3"}
+                                        for i in range(3)]
+    assert all(j["gpus"] == 1 and j["command"] == ["run"] for j in jobs)
+    with pytest.raises(ValidationError, match="from 1 to 1000"):
+        array_inputs({"name": "x"}, 1001)
+    with pytest.raises(ValidationError, match="at most 125 characters with --array 100"):
+        array_inputs({"name": "x" * 126}, 100)
