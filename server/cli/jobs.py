@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jw)
     jw.set_defaults(fn=cmd_why)
 
-    jc = jsub.add_parser("cancel")
-    jc.add_argument("id")
+    jc = jsub.add_parser("cancel", help="cancel one job or several (job list --name P -o json gives ids)")
+    jc.add_argument("ids", nargs="+", metavar="ID")
     jc.add_argument("--reason", default="")
     add_output(jc)
     jc.set_defaults(fn=cmd_cancel)
@@ -439,10 +439,28 @@ def _reason(r: dict[str, Any]) -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel each job given; the ones refused (not found, already finished) are listed
+    with why, and the first refusal's error (its exit code) ends the command."""
     q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
            job { id state } userErrors { field message code } } }"""
-    res = gql(q, {"id": args.id, "reason": args.reason})["cancelJob"]
-    if res["userErrors"]:
-        raise user_errors(res["userErrors"], "{message}")
-    out(args, res["job"], [[res["job"]["id"], "cancel requested"]], ["ID", "STATUS"])
+    done: list[dict[str, Any]] = []
+    rows: list[list[str]] = []
+    first: Exception | None = None
+    for job_id in args.ids:
+        res = gql(q, {"id": job_id, "reason": args.reason})["cancelJob"]
+        if res["userErrors"]:
+            err = user_errors(res["userErrors"], "{message}")
+            first = first or err
+            rows.append([job_id, f"refused: {err}"])
+        else:
+            done.append(res["job"])
+            rows.append([res["job"]["id"], "cancel requested"])
+    if len(args.ids) == 1:
+        if first is not None:
+            raise first
+        out(args, done[0], rows, ["ID", "STATUS"])
+        return 0
+    out(args, done, rows, ["ID", "STATUS"])
+    if first is not None:
+        raise first
     return 0

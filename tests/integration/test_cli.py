@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,6 +217,14 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     for i, j in enumerate(jobs):
         done = api.wait_job(j["id"], {"SUCCEEDED", "FAILED"})
         assert done["state"] == "SUCCEEDED" and done["attempts"][0]["outputTail"] == f"index={i} of 3\n", done
+    # `job cancel` takes several ids: each cancelled, an unknown one listed as refused (exit 3).
+    r = muster(cluster, srv.url, "job", "submit", "--array", "2", "-o", "json", "long", "--", "sleep", "600")
+    ids = [j["id"] for j in json.loads(r.stdout)]
+    r = muster(cluster, srv.url, "job", "cancel", *ids, "j-nope", "--reason", "sweep over")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout.count("cancel requested") == 2 and re.search(r"j-nope +refused: no job j-nope", r.stdout), r.stdout
+    for job_id in ids:
+        assert api.wait_job(job_id, {"CANCELLED"})["state"] == "CANCELLED"
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
