@@ -8,6 +8,7 @@
     python -m bench --tenants 4 --hosts 200 --rate 500 [--trace]   (fairness: bench/fairness.py)
     python -m bench backlog --hosts 50000 --queues 8   (plan_cycle with a long queue: bench/backlog.py)
     python -m bench api --clients 4 --seconds 8 --rounds 3   (what one submitJob costs: bench/apicost.py)
+    python -m bench placer --hosts 50000 --jobs 50   (one cycle's placements: bench/placecycle.py)
 
 See bench/run.py for what is measured, `python -m bench --help` for every option and
 bench/results/README.md for the recorded runs.
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.backlog import main as backlog_main
 
         return backlog_main(argv[1:])
+    if argv[:1] == ["placer"]:
+        from bench.placecycle import main as placer_main
+
+        return placer_main(argv[1:])
     if argv[:1] == ["api"]:
         from bench.apicost import main as api_main
 

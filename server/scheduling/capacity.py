@@ -186,6 +186,9 @@ class Placer:
         self._dirty: set[str] = set()
         # (keys, level) -> the touched hosts there, as a set and sorted (_touched_at).
         self._tsorted: dict[tuple[tuple[Key, ...], int], tuple[set[str], list[str]]] = {}
+        # A host copy's FGD scores for a task shape, while the copy is unchanged: the
+        # feasible hosts a cycle scores are mostly the same few, job after job (_scored).
+        self._scores: dict[tuple[Any, ...], list[int]] = {}
 
     def healthy(self, host_id: str) -> bool:
         """Whether new work may go to `host_id` (the caller's judgement, kept for the cycle:
@@ -325,13 +328,20 @@ class Placer:
         options = [choice.gpu_indices]
         if spec.gpu_share > 0:
             options = [[i] for i in host.share_options(spec.gpu_share, spec.gpu_memory_mb, models)]
-        grown = self.frag.growth(host, options, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb,
-                                 choice.mig)
+        memo = (id(host), host.version, tuple(map(tuple, options)), spec.gpu_share, spec.gpu_memory_mb, spec.cpus,
+                spec.memory_mb, choice.mig)
+        scores = self._scores.get(memo)
+        if scores is None:
+            grown = self.frag.growth(host, options, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb,
+                                     choice.mig)
+            scores = self._scores[memo] = [score(g) for g in grown]
+        if len(options) == 1 and spec.gpu_share == 0:
+            return (-scores[0], choice.host_id), choice
         best: tuple[tuple[int, str], Choice] | None = None
-        for gpus, g in zip(options, grown, strict=True):
-            key = (-score(g), choice.host_id)
-            if best is None or key < best[0]:
-                best = (key, Choice(choice.host_id, gpus, choice.mig))
+        for gpus, sc in zip(options, scores, strict=True):
+            rank = (-sc, choice.host_id)
+            if best is None or rank < best[0]:
+                best = (rank, Choice(choice.host_id, gpus, choice.mig))
         assert best is not None
         return best
 

@@ -70,6 +70,9 @@ class HostCapacity:
     mig: dict[str, tuple[int, str, int]] = field(default_factory=dict)
     mig_gpus: frozenset[int] = frozenset()
     used_mig: set[str] = field(default_factory=set)
+    # Counts reserve() and release() calls: what a cycle has memoised about this copy
+    # holds while it is unchanged (capacity.Placer's scores).
+    version: int = 0
 
     def _usable(self, i: int, models: frozenset[str] | str | None) -> bool:
         if i in self.unhealthy_gpus or i in self.mig_gpus:
@@ -121,6 +124,7 @@ class HostCapacity:
         self.used_memory_mb += memory_mb
         self.tasks += 1
         self.record_bytes += record_bytes
+        self.version += 1
 
     def release(self, gpus: list[int], cpus: float, memory_mb: int, record_bytes: int = 0, share: int = 0,
                 gpu_memory_mb: int = 0, mig: Iterable[str] = ()) -> None:
@@ -138,6 +142,7 @@ class HostCapacity:
         self.used_memory_mb = max(0, self.used_memory_mb - memory_mb)
         self.tasks = max(0, self.tasks - 1)
         self.record_bytes = max(0, self.record_bytes - record_bytes)
+        self.version += 1
 
     def hold(self, task: Task) -> None:
         """Reserve what an assigned task holds (its allocation record's entry)."""

@@ -1,0 +1,120 @@
+"""`python -m bench placer`: what placing one cycle's jobs costs, in process.
+
+The leader's placement core (`capacity.Placer` with the default `fgd` policy) over a
+capacity index of `--hosts` simulated hosts of 8 H100s, partly filled (seeded: a ninth
+of them empty, the rest holding 2 to 8 GPUs' worth of work), and `--cycles` cycles that
+each place the same `--jobs` jobs (1, 2, 4 or 8 GPUs, four CPUs and 16 GB per GPU) on a
+fresh Placer, as the scheduler does each cycle. The fragmentation measure is that of the
+jobs' own mix. No NATS, no processes: it isolates the cost of finding and scoring hosts,
+which is most of a placing cycle.
+
+Reports the time per cycle (p50, p99) and per placement, the jobs placed per cycle, and
+checks that no copy of a host holds more than it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.calibration import python_speed
+from server.scheduling.capacity import CapacityIndex, Placer
+from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix
+from server.scheduling.placement import HostCapacity
+from wire.messages import JobSpec
+
+SIZES = (1, 1, 1, 2, 2, 4, 8)  # GPUs per job, as often as they appear
+FILL = (0, 0, 2, 4, 6, 7, 8, 8, 8)  # GPUs held on a host at the start, as often as they appear
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench placer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=50_000, help="simulated hosts of 8 H100s")
+    ap.add_argument("--jobs", type=int, default=50, help="jobs placed per cycle")
+    ap.add_argument("--cycles", type=int, default=40, help="cycles timed (after 3 untimed)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="the report (default: bench/results/placer-<hosts>.json)")
+    return ap
+
+
+def job(gpus: int) -> JobSpec:
+    return JobSpec(name=f"g{gpus}", command=["x"], gpus=gpus, cpus=4.0 * gpus, memory_mb=16_000 * gpus)
+
+
+def fleet(hosts: int, rng: random.Random) -> CapacityIndex:
+    index = CapacityIndex()
+    for h in range(hosts):
+        cap = HostCapacity(id=f"h{h:06d}", schedulable=True, cordoned=False, gpu_models={i: "H100" for i in range(8)},
+                           unhealthy_gpus=frozenset(), cpus=96.0, memory_mb=1_024_000,
+                           gpu_memory={i: 81_559 for i in range(8)})
+        held = rng.choice(FILL)
+        if held:
+            cap.reserve(list(range(held)), 4.0 * held, 16_000 * held)
+        index.put(cap)
+    return index
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    index = fleet(args.hosts, rng)
+    specs = [job(rng.choice(SIZES)) for _ in range(args.jobs)]
+    frag = Fragmentation(ShapeMix.of(Counter(Shape.of(job(g)) for g in SIZES)))
+    overcommits: list[str] = []
+
+    def cycle() -> int:
+        placer = Placer(index, lambda host_id: True, fragmentation=frag)
+        placed = 0
+        for s in specs:
+            choice = placer.place(s)
+            if choice is not None:
+                placer.reserve(choice, s)
+                placed += 1
+        for cap in placer.touched.values():
+            if len(cap.used_gpus) > len(cap.gpu_models) or cap.used_cpus > cap.cpus + 1e-9 \
+                    or cap.used_memory_mb > cap.memory_mb:
+                overcommits.append(cap.id)
+        return placed
+
+    for _ in range(3):
+        cycle()
+    ms: list[float] = []
+    placed: list[int] = []
+    for _ in range(args.cycles):
+        t0 = time.perf_counter()
+        placed.append(cycle())
+        ms.append((time.perf_counter() - t0) * 1000)
+    ms.sort()
+    per_cycle = statistics.median(ms)
+    return {
+        "scenario": "placer",
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "jobs_placed_per_cycle": statistics.median(placed),
+        "cycle_ms": {"p50": round(per_cycle, 2), "p99": round(ms[max(0, int(len(ms) * 0.99) - 1)], 2),
+                     "max": round(ms[-1], 2), "cycles": len(ms)},
+        "placement_us_p50": round(per_cycle * 1000 / max(1, args.jobs), 1),
+        "correctness": {"ok": not overcommits, "overcommitted_hosts": sorted(set(overcommits))[:10]},
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    speed = python_speed()  # the same workload as every run's machine_speed: runs are compared by it
+    rep = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
+           "command": "python -m bench placer " + " ".join(argv),
+           "machine": f"{os.cpu_count()} CPUs, one process", "machine_speed": speed, **measure(args)}
+    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / \
+        f"placer-{args.hosts // 1000}k.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=2) + "\n")
+    print(json.dumps(rep, indent=1))
+    print(f"report: {path}", file=sys.stderr)
+    return 0 if rep["correctness"]["ok"] else 1
