@@ -381,7 +381,7 @@ class Placer:
         free: dict[str, int] = defaultdict(int)
         for host_id, cap in self.index.caps.items():
             rack = cap.labels.get("rack")
-            if not rack or not cap.schedulable or cap.cordoned or not labels_match(spec, cap):
+            if not rack or not cap.schedulable or cap.cordoned or (spec.host_labels and not labels_match(spec, cap)):
                 continue
             view = self._view(host_id) or cap
             racks[rack].append(host_id)
@@ -448,7 +448,8 @@ class Placer:
             racks = self._racks(spec, models)
             return set(racks[0]) if racks else set()
         ranked = sorted(
-            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned and labels_match(spec, c)
+            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned
+             and (not spec.host_labels or labels_match(spec, c))
              and (models is None or models & set(c.gpu_models.values()))),
             key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(models)), h),
         )
