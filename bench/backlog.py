@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
-import os
 import statistics
-import sys
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from bench.calibration import python_speed
 from bench.fairness import Simulation
 from bench.fairness import build_parser as fairness_parser
+from bench.inprocess import run_and_report
 from server.scheduling.planner import QueuePolicy, plan_cycle
 from wire.messages import JobState
 
@@ -109,14 +104,4 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    speed = python_speed()  # the same workload as every run's machine_speed: runs are compared by it
-    rep = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
-           "command": "python -m bench backlog " + " ".join(argv),
-           "machine": f"{os.cpu_count()} CPUs, one process", "machine_speed": speed, **measure(args)}
-    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / \
-        f"backlog-{args.hosts // 1000}k.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rep, indent=2) + "\n")
-    print(json.dumps(rep, indent=1))
-    print(f"report: {path}", file=sys.stderr)
-    return 0 if rep["correctness"]["ok"] else 1
+    return run_and_report("backlog", argv, lambda: measure(args), args.json, f"backlog-{args.hosts // 1000}k.json")

@@ -15,18 +15,13 @@ checks that no copy of a host holds more than it has.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
-import sys
 import time
 from collections import Counter
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from bench.calibration import python_speed
+from bench.inprocess import run_and_report
 from server.scheduling.capacity import CapacityIndex, Placer
 from server.scheduling.fragmentation import Fragmentation, Shape, ShapeMix
 from server.scheduling.placement import HostCapacity
@@ -107,14 +102,4 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    speed = python_speed()  # the same workload as every run's machine_speed: runs are compared by it
-    rep = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
-           "command": "python -m bench placer " + " ".join(argv),
-           "machine": f"{os.cpu_count()} CPUs, one process", "machine_speed": speed, **measure(args)}
-    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / \
-        f"placer-{args.hosts // 1000}k.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rep, indent=2) + "\n")
-    print(json.dumps(rep, indent=1))
-    print(f"report: {path}", file=sys.stderr)
-    return 0 if rep["correctness"]["ok"] else 1
+    return run_and_report("placer", argv, lambda: measure(args), args.json, f"placer-{args.hosts // 1000}k.json")
