@@ -8,10 +8,14 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from server.cli.client import add_output, out
 from wire.errors import NotFound
+
+# The file in its data dir where `muster up` writes the URL of the NATS it started.
+NATS_URL_FILE = "nats-url"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,12 +44,14 @@ def add_admin_nats(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--nats-cert", default=os.environ.get("MUSTER_NATS_CERT"))
     sp.add_argument("--nats-key", default=os.environ.get("MUSTER_NATS_KEY"))
     sp.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"),
-                    help="where to find the credentials when --creds is not given")
+                    help="where to find the credentials when --creds is not given, and the NATS URL of a "
+                         "`muster up` there when --nats is not")
 
 
 def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
-    """How `muster token` reaches NATS: --nats/MUSTER_NATS_URL with the control plane's
-    credentials (--creds, MUSTER_NATS_CREDS, else server.nk found under --data-dir)."""
+    """How `muster token` reaches NATS: --nats, MUSTER_NATS_URL, else the URL a `muster up`
+    wrote in --data-dir, else the default; with the control plane's credentials (--creds,
+    MUSTER_NATS_CREDS, else server.nk found under --data-dir)."""
     from server.broker.natsauth import find_auth_dir
 
     creds = args.creds or os.environ.get("MUSTER_NATS_CREDS")
@@ -53,7 +59,11 @@ def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
         found = find_auth_dir(args.data_dir) / "server.nk"
         if found.exists():
             creds = str(found)
-    return {"url": args.nats or os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"), "creds": creds,
+    url = args.nats or os.environ.get("MUSTER_NATS_URL")
+    if not url:
+        written = Path(args.data_dir) / NATS_URL_FILE
+        url = written.read_text().strip() if written.exists() else "nats://127.0.0.1:4222"
+    return {"url": url, "creds": creds,
             "tls_ca": args.nats_ca, "tls_cert": args.nats_cert, "tls_key": args.nats_key}
 
 

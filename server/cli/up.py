@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.cli.tokens import NATS_URL_FILE
+
 MUSTER = [sys.executable, "-m", "server.cli"]
 AGENT = [sys.executable, "-m", "agent"]
 
@@ -76,6 +78,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                     p.wait()
 
     nats_url = f"nats://127.0.0.1:{args.nats_port}"
+    # Where `muster token` and `muster check` find this NATS when given --data-dir alone.
+    (data / NATS_URL_FILE).write_text(nats_url + "\n")
     stopping = False
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -103,6 +103,13 @@ def test_up_runs_everything_and_resumes(public: Path) -> None:
         assert all(h["node"]["simulated"] for h in hosts)
         job = api.submit(name="persisted", command=["true"], gpus=1, cpus=1, memoryMb=64)["job"]
         assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+        # `muster token` and `muster check` find this NATS and its credentials from the data
+        # dir alone (the port is not the default one).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MUSTER_NATS")}
+        for argv, says in ((["token", "list"], "operator  admin"), (["check"], "0 invariant violations")):
+            r = subprocess.run([sys.executable, "-m", "server.cli", *argv, "--data-dir", str(data)],
+                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+            assert r.returncode == 0 and says in r.stdout, (argv, r.stdout, r.stderr)
         assert data.stat().st_mode & 0o777 == 0o700
         if os.geteuid() == 0:
             hunt = api.submit(name="hunter", command=["sh", "-c", HUNT, "hunt", str(public)], gpus=1, cpus=1,
