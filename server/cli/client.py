@@ -45,8 +45,19 @@ def gql(query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         raise AuthError("unauthorised: the token was refused")
     body = r.json()
     if body.get("errors"):
-        raise ApiError("; ".join(e.get("message", "?") for e in body["errors"]))
+        raise ApiError(explain_errors([e.get("message", "?") for e in body["errors"]], url))
     return body["data"]
+
+
+def explain_errors(messages: list[str], url: str) -> str:
+    """The API's errors in one line; a field the server's schema lacks means this CLI is
+    newer than the server, which is said in so many words."""
+    text = "; ".join(messages)
+    missing = [m for m in messages if m.startswith("Cannot query field")]
+    if missing:
+        text += (f"\n  the server at {url} has an older API than this muster CLI: use the CLI of the "
+                 "server's version, or upgrade the server")
+    return text
 
 
 # ---------------------------------------------------------------- output

@@ -166,3 +166,13 @@ def test_an_array_is_n_jobs_each_told_its_index() -> None:
         array_inputs({"name": "x"}, 1001)
     with pytest.raises(ValidationError, match="at most 125 characters with --array 100"):
         array_inputs({"name": "x" * 126}, 100)
+
+
+def test_a_cli_newer_than_its_server_says_so() -> None:
+    from server.cli.client import explain_errors
+
+    old = explain_errors(["Cannot query field 'hostLabels' on type 'Job'."], "http://x/graphql")
+    assert old.splitlines() == ["Cannot query field 'hostLabels' on type 'Job'.",
+                                "  the server at http://x/graphql has an older API than this muster CLI: use the "
+                                "CLI of the server's version, or upgrade the server"]
+    assert explain_errors(["a", "b"], "u") == "a; b"
