@@ -126,12 +126,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         else:
             print(f"  token:    in {token_file}")
         print("Press Ctrl-C to stop.", flush=True)
+        gone: set[str] = set()
         while not stopping:
             for name, p in procs:
-                if p.poll() is not None:
-                    print(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}", file=sys.stderr)
-                    stopping = True
-                    break
+                if p.poll() is None or name in gone:
+                    continue
+                gone.add(name)
+                if name.startswith("agent-"):
+                    # As a host of a real cluster: its host is lost and its work replaced; the
+                    # rest keeps running (kill -9 an agent to watch that happen).
+                    print(f"{name} exited with {p.returncode}; its host will be LOST and its work requeued, the "
+                          f"rest keeps running; see {logs / (name + '.log')}", file=sys.stderr, flush=True)
+                    continue
+                print(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}", file=sys.stderr)
+                stopping = True
+                break
             time.sleep(0.2)
     finally:
         print("Stopping...", flush=True)

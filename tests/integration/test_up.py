@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from server.broker.natsd import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 from tests.integration.conftest import Api
 
 
@@ -134,6 +134,15 @@ def test_up_runs_everything_and_resumes(public: Path) -> None:
         api = Api(f"http://127.0.0.1:{http}", token)
         assert api.job(job["id"])["state"] == "SUCCEEDED"
         api.wait_hosts(2)
+        # An agent killed (-9) is a host lost, as in a real cluster: the rest keeps running.
+        agent = next(proc for proc in psutil.process_iter(["cmdline"])
+                     if (cmd := proc.info["cmdline"] or []) and "agent" in cmd and "local-2" in cmd
+                     and str(data) in " ".join(cmd))
+        agent.kill()
+        wait_until(lambda: api.q('{ host(id: "local-2") { health } }')["host"]["health"] == "LOST", timeout=90,
+                   what="local-2 LOST")
+        assert p.poll() is None
+        assert api.q('{ host(id: "local-1") { health } }')["host"]["health"] == "HEALTHY"
     finally:
         assert stop_up(p) == 0
 
