@@ -100,14 +100,16 @@ def cmd_show(args: argparse.Namespace) -> int:
                                       ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
                      if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
-    print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy,"
-          f" {h['gpuModel']}, util {h['gpuUtilPct']}%")
+    lost = h["health"] == "LOST"  # its telemetry is its last heartbeat's, stale: not shown
+    print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy, {h['gpuModel']}"
+          + (f", util {h['gpuUtilPct']}%" if not lost else " (LOST: no telemetry)"))
     for g in h["gpuDevices"]:
         print(f"    GPU {g['index']} {g['model']} {g['memoryMb']} MB: {gpu_line(g)}")
-        print(f"      util {g['utilPct']:.0f}%, memory {g['memUsedMb']}/{g['memoryMb']} MB, "
-              f"{g['tempC']:.0f} °C, {g['powerW']:.0f} W")
-    print(f"  cpus:    {h['cpus']} ({h['cpuPct']}% busy)")
-    print(f"  memory:  {h['memUsedMb']}/{h['memoryMb']} MB")
+        if not lost:
+            print(f"      util {g['utilPct']:.0f}%, memory {g['memUsedMb']}/{g['memoryMb']} MB, "
+                  f"{g['tempC']:.0f} °C, {g['powerW']:.0f} W")
+    print(f"  cpus:    {h['cpus']}" + (f" ({h['cpuPct']}% busy)" if not lost else ""))
+    print("  memory:  " + (f"{h['memUsedMb']}/{h['memoryMb']} MB" if not lost else f"{h['memoryMb']} MB"))
     print(f"  tasks:   {h['tasks']}")
     labels = labels_text(h["labels"]) or "-"
     print(f"  labels:  {labels}")
@@ -168,7 +170,7 @@ def host_row(n: dict[str, Any]) -> list[str]:
         n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else "")
         + (" LEAVING" if n.get("leaving") else ""),
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
-        f"{n['gpuUtilPct']}%",
+        f"{n['gpuUtilPct']}%" if n["health"] != "LOST" else "-",  # a lost host's last figure is stale
         str(n["cpus"]),
         labels_text(n["labels"]),
     ]

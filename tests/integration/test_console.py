@@ -726,6 +726,12 @@ async def test_hosts_filters_and_sorting(console: Console) -> None:
     # Paging keeps the filters.
     r = await c.get("/hosts?q=nothing")
     assert "No host id contains “nothing”" in r.text
+    # A lost host's last telemetry is stale: its utilization is not shown.
+    m.state.apply_heartbeat("h-2", 10**9, None, None, time.time())  # its key's expiry marker
+    await eventually(lambda: m.state.health("h-2", time.time()).value == "LOST", what="h-2 lost")
+    r = await c.get("/hosts?health=LOST")
+    row = r.text[r.text.index('href="/hosts/h-2"'):]
+    assert ids(r.text) == ["h-2"] and "90.0" not in row[:row.index("</tr>")], row
 
 
 async def test_hosts_filters_page_through_many(console: Console) -> None:

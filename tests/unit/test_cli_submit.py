@@ -68,6 +68,7 @@ def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
     assert host_row(node)[1] == "HEALTHY DRAINING"
     assert host_row({**node, "draining": False})[1] == "HEALTHY CORDONED"
     assert host_row({**node, "draining": False, "cordoned": False})[1] == "HEALTHY"
+    assert host_row(node)[3] == "0.0%" and host_row({**node, "health": "LOST"})[3] == "-"  # a lost host's is stale
     assert host_row({**node, "draining": False, "cordoned": False, "leaving": True})[1] == "HEALTHY LEAVING"
     job = {"replicas": 2, "gpus": 8, "gpuModels": ["H100"], "cpus": 4.0, "memoryMb": 1024}
     assert wants(job) == "a gang of 2 tasks, each 8 GPU H100, 4.0 CPU, 1024 MB"
