@@ -16,8 +16,8 @@ JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeco
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition
 pendingReasons { reason hosts kind detail }
-attempts { id number task state host { id } gpuIndices gpuShare migInstances exitCode startedAt finishedAt outputTail
-reason }"""
+attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
+outputTail reason }"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -301,9 +301,17 @@ def show(args: argparse.Namespace) -> None:
                  f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
                  f"GPUs {a['gpuIndices']}" if a["gpuIndices"] else "no GPU")
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
-              f" exit={a['exitCode']} {a['reason']}")
+              f" exit={a['exitCode']} {a['reason']}".rstrip() + lost_note(a))
         if a["outputTail"]:
             print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+
+
+def lost_note(attempt: dict[str, Any]) -> str:
+    """For a live attempt on a LOST host: its work is replaced only when a healthy host can
+    take it (failures.md, never evict work with nowhere to go)."""
+    if attempt["state"] in ("PLACED", "RUNNING") and attempt["host"].get("health") == "LOST":
+        return " (its host is LOST: replaced once another host has room)"
+    return ""
 
 
 def task_of(job: dict[str, Any], attempt: dict[str, Any]) -> str:

@@ -989,6 +989,8 @@ async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Consol
     assert '<pre tabindex="0" class="tail" id="live-jlive0001.1.0"><code>epoch 1 &lt;loss&gt; 0.5' in r.text  # escaped
     gone = r.text[r.text.index("Output of try 1, task 1 on h-gone so far"):]
     assert gone.index("Its agent did not answer") < gone.index("</section>")
+    # Neither host was ever heard of (LOST): each try says its host is lost.
+    assert r.text.count('<span class="badge health-lost">LOST</span> <span class="muted">replaced once') == 2
 
 
 async def test_job_timeline_from_history(console: Console) -> None:

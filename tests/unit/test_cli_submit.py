@@ -177,3 +177,12 @@ def test_a_cli_newer_than_its_server_says_so() -> None:
                                 "  the server at http://x/graphql has an older API than this muster CLI: use the "
                                 "CLI of the server's version, or upgrade the server"]
     assert explain_errors(["a", "b"], "u") == "a; b"
+
+
+def test_a_live_attempt_on_a_lost_host_says_so() -> None:
+    from server.cli.jobs import lost_note
+
+    on = {"state": "RUNNING", "host": {"id": "h1", "health": "LOST"}}
+    assert lost_note(on) == " (its host is LOST: replaced once another host has room)"
+    assert lost_note({**on, "state": "LOST"}) == ""
+    assert lost_note({**on, "host": {"id": "h1", "health": "HEALTHY"}}) == ""

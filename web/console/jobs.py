@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
+from server.health.rules import Health
 from server.replica import Muster
 from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
@@ -107,6 +108,10 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
             recorded = await run_in_threadpool(m.history.list_events, job_id=job_id, limit=500)
         except Exception:  # noqa: BLE001 - history is a convenience here
             history_error = True
+    now = time.time()
+    # Live tries on a LOST host: replaced only once another host can take them.
+    on_lost = {a.id for a in job.attempts if a.state in (AttemptState.PLACED, AttemptState.RUNNING)
+               and m.state.health(a.host_id, now) is Health.LOST}
     running = [a for a in job.attempts if a.state is AttemptState.RUNNING]
     replies = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in running))
     # A running try's output so far, from its agent (None: it did not answer).
@@ -115,6 +120,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     return {
         "job": job,
         "live": live,
+        "on_lost": on_lost,
         "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,
         "queue_why": queue_why,
