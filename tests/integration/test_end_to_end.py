@@ -272,6 +272,29 @@ def test_a_job_runs_only_on_hosts_with_its_labels(two_hosts: tuple[Cluster, Api]
     assert got == {"state": "QUEUED", "hostLabels": [{"key": "net", "value": "ib"}]}
 
 
+def test_one_request_asks_at_most_32_agents_for_live_output(two_hosts: tuple[Cluster, Api]) -> None:
+    """40 running tasks (20 gangs of 2, one task on each host) asked for their output in one
+    query: 32 answers, the rest null (a query cannot turn into a request to every agent of
+    the cluster)."""
+    cluster, api = two_hosts
+    ids = [api.submit(name=f"talk{i}", command=["sh", "-c", "echo hi; sleep 300"], cpus=0.01, memoryMb=16,
+                      replicas=2)["job"]["id"] for i in range(20)]
+    for jid in ids:
+        api.wait_job(jid, {"RUNNING"}, timeout=120)
+    query = "{ " + " ".join(f'j{i}: job(id: "{jid}") {{ attempts {{ state liveOutput }} }}'
+                            for i, jid in enumerate(ids)) + " }"
+
+    def outputs() -> list[str | None]:
+        data = api.q(query)
+        return [a["liveOutput"] for i in range(len(ids)) for a in data[f"j{i}"]["attempts"]]
+
+    wait_until(lambda: outputs().count("hi\n") == 32, timeout=60, what="32 outputs")
+    got = outputs()
+    assert len(got) == 40 and got.count("hi\n") == 32 and got.count(None) == 8, got
+    for jid in ids:
+        api.q('mutation($id: ID!) { cancelJob(id: $id, reason: "done") { job { id } } }', {"id": jid})
+
+
 def test_gang_job_runs_all_tasks_at_once(two_hosts: tuple[Cluster, Api]) -> None:
     cluster, api = two_hosts
     q = """mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id } userErrors { message } } }"""

@@ -165,6 +165,9 @@ class HostConnection:
     page_info: PageInfo
 
 
+MAX_LIVE_OUTPUTS = 32  # Attempt.liveOutput: agents asked per GraphQL request
+
+
 @strawberry.type
 class Attempt:
     _m: strawberry.Private[AttemptModel]
@@ -219,11 +222,18 @@ class Attempt:
         return self._m.output_tail
 
     @strawberry.field(description="A running attempt's output so far (stdout and stderr, the last 4 KB), asked of "
-                                  "its host's agent: null when the attempt is not RUNNING or the agent does not "
-                                  "answer within 2 s. outputTail holds the output once the attempt has ended.")
+                                  "its host's agent: null when the attempt is not RUNNING, the agent does not "
+                                  f"answer within 2 s, or the request has already asked for {MAX_LIVE_OUTPUTS}. "
+                                  "outputTail holds the output once the attempt has ended.")
     async def live_output(self, info: Info) -> str | None:
         if self._m.state is not AttemptStateEnum.RUNNING:
             return None
+        # One request asks at most MAX_LIVE_OUTPUTS agents: a page of running jobs cannot
+        # turn one query into a request to every agent of the cluster.
+        asked = info.context.get("live_outputs_asked", 0)
+        if asked >= MAX_LIVE_OUTPUTS:
+            return None
+        info.context["live_outputs_asked"] = asked + 1
         reply = await muster(info).live_output(self._m.host_id, self._m.id)
         return reply.output_tail if reply is not None and reply.running else None
 
