@@ -590,9 +590,10 @@ class Muster:
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cancel: {exc}") from exc
 
-    async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> OutputReply | None:
+    async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:
         """A running attempt's output so far, asked of its host's agent; None when the agent
-        does not answer in time (gone, cut off, or an agent from before this request)."""
+        does not answer in time (gone, cut off, or an agent from before this request) or
+        runs no such attempt."""
         assert self.store is not None
         try:
             msg = await self.store.nc.request(subjects.output_subject(host_id),
@@ -601,7 +602,7 @@ class Muster:
         except Exception as exc:  # noqa: BLE001 - no responders, a timeout, a reply that does not decode
             log.info("no output from %s for %s: %s", host_id, attempt_id, exc)
             return None
-        return reply if reply.attempt_id == attempt_id else None
+        return reply.output_tail if reply.attempt_id == attempt_id and reply.running else None
 
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""

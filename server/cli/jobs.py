@@ -376,22 +376,26 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
             else:
                 text = a["liveOutput"] if live else a["outputTail"]
             if before is None:
-                print(f"==> attempt {a['number']}{task_of(job, a)} on {a['host']['id']}: {a['state']}"
-                      + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+                print(header(job, a, f" on {a['host']['id']}"))
                 if a["state"] == "RUNNING" and a["liveOutput"] is None:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
             more = new_output(before[1] if before else "", text)
             if more:
                 print(more, end="" if more.endswith("\n") else "\n")
             if before is not None and before[0] != a["state"] and not live:
-                print(f"==> attempt {a['number']}{task_of(job, a)}: {a['state']}"
-                      + (f" (exit {a['exitCode']})" if a["exitCode"] is not None else "") + " <==")
+                print(header(job, a))
             shown[key] = (a["state"], text)
         sys.stdout.flush()
         if not follow or job["state"] in TERMINAL:
             return job
         time.sleep(2)
         job = _logs(job["id"])
+
+
+def header(job: dict[str, Any], a: dict[str, Any], where: str = "") -> str:
+    """`==> attempt N[ task T][ on HOST]: STATE[ (exit C)] <==`, above an attempt's output."""
+    code = f" (exit {a['exitCode']})" if a["exitCode"] is not None else ""
+    return f"==> attempt {a['number']}{task_of(job, a)}{where}: {a['state']}{code} <=="
 
 
 def _logs(job_id: str) -> dict[str, Any]:

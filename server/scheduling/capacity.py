@@ -218,6 +218,7 @@ class Placer:
             cap = base.copy()
             self.touched[host_id] = cap
         self._dirty.add(host_id)
+        cap.version += 1  # the caller may change it: nothing memoised of it holds (_scores)
         return cap
 
     def _rebucket(self) -> None:

@@ -70,8 +70,9 @@ class HostCapacity:
     mig: dict[str, tuple[int, str, int]] = field(default_factory=dict)
     mig_gpus: frozenset[int] = frozenset()
     used_mig: set[str] = field(default_factory=set)
-    # Counts reserve() and release() calls: what a cycle has memoised about this copy
-    # holds while it is unchanged (capacity.Placer's scores).
+    # Counts changes (reserve(), release(), and each time capacity.Placer.cap() hands the
+    # copy out to be changed): what a cycle has memoised about it holds while it is
+    # unchanged (the Placer's scores).
     version: int = 0
 
     def _usable(self, i: int, models: frozenset[str] | str | None) -> bool:

@@ -1508,7 +1508,6 @@ def plan_cycle(
         cap.used_memory_mb = 0
         cap.tasks = 0
         cap.record_bytes = 0
-        cap.version += 1  # changed in place: nothing memoised of it holds
         for t in alloc.tasks:
             cap.hold(t)
             cap.record_bytes += len(t.compact_json()) + 1
@@ -1516,7 +1515,6 @@ def plan_cycle(
         cap = placer.cap(host_id)
         if cap is not None:
             cap.unhealthy_gpus = cap.unhealthy_gpus | bad
-            cap.version += 1
     for alloc in plan.allocs.values():
         alloc.term = term or alloc.term
     if evict and usage and plan.keys + len(state.queue_usage) + len(state.queue_past) < room:

@@ -113,10 +113,9 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     on_lost = {a.id for a in job.attempts if a.state in (AttemptState.PLACED, AttemptState.RUNNING)
                and m.state.health(a.host_id, now) is Health.LOST}
     running = [a for a in job.attempts if a.state is AttemptState.RUNNING]
-    replies = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in running))
     # A running try's output so far, from its agent (None: it did not answer).
-    live = {a.id: (r.output_tail if r is not None and r.running else None)
-            for a, r in zip(running, replies, strict=True)}
+    outputs = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in running))
+    live = {a.id: out for a, out in zip(running, outputs, strict=True)}
     return {
         "job": job,
         "live": live,

@@ -234,8 +234,7 @@ class Attempt:
         if asked >= MAX_LIVE_OUTPUTS:
             return None
         info.context["live_outputs_asked"] = asked + 1
-        reply = await muster(info).live_output(self._m.host_id, self._m.id)
-        return reply.output_tail if reply is not None and reply.running else None
+        return await muster(info).live_output(self._m.host_id, self._m.id)
 
     @strawberry.field
     def term(self) -> int:
