@@ -1,8 +1,9 @@
 """The job read model, the same for GraphQL and the console: a job is its live record in
 the state bucket while there is one (fresher), else its row in the history database.
 
-`JobView` answers: one job (`get`), pages of jobs (`page`: history rows with the live
-records laid over them), why a queued job is not placed (`why_pending`), where it stands
+`JobView` answers: one job (`get`), pages of jobs (history rows with the live records
+laid over them, `overlay`, and on the first page the jobs history has not written yet,
+`unrecorded`), why a queued job is not placed (`why_pending`), where it stands
 in the queue (`queue_position`) and its timeline (`timeline`). Reads of history are plain
 calls that block; callers on an event loop run them in a thread.
 """
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 
 
 ORDER_MAX_AGE_S = 1.0
+# JobView.unrecorded: how far before the newest recorded job it looks for unrecorded
+# ones (replicas' clocks), and the most live jobs it walks.
+UNRECORDED_SLACK_S = 60.0
+UNRECORDED_SCAN = 20_000
 # How a task's GPU is shared, as GraphQL, the console and the CLI say it.
 SHARED = "shared, not isolated"
 MIG = "MIG instance"
@@ -62,10 +67,17 @@ class TimelineEvent:
     message: str
 
 
-@dataclass
-class JobPage:
-    jobs: list[Job]
-    total: int
+def matches(job: Job, *, state: str | Sequence[str] | None = None, user: str | None = None,
+            name: str | None = None, priority: int | None = None, submitted_after: float | None = None,
+            submitted_before: float | None = None, queue: str | None = None) -> bool:
+    """Whether `job` passes the filters of `History.list_jobs` (the same names and meaning)."""
+    if state and job.state.value not in ([state] if isinstance(state, str) else state):
+        return False
+    spec = job.spec
+    return ((user is None or spec.user == user) and (not name or spec.name.startswith(name))
+            and (priority is None or spec.priority == priority) and (queue is None or spec.queue == queue)
+            and (submitted_after is None or job.submitted_at >= submitted_after)
+            and (submitted_before is None or job.submitted_at < submitted_before))
 
 
 class JobView:
@@ -83,33 +95,30 @@ class JobView:
             job = self.history.get_job(job_id)
         return job
 
-    def page(self, *, state: str | None = None, limit: int, offset: int = 0, newest_live: bool = False,
-             **filters: Any) -> JobPage:
-        """A page of jobs from history (`History.list_jobs` with `filters`), each replaced by
-        its live record. With `newest_live` (the newest-first first page), live jobs newer
-        than anything history has written yet are put on top."""
-        assert self.history is not None
-        rows, total = self.history.list_jobs(state=[state] if state else None, limit=limit, offset=offset,
-                                             **filters)
-        shown = self.overlay(rows, state, newest_live=newest_live, limit=limit)
-        if newest_live:
-            total += max(0, len(shown) - len(rows))
-        return JobPage(shown, total)
-
-    def overlay(self, rows: Sequence[Job], state: str | None, *, newest_live: bool, limit: int) -> list[Job]:
+    def overlay(self, rows: Sequence[Job]) -> list[Job]:
+        """History rows, each replaced by its live record where there is one (fresher)."""
         live = self.state.jobs
-        out = [live.get(j.id, j) for j in rows]
-        if state:
-            out = [j for j in out if j.state.value == state]
-        if newest_live:
-            seen = {j.id for j in rows}
-            newest = max(((j.submitted_at, j.id) for j in rows), default=None)
-            extra = [j for j in list(live.values())
-                     if j.id not in seen and (not state or j.state.value == state)
-                     and (newest is None or (j.submitted_at, j.id) > newest)]
-            if extra:
-                out = sorted(extra + out, key=lambda j: (j.submitted_at, j.id), reverse=True)[:limit]
-        return out
+        return [live.get(j.id, j) for j in rows]
+
+    def unrecorded(self, rows: Sequence[Job], limit: int, **filters: Any) -> tuple[list[Job], int]:
+        """For the first page newest first: the live jobs newer than every one of `rows` (that
+        page's history rows) that match `filters` (`matches`), newest first, at most
+        `limit`, and how many there are: jobs the historian has not written yet, so that a
+        job is listed from the moment its submission is answered. Live jobs are held in the
+        order they were first seen, which is their submission order but for replicas'
+        clocks: the walk goes from the newest back and stops at the first job submitted
+        UNRECORDED_SLACK_S before the newest row, or after UNRECORDED_SCAN jobs (a read
+        never walks the whole of a large live set)."""
+        newest = max(((j.submitted_at, j.id) for j in rows), default=None)
+        floor = newest[0] - UNRECORDED_SLACK_S if newest else float("-inf")
+        out: list[Job] = []
+        for n, job in enumerate(reversed(self.state.jobs.values())):
+            if n >= UNRECORDED_SCAN or job.submitted_at < floor:
+                break
+            if (newest is None or (job.submitted_at, job.id) > newest) and matches(job, **filters):
+                out.append(job)
+        out.sort(key=lambda j: (j.submitted_at, j.id), reverse=True)
+        return out[:limit], len(out)
 
     def why_pending(self, job: Job, now: float) -> dict[str, int]:
         """Hosts rejecting a queued job now, counted by reason (placement.check, health

@@ -373,7 +373,9 @@ async def test_jobs_user_errors_batch_filters_sort_and_history(api: Client, must
 
 
 async def _count_jobs(listing: Any, n: int) -> bool:
-    return (await listing())["totalCount"] >= n
+    """History holds `n` jobs (oldest first, a list of history's rows alone: newest first
+    also lists the jobs history has not written yet)."""
+    return (await listing(s="SUBMITTED_AT_ASC"))["totalCount"] >= n
 
 
 async def _events(api: Client, job_id: str) -> bool:

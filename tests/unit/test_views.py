@@ -15,7 +15,7 @@ from server.replica import Muster, ServerConfig
 from server.scheduling.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
 from server.state.cluster import HostConfig
 from server.views.hosts import HostQuery, HostTable
-from tests.factories import heartbeat, heartbeat_record, host_alloc, job, job_spec, task
+from tests.factories import T0, heartbeat, heartbeat_record, host_alloc, job, job_spec, task
 from web.console.hosts import console_query
 from wire.messages import SHAPE_HEADER, GpuUsage, Heartbeat, JobState, shape_digest
 from wire.records import Record
@@ -244,3 +244,53 @@ def test_many_fences_noticed_together_make_one_alert() -> None:
     assert fence_alerts(fenced, now=1.0) == [ev]
     few = fence_alerts(fenced[:ALERTS_ONE_BY_ONE], now=1.0)
     assert [e.host_id for e in few] == [f"h-{i:02d}" for i in range(ALERTS_ONE_BY_ONE)]
+
+
+async def test_a_job_is_listed_before_history_has_written_it(tmp_path: Path) -> None:
+    """Found by hand: `muster job submit` then `muster job list` did not show the job, for
+    lists were history's rows only and the historian writes a moment later. The first
+    page newest first (GraphQL `jobs`, the console's jobs list) puts the live jobs
+    history has not written yet on top, filtered like the rows."""
+    from server.history.database import History
+    from web.console.jobs import PER_PAGE
+
+    mu = Muster(ServerConfig(data_dir=tmp_path / "mu"))
+    mu.history = mu.jobs.history = History(f"sqlite:///{tmp_path / 'h.db'}")
+    # Recorded: three older jobs; live only: two newer (one in queue b), and a recorded
+    # one whose live record is newer (it is shown once, as live).
+    for i in range(3):
+        j = job(f"old{i}", submitted_at=T0 + i, spec=job_spec(f"old{i}", user="u"))
+        mu.history.record(j, i + 1)
+        mu.state.apply_job(j, i + 1)
+    mu.history.flush()
+    mu.state.apply_job(job("old2", state=JobState.RUNNING, submitted_at=T0 + 2, spec=job_spec("old2", user="u")), 9)
+    mu.state.apply_job(job("new0", submitted_at=T0 + 10, spec=job_spec("new0", user="u")), 10)
+    mu.state.apply_job(job("new1", submitted_at=T0 + 11, spec=job_spec("new1", user="v", queue="b")), 11)
+
+    async def ids(args: str = "") -> tuple[list[str], int, bool]:
+        res = await build_schema().execute(
+            f"{{ jobs{args} {{ totalCount edges {{ node {{ id state }} }} pageInfo {{ hasNextPage }} }} }}",
+            context_value={"muster": mu, "token": None})
+        assert res.errors is None, res.errors
+        conn = res.data["jobs"]
+        return [e["node"]["id"] for e in conn["edges"]], conn["totalCount"], conn["pageInfo"]["hasNextPage"]
+
+    assert await ids() == (["new1", "new0", "old2", "old1", "old0"], 5, False)
+    assert await ids("(first: 2)") == (["new1", "new0"], 5, True)
+    assert await ids('(filter: {user: "u"})') == (["new0", "old2", "old1", "old0"], 4, False)
+    assert await ids('(filter: {queue: "b"})') == (["new1"], 1, False)
+    assert (await ids("(state: QUEUED)"))[0][:2] == ["new1", "new0"]
+    # History's row of old2 says QUEUED yet; its live record says RUNNING, and is listed.
+    assert await ids("(state: RUNNING)") == (["old2"], 1, False)
+    assert await ids('(filter: {namePrefix: "new"})') == (["new1", "new0"], 2, False)
+    # A later page (a cursor) is history's alone: the next page after the fresh ones goes on
+    # with the rows.
+    first, _, _ = await ids("(first: 2)")
+    res = await build_schema().execute("{ jobs(first: 2) { pageInfo { endCursor } } }",
+                                       context_value={"muster": mu, "token": None})
+    cursor = res.data["jobs"]["pageInfo"]["endCursor"]
+    assert (await ids(f'(first: 2, after: "{cursor}")'))[0] == ["old2", "old1"]
+    # The console's list: the same jobs on its first page.
+    shown = mu.jobs.unrecorded(mu.history.list_jobs(limit=PER_PAGE)[0], PER_PAGE)
+    assert [j.id for j in shown[0]] == ["new1", "new0"] and shown[1] == 2
+    mu.history.close()

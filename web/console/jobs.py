@@ -62,10 +62,13 @@ async def jobs(request: Request) -> Response:
             m.history.list_jobs, state=state or None, queue=queue or None, limit=PER_PAGE,
             offset=(page - 1) * PER_PAGE
         )
-    shown = m.jobs.overlay(rows, state, newest_live=page == 1, limit=PER_PAGE)
-    if queue:
-        shown = [j for j in shown if j.spec.queue == queue]
-    total += max(0, len(shown) - len(rows)) if page == 1 else 0
+    # Live records laid over history's rows (a row's state may be behind: filtered again),
+    # and on the first page the jobs history has not written yet.
+    shown = [j for j in m.jobs.overlay(rows) if not state or j.state.value == state]
+    if page == 1:
+        fresh, count = m.jobs.unrecorded(rows, PER_PAGE, state=state or None, queue=queue or None)
+        shown = (fresh + shown)[:PER_PAGE]
+        total += count
     page, pages = clamp_page(total, page)
     ctx = {
         "rows": shown,

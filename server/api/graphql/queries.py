@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import Any
 
 import strawberry
 from strawberry.types import Info
@@ -116,8 +117,10 @@ class Query:
         m = mu.state.jobs.get(str(id)) or await in_thread(mu.jobs.get, str(id))
         return Job(_m=m) if m else None
 
-    @strawberry.field(description="Jobs from the history database (newest first by default). "
-                                  "Cursors are keyset cursors: stable while jobs are added.")
+    @strawberry.field(description="Jobs from the history database (newest first by default), with live "
+                                  "records laid over them; the first page newest first also lists the "
+                                  "matching jobs history has not written yet. Cursors are keyset cursors: "
+                                  "stable while jobs are added.")
     async def jobs(
         self,
         info: Info,
@@ -148,17 +151,25 @@ class Query:
             else:
                 raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
         f = filter or JobFilter()
-        rows, total = await in_thread(
-            mu.history.list_jobs,
+        filters: dict[str, Any] = dict(
             state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
-            submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before),
-            queue=f.queue, sort=sort.value, limit=n + 1, offset=offset, after=keyset,
-        )
+            submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before), queue=f.queue)
+        rows, total = await in_thread(mu.history.list_jobs, **filters, sort=sort.value, limit=n + 1, offset=offset,
+                                      after=keyset)
         more = len(rows) > n
         rows = rows[:n]
-        shown = mu.jobs.overlay(rows, None, newest_live=False, limit=n)
+        # Each shown job with the job its cursor is made of (the history row, whose order the
+        # next page continues).
+        shown = list(zip(rows, mu.jobs.overlay(rows), strict=True))
+        if not after and sort is JobSort.SUBMITTED_AT_DESC:
+            # Jobs not written to history yet come first: a job is listed once submitted.
+            fresh, count = mu.jobs.unrecorded(rows, n, **filters)
+            if fresh:
+                total += count
+                more = more or len(fresh) + len(shown) > n
+                shown = ([(j, j) for j in fresh] + shown)[:n]
         edges = [JobEdge(cursor=b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"), node=Job(_m=live))
-                 for j, live in zip(rows, shown, strict=True)]
+                 for j, live in shown]
         return JobConnection(
             total_count=total,
             edges=edges,
