@@ -458,11 +458,26 @@ class Muster:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
 
+    @staticmethod
+    def default_queue(allowed: list[str] | None) -> str:
+        """The queue of a job that names none: `default`, or the first queue of a token
+        bound to queues that leave `default` out (a team's token submits to its team's
+        queue without saying so)."""
+        return allowed[0] if allowed and DEFAULT_QUEUE not in allowed else DEFAULT_QUEUE
+
+    @classmethod
+    def _job_input(cls, data: dict[str, Any], user: str, allowed: list[str] | None) -> dict[str, Any]:
+        """A job's input with its user, and its queue when it names none."""
+        data = dict(data)
+        data.setdefault("user", user)
+        if not data.get("queue"):
+            data["queue"] = cls.default_queue(allowed)
+        return data
+
     async def submit(self, data: dict[str, Any], user: str, queues: list[str] | None = None) -> Job:
         """Validate and store a job (QUEUED). Raises InvalidInput (nothing stored) when
         it is rejected; Forbidden when `queues` (the caller's token's) leave its queue out."""
-        data = dict(data)
-        data.setdefault("user", user)
+        data = self._job_input(data, user, queues)
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
             raise InvalidInput(errors)
@@ -485,8 +500,7 @@ class Muster:
         now = time.time()
         results: list[Job | InvalidInput | Forbidden] = []
         for data in items:
-            data = dict(data)
-            data.setdefault("user", user)
+            data = self._job_input(data, user, queues)
             spec, errors = validate_job(data, known)
             if spec is not None:
                 try:

@@ -348,6 +348,7 @@ async def test_submission_to_a_queue_with_a_time_limit(console: Console) -> None
     assert (await c.post("/login", data={"token": bound})).status_code == 303
     form = await c.get("/submit")
     assert '<option value="audio">' in form.text and '<option value="vision">' not in form.text
+    assert "the queue to run in (default: audio)" in form.text
     r = await c.post("/submit", data={**base, "csrf": console.csrf, "queue": "vision"})
     assert r.status_code == 403 and 'id="f-queue-error"' in r.text and "may not submit to queue" in r.text
 

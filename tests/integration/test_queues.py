@@ -153,7 +153,9 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     assert refused["job"] is None and refused["userErrors"][0]["code"] == "FORBIDDEN"
     # research borrows prod's idle GPU.
     r1 = submit(api, "r1", task(tmp_path, "r1", 300), token=alice, queue="research")["job"]["id"]
-    r2 = submit(api, "r2", task(tmp_path, "r2", 300), token=alice, queue="research")["job"]["id"]
+    # A job that names no queue goes to the token's queue (its only one).
+    r2 = submit(api, "r2", task(tmp_path, "r2", 300), token=alice)["job"]["id"]
+    assert api.q('query($id: ID!) { job(id: $id) { queue } }', {"id": r2})["job"]["queue"] == "research"
     for j in (r1, r2):
         api.wait_job(j, {"RUNNING"})
     research = api.q(QUEUE_Q, {"n": "research"})["queue"]

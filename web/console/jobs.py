@@ -179,6 +179,7 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
     return {
         # The queues offered: those the session's token may submit to.
         "queues": [q.name for q in m.queues() if bound is None or q.name in bound],
+        "default_queue": Muster.default_queue(bound),
         "values": values,
         "errors": errors,
         "other_errors": other or [],

@@ -47,8 +47,9 @@ class SubmitJobInput:
     replace_after: float = strawberry.field(
         default=0.0, description="KEEP_RUNNING only: seconds to wait after the host is lost before replacing the work."
     )
-    queue: str = strawberry.field(default="default", description="The queue to run in (the token must be bound "
-                                                                  "to it, if bound to any).")
+    queue: str | None = strawberry.field(
+        default=None, description="The queue to run in (the token must be bound to it, if bound to any). Default: "
+                                  "`default`, or the first of the token's queues when they leave `default` out.")
     time_limit_seconds: float = strawberry.field(
         default=0.0, description="Stop the job after this long running (SIGTERM, grace, SIGKILL); it ends TIMEOUT. "
                                  "0: the queue's default.")
