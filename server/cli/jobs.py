@@ -86,8 +86,8 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
     js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
-    js.add_argument("--queue", default=None, help="the queue to run in (default: default, or the first of the token's queues when it is "
-                    "bound to queues that leave default out)")
+    js.add_argument("--queue", default=None, help="the queue to run in (default: default, or the first of the "
+                    "token's queues when it is bound to queues that leave default out)")
     js.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
     js.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
