@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     h = sub.add_parser("host", help="list, cordon and uncordon hosts")
     hsub = h.add_subparsers(dest="host_cmd", required=True)
 
-    hl = hsub.add_parser("list")
+    hl = hsub.add_parser("list", help="hosts with health, GPUs, utilisation and labels")
     hl.add_argument("--limit", type=int, default=500)
     hl.add_argument("--health", default=None, help="HEALTHY, SUSPECT, LOST (comma-separated)")
     hl.add_argument("--rack", default=None)
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_watch(hl)
     hl.set_defaults(fn=cmd_list)
 
-    hs = hsub.add_parser("show")
+    hs = hsub.add_parser("show", help="one host: its GPUs, telemetry and tasks")
     hs.add_argument("id")
     add_output(hs)
     hs.set_defaults(fn=cmd_show)

@@ -24,14 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("job", help="submit, list, show and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 
-    js = jsub.add_parser("submit", usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
+    js = jsub.add_parser("submit", help="submit a job (--wait, -f to follow its output)", usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
                          description="Options may also follow NAME; then end them with --.")
     js.add_argument("name")
     js.add_argument("command", nargs=argparse.REMAINDER)
     submit_options(js)
     js.set_defaults(fn=cmd_submit, after=None)
 
-    jl = jsub.add_parser("list")
+    jl = jsub.add_parser("list", help="jobs, newest first (filters: state, user, name, queue)")
     jl.add_argument("--state", default=None, help="one state or several, comma-separated")
     jl.add_argument("--user", default=None)
     jl.add_argument("--name", default=None, help="name prefix")
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_watch(jl)
     jl.set_defaults(fn=cmd_list)
 
-    jsh = jsub.add_parser("show")
+    jsh = jsub.add_parser("show", help="one job: its spec, why it waits, and each attempt")
     jsh.add_argument("id")
     add_output(jsh)
     add_watch(jsh)

@@ -20,11 +20,11 @@ resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("queue", help="list, show, create, change and delete queues")
     qsub = q.add_subparsers(dest="queue_cmd", required=True)
-    ql = qsub.add_parser("list")
+    ql = qsub.add_parser("list", help="queues with quota, use, borrowing and fair share")
     add_output(ql)
     add_watch(ql)
     ql.set_defaults(fn=cmd_list)
-    qs = qsub.add_parser("show")
+    qs = qsub.add_parser("show", help="one queue: its settings and each resource's quota and use")
     qs.add_argument("name")
     add_output(qs)
     qs.set_defaults(fn=cmd_show)

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to (default: any)")
     add_admin_nats(tc)
     tc.set_defaults(fn=cmd_token)
-    tl = tsub.add_parser("list")
+    tl = tsub.add_parser("list", help="API tokens: name, role, queues (never the secret)")
     add_admin_nats(tl)
     add_output(tl)
     tl.set_defaults(fn=cmd_token)

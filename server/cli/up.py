@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from server.cli.tokens import NATS_URL_FILE
+from wire.errors import ConfigError
 
 MUSTER = [sys.executable, "-m", "server.cli"]
 AGENT = [sys.executable, "-m", "agent"]
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nats-port", type=int, default=4222)
     up.add_argument("--agents", type=int, default=None,
                     help="local agents (default 2 with simulated GPUs; 1 on this machine's NVIDIA GPUs)")
-    up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"))
+    up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"), metavar="SPEC",
+                    help="each agent's simulated GPUs: COUNTxMODEL[,mig=GPUS:N*PROFILE], e.g. 4xH100")
     up.add_argument("--no-auth", action="store_true", help="run NATS without authentication")
     up.set_defaults(fn=cmd_up)
 
@@ -158,6 +160,12 @@ def plan_agents(agents: int | None, simulate: str | None, nvidia: bool) -> list[
     if agents is not None and agents < 0:
         raise ValueError("--agents must be 0 or more")
     if simulate is not None or not nvidia:
+        if simulate is not None:
+            from agent.gpu import parse_full_spec
+            try:
+                parse_full_spec(simulate)  # refused here, before anything starts, not by each agent
+            except ConfigError as e:
+                raise ValueError(f"--simulate-gpus: {e}") from e
         return [simulate or "8xH100"] * (2 if agents is None else agents)
     if agents is not None and agents > 1:
         raise ValueError(f"--agents {agents}: this machine's GPUs can back one agent only "

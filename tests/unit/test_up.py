@@ -25,3 +25,7 @@ def test_real_gpus_back_one_agent_only() -> None:
         plan_agents(2, None, nvidia=True)
     with pytest.raises(ValueError, match="0 or more"):
         plan_agents(-1, None, nvidia=False)
+    # A bad spec is refused before anything starts (found by hand: `--simulate-gpus 4`
+    # started NATS and the server, then each agent exited with the error).
+    with pytest.raises(ValueError, match="expected COUNTxMODEL"):
+        plan_agents(None, "4", nvidia=False)
