@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("job", help="submit, list, show and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 
-    js = jsub.add_parser("submit", help="submit a job (--wait, -f to follow its output)", usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
+    js = jsub.add_parser("submit", help="submit a job (--wait, -f to follow its output)",
+                         usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
                          description="Options may also follow NAME; then end them with --.")
     js.add_argument("name")
     js.add_argument("command", nargs=argparse.REMAINDER)
