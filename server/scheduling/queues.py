@@ -152,10 +152,12 @@ class Refusal:
     # The queue's own limit is reached (nominal without a cohort, or nominal + borrowing
     # limit), not merely the cohort's pool: no preemption across queues can help.
     hard: bool = False
+    # What `limit` is, in words.
+    bound: str = ""
 
     def detail(self) -> str:
-        return (f"{self.resource}: {_fmt(self.used)} used + {_fmt(self.wanted)} wanted > "
-                f"{_fmt(self.limit)} available")
+        return (f"{self.resource}: {_fmt(self.used)} held + {_fmt(self.wanted)} wanted > {_fmt(self.limit)}"
+                + (f", {self.bound}" if self.bound else ""))
 
     @property
     def within_nominal(self) -> bool:
@@ -249,11 +251,12 @@ class QueueBook:
             n = nominal(q, r)
             if q.cohort is None:
                 if new > n + EPS:
-                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True)
+                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True, bound="its nominal quota (no cohort)")
                 continue
             limit = n + borrowing_limit(q, r)
             if new > limit + EPS:
-                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True)
+                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True,
+                               bound=f"its nominal quota {_fmt(n)} + borrowing limit {_fmt(limit - n)}")
             key = (q.cohort, r)
             if key not in self.pool:
                 self._recount(q.cohort, r)
@@ -261,7 +264,9 @@ class QueueBook:
             if drawn > self.pool[key] + EPS:
                 # What the pool still has for this queue, shown as its limit.
                 avail = used + max(0.0, self.pool[key] - self.drawn[key])
-                return Refusal(COHORT_EXHAUSTED if new <= n + EPS else OVER_QUOTA, r, used, want, avail)
+                return Refusal(COHORT_EXHAUSTED if new <= n + EPS else OVER_QUOTA, r, used, want, avail,
+                               bound=f"what it holds + what cohort {q.cohort} has unused (its nominal quota "
+                                     f"{_fmt(n)})")
         return None
 
     def take(self, name: str, d: Mapping[str, float], sign: float = 1.0) -> None:

@@ -140,8 +140,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         assert r is not None
         label = COHORT_EXHAUSTED if r.reason == COHORT_EXHAUSTED else (
             OVER_QUOTA if r.reason == OVER_QUOTA else r.reason)
-        detail = r.detail() + (f" (cohort {q.cohort})" if q.cohort and r.reason == COHORT_EXHAUSTED else "")
-        out.append(QueueReason(label, detail))
+        out.append(QueueReason(label, r.detail()))
         if r.reason == COHORT_EXHAUSTED and not job.preempting:
             out.extend(_reclaim_waits(state, b, q, r.resource, now))
         if not job.preempting:

@@ -63,7 +63,8 @@ def test_a_queue_without_cohort_stops_at_its_nominal_quota() -> None:
     book = QueueBook({"a": queue("a", gpu_H100=(8, None, None))}, {"a": {H100: 6}})
     assert book.admits("a", {H100: 2}) is None
     r = book.admits("a", {H100: 3})
-    assert r is not None and r.reason == OVER_QUOTA and r.limit == 8 and "6 used + 3 wanted > 8" in r.detail()
+    assert r is not None and r.reason == OVER_QUOTA and r.limit == 8
+    assert r.detail() == "gpu:H100: 6 held + 3 wanted > 8, its nominal quota (no cohort)"
     # A GPU model it has no quota of is metered too (nominal 0); cpu is not metered.
     assert meters(book.queues["a"], A100) and not meters(book.queues["a"], "cpu")
     assert book.admits("a", {A100: 1}).reason == OVER_QUOTA
@@ -77,6 +78,13 @@ def test_borrowing_within_a_cohort_up_to_the_limits() -> None:
     assert book.admits("a", {H100: 10}) is None
     refusal = book.admits("a", {H100: 11})
     assert refusal is not None and refusal.reason == OVER_QUOTA
+    # Each refusal says which limit it met: here the pool (b lends 2 only) ...
+    assert refusal.detail() == ("gpu:H100: 0 held + 11 wanted > 10, what it holds + what cohort c has unused "
+                                "(its nominal quota 8)")
+    # ... and past its borrowing limit, its own limit.
+    hard = book.admits("a", {H100: 13})
+    assert hard is not None and hard.hard
+    assert hard.detail() == "gpu:H100: 0 held + 13 wanted > 12, its nominal quota 8 + borrowing limit 4"
     book.take("a", {H100: 10})
     assert book.borrowed("a") == {H100: 2}
     assert book.lent("b") == {H100: 2}
