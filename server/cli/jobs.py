@@ -260,17 +260,27 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
-           edges { node { id name state user queue gpus gpuModel priority submittedAt } } } }"""
+           edges { node { id name state user queue gpus gpuModel gpuModels gpuShare migProfile replicas priority
+           submittedAt } } } }"""
     flt = {k: v for k, v in (("state", [s.upper() for s in args.state.split(",")] if args.state else None),
                               ("user", args.user), ("namePrefix", args.name), ("queue", args.queue)) if v}
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
-        rows = [[n["id"], n["name"], n["state"], n["user"], n["queue"], str(n["gpus"]), n["gpuModel"] or "-",
+        rows = [[n["id"], n["name"], n["state"], n["user"], n["queue"], gpus_cell(n),
+                 n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
         out(args, data, rows, ["ID", "NAME", "STATE", "USER", "QUEUE", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
 
     return watch(args, render)
+
+
+def gpus_cell(job: dict[str, Any]) -> str:
+    """A job's GPUs in a list's cell: whole GPUs, a share of one in thousandths, or a MIG
+    instance; a gang's as each task's times its tasks ("2 x4" is four tasks of two)."""
+    what = (f"MIG {job['migProfile']}" if job.get("migProfile") else
+            f"{job['gpuShare']}/1000" if job.get("gpuShare") else str(job["gpus"]))
+    return what + (f" x{job['replicas']}" if (job.get("replicas") or 1) > 1 else "")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -63,7 +63,6 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
 
     # listings in json, filters
-    # (the list reads the history database, filled asynchronously by the historian)
     wait_until(lambda: json.loads(muster(cluster, srv.url, "job", "list", "-o", "json").stdout)["totalCount"] >= 3,
                what="three jobs in `job list`")
     queued = json.loads(muster(cluster, srv.url, "job", "list", "--state", "QUEUED", "-o", "json").stdout)

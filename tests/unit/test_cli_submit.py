@@ -7,7 +7,7 @@ import pytest
 
 from server.cli.errors import user_errors
 from server.cli.hosts import host_row
-from server.cli.jobs import new_output, submit_command, submit_input, task_of, wants
+from server.cli.jobs import gpus_cell, new_output, submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
 from wire.errors import ValidationError
@@ -186,3 +186,13 @@ def test_a_live_attempt_on_a_lost_host_says_so() -> None:
     assert lost_note(on) == " (its host is LOST: replaced once another host has room)"
     assert lost_note({**on, "state": "LOST"}) == ""
     assert lost_note({**on, "host": {"id": "h1", "health": "HEALTHY"}}) == ""
+
+
+def test_a_lists_gpus_cell_says_shares_mig_and_gangs() -> None:
+    """Found by hand: `job list` said 0 GPUs for a share job and 2 for a gang of 2 x 2."""
+    base = {"gpus": 0, "gpuShare": 0, "migProfile": None, "replicas": 1}
+    assert gpus_cell({**base, "gpus": 4}) == "4"
+    assert gpus_cell(base) == "0"
+    assert gpus_cell({**base, "gpuShare": 300}) == "300/1000"
+    assert gpus_cell({**base, "migProfile": "1g.10gb"}) == "MIG 1g.10gb"
+    assert gpus_cell({**base, "gpus": 2, "replicas": 4}) == "2 x4"
