@@ -8,6 +8,11 @@ fresh Placer, as the scheduler does each cycle. The fragmentation measure is tha
 jobs' own mix. No NATS, no processes: it isolates the cost of finding and scoring hosts,
 which is most of a placing cycle.
 
+With `--pinned N`, each cycle also tries N jobs pinned to a pool of hosts by a label
+(`pool=p<i>`, JobSpec.host_labels), each pool one host in a thousand and every one of its
+hosts full: jobs that wait for their pool, tried again every cycle. Each is a placement
+that finds nothing.
+
 Reports the time per cycle (p50, p99) and per placement, the jobs placed per cycle, and
 checks that no copy of a host holds more than it has.
 """
@@ -36,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hosts", type=int, default=50_000, help="simulated hosts of 8 H100s")
     ap.add_argument("--jobs", type=int, default=50, help="jobs placed per cycle")
     ap.add_argument("--cycles", type=int, default=40, help="cycles timed (after 3 untimed)")
+    ap.add_argument("--pinned", type=int, default=0,
+                    help="jobs per cycle pinned by a label to a pool of full hosts (one in a thousand)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="the report (default: bench/results/placer-<hosts>.json)")
     return ap
@@ -58,10 +65,27 @@ def fleet(hosts: int, rng: random.Random) -> CapacityIndex:
     return index
 
 
+def pin_pools(index: CapacityIndex, pools: int) -> list[JobSpec]:
+    """Label every thousandth host `pool=p<i>` (i = 0 .. pools - 1 in turn), fill those
+    hosts, and return one 1-GPU job pinned to each pool."""
+    if not pools:
+        return []
+    for n, host_id in enumerate(sorted(index.caps)[::1000]):
+        cap = index.caps[host_id]
+        free = cap.free_gpus(None)
+        if free:
+            cap.reserve(free, 0.0, 0)
+        cap.labels = {**cap.labels, "pool": f"p{n % pools}"}
+        index.put(cap)
+    return [job(1).model_copy(update={"name": f"pinned{i}", "host_labels": {"pool": f"p{i}"}})
+            for i in range(pools)]
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     index = fleet(args.hosts, rng)
     specs = [job(rng.choice(SIZES)) for _ in range(args.jobs)]
+    specs += pin_pools(index, args.pinned)
     frag = Fragmentation(ShapeMix.of(Counter(Shape.of(job(g)) for g in SIZES)))
     overcommits: list[str] = []
 
@@ -95,11 +119,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "jobs_placed_per_cycle": statistics.median(placed),
         "cycle_ms": {"p50": round(per_cycle, 2), "p99": round(ms[max(0, int(len(ms) * 0.99) - 1)], 2),
                      "max": round(ms[-1], 2), "cycles": len(ms)},
-        "placement_us_p50": round(per_cycle * 1000 / max(1, args.jobs), 1),
+        "placement_us_p50": round(per_cycle * 1000 / max(1, len(specs)), 1),
         "correctness": {"ok": not overcommits, "overcommitted_hosts": sorted(set(overcommits))[:10]},
     }
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    return run_and_report("placer", argv, lambda: measure(args), args.json, f"placer-{args.hosts // 1000}k.json")
+    pinned = f"-pinned{args.pinned}" if args.pinned else ""
+    return run_and_report("placer", argv, lambda: measure(args), args.json,
+                          f"placer-{args.hosts // 1000}k{pinned}.json")

@@ -62,6 +62,17 @@ def test_a_job_runs_only_on_hosts_with_every_label_it_requires() -> None:
     # A job whose labels no host has finds none; that says nothing of a job without them.
     assert placer.place(spec("u", command=["x"], gpus=1, host_labels={"zone": "c"})) is None
     assert placer.place(spec("v", command=["x"], gpus=1)) is not None
+    # The index files hosts by label (a job that requires labels looks only at those hosts);
+    # a host whose labels change is filed anew, and a host gone is gone from it.
+    assert index.with_labels({"zone": "b", "net": "ib"}) == {"h2"} and index.with_labels({}) is None
+    index.put(host("h1", labels={"zone": "b", "net": "ib"}))
+    index.put(host("h2", labels={"zone": "a"}))
+    assert index.with_labels({"zone": "b", "net": "ib"}) == {"h1"} and index.with_labels({"zone": "a"}) == {"h2"}
+    choice = Placer(index, healthy=lambda host_id: True).place(wants)
+    assert choice is not None and choice.host_id == "h1"
+    index.remove("h1")
+    assert index.with_labels({"net": "ib"}) == set() and ("net", "ib") not in index.labelled
+    assert Placer(index, healthy=lambda host_id: True).place(wants) is None
 
 
 def test_a_host_takes_at_most_max_tasks() -> None:
@@ -396,13 +407,16 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
                                              releases: list[bool]) -> None:
     """The index-backed Placer (buckets for untouched hosts, an overlay for the hosts this
     cycle changed) finds a host exactly when a scan of every host's current capacity
-    does, a feasible one, and one left with the fewest free GPUs of the job's kind."""
+    does, a feasible one, and one left with the fewest free GPUs of the job's kind. A job
+    that requires labels finds the same host when the hosts its labels allow are looked at
+    one by one (`direct`, as for a label few hosts have) as along the buckets."""
     from server.scheduling.capacity import CapacityIndex, Placer
 
     index = CapacityIndex()
     for h in hosts:
         index.put(h)
-    placer = Placer(index, healthy=lambda host_id: True)
+    placer = Placer(index, healthy=lambda host_id: True, direct_share=0.0)
+    direct = Placer(index, healthy=lambda host_id: True, direct_share=1.0)
     done: list[tuple[str, JobSpec, list[int]]] = []
     for s, release in zip(job_specs, releases, strict=False):
         if s.gpus == 0 and s.gpu_model is not None:
@@ -410,13 +424,18 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
         if release and done:
             # What a cycle's status reports do: change a touched host's copy directly.
             host_id, old, gpus = done.pop(0)
-            cap = placer.cap(host_id)
-            assert cap is not None
-            cap.release(gpus, old.cpus, old.memory_mb)
-            placer.failed.clear()  # capacity grew: earlier failures say nothing now
+            for p in (placer, direct):
+                cap = p.cap(host_id)
+                assert cap is not None
+                cap.release(gpus, old.cpus, old.memory_mb)
+                p.failed.clear()  # capacity grew: earlier failures say nothing now
         views = [placer.touched.get(h.id, index.caps[h.id]) for h in hosts]
         feasible = [v for v in views if check(s, v)[0] is None]
         got = placer.place(s)
+        same = direct.place(s)
+        assert same == got, (s.host_labels, same, got)
+        if same is not None:
+            direct.reserve(same, s)
         if not feasible:
             assert got is None
             continue
