@@ -183,6 +183,11 @@ def eviction_from_env(env: Mapping[str, str]) -> EvictionConfig:
     return EvictionConfig(**values)
 
 
+# Agents one request (a GraphQL query, a console page) asks for running attempts' output
+# (Muster.live_output): a page of running jobs, or a large gang's page polled every two
+# seconds, cannot become a request to every agent of the cluster.
+MAX_LIVE_OUTPUTS = 32
+
 class Muster:
     def __init__(self, config: ServerConfig) -> None:
         if config.placement_policy not in POLICIES:
@@ -607,7 +612,7 @@ class Muster:
     async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:
         """A running attempt's output so far, asked of its host's agent; None when the agent
         does not answer in time (gone, cut off, or an agent from before this request) or
-        runs no such attempt."""
+        runs no such attempt. A caller asks at most MAX_LIVE_OUTPUTS agents per request."""
         assert self.store is not None
         try:
             msg = await self.store.nc.request(subjects.output_subject(host_id),

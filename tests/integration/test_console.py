@@ -992,6 +992,20 @@ async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Consol
     assert gone.index("Its agent did not answer") < gone.index("</section>")
     # Neither host was ever heard of (LOST): each try says its host is lost.
     assert r.text.count('<span class="badge health-lost">LOST</span> <span class="muted">replaced once') == 2
+    # A gang of 34 running tasks: the page (polled every 2 s) asks 32 agents, and says why
+    # the other two show no output.
+    many = [Attempt(id=f"jlive0002.1.{t}", number=1, task=t, host_id="h-live", gpu_indices=[0],
+                    state=AttemptState.RUNNING, placed_at=now - 5, started_at=now - 4) for t in range(34)]
+    m.state.apply_job(make_job("jlive0002", spec=job_spec("big", command=["train"], replicas=34),
+                               state=JobState.RUNNING, attempts=many), 10**9 + 1)
+    asked.clear()
+    sub = await m.store.nc.subscribe(subjects.output_subject("h-live"), cb=agent)
+    try:
+        r = await console.client.get("/jobs/jlive0002")
+    finally:
+        await sub.unsubscribe()
+    assert r.status_code == 200 and sorted(asked) == sorted(a.id for a in many[:32])
+    assert r.text.count("Not asked: this page asks the agents of the first 32 running tasks only") == 2
 
 
 async def test_job_timeline_from_history(console: Console) -> None:

@@ -16,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
 from server.health.rules import Health
-from server.replica import Muster
+from server.replica import MAX_LIVE_OUTPUTS, Muster
 from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
@@ -116,12 +116,16 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     on_lost = {a.id for a in job.attempts if a.state in (AttemptState.PLACED, AttemptState.RUNNING)
                and m.state.health(a.host_id, now) is Health.LOST}
     running = [a for a in job.attempts if a.state is AttemptState.RUNNING]
-    # A running try's output so far, from its agent (None: it did not answer).
-    outputs = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in running))
-    live = {a.id: out for a, out in zip(running, outputs, strict=True)}
+    # A running try's output so far, from its agent (None: it did not answer), for the
+    # first MAX_LIVE_OUTPUTS running tasks; the agents of the others are not asked.
+    asked = running[:MAX_LIVE_OUTPUTS]
+    outputs = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in asked))
+    live = {a.id: out for a, out in zip(asked, outputs, strict=True)}
     return {
         "job": job,
         "live": live,
+        "unasked": {a.id for a in running[MAX_LIVE_OUTPUTS:]},
+        "max_live": MAX_LIVE_OUTPUTS,
         "on_lost": on_lost,
         "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,

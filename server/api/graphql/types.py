@@ -13,7 +13,7 @@ from strawberry.types import Info
 from server.api.graphql.context import muster, ts
 from server.api.graphql.errors import UserError
 from server.api.reads import reads_for
-from server.replica import Muster
+from server.replica import MAX_LIVE_OUTPUTS, Muster
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
@@ -165,7 +165,6 @@ class HostConnection:
     page_info: PageInfo
 
 
-MAX_LIVE_OUTPUTS = 32  # Attempt.liveOutput: agents asked per GraphQL request
 
 
 @strawberry.type
