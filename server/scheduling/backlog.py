@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from server.scheduling.fairshare import order_key
 from server.scheduling.queues import job_size
@@ -35,6 +35,10 @@ class Backlog:
         # many name GPU models (a job that does is compared with nothing: `least` None).
         self._sizes: dict[str, list[Counter[float]]] = {}
         self._with_models: Counter[str] = Counter()
+        # queue -> its version (one more with each job added or removed), and the list of
+        # its jobs `jobs_of` handed out at a version: kept while the queue is unchanged.
+        self._version: Counter[str] = Counter()
+        self._lists: dict[str, tuple[int, list[Job]]] = {}
 
     def update(self, old: Job | None, new: Job | None) -> None:
         """A job record replaced (`old` and `new` of one job; None: none)."""
@@ -49,6 +53,7 @@ class Backlog:
             return
         q = job.spec.queue
         bisect.insort(self.order.setdefault(q, []), order_key(job))
+        self._version[q] += 1
         counts = self._sizes.setdefault(q, [Counter() for _ in range(4)])
         for c, v in zip(counts, job_size(job.spec), strict=True):
             c[v] += 1
@@ -66,8 +71,10 @@ class Backlog:
         if not keys or i >= len(keys) or keys[i] != key:
             return  # not held (never added)
         del keys[i]
+        self._version[q] += 1
         if not keys:
             del self.order[q]
+            self._lists.pop(q, None)
         counts = self._sizes[q]
         for c, v in zip(counts, job_size(job.spec), strict=True):
             c[v] -= 1
@@ -79,6 +86,17 @@ class Backlog:
             self._with_models[q] -= 1
             if not self._with_models[q]:
                 del self._with_models[q]
+
+    def jobs_of(self, queue: str, jobs: Mapping[str, Job]) -> list[Job]:
+        """The queue's queued jobs in order (`jobs`: the cluster view's job records, whose
+        every change passes through `update`). One list is kept while the queue is
+        unchanged, so a long queue nothing touched costs nothing to hand out again each
+        cycle: the list is shared, and the caller must not change it."""
+        v = self._version[queue]
+        got = self._lists.get(queue)
+        if got is None or got[0] != v:
+            got = self._lists[queue] = (v, [jobs[k[2]] for k in self.order.get(queue, ())])
+        return got[1]
 
     def least(self, queue: str) -> tuple[float, ...] | None:
         """The smallest of the queue's queued jobs in each respect of `job_size` (None when

@@ -1060,12 +1060,13 @@ def place_queued(
     # with this cycle's changes (jobs it requeued or took out of the queue).
     state, backlog, changed = w.state, w.state.backlog, w.plan.jobs
     jobs = state.jobs
+    # A queue this cycle changed no job of is the state's list as it stands (kept by the
+    # backlog between cycles; never changed here: jobs put back go to fresh lists).
     by_queue: dict[str, list[Job]] = {}
-    for qn, keys in backlog.order.items():
-        if changed:
-            by_queue[qn] = [jobs[k[2]] for k in keys if k[2] not in changed]
-        else:
-            by_queue[qn] = [jobs[k[2]] for k in keys]
+    touched = {j.spec.queue for j in changed.values()}
+    for qn in backlog.order:
+        listed = backlog.jobs_of(qn, jobs)
+        by_queue[qn] = [j for j in listed if j.id not in changed] if qn in touched else listed
     preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():

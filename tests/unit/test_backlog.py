@@ -68,6 +68,13 @@ def test_the_backlog_equals_the_records_worked_out_afresh(steps: list) -> None:
         per_queue = Counter(j.spec.queue for j in queued)
         assert state.backlog.counts() == dict(per_queue)
         assert all(state.backlog.count(q) == per_queue[q] for q in ("a", "b"))
+        # Each queue's jobs in order are the current records, however long the list handed
+        # out for a queue has been kept (it is asked for after every step).
+        for q in ("a", "b"):
+            want = sorted((j for j in queued if j.spec.queue == q and not j.preempting), key=order_key)
+            got = state.backlog.jobs_of(q, state.jobs)
+            assert [j.id for j in got] == [j.id for j in want]
+            assert all(g is state.jobs[g.id] for g in got)
 
 
 def test_the_backlog_stays_right_through_a_fairness_run_with_reclaim(monkeypatch: pytest.MonkeyPatch) -> None:
