@@ -34,10 +34,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     with `-` as options): it goes to `args.after`, for `jobs.submit_command`."""
     if argv[:2] == ["job", "submit"] and "--" in argv:
         end = argv.index("--")
-        args = build_parser().parse_args(argv[:end])
+        args = _parse(build_parser(), argv[:end])
         args.after = argv[end + 1:]
         return args
-    return build_parser().parse_args(argv)
+    return _parse(build_parser(), argv)
+
+
+def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`p.parse_args(argv)`, but arguments none of the parsers knows are refused by the
+    subcommand they were given to, with its usage (argparse's own refusal shows the usage
+    of `muster` itself)."""
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        _chosen(p, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _chosen(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand's parser that `args` went through."""
+    while True:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name not in (subs[0].choices if subs else {}):
+            return p
+        p = subs[0].choices[name]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -196,3 +196,16 @@ def test_a_lists_gpus_cell_says_shares_mig_and_gangs() -> None:
     assert gpus_cell({**base, "gpuShare": 300}) == "300/1000"
     assert gpus_cell({**base, "migProfile": "1g.10gb"}) == "MIG 1g.10gb"
     assert gpus_cell({**base, "gpus": 2, "replicas": 4}) == "2 x4"
+
+
+def test_an_unknown_option_is_refused_with_its_subcommands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by hand: `muster job submit --name x -- true` printed the usage of `muster`
+    itself, with every command, and not that of `job submit`."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["job", "submit", "--name", "x", "--", "true"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith("usage: muster job submit") and "unrecognized arguments: --name" in err
+    with pytest.raises(SystemExit):
+        parse_args(["queue", "list", "--bogus"])
+    assert capsys.readouterr().err.startswith("usage: muster queue list")
