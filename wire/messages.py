@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
@@ -584,6 +585,23 @@ def decode(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
         raise DecodeError(f"{cls.__name__}: {exc}") from exc
 
 
+_ID_RANDOM_BITS = 40
+_id_lock = threading.Lock()
+_last_id = [0, 0]  # the millisecond and the random part of this process's last id
+
+
 def new_id(prefix: str) -> str:
-    """Sortable unique id: millisecond time, then randomness."""
-    return f"{prefix}{int(time.time() * 1000):012x}{os.urandom(5).hex()}"
+    """Sortable unique id: millisecond time, then 40 random bits. Within one process ids
+    strictly increase: one made in the same millisecond as the last (or while the clock
+    stands behind it) counts up from the last one's random part, as ULID's monotonic mode
+    does, so jobs submitted together (an array, a batch) keep their order."""
+    ms = int(time.time() * 1000)
+    with _id_lock:
+        if ms <= _last_id[0]:
+            ms, rand = _last_id[0], _last_id[1] + 1
+            if rand >> _ID_RANDOM_BITS:
+                ms, rand = ms + 1, 0
+        else:
+            rand = int.from_bytes(os.urandom(5), "big")
+        _last_id[0], _last_id[1] = ms, rand
+    return f"{prefix}{ms:012x}{rand:010x}"

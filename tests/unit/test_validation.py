@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 from tests.factories import heartbeat, host_alloc, job, job_spec, task
 from wire.errors import DecodeError, ValidationError
 from wire.messages import (
+    JOB_ID_PATTERN,
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     Attempt,
@@ -528,3 +530,21 @@ def test_a_job_record_is_stored_without_its_defaults_and_reads_back_whole() -> N
     back = decode(Job, raw)
     assert back == j
     assert back.model_fields_set <= set(doc)
+
+
+def test_ids_made_together_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by hand: the jobs of one `--array` share their submission time, and their ids
+    were ordered by chance (the list showed arr-0, arr-2, arr-1, and the queue ran them in
+    that order). Within a process ids strictly increase, in one millisecond too, and while
+    the clock stands behind the last id."""
+    from wire import messages
+
+    ids = [messages.new_id("j") for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    clock = [2_000_000_000.0]
+    monkeypatch.setattr(messages.time, "time", lambda: clock[0])
+    later = [messages.new_id("j") for _ in range(3)]
+    clock[0] -= 5  # the clock steps back
+    later += [messages.new_id("j") for _ in range(3)]
+    assert later == sorted(later) and len(set(later)) == 6 and later[0] > ids[-1]
+    assert all(len(i) == len(ids[0]) and re.fullmatch(JOB_ID_PATTERN, i) for i in later)
