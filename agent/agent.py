@@ -90,6 +90,7 @@ SIM_CPUS = 96
 SIM_MEMORY_MB = 1024 * 1024
 ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 UNACKED_KEPT = 64  # heartbeats sent and not acknowledged, remembered to recognise in the key
+REPORTS_AT_SHUTDOWN_S = 10.0  # the most a clean shutdown waits to deliver its last reports
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -845,19 +846,26 @@ class Agent:
 
     async def shutdown(self, tasks: list[asyncio.Task[None]], sub: object) -> None:
         """Say in a heartbeat that this host is leaving (the leader places nothing more on
-        it, and no new attempt starts here), stop heartbeating, stop running attempts
-        (they are reported KILLED), deliver the last reports, drain the connection."""
+        it, and no new attempt starts here), stop running attempts (they are reported
+        KILLED) while heartbeats and reports still go out, deliver those reports, then
+        stop heartbeating and drain the connection.
+
+        Heartbeats go on until the attempts have stopped: an attempt's grace (its
+        checkpoint window) may be longer than the heartbeat key's TTL, and a host whose
+        key expired is LOST, its attempts ended LOST and counted against their jobs'
+        tries, where a stop by the agent's shutdown is not counted."""
         self.leaving = True
         self._hb_wake.set()
         try:  # without a link the leader learns it when the key expires
             await asyncio.wait_for(self._leaving_stored.wait(), timeout=min(5.0, 2 * self.config.heartbeat_interval_s))
         except TimeoutError:
             log.warning("shutting down before a heartbeat saying so was stored")
+        await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
+        await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
+        await self._reports_sent(REPORTS_AT_SHUTDOWN_S)
         self._stop.set()
         self._hb_wake.set()
         self._hb_stored.set()
-        await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
-        await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
         try:
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
         except TimeoutError:
@@ -873,6 +881,17 @@ class Agent:
         self.isolation.close()
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    async def _reports_sent(self, timeout_s: float) -> None:
+        """Wait until every status report is delivered, `timeout_s` at most (an undelivered
+        one stays on disk for the next start)."""
+        deadline = time.monotonic() + timeout_s
+        while self._reports and time.monotonic() < deadline:
+            self._report_wake.set()
+            await asyncio.sleep(0.05)
+        if self._reports:
+            log.warning("%d status report(s) not delivered before shutdown; kept for the next start",
+                        len(self._reports))
 
     def _check_creds(self) -> None:
         """Say so when the agent's NATS credentials are open to the task user."""

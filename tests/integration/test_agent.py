@@ -370,13 +370,22 @@ async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
         # the heartbeat arrives now.
         await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a, b], term=1)))
         await eventually(lambda: b.attempt_id in agent._assigned, timeout=60, what="the assignment of b read")
+        # The grace goes on for several heartbeat intervals: the agent keeps heartbeating
+        # (the host must not expire and be LOST while its attempts stop: found by hand,
+        # an attempt whose grace outlasted the key ended LOST and was counted as a try).
+        first = await stored_heartbeat()
+        await asyncio.sleep(4 * cfg["heartbeat_interval_s"])  # type: ignore[operator]
+        later = await stored_heartbeat()
+        assert first is not None and later is not None and later.leaving and later.seq > first.seq
         release.touch()
         await asyncio.wait_for(run, timeout=60)
         assert not logs["b"].exists() and b.attempt_id not in agent.seen  # never started
         assert logs["a"].read_text().split() == ["start", "stop"]
-        # a's end was reported as stopped by the agent's shutdown (not counted as a try).
+        # a's end was reported as stopped by the agent's shutdown (not counted as a try),
+        # and delivered before the agent exited (none left on disk for its next start).
         ended, _at = agent._ended[a.attempt_id]
         assert ended.state is AttemptState.KILLED and ended.shutdown
+        assert not any((tmp_path / "agent").glob("*.reports/*"))
 
         # The agent's next start runs b, which it never started.
         release.unlink()
