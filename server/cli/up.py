@@ -17,6 +17,9 @@ from server.cli.tokens import NATS_URL_FILE
 from wire.errors import ConfigError
 
 MUSTER = [sys.executable, "-m", "server.cli"]
+# How long Ctrl-C waits for the agents: an agent's default kill grace (10 s), then up to
+# 10 s to deliver its last reports (agent.agent.REPORTS_AT_SHUTDOWN_S), and a margin.
+AGENT_STOP_S = 25.0
 AGENT = [sys.executable, "-m", "agent"]
 
 
@@ -70,11 +73,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         return p
 
     def stop_all() -> None:
-        for _name, p in reversed(procs):
-            if p.poll() is None:
+        """The agents together (each stops its attempts within their grace and delivers
+        its last reports while NATS and the server still run), then the server, then NATS;
+        what has not exited in time is killed."""
+        agents = [p for name, p in procs if name.startswith("agent-")]
+        others = [p for name, p in reversed(procs) if not name.startswith("agent-")]
+        for group, wait_s in ((agents, AGENT_STOP_S), *(([p], 15.0) for p in others)):
+            running = [p for p in group if p.poll() is None]
+            for p in running:
                 p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + wait_s
+            for p in running:
                 try:
-                    p.wait(timeout=15)
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
