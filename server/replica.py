@@ -188,6 +188,7 @@ def eviction_from_env(env: Mapping[str, str]) -> EvictionConfig:
 # seconds, cannot become a request to every agent of the cluster.
 MAX_LIVE_OUTPUTS = 32
 
+
 class Muster:
     def __init__(self, config: ServerConfig) -> None:
         if config.placement_policy not in POLICIES:

@@ -27,6 +27,15 @@ LABEL_KEY_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"
 _LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
+MAX_HOST_LABELS = 16  # labels a job may require of its host (JobSpec.host_labels)
+
+
+def _checked_labels(labels: dict[str, str], what: str) -> dict[str, str]:
+    """`labels` when every key and value has the label form, else ValueError."""
+    for k, v in labels.items():
+        if not _LABEL_KEY.fullmatch(k) or not _LABEL_VALUE.fullmatch(v):
+            raise ValueError(f"invalid {what} {k[:64]!r}")
+    return labels
 
 
 class JobState(str, enum.Enum):
@@ -142,10 +151,7 @@ class Heartbeat(_Model):
     def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
         """The same rule the agent checks its configuration with (validation.validate_labels):
         a heartbeat from an agent that skipped it is refused, not shown."""
-        for k, v in labels.items():
-            if not _LABEL_KEY.fullmatch(k) or not _LABEL_VALUE.fullmatch(v):
-                raise ValueError(f"invalid label {k[:64]!r}")
-        return labels
+        return _checked_labels(labels, "label")
 
 
 SHAPE_HEADER = "Muster-Shape"
@@ -221,15 +227,12 @@ class JobSpec(_Model):
     time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
     # Labels a host must have to run the job (key=value each, all of them: a zone, a
     # network, a driver line), as its agent reports them (`--labels`).
-    host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
+    host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
 
     @field_validator("host_labels")
     @classmethod
     def _host_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for k, v in labels.items():
-            if not _LABEL_KEY.fullmatch(k) or not _LABEL_VALUE.fullmatch(v):
-                raise ValueError(f"invalid host label {k[:64]!r}")
-        return labels
+        return _checked_labels(labels, "host label")
 
     def models(self) -> frozenset[str] | None:
         """The GPU models the job accepts, None for any."""

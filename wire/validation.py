@@ -14,6 +14,7 @@ from wire.messages import (
     DEFAULT_QUEUE,
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
+    MAX_HOST_LABELS,
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
     JobSpec,
@@ -213,7 +214,6 @@ def validate_reason(reason: str, field: str = "reason", required: bool = False) 
 LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
 LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
 MAX_LABELS = 32
-MAX_HOST_LABELS = 16  # a job's required host labels
 
 
 def validate_labels(labels: dict[str, str]) -> list[ValidationError]:

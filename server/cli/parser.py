@@ -53,11 +53,10 @@ def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
 def _chosen(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The innermost subcommand's parser that `args` went through."""
     while True:
-        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
-        name = getattr(args, subs[0].dest, None) if subs else None
-        if name not in (subs[0].choices if subs else {}):
+        subs = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if subs is None or getattr(args, subs.dest, None) not in subs.choices:
             return p
-        p = subs[0].choices[name]
+        p = subs.choices[getattr(args, subs.dest)]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 from types import EllipsisType
 from typing import Any
 
@@ -150,12 +150,13 @@ class CapacityIndex:
             if not by_room:
                 del self.buckets[k][n]
 
-    def with_labels(self, labels: dict[str, str]) -> set[str] | None:
-        """The hosts that have every one of `labels` (None: no labels asked, any host)."""
+    def with_labels(self, labels: dict[str, str]) -> Set[str] | None:
+        """The hosts that have every one of `labels` (None: no labels asked, any host); the
+        index's own set when one label is asked (read it, never change it)."""
         if not labels:
             return None
         sets = sorted((self.labelled.get(kv, set()) for kv in labels.items()), key=len)
-        return set(sets[0]).intersection(*sets[1:])
+        return sets[0] if len(sets) == 1 else sets[0].intersection(*sets[1:])
 
     def models(self) -> set[str]:
         """GPU models of every known host (schedulable or not)."""
@@ -321,7 +322,7 @@ class Placer:
                 if reason is None:
                     yield level, host_id, Choice(host_id, gpus, mig)
 
-    def _feasible_among(self, spec: JobSpec, models: frozenset[str] | None, hosts: set[str], keys: list[Key],
+    def _feasible_among(self, spec: JobSpec, models: frozenset[str] | None, hosts: Set[str], keys: list[Key],
                         lowest: int) -> Iterator[tuple[int, str, Choice]]:
         """`_feasible` over a few hosts (those a job's labels allow), each looked at
         directly: the same hosts in the same order, the level of each found as the buckets
@@ -329,13 +330,9 @@ class Placer:
         wanted = set(keys)
         found: list[tuple[int, str, Choice]] = []
         for host_id in hosts:
-            if host_id in self.exclude:
+            cap = self._view(host_id)
+            if cap is None or host_id in self.exclude:
                 continue
-            cap = self.touched.get(host_id)
-            if cap is None:
-                cap = self.index.caps.get(host_id)
-                if cap is None:
-                    continue
             levels = [n for k, n, _room in _keys(cap) if k in wanted and n >= lowest]
             if not levels or not self.healthy(host_id):
                 continue

@@ -1063,10 +1063,10 @@ def place_queued(
     # A queue this cycle changed no job of is the state's list as it stands (kept by the
     # backlog between cycles; never changed here: jobs put back go to fresh lists).
     by_queue: dict[str, list[Job]] = {}
-    touched = {j.spec.queue for j in changed.values()}
+    changed_queues = {j.spec.queue for j in changed.values()}
     for qn in backlog.order:
         listed = backlog.jobs_of(qn, jobs)
-        by_queue[qn] = [j for j in listed if j.id not in changed] if qn in touched else listed
+        by_queue[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
     preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():

@@ -152,12 +152,21 @@ class Refusal:
     # The queue's own limit is reached (nominal without a cohort, or nominal + borrowing
     # limit), not merely the cohort's pool: no preemption across queues can help.
     hard: bool = False
-    # What `limit` is, in words.
-    bound: str = ""
+    # The queue's nominal quota of the resource and its cohort: what `limit` is made of.
+    nominal: float = 0.0
+    cohort: str | None = None
 
     def detail(self) -> str:
         return (f"{self.resource}: {_fmt(self.used)} held + {_fmt(self.wanted)} wanted > {_fmt(self.limit)}"
-                + (f", {self.bound}" if self.bound else ""))
+                + (f", {self.bound()}" if self.reason != UNKNOWN_QUEUE else ""))
+
+    def bound(self) -> str:
+        """What `limit` is, in words."""
+        if self.cohort is None:
+            return "its nominal quota (no cohort)"
+        if self.hard:
+            return f"its nominal quota {_fmt(self.nominal)} + borrowing limit {_fmt(self.limit - self.nominal)}"
+        return f"what it holds + what cohort {self.cohort} has unused (its nominal quota {_fmt(self.nominal)})"
 
     @property
     def within_nominal(self) -> bool:
@@ -251,12 +260,11 @@ class QueueBook:
             n = nominal(q, r)
             if q.cohort is None:
                 if new > n + EPS:
-                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True, bound="its nominal quota (no cohort)")
+                    return Refusal(OVER_QUOTA, r, used, want, n, hard=True, nominal=n)
                 continue
             limit = n + borrowing_limit(q, r)
             if new > limit + EPS:
-                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True,
-                               bound=f"its nominal quota {_fmt(n)} + borrowing limit {_fmt(limit - n)}")
+                return Refusal(OVER_QUOTA, r, used, want, limit, hard=True, nominal=n, cohort=q.cohort)
             key = (q.cohort, r)
             if key not in self.pool:
                 self._recount(q.cohort, r)
@@ -265,8 +273,7 @@ class QueueBook:
                 # What the pool still has for this queue, shown as its limit.
                 avail = used + max(0.0, self.pool[key] - self.drawn[key])
                 return Refusal(COHORT_EXHAUSTED if new <= n + EPS else OVER_QUOTA, r, used, want, avail,
-                               bound=f"what it holds + what cohort {q.cohort} has unused (its nominal quota "
-                                     f"{_fmt(n)})")
+                               nominal=n, cohort=q.cohort)
         return None
 
     def take(self, name: str, d: Mapping[str, float], sign: float = 1.0) -> None:

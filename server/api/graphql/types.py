@@ -165,8 +165,6 @@ class HostConnection:
     page_info: PageInfo
 
 
-
-
 @strawberry.type
 class Attempt:
     _m: strawberry.Private[AttemptModel]
