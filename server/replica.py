@@ -594,13 +594,17 @@ class Muster:
         except Exception:  # noqa: BLE001 - the record is stored; the event is best effort
             log.warning("queue %s event not published", action)
 
-    async def cancel(self, job_id: str, by: str, reason: str = "") -> None:
-        """Ask the leader to cancel a job. Raises NotFound, or ValidationError
-        (ALREADY_FINISHED) for a job that has ended."""
+    async def cancel(self, job_id: str, by: str, reason: str = "", queues: list[str] | None = None) -> None:
+        """Ask the leader to cancel a job. Raises NotFound, Forbidden when `queues` (the
+        caller's token's) leave the job's queue out, or ValidationError (ALREADY_FINISHED)
+        for a job that has ended."""
         reason = validate_reason(reason)
         job = self.jobs.get(job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
+        if queues is not None and job.spec.queue not in queues:
+            raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); "
+                            f"job {job_id} is in queue {job.spec.queue!r}")
         if job.state.terminal:
             raise ValidationError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")
         assert self.store is not None

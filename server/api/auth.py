@@ -18,7 +18,7 @@ from pathlib import Path
 
 from server.state.cluster import ClusterState, SessionInfo, TokenInfo
 from wire import subjects
-from wire.errors import ConflictError, StoreError
+from wire.errors import ConflictError, Forbidden, StoreError
 from wire.kv import Store
 from wire.records import Record
 
@@ -33,6 +33,18 @@ def allows(info: TokenInfo | None, needed: str) -> bool:
     if info is None or info.role not in ROLES:
         return False
     return ROLES.index(info.role) >= ROLES.index(needed)
+
+
+def require_cluster_wide(info: TokenInfo | None) -> None:
+    """Raise Forbidden unless the token may act on the cluster itself (hosts): an
+    operator's or admin's token bound to no queue. A team's token (bound to queues) acts
+    only on its queues' jobs."""
+    if not allows(info, "operator"):
+        raise Forbidden("this needs the operator role")
+    assert info is not None
+    if not info.cluster_wide:
+        raise Forbidden(f"this token is bound to queues ({', '.join(info.queues or ())}) and acts only on their "
+                        "jobs; acting on hosts needs a token bound to no queue")
 
 
 def token_hash(token: str) -> str:

@@ -7,7 +7,7 @@ exit code themselves; `server.cli.entry.main` turns an error into its code with
 
 from __future__ import annotations
 
-from wire.errors import AuthError, MusterError, NotFound
+from wire.errors import AuthError, Forbidden, MusterError, NotFound
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # any other MusterError
@@ -43,7 +43,9 @@ def exit_code(exc: MusterError) -> int:
 
 def user_errors(errors: list[dict[str, str]], line: str = "{field}: {message}") -> MusterError:
     """The error for a mutation's `userErrors` (a non-empty list): NotFound when the first
-    is NOT_FOUND, else ApiError; one message line per error, formatted by `line` (an
-    error about no one field, such as a queue the token may not use, without it)."""
+    is NOT_FOUND, Forbidden (exit 4) when it is FORBIDDEN, else ApiError; one message line
+    per error, formatted by `line` (an error about no one field, such as a queue the token
+    may not use, without it)."""
     text = "\n".join(line.format(**e) if e.get("field") else str(e.get("message", "")) for e in errors)
-    return NotFound(text) if errors[0].get("code") == "NOT_FOUND" else ApiError(text)
+    kind = {NotFound.code: NotFound, Forbidden.code: Forbidden}.get(errors[0].get("code", ""), ApiError)
+    return kind(text)

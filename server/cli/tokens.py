@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tc = tsub.add_parser("create")
     tc.add_argument("name")
     tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
-    tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to (default: any)")
+    tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to and cancel in; "
+                    "a token bound to queues cannot act on hosts (default: any queue, and hosts)")
     add_admin_nats(tc)
     tc.set_defaults(fn=cmd_token)
     tl = tsub.add_parser("list", help="API tokens: name, role, queues (never the secret)")

@@ -74,8 +74,20 @@ class TokenInfo(BaseModel):
 
     @property
     def submit_queues(self) -> list[str] | None:
-        """The queues a submission with this token may go to (None: any)."""
+        """The queues whose jobs this token may submit and cancel (None: any)."""
         return None if self.role == "admin" else self.queues
+
+    @property
+    def cluster_wide(self) -> bool:
+        """Whether this token may act on the cluster itself (cordon, drain, clear GPU
+        faults): an admin's, or one bound to no queue. A token bound to queues is a team's:
+        it acts only on its queues' jobs."""
+        return self.submit_queues is None
+
+    def may_manage(self, queue: str) -> bool:
+        """Whether this token may act on, and see the environment of, a job of `queue`."""
+        allowed = self.submit_queues
+        return allowed is None or queue in allowed
 
 
 class SessionInfo(BaseModel):

@@ -586,6 +586,42 @@ async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
     assert "WANDB_API_KEY" not in page.text and "k-123" not in page.text
 
 
+async def test_a_teams_token_acts_on_its_queues_jobs_only(console: Console) -> None:
+    """A token bound to queues (a team's) sees the environment of, and may cancel, its
+    queues' jobs only, and may not cordon, drain or clear GPU faults."""
+    m = console.muster
+    await m.create_queue({"name": "audio"}, "operator")
+    await m.create_queue({"name": "vision"}, "operator")
+    await put_heartbeat(m, "h1")
+    await eventually(lambda: {"audio", "vision"} <= set(m.state.queues) and "h1" in m.state.hosts,
+                     what="the queues and the host in the view")
+    env = {"WANDB_API_KEY": "k-123"}
+    mine = await m.submit({"name": "mine", "command": ["true"], "gpus": 64, "queue": "audio", "env": env}, "vic")
+    theirs = await m.submit({"name": "theirs", "command": ["true"], "gpus": 64, "queue": "vision", "env": env},
+                            "operator")
+    await eventually(lambda: {mine.id, theirs.id} <= set(m.state.jobs), what="the jobs in the view")
+    assert m.store is not None
+    bound, _ = await create_token(m.store, "vic", "operator", ["audio"])
+    await eventually(lambda: len(m.state.tokens) == 2, what="the bound token in the view")
+    c = console.client
+    assert (await c.post("/login", data={"token": bound})).status_code == 303
+    page = (await c.get(f"/jobs/{mine.id}")).text
+    assert "WANDB_API_KEY=k-123" in page and f'action="/jobs/{mine.id}/cancel"' in page
+    page = (await c.get(f"/jobs/{theirs.id}")).text
+    assert "theirs" in page and "k-123" not in page and f'action="/jobs/{theirs.id}/cancel"' not in page
+    r = await c.post(f"/jobs/{theirs.id}/cancel", data={"csrf": console.csrf, "reason": "mine now"})
+    assert r.status_code == 403 and "in queue &#39;vision&#39;" in r.text
+    host = (await c.get("/hosts/h1")).text
+    assert "Cordon host" not in host and "Drain host" not in host and "bound to queues (audio)" in host
+    r = await c.post("/hosts/h1/cordon", data={"csrf": console.csrf, "reason": "mine"})
+    assert r.status_code == 403 and "acting on hosts needs a token bound to no queue" in r.text
+    assert "h1" not in m.state.hostcfg
+    r = await c.post(f"/jobs/{mine.id}/cancel", data={"csrf": console.csrf, "reason": "not needed"})
+    assert r.status_code == 303
+    await eventually(lambda: m.state.jobs[mine.id].state is JobState.CANCELLED, timeout=20, what="mine cancelled")
+    assert m.state.jobs[theirs.id].state is JobState.QUEUED
+
+
 # ---------------------------------------------------------------- overview heat map, hosts filters
 
 

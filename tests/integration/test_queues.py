@@ -217,9 +217,24 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     assert api.job(keeper)["state"] == "RUNNING" and api.job(r3)["state"] == "QUEUED"
     r = muster(cluster, srv.url, "job", "why", r3)
     assert "over nominal quota" in r.stdout, r.stdout
-    # Cancel the one running (and the requeued victim) to free the GPUs; restore the quota: r3 runs.
+    # A team's token acts on its own queues' jobs only: not on prod's, not on hosts.
+    refused = api.raw("mutation($id: ID!) { cancelJob(id: $id) { job { id } userErrors { code message } } }",
+                      {"id": p1}, token=alice).json()["data"]["cancelJob"]
+    assert refused["job"] is None and refused["userErrors"][0]["code"] == "FORBIDDEN", refused
+    assert "queue 'prod'" in refused["userErrors"][0]["message"]
+    host = api.q("{ hosts(first: 1) { edges { node { id } } } }")["hosts"]["edges"][0]["node"]["id"]
+    refused = api.raw('mutation($id: ID!) { cordonHost(input: {id: $id, reason: "mine"}) { host { id cordoned } '
+                      "userErrors { code message } } }", {"id": host}, token=alice).json()["data"]["cordonHost"]
+    assert refused["host"] is None and refused["userErrors"][0]["code"] == "FORBIDDEN", refused
+    assert api.q('query($id: ID!) { host(id: $id) { cordoned } }', {"id": host})["host"]["cordoned"] is False
+    r = muster(cluster, srv.url, "host", "drain", host, "--reason", "mine", token=alice)
+    assert r.returncode == 4 and "bound to queues (research)" in r.stderr, r.stdout + r.stderr
+    # Cancel the one running (and the requeued victim: alice's own jobs, with her token) to
+    # free the GPUs; restore the quota: r3 runs.
     for j in (r1, r2):
-        cancel(api, j)
+        ok = api.raw("mutation($id: ID!) { cancelJob(id: $id) { job { id } userErrors { code } } }",
+                     {"id": j}, token=alice).json()["data"]["cancelJob"]
+        assert ok["userErrors"] == [] and ok["job"]["id"] == j, ok
     r = muster(cluster, srv.url, "queue", "set", "research", "--quota", "gpu:H100=1")
     assert r.returncode == 0, r.stdout + r.stderr
     api.wait_job(r3, {"SUCCEEDED"}, timeout=60)

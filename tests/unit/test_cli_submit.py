@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli.errors import user_errors
+from server.cli.errors import EXIT_NOT_FOUND, EXIT_UNAUTHORISED, exit_code, user_errors
 from server.cli.hosts import host_row
 from server.cli.jobs import gpus_cell, new_output, submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
@@ -60,6 +60,10 @@ def test_a_user_error_names_its_field_only_when_it_has_one() -> None:
     err = user_errors([{"field": "", "message": "this token may not submit to queue 'default'", "code": "FORBIDDEN"},
                        {"field": "gpus", "message": "must be at least 0", "code": "INVALID"}])
     assert str(err) == "this token may not submit to queue 'default'\ngpus: must be at least 0"
+    # A refusal of the token exits as unauthorised (4), a missing thing as not found (3).
+    assert exit_code(err) == EXIT_UNAUTHORISED
+    assert exit_code(user_errors([{"field": "id", "message": "no job j1", "code": "NOT_FOUND"}])) == EXIT_NOT_FOUND
+    assert exit_code(user_errors([{"field": "gpus", "message": "must be at least 0", "code": "INVALID"}])) == 1
 
 
 def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:

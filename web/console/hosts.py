@@ -246,19 +246,19 @@ async def _reasoned_action(request: Request, form_name: str, notice: str,
     return RedirectResponse(url(f"/hosts/{host_id}", notice=notice), status_code=303)
 
 
-@console(csrf=True, action=True)
+@console(csrf=True, action=True, hosts=True)
 async def cordon(request: Request) -> Response:
     return await _reasoned_action(request, "cordon", "cordoned",
                                   lambda m, host_id, user, reason: m.set_cordon(host_id, True, user, reason))
 
 
-@console(csrf=True, action=True)
+@console(csrf=True, action=True, hosts=True)
 async def uncordon(request: Request) -> Response:
     return await _reasoned_action(request, "uncordon", "uncordoned",
                                   lambda m, host_id, user, reason: m.set_cordon(host_id, False, user, reason))
 
 
-@console(csrf=True, action=True)
+@console(csrf=True, action=True, hosts=True)
 async def clear_gpu_faults(request: Request) -> Response:
     form = await read_form(request)
     raw = form.get("gpus", "").strip()
@@ -276,7 +276,7 @@ async def clear_gpu_faults(request: Request) -> Response:
 DRAIN_DEFAULT_S = "600"
 
 
-@console(csrf=True, action=True)
+@console(csrf=True, action=True, hosts=True)
 async def drain(request: Request) -> Response:
     m = muster_of(request)
     host_id = request.path_params["host_id"]

@@ -166,7 +166,7 @@ async def cancel_job(request: Request) -> Response:
     try:
         if not reason:
             raise ValidationError("reason", "a reason is required", "REQUIRED")
-        await m.cancel(job_id, by=sess.user, reason=reason)
+        await m.cancel(job_id, by=sess.user, reason=reason, queues=sess.info.submit_queues)
     except FORM_ERRORS as exc:
         ctx["errors"] = [e.message for e in exc.details()]
         ctx["reason_value"] = reason

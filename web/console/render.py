@@ -98,6 +98,7 @@ def render(
         "session": sess,
         "user": sess.user if sess else None,
         "can_act": bool(sess and sess.can_act),
+        "can_act_on_hosts": bool(sess and sess.can_act_on_hosts),
         "csrf": csrf,
         "csrf_input": Markup('<input type="hidden" name="csrf" value="{}">').format(csrf),
         "path": request.url.path,

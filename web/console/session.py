@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from server.api import auth
-from server.api.auth import check_token
+from server.api.auth import check_token, require_cluster_wide
 from server.state.cluster import TokenInfo
 from web.console.errors import MAPPED, error_response
 from web.console.render import error_page, is_htmx, muster_of, render, secure
@@ -55,6 +55,15 @@ class Session:
     @property
     def can_act(self) -> bool:
         return self.info.role != "viewer"
+
+    @property
+    def can_act_on_hosts(self) -> bool:
+        """Cordon, drain, clear GPU faults: not a viewer's nor a team's token (one bound to queues)."""
+        return self.can_act and self.info.cluster_wide
+
+    def may_manage(self, queue: str) -> bool:
+        """Cancel, and see the environment of, a job of `queue`."""
+        return self.can_act and self.info.may_manage(queue)
 
     @property
     def csrf(self) -> str:
@@ -128,15 +137,16 @@ def _csrf_ok(form: dict[str, str], sess: Session) -> bool:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def console(*, auth: bool = True, csrf: bool = False, action: bool = False) -> Callable[[Handler], Handler]:
+def console(*, auth: bool = True, csrf: bool = False, action: bool = False,
+            hosts: bool = False) -> Callable[[Handler], Handler]:
     """Wrap a console endpoint: sign-in check, CSRF check (POST), role check (`action`:
-    not for viewers), the error hierarchy mapped to HTTP (errors.status_for), security
-    headers."""
+    not for viewers; `hosts`: an action on a host, not for a team's token, one bound to
+    queues), the error hierarchy mapped to HTTP (errors.status_for), security headers."""
 
     def deco(fn: Handler) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
-                resp = await _guarded(fn, request, auth=auth, csrf=csrf, action=action)
+                resp = await _guarded(fn, request, auth=auth, csrf=csrf, action=action, hosts=hosts)
             except MAPPED as exc:
                 resp = error_response(request, exc)
             return secure(resp)
@@ -148,7 +158,8 @@ def console(*, auth: bool = True, csrf: bool = False, action: bool = False) -> C
     return deco
 
 
-async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, action: bool) -> Response:
+async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, action: bool,
+                   hosts: bool) -> Response:
     length = request.headers.get("content-length", "")
     if request.method == "POST" and length.isdigit() and int(length) > MAX_FORM_BYTES:
         return error_page(request, 413, "Too large", "The form is too large.")
@@ -166,6 +177,8 @@ async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, act
                 raise Forbidden(f"{BAD_CSRF} Reload the page and try again.")
         if action and not sess.can_act:
             raise Forbidden(f"Your token's role ({sess.info.role}) may only view.")
+        if hosts:
+            require_cluster_wide(sess.info)
     return await fn(request)
 
 

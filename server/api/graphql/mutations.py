@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import strawberry
 from strawberry.types import Info
 
+from server.api.auth import require_cluster_wide
 from server.api.graphql.context import muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import ClearGpuFaultsInput, DrainHostInput, HostActionInput, QueueInput, SubmitJobInput
@@ -109,7 +110,7 @@ class Mutation:
 
         async def op() -> None:
             require(info)
-            await mu.cancel(str(id), user(info), reason)
+            await mu.cancel(str(id), user(info), reason, bound_queues(info))
 
         _, errors = await attempt(op)
         job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
@@ -170,9 +171,10 @@ class Mutation:
 
 
 async def _on_host(info: Info, host_id: str, act: Callable[[Muster], Awaitable[object]]) -> HostActionPayload:
-    """An operator's action on a host (`act` on the replica), its errors as `userErrors`."""
+    """An operator's action on a host (`act` on the replica), its errors as `userErrors`;
+    a team's token (bound to queues) is refused."""
     async def op() -> None:
-        require(info)
+        require_cluster_wide(info.context.get("token"))
         await act(muster(info))
 
     _, errors = await attempt(op)
