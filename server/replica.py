@@ -35,7 +35,7 @@ from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
-from server.views.jobs import JobView
+from server.views.jobs import JobView, matches
 from server.views.queues import rows as queue_rows
 from wire import subjects
 from wire.errors import (
@@ -187,6 +187,12 @@ def eviction_from_env(env: Mapping[str, str]) -> EvictionConfig:
 # (Muster.live_output): a page of running jobs, or a large gang's page polled every two
 # seconds, cannot become a request to every agent of the cluster.
 MAX_LIVE_OUTPUTS = 32
+
+# Jobs one cancelJobs request may cancel (run it again for more), the live jobs looked at
+# between two yields of the event loop, and the cancel commands published at once.
+MAX_CANCEL_MATCHING = 100_000
+CANCEL_SCAN_CHUNK = 20_000
+CANCEL_PUBLISH_CHUNK = 256
 
 
 class Muster:
@@ -613,6 +619,44 @@ class Muster:
             await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cancel: {exc}") from exc
+
+    async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
+                              limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
+        """Ask the leader to cancel every job that has not ended and matches `filters` (those
+        of views.jobs.matches: state, user, name, priority, submitted_after,
+        submitted_before, queue; at least one given), of the queues `queues` (the caller's
+        token's) allow: at most `limit`, the oldest first. Returns their ids. Raises
+        ValidationError (no filter, a limit out of range), Forbidden (a queue the token
+        may not act on), StoreError (NATS did not take a command: run it again)."""
+        reason = validate_reason(reason)
+        if not any(v not in (None, "", [], ()) for v in filters.values()):
+            raise ValidationError("filter", "give at least one filter (a name prefix, user, queue, state ...)",
+                                  "REQUIRED")
+        if not 1 <= limit <= MAX_CANCEL_MATCHING:
+            raise ValidationError("limit", f"must be from 1 to {MAX_CANCEL_MATCHING}", "OUT_OF_RANGE")
+        queue = filters.get("queue")
+        if queues is not None and queue is not None and queue not in queues:
+            raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); not of {queue!r}")
+        live = list(self.state.jobs.values())
+        found: list[Job] = []
+        for start in range(0, len(live), CANCEL_SCAN_CHUNK):
+            if start:
+                await asyncio.sleep(0)  # half a million live jobs: let the scheduler and the API run
+            found.extend(j for j in live[start:start + CANCEL_SCAN_CHUNK]
+                         if not j.state.terminal and (queues is None or j.spec.queue in queues)
+                         and matches(j, **filters))
+        found.sort(key=lambda j: (j.submitted_at, j.id))
+        ids = [j.id for j in found[:limit]]
+        assert self.store is not None
+        js = self.store.js
+        for start in range(0, len(ids), CANCEL_PUBLISH_CHUNK):
+            cmds = [encode(Command(kind="cancel", job_id=i, by=by, reason=reason))
+                    for i in ids[start:start + CANCEL_PUBLISH_CHUNK]]
+            try:
+                await asyncio.gather(*(js.publish(f"{subjects.CMDS_PREFIX}.cancel", c) for c in cmds))
+            except Exception as exc:  # noqa: BLE001
+                raise StoreError(f"cancel: {exc} (the first {start} were asked for; run it again)") from exc
+        return ids
 
     async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:
         """A running attempt's output so far, asked of its host's agent; None when the agent

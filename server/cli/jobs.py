@@ -60,8 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jw)
     jw.set_defaults(fn=cmd_why)
 
-    jc = jsub.add_parser("cancel", help="cancel one job or several (job list --name P -o json gives ids)")
-    jc.add_argument("ids", nargs="+", metavar="ID")
+    jc = jsub.add_parser("cancel", help="cancel jobs: by id, or every job not ended that the filters match",
+                         description="Cancel the jobs given by id, or every job that has not ended and matches "
+                                     "all the filters given (--name, --state, --queue, --user), as scancel does.")
+    jc.add_argument("ids", nargs="*", metavar="ID")
+    jc.add_argument("--name", help="filter: name prefix (an --array's NAME- cancels the array)")
+    jc.add_argument("--state", help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
+    jc.add_argument("--queue", help="filter: queue")
+    jc.add_argument("--user", help="filter: the user who submitted")
     jc.add_argument("--reason", default="")
     add_output(jc)
     jc.set_defaults(fn=cmd_cancel)
@@ -262,8 +268,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
            edges { node { id name state user queue gpus gpuModel gpuModels gpuShare migProfile replicas priority
            submittedAt } } } }"""
-    flt = {k: v for k, v in (("state", [s.upper() for s in args.state.split(",")] if args.state else None),
-                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue)) if v}
+    flt = job_filter(args)
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
@@ -462,9 +467,28 @@ def _reason(r: dict[str, Any]) -> str:
     return f"{r['hosts']} hosts: {r['reason']}"
 
 
+def job_filter(args: argparse.Namespace) -> dict[str, Any]:
+    """The GraphQL JobFilter of `job list`'s and `job cancel`'s filter options."""
+    return {k: v for k, v in (("state", [s.strip().upper() for s in args.state.split(",")] if args.state else None),
+                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue)) if v}
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
-    """Cancel each job given; the ones refused (not found, already finished) are listed
-    with why, and the first refusal's error (its exit code) ends the command."""
+    """Cancel each job given, or every job the filters match (`cancelJobs`, one request).
+    Of jobs given by id, the ones refused (not found, already finished) are listed with
+    why, and the first refusal's error (its exit code) ends the command."""
+    flt = job_filter(args)
+    if bool(flt) == bool(args.ids):
+        raise ValidationError("ids", "give job ids, or filters (--name, --state, --queue, --user), not both")
+    if flt:
+        q = """mutation($f: JobFilter!, $reason: String!) { cancelJobs(filter: $f, reason: $reason) {
+               count jobIds userErrors { field message code } } }"""
+        res = gql(q, {"f": flt, "reason": args.reason})["cancelJobs"]
+        if res["userErrors"]:
+            raise user_errors(res["userErrors"])
+        print(f"cancel requested for {res['count']} job(s)", file=sys.stderr)
+        out(args, res, [[i, "cancel requested"] for i in res["jobIds"]], ["ID", "STATUS"])
+        return 0
     q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
            job { id state } userErrors { field message code } } }"""
     done: list[dict[str, Any]] = []

@@ -224,6 +224,21 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     assert r.stdout.count("cancel requested") == 2 and re.search(r"j-nope +refused: no job j-nope", r.stdout), r.stdout
     for job_id in ids:
         assert api.wait_job(job_id, {"CANCELLED"})["state"] == "CANCELLED"
+    # ... or filters, as scancel: a whole array by its name prefix, and nothing else.
+    r = muster(cluster, srv.url, "job", "submit", "--array", "3", "-o", "json", "wide", "--", "sleep", "600")
+    ids = [j["id"] for j in json.loads(r.stdout)]
+    other = json.loads(muster(cluster, srv.url, "job", "submit", "-o", "json", "widen", "--", "sleep", "600").stdout)
+    r = muster(cluster, srv.url, "job", "cancel", "--name", "wide-", "--reason", "sweep over", "-o", "json")
+    assert r.returncode == 0 and "cancel requested for 3 job(s)" in r.stderr, r.stdout + r.stderr
+    assert json.loads(r.stdout)["jobIds"] == ids
+    for job_id in ids:
+        assert api.wait_job(job_id, {"CANCELLED"})["state"] == "CANCELLED"
+    assert api.q('query($id: ID!) { job(id: $id) { cancelReason } }', {"id": ids[0]})["job"]["cancelReason"] \
+        == "sweep over"
+    assert api.job(other["id"])["state"] in ("QUEUED", "PLACED", "RUNNING")
+    r = muster(cluster, srv.url, "job", "cancel", other["id"], "--name", "widen")
+    assert r.returncode == 1 and "not both" in r.stderr, r.stderr
+    api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": other["id"]})
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:

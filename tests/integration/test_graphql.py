@@ -16,7 +16,9 @@ import pytest
 
 import nats as nats_py
 from server.api.app import build_app
+from server.api.tokens import create_token
 from server.replica import Muster, ServerConfig
+from tests.conftest import eventually
 from tests.factories import heartbeat
 from wire import subjects
 from wire.messages import Event, Heartbeat, encode
@@ -267,6 +269,47 @@ async def _total(api: Client, n: int = 60) -> bool:
 async def _job_state(api: Client, job_id: str, states: set[str]) -> bool:
     j = (await api.q("query($id: ID!) { job(id: $id) { state } }", {"id": job_id}))["job"]
     return j is not None and j["state"] in states
+
+
+CANCEL_JOBS = """mutation($f: JobFilter!, $limit: Int) { cancelJobs(filter: $f, reason: "bulk", limit: $limit) {
+                 count jobIds userErrors { field message code } } }"""
+
+
+async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: Client, muster: Muster) -> None:
+    """cancelJobs cancels every job not ended that the filter matches, the oldest first,
+    up to its limit; a filter is required, and a team's token cancels its queues' only."""
+    await muster.create_queue({"name": "audio"}, "operator")
+    await eventually(lambda: "audio" in muster.state.queues, what="the queue")
+    ids = {}
+    for name, queue in (("arr-0", "default"), ("arr-1", "default"), ("arr-2", "audio"), ("keep", "default"),
+                        ("arr-3", "default")):
+        d = (await api.q(SUBMIT, {"input": {"name": name, "command": ["true"], "gpus": 64, "queue": queue}}))
+        ids[name] = d["submitJob"]["job"]["id"]
+    none = (await api.q(CANCEL_JOBS, {"f": {}}))["cancelJobs"]
+    assert none["count"] == 0 and none["userErrors"][0]["code"] == "REQUIRED"
+    # A team's token: another queue is refused; without a queue filter only its own queue's jobs go.
+    assert muster.store is not None
+    team, _ = await create_token(muster.store, "vic", "operator", ["audio"])
+    await eventually(lambda: len(muster.state.tokens) == 2, what="the team's token")
+    vic = Client(build_app(muster, manage_lifecycle=False), team)
+    try:
+        refused = (await vic.q(CANCEL_JOBS, {"f": {"queue": "default"}}))["cancelJobs"]
+        assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "FORBIDDEN"
+        own = (await vic.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
+        assert own == {"count": 1, "jobIds": [ids["arr-2"]], "userErrors": []}
+    finally:
+        await vic.http.aclose()
+    # The limit takes the oldest; the rest follow in a second request.
+    first = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-", "state": ["QUEUED"]}, "limit": 2}))["cancelJobs"]
+    assert first == {"count": 2, "jobIds": [ids["arr-0"], ids["arr-1"]], "userErrors": []}
+    for name in ("arr-0", "arr-1", "arr-2"):
+        await wait_for(lambda n=name: _job_state(api, ids[n], {"CANCELLED"}), what=f"{name} cancelled")
+    rest = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
+    assert rest == {"count": 1, "jobIds": [ids["arr-3"]], "userErrors": []}
+    await wait_for(lambda: _job_state(api, ids["arr-3"], {"CANCELLED"}), what="arr-3 cancelled")
+    assert await _job_state(api, ids["keep"], {"QUEUED"})
+    again = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
+    assert again == {"count": 0, "jobIds": [], "userErrors": []}  # ended jobs are not asked again
 
 
 async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from typing import Any
 
 import strawberry
 
+from server.api.graphql.context import epoch
 from server.api.graphql.conversion import plan_once
 from server.api.graphql.types import JobState
 
@@ -110,6 +112,15 @@ class JobFilter:
     submitted_after: dt.datetime | None = strawberry.field(default=None, description="Inclusive.")
     submitted_before: dt.datetime | None = strawberry.field(default=None, description="Exclusive.")
     queue: str | None = None
+
+    def filters(self, states: list[str] | None = None) -> dict[str, Any]:
+        """The filters as views.jobs.matches and History.list_jobs name them; `states`
+        (from the query's own `state` argument) first among the states."""
+        states = list(states or [])
+        states.extend(s.value for s in self.state or () if s.value not in states)
+        return dict(state=states or None, user=self.user, name=self.name_prefix, priority=self.priority,
+                    submitted_after=epoch(self.submitted_after), submitted_before=epoch(self.submitted_before),
+                    queue=self.queue)
 
 
 @strawberry.input(description="A queue's quota of one resource.")

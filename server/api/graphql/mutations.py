@@ -14,9 +14,17 @@ from strawberry.types import Info
 from server.api.auth import require_cluster_wide
 from server.api.graphql.context import muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
-from server.api.graphql.inputs import ClearGpuFaultsInput, DrainHostInput, HostActionInput, QueueInput, SubmitJobInput
+from server.api.graphql.inputs import (
+    ClearGpuFaultsInput,
+    DrainHostInput,
+    HostActionInput,
+    JobFilter,
+    QueueInput,
+    SubmitJobInput,
+)
 from server.api.graphql.types import (
     CancelJobPayload,
+    CancelJobsPayload,
     DeleteQueuePayload,
     Host,
     HostActionPayload,
@@ -115,6 +123,22 @@ class Mutation:
         _, errors = await attempt(op)
         job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
         return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
+    @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
+                                     "its fields given), the oldest first, at most `limit` (by default and at most "
+                                     "100000; run it again for more). A token bound to queues cancels only their "
+                                     "jobs. The leader stops them shortly, as cancelJob.")
+    async def cancel_jobs(self, info: Info, filter: JobFilter, reason: str = "",
+                          limit: int | None = None) -> CancelJobsPayload:
+        async def op() -> list[str]:
+            require(info)
+            return await muster(info).cancel_matching(user(info), reason, bound_queues(info),
+                                                      **({"limit": limit} if limit is not None else {}),
+                                                      **filter.filters())
+
+        ids, errors = await attempt(op)
+        return CancelJobsPayload(count=len(ids or []), job_ids=[strawberry.ID(i) for i in ids or []],
+                                 user_errors=errors)
 
     @strawberry.mutation(description="Create a queue (admin).")
     async def create_queue(self, info: Info, input: QueueInput) -> QueuePayload:

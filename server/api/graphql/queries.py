@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any
 
 import strawberry
 from strawberry.types import Info
@@ -133,11 +132,6 @@ class Query:
         _, n = page_args(first, None)
         mu = muster(info)
         assert mu.history is not None
-        states: list[str] = []
-        if state is not None:
-            states.append(state.value)
-        if filter and filter.state:
-            states.extend(s.value for s in filter.state if s.value not in states)
         offset = 0
         keyset: str | None = None
         if after:
@@ -150,10 +144,7 @@ class Query:
                     raise ValidationError("after", "this cursor belongs to another sort order", "INVALID_CURSOR")
             else:
                 raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
-        f = filter or JobFilter()
-        filters: dict[str, Any] = dict(
-            state=states or None, user=f.user, name=f.name_prefix, priority=f.priority,
-            submitted_after=epoch(f.submitted_after), submitted_before=epoch(f.submitted_before), queue=f.queue)
+        filters = (filter or JobFilter()).filters([state.value] if state is not None else None)
         rows, total = await in_thread(mu.history.list_jobs, **filters, sort=sort.value, limit=n + 1, offset=offset,
                                       after=keyset)
         more = len(rows) > n

@@ -546,6 +546,13 @@ class CancelJobPayload:
 
 
 @strawberry.type
+class CancelJobsPayload:
+    count: int = strawberry.field(description="The jobs whose cancel was asked for.")
+    job_ids: list[strawberry.ID] = strawberry.field(description="Their ids, oldest first.")
+    user_errors: list[UserError]
+
+
+@strawberry.type
 class Alert:
     id: strawberry.ID
     kind: str
