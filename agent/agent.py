@@ -652,12 +652,6 @@ class Agent:
             # read when heartbeats resume (or the leader's resend of the same revision)
             # starts what it lists, which would otherwise stay PLACED for good.
             return
-        if self.leaving:
-            # Shutting down: what the leader placed before it read that this host is
-            # leaving stays assigned, unstarted. This agent's next start runs it (it was
-            # never seen); if the host does not come back, it is replaced when it is lost.
-            # Started now, it would outlive the agent with no one to stop or report it.
-            return
         self.applied_seq = max(self.applied_seq, seq)
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
@@ -673,6 +667,15 @@ class Agent:
             if t.stop:
                 self._mark_seen(t.attempt_id)
                 await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
+                continue
+            if self.leaving:
+                # Shutting down: what the leader placed before it read that this host is
+                # leaving is given back unstarted, reported KILLED by the shutdown (requeued
+                # at once, not counted as a try). Started now, it would outlive the agent
+                # with no one to stop or report it; left assigned, it would wait for the
+                # host's return or end LOST, counted, once the host's key expired.
+                self._mark_seen(t.attempt_id)
+                await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
                 continue
             self._start(t)
 
