@@ -574,7 +574,7 @@ class Muster:
                                   "PROTECTED")
         if name not in self.state.queues:
             raise NotFound(f"no queue named {name!r}")
-        queued = self.state.backlog.count(name)
+        queued = self.state.backlog.count(name) + self.state.backlog.held_in(name)
         live = len(self.state.queue_live.get(name, ()))
         if queued or live:
             raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "
@@ -600,11 +600,10 @@ class Muster:
         except Exception:  # noqa: BLE001 - the record is stored; the event is best effort
             log.warning("queue %s event not published", action)
 
-    async def cancel(self, job_id: str, by: str, reason: str = "", queues: list[str] | None = None) -> None:
-        """Ask the leader to cancel a job. Raises NotFound, Forbidden when `queues` (the
-        caller's token's) leave the job's queue out, or ValidationError (ALREADY_FINISHED)
-        for a job that has ended."""
-        reason = validate_reason(reason)
+    def _live_job_for(self, job_id: str, queues: list[str] | None) -> Job:
+        """A job an operator acts on: it exists, `queues` (the caller's token's) allow its
+        queue, and it has not ended. Raises NotFound, Forbidden or ValidationError
+        (ALREADY_FINISHED)."""
         job = self.jobs.get(job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
@@ -613,12 +612,40 @@ class Muster:
                             f"job {job_id} is in queue {job.spec.queue!r}")
         if job.state.terminal:
             raise ValidationError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")
+        return job
+
+    async def _command(self, cmd: Command) -> None:
         assert self.store is not None
-        cmd = Command(kind="cancel", job_id=job_id, by=by, reason=reason)
         try:
-            await self.store.js.publish(f"{subjects.CMDS_PREFIX}.cancel", encode(cmd))
+            await self.store.js.publish(f"{subjects.CMDS_PREFIX}.{cmd.kind}", encode(cmd))
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"cancel: {exc}") from exc
+            raise StoreError(f"{cmd.kind}: {exc}") from exc
+
+    async def cancel(self, job_id: str, by: str, reason: str = "", queues: list[str] | None = None) -> None:
+        """Ask the leader to cancel a job. Raises NotFound, Forbidden when `queues` (the
+        caller's token's) leave the job's queue out, or ValidationError (ALREADY_FINISHED)
+        for a job that has ended."""
+        reason = validate_reason(reason)
+        self._live_job_for(job_id, queues)
+        await self._command(Command(kind="cancel", job_id=job_id, by=by, reason=reason))
+
+    async def update_job(self, job_id: str, by: str, *, priority: int | None = None, hold: bool | None = None,
+                         reason: str = "", queues: list[str] | None = None) -> None:
+        """Ask the leader to change a job that has not ended: its priority (-1000 to 1000),
+        and hold it (True: a QUEUED job stays queued but is not placed; `reason` says why)
+        or release it (False). Raises NotFound, Forbidden (`queues`, as cancel),
+        ValidationError (nothing to change, a priority out of range, holding a job that is
+        not QUEUED or is taking GPUs by preemption; ALREADY_FINISHED)."""
+        reason = validate_reason(reason)
+        if priority is None and hold is None:
+            raise ValidationError("input", "give a priority, or hold or release the job", "REQUIRED")
+        if priority is not None and not -1000 <= priority <= 1000:
+            raise ValidationError("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
+        job = self._live_job_for(job_id, queues)
+        if hold and (job.state is not JobState.QUEUED or job.preempting):
+            why = "it is taking GPUs by preemption" if job.preempting else f"it is {job.state.value}"
+            raise ValidationError("hold", f"only a queued job can be held; {why} (cancel it instead)", "NOT_QUEUED")
+        await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold))
 
     async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:

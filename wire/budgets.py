@@ -35,6 +35,10 @@ REASON_MAX = 512  # bytes of an attempt's reason, encoded, at most
 TAIL_MIN = 256
 REASON_MIN = 160
 CANCEL_REASON_MAX = 1024
+HOLD_REASON_MAX = 256  # a held job's `hold` (who held it and why), encoded, at most
+# What an operator's update may add to a record after its bound was worked out: the hold
+# text, and a priority where the spec had the default (left out of the record).
+UPDATE_SLACK = len(',"hold":""') + HOLD_REASON_MAX + len(',"priority":-1000')
 STOP_REASON_MAX = 160  # a task's stop reason (the control plane's own words)
 MAX_PREEMPTING = 64  # victims one preemption stops, at most (a job record lists them)
 _PENDING_REASONS_BOUND = 1024  # a dozen fixed reason strings with counts
@@ -118,7 +122,7 @@ def job_record_bound(spec: JobSpec) -> int:
     tail, reason = text_limits(spec)
     per_attempt = _worst_attempt_bytes(spec.max_attempts, spec.replicas, spec.gpus, bool(spec.gpu_share),
                                        bool(spec.mig_profile)) + 1 + tail + reason
-    return (_job_frame_bytes() + _spec_json_len(spec) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX
+    return (_job_frame_bytes() + _spec_json_len(spec) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + UPDATE_SLACK
             + attempts_bound(spec) * per_attempt)
 
 

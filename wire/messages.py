@@ -287,6 +287,9 @@ class Job(_Model):
     pending_reasons: dict[str, int] = Field(default_factory=dict)
     not_before: float = 0.0
     cancel_reason: str = ""
+    # Who held the job and why (empty: not held). A held job stays QUEUED but is not
+    # considered for placement until it is released.
+    hold: str = ""
     # Why the job ended when no attempt says so (its records could not be written, ...).
     end_reason: str = ""
     # A job that preempted others waits for these attempts to end before it is placed
@@ -528,12 +531,18 @@ class OutputReply(_Model):
 
 
 class Command(_Model):
+    """An operator's command on a job, applied by the leader: `cancel`, or `update`, which
+    changes what is given of `priority` and `hold` (True holds a queued job, False
+    releases it; None: unchanged)."""
+
     v: Literal[1] = 1
-    kind: Literal["cancel"]
+    kind: Literal["cancel", "update"]
     job_id: str = Field(max_length=128)
     by: str = Field(default="", max_length=64)
     reason: str = Field(default="", max_length=512)
     ts: float = Field(default_factory=time.time)
+    priority: int | None = Field(default=None, ge=-1000, le=1000)
+    hold: bool | None = None
 
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"

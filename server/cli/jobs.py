@@ -14,14 +14,14 @@ from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
-submittedAt updatedAt cancelReason endReason queuePosition
+submittedAt updatedAt cancelReason endReason queuePosition hold
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    j = sub.add_parser("job", help="submit, list, show and cancel jobs")
+    j = sub.add_parser("job", help="submit, list, show, hold, release, change and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 
     js = jsub.add_parser("submit", help="submit a job (--wait, -f to follow its output)",
@@ -59,6 +59,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     jw.add_argument("id")
     add_output(jw)
     jw.set_defaults(fn=cmd_why)
+
+    jh = jsub.add_parser("hold", help="hold queued jobs: they stay queued, not placed until released")
+    jh.add_argument("ids", nargs="+", metavar="ID")
+    jh.add_argument("--reason", default="", help="why (shown with the job)")
+    add_output(jh)
+    jh.set_defaults(fn=cmd_update, change={"held": True})
+
+    jr = jsub.add_parser("release", help="release held jobs: they take their place in their queue again")
+    jr.add_argument("ids", nargs="+", metavar="ID")
+    add_output(jr)
+    jr.set_defaults(fn=cmd_update, change={"held": False}, reason="")
+
+    jp = jsub.add_parser("set", help="change a job that has not ended: its priority")
+    jp.add_argument("ids", nargs="+", metavar="ID")
+    jp.add_argument("--priority", type=int, required=True,
+                    help="-1000 to 1000: its place in its queue, and as a preemption victim")
+    add_output(jp)
+    jp.set_defaults(fn=cmd_update, reason="")
 
     jc = jsub.add_parser("cancel", help="cancel jobs: by id, or every job not ended that the filters match",
                          description="Cancel the jobs given by id, or every job that has not ended and matches "
@@ -267,12 +285,13 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
            edges { node { id name state user queue gpus gpuModel gpuModels gpuShare migProfile replicas priority
-           submittedAt } } } }"""
+           submittedAt hold } } } }"""
     flt = job_filter(args)
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
-        rows = [[n["id"], n["name"], n["state"], n["user"], n["queue"], gpus_cell(n),
+        rows = [[n["id"], n["name"], n["state"] + (" held" if n.get("hold") else ""), n["user"], n["queue"],
+                 gpus_cell(n),
                  n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
         out(args, data, rows, ["ID", "NAME", "STATE", "USER", "QUEUE", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
@@ -299,8 +318,10 @@ def show(args: argparse.Namespace) -> None:
     if args.output == "json":
         out(args, job)
         return
-    print(f"{job['id']}  {job['name']}  {job['state']}  queue {job['queue']}")
+    print(f"{job['id']}  {job['name']}  {job['state']}  queue {job['queue']}  priority {job['priority']}")
     print(f"  command: {shlex.join(job['command'])}")
+    if job.get("hold"):
+        print(f"  {job['hold']} (muster job release {job['id']})")
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants(job)}")
@@ -309,7 +330,7 @@ def show(args: argparse.Namespace) -> None:
     if job["effectiveTimeLimitSeconds"]:
         whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
         print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")
-    if job["state"] == "QUEUED":
+    if job["state"] == "QUEUED" and job["queuePosition"] is not None:
         print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:
             print(f"  pending: {_reason(r)}")
@@ -467,6 +488,45 @@ def _reason(r: dict[str, Any]) -> str:
     return f"{r['hosts']} hosts: {r['reason']}"
 
 
+def cmd_update(args: argparse.Namespace) -> int:
+    """Hold, release or change the priority of each job given (`updateJob`), as cancel
+    does: the refused ones listed with why, the first refusal's error ends the command."""
+    q = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
+           job { id state priority hold } userErrors { field message code } } }"""
+    change = dict(getattr(args, "change", {}))
+    if getattr(args, "priority", None) is not None:
+        change["priority"] = args.priority
+    return _each(args, lambda job_id: gql(q, {"input": {"id": job_id, "reason": args.reason, **change}})["updateJob"],
+                 "change requested")
+
+
+def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
+    """`act(id)` (a mutation's payload: job, userErrors) for each of `args.ids`; the
+    refused ones listed with why, and the first refusal's error (its exit code) ends the
+    command."""
+    done: list[dict[str, Any]] = []
+    rows: list[list[str]] = []
+    first: Exception | None = None
+    for job_id in args.ids:
+        res = act(job_id)
+        if res["userErrors"]:
+            err = user_errors(res["userErrors"], "{message}")
+            first = first or err
+            rows.append([job_id, f"refused: {err}"])
+        else:
+            done.append(res["job"])
+            rows.append([res["job"]["id"], done_text])
+    if len(args.ids) == 1:
+        if first is not None:
+            raise first
+        out(args, done[0], rows, ["ID", "STATUS"])
+        return 0
+    out(args, done, rows, ["ID", "STATUS"])
+    if first is not None:
+        raise first
+    return 0
+
+
 def job_filter(args: argparse.Namespace) -> dict[str, Any]:
     """The GraphQL JobFilter of `job list`'s and `job cancel`'s filter options."""
     return {k: v for k, v in (("state", [s.strip().upper() for s in args.state.split(",")] if args.state else None),
@@ -491,24 +551,5 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
     q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
            job { id state } userErrors { field message code } } }"""
-    done: list[dict[str, Any]] = []
-    rows: list[list[str]] = []
-    first: Exception | None = None
-    for job_id in args.ids:
-        res = gql(q, {"id": job_id, "reason": args.reason})["cancelJob"]
-        if res["userErrors"]:
-            err = user_errors(res["userErrors"], "{message}")
-            first = first or err
-            rows.append([job_id, f"refused: {err}"])
-        else:
-            done.append(res["job"])
-            rows.append([res["job"]["id"], "cancel requested"])
-    if len(args.ids) == 1:
-        if first is not None:
-            raise first
-        out(args, done[0], rows, ["ID", "STATUS"])
-        return 0
-    out(args, done, rows, ["ID", "STATUS"])
-    if first is not None:
-        raise first
-    return 0
+    return _each(args, lambda job_id: gql(q, {"id": job_id, "reason": args.reason})["cancelJob"],
+                 "cancel requested")

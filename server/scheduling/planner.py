@@ -38,7 +38,15 @@ from server.scheduling.queues import (
 )
 from server.state.cluster import ClusterState
 from wire import subjects
-from wire.budgets import CANCEL_REASON_MAX, MAX_PREEMPTING, STOP_REASON_MAX, clip_end, clip_start, text_limits
+from wire.budgets import (
+    CANCEL_REASON_MAX,
+    HOLD_REASON_MAX,
+    MAX_PREEMPTING,
+    STOP_REASON_MAX,
+    clip_end,
+    clip_start,
+    text_limits,
+)
 from wire.messages import (
     JOB_ID_PATTERN,
     Attempt,
@@ -364,6 +372,7 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
     job = w.job(c.job_id)
     assert job is not None
     job.state = JobState.CANCELLED
+    job.hold = ""  # a held job cancelled is no longer waiting for a release
     job.cancel_reason = clip_start(c.reason, CANCEL_REASON_MAX) or f"cancelled by {c.by or 'operator'}"
     job.updated_at = now
     a = job.current
@@ -373,6 +382,38 @@ def apply_cancel(w: _Work, c: Command, now: float) -> None:
         live.reason = clip_start(job.cancel_reason, text_limits(job.spec)[1])
         _stop_tasks(w.alloc(live.host_id), {live.id}, live.reason)
     w.plan.events.append(_event("job.cancelled", job, a, now, job.cancel_reason))
+
+
+def apply_update(w: _Work, c: Command, now: float) -> None:
+    """An operator's change to a job that has not ended: its priority (which moves it in
+    its queue's order, and decides it as a preemption victim), and a hold or release. Only
+    a QUEUED job that is not taking GPUs by preemption can be held; a release always
+    applies. What cannot apply is left as it is."""
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
+    if job is None or job.state.terminal:
+        w.plan.ignored += 1
+        return
+    priority = c.priority if c.priority is not None and c.priority != job.spec.priority else None
+    hold = c.hold is True and not job.hold and job.state is JobState.QUEUED and not job.preempting
+    release = c.hold is False and bool(job.hold)
+    if priority is None and not hold and not release:
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    done: list[str] = []
+    if priority is not None:
+        done.append(f"priority {job.spec.priority} -> {priority}")
+        job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
+    if hold:
+        job.hold = clip_start(f"held by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else ""),
+                              HOLD_REASON_MAX)
+        done.append(job.hold)
+    if release:
+        job.hold = ""
+        done.append(f"released by {c.by or 'operator'}")
+    job.updated_at = now
+    w.plan.events.append(_event("job.updated", job, job.current, now, "; ".join(done)))
 
 
 def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float) -> None:
@@ -1070,7 +1111,7 @@ def place_queued(
     preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():
-        if j.state is JobState.QUEUED:
+        if j.state is JobState.QUEUED and not j.hold:
             if j.preempting:
                 preempting.append(j)
             else:
@@ -1464,13 +1505,14 @@ def plan_cycle(
     for i, c in enumerate(commands):
         if plan.keys + 2 > room:
             break
-        if c.kind == "cancel" and w.busy(c.job_id):
-            plan.commands_used += 1
+        plan.commands_used += 1
+        if w.busy(c.job_id):
             plan.deferred_commands.append(i)
             continue
         if c.kind == "cancel":
             apply_cancel(w, c, now)
-        plan.commands_used += 1
+        elif c.kind == "update":
+            apply_update(w, c, now)
     known = state.index.models()
     for i, req in enumerate(submissions):
         if plan.keys + len(req.jobs) > room:

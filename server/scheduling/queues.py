@@ -39,6 +39,7 @@ RECLAIM_WAIT = "waiting for reclaim"
 PRIORITY_WAIT = "waiting for priority preemption"
 GANG_WHOLE = "gang cannot fit as a whole"
 UNKNOWN_QUEUE = "queue does not exist"
+HELD = "held"
 
 
 def gpu_key(model: str) -> str:

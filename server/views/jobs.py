@@ -153,10 +153,10 @@ class JobView:
         return queue_view.reasons(self.state, job, now, self.half_life_s, whole)
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
-        """1-based place in its queue's order (priority, then submission) while QUEUED.
-        The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`), however
-        many jobs ask."""
-        if job.state is not JobState.QUEUED:
+        """1-based place in its queue's order (priority, then submission) while QUEUED and
+        not held. The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`),
+        however many jobs ask."""
+        if job.state is not JobState.QUEUED or job.hold:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
         if not fresh or job.id not in self._positions:  # a job queued since: sort again

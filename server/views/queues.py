@@ -17,6 +17,7 @@ from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     FAIR_SHARE,
     GANG_WHOLE,
+    HELD,
     OVER_QUOTA,
     PREEMPTION_GRACE,
     PRIORITY_WAIT,
@@ -111,12 +112,15 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None) -> list[QueueReason]:
-    """Why a queued job waits, at queue level: its queue is missing; it waits for the
+    """Why a queued job waits, at queue level: it is held (and nothing else is said); its
+    queue is missing; it waits for the
     victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
     caller); or it waits its turn by fair share (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
+    if job.hold:
+        return [QueueReason(HELD, f"{job.hold}; not considered for placement until released")]
     b = book(state)
     name = job.spec.queue
     q = b.queue(name)

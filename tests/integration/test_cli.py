@@ -241,6 +241,43 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": other["id"]})
 
 
+def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
+    """`job hold` keeps a queued job from being placed while the GPU it waits for is free
+    and later jobs take it; `job release` puts it back; `job set --priority` moves a job."""
+    srv = cluster.server()
+    cluster.agent("hold-1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+
+    def submit(name: str, *command: str) -> str:
+        r = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "-o", "json", name, "--", *command)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["id"]
+
+    blocker = submit("blocker", "sleep", "600")
+    api.wait_job(blocker, {"RUNNING"})
+    held = submit("held", "true")
+    r = muster(cluster, srv.url, "job", "hold", held, "--reason", "dataset not ready")
+    assert r.returncode == 0 and "change requested" in r.stdout, r.stdout + r.stderr
+    wait_until(lambda: "held by operator: dataset not ready" in muster(cluster, srv.url, "job", "show", held).stdout,
+               timeout=30, what="the hold shown")
+    assert re.search(rf"{held} +held +QUEUED held", muster(cluster, srv.url, "job", "list").stdout)
+    # Of the same priority and submitted later, so behind the held job in the queue.
+    later = submit("later", "true")
+    api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": blocker})
+    assert api.wait_job(later, {"SUCCEEDED"})["state"] == "SUCCEEDED"  # the GPU was free: the held job stayed
+    assert api.job(held)["state"] == "QUEUED"
+    r = muster(cluster, srv.url, "job", "set", held, "--priority", "7")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: "priority 7" in muster(cluster, srv.url, "job", "show", held).stdout, timeout=30,
+               what="the new priority shown")
+    r = muster(cluster, srv.url, "job", "hold", later)  # it has ended
+    assert r.returncode == 1 and "already SUCCEEDED" in r.stderr, r.stderr
+    r = muster(cluster, srv.url, "job", "release", held)
+    assert r.returncode == 0, r.stderr
+    assert api.wait_job(held, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+
+
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
     """`alerts tail -n 1` prints the last alert, then each new one. An alert published
     before the CLI starts is printed either way (the last one, or new after its first

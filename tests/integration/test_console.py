@@ -586,6 +586,31 @@ async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
     assert "WANDB_API_KEY" not in page.text and "k-123" not in page.text
 
 
+async def test_hold_release_and_priority_forms(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    job = await m.submit({"name": "waits", "command": ["true"], "gpus": 64}, "operator")
+    await eventually(lambda: job.id in m.state.jobs, what="the job in the view")
+    page = (await c.get(f"/jobs/{job.id}")).text
+    assert f'action="/jobs/{job.id}/hold"' in page and f'action="/jobs/{job.id}/release"' not in page
+    r = await c.post(f"/jobs/{job.id}/hold", data={"csrf": console.csrf, "reason": "dataset not ready"})
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job.id}?notice=held"
+    await eventually(lambda: m.state.jobs[job.id].hold == "held by operator: dataset not ready", timeout=20,
+                     what="the hold applied")
+    page = (await c.get(f"/jobs/{job.id}")).text
+    assert 'id="job-hold">held by operator: dataset not ready<' in page
+    assert f'action="/jobs/{job.id}/release"' in page and f'action="/jobs/{job.id}/hold"' not in page
+    r = await c.post(f"/jobs/{job.id}/priority", data={"csrf": console.csrf, "priority": "99999"})
+    assert r.status_code == 422 and 'id="change-error"' in r.text and "from -1000 to 1000" in r.text
+    r = await c.post(f"/jobs/{job.id}/priority", data={"csrf": console.csrf, "priority": "-5"})
+    assert r.status_code == 303
+    r = await c.post(f"/jobs/{job.id}/release", data={"csrf": console.csrf})
+    assert r.status_code == 303
+    await eventually(lambda: (m.state.jobs[job.id].hold, m.state.jobs[job.id].spec.priority) == ("", -5),
+                     timeout=20, what="the release and the priority applied")
+
+
 async def test_a_teams_token_acts_on_its_queues_jobs_only(console: Console) -> None:
     """A token bound to queues (a team's) sees the environment of, and may cancel, its
     queues' jobs only, and may not cordon, drain or clear GPU faults."""

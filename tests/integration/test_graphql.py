@@ -312,6 +312,52 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     assert again == {"count": 0, "jobIds": [], "userErrors": []}  # ended jobs are not asked again
 
 
+UPDATE_JOB = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
+                job { id state priority hold } userErrors { field message code } } }"""
+JOB_WAIT = """query($id: ID!) { job(id: $id) { state priority hold queuePosition
+              pendingReasons { kind reason detail } } }"""
+
+
+async def test_update_job_holds_releases_and_reprioritises(api: Client, muster: Muster) -> None:
+    """updateJob: a held job stays QUEUED, out of its queue's order, and says who held it
+    and why; released, it takes its place again; a priority moves it in the order."""
+    ids = [(await api.q(SUBMIT, {"input": {"name": f"u{i}", "command": ["true"], "gpus": 64}}))
+           ["submitJob"]["job"]["id"] for i in range(3)]
+    none = (await api.q(UPDATE_JOB, {"input": {"id": ids[0]}}))["updateJob"]
+    assert none["userErrors"][0]["code"] == "REQUIRED"
+    bad = (await api.q(UPDATE_JOB, {"input": {"id": ids[0], "priority": 5000}}))["updateJob"]
+    assert bad["userErrors"][0]["code"] == "OUT_OF_RANGE"
+    res = (await api.q(UPDATE_JOB, {"input": {"id": ids[0], "held": True, "reason": "dataset not ready"}}))
+    assert res["updateJob"]["userErrors"] == []
+
+    async def job(i: int) -> dict[str, Any]:
+        return (await api.q(JOB_WAIT, {"id": ids[i]}))["job"]
+
+    async def held() -> bool:
+        return (await job(0))["hold"] == "held by operator: dataset not ready"
+
+    await wait_for(held, what="the hold applied")
+    j = await job(0)
+    assert j["state"] == "QUEUED" and j["queuePosition"] is None
+    assert [(p["kind"], p["reason"]) for p in j["pendingReasons"]] == [("queue", "held")]
+
+    async def positions(want: list[int | None]) -> bool:  # the orders are sorted again within a second
+        return [(await job(i))["queuePosition"] for i in range(3)] == want
+
+    await wait_for(lambda: positions([None, 1, 2]), what="the others moved up")
+    # A priority moves the last to the front; the release puts the held one back at its place.
+    await api.q(UPDATE_JOB, {"input": {"id": ids[2], "priority": 10}})
+    await api.q(UPDATE_JOB, {"input": {"id": ids[0], "held": False}})
+
+    await wait_for(lambda: positions([2, 3, 1]), what="the release and the new priority applied")
+    assert (await job(0))["hold"] is None and (await job(2))["priority"] == 10
+    # A cancelled job can no longer be changed.
+    await api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": ids[1]})
+    await wait_for(lambda: _job_state(api, ids[1], {"CANCELLED"}), what="cancel")
+    done = (await api.q(UPDATE_JOB, {"input": {"id": ids[1], "priority": 1}}))["updateJob"]
+    assert done["userErrors"][0]["code"] == "ALREADY_FINISHED"
+
+
 async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> None:
     """50,000 hosts straight into the state: a filtered, sorted page is right (its cost
     is measured by bench/operator.py, not asserted here)."""

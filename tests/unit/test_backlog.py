@@ -26,7 +26,7 @@ def afresh(jobs: dict[str, Job]) -> tuple[dict, set[str], dict]:
     least: dict[str, tuple | None] = {}
     preempting: set[str] = set()
     for j in jobs.values():
-        if j.state is not JobState.QUEUED:
+        if j.state is not JobState.QUEUED or j.hold:
             continue
         if j.preempting:
             preempting.add(j.id)
@@ -34,36 +34,41 @@ def afresh(jobs: dict[str, Job]) -> tuple[dict, set[str], dict]:
         order.setdefault(j.spec.queue, []).append(order_key(j))
     for q in order:
         order[q].sort()
-        queued = [j for j in jobs.values() if j.state is JobState.QUEUED and not j.preempting and j.spec.queue == q]
+        queued = [j for j in jobs.values()
+                  if j.state is JobState.QUEUED and not j.hold and not j.preempting and j.spec.queue == q]
         least[q] = None if any(j.spec.models() is not None for j in queued) else \
             tuple(min(col) for col in zip(*(job_size(j.spec) for j in queued), strict=True))
     return order, preempting, least
 
 
-def held(b: Backlog) -> tuple[dict, set[str], dict]:
+def kept(b: Backlog) -> tuple[dict, set[str], dict]:
     return ({q: list(keys) for q, keys in b.order.items()}, set(b.preempting), {q: b.least(q) for q in b.order})
 
 
 record = st.builds(
-    lambda i, state, queue, prio, at, gpus, cpus, model, preempting: job(
-        f"j{i}", state=state, submitted_at=at, preempting=["v"] if preempting else [],
+    lambda i, state, queue, prio, at, gpus, cpus, model, preempting, hold: job(
+        f"j{i}", state=state, submitted_at=at, preempting=["v"] if preempting else [], hold="held" if hold else "",
         spec=job_spec(f"j{i}", queue=queue, priority=prio, gpus=gpus, cpus=cpus, gpu_model=model)),
     st.integers(0, 7), st.sampled_from([JobState.QUEUED, JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED]),
     st.sampled_from(["a", "b"]), st.integers(0, 2), st.sampled_from([1.0, 2.0, 3.0]), st.integers(0, 4),
-    st.sampled_from([1.0, 2.0]), st.sampled_from([None, None, "H100"]), st.booleans())
+    st.sampled_from([1.0, 2.0]), st.sampled_from([None, None, "H100"]), st.booleans(),
+    st.sampled_from([False, False, True]))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(record, st.integers(0, 7)), max_size=40))
 def test_the_backlog_equals_the_records_worked_out_afresh(steps: list) -> None:
     """Records set (a job) and dropped (an index) in any order, a job's priority, time,
-    queue, size, models and `preempting` changing between its records."""
+    queue, size, models, `preempting` and hold changing between its records."""
     state = ClusterState()
     for step in steps:
         set_or_drop(state, step)
-        assert held(state.backlog) == afresh(state.jobs)
-        # The one record of which jobs are queued: ids, counts per queue, the total.
-        queued = [j for j in state.jobs.values() if j.state is JobState.QUEUED]
+        assert kept(state.backlog) == afresh(state.jobs)
+        # The one record of which jobs are queued: ids, counts per queue, the total; held
+        # jobs apart, in none of them.
+        queued = [j for j in state.jobs.values() if j.state is JobState.QUEUED and not j.hold]
+        assert state.backlog.held == {j.id: j.spec.queue for j in state.jobs.values()
+                                      if j.state is JobState.QUEUED and j.hold}
         assert len(state.backlog) == len(queued) and sorted(state.backlog.ids()) == sorted(j.id for j in queued)
         per_queue = Counter(j.spec.queue for j in queued)
         assert state.backlog.counts() == dict(per_queue)
@@ -85,7 +90,7 @@ def test_the_backlog_stays_right_through_a_fairness_run_with_reclaim(monkeypatch
 
     def apply(self: Simulation, plan: object) -> None:
         real_apply(self, plan)
-        assert held(self.state.backlog) == afresh(self.state.jobs)
+        assert kept(self.state.backlog) == afresh(self.state.jobs)
         checked[0] += 1
 
     args = build_parser().parse_args(["--tenants", "3", "--hosts", "6", "--rate", "20", "--wave", "3", "--gap", "10",

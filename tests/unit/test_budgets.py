@@ -13,6 +13,7 @@ from server.scheduling.placement import RECORD_FULL, HostCapacity, check
 from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState
 from wire.budgets import (
+    HOLD_REASON_MAX,
     RECORD_BUDGET,
     clip_end,
     clip_start,
@@ -63,8 +64,9 @@ def test_a_job_record_never_grows_past_its_bound(replicas: int, tries: int, gpus
                         exit_code=-(2**31), output_tail=clip_end("\x01" * 9000, tail),
                         reason=clip_start("\x00" * 3000, reason))
                 for t in range(1, tries + 1) for i in range(replicas)][:n]
-    job = Job(id="j" * 64, spec=spec, state=JobState.FAILED, submitted_at=1e10, updated_at=1e10,
-              attempts=attempts, cancel_reason=clip_start("\x00" * 9000, 1024),
+    job = Job(id="j" * 64, spec=spec.model_copy(update={"priority": -1000}), state=JobState.FAILED,
+              submitted_at=1e10, updated_at=1e10, attempts=attempts, cancel_reason=clip_start("\x00" * 9000, 1024),
+              hold=clip_start("\x00" * 9000, HOLD_REASON_MAX),
               pending_reasons={"not enough free GPUs on host": 10**6, "host's assignment record is full": 10**6})
     per_attempt = (bound - len(Job(id="j" * 64, spec=spec, submitted_at=1e10, updated_at=1e10).to_json())) / (
         tries * replicas)
@@ -101,6 +103,7 @@ def test_the_record_bounds_equal_the_records_they_stand_for(
         CANCEL_REASON_MAX,
         MAX_PREEMPTING,
         STOP_REASON_MAX,
+        UPDATE_SLACK,
         _worst_attempt_bytes,
     )
     from wire.messages import Task
@@ -119,7 +122,7 @@ def test_the_record_bounds_equal_the_records_they_stand_for(
     tail, reason = text_limits(spec)
     per_attempt = _worst_attempt_bytes(tries, replicas, gpus, bool(share), bool(mig)) + 1 + tail + reason
     assert job_record_bound(spec) == (len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX
-                                      + tries * replicas * per_attempt)
+                                      + UPDATE_SLACK + tries * replicas * per_attempt)
 
 
 def test_the_largest_gang_with_the_default_attempts_is_accepted_and_a_huge_one_refused() -> None:

@@ -587,6 +587,50 @@ def test_cancel_running_job_holds_capacity_until_killed(w: World) -> None:
     assert [t.attempt_id for t in w.tasks("h1")] == ["next.1"]
 
 
+def update(job_id: str, *, priority: int | None = None, hold: bool | None = None, reason: str = "") -> Command:
+    return Command(kind="update", job_id=job_id, by="alice", reason=reason, priority=priority, hold=hold, ts=NOW)
+
+
+def test_a_held_job_is_not_placed_until_released_and_keeps_its_place(w: World) -> None:
+    w.host("h1", gpus=1)
+    w.submit("old", gpus=1, submitted_at=NOW - 100)
+    w.submit("new", gpus=1, submitted_at=NOW - 50)
+    plan = w.cycle(commands=[update("old", hold=True, reason="dataset not ready")])
+    assert plan.jobs["old"].state is JobState.QUEUED and plan.jobs["old"].hold == "held by alice: dataset not ready"
+    assert plan.jobs["new"].state is JobState.PLACED  # the held job is passed over in the same cycle
+    assert [e.kind for e in plan.events][0] == "job.updated"
+    assert list(w.state.backlog.ids()) == [] and w.state.backlog.held == {"old": "default"}
+    # Holding a job that is not queued changes nothing; a release puts it back in its place.
+    assert w.cycle(commands=[update("new", hold=True)]).ignored == 1
+    assert w.job("new").hold == ""
+    w.cycle(reports=[report(w, "new", AttemptState.SUCCEEDED, exit_code=0)])
+    assert w.job("old").state is JobState.QUEUED
+    plan = w.cycle(commands=[update("old", hold=False)])
+    assert plan.jobs["old"].state is JobState.PLACED and plan.jobs["old"].hold == ""
+    assert w.state.backlog.held == {}
+    # A held job cancelled is no longer held.
+    w.submit("third", gpus=1)
+    w.cycle(commands=[update("third", hold=True)])
+    assert w.state.backlog.held == {"third": "default"}
+    plan = w.cycle(commands=[cancel("third")])
+    assert plan.jobs["third"].state is JobState.CANCELLED and plan.jobs["third"].hold == ""
+    assert w.state.backlog.held == {}
+
+
+def test_a_priority_change_moves_a_job_in_its_queue(w: World) -> None:
+    w.host("h1", gpus=0)  # nothing fits until a GPU comes
+    w.submit("a", gpus=1, submitted_at=NOW - 100)
+    w.submit("b", gpus=1, submitted_at=NOW - 50)
+    plan = w.cycle(commands=[update("b", priority=5)])
+    assert plan.jobs["b"].spec.priority == 5 and plan.events[0].message == "priority 0 -> 5"
+    assert [j.id for j in w.state.queued()] == ["b", "a"]
+    w.host("h1", gpus=1)
+    assert w.cycle().jobs["b"].state is JobState.PLACED
+    assert w.job("a").state is JobState.QUEUED
+    # The same priority again is no change.
+    assert w.cycle(commands=[update("a", priority=0)]).ignored == 1
+
+
 def test_a_drain_past_its_deadline_stops_the_hosts_tasks_saying_so(w: World) -> None:
     placed(w, "j1", gpus=8)
     w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])

@@ -8,7 +8,7 @@
     hosts     the overview (meters, heat map), the hosts table (`console_query`),
               a host's page, cordon, uncordon, drain and clear GPU faults
     charts    `Telemetry` (per-host ring buffers of GPU samples) and the SVG sparklines
-    jobs      the jobs list, a job's page, cancel, the submit form
+    jobs      the jobs list, a job's page, cancel, hold, release and priority, the submit form
     queues    the queues page (quota against use, fair share) and usage per queue and user
     alerts    the alerts page
     sse       the server-sent event stream
@@ -74,6 +74,9 @@ def console_routes() -> list[BaseRoute]:
         Route("/jobs", jobs.jobs, methods=["GET"]),
         Route("/jobs/{job_id}", jobs.job_detail, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),
+        Route("/jobs/{job_id}/hold", jobs.hold_job, methods=["POST"]),
+        Route("/jobs/{job_id}/release", jobs.release_job, methods=["POST"]),
+        Route("/jobs/{job_id}/priority", jobs.set_priority, methods=["POST"]),
         Route("/submit", jobs.submit_form, methods=["GET"]),
         Route("/submit", jobs.submit, methods=["POST"]),
         Route("/events/stream", sse.event_stream, methods=["GET"]),

@@ -1,5 +1,5 @@
 """Jobs: the jobs list (history rows overlaid with live ones, server.views.jobs), a job's
-page and its cancel form, and the submit form."""
+page and its forms (cancel, hold, release, priority), and the submit form."""
 
 from __future__ import annotations
 
@@ -172,6 +172,45 @@ async def cancel_job(request: Request) -> Response:
         ctx["reason_value"] = reason
         return render(request, "job.html", ctx, status_for(exc))
     return RedirectResponse(url(f"/jobs/{job_id}", notice="cancel"), status_code=303)
+
+
+async def _update_job(request: Request, notice: str, **change: Any) -> Response:
+    """Hold, release or reprioritise the job (Muster.update_job), then its page with
+    `notice`, or the page again with the error at the form."""
+    m = muster_of(request)
+    job_id = request.path_params["job_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    ctx = await _job_ctx(m, job_id)
+    if ctx is None:
+        raise no_such_job(job_id)
+    try:
+        if "priority" in change:
+            raw = form.get("priority", "").strip()
+            if not re.fullmatch(r"-?\d{1,4}", raw):
+                raise ValidationError("priority", "must be a whole number from -1000 to 1000", "INVALID")
+            change["priority"] = int(raw)
+        reason = form.get("reason", "").strip()[:200] if change.get("hold") else ""
+        await m.update_job(job_id, sess.user, reason=reason, queues=sess.info.submit_queues, **change)
+    except FORM_ERRORS as exc:
+        ctx["change_errors"] = [e.message for e in exc.details()]
+        return render(request, "job.html", ctx, status_for(exc))
+    return RedirectResponse(url(f"/jobs/{job_id}", notice=notice), status_code=303)
+
+
+@console(csrf=True, action=True)
+async def hold_job(request: Request) -> Response:
+    return await _update_job(request, "held", hold=True)
+
+
+@console(csrf=True, action=True)
+async def release_job(request: Request) -> Response:
+    return await _update_job(request, "released", hold=False)
+
+
+@console(csrf=True, action=True)
+async def set_priority(request: Request) -> Response:
+    return await _update_job(request, "priority", priority=None)
 
 
 # ---------------------------------------------------------------- submit

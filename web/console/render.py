@@ -39,6 +39,9 @@ NOTICES = {
     "cordoned": "Host cordoned: no new work is placed on it.",
     "uncordoned": "Host uncordoned: it takes new work again.",
     "submitted": "Job submitted.",
+    "held": "Hold requested: the job stays queued and is not placed until released.",
+    "released": "Release requested: the job takes its place in its queue again.",
+    "priority": "Priority change requested: the job moves in its queue's order.",
     "gpus-cleared": ("GPU fault marks cleared: the host's agent forgets them at its next assignment, and its "
                      "GPUs take work again until a new fault."),
     "draining": ("Host draining: no new work is placed on it; what still runs at the deadline is stopped and "

@@ -123,6 +123,16 @@ class JobFilter:
                     queue=self.queue)
 
 
+@strawberry.input(description="A change to a job that has not ended; only the fields given change.")
+class UpdateJobInput:
+    id: strawberry.ID
+    priority: int | None = strawberry.field(default=None, description="-1000 to 1000: its place in its queue's "
+                                                                       "order, and as a preemption victim.")
+    held: bool | None = strawberry.field(default=None, description="true holds a QUEUED job (it is not placed "
+                                                                   "until released); false releases it.")
+    reason: str = strawberry.field(default="", description="Why (shown with a hold).")
+
+
 @strawberry.input(description="A queue's quota of one resource.")
 class QueueResourceInput:
     resource: str = strawberry.field(description="\"gpu:<model>\", \"cpu\" or \"memory_mb\".")

@@ -21,6 +21,7 @@ from server.api.graphql.inputs import (
     JobFilter,
     QueueInput,
     SubmitJobInput,
+    UpdateJobInput,
 )
 from server.api.graphql.types import (
     CancelJobPayload,
@@ -32,6 +33,7 @@ from server.api.graphql.types import (
     Queue,
     QueuePayload,
     SubmitJobPayload,
+    UpdateJobPayload,
 )
 from server.views.queues import rows as queue_rows
 from wire.errors import AuthError, MusterError
@@ -123,6 +125,21 @@ class Mutation:
         _, errors = await attempt(op)
         job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
         return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
+    @strawberry.mutation(description="Change a job that has not ended: its priority, or hold or release it (a "
+                                     "held job stays QUEUED and is not placed). The leader applies it shortly. A "
+                                     "token bound to queues changes their jobs only.")
+    async def update_job(self, info: Info, input: UpdateJobInput) -> UpdateJobPayload:
+        mu = muster(info)
+
+        async def op() -> None:
+            require(info)
+            await mu.update_job(str(input.id), user(info), priority=input.priority, hold=input.held,
+                                reason=input.reason, queues=bound_queues(info))
+
+        _, errors = await attempt(op)
+        job = mu.jobs.get(str(input.id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
+        return UpdateJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
 
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "

@@ -384,6 +384,12 @@ class Job:
     def cancel_reason(self) -> str:
         return self._m.cancel_reason
 
+    @strawberry.field(description="Who held this queued job and why (\"held by alice: dataset not ready\"); "
+                                  "null when it is not held. A held job is not placed until released "
+                                  "(updateJob).")
+    def hold(self) -> str | None:
+        return self._m.hold or None
+
     @strawberry.field(description="Why the job ended when no attempt says so (for example: the store refused "
                                   "its records).")
     def end_reason(self) -> str:
@@ -541,6 +547,12 @@ class SubmitJobPayload:
 
 @strawberry.type
 class CancelJobPayload:
+    job: Job | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class UpdateJobPayload:
     job: Job | None
     user_errors: list[UserError]
 
