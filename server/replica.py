@@ -478,24 +478,26 @@ class Muster:
         return allowed[0] if allowed and DEFAULT_QUEUE not in allowed else DEFAULT_QUEUE
 
     @classmethod
-    def _job_input(cls, data: dict[str, Any], user: str, allowed: list[str] | None) -> dict[str, Any]:
-        """A job's input with its user, and its queue when it names none."""
+    def _job_input(cls, data: dict[str, Any], user: str, allowed: list[str] | None) -> tuple[dict[str, Any], str]:
+        """A job's input with its user, and its queue when it names none; and its hold
+        (`held` in the input: it is submitted held, as sbatch -H), or ""."""
         data = dict(data)
         data.setdefault("user", user)
         if not data.get("queue"):
             data["queue"] = cls.default_queue(allowed)
-        return data
+        hold = f"held by {user} at submission" if data.pop("held", False) else ""
+        return data, hold
 
     async def submit(self, data: dict[str, Any], user: str, queues: list[str] | None = None) -> Job:
         """Validate and store a job (QUEUED). Raises InvalidInput (nothing stored) when
         it is rejected; Forbidden when `queues` (the caller's token's) leave its queue out."""
-        data = self._job_input(data, user, queues)
+        data, hold = self._job_input(data, user, queues)
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
             raise InvalidInput(errors)
         self._check_queue(spec, queues)
         now = time.time()
-        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now)
+        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold)
         assert self.store is not None
         with _maybe_stored(f"job {job.id}"):
             # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
@@ -512,7 +514,7 @@ class Muster:
         now = time.time()
         results: list[Job | InvalidInput | Forbidden] = []
         for data in items:
-            data = self._job_input(data, user, queues)
+            data, hold = self._job_input(data, user, queues)
             spec, errors = validate_job(data, known)
             if spec is not None:
                 try:
@@ -523,7 +525,7 @@ class Muster:
                     results.append(exc)
                     continue
             results.append(InvalidInput(errors) if spec is None
-                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now))
+                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold))
         assert self.store is not None
         jobs = [j for j in results if isinstance(j, Job)]
         # Each key must not exist yet (a fresh id), and a retry after a lost reply is

@@ -122,6 +122,7 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     help="keep running when the host is cut off from the control plane (KEEP_RUNNING)")
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
+    js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
     js.add_argument("--array", type=int, default=None, metavar="N",
                     help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
                          "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE); not with --wait or -f")
@@ -177,6 +178,8 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
             inp[key] = value
     if args.keep_running:
         inp["onDisconnect"] = "KEEP_RUNNING"
+    if args.hold:
+        inp["held"] = True
     for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
         if given:
             pairs: dict[str, str] = {}

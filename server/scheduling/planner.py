@@ -591,14 +591,15 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
             continue
         if job_id in w.frozen_jobs:
             raise KeyInFlight(subjects.job_key(job_id))  # plan_cycle holds such submissions back
-        fields = {k: v for k, v in data.items() if k not in ("id", "user")}
+        fields = {k: v for k, v in data.items() if k not in ("id", "user", "held")}
         fields["user"] = req.user
         spec, errors = validate_job(fields, known_models)
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
         submitted = req.ts if 0 < req.ts <= now else now
-        w.plan.jobs[job_id] = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now)
+        hold = f"held by {req.user} at submission" if data.get("held") is True else ""
+        w.plan.jobs[job_id] = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold)
         w.plan.accepted += 1
 
 

@@ -276,6 +276,13 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     r = muster(cluster, srv.url, "job", "release", held)
     assert r.returncode == 0, r.stderr
     assert api.wait_job(held, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    # Submitted held (sbatch -H): it waits for its release with the GPU free.
+    r = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "--hold", "-o", "json", "born-held", "--", "true")
+    born = json.loads(r.stdout)
+    assert born["state"] == "QUEUED" and api.q('query($id: ID!) { job(id: $id) { hold } }',
+                                                {"id": born["id"]})["job"]["hold"] == "held by operator at submission"
+    muster(cluster, srv.url, "job", "release", born["id"])
+    assert api.wait_job(born["id"], {"SUCCEEDED"})["state"] == "SUCCEEDED"
 
 
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:

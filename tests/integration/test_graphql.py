@@ -351,6 +351,11 @@ async def test_update_job_holds_releases_and_reprioritises(api: Client, muster: 
 
     await wait_for(lambda: positions([2, 3, 1]), what="the release and the new priority applied")
     assert (await job(0))["hold"] is None and (await job(2))["priority"] == 10
+    # A job submitted held starts out so.
+    sub = (await api.q("""mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id hold state } } }""",
+                       {"input": {"name": "h", "command": ["true"], "held": True}}))["submitJob"]["job"]
+    assert sub["hold"] == "held by operator at submission" and sub["state"] == "QUEUED"
+    assert muster.state.backlog.held.get(sub["id"]) == "default"
     # A cancelled job can no longer be changed.
     await api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": ids[1]})
     await wait_for(lambda: _job_state(api, ids[1], {"CANCELLED"}), what="cancel")

@@ -617,6 +617,16 @@ def test_a_held_job_is_not_placed_until_released_and_keeps_its_place(w: World) -
     assert w.state.backlog.held == {}
 
 
+def test_a_job_submitted_held_over_nats_is_not_placed(w: World) -> None:
+    from wire.messages import SubmitRequest
+
+    sub = SubmitRequest(user="u", ts=NOW, jobs=[{"id": "held-job-1", "name": "h", "command": ["true"], "held": True},
+                                                {"id": "free-job-1", "name": "f", "command": ["true"]}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert plan.jobs["held-job-1"].state is JobState.QUEUED and plan.jobs["held-job-1"].hold == "held by u at submission"
+    assert plan.jobs["free-job-1"].state is JobState.PLACED
+
+
 def test_a_priority_change_moves_a_job_in_its_queue(w: World) -> None:
     w.host("h1", gpus=0)  # nothing fits until a GPU comes
     w.submit("a", gpus=1, submitted_at=NOW - 100)

@@ -58,6 +58,8 @@ class SubmitJobInput:
     host_labels: strawberry.scalars.JSON | None = strawberry.field(
         default=None, description="Labels a host must have to run the job, as a map of label to value (at most "
                                   "16; all must match the host's, e.g. {\"zone\": \"eu-1\", \"net\": \"ib\"}).")
+    held: bool = strawberry.field(default=False, description="Submit it held: it stays QUEUED, not placed, until "
+                                                             "released (updateJob).")
 
 
 @strawberry.input

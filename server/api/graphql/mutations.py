@@ -55,6 +55,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "same_model": i.same_model, "gpu_share": i.gpu_share, "gpu_memory_mb": i.gpu_memory_mb,
         "mig_profile": i.mig_profile,
         "queue": i.queue, "time_limit_s": i.time_limit_seconds, "host_labels": i.host_labels or {},
+        "held": i.held,
     }
 
 
