@@ -623,7 +623,8 @@ def test_a_job_submitted_held_over_nats_is_not_placed(w: World) -> None:
     sub = SubmitRequest(user="u", ts=NOW, jobs=[{"id": "held-job-1", "name": "h", "command": ["true"], "held": True},
                                                 {"id": "free-job-1", "name": "f", "command": ["true"]}])
     plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
-    assert plan.jobs["held-job-1"].state is JobState.QUEUED and plan.jobs["held-job-1"].hold == "held by u at submission"
+    held = plan.jobs["held-job-1"]
+    assert held.state is JobState.QUEUED and held.hold == "held by u at submission"
     assert plan.jobs["free-job-1"].state is JobState.PLACED
 
 
