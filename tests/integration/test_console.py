@@ -586,6 +586,35 @@ async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
     assert "WANDB_API_KEY" not in page.text and "k-123" not in page.text
 
 
+async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    sweep = [await m.submit({"name": f"sweep-{i}", "command": ["true"], "gpus": 64}, "operator") for i in range(3)]
+    other = await m.submit({"name": "train", "command": ["true"], "gpus": 64}, "operator")
+    await eventually(lambda: all(j.id in m.state.jobs for j in [*sweep, other]), what="the jobs in the view")
+    page = (await c.get("/jobs?name=sweep-&user=nobody")).text
+    assert "No jobs named sweep-… of nobody" in page
+    assert "Signed in as <strong>operator</strong>" in page  # the filter is not the signed-in user
+    page = (await c.get("/jobs?name=sweep-&user=operator")).text
+    assert "3 jobs named sweep-… of operator" in page and "train" not in page.split("<tbody>")[1]
+    assert 'action="/jobs/cancel"' in page
+    assert 'action="/jobs/cancel"' not in (await c.get("/jobs")).text  # no filter: no cancel-all form
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "user": "operator", "state": "",
+                                           "queue": "", "reason": ""})
+    assert r.status_code == 422 and "a reason is required" in r.text
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "", "queue": "",
+                                           "reason": "all of them"})
+    assert r.status_code == 422 and "give at least one filter" in r.text
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "user": "operator", "state": "",
+                                           "queue": "", "reason": "sweep over"})
+    assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]
+    assert "Cancel requested for 3 job(s)" in (await c.get(r.headers["location"])).text
+    await eventually(lambda: all(m.state.jobs[j.id].state is JobState.CANCELLED for j in sweep), timeout=20,
+                     what="the sweep cancelled")
+    assert m.state.jobs[other.id].state is JobState.QUEUED
+
+
 async def test_hold_release_and_priority_forms(console: Console) -> None:
     c = console.client
     m = console.muster

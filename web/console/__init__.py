@@ -8,7 +8,8 @@
     hosts     the overview (meters, heat map), the hosts table (`console_query`),
               a host's page, cordon, uncordon, drain and clear GPU faults
     charts    `Telemetry` (per-host ring buffers of GPU samples) and the SVG sparklines
-    jobs      the jobs list, a job's page, cancel, hold, release and priority, the submit form
+    jobs      the jobs list (cancel what it matches), a job's page, cancel, hold, release and
+              priority, the submit form
     queues    the queues page (quota against use, fair share) and usage per queue and user
     alerts    the alerts page
     sse       the server-sent event stream
@@ -72,6 +73,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/hosts/{host_id}/drain", hosts.drain, methods=["POST"]),
         Route("/hosts/{host_id}/clear-gpu-faults", hosts.clear_gpu_faults, methods=["POST"]),
         Route("/jobs", jobs.jobs, methods=["GET"]),
+        Route("/jobs/cancel", jobs.cancel_matching, methods=["POST"]),
         Route("/jobs/{job_id}", jobs.job_detail, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/hold", jobs.hold_job, methods=["POST"]),

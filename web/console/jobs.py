@@ -47,47 +47,76 @@ async def jobs(request: Request) -> Response:
     bad_state = bool(state) and state not in states
     if bad_state:
         state = ""
-    queue_names = [q.name for q in m.queues()]
-    queue = request.query_params.get("queue", "").strip()
-    if queue not in queue_names:
-        queue = ""
+    f = _list_filters(m, request.query_params)
     page = page_arg(request)
+    filters: dict[str, Any] = dict(state=state or None, queue=f["queue"] or None, name=f["name"] or None,
+                                   user=f["user"] or None)
     assert m.history is not None
-    rows, total = await run_in_threadpool(
-        m.history.list_jobs, state=state or None, queue=queue or None, limit=PER_PAGE, offset=(page - 1) * PER_PAGE
-    )
+    rows, total = await run_in_threadpool(m.history.list_jobs, **filters, limit=PER_PAGE,
+                                          offset=(page - 1) * PER_PAGE)
     if not rows and total and page > 1:
         page, _ = clamp_page(total, page)
-        rows, total = await run_in_threadpool(
-            m.history.list_jobs, state=state or None, queue=queue or None, limit=PER_PAGE,
-            offset=(page - 1) * PER_PAGE
-        )
+        rows, total = await run_in_threadpool(m.history.list_jobs, **filters, limit=PER_PAGE,
+                                              offset=(page - 1) * PER_PAGE)
     # Live records laid over history's rows (a row's state may be behind: filtered again),
     # and on the first page the jobs history has not written yet.
     shown = [j for j in m.jobs.overlay(rows) if not state or j.state.value == state]
     if page == 1:
-        fresh, count = m.jobs.unrecorded(rows, PER_PAGE, state=state or None, queue=queue or None)
+        fresh, count = m.jobs.unrecorded(rows, PER_PAGE, **filters)
         shown = (fresh + shown)[:PER_PAGE]
         total += count
     page, pages = clamp_page(total, page)
+    keep = dict(state=state, **f)
     ctx = {
         "rows": shown,
         "total": total,
         "state": state,
         "states": states,
         "bad_state": bad_state,
-        "queue": queue,
-        "queues": queue_names,
+        # (`user` is the signed-in user's name on every page)
+        "queue": f["queue"], "name_filter": f["name"], "user_filter": f["user"],
+        "filtered": any(keep.values()),
+        "queues": [q.name for q in m.queues()],
         "page": page,
         "pages": pages,
-        "prev_url": url("/jobs", state=state, queue=queue, page=page - 1) if page > 1 else None,
-        "next_url": url("/jobs", state=state, queue=queue, page=page + 1) if page < pages else None,
-        "first_url": url("/jobs", state=state, queue=queue, page=1) if page > 1 else None,
-        "last_url": url("/jobs", state=state, queue=queue, page=pages) if page < pages else None,
-        "live_url": url("/jobs", state=state, queue=queue, page=page),
+        "prev_url": url("/jobs", **keep, page=page - 1) if page > 1 else None,
+        "next_url": url("/jobs", **keep, page=page + 1) if page < pages else None,
+        "first_url": url("/jobs", **keep, page=1) if page > 1 else None,
+        "last_url": url("/jobs", **keep, page=pages) if page < pages else None,
+        "live_url": url("/jobs", **keep, page=page),
         "sse_on": "job",
     }
+    n = request.query_params.get("n", "")
+    if request.query_params.get("notice") == "cancel-many" and n.isdigit():
+        ctx["notice"] = (f"Cancel requested for {int(n)} job(s) that the filters match and that had not ended. "
+                         "The leader stops them shortly.")
     return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
+
+
+def _list_filters(m: Muster, params: Any) -> dict[str, str]:
+    """The jobs list's filters besides the state, from a query string or a form: a queue
+    that exists, a name prefix, a user."""
+    queue = params.get("queue", "").strip()
+    return {"queue": queue if queue in {q.name for q in m.queues()} else "",
+            "name": params.get("name", "").strip()[:128], "user": params.get("user", "").strip()[:64]}
+
+
+@console(csrf=True, action=True)
+async def cancel_matching(request: Request) -> Response:
+    """Cancel every job not ended that the list's filters match (Muster.cancel_matching:
+    a team's token, its queues' only); a reason and at least one filter are required."""
+    m = muster_of(request)
+    sess: Session = request.state.session
+    form = await read_form(request)
+    state = form.get("state", "").strip().upper()
+    f = _list_filters(m, form)
+    back = dict(state=state, **f)
+    reason = form.get("reason", "").strip()[:512]
+    if not reason:
+        raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
+    ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
+                                  queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None)
+    return RedirectResponse(url("/jobs", **back, notice="cancel-many", n=len(ids)), status_code=303)
 
 
 # ---------------------------------------------------------------- one job
