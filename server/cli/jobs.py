@@ -333,8 +333,9 @@ def show(args: argparse.Namespace) -> None:
     if job["effectiveTimeLimitSeconds"]:
         whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
         print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")
-    if job["state"] == "QUEUED" and job["queuePosition"] is not None:
-        print(f"  queue position: {job['queuePosition']}")
+    if job["state"] == "QUEUED":
+        if job["queuePosition"] is not None:
+            print(f"  queue position: {job['queuePosition']}")
         for r in job["pendingReasons"]:
             print(f"  pending: {_reason(r)}")
     for a in job["attempts"]:
@@ -475,7 +476,9 @@ def cmd_why(args: argparse.Namespace) -> int:
     if job["state"] != "QUEUED":
         print(f"{job['id']} is {job['state']}: it is not waiting for placement")
         return 0
-    print(f"{job['id']} ({job['name']}) is QUEUED, position {job['queuePosition']} in queue {job['queue']}")
+    where = (f"position {job['queuePosition']}" if job["queuePosition"] is not None
+             else "held, out of the order") + f" in queue {job['queue']}"
+    print(f"{job['id']} ({job['name']}) is QUEUED, {where}")
     if not job["pendingReasons"]:
         print("  no host rejects it: it should be placed in the next scheduling cycle")
     else:

@@ -142,15 +142,18 @@ class JobView:
         return dict(reasons)
 
     def queue_reasons(self, job: Job, now: float) -> list[queue_view.QueueReason]:
-        """Why a queued job waits at queue level (server.views.queues.reasons); for a gang,
-        whether the hosts take its tasks one by one but not all at once."""
+        """Why a queued job waits at queue level (server.views.queues.reasons), with whether
+        a host has room for it now, and for a gang whether the hosts take its tasks one by
+        one but not all at once."""
         whole: bool | None = None
-        if job.state is JobState.QUEUED and job.spec.replicas > 1:
+        fits: bool | None = None
+        if job.state is JobState.QUEUED and not job.hold:
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             policy="binpack")
-            if placer.place(job.spec) is not None:
-                whole = placer.place_gang(job.spec) is not None
-        return queue_view.reasons(self.state, job, now, self.half_life_s, whole)
+            fits = placer.place(job.spec) is not None
+            if fits and job.spec.replicas > 1:
+                whole = fits = placer.place_gang(job.spec) is not None
+        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits)
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
         """1-based place in its queue's order (priority, then submission) while QUEUED and

@@ -28,6 +28,7 @@ from server.scheduling.queues import (
     job_demand,
     meters,
     nominal,
+    unmetered,
 )
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
 
@@ -111,12 +112,15 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
 
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
-            gang_fits_whole: bool | None = None) -> list[QueueReason]:
+            gang_fits_whole: bool | None = None, fits_now: bool | None = None) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held (and nothing else is said); its
     queue is missing; it waits for the
     victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
-    caller); or it waits its turn by fair share (with the queue's figures)."""
+    caller); its quota admits it but no host has room (`fits_now` False, computed by the
+    caller) and the preemption that could make room waits (reclaim or priority: off, or
+    the victims younger than their minimum runtime); or it waits its turn by fair share
+    (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
     if job.hold:
@@ -149,6 +153,15 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             out.extend(_reclaim_waits(state, b, q, r.resource, now))
         if not job.preempting:
             out.extend(_priority_waits(state, q, job, now))
+    elif fits_now is False and not job.preempting:
+        # Its quota admits it but no host has room: what preemption could free, and why
+        # it has not yet (reclaim for a queue within its nominal quota, priority within it).
+        for m in models:
+            demand = job_demand(job.spec, m)
+            if b.admits(name, demand) is None and b.within_nominal(name, demand):
+                for res in sorted(x for x in demand if demand[x] > 0 and b.meters(name, x)):
+                    out.extend(w for w in _reclaim_waits(state, b, q, res, now) if w not in out)
+        out.extend(_priority_waits(state, q, job, now))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -164,9 +177,13 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
 
 def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, now: float) -> list[QueueReason]:
     """Why reclaim has not taken back what a job within its queue's nominal quota needs:
-    reclaim is off for its queue, or the borrowers' running jobs are all younger than
-    their queue's minimum runtime (with when the first may be stopped)."""
-    borrowers = [m for m in b.cohorts.get(q.cohort or "", []) if m != q.name and resource in b.borrowed(m)]
+    reclaim is off for its queue, or the borrowers' running jobs (its cohort's queues
+    above their nominal quota, and unmetered queues, whose every GPU counts as borrowed)
+    are all younger than their queue's minimum runtime (with when the first may be
+    stopped)."""
+    cohort = set(b.cohorts.get(q.cohort or "", []))
+    borrowers = [m for m in sorted(b.queues) if m != q.name and (m in cohort or unmetered(b.queues[m]))
+                 and resource in b.borrowed(m)]
     if not borrowers:
         return []
     if not q.reclaim:

@@ -428,6 +428,25 @@ def test_why_pending_says_what_reclaim_waits_for() -> None:
     assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes them back
 
 
+def test_why_pending_says_what_reclaim_from_an_unmetered_queue_waits_for() -> None:
+    """A queue's job within its nominal quota that its quota admits, the hosts full of the
+    unmetered default queue's young jobs: no quota refusal to show, yet the job waits for
+    reclaim (every GPU of an unmetered queue counts as borrowed), and says until when."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("r", gpus=2, min_runtime_s=0)
+    _fill(w, "default", 8, NOW - 18)  # started at NOW - 10; the implicit default's minimum runtime is 60 s
+    w.qsubmit("mine", "r", gpus=1)
+    job = w.state.jobs["mine"]
+    assert reasons(w.state, job, NOW, 0.0) == []  # without knowing that no host has room: nothing at queue level
+    why = {r.reason: r.detail for r in reasons(w.state, job, NOW, 0.0, fits_now=False)}
+    assert why == {RECLAIM_WAIT: "queue default borrows gpu:H100, but its 8 running job(s) have run less than its "
+                                 "minimum runtime (60 s): the first may be stopped in 50 s"}
+    assert not w.qcycle(now=NOW).preempted  # as it says
+    assert RECLAIM_WAIT not in {r.reason for r in reasons(w.state, job, NOW + 60, 0.0, fits_now=False)}
+    assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes one back
+
+
 def test_why_pending_says_what_priority_preemption_waits_for() -> None:
     """A high-priority job its full queue refuses: the lower-priority jobs are younger than
     the queue's minimum runtime (and when the first may go), or priority preemption is off."""
