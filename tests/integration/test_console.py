@@ -628,7 +628,7 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
     await eventually(lambda: m.state.jobs[job.id].hold == "held by operator: dataset not ready", timeout=20,
                      what="the hold applied")
     page = (await c.get(f"/jobs/{job.id}")).text
-    assert 'id="job-hold">held by operator: dataset not ready<' in page
+    assert 'id="job-hold">held by operator: dataset not ready<' in page and "Held: out of queue default" in page
     assert f'action="/jobs/{job.id}/release"' in page and f'action="/jobs/{job.id}/hold"' not in page
     r = await c.post(f"/jobs/{job.id}/priority", data={"csrf": console.csrf, "priority": "99999"})
     assert r.status_code == 422 and 'id="change-error"' in r.text and "from -1000 to 1000" in r.text
