@@ -108,8 +108,11 @@ def stream_configs(replicas: int) -> list[jsapi.StreamConfig]:
                    max_age_days=7, duplicate_window=120),
         log_stream(subjects.SUBMIT_STREAM, [f"{subjects.SUBMIT_PREFIX}.>"], replicas, work_queue=True,
                    max_age_days=7, duplicate_window=120),
+        # Host and domain events, and operators' changes to jobs and queues (few), which the
+        # history keeps (a job's other events are derived from its record: history.timeline).
         log_stream(subjects.EVENTS_STREAM,
-                   [f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>"], replicas,
+                   [f"{subjects.EVENTS_PREFIX}.host.>", f"{subjects.EVENTS_PREFIX}.domain.>",
+                    f"{subjects.EVENTS_PREFIX}.job.updated", f"{subjects.EVENTS_PREFIX}.queue.>"], replicas,
                    work_queue=False, max_age_days=7, max_bytes=gib),
         log_stream(subjects.ALERTS_STREAM, [f"{subjects.ALERTS_PREFIX}.>"], replicas, work_queue=False,
                    max_age_days=30, max_bytes=gib),

@@ -311,6 +311,13 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     again = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
     assert again == {"count": 0, "jobIds": [], "userErrors": []}  # ended jobs are not asked again
 
+    async def queue_created() -> bool:  # operators' changes to queues are kept in history too
+        q = '{ events(kind: "queue.created") { edges { node { message } } } }'
+        got = [e["node"]["message"] for e in (await api.q(q))["events"]["edges"]]
+        return got == ["queue audio created by operator"]
+
+    await wait_for(queue_created, what="the queue's creation in history")
+
 
 UPDATE_JOB = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
                 job { id state priority hold } userErrors { field message code } } }"""
@@ -350,6 +357,16 @@ async def test_update_job_holds_releases_and_reprioritises(api: Client, muster: 
     await api.q(UPDATE_JOB, {"input": {"id": ids[0], "held": False}})
 
     await wait_for(lambda: positions([2, 3, 1]), what="the release and the new priority applied")
+    # History keeps the changes, who made them and what they were (the job's timeline).
+    ev = """query($j: ID) { events(jobId: $j, kind: "job.updated") { edges { node { message } } } }"""
+
+    async def changes(i: int, want: set[str]) -> bool:
+        got = {e["node"]["message"] for e in (await api.q(ev, {"j": ids[i]}))["events"]["edges"]}
+        return got == want
+
+    await wait_for(lambda: changes(0, {"held by operator: dataset not ready", "released by operator"}),
+                   what="the hold and release in history")
+    await wait_for(lambda: changes(2, {"priority 0 -> 10"}), what="the priority change in history")
     assert (await job(0))["hold"] is None and (await job(2))["priority"] == 10
     # A job submitted held starts out so.
     sub = (await api.q("""mutation($input: SubmitJobInput!) { submitJob(input: $input) { job { id hold state } } }""",
