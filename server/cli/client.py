@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,9 +31,31 @@ def token() -> str:
     raise AuthError("no token: set MUSTER_TOKEN (or run from the directory holding .muster/token)")
 
 
-def gql(query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+def gql(query: str, variables: dict[str, Any] | None = None, optional: tuple[str, ...] = ()) -> dict[str, Any]:
     """The `data` of one GraphQL request. AuthError when the token is missing or refused
-    (HTTP 401), ApiError when the API cannot be reached or answers with `errors`."""
+    (HTTP 401), ApiError when the API cannot be reached or answers with `errors`.
+
+    `optional`: fields newer than some servers (a scalar field name each); a server whose
+    schema lacks one is asked again without it, and the answer lacks it (readers use
+    `.get`), so that a newer CLI still lists and shows during a rolling upgrade."""
+    try:
+        return _gql(query, variables)
+    except _MissingFields as exc:
+        gone = [f for f in optional if f in exc.fields]
+        if not gone or set(exc.fields) - set(gone):
+            raise ApiError(exc.text) from None
+        for f in gone:
+            query = re.sub(rf"(?<![\w$]){re.escape(f)}(?!\w)", "", query)
+        return gql(query, variables, tuple(f for f in optional if f not in gone))
+
+
+class _MissingFields(Exception):
+    def __init__(self, fields: list[str], text: str) -> None:
+        super().__init__(text)
+        self.fields, self.text = fields, text
+
+
+def _gql(query: str, variables: dict[str, Any] | None) -> dict[str, Any]:
     import httpx
 
     url = os.environ.get("MUSTER_URL", "http://127.0.0.1:8080").rstrip("/") + "/graphql"
@@ -45,7 +68,11 @@ def gql(query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         raise AuthError("unauthorised: the token was refused")
     body = r.json()
     if body.get("errors"):
-        raise ApiError(explain_errors([e.get("message", "?") for e in body["errors"]], url))
+        messages = [e.get("message", "?") for e in body["errors"]]
+        missing = [m.group(1) for m in (re.match(r"Cannot query field '(\w+)'", x) for x in messages) if m]
+        if missing and len(missing) == len(messages):
+            raise _MissingFields(missing, explain_errors(messages, url))
+        raise ApiError(explain_errors(messages, url))
     return body["data"]
 
 

@@ -20,6 +20,10 @@ attempts { id number task state host { id health } gpuIndices gpuShare migInstan
 outputTail reason }"""
 
 
+# Job fields a server of the previous version lacks: list and show ask again without them.
+NEWER_FIELDS = ("hold",)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("job", help="submit, list, show, hold, release, change and cancel jobs")
     jsub = j.add_subparsers(dest="job_cmd", required=True)
@@ -292,7 +296,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     flt = job_filter(args)
 
     def render() -> None:
-        data = gql(q, {"first": args.limit, "filter": flt or None})["jobs"]
+        data = gql(q, {"first": args.limit, "filter": flt or None}, optional=NEWER_FIELDS)["jobs"]
         rows = [[n["id"], n["name"], n["state"] + (" held" if n.get("hold") else ""), n["user"], n["queue"],
                  gpus_cell(n),
                  n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
@@ -315,7 +319,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> None:
-    job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id})["job"]
+    job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": args.id}, optional=NEWER_FIELDS)["job"]
     if job is None:
         raise NotFound(f"no job {args.id}")
     if args.output == "json":

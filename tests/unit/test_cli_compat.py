@@ -1,0 +1,53 @@
+"""The CLI against a server one version older: a field the server's schema lacks is
+asked for again without it when the command can do without (server.cli.client.gql's
+`optional`), and said in so many words when it cannot. The older server's HTTP answers
+are those strawberry gives for a field its schema lacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from server.cli import client
+from server.cli.errors import ApiError
+
+
+class OlderServer:
+    """Answers as a server without `hold` on Job: GraphQL's validation error when a query
+    asks for it, the data otherwise."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def post(self, url: str, json: dict[str, Any], **_: Any) -> httpx.Response:
+        q = json["query"]
+        self.queries.append(q)
+        missing = [f for f in ("hold", "fancy") if f" {f} " in f" {q} ".replace("}", " ").replace("{", " ")]
+        if missing:
+            errors = [{"message": f"Cannot query field '{f}' on type 'Job'."} for f in missing]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        return httpx.Response(200, json={"data": {"job": {"id": "j1", "state": "QUEUED"}}})
+
+
+@pytest.fixture
+def older(monkeypatch: pytest.MonkeyPatch) -> OlderServer:
+    server = OlderServer()
+    monkeypatch.setattr(httpx, "post", server.post)
+    monkeypatch.setenv("MUSTER_TOKEN", "mst_x")
+    return server
+
+
+def test_an_optional_field_the_server_lacks_is_dropped_and_asked_again(older: OlderServer) -> None:
+    data = client.gql("query { job(id: \"j1\") { id state hold } }", optional=("hold",))
+    assert data == {"job": {"id": "j1", "state": "QUEUED"}}
+    assert len(older.queries) == 2 and "hold" not in older.queries[1] and "state" in older.queries[1]
+
+
+def test_a_missing_field_that_is_not_optional_says_the_server_is_older(older: OlderServer) -> None:
+    with pytest.raises(ApiError, match="older API than this muster CLI"):
+        client.gql("query { job(id: \"j1\") { id hold } }")
+    with pytest.raises(ApiError, match="Cannot query field 'fancy'"):
+        client.gql("query { job(id: \"j1\") { id hold fancy } }", optional=("hold",))
+    assert len(older.queries) == 2  # no retry when a field it cannot do without is missing too
