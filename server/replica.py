@@ -470,6 +470,24 @@ class Muster:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
 
+    def _waits_for(self, spec: JobSpec) -> list[str]:
+        """Of the jobs `spec` runs after, those it must wait for (not ended yet, as this
+        replica sees them: the leader takes out each as it ends). Raises ValidationError
+        for one that does not exist, or (afterok) one that ended otherwise than SUCCEEDED:
+        the job could never run."""
+        left: list[str] = []
+        for d in spec.depends_on:
+            dj = self.jobs.get(d)
+            if dj is None:
+                raise ValidationError("dependsOn", f"no job {d}", "UNKNOWN_DEPENDENCY")
+            if not dj.state.terminal:
+                left.append(d)
+            elif dj.state is not JobState.SUCCEEDED and not spec.depend_any:
+                raise ValidationError("dependsOn", f"job {d} ended {dj.state.value}: this job could never run "
+                                                   "(afterok; use AFTER_ANY to run after it whatever its end)",
+                                      "DEPENDENCY_FAILED")
+        return left
+
     @staticmethod
     def default_queue(allowed: list[str] | None) -> str:
         """The queue of a job that names none: `default`, or the first queue of a token
@@ -496,8 +514,9 @@ class Muster:
         if spec is None:
             raise InvalidInput(errors)
         self._check_queue(spec, queues)
+        waits = self._waits_for(spec)
         now = time.time()
-        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold)
+        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
         assert self.store is not None
         with _maybe_stored(f"job {job.id}"):
             # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
@@ -516,16 +535,19 @@ class Muster:
         for data in items:
             data, hold = self._job_input(data, user, queues)
             spec, errors = validate_job(data, known)
+            waits: list[str] = []
             if spec is not None:
                 try:
                     self._check_queue(spec, queues)
+                    waits = self._waits_for(spec)
                 except ValidationError as exc:
                     spec, errors = None, [exc]
                 except Forbidden as exc:
                     results.append(exc)
                     continue
             results.append(InvalidInput(errors) if spec is None
-                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold))
+                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold,
+                                    waiting_for=waits))
         assert self.store is not None
         jobs = [j for j in results if isinstance(j, Job)]
         # Each key must not exist yet (a fresh id), and a retry after a lost reply is

@@ -123,7 +123,14 @@ def job_record_bound(spec: JobSpec) -> int:
     per_attempt = _worst_attempt_bytes(spec.max_attempts, spec.replicas, spec.gpus, bool(spec.gpu_share),
                                        bool(spec.mig_profile)) + 1 + tail + reason
     return (_job_frame_bytes() + _spec_json_len(spec) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX + UPDATE_SLACK
-            + attempts_bound(spec) * per_attempt)
+            + _waiting_bytes(spec) + attempts_bound(spec) * per_attempt)
+
+
+def _waiting_bytes(spec: JobSpec) -> int:
+    """The most a record's `waiting_for` takes: the spec's dependencies, at most."""
+    if not spec.depends_on:
+        return 0
+    return len(',"waiting_for":') + len(to_json(spec.depends_on))
 
 
 _FRAME_COMMAND = ["x"]

@@ -185,6 +185,9 @@ DEFAULT_QUEUE = "default"
 QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
+MAX_DEPENDENCIES = 32  # jobs one job may run after
+
+
 class JobSpec(_Model):
     # Derived once and kept (wire.budgets.task_bytes); a spec is not changed once validated.
     _task_bytes: int | None = PrivateAttr(default=None)
@@ -228,6 +231,11 @@ class JobSpec(_Model):
     # Labels a host must have to run the job (key=value each, all of them: a zone, a
     # network, a driver line), as its agent reports them (`--labels`).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
+    # Jobs this one runs after (their ids): once every one of them SUCCEEDED (afterok), or
+    # once every one of them ended whatever its end (`depend_any`: afterany). Under afterok,
+    # one that ends otherwise cancels this job.
+    depends_on: list[str] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    depend_any: bool = False
 
     @field_validator("host_labels")
     @classmethod
@@ -290,6 +298,10 @@ class Job(_Model):
     # Who held the job and why (empty: not held). A held job stays QUEUED but is not
     # considered for placement until it is released.
     hold: str = ""
+    # Of `spec.depends_on`, the jobs it still waits for (set at submission; the leader
+    # takes each out as it ends). A job that waits stays QUEUED but is not considered
+    # for placement.
+    waiting_for: list[str] = Field(default_factory=list)
     # Why the job ended when no attempt says so (its records could not be written, ...).
     end_reason: str = ""
     # A job that preempted others waits for these attempts to end before it is placed

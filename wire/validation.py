@@ -12,8 +12,10 @@ from wire.budgets import check_spec
 from wire.errors import ValidationError
 from wire.messages import (
     DEFAULT_QUEUE,
+    JOB_ID_PATTERN,
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
+    MAX_DEPENDENCIES,
     MAX_HOST_LABELS,
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
@@ -37,6 +39,7 @@ MAX_REASON_CHARS = 512
 MAX_GPU_MEMORY_MB = 1024 * 1024
 MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 
 
@@ -158,6 +161,14 @@ def validate_job(
             if not isinstance(v, str) or not LABEL_VALUE_RE.fullmatch(v):
                 err("hostLabels", f"invalid value for label {k!r}")
                 break
+    depends_on = data.get("depends_on") or []
+    if (not isinstance(depends_on, list) or len(depends_on) > MAX_DEPENDENCIES
+            or not all(isinstance(d, str) and JOB_ID_RE.fullmatch(d) for d in depends_on)):
+        err("dependsOn", f"must be a list of at most {MAX_DEPENDENCIES} job ids", "INVALID")
+        depends_on = []
+    depend_any = data.get("depend_any", False)
+    if not isinstance(depend_any, bool):
+        err("dependency", "must be AFTER_OK or AFTER_ANY")
     time_limit = data.get("time_limit_s", 0) or 0
     if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
             or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
@@ -189,6 +200,8 @@ def validate_job(
         queue=queue,
         time_limit_s=float(time_limit),
         host_labels=dict(host_labels),
+        depends_on=list(dict.fromkeys(depends_on)),
+        depend_any=bool(depend_any) and bool(depends_on),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

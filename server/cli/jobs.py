@@ -14,14 +14,14 @@ from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
-submittedAt updatedAt cancelReason endReason queuePosition hold
+submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
 
 
 # Job fields a server of the previous version lacks: list and show ask again without them.
-NEWER_FIELDS = ("hold",)
+NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -127,6 +127,11 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
+    js.add_argument("--after", action="append", default=None, metavar="ID", dest="depends_on",
+                    help="run after this job SUCCEEDED (repeat for more: after all of them); one that ends "
+                         "otherwise cancels this job")
+    js.add_argument("--after-any", action="store_true",
+                    help="with --after: run once they ended, whatever their end (afterany)")
     js.add_argument("--array", type=int, default=None, metavar="N",
                     help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
                          "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE); not with --wait or -f")
@@ -184,6 +189,12 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["onDisconnect"] = "KEEP_RUNNING"
     if args.hold:
         inp["held"] = True
+    if args.depends_on:
+        inp["dependsOn"] = args.depends_on
+        if args.after_any:
+            inp["dependency"] = "AFTER_ANY"
+    elif args.after_any:
+        raise ValidationError("after-any", "goes with --after ID")
     for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
         if given:
             pairs: dict[str, str] = {}
@@ -329,6 +340,10 @@ def show(args: argparse.Namespace) -> None:
     print(f"  command: {shlex.join(job['command'])}")
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
+    if job.get("dependsOn"):
+        kind = "they ended" if job.get("dependency") == "AFTER_ANY" else "they SUCCEEDED"
+        waiting = f"; waiting for {', '.join(job['waitingFor'])}" if job.get("waitingFor") else ""
+        print(f"  runs after: {', '.join(job['dependsOn'])} (once {kind}){waiting}")
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants(job)}")

@@ -31,9 +31,11 @@ class Backlog:
         # kept apart, as the planner takes them.
         self.order: dict[str, list[OrderKey]] = {}
         self.preempting: dict[str, str] = {}
-        # Held jobs (job id -> queue): queued, but not for placement until released; not
-        # in any order nor count below.
+        # Held jobs, and jobs waiting for others to end (job id -> queue): queued, but not
+        # for placement until released or their dependencies are met; not in any order nor
+        # count below.
         self.held: dict[str, str] = {}
+        self.waiting: dict[str, str] = {}
         # queue -> per respect of `job_size`, how many queued jobs have each value; and how
         # many name GPU models (a job that does is compared with nothing: `least` None).
         self._sizes: dict[str, list[Counter[float]]] = {}
@@ -54,6 +56,9 @@ class Backlog:
         if job.hold:
             self.held[job.id] = job.spec.queue
             return
+        if job.waiting_for:
+            self.waiting[job.id] = job.spec.queue
+            return
         if job.preempting:
             self.preempting[job.id] = job.spec.queue
             return
@@ -69,6 +74,9 @@ class Backlog:
     def _remove(self, job: Job) -> None:
         if job.hold:
             self.held.pop(job.id, None)
+            return
+        if job.waiting_for:
+            self.waiting.pop(job.id, None)
             return
         if job.preempting:
             self.preempting.pop(job.id, None)
@@ -116,12 +124,12 @@ class Backlog:
         return tuple(min(c) for c in counts)
 
     def held_in(self, queue: str) -> int:
-        """How many of the queue's queued jobs are held."""
-        return sum(1 for q in self.held.values() if q == queue)
+        """How many of the queue's queued jobs are held or wait for others."""
+        return sum(1 for q in self.held.values() if q == queue) + sum(1 for q in self.waiting.values() if q == queue)
 
     def count(self, queue: str) -> int:
         """How many of the queue's jobs are queued (those waiting for victims included;
-        held ones not)."""
+        held ones and those waiting for other jobs not)."""
         return len(self.order.get(queue, ())) + sum(1 for q in self.preempting.values() if q == queue)
 
     def counts(self) -> dict[str, int]:
@@ -132,8 +140,8 @@ class Backlog:
         return out
 
     def ids(self) -> Iterator[str]:
-        """Every queued job's id but the held ones': queue by queue in order, then those
-        waiting for victims."""
+        """Every queued job's id but those held or waiting for other jobs: queue by queue
+        in order, then those waiting for victims."""
         for keys in self.order.values():
             for key in keys:
                 yield key[2]

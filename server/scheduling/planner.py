@@ -599,8 +599,57 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
             continue
         submitted = req.ts if 0 < req.ts <= now else now
         hold = f"held by {req.user} at submission" if data.get("held") is True else ""
-        w.plan.jobs[job_id] = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold)
+        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold)
+        job.waiting_for, never = dependency_state(w, job, spec.depends_on)
+        if never:
+            w.plan.rejected.append((job_id, f"dependsOn: {never}"))
+            continue
+        w.plan.jobs[job_id] = job
         w.plan.accepted += 1
+
+
+def dependency_state(w: _Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:
+    """Of `deps` (job ids `job` runs after), those it still waits for, and why it can never
+    run ("" if it can): under afterok a dependency that ended otherwise than SUCCEEDED, or
+    one no longer known (its record gone)."""
+    left: list[str] = []
+    for d in deps:
+        dj = w.plan.jobs.get(d) or w.state.jobs.get(d)
+        if dj is None:
+            return left, f"dependency {d} is not known"
+        if not dj.state.terminal:
+            left.append(d)
+        elif dj.state is not JobState.SUCCEEDED and not job.spec.depend_any:
+            return left, f"dependency {d} ended {dj.state.value}"
+    return left, ""
+
+
+def resolve_dependencies(w: _Work, now: float, room: int) -> None:
+    """Jobs whose dependencies ended (or went): those all met go back to their queue (and
+    may be placed in this cycle), those that can never be met (afterok, one ended
+    otherwise) end CANCELLED saying which, the rest wait for fewer."""
+    for job_id in sorted(w.state.deps.due):
+        if w.plan.keys + 2 > room:
+            return
+        if w.busy(job_id):
+            continue
+        job = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
+        if job is None or job.state is not JobState.QUEUED or not job.waiting_for:
+            continue
+        left, never = dependency_state(w, job, job.waiting_for)
+        if not never and left == job.waiting_for:
+            continue
+        job = w.job(job_id)
+        assert job is not None
+        job.updated_at = now
+        if never:
+            job.state = JobState.CANCELLED
+            job.hold = ""
+            job.waiting_for = []
+            job.cancel_reason = clip_start(f"{never}: it could never run (afterok)", CANCEL_REASON_MAX)
+            w.plan.events.append(_event("job.cancelled", job, None, now, job.cancel_reason))
+        else:
+            job.waiting_for = left
 
 
 def fail_unwritable(w: _Work, job_id: str, why: str, now: float) -> None:
@@ -1112,7 +1161,7 @@ def place_queued(
     preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():
-        if j.state is JobState.QUEUED and not j.hold:
+        if j.state is JobState.QUEUED and not j.hold and not j.waiting_for:
             if j.preempting:
                 preempting.append(j)
             else:
@@ -1523,6 +1572,8 @@ def plan_cycle(
             plan.deferred_submissions.append(i)  # a retried publish of jobs being committed
             continue
         apply_submission(w, req, known, now)
+    resolve_dependencies(w, now, room)
+
     def healthy(host_id: str) -> bool:
         return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY
 

@@ -40,6 +40,7 @@ PRIORITY_WAIT = "waiting for priority preemption"
 GANG_WHOLE = "gang cannot fit as a whole"
 UNKNOWN_QUEUE = "queue does not exist"
 HELD = "held"
+DEPENDENCY = "waiting for other jobs"
 
 
 def gpu_key(model: str) -> str:

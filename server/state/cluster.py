@@ -22,6 +22,7 @@ from server.health.readclock import ReadClock
 from server.health.rules import Health, host_health
 from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
+from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
@@ -203,6 +204,9 @@ class ClusterState:
     # The queued jobs of each queue in their order, and each queue's smallest job
     # (scheduling.backlog): what the planner would otherwise sort and measure each cycle.
     backlog: Backlog = field(default_factory=Backlog)
+    # Jobs waiting for others, by the jobs they wait for, and those whose wait the planner
+    # must look at (scheduling.dependencies).
+    deps: Dependencies = field(default_factory=Dependencies)
 
     def __post_init__(self) -> None:
         self.clock.settle_s = self.heartbeat_interval_s
@@ -229,6 +233,7 @@ class ClusterState:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
             self.backlog.update(old, None)
+            self.deps.changed(self.jobs, job_id)
         self.placed_ids.discard(job_id)
         self.deadlines.pop(job_id, None)
         self.victims.drop(job_id)
@@ -244,6 +249,7 @@ class ClusterState:
         self.jobs[job.id] = job
         self._queue_account(job, 1)
         self.backlog.update(old, job)
+        self.deps.changed(self.jobs, job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(
                 a.state is AttemptState.PLACED for a in job.current_tasks())):  # a gang runs from its first task
             self.placed_ids.add(job.id)

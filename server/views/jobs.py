@@ -147,7 +147,7 @@ class JobView:
         one but not all at once."""
         whole: bool | None = None
         fits: bool | None = None
-        if job.state is JobState.QUEUED and not job.hold:
+        if job.state is JobState.QUEUED and not job.hold and not job.waiting_for:
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             policy="binpack")
             fits = placer.place(job.spec) is not None
@@ -156,10 +156,10 @@ class JobView:
         return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits)
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
-        """1-based place in its queue's order (priority, then submission) while QUEUED and
-        not held. The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`),
+        """1-based place in its queue's order (priority, then submission) while QUEUED, not
+        held and not waiting for other jobs. The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`),
         however many jobs ask."""
-        if job.state is not JobState.QUEUED or job.hold:
+        if job.state is not JobState.QUEUED or job.hold or job.waiting_for:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
         if not fresh or job.id not in self._positions:  # a job queued since: sort again

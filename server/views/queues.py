@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from server.scheduling import fairshare
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
+    DEPENDENCY,
     FAIR_SHARE,
     GANG_WHOLE,
     HELD,
@@ -113,7 +114,8 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None) -> list[QueueReason]:
-    """Why a queued job waits, at queue level: it is held (and nothing else is said); its
+    """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
+    after (and nothing else is said); its
     queue is missing; it waits for the
     victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
@@ -125,6 +127,10 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         return []
     if job.hold:
         return [QueueReason(HELD, f"{job.hold}; not considered for placement until released")]
+    if job.waiting_for:
+        end = "to end" if job.spec.depend_any else "to succeed"
+        return [QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the {len(job.spec.depends_on)} "
+                                        "it runs after); not considered for placement until then")]
     b = book(state)
     name = job.spec.queue
     q = b.queue(name)

@@ -285,6 +285,45 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     assert api.wait_job(born["id"], {"SUCCEEDED"})["state"] == "SUCCEEDED"
 
 
+def test_jobs_run_after_their_dependencies(cluster: Cluster) -> None:
+    """`--after`: a job starts only once the job it runs after has ended (checked from the
+    times the tasks write themselves); under afterok a failed dependency cancels it, under
+    --after-any it runs all the same; an unknown or already failed dependency is refused."""
+    srv = cluster.server()
+    cluster.agent("dep-1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    d = cluster.tmp
+
+    def submit(name: str, script: str, *opts: str) -> subprocess.CompletedProcess[str]:
+        return muster(cluster, srv.url, "job", "submit", *opts, "-o", "json", name, "--", "sh", "-c", script)
+
+    r = submit("first", f"sleep 1; date +%s.%N > {d}/first.end", "--hold")
+    assert r.returncode == 0, r.stderr
+    a = json.loads(r.stdout)["id"]
+    b = json.loads(submit("second", f"date +%s.%N > {d}/second.start", "--after", a).stdout)["id"]
+    shown = muster(cluster, srv.url, "job", "show", b).stdout
+    assert f"runs after: {a} (once they SUCCEEDED); waiting for {a}" in shown, shown
+    assert f"pending: queue: waiting for other jobs ({a} to succeed" in shown, shown
+    assert muster(cluster, srv.url, "job", "release", a).returncode == 0
+    assert api.wait_job(b, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    assert float((d / "second.start").read_text()) >= float((d / "first.end").read_text())
+    # Held until its dependents are submitted: they must find it not ended yet.
+    f = json.loads(submit("fails", "exit 3", "--max-attempts", "1", "--hold").stdout)["id"]
+    c = json.loads(submit("after-ok", "true", "--after", f).stdout)["id"]
+    e = json.loads(submit("after-any", "true", "--after", f, "--after-any").stdout)["id"]
+    assert muster(cluster, srv.url, "job", "release", f).returncode == 0
+    assert api.wait_job(f, {"FAILED"})["state"] == "FAILED"
+    assert api.wait_job(c, {"CANCELLED"})["state"] == "CANCELLED"
+    reason = api.q('query($id: ID!) { job(id: $id) { cancelReason } }', {"id": c})["job"]["cancelReason"]
+    assert reason == f"dependency {f} ended FAILED: it could never run (afterok)"
+    assert api.wait_job(e, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    r = submit("late", "true", "--after", f)
+    assert r.returncode == 1 and f"job {f} ended FAILED: this job could never run" in r.stderr, r.stderr
+    r = submit("orphan", "true", "--after", "jnosuchjob1")
+    assert r.returncode == 1 and "no job jnosuchjob1" in r.stderr, r.stderr
+
+
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
     """`alerts tail -n 1` prints the last alert, then each new one. An alert published
     before the CLI starts is printed either way (the last one, or new after its first

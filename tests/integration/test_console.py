@@ -615,6 +615,21 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     assert m.state.jobs[other.id].state is JobState.QUEUED
 
 
+async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    first = await m.submit({"name": "prep", "command": ["true"], "gpus": 64}, "operator")
+    await eventually(lambda: first.id in m.state.jobs, what="the first job in the view")
+    then = await m.submit({"name": "train", "command": ["true"], "depends_on": [first.id]}, "operator")
+    await eventually(lambda: then.id in m.state.jobs, what="the second job in the view")
+    page = (await c.get(f"/jobs/{then.id}")).text
+    link = f'<a href="/jobs/{first.id}"><code>{first.id}</code></a>'
+    assert f'id="job-after">{link} <span class="muted">(once they succeeded)' in page
+    assert f'id="job-waiting">{link}</dd>' in page and "Waiting for the jobs it runs after" in page
+    assert "after 1</span>" in (await c.get("/jobs")).text
+
+
 async def test_hold_release_and_priority_forms(console: Console) -> None:
     c = console.client
     m = console.muster

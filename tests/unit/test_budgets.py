@@ -3,6 +3,7 @@ isolation): pure code, with hypothesis properties."""
 
 from __future__ import annotations
 
+import json
 import string
 
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from server.scheduling.placement import RECORD_FULL, HostCapacity, check
 from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState
 from wire.budgets import (
+    _LONG_TIME,
     HOLD_REASON_MAX,
     RECORD_BUDGET,
     clip_end,
@@ -123,6 +125,17 @@ def test_the_record_bounds_equal_the_records_they_stand_for(
     per_attempt = _worst_attempt_bytes(tries, replicas, gpus, bool(share), bool(mig)) + 1 + tail + reason
     assert job_record_bound(spec) == (len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX
                                       + UPDATE_SLACK + tries * replicas * per_attempt)
+
+
+def test_a_record_waiting_for_its_dependencies_stays_within_its_bound() -> None:
+    deps = [f"j{i:063d}" for i in range(32)]
+    spec = JobSpec(name="n", command=["x"], depends_on=deps)
+    job = Job(id="j" * 64, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
+              waiting_for=deps, hold=clip_start("\x00" * 900, HOLD_REASON_MAX),
+              pending_reasons={"x" * 40: 10**6}, cancel_reason=clip_start("\x00" * 9000, 1024))
+    assert len(job.to_json()) <= job_record_bound(spec)
+    assert job_record_bound(spec) - job_record_bound(spec.model_copy(update={"depends_on": []})) >= len(
+        json.dumps(deps, separators=(",", ":")))
 
 
 def test_the_largest_gang_with_the_default_attempts_is_accepted_and_a_huge_one_refused() -> None:

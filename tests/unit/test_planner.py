@@ -628,6 +628,67 @@ def test_a_job_submitted_held_over_nats_is_not_placed(w: World) -> None:
     assert plan.jobs["free-job-1"].state is JobState.PLACED
 
 
+def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, gpus: int = 1) -> None:
+    """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""
+    spec = job_spec(job_id, command=["run", job_id], gpus=gpus, depends_on=deps, depend_any=any_end)
+    waiting = [d for d in deps if not w.job(d).state.terminal]
+    w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(
+        make_job(job_id, spec=spec, submitted_at=NOW - 50, waiting_for=waiting))))
+
+
+def test_a_job_runs_after_its_dependencies_succeed(w: World) -> None:
+    w.submit("prep-job", gpus=1)
+    w.cycle()
+    after(w, "train-job", ["prep-job"])
+    plan = w.cycle()
+    assert "train-job" not in plan.jobs and w.state.backlog.waiting == {"train-job": "default"}
+    assert w.state.deps.due == set()  # nothing to look at while prep runs
+    w.cycle(reports=[report(w, "prep-job", AttemptState.RUNNING)])
+    assert "train-job" not in w.cycle().jobs
+    w.cycle(reports=[report(w, "prep-job", AttemptState.SUCCEEDED, exit_code=0)])
+    assert w.state.deps.due == {"train-job"}
+    plan = w.cycle()
+    assert plan.jobs["train-job"].waiting_for == [] and plan.jobs["train-job"].state is JobState.PLACED
+    assert w.state.deps.due == set() and w.state.backlog.waiting == {}
+
+
+def test_a_failed_dependency_cancels_its_dependents_down_the_chain(w: World) -> None:
+    w.submit("prep-job", gpus=1, max_attempts=1)
+    w.cycle()
+    after(w, "train-job", ["prep-job"])
+    after(w, "eval-job", ["train-job"])
+    after(w, "cleanup-job", ["train-job"], any_end=True)
+    w.cycle(reports=[report(w, "prep-job", AttemptState.FAILED, exit_code=1)])
+    plan = w.cycle()
+    assert plan.jobs["train-job"].state is JobState.CANCELLED
+    assert plan.jobs["train-job"].cancel_reason == "dependency prep-job ended FAILED: it could never run (afterok)"
+    assert [e.kind for e in plan.events] == ["job.cancelled"]
+    plan = w.cycle()  # the next link: afterok cancelled, afterany free to run
+    assert plan.jobs["eval-job"].state is JobState.CANCELLED
+    assert plan.jobs["cleanup-job"].state is JobState.PLACED and plan.jobs["cleanup-job"].waiting_for == []
+
+
+def test_a_dependency_whose_record_is_gone_cancels_the_job(w: World) -> None:
+    w.submit("prep-job", gpus=1)
+    after(w, "train-job", ["prep-job"])
+    w.state.apply_state_record(Record("job.prep-job", next(w.rev), None))
+    plan = w.cycle()
+    assert plan.jobs["train-job"].state is JobState.CANCELLED
+    assert plan.jobs["train-job"].cancel_reason.startswith("dependency prep-job is not known")
+
+
+def test_a_nats_submission_runs_after_a_job_of_the_same_batch(w: World) -> None:
+    from wire.messages import SubmitRequest
+
+    sub = SubmitRequest(user="u", ts=NOW, jobs=[
+        {"id": "first-job", "name": "a", "command": ["true"], "gpus": 1},
+        {"id": "second-job", "name": "b", "command": ["true"], "depends_on": ["first-job"]},
+        {"id": "orphan-job", "name": "c", "command": ["true"], "depends_on": ["nosuch-job"]}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert plan.jobs["second-job"].waiting_for == ["first-job"] and plan.jobs["second-job"].state is JobState.QUEUED
+    assert plan.rejected == [("orphan-job", "dependsOn: dependency nosuch-job is not known")]
+
+
 def test_a_priority_change_moves_a_job_in_its_queue(w: World) -> None:
     w.host("h1", gpus=0)  # nothing fits until a GPU comes
     w.submit("a", gpus=1, submitted_at=NOW - 100)

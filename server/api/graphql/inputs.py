@@ -10,7 +10,7 @@ import strawberry
 
 from server.api.graphql.context import epoch
 from server.api.graphql.conversion import plan_once
-from server.api.graphql.types import JobState
+from server.api.graphql.types import Dependency, JobState
 
 
 @strawberry.enum(description="What happens to a running attempt when its host is cut off.")
@@ -60,6 +60,10 @@ class SubmitJobInput:
                                   "16; all must match the host's, e.g. {\"zone\": \"eu-1\", \"net\": \"ib\"}).")
     held: bool = strawberry.field(default=False, description="Submit it held: it stays QUEUED, not placed, until "
                                                              "released (updateJob).")
+    depends_on: list[strawberry.ID] | None = strawberry.field(
+        default=None, description="Jobs it runs after (at most 32): it stays QUEUED, not placed, until they end "
+                                  "as `dependency` says.")
+    dependency: Dependency = Dependency.AFTER_OK
 
 
 @strawberry.input

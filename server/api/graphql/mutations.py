@@ -16,6 +16,7 @@ from server.api.graphql.context import muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
     ClearGpuFaultsInput,
+    Dependency,
     DrainHostInput,
     HostActionInput,
     JobFilter,
@@ -55,7 +56,8 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "same_model": i.same_model, "gpu_share": i.gpu_share, "gpu_memory_mb": i.gpu_memory_mb,
         "mig_profile": i.mig_profile,
         "queue": i.queue, "time_limit_s": i.time_limit_seconds, "host_labels": i.host_labels or {},
-        "held": i.held,
+        "held": i.held, "depends_on": [str(d) for d in i.depends_on or []],
+        "depend_any": i.dependency is Dependency.AFTER_ANY,
     }
 
 

@@ -4,6 +4,7 @@ wire records, never storage models themselves."""
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import time
 from dataclasses import dataclass
 
@@ -25,6 +26,14 @@ from wire.messages import JobState as JobStateEnum
 # The wire's enum is the GraphQL enum (strawberry.enum registers the class itself).
 strawberry.enum(JobStateEnum, name="JobState")
 JobState = JobStateEnum
+
+
+@strawberry.enum(description="When a job with dependsOn may run: AFTER_OK once every job it runs after "
+                             "SUCCEEDED (one that ends otherwise cancels it), AFTER_ANY once every one of "
+                             "them ended, whatever its end.")
+class Dependency(enum.Enum):
+    AFTER_OK = "AFTER_OK"
+    AFTER_ANY = "AFTER_ANY"
 
 
 @strawberry.type
@@ -371,6 +380,19 @@ class Job:
     @strawberry.field(description="Labels a host must have to run it.")
     def host_labels(self) -> list[Label]:
         return [Label(key=k, value=v) for k, v in sorted(self._m.spec.host_labels.items())]
+
+    @strawberry.field(description="The jobs it runs after (see `dependency`).")
+    def depends_on(self) -> list[strawberry.ID]:
+        return [strawberry.ID(d) for d in self._m.spec.depends_on]
+
+    @strawberry.field(description="AFTER_OK or AFTER_ANY: when it may run, given `dependsOn`.")
+    def dependency(self) -> Dependency:
+        return Dependency.AFTER_ANY if self._m.spec.depend_any else Dependency.AFTER_OK
+
+    @strawberry.field(description="Of `dependsOn`, the jobs it still waits for: while any, it is QUEUED but not "
+                                  "placed.")
+    def waiting_for(self) -> list[strawberry.ID]:
+        return [strawberry.ID(d) for d in self._m.waiting_for]
 
     @strawberry.field
     def submitted_at(self) -> dt.datetime | None:

@@ -1,0 +1,49 @@
+"""Jobs that wait for other jobs (`Job.waiting_for`, from `JobSpec.depends_on`), indexed
+by the jobs they wait for, and which of them the planner must look at: those with a
+dependency that has ended, or whose record is gone (`due`). Kept as job records arrive,
+so that a cycle looks at the few waiting jobs whose dependencies changed, not at every
+waiting job. Pure data, no I/O; ClusterState keeps one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from wire.messages import Job, JobState
+
+
+class Dependencies:
+    def __init__(self) -> None:
+        self.waiting: dict[str, tuple[str, ...]] = {}  # waiting job -> the jobs it waits for
+        self.waiters: dict[str, set[str]] = {}  # job -> the jobs waiting for it
+        self.due: set[str] = set()  # waiting jobs with a dependency ended or gone
+
+    @staticmethod
+    def _ended(jobs: Mapping[str, Job], job_id: str) -> bool:
+        job = jobs.get(job_id)
+        return job is None or job.state.terminal
+
+    def changed(self, jobs: Mapping[str, Job], job_id: str) -> None:
+        """Job `job_id`'s record was set or dropped (`jobs` as it now stands)."""
+        for d in self.waiting.pop(job_id, ()):
+            waiters = self.waiters.get(d)
+            if waiters is not None:
+                waiters.discard(job_id)
+                if not waiters:
+                    del self.waiters[d]
+        self.due.discard(job_id)
+        job = jobs.get(job_id)
+        if job is not None and job.waiting_for and job.state is JobState.QUEUED:
+            deps = tuple(job.waiting_for)
+            self.waiting[job_id] = deps
+            for d in deps:
+                self.waiters.setdefault(d, set()).add(job_id)
+            self._check(jobs, job_id)
+        for w in self.waiters.get(job_id, ()):
+            self._check(jobs, w)
+
+    def _check(self, jobs: Mapping[str, Job], waiting: str) -> None:
+        if any(self._ended(jobs, d) for d in self.waiting[waiting]):
+            self.due.add(waiting)
+        else:
+            self.due.discard(waiting)
