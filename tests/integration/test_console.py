@@ -628,6 +628,15 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     assert f'id="job-after">{link} <span class="muted">(once they succeeded)' in page
     assert f'id="job-waiting">{link}</dd>' in page and "Waiting for the jobs it runs after" in page
     assert "after 1</span>" in (await c.get("/jobs")).text
+    # From the submit form: run after, submitted held; an unknown job refused on its field.
+    base = {"csrf": console.csrf, "name": "evaluate", "command": "true", "cpus": "1", "memory_mb": "512"}
+    r = await c.post("/submit", data={**base, "after": "jnosuchjob1"})
+    assert r.status_code == 422 and 'id="f-after-error"' in r.text and "no job jnosuchjob1" in r.text
+    r = await c.post("/submit", data={**base, "after": f"{first.id}, {then.id}", "held": "1"})
+    assert r.status_code == 303, r.text
+    made = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
+    assert made.spec.depends_on == [first.id, then.id] and made.waiting_for == [first.id, then.id]
+    assert made.hold == "held by operator at submission"
 
 
 async def test_hold_release_and_priority_forms(console: Console) -> None:

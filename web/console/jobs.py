@@ -33,7 +33,8 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "memory_mb": "memory_mb", "gpuShare": "gpu_share", "gpuMemoryMb": "gpu_memory_mb",
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
                  "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
-                 "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels"}
+                 "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels",
+                 "dependsOn": "after"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -261,7 +262,7 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
-                   "host_labels": "", "queue": "", "time_limit": ""}
+                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "held": ""}
 
 
 @console()
@@ -322,6 +323,10 @@ async def submit(request: Request) -> Response:
             data["host_labels"] = {k.strip(): v.strip() for k, _eq, v in pairs}
     if values["queue"]:
         data["queue"] = values["queue"]
+    if values["after"]:
+        data["depends_on"] = [x.strip() for x in re.split(r"[\s,]+", values["after"]) if x.strip()]
+    if values["held"]:
+        data["held"] = True
     if values["time_limit"]:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]
