@@ -303,12 +303,13 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
            edges { node { id name state user queue gpus gpuModel gpuModels gpuShare migProfile replicas priority
-           submittedAt hold } } } }"""
+           submittedAt hold waitingFor } } } }"""
     flt = job_filter(args)
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None}, optional=NEWER_FIELDS)["jobs"]
-        rows = [[n["id"], n["name"], n["state"] + (" held" if n.get("hold") else ""), n["user"], n["queue"],
+        rows = [[n["id"], n["name"], n["state"] + (" held" if n.get("hold") else " after" if n.get("waitingFor")
+                                                     else ""), n["user"], n["queue"],
                  gpus_cell(n),
                  n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
@@ -344,6 +345,8 @@ def show(args: argparse.Namespace) -> None:
         kind = "they ended" if job.get("dependency") == "AFTER_ANY" else "they SUCCEEDED"
         waiting = f"; waiting for {', '.join(job['waitingFor'])}" if job.get("waitingFor") else ""
         print(f"  runs after: {', '.join(job['dependsOn'])} (once {kind}){waiting}")
+    if job.get("cancelReason"):
+        print(f"  cancelled: {job['cancelReason']}")
     if job.get("endReason"):
         print(f"  ended:   {job['endReason']}")
     print(f"  wants:   {wants(job)}")
@@ -496,7 +499,7 @@ def cmd_why(args: argparse.Namespace) -> int:
         print(f"{job['id']} is {job['state']}: it is not waiting for placement")
         return 0
     where = (f"position {job['queuePosition']}" if job["queuePosition"] is not None
-             else "held, out of the order") + f" in queue {job['queue']}"
+             else "out of the order") + f" in queue {job['queue']}"
     print(f"{job['id']} ({job['name']}) is QUEUED, {where}")
     if not job["pendingReasons"]:
         print("  no host rejects it: it should be placed in the next scheduling cycle")
