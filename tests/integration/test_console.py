@@ -77,6 +77,13 @@ async def put_heartbeat(m: Muster, host_id: str, *, simulated: bool = True, gpus
     await m.store.put(host_id, encode(hb), bucket=subjects.HOSTS_BUCKET)
 
 
+async def submitted(m: Muster, data: dict[str, Any], user: str = "operator") -> Any:
+    """A job submitted through the replica, once its view has it."""
+    job = await m.submit(data, user)
+    await eventually(lambda: job.id in m.state.jobs, what=f"job {data['name']} in the view")
+    return job
+
+
 def assert_security_headers(r: httpx.Response) -> None:
     assert r.headers["content-security-policy"] == CSP
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -619,10 +626,8 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     c = console.client
     m = console.muster
     await console.login()
-    first = await m.submit({"name": "prep", "command": ["true"], "gpus": 64}, "operator")
-    await eventually(lambda: first.id in m.state.jobs, what="the first job in the view")
-    then = await m.submit({"name": "train", "command": ["true"], "depends_on": [first.id]}, "operator")
-    await eventually(lambda: then.id in m.state.jobs, what="the second job in the view")
+    first = await submitted(m, {"name": "prep", "command": ["true"], "gpus": 64})
+    then = await submitted(m, {"name": "train", "command": ["true"], "depends_on": [first.id]})
     page = (await c.get(f"/jobs/{then.id}")).text
     link = f'<a href="/jobs/{first.id}"><code>{first.id}</code></a>'
     assert f'id="job-after">{link} <span class="muted">(once they succeeded)' in page
@@ -643,8 +648,7 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
     c = console.client
     m = console.muster
     await console.login()
-    job = await m.submit({"name": "waits", "command": ["true"], "gpus": 64}, "operator")
-    await eventually(lambda: job.id in m.state.jobs, what="the job in the view")
+    job = await submitted(m, {"name": "waits", "command": ["true"], "gpus": 64})
     page = (await c.get(f"/jobs/{job.id}")).text
     assert f'action="/jobs/{job.id}/hold"' in page and f'action="/jobs/{job.id}/release"' not in page
     r = await c.post(f"/jobs/{job.id}/hold", data={"csrf": console.csrf, "reason": "dataset not ready"})
