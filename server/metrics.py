@@ -64,6 +64,8 @@ FENCED_ATTEMPTS = Counter(
 HOSTS = Gauge("muster_hosts", "Hosts by health", ["health"], registry=REGISTRY)
 JOBS = Gauge("muster_jobs", "Jobs in the live state by state", ["state"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("muster_queue_depth", "Jobs waiting to be placed", registry=REGISTRY)
+JOBS_PARKED = Gauge("muster_jobs_parked", "Queued jobs not considered for placement: held by an operator, or "
+                    "waiting for the jobs they run after", ["why"], registry=REGISTRY)
 LOST_HOSTS_WAITING_FOR_REPORTS = Gauge(
     "muster_lost_hosts_waiting_for_reports",
     "Lost hosts whose work is not replaced yet: their key expired after the last status report read",

@@ -464,6 +464,8 @@ class Scheduler:
             metrics.INPUTS_WAITING.labels(kind).set(len(waiting))
         metrics.COMMITS_IN_FLIGHT.set(len(self._inflight) + 1)
         metrics.QUEUE_DEPTH.set(len(self.state.backlog))
+        metrics.JOBS_PARKED.labels("held").set(len(self.state.backlog.held))
+        metrics.JOBS_PARKED.labels("dependencies").set(len(self.state.backlog.waiting))
         metrics.LOST_HOSTS_WAITING_FOR_REPORTS.set(plan.held_for_reports)
         ttl = f"{self.config.finished_job_ttl_s}s" if self.config.finished_job_ttl_s else None
         writes = [

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 import nats as nats_py
@@ -262,6 +263,8 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     wait_until(lambda: "held by operator: dataset not ready" in muster(cluster, srv.url, "job", "show", held).stdout,
                timeout=30, what="the hold shown")
     assert re.search(rf"{held} +held +QUEUED held", muster(cluster, srv.url, "job", "list").stdout)
+    wait_until(lambda: 'muster_jobs_parked{why="held"} 1.0' in httpx.get(srv.url + "/metrics", timeout=30).text,
+               timeout=30, what="the held job in the metrics")
     # Of the same priority and submitted later, so behind the held job in the queue.
     later = submit("later", "true")
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": blocker})
