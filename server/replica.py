@@ -709,6 +709,18 @@ class Muster:
                 raise StoreError(f"cancel: {exc} (the first {start} were asked for; run it again)") from exc
         return ids
 
+    async def requeue(self, job_id: str, by: str, reason: str = "", hold: bool = False,
+                      queues: list[str] | None = None) -> None:
+        """Ask the leader to stop a placed or running job's try and queue the job again
+        (the try is not counted against its attempts), held when `hold`. Raises NotFound,
+        Forbidden (`queues`, as cancel), ValidationError (NOT_RUNNING; ALREADY_FINISHED)."""
+        reason = validate_reason(reason)
+        job = self._live_job_for(job_id, queues)
+        if job.state not in (JobState.PLACED, JobState.RUNNING):
+            raise ValidationError("id", f"job {job_id} is {job.state.value}: only a placed or running job is "
+                                        "requeued", "NOT_RUNNING")
+        await self._command(Command(kind="requeue", job_id=job_id, by=by, reason=reason, hold=hold))
+
     async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:
         """A running attempt's output so far, asked of its host's agent; None when the agent
         does not answer in time (gone, cut off, or an agent from before this request) or

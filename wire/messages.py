@@ -543,12 +543,13 @@ class OutputReply(_Model):
 
 
 class Command(_Model):
-    """An operator's command on a job, applied by the leader: `cancel`, or `update`, which
+    """An operator's command on a job, applied by the leader: `cancel`; `update`, which
     changes what is given of `priority` and `hold` (True holds a queued job, False
-    releases it; None: unchanged)."""
+    releases it; None: unchanged); or `requeue`, which stops a placed or running job's try
+    (not counted against its attempts) and queues it again, held when `hold` is True."""
 
     v: Literal[1] = 1
-    kind: Literal["cancel", "update"]
+    kind: Literal["cancel", "update", "requeue"]
     job_id: str = Field(max_length=128)
     by: str = Field(default="", max_length=64)
     reason: str = Field(default="", max_length=512)

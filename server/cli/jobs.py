@@ -75,6 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jr)
     jr.set_defaults(fn=cmd_update, change={"held": False}, reason="")
 
+    jq = jsub.add_parser("requeue", help="stop placed or running jobs and queue them again (not counted as a try)")
+    jq.add_argument("ids", nargs="+", metavar="ID")
+    jq.add_argument("--hold", action="store_true", help="and hold them once queued (scontrol requeuehold)")
+    jq.add_argument("--reason", default="")
+    add_output(jq)
+    jq.set_defaults(fn=cmd_requeue)
+
     jp = jsub.add_parser("set", help="change a job that has not ended: its priority")
     jp.add_argument("ids", nargs="+", metavar="ID")
     jp.add_argument("--priority", type=int, required=True,
@@ -526,6 +533,13 @@ def cmd_update(args: argparse.Namespace) -> int:
         change["priority"] = args.priority
     return _each(args, lambda job_id: gql(q, {"input": {"id": job_id, "reason": args.reason, **change}})["updateJob"],
                  "change requested")
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    q = """mutation($id: ID!, $reason: String!, $hold: Boolean!) { requeueJob(id: $id, reason: $reason, hold: $hold) {
+           job { id state } userErrors { field message code } } }"""
+    return _each(args, lambda job_id: gql(q, {"id": job_id, "reason": args.reason, "hold": args.hold})["requeueJob"],
+                 "requeue requested")
 
 
 def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:

@@ -73,7 +73,7 @@ PREEMPT = "preempt"
 TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
 # And the disruptions, which retry does not count: a drain, the agent's shutdown.
-DRAIN, SHUTDOWN, DISRUPTIONS = retry.DRAIN, retry.SHUTDOWN, retry.DISRUPTIONS
+DRAIN, SHUTDOWN, REQUEUE, DISRUPTIONS = retry.DRAIN, retry.SHUTDOWN, retry.REQUEUE, retry.DISRUPTIONS
 
 
 @dataclass
@@ -414,6 +414,31 @@ def apply_update(w: _Work, c: Command, now: float) -> None:
         done.append(f"released by {c.by or 'operator'}")
     job.updated_at = now
     w.plan.events.append(_event("job.updated", job, job.current, now, "; ".join(done)))
+
+
+def apply_requeue(w: _Work, c: Command, now: float) -> None:
+    """An operator's requeue: the live tasks of a placed or running job's try are stopped
+    (SIGTERM, the grace, SIGKILL) as an orderly disruption (retry.REQUEUE: not counted
+    against maxAttempts), and once they are gone the job is queued again at its old place,
+    held if asked. A job already stopping, queued or ended is left as it is."""
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
+    if job is None or job.state not in (JobState.PLACED, JobState.RUNNING):
+        w.plan.ignored += 1
+        return
+    live = [t for t in job.current_tasks() if not t.state.terminal]
+    if not live or any(t.stop_kind for t in live):
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    why = f"requeued by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else "")
+    for t in [t for t in job.current_tasks() if not t.state.terminal]:
+        _stop_attempt(w, t, REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
+    if c.hold:
+        job.hold = clip_start(f"held by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else ""),
+                              HOLD_REASON_MAX)
+    job.updated_at = now
+    w.plan.events.append(_event("job.updated", job, job.current, now, why + ("; held" if c.hold else "")))
 
 
 def _end_attempt(w: _Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float) -> None:
@@ -1563,6 +1588,8 @@ def plan_cycle(
             apply_cancel(w, c, now)
         elif c.kind == "update":
             apply_update(w, c, now)
+        elif c.kind == "requeue":
+            apply_requeue(w, c, now)
     known = state.index.models()
     for i, req in enumerate(submissions):
         if plan.keys + len(req.jobs) > room:

@@ -11,13 +11,14 @@ from wire.messages import Attempt, AttemptState, Job
 # agent fenced itself or shut down. A nonzero exit is the job's own failure.
 INFRASTRUCTURE_ENDINGS = (AttemptState.LOST, AttemptState.KILLED)
 MAX_BACKOFF_S = 60.0
-# Attempt.stop_kind of an orderly disruption: the host was drained, or its agent shut
-# down (an upgrade, a reboot). Like a preemption, such a try is not counted against
+# Attempt.stop_kind of an orderly disruption: the host was drained, its agent shut
+# down (an upgrade, a reboot), or an operator requeued the job. Like a preemption, such a try is not counted against
 # maxAttempts (as Kubernetes leaves disruptions out of a Job's backoffLimit), and the job
 # is requeued at once: the job did nothing wrong, and the operator meant it.
 DRAIN = "drain"
 SHUTDOWN = "shutdown"
-DISRUPTIONS = (DRAIN, SHUTDOWN)
+REQUEUE = "requeue"  # an operator's requeue of the job (muster job requeue)
+DISRUPTIONS = (DRAIN, SHUTDOWN, REQUEUE)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ def backoff_s(attempt_number: int) -> float:
 
 def disrupted(tasks: list[Attempt]) -> bool:
     """A try (its tasks) that ended only through an orderly disruption: every task that
-    did not succeed was stopped (KILLED) by a drain or its agent's shutdown."""
+    did not succeed was stopped (KILLED) by a drain, its agent's shutdown or an operator's
+    requeue."""
     ended = [t for t in tasks if t.state is not AttemptState.SUCCEEDED]
     return bool(ended) and all(t.state is AttemptState.KILLED and t.stop_kind in DISRUPTIONS for t in ended)
 
@@ -59,7 +61,7 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
     if disrupted(job.current_tasks()):
-        return RetryDecision(True, now, "stopped by a drain or its agent's shutdown; requeued (not counted)")
+        return RetryDecision(True, now, "stopped by a drain, its agent's shutdown or a requeue; requeued (not counted)")
     used = job.tries - uncounted_tries(job)
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")

@@ -288,6 +288,35 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     assert api.wait_job(born["id"], {"SUCCEEDED"})["state"] == "SUCCEEDED"
 
 
+def test_requeue_from_the_cli(cluster: Cluster) -> None:
+    """`job requeue` stops a running job's try and runs it again, not counting the try (one
+    attempt allowed, a second made); with --hold it stays queued, held."""
+    srv = cluster.server()
+    cluster.agent("rq-1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    r = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "--max-attempts", "1", "-o", "json", "long",
+               "--", "sleep", "600")
+    job = json.loads(r.stdout)["id"]
+    api.wait_job(job, {"RUNNING"})
+    r = muster(cluster, srv.url, "job", "requeue", job, "--reason", "bad node")
+    assert r.returncode == 0 and "requeue requested" in r.stdout, r.stdout + r.stderr
+
+    def tries() -> list[dict[str, Any]]:
+        return api.job(job)["attempts"]
+
+    wait_until(lambda: len(tries()) == 2 and tries()[1]["state"] == "RUNNING", timeout=60, what="the second try")
+    assert tries()[0]["state"] == "KILLED" and tries()[0]["reason"] == "requeued by operator: bad node"
+    r = muster(cluster, srv.url, "job", "requeue", job, "--hold")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: api.job(job)["state"] == "QUEUED" and tries()[1]["state"] == "KILLED", timeout=60,
+               what="queued again, held")
+    assert "held by operator" in muster(cluster, srv.url, "job", "show", job).stdout
+    r = muster(cluster, srv.url, "job", "requeue", job)
+    assert r.returncode == 1 and "only a placed or running job is requeued" in r.stderr, r.stderr
+    api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": job})
+
+
 def test_jobs_run_after_their_dependencies(cluster: Cluster) -> None:
     """`--after`: a job starts only once the job it runs after has ended (checked from the
     times the tasks write themselves); under afterok a failed dependency cancels it, under

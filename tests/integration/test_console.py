@@ -668,6 +668,23 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
                      timeout=20, what="the release and the priority applied")
 
 
+async def test_requeue_form(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()
+    await put_heartbeat(m, "h1")
+    await eventually(lambda: "h1" in m.state.hosts, what="the host")
+    job = await submitted(m, {"name": "placed", "command": ["true"], "gpus": 1})
+    await eventually(lambda: m.state.jobs[job.id].state is JobState.PLACED, timeout=20, what="the job placed")
+    page = (await c.get(f"/jobs/{job.id}")).text
+    assert f'action="/jobs/{job.id}/requeue"' in page and f'action="/jobs/{job.id}/hold"' not in page
+    r = await c.post(f"/jobs/{job.id}/requeue", data={"csrf": console.csrf, "reason": "bad node", "hold": "1"})
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job.id}?notice=requeued"
+    await eventually(lambda: m.state.jobs[job.id].attempts[0].stop_kind == "requeue", timeout=20,
+                     what="the try stopping for the requeue")
+    assert m.state.jobs[job.id].hold == "held by operator: bad node"
+
+
 async def test_a_teams_token_acts_on_its_queues_jobs_only(console: Console) -> None:
     """A token bound to queues (a team's) sees the environment of, and may cancel, its
     queues' jobs only, and may not cordon, drain or clear GPU faults."""

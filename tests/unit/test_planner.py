@@ -689,6 +689,37 @@ def test_a_nats_submission_runs_after_a_job_of_the_same_batch(w: World) -> None:
     assert plan.rejected == [("orphan-job", "dependsOn: dependency nosuch-job is not known")]
 
 
+def requeue(job_id: str, *, hold: bool = False, reason: str = "") -> Command:
+    return Command(kind="requeue", job_id=job_id, by="alice", reason=reason, hold=hold, ts=NOW)
+
+
+def test_a_requeue_stops_the_try_and_queues_the_job_again_uncounted(w: World) -> None:
+    placed(w, "j1", gpus=8, max_attempts=1)
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
+    w.submit("next", gpus=8, submitted_at=NOW - 10)  # behind j1 in the queue, waiting for its GPUs
+    plan = w.cycle(commands=[requeue("j1", reason="bad node")])
+    a = plan.jobs["j1"].attempts[0]
+    assert (a.state, a.stop_kind, a.reason) == (AttemptState.RUNNING, "requeue", "requeued by alice: bad node")
+    assert [(t.attempt_id, t.stop) for t in w.tasks("h1")] == [("j1.1", True)]
+    assert w.cycle(commands=[requeue("j1")]).ignored == 1  # already stopping
+    # The task is gone: the job is queued again at its old place (ahead of `next`), and
+    # the try is not counted (one attempt allowed, a second made).
+    plan = w.cycle(reports=[report(w, "j1", AttemptState.KILLED)])
+    job = plan.jobs["j1"]
+    assert job.attempts[0].state is AttemptState.KILLED and len(job.attempts) == 2
+    assert job.state is JobState.PLACED and "next" not in plan.jobs
+
+
+def test_a_requeue_with_hold_leaves_the_job_held(w: World) -> None:
+    placed(w, "j1", gpus=8)
+    plan = w.cycle(commands=[requeue("j1", hold=True, reason="check the data")])
+    assert plan.jobs["j1"].hold == "held by alice: check the data"
+    plan = w.cycle(reports=[report(w, "j1", AttemptState.KILLED)])
+    assert plan.jobs["j1"].state is JobState.QUEUED and len(plan.jobs["j1"].attempts) == 1
+    assert w.state.backlog.held == {"j1": "default"}
+    assert w.cycle(commands=[requeue("j1")]).ignored == 1  # a queued job: nothing to requeue
+
+
 def test_a_priority_change_moves_a_job_in_its_queue(w: World) -> None:
     w.host("h1", gpus=0)  # nothing fits until a GPU comes
     w.submit("a", gpus=1, submitted_at=NOW - 100)

@@ -8,8 +8,8 @@
     hosts     the overview (meters, heat map), the hosts table (`console_query`),
               a host's page, cordon, uncordon, drain and clear GPU faults
     charts    `Telemetry` (per-host ring buffers of GPU samples) and the SVG sparklines
-    jobs      the jobs list (cancel what it matches), a job's page, cancel, hold, release and
-              priority, the submit form
+    jobs      the jobs list (cancel what it matches), a job's page, cancel, hold, release,
+              priority and requeue, the submit form
     queues    the queues page (quota against use, fair share) and usage per queue and user
     alerts    the alerts page
     sse       the server-sent event stream
@@ -79,6 +79,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}/hold", jobs.hold_job, methods=["POST"]),
         Route("/jobs/{job_id}/release", jobs.release_job, methods=["POST"]),
         Route("/jobs/{job_id}/priority", jobs.set_priority, methods=["POST"]),
+        Route("/jobs/{job_id}/requeue", jobs.requeue_job, methods=["POST"]),
         Route("/submit", jobs.submit_form, methods=["GET"]),
         Route("/submit", jobs.submit, methods=["POST"]),
         Route("/events/stream", sse.event_stream, methods=["GET"]),

@@ -243,6 +243,25 @@ async def set_priority(request: Request) -> Response:
     return await _update_job(request, "priority", priority=None)
 
 
+@console(csrf=True, action=True)
+async def requeue_job(request: Request) -> Response:
+    """Stop the job's try and queue it again (Muster.requeue), held if the box was ticked."""
+    m = muster_of(request)
+    job_id = request.path_params["job_id"]
+    sess: Session = request.state.session
+    form = await read_form(request)
+    ctx = await _job_ctx(m, job_id)
+    if ctx is None:
+        raise no_such_job(job_id)
+    try:
+        await m.requeue(job_id, sess.user, form.get("reason", "").strip()[:200], bool(form.get("hold")),
+                        sess.info.submit_queues)
+    except FORM_ERRORS as exc:
+        ctx["change_errors"] = [e.message for e in exc.details()]
+        return render(request, "job.html", ctx, status_for(exc))
+    return RedirectResponse(url(f"/jobs/{job_id}", notice="requeued"), status_code=303)
+
+
 # ---------------------------------------------------------------- submit
 
 

@@ -42,6 +42,8 @@ NOTICES = {
     "held": "Hold requested: the job stays queued and is not placed until released.",
     "released": "Release requested: the job takes its place in its queue again.",
     "priority": "Priority change requested: the job moves in its queue's order.",
+    "requeued": ("Requeue requested: the job's tasks are stopped and it is queued again at its place (not counted "
+                 "as a try)."),
     "gpus-cleared": ("GPU fault marks cleared: the host's agent forgets them at its next assignment, and its "
                      "GPUs take work again until a new fault."),
     "draining": ("Host draining: no new work is placed on it; what still runs at the deadline is stopped and "

@@ -144,6 +144,22 @@ class Mutation:
         job = mu.jobs.get(str(input.id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
         return UpdateJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
 
+    @strawberry.mutation(description="Stop a placed or running job's try and queue the job again at its place "
+                                     "(the try is not counted against maxAttempts; its tasks get SIGTERM, the "
+                                     "grace, SIGKILL), held when `hold`. As Slurm's scontrol requeue (and "
+                                     "requeuehold). A token bound to queues requeues their jobs only.")
+    async def requeue_job(self, info: Info, id: strawberry.ID, reason: str = "",
+                          hold: bool = False) -> UpdateJobPayload:
+        mu = muster(info)
+
+        async def op() -> None:
+            require(info)
+            await mu.requeue(str(id), user(info), reason, hold, bound_queues(info))
+
+        _, errors = await attempt(op)
+        job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
+        return UpdateJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "
                                      "100000; run it again for more). A token bound to queues cancels only their "

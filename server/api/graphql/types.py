@@ -410,7 +410,7 @@ class Job:
                                   "null when it is not held. A held job is not placed until released "
                                   "(updateJob).")
     def hold(self) -> str | None:
-        return self._m.hold or None
+        return self._m.hold if self._m.hold and not self._m.state.terminal else None
 
     @strawberry.field(description="Why the job ended when no attempt says so (for example: the store refused "
                                   "its records).")
