@@ -609,10 +609,11 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     assert 'action="/jobs/cancel"' not in (await c.get("/jobs")).text  # no filter: no cancel-all form
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "user": "operator", "state": "",
                                            "queue": "", "reason": ""})
-    assert r.status_code == 422 and "a reason is required" in r.text
+    assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "a reason is required" in r.text
+    assert "3 jobs named sweep-… of operator" in r.text  # the list again, with its filters
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "", "queue": "",
                                            "reason": "all of them"})
-    assert r.status_code == 422 and "give at least one filter" in r.text
+    assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "give at least one filter" in r.text
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "user": "operator", "state": "",
                                            "queue": "", "reason": "sweep over"})
     assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]
@@ -1019,7 +1020,8 @@ async def test_cancel_needs_a_reason(console: Console) -> None:
     r = await c.get(f"/jobs/{job.id}")
     assert re.search(rf'action="/jobs/{job.id}/cancel" class="stack" data-confirm="Cancel job keep', r.text)
     r = await c.post(f"/jobs/{job.id}/cancel", data={"csrf": console.csrf, "reason": " "})
-    assert r.status_code == 422 and "a reason is required" in r.text
+    assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "a reason is required" in r.text
+    assert "3 jobs named sweep-… of operator" in r.text  # the list again, with its filters
     await asyncio.sleep(0.3)
     assert m.state.jobs[job.id].state is JobState.QUEUED
 

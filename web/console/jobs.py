@@ -42,14 +42,22 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
 
 @console()
 async def jobs(request: Request) -> Response:
-    m = muster_of(request)
+    ctx = await _list_ctx(muster_of(request), request.query_params, page_arg(request))
+    n = request.query_params.get("n", "")
+    if request.query_params.get("notice") == "cancel-many" and n.isdigit():
+        ctx["notice"] = (f"Cancel requested for {int(n)} job(s) that the filters match and that had not ended. "
+                         "The leader stops them shortly.")
+    return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
+
+
+async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
+    """The jobs list's page for the filters in `params` (a query string or a form)."""
     states = [s.value for s in JobState]
-    state = request.query_params.get("state", "").strip().upper()
+    state = params.get("state", "").strip().upper()
     bad_state = bool(state) and state not in states
     if bad_state:
         state = ""
-    f = _list_filters(m, request.query_params)
-    page = page_arg(request)
+    f = _list_filters(m, params)
     filters: dict[str, Any] = dict(state=state or None, queue=f["queue"] or None, name=f["name"] or None,
                                    user=f["user"] or None)
     assert m.history is not None
@@ -68,7 +76,7 @@ async def jobs(request: Request) -> Response:
         total += count
     page, pages = clamp_page(total, page)
     keep = dict(state=state, **f)
-    ctx = {
+    return {
         "rows": shown,
         "total": total,
         "state": state,
@@ -86,12 +94,8 @@ async def jobs(request: Request) -> Response:
         "last_url": url("/jobs", **keep, page=pages) if page < pages else None,
         "live_url": url("/jobs", **keep, page=page),
         "sse_on": "job",
+        "cancel_errors": [],
     }
-    n = request.query_params.get("n", "")
-    if request.query_params.get("notice") == "cancel-many" and n.isdigit():
-        ctx["notice"] = (f"Cancel requested for {int(n)} job(s) that the filters match and that had not ended. "
-                         "The leader stops them shortly.")
-    return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
 
 
 def _list_filters(m: Muster, params: Any) -> dict[str, str]:
@@ -113,10 +117,15 @@ async def cancel_matching(request: Request) -> Response:
     f = _list_filters(m, form)
     back = dict(state=state, **f)
     reason = form.get("reason", "").strip()[:512]
-    if not reason:
-        raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
-    ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
-                                  queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None)
+    try:
+        if not reason:
+            raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
+        ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
+                                      queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None)
+    except FORM_ERRORS as exc:
+        ctx = await _list_ctx(m, form, 1)
+        ctx["cancel_errors"] = [e.message for e in exc.details()]
+        return render(request, "jobs.html", ctx, status_for(exc))
     return RedirectResponse(url("/jobs", **back, notice="cancel-many", n=len(ids)), status_code=303)
 
 
