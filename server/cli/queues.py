@@ -11,10 +11,12 @@ from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import user_errors
 from wire.errors import ConfigError, NotFound
 
-QUEUE_FIELDS = """name description cohort weight pendingCount runningCount fairShare dominantShare entitledShare
-preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
+QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
+entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
+# Fields a server of the previous version lacks: asked again without them.
+NEWER_QUEUE_FIELDS = ("parkedCount",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -124,7 +126,8 @@ def _gpus(q: dict[str, Any]) -> tuple[str, str, str]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     def render() -> None:
-        data = gql(f"{{ queues(first: 500) {{ totalCount edges {{ node {{ {QUEUE_FIELDS} }} }} }} }}")["queues"]
+        data = gql(f"{{ queues(first: 500) {{ totalCount edges {{ node {{ {QUEUE_FIELDS} }} }} }} }}",
+                   optional=NEWER_QUEUE_FIELDS)["queues"]
         rows = []
         for q in (e["node"] for e in data["edges"]):
             nominal, used, borrowed = _gpus(q)
@@ -138,7 +141,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    q = gql(f"query($n: String!) {{ queue(name: $n) {{ {QUEUE_FIELDS} }} }}", {"n": args.name})["queue"]
+    q = gql(f"query($n: String!) {{ queue(name: $n) {{ {QUEUE_FIELDS} }} }}", {"n": args.name},
+            optional=NEWER_QUEUE_FIELDS)["queue"]
     if q is None:
         raise NotFound(f"no queue {args.name}")
     _show(args, q)
@@ -150,8 +154,10 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         out(args, q)
         return
     print(f"{q['name']}  cohort {q['cohort'] or '-'}  weight {q['weight']:g}  {q['description']}")
-    print(f"  pending {q['pendingCount']}, running {q['runningCount']}; dominant share {q['dominantShare']:.3f}, "
-          f"entitled {q['entitledShare']:.3f}; fair-share rank {q['fairShare']:.3f} (share / weight: lowest first)")
+    parked = f" (and {q['parkedCount']} held or waiting for other jobs)" if q.get("parkedCount") else ""
+    print(f"  pending {q['pendingCount']}{parked}, running {q['runningCount']}; "
+          f"dominant share {q['dominantShare']:.3f}, entitled {q['entitledShare']:.3f}; "
+          f"fair-share rank {q['fairShare']:.3f} (share / weight: lowest first)")
     print(f"  preemption: within {'on' if q['preemptWithin'] else 'off'}, reclaim {'on' if q['reclaim'] else 'off'}"
           f", fair share {'on' if q['fairSharePreemption'] else 'off'}; grace {q['preemptGraceSeconds']:g} s, "
           f"min runtime {q['minRuntimeSeconds']:g} s, at most {q['maxPreemptions']} at once")

@@ -54,6 +54,7 @@ class QueueRow:
     resources: list[ResourceRow]
     pending: int
     running: int
+    parked: int  # queued but not for placement: held, or waiting for the jobs they run after
     share: float  # weighted dominant share (current and decayed past use)
     dominant: float  # unweighted dominant share
     entitled: float  # the part of the cluster its weight entitles it to among active queues
@@ -107,7 +108,8 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
                 lending_limit=rq.lending_limit if rq is not None else None,
                 used=used.get(r, 0.0), borrowed=borrowed.get(r, 0.0), lent=lent.get(r, 0.0)))
         out.append(QueueRow(queue=q, resources=res, pending=state.backlog.count(name),
-                            running=len(state.queue_live.get(name, ())), share=s.share(name),
+                            running=len(state.queue_live.get(name, ())), parked=state.backlog.held_in(name),
+                            share=s.share(name),
                             dominant=s.dominant(name), entitled=s.entitled(name, act)))
     return out
 

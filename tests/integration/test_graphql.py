@@ -352,6 +352,8 @@ async def test_update_job_holds_releases_and_reprioritises(api: Client, muster: 
         return [(await job(i))["queuePosition"] for i in range(3)] == want
 
     await wait_for(lambda: positions([None, 1, 2]), what="the others moved up")
+    counts = (await api.q('{ queue(name: "default") { pendingCount parkedCount } }'))["queue"]
+    assert counts == {"pendingCount": 2, "parkedCount": 1}  # the held job is not pending
     # A priority moves the last to the front; the release puts the held one back at its place.
     await api.q(UPDATE_JOB, {"input": {"id": ids[2], "priority": 10}})
     await api.q(UPDATE_JOB, {"input": {"id": ids[0], "held": False}})

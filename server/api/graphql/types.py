@@ -694,6 +694,11 @@ class Queue:
     def pending_count(self) -> int:
         return self._row.pending
 
+    @strawberry.field(description="Queued jobs not considered for placement: held, or waiting for the jobs they "
+                                  "run after (not in pendingCount).")
+    def parked_count(self) -> int:
+        return self._row.parked
+
     @strawberry.field(description="Jobs placed or running.")
     def running_count(self) -> int:
         return self._row.running
