@@ -465,6 +465,10 @@ class Queue(_Model):
     # Time limits: applied to jobs that give none (0: none), and the most a job may ask.
     default_time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
     max_time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
+    # The most GPUs one user's jobs of this queue hold at once (a share or MIG instance
+    # counts as its part; 0: no limit), as Slurm's MaxTRESPerUser: one user's long array
+    # does not take the whole queue from its teammates.
+    max_gpus_per_user: float = Field(default=0.0, ge=0, le=1_000_000)
     created_at: float = 0.0
     updated_at: float = 0.0
     by: str = Field(default="", max_length=64)

@@ -13,10 +13,10 @@ from wire.errors import ConfigError, NotFound
 
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
-defaultTimeLimitSeconds maxTimeLimitSeconds
+defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of the previous version lacks: asked again without them.
-NEWER_QUEUE_FIELDS = ("parkedCount",)
+NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--max-preemptions", type=int, default=None)
         p.add_argument("--default-time-limit", type=float, default=None, metavar="S")
         p.add_argument("--max-time-limit", type=float, default=None, metavar="S")
+        p.add_argument("--max-gpus-per-user", type=float, default=None, metavar="N",
+                       help="the most GPUs one user's jobs of the queue hold at once (0: no limit)")
         add_output(p)
         p.set_defaults(fn=fn)
     qd = qsub.add_parser("delete", help="delete a queue without work (admin)")
@@ -106,7 +108,7 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
                        ("preemptGraceSeconds", args.grace), ("minRuntimeSeconds", args.min_runtime),
                        ("maxPreemptions", args.max_preemptions),
                        ("defaultTimeLimitSeconds", args.default_time_limit),
-                       ("maxTimeLimitSeconds", args.max_time_limit)):
+                       ("maxTimeLimitSeconds", args.max_time_limit), ("maxGpusPerUser", args.max_gpus_per_user)):
         if value is not None:
             inp[key] = value
     return inp
@@ -162,6 +164,8 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
           f", fair share {'on' if q['fairSharePreemption'] else 'off'}; grace {q['preemptGraceSeconds']:g} s, "
           f"min runtime {q['minRuntimeSeconds']:g} s, at most {q['maxPreemptions']} at once")
     print(f"  time limit: {time_limits(q['defaultTimeLimitSeconds'], q['maxTimeLimitSeconds'])}")
+    if q.get("maxGpusPerUser"):
+        print(f"  per user: at most {q['maxGpusPerUser']:g} GPUs held at once")
     out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),
                    _fmt(r["used"]), _fmt(r["borrowed"]), _fmt(r["lent"])] for r in q["resources"]],
         ["RESOURCE", "NOMINAL", "BORROW LIMIT", "LEND LIMIT", "USED", "BORROWED", "LENT"])

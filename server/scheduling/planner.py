@@ -23,6 +23,7 @@ from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     CPU,
+    EPS,
     MEMORY,
     OVER_QUOTA,
     QueueBook,
@@ -31,10 +32,12 @@ from server.scheduling.queues import (
     effective_time_limit,
     gpu_key,
     job_demand,
+    job_gpus,
     job_size,
     job_usage,
     nominal,
     task_demand,
+    user_gpus,
 )
 from server.state.cluster import ClusterState
 from wire import subjects
@@ -148,11 +151,15 @@ class _Work:
     contents are not known yet), so pipelined commits never touch the same key."""
 
     def __init__(self, state: ClusterState, plan: Plan, frozen_jobs: frozenset[str] | set[str] = frozenset(),
-                 frozen_hosts: frozenset[str] | set[str] = frozenset()) -> None:
+                 frozen_hosts: frozenset[str] | set[str] = frozenset(),
+                 pending: Mapping[str, Job] | None = None) -> None:
         self.state = state
         self.plan = plan
         self.frozen_jobs = frozen_jobs
         self.frozen_hosts = frozen_hosts
+        # The job records those cycles write (the latest of each): what they place counts
+        # against queue quotas and per-user limits now, before it is stored.
+        self.pending: Mapping[str, Job] = pending or {}
         # GPUs this cycle's reports say faulted under a task (the host's heartbeat may not
         # say so yet): none of this cycle's placements uses them.
         self.faulted: dict[str, set[int]] = {}
@@ -716,11 +723,14 @@ class Admission:
         state = w.state
         self.policy = policy
         usage = {q: dict(u) for q, u in state.queue_usage.items()}
-        for job_id, job in w.plan.jobs.items():  # reports, cancels, evictions of this cycle
-            old = state.jobs.get(job_id)
-            if old is not None:
-                add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
-            add(usage.setdefault(job.spec.queue, {}), job_usage(job))
+        # The records of commits in flight (their placements, stops and ends), then this
+        # cycle's reports, cancels and evictions: the two never touch one job (frozen).
+        for changes in (w.pending, w.plan.jobs):
+            for job_id, job in changes.items():
+                old = state.jobs.get(job_id)
+                if old is not None:
+                    add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
+                add(usage.setdefault(job.spec.queue, {}), job_usage(job))
         self.book = QueueBook(state.queues, usage)
         # The book as it will be once the preemptions under way are done (victims gone,
         # preemptors placed): what further preemptions are decided on, so that victims
@@ -1376,6 +1386,22 @@ def place_queued(
                 starved.add(q.cohort if q is not None else None)
         blocked.clear()
 
+    # Per queue with a per-user GPU limit: the GPUs each user's jobs hold, this cycle's
+    # changes so far included (reports, cancels, replacements), plus what it places.
+    by_user: dict[str, dict[str, float]] = {}
+
+    def over_user_limit(job: Job, q: Queue) -> bool:
+        """The job would take its user past its queue's per-user GPU limit: it waits, and
+        is not a reason to preempt anything (other users' jobs of the queue go on)."""
+        if not q.max_gpus_per_user or not job.spec.wants_gpu():
+            return False
+        qn = job.spec.queue
+        if qn not in by_user:
+            ids = set(state.queue_live.get(qn, ())) | {
+                i for i, j in (*changed.items(), *w.pending.items()) if j.spec.queue == qn}
+            by_user[qn] = user_gpus((changed.get(i) or w.pending.get(i) or state.jobs[i] for i in ids), qn)
+        return by_user[qn].get(job.spec.user, 0.0) + job_gpus(job.spec) > q.max_gpus_per_user + EPS
+
     for job in order():
         if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
             break
@@ -1388,6 +1414,8 @@ def place_queued(
         q = adm.queue(job)
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
+        if over_user_limit(job, q):
+            continue
         if below_a_refusal(job):
             continue
         size = job_size(job.spec)
@@ -1432,6 +1460,9 @@ def place_queued(
         assert copy is not None
         job = copy
         job.preempting = []
+        if q.max_gpus_per_user and job.spec.wants_gpu():
+            users = by_user.setdefault(job.spec.queue, {})
+            users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
         number = job.tries + 1
         gang = job.spec.replicas > 1
         gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
@@ -1541,6 +1572,7 @@ def plan_cycle(
     usage: bool = True,
     reports_read_to: float | None = None,
     report_stamps: Sequence[float] = (),
+    pending: Mapping[str, Job] | None = None,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -1554,7 +1586,9 @@ def plan_cycle(
 
     `queues` holds the fair-share and preemption settings; with `usage` the queues'
     decayed past use is brought up to date when due (the scheduler passes False while a
-    commit in flight writes it).
+    commit in flight writes it). `pending` holds the job records the commits in flight
+    write (the `frozen_jobs`): their placements count against queue quotas and per-user
+    limits, so that pipelined cycles do not each admit up to the same limit.
 
     `reports_read_to` is the store's time up to which every status report has been
     given to this cycle or an earlier one (None: not known), and `report_stamps` when the
@@ -1562,7 +1596,7 @@ def plan_cycle(
     (`evict_lost`), and so does any whose expiry is newer than a report this cycle
     leaves for the next."""
     plan = Plan()
-    w = _Work(state, plan, frozen_jobs, frozen_hosts)
+    w = _Work(state, plan, frozen_jobs, frozen_hosts, pending)
     for job_id, why in (fail or {}).items():
         if job_id not in frozen_jobs and not w.busy(job_id):
             fail_unwritable(w, job_id, why, now)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from wire.messages import DEFAULT_QUEUE, Attempt, AttemptState, Job, JobSpec, Queue, implicit_default_queue
+from wire.messages import DEFAULT_QUEUE, Attempt, AttemptState, Job, JobSpec, JobState, Queue, implicit_default_queue
 
 Resources = dict[str, float]
 GPU_PREFIX = "gpu:"
@@ -41,6 +41,7 @@ GANG_WHOLE = "gang cannot fit as a whole"
 UNKNOWN_QUEUE = "queue does not exist"
 HELD = "held"
 DEPENDENCY = "waiting for other jobs"
+USER_LIMIT = "user at its queue's per-user GPU limit"
 
 
 def gpu_key(model: str) -> str:
@@ -64,6 +65,24 @@ def gpu_amount(spec: JobSpec) -> float:
     if spec.gpu_share > 0:
         return spec.gpu_share / 1000
     return mig_fraction(spec.mig_profile)
+
+
+def job_gpus(spec: JobSpec) -> float:
+    """GPUs a job holds when placed: each of its tasks' (a share or MIG instance as its part)."""
+    return gpu_amount(spec) * spec.replicas if spec.wants_gpu() else 0.0
+
+
+def user_gpus(jobs: Iterable[Job], queue: str) -> dict[str, float]:
+    """GPUs each user's live jobs of `queue` hold (their tries' tasks not yet ended)."""
+    out: dict[str, float] = {}
+    for job in jobs:
+        if job.spec.queue != queue:
+            continue
+        held = sum(gpu_amount(job.spec) for t in job.current_tasks() if not t.state.terminal) \
+            if job.spec.wants_gpu() and job.state in (JobState.PLACED, JobState.RUNNING) else 0.0
+        if held:
+            out[job.spec.user] = out.get(job.spec.user, 0.0) + held
+    return out
 
 
 def job_size(spec: JobSpec) -> tuple[float, ...]:

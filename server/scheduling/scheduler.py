@@ -36,7 +36,7 @@ from server.views import queues as queue_view
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import Store, Write
-from wire.messages import Command, Event, StatusReport, SubmitRequest, decode, encode
+from wire.messages import Command, Event, Job, StatusReport, SubmitRequest, decode, encode
 from wire.records import ack_position
 from wire.stopping import pause
 
@@ -385,10 +385,12 @@ class Scheduler:
             return None
         frozen_jobs: set[str] = set()
         frozen_hosts: set[str] = set()
-        for c in self._inflight.values():
+        pending: dict[str, Job] = {}
+        for c in self._inflight.values():  # in the order they were planned
             jobs, hosts = c.frozen()
             frozen_jobs |= jobs
             frozen_hosts |= hosts
+            pending.update(c.plan.jobs)
         narrowing = self._isolation.next() if self._isolation is not None else None
         if self._isolation is not None and narrowing is None:
             log.warning("isolation over: the rest of the refused cycle committed")
@@ -445,6 +447,7 @@ class Scheduler:
                 usage=not any(c.writes_usage for c in self._inflight.values()),
                 reports_read_to=read_to,
                 report_stamps=stamps,
+                pending=pending,
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.

@@ -24,12 +24,15 @@ from server.scheduling.queues import (
     PRIORITY_WAIT,
     RECLAIM_WAIT,
     UNKNOWN_QUEUE,
+    USER_LIMIT,
     QueueBook,
     borrowing_limit,
     job_demand,
+    job_gpus,
     meters,
     nominal,
     unmetered,
+    user_gpus,
 )
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
 
@@ -139,6 +142,12 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if q is None:
         return [QueueReason(UNKNOWN_QUEUE, f"no queue named {name!r}: the job waits until one is created")]
     out: list[QueueReason] = []
+    if q.max_gpus_per_user and job.spec.wants_gpu():
+        holds = user_gpus((state.jobs[i] for i in state.queue_live.get(name, ())), name).get(job.spec.user, 0.0)
+        if holds + job_gpus(job.spec) > q.max_gpus_per_user + 1e-6:
+            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} holds {holds:g} GPUs of queue {name} + "
+                                               f"{job_gpus(job.spec):g} wanted > its per-user limit "
+                                               f"{q.max_gpus_per_user:g}"))
     if job.preempting:
         stopping = 0
         for entry in job.preempting:

@@ -317,6 +317,12 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
         return got == ["queue audio created by operator"]
 
     await wait_for(queue_created, what="the queue's creation in history")
+    # A per-user GPU limit is a queue setting like the others.
+    set_limit = """mutation($n: Float) { updateQueue(input: {name: "audio", maxGpusPerUser: $n}) {
+                   queue { maxGpusPerUser } userErrors { field code } } }"""
+    assert (await api.q(set_limit, {"n": 2}))["updateQueue"]["queue"] == {"maxGpusPerUser": 2.0}
+    bad = (await api.q(set_limit, {"n": -1}))["updateQueue"]
+    assert bad["queue"] is None and bad["userErrors"][0]["field"] == "maxGpusPerUser"
 
 
 UPDATE_JOB = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {

@@ -16,7 +16,17 @@ from hypothesis import strategies as st
 
 from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
 from server.scheduling.preemption import stoppable
-from server.scheduling.queues import PRIORITY_WAIT, RECLAIM_WAIT, QueueBook, job_demand, meters, nominal, queue_usage
+from server.scheduling.queues import (
+    PRIORITY_WAIT,
+    RECLAIM_WAIT,
+    USER_LIMIT,
+    QueueBook,
+    job_demand,
+    meters,
+    nominal,
+    queue_usage,
+    user_gpus,
+)
 from server.state.cluster import ClusterState
 from server.views.queues import reasons
 from tests.factories import job as make_job
@@ -366,24 +376,26 @@ def scenarios(draw: st.DrawFn) -> tuple[list[tuple[str, float | None]], list[tup
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.integers(0, 2**16))
-def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_nominal(scenario, seed: int) -> None:
+@given(scenarios(), st.integers(0, 2**16), st.lists(st.sampled_from([0.0, 0.0, 2.0, 3.0]), min_size=4, max_size=4))
+def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_nominal(
+        scenario, seed: int, per_user: list[float]) -> None:
     queues, jobs = scenario
     w = QWorld()
     nhosts = len(queues) // 2 + 1
     for h in range(nhosts):
         w.host(f"h{h}", gpus=8)
     total = 8 * nhosts
-    for name, borrow in queues:
-        # Nominal quotas share the cluster out; one cohort; reclaim on.
-        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0)
+    for k, (name, borrow) in enumerate(queues):
+        # Nominal quotas share the cluster out; one cohort; reclaim on; some with a per-user limit.
+        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0,
+                max_gpus_per_user=per_user[k])
     configs = dict(w.state.queues)
     # Jobs arrive in two waves: what the first wave borrows, the second reclaims.
     now = NOW
     for step in range(24):
         for i, (q, g, p, wave) in enumerate(jobs):
             if step == 8 * wave:
-                w.qsubmit(f"j{i}", q, gpus=g, priority=p, submitted_at=now - 100 + i)
+                w.qsubmit(f"j{i}", q, gpus=g, priority=p, submitted_at=now - 100 + i, user=f"u{(seed >> i) & 1}")
         w.qcycle(w.agent_reports(now), now=now)
         no_overcommit(w.state)
         usage = queue_usage(w.state.jobs.values())
@@ -395,12 +407,22 @@ def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_n
             held = sum(len(t.gpu_indices) for a in w.state.allocs.values() for t in a.tasks
                        if not t.stop and w.state.jobs[t.job_id].spec.queue == name)
             assert held <= limit + 1e-6, (name, held, limit, usage)
+            # No user of a queue with a per-user limit is ever placed past it.
+            for user in ("u0", "u1"):
+                mine = sum(len(t.gpu_indices) for a in w.state.allocs.values() for t in a.tasks
+                           if not t.stop and w.state.jobs[t.job_id].spec.queue == name
+                           and w.state.jobs[t.job_id].spec.user == user)
+                assert not q.max_gpus_per_user or mine <= q.max_gpus_per_user, (name, user, mine)
         now += 1
     # Quiescence: a queue waiting with a job that fits within its nominal quota does not
-    # wait behind borrowers: nobody in the cohort holds more than its nominal.
+    # wait behind borrowers: nobody in the cohort holds more than its nominal (a job its
+    # user's per-user limit holds back waits by design).
     book = QueueBook(w.state.queues, queue_usage(w.state.jobs.values()))
     for j in w.state.queued():
         q = w.state.queues[j.spec.queue]
+        mine = user_gpus(w.state.jobs.values(), j.spec.queue).get(j.spec.user, 0.0)
+        if q.max_gpus_per_user and mine + j.spec.gpus > q.max_gpus_per_user:
+            continue
         if book.within_nominal(j.spec.queue, job_demand(j.spec, "H100")) and meters(q, H100):
             borrowers = [n for n in configs if book.used(n, H100) > nominal(configs[n], H100) + 1e-6]
             # What is free plus what the borrowers hold above nominal cannot host the job.
@@ -445,6 +467,59 @@ def test_why_pending_says_what_reclaim_from_an_unmetered_queue_waits_for() -> No
     assert not w.qcycle(now=NOW).preempted  # as it says
     assert RECLAIM_WAIT not in {r.reason for r in reasons(w.state, job, NOW + 60, 0.0, fits_now=False)}
     assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes one back
+
+
+def test_a_users_jobs_stop_at_the_queues_per_user_limit_and_preempt_nothing() -> None:
+    """One user's long array takes the queue's per-user limit and no more: a teammate's
+    later job of the same queue is placed past it, and nothing is preempted for it."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("team", gpus=8, max_gpus_per_user=3, min_runtime_s=0)
+    for i in range(6):
+        w.qsubmit(f"big{i}", "team", gpus=1, submitted_at=NOW - 100 + i, user="alice")
+    w.qsubmit("mate", "team", gpus=2, submitted_at=NOW - 50, user="bob")
+    plan = w.qcycle()
+    placed = sorted(j.id for j in plan.jobs.values() if j.state is JobState.PLACED)
+    assert placed == ["big0", "big1", "big2", "mate"] and not plan.preempted
+    held = {u: sum(len(t.gpu_indices) for a in w.state.allocs.values() for t in a.tasks
+                   if w.state.jobs[t.job_id].spec.user == u) for u in ("alice", "bob")}
+    assert held == {"alice": 3, "bob": 2}
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["big3"], NOW, 0.0)}
+    assert why[USER_LIMIT] == "alice holds 3 GPUs of queue team + 1 wanted > its per-user limit 3"
+    # A job of hers that outranks her running ones may not take her past the limit either,
+    # nor preempt for it: it waits for one of hers to end.
+    w.qcycle(w.agent_reports(NOW), now=NOW)
+    w.qsubmit("urgent", "team", gpus=1, priority=10, submitted_at=NOW, user="alice")
+    assert not w.qcycle(now=NOW + 1).preempted and w.state.jobs["urgent"].state is JobState.QUEUED
+    done = StatusReport(host_id="h1", attempt_id="big0.1", job_id="big0", state=AttemptState.SUCCEEDED,
+                        exit_code=0, ts=NOW + 2)
+    w.qcycle([done], now=NOW + 2)
+    assert w.state.jobs["urgent"].state is JobState.PLACED and w.state.jobs["big3"].state is JobState.QUEUED
+
+
+def test_pipelined_cycles_count_what_the_commits_in_flight_place() -> None:
+    """The scheduler plans a cycle while the last one's commit is in flight: what that
+    commit places counts against the queue's quota and its users' limits, so that two
+    cycles do not each admit up to the same limit (found by hand: a queue with a quota of
+    1 GPU held 2, one job on each of two hosts)."""
+    w = QWorld()
+    w.host("h1", gpus=2)
+    w.host("h2", gpus=2)
+    w.queue("lab", gpus=1, min_runtime_s=0)
+    w.queue("team", gpus=8, max_gpus_per_user=1, min_runtime_s=0)
+    for name, queue in (("lab0", "lab"), ("lab1", "lab"), ("t0", "team"), ("t1", "team")):
+        w.qsubmit(name, queue, gpus=1, user="alice")
+    plan_a = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=QueuePolicy(half_life_s=0),
+                        placements=2)  # a cycle that placed lab0 and t0 on one host, not yet stored
+    placed_a = {j.id for j in plan_a.jobs.values() if j.state is JobState.PLACED}
+    assert placed_a == {"lab0", "t0"}, placed_a
+    plan_b = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=QueuePolicy(half_life_s=0),
+                        frozen_jobs=set(plan_a.jobs), frozen_hosts=set(plan_a.allocs), pending=plan_a.jobs)
+    assert plan_b.placed == 0, {j.id for j in plan_b.jobs.values()}
+    # Without the records in flight, the same cycle would have placed both again.
+    blind = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=QueuePolicy(half_life_s=0),
+                       frozen_jobs=set(plan_a.jobs), frozen_hosts=set(plan_a.allocs))
+    assert {j.id for j in blind.jobs.values() if j.state is JobState.PLACED} == {"lab1", "t1"}
 
 
 def test_why_pending_says_what_priority_preemption_waits_for() -> None:

@@ -163,6 +163,8 @@ class QueueInput:
     max_preemptions: int | None = None
     default_time_limit_seconds: float | None = None
     max_time_limit_seconds: float | None = None
+    max_gpus_per_user: float | None = strawberry.field(
+        default=None, description="The most GPUs one user's jobs of the queue hold at once (0: no limit).")
 
 
 @strawberry.enum

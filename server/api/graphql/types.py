@@ -750,6 +750,12 @@ class Queue:
     def max_time_limit_seconds(self) -> float:
         return self._row.queue.max_time_limit_s
 
+    @strawberry.field(description="The most GPUs one user's jobs of the queue hold at once (0: no limit); a job "
+                                  "that would take its user past it waits (queue reason: user at its queue's "
+                                  "per-user GPU limit) and preempts nothing.")
+    def max_gpus_per_user(self) -> float:
+        return self._row.queue.max_gpus_per_user
+
     @strawberry.field
     def updated_at(self) -> dt.datetime | None:
         return ts(self._row.queue.updated_at)
