@@ -869,7 +869,7 @@ def _victims_live(w: _Work, job: Job) -> tuple[bool, set[str]]:
     hosts: set[str] = set()
     for entry in job.preempting:
         vid, number = _victim_try(entry)
-        victim = w.plan.jobs.get(vid) or w.state.jobs.get(vid)
+        victim = w.plan.jobs.get(vid) or w.pending.get(vid) or w.state.jobs.get(vid)
         if victim is None:
             continue
         for a in victim.attempts:
@@ -885,7 +885,7 @@ def _foresee(w: _Work, adm: Admission, job: Job) -> None:
     demand taken."""
     for entry in job.preempting:
         vid, number = _victim_try(entry)
-        victim = w.plan.jobs.get(vid) or w.state.jobs.get(vid)
+        victim = w.plan.jobs.get(vid) or w.pending.get(vid) or w.state.jobs.get(vid)
         if victim is None:
             continue
         live = [a for a in victim.current_tasks() if a.number == number and not a.state.terminal]
@@ -1218,6 +1218,14 @@ def place_queued(
             inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
             continue
         ready.append(job)
+    # Preemptions the commits in flight start count as under way too (their victims and
+    # hosts are frozen, so none is chosen twice): in the future book, the queues' limits
+    # and the cohorts that lend nothing new meanwhile.
+    starting = [j for j in w.pending.values()
+                if j.state is JobState.QUEUED and j.preempting and j.id not in backlog.preempting]
+    for job in starting:
+        _foresee(w, adm, job)
+        inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
     # Per queue, the smallest size of any of its jobs in each respect (None when one of
     # them names GPU models): a refusal or a borrow at most that large covers them all.
     # The state's figure may count jobs this cycle took out of the queue: a floor no
@@ -1258,7 +1266,7 @@ def place_queued(
     deferred: dict[str, list[Job]] = {}
     starved: set[str | None] = set()  # cohorts with a preemption under way
     ready_ids = {r.id for r in ready}
-    for job in preempting:
+    for job in [*preempting, *starting]:
         if job.id not in ready_ids:
             q = adm.queue(job)
             starved.add(q.cohort if q is not None else None)

@@ -522,6 +522,36 @@ def test_pipelined_cycles_count_what_the_commits_in_flight_place() -> None:
     assert {j.id for j in blind.jobs.values() if j.state is JobState.PLACED} == {"lab1", "t1"}
 
 
+def test_a_pipelined_cycle_counts_the_preemptions_in_flight() -> None:
+    """A reclaim planned by a cycle whose commit is in flight is under way for the next
+    cycle: it does not stop more of the lender's jobs for another job of the reclaiming
+    queue (which would take the lender below its nominal quota)."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=8)
+    w.queue("a", cohort="c", gpus=8, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=8, min_runtime_s=0)
+    _fill(w, "b", 8, NOW - 200)  # b borrows a's 8 GPUs: its older jobs on one host,
+    _fill(w, "b", 8, NOW - 100, prefix="late")  # its younger (cheaper to stop) on the other
+    late_host = {a.host_id for j in w.state.jobs.values() if j.id.startswith("late") for a in j.attempts}
+    assert len(late_host) == 1
+    w.qsubmit("p1", "a", gpus=8, submitted_at=NOW - 10)
+    policy = QueuePolicy(half_life_s=0)
+    plan_a = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy)
+    assert len(plan_a.jobs["p1"].preempting) == 8 and plan_a.preempted == {("reclaim", "a"): 8}
+    assert set(plan_a.allocs) == late_host
+    w.qsubmit("p2", "a", gpus=1, submitted_at=NOW - 5)  # arrives while plan_a is being stored
+    frozen = dict(frozen_jobs=set(plan_a.jobs), frozen_hosts=set(plan_a.allocs))
+    plan_b = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy, pending=plan_a.jobs,
+                        **frozen)  # type: ignore[arg-type]
+    assert not plan_b.preempted and "p2" not in plan_b.jobs
+    # Not knowing of plan_a's reclaim, the same cycle would stop a fifth job of b, leaving
+    # b below its nominal quota.
+    blind = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy,
+                       **frozen)  # type: ignore[arg-type]
+    assert blind.preempted == {("reclaim", "a"): 1} and len(blind.jobs["p2"].preempting) == 1
+
+
 def test_why_pending_says_what_priority_preemption_waits_for() -> None:
     """A high-priority job its full queue refuses: the lower-priority jobs are younger than
     the queue's minimum runtime (and when the first may go), or priority preemption is off."""
