@@ -1020,8 +1020,7 @@ async def test_cancel_needs_a_reason(console: Console) -> None:
     r = await c.get(f"/jobs/{job.id}")
     assert re.search(rf'action="/jobs/{job.id}/cancel" class="stack" data-confirm="Cancel job keep', r.text)
     r = await c.post(f"/jobs/{job.id}/cancel", data={"csrf": console.csrf, "reason": " "})
-    assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "a reason is required" in r.text
-    assert "3 jobs named sweep-… of operator" in r.text  # the list again, with its filters
+    assert r.status_code == 422 and "a reason is required" in r.text
     await asyncio.sleep(0.3)
     assert m.state.jobs[job.id].state is JobState.QUEUED
 
