@@ -429,6 +429,51 @@ def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_n
             assert not borrowers or j.spec.gpus > 1, (j.id, borrowers, book.usage)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(0, 2**16), st.lists(st.sampled_from([0.0, 2.0, 3.0]), min_size=4, max_size=4),
+       st.lists(st.sampled_from(["AB", "BA"]), min_size=24, max_size=24))
+def test_pipelined_cycles_keep_quotas_and_per_user_limits(scenario, seed: int, per_user: list[float],
+                                                           orders: list[str]) -> None:
+    """As the scheduler runs them: each step plans cycle A, then cycle B while A's commit
+    is in flight (A's records frozen, its job records pending), and stores them in either
+    order. No queue holds more than its nominal quota plus its borrowing limit, and no
+    user more than its queue's per-user limit, in tasks not told to stop."""
+    queues, jobs = scenario
+    w = QWorld()
+    nhosts = len(queues) // 2 + 2
+    for h in range(nhosts):
+        w.host(f"h{h}", gpus=4)
+    total = 4 * nhosts
+    for k, (name, borrow) in enumerate(queues):
+        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0,
+                max_gpus_per_user=per_user[k])
+    configs = dict(w.state.queues)
+    policy = QueuePolicy(half_life_s=0)
+    now = NOW
+    for step in range(24):
+        for i, (q, g, p, wave) in enumerate(jobs):
+            if step == 8 * wave:
+                w.qsubmit(f"j{i}", q, gpus=g, priority=p, submitted_at=now - 100 + i, user=f"u{(seed >> i) & 1}")
+        reports = w.agent_reports(now)
+        half = len(reports) // 2
+        a = plan_cycle(w.state, reports=reports[:half], commands=[], now=now, term=TERM, queues=policy)
+        b = plan_cycle(w.state, reports=reports[half:], commands=[], now=now, term=TERM, queues=policy,
+                       frozen_jobs=set(a.jobs), frozen_hosts=set(a.allocs), pending=a.jobs)
+        for name in orders[step]:
+            w.commit(a if name == "A" else b)
+            no_overcommit(w.state)
+            for qn, q in configs.items():
+                rq = q.quota[H100]
+                limit = nominal(q, H100) + (rq.borrowing_limit if rq.borrowing_limit is not None else 1e9)
+                live = [(w.state.jobs[t.job_id].spec.user, len(t.gpu_indices)) for al in w.state.allocs.values()
+                        for t in al.tasks if not t.stop and w.state.jobs[t.job_id].spec.queue == qn]
+                assert sum(n for _u, n in live) <= limit + 1e-6, (qn, live, limit)
+                for user in ("u0", "u1"):
+                    mine = sum(n for u, n in live if u == user)
+                    assert not q.max_gpus_per_user or mine <= q.max_gpus_per_user, (qn, user, mine)
+        now += 1
+
+
 def test_why_pending_says_what_reclaim_waits_for() -> None:
     """A job within its queue's nominal quota, the rest lent out: reclaim waits for the
     borrowers' minimum runtime (and says when it ends), or is off for the queue."""
