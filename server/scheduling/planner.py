@@ -1385,9 +1385,13 @@ def place_queued(
             current = w.plan.jobs.get(job.id, job)
             if current.state is not JobState.QUEUED or current.preempting:
                 continue
+            cq = adm.queue(current)
+            if cq is not None and over_user_limit(current, cq):
+                continue
             tries -= 1
             n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
             if n:
+                claim(current, cq)
                 budget -= n
                 inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + n
                 q = adm.queue(job)
@@ -1395,20 +1399,35 @@ def place_queued(
         blocked.clear()
 
     # Per queue with a per-user GPU limit: the GPUs each user's jobs hold, this cycle's
-    # changes so far included (reports, cancels, replacements), plus what it places.
+    # changes so far included (reports, cancels, replacements), plus what the user's
+    # preemptors will take (their victims' GPUs are theirs) and what this cycle places.
     by_user: dict[str, dict[str, float]] = {}
 
-    def over_user_limit(job: Job, q: Queue) -> bool:
-        """The job would take its user past its queue's per-user GPU limit: it waits, and
-        is not a reason to preempt anything (other users' jobs of the queue go on)."""
-        if not q.max_gpus_per_user or not job.spec.wants_gpu():
-            return False
-        qn = job.spec.queue
+    def tally(qn: str) -> dict[str, float]:
         if qn not in by_user:
             ids = set(state.queue_live.get(qn, ())) | {
                 i for i, j in (*changed.items(), *w.pending.items()) if j.spec.queue == qn}
-            by_user[qn] = user_gpus((changed.get(i) or w.pending.get(i) or state.jobs[i] for i in ids), qn)
-        return by_user[qn].get(job.spec.user, 0.0) + job_gpus(job.spec) > q.max_gpus_per_user + EPS
+            users = user_gpus((changed.get(i) or w.pending.get(i) or state.jobs[i] for i in ids), qn)
+            for j in (*preempting, *starting):
+                if j.spec.queue == qn and j.spec.wants_gpu():
+                    users[j.spec.user] = users.get(j.spec.user, 0.0) + job_gpus(j.spec)
+            by_user[qn] = users
+        return by_user[qn]
+
+    def over_user_limit(job: Job, q: Queue) -> bool:
+        """The job would take its user past its queue's per-user GPU limit: it waits, and
+        is not a reason to preempt anything (other users' jobs of the queue go on). A
+        preemptor's own claim is in the tally already."""
+        if not q.max_gpus_per_user or not job.spec.wants_gpu():
+            return False
+        own = job_gpus(job.spec) if job.preempting else 0.0
+        return tally(job.spec.queue).get(job.spec.user, 0.0) - own + job_gpus(job.spec) > q.max_gpus_per_user + EPS
+
+    def claim(job: Job, q: Queue | None) -> None:
+        """Count a job placed, or one whose preemption starts, against its user's limit."""
+        if q is not None and q.max_gpus_per_user and job.spec.wants_gpu():
+            users = tally(job.spec.queue)
+            users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
 
     for job in order():
         if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
@@ -1423,6 +1442,8 @@ def place_queued(
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
         if over_user_limit(job, q):
+            if job.preempting:
+                give_up(job)  # its limit changed: what its victims freed goes to others
             continue
         if below_a_refusal(job):
             continue
@@ -1467,10 +1488,9 @@ def place_queued(
         copy = w.job(job.id)
         assert copy is not None
         job = copy
+        if not job.preempting:  # a preemptor's GPUs were counted as its claim
+            claim(job, q)
         job.preempting = []
-        if q.max_gpus_per_user and job.spec.wants_gpu():
-            users = by_user.setdefault(job.spec.queue, {})
-            users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
         number = job.tries + 1
         gang = job.spec.replicas > 1
         gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th

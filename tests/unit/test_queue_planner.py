@@ -375,21 +375,25 @@ def scenarios(draw: st.DrawFn) -> tuple[list[tuple[str, float | None]], list[tup
     return queues, [(f"q{q if wave else q % 2}", g, p, wave) for q, g, p, wave in jobs]
 
 
+def cohort_world(queues: list[tuple[str, float | None]], per_user: list[float], nhosts: int,
+                 gpus: int) -> tuple[QWorld, dict[str, Queue]]:
+    """`nhosts` hosts of `gpus` GPUs; the queues in one cohort, their nominal quotas
+    sharing the cluster out, reclaim on, each with its per-user limit (0: none)."""
+    w = QWorld()
+    for h in range(nhosts):
+        w.host(f"h{h}", gpus=gpus)
+    for k, (name, borrow) in enumerate(queues):
+        w.queue(name, cohort="c", gpus=gpus * nhosts / len(queues), borrow=borrow, min_runtime_s=0,
+                max_gpus_per_user=per_user[k])
+    return w, dict(w.state.queues)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.integers(0, 2**16), st.lists(st.sampled_from([0.0, 0.0, 2.0, 3.0]), min_size=4, max_size=4))
 def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_nominal(
         scenario, seed: int, per_user: list[float]) -> None:
     queues, jobs = scenario
-    w = QWorld()
-    nhosts = len(queues) // 2 + 1
-    for h in range(nhosts):
-        w.host(f"h{h}", gpus=8)
-    total = 8 * nhosts
-    for k, (name, borrow) in enumerate(queues):
-        # Nominal quotas share the cluster out; one cohort; reclaim on; some with a per-user limit.
-        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0,
-                max_gpus_per_user=per_user[k])
-    configs = dict(w.state.queues)
+    w, configs = cohort_world(queues, per_user, len(queues) // 2 + 1, 8)
     # Jobs arrive in two waves: what the first wave borrows, the second reclaims.
     now = NOW
     for step in range(24):
@@ -439,15 +443,7 @@ def test_pipelined_cycles_keep_quotas_and_per_user_limits(scenario, seed: int, p
     order. No queue holds more than its nominal quota plus its borrowing limit, and no
     user more than its queue's per-user limit, in tasks not told to stop."""
     queues, jobs = scenario
-    w = QWorld()
-    nhosts = len(queues) // 2 + 2
-    for h in range(nhosts):
-        w.host(f"h{h}", gpus=4)
-    total = 4 * nhosts
-    for k, (name, borrow) in enumerate(queues):
-        w.queue(name, cohort="c", gpus=total / len(queues), borrow=borrow, min_runtime_s=0,
-                max_gpus_per_user=per_user[k])
-    configs = dict(w.state.queues)
+    w, configs = cohort_world(queues, per_user, len(queues) // 2 + 2, 4)
     policy = QueuePolicy(half_life_s=0)
     now = NOW
     for step in range(24):
@@ -540,6 +536,23 @@ def test_a_users_jobs_stop_at_the_queues_per_user_limit_and_preempt_nothing() ->
                         exit_code=0, ts=NOW + 2)
     w.qcycle([done], now=NOW + 2)
     assert w.state.jobs["urgent"].state is JobState.PLACED and w.state.jobs["big3"].state is JobState.QUEUED
+
+
+def test_preemption_for_a_user_stops_at_the_users_limit() -> None:
+    """Reclaim starts only for what a user may still take: with a per-user limit of 3 and
+    jobs of 2, 2, 2 and 1 GPUs, it stops 3 GPUs' worth (for a 2 and the 1), not 7, and no
+    preemptor waits for ever past its user's limit holding the GPUs its victims freed
+    (found by the quota property: two preemptors over the limit kept 4 GPUs idle)."""
+    w, _configs = cohort_world([("big", None), ("small", None)], [0.0, 3.0], 2, 8)
+    _fill(w, "big", 16, NOW - 100)  # big borrows all of small's 8 GPUs
+    for i, g in enumerate((2, 2, 2, 1)):
+        w.qsubmit(f"s{i}", "small", gpus=g, submitted_at=NOW - 10 + i, user="alice")
+    plan = w.qcycle(now=NOW)
+    assert sum(plan.preempted.values()) == 3
+    for step in range(1, 4):
+        w.qcycle(w.agent_reports(NOW + step), now=NOW + step)
+    running = {j.id for j in w.state.jobs.values() if j.spec.queue == "small" and j.state is JobState.RUNNING}
+    assert running == {"s0", "s3"} and not any(j.preempting for j in w.state.jobs.values())
 
 
 def test_pipelined_cycles_count_what_the_commits_in_flight_place() -> None:

@@ -8,6 +8,7 @@ import math
 import re
 import shlex
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -213,9 +214,10 @@ async def cancel_job(request: Request) -> Response:
     return RedirectResponse(url(f"/jobs/{job_id}", notice="cancel"), status_code=303)
 
 
-async def _update_job(request: Request, notice: str, **change: Any) -> Response:
-    """Hold, release or reprioritise the job (Muster.update_job), then its page with
-    `notice`, or the page again with the error at the form."""
+async def _job_action(request: Request, notice: str,
+                      act: Callable[[Muster, str, Session, dict[str, str]], Awaitable[object]]) -> Response:
+    """A form on a job's page: `act(muster, job id, session, form)`, then the job's page
+    with `notice`, or the page again with the error at the change card."""
     m = muster_of(request)
     job_id = request.path_params["job_id"]
     sess: Session = request.state.session
@@ -224,6 +226,16 @@ async def _update_job(request: Request, notice: str, **change: Any) -> Response:
     if ctx is None:
         raise no_such_job(job_id)
     try:
+        await act(m, job_id, sess, form)
+    except FORM_ERRORS as exc:
+        ctx["change_errors"] = [e.message for e in exc.details()]
+        return render(request, "job.html", ctx, status_for(exc))
+    return RedirectResponse(url(f"/jobs/{job_id}", notice=notice), status_code=303)
+
+
+async def _update_job(request: Request, notice: str, **change: Any) -> Response:
+    """Hold, release or reprioritise the job (Muster.update_job)."""
+    async def act(m: Muster, job_id: str, sess: Session, form: dict[str, str]) -> None:
         if "priority" in change:
             raw = form.get("priority", "").strip()
             if not re.fullmatch(r"-?\d{1,4}", raw):
@@ -231,10 +243,8 @@ async def _update_job(request: Request, notice: str, **change: Any) -> Response:
             change["priority"] = int(raw)
         reason = form.get("reason", "").strip()[:200] if change.get("hold") else ""
         await m.update_job(job_id, sess.user, reason=reason, queues=sess.info.submit_queues, **change)
-    except FORM_ERRORS as exc:
-        ctx["change_errors"] = [e.message for e in exc.details()]
-        return render(request, "job.html", ctx, status_for(exc))
-    return RedirectResponse(url(f"/jobs/{job_id}", notice=notice), status_code=303)
+
+    return await _job_action(request, notice, act)
 
 
 @console(csrf=True, action=True)
@@ -255,20 +265,8 @@ async def set_priority(request: Request) -> Response:
 @console(csrf=True, action=True)
 async def requeue_job(request: Request) -> Response:
     """Stop the job's try and queue it again (Muster.requeue), held if the box was ticked."""
-    m = muster_of(request)
-    job_id = request.path_params["job_id"]
-    sess: Session = request.state.session
-    form = await read_form(request)
-    ctx = await _job_ctx(m, job_id)
-    if ctx is None:
-        raise no_such_job(job_id)
-    try:
-        await m.requeue(job_id, sess.user, form.get("reason", "").strip()[:200], bool(form.get("hold")),
-                        sess.info.submit_queues)
-    except FORM_ERRORS as exc:
-        ctx["change_errors"] = [e.message for e in exc.details()]
-        return render(request, "job.html", ctx, status_for(exc))
-    return RedirectResponse(url(f"/jobs/{job_id}", notice="requeued"), status_code=303)
+    return await _job_action(request, "requeued", lambda m, job_id, sess, form: m.requeue(
+        job_id, sess.user, form.get("reason", "").strip()[:200], bool(form.get("hold")), sess.info.submit_queues))
 
 
 # ---------------------------------------------------------------- submit
