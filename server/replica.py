@@ -27,8 +27,9 @@ from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling.capacity import POLICIES
+from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
-from server.scheduling.planner import QueuePolicy
+from server.scheduling.planner import QueuePolicy, hold_text
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.state.cluster import ClusterState, HostConfig
@@ -475,17 +476,14 @@ class Muster:
         replica sees them: the leader takes out each as it ends). Raises ValidationError
         for one that does not exist, or (afterok) one that ended otherwise than SUCCEEDED:
         the job could never run."""
-        left: list[str] = []
-        for d in spec.depends_on:
-            dj = self.jobs.get(d)
-            if dj is None:
-                raise ValidationError("dependsOn", f"no job {d}", "UNKNOWN_DEPENDENCY")
-            if not dj.state.terminal:
-                left.append(d)
-            elif dj.state is not JobState.SUCCEEDED and not spec.depend_any:
-                raise ValidationError("dependsOn", f"job {d} ended {dj.state.value}: this job could never run "
-                                                   "(afterok; use AFTER_ANY to run after it whatever its end)",
-                                      "DEPENDENCY_FAILED")
+        left, never = waits(spec, spec.depends_on, self.jobs.get)
+        if never is not None:
+            dep, ended = never
+            if ended is None:
+                raise ValidationError("dependsOn", f"no job {dep}", "UNKNOWN_DEPENDENCY")
+            raise ValidationError("dependsOn", f"job {dep} ended {ended.value}: this job could never run "
+                                               "(afterok; use AFTER_ANY to run after it whatever its end)",
+                                  "DEPENDENCY_FAILED")
         return left
 
     @staticmethod
@@ -503,7 +501,7 @@ class Muster:
         data.setdefault("user", user)
         if not data.get("queue"):
             data["queue"] = cls.default_queue(allowed)
-        hold = f"held by {user} at submission" if data.pop("held", False) else ""
+        hold = hold_text(user, at_submission=True) if data.pop("held", False) else ""
         return data, hold
 
     async def submit(self, data: dict[str, Any], user: str, queues: list[str] | None = None) -> Job:

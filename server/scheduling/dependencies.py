@@ -7,9 +7,27 @@ waiting job. Pure data, no I/O; ClusterState keeps one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from wire.messages import Job, JobState
+from wire.messages import Job, JobSpec, JobState
+
+
+def waits(spec: JobSpec, deps: Sequence[str],
+          lookup: Callable[[str], Job | None]) -> tuple[list[str], tuple[str, JobState | None] | None]:
+    """Of `deps` (jobs a job with `spec` runs after, found with `lookup`), those not ended
+    yet, which it waits for; and the first that means it can never run: (its id, None) for
+    one not known, (its id, its end) for one that ended otherwise than SUCCEEDED under
+    afterok. The API, at submission, and the leader, as dependencies end, decide alike."""
+    left: list[str] = []
+    for d in deps:
+        dep = lookup(d)
+        if dep is None:
+            return left, (d, None)
+        if not dep.state.terminal:
+            left.append(d)
+        elif dep.state is not JobState.SUCCEEDED and not spec.depend_any:
+            return left, (d, dep.state)
+    return left, None
 
 
 class Dependencies:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry
 from server.scheduling.capacity import Placer
+from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
@@ -413,8 +414,7 @@ def apply_update(w: _Work, c: Command, now: float) -> None:
         done.append(f"priority {job.spec.priority} -> {priority}")
         job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
     if hold:
-        job.hold = clip_start(f"held by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else ""),
-                              HOLD_REASON_MAX)
+        job.hold = hold_text(c.by, c.reason)
         done.append(job.hold)
     if release:
         job.hold = ""
@@ -442,8 +442,7 @@ def apply_requeue(w: _Work, c: Command, now: float) -> None:
     for t in [t for t in job.current_tasks() if not t.state.terminal]:
         _stop_attempt(w, t, REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
     if c.hold:
-        job.hold = clip_start(f"held by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else ""),
-                              HOLD_REASON_MAX)
+        job.hold = hold_text(c.by, c.reason)
     job.updated_at = now
     w.plan.events.append(_event("job.updated", job, job.current, now, why + ("; held" if c.hold else "")))
 
@@ -630,7 +629,7 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
         submitted = req.ts if 0 < req.ts <= now else now
-        hold = f"held by {req.user} at submission" if data.get("held") is True else ""
+        hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
         job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold)
         job.waiting_for, never = dependency_state(w, job, spec.depends_on)
         if never:
@@ -643,17 +642,18 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
 def dependency_state(w: _Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:
     """Of `deps` (job ids `job` runs after), those it still waits for, and why it can never
     run ("" if it can): under afterok a dependency that ended otherwise than SUCCEEDED, or
-    one no longer known (its record gone)."""
-    left: list[str] = []
-    for d in deps:
-        dj = w.plan.jobs.get(d) or w.state.jobs.get(d)
-        if dj is None:
-            return left, f"dependency {d} is not known"
-        if not dj.state.terminal:
-            left.append(d)
-        elif dj.state is not JobState.SUCCEEDED and not job.spec.depend_any:
-            return left, f"dependency {d} ended {dj.state.value}"
-    return left, ""
+    one no longer known (its record gone). dependencies.waits over this cycle's records."""
+    left, never = waits(job.spec, deps, lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d))
+    if never is None:
+        return left, ""
+    dep, ended = never
+    return left, f"dependency {dep} is not known" if ended is None else f"dependency {dep} ended {ended.value}"
+
+
+def hold_text(by: str, reason: str = "", *, at_submission: bool = False) -> str:
+    """A held job's `hold`: who held it (and when it was submitted held), and why."""
+    text = f"held by {by or 'operator'}" + (" at submission" if at_submission else "")
+    return clip_start(text + (f": {reason}" if reason else ""), HOLD_REASON_MAX)
 
 
 def resolve_dependencies(w: _Work, now: float, room: int) -> None:

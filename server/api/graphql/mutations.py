@@ -119,30 +119,24 @@ class Mutation:
 
     @strawberry.mutation
     async def cancel_job(self, info: Info, id: strawberry.ID, reason: str = "") -> CancelJobPayload:
-        mu = muster(info)
-
         async def op() -> None:
             require(info)
-            await mu.cancel(str(id), user(info), reason, bound_queues(info))
+            await muster(info).cancel(str(id), user(info), reason, bound_queues(info))
 
-        _, errors = await attempt(op)
-        job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
-        return CancelJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+        job, errors = await _on_job(info, str(id), op)
+        return CancelJobPayload(job=job, user_errors=errors)
 
     @strawberry.mutation(description="Change a job that has not ended: its priority, or hold or release it (a "
                                      "held job stays QUEUED and is not placed). The leader applies it shortly. A "
                                      "token bound to queues changes their jobs only.")
     async def update_job(self, info: Info, input: UpdateJobInput) -> UpdateJobPayload:
-        mu = muster(info)
-
         async def op() -> None:
             require(info)
-            await mu.update_job(str(input.id), user(info), priority=input.priority, hold=input.held,
-                                reason=input.reason, queues=bound_queues(info))
+            await muster(info).update_job(str(input.id), user(info), priority=input.priority, hold=input.held,
+                                          reason=input.reason, queues=bound_queues(info))
 
-        _, errors = await attempt(op)
-        job = mu.jobs.get(str(input.id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
-        return UpdateJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+        job, errors = await _on_job(info, str(input.id), op)
+        return UpdateJobPayload(job=job, user_errors=errors)
 
     @strawberry.mutation(description="Stop a placed or running job's try and queue the job again at its place "
                                      "(the try is not counted against maxAttempts; its tasks get SIGTERM, the "
@@ -150,15 +144,12 @@ class Mutation:
                                      "requeuehold). A token bound to queues requeues their jobs only.")
     async def requeue_job(self, info: Info, id: strawberry.ID, reason: str = "",
                           hold: bool = False) -> UpdateJobPayload:
-        mu = muster(info)
-
         async def op() -> None:
             require(info)
-            await mu.requeue(str(id), user(info), reason, hold, bound_queues(info))
+            await muster(info).requeue(str(id), user(info), reason, hold, bound_queues(info))
 
-        _, errors = await attempt(op)
-        job = mu.jobs.get(str(id)) if not any(e.code == "FORBIDDEN" for e in errors) else None
-        return UpdateJobPayload(job=Job(_m=job) if job else None, user_errors=errors)
+        job, errors = await _on_job(info, str(id), op)
+        return UpdateJobPayload(job=job, user_errors=errors)
 
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "
@@ -228,6 +219,16 @@ class Mutation:
     async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
         return await _on_host(info, str(input.id),
                               lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds))
+
+
+async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:
+    """An action on a job (`op`), its errors as `userErrors`, and the job as it is then
+    (not shown to a caller refused it)."""
+    _, errors = await attempt(op)
+    if any(e.code == "FORBIDDEN" for e in errors):
+        return None, errors
+    job = muster(info).jobs.get(job_id)
+    return (Job(_m=job) if job else None), errors
 
 
 async def _on_host(info: Info, host_id: str, act: Callable[[Muster], Awaitable[object]]) -> HostActionPayload:
