@@ -5,14 +5,18 @@ The leader's own decision code (`plan_cycle`) over a ClusterState in simulated t
 NATS and no processes, as in the fairness run (bench/fairness.py, whose simulated fleet
 and agent it uses): `--hosts` hosts of 8 GPUs, `--queues` queues in one cohort with
 nominal quotas sharing the fleet out by weight, and jobs (synthetic 1-8 GPUs) submitted
-until their GPUs are `--demand` times the fleet's. Big cycles fill the cluster; then
+until their GPUs are `--demand` times the fleet's, submitted a minute before the first
+cycle (so that a job that finds no room holds a reservation, as in a backlog that has
+waited: scheduling.backfill). Big cycles fill the cluster; then
 `--cycles` cycles of the default size are timed, each with what the simulated agents
 report. Nothing ends during the measurement, so every queued job stays queued: the
 cycle looks at the whole backlog every time, the worst case for its cost.
 
 Reports plan_cycle's time per cycle (p50, p99, max), the queued and running jobs, and
 how long the fill took. `--no-shortcuts` turns off the planner's shortcuts over long
-queues (QueuePolicy.shortcuts in server.scheduling.planner), for comparison.
+queues (QueuePolicy.shortcuts in server.scheduling.planner), for comparison;
+`--time-limits` gives every job a time limit, so that a reservation for a job that waits
+works out its start from the deadlines of the tasks on its hosts.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from typing import Any
 from bench.fairness import Simulation
 from bench.fairness import build_parser as fairness_parser
 from bench.inprocess import run_and_report
-from server.scheduling.planner import QueuePolicy, plan_cycle
-from wire.messages import JobState
+from server.scheduling.backfill import Ends, host_ends, soonest_hosts
+from server.scheduling.capacity import Placer
+from server.scheduling.planner import RESERVE_SOONEST, QueuePolicy, plan_cycle
+from wire.messages import JobSpec, JobState
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--demand", type=float, default=1.15, help="GPUs submitted, as a multiple of the fleet's")
     ap.add_argument("--cycles", type=int, default=20, help="cycles timed once the cluster is full")
     ap.add_argument("--no-shortcuts", action="store_true", help="turn off the planner's shortcuts over long queues")
+    ap.add_argument("--time-limits", action="store_true",
+                    help="give every job a time limit (1-24 h, longer than the run): reservations for the jobs that "
+                         "wait then have a known start, the costlier case (scheduling.backfill)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="the report (default: bench/results/backlog-<hosts>.json)")
     return ap
@@ -56,7 +65,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if req.gpus == 0 or req.gpus > 8:
             continue
         req.duration_s = 1e9  # nothing ends while measured
-        sim.submit(0.0, names[n % len(names)], req, n)
+        limit = 3600.0 * (1 + n % 24) if args.time_limits else 0.0
+        sim.submit(-60.0, names[n % len(names)], req, n, time_limit_s=limit)
         n += 1
         demand += req.gpus
     policy = QueuePolicy(half_life_s=300)
@@ -77,13 +87,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     gc.freeze()  # as the server does (server.memory): the state is long-lived
     measured = dataclasses.replace(policy, shortcuts=not args.no_shortcuts)
     ms: list[float] = []
+    reserved: list[int] = []
     for _ in range(args.cycles):
         reports = sim.agent(now)
         t = time.perf_counter()
         plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=measured)
         ms.append((time.perf_counter() - t) * 1000)
+        if plan.reservation is not None:
+            reserved.append(len(plan.reservation.hosts))
         sim.apply(plan)
         now += sim_args.cycle
+    reservation = _reservation_cost(sim, now)
     queued = sum(1 for j in sim.state.jobs.values() if j.state is JobState.QUEUED)
     running = sum(1 for j in sim.state.jobs.values() if j.state is JobState.RUNNING)
     ms.sort()
@@ -96,10 +110,38 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "jobs_queued": queued,
         "jobs_running": running,
         "fill": {"cycles": fill_cycles, "seconds": round(filled_s, 1)},
+        # Measured cycles that held hosts for a waiting job (and how many hosts, at most).
+        "reservations": {"cycles": len(reserved), "hosts_max": max(reserved, default=0)},
+        # One reservation worked out for an 8-GPU job on the full cluster, alone.
+        "reservation_8gpu": reservation,
         "plan_cycle_ms": {"p50": round(statistics.median(ms), 1), "p99": round(ms[max(0, int(len(ms) * 0.99) - 1)], 1),
                           "max": round(ms[-1], 1), "cycles": len(ms)},
         "correctness": {"ok": not sim.violations, "violations": sim.violations[:10]},
     }
+
+
+def _reservation_cost(sim: Simulation, now: float, times: int = 20) -> dict[str, Any]:
+    """Time `Placer.reservation_for` for an 8-GPU job on the full cluster (the hosts with
+    the most free room and those of the first deadlines compared), as a cycle would."""
+    state = sim.state
+
+    def ends(host_id: str) -> Ends:
+        alloc = state.allocs.get(host_id)
+        return host_ends(alloc.tasks if alloc is not None else (), state.jobs.get, state.deadlines.get, now)
+
+    spec = JobSpec(name="big", command=["x"], gpus=8, cpus=1, memory_mb=1)
+    ms: list[float] = []
+    got = None
+    for _ in range(times):
+        t = time.perf_counter()
+        placer = Placer(state.index, lambda _h: True)
+        soonest = soonest_hosts(state.deadlines, state.jobs.get, RESERVE_SOONEST)
+        got = placer.reservation_for("big", spec, now, ends, soonest)
+        ms.append((time.perf_counter() - t) * 1000)
+    ms.sort()
+    assert got is not None
+    return {"ms_p50": round(statistics.median(ms), 2), "ms_max": round(ms[-1], 2), "hosts": len(got.hosts),
+            "start_in_s": None if not got.known() else round(got.start - now, 1)}
 
 
 def main(argv: list[str]) -> int:

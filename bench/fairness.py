@@ -25,7 +25,8 @@ Reported:
   does; and, per queue's arrival, a lower bound on what any choice of victims must lose
   when no job keeps a checkpoint (`lower_bound` in the report);
 - the share of GPUs idle while a waiting job would fit on their host, outside and inside
-  preemption graces;
+  preemption graces, and apart from them those held idle on hosts reserved for a job that
+  waits (scheduling.backfill: kept from jobs that may not run past the reserved start);
 - plan_cycle's time per cycle (p50, p99) and queueing delay (submission to placement,
   simulated seconds).
 """
@@ -56,6 +57,7 @@ from wire.messages import (
     JobSpec,
     JobState,
     Queue,
+    Reserved,
     ResourceQuota,
     StatusReport,
     encode,
@@ -162,10 +164,10 @@ class Simulation:
                 out.append((at, t.name, req))
         return sorted(out, key=lambda x: x[0])
 
-    def submit(self, at: float, queue: str, req: JobReq, n: int) -> None:
+    def submit(self, at: float, queue: str, req: JobReq, n: int, time_limit_s: float = 0.0) -> None:
         spec = JobSpec(name=req.name, command=["sleep", f"{req.duration_s:.3f}"], gpus=req.gpus,
                        cpus=min(req.cpus, 32.0), memory_mb=min(req.memory_mb, 256 * 1024), queue=queue,
-                       replicas=req.replicas, max_attempts=3)
+                       replicas=req.replicas, max_attempts=3, time_limit_s=time_limit_s)
         job = Job(id=f"j{n:08d}x", spec=spec, submitted_at=at, updated_at=at)
         self.durations[job.id] = max(1.0, req.duration_s)
         if self.keep_rng.random() < self.args.checkpointing:
@@ -288,6 +290,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     jain: list[float] = []
     idle_outside: list[float] = []
     idle_grace: list[float] = []
+    reserved_idle: list[float] = []
     i = 0
     now = t0
     n = 0
@@ -330,13 +333,17 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         waiting = [j for j in sim.state.queued() if j.not_before <= now]
         if waiting:
             smallest = min(j.spec.gpus for j in waiting)
-            idle = 0
+            kept = {h for j in sim.state.reserved for h in (sim.state.jobs[j].reserved or _NONE).hosts}
+            idle = held = 0
             for cap in sim.state.index.caps.values():
                 free = len(cap.free_gpus(None))
-                if free >= smallest:
+                if cap.id in kept:
+                    held += free
+                elif free >= smallest:
                     idle += free
             stopping = any(t.stop for a in sim.state.allocs.values() for t in a.tasks)
             (idle_grace if stopping else idle_outside).append(idle / sim.total)
+            reserved_idle.append(held / sim.total)
         if int(now / args.cycle) % int(max(1, 1.0 / args.cycle)) == 0:
             samples.append({"t": round(now, 2), "alloc": alloc, "queued": sim.state.backlog.counts()})
             if int(now) % 30 == 0:
@@ -413,7 +420,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                                        "gpu_s": round(sum(b["gpu_s"] for b in bounds.values()), 1),
                                        "share": round(sum(b["gpu_s"] for b in bounds.values()) / delivered, 5)
                                        if delivered else 0.0}},
-        "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace)},
+        "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace),
+                                     "held_by_reservations": _dist(reserved_idle)},
         "plan_cycle_ms": {"p50": round(_pct(plan_s, 50) * 1000, 2), "p99": round(_pct(plan_s, 99) * 1000, 2),
                           "cycles": len(plan_s)},
         "queueing_delay_s": {"p50": round(_pct(delays, 50), 2), "p99": round(_pct(delays, 99), 2)},
@@ -424,6 +432,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_NONE = Reserved()
 _PREEMPTED_BY = re.compile(r"preempted \(([^)]+)\) by \S+ of queue (\S+)")
 
 

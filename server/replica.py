@@ -139,6 +139,11 @@ class ServerConfig:
         default_factory=lambda: float(os.environ.get("MUSTER_FAIR_SHARE_HALF_LIFE", "3600")))
     preemptions_per_cycle: int = field(
         default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTIONS_PER_CYCLE", "16")))
+    # Reservations (scheduling.backfill): a job that has waited this long without room
+    # holds the hosts where it could start soonest; one whose start there is unknown (no
+    # time limits) holds them only until it has waited this plus `reserve_max_s`.
+    reserve_after_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_RESERVE_AFTER", "10")))
+    reserve_max_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_RESERVE_MAX", "600")))
     # Alerts: this many preemptions within a minute is a storm; a queue below its entitled
     # share with jobs waiting and none placed for this long is starved.
     preemption_storm: int = field(default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTION_STORM", "50")))
@@ -275,7 +280,9 @@ class Muster:
                                                    plan_share=cfg.plan_share,
                                                    eviction=cfg.eviction,
                                                    queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
-                                                                      preemptions_per_cycle=cfg.preemptions_per_cycle),
+                                                                      preemptions_per_cycle=cfg.preemptions_per_cycle,
+                                                                      reserve_after_s=cfg.reserve_after_s,
+                                                                      reserve_max_s=cfg.reserve_max_s),
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,
                                                                     starved_after_s=cfg.queue_starved_after_s)),
                                    caught_up=self._watches[0].caught_up)

@@ -24,7 +24,7 @@ import json
 
 from pydantic_core import to_json
 
-from wire.messages import Attempt, AttemptState, Job, JobSpec, Task
+from wire.messages import RESERVED_HOSTS_KEPT, Attempt, AttemptState, Job, JobSpec, Reserved, Task
 
 RECORD_BUDGET = 960 * 1024
 TEXT_BUDGET_PER_JOB = 320 * 1024
@@ -110,7 +110,9 @@ def _job_frame_bytes() -> int:
     record is this frame with the spec's JSON inside, so the two lengths add up."""
     spec = JobSpec(name="x", command=["x"])
     base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
-               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
+               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING,
+               reserved=Reserved(hosts=[_HOST_ID] * RESERVED_HOSTS_KEPT, host_count=_LONG_NUMBER, start=_LONG_TIME,
+                                 since=_LONG_TIME))
     return len(base.to_json()) - _spec_json_len(spec)
 
 

@@ -278,6 +278,20 @@ class Attempt(_Model):
     gpu_model: str = ""
 
 
+RESERVED_HOSTS_KEPT = 16  # hosts a job record names of its reservation (the count is kept whole)
+
+
+class Reserved(_Model):
+    """A queued job's reservation, as its leader last wrote it (scheduling.backfill): the
+    hosts held for it (the first RESERVED_HOSTS_KEPT), how many, when it could start
+    there (None: unknown, a task there has no time limit) and when it was made."""
+
+    hosts: list[str] = Field(default_factory=list)
+    host_count: int = 0
+    start: float | None = None
+    since: float = 0.0
+
+
 class Job(_Model):
     """The `job.<id>` record. Stored without the fields that hold their defaults (every
     reader fills them in again): a decoded record then keeps only the fields it carries in
@@ -307,6 +321,8 @@ class Job(_Model):
     # A job that preempted others waits for these attempts to end before it is placed
     # (the handover: its tasks never start beside the ones they replace).
     preempting: list[str] = Field(default_factory=list)
+    # While QUEUED: the hosts held for it so that smaller jobs do not keep it waiting.
+    reserved: Reserved | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_defaults=True).encode()

@@ -14,6 +14,10 @@ Pure (a snapshot, inputs and a clock in; decisions out; no I/O):
     backlog        each queue's queued jobs in order and its smallest job, kept by the
                    cluster state as job records arrive
     preemption     victims for priority, reclaim and fair-share preemption
+    backfill       reservations for jobs that wait (the hosts where they start soonest,
+                   from tasks' expected ends) and which jobs may backfill them
+    deadlines      running tries' time-limit deadlines in time order
+    dependencies   jobs waiting for others, and which waits the planner must look at
     queuewatch     preemption-storm and starved-queue alerts
     eviction       which lost hosts' work may be replaced now (failure domains, budgets)
     retry          whether an ended try is retried, and when

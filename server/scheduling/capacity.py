@@ -12,6 +12,7 @@ feasible by `placement.check()`, ranked by the policy.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Set
 from types import EllipsisType
 from typing import Any
 
+from server.scheduling.backfill import UNKNOWN, Ends, Reservation, choose, start_on
 from server.scheduling.fragmentation import Fragmentation, score
 from server.scheduling.placement import FULL, Choice, HostCapacity, check, labels_match
 from wire.budgets import task_bytes
@@ -33,6 +35,8 @@ KIND = 3  # Placer._size: the items that must be equal for one failure to say an
 # each of them (about 10 us a host) rather than walk the buckets (about 0.15 us a host
 # with room, skipped for want of the labels).
 DIRECT_SHARE = 1 / 64
+# Placer.reservation_for: hosts with the most free room compared, per task of the job.
+RESERVE_CANDIDATES = 16
 
 
 def size_class(x: float) -> int:
@@ -202,9 +206,12 @@ class Placer:
         # one by one (_feasible_among), not along the buckets.
         self.direct_share = direct_share
         self.touched: dict[str, HostCapacity] = {}
-        self.failed: list[tuple[Any, ...]] = []
-        self.failed_gangs: list[tuple[Any, ...]] = []
-        # Hosts held back for a waiting gang: nothing else is placed on them.
+        # Sizes of jobs (of gangs) that found no host this cycle, each with the hosts held
+        # back from it: it says a larger job finds none only among as few hosts.
+        self.failed: list[tuple[tuple[Any, ...], frozenset[str]]] = []
+        self.failed_gangs: list[tuple[tuple[Any, ...], frozenset[str]]] = []
+        # Hosts held back from the job being placed (a reservation for another, hosts kept
+        # for preemptors): it is not placed on them.
         self.exclude: set[str] = set()
         # Overlay: key -> level -> touched hosts.
         self._tbuckets: dict[Key, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -279,10 +286,11 @@ class Placer:
 
     def _dominated(self, spec: JobSpec, models: frozenset[str] | None) -> bool:
         """A job of the same kind at least as large as one that already found no host this
-        cycle."""
+        cycle, with at least the hosts held back from it held back."""
         me = self._size(spec, models)
-        for f in self.failed:
-            if f[:KIND] == me[:KIND] and all(a >= b for a, b in zip(me[KIND:], f[KIND:], strict=True)):
+        for f, held in self.failed:
+            if f[:KIND] == me[:KIND] and all(a >= b for a, b in zip(me[KIND:], f[KIND:], strict=True)) \
+                    and held <= self.exclude:
                 return True
         return False
 
@@ -366,7 +374,7 @@ class Placer:
             if len(found) >= self.candidates:
                 break
         if not found:
-            self.failed.append(self._size(spec, accept))
+            self.failed.append((self._size(spec, accept), frozenset(self.exclude)))
             return None
         if self.frag is None or (len(found) == 1 and not spec.gpu_share):
             return found[0][2]
@@ -471,10 +479,10 @@ class Placer:
         """Hosts for all `spec.replicas` tasks at once (on one rack if asked, of one model
         if asked), or None."""
         key: tuple[Any, ...] = (self._size(spec, spec.models()), spec.same_model, spec.replicas, spec.same_rack)
-        for f in self.failed_gangs:
+        for f, held in self.failed_gangs:
             size, same_model, n, rack = f
             if (size[:KIND], same_model, rack) == (key[0][:KIND], key[1], key[3]) and spec.replicas >= n \
-                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)):
+                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)) and held <= self.exclude:
                 return None
         failed_before = len(self.failed)
         result = None
@@ -490,20 +498,74 @@ class Placer:
                 break
         del self.failed[failed_before:]  # a gang's partial failure says nothing of single jobs
         if result is None:
-            self.failed_gangs.append(key)
+            self.failed_gangs.append((key, frozenset(self.exclude)))
         return result
 
-    def reservation_for(self, spec: JobSpec) -> set[str]:
-        """The hosts a waiting gang would want: its best rack, or the hosts with the most
-        free matching GPUs; held back from other jobs while the reservation lasts."""
+    def reservation_for(self, job_id: str, spec: JobSpec, now: float, ends: Callable[[str], Ends],
+                        soonest: Iterable[str] = ()) -> Reservation:
+        """Hosts to hold for a waiting job (scheduling.backfill): with `sameRack` its best
+        rack; otherwise the `replicas` hosts where a task of it could start soonest, among
+        those with the most free matching GPUs (RESERVE_CANDIDATES of them) and `soonest`
+        (hosts that free up first); and when the job could start there. `ends(host)` gives
+        the expected ends of the tasks on a host. Hosts held back from this job are not
+        taken."""
         models = spec.models()
         if spec.same_rack:
-            racks = self._racks(spec, models)
-            return set(racks[0]) if racks else set()
-        ranked = sorted(
-            (h for h, c in self.index.caps.items() if c.schedulable and not c.cordoned
-             and (not spec.host_labels or labels_match(spec, c))
-             and (models is None or models & set(c.gpu_models.values()))),
-            key=lambda h: (-len((self._view(h) or self.index.caps[h]).free_gpus(models)), h),
-        )
-        return set(ranked[: spec.replicas])
+            racks = [hosts for hosts in self._racks(spec, models) if not self.exclude.intersection(hosts)]
+            if not racks:
+                return Reservation(job_id, frozenset(), UNKNOWN)
+            starts = self._starts(racks[0], spec, models, now, ends)
+            return Reservation(job_id, frozenset(racks[0]), choose(spec, starts, self._free)[1])
+        candidates = self._most_free(spec, models, RESERVE_CANDIDATES * spec.replicas)
+        candidates.update(soonest)
+        hosts, start = choose(spec, self._starts(candidates, spec, models, now, ends), self._free)
+        return Reservation(job_id, frozenset(hosts), start)
+
+    def _free(self, host_id: str) -> int:
+        view = self._view(host_id)
+        return len(view.free_gpus(None)) if view is not None else 0
+
+    def _starts(self, hosts: Iterable[str], spec: JobSpec, models: frozenset[str] | None, now: float,
+                ends: Callable[[str], Ends]) -> dict[str, float]:
+        """When a task of `spec` could start on each of `hosts` that may ever hold one
+        (healthy, not held back, labels and models that fit)."""
+        out: dict[str, float] = {}
+        for h in hosts:
+            cap = self._view(h)
+            if cap is None or h in self.exclude or not cap.schedulable or cap.cordoned or not self.healthy(h):
+                continue
+            start = start_on(cap, ends(h), spec, models, now)
+            if start is not None:
+                out[h] = start
+        return out
+
+    def _most_free(self, spec: JobSpec, models: frozenset[str] | None, n: int) -> set[str]:
+        """About `n` hosts with the most free room for `spec`, without a look at every host:
+        the wanted keys' levels from the top down (hosts this cycle touched at the level
+        their copy is filed at, the others where the index files them), then, where those
+        hold too few (a full cluster files no host under a model with nothing free), hosts
+        of a fitting model by all their free GPUs."""
+        if self._dirty:
+            self._rebucket()
+        keys, _lowest = _wanted(spec, models)
+        out: set[str] = set()
+
+        def fits(h: str) -> bool:
+            cap = self._view(h)
+            return cap is not None and (models is None or not models.isdisjoint(cap.gpu_models.values())) \
+                and (not spec.host_labels or labels_match(spec, cap))
+
+        for walk in (keys, [("w", ANY)]):
+            levels = sorted({lv for k in walk for lv in (*self.index.buckets.get(k, {}), *self._tbuckets.get(k, {}))},
+                            reverse=True)
+            for level in levels:
+                for k in walk:
+                    touched = sorted(self._tbuckets.get(k, {}).get(level, ()))
+                    untouched = (h for hosts in self.index.buckets.get(k, {}).get(level, {}).values() for h in hosts
+                                 if h not in self.touched)
+                    for h in itertools.chain(touched, untouched):
+                        if h not in out and fits(h):
+                            out.add(h)
+                            if len(out) >= n:
+                                return out
+        return out

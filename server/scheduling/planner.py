@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry
+from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
@@ -30,6 +31,7 @@ from server.scheduling.queues import (
     QueueBook,
     Refusal,
     add,
+    add_user,
     effective_time_limit,
     gpu_key,
     job_demand,
@@ -38,7 +40,6 @@ from server.scheduling.queues import (
     job_usage,
     nominal,
     task_demand,
-    user_gpus,
 )
 from server.state.cluster import ClusterState
 from wire import subjects
@@ -53,6 +54,7 @@ from wire.budgets import (
 )
 from wire.messages import (
     JOB_ID_PATTERN,
+    RESERVED_HOSTS_KEPT,
     Attempt,
     AttemptState,
     Command,
@@ -63,6 +65,7 @@ from wire.messages import (
     JobState,
     Queue,
     QueueUsage,
+    Reserved,
     StatusReport,
     SubmitRequest,
     Task,
@@ -119,6 +122,8 @@ class Plan:
     preempted: dict[tuple[str, str], int] = field(default_factory=dict)
     timed_out: int = 0
     gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
+    # The hosts this cycle held for a waiting job, and when it could start there.
+    reservation: Reservation | None = None
 
     @property
     def keys(self) -> int:
@@ -136,6 +141,13 @@ class QueuePolicy:
     # jobs is known refused) change how much a cycle looks at, never what it decides;
     # off, it looks at every job (tests/unit/test_planner_backlog.py compares the two).
     shortcuts: bool = True
+    # Reservations (scheduling.backfill): a job that has waited this long without finding
+    # room holds the hosts where it could start soonest (one job per cycle); a job whose
+    # time limit ends it by then may still use them (backfill). A reservation whose start
+    # is unknown (a task there has no time limit) is made only until the job has waited
+    # reserve_after_s + reserve_max_s, so that it does not keep hosts idle for ever.
+    reserve_after_s: float = 10.0
+    reserve_max_s: float = 600.0
 
 
 class KeyInFlight(Exception):
@@ -711,8 +723,10 @@ def queue_order(jobs: list[Job]) -> list[Job]:
     return fairshare.within_queue_order(jobs)
 
 
-GANG_RESERVE_AFTER_S = 10.0
-GANG_RESERVE_MAX_S = 600.0
+# Reservations: the hosts of the jobs whose time limit comes soonest are looked at as
+# well as those with the most free room (scheduling.backfill).
+RESERVE_SOONEST = 32
+RESERVE_TRIES = 4  # jobs a cycle looks for hosts to reserve for
 
 
 class Admission:
@@ -1169,16 +1183,10 @@ def place_queued(
     now: float,
     term: int,
     max_keys: int,
-    gang_reserve_after_s: float | None = None,
-    gang_reserve_max_s: float | None = None,
     placements: int | None = None,
     skip: Collection[str] = (),
     policy: QueuePolicy | None = None,
 ) -> None:
-    if gang_reserve_after_s is None:
-        gang_reserve_after_s = GANG_RESERVE_AFTER_S
-    if gang_reserve_max_s is None:
-        gang_reserve_max_s = GANG_RESERVE_MAX_S
     policy = policy or QueuePolicy()
     adm = Admission(w, now, policy)
     book = adm.book
@@ -1250,7 +1258,56 @@ def place_queued(
         _forget_preemption(w, job, now)
         let_go_of(job)
 
-    reservation: set[str] | None = None
+    reservation: Reservation | None = None
+    reserving = RESERVE_TRIES
+
+    def ends(host_id: str) -> Ends:
+        """The tasks on a host, each with when it is expected to have ended."""
+        alloc = w.plan.allocs.get(host_id) or state.allocs.get(host_id)
+        return host_ends(alloc.tasks if alloc is not None else (), job_of, state.deadlines.get, now)
+
+    def job_of(job_id: str) -> Job | None:
+        return w.plan.jobs.get(job_id) or w.pending.get(job_id) or jobs.get(job_id)
+
+    def holder() -> tuple[Job, JobSpec] | None:
+        """The job whose record holds the reservation, with the spec to place it with,
+        while it still waits for room only (queued, not placed nor preempting, admitted by
+        its quota and its user's limit) and has waited long enough."""
+        for job_id in sorted(state.reserved):
+            job = w.plan.jobs.get(job_id) or jobs.get(job_id)
+            if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
+                    or job.id in w.frozen_jobs or job.id in skip or job.not_before > now \
+                    or now - job.submitted_at < policy.reserve_after_s:
+                continue
+            q = adm.queue(job)
+            if q is None or over_user_limit(job, q):
+                continue
+            spec, _refusal = adm.restrict(job)
+            if spec is not None:
+                return job, spec
+        return None
+
+    def reserve_for(job: Job, spec: JobSpec) -> None:
+        """Hold hosts for a job that found no room, once it has waited long enough."""
+        nonlocal reservation, reserving
+        waited = now - job.submitted_at
+        if reservation is not None or not reserving or job.preempting or waited < policy.reserve_after_s:
+            return
+        # One job a cycle, the first that waited and found no room and that some hosts
+        # could ever take; a few tries, so that jobs no host can take do not cost more.
+        # A job that holds a reservation keeps it while it still waits, and waits only for
+        # room, even if another job that finds no room now comes first (jobs ahead of it
+        # that fit are placed as ever: a reservation never reorders the queue).
+        reserving -= 1
+        keeper = holder()
+        if keeper is not None and keeper[0].id != job.id:
+            job, spec = keeper
+            waited = now - job.submitted_at
+        soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
+        got = placer.reservation_for(job.id, spec, now, ends, soonest)
+        if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):
+            reservation = got
+            w.plan.reservation = got
     blocked: list[tuple[Job, Refusal | None]] = []
     # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
     # a job at least as large in every respect is refused too, and not looked at.
@@ -1405,9 +1462,17 @@ def place_queued(
 
     def tally(qn: str) -> dict[str, float]:
         if qn not in by_user:
-            ids = set(state.queue_live.get(qn, ())) | {
-                i for i, j in (*changed.items(), *w.pending.items()) if j.spec.queue == qn}
-            users = user_gpus((changed.get(i) or w.pending.get(i) or state.jobs[i] for i in ids), qn)
+            # The state's figures (kept as records arrive), with this cycle's changes and
+            # the commits in flight in place of the records they replace.
+            theirs = {qn: dict(state.user_usage.get(qn, {}))}
+            for i in {*changed, *w.pending}:
+                new = changed.get(i) or w.pending.get(i)
+                old = state.jobs.get(i)
+                if old is not None and old.spec.queue == qn:
+                    add_user(theirs, old, -1.0)
+                if new is not None and new.spec.queue == qn:
+                    add_user(theirs, new, 1.0)
+            users = theirs.get(qn, {})
             for j in (*preempting, *starting):
                 if j.spec.queue == qn and j.spec.wants_gpu():
                     users[j.spec.user] = users.get(j.spec.user, 0.0) + job_gpus(j.spec)
@@ -1429,8 +1494,10 @@ def place_queued(
             users = tally(job.spec.queue)
             users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
 
+    complete = True  # every queued job looked at (no break): a reservation not made is none
     for job in order():
         if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
+            complete = False
             break
         if job.id in w.frozen_jobs or job.id in skip:
             continue
@@ -1449,8 +1516,13 @@ def place_queued(
             continue
         size = job_size(job.spec)
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
-        # but those still stopping for others; any other job none of them.
-        placer.exclude = (reservation or set()) | ((waiting - held[job.id]) if job.id in held else kept)
+        # but those still stopping for others; any other job none of them. And hosts
+        # reserved for another job, unless this one's time limit ends it by then.
+        reserved: frozenset[str] = frozenset()
+        if reservation is not None and reservation.job_id != job.id \
+                and not may_backfill(effective_time_limit(job.spec, q), now, reservation):
+            reserved = reservation.hosts
+        placer.exclude = set(reserved) | ((waiting - held[job.id]) if job.id in held else kept)
         spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
         if spec is None:
             if job.spec.models() is None and refusal is not None and not job.preempting:
@@ -1468,11 +1540,7 @@ def place_queued(
                     give_up(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
-                if reservation is None and now - job.submitted_at >= gang_reserve_after_s \
-                        and now - job.submitted_at < gang_reserve_after_s + gang_reserve_max_s:
-                    # Hold back hosts for this gang, for a bounded time, so that a stream
-                    # of small jobs cannot keep it waiting for ever.
-                    reservation = placer.reservation_for(spec)
+                reserve_for(job, spec)
                 continue
         else:
             choice = placer.place(spec)
@@ -1481,6 +1549,7 @@ def place_queued(
                     give_up(job)
                 blocked.append((job, None))
                 wait_for_reclaim(job)
+                reserve_for(job, spec)
                 continue
             choices = [choice]
         for c in choices:
@@ -1488,6 +1557,7 @@ def place_queued(
         copy = w.job(job.id)
         assert copy is not None
         job = copy
+        job.reserved = None
         if not job.preempting:  # a preemptor's GPUs were counted as its claim
             claim(job, q)
         job.preempting = []
@@ -1543,9 +1613,53 @@ def place_queued(
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
         let_go_of(job)
-    placer.exclude = reservation or set()
+    record_reservation(w, reservation, complete, now, max_keys, skip)
+    placer.exclude = set(reservation.hosts) if reservation is not None else set()
     if budget > 0:
         preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+
+
+# A reservation's start written again into its job's record only once it moved this much.
+RESERVED_START_SLACK_S = 30.0
+
+
+def record_reservation(w: _Work, reservation: Reservation | None, complete: bool, now: float, max_keys: int,
+                       skip: Collection[str]) -> None:
+    """Keep `Job.reserved` in the records: the job this cycle reserved for gets it when it
+    is new or has changed (hosts, or its start by more than RESERVED_START_SLACK_S); the
+    other queued jobs that have one lose it, once a cycle has looked at every queued job
+    (a cycle cut short says nothing of the reservation). Records in flight or left alone
+    (`skip`) wait for a later cycle."""
+    def writable(job_id: str) -> Job | None:
+        if job_id in w.frozen_jobs or job_id in skip:
+            return None
+        cur = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
+        if cur is None or cur.state is not JobState.QUEUED:
+            return None
+        if job_id not in w.plan.jobs and w.plan.keys + 1 > max_keys:
+            return None
+        return w.job(job_id)
+
+    if complete or reservation is not None:
+        for job_id in sorted(w.state.reserved):
+            if reservation is None or job_id != reservation.job_id:
+                job = writable(job_id)
+                if job is not None:
+                    job.reserved = None
+    if reservation is None:
+        return
+    cur = w.plan.jobs.get(reservation.job_id) or w.state.jobs.get(reservation.job_id)
+    old = cur.reserved if cur is not None else None
+    hosts = sorted(reservation.hosts)
+    start = reservation.start if reservation.known() else None
+    if old is not None and old.hosts == hosts[:RESERVED_HOSTS_KEPT] and old.host_count == len(hosts) \
+            and (old.start is None) == (start is None) \
+            and (start is None or old.start is None or abs(start - old.start) <= RESERVED_START_SLACK_S):
+        return
+    job = writable(reservation.job_id)
+    if job is not None:
+        job.reserved = Reserved(hosts=hosts[:RESERVED_HOSTS_KEPT], host_count=len(hosts), start=start,
+                                since=old.since if old is not None else now)
 
 
 def _forget_preemption(w: _Work, job: Job, now: float) -> None:

@@ -42,6 +42,8 @@ UNKNOWN_QUEUE = "queue does not exist"
 HELD = "held"
 DEPENDENCY = "waiting for other jobs"
 USER_LIMIT = "user at its queue's per-user GPU limit"
+RESERVED = "holds a reservation"
+RESERVED_FOR_OTHER = "hosts reserved for another job"
 
 
 def gpu_key(model: str) -> str:
@@ -72,17 +74,41 @@ def job_gpus(spec: JobSpec) -> float:
     return gpu_amount(spec) * spec.replicas if spec.wants_gpu() else 0.0
 
 
+def held_gpus(job: Job) -> float:
+    """GPUs a live job holds for its user's per-user limit (its try's tasks not yet ended)."""
+    if not job.spec.wants_gpu() or job.state not in (JobState.PLACED, JobState.RUNNING):
+        return 0.0
+    return sum(gpu_amount(job.spec) for t in job.current_tasks() if not t.state.terminal)
+
+
 def user_gpus(jobs: Iterable[Job], queue: str) -> dict[str, float]:
-    """GPUs each user's live jobs of `queue` hold (their tries' tasks not yet ended)."""
+    """GPUs each user's live jobs of `queue` hold (`held_gpus`), worked out afresh (the
+    cluster state keeps the same as records arrive: ClusterState.user_usage)."""
     out: dict[str, float] = {}
     for job in jobs:
         if job.spec.queue != queue:
             continue
-        held = sum(gpu_amount(job.spec) for t in job.current_tasks() if not t.state.terminal) \
-            if job.spec.wants_gpu() and job.state in (JobState.PLACED, JobState.RUNNING) else 0.0
+        held = held_gpus(job)
         if held:
             out[job.spec.user] = out.get(job.spec.user, 0.0) + held
     return out
+
+
+def add_user(into: dict[str, dict[str, float]], job: Job, sign: float) -> None:
+    """Add (`sign` 1) or take away (-1) what a job holds to its user's GPUs in its queue
+    (queue -> user -> GPUs; users and queues at zero left out)."""
+    held = held_gpus(job)
+    if not held:
+        return
+    q, user = job.spec.queue, job.spec.user
+    users = into.setdefault(q, {})
+    nv = users.get(user, 0.0) + sign * held
+    if abs(nv) < EPS:
+        users.pop(user, None)
+        if not users:
+            del into[q]
+    else:
+        users[user] = nv
 
 
 def job_size(spec: JobSpec) -> tuple[float, ...]:

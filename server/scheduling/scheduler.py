@@ -604,6 +604,9 @@ class Scheduler:
                 metrics.TIMEOUTS.inc(plan.timed_out)
             if plan.gpu_fault_stops:
                 metrics.GPU_FAULT_STOPS.inc(plan.gpu_fault_stops)
+            r = plan.reservation
+            metrics.RESERVED_HOSTS.set(len(r.hosts) if r is not None else 0)
+            metrics.RESERVATION_WAIT.set(max(0.0, r.start - now) if r is not None else 0.0)
             if plan.placed:
                 self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)

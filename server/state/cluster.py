@@ -22,12 +22,13 @@ from server.health.readclock import ReadClock
 from server.health.rules import Health, host_health
 from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
+from server.scheduling.deadlines import Deadlines
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
-from server.scheduling.queues import gpu_key, job_usage
+from server.scheduling.queues import add_user, gpu_key, job_usage
 from server.scheduling.victimindex import VictimIndex
 from server.views.hosts import HostTable
 from wire import subjects
@@ -188,6 +189,9 @@ class ClusterState:
     queue_past: dict[str, QueueUsage] = field(default_factory=dict)
     queue_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     queue_live: dict[str, set[str]] = field(default_factory=dict)
+    # Per queue, the GPUs each user's live jobs hold (scheduling.queues.held_gpus): what
+    # per-user limits are checked against, kept as records arrive.
+    user_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -197,7 +201,10 @@ class ClusterState:
     faulted_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
     faulted_work: set[str] = field(default_factory=set)
     # Running tries with a time limit: job id -> when it is reached.
-    deadlines: dict[str, float] = field(default_factory=dict)
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    # Queued jobs whose record names a reservation (`Job.reserved`, scheduling.backfill):
+    # one, or for a moment two while the leader moves it.
+    reserved: set[str] = field(default_factory=set)
     # Running jobs that could be stopped for another (scheduling.preemption.stoppable), per
     # queue in an order the searches for victims read cheapest first (scheduling.victimindex).
     victims: VictimIndex = field(default_factory=VictimIndex)
@@ -232,11 +239,13 @@ class ClusterState:
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
+            add_user(self.user_usage, old, -1.0)
             self.backlog.update(old, None)
             self.deps.changed(self.jobs, job_id)
         self.placed_ids.discard(job_id)
-        self.deadlines.pop(job_id, None)
+        self.deadlines.drop(job_id)
         self.victims.drop(job_id)
+        self.reserved.discard(job_id)
 
     def _set_job(self, job: Job) -> None:
         old = self.jobs.get(job.id)
@@ -245,9 +254,11 @@ class ClusterState:
         if old is not None:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
+            add_user(self.user_usage, old, -1.0)
         self.job_state_counts[job.state.value] += 1
         self.jobs[job.id] = job
         self._queue_account(job, 1)
+        add_user(self.user_usage, job, 1.0)
         self.backlog.update(old, job)
         self.deps.changed(self.jobs, job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(
@@ -257,6 +268,10 @@ class ClusterState:
             self.placed_ids.discard(job.id)
         self._deadline(job)
         self.victims.update(job)
+        if job.reserved is not None and job.state is JobState.QUEUED:
+            self.reserved.add(job.id)
+        else:
+            self.reserved.discard(job.id)
 
     def _queue_account(self, job: Job, sign: int) -> None:
         """Add (`sign` 1) or remove (-1) what a job record holds to its queue's figures."""
@@ -277,9 +292,9 @@ class ClusterState:
         started = [t.started_at for t in tasks if t.state is AttemptState.RUNNING and t.started_at is not None]
         limit = tasks[0].time_limit_s if tasks else 0.0
         if started and limit > 0 and not any(t.stop_kind for t in tasks):
-            self.deadlines[job.id] = min(started) + limit
+            self.deadlines.set(job.id, min(started) + limit)
         else:
-            self.deadlines.pop(job.id, None)
+            self.deadlines.drop(job.id)
 
     def _host_capacity(self, cap: HostCapacity | None) -> None:
         """Keep the cluster's capacity totals as a host's entry changes."""
@@ -582,7 +597,7 @@ class ClusterState:
 
     def due_deadlines(self, now: float) -> list[str]:
         """Jobs whose running try reached its time limit by `now`, earliest first."""
-        return [j for _d, j in sorted((d, j) for j, d in self.deadlines.items() if d <= now)]
+        return self.deadlines.due(now)
 
     def apply_queue_usage(self, rec: QueueUsage, revision: int) -> None:
         key = subjects.qusage_key(rec.name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
+from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
@@ -147,13 +148,40 @@ class JobView:
         one but not all at once."""
         whole: bool | None = None
         fits: bool | None = None
-        if job.state is JobState.QUEUED and not job.hold and not job.waiting_for:
+        reserved_for: Job | None = None
+        # A placement is tried only when the queue admits the job: otherwise the quota is
+        # what keeps it waiting, whatever room the hosts have (a list asking why for many
+        # jobs would pay a placement for each).
+        if job.state is JobState.QUEUED and not job.hold and not job.waiting_for \
+                and queue_view.admitted(self.state, job):
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             policy="binpack")
             fits = placer.place(job.spec) is not None
             if fits and job.spec.replicas > 1:
                 whole = fits = placer.place_gang(job.spec) is not None
-        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits)
+            if fits:
+                reserved_for = self._kept_from(job, placer, now)
+        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for)
+
+    def _kept_from(self, job: Job, placer: Placer, now: float) -> Job | None:
+        """The job whose reservation holds the only hosts with room for `job`, which may not
+        backfill them (its time limit runs past the reserved start); None otherwise."""
+        for other_id in sorted(self.state.reserved):
+            other = self.state.jobs.get(other_id)
+            r = other.reserved if other is not None and other_id != job.id else None
+            if r is None:
+                continue
+            limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
+            start = r.start if r.start is not None else UNKNOWN
+            if may_backfill(limit, now, Reservation(other_id, frozenset(r.hosts), start)):
+                continue
+            placer.exclude = set(r.hosts)
+            placer.failed.clear()
+            placer.failed_gangs.clear()
+            room = placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)
+            if room is None:
+                return other
+        return None
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
         """1-based place in its queue's order (priority, then submission) while QUEUED, not

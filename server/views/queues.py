@@ -23,16 +23,18 @@ from server.scheduling.queues import (
     PREEMPTION_GRACE,
     PRIORITY_WAIT,
     RECLAIM_WAIT,
+    RESERVED,
+    RESERVED_FOR_OTHER,
     UNKNOWN_QUEUE,
     USER_LIMIT,
     QueueBook,
     borrowing_limit,
+    effective_time_limit,
     job_demand,
     job_gpus,
     meters,
     nominal,
     unmetered,
-    user_gpus,
 )
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
 
@@ -117,8 +119,26 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
     return out
 
 
+def _models(state: ClusterState, job: Job) -> list[str | None]:
+    """The GPU models a job's demand is counted as, one at a time ([None]: it wants no GPU;
+    empty: no model is known)."""
+    if not job.spec.wants_gpu():
+        return [None]
+    return list(sorted(job.spec.models() or state.index.models()))
+
+
+def admitted(state: ClusterState, job: Job) -> bool:
+    """Whether the job's queue (its quota, its cohort) admits it now on a GPU model it may
+    take: the one case where whether a host has room says anything more."""
+    b = book(state)
+    if b.queue(job.spec.queue) is None:
+        return False
+    return any(b.admits(job.spec.queue, job_demand(job.spec, m)) is None for m in _models(state, job) or [None])
+
+
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
-            gang_fits_whole: bool | None = None, fits_now: bool | None = None) -> list[QueueReason]:
+            gang_fits_whole: bool | None = None, fits_now: bool | None = None,
+            reserved_for: Job | None = None) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
     after (and nothing else is said); its
     queue is missing; it waits for the
@@ -126,8 +146,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
     caller); its quota admits it but no host has room (`fits_now` False, computed by the
     caller) and the preemption that could make room waits (reclaim or priority: off, or
-    the victims younger than their minimum runtime); or it waits its turn by fair share
-    (with the queue's figures)."""
+    the victims younger than their minimum runtime); it holds a reservation, or the only
+    hosts with room are reserved for `reserved_for` (worked out by the caller); or it
+    waits its turn by fair share (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
     if job.hold:
@@ -143,7 +164,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         return [QueueReason(UNKNOWN_QUEUE, f"no queue named {name!r}: the job waits until one is created")]
     out: list[QueueReason] = []
     if q.max_gpus_per_user and job.spec.wants_gpu():
-        holds = user_gpus((state.jobs[i] for i in state.queue_live.get(name, ())), name).get(job.spec.user, 0.0)
+        holds = state.user_usage.get(name, {}).get(job.spec.user, 0.0)
         if holds + job_gpus(job.spec) > q.max_gpus_per_user + 1e-6:
             out.append(QueueReason(USER_LIMIT, f"{job.spec.user} holds {holds:g} GPUs of queue {name} + "
                                                f"{job_gpus(job.spec):g} wanted > its per-user limit "
@@ -158,7 +179,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         if stopping:
             out.append(QueueReason(PREEMPTION_GRACE, f"{stopping} preempted job(s) stopping (grace up to "
                                                      f"{_grace(state, job):g} s)"))
-    models = sorted(job.spec.models() or state.index.models()) if job.spec.wants_gpu() else [None]
+    models = _models(state, job)
     refusals = [b.admits(name, job_demand(job.spec, m)) for m in models] or [b.admits(name, job_demand(job.spec, None))]
     if all(r is not None for r in refusals):
         r = next((x for x in refusals if x is not None and x.reason == COHORT_EXHAUSTED), refusals[0])
@@ -179,6 +200,16 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                 for res in sorted(x for x in demand if demand[x] > 0 and b.meters(name, x)):
                     out.extend(w for w in _reclaim_waits(state, b, q, res, now) if w not in out)
         out.extend(_priority_waits(state, q, job, now))
+    if job.reserved is not None and job.id in state.reserved:
+        out.append(QueueReason(RESERVED, reservation_text(job, now)))
+    if reserved_for is not None and reserved_for.reserved is not None:
+        limit = effective_time_limit(job.spec, q)
+        start = reserved_for.reserved.start
+        when = f"from about {max(0.0, start - now):.0f} s from now" if start is not None else \
+            "until it starts (when it could is unknown: a task there has no time limit)"
+        why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
+        out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for job {reserved_for.id} "
+                                                   f"{when}; {why}, so it may not use them meanwhile"))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -190,6 +221,18 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                            f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
                                            "waiting"))
     return out
+
+
+def reservation_text(job: Job, now: float) -> str:
+    """A job's reservation in words: its hosts, and when it could start there."""
+    r = job.reserved
+    assert r is not None
+    more = f" and {r.host_count - len(r.hosts)} more" if r.host_count > len(r.hosts) else ""
+    when = f"could start there in about {max(0.0, r.start - now):.0f} s, as the tasks there reach their time " \
+        "limits" if r.start is not None else "could start there once a task with no time limit ends (held at " \
+        "most until the reservation time runs out)"
+    return f"{r.host_count} host(s) held for it ({', '.join(r.hosts)}{more}) since {max(0.0, now - r.since):.0f} s " \
+        f"ago; it {when}"
 
 
 def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, now: float) -> list[QueueReason]:

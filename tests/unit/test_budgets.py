@@ -108,7 +108,7 @@ def test_the_record_bounds_equal_the_records_they_stand_for(
         UPDATE_SLACK,
         _worst_attempt_bytes,
     )
-    from wire.messages import Task
+    from wire.messages import RESERVED_HOSTS_KEPT, Reserved, Task
 
     spec = JobSpec(name="n", command=command, env=env, cwd=cwd, replicas=replicas, max_attempts=tries, gpus=gpus,
                    gpu_share=share, gpu_memory_mb=gpu_memory, mig_profile=mig, cpus=cpus, memory_mb=memory)
@@ -120,7 +120,9 @@ def test_the_record_bounds_equal_the_records_they_stand_for(
                 keep_running=True, stop_reason="r" * STOP_REASON_MAX, grace_s=_LONG_TIME)
     assert task_record_bound(spec) == len(task.compact_json()) + 1
     base = Job(id=_JOB_ID, spec=spec, submitted_at=_LONG_TIME, updated_at=_LONG_TIME, not_before=_LONG_TIME,
-               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING)
+               preempting=[f"{_JOB_ID}:{_LONG_NUMBER}"] * MAX_PREEMPTING,
+               reserved=Reserved(hosts=[_HOST_ID] * RESERVED_HOSTS_KEPT, host_count=_LONG_NUMBER, start=_LONG_TIME,
+                                 since=_LONG_TIME))
     tail, reason = text_limits(spec)
     per_attempt = _worst_attempt_bytes(tries, replicas, gpus, bool(share), bool(mig)) + 1 + tail + reason
     assert job_record_bound(spec) == (len(base.to_json()) + _PENDING_REASONS_BOUND + CANCEL_REASON_MAX

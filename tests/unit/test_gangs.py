@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from server.scheduling.eviction import EvictionBudget
-from server.scheduling.planner import Plan, plan_cycle
+from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.state.cluster import ClusterState, HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job
@@ -20,6 +20,7 @@ class World:
     def __init__(self) -> None:
         self.state = ClusterState(heartbeat_interval_s=1e9)
         self.rev = itertools.count(1)
+        self.policy = QueuePolicy()
 
     def host(self, host_id: str, rack: str = "r1", gpus: int = 8) -> None:
         rec = heartbeat_record(host_id, next(self.rev), shape=False, boot_id="b", seq=0, ts=NOW, labels={"rack": rack},
@@ -30,14 +31,15 @@ class World:
         self.state.apply_host_record(Record(host_id, next(self.rev), None), now=NOW)
 
     def submit(self, job_id: str, gpus: int, replicas: int = 1, same_rack: bool = False,
-               at: float = NOW, max_attempts: int = 3) -> None:
+               at: float = NOW, max_attempts: int = 3, time_limit_s: float = 0.0) -> None:
         job = make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, replicas=replicas,
-                                             same_rack=same_rack, max_attempts=max_attempts), submitted_at=at)
+                                             same_rack=same_rack, max_attempts=max_attempts,
+                                             time_limit_s=time_limit_s), submitted_at=at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
     def cycle(self, reports: list[StatusReport] | None = None, now: float = NOW) -> Plan:
         plan = plan_cycle(self.state, reports=reports or [], commands=[], now=now, term=1,
-                          budget=EvictionBudget())
+                          budget=EvictionBudget(), queues=self.policy)
         for job in plan.jobs.values():
             self.state.apply_state_record(Record(f"job.{job.id}", next(self.rev), encode(job)))
         for alloc in plan.allocs.values():
@@ -48,11 +50,11 @@ class World:
         return self.state.jobs[job_id]
 
     def report(self, job_id: str, task: int, state: AttemptState, code: int | None = None,
-               number: int | None = None) -> StatusReport:
+               number: int | None = None, ts: float = NOW) -> StatusReport:
         job = self.job(job_id)
         n = number or job.tries
         a = next(a for a in job.attempts if a.number == n and a.task == task)
-        return StatusReport(host_id=a.host_id, attempt_id=a.id, job_id=job_id, state=state, exit_code=code, ts=NOW)
+        return StatusReport(host_id=a.host_id, attempt_id=a.id, job_id=job_id, state=state, exit_code=code, ts=ts)
 
     def used_gpus(self) -> int:
         return sum(len(t.gpu_indices) for a in self.state.allocs.values() for t in a.tasks)
@@ -178,30 +180,24 @@ def test_concurrent_gangs_do_not_deadlock() -> None:
 
 def _stream(w: World, steps: int, reserve: bool) -> bool:
     """Small 4-GPU jobs arrive every step and run two steps; a 2x8-GPU gang waits."""
-    import server.scheduling.planner as planner
-
     w.host("a")
     w.host("b")
     started: dict[str, int] = {}
-    saved = planner.GANG_RESERVE_AFTER_S
     if not reserve:
-        planner.GANG_RESERVE_AFTER_S = 1e12
-    try:
-        for step in range(steps):
-            t = NOW + 1 + 5 * step
-            done = [j for j, s in started.items() if step - s >= 2 and w.job(j).state is JobState.PLACED]
-            reports = [w.report(j, 0, AttemptState.SUCCEEDED, code=0) for j in done]
-            w.submit(f"s{step}", gpus=4, at=t - 0.5)
-            if step == 1:  # the gang arrives once small work is running
-                w.submit("gang", gpus=8, replicas=2, at=t - 1)
-            w.cycle(reports=reports, now=t)
-            for j in list(w.state.jobs):
-                if j.startswith("s") and j not in started and w.job(j).state is JobState.PLACED:
-                    started[j] = step
-            if "gang" in w.state.jobs and w.job("gang").state is JobState.PLACED:
-                return True
-    finally:
-        planner.GANG_RESERVE_AFTER_S = saved
+        w.policy = QueuePolicy(reserve_after_s=1e12)
+    for step in range(steps):
+        t = NOW + 1 + 5 * step
+        done = [j for j, s in started.items() if step - s >= 2 and w.job(j).state is JobState.PLACED]
+        reports = [w.report(j, 0, AttemptState.SUCCEEDED, code=0) for j in done]
+        w.submit(f"s{step}", gpus=4, at=t - 0.5)
+        if step == 1:  # the gang arrives once small work is running
+            w.submit("gang", gpus=8, replicas=2, at=t - 1)
+        w.cycle(reports=reports, now=t)
+        for j in list(w.state.jobs):
+            if j.startswith("s") and j not in started and w.job(j).state is JobState.PLACED:
+                started[j] = step
+        if "gang" in w.state.jobs and w.job("gang").state is JobState.PLACED:
+            return True
     return False
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
 from server.scheduling.preemption import stoppable
 from server.scheduling.queues import (
+    OVER_QUOTA,
     PRIORITY_WAIT,
     RECLAIM_WAIT,
     USER_LIMIT,
@@ -30,9 +32,9 @@ from server.scheduling.queues import (
 from server.state.cluster import ClusterState
 from server.views.queues import reasons
 from tests.factories import job as make_job
-from tests.factories import job_spec
+from tests.factories import job_spec, set_or_drop
 from tests.unit.test_planner import NOW, TERM, World
-from wire.messages import AttemptState, JobState, Queue, ResourceQuota, StatusReport, encode
+from wire.messages import Attempt, AttemptState, JobState, Queue, ResourceQuota, StatusReport, encode
 from wire.records import Record
 
 H100 = "gpu:H100"
@@ -510,6 +512,29 @@ def test_why_pending_says_what_reclaim_from_an_unmetered_queue_waits_for() -> No
     assert w.qcycle(now=NOW + 60).preempted  # old enough now: reclaim takes one back
 
 
+def test_the_job_view_tries_a_placement_only_for_a_job_its_quota_admits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`JobView.queue_reasons` finds out whether a host has room (a placement) only when
+    the job's queue admits it; a job its quota refuses is explained by the quota alone."""
+    import server.views.jobs as jobs_view
+    from server.views.jobs import JobView
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("r", gpus=2, min_runtime_s=0)
+    _fill(w, "default", 8, NOW - 18)
+    w.qsubmit("mine", "r", gpus=1)  # admitted; no host has room
+    w.qsubmit("big", "r", gpus=4)  # over r's nominal quota of 2, no cohort
+    tries = []
+    real = jobs_view.Placer.place
+    monkeypatch.setattr(jobs_view.Placer, "place",
+                        lambda self, spec, *a: tries.append(spec.name) or real(self, spec, *a))
+    view = JobView(w.state, None, half_life_s=0.0)
+    assert RECLAIM_WAIT in {r.reason for r in view.queue_reasons(w.state.jobs["mine"], NOW)}
+    assert tries == ["mine"]
+    assert OVER_QUOTA in {r.reason for r in view.queue_reasons(w.state.jobs["big"], NOW)}
+    assert tries == ["mine"]  # no placement for the job its quota refuses
+
+
 def test_a_users_jobs_stop_at_the_queues_per_user_limit_and_preempt_nothing() -> None:
     """One user's long array takes the queue's per-user limit and no more: a teammate's
     later job of the same queue is placed past it, and nothing is preempted for it."""
@@ -631,3 +656,31 @@ def test_why_pending_says_what_priority_preemption_waits_for() -> None:
     assert w.qcycle(now=NOW + 60).preempted
     w.qsubmit("peer", "a", priority=0)  # no lower-priority job to stop for it: no such reason
     assert PRIORITY_WAIT not in {r.reason for r in reasons(w.state, w.state.jobs["peer"], NOW + 60, 0.0)}
+
+
+user_record = st.builds(
+    lambda i, state, queue, user, gpus, share, tasks: make_job(
+        f"j{i}", state=state,
+        spec=job_spec(f"j{i}", queue=queue, user=user, gpus=0 if share else gpus, gpu_share=share,
+                      replicas=len(tasks) or 1),
+        attempts=[Attempt(id=f"j{i}.1.{t}", number=1, task=t, host_id="h", state=s) for t, s in enumerate(tasks)]),
+    st.integers(0, 7), st.sampled_from([JobState.QUEUED, JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDED]),
+    st.sampled_from(["a", "b"]), st.sampled_from(["u0", "u1"]), st.integers(0, 4), st.sampled_from([0, 0, 250]),
+    st.lists(st.sampled_from([AttemptState.PLACED, AttemptState.RUNNING, AttemptState.SUCCEEDED,
+                              AttemptState.KILLED]), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(user_record, st.integers(0, 7)), max_size=40))
+def test_the_per_user_tally_kept_equals_one_worked_out_afresh(steps: list) -> None:
+    """Records set and dropped in any order (a job's user, queue, size and tries changing
+    between its records): what the state keeps per queue and user is what `user_gpus`
+    works out from every record."""
+    state = ClusterState()
+    for step in steps:
+        set_or_drop(state, step)
+        afresh = {q: u for q in ("a", "b") if (u := user_gpus(state.jobs.values(), q))}
+        assert state.user_usage.keys() == afresh.keys()
+        for q, users in afresh.items():
+            assert state.user_usage[q].keys() == users.keys()
+            assert all(abs(state.user_usage[q][u] - g) < 1e-6 for u, g in users.items())

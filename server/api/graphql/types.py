@@ -287,6 +287,17 @@ class PendingReason:
     detail: str = strawberry.field(default="", description="The figures behind a queue reason.")
 
 
+@strawberry.type(description="Hosts held for a queued job so that smaller jobs do not keep it waiting; jobs "
+                             "whose time limit ends them before `start` may use them meanwhile (backfill).")
+class Reservation:
+    hosts: list[str] = strawberry.field(description="The hosts held (the first 16).")
+    host_count: int
+    start: dt.datetime | None = strawberry.field(description="When the job could start there, from the time "
+                                                             "limits of the tasks there; null: unknown (a task "
+                                                             "there has no time limit).")
+    since: dt.datetime | None
+
+
 @strawberry.type
 class Job:
     _m: strawberry.Private[JobModel]
@@ -411,6 +422,14 @@ class Job:
                                   "(updateJob).")
     def hold(self) -> str | None:
         return self._m.hold if self._m.hold and not self._m.state.terminal else None
+
+    @strawberry.field(description="The hosts held for this queued job, while it holds a reservation.")
+    def reservation(self, info: Info) -> Reservation | None:
+        r = self._m.reserved
+        if r is None or self._m.state is not JobStateEnum.QUEUED or self._m.id not in muster(info).state.reserved:
+            return None
+        return Reservation(hosts=list(r.hosts), host_count=r.host_count,
+                           start=ts(r.start) if r.start is not None else None, since=ts(r.since))
 
     @strawberry.field(description="Why the job ended when no attempt says so (for example: the store refused "
                                   "its records).")

@@ -1,0 +1,110 @@
+"""Reservations and backfill: a large job that has waited does not starve behind a stream
+of smaller ones, and the room held for it is not left idle when a job known to end in
+time could use it. Pure: tasks' expected ends are worked out from their records, the
+time limits they run under and a clock.
+
+A job that finds no room after waiting a while gets a reservation: the hosts where it
+could start soonest (`start_on`, from the expected ends of the tasks there), and that
+start. Other jobs may be placed on those hosts only if their own time limit ends them
+by the reserved start (`may_backfill`), as Slurm's backfill does. A task without a time
+limit has no known end; a reservation whose start is unknown holds its hosts for a
+bounded time only (the planner's `QueuePolicy.reserve_max_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from server.scheduling.deadlines import Deadlines
+from server.scheduling.placement import HostCapacity, check
+from wire.messages import Job, JobSpec, Task
+
+UNKNOWN = math.inf
+# A task told to stop (preempted, timed out, cancelled) is expected gone this long after
+# now when it names no grace of its own: the agent's default SIGTERM-to-SIGKILL grace
+# (agent.Agent's kill_grace_s, 10 s) and its report.
+STOPPING_S = 15.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Hosts held for one waiting job, from `start` on (UNKNOWN: no known time)."""
+
+    job_id: str
+    hosts: frozenset[str]
+    start: float
+
+    def known(self) -> bool:
+        return self.start != UNKNOWN
+
+
+def task_end(task: Task, job: Job | None, deadline: float | None, now: float) -> float:
+    """When a task is expected to have freed what it holds: soon when it is being
+    stopped; at its job's deadline when running under a time limit; its time limit
+    after now when placed and not started yet; otherwise unknown."""
+    if task.stop:
+        return now + (task.grace_s or STOPPING_S)
+    attempt = None
+    if job is not None:
+        attempt = next((a for a in job.current_tasks() if a.id == task.attempt_id), None)
+    if attempt is not None and attempt.stop_kind:
+        return now + (task.grace_s or STOPPING_S)
+    if deadline is not None:
+        return max(now, deadline)
+    if attempt is not None and attempt.time_limit_s > 0:
+        return max(now, (attempt.started_at or now) + attempt.time_limit_s)
+    return UNKNOWN
+
+
+Ends = list[tuple[float, Task]]  # the tasks on a host, each with its expected end
+
+
+def host_ends(tasks: Iterable[Task], job_of: Callable[[str], Job | None], deadline_of: Callable[[str], float | None],
+              now: float) -> Ends:
+    """The tasks on a host, each with its expected end (`task_end`)."""
+    return [(task_end(t, job_of(t.job_id), deadline_of(t.job_id), now), t) for t in tasks]
+
+
+def soonest_hosts(deadlines: Deadlines, job_of: Callable[[str], Job | None], n: int) -> set[str]:
+    """The hosts of the `n` running tries whose deadlines come first."""
+    out: set[str] = set()
+    for _d, job_id in deadlines.earliest(n):
+        job = job_of(job_id)
+        if job is not None:
+            out.update(a.host_id for a in job.current_tasks())
+    return out
+
+
+def start_on(cap: HostCapacity, ends: Ends, spec: JobSpec, models: frozenset[str] | None,
+             now: float) -> float | None:
+    """The earliest time one task of `spec` fits on the host, were the tasks there to end
+    when expected (`ends`: (expected end, task)): UNKNOWN when it fits only once a task
+    with no known end is gone, None when it would not fit even on the empty host."""
+    if check(spec, cap, models)[0] is None:
+        return now
+    view = cap.copy()
+    for end, task in sorted(ends, key=lambda e: (e[0], e[1].attempt_id)):
+        view.release(task.gpu_indices, task.cpus, task.memory_mb, 0, task.gpu_share, task.gpu_memory_mb, task.mig)
+        if check(spec, view, models)[0] is None:
+            return max(now, end)
+    return None
+
+
+def choose(spec: JobSpec, starts: dict[str, float], free: Callable[[str], int]) -> tuple[list[str], float]:
+    """The hosts to reserve for `spec` among those whose start is known or not: the
+    `replicas` hosts that could take a task soonest (more free GPUs, then host id, among
+    equals), and when the last of them could."""
+    ranked = sorted(starts, key=lambda h: (starts[h], -free(h), h))[: spec.replicas]
+    if len(ranked) < spec.replicas:
+        return ranked, UNKNOWN
+    return ranked, max((starts[h] for h in ranked), default=UNKNOWN)
+
+
+def may_backfill(limit_s: float, now: float, reservation: Reservation | None) -> bool:
+    """Whether a job that runs at most `limit_s` (0: no limit) may be placed on the
+    reservation's hosts: its limit ends it by the reserved start."""
+    if reservation is None:
+        return True
+    return limit_s > 0 and reservation.known() and now + limit_s <= reservation.start

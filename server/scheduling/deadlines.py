@@ -1,0 +1,53 @@
+"""Deadlines index: when each running try with a time limit reaches it, kept in time
+order as records arrive, so that the leader finds the tries due (`due`) and the hosts
+that free up soonest (`earliest`, for reservations: scheduling.backfill) without sorting
+every running job each cycle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+
+class Deadlines:
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._order: SortedList = SortedList()  # (deadline, job id)
+
+    def set(self, job_id: str, deadline: float) -> None:
+        old = self._at.get(job_id)
+        if old == deadline:
+            return
+        if old is not None:
+            self._order.remove((old, job_id))
+        self._at[job_id] = deadline
+        self._order.add((deadline, job_id))
+
+    def drop(self, job_id: str) -> None:
+        old = self._at.pop(job_id, None)
+        if old is not None:
+            self._order.remove((old, job_id))
+
+    def get(self, job_id: str) -> float | None:
+        return self._at.get(job_id)
+
+    def due(self, now: float) -> list[str]:
+        """Jobs whose deadline is `now` or earlier, earliest first."""
+        return [j for _d, j in self._order.irange(maximum=(now, "\U0010ffff"))]
+
+    def earliest(self, n: int) -> Iterator[tuple[float, str]]:
+        """The first `n` (deadline, job id), earliest first."""
+        got: Iterator[tuple[float, str]] = self._order.islice(0, n)
+        return got
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another index, or to a plain {job id: deadline} mapping."""
+        if isinstance(other, Deadlines):
+            return self._at == other._at
+        return isinstance(other, dict) and self._at == other
+
+    __hash__ = None  # type: ignore[assignment]

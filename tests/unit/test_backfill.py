@@ -1,0 +1,306 @@
+"""Reservations and backfill (scheduling.backfill, the planner's use of it): a large job
+that waits holds the hosts where it could start soonest; other jobs use them only when
+their time limit ends them by then; a stream of small jobs does not starve it."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill, start_on, task_end
+from server.scheduling.deadlines import Deadlines
+from server.scheduling.placement import HostCapacity
+from server.scheduling.planner import QueuePolicy
+from server.scheduling.queues import RESERVED, RESERVED_FOR_OTHER
+from server.views.jobs import JobView
+from tests.factories import host_capacity, job_spec
+from tests.factories import job as make_job
+from tests.unit.test_gangs import NOW, World
+from wire.messages import AttemptState, JobState, Reserved, Task, encode
+from wire.records import Record
+
+
+def _task(i: int, gpus: list[int], **kw: object) -> Task:
+    return Task(attempt_id=f"t{i}.1", job_id=f"t{i}", number=1, command=["x"], gpu_indices=gpus, cpus=1,
+                memory_mb=1, **kw)  # type: ignore[arg-type]
+
+
+def _host(used: list[int]) -> HostCapacity:
+    return host_capacity("h", gpus=8, used_gpus=used)
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_a_task_ends_at_its_deadline_soon_when_stopping_and_never_without_a_limit() -> None:
+    assert task_end(_task(1, [0]), None, NOW + 30, NOW) == NOW + 30
+    assert task_end(_task(1, [0]), None, NOW - 5, NOW) == NOW  # past its deadline: ending now
+    assert task_end(_task(1, [0], stop=True, grace_s=40), None, None, NOW) == NOW + 40
+    assert task_end(_task(1, [0]), None, None, NOW) == UNKNOWN
+
+
+def test_the_start_on_a_host_is_when_enough_of_its_tasks_have_ended() -> None:
+
+    spec = job_spec("big", gpus=6, cpus=1, memory_mb=1)
+    ends = [(NOW + 300, _task(1, [0, 1])), (NOW + 100, _task(2, [2, 3])), (UNKNOWN, _task(3, [4]))]
+    # 3 GPUs free; 6 wanted: task 2 (at +100) frees 2 -> 5, task 1 (at +300) frees 2 -> 7.
+    assert start_on(_host([0, 1, 2, 3, 4]), ends, spec, None, NOW) == NOW + 300
+    assert start_on(_host([]), [], spec, None, NOW) == NOW  # fits now
+    # Only once the task with no time limit ends.
+    assert start_on(_host([0, 1, 2, 3, 4]), ends, job_spec("all", gpus=8, cpus=1, memory_mb=1), None, NOW) == UNKNOWN
+    # Never: the host has too few GPUs.
+    assert start_on(_host([]), [], job_spec("huge", gpus=9, cpus=1, memory_mb=1), None, NOW) is None
+
+
+def test_a_job_backfills_only_when_its_limit_ends_it_by_the_reserved_start() -> None:
+    r = Reservation("big", frozenset({"h"}), NOW + 100)
+    assert may_backfill(100, NOW, r) and not may_backfill(101, NOW, r)
+    assert not may_backfill(0, NOW, r)  # no limit: it may run past the start
+    assert not may_backfill(10, NOW, Reservation("big", frozenset({"h"}), UNKNOWN))
+    assert may_backfill(0, NOW, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.one_of(st.none(), st.integers(0, 20))), max_size=40),
+       st.integers(0, 20), st.integers(0, 8))
+def test_the_deadline_index_agrees_with_a_plain_dict(steps: list[tuple[str, int | None]], now: int, n: int) -> None:
+    index, model = Deadlines(), {}
+    for job_id, at in steps:
+        if at is None:
+            index.drop(job_id)
+            model.pop(job_id, None)
+        else:
+            index.set(job_id, float(at))
+            model[job_id] = float(at)
+    assert index == model and len(index) == len(model)
+    ordered = sorted((d, j) for j, d in model.items())
+    assert index.due(float(now)) == [j for d, j in ordered if d <= now]
+    assert list(index.earliest(n)) == ordered[:n]
+
+
+# ---------------------------------------------------------------- in the planner
+
+
+def _running(w: World, job_id: str, gpus: int, limit: float) -> str:
+    w.submit(job_id, gpus=gpus, at=NOW - 100, time_limit_s=limit)
+    w.cycle(now=NOW - 50)
+    w.cycle(reports=[w.report(job_id, 0, AttemptState.RUNNING, ts=NOW - 50)], now=NOW - 50)
+    assert w.job(job_id).state is JobState.RUNNING
+    return w.job(job_id).attempts[0].host_id
+
+
+def test_the_reservation_is_where_the_job_starts_soonest_and_short_jobs_backfill_it() -> None:
+    w = World()
+    w.host("a")
+    w.host("b")
+    a_host = _running(w, "long", gpus=6, limit=10_000)  # on a until NOW + 9,950
+    b_host = _running(w, "soon", gpus=7, limit=150)  # on b until NOW + 100
+    assert (a_host, b_host) == ("a", "b")
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.submit("short", gpus=1, at=NOW - 10, time_limit_s=90)  # ends by NOW + 90: may use b
+    w.submit("over", gpus=1, at=NOW - 9, time_limit_s=200)  # would still run at NOW + 100
+    w.submit("open", gpus=1, at=NOW - 8)  # no limit at all
+    plan = w.cycle()
+    # Host a has more free GPUs (2 against 1), but b frees up first.
+    assert plan.reservation == Reservation("big", frozenset({"b"}), NOW + 100)
+    assert w.job("over").attempts[0].host_id == "a"
+    assert w.job("short").state is JobState.PLACED  # on either: it ends in time
+    assert w.job("open").state is JobState.QUEUED  # the free GPU left is on b, kept for big
+    # The reservation is in big's record (what every replica's why-pending reads).
+    assert w.job("big").reserved == Reserved(hosts=["b"], host_count=1, start=NOW + 100, since=NOW)
+    assert w.state.reserved == {"big"}
+    view = JobView(w.state, None, half_life_s=0)
+    big_why = {r.reason: r.detail for r in view.queue_reasons(w.job("big"), NOW)}
+    assert big_why[RESERVED].startswith("1 host(s) held for it (b)") and "in about 100 s" in big_why[RESERVED]
+    open_why = {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}
+    assert "held for job big" in open_why[RESERVED_FOR_OTHER] and "no time limit" in open_why[RESERVED_FOR_OTHER]
+    w.submit("tiny", gpus=1, at=NOW - 5, time_limit_s=50)
+    w.cycle()
+    assert w.job("open").state is JobState.QUEUED
+    on_b = [j for j in ("short", "tiny") if w.job(j).state is JobState.PLACED and w.job(j).attempts[0].host_id == "b"]
+    assert len(on_b) == 1  # one of the two backfilled b's free GPU
+    # b's jobs end; big starts there.
+    w.cycle(reports=[w.report(j, 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 60) for j in ("soon", *on_b)],
+            now=NOW + 60)
+    assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "b"
+    assert w.job("big").reserved is None and "big" not in w.state.reserved  # (open, still waiting, holds one now)
+
+
+def _unlimited(waited: float) -> tuple[World, Reservation | None]:
+    w = World()
+    w.policy = QueuePolicy(reserve_after_s=10, reserve_max_s=100)
+    w.host("a")
+    w.host("b")
+    _running(w, "x", gpus=6, limit=0)
+    _running(w, "y", gpus=7, limit=0)
+    w.submit("big", gpus=8, at=NOW - waited)
+    return w, w.cycle().reservation
+
+
+def test_without_a_time_limit_a_reservation_holds_the_emptiest_host_for_a_bounded_time() -> None:
+    w, r = _unlimited(waited=20)
+    assert r is not None and r.start == UNKNOWN
+    assert r.hosts == {w.job("x").attempts[0].host_id}  # the most free GPUs
+    assert _unlimited(waited=9)[1] is None  # not waited long enough
+    assert _unlimited(waited=111)[1] is None  # waited past 10 + 100 s: its start unknown, no more
+
+
+def _stream(seed: int, policy: QueuePolicy, steps: int = 40) -> int | None:
+    """Four 8-GPU hosts, six 1-GPU jobs arriving each 5 s step and running 2-8 steps (no
+    time limits); an 8-GPU job arrives at step 5. The steps it waited, or None."""
+    rnd = random.Random(seed)
+    w = World()
+    w.policy = policy
+    for h in range(4):
+        w.host(f"h{h}")
+    ends: dict[str, int] = {}
+    for step in range(steps):
+        t = NOW + 1 + 5 * step
+        done = [j for j, e in ends.items() if e <= step]
+        for j in done:
+            del ends[j]
+        for k in range(6):
+            w.submit(f"s{step}.{k}", gpus=1, at=t - 0.5 + k * 0.01)
+        if step == 5:
+            w.submit("big", gpus=8, at=t - 1)
+        w.cycle(reports=[w.report(j, 0, AttemptState.SUCCEEDED, code=0) for j in done], now=t)
+        for j, job in w.state.jobs.items():
+            if j.startswith("s") and j not in ends and job.state is JobState.PLACED:
+                ends[j] = step + rnd.randint(2, 8)
+        if "big" in w.state.jobs and w.job("big").state is JobState.PLACED:
+            return step - 5
+    return None
+
+
+def test_a_big_single_host_job_is_not_starved_by_a_stream_of_small_ones() -> None:
+    # With reservations off the same stream never lets it run (seed 0 is such a stream).
+    assert _stream(0, QueuePolicy(reserve_after_s=1e12)) is None
+    waited = _stream(0, QueuePolicy())
+    assert waited is not None and waited <= 2 + 8  # the reservation after 2 steps, the host's jobs done in 8
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6))
+def test_a_reserved_job_starts_by_its_reserved_start_when_every_job_has_a_limit(seed: int) -> None:
+    """Jobs of 1-4 GPUs with time limits, each ending at a random time within its limit;
+    an 8-GPU job waits. Once it holds a reservation with a known start, nothing placed
+    after keeps it from starting by then (backfilled jobs end in time)."""
+    rnd = random.Random(seed)
+    w = World()
+    for h in range(3):
+        w.host(f"h{h}")
+    ends: dict[str, float] = {}
+    promised: float | None = None
+    for step in range(60):
+        t = NOW + 5 * step
+        done = [j for j, e in ends.items() if e <= t]
+        reports = [w.report(j, 0, AttemptState.SUCCEEDED, code=0, ts=t) for j in done]
+        for j in done:
+            del ends[j]
+        for k in range(rnd.randint(0, 3)):
+            w.submit(f"s{step}.{k}", gpus=rnd.randint(1, 4), at=t - 0.5 + k * 0.01,
+                     time_limit_s=float(rnd.choice([20, 40, 80, 160])))
+        if step == 3:
+            w.submit("big", gpus=8, at=t - 1, time_limit_s=1000)
+        plan = w.cycle(reports=reports, now=t)
+        started = [j for j, job in w.state.jobs.items() if job.state is JobState.PLACED and j not in ends]
+        w.cycle(reports=[w.report(j, 0, AttemptState.RUNNING, ts=t) for j in started], now=t)
+        for j in started:
+            ends[j] = t + rnd.uniform(1, w.job(j).spec.time_limit_s)
+        if "big" in w.state.jobs and w.job("big").state is not JobState.QUEUED:
+            assert promised is None or t <= promised + 5  # placed in the first cycle at or after it
+            return
+        if plan.reservation is not None and plan.reservation.job_id == "big" and plan.reservation.known():
+            promised = plan.reservation.start if promised is None else min(promised, plan.reservation.start)
+        if promised is not None:
+            assert t <= promised + 5, "the reserved start passed and the job is still queued"
+
+
+def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() -> None:
+
+    w = World()
+    w.host("a")
+    w.host("b")
+    _running(w, "x", gpus=6, limit=500)
+    _running(w, "y", gpus=7, limit=300)
+    nowhere = make_job("nowhere", spec=job_spec("nowhere", command=["x"], gpus=1, cpus=1, memory_mb=1,
+                                                host_labels={"pool": "none"}), submitted_at=NOW - 30)
+    w.state.apply_state_record(Record("job.nowhere", next(w.rev), encode(nowhere)))
+    w.submit("big", gpus=8, at=NOW - 20)
+    plan = w.cycle()
+    assert w.job("nowhere").state is JobState.QUEUED  # first in order, and no host has its label
+    assert plan.reservation == Reservation("big", frozenset({"b"}), NOW + 250)
+
+
+def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
+    w = World()
+    w.host("a")
+    w.host("b")
+    _running(w, "x", gpus=6, limit=500)
+    _running(w, "y", gpus=7, limit=300)
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.cycle()
+    assert w.state.reserved == {"big"}
+    # A job ahead of it in the queue (submitted earlier) that finds no room either does
+    # not take the reservation from it.
+    w.submit("first", gpus=8, at=NOW - 25)
+    plan = w.cycle(now=NOW + 1)
+    assert plan.reservation is not None and plan.reservation.job_id == "big"
+    assert "big" not in plan.jobs  # unchanged: not written again
+    # y ends: the job ahead is placed first, on b (a reservation never reorders the
+    # queue); big's reservation moves to a, free once x ends.
+    plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 2)], now=NOW + 2)
+    assert w.job("first").state is JobState.PLACED and w.job("first").attempts[0].host_id == "b"
+    assert plan.reservation == Reservation("big", frozenset({"a"}), NOW + 450)
+    assert w.job("big").reserved == Reserved(hosts=["a"], host_count=1, start=NOW + 450, since=NOW)
+    # x ends: big starts on a; no job holds a reservation any more.
+    plan = w.cycle(reports=[w.report("x", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 3)], now=NOW + 3)
+    assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "a"
+    assert plan.reservation is None and w.job("big").reserved is None and w.state.reserved == set()
+
+
+def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_waits() -> None:
+    w = World()
+    w.host("a")
+    w.host("b")
+    _running(w, "x", gpus=6, limit=500)
+    _running(w, "y", gpus=7, limit=300)
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.cycle()
+    assert w.state.reserved == {"big"}
+    # A gang ahead of big that needs both hosts, and y ends: the gang finds no room and
+    # the cycle keeps big's reservation (b, free now), so big must be placed there.
+    w.submit("gang", gpus=8, replicas=2, at=NOW - 30)
+    plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 1)], now=NOW + 1)
+    assert w.job("gang").state is JobState.QUEUED
+    assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "b"
+    assert plan.reservation is not None and plan.reservation.job_id in ("big", "gang")
+
+
+def test_a_full_cluster_still_gives_a_reservation() -> None:
+    # No host has a GPU free, so the index files none under the model's free GPUs: the
+    # hosts are found by all their GPUs instead, and the one whose tasks end first wins.
+    w = World()
+    for h in "abc":
+        w.host(h)
+    _running(w, "x", gpus=8, limit=0)
+    _running(w, "y", gpus=8, limit=900)
+    _running(w, "z", gpus=8, limit=0)
+    w.submit("big", gpus=8, at=NOW - 20)
+    plan = w.cycle()
+    assert plan.reservation == Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850)
+    # With no time limit anywhere, still a reservation (its start unknown), also for a
+    # job that names its GPU model.
+
+    w2 = World()
+    for h in "ab":
+        w2.host(h)
+    _running(w2, "x", gpus=8, limit=0)
+    _running(w2, "z", gpus=8, limit=0)
+    big = make_job("big", spec=job_spec("big", command=["x"], gpus=8, gpu_model="H100", cpus=1, memory_mb=1),
+                   submitted_at=NOW - 20)
+    w2.state.apply_state_record(Record("job.big", next(w2.rev), encode(big)))
+    r = w2.cycle().reservation
+    assert r is not None and r.start == UNKNOWN and len(r.hosts) == 1
