@@ -128,13 +128,21 @@ def test_the_reservation_is_where_the_job_starts_soonest_and_short_jobs_backfill
     assert w.job("big").reserved is None and "big" not in w.state.reserved  # (open, still waiting, holds one now)
 
 
-def _unlimited(waited: float) -> tuple[World, Reservation | None]:
+def _two_busy_hosts(x_limit: float = 500, y_limit: float = 300, policy: QueuePolicy | None = None) -> World:
+    """Hosts a and b of 8 GPUs: x runs on a with 6 of them (until NOW + x_limit - 50), y on
+    b with 7 (until NOW + y_limit - 50); a time limit of 0 is none."""
     w = World()
-    w.policy = QueuePolicy(reserve_after_s=10, reserve_max_s=100)
+    if policy is not None:
+        w.policy = policy
     w.host("a")
     w.host("b")
-    _running(w, "x", gpus=6, limit=0)
-    _running(w, "y", gpus=7, limit=0)
+    assert _running(w, "x", gpus=6, limit=x_limit) == "a"
+    assert _running(w, "y", gpus=7, limit=y_limit) == "b"
+    return w
+
+
+def _unlimited(waited: float) -> tuple[World, Reservation | None]:
+    w = _two_busy_hosts(x_limit=0, y_limit=0, policy=QueuePolicy(reserve_after_s=10, reserve_max_s=100))
     w.submit("big", gpus=8, at=NOW - waited)
     return w, w.cycle().reservation
 
@@ -220,11 +228,7 @@ def test_a_reserved_job_starts_by_its_reserved_start_when_every_job_has_a_limit(
 
 def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() -> None:
 
-    w = World()
-    w.host("a")
-    w.host("b")
-    _running(w, "x", gpus=6, limit=500)
-    _running(w, "y", gpus=7, limit=300)
+    w = _two_busy_hosts()
     nowhere = make_job("nowhere", spec=job_spec("nowhere", command=["x"], gpus=1, cpus=1, memory_mb=1,
                                                 host_labels={"pool": "none"}), submitted_at=NOW - 30)
     w.state.apply_state_record(Record("job.nowhere", next(w.rev), encode(nowhere)))
@@ -235,11 +239,7 @@ def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() ->
 
 
 def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
-    w = World()
-    w.host("a")
-    w.host("b")
-    _running(w, "x", gpus=6, limit=500)
-    _running(w, "y", gpus=7, limit=300)
+    w = _two_busy_hosts()
     w.submit("big", gpus=8, at=NOW - 20)
     w.cycle()
     assert w.state.reserved == {"big"}
@@ -262,11 +262,7 @@ def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
 
 
 def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_waits() -> None:
-    w = World()
-    w.host("a")
-    w.host("b")
-    _running(w, "x", gpus=6, limit=500)
-    _running(w, "y", gpus=7, limit=300)
+    w = _two_busy_hosts()
     w.submit("big", gpus=8, at=NOW - 20)
     w.cycle()
     assert w.state.reserved == {"big"}
@@ -293,7 +289,6 @@ def test_a_full_cluster_still_gives_a_reservation() -> None:
     assert plan.reservation == Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850)
     # With no time limit anywhere, still a reservation (its start unknown), also for a
     # job that names its GPU model.
-
     w2 = World()
     for h in "ab":
         w2.host(h)
