@@ -66,7 +66,7 @@ def test_a_job_backfills_only_when_its_limit_ends_it_by_the_reserved_start() -> 
 @given(st.lists(st.tuples(st.sampled_from("abcdef"), st.one_of(st.none(), st.integers(0, 20))), max_size=40),
        st.integers(0, 20), st.integers(0, 8))
 def test_the_deadline_index_agrees_with_a_plain_dict(steps: list[tuple[str, int | None]], now: int, n: int) -> None:
-    index, model = Deadlines(), {}
+    index, model = Deadlines(), dict[str, float]()
     for job_id, at in steps:
         if at is None:
             index.drop(job_id)
