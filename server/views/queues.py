@@ -205,10 +205,10 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if reserved_for is not None and reserved_for.reserved is not None:
         limit = effective_time_limit(job.spec, q)
         start = reserved_for.reserved.start
-        when = f"from about {max(0.0, start - now):.0f} s from now" if start is not None else \
-            "until it starts (when it could is unknown: a task there has no time limit)"
+        when = f"which could start there in about {max(0.0, start - now):.0f} s" if start is not None else \
+            "until it starts there (when is unknown: a task there has no time limit)"
         why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
-        out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for job {reserved_for.id} "
+        out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for job {reserved_for.id}, "
                                                    f"{when}; {why}, so it may not use them meanwhile"))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
