@@ -84,10 +84,10 @@ def cmd_show(args: argparse.Namespace) -> int:
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
-           fences lastFenceSeconds fenceContinued fenceStopped }
+           fences lastFenceSeconds fenceContinued fenceStopped reservedFor }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
-    data = gql(q, {"id": args.id})
+    data = gql(q, {"id": args.id}, optional=("reservedFor",))
     h = data["host"]
     if h is None:
         raise NotFound(f"no host {args.id}")
@@ -100,6 +100,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                                       ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
                      if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
+    if h.get("reservedFor"):
+        print(f"  reserved for job {h['reservedFor']}: other jobs are placed here only if their time limit ends "
+              "them before it could start (muster job why " + h["reservedFor"] + ")")
     lost = h["health"] == "LOST"  # its telemetry is its last heartbeat's, stale: not shown
     print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy, {h['gpuModel']}"
           + (f", util {h['gpuUtilPct']}%" if not lost else " (LOST: no telemetry)"))

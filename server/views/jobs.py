@@ -163,6 +163,15 @@ class JobView:
                 reserved_for = self._kept_from(job, placer, now)
         return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for)
 
+    def reserved_on(self, host_id: str) -> Job | None:
+        """The queued job whose reservation holds `host_id` (as its record names it), if any:
+        why a host with free GPUs takes no other job (scheduling.backfill)."""
+        for job_id in sorted(self.state.reserved):
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.reserved is not None and host_id in job.reserved.hosts:
+                return job
+        return None
+
     def _kept_from(self, job: Job, placer: Placer, now: float) -> Job | None:
         """The job whose reservation holds the only hosts with room for `job`, which may not
         backfill them (its time limit runs past the reserved start); None otherwise."""

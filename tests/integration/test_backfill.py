@@ -9,6 +9,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.conftest import wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
 from tests.integration.test_queues import cancel, muster, settled, submit, task
@@ -53,6 +55,15 @@ def test_a_waiting_job_holds_its_host_and_only_jobs_that_end_in_time_use_it(clus
     assert job(api, open_)["state"] == "QUEUED"
     why = muster(cluster, srv.url, "job", "why", big)
     assert why.returncode == 0 and "holds a reservation" in why.stdout, why.stdout + why.stderr
+    # The host says whom it is held for: GraphQL, the CLI, the console's host page.
+    assert api.q('query { host(id: "b1") { reservedFor } }')["host"]["reservedFor"] == big
+    shown = muster(cluster, srv.url, "host", "show", "b1")
+    assert shown.returncode == 0 and f"reserved for job {big}" in shown.stdout, shown.stdout + shown.stderr
+    with httpx.Client(base_url=srv.url, timeout=30) as web:
+        assert web.post("/login", data={"token": cluster.token}).status_code in (200, 303)
+        page = web.get("/hosts/b1")
+        assert page.status_code == 200 and f'href="/jobs/{big}"' in page.text and "which could start here at" \
+            in page.text, page.text[:2000]
     # The host frees: big runs there before the older job that was kept off it.
     cancel(api, long)
     api.wait_job(big, {"SUCCEEDED"}, timeout=60)

@@ -192,6 +192,7 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "tasks": list(alloc.tasks) if alloc else [],
         "jobs": {t.job_id: j for t in (alloc.tasks if alloc else []) if (j := m.state.jobs.get(t.job_id)) is not None},
         "cfg": m.state.hostcfg.get(host_id),
+        "reserved_for": m.jobs.reserved_on(host_id),
         "charts": gpu_charts(samples),
         "samples": len(samples),
         "window_s": (samples[-1].ts - samples[0].ts) if len(samples) > 1 else 0.0,

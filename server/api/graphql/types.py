@@ -127,6 +127,12 @@ class Host:
         default=False, description="The host's agent is shutting down: it starts nothing new and nothing is "
         "placed on it (until it starts again, or its heartbeat expires and the host is lost)")
 
+    @strawberry.field(description="The queued job this host is held for (a reservation: nothing else is placed "
+                                  "here unless its time limit ends it before that job could start); null: none.")
+    def reserved_for(self, info: Info) -> strawberry.ID | None:
+        job = muster(info).jobs.reserved_on(str(self.id))
+        return strawberry.ID(job.id) if job is not None else None
+
     @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
                                   "isolated) or MIG instances.")
     def gpu_devices(self, info: Info) -> list[HostGpu]:
