@@ -204,6 +204,11 @@ class _Work:
         self.plan.jobs[job_id] = job
         return job
 
+    def latest(self, job_id: str) -> Job | None:
+        """A job's newest record, read only: this cycle's, else the one a commit in flight
+        writes, else the stored one."""
+        return self.plan.jobs.get(job_id) or self.pending.get(job_id) or self.state.jobs.get(job_id)
+
     def alloc(self, host_id: str) -> HostAlloc:
         if host_id in self.plan.allocs:
             return self.plan.allocs[host_id]
@@ -883,7 +888,7 @@ def _victims_live(w: _Work, job: Job) -> tuple[bool, set[str]]:
     hosts: set[str] = set()
     for entry in job.preempting:
         vid, number = _victim_try(entry)
-        victim = w.plan.jobs.get(vid) or w.pending.get(vid) or w.state.jobs.get(vid)
+        victim = w.latest(vid)
         if victim is None:
             continue
         for a in victim.attempts:
@@ -899,7 +904,7 @@ def _foresee(w: _Work, adm: Admission, job: Job) -> None:
     demand taken."""
     for entry in job.preempting:
         vid, number = _victim_try(entry)
-        victim = w.plan.jobs.get(vid) or w.pending.get(vid) or w.state.jobs.get(vid)
+        victim = w.latest(vid)
         if victim is None:
             continue
         live = [a for a in victim.current_tasks() if a.number == number and not a.state.terminal]
@@ -1264,17 +1269,14 @@ def place_queued(
     def ends(host_id: str) -> Ends:
         """The tasks on a host, each with when it is expected to have ended."""
         alloc = w.plan.allocs.get(host_id) or state.allocs.get(host_id)
-        return host_ends(alloc.tasks if alloc is not None else (), job_of, state.deadlines.get, now)
-
-    def job_of(job_id: str) -> Job | None:
-        return w.plan.jobs.get(job_id) or w.pending.get(job_id) or jobs.get(job_id)
+        return host_ends(alloc.tasks if alloc is not None else (), w.latest, state.deadlines.get, now)
 
     def holder() -> tuple[Job, JobSpec] | None:
         """The job whose record holds the reservation, with the spec to place it with,
         while it still waits for room only (queued, not placed nor preempting, admitted by
         its quota and its user's limit) and has waited long enough."""
         for job_id in sorted(state.reserved):
-            job = w.plan.jobs.get(job_id) or jobs.get(job_id)
+            job = w.latest(job_id)
             if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
                     or job.id in w.frozen_jobs or job.id in skip or job.not_before > now \
                     or now - job.submitted_at < policy.reserve_after_s:
@@ -1633,7 +1635,7 @@ def record_reservation(w: _Work, reservation: Reservation | None, complete: bool
     def writable(job_id: str) -> Job | None:
         if job_id in w.frozen_jobs or job_id in skip:
             return None
-        cur = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
+        cur = w.latest(job_id)
         if cur is None or cur.state is not JobState.QUEUED:
             return None
         if job_id not in w.plan.jobs and w.plan.keys + 1 > max_keys:
@@ -1648,18 +1650,18 @@ def record_reservation(w: _Work, reservation: Reservation | None, complete: bool
                     job.reserved = None
     if reservation is None:
         return
-    cur = w.plan.jobs.get(reservation.job_id) or w.state.jobs.get(reservation.job_id)
+    cur = w.latest(reservation.job_id)
     old = cur.reserved if cur is not None else None
     hosts = sorted(reservation.hosts)
-    start = reservation.start if reservation.known() else None
-    if old is not None and old.hosts == hosts[:RESERVED_HOSTS_KEPT] and old.host_count == len(hosts) \
-            and (old.start is None) == (start is None) \
-            and (start is None or old.start is None or abs(start - old.start) <= RESERVED_START_SLACK_S):
+    new = Reserved(hosts=hosts[:RESERVED_HOSTS_KEPT], host_count=len(hosts),
+                   start=reservation.start if reservation.known() else None, since=old.since if old else now)
+    if old is not None and (old.hosts, old.host_count) == (new.hosts, new.host_count) and (
+            old.start == new.start if old.start is None or new.start is None
+            else abs(new.start - old.start) <= RESERVED_START_SLACK_S):
         return
     job = writable(reservation.job_id)
     if job is not None:
-        job.reserved = Reserved(hosts=hosts[:RESERVED_HOSTS_KEPT], host_count=len(hosts), start=start,
-                                since=old.since if old is not None else now)
+        job.reserved = new
 
 
 def _forget_preemption(w: _Work, job: Job, now: float) -> None:

@@ -184,9 +184,7 @@ class JobView:
             start = r.start if r.start is not None else UNKNOWN
             if may_backfill(limit, now, Reservation(other_id, frozenset(r.hosts), start)):
                 continue
-            placer.exclude = set(r.hosts)
-            placer.failed.clear()
-            placer.failed_gangs.clear()
+            placer.exclude = set(r.hosts)  # its failures so far are kept with what they held back
             room = placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)
             if room is None:
                 return other

@@ -180,7 +180,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             out.append(QueueReason(PREEMPTION_GRACE, f"{stopping} preempted job(s) stopping (grace up to "
                                                      f"{_grace(state, job):g} s)"))
     models = _models(state, job)
-    refusals = [b.admits(name, job_demand(job.spec, m)) for m in models] or [b.admits(name, job_demand(job.spec, None))]
+    refusals = [b.admits(name, job_demand(job.spec, m)) for m in models or [None]]
     if all(r is not None for r in refusals):
         r = next((x for x in refusals if x is not None and x.reason == COHORT_EXHAUSTED), refusals[0])
         assert r is not None
