@@ -26,12 +26,14 @@ from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
+from server.scheduling import submitlimits
 from server.scheduling.capacity import POLICIES
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy, hold_text
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
@@ -226,6 +228,8 @@ class Muster:
         self._watches: list[Watch] = []
         self._closed = False
         self._gauge_labels: dict[int, set[tuple[str, ...]]] = {}
+        # Jobs this replica's requests are storing now: counted against submission limits.
+        self._storing = OpenJobs()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -478,6 +482,18 @@ class Muster:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
 
+    def _check_limits(self, spec: JobSpec, batch: OpenJobs | None = None) -> None:
+        """The job's queue takes one more job of its user: its submission limits count the
+        jobs this replica has seen not ended, those it is storing now, and `batch` (the
+        request's jobs accepted before this one). Raises ValidationError (JOB_LIMIT)."""
+        q = self.queue(spec.queue)
+        if q is None or not submitlimits.limited(q):
+            return
+        tallies = [self.state.open_jobs, self._storing] + ([batch] if batch is not None else [])
+        why = submitlimits.refusal(q, spec.user, tallies)
+        if why:
+            raise ValidationError("queue", why, submitlimits.JOB_LIMIT)
+
     def _waits_for(self, spec: JobSpec) -> list[str]:
         """Of the jobs `spec` runs after, those it must wait for (not ended yet, as this
         replica sees them: the leader takes out each as it ends). Raises ValidationError
@@ -519,13 +535,18 @@ class Muster:
         if spec is None:
             raise InvalidInput(errors)
         self._check_queue(spec, queues)
+        self._check_limits(spec)
         waits = self._waits_for(spec)
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
         assert self.store is not None
-        with _maybe_stored(f"job {job.id}"):
-            # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
-            rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
+        self._storing.update(None, job)  # concurrent requests count it against the limits
+        try:
+            with _maybe_stored(f"job {job.id}"):
+                # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
+                rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
+        finally:
+            self._storing.update(job, None)
         self.state.apply_job(job, rev)
         metrics.SUBMISSIONS.inc()
         return job
@@ -537,6 +558,7 @@ class Muster:
         known = self.known_gpu_models()
         now = time.time()
         results: list[Job | InvalidInput | Forbidden] = []
+        batch = OpenJobs()
         for data in items:
             data, hold = self._job_input(data, user, queues)
             spec, errors = validate_job(data, known)
@@ -544,24 +566,34 @@ class Muster:
             if spec is not None:
                 try:
                     self._check_queue(spec, queues)
+                    self._check_limits(spec, batch)
                     waits = self._waits_for(spec)
                 except ValidationError as exc:
                     spec, errors = None, [exc]
                 except Forbidden as exc:
                     results.append(exc)
                     continue
-            results.append(InvalidInput(errors) if spec is None
-                           else Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold,
-                                    waiting_for=waits))
+            if spec is None:
+                results.append(InvalidInput(errors))
+                continue
+            job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
+            batch.update(None, job)
+            results.append(job)
         assert self.store is not None
         jobs = [j for j in results if isinstance(j, Job)]
         # Each key must not exist yet (a fresh id), and a retry after a lost reply is
         # refused as a duplicate.
         for i in range(0, len(jobs), 1000):
             chunk = jobs[i : i + 1000]
-            with _maybe_stored(f"{len(chunk)} jobs (the first {chunk[0].id})"):
-                res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk],
-                                              within_s=SUBMIT_RETRY_S)
+            for j in chunk:
+                self._storing.update(None, j)
+            try:
+                with _maybe_stored(f"{len(chunk)} jobs (the first {chunk[0].id})"):
+                    res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0)
+                                                   for j in chunk], within_s=SUBMIT_RETRY_S)
+            finally:
+                for j in chunk:
+                    self._storing.update(j, None)
             if not res.duplicate:
                 for j in chunk:
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])

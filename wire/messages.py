@@ -485,6 +485,11 @@ class Queue(_Model):
     # counts as its part; 0: no limit), as Slurm's MaxTRESPerUser: one user's long array
     # does not take the whole queue from its teammates.
     max_gpus_per_user: float = Field(default=0.0, ge=0, le=1_000_000)
+    # The most jobs not ended (queued, held, placed, running) the queue takes, in all and
+    # from one user (0: no limit), as Slurm's MaxSubmitJobs and MaxSubmitJobsPerUser: a
+    # submission past either is refused (server.scheduling.submitlimits).
+    max_submitted_jobs: int = Field(default=0, ge=0, le=100_000_000)
+    max_submitted_jobs_per_user: int = Field(default=0, ge=0, le=100_000_000)
     created_at: float = 0.0
     updated_at: float = 0.0
     by: str = Field(default="", max_length=64)

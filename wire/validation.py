@@ -245,7 +245,8 @@ def validate_labels(labels: dict[str, str]) -> list[ValidationError]:
 _QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "minRuntimeSeconds",
                  "default_time_limit_s": "defaultTimeLimitSeconds", "max_time_limit_s": "maxTimeLimitSeconds",
                  "max_preemptions": "maxPreemptions", "preempt_within": "preemptWithin",
-                 "fair_share_preemption": "fairSharePreemption", "max_gpus_per_user": "maxGpusPerUser"}
+                 "fair_share_preemption": "fairSharePreemption", "max_gpus_per_user": "maxGpusPerUser",
+                 "max_submitted_jobs": "maxSubmittedJobs", "max_submitted_jobs_per_user": "maxSubmittedJobsPerUser"}
 
 
 def validate_queue(data: dict[str, Any]) -> Queue:

@@ -35,9 +35,10 @@ def gql(query: str, variables: dict[str, Any] | None = None, optional: tuple[str
     """The `data` of one GraphQL request. AuthError when the token is missing or refused
     (HTTP 401), ApiError when the API cannot be reached or answers with `errors`.
 
-    `optional`: fields newer than some servers (a scalar field name each); a server whose
-    schema lacks one is asked again without it, and the answer lacks it (readers use
-    `.get`), so that a newer CLI still lists and shows during a rolling upgrade."""
+    `optional`: fields newer than some servers (a field name each: a scalar, or an object
+    whose selection holds no object, with its arguments); a server whose schema lacks one
+    is asked again without it, and the answer lacks it (readers use `.get`), so that a
+    newer CLI still lists and shows during a rolling upgrade."""
     try:
         return _gql(query, variables)
     except _MissingFields as exc:
@@ -45,7 +46,7 @@ def gql(query: str, variables: dict[str, Any] | None = None, optional: tuple[str
         if not gone or set(exc.fields) - set(gone):
             raise ApiError(exc.text) from None
         for f in gone:
-            query = re.sub(rf"(?<![\w$]){re.escape(f)}(?!\w)", "", query)
+            query = re.sub(rf"(?<![\w$]){re.escape(f)}(?!\w)(\s*\([^()]*\))?(\s*\{{[^{{}}]*\}})?", "", query)
         return gql(query, variables, tuple(f for f in optional if f not in gone))
 
 

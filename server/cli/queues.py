@@ -13,10 +13,12 @@ from wire.errors import ConfigError, NotFound
 
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
-defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser
+defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
+submittedJobsByUser(first: 5) { user jobs }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
-# Fields a server of the previous version lacks: asked again without them.
-NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser")
+# Fields a server of an earlier version lacks: asked again without them.
+NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
+                      "submittedJobsByUser")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--max-time-limit", type=float, default=None, metavar="S")
         p.add_argument("--max-gpus-per-user", type=float, default=None, metavar="N",
                        help="the most GPUs one user's jobs of the queue hold at once (0: no limit)")
+        p.add_argument("--max-submitted-jobs", type=int, default=None, metavar="N",
+                       help="the most jobs not ended (queued, held, placed, running) the queue takes; a submission "
+                            "past it is refused (0: no limit)")
+        p.add_argument("--max-submitted-jobs-per-user", type=int, default=None, metavar="N",
+                       help="the same for one user's jobs of the queue (0: no limit)")
         add_output(p)
         p.set_defaults(fn=fn)
     qd = qsub.add_parser("delete", help="delete a queue without work (admin)")
@@ -108,7 +115,9 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
                        ("preemptGraceSeconds", args.grace), ("minRuntimeSeconds", args.min_runtime),
                        ("maxPreemptions", args.max_preemptions),
                        ("defaultTimeLimitSeconds", args.default_time_limit),
-                       ("maxTimeLimitSeconds", args.max_time_limit), ("maxGpusPerUser", args.max_gpus_per_user)):
+                       ("maxTimeLimitSeconds", args.max_time_limit), ("maxGpusPerUser", args.max_gpus_per_user),
+                       ("maxSubmittedJobs", args.max_submitted_jobs),
+                       ("maxSubmittedJobsPerUser", args.max_submitted_jobs_per_user)):
         if value is not None:
             inp[key] = value
     return inp
@@ -166,9 +175,20 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
     print(f"  time limit: {time_limits(q['defaultTimeLimitSeconds'], q['maxTimeLimitSeconds'])}")
     if q.get("maxGpusPerUser"):
         print(f"  per user: at most {q['maxGpusPerUser']:g} GPUs held at once")
+    if "submittedJobs" in q:
+        print(f"  jobs not ended: {submission_limits(q)}")
     out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),
                    _fmt(r["used"]), _fmt(r["borrowed"]), _fmt(r["lent"])] for r in q["resources"]],
         ["RESOURCE", "NOMINAL", "BORROW LIMIT", "LEND LIMIT", "USED", "BORROWED", "LENT"])
+
+
+def submission_limits(q: dict[str, Any]) -> str:
+    """The queue's jobs not ended against its submission limits, with the users that have
+    the most, in words."""
+    cap, per_user = q.get("maxSubmittedJobs") or 0, q.get("maxSubmittedJobsPerUser") or 0
+    users = ", ".join(f"{u['user']} {u['jobs']}" for u in q.get("submittedJobsByUser") or [])
+    return (f"{q['submittedJobs']} (limit {cap or 'none'}; per user: limit {per_user or 'none'}"
+            + (f", most: {users})" if users else ")"))
 
 
 def time_limits(default: float, maximum: float) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
-from server.scheduling import fairshare, preemption, retry
+from server.scheduling import fairshare, preemption, retry, submitlimits
 from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import waits
@@ -41,6 +41,7 @@ from server.scheduling.queues import (
     nominal,
     task_demand,
 )
+from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState
 from wire import subjects
 from wire.budgets import (
@@ -176,6 +177,9 @@ class _Work:
         # GPUs this cycle's reports say faulted under a task (the host's heartbeat may not
         # say so yet): none of this cycle's placements uses them.
         self.faulted: dict[str, set[int]] = {}
+        # What the commits in flight and this cycle change in the jobs not ended, worked
+        # out when a submission to a queue with submission limits first needs it.
+        self.open_changes: OpenJobs | None = None
 
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
@@ -652,8 +656,29 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         if never:
             w.plan.rejected.append((job_id, f"dependsOn: {never}"))
             continue
+        limit = submission_refusal(w, spec)
+        if limit:
+            w.plan.rejected.append((job_id, f"{submitlimits.JOB_LIMIT}: {limit}"))
+            continue
         w.plan.jobs[job_id] = job
         w.plan.accepted += 1
+        if w.open_changes is not None:
+            w.open_changes.update(None, job)
+
+
+def submission_refusal(w: _Work, spec: JobSpec) -> str:
+    """Why the job's queue takes no more jobs of its user (scheduling.submitlimits),
+    counting the jobs stored, what the commits in flight and this cycle change; "" if it
+    takes it. A queue without a record (`default` as it comes, a queue not created yet)
+    has no limits."""
+    q = w.state.queues.get(spec.queue)
+    if q is None or not submitlimits.limited(q):
+        return ""
+    if w.open_changes is None:
+        w.open_changes = OpenJobs()
+        for job_id in set(w.pending) | set(w.plan.jobs):
+            w.open_changes.update(w.state.jobs.get(job_id), w.latest(job_id))
+    return submitlimits.refusal(q, spec.user, (w.state.open_jobs, w.open_changes))
 
 
 def dependency_state(w: _Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:

@@ -29,6 +29,7 @@ from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
 from server.scheduling.queues import add_user, gpu_key, job_usage
+from server.scheduling.submitlimits import OpenJobs
 from server.scheduling.victimindex import VictimIndex
 from server.views.hosts import HostTable
 from wire import subjects
@@ -192,6 +193,9 @@ class ClusterState:
     # Per queue, the GPUs each user's live jobs hold (scheduling.queues.held_gpus): what
     # per-user limits are checked against, kept as records arrive.
     user_usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per queue and per user of it, the jobs not ended: what submission limits count
+    # (scheduling.submitlimits), kept as records arrive.
+    open_jobs: OpenJobs = field(default_factory=OpenJobs)
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -240,6 +244,7 @@ class ClusterState:
             self.job_state_counts[old.state.value] -= 1
             self._queue_account(old, -1)
             add_user(self.user_usage, old, -1.0)
+            self.open_jobs.update(old, None)
             self.backlog.update(old, None)
             self.deps.changed(self.jobs, job_id)
         self.placed_ids.discard(job_id)
@@ -259,6 +264,7 @@ class ClusterState:
         self.jobs[job.id] = job
         self._queue_account(job, 1)
         add_user(self.user_usage, job, 1.0)
+        self.open_jobs.update(old, job)
         self.backlog.update(old, job)
         self.deps.changed(self.jobs, job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(

@@ -9,7 +9,7 @@ queue_usage, queue_live, and the backlog's counts), never by a pass over every j
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.scheduling import fairshare
@@ -63,6 +63,8 @@ class QueueRow:
     share: float  # weighted dominant share (current and decayed past use)
     dominant: float  # unweighted dominant share
     entitled: float  # the part of the cluster its weight entitles it to among active queues
+    open_jobs: int = 0  # jobs not ended (what its submission limits count)
+    open_by_user: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
         out.append(QueueRow(queue=q, resources=res, pending=state.backlog.count(name),
                             running=len(state.queue_live.get(name, ())), parked=state.backlog.held_in(name),
                             share=s.share(name),
-                            dominant=s.dominant(name), entitled=s.entitled(name, act)))
+                            dominant=s.dominant(name), entitled=s.entitled(name, act),
+                            open_jobs=state.open_jobs.total(name), open_by_user=state.open_jobs.users(name)))
     return out
 
 

@@ -51,3 +51,25 @@ def test_a_missing_field_that_is_not_optional_says_the_server_is_older(older: Ol
     with pytest.raises(ApiError, match="Cannot query field 'fancy'"):
         client.gql("query { job(id: \"j1\") { id hold fancy } }", optional=("hold",))
     assert len(older.queries) == 2  # no retry when a field it cannot do without is missing too
+
+
+def test_an_optional_object_field_is_dropped_with_its_arguments_and_selection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field with arguments and a selection of its own (`submittedJobsByUser(first: 5) {
+    user jobs }`): the query asked again has neither, and its braces still balance."""
+    queries: list[str] = []
+
+    def post(url: str, json: dict[str, Any], **_: Any) -> httpx.Response:
+        queries.append(json["query"])
+        if "submittedJobsByUser" in json["query"]:
+            return httpx.Response(200, json={"data": None, "errors": [
+                {"message": "Cannot query field 'submittedJobsByUser' on type 'Queue'."}]})
+        return httpx.Response(200, json={"data": {"queue": {"name": "a", "weight": 1.0}}})
+
+    monkeypatch.setattr(httpx, "post", post)
+    monkeypatch.setenv("MUSTER_TOKEN", "mst_x")
+    q = "query { queue(name: \"a\") { name submittedJobsByUser(first: 5) { user jobs } weight } }"
+    assert client.gql(q, optional=("submittedJobsByUser",)) == {"queue": {"name": "a", "weight": 1.0}}
+    again = queries[1]
+    assert "user" not in again and "first" not in again and "jobs" not in again
+    assert again.count("{") == again.count("}") == 2 and "name" in again and "weight" in again

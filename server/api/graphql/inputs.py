@@ -165,6 +165,11 @@ class QueueInput:
     max_time_limit_seconds: float | None = None
     max_gpus_per_user: float | None = strawberry.field(
         default=None, description="The most GPUs one user's jobs of the queue hold at once (0: no limit).")
+    max_submitted_jobs: int | None = strawberry.field(
+        default=None, description="The most jobs not ended (queued, held, placed, running) the queue takes (0: no "
+                                  "limit); a submission past it is refused (JOB_LIMIT).")
+    max_submitted_jobs_per_user: int | None = strawberry.field(
+        default=None, description="The same, for one user's jobs of the queue (0: no limit).")
 
 
 @strawberry.enum

@@ -689,6 +689,12 @@ class QueueResource:
     lent: float = strawberry.field(description="Of its nominal quota, held by other queues of its cohort.")
 
 
+@strawberry.type(description="A user and a count of their jobs.")
+class UserCount:
+    user: str
+    jobs: int
+
+
 @strawberry.type
 class Queue:
     _row: strawberry.Private[QueueRowModel]
@@ -780,6 +786,28 @@ class Queue:
                                   "per-user GPU limit) and preempts nothing.")
     def max_gpus_per_user(self) -> float:
         return self._row.queue.max_gpus_per_user
+
+    @strawberry.field(description="The most jobs not ended (queued, held, placed, running) the queue takes (0: no "
+                                  "limit), as Slurm's MaxSubmitJobs: a submission past it is refused (JOB_LIMIT); "
+                                  "jobs already in the queue are never touched.")
+    def max_submitted_jobs(self) -> int:
+        return self._row.queue.max_submitted_jobs
+
+    @strawberry.field(description="The most jobs not ended one user has in the queue (0: no limit), as Slurm's "
+                                  "MaxSubmitJobsPerUser.")
+    def max_submitted_jobs_per_user(self) -> int:
+        return self._row.queue.max_submitted_jobs_per_user
+
+    @strawberry.field(description="Jobs of the queue not ended (queued, held, placed, running): what "
+                                  "maxSubmittedJobs counts.")
+    def submitted_jobs(self) -> int:
+        return self._row.open_jobs
+
+    @strawberry.field(description="Per user, the jobs of the queue not ended (what maxSubmittedJobsPerUser "
+                                  "counts), most first; `first` users (default 20).")
+    def submitted_jobs_by_user(self, first: int = 20) -> list[UserCount]:
+        ranked = sorted(self._row.open_by_user.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [UserCount(user=u, jobs=n) for u, n in ranked[:max(0, min(first, 1000))]]
 
     @strawberry.field
     def updated_at(self) -> dt.datetime | None:
