@@ -93,8 +93,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         plan = plan_cycle(sim.state, reports=reports, commands=[], now=now, term=1, queues=measured)
         ms.append((time.perf_counter() - t) * 1000)
-        if plan.reservation is not None:
-            reserved.append(len(plan.reservation.hosts))
+        if plan.reservations:
+            reserved.append(sum(len(r.hosts) for r in plan.reservations))
         sim.apply(plan)
         now += sim_args.cycle
     reservation = _reservation_cost(sim, now)

@@ -84,11 +84,13 @@ PREEMPTIONS = Counter(
     "muster_preemptions_total", "Jobs told to stop to make room, by the preempting queue and the kind of preemption",
     ["queue", "kind"], registry=REGISTRY)
 TIMEOUTS = Counter("muster_timeouts_total", "Tries stopped at their time limit", registry=REGISTRY)
-RESERVED_HOSTS = Gauge("muster_reserved_hosts", "Hosts the last scheduling cycle held for a waiting job "
+RESERVATIONS = Gauge("muster_reservations", "Waiting jobs the last scheduling cycle held hosts for "
+                     "(scheduling.backfill)", registry=REGISTRY)
+RESERVED_HOSTS = Gauge("muster_reserved_hosts", "Hosts the last scheduling cycle held for waiting jobs "
                        "(scheduling.backfill); 0: no reservation", registry=REGISTRY)
-RESERVATION_WAIT = Gauge("muster_reservation_start_seconds", "How long until the reserved job could start on its "
-                         "hosts, as the last cycle worked it out (+Inf: unknown, a task there has no time limit)",
-                         registry=REGISTRY)
+RESERVATION_WAIT = Gauge("muster_reservation_start_seconds", "How long until the first reserved job could start on "
+                         "its hosts, as the last cycle worked it out (+Inf: unknown, a task there has no time "
+                         "limit; 0: no reservation)", registry=REGISTRY)
 GPU_FAULT_STOPS = Counter("muster_gpu_fault_stops_total", "Tries stopped because a GPU they hold faulted",
                           registry=REGISTRY)
 QUEUE_ALLOCATED = Gauge("muster_queue_allocated", "What a queue's jobs hold now, by resource",

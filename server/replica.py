@@ -143,9 +143,11 @@ class ServerConfig:
         default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTIONS_PER_CYCLE", "16")))
     # Reservations (scheduling.backfill): a job that has waited this long without room
     # holds the hosts where it could start soonest; one whose start there is unknown (no
-    # time limits) holds them only until it has waited this plus `reserve_max_s`.
+    # time limits) holds them only until it has waited this plus `reserve_max_s`. At most
+    # `reserve_jobs` jobs hold reservations at once (0: none).
     reserve_after_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_RESERVE_AFTER", "10")))
     reserve_max_s: float = field(default_factory=lambda: float(os.environ.get("MUSTER_RESERVE_MAX", "600")))
+    reserve_jobs: int = field(default_factory=lambda: int(os.environ.get("MUSTER_RESERVE_JOBS", "4")))
     # Alerts: this many preemptions within a minute is a storm; a queue below its entitled
     # share with jobs waiting and none placed for this long is starved.
     preemption_storm: int = field(default_factory=lambda: int(os.environ.get("MUSTER_PREEMPTION_STORM", "50")))
@@ -286,7 +288,8 @@ class Muster:
                                                    queues=QueuePolicy(half_life_s=cfg.fair_share_half_life_s,
                                                                       preemptions_per_cycle=cfg.preemptions_per_cycle,
                                                                       reserve_after_s=cfg.reserve_after_s,
-                                                                      reserve_max_s=cfg.reserve_max_s),
+                                                                      reserve_max_s=cfg.reserve_max_s,
+                                                                      reserve_jobs=max(0, cfg.reserve_jobs)),
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,
                                                                     starved_after_s=cfg.queue_starved_after_s)),
                                    caught_up=self._watches[0].caught_up)

@@ -123,8 +123,9 @@ class Plan:
     preempted: dict[tuple[str, str], int] = field(default_factory=dict)
     timed_out: int = 0
     gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
-    # The hosts this cycle held for a waiting job, and when it could start there.
-    reservation: Reservation | None = None
+    # The hosts this cycle held for waiting jobs (disjoint sets), and when each could
+    # start there, first made first.
+    reservations: list[Reservation] = field(default_factory=list)
 
     @property
     def keys(self) -> int:
@@ -143,12 +144,15 @@ class QueuePolicy:
     # off, it looks at every job (tests/unit/test_planner_backlog.py compares the two).
     shortcuts: bool = True
     # Reservations (scheduling.backfill): a job that has waited this long without finding
-    # room holds the hosts where it could start soonest (one job per cycle); a job whose
-    # time limit ends it by then may still use them (backfill). A reservation whose start
-    # is unknown (a task there has no time limit) is made only until the job has waited
-    # reserve_after_s + reserve_max_s, so that it does not keep hosts idle for ever.
+    # room holds the hosts where it could start soonest (up to `reserve_jobs` jobs, the
+    # first in admission order that found none, on disjoint hosts); a job whose time limit
+    # ends it before the start of every reservation whose hosts it would use may still use
+    # them (backfill). A reservation whose start is unknown (a task there has no time
+    # limit) is made only until the job has waited reserve_after_s + reserve_max_s, so
+    # that it does not keep hosts idle for ever.
     reserve_after_s: float = 10.0
     reserve_max_s: float = 600.0
+    reserve_jobs: int = 4
 
 
 class KeyInFlight(Exception):
@@ -756,7 +760,7 @@ def queue_order(jobs: list[Job]) -> list[Job]:
 # Reservations: the hosts of the jobs whose time limit comes soonest are looked at as
 # well as those with the most free room (scheduling.backfill).
 RESERVE_SOONEST = 32
-RESERVE_TRIES = 4  # jobs a cycle looks for hosts to reserve for
+RESERVE_TRIES = 4  # jobs a cycle looks for hosts to reserve for, past those it reserves for
 
 
 class Admission:
@@ -1288,53 +1292,67 @@ def place_queued(
         _forget_preemption(w, job, now)
         let_go_of(job)
 
-    reservation: Reservation | None = None
-    reserving = RESERVE_TRIES
+    reservations: dict[str, Reservation] = {}  # job id -> its reservation, this cycle's
+    reserving = RESERVE_TRIES + policy.reserve_jobs
 
     def ends(host_id: str) -> Ends:
         """The tasks on a host, each with when it is expected to have ended."""
         alloc = w.plan.allocs.get(host_id) or state.allocs.get(host_id)
         return host_ends(alloc.tasks if alloc is not None else (), w.latest, state.deadlines.get, now)
 
-    def holder() -> tuple[Job, JobSpec] | None:
-        """The job whose record holds the reservation, with the spec to place it with,
-        while it still waits for room only (queued, not placed nor preempting, admitted by
-        its quota and its user's limit) and has waited long enough."""
-        for job_id in sorted(state.reserved):
+    def holders() -> list[tuple[Job, JobSpec]]:
+        """The jobs whose records hold a reservation, with the specs to place them with,
+        while they still wait for room only (queued, not placed nor preempting, admitted
+        by their quota and their user's limit) and have waited long enough; longest held
+        first."""
+        out = []
+        for job_id in state.reserved:
             job = w.latest(job_id)
             if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
                     or job.id in w.frozen_jobs or job.id in skip or job.not_before > now \
-                    or now - job.submitted_at < policy.reserve_after_s:
+                    or now - job.submitted_at < policy.reserve_after_s or job.id in reservations:
                 continue
             q = adm.queue(job)
             if q is None or over_user_limit(job, q):
                 continue
             spec, _refusal = adm.restrict(job)
             if spec is not None:
-                return job, spec
-        return None
+                out.append((job, spec))
+        return sorted(out, key=lambda js: (js[0].reserved.since if js[0].reserved else now, js[0].id))
+
+    def reserve(job: Job, spec: JobSpec) -> None:
+        """Hold hosts for `job` where it could start soonest, none of another
+        reservation's, if it may hold them."""
+        held = placer.exclude
+        placer.exclude = held | {h for r in reservations.values() for h in r.hosts}
+        soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
+        got = placer.reservation_for(job.id, spec, now, ends, soonest)
+        placer.exclude = held
+        waited = now - job.submitted_at
+        if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):
+            reservations[job.id] = got
+            w.plan.reservations.append(got)
 
     def reserve_for(job: Job, spec: JobSpec) -> None:
         """Hold hosts for a job that found no room, once it has waited long enough."""
-        nonlocal reservation, reserving
+        nonlocal reserving
         waited = now - job.submitted_at
-        if reservation is not None or not reserving or job.preempting or waited < policy.reserve_after_s:
+        if len(reservations) >= policy.reserve_jobs or not reserving or job.preempting \
+                or waited < policy.reserve_after_s or job.id in reservations:
             return
-        # One job a cycle, the first that waited and found no room and that some hosts
-        # could ever take; a few tries, so that jobs no host can take do not cost more.
+        # The first jobs a cycle that waited and found no room and that some hosts could
+        # ever take; a few tries more, so that jobs no host can take do not cost more.
         # A job that holds a reservation keeps it while it still waits, and waits only for
-        # room, even if another job that finds no room now comes first (jobs ahead of it
-        # that fit are placed as ever: a reservation never reorders the queue).
+        # room, even if other jobs that find no room now come first (jobs ahead of it
+        # that fit are placed as ever: a reservation never reorders the queue): the
+        # holders are served first, the oldest reservation first.
         reserving -= 1
-        keeper = holder()
-        if keeper is not None and keeper[0].id != job.id:
-            job, spec = keeper
-            waited = now - job.submitted_at
-        soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
-        got = placer.reservation_for(job.id, spec, now, ends, soonest)
-        if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):
-            reservation = got
-            w.plan.reservation = got
+        for keeper, keeper_spec in holders():
+            if len(reservations) >= policy.reserve_jobs:
+                return
+            reserve(keeper, keeper_spec)
+        if len(reservations) < policy.reserve_jobs and job.id not in reservations:
+            reserve(job, spec)
     blocked: list[tuple[Job, Refusal | None]] = []
     # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
     # a job at least as large in every respect is refused too, and not looked at.
@@ -1545,11 +1563,13 @@ def place_queued(
         # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
         # but those still stopping for others; any other job none of them. And hosts
         # reserved for another job, unless this one's time limit ends it by then.
-        reserved: frozenset[str] = frozenset()
-        if reservation is not None and reservation.job_id != job.id \
-                and not may_backfill(effective_time_limit(job.spec, q), now, reservation):
-            reserved = reservation.hosts
-        placer.exclude = set(reserved) | ((waiting - held[job.id]) if job.id in held else kept)
+        reserved: set[str] = set()
+        if reservations:
+            limit = effective_time_limit(job.spec, q)
+            for r in reservations.values():
+                if r.job_id != job.id and not may_backfill(limit, now, r):
+                    reserved |= r.hosts
+        placer.exclude = reserved | ((waiting - held[job.id]) if job.id in held else kept)
         spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
         if spec is None:
             if job.spec.models() is None and refusal is not None and not job.preempting:
@@ -1640,8 +1660,8 @@ def place_queued(
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
         let_go_of(job)
-    record_reservation(w, reservation, complete, now, max_keys, skip)
-    placer.exclude = set(reservation.hosts) if reservation is not None else set()
+    record_reservations(w, w.plan.reservations, complete, now, max_keys, skip)
+    placer.exclude = {h for r in w.plan.reservations for h in r.hosts}
     if budget > 0:
         preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
 
@@ -1650,13 +1670,14 @@ def place_queued(
 RESERVED_START_SLACK_S = 30.0
 
 
-def record_reservation(w: _Work, reservation: Reservation | None, complete: bool, now: float, max_keys: int,
-                       skip: Collection[str]) -> None:
-    """Keep `Job.reserved` in the records: the job this cycle reserved for gets it when it
-    is new or has changed (hosts, or its start by more than RESERVED_START_SLACK_S); the
-    other queued jobs that have one lose it, once a cycle has looked at every queued job
-    (a cycle cut short says nothing of the reservation). Records in flight or left alone
-    (`skip`) wait for a later cycle."""
+def record_reservations(w: _Work, reservations: Sequence[Reservation], complete: bool, now: float, max_keys: int,
+                        skip: Collection[str]) -> None:
+    """Keep `Job.reserved` in the records: each job this cycle reserved for gets it when
+    it is new or has changed (hosts, or its start by more than RESERVED_START_SLACK_S);
+    the other queued jobs that have one lose it, once a cycle has looked at every queued
+    job or made a reservation (which looks at every job that holds one first; a cycle cut
+    short before either says nothing of them). Records in flight or left alone (`skip`)
+    wait for a later cycle."""
     def writable(job_id: str) -> Job | None:
         if job_id in w.frozen_jobs or job_id in skip:
             return None
@@ -1667,14 +1688,17 @@ def record_reservation(w: _Work, reservation: Reservation | None, complete: bool
             return None
         return w.job(job_id)
 
-    if complete or reservation is not None:
-        for job_id in sorted(w.state.reserved):
-            if reservation is None or job_id != reservation.job_id:
-                job = writable(job_id)
-                if job is not None:
-                    job.reserved = None
-    if reservation is None:
-        return
+    kept = {r.job_id for r in reservations}
+    if complete or reservations:
+        for job_id in sorted(w.state.reserved - kept):
+            job = writable(job_id)
+            if job is not None:
+                job.reserved = None
+    for reservation in reservations:
+        _record(w, reservation, now, writable)
+
+
+def _record(w: _Work, reservation: Reservation, now: float, writable: Callable[[str], Job | None]) -> None:
     cur = w.latest(reservation.job_id)
     old = cur.reserved if cur is not None else None
     hosts = sorted(reservation.hosts)

@@ -604,9 +604,10 @@ class Scheduler:
                 metrics.TIMEOUTS.inc(plan.timed_out)
             if plan.gpu_fault_stops:
                 metrics.GPU_FAULT_STOPS.inc(plan.gpu_fault_stops)
-            r = plan.reservation
-            metrics.RESERVED_HOSTS.set(len(r.hosts) if r is not None else 0)
-            metrics.RESERVATION_WAIT.set(max(0.0, r.start - now) if r is not None else 0.0)
+            rs = plan.reservations
+            metrics.RESERVATIONS.set(len(rs))
+            metrics.RESERVED_HOSTS.set(sum(len(r.hosts) for r in rs))
+            metrics.RESERVATION_WAIT.set(max(0.0, min(r.start for r in rs) - now) if rs else 0.0)
             if plan.placed:
                 self.placed += plan.placed
                 metrics.PLACEMENTS.inc(plan.placed)

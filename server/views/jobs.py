@@ -148,7 +148,7 @@ class JobView:
         one but not all at once."""
         whole: bool | None = None
         fits: bool | None = None
-        reserved_for: Job | None = None
+        reserved_for: list[Job] = []
         # A placement is tried only when the queue admits the job: otherwise the quota is
         # what keeps it waiting, whatever room the hosts have (a list asking why for many
         # jobs would pay a placement for each).
@@ -172,23 +172,32 @@ class JobView:
                 return job
         return None
 
-    def _kept_from(self, job: Job, placer: Placer, now: float) -> Job | None:
-        """The job whose reservation holds the only hosts with room for `job`, which may not
-        backfill them (its time limit runs past the reserved start); None otherwise."""
+    def _kept_from(self, job: Job, placer: Placer, now: float) -> list[Job]:
+        """The jobs whose reservations hold the only hosts with room for `job`, which may
+        not backfill them (its time limit runs past their reserved starts); none when it
+        has room elsewhere. Of several, those whose hosts alone would give it room (all of
+        them if none would alone)."""
+        limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
+        blockers: list[tuple[Job, frozenset[str]]] = []
         for other_id in sorted(self.state.reserved):
             other = self.state.jobs.get(other_id)
             r = other.reserved if other is not None and other_id != job.id else None
-            if r is None:
+            if other is None or r is None:
                 continue
-            limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
-            start = r.start if r.start is not None else UNKNOWN
-            if may_backfill(limit, now, Reservation(other_id, frozenset(r.hosts), start)):
-                continue
-            placer.exclude = set(r.hosts)  # its failures so far are kept with what they held back
-            room = placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)
-            if room is None:
-                return other
-        return None
+            hosts = frozenset(r.hosts)
+            if not may_backfill(limit, now, Reservation(other_id, hosts, r.start if r.start is not None else UNKNOWN)):
+                blockers.append((other, hosts))
+
+        def room(exclude: set[str]) -> bool:
+            placer.exclude = exclude  # its failures so far are kept with what they held back
+            return (placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)) is not None
+
+        if not blockers or room({h for _, hosts in blockers for h in hosts}):
+            return []
+        if len(blockers) == 1:
+            return [blockers[0][0]]
+        named = [b for b, mine in blockers if room({h for o, hosts in blockers if o is not b for h in hosts})]
+        return named or [b for b, _ in blockers]
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
         """1-based place in its queue's order (priority, then submission) while QUEUED, not

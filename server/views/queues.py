@@ -9,6 +9,7 @@ queue_usage, queue_live, and the backlog's counts), never by a pass over every j
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,7 +142,7 @@ def admitted(state: ClusterState, job: Job) -> bool:
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None,
-            reserved_for: Job | None = None) -> list[QueueReason]:
+            reserved_for: Sequence[Job] = ()) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
     after (and nothing else is said); its
     queue is missing; it waits for the
@@ -150,7 +151,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     caller); its quota admits it but no host has room (`fits_now` False, computed by the
     caller) and the preemption that could make room waits (reclaim or priority: off, or
     the victims younger than their minimum runtime); it holds a reservation, or the only
-    hosts with room are reserved for `reserved_for` (worked out by the caller); or it
+    hosts with room are reserved for the jobs `reserved_for` (worked out by the caller); or it
     waits its turn by fair share (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
@@ -205,14 +206,23 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         out.extend(_priority_waits(state, q, job, now))
     if job.reserved is not None and job.id in state.reserved:
         out.append(QueueReason(RESERVED, reservation_text(job, now)))
-    if reserved_for is not None and reserved_for.reserved is not None:
+    holders = [j for j in reserved_for if j.reserved is not None]
+    if holders:
         limit = effective_time_limit(job.spec, q)
-        start = reserved_for.reserved.start
-        when = f"which could start there in about {max(0.0, start - now):.0f} s" if start is not None else \
-            "until it starts there (when is unknown: a task there has no time limit)"
         why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
-        out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for job {reserved_for.id}, "
-                                                   f"{when}; {why}, so it may not use them meanwhile"))
+        starts = [j.reserved.start for j in holders if j.reserved is not None]
+        if len(holders) == 1:
+            start = starts[0]
+            when = f"which could start there in about {max(0.0, start - now):.0f} s" if start is not None else \
+                "until it starts there (when is unknown: a task there has no time limit)"
+            held = f"job {holders[0].id}, {when}"
+        else:
+            held = "jobs " + ", ".join(
+                f"{j.id} (could start in about {max(0.0, s - now):.0f} s)" if s is not None
+                else f"{j.id} (start unknown: a task there has no time limit)"
+                for j, s in zip(holders, starts, strict=True))
+        out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for {held}; {why}, so it "
+                                                   "may not use them meanwhile"))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))

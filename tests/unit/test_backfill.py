@@ -104,7 +104,7 @@ def test_the_reservation_is_where_the_job_starts_soonest_and_short_jobs_backfill
     w.submit("open", gpus=1, at=NOW - 8)  # no limit at all
     plan = w.cycle()
     # Host a has more free GPUs (2 against 1), but b frees up first.
-    assert plan.reservation == Reservation("big", frozenset({"b"}), NOW + 100)
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 100)]
     assert w.job("over").attempts[0].host_id == "a"
     assert w.job("short").state is JobState.PLACED  # on either: it ends in time
     assert w.job("open").state is JobState.QUEUED  # the free GPU left is on b, kept for big
@@ -141,10 +141,38 @@ def _two_busy_hosts(x_limit: float = 500, y_limit: float = 300, policy: QueuePol
     return w
 
 
+def test_two_jobs_hold_hosts_of_their_own_and_a_job_may_backfill_only_those_it_ends_in_time_on() -> None:
+    w = _two_busy_hosts()  # b frees at NOW + 250, a at NOW + 450
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.submit("big2", gpus=8, at=NOW - 19)
+    w.submit("open", gpus=1, at=NOW - 8)  # no time limit: may use neither
+    plan = w.cycle()
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250),
+                                 Reservation("big2", frozenset({"a"}), NOW + 450)]
+    assert w.state.reserved == {"big", "big2"} and w.job("open").state is JobState.QUEUED
+    view = JobView(w.state, None, half_life_s=0)
+    why = {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}
+    assert why[RESERVED_FOR_OTHER] == ("the hosts with room for it are held for jobs big (could start in about 250 s)"
+                                       ", big2 (could start in about 450 s); it has no time limit, so it may not "
+                                       "use them meanwhile")
+    # 300 s ends it before a's start, not b's: it goes to a. 100 s ends it before either.
+    w.submit("mid", gpus=2, at=NOW - 7, time_limit_s=300)
+    w.submit("short", gpus=1, at=NOW - 6, time_limit_s=100)
+    w.cycle()
+    assert w.job("mid").attempts[0].host_id == "a" and w.job("short").attempts[0].host_id == "b"
+    assert w.job("open").state is JobState.QUEUED
+    # With one reservation at a time, open would have run on a.
+    w1 = _two_busy_hosts(policy=QueuePolicy(reserve_jobs=1))
+    w1.submit("big", gpus=8, at=NOW - 20)
+    w1.submit("big2", gpus=8, at=NOW - 19)
+    w1.submit("open", gpus=1, at=NOW - 8)
+    assert [r.job_id for r in w1.cycle().reservations] == ["big"] and w1.job("open").attempts[0].host_id == "a"
+
+
 def _unlimited(waited: float) -> tuple[World, Reservation | None]:
     w = _two_busy_hosts(x_limit=0, y_limit=0, policy=QueuePolicy(reserve_after_s=10, reserve_max_s=100))
     w.submit("big", gpus=8, at=NOW - waited)
-    return w, w.cycle().reservation
+    return w, next(iter(w.cycle().reservations), None)
 
 
 def test_without_a_time_limit_a_reservation_holds_the_emptiest_host_for_a_bounded_time() -> None:
@@ -155,15 +183,18 @@ def test_without_a_time_limit_a_reservation_holds_the_emptiest_host_for_a_bounde
     assert _unlimited(waited=111)[1] is None  # waited past 10 + 100 s: its start unknown, no more
 
 
-def _stream(seed: int, policy: QueuePolicy, steps: int = 40) -> int | None:
+def _streams(seed: int, policy: QueuePolicy, steps: int = 40, bigs: int = 1) -> list[int | None]:
     """Four 8-GPU hosts, six 1-GPU jobs arriving each 5 s step and running 2-8 steps (no
-    time limits); an 8-GPU job arrives at step 5. The steps it waited, or None."""
+    time limits); `bigs` 8-GPU jobs arrive at step 5. The steps each waited (None: never
+    placed)."""
     rnd = random.Random(seed)
     w = World()
     w.policy = policy
     for h in range(4):
         w.host(f"h{h}")
     ends: dict[str, int] = {}
+    waited: dict[str, int] = {}
+    names = [f"big{i}" if i else "big" for i in range(bigs)]
     for step in range(steps):
         t = NOW + 1 + 5 * step
         done = [j for j, e in ends.items() if e <= step]
@@ -172,14 +203,22 @@ def _stream(seed: int, policy: QueuePolicy, steps: int = 40) -> int | None:
         for k in range(6):
             w.submit(f"s{step}.{k}", gpus=1, at=t - 0.5 + k * 0.01)
         if step == 5:
-            w.submit("big", gpus=8, at=t - 1)
+            for i, name in enumerate(names):
+                w.submit(name, gpus=8, at=t - 1 + i * 0.01)
         w.cycle(reports=[w.report(j, 0, AttemptState.SUCCEEDED, code=0) for j in done], now=t)
         for j, job in w.state.jobs.items():
             if j.startswith("s") and j not in ends and job.state is JobState.PLACED:
                 ends[j] = step + rnd.randint(2, 8)
-        if "big" in w.state.jobs and w.job("big").state is JobState.PLACED:
-            return step - 5
-    return None
+        for name in names:
+            if name in w.state.jobs and name not in waited and w.job(name).state is JobState.PLACED:
+                waited[name] = step - 5
+        if len(waited) == bigs:
+            break
+    return [waited.get(name) for name in names]
+
+
+def _stream(seed: int, policy: QueuePolicy, steps: int = 40) -> int | None:
+    return _streams(seed, policy, steps)[0]
 
 
 def test_a_big_single_host_job_is_not_starved_by_a_stream_of_small_ones() -> None:
@@ -189,19 +228,34 @@ def test_a_big_single_host_job_is_not_starved_by_a_stream_of_small_ones() -> Non
     assert waited is not None and waited <= 2 + 8  # the reservation after 2 steps, the host's jobs done in 8
 
 
+def test_several_big_jobs_hold_reservations_at_once_and_none_waits_for_the_others() -> None:
+    """Two 8-GPU jobs in the same stream: with one reservation at a time the second gets
+    its own only once the first runs; with several, each holds a host of its own from the
+    start and both run once their hosts' small jobs end."""
+    for seed in (1, 3):  # streams where the second waits past 2 + 8 steps with one at a time
+        one = _streams(seed, QueuePolicy(reserve_jobs=1), bigs=2)
+        several = _streams(seed, QueuePolicy(reserve_jobs=4), bigs=2)
+        # Reserved after 2 steps, the host's small jobs done in 8 more.
+        assert all(x is not None and x <= 2 + 8 for x in several), (seed, several)
+        assert one[0] is not None and one[0] <= 2 + 8 and (one[1] is None or one[1] > 2 + 8), (seed, one)
+    assert _streams(1, QueuePolicy(reserve_jobs=0), bigs=2) == [None, None]  # 0: no reservations
+
+
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10**6))
-def test_a_reserved_job_starts_by_its_reserved_start_when_every_job_has_a_limit(seed: int) -> None:
+@given(st.integers(0, 10**6), st.integers(1, 2))
+def test_a_reserved_job_starts_by_its_reserved_start_when_every_job_has_a_limit(seed: int, bigs: int) -> None:
     """Jobs of 1-4 GPUs with time limits, each ending at a random time within its limit;
-    an 8-GPU job waits. Once it holds a reservation with a known start, nothing placed
-    after keeps it from starting by then (backfilled jobs end in time)."""
+    one or two 8-GPU jobs wait. Once one holds a reservation with a known start, nothing
+    placed after keeps it from starting by then (backfilled jobs end in time, and the
+    other's reservation is on other hosts)."""
     rnd = random.Random(seed)
     w = World()
     for h in range(3):
         w.host(f"h{h}")
     ends: dict[str, float] = {}
-    promised: float | None = None
-    for step in range(60):
+    names = ["big", "big2"][:bigs]
+    promised: dict[str, float] = {}
+    for step in range(80):
         t = NOW + 5 * step
         done = [j for j, e in ends.items() if e <= t]
         reports = [w.report(j, 0, AttemptState.SUCCEEDED, code=0, ts=t) for j in done]
@@ -211,19 +265,24 @@ def test_a_reserved_job_starts_by_its_reserved_start_when_every_job_has_a_limit(
             w.submit(f"s{step}.{k}", gpus=rnd.randint(1, 4), at=t - 0.5 + k * 0.01,
                      time_limit_s=float(rnd.choice([20, 40, 80, 160])))
         if step == 3:
-            w.submit("big", gpus=8, at=t - 1, time_limit_s=1000)
+            for i, name in enumerate(names):
+                w.submit(name, gpus=8, at=t - 1 + i * 0.01, time_limit_s=1000)
         plan = w.cycle(reports=reports, now=t)
         started = [j for j, job in w.state.jobs.items() if job.state is JobState.PLACED and j not in ends]
         w.cycle(reports=[w.report(j, 0, AttemptState.RUNNING, ts=t) for j in started], now=t)
         for j in started:
             ends[j] = t + rnd.uniform(1, w.job(j).spec.time_limit_s)
-        if "big" in w.state.jobs and w.job("big").state is not JobState.QUEUED:
-            assert promised is None or t <= promised + 5  # placed in the first cycle at or after it
+        waiting = [n for n in names if n in w.state.jobs and w.job(n).state is JobState.QUEUED]
+        for name in names:
+            if name in w.state.jobs and name not in waiting and name in promised:
+                assert t <= promised.pop(name) + 5  # placed in the first cycle at or after it
+        if step > 3 and not waiting:
             return
-        if plan.reservation is not None and plan.reservation.job_id == "big" and plan.reservation.known():
-            promised = plan.reservation.start if promised is None else min(promised, plan.reservation.start)
-        if promised is not None:
-            assert t <= promised + 5, "the reserved start passed and the job is still queued"
+        for r in plan.reservations:
+            if r.job_id in waiting and r.known():
+                promised[r.job_id] = min(promised.get(r.job_id, r.start), r.start)
+        for name, at in promised.items():
+            assert t <= at + 5, f"{name}'s reserved start passed and it is still queued"
 
 
 def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() -> None:
@@ -235,7 +294,7 @@ def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() ->
     w.submit("big", gpus=8, at=NOW - 20)
     plan = w.cycle()
     assert w.job("nowhere").state is JobState.QUEUED  # first in order, and no host has its label
-    assert plan.reservation == Reservation("big", frozenset({"b"}), NOW + 250)
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250)]
 
 
 def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
@@ -244,21 +303,22 @@ def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
     w.cycle()
     assert w.state.reserved == {"big"}
     # A job ahead of it in the queue (submitted earlier) that finds no room either does
-    # not take the reservation from it.
+    # not take the reservation from it: it gets the other host.
     w.submit("first", gpus=8, at=NOW - 25)
     plan = w.cycle(now=NOW + 1)
-    assert plan.reservation is not None and plan.reservation.job_id == "big"
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250),
+                                 Reservation("first", frozenset({"a"}), NOW + 450)]
     assert "big" not in plan.jobs  # unchanged: not written again
     # y ends: the job ahead is placed first, on b (a reservation never reorders the
     # queue); big's reservation moves to a, free once x ends.
     plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 2)], now=NOW + 2)
     assert w.job("first").state is JobState.PLACED and w.job("first").attempts[0].host_id == "b"
-    assert plan.reservation == Reservation("big", frozenset({"a"}), NOW + 450)
+    assert plan.reservations == [Reservation("big", frozenset({"a"}), NOW + 450)]
     assert w.job("big").reserved == Reserved(hosts=["a"], host_count=1, start=NOW + 450, since=NOW)
     # x ends: big starts on a; no job holds a reservation any more.
     plan = w.cycle(reports=[w.report("x", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 3)], now=NOW + 3)
     assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "a"
-    assert plan.reservation is None and w.job("big").reserved is None and w.state.reserved == set()
+    assert plan.reservations == [] and w.job("big").reserved is None and w.state.reserved == set()
 
 
 def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_waits() -> None:
@@ -272,7 +332,9 @@ def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_wait
     plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 1)], now=NOW + 1)
     assert w.job("gang").state is JobState.QUEUED
     assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "b"
-    assert plan.reservation is not None and plan.reservation.job_id in ("big", "gang")
+    # The gang holds what is left (a), its start unknown until it holds both.
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 1),  # free now: y ended
+                                 Reservation("gang", frozenset({"a"}), UNKNOWN)]
 
 
 def test_a_full_cluster_still_gives_a_reservation() -> None:
@@ -286,7 +348,7 @@ def test_a_full_cluster_still_gives_a_reservation() -> None:
     _running(w, "z", gpus=8, limit=0)
     w.submit("big", gpus=8, at=NOW - 20)
     plan = w.cycle()
-    assert plan.reservation == Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850)
+    assert plan.reservations == [Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850)]
     # With no time limit anywhere, still a reservation (its start unknown), also for a
     # job that names its GPU model.
     w2 = World()
@@ -297,5 +359,5 @@ def test_a_full_cluster_still_gives_a_reservation() -> None:
     big = make_job("big", spec=job_spec("big", command=["x"], gpus=8, gpu_model="H100", cpus=1, memory_mb=1),
                    submitted_at=NOW - 20)
     w2.state.apply_state_record(Record("job.big", next(w2.rev), encode(big)))
-    r = w2.cycle().reservation
+    r = next(iter(w2.cycle().reservations), None)
     assert r is not None and r.start == UNKNOWN and len(r.hosts) == 1
