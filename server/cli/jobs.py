@@ -20,8 +20,8 @@ attempts { id number task state host { id health } gpuIndices gpuShare migInstan
 outputTail reason }"""
 
 
-# Job fields a server of the previous version lacks: list and show ask again without them.
-NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor")
+# Job fields a server of an earlier version lacks: list and show ask again without them.
+NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -310,13 +310,14 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: JobFilter) { jobs(first: $first, filter: $filter) { totalCount
            edges { node { id name state user queue gpus gpuModel gpuModels gpuShare migProfile replicas priority
-           submittedAt hold waitingFor } } } }"""
+           submittedAt hold waitingFor reservation { hostCount } } } } }"""
     flt = job_filter(args)
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None}, optional=NEWER_FIELDS)["jobs"]
         rows = [[n["id"], n["name"], n["state"] + (" held" if n.get("hold") else " after" if n.get("waitingFor")
-                                                     else ""), n["user"], n["queue"],
+                                                     else " reserved" if n.get("reservation") else ""),
+                 n["user"], n["queue"],
                  gpus_cell(n),
                  n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]

@@ -1601,6 +1601,10 @@ def place_queued(
             choices = [choice]
         for c in choices:
             placer.reserve(c, spec)
+        if reservations.pop(job.id, None) is not None:
+            # Placed (on its reserved hosts, or where it found room first): what it left
+            # free there is for the jobs after it, and its slot for another.
+            w.plan.reservations = [r for r in w.plan.reservations if r.job_id != job.id]
         copy = w.job(job.id)
         assert copy is not None
         job = copy

@@ -55,6 +55,9 @@ def test_a_waiting_job_holds_its_host_and_only_jobs_that_end_in_time_use_it(clus
     assert job(api, open_)["state"] == "QUEUED"
     why = muster(cluster, srv.url, "job", "why", big)
     assert why.returncode == 0 and "holds a reservation" in why.stdout, why.stdout + why.stderr
+    listed = muster(cluster, srv.url, "job", "list", "--state", "QUEUED")
+    row = next((line for line in listed.stdout.splitlines() if line.startswith(big)), "")
+    assert "QUEUED reserved" in row and "QUEUED reserved" not in listed.stdout.replace(row, ""), listed.stdout
     # The host says whom it is held for: GraphQL, the CLI, the console's host page.
     assert api.q('query { host(id: "b1") { reservedFor } }')["host"]["reservedFor"] == big
     shown = muster(cluster, srv.url, "host", "show", "b1")

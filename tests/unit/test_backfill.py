@@ -333,8 +333,22 @@ def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_wait
     assert w.job("gang").state is JobState.QUEUED
     assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "b"
     # The gang holds what is left (a), its start unknown until it holds both.
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 1),  # free now: y ended
-                                 Reservation("gang", frozenset({"a"}), UNKNOWN)]
+    assert plan.reservations == [Reservation("gang", frozenset({"a"}), UNKNOWN)]  # big's went with its placement
+
+
+def test_a_reserved_job_placed_in_the_cycle_leaves_the_rest_of_its_hosts_to_the_jobs_after_it() -> None:
+    w = _two_busy_hosts()
+    w.submit("mid", gpus=4, at=NOW - 20)
+    w.cycle()
+    assert w.job("mid").reserved is not None and w.job("mid").reserved.hosts == ["b"]
+    # y ends: b is free. The gang ahead of mid finds no room (mid keeps b, the gang holds
+    # a); mid is placed on b, and the 4 GPUs it leaves there go to a job with no limit.
+    w.submit("gang", gpus=8, replicas=2, at=NOW - 30)
+    w.submit("open", gpus=1, at=NOW - 5)
+    plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 1)], now=NOW + 1)
+    assert w.job("mid").state is JobState.PLACED and w.job("mid").attempts[0].host_id == "b"
+    assert w.job("open").state is JobState.PLACED and w.job("open").attempts[0].host_id == "b"
+    assert plan.reservations == [Reservation("gang", frozenset({"a"}), UNKNOWN)]
 
 
 def test_a_full_cluster_still_gives_a_reservation() -> None:
