@@ -96,10 +96,18 @@ class JobView:
             job = self.history.get_job(job_id)
         return job
 
-    def overlay(self, rows: Sequence[Job]) -> list[Job]:
-        """History rows, each replaced by its live record where there is one (fresher)."""
+    def overlay(self, rows: Sequence[Job], **filters: Any) -> tuple[list[tuple[Job, Job]], int]:
+        """History rows, each with its live record where there is one (fresher: the row to
+        show), less those whose live record no longer passes `filters` (`matches`: history
+        lags behind, and a job cancelled a moment ago is not listed among the QUEUED ones);
+        and how many were left out, to take from the rows' count."""
         live = self.state.jobs
-        return [live.get(j.id, j) for j in rows]
+        out = []
+        for row in rows:
+            cur = live.get(row.id, row)
+            if cur is row or matches(cur, **filters):
+                out.append((row, cur))
+        return out, len(rows) - len(out)
 
     def unrecorded(self, rows: Sequence[Job], limit: int, **filters: Any) -> tuple[list[Job], int]:
         """For the first page newest first: the live jobs newer than every one of `rows` (that

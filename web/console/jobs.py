@@ -58,7 +58,8 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
     bad_state = bool(state) and state not in states
     if bad_state:
         state = ""
-    f = _list_filters(m, params)
+    queues = [q.name for q in m.queues()]
+    f = _list_filters(m, params, queues)
     filters: dict[str, Any] = dict(state=state or None, queue=f["queue"] or None, name=f["name"] or None,
                                    user=f["user"] or None)
     assert m.history is not None
@@ -70,7 +71,9 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
                                               offset=(page - 1) * PER_PAGE)
     # Live records laid over history's rows (a row's state may be behind: filtered again),
     # and on the first page the jobs history has not written yet.
-    shown = [j for j in m.jobs.overlay(rows) if not state or j.state.value == state]
+    pairs, stale = m.jobs.overlay(rows, **filters)
+    shown = [j for _, j in pairs]
+    total -= stale
     if page == 1:
         fresh, count = m.jobs.unrecorded(rows, PER_PAGE, **filters)
         shown = (fresh + shown)[:PER_PAGE]
@@ -86,7 +89,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
         # (`user` is the signed-in user's name on every page)
         "queue": f["queue"], "name_filter": f["name"], "user_filter": f["user"],
         "filtered": any(keep.values()),
-        "queues": [q.name for q in m.queues()],
+        "queues": queues,
         "page": page,
         "pages": pages,
         "prev_url": url("/jobs", **keep, page=page - 1) if page > 1 else None,
@@ -99,11 +102,13 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
     }
 
 
-def _list_filters(m: Muster, params: Any) -> dict[str, str]:
+def _list_filters(m: Muster, params: Any, queues: list[str] | None = None) -> dict[str, str]:
     """The jobs list's filters besides the state, from a query string or a form: a queue
-    that exists, a name prefix, a user."""
+    that exists (among `queues`, the queues' names when the caller has them), a name
+    prefix, a user."""
     queue = params.get("queue", "").strip()
-    return {"queue": queue if queue in {q.name for q in m.queues()} else "",
+    names = queues if queues is not None else [q.name for q in m.queues()]
+    return {"queue": queue if queue in names else "",
             "name": params.get("name", "").strip()[:128], "user": params.get("user", "").strip()[:64]}
 
 

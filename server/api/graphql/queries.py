@@ -151,7 +151,8 @@ class Query:
         rows = rows[:n]
         # Each shown job with the job its cursor is made of (the history row, whose order the
         # next page continues).
-        shown = list(zip(rows, mu.jobs.overlay(rows), strict=True))
+        shown, stale = mu.jobs.overlay(rows, **filters)
+        total -= stale
         if not after and sort is JobSort.SUBMITTED_AT_DESC:
             # Jobs not written to history yet come first: a job is listed once submitted.
             fresh, count = mu.jobs.unrecorded(rows, n, **filters)
