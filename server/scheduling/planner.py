@@ -1293,6 +1293,7 @@ def place_queued(
         let_go_of(job)
 
     reservations: dict[str, Reservation] = {}  # job id -> its reservation, this cycle's
+    tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
     reserving = RESERVE_TRIES + policy.reserve_jobs
 
     def ends(host_id: str) -> Ends:
@@ -1310,7 +1311,7 @@ def place_queued(
             job = w.latest(job_id)
             if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
                     or job.id in w.frozen_jobs or job.id in skip or job.not_before > now \
-                    or now - job.submitted_at < policy.reserve_after_s or job.id in reservations:
+                    or now - job.submitted_at < policy.reserve_after_s or job.id in tried:
                 continue
             q = adm.queue(job)
             if q is None or over_user_limit(job, q):
@@ -1323,6 +1324,7 @@ def place_queued(
     def reserve(job: Job, spec: JobSpec) -> None:
         """Hold hosts for `job` where it could start soonest, none of another
         reservation's, if it may hold them."""
+        tried.add(job.id)
         held = placer.exclude
         placer.exclude = held | {h for r in reservations.values() for h in r.hosts}
         soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
@@ -1338,7 +1340,7 @@ def place_queued(
         nonlocal reserving
         waited = now - job.submitted_at
         if len(reservations) >= policy.reserve_jobs or not reserving or job.preempting \
-                or waited < policy.reserve_after_s or job.id in reservations:
+                or waited < policy.reserve_after_s or job.id in tried:
             return
         # The first jobs a cycle that waited and found no room and that some hosts could
         # ever take; a few tries more, so that jobs no host can take do not cost more.
@@ -1351,7 +1353,7 @@ def place_queued(
             if len(reservations) >= policy.reserve_jobs:
                 return
             reserve(keeper, keeper_spec)
-        if len(reservations) < policy.reserve_jobs and job.id not in reservations:
+        if len(reservations) < policy.reserve_jobs and job.id not in tried:
             reserve(job, spec)
     blocked: list[tuple[Job, Refusal | None]] = []
     # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
