@@ -28,6 +28,7 @@ from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling import submitlimits
 from server.scheduling.capacity import POLICIES
+from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy, hold_text
@@ -500,16 +501,16 @@ class Muster:
     def _waits_for(self, spec: JobSpec) -> list[str]:
         """Of the jobs `spec` runs after, those it must wait for (not ended yet, as this
         replica sees them: the leader takes out each as it ends). Raises ValidationError
-        for one that does not exist, or (afterok) one that ended otherwise than SUCCEEDED:
-        the job could never run."""
+        for one that does not exist, or one whose end its rule excludes (afterok: any but
+        SUCCEEDED; afternotok: SUCCEEDED): the job could never run."""
         left, never = waits(spec, spec.depends_on, self.jobs.get)
         if never is not None:
             dep, ended = never
             if ended is None:
                 raise ValidationError("dependsOn", f"no job {dep}", "UNKNOWN_DEPENDENCY")
             raise ValidationError("dependsOn", f"job {dep} ended {ended.value}: this job could never run "
-                                               "(afterok; use AFTER_ANY to run after it whatever its end)",
-                                  "DEPENDENCY_FAILED")
+                                               f"({dependency_kind(spec)}; use AFTER_ANY to run after it whatever its "
+                                               "end)", "DEPENDENCY_FAILED")
         return left
 
     @staticmethod

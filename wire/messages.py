@@ -231,11 +231,14 @@ class JobSpec(_Model):
     # Labels a host must have to run the job (key=value each, all of them: a zone, a
     # network, a driver line), as its agent reports them (`--labels`).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
-    # Jobs this one runs after (their ids): once every one of them SUCCEEDED (afterok), or
-    # once every one of them ended whatever its end (`depend_any`: afterany). Under afterok,
-    # one that ends otherwise cancels this job.
+    # Jobs this one runs after (their ids): once every one of them SUCCEEDED (afterok), once
+    # every one of them ended whatever its end (`depend_any`: afterany), or once every one
+    # of them ended otherwise than SUCCEEDED (`depend_not_ok`: afternotok, for a job that
+    # cleans up or reports a failure). Under afterok one that ends otherwise, under
+    # afternotok one that SUCCEEDED, cancels this job.
     depends_on: list[str] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
     depend_any: bool = False
+    depend_not_ok: bool = False
 
     @field_validator("host_labels")
     @classmethod

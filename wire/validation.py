@@ -167,8 +167,9 @@ def validate_job(
         err("dependsOn", f"must be a list of at most {MAX_DEPENDENCIES} job ids", "INVALID")
         depends_on = []
     depend_any = data.get("depend_any", False)
-    if not isinstance(depend_any, bool):
-        err("dependency", "must be AFTER_OK or AFTER_ANY")
+    depend_not_ok = data.get("depend_not_ok", False)
+    if not isinstance(depend_any, bool) or not isinstance(depend_not_ok, bool) or (depend_any and depend_not_ok):
+        err("dependency", "must be one of AFTER_OK, AFTER_ANY and AFTER_NOT_OK")
     time_limit = data.get("time_limit_s", 0) or 0
     if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
             or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
@@ -202,6 +203,7 @@ def validate_job(
         host_labels=dict(host_labels),
         depends_on=list(dict.fromkeys(depends_on)),
         depend_any=bool(depend_any) and bool(depends_on),
+        depend_not_ok=bool(depend_not_ok) and bool(depends_on),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

@@ -139,6 +139,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                          "otherwise cancels this job")
     js.add_argument("--after-any", action="store_true",
                     help="with --after: run once they ended, whatever their end (afterany)")
+    js.add_argument("--after-notok", action="store_true",
+                    help="with --after: run once they ended otherwise than SUCCEEDED (FAILED, CANCELLED, TIMEOUT), "
+                         "to clean up or report; one that SUCCEEDED cancels this job (afternotok)")
     js.add_argument("--array", type=int, default=None, metavar="N",
                     help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
                          "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE); not with --wait or -f")
@@ -196,12 +199,16 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["onDisconnect"] = "KEEP_RUNNING"
     if args.hold:
         inp["held"] = True
+    if args.after_any and args.after_notok:
+        raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
         inp["dependsOn"] = args.depends_on
         if args.after_any:
             inp["dependency"] = "AFTER_ANY"
-    elif args.after_any:
-        raise ValidationError("after-any", "goes with --after ID")
+        elif args.after_notok:
+            inp["dependency"] = "AFTER_NOT_OK"
+    elif args.after_any or args.after_notok:
+        raise ValidationError("after-any" if args.after_any else "after-notok", "goes with --after ID")
     for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
         if given:
             pairs: dict[str, str] = {}
@@ -350,7 +357,8 @@ def show(args: argparse.Namespace) -> None:
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
     if job.get("dependsOn"):
-        kind = "they ended" if job.get("dependency") == "AFTER_ANY" else "they SUCCEEDED"
+        kind = {"AFTER_ANY": "they ended", "AFTER_NOT_OK": "they ended otherwise than SUCCEEDED"}.get(
+            job.get("dependency") or "", "they SUCCEEDED")
         waiting = f"; waiting for {', '.join(job['waitingFor'])}" if job.get("waitingFor") else ""
         print(f"  runs after: {', '.join(job['dependsOn'])} (once {kind}){waiting}")
     if job.get("cancelReason"):

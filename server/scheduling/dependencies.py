@@ -12,12 +12,23 @@ from collections.abc import Callable, Mapping, Sequence
 from wire.messages import Job, JobSpec, JobState
 
 
+def kind(spec: JobSpec) -> str:
+    """The job's dependency rule, as Slurm names it: afterok, afterany or afternotok."""
+    return "afterany" if spec.depend_any else "afternotok" if spec.depend_not_ok else "afterok"
+
+
+def needs(spec: JobSpec) -> str:
+    """What the job needs of each job it runs after, in words ("to succeed", ...)."""
+    return {"afterok": "to succeed", "afterany": "to end", "afternotok": "to end otherwise than SUCCEEDED"}[kind(spec)]
+
+
 def waits(spec: JobSpec, deps: Sequence[str],
           lookup: Callable[[str], Job | None]) -> tuple[list[str], tuple[str, JobState | None] | None]:
     """Of `deps` (jobs a job with `spec` runs after, found with `lookup`), those not ended
     yet, which it waits for; and the first that means it can never run: (its id, None) for
-    one not known, (its id, its end) for one that ended otherwise than SUCCEEDED under
-    afterok. The API, at submission, and the leader, as dependencies end, decide alike."""
+    one not known, (its id, its end) for one whose end the rule excludes (afterok: any but
+    SUCCEEDED; afternotok: SUCCEEDED). The API, at submission, and the leader, as
+    dependencies end, decide alike."""
     left: list[str] = []
     for d in deps:
         dep = lookup(d)
@@ -25,7 +36,7 @@ def waits(spec: JobSpec, deps: Sequence[str],
             return left, (d, None)
         if not dep.state.terminal:
             left.append(d)
-        elif dep.state is not JobState.SUCCEEDED and not spec.depend_any:
+        elif not spec.depend_any and (dep.state is JobState.SUCCEEDED) is spec.depend_not_ok:
             return left, (d, dep.state)
     return left, None
 

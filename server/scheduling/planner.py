@@ -19,6 +19,7 @@ from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry, submitlimits
 from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts
 from server.scheduling.capacity import Placer
+from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.scheduling.placement import Choice
@@ -687,8 +688,9 @@ def submission_refusal(w: _Work, spec: JobSpec) -> str:
 
 def dependency_state(w: _Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:
     """Of `deps` (job ids `job` runs after), those it still waits for, and why it can never
-    run ("" if it can): under afterok a dependency that ended otherwise than SUCCEEDED, or
-    one no longer known (its record gone). dependencies.waits over this cycle's records."""
+    run ("" if it can): a dependency whose end its rule excludes (afterok: any but
+    SUCCEEDED; afternotok: SUCCEEDED), or one no longer known (its record gone).
+    dependencies.waits over this cycle's records."""
     left, never = waits(job.spec, deps, lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d))
     if never is None:
         return left, ""
@@ -705,7 +707,8 @@ def hold_text(by: str, reason: str = "", *, at_submission: bool = False) -> str:
 def resolve_dependencies(w: _Work, now: float, room: int) -> None:
     """Jobs whose dependencies ended (or went): those all met go back to their queue (and
     may be placed in this cycle), those that can never be met (afterok, one ended
-    otherwise) end CANCELLED saying which, the rest wait for fewer."""
+    otherwise; afternotok, one SUCCEEDED) end CANCELLED saying which, the rest wait for
+    fewer."""
     for job_id in sorted(w.state.deps.due):
         if w.plan.keys + 2 > room:
             return
@@ -724,7 +727,8 @@ def resolve_dependencies(w: _Work, now: float, room: int) -> None:
             job.state = JobState.CANCELLED
             job.hold = ""
             job.waiting_for = []
-            job.cancel_reason = clip_start(f"{never}: it could never run (afterok)", CANCEL_REASON_MAX)
+            job.cancel_reason = clip_start(f"{never}: it could never run ({dependency_kind(job.spec)})",
+                                           CANCEL_REASON_MAX)
             w.plan.events.append(_event("job.cancelled", job, None, now, job.cancel_reason))
         else:
             job.waiting_for = left

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.scheduling import fairshare
+from server.scheduling import dependencies, fairshare
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
@@ -158,7 +158,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if job.hold:
         return [QueueReason(HELD, f"{job.hold}; not considered for placement until released")]
     if job.waiting_for:
-        end = "to end" if job.spec.depend_any else "to succeed"
+        end = dependencies.needs(job.spec)
         return [QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the {len(job.spec.depends_on)} "
                                         "it runs after); not considered for placement until then")]
     b = book(state)

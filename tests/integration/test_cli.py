@@ -322,7 +322,9 @@ def test_requeue_from_the_cli(cluster: Cluster) -> None:
 def test_jobs_run_after_their_dependencies(cluster: Cluster) -> None:
     """`--after`: a job starts only once the job it runs after has ended (checked from the
     times the tasks write themselves); under afterok a failed dependency cancels it, under
-    --after-any it runs all the same; an unknown or already failed dependency is refused."""
+    --after-any it runs all the same, under --after-notok it runs because of it (and a
+    dependency that succeeds cancels it); an unknown or already failed dependency is
+    refused."""
     srv = cluster.server()
     cluster.agent("dep-1", gpus="1xH100")
     api = Api(srv.url, cluster.token)
@@ -346,12 +348,30 @@ def test_jobs_run_after_their_dependencies(cluster: Cluster) -> None:
     f = json.loads(submit("fails", "exit 3", "--max-attempts", "1", "--hold").stdout)["id"]
     c = json.loads(submit("after-ok", "true", "--after", f).stdout)["id"]
     e = json.loads(submit("after-any", "true", "--after", f, "--after-any").stdout)["id"]
+    n = json.loads(submit("on-failure", "true", "--after", f, "--after-notok").stdout)["id"]
+    shown = muster(cluster, srv.url, "job", "show", n).stdout
+    assert f"runs after: {f} (once they ended otherwise than SUCCEEDED)" in shown, shown
+    assert f"({f} to end otherwise than SUCCEEDED" in shown, shown
+    assert api.q('query($id: ID!) { job(id: $id) { dependency } }', {"id": n})["job"]["dependency"] == "AFTER_NOT_OK"
     assert muster(cluster, srv.url, "job", "release", f).returncode == 0
     assert api.wait_job(f, {"FAILED"})["state"] == "FAILED"
     assert api.wait_job(c, {"CANCELLED"})["state"] == "CANCELLED"
     reason = api.q('query($id: ID!) { job(id: $id) { cancelReason } }', {"id": c})["job"]["cancelReason"]
     assert reason == f"dependency {f} ended FAILED: it could never run (afterok)"
     assert api.wait_job(e, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    assert api.wait_job(n, {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    # afternotok after a job that succeeds: cancelled when it does, refused once it has.
+    r = submit("late-notok", "true", "--after", a, "--after-notok")
+    assert r.returncode == 1 and f"job {a} ended SUCCEEDED: this job could never run (afternotok" in r.stderr, \
+        r.stderr
+    ok = json.loads(submit("fine", "sleep 1", "--hold").stdout)["id"]
+    skipped = json.loads(submit("on-fine-failing", "true", "--after", ok, "--after-notok").stdout)["id"]
+    assert muster(cluster, srv.url, "job", "release", ok).returncode == 0
+    assert api.wait_job(skipped, {"CANCELLED"})["state"] == "CANCELLED"
+    reason = api.q('query($id: ID!) { job(id: $id) { cancelReason } }', {"id": skipped})["job"]["cancelReason"]
+    assert reason == f"dependency {ok} ended SUCCEEDED: it could never run (afternotok)"
+    r = submit("both", "true", "--after", ok, "--after-any", "--after-notok")
+    assert r.returncode != 0 and "exclude each other" in r.stderr, r.stderr
     r = submit("late", "true", "--after", f)
     assert r.returncode == 1 and f"job {f} ended FAILED: this job could never run" in r.stderr, r.stderr
     r = submit("orphan", "true", "--after", "jnosuchjob1")

@@ -643,6 +643,15 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     made = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
     assert made.spec.depends_on == [first.id, then.id] and made.waiting_for == [first.id, then.id]
     assert made.hold == "held by operator at submission"
+    assert not made.spec.depend_any and not made.spec.depend_not_ok  # the rule's default: afterok
+    # The rule chosen: afternotok, shown on the job's page.
+    assert 'name="after_rule"' in (await c.get("/submit")).text
+    r = await c.post("/submit", data={**base, "name": "on-failure", "after": first.id, "after_rule": "notok"})
+    assert r.status_code == 303, r.text
+    made = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
+    assert made.spec.depend_not_ok and not made.spec.depend_any
+    page = (await c.get(f"/jobs/{made.id}")).text
+    assert "(once they ended otherwise than succeeded)" in page
 
 
 async def test_hold_release_and_priority_forms(console: Console) -> None:

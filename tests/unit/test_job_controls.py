@@ -27,7 +27,8 @@ def job_id(i: int) -> str:
 
 
 submit = st.tuples(st.just("submit"), st.integers(0, N - 1), st.integers(1, 4),
-                  st.lists(st.integers(0, N - 1), min_size=1, max_size=2) | st.just([]), st.booleans(),
+                  st.lists(st.integers(0, N - 1), min_size=1, max_size=2) | st.just([]),
+                  st.sampled_from(["afterok", "afterany", "afternotok"]),
                   st.sampled_from([False, False, False, True]))
 end = st.tuples(st.just("end"), st.integers(0, N - 1),
                 st.sampled_from([AttemptState.SUCCEEDED, AttemptState.SUCCEEDED, AttemptState.FAILED]))
@@ -63,16 +64,17 @@ def test_held_and_waiting_jobs_are_never_placed_and_dependencies_are_kept(steps:
     for op in steps:
         kind = op[0]
         if kind == "submit":
-            _, i, gpus, deps, any_end, held = op
+            _, i, gpus, deps, rule, held = op
             jid = job_id(i)
             deps = [job_id(d) for d in dict.fromkeys(deps) if d != i and job_id(d) in w.state.jobs]
             if jid in w.state.jobs:
                 continue
             # What the API stores: it refuses what could never run, and waits for what has not ended.
-            if not any_end and any(w.state.jobs[d].state.terminal and w.state.jobs[d].state is not JobState.SUCCEEDED
-                                   for d in deps):
+            if rule != "afterany" and any(w.state.jobs[d].state.terminal and (
+                    w.state.jobs[d].state is JobState.SUCCEEDED) is (rule == "afternotok") for d in deps):
                 continue
-            spec = job_spec(jid, command=["run"], gpus=gpus, depends_on=deps, depend_any=any_end)
+            spec = job_spec(jid, command=["run"], gpus=gpus, depends_on=deps, depend_any=rule == "afterany",
+                            depend_not_ok=rule == "afternotok")
             rec = make_job(jid, spec=spec, submitted_at=now - 100 + i, hold="held by op" if held else "",
                            waiting_for=[d for d in deps if not w.state.jobs[d].state.terminal])
             w.state.apply_state_record(Record(f"job.{jid}", next(w.rev), encode(rec)))
@@ -113,7 +115,8 @@ def test_held_and_waiting_jobs_are_never_placed_and_dependencies_are_kept(steps:
                 for d in j.spec.depends_on:
                     dep = w.state.jobs[d]
                     assert dep.state.terminal, (j.id, d, dep.state)
-                    assert j.spec.depend_any or dep.state is JobState.SUCCEEDED, (j.id, d, dep.state)
+                    assert j.spec.depend_any or (dep.state is JobState.SUCCEEDED) is not j.spec.depend_not_ok, (
+                        j.id, d, dep.state)
             if j.state is JobState.QUEUED and (j.hold or j.waiting_for):
                 assert j.id not in set(w.state.backlog.ids())
             # A requeue never fails a job: a failed job's last try failed by itself (a

@@ -628,9 +628,11 @@ def test_a_job_submitted_held_over_nats_is_not_placed(w: World) -> None:
     assert plan.jobs["free-job-1"].state is JobState.PLACED
 
 
-def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, gpus: int = 1) -> None:
+def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_ok: bool = False,
+          gpus: int = 1) -> None:
     """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""
-    spec = job_spec(job_id, command=["run", job_id], gpus=gpus, depends_on=deps, depend_any=any_end)
+    spec = job_spec(job_id, command=["run", job_id], gpus=gpus, depends_on=deps, depend_any=any_end,
+                    depend_not_ok=not_ok)
     waiting = [d for d in deps if not w.job(d).state.terminal]
     w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(
         make_job(job_id, spec=spec, submitted_at=NOW - 50, waiting_for=waiting))))
@@ -666,6 +668,36 @@ def test_a_failed_dependency_cancels_its_dependents_down_the_chain(w: World) -> 
     plan = w.cycle()  # the next link: afterok cancelled, afterany free to run
     assert plan.jobs["eval-job"].state is JobState.CANCELLED
     assert plan.jobs["cleanup-job"].state is JobState.PLACED and plan.jobs["cleanup-job"].waiting_for == []
+
+
+def test_an_afternotok_job_runs_after_a_failure_and_a_success_cancels_it(w: World) -> None:
+    w.submit("train-job", gpus=1, max_attempts=1)
+    w.submit("eval-job", gpus=1)
+    w.cycle()
+    after(w, "alert-job", ["train-job"], not_ok=True)
+    after(w, "cleanup-job", ["eval-job"], not_ok=True)
+    w.cycle(reports=[report(w, "train-job", AttemptState.FAILED, exit_code=1),
+                     report(w, "eval-job", AttemptState.SUCCEEDED, exit_code=0)])
+    plan = w.cycle()
+    assert plan.jobs["alert-job"].state is JobState.PLACED and plan.jobs["alert-job"].waiting_for == []
+    assert plan.jobs["cleanup-job"].state is JobState.CANCELLED
+    assert plan.jobs["cleanup-job"].cancel_reason == ("dependency eval-job ended SUCCEEDED: it could never run "
+                                                      "(afternotok)")
+
+
+def test_the_dependency_rules_decide_alike_for_every_end() -> None:
+    from server.scheduling.dependencies import waits
+
+    for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.RUNNING):
+        dep = make_job("dep-job", state=state)
+        for any_end, not_ok, runs in ((False, False, state is JobState.SUCCEEDED), (True, False, True),
+                                      (False, True, state is not JobState.SUCCEEDED)):
+            spec = job_spec("x", depends_on=["dep-job"], depend_any=any_end, depend_not_ok=not_ok)
+            left, never = waits(spec, ["dep-job"], {"dep-job": dep}.get)
+            if not state.terminal:
+                assert (left, never) == (["dep-job"], None)
+            else:
+                assert left == [] and (never is None) is runs, (state, any_end, not_ok)
 
 
 def test_a_dependency_whose_record_is_gone_cancels_the_job(w: World) -> None:

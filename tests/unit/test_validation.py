@@ -548,3 +548,13 @@ def test_ids_made_together_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> 
     later += [messages.new_id("j") for _ in range(3)]
     assert later == sorted(later) and len(set(later)) == 6 and later[0] > ids[-1]
     assert all(len(i) == len(ids[0]) and re.fullmatch(JOB_ID_PATTERN, i) for i in later)
+
+
+def test_a_dependency_rule_is_one_of_three_and_only_with_jobs_to_run_after() -> None:
+    deps = ["jprep00001"]
+    assert errs(depends_on=deps, depend_any=True, depend_not_ok=True) == [("dependency", "INVALID")]
+    assert errs(depends_on=deps, depend_not_ok="yes") == [("dependency", "INVALID")]
+    spec, _ = validate_job({**BASE, "depends_on": deps, "depend_not_ok": True})
+    assert spec is not None and spec.depend_not_ok and not spec.depend_any
+    spec, _ = validate_job({**BASE, "depend_not_ok": True})  # nothing to run after: no rule kept
+    assert spec is not None and not spec.depend_not_ok

@@ -293,7 +293,7 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
-                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "held": ""}
+                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": ""}
 
 
 @console()
@@ -356,6 +356,8 @@ async def submit(request: Request) -> Response:
         data["queue"] = values["queue"]
     if values["after"]:
         data["depends_on"] = [x.strip() for x in re.split(r"[\s,]+", values["after"]) if x.strip()]
+        data["depend_any"] = values["after_rule"] == "any"
+        data["depend_not_ok"] = values["after_rule"] == "notok"
     if values["held"]:
         data["held"] = True
     if values["time_limit"]:

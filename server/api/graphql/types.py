@@ -30,10 +30,13 @@ JobState = JobStateEnum
 
 @strawberry.enum(description="When a job with dependsOn may run: AFTER_OK once every job it runs after "
                              "SUCCEEDED (one that ends otherwise cancels it), AFTER_ANY once every one of "
-                             "them ended, whatever its end.")
+                             "them ended, whatever its end, AFTER_NOT_OK once every one of them ended otherwise "
+                             "than SUCCEEDED (FAILED, CANCELLED, TIMEOUT; one that SUCCEEDED cancels it: a job "
+                             "that cleans up or reports a failure), as Slurm's afterok, afterany, afternotok.")
 class Dependency(enum.Enum):
     AFTER_OK = "AFTER_OK"
     AFTER_ANY = "AFTER_ANY"
+    AFTER_NOT_OK = "AFTER_NOT_OK"
 
 
 @strawberry.type
@@ -402,9 +405,11 @@ class Job:
     def depends_on(self) -> list[strawberry.ID]:
         return [strawberry.ID(d) for d in self._m.spec.depends_on]
 
-    @strawberry.field(description="AFTER_OK or AFTER_ANY: when it may run, given `dependsOn`.")
+    @strawberry.field(description="AFTER_OK, AFTER_ANY or AFTER_NOT_OK: when it may run, given `dependsOn`.")
     def dependency(self) -> Dependency:
-        return Dependency.AFTER_ANY if self._m.spec.depend_any else Dependency.AFTER_OK
+        spec = self._m.spec
+        return Dependency.AFTER_ANY if spec.depend_any else Dependency.AFTER_NOT_OK if spec.depend_not_ok \
+            else Dependency.AFTER_OK
 
     @strawberry.field(description="Of `dependsOn`, the jobs it still waits for: while any, it is QUEUED but not "
                                   "placed.")
