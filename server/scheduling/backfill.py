@@ -6,7 +6,9 @@ time limits they run under and a clock.
 A job that finds no room after waiting a while gets a reservation: the hosts where it
 could start soonest (`start_on`, from the expected ends of the tasks there), and that
 start. Other jobs may be placed on those hosts only if their own time limit ends them
-by the reserved start (`may_backfill`), as Slurm's backfill does. A task without a time
+by the reserved start (`may_backfill`), as Slurm's backfill does, or if they take
+nothing the reserved job will need there (`spares`: a job that wants no GPU and leaves
+the CPU and memory a task of the reserved job asks for). A task without a time
 limit has no known end; a reservation whose start is unknown holds its hosts for a
 bounded time only (the planner's `QueuePolicy.reserve_max_s`).
 """
@@ -100,6 +102,17 @@ def choose(spec: JobSpec, starts: dict[str, float], free: Callable[[str], int]) 
     if len(ranked) < spec.replicas:
         return ranked, UNKNOWN
     return ranked, max((starts[h] for h in ranked), default=UNKNOWN)
+
+
+def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec) -> bool:
+    """Whether a task of `spec` placed on the host now leaves the reserved job's start
+    there as it is: it takes no GPU, and what is free of CPU and memory now, less what it
+    takes, still holds a task of `reserved` (the tasks there only free more as they end,
+    so the reserved task's GPUs are the wait, not its CPU or memory)."""
+    if cap is None or spec.wants_gpu():
+        return False
+    return (cap.cpus - cap.used_cpus - spec.cpus >= reserved.cpus - 1e-9
+            and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb)
 
 
 def may_backfill(limit_s: float, now: float, reservation: Reservation | None) -> bool:

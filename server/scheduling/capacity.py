@@ -423,6 +423,10 @@ class Placer:
     def _view(self, host_id: str) -> HostCapacity | None:
         return self.touched.get(host_id) or self.index.caps.get(host_id)
 
+    def view(self, host_id: str) -> HostCapacity | None:
+        """A host as this cycle's placements have left it (read only)."""
+        return self._view(host_id)
+
     def _place_among(self, spec: JobSpec, host_ids: list[str], models: frozenset[str] | None) -> Choice | None:
         best: tuple[int, str, Choice] | None = None
         for host_id in host_ids:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry, submitlimits
-from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts
+from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts, spares
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
@@ -1573,8 +1573,13 @@ def place_queued(
         if reservations:
             limit = effective_time_limit(job.spec, q)
             for r in reservations.values():
-                if r.job_id != job.id and not may_backfill(limit, now, r):
+                if r.job_id == job.id or may_backfill(limit, now, r):
+                    continue
+                held_for = w.latest(r.job_id)
+                if job.spec.wants_gpu() or held_for is None:
                     reserved |= r.hosts
+                else:  # a job without GPUs keeps off only where it would take CPU or memory the reserved needs
+                    reserved |= {h for h in r.hosts if not spares(placer.view(h), job.spec, held_for.spec)}
         placer.exclude = reserved | ((waiting - held[job.id]) if job.id in held else kept)
         spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
         if spec is None:

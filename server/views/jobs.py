@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
-from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill
+from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill, spares
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
@@ -193,7 +193,11 @@ class JobView:
             if other is None or r is None:
                 continue
             hosts = frozenset(r.hosts)
-            if not may_backfill(limit, now, Reservation(other_id, hosts, r.start if r.start is not None else UNKNOWN)):
+            if may_backfill(limit, now, Reservation(other_id, hosts, r.start if r.start is not None else UNKNOWN)):
+                continue
+            if not job.spec.wants_gpu():  # kept off only where it would take CPU or memory the reserved job needs
+                hosts = frozenset(h for h in hosts if not spares(placer.view(h), job.spec, other.spec))
+            if hosts:
                 blockers.append((other, hosts))
 
         def room(exclude: set[str]) -> bool:

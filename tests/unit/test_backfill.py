@@ -169,6 +169,26 @@ def test_two_jobs_hold_hosts_of_their_own_and_a_job_may_backfill_only_those_it_e
     assert [r.job_id for r in w1.cycle().reservations] == ["big"] and w1.job("open").attempts[0].host_id == "a"
 
 
+def test_a_job_without_gpus_uses_a_reserved_host_while_it_leaves_the_reserved_jobs_cpu_and_memory() -> None:
+    w = World()
+    w.host("a")
+    _running(w, "x", gpus=6, limit=500)  # on a (64 CPUs), until NOW + 450
+    w.submit("big", gpus=8, cpus=40, at=NOW - 20)
+    w.cycle()
+    assert w.state.reserved == {"big"}
+    # No time limit, no GPU: 20 CPUs leave 63 - 20 = 43 >= big's 40, so big starts as soon.
+    w.submit("prep", cpus=20, at=NOW - 5)
+    # 10 more would leave 33 < 40: kept off, and why pending says so.
+    w.submit("etl", cpus=10, at=NOW - 4)
+    w.cycle()
+    assert w.job("prep").state is JobState.PLACED and w.job("etl").state is JobState.QUEUED
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("etl"), NOW)}
+    assert "held for job big" in why[RESERVED_FOR_OTHER]
+    # x ends: big starts on a beside prep.
+    w.cycle(reports=[w.report("x", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 1)], now=NOW + 1)
+    assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "a"
+
+
 def _unlimited(waited: float) -> tuple[World, Reservation | None]:
     w = _two_busy_hosts(x_limit=0, y_limit=0, policy=QueuePolicy(reserve_after_s=10, reserve_max_s=100))
     w.submit("big", gpus=8, at=NOW - waited)

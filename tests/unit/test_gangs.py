@@ -30,10 +30,10 @@ class World:
     def lose(self, host_id: str) -> None:
         self.state.apply_host_record(Record(host_id, next(self.rev), None), now=NOW)
 
-    def submit(self, job_id: str, gpus: int, replicas: int = 1, same_rack: bool = False,
-               at: float = NOW, max_attempts: int = 3, time_limit_s: float = 0.0) -> None:
-        job = make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, replicas=replicas,
-                                             same_rack=same_rack, max_attempts=max_attempts,
+    def submit(self, job_id: str, gpus: int = 0, replicas: int = 1, same_rack: bool = False,
+               at: float = NOW, max_attempts: int = 3, time_limit_s: float = 0.0, cpus: float = 1) -> None:
+        job = make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=cpus, memory_mb=1,
+                                             replicas=replicas, same_rack=same_rack, max_attempts=max_attempts,
                                              time_limit_s=time_limit_s), submitted_at=at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
