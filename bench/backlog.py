@@ -31,7 +31,7 @@ from typing import Any
 from bench.fairness import Simulation
 from bench.fairness import build_parser as fairness_parser
 from bench.inprocess import run_and_report
-from server.scheduling.backfill import Ends, host_ends, soonest_hosts
+from server.scheduling.backfill import ends_by_host, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.planner import RESERVE_SOONEST, QueuePolicy, plan_cycle
 from wire.messages import JobSpec, JobState
@@ -124,10 +124,7 @@ def _reservation_cost(sim: Simulation, now: float, times: int = 20) -> dict[str,
     """Time `Placer.reservation_for` for an 8-GPU job on the full cluster (the hosts with
     the most free room and those of the first deadlines compared), as a cycle would."""
     state = sim.state
-
-    def ends(host_id: str) -> Ends:
-        alloc = state.allocs.get(host_id)
-        return host_ends(alloc.tasks if alloc is not None else (), state.jobs.get, state.deadlines.get, now)
+    ends = ends_by_host(state.allocs.get, state.jobs.get, state.deadlines, now)
 
     spec = JobSpec(name="big", command=["x"], gpus=8, cpus=1, memory_mb=1)
     ms: list[float] = []

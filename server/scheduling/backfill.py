@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from server.scheduling.deadlines import Deadlines
 from server.scheduling.placement import HostCapacity, check
-from wire.messages import Job, JobSpec, Task
+from wire.messages import HostAlloc, Job, JobSpec, Reserved, Task
 
 UNKNOWN = math.inf
 # A task told to stop (preempted, timed out, cancelled) is expected gone this long after
@@ -40,6 +40,11 @@ class Reservation:
 
     def known(self) -> bool:
         return self.start != UNKNOWN
+
+    @classmethod
+    def of_record(cls, job_id: str, r: Reserved) -> Reservation:
+        """The reservation a job's record names (`Job.reserved`: its first hosts only)."""
+        return cls(job_id, frozenset(r.hosts), r.start if r.start is not None else UNKNOWN)
 
 
 def task_end(task: Task, job: Job | None, deadline: float | None, now: float) -> float:
@@ -67,6 +72,17 @@ def host_ends(tasks: Iterable[Task], job_of: Callable[[str], Job | None], deadli
               now: float) -> Ends:
     """The tasks on a host, each with its expected end (`task_end`)."""
     return [(task_end(t, job_of(t.job_id), deadline_of(t.job_id), now), t) for t in tasks]
+
+
+def ends_by_host(alloc_of: Callable[[str], HostAlloc | None], job_of: Callable[[str], Job | None],
+                 deadlines: Deadlines, now: float) -> Callable[[str], Ends]:
+    """`host -> Ends` over allocations and job records looked up as given (a cycle's own
+    copies first, or the state's alone)."""
+    def ends(host_id: str) -> Ends:
+        alloc = alloc_of(host_id)
+        return host_ends(alloc.tasks if alloc is not None else (), job_of, deadlines.get, now)
+
+    return ends
 
 
 def soonest_hosts(deadlines: Deadlines, job_of: Callable[[str], Job | None], n: int) -> set[str]:

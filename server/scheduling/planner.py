@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry, submitlimits
-from server.scheduling.backfill import Ends, Reservation, host_ends, may_backfill, soonest_hosts, spares
+from server.scheduling.backfill import Reservation, ends_by_host, may_backfill, soonest_hosts, spares
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
@@ -1300,10 +1300,8 @@ def place_queued(
     tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
     reserving = RESERVE_TRIES + policy.reserve_jobs
 
-    def ends(host_id: str) -> Ends:
-        """The tasks on a host, each with when it is expected to have ended."""
-        alloc = w.plan.allocs.get(host_id) or state.allocs.get(host_id)
-        return host_ends(alloc.tasks if alloc is not None else (), w.latest, state.deadlines.get, now)
+    # The tasks on a host, each with when it is expected to have ended (this cycle's records).
+    ends = ends_by_host(lambda h: w.plan.allocs.get(h) or state.allocs.get(h), w.latest, state.deadlines, now)
 
     def holders() -> list[tuple[Job, JobSpec]]:
         """The jobs whose records hold a reservation, with the specs to place them with,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
-from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill, spares
+from server.scheduling.backfill import Reservation, may_backfill, spares
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
@@ -160,8 +160,9 @@ class JobView:
         # A placement is tried only when the queue admits the job: otherwise the quota is
         # what keeps it waiting, whatever room the hosts have (a list asking why for many
         # jobs would pay a placement for each).
-        if job.state is JobState.QUEUED and not job.hold and not job.waiting_for \
-                and queue_view.admitted(self.state, job):
+        waits = job.state is JobState.QUEUED and not job.hold and not job.waiting_for
+        b = queue_view.book(self.state) if waits else None  # one book for both questions
+        if waits and queue_view.admitted(self.state, job, b):
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             policy="binpack")
             fits = placer.place(job.spec) is not None
@@ -169,7 +170,7 @@ class JobView:
                 whole = fits = placer.place_gang(job.spec) is not None
             if fits:
                 reserved_for = self._kept_from(job, placer, now)
-        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for)
+        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for, b)
 
     def reserved_on(self, host_id: str) -> Job | None:
         """The queued job whose reservation holds `host_id` (as its record names it), if any:
@@ -192,9 +193,10 @@ class JobView:
             r = other.reserved if other is not None and other_id != job.id else None
             if other is None or r is None:
                 continue
-            hosts = frozenset(r.hosts)
-            if may_backfill(limit, now, Reservation(other_id, hosts, r.start if r.start is not None else UNKNOWN)):
+            held = Reservation.of_record(other_id, r)
+            if may_backfill(limit, now, held):
                 continue
+            hosts = held.hosts
             if not job.spec.wants_gpu():  # kept off only where it would take CPU or memory the reserved job needs
                 hosts = frozenset(h for h in hosts if not spares(placer.view(h), job.spec, other.spec))
             if hosts:

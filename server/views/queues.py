@@ -131,10 +131,11 @@ def _models(state: ClusterState, job: Job) -> list[str | None]:
     return list(sorted(job.spec.models() or state.index.models()))
 
 
-def admitted(state: ClusterState, job: Job) -> bool:
+def admitted(state: ClusterState, job: Job, b: QueueBook | None = None) -> bool:
     """Whether the job's queue (its quota, its cohort) admits it now on a GPU model it may
-    take: the one case where whether a host has room says anything more."""
-    b = book(state)
+    take: the one case where whether a host has room says anything more. `b`: the queue
+    book, when the caller has made one (`book`)."""
+    b = b or book(state)
     if b.queue(job.spec.queue) is None:
         return False
     return any(b.admits(job.spec.queue, job_demand(job.spec, m)) is None for m in _models(state, job) or [None])
@@ -142,7 +143,7 @@ def admitted(state: ClusterState, job: Job) -> bool:
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None,
-            reserved_for: Sequence[Job] = ()) -> list[QueueReason]:
+            reserved_for: Sequence[Job] = (), b: QueueBook | None = None) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
     after (and nothing else is said); its
     queue is missing; it waits for the
@@ -161,7 +162,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         end = dependencies.needs(job.spec)
         return [QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the {len(job.spec.depends_on)} "
                                         "it runs after); not considered for placement until then")]
-    b = book(state)
+    b = b or book(state)
     name = job.spec.queue
     q = b.queue(name)
     if q is None:
