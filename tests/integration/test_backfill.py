@@ -67,6 +67,8 @@ def test_a_waiting_job_holds_its_host_and_only_jobs_that_end_in_time_use_it(clus
         page = web.get("/hosts/b1")
         assert page.status_code == 200 and f'href="/jobs/{big}"' in page.text and "which could start here at" \
             in page.text, page.text[:2000]
+        listed = web.get("/jobs?state=QUEUED").text  # the jobs list marks the job that holds it
+        assert listed.count(">reserved</span>") == 1 and "1 host(s) held for it" in listed, listed[:3000]
     # The host frees: big runs there before the older job that was kept off it.
     cancel(api, long)
     api.wait_job(big, {"SUCCEEDED"}, timeout=60)
