@@ -592,7 +592,8 @@ class Agent:
             return
         run = self.runs.get(req.attempt_id)
         reply = OutputReply(attempt_id=req.attempt_id, running=run is not None,
-                            output_tail=run.tail if run is not None else "", ts=time.time())
+                            output_tail=run.tail if run is not None else "", ts=time.time(),
+                            written=run.written if run is not None else 0)
         try:
             await msg.respond(encode(reply))
         except Exception as exc:  # noqa: BLE001 - the asker is gone, or the link is down

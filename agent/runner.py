@@ -91,6 +91,7 @@ class Run:
         self.proc: asyncio.subprocess.Process | None = None
         self.launch: Launch | None = None
         self._tail = bytearray()
+        self.written = 0  # bytes the attempt's process wrote in all (the tail is their last ones)
         self.stop_reason: str | None = None
         self.signaled = False  # a stop signal really reached the process
         self._stopping: asyncio.Future[None] | None = None  # the stop under way
@@ -231,6 +232,7 @@ class Run:
             if not chunk:
                 return
             self._tail.extend(chunk)
+            self.written += len(chunk)
             if len(self._tail) > TAIL_BYTES:
                 del self._tail[: len(self._tail) - TAIL_BYTES]
 

@@ -766,6 +766,12 @@ class Muster:
         """A running attempt's output so far, asked of its host's agent; None when the agent
         does not answer in time (gone, cut off, or an agent from before this request) or
         runs no such attempt. A caller asks at most MAX_LIVE_OUTPUTS agents per request."""
+        reply = await self.live_output_reply(host_id, attempt_id, timeout_s)
+        return reply.output_tail if reply is not None else None
+
+    async def live_output_reply(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> OutputReply | None:
+        """The agent's answer for a running attempt (its output's tail, and how many bytes it
+        wrote in all), or None (as `live_output`)."""
         assert self.store is not None
         try:
             msg = await self.store.nc.request(subjects.output_subject(host_id),
@@ -774,7 +780,7 @@ class Muster:
         except Exception as exc:  # noqa: BLE001 - no responders, a timeout, a reply that does not decode
             log.info("no output from %s for %s: %s", host_id, attempt_id, exc)
             return None
-        return reply.output_tail if reply.attempt_id == attempt_id and reply.running else None
+        return reply if reply.attempt_id == attempt_id and reply.running else None
 
     async def set_cordon(self, host_id: str, cordoned: bool, by: str, reason: str) -> None:
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""

@@ -565,6 +565,9 @@ class OutputReply(_Model):
     running: bool
     output_tail: str = Field(default="", max_length=16384)
     ts: float
+    # Bytes the process wrote in all, the tail being their last ones (0 from an agent
+    # older than this field): a follower prints exactly what is new since its last look.
+    written: int = Field(default=0, ge=0)
 
 
 # ---------------------------------------------------------------- api -> leader

@@ -421,7 +421,7 @@ def wants_gpu(job: dict[str, Any]) -> str:
 
 
 LOGS_QUERY = """query($id: ID!) { job(id: $id) { id state replicas endReason attempts { number task state
-                host { id } exitCode reason outputTail liveOutput } } }"""
+                host { id } exitCode reason outputTail liveOutput liveOutputBytes } } }"""
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
@@ -445,26 +445,28 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
     """Print each attempt's output (LOGS_QUERY's `job`) under a header; with `follow`, ask
     again every 2 s and print what is new, and each attempt's end, until the job ends.
     The job as last read."""
-    shown: dict[tuple[int, int], tuple[str, str]] = {}  # attempt (number, task) -> (state, output shown)
+    # attempt (number, task) -> (state, output shown, bytes written by then when known)
+    shown: dict[tuple[int, int], tuple[str, str, float | None]] = {}
     while True:
         for a in job["attempts"]:
             key = (a["number"], a["task"])
             before = shown.get(key)
             live = a["state"] in ("PLACED", "RUNNING")
+            written = a.get("liveOutputBytes") if live else None
             if live and a["liveOutput"] is None:  # no answer (yet): keep what was shown
-                text = before[1] if before else ""
+                text, written = (before[1], before[2]) if before else ("", None)
             else:
                 text = a["liveOutput"] if live else a["outputTail"]
             if before is None:
                 print(header(job, a, f" on {a['host']['id']}"))
                 if a["state"] == "RUNNING" and a["liveOutput"] is None:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
-            more = new_output(before[1] if before else "", text)
+            more = new_output(before[1] if before else "", text, before[2] if before else None, written)
             if more:
                 print(more, end="" if more.endswith("\n") else "\n")
             if before is not None and before[0] != a["state"] and not live:
                 print(header(job, a))
-            shown[key] = (a["state"], text)
+            shown[key] = (a["state"], text, written)
         sys.stdout.flush()
         if not follow or job["state"] in TERMINAL:
             return job
@@ -479,18 +481,27 @@ def header(job: dict[str, Any], a: dict[str, Any], where: str = "") -> str:
 
 
 def _logs(job_id: str) -> dict[str, Any]:
-    job = gql(LOGS_QUERY, {"id": job_id})["job"]
+    job = gql(LOGS_QUERY, {"id": job_id}, optional=("liveOutputBytes",))["job"]
     if job is None:
         raise NotFound(f"no job {job_id}")
     return job
 
 
-def new_output(before: str, now: str) -> str:
+def new_output(before: str, now: str, before_bytes: float | None = None, now_bytes: float | None = None) -> str:
     """What `now` (an output tail: the last few KB of a process's output) adds to `before`
-    (an earlier tail of the same output): the part after where `before` ends in it. When
-    `before` is not in `now` at all, more was written between the two than a tail holds:
-    a line says so, then the whole of `now`. Output that repeats itself exactly for a
-    kilobyte may be taken as already shown."""
+    (an earlier tail of the same output). With the bytes the process had written in all at
+    each look (`liveOutputBytes`), exactly the last `now_bytes - before_bytes` bytes of
+    `now`. Without them (an ended attempt's final tail, an older agent), the part after
+    where `before` ends in `now`, so that output repeating itself exactly for a kilobyte
+    may be taken as already shown. When more was written between the two looks than a
+    tail holds, a line says so, then the whole of `now`."""
+    skipped = "[... output skipped: more than a tail was written meanwhile ...]\n"
+    if now_bytes is not None and before_bytes is not None and now_bytes >= before_bytes:
+        new = int(now_bytes - before_bytes)
+        raw = now.encode()
+        if new == 0:
+            return ""
+        return raw[-new:].decode(errors="replace") if new <= len(raw) else skipped + now
     if not before:
         return now
     if now == before:
@@ -500,7 +511,7 @@ def new_output(before: str, now: str) -> str:
         at = now.rfind(anchor)
         if at >= 0:
             return now[at + len(anchor):]
-    return "[... output skipped: more than a tail was written meanwhile ...]\n" + now
+    return skipped + now
 
 
 def cmd_why(args: argparse.Namespace) -> int:

@@ -176,6 +176,10 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
 
     wait_until(lambda: "first 2" in live(), timeout=60, what="the first lines in liveOutput")
     assert live() == "first 0\nfirst 1\nfirst 2\n"
+    # The agent counts what the process wrote in all (one request to it for both fields).
+    a = api.q("""query($id: ID!) { job(id: $id) { attempts { liveOutput liveOutputBytes } } }""",
+              {"id": job_id})["job"]["attempts"][0]
+    assert a["liveOutputBytes"] == len(a["liveOutput"].encode()) == 24
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
     p = subprocess.Popen([sys.executable, "-m", "server.cli", "job", "logs", "-f", job_id], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

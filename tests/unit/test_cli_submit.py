@@ -121,6 +121,23 @@ def test_following_output_prints_only_what_is_new() -> None:
     assert new_output("old\n", "new\n") == "[... output skipped: more than a tail was written meanwhile ...]\nnew\n"
 
 
+def test_following_output_that_repeats_itself_prints_what_the_byte_counts_say_is_new() -> None:
+    """A process that prints the same line over and over: the tail looks the same at two
+    looks, yet lines were written between them. The anchor cannot tell; the bytes the
+    agent counted can."""
+    tick = "waiting for the dataset\n"
+    before = (tick * 400)[-4096:]
+    assert new_output(before, before) == ""  # without counts: taken as nothing new
+    assert new_output(before, before, 9600.0, 9600.0 + 3 * len(tick)) == tick * 3
+    assert new_output(before, before, 9600.0, 9600.0) == ""
+    # Several kilobytes between the looks: more than the tail holds.
+    assert new_output(before, before, 9600.0, 9600.0 + 5000).startswith("[... output skipped")
+    # Counts of multi-byte text are bytes, not characters.
+    assert new_output("é\n", "é\nü\n", 3.0, 6.0) == "ü\n"
+    # An older agent's answer, or the final tail of an ended attempt: no counts, the anchor.
+    assert new_output("a\nb\n", "a\nb\nc\n", 4.0, None) == "c\n"
+
+
 def test_following_a_job_prints_each_line_once_through_an_unanswered_poll(monkeypatch: pytest.MonkeyPatch,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """An agent that does not answer one poll (liveOutput null) changes nothing shown; the

@@ -3,6 +3,7 @@ wire records, never storage models themselves."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import enum
 import time
@@ -22,6 +23,7 @@ from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState as AttemptStateEnum
 from wire.messages import Job as JobModel
 from wire.messages import JobState as JobStateEnum
+from wire.messages import OutputReply
 
 # The wire's enum is the GraphQL enum (strawberry.enum registers the class itself).
 strawberry.enum(JobStateEnum, name="JobState")
@@ -241,15 +243,30 @@ class Attempt:
                                   f"answer within 2 s, or the request has already asked for {MAX_LIVE_OUTPUTS}. "
                                   "outputTail holds the output once the attempt has ended.")
     async def live_output(self, info: Info) -> str | None:
+        reply = await self._live(info)
+        return reply.output_tail if reply is not None else None
+
+    @strawberry.field(description="With liveOutput: how many bytes the attempt's process has written in all, the "
+                                  "output being their last ones (null with liveOutput, or from an agent that does "
+                                  "not count them). Two looks tell exactly what was written between them (muster "
+                                  "job logs -f).")
+    async def live_output_bytes(self, info: Info) -> float | None:
+        reply = await self._live(info)
+        return float(reply.written) if reply is not None and reply.written else None
+
+    async def _live(self, info: Info) -> OutputReply | None:
+        """The agent's answer for this attempt, asked once per request however many of its
+        fields are read."""
         if self._m.state is not AttemptStateEnum.RUNNING:
             return None
         # One request asks at most MAX_LIVE_OUTPUTS agents: a page of running jobs cannot
         # turn one query into a request to every agent of the cluster.
-        asked = info.context.get("live_outputs_asked", 0)
-        if asked >= MAX_LIVE_OUTPUTS:
-            return None
-        info.context["live_outputs_asked"] = asked + 1
-        return await muster(info).live_output(self._m.host_id, self._m.id)
+        asked: dict[str, asyncio.Task[OutputReply | None]] = info.context.setdefault("live_outputs", {})
+        if self._m.id not in asked:
+            if len(asked) >= MAX_LIVE_OUTPUTS:
+                return None
+            asked[self._m.id] = asyncio.ensure_future(muster(info).live_output_reply(self._m.host_id, self._m.id))
+        return await asked[self._m.id]
 
     @strawberry.field
     def term(self) -> int:
