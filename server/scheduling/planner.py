@@ -1335,7 +1335,6 @@ def place_queued(
         waited = now - job.submitted_at
         if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):
             reservations[job.id] = got
-            w.plan.reservations.append(got)
 
     def reserve_for(job: Job, spec: JobSpec) -> None:
         """Hold hosts for a job that found no room, once it has waited long enough."""
@@ -1610,10 +1609,9 @@ def place_queued(
             choices = [choice]
         for c in choices:
             placer.reserve(c, spec)
-        if reservations.pop(job.id, None) is not None:
-            # Placed (on its reserved hosts, or where it found room first): what it left
-            # free there is for the jobs after it, and its slot for another.
-            w.plan.reservations = [r for r in w.plan.reservations if r.job_id != job.id]
+        # Placed (on its reserved hosts, or where it found room first): what it left free
+        # there is for the jobs after it, and its slot for another.
+        reservations.pop(job.id, None)
         copy = w.job(job.id)
         assert copy is not None
         job = copy
@@ -1673,6 +1671,7 @@ def place_queued(
         w.plan.placed += 1
         w.plan.events.append(_event("job.placed", job, attempt, now))
         let_go_of(job)
+    w.plan.reservations = list(reservations.values())  # in the order they were made
     record_reservations(w, w.plan.reservations, complete, now, max_keys, skip)
     placer.exclude = {h for r in w.plan.reservations for h in r.hosts}
     if budget > 0:
