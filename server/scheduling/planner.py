@@ -1476,6 +1476,24 @@ def place_queued(
     tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
     gave_up: set[str] = set()
 
+    def exclusion(job: Job, q: Queue | None) -> set[str]:
+        """The hosts `job` may not take this cycle. Hosts kept for preemptors: a preemptor
+        whose victims have stopped may use any but those still stopping for others; any
+        other job none of them. And hosts reserved for another job, unless this one's time
+        limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs)."""
+        reserved: set[str] = set()
+        if reservations:
+            limit = effective_time_limit(job.spec, q)
+            for r in reservations.values():
+                if r.job_id == job.id or may_backfill(limit, now, r):
+                    continue
+                held_for = w.latest(r.job_id)
+                if job.spec.wants_gpu() or held_for is None:
+                    reserved |= r.hosts
+                else:  # a job without GPUs keeps off only where it would take CPU or memory the reserved needs
+                    reserved |= {h for h in r.hosts if not spares(placer.view(h), job.spec, held_for.spec)}
+        return reserved | ((waiting - held[job.id]) if job.id in held else kept)
+
     def preempt_blocked() -> None:
         """Preemption, for the jobs that could not be placed, in admission order, within
         the cycle's and each queue's limits."""
@@ -1494,6 +1512,7 @@ def place_queued(
             if cq is not None and over_user_limit(current, cq):
                 continue
             tries -= 1
+            placer.exclude = exclusion(current, cq)  # its victims are looked for where it may go
             n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
             if n:
                 claim(current, cq)
@@ -1563,21 +1582,7 @@ def place_queued(
         if below_a_refusal(job):
             continue
         size = job_size(job.spec)
-        # Hosts kept for preemptors: a preemptor whose victims have stopped may use any
-        # but those still stopping for others; any other job none of them. And hosts
-        # reserved for another job, unless this one's time limit ends it by then.
-        reserved: set[str] = set()
-        if reservations:
-            limit = effective_time_limit(job.spec, q)
-            for r in reservations.values():
-                if r.job_id == job.id or may_backfill(limit, now, r):
-                    continue
-                held_for = w.latest(r.job_id)
-                if job.spec.wants_gpu() or held_for is None:
-                    reserved |= r.hosts
-                else:  # a job without GPUs keeps off only where it would take CPU or memory the reserved needs
-                    reserved |= {h for h in r.hosts if not spares(placer.view(h), job.spec, held_for.spec)}
-        placer.exclude = reserved | ((waiting - held[job.id]) if job.id in held else kept)
+        placer.exclude = exclusion(job, q)
         spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
         if spec is None:
             if job.spec.models() is None and refusal is not None and not job.preempting:
@@ -1673,7 +1678,6 @@ def place_queued(
         let_go_of(job)
     w.plan.reservations = list(reservations.values())  # in the order they were made
     record_reservations(w, w.plan.reservations, complete, now, max_keys, skip)
-    placer.exclude = {h for r in w.plan.reservations for h in r.hosts}
     if budget > 0:
         preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
 

@@ -684,3 +684,22 @@ def test_the_per_user_tally_kept_equals_one_worked_out_afresh(steps: list) -> No
         for q, users in afresh.items():
             assert state.user_usage[q].keys() == users.keys()
             assert all(abs(state.user_usage[q][u] - g) < 1e-6 for u, g in users.items())
+
+
+def test_a_job_holding_a_reservation_looks_for_victims_on_its_own_reserved_host() -> None:
+    """Each blocked job's victims are looked for where it may go: a job that holds a
+    reservation may preempt on its own reserved hosts, whichever job the cycle looked at
+    last (here one kept off those hosts)."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("team", gpus=16, min_runtime_s=60)
+    w.qsubmit("low", "team", gpus=8, submitted_at=NOW - 100)
+    w.qcycle(now=NOW - 30)
+    w.qcycle(reports=w.agent_reports(NOW - 30), now=NOW - 30)
+    assert w.state.jobs["low"].state is JobState.RUNNING
+    w.qsubmit("high", "team", gpus=8, priority=10, submitted_at=NOW - 20)
+    w.qsubmit("other", "team", gpus=1, submitted_at=NOW - 10)  # after high in order; no time limit
+    plan = w.qcycle(now=NOW)
+    assert [r.job_id for r in plan.reservations] == ["high"] and not plan.preempted  # low is too young
+    plan = w.qcycle(now=NOW + 40)  # low has run 70 s
+    assert plan.preempted and w.state.jobs["high"].preempting, plan.preempted
