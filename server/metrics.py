@@ -125,6 +125,9 @@ COMMIT_SECONDS = Histogram(
 LEADER = Gauge("muster_leader", "1 when this replica holds the leader lease", registry=REGISTRY)
 TERM = Gauge("muster_leader_term", "Current leadership term seen by this replica", registry=REGISTRY)
 SUBMISSIONS = Counter("muster_jobs_submitted_total", "Jobs accepted", registry=REGISTRY)
+SUBMISSIONS_REFUSED = Counter("muster_submissions_refused_total", "Jobs refused at submission by their queue's "
+                              "submission limits (maxSubmittedJobs, maxSubmittedJobsPerUser), by queue: this replica's "
+                              "API and, while it leads, NATS submissions", ["queue"], registry=REGISTRY)
 INPUTS_WAITING = Gauge(
     "muster_scheduler_inputs_waiting",
     "Status reports, commands and submissions fetched by the leader and not yet committed",

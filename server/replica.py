@@ -496,6 +496,7 @@ class Muster:
         tallies = [self.state.open_jobs, self._storing] + ([batch] if batch is not None else [])
         why = submitlimits.refusal(q, spec.user, tallies)
         if why:
+            metrics.SUBMISSIONS_REFUSED.labels(spec.queue).inc()
             raise ValidationError("queue", why, submitlimits.JOB_LIMIT)
 
     def _waits_for(self, spec: JobSpec) -> list[str]:

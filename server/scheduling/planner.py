@@ -124,6 +124,7 @@ class Plan:
     preempted: dict[tuple[str, str], int] = field(default_factory=dict)
     timed_out: int = 0
     gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
+    limited: dict[str, int] = field(default_factory=dict)  # per queue, submissions its limits refused
     # The hosts this cycle held for waiting jobs (disjoint sets), and when each could
     # start there, first made first.
     reservations: list[Reservation] = field(default_factory=list)
@@ -664,6 +665,7 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         limit = submission_refusal(w, spec)
         if limit:
             w.plan.rejected.append((job_id, f"{submitlimits.JOB_LIMIT}: {limit}"))
+            w.plan.limited[spec.queue] = w.plan.limited.get(spec.queue, 0) + 1
             continue
         w.plan.jobs[job_id] = job
         w.plan.accepted += 1

@@ -623,6 +623,8 @@ class Scheduler:
                 pass
         if plan.accepted:
             metrics.SUBMISSIONS.inc(plan.accepted)
+        for queue, n in plan.limited.items():
+            metrics.SUBMISSIONS_REFUSED.labels(queue).inc(n)
         for job_id, why in plan.rejected:
             metrics.DROPPED.labels("submission").inc()
             await self._publish([Event(kind="job.rejected", job_id=job_id, message=why)])

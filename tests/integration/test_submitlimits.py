@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import Any
 
+import httpx
+
 import nats as natslib
 from tests.conftest import ROOT, wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
@@ -83,6 +85,10 @@ def test_a_queue_refuses_submissions_past_its_limits_and_takes_them_again_once_j
 
     rejected = asyncio.run(over_nats())
     assert rejected[0]["job_id"] == "nats-job-01" and "JOB_LIMIT: queue 'team' has 3" in rejected[0]["message"]
+    # Counted for operators: a3, b2, the CLI's a5 and the NATS job.
+    scraped = httpx.get(srv.url + "/metrics", timeout=30).text
+    assert 'muster_submissions_refused_total{queue="team"} 4.0' in scraped, [
+        x for x in scraped.splitlines() if "refused" in x]
     assert api.job("nats-job-01") is None
     # A job that ends makes room: alice submits again.
     cancel(api, a1)

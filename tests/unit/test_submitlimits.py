@@ -83,6 +83,7 @@ def test_the_leader_refuses_nats_submissions_past_a_limit_counting_commits_in_fl
     refused = dict(plan.rejected)
     assert refused["new-job-a2"].startswith(f"{JOB_LIMIT}: alice has 3 jobs not ended in queue 'team'")
     assert refused["new-job-b3"].startswith(f"{JOB_LIMIT}: queue 'team' has 5 jobs not ended")
+    assert plan.limited == {"team": 2}  # what the scheduler counts on /metrics
     # A commit in flight that ends one of alice's jobs makes room for one more.
     ending = {"stored-1": w.state.jobs["stored-1"].model_copy(update={"state": JobState.CANCELLED})}
     plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, pending=ending,
