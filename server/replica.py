@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -486,6 +486,18 @@ class Muster:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
 
+    @contextlib.contextmanager
+    def _storing_now(self, jobs: Sequence[Job]) -> Iterator[None]:
+        """While `jobs` are being stored, concurrent requests count them against the
+        submission limits (`_check_limits`)."""
+        for j in jobs:
+            self._storing.update(None, j)
+        try:
+            yield
+        finally:
+            for j in jobs:
+                self._storing.update(j, None)
+
     def _check_limits(self, spec: JobSpec, batch: OpenJobs | None = None) -> None:
         """The job's queue takes one more job of its user: its submission limits count the
         jobs this replica has seen not ended, those it is storing now, and `batch` (the
@@ -545,13 +557,9 @@ class Muster:
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
         assert self.store is not None
-        self._storing.update(None, job)  # concurrent requests count it against the limits
-        try:
-            with _maybe_stored(f"job {job.id}"):
-                # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
-                rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
-        finally:
-            self._storing.update(job, None)
+        with self._storing_now([job]), _maybe_stored(f"job {job.id}"):
+            # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
+            rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
         self.state.apply_job(job, rev)
         metrics.SUBMISSIONS.inc()
         return job
@@ -590,15 +598,9 @@ class Muster:
         # refused as a duplicate.
         for i in range(0, len(jobs), 1000):
             chunk = jobs[i : i + 1000]
-            for j in chunk:
-                self._storing.update(None, j)
-            try:
-                with _maybe_stored(f"{len(chunk)} jobs (the first {chunk[0].id})"):
-                    res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0)
-                                                   for j in chunk], within_s=SUBMIT_RETRY_S)
-            finally:
-                for j in chunk:
-                    self._storing.update(j, None)
+            with self._storing_now(chunk), _maybe_stored(f"{len(chunk)} jobs (the first {chunk[0].id})"):
+                res = await self.store.commit([Write(subjects.job_key(j.id), encode(j), expected=0) for j in chunk],
+                                              within_s=SUBMIT_RETRY_S)
             if not res.duplicate:
                 for j in chunk:
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])

@@ -131,6 +131,20 @@ def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec) -> bool:
             and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb)
 
 
+def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved: JobSpec | None,
+             view: Callable[[str], HostCapacity | None]) -> frozenset[str]:
+    """The hosts of reservation `r` that a job of `spec`, running at most `limit_s`, may
+    not take now: none when its limit ends it by the reserved start (`may_backfill`); for
+    a job that wants no GPU, those where it would take CPU or memory a task of the
+    reserved job (`reserved`) needs (`spares`, over the hosts as `view` gives them); else
+    all of them. The planner and why pending decide alike with it."""
+    if may_backfill(limit_s, now, r):
+        return frozenset()
+    if spec.wants_gpu() or reserved is None:
+        return r.hosts
+    return frozenset(h for h in r.hosts if not spares(view(h), spec, reserved))
+
+
 def may_backfill(limit_s: float, now: float, reservation: Reservation | None) -> bool:
     """Whether a job that runs at most `limit_s` (0: no limit) may be placed on the
     reservation's hosts: its limit ends it by the reserved start."""

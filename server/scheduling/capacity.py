@@ -338,7 +338,7 @@ class Placer:
         wanted = set(keys)
         found: list[tuple[int, str, Choice]] = []
         for host_id in hosts:
-            cap = self._view(host_id)
+            cap = self.view(host_id)
             if cap is None or host_id in self.exclude:
                 continue
             levels = [n for k, n, _room in _keys(cap) if k in wanted and n >= lowest]
@@ -384,7 +384,7 @@ class Placer:
         """(minus the FGD score, host) of a choice; for a share, on the GPU of the host with
         the best score (the lowest index among equals)."""
         assert self.frag is not None
-        host = self._view(choice.host_id)
+        host = self.view(choice.host_id)
         assert host is not None
         options = [choice.gpu_indices]
         if spec.gpu_share > 0:
@@ -420,17 +420,14 @@ class Placer:
 
     # ------------------------------------------------------------ gangs
 
-    def _view(self, host_id: str) -> HostCapacity | None:
-        return self.touched.get(host_id) or self.index.caps.get(host_id)
-
     def view(self, host_id: str) -> HostCapacity | None:
         """A host as this cycle's placements have left it (read only)."""
-        return self._view(host_id)
+        return self.touched.get(host_id) or self.index.caps.get(host_id)
 
     def _place_among(self, spec: JobSpec, host_ids: list[str], models: frozenset[str] | None) -> Choice | None:
         best: tuple[int, str, Choice] | None = None
         for host_id in host_ids:
-            cap = self._view(host_id)
+            cap = self.view(host_id)
             if cap is None or host_id in self.exclude or not self.healthy(host_id):
                 continue
             reason, gpus, mig = check(spec, cap, models)
@@ -448,7 +445,7 @@ class Placer:
             rack = cap.labels.get("rack")
             if not rack or not cap.schedulable or cap.cordoned or (spec.host_labels and not labels_match(spec, cap)):
                 continue
-            view = self._view(host_id) or cap
+            view = self.view(host_id) or cap
             racks[rack].append(host_id)
             free[rack] += len(view.free_gpus(models))
         return [racks[r] for r in sorted(racks, key=lambda r: (-free[r], r))]
@@ -526,7 +523,7 @@ class Placer:
         return Reservation(job_id, frozenset(hosts), start)
 
     def _free(self, host_id: str) -> int:
-        view = self._view(host_id)
+        view = self.view(host_id)
         return len(view.free_gpus(None)) if view is not None else 0
 
     def _starts(self, hosts: Iterable[str], spec: JobSpec, models: frozenset[str] | None, now: float,
@@ -535,7 +532,7 @@ class Placer:
         (healthy, not held back, labels and models that fit)."""
         out: dict[str, float] = {}
         for h in hosts:
-            cap = self._view(h)
+            cap = self.view(h)
             if cap is None or h in self.exclude or not cap.schedulable or cap.cordoned or not self.healthy(h):
                 continue
             start = start_on(cap, ends(h), spec, models, now)
@@ -555,7 +552,7 @@ class Placer:
         out: set[str] = set()
 
         def fits(h: str) -> bool:
-            cap = self._view(h)
+            cap = self.view(h)
             return cap is not None and (models is None or not models.isdisjoint(cap.gpu_models.values())) \
                 and (not spec.host_labels or labels_match(spec, cap))
 

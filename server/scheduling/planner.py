@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from server.health.rules import Health
 from server.scheduling import fairshare, preemption, retry, submitlimits
-from server.scheduling.backfill import Reservation, ends_by_host, may_backfill, soonest_hosts, spares
+from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
@@ -1487,13 +1487,9 @@ def place_queued(
         if reservations:
             limit = effective_time_limit(job.spec, q)
             for r in reservations.values():
-                if r.job_id == job.id or may_backfill(limit, now, r):
-                    continue
-                held_for = w.latest(r.job_id)
-                if job.spec.wants_gpu() or held_for is None:
-                    reserved |= r.hosts
-                else:  # a job without GPUs keeps off only where it would take CPU or memory the reserved needs
-                    reserved |= {h for h in r.hosts if not spares(placer.view(h), job.spec, held_for.spec)}
+                if r.job_id != job.id:
+                    held_for = w.latest(r.job_id)
+                    reserved |= kept_off(job.spec, limit, now, r, held_for.spec if held_for else None, placer.view)
         return reserved | ((waiting - held[job.id]) if job.id in held else kept)
 
     def preempt_blocked() -> None:

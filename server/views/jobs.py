@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
-from server.scheduling.backfill import Reservation, may_backfill, spares
+from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
@@ -193,12 +193,7 @@ class JobView:
             r = other.reserved if other is not None and other_id != job.id else None
             if other is None or r is None:
                 continue
-            held = Reservation.of_record(other_id, r)
-            if may_backfill(limit, now, held):
-                continue
-            hosts = held.hosts
-            if not job.spec.wants_gpu():  # kept off only where it would take CPU or memory the reserved job needs
-                hosts = frozenset(h for h in hosts if not spares(placer.view(h), job.spec, other.spec))
+            hosts = kept_off(job.spec, limit, now, Reservation.of_record(other_id, r), other.spec, placer.view)
             if hosts:
                 blockers.append((other, hosts))
 
@@ -210,7 +205,7 @@ class JobView:
             return []
         if len(blockers) == 1:
             return [blockers[0][0]]
-        named = [b for b, mine in blockers if room({h for o, hosts in blockers if o is not b for h in hosts})]
+        named = [b for b, _ in blockers if room({h for o, hosts in blockers if o is not b for h in hosts})]
         return named or [b for b, _ in blockers]
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:

@@ -211,17 +211,16 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if holders:
         limit = effective_time_limit(job.spec, q)
         why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
-        starts = [j.reserved.start for j in holders if j.reserved is not None]
+        starts = {j.id: j.reserved.start for j in holders if j.reserved is not None}
         if len(holders) == 1:
-            start = starts[0]
+            start = starts[holders[0].id]
             when = f"which could start there in about {max(0.0, start - now):.0f} s" if start is not None else \
                 "until it starts there (when is unknown: a task there has no time limit)"
             held = f"job {holders[0].id}, {when}"
         else:
             held = "jobs " + ", ".join(
-                f"{j.id} (could start in about {max(0.0, s - now):.0f} s)" if s is not None
-                else f"{j.id} (start unknown: a task there has no time limit)"
-                for j, s in zip(holders, starts, strict=True))
+                f"{i} (could start in about {max(0.0, s - now):.0f} s)" if s is not None
+                else f"{i} (start unknown: a task there has no time limit)" for i, s in starts.items())
         out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for {held}; {why}, so it "
                                                    "may not use them meanwhile"))
     if gang_fits_whole is False:
