@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 import socket
@@ -204,6 +205,15 @@ MAX_LIVE_OUTPUTS = 32
 MAX_CANCEL_MATCHING = 100_000
 CANCEL_SCAN_CHUNK = 20_000
 CANCEL_PUBLISH_CHUNK = 256
+
+# How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
+# not months).
+MAX_DRAIN_AHEAD_S = 90 * 86400
+
+
+def iso_utc(t: float) -> str:
+    """A time in words for events and messages: ISO 8601 in UTC, to the second."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Muster:
@@ -791,16 +801,21 @@ class Muster:
         await self._set_hostcfg(host_id, lambda cur: HostConfig(cordoned=cordoned, reason=reason, by=by,
                                                                 ts=time.time(), gpu_clears=cur.gpu_clears))
 
-    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float) -> None:
+    async def drain(self, host_id: str, by: str, reason: str, deadline_s: float, at: float | None = None) -> None:
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
-        and requeued elsewhere."""
+        and requeued elsewhere. With `at` (a time ahead): the drain begins then, and until
+        then the host takes only jobs whose time limit ends them by its deadline
+        (scheduling.maintenance)."""
         reason = validate_reason(reason, required=True)
         if not 0 <= deadline_s <= 7 * 24 * 3600:
             raise ValidationError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
         now = time.time()
+        if at is not None and not at <= now + MAX_DRAIN_AHEAD_S:
+            raise ValidationError("at", f"must be at most {MAX_DRAIN_AHEAD_S // 86400:.0f} days ahead", "OUT_OF_RANGE")
+        start = at if at is not None and at > now else 0.0  # a time already past: at once
         await self._set_hostcfg(host_id, lambda cur: HostConfig(
-            cordoned=True, draining=True, drain_deadline=now + deadline_s, reason=reason, by=by, ts=now,
-            gpu_clears=cur.gpu_clears))
+            cordoned=not start, draining=True, drain_at=start, drain_deadline=(start or now) + deadline_s,
+            reason=reason, by=by, ts=now, gpu_clears=cur.gpu_clears))
 
     async def clear_gpu_faults(self, host_id: str, by: str, reason: str, gpus: list[int] | None = None) -> list[int]:
         """Clear GPU fault marks of a host (after those GPUs were reset or replaced): the
@@ -849,8 +864,10 @@ class Muster:
                 self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
                 what = action or ("drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon"))
                 who, why = by or cfg.by, reason or cfg.reason
-                ev = Event(kind=f"host.{what}", host_id=host_id, message=f"{what} by {who}: {why}",
-                           data={"by": who, "reason": why, "deadline": cfg.drain_deadline})
+                ahead = f" from {iso_utc(cfg.drain_at)}" if cfg.draining and cfg.drain_at else ""
+                ev = Event(kind=f"host.{what}", host_id=host_id, message=f"{what}{ahead} by {who}: {why}",
+                           data={"by": who, "reason": why, "deadline": cfg.drain_deadline,
+                                 **({"at": cfg.drain_at} if ahead else {})})
                 try:
                     await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{what}", encode(ev))
                 except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
-from wire.errors import NotFound
+from wire.errors import ConfigError, NotFound
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     hl.add_argument("--label", default=None, help="key=value (or key)")
     hl.add_argument("--search", default=None, help="host id prefix")
     hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
+    hl.add_argument("--draining", default=None, action=argparse.BooleanOptionalAction,
+                    help="hosts whose drain has begun (or, --no-draining, has not)")
+    hl.add_argument("--drain-scheduled", default=None, action=argparse.BooleanOptionalAction,
+                    help="hosts with a drain scheduled ahead (drain --at) that has not begun")
     hl.add_argument("--gpu-faults", default=None, action=argparse.BooleanOptionalAction,
                     help="hosts with (or, --no-gpu-faults, without) a faulted GPU")
     add_output(hl)
@@ -41,10 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_output(hc)
         hc.set_defaults(fn=cmd_cordon)
 
-    hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds")
-    hd.add_argument("id")
+    hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds; with --at, "
+                         "from a time ahead (a maintenance window)")
+    hd.add_argument("ids", nargs="+", metavar="ID", help="host id (several: each drained alike)")
     hd.add_argument("--reason", required=True)
     hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
+    hd.add_argument("--at", default=None, metavar="WHEN",
+                    help="when the drain begins: ISO 8601 (UTC unless it names an offset) or a time from now "
+                    "(90m, 2h, 1d); until then the host takes only jobs whose time limit ends them by the deadline")
     add_output(hd)
     hd.set_defaults(fn=cmd_drain)
 
@@ -60,19 +69,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
-           edges { node { id health cordoned draining leaving simulated gpus gpuModel gpusAllocated gpuUtilPct cpus
-           memoryMb labels { key value } } } } }"""
+           edges { node { id health cordoned draining drainAt leaving simulated gpus gpuModel gpusAllocated
+           gpuUtilPct cpus memoryMb labels { key value } } } } }"""
     flt: dict[str, Any] = {k: v for k, v in (
         ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
         ("rack", args.rack), ("zone", args.zone), ("gpuModel", args.gpu_model), ("label", args.label),
         ("search", args.search)) if v}
-    if args.cordoned is not None:
-        flt["cordoned"] = args.cordoned
+    for key, value in (("cordoned", args.cordoned), ("draining", args.draining),
+                       ("drainScheduled", args.drain_scheduled)):
+        if value is not None:
+            flt[key] = value
     if args.gpu_faults is not None:
         flt["gpuFaults"] = args.gpu_faults
 
     def render() -> None:
-        data = gql(q, {"first": args.limit, "filter": flt or None})["hosts"]
+        data = gql(q, {"first": args.limit, "filter": flt or None}, optional=("drainAt",))["hosts"]
         rows = [host_row(e["node"]) for e in data["edges"]]
         out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
 
@@ -84,10 +95,10 @@ def cmd_show(args: argparse.Namespace) -> int:
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
-           fences lastFenceSeconds fenceContinued fenceStopped reservedFor }
+           fences lastFenceSeconds fenceContinued fenceStopped reservedFor drainAt drainDeadline }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
-    data = gql(q, {"id": args.id}, optional=("reservedFor",))
+    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline"))
     h = data["host"]
     if h is None:
         raise NotFound(f"no host {args.id}")
@@ -100,6 +111,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                                       ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
                      if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
+    if h.get("drainAt"):
+        print(f"  drain scheduled from {when_text(h['drainAt'])}, what still runs then stopped at "
+              f"{when_text(h['drainDeadline'])}: until then only jobs whose time limit ends them by then are placed "
+              "here")
+    elif h["draining"] and h.get("drainDeadline"):
+        print(f"  draining: what still runs is stopped at {when_text(h['drainDeadline'])}")
     if h.get("reservedFor"):
         print(f"  reserved for job {h['reservedFor']}: other jobs are placed here only if their time limit ends "
               "them before it could start (muster job why " + h["reservedFor"] + ")")
@@ -155,14 +172,46 @@ def cmd_clear_gpu_faults(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain each host named, now or from `--at`; stops at the first host refused."""
     q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
-           host { id health cordoned draining } userErrors { field message code } } }"""
-    res = gql(q, {"input": {"id": args.id, "reason": args.reason, "deadlineSeconds": args.deadline}})["drainHost"]
-    if res["userErrors"]:
-        raise user_errors(res["userErrors"])
-    h = res["host"]
-    out(args, h, [[h["id"], h["health"], "draining"]], ["ID", "HEALTH", "STATE"])
+           host { id health cordoned draining drainAt drainDeadline } userErrors { field message code } } }"""
+    at = ahead(args.at)
+    hosts = []
+    for host_id in args.ids:
+        given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
+        if at is not None:
+            given["at"] = at
+        res = gql(q, {"input": given}, optional=("drainAt", "drainDeadline"))["drainHost"]
+        if res["userErrors"]:
+            raise user_errors(res["userErrors"])
+        hosts.append(res["host"])
+    rows = [[h["id"], h["health"], f"drain from {when_text(h['drainAt'])}" if h.get("drainAt") else "draining",
+             when_text(h.get("drainDeadline"))] for h in hosts]
+    out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "STATE", "RUNNING WORK STOPPED AT"])
     return 0
+
+
+def ahead(text: str | None) -> str | None:
+    """`--at`: an ISO 8601 time (UTC unless it names an offset) or a time from now (90m,
+    2h, 1d), as ISO 8601."""
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(text[:-1]) * units[text[-1]])).isoformat()
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is neither an ISO date/time nor a time from now like 2h") from None
+    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).isoformat()
+
+
+def when_text(iso: str | None) -> str:
+    """A time from the API in words: to the minute, in UTC."""
+    if not iso:
+        return "-"
+    at = dt.datetime.fromisoformat(iso)
+    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def host_row(n: dict[str, Any]) -> list[str]:
@@ -171,6 +220,7 @@ def host_row(n: dict[str, Any]) -> list[str]:
     return [
         n["id"],
         n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else "")
+        + (f" DRAIN AT {when_text(n['drainAt'])}" if n.get("drainAt") else "")
         + (" LEAVING" if n.get("leaving") else ""),
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
         f"{n['gpuUtilPct']}%" if n["health"] != "LOST" else "-",  # a lost host's last figure is stale

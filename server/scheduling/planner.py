@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
-from server.scheduling import fairshare, preemption, retry, submitlimits
+from server.scheduling import fairshare, maintenance, preemption, retry, submitlimits
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
@@ -1299,6 +1299,7 @@ def place_queued(
         let_go_of(job)
 
     reservations: dict[str, Reservation] = {}  # job id -> its reservation, this cycle's
+    closing = maintenance.KeptOff(state.maintenance, now)  # by time limit: hosts a window keeps
     tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
     reserving = RESERVE_TRIES + policy.reserve_jobs
 
@@ -1481,11 +1482,13 @@ def place_queued(
     def exclusion(job: Job, q: Queue | None) -> set[str]:
         """The hosts `job` may not take this cycle. Hosts kept for preemptors: a preemptor
         whose victims have stopped may use any but those still stopping for others; any
-        other job none of them. And hosts reserved for another job, unless this one's time
-        limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs)."""
+        other job none of them. Hosts reserved for another job, unless this one's time
+        limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs).
+        And hosts a maintenance window will drain before its time limit would end it."""
         reserved: set[str] = set()
-        if reservations:
+        if reservations or state.maintenance:
             limit = effective_time_limit(job.spec, q)
+            reserved |= closing(limit)  # maintenance windows its time limit would run into
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = w.latest(r.job_id)
@@ -1843,7 +1846,10 @@ def plan_cycle(
     resolve_dependencies(w, now, room)
 
     def healthy(host_id: str) -> bool:
-        return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY
+        """Whether the host may take work: healthy, not being changed by a commit in flight,
+        and not in a maintenance window that has begun."""
+        return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY \
+            and not maintenance.started(state.maintenance.get(host_id), now)
 
     queues = queues or QueuePolicy()
     if evict:

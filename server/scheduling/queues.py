@@ -44,6 +44,7 @@ DEPENDENCY = "waiting for other jobs"
 USER_LIMIT = "user at its queue's per-user GPU limit"
 RESERVED = "holds a reservation"
 RESERVED_FOR_OTHER = "hosts reserved for another job"
+MAINTENANCE = "hosts closing for maintenance"
 
 
 def gpu_key(model: str) -> str:

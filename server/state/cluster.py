@@ -26,6 +26,7 @@ from server.scheduling.deadlines import Deadlines
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
+from server.scheduling.maintenance import Window
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
 from server.scheduling.queues import add_user, gpu_key, job_usage
@@ -55,17 +56,29 @@ log = logging.getLogger(__name__)
 
 class HostConfig(BaseModel):
     """Operator settings of a host (`hostcfg.<host>`). A draining host is also cordoned;
-    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere.
+    at `drain_deadline` its remaining attempts are stopped and requeued elsewhere. A drain
+    scheduled ahead (`drain_at` after the time it was set) begins then: until then the host
+    takes only jobs that its deadline would not stop (scheduling.maintenance).
     `gpu_clears` counts the operator's clears of each GPU's fault mark, by GPU index (the
     leader copies them into the host's assignment, where the agent reads them)."""
 
     cordoned: bool = False
     draining: bool = False
     drain_deadline: float = 0.0
+    drain_at: float = 0.0  # when a scheduled drain begins (0: when it was set)
     reason: str = ""
     by: str = ""
     ts: float = 0.0
     gpu_clears: dict[int, int] = {}
+
+    def window(self) -> Window | None:
+        """The drain scheduled ahead, if one is (from `drain_at` to `drain_deadline`)."""
+        return Window(self.drain_at, self.drain_deadline) if self.draining and self.drain_at else None
+
+    def cordoned_at(self, now: float) -> bool:
+        """Whether nothing new may be placed on the host at `now`: cordoned, or draining
+        (a scheduled drain from its start)."""
+        return self.cordoned or (self.draining and now >= self.drain_at)
 
 
 class TokenInfo(BaseModel):
@@ -153,6 +166,9 @@ class ClusterState:
     # Per host: its last decoded heartbeat and what placement reads of it (_index_host).
     _host_shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     hostcfg: dict[str, HostConfig] = field(default_factory=dict)
+    # Hosts with a drain scheduled ahead, and its window (scheduling.maintenance): kept as
+    # host settings arrive.
+    maintenance: dict[str, Window] = field(default_factory=dict)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     sessions: dict[str, SessionInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
@@ -351,7 +367,8 @@ class ClusterState:
         cap = HostCapacity(
             id=host_id,
             schedulable=entry.present and not hb.leaving,  # an agent shutting down starts nothing
-            cordoned=bool(cfg and (cfg.cordoned or cfg.draining)),
+            # A drain scheduled ahead is placement's to keep (`maintenance`), by the clock.
+            cordoned=bool(cfg and (cfg.cordoned or (cfg.draining and not cfg.drain_at))),
             gpu_models=models,
             unhealthy_gpus=unhealthy,
             cpus=float(hb.cpus),
@@ -502,6 +519,12 @@ class ClusterState:
                 self._index_host(name)
             elif kind == "hostcfg":
                 _keep(self.hostcfg, name, rec.value, HostConfig)
+                cfg = self.hostcfg.get(name)
+                window = cfg.window() if cfg is not None else None
+                if window is not None:
+                    self.maintenance[name] = window
+                else:
+                    self.maintenance.pop(name, None)
                 self._index_host(name)
                 self._notify("hostcfg", name)
             elif kind == "queue":

@@ -54,7 +54,7 @@ class HostRow:
     health: str
     present: bool
     cordoned: bool  # no new placements (a draining host is cordoned too)
-    draining: bool
+    draining: bool  # a drain has begun (one scheduled ahead: from its start)
     simulated: bool
     labels: dict[str, str]
     rack: str
@@ -86,6 +86,10 @@ class HostRow:
     fence_stopped: int = 0
     # The agent is shutting down (wire.messages.Heartbeat.leaving): nothing new is placed.
     leaving: bool = False
+    # A drain scheduled ahead that has not begun: when it begins, and when what still runs
+    # is stopped (scheduling.maintenance); 0 when none. `drain_deadline` of a drain begun.
+    drain_at: float = 0.0
+    drain_deadline: float = 0.0
     # What the row was built from (identity), and the raw heartbeat its usage came from.
     _heartbeat: object = None
     _alloc: object = None
@@ -176,6 +180,7 @@ class HostQuery:
     label: str | None = None
     cordoned: bool | None = None
     draining: bool | None = None
+    drain_scheduled: bool | None = None
     gpu_faults: bool | None = None
 
     def matches_static(self, r: HostRow) -> bool:
@@ -194,6 +199,8 @@ class HostQuery:
         if self.cordoned is not None and r.cordoned != self.cordoned:
             return False
         if self.gpu_faults is not None and (r.gpus_unhealthy > 0) != self.gpu_faults:
+            return False
+        if self.drain_scheduled is not None and bool(r.drain_at) != self.drain_scheduled:
             return False
         return self.draining is None or r.draining == self.draining
 
@@ -312,8 +319,9 @@ class HostTable:
         if entry is None or entry.heartbeat is None:
             self._rows.pop(host_id, None)
             return None
-        r = self._static(entry)
-        self._live(r, entry, self.state.health_time(now))
+        at = self.state.health_time(now)
+        r = self._static(entry, at)
+        self._live(r, entry, at)
         return r
 
     def devices(self, host_id: str) -> list[GpuDevice]:
@@ -339,7 +347,7 @@ class HostTable:
             entry = hosts.get(host_id)
             if entry is None or entry.heartbeat is None:
                 continue
-            r = self._static(entry)
+            r = self._static(entry, at)
             if live:
                 self._live(r, entry, at)
             out.append(r)
@@ -369,7 +377,7 @@ class HostTable:
             entry = hosts.get(host_id)
             if entry is None or entry.heartbeat is None:
                 continue
-            r = self._static(entry)
+            r = self._static(entry, at)
             if not q.matches_static(r):
                 continue
             if need_live:
@@ -461,14 +469,16 @@ class HostTable:
 
     # ------------------------------------------------------------ building
 
-    def _static(self, entry: HostEntry) -> HostRow:
+    def _static(self, entry: HostEntry, at: float) -> HostRow:
+        """The host's row as its records make it, at `at` (a row made before a scheduled
+        drain began is made again once it has)."""
         host_id = entry.host_id
         state = self.state
         alloc = state.allocs.get(host_id)
         cfg = state.hostcfg.get(host_id)
         r = self._rows.get(host_id)
         if (r is not None and host_id not in self._stale and r._heartbeat is entry.heartbeat
-                and r._alloc is alloc and r._cfg is cfg):
+                and r._alloc is alloc and r._cfg is cfg and not (r.drain_at and at >= r.drain_at)):
             return r
         self._stale.discard(host_id)
         hb = entry.heartbeat
@@ -499,7 +509,9 @@ class HostTable:
         models = tuple(sorted(per_model))
         row = HostRow(
             id=host_id, health=Health.LOST.value, present=entry.present,
-            cordoned=bool(cfg and (cfg.cordoned or cfg.draining)), draining=bool(cfg and cfg.draining),
+            cordoned=bool(cfg and cfg.cordoned_at(at)), draining=bool(cfg and cfg.draining and at >= cfg.drain_at),
+            drain_at=cfg.drain_at if cfg and cfg.draining and at < cfg.drain_at else 0.0,
+            drain_deadline=cfg.drain_deadline if cfg and cfg.draining else 0.0,
             simulated=hb.simulated, labels=labels, rack=labels.get("rack", ""), zone=labels.get("zone", ""),
             gpus=len(hb.gpus), gpu_model=",".join(models) or "-", models=models,
             gpus_by_model=tuple((k, v[0], v[1], v[2]) for k, v in per_model.items()),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
+from server.scheduling import maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
@@ -157,6 +158,7 @@ class JobView:
         whole: bool | None = None
         fits: bool | None = None
         reserved_for: list[Job] = []
+        closing: list[str] = []
         # A placement is tried only when the queue admits the job: otherwise the quota is
         # what keeps it waiting, whatever room the hosts have (a list asking why for many
         # jobs would pay a placement for each).
@@ -169,8 +171,24 @@ class JobView:
             if fits and job.spec.replicas > 1:
                 whole = fits = placer.place_gang(job.spec) is not None
             if fits:
-                reserved_for = self._kept_from(job, placer, now)
-        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for, b)
+                closing = self._closing_for(job, placer, now)
+                if not closing:
+                    reserved_for = self._kept_from(job, placer, now)
+        return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for, b, closing)
+
+    def _closing_for(self, job: Job, placer: Placer, now: float) -> list[str]:
+        """The hosts with a maintenance window (a drain scheduled or begun) that `job` may
+        not take, when only they have room for it; none when it has room elsewhere."""
+        if not self.state.maintenance:
+            return []
+        limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
+        kept = maintenance.KeptOff(self.state.maintenance, now)(limit)
+        if not kept:
+            return []
+        placer.exclude = set(kept)
+        if (placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)) is not None:
+            return []
+        return sorted(kept)
 
     def reserved_on(self, host_id: str) -> Job | None:
         """The queued job whose reservation holds `host_id` (as its record names it), if any:

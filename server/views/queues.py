@@ -20,6 +20,7 @@ from server.scheduling.queues import (
     FAIR_SHARE,
     GANG_WHOLE,
     HELD,
+    MAINTENANCE,
     OVER_QUOTA,
     PREEMPTION_GRACE,
     PRIORITY_WAIT,
@@ -143,7 +144,8 @@ def admitted(state: ClusterState, job: Job, b: QueueBook | None = None) -> bool:
 
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None,
-            reserved_for: Sequence[Job] = (), b: QueueBook | None = None) -> list[QueueReason]:
+            reserved_for: Sequence[Job] = (), b: QueueBook | None = None,
+            closing: Sequence[str] = ()) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
     after (and nothing else is said); its
     queue is missing; it waits for the
@@ -152,8 +154,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     caller); its quota admits it but no host has room (`fits_now` False, computed by the
     caller) and the preemption that could make room waits (reclaim or priority: off, or
     the victims younger than their minimum runtime); it holds a reservation, or the only
-    hosts with room are reserved for the jobs `reserved_for` (worked out by the caller); or it
-    waits its turn by fair share (with the queue's figures)."""
+    hosts with room are reserved for the jobs `reserved_for` (worked out by the caller), or are
+    the hosts `closing` for maintenance before its time limit would end it; or it waits its
+    turn by fair share (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
     if job.hold:
@@ -223,6 +226,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                 else f"{i} (start unknown: a task there has no time limit)" for i, s in starts.items())
         out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for {held}; {why}, so it "
                                                    "may not use them meanwhile"))
+    if closing:
+        out.append(QueueReason(MAINTENANCE, maintenance_text(state, job, q, closing, now)))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -234,6 +239,23 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                            f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
                                            "waiting"))
     return out
+
+
+def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[str], now: float) -> str:
+    """Why the hosts with room for `job` are not its: drains scheduled ahead (or begun)
+    that its time limit would run into (scheduling.maintenance)."""
+    windows = sorted((state.maintenance[h].starts, state.maintenance[h].stops, h)
+                     for h in closing if h in state.maintenance)
+    if not windows:
+        return "the hosts with room for it are being drained"
+    starts, stops, _ = windows[0]
+    hosts = ", ".join(h for _, _, h in windows[:3]) + (f" and {len(windows) - 3} more" if len(windows) > 3 else "")
+    limit = effective_time_limit(job.spec, q)
+    if now >= starts:
+        return f"the hosts with room for it ({hosts}) are being drained for maintenance"
+    why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
+    return (f"the hosts with room for it ({hosts}) are drained for maintenance in about {starts - now:.0f} s, what "
+            f"still runs there stopped in about {stops - now:.0f} s; {why}, so it may not start there now")
 
 
 def reservation_text(job: Job, now: float) -> str:

@@ -4,6 +4,7 @@ conftest), a real in-process Muster, the Starlette app driven through httpx."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import re
 import time
@@ -979,6 +980,36 @@ async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
     r = await c.get("/hosts?cordoned=draining")
     assert "d-1" in r.text and "DRAINING" in r.text
     assert (await c.post("/hosts/nope/drain", data={"csrf": console.csrf, "reason": "x"})).status_code == 404
+
+
+async def test_a_drain_scheduled_ahead_is_shown_until_it_begins_and_can_be_called_off(console: Console) -> None:
+    c, m = await signed_in_with_host(console, "w-1")
+    r = await c.get("/hosts/w-1")
+    assert 'name="at" type="datetime-local"' in r.text
+    r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
+                                               "at": "next tuesday"})
+    assert r.status_code == 422 and "a date and time" in r.text and 'value="next tuesday"' in r.text
+    assert "w-1" not in m.state.hostcfg
+    r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
+                                               "at": "2126-01-01T00:00"})
+    assert r.status_code == 422 and "at most 90 days ahead" in r.text
+    at = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) + dt.timedelta(days=2)
+    r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
+                                               "at": at.strftime("%Y-%m-%dT%H:%M")})
+    assert r.status_code == 303 and r.headers["location"] == "/hosts/w-1?notice=drain-scheduled"
+    cfg = m.state.hostcfg["w-1"]
+    assert cfg.draining and not cfg.cordoned and cfg.drain_at == at.timestamp()
+    assert cfg.drain_deadline == at.timestamp() + 60
+    r = await c.get("/hosts/w-1?notice=drain-scheduled")
+    assert "Drain scheduled" in r.text and 'id="drain-scheduled"' in r.text and "driver update" in r.text
+    assert "Cancel the scheduled drain" in r.text
+    r = await c.get("/hosts?cordoned=scheduled")
+    assert "w-1" in r.text and "DRAIN AT" in r.text
+    assert "w-1" not in (await c.get("/hosts?cordoned=draining")).text
+    r = await c.post("/hosts/w-1/uncordon", data={"csrf": console.csrf, "reason": "postponed"})
+    assert r.status_code == 303
+    cfg = m.state.hostcfg["w-1"]
+    assert not cfg.draining and not cfg.cordoned and m.state.maintenance == {}
 
 
 async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: Console) -> None:

@@ -3,14 +3,16 @@ errors, hosts and a job's wants are printed."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from server.cli.errors import EXIT_NOT_FOUND, EXIT_UNAUTHORISED, exit_code, user_errors
-from server.cli.hosts import host_row
+from server.cli.hosts import ahead, host_row, when_text
 from server.cli.jobs import gpus_cell, new_output, submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
-from wire.errors import ValidationError
+from wire.errors import ConfigError, ValidationError
 
 
 def _submit(*argv: str) -> tuple[dict[str, object], list[str]]:
@@ -74,6 +76,21 @@ def test_host_list_says_draining_and_job_show_says_a_gangs_size() -> None:
     assert host_row({**node, "draining": False, "cordoned": False})[1] == "HEALTHY"
     assert host_row(node)[3] == "0.0%" and host_row({**node, "health": "LOST"})[3] == "-"  # a lost host's is stale
     assert host_row({**node, "draining": False, "cordoned": False, "leaving": True})[1] == "HEALTHY LEAVING"
+    ahead = {**node, "draining": False, "cordoned": False, "drainAt": "2026-12-24T06:00:00+00:00"}
+    assert host_row(ahead)[1] == "HEALTHY DRAIN AT 2026-12-24 06:00 UTC"
+
+
+def test_a_drain_ahead_is_given_as_a_time_or_a_time_from_now() -> None:
+    assert ahead("2026-12-24T06:00") == "2026-12-24T06:00:00+00:00"  # UTC unless it names an offset
+    assert ahead("2026-12-24T07:00+01:00") == "2026-12-24T07:00:00+01:00"
+    assert when_text("2026-12-24T07:00:00+01:00") == "2026-12-24 06:00 UTC"
+    before = dt.datetime.now(dt.UTC)
+    got = ahead("2h")
+    assert got is not None
+    assert dt.timedelta(hours=2) <= dt.datetime.fromisoformat(got) - before < dt.timedelta(hours=3)
+    assert ahead(None) is None and when_text(None) == "-"
+    with pytest.raises(ConfigError, match="neither an ISO date/time nor a time from now"):
+        ahead("tuesday")
     job = {"replicas": 2, "gpus": 8, "gpuModels": ["H100"], "cpus": 4.0, "memoryMb": 1024}
     assert wants(job) == "a gang of 2 tasks, each 8 GPU H100, 4.0 CPU, 1024 MB"
     assert wants({**job, "replicas": 1}) == "8 GPU H100, 4.0 CPU, 1024 MB"

@@ -4,6 +4,7 @@ cordon, uncordon, drain and clear-GPU-faults forms."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -87,7 +88,8 @@ async def overview(request: Request) -> Response:
 # The table's sort columns (server.views.hosts.ORDERS, "-" reversing), and its filters.
 HOST_SORTS = ("id", "health", "util", "alloc")
 HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "faults", "sort")
-CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining"}
+CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining",
+                    "scheduled": "Drain scheduled"}
 FAULTS_CHOICES = {"yes": "With a faulted GPU", "no": "No faulted GPU"}
 
 
@@ -97,6 +99,7 @@ def console_query(f: dict[str, str]) -> HostQuery:
     return HostQuery(search=f.get("q") or None, health=frozenset({f["health"]}) if f.get("health") else None,
                      rack=f.get("rack") or None, zone=f.get("zone") or None, model=f.get("model") or None,
                      cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None,
+                     drain_scheduled=True if cord == "scheduled" else None,
                      gpu_faults={"yes": True, "no": False}.get(f.get("faults", "")))
 
 
@@ -285,7 +288,8 @@ async def drain(request: Request) -> Response:
     form = await read_form(request)
     reason = form.get("reason", "").strip()
     raw_deadline = form.get("deadline_s", "").strip() or DRAIN_DEFAULT_S
-    values = {"reason": reason, "deadline_s": raw_deadline}
+    raw_at = form.get("at", "").strip()
+    values = {"reason": reason, "deadline_s": raw_deadline, "at": raw_at}
     if m.hosts.row(host_id, time.time()) is None:
         raise no_such_host(host_id)
     errors: list[ValidationError] = []
@@ -298,10 +302,20 @@ async def drain(request: Request) -> Response:
     except ValueError:
         deadline = -1.0
         errors.append(ValidationError("deadline", "the deadline must be a number of seconds", "INVALID"))
+    at: float | None = None
+    if raw_at:
+        try:  # the form's date and time, in UTC
+            when = dt.datetime.fromisoformat(raw_at)
+            at = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+        except ValueError:
+            errors.append(ValidationError("at", "the start must be a date and time, such as 2026-12-24T06:00",
+                                          "INVALID"))
     try:
         if errors:
             raise InvalidInput(errors)
-        await m.drain(host_id, sess.user, reason, deadline)
+        await m.drain(host_id, sess.user, reason, deadline, at)
     except FORM_ERRORS as exc:
         return _host_form_error(request, m, host_id, "drain", exc, values)
-    return RedirectResponse(url(f"/hosts/{host_id}", notice="draining"), status_code=303)
+    ahead = at is not None and at > time.time()
+    return RedirectResponse(url(f"/hosts/{host_id}", notice="drain-scheduled" if ahead else "draining"),
+                            status_code=303)

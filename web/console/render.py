@@ -48,6 +48,8 @@ NOTICES = {
                      "GPUs take work again until a new fault."),
     "draining": ("Host draining: no new work is placed on it; what still runs at the deadline is stopped and "
                  "requeued elsewhere."),
+    "drain-scheduled": ("Drain scheduled: until it begins the host takes only jobs whose time limit ends them by "
+                        "its deadline; from then on it drains."),
 }
 
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))

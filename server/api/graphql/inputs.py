@@ -84,7 +84,15 @@ class ClearGpuFaultsInput:
 class DrainHostInput:
     id: strawberry.ID
     reason: str
-    deadline_seconds: float = 300.0
+    deadline_seconds: float = strawberry.field(default=300.0, description="What still runs this long after the "
+                                               "drain begins is stopped (and requeued elsewhere).")
+    at: dt.datetime | None = strawberry.field(
+        default=None, description="When the drain begins (a maintenance window): until then the host takes only "
+        "jobs whose time limit (or their queue's default) ends them by the drain's deadline; nothing placed "
+        "after it was scheduled is stopped by it. Default, or a time past: now. At most 90 days ahead.")
+
+    def at_epoch(self) -> float | None:
+        return epoch(self.at)
 
 
 @strawberry.input(description="Hosts matching every given field.")
@@ -95,6 +103,9 @@ class HostFilter:
     gpu_model: str | None = strawberry.field(default=None, description="Hosts with at least one GPU of this model.")
     label: str | None = strawberry.field(default=None, description="`key=value`, or `key` for any value.")
     cordoned: bool | None = None
+    draining: bool | None = strawberry.field(default=None, description="Hosts whose drain has begun (true) or not.")
+    drain_scheduled: bool | None = strawberry.field(
+        default=None, description="Hosts with a drain scheduled ahead that has not begun (true) or without.")
     gpu_faults: bool | None = strawberry.field(
         default=None, description="Hosts with (true) or without (false) a faulted GPU.")
     search: str | None = strawberry.field(default=None, description="Part of the host id (any case).")

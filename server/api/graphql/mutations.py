@@ -216,10 +216,13 @@ class Mutation:
         return await _on_host(info, str(input.id),
                               lambda m: m.clear_gpu_faults(str(input.id), user(info), input.reason, input.gpus))
 
-    @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline.")
+    @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline; with "
+                                     "`at`, from then on (a maintenance window), the host taking until then only "
+                                     "jobs that the deadline would not stop. Replaces a drain or cordon set before.")
     async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
         return await _on_host(info, str(input.id),
-                              lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds))
+                              lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds,
+                                                input.at_epoch()))
 
 
 async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:

@@ -131,6 +131,11 @@ class Host:
     leaving: bool = strawberry.field(
         default=False, description="The host's agent is shutting down: it starts nothing new and nothing is "
         "placed on it (until it starts again, or its heartbeat expires and the host is lost)")
+    drain_at: dt.datetime | None = strawberry.field(
+        default=None, description="When a drain scheduled ahead begins (a maintenance window; until then the host "
+        "takes only jobs that its deadline would not stop); null: none, or it has begun")
+    drain_deadline: dt.datetime | None = strawberry.field(
+        default=None, description="When what still runs on the draining host is stopped (a drain begun or ahead)")
 
     @strawberry.field(description="The queued job this host is held for (a reservation: nothing else is placed "
                                   "here unless its time limit ends it before that job could start); null: none.")
@@ -155,6 +160,8 @@ class Host:
             last_seen=ts(r.last_seen), tasks=r.tasks, isolated=r.isolated, isolation=r.isolation,
             fences=r.fences, last_fence_seconds=r.last_fence_s, fence_continued=r.fence_continued,
             fence_stopped=r.fence_stopped, leaving=r.leaving and r.present,
+            drain_at=ts(r.drain_at) if r.drain_at else None,
+            drain_deadline=ts(r.drain_deadline) if r.drain_deadline else None,
         )
 
     @staticmethod

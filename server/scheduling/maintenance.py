@@ -1,0 +1,53 @@
+"""Maintenance windows: drains scheduled ahead. An operator who will take hosts down at a
+set time (a driver or firmware update, a rack's power work) drains them from then on; until
+then each such host takes only jobs whose time limit (the job's own, or its queue's default)
+ends them by the drain's deadline, when whatever still runs there is stopped. So a window
+announced ahead stops nothing placed after it was announced, and the hosts stay busy with
+short work until it begins, as Slurm's maintenance reservations do. From the window's start
+the host is cordoned (nothing new is placed); at its deadline the drain stops the rest.
+
+Pure: the hosts' windows, a job's time limit and a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Window:
+    """A host's scheduled drain: cordoned from `starts`, what still runs stopped at `stops`."""
+
+    starts: float
+    stops: float
+
+
+def started(window: Window | None, now: float) -> bool:
+    """Whether the host's drain has begun (nothing new may be placed there)."""
+    return window is not None and now >= window.starts
+
+
+def may_run_before(limit_s: float, now: float, window: Window) -> bool:
+    """Whether a job that runs at most `limit_s` (0: no limit) may start on the host now:
+    its drain has not begun, and the limit ends the job by the drain's deadline."""
+    return now < window.starts and limit_s > 0 and now + limit_s <= window.stops
+
+
+class KeptOff:
+    """The hosts with a window that a job may not take now, by the job's time limit (the
+    same set for every job of one limit, worked out once per limit)."""
+
+    def __init__(self, windows: Mapping[str, Window], now: float) -> None:
+        self.windows = windows
+        self.now = now
+        self._by_limit: dict[float, frozenset[str]] = {}
+
+    def __call__(self, limit_s: float) -> frozenset[str]:
+        if not self.windows:
+            return frozenset()
+        got = self._by_limit.get(limit_s)
+        if got is None:
+            got = self._by_limit[limit_s] = frozenset(
+                h for h, w in self.windows.items() if not may_run_before(limit_s, self.now, w))
+        return got
