@@ -239,6 +239,11 @@ class JobSpec(_Model):
     depends_on: list[str] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
     depend_any: bool = False
     depend_not_ok: bool = False
+    # A group the job shares with others of its user's (an array, a job name), and how many
+    # of them may be placed or running at once (0: no limit): an array's throttle, or with
+    # 1 and the job's name as the group, Slurm's singleton (server.scheduling.groups).
+    group: str = Field(default="", max_length=128)
+    group_limit: int = Field(default=0, ge=0, le=100_000)
 
     @field_validator("host_labels")
     @classmethod

@@ -41,6 +41,7 @@ MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
+MAX_GROUP_LIMIT = 100_000  # jobs of one group placed or running at once (wire.messages.JobSpec.group_limit)
 
 
 def validate_job(
@@ -174,6 +175,14 @@ def validate_job(
     if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
             or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
         err("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds", "OUT_OF_RANGE")
+    group = data.get("group") or ""
+    group_limit = data.get("group_limit", 0) or 0
+    if not isinstance(group, str) or len(group) > 128 or any(c < " " for c in group):
+        err("group", "must be at most 128 characters, none of them control characters")
+    if not isinstance(group_limit, int) or isinstance(group_limit, bool) or not 0 <= group_limit <= MAX_GROUP_LIMIT:
+        err("groupLimit", f"must be a whole number from 0 (none) to {MAX_GROUP_LIMIT}", "OUT_OF_RANGE")
+    elif group_limit and not group:
+        err("groupLimit", "a limit needs a group: the jobs it counts are those of the same user and group")
     if errors:
         return None, errors
     assert isinstance(command, list)
@@ -204,6 +213,8 @@ def validate_job(
         depends_on=list(dict.fromkeys(depends_on)),
         depend_any=bool(depend_any) and bool(depends_on),
         depend_not_ok=bool(depend_not_ok) and bool(depends_on),
+        group=group,
+        group_limit=group_limit,
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import shlex
 import sys
 import time
@@ -14,14 +15,14 @@ from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
-submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor
+submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
 
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
-NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation")
+NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -142,9 +143,17 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--after-notok", action="store_true",
                     help="with --after: run once they ended otherwise than SUCCEEDED (FAILED, CANCELLED, TIMEOUT), "
                          "to clean up or report; one that SUCCEEDED cancels this job (afternotok)")
-    js.add_argument("--array", type=int, default=None, metavar="N",
+    js.add_argument("--array", default=None, metavar="N[%K]",
                     help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
-                         "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE); not with --wait or -f")
+                         "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE), in one group of their own; with %%K, at "
+                         "most K of them placed or running at once; not with --wait or -f")
+    js.add_argument("--singleton", action="store_true",
+                    help="run only when no other job of yours with this name is placed or running (Slurm's "
+                         "singleton: the group NAME, limit 1)")
+    js.add_argument("--group", default=None, metavar="G",
+                    help="a group of your jobs this one is in (with --group-limit)")
+    js.add_argument("--group-limit", type=int, default=None, metavar="K",
+                    help="with --group: at most K jobs of the group placed or running at once")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("-f", "--follow", action="store_true",
                     help="wait, printing the job's output as it runs (as job logs -f); exit as --wait does")
@@ -209,6 +218,17 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
             inp["dependency"] = "AFTER_NOT_OK"
     elif args.after_any or args.after_notok:
         raise ValidationError("after-any" if args.after_any else "after-notok", "goes with --after ID")
+    if args.singleton and (args.group or args.group_limit or args.array):
+        raise ValidationError("singleton", "--singleton is a group of its own: not with --group, --group-limit "
+                              "or --array")
+    if args.singleton:
+        inp["group"], inp["groupLimit"] = args.name, 1
+    if args.group_limit is not None and not args.group:
+        raise ValidationError("group-limit", "goes with --group G")
+    if args.group:
+        inp["group"] = args.group
+        if args.group_limit is not None:
+            inp["groupLimit"] = args.group_limit
     for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
         if given:
             pairs: dict[str, str] = {}
@@ -221,14 +241,28 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
     return inp
 
 
-def array_inputs(inp: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """The N jobs of `--array N`: NAME-i, each with MUSTER_ARRAY_INDEX=i and
-    MUSTER_ARRAY_SIZE=N in its environment."""
+def array_size(text: str) -> tuple[int, int]:
+    """`--array N` or `N%K`: the jobs, and how many may run at once (0: no limit)."""
+    n_text, pct, k_text = text.partition("%")
+    try:
+        n, k = int(n_text), int(k_text) if pct else 0
+    except ValueError:
+        raise ValidationError("array", f"{text!r}: expected N or N%K, such as 100 or 100%8") from None
+    if pct and k < 1:
+        raise ValidationError("array", "the K of N%K must be at least 1")
+    return n, k
+
+
+def array_inputs(inp: dict[str, Any], n: int, limit: int = 0, group: str | None = None) -> list[dict[str, Any]]:
+    """The N jobs of `--array N[%K]`: NAME-i, each with MUSTER_ARRAY_INDEX=i and
+    MUSTER_ARRAY_SIZE=N in its environment, all in one group of their own (`group`, by
+    default NAME and a random suffix) with `limit` of them placed or running at once."""
     if not 1 <= n <= 1000:
         raise ValidationError("array", "must be from 1 to 1000 jobs (one request)")
     if len(f"{inp['name']}-{n - 1}") > 128:
         raise ValidationError("name", f"at most {128 - len(str(n - 1)) - 1} characters with --array {n}")
-    return [{**inp, "name": f"{inp['name']}-{i}",
+    group = group or f"{inp['name'][:110]}#{secrets.token_hex(4)}"
+    return [{**inp, "name": f"{inp['name']}-{i}", "group": group, **({"groupLimit": limit} if limit else {}),
              "env": {**inp.get("env", {}), "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": str(n)}}
             for i in range(n)]
 
@@ -240,7 +274,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.array is not None:
         if args.wait or args.follow:
             raise ValidationError("array", "--array submits many jobs: follow them with job list --name NAME-")
-        return submit_array(args, array_inputs(inp, args.array))
+        n, limit = array_size(args.array)
+        return submit_array(args, array_inputs(inp, n, limit, args.group))
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
     res = gql(q, {"input": inp})["submitJob"]
@@ -356,6 +391,10 @@ def show(args: argparse.Namespace) -> None:
     print(f"  command: {shlex.join(job['command'])}")
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
+    if job.get("group"):
+        limit = f" (at most {job['groupLimit']} of its jobs placed or running at once)" if job.get("groupLimit") \
+            else ""
+        print(f"  group: {job['group']}{limit}")
     if job.get("dependsOn"):
         kind = {"AFTER_ANY": "they ended", "AFTER_NOT_OK": "they ended otherwise than SUCCEEDED"}.get(
             job.get("dependency") or "", "they SUCCEEDED")

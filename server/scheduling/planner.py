@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from server.health.rules import Health
-from server.scheduling import fairshare, maintenance, preemption, retry, submitlimits
+from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
@@ -1319,7 +1319,7 @@ def place_queued(
                     or now - job.submitted_at < policy.reserve_after_s or job.id in tried:
                 continue
             q = adm.queue(job)
-            if q is None or over_user_limit(job, q):
+            if q is None or over_user_limit(job, q) or waits_for_group(job):
                 continue
             spec, _refusal = adm.restrict(job)
             if spec is not None:
@@ -1510,7 +1510,7 @@ def place_queued(
             if current.state is not JobState.QUEUED or current.preempting:
                 continue
             cq = adm.queue(current)
-            if cq is not None and over_user_limit(current, cq):
+            if cq is not None and over_user_limit(current, cq) or waits_for_group(current):
                 continue
             tries -= 1
             placer.exclude = exclusion(current, cq)  # its victims are looked for where it may go
@@ -1556,11 +1556,36 @@ def place_queued(
         own = job_gpus(job.spec) if job.preempting else 0.0
         return tally(job.spec.queue).get(job.spec.user, 0.0) - own + job_gpus(job.spec) > q.max_gpus_per_user + EPS
 
+    # Per user and job group with a limit: its jobs placed or running, this cycle's changes
+    # and the commits in flight included (their records in place of the state's).
+    in_group: dict[groups.Key, int] = {}
+
+    def group_count(k: groups.Key) -> int:
+        if k not in in_group:
+            n = state.group_live.get(k)
+            for i in {*changed, *w.pending}:
+                new = changed.get(i) or w.pending.get(i)
+                old = state.jobs.get(i)
+                n += (groups.live(new) and new is not None and groups.key(new) == k) \
+                    - (groups.live(old) and old is not None and groups.key(old) == k)
+            in_group[k] = n
+        return in_group[k]
+
+    def waits_for_group(job: Job) -> bool:
+        """The job's group has its limit of jobs placed or running: it waits its turn, and
+        is not a reason to preempt anything. A preemptor is counted in its group already."""
+        k = groups.key(job)
+        return k is not None and groups.waits(job, group_count(k) - bool(job.preempting))
+
     def claim(job: Job, q: Queue | None) -> None:
-        """Count a job placed, or one whose preemption starts, against its user's limit."""
+        """Count a job placed, or one whose preemption starts, against its user's limit and
+        its group's."""
         if q is not None and q.max_gpus_per_user and job.spec.wants_gpu():
             users = tally(job.spec.queue)
             users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
+        k = groups.key(job)
+        if k is not None:
+            in_group[k] = group_count(k) + 1
 
     complete = True  # every queued job looked at (no break): a reservation not made is none
     for job in order():
@@ -1576,7 +1601,7 @@ def place_queued(
         q = adm.queue(job)
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
-        if over_user_limit(job, q):
+        if over_user_limit(job, q) or waits_for_group(job):
             if job.preempting:
                 give_up(job)  # its limit changed: what its victims freed goes to others
             continue

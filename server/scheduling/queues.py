@@ -45,6 +45,7 @@ USER_LIMIT = "user at its queue's per-user GPU limit"
 RESERVED = "holds a reservation"
 RESERVED_FOR_OTHER = "hosts reserved for another job"
 MAINTENANCE = "hosts closing for maintenance"
+GROUP_LIMIT = "waiting for its group"
 
 
 def gpu_key(model: str) -> str:

@@ -26,6 +26,7 @@ from server.scheduling.deadlines import Deadlines
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
+from server.scheduling.groups import GroupCounts
 from server.scheduling.maintenance import Window
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
@@ -212,6 +213,9 @@ class ClusterState:
     # Per queue and per user of it, the jobs not ended: what submission limits count
     # (scheduling.submitlimits), kept as records arrive.
     open_jobs: OpenJobs = field(default_factory=OpenJobs)
+    # Per user and job group with a limit, its jobs placed or running (scheduling.groups),
+    # kept as records arrive.
+    group_live: GroupCounts = field(default_factory=GroupCounts)
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -261,6 +265,7 @@ class ClusterState:
             self._queue_account(old, -1)
             add_user(self.user_usage, old, -1.0)
             self.open_jobs.update(old, None)
+            self.group_live.update(old, None)
             self.backlog.update(old, None)
             self.deps.changed(self.jobs, job_id)
         self.placed_ids.discard(job_id)
@@ -281,6 +286,7 @@ class ClusterState:
         self._queue_account(job, 1)
         add_user(self.user_usage, job, 1.0)
         self.open_jobs.update(old, job)
+        self.group_live.update(old, job)
         self.backlog.update(old, job)
         self.deps.changed(self.jobs, job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.scheduling import dependencies, fairshare
+from server.scheduling import dependencies, fairshare, groups
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
     FAIR_SHARE,
     GANG_WHOLE,
+    GROUP_LIMIT,
     HELD,
     MAINTENANCE,
     OVER_QUOTA,
@@ -177,6 +178,10 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             out.append(QueueReason(USER_LIMIT, f"{job.spec.user} holds {holds:g} GPUs of queue {name} + "
                                                f"{job_gpus(job.spec):g} wanted > its per-user limit "
                                                f"{q.max_gpus_per_user:g}"))
+    k = groups.key(job)
+    running = state.group_live.get(k) - bool(job.preempting) if k is not None else 0
+    if groups.waits(job, running):
+        out.append(QueueReason(GROUP_LIMIT, groups.wait_text(job, running)))
     if job.preempting:
         stopping = 0
         for entry in job.preempting:

@@ -634,6 +634,10 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     link = f'<a href="/jobs/{first.id}"><code>{first.id}</code></a>'
     assert f'id="job-after">{link} <span class="muted">(once they succeeded)' in page
     assert f'id="job-waiting">{link}</dd>' in page and "Waiting for the jobs it runs after" in page
+    grouped = await submitted(m, {"name": "sweep-0", "command": ["true"], "group": "sweep#1", "group_limit": 2})
+    page = (await c.get(f"/jobs/{grouped.id}")).text
+    assert ('id="job-group"><code>sweep#1</code> <span class="muted">(at most 2 of operator\'s jobs in it placed '
+            "or running at once)") in page
     assert "after 1</span>" in (await c.get("/jobs")).text
     # From the submit form: run after, submitted held; an unknown job refused on its field.
     base = {"csrf": console.csrf, "name": "evaluate", "command": "true", "cpus": "1", "memory_mb": "512"}

@@ -193,18 +193,42 @@ def test_a_failed_job_says_why() -> None:
 
 
 def test_an_array_is_n_jobs_each_told_its_index() -> None:
-    from server.cli.jobs import array_inputs
+    from server.cli.jobs import array_inputs, array_size
 
     args = parse_args(["job", "submit", "--gpus", "1", "--env", "LR=0.1", "--array", "3", "sweep", "--", "run"])
-    jobs = array_inputs(submit_input(args, submit_command(args)), args.array)
+    n, limit = array_size(args.array)
+    jobs = array_inputs(submit_input(args, submit_command(args)), n, limit)
     assert [j["name"] for j in jobs] == ["sweep-0", "sweep-1", "sweep-2"]
     assert [j["env"] for j in jobs] == [{"LR": "0.1", "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": "3"}
                                         for i in range(3)]
     assert all(j["gpus"] == 1 and j["command"] == ["run"] for j in jobs)
+    # One group of its own (named for the array), with no limit unless N%K gives one.
+    assert len({j["group"] for j in jobs}) == 1 and jobs[0]["group"].startswith("sweep#")
+    assert all("groupLimit" not in j for j in jobs)
+    assert array_size("100%8") == (100, 8) and array_size("4") == (4, 0)
+    throttled = array_inputs({"name": "x"}, 4, 2)
+    assert [j["groupLimit"] for j in throttled] == [2] * 4
+    assert throttled[0]["group"] != array_inputs({"name": "x"}, 4, 2)[0]["group"]  # each array its own
+    for bad in ("many", "10%", "10%0", "%3"):
+        with pytest.raises(ValidationError, match="array"):
+            array_size(bad)
     with pytest.raises(ValidationError, match="from 1 to 1000"):
         array_inputs({"name": "x"}, 1001)
     with pytest.raises(ValidationError, match="at most 125 characters with --array 100"):
         array_inputs({"name": "x" * 126}, 100)
+
+
+def test_a_singleton_and_a_group_are_given_as_groups_of_the_users_jobs() -> None:
+    args = parse_args(["job", "submit", "--singleton", "nightly", "--", "run"])
+    inp = submit_input(args, submit_command(args))
+    assert (inp["group"], inp["groupLimit"]) == ("nightly", 1)
+    args = parse_args(["job", "submit", "--group", "etl", "--group-limit", "3", "load", "--", "run"])
+    inp = submit_input(args, submit_command(args))
+    assert (inp["group"], inp["groupLimit"]) == ("etl", 3)
+    for argv in (["--singleton", "--group", "g"], ["--group-limit", "2"], ["--singleton", "--array", "3"]):
+        args = parse_args(["job", "submit", *argv, "x", "--", "run"])
+        with pytest.raises(ValidationError):
+            submit_input(args, submit_command(args))
 
 
 def test_a_cli_newer_than_its_server_says_so() -> None:

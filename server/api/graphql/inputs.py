@@ -64,6 +64,12 @@ class SubmitJobInput:
         default=None, description="Jobs it runs after (at most 32): it stays QUEUED, not placed, until they end "
                                   "as `dependency` says.")
     dependency: Dependency = Dependency.AFTER_OK
+    group: str | None = strawberry.field(
+        default=None, description="A group this job shares with other jobs of its user's (an array, a job name): "
+        "with groupLimit, at most that many of them are placed or running at once.")
+    group_limit: int = strawberry.field(
+        default=0, description="How many jobs of the group may be placed or running at once (0: no limit): an "
+        "array's throttle; 1 with the job's name as the group is Slurm's singleton.")
 
 
 @strawberry.input

@@ -58,6 +58,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "queue": i.queue, "time_limit_s": i.time_limit_seconds, "host_labels": i.host_labels or {},
         "held": i.held, "depends_on": [str(d) for d in i.depends_on or []],
         "depend_any": i.dependency is Dependency.AFTER_ANY, "depend_not_ok": i.dependency is Dependency.AFTER_NOT_OK,
+        "group": i.group or "", "group_limit": i.group_limit,
     }
 
 

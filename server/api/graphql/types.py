@@ -435,6 +435,14 @@ class Job:
         return Dependency.AFTER_ANY if spec.depend_any else Dependency.AFTER_NOT_OK if spec.depend_not_ok \
             else Dependency.AFTER_OK
 
+    @strawberry.field(description="The group it shares with other jobs of its user's (\"\": none).")
+    def group(self) -> str:
+        return self._m.spec.group
+
+    @strawberry.field(description="How many jobs of its group may be placed or running at once (0: no limit).")
+    def group_limit(self) -> int:
+        return self._m.spec.group_limit
+
     @strawberry.field(description="Of `dependsOn`, the jobs it still waits for: while any, it is QUEUED but not "
                                   "placed.")
     def waiting_for(self) -> list[strawberry.ID]:

@@ -1,0 +1,72 @@
+"""Job groups with real processes: `muster job submit --array 6%2` runs six jobs, never more
+than two at once, and `--singleton` jobs of one name never overlap, both read from the
+tasks' own start and end records; the waiting jobs say why, and `job show` names the
+group. The planner's logic is tested in tests/unit/test_groups.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import wait_until
+from tests.integration.conftest import Api, Cluster, assert_invariants
+from tests.integration.test_backfill import queue_reasons
+from tests.integration.test_queues import events, muster, task
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans (start, end) open at one moment; one that ends as another starts does
+    not overlap it."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = now = 0
+    for _, d in edges:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def spans(tmp: Path, names: list[str]) -> list[tuple[float, float]]:
+    evs = events(tmp)
+    out = []
+    for name in names:
+        start = next(e["t"] for e in evs if e["job"] == name and e["ev"] == "start")
+        done = next(e["t"] for e in evs if e["job"] == name and e["ev"] == "done")
+        out.append((start, done))
+    return out
+
+
+def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("gr-a", gpus="8xH100", heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    # Six jobs with room for all of them on the host; at most two placed or running at once.
+    # Each task names itself from its index (the TASK script's second argument).
+    script = task(tmp_path, "x", 1.5)
+    r = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "--array", "6%2", "-o", "json", "sweep", "--",
+               "sh", "-c", 'exec "$0" "$1" "$2" "sweep-$MUSTER_ARRAY_INDEX" "$4" "$5"', *script)
+    assert r.returncode == 0, r.stderr
+    ids = [j["id"] for j in json.loads(r.stdout)]
+    assert len(ids) == 6
+    wait_until(lambda: "waiting for its group" in queue_reasons(api, ids[-1]), timeout=30,
+               what="a job of the array says it waits for its group")
+    assert "its limit 2" in queue_reasons(api, ids[-1])["waiting for its group"]
+    shown = muster(cluster, srv.url, "job", "show", ids[0])
+    assert "group: sweep#" in shown.stdout and "at most 2 of its jobs" in shown.stdout, shown.stdout
+    for j in ids:
+        assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
+    assert most_at_once(spans(tmp_path, [f"sweep-{i}" for i in range(6)])) == 2
+
+    # Two singletons of one name, submitted together: one after the other.
+    single = task(tmp_path, "nightly", 1.0)
+    first = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "--singleton", "-o", "json", "nightly", "--",
+                   *single)
+    second = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "--singleton", "-o", "json", "nightly", "--",
+                    *[a if a != "nightly" else "nightly-2" for a in single])
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    nightly = [json.loads(first.stdout)["id"], json.loads(second.stdout)["id"]]
+    for j in nightly:
+        assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
+    (a_start, a_done), (b_start, b_done) = spans(tmp_path, ["nightly", "nightly-2"])
+    assert a_done <= b_start or b_done <= a_start
+    assert_invariants(cluster.nats_url)

@@ -1,0 +1,153 @@
+"""Job groups with a limit (scheduling.groups, the planner's and why pending's use of it):
+of one user's jobs in a group, at most the limit placed or running at once (an array's
+throttle, a singleton); a job waiting for its group preempts nothing and holds no
+reservation; the counts kept as records arrive equal a count afresh."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.groups import GroupCounts, key, live, waits
+from server.scheduling.planner import plan_cycle
+from server.scheduling.queues import GROUP_LIMIT
+from server.views.jobs import JobView
+from tests.factories import job as make_job
+from tests.factories import job_spec
+from tests.unit.test_gangs import NOW, World
+from wire.messages import AttemptState, Job, JobState, encode
+from wire.records import Record
+from wire.validation import validate_job
+
+
+def _submit(w: World, job_id: str, *, group: str = "sweep", limit: int = 2, user: str = "alice", gpus: int = 1,
+            name: str | None = None, at: float = NOW) -> None:
+    job = make_job(job_id, spec=job_spec(name or job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, user=user,
+                                         group=group, group_limit=limit), submitted_at=at)
+    w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(job)))
+
+
+def _live(w: World, *ids: str) -> list[str]:
+    return [i for i in ids if w.job(i).state in (JobState.PLACED, JobState.RUNNING)]
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_a_job_counts_in_its_users_group_only_with_a_limit_and_only_while_placed_or_running() -> None:
+    spec = job_spec("a", group="g", group_limit=2, user="alice")
+    assert key(make_job("a", spec=spec)) == ("alice", "g")
+    assert key(make_job("a", spec=job_spec("a", group="g"))) is None  # no limit: nothing to count against
+    assert not live(make_job("a", spec=spec)) and live(make_job("a", spec=spec, state=JobState.RUNNING))
+    assert live(make_job("a", spec=spec, preempting=["v:1"]))  # placed once its victims stopped
+    assert not live(make_job("a", spec=spec, state=JobState.SUCCEEDED))
+    assert waits(make_job("a", spec=spec), 2) and not waits(make_job("a", spec=spec), 1)
+
+
+def test_a_limit_needs_a_group_and_stays_in_range() -> None:
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "group_limit": 2})
+    assert [e.field for e in errors] == ["groupLimit"] and "needs a group" in errors[0].message
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "group": "g", "group_limit": -1})
+    assert [e.field for e in errors] == ["groupLimit"]
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "group": "g\n", "group_limit": 1})
+    assert [e.field for e in errors] == ["group"]
+    spec, errors = validate_job({"name": "a", "command": ["x"], "group": "g", "group_limit": 3})
+    assert not errors and spec is not None and (spec.group, spec.group_limit) == ("g", 3)
+
+
+_STATES = [JobState.QUEUED, JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDED, JobState.CANCELLED]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcde"), st.one_of(st.none(), st.tuples(
+    st.sampled_from(_STATES), st.sampled_from(["alice", "bob"]), st.sampled_from(["", "g", "h"]),
+    st.integers(0, 2), st.booleans()))), max_size=40))
+def test_the_counts_kept_equal_a_count_afresh(steps: list[tuple[str, tuple[JobState, str, str, int, bool] | None]]
+                                             ) -> None:
+    kept, jobs = GroupCounts(), dict[str, Job]()
+    for job_id, change in steps:
+        old = jobs.get(job_id)
+        if change is None:
+            jobs.pop(job_id, None)
+            kept.update(old, None)
+            continue
+        state, user, group, limit, preempting = change
+        new = make_job(job_id, state=state, spec=job_spec(job_id, user=user, group=group, group_limit=limit),
+                       preempting=["v:1"] if preempting and state is JobState.QUEUED else [])
+        jobs[job_id] = new
+        kept.update(old, new)
+    assert kept.as_dict() == GroupCounts.of(jobs.values()).as_dict()
+
+
+# ---------------------------------------------------------------- in the planner
+
+
+def test_an_arrays_limit_holds_however_many_jobs_end_and_arrive() -> None:
+    w = World()
+    w.host("a")
+    ids = [f"s{i}" for i in range(6)]
+    for i, j in enumerate(ids):
+        _submit(w, j, at=NOW - 10 + i)
+    w.cycle()
+    assert _live(w, *ids) == ["s0", "s1"]  # room for all six: the group's limit holds them
+    view = JobView(w.state, None, half_life_s=0)
+    why = {r.reason: r.detail for r in view.queue_reasons(w.job("s2"), NOW)}
+    assert why[GROUP_LIMIT] == ("2 job(s) of alice's group 'sweep' placed or running, its limit 2: it starts when one "
+                                "of them ends")
+    w.cycle(reports=[w.report("s0", 0, AttemptState.RUNNING), w.report("s1", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("s0", 0, AttemptState.SUCCEEDED, code=0)])
+    assert _live(w, *ids) == ["s1", "s2"]
+    # The same cycle that ends one places the next, never more than the limit.
+    w.cycle(reports=[w.report("s1", 0, AttemptState.RUNNING), w.report("s2", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("s1", 0, AttemptState.SUCCEEDED, code=0), w.report("s2", 0, AttemptState.FAILED, 1)])
+    assert _live(w, *ids) == ["s3", "s4"]
+    # Other users' jobs of a group of the same name, and jobs of no group, are not held back.
+    _submit(w, "b0", user="bob")
+    _submit(w, "b1", user="bob")
+    _submit(w, "free", group="", limit=0)
+    w.cycle()
+    assert _live(w, "b0", "b1", "free") == ["b0", "b1", "free"]
+
+
+def test_a_singleton_waits_while_one_of_its_name_runs() -> None:
+    w = World()
+    w.host("a")
+    _submit(w, "n1", group="nightly", limit=1, name="nightly", at=NOW - 2)
+    _submit(w, "n2", group="nightly", limit=1, name="nightly", at=NOW - 1)
+    w.cycle()
+    assert _live(w, "n1", "n2") == ["n1"]
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
+    assert why[GROUP_LIMIT].startswith("1 job(s) of alice's singleton 'nightly'")
+    w.cycle(reports=[w.report("n1", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("n1", 0, AttemptState.SUCCEEDED, code=0)])
+    assert _live(w, "n1", "n2") == ["n2"]
+
+
+def test_a_job_waiting_for_its_group_holds_no_reservation_and_does_not_keep_others_off() -> None:
+    w = World()
+    w.host("a")
+    _submit(w, "g0", limit=1, gpus=8, at=NOW - 300)
+    w.cycle()
+    w.cycle(reports=[w.report("g0", 0, AttemptState.RUNNING)])
+    _submit(w, "g1", limit=1, gpus=8, at=NOW - 200)  # waits for g0, long enough to reserve were it blocked
+    _submit(w, "other", group="", limit=0, gpus=8, at=NOW - 100)  # waits for room: it is the one that reserves
+    plan = w.cycle()
+    assert [r.job_id for r in plan.reservations] == ["other"]
+    assert w.job("g1").reserved is None and w.job("g1").state is JobState.QUEUED
+
+
+def test_commits_in_flight_count_in_the_group() -> None:
+    w = World()
+    w.host("a")
+    _submit(w, "s0")
+    _submit(w, "s1")
+    # A commit in flight places s0 (its record not in the state yet): one more place only.
+    flight = {"s0": w.job("s0").model_copy(update={"state": JobState.PLACED})}
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=1, pending=flight, frozen_jobs=set(flight),
+                      queues=w.policy)
+    assert plan.placed == 1 and plan.jobs["s1"].state is JobState.PLACED
+    _submit(w, "s2")
+    flight["s1"] = plan.jobs["s1"]
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=1, pending=flight, frozen_jobs=set(flight),
+                      queues=w.policy)
+    assert plan.placed == 0
