@@ -1328,10 +1328,12 @@ def place_queued(
 
     def reserve(job: Job, spec: JobSpec) -> None:
         """Hold hosts for `job` where it could start soonest, none of another
-        reservation's, if it may hold them."""
+        reservation's nor of a maintenance window its time limit would run into, if it may
+        hold them."""
         tried.add(job.id)
         held = placer.exclude
-        placer.exclude = held | {h for r in reservations.values() for h in r.hosts}
+        placer.exclude = held | {h for r in reservations.values() for h in r.hosts} \
+            | closing(effective_time_limit(job.spec, adm.queue(job)))
         soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, ends, soonest)
         placer.exclude = held

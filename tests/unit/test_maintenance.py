@@ -13,6 +13,9 @@ from server.scheduling.queues import MAINTENANCE
 from server.state.cluster import HostConfig
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
+from tests.factories import job as make_job
+from tests.factories import job_spec
+from tests.unit.test_backfill import _running
 from tests.unit.test_gangs import NOW, World
 from wire.messages import AttemptState, JobState, Queue, encode
 from wire.records import Record
@@ -134,6 +137,26 @@ def test_a_gang_takes_no_host_whose_window_its_limit_runs_into() -> None:
     w.submit("g2", gpus=8, replicas=2, time_limit_s=1000)
     w.cycle()
     assert sorted(a.host_id for a in w.job("g2").attempts) == ["b", "c"]
+
+
+def test_a_reservation_is_never_made_on_a_host_whose_window_its_job_would_run_into() -> None:
+    """Also when a job holding a reservation has it worked out again while another job,
+    which may use the window's host, finds no room."""
+    w = World()
+    w.host("a")
+    w.host("b")
+    assert _running(w, "ra", 8, 100) == "a"  # a frees at NOW + 50
+    assert _running(w, "rb", 8, 1000) == "b"  # b at NOW + 950
+    _schedule(w, "a", WINDOW.starts, WINDOW.stops)
+    w.submit("keeper", gpus=8, at=NOW - 300)  # no time limit: it may not run on a
+    plan = w.cycle()
+    assert [(r.job_id, r.hosts) for r in plan.reservations] == [("keeper", {"b"})]
+    # A job of higher priority with a limit that fits a's window finds no room either.
+    urgent = make_job("urgent", spec=job_spec("urgent", command=["x"], gpus=8, cpus=1, memory_mb=1, priority=10,
+                                              time_limit_s=500), submitted_at=NOW - 200)
+    w.state.apply_state_record(Record("job.urgent", next(w.rev), encode(urgent)))
+    plan = w.cycle()
+    assert dict((r.job_id, r.hosts) for r in plan.reservations)["keeper"] == {"b"}
 
 
 @settings(max_examples=60, deadline=None)
