@@ -187,6 +187,13 @@ class _Work:
         # out when a submission to a queue with submission limits first needs it.
         self.open_changes: OpenJobs | None = None
 
+    def replaced(self) -> Iterator[tuple[Job | None, Job]]:
+        """Each job a commit in flight or this cycle (so far) changes: the state's record
+        (None: a job it creates) and the record in its place, this cycle's over the
+        commit's. What the state's tallies (kept as records arrive) are corrected by."""
+        for job_id in {*self.pending, *self.plan.jobs}:
+            yield self.state.jobs.get(job_id), self.plan.jobs.get(job_id) or self.pending[job_id]
+
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
         every host of the job's current try (a gang task's end touches the others)."""
@@ -683,8 +690,8 @@ def submission_refusal(w: _Work, spec: JobSpec) -> str:
         return ""
     if w.open_changes is None:
         w.open_changes = OpenJobs()
-        for job_id in set(w.pending) | set(w.plan.jobs):
-            w.open_changes.update(w.state.jobs.get(job_id), w.latest(job_id))
+        for old, new in w.replaced():
+            w.open_changes.update(old, new)
     return submitlimits.refusal(q, spec.user, (w.state.open_jobs, w.open_changes))
 
 
@@ -777,14 +784,12 @@ class Admission:
         state = w.state
         self.policy = policy
         usage = {q: dict(u) for q, u in state.queue_usage.items()}
-        # The records of commits in flight (their placements, stops and ends), then this
-        # cycle's reports, cancels and evictions: the two never touch one job (frozen).
-        for changes in (w.pending, w.plan.jobs):
-            for job_id, job in changes.items():
-                old = state.jobs.get(job_id)
-                if old is not None:
-                    add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
-                add(usage.setdefault(job.spec.queue, {}), job_usage(job))
+        # The records of commits in flight (their placements, stops and ends) and this
+        # cycle's reports, cancels and evictions in place of the state's.
+        for old, job in w.replaced():
+            if old is not None:
+                add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
+            add(usage.setdefault(job.spec.queue, {}), job_usage(job))
         self.book = QueueBook(state.queues, usage)
         # The book as it will be once the preemptions under way are done (victims gone,
         # preemptors placed): what further preemptions are decided on, so that victims
@@ -1535,12 +1540,10 @@ def place_queued(
             # The state's figures (kept as records arrive), with this cycle's changes and
             # the commits in flight in place of the records they replace.
             theirs = {qn: dict(state.user_usage.get(qn, {}))}
-            for i in {*changed, *w.pending}:
-                new = changed.get(i) or w.pending.get(i)
-                old = state.jobs.get(i)
+            for old, new in w.replaced():
                 if old is not None and old.spec.queue == qn:
                     add_user(theirs, old, -1.0)
-                if new is not None and new.spec.queue == qn:
+                if new.spec.queue == qn:
                     add_user(theirs, new, 1.0)
             users = theirs.get(qn, {})
             for j in (*preempting, *starting):
@@ -1565,11 +1568,9 @@ def place_queued(
     def group_count(k: groups.Key) -> int:
         if k not in in_group:
             n = state.group_live.get(k)
-            for i in {*changed, *w.pending}:
-                new = changed.get(i) or w.pending.get(i)
-                old = state.jobs.get(i)
-                n += (groups.live(new) and new is not None and groups.key(new) == k) \
-                    - (groups.live(old) and old is not None and groups.key(old) == k)
+            for old, new in w.replaced():
+                n += (groups.live(new) and groups.key(new) == k) \
+                    - (old is not None and groups.live(old) and groups.key(old) == k)
             in_group[k] = n
         return in_group[k]
 
