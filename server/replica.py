@@ -565,7 +565,8 @@ class Muster:
         self._check_limits(spec)
         waits = self._waits_for(spec)
         now = time.time()
-        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
+        job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits,
+                  not_before=spec.begin_at)
         assert self.store is not None
         with self._storing_now([job]), _maybe_stored(f"job {job.id}"):
             # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
@@ -599,7 +600,8 @@ class Muster:
             if spec is None:
                 results.append(InvalidInput(errors))
                 continue
-            job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits)
+            job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits,
+                      not_before=spec.begin_at)
             batch.update(None, job)
             results.append(job)
         assert self.store is not None

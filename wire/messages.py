@@ -186,6 +186,7 @@ QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
 MAX_DEPENDENCIES = 32  # jobs one job may run after
+MAX_EPOCH_S = 2**33  # a time in epoch seconds (the year 2242)
 
 
 class JobSpec(_Model):
@@ -244,6 +245,9 @@ class JobSpec(_Model):
     # 1 and the job's name as the group, Slurm's singleton (server.scheduling.groups).
     group: str = Field(default="", max_length=128)
     group_limit: int = Field(default=0, ge=0, le=100_000)
+    # Not placed before this time (epoch seconds; 0: at once), as Slurm's `--begin`: the
+    # job's `not_before` from its submission.
+    begin_at: float = Field(default=0.0, ge=0, le=MAX_EPOCH_S)
 
     @field_validator("host_labels")
     @classmethod

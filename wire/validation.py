@@ -16,6 +16,7 @@ from wire.messages import (
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     MAX_DEPENDENCIES,
+    MAX_EPOCH_S,
     MAX_HOST_LABELS,
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
@@ -183,6 +184,10 @@ def validate_job(
         err("groupLimit", f"must be a whole number from 0 (none) to {MAX_GROUP_LIMIT}", "OUT_OF_RANGE")
     elif group_limit and not group:
         err("groupLimit", "a limit needs a group: the jobs it counts are those of the same user and group")
+    begin_at = data.get("begin_at", 0) or 0
+    if (not isinstance(begin_at, (int, float)) or isinstance(begin_at, bool) or begin_at != begin_at
+            or not 0 <= begin_at <= MAX_EPOCH_S):
+        err("beginAt", "must be a time (epoch seconds, or a date and time)", "OUT_OF_RANGE")
     if errors:
         return None, errors
     assert isinstance(command, list)
@@ -215,6 +220,7 @@ def validate_job(
         depend_not_ok=bool(depend_not_ok) and bool(depends_on),
         group=group,
         group_limit=group_limit,
+        begin_at=float(begin_at),
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

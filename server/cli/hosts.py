@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
-from wire.errors import ConfigError, NotFound
+from server.cli.times import ahead, when_text
+from wire.errors import NotFound
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -189,29 +189,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
              when_text(h.get("drainDeadline"))] for h in hosts]
     out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "STATE", "RUNNING WORK STOPPED AT"])
     return 0
-
-
-def ahead(text: str | None) -> str | None:
-    """`--at`: an ISO 8601 time (UTC unless it names an offset) or a time from now (90m,
-    2h, 1d), as ISO 8601."""
-    if not text:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
-        return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(text[:-1]) * units[text[-1]])).isoformat()
-    try:
-        at = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigError(f"{text!r} is neither an ISO date/time nor a time from now like 2h") from None
-    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).isoformat()
-
-
-def when_text(iso: str | None) -> str:
-    """A time from the API in words: to the minute, in UTC."""
-    if not iso:
-        return "-"
-    at = dt.datetime.fromisoformat(iso)
-    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def host_row(n: dict[str, Any]) -> list[str]:

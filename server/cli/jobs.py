@@ -11,18 +11,21 @@ from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
+from server.cli.times import ahead, when_text
 from wire.errors import NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
+beginAt notBefore
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
 
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
-NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit")
+NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
+                "notBefore")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -135,6 +138,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
+    js.add_argument("--begin", default=None, metavar="WHEN",
+                    help="not placed before this time: ISO 8601 (UTC unless it names an offset) or a time from now "
+                         "(90m, 2h, 1d), as Slurm's --begin")
     js.add_argument("--after", action="append", default=None, metavar="ID", dest="depends_on",
                     help="run after this job SUCCEEDED (repeat for more: after all of them); one that ends "
                          "otherwise cancels this job")
@@ -208,6 +214,8 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["onDisconnect"] = "KEEP_RUNNING"
     if args.hold:
         inp["held"] = True
+    if args.begin:
+        inp["beginAt"] = ahead(args.begin)
     if args.after_any and args.after_notok:
         raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
@@ -391,6 +399,8 @@ def show(args: argparse.Namespace) -> None:
     print(f"  command: {shlex.join(job['command'])}")
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
+    if job.get("beginAt"):
+        print(f"  begins:  {when_text(job['beginAt'])}" + (" (not yet)" if job.get("notBefore") else ""))
     if job.get("group"):
         limit = f" (at most {job['groupLimit']} of its jobs placed or running at once)" if job.get("groupLimit") \
             else ""

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, out, watch
 from server.cli.errors import user_errors
+from server.cli.times import ago
 from wire.errors import ConfigError, NotFound
 
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
@@ -224,23 +224,10 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def _when(text: str | None) -> str | None:
-    if not text:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
-        at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return at.isoformat()
-    try:
-        return dt.datetime.fromisoformat(text).isoformat()
-    except ValueError:
-        raise ConfigError(f"{text!r} is neither an ISO date/time nor a duration like 24h") from None
-
-
 def cmd_usage(args: argparse.Namespace) -> int:
     q = """query($q: String, $u: String, $s: DateTime, $t: DateTime) { usage(queue: $q, user: $u, since: $s,
            until: $t) { queue user gpuModel gpuSeconds cpuSeconds memoryMbSeconds attempts } }"""
-    rows = gql(q, {"q": args.queue, "u": args.user, "s": _when(args.since), "t": _when(args.until)})["usage"]
+    rows = gql(q, {"q": args.queue, "u": args.user, "s": ago(args.since), "t": ago(args.until)})["usage"]
     out(args, rows, [[r["queue"], r["user"], r["gpuModel"] or "-", f"{r['gpuSeconds'] / 3600:.2f}",
                       f"{r['cpuSeconds'] / 3600:.2f}", f"{r['memoryMbSeconds'] / 3600 / 1024:.2f}", str(r["attempts"])]
                      for r in rows], ["QUEUE", "USER", "GPU MODEL", "GPU-HOURS", "CPU-HOURS", "GB-HOURS", "ATTEMPTS"])

@@ -664,7 +664,7 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
             continue
         submitted = req.ts if 0 < req.ts <= now else now
         hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
-        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold)
+        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold, not_before=spec.begin_at)
         job.waiting_for, never = dependency_state(w, job, spec.depends_on)
         if never:
             w.plan.rejected.append((job_id, f"dependsOn: {never}"))

@@ -46,6 +46,7 @@ RESERVED = "holds a reservation"
 RESERVED_FOR_OTHER = "hosts reserved for another job"
 MAINTENANCE = "hosts closing for maintenance"
 GROUP_LIMIT = "waiting for its group"
+NOT_YET = "waiting for its start time"
 
 
 def gpu_key(model: str) -> str:

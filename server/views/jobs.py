@@ -162,7 +162,7 @@ class JobView:
         # A placement is tried only when the queue admits the job: otherwise the quota is
         # what keeps it waiting, whatever room the hosts have (a list asking why for many
         # jobs would pay a placement for each).
-        waits = job.state is JobState.QUEUED and not job.hold and not job.waiting_for
+        waits = job.state is JobState.QUEUED and not job.hold and not job.waiting_for and job.not_before <= now
         b = queue_view.book(self.state) if waits else None  # one book for both questions
         if waits and queue_view.admitted(self.state, job, b):
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,

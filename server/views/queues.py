@@ -22,6 +22,7 @@ from server.scheduling.queues import (
     GROUP_LIMIT,
     HELD,
     MAINTENANCE,
+    NOT_YET,
     OVER_QUOTA,
     PREEMPTION_GRACE,
     PRIORITY_WAIT,
@@ -147,9 +148,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None,
             reserved_for: Sequence[Job] = (), b: QueueBook | None = None,
             closing: Sequence[str] = ()) -> list[QueueReason]:
-    """Why a queued job waits, at queue level: it is held, or waits for the jobs it runs
-    after (and nothing else is said); its
-    queue is missing; it waits for the
+    """Why a queued job waits, at queue level: it is held, waits for the jobs it runs
+    after, or may not be placed yet (its begin time, a retry backoff), and nothing else
+    is said; its queue is missing; it waits for the
     victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
     caller); its quota admits it but no host has room (`fits_now` False, computed by the
@@ -166,6 +167,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         end = dependencies.needs(job.spec)
         return [QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the {len(job.spec.depends_on)} "
                                         "it runs after); not considered for placement until then")]
+    if job.not_before > now:
+        return [QueueReason(NOT_YET, not_yet_text(job, now))]
     b = b or book(state)
     name = job.spec.queue
     q = b.queue(name)
@@ -244,6 +247,15 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                            f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
                                            "waiting"))
     return out
+
+
+def not_yet_text(job: Job, now: float) -> str:
+    """When a job that may not be placed yet will be: its begin time, or its next try
+    after a backoff."""
+    wait = f"in about {job.not_before - now:.0f} s"
+    if job.spec.begin_at and job.not_before == job.spec.begin_at:
+        return f"not placed before its begin time ({wait}); not considered for placement until then"
+    return f"its next try waits out the retry backoff ({wait}) after try {job.tries} ended"
 
 
 def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[str], now: float) -> str:

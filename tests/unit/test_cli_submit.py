@@ -8,10 +8,11 @@ import datetime as dt
 import pytest
 
 from server.cli.errors import EXIT_NOT_FOUND, EXIT_UNAUTHORISED, exit_code, user_errors
-from server.cli.hosts import ahead, host_row, when_text
+from server.cli.hosts import host_row
 from server.cli.jobs import gpus_cell, new_output, submit_command, submit_input, task_of, wants
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
+from server.cli.times import ago, ahead, when_text
 from wire.errors import ConfigError, ValidationError
 
 
@@ -91,6 +92,11 @@ def test_a_drain_ahead_is_given_as_a_time_or_a_time_from_now() -> None:
     assert ahead(None) is None and when_text(None) == "-"
     with pytest.raises(ConfigError, match="neither an ISO date/time nor a time from now"):
         ahead("tuesday")
+    got = ago("1d")
+    after = dt.datetime.now(dt.UTC)
+    assert got is not None and dt.timedelta(days=1) <= after - dt.datetime.fromisoformat(got) < dt.timedelta(days=2)
+    args = parse_args(["job", "submit", "--begin", "2026-12-24T06:00", "later", "--", "run"])
+    assert submit_input(args, submit_command(args))["beginAt"] == "2026-12-24T06:00:00+00:00"
     job = {"replicas": 2, "gpus": 8, "gpuModels": ["H100"], "cpus": 4.0, "memoryMb": 1024}
     assert wants(job) == "a gang of 2 tasks, each 8 GPU H100, 4.0 CPU, 1024 MB"
     assert wants({**job, "replicas": 1}) == "8 GPU H100, 4.0 CPU, 1024 MB"

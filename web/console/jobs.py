@@ -4,6 +4,7 @@ page and its forms (cancel, hold, release, priority), and the submit form."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import math
 import re
 import shlex
@@ -35,7 +36,7 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
                  "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
                  "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels",
-                 "dependsOn": "after"}
+                 "dependsOn": "after", "beginAt": "begin", "group": "group", "groupLimit": "group_limit"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -293,7 +294,8 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
-                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": ""}
+                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": "",
+                   "begin": "", "group": "", "group_limit": ""}
 
 
 @console()
@@ -360,6 +362,17 @@ async def submit(request: Request) -> Response:
         data["depend_not_ok"] = values["after_rule"] == "notok"
     if values["held"]:
         data["held"] = True
+    if values["begin"]:
+        try:  # the form's date and time, in UTC
+            when = dt.datetime.fromisoformat(values["begin"])
+            data["begin_at"] = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+        except ValueError:
+            local["begin"] = ["must be a date and time, such as 2026-12-24T06:00"]
+            data["begin_at"] = values["begin"]  # which validation refuses too
+    if values["group"]:
+        data["group"] = values["group"]
+    if values["group_limit"]:
+        data["group_limit"] = _number(values["group_limit"], int)
     if values["time_limit"]:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]

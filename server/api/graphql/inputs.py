@@ -70,6 +70,9 @@ class SubmitJobInput:
     group_limit: int = strawberry.field(
         default=0, description="How many jobs of the group may be placed or running at once (0: no limit): an "
         "array's throttle; 1 with the job's name as the group is Slurm's singleton.")
+    begin_at: dt.datetime | None = strawberry.field(
+        default=None, description="Not placed before this time (Slurm's --begin); until then it is QUEUED and "
+        "says so in its pendingReasons. Default, or a time past: at once.")
 
 
 @strawberry.input

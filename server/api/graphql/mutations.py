@@ -12,7 +12,7 @@ import strawberry
 from strawberry.types import Info
 
 from server.api.auth import require_cluster_wide
-from server.api.graphql.context import muster, require, user
+from server.api.graphql.context import epoch, muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
     ClearGpuFaultsInput,
@@ -58,7 +58,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "queue": i.queue, "time_limit_s": i.time_limit_seconds, "host_labels": i.host_labels or {},
         "held": i.held, "depends_on": [str(d) for d in i.depends_on or []],
         "depend_any": i.dependency is Dependency.AFTER_ANY, "depend_not_ok": i.dependency is Dependency.AFTER_NOT_OK,
-        "group": i.group or "", "group_limit": i.group_limit,
+        "group": i.group or "", "group_limit": i.group_limit, "begin_at": epoch(i.begin_at) or 0.0,
     }
 
 

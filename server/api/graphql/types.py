@@ -435,6 +435,15 @@ class Job:
         return Dependency.AFTER_ANY if spec.depend_any else Dependency.AFTER_NOT_OK if spec.depend_not_ok \
             else Dependency.AFTER_OK
 
+    @strawberry.field(description="Not placed before this time, as submitted (null: at once).")
+    def begin_at(self) -> dt.datetime | None:
+        return ts(self._m.spec.begin_at) if self._m.spec.begin_at else None
+
+    @strawberry.field(description="While QUEUED, the time before which it is not placed: its begin time, or "
+                                  "its next try's after a retry backoff (null: none, or passed).")
+    def not_before(self) -> dt.datetime | None:
+        return ts(self._m.not_before) if self._m.not_before > time.time() else None
+
     @strawberry.field(description="The group it shares with other jobs of its user's (\"\": none).")
     def group(self) -> str:
         return self._m.spec.group

@@ -1,0 +1,39 @@
+"""Times as the CLI takes and prints them: ISO 8601 (UTC unless it names an offset) or a
+duration from now (`90m`, `2h`, `1d`), ahead of now or ago."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from wire.errors import ConfigError
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _parse(text: str, sign: int, example: str) -> str:
+    if text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
+        delta = dt.timedelta(seconds=float(text[:-1]) * UNITS[text[-1]])
+        return (dt.datetime.now(dt.UTC) + sign * delta).isoformat()
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is neither an ISO date/time nor a {example}") from None
+    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).isoformat()
+
+
+def ahead(text: str | None) -> str | None:
+    """A time given as ISO 8601 or as a time from now (`2h`), as ISO 8601."""
+    return _parse(text, 1, "time from now like 2h") if text else None
+
+
+def ago(text: str | None) -> str | None:
+    """A time given as ISO 8601 or as a time before now (`24h`: a day ago), as ISO 8601."""
+    return _parse(text, -1, "duration like 24h") if text else None
+
+
+def when_text(iso: str | None) -> str:
+    """A time from the API in words: to the minute, in UTC."""
+    if not iso:
+        return "-"
+    at = dt.datetime.fromisoformat(iso)
+    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
