@@ -14,7 +14,7 @@ from typing import Any
 from tests.conftest import wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
 from tests.integration.test_backfill import queue_reasons
-from tests.integration.test_queues import attempts, events, muster, submit, task
+from tests.integration.test_queues import attempts, events, muster, settled, submit, task
 
 HOST_Q = """query($id: ID!) { host(id: $id) { cordoned draining drainAt drainDeadline } }"""
 
@@ -88,4 +88,5 @@ def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluste
                                message } } } }""")["events"]["edges"]),
                timeout=30, what="the drain's event in history")
     api.q("mutation($id: ID!) { cancelJob(id: $id) { job { id } } }", {"id": early})
+    settled(api, early)  # a cancelled job's try stops after it
     assert_invariants(cluster.nats_url)
