@@ -14,6 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# A job's time limit counts from its start, which comes a little after its placement (the
+# assignment reaching its agent, the process starting): the allowance for that, so that a
+# job placed just in time is not stopped by the drain a few seconds before its own limit.
+START_ALLOWANCE_S = 10.0
+
 
 @dataclass(frozen=True)
 class Window:
@@ -30,8 +35,9 @@ def started(window: Window | None, now: float) -> bool:
 
 def may_run_before(limit_s: float, now: float, window: Window) -> bool:
     """Whether a job that runs at most `limit_s` (0: no limit) may start on the host now:
-    its drain has not begun, and the limit ends the job by the drain's deadline."""
-    return now < window.starts and limit_s > 0 and now + limit_s <= window.stops
+    its drain has not begun, and the limit ends the job by the drain's deadline, allowing
+    `START_ALLOWANCE_S` for it to start."""
+    return now < window.starts and limit_s > 0 and now + START_ALLOWANCE_S + limit_s <= window.stops
 
 
 class KeptOff:

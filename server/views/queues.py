@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.scheduling import dependencies, fairshare, groups
+from server.scheduling import dependencies, fairshare, groups, maintenance
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
@@ -270,7 +270,8 @@ def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[
     limit = effective_time_limit(job.spec, q)
     if now >= starts:
         return f"the hosts with room for it ({hosts}) are being drained for maintenance"
-    why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
+    why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to start)"
+           if limit > 0 else "it has no time limit")
     return (f"the hosts with room for it ({hosts}) are drained for maintenance in about {starts - now:.0f} s, what "
             f"still runs there stopped in about {stops - now:.0f} s; {why}, so it may not start there now")
 

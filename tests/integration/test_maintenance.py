@@ -35,8 +35,8 @@ def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluste
     early = submit(api, "early", task(tmp_path, "early", 600, ckpt=0.1))["job"]["id"]  # no time limit
     api.wait_job(early, {"RUNNING"})
 
-    # The drain begins in 20 s; what still runs 5 s later is stopped.
-    scheduled = muster(cluster, srv.url, "host", "drain", "mw-a", "--reason", "driver update", "--at", "20s",
+    # The drain begins in 30 s; what still runs 5 s later is stopped.
+    scheduled = muster(cluster, srv.url, "host", "drain", "mw-a", "--reason", "driver update", "--at", "30s",
                        "--deadline", "5")
     assert scheduled.returncode == 0, scheduled.stderr
     assert "drain from" in scheduled.stdout, scheduled.stdout
@@ -56,8 +56,8 @@ def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluste
     assert "it has no time limit" in queue_reasons(api, open_)["hosts closing for maintenance"]
     why = muster(cluster, srv.url, "job", "why", open_)
     assert "drained for maintenance" in why.stdout, why.stdout
-    # One whose limit ends it by the deadline runs there now (placed well before the start).
-    short = submit(api, "short", task(tmp_path, "short", 0.2), timeLimitSeconds=12)["job"]["id"]
+    # One whose limit ends it by the deadline (with 10 s to start) runs there now.
+    short = submit(api, "short", task(tmp_path, "short", 0.2), timeLimitSeconds=10)["job"]["id"]
     done = api.wait_job(short, {"SUCCEEDED", "FAILED"}, timeout=60)
     assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "mw-a"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.maintenance import KeptOff, Window, may_run_before, started
+from server.scheduling.maintenance import START_ALLOWANCE_S, KeptOff, Window, may_run_before, started
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import MAINTENANCE
 from server.state.cluster import HostConfig
@@ -37,7 +37,8 @@ def _host_of(w: World, job_id: str) -> str | None:
 
 
 def test_a_job_may_start_before_the_window_only_if_its_limit_ends_it_by_the_deadline() -> None:
-    assert may_run_before(900, NOW, WINDOW) and not may_run_before(901, NOW, WINDOW)
+    assert START_ALLOWANCE_S == 10  # the figures below allow it
+    assert may_run_before(890, NOW, WINDOW) and not may_run_before(891, NOW, WINDOW)
     assert not may_run_before(0, NOW, WINDOW)  # no limit: it could run into the window
     assert not may_run_before(10, NOW + 600, WINDOW)  # begun: nothing new, however short
     assert may_run_before(10, NOW + 599, WINDOW)
@@ -47,8 +48,8 @@ def test_a_job_may_start_before_the_window_only_if_its_limit_ends_it_by_the_dead
 def test_the_hosts_kept_off_are_worked_out_once_per_limit() -> None:
     windows = {"a": WINDOW, "b": Window(NOW + 100, NOW + 100)}
     kept = KeptOff(windows, NOW)
-    assert kept(0) == {"a", "b"} and kept(100) == set() and kept(101) == {"b"} and kept(901) == {"a", "b"}
-    assert kept(101) is kept(101)
+    assert kept(0) == {"a", "b"} and kept(90) == set() and kept(91) == {"b"} and kept(891) == {"a", "b"}
+    assert kept(91) is kept(91)
     assert KeptOff({}, NOW)(0) == frozenset()
 
 
@@ -74,8 +75,8 @@ def test_before_the_window_only_jobs_that_end_by_its_deadline_are_placed_there()
     w.host("a")
     _schedule(w, "a", WINDOW.starts, WINDOW.stops)
     w.submit("open", gpus=1, at=NOW - 3)  # no limit: could still run at the deadline
-    w.submit("long", gpus=1, at=NOW - 2, time_limit_s=901)  # one second too long
-    w.submit("short", gpus=1, at=NOW - 1, time_limit_s=900)  # ends by the deadline at the latest
+    w.submit("long", gpus=1, at=NOW - 2, time_limit_s=891)  # one second too long
+    w.submit("short", gpus=1, at=NOW - 1, time_limit_s=890)  # ends by the deadline, started within 10 s
     w.cycle()
     assert w.job("short").state is JobState.PLACED and _host_of(w, "short") == "a"
     assert w.job("open").state is JobState.QUEUED and w.job("long").state is JobState.QUEUED
@@ -83,8 +84,8 @@ def test_before_the_window_only_jobs_that_end_by_its_deadline_are_placed_there()
     view = JobView(w.state, None, half_life_s=0)
     why = {r.reason: r.detail for r in view.queue_reasons(w.job("long"), NOW)}
     assert why[MAINTENANCE] == ("the hosts with room for it (a) are drained for maintenance in about 600 s, what "
-                                "still runs there stopped in about 900 s; its time limit of 901 s runs past that, "
-                                "so it may not start there now")
+                                "still runs there stopped in about 900 s; its time limit of 891 s runs past that "
+                                "(allowing 10 s to start), so it may not start there now")
     why_open = {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}
     assert "it has no time limit" in why_open[MAINTENANCE]
     # A host with no window takes them.
@@ -184,7 +185,7 @@ def test_nothing_placed_would_run_into_a_window(windows: list[tuple[int, int]], 
         placed += 1
         window = w.state.maintenance.get(host)
         if window is not None:
-            assert NOW < window.starts and 0 < limit and NOW + limit <= window.stops
+            assert NOW < window.starts and 0 < limit and NOW + START_ALLOWANCE_S + limit <= window.stops
     assert placed == sum(1 for j in w.state.jobs.values() if j.state is JobState.PLACED)
     # The host without a window takes every job that its room left at the end would fit.
     alloc = w.state.allocs.get(hosts[-1])
