@@ -502,6 +502,10 @@ class Queue(_Model):
     # submission past either is refused (server.scheduling.submitlimits).
     max_submitted_jobs: int = Field(default=0, ge=0, le=100_000_000)
     max_submitted_jobs_per_user: int = Field(default=0, ge=0, le=100_000_000)
+    # The most jobs of one user's in this queue placed or running at once (0: no limit),
+    # as Slurm's MaxJobsPerUser: the others wait their turn (CPU-only work and GPU shares
+    # included, which a GPU limit hardly bounds).
+    max_running_jobs_per_user: int = Field(default=0, ge=0, le=100_000_000)
     created_at: float = 0.0
     updated_at: float = 0.0
     by: str = Field(default="", max_length=64)

@@ -265,7 +265,8 @@ _QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "min
                  "default_time_limit_s": "defaultTimeLimitSeconds", "max_time_limit_s": "maxTimeLimitSeconds",
                  "max_preemptions": "maxPreemptions", "preempt_within": "preemptWithin",
                  "fair_share_preemption": "fairSharePreemption", "max_gpus_per_user": "maxGpusPerUser",
-                 "max_submitted_jobs": "maxSubmittedJobs", "max_submitted_jobs_per_user": "maxSubmittedJobsPerUser"}
+                 "max_submitted_jobs": "maxSubmittedJobs", "max_submitted_jobs_per_user": "maxSubmittedJobsPerUser",
+                 "max_running_jobs_per_user": "maxRunningJobsPerUser"}
 
 
 def validate_queue(data: dict[str, Any]) -> Queue:

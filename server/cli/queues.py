@@ -14,11 +14,11 @@ from wire.errors import ConfigError, NotFound
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
-submittedJobsByUser(first: 5) { user jobs }
+maxRunningJobsPerUser submittedJobsByUser(first: 5) { user jobs }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of an earlier version lacks: asked again without them.
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
-                      "submittedJobsByUser")
+                      "submittedJobsByUser", "maxRunningJobsPerUser")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "past it is refused (0: no limit)")
         p.add_argument("--max-submitted-jobs-per-user", type=int, default=None, metavar="N",
                        help="the same for one user's jobs of the queue (0: no limit)")
+        p.add_argument("--max-running-jobs-per-user", type=int, default=None, metavar="N",
+                       help="the most jobs of one user's placed or running at once; the others wait (0: no limit)")
         add_output(p)
         p.set_defaults(fn=fn)
     qd = qsub.add_parser("delete", help="delete a queue without work (admin)")
@@ -117,7 +119,8 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
                        ("defaultTimeLimitSeconds", args.default_time_limit),
                        ("maxTimeLimitSeconds", args.max_time_limit), ("maxGpusPerUser", args.max_gpus_per_user),
                        ("maxSubmittedJobs", args.max_submitted_jobs),
-                       ("maxSubmittedJobsPerUser", args.max_submitted_jobs_per_user)):
+                       ("maxSubmittedJobsPerUser", args.max_submitted_jobs_per_user),
+                       ("maxRunningJobsPerUser", args.max_running_jobs_per_user)):
         if value is not None:
             inp[key] = value
     return inp
@@ -173,8 +176,10 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
           f", fair share {'on' if q['fairSharePreemption'] else 'off'}; grace {q['preemptGraceSeconds']:g} s, "
           f"min runtime {q['minRuntimeSeconds']:g} s, at most {q['maxPreemptions']} at once")
     print(f"  time limit: {time_limits(q['defaultTimeLimitSeconds'], q['maxTimeLimitSeconds'])}")
-    if q.get("maxGpusPerUser"):
-        print(f"  per user: at most {q['maxGpusPerUser']:g} GPUs held at once")
+    per_user = [f"{q['maxGpusPerUser']:g} GPUs held" if q.get("maxGpusPerUser") else "",
+                f"{q['maxRunningJobsPerUser']} jobs placed or running" if q.get("maxRunningJobsPerUser") else ""]
+    if any(per_user):
+        print(f"  per user: at most {' and '.join(p for p in per_user if p)} at once")
     if "submittedJobs" in q:
         print(f"  jobs not ended: {submission_limits(q)}")
     out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),

@@ -10,14 +10,13 @@ A job waiting for its group is not blocked by the cluster: it is no reason to pr
 anything nor to hold a reservation. Groups are per user, so one user's group cannot hold
 back another's jobs.
 
-Pure: `GroupCounts` is a tally kept from job records as they arrive; `waits` decides."""
+Pure: the tally (`counts`, scheduling.livecounts) is kept from job records as they
+arrive; `waits` decides."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
-
-from wire.messages import Job, JobState
+from server.scheduling.livecounts import LiveCounts
+from wire.messages import Job
 
 Key = tuple[str, str]  # (user, group)
 
@@ -27,48 +26,9 @@ def key(job: Job) -> Key | None:
     return (job.spec.user, job.spec.group) if job.spec.group and job.spec.group_limit else None
 
 
-def live(job: Job | None) -> bool:
-    """A job that counts against its group's limit: placed or running, or queued while
-    the jobs it preempted stop (it is placed as soon as they have)."""
-    if job is None:
-        return False
-    return job.state in (JobState.PLACED, JobState.RUNNING) or (job.state is JobState.QUEUED and bool(job.preempting))
-
-
-class GroupCounts:
-    """Jobs placed or running per (user, group). A tally of changes may go below zero."""
-
-    def __init__(self) -> None:
-        self._n: Counter[Key] = Counter()
-
-    def add(self, k: Key, n: int) -> None:
-        self._n[k] += n
-        if not self._n[k]:
-            del self._n[k]
-
-    def update(self, old: Job | None, new: Job | None) -> None:
-        """A job's record changed from `old` to `new` (either None: created, dropped)."""
-        if old is not None and live(old) and (k := key(old)) is not None:
-            self.add(k, -1)
-        if new is not None and live(new) and (k := key(new)) is not None:
-            self.add(k, 1)
-
-    def get(self, k: Key) -> int:
-        return self._n.get(k, 0)
-
-    def __len__(self) -> int:
-        return len(self._n)
-
-    def as_dict(self) -> dict[Key, int]:
-        return dict(self._n)
-
-    @classmethod
-    def of(cls, jobs: Iterable[Job]) -> GroupCounts:
-        """The tally counted afresh (what ClusterState keeps as records arrive)."""
-        out = cls()
-        for job in jobs:
-            out.update(None, job)
-        return out
+def counts() -> LiveCounts[Key]:
+    """An empty tally of jobs placed or running per (user, group) (scheduling.livecounts)."""
+    return LiveCounts(key)
 
 
 def waits(job: Job, running: int) -> bool:

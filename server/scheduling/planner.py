@@ -14,14 +14,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from server.health.rules import Health
-from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits
+from server.scheduling import fairshare, groups, livecounts, maintenance, preemption, retry, submitlimits
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
+from server.scheduling.livecounts import LiveCounts, queue_user
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
@@ -774,6 +776,33 @@ def queue_order(jobs: list[Job]) -> list[Job]:
 # well as those with the most free room (scheduling.backfill).
 RESERVE_SOONEST = 32
 RESERVE_TRIES = 4  # jobs a cycle looks for hosts to reserve for, past those it reserves for
+
+
+K = TypeVar("K")
+
+
+class _LiveTally(Generic[K]):
+    """A count of the state's jobs placed or running (scheduling.livecounts) as this cycle
+    sees it: each key's worked out when first asked, with the records of commits in flight
+    and of this cycle so far in place of the state's, then kept as the cycle places jobs."""
+
+    def __init__(self, w: _Work, counts: LiveCounts[K]) -> None:
+        self.w = w
+        self.counts = counts
+        self._n: dict[K, int] = {}
+
+    def get(self, k: K) -> int:
+        if k not in self._n:
+            key, n = self.counts.key, self.counts.get(k)
+            for old, new in self.w.replaced():
+                n += (livecounts.live(new) and key(new) == k) \
+                    - (old is not None and livecounts.live(old) and key(old) == k)
+            self._n[k] = n
+        return self._n[k]
+
+    def add(self, k: K) -> None:
+        """One more job of `k` placed (or preempting) this cycle."""
+        self._n[k] = self.get(k) + 1
 
 
 class Admission:
@@ -1552,43 +1581,40 @@ def place_queued(
             by_user[qn] = users
         return by_user[qn]
 
+    # Jobs placed or running per user and job group, and per queue and user: the state's
+    # counts with this cycle's changes and the commits in flight, then what it places.
+    in_group = _LiveTally(w, state.group_live)
+    user_jobs = _LiveTally(w, state.user_live)
+
     def over_user_limit(job: Job, q: Queue) -> bool:
-        """The job would take its user past its queue's per-user GPU limit: it waits, and
-        is not a reason to preempt anything (other users' jobs of the queue go on). A
-        preemptor's own claim is in the tally already."""
+        """The job would take its user past one of its queue's per-user limits, of GPUs or
+        of jobs placed or running: it waits, and is not a reason to preempt anything
+        (other users' jobs of the queue go on). A preemptor's own claim is counted already."""
+        if q.max_running_jobs_per_user and user_jobs.get(queue_user(job)) - bool(job.preempting) \
+                >= q.max_running_jobs_per_user:
+            return True
         if not q.max_gpus_per_user or not job.spec.wants_gpu():
             return False
         own = job_gpus(job.spec) if job.preempting else 0.0
         return tally(job.spec.queue).get(job.spec.user, 0.0) - own + job_gpus(job.spec) > q.max_gpus_per_user + EPS
 
-    # Per user and job group with a limit: its jobs placed or running, this cycle's changes
-    # and the commits in flight included (their records in place of the state's).
-    in_group: dict[groups.Key, int] = {}
-
-    def group_count(k: groups.Key) -> int:
-        if k not in in_group:
-            n = state.group_live.get(k)
-            for old, new in w.replaced():
-                n += (groups.live(new) and groups.key(new) == k) \
-                    - (old is not None and groups.live(old) and groups.key(old) == k)
-            in_group[k] = n
-        return in_group[k]
-
     def waits_for_group(job: Job) -> bool:
         """The job's group has its limit of jobs placed or running: it waits its turn, and
         is not a reason to preempt anything. A preemptor is counted in its group already."""
         k = groups.key(job)
-        return k is not None and groups.waits(job, group_count(k) - bool(job.preempting))
+        return k is not None and groups.waits(job, in_group.get(k) - bool(job.preempting))
 
     def claim(job: Job, q: Queue | None) -> None:
-        """Count a job placed, or one whose preemption starts, against its user's limit and
+        """Count a job placed, or one whose preemption starts, against its user's limits and
         its group's."""
         if q is not None and q.max_gpus_per_user and job.spec.wants_gpu():
             users = tally(job.spec.queue)
             users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
+        if q is not None and q.max_running_jobs_per_user:
+            user_jobs.add(queue_user(job))
         k = groups.key(job)
         if k is not None:
-            in_group[k] = group_count(k) + 1
+            in_group.add(k)
 
     complete = True  # every queued job looked at (no break): a reservation not made is none
     for job in order():

@@ -20,13 +20,14 @@ from pydantic import BaseModel
 from server.health.index import HealthIndex
 from server.health.readclock import ReadClock
 from server.health.rules import Health, host_health
+from server.scheduling import groups
 from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
 from server.scheduling.deadlines import Deadlines
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
-from server.scheduling.groups import GroupCounts
+from server.scheduling.livecounts import LiveCounts, queue_user
 from server.scheduling.maintenance import Window
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
@@ -213,9 +214,11 @@ class ClusterState:
     # Per queue and per user of it, the jobs not ended: what submission limits count
     # (scheduling.submitlimits), kept as records arrive.
     open_jobs: OpenJobs = field(default_factory=OpenJobs)
-    # Per user and job group with a limit, its jobs placed or running (scheduling.groups),
-    # kept as records arrive.
-    group_live: GroupCounts = field(default_factory=GroupCounts)
+    # Jobs placed or running (scheduling.livecounts), kept as records arrive: per user and
+    # job group with a limit (scheduling.groups), and per queue and user (what a queue's
+    # per-user running-jobs limit is checked against).
+    group_live: LiveCounts[groups.Key] = field(default_factory=groups.counts)
+    user_live: LiveCounts[tuple[str, str]] = field(default_factory=lambda: LiveCounts(queue_user))
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -266,6 +269,7 @@ class ClusterState:
             add_user(self.user_usage, old, -1.0)
             self.open_jobs.update(old, None)
             self.group_live.update(old, None)
+            self.user_live.update(old, None)
             self.backlog.update(old, None)
             self.deps.changed(self.jobs, job_id)
         self.placed_ids.discard(job_id)
@@ -287,6 +291,7 @@ class ClusterState:
         add_user(self.user_usage, job, 1.0)
         self.open_jobs.update(old, job)
         self.group_live.update(old, job)
+        self.user_live.update(old, job)
         self.backlog.update(old, job)
         self.deps.changed(self.jobs, job.id)
         if job.state is JobState.PLACED or (job.state is JobState.RUNNING and job.spec.replicas > 1 and any(

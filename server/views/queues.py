@@ -175,6 +175,11 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if q is None:
         return [QueueReason(UNKNOWN_QUEUE, f"no queue named {name!r}: the job waits until one is created")]
     out: list[QueueReason] = []
+    if q.max_running_jobs_per_user:
+        running = state.user_live.get((name, job.spec.user)) - bool(job.preempting)
+        if running >= q.max_running_jobs_per_user:
+            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} has {running} jobs of queue {name} placed or "
+                                               f"running, its per-user limit {q.max_running_jobs_per_user}"))
     if q.max_gpus_per_user and job.spec.wants_gpu():
         holds = state.user_usage.get(name, {}).get(job.spec.user, 0.0)
         if holds + job_gpus(job.spec) > q.max_gpus_per_user + 1e-6:

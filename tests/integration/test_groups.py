@@ -70,3 +70,26 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
     (a_start, a_done), (b_start, b_done) = spans(tmp_path, ["nightly", "nightly-2"])
     assert a_done <= b_start or b_done <= a_start
     assert_invariants(cluster.nats_url)
+
+
+def test_a_queues_running_jobs_limit_runs_one_users_jobs_one_at_a_time(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("gr-b", gpus="2xH100", heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    r = muster(cluster, srv.url, "queue", "create", "etl", "--max-running-jobs-per-user", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = muster(cluster, srv.url, "queue", "show", "etl")
+    assert "per user: at most 1 jobs placed or running at once" in shown.stdout, shown.stdout
+    ids = []
+    for name in ("load-0", "load-1", "load-2"):  # CPU-only work, room for all three at once
+        r = muster(cluster, srv.url, "job", "submit", "--queue", "etl", "-o", "json", name, "--",
+                   *task(tmp_path, name, 3.0))
+        assert r.returncode == 0, r.stderr
+        ids.append(json.loads(r.stdout)["id"])
+    wait_until(lambda: "user at its queue's per-user limit" in queue_reasons(api, ids[-1]), timeout=30,
+               what="a waiting job says it is at its user's limit")
+    for j in ids:
+        assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
+    assert most_at_once(spans(tmp_path, ["load-0", "load-1", "load-2"])) == 1
+    assert_invariants(cluster.nats_url)

@@ -8,14 +8,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.groups import GroupCounts, key, live, waits
+from server.scheduling.groups import counts, key, waits
+from server.scheduling.livecounts import LiveCounts, live, queue_user
 from server.scheduling.planner import plan_cycle
-from server.scheduling.queues import GROUP_LIMIT
+from server.scheduling.queues import GROUP_LIMIT, USER_LIMIT
 from server.views.jobs import JobView
 from tests.factories import job as make_job
 from tests.factories import job_spec
 from tests.unit.test_gangs import NOW, World
-from wire.messages import AttemptState, Job, JobState, encode
+from wire.messages import AttemptState, Job, JobState, Queue, encode
 from wire.records import Record
 from wire.validation import validate_job
 
@@ -61,22 +62,28 @@ _STATES = [JobState.QUEUED, JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDE
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abcde"), st.one_of(st.none(), st.tuples(
     st.sampled_from(_STATES), st.sampled_from(["alice", "bob"]), st.sampled_from(["", "g", "h"]),
-    st.integers(0, 2), st.booleans()))), max_size=40))
-def test_the_counts_kept_equal_a_count_afresh(steps: list[tuple[str, tuple[JobState, str, str, int, bool] | None]]
-                                             ) -> None:
-    kept, jobs = GroupCounts(), dict[str, Job]()
+    st.integers(0, 2), st.booleans(), st.sampled_from(["default", "team"])))), max_size=40))
+def test_the_counts_kept_equal_a_count_afresh(
+        steps: list[tuple[str, tuple[JobState, str, str, int, bool, str] | None]]) -> None:
+    """Per user and group, and per queue and user (a queue's running-jobs limit)."""
+    by_group, by_user, jobs = counts(), LiveCounts(queue_user), dict[str, Job]()
     for job_id, change in steps:
         old = jobs.get(job_id)
         if change is None:
             jobs.pop(job_id, None)
-            kept.update(old, None)
+            by_group.update(old, None)
+            by_user.update(old, None)
             continue
-        state, user, group, limit, preempting = change
-        new = make_job(job_id, state=state, spec=job_spec(job_id, user=user, group=group, group_limit=limit),
+        state, user, group, limit, preempting, queue = change
+        new = make_job(job_id, state=state, spec=job_spec(job_id, user=user, group=group, group_limit=limit,
+                                                          queue=queue),
                        preempting=["v:1"] if preempting and state is JobState.QUEUED else [])
         jobs[job_id] = new
-        kept.update(old, new)
-    assert kept.as_dict() == GroupCounts.of(jobs.values()).as_dict()
+        by_group.update(old, new)
+        by_user.update(old, new)
+    assert by_group.as_dict() == by_group.recount(jobs.values()).as_dict()
+    assert by_user.as_dict() == by_user.recount(jobs.values()).as_dict()
+    assert sum(by_user.as_dict().values()) == sum(1 for j in jobs.values() if live(j))
 
 
 # ---------------------------------------------------------------- in the planner
@@ -134,6 +141,26 @@ def test_a_job_waiting_for_its_group_holds_no_reservation_and_does_not_keep_othe
     plan = w.cycle()
     assert [r.job_id for r in plan.reservations] == ["other"]
     assert w.job("g1").reserved is None and w.job("g1").state is JobState.QUEUED
+
+
+def test_a_queues_running_jobs_limit_holds_per_user_and_says_why() -> None:
+    w = World()
+    w.host("a")
+    w.state.apply_state_record(Record("queue.team", next(w.rev), encode(Queue(name="team",
+                                                                               max_running_jobs_per_user=2))))
+    for i in range(4):
+        job = make_job(f"t{i}", spec=job_spec(f"t{i}", command=["x"], cpus=1, memory_mb=1, user="alice", queue="team"),
+                       submitted_at=NOW - 10 + i)
+        w.state.apply_state_record(Record(f"job.t{i}", next(w.rev), encode(job)))
+    bob = make_job("b0", spec=job_spec("b0", command=["x"], cpus=1, memory_mb=1, user="bob", queue="team"))
+    w.state.apply_state_record(Record("job.b0", next(w.rev), encode(bob)))
+    w.cycle()
+    assert _live(w, "t0", "t1", "t2", "t3", "b0") == ["t0", "t1", "b0"]  # CPU-only work counts too
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("t2"), NOW)}
+    assert why[USER_LIMIT] == "alice has 2 jobs of queue team placed or running, its per-user limit 2"
+    w.cycle(reports=[w.report("t0", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("t0", 0, AttemptState.SUCCEEDED, code=0)])
+    assert _live(w, "t0", "t1", "t2", "t3") == ["t1", "t2"]
 
 
 def test_commits_in_flight_count_in_the_group() -> None:

@@ -190,6 +190,9 @@ class QueueInput:
                                   "limit); a submission past it is refused (JOB_LIMIT).")
     max_submitted_jobs_per_user: int | None = strawberry.field(
         default=None, description="The same, for one user's jobs of the queue (0: no limit).")
+    max_running_jobs_per_user: int | None = strawberry.field(
+        default=None, description="The most jobs of one user's in the queue placed or running at once (0: no "
+                                  "limit); the others wait.")
 
 
 @strawberry.enum

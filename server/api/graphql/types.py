@@ -829,7 +829,7 @@ class Queue:
 
     @strawberry.field(description="The most GPUs one user's jobs of the queue hold at once (0: no limit); a job "
                                   "that would take its user past it waits (queue reason: user at its queue's "
-                                  "per-user GPU limit) and preempts nothing.")
+                                  "per-user limit) and preempts nothing.")
     def max_gpus_per_user(self) -> float:
         return self._row.queue.max_gpus_per_user
 
@@ -843,6 +843,12 @@ class Queue:
                                   "MaxSubmitJobsPerUser.")
     def max_submitted_jobs_per_user(self) -> int:
         return self._row.queue.max_submitted_jobs_per_user
+
+    @strawberry.field(description="The most jobs of one user's in the queue placed or running at once (0: no "
+                                  "limit), as Slurm's MaxJobsPerUser; a job past it waits (queue reason: user at its "
+                                  "queue's per-user limit, which names the jobs) and preempts nothing.")
+    def max_running_jobs_per_user(self) -> int:
+        return self._row.queue.max_running_jobs_per_user
 
     @strawberry.field(description="Jobs of the queue not ended (queued, held, placed, running): what "
                                   "maxSubmittedJobs counts.")
