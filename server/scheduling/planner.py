@@ -783,26 +783,32 @@ K = TypeVar("K")
 
 class _LiveTally(Generic[K]):
     """A count of the state's jobs placed or running (scheduling.livecounts) as this cycle
-    sees it: each key's worked out when first asked, with the records of commits in flight
-    and of this cycle so far in place of the state's, then kept as the cycle places jobs."""
+    sees it: the records of commits in flight and of this cycle so far in place of the
+    state's (gathered in one pass over them, when first asked), then what it places."""
 
     def __init__(self, w: _Work, counts: LiveCounts[K]) -> None:
         self.w = w
         self.counts = counts
-        self._n: dict[K, int] = {}
+        self._delta: Counter[K] | None = None
+
+    def _changes(self) -> Counter[K]:
+        if self._delta is None:
+            key, live = self.counts.key, livecounts.live
+            delta: Counter[K] = Counter()
+            for old, new in self.w.replaced():
+                if old is not None and live(old) and (k := key(old)) is not None:
+                    delta[k] -= 1
+                if live(new) and (k := key(new)) is not None:
+                    delta[k] += 1
+            self._delta = delta
+        return self._delta
 
     def get(self, k: K) -> int:
-        if k not in self._n:
-            key, n = self.counts.key, self.counts.get(k)
-            for old, new in self.w.replaced():
-                n += (livecounts.live(new) and key(new) == k) \
-                    - (old is not None and livecounts.live(old) and key(old) == k)
-            self._n[k] = n
-        return self._n[k]
+        return self.counts.get(k) + self._changes()[k]
 
     def add(self, k: K) -> None:
         """One more job of `k` placed (or preempting) this cycle."""
-        self._n[k] = self.get(k) + 1
+        self._changes()[k] += 1
 
 
 class Admission:
