@@ -8,7 +8,7 @@ from typing import Any
 from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
-from wire.errors import NotFound
+from wire.errors import NotFound, ValidationError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds; with --at, "
                          "from a time ahead (a maintenance window)")
-    hd.add_argument("ids", nargs="+", metavar="ID", help="host id (several: each drained alike)")
+    hd.add_argument("ids", nargs="*", metavar="ID", help="host id (several: each drained alike)")
+    hd.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
+    hd.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
     hd.add_argument("--reason", required=True)
     hd.add_argument("--deadline", type=float, default=300.0, help="seconds before running work is stopped")
     hd.add_argument("--at", default=None, metavar="WHEN",
@@ -176,8 +178,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
     q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
            host { id health cordoned draining drainAt drainDeadline } userErrors { field message code } } }"""
     at = ahead(args.at)
+    targets = list(dict.fromkeys([*args.ids, *selected_hosts(args.rack, args.label)]))
+    if not targets:
+        raise ValidationError("id", "name the hosts to drain: ids, --rack R or --label KEY=VALUE")
     hosts = []
-    for host_id in args.ids:
+    for host_id in targets:
         given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
         if at is not None:
             given["at"] = at
@@ -189,6 +194,33 @@ def cmd_drain(args: argparse.Namespace) -> int:
              when_text(h.get("drainDeadline"))] for h in hosts]
     out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "STATE", "RUNNING WORK STOPPED AT"])
     return 0
+
+
+MAX_SELECTED_HOSTS = 10_000  # hosts one drain by --rack or --label takes in (a rack, a zone's racks)
+
+
+def selected_hosts(rack: str | None, label: str | None) -> list[str]:
+    """The ids of the hosts a --rack or --label selects (none when neither is given), read
+    a page of 500 at a time."""
+    if rack is None and label is None:
+        return []
+    q = """query($first: Int, $after: String, $filter: HostFilter) { hosts(first: $first, after: $after,
+           filter: $filter) { totalCount edges { node { id } } pageInfo { hasNextPage endCursor } } }"""
+    flt = {k: v for k, v in (("rack", rack), ("label", label)) if v is not None}
+    ids: list[str] = []
+    after = None
+    while True:
+        data = gql(q, {"first": 500, "after": after, "filter": flt})["hosts"]
+        if data["totalCount"] > MAX_SELECTED_HOSTS:
+            raise ValidationError("rack" if rack else "label", f"selects {data['totalCount']} hosts, more than "
+                                  f"{MAX_SELECTED_HOSTS} at once: narrow it")
+        ids += [e["node"]["id"] for e in data["edges"]]
+        if not data["pageInfo"]["hasNextPage"]:
+            break
+        after = data["pageInfo"]["endCursor"]
+    if not ids:
+        raise NotFound(f"no host with {' and '.join(f'{k} {v}' for k, v in flt.items())}")
+    return ids
 
 
 def host_row(n: dict[str, Any]) -> list[str]:

@@ -29,17 +29,19 @@ def epoch(iso: str) -> float:
 
 def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluster: Cluster, tmp_path: Path) -> None:
     srv = cluster.server(heartbeat_interval=1)
-    cluster.agent("mw-a", gpus="2xH100", heartbeat_interval=1, kill_grace=2)
+    cluster.agent("mw-a", gpus="2xH100", labels="rack=ra", heartbeat_interval=1, kill_grace=2)
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     early = submit(api, "early", task(tmp_path, "early", 600, ckpt=0.1))["job"]["id"]  # no time limit
     api.wait_job(early, {"RUNNING"})
 
-    # The drain begins in 30 s; what still runs 5 s later is stopped.
-    scheduled = muster(cluster, srv.url, "host", "drain", "mw-a", "--reason", "driver update", "--at", "30s",
+    # The drain of rack ra begins in 30 s; what still runs 5 s later is stopped.
+    scheduled = muster(cluster, srv.url, "host", "drain", "--rack", "ra", "--reason", "driver update", "--at", "30s",
                        "--deadline", "5")
     assert scheduled.returncode == 0, scheduled.stderr
-    assert "drain from" in scheduled.stdout, scheduled.stdout
+    assert "mw-a" in scheduled.stdout and "drain from" in scheduled.stdout, scheduled.stdout
+    nobody = muster(cluster, srv.url, "host", "drain", "--rack", "nope", "--reason", "x")
+    assert nobody.returncode != 0 and "no host with rack nope" in nobody.stderr, nobody.stderr
     h = host(api, "mw-a")
     assert h["cordoned"] is False and h["draining"] is False and h["drainAt"] is not None
     starts, stops = epoch(h["drainAt"]), epoch(h["drainDeadline"])
@@ -73,7 +75,7 @@ def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluste
     assert api.job(open_)["state"] == "QUEUED"  # nothing new on the drained host
 
     # A host without a window takes both; the stopped try is not counted (a drain's).
-    cluster.agent("mw-b", gpus="2xH100", heartbeat_interval=1)
+    cluster.agent("mw-b", gpus="2xH100", labels="rack=rb", heartbeat_interval=1)
     api.wait_hosts(2)
     for job_id in (early, open_):
         wait_until(lambda j=job_id: any(a["state"] == "RUNNING" or a["state"] == "SUCCEEDED"  # type: ignore[misc]
