@@ -128,6 +128,33 @@ def job_record_bound(spec: JobSpec) -> int:
             + _waiting_bytes(spec) + attempts_bound(spec) * per_attempt)
 
 
+# A try older than the job's newest `max_attempts` (more tries come from preemptions,
+# drains, shutdowns and requeues, which are not counted) keeps no output tail and a reason
+# of at most this many bytes: what lets a job be preempted or requeued many times.
+COMPACT_REASON_MAX = REASON_MIN
+_MAX_TRY_NUMBER = 10**6  # a try number as long as a record's tries could make it
+
+
+def compact_older(job: Job) -> None:
+    """Drop the output tail and clip the reason of every try but the newest `max_attempts`."""
+    oldest_kept = job.tries - job.spec.max_attempts
+    for a in job.attempts:
+        if a.number <= oldest_kept:
+            a.output_tail = ""
+            a.reason = clip_start(a.reason, COMPACT_REASON_MAX)
+
+
+def tries_bound(spec: JobSpec) -> int:
+    """How many tries a job's record holds within the budget: its newest `max_attempts`
+    with their text (`job_record_bound`), older ones compacted (`compact_older`) in the
+    room the budget leaves."""
+    frame = _worst_attempt_bytes(_MAX_TRY_NUMBER, spec.replicas, spec.gpus, bool(spec.gpu_share),
+                                 bool(spec.mig_profile))
+    longer_numbers = attempts_bound(spec) * 2 * len(str(_MAX_TRY_NUMBER))  # the kept tries' ids and numbers grow
+    room = RECORD_BUDGET - job_record_bound(spec) - longer_numbers
+    return spec.max_attempts + max(0, room // (spec.replicas * (frame + 1 + COMPACT_REASON_MAX + 2)))
+
+
 def _waiting_bytes(spec: JobSpec) -> int:
     """The most a record's `waiting_for` takes: the spec's dependencies, at most."""
     if not spec.depends_on:

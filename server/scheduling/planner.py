@@ -54,7 +54,9 @@ from wire.budgets import (
     STOP_REASON_MAX,
     clip_end,
     clip_start,
+    compact_older,
     text_limits,
+    tries_bound,
 )
 from wire.messages import (
     JOB_ID_PATTERN,
@@ -389,6 +391,17 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
     elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
         worst = AttemptState.PREEMPTED
     decision = retry.decide(job, worst, now)
+    if worst is AttemptState.PREEMPTED or (worst is not AttemptState.TIMEOUT and decision.retry):
+        # It goes back to the queue: older tries keep less text, and a record that holds
+        # no more tries (wire.budgets.tries_bound) ends the job rather than outgrow what
+        # the store takes.
+        compact_older(job)
+        if job.tries >= tries_bound(job.spec):
+            job.state = JobState.FAILED
+            job.end_reason = (f"tried {job.tries} times (preempted, drained or requeued beyond its "
+                              f"{job.spec.max_attempts} attempts): its record holds no more tries; submit it again")
+            w.plan.events.append(_event("job.failed", job, a, now, job.end_reason))
+            return
     if worst is AttemptState.TIMEOUT:
         job.state = JobState.TIMEOUT
         job.end_reason = job.end_reason or f"time limit of {a.time_limit_s:g} s reached"

@@ -19,11 +19,13 @@ from wire.budgets import (
     RECORD_BUDGET,
     clip_end,
     clip_start,
+    compact_older,
     encoded_len,
     job_record_bound,
     task_bytes,
     task_record_bound,
     text_limits,
+    tries_bound,
 )
 from wire.errors import ValidationError
 from wire.messages import Attempt, AttemptState, GpuInfo, Heartbeat, Job, JobSpec, JobState, StatusReport, encode
@@ -79,6 +81,70 @@ def test_a_job_record_never_grows_past_its_bound(replicas: int, tries: int, gpus
         assert all(e.code == "TOO_LARGE" and "over" in e.message for e in errors)
     else:
         assert job_record_bound(_spec) <= RECORD_BUDGET  # type: ignore[arg-type]
+
+
+@given(replicas=st.integers(1, 64), tries=st.integers(1, 20), gpus=st.integers(0, 64),
+       env_bytes=st.integers(0, 60000))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_record_with_as_many_tries_as_it_holds_stays_within_the_budget(replicas: int, tries: int, gpus: int,
+                                                                        env_bytes: int) -> None:
+    """Preemptions, drains and requeues add tries beyond `max_attempts`: with the older
+    ones compacted (`compact_older`), the most tries a record holds (`tries_bound`), every
+    one at its largest, still encodes within the budget."""
+    spec = JobSpec(name="n" * 128, command=["x"], env={"E" * 8: "\x01" * env_bytes}, replicas=replicas,
+                   max_attempts=tries, gpus=gpus)
+    if job_record_bound(spec) > RECORD_BUDGET:
+        return  # refused at submission
+    most = tries_bound(spec)
+    assert most >= tries
+    tail, reason = text_limits(spec)
+    attempts = [Attempt(id=f"{'j' * 64}.{t}.{i}", number=t, task=i, host_id="h" * 63, gpu_indices=[63] * gpus,
+                        state=AttemptState.PREEMPTED, term=10**15, placed_at=1e10, started_at=1e10,
+                        finished_at=1e10, exit_code=-(2**31), stop_kind="preempt", stop_at=1e10, time_limit_s=1e10,
+                        gpu_model="m" * 64, output_tail=clip_end("\x01" * 9000, tail),
+                        reason=clip_start("\x00" * 3000, reason))
+                for t in range(1, most + 1) for i in range(replicas)]
+    job = Job(id="j" * 64, spec=spec.model_copy(update={"priority": -1000}), state=JobState.QUEUED,
+              submitted_at=1e10, updated_at=1e10, not_before=1e10, attempts=attempts,
+              cancel_reason=clip_start("\x00" * 9000, 1024), hold=clip_start("\x00" * 9000, HOLD_REASON_MAX),
+              pending_reasons={"not enough free GPUs on host": 10**6, "host's assignment record is full": 10**6})
+    compact_older(job)
+    assert len(job.to_json()) <= RECORD_BUDGET
+    assert all(not a.output_tail for a in job.attempts if a.number <= most - tries)
+    assert all(a.output_tail for a in job.attempts if a.number > most - tries)
+
+
+def test_a_job_requeued_past_what_its_record_holds_ends_failed_saying_so() -> None:
+    from tests.unit.test_gangs import NOW, World
+    from wire.messages import Command
+
+    w = World()
+    w.host("a")
+    w.submit("requeued-a-lot", gpus=1, max_attempts=1)
+    most = tries_bound(w.job("requeued-a-lot").spec)
+    # Its record as all but its last two tries, each requeued, left it (compacted).
+    ended = [Attempt(id=f"requeued-a-lot.{n}", number=n, host_id="a", gpu_indices=[0], state=AttemptState.KILLED,
+                     stop_kind="requeue", placed_at=NOW, started_at=NOW, finished_at=NOW, reason="requeued by x")
+             for n in range(1, most - 1)]
+    grown = w.job("requeued-a-lot").model_copy(update={"attempts": ended})
+    w.state.apply_state_record(Record("job.requeued-a-lot", next(w.rev), encode(grown)))
+    for n in range(most - 1, most + 1):
+        w.cycle()
+        job = w.job("requeued-a-lot")
+        assert job.state is JobState.PLACED and job.tries == n
+        att = job.attempts[-1]
+        plan = plan_cycle(w.state, reports=[], commands=[Command(kind="requeue", job_id=job.id)], now=NOW, term=1)
+        for j in plan.jobs.values():
+            w.state.apply_state_record(Record(f"job.{j.id}", next(w.rev), encode(j)))
+        for alloc in plan.allocs.values():
+            w.state.apply_state_record(Record(f"alloc.{alloc.host_id}", next(w.rev), encode(alloc)))
+        w.cycle(reports=[StatusReport(host_id=att.host_id, attempt_id=att.id, job_id=job.id,
+                                      state=AttemptState.KILLED, ts=NOW, output_tail="o" * 5000)])
+    job = w.job("requeued-a-lot")
+    assert job.state is JobState.FAILED and job.tries == most
+    assert job.end_reason.startswith(f"tried {most} times (preempted, drained or requeued beyond its 1 attempts)")
+    assert [a.output_tail != "" for a in job.attempts] == [False] * (most - 1) + [True]  # older tries compacted
+    assert len(job.to_json()) <= RECORD_BUDGET
 
 
 words = st.text(alphabet=st.sampled_from(["\x00", "\x1b", '"', "\\", "é", "漢", "😀", "a", "/", " "]), max_size=40)
