@@ -227,6 +227,10 @@ def check_spec(spec: JobSpec) -> list[tuple[str, str]]:
             f"tasks, with its command and environment), {job_bytes - RECORD_BUDGET:,} bytes over the "
             f"{RECORD_BUDGET:,}-byte limit of a job record: fewer tries or tasks, or a smaller command and "
             f"environment")))
+    elif spec.retry_failures and spec.max_attempts + spec.retry_failures > (most := tries_bound(spec)):
+        problems.append(("retryFailures", (
+            f"the job's record holds at most {most} tries ({spec.replicas} tasks each): {spec.max_attempts} "
+            f"attempts and {spec.retry_failures} retries of failures would need more; ask for fewer")))
     assignment = task_bytes(spec) + ALLOC_RECORD_OVERHEAD
     if assignment > RECORD_BUDGET:
         problems.append(("env", (

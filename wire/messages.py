@@ -245,6 +245,12 @@ class JobSpec(_Model):
     # 1 and the job's name as the group, Slurm's singleton (server.scheduling.groups).
     group: str = Field(default="", max_length=128)
     group_limit: int = Field(default=0, ge=0, le=100_000)
+    # How many times a try that failed (its own code exited nonzero; with `retry_timeouts`
+    # also one stopped at its time limit) is tried again (0: never), optionally only for
+    # the exit codes listed (server.scheduling.retry); a gang's try as a whole.
+    retry_failures: int = Field(default=0, ge=0, le=100)
+    retry_exit_codes: list[int] = Field(default_factory=list, max_length=16)
+    retry_timeouts: bool = False
     # Not placed before this time (epoch seconds; 0: at once), as Slurm's `--begin`: the
     # job's `not_before` from its submission.
     begin_at: float = Field(default=0.0, ge=0, le=MAX_EPOCH_S)

@@ -184,6 +184,19 @@ def validate_job(
         err("groupLimit", f"must be a whole number from 0 (none) to {MAX_GROUP_LIMIT}", "OUT_OF_RANGE")
     elif group_limit and not group:
         err("groupLimit", "a limit needs a group: the jobs it counts are those of the same user and group")
+    retry_failures = data.get("retry_failures", 0) or 0
+    retry_codes = data.get("retry_exit_codes") or []
+    retry_timeouts = data.get("retry_timeouts", False)
+    if not isinstance(retry_failures, int) or isinstance(retry_failures, bool) or not 0 <= retry_failures <= 100:
+        err("retryFailures", "must be a whole number from 0 to 100", "OUT_OF_RANGE")
+    if (not isinstance(retry_codes, list) or len(retry_codes) > 16
+            or not all(isinstance(c, int) and not isinstance(c, bool) and -(2**31) <= c < 2**31 for c in retry_codes)):
+        err("retryExitCodes", "must be a list of at most 16 exit codes")
+        retry_codes = []
+    if not isinstance(retry_timeouts, bool):
+        err("retryTimeouts", "must be true or false")
+    if (retry_codes or retry_timeouts is True) and not retry_failures:
+        err("retryFailures", "retryExitCodes and retryTimeouts say which tries retryFailures retries: give it too")
     begin_at = data.get("begin_at", 0) or 0
     if (not isinstance(begin_at, (int, float)) or isinstance(begin_at, bool) or begin_at != begin_at
             or not 0 <= begin_at <= MAX_EPOCH_S):
@@ -221,6 +234,9 @@ def validate_job(
         group=group,
         group_limit=group_limit,
         begin_at=float(begin_at),
+        retry_failures=retry_failures,
+        retry_exit_codes=sorted(set(retry_codes)),
+        retry_timeouts=retry_timeouts is True,
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

@@ -17,7 +17,7 @@ from wire.errors import NotFound, ValidationError
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
-beginAt notBefore
+beginAt notBefore retryFailures retryExitCodes retryTimeouts
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
@@ -25,7 +25,7 @@ outputTail reason }"""
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
-                "notBefore")
+                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,6 +138,12 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--replace-after", type=float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
+    js.add_argument("--retry-failures", type=int, default=None, metavar="N",
+                    help="try a failed try again, up to N times (its own code exited nonzero; a gang as a whole)")
+    js.add_argument("--retry-exit-code", action="append", type=int, default=None, metavar="CODE",
+                    dest="retry_exit_codes", help="with --retry-failures: only these exit codes (repeat for more)")
+    js.add_argument("--retry-timeouts", action="store_true",
+                    help="with --retry-failures: a try stopped at its time limit is retried too")
     js.add_argument("--begin", default=None, metavar="WHEN",
                     help="not placed before this time: ISO 8601 (UTC unless it names an offset) or a time from now "
                          "(90m, 2h, 1d), as Slurm's --begin")
@@ -216,6 +222,12 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["held"] = True
     if args.begin:
         inp["beginAt"] = ahead(args.begin)
+    if args.retry_failures is not None:
+        inp["retryFailures"] = args.retry_failures
+    if args.retry_exit_codes:
+        inp["retryExitCodes"] = args.retry_exit_codes
+    if args.retry_timeouts:
+        inp["retryTimeouts"] = True
     if args.after_any and args.after_notok:
         raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
@@ -399,6 +411,10 @@ def show(args: argparse.Namespace) -> None:
     print(f"  command: {shlex.join(job['command'])}")
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
+    if job.get("retryFailures"):
+        codes = f" exiting {', '.join(map(str, job['retryExitCodes']))}" if job.get("retryExitCodes") else ""
+        also = " (and tries that reach the time limit)" if job.get("retryTimeouts") else ""
+        print(f"  retries: up to {job['retryFailures']} failed tries{codes}{also}")
     if job.get("beginAt"):
         print(f"  begins:  {when_text(job['beginAt'])}" + (" (not yet)" if job.get("notBefore") else ""))
     if job.get("group"):

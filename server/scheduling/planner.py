@@ -391,7 +391,7 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
     elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
         worst = AttemptState.PREEMPTED
     decision = retry.decide(job, worst, now)
-    if worst is AttemptState.PREEMPTED or (worst is not AttemptState.TIMEOUT and decision.retry):
+    if worst is AttemptState.PREEMPTED or decision.retry:
         # It goes back to the queue: older tries keep less text, and a record that holds
         # no more tries (wire.budgets.tries_bound) ends the job rather than outgrow what
         # the store takes.
@@ -402,7 +402,7 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
                               f"{job.spec.max_attempts} attempts): its record holds no more tries; submit it again")
             w.plan.events.append(_event("job.failed", job, a, now, job.end_reason))
             return
-    if worst is AttemptState.TIMEOUT:
+    if worst is AttemptState.TIMEOUT and not decision.retry:
         job.state = JobState.TIMEOUT
         job.end_reason = job.end_reason or f"time limit of {a.time_limit_s:g} s reached"
         w.plan.events.append(_event("job.timeout", job, a, now, job.end_reason))
@@ -418,7 +418,9 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
         w.plan.events.append(_event("job.requeued", job, a, now, f"{why}; {decision.why}" if why else decision.why))
     else:
         job.state = JobState.FAILED
-        w.plan.events.append(_event("job.failed", job, a, now, why if worst is AttemptState.FAILED else decision.why))
+        said = decision.why if worst is not AttemptState.FAILED else why if not job.spec.retry_failures \
+            else f"{why}; {decision.why}"
+        w.plan.events.append(_event("job.failed", job, a, now, said))
 
 
 def apply_cancel(w: _Work, c: Command, now: float) -> None:

@@ -43,12 +43,31 @@ def disrupted(tasks: list[Attempt]) -> bool:
     return bool(ended) and all(t.state is AttemptState.KILLED and t.stop_kind in DISRUPTIONS for t in ended)
 
 
-def uncounted_tries(job: Job) -> int:
-    """Tries that do not count as tries used: preempted, or ended by a disruption."""
+def _tries(job: Job) -> dict[int, list[Attempt]]:
     by_try: dict[int, list[Attempt]] = {}
     for a in job.attempts:
         by_try.setdefault(a.number, []).append(a)
-    return sum(1 for tasks in by_try.values()
+    return by_try
+
+
+def failed_tries(job: Job) -> int:
+    """Tries that failed by the job's own doing: a task FAILED, or (when the job asks for
+    timeouts to be retried) stopped at its time limit. They count against
+    `retry_failures`, not `max_attempts`."""
+    own = (AttemptState.FAILED, AttemptState.TIMEOUT)
+    return sum(1 for tasks in _tries(job).values() if any(t.state in own for t in tasks))
+
+
+def retried_codes(job: Job) -> bool:
+    """Whether the current try's failures are ones the job asks to retry: every FAILED
+    task's exit code among `retry_exit_codes` (any, when none are listed)."""
+    codes = job.spec.retry_exit_codes
+    return not codes or all(t.exit_code in codes for t in job.current_tasks() if t.state is AttemptState.FAILED)
+
+
+def uncounted_tries(job: Job) -> int:
+    """Tries that do not count as tries used: preempted, or ended by a disruption."""
+    return sum(1 for tasks in _tries(job).values()
                if any(t.state is AttemptState.PREEMPTED for t in tasks) or disrupted(tasks))
 
 
@@ -56,13 +75,24 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
     if ended is AttemptState.PREEMPTED:
         # Requeued at once, keeping its submission time (its place in its queue).
         return RetryDecision(True, now, "preempted; requeued")
-    if ended is AttemptState.TIMEOUT:
-        return RetryDecision(False, why="time limit reached")
+    if ended in (AttemptState.FAILED, AttemptState.TIMEOUT):
+        spec = job.spec
+        failed = failed_tries(job)
+        asked = spec.retry_failures and (ended is AttemptState.FAILED or spec.retry_timeouts)
+        if asked and failed <= spec.retry_failures and (ended is AttemptState.TIMEOUT or retried_codes(job)):
+            what = "reached its time limit" if ended is AttemptState.TIMEOUT else "failed"
+            return RetryDecision(True, now + backoff_s(failed + 1),
+                                 f"try {job.tries} {what}: tried again ({failed} of {spec.retry_failures} retries)")
+        if ended is AttemptState.TIMEOUT:
+            return RetryDecision(False, why="time limit reached")
+        if asked and failed > spec.retry_failures:
+            return RetryDecision(False, why=f"failed {failed} times, its {spec.retry_failures} retries used")
+        return RetryDecision(False, why="the attempt itself failed")
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
     if disrupted(job.current_tasks()):
         return RetryDecision(True, now, "stopped by a drain, its agent's shutdown or a requeue; requeued (not counted)")
-    used = job.tries - uncounted_tries(job)
+    used = job.tries - uncounted_tries(job) - failed_tries(job)
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")
     return RetryDecision(True, now + backoff_s(used), f"attempt {used} {ended.value.lower()}")

@@ -70,6 +70,16 @@ class SubmitJobInput:
     group_limit: int = strawberry.field(
         default=0, description="How many jobs of the group may be placed or running at once (0: no limit): an "
         "array's throttle; 1 with the job's name as the group is Slurm's singleton.")
+    retry_failures: int = strawberry.field(
+        default=0, description="How many times a try that failed (its own code exited nonzero) is tried again, "
+        "after a backoff (0: never; at most 100). A gang's try is retried as a whole. These tries do not count "
+        "against maxAttempts, which counts the infrastructure's failures.")
+    retry_exit_codes: list[int] | None = strawberry.field(
+        default=None, description="With retryFailures: only tries whose failed tasks exited with one of these "
+        "codes are retried (at most 16; default: any).")
+    retry_timeouts: bool = strawberry.field(
+        default=False, description="With retryFailures: a try stopped at its time limit is retried too (counted "
+        "with the failures) instead of ending the job TIMEOUT.")
     begin_at: dt.datetime | None = strawberry.field(
         default=None, description="Not placed before this time (Slurm's --begin); until then it is QUEUED and "
         "says so in its pendingReasons. Default, or a time past: at once.")

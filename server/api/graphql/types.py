@@ -435,6 +435,18 @@ class Job:
         return Dependency.AFTER_ANY if spec.depend_any else Dependency.AFTER_NOT_OK if spec.depend_not_ok \
             else Dependency.AFTER_OK
 
+    @strawberry.field(description="How many times a failed try is tried again (see SubmitJobInput).")
+    def retry_failures(self) -> int:
+        return self._m.spec.retry_failures
+
+    @strawberry.field(description="The exit codes retryFailures retries (empty: any).")
+    def retry_exit_codes(self) -> list[int]:
+        return list(self._m.spec.retry_exit_codes)
+
+    @strawberry.field(description="Whether a try stopped at its time limit is retried too.")
+    def retry_timeouts(self) -> bool:
+        return self._m.spec.retry_timeouts
+
     @strawberry.field(description="Not placed before this time, as submitted (null: at once).")
     def begin_at(self) -> dt.datetime | None:
         return ts(self._m.spec.begin_at) if self._m.spec.begin_at else None

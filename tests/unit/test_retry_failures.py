@@ -1,0 +1,84 @@
+"""Retries of a job's own failures (retry.decide with `retry_failures`, `retry_exit_codes`,
+`retry_timeouts`): a failed try is tried again after a backoff up to the count asked for,
+only for the exit codes listed, a timeout only when asked; such tries do not count
+against `max_attempts`, which counts the infrastructure's failures."""
+
+from __future__ import annotations
+
+from server.scheduling import retry
+from tests.factories import job as make_job
+from tests.factories import job_spec
+from tests.unit.test_gangs import NOW, World
+from wire.budgets import check_spec
+from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
+from wire.records import Record
+from wire.validation import validate_job
+
+
+def _tries(*ends: tuple[AttemptState, int | None]) -> list[Attempt]:
+    return [Attempt(id=f"j.{n}", number=n, host_id="h", state=state, exit_code=code)
+            for n, (state, code) in enumerate(ends, start=1)]
+
+
+def _job(spec: JobSpec, *ends: tuple[AttemptState, int | None]) -> Job:
+    return make_job("j", spec=spec, attempts=_tries(*ends))
+
+
+F, T, L = AttemptState.FAILED, AttemptState.TIMEOUT, AttemptState.LOST
+
+
+def test_failed_tries_are_retried_with_a_backoff_up_to_the_count_asked_for() -> None:
+    spec = job_spec("j", retry_failures=2)
+    first = retry.decide(_job(spec, (F, 1)), F, NOW)
+    assert first.retry and first.not_before == NOW + 1 and first.why == "try 1 failed: tried again (1 of 2 retries)"
+    second = retry.decide(_job(spec, (F, 1), (F, 1)), F, NOW)
+    assert second.retry and second.not_before == NOW + 2
+    third = retry.decide(_job(spec, (F, 1), (F, 1), (F, 1)), F, NOW)
+    assert not third.retry and third.why == "failed 3 times, its 2 retries used"
+    assert not retry.decide(_job(job_spec("j"), (F, 1)), F, NOW).retry  # none asked: as ever
+
+
+def test_only_the_exit_codes_listed_are_retried_and_a_timeout_only_when_asked() -> None:
+    spec = job_spec("j", retry_failures=3, retry_exit_codes=[75])
+    assert retry.decide(_job(spec, (F, 75)), F, NOW).retry
+    assert not retry.decide(_job(spec, (F, 1)), F, NOW).retry
+    assert not retry.decide(_job(job_spec("j", retry_failures=3), (T, None)), T, NOW).retry
+    timed = retry.decide(_job(job_spec("j", retry_failures=3, retry_timeouts=True), (T, None)), T, NOW)
+    assert timed.retry and "reached its time limit" in timed.why
+
+
+def test_retried_failures_do_not_use_the_attempts_kept_for_the_infrastructure() -> None:
+    spec = job_spec("j", retry_failures=5, max_attempts=2)
+    # Two failures retried, then a lost host: one of its two attempts used, so it goes on.
+    assert retry.decide(_job(spec, (F, 1), (F, 1), (L, None)), L, NOW).retry
+    assert not retry.decide(_job(spec, (F, 1), (L, None), (L, None)), L, NOW).retry  # both attempts used
+
+
+def test_retries_are_validated_and_bounded_by_what_the_record_holds() -> None:
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "retry_exit_codes": [1]})
+    assert [e.field for e in errors] == ["retryFailures"]
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 101})
+    assert [e.field for e in errors] == ["retryFailures"]
+    spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 3, "retry_exit_codes": [75, 1, 75]})
+    assert not errors and spec is not None and spec.retry_exit_codes == [1, 75]
+    big = JobSpec(name="g", command=["x"], gpus=8, replicas=64, retry_failures=100)
+    assert [f for f, _m in check_spec(big)] == ["retryFailures"]
+
+
+def test_a_gang_whose_task_fails_is_retried_as_a_whole_then_succeeds() -> None:
+    w = World()
+    for h in "ab":
+        w.host(h)
+    job = make_job("g", spec=job_spec("g", command=["x"], gpus=8, cpus=1, memory_mb=1, replicas=2, retry_failures=1))
+    w.state.apply_state_record(Record("job.g", next(w.rev), encode(job)))
+    w.cycle()
+    w.cycle(reports=[w.report("g", i, AttemptState.RUNNING) for i in range(2)])
+    w.cycle(reports=[w.report("g", 0, AttemptState.FAILED, code=1)])  # the other is stopped with it
+    w.cycle(reports=[w.report("g", 1, AttemptState.KILLED)])
+    g = w.job("g")
+    assert g.state is JobState.QUEUED and g.not_before == NOW + 1 and g.tries == 1
+    w.cycle(now=NOW + 1)
+    w.cycle(reports=[w.report("g", i, AttemptState.RUNNING) for i in range(2)], now=NOW + 1)
+    w.cycle(reports=[w.report("g", i, AttemptState.FAILED, code=1) for i in range(2)], now=NOW + 2)
+    g = w.job("g")
+    assert g.state is JobState.FAILED and g.tries == 2  # its one retry used
