@@ -36,7 +36,8 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
                  "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
                  "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels",
-                 "dependsOn": "after", "beginAt": "begin", "group": "group", "groupLimit": "group_limit"}
+                 "dependsOn": "after", "beginAt": "begin", "group": "group", "groupLimit": "group_limit",
+                 "retryFailures": "retry_failures", "retryExitCodes": "retry_exit_codes"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -295,7 +296,7 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
                    "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": "",
-                   "begin": "", "group": "", "group_limit": ""}
+                   "begin": "", "group": "", "group_limit": "", "retry_failures": "", "retry_exit_codes": ""}
 
 
 @console()
@@ -373,6 +374,11 @@ async def submit(request: Request) -> Response:
         data["group"] = values["group"]
     if values["group_limit"]:
         data["group_limit"] = _number(values["group_limit"], int)
+    if values["retry_failures"]:
+        data["retry_failures"] = _number(values["retry_failures"], int)
+    if values["retry_exit_codes"]:
+        codes = [_number(c.strip(), int) for c in values["retry_exit_codes"].split(",") if c.strip()]
+        data["retry_exit_codes"] = codes  # a code that is not a number is refused by validation
     if values["time_limit"]:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]
