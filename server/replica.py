@@ -33,6 +33,7 @@ from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy, hold_text
+from server.scheduling.queues import with_queue_labels
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.scheduling.submitlimits import OpenJobs
@@ -43,6 +44,7 @@ from server.views.hosts import HostTable
 from server.views.jobs import JobView, matches
 from server.views.queues import rows as queue_rows
 from wire import subjects
+from wire.budgets import check_spec
 from wire.errors import (
     ConfigError,
     ConflictError,
@@ -484,9 +486,10 @@ class Muster:
         out.setdefault(DEFAULT_QUEUE, implicit_default_queue())
         return [out[n] for n in sorted(out)]
 
-    def _check_queue(self, spec: JobSpec, allowed: list[str] | None) -> None:
+    def _check_queue(self, spec: JobSpec, allowed: list[str] | None) -> JobSpec:
         """A job may go to an existing queue its token is bound to, within the queue's
-        maximum time limit. Raises Forbidden or ValidationError."""
+        maximum time limit; returns its spec with the queue's host labels added. Raises
+        Forbidden or ValidationError."""
         if allowed is not None and spec.queue not in allowed:
             raise Forbidden(f"this token may not submit to queue {spec.queue!r} (only to {', '.join(allowed)})")
         q = self.queue(spec.queue)
@@ -495,6 +498,13 @@ class Muster:
         if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
+        spec, conflict = with_queue_labels(spec, q)
+        if conflict:
+            raise ValidationError("hostLabels", conflict, "INVALID")
+        too_large = check_spec(spec)
+        if too_large:
+            raise ValidationError(too_large[0][0], too_large[0][1], "TOO_LARGE")
+        return spec
 
     @contextlib.contextmanager
     def _storing_now(self, jobs: Sequence[Job]) -> Iterator[None]:
@@ -561,7 +571,7 @@ class Muster:
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
             raise InvalidInput(errors)
-        self._check_queue(spec, queues)
+        spec = self._check_queue(spec, queues)
         self._check_limits(spec)
         waits = self._waits_for(spec)
         now = time.time()
@@ -589,7 +599,7 @@ class Muster:
             waits: list[str] = []
             if spec is not None:
                 try:
-                    self._check_queue(spec, queues)
+                    spec = self._check_queue(spec, queues)
                     self._check_limits(spec, batch)
                     waits = self._waits_for(spec)
                 except ValidationError as exc:

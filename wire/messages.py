@@ -512,9 +512,18 @@ class Queue(_Model):
     # as Slurm's MaxJobsPerUser: the others wait their turn (CPU-only work and GPU shares
     # included, which a GPU limit hardly bounds).
     max_running_jobs_per_user: int = Field(default=0, ge=0, le=100_000_000)
+    # Labels every host that runs this queue's jobs has (a partition's hosts: a rack a
+    # team bought, the hosts of a network): added to each job's `host_labels` when it is
+    # submitted (server.scheduling.queues.with_queue_labels).
+    host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
     created_at: float = 0.0
     updated_at: float = 0.0
     by: str = Field(default="", max_length=64)
+
+    @field_validator("host_labels")
+    @classmethod
+    def _queue_host_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return _checked_labels(labels, "host label")
 
     @field_validator("quota")
     @classmethod

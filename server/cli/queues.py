@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, out, watch
+from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ago
 from wire.errors import ConfigError, NotFound
@@ -14,11 +14,11 @@ from wire.errors import ConfigError, NotFound
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
-maxRunningJobsPerUser submittedJobsByUser(first: 5) { user jobs }
+maxRunningJobsPerUser hostLabels { key value } submittedJobsByUser(first: 5) { user jobs }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of an earlier version lacks: asked again without them.
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
-                      "submittedJobsByUser", "maxRunningJobsPerUser")
+                      "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the same for one user's jobs of the queue (0: no limit)")
         p.add_argument("--max-running-jobs-per-user", type=int, default=None, metavar="N",
                        help="the most jobs of one user's placed or running at once; the others wait (0: no limit)")
+        p.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
+                       help="a label every host that runs the queue's jobs has (repeat for more; replaces the "
+                            "queue's labels; added to each job's host labels when it is submitted)")
+        if name == "set":
+            p.add_argument("--no-host-labels", action="store_true", help="the queue's jobs run on any host")
         add_output(p)
         p.set_defaults(fn=fn)
     qd = qsub.add_parser("delete", help="delete a queue without work (admin)")
@@ -123,6 +128,13 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
                        ("maxRunningJobsPerUser", args.max_running_jobs_per_user)):
         if value is not None:
             inp[key] = value
+    if args.host_labels:
+        pairs = [item.partition("=") for item in args.host_labels]
+        if any(not eq or not k for k, eq, _v in pairs):
+            raise ConfigError("--host-label: expected KEY=VALUE")
+        inp["hostLabels"] = {k: v for k, _eq, v in pairs}
+    elif getattr(args, "no_host_labels", False):
+        inp["hostLabels"] = {}
     return inp
 
 
@@ -182,6 +194,8 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         print(f"  per user: at most {' and '.join(p for p in per_user if p)} at once")
     if "submittedJobs" in q:
         print(f"  jobs not ended: {submission_limits(q)}")
+    if q.get("hostLabels"):
+        print(f"  hosts:   only those labelled {labels_text(q['hostLabels'])}")
     out(args, q, [[r["resource"], _fmt(r["nominal"]), _fmt(r["borrowingLimit"]), _fmt(r["lendingLimit"]),
                    _fmt(r["used"]), _fmt(r["borrowed"]), _fmt(r["lent"])] for r in q["resources"]],
         ["RESOURCE", "NOMINAL", "BORROW LIMIT", "LEND LIMIT", "USED", "BORROWED", "LENT"])

@@ -43,6 +43,7 @@ from server.scheduling.queues import (
     job_usage,
     nominal,
     task_demand,
+    with_queue_labels,
 )
 from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState
@@ -52,6 +53,7 @@ from wire.budgets import (
     HOLD_REASON_MAX,
     MAX_PREEMPTING,
     STOP_REASON_MAX,
+    check_spec,
     clip_end,
     clip_start,
     compact_older,
@@ -678,6 +680,12 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         spec, errors = validate_job(fields, known_models)
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
+            continue
+        spec, conflict = with_queue_labels(spec, w.state.queues.get(spec.queue))
+        too_large = check_spec(spec) if not conflict else []
+        if conflict or too_large:
+            w.plan.rejected.append((job_id, f"hostLabels: {conflict}" if conflict else
+                                    f"{too_large[0][0]}: {too_large[0][1]}"))
             continue
         submitted = req.ts if 0 < req.ts <= now else now
         hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""

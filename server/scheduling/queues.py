@@ -22,7 +22,17 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from wire.messages import DEFAULT_QUEUE, Attempt, AttemptState, Job, JobSpec, JobState, Queue, implicit_default_queue
+from wire.messages import (
+    DEFAULT_QUEUE,
+    MAX_HOST_LABELS,
+    Attempt,
+    AttemptState,
+    Job,
+    JobSpec,
+    JobState,
+    Queue,
+    implicit_default_queue,
+)
 
 Resources = dict[str, float]
 GPU_PREFIX = "gpu:"
@@ -417,6 +427,24 @@ def queue_usage(jobs: Iterable[Job]) -> dict[str, dict[str, float]]:
         if u:
             add(out.setdefault(j.spec.queue, {}), u)
     return out
+
+
+def with_queue_labels(spec: JobSpec, q: Queue | None) -> tuple[JobSpec, str]:
+    """The spec with its queue's host labels added to its own (the hosts the queue's jobs
+    run on), and why it cannot be ("" when it can): a label of its own that asks for
+    another value, or more labels than a job may require."""
+    if q is None or not q.host_labels:
+        return spec, ""
+    for k, v in q.host_labels.items():
+        if spec.host_labels.get(k, v) != v:
+            return spec, (f"queue {q.name!r} runs on hosts with {k}={v}; the job asks for {k}="
+                          f"{spec.host_labels[k]}")
+    merged = {**spec.host_labels, **q.host_labels}
+    if merged == spec.host_labels:
+        return spec, ""
+    if len(merged) > MAX_HOST_LABELS:
+        return spec, f"with queue {q.name!r}'s host labels the job would require more than {MAX_HOST_LABELS}"
+    return JobSpec.model_validate({**spec.model_dump(), "host_labels": merged}), ""
 
 
 def effective_time_limit(spec: JobSpec, q: Queue | None) -> float:

@@ -93,3 +93,30 @@ def test_a_queues_running_jobs_limit_runs_one_users_jobs_one_at_a_time(cluster: 
         assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
     assert most_at_once(spans(tmp_path, ["load-0", "load-1", "load-2"])) == 1
     assert_invariants(cluster.nats_url)
+
+
+def test_a_queues_host_labels_keep_its_jobs_on_its_hosts(cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("ql-a", gpus="2xH100", labels="rack=ra", heartbeat_interval=1)
+    cluster.agent("ql-b", gpus="2xH100", labels="rack=rb", heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(2)
+    r = muster(cluster, srv.url, "queue", "create", "bought", "--host-label", "rack=rb")
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = muster(cluster, srv.url, "queue", "show", "bought")
+    assert "hosts:   only those labelled rack=rb" in shown.stdout, shown.stdout
+    ids = []
+    for i in range(3):
+        r = muster(cluster, srv.url, "job", "submit", "--queue", "bought", "--gpus", "1", "-o", "json", f"b{i}",
+                   "--", "true")
+        assert r.returncode == 0, r.stderr
+        ids.append(json.loads(r.stdout)["id"])
+    for j in ids:
+        done = api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=60)
+        assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ql-b", done
+    refused = muster(cluster, srv.url, "job", "submit", "--queue", "bought", "--host-label", "rack=ra", "x", "--",
+                     "true")
+    assert refused.returncode != 0 and "queue 'bought' runs on hosts with rack=rb" in refused.stderr, refused.stderr
+    r = muster(cluster, srv.url, "queue", "set", "bought", "--no-host-labels")
+    assert r.returncode == 0 and "hosts:" not in muster(cluster, srv.url, "queue", "show", "bought").stdout
+    assert_invariants(cluster.nats_url)

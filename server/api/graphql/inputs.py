@@ -203,6 +203,10 @@ class QueueInput:
     max_running_jobs_per_user: int | None = strawberry.field(
         default=None, description="The most jobs of one user's in the queue placed or running at once (0: no "
                                   "limit); the others wait.")
+    host_labels: strawberry.scalars.JSON | None = strawberry.field(
+        default=None, description="Labels (a map) every host that runs the queue's jobs has: added to each job's "
+                                  "hostLabels when it is submitted (a job asking for another value of one is "
+                                  "refused); {} for none. Jobs already submitted keep theirs.")
 
 
 @strawberry.enum

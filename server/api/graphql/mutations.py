@@ -73,7 +73,7 @@ def _queue_data(i: QueueInput) -> dict[str, object]:
         "max_preemptions": i.max_preemptions, "default_time_limit_s": i.default_time_limit_seconds,
         "max_time_limit_s": i.max_time_limit_seconds, "max_gpus_per_user": i.max_gpus_per_user,
         "max_submitted_jobs": i.max_submitted_jobs, "max_submitted_jobs_per_user": i.max_submitted_jobs_per_user,
-        "max_running_jobs_per_user": i.max_running_jobs_per_user,
+        "max_running_jobs_per_user": i.max_running_jobs_per_user, "host_labels": i.host_labels,
     }
     data: dict[str, object] = {k: v for k, v in fields.items() if v is not None}
     if data.get("cohort") == "":

@@ -862,6 +862,11 @@ class Queue:
     def max_running_jobs_per_user(self) -> int:
         return self._row.queue.max_running_jobs_per_user
 
+    @strawberry.field(description="Labels every host that runs the queue's jobs has (added to each job's "
+                                  "hostLabels at submission).")
+    def host_labels(self) -> list[Label]:
+        return [Label(key=k, value=v) for k, v in sorted(self._row.queue.host_labels.items())]
+
     @strawberry.field(description="Jobs of the queue not ended (queued, held, placed, running): what "
                                   "maxSubmittedJobs counts.")
     def submitted_jobs(self) -> int:
