@@ -1356,11 +1356,12 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
     assert "Submission limits" not in row  # none: nothing said of them
     await m.update_queue("vision", {"max_submitted_jobs": 10, "max_submitted_jobs_per_user": 4,
-                                    "max_running_jobs_per_user": 3}, "operator")
+                                    "max_running_jobs_per_user": 3, "host_labels": {"rack": "r1"}}, "operator")
     r = await c.get("/queues")
     row = r.text[r.text.index('id="queue-vision"'):]
     assert "jobs 2 / 10, ≤ 4 a user</small>" in row[:row.index("</tr>")]
     assert "≤ 3 running a user</small>" in row[:row.index("</tr>")]
+    assert 'on <span class="label">rack=r1</span>' in row[:row.index("</tr>")]
     # The host's tasks say which job, by name, and its queue.
     r = await c.get("/hosts/qh1")
     task_row = r.text[r.text.index(f'id="task-{small.id}.1"'):]
