@@ -1246,7 +1246,10 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
                 candidates.append(v)
     if not candidates:
         return 0
-    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, job.spec))
+    # Victims must free room where the job may be placed: on the GPU models its queue's
+    # quota admits it on now, when placement (not the quota) is what it waits for.
+    spec = (adm.restrict(job)[0] or job.spec) if refusal is None else job.spec
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec))
     if found is None or len(found.victims) > allowed:
         return 0
     hosts = {h for v in found.victims for h, _t in v.tasks}

@@ -703,3 +703,30 @@ def test_a_job_holding_a_reservation_looks_for_victims_on_its_own_reserved_host(
     assert [r.job_id for r in plan.reservations] == ["high"] and not plan.preempted  # low is too young
     plan = w.qcycle(now=NOW + 40)  # low has run 70 s
     assert plan.preempted and w.state.jobs["high"].preempting, plan.preempted
+
+
+def test_priority_preemption_stops_no_victim_on_a_model_the_queue_may_not_use_now() -> None:
+    """A job that accepts H100 or A100, whose queue's quota now admits it on H100 only,
+    finds no room on H100: a lower-priority job of its queue on an A100 is no victim,
+    since what it would free is a model the job may not be placed on."""
+    w = QWorld()
+    w.host("h1", gpus=1)
+    w.host("a1", gpus=1, model="A100")
+
+    def queue(name: str, h100: float, a100: float) -> None:
+        q = Queue(name=name, min_runtime_s=0, quota={H100: ResourceQuota(nominal=h100),
+                                                     "gpu:A100": ResourceQuota(nominal=a100)})
+        w.state.apply_state_record(Record(f"queue.{name}", next(w.rev), encode(q)))
+
+    queue("a", 1, 1)
+    queue("b", 1, 0)
+    w.qsubmit("low-a100", "a", gpu_model="A100", submitted_at=NOW - 500)
+    w.qsubmit("b-h100", "b", gpu_model="H100", submitted_at=NOW - 500)
+    w.qcycle(now=NOW - 400)
+    w.qcycle(w.agent_reports(NOW - 400), now=NOW - 400)
+    assert w.job("low-a100").state is JobState.RUNNING and w.job("b-h100").state is JobState.RUNNING
+    queue("a", 1, 0)  # its A100 quota taken away: it holds one it may keep, but no new one
+    w.qsubmit("high", "a", gpu_models=["H100", "A100"], priority=10)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {} and w.job("low-a100").state is JobState.RUNNING
+    assert w.job("high").state is JobState.QUEUED and not w.job("high").preempting
