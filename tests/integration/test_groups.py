@@ -35,6 +35,20 @@ def spans(tmp: Path, names: list[str]) -> list[tuple[float, float]]:
     return out
 
 
+def queue_created(cluster: Cluster, url: str, name: str, *options: str) -> str:
+    """Create a queue with `muster queue create`; what `muster queue show` prints of it."""
+    r = muster(cluster, url, "queue", "create", name, *options)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return muster(cluster, url, "queue", "show", name).stdout
+
+
+def submitted(cluster: Cluster, url: str, *argv: str) -> str:
+    """Submit one job with `muster job submit ARGV`; its id."""
+    r = muster(cluster, url, "job", "submit", "-o", "json", *argv)
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["id"])
+
+
 def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluster, tmp_path: Path) -> None:
     srv = cluster.server(heartbeat_interval=1)
     cluster.agent("gr-a", gpus="8xH100", heartbeat_interval=1)
@@ -77,16 +91,11 @@ def test_a_queues_running_jobs_limit_runs_one_users_jobs_one_at_a_time(cluster: 
     cluster.agent("gr-b", gpus="2xH100", heartbeat_interval=1)
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
-    r = muster(cluster, srv.url, "queue", "create", "etl", "--max-running-jobs-per-user", "1")
-    assert r.returncode == 0, r.stdout + r.stderr
-    shown = muster(cluster, srv.url, "queue", "show", "etl")
-    assert "per user: at most 1 jobs placed or running at once" in shown.stdout, shown.stdout
-    ids = []
-    for name in ("load-0", "load-1", "load-2"):  # CPU-only work, room for all three at once
-        r = muster(cluster, srv.url, "job", "submit", "--queue", "etl", "-o", "json", name, "--",
-                   *task(tmp_path, name, 3.0))
-        assert r.returncode == 0, r.stderr
-        ids.append(json.loads(r.stdout)["id"])
+    shown = queue_created(cluster, srv.url, "etl", "--max-running-jobs-per-user", "1")
+    assert "per user: at most 1 jobs placed or running at once" in shown, shown
+    # CPU-only work, room for all three at once.
+    ids = [submitted(cluster, srv.url, "--queue", "etl", name, "--", *task(tmp_path, name, 3.0))
+           for name in ("load-0", "load-1", "load-2")]
     wait_until(lambda: "user at its queue's per-user limit" in queue_reasons(api, ids[-1]), timeout=30,
                what="a waiting job says it is at its user's limit")
     for j in ids:
@@ -101,16 +110,9 @@ def test_a_queues_host_labels_keep_its_jobs_on_its_hosts(cluster: Cluster, tmp_p
     cluster.agent("ql-b", gpus="2xH100", labels="rack=rb", heartbeat_interval=1)
     api = Api(srv.url, cluster.token)
     api.wait_hosts(2)
-    r = muster(cluster, srv.url, "queue", "create", "bought", "--host-label", "rack=rb")
-    assert r.returncode == 0, r.stdout + r.stderr
-    shown = muster(cluster, srv.url, "queue", "show", "bought")
-    assert "hosts:   only those labelled rack=rb" in shown.stdout, shown.stdout
-    ids = []
-    for i in range(3):
-        r = muster(cluster, srv.url, "job", "submit", "--queue", "bought", "--gpus", "1", "-o", "json", f"b{i}",
-                   "--", "true")
-        assert r.returncode == 0, r.stderr
-        ids.append(json.loads(r.stdout)["id"])
+    shown = queue_created(cluster, srv.url, "bought", "--host-label", "rack=rb")
+    assert "hosts:   only those labelled rack=rb" in shown, shown
+    ids = [submitted(cluster, srv.url, "--queue", "bought", "--gpus", "1", f"b{i}", "--", "true") for i in range(3)]
     for j in ids:
         done = api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=60)
         assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ql-b", done
