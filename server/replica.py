@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 import socket
@@ -33,18 +32,18 @@ from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy, hold_text
-from server.scheduling.queues import with_queue_labels
+from server.scheduling.queues import labelled_spec
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState, HostConfig
 from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
+from server.timefmt import iso_utc
 from server.views.hosts import HostTable
 from server.views.jobs import JobView, matches
 from server.views.queues import rows as queue_rows
 from wire import subjects
-from wire.budgets import check_spec
 from wire.errors import (
     ConfigError,
     ConflictError,
@@ -211,11 +210,6 @@ CANCEL_PUBLISH_CHUNK = 256
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
 MAX_DRAIN_AHEAD_S = 90 * 86400
-
-
-def iso_utc(t: float) -> str:
-    """A time in words for events and messages: ISO 8601 in UTC, to the second."""
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Muster:
@@ -498,12 +492,9 @@ class Muster:
         if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
-        spec, conflict = with_queue_labels(spec, q)
-        if conflict:
-            raise ValidationError("hostLabels", conflict, "INVALID")
-        too_large = check_spec(spec)
-        if too_large:
-            raise ValidationError(too_large[0][0], too_large[0][1], "TOO_LARGE")
+        spec, refused = labelled_spec(spec, q)
+        if refused is not None:
+            raise refused
         return spec
 
     @contextlib.contextmanager

@@ -45,6 +45,17 @@ MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_GROUP_LIMIT = 100_000  # jobs of one group placed or running at once (wire.messages.JobSpec.group_limit)
 
 
+def _whole(v: object, lo: int, hi: int) -> bool:
+    """A whole number (not a bool) from `lo` to `hi`."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _real(v: object, lo: float, hi: float, *, above: bool = False) -> bool:
+    """A number (not a bool, not NaN) from `lo` (or, `above`, more than it) to `hi`."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+            and (lo < v if above else lo <= v) and v <= hi)
+
+
 def validate_job(
     data: dict[str, Any], known_models: Iterable[str] = ()
 ) -> tuple[JobSpec | None, list[ValidationError]]:
@@ -79,20 +90,20 @@ def validate_job(
     gpus = data.get("gpus", 0)
     cpus = data.get("cpus", 1.0)
     memory_mb = data.get("memory_mb", 512)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS:
+    if not _whole(gpus, 0, MAX_GPUS):
         err("gpus", f"must be a whole number from 0 to {MAX_GPUS}", "OUT_OF_RANGE")
-    if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not 0 < cpus <= MAX_CPUS or cpus != cpus:
+    if not _real(cpus, 0, MAX_CPUS, above=True):
         err("cpus", f"must be more than 0 and at most {MAX_CPUS:g}", "OUT_OF_RANGE")
-    if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or not 0 < memory_mb <= MAX_MEMORY_MB:
+    if not _whole(memory_mb, 1, MAX_MEMORY_MB):
         err("memoryMb", f"must be more than 0 and at most {MAX_MEMORY_MB} MB", "OUT_OF_RANGE")
     share = data.get("gpu_share", 0) or 0
     gpu_memory = data.get("gpu_memory_mb", 0) or 0
     mig_profile = data.get("mig_profile") or None
-    if not isinstance(share, int) or isinstance(share, bool) or not 0 <= share <= 999:
+    if not _whole(share, 0, 999):
         err("gpuShare", "must be a whole number of thousandths of one GPU, from 1 to 999", "OUT_OF_RANGE")
     elif share and isinstance(gpus, int) and gpus:
         err("gpuShare", "a share of one GPU goes with gpus: 0 (ask for whole GPUs or for a share, not both)")
-    if not isinstance(gpu_memory, int) or isinstance(gpu_memory, bool) or not 0 <= gpu_memory <= MAX_GPU_MEMORY_MB:
+    if not _whole(gpu_memory, 0, MAX_GPU_MEMORY_MB):
         err("gpuMemoryMb", f"must be from 0 to {MAX_GPU_MEMORY_MB} MB", "OUT_OF_RANGE")
     elif gpu_memory and not share:
         err("gpuMemoryMb", "GPU memory is asked for with a share of a GPU (gpuShare); whole GPUs come with theirs")
@@ -125,10 +136,10 @@ def validate_job(
     if not isinstance(same_model, bool):
         err("sameModel", "must be true or false")
     priority = data.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
+    if not _whole(priority, -1000, 1000):
         err("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
     max_attempts = data.get("max_attempts", 3)
-    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= 100:
+    if not _whole(max_attempts, 1, 100):
         err("maxAttempts", "must be from 1 to 100", "OUT_OF_RANGE")
     cwd = data.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd):
@@ -137,13 +148,12 @@ def validate_job(
     if on_disconnect not in ("STOP", "KEEP_RUNNING"):
         err("onDisconnect", "must be STOP or KEEP_RUNNING")
     replace_after = data.get("replace_after_s", 0.0)
-    if (not isinstance(replace_after, (int, float)) or isinstance(replace_after, bool)
-            or not 0 <= replace_after <= 7 * 24 * 3600 or replace_after != replace_after):
+    if not _real(replace_after, 0, 7 * 24 * 3600):
         err("replaceAfter", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
     elif replace_after and on_disconnect != "KEEP_RUNNING":
         err("replaceAfter", "only applies to onDisconnect: KEEP_RUNNING")
     replicas = data.get("replicas", 1)
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 256:
+    if not _whole(replicas, 1, 256):
         err("replicas", "must be a whole number from 1 to 256", "OUT_OF_RANGE")
     same_rack = data.get("same_rack", False)
     if not isinstance(same_rack, bool):
@@ -173,24 +183,23 @@ def validate_job(
     if not isinstance(depend_any, bool) or not isinstance(depend_not_ok, bool) or (depend_any and depend_not_ok):
         err("dependency", "must be one of AFTER_OK, AFTER_ANY and AFTER_NOT_OK")
     time_limit = data.get("time_limit_s", 0) or 0
-    if (not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit != time_limit
-            or not 0 <= time_limit <= MAX_TIME_LIMIT_S):
+    if not _real(time_limit, 0, MAX_TIME_LIMIT_S):
         err("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds", "OUT_OF_RANGE")
     group = data.get("group") or ""
     group_limit = data.get("group_limit", 0) or 0
     if not isinstance(group, str) or len(group) > 128 or any(c < " " for c in group):
         err("group", "must be at most 128 characters, none of them control characters")
-    if not isinstance(group_limit, int) or isinstance(group_limit, bool) or not 0 <= group_limit <= MAX_GROUP_LIMIT:
+    if not _whole(group_limit, 0, MAX_GROUP_LIMIT):
         err("groupLimit", f"must be a whole number from 0 (none) to {MAX_GROUP_LIMIT}", "OUT_OF_RANGE")
     elif group_limit and not group:
         err("groupLimit", "a limit needs a group: the jobs it counts are those of the same user and group")
     retry_failures = data.get("retry_failures", 0) or 0
     retry_codes = data.get("retry_exit_codes") or []
     retry_timeouts = data.get("retry_timeouts", False)
-    if not isinstance(retry_failures, int) or isinstance(retry_failures, bool) or not 0 <= retry_failures <= 100:
+    if not _whole(retry_failures, 0, 100):
         err("retryFailures", "must be a whole number from 0 to 100", "OUT_OF_RANGE")
     if (not isinstance(retry_codes, list) or len(retry_codes) > 16
-            or not all(isinstance(c, int) and not isinstance(c, bool) and -(2**31) <= c < 2**31 for c in retry_codes)):
+            or not all(_whole(c, -(2**31), 2**31 - 1) for c in retry_codes)):
         err("retryExitCodes", "must be a list of at most 16 exit codes")
         retry_codes = []
     if not isinstance(retry_timeouts, bool):
@@ -198,8 +207,7 @@ def validate_job(
     if (retry_codes or retry_timeouts is True) and not retry_failures:
         err("retryFailures", "retryExitCodes and retryTimeouts say which tries retryFailures retries: give it too")
     begin_at = data.get("begin_at", 0) or 0
-    if (not isinstance(begin_at, (int, float)) or isinstance(begin_at, bool) or begin_at != begin_at
-            or not 0 <= begin_at <= MAX_EPOCH_S):
+    if not _real(begin_at, 0, MAX_EPOCH_S):
         err("beginAt", "must be a time (epoch seconds, or a date and time)", "OUT_OF_RANGE")
     if errors:
         return None, errors

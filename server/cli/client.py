@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from server.cli.errors import ApiError
-from wire.errors import AuthError
+from wire.errors import AuthError, ValidationError
 
 
 def token() -> str:
@@ -112,6 +112,17 @@ def out(args: argparse.Namespace, data: Any, table: list[list[str]] | None = Non
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def key_values(option: str, items: list[str]) -> dict[str, str]:
+    """Repeated `--option KEY=VALUE` arguments as a map; refuses an item without `=` or a key."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValidationError(option, f"{item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
 
 
 def labels_text(labels: list[dict[str, str]]) -> str:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
+from server.cli.client import add_output, add_watch, gql, key_values, labels_text, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from server.cli.times import ahead, when_text
 from wire.errors import NotFound, ValidationError
@@ -251,13 +251,7 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
             inp["groupLimit"] = args.group_limit
     for option, field, given in (("env", "env", args.env), ("host-label", "hostLabels", args.host_labels)):
         if given:
-            pairs: dict[str, str] = {}
-            for item in given:
-                key, eq, value = item.partition("=")
-                if not eq or not key:
-                    raise ValidationError(option, f"{item!r}: expected KEY=VALUE")
-                pairs[key] = value
-            inp[field] = pairs
+            inp[field] = key_values(option, given)
     return inp
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
+from server.cli.client import add_output, add_watch, gql, key_values, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ago
 from wire.errors import ConfigError, NotFound
@@ -129,10 +129,7 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             inp[key] = value
     if args.host_labels:
-        pairs = [item.partition("=") for item in args.host_labels]
-        if any(not eq or not k for k, eq, _v in pairs):
-            raise ConfigError("--host-label: expected KEY=VALUE")
-        inp["hostLabels"] = {k: v for k, _eq, v in pairs}
+        inp["hostLabels"] = key_values("host-label", args.host_labels)
     elif getattr(args, "no_host_labels", False):
         inp["hostLabels"] = {}
     return inp

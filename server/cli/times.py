@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from server.timefmt import parse_time
 from wire.errors import ConfigError
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -15,10 +16,9 @@ def _parse(text: str, sign: int, example: str) -> str:
         delta = dt.timedelta(seconds=float(text[:-1]) * UNITS[text[-1]])
         return (dt.datetime.now(dt.UTC) + sign * delta).isoformat()
     try:
-        at = dt.datetime.fromisoformat(text)
+        return parse_time(text).isoformat()
     except ValueError:
         raise ConfigError(f"{text!r} is neither an ISO date/time nor a {example}") from None
-    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).isoformat()
 
 
 def ahead(text: str | None) -> str | None:
@@ -35,5 +35,4 @@ def when_text(iso: str | None) -> str:
     """A time from the API in words: to the minute, in UTC."""
     if not iso:
         return "-"
-    at = dt.datetime.fromisoformat(iso)
-    return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return parse_time(iso).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -40,9 +40,17 @@ def may_run_before(limit_s: float, now: float, window: Window) -> bool:
     return now < window.starts and limit_s > 0 and now + START_ALLOWANCE_S + limit_s <= window.stops
 
 
+def begun(windows: Mapping[str, Window], now: float) -> frozenset[str]:
+    """The hosts whose window has begun: no job may take them (the planner's health check
+    refuses them; why pending names them with `KeptOff`'s)."""
+    return frozenset(h for h, w in windows.items() if started(w, now))
+
+
 class KeptOff:
-    """The hosts with a window that a job may not take now, by the job's time limit (the
-    same set for every job of one limit, worked out once per limit)."""
+    """The hosts with a window not yet begun that a job may not take now, by the job's
+    time limit (the same set for every job of one limit, worked out once per limit). A
+    window that has begun keeps every job off (`started`, `begun`): left out here, so that
+    hosts drained long ago do not weigh on every job's set of hosts to avoid."""
 
     def __init__(self, windows: Mapping[str, Window], now: float) -> None:
         self.windows = windows
@@ -55,5 +63,6 @@ class KeptOff:
         got = self._by_limit.get(limit_s)
         if got is None:
             got = self._by_limit[limit_s] = frozenset(
-                h for h, w in self.windows.items() if not may_run_before(limit_s, self.now, w))
+                h for h, w in self.windows.items()
+                if not started(w, self.now) and not may_run_before(limit_s, self.now, w))
         return got

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from server.health.rules import Health
-from server.scheduling import fairshare, groups, livecounts, maintenance, preemption, retry, submitlimits
+from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
@@ -41,9 +41,9 @@ from server.scheduling.queues import (
     job_gpus,
     job_size,
     job_usage,
+    labelled_spec,
     nominal,
     task_demand,
-    with_queue_labels,
 )
 from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState
@@ -53,7 +53,6 @@ from wire.budgets import (
     HOLD_REASON_MAX,
     MAX_PREEMPTING,
     STOP_REASON_MAX,
-    check_spec,
     clip_end,
     clip_start,
     compact_older,
@@ -420,8 +419,12 @@ def _after_attempt_end(w: _Work, job: Job, a: Attempt, ended: AttemptState, now:
         w.plan.events.append(_event("job.requeued", job, a, now, f"{why}; {decision.why}" if why else decision.why))
     else:
         job.state = JobState.FAILED
-        said = decision.why if worst is not AttemptState.FAILED else why if not job.spec.retry_failures \
-            else f"{why}; {decision.why}"
+        if worst is not AttemptState.FAILED:
+            said = decision.why
+        elif job.spec.retry_failures:
+            said = f"{why}; {decision.why}"  # how many of its retries it used
+        else:
+            said = why
         w.plan.events.append(_event("job.failed", job, a, now, said))
 
 
@@ -681,11 +684,9 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
-        spec, conflict = with_queue_labels(spec, w.state.queues.get(spec.queue))
-        too_large = check_spec(spec) if not conflict else []
-        if conflict or too_large:
-            w.plan.rejected.append((job_id, f"hostLabels: {conflict}" if conflict else
-                                    f"{too_large[0][0]}: {too_large[0][1]}"))
+        spec, refused = labelled_spec(spec, w.state.queues.get(spec.queue))
+        if refused is not None:
+            w.plan.rejected.append((job_id, str(refused)))
             continue
         submitted = req.ts if 0 < req.ts <= now else now
         hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
@@ -812,26 +813,21 @@ class _LiveTally(Generic[K]):
     def __init__(self, w: _Work, counts: LiveCounts[K]) -> None:
         self.w = w
         self.counts = counts
-        self._delta: Counter[K] | None = None
+        self._delta: LiveCounts[K] | None = None
 
-    def _changes(self) -> Counter[K]:
+    def _changes(self) -> LiveCounts[K]:
         if self._delta is None:
-            key, live = self.counts.key, livecounts.live
-            delta: Counter[K] = Counter()
+            self._delta = LiveCounts(self.counts.key)
             for old, new in self.w.replaced():
-                if old is not None and live(old) and (k := key(old)) is not None:
-                    delta[k] -= 1
-                if live(new) and (k := key(new)) is not None:
-                    delta[k] += 1
-            self._delta = delta
+                self._delta.update(old, new)
         return self._delta
 
     def get(self, k: K) -> int:
-        return self.counts.get(k) + self._changes()[k]
+        return self.counts.get(k) + self._changes().get(k)
 
     def add(self, k: K) -> None:
         """One more job of `k` placed (or preempting) this cycle."""
-        self._changes()[k] += 1
+        self._changes().add(k, 1)
 
 
 class Admission:
@@ -1935,7 +1931,7 @@ def plan_cycle(
         """Whether the host may take work: healthy, not being changed by a commit in flight,
         and not in a maintenance window that has begun."""
         return host_id not in frozen_hosts and state.health(host_id, now) is Health.HEALTHY \
-            and not maintenance.started(state.maintenance.get(host_id), now)
+            and not (state.maintenance and maintenance.started(state.maintenance.get(host_id), now))
 
     queues = queues or QueuePolicy()
     if evict:

@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from wire.budgets import check_spec
+from wire.errors import ValidationError
 from wire.messages import (
     DEFAULT_QUEUE,
     MAX_HOST_LABELS,
@@ -445,6 +447,19 @@ def with_queue_labels(spec: JobSpec, q: Queue | None) -> tuple[JobSpec, str]:
     if len(merged) > MAX_HOST_LABELS:
         return spec, f"with queue {q.name!r}'s host labels the job would require more than {MAX_HOST_LABELS}"
     return JobSpec.model_validate({**spec.model_dump(), "host_labels": merged}), ""
+
+
+def labelled_spec(spec: JobSpec, q: Queue | None) -> tuple[JobSpec, ValidationError | None]:
+    """The spec a job is stored with in queue `q` (`with_queue_labels`), or why it may not
+    be: the conflict, or a record the added labels make too large (checked again only when
+    they changed the spec; submission checked the spec as given)."""
+    merged, conflict = with_queue_labels(spec, q)
+    if conflict:
+        return spec, ValidationError("hostLabels", conflict, "INVALID")
+    too_large = check_spec(merged) if merged is not spec else []
+    if too_large:
+        return spec, ValidationError(too_large[0][0], too_large[0][1], "TOO_LARGE")
+    return merged, None
 
 
 def effective_time_limit(spec: JobSpec, q: Queue | None) -> float:

@@ -77,10 +77,13 @@ class HostConfig(BaseModel):
         """The drain scheduled ahead, if one is (from `drain_at` to `drain_deadline`)."""
         return Window(self.drain_at, self.drain_deadline) if self.draining and self.drain_at else None
 
+    def drain_begun(self, now: float) -> bool:
+        """Whether the host is draining at `now` (a drain scheduled ahead: from its start)."""
+        return self.draining and now >= self.drain_at
+
     def cordoned_at(self, now: float) -> bool:
-        """Whether nothing new may be placed on the host at `now`: cordoned, or draining
-        (a scheduled drain from its start)."""
-        return self.cordoned or (self.draining and now >= self.drain_at)
+        """Whether nothing new may be placed on the host at `now`: cordoned, or draining."""
+        return self.cordoned or self.drain_begun(now)
 
 
 class TokenInfo(BaseModel):

@@ -509,8 +509,8 @@ class HostTable:
         models = tuple(sorted(per_model))
         row = HostRow(
             id=host_id, health=Health.LOST.value, present=entry.present,
-            cordoned=bool(cfg and cfg.cordoned_at(at)), draining=bool(cfg and cfg.draining and at >= cfg.drain_at),
-            drain_at=cfg.drain_at if cfg and cfg.draining and at < cfg.drain_at else 0.0,
+            cordoned=bool(cfg and cfg.cordoned_at(at)), draining=bool(cfg and cfg.drain_begun(at)),
+            drain_at=cfg.drain_at if cfg and cfg.draining and not cfg.drain_begun(at) else 0.0,
             drain_deadline=cfg.drain_deadline if cfg and cfg.draining else 0.0,
             simulated=hb.simulated, labels=labels, rack=labels.get("rack", ""), zone=labels.get("zone", ""),
             gpus=len(hb.gpus), gpu_model=",".join(models) or "-", models=models,

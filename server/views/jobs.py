@@ -182,7 +182,8 @@ class JobView:
         if not self.state.maintenance:
             return []
         limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
-        kept = maintenance.KeptOff(self.state.maintenance, now)(limit)
+        windows = self.state.maintenance
+        kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now)
         if not kept:
             return []
         placer.exclude = set(kept)

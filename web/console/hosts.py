@@ -4,7 +4,6 @@ cordon, uncordon, drain and clear-GPU-faults forms."""
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
 from server.replica import Muster
+from server.timefmt import parse_time
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
 from web.console.errors import FORM_ERRORS, no_such_host, status_for
@@ -305,8 +305,7 @@ async def drain(request: Request) -> Response:
     at: float | None = None
     if raw_at:
         try:  # the form's date and time, in UTC
-            when = dt.datetime.fromisoformat(raw_at)
-            at = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+            at = parse_time(raw_at).timestamp()
         except ValueError:
             errors.append(ValidationError("at", "the start must be a date and time, such as 2026-12-24T06:00",
                                           "INVALID"))

@@ -4,7 +4,6 @@ page and its forms (cancel, hold, release, priority), and the submit form."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import math
 import re
 import shlex
@@ -19,6 +18,7 @@ from starlette.responses import RedirectResponse, Response
 from server.api.reads import reads_for
 from server.health.rules import Health
 from server.replica import MAX_LIVE_OUTPUTS, Muster
+from server.timefmt import parse_time
 from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
@@ -365,8 +365,7 @@ async def submit(request: Request) -> Response:
         data["held"] = True
     if values["begin"]:
         try:  # the form's date and time, in UTC
-            when = dt.datetime.fromisoformat(values["begin"])
-            data["begin_at"] = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+            data["begin_at"] = parse_time(values["begin"]).timestamp()
         except ValueError:
             local["begin"] = ["must be a date and time, such as 2026-12-24T06:00"]
             data["begin_at"] = values["begin"]  # which validation refuses too

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import shlex
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -16,6 +15,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from server.replica import Muster
+from server.timefmt import iso_utc
 
 if TYPE_CHECKING:
     from web.console.session import Session
@@ -57,9 +57,7 @@ templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "tem
 
 def utc(ts: float | None) -> str:
     """A Unix time as UTC ISO 8601 with seconds, or an em dash."""
-    if not ts:
-        return "—"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_utc(ts) if ts else "—"
 
 
 def mib(mb: int | float | None) -> str:

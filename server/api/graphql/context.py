@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from strawberry.types import Info
 
 from server.api.auth import allows
+from server.timefmt import as_utc
 from wire.errors import Forbidden
 
 if TYPE_CHECKING:
@@ -34,8 +35,4 @@ def ts(t: float | None) -> dt.datetime | None:
 
 
 def epoch(t: dt.datetime | None) -> float | None:
-    if t is None:
-        return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    return t.timestamp()
+    return as_utc(t).timestamp() if t is not None else None

@@ -110,10 +110,6 @@ class DrainHostInput:
         "jobs whose time limit (or their queue's default) ends them by the drain's deadline; nothing placed "
         "after it was scheduled is stopped by it. Default, or a time past: now. At most 90 days ahead.")
 
-    def at_epoch(self) -> float | None:
-        return epoch(self.at)
-
-
 @strawberry.input(description="Hosts matching every given field.")
 class HostFilter:
     health: list[str] | None = strawberry.field(default=None, description="HEALTHY, SUSPECT and/or LOST.")

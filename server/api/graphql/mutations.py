@@ -226,7 +226,7 @@ class Mutation:
     async def drain_host(self, info: Info, input: DrainHostInput) -> HostActionPayload:
         return await _on_host(info, str(input.id),
                               lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds,
-                                                input.at_epoch()))
+                                                epoch(input.at)))
 
 
 async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:

@@ -1,0 +1,21 @@
+"""Times as people give and read them: ISO 8601 in UTC. A time given without an offset is
+taken as UTC (GraphQL's DateTime inputs, the console's forms and the CLI alike)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+
+def iso_utc(t: float) -> str:
+    """A Unix time as ISO 8601 in UTC, to the second (`2026-12-24T06:00:00Z`)."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_utc(t: dt.datetime) -> dt.datetime:
+    """`t`, taken as UTC when it names no offset."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO 8601 date and time, UTC unless it names an offset; raises ValueError."""
+    return as_utc(dt.datetime.fromisoformat(text))
