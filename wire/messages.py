@@ -516,6 +516,10 @@ class Queue(_Model):
     # team bought, the hosts of a network): added to each job's `host_labels` when it is
     # submitted (server.scheduling.queues.with_queue_labels).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
+    # Fair share between the queue's users (server.scheduling.userfair): at equal
+    # priority, the user whose jobs of the queue hold least goes next, not the earliest
+    # submission; off, the queue is in priority and submission order.
+    fair_share_users: bool = False
     created_at: float = 0.0
     updated_at: float = 0.0
     by: str = Field(default="", max_length=64)

@@ -290,7 +290,8 @@ _QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "min
                  "max_preemptions": "maxPreemptions", "preempt_within": "preemptWithin",
                  "fair_share_preemption": "fairSharePreemption", "max_gpus_per_user": "maxGpusPerUser",
                  "max_submitted_jobs": "maxSubmittedJobs", "max_submitted_jobs_per_user": "maxSubmittedJobsPerUser",
-                 "max_running_jobs_per_user": "maxRunningJobsPerUser", "host_labels": "hostLabels"}
+                 "max_running_jobs_per_user": "maxRunningJobsPerUser",
+                 "fair_share_users": "fairShareUsers", "host_labels": "hostLabels"}
 
 
 def validate_queue(data: dict[str, Any]) -> Queue:

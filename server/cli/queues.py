@@ -14,11 +14,12 @@ from wire.errors import ConfigError, NotFound
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
-maxRunningJobsPerUser hostLabels { key value } submittedJobsByUser(first: 5) { user jobs }
+maxRunningJobsPerUser fairShareUsers hostLabels { key value } submittedJobsByUser(first: 5) { user jobs }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of an earlier version lacks: asked again without them.
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
-                      "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels")
+                      "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels",
+                      "fairShareUsers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="priority preemption within the queue")
         p.add_argument("--reclaim", choices=["on", "off"], default=None)
         p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None)
+        p.add_argument("--fair-share-users", choices=["on", "off"], default=None,
+                       help="fair share between the queue's users: at equal priority, the user whose jobs hold "
+                            "least goes next (default off: submission order)")
         p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
         p.add_argument("--min-runtime", type=float, default=None, metavar="S")
         p.add_argument("--max-preemptions", type=int, default=None)
@@ -119,6 +123,7 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
                        ("preemptWithin", onoff.get(args.preempt_within or "")),
                        ("reclaim", onoff.get(args.reclaim or "")),
                        ("fairSharePreemption", onoff.get(args.fair_share_preemption or "")),
+                       ("fairShareUsers", onoff.get(args.fair_share_users or "")),
                        ("preemptGraceSeconds", args.grace), ("minRuntimeSeconds", args.min_runtime),
                        ("maxPreemptions", args.max_preemptions),
                        ("defaultTimeLimitSeconds", args.default_time_limit),
@@ -189,6 +194,8 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
                 f"{q['maxRunningJobsPerUser']} jobs placed or running" if q.get("maxRunningJobsPerUser") else ""]
     if any(per_user):
         print(f"  per user: at most {' and '.join(p for p in per_user if p)} at once")
+    if q.get("fairShareUsers"):
+        print("  users:   fair share (at equal priority, the user holding least goes next)")
     if "submittedJobs" in q:
         print(f"  jobs not ended: {submission_limits(q)}")
     if q.get("hostLabels"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from server.scheduling.queues import QueueBook
 from wire.messages import Job, QueueUsage
@@ -106,7 +106,7 @@ def within_queue_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=order_key)
 
 
-def admission_order(by_queue: Mapping[str, list[Job]], share: Callable[[str], float],
+def admission_order(by_queue: Mapping[str, Sequence[Job]], share: Callable[[str], float],
                     rest: Callable[[str, int], bool] | None = None) -> Iterator[Job]:
     """Each queue's jobs (already in within-queue order), interleaved: the queue with the
     lowest `share` (as it is when its turn comes) goes next; ties by queue name. `share`

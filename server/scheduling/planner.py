@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from server.health.rules import Health
-from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits
+from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits, userfair
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
@@ -790,10 +790,16 @@ def _at_least(size: tuple[float, ...], floor: tuple[float, ...]) -> bool:
     return all(x >= y for x, y in zip(size, floor, strict=True))
 
 
-def queue_order(jobs: list[Job]) -> list[Job]:
-    """Jobs by priority, then submission order (one queue's order; across queues the
-    planner interleaves them by fair share: scheduling.fairshare)."""
-    return fairshare.within_queue_order(jobs)
+def queue_order(jobs: list[Job], q: Queue | None = None, state: ClusterState | None = None) -> Sequence[Job]:
+    """One queue's jobs in its order: by priority, then submission order; in a queue `q`
+    with fair share between its users, the users' order from what they hold in `state`
+    (scheduling.userfair). Across queues the planner interleaves them by fair share
+    (scheduling.fairshare)."""
+    ordered = fairshare.within_queue_order(jobs)
+    if q is None or state is None or not q.fair_share_users:
+        return ordered
+    usage, live = state.user_usage.get(q.name, {}), state.user_live
+    return userfair.interleaved(ordered, lambda user: (usage.get(user, 0.0), live.get((q.name, user))))
 
 
 # Reservations: the hosts of the jobs whose time limit comes soonest are looked at as
@@ -1298,11 +1304,11 @@ def place_queued(
     jobs = state.jobs
     # A queue this cycle changed no job of is the state's list as it stands (kept by the
     # backlog between cycles; never changed here: jobs put back go to fresh lists).
-    by_queue: dict[str, list[Job]] = {}
+    lists: dict[str, list[Job]] = {}
     changed_queues = {j.spec.queue for j in changed.values()}
     for qn in backlog.order:
         listed = backlog.jobs_of(qn, jobs)
-        by_queue[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
+        lists[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
     preempting = [jobs[i] for i in backlog.preempting if i not in changed]
     added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
     for j in changed.values():
@@ -1310,9 +1316,11 @@ def place_queued(
             if j.preempting:
                 preempting.append(j)
             else:
-                bisect.insort(by_queue.setdefault(j.spec.queue, []), j, key=fairshare.order_key)
+                bisect.insort(lists.setdefault(j.spec.queue, []), j, key=fairshare.order_key)
                 added.setdefault(j.spec.queue, []).append(j)
-    by_queue = {qn: jobs for qn, jobs in by_queue.items() if jobs}
+    # (In queues with fair share between their users, the users' order: set below, once
+    # the users' holdings are tallied.)
+    by_queue: dict[str, Sequence[Job]] = {qn: jobs for qn, jobs in lists.items() if jobs}
     # Jobs that preempted others: wait while their victims stop; once all have, they
     # are placed before anything else, and the hosts the victims held are kept for them.
     ready: list[Job] = []
@@ -1643,6 +1651,16 @@ def place_queued(
         k = groups.key(job)
         if k is not None:
             in_group.add(k)
+
+    # Queues with fair share between their users: their jobs in the users' order, from
+    # what each user holds as the cycle begins (scheduling.userfair).
+    def user_load(qn: str) -> Callable[[str], userfair.Load]:
+        return lambda user: (tally(qn).get(user, 0.0), user_jobs.get((qn, user)))
+
+    for qn, queued in by_queue.items():
+        fq = book.queue(qn)
+        if fq is not None and fq.fair_share_users:
+            by_queue[qn] = userfair.interleaved(queued, user_load(qn))
 
     complete = True  # every queued job looked at (no break): a reservation not made is none
     for job in order():

@@ -228,9 +228,10 @@ class JobView:
         return named or [b for b, _ in blockers]
 
     def queue_position(self, job: Job, now: float | None = None) -> int | None:
-        """1-based place in its queue's order (priority, then submission) while QUEUED, not
-        held and not waiting for other jobs. The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`),
-        however many jobs ask."""
+        """1-based place in its queue's order (priority, then submission; the users' fair
+        order in a queue with fair share between its users) while QUEUED, not held and not
+        waiting for other jobs. The orders are sorted at most once every `ORDER_MAX_AGE_S`
+        (given `now`), however many jobs ask."""
         if job.state is not JobState.QUEUED or job.hold or job.waiting_for:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
@@ -238,7 +239,9 @@ class JobView:
             by_queue: dict[str, list[Job]] = {}
             for j in self.state.queued():
                 by_queue.setdefault(j.spec.queue, []).append(j)
-            self._positions = {j.id: i for js in by_queue.values() for i, j in enumerate(queue_order(js), start=1)}
+            queues = self.state.queues
+            self._positions = {j.id: i for qn, js in by_queue.items()
+                               for i, j in enumerate(queue_order(js, queues.get(qn), self.state), start=1)}
             self._order_at = now
         return self._positions.get(job.id)
 

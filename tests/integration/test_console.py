@@ -1354,13 +1354,15 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     # A bar for the metered GPUs only; CPU and memory, unmetered, are counted without one.
     assert row.count("<meter") == 1 and 'aria-label="vision gpu:H100 used"' in row and "not metered" in row
     assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
-    assert "Submission limits" not in row  # none: nothing said of them
+    assert "Submission limits" not in row and "users by fair share" not in row  # none: nothing said of them
     await m.update_queue("vision", {"max_submitted_jobs": 10, "max_submitted_jobs_per_user": 4,
-                                    "max_running_jobs_per_user": 3, "host_labels": {"rack": "r1"}}, "operator")
+                                    "max_running_jobs_per_user": 3, "host_labels": {"rack": "r1"},
+                                    "fair_share_users": True}, "operator")
     r = await c.get("/queues")
     row = r.text[r.text.index('id="queue-vision"'):]
     assert "jobs 2 / 10, ≤ 4 a user</small>" in row[:row.index("</tr>")]
     assert "≤ 3 running a user</small>" in row[:row.index("</tr>")]
+    assert "users by fair share</small>" in row[:row.index("</tr>")]
     assert 'on <span class="label">rack=r1</span>' in row[:row.index("</tr>")]
     # The host's tasks say which job, by name, and its queue.
     r = await c.get("/hosts/qh1")

@@ -122,3 +122,41 @@ def test_a_queues_host_labels_keep_its_jobs_on_its_hosts(cluster: Cluster, tmp_p
     r = muster(cluster, srv.url, "queue", "set", "bought", "--no-host-labels")
     assert r.returncode == 0 and "hosts:" not in muster(cluster, srv.url, "queue", "show", "bought").stdout
     assert_invariants(cluster.nats_url)
+
+
+def test_a_queue_with_fair_share_between_users_starts_a_teammates_job_before_one_users_backlog(
+        cluster: Cluster, tmp_path: Path) -> None:
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent("uf-a", gpus="2xH100", heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    shown = queue_created(cluster, srv.url, "team", "--fair-share-users", "on")
+    assert "users:   fair share" in shown, shown
+    r = muster(cluster, srv.url, "token", "create", "bo", "--role", "operator", "--queues", "team", "--nats",
+               cluster.nats_url)
+    assert r.returncode == 0, r.stderr
+    bo = r.stdout.strip().splitlines()[-1]
+    wait_until(lambda: api.raw("{ ping }", token=bo).status_code == 200, timeout=10, what="bo's token")
+    # The host takes nothing while both users' jobs arrive: one user's four first, then
+    # the teammate's two.
+    assert muster(cluster, srv.url, "host", "cordon", "uf-a", "--reason", "test").returncode == 0
+    mine = [submitted(cluster, srv.url, "--queue", "team", "--gpus", "1", f"mine-{i}", "--",
+                      *task(tmp_path, f"mine-{i}", 1.0)) for i in range(4)]
+    r = muster(cluster, srv.url, "job", "submit", "-o", "json", "--queue", "team", "--gpus", "1", "theirs-0", "--",
+               *task(tmp_path, "theirs-0", 1.0), token=bo)
+    assert r.returncode == 0, r.stderr
+    theirs = json.loads(r.stdout)["id"]
+
+    def position(job_id: str) -> int | None:
+        return api.q('query($id: ID!) { job(id: $id) { queuePosition } }', {"id": job_id})["job"]["queuePosition"]
+
+    # Second in the queue's order, though submitted last: its user holds nothing, as the first's.
+    wait_until(lambda: position(theirs) == 2, timeout=30, what="the teammate's job second in the queue's order")
+    assert position(mine[1]) == 3
+    assert muster(cluster, srv.url, "host", "uncordon", "uf-a").returncode == 0
+    for j in [*mine, theirs]:
+        assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
+    # The host's two GPUs went to one job of each user first (from the tasks' own records).
+    started = sorted((e["t"], e["job"]) for e in events(tmp_path) if e["ev"] == "start")
+    assert {name for _, name in started[:2]} == {"mine-0", "theirs-0"}, started
+    assert_invariants(cluster.nats_url)

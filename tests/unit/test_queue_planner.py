@@ -380,13 +380,14 @@ def scenarios(draw: st.DrawFn) -> tuple[list[tuple[str, float | None]], list[tup
 def cohort_world(queues: list[tuple[str, float | None]], per_user: list[float], nhosts: int,
                  gpus: int) -> tuple[QWorld, dict[str, Queue]]:
     """`nhosts` hosts of `gpus` GPUs; the queues in one cohort, their nominal quotas
-    sharing the cluster out, reclaim on, each with its per-user limit (0: none)."""
+    sharing the cluster out, reclaim on, each with its per-user limit (0: none); every
+    other queue with fair share between its users (scheduling.userfair)."""
     w = QWorld()
     for h in range(nhosts):
         w.host(f"h{h}", gpus=gpus)
     for k, (name, borrow) in enumerate(queues):
         w.queue(name, cohort="c", gpus=gpus * nhosts / len(queues), borrow=borrow, min_runtime_s=0,
-                max_gpus_per_user=per_user[k])
+                max_gpus_per_user=per_user[k], fair_share_users=k % 2 == 1)
     return w, dict(w.state.queues)
 
 

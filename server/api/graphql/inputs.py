@@ -184,6 +184,9 @@ class QueueInput:
     preempt_within: bool | None = strawberry.field(default=None, description="Priority preemption in the queue.")
     reclaim: bool | None = strawberry.field(default=None, description="Take back what others borrowed.")
     fair_share_preemption: bool | None = None
+    fair_share_users: bool | None = strawberry.field(
+        default=None, description="Fair share between the queue's users: at equal priority, the user whose jobs of "
+                                  "the queue hold least (GPUs, then jobs running) goes next.")
     preempt_grace_seconds: float | None = None
     min_runtime_seconds: float | None = None
     max_preemptions: int | None = None

@@ -69,6 +69,7 @@ def _queue_data(i: QueueInput) -> dict[str, object]:
     fields = {
         "description": i.description, "cohort": i.cohort, "weight": i.weight,
         "preempt_within": i.preempt_within, "reclaim": i.reclaim, "fair_share_preemption": i.fair_share_preemption,
+        "fair_share_users": i.fair_share_users,
         "preempt_grace_s": i.preempt_grace_seconds, "min_runtime_s": i.min_runtime_seconds,
         "max_preemptions": i.max_preemptions, "default_time_limit_s": i.default_time_limit_seconds,
         "max_time_limit_s": i.max_time_limit_seconds, "max_gpus_per_user": i.max_gpus_per_user,

@@ -819,6 +819,13 @@ class Queue:
     def fair_share_preemption(self) -> bool:
         return self._row.queue.fair_share_preemption
 
+    @strawberry.field(description="Fair share between the queue's users, as Slurm's Fair Tree within an account: "
+                                  "at equal priority, the user whose jobs of the queue hold least (GPUs held, then "
+                                  "jobs placed or running) goes next, not the earliest submission; each user's "
+                                  "jobs in submission order.")
+    def fair_share_users(self) -> bool:
+        return self._row.queue.fair_share_users
+
     @strawberry.field
     def preempt_grace_seconds(self) -> float:
         return self._row.queue.preempt_grace_s

@@ -1,0 +1,138 @@
+"""Fair share between the users of one queue (scheduling.userfair, the planner's and the
+queue position's use of it): at equal priority the user whose jobs of the queue hold least
+goes next; priority still first; each user's jobs in submission order; off by default."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.scheduling.fairshare import within_queue_order
+from server.scheduling.queues import job_gpus
+from server.scheduling.userfair import Interleaved, interleaved
+from server.views.jobs import JobView
+from tests.factories import job as make_job
+from tests.factories import job_spec
+from tests.unit.test_gangs import NOW, World
+from wire.messages import AttemptState, Job, JobState, Queue, encode
+from wire.records import Record
+from wire.validation import validate_queue
+
+USERS = ["ann", "bo", "cy"]
+
+
+def _job(job_id: str, user: str, at: float, gpus: int = 1, priority: int = 0, queue: str = "team") -> Job:
+    return make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, user=user,
+                                          priority=priority, queue=queue), submitted_at=at)
+
+
+# ---------------------------------------------------------------- the order alone
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(USERS), st.integers(0, 1), st.integers(0, 2)), min_size=1, max_size=30),
+       st.dictionaries(st.sampled_from(USERS), st.tuples(st.integers(0, 6), st.integers(0, 3))),
+       st.lists(st.integers(0, 40), max_size=8))
+def test_the_order_is_priority_first_then_the_user_holding_least_each_users_jobs_in_order(
+        specs: list[tuple[str, int, int]], held: dict[str, tuple[int, int]], reads: list[int]) -> None:
+    jobs = within_queue_order([_job(f"j{i}", u, NOW + i, gpus=g, priority=p) for i, (u, p, g) in enumerate(specs)])
+    order = Interleaved(jobs, lambda u: (float(held.get(u, (0, 0))[0]), held.get(u, (0, 0))[1]))
+    # Read in any order first (the planner reads it as far as it goes, and slices the rest):
+    # the same sequence.
+    for i in reads:
+        if i < len(jobs):
+            assert order[i] is order[-len(jobs) + i]
+    got = list(order)
+    assert len(order) == len(jobs) and sorted(j.id for j in got) == sorted(j.id for j in jobs)
+    assert got[2:] == order[2:]
+    # Priority first.
+    assert [j.spec.priority for j in got] == sorted((j.spec.priority for j in got), reverse=True)
+    # Each user's jobs in the queue's own order.
+    for u in USERS:
+        assert [j for j in got if j.spec.user == u] == [j for j in jobs if j.spec.user == u]
+    # Each job handed out is of a user who, counting the jobs handed out before it as
+    # placed, held no more than any other user with a job of that priority left.
+    load = {u: (float(held.get(u, (0, 0))[0]), held.get(u, (0, 0))[1]) for u in USERS}
+    for k, job in enumerate(got):
+        rivals = {j.spec.user for j in got[k:] if j.spec.priority == job.spec.priority}
+        assert all(load[job.spec.user] <= load[u] for u in rivals), (k, job.id, load)
+        g, n = load[job.spec.user]
+        load[job.spec.user] = (g + job_gpus(job.spec), n + 1)
+
+
+def test_equal_users_alternate_and_a_user_holding_more_waits_for_the_others_to_catch_up() -> None:
+    jobs = [_job(f"a{i}", "ann", NOW + i) for i in range(6)] + [_job(f"b{i}", "bo", NOW + 10 + i) for i in range(3)]
+    assert [j.id for j in interleaved(jobs, lambda u: (0.0, 0))] == ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "a4",
+                                                                     "a5"]
+    # ann holds 2 GPUs already: bo's jobs go until bo holds as much.
+    held = {"ann": (2.0, 2)}
+    assert [j.id for j in interleaved(jobs, lambda u: held.get(u, (0.0, 0)))][:5] == ["b0", "b1", "a0", "b2", "a1"]
+    # CPU-only work: ranked by jobs running.
+    cpu = [_job(f"a{i}", "ann", NOW + i, gpus=0) for i in range(3)] + [_job("b0", "bo", NOW + 9, gpus=0)]
+    assert [j.id for j in interleaved(cpu, lambda u: (0.0, 5) if u == "ann" else (0.0, 0))][0] == "b0"
+    # One user's jobs alone: the list itself, nothing worked out.
+    only = jobs[:6]
+    assert interleaved(only, lambda u: (0.0, 0)) is only
+
+
+def test_the_setting_is_validated_and_off_by_default() -> None:
+    assert not Queue(name="q").fair_share_users
+    assert validate_queue({"name": "q", "fair_share_users": True}).fair_share_users
+
+
+# ---------------------------------------------------------------- the planner
+
+
+def _world(fair: bool) -> World:
+    w = World()
+    w.host("a", gpus=8)
+    w.state.apply_state_record(Record("queue.team", next(w.rev), encode(Queue(name="team", fair_share_users=fair))))
+    return w
+
+
+def _add(w: World, job: Job) -> None:
+    w.state.apply_state_record(Record(f"job.{job.id}", next(w.rev), encode(job)))
+
+
+def _placed(w: World, user: str) -> int:
+    return sum(1 for j in w.state.jobs.values() if j.spec.user == user and j.state is JobState.PLACED)
+
+
+def test_a_teammate_is_not_kept_behind_one_users_long_backlog() -> None:
+    for fair, expected in ((False, (8, 0)), (True, (4, 4))):
+        w = _world(fair)
+        for i in range(12):
+            _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
+        for i in range(4):
+            _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+        # The queue positions the API shows follow the planner's order.
+        view = JobView(w.state, None, half_life_s=0)
+        positions = {j.id: view.queue_position(j, 0.0) for j in w.state.jobs.values()}
+        assert sorted(positions.values()) == list(range(1, 17))
+        assert (positions["b0"], positions["a1"], positions["b1"]) == ((2, 3, 4) if fair else (13, 2, 14))
+        w.cycle()
+        assert (_placed(w, "ann"), _placed(w, "bo")) == expected, fair
+
+
+def test_what_a_user_holds_already_counts_and_priority_comes_first() -> None:
+    w = _world(True)
+    for i in range(4):
+        _add(w, _job(f"a{i}", "ann", NOW - 100 + i, gpus=2))
+    w.cycle()  # ann holds all 8 GPUs
+    w.cycle(reports=[w.report(f"a{i}", 0, AttemptState.RUNNING) for i in range(4)])
+    w.host("b", gpus=8)
+    for i in range(6):
+        _add(w, _job(f"a{4 + i}", "ann", NOW - 50 + i))
+    for i in range(6):
+        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    w.cycle()
+    # bo holds nothing: bo's six go first, then ann's until the host is full.
+    assert (_placed(w, "ann"), _placed(w, "bo")) == (2, 6)
+    # A higher priority goes first whoever holds more.
+    w = _world(True)
+    for i in range(4):
+        _add(w, _job(f"a{i}", "ann", NOW - 100 + i, priority=5))
+    for i in range(8):
+        _add(w, _job(f"b{i}", "bo", NOW - 200 + i))
+    w.cycle()
+    assert (_placed(w, "ann"), _placed(w, "bo")) == (4, 4)
