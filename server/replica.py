@@ -26,7 +26,7 @@ from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
-from server.scheduling import submitlimits
+from server.scheduling import advance, submitlimits
 from server.scheduling.capacity import POLICIES
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
@@ -58,6 +58,7 @@ from wire.errors import (
 from wire.kv import Store, Watch, Write, connect
 from wire.messages import (
     DEFAULT_QUEUE,
+    AdvanceReservation,
     Command,
     Event,
     Job,
@@ -74,7 +75,7 @@ from wire.messages import (
 from wire.records import Record
 from wire.retrying import SUBMIT_RETRY_S
 from wire.stopping import pause
-from wire.validation import validate_job, validate_queue, validate_reason
+from wire.validation import validate_advance_reservation, validate_job, validate_queue, validate_reason
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,11 @@ CANCEL_PUBLISH_CHUNK = 256
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
 MAX_DRAIN_AHEAD_S = 90 * 86400
+# How far ahead an advance reservation may start, and how long it may last; its record
+# expires this long after it ends.
+MAX_RESERVATION_AHEAD_S = 365 * 86400
+MAX_RESERVATION_S = 90 * 86400
+RESERVATION_KEPT_S = 86400
 
 
 class Muster:
@@ -666,6 +672,72 @@ class Muster:
         self.state.apply_state_record(Record(key, rev, None))
         await self._queue_event("deleted", name, by)
 
+    async def create_advance_reservation(self, data: dict[str, Any], by: str) -> AdvanceReservation:
+        """Set hosts aside for some queues' jobs over a time window (scheduling.advance). A
+        start already past (or none) is now. Raises ValidationError: bad input, a name
+        taken, an unknown host or queue, a window too far ahead or too long, or a host set
+        aside by another reservation over an overlapping window (OVERLAPS)."""
+        now = time.time()
+        data = {**data, "starts": max(now, float(data.get("starts") or now)), "created_at": now, "by": by}
+        r = validate_advance_reservation(data)
+        if r.ends > now + MAX_RESERVATION_AHEAD_S or r.starts > now + MAX_RESERVATION_AHEAD_S:
+            raise ValidationError("endsAt", f"must be at most {MAX_RESERVATION_AHEAD_S // 86400} days ahead",
+                                  "OUT_OF_RANGE")
+        if r.ends - r.starts > MAX_RESERVATION_S:
+            raise ValidationError("endsAt", f"a reservation lasts at most {MAX_RESERVATION_S // 86400} days",
+                                  "OUT_OF_RANGE")
+        if r.name in self.state.advance:
+            raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS")
+        unknown = [h for h in r.hosts if h not in self.state.hosts]
+        if unknown:
+            more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            raise ValidationError("hosts", f"no host {', '.join(unknown[:3])}{more}", "NOT_FOUND")
+        for name in r.queues:
+            if self.queue(name) is None:
+                raise ValidationError("queues", f"no queue named {name!r}", "NOT_FOUND")
+        other = advance.clash(r, self.state.advance.values(), now)
+        if other is not None:
+            shared = sorted(set(r.hosts) & set(other.hosts))
+            raise ValidationError("hosts", f"host {shared[0]} is set aside by advance reservation {other.name} from "
+                                           f"{iso_utc(other.starts)} to {iso_utc(other.ends)}", "OVERLAPS")
+        assert self.store is not None
+        key = subjects.advres_key(r.name)
+        ttl = f"{int(r.ends - now + RESERVATION_KEPT_S)}s"
+        try:
+            rev = await self.store.put(key, encode(r), expected=self.state.revisions.get(key, 0), ttl=ttl)
+        except ConflictError:  # the key as stored (deleted, expired, or made meanwhile)
+            cur = await self.store.get(key)
+            if cur.value is not None:
+                self.state.apply_state_record(cur)
+                raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS") from None
+            rev = await self.store.put(key, encode(r), expected=cur.revision, ttl=ttl)
+        self.state.apply_state_record(Record(key, rev, encode(r)))
+        await self._publish_event("advres.created", Event(
+            kind="advres.created", message=f"advance reservation {r.name} created by {by}: {len(r.hosts)} host(s) "
+            f"for {', '.join(r.queues)} from {iso_utc(r.starts)} to {iso_utc(r.ends)}",
+            data={"name": r.name, "by": by, "hosts": len(r.hosts), "queues": r.queues, "starts": r.starts,
+                  "ends": r.ends}))
+        return r
+
+    async def delete_advance_reservation(self, name: str, by: str) -> None:
+        """Give the hosts of an advance reservation back to every queue. Raises NotFound."""
+        if name not in self.state.advance:
+            raise NotFound(f"no advance reservation named {name!r}")
+        assert self.store is not None
+        key = subjects.advres_key(name)
+        rev = await self.store.delete(key, expected=self.state.revisions.get(key, 0))
+        self.state.apply_state_record(Record(key, rev, None))
+        await self._publish_event("advres.deleted", Event(
+            kind="advres.deleted", message=f"advance reservation {name} deleted by {by}",
+            data={"name": name, "by": by}))
+
+    async def _publish_event(self, subject: str, ev: Event) -> None:
+        assert self.store is not None
+        try:
+            await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.{subject}", encode(ev))
+        except Exception:  # noqa: BLE001 - the record is stored; the event is best effort
+            log.warning("%s event not published", subject)
+
     async def _put_queue(self, q: Queue, expected: int) -> None:
         assert self.store is not None
         key = subjects.queue_key(q.name)
@@ -674,12 +746,8 @@ class Muster:
         await self._queue_event("created" if expected == 0 else "updated", q.name, q.by)
 
     async def _queue_event(self, action: str, name: str, by: str) -> None:
-        assert self.store is not None
-        ev = Event(kind=f"queue.{action}", message=f"queue {name} {action} by {by}", data={"queue": name, "by": by})
-        try:
-            await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.queue.{action}", encode(ev))
-        except Exception:  # noqa: BLE001 - the record is stored; the event is best effort
-            log.warning("queue %s event not published", action)
+        await self._publish_event(f"queue.{action}", Event(kind=f"queue.{action}", message=f"queue {name} {action} "
+                                                           f"by {by}", data={"queue": name, "by": by}))
 
     def _live_job_for(self, job_id: str, queues: list[str] | None) -> Job:
         """A job an operator acts on: it exists, `queues` (the caller's token's) allow its

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from wire.errors import DecodeError
@@ -542,6 +542,52 @@ def implicit_default_queue() -> Queue:
     """The `default` queue as it is until an operator stores one: unmetered, without
     preemption, no time limits (the scheduler's behaviour before queues existed)."""
     return Queue(name=DEFAULT_QUEUE, preempt_within=False, reclaim=False)
+
+
+# The most hosts one advance reservation sets aside (its record names each).
+MAX_SET_ASIDE_HOSTS = 4096
+
+
+class AdvanceReservation(_Model):
+    """The `advres.<name>` record: hosts set aside for some queues' jobs from `starts` to
+    `ends` (server.scheduling.advance), as Slurm's advance reservations. Until `starts`
+    other jobs take the hosts only if their time limit ends them by then; from `starts`
+    to `ends` only the named queues' jobs are placed there, and other work still there at
+    `starts` is stopped and requeued (not counted as a try)."""
+
+    v: Literal[1] = 1
+    name: str = Field(pattern=QUEUE_NAME_PATTERN)
+    description: str = Field(default="", max_length=512)
+    hosts: list[str] = Field(min_length=1, max_length=MAX_SET_ASIDE_HOSTS)
+    queues: list[str] = Field(min_length=1, max_length=64)
+    starts: float
+    ends: float
+    created_at: float = 0.0
+    by: str = Field(default="", max_length=64)
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_ids(cls, hosts: list[str]) -> list[str]:
+        for h in hosts:
+            if not re.fullmatch(HOST_ID_PATTERN, h):
+                raise ValueError(f"not a host id: {h[:64]!r}")
+        if len(set(hosts)) != len(hosts):
+            raise ValueError("a host is named twice")
+        return hosts
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, queues: list[str]) -> list[str]:
+        for q in queues:
+            if not re.fullmatch(QUEUE_NAME_PATTERN, q):
+                raise ValueError(f"not a queue name: {q[:64]!r}")
+        return sorted(set(queues))
+
+    @model_validator(mode="after")
+    def _window(self) -> AdvanceReservation:
+        if not self.ends > self.starts:
+            raise ValueError("it must end after it starts")
+        return self
 
 
 class QueueUsage(_Model):

@@ -16,6 +16,8 @@ HOSTS_BUCKET = "hosts"
 #   hostcfg.<host>  operator settings of a host (cordon, drain)
 #   queue.<name>    a queue's quota, weight, cohort and rules (the API, admin only)
 #   qusage.<name>   a queue's decayed past use (the leader)
+#   advres.<name>   an advance reservation: hosts set aside for queues over a time window
+#                   (the API, admin only; expires a day after it ends)
 STATE_BUCKET = "state"
 STATE_STREAM = f"KV_{STATE_BUCKET}"
 HOSTS_STREAM = f"KV_{HOSTS_BUCKET}"
@@ -79,6 +81,10 @@ def queue_key(name: str) -> str:
 
 def qusage_key(name: str) -> str:
     return f"qusage.{name}"
+
+
+def advres_key(name: str) -> str:
+    return f"advres.{name}"
 
 
 def kv_subject(bucket: str, key: str) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from wire.budgets import check_spec
@@ -20,6 +21,7 @@ from wire.messages import (
     MAX_HOST_LABELS,
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
+    AdvanceReservation,
     JobSpec,
     Queue,
 )
@@ -294,21 +296,40 @@ _QUEUE_FIELDS = {"preempt_grace_s": "preemptGraceSeconds", "min_runtime_s": "min
                  "fair_share_users": "fairShareUsers", "host_labels": "hostLabels"}
 
 
-def validate_queue(data: dict[str, Any]) -> Queue:
-    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
-    raises InvalidInput with one error per bad field."""
+_R = TypeVar("_R", bound=BaseModel)
+
+
+def _record(cls: type[_R], data: dict[str, Any], names: dict[str, str], whole: str = "input") -> _R:
+    """A record from an operator's input (snake_case fields of `cls`); raises
+    InvalidInput with one error per bad field, each named as the API names it (`names`;
+    `whole`: an error of the record as a whole)."""
     from wire.errors import InvalidInput
 
     try:
-        q = Queue.model_validate(data)
+        return cls.model_validate(data)
     except PydanticValidationError as exc:
         errors = []
         for e in exc.errors():
             loc = [str(x) for x in e["loc"]]
-            field = _QUEUE_FIELDS.get(loc[0], loc[0]) if loc else "input"
+            field = names.get(loc[0], loc[0]) if loc else whole
             where = f" ({'.'.join(loc[1:])})" if len(loc) > 1 else ""
             errors.append(ValidationError(field, f"{e['msg']}{where}", "INVALID"))
         raise InvalidInput(errors) from exc
+
+
+_ADVRES_FIELDS = {"starts": "startsAt", "ends": "endsAt"}
+
+
+def validate_advance_reservation(data: dict[str, Any]) -> AdvanceReservation:
+    """An advance reservation's record from an operator's input (wire.messages.AdvanceReservation
+    fields); raises InvalidInput with one error per bad field."""
+    return _record(AdvanceReservation, data, _ADVRES_FIELDS, whole="endsAt")
+
+
+def validate_queue(data: dict[str, Any]) -> Queue:
+    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
+    raises InvalidInput with one error per bad field."""
+    q = _record(Queue, data, _QUEUE_FIELDS)
     if q.max_time_limit_s and q.default_time_limit_s > q.max_time_limit_s:
         raise ValidationError("defaultTimeLimitSeconds", "must not exceed maxTimeLimitSeconds", "OUT_OF_RANGE")
     return q

@@ -97,10 +97,11 @@ def cmd_show(args: argparse.Namespace) -> int:
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
-           fences lastFenceSeconds fenceContinued fenceStopped reservedFor drainAt drainDeadline }
+           fences lastFenceSeconds fenceContinued fenceStopped reservedFor drainAt drainDeadline
+           setAside { name queues startsAt endsAt state } }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
-    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline"))
+    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside"))
     h = data["host"]
     if h is None:
         raise NotFound(f"no host {args.id}")
@@ -119,6 +120,9 @@ def cmd_show(args: argparse.Namespace) -> int:
               "here")
     elif h["draining"] and h.get("drainDeadline"):
         print(f"  draining: what still runs is stopped at {when_text(h['drainDeadline'])}")
+    for r in h.get("setAside") or []:
+        print(f"  set aside for {', '.join(r['queues'])} from {when_text(r['startsAt'])} to {when_text(r['endsAt'])} "
+              f"(advance reservation {r['name']}, {r['state'].lower()})")
     if h.get("reservedFor"):
         print(f"  reserved for job {h['reservedFor']}: other jobs are placed here only if their time limit ends "
               "them before it could start (muster job why " + h["reservedFor"] + ")")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, queues, serve, tokens, up
+from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, queues, reservations, serve, tokens, up
 
 DESCRIPTION = (
     "The `muster` command: run the parts (up, nats, server, agent) and operate the cluster "
@@ -22,6 +22,7 @@ FAMILIES = (
     jobs,  # job
     queues,  # queue, usage
     hosts,  # host
+    reservations,  # reservation
     alerts,  # alerts
     tokens,  # token
     creds,  # creds

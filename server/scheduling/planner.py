@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from server.health.rules import Health
-from server.scheduling import fairshare, groups, maintenance, preemption, retry, submitlimits, userfair
+from server.scheduling import advance, fairshare, groups, maintenance, preemption, retry, submitlimits, userfair
 from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
 from server.scheduling.capacity import Placer
 from server.scheduling.dependencies import kind as dependency_kind
@@ -62,6 +62,7 @@ from wire.budgets import (
 from wire.messages import (
     JOB_ID_PATTERN,
     RESERVED_HOSTS_KEPT,
+    AdvanceReservation,
     Attempt,
     AttemptState,
     Command,
@@ -624,33 +625,63 @@ def drain_due(w: _Work, now: float, max_keys: int) -> None:
     for host_id, cfg in w.state.hostcfg.items():
         if not cfg.draining or now < cfg.drain_deadline or host_id in w.frozen_hosts:
             continue
+        _stop_host_work(w, host_id, f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else ""), now,
+                        max_keys)
+
+
+def stop_set_aside(w: _Work, now: float, max_keys: int) -> None:
+    """Stop other queues' work on hosts an advance reservation has set aside from its
+    start (scheduling.advance): only work placed before the reservation was made can be
+    there. As a drain's (retry.DRAIN), not counted against maxAttempts."""
+    if not w.state.advance:
+        return
+    for host_id, r in advance.open_on(w.state.advance.values(), now).items():
         cur = w.state.allocs.get(host_id)
-        if cur is None or all(t.stop for t in cur.tasks):
+        if cur is None or host_id in w.frozen_hosts:
             continue
-        why = f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else "")
-        later: set[str] = set()
-        for entry in cur.tasks:
-            if entry.stop:
-                continue
-            snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
-            if snap is None or snap.state.terminal:
-                continue
-            live = [t for t in snap.current_tasks() if t.id == entry.attempt_id and not t.state.terminal]
-            if not live or live[0].stop_kind:
-                continue
-            if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 2 > max_keys):
-                later.add(entry.attempt_id)
-                continue
-            job = w.job(entry.job_id)
-            assert job is not None
-            a = _attempt(job, entry.attempt_id)
-            assert a is not None
-            _stop_attempt(w, a, DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
-            job.updated_at = now
-        if later:
-            _stop_tasks(w.alloc(host_id), {t.attempt_id for t in cur.tasks if t.attempt_id not in later}, why)
-        else:
-            _stop_tasks(w.alloc(host_id), None, why)
+
+        def other(job: Job | None, r: AdvanceReservation = r) -> bool:
+            return job is None or job.spec.queue not in r.queues
+
+        if any(not t.stop and other(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id)) for t in cur.tasks):
+            _stop_host_work(w, host_id, f"host {host_id} set aside for queue(s) {', '.join(r.queues)} by advance "
+                                        f"reservation {r.name}", now, max_keys, other)
+
+
+def _stop_host_work(w: _Work, host_id: str, why: str, now: float, max_keys: int,
+                    only: Callable[[Job | None], bool] | None = None) -> None:
+    """Stop the tasks on a host (those of the jobs `only` picks: a job record, None for one
+    not known), each try as a drain's. A job whose record is in flight, or that would not
+    fit this cycle's commit, is left for a later cycle (the host's other tasks are stopped
+    now)."""
+    cur = w.state.allocs.get(host_id)
+    if cur is None or all(t.stop for t in cur.tasks):
+        return
+    picked = {t.attempt_id for t in cur.tasks
+              if only is None or only(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id))}
+    later: set[str] = set()
+    for entry in cur.tasks:
+        if entry.stop or entry.attempt_id not in picked:
+            continue
+        snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
+        if snap is None or snap.state.terminal:
+            continue
+        live = [t for t in snap.current_tasks() if t.id == entry.attempt_id and not t.state.terminal]
+        if not live or live[0].stop_kind:
+            continue
+        if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 2 > max_keys):
+            later.add(entry.attempt_id)
+            continue
+        job = w.job(entry.job_id)
+        assert job is not None
+        a = _attempt(job, entry.attempt_id)
+        assert a is not None
+        _stop_attempt(w, a, DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
+        job.updated_at = now
+    if later or only is not None:
+        _stop_tasks(w.alloc(host_id), picked - later, why)
+    else:
+        _stop_tasks(w.alloc(host_id), None, why)
 
 
 def pass_gpu_clears(w: _Work) -> None:
@@ -1370,6 +1401,7 @@ def place_queued(
 
     reservations: dict[str, Reservation] = {}  # job id -> its reservation, this cycle's
     closing = maintenance.KeptOff(state.maintenance, now)  # by time limit: hosts a window keeps
+    set_aside = advance.SetAside(state.advance, now)  # by queue and time limit: hosts set aside for others
     tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
     reserving = RESERVE_TRIES + policy.reserve_jobs
 
@@ -1398,12 +1430,13 @@ def place_queued(
 
     def reserve(job: Job, spec: JobSpec) -> None:
         """Hold hosts for `job` where it could start soonest, none of another
-        reservation's nor of a maintenance window its time limit would run into, if it may
-        hold them."""
+        reservation's nor of a maintenance window or an advance reservation for other
+        queues its time limit would run into, if it may hold them."""
         tried.add(job.id)
         held = placer.exclude
-        placer.exclude = held | {h for r in reservations.values() for h in r.hosts} \
-            | closing(effective_time_limit(job.spec, adm.queue(job)))
+        limit = effective_time_limit(job.spec, adm.queue(job))
+        placer.exclude = held | {h for r in reservations.values() for h in r.hosts} | closing(limit) \
+            | set_aside(job.spec.queue, limit)
         soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, ends, soonest)
         placer.exclude = held
@@ -1556,11 +1589,14 @@ def place_queued(
         whose victims have stopped may use any but those still stopping for others; any
         other job none of them. Hosts reserved for another job, unless this one's time
         limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs).
-        And hosts a maintenance window will drain before its time limit would end it."""
+        And hosts a maintenance window will drain before its time limit would end it, or
+        an advance reservation for other queues sets aside (open, or its limit running into
+        it)."""
         reserved: set[str] = set()
-        if reservations or state.maintenance:
+        if reservations or state.maintenance or set_aside:
             limit = effective_time_limit(job.spec, q)
             reserved |= closing(limit)  # maintenance windows its time limit would run into
+            reserved |= set_aside(job.spec.queue, limit)
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = w.latest(r.job_id)
@@ -1954,6 +1990,7 @@ def plan_cycle(
     queues = queues or QueuePolicy()
     if evict:
         drain_due(w, now, room)
+        stop_set_aside(w, now, room)
         pass_gpu_clears(w)
         enforce_time_limits(w, now, room)
         stop_on_faulted_gpus(w, now, room)

@@ -41,6 +41,7 @@ from wire.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     SHAPE_HEADER,
+    AdvanceReservation,
     AttemptState,
     Heartbeat,
     HostAlloc,
@@ -174,6 +175,9 @@ class ClusterState:
     # Hosts with a drain scheduled ahead, and its window (scheduling.maintenance): kept as
     # host settings arrive.
     maintenance: dict[str, Window] = field(default_factory=dict)
+    # Advance reservations (`advres.<name>`): hosts set aside for queues over a time window
+    # (scheduling.advance).
+    advance: dict[str, AdvanceReservation] = field(default_factory=dict)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     sessions: dict[str, SessionInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
@@ -546,6 +550,9 @@ class ClusterState:
                 self._notify("queue", name)
             elif kind == "qusage":
                 _keep(self.queue_past, name, rec.value, QueueUsage)
+            elif kind == "advres":
+                _keep(self.advance, name, rec.value, AdvanceReservation)
+                self._notify("advres", name)
             elif kind == "auth" and name.startswith("token."):
                 _keep(self.tokens, name[len("token.") :], rec.value, TokenInfo)
             elif kind == "auth" and name.startswith("session."):

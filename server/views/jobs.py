@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
-from server.scheduling import maintenance
+from server.scheduling import advance, maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
@@ -177,13 +177,15 @@ class JobView:
         return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for, b, closing)
 
     def _closing_for(self, job: Job, placer: Placer, now: float) -> list[str]:
-        """The hosts with a maintenance window (a drain scheduled or begun) that `job` may
-        not take, when only they have room for it; none when it has room elsewhere."""
-        if not self.state.maintenance:
+        """The hosts with a maintenance window (a drain scheduled or begun), or set aside by
+        an advance reservation for other queues, that `job` may not take, when only they
+        have room for it; none when it has room elsewhere."""
+        if not self.state.maintenance and not self.state.advance:
             return []
         limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
         windows = self.state.maintenance
-        kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now)
+        kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now) \
+            | advance.SetAside(self.state.advance, now)(job.spec.queue, limit)
         if not kept:
             return []
         placer.exclude = set(kept)

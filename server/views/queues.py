@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.scheduling import dependencies, fairshare, groups, maintenance
+from server.scheduling import advance, dependencies, fairshare, groups, maintenance
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
@@ -29,6 +29,7 @@ from server.scheduling.queues import (
     RECLAIM_WAIT,
     RESERVED,
     RESERVED_FOR_OTHER,
+    SET_ASIDE,
     UNKNOWN_QUEUE,
     USER_LIMIT,
     QueueBook,
@@ -239,8 +240,12 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                 else f"{i} (start unknown: a task there has no time limit)" for i, s in starts.items())
         out.append(QueueReason(RESERVED_FOR_OTHER, f"the hosts with room for it are held for {held}; {why}, so it "
                                                    "may not use them meanwhile"))
-    if closing:
-        out.append(QueueReason(MAINTENANCE, maintenance_text(state, job, q, closing, now)))
+    drained = [h for h in closing if h in state.maintenance]
+    if drained:
+        out.append(QueueReason(MAINTENANCE, maintenance_text(state, job, q, drained, now)))
+    aside = [h for h in closing if h not in state.maintenance]
+    if aside:
+        out.append(QueueReason(SET_ASIDE, set_aside_text(state, job, q, aside, now)))
     if gang_fits_whole is False:
         out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
                                            "not all"))
@@ -279,6 +284,27 @@ def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[
            if limit > 0 else "it has no time limit")
     return (f"the hosts with room for it ({hosts}) are drained for maintenance in about {starts - now:.0f} s, what "
             f"still runs there stopped in about {stops - now:.0f} s; {why}, so it may not start there now")
+
+
+def set_aside_text(state: ClusterState, job: Job, q: Queue, hosts: Sequence[str], now: float) -> str:
+    """Why the hosts with room for `job` are not its: advance reservations for other queues
+    (scheduling.advance), open or that its time limit would run into."""
+    limit = effective_time_limit(job.spec, q)
+    kept = advance.SetAside(state.advance, now)
+    found = {r.name: r for h in hosts for r in kept.keeping(h, job.spec.queue, limit)}
+    if not found:
+        return "the hosts with room for it are set aside for other queues"
+    parts = []
+    for r in sorted(found.values(), key=lambda r: (r.starts, r.name))[:3]:
+        queues = ", ".join(r.queues)
+        if advance.active(r, now):
+            parts.append(f"{r.name} sets {len(r.hosts)} host(s) aside for {queues} for about {r.ends - now:.0f} s more")
+        else:
+            why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to "
+                   "start)" if limit > 0 else "it has no time limit")
+            parts.append(f"{r.name} sets {len(r.hosts)} host(s) aside for {queues} in about {r.starts - now:.0f} s, "
+                         f"and {why}")
+    return f"the hosts with room for it are set aside by advance reservation {'; '.join(parts)}"
 
 
 def reservation_text(job: Job, now: float) -> str:

@@ -1369,6 +1369,17 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     task_row = r.text[r.text.index(f'id="task-{small.id}.1"'):]
     task_row = task_row[:task_row.index("</tr>")]
     assert "<td>v-small</td>" in task_row and '<a href="/queues#queue-vision">vision</a>' in task_row
+    # An advance reservation: listed on the queues page, named on its host's page.
+    assert "No host is set aside for a queue" in (await c.get("/queues")).text and "Set aside" not in r.text
+    await m.create_advance_reservation({"name": "demo", "hosts": ["qh1"], "queues": ["vision"],
+                                        "starts": time.time() + 3600, "ends": time.time() + 7200}, "admin")
+    r = await c.get("/queues")
+    row = r.text[r.text.index('id="advres-demo"'):]
+    row = row[:row.index("</tr>")]
+    assert "<td>upcoming</td><td>vision</td>" in row and ">1</td>" in row, row
+    r = await c.get("/hosts/qh1")
+    assert "<dt>Set aside</dt>" in r.text and "(advance reservation demo): until then other jobs" in r.text
+    await m.delete_advance_reservation("demo", "admin")
     r = await c.get("/jobs?queue=vision")
     assert r.status_code == 200 and "v-small" in r.text and "v-big" in r.text and "plain" not in r.text
     assert "in queue vision" in r.text

@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
 from server.replica import Muster
+from server.scheduling import advance
 from server.timefmt import parse_time
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
@@ -196,6 +197,8 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "jobs": {t.job_id: j for t in (alloc.tasks if alloc else []) if (j := m.state.jobs.get(t.job_id)) is not None},
         "cfg": m.state.hostcfg.get(host_id),
         "reserved_for": m.jobs.reserved_on(host_id),
+        "set_aside": advance.on_host(m.state.advance.values(), host_id, time.time()),
+        "now": time.time(),
         "charts": gpu_charts(samples),
         "samples": len(samples),
         "window_s": (samples[-1].ts - samples[0].ts) if len(samples) > 1 else 0.0,

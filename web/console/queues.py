@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.scheduling import advance
 from server.views.queues import rows as queue_rows
 from web.console.render import is_htmx, muster_of, render
 from web.console.session import console
@@ -28,8 +29,13 @@ async def queues(request: Request) -> Response:
     usage = []
     if m.history is not None:
         usage = await run_in_threadpool(m.history.usage, since=now - PERIODS[period], now=now)
+    reservations = [{"name": r.name, "description": r.description, "queues": r.queues, "hosts": r.hosts,
+                     "starts": r.starts, "ends": r.ends, "by": r.by,
+                     "state": "open" if advance.active(r, now) else "over" if advance.over(r, now) else "upcoming"}
+                    for r in sorted(m.state.advance.values(), key=lambda r: (r.starts, r.name))]
     ctx = {
         "rows": rows,
+        "reservations": reservations,
         "usage": usage,
         "period": period,
         "periods": list(PERIODS),

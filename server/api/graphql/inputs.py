@@ -173,6 +173,19 @@ class QueueResourceInput:
     lending_limit: float | None = strawberry.field(default=None, description="null: lends all of its nominal.")
 
 
+@strawberry.input(description="An advance reservation: hosts set aside for some queues' jobs over a time window.")
+class AdvanceReservationInput:
+    name: str
+    hosts: list[strawberry.ID] = strawberry.field(description="The hosts to set aside (at most 4,096).")
+    queues: list[str] = strawberry.field(description="The queues whose jobs may use them while it is open.")
+    ends_at: dt.datetime = strawberry.field(description="When the hosts go back to every queue (UTC unless an "
+                                                        "offset is given).")
+    starts_at: dt.datetime | None = strawberry.field(
+        default=None, description="When it opens; default, or a time past: now. At most 365 days ahead; it lasts "
+                                  "at most 90 days.")
+    description: str = ""
+
+
 @strawberry.input(description="A queue's settings. On update, only the fields given change (`quota`, when "
                                "given, replaces the whole quota).")
 class QueueInput:

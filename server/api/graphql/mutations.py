@@ -15,6 +15,7 @@ from server.api.auth import require_cluster_wide
 from server.api.graphql.context import epoch, muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
+    AdvanceReservationInput,
     ClearGpuFaultsInput,
     Dependency,
     DrainHostInput,
@@ -25,8 +26,11 @@ from server.api.graphql.inputs import (
     UpdateJobInput,
 )
 from server.api.graphql.types import (
+    AdvanceReservation,
+    AdvanceReservationPayload,
     CancelJobPayload,
     CancelJobsPayload,
+    DeleteAdvanceReservationPayload,
     DeleteQueuePayload,
     Host,
     HostActionPayload,
@@ -202,6 +206,31 @@ class Mutation:
 
         done, errors = await attempt(op)
         return DeleteQueuePayload(deleted=bool(done), user_errors=errors)
+
+    @strawberry.mutation(description="Set hosts aside for some queues' jobs over a time window (admin): an advance "
+                                     "reservation. Refused when a host is set aside by another reservation over "
+                                     "an overlapping window (OVERLAPS).")
+    async def create_advance_reservation(self, info: Info, input: AdvanceReservationInput) -> AdvanceReservationPayload:
+        async def op() -> AdvanceReservation:
+            require(info, "admin")
+            r = await muster(info).create_advance_reservation(
+                {"name": input.name, "hosts": [str(h) for h in input.hosts], "queues": input.queues,
+                 "starts": epoch(input.starts_at), "ends": epoch(input.ends_at), "description": input.description},
+                user(info))
+            return AdvanceReservation(_r=r)
+
+        r, errors = await attempt(op)
+        return AdvanceReservationPayload(reservation=r, user_errors=errors)
+
+    @strawberry.mutation(description="Delete an advance reservation (admin): its hosts go back to every queue.")
+    async def delete_advance_reservation(self, info: Info, name: str) -> DeleteAdvanceReservationPayload:
+        async def op() -> bool:
+            require(info, "admin")
+            await muster(info).delete_advance_reservation(name, user(info))
+            return True
+
+        done, errors = await attempt(op)
+        return DeleteAdvanceReservationPayload(deleted=bool(done), user_errors=errors)
 
     @strawberry.mutation
     async def cordon_host(self, info: Info, input: HostActionInput) -> HostActionPayload:

@@ -23,6 +23,7 @@ from server.api.graphql.cursors import (
 )
 from server.api.graphql.inputs import HostFilter, HostSort, JobFilter, JobSort
 from server.api.graphql.types import (
+    AdvanceReservation,
     Alert,
     AlertConnection,
     AlertEdge,
@@ -287,6 +288,12 @@ class Query:
         edges = [QueueEdge(cursor=encode_cursor(offset + i), node=Queue(_row=r)) for i, r in enumerate(page)]
         return QueueConnection(total_count=len(rows), edges=edges, page_info=PageInfo(
             has_next_page=offset + len(page) < len(rows), end_cursor=edges[-1].cursor if edges else None))
+
+    @strawberry.field(description="Advance reservations (hosts set aside for queues over a time window), soonest "
+                                  "first; those over are kept a day after they end.")
+    def advance_reservations(self, info: Info) -> list[AdvanceReservation]:
+        return [AdvanceReservation(_r=r) for r in sorted(muster(info).state.advance.values(),
+                                                         key=lambda r: (r.starts, r.name))]
 
     @strawberry.field
     def queue(self, info: Info, name: str) -> Queue | None:

@@ -16,9 +16,11 @@ from server.api.graphql.context import muster, ts
 from server.api.graphql.errors import UserError
 from server.api.reads import reads_for
 from server.replica import MAX_LIVE_OUTPUTS, Muster
+from server.scheduling import advance
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
+from wire.messages import AdvanceReservation as AdvanceReservationModel
 from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState as AttemptStateEnum
 from wire.messages import Job as JobModel
@@ -142,6 +144,12 @@ class Host:
     def reserved_for(self, info: Info) -> strawberry.ID | None:
         job = muster(info).jobs.reserved_on(str(self.id))
         return strawberry.ID(job.id) if job is not None else None
+
+    @strawberry.field(description="The advance reservations not over that set this host aside for some queues, "
+                                  "soonest first.")
+    def set_aside(self, info: Info) -> list[AdvanceReservation]:
+        state = muster(info).state
+        return [AdvanceReservation(_r=r) for r in advance.on_host(state.advance.values(), str(self.id), time.time())]
 
     @strawberry.field(description="Each GPU with what placement holds of it: whole, shares (shared, not "
                                   "isolated) or MIG instances.")
@@ -911,6 +919,76 @@ class QueuePayload:
 
 @strawberry.type
 class DeleteQueuePayload:
+    deleted: bool
+    user_errors: list[UserError]
+
+
+@strawberry.enum(description="Where an advance reservation stands: its window not begun, open, or past.")
+class AdvanceReservationState(enum.Enum):
+    UPCOMING = "UPCOMING"
+    ACTIVE = "ACTIVE"
+    OVER = "OVER"
+
+
+@strawberry.type(description="Hosts set aside for some queues' jobs over a time window (Slurm's advance "
+                             "reservations). Until it starts, other jobs take the hosts only if their time limit "
+                             "ends them by its start; while it is open, only its queues' jobs are placed there, and "
+                             "other work still there at its start is stopped and requeued (not counted as a try).")
+class AdvanceReservation:
+    _r: strawberry.Private[AdvanceReservationModel]
+
+    @strawberry.field
+    def name(self) -> str:
+        return self._r.name
+
+    @strawberry.field
+    def description(self) -> str:
+        return self._r.description
+
+    @strawberry.field(description="The hosts set aside.")
+    def hosts(self) -> list[strawberry.ID]:
+        return [strawberry.ID(h) for h in self._r.hosts]
+
+    @strawberry.field
+    def host_count(self) -> int:
+        return len(self._r.hosts)
+
+    @strawberry.field(description="The queues whose jobs may use the hosts while it is open.")
+    def queues(self) -> list[str]:
+        return list(self._r.queues)
+
+    @strawberry.field
+    def starts_at(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self._r.starts, tz=dt.UTC)
+
+    @strawberry.field
+    def ends_at(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self._r.ends, tz=dt.UTC)
+
+    @strawberry.field
+    def state(self) -> AdvanceReservationState:
+        now = time.time()
+        if now >= self._r.ends:
+            return AdvanceReservationState.OVER
+        return AdvanceReservationState.ACTIVE if now >= self._r.starts else AdvanceReservationState.UPCOMING
+
+    @strawberry.field
+    def created_at(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self._r.created_at, tz=dt.UTC)
+
+    @strawberry.field(description="Who made it.")
+    def by(self) -> str:
+        return self._r.by
+
+
+@strawberry.type
+class AdvanceReservationPayload:
+    reservation: AdvanceReservation | None
+    user_errors: list[UserError]
+
+
+@strawberry.type
+class DeleteAdvanceReservationPayload:
     deleted: bool
     user_errors: list[UserError]
 

@@ -1,0 +1,116 @@
+"""`muster reservation`: advance reservations, hosts set aside for some queues' jobs over
+a time window (list, show; create and delete: admin)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from server.cli.client import add_output, gql, out
+from server.cli.errors import user_errors
+from server.cli.hosts import selected_hosts
+from server.cli.times import UNITS, ahead, when_text
+from server.timefmt import parse_time
+from wire.errors import ConfigError, NotFound, ValidationError
+
+FIELDS = "name description hosts hostCount queues startsAt endsAt state by createdAt"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("reservation", help="advance reservations: hosts set aside for queues over a time window")
+    rsub = r.add_subparsers(dest="reservation_cmd", required=True)
+    rl = rsub.add_parser("list", help="advance reservations, soonest first")
+    add_output(rl)
+    rl.set_defaults(fn=cmd_list)
+    rs = rsub.add_parser("show", help="one advance reservation and its hosts")
+    rs.add_argument("name")
+    add_output(rs)
+    rs.set_defaults(fn=cmd_show)
+    rc = rsub.add_parser("create", help="set hosts aside for some queues' jobs from --start to --end (admin); "
+                         "until it starts, other jobs take them only if their time limit ends them by then")
+    rc.add_argument("name")
+    rc.add_argument("ids", nargs="*", metavar="HOST", help="a host to set aside")
+    rc.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
+    rc.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
+    rc.add_argument("--queues", required=True, metavar="A,B", help="the queues whose jobs may use the hosts")
+    rc.add_argument("--start", default=None, metavar="WHEN",
+                    help="when it opens: ISO 8601 (UTC unless it names an offset) or a time from now (90m, 2h, "
+                    "1d); default now")
+    end = rc.add_mutually_exclusive_group(required=True)
+    end.add_argument("--end", default=None, metavar="WHEN", help="when the hosts go back to every queue")
+    end.add_argument("--duration", default=None, metavar="D", help="how long it lasts from its start (8h, 2d)")
+    rc.add_argument("--description", default="")
+    add_output(rc)
+    rc.set_defaults(fn=cmd_create)
+    rd = rsub.add_parser("delete", help="give the hosts back to every queue (admin)")
+    rd.add_argument("name")
+    add_output(rd)
+    rd.set_defaults(fn=cmd_delete)
+
+
+def _row(r: dict[str, Any]) -> list[str]:
+    return [r["name"], r["state"], str(r["hostCount"]), ",".join(r["queues"]), when_text(r["startsAt"]),
+            when_text(r["endsAt"]), r["by"]]
+
+
+HEADERS = ["NAME", "STATE", "HOSTS", "QUEUES", "STARTS", "ENDS", "BY"]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rs = gql(f"{{ advanceReservations {{ {FIELDS} }} }}")["advanceReservations"]
+    out(args, rs, [_row(r) for r in rs], HEADERS)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    rs = gql(f"{{ advanceReservations {{ {FIELDS} }} }}")["advanceReservations"]
+    r = next((x for x in rs if x["name"] == args.name), None)
+    if r is None:
+        raise NotFound(f"no advance reservation {args.name}")
+    if args.output == "json":
+        out(args, r)
+        return 0
+    print(f"{r['name']}  {r['state']}  for {', '.join(r['queues'])}  {r['description']}")
+    print(f"  from {when_text(r['startsAt'])} to {when_text(r['endsAt'])}; made by {r['by']}")
+    print(f"  {r['hostCount']} host(s): {' '.join(r['hosts'])}")
+    return 0
+
+
+def _duration(text: str) -> float:
+    if text and text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1]) * UNITS[text[-1]]
+    raise ConfigError(f"--duration {text!r}: a duration like 8h or 2d")
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    hosts = list(dict.fromkeys([*args.ids, *selected_hosts(args.rack, args.label)]))
+    if not hosts:
+        raise ValidationError("hosts", "name the hosts to set aside: ids, --rack R or --label KEY=VALUE")
+    start = ahead(args.start)
+    if args.end is not None:
+        end = ahead(args.end)
+    else:
+        begins = parse_time(start) if start else dt.datetime.now(dt.UTC)
+        end = (begins + dt.timedelta(seconds=_duration(args.duration))).isoformat()
+    given: dict[str, Any] = {"name": args.name, "hosts": hosts, "endsAt": end, "description": args.description,
+                             "queues": [q.strip() for q in args.queues.split(",") if q.strip()]}
+    if start is not None:
+        given["startsAt"] = start
+    res = gql(f"""mutation($input: AdvanceReservationInput!) {{ createAdvanceReservation(input: $input) {{
+              reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""",
+              {"input": given})["createAdvanceReservation"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    r = res["reservation"]
+    out(args, r, [_row(r)], HEADERS)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    res = gql("""mutation($n: String!) { deleteAdvanceReservation(name: $n) { deleted
+              userErrors { field message code } } }""", {"n": args.name})["deleteAdvanceReservation"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    out(args, res, [[args.name, "deleted"]], ["NAME", "STATE"])
+    return 0
