@@ -38,12 +38,15 @@ def may_run_before(limit_s: float, now: float, r: AdvanceReservation) -> bool:
 class SetAside:
     """The hosts set aside that a job of a queue, with a time limit, may not take now:
     those of every reservation not over that does not name its queue, open or not yet
-    open and its limit running into it. Worked out once per queue and limit a cycle."""
+    open and its limit running into it. Worked out once per queue and limit a cycle, and
+    one set for all that keep to the same reservations (the placer reads the index without
+    a large set held back once per set: scheduling.capacity)."""
 
     def __init__(self, reservations: Mapping[str, AdvanceReservation], now: float) -> None:
         self.now = now
         self.live = [r for r in reservations.values() if not over(r, now)]
         self._by: dict[tuple[str, float], frozenset[str]] = {}
+        self._of: dict[tuple[str, ...], frozenset[str]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.live)
@@ -53,11 +56,12 @@ class SetAside:
             return frozenset()
         got = self._by.get((queue, limit_s))
         if got is None:
-            out: set[str] = set()
-            for r in self.live:
-                if queue not in r.queues and (active(r, self.now) or not may_run_before(limit_s, self.now, r)):
-                    out.update(r.hosts)
-            got = self._by[(queue, limit_s)] = frozenset(out)
+            keeping = tuple(r.name for r in self.live if queue not in r.queues
+                            and (active(r, self.now) or not may_run_before(limit_s, self.now, r)))
+            got = self._of.get(keeping)
+            if got is None:
+                got = self._of[keeping] = frozenset(h for r in self.live if r.name in keeping for h in r.hosts)
+            self._by[(queue, limit_s)] = got
         return got
 
     def keeping(self, host_id: str, queue: str, limit_s: float) -> list[AdvanceReservation]:

@@ -31,6 +31,10 @@ ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
 KIND = 3  # Placer._size: the items that must be equal for one failure to say anything of another
+# Hosts held back from a job past which the placer reads each bucket of the index without
+# them, once per bucket and set held back in a cycle (a large maintenance window or
+# advance reservation is then not walked past host by host for every job).
+LARGE_EXCLUDE = 256
 # Placer.direct_share: a job whose labels allow at most this share of the hosts looks at
 # each of them (about 10 us a host) rather than walk the buckets (about 0.15 us a host
 # with room, skipped for want of the labels).
@@ -212,7 +216,9 @@ class Placer:
         self.failed_gangs: list[tuple[tuple[Any, ...], frozenset[str]]] = []
         # Hosts held back from the job being placed (a reservation for another, hosts kept
         # for preemptors): it is not placed on them.
-        self.exclude: set[str] = set()
+        self.exclude: Set[str] = frozenset()
+        # id of a bucket's list -> (the set held back, the list, the list without it).
+        self._unexcluded: dict[int, tuple[Set[str], list[str], list[str]]] = {}
         # Overlay: key -> level -> touched hosts.
         self._tbuckets: dict[Key, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._twhere: dict[str, list[tuple[Key, int]]] = {}
@@ -240,7 +246,7 @@ class Placer:
         other._health = self._health
         other.touched = {h: c.copy() for h, c in self.touched.items()}
         other._dirty = set(other.touched)
-        other.exclude = set(self.exclude)
+        other.exclude = self.exclude
         return other
 
     def cap(self, host_id: str) -> HostCapacity | None:
@@ -308,13 +314,14 @@ class Placer:
             levels.update(n for n in self.index.buckets.get(k, {}) if n >= lowest)
             levels.update(n for n in self._tbuckets.get(k, {}) if n >= lowest)
         seen: set[str] = set()
+        large = len(self.exclude) >= LARGE_EXCLUDE
         for level in sorted(levels):
             touched, ordered = self._touched_at(keys, level)
             sources: list[Iterable[str]] = [ordered] if ordered else []
             for k in keys:
                 for room, hosts in self.index.buckets.get(k, {}).get(level, {}).items():
                     if room[0] >= need_cpu and room[1] >= need_mem:  # else every host in it is too small
-                        sources.append(hosts)
+                        sources.append(self._without_excluded(hosts) if large else hosts)
             for host_id in (sources[0] if len(sources) == 1 else heapq.merge(*sources)):
                 if host_id in seen or host_id in self.exclude or (allowed is not None and host_id not in allowed):
                     continue
@@ -329,6 +336,14 @@ class Placer:
                 reason, gpus, mig = check(spec, cap, models)
                 if reason is None:
                     yield level, host_id, Choice(host_id, gpus, mig)
+
+    def _without_excluded(self, hosts: list[str]) -> list[str]:
+        """A bucket's hosts (the index does not change during a cycle) without those held
+        back, worked out once per bucket and set held back."""
+        got = self._unexcluded.get(id(hosts))
+        if got is None or got[0] is not self.exclude or got[1] is not hosts:
+            got = self._unexcluded[id(hosts)] = (self.exclude, hosts, [h for h in hosts if h not in self.exclude])
+        return got[2]
 
     def _feasible_among(self, spec: JobSpec, models: frozenset[str] | None, hosts: Set[str], keys: list[Key],
                         lowest: int) -> Iterator[tuple[int, str, Choice]]:
@@ -512,7 +527,7 @@ class Placer:
         taken."""
         models = spec.models()
         if spec.same_rack:
-            racks = [hosts for hosts in self._racks(spec, models) if not self.exclude.intersection(hosts)]
+            racks = [hosts for hosts in self._racks(spec, models) if self.exclude.isdisjoint(hosts)]
             if not racks:
                 return Reservation(job_id, frozenset(), UNKNOWN)
             starts = self._starts(racks[0], spec, models, now, ends)

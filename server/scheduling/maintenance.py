@@ -50,19 +50,31 @@ class KeptOff:
     """The hosts with a window not yet begun that a job may not take now, by the job's
     time limit (the same set for every job of one limit, worked out once per limit). A
     window that has begun keeps every job off (`started`, `begun`): left out here, so that
-    hosts drained long ago do not weigh on every job's set of hosts to avoid."""
+    hosts drained long ago do not weigh on every job's set of hosts to avoid. Limits that
+    keep to the same windows share one set (hosts drained together share a window; the
+    placer reads the index without a large set held back once per set:
+    scheduling.capacity)."""
 
     def __init__(self, windows: Mapping[str, Window], now: float) -> None:
         self.windows = windows
         self.now = now
         self._by_limit: dict[float, frozenset[str]] = {}
+        self._ahead: dict[Window, list[str]] | None = None  # windows not begun -> their hosts
+        self._of: dict[tuple[Window, ...], frozenset[str]] = {}
 
     def __call__(self, limit_s: float) -> frozenset[str]:
         if not self.windows:
             return frozenset()
         got = self._by_limit.get(limit_s)
         if got is None:
-            got = self._by_limit[limit_s] = frozenset(
-                h for h, w in self.windows.items()
-                if not started(w, self.now) and not may_run_before(limit_s, self.now, w))
+            if self._ahead is None:
+                self._ahead = {}
+                for h, w in self.windows.items():
+                    if not started(w, self.now):
+                        self._ahead.setdefault(w, []).append(h)
+            keeping = tuple(w for w in self._ahead if not may_run_before(limit_s, self.now, w))
+            got = self._of.get(keeping)
+            if got is None:
+                got = self._of[keeping] = frozenset(h for w in keeping for h in self._ahead[w])
+            self._by_limit[limit_s] = got
         return got

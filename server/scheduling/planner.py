@@ -13,6 +13,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -1584,24 +1585,28 @@ def place_queued(
     tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
     gave_up: set[str] = set()
 
-    def exclusion(job: Job, q: Queue | None) -> set[str]:
+    def exclusion(job: Job, q: Queue | None) -> AbstractSet[str]:
         """The hosts `job` may not take this cycle. Hosts kept for preemptors: a preemptor
         whose victims have stopped may use any but those still stopping for others; any
         other job none of them. Hosts reserved for another job, unless this one's time
         limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs).
         And hosts a maintenance window will drain before its time limit would end it, or
         an advance reservation for other queues sets aside (open, or its limit running into
-        it)."""
-        reserved: set[str] = set()
+        it). A set shared with other jobs when one alone holds them all (a large maintenance
+        window or reservation is not copied for every job)."""
+        parts: list[AbstractSet[str]] = [frozenset((waiting - held[job.id]) if job.id in held else kept)]
         if reservations or state.maintenance or set_aside:
             limit = effective_time_limit(job.spec, q)
-            reserved |= closing(limit)  # maintenance windows its time limit would run into
-            reserved |= set_aside(job.spec.queue, limit)
+            parts.append(closing(limit))  # maintenance windows its time limit would run into
+            parts.append(set_aside(job.spec.queue, limit))
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = w.latest(r.job_id)
-                    reserved |= kept_off(job.spec, limit, now, r, held_for.spec if held_for else None, placer.view)
-        return reserved | ((waiting - held[job.id]) if job.id in held else kept)
+                    parts.append(kept_off(job.spec, limit, now, r, held_for.spec if held_for else None, placer.view))
+        parts = [p for p in parts if p]
+        if len(parts) <= 1:
+            return parts[0] if parts else frozenset()
+        return frozenset().union(*parts)
 
     def preempt_blocked() -> None:
         """Preemption, for the jobs that could not be placed, in admission order, within

@@ -67,6 +67,7 @@ def test_the_hosts_set_aside_by_queue_and_limit() -> None:
     assert kept("launch", 0) == frozenset()  # in both
     assert kept("demo", 590) == frozenset() and kept("demo", 591) == {"a"}
     assert kept("default", 590) is kept("default", 590)  # once per queue and limit
+    assert kept("default", 0) is kept("default", 591)  # one set for all that keep to the same reservations
     assert [r.name for r in kept.keeping("b", "default", 590)] == ["demo"]
     assert SetAside(rs, NOW + 5000)("default", 0) == frozenset() and not SetAside(rs, NOW + 5000)
     assert set(open_on(rs.values(), NOW)) == {"b", "c"} and set(open_on(rs.values(), NOW + 600)) == {"a"}

@@ -49,7 +49,7 @@ def test_the_hosts_kept_off_are_worked_out_once_per_limit() -> None:
     windows = {"a": WINDOW, "b": Window(NOW + 100, NOW + 100)}
     kept = KeptOff(windows, NOW)
     assert kept(0) == {"a", "b"} and kept(90) == set() and kept(91) == {"b"} and kept(891) == {"a", "b"}
-    assert kept(91) is kept(91)
+    assert kept(91) is kept(91) and kept(0) is kept(891)  # limits keeping to the same windows share one set
     assert KeptOff({}, NOW)(0) == frozenset()
 
 

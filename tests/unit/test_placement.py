@@ -447,3 +447,41 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
         done.append((got.host_id, s, got.gpu_indices))
     for h in hosts:  # the index itself is never changed by a cycle
         assert index.caps[h.id] is h
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 8), min_size=300, max_size=400), st.integers(0, 2**30),
+       st.lists(st.integers(1, 8), min_size=1, max_size=30))
+def test_a_large_set_held_back_places_as_a_walk_host_by_host_does(used: list[int], seed: int,
+                                                                  jobs: list[int]) -> None:
+    """Past LARGE_EXCLUDE hosts held back, the placer reads each bucket without them (once
+    per bucket and set): the same hosts chosen, job after job, as skipping them one by one,
+    with the set held back changing between jobs as the planner's does."""
+    import random
+
+    from server.scheduling import capacity
+    from server.scheduling.capacity import CapacityIndex, Placer
+
+    index = CapacityIndex()
+    for i, n in enumerate(used):
+        index.put(host(f"h{i:03d}", used_gpus=range(n)))
+    rng = random.Random(seed)
+    ids = [f"h{i:03d}" for i in range(len(used))]
+    sets = [frozenset(rng.sample(ids, rng.randint(capacity.LARGE_EXCLUDE, len(ids) - 10))) for _ in range(3)]
+    placers = [Placer(index, healthy=lambda host_id: True, policy="binpack") for _ in range(2)]
+    chosen: list[list[str | None]] = [[], []]
+    large = capacity.LARGE_EXCLUDE
+    for k, placer in enumerate(placers):
+        capacity.LARGE_EXCLUDE = large if k == 0 else 10**9  # the second walks host by host
+        try:
+            for j, gpus in enumerate(jobs):
+                placer.exclude = sets[j % len(sets)]
+                s = spec(f"j{j}", command=["x"], gpus=gpus)
+                choice = placer.place(s)
+                if choice is not None:
+                    placer.reserve(choice, s)
+                chosen[k].append(choice.host_id if choice is not None else None)
+        finally:
+            capacity.LARGE_EXCLUDE = large
+    assert chosen[0] == chosen[1]
+    assert all(h is None or h not in sets[j % len(sets)] for j, h in enumerate(chosen[0]))
