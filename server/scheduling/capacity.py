@@ -296,7 +296,7 @@ class Placer:
         me = self._size(spec, models)
         for f, held in self.failed:
             if f[:KIND] == me[:KIND] and all(a >= b for a, b in zip(me[KIND:], f[KIND:], strict=True)) \
-                    and held <= self.exclude:
+                    and (held is self.exclude or held <= self.exclude):
                 return True
         return False
 
@@ -498,7 +498,8 @@ class Placer:
         for f, held in self.failed_gangs:
             size, same_model, n, rack = f
             if (size[:KIND], same_model, rack) == (key[0][:KIND], key[1], key[3]) and spec.replicas >= n \
-                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)) and held <= self.exclude:
+                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)) \
+                    and (held is self.exclude or held <= self.exclude):
                 return None
         failed_before = len(self.failed)
         result = None
