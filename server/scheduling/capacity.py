@@ -557,8 +557,8 @@ class Placer:
         return out
 
     def _most_free(self, spec: JobSpec, models: frozenset[str] | None, n: int) -> set[str]:
-        """About `n` hosts with the most free room for `spec`, without a look at every host:
-        the wanted keys' levels from the top down (hosts this cycle touched at the level
+        """About `n` hosts not held back with the most free room for `spec`, without a look
+        at every host: the wanted keys' levels from the top down (hosts this cycle touched at the level
         their copy is filed at, the others where the index files them), then, where those
         hold too few (a full cluster files no host under a model with nothing free), hosts
         of a fitting model by all their free GPUs."""
@@ -569,7 +569,8 @@ class Placer:
 
         def fits(h: str) -> bool:
             cap = self.view(h)
-            return cap is not None and (models is None or not models.isdisjoint(cap.gpu_models.values())) \
+            return cap is not None and h not in self.exclude \
+                and (models is None or not models.isdisjoint(cap.gpu_models.values())) \
                 and (not spec.host_labels or labels_match(spec, cap))
 
         for walk in (keys, [("w", ANY)]):

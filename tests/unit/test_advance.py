@@ -215,3 +215,22 @@ def test_nothing_of_another_queue_is_placed_where_it_would_run_into_a_reservatio
     alloc = w.state.allocs.get(hosts[-1])
     free = 8 - sum(len(t.gpu_indices) for t in (alloc.tasks if alloc is not None else ()))
     assert all(w.job(f"j{i}").state is JobState.PLACED for i, (g, _, _) in enumerate(jobs) if g <= free)
+
+
+def test_a_waiting_job_of_another_queue_still_gets_a_reservation_when_the_emptiest_hosts_are_set_aside() -> None:
+    """The hosts with the most free room, which a reservation is looked for among, are
+    those not held back from the job: an open reservation's empty hosts are not all it
+    looks at (found when it was: 40 empty hosts set aside, the 16 most free all among
+    them, and no reservation made)."""
+    w = _world(*[f"s{i:02d}" for i in range(40)], "x", "y")
+    w.policy = QueuePolicy(reserve_after_s=0)
+    _reserve(w, AdvanceReservation(name="big", hosts=[f"s{i:02d}" for i in range(40)], queues=["launch"],
+                                   starts=NOW - 500, ends=NOW + 86400))
+    for h in ("x", "y"):
+        _submit(w, f"run-{h}", gpus=8, at=NOW - 400)  # no time limit: x and y are full until they end
+    w.cycle(now=NOW - 300)
+    assert {_host_of(w, "run-x"), _host_of(w, "run-y")} == {"x", "y"}
+    _submit(w, "waits", gpus=8, at=NOW - 200)
+    plan = w.cycle()
+    assert [(r.job_id, len(r.hosts)) for r in plan.reservations] == [("waits", 1)]
+    assert plan.reservations[0].hosts <= {"x", "y"}
