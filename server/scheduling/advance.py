@@ -47,6 +47,7 @@ class SetAside:
         self.live = [r for r in reservations.values() if not over(r, now)]
         self._by: dict[tuple[str, float], frozenset[str]] = {}
         self._of: dict[tuple[str, ...], frozenset[str]] = {}
+        self._own: dict[str, frozenset[str]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.live)
@@ -62,6 +63,15 @@ class SetAside:
             if got is None:
                 got = self._of[keeping] = frozenset(h for r in self.live if r.name in keeping for h in r.hosts)
             self._by[(queue, limit_s)] = got
+        return got
+
+    def own(self, queue: str) -> frozenset[str]:
+        """The hosts of the open reservations that name `queue`: where its jobs are placed
+        first (they may take any other host when those have no room)."""
+        got = self._own.get(queue)
+        if got is None:
+            got = self._own[queue] = frozenset(h for r in self.live if queue in r.queues and active(r, self.now)
+                                               for h in r.hosts)
         return got
 
     def keeping(self, host_id: str, queue: str, limit_s: float) -> list[AdvanceReservation]:

@@ -18,7 +18,7 @@ from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Set
 from types import EllipsisType
-from typing import Any
+from typing import Any, TypeVar
 
 from server.scheduling.backfill import UNKNOWN, Ends, Reservation, choose, start_on
 from server.scheduling.fragmentation import Fragmentation, score
@@ -35,6 +35,8 @@ KIND = 3  # Placer._size: the items that must be equal for one failure to say an
 # them, once per bucket and set held back in a cycle (a large maintenance window or
 # advance reservation is then not walked past host by host for every job).
 LARGE_EXCLUDE = 256
+
+T = TypeVar("T")
 # Placer.direct_share: a job whose labels allow at most this share of the hosts looks at
 # each of them (about 10 us a host) rather than walk the buckets (about 0.15 us a host
 # with room, skipped for want of the labels).
@@ -92,6 +94,41 @@ def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
         out.append((("s", ANY), best // SHARE_STEP, room))
     out += [(("m", p), n, room) for p, n in mig.items()]
     return out
+
+
+class _Filtered:
+    """A bucket's hosts (in order) without a large set held back (`exclude`, when it holds
+    LARGE_EXCLUDE hosts or more) and within `only` (None: all), filtered as far as it is
+    read: each read goes over what earlier ones kept, then on through the bucket, so that a
+    cycle's placements walk past the hosts left out once, not each time."""
+
+    __slots__ = ("exclude", "only", "source", "_kept", "_pos")
+
+    def __init__(self, source: list[str], exclude: Set[str], only: Set[str] | None) -> None:
+        self.source, self.exclude, self.only = source, exclude, only
+        self._kept: list[str] = []
+        self._pos = 0
+
+    def __iter__(self) -> Iterator[str]:
+        kept, source = self._kept, self.source
+        ex = self.exclude if len(self.exclude) >= LARGE_EXCLUDE else frozenset()
+        only = self.only
+        i = 0
+        while True:
+            if i < len(kept):
+                yield kept[i]
+                i += 1
+                continue
+            pos = self._pos
+            while pos < len(source):
+                h = source[pos]
+                pos += 1
+                if h not in ex and (only is None or h in only):
+                    kept.append(h)
+                    break
+            self._pos = pos
+            if i >= len(kept):
+                return
 
 
 def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], int]:
@@ -217,8 +254,11 @@ class Placer:
         # Hosts held back from the job being placed (a reservation for another, hosts kept
         # for preemptors): it is not placed on them.
         self.exclude: Set[str] = frozenset()
-        # id of a bucket's list -> (the set held back, the list, the list without it).
-        self._unexcluded: dict[int, tuple[Set[str], list[str], list[str]]] = {}
+        # While set (`within`): the only hosts the job may take, a preference tried first.
+        self.only: Set[str] | None = None
+        # ids of a bucket's list, a set held back and the only hosts -> its view without
+        # the one and within the other.
+        self._filtered: dict[tuple[int, int, int], _Filtered] = {}
         # Overlay: key -> level -> touched hosts.
         self._tbuckets: dict[Key, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._twhere: dict[str, list[tuple[Key, int]]] = {}
@@ -306,6 +346,9 @@ class Placer:
         keys, lowest = _wanted(spec, models)
         need_cpu, need_mem = cpu_class(spec.cpus), size_class(spec.memory_mb)
         allowed = self.index.with_labels(spec.host_labels)
+        only = self.only
+        if only is not None:
+            allowed = only if allowed is None else set(allowed) & only
         if allowed is not None and len(allowed) <= self.direct_share * len(self.index.caps):
             yield from self._feasible_among(spec, models, allowed, keys, lowest)
             return
@@ -314,14 +357,14 @@ class Placer:
             levels.update(n for n in self.index.buckets.get(k, {}) if n >= lowest)
             levels.update(n for n in self._tbuckets.get(k, {}) if n >= lowest)
         seen: set[str] = set()
-        large = len(self.exclude) >= LARGE_EXCLUDE
+        filtered = only is not None or len(self.exclude) >= LARGE_EXCLUDE
         for level in sorted(levels):
             touched, ordered = self._touched_at(keys, level)
             sources: list[Iterable[str]] = [ordered] if ordered else []
             for k in keys:
                 for room, hosts in self.index.buckets.get(k, {}).get(level, {}).items():
                     if room[0] >= need_cpu and room[1] >= need_mem:  # else every host in it is too small
-                        sources.append(self._without_excluded(hosts) if large else hosts)
+                        sources.append(self._bucket_view(hosts) if filtered else hosts)
             for host_id in (sources[0] if len(sources) == 1 else heapq.merge(*sources)):
                 if host_id in seen or host_id in self.exclude or (allowed is not None and host_id not in allowed):
                     continue
@@ -337,13 +380,28 @@ class Placer:
                 if reason is None:
                     yield level, host_id, Choice(host_id, gpus, mig)
 
-    def _without_excluded(self, hosts: list[str]) -> list[str]:
-        """A bucket's hosts (the index does not change during a cycle) without those held
-        back, worked out once per bucket and set held back."""
-        got = self._unexcluded.get(id(hosts))
-        if got is None or got[0] is not self.exclude or got[1] is not hosts:
-            got = self._unexcluded[id(hosts)] = (self.exclude, hosts, [h for h in hosts if h not in self.exclude])
-        return got[2]
+    def _bucket_view(self, hosts: list[str]) -> _Filtered:
+        """A bucket's hosts (the index does not change during a cycle) without a large set
+        held back and within `only`: one view per bucket and pair of sets a cycle, read as
+        far as placements have read it."""
+        at = (id(hosts), id(self.exclude), id(self.only))
+        got = self._filtered.get(at)
+        if got is None or got.exclude is not self.exclude or got.only is not self.only or got.source is not hosts:
+            got = self._filtered[at] = _Filtered(hosts, self.exclude, self.only)
+        return got
+
+    def within(self, hosts: Set[str], attempt: Callable[[], T]) -> T:
+        """`attempt()` (a placement) with the placer taking only `hosts`: a preference tried
+        before the whole cluster. What it learns there of failures is forgotten: it says
+        nothing of the other hosts."""
+        failed, gangs = len(self.failed), len(self.failed_gangs)
+        self.only = hosts
+        try:
+            return attempt()
+        finally:
+            self.only = None
+            del self.failed[failed:]
+            del self.failed_gangs[gangs:]
 
     def _feasible_among(self, spec: JobSpec, models: frozenset[str] | None, hosts: Set[str], keys: list[Key],
                         lowest: int) -> Iterator[tuple[int, str, Choice]]:
@@ -443,7 +501,8 @@ class Placer:
         best: tuple[int, str, Choice] | None = None
         for host_id in host_ids:
             cap = self.view(host_id)
-            if cap is None or host_id in self.exclude or not self.healthy(host_id):
+            if cap is None or host_id in self.exclude or (self.only is not None and host_id not in self.only) \
+                    or not self.healthy(host_id):
                 continue
             reason, gpus, mig = check(spec, cap, models)
             if reason is None:

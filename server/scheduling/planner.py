@@ -8,6 +8,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import re
@@ -616,6 +617,14 @@ def evict_lost(
             alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
             _end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
             w.plan.evicted += 1
+
+
+def _placed(placer: Placer, spec: JobSpec) -> list[Choice] | None:
+    """Hosts for every task of `spec` (a gang's all at once), or None."""
+    if spec.replicas > 1:
+        return placer.place_gang(spec)
+    choice = placer.place(spec)
+    return [choice] if choice is not None else None
 
 
 def drain_due(w: _Work, now: float, max_keys: int) -> None:
@@ -1735,25 +1744,18 @@ def place_queued(
             if refusal is not None and refusal.within_nominal:
                 wait_for_reclaim(job)
             continue
-        if job.spec.replicas > 1:
-            choices = placer.place_gang(spec)
-            if choices is None:
-                if job.preempting:
-                    give_up(job)
-                blocked.append((job, None))
-                wait_for_reclaim(job)
-                reserve_for(job, spec)
-                continue
-        else:
-            choice = placer.place(spec)
-            if choice is None:
-                if job.preempting:
-                    give_up(job)
-                blocked.append((job, None))
-                wait_for_reclaim(job)
-                reserve_for(job, spec)
-                continue
-            choices = [choice]
+        # A job of a queue some open advance reservations name goes to their hosts first.
+        own = set_aside.own(job.spec.queue) if set_aside else frozenset()
+        choices = placer.within(own, functools.partial(_placed, placer, spec)) if own else None
+        if choices is None:
+            choices = _placed(placer, spec)
+        if choices is None:
+            if job.preempting:
+                give_up(job)
+            blocked.append((job, None))
+            wait_for_reclaim(job)
+            reserve_for(job, spec)
+            continue
         for c in choices:
             placer.reserve(c, spec)
         # Placed (on its reserved hosts, or where it found room first): what it left free

@@ -234,3 +234,34 @@ def test_a_waiting_job_of_another_queue_still_gets_a_reservation_when_the_emptie
     plan = w.cycle()
     assert [(r.job_id, len(r.hosts)) for r in plan.reservations] == [("waits", 1)]
     assert plan.reservations[0].hosts <= {"x", "y"}
+
+
+def test_its_queues_jobs_go_to_the_hosts_set_aside_first_then_anywhere() -> None:
+    w = _world("a", "b", "z")
+    _reserve(w, LAUNCH.model_copy(update={"hosts": ["z"], "starts": NOW - 1}))
+    _submit(w, "x", gpus=6, limit=5000, at=NOW - 100)  # another queue's
+    w.cycle()
+    tight = _host_of(w, "x")
+    assert tight in ("a", "b")
+    # One GPU of launch: the reserved host first, though bin-packing's tighter host has room.
+    _submit(w, "ours1", queue="launch", gpus=1, at=NOW - 90)
+    w.cycle()
+    assert _host_of(w, "ours1") == "z"
+    # z full: launch's next jobs go anywhere, a gang too.
+    _submit(w, "ours7", queue="launch", gpus=7, at=NOW - 80)
+    _submit(w, "ours8", queue="launch", gpus=8, at=NOW - 70)
+    _submit(w, "gang", queue="launch", gpus=1, replicas=2, at=NOW - 60)
+    w.cycle()
+    assert _host_of(w, "ours7") == "z" and _host_of(w, "ours8") not in ("z", tight)
+    assert [a.host_id for a in w.job("gang").attempts] == [tight, tight]
+
+
+def test_before_it_opens_its_queues_jobs_are_placed_as_any_other() -> None:
+    w = _world("a", "z")
+    _reserve(w, LAUNCH.model_copy(update={"hosts": ["z"]}))  # opens in 600 s
+    _submit(w, "x", gpus=7, limit=60, at=NOW - 100)
+    w.cycle()
+    tight = _host_of(w, "x")
+    _submit(w, "ours1", queue="launch", gpus=1, at=NOW - 90)
+    w.cycle()
+    assert _host_of(w, "ours1") == tight  # bin-packing's tighter host, not z

@@ -454,9 +454,11 @@ def test_property_placer_matches_a_full_scan(hosts: list[HostCapacity], job_spec
        st.lists(st.integers(1, 8), min_size=1, max_size=30))
 def test_a_large_set_held_back_places_as_a_walk_host_by_host_does(used: list[int], seed: int,
                                                                   jobs: list[int]) -> None:
-    """Past LARGE_EXCLUDE hosts held back, the placer reads each bucket without them (once
-    per bucket and set): the same hosts chosen, job after job, as skipping them one by one,
-    with the set held back changing between jobs as the planner's does."""
+    """Past LARGE_EXCLUDE hosts held back, the placer reads each bucket without them (as far
+    as placements read it, once per bucket and set): the same hosts chosen, job after job,
+    as skipping them one by one, with the set held back changing between jobs as the
+    planner's does; and a placement `within` some hosts as one with all others held back."""
+    import functools
     import random
 
     from server.scheduling import capacity
@@ -477,7 +479,15 @@ def test_a_large_set_held_back_places_as_a_walk_host_by_host_does(used: list[int
             for j, gpus in enumerate(jobs):
                 placer.exclude = sets[j % len(sets)]
                 s = spec(f"j{j}", command=["x"], gpus=gpus)
-                choice = placer.place(s)
+                if j % 4 == 3:  # within the hosts of another set, those of this one held back
+                    only = sets[(j + 1) % len(sets)]
+                    if k == 0:
+                        choice = placer.within(only, functools.partial(placer.place, s))
+                    else:
+                        placer.exclude = frozenset(set(ids) - only) | placer.exclude
+                        choice = placer.place(s)
+                else:
+                    choice = placer.place(s)
                 if choice is not None:
                     placer.reserve(choice, s)
                 chosen[k].append(choice.host_id if choice is not None else None)
@@ -485,3 +495,24 @@ def test_a_large_set_held_back_places_as_a_walk_host_by_host_does(used: list[int
             capacity.LARGE_EXCLUDE = large
     assert chosen[0] == chosen[1]
     assert all(h is None or h not in sets[j % len(sets)] for j, h in enumerate(chosen[0]))
+    assert all(h is None or h in sets[(j + 1) % len(sets)] for j, h in enumerate(chosen[0]) if j % 4 == 3)
+
+
+def test_a_placement_within_some_hosts_takes_only_them_and_its_failures_say_nothing_of_the_rest() -> None:
+    from server.scheduling.capacity import CapacityIndex, Placer
+
+    index = CapacityIndex()
+    index.put(host("busy", used_gpus=range(7)))
+    index.put(host("free"))
+    placer = Placer(index, healthy=lambda host_id: True, policy="binpack")
+    one = spec("one", command=["x"], gpus=1)
+    got = placer.within(frozenset({"free"}), lambda: placer.place(one))
+    assert got is not None and got.host_id == "free"  # bin-packing alone would take "busy"
+    assert placer.place(one) is not None and placer.place(one).host_id == "busy"  # type: ignore[union-attr]
+    two = spec("two", command=["x"], gpus=2)
+    assert placer.within(frozenset({"busy"}), lambda: placer.place(two)) is None
+    assert placer.within(frozenset({"busy"}), lambda: placer.place_gang(spec("g", command=["x"], gpus=1,
+                                                                             replicas=2))) is None
+    assert placer.only is None and not placer.failed and not placer.failed_gangs
+    got = placer.place(two)
+    assert got is not None and got.host_id == "free"
