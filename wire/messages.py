@@ -546,6 +546,8 @@ def implicit_default_queue() -> Queue:
 
 # The most hosts one advance reservation sets aside (its record names each).
 MAX_SET_ASIDE_HOSTS = 4096
+# The most users whose decayed use a queue's `qusage` record keeps (those with most).
+MAX_USAGE_USERS = 2048
 
 
 class AdvanceReservation(_Model):
@@ -599,6 +601,10 @@ class QueueUsage(_Model):
     at: float = 0.0
     half_life_s: float = 0.0
     usage: dict[str, float] = Field(default_factory=dict, max_length=256)
+    # In a queue with fair share between its users: each user's GPU-seconds and
+    # job-seconds (jobs placed or running), decayed alike; the users with most use kept.
+    user_gpus: dict[str, float] = Field(default_factory=dict, max_length=MAX_USAGE_USERS)
+    user_jobs: dict[str, float] = Field(default_factory=dict, max_length=MAX_USAGE_USERS)
 
 
 # ---------------------------------------------------------------- agent -> server

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None)
         p.add_argument("--fair-share-users", choices=["on", "off"], default=None,
                        help="fair share between the queue's users: at equal priority, the user whose jobs hold "
-                            "least goes next (default off: submission order)")
+                            "least (with past use, decayed) goes next (default off: submission order)")
         p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
         p.add_argument("--min-runtime", type=float, default=None, metavar="S")
         p.add_argument("--max-preemptions", type=int, default=None)

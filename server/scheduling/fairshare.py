@@ -21,28 +21,52 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from server.scheduling.queues import QueueBook
-from wire.messages import Job, QueueUsage
+from wire.messages import MAX_USAGE_USERS, Job, QueueUsage
 
 LN2 = math.log(2)
 
 
 def decay(rec: QueueUsage | None, held: Mapping[str, float], now: float, half_life_s: float,
-          name: str) -> QueueUsage:
+          name: str, users: tuple[Mapping[str, float], Mapping[str, float]] | None = None) -> QueueUsage:
     """The queue's decayed past use brought from `rec.at` to `now`, `held` having been
     held (constant) in between: u' = u 2^(-dt/h) + a h/ln2 (1 - 2^(-dt/h)). A missing
     record starts from nothing at `now`; a record kept under another half-life is
-    rescaled to this one's steady state."""
+    rescaled to this one's steady state. With `users` (GPUs and jobs each user holds, in a
+    queue with fair share between its users), each user's use decayed alike, the
+    MAX_USAGE_USERS users with most kept."""
     if rec is None or half_life_s <= 0:
         return QueueUsage(name=name, at=now, half_life_s=half_life_s, usage={})
     dt = max(0.0, now - rec.at)
     f = 0.5 ** (dt / half_life_s)
     scale = half_life_s / rec.half_life_s if rec.half_life_s > 0 else 1.0
-    usage: dict[str, float] = {}
-    for r in set(rec.usage) | set(held):
-        v = rec.usage.get(r, 0.0) * scale * f + held.get(r, 0.0) * half_life_s / LN2 * (1 - f)
-        if v > 1e-9:
-            usage[r] = v
-    return QueueUsage(name=name, at=max(now, rec.at), half_life_s=half_life_s, usage=usage)
+
+    def decayed(old: Mapping[str, float], now_held: Mapping[str, float], keep: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k in set(old) | set(now_held):
+            v = old.get(k, 0.0) * scale * f + now_held.get(k, 0.0) * half_life_s / LN2 * (1 - f)
+            if v > 1e-9:
+                out[k] = v
+        if len(out) > keep:
+            out = dict(sorted(out.items(), key=lambda kv: -kv[1])[:keep])
+        return out
+
+    usage = decayed(rec.usage, held, 256)
+    if users is None:
+        return QueueUsage(name=name, at=max(now, rec.at), half_life_s=half_life_s, usage=usage)
+    return QueueUsage(name=name, at=max(now, rec.at), half_life_s=half_life_s, usage=usage,
+                      user_gpus=decayed(rec.user_gpus, users[0], MAX_USAGE_USERS),
+                      user_jobs=decayed(rec.user_jobs, users[1], MAX_USAGE_USERS))
+
+
+def past_users(rec: QueueUsage | None, now: float, half_life_s: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Each user's decayed past use (GPUs, jobs) as a steady allocation, as of `now`, as
+    `past_allocation` gives a queue's."""
+    if rec is None or half_life_s <= 0:
+        return {}, {}
+    f = 0.5 ** (max(0.0, now - rec.at) / half_life_s)
+    scale = half_life_s / rec.half_life_s if rec.half_life_s > 0 else 1.0
+    k = scale * f * LN2 / half_life_s
+    return {u: v * k for u, v in rec.user_gpus.items()}, {u: v * k for u, v in rec.user_jobs.items()}
 
 
 def past_allocation(rec: QueueUsage | None, now: float, half_life_s: float) -> dict[str, float]:

@@ -831,16 +831,19 @@ def _at_least(size: tuple[float, ...], floor: tuple[float, ...]) -> bool:
     return all(x >= y for x, y in zip(size, floor, strict=True))
 
 
-def queue_order(jobs: list[Job], q: Queue | None = None, state: ClusterState | None = None) -> Sequence[Job]:
+def queue_order(jobs: list[Job], q: Queue | None = None, state: ClusterState | None = None, now: float = 0.0,
+                half_life_s: float = 0.0) -> Sequence[Job]:
     """One queue's jobs in its order: by priority, then submission order; in a queue `q`
     with fair share between its users, the users' order from what they hold in `state`
-    (scheduling.userfair). Across queues the planner interleaves them by fair share
-    (scheduling.fairshare)."""
+    and their past use decayed to `now` (scheduling.userfair). Across queues the planner
+    interleaves them by fair share (scheduling.fairshare)."""
     ordered = fairshare.within_queue_order(jobs)
     if q is None or state is None or not q.fair_share_users:
         return ordered
     usage, live = state.user_usage.get(q.name, {}), state.user_live
-    return userfair.interleaved(ordered, lambda user: (usage.get(user, 0.0), live.get((q.name, user))))
+    past_gpus, past_jobs = fairshare.past_users(state.queue_past.get(q.name), now, half_life_s)
+    return userfair.interleaved(ordered, lambda user: (usage.get(user, 0.0) + past_gpus.get(user, 0.0),
+                                                       live.get((q.name, user)) + past_jobs.get(user, 0.0)))
 
 
 # Reservations: the hosts of the jobs whose time limit comes soonest are looked at as
@@ -1705,7 +1708,9 @@ def place_queued(
     # Queues with fair share between their users: their jobs in the users' order, from
     # what each user holds as the cycle begins (scheduling.userfair).
     def user_load(qn: str) -> Callable[[str], userfair.Load]:
-        return lambda user: (tally(qn).get(user, 0.0), user_jobs.get((qn, user)))
+        past_gpus, past_jobs = fairshare.past_users(state.queue_past.get(qn), now, policy.half_life_s)
+        return lambda user: (tally(qn).get(user, 0.0) + past_gpus.get(user, 0.0),
+                             user_jobs.get((qn, user)) + past_jobs.get(user, 0.0))
 
     for qn, queued in by_queue.items():
         fq = book.queue(qn)
@@ -1883,11 +1888,13 @@ def _forget_preemption(w: _Work, job: Job, now: float) -> None:
 
 
 def update_usage(w: _Work, now: float, policy: QueuePolicy) -> None:
-    """Bring the queues' decayed past use up to date, every `usage_every_s`."""
+    """Bring the queues' decayed past use up to date, every `usage_every_s`; in a queue
+    with fair share between its users, each user's too."""
     state = w.state
     if policy.half_life_s <= 0:
         return
     names = set(state.queue_usage) | set(state.queue_past)
+    live: dict[str, dict[str, float]] | None = None  # queue -> user -> jobs placed or running
     for name in sorted(names):
         old = state.queue_past.get(name)
         held = state.queue_usage.get(name, {})
@@ -1895,7 +1902,15 @@ def update_usage(w: _Work, now: float, policy: QueuePolicy) -> None:
             continue
         if old is None and not held:
             continue
-        rec = fairshare.decay(old, held, now, policy.half_life_s, name)
+        users = None
+        q = state.queues.get(name)
+        if q is not None and q.fair_share_users:
+            if live is None:
+                live = {}
+                for (qn, user), n in state.user_live.as_dict().items():
+                    live.setdefault(qn, {})[user] = float(n)
+            users = (state.user_usage.get(name, {}), live.get(name, {}))
+        rec = fairshare.decay(old, held, now, policy.half_life_s, name, users)
         if old is not None and not rec.usage and not old.usage:
             continue
         w.plan.usage[name] = rec

@@ -5,7 +5,8 @@ backlog at equal priority.
 
 The order within such a queue: higher priority first, as in every queue; among the jobs
 of one priority, the user whose jobs of the queue hold least goes next (GPUs held, then
-jobs placed or running: a user of CPU-only work is ranked by its jobs), ties by the
+jobs placed or running: a user of CPU-only work is ranked by its jobs; each with the
+user's past use, decayed with the fair-share half-life as a queue's is), ties by the
 earlier submission of each user's next job; each user's own jobs in submission order.
 Each job handed out counts for its user as though placed, so that users with equal jobs
 alternate, and a user holding 8 GPUs waits while a teammate holding none takes up to 8.
@@ -23,8 +24,9 @@ from typing import overload
 from server.scheduling.queues import job_gpus
 from wire.messages import Job
 
-# What a user's jobs of the queue hold: GPUs, and jobs placed or running.
-Load = tuple[float, int]
+# What a user's jobs of the queue hold: GPUs, and jobs placed or running (each with the
+# user's decayed past use of it as a steady allocation: scheduling.fairshare.past_users).
+Load = tuple[float, float]
 
 
 class Interleaved(Sequence[Job]):
@@ -42,7 +44,7 @@ class Interleaved(Sequence[Job]):
         heapq.heapify(self._heap)
         self._out: list[Job] = []
 
-    def _key(self, user: str) -> tuple[int, float, int, float, str, str]:
+    def _key(self, user: str) -> tuple[int, float, float, float, str, str]:
         job = self._streams[user][self._next[user]]
         gpus, running = self._load[user]
         return (-job.spec.priority, gpus, running, job.submitted_at, job.id, user)

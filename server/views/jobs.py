@@ -10,6 +10,7 @@ calls that block; callers on an event loop run them in a thread.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -229,11 +230,12 @@ class JobView:
         named = [b for b, _ in blockers if room({h for o, hosts in blockers if o is not b for h in hosts})]
         return named or [b for b, _ in blockers]
 
-    def queue_position(self, job: Job, now: float | None = None) -> int | None:
+    def queue_position(self, job: Job, now: float | None = None, at: float | None = None) -> int | None:
         """1-based place in its queue's order (priority, then submission; the users' fair
         order in a queue with fair share between its users) while QUEUED, not held and not
         waiting for other jobs. The orders are sorted at most once every `ORDER_MAX_AGE_S`
-        (given `now`), however many jobs ask."""
+        (given `now`, a monotonic clock), however many jobs ask; users' past use decayed to
+        `at` (the wall clock's time by default)."""
         if job.state is not JobState.QUEUED or job.hold or job.waiting_for:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
@@ -241,9 +243,9 @@ class JobView:
             by_queue: dict[str, list[Job]] = {}
             for j in self.state.queued():
                 by_queue.setdefault(j.spec.queue, []).append(j)
-            queues = self.state.queues
-            self._positions = {j.id: i for qn, js in by_queue.items()
-                               for i, j in enumerate(queue_order(js, queues.get(qn), self.state), start=1)}
+            queues, at = self.state.queues, time.time() if at is None else at
+            self._positions = {j.id: i for qn, js in by_queue.items() for i, j in enumerate(
+                queue_order(js, queues.get(qn), self.state, at, self.half_life_s), start=1)}
             self._order_at = now
         return self._positions.get(job.id)
 

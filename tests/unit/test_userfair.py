@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.scheduling.fairshare import within_queue_order
+from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import job_gpus
 from server.scheduling.userfair import Interleaved, interleaved
 from server.views.jobs import JobView
@@ -136,3 +137,80 @@ def test_what_a_user_holds_already_counts_and_priority_comes_first() -> None:
         _add(w, _job(f"b{i}", "bo", NOW - 200 + i))
     w.cycle()
     assert (_placed(w, "ann"), _placed(w, "bo")) == (4, 4)
+
+
+# ---------------------------------------------------------------- past use
+
+
+def test_each_users_use_decays_as_a_queues_does_and_the_most_used_are_kept() -> None:
+    from server.scheduling.fairshare import LN2, decay, past_users
+    from wire.messages import MAX_USAGE_USERS, QueueUsage
+
+    h = 3600.0
+    start = QueueUsage(name="team", at=NOW, half_life_s=h)
+    # ann holds 2 GPUs and 3 jobs for one half-life: half of the steady state's use.
+    rec = decay(start, {"gpu:H100": 2.0}, NOW + h, h, "team", ({"ann": 2.0}, {"ann": 3.0}))
+    assert abs(rec.user_gpus["ann"] - 2.0 * h / LN2 * 0.5) < 1e-6
+    assert abs(rec.user_jobs["ann"] - 3.0 * h / LN2 * 0.5) < 1e-6
+    gpus, jobs = past_users(rec, NOW + h, h)
+    assert abs(gpus["ann"] - 1.0) < 1e-9 and abs(jobs["ann"] - 1.5) < 1e-9  # as an allocation held for ever
+    # In two steps as in one; then, holding nothing, it halves every half-life.
+    two = decay(decay(start, {}, NOW + h / 2, h, "team", ({"ann": 2.0}, {})), {}, NOW + h, h, "team",
+                ({"ann": 2.0}, {}))
+    assert abs(two.user_gpus["ann"] - rec.user_gpus["ann"]) < 1e-6
+    later = decay(rec, {}, NOW + 2 * h, h, "team", ({}, {}))
+    assert abs(later.user_gpus["ann"] - rec.user_gpus["ann"] / 2) < 1e-6
+    assert past_users(later, NOW + 3 * h, h)[0]["ann"] == past_users(later, NOW + 2 * h, h)[0]["ann"] / 2
+    # A queue without fair share between its users keeps no user's use; too many users:
+    # those with most kept.
+    assert decay(rec, {}, NOW + 2 * h, h, "team").user_gpus == {}
+    many = {f"u{i}": float(i + 1) for i in range(MAX_USAGE_USERS + 5)}
+    kept = decay(start, {}, NOW + h, h, "team", (many, {})).user_gpus
+    assert len(kept) == MAX_USAGE_USERS and "u0" not in kept and f"u{MAX_USAGE_USERS + 4}" in kept
+
+
+def test_a_user_who_ran_the_queue_lately_goes_after_one_who_did_not() -> None:
+    from wire.messages import QueueUsage
+
+    w = _world(True)
+    # ann held 8 GPUs of the queue over the last half-life; she holds nothing now.
+    past = QueueUsage(name="team", at=NOW, half_life_s=3600.0, user_gpus={"ann": 8 * 3600 / 0.6931471805599453 / 2})
+    w.state.apply_state_record(Record("qusage.team", next(w.rev), encode(past)))
+    for i in range(8):
+        _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
+    for i in range(8):
+        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    view = JobView(w.state, None, half_life_s=3600.0)
+    assert view.queue_position(w.job("b3"), 0.0, NOW) == 4 and view.queue_position(w.job("a0"), 0.0, NOW) == 5
+    w.cycle()
+    # Her past use counts as 4 GPUs held: bo's first four go before her first, then they alternate.
+    assert (_placed(w, "ann"), _placed(w, "bo")) == (2, 6)
+    # Without a half-life only what users hold now counts.
+    w = _world(True)
+    w.policy = QueuePolicy(half_life_s=0.0)
+    w.state.apply_state_record(Record("qusage.team", next(w.rev), encode(past)))
+    for i in range(8):
+        _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
+    for i in range(8):
+        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    w.cycle()
+    assert (_placed(w, "ann"), _placed(w, "bo")) == (4, 4)
+
+
+def test_the_leader_keeps_each_users_use_only_in_queues_with_fair_share_between_users() -> None:
+    for fair in (True, False):
+        w = _world(fair)
+        for i in range(3):
+            _add(w, _job(f"a{i}", "ann", NOW - 100 + i, gpus=2))
+        w.cycle()
+        w.cycle(reports=[w.report(f"a{i}", 0, AttemptState.RUNNING) for i in range(3)])
+        for at in (NOW + 20, NOW + 40):  # the first record starts the count, the next has use in it
+            plan = w.cycle(now=at)
+            rec = plan.usage["team"]
+            w.state.apply_state_record(Record("qusage.team", next(w.rev), encode(rec)))
+        assert rec.usage.get("gpu:H100", 0) > 0
+        if fair:
+            assert set(rec.user_gpus) == set(rec.user_jobs) == {"ann"}
+            assert rec.user_gpus["ann"] > 0 and rec.user_jobs["ann"] > 0
+        else:
+            assert rec.user_gpus == {} and rec.user_jobs == {}

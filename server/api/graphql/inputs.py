@@ -199,7 +199,7 @@ class QueueInput:
     fair_share_preemption: bool | None = None
     fair_share_users: bool | None = strawberry.field(
         default=None, description="Fair share between the queue's users: at equal priority, the user whose jobs of "
-                                  "the queue hold least (GPUs, then jobs running) goes next.")
+                                  "the queue hold least (GPUs, then jobs running; with past use, decayed) goes next.")
     preempt_grace_seconds: float | None = None
     min_runtime_seconds: float | None = None
     max_preemptions: int | None = None

@@ -829,8 +829,9 @@ class Queue:
 
     @strawberry.field(description="Fair share between the queue's users, as Slurm's Fair Tree within an account: "
                                   "at equal priority, the user whose jobs of the queue hold least (GPUs held, then "
-                                  "jobs placed or running) goes next, not the earliest submission; each user's "
-                                  "jobs in submission order.")
+                                  "jobs placed or running, each with the user's past use decayed with the fair-share "
+                                  "half-life) goes next, not the earliest submission; each user's jobs in submission "
+                                  "order.")
     def fair_share_users(self) -> bool:
         return self._row.queue.fair_share_users
 
