@@ -58,6 +58,7 @@ from wire.errors import (
 from wire.kv import Store, Watch, Write, connect
 from wire.messages import (
     DEFAULT_QUEUE,
+    MAX_MESSAGE_BYTES,
     AdvanceReservation,
     Command,
     Event,
@@ -688,6 +689,11 @@ class Muster:
                                   "OUT_OF_RANGE")
         if r.name in self.state.advance:
             raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS")
+        size = len(encode(r))
+        if size > MAX_MESSAGE_BYTES:
+            raise ValidationError("hosts", f"{len(r.hosts)} hosts of these names make a record of {size:,} bytes, more "
+                                           f"than the {MAX_MESSAGE_BYTES:,} one may hold: set them aside in several "
+                                           "reservations", "TOO_LARGE")
         unknown = [h for h in r.hosts if h not in self.state.hosts]
         if unknown:
             more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""

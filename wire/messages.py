@@ -547,7 +547,7 @@ def implicit_default_queue() -> Queue:
 # The most hosts one advance reservation sets aside (its record names each).
 MAX_SET_ASIDE_HOSTS = 4096
 # The most users whose decayed use a queue's `qusage` record keeps (those with most).
-MAX_USAGE_USERS = 2048
+MAX_USAGE_USERS = 1024
 
 
 class AdvanceReservation(_Model):

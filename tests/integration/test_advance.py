@@ -54,6 +54,10 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
         got = api.q(mutation, {"input": {"name": "bad", "hosts": ["ar-a"], "queues": ["launch"], "startsAt": starts,
                                          "endsAt": ends}})["createAdvanceReservation"]
         assert got["reservation"] is None and got["userErrors"] == [{"field": "endsAt", "code": code}], got
+    long_names = [f"{i:04d}" + "h" * 59 for i in range(4096)]  # a record past what one may hold
+    got = api.q(mutation, {"input": {"name": "huge", "hosts": long_names, "queues": ["launch"],
+                                     "endsAt": "2027-01-01T00:00:00Z"}})["createAdvanceReservation"]
+    assert got["userErrors"] == [{"field": "hosts", "code": "TOO_LARGE"}], got
 
     # A job of another queue with no time limit could run into it: it waits, and says why.
     open_ = submit(api, "open", task(tmp_path, "open", 0.2))["job"]["id"]

@@ -214,3 +214,12 @@ def test_the_leader_keeps_each_users_use_only_in_queues_with_fair_share_between_
             assert rec.user_gpus["ann"] > 0 and rec.user_jobs["ann"] > 0
         else:
             assert rec.user_gpus == {} and rec.user_jobs == {}
+
+
+def test_a_queues_usage_record_with_the_most_users_and_the_longest_names_is_read_back() -> None:
+    from wire.messages import MAX_MESSAGE_BYTES, MAX_USAGE_USERS, QueueUsage, decode
+
+    users = {"u" * 60 + f"{i:04d}": 1.2345678901234e12 for i in range(MAX_USAGE_USERS)}
+    rec = QueueUsage(name="q" * 63, usage={"gpu:" + "m" * 60 + f"{i:03d}": 1.2345678901234e12 for i in range(256)},
+                     user_gpus=users, user_jobs=users)
+    assert len(encode(rec)) <= MAX_MESSAGE_BYTES and decode(QueueUsage, encode(rec)) == rec
