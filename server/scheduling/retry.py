@@ -50,12 +50,22 @@ def _tries(job: Job) -> dict[int, list[Attempt]]:
     return by_try
 
 
+OWN_FAILURES = (AttemptState.FAILED, AttemptState.TIMEOUT)
+
+
+def _failed(tasks: list[Attempt]) -> bool:
+    return any(t.state in OWN_FAILURES for t in tasks)
+
+
+def _uncounted(tasks: list[Attempt]) -> bool:
+    return any(t.state is AttemptState.PREEMPTED for t in tasks) or disrupted(tasks)
+
+
 def failed_tries(job: Job) -> int:
     """Tries that failed by the job's own doing: a task FAILED, or (when the job asks for
     timeouts to be retried) stopped at its time limit. They count against
     `retry_failures`, not `max_attempts`."""
-    own = (AttemptState.FAILED, AttemptState.TIMEOUT)
-    return sum(1 for tasks in _tries(job).values() if any(t.state in own for t in tasks))
+    return sum(1 for tasks in _tries(job).values() if _failed(tasks))
 
 
 def retried_codes(job: Job) -> bool:
@@ -67,8 +77,13 @@ def retried_codes(job: Job) -> bool:
 
 def uncounted_tries(job: Job) -> int:
     """Tries that do not count as tries used: preempted, or ended by a disruption."""
-    return sum(1 for tasks in _tries(job).values()
-               if any(t.state is AttemptState.PREEMPTED for t in tasks) or disrupted(tasks))
+    return sum(1 for tasks in _tries(job).values() if _uncounted(tasks))
+
+
+def used_tries(job: Job) -> int:
+    """Tries counted against `max_attempts`: all but those uncounted and the job's own
+    failures (the job's tries grouped once; a try that is both is left out once)."""
+    return job.tries - sum(1 for tasks in _tries(job).values() if _uncounted(tasks) or _failed(tasks))
 
 
 def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
@@ -92,7 +107,7 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
         return RetryDecision(False, why="the attempt itself failed")
     if disrupted(job.current_tasks()):
         return RetryDecision(True, now, "stopped by a drain, its agent's shutdown or a requeue; requeued (not counted)")
-    used = job.tries - uncounted_tries(job) - failed_tries(job)
+    used = used_tries(job)
     if used >= job.spec.max_attempts:
         return RetryDecision(False, why=f"all {job.spec.max_attempts} attempts used")
     return RetryDecision(True, now + backoff_s(used), f"attempt {used} {ended.value.lower()}")

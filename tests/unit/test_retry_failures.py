@@ -52,6 +52,14 @@ def test_retried_failures_do_not_use_the_attempts_kept_for_the_infrastructure() 
     # Two failures retried, then a lost host: one of its two attempts used, so it goes on.
     assert retry.decide(_job(spec, (F, 1), (F, 1), (L, None)), L, NOW).retry
     assert not retry.decide(_job(spec, (F, 1), (L, None), (L, None)), L, NOW).retry  # both attempts used
+    # A gang's try with a task that failed and one preempted is left out once, not twice:
+    # after it and a lost host, the one attempt kept for the infrastructure is used.
+    both = [Attempt(id="j.1.0", number=1, task=0, host_id="h", state=F, exit_code=1),
+            Attempt(id="j.1.1", number=1, task=1, host_id="h", state=AttemptState.PREEMPTED),
+            Attempt(id="j.2.0", number=2, task=0, host_id="h", state=L),
+            Attempt(id="j.2.1", number=2, task=1, host_id="h", state=L)]
+    gang = make_job("j", spec=job_spec("j", replicas=2, retry_failures=5, max_attempts=1), attempts=both)
+    assert retry.used_tries(gang) == 1 and not retry.decide(gang, L, NOW).retry
 
 
 def test_retries_are_validated_and_bounded_by_what_the_record_holds() -> None:
