@@ -15,11 +15,12 @@ QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runnin
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
 defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
 maxRunningJobsPerUser fairShareUsers hostLabels { key value } submittedJobsByUser(first: 5) { user jobs }
+users(first: 5) { user gpus jobs pastGpus pastJobs jobsNotEnded }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of an earlier version lacks: asked again without them.
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
                       "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels",
-                      "fairShareUsers")
+                      "fairShareUsers", "users")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -196,6 +197,12 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         print(f"  per user: at most {' and '.join(p for p in per_user if p)} at once")
     if q.get("fairShareUsers"):
         print("  users:   fair share (at equal priority, the user holding least goes next)")
+    if q.get("users"):
+        label = "next first" if q.get("fairShareUsers") else "least held first"
+        print(f"  by user ({label}): " + "; ".join(
+            f"{u['user']} {u['gpus']:g} GPUs, {u['jobs']} running, {u['jobsNotEnded']} not ended"
+            + (f" (past use {u['pastGpus']:.1f} GPUs, {u['pastJobs']:.1f} jobs)" if u["pastGpus"] or u["pastJobs"]
+               else "") for u in q["users"]))
     if "submittedJobs" in q:
         print(f"  jobs not ended: {submission_limits(q)}")
     if q.get("hostLabels"):

@@ -73,6 +73,32 @@ class QueueRow:
 
 
 @dataclass(frozen=True)
+class QueueUser:
+    """One user of a queue: what the user's jobs of it hold now, their decayed past use
+    (kept while the queue has fair share between its users), and the jobs not ended."""
+
+    user: str
+    gpus: float
+    jobs: int
+    past_gpus: float
+    past_jobs: float
+    open_jobs: int
+
+
+def queue_users(state: ClusterState, name: str, now: float, half_life_s: float) -> list[QueueUser]:
+    """The queue's users in the users' fair order (scheduling.userfair: least held, past
+    use counted, first), whoever holds, has used or has jobs not ended in it."""
+    gpus = state.user_usage.get(name, {})
+    live = {user: n for (q, user), n in state.user_live.as_dict().items() if q == name}
+    past_gpus, past_jobs = fairshare.past_users(state.queue_past.get(name), now, half_life_s)
+    opened = state.open_jobs.users(name)
+    out = [QueueUser(user=u, gpus=gpus.get(u, 0.0), jobs=live.get(u, 0), past_gpus=past_gpus.get(u, 0.0),
+                     past_jobs=past_jobs.get(u, 0.0), open_jobs=opened.get(u, 0))
+           for u in set(gpus) | set(live) | set(past_gpus) | set(past_jobs) | set(opened)]
+    return sorted(out, key=lambda x: (x.gpus + x.past_gpus, x.jobs + x.past_jobs, x.user))
+
+
+@dataclass(frozen=True)
 class QueueReason:
     reason: str
     detail: str

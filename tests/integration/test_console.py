@@ -1363,6 +1363,7 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     assert "jobs 2 / 10, ≤ 4 a user</small>" in row[:row.index("</tr>")]
     assert "≤ 3 running a user</small>" in row[:row.index("</tr>")]
     assert "users by fair share</small>" in row[:row.index("</tr>")]
+    assert re.search(r'class="muted queue-users"[^>]*>operator 1 GPU · 1 run</small>', row[:row.index("</tr>")]), row
     assert 'on <span class="label">rack=r1</span>' in row[:row.index("</tr>")]
     # The host's tasks say which job, by name, and its queue.
     r = await c.get("/hosts/qh1")

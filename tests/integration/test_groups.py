@@ -153,6 +153,8 @@ def test_a_queue_with_fair_share_between_users_starts_a_teammates_job_before_one
     # Second in the queue's order, though submitted last: its user holds nothing, as the first's.
     wait_until(lambda: position(theirs) == 2, timeout=30, what="the teammate's job second in the queue's order")
     assert position(mine[1]) == 3
+    shown = muster(cluster, srv.url, "queue", "show", "team").stdout
+    assert "by user (next first): " in shown and "bo 0 GPUs, 0 running, 1 not ended" in shown, shown
     assert muster(cluster, srv.url, "host", "uncordon", "uf-a").returncode == 0
     for j in [*mine, theirs]:
         assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"

@@ -12,6 +12,7 @@ from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import job_gpus
 from server.scheduling.userfair import Interleaved, interleaved
 from server.views.jobs import JobView
+from server.views.queues import queue_users
 from tests.factories import job as make_job
 from tests.factories import job_spec
 from tests.unit.test_gangs import NOW, World
@@ -182,9 +183,16 @@ def test_a_user_who_ran_the_queue_lately_goes_after_one_who_did_not() -> None:
         _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
     view = JobView(w.state, None, half_life_s=3600.0)
     assert view.queue_position(w.job("b3"), 0.0, NOW) == 4 and view.queue_position(w.job("a0"), 0.0, NOW) == 5
+    # The queue's users as its page shows them: next first, ann's past use as 4 GPUs.
+    users = queue_users(w.state, "team", NOW, 3600.0)
+    assert [(u.user, u.gpus, u.jobs, round(u.past_gpus, 6), u.open_jobs) for u in users] == [
+        ("bo", 0.0, 0, 0.0, 8), ("ann", 0.0, 0, 4.0, 8)]
     w.cycle()
     # Her past use counts as 4 GPUs held: bo's first four go before her first, then they alternate.
     assert (_placed(w, "ann"), _placed(w, "bo")) == (2, 6)
+    # Each at 6 GPUs with past use: ann, with 2 jobs running to bo's 6, goes next.
+    assert [(u.user, u.gpus, u.jobs) for u in queue_users(w.state, "team", NOW, 3600.0)] == [("ann", 2.0, 2),
+                                                                                            ("bo", 6.0, 6)]
     # Without a half-life only what users hold now counts.
     w = _world(True)
     w.policy = QueuePolicy(half_life_s=0.0)

@@ -11,11 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.scheduling import advance
+from server.views.queues import queue_users
 from server.views.queues import rows as queue_rows
 from web.console.render import is_htmx, muster_of, render
 from web.console.session import console
 
 PERIODS = {"day": 86400.0, "week": 7 * 86400.0, "month": 30 * 86400.0}
+USERS_SHOWN = 5  # per queue, in the users' fair order
 
 
 @console()
@@ -33,8 +35,10 @@ async def queues(request: Request) -> Response:
                      "starts": r.starts, "ends": r.ends, "by": r.by,
                      "state": "open" if advance.active(r, now) else "over" if advance.over(r, now) else "upcoming"}
                     for r in sorted(m.state.advance.values(), key=lambda r: (r.starts, r.name))]
+    users = {r.queue.name: queue_users(m.state, r.queue.name, now, m.jobs.half_life_s)[:USERS_SHOWN] for r in rows}
     ctx = {
         "rows": rows,
+        "users": users,
         "reservations": reservations,
         "usage": usage,
         "period": period,

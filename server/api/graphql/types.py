@@ -20,6 +20,7 @@ from server.scheduling import advance
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
+from server.views.queues import queue_users
 from wire.messages import AdvanceReservation as AdvanceReservationModel
 from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState as AttemptStateEnum
@@ -894,9 +895,29 @@ class Queue:
         ranked = sorted(self._row.open_by_user.items(), key=lambda kv: (-kv[1], kv[0]))
         return [UserCount(user=u, jobs=n) for u, n in ranked[:max(0, min(first, 1000))]]
 
+    @strawberry.field(description="The queue's users in the order fair share between them goes (least held first, "
+                                  "with past use when the queue has it on): what each holds, its past use and its "
+                                  "jobs not ended; `first` users (default 20).")
+    def users(self, info: Info, first: int = 20) -> list[QueueUser]:
+        mu = muster(info)
+        ranked = queue_users(mu.state, self._row.queue.name, time.time(), mu.jobs.half_life_s)
+        return [QueueUser(user=u.user, gpus=u.gpus, jobs=u.jobs, past_gpus=u.past_gpus, past_jobs=u.past_jobs,
+                          jobs_not_ended=u.open_jobs) for u in ranked[:max(0, min(first, 1000))]]
+
     @strawberry.field
     def updated_at(self) -> dt.datetime | None:
         return ts(self._row.queue.updated_at)
+
+
+@strawberry.type(description="One user of a queue.")
+class QueueUser:
+    user: str
+    gpus: float = strawberry.field(description="GPUs the user's jobs of the queue hold (a share as its part).")
+    jobs: int = strawberry.field(description="The user's jobs of the queue placed or running.")
+    past_gpus: float = strawberry.field(description="Past use of GPUs, decayed, as a steady allocation (kept while "
+                                                    "the queue has fair share between its users).")
+    past_jobs: float = strawberry.field(description="Past use of jobs placed or running, the same way.")
+    jobs_not_ended: int
 
 
 @strawberry.type
