@@ -42,6 +42,16 @@ def queue_created(cluster: Cluster, url: str, name: str, *options: str) -> str:
     return muster(cluster, url, "queue", "show", name).stdout
 
 
+def one_host_and_a_queue(cluster: Cluster, host_id: str, queue: str, *options: str) -> tuple[str, Api, str]:
+    """A server, one agent with two GPUs and a queue made with `muster queue create`: the
+    server's URL, its API and what `muster queue show` prints of the queue."""
+    srv = cluster.server(heartbeat_interval=1)
+    cluster.agent(host_id, gpus="2xH100", heartbeat_interval=1)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    return srv.url, api, queue_created(cluster, srv.url, queue, *options)
+
+
 def submitted(cluster: Cluster, url: str, *argv: str) -> str:
     """Submit one job with `muster job submit ARGV`; its id."""
     r = muster(cluster, url, "job", "submit", "-o", "json", *argv)
@@ -87,14 +97,10 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
 
 
 def test_a_queues_running_jobs_limit_runs_one_users_jobs_one_at_a_time(cluster: Cluster, tmp_path: Path) -> None:
-    srv = cluster.server(heartbeat_interval=1)
-    cluster.agent("gr-b", gpus="2xH100", heartbeat_interval=1)
-    api = Api(srv.url, cluster.token)
-    api.wait_hosts(1)
-    shown = queue_created(cluster, srv.url, "etl", "--max-running-jobs-per-user", "1")
+    url, api, shown = one_host_and_a_queue(cluster, "gr-b", "etl", "--max-running-jobs-per-user", "1")
     assert "per user: at most 1 jobs placed or running at once" in shown, shown
     # CPU-only work, room for all three at once.
-    ids = [submitted(cluster, srv.url, "--queue", "etl", name, "--", *task(tmp_path, name, 3.0))
+    ids = [submitted(cluster, url, "--queue", "etl", name, "--", *task(tmp_path, name, 3.0))
            for name in ("load-0", "load-1", "load-2")]
     wait_until(lambda: "user at its queue's per-user limit" in queue_reasons(api, ids[-1]), timeout=30,
                what="a waiting job says it is at its user's limit")
@@ -126,23 +132,19 @@ def test_a_queues_host_labels_keep_its_jobs_on_its_hosts(cluster: Cluster, tmp_p
 
 def test_a_queue_with_fair_share_between_users_starts_a_teammates_job_before_one_users_backlog(
         cluster: Cluster, tmp_path: Path) -> None:
-    srv = cluster.server(heartbeat_interval=1)
-    cluster.agent("uf-a", gpus="2xH100", heartbeat_interval=1)
-    api = Api(srv.url, cluster.token)
-    api.wait_hosts(1)
-    shown = queue_created(cluster, srv.url, "team", "--fair-share-users", "on")
+    url, api, shown = one_host_and_a_queue(cluster, "uf-a", "team", "--fair-share-users", "on")
     assert "users:   fair share" in shown, shown
-    r = muster(cluster, srv.url, "token", "create", "bo", "--role", "operator", "--queues", "team", "--nats",
+    r = muster(cluster, url, "token", "create", "bo", "--role", "operator", "--queues", "team", "--nats",
                cluster.nats_url)
     assert r.returncode == 0, r.stderr
     bo = r.stdout.strip().splitlines()[-1]
     wait_until(lambda: api.raw("{ ping }", token=bo).status_code == 200, timeout=10, what="bo's token")
     # The host takes nothing while both users' jobs arrive: one user's four first, then
     # the teammate's two.
-    assert muster(cluster, srv.url, "host", "cordon", "uf-a", "--reason", "test").returncode == 0
-    mine = [submitted(cluster, srv.url, "--queue", "team", "--gpus", "1", f"mine-{i}", "--",
+    assert muster(cluster, url, "host", "cordon", "uf-a", "--reason", "test").returncode == 0
+    mine = [submitted(cluster, url, "--queue", "team", "--gpus", "1", f"mine-{i}", "--",
                       *task(tmp_path, f"mine-{i}", 1.0)) for i in range(4)]
-    r = muster(cluster, srv.url, "job", "submit", "-o", "json", "--queue", "team", "--gpus", "1", "theirs-0", "--",
+    r = muster(cluster, url, "job", "submit", "-o", "json", "--queue", "team", "--gpus", "1", "theirs-0", "--",
                *task(tmp_path, "theirs-0", 1.0), token=bo)
     assert r.returncode == 0, r.stderr
     theirs = json.loads(r.stdout)["id"]
@@ -153,9 +155,9 @@ def test_a_queue_with_fair_share_between_users_starts_a_teammates_job_before_one
     # Second in the queue's order, though submitted last: its user holds nothing, as the first's.
     wait_until(lambda: position(theirs) == 2, timeout=30, what="the teammate's job second in the queue's order")
     assert position(mine[1]) == 3
-    shown = muster(cluster, srv.url, "queue", "show", "team").stdout
+    shown = muster(cluster, url, "queue", "show", "team").stdout
     assert "by user (next first): " in shown and "bo 0 GPUs, 0 running, 1 not ended" in shown, shown
-    assert muster(cluster, srv.url, "host", "uncordon", "uf-a").returncode == 0
+    assert muster(cluster, url, "host", "uncordon", "uf-a").returncode == 0
     for j in [*mine, theirs]:
         assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
     # The host's two GPUs went to one job of each user first (from the tasks' own records).

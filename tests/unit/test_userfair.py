@@ -96,6 +96,13 @@ def _add(w: World, job: Job) -> None:
     w.state.apply_state_record(Record(f"job.{job.id}", next(w.rev), encode(job)))
 
 
+def _add_jobs(w: World, user: str, n: int, at: float, first: int = 0, **fields: int) -> None:
+    """`n` one-GPU jobs of `user` (ids its initial and a number from `first`), submitted a
+    second apart from `at`."""
+    for i in range(n):
+        _add(w, _job(f"{user[0]}{first + i}", user, at + i, **fields))
+
+
 def _placed(w: World, user: str) -> int:
     return sum(1 for j in w.state.jobs.values() if j.spec.user == user and j.state is JobState.PLACED)
 
@@ -103,10 +110,8 @@ def _placed(w: World, user: str) -> int:
 def test_a_teammate_is_not_kept_behind_one_users_long_backlog() -> None:
     for fair, expected in ((False, (8, 0)), (True, (4, 4))):
         w = _world(fair)
-        for i in range(12):
-            _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
-        for i in range(4):
-            _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+        _add_jobs(w, "ann", 12, NOW - 100)
+        _add_jobs(w, "bo", 4, NOW - 10)
         # The queue positions the API shows follow the planner's order.
         view = JobView(w.state, None, half_life_s=0)
         positions = {j.id: view.queue_position(j, 0.0) for j in w.state.jobs.values()}
@@ -118,24 +123,19 @@ def test_a_teammate_is_not_kept_behind_one_users_long_backlog() -> None:
 
 def test_what_a_user_holds_already_counts_and_priority_comes_first() -> None:
     w = _world(True)
-    for i in range(4):
-        _add(w, _job(f"a{i}", "ann", NOW - 100 + i, gpus=2))
+    _add_jobs(w, "ann", 4, NOW - 100, gpus=2)
     w.cycle()  # ann holds all 8 GPUs
     w.cycle(reports=[w.report(f"a{i}", 0, AttemptState.RUNNING) for i in range(4)])
     w.host("b", gpus=8)
-    for i in range(6):
-        _add(w, _job(f"a{4 + i}", "ann", NOW - 50 + i))
-    for i in range(6):
-        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    _add_jobs(w, "ann", 6, NOW - 50, first=4)
+    _add_jobs(w, "bo", 6, NOW - 10)
     w.cycle()
     # bo holds nothing: bo's six go first, then ann's until the host is full.
     assert (_placed(w, "ann"), _placed(w, "bo")) == (2, 6)
     # A higher priority goes first whoever holds more.
     w = _world(True)
-    for i in range(4):
-        _add(w, _job(f"a{i}", "ann", NOW - 100 + i, priority=5))
-    for i in range(8):
-        _add(w, _job(f"b{i}", "bo", NOW - 200 + i))
+    _add_jobs(w, "ann", 4, NOW - 100, priority=5)
+    _add_jobs(w, "bo", 8, NOW - 200)
     w.cycle()
     assert (_placed(w, "ann"), _placed(w, "bo")) == (4, 4)
 
@@ -177,10 +177,8 @@ def test_a_user_who_ran_the_queue_lately_goes_after_one_who_did_not() -> None:
     # ann held 8 GPUs of the queue over the last half-life; she holds nothing now.
     past = QueueUsage(name="team", at=NOW, half_life_s=3600.0, user_gpus={"ann": 8 * 3600 / 0.6931471805599453 / 2})
     w.state.apply_state_record(Record("qusage.team", next(w.rev), encode(past)))
-    for i in range(8):
-        _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
-    for i in range(8):
-        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    _add_jobs(w, "ann", 8, NOW - 100)
+    _add_jobs(w, "bo", 8, NOW - 10)
     view = JobView(w.state, None, half_life_s=3600.0)
     assert view.queue_position(w.job("b3"), 0.0, NOW) == 4 and view.queue_position(w.job("a0"), 0.0, NOW) == 5
     # The queue's users as its page shows them: next first, ann's past use as 4 GPUs.
@@ -197,10 +195,8 @@ def test_a_user_who_ran_the_queue_lately_goes_after_one_who_did_not() -> None:
     w = _world(True)
     w.policy = QueuePolicy(half_life_s=0.0)
     w.state.apply_state_record(Record("qusage.team", next(w.rev), encode(past)))
-    for i in range(8):
-        _add(w, _job(f"a{i}", "ann", NOW - 100 + i))
-    for i in range(8):
-        _add(w, _job(f"b{i}", "bo", NOW - 10 + i))
+    _add_jobs(w, "ann", 8, NOW - 100)
+    _add_jobs(w, "bo", 8, NOW - 10)
     w.cycle()
     assert (_placed(w, "ann"), _placed(w, "bo")) == (4, 4)
 
