@@ -61,6 +61,11 @@ ALERT_INPUT_REJECTED = "input.rejected"
 # past the starvation threshold while it was below its entitled share.
 ALERT_PREEMPTION_STORM = "preemption.storm"
 ALERT_QUEUE_STARVED = "queue.starved"
+# An advance reservation opened or ended; a maintenance window (a drain scheduled ahead)
+# began (server.scheduling.windowwatch).
+ALERT_RESERVATION_OPENED = "reservation.opened"
+ALERT_RESERVATION_ENDED = "reservation.ended"
+ALERT_MAINTENANCE_BEGAN = "maintenance.began"
 
 
 def job_key(job_id: str) -> str:

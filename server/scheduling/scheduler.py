@@ -29,6 +29,7 @@ from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
 from server.scheduling.queuewatch import QueueWatch
+from server.scheduling.windowwatch import WindowWatch
 from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
@@ -153,6 +154,7 @@ class Scheduler:
         self._redelivered: dict[str, tuple[int, float]] = {}
         self._delivery_checked = 0.0
         self.watch = self.config.watch
+        self.windows = WindowWatch()  # anew with each term (_lead)
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
@@ -243,6 +245,7 @@ class Scheduler:
         if not await self._catch_up(stop, term):
             return
         log.info("scheduling as leader, term %d", term)
+        self.windows = WindowWatch()  # its first check takes the windows open now as known
         js = self.store.js
         # A message taken by a leader that then died or froze returns after ack_wait:
         # keep it close to the lease so a new leader sees it soon after taking over.
@@ -715,13 +718,15 @@ class Scheduler:
         await publish_alert(self.store.nc, subjects.ALERT_INPUT_REJECTED, ev)
 
     def _queue_alerts(self, plan: Plan, now: float) -> list[Event]:
-        """Preemption storms at once; starved queues checked at most once a second."""
+        """Preemption storms at once; starved queues, and windows that began or ended
+        (advance reservations, maintenance), checked at most once a second."""
         out = self.watch.preempted(now, sum(plan.preempted.values()))
         for ev in plan.events:
             if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                 self._placed_queues.add(plan.jobs[ev.job_id].spec.queue)
         if now - self._watched_at >= 1.0:
             self._watched_at = now
+            out += self.windows.check(now, self.state.advance, self.state.maintenance)
             rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
             below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
             out += self.watch.queues(now, self.state.backlog.counts(), self._placed_queues, below,

@@ -20,6 +20,12 @@ from tests.integration.test_queues import attempts, events, muster, settled, sub
 REASON = "hosts set aside for other queues"
 
 
+def alerts(api: Api, kind: str) -> list[str]:
+    """The messages of the alerts of `kind` in history."""
+    got = api.q("query($k: String) { alerts(kind: $k) { edges { node { message } } } }", {"k": kind})["alerts"]
+    return [e["node"]["message"] for e in got["edges"]]
+
+
 def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, tmp_path: Path) -> None:
     srv = cluster.server(heartbeat_interval=1)
     cluster.agent("ar-a", gpus="2xH100", labels="rack=ra", heartbeat_interval=1, kill_grace=2)
@@ -72,6 +78,9 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     assert first["state"] == "KILLED" and "advance reservation launch-run" in first["reason"], first
     term = next(e for e in events(tmp_path) if e["job"] == "early" and e["ev"] == "term")
     assert term["t"] >= dt.datetime.fromisoformat(r["startsAt"]).timestamp()  # at its start, not when it was made
+    wait_until(lambda: alerts(api, "reservation.opened"), timeout=30, what="the reservation's opening alerted")
+    opened = alerts(api, "reservation.opened")[0]
+    assert "advance reservation launch-run opened: 1 host(s) set aside for launch" in opened, opened
     ours = submit(api, "ours", task(tmp_path, "ours", 0.2), queue="launch")["job"]["id"]
     done = api.wait_job(ours, {"SUCCEEDED", "FAILED"}, timeout=60)
     assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ar-a"
@@ -86,6 +95,7 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     job = api.q("""query($id: ID!) { job(id: $id) { attempts { number } } }""", {"id": early})["job"]
     assert [a["number"] for a in job["attempts"]] == [1, 2]
     assert "launch-run" not in muster(cluster, srv.url, "reservation", "list").stdout
+    wait_until(lambda: alerts(api, "reservation.ended"), timeout=30, what="the reservation's end alerted")
     api.q("mutation($id: ID!) { cancelJob(id: $id) { job { id } } }", {"id": early})
     settled(api, early)
     assert_invariants(cluster.nats_url)

@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.conftest import wait_until
 from tests.integration.conftest import Api, Cluster, assert_invariants
+from tests.integration.test_advance import alerts
 from tests.integration.test_backfill import queue_reasons
 from tests.integration.test_queues import attempts, events, muster, settled, submit, task
 
@@ -65,6 +66,8 @@ def test_a_maintenance_window_takes_only_work_that_ends_by_it_then_drains(cluste
 
     # From the start the host is draining; at the deadline `early` is stopped.
     wait_until(lambda: host(api, "mw-a")["draining"], timeout=60, what="the drain begins")
+    wait_until(lambda: alerts(api, "maintenance.began"), timeout=30, what="the window's start alerted")
+    assert "maintenance window began: 1 host(s) draining (mw-a)" in alerts(api, "maintenance.began")[0]
     assert host(api, "mw-a")["cordoned"] is True and host(api, "mw-a")["drainAt"] is None
     wait_until(lambda: any(a["state"] != "RUNNING" for a in attempts(api, early)), timeout=60,
                what="the drain stops the job that ran there from before")
