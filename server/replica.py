@@ -655,8 +655,9 @@ class Muster:
         raise ConflictError("the queue changed concurrently; try again", field="name")
 
     async def delete_queue(self, name: str, by: str) -> None:
-        """Delete a queue that holds no work. Raises NotFound, or ValidationError
-        (QUEUE_IN_USE with the counts; the default queue cannot be deleted)."""
+        """Delete a queue that holds no work and that no advance reservation names. Raises
+        NotFound, or ValidationError (QUEUE_IN_USE with the counts or the reservations; the
+        default queue cannot be deleted)."""
         if name == DEFAULT_QUEUE:
             raise ValidationError("name", "the default queue always exists (change it with updateQueue)",
                                   "PROTECTED")
@@ -667,6 +668,11 @@ class Muster:
         if queued or live:
             raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "
                                           "cancel them or wait for them to end first", "QUEUE_IN_USE")
+        now = time.time()
+        naming = sorted(r.name for r in self.state.advance.values() if name in r.queues and not advance.over(r, now))
+        if naming:
+            raise ValidationError("name", f"queue {name!r} is named by advance reservation {', '.join(naming)}: delete "
+                                          "it first, or wait for it to end", "QUEUE_IN_USE")
         assert self.store is not None
         key = subjects.queue_key(name)
         rev = await self.store.delete(key, expected=self.state.revisions.get(key, 0))
