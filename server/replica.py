@@ -726,8 +726,9 @@ class Muster:
         self.state.apply_state_record(Record(key, rev, encode(r)))
         await self._publish_event("advres.created", Event(
             kind="advres.created", message=f"advance reservation {r.name} created by {by}: {len(r.hosts)} host(s) "
-            f"for {', '.join(r.queues)} from {iso_utc(r.starts)} to {iso_utc(r.ends)}",
-            data={"name": r.name, "by": by, "hosts": len(r.hosts), "queues": r.queues, "starts": r.starts,
+            f"for {advance.whom(r)} from {iso_utc(r.starts)} to {iso_utc(r.ends)}",
+            data={"name": r.name, "by": by, "hosts": len(r.hosts), "queues": r.queues, "users": r.users,
+                  "starts": r.starts,
                   "ends": r.ends}))
         return r
 

@@ -551,17 +551,19 @@ MAX_USAGE_USERS = 1024
 
 
 class AdvanceReservation(_Model):
-    """The `advres.<name>` record: hosts set aside for some queues' jobs from `starts` to
-    `ends` (server.scheduling.advance), as Slurm's advance reservations. Until `starts`
-    other jobs take the hosts only if their time limit ends them by then; from `starts`
-    to `ends` only the named queues' jobs are placed there, and other work still there at
-    `starts` is stopped and requeued (not counted as a try)."""
+    """The `advres.<name>` record: hosts set aside for some queues' and users' jobs from
+    `starts` to `ends` (server.scheduling.advance), as Slurm's advance reservations
+    (`accounts=`, `users=`). Until `starts` other jobs take the hosts only if their time
+    limit ends them by then; from `starts` to `ends` only the jobs of the named queues and
+    users are placed there, and other work still there at `starts` is stopped and
+    requeued (not counted as a try)."""
 
     v: Literal[1] = 1
     name: str = Field(pattern=QUEUE_NAME_PATTERN)
     description: str = Field(default="", max_length=512)
     hosts: list[str] = Field(min_length=1, max_length=MAX_SET_ASIDE_HOSTS)
-    queues: list[str] = Field(min_length=1, max_length=64)
+    queues: list[str] = Field(default_factory=list, max_length=64)
+    users: list[str] = Field(default_factory=list, max_length=256)
     starts: float
     ends: float
     created_at: float = 0.0
@@ -585,10 +587,20 @@ class AdvanceReservation(_Model):
                 raise ValueError(f"not a queue name: {q[:64]!r}")
         return sorted(set(queues))
 
+    @field_validator("users")
+    @classmethod
+    def _user_names(cls, users: list[str]) -> list[str]:
+        for u in users:
+            if not u or len(u) > 64 or not u.isprintable():
+                raise ValueError(f"not a user name: {u[:64]!r}")
+        return sorted(set(users))
+
     @model_validator(mode="after")
     def _window(self) -> AdvanceReservation:
         if not self.ends > self.starts:
             raise ValueError("it must end after it starts")
+        if not self.queues and not self.users:
+            raise ValueError("it must name queues or users whose jobs may use the hosts")
         return self
 
 

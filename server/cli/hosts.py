@@ -98,7 +98,7 @@ def cmd_show(args: argparse.Namespace) -> int:
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
            fences lastFenceSeconds fenceContinued fenceStopped reservedFor drainAt drainDeadline
-           setAside { name queues startsAt endsAt state } }
+           setAside { name queues users startsAt endsAt state } }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
     data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside"))
@@ -121,7 +121,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif h["draining"] and h.get("drainDeadline"):
         print(f"  draining: what still runs is stopped at {when_text(h['drainDeadline'])}")
     for r in h.get("setAside") or []:
-        print(f"  set aside for {', '.join(r['queues'])} from {when_text(r['startsAt'])} to {when_text(r['endsAt'])} "
+        whom = ", ".join([*r["queues"], *(f"user {u}" for u in r.get("users") or [])])
+        print(f"  set aside for {whom} from {when_text(r['startsAt'])} to {when_text(r['endsAt'])} "
               f"(advance reservation {r['name']}, {r['state'].lower()})")
     if h.get("reservedFor"):
         print(f"  reserved for job {h['reservedFor']}: other jobs are placed here only if their time limit ends "

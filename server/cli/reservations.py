@@ -14,7 +14,7 @@ from server.cli.times import UNITS, ahead, when_text
 from server.timefmt import parse_time
 from wire.errors import ConfigError, NotFound, ValidationError
 
-FIELDS = "name description hosts hostCount queues startsAt endsAt state by createdAt"
+FIELDS = "name description hosts hostCount queues users startsAt endsAt state by createdAt"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rc.add_argument("ids", nargs="*", metavar="HOST", help="a host to set aside")
     rc.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
     rc.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
-    rc.add_argument("--queues", required=True, metavar="A,B", help="the queues whose jobs may use the hosts")
+    rc.add_argument("--queues", default="", metavar="A,B", help="the queues whose jobs may use the hosts")
+    rc.add_argument("--users", default="", metavar="U,V",
+                    help="the users whose jobs, of any queue, may use them (queues, users or both)")
     rc.add_argument("--start", default=None, metavar="WHEN",
                     help="when it opens: ISO 8601 (UTC unless it names an offset) or a time from now (90m, 2h, "
                     "1d); default now")
@@ -50,11 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _row(r: dict[str, Any]) -> list[str]:
-    return [r["name"], r["state"], str(r["hostCount"]), ",".join(r["queues"]), when_text(r["startsAt"]),
-            when_text(r["endsAt"]), r["by"]]
+    return [r["name"], r["state"], str(r["hostCount"]), ",".join(r["queues"]) or "-", ",".join(r["users"]) or "-",
+            when_text(r["startsAt"]), when_text(r["endsAt"]), r["by"]]
 
 
-HEADERS = ["NAME", "STATE", "HOSTS", "QUEUES", "STARTS", "ENDS", "BY"]
+HEADERS = ["NAME", "STATE", "HOSTS", "QUEUES", "USERS", "STARTS", "ENDS", "BY"]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -71,7 +73,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.output == "json":
         out(args, r)
         return 0
-    print(f"{r['name']}  {r['state']}  for {', '.join(r['queues'])}  {r['description']}")
+    whom = " and ".join(x for x in (f"queues {', '.join(r['queues'])}" if r["queues"] else "",
+                                    f"users {', '.join(r['users'])}" if r["users"] else "") if x)
+    print(f"{r['name']}  {r['state']}  for {whom}  {r['description']}")
     print(f"  from {when_text(r['startsAt'])} to {when_text(r['endsAt'])}; made by {r['by']}")
     print(f"  {r['hostCount']} host(s): {' '.join(r['hosts'])}")
     return 0
@@ -95,6 +99,9 @@ def cmd_create(args: argparse.Namespace) -> int:
         end = (begins + dt.timedelta(seconds=_duration(args.duration))).isoformat()
     given: dict[str, Any] = {"name": args.name, "hosts": hosts, "endsAt": end, "description": args.description,
                              "queues": [q.strip() for q in args.queues.split(",") if q.strip()]}
+    users = [u.strip() for u in args.users.split(",") if u.strip()]
+    if users:
+        given["users"] = users
     if start is not None:
         given["startsAt"] = start
     res = gql(f"""mutation($input: AdvanceReservationInput!) {{ createAdvanceReservation(input: $input) {{

@@ -1,12 +1,13 @@
 """Advance reservations: hosts set aside for some queues' jobs over a time window, as
 Slurm's advance reservations (`scontrol create reservation`): a team's launch run on
-Friday, a demo, a benchmark that needs whole racks. From the window's start to its end
-only the named queues' jobs are placed on the hosts; before it, other jobs take them only
-if their time limit ends them by the start (so the hosts stay busy with short work until
-then, and nothing placed after the reservation was made must be stopped); work of other
-queues still there at the start (placed before the reservation was made) is stopped and
-requeued, not counted as a try. The named queues' jobs may run anywhere else too, and
-count against their queues' quotas as any job does.
+Friday, a demo, a benchmark that needs whole racks. A reservation names queues and
+users: a job of one of the queues, or of one of the users in any queue, is its job
+(`admits`). From the window's start to its end only its jobs are placed on the hosts, and
+there first; before it, other jobs take them only if their time limit ends them by the
+start (so the hosts stay busy with short work until then, and nothing placed after the
+reservation was made must be stopped); other work still there at the start (placed
+before the reservation was made) is stopped and requeued, not counted as a try. Its jobs
+may run anywhere else too, and count against their queues' quotas as any job does.
 
 Pure: the reservations, a job's queue and time limit, and a clock.
 """
@@ -17,6 +18,18 @@ from collections.abc import Iterable, Mapping
 
 from server.scheduling.maintenance import START_ALLOWANCE_S
 from wire.messages import AdvanceReservation
+
+
+def admits(r: AdvanceReservation, queue: str, user: str) -> bool:
+    """Whether a job of `queue` and `user` is the reservation's."""
+    return queue in r.queues or user in r.users
+
+
+def whom(r: AdvanceReservation) -> str:
+    """Whose the reservation is, in words: "queue a, b and user x"."""
+    parts = [f"queue{'s' if len(r.queues) > 1 else ''} {', '.join(r.queues)}" if r.queues else "",
+             f"user{'s' if len(r.users) > 1 else ''} {', '.join(r.users)}" if r.users else ""]
+    return " and ".join(p for p in parts if p)
 
 
 def active(r: AdvanceReservation, now: float) -> bool:
@@ -36,52 +49,56 @@ def may_run_before(limit_s: float, now: float, r: AdvanceReservation) -> bool:
 
 
 class SetAside:
-    """The hosts set aside that a job of a queue, with a time limit, may not take now:
-    those of every reservation not over that does not name its queue, open or not yet
-    open and its limit running into it. Worked out once per queue and limit a cycle, and
+    """The hosts set aside that a job of a queue and user, with a time limit, may not take
+    now: those of every reservation not over that does not admit it, open or not yet open
+    and its limit running into it. Worked out once per queue, user and limit a cycle, and
     one set for all that keep to the same reservations (the placer reads the index without
     a large set held back once per set: scheduling.capacity)."""
 
     def __init__(self, reservations: Mapping[str, AdvanceReservation], now: float) -> None:
         self.now = now
         self.live = [r for r in reservations.values() if not over(r, now)]
-        self._by: dict[tuple[str, float], frozenset[str]] = {}
+        self._by: dict[tuple[str, str, float], frozenset[str]] = {}
         self._of: dict[tuple[str, ...], frozenset[str]] = {}
-        self._own: dict[str, frozenset[str]] = {}
+        self._own: dict[tuple[str, str], frozenset[str]] = {}
+        # Users any reservation names: the others' jobs are looked up by queue alone.
+        self._users = frozenset(u for r in self.live for u in r.users)
 
     def __bool__(self) -> bool:
         return bool(self.live)
 
-    def __call__(self, queue: str, limit_s: float) -> frozenset[str]:
+    def __call__(self, queue: str, user: str, limit_s: float) -> frozenset[str]:
         if not self.live:
             return frozenset()
-        got = self._by.get((queue, limit_s))
+        user = user if user in self._users else ""
+        got = self._by.get((queue, user, limit_s))
         if got is None:
-            keeping = tuple(r.name for r in self.live if queue not in r.queues
+            keeping = tuple(r.name for r in self.live if not admits(r, queue, user)
                             and (active(r, self.now) or not may_run_before(limit_s, self.now, r)))
             got = self._of.get(keeping)
             if got is None:
                 got = self._of[keeping] = frozenset(h for r in self.live if r.name in keeping for h in r.hosts)
-            self._by[(queue, limit_s)] = got
+            self._by[(queue, user, limit_s)] = got
         return got
 
-    def own(self, queue: str) -> frozenset[str]:
-        """The hosts of the open reservations that name `queue`: where its jobs are placed
-        first (they may take any other host when those have no room)."""
-        got = self._own.get(queue)
+    def own(self, queue: str, user: str) -> frozenset[str]:
+        """The hosts of the open reservations that admit a job of `queue` and `user`: where
+        it is placed first (it may take any other host when those have no room)."""
+        user = user if user in self._users else ""
+        got = self._own.get((queue, user))
         if got is None:
-            got = self._own[queue] = frozenset(h for r in self.live if queue in r.queues and active(r, self.now)
-                                               for h in r.hosts)
+            got = self._own[(queue, user)] = frozenset(h for r in self.live if admits(r, queue, user)
+                                                       and active(r, self.now) for h in r.hosts)
         return got
 
-    def keeping(self, host_id: str, queue: str, limit_s: float) -> list[AdvanceReservation]:
-        """The reservations that keep a job of `queue` with that limit off `host_id`."""
-        return [r for r in self.live if host_id in r.hosts and queue not in r.queues
+    def keeping(self, host_id: str, queue: str, user: str, limit_s: float) -> list[AdvanceReservation]:
+        """The reservations that keep a job of `queue` and `user` with that limit off `host_id`."""
+        return [r for r in self.live if host_id in r.hosts and not admits(r, queue, user)
                 and (active(r, self.now) or not may_run_before(limit_s, self.now, r))]
 
 
 def open_on(reservations: Iterable[AdvanceReservation], now: float) -> dict[str, AdvanceReservation]:
-    """Host -> the reservation open on it now: where other queues' work is stopped."""
+    """Host -> the reservation open on it now: where others' work is stopped."""
     return {h: r for r in reservations if active(r, now) for h in r.hosts}
 
 

@@ -640,9 +640,9 @@ def drain_due(w: _Work, now: float, max_keys: int) -> None:
 
 
 def stop_set_aside(w: _Work, now: float, max_keys: int) -> None:
-    """Stop other queues' work on hosts an advance reservation has set aside from its
-    start (scheduling.advance): only work placed before the reservation was made can be
-    there. As a drain's (retry.DRAIN), not counted against maxAttempts."""
+    """Stop others' work on hosts an advance reservation has set aside from its start
+    (scheduling.advance): only work placed before the reservation was made can be there.
+    As a drain's (retry.DRAIN), not counted against maxAttempts."""
     if not w.state.advance:
         return
     for host_id, r in advance.open_on(w.state.advance.values(), now).items():
@@ -651,11 +651,11 @@ def stop_set_aside(w: _Work, now: float, max_keys: int) -> None:
             continue
 
         def other(job: Job | None, r: AdvanceReservation = r) -> bool:
-            return job is None or job.spec.queue not in r.queues
+            return job is None or not advance.admits(r, job.spec.queue, job.spec.user)
 
         if any(not t.stop and other(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id)) for t in cur.tasks):
-            _stop_host_work(w, host_id, f"host {host_id} set aside for queue(s) {', '.join(r.queues)} by advance "
-                                        f"reservation {r.name}", now, max_keys, other)
+            _stop_host_work(w, host_id, f"host {host_id} set aside for {advance.whom(r)} by advance reservation "
+                                        f"{r.name}", now, max_keys, other)
 
 
 def _stop_host_work(w: _Work, host_id: str, why: str, now: float, max_keys: int,
@@ -1449,7 +1449,7 @@ def place_queued(
         held = placer.exclude
         limit = effective_time_limit(job.spec, adm.queue(job))
         placer.exclude = held | {h for r in reservations.values() for h in r.hosts} | closing(limit) \
-            | set_aside(job.spec.queue, limit)
+            | set_aside(job.spec.queue, job.spec.user, limit)
         soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, ends, soonest)
         placer.exclude = held
@@ -1610,7 +1610,7 @@ def place_queued(
         if reservations or state.maintenance or set_aside:
             limit = effective_time_limit(job.spec, q)
             parts.append(closing(limit))  # maintenance windows its time limit would run into
-            parts.append(set_aside(job.spec.queue, limit))
+            parts.append(set_aside(job.spec.queue, job.spec.user, limit))
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = w.latest(r.job_id)
@@ -1749,8 +1749,8 @@ def place_queued(
             if refusal is not None and refusal.within_nominal:
                 wait_for_reclaim(job)
             continue
-        # A job of a queue some open advance reservations name goes to their hosts first.
-        own = set_aside.own(job.spec.queue) if set_aside else frozenset()
+        # A job that open advance reservations admit (its queue or user) goes to their hosts first.
+        own = set_aside.own(job.spec.queue, job.spec.user) if set_aside else frozenset()
         choices = placer.within(own, functools.partial(_placed, placer, spec)) if own else None
         if choices is None:
             choices = _placed(placer, spec)

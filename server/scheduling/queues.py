@@ -57,7 +57,7 @@ USER_LIMIT = "user at its queue's per-user limit"
 RESERVED = "holds a reservation"
 RESERVED_FOR_OTHER = "hosts reserved for another job"
 MAINTENANCE = "hosts closing for maintenance"
-SET_ASIDE = "hosts set aside for other queues"
+SET_ASIDE = "hosts set aside for others"
 GROUP_LIMIT = "waiting for its group"
 NOT_YET = "waiting for its start time"
 

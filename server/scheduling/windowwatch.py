@@ -41,10 +41,10 @@ class WindowWatch:
                 what = f"advance reservation {r.name}"
                 current[key] = (what, Event(
                     kind=ALERT_RESERVATION_OPENED, ts=now,
-                    message=f"{what} opened: {len(r.hosts)} host(s) set aside for {', '.join(r.queues)} until "
-                            f"{iso_utc(r.ends)}; other queues' work there is stopped and requeued",
-                    data={"name": r.name, "hosts": len(r.hosts), "queues": list(r.queues), "starts": r.starts,
-                          "ends": r.ends}))
+                    message=f"{what} opened: {len(r.hosts)} host(s) set aside for {advance.whom(r)} until "
+                            f"{iso_utc(r.ends)}; others' work there is stopped and requeued",
+                    data={"name": r.name, "hosts": len(r.hosts), "queues": list(r.queues), "users": list(r.users),
+                          "starts": r.starts, "ends": r.ends}))
         drained: dict[Window, list[str]] = {}
         for host_id, w in windows.items():
             if w.starts <= now < w.stops:

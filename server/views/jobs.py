@@ -186,7 +186,7 @@ class JobView:
         limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
         windows = self.state.maintenance
         kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now) \
-            | advance.SetAside(self.state.advance, now)(job.spec.queue, limit)
+            | advance.SetAside(self.state.advance, now)(job.spec.queue, job.spec.user, limit)
         if not kept:
             return []
         placer.exclude = set(kept)

@@ -314,15 +314,15 @@ def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[
 
 def set_aside_text(state: ClusterState, job: Job, q: Queue, hosts: Sequence[str], now: float) -> str:
     """Why the hosts with room for `job` are not its: advance reservations for other queues
-    (scheduling.advance), open or that its time limit would run into."""
+    and users (scheduling.advance), open or that its time limit would run into."""
     limit = effective_time_limit(job.spec, q)
     kept = advance.SetAside(state.advance, now)
-    found = {r.name: r for h in hosts for r in kept.keeping(h, job.spec.queue, limit)}
+    found = {r.name: r for h in hosts for r in kept.keeping(h, job.spec.queue, job.spec.user, limit)}
     if not found:
-        return "the hosts with room for it are set aside for other queues"
+        return "the hosts with room for it are set aside for others"
     parts = []
     for r in sorted(found.values(), key=lambda r: (r.starts, r.name))[:3]:
-        queues = ", ".join(r.queues)
+        queues = advance.whom(r)
         if advance.active(r, now):
             parts.append(f"{r.name} sets {len(r.hosts)} host(s) aside for {queues} for about {r.ends - now:.0f} s more")
         else:

@@ -17,7 +17,7 @@ from tests.integration.conftest import Api, Cluster, assert_invariants
 from tests.integration.test_backfill import queue_reasons
 from tests.integration.test_queues import attempts, events, muster, settled, submit, task
 
-REASON = "hosts set aside for other queues"
+REASON = "hosts set aside for others"
 
 
 def alerts(api: Api, kind: str) -> list[str]:
@@ -47,12 +47,13 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     assert "set aside for launch from" in shown.stdout and "advance reservation launch-run" in shown.stdout, \
         shown.stdout
     # A host is set aside by one reservation at a time; hosts must exist.
-    again = muster(cluster, srv.url, "reservation", "create", "other", "ar-a", "--queues", "launch", "--duration",
-                   "2h")
+    again = muster(cluster, srv.url, "reservation", "create", "other", "ar-a", "--users", "bo", "--duration", "2h")
     assert again.returncode != 0 and "set aside by advance reservation launch-run" in again.stderr, again.stderr
     unknown = muster(cluster, srv.url, "reservation", "create", "other", "nope", "--queues", "launch", "--duration",
                      "2h")
     assert unknown.returncode != 0 and "no host nope" in unknown.stderr, unknown.stderr
+    nobody = muster(cluster, srv.url, "reservation", "create", "other", "ar-a", "--duration", "2h")
+    assert nobody.returncode != 0 and "must name queues or users" in nobody.stderr, nobody.stderr
     mutation = """mutation($input: AdvanceReservationInput!) { createAdvanceReservation(input: $input) {
                   reservation { name } userErrors { field code } } }"""
     for starts, ends, code in (("2030-01-02T00:00:00Z", "2030-01-01T00:00:00Z", "INVALID"),  # ends first
@@ -83,7 +84,7 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     assert term["t"] >= dt.datetime.fromisoformat(r["startsAt"]).timestamp()  # at its start, not when it was made
     wait_until(lambda: alerts(api, "reservation.opened"), timeout=30, what="the reservation's opening alerted")
     opened = alerts(api, "reservation.opened")[0]
-    assert "advance reservation launch-run opened: 1 host(s) set aside for launch" in opened, opened
+    assert "advance reservation launch-run opened: 1 host(s) set aside for queue launch" in opened, opened
     ours = submit(api, "ours", task(tmp_path, "ours", 0.2), queue="launch")["job"]["id"]
     done = api.wait_job(ours, {"SUCCEEDED", "FAILED"}, timeout=60)
     assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ar-a"

@@ -1377,7 +1377,7 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     r = await c.get("/queues")
     row = r.text[r.text.index('id="advres-demo"'):]
     row = row[:row.index("</tr>")]
-    assert "<td>upcoming</td><td>vision</td>" in row and ">1</td>" in row, row
+    assert "<td>upcoming</td><td>queue vision</td>" in row and ">1</td>" in row, row
     r = await c.get("/hosts/qh1")
     assert "<dt>Set aside</dt>" in r.text and "(advance reservation demo): until then other jobs" in r.text
     await m.delete_advance_reservation("demo", "admin")

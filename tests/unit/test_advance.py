@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.advance import SetAside, active, clash, may_run_before, on_host, open_on, over
+from server.scheduling.advance import SetAside, active, admits, clash, may_run_before, on_host, open_on, over, whom
 from server.scheduling.maintenance import START_ALLOWANCE_S
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import SET_ASIDE
@@ -36,9 +36,9 @@ def _world(*hosts: str) -> World:
 
 
 def _submit(w: World, job_id: str, queue: str = "default", limit: float = 0.0, gpus: int = 1,
-            at: float = NOW - 10, replicas: int = 1) -> None:
+            at: float = NOW - 10, replicas: int = 1, user: str = "operator") -> None:
     job = make_job(job_id, spec=job_spec(job_id, command=["x"], gpus=gpus, cpus=1, memory_mb=1, queue=queue,
-                                         time_limit_s=limit, replicas=replicas), submitted_at=at)
+                                         time_limit_s=limit, replicas=replicas, user=user), submitted_at=at)
     w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(job)))
 
 
@@ -63,16 +63,28 @@ def test_the_hosts_set_aside_by_queue_and_limit() -> None:
     rs = {"launch": LAUNCH, "demo": AdvanceReservation(name="demo", hosts=["b", "c"], queues=["demo", "launch"],
                                                        starts=NOW - 10, ends=NOW + 100)}
     kept = SetAside(rs, NOW)
-    assert kept("default", 0) == {"a", "b", "c"} and kept("default", 590) == {"b", "c"}
-    assert kept("launch", 0) == frozenset()  # in both
-    assert kept("demo", 590) == frozenset() and kept("demo", 591) == {"a"}
-    assert kept("default", 590) is kept("default", 590)  # once per queue and limit
-    assert kept("default", 0) is kept("default", 591)  # one set for all that keep to the same reservations
-    assert [r.name for r in kept.keeping("b", "default", 590)] == ["demo"]
-    assert SetAside(rs, NOW + 5000)("default", 0) == frozenset() and not SetAside(rs, NOW + 5000)
+    assert kept("default", "u", 0) == {"a", "b", "c"} and kept("default", "u", 590) == {"b", "c"}
+    assert kept("launch", "u", 0) == frozenset()  # in both
+    assert kept("demo", "u", 590) == frozenset() and kept("demo", "u", 591) == {"a"}
+    assert kept("default", "u", 590) is kept("default", "u", 590)  # once per queue and limit
+    assert kept("default", "u", 0) is kept("default", "u", 591)  # one set for all that keep to the same reservations
+    assert [r.name for r in kept.keeping("b", "default", "u", 590)] == ["demo"]
+    assert SetAside(rs, NOW + 5000)("default", "u", 0) == frozenset() and not SetAside(rs, NOW + 5000)
     assert set(open_on(rs.values(), NOW)) == {"b", "c"} and set(open_on(rs.values(), NOW + 600)) == {"a"}
     assert [r.name for r in on_host(rs.values(), "a", NOW)] == ["launch"]
     assert on_host(rs.values(), "a", NOW + 4200) == []
+
+
+def test_a_reservation_for_users_admits_their_jobs_of_any_queue() -> None:
+    mine = LAUNCH.model_copy(update={"queues": [], "users": ["ann"], "starts": NOW - 1})
+    assert admits(mine, "default", "ann") and not admits(mine, "default", "bo") and not admits(mine, "launch", "bo")
+    both = LAUNCH.model_copy(update={"users": ["ann", "cy"]})
+    assert whom(both) == "queue launch and users ann, cy" and whom(mine) == "user ann"
+    kept = SetAside({"mine": mine}, NOW)
+    assert kept("default", "ann", 0) == frozenset() and kept("default", "bo", 0) == {"a"}
+    assert kept.own("default", "ann") == {"a"} and kept.own("default", "bo") == frozenset()
+    # A user no reservation names is looked up with the others of its queue: one set.
+    assert kept("default", "bo", 0) is kept("default", "dan", 0)
 
 
 def test_a_host_is_set_aside_by_one_reservation_at_a_time() -> None:
@@ -87,8 +99,10 @@ def test_a_host_is_set_aside_by_one_reservation_at_a_time() -> None:
 
 def test_the_record_is_checked() -> None:
     assert AdvanceReservation(name="x", hosts=["a"], queues=["q", "p", "q"], starts=1, ends=2).queues == ["p", "q"]
+    assert AdvanceReservation(name="x", hosts=["a"], users=["bo", "ann", "bo"], starts=1, ends=2).users == ["ann",
+                                                                                                          "bo"]
     for bad in ({"hosts": []}, {"hosts": ["a", "a"]}, {"hosts": ["bad host"]}, {"queues": []}, {"ends": 1},
-                {"queues": ["Q!"]}):
+                {"queues": ["Q!"]}, {"queues": ["q"], "users": ["bad\nname"]}):
         try:
             AdvanceReservation.model_validate({"name": "x", "hosts": ["a"], "queues": ["q"], "starts": 1, "ends": 2,
                                                **bad})
@@ -113,8 +127,8 @@ def test_before_it_opens_the_hosts_take_only_other_jobs_that_end_by_its_start() 
     view = JobView(w.state, None, half_life_s=0)
     why = {r.reason: r.detail for r in view.queue_reasons(w.job("long"), NOW)}
     assert why[SET_ASIDE] == ("the hosts with room for it are set aside by advance reservation launch sets 1 host(s) "
-                              "aside for launch in about 600 s, and its time limit of 591 s runs past that (allowing "
-                              "10 s to start)")
+                              "aside for queue launch in about 600 s, and its time limit of 591 s runs past that "
+                              "(allowing 10 s to start)")
     assert "it has no time limit" in {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}[SET_ASIDE]
     # A host not set aside takes them.
     w.host("b")
@@ -142,7 +156,7 @@ def test_while_open_only_its_queues_jobs_are_placed_and_other_work_there_is_stop
     early = w.job("early")
     assert early.state is JobState.QUEUED and early.tries == 1  # requeued; the try a drain's, not counted
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("tiny"), NOW + 601)}
-    assert why[SET_ASIDE].endswith("sets 1 host(s) aside for launch for about 3599 s more")
+    assert why[SET_ASIDE].endswith("sets 1 host(s) aside for queue launch for about 3599 s more")
     # Once it is over the host is every queue's again.
     w.cycle(now=NOW + 4200)
     assert _host_of(w, "early") == "a" and _host_of(w, "tiny") == "a"
@@ -254,6 +268,21 @@ def test_its_queues_jobs_go_to_the_hosts_set_aside_first_then_anywhere() -> None
     w.cycle()
     assert _host_of(w, "ours7") == "z" and _host_of(w, "ours8") not in ("z", tight)
     assert [a.host_id for a in w.job("gang").attempts] == [tight, tight]
+
+
+def test_a_users_jobs_of_any_queue_use_the_hosts_set_aside_for_the_user_and_others_do_not() -> None:
+    w = _world("a", "z")
+    _reserve(w, AdvanceReservation(name="demo", hosts=["z"], users=["ann"], starts=NOW - 1, ends=NOW + 3600))
+    _submit(w, "x", gpus=7, limit=5000, at=NOW - 100, user="bo")
+    w.cycle()
+    assert _host_of(w, "x") == "a"  # z is set aside for ann
+    _submit(w, "ann1", gpus=1, at=NOW - 90, user="ann")
+    _submit(w, "bo7", gpus=7, at=NOW - 80, user="bo")  # z's room only
+    w.cycle()
+    assert _host_of(w, "ann1") == "z"  # ann's, though a is tighter
+    assert w.job("bo7").state is JobState.QUEUED
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("bo7"), NOW)}
+    assert "demo sets 1 host(s) aside for user ann for about" in why[SET_ASIDE]
 
 
 def test_before_it_opens_its_queues_jobs_are_placed_as_any_other() -> None:

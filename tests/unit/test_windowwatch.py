@@ -18,7 +18,7 @@ def test_a_reservation_is_alerted_when_it_opens_and_when_it_ends_once_each() -> 
     assert w.check(NOW, {"launch": R}, {}) == []  # not open yet
     opened = w.check(NOW + 10.5, {"launch": R}, {})
     assert [e.kind for e in opened] == [ALERT_RESERVATION_OPENED]
-    assert opened[0].message.startswith("advance reservation launch opened: 2 host(s) set aside for launch until")
+    assert opened[0].message.startswith("advance reservation launch opened: 2 host(s) set aside for queue launch until")
     assert opened[0].data["hosts"] == 2 and opened[0].data["queues"] == ["launch"]
     assert w.check(NOW + 11, {"launch": R}, {}) == []  # once
     ended = w.check(NOW + 100, {"launch": R}, {})

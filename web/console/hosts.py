@@ -199,6 +199,7 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "reserved_for": m.jobs.reserved_on(host_id),
         "set_aside": advance.on_host(m.state.advance.values(), host_id, time.time()),
         "now": time.time(),
+        "whom": advance.whom,
         "charts": gpu_charts(samples),
         "samples": len(samples),
         "window_s": (samples[-1].ts - samples[0].ts) if len(samples) > 1 else 0.0,

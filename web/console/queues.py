@@ -31,7 +31,7 @@ async def queues(request: Request) -> Response:
     usage = []
     if m.history is not None:
         usage = await run_in_threadpool(m.history.usage, since=now - PERIODS[period], now=now)
-    reservations = [{"name": r.name, "description": r.description, "queues": r.queues, "hosts": r.hosts,
+    reservations = [{"name": r.name, "description": r.description, "whom": advance.whom(r), "hosts": r.hosts,
                      "starts": r.starts, "ends": r.ends, "by": r.by,
                      "state": "open" if advance.active(r, now) else "over" if advance.over(r, now) else "upcoming"}
                     for r in sorted(m.state.advance.values(), key=lambda r: (r.starts, r.name))]

@@ -177,7 +177,11 @@ class QueueResourceInput:
 class AdvanceReservationInput:
     name: str
     hosts: list[strawberry.ID] = strawberry.field(description="The hosts to set aside (at most 4,096).")
-    queues: list[str] = strawberry.field(description="The queues whose jobs may use them while it is open.")
+    queues: list[str] = strawberry.field(default_factory=list,
+                                         description="The queues whose jobs may use them while it is open.")
+    users: list[str] = strawberry.field(default_factory=list,
+                                        description="The users whose jobs (of any queue) may use them too; queues, "
+                                                    "users or both must be named.")
     ends_at: dt.datetime = strawberry.field(description="When the hosts go back to every queue (UTC unless an "
                                                         "offset is given).")
     starts_at: dt.datetime | None = strawberry.field(

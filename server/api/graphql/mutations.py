@@ -215,7 +215,8 @@ class Mutation:
             require(info, "admin")
             r = await muster(info).create_advance_reservation(
                 {"name": input.name, "hosts": [str(h) for h in input.hosts], "queues": input.queues,
-                 "starts": epoch(input.starts_at), "ends": epoch(input.ends_at), "description": input.description},
+                 "users": input.users, "starts": epoch(input.starts_at), "ends": epoch(input.ends_at),
+                 "description": input.description},
                 user(info))
             return AdvanceReservation(_r=r)
 

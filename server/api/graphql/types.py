@@ -952,10 +952,11 @@ class AdvanceReservationState(enum.Enum):
     OVER = "OVER"
 
 
-@strawberry.type(description="Hosts set aside for some queues' jobs over a time window (Slurm's advance "
-                             "reservations). Until it starts, other jobs take the hosts only if their time limit "
-                             "ends them by its start; while it is open, only its queues' jobs are placed there, and "
-                             "other work still there at its start is stopped and requeued (not counted as a try).")
+@strawberry.type(description="Hosts set aside for some queues' and users' jobs over a time window (Slurm's "
+                             "advance reservations). Until it starts, other jobs take the hosts only if their time "
+                             "limit ends them by its start; while it is open, only its jobs are placed there (and "
+                             "there first), and other work still there at its start is stopped and requeued (not "
+                             "counted as a try).")
 class AdvanceReservation:
     _r: strawberry.Private[AdvanceReservationModel]
 
@@ -978,6 +979,10 @@ class AdvanceReservation:
     @strawberry.field(description="The queues whose jobs may use the hosts while it is open.")
     def queues(self) -> list[str]:
         return list(self._r.queues)
+
+    @strawberry.field(description="The users whose jobs, of any queue, may use them too.")
+    def users(self) -> list[str]:
+        return list(self._r.users)
 
     @strawberry.field
     def starts_at(self) -> dt.datetime:
