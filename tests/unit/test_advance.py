@@ -195,40 +195,43 @@ def test_a_reservation_for_a_waiting_job_is_never_made_on_hosts_set_aside_for_ot
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(-200, 800), st.integers(1, 600), st.booleans()), min_size=1, max_size=4),
-       st.lists(st.tuples(st.integers(1, 8), st.sampled_from([0, 100, 300, 600, 1200]), st.booleans()), min_size=1,
-                max_size=12))
-def test_nothing_of_another_queue_is_placed_where_it_would_run_into_a_reservation(
-        windows: list[tuple[int, int, bool]], jobs: list[tuple[int, int, bool]]) -> None:
-    """Whatever the reservations (some open, some over) and the jobs' queues, sizes and
-    limits: every task of another queue placed on a host set aside was placed before the
-    window opened and ends by its start, or after it ended; a host not set aside takes
-    what fits."""
+@given(st.lists(st.tuples(st.integers(-200, 800), st.integers(1, 600), st.sampled_from(["queue", "user", "both"])),
+                min_size=1, max_size=4),
+       st.lists(st.tuples(st.integers(1, 8), st.sampled_from([0, 100, 300, 600, 1200]), st.booleans(),
+                          st.sampled_from(["ann", "bo"])), min_size=1, max_size=12))
+def test_nothing_of_others_is_placed_where_it_would_run_into_a_reservation(
+        windows: list[tuple[int, int, str]], jobs: list[tuple[int, int, bool, str]]) -> None:
+    """Whatever the reservations (some open, some over; for queue launch, user ann or
+    both) and the jobs' queues, users, sizes and limits: every task a reservation does not
+    admit placed on its host was placed before the window opened and ends by its start, or
+    after it ended; a host not set aside takes what fits."""
     w = _world()
     w.policy = QueuePolicy(reserve_jobs=0)  # no reservations for waiting jobs: the open host's room is any job's
     hosts = [f"h{i}" for i in range(len(windows) + 1)]
     for h in hosts:
         w.host(h)
-    for i, (h, (start, length, _)) in enumerate(zip(hosts, windows, strict=False)):
-        _reserve(w, AdvanceReservation(name=f"r{i}", hosts=[h], queues=["launch"], starts=NOW + start,
+    for i, (h, (start, length, whose)) in enumerate(zip(hosts, windows, strict=False)):
+        _reserve(w, AdvanceReservation(name=f"r{i}", hosts=[h], queues=["launch"] if whose != "user" else [],
+                                       users=["ann"] if whose != "queue" else [], starts=NOW + start,
                                        ends=NOW + start + length))
-    for i, (gpus, limit, ours) in enumerate(jobs):
-        _submit(w, f"j{i}", queue="launch" if ours else "default", gpus=gpus, limit=float(limit), at=NOW - 100 + i)
+    for i, (gpus, limit, ours, user) in enumerate(jobs):
+        _submit(w, f"j{i}", queue="launch" if ours else "default", gpus=gpus, limit=float(limit), at=NOW - 100 + i,
+                user=user)
     w.cycle()
     placed = 0
     by_host = {r.hosts[0]: r for r in w.state.advance.values()}
-    for i, (_gpus, limit, ours) in enumerate(jobs):
+    for i, (_gpus, limit, ours, user) in enumerate(jobs):
         host = _host_of(w, f"j{i}")
         if host is None:
             continue
         placed += 1
         r = by_host.get(host)
-        if r is not None and not ours:
+        if r is not None and not admits(r, "launch" if ours else "default", user):
             assert over(r, NOW) or (NOW < r.starts and 0 < limit and NOW + START_ALLOWANCE_S + limit <= r.starts)
     assert placed == sum(1 for j in w.state.jobs.values() if j.state is JobState.PLACED)
     alloc = w.state.allocs.get(hosts[-1])
     free = 8 - sum(len(t.gpu_indices) for t in (alloc.tasks if alloc is not None else ()))
-    assert all(w.job(f"j{i}").state is JobState.PLACED for i, (g, _, _) in enumerate(jobs) if g <= free)
+    assert all(w.job(f"j{i}").state is JobState.PLACED for i, (g, _, _, _) in enumerate(jobs) if g <= free)
 
 
 def test_a_waiting_job_of_another_queue_still_gets_a_reservation_when_the_emptiest_hosts_are_set_aside() -> None:
