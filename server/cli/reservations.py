@@ -45,6 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     rc.add_argument("--description", default="")
     add_output(rc)
     rc.set_defaults(fn=cmd_create)
+    rs2 = rsub.add_parser("set", help="change an advance reservation (admin); only what is given changes")
+    rs2.add_argument("name")
+    rs2.add_argument("--end", default=None, metavar="WHEN", help="a new end")
+    rs2.add_argument("--duration", default=None, metavar="D", help="a new end, this long after its start (8h, 2d)")
+    rs2.add_argument("--queues", default=None, metavar="A,B", help="the queues whose jobs may use the hosts ('' none)")
+    rs2.add_argument("--users", default=None, metavar="U,V", help="the users whose jobs may use them ('' none)")
+    rs2.add_argument("--description", default=None)
+    add_output(rs2)
+    rs2.set_defaults(fn=cmd_set)
     rd = rsub.add_parser("delete", help="give the hosts back to every queue (admin)")
     rd.add_argument("name")
     add_output(rd)
@@ -107,6 +116,36 @@ def cmd_create(args: argparse.Namespace) -> int:
     res = gql(f"""mutation($input: AdvanceReservationInput!) {{ createAdvanceReservation(input: $input) {{
               reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""",
               {"input": given})["createAdvanceReservation"]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    r = res["reservation"]
+    out(args, r, [_row(r)], HEADERS)
+    return 0
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    given: dict[str, Any] = {"name": args.name}
+    if args.end is not None and args.duration is not None:
+        raise ConfigError("give --end or --duration, not both")
+    if args.end is not None:
+        given["endsAt"] = ahead(args.end)
+    if args.duration is not None:
+        rs = gql(f"{{ advanceReservations {{ {FIELDS} }} }}")["advanceReservations"]
+        cur = next((x for x in rs if x["name"] == args.name), None)
+        if cur is None:
+            raise NotFound(f"no advance reservation {args.name}")
+        given["endsAt"] = (parse_time(cur["startsAt"]) + dt.timedelta(seconds=_duration(args.duration))).isoformat()
+    for key, value in (("queues", _names(args.queues)), ("users", _names(args.users)),
+                       ("description", args.description)):
+        if value is not None:
+            given[key] = value
+    res = gql(f"""mutation($input: AdvanceReservationUpdate!) {{ updateAdvanceReservation(input: $input) {{
+              reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""",
+              {"input": given})["updateAdvanceReservation"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"])
     r = res["reservation"]

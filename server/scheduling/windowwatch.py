@@ -20,7 +20,8 @@ from server.timefmt import iso_utc
 from wire.messages import AdvanceReservation, Event
 from wire.subjects import ALERT_MAINTENANCE_BEGAN, ALERT_RESERVATION_ENDED, ALERT_RESERVATION_OPENED
 
-# A window is known by its kind, its name (a reservation's; "" for maintenance) and times.
+# A window is known by its kind, its name (a reservation's; "" for maintenance) and times
+# (a reservation's start only: one whose end is moved stays the same window).
 Key = tuple[str, str, float, float]
 
 
@@ -37,7 +38,7 @@ class WindowWatch:
         current: dict[Key, tuple[str, Event]] = {}
         for r in reservations.values():
             if advance.active(r, now):
-                key = ("advres", r.name, r.starts, r.ends)
+                key = ("advres", r.name, r.starts, 0.0)
                 what = f"advance reservation {r.name}"
                 current[key] = (what, Event(
                     kind=ALERT_RESERVATION_OPENED, ts=now,
@@ -69,7 +70,7 @@ class WindowWatch:
             what = self._open.pop(key)
             if key[0] == "advres":
                 out.append(Event(kind=ALERT_RESERVATION_ENDED, ts=now,
-                                 message=f"{what} ended (past its end or deleted): its hosts take any queue's jobs",
-                                 data={"name": key[1], "starts": key[2], "ends": key[3]}))
+                                 message=f"{what} ended (past its end or deleted): its hosts take anyone's jobs",
+                                 data={"name": key[1], "starts": key[2]}))
         self._started = True
         return out

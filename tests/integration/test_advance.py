@@ -90,6 +90,14 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ar-a"
     assert api.job(early)["state"] == "QUEUED" and api.job(open_)["state"] == "QUEUED"
 
+    # Changed in place: two hours from its start, and a user's jobs admitted too.
+    changed = muster(cluster, srv.url, "reservation", "set", "launch-run", "--duration", "2h", "--users", "bo",
+                     "-o", "json")
+    assert changed.returncode == 0, changed.stderr
+    c = json.loads(changed.stdout)
+    starts, ends = (dt.datetime.fromisoformat(c[k]).timestamp() for k in ("startsAt", "endsAt"))
+    assert (c["state"], c["users"], c["queues"], ends - starts) == ("ACTIVE", ["bo"], ["launch"], 7200), c
+    assert starts == dt.datetime.fromisoformat(r["startsAt"]).timestamp()  # open: its start kept
     # Deleted: the host is every queue's again; the stopped try was not counted.
     deleted = muster(cluster, srv.url, "reservation", "delete", "launch-run")
     assert deleted.returncode == 0, deleted.stderr

@@ -21,6 +21,8 @@ def test_a_reservation_is_alerted_when_it_opens_and_when_it_ends_once_each() -> 
     assert opened[0].message.startswith("advance reservation launch opened: 2 host(s) set aside for queue launch until")
     assert opened[0].data["hosts"] == 2 and opened[0].data["queues"] == ["launch"]
     assert w.check(NOW + 11, {"launch": R}, {}) == []  # once
+    longer = R.model_copy(update={"ends": NOW + 200})
+    assert w.check(NOW + 12, {"launch": longer}, {}) == []  # its end moved: the same window
     ended = w.check(NOW + 100, {"launch": R}, {})
     assert [e.kind for e in ended] == [ALERT_RESERVATION_ENDED] and ended[0].data["name"] == "launch"
     assert w.check(NOW + 101, {"launch": R}, {}) == []

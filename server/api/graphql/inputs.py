@@ -190,6 +190,18 @@ class AdvanceReservationInput:
     description: str = ""
 
 
+@strawberry.input(description="An advance reservation's fields to change: only those given change.")
+class AdvanceReservationUpdate:
+    name: str
+    ends_at: dt.datetime | None = None
+    starts_at: dt.datetime | None = strawberry.field(
+        default=None, description="A new start (a time past: now); an open reservation given none keeps its own.")
+    hosts: list[strawberry.ID] | None = None
+    queues: list[str] | None = None
+    users: list[str] | None = None
+    description: str | None = None
+
+
 @strawberry.input(description="A queue's settings. On update, only the fields given change (`quota`, when "
                                "given, replaces the whole quota).")
 class QueueInput:

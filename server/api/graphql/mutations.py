@@ -16,6 +16,7 @@ from server.api.graphql.context import epoch, muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
     AdvanceReservationInput,
+    AdvanceReservationUpdate,
     ClearGpuFaultsInput,
     Dependency,
     DrainHostInput,
@@ -218,6 +219,21 @@ class Mutation:
                  "users": input.users, "starts": epoch(input.starts_at), "ends": epoch(input.ends_at),
                  "description": input.description},
                 user(info))
+            return AdvanceReservation(_r=r)
+
+        r, errors = await attempt(op)
+        return AdvanceReservationPayload(reservation=r, user_errors=errors)
+
+    @strawberry.mutation(description="Change an advance reservation (admin): its end, start, hosts, queues, users "
+                                     "or description; checked as a new one is.")
+    async def update_advance_reservation(self, info: Info,
+                                         input: AdvanceReservationUpdate) -> AdvanceReservationPayload:
+        async def op() -> AdvanceReservation:
+            require(info, "admin")
+            r = await muster(info).update_advance_reservation(input.name, {
+                "ends": epoch(input.ends_at), "starts": epoch(input.starts_at),
+                "hosts": [str(h) for h in input.hosts] if input.hosts is not None else None,
+                "queues": input.queues, "users": input.users, "description": input.description}, user(info))
             return AdvanceReservation(_r=r)
 
         r, errors = await attempt(op)
