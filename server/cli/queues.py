@@ -8,7 +8,7 @@ from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, key_values, labels_text, out, watch
 from server.cli.errors import user_errors
-from server.cli.times import ago
+from server.cli.times import ago, when_text
 from wire.errors import ConfigError, NotFound
 
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
@@ -16,11 +16,12 @@ entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minR
 defaultTimeLimitSeconds maxTimeLimitSeconds maxGpusPerUser maxSubmittedJobs maxSubmittedJobsPerUser submittedJobs
 maxRunningJobsPerUser fairShareUsers hostLabels { key value } submittedJobsByUser(first: 5) { user jobs }
 users(first: 5) { user gpus jobs pastGpus pastJobs jobsNotEnded }
+advanceReservations { name hostCount startsAt endsAt state }
 resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 # Fields a server of an earlier version lacks: asked again without them.
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
                       "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels",
-                      "fairShareUsers", "users")
+                      "fairShareUsers", "users", "advanceReservations")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -197,6 +198,9 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         print(f"  per user: at most {' and '.join(p for p in per_user if p)} at once")
     if q.get("fairShareUsers"):
         print("  users:   fair share (at equal priority, the user holding least goes next)")
+    for r in q.get("advanceReservations") or []:
+        print(f"  hosts set aside: {r['hostCount']} by advance reservation {r['name']} ({r['state'].lower()}), from "
+              f"{when_text(r['startsAt'])} to {when_text(r['endsAt'])}")
     if q.get("users"):
         label = "next first" if q.get("fairShareUsers") else "least held first"
         print(f"  by user ({label}): " + "; ".join(

@@ -66,7 +66,9 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
                                      "endsAt": "2027-01-01T00:00:00Z"}})["createAdvanceReservation"]
     assert got["userErrors"] == [{"field": "hosts", "code": "TOO_LARGE"}], got
 
-    # A queue a reservation names is not deleted under it.
+    # The queue shows it; a queue a reservation names is not deleted under it.
+    queue = muster(cluster, srv.url, "queue", "show", "launch").stdout
+    assert "hosts set aside: 1 by advance reservation launch-run (upcoming), from" in queue, queue
     kept = muster(cluster, srv.url, "queue", "delete", "launch")
     assert kept.returncode != 0 and "named by advance reservation launch-run" in kept.stderr, kept.stderr
     # A job of another queue with no time limit could run into it: it waits, and says why.

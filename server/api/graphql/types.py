@@ -904,6 +904,12 @@ class Queue:
         return [QueueUser(user=u.user, gpus=u.gpus, jobs=u.jobs, past_gpus=u.past_gpus, past_jobs=u.past_jobs,
                           jobs_not_ended=u.open_jobs) for u in ranked[:max(0, min(first, 1000))]]
 
+    @strawberry.field(description="The advance reservations not over that name this queue, soonest first.")
+    def advance_reservations(self, info: Info) -> list[AdvanceReservation]:
+        now, name = time.time(), self._row.queue.name
+        found = [r for r in muster(info).state.advance.values() if name in r.queues and not advance.over(r, now)]
+        return [AdvanceReservation(_r=r) for r in sorted(found, key=lambda r: (r.starts, r.name))]
+
     @strawberry.field
     def updated_at(self) -> dt.datetime | None:
         return ts(self._row.queue.updated_at)
