@@ -10,7 +10,7 @@ from typing import Any
 from server.cli.client import add_output, gql, out
 from server.cli.errors import user_errors
 from server.cli.hosts import selected_hosts
-from server.cli.times import UNITS, ahead, when_text
+from server.cli.times import ahead, seconds, when_text
 from server.timefmt import parse_time
 from wire.errors import ConfigError, NotFound, ValidationError
 
@@ -91,9 +91,25 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _duration(text: str) -> float:
-    if text and text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
-        return float(text[:-1]) * UNITS[text[-1]]
-    raise ConfigError(f"--duration {text!r}: a duration like 8h or 2d")
+    got = seconds(text)
+    if got is None:
+        raise ConfigError(f"--duration {text!r}: a duration like 8h or 2d")
+    return got
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _send(args: argparse.Namespace, mutation: str, input_type: str, given: dict[str, Any]) -> int:
+    """One reservation mutation with `given`; the reservation it returns, printed."""
+    res = gql(f"""mutation($input: {input_type}!) {{ {mutation}(input: $input) {{
+              reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""", {"input": given})[mutation]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    r = res["reservation"]
+    out(args, r, [_row(r)], HEADERS)
+    return 0
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -107,24 +123,13 @@ def cmd_create(args: argparse.Namespace) -> int:
         begins = parse_time(start) if start else dt.datetime.now(dt.UTC)
         end = (begins + dt.timedelta(seconds=_duration(args.duration))).isoformat()
     given: dict[str, Any] = {"name": args.name, "hosts": hosts, "endsAt": end, "description": args.description,
-                             "queues": [q.strip() for q in args.queues.split(",") if q.strip()]}
-    users = [u.strip() for u in args.users.split(",") if u.strip()]
+                             "queues": _names(args.queues)}
+    users = _names(args.users)
     if users:
         given["users"] = users
     if start is not None:
         given["startsAt"] = start
-    res = gql(f"""mutation($input: AdvanceReservationInput!) {{ createAdvanceReservation(input: $input) {{
-              reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""",
-              {"input": given})["createAdvanceReservation"]
-    if res["userErrors"]:
-        raise user_errors(res["userErrors"])
-    r = res["reservation"]
-    out(args, r, [_row(r)], HEADERS)
-    return 0
-
-
-def _names(text: str | None) -> list[str] | None:
-    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+    return _send(args, "createAdvanceReservation", "AdvanceReservationInput", given)
 
 
 def cmd_set(args: argparse.Namespace) -> int:
@@ -143,14 +148,7 @@ def cmd_set(args: argparse.Namespace) -> int:
                        ("description", args.description)):
         if value is not None:
             given[key] = value
-    res = gql(f"""mutation($input: AdvanceReservationUpdate!) {{ updateAdvanceReservation(input: $input) {{
-              reservation {{ {FIELDS} }} userErrors {{ field message code }} }} }}""",
-              {"input": given})["updateAdvanceReservation"]
-    if res["userErrors"]:
-        raise user_errors(res["userErrors"])
-    r = res["reservation"]
-    out(args, r, [_row(r)], HEADERS)
-    return 0
+    return _send(args, "updateAdvanceReservation", "AdvanceReservationUpdate", given)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -11,10 +11,16 @@ from wire.errors import ConfigError
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def seconds(text: str) -> float | None:
+    """A duration such as `90m`, `2h`, `1d` in seconds (None: not one)."""
+    if text and text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1]) * UNITS[text[-1]]
+    return None
+
+
 def _parse(text: str, sign: int, example: str) -> str:
-    if text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
-        delta = dt.timedelta(seconds=float(text[:-1]) * UNITS[text[-1]])
-        return (dt.datetime.now(dt.UTC) + sign * delta).isoformat()
+    if (s := seconds(text)) is not None:
+        return (dt.datetime.now(dt.UTC) + sign * dt.timedelta(seconds=s)).isoformat()
     try:
         return parse_time(text).isoformat()
     except ValueError:

@@ -60,6 +60,10 @@ class Interleaved(Sequence[Job]):
             if self._next[user] < len(self._streams[user]):
                 heapq.heappush(self._heap, self._key(user))
 
+    @property
+    def users(self) -> int:
+        return len(self._streams)
+
     def __len__(self) -> int:
         return self._n
 
@@ -94,7 +98,5 @@ def interleaved(jobs: Sequence[Job], load: Callable[[str], Load]) -> Sequence[Jo
     sequence when all are one user's."""
     if len(jobs) < 2:
         return jobs
-    first = jobs[0].spec.user
-    if all(j.spec.user == first for j in jobs):
-        return jobs
-    return Interleaved(jobs, load)
+    order = Interleaved(jobs, load)  # one pass over the jobs, splitting them by user
+    return jobs if order.users == 1 else order
