@@ -149,10 +149,8 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
             # Heartbeats resume (what the heartbeat loop does then):
             agent.fenced = False
             await agent._refresh_assignments()
-            for _ in range(200):
-                if marks.exists():
-                    break
-                await asyncio.sleep(0.05)
+            # The shell's ">>" creates the file before echo writes to it: wait for the line.
+            await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=10, what="the task's mark")
             assert marks.read_text().splitlines() == ["ran"]
     finally:
         await nc.close()
