@@ -5,9 +5,12 @@ The bench polls the `jobs` table every `every_s` for terminal rows it has not se
 (the (state, updated_at) index answers it) and takes the poll that first returns a row as
 the moment it became readable: a lag is late by at most one poll interval plus the query.
 Each poll reads rows whose `updated_at` is within `margin_s` of the newest one seen, so
-the query stays small; the historian writes rows in the order of the state stream, so a
-row older than that margin arriving later would be missed, and `finish` counts such rows
-(`seen_only_at_the_end`) rather than assume there are none.
+the query stays small. The historian writes rows in the order of the state stream, but a
+historian that resumes after a failover may write a row older than that margin: each poll
+also counts the terminal rows since the start, and when the table holds more than were
+seen it reads them all once, so such a row gets its lag (a large one) instead of being
+missed (`late_rows`, `late_reads`). `finish` reads the table once more and counts any row
+only that read found (`seen_only_at_the_end`) rather than assume there are none.
 
 A row that is never written before the run ends would be missing from the figures, not
 late in them (after a failover the historian may take a while to resume), so the run
@@ -30,6 +33,8 @@ from wire.stopping import pause
 
 TERMINAL = tuple(s.value for s in JobState if s.terminal)
 _ROWS = text("SELECT id, updated_at FROM jobs WHERE state IN :states AND updated_at >= :lo").bindparams(
+    bindparam("states", expanding=True))
+_COUNT = text("SELECT count(*) FROM jobs WHERE state IN :states AND updated_at >= :lo").bindparams(
     bindparam("states", expanding=True))
 
 
@@ -58,14 +63,31 @@ class HistoryLag:
         self.errors = 0
         self.expected: int | None = None  # jobs the leader counted as ended in the window (catch_up)
         self.waited_s: float | None = None
+        self.late_reads = 0  # polls that found a row older than the window and read the whole table
+        self.late_rows = 0  # rows those reads found (written older than the window)
 
     def _rows(self, lo: float) -> list[tuple[str, float]]:
         with self.engine.connect() as conn:
             return [(r[0], float(r[1])) for r in conn.execute(_ROWS, {"states": list(TERMINAL), "lo": lo})]
 
+    def _count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(_COUNT, {"states": list(TERMINAL), "lo": self.since}).scalar_one())
+
     def poll_once(self) -> int:
-        """One poll: the rows not seen before get their lag. Returns how many."""
+        """One poll: the rows not seen before get their lag. Returns how many. When the
+        table holds more terminal rows than were seen (one written older than the
+        window), all of them are read once."""
         rows = self._rows(max(self.since, self.newest - self.margin_s))
+        new = self._take(rows)
+        if self._count() > len(self.lag):
+            self.late_reads += 1
+            late = self._take(self._rows(self.since))
+            self.late_rows += late
+            new += late
+        return new
+
+    def _take(self, rows: list[tuple[str, float]]) -> int:
         now = time.time()
         new = 0
         for job_id, updated in rows:
@@ -100,12 +122,13 @@ class HistoryLag:
         try:
             self.poll_once()  # rows written since the last poll
             rows = self._rows(self.since)
-            missed = sum(1 for job_id, _ in rows if job_id not in self.lag)
+            missed = self._take(rows)  # written between that poll's two reads
         except Exception:  # noqa: BLE001
             self.errors += 1
         self.engine.dispose()
         return {"ms": summary_ms(list(self.lag.values())), "rows": len(self.lag), "seen_only_at_the_end": missed,
-                "poll_every_s": self.every_s, "query_errors": self.errors,
+                "late_rows": self.late_rows, "late_reads": self.late_reads, "poll_every_s": self.every_s,
+                "query_errors": self.errors,
                 "expected_rows": self.expected,
                 "missing_at_end": None if self.expected is None else max(0, self.expected - len(self.lag)),
                 "caught_up_wait_s": self.waited_s,

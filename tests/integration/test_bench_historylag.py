@@ -57,8 +57,25 @@ async def test_catch_up_waits_for_rows_written_late_and_reports_those_never_writ
     await poller
     rep = lag.finish()
     assert rep["rows"] == 3 and rep["expected_rows"] == 4 and rep["missing_at_end"] == 1
-    assert rep["seen_only_at_the_end"] == 0 and rep["query_errors"] == 0
+    assert rep["seen_only_at_the_end"] == 0 and rep["query_errors"] == 0 and rep["late_rows"] == 0
     assert rep["ms"]["n"] == 3
+
+
+async def test_a_row_written_older_than_the_window_gets_its_lag(tmp_path: Path) -> None:
+    """A historian that resumes after a failover may write a row that ended long before the
+    newest one read: the poll's count finds it and it is measured, with its whole lag."""
+    url = _jobs_table(tmp_path / "h.db")
+    since = time.time() - 100
+    _write(url, [("new", "SUCCEEDED", since + 90)])
+    lag = HistoryLag(url, since=since, every_s=0.05, margin_s=30)
+    assert lag.poll_once() == 1 and lag.late_rows == 0
+    _write(url, [("old", "FAILED", since + 10)])  # 80 s older than the newest: outside the window
+    assert lag.poll_once() == 1
+    assert set(lag.lag) == {"new", "old"} and lag.late_rows == 1 and lag.late_reads == 1
+    assert lag.lag["old"] >= 80  # its end, 90 s ago, to now
+    assert lag.poll_once() == 0 and lag.late_reads == 1  # nothing new: the count matches, no full read
+    rep = lag.finish()
+    assert rep["rows"] == 2 and rep["late_rows"] == 1 and rep["seen_only_at_the_end"] == 0
 
 
 async def test_without_a_count_from_the_leader_nothing_is_waited_for(tmp_path: Path) -> None:
