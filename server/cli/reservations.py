@@ -74,11 +74,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    rs = gql(f"{{ advanceReservations {{ {FIELDS} }} }}")["advanceReservations"]
-    r = next((x for x in rs if x["name"] == args.name), None)
+def _one(name: str) -> dict[str, Any]:
+    r: dict[str, Any] | None = gql(f"query($n: String!) {{ advanceReservation(name: $n) {{ {FIELDS} }} }}",
+                                   {"n": name})["advanceReservation"]
     if r is None:
-        raise NotFound(f"no advance reservation {args.name}")
+        raise NotFound(f"no advance reservation {name}")
+    return r
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    r = _one(args.name)
     if args.output == "json":
         out(args, r)
         return 0
@@ -139,10 +144,7 @@ def cmd_set(args: argparse.Namespace) -> int:
     if args.end is not None:
         given["endsAt"] = ahead(args.end)
     if args.duration is not None:
-        rs = gql(f"{{ advanceReservations {{ {FIELDS} }} }}")["advanceReservations"]
-        cur = next((x for x in rs if x["name"] == args.name), None)
-        if cur is None:
-            raise NotFound(f"no advance reservation {args.name}")
+        cur = _one(args.name)
         given["endsAt"] = (parse_time(cur["startsAt"]) + dt.timedelta(seconds=_duration(args.duration))).isoformat()
     for key, value in (("queues", _names(args.queues)), ("users", _names(args.users)),
                        ("description", args.description)):

@@ -100,6 +100,9 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     starts, ends = (dt.datetime.fromisoformat(c[k]).timestamp() for k in ("startsAt", "endsAt"))
     assert (c["state"], c["users"], c["queues"], ends - starts) == ("ACTIVE", ["bo"], ["launch"], 7200), c
     assert starts == dt.datetime.fromisoformat(r["startsAt"]).timestamp()  # open: its start kept
+    shown = muster(cluster, srv.url, "reservation", "show", "launch-run")
+    assert shown.returncode == 0 and "ACTIVE  for queues launch and users bo" in shown.stdout, shown
+    assert "1 host(s): ar-a" in shown.stdout, shown.stdout
     # Deleted: the host is every queue's again; the stopped try was not counted.
     deleted = muster(cluster, srv.url, "reservation", "delete", "launch-run")
     assert deleted.returncode == 0, deleted.stderr
@@ -109,6 +112,8 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     job = api.q("""query($id: ID!) { job(id: $id) { attempts { number } } }""", {"id": early})["job"]
     assert [a["number"] for a in job["attempts"]] == [1, 2]
     assert "launch-run" not in muster(cluster, srv.url, "reservation", "list").stdout
+    gone = muster(cluster, srv.url, "reservation", "show", "launch-run")
+    assert gone.returncode != 0 and "no advance reservation launch-run" in gone.stderr, gone
     wait_until(lambda: alerts(api, "reservation.ended"), timeout=30, what="the reservation's end alerted")
     api.q("mutation($id: ID!) { cancelJob(id: $id) { job { id } } }", {"id": early})
     settled(api, early)

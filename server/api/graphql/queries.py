@@ -295,6 +295,11 @@ class Query:
         return [AdvanceReservation(_r=r) for r in sorted(muster(info).state.advance.values(),
                                                          key=lambda r: (r.starts, r.name))]
 
+    @strawberry.field(description="One advance reservation by name, or null.")
+    def advance_reservation(self, info: Info, name: str) -> AdvanceReservation | None:
+        r = muster(info).state.advance.get(name)
+        return None if r is None else AdvanceReservation(_r=r)
+
     @strawberry.field
     def queue(self, info: Info, name: str) -> Queue | None:
         mu = muster(info)
