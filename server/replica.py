@@ -849,7 +849,7 @@ class Muster:
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
         """Ask the leader to cancel every job that has not ended and matches `filters` (those
         of views.jobs.matches: state, user, name, priority, submitted_after,
-        submitted_before, queue; at least one given), of the queues `queues` (the caller's
+        submitted_before, queue, group; at least one given), of the queues `queues` (the caller's
         token's) allow: at most `limit`, the oldest first. Returns their ids. Raises
         ValidationError (no filter, a limit out of range), Forbidden (a queue the token
         may not act on), StoreError (NATS did not take a command: run it again)."""

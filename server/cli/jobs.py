@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     jl.add_argument("--user", default=None)
     jl.add_argument("--name", default=None, help="name prefix")
     jl.add_argument("--queue", default=None)
+    jl.add_argument("--group", default=None, help="the jobs' group (--group's; an --array's is printed when it is "
+                                                  "submitted, and by job show)")
     jl.add_argument("--limit", type=int, default=50)
     add_output(jl)
     add_watch(jl)
@@ -95,12 +97,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     jc = jsub.add_parser("cancel", help="cancel jobs: by id, or every job not ended that the filters match",
                          description="Cancel the jobs given by id, or every job that has not ended and matches "
-                                     "all the filters given (--name, --state, --queue, --user), as scancel does.")
+                                     "all the filters given (--name, --state, --queue, --user, --group), as "
+                                     "scancel does.")
     jc.add_argument("ids", nargs="*", metavar="ID")
     jc.add_argument("--name", help="filter: name prefix (an --array's NAME- cancels the array)")
     jc.add_argument("--state", help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
     jc.add_argument("--queue", help="filter: queue")
     jc.add_argument("--user", help="filter: the user who submitted")
+    jc.add_argument("--group", help="filter: the jobs' group (--group's; an --array's is printed when it is "
+                                    "submitted, and by job show)")
     jc.add_argument("--reason", default="")
     add_output(jc)
     jc.set_defaults(fn=cmd_cancel)
@@ -329,6 +334,8 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
     jobs = [r["job"] for r in res if r["job"]]
     if jobs:
         out(args, jobs, [[j["id"], j["name"], j["state"]] for j in jobs], ["ID", "NAME", "STATE"])
+        print(f"array group {inputs[0]['group']}: muster job list --group '{inputs[0]['group']}' lists it, "
+              f"job cancel --group cancels it", file=sys.stderr)
     refused = [r for r in res if r["userErrors"]]
     if refused:
         raise user_errors(refused[0]["userErrors"], "{field}: {message} ({code})")
@@ -651,7 +658,8 @@ def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
 def job_filter(args: argparse.Namespace) -> dict[str, Any]:
     """The GraphQL JobFilter of `job list`'s and `job cancel`'s filter options."""
     return {k: v for k, v in (("state", [s.strip().upper() for s in args.state.split(",")] if args.state else None),
-                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue)) if v}
+                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue),
+                              ("group", args.group)) if v}
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -660,7 +668,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     why, and the first refusal's error (its exit code) ends the command."""
     flt = job_filter(args)
     if bool(flt) == bool(args.ids):
-        raise ValidationError("ids", "give job ids, or filters (--name, --state, --queue, --user), not both")
+        raise ValidationError("ids", "give job ids, or filters (--name, --state, --queue, --user, --group), not both")
     if flt:
         q = """mutation($f: JobFilter!, $reason: String!) { cancelJobs(filter: $f, reason: $reason) {
                count jobIds userErrors { field message code } } }"""

@@ -123,7 +123,8 @@ def job_row(job: Job, revision: int) -> dict[str, object]:
     """A job's row in the `jobs` table."""
     return dict(id=job.id, name=job.spec.name, user=job.spec.user, state=job.state.value,
                 priority=job.spec.priority, gpus=job.spec.gpus, gpu_model=job.spec.gpu_model,
-                queue=job.spec.queue, submitted_at=job.submitted_at, updated_at=job.updated_at, revision=revision,
+                queue=job.spec.queue, job_group=job.spec.group, submitted_at=job.submitted_at,
+                updated_at=job.updated_at, revision=revision,
                 doc=job.model_dump_json())
 
 
@@ -391,6 +392,7 @@ class History:
         submitted_after: float | None = None,
         submitted_before: float | None = None,
         queue: str | None = None,
+        group: str | None = None,
         sort: str = "-submitted_at",
         limit: int = 50,
         offset: int = 0,
@@ -398,7 +400,8 @@ class History:
     ) -> tuple[list[Job], int]:
         """Jobs matching every given filter, and how many match in all.
 
-        `state`: one state or several; `name`: a name prefix (case-sensitive);
+        `state`: one state or several; `name`: a name prefix (case-sensitive); `group`: the
+        job's group (`JobSpec.group`);
         `submitted_after` <= submitted_at < `submitted_before`. `sort` is one of
         ``-submitted_at`` (newest first, the default), ``submitted_at``, ``-priority``
         (highest first, then oldest first) and ``priority`` (the exact reverse). Page with
@@ -419,6 +422,8 @@ class History:
             conds.append(JobRow.priority == priority)
         if queue is not None:
             conds.append(JobRow.queue == queue)
+        if group is not None:
+            conds.append(JobRow.job_group == group)
         if submitted_after is not None:
             conds.append(JobRow.submitted_at >= submitted_after)
         if submitted_before is not None:

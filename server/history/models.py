@@ -17,6 +17,7 @@ class JobRow(SQLModel, table=True):
         Index("ix_jobs_submitted_at", "submitted_at", "id"),
         Index("ix_jobs_state_updated_at", "state", "updated_at"),
         Index("ix_jobs_queue_submitted_at", "queue", "submitted_at", "id"),
+        Index("ix_jobs_job_group_submitted_at", "job_group", "submitted_at", "id"),  # migration 0004
     )
     id: str = Field(primary_key=True)
     name: str
@@ -26,6 +27,7 @@ class JobRow(SQLModel, table=True):
     gpus: int = 0
     gpu_model: str | None = None
     queue: str = Field(default="default", sa_column_kwargs={"server_default": "default"})
+    job_group: str = Field(default="", sa_column_kwargs={"server_default": ""})  # JobSpec.group
     submitted_at: float
     updated_at: float = 0.0
     revision: int = 0

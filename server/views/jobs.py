@@ -72,13 +72,14 @@ class TimelineEvent:
 
 def matches(job: Job, *, state: str | Sequence[str] | None = None, user: str | None = None,
             name: str | None = None, priority: int | None = None, submitted_after: float | None = None,
-            submitted_before: float | None = None, queue: str | None = None) -> bool:
+            submitted_before: float | None = None, queue: str | None = None, group: str | None = None) -> bool:
     """Whether `job` passes the filters of `History.list_jobs` (the same names and meaning)."""
     if state and job.state.value not in ([state] if isinstance(state, str) else state):
         return False
     spec = job.spec
     return ((user is None or spec.user == user) and (not name or spec.name.startswith(name))
             and (priority is None or spec.priority == priority) and (queue is None or spec.queue == queue)
+            and (group is None or spec.group == group)
             and (submitted_after is None or job.submitted_at >= submitted_after)
             and (submitted_before is None or job.submitted_at < submitted_before))
 

@@ -598,9 +598,14 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     c = console.client
     m = console.muster
     await console.login()
-    sweep = [await m.submit({"name": f"sweep-{i}", "command": ["true"], "gpus": 64}, "operator") for i in range(3)]
+    sweep = [await m.submit({"name": f"sweep-{i}", "command": ["true"], "gpus": 64, "group": "sw"}, "operator")
+             for i in range(3)]
     other = await m.submit({"name": "train", "command": ["true"], "gpus": 64}, "operator")
     await eventually(lambda: all(j.id in m.state.jobs for j in [*sweep, other]), what="the jobs in the view")
+    page = (await c.get("/jobs?group=sw")).text
+    assert "3 jobs in group sw" in page and "train" not in page.split("<tbody>")[1]
+    assert '<input type="hidden" name="group" value="sw">' in page  # the cancel form keeps the filter
+    assert "No jobs in group nope" in (await c.get("/jobs?group=nope")).text
     page = (await c.get("/jobs?name=sweep-&user=nobody")).text
     assert "No jobs named sweep-… of nobody" in page
     assert "Signed in as <strong>operator</strong>" in page  # the filter is not the signed-in user
@@ -615,8 +620,8 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "", "queue": "",
                                            "reason": "all of them"})
     assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "give at least one filter" in r.text
-    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "user": "operator", "state": "",
-                                           "queue": "", "reason": "sweep over"})
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "",
+                                           "queue": "", "group": "sw", "reason": "sweep over"})
     assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]
     assert "Cancel requested for 3 job(s)" in (await c.get(r.headers["location"])).text
     await eventually(lambda: all(m.state.jobs[j.id].state is JobState.CANCELLED for j in sweep), timeout=20,

@@ -72,6 +72,8 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
     assert r.returncode == 0, r.stderr
     ids = [j["id"] for j in json.loads(r.stdout)]
     assert len(ids) == 6
+    group = r.stderr.split("array group ", 1)[1].split(":", 1)[0]
+    assert group.startswith("sweep#"), r.stderr
     wait_until(lambda: "waiting for its group" in queue_reasons(api, ids[-1]), timeout=30,
                what="a job of the array says it waits for its group")
     assert "its limit 2" in queue_reasons(api, ids[-1])["waiting for its group"]
@@ -80,6 +82,9 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
     for j in ids:
         assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
     assert most_at_once(spans(tmp_path, [f"sweep-{i}" for i in range(6)])) == 2
+    listed = muster(cluster, srv.url, "job", "list", "--group", group, "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(e["node"]["id"] for e in json.loads(listed.stdout)["edges"]) == sorted(ids)
 
     # Two singletons of one name, submitted together: one after the other.
     single = task(tmp_path, "nightly", 1.0)
@@ -93,6 +98,8 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
         assert api.wait_job(j, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
     (a_start, a_done), (b_start, b_done) = spans(tmp_path, ["nightly", "nightly-2"])
     assert a_done <= b_start or b_done <= a_start
+    listed = muster(cluster, srv.url, "job", "list", "--group", "nightly", "-o", "json")  # a singleton's group
+    assert sorted(e["node"]["id"] for e in json.loads(listed.stdout)["edges"]) == sorted(nightly)
     assert_invariants(cluster.nats_url)
 
 

@@ -325,7 +325,8 @@ SORT_KEYS = {
 
 
 def test_filters_and_sorting(hist: History) -> None:
-    jobs = _fixture_jobs()
+    jobs = [j.model_copy(update={"spec": j.spec.model_copy(update={"group": "sweep#1"})}) if i % 4 == 1 else j
+            for i, j in enumerate(_fixture_jobs())]
     for j in jobs:
         hist.record(j, 1)
     hist.flush()
@@ -348,6 +349,9 @@ def test_filters_and_sorting(hist: History) -> None:
     assert ids(name="sweep%") == expect(lambda j: j.spec.name.startswith("sweep%"))
     assert ids(name="nope") == []
     assert ids(priority=5) == expect(lambda j: j.spec.priority == 5)
+    assert ids(group="sweep#1") == expect(lambda j: j.spec.group == "sweep#1") and len(ids(group="sweep#1")) == 8
+    assert ids(group="sweep#1", user="bob") == expect(lambda j: j.spec.group == "sweep#1" and j.spec.user == "bob")
+    assert ids(group="") == expect(lambda j: j.spec.group == "")
     assert ids(submitted_after=1010.0, submitted_before=1020.0) == expect(lambda j: 1010 <= j.submitted_at < 1020)
     assert ids(state="SUCCEEDED", user="alice", priority=10) == expect(
         lambda j: j.state == JobState.SUCCEEDED and j.spec.user == "alice" and j.spec.priority == 10)

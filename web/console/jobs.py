@@ -63,7 +63,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
     queues = [q.name for q in m.queues()]
     f = _list_filters(m, params, queues)
     filters: dict[str, Any] = dict(state=state or None, queue=f["queue"] or None, name=f["name"] or None,
-                                   user=f["user"] or None)
+                                   user=f["user"] or None, group=f["group"] or None)
     assert m.history is not None
     rows, total = await run_in_threadpool(m.history.list_jobs, **filters, limit=PER_PAGE,
                                           offset=(page - 1) * PER_PAGE)
@@ -89,7 +89,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
         "states": states,
         "bad_state": bad_state,
         # (`user` is the signed-in user's name on every page)
-        "queue": f["queue"], "name_filter": f["name"], "user_filter": f["user"],
+        "queue": f["queue"], "name_filter": f["name"], "user_filter": f["user"], "group_filter": f["group"],
         "filtered": any(keep.values()),
         "queues": queues,
         "page": page,
@@ -107,11 +107,12 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
 def _list_filters(m: Muster, params: Any, queues: list[str] | None = None) -> dict[str, str]:
     """The jobs list's filters besides the state, from a query string or a form: a queue
     that exists (among `queues`, the queues' names when the caller has them), a name
-    prefix, a user."""
+    prefix, a user, a group."""
     queue = params.get("queue", "").strip()
     names = queues if queues is not None else [q.name for q in m.queues()]
     return {"queue": queue if queue in names else "",
-            "name": params.get("name", "").strip()[:128], "user": params.get("user", "").strip()[:64]}
+            "name": params.get("name", "").strip()[:128], "user": params.get("user", "").strip()[:64],
+            "group": params.get("group", "").strip()[:128]}
 
 
 @console(csrf=True, action=True)
@@ -129,7 +130,8 @@ async def cancel_matching(request: Request) -> Response:
         if not reason:
             raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
         ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
-                                      queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None)
+                                      queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None,
+                                      group=f["group"] or None)
     except FORM_ERRORS as exc:
         ctx = await _list_ctx(m, form, 1)
         ctx["cancel_errors"] = [e.message for e in exc.details()]

@@ -144,6 +144,8 @@ class JobFilter:
     submitted_after: dt.datetime | None = strawberry.field(default=None, description="Inclusive.")
     submitted_before: dt.datetime | None = strawberry.field(default=None, description="Exclusive.")
     queue: str | None = None
+    group: str | None = strawberry.field(default=None, description="The job's group: an array's (its name), or "
+                                                                   "the one given at submission.")
 
     def filters(self, states: list[str] | None = None) -> dict[str, Any]:
         """The filters as views.jobs.matches and History.list_jobs name them; `states`
@@ -152,7 +154,7 @@ class JobFilter:
         states.extend(s.value for s in self.state or () if s.value not in states)
         return dict(state=states or None, user=self.user, name=self.name_prefix, priority=self.priority,
                     submitted_after=epoch(self.submitted_after), submitted_before=epoch(self.submitted_before),
-                    queue=self.queue)
+                    queue=self.queue, group=self.group)
 
 
 @strawberry.input(description="A change to a job that has not ended; only the fields given change.")
