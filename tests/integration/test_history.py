@@ -22,6 +22,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_adopts_pre_alembic_database,
     test_filters_and_sorting,
     test_five_thousand_jobs,
+    test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,
     test_lifecycle_one_row_and_full_timeline,
     test_list_events_and_attempts,
     test_migrations_apply_and_match_models,

@@ -137,6 +137,30 @@ def test_adopts_pre_alembic_database(db_url: str) -> None:
         h.close()
 
 
+def test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it(db_url: str) -> None:
+    """Migration 0004 on a database at 0003 with rows: each row's group from its job
+    document, so the group filter finds the jobs written before the column was there."""
+    from alembic import command
+
+    h = History(db_url)
+    grouped = job_in_state("g1", 1000.0, state=JobState.SUCCEEDED)
+    grouped = grouped.model_copy(update={"spec": grouped.spec.model_copy(update={"group": "sweep#ab"})})
+    h.record(grouped, 3)
+    h.record(job_in_state("g2", 1001.0), 1)
+    h.flush()
+    with h.engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0003_job_order")
+    assert "job_group" not in {c["name"] for c in inspect(h.engine).get_columns("jobs")}
+    h.close()
+    h = History(db_url)  # upgraded to head again
+    try:
+        assert _schema_diff(h) == []
+        assert [j.id for j in h.list_jobs(group="sweep#ab")[0]] == ["g1"]
+        assert [j.id for j in h.list_jobs(group="")[0]] == ["g2"]
+    finally:
+        h.close()
+
+
 def _initial_indexes() -> dict[str, tuple[str, list[str], dict[str, object]]]:
     return _initial_module().INDEXES  # type: ignore[no-any-return]
 
