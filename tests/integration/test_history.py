@@ -22,7 +22,6 @@ from tests.unit.test_history import (  # noqa: F401
     test_adopts_pre_alembic_database,
     test_filters_and_sorting,
     test_five_thousand_jobs,
-    test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,
     test_lifecycle_one_row_and_full_timeline,
     test_list_events_and_attempts,
     test_migrations_apply_and_match_models,
@@ -31,6 +30,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_replicas_write_concurrently_once,
     test_retention_prunes_only_old_finished_jobs,
     test_retry_keeps_every_attempt,
+    test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,
     test_usage_sums_attempts_per_queue_user_and_model,
 )
 
