@@ -686,21 +686,21 @@ class Muster:
         ahead or too long, a record too large, or a host set aside by another reservation
         over an overlapping window (OVERLAPS)."""
         now = time.time()
-        r = self._checked_reservation({**data, "created_at": now, "by": by}, now)
+        r, body = self._checked_reservation({**data, "created_at": now, "by": by}, now)
         if r.name in self.state.advance:
             raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS")
         assert self.store is not None
         key = subjects.advres_key(r.name)
         ttl = f"{int(r.ends - now + RESERVATION_KEPT_S)}s"
         try:
-            rev = await self.store.put(key, encode(r), expected=self.state.revisions.get(key, 0), ttl=ttl)
+            rev = await self.store.put(key, body, expected=self.state.revisions.get(key, 0), ttl=ttl)
         except ConflictError:  # the key as stored (deleted, expired, or made meanwhile)
             cur = await self.store.get(key)
             if cur.value is not None:
                 self.state.apply_state_record(cur)
                 raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS") from None
-            rev = await self.store.put(key, encode(r), expected=cur.revision, ttl=ttl)
-        self.state.apply_state_record(Record(key, rev, encode(r)))
+            rev = await self.store.put(key, body, expected=cur.revision, ttl=ttl)
+        self.state.apply_state_record(Record(key, rev, body))
         await self._reservation_event("created", r, by)
         return r
 
@@ -717,22 +717,23 @@ class Muster:
             given = {k: v for k, v in changes.items() if v is not None}
             # A start given is no earlier than now; one kept is kept (an open reservation stays
             # the window it is: no alert that it ended and opened again).
-            r = self._checked_reservation({**cur.model_dump(), **given, "name": name, "by": by}, now,
-                                          clamp_start="starts" in given)
+            r, body = self._checked_reservation({**cur.model_dump(), **given, "name": name, "by": by}, now,
+                                                clamp_start="starts" in given)
             try:
-                rev = await self.store.put(key, encode(r), expected=self.state.revisions.get(key, 0),
+                rev = await self.store.put(key, body, expected=self.state.revisions.get(key, 0),
                                            ttl=f"{int(r.ends - now + RESERVATION_KEPT_S)}s")
             except ConflictError:
                 self.state.apply_state_record(await self.store.get(key))
                 continue
-            self.state.apply_state_record(Record(key, rev, encode(r)))
+            self.state.apply_state_record(Record(key, rev, body))
             await self._reservation_event("updated", r, by)
             return r
         raise ConflictError("the advance reservation changed concurrently; try again", field="name")
 
-    def _checked_reservation(self, data: dict[str, Any], now: float, clamp_start: bool = True) -> AdvanceReservation:
+    def _checked_reservation(self, data: dict[str, Any], now: float,
+                             clamp_start: bool = True) -> tuple[AdvanceReservation, bytes]:
         """An advance reservation's record from `data` (its start no earlier than `now` when
-        `clamp_start`), with every check but its name's being free."""
+        `clamp_start`), with every check but its name's being free; and its bytes."""
         if clamp_start:
             data = {**data, "starts": max(now, float(data.get("starts") or now))}
         r = validate_advance_reservation(data)
@@ -742,7 +743,8 @@ class Muster:
         if r.ends - r.starts > MAX_RESERVATION_S:
             raise ValidationError("endsAt", f"a reservation lasts at most {MAX_RESERVATION_S // 86400} days",
                                   "OUT_OF_RANGE")
-        size = len(encode(r))
+        body = encode(r)
+        size = len(body)
         if size > MAX_MESSAGE_BYTES:
             raise ValidationError("hosts", f"{len(r.hosts)} hosts of these names make a record of {size:,} bytes, more "
                                            f"than the {MAX_MESSAGE_BYTES:,} one may hold: set them aside in several "
@@ -759,7 +761,7 @@ class Muster:
             shared = sorted(set(r.hosts) & set(other.hosts))
             raise ValidationError("hosts", f"host {shared[0]} is set aside by advance reservation {other.name} from "
                                            f"{iso_utc(other.starts)} to {iso_utc(other.ends)}", "OVERLAPS")
-        return r
+        return r, body
 
     async def _reservation_event(self, action: str, r: AdvanceReservation, by: str) -> None:
         await self._publish_event(f"advres.{action}", Event(
@@ -790,8 +792,9 @@ class Muster:
     async def _put_queue(self, q: Queue, expected: int) -> None:
         assert self.store is not None
         key = subjects.queue_key(q.name)
-        rev = await self.store.put(key, encode(q), expected=expected)
-        self.state.apply_state_record(Record(key, rev, encode(q)))
+        body = encode(q)
+        rev = await self.store.put(key, body, expected=expected)
+        self.state.apply_state_record(Record(key, rev, body))
         await self._queue_event("created" if expected == 0 else "updated", q.name, q.by)
 
     async def _queue_event(self, action: str, name: str, by: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from server.scheduling.hostsets import Unions
 from server.scheduling.maintenance import START_ALLOWANCE_S
 from wire.messages import AdvanceReservation
 
@@ -59,7 +60,8 @@ class SetAside:
         self.now = now
         self.live = [r for r in reservations.values() if not over(r, now)]
         self._by: dict[tuple[str, str, float], frozenset[str]] = {}
-        self._of: dict[tuple[str, ...], frozenset[str]] = {}
+        hosts = {r.name: r.hosts for r in self.live}
+        self._of = Unions[str](hosts.__getitem__)  # reservations' names -> their hosts
         self._own: dict[tuple[str, str], frozenset[str]] = {}
         # Users any reservation names: the others' jobs are looked up by queue alone.
         self._users = frozenset(u for r in self.live for u in r.users)
@@ -75,10 +77,7 @@ class SetAside:
         if got is None:
             keeping = tuple(r.name for r in self.live if not admits(r, queue, user)
                             and (active(r, self.now) or not may_run_before(limit_s, self.now, r)))
-            got = self._of.get(keeping)
-            if got is None:
-                got = self._of[keeping] = frozenset(h for r in self.live if r.name in keeping for h in r.hosts)
-            self._by[(queue, user, limit_s)] = got
+            got = self._by[(queue, user, limit_s)] = self._of(keeping)
         return got
 
     def own(self, queue: str, user: str) -> frozenset[str]:

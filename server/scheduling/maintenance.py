@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from server.scheduling.hostsets import Unions
+
 # A job's time limit counts from its start, which comes a little after its placement (the
 # assignment reaching its agent, the process starting): the allowance for that, so that a
 # job placed just in time is not stopped by the drain a few seconds before its own limit.
@@ -60,7 +62,7 @@ class KeptOff:
         self.now = now
         self._by_limit: dict[float, frozenset[str]] = {}
         self._ahead: dict[Window, list[str]] | None = None  # windows not begun -> their hosts
-        self._of: dict[tuple[Window, ...], frozenset[str]] = {}
+        self._of = Unions[Window](lambda w: self._ahead[w] if self._ahead else ())
 
     def __call__(self, limit_s: float) -> frozenset[str]:
         if not self.windows:
@@ -73,8 +75,5 @@ class KeptOff:
                     if not started(w, self.now):
                         self._ahead.setdefault(w, []).append(h)
             keeping = tuple(w for w in self._ahead if not may_run_before(limit_s, self.now, w))
-            got = self._of.get(keeping)
-            if got is None:
-                got = self._of[keeping] = frozenset(h for w in keeping for h in self._ahead[w])
-            self._by_limit[limit_s] = got
+            got = self._by_limit[limit_s] = self._of(keeping)
         return got
