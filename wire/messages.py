@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import random
 import re
 import threading
 import time
@@ -739,6 +740,8 @@ def decode(cls: type[M], data: bytes, limit: int = MAX_MESSAGE_BYTES) -> M:
 
 _ID_RANDOM_BITS = 40
 _id_lock = threading.Lock()
+_id_random = random.Random()  # seeded from os.urandom
+os.register_at_fork(after_in_child=_id_random.seed)  # a forked child does not repeat its parent's ids
 _last_id = [0, 0]  # the millisecond and the random part of this process's last id
 
 
@@ -754,6 +757,10 @@ def new_id(prefix: str) -> str:
             if rand >> _ID_RANDOM_BITS:
                 ms, rand = ms + 1, 0
         else:
-            rand = int.from_bytes(os.urandom(5), "big")
+            # Not os.urandom: a system call lets go of the GIL, and taking it back behind the
+            # heartbeat ingest's and the lease's threads stalled the event loop that answers
+            # submissions (py-spy, one job per request). The random module is seeded from
+            # the system's randomness and again in a forked child; an id is not a secret.
+            rand = _id_random.getrandbits(_ID_RANDOM_BITS)
         _last_id[0], _last_id[1] = ms, rand
     return f"{prefix}{ms:012x}{rand:010x}"

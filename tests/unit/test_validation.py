@@ -550,6 +550,29 @@ def test_ids_made_together_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> 
     assert all(len(i) == len(ids[0]) and re.fullmatch(JOB_ID_PATTERN, i) for i in later)
 
 
+def test_a_forked_child_makes_other_ids_than_its_parent() -> None:
+    """The random part comes from a generator of the process's own (no system call per
+    id): a forked child is seeded again, so it and its parent, in the same millisecond,
+    do not make the same ids."""
+    import os
+
+    from wire import messages
+
+    messages.new_id("j")  # the generator in use before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next random parts, to the parent
+        os.close(read)
+        os.write(write, ",".join(str(messages._id_random.getrandbits(40)) for _ in range(4)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 4096).decode().split(",")
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = [str(messages._id_random.getrandbits(40)) for _ in range(4)]
+    assert len(child) == 4 and child != mine
+
+
 def test_a_dependency_rule_is_one_of_three_and_only_with_jobs_to_run_after() -> None:
     deps = ["jprep00001"]
     assert errs(depends_on=deps, depend_any=True, depend_not_ok=True) == [("dependency", "INVALID")]
