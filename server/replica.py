@@ -32,7 +32,7 @@ from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
 from server.scheduling.planner import QueuePolicy, hold_text
-from server.scheduling.queues import labelled_spec
+from server.scheduling.queues import queue_label_refusal
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.scheduling.submitlimits import OpenJobs
@@ -489,8 +489,9 @@ class Muster:
 
     def _check_queue(self, spec: JobSpec, allowed: list[str] | None) -> JobSpec:
         """A job may go to an existing queue its token is bound to, within the queue's
-        maximum time limit; returns its spec with the queue's host labels added. Raises
-        Forbidden or ValidationError."""
+        maximum time limit, and with host labels that do not conflict with the queue's
+        (which apply when it is placed: scheduling.queues.placement_spec); returns its spec.
+        Raises Forbidden or ValidationError."""
         if allowed is not None and spec.queue not in allowed:
             raise Forbidden(f"this token may not submit to queue {spec.queue!r} (only to {', '.join(allowed)})")
         q = self.queue(spec.queue)
@@ -499,7 +500,7 @@ class Muster:
         if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
             raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
                                   "OUT_OF_RANGE")
-        spec, refused = labelled_spec(spec, q)
+        refused = queue_label_refusal(spec, q)
         if refused is not None:
             raise refused
         return spec

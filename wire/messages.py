@@ -514,8 +514,8 @@ class Queue(_Model):
     # included, which a GPU limit hardly bounds).
     max_running_jobs_per_user: int = Field(default=0, ge=0, le=100_000_000)
     # Labels every host that runs this queue's jobs has (a partition's hosts: a rack a
-    # team bought, the hosts of a network): added to each job's `host_labels` when it is
-    # submitted (server.scheduling.queues.with_queue_labels).
+    # team bought, the hosts of a network): added to each job's own `host_labels` when it
+    # is placed, as they are then (server.scheduling.queues.placement_spec).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
     # Fair share between the queue's users (server.scheduling.userfair): at equal
     # priority, the user whose jobs of the queue hold least goes next, not the earliest

@@ -43,8 +43,10 @@ from server.scheduling.queues import (
     job_gpus,
     job_size,
     job_usage,
-    labelled_spec,
+    label_conflict,
     nominal,
+    placement_spec,
+    queue_label_refusal,
     task_demand,
 )
 from server.scheduling.submitlimits import OpenJobs
@@ -605,14 +607,15 @@ def evict_lost(
             if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
                 w.plan.held_keep_running += 1
                 continue
-            target = feasible.place(job.spec)
+            spec = placement_spec(job.spec, state.queues.get(job.spec.queue)) or job.spec
+            target = feasible.place(spec)
             if target is None:
                 w.plan.held_no_capacity += 1
                 continue
             if not budget.allow(domains, disrupted, now):
                 w.plan.paced += 1
                 continue
-            feasible.reserve(target, job.spec)
+            feasible.reserve(target, spec)
             alloc = w.alloc(host_id)
             alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
             _end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
@@ -725,7 +728,7 @@ def apply_submission(w: _Work, req: SubmitRequest, known_models: set[str], now: 
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
-        spec, refused = labelled_spec(spec, w.state.queues.get(spec.queue))
+        refused = queue_label_refusal(spec, w.state.queues.get(spec.queue))
         if refused is not None:
             w.plan.rejected.append((job_id, str(refused)))
             continue
@@ -913,12 +916,13 @@ class Admission:
 
     def restrict(self, job: Job, seen: dict[str, float] | None = None) -> tuple[JobSpec | None, Refusal | None]:
         """The spec to place the job with (its GPU models narrowed to those its queue may
-        take it on), or the queue's refusal. Each refusal met on the way lowers `seen`
-        (resource -> the least demand of it refused) where it is lower."""
-        spec = job.spec
-        qn = spec.queue
+        take it on, and its queue's host labels added: placement_spec), or the queue's
+        refusal. Each refusal met on the way lowers `seen` (resource -> the least demand of
+        it refused) where it is lower."""
+        qn = job.spec.queue
         q = self.book.queue(qn)
         assert q is not None
+        spec = placement_spec(job.spec, q) or job.spec
         models = self.models_of(qn, spec) if spec.wants_gpu() else None
         if models is None:
             refusal = self.book.admits(qn, job_demand(spec, None))
@@ -1294,7 +1298,7 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
         return 0
     # Victims must free room where the job may be placed: on the GPU models its queue's
     # quota admits it on now, when placement (not the quota) is what it waits for.
-    spec = (adm.restrict(job)[0] or job.spec) if refusal is None else job.spec
+    spec = (adm.restrict(job)[0] if refusal is None else None) or placement_spec(job.spec, adm.queue(job)) or job.spec
     found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec))
     if found is None or len(found.victims) > allowed:
         return 0
@@ -1731,6 +1735,10 @@ def place_queued(
         q = adm.queue(job)
         if q is None:
             continue  # its queue was deleted: it waits until one of that name exists
+        if label_conflict(job.spec, q):  # the queue moved to hosts its own labels rule out
+            if job.preempting:
+                give_up(job)
+            continue
         if over_user_limit(job, q) or waits_for_group(job):
             if job.preempting:
                 give_up(job)  # its limit changed: what its victims freed goes to others

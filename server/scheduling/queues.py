@@ -22,11 +22,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from wire.budgets import check_spec
 from wire.errors import ValidationError
 from wire.messages import (
     DEFAULT_QUEUE,
-    MAX_HOST_LABELS,
     Attempt,
     AttemptState,
     Job,
@@ -60,6 +58,7 @@ MAINTENANCE = "hosts closing for maintenance"
 SET_ASIDE = "hosts set aside for others"
 GROUP_LIMIT = "waiting for its group"
 NOT_YET = "waiting for its start time"
+LABEL_CONFLICT = "host labels conflict with its queue's"
 
 
 def gpu_key(model: str) -> str:
@@ -432,35 +431,51 @@ def queue_usage(jobs: Iterable[Job]) -> dict[str, dict[str, float]]:
     return out
 
 
-def with_queue_labels(spec: JobSpec, q: Queue | None) -> tuple[JobSpec, str]:
-    """The spec with its queue's host labels added to its own (the hosts the queue's jobs
-    run on), and why it cannot be ("" when it can): a label of its own that asks for
-    another value, or more labels than a job may require."""
+def label_conflict(spec: JobSpec, q: Queue | None) -> str:
+    """Why a job of `spec` cannot run in queue `q` for its host labels ("" when it can): a
+    label of its own that asks for another value than the queue's."""
     if q is None or not q.host_labels:
-        return spec, ""
+        return ""
     for k, v in q.host_labels.items():
         if spec.host_labels.get(k, v) != v:
-            return spec, (f"queue {q.name!r} runs on hosts with {k}={v}; the job asks for {k}="
-                          f"{spec.host_labels[k]}")
-    merged = {**spec.host_labels, **q.host_labels}
-    if merged == spec.host_labels:
-        return spec, ""
-    if len(merged) > MAX_HOST_LABELS:
-        return spec, f"with queue {q.name!r}'s host labels the job would require more than {MAX_HOST_LABELS}"
-    return JobSpec.model_validate({**spec.model_dump(), "host_labels": merged}), ""
+            return f"queue {q.name!r} runs on hosts with {k}={v}; the job asks for {k}={spec.host_labels[k]}"
+    return ""
 
 
-def labelled_spec(spec: JobSpec, q: Queue | None) -> tuple[JobSpec, ValidationError | None]:
-    """The spec a job is stored with in queue `q` (`with_queue_labels`), or why it may not
-    be: the conflict, or a record the added labels make too large (checked again only when
-    they changed the spec; submission checked the spec as given)."""
-    merged, conflict = with_queue_labels(spec, q)
-    if conflict:
-        return spec, ValidationError("hostLabels", conflict, "INVALID")
-    too_large = check_spec(merged) if merged is not spec else []
-    if too_large:
-        return spec, ValidationError(too_large[0][0], too_large[0][1], "TOO_LARGE")
-    return merged, None
+def queue_label_refusal(spec: JobSpec, q: Queue | None) -> ValidationError | None:
+    """The refusal of a submission whose host labels conflict with its queue's, or None."""
+    why = label_conflict(spec, q)
+    return ValidationError("hostLabels", why, "INVALID") if why else None
+
+
+# id(spec) -> (the spec, the queue's labels, the spec with them): placement_spec's copies,
+# so that a queued job is not copied again each cycle while its queue's labels stay.
+_LABELLED: dict[int, tuple[JobSpec, tuple[tuple[str, str], ...], JobSpec]] = {}
+_LABELLED_MAX = 200_000
+
+
+def placement_spec(spec: JobSpec, q: Queue | None) -> JobSpec | None:
+    """The spec a job of queue `q` is placed with: its own host labels and the queue's as
+    the queue has them now, so that a queue moved to other hosts takes its waiting jobs
+    along (as Kueue applies a resource flavor's node labels at admission, not at
+    submission); None when they conflict (`label_conflict`: it waits until either
+    changes). Jobs already placed keep their hosts."""
+    if q is None or not q.host_labels:
+        return spec
+    own = spec.host_labels
+    if all(own.get(k) == v for k, v in q.host_labels.items()):
+        return spec
+    if label_conflict(spec, q):
+        return None
+    key = tuple(sorted(q.host_labels.items()))
+    hit = _LABELLED.get(id(spec))
+    if hit is not None and hit[0] is spec and hit[1] == key:
+        return hit[2]
+    labelled = spec.model_copy(update={"host_labels": {**own, **q.host_labels}})
+    if len(_LABELLED) >= _LABELLED_MAX:
+        _LABELLED.clear()
+    _LABELLED[id(spec)] = (spec, key, labelled)
+    return labelled
 
 
 def effective_time_limit(spec: JobSpec, q: Queue | None) -> float:

@@ -23,7 +23,7 @@ from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.placement import NOT_HEALTHY, check
 from server.scheduling.planner import queue_order
-from server.scheduling.queues import effective_time_limit
+from server.scheduling.queues import effective_time_limit, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
 from wire.messages import Job, JobSpec, JobState, Queue
@@ -141,13 +141,16 @@ class JobView:
         """`why_pending` as steps (server.views.hosts.Steps)."""
         if job.state is not JobState.QUEUED:
             return {}
+        spec = placement_spec(job.spec, self.state.queues.get(job.spec.queue))
+        if spec is None:  # its labels conflict with its queue's: no host is looked at (queue_reasons says why)
+            return {}
         reasons: Counter[str] = Counter()
         # The capacity index, read in place: a fresh copy of 50,000 hosts' capacities per
         # request cost seconds, mostly in garbage collection.
         for n, cap in enumerate(list(self.state.index.caps.values()), start=1):
             if self.state.health(cap.id, now) is not Health.HEALTHY:
                 reasons[NOT_HEALTHY] += 1
-            elif (r := check(job.spec, cap)[0]) is not None:
+            elif (r := check(spec, cap)[0]) is not None:
                 reasons[r] += 1
             if n % STEP_ROWS == 0:
                 yield
@@ -166,19 +169,20 @@ class JobView:
         # jobs would pay a placement for each).
         waits = job.state is JobState.QUEUED and not job.hold and not job.waiting_for and job.not_before <= now
         b = queue_view.book(self.state) if waits else None  # one book for both questions
-        if waits and queue_view.admitted(self.state, job, b):
+        spec = placement_spec(job.spec, self.state.queues.get(job.spec.queue))
+        if waits and spec is not None and queue_view.admitted(self.state, job, b):
             placer = Placer(self.state.index, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             policy="binpack")
-            fits = placer.place(job.spec) is not None
-            if fits and job.spec.replicas > 1:
-                whole = fits = placer.place_gang(job.spec) is not None
+            fits = placer.place(spec) is not None
+            if fits and spec.replicas > 1:
+                whole = fits = placer.place_gang(spec) is not None
             if fits:
-                closing = self._closing_for(job, placer, now)
+                closing = self._closing_for(job, spec, placer, now)
                 if not closing:
-                    reserved_for = self._kept_from(job, placer, now)
+                    reserved_for = self._kept_from(job, spec, placer, now)
         return queue_view.reasons(self.state, job, now, self.half_life_s, whole, fits, reserved_for, b, closing)
 
-    def _closing_for(self, job: Job, placer: Placer, now: float) -> list[str]:
+    def _closing_for(self, job: Job, spec: JobSpec, placer: Placer, now: float) -> list[str]:
         """The hosts with a maintenance window (a drain scheduled or begun), or set aside by
         an advance reservation for other queues, that `job` may not take, when only they
         have room for it; none when it has room elsewhere."""
@@ -191,7 +195,7 @@ class JobView:
         if not kept:
             return []
         placer.exclude = set(kept)
-        if (placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)) is not None:
+        if (placer.place_gang(spec) if spec.replicas > 1 else placer.place(spec)) is not None:
             return []
         return sorted(kept)
 
@@ -204,7 +208,7 @@ class JobView:
                 return job
         return None
 
-    def _kept_from(self, job: Job, placer: Placer, now: float) -> list[Job]:
+    def _kept_from(self, job: Job, spec: JobSpec, placer: Placer, now: float) -> list[Job]:
         """The jobs whose reservations hold the only hosts with room for `job`, which may
         not backfill them (its time limit runs past their reserved starts); none when it
         has room elsewhere. Of several, those whose hosts alone would give it room (all of
@@ -222,7 +226,7 @@ class JobView:
 
         def room(exclude: set[str]) -> bool:
             placer.exclude = exclude  # its failures so far are kept with what they held back
-            return (placer.place_gang(job.spec) if job.spec.replicas > 1 else placer.place(job.spec)) is not None
+            return (placer.place_gang(spec) if spec.replicas > 1 else placer.place(spec)) is not None
 
         if not blockers or room({h for _, hosts in blockers for h in hosts}):
             return []

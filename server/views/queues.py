@@ -21,6 +21,7 @@ from server.scheduling.queues import (
     GANG_WHOLE,
     GROUP_LIMIT,
     HELD,
+    LABEL_CONFLICT,
     MAINTENANCE,
     NOT_YET,
     OVER_QUOTA,
@@ -37,6 +38,7 @@ from server.scheduling.queues import (
     effective_time_limit,
     job_demand,
     job_gpus,
+    label_conflict,
     meters,
     nominal,
     unmetered,
@@ -201,6 +203,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     q = b.queue(name)
     if q is None:
         return [QueueReason(UNKNOWN_QUEUE, f"no queue named {name!r}: the job waits until one is created")]
+    conflict = label_conflict(job.spec, q)
+    if conflict:
+        return [QueueReason(LABEL_CONFLICT, f"{conflict}: it waits until the queue's or its own labels change")]
     out: list[QueueReason] = []
     if q.max_running_jobs_per_user:
         running = state.user_live.get((name, job.spec.user)) - bool(job.preempting)

@@ -132,6 +132,15 @@ def test_a_queues_host_labels_keep_its_jobs_on_its_hosts(cluster: Cluster, tmp_p
     refused = muster(cluster, srv.url, "job", "submit", "--queue", "bought", "--host-label", "rack=ra", "x", "--",
                      "true")
     assert refused.returncode != 0 and "queue 'bought' runs on hosts with rack=rb" in refused.stderr, refused.stderr
+    # A job that waits while the queue moves to the other rack runs there (the queue's labels
+    # apply when a job is placed, not when it was submitted).
+    moved = submitted(cluster, srv.url, "--queue", "bought", "--gpus", "1", "--hold", "moved", "--", "true")
+    r = muster(cluster, srv.url, "queue", "set", "bought", "--host-label", "rack=ra")
+    assert r.returncode == 0 and "only those labelled rack=ra" in r.stdout + muster(
+        cluster, srv.url, "queue", "show", "bought").stdout, r.stderr
+    assert muster(cluster, srv.url, "job", "release", moved).returncode == 0
+    done = api.wait_job(moved, {"SUCCEEDED", "FAILED"}, timeout=60)
+    assert done["state"] == "SUCCEEDED" and done["attempts"][0]["host"]["id"] == "ql-a", done
     r = muster(cluster, srv.url, "queue", "set", "bought", "--no-host-labels")
     assert r.returncode == 0 and "hosts:" not in muster(cluster, srv.url, "queue", "show", "bought").stdout
     assert_invariants(cluster.nats_url)

@@ -430,7 +430,8 @@ class Job:
     def same_rack(self) -> bool:
         return self._m.spec.same_rack
 
-    @strawberry.field(description="Labels a host must have to run it.")
+    @strawberry.field(description="Labels a host must have to run it, as the job asked; its queue's `hostLabels` "
+                                  "apply too, as the queue has them when the job is placed.")
     def host_labels(self) -> list[Label]:
         return [Label(key=k, value=v) for k, v in sorted(self._m.spec.host_labels.items())]
 
