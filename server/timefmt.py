@@ -16,6 +16,16 @@ def as_utc(t: dt.datetime) -> dt.datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> float | None:
+    """A duration such as `90m`, `2h`, `1d` in seconds (None: not one)."""
+    if text and text[-1] in DURATION_UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1]) * DURATION_UNITS[text[-1]]
+    return None
+
+
 def parse_time(text: str) -> dt.datetime:
     """An ISO 8601 date and time, UTC unless it names an offset; raises ValueError."""
     return as_utc(dt.datetime.fromisoformat(text))

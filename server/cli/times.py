@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 
+from server.timefmt import duration_s as seconds
 from server.timefmt import parse_time
 from wire.errors import ConfigError
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def seconds(text: str) -> float | None:
-    """A duration such as `90m`, `2h`, `1d` in seconds (None: not one)."""
-    if text and text[-1] in UNITS and text[:-1].replace(".", "", 1).isdigit():
-        return float(text[:-1]) * UNITS[text[-1]]
-    return None
+__all__ = ["ago", "ahead", "seconds", "when_text"]
 
 
 def _parse(text: str, sign: int, example: str) -> str:

@@ -301,6 +301,31 @@ def test_cordon_a_host_from_its_page(page: Any, stack: tuple[Cluster, Any, str])
     shot(page, "08-hosts-cordoned")
 
 
+def test_set_hosts_aside_from_the_queues_page(page: Any, stack: tuple[Cluster, Any, str]) -> None:
+    """An admin (the cluster's first token) makes an advance reservation with the queues
+    page's form and deletes it from its row."""
+    from playwright.sync_api import expect
+
+    cluster, _, _ = stack
+    login(page, cluster.token)
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Queues").click()
+    expect(page.get_by_role("heading", name="Queues", exact=True)).to_be_visible()
+    page.get_by_text("Set hosts aside (an advance reservation)").click()
+    page.fill("#advres-name", "browser-demo")
+    page.fill("#advres-hosts", "host-b")
+    page.fill("#advres-queues", "default")
+    page.fill("#advres-duration", "1h")
+    page.get_by_role("button", name="Set hosts aside").click()
+    expect(page.locator("p.notice")).to_contain_text("Advance reservation made")
+    row = page.locator("[id='advres-browser-demo']")
+    expect(row).to_contain_text("queue default")
+    expect(row.locator("td").first).to_have_text("open")
+    shot(page, "09-reservation-made")
+    row.get_by_role("button", name="Delete advance reservation browser-demo").click()
+    expect(page.locator("p.notice")).to_have_text("Advance reservation deleted: its hosts are every queue's again.")
+    expect(page.locator("[id='advres-browser-demo']")).to_have_count(0)
+
+
 # 10,000 simulated hosts heartbeating beside the browser: on a loaded 2-core machine (the
 # suite's other workers running benchmarks) this took longer than the default 180 s, its
 # module's teardown included; a hang still ends it.

@@ -594,6 +594,55 @@ async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
     assert "WANDB_API_KEY" not in page.text and "k-123" not in page.text
 
 
+async def test_an_admin_sets_hosts_aside_and_deletes_the_reservation_from_the_queues_page(console: Console) -> None:
+    c = console.client
+    m = console.muster
+    await console.login()  # the cluster's first token: an admin's
+    for h in ("ar1", "ar2"):
+        await put_heartbeat(m, h)
+    await eventually(lambda: len(m.state.hosts) == 2, what="the hosts in the view")
+    await m.create_queue({"name": "launch"}, "operator")
+    page = (await c.get("/queues")).text
+    assert 'action="/queues/reservations"' in page and "or <a href=\"#new-reservation\">the form below</a>" in page
+    form = {"csrf": console.csrf, "name": "launch-run", "hosts": "", "rack": "r1", "label": "", "queues": "launch",
+            "users": "", "start": "", "duration": "", "description": "the launch"}
+    r = await c.post("/queues/reservations", data=form)  # no duration: refused at its form, the values kept
+    assert r.status_code == 422 and 'id="advres-error"' in r.text and "a duration such as 8h" in r.text
+    assert 'value="launch-run"' in r.text and "<details class=\"card\" id=\"new-reservation\" open>" in r.text
+    r = await c.post("/queues/reservations", data={**form, "rack": "nope", "duration": "2h"})
+    assert r.status_code == 422 and "no host has it" in r.text
+    r = await c.post("/queues/reservations", data={**form, "duration": "2h"})
+    assert r.status_code == 303 and r.headers["location"] == "/queues?notice=advres-created#advance-reservations"
+    made = m.state.advance["launch-run"]
+    assert sorted(made.hosts) == ["ar1", "ar2"] and made.queues == ["launch"] and made.by == "operator"
+    assert made.ends - made.starts == pytest.approx(7200, abs=5) and made.description == "the launch"
+    page = (await c.get("/queues?notice=advres-created")).text
+    assert "Advance reservation made" in page
+    row = page[page.index('id="advres-launch-run"'):]
+    row = row[:row.index("</tr>")]
+    assert "<td>open</td><td>queue launch</td>" in row and 'action="/queues/reservations/launch-run/delete"' in row
+    r = await c.post("/queues/reservations", data={**form, "duration": "2h"})  # the name is taken
+    assert r.status_code == 422 and "exists" in r.text
+    # Not an admin: no form, no delete button, and the endpoints refuse.
+    assert m.store is not None
+    operator, _ = await create_token(m.store, "otto", "operator")
+    await eventually(lambda: len(m.state.tokens) == 2, what="the operator token in the view")
+    admin_cookies = dict(c.cookies)
+    c.cookies.clear()
+    assert (await c.post("/login", data={"token": operator})).status_code == 303
+    page = (await c.get("/queues")).text
+    assert 'id="advres-launch-run"' in page and 'action="/queues/reservations' not in page
+    r = await c.post("/queues/reservations/launch-run/delete", data={"csrf": console.csrf})
+    assert r.status_code == 403 and "admin" in r.text and "launch-run" in m.state.advance
+    c.cookies.clear()
+    c.cookies.update(admin_cookies)
+    r = await c.post("/queues/reservations/launch-run/delete", data={"csrf": console.csrf})
+    assert r.status_code == 303 and "notice=advres-deleted" in r.headers["location"]
+    assert "launch-run" not in m.state.advance
+    r = await c.post("/queues/reservations/launch-run/delete", data={"csrf": console.csrf})
+    assert r.status_code == 404
+
+
 async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(console: Console) -> None:
     c = console.client
     m = console.muster

@@ -67,6 +67,8 @@ def console_routes() -> list[BaseRoute]:
         Route("/hosts", hosts.hosts, methods=["GET"]),
         Route("/alerts", alerts.alerts, methods=["GET"]),
         Route("/queues", queues.queues, methods=["GET"]),
+        Route("/queues/reservations", queues.create_reservation, methods=["POST"]),
+        Route("/queues/reservations/{name}/delete", queues.delete_reservation, methods=["POST"]),
         Route("/hosts/{host_id}", hosts.host_detail, methods=["GET"]),
         Route("/hosts/{host_id}/cordon", hosts.cordon, methods=["POST"]),
         Route("/hosts/{host_id}/uncordon", hosts.uncordon, methods=["POST"]),

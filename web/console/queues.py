@@ -1,30 +1,44 @@
 """The queues page: each queue's quota beside what it uses and borrows (a bar per queue
-and resource), its pending and running jobs and fair share (server.views.queues), and
-the usage per queue and user over the last day, week or month (history)."""
+and resource), its pending and running jobs and fair share (server.views.queues), the
+advance reservations (an admin makes and deletes them here), and the usage per queue and
+user over the last day, week or month (history)."""
 
 from __future__ import annotations
 
+import re
 import time
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from server.scheduling import advance
+from server.timefmt import duration_s, parse_time
+from server.views.hosts import HostQuery
 from server.views.queues import queue_users
 from server.views.queues import rows as queue_rows
-from web.console.render import is_htmx, muster_of, render
-from web.console.session import console
+from web.console.errors import FORM_ERRORS, status_for
+from web.console.render import is_htmx, muster_of, render, url
+from web.console.session import Session, console, read_form
+from wire.errors import InvalidInput, ValidationError
 
 PERIODS = {"day": 86400.0, "week": 7 * 86400.0, "month": 30 * 86400.0}
 USERS_SHOWN = 5  # per queue, in the users' fair order
 
 
+RESERVATION_FIELDS = ("name", "hosts", "rack", "label", "queues", "users", "start", "duration", "description")
+
+
 @console()
 async def queues(request: Request) -> Response:
+    return render(request, "_queues.html" if is_htmx(request) else "queues.html",
+                  await _queues_ctx(request, request.query_params.get("period", "day")))
+
+
+async def _queues_ctx(request: Request, period: str) -> dict[str, Any]:
     m = muster_of(request)
     now = time.time()
-    period = request.query_params.get("period", "day")
     if period not in PERIODS:
         period = "day"
     rows = queue_rows(m.state, now, m.jobs.half_life_s)
@@ -45,5 +59,64 @@ async def queues(request: Request) -> Response:
         "periods": list(PERIODS),
         "live_url": f"/queues?period={period}",
         "sse_on": "job",
+        "reservation_errors": [],
+        "reservation_values": {},
     }
-    return render(request, "_queues.html" if is_htmx(request) else "queues.html", ctx)
+    return ctx
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in re.split(r"[\s,]+", text) if x]
+
+
+@console(csrf=True, admin=True)
+async def create_reservation(request: Request) -> Response:
+    """Set hosts aside (Muster.create_advance_reservation): hosts by id, rack or label,
+    for queues and users, from a start (none: now) for a duration."""
+    m = muster_of(request)
+    sess: Session = request.state.session
+    form = await read_form(request)
+    values = {k: form.get(k, "").strip()[:200_000 if k == "hosts" else 512] for k in RESERVATION_FIELDS}
+    errors: list[ValidationError] = []
+    now = time.time()
+    hosts = _names(values["hosts"])
+    if values["rack"] or values["label"]:
+        picked = m.hosts.select(HostQuery(rack=values["rack"] or None, label=values["label"] or None), "id", now)
+        if not picked:
+            errors.append(ValidationError("rack" if values["rack"] else "label", "no host has it", "NOT_FOUND"))
+        hosts += [r.id for r in picked]
+    if not hosts and not errors:
+        errors.append(ValidationError("hosts", "name the hosts to set aside: ids, a rack or a label", "REQUIRED"))
+    start = now
+    if values["start"]:
+        try:  # the form's date and time, in UTC
+            start = parse_time(values["start"]).timestamp()
+        except ValueError:
+            errors.append(ValidationError("start", "the start must be a date and time, such as 2026-12-24T06:00",
+                                          "INVALID"))
+    length = duration_s(values["duration"])
+    if length is None or length <= 0:
+        errors.append(ValidationError("duration", "a duration such as 8h or 2d", "INVALID"))
+    try:
+        if errors:
+            raise InvalidInput(errors)
+        assert length is not None
+        await m.create_advance_reservation(
+            {"name": values["name"], "hosts": list(dict.fromkeys(hosts)), "queues": _names(values["queues"]),
+             "users": _names(values["users"]), "starts": start, "ends": max(start, now) + length,
+             "description": values["description"]}, sess.user)
+    except FORM_ERRORS as exc:
+        ctx = await _queues_ctx(request, "day")
+        ctx["reservation_errors"] = [e.message for e in exc.details()]
+        ctx["reservation_values"] = values
+        return render(request, "queues.html", ctx, status_for(exc))
+    return RedirectResponse(url("/queues", notice="advres-created") + "#advance-reservations", status_code=303)
+
+
+@console(csrf=True, admin=True)
+async def delete_reservation(request: Request) -> Response:
+    """Give a reservation's hosts back to every queue (Muster.delete_advance_reservation)."""
+    m = muster_of(request)
+    sess: Session = request.state.session
+    await m.delete_advance_reservation(request.path_params["name"], sess.user)
+    return RedirectResponse(url("/queues", notice="advres-deleted") + "#advance-reservations", status_code=303)

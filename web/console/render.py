@@ -50,6 +50,9 @@ NOTICES = {
                  "requeued elsewhere."),
     "drain-scheduled": ("Drain scheduled: until it begins the host takes only jobs whose time limit ends them by "
                         "its deadline; from then on it drains."),
+    "advres-created": ("Advance reservation made: until it opens, other jobs take its hosts only if their time "
+                       "limit ends them by its start; while it is open, only its jobs are placed there."),
+    "advres-deleted": "Advance reservation deleted: its hosts are every queue's again.",
 }
 
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
@@ -104,6 +107,7 @@ def render(
         "user": sess.user if sess else None,
         "can_act": bool(sess and sess.can_act),
         "can_act_on_hosts": bool(sess and sess.can_act_on_hosts),
+        "is_admin": bool(sess and sess.is_admin),
         "csrf": csrf,
         "csrf_input": Markup('<input type="hidden" name="csrf" value="{}">').format(csrf),
         "path": request.url.path,

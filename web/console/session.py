@@ -57,6 +57,11 @@ class Session:
         return self.info.role != "viewer"
 
     @property
+    def is_admin(self) -> bool:
+        """Manage queues and advance reservations."""
+        return self.info.role == "admin"
+
+    @property
     def can_act_on_hosts(self) -> bool:
         """Cordon, drain, clear GPU faults: not a viewer's nor a team's token (one bound to queues)."""
         return self.can_act and self.info.cluster_wide
@@ -138,15 +143,16 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def console(*, auth: bool = True, csrf: bool = False, action: bool = False,
-            hosts: bool = False) -> Callable[[Handler], Handler]:
+            hosts: bool = False, admin: bool = False) -> Callable[[Handler], Handler]:
     """Wrap a console endpoint: sign-in check, CSRF check (POST), role check (`action`:
     not for viewers; `hosts`: an action on a host, not for a team's token, one bound to
-    queues), the error hierarchy mapped to HTTP (errors.status_for), security headers."""
+    queues; `admin`: an admin's token only), the error hierarchy mapped to HTTP
+    (errors.status_for), security headers."""
 
     def deco(fn: Handler) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
-                resp = await _guarded(fn, request, auth=auth, csrf=csrf, action=action, hosts=hosts)
+                resp = await _guarded(fn, request, auth=auth, csrf=csrf, action=action, hosts=hosts, admin=admin)
             except MAPPED as exc:
                 resp = error_response(request, exc)
             return secure(resp)
@@ -159,7 +165,7 @@ def console(*, auth: bool = True, csrf: bool = False, action: bool = False,
 
 
 async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, action: bool,
-                   hosts: bool) -> Response:
+                   hosts: bool, admin: bool) -> Response:
     length = request.headers.get("content-length", "")
     if request.method == "POST" and length.isdigit() and int(length) > MAX_FORM_BYTES:
         return error_page(request, 413, "Too large", "The form is too large.")
@@ -179,6 +185,8 @@ async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, act
             raise Forbidden(f"Your token's role ({sess.info.role}) may only view.")
         if hosts:
             require_cluster_wide(sess.info)
+        if admin and not sess.is_admin:
+            raise Forbidden(f"This needs an admin's token (yours has the {sess.info.role} role).")
     return await fn(request)
 
 
