@@ -96,11 +96,6 @@ class SetAside:
                 and (active(r, self.now) or not may_run_before(limit_s, self.now, r))]
 
 
-def open_on(reservations: Iterable[AdvanceReservation], now: float) -> dict[str, AdvanceReservation]:
-    """Host -> the reservation open on it now: where others' work is stopped."""
-    return {h: r for r in reservations if active(r, now) for h in r.hosts}
-
-
 def on_host(reservations: Iterable[AdvanceReservation], host_id: str, now: float) -> list[AdvanceReservation]:
     """The reservations not over that set `host_id` aside, soonest first."""
     return sorted((r for r in reservations if not over(r, now) and host_id in r.hosts), key=lambda r: r.starts)

@@ -648,17 +648,27 @@ def stop_set_aside(w: _Work, now: float, max_keys: int) -> None:
     As a drain's (retry.DRAIN), not counted against maxAttempts."""
     if not w.state.advance:
         return
-    for host_id, r in advance.open_on(w.state.advance.values(), now).items():
-        cur = w.state.allocs.get(host_id)
-        if cur is None or host_id in w.frozen_hosts:
+    for r in w.state.advance.values():
+        if not advance.active(r, now):
             continue
+        # The hosts where others' work may run (the cluster state keeps them as records
+        # arrive: scheduling.setasidework), each checked here.
+        for host_id in sorted(w.state.set_aside_work.hosts(r.name)):
+            _stop_others(w, r, host_id, now, max_keys)
 
-        def other(job: Job | None, r: AdvanceReservation = r) -> bool:
-            return job is None or not advance.admits(r, job.spec.queue, job.spec.user)
 
-        if any(not t.stop and other(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id)) for t in cur.tasks):
-            _stop_host_work(w, host_id, f"host {host_id} set aside for {advance.whom(r)} by advance reservation "
-                                        f"{r.name}", now, max_keys, other)
+def _stop_others(w: _Work, r: AdvanceReservation, host_id: str, now: float, max_keys: int) -> None:
+    """Stop the work on `host_id` of the jobs reservation `r` does not admit, if any."""
+    cur = w.state.allocs.get(host_id)
+    if cur is None or host_id in w.frozen_hosts:
+        return
+
+    def other(job: Job | None) -> bool:
+        return job is None or not advance.admits(r, job.spec.queue, job.spec.user)
+
+    if any(not t.stop and other(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id)) for t in cur.tasks):
+        _stop_host_work(w, host_id, f"host {host_id} set aside for {advance.whom(r)} by advance reservation "
+                                    f"{r.name}", now, max_keys, other)
 
 
 def _stop_host_work(w: _Work, host_id: str, why: str, now: float, max_keys: int,

@@ -32,6 +32,7 @@ from server.scheduling.maintenance import Window
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
 from server.scheduling.queues import add_user, gpu_key, job_usage
+from server.scheduling.setasidework import SetAsideWork
 from server.scheduling.submitlimits import OpenJobs
 from server.scheduling.victimindex import VictimIndex
 from server.views.hosts import HostTable
@@ -178,6 +179,9 @@ class ClusterState:
     # Advance reservations (`advres.<name>`): hosts set aside for queues over a time window
     # (scheduling.advance).
     advance: dict[str, AdvanceReservation] = field(default_factory=dict)
+    # Per reservation, its hosts where others' work runs (scheduling.setasidework): what
+    # the planner stops once it is open, kept as records arrive.
+    set_aside_work: SetAsideWork = field(default_factory=SetAsideWork)
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     sessions: dict[str, SessionInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
@@ -267,6 +271,7 @@ class ClusterState:
                 self.unheard.add(host_id)
         else:
             self.unheard.discard(host_id)
+        self.set_aside_work.alloc(host_id, alloc, self.jobs)
 
     def _drop_job(self, job_id: str) -> None:
         old = self.jobs.pop(job_id, None)
@@ -294,6 +299,8 @@ class ClusterState:
             add_user(self.user_usage, old, -1.0)
         self.job_state_counts[job.state.value] += 1
         self.jobs[job.id] = job
+        if old is None:
+            self.set_aside_work.job_seen(job, self.allocs, self.jobs)
         self._queue_account(job, 1)
         add_user(self.user_usage, job, 1.0)
         self.open_jobs.update(old, job)
@@ -552,6 +559,7 @@ class ClusterState:
                 _keep(self.queue_past, name, rec.value, QueueUsage)
             elif kind == "advres":
                 _keep(self.advance, name, rec.value, AdvanceReservation)
+                self.set_aside_work.reservation(name, self.advance.get(name), self.allocs, self.jobs)
                 self._notify("advres", name)
             elif kind == "auth" and name.startswith("token."):
                 _keep(self.tokens, name[len("token.") :], rec.value, TokenInfo)

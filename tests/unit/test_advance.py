@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.advance import SetAside, active, admits, clash, may_run_before, on_host, open_on, over, whom
+from server.scheduling.advance import SetAside, active, admits, clash, may_run_before, on_host, over, whom
 from server.scheduling.maintenance import START_ALLOWANCE_S
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import SET_ASIDE
@@ -70,7 +70,6 @@ def test_the_hosts_set_aside_by_queue_and_limit() -> None:
     assert kept("default", "u", 0) is kept("default", "u", 591)  # one set for all that keep to the same reservations
     assert [r.name for r in kept.keeping("b", "default", "u", 590)] == ["demo"]
     assert SetAside(rs, NOW + 5000)("default", "u", 0) == frozenset() and not SetAside(rs, NOW + 5000)
-    assert set(open_on(rs.values(), NOW)) == {"b", "c"} and set(open_on(rs.values(), NOW + 600)) == {"a"}
     assert [r.name for r in on_host(rs.values(), "a", NOW)] == ["launch"]
     assert on_host(rs.values(), "a", NOW + 4200) == []
 
