@@ -15,9 +15,26 @@ from typing import Any
 
 import pytest
 
+from server.broker import natsd
 from server.broker.natsauth import AuthDir
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Each test worker (pytest-xdist) and the processes it starts pick free ports from a range
+# of its own (server.broker.natsd.free_port): two workers once picked the same port and a
+# server could not listen on it.
+def worker_ports(worker: str, workers: int, whole: tuple[int, int]) -> str:
+    """The slice of the port range `whole` for xdist worker `worker` ("gw<i>") of `workers`."""
+    n = max(1, workers)
+    i = int(worker[2:]) % n
+    span = (whole[1] - whole[0]) // n
+    return f"{whole[0] + i * span}-{whole[0] + (i + 1) * span}"
+
+
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and natsd.PORTS_ENV not in os.environ:
+    os.environ[natsd.PORTS_ENV] = worker_ports(os.environ["PYTEST_XDIST_WORKER"],
+                                               int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+                                               natsd.port_range())
 
 # The agents and the subscriber of the `auth` fixture.
 A, B = "host-a", "host-b"

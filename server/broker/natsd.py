@@ -41,6 +41,19 @@ def _ephemeral_ports() -> tuple[int, int]:
 
 
 _HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given twice
+# "LO-HI": free_port picks only there (inherited by child processes). The test suite gives
+# each of its worker processes a range of its own (tests/conftest.py).
+PORTS_ENV = "MUSTER_FREE_PORTS"
+
+
+def port_range() -> tuple[int, int]:
+    """Where free_port picks: $MUSTER_FREE_PORTS, else below the kernel's ephemeral range."""
+    given = os.environ.get(PORTS_ENV, "")
+    if given:
+        first, _, last = given.partition("-")
+        return int(first), int(last)
+    lo, _hi = _ephemeral_ports()
+    return (10_000, lo) if lo > 11_000 else (61_000, 65_535)
 
 
 def free_port() -> int:
@@ -50,11 +63,14 @@ def free_port() -> int:
     and the server's bind another process's connection may take it (seen with several
     test workers starting NATS clusters at once). A port this process was given before is
     never picked again: a cluster's nine ports are picked before any node binds one, and
-    two the same made a node fail to start (seen in a clean-clone run)."""
-    lo, _hi = _ephemeral_ports()
+    two the same made a node fail to start (seen in a clean-clone run). Processes that do
+    not share that memory pick from ranges of their own where they may run side by side
+    (`port_range`): two test workers once picked the same port, and the second server
+    could not listen on it."""
+    lo, hi = port_range()
     pick = random.SystemRandom()
     for _ in range(200):
-        port = pick.randrange(10_000, lo) if lo > 11_000 else pick.randrange(61_000, 65_535)
+        port = pick.randrange(lo, hi)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:
