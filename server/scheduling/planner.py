@@ -607,9 +607,9 @@ def evict_lost(
             if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
                 w.plan.held_keep_running += 1
                 continue
-            spec = placement_spec(job.spec, state.queues.get(job.spec.queue)) or job.spec
-            target = feasible.place(spec)
-            if target is None:
+            spec = placement_spec(job.spec, state.queues.get(job.spec.queue))
+            target = feasible.place(spec) if spec is not None else None  # None: its labels and its queue's conflict
+            if spec is None or target is None:
                 w.plan.held_no_capacity += 1
                 continue
             if not budget.allow(domains, disrupted, now):
@@ -927,12 +927,16 @@ class Admission:
     def restrict(self, job: Job, seen: dict[str, float] | None = None) -> tuple[JobSpec | None, Refusal | None]:
         """The spec to place the job with (its GPU models narrowed to those its queue may
         take it on, and its queue's host labels added: placement_spec), or the queue's
-        refusal. Each refusal met on the way lowers `seen` (resource -> the least demand of
+        refusal; (None, None) when its own host labels and its queue's conflict (it is not
+        placed). Each refusal met on the way lowers `seen` (resource -> the least demand of
         it refused) where it is lower."""
         qn = job.spec.queue
         q = self.book.queue(qn)
         assert q is not None
-        spec = placement_spec(job.spec, q) or job.spec
+        labelled = placement_spec(job.spec, q)
+        if labelled is None:
+            return None, None
+        spec = labelled
         models = self.models_of(qn, spec) if spec.wants_gpu() else None
         if models is None:
             refusal = self.book.admits(qn, job_demand(spec, None))
@@ -1308,7 +1312,9 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
         return 0
     # Victims must free room where the job may be placed: on the GPU models its queue's
     # quota admits it on now, when placement (not the quota) is what it waits for.
-    spec = (adm.restrict(job)[0] if refusal is None else None) or placement_spec(job.spec, adm.queue(job)) or job.spec
+    spec = (adm.restrict(job)[0] if refusal is None else None) or placement_spec(job.spec, adm.queue(job))
+    if spec is None:  # its labels and its queue's conflict: it is not placed, so nothing is stopped for it
+        return 0
     found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec))
     if found is None or len(found.victims) > allowed:
         return 0
