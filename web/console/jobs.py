@@ -204,29 +204,21 @@ async def job_detail(request: Request) -> Response:
 
 @console(csrf=True, action=True)
 async def cancel_job(request: Request) -> Response:
-    m = muster_of(request)
-    job_id = request.path_params["job_id"]
-    sess: Session = request.state.session
-    form = await read_form(request)
-    reason = form.get("reason", "").strip()[:512]
-    ctx = await _job_ctx(m, job_id)
-    if ctx is None:
-        raise no_such_job(job_id)
-    try:
+    async def act(m: Muster, job_id: str, sess: Session, form: dict[str, str]) -> None:
+        reason = form.get("reason", "").strip()[:512]
         if not reason:
             raise ValidationError("reason", "a reason is required", "REQUIRED")
         await m.cancel(job_id, by=sess.user, reason=reason, queues=sess.info.submit_queues)
-    except FORM_ERRORS as exc:
-        ctx["errors"] = [e.message for e in exc.details()]
-        ctx["reason_value"] = reason
-        return render(request, "job.html", ctx, status_for(exc))
-    return RedirectResponse(url(f"/jobs/{job_id}", notice="cancel"), status_code=303)
+
+    return await _job_action(request, "cancel", act, cancel_card=True)
 
 
 async def _job_action(request: Request, notice: str,
-                      act: Callable[[Muster, str, Session, dict[str, str]], Awaitable[object]]) -> Response:
+                      act: Callable[[Muster, str, Session, dict[str, str]], Awaitable[object]],
+                      cancel_card: bool = False) -> Response:
     """A form on a job's page: `act(muster, job id, session, form)`, then the job's page
-    with `notice`, or the page again with the error at the change card."""
+    with `notice`, or the page again with the error at the change card (at the cancel
+    card, with the reason given, for `cancel_card`)."""
     m = muster_of(request)
     job_id = request.path_params["job_id"]
     sess: Session = request.state.session
@@ -237,7 +229,11 @@ async def _job_action(request: Request, notice: str,
     try:
         await act(m, job_id, sess, form)
     except FORM_ERRORS as exc:
-        ctx["change_errors"] = [e.message for e in exc.details()]
+        errors = [e.message for e in exc.details()]
+        if cancel_card:
+            ctx["errors"], ctx["reason_value"] = errors, form.get("reason", "").strip()[:512]
+        else:
+            ctx["change_errors"] = errors
         return render(request, "job.html", ctx, status_for(exc))
     return RedirectResponse(url(f"/jobs/{job_id}", notice=notice), status_code=303)
 
