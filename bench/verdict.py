@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -119,3 +120,11 @@ def _on_host(aid: str, host_ends: dict[str, list] | None, retry_at: float) -> st
     state, at, stored = end
     said = "its report not stored" if stored is None else f"its report stored at {stored - retry_at:+.1f} s"
     return f", on its host: {state} at {at - retry_at:+.1f} s, {said} (from the retry's arrival)"
+
+
+def undispatched(never: list[str], jobs: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Of the jobs never dispatched, (those queued when the run ended, as the observer
+    read their records: the backlog of a run the machine could not keep up with; the
+    rest: lost, no record of them read, or one that ended otherwise)."""
+    queued = [j for j in never if (jobs.get(j) or {}).get("state") == "QUEUED"]
+    return queued, sorted(set(never) - set(queued))
