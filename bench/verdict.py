@@ -125,6 +125,8 @@ def _on_host(aid: str, host_ends: dict[str, list] | None, retry_at: float) -> st
 def undispatched(never: list[str], jobs: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """Of the jobs never dispatched, (those queued when the run ended, as the observer
     read their records: the backlog of a run the machine could not keep up with; the
-    rest: lost, no record of them read, or one that ended otherwise)."""
+    rest: no record of them read, or one that ended otherwise). A job without a record
+    may still wait in the SUBMIT stream for the leader to take it in, or be lost: the
+    bench does not tell those apart, so the run is not judged correct."""
     queued = [j for j in never if (jobs.get(j) or {}).get("state") == "QUEUED"]
     return queued, sorted(set(never) - set(queued))

@@ -347,7 +347,7 @@ def test_preloaded_jobs_are_counted_in_the_history_database_the_servers_were_giv
                  tmp_path / "work").preloaded_in_history() == 0
 
 
-def test_a_job_queued_at_the_end_is_a_backlog_and_one_without_a_record_is_lost() -> None:
+def test_a_job_queued_at_the_end_is_a_backlog_and_one_without_a_record_is_not() -> None:
     from bench.verdict import undispatched
 
     jobs = {"j1": {"state": "QUEUED"}, "j2": {"state": "CANCELLED"}, "j4": {"state": "RUNNING"}}
