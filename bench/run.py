@@ -85,6 +85,8 @@ class Bench(Processes):
     submitted: dict[str, tuple[float, JobReq]] = field(default_factory=dict)
     tasks_submitted: int = 0
     replication: dict[str, Any] = field(default_factory=dict)
+    # Jobs whose submissions still waited in the SUBMIT stream at the end (waiting_submissions).
+    submissions_waiting: set[str] = field(default_factory=set)
     burst_started: float | None = None
     burst_submitted: float | None = None
     submit_errors: int = 0
@@ -742,6 +744,7 @@ class Bench(Processes):
         except Exception as exc:  # noqa: BLE001
             self.notes.append(f"observer did not finish cleanly: {exc}")
         self.replication = await self.stream_replication()
+        self.submissions_waiting = await self.waiting_submissions()
         stop_sampling.set()
         await sampler
         for c in self.children:
@@ -749,6 +752,28 @@ class Bench(Processes):
         await client.aclose()
         await nc.close()
         return build_report(self, fleet, k, startup_s)
+
+    async def waiting_submissions(self, most: int = 50_000) -> set[str]:
+        """The ids of the jobs whose submissions still wait in the SUBMIT stream when the
+        run ends (stored, acknowledged, not yet taken in by the leader: its backlog),
+        read without consuming them; at most `most` messages."""
+        out: set[str] = set()
+        try:
+            info = await self.js.stream_info(subjects.SUBMIT_STREAM)
+        except Exception as exc:  # noqa: BLE001 - reported; the run's other figures stand
+            self.notes.append(f"the SUBMIT stream could not be read at the end: {exc}")
+            return out
+        if not info.state.messages:
+            return out
+        first, last = info.state.first_seq, info.state.last_seq
+        for seq in range(first, min(last, first + most - 1) + 1):
+            try:
+                msg = await self.js.get_msg(subjects.SUBMIT_STREAM, seq)
+                jobs = json.loads(msg.data or b"{}").get("jobs") or []
+            except Exception:  # noqa: BLE001 - taken in and removed meanwhile, or not a submission
+                continue
+            out.update(str(j["id"]) for j in jobs if isinstance(j, dict) and j.get("id"))
+        return out
 
     async def stream_replication(self) -> dict[str, Any]:
         """What replication the state actually got: each JetStream stream's replica count."""

@@ -122,11 +122,13 @@ def _on_host(aid: str, host_ends: dict[str, list] | None, retry_at: float) -> st
     return f", on its host: {state} at {at - retry_at:+.1f} s, {said} (from the retry's arrival)"
 
 
-def undispatched(never: list[str], jobs: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """Of the jobs never dispatched, (those queued when the run ended, as the observer
-    read their records: the backlog of a run the machine could not keep up with; the
-    rest: no record of them read, or one that ended otherwise). A job without a record
-    may still wait in the SUBMIT stream for the leader to take it in, or be lost: the
-    bench does not tell those apart, so the run is not judged correct."""
+def undispatched(never: list[str], jobs: dict[str, dict[str, Any]],
+                 waiting: set[str] | frozenset[str] = frozenset()) -> tuple[list[str], list[str], list[str]]:
+    """Of the jobs never dispatched: those queued when the run ended, as the observer read
+    their records; those whose submissions still waited in the SUBMIT stream then
+    (`waiting`: stored and acknowledged, not yet taken in by the leader); both the
+    backlog of a run the machine could not keep up with. And the rest: no record of
+    them and no submission waiting, or a record that ended otherwise: lost."""
     queued = [j for j in never if (jobs.get(j) or {}).get("state") == "QUEUED"]
-    return queued, sorted(set(never) - set(queued))
+    in_stream = [j for j in never if j not in jobs and j in waiting]
+    return queued, in_stream, sorted(set(never) - set(queued) - set(in_stream))

@@ -41,3 +41,28 @@ async def test_a_failed_batch_is_sent_again_with_its_ids(nats: NatsProcess) -> N
         assert set(stored) == set(submitted)  # none stored that the benchmark does not count
     finally:
         await nc.close()
+
+
+async def test_the_jobs_waiting_in_the_submission_stream_at_the_end_are_read_without_taking_them(
+        nats: NatsProcess) -> None:
+    """At its end the benchmark reads which submissions no leader has taken in yet
+    (Bench.waiting_submissions): its backlog, not lost work. Reading takes nothing away."""
+    from types import SimpleNamespace
+
+    from bench.run import Bench
+    from wire.submit import submit_over_nats
+
+    nc = await connect(nats.url, name="test")
+    try:
+        await ensure_streams(Store(nc, timeout=5.0))
+        js = nc.jetstream()
+        await submit_over_nats(js, [{"id": f"jwait{i}", "name": "w", "command": ["true"]} for i in range(3)],
+                               user="bench")
+        await submit_over_nats(js, [{"id": "jwait9", "name": "w", "command": ["true"]}], user="bench")
+        bench = SimpleNamespace(js=js, notes=[])
+        assert await Bench.waiting_submissions(bench) == {"jwait0", "jwait1", "jwait2", "jwait9"}  # type: ignore[arg-type]
+        assert (await js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2  # still there
+        assert await Bench.waiting_submissions(bench, most=1) == {"jwait0", "jwait1", "jwait2"}  # type: ignore[arg-type]
+        assert bench.notes == []
+    finally:
+        await nc.close()

@@ -347,9 +347,10 @@ def test_preloaded_jobs_are_counted_in_the_history_database_the_servers_were_giv
                  tmp_path / "work").preloaded_in_history() == 0
 
 
-def test_a_job_queued_at_the_end_is_a_backlog_and_one_without_a_record_is_not() -> None:
+def test_a_job_queued_or_waiting_in_the_submit_stream_at_the_end_is_a_backlog_and_the_rest_lost() -> None:
     from bench.verdict import undispatched
 
     jobs = {"j1": {"state": "QUEUED"}, "j2": {"state": "CANCELLED"}, "j4": {"state": "RUNNING"}}
-    assert undispatched(["j1", "j2", "j3"], jobs) == (["j1"], ["j2", "j3"])
-    assert undispatched([], jobs) == ([], [])
+    assert undispatched(["j1", "j2", "j3", "j5"], jobs, {"j5", "j2"}) == (["j1"], ["j5"], ["j2", "j3"])
+    assert undispatched(["j1", "j3"], jobs) == (["j1"], [], ["j3"])
+    assert undispatched([], jobs) == ([], [], [])
