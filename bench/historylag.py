@@ -78,16 +78,17 @@ class HistoryLag:
         """One poll: the rows not seen before get their lag. Returns how many. When the
         table holds more terminal rows than were seen (one written older than the
         window), all of them are read once."""
-        rows = self._rows(max(self.since, self.newest - self.margin_s))
-        new = self._take(rows)
+        lo = max(self.since, self.newest - self.margin_s)
+        new = self._take(self._rows(lo))
         if self._count() > len(self.lag):
             self.late_reads += 1
-            late = self._take(self._rows(self.since))
-            self.late_rows += late
+            late = self._take(self._rows(self.since), older_than=lo)
             new += late
         return new
 
-    def _take(self, rows: list[tuple[str, float]]) -> int:
+    def _take(self, rows: list[tuple[str, float]], older_than: float | None = None) -> int:
+        """Give each row not seen before its lag; count those that ended before
+        `older_than` (outside the window just read) as `late_rows`."""
         now = time.time()
         new = 0
         for job_id, updated in rows:
@@ -95,6 +96,8 @@ class HistoryLag:
                 self.lag[job_id] = max(0.0, now - updated)
                 self.newest = max(self.newest, updated)
                 new += 1
+                if older_than is not None and updated < older_than:
+                    self.late_rows += 1
         return new
 
     async def run(self, stop: asyncio.Event) -> None:
