@@ -135,15 +135,19 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
                          if c.cpu_at_start is not None and c.cpu_at_end is not None else None,
                          "cpu_pct_in_window": round(100 * (c.cpu_at_end - c.cpu_at_start) / window, 1)
                          if c.cpu_at_start is not None and c.cpu_at_end is not None and window > 0 else None}
-    queued_at_end, in_stream, lost = undispatched(never, ojobs, b.submissions_waiting)
+    queued_at_end, in_stream, placed_at_end, lost = undispatched(never, ojobs, b.submissions_waiting)
     correct = {
-        "ok": not lost and not twice and not partial and not shared and not unknown and not overcommitted
-              and counters["gpu_collisions"] == 0 and bool(obs) and obs.get("read_every_record") is True,
+        "ok": not lost and not placed_at_end and not twice and not partial and not shared and not unknown
+              and not overcommitted and counters["gpu_collisions"] == 0 and bool(obs)
+              and obs.get("read_every_record") is True,
         "jobs_never_dispatched": len(never),
         # Of those, the backlog at the end: queued, or their submissions still in the SUBMIT
         # stream (not taken in yet); and the rest, lost (no record, or one ended otherwise).
         "jobs_queued_at_end": len(queued_at_end),
         "jobs_in_submit_stream_at_end": len(in_stream),
+        # Placed (or running) by the leader, the assignment seen on no host by the end:
+        # delivery behind, or stuck; judged incorrect either way.
+        "jobs_placed_not_delivered_at_end": len(placed_at_end),
         "jobs_lost": len(lost),
         "jobs_dispatched_more_than_once": len(twice),
         # Tried again after a simulator fenced itself (no heartbeat stored for an agent's
@@ -168,6 +172,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "observer_read_every_record": obs.get("read_every_record"),
         "examples_never_dispatched": never[:5],
         "examples_lost": lost[:5],
+        "examples_placed_not_delivered": placed_at_end[:5],
         "examples_dispatched_twice": {j: verdicts[j].problems for j in twice[:5]},
         "examples_gang_problems": {j: verdicts[j].problems for j in (partial + shared)[:5]},
     }

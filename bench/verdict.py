@@ -122,13 +122,16 @@ def _on_host(aid: str, host_ends: dict[str, list] | None, retry_at: float) -> st
     return f", on its host: {state} at {at - retry_at:+.1f} s, {said} (from the retry's arrival)"
 
 
-def undispatched(never: list[str], jobs: dict[str, dict[str, Any]],
-                 waiting: set[str] | frozenset[str] = frozenset()) -> tuple[list[str], list[str], list[str]]:
+def undispatched(never: list[str], jobs: dict[str, dict[str, Any]], waiting: set[str] | frozenset[str] = frozenset(),
+                 ) -> tuple[list[str], list[str], list[str], list[str]]:
     """Of the jobs never dispatched: those queued when the run ended, as the observer read
     their records; those whose submissions still waited in the SUBMIT stream then
-    (`waiting`: stored and acknowledged, not yet taken in by the leader); both the
-    backlog of a run the machine could not keep up with. And the rest: no record of
-    them and no submission waiting, or a record that ended otherwise: lost."""
-    queued = [j for j in never if (jobs.get(j) or {}).get("state") == "QUEUED"]
+    (`waiting`: stored and acknowledged, not yet taken in by the leader), both the
+    backlog of a run the machine could not keep up with; those placed (or running) whose
+    assignment no simulated host had seen; and the rest, lost: no record of them and no
+    submission waiting, or a record that ended otherwise."""
+    state = {j: (jobs.get(j) or {}).get("state") for j in never}
+    queued = [j for j in never if state[j] == "QUEUED"]
     in_stream = [j for j in never if j not in jobs and j in waiting]
-    return queued, in_stream, sorted(set(never) - set(queued) - set(in_stream))
+    placed = [j for j in never if state[j] in ("PLACED", "RUNNING")]
+    return queued, in_stream, placed, sorted(set(never) - set(queued) - set(in_stream) - set(placed))

@@ -42,7 +42,8 @@ REQUIRED = ["dispatch_latency_ms", "running_latency_ms", "heartbeats_per_s", "su
             "jobs_dispatched", "tasks_submitted", "tasks_dispatched", "processes", "replication"]
 GANG_QUALITY = ["gangs_submitted", "gang_tasks_submitted", "gang_sizes", "gang_wait_ms", "gangs_not_fully_dispatched"]
 PNG = b"\x89PNG\r\n\x1a\n"
-CORRECTNESS = ["ok", "jobs_never_dispatched", "jobs_queued_at_end", "jobs_in_submit_stream_at_end", "jobs_lost",
+CORRECTNESS = ["ok", "jobs_never_dispatched", "jobs_queued_at_end", "jobs_in_submit_stream_at_end",
+               "jobs_placed_not_delivered_at_end", "jobs_lost",
                "jobs_dispatched_more_than_once", "gangs_partially_dispatched", "gangs_with_tasks_sharing_a_host",
                "dispatches_of_unknown_jobs", "overcommitted_hosts", "simulator_gpu_collisions"]
 
@@ -78,7 +79,7 @@ def _check_report(rep: dict) -> None:
     assert rep["overcommitted_hosts"] == 0, c["overcommit_examples"]
     assert c["simulator_gpu_collisions"] == 0
     assert c["jobs_never_dispatched"] == c["jobs_queued_at_end"] == c["jobs_in_submit_stream_at_end"] \
-        == c["jobs_lost"] == 0, c["examples_never_dispatched"]
+        == c["jobs_placed_not_delivered_at_end"] == c["jobs_lost"] == 0, c["examples_never_dispatched"]
     assert rep["jobs_dispatched"] == rep["jobs_submitted"]
     assert rep["tasks_dispatched"] == rep["tasks_submitted"] >= rep["jobs_submitted"]
     assert c["ok"]

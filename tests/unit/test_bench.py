@@ -347,10 +347,11 @@ def test_preloaded_jobs_are_counted_in_the_history_database_the_servers_were_giv
                  tmp_path / "work").preloaded_in_history() == 0
 
 
-def test_a_job_queued_or_waiting_in_the_submit_stream_at_the_end_is_a_backlog_and_the_rest_lost() -> None:
+def test_a_job_never_dispatched_is_queued_waiting_placed_or_lost_at_the_end() -> None:
     from bench.verdict import undispatched
 
-    jobs = {"j1": {"state": "QUEUED"}, "j2": {"state": "CANCELLED"}, "j4": {"state": "RUNNING"}}
-    assert undispatched(["j1", "j2", "j3", "j5"], jobs, {"j5", "j2"}) == (["j1"], ["j5"], ["j2", "j3"])
-    assert undispatched(["j1", "j3"], jobs) == (["j1"], [], ["j3"])
-    assert undispatched([], jobs) == ([], [], [])
+    jobs = {"j1": {"state": "QUEUED"}, "j2": {"state": "CANCELLED"}, "j4": {"state": "RUNNING"},
+            "j6": {"state": "PLACED"}}
+    assert undispatched(["j1", "j2", "j3", "j5", "j6"], jobs, {"j5", "j2"}) == (["j1"], ["j5"], ["j6"], ["j2", "j3"])
+    assert undispatched(["j1", "j3", "j4"], jobs) == (["j1"], [], ["j4"], ["j3"])
+    assert undispatched([], jobs) == ([], [], [], [])
