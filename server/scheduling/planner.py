@@ -49,6 +49,7 @@ from server.scheduling.queues import (
     queue_label_refusal,
     task_demand,
 )
+from server.scheduling.setasidework import others_work
 from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState
 from wire import subjects
@@ -666,7 +667,7 @@ def _stop_others(w: _Work, r: AdvanceReservation, host_id: str, now: float, max_
     def other(job: Job | None) -> bool:
         return job is None or not advance.admits(r, job.spec.queue, job.spec.user)
 
-    if any(not t.stop and other(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id)) for t in cur.tasks):
+    if others_work(r, cur, lambda job_id: w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)):
         _stop_host_work(w, host_id, f"host {host_id} set aside for {advance.whom(r)} by advance reservation "
                                     f"{r.name}", now, max_keys, other)
 

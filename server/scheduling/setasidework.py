@@ -13,10 +13,24 @@ Pure: records in, sets out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from server.scheduling.advance import admits
 from wire.messages import AdvanceReservation, HostAlloc, Job
+
+
+def others_work(r: AdvanceReservation, alloc: HostAlloc | None, job_of: Callable[[str], Job | None]) -> bool:
+    """Whether a task of `alloc` not told to stop belongs to a job `r` does not admit (or
+    to one `job_of` does not know)."""
+    if alloc is None:
+        return False
+    for t in alloc.tasks:
+        if t.stop:
+            continue
+        job = job_of(t.job_id)
+        if job is None or not admits(r, job.spec.queue, job.spec.user):
+            return True
+    return False
 
 
 class SetAsideWork:
@@ -29,20 +43,8 @@ class SetAsideWork:
         """The hosts of reservation `name` where others' work may run."""
         return self._hosts.get(name, frozenset())
 
-    @staticmethod
-    def _others(r: AdvanceReservation, alloc: HostAlloc | None, jobs: Mapping[str, Job]) -> bool:
-        if alloc is None:
-            return False
-        for t in alloc.tasks:
-            if t.stop:
-                continue
-            job = jobs.get(t.job_id)
-            if job is None or not admits(r, job.spec.queue, job.spec.user):
-                return True
-        return False
-
     def _check(self, name: str, host_id: str, alloc: HostAlloc | None, jobs: Mapping[str, Job]) -> None:
-        if self._others(self._reservations[name], alloc, jobs):
+        if others_work(self._reservations[name], alloc, jobs.get):
             self._hosts.setdefault(name, set()).add(host_id)
         else:
             listed = self._hosts.get(name)
