@@ -181,10 +181,13 @@ class Store:
         pattern: str,
         on_record: Callable[[Record], None],
         bucket: str = subjects.STATE_BUCKET,
+        after_seq: int = 0,
     ) -> Watch:
-        """Watch keys matching `pattern` (the latest value of each, then every change).
-        `on_record` runs synchronously in the subscription callback."""
-        w = Watch(self, bucket, pattern, on_record)
+        """Watch keys matching `pattern` (the latest value of each, then every change;
+        with `after_seq`, only the keys written after that stream sequence: a reader that
+        has everything up to it). `on_record` runs synchronously in the subscription
+        callback."""
+        w = Watch(self, bucket, pattern, on_record, after_seq=after_seq)
         await w.start()
         return w
 
@@ -400,6 +403,7 @@ class Watch:
         on_record: Callable[[Record], None],
         *,
         every_revision: bool = False,
+        after_seq: int = 0,
     ) -> None:
         self.store = store
         self.bucket = bucket
@@ -408,6 +412,9 @@ class Watch:
         # False: the latest value of each key, then every change (a view of the bucket);
         # True: every revision still stored, oldest first (a checker reading the history).
         self.every_revision = every_revision
+        # > 0: start after this stream sequence. In a bucket that keeps one revision per
+        # key (the state bucket), that is the latest value of each key written after it.
+        self.after_seq = after_seq
         self.synced = asyncio.Event()
         self.received = 0  # records handed to on_record so far
         self.last_seq = 0  # stream sequence of the last record handed to on_record
@@ -448,7 +455,8 @@ class Watch:
             # recreate the consumer. Its default (5 s) left a watch whose consumer died
             # with its NATS node silent for 10 s; 1 s makes that 2 s.
             idle_heartbeat=WATCH_HEARTBEAT_S,
-            deliver_policy=jsapi.DeliverPolicy.ALL if self.every_revision else jsapi.DeliverPolicy.LAST_PER_SUBJECT,
+            deliver_policy=self._deliver_policy(),
+            config=jsapi.ConsumerConfig(opt_start_seq=self.after_seq + 1) if self.after_seq else None,
             inactive_threshold=300,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1024 * 1024 * 1024,
@@ -460,6 +468,11 @@ class Watch:
                     self.synced.set()
             except Exception:  # noqa: BLE001
                 pass
+
+    def _deliver_policy(self) -> jsapi.DeliverPolicy:
+        if self.after_seq:
+            return jsapi.DeliverPolicy.BY_START_SEQUENCE
+        return jsapi.DeliverPolicy.ALL if self.every_revision else jsapi.DeliverPolicy.LAST_PER_SUBJECT
 
     async def caught_up(self, poll_s: float = 0.05) -> None:
         """Return once every record stored before the call has been handed to `on_record`

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session, col, create_engine, select
 
-from server.history.models import AttemptRow, EventRow, JobRow
+from server.history.models import AttemptRow, EventRow, JobRow, StreamPositionRow
 from server.history.timeline import job_events
 from server.scheduling.queues import gpu_amount
 from wire.errors import DecodeError
@@ -220,6 +220,11 @@ class History:
         self._pending: dict[str, tuple[Job | bytes, int]] = {}
         self._lock = threading.Lock()
         self.dropped = 0  # records that did not decode at flush
+        # The stream the queued revisions come from (its name and creation time), once
+        # `follow` is called; the newest revision queued, and the newest stored as written.
+        self._stream: tuple[str, str] | None = None
+        self._seen = 0
+        self._saved = 0
 
     # ------------------------------------------------------------ writing
 
@@ -235,6 +240,8 @@ class History:
 
     def _queue(self, job_id: str, job: Job | bytes, revision: int) -> None:
         with self._lock:
+            if revision > self._seen:
+                self._seen = revision
             cur = self._pending.get(job_id)
             if cur is None or cur[1] < revision:
                 self._pending[job_id] = (job, revision)
@@ -256,13 +263,46 @@ class History:
             out.append((job, rev))
         return out
 
+    def follow(self, stream: str, origin: str) -> int:
+        """Keep this history's position in `stream`, the one created at `origin`, whose
+        records are queued in their order (a watch): each flush stores the newest revision
+        queued before it once everything it took is written. Returns the position stored:
+        every record up to it is written already, so a reader may start after it; 0 when
+        none is stored, or it belongs to a stream created anew."""
+        with Session(self.engine) as s:
+            row = s.get(StreamPositionRow, stream)
+        with self._lock:
+            self._stream = (stream, origin)
+            self._saved = self._seen = row.seq if row is not None and row.origin == origin else 0
+            return self._saved
+
+    def _save_position(self, seq: int) -> None:
+        if self._stream is None or seq <= self._saved:
+            return
+        t = StreamPositionRow.__table__  # type: ignore[attr-defined]
+        stream, origin = self._stream
+        stmt = self._insert(t).values(stream=stream, origin=origin, seq=seq)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["stream"], set_={"origin": stmt.excluded.origin, "seq": stmt.excluded.seq},
+            # Never backwards: another replica's writer may have stored a later one.
+            where=or_(t.c.seq < stmt.excluded.seq, t.c.origin != stmt.excluded.origin))
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+        self._saved = seq
+
     def flush(self) -> int:
         """Write the queued records; on failure they are queued again (unless a newer
-        revision arrived meanwhile) and the error is raised."""
+        revision arrived meanwhile) and the error is raised. Once all are written, the
+        position followed (see `follow`) moves up to the newest revision queued."""
         with self._lock:
             pending = sorted(self._pending.items())
             self._pending.clear()
-        batch = self._decoded(pending)
+            seen = self._seen
+        written = self._write_all(self._decoded(pending))
+        self._save_position(seen)
+        return written
+
+    def _write_all(self, batch: list[tuple[Job, int]]) -> int:
         if not batch:
             return 0
         done = 0

@@ -3,8 +3,12 @@ scripts in migrations/; these models must match them (tests/test_history.py chec
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, Text
 from sqlmodel import Field, SQLModel
+
+# A state stream sequence: past 2**31 on a busy cluster (migration 0005). SQLite's INTEGER
+# holds 64 bits already.
+SEQUENCE = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class JobRow(SQLModel, table=True):
@@ -30,7 +34,7 @@ class JobRow(SQLModel, table=True):
     job_group: str = Field(default="", sa_column_kwargs={"server_default": ""})  # JobSpec.group
     submitted_at: float
     updated_at: float = 0.0
-    revision: int = 0
+    revision: int = Field(default=0, sa_column=Column(SEQUENCE, nullable=False))  # the state stream's sequence
     doc: str = Field(sa_column=Column(Text, nullable=False))
 
 
@@ -80,3 +84,13 @@ class EventRow(SQLModel, table=True):
     job_id: str | None = None
     host_id: str | None = None
     message: str = ""
+
+
+class StreamPositionRow(SQLModel, table=True):
+    """How far the history has read a stream: every record up to `seq` of the stream
+    created at `origin` is written (migration 0005)."""
+
+    __tablename__ = "stream_positions"
+    stream: str = Field(primary_key=True)
+    origin: str
+    seq: int = Field(default=0, sa_column=Column(SEQUENCE, nullable=False))

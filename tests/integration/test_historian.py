@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
+from sqlalchemy import text
 
 from server.history.database import History
 from server.history.historian import HistorianConfig, run
@@ -222,3 +223,54 @@ async def test_a_killed_historian_process_is_started_again_and_writes(nats_url: 
         await nc.close()
     assert proc is not None and proc.exitcode == 0  # the restarted one stopped cleanly on SIGTERM
     assert historian.restarts == 1 and historian.proc is None
+
+
+async def test_a_historian_started_again_reads_only_the_job_records_after_its_stored_position(
+        nats_url: str, tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """The database keeps how far the state stream's job records are written; a historian
+    that starts again reads only those after it (a row deleted meanwhile stays deleted:
+    one that read them all would write it back), and a state stream made anew (a new
+    NATS cluster, its sequences starting again) from its start."""
+    caplog.set_level(logging.INFO, logger="server.history.historian")
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    history = History(url)
+
+    async def write_until(jid: str) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=url), stop))
+        try:
+            await _until(lambda: history.get_job(jid) is not None)
+        finally:
+            stop.set()
+            await task
+
+    def delete_row(jid: str) -> None:
+        with history.engine.begin() as conn:
+            conn.execute(text("DELETE FROM jobs WHERE id = :id"), {"id": jid})
+
+    try:
+        await _put_job(store, "j1")
+        await write_until("j1")
+        delete_row("j1")
+        await _put_job(store, "j2")
+        await write_until("j2")
+        assert history.get_job("j1") is None
+        assert "reading job records after state sequence" in caplog.text
+
+        with history.engine.connect() as conn:
+            stored = conn.execute(text("SELECT seq FROM stream_positions WHERE stream = :s"),
+                                  {"s": subjects.STATE_STREAM}).scalar_one()
+        assert stored >= 2
+        await store.js.delete_stream(subjects.STATE_STREAM)
+        await ensure_streams(store)
+        jids = [f"k{i}" for i in range(stored + 2)]
+        for jid in jids:  # more records than the position stored, so only its origin tells
+            await _put_job(store, jid)
+        await write_until(jids[-1])
+        assert all(history.get_job(jid) is not None for jid in jids)
+    finally:
+        history.close()
+        await nc.close()

@@ -31,6 +31,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_retention_prunes_only_old_finished_jobs,
     test_retry_keeps_every_attempt,
     test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,
+    test_the_stream_position_moves_only_once_what_came_before_it_is_written,
     test_usage_sums_attempts_per_queue_user_and_model,
 )
 

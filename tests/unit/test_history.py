@@ -327,6 +327,44 @@ def test_failed_flush_requeues(tmp_path: Path) -> None:
         h.close()
 
 
+def test_the_stream_position_moves_only_once_what_came_before_it_is_written(db_url: str) -> None:
+    """`follow`: each flush stores the newest revision queued before it, after its writes
+    and not on their failure; never backwards (two writers); a stream of another origin
+    starts at 0. Revisions past 2**31 (a busy cluster's state stream) fit."""
+    a, b = History(db_url), History(db_url)
+    big = 2**31 + 5
+    try:
+        assert a.follow("KV_state", "t0") == 0
+        a.record_raw("j1", encode(lifecycle("j1")[0]), big)
+        real = a._write
+
+        def boom(batch, sanitize=False):  # type: ignore[no-untyped-def]
+            raise OperationalError("INSERT", {}, Exception("database restarting"))
+
+        a._write = boom  # type: ignore[method-assign]
+        with pytest.raises(OperationalError):
+            a.flush()
+        assert b.follow("KV_state", "t0") == 0  # not written: the position stays
+        a._write = real  # type: ignore[method-assign]
+        assert a.flush() == 1
+        assert b.follow("KV_state", "t0") == big
+        with Session(a.engine) as s:
+            assert s.get(JobRow, "j1").revision == big  # type: ignore[union-attr]
+        a.record_raw("j2", encode(lifecycle("j2")[0]), big + 10)
+        a.flush()
+        b.record_raw("j1", encode(lifecycle("j1")[1]), big + 3)  # a writer behind the other
+        b.flush()
+        assert b.follow("KV_state", "t0") == big + 10
+        assert a.follow("KV_state", "t1") == 0  # a stream made anew
+        a.record_raw("j3", encode(lifecycle("j3")[0]), 7)
+        a.flush()
+        assert b.follow("KV_state", "t1") == 7
+        assert b.follow("KV_state", "t0") == 0
+    finally:
+        a.close()
+        b.close()
+
+
 # ---------------------------------------------------------------- reading
 
 
