@@ -35,6 +35,7 @@ from server.scheduling.queues import (
     OVER_QUOTA,
     QueueBook,
     Refusal,
+    Resources,
     add,
     add_user,
     effective_time_limit,
@@ -183,7 +184,8 @@ class _Work:
 
     def __init__(self, state: ClusterState, plan: Plan, frozen_jobs: frozenset[str] | set[str] = frozenset(),
                  frozen_hosts: frozenset[str] | set[str] = frozenset(),
-                 pending: Mapping[str, Job] | None = None) -> None:
+                 pending: Mapping[str, Job] | None = None,
+                 pending_held: Mapping[str, Resources] | None = None) -> None:
         self.state = state
         self.plan = plan
         self.frozen_jobs = frozen_jobs
@@ -191,6 +193,8 @@ class _Work:
         # The job records those cycles write (the latest of each): what they place counts
         # against queue quotas and per-user limits now, before it is stored.
         self.pending: Mapping[str, Job] = pending or {}
+        # What each of those records holds (queues.job_usage), where known.
+        self.pending_held: Mapping[str, Resources] = pending_held or {}
         # GPUs this cycle's reports say faulted under a task (the host's heartbeat may not
         # say so yet): none of this cycle's placements uses them.
         self.faulted: dict[str, set[int]] = {}
@@ -204,6 +208,22 @@ class _Work:
         commit's. What the state's tallies (kept as records arrive) are corrected by."""
         for job_id in {*self.pending, *self.plan.jobs}:
             yield self.state.jobs.get(job_id), self.plan.jobs.get(job_id) or self.pending[job_id]
+
+    def held_changes(self) -> Iterator[tuple[str | None, Resources, str, Resources]]:
+        """`replaced` as what each record holds (queues.job_usage): the state's record's
+        queue and holding (None, {}: none), and the new one's. The state's are kept as
+        records arrive, the commits' in flight worked out once a commit."""
+        held = self.state.held
+        for job_id in {*self.pending, *self.plan.jobs}:
+            old = self.state.jobs.get(job_id)
+            new = self.plan.jobs.get(job_id)
+            if new is not None:
+                new_held = job_usage(new)
+            else:
+                new = self.pending[job_id]
+                known = self.pending_held.get(job_id)
+                new_held = job_usage(new) if known is None else known
+            yield (None if old is None else old.spec.queue), held.get(job_id, {}), new.spec.queue, new_held
 
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
@@ -904,10 +924,10 @@ class Admission:
         usage = {q: dict(u) for q, u in state.queue_usage.items()}
         # The records of commits in flight (their placements, stops and ends) and this
         # cycle's reports, cancels and evictions in place of the state's.
-        for old, job in w.replaced():
-            if old is not None:
-                add(usage.setdefault(old.spec.queue, {}), job_usage(old), -1.0)
-            add(usage.setdefault(job.spec.queue, {}), job_usage(job))
+        for old_queue, old_held, queue, held in w.held_changes():
+            if old_queue is not None and old_held:
+                add(usage.setdefault(old_queue, {}), old_held, -1.0)
+            add(usage.setdefault(queue, {}), held)
         self.book = QueueBook(state.queues, usage)
         # The book as it will be once the preemptions under way are done (victims gone,
         # preemptors placed): what further preemptions are decided on, so that victims
@@ -1966,6 +1986,7 @@ def plan_cycle(
     reports_read_to: float | None = None,
     report_stamps: Sequence[float] = (),
     pending: Mapping[str, Job] | None = None,
+    pending_held: Mapping[str, Resources] | None = None,
 ) -> Plan:
     """Decide one cycle. `state` is read, never modified. Records in `frozen_jobs` and
     `frozen_hosts` (written by earlier cycles whose commits are in flight) are neither
@@ -1981,7 +2002,8 @@ def plan_cycle(
     decayed past use is brought up to date when due (the scheduler passes False while a
     commit in flight writes it). `pending` holds the job records the commits in flight
     write (the `frozen_jobs`): their placements count against queue quotas and per-user
-    limits, so that pipelined cycles do not each admit up to the same limit.
+    limits, so that pipelined cycles do not each admit up to the same limit; `pending_held`
+    what each of them holds (queues.job_usage), where the caller knows it already.
 
     `reports_read_to` is the store's time up to which every status report has been
     given to this cycle or an earlier one (None: not known), and `report_stamps` when the
@@ -1989,7 +2011,7 @@ def plan_cycle(
     (`evict_lost`), and so does any whose expiry is newer than a report this cycle
     leaves for the next."""
     plan = Plan()
-    w = _Work(state, plan, frozen_jobs, frozen_hosts, pending)
+    w = _Work(state, plan, frozen_jobs, frozen_hosts, pending, pending_held)
     for job_id, why in (fail or {}).items():
         if job_id not in frozen_jobs and not w.busy(job_id):
             fail_unwritable(w, job_id, why, now)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from server.scheduling.delivery import undelivered
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
+from server.scheduling.queues import Resources, job_usage
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.windowwatch import WindowWatch
 from server.state.cluster import ClusterState
@@ -66,6 +68,12 @@ class _Cycle:
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
+
+    @functools.cached_property
+    def held(self) -> dict[str, Resources]:
+        """What each job record it writes holds (queues.job_usage): worked out once, read
+        by every cycle planned while it is in flight."""
+        return {job_id: job_usage(job) for job_id, job in self.plan.jobs.items()}
 
     @property
     def writes_usage(self) -> bool:
@@ -389,11 +397,13 @@ class Scheduler:
         frozen_jobs: set[str] = set()
         frozen_hosts: set[str] = set()
         pending: dict[str, Job] = {}
+        pending_held: dict[str, Resources] = {}
         for c in self._inflight.values():  # in the order they were planned
             jobs, hosts = c.frozen()
             frozen_jobs |= jobs
             frozen_hosts |= hosts
             pending.update(c.plan.jobs)
+            pending_held.update(c.held)
         narrowing = self._isolation.next() if self._isolation is not None else None
         if self._isolation is not None and narrowing is None:
             log.warning("isolation over: the rest of the refused cycle committed")
@@ -451,6 +461,7 @@ class Scheduler:
                 reports_read_to=read_to,
                 report_stamps=stamps,
                 pending=pending,
+                pending_held=pending_held,
             )
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.

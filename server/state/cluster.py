@@ -218,6 +218,9 @@ class ClusterState:
     queues: dict[str, Queue] = field(default_factory=dict)
     queue_past: dict[str, QueueUsage] = field(default_factory=dict)
     queue_usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    # job id -> what its record holds (queues.job_usage; only jobs that hold something):
+    # taken back from queue_usage when the record is replaced, read by the planner.
+    held: dict[str, dict[str, float]] = field(default_factory=dict)
     queue_live: dict[str, set[str]] = field(default_factory=dict)
     # Per queue, the GPUs each user's live jobs hold (scheduling.queues.held_gpus): what
     # per-user limits are checked against, kept as records arrive.
@@ -321,11 +324,19 @@ class ClusterState:
             self.reserved.discard(job.id)
 
     def _queue_account(self, job: Job, sign: int) -> None:
-        """Add (`sign` 1) or remove (-1) what a job record holds to its queue's figures."""
+        """Add (`sign` 1) or remove (-1) what a job record holds to its queue's figures
+        (removed: the record added last for its job)."""
         q = job.spec.queue
-        held = job_usage(job)
-        if not held:
-            return
+        held: dict[str, float] | None
+        if sign > 0:
+            held = job_usage(job)
+            if not held:
+                return
+            self.held[job.id] = held
+        else:
+            held = self.held.pop(job.id, None)
+            if held is None:
+                return
         add_resources(self.queue_usage.setdefault(q, {}), held, float(sign))
         live = self.queue_live.setdefault(q, set())
         if sign > 0:

@@ -24,6 +24,7 @@ from server.scheduling.queues import (
     USER_LIMIT,
     QueueBook,
     job_demand,
+    job_usage,
     meters,
     nominal,
     queue_usage,
@@ -442,8 +443,8 @@ def test_cycles_keep_quotas_never_overcommit_and_reclaim_unblocks_queues_below_n
 def test_pipelined_cycles_keep_quotas_and_per_user_limits(scenario, seed: int, per_user: list[float],
                                                            orders: list[str]) -> None:
     """As the scheduler runs them: each step plans cycle A, then cycle B while A's commit
-    is in flight (A's records frozen, its job records pending), and stores them in either
-    order. No queue holds more than its nominal quota plus its borrowing limit, and no
+    is in flight (A's records frozen, its job records pending, with what they hold or
+    not), and stores them in either order. No queue holds more than its nominal quota plus its borrowing limit, and no
     user more than its queue's per-user limit, in tasks not told to stop."""
     queues, jobs = scenario
     w, configs = cohort_world(queues, per_user, len(queues) // 2 + 2, 4)
@@ -457,7 +458,9 @@ def test_pipelined_cycles_keep_quotas_and_per_user_limits(scenario, seed: int, p
         half = len(reports) // 2
         a = plan_cycle(w.state, reports=reports[:half], commands=[], now=now, term=TERM, queues=policy)
         b = plan_cycle(w.state, reports=reports[half:], commands=[], now=now, term=TERM, queues=policy,
-                       frozen_jobs=set(a.jobs), frozen_hosts=set(a.allocs), pending=a.jobs)
+                       frozen_jobs=set(a.jobs), frozen_hosts=set(a.allocs), pending=a.jobs,
+                       # what A's records hold as the scheduler passes it (every other step)
+                       pending_held={j: job_usage(r) for j, r in a.jobs.items()} if step % 2 else None)
         for name in orders[step]:
             w.commit(a if name == "A" else b)
             no_overcommit(w.state)
@@ -676,10 +679,16 @@ user_record = st.builds(
 def test_the_per_user_tally_kept_equals_one_worked_out_afresh(steps: list) -> None:
     """Records set and dropped in any order (a job's user, queue, size and tries changing
     between its records): what the state keeps per queue and user is what `user_gpus`
-    works out from every record."""
+    works out from every record, per queue what `queue_usage` does, and per job what
+    `job_usage` does."""
     state = ClusterState()
     for step in steps:
         set_or_drop(state, step)
+        assert state.held == {j.id: u for j in state.jobs.values() if (u := job_usage(j))}
+        fresh = queue_usage(state.jobs.values())
+        assert {q: u for q, u in state.queue_usage.items() if u}.keys() == {q for q, u in fresh.items() if u}
+        for q, u in fresh.items():
+            assert all(abs(state.queue_usage[q].get(r, 0.0) - v) < 1e-6 for r, v in u.items())
         afresh = {q: u for q in ("a", "b") if (u := user_gpus(state.jobs.values(), q))}
         assert state.user_usage.keys() == afresh.keys()
         for q, users in afresh.items():
