@@ -115,8 +115,16 @@ async def _write_until(cfg: HistorianConfig, store: Store, stop: asyncio.Event) 
         try:
             await _write(cfg, store, stop)
         except Exception as exc:  # noqa: BLE001 - database or NATS down: try again
-            log.warning("history writing stopped (%s); starting again in %.0f s", exc, RESTART_EVERY_S)
+            log.warning("history writing stopped (%s); starting again in %.0f s", why(exc), RESTART_EVERY_S)
             await pause(stop, RESTART_EVERY_S)
+
+
+def why(exc: BaseException) -> str:
+    """An error as one line; a task group's, as the errors of its tasks (not "unhandled
+    errors in a TaskGroup")."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(why(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:

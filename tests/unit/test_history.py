@@ -587,3 +587,15 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
     assert total == pytest.approx(sum(((a.finished_at or now) - a.started_at) * j.spec.gpus
                                       for j in jobs for a in j.attempts))
     assert {r.spec.queue for r in hist.list_jobs(queue="b", limit=100)[0]} == {"b"}
+
+
+def test_a_task_groups_error_is_told_as_its_tasks_errors() -> None:
+    from server.history.historian import why
+
+    group = ExceptionGroup("unhandled errors in a TaskGroup", [
+        OperationalError("INSERT", {}, Exception("server closed the connection")),
+        ExceptionGroup("inner", [TimeoutError("nats: timeout")])])
+    told = why(group)
+    assert "TaskGroup" not in told and "inner" not in told
+    assert told.startswith("OperationalError: ") and "server closed the connection" in told
+    assert told.endswith("; TimeoutError: nats: timeout")
