@@ -41,11 +41,14 @@ import re
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.workload import TRACES, JobReq, Synthetic, Trace
+from server.scheduling.fragmentation import Shape
+from server.scheduling.placement import check
 from server.scheduling.planner import QueuePolicy, plan_cycle
 from server.scheduling.queues import queue_usage
 from server.state.cluster import ClusterState
@@ -332,15 +335,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             jain.append(sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if any(x) else 0.0)
         waiting = [j for j in sim.state.queued() if j.not_before <= now]
         if waiting:
-            smallest = min(j.spec.gpus for j in waiting)
             kept = {h for j in sim.state.reserved for h in (sim.state.jobs[j].reserved or _NONE).hosts}
-            idle = held = 0
-            for cap in sim.state.index.caps.values():
-                free = len(cap.free_gpus(None))
-                if cap.id in kept:
-                    held += free
-                elif free >= smallest:
-                    idle += free
+            idle, held = idle_gpus(sim.state, waiting, kept)
             stopping = any(t.stop for a in sim.state.allocs.values() for t in a.tasks)
             (idle_grace if stopping else idle_outside).append(idle / sim.total)
             reserved_idle.append(held / sim.total)
@@ -434,6 +430,26 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
 
 _NONE = Reserved()
 _PREEMPTED_BY = re.compile(r"preempted \(([^)]+)\) by \S+ of queue (\S+)")
+
+
+def idle_gpus(state: ClusterState, waiting: list[Job], kept: set[str]) -> tuple[int, int]:
+    """Whole GPUs free (idle) on hosts where some waiting job would fit, each task as
+    placement checks it (GPUs of its models, its share, CPUs, memory; a gang: on as many
+    hosts as it has tasks), whatever its queue's quota; and whole GPUs free on `kept`
+    hosts (reserved). A GPU free on a host whose CPUs or memory no waiting job fits in
+    is stranded, not idle for want of a decision."""
+    caps = [c for c in state.index.caps.values() if c.free_gpus(None)]
+    held = sum(len(c.free_gpus(None)) for c in caps if c.id in kept)
+    open_caps = [c for c in caps if c.id not in kept]
+    if not open_caps:
+        return 0, held
+    specs: dict[tuple[Shape, int, tuple[tuple[str, str], ...]], JobSpec] = {}
+    for j in waiting:
+        specs.setdefault((Shape.of(j.spec), j.spec.replicas, tuple(sorted(j.spec.host_labels.items()))), j.spec)
+    fits = {c.id: [k for k, spec in specs.items() if check(spec, c)[0] is None] for c in open_caps}
+    room = Counter(k for keys in fits.values() for k in keys)
+    idle = sum(len(c.free_gpus(None)) for c in open_caps if any(room[k] >= k[1] for k in fits[c.id]))
+    return idle, held
 
 
 def _pct(xs: list[float], p: float) -> float:

@@ -492,8 +492,8 @@ class Queue(_Model):
     fair_share_preemption: bool = False
     # SIGTERM .. SIGKILL for this queue's preempted (and timed-out) attempts; exported to
     # tasks as MUSTER_PREEMPT_DEADLINE. Attempts younger than `min_runtime_s` are not
-    # preempted. At most `max_preemptions` of this queue's jobs preempt per cycle, and
-    # at most that many victims are stopping for it at once.
+    # preempted. At most `max_preemptions` victims are stopping for this queue's jobs at
+    # once (one preemption may stop more, up to MAX_PREEMPTING, while none stops for it).
     preempt_grace_s: float = Field(default=30.0, ge=0, le=24 * 3600)
     min_runtime_s: float = Field(default=60.0, ge=0, le=7 * 24 * 3600)
     max_preemptions: int = Field(default=8, ge=0, le=10_000)

@@ -1318,7 +1318,12 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
             kinds.append(preemption.PRIORITY)
         if q.fair_share_preemption and not refusal.hard:
             kinds.append(preemption.FAIR_SHARE)  # it would borrow, and the pool is drawn by others
-    allowed = min(budget, q.max_preemptions - inflight.get(job.spec.queue, 0), MAX_PREEMPTING)
+    left = q.max_preemptions - inflight.get(job.spec.queue, 0)
+    if 0 < q.max_preemptions <= left:
+        # None stopping for the queue: one preemption may stop more than its limit (up to
+        # one job's most), so that a gang needing more victims than that is not starved.
+        left = MAX_PREEMPTING
+    allowed = min(budget, left, MAX_PREEMPTING)
     if not kinds or allowed <= 0:
         return 0
     req = preemption.Request(job.id, job.spec.queue, job.spec.priority, demand, tuple(kinds))
@@ -1680,7 +1685,11 @@ def place_queued(
                 continue
             tries -= 1
             placer.exclude = exclusion(current, cq)  # its victims are looked for where it may go
-            n = preempt_for(w, adm, placer, current, refusal, now, max_keys, budget, inflight)
+            # The cycle's first preemption may stop more victims than the cycle's budget
+            # (up to one job's most): a gang on hosts of small jobs needs more than any
+            # one cycle allows, and would otherwise wait for reclaim forever.
+            allowed = budget if budget < policy.preemptions_per_cycle else max(budget, MAX_PREEMPTING)
+            n = preempt_for(w, adm, placer, current, refusal, now, max_keys, allowed, inflight)
             if n:
                 claim(current, cq)
                 budget -= n

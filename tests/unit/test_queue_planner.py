@@ -56,13 +56,14 @@ class QWorld(World):
         job = make_job(job_id, spec=spec, submitted_at=submitted_at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
-    def qcycle(self, reports: list[StatusReport] | None = None, now: float = NOW, **kw: object) -> Plan:
+    def qcycle(self, reports: list[StatusReport] | None = None, now: float = NOW, policy: QueuePolicy | None = None,
+               **kw: object) -> Plan:
         for host_id, entry in list(self.state.hosts.items()):  # the hosts keep heartbeating
             hb = entry.latest()
             if hb is not None and entry.seen_at < now:
                 self.host(host_id, gpus=len(hb.gpus), now=now)
         plan = plan_cycle(self.state, reports=reports or [], commands=[], now=now, term=TERM,
-                          queues=QueuePolicy(half_life_s=0), **kw)  # type: ignore[arg-type]
+                          queues=policy or QueuePolicy(half_life_s=0), **kw)  # type: ignore[arg-type]
         self.commit(plan)
         return plan
 
@@ -192,6 +193,30 @@ def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
         assert j.state is JobState.QUEUED and j.current.state is AttemptState.PREEMPTED
         assert j.submitted_at == NOW - 900 + int(v[1])  # keeps its place in its queue
     assert (w.holding("a"), w.holding("b")) == (4, 4)
+
+
+def test_a_gang_that_needs_more_victims_than_a_cycle_allows_gets_them_in_one_cycle() -> None:
+    """Reclaim for a gang of two whole hosts, each full of a borrower's one-GPU jobs: 16
+    victims, four times the cycle's budget here. The cycle's first preemption may stop
+    them all (the budget paces many preemptions; it must not starve one large one); the
+    gang is placed on those two hosts once they have stopped."""
+    w = QWorld()
+    for h in ("h1", "h2", "h3"):
+        w.host(h, gpus=8)
+    w.queue("lender", cohort="c", gpus=8, min_runtime_s=0)
+    w.queue("gang", cohort="c", gpus=16, min_runtime_s=0)
+    _fill(w, "lender", 24, NOW - 1000)  # 24 GPUs: 16 of them borrowed from gang's quota
+    w.qsubmit("big", "gang", gpus=8, replicas=2, submitted_at=NOW - 10)
+    policy = QueuePolicy(half_life_s=0, preemptions_per_cycle=4)
+    plan = w.qcycle(now=NOW, policy=policy)
+    assert plan.preempted == {("reclaim", "gang"): 16}
+    stopping = {h for h in ("h1", "h2", "h3") if all(t.stop for t in w.tasks(h))}
+    assert len(stopping) == 2 and len(w.job("big").preempting) == 16
+    plan = w.qcycle(w.agent_reports(NOW + 5), now=NOW + 5, policy=policy)
+    assert w.job("big").state is JobState.PLACED
+    assert {t.host_id for t in w.job("big").current_tasks()} == stopping
+    no_overcommit(w.state)
+    assert (w.holding("lender"), w.holding("gang")) == (8, 16)
 
 
 def test_gpus_freed_beyond_a_preemptors_need_go_to_other_jobs_in_the_same_cycle() -> None:
