@@ -27,6 +27,7 @@ from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.scheduling.livecounts import LiveCounts, queue_user
 from server.scheduling.placement import Choice
+from server.scheduling.placement import check as placement_check
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     CPU,
@@ -1230,7 +1231,6 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
     """Running jobs that `kind` of preemption could stop for `req`, the cheapest first
     (at most `limit`): never one this cycle already changed, one already stopping, or
     one on a host a commit in flight writes."""
-    state = w.state
     book = adm.book
     me = book.queue(req.queue)
     if me is None:
@@ -1254,28 +1254,89 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
     for cost, job in heapq.merge(*pools, key=lambda x: x[0]):
         if kind == preemption.PRIORITY and cost[0] >= req.priority:
             break  # the rest are of the preemptor's priority or higher (the cost starts with it)
-        if job.id in w.plan.jobs:
-            continue  # changed this cycle (a victim already, or a report)
-        held = job_usage(job)
-        if wanted and not any(r in wanted for r in held):
-            continue
-        tasks = [t for t in job.current_tasks() if not t.state.terminal]
-        if any(t.host_id in w.frozen_hosts for t in tasks):
-            continue
-        where: list[tuple[str, Task]] = []
-        for t in tasks:
-            alloc = state.allocs.get(t.host_id)
-            task = next((x for x in alloc.tasks if x.attempt_id == t.id), None) if alloc else None
-            if task is None or task.stop:
-                break
-            where.append((t.host_id, task))
-        else:
-            since = min(t.started_at or now for t in tasks)
-            out.append(preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at,
-                                         held, tuple(where)))
+        v = _victim(w, job, wanted, now)
+        if v is not None:
+            out.append(v)
             if len(out) >= limit:
                 break
     return out
+
+
+def _borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
+    """Whether a queue that reclaim for `job` could take from (another queue of its cohort,
+    or an unmetered one) holds more than its nominal quota of a resource the job wants,
+    in the book as it will be once the preemptions under way are done."""
+    book = adm.future
+    wanted = [r for r, v in adm.demand(job).items() if v > 0]
+    for name, other in book.queues.items():
+        if name == job.spec.queue or not (other.cohort == q.cohort or not other.quota):
+            continue
+        if not other.quota:  # unmetered: all it holds may be taken
+            if any(book.used(name, r) > EPS for r in wanted):
+                return True
+        elif any(book.meters(name, r) and book.used(name, r) > nominal(other, r) + EPS for r in wanted):
+            return True
+    return False
+
+
+def _victim(w: _Work, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
+    """A running job as a victim: None when this cycle changed it (a victim already, or a
+    report), it holds none of `wanted` (when given), a task of it is on a host a commit in
+    flight writes, or one is stopping already."""
+    if job.id in w.plan.jobs:
+        return None
+    held = job_usage(job)
+    if wanted and not any(r in wanted for r in held):
+        return None
+    tasks = [t for t in job.current_tasks() if not t.state.terminal]
+    if any(t.host_id in w.frozen_hosts for t in tasks):
+        return None
+    where: list[tuple[str, Task]] = []
+    allocs = w.state.allocs
+    for t in tasks:
+        alloc = allocs.get(t.host_id)
+        task = next((x for x in alloc.tasks if x.attempt_id == t.id), None) if alloc else None
+        if task is None or task.stop:
+            return None
+        where.append((t.host_id, task))
+    since = min(t.started_at or now for t in tasks)
+    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where))
+
+
+class _HostVictims:
+    """preemption.Hosts over this cycle: the jobs on a host that could be stopped, and
+    whether one task of `spec` fits there once some are (on a copy of the host)."""
+
+    def __init__(self, w: _Work, placer: Placer, spec: JobSpec, wanted: AbstractSet[str], now: float) -> None:
+        self.w, self.placer, self.spec, self.wanted, self.now = w, placer, spec, wanted, now
+
+    def victims_on(self, host_id: str) -> list[preemption.Victim]:
+        state, frozen = self.w.state, self.w.frozen_jobs
+        alloc = state.allocs.get(host_id)
+        out: list[preemption.Victim] = []
+        for job_id in dict.fromkeys(t.job_id for t in alloc.tasks) if alloc else ():
+            job = state.jobs.get(job_id)
+            if job is None or job_id in frozen or preemption.stoppable(job) is None:
+                continue
+            v = _victim(self.w, job, self.wanted, self.now)
+            if v is not None:
+                out.append(v)
+        return out
+
+    def room(self, host_id: str, victims: Sequence[preemption.Victim]) -> bool:
+        placer = self.placer
+        if host_id in placer.exclude or not placer.healthy(host_id):
+            return False
+        base = placer.touched.get(host_id) or placer.index.caps.get(host_id)
+        if base is None:
+            return False
+        cap = base.copy()
+        for v in victims:
+            for h, t in v.tasks:
+                if h == host_id:
+                    cap.release(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1, t.gpu_share,
+                                t.gpu_memory_mb, t.mig)
+        return placement_check(self.spec, cap)[0] is None
 
 
 def _fits(placer: Placer, spec: JobSpec) -> Callable[[list[preemption.Victim]], bool]:
@@ -1341,7 +1402,9 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
     spec = (adm.restrict(job)[0] if refusal is None else None) or placement_spec(job.spec, adm.queue(job))
     if spec is None:  # its labels and its queue's conflict: it is not placed, so nothing is stopped for it
         return 0
-    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec))
+    wanted = {r for r, v in demand.items() if v > 0}
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec),
+                              _HostVictims(w, placer, spec, wanted, now))
     if found is None or len(found.victims) > allowed:
         return 0
     hosts = {h for v in found.victims for h, _t in v.tasks}
@@ -1634,9 +1697,13 @@ def place_queued(
 
     def wait_for_reclaim(job: Job) -> None:
         """A job within its queue's nominal quota found no room: what borrowers would take
-        now is what reclaim will take back, so the cohort lends nothing new this cycle."""
+        now is what reclaim will take back, so the cohort lends nothing new this cycle;
+        unless no queue reclaim takes from borrows what the job wants. Then room can come
+        only from jobs ending, and what is free now (too little, or too scattered, for the
+        job) is lent: a borrower placed now is what a later reclaim takes back."""
         q = adm.queue(job)
-        if within[0] and q is not None and q.reclaim and q.cohort is not None:
+        if within[0] and q is not None and q.reclaim and q.cohort is not None and q.cohort not in starved \
+                and _borrowed_from(adm, job, q):
             starved.add(q.cohort)
 
     budget = policy.preemptions_per_cycle

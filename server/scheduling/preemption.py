@@ -13,13 +13,16 @@ nominal quota (checked again after each victim chosen); no job younger than its 
 `min_runtime_s` and no job already stopping is a victim; a gang is a victim as a whole.
 Victims are chosen to lose the least work: lowest priority first, then the least
 runtime times GPUs held; then every victim not needed for the fit is given back (most valuable first),
-so the set is minimal in that order.
+so the set is minimal in that order. Where the cheapest victims over every host free no
+room the job fits in (spread over many hosts, none cleared), they are looked for host by
+host, whole hosts' sets the cheapest first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from server.scheduling.fairshare import Shares
 from server.scheduling.queues import QueueBook, Resources, gpu_amount
@@ -119,27 +122,36 @@ def eligible(v: Victim, req: Request, kind: str, book: QueueBook, shares: Shares
     return False
 
 
+class Hosts(Protocol):
+    """What a search for victims host by host asks of the caller."""
+
+    def victims_on(self, host_id: str) -> Sequence[Victim]:
+        """Every running job with a task on the host that could be stopped at all."""
+        ...
+
+    def room(self, host_id: str, victims: Sequence[Victim]) -> bool:
+        """Whether one task of the waiting job would fit on the host were `victims` stopped."""
+        ...
+
+
 def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: Shares | None, now: float,
-           fits: Callable[[list[Victim]], bool]) -> Preemption | None:
+           fits: Callable[[list[Victim]], bool], hosts: Hosts | None = None) -> Preemption | None:
     """The cheapest set of victims after whose stop `req` is admitted by its queue's quota
     and `fits` on the hosts (the caller's placement test with their tasks released), for
-    the first kind (in `req.kinds` order) that finds one; None when none does."""
+    the first kind (in `req.kinds` order) that finds one; None when none does.
+
+    Victims are taken cheapest first over every host. Where that finds none, and `hosts`
+    is given, host by host (`_by_host`): the cheapest victims spread over many hosts may
+    never clear any one host, which a job of whole hosts (a gang of 8-GPU tasks among
+    one-GPU jobs) needs."""
     ranked = sorted(candidates, key=lambda v: v.cost(now))[:MAX_CANDIDATES]
     for kind in req.kinds:
         if kind == RECLAIM and not book.within_nominal(req.queue, req.demand):
             continue  # reclaim only restores a queue's nominal quota
-        chosen: list[Victim] = []
-        trial = book.copy()
-        found = False
-        for v in ranked:
-            if not eligible(v, req, kind, trial, shares, now):
-                continue
-            chosen.append(v)
-            trial.give(v.queue, v.usage)
-            if trial.admits(req.queue, req.demand) is None and fits(chosen):
-                found = True
-                break
-        if not found:
+        chosen = _cheapest_first(req, kind, ranked, book, shares, now, fits)
+        if chosen is None and hosts is not None:
+            chosen = _by_host(req, kind, ranked, book, shares, now, fits, hosts)
+        if chosen is None:
             continue
         # Give back every victim the fit does not need, the most valuable first.
         for v in list(reversed(chosen)):
@@ -152,4 +164,55 @@ def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: 
             if again.admits(req.queue, req.demand) is None and fits(rest):
                 chosen = rest
         return Preemption(kind, chosen)
+    return None
+
+
+def _cheapest_first(req: Request, kind: str, ranked: Sequence[Victim], book: QueueBook, shares: Shares | None,
+                    now: float, fits: Callable[[list[Victim]], bool]) -> list[Victim] | None:
+    chosen: list[Victim] = []
+    trial = book.copy()
+    for v in ranked:
+        if not eligible(v, req, kind, trial, shares, now):
+            continue
+        chosen.append(v)
+        trial.give(v.queue, v.usage)
+        if trial.admits(req.queue, req.demand) is None and fits(chosen):
+            return chosen
+    return None
+
+
+def _by_host(req: Request, kind: str, ranked: Sequence[Victim], book: QueueBook, shares: Shares | None,
+             now: float, fits: Callable[[list[Victim]], bool], hosts: Hosts) -> list[Victim] | None:
+    """Victims host by host: on each host where a candidate runs (the cheapest
+    candidates' hosts first), the cheapest of its eligible jobs after whose stop one task
+    of the waiting job fits there; then whole hosts' sets, the least work lost first,
+    until the job fits and its quota admits it."""
+    order: dict[str, None] = {}
+    for v in ranked:
+        for h, _t in v.tasks:
+            order.setdefault(h, None)
+    options: list[tuple[tuple[int, float], list[Victim]]] = []
+    for h in order:
+        here = sorted((v for v in hosts.victims_on(h) if eligible(v, req, kind, book, shares, now)),
+                      key=lambda v: v.cost(now))
+        picked: list[Victim] = []
+        for v in here:
+            picked.append(v)
+            if hosts.room(h, picked):
+                costs = [v.cost(now) for v in picked]
+                options.append(((max(c[0] for c in costs), sum(c[1] for c in costs)), picked))
+                break
+    options.sort(key=lambda o: o[0])
+    chosen: list[Victim] = []
+    seen: set[str] = set()
+    trial = book.copy()
+    for _cost, picked in options:
+        for v in picked:
+            if v.job_id in seen or not eligible(v, req, kind, trial, shares, now):
+                continue
+            seen.add(v.job_id)
+            chosen.append(v)
+            trial.give(v.queue, v.usage)
+        if chosen and trial.admits(req.queue, req.demand) is None and fits(chosen):
+            return chosen
     return None

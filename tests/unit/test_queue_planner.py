@@ -219,6 +219,33 @@ def test_a_gang_that_needs_more_victims_than_a_cycle_allows_gets_them_in_one_cyc
     assert (w.holding("lender"), w.holding("gang")) == (8, 16)
 
 
+def test_a_job_within_nominal_that_nothing_can_be_reclaimed_for_does_not_keep_free_gpus_idle() -> None:
+    """A job within its queue's nominal quota finds no room (here no host has the CPUs it
+    asks), and no queue of its cohort borrows: reclaim has nothing to take, so the cohort
+    still lends what is free to a borrower's job, instead of keeping it idle for a room
+    only jobs ending can make. With a borrower to reclaim from it lends nothing new."""
+    w = QWorld()
+    w.host("h1", gpus=4, cpus=64)
+    w.host("h2", gpus=4, cpus=64)
+    w.queue("a", cohort="c", gpus=6, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=2, min_runtime_s=0)
+    for i in range(3):
+        w.qsubmit(f"a{i}", "a", cpus=20, submitted_at=NOW - 1000 + i)
+    _fill(w, "b", 2, NOW - 900)
+    assert (w.holding("a"), w.holding("b")) == (3, 2)
+    # Within a's nominal quota, fits no host (and has not waited long enough to hold one).
+    w.qsubmit("wide", "a", cpus=64, submitted_at=NOW - 1)
+    w.qsubmit("extra", "b", submitted_at=NOW - 1)  # would borrow one of a's unused GPUs
+    plan = w.qcycle(now=NOW)
+    assert w.job("extra").state is JobState.PLACED and w.job("wide").state is JobState.QUEUED
+    assert not plan.preempted
+    no_overcommit(w.state)
+    # Now b borrows: the next borrower's job waits, for the reclaim a's job may need.
+    w.qsubmit("extra2", "b", submitted_at=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    assert w.job("extra2").state is JobState.QUEUED
+
+
 def test_gpus_freed_beyond_a_preemptors_need_go_to_other_jobs_in_the_same_cycle() -> None:
     """The host kept for a preemptor while its victim stops is let go once the preemptor
     is placed: what the victim freed beyond its need goes to another waiting job in that

@@ -8,6 +8,7 @@ The planner-level tests are in test_queue_planner.py."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -288,6 +289,44 @@ def test_reclaim_takes_only_from_borrowers_and_no_more_than_needed() -> None:
     got = preemption.choose(req, cands, book, None, 100.0, lambda vs: True)
     assert got is not None and got.kind == preemption.RECLAIM
     assert sorted(v.job_id for v in got.victims) == ["b4", "b5"]  # the two youngest; never x
+
+
+def test_reclaim_for_whole_hosts_looks_host_by_host_when_the_cheapest_victims_clear_none() -> None:
+    """A gang of two 8-GPU tasks reclaims from 40 hosts full of a borrower's one-GPU jobs.
+    The borrower holds 16 GPUs over its nominal quota, so reclaim may stop 16 of its jobs;
+    the youngest, taken first, are spread over every host and clear none. Host by host,
+    the two hosts whose jobs lose the least work are cleared, and nothing else."""
+    queues = {"a": queue("a", "c", gpu_H100=(16, None, None)), "b": queue("b", "c", gpu_H100=(304, None, None))}
+    for q in queues.values():
+        q.min_runtime_s = 0
+    book = QueueBook(queues, {"b": {H100: 320.0}})
+    by_host: dict[str, list[preemption.Victim]] = {}
+    for h in range(40):
+        for g in range(8):
+            # Host h's g-th job: on every host the first six are younger than any other.
+            started = 1000.0 - (g * 40 + h) if g < 6 else 500.0 - h - g
+            if h in (7, 23) and g >= 6:
+                started += 200.0  # these two hosts' oldest jobs are the youngest of the oldest
+            by_host.setdefault(f"h{h:02d}", []).append(victim(f"b{h}-{g}", "b", started=started, host=f"h{h:02d}"))
+    candidates = [v for vs in by_host.values() for v in vs]
+
+    def fits(chosen: list[preemption.Victim]) -> bool:  # two hosts cleared
+        ids = {v.job_id for v in chosen}
+        return sum(all(v.job_id in ids for v in vs) for vs in by_host.values()) >= 2
+
+    class Hosts:
+        def victims_on(self, host_id: str) -> list[preemption.Victim]:
+            return by_host[host_id]
+
+        def room(self, host_id: str, victims: Sequence[preemption.Victim]) -> bool:
+            ids = {v.job_id for v in victims}
+            return all(v.job_id in ids for v in by_host[host_id])
+
+    req = preemption.Request("gang", "a", 0, {H100: 16}, (preemption.RECLAIM,))
+    assert preemption.choose(req, candidates, book, None, 1000.0, fits) is None  # cheapest first only
+    got = preemption.choose(req, candidates, book, None, 1000.0, fits, Hosts())
+    assert got is not None and got.kind == preemption.RECLAIM
+    assert sorted({h for v in got.victims for h, _t in v.tasks}) == ["h07", "h23"] and len(got.victims) == 16
 
 
 @settings(max_examples=150, deadline=None)
