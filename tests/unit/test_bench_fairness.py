@@ -99,3 +99,32 @@ def test_jobs_that_keep_checkpoints_lose_only_their_stop_to_exit_time() -> None:
     assert p["preempted_tries"] > 0 and p["jobs_keeping_checkpoints"] == rep["jobs_submitted"]
     for key, v in p["by"].items():
         assert v["gpu_s_lost"] <= v["gpus"] * (1.0 + args.cycle) + 1e-6, (key, v)
+
+
+def test_idle_gpus_counts_only_free_gpus_a_waiting_job_would_fit() -> None:
+    """The benchmark's idle figure: whole GPUs free on a host where some waiting job
+    passes placement's check (its CPUs too; a gang on as many such hosts as it has
+    tasks); GPUs free where none fits are stranded, not idle; reserved hosts apart."""
+    from bench.fairness import idle_gpus
+    from tests.factories import job, job_spec
+    from tests.unit.test_planner import World
+    from wire.messages import Job
+
+    w = World()
+    w.host("h1", gpus=4, cpus=64)
+    w.host("h2", gpus=4, cpus=64)
+    w.host("h3", gpus=4, cpus=4)
+    w.submit("big", gpus=3, cpus=60)
+    w.cycle()
+    assert [t.job_id for t in w.tasks("h1")] == ["big"]  # h1: 1 GPU and 4 CPUs free
+
+    def waiting(name: str, **fields: object) -> Job:
+        return job(name, spec=job_spec(name, **fields))
+
+    eight_cpus = waiting("cpu8", gpus=1, cpus=8)  # fits h2 only
+    gang = waiting("gang", gpus=4, cpus=8, replicas=2)  # one task fits h2 only: not the gang
+    assert idle_gpus(w.state, [eight_cpus, gang], set()) == (4, 0)
+    assert idle_gpus(w.state, [gang], set()) == (0, 0)
+    assert idle_gpus(w.state, [eight_cpus], {"h2"}) == (0, 4)
+    small = waiting("small", gpus=1, cpus=2)  # fits every host
+    assert idle_gpus(w.state, [small, gang], set()) == (9, 0)
