@@ -362,6 +362,56 @@ def test_reclaim_and_fair_share_never_take_a_queue_below_its_nominal(queues: dic
     assert after.admits(me, {H100: amount}) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=2, max_size=6), st.integers(0, 6),
+       st.integers(1, 4), st.randoms(use_true_random=False))
+def test_victims_looked_for_host_by_host_keep_the_same_rules(hosts: list[tuple[int, bool]], nominal_b: int,
+                                                             amount: int, rnd) -> None:  # type: ignore[no-untyped-def]
+    """Hosts of `b`'s one-GPU jobs (some with one of `a`'s own), started in a random
+    order, and a job of `a` that needs a whole host cleared: the youngest victims are
+    spread, so the search often goes host by host. What it returns keeps the rules:
+    victims only from `b` while it is above its nominal quota, the job admitted, a host
+    cleared; and where some host can be cleared within `b`'s excess, one is found."""
+    queues = {"a": queue("a", "c", gpu_H100=(64, None, None)), "b": queue("b", "c", gpu_H100=(nominal_b, None, None))}
+    for q in queues.values():
+        q.min_runtime_s = 0
+    jobs = [(f"h{j}", "b") for j, (n, _own) in enumerate(hosts) for _ in range(n)]
+    jobs += [(f"h{j}", "a") for j, (_n, own) in enumerate(hosts) if own]
+    starts = list(range(len(jobs)))
+    rnd.shuffle(starts)
+    book = QueueBook(queues, {})
+    by_host: dict[str, list[preemption.Victim]] = {}
+    for i, ((host, name), started) in enumerate(zip(jobs, starts, strict=True)):
+        book.take(name, {H100: 1.0})
+        by_host.setdefault(host, []).append(victim(f"v{i}", name, started=float(started), host=host))
+
+    def cleared(victims: Sequence[preemption.Victim], host: str) -> bool:
+        ids = {v.job_id for v in victims}
+        return all(v.job_id in ids for v in by_host[host])
+
+    class Hosts:
+        def victims_on(self, host_id: str) -> list[preemption.Victim]:
+            return by_host[host_id]
+
+        def room(self, host_id: str, victims: Sequence[preemption.Victim]) -> bool:
+            return cleared(victims, host_id)
+
+    req = preemption.Request("new", "a", 0, {H100: amount}, (preemption.RECLAIM,))
+    got = preemption.choose(req, [v for vs in by_host.values() for v in vs], book, None, 100.0,
+                            lambda vs: any(cleared(vs, h) for h in by_host), Hosts())
+    excess = book.used("b", H100) - nominal_b
+    clearable = any(all(v.queue == "b" for v in vs) and len(vs) <= excess for vs in by_host.values())
+    assert (got is not None) == clearable
+    if got is None:
+        return
+    assert any(cleared(got.victims, h) for h in by_host)
+    after = book.copy()
+    for v in got.victims:
+        assert v.queue == "b" and after.over_nominal("b", [H100])
+        after.give(v.queue, v.usage)
+    assert after.admits("a", {H100: amount}) is None
+
+
 def test_queue_watch_alerts_a_storm_once_and_a_starved_queue_once() -> None:
     from server.scheduling.queuewatch import QueueWatch
 
