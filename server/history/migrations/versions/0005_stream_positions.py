@@ -4,8 +4,9 @@
 (and the stream's creation time, so a stream made anew is read from its start): a
 historian that takes over, or starts again, reads only the records after it instead of
 every job record in the bucket. `jobs.revision` is the state stream's sequence, which a
-busy cluster takes past 2**31 (PostgreSQL's INTEGER) within weeks; it becomes BIGINT.
-SQLite's INTEGER holds 64 bits already, so SQLite keeps it.
+busy cluster takes past 2**31 (PostgreSQL's INTEGER) within days (50,000 hosts at 500
+jobs/s write about 2,800 job and allocation revisions a second: under 9 days); it
+becomes BIGINT. SQLite's INTEGER holds 64 bits already, so SQLite keeps it.
 
 Revision ID: 0005_stream_positions
 Revises: 0004_job_group
