@@ -438,9 +438,9 @@ def idle_gpus(state: ClusterState, waiting: list[Job], kept: set[str]) -> tuple[
     hosts as it has tasks), whatever its queue's quota; and whole GPUs free on `kept`
     hosts (reserved). A GPU free on a host whose CPUs or memory no waiting job fits in
     is stranded, not idle for want of a decision."""
-    caps = [c for c in state.index.caps.values() if c.free_gpus(None)]
-    held = sum(len(c.free_gpus(None)) for c in caps if c.id in kept)
-    open_caps = [c for c in caps if c.id not in kept]
+    free = {c.id: (c, n) for c in state.index.caps.values() if (n := len(c.free_gpus(None)))}
+    held = sum(n for h, (_c, n) in free.items() if h in kept)
+    open_caps = [c for h, (c, _n) in free.items() if h not in kept]
     if not open_caps:
         return 0, held
     specs: dict[tuple[Shape, int, tuple[tuple[str, str], ...]], JobSpec] = {}
@@ -448,7 +448,7 @@ def idle_gpus(state: ClusterState, waiting: list[Job], kept: set[str]) -> tuple[
         specs.setdefault((Shape.of(j.spec), j.spec.replicas, tuple(sorted(j.spec.host_labels.items()))), j.spec)
     fits = {c.id: [k for k, spec in specs.items() if check(spec, c)[0] is None] for c in open_caps}
     room = Counter(k for keys in fits.values() for k in keys)
-    idle = sum(len(c.free_gpus(None)) for c in open_caps if any(room[k] >= k[1] for k in fits[c.id]))
+    idle = sum(free[c.id][1] for c in open_caps if any(room[k] >= k[1] for k in fits[c.id]))
     return idle, held
 
 

@@ -149,6 +149,12 @@ class HostCapacity:
         """Reserve what an assigned task holds (its allocation record's entry)."""
         self.reserve(task.gpu_indices, task.cpus, task.memory_mb, 0, task.gpu_share, task.gpu_memory_mb, task.mig)
 
+    def let_go(self, task: Task) -> None:
+        """Release what an assigned task holds, its bytes in the allocation record included
+        (what the host would have were the task stopped)."""
+        self.release(task.gpu_indices, task.cpus, task.memory_mb, len(task.compact_json()) + 1, task.gpu_share,
+                     task.gpu_memory_mb, task.mig)
+
 
 @dataclass(frozen=True)
 class Choice:

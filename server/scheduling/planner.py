@@ -215,16 +215,10 @@ class _Work:
         queue and holding (None, {}: none), and the new one's. The state's are kept as
         records arrive, the commits' in flight worked out once a commit."""
         held = self.state.held
-        for job_id in {*self.pending, *self.plan.jobs}:
-            old = self.state.jobs.get(job_id)
-            new = self.plan.jobs.get(job_id)
-            if new is not None:
-                new_held = job_usage(new)
-            else:
-                new = self.pending[job_id]
-                known = self.pending_held.get(job_id)
-                new_held = job_usage(new) if known is None else known
-            yield (None if old is None else old.spec.queue), held.get(job_id, {}), new.spec.queue, new_held
+        for old, new in self.replaced():
+            known = None if new.id in self.plan.jobs else self.pending_held.get(new.id)
+            yield ((None if old is None else old.spec.queue), held.get(new.id, {}), new.spec.queue,
+                   job_usage(new) if known is None else known)
 
     def busy(self, job_id: str, host_ids: tuple[str, ...] = ()) -> bool:
         """Would work on this job (and these hosts) touch a record in flight? Counts
@@ -1238,8 +1232,7 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
     if kind == preemption.PRIORITY:
         queues = [req.queue]
     elif kind == preemption.RECLAIM:
-        queues = [q for q, c in book.queues.items() if q != req.queue
-                  and ((c.cohort is not None and c.cohort == me.cohort) or not c.quota)]
+        queues = _lenders(book, req.queue, me)
     else:
         queues = [q for q in book.queues if q != req.queue]
     wanted = {r for r, v in req.demand.items() if v > 0}
@@ -1262,21 +1255,28 @@ def _candidates(w: _Work, adm: Admission, req: preemption.Request, kind: str, no
     return out
 
 
+def _paced(left: int, limit: int) -> int:
+    """How many victims a preemption limit allows now: what is left of it, or, while none
+    of it is used, up to one job's most: the limits pace preemptions rather than cap one,
+    so a gang on hosts of small jobs that needs more victims than a limit is not starved."""
+    return max(left, MAX_PREEMPTING) if 0 < limit <= left else left
+
+
+def _lenders(book: QueueBook, name: str, q: Queue) -> list[str]:
+    """The queues reclaim for queue `name` (`q`) may take from: the others of its cohort,
+    and unmetered queues."""
+    return [n for n, c in book.queues.items()
+            if n != name and ((c.cohort is not None and c.cohort == q.cohort) or not c.quota)]
+
+
 def _borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
-    """Whether a queue that reclaim for `job` could take from (another queue of its cohort,
-    or an unmetered one) holds more than its nominal quota of a resource the job wants,
-    in the book as it will be once the preemptions under way are done."""
+    """Whether a queue that reclaim for `job` could take from holds more than its nominal
+    quota of a resource the job wants (an unmetered one: any of it), in the book as it
+    will be once the preemptions under way are done."""
     book = adm.future
     wanted = [r for r, v in adm.demand(job).items() if v > 0]
-    for name, other in book.queues.items():
-        if name == job.spec.queue or not (other.cohort == q.cohort or not other.quota):
-            continue
-        if not other.quota:  # unmetered: all it holds may be taken
-            if any(book.used(name, r) > EPS for r in wanted):
-                return True
-        elif any(book.meters(name, r) and book.used(name, r) > nominal(other, r) + EPS for r in wanted):
-            return True
-    return False
+    return any(book.over_nominal(n, wanted) and any(book.used(n, r) > EPS for r in wanted)
+               for n in _lenders(book, job.spec.queue, q))
 
 
 def _victim(w: _Work, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
@@ -1334,8 +1334,7 @@ class _HostVictims:
         for v in victims:
             for h, t in v.tasks:
                 if h == host_id:
-                    cap.release(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1, t.gpu_share,
-                                t.gpu_memory_mb, t.mig)
+                    cap.let_go(t)
         return placement_check(self.spec, cap)[0] is None
 
 
@@ -1346,8 +1345,7 @@ def _fits(placer: Placer, spec: JobSpec) -> Callable[[list[preemption.Victim]], 
             for host_id, t in v.tasks:
                 cap = trial.cap(host_id)
                 if cap is not None:
-                    cap.release(t.gpu_indices, t.cpus, t.memory_mb, len(t.compact_json()) + 1, t.gpu_share,
-                                t.gpu_memory_mb, t.mig)
+                    cap.let_go(t)
         if spec.replicas > 1:
             return trial.place_gang(spec) is not None
         return trial.place(spec) is not None
@@ -1379,12 +1377,8 @@ def preempt_for(w: _Work, adm: Admission, placer: Placer, job: Job, refusal: Ref
             kinds.append(preemption.PRIORITY)
         if q.fair_share_preemption and not refusal.hard:
             kinds.append(preemption.FAIR_SHARE)  # it would borrow, and the pool is drawn by others
-    left = q.max_preemptions - inflight.get(job.spec.queue, 0)
-    if 0 < q.max_preemptions <= left:
-        # None stopping for the queue: one preemption may stop more than its limit (up to
-        # one job's most), so that a gang needing more victims than that is not starved.
-        left = MAX_PREEMPTING
-    allowed = min(budget, left, MAX_PREEMPTING)
+    allowed = min(budget, _paced(q.max_preemptions - inflight.get(job.spec.queue, 0), q.max_preemptions),
+                  MAX_PREEMPTING)
     if not kinds or allowed <= 0:
         return 0
     req = preemption.Request(job.id, job.spec.queue, job.spec.priority, demand, tuple(kinds))
@@ -1752,11 +1746,8 @@ def place_queued(
                 continue
             tries -= 1
             placer.exclude = exclusion(current, cq)  # its victims are looked for where it may go
-            # The cycle's first preemption may stop more victims than the cycle's budget
-            # (up to one job's most): a gang on hosts of small jobs needs more than any
-            # one cycle allows, and would otherwise wait for reclaim forever.
-            allowed = budget if budget < policy.preemptions_per_cycle else max(budget, MAX_PREEMPTING)
-            n = preempt_for(w, adm, placer, current, refusal, now, max_keys, allowed, inflight)
+            n = preempt_for(w, adm, placer, current, refusal, now, max_keys,
+                            _paced(budget, policy.preemptions_per_cycle), inflight)
             if n:
                 claim(current, cq)
                 budget -= n
