@@ -9,7 +9,8 @@ try to take it every `retry_every_s`. There is no fencing: history writes are id
 never correctness. For the same reason a writer whose renewal fails (NATS slow or out of
 reach) keeps writing, and stops only once it sees another holder: stopping on a timeout
 made a loaded cluster hand the lease back and forth, and each new writer reads every job
-record again. The price of the long TTL: after a writer's crash (not a stop, which gives
+record again; a writer that finds the key expired (no renewal landed within its TTL) takes
+it again. The price of the long TTL: after a writer's crash (not a stop, which gives
 the key up) history waits up to `ttl_s` for the next.
 """
 
@@ -57,30 +58,44 @@ class WriterLease:
         if rec.value:
             return False
         try:
-            self.revision = await self.store.put(self.key, self.holder.encode(), expected=rec.revision,
-                                                 ttl=f"{self.ttl_s}s")
+            self.revision = await self._put(rec.revision)
         except ConflictError:
             return False
         return True
 
     async def renew(self) -> bool:
-        """Keep the key. False once another holds it (the key moved on since our write);
-        a renewal that fails otherwise is tried again at the next one."""
+        """Keep the key. False once another holds it; a renewal that fails otherwise is
+        tried again at the next one."""
         try:
-            self.revision = await self.store.put(self.key, self.holder.encode(), expected=self.revision,
-                                                 ttl=f"{self.ttl_s}s")
+            self.revision = await self._put(self.revision)
         except ConflictError:
-            # Moved on: another holder, or our own earlier renewal whose answer timed out.
-            try:
-                rec = await self.store.get(self.key)
-            except StoreError:
-                return True
-            if rec.value != self.holder.encode():
-                return False
-            self.revision = rec.revision
+            return await self._recover()
         except StoreError as exc:
             log.warning("history writer lease not renewed (still writing, trying again): %s", exc)
         return True
+
+    async def _recover(self) -> bool:
+        """The key moved on since our last known write: our own renewal whose answer timed
+        out, the key's expiry (no renewal landed within its TTL, on a saturated machine),
+        or another holder. Only the last ends this writer: an expired key is nobody's, and
+        taking it again costs nothing, where giving it up would leave history unwritten
+        until another replica's historian runs and takes it. In the first two cases the
+        key is written again at once, from the revision just read."""
+        try:
+            rec = await self.store.get(self.key)
+            if rec.value and rec.value != self.holder.encode():
+                return False
+            if not rec.value:
+                log.warning("history writer lease expired while this historian was writing; taking it again")
+            self.revision = await self._put(rec.revision)
+        except ConflictError:
+            pass  # written by someone meanwhile: the next renewal finds out by whom
+        except StoreError as exc:
+            log.warning("history writer lease not renewed (still writing, trying again): %s", exc)
+        return True
+
+    async def _put(self, expected: int) -> int:
+        return await self.store.put(self.key, self.holder.encode(), expected=expected, ttl=f"{self.ttl_s}s")
 
     async def release(self) -> None:
         """Give the key up (an empty value), so another replica takes over at once. Once

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from server.history.database import History
 from server.history.historian import HistorianConfig, run
-from server.history.writerlease import lease_key
+from server.history.writerlease import WriterLease, lease_key
 from server.state.streams import ensure_streams
 from tests.conftest import eventually, frozen
 from tests.integration.postgres import (  # noqa: F401 - fixtures
@@ -273,4 +273,31 @@ async def test_a_historian_started_again_reads_only_the_job_records_after_its_st
         assert all(history.get_job(jid) is not None for jid in jids)
     finally:
         history.close()
+        await nc.close()
+
+
+async def test_a_writer_whose_lease_expired_takes_it_again(nats_url: str) -> None:
+    """A writer whose renewals did not land within the TTL (a saturated machine) finds
+    the key expired, not held by another, at its next renewal: it takes the key again
+    and stays the writer. Against the real bucket: the expiry marker is the last
+    revision and counts as no value; a second writer is refused once it is taken."""
+    nc = await connect(nats_url, name="test")
+    try:
+        store = Store(nc)
+        await ensure_streams(store)
+        mine = WriterLease(store, "history.writer.expiry", "a", ttl_s=1)
+        other = WriterLease(store, "history.writer.expiry", "b", ttl_s=1)
+        assert await mine.acquire()
+        held = mine.revision
+
+        async def expired() -> bool:
+            rec = await store.get(mine.key)
+            return rec.value is None and rec.revision > held
+
+        await eventually(expired, timeout=30, what="the lease key's expiry")
+        assert await mine.renew()
+        rec = await store.get(mine.key)
+        assert rec.value == b"a" and rec.revision == mine.revision > held
+        assert not await other.acquire()
+    finally:
         await nc.close()

@@ -1,5 +1,6 @@
 """The history writer lease's rules, against a store that answers as told: a writer
-keeps writing through a failed renewal and stops only when another holds the key."""
+keeps writing through a failed renewal and stops only when another holds the key (an
+expired key is taken again)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,12 @@ async def test_a_writer_keeps_the_lease_through_timeouts_and_gives_it_up_to_a_ne
     # A renewal that landed although its answer timed out: the key moved on, to us.
     store.revision += 1
     assert await mine.renew() and mine.revision == store.revision
-    # The key expired (its expiry marker is the last revision) and another took it.
+    # The key expired (its expiry marker is the last revision) while this writer was
+    # writing, and nobody took it: the writer takes it again.
+    store.value, store.revision = None, store.revision + 1
+    assert await mine.renew() and store.value == b"a" and mine.revision == store.revision
+    assert not await other.acquire()
+    # The key expired and another took it.
     store.value, store.revision = None, store.revision + 1
     assert await other.acquire()
     assert not await mine.renew()
