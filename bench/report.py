@@ -233,6 +233,9 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
         "placements_per_s_source": "server metric muster_placements_total (jobs placed; a gang counts "
         "once) over the measured window, sampled once a second",
         "placements_total": m_final.get("muster_placements_total"),
+        # Assignment records the leader at the end sent again to agents that had not
+        # started a task in time (server.scheduling.delivery), over its whole term.
+        "assignments_sent_again": m_final.get("muster_assignments_redelivered_total"),
         "dispatch_latency_ms": summary_ms(dispatch),
         "running_latency_ms": summary_ms(running),
         "server_placement_latency": histogram_quantiles(m_final, "muster_placement_latency_seconds"),

@@ -25,7 +25,7 @@ from server import metrics
 from server.health.monitor import job_failed_alerts, publish_alert
 from server.health.rules import Health
 from server.scheduling.cadence import cycle_gap
-from server.scheduling.delivery import undelivered
+from server.scheduling.delivery import Sent, next_sent, undelivered
 from server.scheduling.eviction import EvictionBudget, EvictionConfig
 from server.scheduling.isolation import Isolation, Narrowing
 from server.scheduling.planner import KeyInFlight, Plan, QueuePolicy, plan_cycle
@@ -158,8 +158,9 @@ class Scheduler:
         self.poisoned = 0
         # When this leader first saw each unheard host (planner.evict_lost's grace).
         self._unheard_since: dict[str, float] = {}
-        # Assignment records sent again: host -> (revision, when); when the last check ran.
-        self._redelivered: dict[str, tuple[int, float]] = {}
+        # Assignment records delivered to hosts with a task waiting to start
+        # (scheduling.delivery); when the last check ran.
+        self._redelivered: dict[str, Sent] = {}
         self._delivery_checked = 0.0
         self.watch = self.config.watch
         self.windows = WindowWatch()  # anew with each term (_lead)
@@ -514,24 +515,27 @@ class Scheduler:
         self._delivery_checked = now
         after = self.config.redeliver_after_s
         after = 2 * self.state.heartbeat_interval_s if after is None else after
-        due = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
-                          self._redelivered)
-        for host, rev in due.items():
-            alloc = self.state.allocs.get(host)
-            if alloc is None:
-                continue
-            try:
-                await self.store.nc.publish(subjects.assign_subject(host), encode(alloc),
-                                            headers={"Nats-Sequence": str(rev)})
-            except NatsError as exc:
-                log.warning("cannot send %s its assignments again: %s", host, exc)
-                return
-            self._redelivered[host] = (rev, now)
-            metrics.REDELIVERED.inc()
-            log.warning("%s has not started a task placed on it %.0f s ago: its assignments sent again "
-                        "(revision %d)", host, after, rev)
-        for host in [h for h, (_r, t) in self._redelivered.items() if now - t > 10 * after]:
-            del self._redelivered[host]
+        found = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
+                            self._redelivered)
+        resent: dict[str, int] = {}
+        try:
+            for host, rev in found.due.items():
+                alloc = self.state.allocs.get(host)
+                if alloc is None:
+                    continue
+                try:
+                    await self.store.nc.publish(subjects.assign_subject(host), encode(alloc),
+                                                headers={"Nats-Sequence": str(rev)})
+                except NatsError as exc:
+                    log.warning("cannot send %s its assignments again: %s", host, exc)
+                    return
+                resent[host] = rev
+                metrics.REDELIVERED.inc()
+                last = self._redelivered.get(host)
+                log.warning("%s has not started a task placed on it %.0f s or more ago: its assignments sent again "
+                            "(revision %d, resend %d)", host, after, rev, (last.resends if last else 0) + 1)
+        finally:
+            self._redelivered = next_sent(self._redelivered, found, resent, now)
 
     @property
     def unheard_grace_s(self) -> float:
