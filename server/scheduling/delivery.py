@@ -19,8 +19,10 @@ each time it changes (which the stream republishes anyway) once made the leader 
 some 290 records a second to agents already behind. So the wait runs from the record's
 last delivery, not from the task's placement: a task placed on the host since (the
 record written again, and republished), a change of the record the leader noticed, or
-its own resend; and each resend to the same host doubles the wait, up to
-`MAX_DOUBLINGS` times, until none of its tasks waits to start.
+its own resend; it runs only as far as the leader has read the agents' status reports
+(a loaded leader reads them late, and a task reported running looks unstarted until
+then); and each resend to the same host doubles the wait, up to `MAX_DOUBLINGS` times,
+until none of its tasks waits to start.
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ def undelivered(
     after_s: float,
     healthy: Callable[[str], bool],
     sent: Mapping[str, Sent],
+    reports_read_to: float | None = None,
 ) -> Deliveries:
     """The healthy hosts with a task placed more than `after_s` ago and not yet running,
     and of those the ones whose record is due again: none of their tasks was placed
     within the wait, nor was the record delivered within it (`sent`), the wait doubling
-    with each resend."""
+    with each resend. The wait is counted up to `reports_read_to` when given (the store's
+    time up to which every status report has reached the state): a task whose start
+    report the leader has not read yet is not taken for one its agent never got."""
+    seen = min(now, reports_read_to) if reports_read_to else now
     placed: dict[str, tuple[float, float]] = {}  # host -> (oldest, newest) placement of a task not started
     for job_id in state.placed_ids:
         job = state.jobs.get(job_id)
@@ -83,13 +89,13 @@ def undelivered(
     out = Deliveries()
     for host, (oldest, newest) in placed.items():
         rev = state.revisions.get(subjects.alloc_key(host), 0)
-        if not rev or now - oldest < after_s or not healthy(host):
+        if not rev or seen - oldest < after_s or not healthy(host):
             continue
         out.waiting[host] = rev
         last = sent.get(host)
         delivered = max(newest, last.at) if last is not None else newest
         resends = last.resends if last is not None else 0
-        if now - delivered >= after_s * 2 ** min(resends, MAX_DOUBLINGS):
+        if seen - delivered >= after_s * 2 ** min(resends, MAX_DOUBLINGS):
             out.due[host] = rev
     return out
 

@@ -515,8 +515,14 @@ class Scheduler:
         self._delivery_checked = now
         after = self.config.redeliver_after_s
         after = 2 * self.state.heartbeat_interval_s if after is None else after
+        # Every status report stored before this has reached the state (or is in a
+        # commit in flight, which a resend does not wait for: it is harmless).
+        feed = self._status_feed
+        read_to = feed.read_to if feed is not None else None
+        if read_to and self._reports:
+            read_to = min(read_to, _stored_at(self._reports[0][0]))
         found = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
-                            self._redelivered)
+                            self._redelivered, read_to)
         resent: dict[str, int] = {}
         try:
             for host, rev in found.due.items():

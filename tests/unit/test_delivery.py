@@ -96,3 +96,21 @@ def test_a_change_of_the_record_counts_as_its_delivery_and_keeps_the_resends() -
     sent = next_sent(sent, found, found.due, NOW + 13)
     assert sent == {"h1": Sent(new, NOW + 13, 1)}
     assert due(w, NOW + 32.9, sent) == {} and due(w, NOW + 33, sent) == {"h1": new}
+
+
+def test_the_wait_counts_only_as_far_as_the_status_reports_are_read() -> None:
+    """A leader that has read the status reports only up to some time cannot tell a task
+    that started after it from one its agent never got: the wait runs up to there."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    w.submit("j1", gpus=1)
+    w.cycle(now=NOW)
+    rev = w.state.revisions["alloc.h1"]
+    assert undelivered(w.state, NOW + 30, 10.0, healthy, {}, reports_read_to=NOW + 9.9) == Deliveries()
+    found = undelivered(w.state, NOW + 30, 10.0, healthy, {}, reports_read_to=NOW + 10)
+    assert found.due == {"h1": rev} == found.waiting
+    # Read past the clock (another clock): no further than now.
+    assert undelivered(w.state, NOW + 9, 10.0, healthy, {}, reports_read_to=NOW + 60) == Deliveries()
+    sent = next_sent({}, found, found.due, NOW + 30)
+    assert undelivered(w.state, NOW + 50, 10.0, healthy, sent, reports_read_to=NOW + 49).due == {}
+    assert undelivered(w.state, NOW + 50, 10.0, healthy, sent, reports_read_to=NOW + 50).due == {"h1": rev}
