@@ -1547,14 +1547,21 @@ def place_queued(
     def reserve(job: Job, spec: JobSpec) -> None:
         """Hold hosts for `job` where it could start soonest, none of another
         reservation's nor of a maintenance window or an advance reservation for other
-        queues its time limit would run into, if it may hold them."""
+        queues its time limit would run into, if it may hold them. A gang that finds
+        fewer hosts than it has tasks holds them only while other reservations hold the
+        rest: where the hosts it may use are too few even without those, holding some
+        would keep them idle for a start that cannot come."""
         tried.add(job.id)
         held = placer.exclude
         limit = effective_time_limit(job.spec, adm.queue(job))
-        placer.exclude = held | {h for r in reservations.values() for h in r.hosts} | closing(limit) \
-            | set_aside(job.spec.queue, job.spec.user, limit)
+        apart = held | closing(limit) | set_aside(job.spec.queue, job.spec.user, limit)
+        placer.exclude = apart | {h for r in reservations.values() for h in r.hosts}
         soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, ends, soonest)
+        if got.hosts and not spec.same_rack and len(got.hosts) < spec.replicas:
+            placer.exclude = apart
+            if len(placer.reservation_for(job.id, spec, now, ends, soonest).hosts) < spec.replicas:
+                got = Reservation(job.id, frozenset(), got.start)
         placer.exclude = held
         waited = now - job.submitted_at
         if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):

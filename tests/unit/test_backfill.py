@@ -356,6 +356,26 @@ def test_the_job_a_reservation_is_kept_for_is_placed_on_it_when_a_job_ahead_wait
     assert plan.reservations == [Reservation("gang", frozenset({"a"}), UNKNOWN)]  # big's went with its placement
 
 
+def test_a_gang_with_too_few_hosts_it_may_use_holds_none_of_them() -> None:
+    """A gang of three whole-host tasks on a cluster of two hosts (or whose third host is
+    drained) could never start on what it would hold: it holds nothing, and a job after
+    it that could start gets its reservation and runs."""
+    w = _two_busy_hosts()
+    w.submit("gang", gpus=8, replicas=3, at=NOW - 30)
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.submit("open", gpus=1, at=NOW - 8)  # no time limit: only a host nobody holds
+    plan = w.cycle()
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250)]
+    assert w.job("gang").reserved is None and w.job("gang").state is JobState.QUEUED
+    assert w.job("open").attempts[0].host_id == "a"
+    # Two tasks on two hosts: the gang holds both, from when both are free.
+    w2 = _two_busy_hosts()
+    w2.submit("gang", gpus=8, replicas=2, at=NOW - 30)
+    w2.submit("open", gpus=1, at=NOW - 8)
+    assert w2.cycle().reservations == [Reservation("gang", frozenset({"a", "b"}), NOW + 450)]
+    assert w2.job("open").state is JobState.QUEUED
+
+
 def test_a_reserved_job_placed_in_the_cycle_leaves_the_rest_of_its_hosts_to_the_jobs_after_it() -> None:
     w = _two_busy_hosts()
     w.submit("mid", gpus=4, at=NOW - 20)
