@@ -43,6 +43,9 @@ T = TypeVar("T")
 DIRECT_SHARE = 1 / 64
 # Placer.reservation_for: hosts with the most free room compared, per task of the job.
 RESERVE_CANDIDATES = 16
+# Placer.reservation_for with `sameRack`: racks looked at, the most free first, for one
+# where enough hosts could ever take a task of the job.
+RESERVE_RACKS = 8
 
 
 def size_class(x: float) -> int:
@@ -580,18 +583,20 @@ class Placer:
     def reservation_for(self, job_id: str, spec: JobSpec, now: float, ends: Callable[[str], Ends],
                         soonest: Iterable[str] = ()) -> Reservation:
         """Hosts to hold for a waiting job (scheduling.backfill): with `sameRack` its best
-        rack; otherwise the `replicas` hosts where a task of it could start soonest, among
-        those with the most free matching GPUs (RESERVE_CANDIDATES of them) and `soonest`
+        rack (of the RESERVE_RACKS with the most free matching GPUs, the freest with
+        enough hosts that could ever take a task of it); otherwise the `replicas` hosts where a task of
+        it could start soonest, among those with the most free matching GPUs (RESERVE_CANDIDATES of them) and `soonest`
         (hosts that free up first); and when the job could start there. `ends(host)` gives
         the expected ends of the tasks on a host. Hosts held back from this job are not
         taken."""
         models = spec.models()
         if spec.same_rack:
             racks = [hosts for hosts in self._racks(spec, models) if self.exclude.isdisjoint(hosts)]
-            if not racks:
-                return Reservation(job_id, frozenset(), UNKNOWN)
-            starts = self._starts(racks[0], spec, models, now, ends)
-            return Reservation(job_id, frozenset(racks[0]), choose(spec, starts, self._free)[1])
+            for hosts in racks[:RESERVE_RACKS]:
+                starts = self._starts(hosts, spec, models, now, ends)
+                if len(starts) >= spec.replicas:  # a rack the gang could ever start in
+                    return Reservation(job_id, frozenset(hosts), choose(spec, starts, self._free)[1])
+            return Reservation(job_id, frozenset(), UNKNOWN)
         candidates = self._most_free(spec, models, RESERVE_CANDIDATES * spec.replicas)
         candidates.update(soonest)
         hosts, start = choose(spec, self._starts(candidates, spec, models, now, ends), self._free)

@@ -104,6 +104,28 @@ def test_same_rack_gang_lands_in_one_rack() -> None:
     assert {a.host_id for a in w.job("h").attempts} == {"a1", "a2"}
 
 
+def test_a_same_rack_gang_reserves_a_rack_it_could_start_in() -> None:
+    """The rack with the most free GPUs has too few hosts for the gang: its reservation
+    goes to a rack with enough, not to one where it could never start."""
+    w = World()
+    for h in ("b1", "b2", "b3"):
+        w.host(h, rack="r2")
+    for j in ("x1", "x2", "x3"):
+        w.submit(j, gpus=5)
+    w.cycle()
+    assert {w.job(j).attempts[0].host_id for j in ("x1", "x2", "x3")} == {"b1", "b2", "b3"}
+    w.host("a1", rack="r1")  # 16 GPUs free in r1, 9 in r2
+    w.host("a2", rack="r1")
+    w.submit("g", gpus=8, replicas=3, same_rack=True, at=NOW - 20)
+    plan = w.cycle()
+    assert w.job("g").state is JobState.QUEUED
+    assert [(r.job_id, r.hosts) for r in plan.reservations] == [("g", frozenset({"b1", "b2", "b3"}))]
+    # With r2 too small as well, no rack could ever hold it: nothing is held.
+    w.lose("b3")
+    w.submit("g2", gpus=8, replicas=3, same_rack=True, at=NOW - 19)
+    assert [r.job_id for r in w.cycle().reservations] == []
+
+
 def test_one_failed_task_stops_the_gang_and_it_fails_as_one() -> None:
     w = World()
     for h in "abc":
