@@ -69,9 +69,10 @@ def undelivered(
     and of those the ones whose record is due again: none of their tasks was placed
     within the wait, nor was the record delivered within it (`sent`), the wait doubling
     with each resend. The wait is counted up to `reports_read_to` when given (the store's
-    time up to which every status report has reached the state): a task whose start
-    report the leader has not read yet is not taken for one its agent never got."""
-    seen = min(now, reports_read_to) if reports_read_to else now
+    time up to which every status report has reached the state; 0: none is known read,
+    as in a new leader's first seconds): a task whose start report the leader has not
+    read yet is not taken for one its agent never got."""
+    seen = now if reports_read_to is None else min(now, reports_read_to)
     placed: dict[str, tuple[float, float]] = {}  # host -> (oldest, newest) placement of a task not started
     for job_id in state.placed_ids:
         job = state.jobs.get(job_id)

@@ -109,6 +109,8 @@ def test_the_wait_counts_only_as_far_as_the_status_reports_are_read() -> None:
     assert undelivered(w.state, NOW + 30, 10.0, healthy, {}, reports_read_to=NOW + 9.9) == Deliveries()
     found = undelivered(w.state, NOW + 30, 10.0, healthy, {}, reports_read_to=NOW + 10)
     assert found.due == {"h1": rev} == found.waiting
+    # Nothing known read yet (a new leader's first seconds): nothing is due.
+    assert undelivered(w.state, NOW + 30, 10.0, healthy, {}, reports_read_to=0.0) == Deliveries()
     # Read past the clock (another clock): no further than now.
     assert undelivered(w.state, NOW + 9, 10.0, healthy, {}, reports_read_to=NOW + 60) == Deliveries()
     sent = next_sent({}, found, found.due, NOW + 30)
