@@ -119,7 +119,7 @@ COMMITS = Counter(
 COMMIT_SECONDS = Histogram(
     "muster_commit_seconds",
     "Atomic batch commit time",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
 LEADER = Gauge("muster_leader", "1 when this replica holds the leader lease", registry=REGISTRY)
