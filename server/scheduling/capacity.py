@@ -584,9 +584,10 @@ class Placer:
                         soonest: Iterable[str] = ()) -> Reservation:
         """Hosts to hold for a waiting job (scheduling.backfill): with `sameRack` its best
         rack (of the RESERVE_RACKS with the most free matching GPUs, the freest with
-        enough hosts that could ever take a task of it); otherwise the `replicas` hosts where a task of
-        it could start soonest, among those with the most free matching GPUs (RESERVE_CANDIDATES of them) and `soonest`
-        (hosts that free up first); and when the job could start there. `ends(host)` gives
+        enough hosts that could ever take a task of it); otherwise the `replicas` hosts
+        where a task of it could start soonest, among those with the most free matching
+        GPUs (RESERVE_CANDIDATES of them) and `soonest` (hosts that free up first); and
+        when the job could start there. `ends(host)` gives
         the expected ends of the tasks on a host. Hosts held back from this job are not
         taken."""
         models = spec.models()

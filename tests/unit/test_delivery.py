@@ -93,6 +93,8 @@ def test_a_change_of_the_record_counts_as_its_delivery_and_keeps_the_resends() -
     assert new != rev and w.state.placed_ids == {"j1"}
     found = undelivered(w.state, NOW + 13, 10.0, healthy, sent)
     assert found.due == {}
+    # However late the check that first sees the change, it is not taken for no delivery.
+    assert due(w, NOW + 40, sent) == {}
     sent = next_sent(sent, found, found.due, NOW + 13)
     assert sent == {"h1": Sent(new, NOW + 13, 1)}
     assert due(w, NOW + 32.9, sent) == {} and due(w, NOW + 33, sent) == {"h1": new}
