@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import re
 import statistics
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.workload import TRACES, JobReq, Synthetic, Trace
+from bench.workload import ROOT, TRACES, JobReq, Synthetic, Trace
 from server.scheduling.fragmentation import Shape
 from server.scheduling.placement import check
 from server.scheduling.planner import QueuePolicy, plan_cycle
@@ -423,7 +424,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "queueing_delay_s": {"p50": round(_pct(delays, 50), 2), "p99": round(_pct(delays, 99), 2)},
         "correctness": {"ok": ok, "violations": sim.violations[:20], "ended_twice": twice[:20],
                         "terminal_without_end_event": ended_wrong[:20]},
-        "traces": str(TRACES) if args.trace else None,
+        # Where the traces were read, from the repository's root (not this machine's path).
+        "traces": os.path.relpath(TRACES, ROOT) if args.trace else None,
         "series": samples,
     }
 
