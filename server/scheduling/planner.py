@@ -1327,7 +1327,7 @@ class _HostVictims:
         placer = self.placer
         if host_id in placer.exclude or not placer.healthy(host_id):
             return False
-        base = placer.touched.get(host_id) or placer.index.caps.get(host_id)
+        base = placer.view(host_id)
         if base is None:
             return False
         cap = base.copy()

@@ -160,7 +160,7 @@ class Scheduler:
         self._unheard_since: dict[str, float] = {}
         # Assignment records delivered to hosts with a task waiting to start
         # (scheduling.delivery); when the last check ran.
-        self._redelivered: dict[str, Sent] = {}
+        self._delivered: dict[str, Sent] = {}
         self._delivery_checked = 0.0
         self.watch = self.config.watch
         self.windows = WindowWatch()  # anew with each term (_lead)
@@ -432,10 +432,7 @@ class Scheduler:
         self._note_unheard(now)
         # Every report the store stored before `read_to` is in `reports_in` or was taken
         # by an earlier cycle: the queue holds them in the stream's order.
-        feed = self._status_feed
-        read_to = feed.read_to if feed is not None else None
-        if read_to is not None and len(self._reports) > len(reports_in):
-            read_to = min(read_to, _stored_at(self._reports[len(reports_in)][0]))
+        read_to = self._reports_read_to(len(reports_in))
         stamps = [_stored_at(m) for m, _ in reports_in] if read_to is not None else []
         try:
             plan = plan_cycle(
@@ -520,12 +517,8 @@ class Scheduler:
         # leader's first ack_wait, while reports an earlier leader took may come back:
         # nothing is sent again until then (at takeover it once sent 2,062 records again
         # in 6 s, to agents whose start reports it had not read).
-        feed = self._status_feed
-        read_to = feed.read_to if feed is not None else None
-        if read_to and self._reports:
-            read_to = min(read_to, _stored_at(self._reports[0][0]))
         found = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
-                            self._redelivered, read_to)
+                            self._delivered, self._reports_read_to())
         resent: dict[str, int] = {}
         try:
             for host, rev in found.due.items():
@@ -540,11 +533,22 @@ class Scheduler:
                     return
                 resent[host] = rev
                 metrics.REDELIVERED.inc()
-                last = self._redelivered.get(host)
+                last = self._delivered.get(host)
                 log.warning("%s has not started a task placed on it %.0f s or more ago: its assignments sent again "
                             "(revision %d, resend %d)", host, after, rev, (last.resends if last else 0) + 1)
         finally:
-            self._redelivered = next_sent(self._redelivered, found, resent, now)
+            self._delivered = next_sent(self._delivered, found, resent, now)
+
+    def _reports_read_to(self, taken: int = 0) -> float | None:
+        """The store's time before which every status report has been read and taken (by
+        a cycle; `taken` more of those queued are about to be): the status feed's read
+        position, held back to the first report still queued. None when not leading;
+        0 while the feed cannot tell yet (PullFeed.trust_after)."""
+        feed = self._status_feed
+        read_to = feed.read_to if feed is not None else None
+        if read_to and len(self._reports) > taken:
+            read_to = min(read_to, _stored_at(self._reports[taken][0]))
+        return read_to
 
     @property
     def unheard_grace_s(self) -> float:
