@@ -63,7 +63,7 @@ SUBMIT = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { j
 HOST = "query($id: ID!) { host(id: $id) { id health } }"
 # Jobs per submission: submitJobs takes up to 1,000; on NATS the leader takes a submission
 # message only when all its jobs fit in what one commit leaves for inputs (900 keys less
-# 258, server/planner.py plan_cycle), so a message of more than 642 jobs would never be
+# 258, server/scheduling/planner.py plan_cycle), so a message of more than 642 jobs would never be
 # taken and would hold up every later one.
 MAX_BATCH = {"graphql": 1000, "nats": 500}
 # How long a failed NATS submission is sent again: well inside the SUBMIT stream's 120 s

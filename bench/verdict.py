@@ -28,7 +28,8 @@ class Verdict:
 
 
 def attempt_id(job_id: str, number: int, task: int, replicas: int) -> str:
-    """The server's attempt id (server/planner.py): `<job>.<try>`, or `<job>.<try>.<task>` in a gang."""
+    """The server's attempt id (server/scheduling/cycle/placing.py): `<job>.<try>`, or
+    `<job>.<try>.<task>` in a gang."""
     return f"{job_id}.{number}.{task}" if replicas > 1 else f"{job_id}.{number}"
 
 

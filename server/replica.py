@@ -28,10 +28,11 @@ from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
 from server.scheduling import advance, submitlimits
 from server.scheduling.capacity import POLICIES
+from server.scheduling.cycle.reports import hold_text
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
 from server.scheduling.eviction import EvictionConfig
-from server.scheduling.planner import QueuePolicy, hold_text
+from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import queue_label_refusal
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig

@@ -357,7 +357,7 @@ class Job(_Model):
 
     def current_tasks(self) -> list[Attempt]:
         """The attempts of the latest try (one, or one per gang task). Tries are appended
-        one after another (planner.place_queued), so they are the list's tail: no walk
+        one after another (cycle.placing.place_queued), so they are the list's tail: no walk
         over every attempt, which the planner asks for every status report."""
         atts = self.attempts
         if not atts:

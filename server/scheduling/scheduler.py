@@ -156,7 +156,7 @@ class Scheduler:
         self._skip: set[str] = set()  # jobs whose records cannot be written at all
         self._stripped: set[tuple[str, str]] = set()  # reports already retried without their text
         self.poisoned = 0
-        # When this leader first saw each unheard host (planner.evict_lost's grace).
+        # When this leader first saw each unheard host (cycle.stops.evict_lost's grace).
         self._unheard_since: dict[str, float] = {}
         # Assignment records delivered to hosts with a task waiting to start
         # (scheduling.delivery); when the last check ran.
@@ -168,7 +168,7 @@ class Scheduler:
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
         # The status stream's feed while leading: how far its reports have been read
-        # (PullFeed.read_to), which lost hosts' eviction waits for (planner.evict_lost).
+        # (PullFeed.read_to), which lost hosts' eviction waits for (cycle.stops.evict_lost).
         self._status_feed: PullFeed | None = None
         state.listeners.append(self._on_state)
 

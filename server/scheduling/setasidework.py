@@ -1,6 +1,6 @@
 """Others' work on hosts set aside: per advance reservation, its hosts where a task not
 told to stop belongs to a job the reservation does not admit (or to a job not known yet).
-What the planner stops when the reservation is open (planner.stop_set_aside), kept by the
+What the planner stops when the reservation is open (cycle.stops.stop_set_aside), kept by the
 cluster state as allocation, job and reservation records arrive, so that a cycle does not
 walk every task of every host set aside (4,096 hosts of 8 tasks took 25-50 ms a cycle).
 

@@ -21,8 +21,8 @@ from server.history.timeline import job_events
 from server.scheduling import advance, maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
+from server.scheduling.cycle.admission import queue_order
 from server.scheduling.placement import NOT_HEALTHY, check
-from server.scheduling.planner import queue_order
 from server.scheduling.queues import effective_time_limit, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish

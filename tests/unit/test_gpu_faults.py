@@ -4,7 +4,7 @@ failure, not the job's."""
 
 from __future__ import annotations
 
-from server.scheduling.planner import GPU_FAULT
+from server.scheduling.cycle.work import GPU_FAULT
 from server.state.cluster import HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job

@@ -1,5 +1,5 @@
-"""Operators' job controls over many cycles (planner.apply_update, apply_requeue,
-resolve_dependencies, Backlog.held/waiting): in any order of holds, releases, priority
+"""Operators' job controls over many cycles (cycle.reports.apply_update and apply_requeue,
+cycle.submissions.resolve_dependencies, Backlog.held/waiting): in any order of holds, releases, priority
 changes, requeues, cancels and jobs running after others, with tasks ending as they may,
 a held job or one waiting for others is never placed, a job runs only after what it
 depends on has ended as its dependency asks, no GPU is held twice, and every try a

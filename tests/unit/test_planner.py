@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.scheduling.cycle.admission import queue_order
 from server.scheduling.eviction import EvictionBudget
-from server.scheduling.planner import Plan, plan_cycle, queue_order
+from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState, HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job

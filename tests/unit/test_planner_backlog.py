@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.scheduling import planner
+from server.scheduling.cycle import admission
 from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.scheduling.queues import CPU
 from tests.unit.test_planner import NOW, TERM
@@ -92,16 +92,16 @@ def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals
 
 
 def _looked_at(w: QWorld, monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[str], list[str]]:
-    """The queued jobs (`wait*`) a cycle called `planner.Admission.<method>` for, with the
+    """The queued jobs (`wait*`) a cycle called `admission.Admission.<method>` for, with the
     shortcuts and without; the two plans are the same."""
     seen: list[str] = []
-    real = getattr(planner.Admission, method)
+    real = getattr(admission.Admission, method)
 
-    def spy(self: planner.Admission, job: Any, *args: Any) -> Any:
+    def spy(self: admission.Admission, job: Any, *args: Any) -> Any:
         seen.append(job.id)
         return real(self, job, *args)
 
-    monkeypatch.setattr(planner.Admission, method, spy)
+    monkeypatch.setattr(admission.Admission, method, spy)
     fast = _plan(w, [], NOW + 2, True)
     looked_fast = [j for j in seen if j.startswith("wait")]
     seen.clear()

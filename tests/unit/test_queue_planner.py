@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.planner import Admission, Plan, QueuePolicy, _Work, plan_cycle
+from server.scheduling.cycle.admission import Admission
+from server.scheduling.cycle.work import Work
+from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.scheduling.preemption import stoppable
 from server.scheduling.queues import (
     OVER_QUOTA,
@@ -116,7 +118,7 @@ def test_a_job_of_any_model_stays_one_unless_its_queue_narrows_the_models() -> N
     w.state.apply_state_record(Record("queue.q", next(w.rev), encode(Queue(name="q", quota={
         H100: ResourceQuota(nominal=8.0), "gpu:A100": ResourceQuota(nominal=1.0)}))))
     w.qsubmit("j1", "q")
-    adm = Admission(_Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
+    adm = Admission(Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
     job = w.job("j1")
     spec, refusal = adm.restrict(job)
     assert spec is job.spec and refusal is None
@@ -125,7 +127,7 @@ def test_a_job_of_any_model_stays_one_unless_its_queue_narrows_the_models() -> N
     assert plan.placed == 2 and w.holding("q") + w.state.queue_usage["q"].get("gpu:A100", 0.0) == 2
     assert "A100" in {a.gpu_model for a in w.job("j0").attempts}
     w.qsubmit("j2", "q")
-    adm = Admission(_Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
+    adm = Admission(Work(w.state, Plan()), NOW, QueuePolicy(half_life_s=0))
     spec, refusal = adm.restrict(w.job("j2"))
     assert spec is not None and refusal is None and spec.models() == frozenset({"H100"})
 

@@ -1,0 +1,275 @@
+"""Agents' status reports and operators' commands (cancel, update, requeue) folded into
+one cycle's job and allocation records: a try's end, its job's retry or end. Pure."""
+
+from __future__ import annotations
+
+from server.scheduling import retry
+from server.scheduling.cycle.work import (
+    DISRUPTIONS,
+    GPU_FAULT,
+    REQUEUE,
+    SHUTDOWN,
+    Work,
+    attempt_of,
+    ended_as,
+    gpu_fault,
+    job_event,
+    stop_attempt,
+    stop_tasks,
+)
+from wire.budgets import (
+    CANCEL_REASON_MAX,
+    HOLD_REASON_MAX,
+    clip_end,
+    clip_start,
+    compact_older,
+    text_limits,
+    tries_bound,
+)
+from wire.messages import Attempt, AttemptState, Command, Job, JobState, StatusReport
+
+
+def apply_report(w: Work, r: StatusReport, now: float) -> None:
+    job = w.plan.jobs.get(r.job_id) or w.state.jobs.get(r.job_id)
+    if job is None:
+        w.plan.ignored += 1
+        return
+    cur = attempt_of(job, r.attempt_id)
+    if cur is None or cur.host_id != r.host_id or cur.state.terminal:
+        w.plan.ignored += 1
+        return
+    if r.state is AttemptState.RUNNING and cur.state is AttemptState.RUNNING:
+        w.plan.ignored += 1
+        return
+    job = w.job(r.job_id)
+    assert job is not None
+    a = attempt_of(job, r.attempt_id)
+    assert a is not None
+    if r.state is AttemptState.RUNNING:
+        a.state = AttemptState.RUNNING
+        a.started_at = r.ts
+        if job.state is JobState.PLACED:
+            job.state = JobState.RUNNING
+        job.updated_at = now
+        w.plan.events.append(job_event("job.running", job, a, now))
+        return
+    if not r.state.terminal:
+        w.plan.ignored += 1
+        return
+    if r.shutdown and r.state is AttemptState.KILLED and not a.stop_kind:
+        a.stop_kind, a.stop_at = SHUTDOWN, now  # stopped by its agent's orderly shutdown
+    ended = ended_as(a, r.state)
+    # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
+    # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
+    # which the retry policy counts as the infrastructure's failure.
+    fault = (r.gpu_fault or gpu_fault(w.state, r.host_id, a.gpu_indices, a.mig)) \
+        if ended is AttemptState.FAILED else ""
+    if fault:
+        ended = AttemptState.KILLED
+        if r.gpu_fault:
+            w.faulted.setdefault(r.host_id, set()).update(w.state.task_gpus(r.host_id, a.gpu_indices, a.mig))
+    a.state = ended
+    a.finished_at = r.ts
+    a.exit_code = r.exit_code
+    # Text from the job's own process, clipped to the share of the job record's budget
+    # an attempt may take (bytes as encoded: wire.budgets).
+    tail_limit, reason_limit = text_limits(job.spec)
+    a.output_tail = clip_end(r.output_tail, tail_limit)
+    if fault:
+        a.reason = clip_start(f"{fault}; the task exited with code {r.exit_code}", reason_limit)
+    elif not a.stop_kind or not a.reason:
+        a.reason = clip_start(r.reason, reason_limit)
+    if a.started_at is None:
+        a.started_at = r.ts
+    alloc = w.alloc(r.host_id)
+    alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
+    job.updated_at = now
+    if ended is AttemptState.FAILED:  # the agent's reason (spawn failed, oom-killed, ...) with the code
+        why = f"exit code {r.exit_code}" + (f" ({a.reason})" if a.reason else "")
+    else:
+        why = a.reason or r.reason
+    _after_attempt_end(w, job, a, ended, now, why)
+
+
+def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
+    """Decide what an ended attempt means for its job. A gang finishes only when every
+    task of the try succeeded; one failure stops the others, and the gang is retried
+    (or failed) as one once none of its tasks is live any more."""
+    if job.state.terminal:  # cancelled meanwhile: the attempt has now stopped
+        w.plan.events.append(job_event("attempt.stopped", job, a, now))
+        return
+    tasks = job.current_tasks() if a.number == job.tries else [a]
+    live = [t for t in tasks if not t.state.terminal]
+    if ended is AttemptState.SUCCEEDED:
+        if not live and all(t.state is AttemptState.SUCCEEDED for t in tasks):
+            job.state = JobState.SUCCEEDED
+            w.plan.events.append(job_event("job.succeeded", job, a, now))
+        return
+    if live and (ended in (AttemptState.PREEMPTED, AttemptState.TIMEOUT)
+                 or ended is AttemptState.KILLED and a.stop_kind == GPU_FAULT):
+        return  # the others were told to stop with it: the decision waits for them
+    if live:
+        # One gang task failed: stop the rest; the decision waits until they are gone.
+        for t in live:
+            t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
+            if a.stop_kind in DISRUPTIONS and not t.stop_kind:
+                t.stop_kind, t.stop_at = a.stop_kind, now  # the gang's try ends by the same disruption
+            stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
+        w.plan.events.append(job_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
+        return
+    # The try is over. A gang retries only for infrastructure reasons if every task
+    # that did not succeed ended that way; any FAILED task makes it a FAILED try.
+    worst = AttemptState.FAILED if any(t.state is AttemptState.FAILED for t in tasks) else ended
+    if any(t.state is AttemptState.TIMEOUT for t in tasks) and worst is not AttemptState.FAILED:
+        worst = AttemptState.TIMEOUT
+    elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
+        worst = AttemptState.PREEMPTED
+    decision = retry.decide(job, worst, now)
+    if worst is AttemptState.PREEMPTED or decision.retry:
+        # It goes back to the queue: older tries keep less text, and a record that holds
+        # no more tries (wire.budgets.tries_bound) ends the job rather than outgrow what
+        # the store takes.
+        compact_older(job)
+        if job.tries >= tries_bound(job.spec):
+            job.state = JobState.FAILED
+            job.end_reason = (f"tried {job.tries} times (preempted, drained or requeued beyond its "
+                              f"{job.spec.max_attempts} attempts): its record holds no more tries; submit it again")
+            w.plan.events.append(job_event("job.failed", job, a, now, job.end_reason))
+            return
+    if worst is AttemptState.TIMEOUT and not decision.retry:
+        job.state = JobState.TIMEOUT
+        job.end_reason = job.end_reason or f"time limit of {a.time_limit_s:g} s reached"
+        w.plan.events.append(job_event("job.timeout", job, a, now, job.end_reason))
+        return
+    if worst is AttemptState.PREEMPTED:
+        job.state = JobState.QUEUED
+        job.not_before = decision.not_before
+        w.plan.events.append(job_event("job.preempted", job, a, now, a.reason or "preempted"))
+        return
+    if decision.retry:
+        job.state = JobState.QUEUED
+        job.not_before = decision.not_before
+        w.plan.events.append(job_event("job.requeued", job, a, now, f"{why}; {decision.why}" if why else decision.why))
+    else:
+        job.state = JobState.FAILED
+        if worst is not AttemptState.FAILED:
+            said = decision.why
+        elif job.spec.retry_failures:
+            said = f"{why}; {decision.why}"  # how many of its retries it used
+        else:
+            said = why
+        w.plan.events.append(job_event("job.failed", job, a, now, said))
+
+
+def apply_cancel(w: Work, c: Command, now: float) -> None:
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
+    if job is None or job.state.terminal:
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    job.state = JobState.CANCELLED
+    job.hold = ""  # a held job cancelled is no longer waiting for a release
+    job.cancel_reason = clip_start(c.reason, CANCEL_REASON_MAX) or f"cancelled by {c.by or 'operator'}"
+    job.updated_at = now
+    a = job.current
+    for live in [t for t in job.current_tasks() if not t.state.terminal]:
+        # The task keeps its allocation, marked to stop, until the agent reports the
+        # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
+        live.reason = clip_start(job.cancel_reason, text_limits(job.spec)[1])
+        stop_tasks(w.alloc(live.host_id), {live.id}, live.reason)
+    w.plan.events.append(job_event("job.cancelled", job, a, now, job.cancel_reason))
+
+
+def apply_update(w: Work, c: Command, now: float) -> None:
+    """An operator's change to a job that has not ended: its priority (which moves it in
+    its queue's order, and decides it as a preemption victim), and a hold or release. Only
+    a QUEUED job that is not taking GPUs by preemption can be held; a release always
+    applies. What cannot apply is left as it is."""
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
+    if job is None or job.state.terminal:
+        w.plan.ignored += 1
+        return
+    priority = c.priority if c.priority is not None and c.priority != job.spec.priority else None
+    hold = c.hold is True and not job.hold and job.state is JobState.QUEUED and not job.preempting
+    release = c.hold is False and bool(job.hold)
+    if priority is None and not hold and not release:
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    done: list[str] = []
+    if priority is not None:
+        done.append(f"priority {job.spec.priority} -> {priority}")
+        job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
+    if hold:
+        job.hold = hold_text(c.by, c.reason)
+        done.append(job.hold)
+    if release:
+        job.hold = ""
+        done.append(f"released by {c.by or 'operator'}")
+    job.updated_at = now
+    w.plan.events.append(job_event("job.updated", job, job.current, now, "; ".join(done)))
+
+
+def apply_requeue(w: Work, c: Command, now: float) -> None:
+    """An operator's requeue: the live tasks of a placed or running job's try are stopped
+    (SIGTERM, the grace, SIGKILL) as an orderly disruption (retry.REQUEUE: not counted
+    against maxAttempts), and once they are gone the job is queued again at its old place,
+    held if asked. A job already stopping, queued or ended is left as it is."""
+    job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
+    if job is None or job.state not in (JobState.PLACED, JobState.RUNNING):
+        w.plan.ignored += 1
+        return
+    live = [t for t in job.current_tasks() if not t.state.terminal]
+    if not live or any(t.stop_kind for t in live):
+        w.plan.ignored += 1
+        return
+    job = w.job(c.job_id)
+    assert job is not None
+    why = f"requeued by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else "")
+    for t in [t for t in job.current_tasks() if not t.state.terminal]:
+        stop_attempt(w, t, REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
+    if c.hold:
+        job.hold = hold_text(c.by, c.reason)
+    job.updated_at = now
+    w.plan.events.append(job_event("job.updated", job, job.current, now, why + ("; held" if c.hold else "")))
+
+
+def end_attempt(w: Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float) -> None:
+    """An attempt ended without a report from its agent (host lost): record it, and
+    requeue the job or fail it according to the retry policy."""
+    job = w.job(job_id)
+    if job is None:
+        return
+    a = attempt_of(job, attempt_id)
+    if a is None or a.state.terminal:
+        return
+    ended = ended_as(a, ended)
+    a.state = ended
+    a.finished_at = now
+    a.reason = a.reason if a.stop_kind and a.reason else reason
+    job.updated_at = now
+    _after_attempt_end(w, job, a, ended, now, reason)
+
+
+def hold_text(by: str, reason: str = "", *, at_submission: bool = False) -> str:
+    """A held job's `hold`: who held it (and when it was submitted held), and why."""
+    text = f"held by {by or 'operator'}" + (" at submission" if at_submission else "")
+    return clip_start(text + (f": {reason}" if reason else ""), HOLD_REASON_MAX)
+
+
+def fail_unwritable(w: Work, job_id: str, why: str, now: float) -> None:
+    """End a job FAILED because the store refused one of its records (its placement, or
+    a record it made grew past what NATS takes): the rest of the cluster's work goes on.
+    Live tasks are stopped; nothing is retried."""
+    job = w.job(job_id)
+    if job is None or job.state.terminal:
+        return
+    for t in [t for t in job.current_tasks() if not t.state.terminal]:
+        t.reason = t.reason or "the job's records could not be written"
+        stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
+    job.state = JobState.FAILED
+    job.end_reason = clip_start(why, CANCEL_REASON_MAX)
+    job.updated_at = now
+    w.plan.events.append(job_event("job.failed", job, job.current, now, job.end_reason))

@@ -1,0 +1,277 @@
+"""Work a cycle stops or moves: lost hosts' work replaced (within the eviction budget),
+hosts drained or set aside for an advance reservation cleared, tries on faulted GPUs
+and past their time limit stopped, operators' clears of GPU fault marks passed on. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from server.scheduling import advance
+from server.scheduling.capacity import Placer
+from server.scheduling.cycle.reports import end_attempt
+from server.scheduling.cycle.work import (
+    DRAIN,
+    GPU_FAULT,
+    TIMEOUT,
+    Work,
+    attempt_of,
+    gpu_fault,
+    job_event,
+    stop_attempt,
+    stop_tasks,
+)
+from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
+from server.scheduling.queues import placement_spec
+from server.scheduling.setasidework import others_work
+from wire.budgets import clip_start, text_limits
+from wire.messages import AdvanceReservation, AttemptState, Job, max_counts
+
+
+def evict_lost(
+    w: Work,
+    feasible: Placer,
+    now: float,
+    budget: EvictionBudget,
+    max_keys: int,
+    unheard_since: Mapping[str, float] | None = None,
+    unheard_grace_s: float = 0.0,
+    reports_read_to: float | None = None,
+) -> None:
+    """Replace work on hosts whose heartbeat key expired, within the pacing budgets,
+    never evicting work that has nowhere to go.
+
+    A host whose key expired after `reports_read_to` (the store's time up to which every
+    status report has been handed to a cycle; None: not known, no wait) keeps its work
+    until the reports have been read that far: a report its agent had stored before the
+    key expired (a task that finished, or that its agent stopped when it fenced itself)
+    says how the attempt ended, and replacing the work first would run a finished task
+    again. That happens when the status stream or its consumer is re-electing a leader
+    while the hosts stream already has one again.
+
+    A host with work but no record in the hosts bucket at all (`unheard`: its key
+    expired and its expiry marker is gone, or the bucket itself was lost, as when a
+    whole NATS cluster restarts with the bucket in memory) is replaced only once it has
+    been unheard for `unheard_grace_s` since `unheard_since[host]` (when the scheduler
+    first saw it so): a live agent heartbeats again within an interval, and an agent
+    that cannot has fenced itself well within that time."""
+    state = w.state
+    lost: list[tuple[str, float]] = []
+    # Hosts whose key expired, and hosts with work but no record at all: sets kept as
+    # records arrive, not a walk over every host.
+    for host_id in state.absent:
+        alloc = state.allocs.get(host_id)
+        if alloc is None or not alloc.tasks:
+            continue
+        gone = state.hosts.get(host_id)
+        lost_at = (gone.lost_at or 0.0) if gone is not None else 0.0
+        if reports_read_to is not None and lost_at > reports_read_to:
+            w.plan.held_for_reports += 1
+            continue
+        lost.append((host_id, lost_at))
+    for host_id in state.unheard:
+        alloc = state.allocs.get(host_id)
+        if host_id in state.hosts or alloc is None or not alloc.tasks:
+            continue
+        since = (unheard_since or {}).get(host_id, now)
+        if now - since < unheard_grace_s:
+            w.plan.held_unheard += 1
+            continue
+        lost.append((host_id, since))
+    if not lost:
+        return
+    absent = [state.hosts[h] for h in state.absent]
+    losses = [HostLoss(e.host_id, dict(e.heartbeat.labels) if e.heartbeat else {}, e.lost_at or 0.0)
+              for e in absent]
+    disrupted = disrupted_domains(losses, state.domain_sizes(), now, budget.config)
+    w.plan.disrupted = disrupted
+    # `feasible` is where evicted work could go: its own reservations, made as work is
+    # evicted, so no more is evicted than the rest of the cluster can take.
+    for host_id, lost_at in sorted(lost, key=lambda x: (x[1], x[0])):
+        if host_id in w.frozen_hosts:
+            continue  # an earlier cycle's commit is changing it: next cycle
+        entry = state.hosts.get(host_id)
+        domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
+        # As this cycle left them: a report it applied may have ended a task already.
+        for task in list((w.plan.allocs.get(host_id) or state.allocs[host_id]).tasks):
+            if w.plan.keys >= max_keys - 2:
+                return
+            if w.busy(task.job_id):
+                continue
+            job = w.plan.jobs.get(task.job_id) or state.jobs.get(task.job_id)
+            a = attempt_of(job, task.attempt_id) if job else None
+            if job is None or a is None or a.state.terminal or task.stop:
+                # Nothing left to replace (finished, cancelled or unknown): free the slot.
+                alloc = w.alloc(host_id)
+                alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
+                if job is not None and a is not None and not a.state.terminal:
+                    end_attempt(w, job.id, a.id, AttemptState.KILLED, "host lost while stopping", now)
+                continue
+            if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
+                w.plan.held_keep_running += 1
+                continue
+            spec = placement_spec(job.spec, state.queues.get(job.spec.queue))
+            target = feasible.place(spec) if spec is not None else None  # None: its labels and its queue's conflict
+            if spec is None or target is None:
+                w.plan.held_no_capacity += 1
+                continue
+            if not budget.allow(domains, disrupted, now):
+                w.plan.paced += 1
+                continue
+            feasible.reserve(target, spec)
+            alloc = w.alloc(host_id)
+            alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
+            end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
+            w.plan.evicted += 1
+
+
+def drain_due(w: Work, now: float, max_keys: int) -> None:
+    """Stop what still runs on draining hosts whose deadline has passed. Each try stopped
+    is marked a drain's (retry.DRAIN): it is not counted against its job's maxAttempts.
+    A job whose record is in flight, or that would not fit this cycle's commit, is left
+    for a later cycle (its host's other tasks are stopped now)."""
+    for host_id, cfg in w.state.hostcfg.items():
+        if not cfg.draining or now < cfg.drain_deadline or host_id in w.frozen_hosts:
+            continue
+        _stop_host_work(w, host_id, f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else ""), now,
+                        max_keys)
+
+
+def stop_set_aside(w: Work, now: float, max_keys: int) -> None:
+    """Stop others' work on hosts an advance reservation has set aside from its start
+    (scheduling.advance): only work placed before the reservation was made can be there.
+    As a drain's (retry.DRAIN), not counted against maxAttempts."""
+    if not w.state.advance:
+        return
+    for r in w.state.advance.values():
+        if not advance.active(r, now):
+            continue
+        # The hosts where others' work may run (the cluster state keeps them as records
+        # arrive: scheduling.setasidework), each checked here.
+        for host_id in sorted(w.state.set_aside_work.hosts(r.name)):
+            _stop_others(w, r, host_id, now, max_keys)
+
+
+def _stop_others(w: Work, r: AdvanceReservation, host_id: str, now: float, max_keys: int) -> None:
+    """Stop the work on `host_id` of the jobs reservation `r` does not admit, if any."""
+    cur = w.state.allocs.get(host_id)
+    if cur is None or host_id in w.frozen_hosts:
+        return
+
+    def other(job: Job | None) -> bool:
+        return job is None or not advance.admits(r, job.spec.queue, job.spec.user)
+
+    if others_work(r, cur, lambda job_id: w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)):
+        _stop_host_work(w, host_id, f"host {host_id} set aside for {advance.whom(r)} by advance reservation "
+                                    f"{r.name}", now, max_keys, other)
+
+
+def _stop_host_work(w: Work, host_id: str, why: str, now: float, max_keys: int,
+                    only: Callable[[Job | None], bool] | None = None) -> None:
+    """Stop the tasks on a host (those of the jobs `only` picks: a job record, None for one
+    not known), each try as a drain's. A job whose record is in flight, or that would not
+    fit this cycle's commit, is left for a later cycle (the host's other tasks are stopped
+    now)."""
+    cur = w.state.allocs.get(host_id)
+    if cur is None or all(t.stop for t in cur.tasks):
+        return
+    picked = {t.attempt_id for t in cur.tasks
+              if only is None or only(w.plan.jobs.get(t.job_id) or w.state.jobs.get(t.job_id))}
+    later: set[str] = set()
+    for entry in cur.tasks:
+        if entry.stop or entry.attempt_id not in picked:
+            continue
+        snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
+        if snap is None or snap.state.terminal:
+            continue
+        live = [t for t in snap.current_tasks() if t.id == entry.attempt_id and not t.state.terminal]
+        if not live or live[0].stop_kind:
+            continue
+        if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 2 > max_keys):
+            later.add(entry.attempt_id)
+            continue
+        job = w.job(entry.job_id)
+        assert job is not None
+        a = attempt_of(job, entry.attempt_id)
+        assert a is not None
+        stop_attempt(w, a, DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
+        job.updated_at = now
+    if later or only is not None:
+        stop_tasks(w.alloc(host_id), picked - later, why)
+    else:
+        stop_tasks(w.alloc(host_id), None, why)
+
+
+def pass_gpu_clears(w: Work) -> None:
+    """Copy operators' clears of a host's GPU fault marks (`HostConfig.gpu_clears`, a
+    count per GPU) into the host's assignment, where its agent reads them."""
+    for host_id, cfg in w.state.hostcfg.items():
+        if not cfg.gpu_clears or host_id in w.frozen_hosts:
+            continue
+        cur = w.state.allocs.get(host_id)
+        have = cur.gpu_clears if cur is not None else {}
+        merged = max_counts(have, cfg.gpu_clears)
+        if merged != have:
+            w.alloc(host_id).gpu_clears = merged
+
+
+def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
+    """Stop the running tries that reached their time limit (SIGTERM, the grace of their
+    task, SIGKILL); they end TIMEOUT once their agent reports them stopped."""
+    for job_id in w.state.due_deadlines(now):
+        if w.plan.keys + 2 > max_keys:
+            return
+        if w.busy(job_id):
+            continue
+        job = w.job(job_id)
+        if job is None or job.state.terminal:
+            continue
+        tasks = [t for t in job.current_tasks() if not t.state.terminal]
+        if not tasks or any(t.stop_kind for t in tasks):
+            continue
+        if w.plan.keys + 1 + len(tasks) > max_keys:
+            return
+        why = f"time limit of {tasks[0].time_limit_s:g} s reached"
+        for t in tasks:
+            stop_attempt(w, t, TIMEOUT, why, now)
+        job.updated_at = now
+        w.plan.timed_out += 1
+        w.plan.events.append(job_event("job.timing_out", job, tasks[0], now, why))
+
+
+def stop_on_faulted_gpus(w: Work, now: float, max_keys: int) -> None:
+    """Stop the tries that hold a GPU their host reports faulted (an Xid, an
+    uncorrectable ECC error, a GPU fallen off the bus): SIGTERM, the task's grace,
+    SIGKILL, every task of a gang's try with it. They end KILLED, which the retry policy
+    counts as the infrastructure's failure, not the job's: the job is tried again, on
+    other GPUs (a faulted one is never placed on), while it has tries left."""
+    for host_id in sorted(w.state.faulted_work):
+        if host_id in w.frozen_hosts:
+            continue
+        # As this cycle left them: its reports may have ended tasks already.
+        cur = w.plan.allocs.get(host_id) or w.state.allocs.get(host_id)
+        if cur is None:
+            continue
+        for entry in list(cur.tasks):
+            if entry.stop:
+                continue
+            why = gpu_fault(w.state, host_id, entry.gpu_indices, entry.mig)
+            if not why or w.busy(entry.job_id):
+                continue
+            snap = w.plan.jobs.get(entry.job_id) or w.state.jobs.get(entry.job_id)
+            if snap is None or snap.state.terminal:
+                continue
+            live = [t for t in snap.current_tasks() if not t.state.terminal and not t.stop_kind]
+            if not any(t.id == entry.attempt_id for t in live):
+                continue
+            if w.plan.keys + 1 + len(live) > max_keys:
+                return
+            job = w.job(entry.job_id)
+            assert job is not None
+            tasks = [t for t in job.current_tasks() if not t.state.terminal and not t.stop_kind]
+            for t in tasks:
+                stop_attempt(w, t, GPU_FAULT, clip_start(why if t.host_id == host_id else
+                                                          f"gang task on {host_id}: {why}", text_limits(job.spec)[1]),
+                              now)
+            job.updated_at = now
+            w.plan.gpu_fault_stops += 1
+            w.plan.events.append(job_event("job.gpu_fault", job, tasks[0], now, why))

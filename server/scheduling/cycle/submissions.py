@@ -1,0 +1,118 @@
+"""Submissions that came over NATS turned into queued jobs, and jobs waiting for others
+released or cancelled once those ended. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from server.scheduling import submitlimits
+from server.scheduling.cycle.reports import hold_text
+from server.scheduling.cycle.work import KeyInFlight, Work, job_event
+from server.scheduling.dependencies import kind as dependency_kind
+from server.scheduling.dependencies import waits
+from server.scheduling.queues import queue_label_refusal
+from server.scheduling.submitlimits import OpenJobs
+from wire import subjects
+from wire.budgets import CANCEL_REASON_MAX, clip_start
+from wire.messages import JOB_ID_PATTERN, Job, JobSpec, JobState, SubmitRequest
+from wire.validation import validate_job
+
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+
+
+def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
+    """Jobs submitted over NATS become QUEUED job records in this cycle's commit (and may
+    be placed in the same commit). A job id that exists already is a retried publish."""
+    for data in req.jobs:
+        job_id = data.get("id")
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+            w.plan.rejected.append((str(job_id)[:64], "id: 8-64 letters, digits, '_' or '-'"))
+            continue
+        if job_id in w.state.jobs or job_id in w.plan.jobs or subjects.job_key(job_id) in w.state.revisions:
+            continue
+        if job_id in w.frozen_jobs:
+            raise KeyInFlight(subjects.job_key(job_id))  # plan_cycle holds such submissions back
+        fields = {k: v for k, v in data.items() if k not in ("id", "user", "held")}
+        fields["user"] = req.user
+        spec, errors = validate_job(fields, known_models)
+        if spec is None:
+            w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
+            continue
+        refused = queue_label_refusal(spec, w.state.queues.get(spec.queue))
+        if refused is not None:
+            w.plan.rejected.append((job_id, str(refused)))
+            continue
+        submitted = req.ts if 0 < req.ts <= now else now
+        hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
+        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold, not_before=spec.begin_at)
+        job.waiting_for, never = dependency_state(w, job, spec.depends_on)
+        if never:
+            w.plan.rejected.append((job_id, f"dependsOn: {never}"))
+            continue
+        limit = submission_refusal(w, spec)
+        if limit:
+            w.plan.rejected.append((job_id, f"{submitlimits.JOB_LIMIT}: {limit}"))
+            w.plan.limited[spec.queue] = w.plan.limited.get(spec.queue, 0) + 1
+            continue
+        w.plan.jobs[job_id] = job
+        w.plan.accepted += 1
+        if w.open_changes is not None:
+            w.open_changes.update(None, job)
+
+
+def submission_refusal(w: Work, spec: JobSpec) -> str:
+    """Why the job's queue takes no more jobs of its user (scheduling.submitlimits),
+    counting the jobs stored, what the commits in flight and this cycle change; "" if it
+    takes it. A queue without a record (`default` as it comes, a queue not created yet)
+    has no limits."""
+    q = w.state.queues.get(spec.queue)
+    if q is None or not submitlimits.limited(q):
+        return ""
+    if w.open_changes is None:
+        w.open_changes = OpenJobs()
+        for old, new in w.replaced():
+            w.open_changes.update(old, new)
+    return submitlimits.refusal(q, spec.user, (w.state.open_jobs, w.open_changes))
+
+
+def dependency_state(w: Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:
+    """Of `deps` (job ids `job` runs after), those it still waits for, and why it can never
+    run ("" if it can): a dependency whose end its rule excludes (afterok: any but
+    SUCCEEDED; afternotok: SUCCEEDED), or one no longer known (its record gone).
+    dependencies.waits over this cycle's records."""
+    left, never = waits(job.spec, deps, lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d))
+    if never is None:
+        return left, ""
+    dep, ended = never
+    return left, f"dependency {dep} is not known" if ended is None else f"dependency {dep} ended {ended.value}"
+
+
+def resolve_dependencies(w: Work, now: float, room: int) -> None:
+    """Jobs whose dependencies ended (or went): those all met go back to their queue (and
+    may be placed in this cycle), those that can never be met (afterok, one ended
+    otherwise; afternotok, one SUCCEEDED) end CANCELLED saying which, the rest wait for
+    fewer."""
+    for job_id in sorted(w.state.deps.due):
+        if w.plan.keys + 2 > room:
+            return
+        if w.busy(job_id):
+            continue
+        job = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
+        if job is None or job.state is not JobState.QUEUED or not job.waiting_for:
+            continue
+        left, never = dependency_state(w, job, job.waiting_for)
+        if not never and left == job.waiting_for:
+            continue
+        job = w.job(job_id)
+        assert job is not None
+        job.updated_at = now
+        if never:
+            job.state = JobState.CANCELLED
+            job.hold = ""
+            job.waiting_for = []
+            job.cancel_reason = clip_start(f"{never}: it could never run ({dependency_kind(job.spec)})",
+                                           CANCEL_REASON_MAX)
+            w.plan.events.append(job_event("job.cancelled", job, None, now, job.cancel_reason))
+        else:
+            job.waiting_for = left

@@ -1,0 +1,302 @@
+"""Preemption within a cycle: the running jobs a waiting job may stop (by kind: priority,
+reclaim, fair share), found cheapest first and paced, and the stops started
+(server.scheduling.preemption chooses among them). Pure."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
+
+from server.scheduling import preemption
+from server.scheduling.capacity import Placer
+from server.scheduling.cycle.admission import Admission, Ranked
+from server.scheduling.cycle.work import PREEMPT, Work, job_event, stop_attempt
+from server.scheduling.placement import check as placement_check
+from server.scheduling.queues import (
+    COHORT_EXHAUSTED,
+    EPS,
+    OVER_QUOTA,
+    QueueBook,
+    Refusal,
+    add,
+    job_usage,
+    placement_spec,
+    task_demand,
+)
+from wire.budgets import MAX_PREEMPTING
+from wire.messages import Job, JobSpec, Queue, Task
+
+
+def _victim_try(entry: str) -> tuple[str, int]:
+    job_id, _, number = entry.rpartition(":")
+    return job_id, int(number) if number.isdigit() else 0
+
+
+def victims_live(w: Work, job: Job) -> tuple[bool, set[str]]:
+    """Whether any victim this job waits for still runs, and the hosts they ran on."""
+    live = False
+    hosts: set[str] = set()
+    for entry in job.preempting:
+        vid, number = _victim_try(entry)
+        victim = w.latest(vid)
+        if victim is None:
+            continue
+        for a in victim.attempts:
+            if a.number == number:
+                hosts.add(a.host_id)
+                if not a.state.terminal:
+                    live = True
+    return live, hosts
+
+
+def foresee(w: Work, adm: Admission, job: Job) -> None:
+    """Count a waiting preemptor in the future book: its victims still stopping gone, its
+    demand taken."""
+    for entry in job.preempting:
+        vid, number = _victim_try(entry)
+        victim = w.latest(vid)
+        if victim is None:
+            continue
+        live = [a for a in victim.current_tasks() if a.number == number and not a.state.terminal]
+        if live:
+            gone: dict[str, float] = {}
+            for a in live:
+                add(gone, task_demand(victim.spec, a.gpu_model))
+            adm.future.give(victim.spec.queue, gone)
+    adm.future.take(job.spec.queue, adm.demand(job))
+
+
+def running_by_cost(w: Work, adm: Admission, qn: str, now: float) -> Ranked:
+    """The running jobs of queue `qn` that could be stopped this cycle, cheapest first
+    (preemption.Victim.cost), with what each holds: not frozen, every task started and
+    none stopping, past the queue's minimum runtime. One reading a cycle, from the order
+    the cluster state keeps (scheduling.victimindex); whatever the cycle changes (victims
+    chosen, reports) is left out by the reader."""
+    hit = adm.running.get(qn)
+    if hit is not None:
+        return hit
+    vq = adm.book.queue(qn)
+    ranked = adm.running[qn] = Ranked(_unfrozen(w, w.state.victims.cheapest(qn, now, vq.min_runtime_s))
+                                       if vq is not None else iter(()))
+    return ranked
+
+
+def _unfrozen(w: Work, ranked: Iterator[tuple[tuple[int, float, float, str], str]]
+              ) -> Iterator[tuple[tuple[int, float, float, str], Job]]:
+    jobs, frozen = w.state.jobs, w.frozen_jobs
+    for cost, job_id in ranked:
+        if job_id not in frozen and (job := jobs.get(job_id)) is not None:
+            yield cost, job
+
+
+def _candidates(w: Work, adm: Admission, req: preemption.Request, kind: str, now: float,
+                limit: int = preemption.MAX_CANDIDATES) -> list[preemption.Victim]:
+    """Running jobs that `kind` of preemption could stop for `req`, the cheapest first
+    (at most `limit`): never one this cycle already changed, one already stopping, or
+    one on a host a commit in flight writes."""
+    book = adm.book
+    me = book.queue(req.queue)
+    if me is None:
+        return []
+    if kind == preemption.PRIORITY:
+        queues = [req.queue]
+    elif kind == preemption.RECLAIM:
+        queues = _lenders(book, req.queue, me)
+    else:
+        queues = [q for q in book.queues if q != req.queue]
+    wanted = {r for r, v in req.demand.items() if v > 0}
+    pools = []
+    for qn in queues:
+        if book.queue(qn) is None:
+            continue
+        if kind != preemption.PRIORITY and not adm.future.over_nominal(qn, wanted):
+            continue  # nothing of this queue may be taken: do not walk its jobs
+        pools.append(running_by_cost(w, adm, qn, now))
+    out: list[preemption.Victim] = []
+    for cost, job in heapq.merge(*pools, key=lambda x: x[0]):
+        if kind == preemption.PRIORITY and cost[0] >= req.priority:
+            break  # the rest are of the preemptor's priority or higher (the cost starts with it)
+        v = _victim(w, job, wanted, now)
+        if v is not None:
+            out.append(v)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def paced(left: int, limit: int) -> int:
+    """How many victims a preemption limit allows now: what is left of it, or, while none
+    of it is used, up to one job's most: the limits pace preemptions rather than cap one,
+    so a gang on hosts of small jobs that needs more victims than a limit is not starved."""
+    return max(left, MAX_PREEMPTING) if 0 < limit <= left else left
+
+
+def _lenders(book: QueueBook, name: str, q: Queue) -> list[str]:
+    """The queues reclaim for queue `name` (`q`) may take from: the others of its cohort,
+    and unmetered queues."""
+    return [n for n, c in book.queues.items()
+            if n != name and ((c.cohort is not None and c.cohort == q.cohort) or not c.quota)]
+
+
+def borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
+    """Whether a queue that reclaim for `job` could take from holds more than its nominal
+    quota of a resource the job wants (an unmetered one: any of it), in the book as it
+    will be once the preemptions under way are done."""
+    book = adm.future
+    wanted = [r for r, v in adm.demand(job).items() if v > 0]
+    return any(book.over_nominal(n, wanted) and any(book.used(n, r) > EPS for r in wanted)
+               for n in _lenders(book, job.spec.queue, q))
+
+
+def _victim(w: Work, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
+    """A running job as a victim: None when this cycle changed it (a victim already, or a
+    report), it holds none of `wanted` (when given), a task of it is on a host a commit in
+    flight writes, or one is stopping already."""
+    if job.id in w.plan.jobs:
+        return None
+    held = job_usage(job)
+    if wanted and not any(r in wanted for r in held):
+        return None
+    tasks = [t for t in job.current_tasks() if not t.state.terminal]
+    if any(t.host_id in w.frozen_hosts for t in tasks):
+        return None
+    where: list[tuple[str, Task]] = []
+    allocs = w.state.allocs
+    for t in tasks:
+        alloc = allocs.get(t.host_id)
+        task = next((x for x in alloc.tasks if x.attempt_id == t.id), None) if alloc else None
+        if task is None or task.stop:
+            return None
+        where.append((t.host_id, task))
+    since = min(t.started_at or now for t in tasks)
+    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where))
+
+
+class _HostVictims:
+    """preemption.Hosts over this cycle: the jobs on a host that could be stopped, and
+    whether one task of `spec` fits there once some are (on a copy of the host)."""
+
+    def __init__(self, w: Work, placer: Placer, spec: JobSpec, wanted: AbstractSet[str], now: float) -> None:
+        self.w, self.placer, self.spec, self.wanted, self.now = w, placer, spec, wanted, now
+
+    def victims_on(self, host_id: str) -> list[preemption.Victim]:
+        state, frozen = self.w.state, self.w.frozen_jobs
+        alloc = state.allocs.get(host_id)
+        out: list[preemption.Victim] = []
+        for job_id in dict.fromkeys(t.job_id for t in alloc.tasks) if alloc else ():
+            job = state.jobs.get(job_id)
+            if job is None or job_id in frozen or preemption.stoppable(job) is None:
+                continue
+            v = _victim(self.w, job, self.wanted, self.now)
+            if v is not None:
+                out.append(v)
+        return out
+
+    def room(self, host_id: str, victims: Sequence[preemption.Victim]) -> bool:
+        placer = self.placer
+        if host_id in placer.exclude or not placer.healthy(host_id):
+            return False
+        base = placer.view(host_id)
+        if base is None:
+            return False
+        cap = base.copy()
+        for v in victims:
+            for h, t in v.tasks:
+                if h == host_id:
+                    cap.let_go(t)
+        return placement_check(self.spec, cap)[0] is None
+
+
+def _fits(placer: Placer, spec: JobSpec) -> Callable[[list[preemption.Victim]], bool]:
+    def fits(victims: list[preemption.Victim]) -> bool:
+        trial = placer.fork()
+        for v in victims:
+            for host_id, t in v.tasks:
+                cap = trial.cap(host_id)
+                if cap is not None:
+                    cap.let_go(t)
+        if spec.replicas > 1:
+            return trial.place_gang(spec) is not None
+        return trial.place(spec) is not None
+    return fits
+
+
+def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refusal | None, now: float,
+                max_keys: int, budget: int, inflight: dict[str, int]) -> int:
+    """Try preemption for one waiting job; returns how many victims it stopped."""
+    q = adm.queue(job)
+    if q is None or job.preempting:
+        return 0
+    kinds: list[str] = []
+    demand = adm.demand(job)
+    if refusal is None:
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+        if q.reclaim and adm.future.within_nominal(job.spec.queue, demand):
+            kinds.append(preemption.RECLAIM)
+        if q.fair_share_preemption:
+            kinds.append(preemption.FAIR_SHARE)
+    elif refusal.reason == COHORT_EXHAUSTED:
+        if q.reclaim:
+            kinds.append(preemption.RECLAIM)
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+    elif refusal.reason == OVER_QUOTA:
+        if q.preempt_within:
+            kinds.append(preemption.PRIORITY)
+        if q.fair_share_preemption and not refusal.hard:
+            kinds.append(preemption.FAIR_SHARE)  # it would borrow, and the pool is drawn by others
+    allowed = min(budget, paced(q.max_preemptions - inflight.get(job.spec.queue, 0), q.max_preemptions),
+                  MAX_PREEMPTING)
+    if not kinds or allowed <= 0:
+        return 0
+    req = preemption.Request(job.id, job.spec.queue, job.spec.priority, demand, tuple(kinds))
+    candidates: list[preemption.Victim] = []
+    seen: set[str] = set()
+    for kind in kinds:
+        for v in _candidates(w, adm, req, kind, now):
+            if v.job_id not in seen:
+                seen.add(v.job_id)
+                candidates.append(v)
+    if not candidates:
+        return 0
+    # Victims must free room where the job may be placed: on the GPU models its queue's
+    # quota admits it on now, when placement (not the quota) is what it waits for.
+    spec = (adm.restrict(job)[0] if refusal is None else None) or placement_spec(job.spec, adm.queue(job))
+    if spec is None:  # its labels and its queue's conflict: it is not placed, so nothing is stopped for it
+        return 0
+    wanted = {r for r, v in demand.items() if v > 0}
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec),
+                              _HostVictims(w, placer, spec, wanted, now))
+    if found is None or len(found.victims) > allowed:
+        return 0
+    hosts = {h for v in found.victims for h, _t in v.tasks}
+    if w.plan.keys + 1 + len(found.victims) + len(hosts) > max_keys:
+        return 0
+    me = w.job(job.id)
+    assert me is not None
+    entries: list[str] = []
+    for v in found.victims:
+        victim = w.job(v.job_id)
+        assert victim is not None
+        vq = adm.book.queue(v.queue)
+        grace = vq.preempt_grace_s if vq is not None else 0.0
+        why = f"preempted ({found.kind}) by {job.id} of queue {job.spec.queue}"
+        number = 0
+        for t in victim.current_tasks():
+            if t.state.terminal:
+                continue
+            number = t.number
+            stop_attempt(w, t, PREEMPT, why, now, grace)
+        victim.updated_at = now
+        entries.append(f"{victim.id}:{number}")
+        w.plan.events.append(job_event("job.preempting", victim, victim.current, now, why))
+    me.preempting = entries
+    me.updated_at = now
+    for v in found.victims:
+        adm.future.give(v.queue, v.usage)
+    adm.future.take(job.spec.queue, demand)
+    key = (found.kind, job.spec.queue)
+    w.plan.preempted[key] = w.plan.preempted.get(key, 0) + len(found.victims)
+    return len(found.victims)
