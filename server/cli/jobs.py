@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import secrets
 import shlex
 import sys
@@ -33,9 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     jsub = j.add_subparsers(dest="job_cmd", required=True)
 
     js = jsub.add_parser("submit", help="submit a job (--wait, -f to follow its output)",
-                         usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...",
-                         description="Options may also follow NAME; then end them with --.")
-    js.add_argument("name")
+                         usage="%(prog)s [OPTIONS] NAME [OPTIONS --] COMMAND ...\n"
+                               "       %(prog)s [OPTIONS] -- COMMAND ...",
+                         description="Options may also follow NAME; then end them with --. Without NAME "
+                                     "(options, then --), the job is named after its command's program, as "
+                                     "sbatch names a job after its script.")
+    js.add_argument("name", nargs="?")
     js.add_argument("command", nargs=argparse.REMAINDER)
     submit_options(js)
     js.set_defaults(fn=cmd_submit, after=None)
@@ -200,7 +205,19 @@ def submit_command(args: argparse.Namespace) -> list[str]:
         command = list(after)
     if len(command) == 1 and " " in command[0]:
         command = shlex.split(command[0])
+    if args.name is None:
+        if after is None:
+            raise ValidationError("name", "a job name, or options ended with -- before the command "
+                                  "(muster job submit [NAME] [OPTIONS] -- COMMAND ...)")
+        args.name = command_name(command)
     return command
+
+
+def command_name(command: list[str]) -> str:
+    """The name of a job submitted without one: its command's program (the last part of
+    its path), in the characters a name may have (others become '-'), or `job`."""
+    program = os.path.basename(command[0]) if command else ""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", program).lstrip("_.-")[:128] or "job"
 
 
 def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:

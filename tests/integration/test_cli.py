@@ -45,6 +45,10 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 0 and "hi-there" in r.stdout and "attempt 1 on cli-1" in r.stdout, r.stdout + r.stderr
     r = muster(cluster, srv.url, "job", "logs", job["id"], "-o", "json")
     assert json.loads(r.stdout)[0]["outputTail"].strip() == "hi-there"
+    # without a name: named after its command's program, as sbatch does
+    r = muster(cluster, srv.url, "job", "submit", "--wait", "-o", "json", "--", "/bin/echo", "unnamed")
+    assert r.returncode == 0, r.stderr
+    assert (json.loads(r.stdout)["name"], json.loads(r.stdout)["state"]) == ("echo", "SUCCEEDED")
 
     # a job that fails: exit code 2, like `nomad job run`
     r = muster(cluster, srv.url, "job", "submit", "--wait", "bad", "--", "sh", "-c", "exit 3")
@@ -76,7 +80,7 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 0, r.stderr
     assert "cli-1" in r.stdout and "HEALTHY" in r.stdout and "rack=r1" in r.stdout and job["id"] in r.stdout
     h = json.loads(muster(cluster, srv.url, "host", "show", "cli-1", "-o", "json").stdout)
-    assert h["gpus"] == 2 and h["health"] == "HEALTHY" and len(h["recentAttempts"]) == 2
+    assert h["gpus"] == 2 and h["health"] == "HEALTHY" and len(h["recentAttempts"]) == 3  # hello, the unnamed one, bad
     assert h["fences"] == 0 and "fences:" not in r.stdout  # shown once the host has fenced (test_failures)
     assert muster(cluster, srv.url, "host", "show", "nope").returncode == 3
     hosts = json.loads(muster(cluster, srv.url, "host", "list", "--rack", "r1", "-o", "json").stdout)

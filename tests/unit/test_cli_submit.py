@@ -277,3 +277,19 @@ def test_an_unknown_option_is_refused_with_its_subcommands_usage(capsys: pytest.
     with pytest.raises(SystemExit):
         parse_args(["queue", "list", "--bogus"])
     assert capsys.readouterr().err.startswith("usage: muster queue list")
+
+
+def test_a_job_without_a_name_is_named_after_its_command() -> None:
+    """As sbatch names a job after its script: options, `--`, the command."""
+    opts, command = _submit("--gpus", "1", "--", "python3", "t.py")
+    assert opts["name"] == "python3" and opts["gpus"] == 1 and command == ["python3", "t.py"]
+    assert _submit("--", "/opt/run/train.sh", "--lr", "3")[0]["name"] == "train.sh"
+    assert _submit("--", "./run+v2@a100")[0]["name"] == "run-v2-a100"
+    opts, command = _submit("--", "sh -c 'echo hi'")
+    assert opts["name"] == "sh" and command == ["sh", "-c", "echo hi"]
+    assert _submit("--", "_")[0]["name"] == "job"
+
+
+def test_without_a_name_the_command_must_follow_a_double_dash() -> None:
+    with pytest.raises(ValidationError, match="a job name, or options ended with --"):
+        _submit("--gpus", "1")
