@@ -20,6 +20,7 @@ from server.scheduling.livecounts import queue_user
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
     EPS,
+    QueueBook,
     Refusal,
     add_user,
     effective_time_limit,
@@ -516,62 +517,71 @@ def place_queued(
         if not job.preempting:  # a preemptor's GPUs were counted as its claim
             claim(job, q)
         job.preempting = []
-        number = job.tries + 1
-        gang = job.spec.replicas > 1
-        gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
-        limit = effective_time_limit(job.spec, q)
-        attempt = None
-        for i, choice in enumerate(choices):
-            model = _model_of(placer, choice)
-            book.take(job.spec.queue, task_demand(job.spec, model))
-            attempt = Attempt(
-                id=f"{job.id}.{number}.{i}" if gang else f"{job.id}.{number}",
-                number=number,
-                task=i,
-                host_id=choice.host_id,
-                gpu_indices=choice.gpu_indices,
-                gpu_share=job.spec.gpu_share,
-                mig=list(choice.mig),
-                state=AttemptState.PLACED,
-                term=term,
-                placed_at=now,
-                time_limit_s=limit,
-                gpu_model=model,
-            )
-            job.attempts.append(attempt)
-            alloc = w.alloc(choice.host_id)
-            alloc.term = term
-            alloc.tasks.append(
-                Task(
-                    attempt_id=attempt.id,
-                    job_id=job.id,
-                    number=number,
-                    command=job.spec.command,
-                    env=dict(job.spec.env, MUSTER_GANG_TASK=str(i), MUSTER_GANG_SIZE=str(len(choices)),
-                             MUSTER_GANG_HOSTS=gang_hosts)
-                    if gang else job.spec.env,
-                    cwd=job.spec.cwd,
-                    gpu_indices=choice.gpu_indices,
-                    gpu_share=job.spec.gpu_share,
-                    gpu_memory_mb=job.spec.gpu_memory_mb,
-                    mig=list(choice.mig),
-                    cpus=job.spec.cpus,
-                    memory_mb=job.spec.memory_mb,
-                    term=term,
-                    keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
-                    grace_s=q.preempt_grace_s,
-                )
-            )
-        job.state = JobState.PLACED
-        job.updated_at = now
-        assert attempt is not None
-        w.plan.placed += 1
-        w.plan.events.append(job_event("job.placed", job, attempt, now))
+        _start_try(w, placer, book, job, choices, q, term, now)
         let_go_of(job)
     w.plan.reservations = list(reservations.values())  # in the order they were made
     record_reservations(w, w.plan.reservations, complete, now, max_keys, skip)
     if budget > 0:
         preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+
+
+def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list[Choice], q: Queue, term: int,
+               now: float) -> None:
+    """Write a placement into the records: the job's next try (one attempt per task, the
+    i-th task on the i-th host chosen, told the gang's size and hosts), each task on its
+    host's allocation under this term, what it takes counted in its queue's book; the job
+    PLACED, with its event."""
+    number = job.tries + 1
+    gang = job.spec.replicas > 1
+    gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
+    limit = effective_time_limit(job.spec, q)
+    attempt = None
+    for i, choice in enumerate(choices):
+        model = _model_of(placer, choice)
+        book.take(job.spec.queue, task_demand(job.spec, model))
+        attempt = Attempt(
+            id=f"{job.id}.{number}.{i}" if gang else f"{job.id}.{number}",
+            number=number,
+            task=i,
+            host_id=choice.host_id,
+            gpu_indices=choice.gpu_indices,
+            gpu_share=job.spec.gpu_share,
+            mig=list(choice.mig),
+            state=AttemptState.PLACED,
+            term=term,
+            placed_at=now,
+            time_limit_s=limit,
+            gpu_model=model,
+        )
+        job.attempts.append(attempt)
+        alloc = w.alloc(choice.host_id)
+        alloc.term = term
+        alloc.tasks.append(
+            Task(
+                attempt_id=attempt.id,
+                job_id=job.id,
+                number=number,
+                command=job.spec.command,
+                env=dict(job.spec.env, MUSTER_GANG_TASK=str(i), MUSTER_GANG_SIZE=str(len(choices)),
+                         MUSTER_GANG_HOSTS=gang_hosts)
+                if gang else job.spec.env,
+                cwd=job.spec.cwd,
+                gpu_indices=choice.gpu_indices,
+                gpu_share=job.spec.gpu_share,
+                gpu_memory_mb=job.spec.gpu_memory_mb,
+                mig=list(choice.mig),
+                cpus=job.spec.cpus,
+                memory_mb=job.spec.memory_mb,
+                term=term,
+                keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
+                grace_s=q.preempt_grace_s,
+            )
+        )
+    job.state = JobState.PLACED
+    job.updated_at = now
+    assert attempt is not None
+    w.plan.placed += 1
+    w.plan.events.append(job_event("job.placed", job, attempt, now))
 
 
 # A reservation's start written again into its job's record only once it moved this much.
