@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="operators browsing the console during the window, a page a second (bench/readers.py)")
     ap.add_argument("--servers", type=int, choices=[1, 2], default=1,
                     help="muster server replicas (one leads; --one-per-request clients are spread over all)")
+    ap.add_argument("--follower-heartbeats-every", type=float, default=None, metavar="S",
+                    help="the servers' MUSTER_FOLLOWER_HEARTBEATS_EVERY: a follower reads every host's last heartbeat "
+                         "every S seconds, nothing between (default: the servers' own, 0: as they are stored)")
     ap.add_argument("--db-url", default=None, help="the servers' history database (SQLAlchemy URL; default SQLite "
                     "in each server's data directory)")
     ap.add_argument("--postgres", action="store_true",

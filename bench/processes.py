@@ -159,6 +159,8 @@ class Processes:
         name = "server" if i == 0 else f"server-{i + 1}"
         # Set either way, so that a MUSTER_REPLICAS in the caller's environment cannot leak in.
         env = {**extra_env, "MUSTER_REPLICAS": str(self.args.replicas)}
+        if getattr(self.args, "follower_heartbeats_every", None) is not None:
+            env["MUSTER_FOLLOWER_HEARTBEATS_EVERY"] = str(self.args.follower_heartbeats_every)
         data = self.work / name
         argv = [sys.executable, "-m", "server.cli", "server", "--nats", self.nats_url,
                 "--http-port", str(port), "--data-dir", str(data), "--name", f"bench-{name}"]

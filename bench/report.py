@@ -203,6 +203,7 @@ def build_report(b: Bench, fleet: list, k: int, startup_s: float) -> dict:
             "muster_replicas": a.replicas,
             "nats_sync": a.nats_sync,
             "servers": a.servers,
+            "follower_heartbeats_every_s": a.follower_heartbeats_every,
             "history_database": "PostgreSQL (fsync, synchronous_commit on), started by the bench" if a.postgres
             else (a.db_url.split(":", 1)[0] if a.db_url else "SQLite in each server's data directory"),
             "kill_leader_at_s": a.kill_leader_at,

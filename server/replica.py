@@ -121,6 +121,11 @@ class ServerConfig:
     # on a connection of this process when False.
     heartbeat_process: bool = field(
         default_factory=lambda: os.environ.get("MUSTER_HEARTBEAT_PROCESS", "0") == "1")
+    # While this replica follows, its heartbeat ingest reads every host's last heartbeat
+    # this often, and nothing between (0: as they are stored, as the leader does); it
+    # reads them as they are stored from the moment the replica leads.
+    follower_heartbeats_every_s: float = field(
+        default_factory=lambda: float(os.environ.get("MUSTER_FOLLOWER_HEARTBEATS_EVERY", "0")))
     # NATS credentials (an nkey seed file, see server.broker.natsauth) and client TLS.
     nats_creds: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CREDS") or None)
     nats_ca: str | None = field(default_factory=lambda: os.environ.get("MUSTER_NATS_CA") or None)
@@ -267,7 +272,8 @@ class Muster:
             # which hands this one batches (server.health.ingest).
             self.ingest = HeartbeatIngest(IngestConfig(
                 nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
-                nats_key=cfg.nats_key), self.state.apply_heartbeat, self._read_to)
+                nats_key=cfg.nats_key, every_s=cfg.follower_heartbeats_every_s), self.state.apply_heartbeat,
+                self._read_to)
             self.ingest.start()
         else:
             # ... or arrive on a connection of their own, so lease renewals and commits
@@ -393,9 +399,9 @@ class Muster:
         self.state.apply_host_record(rec)  # moves the read clock itself
         self._count_read(rec.behind, rec.skipped)
 
-    def _read_to(self, position: float, behind: int, local_now: float, skipped: int) -> None:
+    def _read_to(self, position: float, behind: int, local_now: float, skipped: int, live: bool = True) -> None:
         """The heartbeat ingest process has sent everything stored before `position`."""
-        self.state.clock.advance(position, behind, local_now, skipped)
+        self.state.clock.advance(position, behind, local_now, skipped, live)
         self._count_read(behind, skipped)
 
     @staticmethod
@@ -412,6 +418,8 @@ class Muster:
 
     def _on_leadership(self, leading: bool, term: int) -> None:
         metrics.LEADER.set(1 if leading else 0)
+        if leading and self.ingest is not None:
+            self.ingest.go_live()  # a follower reading heartbeats now and then reads them all
         if term:
             metrics.TERM.set(term)
 

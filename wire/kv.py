@@ -418,11 +418,13 @@ class Watch:
         self.synced = asyncio.Event()
         self.received = 0  # records handed to on_record so far
         self.last_seq = 0  # stream sequence of the last record handed to on_record
+        self.start_seq = 0  # the stream's last sequence when the watch started
         self._sub: JetStreamContext.PushSubscription | None = None
         self._prefix = f"$KV.{bucket}."
 
     async def start(self) -> None:
         info = await self.store.js.stream_info(f"KV_{self.bucket}")
+        self.start_seq = info.state.last_seq
         if info.state.messages == 0:
             self.synced.set()
 
@@ -468,6 +470,14 @@ class Watch:
                     self.synced.set()
             except Exception:  # noqa: BLE001
                 pass
+
+    @property
+    def replayed(self) -> bool:
+        """Every record stored before the watch started (each key's latest, unless
+        `every_revision`) has been handed to `on_record`, whether or not it has caught
+        up with what was stored since (`synced`): records come in stream order, so once
+        one at or past the stream's last sequence at the start has come, all before have."""
+        return self.synced.is_set() or (self.start_seq > 0 and self.last_seq >= self.start_seq)
 
     def _deliver_policy(self) -> jsapi.DeliverPolicy:
         if self.after_seq:

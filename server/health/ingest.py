@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event as ProcessEvent
 from typing import NamedTuple
 
 from server import metrics
@@ -36,6 +37,12 @@ from wire import subjects
 from wire.stopping import pause
 
 log = logging.getLogger(__name__)
+
+
+# Records a second a follower's reading of the bucket hands its server (IngestConfig.every_s),
+# and how soon it reads again while hosts are joining.
+READING_RATE = 5000.0
+JOINING_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,9 @@ class IngestConfig:
     nats_key: str | None = None
     flush_s: float = 0.2
     batch_max: int = 2000
+    # While the server follows (not live): read the bucket every this many seconds, each
+    # host's last heartbeat once, and nothing between (0: always read it as it changes).
+    every_s: float = 0.0
 
 
 class HeartbeatBatch(NamedTuple):
@@ -62,6 +72,10 @@ class HeartbeatBatch(NamedTuple):
     position: float = 0.0
     behind: int = 0
     skipped: int = 0  # records the watch never saw (removed from the stream first) since the last batch
+    # The child goes on reading as records are stored (False: a sparse follower's reading
+    # of the bucket, after which it reads nothing until the next; the server's read clock
+    # then stands at `position` rather than run on).
+    live: bool = True
 
 
 # ---------------------------------------------------------------- child
@@ -126,7 +140,7 @@ class Pending:
             del waiting[key]
         return out
 
-    def take(self, n: int, synced: bool) -> HeartbeatBatch:
+    def take(self, n: int, synced: bool, live: bool = True) -> HeartbeatBatch:
         """Up to `n` records, expiries first, removed from what waits. The batch says
         `synced` only if the watch is (`synced`) and nothing is left waiting."""
         gone = self._first(self.expired, n)
@@ -153,43 +167,90 @@ class Pending:
         if not self:
             self.skipped = 0
         return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
-                              position, behind, skipped)
+                              position, behind, skipped, live)
 
 
-async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
-    """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone)."""
+async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: ProcessEvent | None = None) -> None:
+    """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone).
+    With `cfg.every_s` and until `live` (an Event the parent sets when its server leads)
+    is set: read every host's last heartbeat, send it, stop reading, and again every
+    `every_s`; once `live`, read on as records are stored."""
     from wire import subjects
     from wire.kv import Store, connect
     from wire.messages import SHAPE_HEADER
     from wire.records import Record
 
     pending = Pending()
+    known: set[str] = set()  # the hosts read so far
+    joined = 0  # hosts first read in the current reading
 
     def on_record(rec: Record) -> None:
+        nonlocal joined
+        if rec.key not in known:
+            known.add(rec.key)
+            joined += 1
         pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time(),
                     rec.stamp, rec.behind, rec.skipped)
 
+    def reading_on() -> bool:
+        return cfg.every_s <= 0 or (live is not None and live.is_set())
+
     nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
-    watch = await Store(nc).watch(">", on_record, bucket=subjects.HOSTS_BUCKET)
     loop = asyncio.get_running_loop()
-    sent_synced = False
     try:
         while not stop.is_set():
-            await pause(stop, cfg.flush_s)
-            synced = watch.synced.is_set()
-            while (pending or synced != sent_synced) and not stop.is_set():
-                batch = pending.take(cfg.batch_max, synced)
-                try:
-                    # Pickling and writing happen off the loop, which keeps reading.
-                    await loop.run_in_executor(None, out.send, batch)
-                except (BrokenPipeError, EOFError, OSError):
-                    log.warning("heartbeat ingest: server process gone; stopping")
-                    stop.set()
-                    break
-                sent_synced = batch.synced
+            began, joined = time.monotonic(), 0
+            watch = await Store(nc).watch(">", on_record, bucket=subjects.HOSTS_BUCKET)
+            sent_synced = False
+            try:
+                while not stop.is_set():
+                    await pause(stop, cfg.flush_s)
+                    on = reading_on()
+                    done = False
+                    while not stop.is_set():
+                        # A reading now and then ends once the records stored before it began
+                        # have come (on a busy machine it might never catch up with those
+                        # stored since): the watch stops, and what came is sent.
+                        done = not on and watch.replayed
+                        if done:
+                            await watch.stop()
+                        synced = watch.synced.is_set() if on else done
+                        if not pending and synced == sent_synced:
+                            break
+                        batch = pending.take(cfg.batch_max, synced, on)
+                        try:
+                            # Pickling and writing happen off the loop, which keeps reading.
+                            await loop.run_in_executor(None, out.send, batch)
+                        except (BrokenPipeError, EOFError, OSError):
+                            log.warning("heartbeat ingest: server process gone; stopping")
+                            stop.set()
+                            break
+                        sent_synced = batch.synced
+                        if not on and batch.keys:
+                            # A follower's reading is handed over at a measured pace: the first
+                            # reading after many hosts joined is one decode each, which at once
+                            # would take the server's loop (and a core) for seconds.
+                            await pause(stop, len(batch.keys) / READING_RATE)
+                    if done:
+                        # While hosts are joining (a reading found hosts the ones before had
+                        # not, or none at all), the next reading comes a second later: the
+                        # server's view is complete soon after they are, and then costs little
+                        # to keep (a host's first heartbeat is decoded, later ones of the same
+                        # shape are not).
+                        wait = cfg.every_s if known and not joined else min(JOINING_EVERY_S, cfg.every_s)
+                        log.log(logging.INFO if wait == cfg.every_s else logging.DEBUG,
+                                "heartbeat ingest: read every host's last heartbeat (%d records, %d hosts new) "
+                                "in %.1f s; the next reading in %.0f s, or once this server leads",
+                                watch.received, joined, time.monotonic() - began, wait)
+                        break  # a follower's reading of the bucket is done: sent, not live
+            finally:
+                await watch.stop()
+            # Until the next reading, or until the server leads.
+            rest = time.monotonic() + (cfg.every_s if known and not joined else min(JOINING_EVERY_S, cfg.every_s))
+            while not stop.is_set() and not reading_on() and time.monotonic() < rest:
+                await pause(stop, min(cfg.flush_s, max(0.0, rest - time.monotonic())))
     finally:
-        await watch.stop()
         try:
             await asyncio.wait_for(nc.close(), timeout=5)
         except Exception:  # noqa: BLE001
@@ -197,12 +258,12 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event) -> None:
         out.close()
 
 
-def main(config: dict[str, object], out: Connection) -> None:
+def main(config: dict[str, object], out: Connection, live: ProcessEvent | None = None) -> None:
     """Process entry point (multiprocessing, spawn)."""
     from server.childproc import run_helper
 
     cfg = IngestConfig(**config)  # type: ignore[arg-type]
-    run_helper("muster-ingest", lambda stop: run(cfg, out, stop))
+    run_helper("muster-ingest", lambda stop: run(cfg, out, stop, live))
 
 
 # ---------------------------------------------------------------- parent
@@ -216,13 +277,16 @@ class HeartbeatIngest(HelperProcess):
     label = "heartbeat ingest"
 
     def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
-                 on_position: Callable[[float, int, float, int], None] | None = None) -> None:
+                 on_position: Callable[[float, int, float, int, bool], None] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.apply = apply
         # Told (stream time sent up to, records still unsent, local time, records the
-        # watch skipped) after each batch: ReadClock.advance.
+        # watch skipped, whether the child reads on) after each batch: ReadClock.advance.
         self.on_position = on_position
+        # Set once the server leads: a child reading the bucket every `cfg.every_s` reads
+        # it as it changes from then on (kept across the child's restarts).
+        self.live = multiprocessing.get_context("spawn").Event()
         self.synced = asyncio.Event()
         self.received = 0
         self.lag_s = 0.0  # age of the newest batch's first record when it was applied
@@ -234,7 +298,7 @@ class HeartbeatIngest(HelperProcess):
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         recv, send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send), name="muster-heartbeat-ingest",
+        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send, self.live), name="muster-heartbeat-ingest",
                                 daemon=True)
         self.proc.start()
         send.close()  # the child holds the only writer: its exit is our EOF
@@ -284,7 +348,7 @@ class HeartbeatIngest(HelperProcess):
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 log.exception("heartbeat ingest: applying %s failed", key)
         if batch.position and self.on_position is not None:
-            self.on_position(batch.position, batch.behind, time.time(), batch.skipped)
+            self.on_position(batch.position, batch.behind, time.time(), batch.skipped, batch.live)
         n = len(batch.keys)
         self.received += n
         metrics.HEARTBEATS.inc(n)
@@ -293,6 +357,11 @@ class HeartbeatIngest(HelperProcess):
             metrics.HEARTBEAT_INGEST_LAG.set(round(self.lag_s, 3))
         if batch.synced:
             self.synced.set()
+
+    def go_live(self) -> None:
+        """Read heartbeats as they are stored from now on (the server leads): a child
+        reading the bucket every `cfg.every_s` starts at once, with every host's last."""
+        self.live.set()
 
     def restarted(self) -> None:
         metrics.HEARTBEAT_INGEST_RESTARTS.inc()

@@ -49,9 +49,12 @@ class ReadClock:
         self.settle_s = 5.0
         self._skipped_to = 0.0
 
-    def advance(self, position: float, behind: int, local_now: float, skipped: int = 0) -> None:
+    def advance(self, position: float, behind: int, local_now: float, skipped: int = 0, live: bool = True) -> None:
         """Every record the store held before `position` (its time) has been applied;
-        `behind` records were still unread or unsent (0: caught up)."""
+        `behind` records were still unread or unsent (0: caught up). Not `live`: the
+        reader has stopped after reading the bucket once (a follower reading it every so
+        often), so the clock stands at `position` until the next reading, however far
+        the local clock runs: nothing newer has been read."""
         if skipped:
             # The stream removed records before they were read: a heartbeat replaced by a
             # newer one of its host (the bucket keeps one per host) while the reader was
@@ -73,7 +76,7 @@ class ReadClock:
         # what it delivered into a backed-up connection (its outbound buffer, the
         # sockets) arrives seconds later saying "nothing after me". Taking that at its
         # word let the clock run on at 50,000 hosts while the server was 20 s behind.
-        self.caught_up = behind == 0 and local_now - position < FRESH_S
+        self.caught_up = live and behind == 0 and local_now - position < FRESH_S
         self.local_at = local_now
 
     def now(self, local_now: float) -> float:

@@ -118,7 +118,12 @@ def _runs(api: Api, twice: dict[str, list[str]]) -> dict[str, list[tuple[str, st
 @pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -> None:
-    servers = [cluster.server(f"s{i}", heartbeat_interval=1) for i in range(3)]
+    # Every other replica a follower that reads heartbeats every 30 s (server.health.ingest:
+    # it reads them as they are stored once it leads): takeovers from both kinds.
+    def sparse(i: int) -> dict[str, str]:
+        return {"MUSTER_FOLLOWER_HEARTBEATS_EVERY": "30"} if i % 2 else {}
+
+    servers = [cluster.server(f"s{i}", env=sparse(i), heartbeat_interval=1) for i in range(3)]
     token = cluster.token
     # Agents on the default 5 s heartbeat: this test is about the control plane's own
     # failures, and on a loaded 2-core machine a 1 s heartbeat makes agents fence
@@ -148,7 +153,7 @@ def test_leader_kill9_three_times_under_load(cluster: Cluster, tmp_path: Path) -
         takeovers.append(time.monotonic() - t0)
         assert new[0] is not old
         # Keep three replicas: start a fresh one in place of the killed one.
-        servers.append(cluster.server(f"s{3 + round_}", heartbeat_interval=1))
+        servers.append(cluster.server(f"s{3 + round_}", env=sparse(3 + round_), heartbeat_interval=1))
     time.sleep(2)
     sub.stop()
     print(f"takeover times after kill -9: {[round(t, 2) for t in takeovers]} s (lease 5 s)")
@@ -519,3 +524,30 @@ async def _report_before_expiry(tmp_path: Path, late: asyncio.Event) -> None:
         stop.set()
         await nc.close()
         natsd.stop()
+
+
+def test_a_follower_that_reads_heartbeats_now_and_then_takes_over_with_a_live_view(cluster: Cluster) -> None:
+    """A follower reading heartbeats once an hour (MUSTER_FOLLOWER_HEARTBEATS_EVERY, after
+    its first readings) shows the hosts as its last reading saw them; killed, the leader
+    hands it the lease, and from then on it reads heartbeats as they are stored: its view
+    of the host moves on, and it places and runs work."""
+    a = cluster.server("a")
+    api_a = Api(a.url, cluster.token)
+    cluster.agent("hb-1", gpus="2xH100")
+    api_a.wait_hosts(1)
+    b = cluster.server("b", env={"MUSTER_FOLLOWER_HEARTBEATS_EVERY": "3600"})
+    api_b = Api(b.url, cluster.token)
+    api_b.wait_hosts(1)
+    seen = "{ host(id: \"hb-1\") { lastSeen health } }"
+    first = api_b.q(seen)["host"]["lastSeen"]
+    time.sleep(6)  # a heartbeat interval and more: the agent has stored a newer one
+    assert api_b.q(seen)["host"]["lastSeen"] == first  # a follower between readings
+    assert api_b.q(seen)["host"]["health"] == "HEALTHY"  # judged as of its reading, not the wall clock
+    assert api_a.q(seen)["host"]["lastSeen"] != first  # the leader reads them as they come
+    a.kill9()
+    wait_until(lambda: leader([b], cluster.token), timeout=60, what="b leading")
+    wait_until(lambda: api_b.q(seen)["host"]["lastSeen"] != first, timeout=60, what="b reading heartbeats on")
+    res = api_b.submit(name="after", command=["true"], gpus=1)
+    assert not res["userErrors"], res
+    assert api_b.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
+    assert api_b.q(seen)["host"]["health"] == "HEALTHY"

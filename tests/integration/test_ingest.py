@@ -142,3 +142,54 @@ async def test_ingest_process_stops_when_its_server_is_killed(nats_url: str, tmp
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+async def test_a_follower_reads_the_bucket_now_and_then_and_on_once_it_leads(nats_url: str) -> None:
+    """A follower's ingest with `every_s` (MUSTER_FOLLOWER_HEARTBEATS_EVERY): each reading
+    hands over every host's last heartbeat and stops, saying it reads no further (the read
+    clock then stands at it); heartbeats stored between readings arrive only with the next
+    one. Once the server leads (`go_live`), it reads them as they are stored."""
+    nc = await connect(nats_url, name="test-ingest-follower")
+    store = Store(nc)
+    await ensure_streams(store)
+    await send(store, heartbeat("h-a", ts=time.time(), **AGENT))
+    state = ClusterState(heartbeat_interval_s=5)
+    positions: list[bool] = []
+
+    def advance(position: float, behind: int, local_now: float, skipped: int, live: bool = True) -> None:
+        positions.append(live)
+        state.clock.advance(position, behind, local_now, skipped, live)
+
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05, every_s=3600), state.apply_heartbeat,
+                             advance)
+    stop = asyncio.Event()
+    ingest.start()
+    supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+    try:
+        await asyncio.wait_for(ingest.synced.wait(), timeout=60)
+        rev_a = state.hosts["h-a"].revision
+        assert positions and positions[-1] is False and not state.clock.caught_up  # a reading, not live
+        # A host that joins while hosts are joining is read a second later (JOINING_EVERY_S) ...
+        await send(store, heartbeat("h-b", ts=time.time(), **AGENT))
+        await eventually(lambda: "h-b" in state.hosts, 60, "the joining host")
+        # ... but once a reading found no new host, the next is an hour away: a new
+        # heartbeat of a known host is not read.
+        # (Readings of 1, 2 and 2 records: h-a; h-a and the new h-b; no new host.)
+        await eventually(lambda: ingest.received >= 5, 60, "a reading with no new host")
+        received = ingest.received
+        rev_new = await send(store, heartbeat("h-a", seq=2, ts=time.time(), **AGENT))
+        await asyncio.sleep(2.5)
+        assert state.hosts["h-a"].revision < rev_new and ingest.received == received
+        # The server leads: every host's last heartbeat at once, then each as it is stored.
+        ingest.go_live()
+        await eventually(lambda: state.hosts["h-a"].revision == rev_new, 60, "the heartbeat stored between readings")
+        rev_live = await send(store, heartbeat("h-b", seq=2, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-b"].revision == rev_live, 60, "a heartbeat read as it is stored")
+        assert positions[-1] is True
+        await eventually(lambda: state.clock.caught_up, 60, "the clock running on")
+        assert state.hosts["h-a"].revision > rev_a
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        await asyncio.to_thread(ingest.stop)
+        await nc.close()

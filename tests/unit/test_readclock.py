@@ -100,3 +100,22 @@ def test_a_host_whose_heartbeats_were_skipped_is_not_called_suspect() -> None:
     s.apply_host_record(heartbeat_record("b", 3002, seq=2, **HOST, stamp=T0 + 14, behind=10, skipped=3000),
                         now=T0 + 15)
     assert s.health("a", now=T0 + 15) is Health.HEALTHY
+
+
+def test_a_reading_that_stops_leaves_the_clock_where_it_read_to() -> None:
+    """A follower that reads the bucket now and then (MUSTER_FOLLOWER_HEARTBEATS_EVERY): its
+    last batch of a reading says it reads no further (`live` False), so the clock stands at
+    the reading however far the local clock runs, and hosts heard then are not made
+    SUSPECT by the time between readings. Live again, it runs on."""
+    c = ReadClock()
+    c.advance(T0 + 100, behind=0, local_now=T0 + 100, live=False)
+    assert not c.caught_up and c.now(T0 + 100) == c.now(T0 + 130) == T0 + 100
+    c.advance(T0 + 131, behind=0, local_now=T0 + 131)
+    assert c.caught_up and c.now(T0 + 134) == T0 + 134
+
+    state = ClusterState(heartbeat_interval_s=5)
+    state.apply_host_record(heartbeat_record("h", 1, **HOST, stamp=T0 + 99), now=T0 + 100)
+    state.clock.advance(T0 + 100, behind=0, local_now=T0 + 100, live=False)
+    assert state.health("h", T0 + 140) is Health.HEALTHY  # 40 s on, nothing newer was read
+    state.clock.advance(T0 + 100, behind=0, local_now=T0 + 100)  # the same reading, live
+    assert state.health("h", T0 + 140) is Health.SUSPECT
