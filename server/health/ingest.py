@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Event as ProcessEvent
 from typing import NamedTuple
 
 from server import metrics
@@ -170,11 +169,30 @@ class Pending:
                               position, behind, skipped, live)
 
 
-async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: ProcessEvent | None = None) -> None:
+class LiveSwitch:
+    """The child's end of the pipe on which the parent says, once, that its server leads:
+    set from the first message on (a pipe, not a multiprocessing Event, whose semaphore
+    the resource tracker reports as leaked when the server stops)."""
+
+    def __init__(self, conn: Connection | None) -> None:
+        self.conn = conn
+        self.on = False
+
+    def is_set(self) -> bool:
+        if not self.on and self.conn is not None:
+            try:
+                if self.conn.poll():
+                    self.on = bool(self.conn.recv())
+            except (EOFError, OSError):
+                self.conn = None  # the parent is gone: `run_helper` stops the child
+        return self.on
+
+
+async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: LiveSwitch | None = None) -> None:
     """Watch `KV_hosts` and send batches on `out` until `stop` (or the parent is gone).
-    With `cfg.every_s` and until `live` (an Event the parent sets when its server leads)
-    is set: read every host's last heartbeat, send it, stop reading, and again every
-    `every_s`; once `live`, read on as records are stored."""
+    With `cfg.every_s` and until `live` is set (its server leads): read every host's last
+    heartbeat, send it, stop reading, and again every `every_s`; once `live`, read on as
+    records are stored."""
     from wire import subjects
     from wire.kv import Store, connect
     from wire.messages import SHAPE_HEADER
@@ -258,12 +276,12 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Pro
         out.close()
 
 
-def main(config: dict[str, object], out: Connection, live: ProcessEvent | None = None) -> None:
+def main(config: dict[str, object], out: Connection, control: Connection | None = None) -> None:
     """Process entry point (multiprocessing, spawn)."""
     from server.childproc import run_helper
 
     cfg = IngestConfig(**config)  # type: ignore[arg-type]
-    run_helper("muster-ingest", lambda stop: run(cfg, out, stop, live))
+    run_helper("muster-ingest", lambda stop: run(cfg, out, stop, LiveSwitch(control)))
 
 
 # ---------------------------------------------------------------- parent
@@ -285,8 +303,10 @@ class HeartbeatIngest(HelperProcess):
         # watch skipped, whether the child reads on) after each batch: ReadClock.advance.
         self.on_position = on_position
         # Set once the server leads: a child reading the bucket every `cfg.every_s` reads
-        # it as it changes from then on (kept across the child's restarts).
-        self.live = multiprocessing.get_context("spawn").Event()
+        # it as it changes from then on (told over `_control`; a restarted child is
+        # started live).
+        self.live = False
+        self._control: Connection | None = None
         self.synced = asyncio.Event()
         self.received = 0
         self.lag_s = 0.0  # age of the newest batch's first record when it was applied
@@ -298,10 +318,12 @@ class HeartbeatIngest(HelperProcess):
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         recv, send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send, self.live), name="muster-heartbeat-ingest",
-                                daemon=True)
+        control, self._control = ctx.Pipe(duplex=False)
+        cfg = asdict(self.cfg) if not self.live else {**asdict(self.cfg), "every_s": 0.0}
+        self.proc = ctx.Process(target=main, args=(cfg, send, control), name="muster-heartbeat-ingest", daemon=True)
         self.proc.start()
         send.close()  # the child holds the only writer: its exit is our EOF
+        control.close()
         self._reader = threading.Thread(target=self._read, args=(recv,), name="heartbeat-ingest-reader",
                                         daemon=True)
         self._reader.start()
@@ -361,7 +383,12 @@ class HeartbeatIngest(HelperProcess):
     def go_live(self) -> None:
         """Read heartbeats as they are stored from now on (the server leads): a child
         reading the bucket every `cfg.every_s` starts at once, with every host's last."""
-        self.live.set()
+        self.live = True
+        if self._control is not None:
+            try:
+                self._control.send(True)
+            except OSError:
+                pass  # the child is gone; the next one is started live
 
     def restarted(self) -> None:
         metrics.HEARTBEAT_INGEST_RESTARTS.inc()
@@ -377,3 +404,6 @@ class HeartbeatIngest(HelperProcess):
         if self._reader is not None:
             self._reader.join(5)
         self._reader = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
