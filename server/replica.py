@@ -400,9 +400,11 @@ class Muster:
         self._count_read(rec.behind, rec.skipped)
 
     def _read_to(self, position: float, behind: int, local_now: float, skipped: int, live: bool = True) -> None:
-        """The heartbeat ingest process has sent everything stored before `position`."""
+        """The heartbeat ingest process has sent everything stored before `position`
+        (`live` False: a follower's reading, after which it reads nothing until the next,
+        so what it left unread is not a backlog)."""
         self.state.clock.advance(position, behind, local_now, skipped, live)
-        self._count_read(behind, skipped)
+        self._count_read(behind if live else 0, skipped)
 
     @staticmethod
     def _count_read(behind: int, skipped: int) -> None:
