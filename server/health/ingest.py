@@ -215,6 +215,9 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
 
     nc = await connect(cfg.nats_url, name="muster-heartbeat-ingest", creds=cfg.nats_creds, tls_ca=cfg.nats_ca,
                        tls_cert=cfg.nats_cert, tls_key=cfg.nats_key)
+    if not reading_on():
+        log.info("heartbeat ingest: reading every host's last heartbeat every %.0f s while this server follows",
+                 cfg.every_s)
     loop = asyncio.get_running_loop()
     try:
         while not stop.is_set():
@@ -257,8 +260,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                         # to keep (a host's first heartbeat is decoded, later ones of the same
                         # shape are not).
                         wait = cfg.every_s if known and not joined else min(JOINING_EVERY_S, cfg.every_s)
-                        log.log(logging.INFO if wait == cfg.every_s else logging.DEBUG,
-                                "heartbeat ingest: read every host's last heartbeat (%d records, %d hosts new) "
+                        log.debug("heartbeat ingest: read every host's last heartbeat (%d records, %d hosts new) "
                                 "in %.1f s; the next reading in %.0f s, or once this server leads",
                                 watch.received, joined, time.monotonic() - began, wait)
                         break  # a follower's reading of the bucket is done: sent, not live
