@@ -254,19 +254,15 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                             # would take the server's loop (and a core) for seconds.
                             await pause(stop, len(batch.keys) / READING_RATE)
                     if done:
-                        # While hosts are joining (a reading found hosts the ones before had
-                        # not, or none at all), the next reading comes a second later: the
-                        # server's view is complete soon after they are, and then costs little
-                        # to keep (a host's first heartbeat is decoded, later ones of the same
-                        # shape are not).
-                        wait = cfg.every_s if known and not joined else min(JOINING_EVERY_S, cfg.every_s)
                         log.debug("heartbeat ingest: read every host's last heartbeat (%d records, %d hosts new) "
-                                "in %.1f s; the next reading in %.0f s, or once this server leads",
-                                watch.received, joined, time.monotonic() - began, wait)
+                                  "in %.1f s", watch.received, joined, time.monotonic() - began)
                         break  # a follower's reading of the bucket is done: sent, not live
             finally:
                 await watch.stop()
-            # Until the next reading, or until the server leads.
+            # Until the next reading, or until the server leads. While hosts are joining (a
+            # reading found hosts the ones before had not, or none at all) it comes a second
+            # later: the server's view is complete soon after they are, and then costs little
+            # to keep (a host's first heartbeat is decoded, later ones of the same shape are not).
             rest = time.monotonic() + (cfg.every_s if known and not joined else min(JOINING_EVERY_S, cfg.every_s))
             while not stop.is_set() and not reading_on() and time.monotonic() < rest:
                 await pause(stop, min(cfg.flush_s, max(0.0, rest - time.monotonic())))

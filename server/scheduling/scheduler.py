@@ -515,8 +515,8 @@ class Scheduler:
         # Every status report stored before this has reached the state (or is in a
         # commit in flight, which a resend does not wait for: it is harmless). 0 in a new
         # leader's first ack_wait, while reports an earlier leader took may come back:
-        # nothing is sent again until then (at takeover it once sent 2,062 records again
-        # in 6 s, to agents whose start reports it had not read).
+        # nothing is sent again until then (else every host whose start report is unread
+        # would get its record again at a takeover).
         found = undelivered(self.state, now, after, lambda h: self.state.health(h, now) is Health.HEALTHY,
                             self._delivered, self._reports_read_to())
         resent: dict[str, int] = {}

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from server.scheduling import retry
 from server.scheduling.cycle.work import (
-    DISRUPTIONS,
     GPU_FAULT,
-    REQUEUE,
-    SHUTDOWN,
     Work,
     attempt_of,
     ended_as,
@@ -57,7 +54,7 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
         w.plan.ignored += 1
         return
     if r.shutdown and r.state is AttemptState.KILLED and not a.stop_kind:
-        a.stop_kind, a.stop_at = SHUTDOWN, now  # stopped by its agent's orderly shutdown
+        a.stop_kind, a.stop_at = retry.SHUTDOWN, now  # stopped by its agent's orderly shutdown
     ended = ended_as(a, r.state)
     # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
     # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
@@ -112,7 +109,7 @@ def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: 
         # One gang task failed: stop the rest; the decision waits until they are gone.
         for t in live:
             t.reason = t.reason or f"gang task {a.task} ended {ended.value}"
-            if a.stop_kind in DISRUPTIONS and not t.stop_kind:
+            if a.stop_kind in retry.DISRUPTIONS and not t.stop_kind:
                 t.stop_kind, t.stop_at = a.stop_kind, now  # the gang's try ends by the same disruption
             stop_tasks(w.alloc(t.host_id), {t.id}, t.reason)
         w.plan.events.append(job_event("gang.stopping", job, a, now, f"task {a.task} {ended.value.lower()}"))
@@ -229,7 +226,7 @@ def apply_requeue(w: Work, c: Command, now: float) -> None:
     assert job is not None
     why = f"requeued by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else "")
     for t in [t for t in job.current_tasks() if not t.state.terminal]:
-        stop_attempt(w, t, REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
+        stop_attempt(w, t, retry.REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
     if c.hold:
         job.hold = hold_text(c.by, c.reason)
     job.updated_at = now

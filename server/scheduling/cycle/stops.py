@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from server.scheduling import advance
+from server.scheduling import advance, retry
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.reports import end_attempt
 from server.scheduling.cycle.work import (
-    DRAIN,
     GPU_FAULT,
     TIMEOUT,
     Work,
@@ -193,7 +192,7 @@ def _stop_host_work(w: Work, host_id: str, why: str, now: float, max_keys: int,
         assert job is not None
         a = attempt_of(job, entry.attempt_id)
         assert a is not None
-        stop_attempt(w, a, DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
+        stop_attempt(w, a, retry.DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
         job.updated_at = now
     if later or only is not None:
         stop_tasks(w.alloc(host_id), picked - later, why)

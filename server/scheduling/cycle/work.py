@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from server.scheduling import retry
 from server.scheduling.backfill import Reservation
 from server.scheduling.queues import Resources, job_usage
 from server.scheduling.submitlimits import OpenJobs
@@ -22,8 +21,7 @@ from wire.messages import Attempt, AttemptState, Event, HostAlloc, Job, QueueUsa
 PREEMPT = "preempt"
 TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
-# And the disruptions, which retry does not count: a drain, the agent's shutdown.
-DRAIN, SHUTDOWN, REQUEUE, DISRUPTIONS = retry.DRAIN, retry.SHUTDOWN, retry.REQUEUE, retry.DISRUPTIONS
+# (The disruptions retry does not count are server.scheduling.retry's DRAIN, SHUTDOWN, REQUEUE.)
 
 
 @dataclass
