@@ -488,7 +488,7 @@ class Muster:
     # ------------------------------------------------------------ operations
 
     def known_gpu_models(self) -> set[str]:
-        return self.state.index.models()
+        return self.state.gpu_models()
 
     def queue(self, name: str) -> Queue | None:
         """A queue's record; the `default` queue always exists."""

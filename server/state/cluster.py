@@ -380,6 +380,11 @@ class ClusterState:
         self._settle()
         return self._index
 
+    def gpu_models(self) -> set[str]:
+        """GPU models of every known host. Allocations do not change them, so a deferred
+        index is not built to answer."""
+        return self._index.models()
+
     @property
     def faulted_work(self) -> set[str]:
         self._settle()

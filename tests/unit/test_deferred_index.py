@@ -46,6 +46,7 @@ def test_a_deferred_index_is_built_when_read_and_holds_what_the_leaders_holds() 
     w.cycle()
     running(w, "a", "b", "c")
     assert f._stale  # allocations followed, entries not yet rebuilt
+    assert f.gpu_models() == w.state.gpu_models() == {"H100"} and f._stale  # asked by every submission
     assert held(f) == held(w.state) and any(v[3] for v in held(f).values())
     assert not f._stale  # reading the index built them
     # A faulted GPU under a task: the faulted work is read through the same index.
