@@ -17,7 +17,8 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
 from server.health.rules import Health
-from server.replica import MAX_LIVE_OUTPUTS, Muster
+from server.operations.jobs import MAX_LIVE_OUTPUTS
+from server.replica import Muster
 from server.timefmt import parse_time
 from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for

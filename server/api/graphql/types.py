@@ -15,7 +15,8 @@ from strawberry.types import Info
 from server.api.graphql.context import muster, ts
 from server.api.graphql.errors import UserError
 from server.api.reads import reads_for
-from server.replica import MAX_LIVE_OUTPUTS, Muster
+from server.operations.jobs import MAX_LIVE_OUTPUTS
+from server.replica import Muster
 from server.scheduling import advance
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing, time_limit

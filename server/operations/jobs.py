@@ -1,0 +1,148 @@
+"""Operators' commands on jobs (cancel, update, requeue, cancel many), which the leader
+applies, and a running attempt's live output asked of its agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from server.operations.base import Operations
+from server.views.jobs import matches
+from wire import subjects
+from wire.errors import Forbidden, NotFound, StoreError, ValidationError
+from wire.messages import Command, Job, JobState, OutputReply, OutputRequest, decode, encode
+from wire.validation import validate_reason
+
+log = logging.getLogger(__name__)
+
+# Agents one request (a GraphQL query, a console page) asks for running attempts' output
+# (Muster.live_output): a page of running jobs, or a large gang's page polled every two
+# seconds, cannot become a request to every agent of the cluster.
+MAX_LIVE_OUTPUTS = 32
+
+# Jobs one cancelJobs request may cancel (run it again for more), the live jobs looked at
+# between two yields of the event loop, and the cancel commands published at once.
+MAX_CANCEL_MATCHING = 100_000
+CANCEL_SCAN_CHUNK = 20_000
+CANCEL_PUBLISH_CHUNK = 256
+
+
+
+class JobOperations(Operations):
+    def _live_job_for(self, job_id: str, queues: list[str] | None) -> Job:
+        """A job an operator acts on: it exists, `queues` (the caller's token's) allow its
+        queue, and it has not ended. Raises NotFound, Forbidden or ValidationError
+        (ALREADY_FINISHED)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        if queues is not None and job.spec.queue not in queues:
+            raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); "
+                            f"job {job_id} is in queue {job.spec.queue!r}")
+        if job.state.terminal:
+            raise ValidationError("id", f"job is already {job.state.value}", "ALREADY_FINISHED")
+        return job
+
+    async def _command(self, cmd: Command) -> None:
+        assert self.store is not None
+        try:
+            await self.store.js.publish(f"{subjects.CMDS_PREFIX}.{cmd.kind}", encode(cmd))
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"{cmd.kind}: {exc}") from exc
+
+    async def cancel(self, job_id: str, by: str, reason: str = "", queues: list[str] | None = None) -> None:
+        """Ask the leader to cancel a job. Raises NotFound, Forbidden when `queues` (the
+        caller's token's) leave the job's queue out, or ValidationError (ALREADY_FINISHED)
+        for a job that has ended."""
+        reason = validate_reason(reason)
+        self._live_job_for(job_id, queues)
+        await self._command(Command(kind="cancel", job_id=job_id, by=by, reason=reason))
+
+    async def update_job(self, job_id: str, by: str, *, priority: int | None = None, hold: bool | None = None,
+                         reason: str = "", queues: list[str] | None = None) -> None:
+        """Ask the leader to change a job that has not ended: its priority (-1000 to 1000),
+        and hold it (True: a QUEUED job stays queued but is not placed; `reason` says why)
+        or release it (False). Raises NotFound, Forbidden (`queues`, as cancel),
+        ValidationError (nothing to change, a priority out of range, holding a job that is
+        not QUEUED or is taking GPUs by preemption; ALREADY_FINISHED)."""
+        reason = validate_reason(reason)
+        if priority is None and hold is None:
+            raise ValidationError("input", "give a priority, or hold or release the job", "REQUIRED")
+        if priority is not None and not -1000 <= priority <= 1000:
+            raise ValidationError("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
+        job = self._live_job_for(job_id, queues)
+        if hold and (job.state is not JobState.QUEUED or job.preempting):
+            why = "it is taking GPUs by preemption" if job.preempting else f"it is {job.state.value}"
+            raise ValidationError("hold", f"only a queued job can be held; {why} (cancel it instead)", "NOT_QUEUED")
+        await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold))
+
+    async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
+                              limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
+        """Ask the leader to cancel every job that has not ended and matches `filters` (those
+        of views.jobs.matches: state, user, name, priority, submitted_after,
+        submitted_before, queue, group; at least one given), of the queues `queues` (the caller's
+        token's) allow: at most `limit`, the oldest first. Returns their ids. Raises
+        ValidationError (no filter, a limit out of range), Forbidden (a queue the token
+        may not act on), StoreError (NATS did not take a command: run it again)."""
+        reason = validate_reason(reason)
+        if not any(v not in (None, "", [], ()) for v in filters.values()):
+            raise ValidationError("filter", "give at least one filter (a name prefix, user, queue, state ...)",
+                                  "REQUIRED")
+        if not 1 <= limit <= MAX_CANCEL_MATCHING:
+            raise ValidationError("limit", f"must be from 1 to {MAX_CANCEL_MATCHING}", "OUT_OF_RANGE")
+        queue = filters.get("queue")
+        if queues is not None and queue is not None and queue not in queues:
+            raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); not of {queue!r}")
+        live = list(self.state.jobs.values())
+        found: list[Job] = []
+        for start in range(0, len(live), CANCEL_SCAN_CHUNK):
+            if start:
+                await asyncio.sleep(0)  # half a million live jobs: let the scheduler and the API run
+            found.extend(j for j in live[start:start + CANCEL_SCAN_CHUNK]
+                         if not j.state.terminal and (queues is None or j.spec.queue in queues)
+                         and matches(j, **filters))
+        found.sort(key=lambda j: (j.submitted_at, j.id))
+        ids = [j.id for j in found[:limit]]
+        assert self.store is not None
+        js = self.store.js
+        for start in range(0, len(ids), CANCEL_PUBLISH_CHUNK):
+            cmds = [encode(Command(kind="cancel", job_id=i, by=by, reason=reason))
+                    for i in ids[start:start + CANCEL_PUBLISH_CHUNK]]
+            try:
+                await asyncio.gather(*(js.publish(f"{subjects.CMDS_PREFIX}.cancel", c) for c in cmds))
+            except Exception as exc:  # noqa: BLE001
+                raise StoreError(f"cancel: {exc} (the first {start} were asked for; run it again)") from exc
+        return ids
+
+    async def requeue(self, job_id: str, by: str, reason: str = "", hold: bool = False,
+                      queues: list[str] | None = None) -> None:
+        """Ask the leader to stop a placed or running job's try and queue the job again
+        (the try is not counted against its attempts), held when `hold`. Raises NotFound,
+        Forbidden (`queues`, as cancel), ValidationError (NOT_RUNNING; ALREADY_FINISHED)."""
+        reason = validate_reason(reason)
+        job = self._live_job_for(job_id, queues)
+        if job.state not in (JobState.PLACED, JobState.RUNNING):
+            raise ValidationError("id", f"job {job_id} is {job.state.value}: only a placed or running job is "
+                                        "requeued", "NOT_RUNNING")
+        await self._command(Command(kind="requeue", job_id=job_id, by=by, reason=reason, hold=hold))
+
+    async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:
+        """A running attempt's output so far, asked of its host's agent; None when the agent
+        does not answer in time (gone, cut off, or an agent from before this request) or
+        runs no such attempt. A caller asks at most MAX_LIVE_OUTPUTS agents per request."""
+        reply = await self.live_output_reply(host_id, attempt_id, timeout_s)
+        return reply.output_tail if reply is not None else None
+
+    async def live_output_reply(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> OutputReply | None:
+        """The agent's answer for a running attempt (its output's tail, and how many bytes it
+        wrote in all), or None (as `live_output`)."""
+        assert self.store is not None
+        try:
+            msg = await self.store.nc.request(subjects.output_subject(host_id),
+                                              encode(OutputRequest(attempt_id=attempt_id)), timeout=timeout_s)
+            reply = decode(OutputReply, msg.data)
+        except Exception as exc:  # noqa: BLE001 - no responders, a timeout, a reply that does not decode
+            log.info("no output from %s for %s: %s", host_id, attempt_id, exc)
+            return None
+        return reply if reply.attempt_id == attempt_id and reply.running else None
