@@ -33,7 +33,7 @@ from bench.fairness import build_parser as fairness_parser
 from bench.inprocess import run_and_report
 from server.scheduling.backfill import ends_by_host, soonest_hosts
 from server.scheduling.capacity import Placer
-from server.scheduling.cycle.placing import RESERVE_SOONEST
+from server.scheduling.cycle.reserving import RESERVE_SOONEST
 from server.scheduling.planner import QueuePolicy, plan_cycle
 from wire.messages import JobSpec, JobState
 

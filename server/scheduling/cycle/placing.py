@@ -1,40 +1,34 @@
-"""Queued jobs admitted and placed in fair-share order (preempting where a queue may),
-hosts reserved for the jobs that wait longest, and the queues' decayed use brought up
-to date. Pure."""
+"""Queued jobs admitted and placed in fair-share order (`Placing`: preempting where a
+queue may, within the users' and groups' limits of `limits`, holding hosts for the jobs
+that wait longest through `reserving`), a placement written into the records, and the
+queues' decayed use brought up to date. Pure."""
 
 from __future__ import annotations
 
 import bisect
 import functools
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
-from server.scheduling import advance, fairshare, groups, maintenance, userfair
-from server.scheduling.backfill import Reservation, ends_by_host, kept_off, soonest_hosts
+from server.scheduling import advance, fairshare, maintenance, userfair
+from server.scheduling.backfill import ends_by_host, kept_off
 from server.scheduling.capacity import Placer
-from server.scheduling.cycle.admission import Admission, LiveTally, at_least, refused_whole
+from server.scheduling.cycle.admission import Admission, at_least, refused_whole
+from server.scheduling.cycle.limits import UserLimits
+from server.scheduling.cycle.reserving import Reserving, record_reservations
 from server.scheduling.cycle.victims import borrowed_from, foresee, paced, preempt_for, victims_live
 from server.scheduling.cycle.work import QueuePolicy, Work, job_event
-from server.scheduling.livecounts import queue_user
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
-    EPS,
     QueueBook,
     Refusal,
-    add_user,
     effective_time_limit,
-    job_gpus,
     job_size,
     label_conflict,
     task_demand,
 )
-from wire.messages import RESERVED_HOSTS_KEPT, Attempt, AttemptState, Job, JobSpec, JobState, Queue, Reserved, Task
-
-# Reservations: the hosts of the jobs whose time limit comes soonest are looked at as
-# well as those with the most free room (scheduling.backfill).
-RESERVE_SOONEST = 32
-RESERVE_TRIES = 4  # jobs a cycle looks for hosts to reserve for, past those it reserves for
+from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, Queue, Task
 
 
 def _placed(placer: Placer, spec: JobSpec) -> list[Choice] | None:
@@ -57,6 +51,378 @@ def _model_of(placer: Placer, choice: Choice) -> str:
     return ""
 
 
+class Placing:
+    """One cycle's placement of the queued jobs: the preemptors whose victims have stopped
+    first, then every queue's jobs in fair-share order, those within their queue's nominal
+    quota in a first pass and those that would borrow in a second; preemption for the jobs
+    that found no room, within the cycle's and each queue's limits; reservations for those
+    that waited longest (`reserving`)."""
+
+    def __init__(self, w: Work, placer: Placer, now: float, term: int, max_keys: int, placements: int | None,
+                 skip: Collection[str], policy: QueuePolicy) -> None:
+        self.w, self.placer, self.now, self.term, self.max_keys = w, placer, now, term, max_keys
+        self.placements, self.skip, self.policy = placements, skip, policy
+        adm = self.adm = Admission(w, now, policy)
+        self.book = adm.book
+        state = self.state = w.state
+        self._queued()
+        self._preemptors()
+        # Hosts kept for preemptors, counted once per preemptor keeping each: a host is let
+        # go as soon as the last preemptor keeping it is placed or gives up, so that what its
+        # victims freed beyond that preemptor's need goes to other jobs in the same cycle.
+        self.keeping = Counter(h for hosts in self.held.values() for h in hosts)
+        self.kept = set(self.keeping)
+        self.keeps = dict(self.held)  # preemptors not yet placed nor given up
+        self.closing = maintenance.KeptOff(state.maintenance, now)  # by time limit: hosts a window keeps
+        self.set_aside = advance.SetAside(state.advance, now)  # by queue and time limit: hosts set aside for others
+        self.limits = UserLimits(w, (*self.preempting, *self.starting), now, policy)
+        # The tasks on a host, each with when it is expected to have ended (this cycle's records).
+        ends = ends_by_host(lambda h: w.plan.allocs.get(h) or state.allocs.get(h), w.latest, state.deadlines, now)
+        self.reserving = Reserving(w, adm, placer, self.limits, policy, now, skip, self.closing, self.set_aside,
+                                   ends)
+        # Jobs that found no room, with why their quota refused them (None: no host had
+        # room), for preemption.
+        self.blocked: list[tuple[Job, Refusal | None]] = []
+        # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
+        # a job at least as large in every respect is refused too, and not looked at.
+        self.refused: dict[str, tuple[tuple[float, ...], Refusal]] = {}
+        # Per queue, the least demand of each resource its quota refused this cycle (any
+        # job's, on any model): once the list for preemption is full, a job asking at least
+        # that much of one resource on every model it may take is not looked at.
+        self.seen: dict[str, dict[str, float]] = {}
+        # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
+        # second pass, and none is placed in a cohort where a job within its nominal quota
+        # waits for victims to stop (what reclaim frees is not lent out again at once).
+        self.deferred: dict[str, list[Job]] = {}
+        self.starved: set[str | None] = set()  # cohorts with a preemption under way
+        ready_ids = {r.id for r in self.ready}
+        for job in [*self.preempting, *self.starting]:
+            if job.id not in ready_ids:
+                q = adm.queue(job)
+                self.starved.add(q.cohort if q is not None else None)
+        # Per queue, the size of a job (of any model) that would borrow: one at least as large
+        # would too, and waits for the second pass without its demand being worked out.
+        self.borrows: dict[str, tuple[float, ...]] = {}
+        self.within = True  # in the first pass
+        self.budget = policy.preemptions_per_cycle
+        self.tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
+        self.gave_up: set[str] = set()
+        # Queues with fair share between their users: their jobs in the users' order, from
+        # what each user holds as the cycle begins (scheduling.userfair).
+        for qn, queued in self.by_queue.items():
+            fq = self.book.queue(qn)
+            if fq is not None and fq.fair_share_users:
+                self.by_queue[qn] = userfair.interleaved(queued, self.limits.user_load(qn))
+
+    def _queued(self) -> None:
+        """The queued jobs: each queue's in its order as the state keeps it (scheduling.backlog),
+        with this cycle's changes (jobs it requeued or took out of the queue)."""
+        w = self.w
+        backlog, changed, jobs = w.state.backlog, w.plan.jobs, w.state.jobs
+        # A queue this cycle changed no job of is the state's list as it stands (kept by the
+        # backlog between cycles; never changed here: jobs put back go to fresh lists).
+        lists: dict[str, list[Job]] = {}
+        changed_queues = {j.spec.queue for j in changed.values()}
+        for qn in backlog.order:
+            listed = backlog.jobs_of(qn, jobs)
+            lists[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
+        self.preempting = [jobs[i] for i in backlog.preempting if i not in changed]
+        self.added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
+        for j in changed.values():
+            if j.state is JobState.QUEUED and not j.hold and not j.waiting_for:
+                if j.preempting:
+                    self.preempting.append(j)
+                else:
+                    bisect.insort(lists.setdefault(j.spec.queue, []), j, key=fairshare.order_key)
+                    self.added.setdefault(j.spec.queue, []).append(j)
+        # (In queues with fair share between their users, the users' order: set once the
+        # users' holdings are tallied.)
+        self.by_queue: dict[str, Sequence[Job]] = {qn: js for qn, js in lists.items() if js}
+        # Per queue, the smallest size of any of its jobs in each respect (None when one of
+        # them names GPU models): a refusal or a borrow at most that large covers them all.
+        # The state's figure may count jobs this cycle took out of the queue: a floor no
+        # higher than the true one, which only ever covers less.
+        self.least: dict[str, tuple[float, ...] | None] = {}
+
+    def _preemptors(self) -> None:
+        """Jobs that preempted others: wait while their victims stop; once all have, they
+        are placed before anything else, and the hosts the victims held are kept for them."""
+        w, adm = self.w, self.adm
+        self.ready: list[Job] = []
+        self.held: dict[str, set[str]] = {}
+        self.waiting: set[str] = set()  # hosts of victims still stopping
+        self.inflight: dict[str, int] = {}
+        for job in self.preempting:
+            live, hosts = victims_live(w, job)
+            self.held[job.id] = hosts
+            foresee(w, adm, job)
+            if live:
+                self.waiting |= hosts
+                self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + len(job.preempting)
+                continue
+            self.ready.append(job)
+        # Preemptions the commits in flight start count as under way too (their victims and
+        # hosts are frozen, so none is chosen twice): in the future book, the queues' limits
+        # and the cohorts that lend nothing new meanwhile.
+        self.starting = [j for j in w.pending.values()
+                         if j.state is JobState.QUEUED and j.preempting and j.id not in w.state.backlog.preempting]
+        for job in self.starting:
+            foresee(w, adm, job)
+            self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + len(job.preempting)
+        self.ready.sort(key=lambda j: (j.submitted_at, j.id))
+
+    # ------------------------------------------------------------ preemptors' hosts
+
+    def let_go_of(self, job: Job) -> None:
+        for h in self.keeps.pop(job.id, ()):
+            self.keeping[h] -= 1
+            if not self.keeping[h]:
+                self.kept.discard(h)
+
+    def give_up(self, job: Job) -> None:
+        """A preemptor that cannot be placed: its preemption is forgotten, its hosts let go."""
+        _forget_preemption(self.w, job, self.now)
+        self.let_go_of(job)
+
+    # ------------------------------------------------------------ shortcuts
+
+    def below_a_refusal(self, job: Job) -> bool:
+        """At least as large as a job its queue's quota refused this cycle (for jobs of any
+        model): refused too, unlooked at (placements only take, so it stays refused); kept
+        for preemption while the cycle may still look for victims."""
+        qn = job.spec.queue
+        floor = self.refused.get(qn)
+        full = 2 * self.policy.preemptions_per_cycle
+        if floor is None or job.spec.models() is not None or not at_least(job_size(job.spec), floor[0]):
+            hit = self.seen.get(qn)
+            return hit is not None and len(self.blocked) >= full and \
+                refused_whole(hit, job_size(job.spec), self.adm.models_of(qn, job.spec))
+        if len(self.blocked) < full and job.not_before <= self.now \
+                and job.id not in self.w.frozen_jobs and job.id not in self.skip:
+            self.blocked.append((job, floor[1]))
+        return True
+
+    def lowest(self, qn: str) -> tuple[float, ...] | None:
+        """The smallest of queue `qn`'s jobs in each respect (None: one names GPU models)."""
+        if qn not in self.least:
+            low = self.state.backlog.least(qn) if self.by_queue.get(qn) else None
+            more = self.added.get(qn, [])
+            if low is not None and any(j.spec.models() is not None for j in more):
+                low = None
+            if low is not None and more:
+                low = tuple(min(col) for col in zip(low, *(job_size(j.spec) for j in more), strict=True))
+            self.least[qn] = low
+        return self.least[qn]
+
+    def covers(self, floor: tuple[float, ...] | None, qn: str) -> bool:
+        """Whether every job of queue `qn` is at least as large as `floor`."""
+        if floor is None:
+            return False
+        low = self.lowest(qn)
+        return low is not None and at_least(low, floor)
+
+    def refused_rest(self, qn: str, i: int) -> bool:
+        """Once the list for preemption is full, a queue whose every job is below a refusal
+        is left at once: each of its jobs would be skipped."""
+        if len(self.blocked) < 2 * self.policy.preemptions_per_cycle:
+            return False
+        hit = self.refused.get(qn)
+        if hit is not None and self.covers(hit[0], qn):
+            return True
+        seen = self.seen.get(qn)
+        low = self.lowest(qn) if seen else None
+        return seen is not None and low is not None and refused_whole(seen, low, self.adm.models_of(qn, None))
+
+    def first_rest(self, qn: str, i: int) -> bool:
+        """Each of the queue's jobs from the i-th on would borrow (one at least as large as
+        each did, or the smallest would): all wait for the second pass."""
+        if self.covers(self.borrows.get(qn), qn) or ((low := self.lowest(qn)) is not None
+                                                     and self.adm.borrows(qn, low)):
+            self.deferred.setdefault(qn, []).extend(self.by_queue[qn][i:])
+            return True
+        return False
+
+    # ------------------------------------------------------------ the order
+
+    def first_pass(self) -> Iterator[Job]:
+        yield from self.ready
+        shortcuts = self.policy.shortcuts
+        for job in fairshare.admission_order(self.by_queue, self.adm.shares.share,
+                                             self.first_rest if shortcuts else None):
+            qn = job.spec.queue
+            size = job_size(job.spec)
+            floor = self.borrows.get(qn)
+            unconstrained = job.spec.models() is None and shortcuts
+            if (unconstrained and floor is not None and at_least(size, floor)) \
+                    or self.book.would_borrow(qn, self.adm.demand(job)):
+                self.deferred.setdefault(qn, []).append(job)
+                if unconstrained and (floor is None or at_least(floor, size)):
+                    self.borrows[qn] = size  # the smallest known to borrow
+            else:
+                yield job
+
+    def second_pass(self) -> Iterator[Job]:
+        book, starved = self.book, self.starved
+
+        def lends(name: str) -> bool:
+            q = book.queue(name)
+            return q is None or not starved or (q.cohort not in starved and bool(q.quota))
+
+        yield from fairshare.admission_order({n: js for n, js in self.deferred.items() if lends(n)},
+                                             self.adm.shares.share,
+                                             self.refused_rest if self.policy.shortcuts else None)
+
+    def order(self) -> Iterator[Job]:
+        yield from self.first_pass()
+        if self.budget > 0:
+            self.preempt_blocked()
+        self.within = False
+        yield from self.second_pass()
+
+    def wait_for_reclaim(self, job: Job) -> None:
+        """A job within its queue's nominal quota found no room: what borrowers would take
+        now is what reclaim will take back, so the cohort lends nothing new this cycle;
+        unless no queue reclaim takes from borrows what the job wants. Then room can come
+        only from jobs ending, and what is free now (too little, or too scattered, for the
+        job) is lent: a borrower placed now is what a later reclaim takes back."""
+        q = self.adm.queue(job)
+        if self.within and q is not None and q.reclaim and q.cohort is not None and q.cohort not in self.starved \
+                and borrowed_from(self.adm, job, q):
+            self.starved.add(q.cohort)
+
+    # ------------------------------------------------------------ where a job may go
+
+    def exclusion(self, job: Job, q: Queue | None) -> AbstractSet[str]:
+        """The hosts `job` may not take this cycle. Hosts kept for preemptors: a preemptor
+        whose victims have stopped may use any but those still stopping for others; any
+        other job none of them. Hosts reserved for another job, unless this one's time
+        limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs).
+        And hosts a maintenance window will drain before its time limit would end it, or
+        an advance reservation for other queues sets aside (open, or its limit running into
+        it). A set shared with other jobs when one alone holds them all (a large maintenance
+        window or reservation is not copied for every job)."""
+        held = self.held
+        parts: list[AbstractSet[str]] = [frozenset((self.waiting - held[job.id]) if job.id in held else self.kept)]
+        reservations = self.reserving.made
+        if reservations or self.state.maintenance or self.set_aside:
+            limit = effective_time_limit(job.spec, q)
+            parts.append(self.closing(limit))  # maintenance windows its time limit would run into
+            parts.append(self.set_aside(job.spec.queue, job.spec.user, limit))
+            for r in reservations.values():
+                if r.job_id != job.id:
+                    held_for = self.w.latest(r.job_id)
+                    parts.append(kept_off(job.spec, limit, self.now, r, held_for.spec if held_for else None,
+                                          self.placer.view))
+        parts = [p for p in parts if p]
+        if len(parts) <= 1:
+            return parts[0] if parts else frozenset()
+        return frozenset().union(*parts)
+
+    # ------------------------------------------------------------ preemption
+
+    def preempt_blocked(self) -> None:
+        """Preemption, for the jobs that could not be placed, in admission order, within
+        the cycle's and each queue's limits."""
+        w, adm, policy = self.w, self.adm, self.policy
+        self.gave_up.update(j for j in self.held if j in w.plan.jobs and not w.plan.jobs[j].preempting)
+        for job, refusal in self.blocked:
+            if self.budget <= 0 or self.tries <= 0 or w.plan.keys + 4 > self.max_keys:
+                break
+            if job.id in w.frozen_jobs or job.id in self.skip or job.id in self.gave_up or w.busy(job.id) \
+                    or job.not_before > self.now:
+                continue
+            current = w.plan.jobs.get(job.id, job)
+            if current.state is not JobState.QUEUED or current.preempting:
+                continue
+            cq = adm.queue(current)
+            if self.limits.waits(current, cq):
+                continue
+            self.tries -= 1
+            self.placer.exclude = self.exclusion(current, cq)  # its victims are looked for where it may go
+            n = preempt_for(w, adm, self.placer, current, refusal, self.now, self.max_keys,
+                            paced(self.budget, policy.preemptions_per_cycle), self.inflight)
+            if n:
+                self.limits.claim(current, cq)
+                self.budget -= n
+                self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + n
+                q = adm.queue(job)
+                self.starved.add(q.cohort if q is not None else None)
+        self.blocked.clear()
+
+    # ------------------------------------------------------------ the cycle's placements
+
+    def run(self) -> None:
+        w, placer, now, max_keys, limits = self.w, self.placer, self.now, self.max_keys, self.limits
+        reserving = self.reserving
+        complete = True  # every queued job looked at (no break): a reservation not made is none
+        for job in self.order():
+            if w.plan.keys + 2 > max_keys or (self.placements is not None and w.plan.placed >= self.placements):
+                complete = False
+                break
+            if job.id in w.frozen_jobs or job.id in self.skip:
+                continue
+            if w.plan.keys + 1 + job.spec.replicas > max_keys:
+                continue  # a gang too large for what is left of this commit: next cycle
+            if job.not_before > now:
+                continue
+            q = self.adm.queue(job)
+            if q is None:
+                continue  # its queue was deleted: it waits until one of that name exists
+            if label_conflict(job.spec, q):  # the queue moved to hosts its own labels rule out
+                if job.preempting:
+                    self.give_up(job)
+                continue
+            if limits.waits(job, q):
+                if job.preempting:
+                    self.give_up(job)  # its limit changed: what its victims freed goes to others
+                continue
+            if self.below_a_refusal(job):
+                continue
+            size = job_size(job.spec)
+            placer.exclude = self.exclusion(job, q)
+            spec, refusal = self.adm.restrict(job, self.seen.setdefault(job.spec.queue, {})
+                                              if self.policy.shortcuts else None)
+            if spec is None:
+                if job.spec.models() is None and refusal is not None and not job.preempting:
+                    self.refused.setdefault(job.spec.queue, (size, refusal))
+                if job.preempting:
+                    self.give_up(job)
+                self.blocked.append((job, refusal))
+                if refusal is not None and refusal.within_nominal:
+                    self.wait_for_reclaim(job)
+                continue
+            # A job that open advance reservations admit (its queue or user) goes to their hosts first.
+            own = self.set_aside.own(job.spec.queue, job.spec.user) if self.set_aside else frozenset()
+            choices = placer.within(own, functools.partial(_placed, placer, spec)) if own else None
+            if choices is None:
+                choices = _placed(placer, spec)
+            if choices is None:
+                if job.preempting:
+                    self.give_up(job)
+                self.blocked.append((job, None))
+                self.wait_for_reclaim(job)
+                reserving.reserve_for(job, spec)
+                continue
+            for c in choices:
+                placer.reserve(c, spec)
+            # Placed (on its reserved hosts, or where it found room first): what it left free
+            # there is for the jobs after it, and its slot for another.
+            reserving.made.pop(job.id, None)
+            copy = w.job(job.id)
+            assert copy is not None
+            job = copy
+            job.reserved = None
+            if not job.preempting:  # a preemptor's GPUs were counted as its claim
+                limits.claim(job, q)
+            job.preempting = []
+            _start_try(w, placer, self.book, job, choices, q, self.term, now)
+            self.let_go_of(job)
+        w.plan.reservations = list(reserving.made.values())  # in the order they were made
+        record_reservations(w, w.plan.reservations, complete, now, max_keys, self.skip)
+        if self.budget > 0:
+            self.preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+
+
 def place_queued(
     w: Work,
     placer: Placer,
@@ -67,462 +433,8 @@ def place_queued(
     skip: Collection[str] = (),
     policy: QueuePolicy | None = None,
 ) -> None:
-    policy = policy or QueuePolicy()
-    adm = Admission(w, now, policy)
-    book = adm.book
-    # The queued jobs: each queue's in its order as the state keeps it (scheduling.backlog),
-    # with this cycle's changes (jobs it requeued or took out of the queue).
-    state, backlog, changed = w.state, w.state.backlog, w.plan.jobs
-    jobs = state.jobs
-    # A queue this cycle changed no job of is the state's list as it stands (kept by the
-    # backlog between cycles; never changed here: jobs put back go to fresh lists).
-    lists: dict[str, list[Job]] = {}
-    changed_queues = {j.spec.queue for j in changed.values()}
-    for qn in backlog.order:
-        listed = backlog.jobs_of(qn, jobs)
-        lists[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
-    preempting = [jobs[i] for i in backlog.preempting if i not in changed]
-    added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
-    for j in changed.values():
-        if j.state is JobState.QUEUED and not j.hold and not j.waiting_for:
-            if j.preempting:
-                preempting.append(j)
-            else:
-                bisect.insort(lists.setdefault(j.spec.queue, []), j, key=fairshare.order_key)
-                added.setdefault(j.spec.queue, []).append(j)
-    # (In queues with fair share between their users, the users' order: set below, once
-    # the users' holdings are tallied.)
-    by_queue: dict[str, Sequence[Job]] = {qn: jobs for qn, jobs in lists.items() if jobs}
-    # Jobs that preempted others: wait while their victims stop; once all have, they
-    # are placed before anything else, and the hosts the victims held are kept for them.
-    ready: list[Job] = []
-    held: dict[str, set[str]] = {}
-    waiting: set[str] = set()  # hosts of victims still stopping
-    inflight: dict[str, int] = {}
-    for job in preempting:
-        live, hosts = victims_live(w, job)
-        held[job.id] = hosts
-        foresee(w, adm, job)
-        if live:
-            waiting |= hosts
-            inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
-            continue
-        ready.append(job)
-    # Preemptions the commits in flight start count as under way too (their victims and
-    # hosts are frozen, so none is chosen twice): in the future book, the queues' limits
-    # and the cohorts that lend nothing new meanwhile.
-    starting = [j for j in w.pending.values()
-                if j.state is JobState.QUEUED and j.preempting and j.id not in backlog.preempting]
-    for job in starting:
-        foresee(w, adm, job)
-        inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + len(job.preempting)
-    # Per queue, the smallest size of any of its jobs in each respect (None when one of
-    # them names GPU models): a refusal or a borrow at most that large covers them all.
-    # The state's figure may count jobs this cycle took out of the queue: a floor no
-    # higher than the true one, which only ever covers less.
-    least: dict[str, tuple[float, ...] | None] = {}
-    ready.sort(key=lambda j: (j.submitted_at, j.id))
-    # Hosts kept for preemptors, counted once per preemptor keeping each: a host is let
-    # go as soon as the last preemptor keeping it is placed or gives up, so that what its
-    # victims freed beyond that preemptor's need goes to other jobs in the same cycle.
-    keeping = Counter(h for hosts in held.values() for h in hosts)
-    kept = set(keeping)
-    keeps = dict(held)  # preemptors not yet placed nor given up
-
-    def let_go_of(job: Job) -> None:
-        for h in keeps.pop(job.id, ()):
-            keeping[h] -= 1
-            if not keeping[h]:
-                kept.discard(h)
-
-    def give_up(job: Job) -> None:
-        """A preemptor that cannot be placed: its preemption is forgotten, its hosts let go."""
-        _forget_preemption(w, job, now)
-        let_go_of(job)
-
-    reservations: dict[str, Reservation] = {}  # job id -> its reservation, this cycle's
-    closing = maintenance.KeptOff(state.maintenance, now)  # by time limit: hosts a window keeps
-    set_aside = advance.SetAside(state.advance, now)  # by queue and time limit: hosts set aside for others
-    tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
-    reserving = RESERVE_TRIES + policy.reserve_jobs
-
-    # The tasks on a host, each with when it is expected to have ended (this cycle's records).
-    ends = ends_by_host(lambda h: w.plan.allocs.get(h) or state.allocs.get(h), w.latest, state.deadlines, now)
-
-    def holders() -> list[tuple[Job, JobSpec]]:
-        """The jobs whose records hold a reservation, with the specs to place them with,
-        while they still wait for room only (queued, not placed nor preempting, admitted
-        by their quota and their user's limit) and have waited long enough; longest held
-        first."""
-        out = []
-        for job_id in state.reserved:
-            job = w.latest(job_id)
-            if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
-                    or job.id in w.frozen_jobs or job.id in skip or job.not_before > now \
-                    or now - job.submitted_at < policy.reserve_after_s or job.id in tried:
-                continue
-            q = adm.queue(job)
-            if q is None or over_user_limit(job, q) or waits_for_group(job):
-                continue
-            spec, _refusal = adm.restrict(job)
-            if spec is not None:
-                out.append((job, spec))
-        return sorted(out, key=lambda js: (js[0].reserved.since if js[0].reserved else now, js[0].id))
-
-    def reserve(job: Job, spec: JobSpec) -> None:
-        """Hold hosts for `job` where it could start soonest, none of another
-        reservation's nor of a maintenance window or an advance reservation for other
-        queues its time limit would run into, if it may hold them. A gang that finds
-        fewer hosts than it has tasks holds them only while other reservations hold the
-        rest: where the hosts it may use are too few even without those, holding some
-        would keep them idle for a start that cannot come."""
-        tried.add(job.id)
-        held = placer.exclude
-        limit = effective_time_limit(job.spec, adm.queue(job))
-        apart = held | closing(limit) | set_aside(job.spec.queue, job.spec.user, limit)
-        placer.exclude = apart | {h for r in reservations.values() for h in r.hosts}
-        soonest = soonest_hosts(state.deadlines, jobs.get, RESERVE_SOONEST)
-        got = placer.reservation_for(job.id, spec, now, ends, soonest)
-        if got.hosts and not spec.same_rack and len(got.hosts) < spec.replicas:
-            placer.exclude = apart
-            if len(placer.reservation_for(job.id, spec, now, ends, soonest).hosts) < spec.replicas:
-                got = Reservation(job.id, frozenset(), got.start)
-        placer.exclude = held
-        waited = now - job.submitted_at
-        if got.hosts and (got.known() or waited < policy.reserve_after_s + policy.reserve_max_s):
-            reservations[job.id] = got
-
-    def reserve_for(job: Job, spec: JobSpec) -> None:
-        """Hold hosts for a job that found no room, once it has waited long enough."""
-        nonlocal reserving
-        waited = now - job.submitted_at
-        if len(reservations) >= policy.reserve_jobs or not reserving or job.preempting \
-                or waited < policy.reserve_after_s or job.id in tried:
-            return
-        # The first jobs a cycle that waited and found no room and that some hosts could
-        # ever take; a few tries more, so that jobs no host can take do not cost more.
-        # A job that holds a reservation keeps it while it still waits, and waits only for
-        # room, even if other jobs that find no room now come first (jobs ahead of it
-        # that fit are placed as ever: a reservation never reorders the queue): the
-        # holders are served first, the oldest reservation first.
-        reserving -= 1
-        for keeper, keeper_spec in holders():
-            if len(reservations) >= policy.reserve_jobs:
-                return
-            reserve(keeper, keeper_spec)
-        if len(reservations) < policy.reserve_jobs and job.id not in tried:
-            reserve(job, spec)
-    blocked: list[tuple[Job, Refusal | None]] = []
-    # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
-    # a job at least as large in every respect is refused too, and not looked at.
-    refused: dict[str, tuple[tuple[float, ...], Refusal]] = {}
-    # Per queue, the least demand of each resource its quota refused this cycle (any
-    # job's, on any model): once the list for preemption is full, a job asking at least
-    # that much of one resource on every model it may take is not looked at.
-    seen: dict[str, dict[str, float]] = {}
-
-    # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
-    # second pass, and none is placed in a cohort where a job within its nominal quota
-    # waits for victims to stop (what reclaim frees is not lent out again at once).
-    deferred: dict[str, list[Job]] = {}
-    starved: set[str | None] = set()  # cohorts with a preemption under way
-    ready_ids = {r.id for r in ready}
-    for job in [*preempting, *starting]:
-        if job.id not in ready_ids:
-            q = adm.queue(job)
-            starved.add(q.cohort if q is not None else None)
-
-    def below_a_refusal(job: Job) -> bool:
-        """At least as large as a job its queue's quota refused this cycle (for jobs of any
-        model): refused too, unlooked at (placements only take, so it stays refused); kept
-        for preemption while the cycle may still look for victims."""
-        qn = job.spec.queue
-        floor = refused.get(qn)
-        if floor is None or job.spec.models() is not None or not at_least(job_size(job.spec), floor[0]):
-            hit = seen.get(qn)
-            return hit is not None and len(blocked) >= 2 * policy.preemptions_per_cycle and \
-                refused_whole(hit, job_size(job.spec), adm.models_of(qn, job.spec))
-        if len(blocked) < 2 * policy.preemptions_per_cycle and job.not_before <= now \
-                and job.id not in w.frozen_jobs and job.id not in skip:
-            blocked.append((job, floor[1]))
-        return True
-
-    # Per queue, the size of a job (of any model) that would borrow: one at least as large
-    # would too, and waits for the second pass without its demand being worked out.
-    borrows: dict[str, tuple[float, ...]] = {}
-
-    def lowest(qn: str) -> tuple[float, ...] | None:
-        """The smallest of queue `qn`'s jobs in each respect (None: one names GPU models)."""
-        if qn not in least:
-            low = backlog.least(qn) if by_queue.get(qn) else None
-            more = added.get(qn, [])
-            if low is not None and any(j.spec.models() is not None for j in more):
-                low = None
-            if low is not None and more:
-                low = tuple(min(col) for col in zip(low, *(job_size(j.spec) for j in more), strict=True))
-            least[qn] = low
-        return least[qn]
-
-    def covers(floor: tuple[float, ...] | None, qn: str) -> bool:
-        """Whether every job of queue `qn` is at least as large as `floor`."""
-        if floor is None:
-            return False
-        low = lowest(qn)
-        return low is not None and at_least(low, floor)
-
-    def refused_rest(qn: str, i: int) -> bool:
-        """Once the list for preemption is full, a queue whose every job is below a refusal
-        is left at once: each of its jobs would be skipped."""
-        if len(blocked) < 2 * policy.preemptions_per_cycle:
-            return False
-        hit = refused.get(qn)
-        if hit is not None and covers(hit[0], qn):
-            return True
-        low = lowest(qn) if seen.get(qn) else None
-        return low is not None and refused_whole(seen[qn], low, adm.models_of(qn, None))
-
-    def first_rest(qn: str, i: int) -> bool:
-        # Each would borrow (one at least as large as each did, or the smallest would):
-        # all wait for the second pass.
-        if covers(borrows.get(qn), qn) or ((low := lowest(qn)) is not None and adm.borrows(qn, low)):
-            deferred.setdefault(qn, []).extend(by_queue[qn][i:])
-            return True
-        return False
-
-    def first_pass() -> Iterator[Job]:
-        yield from ready
-        for job in fairshare.admission_order(by_queue, adm.shares.share, first_rest if policy.shortcuts else None):
-            qn = job.spec.queue
-            size = job_size(job.spec)
-            floor = borrows.get(qn)
-            unconstrained = job.spec.models() is None and policy.shortcuts
-            if (unconstrained and floor is not None and at_least(size, floor)) \
-                    or book.would_borrow(qn, adm.demand(job)):
-                deferred.setdefault(qn, []).append(job)
-                if unconstrained and (floor is None or at_least(floor, size)):
-                    borrows[qn] = size  # the smallest known to borrow
-            else:
-                yield job
-
-    def second_pass() -> Iterator[Job]:
-        def lends(name: str) -> bool:
-            q = book.queue(name)
-            return q is None or not starved or (q.cohort not in starved and bool(q.quota))
-
-        yield from fairshare.admission_order({n: js for n, js in deferred.items() if lends(n)}, adm.shares.share,
-                                             refused_rest if policy.shortcuts else None)
-
-    within = [True]  # in the first pass
-
-    def order() -> Iterator[Job]:
-        yield from first_pass()
-        if budget > 0:
-            preempt_blocked()
-        within[0] = False
-        yield from second_pass()
-
-    def wait_for_reclaim(job: Job) -> None:
-        """A job within its queue's nominal quota found no room: what borrowers would take
-        now is what reclaim will take back, so the cohort lends nothing new this cycle;
-        unless no queue reclaim takes from borrows what the job wants. Then room can come
-        only from jobs ending, and what is free now (too little, or too scattered, for the
-        job) is lent: a borrower placed now is what a later reclaim takes back."""
-        q = adm.queue(job)
-        if within[0] and q is not None and q.reclaim and q.cohort is not None and q.cohort not in starved \
-                and borrowed_from(adm, job, q):
-            starved.add(q.cohort)
-
-    budget = policy.preemptions_per_cycle
-    tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
-    gave_up: set[str] = set()
-
-    def exclusion(job: Job, q: Queue | None) -> AbstractSet[str]:
-        """The hosts `job` may not take this cycle. Hosts kept for preemptors: a preemptor
-        whose victims have stopped may use any but those still stopping for others; any
-        other job none of them. Hosts reserved for another job, unless this one's time
-        limit ends it by then (or, wanting no GPU, it leaves what the reserved job needs).
-        And hosts a maintenance window will drain before its time limit would end it, or
-        an advance reservation for other queues sets aside (open, or its limit running into
-        it). A set shared with other jobs when one alone holds them all (a large maintenance
-        window or reservation is not copied for every job)."""
-        parts: list[AbstractSet[str]] = [frozenset((waiting - held[job.id]) if job.id in held else kept)]
-        if reservations or state.maintenance or set_aside:
-            limit = effective_time_limit(job.spec, q)
-            parts.append(closing(limit))  # maintenance windows its time limit would run into
-            parts.append(set_aside(job.spec.queue, job.spec.user, limit))
-            for r in reservations.values():
-                if r.job_id != job.id:
-                    held_for = w.latest(r.job_id)
-                    parts.append(kept_off(job.spec, limit, now, r, held_for.spec if held_for else None, placer.view))
-        parts = [p for p in parts if p]
-        if len(parts) <= 1:
-            return parts[0] if parts else frozenset()
-        return frozenset().union(*parts)
-
-    def preempt_blocked() -> None:
-        """Preemption, for the jobs that could not be placed, in admission order, within
-        the cycle's and each queue's limits."""
-        nonlocal budget, tries
-        gave_up.update(j for j in held if j in w.plan.jobs and not w.plan.jobs[j].preempting)
-        for job, refusal in blocked:
-            if budget <= 0 or tries <= 0 or w.plan.keys + 4 > max_keys:
-                break
-            if job.id in w.frozen_jobs or job.id in skip or job.id in gave_up or w.busy(job.id) \
-                    or job.not_before > now:
-                continue
-            current = w.plan.jobs.get(job.id, job)
-            if current.state is not JobState.QUEUED or current.preempting:
-                continue
-            cq = adm.queue(current)
-            if cq is not None and over_user_limit(current, cq) or waits_for_group(current):
-                continue
-            tries -= 1
-            placer.exclude = exclusion(current, cq)  # its victims are looked for where it may go
-            n = preempt_for(w, adm, placer, current, refusal, now, max_keys,
-                            paced(budget, policy.preemptions_per_cycle), inflight)
-            if n:
-                claim(current, cq)
-                budget -= n
-                inflight[job.spec.queue] = inflight.get(job.spec.queue, 0) + n
-                q = adm.queue(job)
-                starved.add(q.cohort if q is not None else None)
-        blocked.clear()
-
-    # Per queue with a per-user GPU limit: the GPUs each user's jobs hold, this cycle's
-    # changes so far included (reports, cancels, replacements), plus what the user's
-    # preemptors will take (their victims' GPUs are theirs) and what this cycle places.
-    by_user: dict[str, dict[str, float]] = {}
-
-    def tally(qn: str) -> dict[str, float]:
-        if qn not in by_user:
-            # The state's figures (kept as records arrive), with this cycle's changes and
-            # the commits in flight in place of the records they replace.
-            theirs = {qn: dict(state.user_usage.get(qn, {}))}
-            for old, new in w.replaced():
-                if old is not None and old.spec.queue == qn:
-                    add_user(theirs, old, -1.0)
-                if new.spec.queue == qn:
-                    add_user(theirs, new, 1.0)
-            users = theirs.get(qn, {})
-            for j in (*preempting, *starting):
-                if j.spec.queue == qn and j.spec.wants_gpu():
-                    users[j.spec.user] = users.get(j.spec.user, 0.0) + job_gpus(j.spec)
-            by_user[qn] = users
-        return by_user[qn]
-
-    # Jobs placed or running per user and job group, and per queue and user: the state's
-    # counts with this cycle's changes and the commits in flight, then what it places.
-    in_group = LiveTally(w, state.group_live)
-    user_jobs = LiveTally(w, state.user_live)
-
-    def over_user_limit(job: Job, q: Queue) -> bool:
-        """The job would take its user past one of its queue's per-user limits, of GPUs or
-        of jobs placed or running: it waits, and is not a reason to preempt anything
-        (other users' jobs of the queue go on). A preemptor's own claim is counted already."""
-        if q.max_running_jobs_per_user and user_jobs.get(queue_user(job)) - bool(job.preempting) \
-                >= q.max_running_jobs_per_user:
-            return True
-        if not q.max_gpus_per_user or not job.spec.wants_gpu():
-            return False
-        own = job_gpus(job.spec) if job.preempting else 0.0
-        return tally(job.spec.queue).get(job.spec.user, 0.0) - own + job_gpus(job.spec) > q.max_gpus_per_user + EPS
-
-    def waits_for_group(job: Job) -> bool:
-        """The job's group has its limit of jobs placed or running: it waits its turn, and
-        is not a reason to preempt anything. A preemptor is counted in its group already."""
-        k = groups.key(job)
-        return k is not None and groups.waits(job, in_group.get(k) - bool(job.preempting))
-
-    def claim(job: Job, q: Queue | None) -> None:
-        """Count a job placed, or one whose preemption starts, against its user's limits and
-        its group's."""
-        if q is not None and q.max_gpus_per_user and job.spec.wants_gpu():
-            users = tally(job.spec.queue)
-            users[job.spec.user] = users.get(job.spec.user, 0.0) + job_gpus(job.spec)
-        if q is not None and q.max_running_jobs_per_user:
-            user_jobs.add(queue_user(job))
-        k = groups.key(job)
-        if k is not None:
-            in_group.add(k)
-
-    # Queues with fair share between their users: their jobs in the users' order, from
-    # what each user holds as the cycle begins (scheduling.userfair).
-    def user_load(qn: str) -> Callable[[str], userfair.Load]:
-        past_gpus, past_jobs = fairshare.past_users(state.queue_past.get(qn), now, policy.half_life_s)
-        return lambda user: (tally(qn).get(user, 0.0) + past_gpus.get(user, 0.0),
-                             user_jobs.get((qn, user)) + past_jobs.get(user, 0.0))
-
-    for qn, queued in by_queue.items():
-        fq = book.queue(qn)
-        if fq is not None and fq.fair_share_users:
-            by_queue[qn] = userfair.interleaved(queued, user_load(qn))
-
-    complete = True  # every queued job looked at (no break): a reservation not made is none
-    for job in order():
-        if w.plan.keys + 2 > max_keys or (placements is not None and w.plan.placed >= placements):
-            complete = False
-            break
-        if job.id in w.frozen_jobs or job.id in skip:
-            continue
-        if w.plan.keys + 1 + job.spec.replicas > max_keys:
-            continue  # a gang too large for what is left of this commit: next cycle
-        if job.not_before > now:
-            continue
-        q = adm.queue(job)
-        if q is None:
-            continue  # its queue was deleted: it waits until one of that name exists
-        if label_conflict(job.spec, q):  # the queue moved to hosts its own labels rule out
-            if job.preempting:
-                give_up(job)
-            continue
-        if over_user_limit(job, q) or waits_for_group(job):
-            if job.preempting:
-                give_up(job)  # its limit changed: what its victims freed goes to others
-            continue
-        if below_a_refusal(job):
-            continue
-        size = job_size(job.spec)
-        placer.exclude = exclusion(job, q)
-        spec, refusal = adm.restrict(job, seen.setdefault(job.spec.queue, {}) if policy.shortcuts else None)
-        if spec is None:
-            if job.spec.models() is None and refusal is not None and not job.preempting:
-                refused.setdefault(job.spec.queue, (size, refusal))
-            if job.preempting:
-                give_up(job)
-            blocked.append((job, refusal))
-            if refusal is not None and refusal.within_nominal:
-                wait_for_reclaim(job)
-            continue
-        # A job that open advance reservations admit (its queue or user) goes to their hosts first.
-        own = set_aside.own(job.spec.queue, job.spec.user) if set_aside else frozenset()
-        choices = placer.within(own, functools.partial(_placed, placer, spec)) if own else None
-        if choices is None:
-            choices = _placed(placer, spec)
-        if choices is None:
-            if job.preempting:
-                give_up(job)
-            blocked.append((job, None))
-            wait_for_reclaim(job)
-            reserve_for(job, spec)
-            continue
-        for c in choices:
-            placer.reserve(c, spec)
-        # Placed (on its reserved hosts, or where it found room first): what it left free
-        # there is for the jobs after it, and its slot for another.
-        reservations.pop(job.id, None)
-        copy = w.job(job.id)
-        assert copy is not None
-        job = copy
-        job.reserved = None
-        if not job.preempting:  # a preemptor's GPUs were counted as its claim
-            claim(job, q)
-        job.preempting = []
-        _start_try(w, placer, book, job, choices, q, term, now)
-        let_go_of(job)
-    w.plan.reservations = list(reservations.values())  # in the order they were made
-    record_reservations(w, w.plan.reservations, complete, now, max_keys, skip)
-    if budget > 0:
-        preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+    """Place this cycle's queued jobs (`Placing`)."""
+    Placing(w, placer, now, term, max_keys, placements, skip, policy or QueuePolicy()).run()
 
 
 def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list[Choice], q: Queue, term: int,
@@ -582,53 +494,6 @@ def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list
     assert attempt is not None
     w.plan.placed += 1
     w.plan.events.append(job_event("job.placed", job, attempt, now))
-
-
-# A reservation's start written again into its job's record only once it moved this much.
-RESERVED_START_SLACK_S = 30.0
-
-
-def record_reservations(w: Work, reservations: Sequence[Reservation], complete: bool, now: float, max_keys: int,
-                        skip: Collection[str]) -> None:
-    """Keep `Job.reserved` in the records: each job this cycle reserved for gets it when
-    it is new or has changed (hosts, or its start by more than RESERVED_START_SLACK_S);
-    the other queued jobs that have one lose it, once a cycle has looked at every queued
-    job or made a reservation (which looks at every job that holds one first; a cycle cut
-    short before either says nothing of them). Records in flight or left alone (`skip`)
-    wait for a later cycle."""
-    def writable(job_id: str) -> Job | None:
-        if job_id in w.frozen_jobs or job_id in skip:
-            return None
-        cur = w.latest(job_id)
-        if cur is None or cur.state is not JobState.QUEUED:
-            return None
-        if job_id not in w.plan.jobs and w.plan.keys + 1 > max_keys:
-            return None
-        return w.job(job_id)
-
-    kept = {r.job_id for r in reservations}
-    if complete or reservations:
-        for job_id in sorted(w.state.reserved - kept):
-            job = writable(job_id)
-            if job is not None:
-                job.reserved = None
-    for reservation in reservations:
-        _record(w, reservation, now, writable)
-
-
-def _record(w: Work, reservation: Reservation, now: float, writable: Callable[[str], Job | None]) -> None:
-    cur = w.latest(reservation.job_id)
-    old = cur.reserved if cur is not None else None
-    hosts = sorted(reservation.hosts)
-    new = Reserved(hosts=hosts[:RESERVED_HOSTS_KEPT], host_count=len(hosts),
-                   start=reservation.start if reservation.known() else None, since=old.since if old else now)
-    if old is not None and (old.hosts, old.host_count) == (new.hosts, new.host_count) and (
-            old.start == new.start if old.start is None or new.start is None
-            else abs(new.start - old.start) <= RESERVED_START_SLACK_S):
-        return
-    job = writable(reservation.job_id)
-    if job is not None:
-        job.reserved = new
 
 
 def _forget_preemption(w: Work, job: Job, now: float) -> None:
