@@ -24,16 +24,24 @@ WRONG_MODEL = "wrong GPU model"
 TOO_FEW_GPUS = "not enough GPUs on host"
 NO_FREE_GPUS = "not enough free GPUs"
 NO_FREE_SHARE = "no GPU with enough free share"
+TOO_LITTLE_GPU_MEMORY = "no GPU with that much memory on host"
 NO_FREE_GPU_MEMORY = "no GPU with enough free GPU memory"
 NO_MIG = "no MIG instance of that profile"
 NO_FREE_MIG = "no free MIG instance of that profile"
+TOO_FEW_CPUS = "not enough CPUs on host"
 NO_FREE_CPU = "not enough free CPU"
+TOO_LITTLE_MEMORY = "not enough memory on host"
 NO_FREE_MEMORY = "not enough free memory"
 TOO_MANY_TASKS = "host runs its maximum number of tasks"
 RECORD_FULL = "host's assignment record is full"
 NO_LABELS = "host lacks a required label"
-REASONS = (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE, NO_FREE_GPU_MEMORY,
-           NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
+REASONS = (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
+           TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
+           TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
+# The reasons a host gives however little it runs: it could not take the job even idle.
+NEVER = frozenset({NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, TOO_LITTLE_GPU_MEMORY, NO_MIG, TOO_FEW_CPUS,
+                   TOO_LITTLE_MEMORY})
+NEVER_DETAIL = "these hosts could not take it even idle"
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
 MAX_TASKS_PER_HOST = 256
@@ -208,7 +216,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
             if spec.gpu_memory_mb:
                 fits = host.share_options(spec.gpu_share, spec.gpu_memory_mb, accept)
                 if not fits:
-                    return NO_FREE_GPU_MEMORY, [], ()
+                    big = any(host.gpu_memory.get(i, 0) >= spec.gpu_memory_mb for i in matching)
+                    return NO_FREE_GPU_MEMORY if big else TOO_LITTLE_GPU_MEMORY, [], ()
             gpus = [min(fits, key=lambda i: (host.free_share(i), i))]
     elif spec.mig_profile is not None:
         if accept is not None and not any(m in accept for m in host.gpu_models.values()):
@@ -222,9 +231,9 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
             return NO_FREE_MIG, [], ()
         mig = (instances[0],)
     if host.used_cpus + spec.cpus > host.cpus + EPS:
-        return NO_FREE_CPU, [], ()
+        return NO_FREE_CPU if spec.cpus <= host.cpus + EPS else TOO_FEW_CPUS, [], ()
     if host.used_memory_mb + spec.memory_mb > host.memory_mb:
-        return NO_FREE_MEMORY, [], ()
+        return NO_FREE_MEMORY if spec.memory_mb <= host.memory_mb else TOO_LITTLE_MEMORY, [], ()
     if host.tasks >= MAX_TASKS_PER_HOST:
         return TOO_MANY_TASKS, [], ()
     if host.record_bytes + task_bytes(spec) + ALLOC_RECORD_OVERHEAD > RECORD_BUDGET:

@@ -1187,6 +1187,20 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
 
 
+async def test_why_pending_tells_a_host_too_small_from_a_busy_one(console: Console) -> None:
+    m = console.muster
+    await console.login()
+    await put_heartbeat(m, "h-small")  # 32 CPUs, 2 GPUs
+    await eventually(lambda: "h-small" in m.state.hosts, what="heartbeat")
+    big = await submitted(m, {"name": "big", "command": ["true"], "cpus": 64})
+    fits = await submitted(m, {"name": "fits", "command": ["true"], "cpus": 2, "gpus": 2})
+    html = (await console.client.get(f"/jobs/{big.id}")).text
+    assert "not enough CPUs on host" in html and "(these hosts could not take it even idle)" in html
+    # One that would fit the idle host says nothing of the kind (here the host is free:
+    # a host can take it now).
+    assert "even idle" not in (await console.client.get(f"/jobs/{fits.id}")).text
+
+
 async def test_the_jobs_table_says_what_each_job_asks_of_gpus(console: Console) -> None:
     m = console.muster
     await console.login()

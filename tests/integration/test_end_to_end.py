@@ -95,6 +95,21 @@ def test_job_that_cannot_fit_waits_with_reasons_then_runs(cluster: Cluster, tmp_
     assert {"reason": "not enough free GPUs", "hosts": 1} in w["pendingReasons"]
     assert api.job(too_big["job"]["id"])["pendingReasons"] == [{"reason": "not enough GPUs on host", "hosts": 1}]
     assert api.job(wrong["job"]["id"])["pendingReasons"] == [{"reason": "wrong GPU model", "hosts": 1}]
+    # More CPUs or memory than the host has at all, against more than it has free: the
+    # host could not take the first even idle, and says so.
+    many = api.submit(name="many-cpus", command=["true"], gpus=0, cpus=1024, memoryMb=64)
+    busy = api.submit(name="busy", command=["true"], gpus=1, cpus=1, memoryMb=64)
+    assert many["job"] and busy["job"], (many, busy)
+    reasons = """query($id: ID!) { job(id: $id) { pendingReasons { reason hosts kind detail } } }"""
+    assert api.q(reasons, {"id": many["job"]["id"]})["job"]["pendingReasons"] == [
+        {"reason": "not enough CPUs on host", "hosts": 1, "kind": "host",
+         "detail": "these hosts could not take it even idle"}]
+    assert api.q(reasons, {"id": too_big["job"]["id"]})["job"]["pendingReasons"][0]["detail"] \
+        == "these hosts could not take it even idle"
+    assert {"reason": "not enough free GPUs", "hosts": 1, "kind": "host", "detail": ""} \
+        in api.q(reasons, {"id": busy["job"]["id"]})["job"]["pendingReasons"]
+    for j in (many, busy):
+        api.q("mutation($id: ID!) { cancelJob(id: $id) { userErrors { message } } }", {"id": j["job"]["id"]})
     gate.write_text("go")
     done = api.wait_job(waiting["job"]["id"], {"SUCCEEDED", "FAILED"})
     assert done["state"] == "SUCCEEDED"

@@ -22,7 +22,10 @@ from server.scheduling.placement import (
     NOT_HEALTHY,
     REASONS,
     RECORD_FULL,
+    TOO_FEW_CPUS,
     TOO_FEW_GPUS,
+    TOO_LITTLE_GPU_MEMORY,
+    TOO_LITTLE_MEMORY,
     TOO_MANY_TASKS,
     WRONG_MODEL,
     Choice,
@@ -41,8 +44,8 @@ from wire.messages import JobSpec
 
 def test_reason_constants_are_listed_in_check_order() -> None:
     assert REASONS == (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
-                       NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, NO_FREE_CPU, NO_FREE_MEMORY, TOO_MANY_TASKS,
-                       RECORD_FULL)
+                       TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
+                       TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
 
 
@@ -100,9 +103,9 @@ def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
     h.used_gpus = {2}
     assert check(s, h)[:2] == (NO_FREE_GPUS, [])
     h.used_gpus = set()
-    assert check(s, h)[:2] == (NO_FREE_CPU, [])
+    assert check(s, h)[:2] == (TOO_FEW_CPUS, [])
     h.cpus = 8
-    assert check(s, h)[:2] == (NO_FREE_MEMORY, [])
+    assert check(s, h)[:2] == (TOO_LITTLE_MEMORY, [])
     h.memory_mb = 1000
     assert check(s, h)[:2] == (None, [1, 2])
 
@@ -118,7 +121,10 @@ def test_first_failing_reason_counts_fixing_one_at_a_time() -> None:
         (host(gpus=4, used_gpus={0, 1}), spec(gpus=3), NO_FREE_GPUS),
         (host(gpus=4, unhealthy=frozenset({0, 1})), spec(gpus=3), NO_FREE_GPUS),
         (host(cpus=8, used_cpus=7.5), spec(cpus=1), NO_FREE_CPU),
+        (host(cpus=8), spec(cpus=9), TOO_FEW_CPUS),
+        (host(cpus=8, used_cpus=7.5), spec(cpus=9), TOO_FEW_CPUS),
         (host(memory_mb=1000, used_memory_mb=600), spec(memory_mb=500), NO_FREE_MEMORY),
+        (host(memory_mb=1000), spec(memory_mb=1001), TOO_LITTLE_MEMORY),
     ],
 )
 def test_each_reason_alone(h: HostCapacity, s: JobSpec, reason: str) -> None:
@@ -248,10 +254,10 @@ def test_explain_counts_per_reason_across_many_hosts() -> None:
     hosts += [host(f"h{i}", gpus=8, used_gpus=set(range(7))) for i in range(19)]
     hosts += [host(f"s{i}", schedulable=False) for i in range(5)]
     hosts += [host(f"c{i}", cordoned=True) for i in range(3)]
-    hosts += [host(f"m{i}", gpus=8, memory_mb=100) for i in range(2)]
+    hosts += [host(f"m{i}", gpus=8, memory_mb=100) for i in range(2)]  # 100 MB in all: never
     s = spec(gpus=2, gpu_model="H100")
     reasons = explain(s, hosts)
-    assert reasons == Counter({WRONG_MODEL: 48, NO_FREE_GPUS: 19, NOT_HEALTHY: 5, CORDONED: 3, NO_FREE_MEMORY: 2})
+    assert reasons == Counter({WRONG_MODEL: 48, NO_FREE_GPUS: 19, NOT_HEALTHY: 5, CORDONED: 3, TOO_LITTLE_MEMORY: 2})
     assert sum(reasons.values()) == len(hosts)
     res = place(s, hosts)
     assert isinstance(res, Rejection)

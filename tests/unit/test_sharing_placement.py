@@ -21,6 +21,7 @@ from server.scheduling.placement import (
     NO_FREE_SHARE,
     NO_MIG,
     TOO_FEW_GPUS,
+    TOO_LITTLE_GPU_MEMORY,
     WRONG_MODEL,
     HostCapacity,
     check,
@@ -65,6 +66,10 @@ def test_a_share_needs_its_gpu_memory() -> None:
     h.reserve([0], 1.0, 100, share=100, gpu_memory_mb=12000)
     assert check(job_spec(gpu_share=100, gpu_memory_mb=4001), h)[0] == NO_FREE_GPU_MEMORY
     assert check(job_spec(gpu_share=100, gpu_memory_mb=4000), h)[0] is None
+    # More than the GPU has at all: the host could not take it even idle.
+    assert check(job_spec(gpu_share=100, gpu_memory_mb=16001), h)[0] == TOO_LITTLE_GPU_MEMORY
+    assert check(job_spec(gpu_share=100, gpu_memory_mb=16001), shared_host(gpus=1, memory=16000))[0] \
+        == TOO_LITTLE_GPU_MEMORY
 
 
 def test_a_share_goes_to_the_fullest_gpu_it_fits_and_never_to_a_gpu_held_whole() -> None:

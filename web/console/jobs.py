@@ -19,6 +19,7 @@ from server.api.reads import reads_for
 from server.health.rules import Health
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
+from server.scheduling.placement import NEVER, NEVER_DETAIL
 from server.timefmt import parse_time
 from server.views.jobs import time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
@@ -179,6 +180,8 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "on_lost": on_lost,
         "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,
+        "never": NEVER,
+        "never_detail": NEVER_DETAIL,
         "queue_why": queue_why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),

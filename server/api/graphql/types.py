@@ -18,6 +18,7 @@ from server.api.reads import reads_for
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
 from server.scheduling import advance
+from server.scheduling.placement import NEVER, NEVER_DETAIL
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
@@ -327,7 +328,8 @@ class PendingReason:
     hosts: int = strawberry.field(description="Hosts rejecting the job for this reason (0 for queue reasons).")
     kind: str = strawberry.field(default="host", description="`host`: a placement check; `queue`: the queue's "
                                                             "quota, cohort, fair share, a preemption or a gang.")
-    detail: str = strawberry.field(default="", description="The figures behind a queue reason.")
+    detail: str = strawberry.field(default="", description="The figures behind a queue reason; for a host reason, "
+                                                           "whether those hosts could not take the job even idle.")
 
 
 @strawberry.type(description="Hosts held for a queued job so that smaller jobs do not keep it waiting; jobs "
@@ -522,7 +524,8 @@ class Job:
         queue = [PendingReason(reason=r.reason, hosts=0, kind="queue", detail=r.detail)
                  for r in mu.jobs.queue_reasons(self._m, time.time())]
         reasons = await reads_for(mu).why_pending(self._m)
-        return queue + [PendingReason(reason=r, hosts=n) for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+        return queue + [PendingReason(reason=r, hosts=n, detail=NEVER_DETAIL if r in NEVER else "")
+                        for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
 
     @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED.")
     def queue_position(self, info: Info) -> int | None:
