@@ -45,19 +45,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "given quotas replace the whole quota ('--quota none' removes it)")
         p.add_argument("--cohort", default=None, help="the cohort to borrow and lend in ('' for none, with set)")
         p.add_argument("--weight", type=float, default=None, help="fair-share weight (default 1)")
-        p.add_argument("--description", default=None)
+        p.add_argument("--description", default=None, help="what the queue is for (shown in listings)")
         p.add_argument("--preempt-within", choices=["on", "off"], default=None,
                        help="priority preemption within the queue")
-        p.add_argument("--reclaim", choices=["on", "off"], default=None)
-        p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None)
+        p.add_argument("--reclaim", choices=["on", "off"], default=None,
+                       help="take back what others borrowed of its nominal quota (default on)")
+        p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None,
+                       help="preempt queues above their fair share for it (default off)")
         p.add_argument("--fair-share-users", choices=["on", "off"], default=None,
                        help="fair share between the queue's users: at equal priority, the user whose jobs hold "
                             "least (with past use, decayed) goes next (default off: submission order)")
         p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
-        p.add_argument("--min-runtime", type=float, default=None, metavar="S")
-        p.add_argument("--max-preemptions", type=int, default=None)
-        p.add_argument("--default-time-limit", type=float, default=None, metavar="S")
-        p.add_argument("--max-time-limit", type=float, default=None, metavar="S")
+        p.add_argument("--min-runtime", type=float, default=None, metavar="S",
+                       help="a try runs at least this long before it may be preempted (default 60)")
+        p.add_argument("--max-preemptions", type=int, default=None, metavar="N",
+                       help="the most victims stopping for the queue's jobs at once (default 8)")
+        p.add_argument("--default-time-limit", type=float, default=None, metavar="S",
+                       help="the time limit of a job that gives none (0: none)")
+        p.add_argument("--max-time-limit", type=float, default=None, metavar="S",
+                       help="the longest time limit a job may ask (0: no maximum)")
         p.add_argument("--max-gpus-per-user", type=float, default=None, metavar="N",
                        help="the most GPUs one user's jobs of the queue hold at once (0: no limit)")
         p.add_argument("--max-submitted-jobs", type=int, default=None, metavar="N",
