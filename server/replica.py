@@ -181,9 +181,6 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                               f"one of {', '.join(POLICIES)}")
         self.config = config
         self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
-        # Until it leads, a replica builds a host's placement entry only when something
-        # reads it, not at every allocation it follows (ClusterState.defer_index).
-        self.state.defer_index = True
         # The read models the API and the console show (server.views).
         self.hosts: HostTable = self.state.host_table
         self.jobs = JobView(self.state, None, half_life_s=config.fair_share_half_life_s)
@@ -372,7 +369,6 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
 
     def _on_leadership(self, leading: bool, term: int) -> None:
         metrics.LEADER.set(1 if leading else 0)
-        self.state.defer_index = not leading
         if leading and self.ingest is not None:
             self.ingest.go_live()  # a follower reading heartbeats now and then reads them all
         if term:

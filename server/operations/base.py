@@ -38,7 +38,7 @@ class Operations:
     jobs: JobView
 
     def known_gpu_models(self) -> set[str]:
-        return self.state.gpu_models()
+        return self.state.index.models()
 
     def queue(self, name: str) -> Queue | None:
         """A queue's record; the `default` queue always exists."""

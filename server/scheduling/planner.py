@@ -112,7 +112,7 @@ def plan_cycle(
             apply_update(w, c, now)
         elif c.kind == "requeue":
             apply_requeue(w, c, now)
-    known = state.gpu_models()
+    known = state.index.models()
     for i, req in enumerate(submissions):
         if plan.keys + len(req.jobs) > room:
             break

@@ -189,12 +189,7 @@ class ClusterState:
     leader: str = ""
     dropped: Counter[str] = field(default_factory=Counter)
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
-    _index: CapacityIndex = field(default_factory=CapacityIndex)
-    # Hosts whose allocation changed since their index entry was built, while indexing is
-    # deferred (`defer_index`, a follower's: it places nothing, so it builds them when
-    # something reads the index).
-    _stale: set[str] = field(default_factory=set)
-    _defer_index: bool = False
+    index: CapacityIndex = field(default_factory=CapacityIndex)
     # Jobs placed whose every task has not been reported running yet (scheduling.delivery).
     placed_ids: set[str] = field(default_factory=set)
     job_state_counts: Counter[str] = field(default_factory=Counter)
@@ -245,7 +240,7 @@ class ClusterState:
     # a task not yet told to stop holds one (both kept by _index_host): the planner stops
     # that work without a pass over every host, or over every task of a faulted host.
     faulted_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
-    _faulted_work: set[str] = field(default_factory=set)
+    faulted_work: set[str] = field(default_factory=set)
     # Running tries with a time limit: job id -> when it is reached.
     deadlines: Deadlines = field(default_factory=Deadlines)
     # Queued jobs whose record names a reservation (`Job.reserved`, scheduling.backfill):
@@ -374,57 +369,17 @@ class ClusterState:
         self._host_resources[host_id] = res
         add_resources(self.capacity, res)
 
-    @property
-    def index(self) -> CapacityIndex:
-        """Every host's capacity as placement sees it (built by `_index_host`)."""
-        self._settle()
-        return self._index
-
-    def gpu_models(self) -> set[str]:
-        """GPU models of every known host. Allocations do not change them, so a deferred
-        index is not built to answer."""
-        return self._index.models()
-
-    @property
-    def faulted_work(self) -> set[str]:
-        self._settle()
-        return self._faulted_work
-
-    @property
-    def defer_index(self) -> bool:
-        return self._defer_index
-
-    @defer_index.setter
-    def defer_index(self, on: bool) -> None:
-        """Whether a host's index entry is rebuilt when its allocation record changes (off)
-        or when the index is next read (on: a follower, which places nothing, then rebuilds
-        a host's entry once, not at every placement on it; a leader's cycles read it all)."""
-        self._defer_index = on
-        if not on:
-            self._settle()
-
-    def _settle(self) -> None:
-        """Build the index entries left stale by allocations while indexing was deferred."""
-        while self._stale:
-            self._index_host(self._stale.pop())
-
-    def _index_host(self, host_id: str, alloc_only: bool = False) -> None:
+    def _index_host(self, host_id: str) -> None:
         """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings,
         and tell the host read model. The one place a HostCapacity is built: schedulable
-        means the heartbeat key is live; a draining host is cordoned. `alloc_only`: only its
-        allocation changed, which moves neither the capacity totals nor its faulted GPUs,
-        so a deferred index (`defer_index`) marks the entry stale instead."""
+        means the heartbeat key is live; a draining host is cordoned."""
         self.host_table.changed(host_id)
-        if alloc_only and self._defer_index:
-            self._stale.add(host_id)
-            return
-        self._stale.discard(host_id)
         entry = self.hosts.get(host_id)
         if entry is None or entry.heartbeat is None:
-            self._index.remove(host_id)
+            self.index.remove(host_id)
             self._host_shapes.pop(host_id, None)
             self.faulted_gpus.pop(host_id, None)
-            self._faulted_work.discard(host_id)
+            self.faulted_work.discard(host_id)
             old = self._host_resources.pop(host_id, None)
             if old:
                 add_resources(self.capacity, old, -1.0)
@@ -467,10 +422,10 @@ class ClusterState:
         if unhealthy and alloc and any(
                 not t.stop and not unhealthy.isdisjoint(self.task_gpus(host_id, t.gpu_indices, t.mig))
                 for t in alloc.tasks):
-            self._faulted_work.add(host_id)
+            self.faulted_work.add(host_id)
         else:
-            self._faulted_work.discard(host_id)
-        self._index.put(cap)
+            self.faulted_work.discard(host_id)
+        self.index.put(cap)
         self._host_capacity(cap)
 
     def task_gpus(self, host_id: str, gpu_indices: Iterable[int], mig: Iterable[str]) -> set[int]:
@@ -597,7 +552,7 @@ class ClusterState:
                     self._set_alloc(name, own[1] if (own is not None and own[0] == rec.value
                                                      and isinstance(own[1], HostAlloc))
                                     else decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES), len(rec.value))
-                self._index_host(name, alloc_only=True)
+                self._index_host(name)
             elif kind == "hostcfg":
                 _keep(self.hostcfg, name, rec.value, HostConfig)
                 cfg = self.hostcfg.get(name)
@@ -653,7 +608,7 @@ class ClusterState:
             return
         self.revisions[key] = revision
         self._set_alloc(alloc.host_id, alloc, len(alloc.to_json()))
-        self._index_host(alloc.host_id, alloc_only=True)
+        self._index_host(alloc.host_id)
 
     # ------------------------------------------------------------ views
 

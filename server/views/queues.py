@@ -160,7 +160,7 @@ def _models(state: ClusterState, job: Job) -> list[str | None]:
     empty: no model is known)."""
     if not job.spec.wants_gpu():
         return [None]
-    return list(sorted(job.spec.models() or state.gpu_models()))
+    return list(sorted(job.spec.models() or state.index.models()))
 
 
 def admitted(state: ClusterState, job: Job, b: QueueBook | None = None) -> bool:
