@@ -20,8 +20,13 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction) -> None:
     cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents and subscribers")
     crsub = cr.add_subparsers(dest="creds_cmd", required=True)
-    for name in ("issue-agent", "revoke-agent", "issue-subscriber", "revoke-subscriber", "list"):
-        c = crsub.add_parser(name)
+    helps = {"issue-agent": "an agent's nkey for one host (it may use only that host's subjects)",
+             "revoke-agent": "a host's agent may no longer connect",
+             "issue-subscriber": "an nkey that may only read alerts and events",
+             "revoke-subscriber": "a subscriber may no longer connect",
+             "list": "the agents and subscribers with credentials"}
+    for name, what in helps.items():
+        c = crsub.add_parser(name, help=what)
         if name != "list":
             c.add_argument("name", metavar="HOST" if "agent" in name else "NAME")
         c.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))

@@ -12,7 +12,7 @@ from wire.errors import NotFound, ValidationError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    h = sub.add_parser("host", help="list, cordon and uncordon hosts")
+    h = sub.add_parser("host", help="list and show hosts; cordon, drain and uncordon them; clear GPU faults")
     hsub = h.add_subparsers(dest="host_cmd", required=True)
 
     hl = hsub.add_parser("list", help="hosts with health, GPUs, utilisation and labels")
@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(hs)
     hs.set_defaults(fn=cmd_show)
 
-    for name in ("cordon", "uncordon"):
-        hc = hsub.add_parser(name)
+    for name, what in (("cordon", "no new work on the host; what runs there goes on"),
+                       ("uncordon", "the host takes new work again (also ends a drain)")):
+        hc = hsub.add_parser(name, help=what)
         hc.add_argument("id")
         hc.add_argument("--reason", default="", required=(name == "cordon"))
         add_output(hc)
@@ -162,7 +163,7 @@ def cmd_cordon(args: argparse.Namespace) -> int:
     if res["userErrors"]:
         raise user_errors(res["userErrors"])
     h = res["host"]
-    out(args, h, [[h["id"], h["health"], str(h["cordoned"])]], ["ID", "HEALTH", "CORDONED"])
+    out(args, h, [[h["id"], h["health"], "yes" if h["cordoned"] else "no"]], ["ID", "HEALTH", "CORDONED"])
     return 0
 
 

@@ -21,7 +21,7 @@ NATS_URL_FILE = "nats-url"
 def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("token", help="create, list and revoke API tokens (talks to NATS directly)")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
-    tc = tsub.add_parser("create")
+    tc = tsub.add_parser("create", help="a new token, printed once (only its hash is stored)")
     tc.add_argument("name")
     tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
     tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to and cancel in; "
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_admin_nats(tl)
     add_output(tl)
     tl.set_defaults(fn=cmd_token)
-    tr = tsub.add_parser("revoke")
+    tr = tsub.add_parser("revoke", help="a token no longer works, from its next request on")
     tr.add_argument("name")
     add_admin_nats(tr)
     tr.set_defaults(fn=cmd_token)
