@@ -228,7 +228,8 @@ class Refusal:
             return "its nominal quota (no cohort)"
         if self.hard:
             return f"its nominal quota {_fmt(self.nominal)} + borrowing limit {_fmt(self.limit - self.nominal)}"
-        return f"what it holds + what cohort {self.cohort} has unused (its nominal quota {_fmt(self.nominal)})"
+        return (f"what it holds + what cohort {self.cohort} has unused ({_fmt(self.used)} + "
+                f"{_fmt(self.limit - self.used)}; its nominal quota {_fmt(self.nominal)})")
 
     @property
     def within_nominal(self) -> bool:

@@ -81,7 +81,7 @@ def test_borrowing_within_a_cohort_up_to_the_limits() -> None:
     assert refusal is not None and refusal.reason == OVER_QUOTA
     # Each refusal says which limit it met: here the pool (b lends 2 only) ...
     assert refusal.detail() == ("gpu:H100: 0 held + 11 wanted > 10, what it holds + what cohort c has unused "
-                                "(its nominal quota 8)")
+                                "(0 + 10; its nominal quota 8)")
     # ... and past its borrowing limit, its own limit.
     hard = book.admits("a", {H100: 13})
     assert hard is not None and hard.hard
