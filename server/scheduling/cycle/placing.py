@@ -354,40 +354,44 @@ class Placing:
     def run(self) -> None:
         w, placer, now, max_keys, limits = self.w, self.placer, self.now, self.max_keys, self.limits
         reserving = self.reserving
+        # Read once: the loop below runs for every queued job a cycle looks at.
+        plan, frozen, skip, placements = w.plan, w.frozen_jobs, self.skip, self.placements
+        queue_of, restrict, waits = self.adm.queue, self.adm.restrict, limits.waits
+        below_a_refusal, exclusion, blocked = self.below_a_refusal, self.exclusion, self.blocked
+        seen, refused, shortcuts = self.seen, self.refused, self.policy.shortcuts
         complete = True  # every queued job looked at (no break): a reservation not made is none
         for job in self.order():
-            if w.plan.keys + 2 > max_keys or (self.placements is not None and w.plan.placed >= self.placements):
+            if plan.keys + 2 > max_keys or (placements is not None and plan.placed >= placements):
                 complete = False
                 break
-            if job.id in w.frozen_jobs or job.id in self.skip:
+            if job.id in frozen or job.id in skip:
                 continue
-            if w.plan.keys + 1 + job.spec.replicas > max_keys:
+            if plan.keys + 1 + job.spec.replicas > max_keys:
                 continue  # a gang too large for what is left of this commit: next cycle
             if job.not_before > now:
                 continue
-            q = self.adm.queue(job)
+            q = queue_of(job)
             if q is None:
                 continue  # its queue was deleted: it waits until one of that name exists
             if label_conflict(job.spec, q):  # the queue moved to hosts its own labels rule out
                 if job.preempting:
                     self.give_up(job)
                 continue
-            if limits.waits(job, q):
+            if waits(job, q):
                 if job.preempting:
                     self.give_up(job)  # its limit changed: what its victims freed goes to others
                 continue
-            if self.below_a_refusal(job):
+            if below_a_refusal(job):
                 continue
             size = job_size(job.spec)
-            placer.exclude = self.exclusion(job, q)
-            spec, refusal = self.adm.restrict(job, self.seen.setdefault(job.spec.queue, {})
-                                              if self.policy.shortcuts else None)
+            placer.exclude = exclusion(job, q)
+            spec, refusal = restrict(job, seen.setdefault(job.spec.queue, {}) if shortcuts else None)
             if spec is None:
                 if job.spec.models() is None and refusal is not None and not job.preempting:
-                    self.refused.setdefault(job.spec.queue, (size, refusal))
+                    refused.setdefault(job.spec.queue, (size, refusal))
                 if job.preempting:
                     self.give_up(job)
-                self.blocked.append((job, refusal))
+                blocked.append((job, refusal))
                 if refusal is not None and refusal.within_nominal:
                     self.wait_for_reclaim(job)
                 continue
@@ -399,7 +403,7 @@ class Placing:
             if choices is None:
                 if job.preempting:
                     self.give_up(job)
-                self.blocked.append((job, None))
+                blocked.append((job, None))
                 self.wait_for_reclaim(job)
                 reserving.reserve_for(job, spec)
                 continue
