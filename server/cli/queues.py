@@ -10,6 +10,7 @@ from server.cli.client import add_output, add_watch, gql, key_values, labels_tex
 from server.cli.errors import user_errors
 from server.cli.times import ago, when_text
 from wire.errors import ConfigError, NotFound
+from wire.messages import Queue
 
 QUEUE_FIELDS = """name description cohort weight pendingCount parkedCount runningCount fairShare dominantShare
 entitledShare preemptWithin reclaim fairSharePreemption preemptGraceSeconds minRuntimeSeconds maxPreemptions
@@ -22,6 +23,12 @@ resources { resource nominal borrowingLimit lendingLimit used borrowed lent }"""
 NEWER_QUEUE_FIELDS = ("parkedCount", "maxGpusPerUser", "maxSubmittedJobs", "maxSubmittedJobsPerUser", "submittedJobs",
                       "submittedJobsByUser", "maxRunningJobsPerUser", "hostLabels",
                       "fairShareUsers", "users", "advanceReservations")
+
+
+def _default(field: str) -> str:
+    """A queue setting's default as the help shows it (the record's own default)."""
+    v = Queue.model_fields[field].default
+    return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,22 +51,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "for no limit); repeat for each resource (cpu, memory_mb, gpu:<model>); with `set` the "
                             "given quotas replace the whole quota ('--quota none' removes it)")
         p.add_argument("--cohort", default=None, help="the cohort to borrow and lend in ('' for none, with set)")
-        p.add_argument("--weight", type=float, default=None, help="fair-share weight (default 1)")
+        p.add_argument("--weight", type=float, default=None, help=f"fair-share weight (default {_default('weight')})")
         p.add_argument("--description", default=None, help="what the queue is for (shown in listings)")
         p.add_argument("--preempt-within", choices=["on", "off"], default=None,
                        help="priority preemption within the queue")
         p.add_argument("--reclaim", choices=["on", "off"], default=None,
-                       help="take back what others borrowed of its nominal quota (default on)")
+                       help=f"take back what others borrowed of its nominal quota (default {_default('reclaim')})")
         p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None,
-                       help="preempt queues above their fair share for it (default off)")
+                       help="preempt queues above their fair share for it "
+                            f"(default {_default('fair_share_preemption')})")
         p.add_argument("--fair-share-users", choices=["on", "off"], default=None,
                        help="fair share between the queue's users: at equal priority, the user whose jobs hold "
-                            "least (with past use, decayed) goes next (default off: submission order)")
+                            "least (with past use, decayed) goes next "
+                            f"(default {_default('fair_share_users')}: submission order)")
         p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
         p.add_argument("--min-runtime", type=float, default=None, metavar="S",
-                       help="a try runs at least this long before it may be preempted (default 60)")
+                       help="a try runs at least this long before it may be preempted "
+                            f"(default {_default('min_runtime_s')})")
         p.add_argument("--max-preemptions", type=int, default=None, metavar="N",
-                       help="the most victims stopping for the queue's jobs at once (default 8)")
+                       help="the most victims stopping for the queue's jobs at once "
+                            f"(default {_default('max_preemptions')})")
         p.add_argument("--default-time-limit", type=float, default=None, metavar="S",
                        help="the time limit of a job that gives none (0: none)")
         p.add_argument("--max-time-limit", type=float, default=None, metavar="S",

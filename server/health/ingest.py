@@ -317,11 +317,13 @@ class HeartbeatIngest(HelperProcess):
         ctx = multiprocessing.get_context("spawn")
         recv, send = ctx.Pipe(duplex=False)
         control, self._control = ctx.Pipe(duplex=False)
-        cfg = asdict(self.cfg) if not self.live else {**asdict(self.cfg), "every_s": 0.0}
-        self.proc = ctx.Process(target=main, args=(cfg, send, control), name="muster-heartbeat-ingest", daemon=True)
+        self.proc = ctx.Process(target=main, args=(asdict(self.cfg), send, control), name="muster-heartbeat-ingest",
+                                daemon=True)
         self.proc.start()
         send.close()  # the child holds the only writer: its exit is our EOF
         control.close()
+        if self.live:
+            self._control.send(True)  # a child restarted after its server took the lease reads live
         self._reader = threading.Thread(target=self._read, args=(recv,), name="heartbeat-ingest-reader",
                                         daemon=True)
         self._reader.start()

@@ -3,7 +3,6 @@ marks; each stored in the host's settings record the planner reads."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
@@ -12,11 +11,9 @@ from server.state.cluster import HostConfig
 from server.timefmt import iso_utc
 from wire import subjects
 from wire.errors import ConflictError, NotFound, ValidationError
-from wire.messages import Event, encode
+from wire.messages import Event
 from wire.records import Record
 from wire.validation import validate_reason
-
-log = logging.getLogger(__name__)
 
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
@@ -88,20 +85,17 @@ class HostOperations(Operations):
         key = subjects.hostcfg_key(host_id)
         for _ in range(5):
             cfg = change(self.state.hostcfg.get(host_id) or HostConfig())
+            body = cfg.model_dump_json().encode()
             try:
-                rev = await self.store.put(key, cfg.model_dump_json().encode(),
-                                           expected=self.state.revisions.get(key, 0))
-                self.state.apply_state_record(Record(key, rev, cfg.model_dump_json().encode()))
+                rev = await self.store.put(key, body, expected=self.state.revisions.get(key, 0))
+                self.state.apply_state_record(Record(key, rev, body))
                 what = action or ("drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon"))
                 who, why = by or cfg.by, reason or cfg.reason
                 ahead = f" from {iso_utc(cfg.drain_at)}" if cfg.draining and cfg.drain_at else ""
                 ev = Event(kind=f"host.{what}", host_id=host_id, message=f"{what}{ahead} by {who}: {why}",
                            data={"by": who, "reason": why, "deadline": cfg.drain_deadline,
                                  **({"at": cfg.drain_at} if ahead else {})})
-                try:
-                    await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{what}", encode(ev))
-                except Exception:  # noqa: BLE001 - the setting is stored; the record is best effort
-                    log.warning("host %s event not published", what)
+                await self._publish_event(f"host.{what}", ev)  # best effort: the setting is stored
                 return
             except ConflictError:
                 self.state.apply_state_record(await self.store.get(key))

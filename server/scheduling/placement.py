@@ -41,7 +41,6 @@ REASONS = (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_
 # The reasons a host gives however little it runs: it could not take the job even idle.
 NEVER = frozenset({NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, TOO_LITTLE_GPU_MEMORY, NO_MIG, TOO_FEW_CPUS,
                    TOO_LITTLE_MEMORY})
-NEVER_DETAIL = "these hosts could not take it even idle"
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
 MAX_TASKS_PER_HOST = 256

@@ -22,7 +22,7 @@ from server.scheduling import advance, maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import queue_order
-from server.scheduling.placement import NOT_HEALTHY, check
+from server.scheduling.placement import NEVER, NOT_HEALTHY, check
 from server.scheduling.queues import effective_time_limit, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
@@ -39,8 +39,17 @@ ORDER_MAX_AGE_S = 1.0
 UNRECORDED_SLACK_S = 60.0
 UNRECORDED_SCAN = 20_000
 # How a task's GPU is shared, as GraphQL, the console and the CLI say it.
+# What a host reason of `why_pending` says beyond its name (GraphQL and the console).
+NEVER_DETAIL = "these hosts could not take it even idle"
+
 SHARED = "shared, not isolated"
 MIG = "MIG instance"
+
+
+def reason_detail(reason: str) -> str:
+    """The detail shown with a host reason of `why_pending`: whether those hosts could not
+    take the job even idle (placement.NEVER), or nothing."""
+    return NEVER_DETAIL if reason in NEVER else ""
 
 
 def sharing(share: int, mig: bool) -> str | None:

@@ -188,6 +188,15 @@ async def test_a_follower_reads_the_bucket_now_and_then_and_on_once_it_leads(nat
         assert positions[-1] is True
         await eventually(lambda: state.clock.caught_up, 60, "the clock running on")
         assert state.hosts["h-a"].revision > rev_a
+        # kill -9 the live ingest: the child started again reads live too (every batch it
+        # sends says so), not every hour.
+        assert ingest.proc is not None and ingest.proc.pid is not None
+        os.kill(ingest.proc.pid, signal.SIGKILL)
+        await eventually(lambda: ingest.restarts == 1, 60, "a restart")
+        since = len(positions)
+        rev_after = await send(store, heartbeat("h-b", seq=3, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-b"].revision == rev_after, 60, "a heartbeat read after the restart")
+        assert len(positions) > since and all(positions[since:])
     finally:
         stop.set()
         await asyncio.wait_for(supervisor, timeout=10)

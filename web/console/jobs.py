@@ -19,9 +19,8 @@ from server.api.reads import reads_for
 from server.health.rules import Health
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
-from server.scheduling.placement import NEVER, NEVER_DETAIL
 from server.timefmt import parse_time
-from server.views.jobs import time_limit
+from server.views.jobs import reason_detail, time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
 from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
 from web.console.session import Session, console, read_form
@@ -153,7 +152,8 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     if job is None:
         return None
     reads = reads_for(m)
-    why = sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))
+    why = [(reason, n, reason_detail(reason))
+           for reason, n in sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))]
     queue_why = m.jobs.queue_reasons(job, time.time())
     recorded: list[Any] = []
     history_error = False
@@ -180,8 +180,6 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "on_lost": on_lost,
         "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,
-        "never": NEVER,
-        "never_detail": NEVER_DETAIL,
         "queue_why": queue_why,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),

@@ -18,9 +18,8 @@ from server.api.reads import reads_for
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
 from server.scheduling import advance
-from server.scheduling.placement import NEVER, NEVER_DETAIL
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
-from server.views.jobs import sharing, time_limit
+from server.views.jobs import reason_detail, sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
 from server.views.queues import queue_users
 from wire.messages import AdvanceReservation as AdvanceReservationModel
@@ -524,7 +523,7 @@ class Job:
         queue = [PendingReason(reason=r.reason, hosts=0, kind="queue", detail=r.detail)
                  for r in mu.jobs.queue_reasons(self._m, time.time())]
         reasons = await reads_for(mu).why_pending(self._m)
-        return queue + [PendingReason(reason=r, hosts=n, detail=NEVER_DETAIL if r in NEVER else "")
+        return queue + [PendingReason(reason=r, hosts=n, detail=reason_detail(r))
                         for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
 
     @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED.")

@@ -21,7 +21,6 @@ from wire.messages import Attempt, AttemptState, Event, HostAlloc, Job, QueueUsa
 PREEMPT = "preempt"
 TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
-# (The disruptions retry does not count are server.scheduling.retry's DRAIN, SHUTDOWN, REQUEUE.)
 
 
 @dataclass
