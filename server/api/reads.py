@@ -51,6 +51,7 @@ class Reads:
         self._clock = clock
         self._sleep = sleep
         self.lock = asyncio.Lock()
+        self._never_lock = asyncio.Lock()
         self._summary_lock = asyncio.Lock()
         self._summary: FleetSummary | None = None
         self._summary_at = 0.0
@@ -94,8 +95,34 @@ class Reads:
     async def why_pending(self, job: Job) -> dict[str, int]:
         return await self.run(self.muster.jobs.why_pending_steps(job, time.time()))
 
+    async def never_runs(self, job: Job) -> list[str]:
+        """Why `job` could never run as the cluster stands (views.jobs.JobView.queue_never and
+        hosts_never_steps).
+        The hosts' first step runs at once, outside the lock: for most jobs a host that
+        could take it is among the first looked at, and a submission does not wait behind a
+        heavy read. A longer pass is one at a time (`_never_lock`), so that a batch of jobs
+        of one shape pays for one and the others read what it found."""
+        jobs = self.muster.jobs
+        out = jobs.queue_never(job)
+        found = _first_step(jobs.hosts_never_steps(job, time.monotonic()))
+        if found is not None:
+            return out + found
+        async with self._never_lock:
+            steps = jobs.hosts_never_steps(job, time.monotonic())  # found meanwhile?
+            found = _first_step(steps)
+            return out + (found if found is not None else await self.run(steps))
+
     def queue_position(self, job: Job) -> int | None:
         return self.muster.jobs.queue_position(job, time.monotonic())
+
+
+def _first_step(steps: Steps[list[str]]) -> list[str] | None:
+    """Run a pass's first step: its result when that ends it, else None (the rest to run)."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value
+    return None
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kw: Any) -> T:

@@ -313,10 +313,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         n, limit = array_size(args.array)
         return submit_array(args, array_inputs(inp, n, limit, args.group))
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
-        job {{ {JOB_FIELDS} }} userErrors {{ field message code }} }} }}"""
+        job {{ {JOB_FIELDS} }} userErrors {{ field message code }} warnings }} }}"""
     res = gql(q, {"input": inp})["submitJob"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
+    warn(res["warnings"])
     job = res["job"]
     timed_out = False
     if args.follow:
@@ -346,9 +347,10 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
     refusal is normally every job's; the jobs stored, if any were, are listed before the
     first refusal is raised."""
     q = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
-        job { id name state } userErrors { field message code } } }"""
+        job { id name state } userErrors { field message code } warnings } }"""
     res = gql(q, {"input": inputs})["submitJobs"]
     jobs = [r["job"] for r in res if r["job"]]
+    warn(list(dict.fromkeys(w for r in res for w in r["warnings"])))  # an array's jobs share theirs
     if jobs:
         out(args, jobs, [[j["id"], j["name"], j["state"]] for j in jobs], ["ID", "NAME", "STATE"])
         print(f"array group {inputs[0]['group']}: muster job list --group '{inputs[0]['group']}' lists it, "
@@ -357,6 +359,12 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
     if refused:
         raise user_errors(refused[0]["userErrors"], "{field}: {message} ({code})")
     return 0
+
+
+def warn(warnings: list[str]) -> None:
+    """A submission's warnings (why the job could never run as the cluster stands), on stderr."""
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def ended(job: dict[str, Any]) -> str:

@@ -240,6 +240,14 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     return None, gpus, mig
 
 
+def idle_refusal(spec: JobSpec, host: HostCapacity) -> str | None:
+    """Why `host` could not take one task of `spec` even running nothing, with every GPU
+    healthy, uncordoned and live (a reason in NEVER), or None when it could."""
+    idle = HostCapacity(host.id, True, False, host.gpu_models, frozenset(), host.cpus, host.memory_mb,
+                        labels=host.labels, gpu_memory=host.gpu_memory, mig=host.mig, mig_gpus=host.mig_gpus)
+    return check(spec, idle)[0]
+
+
 def labels_match(spec: JobSpec, host: HostCapacity) -> bool:
     """Whether the host has every label the job requires (`JobSpec.host_labels`)."""
     return all(host.labels.get(k) == v for k, v in spec.host_labels.items())

@@ -217,10 +217,15 @@ class Refusal:
     # The queue's nominal quota of the resource and its cohort: what `limit` is made of.
     nominal: float = 0.0
     cohort: str | None = None
+    # The part of its nominal quota the queue does not lend (its lending limit's rest).
+    guaranteed: float = 0.0
 
     def detail(self) -> str:
-        return (f"{self.resource}: {_fmt(self.used)} held + {_fmt(self.wanted)} wanted > {_fmt(self.limit)}"
-                + (f", {self.bound()}" if self.reason != UNKNOWN_QUEUE else ""))
+        head = f"{self.resource}: {_fmt(self.used)} held + {_fmt(self.wanted)} wanted > {_fmt(self.limit)}"
+        if self.reason == COHORT_EXHAUSTED:
+            return (f"{head}, {self._pool_part()}; within its nominal quota {_fmt(self.nominal)}, "
+                    "so queues that borrow hold the rest")
+        return head + (f", {self.bound()}" if self.reason != UNKNOWN_QUEUE else "")
 
     def bound(self) -> str:
         """What `limit` is, in words."""
@@ -228,8 +233,15 @@ class Refusal:
             return "its nominal quota (no cohort)"
         if self.hard:
             return f"its nominal quota {_fmt(self.nominal)} + borrowing limit {_fmt(self.limit - self.nominal)}"
-        return (f"what it holds + what cohort {self.cohort} has unused ({_fmt(self.used)} + "
-                f"{_fmt(self.limit - self.used)}; its nominal quota {_fmt(self.nominal)})")
+        return f"{self._pool_part()[:-1]}; its nominal quota {_fmt(self.nominal)})"
+
+    def _pool_part(self) -> str:
+        # The limit a cohort sets: what the queue holds, or the part of its quota it never
+        # lends when it holds less, + what the cohort has unused.
+        label, base = ("what it holds", self.used) if self.used >= self.guaranteed else (
+            "the part of its quota it does not lend", self.guaranteed)
+        return (f"{label} + what cohort {self.cohort} has unused ({_fmt(base)} + "
+                f"{_fmt(self.limit - base)})")
 
     @property
     def within_nominal(self) -> bool:
@@ -333,10 +345,12 @@ class QueueBook:
                 self._recount(q.cohort, r)
             drawn = self.drawn[key] - self._drawn_by(name, r, used) + self._drawn_by(name, r, new)
             if drawn > self.pool[key] + EPS:
-                # What the pool still has for this queue, shown as its limit.
-                avail = used + max(0.0, self.pool[key] - self.drawn[key])
+                # The most it may hold now, shown as its limit: what it holds (or the part
+                # of its quota it does not lend, when it holds less) + what the pool has unused.
+                g = guaranteed(q, r)
+                avail = max(used, g) + max(0.0, self.pool[key] - self.drawn[key])
                 return Refusal(COHORT_EXHAUSTED if new <= n + EPS else OVER_QUOTA, r, used, want, avail,
-                               nominal=n, cohort=q.cohort)
+                               nominal=n, cohort=q.cohort, guaranteed=g)
         return None
 
     def take(self, name: str, d: Mapping[str, float], sign: float = 1.0) -> None:

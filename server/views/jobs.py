@@ -22,8 +22,8 @@ from server.scheduling import advance, maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import queue_order
-from server.scheduling.placement import NEVER, NOT_HEALTHY, check
-from server.scheduling.queues import effective_time_limit, placement_spec
+from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_refusal
+from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
 from wire.messages import Job, JobSpec, JobState, Queue
@@ -38,10 +38,15 @@ ORDER_MAX_AGE_S = 1.0
 # ones (replicas' clocks), and the most live jobs it walks.
 UNRECORDED_SLACK_S = 60.0
 UNRECORDED_SCAN = 20_000
-# How a task's GPU is shared, as GraphQL, the console and the CLI say it.
 # What a host reason of `why_pending` says beyond its name (GraphQL and the console).
 NEVER_DETAIL = "these hosts could not take it even idle"
+# How long `JobView.hosts_never_steps` keeps what it found for a shape of job, and for at most
+# how many shapes.
+NEVER_MEMO_S = 30.0
+NEVER_MEMO_SIZE = 1024
+NEVER_FIRST_ROWS = 64
 
+# How a task's GPU is shared, as GraphQL, the console and the CLI say it.
 SHARED = "shared, not isolated"
 MIG = "MIG instance"
 
@@ -100,6 +105,9 @@ class JobView:
         self.half_life_s = half_life_s  # of queues' past use, as the scheduler decays it
         self._positions: dict[str, int] = {}
         self._order_at: float | None = None
+        # A shape of job (placement_spec's fields, its tasks, the hosts known) -> (when,
+        # what hosts_never_steps found).
+        self._never: dict[tuple[Any, ...], tuple[float, list[str]]] = {}
 
     def get(self, job_id: str) -> Job | None:
         """The live record, else the recorded one (reads the database)."""
@@ -164,6 +172,73 @@ class JobView:
             if n % STEP_ROWS == 0:
                 yield
         return dict(reasons)
+
+    def queue_never(self, job: Job) -> list[str]:
+        """Why the job could never run as the cluster stands, as warnings for its submitter
+        (this and `hosts_never_steps`; none when it could: it is accepted all the same and
+        waits, for a host that can take it to join or a quota to change). Here: a warning
+        when its queue refuses it by its own limits with nothing else held (its nominal
+        quota, or nominal + borrowing limit) on every GPU model it could run on (those of
+        the hosts known, for a job naming none)."""
+        q = self.state.queues.get(job.spec.queue)
+        spec = placement_spec(job.spec, q)
+        if q is None or spec is None:
+            return []  # refused at submission, or its queue went since
+        book = QueueBook({q.name: q}, {})
+        models: list[str | None] = [None]
+        if spec.wants_gpu():
+            models = [*sorted(spec.models() or self.state.index.models())] or [None]
+        refusals = []
+        for m in models:
+            r = book.admits(q.name, job_demand(spec, m))
+            if r is None or not r.hard:
+                return []
+            refusals.append(r)
+        most = max(refusals, key=lambda r: r.limit)  # the model it could hold most of
+        return [f"queue {q.name} can never admit it: {most.detail()}"]
+
+    def hosts_never_steps(self, job: Job, now: float) -> Steps[list[str]]:
+        """A warning when no host known could take the job even idle (for a gang, fewer
+        such hosts than it has tasks), each other host's reason counted; none with no
+        host known. What it finds is kept `NEVER_MEMO_S` (`now` is monotonic) per shape
+        of job and number of hosts known. It yields after the first `NEVER_FIRST_ROWS`
+        hosts, then every STEP_ROWS (`Steps`): a pass over every host is paid only for a
+        job that few hosts or none can take."""
+        q = self.state.queues.get(job.spec.queue)
+        spec = placement_spec(job.spec, q)
+        caps = self.state.index.caps
+        if spec is None or not caps:
+            return []
+        key = (spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.mig_profile, spec.models(), spec.cpus,
+               spec.memory_mb, tuple(sorted(spec.host_labels.items())), spec.replicas, len(caps))
+        hit = self._never.get(key)
+        if hit is not None and now - hit[0] < NEVER_MEMO_S:
+            return hit[1]
+        able = 0
+        reasons: Counter[str] = Counter()
+        for n, cap in enumerate(list(caps.values()), start=1):
+            r = idle_refusal(spec, cap)
+            if r is None:
+                able += 1
+                if able >= spec.replicas:
+                    break
+            else:
+                reasons[r] += 1
+            if n == NEVER_FIRST_ROWS or n % STEP_ROWS == 0:
+                yield
+        found: list[str] = []
+        if able < spec.replicas:
+            why = ", ".join(f"{k} {r}" for r, k in sorted(reasons.items(), key=lambda x: (-x[1], x[0])))
+            if spec.replicas == 1:
+                found.append(f"no host could run it even idle (of {len(caps)} known: {why}); it waits for one "
+                             "that can")
+            else:
+                found.append(f"only {able} of {len(caps)} hosts known could run one of its {spec.replicas} tasks "
+                             f"even idle{f' (the others: {why})' if why else ''}; it waits for more")
+        if len(self._never) >= NEVER_MEMO_SIZE:
+            self._never.clear()
+        self._never[key] = (now, found)
+        return found
 
     def queue_reasons(self, job: Job, now: float) -> list[queue_view.QueueReason]:
         """Why a queued job waits at queue level (server.views.queues.reasons), with whether

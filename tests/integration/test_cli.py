@@ -39,6 +39,7 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     # a job that succeeds: -o json, its logs
     r = muster(cluster, srv.url, "job", "submit", "--wait", "-o", "json", "hello", "--", "sh", "-c", "echo hi-there")
     assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr, r.stderr  # a host can take it
     job = json.loads(r.stdout)
     assert job["state"] == "SUCCEEDED"
     r = muster(cluster, srv.url, "job", "logs", job["id"])
@@ -59,6 +60,9 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     r = muster(cluster, srv.url, "job", "submit", "--gpus", "64", "--wait", "--timeout", "2", "huge", "--", "true")
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "not placed" in r.stderr
+    # ... and told at once that no host could ever take it
+    assert ("warning: no host could run it even idle (of 1 known: 1 not enough GPUs on host); it waits for one that "
+            "can") in r.stderr, r.stderr
     queued_id = r.stdout.split()[-2]  # table: ID STATE / <id> QUEUED
     r = muster(cluster, srv.url, "job", "why", queued_id)
     assert r.returncode == 0, r.stderr
@@ -233,6 +237,11 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     assert r.stdout.count("cancel requested") == 2 and re.search(r"j-nope +refused: no job j-nope", r.stdout), r.stdout
     for job_id in ids:
         assert api.wait_job(job_id, {"CANCELLED"})["state"] == "CANCELLED"
+    # An array no host could take: its jobs' warning, shared, is printed once.
+    r = muster(cluster, srv.url, "job", "submit", "--array", "2", "--gpus", "64", "-o", "json", "vast", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("warning: no host could run it even idle") == 1, r.stderr
+    assert muster(cluster, srv.url, "job", "cancel", "--name", "vast-", "--reason", "too big").returncode == 0
     # ... or filters, as scancel: a whole array by its name prefix, and nothing else.
     r = muster(cluster, srv.url, "job", "submit", "--array", "3", "-o", "json", "wide", "--", "sleep", "600")
     ids = [j["id"] for j in json.loads(r.stdout)]

@@ -1196,6 +1196,8 @@ async def test_why_pending_tells_a_host_too_small_from_a_busy_one(console: Conso
     fits = await submitted(m, {"name": "fits", "command": ["true"], "cpus": 2, "gpus": 2})
     html = (await console.client.get(f"/jobs/{big.id}")).text
     assert "not enough CPUs on host" in html and "(these hosts could not take it even idle)" in html
+    assert ("It could never run as the cluster stands: no host could run it even idle (of 1 known: 1 not enough CPUs "
+            "on host); it waits for one that can.") in html
     # One that would fit the idle host says nothing of the kind (here the host is free:
     # a host can take it now).
     assert "even idle" not in (await console.client.get(f"/jobs/{fits.id}")).text

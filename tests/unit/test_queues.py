@@ -94,6 +94,16 @@ def test_borrowing_within_a_cohort_up_to_the_limits() -> None:
     # ... but the 2 it lends are in use by a: reclaim is what takes them back.
     r = book.admits("b", {H100: 7})
     assert r is not None and r.reason == COHORT_EXHAUSTED and r.within_nominal
+    # Its detail says the queue is within its quota and who holds the rest.
+    assert r.limit == 6
+    assert r.detail() == ("gpu:H100: 0 held + 7 wanted > 6, the part of its quota it does not lend + what cohort c "
+                          "has unused (6 + 0); within its nominal quota 8, so queues that borrow hold the rest")
+    book.take("b", {H100: 6})
+    r = book.admits("b", {H100: 1})
+    assert r is not None and r.limit == 6
+    assert r.detail() == ("gpu:H100: 6 held + 1 wanted > 6, what it holds + what cohort c has unused (6 + 0); "
+                          "within its nominal quota 8, so queues that borrow hold the rest")
+    book.give("b", {H100: 6})
     book.give("a", {H100: 2})
     assert book.admits("b", {H100: 8}) is None
 

@@ -7,6 +7,7 @@ import gc
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from server.api.graphql import build_schema
 from server.api.graphql.inputs import HostFilter, HostSort
@@ -14,10 +15,11 @@ from server.api.graphql.queries import HOST_ORDERS, host_key, host_query
 from server.replica import Muster, ServerConfig
 from server.scheduling.placement import CORDONED, NO_FREE_GPUS, NOT_HEALTHY, WRONG_MODEL, explain
 from server.state.cluster import HostConfig
-from server.views.hosts import HostQuery, HostTable
+from server.views import jobs as job_views
+from server.views.hosts import HostQuery, HostTable, finish
 from tests.factories import T0, heartbeat, heartbeat_record, host_alloc, job, job_spec, task
 from web.console.hosts import console_query
-from wire.messages import SHAPE_HEADER, GpuUsage, Heartbeat, JobState, shape_digest
+from wire.messages import SHAPE_HEADER, GpuUsage, Heartbeat, JobState, Queue, ResourceQuota, encode, shape_digest
 from wire.records import Record
 
 
@@ -187,6 +189,88 @@ def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_
     got = Counter(mu.jobs.why_pending(job("q", spec=job_spec("q", command=["x"], gpus=8, gpu_model="H100"),
                                           state=JobState.QUEUED, submitted_at=1.0), now))
     assert got[WRONG_MODEL] == 6 and got[NO_FREE_GPUS] == 1 and got[CORDONED] == 1 and got[NOT_HEALTHY] == 1
+
+
+def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: Path, monkeypatch: Any) -> None:
+    """The warnings a submission gets (JobView.queue_never, hosts_never_steps): a host
+    busy, cordoned, silent or with a faulted GPU could still take the job once idle and
+    well, and says nothing; hosts too small, of another model or without its labels do,
+    counted; a gang needs as many such hosts as it has tasks; a queue whose own limits
+    refuse the job on every model it could run on says so."""
+    mu, hbs = _muster(tmp_path, 12)  # odd hosts H100, even A100; racks r0, r1, r2 in turn
+    st = mu.state
+    # The only H100 hosts of rack r1 are h-001 and h-007: one full, one cordoned with a faulted GPU.
+    st.apply_alloc(host_alloc("h-001", [task("x", command=["x"], gpu_indices=list(range(8)), cpus=8, memory_mb=100)]),
+                   50)
+    _cfg(mu, "h-007", 51, HostConfig(cordoned=True))
+    st.apply_host_record(heartbeat_record(hbs[7].model_copy(update={"gpu_usage": [
+        u.model_copy(update={"healthy": u.index != 0}) for u in hbs[7].gpu_usage]}), 52))
+    now = time.time()
+
+    def warnings(name: str, queue: str = "default", **spec: Any) -> list[str]:
+        j = job(name, spec=job_spec(name, command=["x"], queue=queue, **spec), state=JobState.QUEUED, submitted_at=1.0)
+        return mu.jobs.queue_never(j) + finish(mu.jobs.hosts_never_steps(j, time.monotonic()))
+
+    r1 = {"rack": "r1"}
+    waiting = job("w", spec=job_spec("w", command=["x"], gpus=8, gpu_model="H100", host_labels=r1),
+                  state=JobState.QUEUED, submitted_at=1.0)
+    assert mu.jobs.why_pending(waiting, now).get(NO_FREE_GPUS) == 1  # busy now, and h-007 is cordoned
+    assert warnings("fits-idle", gpus=8, gpu_model="H100", host_labels=r1) == []
+    assert warnings("too-big", gpus=16) == [
+        "no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one that can"]
+    assert warnings("cpus", cpus=1000) == [
+        "no host could run it even idle (of 12 known: 12 not enough CPUs on host); it waits for one that can"]
+    assert warnings("gang", gpus=8, gpu_model="H100", host_labels=r1, replicas=3) == [
+        "only 2 of 12 hosts known could run one of its 3 tasks even idle (the others: 8 host lacks a required "
+        "label, 2 wrong GPU model); it waits for more"]
+    assert warnings("gang2", gpus=8, gpu_model="H100", host_labels=r1, replicas=2) == []
+    # A queue whose own limits refuse the job on every model it could run on.
+    st.apply_state_record(Record("queue.t", 60, encode(Queue(name="t", quota={
+        "gpu:H100": ResourceQuota(nominal=8.0), "gpu:A100": ResourceQuota(nominal=2.0)}))))
+    assert warnings("q-ok", "t", gpus=4) == []  # on H100
+    assert warnings("q-big", "t", gpus=9) == [
+        "queue t can never admit it: gpu:H100: 0 held + 9 wanted > 8, its nominal quota (no cohort)",
+        "no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one that can"]
+    st.apply_state_record(Record("queue.u", 61, encode(Queue(name="u", cohort="c", quota={
+        "gpu:H100": ResourceQuota(nominal=4.0, borrowing_limit=2.0)}))))
+    assert warnings("u-ok", "u", gpus=6, gpu_model="H100") == []
+    assert warnings("u-big", "u", gpus=7, gpu_model="H100") == [
+        "queue u can never admit it: gpu:H100: 0 held + 7 wanted > 6, its nominal quota 4 + borrowing limit 2"]
+    # What the hosts said is kept per shape of job while the hosts known are as many; a
+    # host that could take it, joining, is heard of at once.
+    big = heartbeat("h-big", gpus=16, model="H100", cpus=192, memory_mb=2 * 1024 * 1024, ts=time.time())
+    st.apply_host_record(heartbeat_record(big, 70))
+    assert warnings("too-big", gpus=16) == []
+    # A pass over many hosts is made in steps: it yields after the first ones.
+    monkeypatch.setattr(job_views, "NEVER_FIRST_ROWS", 2)
+    steps = mu.jobs.hosts_never_steps(job("z", spec=job_spec("z", command=["x"], gpus=32), state=JobState.QUEUED,
+                                          submitted_at=1.0), time.monotonic())
+    next(steps)
+    assert finish(steps) == [
+        "no host could run it even idle (of 13 known: 13 not enough GPUs on host); it waits for one that can"]
+
+
+async def test_warnings_asked_for_a_batch_of_one_shape_cost_one_pass(tmp_path: Path, monkeypatch: Any) -> None:
+    """Reads.never_runs: a pass that goes past its first step is one at a time, so the
+    many jobs of one request (`submitJobs`, an array) that no host can take pay for one
+    pass over the hosts; the others read what it found."""
+    import asyncio
+
+    from server.api.reads import Reads
+
+    mu, _hbs = _muster(tmp_path, 12)
+    monkeypatch.setattr(job_views, "NEVER_FIRST_ROWS", 2)
+    reads = Reads(mu)
+    jobs = [job(f"b{i}", spec=job_spec(f"b{i}", command=["x"], gpus=16), state=JobState.QUEUED, submitted_at=1.0)
+            for i in range(20)]
+    said = await asyncio.gather(*(reads.never_runs(j) for j in jobs))
+    assert said == [["no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one "
+                     "that can"]] * 20
+    assert reads.passes == 1
+    # A job a host can take is answered in the first step, without a pass.
+    assert await reads.never_runs(job("s", spec=job_spec("s", command=["x"], gpus=1), state=JobState.QUEUED,
+                                      submitted_at=1.0)) == []
+    assert reads.passes == 1
 
 
 async def test_a_fence_shows_in_the_host_row_and_graphql_and_is_noticed_once(tmp_path: Path) -> None:

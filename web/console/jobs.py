@@ -155,6 +155,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     why = [(reason, n, reason_detail(reason))
            for reason, n in sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))]
     queue_why = m.jobs.queue_reasons(job, time.time())
+    never = await reads.never_runs(job) if job.state is JobState.QUEUED else []
     recorded: list[Any] = []
     history_error = False
     if m.history is not None:
@@ -181,6 +182,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "limit": time_limit(job.spec, m.queue(job.spec.queue)),
         "why": why,
         "queue_why": queue_why,
+        "never": never,
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
         "position": reads.queue_position(job),

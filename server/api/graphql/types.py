@@ -662,6 +662,16 @@ class SubmitJobPayload:
     job: Job | None
     user_errors: list[UserError]
 
+    @strawberry.field(description=(
+        "Why the job stored could never run as the cluster stands, when so (it is accepted and waits all the same): "
+        "its queue's own limits refuse it however little the queue holds, or no host known could take it even "
+        "idle (for a gang, fewer such hosts than it has tasks), with the hosts' reasons counted. Worked out only "
+        "when asked."))
+    async def warnings(self, info: Info) -> list[str]:
+        if self.job is None:
+            return []
+        return await reads_for(muster(info)).never_runs(self.job._m)
+
 
 @strawberry.type
 class CancelJobPayload:
