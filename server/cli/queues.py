@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--weight", type=float, default=None, help=f"fair-share weight (default {_default('weight')})")
         p.add_argument("--description", default=None, help="what the queue is for (shown in listings)")
         p.add_argument("--preempt-within", choices=["on", "off"], default=None,
-                       help="priority preemption within the queue")
+                       help=f"priority preemption within the queue (default {_default('preempt_within')})")
         p.add_argument("--reclaim", choices=["on", "off"], default=None,
                        help=f"take back what others borrowed of its nominal quota (default {_default('reclaim')})")
         p.add_argument("--fair-share-preemption", choices=["on", "off"], default=None,
@@ -64,7 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="fair share between the queue's users: at equal priority, the user whose jobs hold "
                             "least (with past use, decayed) goes next "
                             f"(default {_default('fair_share_users')}: submission order)")
-        p.add_argument("--grace", type=float, default=None, metavar="S", help="SIGTERM to SIGKILL when preempted")
+        p.add_argument("--grace", type=float, default=None, metavar="S",
+                       help=f"SIGTERM to SIGKILL when preempted: the victim's checkpoint window "
+                            f"(default {_default('preempt_grace_s')})")
         p.add_argument("--min-runtime", type=float, default=None, metavar="S",
                        help="a try runs at least this long before it may be preempted "
                             f"(default {_default('min_runtime_s')})")
