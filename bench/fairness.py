@@ -8,7 +8,9 @@ share, quotas, preemption, time limits) over a ClusterState in simulated time, w
 simulated agent: a placed task starts at once and ends after its duration; a task told
 to stop checkpoints for `--ckpt` seconds (at most its grace) and ends KILLED. A share of
 the jobs (`--checkpointing`, 0 by default) keep what they saved: their next try runs only
-the rest of their duration; the others start again from nothing. No NATS,
+the rest of their duration; the others start again from nothing. Those that keep it say
+so (`JobSpec.checkpoints`: preemption counts them as losing the grace at most), unless
+`--checkpoints-unsaid`. No NATS,
 no processes: the figures are the policy's, and the planning time is real CPU time of
 plan_cycle on this machine. Dispatch latency through NATS is what `muster bench`
 without --tenants measures.
@@ -91,7 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace", type=float, default=10.0, help="the queues' preemption grace")
     ap.add_argument("--ckpt", type=float, default=2.0, help="seconds a stopped task takes to exit")
     ap.add_argument("--checkpointing", type=float, default=0.0,
-                    help="share of jobs whose next try resumes from what they saved when stopped (0-1)")
+                    help="share of jobs whose next try resumes from what they saved when stopped (0-1); they "
+                         "say so (JobSpec.checkpoints), and preemption counts them as losing the grace at most")
+    ap.add_argument("--checkpoints-unsaid", action="store_true",
+                    help="the jobs of --checkpointing keep what they saved but do not say so (preemption ranks "
+                         "them as any other)")
     ap.add_argument("--min-runtime", type=float, default=0.0, help="the queues' minimum runtime before preemption")
     ap.add_argument("--mean-duration", type=float, default=120.0, help="synthetic: mean task seconds")
     ap.add_argument("--trace", action="store_true", help="job shapes from ../shared/traces (openb + Philly gangs)")
@@ -169,12 +175,14 @@ class Simulation:
         return sorted(out, key=lambda x: x[0])
 
     def submit(self, at: float, queue: str, req: JobReq, n: int, time_limit_s: float = 0.0) -> None:
+        keeps = self.keep_rng.random() < self.args.checkpointing
         spec = JobSpec(name=req.name, command=["sleep", f"{req.duration_s:.3f}"], gpus=req.gpus,
                        cpus=min(req.cpus, 32.0), memory_mb=min(req.memory_mb, 256 * 1024), queue=queue,
-                       replicas=req.replicas, max_attempts=3, time_limit_s=time_limit_s)
+                       replicas=req.replicas, max_attempts=3, time_limit_s=time_limit_s,
+                       checkpoints=keeps and not self.args.checkpoints_unsaid)
         job = Job(id=f"j{n:08d}x", spec=spec, submitted_at=at, updated_at=at)
         self.durations[job.id] = max(1.0, req.duration_s)
-        if self.keep_rng.random() < self.args.checkpointing:
+        if keeps:
             self.keeps.add(job.id)
         self.state.apply_job(job, self._next_rev())
 
@@ -355,6 +363,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     arrived = {t.name: t.start_s for t in sim.tenants}
     window = args.grace + args.cycle
     by_window: dict[str, dict[str, float]] = {k: {"tries": 0, "gpu_s_lost": 0.0} for k in ("arrival", "later")}
+    # Whether the stopped job kept a checkpoint.
+    by_keeping: dict[str, dict[str, float]] = {k: {"tries": 0, "gpu_s_lost": 0.0} for k in ("kept", "none")}
     delays = []
     for job in sim.state.jobs.values():
         for a in job.attempts:
@@ -380,6 +390,9 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                 w = by_window["arrival" if m and stopped - arrived.get(m.group(2), -1e9) <= window else "later"]
                 w["tries"] += 1
                 w["gpu_s_lost"] += wasted
+                k = by_keeping["kept" if job.id in sim.keeps else "none"]
+                k["tries"] += 1
+                k["gpu_s_lost"] += wasted
         if job.id in sim.placed_at:
             delays.append(sim.placed_at[job.id] - job.submitted_at)
     twice = [j for j, k in sim.ends.items() if k > 1]
@@ -411,6 +424,9 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                        "by_window": {k: {"tries": int(v["tries"]), "gpu_s_lost": round(v["gpu_s_lost"], 1)}
                                      for k, v in by_window.items()},
                        "jobs_keeping_checkpoints": len(sim.keeps),
+                       "jobs_saying_they_checkpoint": sum(1 for j in sim.state.jobs.values() if j.spec.checkpoints),
+                       "by_checkpoint": {k: {"tries": int(v["tries"]), "gpu_s_lost": round(v["gpu_s_lost"], 1)}
+                                         for k, v in by_keeping.items()},
                        # What reclaim within the goal must lose at each later queue's arrival
                        # with no checkpoints (Simulation.loss_lower_bound), and its share.
                        "lower_bound": {"by_queue_arrival": bounds,

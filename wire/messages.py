@@ -252,6 +252,10 @@ class JobSpec(_Model):
     retry_failures: int = Field(default=0, ge=0, le=100)
     retry_exit_codes: list[int] = Field(default_factory=list, max_length=16)
     retry_timeouts: bool = False
+    # The job saves its state when told to stop (SIGTERM, within its queue's grace) and
+    # its next try resumes from it: a preemption costs it the grace, not its work so far,
+    # and victims are chosen so (server.scheduling.preemption.Victim.cost).
+    checkpoints: bool = False
     # Not placed before this time (epoch seconds; 0: at once), as Slurm's `--begin`: the
     # job's `not_before` from its submission.
     begin_at: float = Field(default=0.0, ge=0, le=MAX_EPOCH_S)

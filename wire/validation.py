@@ -208,6 +208,9 @@ def validate_job(
         err("retryTimeouts", "must be true or false")
     if (retry_codes or retry_timeouts is True) and not retry_failures:
         err("retryFailures", "retryExitCodes and retryTimeouts say which tries retryFailures retries: give it too")
+    checkpoints = data.get("checkpoints", False)
+    if not isinstance(checkpoints, bool):
+        err("checkpoints", "must be true or false")
     begin_at = data.get("begin_at", 0) or 0
     if not _real(begin_at, 0, MAX_EPOCH_S):
         err("beginAt", "must be a time (epoch seconds, or a date and time)", "OUT_OF_RANGE")
@@ -247,6 +250,7 @@ def validate_job(
         retry_failures=retry_failures,
         retry_exit_codes=sorted(set(retry_codes)),
         retry_timeouts=retry_timeouts is True,
+        checkpoints=checkpoints is True,
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).
     too_large = [ValidationError(f, m, "TOO_LARGE") for f, m in check_spec(spec)]

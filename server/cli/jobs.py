@@ -19,7 +19,7 @@ from wire.errors import NotFound, ValidationError
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
-beginAt notBefore retryFailures retryExitCodes retryTimeouts
+beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
@@ -27,7 +27,7 @@ outputTail reason }"""
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
-                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts")
+                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,6 +154,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     dest="retry_exit_codes", help="with --retry-failures: only these exit codes (repeat for more)")
     js.add_argument("--retry-timeouts", action="store_true",
                     help="with --retry-failures: a try stopped at its time limit is retried too")
+    js.add_argument("--checkpoints", action="store_true",
+                    help="it saves its state on SIGTERM (within its queue's grace, MUSTER_PREEMPT_DEADLINE) and "
+                         "resumes from it: a preemption costs it the grace only, and such jobs are stopped first")
     js.add_argument("--begin", default=None, metavar="WHEN",
                     help="not placed before this time: ISO 8601 (UTC unless it names an offset) or a time from now "
                          "(90m, 2h, 1d), as Slurm's --begin")
@@ -250,6 +253,8 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["retryExitCodes"] = args.retry_exit_codes
     if args.retry_timeouts:
         inp["retryTimeouts"] = True
+    if args.checkpoints:
+        inp["checkpoints"] = True
     if args.after_any and args.after_notok:
         raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
@@ -314,10 +319,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return submit_array(args, array_inputs(inp, n, limit, args.group))
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} warnings }} }}"""
-    res = gql(q, {"input": inp})["submitJob"]
+    res = gql(q, {"input": inp}, optional=(*NEWER_FIELDS, "warnings"))["submitJob"]
     if res["userErrors"]:
         raise user_errors(res["userErrors"], "{field}: {message} ({code})")
-    warn(res["warnings"])
+    warn(res.get("warnings") or [])
     job = res["job"]
     timed_out = False
     if args.follow:
@@ -348,9 +353,9 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
     first refusal is raised."""
     q = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
         job { id name state } userErrors { field message code } warnings } }"""
-    res = gql(q, {"input": inputs})["submitJobs"]
+    res = gql(q, {"input": inputs}, optional=("warnings",))["submitJobs"]
     jobs = [r["job"] for r in res if r["job"]]
-    warn(list(dict.fromkeys(w for r in res for w in r["warnings"])))  # an array's jobs share theirs
+    warn(list(dict.fromkeys(w for r in res for w in r.get("warnings") or [])))  # an array's jobs share theirs
     if jobs:
         out(args, jobs, [[j["id"], j["name"], j["state"]] for j in jobs], ["ID", "NAME", "STATE"])
         print(f"array group {inputs[0]['group']}: muster job list --group '{inputs[0]['group']}' lists it, "
@@ -441,6 +446,8 @@ def show(args: argparse.Namespace) -> None:
         codes = f" exiting {', '.join(map(str, job['retryExitCodes']))}" if job.get("retryExitCodes") else ""
         also = " (and tries that reach the time limit)" if job.get("retryTimeouts") else ""
         print(f"  retries: up to {job['retryFailures']} failed tries{codes}{also}")
+    if job.get("checkpoints"):
+        print("  checkpoints: saves its state when stopped and resumes from it")
     if job.get("beginAt"):
         print(f"  begins:  {when_text(job['beginAt'])}" + (" (not yet)" if job.get("notBefore") else ""))
     if job.get("group"):

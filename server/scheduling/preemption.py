@@ -12,7 +12,8 @@ Rules: reclaim and fair share never take a job from a queue that is not above it
 nominal quota (checked again after each victim chosen); no job younger than its queue's
 `min_runtime_s` and no job already stopping is a victim; a gang is a victim as a whole.
 Victims are chosen to lose the least work: lowest priority first, then the least
-runtime times GPUs held; then every victim not needed for the fit is given back (most valuable first),
+runtime times GPUs held (a job that checkpoints, `JobSpec.checkpoints`, loses at most its
+queue's grace of it); then every victim not needed for the fit is given back (most valuable first),
 so the set is minimal in that order. Where the cheapest victims over every host free no
 room the job fits in (spread over many hosts, none cleared), they are looked for host by
 host, whole hosts' sets the cheapest first.
@@ -20,6 +21,7 @@ host, whole hosts' sets the cheapest first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,13 +48,32 @@ class Victim:
     submitted_at: float
     usage: Resources
     tasks: tuple[tuple[str, Task], ...]  # (host, task) of each live task
+    # The most seconds of work a stop loses: its queue's grace for a job that checkpoints
+    # (it saves its state in the grace and resumes from it), else all it has run.
+    cap: float = math.inf
 
     def cost(self, now: float) -> tuple[int, float, float, str]:
-        """Lower is cheaper to stop: low priority, then little work lost (its runtime
-        times the GPUs it holds, or times its CPUs for a job without GPUs)."""
+        """Lower is cheaper to stop: low priority, then little work lost (victim_cost)."""
         gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
         size = work_size(gpus, self.usage.get("cpu", 1.0))
-        return (self.priority, (now - self.started_at) * size, -self.submitted_at, self.job_id)
+        return victim_cost(self.priority, size, self.cap, self.started_at, self.submitted_at, self.job_id, now)
+
+
+def victim_cost(priority: int, size: float, cap: float, started_at: float, submitted_at: float, job_id: str,
+                now: float) -> tuple[int, float, float, str]:
+    """What stopping a running job costs at `now`, lower first: its priority, then the
+    work lost, its runtime (at most `cap`, for a job that checkpoints) times its size;
+    among equals the later submitted, or, among jobs that checkpoint and would each lose
+    their whole cap, the later started."""
+    ran = now - started_at
+    if ran >= cap:
+        return (priority, cap * size, -started_at, job_id)
+    return (priority, ran * size, -submitted_at, job_id)
+
+
+def checkpoint_cap(checkpoints: bool, grace_s: float) -> float:
+    """A victim's `cap`: the grace of its queue for a job that checkpoints, else none."""
+    return grace_s if checkpoints else math.inf
 
 
 def work_size(gpus: float, cpus: float) -> float:

@@ -265,6 +265,43 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
     assert_invariants(cluster.nats_url)
 
 
+def test_reclaim_stops_the_job_that_checkpoints(cluster: Cluster, tmp_path: Path) -> None:
+    """Two borrowed GPUs, one running a job that checkpoints (`muster job submit
+    --checkpoints`): once both have run past the borrowers' grace, the job that
+    checkpoints is the cheaper victim whichever started first, and it is the one
+    stopped (SIGTERM, its checkpoint, its exit) before the reclaiming job starts on its GPU."""
+    srv = cluster.server(env={"MUSTER_FAIR_SHARE_HALF_LIFE": "0"})
+    cluster.agent("c1", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    for name in ("train", "serve"):
+        admin(api, "createQueue", {"name": name, "cohort": "lab", "minRuntimeSeconds": 0, "preemptGraceSeconds": 1,
+                                   "quota": [{"resource": "gpu:H100", "nominal": 1}]})
+    r = muster(cluster, srv.url, "job", "submit", "--queue", "train", "--gpus", "1", "--checkpoints", "-o", "json",
+               "saver", "--", *task(tmp_path, "saver", 300))
+    assert r.returncode == 0, r.stderr
+    saver = json.loads(r.stdout)
+    assert saver["checkpoints"] is True
+    plain = submit(api, "plain", task(tmp_path, "plain", 300), queue="train")["job"]["id"]
+    for j in (saver["id"], plain):
+        api.wait_job(j, {"RUNNING"})
+    shown = muster(cluster, srv.url, "job", "show", saver["id"]).stdout
+    assert "checkpoints: saves its state when stopped and resumes from it" in shown, shown
+    # Both past the grace: the saver would lose 1 s of work, the other all it ran.
+    wait_until(lambda: all(time.time() - when(tmp_path, n, "start")["t"] > 3 for n in ("saver", "plain")),
+               timeout=30, what="both tasks running for 3 s")
+    s1 = submit(api, "s1", task(tmp_path, "s1", 0.5), queue="serve")["job"]["id"]
+    api.wait_job(s1, {"SUCCEEDED"}, timeout=60)
+    first = attempts(api, saver["id"])[0]
+    assert first["state"] == "PREEMPTED" and "reclaim" in first["reason"], first
+    assert when(tmp_path, "saver", "exit")["t"] < when(tmp_path, "s1", "start")["t"]
+    assert api.job(plain)["state"] == "RUNNING" and len(attempts(api, plain)) == 1
+    for j in (saver["id"], plain):
+        cancel(api, j)
+    settled(api, saver["id"], plain)
+    assert_invariants(cluster.nats_url)
+
+
 def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Cluster, tmp_path: Path) -> None:
     srv = cluster.server()
     cluster.agent("t1", gpus="1xH100")

@@ -36,6 +36,25 @@ def test_small_fairness_run_is_correct() -> None:
     assert set(rep["time_to_90pct_entitled_s"]) == {"t0", "t1", "t2"}
 
 
+def test_jobs_that_checkpoint_say_so_unless_told_not_to() -> None:
+    """`--checkpointing` draws which jobs keep what they saved; they say so in their spec
+    (`checkpoints`) unless `--checkpoints-unsaid`, and the same jobs are drawn either way.
+    The report splits the loss by whether the stopped job kept a checkpoint."""
+    base = ["--tenants", "3", "--hosts", "6", "--rate", "20", "--wave", "3", "--gap", "10", "--tail", "25",
+            "--mean-duration", "20", "--grace", "3", "--ckpt", "1", "--checkpointing", "0.5"]
+    said = simulate(build_parser().parse_args(base))
+    unsaid = simulate(build_parser().parse_args([*base, "--checkpoints-unsaid"]))
+    for rep in (said, unsaid):
+        assert rep["correctness"]["ok"]
+        p = rep["preemption"]
+        assert sum(v["tries"] for v in p["by_checkpoint"].values()) == p["preempted_tries"]
+        assert abs(sum(v["gpu_s_lost"] for v in p["by_checkpoint"].values()) - p["gpu_s_lost"]) < 1
+    keeping = said["preemption"]["jobs_keeping_checkpoints"]
+    assert keeping == unsaid["preemption"]["jobs_keeping_checkpoints"] > 0
+    assert said["preemption"]["jobs_saying_they_checkpoint"] == keeping
+    assert unsaid["preemption"]["jobs_saying_they_checkpoint"] == 0
+
+
 def _step(sim, now: float) -> None:  # type: ignore[no-untyped-def]
     from server.scheduling.planner import QueuePolicy, plan_cycle
 

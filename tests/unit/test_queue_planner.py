@@ -197,6 +197,29 @@ def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     assert (w.holding("a"), w.holding("b")) == (4, 4)
 
 
+def test_reclaim_stops_jobs_that_checkpoint_first_as_they_lose_only_the_grace() -> None:
+    """A job that checkpoints (JobSpec.checkpoints) loses at most its queue's grace of work
+    when stopped: b0 and b1, running 900 s but checkpointing (30 s lost each), go before
+    b4 and b5, which have run 100 s and would lose all of it; b2 and b3, as old and not
+    checkpointing, stay."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)  # grace 30 s, the default
+    _fill(w, "a", 2, NOW - 1000)
+    for i in range(4):
+        w.qsubmit(f"b{i}", "b", submitted_at=NOW - 900 + i, checkpoints=i < 2)
+    w.qcycle(now=NOW - 900)
+    w.qcycle(w.agent_reports(NOW - 900), now=NOW - 900)
+    _fill(w, "b", 2, NOW - 102, prefix="b-late")  # started at NOW - 100
+    assert (w.holding("a"), w.holding("b")) == (2, 6)
+    w.qsubmit("a-new1", "a", submitted_at=NOW - 10)
+    w.qsubmit("a-new2", "a", submitted_at=NOW - 9)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "a"): 2}
+    assert sorted(t.job_id for t in w.tasks("h1") if t.stop) == ["b0", "b1"]
+
+
 def test_a_gang_that_needs_more_victims_than_a_cycle_allows_gets_them_in_one_cycle() -> None:
     """Reclaim for a gang of two whole hosts, each full of a borrower's one-GPU jobs: 16
     victims, four times the cycle's budget here. The cycle's first preemption may stop

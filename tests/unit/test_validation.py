@@ -581,3 +581,11 @@ def test_a_dependency_rule_is_one_of_three_and_only_with_jobs_to_run_after() -> 
     assert spec is not None and spec.depend_not_ok and not spec.depend_any
     spec, _ = validate_job({**BASE, "depend_not_ok": True})  # nothing to run after: no rule kept
     assert spec is not None and not spec.depend_not_ok
+
+
+def test_checkpoints_is_true_or_false() -> None:
+    assert errs(checkpoints="yes") == [("checkpoints", "INVALID")]
+    spec, _ = validate_job({**BASE, "checkpoints": True})
+    assert spec is not None and spec.checkpoints
+    spec, _ = validate_job(dict(BASE))
+    assert spec is not None and not spec.checkpoints

@@ -1,34 +1,41 @@
-"""scheduling.victimindex: a queue's stoppable jobs read cheapest first, at any clock and
-minimum runtime, always the order of preemption.Victim.cost over the records afresh."""
+"""scheduling.victimindex: a queue's stoppable jobs read cheapest first, at any clock,
+minimum runtime and grace (the cap of what a job that checkpoints loses), always the order
+of preemption.Victim.cost over the records afresh."""
 
 from __future__ import annotations
+
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.preemption import stoppable
+from server.scheduling.preemption import Victim, checkpoint_cap, stoppable
 from server.state.cluster import ClusterState
 from tests.factories import job, job_spec, set_or_drop
 from wire.messages import Attempt, AttemptState, Job, JobState
 
 
-def afresh(jobs: dict[str, Job], queue: str, now: float, min_runtime_s: float) -> list[tuple[tuple, str]]:
-    """Every stoppable job of `queue` past the minimum runtime, sorted by its cost now."""
+def afresh(jobs: dict[str, Job], queue: str, now: float, min_runtime_s: float,
+           grace_s: float = math.inf) -> list[tuple[tuple, str]]:
+    """Every stoppable job of `queue` past the minimum runtime, sorted by its cost now
+    (Victim.cost, its size as the index has it)."""
     out = []
     for j in jobs.values():
         facts = stoppable(j)
         if j.spec.queue != queue or facts is None or now - facts[0] < min_runtime_s:
             continue
-        out.append(((j.spec.priority, (now - facts[0]) * facts[1], -j.submitted_at, j.id), j.id))
+        v = Victim(j.id, queue, j.spec.priority, facts[0], j.submitted_at, {"gpu:x": facts[1]}, (),
+                   checkpoint_cap(j.spec.checkpoints, grace_s))
+        out.append((v.cost(now), j.id))
     return sorted(out)
 
 
 def running(i: int, queue: str, prio: int, gpus: int, cpus: float, started: float, submitted: float,
-            state: JobState, stopping: bool) -> Job:
+            state: JobState, stopping: bool, checkpoints: bool = False) -> Job:
     att = Attempt(id=f"j{i}.1", number=1, host_id="h1", state=AttemptState.RUNNING, started_at=started,
                   stop_kind="preempt" if stopping else "")
     return job(f"j{i}", state=state, submitted_at=submitted, attempts=[att],
-               spec=job_spec(f"j{i}", queue=queue, priority=prio, gpus=gpus, cpus=cpus))
+               spec=job_spec(f"j{i}", queue=queue, priority=prio, gpus=gpus, cpus=cpus, checkpoints=checkpoints))
 
 
 # Few distinct values, so that costs tie (equal runtimes x sizes, equal submissions) often;
@@ -38,30 +45,49 @@ record = st.builds(
     st.sampled_from([1.0, 3.0]), st.sampled_from([0.1, 0.2, 0.30000000000000004, 0.3, 1.7, 5.0, 5.0, 9.9]),
     st.sampled_from([1.0, 2.0, 2.0]),
     st.sampled_from([JobState.RUNNING, JobState.RUNNING, JobState.RUNNING, JobState.QUEUED, JobState.SUCCEEDED]),
-    st.booleans())
+    st.booleans(), st.booleans())
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(record, st.integers(0, 9)), max_size=40),
        st.sampled_from([10.0, 10.3, 12.0, 1e9]), st.sampled_from([0.0, 0.0, 2.0, 5.0, 8.3, 9.8]),
-       st.sampled_from([None, 1]))
+       st.sampled_from([None, 1]), st.sampled_from([math.inf, 0.0, 2.0, 4.9, 8.3]))
 def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: float, min_runtime_s: float,
-                                                          below: int | None) -> None:
+                                                          below: int | None, grace_s: float) -> None:
     """Records set (a job) and dropped (an index) in any order, a job's queue, priority,
-    size, start and state changing between its records. The jobs still too young to be
-    stopped (`young`) are exactly the others: a job that has run the minimum runtime
-    exactly (a start of 5.0 at 10.0 with 5.0) may be stopped, and is not young."""
+    size, start, state and checkpointing changing between its records; jobs that
+    checkpoint cost at most the grace of work (many of them exactly that: ties). The jobs
+    still too young to be stopped (`young`) are exactly the others: a job that has run
+    the minimum runtime exactly (a start of 5.0 at 10.0 with 5.0) may be stopped, and is
+    not young."""
     state = ClusterState()
     for step in steps:
         set_or_drop(state, step)
     for q in ("a", "b"):
-        assert list(state.victims.cheapest(q, now, min_runtime_s)) == afresh(state.jobs, q, now, min_runtime_s)
+        assert list(state.victims.cheapest(q, now, min_runtime_s, grace_s)) == afresh(state.jobs, q, now,
+                                                                                      min_runtime_s, grace_s)
         starts = [f[0] for j in state.jobs.values() if j.spec.queue == q and (f := stoppable(j)) is not None
                   and (below is None or j.spec.priority < below) and now - f[0] < min_runtime_s]
         count, first = state.victims.young(q, now, min_runtime_s, below)
         assert count == len(starts)
         assert first == (min(starts) + min_runtime_s - now if starts else None)
     assert set(state.victims.facts) == {j.id for j in state.jobs.values() if stoppable(j) is not None}
+
+
+def test_a_job_that_checkpoints_costs_at_most_its_grace() -> None:
+    """A job that checkpoints loses at most its queue's grace of work: after 100 s it is
+    cheaper to stop than one that does not and has run 20 s; those that have run past
+    the grace all cost the grace, the latest started first; the grace is the queue's,
+    read when the index is (none given: they cost what they ran, as any other)."""
+    state = ClusterState()
+    for i, started, submitted, ckpt in ((1, 0.0, 3.0, True), (2, 80.0, 0.0, False), (3, 50.0, 1.0, True),
+                                        (4, 97.0, 2.0, True)):
+        state._set_job(running(i, "a", 0, 1, 1.0, started, submitted, JobState.RUNNING, False, ckpt))
+    got = list(state.victims.cheapest("a", 100.0, 0.0, 10.0))
+    assert [job_id for _, job_id in got] == ["j4", "j3", "j1", "j2"]
+    assert [cost[1] for cost, _ in got] == [3.0, 10.0, 10.0, 20.0]
+    assert got == afresh(state.jobs, "a", 100.0, 0.0, 10.0)
+    assert [job_id for _, job_id in state.victims.cheapest("a", 100.0)] == ["j4", "j2", "j3", "j1"]
 
 
 def test_ties_in_runtime_times_size_go_in_the_cost_order() -> None:

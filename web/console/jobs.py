@@ -298,7 +298,8 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
                    "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": "",
-                   "begin": "", "group": "", "group_limit": "", "retry_failures": "", "retry_exit_codes": ""}
+                   "begin": "", "group": "", "group_limit": "", "retry_failures": "", "retry_exit_codes": "",
+                   "checkpoints": ""}
 
 
 @console()
@@ -365,6 +366,8 @@ async def submit(request: Request) -> Response:
         data["depend_not_ok"] = values["after_rule"] == "notok"
     if values["held"]:
         data["held"] = True
+    if values["checkpoints"]:
+        data["checkpoints"] = True
     if values["begin"]:
         try:  # the form's date and time, in UTC
             data["begin_at"] = parse_time(values["begin"]).timestamp()

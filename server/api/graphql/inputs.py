@@ -80,6 +80,10 @@ class SubmitJobInput:
     retry_timeouts: bool = strawberry.field(
         default=False, description="With retryFailures: a try stopped at its time limit is retried too (counted "
         "with the failures) instead of ending the job TIMEOUT.")
+    checkpoints: bool = strawberry.field(
+        default=False, description="The job saves its state when told to stop (SIGTERM, within its queue's grace: "
+        "MUSTER_PREEMPT_DEADLINE) and its next try resumes from it. Preemption then counts a stop as losing "
+        "the grace, not the try's work so far, and stops such jobs first among equals.")
     begin_at: dt.datetime | None = strawberry.field(
         default=None, description="Not placed before this time (Slurm's --begin); until then it is QUEUED and "
         "says so in its pendingReasons. Default, or a time past: at once.")

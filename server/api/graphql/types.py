@@ -459,6 +459,11 @@ class Job:
     def retry_timeouts(self) -> bool:
         return self._m.spec.retry_timeouts
 
+    @strawberry.field(description="Whether it saves its state when told to stop and resumes from it (see "
+                      "SubmitJobInput).")
+    def checkpoints(self) -> bool:
+        return self._m.spec.checkpoints
+
     @strawberry.field(description="Not placed before this time, as submitted (null: at once).")
     def begin_at(self) -> dt.datetime | None:
         return ts(self._m.spec.begin_at) if self._m.spec.begin_at else None

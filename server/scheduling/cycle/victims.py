@@ -27,6 +27,8 @@ from server.scheduling.queues import (
 from wire.budgets import MAX_PREEMPTING
 from wire.messages import Job, JobSpec, Queue, Task
 
+DEFAULT_GRACE_S: float = Queue.model_fields["preempt_grace_s"].default
+
 
 def _victim_try(entry: str) -> tuple[str, int]:
     job_id, _, number = entry.rpartition(":")
@@ -77,7 +79,8 @@ def running_by_cost(w: Work, adm: Admission, qn: str, now: float) -> Ranked:
     if hit is not None:
         return hit
     vq = adm.book.queue(qn)
-    ranked = adm.running[qn] = Ranked(_unfrozen(w, w.state.victims.cheapest(qn, now, vq.min_runtime_s))
+    ranked = adm.running[qn] = Ranked(_unfrozen(w, w.state.victims.cheapest(qn, now, vq.min_runtime_s,
+                                                                              vq.preempt_grace_s))
                                        if vq is not None else iter(()))
     return ranked
 
@@ -170,7 +173,10 @@ def _victim(w: Work, job: Job, wanted: AbstractSet[str], now: float) -> preempti
             return None
         where.append((t.host_id, task))
     since = min(t.started_at or now for t in tasks)
-    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where))
+    q = w.state.queues.get(job.spec.queue)  # none stored: the implicit default queue's grace, the record's default
+    cap = preemption.checkpoint_cap(job.spec.checkpoints, q.preempt_grace_s if q is not None else DEFAULT_GRACE_S)
+    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where),
+                             cap)
 
 
 class _HostVictims:
