@@ -22,7 +22,7 @@ from server.scheduling import advance, maintenance
 from server.scheduling.backfill import Reservation, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import queue_order
-from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_refusal
+from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_room
 from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
@@ -44,6 +44,7 @@ NEVER_DETAIL = "these hosts could not take it even idle"
 # how many shapes.
 NEVER_MEMO_S = 30.0
 NEVER_MEMO_SIZE = 1024
+# How many hosts its first step looks at: a submission's own (Reads.never_runs).
 NEVER_FIRST_ROWS = 64
 
 # How a task's GPU is shared, as GraphQL, the console and the CLI say it.
@@ -198,9 +199,10 @@ class JobView:
         return [f"queue {q.name} can never admit it: {most.detail()}"]
 
     def hosts_never_steps(self, job: Job, now: float) -> Steps[list[str]]:
-        """A warning when no host known could take the job even idle (for a gang, fewer
-        such hosts than it has tasks), each other host's reason counted; none with no
-        host known. What it finds is kept `NEVER_MEMO_S` (`now` is monotonic) per shape
+        """A warning when no host known could take the job even idle (for a gang, when
+        the hosts could take fewer of its tasks than it has, several on one host where
+        they fit; a gang's rack is not looked at), each other host's reason counted; none
+        with no host known. What it finds is kept `NEVER_MEMO_S` (`now` is monotonic) per shape
         of job and number of hosts known. It yields after the first `NEVER_FIRST_ROWS`
         hosts, then every STEP_ROWS (`Steps`): a pass over every host is paid only for a
         job that few hosts or none can take."""
@@ -214,27 +216,28 @@ class JobView:
         hit = self._never.get(key)
         if hit is not None and now - hit[0] < NEVER_MEMO_S:
             return hit[1]
-        able = 0
+        tasks = hosts = 0  # tasks the hosts known could take idle, and on how many hosts
         reasons: Counter[str] = Counter()
         for n, cap in enumerate(list(caps.values()), start=1):
-            r = idle_refusal(spec, cap)
-            if r is None:
-                able += 1
-                if able >= spec.replicas:
+            room, why_not = idle_room(spec, cap, spec.replicas - tasks)
+            if room:
+                tasks += room
+                hosts += 1
+                if tasks >= spec.replicas:
                     break
-            else:
-                reasons[r] += 1
+            elif why_not is not None:
+                reasons[why_not] += 1
             if n == NEVER_FIRST_ROWS or n % STEP_ROWS == 0:
                 yield
         found: list[str] = []
-        if able < spec.replicas:
+        if tasks < spec.replicas:
             why = ", ".join(f"{k} {r}" for r, k in sorted(reasons.items(), key=lambda x: (-x[1], x[0])))
             if spec.replicas == 1:
                 found.append(f"no host could run it even idle (of {len(caps)} known: {why}); it waits for one "
                              "that can")
             else:
-                found.append(f"only {able} of {len(caps)} hosts known could run one of its {spec.replicas} tasks "
-                             f"even idle{f' (the others: {why})' if why else ''}; it waits for more")
+                found.append(f"the {len(caps)} hosts known could run {tasks} of its {spec.replicas} tasks even "
+                             f"idle (on {hosts} of them{f'; the others: {why}' if why else ''}); it waits for more")
         if len(self._never) >= NEVER_MEMO_SIZE:
             self._never.clear()
         self._never[key] = (now, found)

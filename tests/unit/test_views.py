@@ -221,9 +221,14 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
     assert warnings("cpus", cpus=1000) == [
         "no host could run it even idle (of 12 known: 12 not enough CPUs on host); it waits for one that can"]
     assert warnings("gang", gpus=8, gpu_model="H100", host_labels=r1, replicas=3) == [
-        "only 2 of 12 hosts known could run one of its 3 tasks even idle (the others: 8 host lacks a required "
-        "label, 2 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run 2 of its 3 tasks even idle (on 2 of them; the others: 8 host lacks a "
+        "required label, 2 wrong GPU model); it waits for more"]
     assert warnings("gang2", gpus=8, gpu_model="H100", host_labels=r1, replicas=2) == []
+    # A gang's tasks share a host where they fit, as they are placed: 8 of 2 GPUs on the two.
+    assert warnings("gang8", gpus=2, gpu_model="H100", host_labels=r1, replicas=8) == []
+    assert warnings("gang9", gpus=2, gpu_model="H100", host_labels=r1, replicas=9) == [
+        "the 12 hosts known could run 8 of its 9 tasks even idle (on 2 of them; the others: 8 host lacks a "
+        "required label, 2 wrong GPU model); it waits for more"]
     # A queue whose own limits refuse the job on every model it could run on.
     st.apply_state_record(Record("queue.t", 60, encode(Queue(name="t", quota={
         "gpu:H100": ResourceQuota(nominal=8.0), "gpu:A100": ResourceQuota(nominal=2.0)}))))
