@@ -8,9 +8,9 @@ holds for long. Within one (priority, size, checkpoints) group it does: the late
 started, the cheaper it is (or as cheap, and first among equals), whatever the time.
 Each group is therefore kept sorted by start (a SortedList, updated as job records
 arrive), and a search for victims merges the groups' youngest jobs by their cost now,
-reading only as far as it needs. Building the
-ranking by walking every running job of a queue, each cycle, was most of a cycle's cost
-with 140,000 running jobs and a long backlog (docs/benchmarks.md, "A long queue").
+reading only as far as it needs. Building the ranking by walking every running job of a
+queue, each cycle, was most of a cycle's cost with 140,000 running jobs and a long
+backlog (docs/benchmarks.md, "A long queue").
 
 Pure data, no I/O; ClusterState keeps one.
 """
