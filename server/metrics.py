@@ -83,6 +83,11 @@ PLACEMENT_LATENCY = Histogram(
 PREEMPTIONS = Counter(
     "muster_preemptions_total", "Jobs told to stop to make room, by the preempting queue and the kind of preemption",
     ["queue", "kind"], registry=REGISTRY)
+PREEMPTION_LOST = Counter(
+    "muster_preemption_lost_gpu_seconds_total",
+    "GPU-seconds of work preempted tries lost, by the victim's queue and whether its job checkpoints (a try that "
+    "does not loses all it ran; one that does, the time from its stop to its exit)",
+    ["queue", "checkpoints"], registry=REGISTRY)
 TIMEOUTS = Counter("muster_timeouts_total", "Tries stopped at their time limit", registry=REGISTRY)
 RESERVATIONS = Gauge("muster_reservations", "Waiting jobs the last scheduling cycle held hosts for "
                      "(scheduling.backfill)", registry=REGISTRY)

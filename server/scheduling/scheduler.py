@@ -631,6 +631,8 @@ class Scheduler:
                 self.state.apply_queue_usage(u, res.revisions[subjects.qusage_key(q)])
             for (kind, queue), n in plan.preempted.items():
                 metrics.PREEMPTIONS.labels(queue, kind).inc(n)
+            for (queue, ckpt), gpu_s in plan.preemption_lost.items():
+                metrics.PREEMPTION_LOST.labels(queue, "yes" if ckpt else "no").inc(gpu_s)
             if plan.timed_out:
                 metrics.TIMEOUTS.inc(plan.timed_out)
             if plan.gpu_fault_stops:

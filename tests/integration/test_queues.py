@@ -296,6 +296,13 @@ def test_reclaim_stops_the_job_that_checkpoints(cluster: Cluster, tmp_path: Path
     assert first["state"] == "PREEMPTED" and "reclaim" in first["reason"], first
     assert when(tmp_path, "saver", "exit")["t"] < when(tmp_path, "s1", "start")["t"]
     assert api.job(plain)["state"] == "RUNNING" and len(attempts(api, plain)) == 1
+    # What the stop cost it, on /metrics: the seconds from its stop to its exit (its
+    # checkpoint of 0.5 s), not the seconds it ran.
+    text = httpx.get(srv.url + "/metrics", timeout=30).text
+    lost = [float(line.rpartition(" ")[2]) for line in text.splitlines()
+            if line.startswith('muster_preemption_lost_gpu_seconds_total{checkpoints="yes",queue="train"}')]
+    ran = (dt.datetime.fromisoformat(first["finishedAt"]) - dt.datetime.fromisoformat(first["startedAt"]))
+    assert len(lost) == 1 and 0 < lost[0] < ran.total_seconds() - 2, (lost, ran)
     for j in (saver["id"], plain):
         cancel(api, j)
     settled(api, saver["id"], plain)

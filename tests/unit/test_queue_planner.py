@@ -184,8 +184,11 @@ def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     no_overcommit(w.state)
     # Their agent reports them stopped: a's jobs are placed in the same cycle, on their GPUs.
     freed = {i for t in stopping for i in t.gpu_indices}
+    ran = sum(NOW + 20 - w.job(v).current.started_at for v in ("b4", "b5"))
     plan = w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)
     assert plan.placed == 2
+    # Their work is lost, all they ran (one GPU each; the scheduler adds it to a metric).
+    assert plan.preemption_lost == {("b", False): ran} and ran > 1800
     new = [t for t in w.tasks("h1") if t.job_id.startswith("a-new")]
     assert {i for t in new for i in t.gpu_indices} == freed
     assert not any(t.job_id in ("b4", "b5") for t in w.tasks("h1"))
@@ -218,6 +221,9 @@ def test_reclaim_stops_jobs_that_checkpoint_first_as_they_lose_only_the_grace() 
     plan = w.qcycle(now=NOW)
     assert plan.preempted == {("reclaim", "a"): 2}
     assert sorted(t.job_id for t in w.tasks("h1") if t.stop) == ["b0", "b1"]
+    # Stopped, they lose only the seconds from the stop to their exit.
+    plan = w.qcycle(w.agent_reports(NOW + 5), now=NOW + 5)
+    assert plan.preemption_lost == {("b", True): 2 * 5.0}
 
 
 def test_a_gang_that_needs_more_victims_than_a_cycle_allows_gets_them_in_one_cycle() -> None:

@@ -14,6 +14,7 @@ from server.scheduling.cycle.work import (
     stop_attempt,
     stop_tasks,
 )
+from server.scheduling.queues import attempt_usage
 from wire.budgets import (
     CANCEL_REASON_MAX,
     HOLD_REASON_MAX,
@@ -23,7 +24,7 @@ from wire.budgets import (
     text_limits,
     tries_bound,
 )
-from wire.messages import Attempt, AttemptState, Command, Job, JobState, StatusReport
+from wire.messages import Attempt, AttemptState, Command, Job, JobSpec, JobState, StatusReport
 
 
 def apply_report(w: Work, r: StatusReport, now: float) -> None:
@@ -88,10 +89,23 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     _after_attempt_end(w, job, a, ended, now, why)
 
 
+def preemption_loss(spec: JobSpec, a: Attempt) -> float:
+    """GPU-seconds of work a task that ended preempted lost: all it ran, or for a job that
+    checkpoints (it saved its state when told to stop) the time from its stop to its exit."""
+    if a.started_at is None or a.finished_at is None:
+        return 0.0
+    gpus = sum(v for r, v in attempt_usage(spec, a).items() if r.startswith("gpu:"))
+    since = max(a.stop_at or a.started_at, a.started_at) if spec.checkpoints else a.started_at
+    return max(0.0, a.finished_at - since) * gpus
+
+
 def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
     """Decide what an ended attempt means for its job. A gang finishes only when every
     task of the try succeeded; one failure stops the others, and the gang is retried
     (or failed) as one once none of its tasks is live any more."""
+    if ended is AttemptState.PREEMPTED:
+        key = (job.spec.queue, job.spec.checkpoints)
+        w.plan.preemption_lost[key] = w.plan.preemption_lost.get(key, 0.0) + preemption_loss(job.spec, a)
     if job.state.terminal:  # cancelled meanwhile: the attempt has now stopped
         w.plan.events.append(job_event("attempt.stopped", job, a, now))
         return
