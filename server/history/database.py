@@ -35,9 +35,9 @@ from sqlmodel import Session, col, create_engine, select
 
 from server.history.models import AttemptRow, EventRow, JobRow, StreamPositionRow
 from server.history.timeline import job_events
-from server.scheduling.queues import gpu_amount
+from server.scheduling.queues import gpu_amount, preemption_loss
 from wire.errors import DecodeError
-from wire.messages import MAX_RECORD_BYTES, Job, decode
+from wire.messages import MAX_RECORD_BYTES, AttemptState, Job, decode
 from wire.stopping import pause
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,8 @@ def attempt_rows(job: Job) -> list[dict[str, object]]:
                  term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
                  started_at=a.started_at, finished_at=a.finished_at, queue=job.spec.queue,
                  user=job.spec.user, gpus=gpus, gpu_model=a.gpu_model or job.spec.gpu_model or "",
-                 cpus=job.spec.cpus, memory_mb=float(job.spec.memory_mb))
+                 cpus=job.spec.cpus, memory_mb=float(job.spec.memory_mb),
+                 lost_gpu_s=preemption_loss(job.spec, a) if a.state is AttemptState.PREEMPTED else 0.0)
             for a in job.attempts]
 
 
@@ -552,7 +553,8 @@ class History:
               until: float | None = None, now: float | None = None) -> list[UsageRow]:
         """Resources used by attempts in [`since`, `until`) (the parts of their runs that
         fall in it; a running attempt counts up to `now`), summed per queue, user and GPU
-        model: GPU-seconds, CPU-seconds, memory MB-seconds, and how many attempts."""
+        model: GPU-seconds, CPU-seconds, memory MB-seconds, how many attempts, and the
+        GPU-seconds of work lost by those that ended preempted within it."""
         now = time.time() if now is None else now
         until = now if until is None else min(until, now)
         a = AttemptRow
@@ -569,13 +571,17 @@ class History:
             conds.append(a.queue == queue)
         if user is not None:
             conds.append(a.user == user)
+        ended_within = col(a.finished_at) < until
+        if since is not None:
+            ended_within = and_(ended_within, col(a.finished_at) >= since)
+        lost = case((ended_within, col(a.lost_gpu_s)), else_=0.0)
         keys = (col(a.queue), col(a.user), col(a.gpu_model))
         q = (sa_select(*keys, func.sum(seconds * col(a.gpus)), func.sum(seconds * col(a.cpus)),
-                       func.sum(seconds * col(a.memory_mb)), func.count())
+                       func.sum(seconds * col(a.memory_mb)), func.count(), func.sum(lost))
              .where(*conds).group_by(*keys).order_by(*keys))
         with self.engine.connect() as conn:
             return [UsageRow(str(r[0]), str(r[1]), str(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
-                             int(r[6])) for r in conn.execute(q).all()]
+                             int(r[6]), float(r[7] or 0)) for r in conn.execute(q).all()]
 
     def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
         """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
@@ -616,6 +622,8 @@ class UsageRow:
     cpu_seconds: float
     memory_mb_seconds: float
     attempts: int
+    # GPU-seconds of work lost by its attempts that ended preempted in the period.
+    lost_gpu_seconds: float = 0.0
 
 
 def _keyset_after(keys: Sequence[tuple[Any, bool]], values: Sequence[Any]) -> Any:

@@ -68,6 +68,8 @@ class AttemptRow(SQLModel, table=True):
     gpu_model: str = Field(default="", sa_column_kwargs={"server_default": ""})
     cpus: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
     memory_mb: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
+    # GPU-seconds of work it lost when it ended PREEMPTED (scheduling.queues.preemption_loss).
+    lost_gpu_s: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
 
 
 class EventRow(SQLModel, table=True):

@@ -150,6 +150,17 @@ def attempt_usage(spec: JobSpec, a: Attempt) -> Resources:
     return task_demand(spec, a.gpu_model)
 
 
+def preemption_loss(spec: JobSpec, a: Attempt) -> float:
+    """GPU-seconds of work a task that ended preempted lost: all it ran, or for a job that
+    checkpoints (it saved its state when told to stop) the time from its stop to its exit.
+    The scheduler's metric and the history's accounting both count it so."""
+    if a.started_at is None or a.finished_at is None:
+        return 0.0
+    gpus = sum(v for r, v in attempt_usage(spec, a).items() if r.startswith("gpu:"))
+    since = max(a.stop_at or a.started_at, a.started_at) if spec.checkpoints else a.started_at
+    return max(0.0, a.finished_at - since) * gpus
+
+
 def job_usage(job: Job) -> Resources:
     """What a job's live attempts hold now (placed, running or stopping)."""
     out: Resources = {}

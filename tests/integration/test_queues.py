@@ -303,6 +303,17 @@ def test_reclaim_stops_the_job_that_checkpoints(cluster: Cluster, tmp_path: Path
             if line.startswith('muster_preemption_lost_gpu_seconds_total{checkpoints="yes",queue="train"}')]
     ran = (dt.datetime.fromisoformat(first["finishedAt"]) - dt.datetime.fromisoformat(first["startedAt"]))
     assert len(lost) == 1 and 0 < lost[0] < ran.total_seconds() - 2, (lost, ran)
+    # The same from the recorded attempts (`usage`, `muster usage`), once the historian has them.
+
+    def recorded() -> float:
+        rows = api.q('{ usage(queue: "train") { gpuSecondsLostToPreemption } }')["usage"]
+        return sum(r["gpuSecondsLostToPreemption"] for r in rows)
+
+    wait_until(lambda: recorded() > 0, timeout=30, what="the preempted try recorded")
+    assert abs(recorded() - lost[0]) < 1e-6, (recorded(), lost)
+    assert "LOST GPU-HOURS" in muster(cluster, srv.url, "usage", "--queue", "train").stdout
+    rows = json.loads(muster(cluster, srv.url, "usage", "--queue", "train", "-o", "json").stdout)
+    assert sum(r["gpuSecondsLostToPreemption"] for r in rows) == recorded()
     for j in (saver["id"], plain):
         cancel(api, j)
     settled(api, saver["id"], plain)

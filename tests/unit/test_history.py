@@ -545,19 +545,23 @@ def test_five_thousand_jobs(hist: History) -> None:
 
 def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
     """Accounting: GPU-, CPU- and memory-seconds are the sums over the recorded attempts
-    (the parts of their runs inside the period; a running one counts up to now)."""
+    (the parts of their runs inside the period; a running one counts up to now); the
+    GPU-seconds lost to preemption, over the attempts that ended PREEMPTED in the period:
+    all each ran, or from its stop to its exit for a job that checkpoints."""
     rng = random.Random(7)
     jobs = []
     for i in range(40):
         queue, user = rng.choice(["a", "b"]), rng.choice(["ann", "bob"])
         spec = job_spec(f"u{i}", gpus=rng.randint(1, 4), cpus=float(rng.randint(1, 8)), memory_mb=1024,
-                        queue=queue, user=user)
+                        queue=queue, user=user, checkpoints=i % 3 == 0)
         start = 1000.0 + rng.randint(0, 500)
-        end = None if i % 7 == 0 else start + rng.randint(1, 300)
+        end = None if i % 7 == 0 else start + rng.randint(3, 300)
         model = rng.choice(["H100", "A100"])
+        ended = AttemptState.PREEMPTED if i % 2 else AttemptState.SUCCEEDED
         attempts = [Attempt(id=f"u{i}.1", number=1, host_id="h", gpu_indices=list(range(spec.gpus)),
-                            state=AttemptState.RUNNING if end is None else AttemptState.SUCCEEDED,
-                            placed_at=start, started_at=start, finished_at=end, gpu_model=model)]
+                            state=AttemptState.RUNNING if end is None else ended,
+                            placed_at=start, started_at=start, finished_at=end, gpu_model=model,
+                            stop_at=end - 2 if end is not None and ended is AttemptState.PREEMPTED else None)]
         jobs.append(job(f"u{i}", spec=spec, state=JobState.RUNNING if end is None else JobState.SUCCEEDED,
                         attempts=attempts, submitted_at=start))
         hist.record(jobs[-1], 1)
@@ -571,16 +575,20 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
         if hi <= lo and not (a.started_at < until and (a.finished_at is None or a.finished_at > since)):
             continue
         secs = max(0.0, hi - lo)
-        e = expected.setdefault((j.spec.queue, j.spec.user, a.gpu_model), [0.0, 0.0, 0.0, 0])
+        e = expected.setdefault((j.spec.queue, j.spec.user, a.gpu_model), [0.0, 0.0, 0.0, 0, 0.0])
         e[0] += secs * j.spec.gpus
         e[1] += secs * j.spec.cpus
         e[2] += secs * j.spec.memory_mb
         e[3] += 1
-    got = {(r.queue, r.user, r.gpu_model): [r.gpu_seconds, r.cpu_seconds, r.memory_mb_seconds, r.attempts]
+        if a.state is AttemptState.PREEMPTED and since <= a.finished_at < until:
+            e[4] += (a.finished_at - (a.stop_at if j.spec.checkpoints else a.started_at)) * j.spec.gpus
+    got = {(r.queue, r.user, r.gpu_model): [r.gpu_seconds, r.cpu_seconds, r.memory_mb_seconds, r.attempts,
+                                            r.lost_gpu_seconds]
            for r in hist.usage(since=since, until=until, now=now)}
     assert got.keys() == expected.keys()
     for k, v in expected.items():
         assert got[k] == pytest.approx(v), k
+    assert sum(v[4] for v in expected.values()) > 0  # some lost, some of it by jobs that checkpoint
     only = hist.usage(queue="a", user="ann", now=now)
     assert {(r.queue, r.user) for r in only} <= {("a", "ann")}
     total = sum(r.gpu_seconds for r in hist.usage(now=now))

@@ -314,5 +314,6 @@ class Query:
         assert mu.history is not None
         rows = await in_thread(mu.history.usage, queue=queue, user=user, since=epoch(since), until=epoch(until))
         return [Usage(queue=r.queue, user=r.user, gpu_model=r.gpu_model, gpu_seconds=r.gpu_seconds,
-                      cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts)
+                      cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts,
+                      gpu_seconds_lost_to_preemption=r.lost_gpu_seconds)
                 for r in rows]

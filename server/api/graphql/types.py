@@ -1054,3 +1054,6 @@ class Usage:
     cpu_seconds: float
     memory_mb_seconds: float
     attempts: int
+    gpu_seconds_lost_to_preemption: float = strawberry.field(description=(
+        "GPU-seconds of work lost by its attempts that ended PREEMPTED in the period: all each ran, or from its "
+        "stop to its exit for a job that checkpoints. Against gpuSeconds, what preemption cost the queue."))

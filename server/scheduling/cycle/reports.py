@@ -14,7 +14,7 @@ from server.scheduling.cycle.work import (
     stop_attempt,
     stop_tasks,
 )
-from server.scheduling.queues import attempt_usage
+from server.scheduling.queues import preemption_loss
 from wire.budgets import (
     CANCEL_REASON_MAX,
     HOLD_REASON_MAX,
@@ -24,7 +24,7 @@ from wire.budgets import (
     text_limits,
     tries_bound,
 )
-from wire.messages import Attempt, AttemptState, Command, Job, JobSpec, JobState, StatusReport
+from wire.messages import Attempt, AttemptState, Command, Job, JobState, StatusReport
 
 
 def apply_report(w: Work, r: StatusReport, now: float) -> None:
@@ -87,16 +87,6 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     else:
         why = a.reason or r.reason
     _after_attempt_end(w, job, a, ended, now, why)
-
-
-def preemption_loss(spec: JobSpec, a: Attempt) -> float:
-    """GPU-seconds of work a task that ended preempted lost: all it ran, or for a job that
-    checkpoints (it saved its state when told to stop) the time from its stop to its exit."""
-    if a.started_at is None or a.finished_at is None:
-        return 0.0
-    gpus = sum(v for r, v in attempt_usage(spec, a).items() if r.startswith("gpu:"))
-    since = max(a.stop_at or a.started_at, a.started_at) if spec.checkpoints else a.started_at
-    return max(0.0, a.finished_at - since) * gpus
 
 
 def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:

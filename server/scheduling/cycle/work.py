@@ -61,7 +61,7 @@ class Plan:
     # stopped at their time limit.
     preempted: dict[tuple[str, str], int] = field(default_factory=dict)
     # GPU-seconds of work lost by the tries that ended preempted, by the victim's queue
-    # and whether its job checkpoints (cycle.reports.preemption_loss).
+    # and whether its job checkpoints (queues.preemption_loss).
     preemption_lost: dict[tuple[str, bool], float] = field(default_factory=dict)
     timed_out: int = 0
     gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
