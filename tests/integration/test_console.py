@@ -1462,3 +1462,32 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     assert 'id="queue-reasons"' in r.text and "over nominal quota and cannot borrow" in r.text
     assert 'href="/queues#queue-vision"' in r.text
     assert small.spec.queue == "vision"
+
+
+async def test_the_queues_pages_usage_says_what_preemption_cost(console: Console) -> None:
+    """The usage table, from the recorded attempts: GPU-hours run, and GPU-hours lost by
+    the attempts that ended preempted (all a try ran; from its stop to its exit for a
+    job that checkpoints)."""
+    from tests.factories import job, job_spec
+    from wire.messages import Attempt, AttemptState
+
+    m = console.muster
+    await console.login()
+    assert m.history is not None
+    now = time.time()
+    runs = [("lost-all", False, AttemptState.PREEMPTED), ("saved", True, AttemptState.PREEMPTED),
+            ("done", False, AttemptState.SUCCEEDED)]
+    for i, (name, ckpt, ended) in enumerate(runs):
+        spec = job_spec(name, gpus=2, queue="vision", user="ann", checkpoints=ckpt)
+        a = Attempt(id=f"jv{i}.1", number=1, host_id="h", gpu_indices=[0, 1], state=ended, placed_at=now - 3600,
+                    started_at=now - 3600, finished_at=now - 1800, gpu_model="H100",
+                    stop_at=now - 1800 - 360 if ended is AttemptState.PREEMPTED else None)
+        m.history.record(job(f"jv{i}", spec=spec, state=JobState.QUEUED, attempts=[a], submitted_at=now - 3600), 1)
+    m.history.flush()
+    r = await console.client.get("/queues?period=day")
+    row = r.text[r.text.index("<td>vision</td>"):]
+    cells = re.findall(r'<td class="num">([0-9.]+)</td>', row[:row.index("</tr>")])
+    # 3 tries of 2 GPUs for half an hour: 3 GPU-hours; lost: 1 GPU-hour (all of one try)
+    # + 0.2 (the other's 6 minutes from its stop to its exit, on 2 GPUs).
+    assert cells[0] == "3.00" and cells[-2:] == ["3", "1.20"], cells
+    assert "GPU-hours lost to preemption" in r.text
