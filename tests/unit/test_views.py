@@ -9,6 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
 from server.api.graphql import build_schema
 from server.api.graphql.inputs import HostFilter, HostSort
 from server.api.graphql.queries import HOST_ORDERS, host_key, host_query
@@ -384,3 +387,31 @@ async def test_a_job_is_listed_before_history_has_written_it(tmp_path: Path) -> 
     shown = mu.jobs.unrecorded(mu.history.list_jobs(limit=PER_PAGE)[0], PER_PAGE)
     assert [j.id for j in shown[0]] == ["new1", "new0"] and shown[1] == 2
     mu.history.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["H100", "A100"]), st.sampled_from([8, 32, 64]),
+                          st.sampled_from([16_000, 256_000])), min_size=1, max_size=5),
+       st.integers(0, 8), st.sampled_from([None, "H100", "A100"]), st.sampled_from([1.0, 12.0, 40.0]),
+       st.sampled_from([1_000, 100_000]), st.integers(1, 6))
+def test_warned_exactly_when_an_idle_fleet_could_not_place_it(hosts: list[tuple[int, str, int, int]], gpus: int,
+                                                             model: str | None, cpus: float, memory_mb: int,
+                                                             replicas: int) -> None:
+    """On a fleet running nothing, the hosts' warning (hosts_never_steps) is given exactly
+    when the planner's Placer cannot place the job (a gang: all its tasks at once)."""
+    from server.scheduling.capacity import Placer
+    from server.state.cluster import ClusterState
+    from server.views.jobs import JobView
+
+    state = ClusterState(heartbeat_interval_s=1e9)
+    for i, (n, m, c, mem) in enumerate(hosts):
+        state.apply_host_record(heartbeat_record(f"h{i}", i + 1, shape=False, ts=T0, gpus=n, model=m, cpus=c,
+                                                 memory_mb=mem), now=T0)
+    spec = job_spec("p", command=["x"], gpus=gpus, gpu_model=model if gpus else None, cpus=cpus,
+                    memory_mb=memory_mb, replicas=replicas)
+    queued = job("p", spec=spec, state=JobState.QUEUED, submitted_at=T0)
+    warned = finish(JobView(state, None).hosts_never_steps(queued, 0.0)) != []
+    placer = Placer(state.index, lambda h: True)
+    placed = placer.place_gang(spec) if replicas > 1 else placer.place(spec)
+    event(f"warned={warned} gang={replicas > 1}")
+    assert warned == (placed is None), (hosts, spec)
