@@ -112,6 +112,11 @@ QUEUE_DOMINANT_SHARE = Gauge("muster_queue_dominant_share", "A queue's dominant 
                              registry=REGISTRY)
 QUEUE_ENTITLED_SHARE = Gauge("muster_queue_entitled_share", "The dominant share a queue's weight entitles it to among "
                              "the active queues (itself counted as active)", ["queue"], registry=REGISTRY)
+FAIRNESS = Gauge("muster_queue_fairness", "Jain's index, over the queues with jobs waiting, of what each holds "
+                 "(its dominant share of the cluster now) over its weight's part among them: 1 when each holds its "
+                 "part (or fewer than two wait), towards 1/n as one holds all", registry=REGISTRY)
+QUEUES_WAITING = Gauge("muster_queues_waiting", "Queues with jobs waiting for placement (those muster_queue_fairness "
+                       "is over)", registry=REGISTRY)
 PLAN_SECONDS = Histogram(
     "muster_plan_seconds",
     "One scheduling cycle's planning on the event loop: deciding (server.scheduling.planner) and encoding its records",

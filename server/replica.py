@@ -41,6 +41,7 @@ from server.state.lease import LeaseConfig, ThreadedLeadership
 from server.state.streams import ensure_streams
 from server.views.hosts import HostTable
 from server.views.jobs import JobView
+from server.views.queues import fairness as queue_fairness
 from server.views.queues import rows as queue_rows
 from wire import subjects
 from wire.errors import (
@@ -383,6 +384,9 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                 metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
             self._queue_gauges()
+            index, waiting = queue_fairness(self.state)
+            metrics.FAIRNESS.set(index)
+            metrics.QUEUES_WAITING.set(waiting)
             await pause(self._stop, 2)
 
     def _queue_gauges(self) -> None:

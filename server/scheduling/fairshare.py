@@ -120,6 +120,31 @@ class Shares:
         return weights[name] / total if total > 0 else 0.0
 
 
+def jain(xs: Sequence[float]) -> float:
+    """Jain's fairness index of `xs`, (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n
+    when one has everything; 1 for none, or all zero."""
+    sq = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * sq) if sq > 0 else 1.0
+
+
+def fairness(book: QueueBook, capacity: Mapping[str, float], waiting: Sequence[str]) -> float:
+    """How fairly the queues with jobs waiting (`waiting`) hold the cluster now: Jain's
+    index over them of what each holds (its dominant share of the cluster's `capacity`,
+    past use not counted) over what its weight entitles it to among them. 1 when each
+    holds its weight's part (or fewer than two wait); towards 1/n as one holds all."""
+    if len(waiting) < 2:
+        return 1.0
+    caps = {r: v for r, v in capacity.items() if v > 0}
+    weights = {q: (book.queues[q].weight if q in book.queues else 1.0) for q in waiting}
+    total = sum(weights.values())
+    xs = []
+    for q in waiting:
+        held = book.usage.get(q, {})
+        dominant = max((held.get(r, 0.0) / c for r, c in caps.items()), default=0.0)
+        xs.append(dominant * total / weights[q])  # weights are positive (wire.messages.Queue)
+    return jain(xs)
+
+
 def order_key(job: Job) -> tuple[int, float, str]:
     """Where a job stands in its queue: higher priority first, then submission order."""
     return (-job.spec.priority, job.submitted_at, job.id)

@@ -127,6 +127,13 @@ def active(state: ClusterState) -> list[str]:
                   | {q for q, live in state.queue_live.items() if live})
 
 
+def fairness(state: ClusterState) -> tuple[float, int]:
+    """How fairly the queues with jobs waiting for placement (not held, not waiting for
+    others) hold the cluster now (scheduling.fairshare.fairness), and how many they are."""
+    waiting = sorted(q for q, n in state.backlog.counts().items() if n > 0)
+    return fairshare.fairness(book(state), state.capacity, waiting), len(waiting)
+
+
 def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
     b = book(state)
     s = shares(state, b, now, half_life_s)

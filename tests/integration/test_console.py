@@ -1426,6 +1426,9 @@ async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> N
     # A bar for the metered GPUs only; CPU and memory, unmetered, are counted without one.
     assert row.count("<meter") == 1 and 'aria-label="vision gpu:H100 used"' in row and "not metered" in row
     assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-3:] == ["0.500", "0.500", "0.500"], row
+    # Fairness now, over the two queues with jobs waiting (vision's v-big, default's plain):
+    # vision holds half the cluster for its half, default nothing for its half: Jain 0.5.
+    assert "Fairness now: <strong>0.500</strong>" in r.text and "over the 2 queues with jobs waiting" in r.text
     assert "Submission limits" not in row and "users by fair share" not in row  # none: nothing said of them
     await m.update_queue("vision", {"max_submitted_jobs": 10, "max_submitted_jobs_per_user": 4,
                                     "max_running_jobs_per_user": 3, "host_labels": {"rack": "r1"},

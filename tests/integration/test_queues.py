@@ -173,13 +173,17 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
             'muster_queue_borrowed{queue="research",resource="gpu:H100"}': 1.0,
             'muster_queue_pending{queue="research"}': 0.0, 'muster_queue_fair_share{queue="research"}': 0.5,
             'muster_queue_dominant_share{queue="research"}': 1.0,
-            'muster_queue_entitled_share{queue="research"}': 1.0}
+            'muster_queue_entitled_share{queue="research"}': 1.0,
+            # No queue has jobs waiting: nothing to be unfair about.
+            "muster_queue_fairness": 1.0, "muster_queues_waiting": 0.0}
 
     def gauges() -> dict[str, float]:
         text = httpx.get(srv.url + "/metrics", timeout=30).text
         return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines()) if k in want}
 
     wait_until(lambda: gauges() == want, timeout=30, what=f"research's gauges {want}")
+    assert api.q("{ cluster { queueFairness queuesWaiting } }")["cluster"] == {"queueFairness": 1.0,
+                                                                             "queuesWaiting": 0}
     wait_until(lambda: len([e for e in events(tmp_path) if e["ev"] == "start"]) == 2, timeout=30,
                what="both research tasks started")
     # A queue with work cannot be deleted.

@@ -441,3 +441,22 @@ def test_queue_watch_alerts_a_storm_once_and_a_starved_queue_once() -> None:
     assert w.queues(160.0, pending, {"a"}, below, {}) == []  # a placement resets it
     assert w.queues(250.0, pending, set(), below, {}) == []
     assert len(w.queues(350.0, pending, set(), below, {})) == 1
+
+
+def test_fairness_is_jains_index_of_what_the_waiting_queues_hold_over_their_weights() -> None:
+    """fairshare.fairness: each waiting queue's dominant share now over its weight's part
+    among the waiting queues, Jain's index of those; past use does not count."""
+    from server.scheduling.fairshare import fairness, jain
+
+    assert jain([1.0, 1.0, 1.0]) == 1.0 and jain([0.0, 3.0, 0.0]) == pytest.approx(1 / 3) and jain([]) == 1.0
+    queues = {"a": queue("a", weight=1.0), "b": queue("b", weight=3.0), "c": queue("c")}
+    capacity = {H100: 8.0, "cpu": 100.0}
+    # Their weights' parts: a 2 of 8 GPUs, b 6.
+    assert fairness(QueueBook(queues, {"a": {H100: 2}, "b": {H100: 6}}), capacity, ["a", "b"]) == pytest.approx(1.0)
+    # a holds all, b nothing: towards 1/n.
+    assert fairness(QueueBook(queues, {"a": {H100: 8}}), capacity, ["a", "b"]) == pytest.approx(0.5)
+    # The dominant resource counts: b's CPUs (75 of 100) for its 3/4.
+    assert fairness(QueueBook(queues, {"a": {H100: 2}, "b": {"cpu": 75}}), capacity, ["a", "b"]) == pytest.approx(1.0)
+    # Fewer than two waiting: nothing to compare; a queue not waiting is not counted.
+    assert fairness(QueueBook(queues, {"a": {H100: 8}}), capacity, ["a"]) == 1.0
+    assert fairness(QueueBook(queues, {"a": {H100: 1}, "c": {H100: 7}}), capacity, ["a", "b"]) == pytest.approx(0.5)

@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from server.scheduling import advance
 from server.timefmt import duration_s, parse_time
 from server.views.hosts import HostQuery
+from server.views.queues import fairness as queue_fairness
 from server.views.queues import queue_users
 from server.views.queues import rows as queue_rows
 from web.console.errors import FORM_ERRORS, status_for
@@ -50,7 +51,10 @@ async def _queues_ctx(request: Request, period: str) -> dict[str, Any]:
                      "state": "open" if advance.active(r, now) else "over" if advance.over(r, now) else "upcoming"}
                     for r in sorted(m.state.advance.values(), key=lambda r: (r.starts, r.name))]
     users = {r.queue.name: queue_users(m.state, r.queue.name, now, m.jobs.half_life_s)[:USERS_SHOWN] for r in rows}
+    fairness, waiting = queue_fairness(m.state)
     ctx = {
+        "fairness": fairness,
+        "waiting": waiting,
         "rows": rows,
         "users": users,
         "reservations": reservations,

@@ -21,6 +21,7 @@ from server.scheduling import advance
 from server.views.hosts import FleetSummary, GpuDevice, HostRow
 from server.views.jobs import reason_detail, sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
+from server.views.queues import fairness as queue_fairness
 from server.views.queues import queue_users
 from wire.messages import AdvanceReservation as AdvanceReservationModel
 from wire.messages import Attempt as AttemptModel
@@ -654,6 +655,19 @@ class Cluster:
     async def memory_mb(self) -> MemoryCounts:
         a = await self._fleet()
         return MemoryCounts(total=a.memory_mb, allocated=a.mem_allocated)
+
+    @strawberry.field(description=(
+        "How fairly the queues with jobs waiting hold the cluster now: Jain's index over them of what each holds "
+        "(its dominant share) over its weight's part among them. 1 when each holds its part, or fewer than two "
+        "wait; towards 1/n as one holds all. The same as the muster_queue_fairness gauge."))
+    def queue_fairness(self) -> float:
+        assert self._mu is not None
+        return queue_fairness(self._mu.state)[0]
+
+    @strawberry.field(description="Queues with jobs waiting for placement (those queueFairness is over).")
+    def queues_waiting(self) -> int:
+        assert self._mu is not None
+        return queue_fairness(self._mu.state)[1]
 
     @strawberry.field(description="Jobs held in the state store, by state (every state, zeros too).")
     def jobs_by_state(self) -> list[JobStateCount]:
