@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import ROOT, TRACES, JobReq, Synthetic, Trace
+from server.scheduling.fairshare import jain as jain_index
 from server.scheduling.fragmentation import Shape
 from server.scheduling.placement import check
 from server.scheduling.planner import QueuePolicy, plan_cycle
@@ -341,7 +342,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         active = [t for t in sim.tenants if now >= t.start_s]
         if len(active) == len(sim.tenants) and len(backlogged) == len(sim.tenants):
             x = [alloc[t.name] / entitled[t.name] for t in sim.tenants]
-            jain.append(sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if any(x) else 0.0)
+            jain.append(jain_index(x) if any(x) else 0.0)
         waiting = [j for j in sim.state.queued() if j.not_before <= now]
         if waiting:
             kept = {h for j in sim.state.reserved for h in (sim.state.jobs[j].reserved or _NONE).hosts}
