@@ -240,15 +240,17 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     return None, gpus, mig
 
 
-def idle_room(spec: JobSpec, host: HostCapacity, most: int = 1) -> tuple[int, str | None]:
-    """How many tasks of `spec` (up to `most`) `host` could take running nothing else,
-    with every GPU healthy, uncordoned and live, as a gang's tasks are placed (one after
-    another, on one host while it has room); with none, why not (a reason in NEVER)."""
+def idle_room(spec: JobSpec, host: HostCapacity, most: int = 1,
+              models: frozenset[str] | None | EllipsisType = ...) -> tuple[int, str | None]:
+    """How many tasks of `spec` (up to `most`; of `models` when given, as `check` takes
+    them) `host` could take running nothing else, with every GPU healthy, uncordoned and
+    live, as a gang's tasks are placed (one after another, on one host while it has
+    room); with none, why not (a reason in NEVER)."""
     idle = HostCapacity(host.id, True, False, host.gpu_models, frozenset(), host.cpus, host.memory_mb,
                         labels=host.labels, gpu_memory=host.gpu_memory, mig=host.mig, mig_gpus=host.mig_gpus)
     n = 0
     while n < most:
-        reason, gpus, mig = check(spec, idle)
+        reason, gpus, mig = check(spec, idle, models)
         if reason is not None:
             return n, reason if n == 0 else None
         idle.reserve(gpus, spec.cpus, spec.memory_mb, task_bytes(spec), spec.gpu_share, spec.gpu_memory_mb, mig)

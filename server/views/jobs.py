@@ -212,32 +212,56 @@ class JobView:
         if spec is None or not caps:
             return []
         key = (spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.mig_profile, spec.models(), spec.cpus,
-               spec.memory_mb, tuple(sorted(spec.host_labels.items())), spec.replicas, len(caps))
+               spec.memory_mb, tuple(sorted(spec.host_labels.items())), spec.replicas, spec.same_rack,
+               spec.same_model, len(caps))
         hit = self._never.get(key)
         if hit is not None and now - hit[0] < NEVER_MEMO_S:
             return hit[1]
-        tasks = hosts = 0  # tasks the hosts known could take idle, and on how many hosts
+        # A gang's tasks go where one placement of it may put them: one rack with
+        # `sameRack` (hosts without a rack label take none), one model of several with
+        # `sameModel` (capacity.Placer.place_gang). Per such group: tasks the hosts could
+        # take idle, and on how many hosts; the best group is the one told.
+        models = spec.models()
+        choices: list[frozenset[str] | None] = [frozenset({m}) for m in sorted(models)] \
+            if spec.same_model and spec.replicas > 1 and models is not None and len(models) > 1 else [models]
+        tasks: Counter[tuple[str, int]] = Counter()
+        hosts: Counter[tuple[str, int]] = Counter()
         reasons: Counter[str] = Counter()
+        enough = False
         for n, cap in enumerate(list(caps.values()), start=1):
-            room, why_not = idle_room(spec, cap, spec.replicas - tasks)
-            if room:
-                tasks += room
-                hosts += 1
-                if tasks >= spec.replicas:
+            rack = cap.labels.get("rack", "") if spec.same_rack and spec.replicas > 1 else ""
+            why_not: str | None = None
+            took = False
+            for i, m in enumerate(choices):
+                if spec.same_rack and spec.replicas > 1 and not rack:
                     break
-            elif why_not is not None:
+                room, why = idle_room(spec, cap, spec.replicas - tasks[rack, i], m)
+                if room:
+                    took = True
+                    tasks[rack, i] += room
+                    hosts[rack, i] += 1
+                    enough = enough or tasks[rack, i] >= spec.replicas
+                elif why_not is None:
+                    why_not = why
+            if not took and why_not is not None:
                 reasons[why_not] += 1
+            if enough:
+                break
             if n == NEVER_FIRST_ROWS or n % STEP_ROWS == 0:
                 yield
         found: list[str] = []
-        if tasks < spec.replicas:
+        if not enough:
             why = ", ".join(f"{k} {r}" for r, k in sorted(reasons.items(), key=lambda x: (-x[1], x[0])))
+            best = max(tasks, key=lambda g: (tasks[g], g), default=("", 0))
             if spec.replicas == 1:
                 found.append(f"no host could run it even idle (of {len(caps)} known: {why}); it waits for one "
                              "that can")
             else:
-                found.append(f"the {len(caps)} hosts known could run {tasks} of its {spec.replicas} tasks even "
-                             f"idle (on {hosts} of them{f'; the others: {why}' if why else ''}); it waits for more")
+                where = "".join([f" in rack {best[0]}" if best[0] else "",
+                                 f" of model {sorted(choices[best[1]] or ())[0]}" if len(choices) > 1 else ""])
+                found.append(f"the {len(caps)} hosts known could run at most {tasks[best]} of its {spec.replicas} "
+                             f"tasks{where} even idle (on {hosts[best]} of them"
+                             f"{f'; hosts that take none: {why}' if why else ''}); it waits for more")
         if len(self._never) >= NEVER_MEMO_SIZE:
             self._never.clear()
         self._never[key] = (now, found)

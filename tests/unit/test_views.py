@@ -224,14 +224,25 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
     assert warnings("cpus", cpus=1000) == [
         "no host could run it even idle (of 12 known: 12 not enough CPUs on host); it waits for one that can"]
     assert warnings("gang", gpus=8, gpu_model="H100", host_labels=r1, replicas=3) == [
-        "the 12 hosts known could run 2 of its 3 tasks even idle (on 2 of them; the others: 8 host lacks a "
-        "required label, 2 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run at most 2 of its 3 tasks even idle (on 2 of them; hosts that take none: 8 "
+        "host lacks a required label, 2 wrong GPU model); it waits for more"]
     assert warnings("gang2", gpus=8, gpu_model="H100", host_labels=r1, replicas=2) == []
     # A gang's tasks share a host where they fit, as they are placed: 8 of 2 GPUs on the two.
     assert warnings("gang8", gpus=2, gpu_model="H100", host_labels=r1, replicas=8) == []
     assert warnings("gang9", gpus=2, gpu_model="H100", host_labels=r1, replicas=9) == [
-        "the 12 hosts known could run 8 of its 9 tasks even idle (on 2 of them; the others: 8 host lacks a "
-        "required label, 2 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run at most 8 of its 9 tasks even idle (on 2 of them; hosts that take none: 8 "
+        "host lacks a required label, 2 wrong GPU model); it waits for more"]
+    # In one rack (sameRack): rack r1 has 2 H100 hosts, r0 and r2 2 each as well; 4 tasks
+    # of 8 GPUs fit no rack, and the best rack is told.
+    assert warnings("racked", gpus=8, gpu_model="H100", replicas=4, same_rack=True) == [
+        "the 12 hosts known could run at most 2 of its 4 tasks in rack r2 even idle (on 2 of them; hosts that "
+        "take none: 6 wrong GPU model); it waits for more"]
+    assert warnings("racked2", gpus=8, gpu_model="H100", replicas=2, same_rack=True) == []
+    # Of one model (sameModel): 6 hosts of each, so 7 tasks of 8 GPUs fit neither alone.
+    assert warnings("mixed", gpus=8, gpu_models=["A100", "H100"], replicas=7) == []
+    assert warnings("one-model", gpus=8, gpu_models=["A100", "H100"], replicas=7, same_model=True) == [
+        "the 12 hosts known could run at most 6 of its 7 tasks of model H100 even idle (on 6 of them); it waits "
+        "for more"]
     # A queue whose own limits refuse the job on every model it could run on.
     st.apply_state_record(Record("queue.t", 60, encode(Queue(name="t", quota={
         "gpu:H100": ResourceQuota(nominal=8.0), "gpu:A100": ResourceQuota(nominal=2.0)}))))
@@ -389,26 +400,30 @@ async def test_a_job_is_listed_before_history_has_written_it(tmp_path: Path) -> 
     mu.history.close()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["H100", "A100"]), st.sampled_from([8, 32, 64]),
-                          st.sampled_from([16_000, 256_000])), min_size=1, max_size=5),
-       st.integers(0, 8), st.sampled_from([None, "H100", "A100"]), st.sampled_from([1.0, 12.0, 40.0]),
-       st.sampled_from([1_000, 100_000]), st.integers(1, 6))
-def test_warned_exactly_when_an_idle_fleet_could_not_place_it(hosts: list[tuple[int, str, int, int]], gpus: int,
-                                                             model: str | None, cpus: float, memory_mb: int,
-                                                             replicas: int) -> None:
+                          st.sampled_from([16_000, 256_000]), st.sampled_from(["r0", "r1", ""])),
+                min_size=1, max_size=6),
+       st.integers(0, 8), st.sampled_from([None, ("H100",), ("A100",), ("A100", "H100")]),
+       st.sampled_from([1.0, 12.0, 40.0]), st.sampled_from([1_000, 100_000]), st.integers(1, 6), st.booleans(),
+       st.booleans())
+def test_warned_exactly_when_an_idle_fleet_could_not_place_it(hosts: list[tuple[int, str, int, int, str]], gpus: int,
+                                                             models: tuple[str, ...] | None, cpus: float,
+                                                             memory_mb: int, replicas: int, same_rack: bool,
+                                                             same_model: bool) -> None:
     """On a fleet running nothing, the hosts' warning (hosts_never_steps) is given exactly
-    when the planner's Placer cannot place the job (a gang: all its tasks at once)."""
+    when the planner's Placer cannot place the job (a gang: all its tasks at once, in one
+    rack with sameRack, of one model of several with sameModel)."""
     from server.scheduling.capacity import Placer
     from server.state.cluster import ClusterState
     from server.views.jobs import JobView
 
     state = ClusterState(heartbeat_interval_s=1e9)
-    for i, (n, m, c, mem) in enumerate(hosts):
+    for i, (n, m, c, mem, rack) in enumerate(hosts):
         state.apply_host_record(heartbeat_record(f"h{i}", i + 1, shape=False, ts=T0, gpus=n, model=m, cpus=c,
-                                                 memory_mb=mem), now=T0)
-    spec = job_spec("p", command=["x"], gpus=gpus, gpu_model=model if gpus else None, cpus=cpus,
-                    memory_mb=memory_mb, replicas=replicas)
+                                                 memory_mb=mem, labels={"rack": rack} if rack else {}), now=T0)
+    spec = job_spec("p", command=["x"], gpus=gpus, gpu_models=list(models) if gpus and models else None, cpus=cpus,
+                    memory_mb=memory_mb, replicas=replicas, same_rack=same_rack, same_model=same_model)
     queued = job("p", spec=spec, state=JobState.QUEUED, submitted_at=T0)
     warned = finish(JobView(state, None).hosts_never_steps(queued, 0.0)) != []
     placer = Placer(state.index, lambda h: True)
