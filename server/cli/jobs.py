@@ -613,8 +613,9 @@ def new_output(before: str, now: str, before_bytes: float | None = None, now_byt
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    job = gql("""query($id: ID!) { job(id: $id) { id name state queue queuePosition
-                 pendingReasons { reason hosts kind detail } } }""", {"id": args.id})["job"]
+    job = gql("""query($id: ID!) { job(id: $id) { id name state queue queuePosition couldNeverRun
+                 pendingReasons { reason hosts kind detail } } }""", {"id": args.id},
+              optional=("couldNeverRun",))["job"]
     if job is None:
         raise NotFound(f"no job {args.id}")
     if args.output == "json":
@@ -626,6 +627,8 @@ def cmd_why(args: argparse.Namespace) -> int:
     where = (f"position {job['queuePosition']}" if job["queuePosition"] is not None
              else "out of the order") + f" in queue {job['queue']}"
     print(f"{job['id']} ({job['name']}) is QUEUED, {where}")
+    for w in job.get("couldNeverRun") or []:
+        print(f"  it could never run as the cluster stands: {w}")
     if not job["pendingReasons"]:
         print("  no host rejects it: it should be placed in the next scheduling cycle")
     else:

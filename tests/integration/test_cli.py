@@ -67,8 +67,12 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     r = muster(cluster, srv.url, "job", "why", queued_id)
     assert r.returncode == 0, r.stderr
     assert "QUEUED" in r.stdout and "position 1" in r.stdout and "GPU" in r.stdout.upper(), r.stdout
+    assert ("it could never run as the cluster stands: no host could run it even idle (of 1 known: 1 not enough "
+            "GPUs on host)") in r.stdout, r.stdout
     why = json.loads(muster(cluster, srv.url, "job", "why", queued_id, "-o", "json").stdout)
     assert why["queuePosition"] == 1 and why["pendingReasons"][0]["hosts"] == 1
+    assert why["couldNeverRun"] == [
+        "no host could run it even idle (of 1 known: 1 not enough GPUs on host); it waits for one that can"]
     assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
 
     # listings in json, filters

@@ -532,6 +532,14 @@ class Job:
         return queue + [PendingReason(reason=r, hosts=n, detail=reason_detail(r))
                         for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
 
+    @strawberry.field(description=(
+        "While QUEUED: why it could never run as the cluster stands, when so (what SubmitJobPayload.warnings "
+        "said at submission, worked out now); empty otherwise."))
+    async def could_never_run(self, info: Info) -> list[str]:
+        if self._m.state is not JobStateEnum.QUEUED:
+            return []
+        return await reads_for(muster(info)).never_runs(self._m)
+
     @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED.")
     def queue_position(self, info: Info) -> int | None:
         return reads_for(muster(info)).queue_position(self._m)
