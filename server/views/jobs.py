@@ -200,12 +200,13 @@ class JobView:
 
     def hosts_never_steps(self, job: Job, now: float) -> Steps[list[str]]:
         """A warning when no host known could take the job even idle (for a gang, when
-        the hosts could take fewer of its tasks than it has, several on one host where
-        they fit; a gang's rack is not looked at), each other host's reason counted; none
-        with no host known. What it finds is kept `NEVER_MEMO_S` (`now` is monotonic) per shape
-        of job and number of hosts known. It yields after the first `NEVER_FIRST_ROWS`
-        hosts, then every STEP_ROWS (`Steps`): a pass over every host is paid only for a
-        job that few hosts or none can take."""
+        the hosts could take fewer of its tasks than it has where one placement may put
+        them), each other host's reason counted; none with no host known. Exactly when
+        the planner's Placer could not place it were every host idle (a property test).
+        What it finds is kept `NEVER_MEMO_S` (`now` is monotonic) per shape of job and
+        number of hosts known. It yields after the first `NEVER_FIRST_ROWS` hosts, then
+        every STEP_ROWS (`Steps`): a pass over every host is paid only for a job that few
+        hosts or none can take."""
         q = self.state.queues.get(job.spec.queue)
         spec = placement_spec(job.spec, q)
         caps = self.state.index.caps
@@ -222,19 +223,18 @@ class JobView:
         # `sameModel` (capacity.Placer.place_gang). Per such group: tasks the hosts could
         # take idle, and on how many hosts; the best group is the one told.
         models = spec.models()
+        gang = spec.replicas > 1
         choices: list[frozenset[str] | None] = [frozenset({m}) for m in sorted(models)] \
-            if spec.same_model and spec.replicas > 1 and models is not None and len(models) > 1 else [models]
+            if gang and spec.same_model and models is not None and len(models) > 1 else [models]
         tasks: Counter[tuple[str, int]] = Counter()
         hosts: Counter[tuple[str, int]] = Counter()
         reasons: Counter[str] = Counter()
         enough = False
         for n, cap in enumerate(list(caps.values()), start=1):
-            rack = cap.labels.get("rack", "") if spec.same_rack and spec.replicas > 1 else ""
+            rack = cap.labels.get("rack", "") if gang and spec.same_rack else ""
             why_not: str | None = None
             took = False
-            for i, m in enumerate(choices):
-                if spec.same_rack and spec.replicas > 1 and not rack:
-                    break
+            for i, m in enumerate(choices if rack or not (gang and spec.same_rack) else ()):
                 room, why = idle_room(spec, cap, spec.replicas - tasks[rack, i], m)
                 if room:
                     took = True
