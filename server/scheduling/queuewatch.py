@@ -2,7 +2,9 @@
 queues' figures in, alert events out (the scheduler publishes them on `alerts.>`).
 
 - A preemption storm: at least `storm_count` jobs preempted within `storm_window_s`;
-  alerted once, then not again until a window has passed without one.
+  alerted once, then not again until a window has passed without one; it says what the
+  stops cost, as the victims' cost estimates it (runtime x GPUs, the grace for a job
+  that checkpoints).
 - A starved queue: a queue with jobs waiting, below its entitled share, that has had no
   job placed for `starved_after_s`; alerted once until it gets a placement, has nothing
   waiting, or reaches its entitled share.
@@ -23,24 +25,29 @@ class QueueWatch:
     storm_count: int = 50
     storm_window_s: float = 60.0
     starved_after_s: float = 600.0
-    _preemptions: deque[tuple[float, int]] = field(default_factory=deque)
+    _preemptions: deque[tuple[float, int, float]] = field(default_factory=deque)
     _storming: bool = False
     _waiting_since: dict[str, float] = field(default_factory=dict)
     _starved: set[str] = field(default_factory=set)
 
-    def preempted(self, now: float, n: int) -> list[Event]:
-        """`n` jobs were preempted at `now` (0: none); a storm alert when one begins."""
+    def preempted(self, now: float, n: int, cost_gpu_s: float = 0.0) -> list[Event]:
+        """`n` jobs were preempted at `now` (0: none), their stops costing `cost_gpu_s`
+        GPU-seconds of work by the victims' cost; a storm alert when one begins."""
         if n:
-            self._preemptions.append((now, n))
+            self._preemptions.append((now, n, cost_gpu_s))
         while self._preemptions and self._preemptions[0][0] <= now - self.storm_window_s:
             self._preemptions.popleft()
-        total = sum(k for _t, k in self._preemptions)
+        total = sum(k for _t, k, _c in self._preemptions)
         if total >= self.storm_count and not self._storming:
             self._storming = True
+            cost_h = sum(c for _t, _k, c in self._preemptions) / 3600
             return [Event(kind=ALERT_PREEMPTION_STORM, ts=now,
                           message=f"{total} jobs preempted within {self.storm_window_s:g} s (threshold "
-                                  f"{self.storm_count}): check queue quotas, weights and minimum runtimes",
-                          data={"preempted": total, "window_s": self.storm_window_s})]
+                                  f"{self.storm_count}), about {cost_h:.1f} GPU-hours of work lost (runtime x "
+                                  "GPUs; the grace for jobs that checkpoint): check queue quotas, weights and "
+                                  "minimum runtimes",
+                          data={"preempted": total, "window_s": self.storm_window_s,
+                                "gpu_hours_lost": round(cost_h, 3)})]
         if not self._preemptions:
             self._storming = False
         return []

@@ -750,7 +750,7 @@ class Scheduler:
     def _queue_alerts(self, plan: Plan, now: float) -> list[Event]:
         """Preemption storms at once; starved queues, and windows that began or ended
         (advance reservations, maintenance), checked at most once a second."""
-        out = self.watch.preempted(now, sum(plan.preempted.values()))
+        out = self.watch.preempted(now, sum(plan.preempted.values()), plan.preemption_cost)
         for ev in plan.events:
             if ev.kind == "job.placed" and ev.job_id in plan.jobs:
                 self._placed_queues.add(plan.jobs[ev.job_id].spec.queue)

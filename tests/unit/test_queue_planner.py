@@ -221,6 +221,7 @@ def test_reclaim_stops_jobs_that_checkpoint_first_as_they_lose_only_the_grace() 
     plan = w.qcycle(now=NOW)
     assert plan.preempted == {("reclaim", "a"): 2}
     assert sorted(t.job_id for t in w.tasks("h1") if t.stop) == ["b0", "b1"]
+    assert plan.preemption_cost == 2 * 30.0  # what the storm alert adds up: the grace each, one GPU
     # Stopped, they lose only the seconds from the stop to their exit.
     plan = w.qcycle(w.agent_reports(NOW + 5), now=NOW + 5)
     assert plan.preemption_lost == {("b", True): 2 * 5.0}

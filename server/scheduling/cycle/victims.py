@@ -305,4 +305,5 @@ def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refu
     adm.future.take(job.spec.queue, demand)
     key = (found.kind, job.spec.queue)
     w.plan.preempted[key] = w.plan.preempted.get(key, 0) + len(found.victims)
+    w.plan.preemption_cost += sum(v.cost(now)[1] for v in found.victims)
     return len(found.victims)

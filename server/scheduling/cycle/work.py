@@ -63,6 +63,9 @@ class Plan:
     # GPU-seconds of work lost by the tries that ended preempted, by the victim's queue
     # and whether its job checkpoints (queues.preemption_loss).
     preemption_lost: dict[tuple[str, bool], float] = field(default_factory=dict)
+    # What the stops this cycle started will cost, by the victims' cost (preemption.Victim.cost:
+    # runtime x GPUs, the grace for a job that checkpoints), GPU-seconds.
+    preemption_cost: float = 0.0
     timed_out: int = 0
     gpu_fault_stops: int = 0  # tries stopped because a GPU they hold faulted
     limited: dict[str, int] = field(default_factory=dict)  # per queue, submissions its limits refused
