@@ -134,15 +134,9 @@ def fairness(book: QueueBook, capacity: Mapping[str, float], waiting: Sequence[s
     holds its weight's part (or fewer than two wait); towards 1/n as one holds all."""
     if len(waiting) < 2:
         return 1.0
-    caps = {r: v for r, v in capacity.items() if v > 0}
-    weights = {q: (book.queues[q].weight if q in book.queues else 1.0) for q in waiting}
-    total = sum(weights.values())
-    xs = []
-    for q in waiting:
-        held = book.usage.get(q, {})
-        dominant = max((held.get(r, 0.0) / c for r, c in caps.items()), default=0.0)
-        xs.append(dominant * total / weights[q])  # weights are positive (wire.messages.Queue)
-    return jain(xs)
+    now = Shares(book, capacity)  # no past use: what they hold now
+    active = list(waiting)
+    return jain([now.dominant(q) / now.entitled(q, active) for q in waiting])
 
 
 def order_key(job: Job) -> tuple[int, float, str]:

@@ -234,7 +234,7 @@ class Refusal:
     def detail(self) -> str:
         head = f"{self.resource}: {_fmt(self.used)} held + {_fmt(self.wanted)} wanted > {_fmt(self.limit)}"
         if self.reason == COHORT_EXHAUSTED:
-            return (f"{head}, {self._pool_part()}; within its nominal quota {_fmt(self.nominal)}, "
+            return (f"{head}, {self._pool_part()}); within its nominal quota {_fmt(self.nominal)}, "
                     "so queues that borrow hold the rest")
         return head + (f", {self.bound()}" if self.reason != UNKNOWN_QUEUE else "")
 
@@ -244,15 +244,15 @@ class Refusal:
             return "its nominal quota (no cohort)"
         if self.hard:
             return f"its nominal quota {_fmt(self.nominal)} + borrowing limit {_fmt(self.limit - self.nominal)}"
-        return f"{self._pool_part()[:-1]}; its nominal quota {_fmt(self.nominal)})"
+        return f"{self._pool_part()}; its nominal quota {_fmt(self.nominal)})"
 
     def _pool_part(self) -> str:
         # The limit a cohort sets: what the queue holds, or the part of its quota it never
-        # lends when it holds less, + what the cohort has unused.
+        # lends when it holds less, + what the cohort has unused; the figures' parenthesis
+        # left open for the caller to add to and close.
         label, base = ("what it holds", self.used) if self.used >= self.guaranteed else (
             "the part of its quota it does not lend", self.guaranteed)
-        return (f"{label} + what cohort {self.cohort} has unused ({_fmt(base)} + "
-                f"{_fmt(self.limit - base)})")
+        return f"{label} + what cohort {self.cohort} has unused ({_fmt(base)} + {_fmt(self.limit - base)}"
 
     @property
     def within_nominal(self) -> bool:

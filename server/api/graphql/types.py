@@ -637,6 +637,13 @@ class Cluster:
     leadership: Leadership
     _mu: strawberry.Private[Muster | None] = None
     _summary: strawberry.Private[FleetSummary | None] = None
+    _fairness: strawberry.Private[tuple[float, int] | None] = None
+
+    def _queue_fairness(self) -> tuple[float, int]:
+        if self._fairness is None:
+            assert self._mu is not None
+            self._fairness = queue_fairness(self._mu.state)
+        return self._fairness
 
     async def _fleet(self) -> FleetSummary:
         if self._summary is None:
@@ -669,13 +676,11 @@ class Cluster:
         "(its dominant share) over its weight's part among them. 1 when each holds its part, or fewer than two "
         "wait; towards 1/n as one holds all. The same as the muster_queue_fairness gauge."))
     def queue_fairness(self) -> float:
-        assert self._mu is not None
-        return queue_fairness(self._mu.state)[0]
+        return self._queue_fairness()[0]
 
     @strawberry.field(description="Queues with jobs waiting for placement (those queueFairness is over).")
     def queues_waiting(self) -> int:
-        assert self._mu is not None
-        return queue_fairness(self._mu.state)[1]
+        return self._queue_fairness()[1]
 
     @strawberry.field(description="Jobs held in the state store, by state (every state, zeros too).")
     def jobs_by_state(self) -> list[JobStateCount]:
@@ -692,8 +697,8 @@ class SubmitJobPayload:
     @strawberry.field(description=(
         "Why the job stored could never run as the cluster stands, when so (it is accepted and waits all the same): "
         "its queue's own limits refuse it however little the queue holds, or no host known could take it even "
-        "idle (for a gang, fewer such hosts than it has tasks), with the hosts' reasons counted. Worked out only "
-        "when asked."))
+        "idle (for a gang, not all its tasks where one placement may put them), with the hosts' reasons counted. "
+        "Worked out only when asked."))
     async def warnings(self, info: Info) -> list[str]:
         if self.job is None:
             return []

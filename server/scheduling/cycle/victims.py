@@ -27,8 +27,6 @@ from server.scheduling.queues import (
 from wire.budgets import MAX_PREEMPTING
 from wire.messages import Job, JobSpec, Queue, Task
 
-DEFAULT_GRACE_S: float = Queue.model_fields["preempt_grace_s"].default
-
 
 def _victim_try(entry: str) -> tuple[str, int]:
     job_id, _, number = entry.rpartition(":")
@@ -120,7 +118,7 @@ def _candidates(w: Work, adm: Admission, req: preemption.Request, kind: str, now
     for cost, job in heapq.merge(*pools, key=lambda x: x[0]):
         if kind == preemption.PRIORITY and cost[0] >= req.priority:
             break  # the rest are of the preemptor's priority or higher (the cost starts with it)
-        v = _victim(w, job, wanted, now)
+        v = _victim(w, book, job, wanted, now)
         if v is not None:
             out.append(v)
             if len(out) >= limit:
@@ -152,7 +150,7 @@ def borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
                for n in _lenders(book, job.spec.queue, q))
 
 
-def _victim(w: Work, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
+def _victim(w: Work, book: QueueBook, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
     """A running job as a victim: None when this cycle changed it (a victim already, or a
     report), it holds none of `wanted` (when given), a task of it is on a host a commit in
     flight writes, or one is stopping already."""
@@ -173,8 +171,8 @@ def _victim(w: Work, job: Job, wanted: AbstractSet[str], now: float) -> preempti
             return None
         where.append((t.host_id, task))
     since = min(t.started_at or now for t in tasks)
-    q = w.state.queues.get(job.spec.queue)  # none stored: the implicit default queue's grace, the record's default
-    cap = preemption.checkpoint_cap(job.spec.checkpoints, q.preempt_grace_s if q is not None else DEFAULT_GRACE_S)
+    q = book.queue(job.spec.queue)  # the implicit default queue too: the grace a victim index read uses
+    cap = preemption.checkpoint_cap(job.spec.checkpoints, q.preempt_grace_s if q is not None else 0.0)
     return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where),
                              cap)
 
@@ -183,8 +181,9 @@ class _HostVictims:
     """preemption.Hosts over this cycle: the jobs on a host that could be stopped, and
     whether one task of `spec` fits there once some are (on a copy of the host)."""
 
-    def __init__(self, w: Work, placer: Placer, spec: JobSpec, wanted: AbstractSet[str], now: float) -> None:
-        self.w, self.placer, self.spec, self.wanted, self.now = w, placer, spec, wanted, now
+    def __init__(self, w: Work, book: QueueBook, placer: Placer, spec: JobSpec, wanted: AbstractSet[str],
+                 now: float) -> None:
+        self.w, self.book, self.placer, self.spec, self.wanted, self.now = w, book, placer, spec, wanted, now
 
     def victims_on(self, host_id: str) -> list[preemption.Victim]:
         state, frozen = self.w.state, self.w.frozen_jobs
@@ -194,7 +193,7 @@ class _HostVictims:
             job = state.jobs.get(job_id)
             if job is None or job_id in frozen or preemption.stoppable(job) is None:
                 continue
-            v = _victim(self.w, job, self.wanted, self.now)
+            v = _victim(self.w, self.book, job, self.wanted, self.now)
             if v is not None:
                 out.append(v)
         return out
@@ -274,7 +273,7 @@ def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refu
         return 0
     wanted = {r for r, v in demand.items() if v > 0}
     found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec),
-                              _HostVictims(w, placer, spec, wanted, now))
+                              _HostVictims(w, adm.book, placer, spec, wanted, now))
     if found is None or len(found.victims) > allowed:
         return 0
     hosts = {h for v in found.victims for h, _t in v.tasks}
