@@ -30,7 +30,7 @@ POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
-KIND = 3  # Placer._size: the items that must be equal for one failure to say anything of another
+KIND = 3  # placement_size: the items that must be equal for one failure to say anything of another
 # Hosts held back from a job past which the placer reads each bucket of the index without
 # them, once per bucket and set held back in a cycle (a large maintenance window or
 # advance reservation is then not walked past host by host for every job).
@@ -46,6 +46,21 @@ RESERVE_CANDIDATES = 16
 # Placer.reservation_for with `sameRack`: racks looked at, the most free first, for one
 # where enough hosts could ever take a task of the job.
 RESERVE_RACKS = 8
+
+
+def placement_size(spec: JobSpec, models: frozenset[str] | None) -> tuple[Any, ...]:
+    """What a failed placement of a task of `spec` (on one of `models`) says of others: its
+    kind (the first KIND items: models, MIG profile, required host labels), then its
+    amounts."""
+    return (models, spec.mig_profile, tuple(sorted(spec.host_labels.items())), spec.gpus, spec.gpu_share,
+            spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
+
+
+def as_hard(size: tuple[Any, ...], failed: tuple[Any, ...]) -> bool:
+    """Whether a task of `size` is of the same kind as one of `failed` and at least as large
+    in every amount (both `placement_size`): where the one finds no host, on the same
+    hosts, neither does the other."""
+    return size[:KIND] == failed[:KIND] and all(a >= b for a, b in zip(size[KIND:], failed[KIND:], strict=True))
 
 
 def size_class(x: float) -> int:
@@ -326,20 +341,12 @@ class Placer:
             for at in [at for at in self._tsorted if any((k, at[1]) in changed for k in at[0])]:
                 del self._tsorted[at]
 
-    @staticmethod
-    def _size(spec: JobSpec, models: frozenset[str] | None) -> tuple[Any, ...]:
-        """What a failed placement says of others: its kind (the first KIND items: models,
-        MIG profile, required host labels), then its amounts."""
-        return (models, spec.mig_profile, tuple(sorted(spec.host_labels.items())), spec.gpus, spec.gpu_share,
-                spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
-
     def _dominated(self, spec: JobSpec, models: frozenset[str] | None) -> bool:
         """A job of the same kind at least as large as one that already found no host this
         cycle, with at least the hosts held back from it held back."""
-        me = self._size(spec, models)
+        me = placement_size(spec, models)
         for f, held in self.failed:
-            if f[:KIND] == me[:KIND] and all(a >= b for a, b in zip(me[KIND:], f[KIND:], strict=True)) \
-                    and (held is self.exclude or held <= self.exclude):
+            if as_hard(me, f) and (held is self.exclude or held <= self.exclude):
                 return True
         return False
 
@@ -450,7 +457,7 @@ class Placer:
             if len(found) >= self.candidates:
                 break
         if not found:
-            self.failed.append((self._size(spec, accept), frozenset(self.exclude)))
+            self.failed.append((placement_size(spec, accept), frozenset(self.exclude)))
             return None
         if self.frag is None or (len(found) == 1 and not spec.gpu_share):
             return found[0][2]
@@ -556,11 +563,10 @@ class Placer:
     def place_gang(self, spec: JobSpec) -> list[Choice] | None:
         """Hosts for all `spec.replicas` tasks at once (on one rack if asked, of one model
         if asked), or None."""
-        key: tuple[Any, ...] = (self._size(spec, spec.models()), spec.same_model, spec.replicas, spec.same_rack)
+        key: tuple[Any, ...] = (placement_size(spec, spec.models()), spec.same_model, spec.replicas, spec.same_rack)
         for f, held in self.failed_gangs:
             size, same_model, n, rack = f
-            if (size[:KIND], same_model, rack) == (key[0][:KIND], key[1], key[3]) and spec.replicas >= n \
-                    and all(a >= b for a, b in zip(key[0][KIND:], size[KIND:], strict=True)) \
+            if (same_model, rack) == (key[1], key[3]) and spec.replicas >= n and as_hard(key[0], size) \
                     and (held is self.exclude or held <= self.exclude):
                 return None
         failed_before = len(self.failed)

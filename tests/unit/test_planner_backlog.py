@@ -1,7 +1,8 @@
 """The planner's shortcuts over long queues (QueuePolicy.shortcuts in server.scheduling.planner: a
 queue's jobs deferred at once when each of them would borrow, a job or a queue left once
 it is known refused, by a refused job no larger or by the least refused demand of one
-resource) change how many jobs a cycle looks at, never what it decides:
+resource, a borrowing job left once one of its queue no larger and no longer found no
+host) change how many jobs a cycle looks at, never what it decides:
 random clusters with queues over and under their quotas are driven for many cycles by a
 simulated agent, and every cycle's plan with the shortcuts equals the plan without."""
 
@@ -18,7 +19,7 @@ from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.scheduling.queues import CPU
 from tests.unit.test_planner import NOW, TERM
 from tests.unit.test_queue_planner import QWorld
-from wire.messages import ResourceQuota, encode
+from wire.messages import AttemptState, JobState, ResourceQuota, StatusReport, encode
 from wire.records import Record
 
 QUEUES = ("qa", "qb", "qc")
@@ -26,7 +27,7 @@ QUEUES = ("qa", "qb", "qc")
 
 SHAPES = (  # (gpus, gpu_share, cpus, memory_mb)
     (1, 0, 1.0, 512), (2, 0, 2.0, 512), (8, 0, 8.0, 4096), (0, 250, 1.0, 512), (0, 500, 1.0, 512),
-    (0, 0, 2.0, 512), (4, 0, 1.0, 4096),
+    (0, 0, 2.0, 512), (4, 0, 1.0, 4096), (1, 0, 0.0, 512),
 )
 
 
@@ -46,6 +47,9 @@ def jobs(draw: st.DrawFn) -> list[dict[str, Any]]:
             fields["gpu_model"] = "H100"  # a job naming its model: never behind a floor
         if gpus and draw(st.integers(0, 7)) == 0:
             fields["replicas"] = 2
+        limit = draw(st.sampled_from([0.0, 0.0, 0.0, 30.0, 600.0]))  # keep off reserved hosts, or not
+        if limit:
+            fields["time_limit_s"] = limit
         out.append(fields)
     return out
 
@@ -167,3 +171,123 @@ def test_a_queue_whose_smallest_job_would_borrow_is_deferred_without_a_look(monk
     fast, slow = _looked_at(w, monkeypatch, "demand")
     # Only the jobs the cycle looks for victims for (2 x preemptions_per_cycle) had theirs.
     assert len(slow) >= 30 and len(fast) <= 4
+
+
+def test_a_job_as_hard_to_place_as_one_that_found_no_host_is_not_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """qa may borrow what qb does not use (its quota admits every job), but no host has a
+    free GPU: another cohort's queue holds h1. Once the list for preemption is full and
+    the cycle can make no more reservations, qa's later jobs as large as one that found no
+    host, and running no shorter, are not looked at; the one with a shorter time limit is
+    (it might backfill hosts reserved for others)."""
+    w = QWorld()
+    w.host("h0", gpus=8)
+    w.host("h1", gpus=8)
+    w.queue("qa", cohort="c", gpus=8, min_runtime_s=0)
+    w.queue("qb", cohort="c", gpus=8, min_runtime_s=0)
+    w.queue("qz", cohort="z", gpus=8, min_runtime_s=0)
+    for i in range(8):
+        w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
+        w.qsubmit(f"other{i}", "qz", gpus=1, submitted_at=NOW - 200 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    assert sum(1 for j in w.state.jobs.values() if j.state is JobState.RUNNING) == 16
+    for i in range(40):
+        fields: dict[str, Any] = {"time_limit_s": 60.0} if i == 30 else {}
+        w.qsubmit(f"wait{i:02d}", "qa", gpus=1 + i % 2, submitted_at=NOW - 100 + i, **fields)
+    fast, slow = _looked_at(w, monkeypatch, "restrict")
+    assert len(slow) == 40
+    assert len(fast) < 20 and "wait30" in fast  # the first ones, and the one with a shorter limit
+    assert "wait31" not in fast and "wait39" not in fast
+
+
+def test_a_reservation_given_up_in_the_cycle_lets_jobs_that_found_no_host_be_looked_at_again() -> None:
+    """p holds a reservation on the host of x, the job that ends first; once x has ended,
+    p is placed there in the second pass, after a 1-GPU job of its queue found no host
+    (the other host full, x's reserved for p). The hosts of its reservation are no longer
+    held back: a later 1-GPU job is placed on what p left of it, the shortcut as without."""
+    w = QWorld()
+    w.host("h0", gpus=8)
+    w.host("h1", gpus=8)
+    w.queue("qa", cohort="c", gpus=0, min_runtime_s=0)  # all it holds it borrows: every job in the second pass
+    w.queue("qb", cohort="c", gpus=16, min_runtime_s=0)
+    w.queue("qz", cohort="z", gpus=8, min_runtime_s=0)
+    for i in range(8):
+        w.qsubmit(f"z{i}", "qz", gpus=1, submitted_at=NOW - 300 + i)
+    w.qsubmit("x", "qb", gpus=8, time_limit_s=200.0, submitted_at=NOW - 300)  # h1 free soonest
+    w.qcycle(now=NOW - 100)
+    w.qcycle(w.agent_reports(NOW - 99), now=NOW - 99)
+    x = w.job("x")
+    assert x.state is JobState.RUNNING
+    on = x.attempts[-1].host_id
+    w.qsubmit("p", "qa", gpus=4, submitted_at=NOW - 90)
+    w.qcycle(now=NOW - 80)
+    reserved = w.job("p").reserved
+    assert reserved is not None and reserved.hosts == [on]
+    for i in range(8):  # fit no host: fill the list for preemption and use the cycle's reservation tries
+        w.qsubmit(f"huge{i}", "qa", gpus=16, priority=2, submitted_at=NOW - 70 + i)
+    w.qsubmit("first", "qa", gpus=1, priority=1, submitted_at=NOW - 60)
+    w.qsubmit("later", "qa", gpus=1, submitted_at=NOW - 50)
+    ended = [StatusReport(host_id=on, attempt_id=x.attempts[-1].id, job_id="x", state=AttemptState.SUCCEEDED,
+                          ts=NOW, exit_code=0)]
+    fast = _plan(w, ended, NOW, True)
+    slow = _plan(w, ended, NOW, False)
+    assert _canonical(fast) == _canonical(slow)
+    placed = {j for j, job in fast.jobs.items() if job.state is JobState.PLACED}
+    assert placed == {"p", "later"}
+
+
+def test_a_job_within_its_nominal_quota_as_hard_to_place_as_one_that_found_no_host_is_not_looked_at(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first pass likewise: qa's jobs are within its nominal quota, but another cohort's
+    queue holds every GPU (nothing for reclaim to take back). Once the list for
+    preemption is full and no more reservations can be made, a job as hard to place as
+    one that found no host is not looked at; one asking no CPU of its quota is (whether
+    its cohort waits for reclaim is decided on the resources it asks)."""
+    w = QWorld()
+    w.host("h0", gpus=8)
+    w.host("h1", gpus=8)
+    w.queue("qa", cohort="c", gpus=16, min_runtime_s=0)
+    w.queue("qz", cohort="z", gpus=16, min_runtime_s=0)
+    for i in range(16):
+        w.qsubmit(f"z{i:02d}", "qz", gpus=1, submitted_at=NOW - 300 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    for i in range(40):
+        fields: dict[str, Any] = {"cpus": 0.0} if i == 30 else {}
+        w.qsubmit(f"wait{i:02d}", "qa", gpus=1 + i % 2, submitted_at=NOW - 100 + i, **fields)
+    fast, slow = _looked_at(w, monkeypatch, "restrict")
+    assert len(slow) == 40
+    assert len(fast) < 20 and "wait30" in fast
+    assert "wait31" not in fast and "wait39" not in fast
+
+
+def test_a_job_asking_more_resources_than_one_that_found_no_host_is_looked_at() -> None:
+    """Whether a job within its nominal quota that finds no host keeps its cohort from
+    lending is decided on the resources it asks: qb borrows CPUs only. The jobs of qa that
+    ask no CPUs find no host and leave the cohort lending; the later one asking a CPU, as
+    hard to place as they, is looked at all the same, and what it decides (the cohort
+    lends nothing new, what qb borrows being reclaim's) holds: qb's next job is not placed."""
+    w = QWorld()
+    w.host("h0", gpus=8, cpus=32)
+    w.host("h1", gpus=8, cpus=32)
+    qa = w.queue("qa", cohort="c", gpus=16, min_runtime_s=0)
+    w.state.apply_state_record(Record("queue.qa", next(w.rev), encode(qa.model_copy(
+        update={"quota": {**qa.quota, CPU: ResourceQuota(nominal=8.0)}}))))
+    qb = w.queue("qb", cohort="c", gpus=0, min_runtime_s=0)
+    w.state.apply_state_record(Record("queue.qb", next(w.rev), encode(qb.model_copy(
+        update={"quota": {**qb.quota, CPU: ResourceQuota(nominal=0.0)}}))))
+    w.queue("qz", cohort="z", gpus=16, min_runtime_s=0)
+    for i in range(16):
+        w.qsubmit(f"z{i:02d}", "qz", gpus=1, cpus=0.0, memory_mb=0, submitted_at=NOW - 300 + i)
+    w.qsubmit("cpu-run", "qb", gpus=0, cpus=2.0, memory_mb=0, submitted_at=NOW - 300)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    assert w.job("cpu-run").state is JobState.RUNNING and w.holding("qz") == 16
+    for i in range(10):  # ask no CPU of qa's quota: qb borrows nothing they ask
+        w.qsubmit(f"nocpu{i}", "qa", gpus=1, cpus=0.0, memory_mb=0, priority=1, submitted_at=NOW - 100 + i)
+    w.qsubmit("cpu", "qa", gpus=1, cpus=1.0, memory_mb=0, submitted_at=NOW - 100)
+    w.qsubmit("cpu-next", "qb", gpus=0, cpus=1.0, memory_mb=0, submitted_at=NOW - 100)
+    fast = _plan(w, [], NOW + 2, True)
+    slow = _plan(w, [], NOW + 2, False)
+    assert _canonical(fast) == _canonical(slow)
+    assert "cpu-next" not in fast.jobs or fast.jobs["cpu-next"].state is JobState.QUEUED

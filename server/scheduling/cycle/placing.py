@@ -10,10 +10,11 @@ import functools
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 from server.scheduling import advance, fairshare, maintenance, userfair
 from server.scheduling.backfill import ends_by_host, kept_off
-from server.scheduling.capacity import Placer
+from server.scheduling.capacity import Placer, as_hard, placement_size
 from server.scheduling.cycle.admission import Admission, at_least, refused_whole
 from server.scheduling.cycle.limits import UserLimits
 from server.scheduling.cycle.reserving import Reserving, record_reservations
@@ -24,6 +25,7 @@ from server.scheduling.queues import (
     QueueBook,
     Refusal,
     effective_time_limit,
+    gpu_amount,
     job_size,
     label_conflict,
     task_demand,
@@ -37,6 +39,17 @@ def _placed(placer: Placer, spec: JobSpec) -> list[Choice] | None:
         return placer.place_gang(spec)
     choice = placer.place(spec)
     return [choice] if choice is not None else None
+
+
+def _asks(spec: JobSpec) -> tuple[bool, ...]:
+    """Which resources a job's quota is asked for (GPUs, CPUs, memory): the victims and
+    lenders a job within its nominal quota waits for are looked for among them."""
+    return gpu_amount(spec) > 0, spec.cpus > 0, spec.memory_mb > 0
+
+
+def _no_shorter(limit_s: float, than_s: float) -> bool:
+    """Whether a time limit (0: none) lets a job run at least as long as `than_s` does."""
+    return limit_s <= 0 or 0 < than_s <= limit_s
 
 
 def _model_of(placer: Placer, choice: Choice) -> str:
@@ -103,6 +116,17 @@ class Placing:
         # Per queue, the size of a job (of any model) that would borrow: one at least as large
         # would too, and waits for the second pass without its demand being worked out.
         self.borrows: dict[str, tuple[float, ...]] = {}
+        # Per queue, in one pass: the task size (`placement_size`), time limit and the
+        # resources asked (`_asks`) of a job of any model wanting GPUs that found no host,
+        # with no hosts of its own (not a preemptor's, no reservation of its own, no
+        # advance reservation's). A later job of the queue as hard to place, running no
+        # shorter and asking the same resources finds none either: every host held back
+        # from the first is held back from it (hosts kept for preemptors, reserved for
+        # others, kept off by maintenance windows by time limit), placements only take,
+        # and whether its cohort waits for reclaim is decided on the same resources.
+        # Forgotten whenever a job is placed (a reserved job placed gives up the hosts of
+        # its reservation), a preemptor's hosts are let go, and between the passes.
+        self.no_room: dict[str, tuple[tuple[Any, ...], float, tuple[bool, ...]]] = {}
         self.within = True  # in the first pass
         self.budget = policy.preemptions_per_cycle
         self.tries = 2 * policy.preemptions_per_cycle  # jobs a cycle looks for victims for, found or not
@@ -174,6 +198,7 @@ class Placing:
     # ------------------------------------------------------------ preemptors' hosts
 
     def let_go_of(self, job: Job) -> None:
+        self.no_room.clear()
         for h in self.keeps.pop(job.id, ()):
             self.keeping[h] -= 1
             if not self.keeping[h]:
@@ -201,6 +226,34 @@ class Placing:
                 and job.id not in self.w.frozen_jobs and job.id not in self.skip:
             self.blocked.append((job, floor[1]))
         return True
+
+    def below_no_room(self, job: Job, q: Queue) -> bool:
+        """Once the list for preemption is full and no more reservations can be made this
+        cycle: a job at least as hard to place as one of its queue that found no host in
+        this pass (`no_room`), no shorter, asking the same resources, with no hosts of its
+        own. It would find none, and change nothing more by it: not looked at (its hosts
+        held back and its quota not worked out)."""
+        floor = self.no_room.get(job.spec.queue) if self.no_room else None
+        if floor is None or len(self.blocked) < 2 * self.policy.preemptions_per_cycle or self.reserving.open() \
+                or job.preempting or job.id in self.held or job.id in self.reserving.made:
+            return False
+        size, limit, asks = floor
+        mine = effective_time_limit(job.spec, q)
+        return _no_shorter(mine, limit) and _asks(job.spec) == asks \
+            and as_hard(placement_size(job.spec, job.spec.models()), size)
+
+    def found_no_room(self, job: Job, spec: JobSpec, q: Queue) -> None:
+        """`job` (placed as `spec`) found no host: its queue's `no_room` if nothing of its
+        hosts was its own, its queue narrowed none of its models, and it says more than
+        the queue's `no_room` so far (no larger, running no longer, asking as much)."""
+        if self.set_aside or job.preempting or job.id in self.held or job.id in self.reserving.made \
+                or spec.replicas != 1 or spec.models() is not None or job.spec.models() is not None \
+                or not spec.wants_gpu():
+            return
+        size, limit, asks = placement_size(job.spec, None), effective_time_limit(job.spec, q), _asks(job.spec)
+        old = self.no_room.get(job.spec.queue)
+        if old is None or (old[2] == asks and as_hard(old[0], size) and _no_shorter(old[1], limit)):
+            self.no_room[job.spec.queue] = (size, limit, asks)
 
     def lowest(self, qn: str) -> tuple[float, ...] | None:
         """The smallest of queue `qn`'s jobs in each respect (None: one names GPU models)."""
@@ -277,6 +330,7 @@ class Placing:
         if self.budget > 0:
             self.preempt_blocked()
         self.within = False
+        self.no_room.clear()
         yield from self.second_pass()
 
     def wait_for_reclaim(self, job: Job) -> None:
@@ -381,7 +435,7 @@ class Placing:
                 if job.preempting:
                     self.give_up(job)  # its limit changed: what its victims freed goes to others
                 continue
-            if below_a_refusal(job):
+            if (shortcuts and self.below_no_room(job, q)) or below_a_refusal(job):
                 continue
             size = job_size(job.spec)
             placer.exclude = exclusion(job, q)
@@ -406,6 +460,8 @@ class Placing:
                 blocked.append((job, None))
                 self.wait_for_reclaim(job)
                 reserving.reserve_for(job, spec)
+                if shortcuts:
+                    self.found_no_room(job, spec, q)
                 continue
             for c in choices:
                 placer.reserve(c, spec)
@@ -420,7 +476,7 @@ class Placing:
                 limits.claim(job, q)
             job.preempting = []
             _start_try(w, placer, self.book, job, choices, q, self.term, now)
-            self.let_go_of(job)
+            self.let_go_of(job)  # (and what no job found room for is forgotten)
         w.plan.reservations = list(reserving.made.values())  # in the order they were made
         record_reservations(w, w.plan.reservations, complete, now, max_keys, self.skip)
         if self.budget > 0:

@@ -35,6 +35,10 @@ class Reserving:
         self.tried: set[str] = set()  # jobs this cycle worked a reservation out for, held or not
         self.left = RESERVE_TRIES + policy.reserve_jobs
 
+    def open(self) -> bool:
+        """Whether `reserve_for` may still make a reservation this cycle."""
+        return len(self.made) < self.policy.reserve_jobs and self.left > 0
+
     def holders(self) -> list[tuple[Job, JobSpec]]:
         """The jobs whose records hold a reservation, with the specs to place them with,
         while they still wait for room only (queued, not placed nor preempting, admitted
@@ -84,8 +88,7 @@ class Reserving:
         """Hold hosts for a job that found no room, once it has waited long enough."""
         policy = self.policy
         waited = self.now - job.submitted_at
-        if len(self.made) >= policy.reserve_jobs or not self.left or job.preempting \
-                or waited < policy.reserve_after_s or job.id in self.tried:
+        if not self.open() or job.preempting or waited < policy.reserve_after_s or job.id in self.tried:
             return
         # The first jobs a cycle that waited and found no room and that some hosts could
         # ever take; a few tries more, so that jobs no host can take do not cost more.
