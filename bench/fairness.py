@@ -29,7 +29,7 @@ Reported:
 - the share of GPUs idle while a waiting job would fit on their host, outside and inside
   preemption graces, and apart from them those held idle on hosts reserved for a job that
   waits (scheduling.backfill: kept from jobs that may not run past the reserved start);
-- plan_cycle's time per cycle (p50, p99) and queueing delay (submission to placement,
+- plan_cycle's time per cycle (p50, p99, mean) and queueing delay (submission to placement,
   simulated seconds).
 """
 
@@ -437,6 +437,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "idle_while_waiting_share": {"outside_grace": _dist(idle_outside), "during_grace": _dist(idle_grace),
                                      "held_by_reservations": _dist(reserved_idle)},
         "plan_cycle_ms": {"p50": round(_pct(plan_s, 50) * 1000, 2), "p99": round(_pct(plan_s, 99) * 1000, 2),
+                          "mean": round(sum(plan_s) / len(plan_s) * 1000, 2) if plan_s else 0.0,
                           "cycles": len(plan_s)},
         "queueing_delay_s": {"p50": round(_pct(delays, 50), 2), "p99": round(_pct(delays, 99), 2)},
         "correctness": {"ok": ok, "violations": sim.violations[:20], "ended_twice": twice[:20],

@@ -227,6 +227,12 @@ class Placing:
             self.blocked.append((job, floor[1]))
         return True
 
+    def passing_over(self) -> bool:
+        """Whether jobs that would find no host may be passed over unlooked at: the list for
+        preemption is full and no more reservations can be made this cycle (such a job
+        would change neither)."""
+        return len(self.blocked) >= 2 * self.policy.preemptions_per_cycle and not self.reserving.open()
+
     def below_no_room(self, job: Job, q: Queue) -> bool:
         """Once the list for preemption is full and no more reservations can be made this
         cycle: a job at least as hard to place as one of its queue that found no host in
@@ -234,8 +240,8 @@ class Placing:
         own. It would find none, and change nothing more by it: not looked at (its hosts
         held back and its quota not worked out)."""
         floor = self.no_room.get(job.spec.queue) if self.no_room else None
-        if floor is None or len(self.blocked) < 2 * self.policy.preemptions_per_cycle or self.reserving.open() \
-                or job.preempting or job.id in self.held or job.id in self.reserving.made:
+        if floor is None or not self.passing_over() or job.preempting or job.id in self.held \
+                or job.id in self.reserving.made:
             return False
         size, limit, asks = floor
         mine = effective_time_limit(job.spec, q)
@@ -243,12 +249,13 @@ class Placing:
             and as_hard(placement_size(job.spec, job.spec.models()), size)
 
     def found_no_room(self, job: Job, spec: JobSpec, q: Queue) -> None:
-        """`job` (placed as `spec`) found no host: its queue's `no_room` if nothing of its
-        hosts was its own, its queue narrowed none of its models, and it says more than
-        the queue's `no_room` so far (no larger, running no longer, asking as much)."""
-        if self.set_aside or job.preempting or job.id in self.held or job.id in self.reserving.made \
-                or spec.replicas != 1 or spec.models() is not None or job.spec.models() is not None \
-                or not spec.wants_gpu():
+        """`job` (placed as `spec`) found no host: once jobs are passed over for it, its
+        queue's `no_room` if nothing of its hosts was its own, its queue narrowed none of
+        its models, and it says more than the queue's `no_room` so far (no larger, running
+        no longer, asking as much)."""
+        if self.set_aside or not self.passing_over() or job.preempting or job.id in self.held \
+                or job.id in self.reserving.made or spec.replicas != 1 or spec.models() is not None \
+                or job.spec.models() is not None or not spec.wants_gpu():
             return
         size, limit, asks = placement_size(job.spec, None), effective_time_limit(job.spec, q), _asks(job.spec)
         old = self.no_room.get(job.spec.queue)
