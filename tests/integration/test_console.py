@@ -1186,7 +1186,14 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ">', timeline)
     assert "exit code 3" in timeline
     # Why pending: the live explanation, the last try, the back-off.
-    assert "Why pending" in html and "not enough free GPUs" in html and "retry back-off" in html
+    assert "Why pending" in html and "not enough free GPUs" in html
+    assert "its next try waits out the retry backoff (in about" in html and "<dt>Not before</dt>" in html
+    # Once the back-off is over (or for a try requeued at once, as a preempted one is),
+    # nothing says the job is held back.
+    m.state.apply_job(job.model_copy(update={"not_before": now - 1}), 10**9 + 1)
+    html = (await c.get("/jobs/jgang0001")).text
+    assert "Why pending" in html and "retry backoff" not in html and "back-off" not in html
+    assert "<dt>Not before</dt>" not in html
 
 
 async def test_why_pending_tells_a_host_too_small_from_a_busy_one(console: Console) -> None:

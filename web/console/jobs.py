@@ -175,6 +175,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     live = {a.id: out for a, out in zip(asked, outputs, strict=True)}
     return {
         "job": job,
+        "now": now,
         "live": live,
         "unasked": {a.id for a in running[MAX_LIVE_OUTPUTS:]},
         "max_live": MAX_LIVE_OUTPUTS,
