@@ -1171,6 +1171,9 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     assert_security_headers(r)
     html = r.text
     assert "Gang" in html and "2 tasks placed together" in html
+    # In the jobs table a queued job shows no host: where its last try ran is not where it is.
+    row = re.search(r'<tr>\s*<th scope="row"><a href="/jobs/jgang0001".*?</tr>', (await c.get("/jobs")).text, re.S)
+    assert row is not None and "QUEUED" in row.group(0) and "/hosts/" not in row.group(0)
     assert "1 try of at most 3; each try runs 2 tasks." in html
     rows = re.findall(r'<tr>\s*<th scope="row" class="num">(\d+)</th>(.*?)</tr>', html, re.S)
     assert len(rows) == 2
