@@ -241,8 +241,7 @@ def test_a_job_within_its_nominal_quota_as_hard_to_place_as_one_that_found_no_ho
     """The first pass likewise: qa's jobs are within its nominal quota, but another cohort's
     queue holds every GPU (nothing for reclaim to take back). Once the list for
     preemption is full and no more reservations can be made, a job as hard to place as
-    one that found no host is not looked at; one asking no CPU of its quota is (whether
-    its cohort waits for reclaim is decided on the resources it asks)."""
+    one that found no host is not looked at; one asking fewer CPUs is."""
     w = QWorld()
     w.host("h0", gpus=8)
     w.host("h1", gpus=8)
