@@ -451,8 +451,9 @@ class Placing:
                 if job.spec.models() is None and refusal is not None and not job.preempting:
                     refused.setdefault(job.spec.queue, (size, refusal))
                 if job.preempting:
-                    self.give_up(job)
-                blocked.append((job, refusal))
+                    self.give_up(job)  # (off the list for preemption: those that gave up are passed by there)
+                else:
+                    blocked.append((job, refusal))
                 if refusal is not None and refusal.within_nominal:
                     self.wait_for_reclaim(job)
                 continue
@@ -464,7 +465,8 @@ class Placing:
             if choices is None:
                 if job.preempting:
                     self.give_up(job)
-                blocked.append((job, None))
+                else:
+                    blocked.append((job, None))
                 self.wait_for_reclaim(job)
                 reserving.reserve_for(job, spec)
                 if shortcuts:
