@@ -88,7 +88,7 @@ async def measure(variant: str, n: int, hosts: int, rate: float, size: int = 700
         await nc.close()
         return {"variant": variant, "replicas": replicas, "storage": storage.value, "sent": n,
                 "keys_stored": info.state.messages, "seconds": round(elapsed, 1),
-                "nats_cpu_s": round(used, 2), "cpu_us_per_heartbeat": round(used / n * 1e6, 1),
+                "nats_cpu_s": round(used, 3), "cpu_us_per_heartbeat": round(used / n * 1e6, 1),
                 "cores_at_10000_per_s": round(used / n * 10_000, 2)}
     finally:
         cluster.stop()

@@ -50,6 +50,7 @@ def jobs(draw: st.DrawFn) -> list[dict[str, Any]]:
         limit = draw(st.sampled_from([0.0, 0.0, 0.0, 30.0, 600.0]))  # keep off reserved hosts, or not
         if limit:
             fields["time_limit_s"] = limit
+        fields["user"] = draw(st.sampled_from(["ann", "bo", "cy"]))
         out.append(fields)
     return out
 
@@ -66,15 +67,18 @@ def _canonical(plan: Plan) -> tuple[object, ...]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs(), st.lists(st.sampled_from([0.75, 1.5, 2.25, 4.0, 8.0]), min_size=3, max_size=3),
-       st.lists(st.sampled_from([None, None, 3.0, 8.0, 20.0]), min_size=3, max_size=3))
+       st.lists(st.sampled_from([None, None, 3.0, 8.0, 20.0]), min_size=3, max_size=3),
+       st.lists(st.sampled_from([0.0, 0.0, 1.0, 2.0, 4.0]), min_size=3, max_size=3))
 def test_the_shortcuts_never_change_a_plan(specs: list[dict[str, Any]], nominals: list[float],
-                                           cpu_nominals: list[float | None]) -> None:
-    """Queues with a GPU quota, some with a CPU quota as well (refused on either)."""
+                                           cpu_nominals: list[float | None], per_user: list[float]) -> None:
+    """Queues with a GPU quota, some with a CPU quota as well (refused on either), some
+    with a limit of GPUs per user (jobs on the list for preemption held back by it)."""
     w = QWorld()
     for h in range(2):
         w.host(f"h{h}", gpus=8, cpus=32)
-    for name, gpus, cpus in zip(QUEUES, nominals, cpu_nominals, strict=True):
-        q = w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, preempt_within=True)
+    for name, gpus, cpus, user_gpus in zip(QUEUES, nominals, cpu_nominals, per_user, strict=True):
+        q = w.queue(name, cohort="c", gpus=gpus, min_runtime_s=0, preempt_within=True,
+                    max_gpus_per_user=user_gpus)
         if cpus is not None:
             quota = {**q.quota, CPU: ResourceQuota(nominal=cpus)}
             w.state.apply_state_record(Record(f"queue.{name}", next(w.rev),
@@ -290,3 +294,35 @@ def test_a_job_asking_more_resources_than_one_that_found_no_host_is_looked_at() 
     slow = _plan(w, [], NOW + 2, False)
     assert _canonical(fast) == _canonical(slow)
     assert "cpu-next" not in fast.jobs or fast.jobs["cpu-next"].state is JobState.QUEUED
+
+
+def test_the_first_jobs_on_the_list_for_preemption_get_the_tries_even_when_held_back_by_then() -> None:
+    """ann's four GPU jobs fill the list for preemption (qa's cohort is exhausted: qb
+    borrows every GPU); then her CPU job is placed, and her limit of one running job holds
+    the four back when victims are looked for. They use the cycle's four tries all the
+    same: bo's job, later, asking as many GPUs as the least the quota refused (so the
+    shortcuts pass it over) but fewer CPUs than ann's, gets none either way, and the plans
+    with and without the shortcuts are the same."""
+    w = QWorld()
+    w.host("h0", gpus=8, cpus=64)
+    w.queue("qa", cohort="c", gpus=8, min_runtime_s=0, max_running_jobs_per_user=1)
+    w.queue("qb", cohort="c", gpus=0, min_runtime_s=0)
+    for i in range(8):
+        w.qsubmit(f"b{i}", "qb", gpus=1, submitted_at=NOW - 300 + i)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    assert w.holding("qb") == 8
+    for i in range(4):
+        w.qsubmit(f"ann{i}", "qa", gpus=2, user="ann", priority=2, submitted_at=NOW - 100 + i)
+    w.qsubmit("ann-cpu", "qa", gpus=0, cpus=1.0, user="ann", priority=1, submitted_at=NOW - 90)
+    w.qsubmit("bo", "qa", gpus=2, cpus=0.5, user="bo", submitted_at=NOW - 80)  # fewer CPUs: not below ann's
+
+    def plan(shortcuts: bool) -> Plan:
+        return plan_cycle(w.state, reports=[], commands=[], now=NOW + 2, term=TERM,
+                          queues=QueuePolicy(half_life_s=0, preemptions_per_cycle=2, reserve_jobs=0,
+                                             shortcuts=shortcuts))
+
+    fast, slow = plan(True), plan(False)
+    assert fast.jobs["ann-cpu"].state is JobState.PLACED
+    assert _canonical(fast) == _canonical(slow)
+    assert not fast.preempted

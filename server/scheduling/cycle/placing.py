@@ -94,7 +94,9 @@ class Placing:
         self.reserving = Reserving(w, adm, placer, self.limits, policy, now, skip, self.closing, self.set_aside,
                                    ends)
         # Jobs that found no room, with why their quota refused them (None: no host had
-        # room), for preemption.
+        # room), for preemption (preemptors that gave up are not): victims are looked for
+        # for the first on the list, one try each, as many as the cycle has tries. So once
+        # it holds that many, a job that would only join it may be passed over unlooked at.
         self.blocked: list[tuple[Job, Refusal | None]] = []
         # Per queue, the size of a job its quota refused this cycle (for jobs of any model):
         # a job at least as large in every respect is refused too, and not looked at.
@@ -215,6 +217,8 @@ class Placing:
         """At least as large as a job its queue's quota refused this cycle (for jobs of any
         model): refused too, unlooked at (placements only take, so it stays refused); kept
         for preemption while the cycle may still look for victims."""
+        if job.preempting:
+            return False  # a preemptor is looked at: it gives up if it cannot be placed
         qn = job.spec.queue
         floor = self.refused.get(qn)
         full = 2 * self.policy.preemptions_per_cycle
@@ -396,9 +400,9 @@ class Placing:
             if current.state is not JobState.QUEUED or current.preempting:
                 continue
             cq = adm.queue(current)
+            self.tries -= 1  # a try, even if the job's limits hold it back by now: the first on the list get them
             if self.limits.waits(current, cq):
                 continue
-            self.tries -= 1
             self.placer.exclude = self.exclusion(current, cq)  # its victims are looked for where it may go
             n = preempt_for(w, adm, self.placer, current, refusal, self.now, self.max_keys,
                             paced(self.budget, policy.preemptions_per_cycle), self.inflight)
