@@ -118,6 +118,12 @@ def _looked_at(w: QWorld, monkeypatch: pytest.MonkeyPatch, method: str) -> tuple
     return looked_fast, [j for j in seen if j.startswith("wait")]
 
 
+def _started(w: QWorld) -> None:
+    """Two cycles: what fits is placed, then started (the agents' reports)."""
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+
+
 def _queue_at_nominal() -> QWorld:
     """qa (2 GPUs nominal, cohort c with qb's 6) holding its 2 GPUs."""
     w = QWorld()
@@ -126,8 +132,7 @@ def _queue_at_nominal() -> QWorld:
     w.queue("qb", cohort="c", gpus=6, min_runtime_s=0)
     for i in range(2):
         w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     return w
 
 
@@ -150,8 +155,7 @@ def test_a_job_asking_as_much_of_a_refused_resource_is_not_looked_at(monkeypatch
     w.queue("qa", gpus=2, min_runtime_s=0)  # no cohort: it may never hold more than 2
     for i in range(2):
         w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     # 1 GPU each, CPUs 8, 4, then 1, 2, 3, 1, 2, 3, ...
     cpus = [8.0, 4.0] + [float(1 + i % 3) for i in range(40)]
     for i, c in enumerate(cpus):
@@ -192,8 +196,7 @@ def test_a_job_as_hard_to_place_as_one_that_found_no_host_is_not_looked_at(monke
     for i in range(8):
         w.qsubmit(f"run{i}", "qa", gpus=1, submitted_at=NOW - 200 + i)
         w.qsubmit(f"other{i}", "qz", gpus=1, submitted_at=NOW - 200 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     assert sum(1 for j in w.state.jobs.values() if j.state is JobState.RUNNING) == 16
     for i in range(40):
         fields: dict[str, Any] = {"time_limit_s": 60.0} if i == 30 else {}
@@ -253,8 +256,7 @@ def test_a_job_within_its_nominal_quota_as_hard_to_place_as_one_that_found_no_ho
     w.queue("qz", cohort="z", gpus=16, min_runtime_s=0)
     for i in range(16):
         w.qsubmit(f"z{i:02d}", "qz", gpus=1, submitted_at=NOW - 300 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     for i in range(40):
         fields: dict[str, Any] = {"cpus": 0.0} if i == 30 else {}
         w.qsubmit(f"wait{i:02d}", "qa", gpus=1 + i % 2, submitted_at=NOW - 100 + i, **fields)
@@ -283,8 +285,7 @@ def test_a_job_asking_more_resources_than_one_that_found_no_host_is_looked_at() 
     for i in range(16):
         w.qsubmit(f"z{i:02d}", "qz", gpus=1, cpus=0.0, memory_mb=0, submitted_at=NOW - 300 + i)
     w.qsubmit("cpu-run", "qb", gpus=0, cpus=2.0, memory_mb=0, submitted_at=NOW - 300)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     assert w.job("cpu-run").state is JobState.RUNNING and w.holding("qz") == 16
     for i in range(10):  # ask no CPU of qa's quota: qb borrows nothing they ask
         w.qsubmit(f"nocpu{i}", "qa", gpus=1, cpus=0.0, memory_mb=0, priority=1, submitted_at=NOW - 100 + i)
@@ -309,8 +310,7 @@ def test_the_first_jobs_on_the_list_for_preemption_get_the_tries_even_when_held_
     w.queue("qb", cohort="c", gpus=0, min_runtime_s=0)
     for i in range(8):
         w.qsubmit(f"b{i}", "qb", gpus=1, submitted_at=NOW - 300 + i)
-    w.qcycle(now=NOW)
-    w.qcycle(w.agent_reports(NOW + 1), now=NOW + 1)
+    _started(w)
     assert w.holding("qb") == 8
     for i in range(4):
         w.qsubmit(f"ann{i}", "qa", gpus=2, user="ann", priority=2, submitted_at=NOW - 100 + i)

@@ -154,7 +154,8 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     reads = reads_for(m)
     why = [(reason, n, reason_detail(reason))
            for reason, n in sorted((await reads.why_pending(job)).items(), key=lambda kv: (-kv[1], kv[0]))]
-    queue_why = m.jobs.queue_reasons(job, time.time())
+    now = time.time()
+    queue_why = m.jobs.queue_reasons(job, now)
     never = await reads.never_runs(job) if job.state is JobState.QUEUED else []
     recorded: list[Any] = []
     history_error = False
@@ -163,7 +164,6 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
             recorded = await run_in_threadpool(m.history.list_events, job_id=job_id, limit=500)
         except Exception:  # noqa: BLE001 - history is a convenience here
             history_error = True
-    now = time.time()
     # Live tries on a LOST host: replaced only once another host can take them.
     on_lost = {a.id for a in job.attempts if a.state in (AttemptState.PLACED, AttemptState.RUNNING)
                and m.state.health(a.host_id, now) is Health.LOST}

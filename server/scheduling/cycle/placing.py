@@ -221,21 +221,30 @@ class Placing:
             return False  # a preemptor is looked at: it gives up if it cannot be placed
         qn = job.spec.queue
         floor = self.refused.get(qn)
-        full = 2 * self.policy.preemptions_per_cycle
         if floor is None or job.spec.models() is not None or not at_least(job_size(job.spec), floor[0]):
             hit = self.seen.get(qn)
-            return hit is not None and len(self.blocked) >= full and \
+            return hit is not None and self.list_full() and \
                 refused_whole(hit, job_size(job.spec), self.adm.models_of(qn, job.spec))
-        if len(self.blocked) < full and job.not_before <= self.now \
+        if not self.list_full() and job.not_before <= self.now \
                 and job.id not in self.w.frozen_jobs and job.id not in self.skip:
             self.blocked.append((job, floor[1]))
         return True
+
+    def list_full(self) -> bool:
+        """Whether the list for preemption holds as many jobs as a cycle has tries: a job
+        that would only join it gets none (`blocked`)."""
+        return len(self.blocked) >= 2 * self.policy.preemptions_per_cycle
 
     def passing_over(self) -> bool:
         """Whether jobs that would find no host may be passed over unlooked at: the list for
         preemption is full and no more reservations can be made this cycle (such a job
         would change neither)."""
-        return len(self.blocked) >= 2 * self.policy.preemptions_per_cycle and not self.reserving.open()
+        return self.list_full() and not self.reserving.open()
+
+    def holds_own(self, job: Job) -> bool:
+        """Whether some hosts are the job's own this cycle: a preemptor's (its victims'), or
+        those of its reservation."""
+        return bool(job.preempting) or job.id in self.held or job.id in self.reserving.made
 
     def below_no_room(self, job: Job, q: Queue) -> bool:
         """Once the list for preemption is full and no more reservations can be made this
@@ -244,8 +253,7 @@ class Placing:
         own. It would find none, and change nothing more by it: not looked at (its hosts
         held back and its quota not worked out)."""
         floor = self.no_room.get(job.spec.queue) if self.no_room else None
-        if floor is None or not self.passing_over() or job.preempting or job.id in self.held \
-                or job.id in self.reserving.made:
+        if floor is None or not self.passing_over() or self.holds_own(job):
             return False
         size, limit, asks = floor
         mine = effective_time_limit(job.spec, q)
@@ -257,9 +265,8 @@ class Placing:
         queue's `no_room` if nothing of its hosts was its own, its queue narrowed none of
         its models, and it says more than the queue's `no_room` so far (no larger, running
         no longer, asking as much)."""
-        if self.set_aside or not self.passing_over() or job.preempting or job.id in self.held \
-                or job.id in self.reserving.made or spec.replicas != 1 or spec.models() is not None \
-                or job.spec.models() is not None or not spec.wants_gpu():
+        if self.set_aside or not self.passing_over() or self.holds_own(job) or spec.replicas != 1 \
+                or spec.models() is not None or job.spec.models() is not None or not spec.wants_gpu():
             return
         size, limit, asks = placement_size(job.spec, None), effective_time_limit(job.spec, q), _asks(job.spec)
         old = self.no_room.get(job.spec.queue)
@@ -288,7 +295,7 @@ class Placing:
     def refused_rest(self, qn: str, i: int) -> bool:
         """Once the list for preemption is full, a queue whose every job is below a refusal
         is left at once: each of its jobs would be skipped."""
-        if len(self.blocked) < 2 * self.policy.preemptions_per_cycle:
+        if not self.list_full():
             return False
         hit = self.refused.get(qn)
         if hit is not None and self.covers(hit[0], qn):
