@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 
 from server.broker.natsauth import AuthDir
 from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
@@ -186,7 +187,21 @@ def test_an_agent_answers_requests_for_its_output_and_may_publish_no_other_reply
 
         await nc.subscribe(subjects.output_subject(A), cb=answer)
         await nc.flush()
-        reply = await srv.request(subjects.output_subject(A), b"j1.1", timeout=15)
+        # Asked again while nats-server has no responder on record: a clean-clone run once
+        # saw "no responders" right after the agent's subscription was flushed (not seen here
+        # in 30 runs under load); what is checked is the answer and its permissions.
+        unanswered = 0
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                reply = await srv.request(subjects.output_subject(A), b"j1.1", timeout=15)
+                break
+            except NoRespondersError:
+                unanswered += 1
+                assert time.monotonic() < deadline, (f"no responder on {subjects.output_subject(A)} "
+                                                     f"after {unanswered} requests; errors {errors.seen}, "
+                                                     f"agent connected {nc.is_connected}")
+                await asyncio.sleep(0.1)
         assert reply.data == b"output of j1.1" and errors.seen == []
 
         await nc.subscribe(subjects.output_subject(B), cb=answer)
