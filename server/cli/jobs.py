@@ -168,10 +168,12 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--after-notok", action="store_true",
                     help="with --after: run once they ended otherwise than SUCCEEDED (FAILED, CANCELLED, TIMEOUT), "
                          "to clean up or report; one that SUCCEEDED cancels this job (afternotok)")
-    js.add_argument("--array", default=None, metavar="N[%K]",
-                    help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, each told its index "
-                         "(MUSTER_ARRAY_INDEX) and N (MUSTER_ARRAY_SIZE), in one group of their own; with %%K, at "
-                         "most K of them placed or running at once; not with --wait or -f")
+    js.add_argument("--array", default=None, metavar="N[%K]|INDICES[%K]",
+                    help="submit N jobs (1-1000) named NAME-0 ... NAME-<N-1>, or one per index of a list "
+                         "as Slurm writes it (0-15, 1,3,5-9, 0-99:10; a lone number is N, not an index), each "
+                         "told its index (MUSTER_ARRAY_INDEX) and the number of jobs (MUSTER_ARRAY_SIZE), in one "
+                         "group of their own; with %%K, at most K of them placed or running at once; not with "
+                         "--wait or -f")
     js.add_argument("--singleton", action="store_true",
                     help="run only when no other job of yours with this name is placed or running (Slurm's "
                          "singleton: the group NAME, limit 1)")
@@ -282,30 +284,59 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
     return inp
 
 
-def array_size(text: str) -> tuple[int, int]:
-    """`--array N` or `N%K`: the jobs, and how many may run at once (0: no limit)."""
-    n_text, pct, k_text = text.partition("%")
+MAX_ARRAY = 1000  # jobs of one array: one submitJobs request
+
+
+def array_indices(text: str) -> tuple[list[int], int]:
+    """`--array N[%K]` (indices 0 ... N-1) or a list of indices as Slurm writes one:
+    `A-B`, `A-B:S` (every S-th from A), single indices, comma-separated (`1,3,5-9%2`).
+    Returns the indices, ascending and each once, and how many may run at once (0: no
+    limit). A lone number is a count, as Muster always read it (Slurm's `--array 16` is
+    the one index 16: write `16-16`)."""
+    spec, pct, k_text = text.partition("%")
+    bad = ValidationError("array", f"{text!r}: expected N, N%K or indices such as 0-15, 1,3,5-9 or 0-99:10 "
+                                   "(with %K: at most K at once)")
     try:
-        n, k = int(n_text), int(k_text) if pct else 0
+        k = int(k_text) if pct else 0
     except ValueError:
-        raise ValidationError("array", f"{text!r}: expected N or N%K, such as 100 or 100%8") from None
+        raise bad from None
     if pct and k < 1:
-        raise ValidationError("array", "the K of N%K must be at least 1")
-    return n, k
+        raise ValidationError("array", "the K of %K must be at least 1")
+    if spec.isdigit():
+        return list(range(int(spec))), k
+    indices: set[int] = set()
+    for item in spec.split(","):
+        first, dash, rest = item.partition("-")
+        last, colon, step_text = rest.partition(":")
+        if not first.isdigit() or (dash and not last.isdigit()) or (colon and not step_text.isdigit()) \
+                or (not dash and colon):
+            raise bad
+        lo, hi, step = int(first), int(last) if dash else int(first), int(step_text) if colon else 1
+        if hi < lo or step < 1:
+            raise ValidationError("array", f"{item!r}: a range runs up, by a step of at least 1")
+        if (hi - lo) // step + 1 > MAX_ARRAY:
+            raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs (one request)")
+        indices.update(range(lo, hi + 1, step))
+    return sorted(indices), k
 
 
-def array_inputs(inp: dict[str, Any], n: int, limit: int = 0, group: str | None = None) -> list[dict[str, Any]]:
-    """The N jobs of `--array N[%K]`: NAME-i, each with MUSTER_ARRAY_INDEX=i and
-    MUSTER_ARRAY_SIZE=N in its environment, all in one group of their own (`group`, by
-    default NAME and a random suffix) with `limit` of them placed or running at once."""
-    if not 1 <= n <= 1000:
-        raise ValidationError("array", "must be from 1 to 1000 jobs (one request)")
-    if len(f"{inp['name']}-{n - 1}") > 128:
-        raise ValidationError("name", f"at most {128 - len(str(n - 1)) - 1} characters with --array {n}")
+def array_inputs(inp: dict[str, Any], indices: list[int], limit: int = 0,
+                 group: str | None = None) -> list[dict[str, Any]]:
+    """The jobs of an `--array`: NAME-i for each index i, each with MUSTER_ARRAY_INDEX=i
+    and MUSTER_ARRAY_SIZE (how many jobs) in its environment, all in one group of their
+    own (`group`, by default NAME and a random suffix) with `limit` of them placed or
+    running at once."""
+    if not 1 <= len(indices) <= MAX_ARRAY:
+        raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs (one request)")
+    widest = max(len(str(i)) for i in indices)
+    if len(inp["name"]) + 1 + widest > 128:
+        raise ValidationError("name", f"at most {128 - widest - 1} characters with --array indices up to "
+                                      f"{max(indices)}")
     group = group or f"{inp['name'][:110]}#{secrets.token_hex(4)}"
+    size = str(len(indices))
     return [{**inp, "name": f"{inp['name']}-{i}", "group": group, **({"groupLimit": limit} if limit else {}),
-             "env": {**inp.get("env", {}), "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": str(n)}}
-            for i in range(n)]
+             "env": {**inp.get("env", {}), "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": size}}
+            for i in indices]
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -315,8 +346,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.array is not None:
         if args.wait or args.follow:
             raise ValidationError("array", "--array submits many jobs: follow them with job list --name NAME-")
-        n, limit = array_size(args.array)
-        return submit_array(args, array_inputs(inp, n, limit, args.group))
+        indices, limit = array_indices(args.array)
+        return submit_array(args, array_inputs(inp, indices, limit, args.group))
     q = f"""mutation($input: SubmitJobInput!) {{ submitJob(input: $input) {{
         job {{ {JOB_FIELDS} }} userErrors {{ field message code }} warnings }} }}"""
     res = gql(q, {"input": inp}, optional=(*NEWER_FIELDS, "warnings"))["submitJob"]

@@ -234,7 +234,9 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
         done = api.wait_job(j["id"], {"SUCCEEDED", "FAILED"})
         assert done["state"] == "SUCCEEDED" and done["attempts"][0]["outputTail"] == f"index={i} of 3\n", done
     # `job cancel` takes several ids: each cancelled, an unknown one listed as refused (exit 3).
-    r = muster(cluster, srv.url, "job", "submit", "--array", "2", "-o", "json", "long", "--", "sleep", "600")
+    # (Indices as Slurm writes them: `--array 10,20` is the two jobs long-10 and long-20.)
+    r = muster(cluster, srv.url, "job", "submit", "--array", "10,20", "-o", "json", "long", "--", "sleep", "600")
+    assert [j["name"] for j in json.loads(r.stdout)] == ["long-10", "long-20"], r.stdout + r.stderr
     ids = [j["id"] for j in json.loads(r.stdout)]
     r = muster(cluster, srv.url, "job", "cancel", *ids, "j-nope", "--reason", "sweep over")
     assert r.returncode == 3, r.stdout + r.stderr

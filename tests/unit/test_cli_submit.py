@@ -199,11 +199,11 @@ def test_a_failed_job_says_why() -> None:
 
 
 def test_an_array_is_n_jobs_each_told_its_index() -> None:
-    from server.cli.jobs import array_inputs, array_size
+    from server.cli.jobs import array_indices, array_inputs
 
     args = parse_args(["job", "submit", "--gpus", "1", "--env", "LR=0.1", "--array", "3", "sweep", "--", "run"])
-    n, limit = array_size(args.array)
-    jobs = array_inputs(submit_input(args, submit_command(args)), n, limit)
+    indices, limit = array_indices(args.array)
+    jobs = array_inputs(submit_input(args, submit_command(args)), indices, limit)
     assert [j["name"] for j in jobs] == ["sweep-0", "sweep-1", "sweep-2"]
     assert [j["env"] for j in jobs] == [{"LR": "0.1", "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": "3"}
                                         for i in range(3)]
@@ -211,17 +211,43 @@ def test_an_array_is_n_jobs_each_told_its_index() -> None:
     # One group of its own (named for the array), with no limit unless N%K gives one.
     assert len({j["group"] for j in jobs}) == 1 and jobs[0]["group"].startswith("sweep#")
     assert all("groupLimit" not in j for j in jobs)
-    assert array_size("100%8") == (100, 8) and array_size("4") == (4, 0)
-    throttled = array_inputs({"name": "x"}, 4, 2)
+    assert array_indices("100%8") == (list(range(100)), 8) and array_indices("4") == ([0, 1, 2, 3], 0)
+    throttled = array_inputs({"name": "x"}, [0, 1, 2, 3], 2)
     assert [j["groupLimit"] for j in throttled] == [2] * 4
-    assert throttled[0]["group"] != array_inputs({"name": "x"}, 4, 2)[0]["group"]  # each array its own
-    for bad in ("many", "10%", "10%0", "%3"):
+    assert throttled[0]["group"] != array_inputs({"name": "x"}, [0, 1, 2, 3], 2)[0]["group"]  # each array its own
+    for bad in ("many", "10%", "10%0", "%3", "", "3-", "-3", "1,,2", "0-9:", "4:2", "0-9:x", "1-2-3"):
         with pytest.raises(ValidationError, match="array"):
-            array_size(bad)
+            array_indices(bad)
     with pytest.raises(ValidationError, match="from 1 to 1000"):
-        array_inputs({"name": "x"}, 1001)
-    with pytest.raises(ValidationError, match="at most 125 characters with --array 100"):
-        array_inputs({"name": "x" * 126}, 100)
+        array_inputs({"name": "x"}, list(range(1001)))
+    with pytest.raises(ValidationError, match="at most 125 characters with --array indices up to 99"):
+        array_inputs({"name": "x" * 126}, list(range(100)))
+
+
+def test_an_array_takes_indices_as_slurm_writes_them() -> None:
+    """Ranges, steps and lists, as sbatch's --array; each index once, ascending; the
+    size is the number of jobs, whatever the indices."""
+    from server.cli.jobs import array_indices, array_inputs
+
+    assert array_indices("0-3") == ([0, 1, 2, 3], 0)
+    assert array_indices("5-5") == ([5], 0)  # one index (a lone 5 is five jobs)
+    assert array_indices("1,3,5-7%2") == ([1, 3, 5, 6, 7], 2)
+    assert array_indices("0-20:10") == ([0, 10, 20], 0)
+    assert array_indices("7,2-3,3") == ([2, 3, 7], 0)
+    jobs = array_inputs({"name": "scan", "env": {"A": "1"}}, *array_indices("100-102"))
+    assert [(j["name"], j["env"]) for j in jobs] == [
+        (f"scan-{i}", {"A": "1", "MUSTER_ARRAY_INDEX": str(i), "MUSTER_ARRAY_SIZE": "3"}) for i in (100, 101, 102)]
+    with pytest.raises(ValidationError, match="runs up"):
+        array_indices("9-3")
+    with pytest.raises(ValidationError, match="runs up"):
+        array_indices("0-9:0")
+    with pytest.raises(ValidationError, match="from 1 to 1000"):
+        array_indices("0-1000")  # 1,001 jobs, refused before they are made
+    with pytest.raises(ValidationError, match="from 1 to 1000"):
+        array_inputs({"name": "x"}, *array_indices("0-999,2000-2999:2"))
+    # The name's room is set by the widest index.
+    with pytest.raises(ValidationError, match="at most 121 characters with --array indices up to 100000"):
+        array_inputs({"name": "x" * 122}, *array_indices("0,100000"))
 
 
 def test_a_singleton_and_a_group_are_given_as_groups_of_the_users_jobs() -> None:
