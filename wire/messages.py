@@ -29,6 +29,7 @@ LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.-]{0,63}$"
 _LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
 MAX_HOST_LABELS = 16  # labels a job may require of its host (JobSpec.host_labels)
+MAX_EXCLUDED_HOSTS = 128  # hosts a job may name as ones it must not run on (JobSpec.exclude_hosts)
 
 
 def _checked_labels(labels: dict[str, str], what: str) -> dict[str, str]:
@@ -233,6 +234,9 @@ class JobSpec(_Model):
     # Labels a host must have to run the job (key=value each, all of them: a zone, a
     # network, a driver line), as its agent reports them (`--labels`).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
+    # Hosts the job must not run on (their ids, sorted, each once), as Slurm's `--exclude`:
+    # a host its user finds at fault that the operators have not cordoned.
+    exclude_hosts: list[str] = Field(default_factory=list, max_length=MAX_EXCLUDED_HOSTS)
     # Jobs this one runs after (their ids): once every one of them SUCCEEDED (afterok), once
     # every one of them ended whatever its end (`depend_any`: afterany), or once every one
     # of them ended otherwise than SUCCEEDED (`depend_not_ok`: afternotok, for a job that
@@ -264,6 +268,14 @@ class JobSpec(_Model):
     @classmethod
     def _host_labels(cls, labels: dict[str, str]) -> dict[str, str]:
         return _checked_labels(labels, "host label")
+
+    @field_validator("exclude_hosts")
+    @classmethod
+    def _exclude_hosts(cls, hosts: list[str]) -> list[str]:
+        for h in hosts:
+            if not re.fullmatch(HOST_ID_PATTERN, h):
+                raise ValueError(f"not a host id: {h[:64]!r}")
+        return sorted(set(hosts))
 
     def models(self) -> frozenset[str] | None:
         """The GPU models the job accepts, None for any."""

@@ -13,11 +13,13 @@ from wire.budgets import check_spec
 from wire.errors import ValidationError
 from wire.messages import (
     DEFAULT_QUEUE,
+    HOST_ID_PATTERN,
     JOB_ID_PATTERN,
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     MAX_DEPENDENCIES,
     MAX_EPOCH_S,
+    MAX_EXCLUDED_HOSTS,
     MAX_HOST_LABELS,
     MIG_PROFILE_PATTERN,
     QUEUE_NAME_PATTERN,
@@ -43,6 +45,7 @@ MAX_GPU_MEMORY_MB = 1024 * 1024
 MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+HOST_ID_RE = re.compile(HOST_ID_PATTERN)
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_GROUP_LIMIT = 100_000  # jobs of one group placed or running at once (wire.messages.JobSpec.group_limit)
 
@@ -175,6 +178,11 @@ def validate_job(
             if not isinstance(v, str) or not LABEL_VALUE_RE.fullmatch(v):
                 err("hostLabels", f"invalid value for label {k!r}")
                 break
+    exclude_hosts = data.get("exclude_hosts") or []
+    if (not isinstance(exclude_hosts, list) or len(exclude_hosts) > MAX_EXCLUDED_HOSTS
+            or not all(isinstance(h, str) and HOST_ID_RE.fullmatch(h) for h in exclude_hosts)):
+        err("excludeHosts", f"must be a list of at most {MAX_EXCLUDED_HOSTS} host ids", "INVALID")
+        exclude_hosts = []
     depends_on = data.get("depends_on") or []
     if (not isinstance(depends_on, list) or len(depends_on) > MAX_DEPENDENCIES
             or not all(isinstance(d, str) and JOB_ID_RE.fullmatch(d) for d in depends_on)):
@@ -241,6 +249,7 @@ def validate_job(
         queue=queue,
         time_limit_s=float(time_limit),
         host_labels=dict(host_labels),
+        exclude_hosts=sorted(set(exclude_hosts)),
         depends_on=list(dict.fromkeys(depends_on)),
         depend_any=bool(depend_any) and bool(depends_on),
         depend_not_ok=bool(depend_not_ok) and bool(depends_on),

@@ -19,7 +19,7 @@ from wire.errors import NotFound, ValidationError
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
-beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints
+beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints excludeHosts
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason }"""
@@ -27,7 +27,7 @@ outputTail reason }"""
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
-                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints")
+                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -132,6 +132,8 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--same-rack", action="store_true", help="a gang's tasks all in one rack")
     js.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
                     help="a label the host must have, as its agent reports it (repeat for more: all must match)")
+    js.add_argument("--exclude", action="append", default=None, metavar="HOST[,HOST...]", dest="exclude_hosts",
+                    help="hosts it must not run on (repeat for more), as Slurm's --exclude")
     js.add_argument("--cpus", type=float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
@@ -257,6 +259,8 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["retryTimeouts"] = True
     if args.checkpoints:
         inp["checkpoints"] = True
+    if args.exclude_hosts:
+        inp["excludeHosts"] = [h.strip() for given in args.exclude_hosts for h in given.split(",") if h.strip()]
     if args.after_any and args.after_notok:
         raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
@@ -497,6 +501,8 @@ def show(args: argparse.Namespace) -> None:
     print(f"  wants:   {wants(job)}")
     if job.get("hostLabels"):
         print(f"  on hosts labelled: {labels_text(job['hostLabels'])}")
+    if job.get("excludeHosts"):
+        print(f"  not on:  {', '.join(job['excludeHosts'])}")
     if job["effectiveTimeLimitSeconds"]:
         whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
         print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")

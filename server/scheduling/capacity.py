@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from server.scheduling.backfill import UNKNOWN, Ends, Reservation, choose, start_on
 from server.scheduling.fragmentation import Fragmentation, score
-from server.scheduling.placement import FULL, Choice, HostCapacity, check, labels_match
+from server.scheduling.placement import FULL, Choice, HostCapacity, allowed_host, check
 from wire.budgets import task_bytes
 from wire.messages import JobSpec
 
@@ -30,7 +30,7 @@ POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
 MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
-KIND = 3  # placement_size: the items that must be equal for one failure to say anything of another
+KIND = 4  # placement_size: the items that must be equal for one failure to say anything of another
 # Hosts held back from a job past which the placer reads each bucket of the index without
 # them, once per bucket and set held back in a cycle (a large maintenance window or
 # advance reservation is then not walked past host by host for every job).
@@ -50,10 +50,10 @@ RESERVE_RACKS = 8
 
 def placement_size(spec: JobSpec, models: frozenset[str] | None) -> tuple[Any, ...]:
     """What a failed placement of a task of `spec` (on one of `models`) says of others: its
-    kind (the first KIND items: models, MIG profile, required host labels), then its
-    amounts."""
-    return (models, spec.mig_profile, tuple(sorted(spec.host_labels.items())), spec.gpus, spec.gpu_share,
-            spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
+    kind (the first KIND items: models, MIG profile, required host labels, excluded
+    hosts), then its amounts."""
+    return (models, spec.mig_profile, tuple(sorted(spec.host_labels.items())), tuple(spec.exclude_hosts),
+            spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb)
 
 
 def as_hard(size: tuple[Any, ...], failed: tuple[Any, ...]) -> bool:
@@ -527,7 +527,7 @@ class Placer:
         free: dict[str, int] = defaultdict(int)
         for host_id, cap in self.index.caps.items():
             rack = cap.labels.get("rack")
-            if not rack or not cap.schedulable or cap.cordoned or (spec.host_labels and not labels_match(spec, cap)):
+            if not rack or not cap.schedulable or cap.cordoned or not allowed_host(spec, cap):
                 continue
             view = self.view(host_id) or cap
             racks[rack].append(host_id)
@@ -642,7 +642,7 @@ class Placer:
             cap = self.view(h)
             return cap is not None and h not in self.exclude \
                 and (models is None or not models.isdisjoint(cap.gpu_models.values())) \
-                and (not spec.host_labels or labels_match(spec, cap))
+                and allowed_host(spec, cap)
 
         for walk in (keys, [("w", ANY)]):
             levels = sorted({lv for k in walk for lv in (*self.index.buckets.get(k, {}), *self._tbuckets.get(k, {}))},

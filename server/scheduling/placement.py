@@ -35,11 +35,12 @@ NO_FREE_MEMORY = "not enough free memory"
 TOO_MANY_TASKS = "host runs its maximum number of tasks"
 RECORD_FULL = "host's assignment record is full"
 NO_LABELS = "host lacks a required label"
-REASONS = (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
+EXCLUDED = "host excluded by the job"
+REASONS = (NOT_HEALTHY, CORDONED, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
            TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
            TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
 # The reasons a host gives however little it runs: it could not take the job even idle.
-NEVER = frozenset({NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, TOO_LITTLE_GPU_MEMORY, NO_MIG, TOO_FEW_CPUS,
+NEVER = frozenset({EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, TOO_LITTLE_GPU_MEMORY, NO_MIG, TOO_FEW_CPUS,
                    TOO_LITTLE_MEMORY})
 # One host's assignment record lists every task it runs; this keeps it well under NATS's
 # 1 MB message limit (and no GPU host runs more at once in practice).
@@ -190,6 +191,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
         return NOT_HEALTHY, [], ()
     if host.cordoned:
         return CORDONED, [], ()
+    if spec.exclude_hosts and host.id in spec.exclude_hosts:
+        return EXCLUDED, [], ()
     if spec.host_labels and not labels_match(spec, host):
         return NO_LABELS, [], ()
     accept = spec.models() if models is ... else models
@@ -261,6 +264,13 @@ def idle_room(spec: JobSpec, host: HostCapacity, most: int = 1,
 def labels_match(spec: JobSpec, host: HostCapacity) -> bool:
     """Whether the host has every label the job requires (`JobSpec.host_labels`)."""
     return all(host.labels.get(k) == v for k, v in spec.host_labels.items())
+
+
+def allowed_host(spec: JobSpec, host: HostCapacity) -> bool:
+    """Whether the job may run on the host at all, by what it names: the host is not one
+    it excludes (`JobSpec.exclude_hosts`) and has every label it requires."""
+    return (not spec.exclude_hosts or host.id not in spec.exclude_hosts) \
+        and (not spec.host_labels or labels_match(spec, host))
 
 
 def _score(spec: JobSpec, host: HostCapacity) -> tuple[float, ...]:

@@ -213,8 +213,8 @@ class JobView:
         if spec is None or not caps:
             return []
         key = (spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.mig_profile, spec.models(), spec.cpus,
-               spec.memory_mb, tuple(sorted(spec.host_labels.items())), spec.replicas, spec.same_rack,
-               spec.same_model, len(caps))
+               spec.memory_mb, tuple(sorted(spec.host_labels.items())), tuple(spec.exclude_hosts), spec.replicas,
+               spec.same_rack, spec.same_model, len(caps))
         hit = self._never.get(key)
         if hit is not None and now - hit[0] < NEVER_MEMO_S:
             return hit[1]

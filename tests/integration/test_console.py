@@ -373,13 +373,19 @@ async def test_a_gang_with_a_priority_from_the_form(console: Console) -> None:
     assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "expected KEY=VALUE" in r.text
     r = await c.post("/submit", data={**base, "host_labels": "Zone=a"})
     assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "invalid label key" in r.text
-    r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7", "host_labels": "zone=eu-1, net=ib"})
+    r = await c.post("/submit", data={**base, "exclude_hosts": "gpu/7"})
+    assert r.status_code == 422 and 'id="f-exclude_hosts-error"' in r.text and "host ids" in r.text, r.text
+    r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7", "host_labels": "zone=eu-1, net=ib",
+                                      "exclude_hosts": "gpu-9, gpu-7"})
     assert r.status_code == 303, r.text
     job = m.state.jobs[r.headers["location"].split("/")[2].split("?")[0]]
     assert (job.spec.replicas, job.spec.priority, job.spec.gpus) == (4, 7, 8)
     assert job.spec.host_labels == {"zone": "eu-1", "net": "ib"}
+    assert job.spec.exclude_hosts == ["gpu-7", "gpu-9"]
     page = await c.get(f"/jobs/{job.id}")
     assert '<span class="label">net=ib</span> <span class="label">zone=eu-1</span>' in page.text
+    assert '<dd id="job-exclude"><a href="/hosts/gpu-7"><code>gpu-7</code></a>, ' \
+           '<a href="/hosts/gpu-9"><code>gpu-9</code></a></dd>' in page.text
 
 
 async def test_valid_submission_redirects_to_job_page(console: Console) -> None:

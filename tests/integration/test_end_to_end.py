@@ -287,6 +287,32 @@ def test_a_job_runs_only_on_hosts_with_its_labels(two_hosts: tuple[Cluster, Api]
     assert got == {"state": "QUEUED", "hostLabels": [{"key": "net", "value": "ib"}]}
 
 
+def test_a_job_never_runs_on_a_host_it_excludes(two_hosts: tuple[Cluster, Api]) -> None:
+    """`excludeHosts` (`muster job submit --exclude`, Slurm's --exclude): jobs that exclude
+    host-a all run on host-b, one that excludes both waits and says why, and `job show`
+    lists the hosts."""
+    cluster, api = two_hosts
+    env = {**os.environ, "MUSTER_URL": api.url.removesuffix("/graphql"), "MUSTER_TOKEN": cluster.token}
+    ids = [api.submit(name=f"x{i}", command=["true"], gpus=1, cpus=1, memoryMb=64,
+                      excludeHosts=["host-a"])["job"]["id"] for i in range(4)]
+    r = subprocess.run([PY, "-m", "server.cli", "job", "submit", "--gpus", "1", "--exclude", "host-a", "-o", "json",
+                        "x-cli", "--", "true"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ids.append(json.loads(r.stdout)["id"])
+    for jid in ids:
+        job = api.wait_job(jid, {"SUCCEEDED", "FAILED"})
+        assert job["state"] == "SUCCEEDED" and job["attempts"][0]["host"]["id"] == "host-b", job
+    nowhere = api.submit(name="nowhere", command=["true"], gpus=1, cpus=1, memoryMb=64,
+                         excludeHosts=["host-b", "host-a"])["job"]["id"]
+    wait_until(lambda: api.job(nowhere)["pendingReasons"] == [{"reason": "host excluded by the job", "hosts": 2}],
+               timeout=60, what="the reason in why pending")
+    got = api.q('query($id: ID!) { job(id: $id) { state excludeHosts } }', {"id": nowhere})["job"]
+    assert got == {"state": "QUEUED", "excludeHosts": ["host-a", "host-b"]}
+    r = subprocess.run([PY, "-m", "server.cli", "job", "show", nowhere], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and "not on:  host-a, host-b" in r.stdout, r.stdout + r.stderr
+
+
 def test_one_request_asks_at_most_32_agents_for_live_output(two_hosts: tuple[Cluster, Api]) -> None:
     """40 running tasks (20 gangs of 2, one task on each host) asked for their output in one
     query: 32 answers, the rest null (a query cannot turn into a request to every agent of

@@ -319,3 +319,10 @@ def test_a_job_without_a_name_is_named_after_its_command() -> None:
 def test_without_a_name_the_command_must_follow_a_double_dash() -> None:
     with pytest.raises(ValidationError, match="a job name, or options ended with --"):
         _submit("--gpus", "1")
+
+
+def test_excluded_hosts_are_given_comma_separated_or_repeated() -> None:
+    args = parse_args(["job", "submit", "--exclude", "gpu-1,gpu-2", "--exclude", " gpu-9 ", "t", "--", "run"])
+    assert submit_input(args, submit_command(args))["excludeHosts"] == ["gpu-1", "gpu-2", "gpu-9"]
+    args = parse_args(["job", "submit", "t", "--", "run"])
+    assert "excludeHosts" not in submit_input(args, submit_command(args))

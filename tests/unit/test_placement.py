@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from server.scheduling.placement import (
     CORDONED,
+    EXCLUDED,
     MAX_TASKS_PER_HOST,
     NO_FREE_CPU,
     NO_FREE_GPU_MEMORY,
@@ -43,9 +44,9 @@ from wire.messages import JobSpec
 
 
 def test_reason_constants_are_listed_in_check_order() -> None:
-    assert REASONS == (NOT_HEALTHY, CORDONED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
-                       TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
-                       TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
+    assert REASONS == (NOT_HEALTHY, CORDONED, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS,
+                       NO_FREE_SHARE, TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS,
+                       NO_FREE_CPU, TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
 
 
@@ -326,6 +327,32 @@ def test_placing_one_after_another_with_reserve_fills_hosts() -> None:
     assert res.reasons == Counter({NO_FREE_GPUS: 2})
 
 
+def test_a_job_never_runs_on_a_host_it_excludes() -> None:
+    """`excludeHosts`, as Slurm's --exclude: the host is passed over even where it fits
+    best, the job waits when every other host is full, and its reason counts it."""
+    from server.scheduling.capacity import CapacityIndex, Placer, as_hard, placement_size
+
+    # h1 has one free GPU, the tightest fit for a one-GPU job; h2 has eight.
+    hosts = [host("h1", models={0: "H100"}), host("h2")]
+    avoid = spec("t", command=["x"], gpus=1, exclude_hosts=["h1"])
+    assert check(avoid, hosts[0])[0] == EXCLUDED and check(avoid, hosts[1])[0] is None
+    assert explain(spec("t", command=["x"], gpus=1, exclude_hosts=["h1", "h2"]), hosts) == Counter({EXCLUDED: 2})
+    index = CapacityIndex()
+    for h in hosts:
+        index.put(h)
+    placer = Placer(index, healthy=lambda host_id: True)
+    plain = placer.place(spec("u", command=["x"], gpus=1))
+    assert plain is not None and plain.host_id == "h1"  # where the job would go without it
+    got = placer.place(avoid)
+    assert got is not None and got.host_id == "h2"
+    # Eight GPUs fit only on h2: a job that excludes it finds none, and that failure says
+    # nothing of a job that does not (the exclusion is part of what a failure is kept by).
+    assert placer.place(spec("v", command=["x"], gpus=8, exclude_hosts=["h2"])) is None
+    assert placer.place(spec("w", command=["x"], gpus=8)) is not None
+    assert not as_hard(placement_size(spec("w", command=["x"], gpus=8), None),
+                       placement_size(spec("v", command=["x"], gpus=8, exclude_hosts=["h2"]), None))
+
+
 # ---------------------------------------------------------------- property
 
 MODELS = ["H100", "A100", "L4"]
@@ -361,6 +388,7 @@ def host_lists(draw: st.DrawFn) -> list[HostCapacity]:
 specs = st.builds(
     spec,
     host_labels=LABEL_SETS,
+    exclude_hosts=st.sampled_from([[], [], [], ["h0"], ["h1", "h3"], ["h0", "h1", "h2", "h3", "h4", "h5"]]),
     gpus=st.integers(0, 9),
     gpu_model=st.none() | st.sampled_from(MODELS + ["B200"]),
     cpus=st.sampled_from([0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 7.5, 16.0, 33.0]),

@@ -51,6 +51,8 @@ def jobs(draw: st.DrawFn) -> list[dict[str, Any]]:
         if limit:
             fields["time_limit_s"] = limit
         fields["user"] = draw(st.sampled_from(["ann", "bo", "cy"]))
+        if draw(st.integers(0, 7)) == 0:
+            fields["exclude_hosts"] = ["h0"]  # passed over as hard to place only by jobs that exclude it too
         out.append(fields)
     return out
 

@@ -156,6 +156,15 @@ def test_host_labels() -> None:
     assert errs(host_labels={"zone": 1}) == [("hostLabels", "INVALID")]
 
 
+def test_excluded_hosts() -> None:
+    assert errs(exclude_hosts=["gpu-7", "gpu-12"]) == []
+    assert errs(exclude_hosts="gpu-7") == [("excludeHosts", "INVALID")]
+    assert errs(exclude_hosts=["gpu 7"]) == [("excludeHosts", "INVALID")]
+    assert errs(exclude_hosts=[f"h{i}" for i in range(129)]) == [("excludeHosts", "INVALID")]
+    spec, _ = validate_job({"name": "j", "command": ["x"], "exclude_hosts": ["b", "a", "b"]})
+    assert spec is not None and spec.exclude_hosts == ["a", "b"]
+
+
 def test_env_not_a_map() -> None:
     assert errs(env=["A=1"]) == [("env", "INVALID")]
 

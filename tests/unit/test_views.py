@@ -227,6 +227,12 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
         "the 12 hosts known could run at most 2 of its 3 tasks even idle (on 2 of them; hosts that take none: 8 "
         "host lacks a required label, 2 wrong GPU model); it waits for more"]
     assert warnings("gang2", gpus=8, gpu_model="H100", host_labels=r1, replicas=2) == []
+    # Hosts the job excludes are counted as hosts that never take it: a gang of two on r1's
+    # two H100 hosts that excludes one of them could never run whole.
+    assert warnings("gang2-x", gpus=8, gpu_model="H100", host_labels=r1, replicas=2, exclude_hosts=["h-007"]) == [
+        "the 12 hosts known could run at most 1 of its 2 tasks even idle (on 1 of them; hosts that take none: 8 "
+        "host lacks a required label, 2 wrong GPU model, 1 host excluded by the job); it waits for more"]
+    assert warnings("fits-idle-x", gpus=8, gpu_model="H100", host_labels=r1, exclude_hosts=["h-001"]) == []
     # A gang's tasks share a host where they fit, as they are placed: 8 of 2 GPUs on the two.
     assert warnings("gang8", gpus=2, gpu_model="H100", host_labels=r1, replicas=8) == []
     assert warnings("gang9", gpus=2, gpu_model="H100", host_labels=r1, replicas=9) == [

@@ -37,6 +37,7 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "migProfile": "mig_profile", "sameModel": "same_model", "queue": "queue",
                  "timeLimitSeconds": "time_limit", "time_limit_s": "time_limit", "replicas": "replicas",
                  "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels",
+                 "excludeHosts": "exclude_hosts",
                  "dependsOn": "after", "beginAt": "begin", "group": "group", "groupLimit": "group_limit",
                  "retryFailures": "retry_failures", "retryExitCodes": "retry_exit_codes"}
 
@@ -298,9 +299,9 @@ def _submit_ctx(m: Muster, sess: Session, values: dict[str, str], errors: dict[s
 
 SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu_share": "", "gpu_memory_mb": "",
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
-                   "host_labels": "", "queue": "", "time_limit": "", "after": "", "after_rule": "ok", "held": "",
-                   "begin": "", "group": "", "group_limit": "", "retry_failures": "", "retry_exit_codes": "",
-                   "checkpoints": ""}
+                   "host_labels": "", "exclude_hosts": "", "queue": "", "time_limit": "", "after": "",
+                   "after_rule": "ok", "held": "", "begin": "", "group": "", "group_limit": "", "retry_failures": "",
+                   "retry_exit_codes": "", "checkpoints": ""}
 
 
 @console()
@@ -359,6 +360,8 @@ async def submit(request: Request) -> Response:
             data["host_labels"] = values["host_labels"]  # which validation refuses too
         else:
             data["host_labels"] = {k.strip(): v.strip() for k, _eq, v in pairs}
+    if values["exclude_hosts"]:
+        data["exclude_hosts"] = [x.strip() for x in re.split(r"[\s,]+", values["exclude_hosts"]) if x.strip()]
     if values["queue"]:
         data["queue"] = values["queue"]
     if values["after"]:

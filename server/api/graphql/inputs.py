@@ -58,6 +58,9 @@ class SubmitJobInput:
     host_labels: strawberry.scalars.JSON | None = strawberry.field(
         default=None, description="Labels a host must have to run the job, as a map of label to value (at most "
                                   "16; all must match the host's, e.g. {\"zone\": \"eu-1\", \"net\": \"ib\"}).")
+    exclude_hosts: list[str] | None = strawberry.field(
+        default=None, description="Hosts it must not run on, by id (at most 128), as Slurm's --exclude: a host "
+                                  "the submitter finds at fault that the operators have not cordoned.")
     held: bool = strawberry.field(default=False, description="Submit it held: it stays QUEUED, not placed, until "
                                                              "released (updateJob).")
     depends_on: list[strawberry.ID] | None = strawberry.field(

@@ -61,7 +61,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "same_model": i.same_model, "gpu_share": i.gpu_share, "gpu_memory_mb": i.gpu_memory_mb,
         "mig_profile": i.mig_profile,
         "queue": i.queue, "time_limit_s": i.time_limit_seconds, "host_labels": i.host_labels or {},
-        "held": i.held, "depends_on": [str(d) for d in i.depends_on or []],
+        "exclude_hosts": i.exclude_hosts or [], "held": i.held, "depends_on": [str(d) for d in i.depends_on or []],
         "depend_any": i.dependency is Dependency.AFTER_ANY, "depend_not_ok": i.dependency is Dependency.AFTER_NOT_OK,
         "group": i.group or "", "group_limit": i.group_limit, "begin_at": epoch(i.begin_at) or 0.0,
         "retry_failures": i.retry_failures, "retry_exit_codes": i.retry_exit_codes or [],

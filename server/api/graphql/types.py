@@ -438,6 +438,10 @@ class Job:
     def host_labels(self) -> list[Label]:
         return [Label(key=k, value=v) for k, v in sorted(self._m.spec.host_labels.items())]
 
+    @strawberry.field(description="Hosts it must not run on, as the job asked (`excludeHosts`).")
+    def exclude_hosts(self) -> list[str]:
+        return list(self._m.spec.exclude_hosts)
+
     @strawberry.field(description="The jobs it runs after (see `dependency`).")
     def depends_on(self) -> list[strawberry.ID]:
         return [strawberry.ID(d) for d in self._m.spec.depends_on]
