@@ -688,9 +688,10 @@ class OutputReply(_Model):
 
 class Command(_Model):
     """An operator's command on a job, applied by the leader: `cancel`; `update`, which
-    changes what is given of `priority` and `hold` (True holds a queued job, False
-    releases it; None: unchanged); or `requeue`, which stops a placed or running job's try
-    (not counted against its attempts) and queues it again, held when `hold` is True."""
+    changes what is given of `priority`, `hold` (True holds a queued job, False releases
+    it; None: unchanged) and `time_limit_s` (the job's, and its running try's); or
+    `requeue`, which stops a placed or running job's try (not counted against its
+    attempts) and queues it again, held when `hold` is True."""
 
     v: Literal[1] = 1
     kind: Literal["cancel", "update", "requeue"]
@@ -700,6 +701,7 @@ class Command(_Model):
     ts: float = Field(default_factory=time.time)
     priority: int | None = Field(default=None, ge=-1000, le=1000)
     hold: bool | None = None
+    time_limit_s: float | None = Field(default=None, gt=0, le=365 * 24 * 3600)
 
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"

@@ -93,10 +93,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jq)
     jq.set_defaults(fn=cmd_requeue)
 
-    jp = jsub.add_parser("set", help="change a job that has not ended: its priority")
+    jp = jsub.add_parser("set", help="change a job that has not ended: its priority, its time limit")
     jp.add_argument("ids", nargs="+", metavar="ID")
-    jp.add_argument("--priority", type=int, required=True,
+    jp.add_argument("--priority", type=int, default=None,
                     help="-1000 to 1000: its place in its queue, and as a preemption victim")
+    jp.add_argument("--time-limit", type=float, default=None, metavar="S", dest="time_limit",
+                    help="a new time limit in seconds, its running try's too (one that ran longer is stopped); "
+                         "only an admin may raise one (scontrol update TimeLimit)")
     add_output(jp)
     jp.set_defaults(fn=cmd_update, reason="")
 
@@ -689,6 +692,10 @@ def cmd_update(args: argparse.Namespace) -> int:
     change = dict(getattr(args, "change", {}))
     if getattr(args, "priority", None) is not None:
         change["priority"] = args.priority
+    if getattr(args, "time_limit", None) is not None:
+        change["timeLimitSeconds"] = args.time_limit
+    if not change:
+        raise ValidationError("input", "give --priority, --time-limit or both")
     return _each(args, lambda job_id: gql(q, {"input": {"id": job_id, "reason": args.reason, **change}})["updateJob"],
                  "change requested")
 

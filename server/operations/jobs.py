@@ -8,11 +8,12 @@ import logging
 from typing import Any
 
 from server.operations.base import Operations
+from server.scheduling.queues import effective_time_limit
 from server.views.jobs import matches
 from wire import subjects
 from wire.errors import Forbidden, NotFound, StoreError, ValidationError
 from wire.messages import Command, Job, JobState, OutputReply, OutputRequest, decode, encode
-from wire.validation import validate_reason
+from wire.validation import MAX_TIME_LIMIT_S, validate_reason
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +61,50 @@ class JobOperations(Operations):
         await self._command(Command(kind="cancel", job_id=job_id, by=by, reason=reason))
 
     async def update_job(self, job_id: str, by: str, *, priority: int | None = None, hold: bool | None = None,
-                         reason: str = "", queues: list[str] | None = None) -> None:
+                         time_limit_s: float | None = None, may_raise: bool = False, reason: str = "",
+                         queues: list[str] | None = None) -> None:
         """Ask the leader to change a job that has not ended: its priority (-1000 to 1000),
-        and hold it (True: a QUEUED job stays queued but is not placed; `reason` says why)
-        or release it (False). Raises NotFound, Forbidden (`queues`, as cancel),
-        ValidationError (nothing to change, a priority out of range, holding a job that is
-        not QUEUED or is taking GPUs by preemption; ALREADY_FINISHED)."""
+        hold it (True: a QUEUED job stays queued but is not placed; `reason` says why) or
+        release it (False), and its time limit in seconds (a running try's too: one that
+        has run longer is stopped at once). As with Slurm's `scontrol update TimeLimit`,
+        only an admin (`may_raise`) may raise a limit or set one above the queue's maximum.
+        Raises NotFound, Forbidden (`queues`, as cancel; a raise without `may_raise`),
+        ValidationError (nothing to change, a value out of range, holding a job that is
+        not QUEUED or is taking GPUs by preemption, a limit for a try that is stopping;
+        ALREADY_FINISHED)."""
         reason = validate_reason(reason)
-        if priority is None and hold is None:
-            raise ValidationError("input", "give a priority, or hold or release the job", "REQUIRED")
+        if priority is None and hold is None and time_limit_s is None:
+            raise ValidationError("input", "give a priority, a time limit, or hold or release the job", "REQUIRED")
         if priority is not None and not -1000 <= priority <= 1000:
             raise ValidationError("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
+        if time_limit_s is not None and not 0 < time_limit_s <= MAX_TIME_LIMIT_S:
+            raise ValidationError("timeLimitSeconds", f"must be more than 0 and at most {MAX_TIME_LIMIT_S} seconds",
+                                  "OUT_OF_RANGE")
         job = self._live_job_for(job_id, queues)
         if hold and (job.state is not JobState.QUEUED or job.preempting):
             why = "it is taking GPUs by preemption" if job.preempting else f"it is {job.state.value}"
             raise ValidationError("hold", f"only a queued job can be held; {why} (cancel it instead)", "NOT_QUEUED")
-        await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold))
+        if time_limit_s is not None:
+            self._check_time_limit(job, time_limit_s, may_raise)
+        await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold,
+                                    time_limit_s=time_limit_s))
+
+    def _check_time_limit(self, job: Job, limit: float, may_raise: bool) -> None:
+        """A new time limit for `job` that the caller may set: one no longer than the limit
+        it runs (or would run) under now, within its queue's maximum, unless `may_raise`.
+        A try that is being stopped keeps its end."""
+        live = [t for t in job.current_tasks() if not t.state.terminal]
+        if any(t.stop_kind for t in live):
+            raise ValidationError("timeLimitSeconds", "its try is being stopped already", "STOPPING")
+        if may_raise:
+            return
+        q = self.queue(job.spec.queue)
+        now_limit = live[0].time_limit_s if live else effective_time_limit(job.spec, q)
+        if now_limit and limit > now_limit:
+            raise Forbidden(f"only an admin may raise a time limit ({now_limit:g} s now)")
+        if q is not None and q.max_time_limit_s and limit > q.max_time_limit_s:
+            raise Forbidden(f"only an admin may set a time limit over queue {q.name!r}'s maximum "
+                            f"({q.max_time_limit_s:g} s)")
 
     async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:

@@ -64,9 +64,15 @@ def sharing(share: int, mig: bool) -> str | None:
     return SHARED if share else MIG if mig else None
 
 
-def time_limit(spec: JobSpec, q: Queue | None) -> tuple[float, str]:
+def time_limit(spec: JobSpec, q: Queue | None, job: Job | None = None) -> tuple[float, str]:
     """The time limit a job's tries run under (0: none), and where it comes from in words:
-    '' (none), 'its own', "the queue's default" or "the queue's maximum"."""
+    '' (none), 'its own', "the queue's default" or "the queue's maximum". Given the
+    `job`, a placed or running try's own limit (set at placement, or changed since by an
+    operator) is the one told."""
+    if job is not None and job.state in (JobState.PLACED, JobState.RUNNING):
+        live = next((t for t in job.current_tasks() if not t.state.terminal), None)
+        if live is not None and live.time_limit_s != effective_time_limit(spec, q):
+            return live.time_limit_s, "its running try's" if live.time_limit_s else ""
     limit = effective_time_limit(spec, q)
     if not limit:
         return 0.0, ""

@@ -759,6 +759,16 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
     assert r.status_code == 303
     await eventually(lambda: (m.state.jobs[job.id].hold, m.state.jobs[job.id].spec.priority) == ("", -5),
                      timeout=20, what="the release and the priority applied")
+    # Its time limit: an admin's session may set any (the console's first token is one).
+    page = (await c.get(f"/jobs/{job.id}")).text
+    assert f'action="/jobs/{job.id}/time-limit"' in page and "As an admin you may raise it" in page
+    r = await c.post(f"/jobs/{job.id}/time-limit", data={"csrf": console.csrf, "time_limit": "soon"})
+    assert r.status_code == 422 and 'id="change-error"' not in r.text and 'id="limit-error"' in r.text, r.text
+    assert "must be a number of seconds" in r.text and 'value="soon"' in r.text
+    r = await c.post(f"/jobs/{job.id}/time-limit", data={"csrf": console.csrf, "time_limit": "5400"})
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job.id}?notice=time-limit"
+    await eventually(lambda: m.state.jobs[job.id].spec.time_limit_s == 5400, timeout=20, what="the time limit applied")
+    assert "<dt>Time limit</dt><dd>5400 s" in (await c.get(f"/jobs/{job.id}")).text
 
 
 async def test_requeue_form(console: Console) -> None:

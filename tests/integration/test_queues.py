@@ -343,6 +343,58 @@ def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Clus
     assert when(tmp_path, "slow", "exit")["t"] > term["t"]
 
 
+def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_operator(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """`muster job set --time-limit` (updateJob): an operator's token may lower its job's
+    limit, not raise it; an admin may raise one above the queue's maximum; the running try
+    runs under the new limit, and one lowered below what it has run is stopped with
+    SIGTERM and ends TIMEOUT."""
+    srv = cluster.server()
+    cluster.agent("t2", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    admin(api, "createQueue", {"name": "runs", "maxTimeLimitSeconds": 3600, "preemptGraceSeconds": 2})
+    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "bob", "--role", "operator",
+                        "--queues", "runs", "--nats", cluster.nats_url], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    bob = r.stdout.strip().splitlines()[-1]
+    wait_until(lambda: api.raw("{ ping }", token=bob).status_code == 200, timeout=10, what="bob's token")
+    long_run = submit(api, "long", task(tmp_path, "long", 600), token=bob, queue="runs", timeLimitSeconds=1800)
+    short_run = submit(api, "short", task(tmp_path, "short", 600), token=bob, queue="runs", timeLimitSeconds=1800)
+    ids = long_run["job"]["id"], short_run["job"]["id"]
+    for j in ids:
+        api.wait_job(j, {"RUNNING"})
+
+    def limits(job_id: str) -> tuple[float, float]:
+        got = api.q("query($id: ID!) { job(id: $id) { timeLimitSeconds effectiveTimeLimitSeconds } }",
+                    {"id": job_id})["job"]
+        return got["timeLimitSeconds"], got["effectiveTimeLimitSeconds"]
+
+    # bob may not raise it; the admin may, above the queue's maximum, for the running try.
+    r = muster(cluster, srv.url, "job", "set", ids[0], "--time-limit", "2400", token=bob)
+    assert r.returncode == 4 and "only an admin may raise a time limit (1800 s now)" in r.stderr, r.stdout + r.stderr
+    r = muster(cluster, srv.url, "job", "set", ids[0], "--time-limit", "7200")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_until(lambda: limits(ids[0]) == (7200, 7200), timeout=30, what="the raised limit")
+    assert "time limit: 7200 s (its own)" in muster(cluster, srv.url, "job", "show", ids[0]).stdout
+    # Lower than that, but still above the queue's maximum: the admin's to give, not bob's.
+    r = muster(cluster, srv.url, "job", "set", ids[0], "--time-limit", "5000", token=bob)
+    assert r.returncode == 4 and "over queue 'runs''s maximum (3600 s)" in r.stderr, r.stdout + r.stderr
+    # bob lowers his other job's below what it has run: stopped (SIGTERM), TIMEOUT.
+    r = muster(cluster, srv.url, "job", "set", ids[1], "--time-limit", "1", token=bob)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = api.wait_job(ids[1], {"TIMEOUT", "FAILED", "SUCCEEDED"}, timeout=60)
+    assert job["state"] == "TIMEOUT"
+    [a] = attempts(api, ids[1])
+    assert a["state"] == "TIMEOUT" and "time limit of 1 s" in a["reason"], a
+    assert when(tmp_path, "short", "term")["deadline"] == "2"
+    assert api.job(ids[0])["state"] == "RUNNING"
+    cancel(api, ids[0])
+    settled(api, *ids)
+    assert_invariants(cluster.nats_url)
+
+
 def test_leader_killed_during_a_preemption(cluster: Cluster, tmp_path: Path) -> None:
     env = {"MUSTER_FAIR_SHARE_HALF_LIFE": "0"}
     a = cluster.server("a", env=env, lease_ttl=3)

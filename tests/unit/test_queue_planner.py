@@ -64,8 +64,9 @@ class QWorld(World):
             hb = entry.latest()
             if hb is not None and entry.seen_at < now:
                 self.host(host_id, gpus=len(hb.gpus), now=now)
-        plan = plan_cycle(self.state, reports=reports or [], commands=[], now=now, term=TERM,
-                          queues=policy or QueuePolicy(half_life_s=0), **kw)  # type: ignore[arg-type]
+        commands = kw.pop("commands", None) or []
+        plan = plan_cycle(self.state, reports=reports or [], commands=commands, now=now,  # type: ignore[arg-type]
+                          term=TERM, queues=policy or QueuePolicy(half_life_s=0), **kw)  # type: ignore[arg-type]
         self.commit(plan)
         return plan
 
@@ -418,6 +419,46 @@ def test_time_limit_stops_the_try_and_ends_the_job_timeout() -> None:
     assert j.state is JobState.TIMEOUT and j.current.state is AttemptState.TIMEOUT
     assert "time limit of 60 s" in j.end_reason
     assert w.job("long").state is JobState.RUNNING
+
+
+def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stops_it() -> None:
+    """`updateJob(timeLimitSeconds)`: the job's limit and its running try's change at
+    once, the deadline moves with them; a limit the try has run past stops it in the next
+    cycle (TIMEOUT). A try being stopped keeps its end; a queued job's limit is capped at
+    placement by its queue's maximum, as always."""
+    from wire.messages import Command
+
+    def limit(job_id: str, seconds: float, at: float) -> Command:
+        return Command(kind="update", job_id=job_id, by="ops", time_limit_s=seconds, ts=at)
+
+    w = QWorld()
+    w.host("h1")
+    w.queue("a", max_time_limit_s=3600, preempt_grace_s=5)
+    w.qsubmit("train", "a", time_limit_s=600)
+    w.qsubmit("eval", "a", time_limit_s=600)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW), now=NOW)
+    assert w.state.deadlines == {"train": NOW + 600, "eval": NOW + 600}
+    plan = w.qcycle(commands=[limit("train", 7200, NOW + 10)], now=NOW + 10)  # an admin's raise
+    assert plan.jobs["train"].spec.time_limit_s == 7200 and plan.jobs["train"].current.time_limit_s == 7200
+    assert [e.message for e in plan.events if e.kind == "job.updated"] == ["time limit 600 s -> 7200 s"]
+    assert w.state.deadlines == {"train": NOW + 7200, "eval": NOW + 600}
+    assert w.qcycle(commands=[limit("train", 7200, NOW + 11)], now=NOW + 11).ignored == 1  # nothing to change
+    # Lowered below what it has run: stopped in the next cycle, and it ends TIMEOUT.
+    w.qcycle(commands=[limit("eval", 5, NOW + 20)], now=NOW + 20)
+    plan = w.qcycle(now=NOW + 21)
+    assert plan.timed_out == 1
+    [t] = [t for t in w.tasks("h1") if t.job_id == "eval"]
+    assert t.stop and "time limit of 5 s" in t.stop_reason
+    # While it is being stopped, its limit stays.
+    assert w.qcycle(commands=[limit("eval", 900, NOW + 22)], now=NOW + 22).ignored == 1
+    w.qcycle(w.agent_reports(NOW + 23), now=NOW + 23)
+    assert w.job("eval").state is JobState.TIMEOUT and w.job("train").state is JobState.RUNNING
+    # A queued job: its own limit changes; placed, it runs under the queue's maximum.
+    w.qsubmit("later", "a", time_limit_s=60)
+    w.qsubmit("blocker", "a", gpus=8)  # not placed: train holds a GPU
+    w.qcycle(commands=[limit("later", 5000, NOW + 30)], now=NOW + 30)
+    assert w.job("later").spec.time_limit_s == 5000 and w.job("later").current.time_limit_s == 3600
 
 
 def test_a_new_leader_finishes_a_preemption_from_the_records() -> None:

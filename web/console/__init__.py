@@ -81,6 +81,7 @@ def console_routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}/hold", jobs.hold_job, methods=["POST"]),
         Route("/jobs/{job_id}/release", jobs.release_job, methods=["POST"]),
         Route("/jobs/{job_id}/priority", jobs.set_priority, methods=["POST"]),
+        Route("/jobs/{job_id}/time-limit", jobs.set_time_limit, methods=["POST"]),
         Route("/jobs/{job_id}/requeue", jobs.requeue_job, methods=["POST"]),
         Route("/submit", jobs.submit_form, methods=["GET"]),
         Route("/submit", jobs.submit, methods=["POST"]),

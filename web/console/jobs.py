@@ -181,7 +181,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "unasked": {a.id for a in running[MAX_LIVE_OUTPUTS:]},
         "max_live": MAX_LIVE_OUTPUTS,
         "on_lost": on_lost,
-        "limit": time_limit(job.spec, m.queue(job.spec.queue)),
+        "limit": time_limit(job.spec, m.queue(job.spec.queue), job),
         "why": why,
         "queue_why": queue_why,
         "never": never,
@@ -238,6 +238,8 @@ async def _job_action(request: Request, notice: str,
         errors = [e.message for e in exc.details()]
         if cancel_card:
             ctx["errors"], ctx["reason_value"] = errors, form.get("reason", "").strip()[:512]
+        elif notice == "time-limit":
+            ctx["limit_errors"], ctx["limit_value"] = errors, form.get("time_limit", "").strip()[:32]
         else:
             ctx["change_errors"] = errors
         return render(request, "job.html", ctx, status_for(exc))
@@ -252,6 +254,12 @@ async def _update_job(request: Request, notice: str, **change: Any) -> Response:
             if not re.fullmatch(r"-?\d{1,4}", raw):
                 raise ValidationError("priority", "must be a whole number from -1000 to 1000", "INVALID")
             change["priority"] = int(raw)
+        if "time_limit_s" in change:
+            raw = form.get("time_limit", "").strip()
+            if not re.fullmatch(r"\d{1,8}(\.\d{1,3})?", raw):
+                raise ValidationError("timeLimitSeconds", "must be a number of seconds", "INVALID")
+            change["time_limit_s"] = float(raw)
+            change["may_raise"] = sess.is_admin
         reason = form.get("reason", "").strip()[:200] if change.get("hold") else ""
         await m.update_job(job_id, sess.user, reason=reason, queues=sess.info.submit_queues, **change)
 
@@ -271,6 +279,11 @@ async def release_job(request: Request) -> Response:
 @console(csrf=True, action=True)
 async def set_priority(request: Request) -> Response:
     return await _update_job(request, "priority", priority=None)
+
+
+@console(csrf=True, action=True)
+async def set_time_limit(request: Request) -> Response:
+    return await _update_job(request, "time-limit", time_limit_s=None)
 
 
 @console(csrf=True, action=True)

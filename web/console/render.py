@@ -42,6 +42,7 @@ NOTICES = {
     "held": "Hold requested: the job stays queued and is not placed until released.",
     "released": "Release requested: the job takes its place in its queue again.",
     "priority": "Priority change requested: the job moves in its queue's order.",
+    "time-limit": "Time limit change requested: the leader applies it to the job and its running try shortly.",
     "requeued": ("Requeue requested: the job's tasks are stopped and it is queued again at its place (not counted "
                  "as a try)."),
     "gpus-cleared": ("GPU fault marks cleared: the host's agent forgets them at its next assignment, and its "

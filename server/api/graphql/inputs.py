@@ -171,6 +171,11 @@ class UpdateJobInput:
                                                                        "order, and as a preemption victim.")
     held: bool | None = strawberry.field(default=None, description="true holds a QUEUED job (it is not placed "
                                                                    "until released); false releases it.")
+    time_limit_seconds: float | None = strawberry.field(
+        default=None, description="A new time limit, in seconds: the job's, and its running try's (one that has run "
+                                  "longer is stopped at once, and ends TIMEOUT). Only an admin may raise a limit or "
+                                  "set one above the queue's maximum (as Slurm's scontrol update TimeLimit); later "
+                                  "tries run under it capped by the queue's maximum, as always.")
     reason: str = strawberry.field(default="", description="Why (shown with a hold).")
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import strawberry
 from strawberry.types import Info
 
-from server.api.auth import require_cluster_wide
+from server.api.auth import allows, require_cluster_wide
 from server.api.graphql.context import epoch, muster, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
@@ -137,13 +137,16 @@ class Mutation:
         job, errors = await _on_job(info, str(id), op)
         return CancelJobPayload(job=job, user_errors=errors)
 
-    @strawberry.mutation(description="Change a job that has not ended: its priority, or hold or release it (a "
-                                     "held job stays QUEUED and is not placed). The leader applies it shortly. A "
-                                     "token bound to queues changes their jobs only.")
+    @strawberry.mutation(description="Change a job that has not ended: its priority, its time limit (its running "
+                                     "try's too; only an admin may raise one), or hold or release it (a held job "
+                                     "stays QUEUED and is not placed). The leader applies it shortly. A token "
+                                     "bound to queues changes their jobs only.")
     async def update_job(self, info: Info, input: UpdateJobInput) -> UpdateJobPayload:
         async def op() -> None:
             require(info)
             await muster(info).update_job(str(input.id), user(info), priority=input.priority, hold=input.held,
+                                          time_limit_s=input.time_limit_seconds,
+                                          may_raise=allows(info.context.get("token"), "admin"),
                                           reason=input.reason, queues=bound_queues(info))
 
         job, errors = await _on_job(info, str(input.id), op)

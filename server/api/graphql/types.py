@@ -425,9 +425,10 @@ class Job:
         return self._m.spec.time_limit_s
 
     @strawberry.field(description="The time limit its tries run under: its own, else its queue's default, capped "
-                                  "by the queue's maximum (0: none).")
+                                  "by the queue's maximum (0: none); for a placed or running try, the limit that "
+                                  "try runs under (an operator may have changed it: updateJob).")
     def effective_time_limit_seconds(self, info: Info) -> float:
-        return time_limit(self._m.spec, muster(info).queue(self._m.spec.queue))[0]
+        return time_limit(self._m.spec, muster(info).queue(self._m.spec.queue), self._m)[0]
 
     @strawberry.field
     def same_rack(self) -> bool:

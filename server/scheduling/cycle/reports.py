@@ -184,9 +184,11 @@ def apply_cancel(w: Work, c: Command, now: float) -> None:
 
 def apply_update(w: Work, c: Command, now: float) -> None:
     """An operator's change to a job that has not ended: its priority (which moves it in
-    its queue's order, and decides it as a preemption victim), and a hold or release. Only
-    a QUEUED job that is not taking GPUs by preemption can be held; a release always
-    applies. What cannot apply is left as it is."""
+    its queue's order, and decides it as a preemption victim), a hold or release, and its
+    time limit (the job's, and its running try's unless that try is being stopped: one
+    that has run longer is stopped as its limit is next enforced). Only a QUEUED job that
+    is not taking GPUs by preemption can be held; a release always applies. What cannot
+    apply is left as it is."""
     job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
     if job is None or job.state.terminal:
         w.plan.ignored += 1
@@ -194,7 +196,11 @@ def apply_update(w: Work, c: Command, now: float) -> None:
     priority = c.priority if c.priority is not None and c.priority != job.spec.priority else None
     hold = c.hold is True and not job.hold and job.state is JobState.QUEUED and not job.preempting
     release = c.hold is False and bool(job.hold)
-    if priority is None and not hold and not release:
+    live = [t for t in job.current_tasks() if not t.state.terminal]
+    limit = c.time_limit_s if c.time_limit_s is not None and not any(t.stop_kind for t in live) else None
+    if limit is not None and limit == job.spec.time_limit_s and all(t.time_limit_s == limit for t in live):
+        limit = None
+    if priority is None and not hold and not release and limit is None:
         w.plan.ignored += 1
         return
     job = w.job(c.job_id)
@@ -203,6 +209,13 @@ def apply_update(w: Work, c: Command, now: float) -> None:
     if priority is not None:
         done.append(f"priority {job.spec.priority} -> {priority}")
         job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
+    if limit is not None:
+        was = next((t.time_limit_s for t in job.current_tasks() if not t.state.terminal), job.spec.time_limit_s)
+        done.append(f"time limit {f'{was:g} s' if was else 'none'} -> {limit:g} s")
+        job.spec = job.spec.model_copy(update={"time_limit_s": limit})
+        for t in job.current_tasks():
+            if not t.state.terminal:
+                t.time_limit_s = limit
     if hold:
         job.hold = hold_text(c.by, c.reason)
         done.append(job.hold)
