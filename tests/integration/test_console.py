@@ -990,6 +990,38 @@ async def test_hosts_filters_page_through_many(console: Console) -> None:
 # ---------------------------------------------------------------- host page: charts, drain
 
 
+async def test_host_page_lists_the_attempts_recorded_there_newest_first(console: Console) -> None:
+    """What ran on a host and how it ended (from history: SQL), on its page; the live part
+    the page polls reads no database."""
+    from tests.factories import job, job_spec
+    from wire.messages import Attempt, AttemptState
+
+    m = console.muster
+    await console.login()
+    assert m.history is not None
+    await put_heartbeat(m, "gpu-9")
+    await eventually(lambda: "gpu-9" in m.state.hosts, what="the host")
+    page = (await console.client.get("/hosts/gpu-9")).text
+    assert "No attempt on this host is recorded yet." in page
+    now = time.time()
+    for i, (ended, code) in enumerate([(AttemptState.SUCCEEDED, 0), (AttemptState.FAILED, 139)]):
+        a = Attempt(id=f"jr{i}.1", number=1, host_id="gpu-9", state=ended, exit_code=code, placed_at=now - 600 + i,
+                    started_at=now - 600 + i, finished_at=now - 60 + i)
+        spec = job_spec(f"r{i}", queue="vision", user="ann")
+        m.history.record(job(f"jr{i}", spec=spec, state=JobState(ended.value), attempts=[a], submitted_at=now - 900), 1)
+    other = Attempt(id="jx.1", number=1, host_id="gpu-8", state=AttemptState.SUCCEEDED, placed_at=now)
+    m.history.record(job("jx", spec=job_spec("x"), state=JobState.SUCCEEDED, attempts=[other]), 1)
+    m.history.flush()
+    page = (await console.client.get("/hosts/gpu-9")).text
+    table = page[page.index('<table id="recent-attempts">'):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r'<a href="/jobs/(\w+)">.*?<td>(\w+)</td>\s*<td class="num">([^<]+)</td>', table, re.S)
+    assert rows == [("jr1", "FAILED", "139"), ("jr0", "SUCCEEDED", "0")], table
+    assert "The latest 2 of 2 recorded" in page and "jx" not in table
+    live = (await console.client.get("/hosts/gpu-9", headers={"HX-Request": "true"})).text
+    assert "recent-attempts" not in live
+
+
 async def test_host_page_charts_after_heartbeats(console: Console) -> None:
     c = console.client
     m = console.muster

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -211,17 +212,36 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
     }
 
 
+# Attempts listed on a host's page, the newest first, from history.
+RECENT_ATTEMPTS = 20
+
+
 @console()
 async def host_detail(request: Request) -> Response:
     host_id = request.path_params["host_id"]
-    ctx = _host_ctx(muster_of(request), host_id, telemetry(request))
+    m = muster_of(request)
+    ctx = _host_ctx(m, host_id, telemetry(request))
     if ctx is None:
         raise no_such_host(host_id)
     ctx["errors"] = {}
-    return render(request, "_host.html" if is_htmx(request) else "host.html", ctx)
+    if is_htmx(request):  # the live part, every few seconds: no database read
+        return render(request, "_host.html", ctx)
+    await _recent_attempts(m, host_id, ctx)
+    return render(request, "host.html", ctx)
 
 
-def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
+async def _recent_attempts(m: Muster, host_id: str, ctx: dict[str, Any]) -> None:
+    """The host's latest attempts as history has them (what ran here and how it ended, for
+    a host suspected of failing its jobs), and how many there are in all."""
+    if m.history is None:
+        ctx["recent"], ctx["recent_total"] = [], 0
+        return
+    ctx["recent"] = await run_in_threadpool(m.history.list_attempts, host_id=host_id, limit=RECENT_ATTEMPTS,
+                                            newest_first=True)
+    ctx["recent_total"] = await run_in_threadpool(m.history.count_attempts, host_id=host_id)
+
+
+async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
                      exc: MusterError, values: dict[str, str]) -> Response:
     """The host page again, with `exc` shown at the form that failed."""
     ctx = _host_ctx(m, host_id, telemetry(request))
@@ -230,6 +250,7 @@ def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
     ctx["errors"] = {form_name: [e.message for e in exc.details()]}
     ctx["reason_value"] = values.get("reason", "")
     ctx["form_values"] = values
+    await _recent_attempts(m, host_id, ctx)
     return render(request, "host.html", ctx, status_for(exc))
 
 
@@ -250,7 +271,7 @@ async def _reasoned_action(request: Request, form_name: str, notice: str,
             raise ValidationError("reason", "a reason is required", "REQUIRED")
         await act(m, host_id, sess.user, reason)
     except FORM_ERRORS as exc:
-        return _host_form_error(request, m, host_id, form_name, exc, {"reason": reason, **(values or {})})
+        return await _host_form_error(request, m, host_id, form_name, exc, {"reason": reason, **(values or {})})
     return RedirectResponse(url(f"/hosts/{host_id}", notice=notice), status_code=303)
 
 
@@ -318,7 +339,7 @@ async def drain(request: Request) -> Response:
             raise InvalidInput(errors)
         await m.drain(host_id, sess.user, reason, deadline, at)
     except FORM_ERRORS as exc:
-        return _host_form_error(request, m, host_id, "drain", exc, values)
+        return await _host_form_error(request, m, host_id, "drain", exc, values)
     ahead = at is not None and at > time.time()
     return RedirectResponse(url(f"/hosts/{host_id}", notice="drain-scheduled" if ahead else "draining"),
                             status_code=303)
