@@ -22,12 +22,13 @@ submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn depend
 beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints excludeHosts
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
-outputTail reason }"""
+outputTail reason gpuUtilPct gpuMemUsedMb }"""
 
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
-                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts")
+                "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts",
+                "gpuUtilPct", "gpuMemUsedMb")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -520,6 +521,9 @@ def show(args: argparse.Namespace) -> None:
                  f"GPUs {a['gpuIndices']}" if a["gpuIndices"] else "no GPU")
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
               f" exit={a['exitCode']} {a['reason']}".rstrip() + lost_note(a))
+        if a.get("gpuUtilPct") is not None:
+            shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
+            print(f"    GPUs now: {a['gpuUtilPct']:g} % busy, {a['gpuMemUsedMb']:,} MB in use{shared}")
         if a["outputTail"]:
             print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
 

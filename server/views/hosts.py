@@ -106,6 +106,15 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class GpuUse:
+    """Some GPUs of a host as its latest heartbeat reports them."""
+
+    util_pct: float  # the mean of theirs
+    mem_used_mb: int  # in all
+    at: float  # the heartbeat's time (the agent's clock)
+
+
+@dataclass(frozen=True)
 class GpuDevice:
     """One GPU of a host as placement holds it: `share_allocated` thousandths of it are
     allocated (1000 when a task holds it whole), `mem_allocated_mb` of its memory to
@@ -323,6 +332,22 @@ class HostTable:
         r = self._static(entry, at)
         self._live(r, entry, at)
         return r
+
+    def gpu_use(self, host_id: str, indices: Iterable[int]) -> GpuUse | None:
+        """How busy the GPUs `indices` of the host are in its latest heartbeat (a running
+        attempt's, for its job's page: is it using what it holds?); None for no GPUs, a
+        host never heard of, or a GPU its heartbeat does not report."""
+        wanted = list(indices)
+        entry = self.state.hosts.get(host_id)
+        if not wanted or entry is None or entry.heartbeat is None:
+            return None
+        hb = entry.latest()
+        assert hb is not None
+        by_index = {u.index: u for u in hb.gpu_usage}
+        got = [by_index[i] for i in wanted if i in by_index]
+        if len(got) != len(wanted):
+            return None
+        return GpuUse(sum(u.util_pct for u in got) / len(got), sum(u.mem_used_mb for u in got), hb.ts)
 
     def devices(self, host_id: str) -> list[GpuDevice]:
         """The host's GPUs with what is allocated of each (empty for a host never heard of)."""

@@ -1280,6 +1280,29 @@ async def test_the_jobs_table_says_what_each_job_asks_of_gpus(console: Console) 
     assert gpus_cell(gang.id) == "8 × 4 tasks"
 
 
+async def test_a_running_trys_gpus_show_how_busy_they_are(console: Console) -> None:
+    """The job page tells, by a running try's GPUs, how busy they are in its host's latest
+    heartbeat (is the job using what it holds?); an ended try tells nothing."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import Attempt, AttemptState
+
+    m = console.muster
+    await console.login()
+    await put_hb(m, "gpu-u", util=62.0)
+    await eventually(lambda: "gpu-u" in m.state.hosts, what="the host")
+    now = time.time()
+    tries = [Attempt(id="jbusy0001.1", number=1, host_id="gpu-u", gpu_indices=[0, 1], state=AttemptState.KILLED,
+                     placed_at=now - 50, started_at=now - 49, finished_at=now - 20),
+             Attempt(id="jbusy0001.2", number=2, host_id="gpu-u", gpu_indices=[0, 1], state=AttemptState.RUNNING,
+                     placed_at=now - 5, started_at=now - 4)]
+    m.state.apply_job(make_job("jbusy0001", spec=job_spec("busy", command=["train"], gpus=2),
+                               state=JobState.RUNNING, attempts=tries), 10**9)
+    page = (await console.client.get("/jobs/jbusy0001")).text
+    assert '<span class="muted" id="gpu-use-jbusy0001.2">now 62 % busy' in page
+    assert 'id="gpu-use-jbusy0001.1"' not in page
+
+
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:
     """The job page asks each running try's agent for its output so far (the request an
     agent answers on `muster.output.<host>`; here the test answers for host h-live), and

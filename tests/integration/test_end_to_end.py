@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -311,6 +312,30 @@ def test_a_job_never_runs_on_a_host_it_excludes(two_hosts: tuple[Cluster, Api]) 
     r = subprocess.run([PY, "-m", "server.cli", "job", "show", nowhere], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0 and "not on:  host-a, host-b" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_running_attempt_tells_how_busy_its_gpus_are(two_hosts: tuple[Cluster, Api]) -> None:
+    """`Attempt.gpuUtilPct` and `gpuMemUsedMb`: its GPUs as its host's latest heartbeat
+    reports them (the same figures as the host's own GPUs in the same read); null once it
+    has ended. `muster job show` prints them."""
+    cluster, api = two_hosts
+    jid = api.submit(name="busy", command=["sleep", "300"], gpus=2, cpus=1, memoryMb=64)["job"]["id"]
+    api.wait_job(jid, {"RUNNING"})
+    q = """query($id: ID!) { job(id: $id) { attempts { state gpuIndices gpuUtilPct gpuMemUsedMb
+           host { gpuDevices { index utilPct memUsedMb } } } } }"""
+    [a] = api.q(q, {"id": jid})["job"]["attempts"]
+    mine = [d for d in a["host"]["gpuDevices"] if d["index"] in a["gpuIndices"]]
+    assert len(mine) == 2 and a["state"] == "RUNNING", a
+    assert a["gpuUtilPct"] == round(sum(d["utilPct"] for d in mine) / 2, 1), a
+    assert a["gpuMemUsedMb"] == sum(d["memUsedMb"] for d in mine), a
+    env = {**os.environ, "MUSTER_URL": api.url.removesuffix("/graphql"), "MUSTER_TOKEN": cluster.token}
+    r = subprocess.run([PY, "-m", "server.cli", "job", "show", jid], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and re.search(r"GPUs now: [0-9.]+ % busy, [0-9,]+ MB in use", r.stdout), r.stdout
+    api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": jid})
+    api.wait_job(jid, {"CANCELLED"})
+    wait_until(lambda: api.q(q, {"id": jid})["job"]["attempts"][0]["gpuUtilPct"] is None, timeout=60,
+               what="no figures once the attempt ended")
 
 
 def test_one_request_asks_at_most_32_agents_for_live_output(two_hosts: tuple[Cluster, Api]) -> None:

@@ -118,6 +118,22 @@ def test_host_rows_read_raw_heartbeats_without_decoding_them(tmp_path: Path) -> 
     assert row is not None and entry.raw is None and entry.heartbeat is decoded and row.gpu_util_pct == 35.0
 
 
+def test_a_running_attempts_gpus_are_read_from_its_hosts_newest_heartbeat(tmp_path: Path) -> None:
+    """HostTable.gpu_use (Attempt.gpuUtilPct, the job page): the mean utilisation of the
+    GPUs asked for and their memory in use, from the newest heartbeat also when it is kept
+    undecoded; none for no GPUs, an unknown host or a GPU the heartbeat does not report."""
+    mu, hbs = _muster(tmp_path, 2)
+    busy = hbs[1].model_copy(update={"seq": 2, "ts": hbs[1].ts + 5, "gpu_usage": [
+        GpuUsage(index=g, util_pct=10.0 * g, mem_used_mb=1000 * g) for g in range(8)]})
+    mu.state.apply_host_record(heartbeat_record(busy, 10))
+    assert mu.state.hosts["h-001"].raw is not None  # same shape: kept raw
+    use = mu.hosts.gpu_use("h-001", [2, 6])
+    assert use is not None and (use.util_pct, use.mem_used_mb, use.at) == (40.0, 8000, busy.ts)
+    assert mu.hosts.gpu_use("h-001", []) is None
+    assert mu.hosts.gpu_use("h-001", [8]) is None
+    assert mu.hosts.gpu_use("nowhere", [0]) is None
+
+
 async def test_each_gpus_telemetry_is_the_newest_heartbeats_also_when_kept_raw(tmp_path: Path) -> None:
     """The first version of these fields, run on a real H200, read the last heartbeat whose
     shape changed, not the newest one (kept undecoded), and showed the busy GPU idle."""

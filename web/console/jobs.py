@@ -174,10 +174,13 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
     asked = running[:MAX_LIVE_OUTPUTS]
     outputs = await asyncio.gather(*(m.live_output(a.host_id, a.id) for a in asked))
     live = {a.id: out for a, out in zip(asked, outputs, strict=True)}
+    # How busy a running try's GPUs are, from its host's latest heartbeat (none on MIG).
+    use = {a.id: u for a in running if not a.mig and (u := m.hosts.gpu_use(a.host_id, a.gpu_indices)) is not None}
     return {
         "job": job,
         "now": now,
         "live": live,
+        "gpu_use": use,
         "unasked": {a.id for a in running[MAX_LIVE_OUTPUTS:]},
         "max_live": MAX_LIVE_OUTPUTS,
         "on_lost": on_lost,

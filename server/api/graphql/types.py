@@ -18,7 +18,7 @@ from server.api.reads import reads_for
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
 from server.scheduling import advance
-from server.views.hosts import FleetSummary, GpuDevice, HostRow
+from server.views.hosts import FleetSummary, GpuDevice, GpuUse, HostRow
 from server.views.jobs import reason_detail, sharing, time_limit
 from server.views.queues import QueueRow as QueueRowModel
 from server.views.queues import fairness as queue_fairness
@@ -263,6 +263,26 @@ class Attempt:
     async def live_output(self, info: Info) -> str | None:
         reply = await self._live(info)
         return reply.output_tail if reply is not None else None
+
+    @strawberry.field(description="A running attempt's GPUs' utilisation in its host's latest heartbeat, in "
+                                  "percent (their mean; for a share of a GPU, the whole GPU's, which its other "
+                                  "tasks share): is it using what it holds? null when it is not running, runs "
+                                  "on a MIG instance (NVML reports no utilisation per instance) or holds no GPU.")
+    def gpu_util_pct(self, info: Info) -> float | None:
+        use = self._gpu_use(info)
+        return round(use.util_pct, 1) if use is not None else None
+
+    @strawberry.field(description="A running attempt's GPUs' memory in use in its host's latest heartbeat, in MB "
+                                  "(theirs in all; for a share, the whole GPU's); null as gpuUtilPct.")
+    def gpu_mem_used_mb(self, info: Info) -> int | None:
+        use = self._gpu_use(info)
+        return use.mem_used_mb if use is not None else None
+
+    def _gpu_use(self, info: Info) -> GpuUse | None:
+        a = self._m
+        if a.state is not AttemptStateEnum.RUNNING or a.mig:
+            return None
+        return muster(info).hosts.gpu_use(a.host_id, a.gpu_indices)
 
     @strawberry.field(description="With liveOutput: how many bytes the attempt's process has written in all, the "
                                   "output being their last ones (null with liveOutput, or from an agent that does "
