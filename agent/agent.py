@@ -384,6 +384,9 @@ class Agent:
         for u in usage:
             u.share_allocated = share.get(u.index, 0)
             u.mem_allocated_mb = gpu_mem.get(u.index, 0)
+        util = {u.index: u.util_pct for u in usage}
+        for r in self.runs.values():
+            r.sample_gpus(util)
         return Heartbeat(
             host_id=self.config.host_id,
             boot_id=self.boot_id,
@@ -738,7 +741,8 @@ class Agent:
         fault = self._task_gpu_fault(t) if state is AttemptState.FAILED else ""
         if fault:
             await self._heartbeat_since(self._fault_at)
-        await self._report(t, state, code, tail, reason, gpu_fault=fault)
+        await self._report(t, state, code, tail, reason, gpu_fault=fault,
+                           gpu_util_pct=run.gpu_util_pct if run is not None and state.terminal else None)
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
@@ -746,11 +750,12 @@ class Agent:
     # ------------------------------------------------------------ status reports
 
     async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str,
-                      gpu_fault: str = "") -> None:
+                      gpu_fault: str = "", gpu_util_pct: float | None = None) -> None:
         r = StatusReport(
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
             gpu_fault=gpu_fault[:512], shutdown=self.leaving and state is AttemptState.KILLED,
+            gpu_util_pct=gpu_util_pct,
         )
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:

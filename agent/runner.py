@@ -100,6 +100,9 @@ class Run:
         self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
         self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
+        # Its GPUs' utilisation, sampled at each heartbeat while it runs (`sample_gpus`).
+        self.gpu_util_sum = 0.0
+        self.gpu_util_samples = 0
         self.done = asyncio.Event()
         self._exited = asyncio.Event()
         self._transport: asyncio.SubprocessTransport | None = None
@@ -108,6 +111,25 @@ class Run:
     @property
     def tail(self) -> str:
         return self._tail.decode(errors="replace")
+
+    def sample_gpus(self, util_by_index: dict[int, float]) -> None:
+        """One sample of how busy its GPUs are (their mean utilisation, as the heartbeat
+        reports it: for a share, the whole GPU's), taken while its process runs; none for
+        a task without GPUs or on a MIG instance (NVML gives no utilisation per instance)."""
+        t = self.task
+        if self.proc is None or self.proc.returncode is not None or not t.gpu_indices or t.mig:
+            return
+        got = [util_by_index[i] for i in t.gpu_indices if i in util_by_index]
+        if len(got) == len(t.gpu_indices):
+            self.gpu_util_sum += sum(got) / len(got)
+            self.gpu_util_samples += 1
+
+    @property
+    def gpu_util_pct(self) -> float | None:
+        """Its GPUs' mean utilisation over the samples taken (None: none was)."""
+        if not self.gpu_util_samples:
+            return None
+        return round(min(100.0, max(0.0, self.gpu_util_sum / self.gpu_util_samples)), 1)
 
     @property
     def cgroup_paths(self) -> list[str]:

@@ -96,7 +96,8 @@ def _worst_attempt_bytes(max_attempts: int, replicas: int, gpus: int, shared: bo
                        gpu_share=999 if shared else 0, mig=["u" * 96] if mig else [],
                        state=AttemptState.SUCCEEDED, term=_LONG_NUMBER, placed_at=_LONG_TIME,
                        started_at=_LONG_TIME, finished_at=_LONG_TIME, exit_code=-(2**31), stop_kind="preempt",
-                       stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64).to_json())
+                       stop_at=_LONG_TIME, time_limit_s=_LONG_TIME, gpu_model="m" * 64,
+                       gpu_util_pct=12.345678901234567).to_json())
 
 
 def _spec_json_len(spec: JobSpec) -> int:

@@ -310,6 +310,9 @@ class Attempt(_Model):
     stop_at: float | None = None
     # Set at placement: the time limit it runs under (0: none), the GPU model it got.
     time_limit_s: float = 0.0
+    # Set at its end, from its agent's report: its GPUs' mean utilisation over its run, in
+    # percent (None: not reported; see StatusReport.gpu_util_pct).
+    gpu_util_pct: float | None = None
     gpu_model: str = ""
 
 
@@ -656,6 +659,9 @@ class StatusReport(_Model):
     # The agent stopped the attempt because the agent itself is shutting down (an orderly
     # stop: the leader does not count the try against the job's maxAttempts).
     shutdown: bool = False
+    # With an end: its GPUs' mean utilisation over its run, in percent, from the agent's
+    # samples at each heartbeat (None: no sample, a MIG instance, or no GPU).
+    gpu_util_pct: float | None = Field(default=None, ge=0, le=100)
 
 
 # ---------------------------------------------------------------- api <-> agent

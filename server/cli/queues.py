@@ -280,12 +280,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     q = """query($q: String, $u: String, $s: DateTime, $t: DateTime) { usage(queue: $q, user: $u, since: $s,
            until: $t) { queue user gpuModel gpuSeconds cpuSeconds memoryMbSeconds attempts
-           gpuSecondsLostToPreemption } }"""
+           gpuSecondsLostToPreemption gpuUtilPct } }"""
     rows = gql(q, {"q": args.queue, "u": args.user, "s": ago(args.since), "t": ago(args.until)},
-               optional=("gpuSecondsLostToPreemption",))["usage"]
+               optional=("gpuSecondsLostToPreemption", "gpuUtilPct"))["usage"]
     out(args, rows, [[r["queue"], r["user"], r["gpuModel"] or "-", f"{r['gpuSeconds'] / 3600:.2f}",
                       f"{r['cpuSeconds'] / 3600:.2f}", f"{r['memoryMbSeconds'] / 3600 / 1024:.2f}", str(r["attempts"]),
-                      f"{r.get('gpuSecondsLostToPreemption', 0) / 3600:.2f}"]
+                      f"{r.get('gpuSecondsLostToPreemption', 0) / 3600:.2f}",
+                      "-" if r.get("gpuUtilPct") is None else f"{r['gpuUtilPct']:g} %"]
                      for r in rows],
-        ["QUEUE", "USER", "GPU MODEL", "GPU-HOURS", "CPU-HOURS", "GB-HOURS", "ATTEMPTS", "LOST GPU-HOURS"])
+        ["QUEUE", "USER", "GPU MODEL", "GPU-HOURS", "CPU-HOURS", "GB-HOURS", "ATTEMPTS", "LOST GPU-HOURS",
+         "GPU UTIL"])
     return 0

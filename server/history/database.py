@@ -136,7 +136,8 @@ def attempt_rows(job: Job) -> list[dict[str, object]]:
                  started_at=a.started_at, finished_at=a.finished_at, queue=job.spec.queue,
                  user=job.spec.user, gpus=gpus, gpu_model=a.gpu_model or job.spec.gpu_model or "",
                  cpus=job.spec.cpus, memory_mb=float(job.spec.memory_mb),
-                 lost_gpu_s=preemption_loss(job.spec, a) if a.state is AttemptState.PREEMPTED else 0.0)
+                 lost_gpu_s=preemption_loss(job.spec, a) if a.state is AttemptState.PREEMPTED else 0.0,
+                 gpu_util_pct=a.gpu_util_pct)
             for a in job.attempts]
 
 
@@ -553,8 +554,9 @@ class History:
               until: float | None = None, now: float | None = None) -> list[UsageRow]:
         """Resources used by attempts in [`since`, `until`) (the parts of their runs that
         fall in it; a running attempt counts up to `now`), summed per queue, user and GPU
-        model: GPU-seconds, CPU-seconds, memory MB-seconds, how many attempts, and the
-        GPU-seconds of work lost by those that ended preempted within it."""
+        model: GPU-seconds, CPU-seconds, memory MB-seconds, how many attempts, the
+        GPU-seconds of work lost by those that ended preempted within it, and how busy the
+        GPUs were (`UsageRow.gpu_util_pct`)."""
         now = time.time() if now is None else now
         until = now if until is None else min(until, now)
         a = AttemptRow
@@ -575,13 +577,21 @@ class History:
         if since is not None:
             ended_within = and_(ended_within, col(a.finished_at) >= since)
         lost = case((ended_within, col(a.lost_gpu_s)), else_=0.0)
+        # GPU-seconds of the attempts whose agent reported how busy their GPUs were, and
+        # those weighted by it: their ratio is the GPUs' utilisation over the period.
+        reported = col(a.gpu_util_pct).is_not(None)
+        measured = case((reported, seconds * col(a.gpus)), else_=0.0)
+        busy = case((reported, seconds * col(a.gpus) * col(a.gpu_util_pct)), else_=0.0)
         keys = (col(a.queue), col(a.user), col(a.gpu_model))
         q = (sa_select(*keys, func.sum(seconds * col(a.gpus)), func.sum(seconds * col(a.cpus)),
-                       func.sum(seconds * col(a.memory_mb)), func.count(), func.sum(lost))
+                       func.sum(seconds * col(a.memory_mb)), func.count(), func.sum(lost), func.sum(measured),
+                       func.sum(busy))
              .where(*conds).group_by(*keys).order_by(*keys))
         with self.engine.connect() as conn:
             return [UsageRow(str(r[0]), str(r[1]), str(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
-                             int(r[6]), float(r[7] or 0)) for r in conn.execute(q).all()]
+                             int(r[6]), float(r[7] or 0),
+                             round(float(r[9]) / float(r[8]), 1) if r[8] else None)
+                    for r in conn.execute(q).all()]
 
     def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
         """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
@@ -624,6 +634,10 @@ class UsageRow:
     attempts: int
     # GPU-seconds of work lost by its attempts that ended preempted in the period.
     lost_gpu_seconds: float = 0.0
+    # Its GPUs' mean utilisation over the period, weighted by GPU-seconds, from the
+    # attempts whose agent reported it at their end (None: none did; a running attempt
+    # has not yet).
+    gpu_util_pct: float | None = None
 
 
 def _keyset_after(keys: Sequence[tuple[Any, bool]], values: Sequence[Any]) -> Any:

@@ -70,6 +70,9 @@ class AttemptRow(SQLModel, table=True):
     memory_mb: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
     # GPU-seconds of work it lost when it ended PREEMPTED (scheduling.queues.preemption_loss).
     lost_gpu_s: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})
+    # Its GPUs' mean utilisation over its run, in percent, as its agent reported it at its
+    # end (None: not reported; wire.messages.Attempt.gpu_util_pct).
+    gpu_util_pct: float | None = None
 
 
 class EventRow(SQLModel, table=True):

@@ -1293,7 +1293,7 @@ async def test_a_running_trys_gpus_show_how_busy_they_are(console: Console) -> N
     await eventually(lambda: "gpu-u" in m.state.hosts, what="the host")
     now = time.time()
     tries = [Attempt(id="jbusy0001.1", number=1, host_id="gpu-u", gpu_indices=[0, 1], state=AttemptState.KILLED,
-                     placed_at=now - 50, started_at=now - 49, finished_at=now - 20),
+                     placed_at=now - 50, started_at=now - 49, finished_at=now - 20, gpu_util_pct=12.5),
              Attempt(id="jbusy0001.2", number=2, host_id="gpu-u", gpu_indices=[0, 1], state=AttemptState.RUNNING,
                      placed_at=now - 5, started_at=now - 4)]
     m.state.apply_job(make_job("jbusy0001", spec=job_spec("busy", command=["train"], gpus=2),
@@ -1301,6 +1301,8 @@ async def test_a_running_trys_gpus_show_how_busy_they_are(console: Console) -> N
     page = (await console.client.get("/jobs/jbusy0001")).text
     assert '<span class="muted" id="gpu-use-jbusy0001.2">now 62 % busy' in page
     assert 'id="gpu-use-jbusy0001.1"' not in page
+    # The ended try: how busy its GPUs were over its run, as its agent reported.
+    assert '<span class="muted" id="gpu-avg-jbusy0001.1">12.5 % busy on average over its run</span>' in page
 
 
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:
@@ -1565,7 +1567,8 @@ async def test_the_queues_pages_usage_says_what_preemption_cost(console: Console
         spec = job_spec(name, gpus=2, queue="vision", user="ann", checkpoints=ckpt)
         a = Attempt(id=f"jv{i}.1", number=1, host_id="h", gpu_indices=[0, 1], state=ended, placed_at=now - 3600,
                     started_at=now - 3600, finished_at=now - 1800, gpu_model="H100",
-                    stop_at=now - 1800 - 360 if ended is AttemptState.PREEMPTED else None)
+                    stop_at=now - 1800 - 360 if ended is AttemptState.PREEMPTED else None,
+                    gpu_util_pct=(20.0, None, 80.0)[i])
         m.history.record(job(f"jv{i}", spec=spec, state=JobState.QUEUED, attempts=[a], submitted_at=now - 3600), 1)
     m.history.flush()
     r = await console.client.get("/queues?period=day")
@@ -1575,3 +1578,5 @@ async def test_the_queues_pages_usage_says_what_preemption_cost(console: Console
     # + 0.2 (the other's 6 minutes from its stop to its exit, on 2 GPUs).
     assert cells[0] == "3.00" and cells[-2:] == ["3", "1.20"], cells
     assert "GPU-hours lost to preemption" in r.text
+    # How busy the GPUs were: the two tries that reported it, weighted alike: 50 %.
+    assert '<td class="num">50 %</td></tr>' in row[:row.index("</tr>") + 5], row[:row.index("</tr>")]

@@ -4,6 +4,7 @@ processes, driven through the GraphQL API and the CLI."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import re
@@ -332,10 +333,30 @@ def test_a_running_attempt_tells_how_busy_its_gpus_are(two_hosts: tuple[Cluster,
     r = subprocess.run([PY, "-m", "server.cli", "job", "show", jid], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0 and re.search(r"GPUs now: [0-9.]+ % busy, [0-9,]+ MB in use", r.stdout), r.stdout
+    # Once its host has sent a heartbeat since it started, its agent has sampled its GPUs:
+    # its end reports how busy they were over its run (busy simulated GPUs: 60-100 %).
+    seen = 'query($id: ID!) { job(id: $id) { attempts { startedAt host { lastSeen } } } }'
+
+    def heard_since_start() -> bool:
+        [now] = api.q(seen, {"id": jid})["job"]["attempts"]
+        return dt.datetime.fromisoformat(now["host"]["lastSeen"]) > dt.datetime.fromisoformat(now["startedAt"])
+
+    wait_until(heard_since_start, timeout=30, what="a heartbeat after the attempt started")
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": jid})
     api.wait_job(jid, {"CANCELLED"})
     wait_until(lambda: api.q(q, {"id": jid})["job"]["attempts"][0]["gpuUtilPct"] is None, timeout=60,
                what="no figures once the attempt ended")
+    [ended] = api.q('query($id: ID!) { job(id: $id) { attempts { state gpuUtilAvgPct } } }', {"id": jid})["job"][
+        "attempts"]
+    assert ended["state"] == "KILLED" and 60 <= ended["gpuUtilAvgPct"] <= 100, ended
+    r = subprocess.run([PY, "-m", "server.cli", "job", "show", jid], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert f"GPUs over its run: {ended['gpuUtilAvgPct']:g} % busy on average" in r.stdout, r.stdout
+    # And in the usage of its queue and user, once history has the attempt.
+    wait_until(lambda: any(u["gpuUtilPct"] is not None for u in api.q("{ usage { gpuUtilPct } }")["usage"]),
+               timeout=60, what="the attempt in history")
+    [u] = api.q("{ usage { gpuUtilPct } }")["usage"]
+    assert u["gpuUtilPct"] == ended["gpuUtilAvgPct"], u
 
 
 def test_one_request_asks_at_most_32_agents_for_live_output(two_hosts: tuple[Cluster, Api]) -> None:

@@ -315,7 +315,7 @@ def test_reclaim_stops_the_job_that_checkpoints(cluster: Cluster, tmp_path: Path
 
     wait_until(lambda: recorded() > 0, timeout=30, what="the preempted try recorded")
     assert abs(recorded() - lost[0]) < 1e-6, (recorded(), lost)
-    assert "LOST GPU-HOURS" in muster(cluster, srv.url, "usage", "--queue", "train").stdout
+    assert "LOST GPU-HOURS  GPU UTIL" in muster(cluster, srv.url, "usage", "--queue", "train").stdout
     rows = json.loads(muster(cluster, srv.url, "usage", "--queue", "train", "-o", "json").stdout)
     assert sum(r["gpuSecondsLostToPreemption"] for r in rows) == recorded()
     for j in (saver["id"], plain):

@@ -558,10 +558,13 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
         end = None if i % 7 == 0 else start + rng.randint(3, 300)
         model = rng.choice(["H100", "A100"])
         ended = AttemptState.PREEMPTED if i % 2 else AttemptState.SUCCEEDED
+        # How busy its GPUs were, as its agent reported at its end (some never report).
+        util = None if end is None or i % 5 == 0 else round(rng.uniform(0, 100), 1)
         attempts = [Attempt(id=f"u{i}.1", number=1, host_id="h", gpu_indices=list(range(spec.gpus)),
                             state=AttemptState.RUNNING if end is None else ended,
                             placed_at=start, started_at=start, finished_at=end, gpu_model=model,
-                            stop_at=end - 2 if end is not None and ended is AttemptState.PREEMPTED else None)]
+                            stop_at=end - 2 if end is not None and ended is AttemptState.PREEMPTED else None,
+                            gpu_util_pct=util)]
         jobs.append(job(f"u{i}", spec=spec, state=JobState.RUNNING if end is None else JobState.SUCCEEDED,
                         attempts=attempts, submitted_at=start))
         hist.record(jobs[-1], 1)
@@ -575,19 +578,28 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
         if hi <= lo and not (a.started_at < until and (a.finished_at is None or a.finished_at > since)):
             continue
         secs = max(0.0, hi - lo)
-        e = expected.setdefault((j.spec.queue, j.spec.user, a.gpu_model), [0.0, 0.0, 0.0, 0, 0.0])
+        e = expected.setdefault((j.spec.queue, j.spec.user, a.gpu_model), [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0.0])
         e[0] += secs * j.spec.gpus
+        if a.gpu_util_pct is not None:
+            e[5] += secs * j.spec.gpus
+            e[6] += secs * j.spec.gpus * a.gpu_util_pct
         e[1] += secs * j.spec.cpus
         e[2] += secs * j.spec.memory_mb
         e[3] += 1
         if a.state is AttemptState.PREEMPTED and since <= a.finished_at < until:
             e[4] += (a.finished_at - (a.stop_at if j.spec.checkpoints else a.started_at)) * j.spec.gpus
+    rows = hist.usage(since=since, until=until, now=now)
     got = {(r.queue, r.user, r.gpu_model): [r.gpu_seconds, r.cpu_seconds, r.memory_mb_seconds, r.attempts,
                                             r.lost_gpu_seconds]
-           for r in hist.usage(since=since, until=until, now=now)}
+           for r in rows}
     assert got.keys() == expected.keys()
     for k, v in expected.items():
-        assert got[k] == pytest.approx(v), k
+        assert got[k] == pytest.approx(v[:5]), k
+    # The GPUs' utilisation: weighted by the GPU-seconds of the attempts that reported one.
+    utils = {(r.queue, r.user, r.gpu_model): r.gpu_util_pct for r in rows}
+    for k, v in expected.items():
+        assert utils[k] == (None if not v[5] else pytest.approx(round(v[6] / v[5], 1))), k
+    assert any(u is not None for u in utils.values())
     assert sum(v[4] for v in expected.values()) > 0  # some lost, some of it by jobs that checkpoint
     only = hist.usage(queue="a", user="ann", now=now)
     assert {(r.queue, r.user) for r in only} <= {("a", "ann")}

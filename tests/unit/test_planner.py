@@ -288,12 +288,14 @@ def test_succeeded_frees_the_alloc_task(w: World) -> None:
     w.submit("waiting", gpus=1, submitted_at=NOW)
     assert w.cycle().placed == 0  # host full
     w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
-    plan = w.cycle(reports=[report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 3)])
+    ended = report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 3).model_copy(update={"gpu_util_pct": 71.5})
+    plan = w.cycle(reports=[ended])
     job = plan.jobs["j1"]
     assert job.state is JobState.SUCCEEDED
     a = job.attempts[0]
     assert a.state is AttemptState.SUCCEEDED
     assert a.exit_code == 0 and a.finished_at == NOW + 3 and a.output_tail == "out"
+    assert a.gpu_util_pct == 71.5  # how busy its GPUs were over its run, as its agent reported
     kinds = [e.kind for e in plan.events]
     assert kinds[0] == "job.succeeded"
     # The freed capacity is used in the same cycle.

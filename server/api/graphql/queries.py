@@ -315,5 +315,5 @@ class Query:
         rows = await in_thread(mu.history.usage, queue=queue, user=user, since=epoch(since), until=epoch(until))
         return [Usage(queue=r.queue, user=r.user, gpu_model=r.gpu_model, gpu_seconds=r.gpu_seconds,
                       cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts,
-                      gpu_seconds_lost_to_preemption=r.lost_gpu_seconds)
+                      gpu_seconds_lost_to_preemption=r.lost_gpu_seconds, gpu_util_pct=r.gpu_util_pct)
                 for r in rows]

@@ -272,6 +272,13 @@ class Attempt:
         use = self._gpu_use(info)
         return round(use.util_pct, 1) if use is not None else None
 
+    @strawberry.field(description="Its GPUs' mean utilisation over its run, in percent, as its agent sampled it at "
+                                  "each heartbeat and reported at its end (for a share, the whole GPU's): null "
+                                  "while it runs (see gpuUtilPct), on a MIG instance, without GPUs, for a run "
+                                  "shorter than a heartbeat interval, or from an older agent.")
+    def gpu_util_avg_pct(self) -> float | None:
+        return self._m.gpu_util_pct
+
     @strawberry.field(description="A running attempt's GPUs' memory in use in its host's latest heartbeat, in MB "
                                   "(theirs in all; for a share, the whole GPU's); null as gpuUtilPct.")
     def gpu_mem_used_mb(self, info: Info) -> int | None:
@@ -1109,3 +1116,7 @@ class Usage:
     gpu_seconds_lost_to_preemption: float = strawberry.field(description=(
         "GPU-seconds of work lost by its attempts that ended PREEMPTED in the period: all each ran, or from its "
         "stop to its exit for a job that checkpoints. Against gpuSeconds, what preemption cost the queue."))
+    gpu_util_pct: float | None = strawberry.field(default=None, description=(
+        "How busy its GPUs were over the period, in percent: the mean utilisation of the attempts whose agent "
+        "reported it at their end (Attempt.gpuUtilAvgPct), weighted by GPU-seconds; null when none did (a "
+        "running attempt reports at its end). Against gpuSeconds, how much of what the queue held it used."))

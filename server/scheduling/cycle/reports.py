@@ -69,6 +69,7 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     a.state = ended
     a.finished_at = r.ts
     a.exit_code = r.exit_code
+    a.gpu_util_pct = r.gpu_util_pct
     # Text from the job's own process, clipped to the share of the job record's budget
     # an attempt may take (bytes as encoded: wire.budgets).
     tail_limit, reason_limit = text_limits(job.spec)
