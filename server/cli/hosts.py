@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     hl.add_argument("--zone", default=None)
     hl.add_argument("--gpu-model", default=None)
     hl.add_argument("--label", default=None, help="key=value (or key)")
-    hl.add_argument("--search", default=None, help="host id prefix")
+    hl.add_argument("--search", default=None, help="part of the host id, in any case")
     hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
     hl.add_argument("--draining", default=None, action=argparse.BooleanOptionalAction,
                     help="hosts whose drain has begun (or, --no-draining, has not)")

@@ -1479,6 +1479,16 @@ async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
     assert "host.lost" in r.text and "gpu.unhealthy" in r.text
     r = await console.client.get("/alerts?kind=gpu.unhealthy")
     assert "xid 79" in r.text and "rack9-host" not in r.text
+    # Every kind the control plane publishes is a filter (the page once offered 8 of 12).
+    from wire import subjects
+    offered = re.findall(r'<option value="([a-z.]+)"', r.text)
+    assert set(offered) == set(subjects.ALERT_KINDS) and "input.rejected" in offered, offered
+    await m.nc.publish("alerts.input.rejected", encode(Event(kind="input.rejected", message="record too large")))
+    deadline = time.monotonic() + 20
+    while "record too large" not in (r := await console.client.get("/alerts?kind=input.rejected")).text:
+        assert time.monotonic() < deadline, "the rejected input's alert never showed up under its kind"
+        await asyncio.sleep(0.2)
+    assert "xid 79" not in r.text
 
 
 async def test_queues_page_queue_filter_and_queue_reasons(console: Console) -> None:

@@ -15,10 +15,11 @@
     sse       the server-sent event stream
     (here)    `console_routes()`: the route table, static files and htmx
 
-Sign-in takes an API token and keeps only its SHA-256 hash in the `muster_session`
-cookie; a page is served only while `muster.state.tokens` still holds that hash, so a
-revoked token logs the browser out at its next request. Every POST except the login
-form carries a `csrf` field (HMAC-SHA256 of "csrf" keyed by the session hash).
+Sign-in takes an API token and opens a console session of its own: the `muster_session`
+cookie holds a random session id (never the token or its hash), and a page is served
+only while the session is live and its token is not revoked, so a revoked token logs the
+browser out at its next request. Every POST except the login form carries a `csrf`
+field (HMAC-SHA256 of "csrf" keyed by the session's hash).
 
 Pages never use inline scripts or styles (see CSP, render.SECURITY_HEADERS): CSS, htmx
 and the console's own script (`/static/live.js`) come from /static. The live parts of a

@@ -8,9 +8,10 @@ from starlette.responses import Response
 
 from web.console.render import PER_PAGE, clamp_page, muster_of, page_arg, render, url
 from web.console.session import console
+from wire import subjects
 
-ALERT_KINDS = ("host.lost", "host.recovered", "host.fenced", "domain.disrupted", "gpu.unhealthy", "job.failed",
-               "preemption.storm", "queue.starved")
+# Every kind the control plane publishes (wire.subjects), each a filter.
+ALERT_KINDS = subjects.ALERT_KINDS
 
 
 @console()
