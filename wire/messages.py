@@ -32,6 +32,14 @@ MAX_HOST_LABELS = 16  # labels a job may require of its host (JobSpec.host_label
 MAX_EXCLUDED_HOSTS = 128  # hosts a job may name as ones it must not run on (JobSpec.exclude_hosts)
 
 
+def _checked_host_ids(hosts: list[str]) -> list[str]:
+    """`hosts` when each is a host id, else ValueError."""
+    for h in hosts:
+        if not re.fullmatch(HOST_ID_PATTERN, h):
+            raise ValueError(f"not a host id: {h[:64]!r}")
+    return hosts
+
+
 def _checked_labels(labels: dict[str, str], what: str) -> dict[str, str]:
     """`labels` when every key and value has the label form, else ValueError."""
     for k, v in labels.items():
@@ -272,10 +280,7 @@ class JobSpec(_Model):
     @field_validator("exclude_hosts")
     @classmethod
     def _exclude_hosts(cls, hosts: list[str]) -> list[str]:
-        for h in hosts:
-            if not re.fullmatch(HOST_ID_PATTERN, h):
-                raise ValueError(f"not a host id: {h[:64]!r}")
-        return sorted(set(hosts))
+        return sorted(set(_checked_host_ids(hosts)))
 
     def models(self) -> frozenset[str] | None:
         """The GPU models the job accepts, None for any."""
@@ -592,10 +597,7 @@ class AdvanceReservation(_Model):
     @field_validator("hosts")
     @classmethod
     def _host_ids(cls, hosts: list[str]) -> list[str]:
-        for h in hosts:
-            if not re.fullmatch(HOST_ID_PATTERN, h):
-                raise ValueError(f"not a host id: {h[:64]!r}")
-        if len(set(hosts)) != len(hosts):
+        if len(set(_checked_host_ids(hosts))) != len(hosts):
             raise ValueError("a host is named twice")
         return hosts
 

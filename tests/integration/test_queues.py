@@ -94,6 +94,16 @@ def settled(api: Api, *job_ids: str) -> None:
                timeout=60, what="every attempt ended")
 
 
+def team_token(c: Cluster, api: Api, name: str, queues: str) -> str:
+    """A new operator token bound to `queues` (`muster token create`), once the API takes it."""
+    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", name, "--role", "operator",
+                        "--queues", queues, "--nats", c.nats_url], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip().splitlines()[-1]
+    wait_until(lambda: api.raw("{ ping }", token=token).status_code == 200, timeout=10, what=f"{name}'s token")
+    return token
+
+
 def muster(c: Cluster, url: str, *argv: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MUSTER_URL": url, "MUSTER_TOKEN": token or c.token}
     return subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True, cwd=ROOT,
@@ -143,12 +153,7 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
         r = muster(cluster, srv.url, "queue", "create", name, "--cohort", "lab", "--quota", "gpu:H100=1",
                    "--min-runtime", "0", "--grace", "3", "--weight", weight)
         assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "alice", "--role", "operator",
-                        "--queues", "research", "--nats", cluster.nats_url], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
-    assert r.returncode == 0, r.stderr
-    alice = r.stdout.strip().splitlines()[-1]
-    wait_until(lambda: api.raw("{ ping }", token=alice).status_code == 200, timeout=10, what="alice's token")
+    alice = team_token(cluster, api, "alice", "research")
     refused = submit(api, "nope", ["true"], token=alice, queue="prod")
     assert refused["job"] is None and refused["userErrors"][0]["code"] == "FORBIDDEN"
     # research borrows prod's idle GPU.
@@ -354,12 +359,7 @@ def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_oper
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     admin(api, "createQueue", {"name": "runs", "maxTimeLimitSeconds": 3600, "preemptGraceSeconds": 2})
-    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "bob", "--role", "operator",
-                        "--queues", "runs", "--nats", cluster.nats_url], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
-    assert r.returncode == 0, r.stderr
-    bob = r.stdout.strip().splitlines()[-1]
-    wait_until(lambda: api.raw("{ ping }", token=bob).status_code == 200, timeout=10, what="bob's token")
+    bob = team_token(cluster, api, "bob", "runs")
     long_run = submit(api, "long", task(tmp_path, "long", 600), token=bob, queue="runs", timeLimitSeconds=1800)
     short_run = submit(api, "short", task(tmp_path, "short", 600), token=bob, queue="runs", timeLimitSeconds=1800)
     ids = long_run["job"]["id"], short_run["job"]["id"]
