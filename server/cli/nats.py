@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--port", type=int, default=4222, help="client port (of the first node with --cluster)")
     n.add_argument("--host", default="127.0.0.1")
     n.add_argument("--data-dir", default=".muster/nats")
-    n.add_argument("--config", default=None, help="your own nats-server config (no generated auth)")
+    n.add_argument("--config", default=None,
+                   help="run nats-server with your own config as it is (its address, store and JetStream "
+                        "settings; no generated auth; not with --cluster or TLS options)")
     n.add_argument("--no-auth", action="store_true", help="no authentication (anyone may connect)")
     n.add_argument("--auth-dir", default=None, help="credentials directory (default <data-dir>/auth)")
     n.add_argument("--tls-cert", default=None, help="server certificate: clients must use TLS")
@@ -53,11 +55,18 @@ def cmd_nats(args: argparse.Namespace) -> int:
     from server.broker.natsauth import AuthDir
     from server.broker.natsd import nats_server_binary, render_config
 
+    tls = server_tls(args)
+    if args.config:
+        # The file says everything (a store directory given beside its own store_dir is
+        # refused by nats-server as a duplicate).
+        if args.cluster or tls is not None:
+            raise ConfigError("--config runs your own nats-server config as it is: set a cluster or TLS there")
+        argv = [nats_server_binary(), "-c", str(Path(args.config).resolve())]
+        os.execv(argv[0], argv)
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    tls = server_tls(args)
     auth = None
-    if not args.no_auth and not args.config:
+    if not args.no_auth:
         auth = AuthDir(Path(args.auth_dir).resolve() if args.auth_dir else data_dir / "auth")
         if auth.ensure():
             print(f"NATS credentials created in {auth.path} (control plane: {auth.server_creds})",
@@ -66,8 +75,6 @@ def cmd_nats(args: argparse.Namespace) -> int:
         return run_cluster(args, data_dir, auth, tls)
     if auth is None and tls is None:
         argv = [nats_server_binary(), "-js", "-sd", str(data_dir), "-a", args.host, "-p", str(args.port)]
-        if args.config:
-            argv += ["-c", args.config]
     else:
         conf = data_dir / "nats-server.conf"
         conf.write_text(render_config(
