@@ -64,6 +64,7 @@ from wire.errors import ConfigError, DecodeError, StoreError
 from wire.kv import WRONG_LAST_SEQUENCE, Store, connect
 from wire.messages import (
     MAX_RECORD_BYTES,
+    MAX_TASKS_PER_HEARTBEAT,
     SHAPE_HEADER,
     AttemptState,
     Heartbeat,
@@ -168,6 +169,9 @@ class AgentConfig:
     pids_max: int = DEFAULT_PIDS_MAX
     work_dir: Path | None = None
     gpu_dev_dir: str = "/dev"
+    # A running attempt whose GPUs have all been idle this long is named in the heartbeat
+    # (Heartbeat.gpu_idle: the leader alerts `job.gpus_idle`); 0: never.
+    gpu_idle_after_s: float = 1800.0
 
     def validate(self) -> AgentConfig:
         """Check the settings; an unset fence delay becomes two heartbeat intervals (one
@@ -385,8 +389,12 @@ class Agent:
             u.share_allocated = share.get(u.index, 0)
             u.mem_allocated_mb = gpu_mem.get(u.index, 0)
         util = {u.index: u.util_pct for u in usage}
+        now = time.time()
         for r in self.runs.values():
-            r.sample_gpus(util)
+            r.sample_gpus(util, now)
+        idle_after = self.config.gpu_idle_after_s
+        idle = {r.task.attempt_id: r.gpu_idle_since for r in self.runs.values()
+                if idle_after > 0 and r.gpu_idle_since is not None and now - r.gpu_idle_since >= idle_after}
         return Heartbeat(
             host_id=self.config.host_id,
             boot_id=self.boot_id,
@@ -409,6 +417,7 @@ class Agent:
             fence_continued=self.fence_continued,
             fence_stopped=self.fence_stopped,
             leaving=self.leaving,
+            gpu_idle=dict(sorted(idle.items())[:MAX_TASKS_PER_HEARTBEAT]),
         )
 
     async def _heartbeat_loop(self) -> None:

@@ -39,6 +39,10 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
                    help="seconds without a stored heartbeat before the agent freezes its attempts "
                         "(default: two heartbeat intervals; less than the TTL)")
     a.add_argument("--kill-grace", type=float, default=10.0)
+    a.add_argument("--gpu-idle-after", type=float, default=float(os.environ.get("MUSTER_GPU_IDLE_AFTER", "1800")),
+                   help="seconds a running attempt's GPUs may all stay idle (under 5 %% at every heartbeat) "
+                        "before its heartbeat names it and the control plane alerts job.gpus_idle "
+                        "(MUSTER_GPU_IDLE_AFTER; 0: never)")
     a.add_argument("--cpus", type=int, default=None)
     a.add_argument("--memory-mb", type=int, default=None)
     a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> None:
         ttl_intervals=args.ttl_intervals,
         fence_after_s=args.fence_after,
         kill_grace_s=args.kill_grace,
+        gpu_idle_after_s=args.gpu_idle_after,
         cpus=args.cpus,
         memory_mb=args.memory_mb,
         state_dir=Path(args.state_dir) if args.state_dir else None,

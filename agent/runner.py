@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
-from wire.messages import AttemptState, Task
+from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,11 @@ class Run:
         self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
         self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
-        # Its GPUs' utilisation, sampled at each heartbeat while it runs (`sample_gpus`).
+        # Its GPUs' utilisation, sampled at each heartbeat while it runs (`sample_gpus`), and
+        # since when every sample found all of them idle (None: the last did not).
         self.gpu_util_sum = 0.0
         self.gpu_util_samples = 0
+        self.gpu_idle_since: float | None = None
         self.done = asyncio.Event()
         self._exited = asyncio.Event()
         self._transport: asyncio.SubprocessTransport | None = None
@@ -112,10 +114,12 @@ class Run:
     def tail(self) -> str:
         return self._tail.decode(errors="replace")
 
-    def sample_gpus(self, util_by_index: dict[int, float]) -> None:
-        """One sample of how busy its GPUs are (their mean utilisation, as the heartbeat
-        reports it: for a share, the whole GPU's), taken while its process runs; none for
-        a task without GPUs or on a MIG instance (NVML gives no utilisation per instance)."""
+    def sample_gpus(self, util_by_index: dict[int, float], now: float) -> None:
+        """One sample, at `now`, of how busy its GPUs are (their mean utilisation, as the
+        heartbeat reports it: for a share, the whole GPU's), taken while its process runs;
+        none for a task without GPUs or on a MIG instance (NVML gives no utilisation per
+        instance). All of them under GPU_IDLE_UTIL_PCT: idle since this sample, unless
+        since an earlier one."""
         t = self.task
         if self.proc is None or self.proc.returncode is not None or not t.gpu_indices or t.mig:
             return
@@ -123,6 +127,10 @@ class Run:
         if len(got) == len(t.gpu_indices):
             self.gpu_util_sum += sum(got) / len(got)
             self.gpu_util_samples += 1
+            if max(got) < GPU_IDLE_UTIL_PCT:
+                self.gpu_idle_since = self.gpu_idle_since if self.gpu_idle_since is not None else now
+            else:
+                self.gpu_idle_since = None
 
     @property
     def gpu_util_pct(self) -> float | None:

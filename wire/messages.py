@@ -124,6 +124,11 @@ class GpuUsage(_Model):
     mem_allocated_mb: int = 0
 
 
+# A GPU under this utilisation at a heartbeat is idle there (Heartbeat.gpu_idle).
+GPU_IDLE_UTIL_PCT = 5.0
+MAX_TASKS_PER_HEARTBEAT = 256  # attempts one heartbeat may name (a host's tasks: placement.MAX_TASKS_PER_HOST)
+
+
 class Heartbeat(_Model):
     v: Literal[1] = 1
     host_id: str = Field(pattern=HOST_ID_PATTERN)
@@ -155,6 +160,10 @@ class Heartbeat(_Model):
     fence_stopped: int = Field(default=0, ge=0)
     # The agent is shutting down: it starts no new attempt, so nothing is placed on it.
     leaving: bool = False
+    # Running attempts whose GPUs have all been idle (under GPU_IDLE_UTIL_PCT at every
+    # heartbeat) for the agent's `--gpu-idle-after` or longer: attempt id -> since when (the
+    # agent's clock). Part of the shape, so the control plane decodes each change of the set.
+    gpu_idle: dict[str, float] = Field(default_factory=dict, max_length=MAX_TASKS_PER_HEARTBEAT)
 
     @field_validator("labels")
     @classmethod
@@ -186,6 +195,8 @@ def shape_digest(hb: Heartbeat) -> str:
         parts.append(f"fences={hb.fences}/{hb.fence_continued}/{hb.fence_stopped}")
     if hb.leaving:  # (a host not shutting down: unchanged)
         parts.append("leaving")
+    if hb.gpu_idle:  # (a host whose attempts use their GPUs: unchanged)
+        parts.append("idle=" + ",".join(sorted(hb.gpu_idle)))
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
 
 

@@ -54,6 +54,9 @@ ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
 # again: how long, and how many attempts it continued or stopped.
 ALERT_HOST_FENCED = "host.fenced"
 ALERT_JOB_FAILED = "job.failed"
+# A running attempt's GPUs have all been idle for its agent's --gpu-idle-after
+# (server.health.idlegpus).
+ALERT_JOB_GPUS_IDLE = "job.gpus_idle"
 # The scheduler isolated an input or job whose records the store refused
 # (server.scheduling.isolation).
 ALERT_INPUT_REJECTED = "input.rejected"
@@ -68,8 +71,8 @@ ALERT_RESERVATION_ENDED = "reservation.ended"
 ALERT_MAINTENANCE_BEGAN = "maintenance.began"
 # Every kind, in the order the console offers them as a filter.
 ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_DOMAIN_DISRUPTED, ALERT_GPU_UNHEALTHY,
-               ALERT_JOB_FAILED, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED, ALERT_RESERVATION_OPENED,
-               ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
+               ALERT_JOB_FAILED, ALERT_JOB_GPUS_IDLE, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED,
+               ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
 
 
 def job_key(job_id: str) -> str:

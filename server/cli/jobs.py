@@ -22,13 +22,13 @@ submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn depend
 beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints excludeHosts
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
-outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct }"""
+outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct gpuIdleSince }"""
 
 
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
                 "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts",
-                "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct")
+                "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct", "gpuIdleSince")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -524,6 +524,8 @@ def show(args: argparse.Namespace) -> None:
         if a.get("gpuUtilPct") is not None:
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
             print(f"    GPUs now: {a['gpuUtilPct']:g} % busy, {a['gpuMemUsedMb']:,} MB in use{shared}")
+        if a.get("gpuIdleSince"):
+            print(f"    GPUs idle since {when_text(a['gpuIdleSince'])}: it holds GPUs it does not use")
         if a.get("gpuUtilAvgPct") is not None:
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
             print(f"    GPUs over its run: {a['gpuUtilAvgPct']:g} % busy on average{shared}")

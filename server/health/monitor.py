@@ -9,6 +9,7 @@ Subjects (JSON payloads are `messages.Event`):
   alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error (its work is moved)
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
+  alerts.job.gpus_idle                         (from the scheduler) a running job's GPUs all idle for long
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from nats.aio.client import Client as NATS
 
 from server import metrics
+from server.health.alertsummary import ALERTS_ONE_BY_ONE, summarized, summary
 from server.health.rules import Health
 from server.state.cluster import ClusterState, HostEntry
 from server.state.lease import Leader
@@ -35,33 +37,6 @@ async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
         await nc.publish(f"{subjects.ALERTS_PREFIX}.{kind}", encode(ev))
     except Exception as exc:  # noqa: BLE001 - alerts are best effort; the log keeps them
         log.warning("alert %s not published: %s", kind, exc)
-
-
-# Alerts of one kind noticed in one check beyond which one alert stands for them all (the
-# first hosts named): a NATS node's loss can fence most of the fleet at once, a switch or
-# a rack's power take hundreds of hosts, a driver fault every GPU of a rack, and 50,000
-# alerts would bury everything else.
-ALERTS_ONE_BY_ONE = 5
-ALERT_HOSTS_NAMED = 20
-
-
-def summarized(events: list[Event], now: float, head: str, totals: dict[str, object], of: str = "host") -> list[Event]:
-    """Alerts of one kind noticed together (one a host, a GPU or a job) as they are, or
-    past ALERTS_ONE_BY_ONE one alert standing for them all: `head`, the first hosts (or
-    jobs, `of="job"`) by name, and in its data how many there are, their first names
-    (`hosts` and `host_ids`, or `jobs` and `job_ids`) and `totals`."""
-    if len(events) <= ALERTS_ONE_BY_ONE:
-        return events
-    return [summary(events, now, head, totals, of)]
-
-
-def summary(events: list[Event], now: float, head: str, totals: dict[str, object], of: str = "host") -> Event:
-    """One alert standing for `events` (see `summarized`)."""
-    ids = list(dict.fromkeys(getattr(e, f"{of}_id") or "?" for e in events))
-    names = ids[:ALERT_HOSTS_NAMED]
-    more = f" and {len(ids) - len(names)} more" if len(ids) > len(names) else ""
-    return Event(kind=events[0].kind, ts=now, message=f"{head}: {', '.join(names)}{more}",
-                 data={f"{of}s": len(ids), f"{of}_ids": names, **totals})
 
 
 def job_failed_alerts(failed: list[Event], queues: dict[str, str], now: float) -> list[Event]:

@@ -22,6 +22,7 @@ from nats.errors import Error as NatsError
 from nats.js import api as jsapi
 
 from server import metrics
+from server.health.idlegpus import IdleWatch
 from server.health.monitor import job_failed_alerts, publish_alert
 from server.health.rules import Health
 from server.scheduling.cadence import cycle_gap
@@ -164,6 +165,7 @@ class Scheduler:
         self._delivery_checked = 0.0
         self.watch = self.config.watch
         self.windows = WindowWatch()  # anew with each term (_lead)
+        self.idle_gpus = IdleWatch()  # anew with each term (_lead)
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
@@ -255,6 +257,7 @@ class Scheduler:
             return
         log.info("scheduling as leader, term %d", term)
         self.windows = WindowWatch()  # its first check takes the windows open now as known
+        self.idle_gpus = IdleWatch()  # its first check alerts the attempts idle now again
         js = self.store.js
         # A message taken by a leader that then died or froze returns after ack_wait:
         # keep it close to the lease so a new leader sees it soon after taking over.
@@ -757,6 +760,7 @@ class Scheduler:
         if now - self._watched_at >= 1.0:
             self._watched_at = now
             out += self.windows.check(now, self.state.advance, self.state.maintenance)
+            out += self.idle_gpus.check(now, self.state.idle_gpus(), self.state.jobs)
             rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
             below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
             out += self.watch.queues(now, self.state.backlog.counts(), self._placed_queues, below,

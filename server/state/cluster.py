@@ -199,6 +199,8 @@ class ClusterState:
     # Hosts whose heartbeat key expired (entry.present False), kept as heartbeats arrive
     # so the planner need not walk every host each cycle.
     absent: set[str] = field(default_factory=set)
+    # Hosts whose last decoded heartbeat names attempts with idle GPUs (Heartbeat.gpu_idle).
+    idle_gpu_hosts: set[str] = field(default_factory=set)
     # Hosts with an alloc record but no record in the hosts bucket at all (their key
     # expired and was removed before this process started), kept the same way.
     unheard: set[str] = field(default_factory=set)
@@ -474,6 +476,7 @@ class ClusterState:
             return
         if value is None:
             self.absent.add(key)
+            self.idle_gpu_hosts.discard(key)
             if entry is None:
                 self.hosts[key] = HostEntry(key, None, revision, now, False, now)
                 self.unheard.discard(key)
@@ -527,6 +530,10 @@ class ClusterState:
         for u in hb.gpu_usage:
             if not u.healthy and u.index not in before:
                 self._notify("gpu_unhealthy", (key, u))
+        if hb.gpu_idle:
+            self.idle_gpu_hosts.add(key)
+        else:
+            self.idle_gpu_hosts.discard(key)
 
     def apply_state_record(self, rec: Record) -> None:
         key = rec.key
@@ -663,6 +670,25 @@ class ClusterState:
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.backlog.ids()]
+
+    def idle_gpus(self) -> dict[str, tuple[str, float]]:
+        """Running attempts whose agent says their GPUs have all been idle for its
+        `--gpu-idle-after`: attempt id -> (host, since when, by the agent's clock). A
+        change of the set changes the heartbeat's shape, so the last decoded heartbeat
+        has it."""
+        out: dict[str, tuple[str, float]] = {}
+        for host_id in self.idle_gpu_hosts:
+            entry = self.hosts.get(host_id)
+            if entry is not None and entry.present and entry.heartbeat is not None:
+                for attempt_id, since in entry.heartbeat.gpu_idle.items():
+                    out[attempt_id] = (host_id, since)
+        return out
+
+    def gpu_idle_since(self, host_id: str, attempt_id: str) -> float | None:
+        """Since when the attempt's GPUs have all been idle, as its host's agent says (None:
+        they are not, or not for the agent's `--gpu-idle-after` yet)."""
+        entry = self.hosts.get(host_id) if host_id in self.idle_gpu_hosts else None
+        return entry.heartbeat.gpu_idle.get(attempt_id) if entry is not None and entry.heartbeat else None
 
     def due_deadlines(self, now: float) -> list[str]:
         """Jobs whose running try reached its time limit by `now`, earliest first."""

@@ -1305,6 +1305,46 @@ async def test_a_running_trys_gpus_show_how_busy_they_are(console: Console) -> N
     assert '<span class="muted" id="gpu-avg-jbusy0001.1">12.5 % busy on average over its run</span>' in page
 
 
+async def test_a_job_holding_idle_gpus_is_alerted_and_shown(console: Console) -> None:
+    """A host's heartbeat names an attempt whose GPUs have all been idle for its agent's
+    --gpu-idle-after: the leader publishes `alerts.job.gpus_idle` once, the job's page
+    and `Attempt.gpuIdleSince` say since when."""
+    from server.api.graphql import build_schema
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import Attempt, AttemptState, Event, decode
+
+    m = console.muster
+    await console.login()
+    assert m.nc is not None and m.store is not None
+    heard: list[Event] = []
+
+    async def on_alert(msg: Any) -> None:
+        heard.append(decode(Event, msg.data))
+
+    sub = await m.nc.subscribe("alerts.job.gpus_idle", cb=on_alert)
+    now = time.time()
+    tries = [Attempt(id="jidle0001.1", number=1, host_id="gpu-i", gpu_indices=[0, 1], state=AttemptState.RUNNING,
+                     placed_at=now - 4000, started_at=now - 3999)]
+    m.state.apply_job(make_job("jidle0001", spec=job_spec("idle", command=["train"], gpus=2, queue="default"),
+                               state=JobState.RUNNING, attempts=tries), 10**9)
+    hb = heartbeat("gpu-i", seq=0, ts=now, gpus=2, util=0.5, gpu_idle={"jidle0001.1": now - 1900})
+    await m.store.put("gpu-i", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    try:
+        await eventually(lambda: len(heard) >= 1, timeout=20, what="the idle GPUs alert")
+        await asyncio.sleep(1.5)  # a later check: no second alert for the same attempt
+    finally:
+        await sub.unsubscribe()
+    assert len(heard) == 1 and heard[0].job_id == "jidle0001" and heard[0].host_id == "gpu-i", heard
+    page = (await console.client.get("/jobs/jidle0001")).text
+    assert '<span class="badge cordoned" id="gpu-idle-jidle0001.1">IDLE since' in page
+    res = await build_schema().execute('{ job(id: "jidle0001") { attempts { gpuIdleSince } } }',
+                                       context_value={"muster": m, "token": None})
+    assert res.errors is None and res.data is not None, res.errors
+    assert res.data["job"]["attempts"][0]["gpuIdleSince"].startswith(
+        dt.datetime.fromtimestamp(now - 1900, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M"))
+
+
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:
     """The job page asks each running try's agent for its output so far (the request an
     agent answers on `muster.output.<host>`; here the test answers for host h-live), and

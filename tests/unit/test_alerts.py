@@ -3,7 +3,8 @@ past ALERTS_ONE_BY_ONE in one check, one alert standing for them all."""
 
 from __future__ import annotations
 
-from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, gpu_alerts, host_alerts, job_failed_alerts
+from server.health.alertsummary import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE
+from server.health.monitor import gpu_alerts, host_alerts, job_failed_alerts
 from wire.messages import Event, GpuUsage
 
 

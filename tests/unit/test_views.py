@@ -355,7 +355,8 @@ async def test_a_fence_shows_in_the_host_row_and_graphql_and_is_noticed_once(tmp
 def test_many_fences_noticed_together_make_one_alert() -> None:
     """A NATS node's loss can fence most of the fleet at once: past a handful of fences
     in one check, one alert stands for them all, naming the first hosts."""
-    from server.health.monitor import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE, fence_alerts, fences_alert
+    from server.health.alertsummary import ALERT_HOSTS_NAMED, ALERTS_ONE_BY_ONE
+    from server.health.monitor import fence_alerts, fences_alert
 
     before = heartbeat("h", boot_id="b")
     fenced = [(f"h-{i:02d}", before.model_copy(update={"host_id": f"h-{i:02d}", "fences": 1, "last_fence_s": 5.0 + i,

@@ -181,6 +181,7 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "now": now,
         "live": live,
         "gpu_use": use,
+        "gpu_idle": {a.id: since for a in running if (since := m.state.gpu_idle_since(a.host_id, a.id)) is not None},
         "unasked": {a.id for a in running[MAX_LIVE_OUTPUTS:]},
         "max_live": MAX_LIVE_OUTPUTS,
         "on_lost": on_lost,

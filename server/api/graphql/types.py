@@ -285,6 +285,16 @@ class Attempt:
         use = self._gpu_use(info)
         return use.mem_used_mb if use is not None else None
 
+    @strawberry.field(description="Since when a running attempt's GPUs have all been idle (under 5 % at every "
+                                  "heartbeat), once that has lasted its agent's --gpu-idle-after (30 minutes by "
+                                  "default; the agent's clock): it holds GPUs it does not use (alert "
+                                  "job.gpus_idle). null otherwise.")
+    def gpu_idle_since(self, info: Info) -> dt.datetime | None:
+        a = self._m
+        if a.state is not AttemptStateEnum.RUNNING:
+            return None
+        return ts(muster(info).state.gpu_idle_since(a.host_id, a.id))
+
     def _gpu_use(self, info: Info) -> GpuUse | None:
         a = self._m
         if a.state is not AttemptStateEnum.RUNNING or a.mig:
