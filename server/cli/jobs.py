@@ -71,6 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jlg)
     jlg.set_defaults(fn=cmd_logs)
 
+    ji = jsub.add_parser("idle", help="running jobs holding GPUs that have all been idle for their agent's "
+                                      "--gpu-idle-after, idle longest first")
+    ji.add_argument("--limit", type=int, default=100)
+    add_output(ji)
+    ji.set_defaults(fn=cmd_idle)
+
     jw = jsub.add_parser("why", help="why a job is still queued: rejecting hosts by reason, queue position")
     jw.add_argument("id")
     add_output(jw)
@@ -659,6 +665,20 @@ def new_output(before: str, now: str, before_bytes: float | None = None, now_byt
         if at >= 0:
             return now[at + len(anchor):]
     return skipped + now
+
+
+IDLE_QUERY = """query($n: Int!) { idleGpus(first: $n) { host since job { id name queue user }
+                attempt { gpuIndices gpuShare } } }"""
+
+
+def cmd_idle(args: argparse.Namespace) -> int:
+    rows = gql(IDLE_QUERY, {"n": args.limit})["idleGpus"]
+    out(args, rows, [[r["job"]["id"], r["job"]["name"], r["job"]["queue"], r["job"]["user"], r["host"],
+                      f"{r['attempt']['gpuShare']}/1000 of {r['attempt']['gpuIndices'][0]}" if r["attempt"]["gpuShare"]
+                      else ",".join(str(i) for i in r["attempt"]["gpuIndices"]), when_text(r["since"])]
+                     for r in rows],
+        ["JOB", "NAME", "QUEUE", "USER", "HOST", "GPUS", "IDLE SINCE"])
+    return 0
 
 
 def cmd_why(args: argparse.Namespace) -> int:

@@ -1343,6 +1343,13 @@ async def test_a_job_holding_idle_gpus_is_alerted_and_shown(console: Console) ->
     assert res.errors is None and res.data is not None, res.errors
     assert res.data["job"]["attempts"][0]["gpuIdleSince"].startswith(
         dt.datetime.fromtimestamp(now - 1900, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M"))
+    # The list an operator reads after the alert (`muster job idle`'s own query).
+    from server.cli.jobs import IDLE_QUERY
+    res = await build_schema().execute(IDLE_QUERY, variable_values={"n": 10},
+                                       context_value={"muster": m, "token": None})
+    assert res.errors is None and res.data is not None, res.errors
+    [row] = res.data["idleGpus"]
+    assert (row["host"], row["job"]["id"], row["attempt"]["gpuIndices"]) == ("gpu-i", "jidle0001", [0, 1]), row
 
 
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:

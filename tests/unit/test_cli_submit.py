@@ -326,3 +326,24 @@ def test_excluded_hosts_are_given_comma_separated_or_repeated() -> None:
     assert submit_input(args, submit_command(args))["excludeHosts"] == ["gpu-1", "gpu-2", "gpu-9"]
     args = parse_args(["job", "submit", "t", "--", "run"])
     assert "excludeHosts" not in submit_input(args, submit_command(args))
+
+
+def test_job_idle_lists_the_jobs_holding_idle_gpus(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`muster job idle`: a row per running try whose GPUs stay idle (the query itself is
+    run against the schema in tests/integration/test_console.py)."""
+    from server.cli import jobs as cli_jobs
+
+    rows = [{"host": "gpu-7", "since": "2026-12-06T10:00:00+00:00",
+             "job": {"id": "j1", "name": "train", "queue": "vision", "user": "ann"},
+             "attempt": {"gpuIndices": [0, 1], "gpuShare": 0}},
+            {"host": "gpu-8", "since": "2026-12-06T11:30:00+00:00",
+             "job": {"id": "j2", "name": "infer", "queue": "serve", "user": "bo"},
+             "attempt": {"gpuIndices": [3], "gpuShare": 250}}]
+    monkeypatch.setattr(cli_jobs, "gql", lambda q, v: {"idleGpus": rows} if "idleGpus" in q else {})
+    assert cli_jobs.cmd_idle(parse_args(["job", "idle"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["JOB", "NAME", "QUEUE", "USER", "HOST", "GPUS", "IDLE", "SINCE"]
+    assert lines[1].split() == ["j1", "train", "vision", "ann", "gpu-7", "0,1", "2026-12-06", "10:00", "UTC"]
+    assert lines[2].split() == ["j2", "infer", "serve", "bo", "gpu-8", "250/1000", "of", "3", "2026-12-06", "11:30",
+                                "UTC"]

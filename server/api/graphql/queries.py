@@ -39,6 +39,7 @@ from server.api.graphql.types import (
     HostConnection,
     HostCounts,
     HostEdge,
+    IdleGpus,
     Job,
     JobConnection,
     JobCounts,
@@ -116,6 +117,22 @@ class Query:
         mu = muster(info)
         m = mu.state.jobs.get(str(id)) or await in_thread(mu.jobs.get, str(id))
         return Job(_m=m) if m else None
+
+    @strawberry.field(description="Running jobs whose GPUs have all been idle for their agent's --gpu-idle-after "
+                                  "(alert job.gpus_idle), idle longest first; at most `first` (1,000 at most).")
+    def idle_gpus(self, info: Info, first: int = 100) -> list[IdleGpus]:
+        state = muster(info).state
+        out: list[IdleGpus] = []
+        for attempt_id, (host_id, since) in sorted(state.idle_gpus().items(), key=lambda kv: (kv[1][1], kv[0])):
+            job = state.jobs.get(attempt_id.split(".", 1)[0])
+            a = next((t for t in job.current_tasks() if t.id == attempt_id), None) if job is not None else None
+            if job is None or a is None or a.state is not AttemptState.RUNNING:
+                continue
+            out.append(IdleGpus(job=Job(_m=job), attempt=Attempt(_m=a, _job_id=job.id), host=strawberry.ID(host_id),
+                                since=dt.datetime.fromtimestamp(since, tz=dt.UTC)))
+            if len(out) >= max(0, min(first, 1000)):
+                break
+        return out
 
     @strawberry.field(description="Jobs from the history database (newest first by default), with live "
                                   "records laid over them; the first page newest first also lists the "

@@ -196,6 +196,15 @@ class HostEdge:
     node: Host
 
 
+@strawberry.type(description="A running job's try whose GPUs have all been idle (under 5 % at every heartbeat) "
+                              "for its agent's --gpu-idle-after: it holds GPUs it does not use.")
+class IdleGpus:
+    job: Job
+    attempt: Attempt
+    host: strawberry.ID
+    since: dt.datetime = strawberry.field(description="Since when, by its agent's clock.")
+
+
 @strawberry.type
 class HostConnection:
     total_count: int
