@@ -435,7 +435,8 @@ def wait_for(job_id: str, timeout: float | None = None) -> tuple[dict[str, Any],
     """Poll until the job finishes: (job, False); or (job, True) once `timeout` s pass."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id})["job"]
+        job = gql(f"query($id: ID!) {{ job(id: $id) {{ {JOB_FIELDS} }} }}", {"id": job_id},
+                  optional=NEWER_FIELDS)["job"]
         if job is None:
             raise NotFound(f"job {job_id} is gone")
         if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"):

@@ -16,12 +16,22 @@ from wire.validation import validate_queue
 
 class QueueOperations(Operations):
     async def create_queue(self, data: dict[str, Any], by: str) -> Queue:
-        """Store a new queue. Raises ValidationError (bad input, or the name is taken)."""
+        """Store a new queue (also under the name of one deleted before: its key's delete
+        marker is the revision the write expects). Raises ValidationError (bad input, or
+        the name is taken, here or by another replica meanwhile)."""
         now = time.time()
         q = validate_queue({**data, "created_at": now, "updated_at": now, "by": by})
         if q.name in self.state.queues:
             raise ValidationError("name", f"a queue named {q.name!r} exists", "EXISTS")
-        await self._put_queue(q, 0)
+        key = subjects.queue_key(q.name)
+        try:
+            await self._put_queue(q, self.state.revisions.get(key, 0), created=True)
+        except ConflictError:
+            assert self.store is not None
+            self.state.apply_state_record(await self.store.get(key))
+            if q.name in self.state.queues:
+                raise ValidationError("name", f"a queue named {q.name!r} exists", "EXISTS") from None
+            raise ConflictError("the queue changed concurrently; try again", field="name") from None
         return q
 
     async def update_queue(self, name: str, changes: dict[str, Any], by: str) -> Queue:
@@ -65,13 +75,13 @@ class QueueOperations(Operations):
         self.state.apply_state_record(Record(key, rev, None))
         await self._queue_event("deleted", name, by)
 
-    async def _put_queue(self, q: Queue, expected: int) -> None:
+    async def _put_queue(self, q: Queue, expected: int, created: bool = False) -> None:
         assert self.store is not None
         key = subjects.queue_key(q.name)
         body = encode(q)
         rev = await self.store.put(key, body, expected=expected)
         self.state.apply_state_record(Record(key, rev, body))
-        await self._queue_event("created" if expected == 0 else "updated", q.name, q.by)
+        await self._queue_event("created" if created else "updated", q.name, q.by)
 
     async def _queue_event(self, action: str, name: str, by: str) -> None:
         await self._publish_event(f"queue.{action}", Event(kind=f"queue.{action}", message=f"queue {name} {action} "

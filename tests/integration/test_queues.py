@@ -329,6 +329,21 @@ def test_reclaim_stops_the_job_that_checkpoints(cluster: Cluster, tmp_path: Path
     assert_invariants(cluster.nats_url)
 
 
+def test_a_deleted_queues_name_can_be_used_again(cluster: Cluster) -> None:
+    """A queue deleted (its key keeps a delete marker) can be created again under its
+    name, as queues.md's own examples do; a name taken is refused as such."""
+    srv = cluster.server()
+    for weight in ("1", "3"):
+        r = muster(cluster, srv.url, "queue", "create", "scratch", "--weight", weight, "--quota", "gpu:H100=2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"weight {weight}" in muster(cluster, srv.url, "queue", "show", "scratch").stdout
+        taken = muster(cluster, srv.url, "queue", "create", "scratch")
+        assert taken.returncode != 0 and "exists" in taken.stderr, taken.stdout + taken.stderr
+        r = muster(cluster, srv.url, "queue", "delete", "scratch")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert muster(cluster, srv.url, "queue", "show", "scratch").returncode == 3
+
+
 def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Cluster, tmp_path: Path) -> None:
     srv = cluster.server()
     cluster.agent("t1", gpus="1xH100")

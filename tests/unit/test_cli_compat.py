@@ -73,3 +73,26 @@ def test_an_optional_object_field_is_dropped_with_its_arguments_and_selection(
     again = queries[1]
     assert "user" not in again and "first" not in again and "jobs" not in again
     assert again.count("{") == again.count("}") == 2 and "name" in again and "weight" in again
+
+
+def test_job_submit_wait_polls_an_older_server_without_the_newer_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`job submit --wait` (cli.jobs.wait_for) asks for a job as `job show` does, so a
+    server without one of the newest fields answers it: it used to fail there, after the
+    job was submitted."""
+    from server.cli import jobs
+
+    asked: list[str] = []
+
+    def post(url: str, json: dict[str, Any], **_: Any) -> httpx.Response:
+        q = json["query"]
+        asked.append(q)
+        if "gpuIdleSince" in q:
+            return httpx.Response(200, json={"data": None, "errors": [
+                {"message": "Cannot query field 'gpuIdleSince' on type 'Attempt'."}]})
+        return httpx.Response(200, json={"data": {"job": {"id": "j1", "state": "SUCCEEDED"}}})
+
+    monkeypatch.setattr(httpx, "post", post)
+    monkeypatch.setenv("MUSTER_TOKEN", "mst_x")
+    job, timed_out = jobs.wait_for("j1", timeout=5)
+    assert job["state"] == "SUCCEEDED" and not timed_out
+    assert "gpuIdleSince" in asked[0] and "gpuIdleSince" not in asked[-1]
