@@ -190,6 +190,8 @@ class Scheduler:
             metrics.DROPPED.labels("status").inc()
             log.warning("dropped status report: %s claims host %s", msg.subject, r.host_id)
             return None
+        if r.shutdown:
+            self.state.mark_leaving(r.host_id, r.ts)
         return r
 
     def _decode_submission(self, msg: Msg) -> SubmitRequest | None:

@@ -135,6 +135,9 @@ class HostEntry:
     lost_at: float | None = None
     shape: str | None = None
     raw: bytes | None = None
+    # When (its agent's clock) a status report of its said the agent is shutting down,
+    # before a heartbeat saying so was read: nothing is placed here from then.
+    leaving_reported: float | None = None
 
     def latest(self) -> Heartbeat | None:
         """The newest heartbeat, decoding a raw one on demand."""
@@ -404,7 +407,8 @@ class ClusterState:
             self.faulted_gpus.pop(host_id, None)
         cap = HostCapacity(
             id=host_id,
-            schedulable=entry.present and not hb.leaving,  # an agent shutting down starts nothing
+            # An agent shutting down starts nothing: its heartbeat says so, or a report did first.
+            schedulable=entry.present and not hb.leaving and entry.leaving_reported is None,
             # A drain scheduled ahead is placement's to keep (`maintenance`), by the clock.
             cordoned=bool(cfg and (cfg.cordoned or (cfg.draining and not cfg.drain_at))),
             gpu_models=models,
@@ -511,8 +515,13 @@ class ClusterState:
             return
         was_present = entry.present if entry else False
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
+        # A shutdown a report told of holds until a heartbeat sent after it says the agent is
+        # not leaving (the agent was started again).
+        reported = entry.leaving_reported if entry is not None else None
+        if reported is not None and not hb.leaving and hb.ts > reported:
+            reported = None
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
-                                    shape if shape == shape_digest(hb) else None)
+                                    shape if shape == shape_digest(hb) else None, leaving_reported=reported)
         self.unheard.discard(key)
         self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
         if was_present and entry is not None and entry.heartbeat is not None:
@@ -521,7 +530,8 @@ class ClusterState:
         self.absent.discard(key)
         if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
             self._domain_sizes = None
-        if not was_present or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
+        cleared = entry is not None and entry.leaving_reported is not None and reported is None
+        if not was_present or cleared or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
             self._index_host(key)
         if not was_present:
             self._notify("host_up", self.hosts[key])
@@ -670,6 +680,18 @@ class ClusterState:
 
     def queued(self) -> list[Job]:
         return [self.jobs[i] for i in self.backlog.ids()]
+
+    def mark_leaving(self, host_id: str, ts: float) -> None:
+        """A status report said the host's agent is shutting down (`StatusReport.shutdown`,
+        sent at `ts` by its clock): nothing more is placed there, even before the heartbeat
+        saying so is read (the reports' stream is read sooner than the heartbeats' pipe, and
+        each try placed there meanwhile would only come back unstarted)."""
+        entry = self.hosts.get(host_id)
+        if entry is None or not entry.present or entry.heartbeat is None:
+            return
+        if entry.leaving_reported is None or ts > entry.leaving_reported:
+            entry.leaving_reported = ts
+            self._index_host(host_id)
 
     def idle_gpus(self) -> dict[str, tuple[str, float]]:
         """Running attempts whose agent says their GPUs have all been idle for its

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -313,6 +314,29 @@ def test_a_job_never_runs_on_a_host_it_excludes(two_hosts: tuple[Cluster, Api]) 
     r = subprocess.run([PY, "-m", "server.cli", "job", "show", nowhere], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0 and "not on:  host-a, host-b" in r.stdout, r.stdout + r.stderr
+
+
+def test_nothing_more_is_placed_on_a_host_whose_agent_shuts_down(cluster: Cluster) -> None:
+    """An agent stopped with SIGTERM stops its attempts and reports them KILLED by its
+    shutdown; the leader places nothing more on that host from the first such report, even
+    before it reads the heartbeat saying the host is leaving. It used to place the job
+    there again at once, each try coming back unstarted, seven in a second, the last left
+    PLACED once the agent had exited (and ended LOST, counted, when the key expired)."""
+    srv = cluster.server()
+    cluster.agent("sd-a", gpus="2xH100", labels="rack=r1,zone=z1")
+    b = cluster.agent("sd-b", gpus="2xH100", labels="rack=r2,zone=z1")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(2)
+    jid = api.submit(name="only-b", command=["sleep", "300"], gpus=1, cpus=1, memoryMb=64,
+                     excludeHosts=["sd-a"])["job"]["id"]
+    api.wait_job(jid, {"RUNNING"})
+    assert b.stop() == 0
+    wait_until(lambda: api.job(jid)["state"] == "QUEUED", timeout=60, what="the job requeued")
+    # A few cycles later: still queued, its one try stopped by the shutdown (not counted).
+    time.sleep(2)
+    got = api.q('query($id: ID!) { job(id: $id) { state attempts { state stopKind reason } } }', {"id": jid})["job"]
+    assert got["state"] == "QUEUED", got
+    assert [(a["state"], a["stopKind"]) for a in got["attempts"]] == [("KILLED", "shutdown")], got
 
 
 def test_a_running_attempt_tells_how_busy_its_gpus_are(two_hosts: tuple[Cluster, Api]) -> None:

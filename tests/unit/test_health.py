@@ -76,6 +76,22 @@ def test_heartbeat_apply_makes_host_healthy() -> None:
     assert s.hosts["h1"].heartbeat.seq == 2
 
 
+def test_a_host_whose_agent_reported_its_shutdown_takes_no_work_until_a_later_agent_says_otherwise() -> None:
+    """ClusterState.mark_leaving (a status report with `shutdown`): the host is not
+    schedulable before its leaving heartbeat is read; a heartbeat sent before the report
+    does not undo it, one from an agent started again (sent after it, not leaving) does."""
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(heartbeat_record("h1", 1, ts=T0), now=T0)
+    assert s.index.caps["h1"].schedulable
+    s.mark_leaving("h1", T0 + 10)
+    assert not s.index.caps["h1"].schedulable and check(job_spec("j"), s.index.caps["h1"])[0] == NOT_HEALTHY
+    s.apply_host_record(heartbeat_record("h1", 2, ts=T0 + 5, seq=2, boot_id="boot-1"), now=T0 + 11)  # sent before
+    assert not s.index.caps["h1"].schedulable
+    s.apply_host_record(heartbeat_record("h1", 3, ts=T0 + 20, seq=1, boot_id="boot-2"), now=T0 + 20)  # a new agent
+    assert s.index.caps["h1"].schedulable and s.hosts["h1"].leaving_reported is None
+    s.mark_leaving("nobody", T0)  # a host never heard of: nothing to mark
+
+
 def test_unknown_host_is_lost() -> None:
     assert ClusterState().health("nobody", now=T0) is Health.LOST
 
