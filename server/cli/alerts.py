@@ -10,6 +10,9 @@ from typing import Any
 from server.cli.client import add_output, gql
 
 
+POLL = 100  # alerts each poll reads, the newest first
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     al = sub.add_parser("alerts", help="follow alerts")
     alsub = al.add_subparsers(dest="alerts_cmd", required=True)
@@ -41,13 +44,16 @@ def cmd_tail(args: argparse.Namespace) -> int:
         return [e["node"] for e in gql(q, {"first": n, "kind": args.kind})["alerts"]["edges"]]
 
     try:
-        first = fetch(max(args.lines, 1))
+        # The newest POLL alerts are known at once, whatever --lines shows of them: each
+        # later poll reads the newest POLL, and one of those older than what was shown is
+        # not new (it used to be printed as new, out of order).
+        first = fetch(max(args.lines, POLL))
         for a in reversed(first[: args.lines]):
             show(a)
         seen.update(a["id"] for a in first)
         while True:
             time.sleep(args.interval)
-            new = [a for a in fetch(100) if a["id"] not in seen]
+            new = [a for a in fetch(POLL) if a["id"] not in seen]
             for a in reversed(new):  # oldest first
                 seen.add(a["id"])
                 show(a)

@@ -404,7 +404,8 @@ def test_jobs_run_after_their_dependencies(cluster: Cluster) -> None:
 def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
     """`alerts tail -n 1` prints the last alert, then each new one. An alert published
     before the CLI starts is printed either way (the last one, or new after its first
-    look); one published once that has been printed is new to it."""
+    look); one published once that has been printed is new to it; older ones recorded
+    before it started are not printed (they used to be, as new, at its first poll)."""
     srv = cluster.server()
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token, "PYTHONUNBUFFERED": "1"}
 
@@ -415,6 +416,11 @@ def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
         await nc.flush()
         await nc.close()
 
+    for host in ("tail-old-1", "tail-old-2"):
+        asyncio.run(publish(host))
+    api = Api(srv.url, cluster.token)
+    wait_until(lambda: len(api.q('{ alerts(first: 10) { edges { node { id } } } }')["alerts"]["edges"]) == 2,
+               timeout=60, what="the older alerts recorded")
     asyncio.run(publish("tail-before"))
     p = subprocess.Popen([sys.executable, "-m", "server.cli", "alerts", "tail", "-n", "1", "-o", "json",
                           "--interval", "0.5"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -441,6 +447,8 @@ def test_alerts_tail_prints_new_alerts(cluster: Cluster) -> None:
         found = printed("tail-host")
         assert found is not None, (lines, p.poll())
         assert found["kind"] == "host.lost" and found["message"] == "heartbeat key expired"
+        time.sleep(1.5)  # a few more polls
+        assert [json.loads(line)["hostId"] for line in list(lines)] == ["tail-before", "tail-host"], lines
     finally:
         p.send_signal(signal.SIGINT)
         try:
