@@ -57,7 +57,7 @@ from nats.js import errors as jserrors
 from agent.gpu import GpuBackend, SimulatedBackend, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation
-from agent.runner import Run
+from agent.runner import Run, fenced_by_watchdog
 from agent.watchdog import start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
@@ -671,11 +671,16 @@ class Agent:
                 continue
             if t.attempt_id in self.seen:
                 if t.attempt_id in self._inherited and not t.stop and t.attempt_id not in self._reported_lost:
-                    # Started by a previous incarnation of this agent: its outcome is
-                    # unknown (any process it left was killed at start-up).
+                    # Started by a previous incarnation of this agent: stopped by its
+                    # watchdog (which noted it), or its outcome is unknown (any process it
+                    # left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)
-                    await self._report(t, AttemptState.LOST, None, "",
-                                       "agent restarted; the attempt's outcome is unknown")
+                    fenced = fenced_by_watchdog(self._watch_dir / "fenced", t.attempt_id)
+                    if fenced:
+                        await self._report(t, AttemptState.KILLED, None, "", fenced)
+                    else:
+                        await self._report(t, AttemptState.LOST, None, "",
+                                           "agent restarted; the attempt's outcome is unknown")
                 continue
             if t.stop:
                 self._mark_seen(t.attempt_id)

@@ -68,6 +68,18 @@ def gpu_env(task: Task, mps: bool, agent_env: Mapping[str, str] | None = None) -
     return env
 
 
+def fenced_by_watchdog(fenced_dir: Path, attempt_id: str) -> str | None:
+    """The stop reason when the agent's watchdog stopped the attempt (it leaves
+    `fenced/<attempt>` behind, which this takes away), else None."""
+    mark = fenced_dir / attempt_id
+    try:
+        silent = mark.read_text().strip()
+    except OSError:
+        return None
+    mark.unlink(missing_ok=True)
+    return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
+
+
 class Run:
     def __init__(
         self,
@@ -284,17 +296,8 @@ class Run:
             self._transport.close()  # the pipe, if something still holds it
 
     def _fenced_by_watchdog(self) -> str | None:
-        """The stop reason when the agent's watchdog stopped this attempt (it leaves
-        `fenced/<attempt>` behind), else None."""
-        if self.fenced_dir is None:
-            return None
-        mark = self.fenced_dir / self.task.attempt_id
-        try:
-            silent = mark.read_text().strip()
-        except OSError:
-            return None
-        mark.unlink(missing_ok=True)
-        return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
+        """The stop reason when the agent's watchdog stopped this attempt, else None."""
+        return fenced_by_watchdog(self.fenced_dir, self.task.attempt_id) if self.fenced_dir is not None else None
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
         """SIGTERM the attempt, wait the grace period, then SIGKILL all of it. A stop

@@ -250,6 +250,28 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     assert_invariants(cluster.nats_url)
 
 
+def test_a_restarted_agent_reports_what_its_watchdog_stopped_as_such(cluster: Cluster, tmp_path: Path) -> None:
+    """An agent killed with SIGKILL whose watchdog then stopped its attempt (the only host:
+    the attempt waits on the lost host, having nowhere else to go): started again, the
+    agent reports the attempt KILLED with the watchdog's reason, as failures.md says, not
+    LOST "outcome unknown" (which it used to)."""
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "wa", "watched", **FAST)
+    a.kill9()
+    mark = tmp_path / "agents" / "wa.watchdog" / "fenced" / f"{job['id']}.1"
+    wait_until(mark.exists, timeout=60, what="the watchdog's note that it stopped the attempt")
+    wait_until(lambda: any(m[0] == "stop" for m in read_marks(log)), timeout=60, what="the task told to stop")
+    cluster.agent("wa", gpus="2xH100", **FAST)
+    wait_until(lambda: api.job(job["id"])["attempts"][0]["state"] != "RUNNING", timeout=60,
+               what="the first attempt's end reported")
+    first = api.q('query($id: ID!) { job(id: $id) { attempts { state reason } } }',
+                  {"id": job["id"]})["job"]["attempts"][0]
+    assert first["state"] == "KILLED" and "stopped by the agent's watchdog" in first["reason"], first
+    assert not mark.exists()  # taken: a later start does not report it again
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    assert_invariants(cluster.nats_url)
+
+
 def _ts(iso: str) -> float:
     from datetime import datetime
 
