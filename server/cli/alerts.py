@@ -9,7 +9,6 @@ from typing import Any
 
 from server.cli.client import add_output, gql
 
-
 POLL = 100  # alerts each poll reads, the newest first
 
 
