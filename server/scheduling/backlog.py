@@ -44,6 +44,9 @@ class Backlog:
         # its jobs `jobs_of` handed out at a version: kept while the queue is unchanged.
         self._version: Counter[str] = Counter()
         self._lists: dict[str, tuple[int, list[Job]]] = {}
+        # queue -> (not before, job id) of its queued jobs that have a time before which they
+        # are not placed (a begin time, a retry's back-off), in order: `eligible_counts`.
+        self._later: dict[str, list[tuple[float, str]]] = {}
 
     def update(self, old: Job | None, new: Job | None) -> None:
         """A job record replaced (`old` and `new` of one job; None: none)."""
@@ -64,6 +67,8 @@ class Backlog:
             return
         q = job.spec.queue
         bisect.insort(self.order.setdefault(q, []), order_key(job))
+        if job.not_before:
+            bisect.insort(self._later.setdefault(q, []), (job.not_before, job.id))
         self._version[q] += 1
         counts = self._sizes.setdefault(q, [Counter() for _ in range(4)])
         for c, v in zip(counts, job_size(job.spec), strict=True):
@@ -92,6 +97,13 @@ class Backlog:
         if not keys:
             del self.order[q]
             self._lists.pop(q, None)
+        later = self._later.get(q)
+        if job.not_before and later:
+            j = bisect.bisect_left(later, (job.not_before, job.id))
+            if j < len(later) and later[j] == (job.not_before, job.id):
+                del later[j]
+            if not later:
+                del self._later[q]
         counts = self._sizes[q]
         for c, v in zip(counts, job_size(job.spec), strict=True):
             c[v] -= 1
@@ -137,6 +149,21 @@ class Backlog:
         out = {q: len(keys) for q, keys in self.order.items()}
         for q in self.preempting.values():
             out[q] = out.get(q, 0) + 1
+        return out
+
+    def eligible_counts(self, now: float) -> dict[str, int]:
+        """`counts` less the jobs not to be placed before a time still ahead at `now` (a
+        begin time, a retry's back-off): the queues' jobs that could be placed now, which
+        is what a starving queue lacks room for."""
+        out = self.counts()
+        for q, later in self._later.items():
+            ahead = len(later) - bisect.bisect_right(later, (now, "\U0010ffff"))
+            if ahead:
+                left = out.get(q, 0) - ahead
+                if left > 0:
+                    out[q] = left
+                else:
+                    out.pop(q, None)
         return out
 
     def ids(self) -> Iterator[str]:

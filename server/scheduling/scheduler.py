@@ -765,7 +765,7 @@ class Scheduler:
             out += self.idle_gpus.check(now, self.state.idle_gpus(), self.state.jobs)
             rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
             below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
-            out += self.watch.queues(now, self.state.backlog.counts(), self._placed_queues, below,
+            out += self.watch.queues(now, self.state.backlog.eligible_counts(now), self._placed_queues, below,
                                      {r.queue.name: (r.dominant, r.entitled) for r in rows})
             self._placed_queues = set()
         return out

@@ -46,13 +46,14 @@ def kept(b: Backlog) -> tuple[dict, set[str], dict]:
 
 
 record = st.builds(
-    lambda i, state, queue, prio, at, gpus, cpus, model, preempting, hold: job(
+    lambda i, state, queue, prio, at, gpus, cpus, model, preempting, hold, not_before: job(
         f"j{i}", state=state, submitted_at=at, preempting=["v"] if preempting else [], hold="held" if hold else "",
+        not_before=not_before,
         spec=job_spec(f"j{i}", queue=queue, priority=prio, gpus=gpus, cpus=cpus, gpu_model=model)),
     st.integers(0, 7), st.sampled_from([JobState.QUEUED, JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED]),
     st.sampled_from(["a", "b"]), st.integers(0, 2), st.sampled_from([1.0, 2.0, 3.0]), st.integers(0, 4),
     st.sampled_from([1.0, 2.0]), st.sampled_from([None, None, "H100"]), st.booleans(),
-    st.sampled_from([False, False, True]))
+    st.sampled_from([False, False, True]), st.sampled_from([0.0, 0.0, 1.0, 1.5, 2.0]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -72,6 +73,10 @@ def test_the_backlog_equals_the_records_worked_out_afresh(steps: list) -> None:
         assert len(state.backlog) == len(queued) and sorted(state.backlog.ids()) == sorted(j.id for j in queued)
         per_queue = Counter(j.spec.queue for j in queued)
         assert state.backlog.counts() == dict(per_queue)
+        # Those that could be placed at a time: not before it (a begin time, a back-off) left out.
+        for now in (0.5, 1.5, 3.0):
+            ready = Counter(j.spec.queue for j in queued if j.preempting or j.not_before <= now)
+            assert state.backlog.eligible_counts(now) == dict(ready), now
         assert all(state.backlog.count(q) == per_queue[q] for q in ("a", "b"))
         # Each queue's jobs in order are the current records, however long the list handed
         # out for a queue has been kept (it is asked for after every step).
