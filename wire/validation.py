@@ -184,9 +184,11 @@ def validate_job(
         err("excludeHosts", f"must be a list of at most {MAX_EXCLUDED_HOSTS} host ids", "INVALID")
         exclude_hosts = []
     depends_on = data.get("depends_on") or []
-    if (not isinstance(depends_on, list) or len(depends_on) > MAX_DEPENDENCIES
-            or not all(isinstance(d, str) and JOB_ID_RE.fullmatch(d) for d in depends_on)):
+    if not isinstance(depends_on, list) or len(depends_on) > MAX_DEPENDENCIES:
         err("dependsOn", f"must be a list of at most {MAX_DEPENDENCIES} job ids", "INVALID")
+        depends_on = []
+    elif bad := next((d for d in depends_on if not isinstance(d, str) or not JOB_ID_RE.fullmatch(d)), None):
+        err("dependsOn", f"{str(bad)[:64]!r} is not a job id", "INVALID")
         depends_on = []
     depend_any = data.get("depend_any", False)
     depend_not_ok = data.get("depend_not_ok", False)
@@ -326,7 +328,8 @@ def _record(cls: type[_R], data: dict[str, Any], names: dict[str, str], whole: s
             loc = [str(x) for x in e["loc"]]
             field = names.get(loc[0], loc[0]) if loc else whole
             where = f" ({'.'.join(loc[1:])})" if len(loc) > 1 else ""
-            errors.append(ValidationError(field, f"{e['msg']}{where}", "INVALID"))
+            msg = str(e["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
+            errors.append(ValidationError(field, f"{msg}{where}", "INVALID"))
         raise InvalidInput(errors) from exc
 
 
@@ -336,12 +339,18 @@ _ADVRES_FIELDS = {"starts": "startsAt", "ends": "endsAt"}
 def validate_advance_reservation(data: dict[str, Any]) -> AdvanceReservation:
     """An advance reservation's record from an operator's input (wire.messages.AdvanceReservation
     fields); raises InvalidInput with one error per bad field."""
+    if not data.get("queues") and not data.get("users"):
+        raise ValidationError("queues", "name queues or users whose jobs may use the hosts", "REQUIRED")
     return _record(AdvanceReservation, data, _ADVRES_FIELDS, whole="endsAt")
 
 
 def validate_queue(data: dict[str, Any]) -> Queue:
     """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
     raises InvalidInput with one error per bad field."""
+    name = data.get("name")
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+        raise ValidationError("name", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a "
+                                      "letter or digit", "INVALID")
     q = _record(Queue, data, _QUEUE_FIELDS)
     if q.max_time_limit_s and q.default_time_limit_s > q.max_time_limit_s:
         raise ValidationError("defaultTimeLimitSeconds", "must not exceed maxTimeLimitSeconds", "OUT_OF_RANGE")

@@ -559,6 +559,8 @@ class History:
         GPUs were (`UsageRow.gpu_util_pct`)."""
         now = time.time() if now is None else now
         until = now if until is None else min(until, now)
+        if since is not None and since >= until:
+            return []  # a period ahead (or empty): nothing was used in it
         a = AttemptRow
         end = case((col(a.finished_at).is_(None), now), else_=col(a.finished_at))
         end = case((end > until, until), else_=end)

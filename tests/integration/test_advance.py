@@ -53,7 +53,8 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
                      "2h")
     assert unknown.returncode != 0 and "no host nope" in unknown.stderr, unknown.stderr
     nobody = muster(cluster, srv.url, "reservation", "create", "other", "ar-a", "--duration", "2h")
-    assert nobody.returncode != 0 and "must name queues or users" in nobody.stderr, nobody.stderr
+    assert nobody.returncode != 0 and "queues: name queues or users whose jobs may use the hosts" in nobody.stderr, \
+        nobody.stderr
     mutation = """mutation($input: AdvanceReservationInput!) { createAdvanceReservation(input: $input) {
                   reservation { name } userErrors { field code } } }"""
     for starts, ends, code in (("2030-01-02T00:00:00Z", "2030-01-01T00:00:00Z", "INVALID"),  # ends first

@@ -601,6 +601,7 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
         assert utils[k] == (None if not v[5] else pytest.approx(round(v[6] / v[5], 1))), k
     assert any(u is not None for u in utils.values())
     assert sum(v[4] for v in expected.values()) > 0  # some lost, some of it by jobs that checkpoint
+    assert hist.usage(since=now + 3600, now=now) == []  # a period ahead: nothing (running attempts counted once)
     only = hist.usage(queue="a", user="ann", now=now)
     assert {(r.queue, r.user) for r in only} <= {("a", "ann")}
     total = sum(r.gpu_seconds for r in hist.usage(now=now))

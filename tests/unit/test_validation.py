@@ -156,6 +156,26 @@ def test_host_labels() -> None:
     assert errs(host_labels={"zone": 1}) == [("hostLabels", "INVALID")]
 
 
+def test_operators_mistakes_are_told_in_words() -> None:
+    """Found by trying the CLI: a bad dependency named the whole list, a reservation with
+    neither queues nor users blamed `endsAt` with pydantic's prefix, a queue's bad name
+    showed the raw pattern."""
+    from wire.errors import InvalidInput
+    from wire.validation import validate_advance_reservation, validate_queue
+
+    _, errors = validate_job({**BASE, "depends_on": ["bogus"]})
+    assert [(e.field, e.message) for e in errors] == [("dependsOn", "'bogus' is not a job id")]
+    with pytest.raises(ValidationError) as exc:
+        validate_advance_reservation({"name": "r", "hosts": ["h1"], "starts": 1.0, "ends": 2.0})
+    assert (exc.value.field, exc.value.code) == ("queues", "REQUIRED")
+    with pytest.raises(InvalidInput) as bad:
+        validate_advance_reservation({"name": "r", "hosts": ["h1"], "queues": ["q"], "starts": 2.0, "ends": 1.0})
+    assert [(e.field, e.message) for e in bad.value.details()] == [("endsAt", "it must end after it starts")]
+    with pytest.raises(ValidationError, match="lower-case letters") as exc:
+        validate_queue({"name": "A"})
+    assert exc.value.field == "name"
+
+
 def test_excluded_hosts() -> None:
     assert errs(exclude_hosts=["gpu-7", "gpu-12"]) == []
     assert errs(exclude_hosts="gpu-7") == [("excludeHosts", "INVALID")]
