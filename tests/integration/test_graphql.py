@@ -457,6 +457,10 @@ async def test_jobs_user_errors_batch_filters_sort_and_history(api: Client, must
     assert (await listing(f={"user": "nobody"}))["totalCount"] == 0
     assert (await listing(st="QUEUED"))["totalCount"] == 7
     assert (await listing(st="RUNNING"))["totalCount"] == 0
+    # `state` and `filter.state` together are both met (they used to add up to either).
+    assert (await listing(st="QUEUED", f={"state": ["QUEUED", "RUNNING"]}))["totalCount"] == 7
+    both = await listing(st="QUEUED", f={"state": ["SUCCEEDED"]})
+    assert both["totalCount"] == 0 and both["edges"] == []
     future = "2999-01-01T00:00:00+00:00"
     assert (await listing(f={"submittedBefore": future, "submittedAfter": "2000-01-01T00:00:00Z"}))["totalCount"] == 7
     assert (await listing(f={"submittedAfter": future}))["totalCount"] == 0

@@ -19,6 +19,10 @@ class OnDisconnect(enum.Enum):
     KEEP_RUNNING = "KEEP_RUNNING"
 
 
+# A state no job is in: what `state` and `filter.state` with nothing in common select.
+NO_STATE = "-"
+
+
 @plan_once
 @strawberry.input
 class SubmitJobInput:
@@ -156,9 +160,13 @@ class JobFilter:
 
     def filters(self, states: list[str] | None = None) -> dict[str, Any]:
         """The filters as views.jobs.matches and History.list_jobs name them; `states`
-        (from the query's own `state` argument) first among the states."""
-        states = list(states or [])
-        states.extend(s.value for s in self.state or () if s.value not in states)
+        (from the query's own `state` argument) and this filter's `state`, when both are
+        given, are both met: a job in one of each (as every other filter adds to them)."""
+        mine = [s.value for s in self.state or ()]
+        if states and mine:
+            states = [s for s in states if s in mine] or [NO_STATE]
+        else:
+            states = list(states or mine)
         return dict(state=states or None, user=self.user, name=self.name_prefix, priority=self.priority,
                     submitted_after=epoch(self.submitted_after), submitted_before=epoch(self.submitted_before),
                     queue=self.queue, group=self.group)
