@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
@@ -91,15 +91,58 @@ class RequireToken:
                 )
                 await resp(scope, receive, send)
                 return
-            length = headers.get("content-length")
-            if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                await JSONResponse({"errors": [{"message": "request body too large"}]}, status_code=413)(
-                    scope, receive, send
-                )
-                return
             scope["muster.token"] = info
             scope["muster.token_hash"] = token_hash(bearer(headers.get("authorization")) or "")
         await self.app(scope, receive, send)
+
+
+class _TooLarge(BaseException):
+    """A body past the limit: raised from the request's `receive`, and not an Exception, so
+    that a handler's own `except Exception` (the sign-in form's, for one) does not take it
+    for a bad body and answer as if it were read."""
+
+
+class BodyLimit:
+    """ASGI: no HTTP request body over MAX_BODY_BYTES, however it comes: a Content-Length
+    over it is answered 413 at once, and a body sent without one (chunked) is counted as
+    it is read and refused 413 once past it (it used to be read whole: a 50 MB chunked
+    body reached the GraphQL endpoint)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = JSONResponse({"errors": [{"message": "request body too large"}]}, status_code=413)
+        length = dict(scope.get("headers", [])).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await too_large(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except _TooLarge:
+            if not started:
+                await too_large(scope, receive, send)
 
 
 class StrictTransportSecurity:
@@ -171,4 +214,5 @@ def _middleware(trusted_proxies: str) -> list[Middleware]:
     if trusted_proxies.strip():
         out.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=trusted_proxies))
     out.append(Middleware(StrictTransportSecurity))
+    out.append(Middleware(BodyLimit))
     return out
