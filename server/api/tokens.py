@@ -53,6 +53,11 @@ async def create_token(store: Store, name: str, role: str, queues: list[str] | N
     submit jobs to; None: any). Returns (token, info); only the hash is stored."""
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
+    if role == "admin" and queues:
+        # An admin acts on every queue and on hosts (TokenInfo.submit_queues): a binding
+        # would be ignored, so it is refused rather than stored.
+        raise ConfigError("an admin token acts on every queue and on hosts; bind an operator or viewer token to "
+                          "queues instead")
     for q in queues or ():
         if not QUEUE_NAME_RE.fullmatch(q):
             raise ConfigError(f"invalid queue name {q!r}")

@@ -360,6 +360,9 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
         assert r.returncode == 0, r.stderr
         operator = r.stdout.strip()
         assert cli("token", "create", "--role", "viewer", "vera", *admin).returncode != 0  # name taken
+        # An admin acts on every queue and on hosts: a binding to queues would be ignored.
+        r = cli("token", "create", "--role", "admin", "ada", "--queues", "team-a", *admin)
+        assert r.returncode != 0 and "bind an operator or viewer token to queues instead" in r.stderr, r.stderr
         r = cli("token", "create", "--role", "viewer", "nobody", "--nats", secure_nats.url,
                 "--data-dir", str(tmp_path / "elsewhere"))  # no credentials: refused by NATS
         assert r.returncode != 0 and "uthorization" in r.stderr
