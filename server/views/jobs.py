@@ -136,22 +136,25 @@ class JobView:
                 out.append((row, cur))
         return out, len(rows) - len(out)
 
-    def unrecorded(self, rows: Sequence[Job], limit: int, **filters: Any) -> tuple[list[Job], int]:
-        """For the first page newest first: the live jobs newer than every one of `rows` (that
-        page's history rows) that match `filters` (`matches`), newest first, at most
+    def unrecorded(self, rows: Sequence[Job], limit: int, before: tuple[float, str] | None = None,
+                   **filters: Any) -> tuple[list[Job], int]:
+        """For a page newest first: the live jobs newer than every one of `rows` (that
+        page's history rows) and, past the first page, older than its cursor (`before`:
+        submission time and id), that match `filters` (`matches`), newest first, at most
         `limit`, and how many there are: jobs the historian has not written yet, so that a
-        job is listed from the moment its submission is answered. Live jobs are held in the
-        order they were first seen, which is their submission order but for replicas'
-        clocks: the walk goes from the newest back and stops at the first job submitted
-        UNRECORDED_SLACK_S before the newest row, or after UNRECORDED_SCAN jobs (a read
-        never walks the whole of a large live set)."""
+        job is listed from the moment its submission is answered, on whichever page it
+        falls. Live jobs are held in the order they were first seen, which is their
+        submission order but for replicas' clocks: the walk goes from the newest back and
+        stops at the first job submitted UNRECORDED_SLACK_S before the newest row, or after
+        UNRECORDED_SCAN jobs (a read never walks the whole of a large live set)."""
         newest = max(((j.submitted_at, j.id) for j in rows), default=None)
         floor = newest[0] - UNRECORDED_SLACK_S if newest else float("-inf")
         out: list[Job] = []
         for n, job in enumerate(reversed(self.state.jobs.values())):
             if n >= UNRECORDED_SCAN or job.submitted_at < floor:
                 break
-            if (newest is None or (job.submitted_at, job.id) > newest) and matches(job, **filters):
+            key = (job.submitted_at, job.id)
+            if (newest is None or key > newest) and (before is None or key < before) and matches(job, **filters):
                 out.append(job)
         out.sort(key=lambda j: (j.submitted_at, j.id), reverse=True)
         return out[:limit], len(out)

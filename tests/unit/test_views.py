@@ -417,9 +417,27 @@ async def test_a_job_is_listed_before_history_has_written_it(tmp_path: Path) -> 
                                        context_value={"muster": mu, "token": None})
     cursor = res.data["jobs"]["pageInfo"]["endCursor"]
     assert (await ids(f'(first: 2, after: "{cursor}")'))[0] == ["old2", "old1"]
+    # Every page, one job a page: each job once, the unrecorded ones included wherever they
+    # fall (past the first page they used to be left out: a page after an unrecorded job's
+    # cursor went on with history's rows alone, and the first page said there was no next).
+    walked: list[str] = []
+    after = ""
+    for _ in range(10):
+        res = await build_schema().execute(
+            f"{{ jobs(first: 1{after}) {{ edges {{ node {{ id }} }} pageInfo {{ hasNextPage endCursor }} }} }}",
+            context_value={"muster": mu, "token": None})
+        assert res.errors is None, res.errors
+        page = res.data["jobs"]
+        walked += [e["node"]["id"] for e in page["edges"]]
+        if not page["pageInfo"]["hasNextPage"]:
+            break
+        after = f', after: "{page["pageInfo"]["endCursor"]}"'
+    assert walked == ["new1", "new0", "old2", "old1", "old0"], walked
+    mu.state.apply_job(job("new2", submitted_at=T0 + 12, spec=job_spec("new2", user="u")), 12)
+    assert await ids("(first: 2)") == (["new2", "new1"], 6, True)  # three unrecorded, two shown: more
     # The console's list: the same jobs on its first page.
     shown = mu.jobs.unrecorded(mu.history.list_jobs(limit=PER_PAGE)[0], PER_PAGE)
-    assert [j.id for j in shown[0]] == ["new1", "new0"] and shown[1] == 2
+    assert [j.id for j in shown[0]] == ["new2", "new1", "new0"] and shown[1] == 3
     mu.history.close()
 
 

@@ -5,6 +5,7 @@ history database."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 
 import strawberry
@@ -106,6 +107,17 @@ def alert(r: EventRow) -> Alert:
                  host_id=r.host_id, job_id=r.job_id, message=r.message)
 
 
+def _before(keyset: str) -> tuple[float, str] | None:
+    """A newest-first cursor's job (submission time, id), or None for one of another form."""
+    try:
+        got = json.loads(keyset)
+    except ValueError:
+        return None
+    if isinstance(got, list) and len(got) == 2 and isinstance(got[0], int | float) and isinstance(got[1], str):
+        return float(got[0]), got[1]
+    return None
+
+
 @strawberry.type
 class Query:
     @strawberry.field
@@ -171,12 +183,15 @@ class Query:
         # next page continues).
         shown, stale = mu.jobs.overlay(rows, **filters)
         total -= stale
-        if not after and sort is JobSort.SUBMITTED_AT_DESC:
-            # Jobs not written to history yet come first: a job is listed once submitted.
-            fresh, count = mu.jobs.unrecorded(rows, n, **filters)
+        if sort is JobSort.SUBMITTED_AT_DESC and (not after or keyset is not None):
+            # Jobs not written to history yet come where they fall, newest first: a job is
+            # listed once submitted, on whichever page (past the first, those older than the
+            # cursor; the count then is of those, with history's).
+            before = _before(keyset) if keyset is not None else None
+            fresh, count = mu.jobs.unrecorded(rows, n, before=before, **filters)
             if fresh:
                 total += count
-                more = more or len(fresh) + len(shown) > n
+                more = more or count + len(shown) > n
                 shown = ([(j, j) for j in fresh] + shown)[:n]
         edges = [JobEdge(cursor=b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"), node=Job(_m=live))
                  for j, live in shown]
