@@ -7,11 +7,14 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import math
 from collections.abc import Sequence
 
 from wire.errors import ValidationError
 
 MAX_PAGE = 500
+MAX_OFFSET = 10**9  # an offset cursor past this is no list's
+MAX_KEY_CHARS = 1024  # a keyset cursor's key, as JSON
 
 
 def _invalid() -> ValidationError:
@@ -44,9 +47,30 @@ def decode_cursor(c: str | None) -> int:
     if kind != "o":
         raise _invalid()
     try:
-        return max(0, int(n) + 1)
+        offset = max(0, int(n) + 1)
     except ValueError as exc:
         raise _invalid() from exc
+    if offset > MAX_OFFSET:  # no list is that long (one past it: a database's integer overflows)
+        raise _invalid()
+    return offset
+
+
+def job_keyset(rest: str, texts: Sequence[bool]) -> str:
+    """The key of a jobs keyset cursor (`j:<sort>:<json key>`), checked: a JSON list with
+    a string where `texts` says, a finite number elsewhere, else INVALID_CURSOR (a crafted
+    one used to reach the database's error, or Python's JSON recursion limit)."""
+    if len(rest) > MAX_KEY_CHARS:
+        raise _invalid()
+    try:
+        key = json.loads(rest)
+    except (ValueError, RecursionError) as exc:
+        raise _invalid() from exc
+    if not isinstance(key, list) or len(key) != len(texts) or not all(
+            isinstance(v, str) if text else (isinstance(v, int | float) and not isinstance(v, bool)
+                                             and math.isfinite(v))
+            for v, text in zip(key, texts, strict=False)):
+        raise _invalid()
+    return rest
 
 
 def encode_key_cursor(kind: str, key: object) -> str:

@@ -19,6 +19,7 @@ from server.api.graphql.cursors import (
     encode_cursor,
     encode_key_cursor,
     index_after,
+    job_keyset,
     page_args,
     unb64,
 )
@@ -54,7 +55,7 @@ from server.api.graphql.types import (
     Usage,
 )
 from server.api.reads import in_thread, reads_for
-from server.history.database import job_cursor
+from server.history.database import JOB_SORTS, job_cursor
 from server.history.models import EventRow
 from server.replica import Muster
 from server.views.hosts import ORDERS, HostQuery, HostRow
@@ -172,6 +173,7 @@ class Query:
                 sort_name, _, keyset = rest.partition(":")
                 if sort_name != sort.value:
                     raise ValidationError("after", "this cursor belongs to another sort order", "INVALID_CURSOR")
+                keyset = job_keyset(keyset, [column == "id" for column, _ in JOB_SORTS[sort.value]])
             else:
                 raise ValidationError("after", "invalid cursor", "INVALID_CURSOR")
         filters = (filter or JobFilter()).filters([state.value] if state is not None else None)

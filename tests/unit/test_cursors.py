@@ -1,0 +1,29 @@
+"""Cursors a client crafted are the client's error, said as INVALID_CURSOR: found by
+exploring the API, where some reached SQLite's integer overflow or Python's JSON recursion
+limit and came back as those errors' texts."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.api.graphql.cursors import b64, decode_cursor, encode_cursor, job_keyset
+from wire.errors import ValidationError
+
+
+def test_an_offset_cursor_is_a_plausible_offset() -> None:
+    assert decode_cursor(encode_cursor(41)) == 42 and decode_cursor(None) == 0
+    for bad in (b64("o:99999999999999999999"), b64("o:x"), b64("j:1"), "%%%"):
+        with pytest.raises(ValidationError) as exc:
+            decode_cursor(bad)
+        assert (exc.value.field, exc.value.code) == ("after", "INVALID_CURSOR")
+
+
+def test_a_jobs_keyset_is_a_list_of_finite_numbers_and_strings() -> None:
+    newest_first = [False, True]  # submitted_at, id
+    assert job_keyset('[1000.5,"j1"]', newest_first) == '[1000.5,"j1"]'
+    assert job_keyset('[3,1000.5,"j1"]', [False, False, True]) == '[3,1000.5,"j1"]'  # priority first
+    for bad in ("[1,", "[" * 5000, "[]", '[1,"a",2]', '["x",5]', "[1e999,\"a\"]", '[NaN,"a"]', "{}", '[true,"a"]',
+                '[1,"' + "a" * 2000 + '"]'):
+        with pytest.raises(ValidationError) as exc:
+            job_keyset(bad, newest_first)
+        assert exc.value.code == "INVALID_CURSOR", bad
