@@ -27,3 +27,21 @@ def test_a_jobs_keyset_is_a_list_of_finite_numbers_and_strings() -> None:
         with pytest.raises(ValidationError) as exc:
             job_keyset(bad, newest_first)
         assert exc.value.code == "INVALID_CURSOR", bad
+
+
+async def test_a_clients_mistakes_are_logged_in_one_line_not_as_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    """A query that does not validate, a bad variable, a bad cursor: refused to the client,
+    logged as one line at INFO (strawberry logged each as an ERROR with a traceback)."""
+    import logging
+
+    from server.api.graphql import build_schema
+
+    schema = build_schema()
+    caplog.set_level(logging.INFO)
+    for query, variables in (("{ nosuchfield }", None), ("query($n: Int!) { idleGpus(first: $n) { host } }",
+                                                          {"n": "many"}),
+                             ('{ alerts(after: "' + b64("o:99999999999999999999") + '") { totalCount } }', None)):
+        res = await schema.execute(query, variable_values=variables, context_value={"muster": None, "token": None})
+        assert res.errors, query
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert len([r for r in caplog.records if r.getMessage().startswith("GraphQL request refused")]) == 3
