@@ -352,6 +352,11 @@ def validate_queue(data: dict[str, Any]) -> Queue:
         raise ValidationError("name", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a "
                                       "letter or digit", "INVALID")
     q = _record(Queue, data, _QUEUE_FIELDS)
+    for resource, rq in q.quota.items():
+        # (Checked on input only: a record stored before this rule still reads.)
+        if rq.lending_limit is not None and rq.lending_limit > rq.nominal:
+            raise ValidationError("quota", f"{resource}: it lends at most its nominal quota ({rq.nominal:g}), not "
+                                           f"{rq.lending_limit:g}", "OUT_OF_RANGE")
     if q.max_time_limit_s and q.default_time_limit_s > q.max_time_limit_s:
         raise ValidationError("defaultTimeLimitSeconds", "must not exceed maxTimeLimitSeconds", "OUT_OF_RANGE")
     return q

@@ -1350,6 +1350,13 @@ async def test_a_job_holding_idle_gpus_is_alerted_and_shown(console: Console) ->
     assert res.errors is None and res.data is not None, res.errors
     [row] = res.data["idleGpus"]
     assert (row["host"], row["job"]["id"], row["attempt"]["gpuIndices"]) == ("gpu-i", "jidle0001", [0, 1]), row
+    for n, rows in ((0, []), (1001, None), (-1, None)):  # at most 1,000, as api.md says
+        res = await build_schema().execute(IDLE_QUERY, variable_values={"n": n},
+                                           context_value={"muster": m, "token": None})
+        if rows is None:
+            assert res.errors and res.errors[0].extensions["code"] == "OUT_OF_RANGE", res
+        else:
+            assert res.errors is None and res.data["idleGpus"] == rows, res
 
 
 async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Console) -> None:

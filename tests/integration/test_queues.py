@@ -342,6 +342,15 @@ def test_a_deleted_queues_name_can_be_used_again(cluster: Cluster) -> None:
         r = muster(cluster, srv.url, "queue", "delete", "scratch")
         assert r.returncode == 0, r.stdout + r.stderr
     assert muster(cluster, srv.url, "queue", "show", "scratch").returncode == 3
+    # A quota names each resource once, and lends at most its nominal amount.
+    api = Api(srv.url, cluster.token)
+    for quota, field, code in (([{"resource": "cpu", "nominal": 1}, {"resource": "cpu", "nominal": 2}], "quota",
+                                "INVALID"),
+                               ([{"resource": "gpu:H100", "nominal": 1, "lendingLimit": 5}], "quota", "OUT_OF_RANGE")):
+        res = api.q("""mutation($input: QueueInput!) { createQueue(input: $input) { queue { name }
+                       userErrors { field code message } } }""",
+                    {"input": {"name": "odd", "quota": quota}})["createQueue"]
+        assert res["queue"] is None and [(e["field"], e["code"]) for e in res["userErrors"]] == [(field, code)], res
 
 
 def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Cluster, tmp_path: Path) -> None:

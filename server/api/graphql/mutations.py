@@ -42,7 +42,7 @@ from server.api.graphql.types import (
     UpdateJobPayload,
 )
 from server.views.queues import rows as queue_rows
-from wire.errors import AuthError, MusterError
+from wire.errors import AuthError, MusterError, ValidationError
 from wire.messages import Job as JobModel
 
 if TYPE_CHECKING:
@@ -85,6 +85,10 @@ def _queue_data(i: QueueInput) -> dict[str, object]:
     if data.get("cohort") == "":
         data["cohort"] = None
     if i.quota is not None:
+        named = [q.resource for q in i.quota]
+        if len(set(named)) != len(named):
+            twice = next(r for r in named if named.count(r) > 1)
+            raise ValidationError("quota", f"{twice} is given twice", "INVALID")
         data["quota"] = {q.resource: {"nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
                                       "lending_limit": q.lending_limit} for q in i.quota}
     return data

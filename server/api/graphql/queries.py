@@ -134,17 +134,19 @@ class Query:
     @strawberry.field(description="Running jobs whose GPUs have all been idle for their agent's --gpu-idle-after "
                                   "(alert job.gpus_idle), idle longest first; at most `first` (1,000 at most).")
     def idle_gpus(self, info: Info, first: int = 100) -> list[IdleGpus]:
+        if not 0 <= first <= 1000:
+            raise ValidationError("first", "must be from 0 to 1000", "OUT_OF_RANGE")
         state = muster(info).state
         out: list[IdleGpus] = []
         for attempt_id, (host_id, since) in sorted(state.idle_gpus().items(), key=lambda kv: (kv[1][1], kv[0])):
+            if len(out) >= first:
+                break
             job = state.jobs.get(attempt_id.split(".", 1)[0])
             a = next((t for t in job.current_tasks() if t.id == attempt_id), None) if job is not None else None
             if job is None or a is None or a.state is not AttemptState.RUNNING:
                 continue
             out.append(IdleGpus(job=Job(_m=job), attempt=Attempt(_m=a, _job_id=job.id), host=strawberry.ID(host_id),
                                 since=dt.datetime.fromtimestamp(since, tz=dt.UTC)))
-            if len(out) >= max(0, min(first, 1000)):
-                break
         return out
 
     @strawberry.field(description="Jobs from the history database (newest first by default), with live "
