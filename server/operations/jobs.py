@@ -37,7 +37,7 @@ class JobOperations(Operations):
         (ALREADY_FINISHED)."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id}")
+            raise NotFound(f"no job {job_id[:128]}")  # (an id of any length is echoed only so far)
         if queues is not None and job.spec.queue not in queues:
             raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); "
                             f"job {job_id} is in queue {job.spec.queue!r}")

@@ -84,4 +84,8 @@ def test_malformed_requests_are_refused_cleanly(cluster: Cluster) -> None:
     assert r.status_code == 413, (r.status_code, r.text[:200])
     small = http.post(api.url, content=chunks(64 * 1024), headers={**headers, "Content-Type": "application/json"})
     assert small.status_code == 200 and small.json()["data"] == {"ping": "pong"}, small.text[:200]
+    # An unknown id of any length is not echoed whole (a 900 KB id came back in full).
+    res = api.q('mutation($id: ID!) { cancelJob(id: $id) { userErrors { code message } } }',
+                {"id": "j" + "x" * 100_000})["cancelJob"]
+    assert res["userErrors"][0]["code"] == "NOT_FOUND" and len(res["userErrors"][0]["message"]) < 200, res
     assert api.q("{ cluster { jobs { queued } } }")["cluster"]["jobs"]["queued"] == 0

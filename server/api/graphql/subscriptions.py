@@ -100,7 +100,7 @@ class Subscription:
                 if id is not None:
                     current = mu.jobs.get(str(id))
                     if current is None:
-                        raise NotFound(f"no job {id}")
+                        raise NotFound(f"no job {str(id)[:128]}")
                     yield Job(_m=current)
                     if current.state.terminal:
                         return
