@@ -54,7 +54,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     first_start = not (data / "token").exists()
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     logs = data / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(exist_ok=True, mode=0o700)
+    logs.chmod(0o700)  # the server's log holds the operator token it prints on a first start
     auth = None if args.no_auth else AuthDir(data / "nats" / "auth")
     if auth is not None:
         auth.ensure()
@@ -63,7 +64,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         auth.reload_servers()  # a NATS still running from before picks up new agents
 
     def spawn(name: str, argv: list[str], creds: Path | None = None) -> subprocess.Popen[bytes]:
-        out = open(logs / f"{name}.log", "ab")
+        out = open(os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         env = {k: v for k, v in os.environ.items() if k != "MUSTER_NATS_CREDS"}
         if creds is not None:
             env["MUSTER_NATS_CREDS"] = str(creds)

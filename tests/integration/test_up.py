@@ -111,6 +111,10 @@ def test_up_runs_everything_and_resumes(public: Path) -> None:
                                capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
             assert r.returncode == 0 and says in r.stdout, (argv, r.stdout, r.stderr)
         assert data.stat().st_mode & 0o777 == 0o700
+        # The logs (the server's holds the operator token it printed) are the user's alone.
+        logs = data / "logs"
+        assert logs.stat().st_mode & 0o777 == 0o700
+        assert [f.name for f in logs.iterdir() if f.stat().st_mode & 0o077] == []
         if os.geteuid() == 0:
             hunt = api.submit(name="hunter", command=["sh", "-c", HUNT, "hunt", str(public)], gpus=1, cpus=1,
                               memoryMb=64)["job"]
