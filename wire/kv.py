@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,29 @@ class CommitResult:
     duplicate: bool = False
 
 
+NATS_ERRORS_LOGGED_EVERY_S = 10.0  # one line per connection at most this often while NATS is away
+
+
+def quiet_errors(url: str, name: str) -> Callable[[Exception], Any]:
+    """A connection's error callback: one warning line, no traceback, at most every
+    NATS_ERRORS_LOGGED_EVERY_S with how many were left out (nats-py's own logs each
+    reconnection's failure with its traceback: about 150 in an 8-second NATS restart)."""
+    last = -NATS_ERRORS_LOGGED_EVERY_S
+    left_out = 0
+
+    async def cb(exc: Exception) -> None:
+        nonlocal last, left_out
+        now = time.monotonic()
+        if now - last < NATS_ERRORS_LOGGED_EVERY_S:
+            left_out += 1
+            return
+        more = f" ({left_out} more since the last said)" if left_out else ""
+        log.warning("NATS at %s (%s): %s%s", url, name, str(exc) or type(exc).__name__, more)
+        last, left_out = now, 0
+
+    return cb
+
+
 async def connect(
     url: str,
     name: str,
@@ -110,6 +134,7 @@ async def connect(
         reconnect_time_wait=0.5,
         connect_timeout=3,
         allow_reconnect=True,
+        error_cb=quiet_errors(url, name),
     )
     if creds:
         if not os.path.exists(creds):

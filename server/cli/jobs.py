@@ -380,6 +380,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise JobFailed(ended(job))
         return 0
     if args.wait:
+        # Said before the wait: should the API be lost meanwhile, the job stays stored and
+        # runs, and submitting it again would run it twice.
+        print(f"{job['id']} submitted; waiting for it to end", file=sys.stderr, flush=True)
         job, timed_out = wait_for(job["id"], args.timeout)
     out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
     if job["state"] in ("FAILED", "TIMEOUT"):

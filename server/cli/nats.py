@@ -35,8 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--tls-verify", action="store_true", help="require client certificates")
     n.add_argument("--cluster", type=int, default=0, metavar="N",
                    help="start N local nodes forming a JetStream cluster (Ctrl-C stops all)")
-    n.add_argument("--cluster-port", type=int, default=6222, help="route port of the first node (0: free)")
-    n.add_argument("--http-port", type=int, default=8222, help="monitoring port of the first node (0: free)")
+    n.add_argument("--cluster-port", type=int, default=6222,
+                   help="with --cluster: route port of the first node (0: free)")
+    n.add_argument("--http-port", type=int, default=None,
+                   help="monitoring port (/healthz, /varz): a single node's, off unless given; with --cluster the "
+                        "first node's (default 8222, 0: free)")
     n.set_defaults(fn=cmd_nats)
 
 
@@ -75,11 +78,14 @@ def cmd_nats(args: argparse.Namespace) -> int:
         return run_cluster(args, data_dir, auth, tls)
     if auth is None and tls is None:
         argv = [nats_server_binary(), "-js", "-sd", str(data_dir), "-a", args.host, "-p", str(args.port)]
+        if args.http_port:
+            argv += ["-m", str(args.http_port)]
     else:
         conf = data_dir / "nats-server.conf"
         conf.write_text(render_config(
             store_dir=data_dir, host=args.host, port=args.port, conf_dir=data_dir, auth=auth,
-            pid_file=auth.pid_file(f"nats-{args.port}") if auth is not None else None, tls=tls))
+            pid_file=auth.pid_file(f"nats-{args.port}") if auth is not None else None, tls=tls,
+            http_port=args.http_port or None))
         argv = [nats_server_binary(), "-c", str(conf)]
     os.execv(argv[0], argv)
     return 0  # pragma: no cover
@@ -93,7 +99,8 @@ def run_cluster(args: argparse.Namespace, data_dir: Path, auth: AuthDir | None, 
     n = args.cluster
     client_ports = [args.port + i if args.port else 0 for i in range(n)]
     cluster_ports = [args.cluster_port + i if args.cluster_port else 0 for i in range(n)]
-    http_ports = [args.http_port + i if args.http_port else 0 for i in range(n)]
+    first_http = 8222 if args.http_port is None else args.http_port
+    http_ports = [first_http + i if first_http else 0 for i in range(n)]
     stopping = False
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -5,6 +5,9 @@ reads the MUSTER_* environment (server.replica)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +79,38 @@ def cmd_server(args: argparse.Namespace) -> int:
     cfg.history_process = not args.history_in_process
     cfg.heartbeat_process = not args.heartbeats_in_process
     muster = Muster(cfg)
-    app = build_app(muster, routes=console_routes())
+    # The replica is started and stopped here rather than in the app's lifespan, so that a
+    # start still waiting for NATS can be given up.
+    app = build_app(muster, routes=console_routes(), manage_lifecycle=False)
+    started = False
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
+            nonlocal started
+            # The replica's start waits for NATS for as long as it takes; a SIGTERM or
+            # Ctrl-C meanwhile (uvicorn's handler sets should_exit) ends the wait and the
+            # process (it used to be ignored until NATS answered: only kill -9 stopped it).
+            starting = asyncio.ensure_future(muster.start())
+            while not starting.done():
+                if self.should_exit:
+                    starting.cancel()
+                    with contextlib.suppress(BaseException):
+                        await starting
+                    print("muster server: stopped before NATS could be reached", file=sys.stderr, flush=True)
+                    return
+                await asyncio.wait({starting}, timeout=0.2)
+            starting.result()
+            started = True
             await super().startup(sockets)
             if muster.new_token:
                 print(f"Operator token (shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
                       flush=True)
             print(f"muster server {cfg.name} listening on {scheme}://{cfg.http_host}:{cfg.http_port}", flush=True)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if started:
+                await muster.shutdown()
 
     config = uvicorn.Config(app, host=cfg.http_host, port=cfg.http_port, log_level="warning",
                             lifespan="on", timeout_graceful_shutdown=10,

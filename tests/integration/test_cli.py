@@ -42,6 +42,8 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert "warning" not in r.stderr, r.stderr  # a host can take it
     job = json.loads(r.stdout)
     assert job["state"] == "SUCCEEDED"
+    # Its id said before the wait (were the API lost meanwhile, the job would run all the same).
+    assert r.stderr.startswith(f"{job['id']} submitted; waiting for it to end"), r.stderr
     r = muster(cluster, srv.url, "job", "logs", job["id"])
     assert r.returncode == 0 and "hi-there" in r.stdout and "attempt 1 on cli-1" in r.stdout, r.stdout + r.stderr
     r = muster(cluster, srv.url, "job", "logs", job["id"], "-o", "json")

@@ -58,3 +58,21 @@ def test_a_given_config_is_not_mixed_with_a_cluster_or_tls() -> None:
     r = subprocess.run([sys.executable, "-m", "server.cli", "nats", "--config", "x.conf", "--cluster", "3"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 1 and "--config runs your own nats-server config as it is" in r.stderr, r.stderr
+
+
+def test_a_single_node_serves_monitoring_on_the_port_given(tmp_path: Path) -> None:
+    """`muster nats --http-port H` (no --cluster): /healthz answers there, as the health
+    checks in deployment.md use it (the flag was taken and ignored for a single node)."""
+    import httpx
+
+    port, http = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "nats", "--port", str(port), "--http-port", str(http),
+                             "--data-dir", str(tmp_path / "nats")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_port(http, timeout=30)
+        r = httpx.get(f"http://127.0.0.1:{http}/healthz", timeout=10)
+        assert r.status_code == 200 and "ok" in r.text, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
