@@ -339,18 +339,23 @@ _ADVRES_FIELDS = {"starts": "startsAt", "ends": "endsAt"}
 def validate_advance_reservation(data: dict[str, Any]) -> AdvanceReservation:
     """An advance reservation's record from an operator's input (wire.messages.AdvanceReservation
     fields); raises InvalidInput with one error per bad field."""
+    _check_name(data.get("name"))
     if not data.get("queues") and not data.get("users"):
         raise ValidationError("queues", "name queues or users whose jobs may use the hosts", "REQUIRED")
     return _record(AdvanceReservation, data, _ADVRES_FIELDS, whole="endsAt")
 
 
-def validate_queue(data: dict[str, Any]) -> Queue:
-    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
-    raises InvalidInput with one error per bad field."""
-    name = data.get("name")
+def _check_name(name: object) -> None:
+    """A queue's or an advance reservation's name, told in words (not as the pattern)."""
     if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
         raise ValidationError("name", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a "
                                       "letter or digit", "INVALID")
+
+
+def validate_queue(data: dict[str, Any]) -> Queue:
+    """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
+    raises InvalidInput with one error per bad field."""
+    _check_name(data.get("name"))
     q = _record(Queue, data, _QUEUE_FIELDS)
     for resource, rq in q.quota.items():
         # (Checked on input only: a record stored before this rule still reads.)

@@ -373,6 +373,8 @@ async def test_a_gang_with_a_priority_from_the_form(console: Console) -> None:
     assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "expected KEY=VALUE" in r.text
     r = await c.post("/submit", data={**base, "host_labels": "Zone=a"})
     assert r.status_code == 422 and 'id="f-host_labels-error"' in r.text and "invalid label key" in r.text
+    r = await c.post("/submit", data={**base, "after_rule": "bogus"})
+    assert r.status_code == 422 and 'id="f-after_rule-error"' in r.text and "ok, any or notok" in r.text, r.text
     r = await c.post("/submit", data={**base, "exclude_hosts": "gpu/7"})
     assert r.status_code == 422 and 'id="f-exclude_hosts-error"' in r.text and "host ids" in r.text, r.text
     r = await c.post("/submit", data={**base, "replicas": "4", "priority": "7", "host_labels": "zone=eu-1, net=ib",
@@ -577,6 +579,8 @@ async def test_viewer_token_may_only_view(console: Console) -> None:
     r = await c.post("/submit", data={"csrf": console.csrf, "name": "x", "command": "true"})
     assert r.status_code == 403
     assert m.state.jobs == {}
+    page = (await c.get("/submit")).text  # no form it could not use
+    assert 'action="/submit"' not in page and "it cannot submit jobs" in page
 
 
 async def test_a_viewer_sees_no_job_environment(console: Console) -> None:
@@ -675,6 +679,8 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "", "queue": "",
                                            "reason": "all of them"})
     assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "give at least one filter" in r.text
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "state": "BOGUS", "reason": "x"})
+    assert r.status_code == 422 and "no state &#39;BOGUS&#39;" in r.text, r.text  # it cancelled none, saying done
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "",
                                            "queue": "", "group": "sw", "reason": "sweep over"})
     assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]

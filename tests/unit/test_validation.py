@@ -174,6 +174,9 @@ def test_operators_mistakes_are_told_in_words() -> None:
     with pytest.raises(ValidationError, match="lower-case letters") as exc:
         validate_queue({"name": "A"})
     assert exc.value.field == "name"
+    with pytest.raises(ValidationError, match="lower-case letters") as exc:
+        validate_advance_reservation({"name": "", "hosts": ["h1"], "queues": ["q"], "starts": 1.0, "ends": 2.0})
+    assert exc.value.field == "name"
 
 
 def test_excluded_hosts() -> None:

@@ -131,6 +131,8 @@ async def cancel_matching(request: Request) -> Response:
     try:
         if not reason:
             raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
+        if state and state not in {s.value for s in JobState}:
+            raise ValidationError("state", f"no state {state[:32]!r}", "INVALID")
         ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
                                       queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None,
                                       group=f["group"] or None)
@@ -385,6 +387,8 @@ async def submit(request: Request) -> Response:
         data["depends_on"] = [x.strip() for x in re.split(r"[\s,]+", values["after"]) if x.strip()]
         data["depend_any"] = values["after_rule"] == "any"
         data["depend_not_ok"] = values["after_rule"] == "notok"
+    if values["after_rule"] not in ("", "ok", "any", "notok"):
+        local["after_rule"] = ["expected ok, any or notok"]
     if values["held"]:
         data["held"] = True
     if values["checkpoints"]:
@@ -407,6 +411,8 @@ async def submit(request: Request) -> Response:
     if values["time_limit"]:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]
+    if "after_rule" in local:  # no value of the job's own says so: validation would take it
+        return render(request, "submit.html", _submit_ctx(m, sess, values, dict(local)), 422)
     try:
         job = await m.submit(data, sess.user, sess.info.submit_queues)
     except (ValidationError, Forbidden) as exc:
