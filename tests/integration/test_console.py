@@ -819,6 +819,9 @@ async def test_a_teams_token_acts_on_its_queues_jobs_only(console: Console) -> N
     assert "theirs" in page and "k-123" not in page and f'action="/jobs/{theirs.id}/cancel"' not in page
     r = await c.post(f"/jobs/{theirs.id}/cancel", data={"csrf": console.csrf, "reason": "mine now"})
     assert r.status_code == 403 and "in queue &#39;vision&#39;" in r.text
+    # The bulk cancel is offered for its own queue's list, not for another's.
+    assert 'action="/jobs/cancel"' in (await c.get("/jobs?queue=audio")).text
+    assert 'action="/jobs/cancel"' not in (await c.get("/jobs?queue=vision")).text
     host = (await c.get("/hosts/h1")).text
     assert "Cordon host" not in host and "Drain host" not in host and "bound to queues (audio)" in host
     r = await c.post("/hosts/h1/cordon", data={"csrf": console.csrf, "reason": "mine"})
