@@ -384,7 +384,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                 metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
             metrics.TERM.set(self.state.term)
             self._queue_gauges()
-            index, waiting = queue_fairness(self.state)
+            index, waiting = queue_fairness(self.state, time.time())
             metrics.FAIRNESS.set(index)
             metrics.QUEUES_WAITING.set(waiting)
             await pause(self._stop, 2)

@@ -127,10 +127,11 @@ def active(state: ClusterState) -> list[str]:
                   | {q for q, live in state.queue_live.items() if live})
 
 
-def fairness(state: ClusterState) -> tuple[float, int]:
+def fairness(state: ClusterState, now: float) -> tuple[float, int]:
     """How fairly the queues with jobs waiting for placement (not held, not waiting for
-    others) hold the cluster now (scheduling.fairshare.fairness), and how many they are."""
-    waiting = sorted(q for q, n in state.backlog.counts().items() if n > 0)
+    others, not before a begin time or a back-off still ahead at `now`) hold the cluster
+    now (scheduling.fairshare.fairness), and how many they are."""
+    waiting = sorted(q for q, n in state.backlog.eligible_counts(now).items() if n > 0)
     return fairshare.fairness(book(state), state.capacity, waiting), len(waiting)
 
 

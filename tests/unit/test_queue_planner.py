@@ -865,3 +865,23 @@ def test_priority_preemption_stops_no_victim_on_a_model_the_queue_may_not_use_no
     plan = w.qcycle(now=NOW)
     assert plan.preempted == {} and w.job("low-a100").state is JobState.RUNNING
     assert w.job("high").state is JobState.QUEUED and not w.job("high").preempting
+
+
+def test_a_queue_whose_jobs_all_wait_for_their_begin_time_is_not_counted_as_waiting() -> None:
+    """The queues' fairness (`queueFairness`, `queuesWaiting`) is over the queues with jobs
+    that could be placed now, as the starvation alert is: one whose every job waits for its
+    begin time is not one of them until then."""
+    from server.views.queues import fairness
+
+    w = QWorld()
+    w.host("h1", gpus=1)
+    w.queue("a", gpus=1)
+    w.queue("b", gpus=1)
+    w.qsubmit("runs", "a")
+    w.qcycle(now=NOW)
+    w.qsubmit("later", "b")
+    later = w.job("later").model_copy(update={"not_before": NOW + 3600})
+    w.state.apply_job(later, 10**9)
+    w.qsubmit("waits", "a")
+    assert fairness(w.state, NOW)[1] == 1  # a only
+    assert fairness(w.state, NOW + 3601)[1] == 2  # b's job may be placed from its begin time

@@ -51,7 +51,7 @@ async def _queues_ctx(request: Request, period: str) -> dict[str, Any]:
                      "state": "open" if advance.active(r, now) else "over" if advance.over(r, now) else "upcoming"}
                     for r in sorted(m.state.advance.values(), key=lambda r: (r.starts, r.name))]
     users = {r.queue.name: queue_users(m.state, r.queue.name, now, m.jobs.half_life_s)[:USERS_SHOWN] for r in rows}
-    fairness, waiting = queue_fairness(m.state)
+    fairness, waiting = queue_fairness(m.state, time.time())
     ctx = {
         "fairness": fairness,
         "waiting": waiting,

@@ -693,7 +693,7 @@ class Cluster:
     def _queue_fairness(self) -> tuple[float, int]:
         if self._fairness is None:
             assert self._mu is not None
-            self._fairness = queue_fairness(self._mu.state)
+            self._fairness = queue_fairness(self._mu.state, time.time())
         return self._fairness
 
     async def _fleet(self) -> FleetSummary:
