@@ -12,13 +12,24 @@ check again: a second alert rather than none.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from server.health.alertsummary import summarized
 from server.timefmt import iso_utc
-from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Event, Job
+from wire.messages import GPU_IDLE_UTIL_PCT, Attempt, AttemptState, Event, Job
 from wire.subjects import ALERT_JOB_GPUS_IDLE
+
+
+def running_idle(idle: Mapping[str, tuple[str, float]],
+                 jobs: Mapping[str, Job]) -> Iterator[tuple[Job, Attempt, str, float]]:
+    """(job, attempt, host, idle since) for each of `idle` (attempt id -> (host, since), as
+    the hosts' agents say) that is a running attempt on that host, by attempt id."""
+    for attempt_id, (host_id, since) in sorted(idle.items()):
+        job = jobs.get(attempt_id.split(".", 1)[0])
+        a = next((t for t in job.current_tasks() if t.id == attempt_id), None) if job is not None else None
+        if job is not None and a is not None and a.state is AttemptState.RUNNING and a.host_id == host_id:
+            yield job, a, host_id, since
 
 
 @dataclass
@@ -32,11 +43,8 @@ class IdleWatch:
         current: set[str] = set()
         new: list[Event] = []
         by_queue: dict[str, int] = {}
-        for attempt_id, (host_id, since) in sorted(idle.items()):
-            job = jobs.get(attempt_id.split(".", 1)[0])
-            a = next((t for t in job.current_tasks() if t.id == attempt_id), None) if job is not None else None
-            if job is None or a is None or a.state is not AttemptState.RUNNING or a.host_id != host_id:
-                continue
+        for job, a, host_id, since in running_idle(idle, jobs):
+            attempt_id = a.id
             current.add(attempt_id)
             if attempt_id in self._alerted:
                 continue

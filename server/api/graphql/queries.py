@@ -55,6 +55,7 @@ from server.api.graphql.types import (
     Usage,
 )
 from server.api.reads import in_thread, reads_for
+from server.health.idlegpus import running_idle
 from server.history.database import JOB_SORTS, job_cursor
 from server.history.models import EventRow
 from server.replica import Muster
@@ -108,15 +109,11 @@ def alert(r: EventRow) -> Alert:
                  host_id=r.host_id, job_id=r.job_id, message=r.message)
 
 
-def _before(keyset: str) -> tuple[float, str] | None:
-    """A newest-first cursor's job (submission time, id), or None for one of another form."""
-    try:
-        got = json.loads(keyset)
-    except ValueError:
-        return None
-    if isinstance(got, list) and len(got) == 2 and isinstance(got[0], int | float) and isinstance(got[1], str):
-        return float(got[0]), got[1]
-    return None
+def _before(keyset: str) -> tuple[float, str]:
+    """A newest-first cursor's job (submission time, id), from its key as `job_keyset`
+    checked it."""
+    when, job_id = json.loads(keyset)
+    return float(when), str(job_id)
 
 
 @strawberry.type
@@ -137,17 +134,9 @@ class Query:
         if not 0 <= first <= 1000:
             raise ValidationError("first", "must be from 0 to 1000", "OUT_OF_RANGE")
         state = muster(info).state
-        out: list[IdleGpus] = []
-        for attempt_id, (host_id, since) in sorted(state.idle_gpus().items(), key=lambda kv: (kv[1][1], kv[0])):
-            if len(out) >= first:
-                break
-            job = state.jobs.get(attempt_id.split(".", 1)[0])
-            a = next((t for t in job.current_tasks() if t.id == attempt_id), None) if job is not None else None
-            if job is None or a is None or a.state is not AttemptState.RUNNING:
-                continue
-            out.append(IdleGpus(job=Job(_m=job), attempt=Attempt(_m=a, _job_id=job.id), host=strawberry.ID(host_id),
-                                since=dt.datetime.fromtimestamp(since, tz=dt.UTC)))
-        return out
+        found = sorted(running_idle(state.idle_gpus(), state.jobs), key=lambda f: (f[3], f[1].id))
+        return [IdleGpus(job=Job(_m=job), attempt=Attempt(_m=a, _job_id=job.id), host=strawberry.ID(host_id),
+                         since=dt.datetime.fromtimestamp(since, tz=dt.UTC)) for job, a, host_id, since in found[:first]]
 
     @strawberry.field(description="Jobs from the history database (newest first by default), with live "
                                   "records laid over them; the first page newest first also lists the "
