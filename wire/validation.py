@@ -36,6 +36,8 @@ KNOWN_GPU_MODELS = frozenset(
 )
 MAX_GPUS = 64
 MAX_CPUS = 1024.0
+MIN_CPUS = 0.001  # a thousandth of a core, the least a CPU share can tell (Kubernetes' 1m)
+MAX_SIGNAL = 64  # a task ended by signal N reports exit code -N (Linux signals go to 64)
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV_BYTES = 64 * 1024
@@ -97,8 +99,8 @@ def validate_job(
     memory_mb = data.get("memory_mb", 512)
     if not _whole(gpus, 0, MAX_GPUS):
         err("gpus", f"must be a whole number from 0 to {MAX_GPUS}", "OUT_OF_RANGE")
-    if not _real(cpus, 0, MAX_CPUS, above=True):
-        err("cpus", f"must be more than 0 and at most {MAX_CPUS:g}", "OUT_OF_RANGE")
+    if not _real(cpus, MIN_CPUS, MAX_CPUS):
+        err("cpus", f"must be from {MIN_CPUS:g} to {MAX_CPUS:g}", "OUT_OF_RANGE")
     if not _whole(memory_mb, 1, MAX_MEMORY_MB):
         err("memoryMb", f"must be more than 0 and at most {MAX_MEMORY_MB} MB", "OUT_OF_RANGE")
     share = data.get("gpu_share", 0) or 0
@@ -211,8 +213,9 @@ def validate_job(
     if not _whole(retry_failures, 0, 100):
         err("retryFailures", "must be a whole number from 0 to 100", "OUT_OF_RANGE")
     if (not isinstance(retry_codes, list) or len(retry_codes) > 16
-            or not all(_whole(c, -(2**31), 2**31 - 1) for c in retry_codes)):
-        err("retryExitCodes", "must be a list of at most 16 exit codes")
+            or not all(_whole(c, -MAX_SIGNAL, 255) for c in retry_codes)):
+        err("retryExitCodes", f"must be a list of at most 16 exit codes: 0 to 255, or -1 to -{MAX_SIGNAL} for a "
+            "task ended by that signal (as an attempt's exitCode tells it)")
         retry_codes = []
     if not isinstance(retry_timeouts, bool):
         err("retryTimeouts", "must be true or false")
@@ -340,6 +343,7 @@ def validate_advance_reservation(data: dict[str, Any]) -> AdvanceReservation:
     """An advance reservation's record from an operator's input (wire.messages.AdvanceReservation
     fields); raises InvalidInput with one error per bad field."""
     _check_name(data.get("name"))
+    _check_description(data.get("description"))
     if not data.get("queues") and not data.get("users"):
         raise ValidationError("queues", "name queues or users whose jobs may use the hosts", "REQUIRED")
     return _record(AdvanceReservation, data, _ADVRES_FIELDS, whole="endsAt")
@@ -352,10 +356,19 @@ def _check_name(name: object) -> None:
                                       "letter or digit", "INVALID")
 
 
+def _check_description(text: object) -> None:
+    """A queue's or an advance reservation's description: no control characters but tab
+    and newline (PostgreSQL refuses a NUL in text; logs and the console break on others).
+    Its length is the record's rule."""
+    if isinstance(text, str) and any(not (c.isprintable() or c in "\t\n") for c in text):
+        raise ValidationError("description", "must not contain control characters", "INVALID")
+
+
 def validate_queue(data: dict[str, Any]) -> Queue:
     """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
     raises InvalidInput with one error per bad field."""
     _check_name(data.get("name"))
+    _check_description(data.get("description"))
     q = _record(Queue, data, _QUEUE_FIELDS)
     for resource, rq in q.quota.items():
         # (Checked on input only: a record stored before this rule still reads.)

@@ -35,7 +35,7 @@ class HostOperations(Operations):
         (scheduling.maintenance)."""
         reason = validate_reason(reason, required=True)
         if not 0 <= deadline_s <= 7 * 24 * 3600:
-            raise ValidationError("deadline", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
+            raise ValidationError("deadlineSeconds", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
         now = time.time()
         if at is not None and not at <= now + MAX_DRAIN_AHEAD_S:
             raise ValidationError("at", f"must be at most {MAX_DRAIN_AHEAD_S // 86400:.0f} days ahead", "OUT_OF_RANGE")

@@ -69,6 +69,12 @@ def test_retries_are_validated_and_bounded_by_what_the_record_holds() -> None:
     assert [e.field for e in errors] == ["retryFailures"]
     spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 3, "retry_exit_codes": [75, 1, 75]})
     assert not errors and spec is not None and spec.retry_exit_codes == [1, 75]
+    # An exit code is 0-255, or -N for a task ended by signal N (as the agent reports it).
+    spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 1, "retry_exit_codes": [-11, 255]})
+    assert not errors and spec is not None and spec.retry_exit_codes == [-11, 255]
+    for code in (256, -65, 2**31 - 1):
+        _spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 1, "retry_exit_codes": [code]})
+        assert [e.field for e in errors] == ["retryExitCodes"], code
     big = JobSpec(name="g", command=["x"], gpus=8, replicas=64, retry_failures=100)
     assert [f for f, _m in check_spec(big)] == ["retryFailures"]
 

@@ -179,6 +179,22 @@ def test_operators_mistakes_are_told_in_words() -> None:
     assert exc.value.field == "name"
 
 
+@pytest.mark.parametrize("text", ["a\x00b", "bell\x07", "esc\x1b[31m"])
+def test_descriptions_refuse_control_characters(text: str) -> None:
+    """A queue's or a reservation's description with a NUL or an escape was taken (PostgreSQL
+    refuses a NUL in text; an escape reaches terminals as it is)."""
+    from wire.validation import validate_advance_reservation, validate_queue
+
+    assert validate_queue({"name": "q", "description": "two lines\n\tand a tab"}).description
+    with pytest.raises(ValidationError) as exc:
+        validate_queue({"name": "q", "description": text})
+    assert (exc.value.field, exc.value.code) == ("description", "INVALID")
+    with pytest.raises(ValidationError) as exc:
+        validate_advance_reservation({"name": "r", "hosts": ["h1"], "queues": ["q"], "starts": 1.0, "ends": 2.0,
+                                      "description": text})
+    assert exc.value.field == "description"
+
+
 def test_excluded_hosts() -> None:
     assert errs(exclude_hosts=["gpu-7", "gpu-12"]) == []
     assert errs(exclude_hosts="gpu-7") == [("excludeHosts", "INVALID")]
@@ -219,7 +235,8 @@ def test_bad_gpus(gpus: Any) -> None:
     assert errs(gpus=gpus) == [("gpus", "OUT_OF_RANGE")]
 
 
-@pytest.mark.parametrize("cpus", [0, 0.0, -1, MAX_CPUS + 0.5, float("nan"), float("inf"), "1", None, True])
+@pytest.mark.parametrize("cpus", [0, 0.0, 1e-300, 0.0009, -1, MAX_CPUS + 0.5, float("nan"), float("inf"), "1", None,
+                                  True])
 def test_bad_cpus(cpus: Any) -> None:
     assert errs(cpus=cpus) == [("cpus", "OUT_OF_RANGE")]
 

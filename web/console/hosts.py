@@ -326,7 +326,7 @@ async def drain(request: Request) -> Response:
             raise ValueError
     except ValueError:
         deadline = -1.0
-        errors.append(ValidationError("deadline", "the deadline must be a number of seconds", "INVALID"))
+        errors.append(ValidationError("deadlineSeconds", "the deadline must be a number of seconds", "INVALID"))
     at: float | None = None
     if raw_at:
         try:  # the form's date and time, in UTC
