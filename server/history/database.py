@@ -507,10 +507,14 @@ class History:
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: tuple[float, str] | None = None,
     ) -> list[EventRow]:
-        """Events matching every given filter (`since`: ts >= since), oldest first."""
+        """Events matching every given filter (`since`: ts >= since), oldest first (by time,
+        then id); `after`: only those past that (ts, id) in this order (a keyset page)."""
         q = select(EventRow).where(*self._event_filters(job_id, host_id, kind, since))
         ts, ident = col(EventRow.ts), col(EventRow.id)
+        if after is not None:
+            q = q.where(_past(ts, ident, after, newest_first))
         q = q.order_by(*((ts.desc(), ident.desc()) if newest_first else (ts, ident))).offset(offset).limit(limit)
         with Session(self.engine) as s:
             return list(s.exec(q).all())
@@ -535,10 +539,14 @@ class History:
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: tuple[float, str] | None = None,
     ) -> list[AttemptRow]:
-        """Attempts of a job and/or on a host, by placement time (oldest first)."""
+        """Attempts of a job and/or on a host, by placement time, then id (oldest first);
+        `after`: only those past that (placed_at, id) in this order (a keyset page)."""
         q = select(AttemptRow).where(*self._attempt_filters(job_id, host_id))
         placed, ident = col(AttemptRow.placed_at), col(AttemptRow.id)
+        if after is not None:
+            q = q.where(_past(placed, ident, after, newest_first))
         q = (
             q.order_by(*((placed.desc(), ident.desc()) if newest_first else (placed, ident)))
             .offset(offset)
@@ -595,14 +603,18 @@ class History:
                              round(float(r[9]) / float(r[8]), 1) if r[8] else None)
                     for r in conn.execute(q).all()]
 
-    def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[EventRow], int]:
-        """Recorded alerts, newest first, and how many there are; `kind` like "host.lost"."""
+    def list_alerts(self, kind: str | None = None, limit: int = 50, offset: int = 0,
+                    after: tuple[float, str] | None = None) -> tuple[list[EventRow], int]:
+        """Recorded alerts, newest first (by time, then id), and how many there are; `kind`
+        like "host.lost"; `after`: only those older than that (ts, id) (a keyset page)."""
         with Session(self.engine) as s:
             kind_col = col(EventRow.kind)
+            ts, ident = col(EventRow.ts), col(EventRow.id)
             cond = kind_col == f"alert.{kind}" if kind else kind_col.startswith("alert.")
-            rows = s.exec(
-                select(EventRow).where(cond).order_by(col(EventRow.ts).desc()).offset(offset).limit(limit)
-            ).all()
+            q = select(EventRow).where(cond)
+            if after is not None:
+                q = q.where(_past(ts, ident, after, True))
+            rows = s.exec(q.order_by(ts.desc(), ident.desc()).offset(offset).limit(limit)).all()
             # The count as a range on `kind` (what LIKE 'alert.%' means), so that it can use
             # the kind index instead of scanning every event: 7 ms instead of 330 ms at 2.7 M
             # events.
@@ -621,6 +633,15 @@ class History:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _past(first: Any, second: Any, key: tuple[float, str], descending: bool) -> Any:
+    """Rows strictly past `key` in the order (first, second), ascending or descending: the
+    condition of a keyset page (written out, not as a row value, for every database)."""
+    a, b = key
+    if descending:
+        return or_(first < a, and_(first == a, second < b))
+    return or_(first > a, and_(first == a, second > b))
 
 
 @dataclass(frozen=True)

@@ -495,6 +495,38 @@ async def test_jobs_user_errors_batch_filters_sort_and_history(api: Client, must
     assert ev["events"]["totalCount"] >= 0
 
 
+async def test_walking_events_newest_first_while_jobs_are_submitted_repeats_none(api: Client) -> None:
+    """Found by exploring the API: `events` and `alerts` paged by offset, so a walk newest
+    first repeated what newer events pushed down. Their cursors are now keyset cursors."""
+    async def submit(name: str) -> None:
+        res = (await api.q(SUBMIT, {"input": {"name": name, "command": ["true"], "held": True}}))["submitJob"]
+        assert res["userErrors"] == []
+
+    async def recorded(n: int) -> bool:
+        d = await api.q('{ events(kind: "job.submitted", first: 0) { totalCount } }')
+        return d["events"]["totalCount"] >= n
+
+    for i in range(6):
+        await submit(f"walk-{i}")
+    await wait_for(lambda: recorded(6), what="history to record the submissions")
+    page = """query($a: String) { events(kind: "job.submitted", first: 2, after: $a, newestFirst: true) {
+              edges { node { id jobId } } pageInfo { hasNextPage endCursor } } }"""
+    seen: list[str] = []
+    after = None
+    for i in range(10):
+        d = (await api.q(page, {"a": after}))["events"]
+        seen += [e["node"]["id"] for e in d["edges"]]
+        if not d["pageInfo"]["hasNextPage"]:
+            break
+        after = d["pageInfo"]["endCursor"]
+        await submit(f"later-{i}")
+        await wait_for(lambda i=i: recorded(7 + i), what="the newer submission recorded")
+    assert len(seen) == 6 and len(set(seen)) == 6, seen
+    # A cursor of the other order is refused, not read as this one's.
+    wrong = (await api.raw(page.replace("newestFirst: true", "newestFirst: false"), {"a": after})).json()
+    assert wrong["errors"][0]["extensions"]["code"] == "INVALID_CURSOR"
+
+
 async def _count_jobs(listing: Any, n: int) -> bool:
     """History holds `n` jobs (oldest first, a list of history's rows alone: newest first
     also lists the jobs history has not written yet)."""

@@ -22,6 +22,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_adopts_pre_alembic_database,
     test_filters_and_sorting,
     test_five_thousand_jobs,
+    test_keyset_pages_neither_repeat_nor_skip_while_rows_are_added,
     test_lifecycle_one_row_and_full_timeline,
     test_list_events_and_attempts,
     test_migrations_apply_and_match_models,

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from server.api.graphql.cursors import b64, decode_cursor, encode_cursor, job_keyset
+from server.api.graphql.cursors import (
+    b64,
+    decode_cursor,
+    encode_cursor,
+    history_cursor,
+    history_page,
+    job_keyset,
+)
 from wire.errors import ValidationError
 
 
@@ -26,6 +33,18 @@ def test_a_jobs_keyset_is_a_list_of_finite_numbers_and_strings() -> None:
                 '[1,"' + "a" * 2000 + '"]'):
         with pytest.raises(ValidationError) as exc:
             job_keyset(bad, newest_first)
+        assert exc.value.code == "INVALID_CURSOR", bad
+
+
+def test_a_history_lists_cursor_is_its_last_items_time_and_id() -> None:
+    assert history_page(10, None, "ed") == (0, None, 10)
+    assert history_page(10, history_cursor("ed", 1000.25, "j1:submitted"), "ed") == (0, (1000.25, "j1:submitted"), 10)
+    assert history_page(None, encode_cursor(41), "al") == (42, None, 50)  # an offset cursor given out before
+    for bad in (history_cursor("ea", 1.0, "x"),  # the other order's
+                history_cursor("al", 1.0, "x"),  # another list's
+                b64("ed:[1.0]"), b64('ed:["x",1.0]'), b64("ed:[1e999,\"x\"]"), b64("ed:" + "[" * 5000)):
+        with pytest.raises(ValidationError) as exc:
+            history_page(10, bad, "ed")
         assert exc.value.code == "INVALID_CURSOR", bad
 
 

@@ -468,6 +468,34 @@ def test_list_events_and_attempts(hist: History) -> None:
     assert hist.list_attempts(host_id="h9") == []
 
 
+def test_keyset_pages_neither_repeat_nor_skip_while_rows_are_added(hist: History) -> None:
+    """Paged by offset, a walk newest first repeated items whenever newer ones were written
+    meanwhile (found by exploring the API); a page past a (time, id) key does not, and ties
+    in time are ordered by id."""
+    def add(ident: str, at: float, kind: str = "alert.host.lost") -> None:
+        with Session(hist.engine) as s:
+            s.add(EventRow(id=ident, ts=at, kind=kind, host_id="h1", message=ident))
+            s.commit()
+
+    for i in range(6):
+        add(f"a{i}", 100.0 + i // 2)  # pairs at the same time
+    add("e0", 100.5, kind="job.submitted")  # not an alert
+    seen: list[str] = []
+    key = None
+    for page in range(10):
+        rows, total = hist.list_alerts(limit=2, after=key)
+        if not rows:
+            break
+        seen += [r.id for r in rows]
+        key = (rows[-1].ts, rows[-1].id)
+        add(f"new{page}", 200.0 + page)  # newer than every page: it must not shift the walk
+    assert seen == ["a5", "a4", "a3", "a2", "a1", "a0"] and total == 6 + page
+    events = [r.id for r in hist.list_events(since=100.0, limit=3)]
+    assert events == ["a0", "a1", "e0"]
+    assert [r.id for r in hist.list_events(limit=3, after=(100.5, "e0"))] == ["a2", "a3", "a4"]
+    assert [r.id for r in hist.list_events(limit=2, newest_first=True, after=(101.0, "a2"))] == ["e0", "a1"]
+
+
 # ---------------------------------------------------------------- retention
 
 

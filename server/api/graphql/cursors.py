@@ -1,6 +1,7 @@
-"""Opaque GraphQL cursors: offset cursors (`o:<n>`) for history lists, keyset cursors
-(`<kind>:<json key>`) for lists whose items come and go (hosts, jobs). A cursor that does
-not decode is the client's error: ValidationError on `after`."""
+"""Opaque GraphQL cursors: keyset cursors (`<kind>:<json key>`, the last item's sort key)
+for lists whose items come and go (hosts, jobs, events, alerts, attempts), offset cursors
+(`o:<n>`) for short lists (queues) and as history lists gave them before. A cursor that
+does not decode is the client's error: ValidationError on `after`."""
 
 from __future__ import annotations
 
@@ -94,6 +95,27 @@ def page_args(first: int | None, after: str | None) -> tuple[int, int]:
     if n < 0 or n > MAX_PAGE:
         raise ValidationError("first", f"must be from 0 to {MAX_PAGE}", "OUT_OF_RANGE")
     return decode_cursor(after), n
+
+
+def history_page(first: int | None, after: str | None, kind: str) -> tuple[int, tuple[float, str] | None, int]:
+    """(offset, key, page size) of a page of a history list (events, alerts, attempts):
+    `after` is that list's keyset cursor (`kind`: the list and its order) of the last item
+    seen, or an offset cursor as such lists gave before (still taken)."""
+    _, n = page_args(first, None)
+    if not after:
+        return 0, None, n
+    k, rest = unb64(after)
+    if k == "o":
+        return decode_cursor(after), None, n
+    if k != kind:
+        raise ValidationError("after", "this cursor belongs to another list or order", "INVALID_CURSOR")
+    at, ident = json.loads(job_keyset(rest, [False, True]))
+    return 0, (float(at), ident), n
+
+
+def history_cursor(kind: str, at: float, ident: str) -> str:
+    """The keyset cursor of a history list's item: its time and id (`history_page`)."""
+    return encode_key_cursor(kind, [at, ident])
 
 
 def index_after(keys: Sequence[tuple[str | int | float, ...]], after: list[object], reverse: bool) -> int:

@@ -18,6 +18,8 @@ from server.api.graphql.cursors import (
     decode_key_cursor,
     encode_cursor,
     encode_key_cursor,
+    history_cursor,
+    history_page,
     index_after,
     job_keyset,
     page_args,
@@ -237,11 +239,13 @@ class Query:
                                end_cursor=edges[-1].cursor if edges else None),
         )
 
-    @strawberry.field(description="Attempts from the history database, by placement time.")
+    @strawberry.field(description="Attempts from the history database, by placement time. Cursors are keyset "
+                                  "cursors: stable while attempts are added.")
     async def attempts(self, info: Info, first: int | None = 50, after: str | None = None,
                  job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
                  newest_first: bool = False) -> AttemptConnection:
-        offset, n = page_args(first, after)
+        order = "ad" if newest_first else "aa"
+        offset, key, n = history_page(first, after, order)
         mu = muster(info)
         assert mu.history is not None
         jid = str(job_id) if job_id is not None else None
@@ -249,12 +253,13 @@ class Query:
         # Counted before the page is read, and never fewer than the page shows: the
         # historian writes between the two reads.
         total = await in_thread(mu.history.count_attempts, job_id=jid, host_id=hid)
-        rows = await in_thread(mu.history.list_attempts, job_id=jid, host_id=hid, limit=n, offset=offset,
-                               newest_first=newest_first)
+        rows = await in_thread(mu.history.list_attempts, job_id=jid, host_id=hid, limit=n + 1, offset=offset,
+                               newest_first=newest_first, after=key)
+        more, rows = len(rows) > n, rows[:n]
         total = max(total, offset + len(rows))
         jobs: dict[str, JobModel | None] = {}
         edges = []
-        for i, r in enumerate(rows):
+        for r in rows:
             if r.job_id not in jobs:
                 jobs[r.job_id] = mu.state.jobs.get(r.job_id) or await in_thread(mu.history.get_job, r.job_id)
             job = jobs[r.job_id]
@@ -263,41 +268,47 @@ class Query:
                 m = AttemptModel(id=r.id, number=r.number, host_id=r.host_id, state=AttemptState(r.state),
                                  term=r.term, placed_at=r.placed_at, started_at=r.started_at,
                                  finished_at=r.finished_at, exit_code=r.exit_code)
-            edges.append(AttemptEdge(cursor=encode_cursor(offset + i), node=Attempt(_m=m, _job_id=r.job_id)))
+            edges.append(AttemptEdge(cursor=history_cursor(order, r.placed_at, r.id),
+                                     node=Attempt(_m=m, _job_id=r.job_id)))
         return AttemptConnection(total_count=total, edges=edges, page_info=PageInfo(
-            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+            has_next_page=more, end_cursor=edges[-1].cursor if edges else None))
 
-    @strawberry.field(description="Recorded job, attempt and host events, oldest first unless newestFirst.")
+    @strawberry.field(description="Recorded job, attempt and host events, oldest first unless newestFirst. "
+                                  "Cursors are keyset cursors: stable while events are added.")
     async def events(self, info: Info, first: int | None = 50, after: str | None = None,
                job_id: strawberry.ID | None = None, host_id: strawberry.ID | None = None,
                kind: str | None = None, since: dt.datetime | None = None,
                newest_first: bool = False) -> HistoryEventConnection:
-        offset, n = page_args(first, after)
+        order = "ed" if newest_first else "ea"
+        offset, key, n = history_page(first, after, order)
         mu = muster(info)
         assert mu.history is not None
         jid = str(job_id) if job_id is not None else None
         hid = str(host_id) if host_id is not None else None
         since_s = epoch(since)
         total = await in_thread(mu.history.count_events, job_id=jid, host_id=hid, kind=kind, since=since_s)
-        rows = await in_thread(mu.history.list_events, job_id=jid, host_id=hid, kind=kind, since=since_s, limit=n,
-                               offset=offset, newest_first=newest_first)
+        rows = await in_thread(mu.history.list_events, job_id=jid, host_id=hid, kind=kind, since=since_s,
+                               limit=n + 1, offset=offset, newest_first=newest_first, after=key)
+        more, rows = len(rows) > n, rows[:n]
         total = max(total, offset + len(rows))  # as for attempts
-        edges = [HistoryEventEdge(cursor=encode_cursor(offset + i), node=HistoryEvent(
+        edges = [HistoryEventEdge(cursor=history_cursor(order, r.ts, r.id), node=HistoryEvent(
             id=strawberry.ID(r.id), ts=ts(r.ts), kind=r.kind, job_id=r.job_id, host_id=r.host_id,
-            message=r.message)) for i, r in enumerate(rows)]
+            message=r.message)) for r in rows]
         return HistoryEventConnection(total_count=total, edges=edges, page_info=PageInfo(
-            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+            has_next_page=more, end_cursor=edges[-1].cursor if edges else None))
 
-    @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects).")
+    @strawberry.field(description="Alerts, newest first (also published on the `alerts.>` NATS subjects). "
+                                  "Cursors are keyset cursors: stable while alerts are added.")
     async def alerts(self, info: Info, first: int | None = 50, after: str | None = None,
                kind: str | None = None) -> AlertConnection:
-        offset, n = page_args(first, after)
+        offset, key, n = history_page(first, after, "al")
         mu = muster(info)
         assert mu.history is not None
-        rows, total = await in_thread(mu.history.list_alerts, kind=kind, limit=n, offset=offset)
-        edges = [AlertEdge(cursor=encode_cursor(offset + i), node=alert(r)) for i, r in enumerate(rows)]
+        rows, total = await in_thread(mu.history.list_alerts, kind=kind, limit=n + 1, offset=offset, after=key)
+        more, rows = len(rows) > n, rows[:n]
+        edges = [AlertEdge(cursor=history_cursor("al", r.ts, r.id), node=alert(r)) for r in rows]
         return AlertConnection(total_count=total, edges=edges, page_info=PageInfo(
-            has_next_page=offset + len(edges) < total, end_cursor=edges[-1].cursor if edges else None))
+            has_next_page=more, end_cursor=edges[-1].cursor if edges else None))
 
     @strawberry.field
     def cluster(self, info: Info) -> Cluster:
