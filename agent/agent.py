@@ -533,7 +533,9 @@ class Agent:
             return
         if not self.fenced:
             self.fenced = True
-            self._fenced_at = time.monotonic()
+            # The fence began when the silence passed its delay, not when this loop saw it:
+            # an agent frozen (SIGSTOP) or starved past the delay notices only once it runs.
+            self._fenced_at = self.last_heartbeat_ok + self.config.fence_after_s
             doomed = [r for r in self.runs.values() if not r.task.keep_running]
             for r in doomed:
                 r.freeze()

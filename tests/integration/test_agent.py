@@ -195,15 +195,18 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             groups = [agent.runs[t.attempt_id].proc.pid for t in tasks]  # type: ignore[union-attr]
 
             async def fence() -> None:
-                agent.last_heartbeat_ok -= 601.0  # no heartbeat stored for longer than fence_after
+                # No heartbeat stored for 100 s longer than fence_after: the agent notices late
+                # (as one frozen with SIGSTOP does), and its fence began those 100 s ago.
+                agent.last_heartbeat_ok -= 700.0
                 await agent._check_fence()
                 assert agent.fenced and set(agent._frozen) == {t.attempt_id for t in tasks}
                 await eventually(lambda: all(group_frozen(g) for g in groups), timeout=30,
                                  what="the attempts frozen")
-                agent.last_heartbeat_ok += 601.0
+                agent.last_heartbeat_ok += 700.0
 
             await fence()
             agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
+            assert agent.last_fence_s >= 100.0  # it told the time it saw the fence (~0 s) before
             await eventually(lambda: all(group_running(g) for g in groups), timeout=30,
                              what="the attempts continued")
             assert agent.fence_continued == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
