@@ -885,3 +885,74 @@ def test_a_queue_whose_jobs_all_wait_for_their_begin_time_is_not_counted_as_wait
     w.qsubmit("waits", "a")
     assert fairness(w.state, NOW)[1] == 1  # a only
     assert fairness(w.state, NOW + 3601)[1] == 2  # b's job may be placed from its begin time
+
+
+def _placed_and_running(w: QWorld, now: float) -> None:
+    w.qcycle(now=now)
+    w.qcycle(w.agent_reports(now), now=now)
+
+
+@pytest.mark.parametrize("first", [4, 3])
+def test_reclaim_counts_what_the_same_cycle_placed(first: int) -> None:
+    """Found by review: preemption decided on a book that lacked the cycle's own placements,
+    so a job that would borrow (its queue brought to its nominal quota by a job placed
+    earlier in the same cycle) reclaimed from a lender as if it were within it."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=first)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("z", cohort="c", gpus=16, min_runtime_s=0)
+    for i in range(8):
+        w.qsubmit(f"b{i}", "b", submitted_at=NOW - 1000 + i)
+    _placed_and_running(w, NOW - 990)  # b holds h1: it borrows 4
+    w.qsubmit("a1", "a", gpus=first, submitted_at=NOW - 10)  # fills h2
+    w.qsubmit("a2", "a", gpus=1, submitted_at=NOW - 9)  # no room left anywhere
+    plan = w.qcycle(now=NOW)
+    assert plan.jobs["a1"].state is JobState.PLACED
+    if first == 4:  # a at its nominal quota: a2 would borrow, and reclaim has nothing to restore
+        assert not plan.preempted and not w.job("a2").preempting
+    else:  # a2 keeps a within its nominal quota: one of b's borrowed GPUs comes back
+        assert plan.preempted == {("reclaim", "a"): 1} and len(w.job("a2").preempting) == 1
+
+
+def test_a_priority_preemption_holds_back_no_other_queue() -> None:
+    """Found by review: any preemption under way (a priority one within a queue too) held
+    back every unmetered queue's jobs, the implicit `default` queue's, cluster-wide, for the
+    victims' whole grace, with free GPUs elsewhere."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=4)
+    w.queue("team", cohort="lab", gpus=16, min_runtime_s=0, preempt_grace_s=600)
+    w.qsubmit("lo", "team", gpus=8, submitted_at=NOW - 1000)
+    _placed_and_running(w, NOW - 990)
+    w.qsubmit("hi", "team", gpus=8, priority=10, submitted_at=NOW - 20)
+    plan = w.qcycle(now=NOW - 10)
+    assert plan.preempted == {("priority", "team"): 1} and w.job("hi").preempting
+    w.qsubmit("d1", "default", gpus=1, submitted_at=NOW - 5)
+    plan = w.qcycle(now=NOW)  # lo still in its grace
+    assert plan.jobs["d1"].state is JobState.PLACED and plan.jobs["d1"].attempts[-1].host_id == "h2"
+    assert w.job("hi").preempting  # still waiting for lo
+
+
+def test_a_preemptor_placed_by_a_commit_in_flight_counts_once_against_its_users_limit() -> None:
+    """Found by review: a preemptor whose placement was in flight counted both as a waiting
+    preemptor's claim and as its placed record, so its user's GPUs were counted twice and a
+    job within the user's limit waited a cycle."""
+    w = QWorld()
+    w.host("h1", gpus=2)
+    w.host("h2", gpus=1)
+    w.queue("team", gpus=16, max_gpus_per_user=3, min_runtime_s=0, preempt_grace_s=5)
+    w.qsubmit("lo", "team", gpus=2, submitted_at=NOW - 1000, user="bob")  # h1: h2 is too small
+    _placed_and_running(w, NOW - 990)
+    w.qsubmit("p", "team", gpus=2, priority=10, submitted_at=NOW - 100, user="ann")
+    w.qcycle(now=NOW - 90)
+    assert w.job("p").preempting
+    w.qcycle(w.agent_reports(NOW - 80), now=NOW - 80, placements=0)  # lo stopped; p not placed yet
+    policy = QueuePolicy(half_life_s=0)
+    plan_a = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy)
+    assert plan_a.jobs["p"].state is JobState.PLACED
+    w.qsubmit("j", "team", gpus=1, submitted_at=NOW - 1, user="ann")  # ann: 2 + 1, her limit
+    plan_b = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy,
+                        frozen_jobs=set(plan_a.jobs), frozen_hosts=set(plan_a.allocs), pending=plan_a.jobs)
+    assert plan_b.jobs["j"].state is JobState.PLACED

@@ -18,7 +18,14 @@ from server.scheduling.capacity import Placer, as_hard, placement_size
 from server.scheduling.cycle.admission import Admission, at_least, refused_whole
 from server.scheduling.cycle.limits import UserLimits
 from server.scheduling.cycle.reserving import Reserving, record_reservations
-from server.scheduling.cycle.victims import borrowed_from, foresee, paced, preempt_for, victims_live
+from server.scheduling.cycle.victims import (
+    borrowed_from,
+    foresee,
+    paced,
+    preempt_for,
+    takes_from_others,
+    victims_live,
+)
 from server.scheduling.cycle.work import QueuePolicy, Work, job_event
 from server.scheduling.placement import Choice
 from server.scheduling.queues import (
@@ -108,11 +115,13 @@ class Placing:
         # Jobs within their queue's nominal quota go first; jobs that would borrow wait for a
         # second pass, and none is placed in a cohort where a job within its nominal quota
         # waits for victims to stop (what reclaim frees is not lent out again at once).
+        # A preemption within one queue (by priority) frees nothing another queue lent: it
+        # holds back no borrower.
         self.deferred: dict[str, list[Job]] = {}
-        self.starved: set[str | None] = set()  # cohorts with a preemption under way
+        self.starved: set[str | None] = set()  # cohorts waiting for other queues' victims to stop
         ready_ids = {r.id for r in self.ready}
         for job in [*self.preempting, *self.starting]:
-            if job.id not in ready_ids:
+            if job.id not in ready_ids and takes_from_others(w, job):
                 q = adm.queue(job)
                 self.starved.add(q.cohort if q is not None else None)
         # Per queue, the size of a job (of any model) that would borrow: one at least as large
@@ -152,7 +161,11 @@ class Placing:
         for qn in backlog.order:
             listed = backlog.jobs_of(qn, jobs)
             lists[qn] = [j for j in listed if j.id not in changed] if qn in changed_queues else listed
-        self.preempting = [jobs[i] for i in backlog.preempting if i not in changed]
+        # (Not one a commit in flight places or ends: its record there counts, as any
+        # other job's, in the queues' books and the users' limits.)
+        pending = w.pending
+        self.preempting = [jobs[i] for i in backlog.preempting
+                           if i not in changed and (i not in pending or _still_preempting(pending[i]))]
         self.added: dict[str, list[Job]] = {}  # queue -> jobs this cycle put back in it
         for j in changed.values():
             if j.state is JobState.QUEUED and not j.hold and not j.waiting_for:
@@ -417,8 +430,10 @@ class Placing:
                 self.limits.claim(current, cq)
                 self.budget -= n
                 self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + n
-                q = adm.queue(job)
-                self.starved.add(q.cohort if q is not None else None)
+                preemptor = w.latest(job.id)
+                if preemptor is not None and takes_from_others(w, preemptor):
+                    q = adm.queue(job)
+                    self.starved.add(q.cohort if q is not None else None)
         self.blocked.clear()
 
     # ------------------------------------------------------------ the cycle's placements
@@ -492,15 +507,24 @@ class Placing:
             assert copy is not None
             job = copy
             job.reserved = None
-            if not job.preempting:  # a preemptor's GPUs were counted as its claim
+            # A preemptor's GPUs were counted as its claim, and its demand in the future book
+            # (victims.foresee); another job's are counted now, in both: further preemptions
+            # this cycle are decided on the future book, which must hold what the cycle placed.
+            future = None if job.preempting else self.adm.future
+            if not job.preempting:
                 limits.claim(job, q)
             job.preempting = []
-            _start_try(w, placer, self.book, job, choices, q, self.term, now)
+            _start_try(w, placer, self.book, job, choices, q, self.term, now, future)
             self.let_go_of(job)  # (and what no job found room for is forgotten)
         w.plan.reservations = list(reserving.made.values())  # in the order they were made
         record_reservations(w, w.plan.reservations, complete, now, max_keys, self.skip)
         if self.budget > 0:
             self.preempt_blocked()  # for the jobs of the second pass (priority preemption, above all)
+
+
+def _still_preempting(job: Job) -> bool:
+    """A record (a commit's in flight) of a preemptor still waiting for its victims."""
+    return job.state is JobState.QUEUED and bool(job.preempting)
 
 
 def place_queued(
@@ -518,11 +542,12 @@ def place_queued(
 
 
 def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list[Choice], q: Queue, term: int,
-               now: float) -> None:
+               now: float, future: QueueBook | None = None) -> None:
     """Write a placement into the records: the job's next try (one attempt per task, the
     i-th task on the i-th host chosen, told the gang's size and hosts), each task on its
-    host's allocation under this term, what it takes counted in its queue's book; the job
-    PLACED, with its event."""
+    host's allocation under this term, what it takes counted in its queue's book (and in
+    `future`, the book preemptions are decided on, when given); the job PLACED, with its
+    event."""
     number = job.tries + 1
     gang = job.spec.replicas > 1
     gang_hosts = ",".join(c.host_id for c in choices)  # task i's host is the i-th
@@ -530,7 +555,10 @@ def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list
     attempt = None
     for i, choice in enumerate(choices):
         model = _model_of(placer, choice)
-        book.take(job.spec.queue, task_demand(job.spec, model))
+        taken = task_demand(job.spec, model)
+        book.take(job.spec.queue, taken)
+        if future is not None:
+            future.take(job.spec.queue, taken)
         attempt = Attempt(
             id=f"{job.id}.{number}.{i}" if gang else f"{job.id}.{number}",
             number=number,

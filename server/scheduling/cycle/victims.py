@@ -33,6 +33,16 @@ def _victim_try(entry: str) -> tuple[str, int]:
     return job_id, int(number) if number.isdigit() else 0
 
 
+def takes_from_others(w: Work, job: Job) -> bool:
+    """Whether a preemptor waits for a victim of another queue (reclaim, fair share), not
+    only for its own queue's (priority). A victim whose record is gone counts as another's."""
+    for entry in job.preempting:
+        victim = w.latest(_victim_try(entry)[0])
+        if victim is None or victim.spec.queue != job.spec.queue:
+            return True
+    return False
+
+
 def victims_live(w: Work, job: Job) -> tuple[bool, set[str]]:
     """Whether any victim this job waits for still runs, and the hosts they ran on."""
     live = False
