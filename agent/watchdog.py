@@ -48,6 +48,7 @@ from types import ModuleType
 POLL_S = 0.25
 # An agent that has not touched DIR/awake for this long is taken for frozen or hung.
 AWAKE_S = 2.0
+NO_GROUP = 0  # a fenced attempt whose first process was gone: only its cgroups are signalled
 
 
 def _load_cgroups() -> ModuleType | None:
@@ -188,8 +189,15 @@ class Watchdog:
         with `kill`, SIGKILL now."""
         kill_at = now if kill else now + self.grace_s
         for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
-            if keep or attempt in self.fenced or start_time(group) != started:
+            if keep or attempt in self.fenced:
                 continue
+            if start_time(group) != started:
+                # Its first process is gone (and its pid may be another's by now: its group
+                # is not signalled), but what it left in the attempt's cgroups (a `setsid`
+                # daemon, a double fork) is the attempt's all the same, and is stopped.
+                if cgroups is None or not cgs or not cgroups.populated(cgs):
+                    continue
+                group = NO_GROUP
             os.makedirs(self.fenced_dir, exist_ok=True)
             silent = now - self.changed
             with open(os.path.join(self.fenced_dir, attempt), "w") as f:
@@ -208,6 +216,10 @@ class Watchdog:
             if cgroups is None:
                 self.signal(group, signal.SIGTERM)
                 self.signal(group, signal.SIGCONT)
+            elif group == NO_GROUP:
+                cgroups.signal_paths(cgs, signal.SIGTERM)
+                cgroups.set_frozen(cgs, False)
+                cgroups.signal_paths(cgs, signal.SIGCONT)
             else:
                 try:
                     cgroups.signal_attempt(cgs, group, signal.SIGTERM)
@@ -233,6 +245,8 @@ class Watchdog:
 
     @staticmethod
     def signal(group: int, sig: int) -> None:
+        if group == NO_GROUP:
+            return  # (killpg(0) would signal the watchdog's own group)
         try:
             os.killpg(group, sig)
         except OSError:

@@ -306,6 +306,39 @@ def test_a_daemon_that_left_the_attempts_process_group_is_killed_with_its_cgroup
 
 
 @pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
+def test_a_daemon_is_killed_with_its_cgroup_after_the_attempts_first_process_exited(
+        setup: Setup, tmp_path: Path) -> None:
+    """Found by exploring: the agent killed -9, the attempt's first process exits on its own
+    (its pid no longer matches the run file), and a `setsid` daemon it left in its cgroup
+    ran on for ever while the job ran again elsewhere. The watchdog stops what is left in
+    the cgroup, and signals no process group (the pid may be another's by now)."""
+    h = _hierarchy()
+    assert h is not None
+    group = h.create(f"wd2-{os.getpid()}", cgroups.Limits())
+    try:
+        daemon = tmp_path / "daemon"
+        joins = "; ".join(f"echo $$ > {f}" for f in group.procs_files())
+        script = (f"{joins}; (setsid sh -c 'echo $$ > {daemon}; exec sleep 600' < /dev/null > /dev/null 2>&1 &); "
+                  f"while [ ! -s {daemon} ]; do sleep 0.05; done")
+        p = setup.spawn(["sh", "-c", script], start_new_session=True)
+        line = " ".join([str(p.pid), start_time(p.pid)] + [f"cg:{d}" for d in group.paths])
+        (setup.runs / "j1.1").write_text(line + "\n")
+        assert p.wait(60) == 0  # the first process is gone, its daemon is not
+        pid = int(daemon.read_text())
+        assert not process_gone(pid) and pid in group.pids()
+        setup.agent.kill()  # the agent is gone too
+        setup.agent.wait()
+        wd = setup.start(stale_after=1.0, grace=0.5)
+        wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
+        assert group.pids() == [] and (setup.dir / "fenced" / "j1.1").exists()
+        assert wd.wait(60) == 0  # then it is done
+    finally:
+        group.kill()
+        group.remove()
+        cgroups.remove_paths(h.bases.values())
+
+
+@pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
 def test_an_attempt_in_its_cgroup_and_process_group_gets_one_sigterm(
         setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     """The attempt's process is in its cgroup and leads its process group (as the agent
