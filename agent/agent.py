@@ -164,6 +164,7 @@ class AgentConfig:
     # files are, and the name of the cgroup under which attempts' cgroups are made (None:
     # muster-<host id>).
     run_as: str | None = None
+    job_uids: str | None = None  # agent.isolation.parse_job_uids
     cgroups: str = "auto"
     cgroup_name: str | None = None
     pids_max: int = DEFAULT_PIDS_MAX
@@ -257,7 +258,7 @@ class Agent:
                                    pids_max=config.pids_max, work_root=config.work_dir,
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
                                    gpu_minors=getattr(self.gpus, "device_minors", lambda: None)(),
-                                   cgroup_name=config.cgroup_name)
+                                   cgroup_name=config.cgroup_name, job_uids=config.job_uids)
         self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0

@@ -54,6 +54,9 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--run-as", default=os.environ.get("MUSTER_RUN_AS") or None,
                    help="user tasks run as (default, as root: muster-task, created if missing, else nobody; "
                         "not root: the agent's own user)")
+    a.add_argument("--job-uids", default=os.environ.get("MUSTER_JOB_UIDS") or None, metavar="START:COUNT",
+                   help="with the default task user, each job's tasks run as a uid of its own, START + a hash of "
+                        "the job's id modulo COUNT (default 3000000:1000000; off: all as the task user)")
     a.add_argument("--cgroups", default=os.environ.get("MUSTER_CGROUPS", "auto"), choices=CGROUP_MODES,
                    help="cgroup version for attempts (auto: v2 if it has the memory controller, else v1)")
     a.add_argument("--cgroup-name", default=os.environ.get("MUSTER_CGROUP_NAME") or None,
@@ -108,6 +111,7 @@ def run(args: argparse.Namespace) -> None:
         run_as=args.run_as,
         cgroups=args.cgroups,
         cgroup_name=args.cgroup_name,
+        job_uids=args.job_uids,
         pids_max=args.pids_max,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         gpu_dev_dir=args.gpu_dev_dir,

@@ -3,8 +3,13 @@
 Each attempt:
 
 - runs as the **task user** (`--run-as`; by default `muster-task`, created by the agent
-  when missing, else `nobody`), never as the agent's user when the agent is root. A
-  non-root agent cannot switch users: its tasks run as itself, and it says so;
+  when missing, else `nobody`), never as the agent's user when the agent is root. With
+  the default task user, each job's attempts run under a **uid of the job's own**
+  (`job_uid`: the same on every host and for every try, from `--job-uids`, with a group of
+  the same number), so that no task can read another job's environment, working
+  directory or processes; only tasks sharing a GPU under CUDA MPS (whose server serves
+  one uid at a time) run as the task user itself. A non-root agent cannot switch users:
+  its tasks run as itself, and it says so;
 - starts with a **clean environment**: `PATH` (a fixed default), `HOME`, `USER`,
   `LOGNAME`, the job's `env` (which may override those four), then the facts the agent
   sets (`task_facts`): nothing of the agent's own environment (its NATS credentials,
@@ -27,6 +32,7 @@ agent's user or root) is shown "not isolated".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -57,6 +63,36 @@ CGROUP_MODES = ("auto", "v2", "v1", "off")
 # The environment of the launcher itself (it may run as root before switching users).
 LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 _GPU_DEVICE = re.compile(r"^nvidia(\d+)$")
+
+
+# Each job's uid (and gid): START + a hash of its id modulo COUNT, far above the ids of
+# users and of containers' subordinate ranges (`--job-uids START:COUNT`, or "off").
+DEFAULT_JOB_UIDS = (3_000_000, 1_000_000)
+
+
+def parse_job_uids(text: str | None) -> tuple[int, int] | None:
+    """`--job-uids`: "START:COUNT", "off" (None), or None/"" for the default. Raises
+    ConfigError."""
+    if not text:
+        return DEFAULT_JOB_UIDS
+    if text == "off":
+        return None
+    start_s, _, count_s = text.partition(":")
+    try:
+        start, count = int(start_s), int(count_s)
+    except ValueError:
+        raise ConfigError(f"--job-uids must be START:COUNT or off, not {text!r}") from None
+    if start < 1000 or count < 1 or start + count > 2**31 - 2:
+        raise ConfigError("--job-uids: START at least 1000, COUNT at least 1, START+COUNT below 2**31")
+    return start, count
+
+
+def job_uid(job_id: str, uids: tuple[int, int]) -> int:
+    """The uid a job's attempts run as: the same for the job wherever and whenever it runs
+    (a checkpoint one try writes, the next can read), another job's with odds of one in
+    COUNT."""
+    start, count = uids
+    return start + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % count
 
 
 @dataclass(frozen=True)
@@ -193,11 +229,15 @@ class Isolation:
     def __init__(self, host_id: str, *, run_as: str | None = None, cgroup_mode: str = "auto",
                  pids_max: int = DEFAULT_PIDS_MAX, work_root: Path | None = None, private_dir: Path,
                  dev_dir: str = "/dev", gpu_minors: dict[int, int] | None = None,
-                 cgroup_name: str | None = None) -> None:
+                 cgroup_name: str | None = None, job_uids: str | None = None) -> None:
         if cgroup_mode not in CGROUP_MODES:
             raise ConfigError(f"--cgroups must be one of {', '.join(CGROUP_MODES)}")
         self.host_id = host_id
         self.user, user_warning = resolve_user(run_as)
+        uids = parse_job_uids(job_uids)
+        # A uid per job where the agent may switch users and runs tasks as the default task
+        # user (a user named with --run-as is the operator's choice: its files, its access).
+        self.job_uids = uids if (self.user.switches and self.user.uid != 0 and not run_as) else None
         self.hierarchy, cgroup_why = cgroups.detect(cgroup_mode, cgroup_name or f"muster-{host_id}")
         self.pids_max = pids_max
         self.dev_dir = dev_dir
@@ -230,9 +270,23 @@ class Isolation:
     def describe(self) -> str:
         """One line for the heartbeat and the log."""
         cg = self.hierarchy.describe() if self.hierarchy is not None else "no cgroups"
-        who = f"tasks run as {self.user.name}" if self.user.switches else \
-            f"tasks run as the agent's user {self.user.name}"
+        if self.job_uids is not None:
+            start, count = self.job_uids
+            who = f"tasks run as {self.user.name} with a uid per job ({start}-{start + count - 1})"
+        elif self.user.switches:
+            who = f"tasks run as {self.user.name}"
+        else:
+            who = f"tasks run as the agent's user {self.user.name}"
         return f"{cg}; {who}"
+
+    def ids_for(self, t: Task, shared_user: bool = False) -> tuple[int, int, list[int]]:
+        """(uid, gid, groups) attempt `t` runs as: its job's own uid and group, with the task
+        user's other groups (device access); the task user's when uids per job are off or
+        the task must share the task user (`shared_user`: a GPU share under CUDA MPS)."""
+        if self.job_uids is None or shared_user:
+            return self.user.uid, self.user.gid, list(self.user.groups)
+        uid = job_uid(t.job_id, self.job_uids)
+        return uid, uid, [uid, *(g for g in self.user.groups if g != self.user.gid)]
 
     def log_start(self) -> None:
         if self.isolated:
@@ -244,11 +298,13 @@ class Isolation:
 
     # ------------------------------------------------------------ one attempt
 
-    def prepare(self, t: Task, env: dict[str, str]) -> Launch:
+    def prepare(self, t: Task, env: dict[str, str], shared_user: bool = False) -> Launch:
         """Make attempt `t` ready to start with `env`: its cgroup, its working directory and
-        the launcher's spec. Raises OSError (the attempt fails to start)."""
+        the launcher's spec, for the uid it runs as (`ids_for`). Raises OSError (the
+        attempt fails to start)."""
         group = None
         work_dir = None
+        uid, gid, groups = self.ids_for(t, shared_user)
         try:
             if self.hierarchy is not None:
                 deny: tuple[tuple[int, int], ...] = ()
@@ -261,7 +317,7 @@ class Isolation:
             if not cwd:
                 work_dir = self.work_root / t.attempt_id
                 work_dir.mkdir(mode=0o700)
-                os.chown(work_dir, self.user.uid, self.user.gid)
+                os.chown(work_dir, uid, gid)
                 cwd = str(work_dir)
             env = dict(env)
             for k, v in (("HOME", str(work_dir or cwd)), ("USER", self.user.name), ("LOGNAME", self.user.name)):
@@ -272,7 +328,7 @@ class Isolation:
                 "user": self.user.name, "cwd": cwd, "command": list(t.command), "env": env,
             }
             if self.user.switches:
-                spec.update(uid=self.user.uid, gid=self.user.gid, groups=list(self.user.groups))
+                spec.update(uid=uid, gid=gid, groups=groups)
             fd, spec_path = tempfile.mkstemp(prefix=f"{t.attempt_id}.", suffix=".json", dir=self.private_dir)
             with os.fdopen(fd, "w") as f:
                 json.dump(spec, f)

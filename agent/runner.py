@@ -175,7 +175,7 @@ class Run:
         t = self.task
         loop = asyncio.get_running_loop()
         if self.isolation is not None:
-            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env())
+            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env(), self.mps)
         else:
             self.launch = Isolation.unconfined(t, self.env())
         status_r, status_w = os.pipe()

@@ -42,6 +42,11 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 128
+# The facts the scheduler and the agent give each task (docs/security.md): a job's own
+# value would pass for theirs where they are read from the task's env.
+RESERVED_ENV = frozenset({"MUSTER_JOB_ID", "MUSTER_ATTEMPT_ID", "MUSTER_ATTEMPT", "MUSTER_TASK_INDEX",
+                          "MUSTER_GANG_SIZE", "MUSTER_GANG_TASK", "MUSTER_GANG_HOSTS", "MUSTER_HOST_ID",
+                          "MUSTER_WORK_DIR", "MUSTER_PREEMPT_DEADLINE", "MUSTER_GPU_SHARE"})
 MAX_REASON_CHARS = 512
 MAX_GPU_MEMORY_MB = 1024 * 1024
 MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
@@ -93,6 +98,9 @@ def validate_job(
         for k, v in env.items():
             if not isinstance(k, str) or not ENV_KEY_RE.fullmatch(k) or not isinstance(v, str) or "\x00" in v:
                 err("env", f"invalid variable {str(k)[:40]!r}")
+                break
+            if k in RESERVED_ENV:
+                err("env", f"{k} is set by Muster for each task; a job cannot set it")
                 break
     gpus = data.get("gpus", 0)
     cpus = data.get("cpus", 1.0)
@@ -149,8 +157,9 @@ def validate_job(
     if not _whole(max_attempts, 1, 100):
         err("maxAttempts", "must be from 1 to 100", "OUT_OF_RANGE")
     cwd = data.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd):
-        err("cwd", "must be a path of at most 4096 characters")
+    if cwd is not None and (not isinstance(cwd, str) or len(cwd) > 4096 or "\x00" in cwd
+                            or (cwd and not cwd.startswith("/"))):
+        err("cwd", "must be an absolute path of at most 4096 characters (a relative one would be the agent's)")
     on_disconnect = data.get("on_disconnect", "STOP")
     if on_disconnect not in ("STOP", "KEEP_RUNNING"):
         err("onDisconnect", "must be STOP or KEEP_RUNNING")

@@ -102,6 +102,43 @@ def test_a_job_hunting_for_secrets_finds_none(cluster: Cluster, shared: Path) ->
     assert host(api, "iso-a")["isolated"] is True
 
 
+NEIGHBOUR = r"""
+found=0
+for p in /proc/[0-9]*; do
+  { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -q TOPSECRET && { echo "ENVIRON $p"; found=1; }
+  grep -rqs TOPSECRET "$p/cwd/" 2>/dev/null && { echo "CWD $p"; found=1; }
+  kill -0 "$(basename $p)" 2>/dev/null && [ "$(stat -c %u $p)" != "$(id -u)" ] && { echo "SIGNAL $p"; found=1; }
+done
+echo "hunt over: found=$found uid=$(id -u)"
+exit $found
+"""
+
+
+@ROOT_ONLY
+def test_a_job_cannot_read_or_signal_another_jobs_tasks(cluster: Cluster, shared: Path) -> None:
+    """Found by exploring: all tasks of a host ran as one task user, so a job read another
+    job's `env` (/proc/<pid>/environ) and its working directory (/proc/<pid>/cwd), and
+    could signal its processes. Each job now runs as a uid of its own."""
+    srv = cluster.server()
+    cluster.agent("iso-n", gpus="2xH100", isolate=True)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    ready = shared / "victim-ready"
+    victim = api.submit(name="victim", command=["sh", "-c", f"echo TOPSECRET > notes; touch {ready}; sleep 600"],
+                        env={"API_KEY": "TOPSECRET"}, gpus=1, cpus=1, memoryMb=64)
+    wait_until(ready.exists, timeout=60, what="the victim running")
+    res = api.submit(name="neighbour", command=["sh", "-c", NEIGHBOUR], gpus=1, cpus=1, memoryMb=64)
+    job = api.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"})
+    out = attempt(api, job["id"])["outputTail"]
+    assert "hunt over: found=0" in out and job["state"] == "SUCCEEDED", out
+    neighbour_uid = int(out.rsplit("uid=", 1)[1].split()[0])
+    victim_uid = os.stat(ready).st_uid
+    assert neighbour_uid != victim_uid and 0 not in (neighbour_uid, victim_uid)
+    api.q('mutation($id: ID!) { cancelJob(id: $id, reason: "test") { userErrors { code } } }',
+          {"id": victim["job"]["id"]})
+    api.wait_job(victim["job"]["id"], {"CANCELLED"})
+
+
 @ROOT_ONLY
 @pytest.mark.parametrize("version", [
     pytest.param("v1", marks=needs("v1")),

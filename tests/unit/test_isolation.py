@@ -160,3 +160,28 @@ def test_the_task_user_is_checked() -> None:
         assert user.uid == os.geteuid() and not user.switches and "own user" in warning
         with pytest.raises(ConfigError, match="root"):
             resolve_user("root")
+
+
+def test_each_job_runs_as_a_uid_of_its_own() -> None:
+    """A uid per job (found by exploring: every task of a host ran as one task user, so a
+    job read another's `env` and working directory through /proc): the same for a job on
+    every host and try, its own group, the task user's other groups kept."""
+    from agent.isolation import DEFAULT_JOB_UIDS, Isolation, TaskUser, job_uid, parse_job_uids
+
+    assert parse_job_uids(None) == parse_job_uids("") == DEFAULT_JOB_UIDS
+    assert parse_job_uids("off") is None and parse_job_uids("5000000:10") == (5_000_000, 10)
+    for bad in ("5000000", "x:1", "10:5", "5000000:0", f"{2**31 - 5}:10"):
+        with pytest.raises(ConfigError, match="job-uids"):
+            parse_job_uids(bad)
+    uids = [job_uid(f"j{i}", DEFAULT_JOB_UIDS) for i in range(200)]
+    assert all(3_000_000 <= u < 4_000_000 for u in uids) and len(set(uids)) == 200
+    assert job_uid("j7", DEFAULT_JOB_UIDS) == job_uid("j7", DEFAULT_JOB_UIDS)
+    iso = Isolation.__new__(Isolation)  # (only what ids_for reads)
+    iso.user = TaskUser("muster-task", 999, 999, (44, 999))
+    iso.job_uids = DEFAULT_JOB_UIDS
+    t = task()
+    u = job_uid(t.job_id, DEFAULT_JOB_UIDS)
+    assert iso.ids_for(t) == (u, u, [u, 44])
+    assert iso.ids_for(t, shared_user=True) == (999, 999, [44, 999])  # a GPU share under MPS
+    iso.job_uids = None
+    assert iso.ids_for(t) == (999, 999, [44, 999])

@@ -195,6 +195,16 @@ def test_descriptions_refuse_control_characters(text: str) -> None:
     assert exc.value.field == "description"
 
 
+def test_a_job_cannot_set_the_facts_muster_gives_its_tasks_nor_a_relative_cwd() -> None:
+    """Found by exploring: `--env MUSTER_GANG_TASK=7` on a single task was read back by the
+    agent as the task's index, and `--cwd out` ran in the agent's own directory."""
+    assert errs(env={"MUSTER_GANG_TASK": "7"}) == [("env", "INVALID")]
+    assert errs(env={"MUSTER_JOB_ID": "x", "OK": "1"}) == [("env", "INVALID")]
+    assert errs(env={"MUSTER_ARRAY_INDEX": "3"}) == []  # the CLI's array jobs set their own
+    assert errs(cwd="out") == [("cwd", "INVALID")] and errs(cwd="../x") == [("cwd", "INVALID")]
+    assert errs(cwd="/scratch/run") == []
+
+
 def test_excluded_hosts() -> None:
     assert errs(exclude_hosts=["gpu-7", "gpu-12"]) == []
     assert errs(exclude_hosts="gpu-7") == [("excludeHosts", "INVALID")]
