@@ -292,13 +292,16 @@ class Agent:
         return self._runs_dir / attempt_id
 
     def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False,
-                    cgroup_paths: list[str] | None = None) -> None:
+                    cgroup_paths: list[str] | None = None, work_dir: str | None = None) -> None:
         path = self._run_file(attempt_id)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone; `cg:<dir>`: the
-        # attempt's cgroup directories (killed whole by the watchdog and a restarted agent).
+        # attempt's cgroup directories (killed whole by the watchdog and a restarted agent);
+        # `wd:<dir>`: the directory made for it (removed by a restarted agent).
         fields = [str(pid), start_time(pid)] + (["keep"] if keep_running else [])
         fields += [f"cg:{d}" for d in cgroup_paths or []]
+        if work_dir is not None and " " not in work_dir:
+            fields.append(f"wd:{work_dir}")
         path.write_text(" ".join(fields) + "\n")
 
     def _forget_run(self, attempt_id: str) -> None:
@@ -327,6 +330,12 @@ class Agent:
                                 f.name, pid)
             except (ValueError, OSError):
                 pass
+            else:
+                # Its working directory (the attempt's data, which a later task of the same
+                # job could read): removed, with its work root once empty.
+                for x in fields[2:]:
+                    if x.startswith("wd:"):
+                        self.isolation.remove_leftover_dir(Path(x[3:]), f.name)
             f.unlink(missing_ok=True)
         return killed
 
@@ -752,7 +761,7 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
-            self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths)
+            self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.
         fault = self._task_gpu_fault(t) if state is AttemptState.FAILED else ""

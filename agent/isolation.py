@@ -32,6 +32,7 @@ agent's user or root) is shown "not isolated".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -370,6 +371,18 @@ class Isolation:
             log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
         if launch.work_dir is not None:
             shutil.rmtree(launch.work_dir, ignore_errors=True)
+
+    def remove_leftover_dir(self, work_dir: Path, attempt_id: str) -> None:
+        """A previous agent's attempt directory (from its runs file): removed, and the work
+        root it was made in too once empty, unless it is this agent's. Only a directory
+        named for the attempt is touched."""
+        if work_dir.name != attempt_id or not work_dir.is_absolute():
+            return
+        shutil.rmtree(work_dir, ignore_errors=True)
+        root = work_dir.parent
+        if root != self.work_root and root.name.startswith(f"muster-work-{self.host_id}-"):
+            with contextlib.suppress(OSError):
+                root.rmdir()  # (only if empty: another agent's attempts may still be there)
 
     def kill_leftover(self, paths: list[str]) -> None:
         """A previous agent's attempt cgroup (from its runs file): kill and remove it."""

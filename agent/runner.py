@@ -155,6 +155,11 @@ class Run:
     def cgroup_paths(self) -> list[str]:
         return list(self.launch.group.paths) if self.launch is not None and self.launch.group is not None else []
 
+    @property
+    def work_dir(self) -> str | None:
+        """The directory made for the attempt (None: the job's cwd, or none made)."""
+        return str(self.launch.work_dir) if self.launch is not None and self.launch.work_dir is not None else None
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"run-{self.task.attempt_id}")
 

@@ -230,12 +230,19 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     a, api, job, gate, log = running_marked_job(cluster, tmp_path, "ra", "leftover")
     run_files = wait_until(lambda: list((tmp_path / "agents" / "ra.runs").glob("*")), what="the run file")
     assert [f.name for f in run_files] == [f"{job['id']}.1"]
-    pid = int(run_files[0].read_text().split()[0])
+    fields = run_files[0].read_text().split()
+    pid = int(fields[0])
+    work_dir = Path(next(x[3:] for x in fields if x.startswith("wd:")))
+    assert work_dir.is_dir() and work_dir.name == f"{job['id']}.1"
     a.kill9()
     time.sleep(0.5)
     assert not process_gone(pid), "the task should outlive a SIGKILLed agent (it runs in its own session)"
     cluster.agent("ra", gpus="2xH100")
     wait_until(lambda: process_gone(pid), timeout=60, what="the leftover process killed")
+    # Its working directory too (found by exploring: a restarted agent left them all), and
+    # the killed agent's work root with it, once empty.
+    wait_until(lambda: not work_dir.exists(), timeout=60, what="the leftover's working directory removed")
+    assert not work_dir.parent.exists()
     wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second attempt")
     first = api.q('query($id: ID!) { job(id: $id) { attempts { state reason } } }',
                   {"id": job["id"]})["job"]["attempts"][0]
