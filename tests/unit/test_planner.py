@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.scheduling import retry
 from server.scheduling.cycle.admission import queue_order
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle
@@ -471,6 +472,40 @@ def test_work_on_a_lost_host_waits_until_the_status_reports_are_read_up_to_its_e
         plan = cycle(read_to)
         assert plan.evicted == 1 and plan.held_for_reports == 0
         assert plan.jobs[on[lost]].attempts[0].state is AttemptState.LOST
+
+
+@pytest.mark.parametrize("said", ["heartbeat", "report"])
+def test_work_placed_on_a_host_that_left_is_requeued_uncounted_when_it_expires(said: str) -> None:
+    """Found by exploring: every agent stopped at once, the leader placed a try on a host
+    whose agent was shutting down (before it read so); the agent exited without giving it
+    back, and at the host's expiry the try ended LOST, counted against maxAttempts. A try
+    never started on a host that said it was leaving ends KILLED by that shutdown instead:
+    not counted. One that had started still ends LOST."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    w.host("h2")
+    placed(w, "j1", gpus=8, max_attempts=1)
+    placed(w, "j2", gpus=8, max_attempts=1)
+    where = {j: w.job(j).current.host_id for j in ("j1", "j2")}
+    started = next(j for j, h in where.items() if h == "h1")
+    w.cycle(reports=[report(w, started, AttemptState.RUNNING)])
+    for h in ("h1", "h2"):  # both leaving; neither agent tells of the unstarted try
+        if said == "heartbeat":
+            w.state.apply_host_record(heartbeat_record(h, next(w.rev), shape=False, leaving=True, ts=NOW + 1),
+                                      now=NOW + 1)
+        else:
+            w.state.mark_leaving(h, NOW + 1)
+        w.state.apply_host_record(Record(h, next(w.rev), None), now=NOW + 10)
+    w.host("h3", now=NOW + 10)
+    w.host("h4", now=NOW + 10)
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW + 11, term=TERM, max_keys=900,
+                      budget=EvictionBudget())
+    unstarted = next(j for j in where if j != started)
+    first = plan.jobs[unstarted].attempts[0]
+    assert (first.state, first.stop_kind) == (AttemptState.KILLED, retry.SHUTDOWN), first
+    assert plan.jobs[unstarted].state is JobState.PLACED  # tried again, though max_attempts is 1
+    assert plan.jobs[started].attempts[0].state is AttemptState.LOST
+    assert plan.jobs[started].state is JobState.FAILED
 
 
 def test_lost_with_single_attempt_fails(w: World) -> None:

@@ -90,6 +90,9 @@ def evict_lost(
             continue  # an earlier cycle's commit is changing it: next cycle
         entry = state.hosts.get(host_id)
         domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
+        # Its agent said it was leaving (a heartbeat, or a report of its shutdown) before it went.
+        left = entry is not None and (entry.leaving_reported is not None
+                                      or (entry.heartbeat is not None and entry.heartbeat.leaving))
         # As this cycle left them: a report it applied may have ended a task already.
         for task in list((w.plan.allocs.get(host_id) or state.allocs[host_id]).tasks):
             if w.plan.keys >= max_keys - 2:
@@ -119,7 +122,18 @@ def evict_lost(
             feasible.reserve(target, spec)
             alloc = w.alloc(host_id)
             alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
-            end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
+            if left and a.state is AttemptState.PLACED:
+                # Placed before the leader read that the host was leaving, on an agent that
+                # gave back what it got while shutting down (and started nothing): not a try
+                # of the job's, requeued as its agent's shutdown stops are.
+                copy = w.job(job.id)
+                stopped = attempt_of(copy, a.id) if copy is not None else None
+                if stopped is not None:
+                    stopped.stop_kind, stopped.stop_at = retry.SHUTDOWN, now
+                end_attempt(w, job.id, a.id, AttemptState.KILLED,
+                            f"not started: host {host_id} left (its agent shut down)", now)
+            else:
+                end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
             w.plan.evicted += 1
 
 
