@@ -231,7 +231,10 @@ def test_submit_job_and_watch_it_succeed(page: Any, stack: tuple[Cluster, Any, s
     [row] = attempts.locator("tbody tr").all()
     cells = row.locator("td").all_inner_texts()
     assert cells[0].strip() in REAL_HOSTS, cells
-    assert re.fullmatch(r"[0-7]", cells[1].strip()), cells  # one GPU index
+    # One GPU index, then (when the run outlasted a heartbeat) how busy it was on average.
+    gpu, *use = cells[1].strip().splitlines()
+    assert re.fullmatch(r"[0-7]", gpu) and all(re.fullmatch(r"[\d.]+ % busy on average over its run", u)
+                                                for u in use), cells
     assert cells[2].strip() == "SUCCEEDED", cells
     assert cells[3].strip() == "0", cells
     expect(page.locator("#live section.output pre")).to_contain_text("hello browser")
