@@ -54,6 +54,12 @@ class Shape:
         return Shape(spec.gpus, spec.gpu_share, spec.gpu_memory_mb, spec.cpus, spec.memory_mb, spec.models(),
                      spec.mig_profile)
 
+    def order_key(self) -> tuple[object, ...]:
+        """A total order of shapes that is the same in every process (a frozenset's repr
+        follows the string hash seed, which differs between replicas and restarts)."""
+        return (self.gpus, self.share, self.gpu_memory_mb, self.cpus, self.memory_mb,
+                self.models is not None, sorted(self.models or ()), self.mig or "")
+
 
 @dataclass(frozen=True)
 class ShapeMix:
@@ -63,7 +69,7 @@ class ShapeMix:
 
     @staticmethod
     def of(counts: Counter[Shape] | Iterable[tuple[Shape, float]]) -> ShapeMix:
-        items = sorted(dict(counts).items(), key=lambda kv: (-kv[1], repr(kv[0])))
+        items = sorted(dict(counts).items(), key=lambda kv: (-kv[1], kv[0].order_key()))
         total = sum(w for _, w in items)
         if total <= 0:
             return ShapeMix(())
