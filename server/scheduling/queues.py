@@ -401,23 +401,32 @@ class QueueBook:
         return out
 
     def lent(self, name: str) -> Resources:
-        """The part of the queue's lendable nominal quota others use now: its unused
-        lendable quota, times the share of the cohort's pool that is drawn by others."""
+        """The part of the queue's lendable nominal quota others use now: what the cohort's
+        queues borrow (hold above their nominal quota), divided between the lenders in
+        proportion to their unused lendable quota (so that the cohort's lent figures add up
+        to what it borrows), at most the queue's own unused part."""
         q = self.queues.get(name)
         out: Resources = {}
         if q is None or q.cohort is None:
             return out
+        members = [self.queues[m] for m in self.cohorts.get(q.cohort, ())]
         for r in q.quota:
-            unused = max(0.0, nominal(q, r) - guaranteed(q, r) - max(0.0, self.used(name, r) - guaranteed(q, r)))
-            key = (q.cohort, r)
-            pool = self.pool.get(key, 0.0)
-            others = self.drawn.get(key, 0.0) - self._drawn_by(name, r, self.used(name, r))
-            own_left = pool - (nominal(q, r) - guaranteed(q, r))
-            # Others' draw is met first from everyone else's lendable part.
-            from_me = max(0.0, others - own_left)
-            if min(unused, from_me) > EPS:
-                out[r] = min(unused, from_me)
+            unused = self._unused_lendable(q, r)
+            if unused <= EPS:
+                continue
+            total = sum(self._unused_lendable(m, r) for m in members)
+            borrowed = sum(max(0.0, self.used(m.name, r) - nominal(m, r)) for m in members if meters(m, r))
+            part = min(unused, borrowed * unused / total) if total > EPS else 0.0
+            if part > EPS:
+                out[r] = part
         return out
+
+    def _unused_lendable(self, q: Queue, r: str) -> float:
+        """What of the queue's lendable nominal quota of `r` it does not use itself."""
+        if not meters(q, r):
+            return 0.0
+        g = guaranteed(q, r)
+        return max(0.0, nominal(q, r) - g - max(0.0, self.used(q.name, r) - g))
 
     def over_nominal(self, name: str, resources: Iterable[str]) -> bool:
         """Whether the queue holds more than its nominal quota of any of `resources`

@@ -108,6 +108,18 @@ def test_borrowing_within_a_cohort_up_to_the_limits() -> None:
     assert book.admits("b", {H100: 8}) is None
 
 
+def test_what_lenders_are_shown_to_lend_adds_up_to_what_their_cohort_borrows() -> None:
+    """Found by review: each lender assumed the others met the borrowers first, so with
+    two lenders of 4 unused GPUs and a borrower of 6, each was shown lending 2 (4 in all)."""
+    queues = {"a": queue("a", "c", gpu_H100=(4, None, None)), "b": queue("b", "c", gpu_H100=(4, None, None)),
+              "z": queue("z", "c", gpu_H100=(0, None, None))}
+    book = QueueBook(queues, {"z": {H100: 6.0}})
+    assert book.borrowed("z") == {H100: 6.0}
+    assert (book.lent("a"), book.lent("b"), book.lent("z")) == ({H100: 3.0}, {H100: 3.0}, {})
+    book.take("a", {H100: 1.0})  # a uses 1 of its own: b, with more unused, lends more
+    assert book.lent("a") == {H100: pytest.approx(6 * 3 / 7)} and book.lent("b") == {H100: pytest.approx(6 * 4 / 7)}
+
+
 def test_default_queue_is_unmetered_and_always_exists() -> None:
     book = QueueBook({}, {"default": {H100: 100}})
     assert book.admits("default", {H100: 1000, "cpu": 1e6}) is None
