@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from server.scheduling.deadlines import Deadlines
+from server.scheduling.maintenance import START_ALLOWANCE_S
 from server.scheduling.placement import HostCapacity, check
 from wire.messages import HostAlloc, Job, JobSpec, Reserved, Task
 
@@ -49,19 +50,22 @@ class Reservation:
 
 def task_end(task: Task, job: Job | None, deadline: float | None, now: float) -> float:
     """When a task is expected to have freed what it holds: soon when it is being
-    stopped; at its job's deadline when running under a time limit; its time limit
-    after now when placed and not started yet; otherwise unknown."""
+    stopped; its stop's grace after its job's deadline when running under a time limit
+    (at the deadline it is only told to stop); its time limit and grace after now (and
+    the time a start takes) when placed and not started yet; otherwise unknown."""
+    grace = task.grace_s or STOPPING_S
     if task.stop:
-        return now + (task.grace_s or STOPPING_S)
+        return now + grace
     attempt = None
     if job is not None:
         attempt = next((a for a in job.current_tasks() if a.id == task.attempt_id), None)
     if attempt is not None and attempt.stop_kind:
-        return now + (task.grace_s or STOPPING_S)
+        return now + grace
     if deadline is not None:
-        return max(now, deadline)
+        return max(now, deadline) + grace
     if attempt is not None and attempt.time_limit_s > 0:
-        return max(now, (attempt.started_at or now) + attempt.time_limit_s)
+        started = attempt.started_at if attempt.started_at is not None else now + START_ALLOWANCE_S
+        return max(now, started + attempt.time_limit_s) + grace
     return UNKNOWN
 
 
@@ -132,22 +136,27 @@ def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec) -> bool:
 
 
 def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved: JobSpec | None,
-             view: Callable[[str], HostCapacity | None]) -> frozenset[str]:
-    """The hosts of reservation `r` that a job of `spec`, running at most `limit_s`, may
-    not take now: none when its limit ends it by the reserved start (`may_backfill`); for
+             view: Callable[[str], HostCapacity | None], grace_s: float = 0.0) -> frozenset[str]:
+    """The hosts of reservation `r` that a job of `spec`, running at most `limit_s` and
+    stopped with a grace of `grace_s` (its queue's; 0: the agent's), may not take now:
+    none when its limit ends it by the reserved start (`may_backfill`); for
     a job that wants no GPU, those where it would take CPU or memory a task of the
     reserved job (`reserved`) needs (`spares`, over the hosts as `view` gives them); else
     all of them. The planner and why pending decide alike with it."""
-    if may_backfill(limit_s, now, r):
+    if may_backfill(limit_s, now, r, grace_s):
         return frozenset()
     if spec.wants_gpu() or reserved is None:
         return r.hosts
     return frozenset(h for h in r.hosts if not spares(view(h), spec, reserved))
 
 
-def may_backfill(limit_s: float, now: float, reservation: Reservation | None) -> bool:
+def may_backfill(limit_s: float, now: float, reservation: Reservation | None, grace_s: float = 0.0) -> bool:
     """Whether a job that runs at most `limit_s` (0: no limit) may be placed on the
-    reservation's hosts: its limit ends it by the reserved start."""
+    reservation's hosts: its limit ends it by the reserved start, allowing
+    `START_ALLOWANCE_S` for it to start (its limit runs from its start) and its stop's
+    grace (`grace_s`; 0: the agent's, `STOPPING_S`) for it to leave: the end `task_end`
+    will expect of it."""
     if reservation is None:
         return True
-    return limit_s > 0 and reservation.known() and now + limit_s <= reservation.start
+    leave = grace_s or STOPPING_S
+    return limit_s > 0 and reservation.known() and now + START_ALLOWANCE_S + limit_s + leave <= reservation.start

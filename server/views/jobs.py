@@ -26,7 +26,7 @@ from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_room
 from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
-from wire.messages import Job, JobSpec, JobState, Queue
+from wire.messages import DEFAULT_QUEUE, Job, JobSpec, JobState, Queue, implicit_default_queue
 
 if TYPE_CHECKING:
     from server.history.database import History
@@ -308,7 +308,9 @@ class JobView:
         have room for it; none when it has room elsewhere."""
         if not self.state.maintenance and not self.state.advance:
             return []
-        limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
+        q = self.state.queues.get(job.spec.queue) or (
+            implicit_default_queue() if job.spec.queue == DEFAULT_QUEUE else None)  # as the planner's book has it
+        limit = effective_time_limit(job.spec, q)
         windows = self.state.maintenance
         kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now) \
             | advance.SetAside(self.state.advance, now)(job.spec.queue, job.spec.user, limit)
@@ -333,14 +335,17 @@ class JobView:
         not backfill them (its time limit runs past their reserved starts); none when it
         has room elsewhere. Of several, those whose hosts alone would give it room (all of
         them if none would alone)."""
-        limit = effective_time_limit(job.spec, self.state.queues.get(job.spec.queue))
+        q = self.state.queues.get(job.spec.queue) or (
+            implicit_default_queue() if job.spec.queue == DEFAULT_QUEUE else None)  # as the planner's book has it
+        limit = effective_time_limit(job.spec, q)
         blockers: list[tuple[Job, frozenset[str]]] = []
         for other_id in sorted(self.state.reserved):
             other = self.state.jobs.get(other_id)
             r = other.reserved if other is not None and other_id != job.id else None
             if other is None or r is None:
                 continue
-            hosts = kept_off(job.spec, limit, now, Reservation.of_record(other_id, r), other.spec, placer.view)
+            hosts = kept_off(job.spec, limit, now, Reservation.of_record(other_id, r), other.spec, placer.view,
+                             q.preempt_grace_s if q is not None else 0.0)
             if hosts:
                 blockers.append((other, hosts))
 

@@ -9,8 +9,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.backfill import UNKNOWN, Reservation, may_backfill, start_on, task_end
+from server.scheduling.backfill import STOPPING_S, UNKNOWN, Reservation, may_backfill, start_on, task_end
 from server.scheduling.deadlines import Deadlines
+from server.scheduling.maintenance import START_ALLOWANCE_S
 from server.scheduling.placement import HostCapacity
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import RESERVED, RESERVED_FOR_OTHER
@@ -18,8 +19,12 @@ from server.views.jobs import JobView
 from tests.factories import host_capacity, job_spec
 from tests.factories import job as make_job
 from tests.unit.test_gangs import NOW, World
-from wire.messages import AttemptState, JobState, Reserved, Task, encode
+from wire.messages import AttemptState, JobState, Reserved, Task, encode, implicit_default_queue
 from wire.records import Record
+
+# The stop's grace of the default queue's tasks: what a task holds its GPUs for after its
+# deadline (and what a job backfilling must leave before a reserved start).
+GRACE = implicit_default_queue().preempt_grace_s
 
 
 def _task(i: int, gpus: list[int], **kw: object) -> Task:
@@ -35,8 +40,11 @@ def _host(used: list[int]) -> HostCapacity:
 
 
 def test_a_task_ends_at_its_deadline_soon_when_stopping_and_never_without_a_limit() -> None:
-    assert task_end(_task(1, [0]), None, NOW + 30, NOW) == NOW + 30
-    assert task_end(_task(1, [0]), None, NOW - 5, NOW) == NOW  # past its deadline: ending now
+    # At its deadline a task is told to stop: it has left once its stop's grace is over (the
+    # agent's when its queue names none). Found by review: the end was the deadline itself.
+    assert task_end(_task(1, [0]), None, NOW + 30, NOW) == NOW + 30 + STOPPING_S
+    assert task_end(_task(1, [0], grace_s=40), None, NOW + 30, NOW) == NOW + 70
+    assert task_end(_task(1, [0]), None, NOW - 5, NOW) == NOW + STOPPING_S  # past its deadline: stopping now
     assert task_end(_task(1, [0], stop=True, grace_s=40), None, None, NOW) == NOW + 40
     assert task_end(_task(1, [0]), None, None, NOW) == UNKNOWN
 
@@ -56,7 +64,12 @@ def test_the_start_on_a_host_is_when_enough_of_its_tasks_have_ended() -> None:
 
 def test_a_job_backfills_only_when_its_limit_ends_it_by_the_reserved_start() -> None:
     r = Reservation("big", frozenset({"h"}), NOW + 100)
-    assert may_backfill(100, NOW, r) and not may_backfill(101, NOW, r)
+    # Its limit runs from its start (allowed START_ALLOWANCE_S), and at its end it has its
+    # stop's grace to leave (found by review: neither was allowed for).
+    assert may_backfill(100 - START_ALLOWANCE_S - STOPPING_S, NOW, r)
+    assert not may_backfill(101 - START_ALLOWANCE_S - STOPPING_S, NOW, r)
+    assert may_backfill(100 - START_ALLOWANCE_S - 5, NOW, r, grace_s=5)
+    assert not may_backfill(101 - START_ALLOWANCE_S - 5, NOW, r, grace_s=5)
     assert not may_backfill(0, NOW, r)  # no limit: it may run past the start
     assert not may_backfill(10, NOW, Reservation("big", frozenset({"h"}), UNKNOWN))
     assert may_backfill(0, NOW, None)
@@ -95,25 +108,26 @@ def test_the_reservation_is_where_the_job_starts_soonest_and_short_jobs_backfill
     w = World()
     w.host("a")
     w.host("b")
-    a_host = _running(w, "long", gpus=6, limit=10_000)  # on a until NOW + 9,950
-    b_host = _running(w, "soon", gpus=7, limit=150)  # on b until NOW + 100
+    a_host = _running(w, "long", gpus=6, limit=10_000)  # on a until NOW + 9,950 (and its grace)
+    b_host = _running(w, "soon", gpus=7, limit=150)  # on b until NOW + 100, gone by NOW + 130
     assert (a_host, b_host) == ("a", "b")
     w.submit("big", gpus=8, at=NOW - 20)
-    w.submit("short", gpus=1, at=NOW - 10, time_limit_s=90)  # ends by NOW + 90: may use b
-    w.submit("over", gpus=1, at=NOW - 9, time_limit_s=200)  # would still run at NOW + 100
+    # Ends by NOW + 90 once started (10 s allowed for that), gone 30 s later: may use b.
+    w.submit("short", gpus=1, at=NOW - 10, time_limit_s=90)
+    w.submit("over", gpus=1, at=NOW - 9, time_limit_s=200)  # would still run at NOW + 130
     w.submit("open", gpus=1, at=NOW - 8)  # no limit at all
     plan = w.cycle()
     # Host a has more free GPUs (2 against 1), but b frees up first.
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 100)]
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 100 + GRACE)]
     assert w.job("over").attempts[0].host_id == "a"
     assert w.job("short").state is JobState.PLACED  # on either: it ends in time
     assert w.job("open").state is JobState.QUEUED  # the free GPU left is on b, kept for big
     # The reservation is in big's record (what every replica's why-pending reads).
-    assert w.job("big").reserved == Reserved(hosts=["b"], host_count=1, start=NOW + 100, since=NOW)
+    assert w.job("big").reserved == Reserved(hosts=["b"], host_count=1, start=NOW + 130, since=NOW)
     assert w.state.reserved == {"big"}
     view = JobView(w.state, None, half_life_s=0)
     big_why = {r.reason: r.detail for r in view.queue_reasons(w.job("big"), NOW)}
-    assert big_why[RESERVED].startswith("1 host(s) held for it (b)") and "in about 100 s" in big_why[RESERVED]
+    assert big_why[RESERVED].startswith("1 host(s) held for it (b)") and "in about 130 s" in big_why[RESERVED]
     open_why = {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}
     assert "held for job big" in open_why[RESERVED_FOR_OTHER] and "no time limit" in open_why[RESERVED_FOR_OTHER]
     w.submit("tiny", gpus=1, at=NOW - 5, time_limit_s=50)
@@ -130,7 +144,7 @@ def test_the_reservation_is_where_the_job_starts_soonest_and_short_jobs_backfill
 
 def _two_busy_hosts(x_limit: float = 500, y_limit: float = 300, policy: QueuePolicy | None = None) -> World:
     """Hosts a and b of 8 GPUs: x runs on a with 6 of them (until NOW + x_limit - 50), y on
-    b with 7 (until NOW + y_limit - 50); a time limit of 0 is none."""
+    b with 7 (until NOW + y_limit - 50, and its grace); a time limit of 0 is none."""
     w = World()
     if policy is not None:
         w.policy = policy
@@ -142,18 +156,18 @@ def _two_busy_hosts(x_limit: float = 500, y_limit: float = 300, policy: QueuePol
 
 
 def test_two_jobs_hold_hosts_of_their_own_and_a_job_may_backfill_only_those_it_ends_in_time_on() -> None:
-    w = _two_busy_hosts()  # b frees at NOW + 250, a at NOW + 450
+    w = _two_busy_hosts()  # b is free at NOW + 280 (a deadline and its grace), a at NOW + 480
     w.submit("big", gpus=8, at=NOW - 20)
     w.submit("big2", gpus=8, at=NOW - 19)
     w.submit("open", gpus=1, at=NOW - 8)  # no time limit: may use neither
     plan = w.cycle()
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250),
-                                 Reservation("big2", frozenset({"a"}), NOW + 450)]
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250 + GRACE),
+                                 Reservation("big2", frozenset({"a"}), NOW + 450 + GRACE)]
     assert w.state.reserved == {"big", "big2"} and w.job("open").state is JobState.QUEUED
     view = JobView(w.state, None, half_life_s=0)
     why = {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}
-    assert why[RESERVED_FOR_OTHER] == ("the hosts with room for it are held for jobs big (could start in about 250 s)"
-                                       ", big2 (could start in about 450 s); it has no time limit, so it may not "
+    assert why[RESERVED_FOR_OTHER] == ("the hosts with room for it are held for jobs big (could start in about 280 s)"
+                                       ", big2 (could start in about 480 s); it has no time limit, so it may not "
                                        "use them meanwhile")
     # 300 s ends it before a's start, not b's: it goes to a. 100 s ends it before either.
     w.submit("mid", gpus=2, at=NOW - 7, time_limit_s=300)
@@ -314,7 +328,7 @@ def test_a_job_no_host_can_take_does_not_keep_the_next_from_its_reservation() ->
     w.submit("big", gpus=8, at=NOW - 20)
     plan = w.cycle()
     assert w.job("nowhere").state is JobState.QUEUED  # first in order, and no host has its label
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250)]
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250 + GRACE)]
 
 
 def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
@@ -326,15 +340,15 @@ def test_a_reservation_stays_with_its_job_while_it_waits() -> None:
     # not take the reservation from it: it gets the other host.
     w.submit("first", gpus=8, at=NOW - 25)
     plan = w.cycle(now=NOW + 1)
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250),
-                                 Reservation("first", frozenset({"a"}), NOW + 450)]
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250 + GRACE),
+                                 Reservation("first", frozenset({"a"}), NOW + 450 + GRACE)]
     assert "big" not in plan.jobs  # unchanged: not written again
     # y ends: the job ahead is placed first, on b (a reservation never reorders the
     # queue); big's reservation moves to a, free once x ends.
     plan = w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 2)], now=NOW + 2)
     assert w.job("first").state is JobState.PLACED and w.job("first").attempts[0].host_id == "b"
-    assert plan.reservations == [Reservation("big", frozenset({"a"}), NOW + 450)]
-    assert w.job("big").reserved == Reserved(hosts=["a"], host_count=1, start=NOW + 450, since=NOW)
+    assert plan.reservations == [Reservation("big", frozenset({"a"}), NOW + 450 + GRACE)]
+    assert w.job("big").reserved == Reserved(hosts=["a"], host_count=1, start=NOW + 450 + GRACE, since=NOW)
     # x ends: big starts on a; no job holds a reservation any more.
     plan = w.cycle(reports=[w.report("x", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 3)], now=NOW + 3)
     assert w.job("big").state is JobState.PLACED and w.job("big").attempts[0].host_id == "a"
@@ -365,14 +379,14 @@ def test_a_gang_with_too_few_hosts_it_may_use_holds_none_of_them() -> None:
     w.submit("big", gpus=8, at=NOW - 20)
     w.submit("open", gpus=1, at=NOW - 8)  # no time limit: only a host nobody holds
     plan = w.cycle()
-    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250)]
+    assert plan.reservations == [Reservation("big", frozenset({"b"}), NOW + 250 + GRACE)]
     assert w.job("gang").reserved is None and w.job("gang").state is JobState.QUEUED
     assert w.job("open").attempts[0].host_id == "a"
     # Two tasks on two hosts: the gang holds both, from when both are free.
     w2 = _two_busy_hosts()
     w2.submit("gang", gpus=8, replicas=2, at=NOW - 30)
     w2.submit("open", gpus=1, at=NOW - 8)
-    assert w2.cycle().reservations == [Reservation("gang", frozenset({"a", "b"}), NOW + 450)]
+    assert w2.cycle().reservations == [Reservation("gang", frozenset({"a", "b"}), NOW + 450 + GRACE)]
     assert w2.job("open").state is JobState.QUEUED
 
 
@@ -402,7 +416,7 @@ def test_a_full_cluster_still_gives_a_reservation() -> None:
     _running(w, "z", gpus=8, limit=0)
     w.submit("big", gpus=8, at=NOW - 20)
     plan = w.cycle()
-    assert plan.reservations == [Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850)]
+    assert plan.reservations == [Reservation("big", frozenset({w.job("y").attempts[0].host_id}), NOW + 850 + GRACE)]
     # With no time limit anywhere, still a reservation (its start unknown), also for a
     # job that names its GPU model.
     w2 = World()

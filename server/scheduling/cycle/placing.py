@@ -397,7 +397,7 @@ class Placing:
                 if r.job_id != job.id:
                     held_for = self.w.latest(r.job_id)
                     parts.append(kept_off(job.spec, limit, self.now, r, held_for.spec if held_for else None,
-                                          self.placer.view))
+                                          self.placer.view, q.preempt_grace_s if q is not None else 0.0))
         parts = [p for p in parts if p]
         if len(parts) <= 1:
             return parts[0] if parts else frozenset()
