@@ -339,11 +339,16 @@ class JobView:
             implicit_default_queue() if job.spec.queue == DEFAULT_QUEUE else None)  # as the planner's book has it
         limit = effective_time_limit(job.spec, q)
         blockers: list[tuple[Job, frozenset[str]]] = []
+        shares = None
         for other_id in sorted(self.state.reserved):
             other = self.state.jobs.get(other_id)
             r = other.reserved if other is not None and other_id != job.id else None
             if other is None or r is None:
                 continue
+            if other.spec.queue != job.spec.queue:  # a queue that ranks before its job's is not held off
+                shares = shares or queue_view.shares(self.state, queue_view.book(self.state), now, self.half_life_s)
+                if shares.share(job.spec.queue) < shares.share(other.spec.queue):
+                    continue
             hosts = kept_off(job.spec, limit, now, Reservation.of_record(other_id, r), other.spec, placer.view,
                              q.preempt_grace_s if q is not None else 0.0)
             if hosts:

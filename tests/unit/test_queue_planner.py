@@ -956,3 +956,30 @@ def test_a_preemptor_placed_by_a_commit_in_flight_counts_once_against_its_users_
     plan_b = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, queues=policy,
                         frozen_jobs=set(plan_a.jobs), frozen_hosts=set(plan_a.allocs), pending=plan_a.jobs)
     assert plan_b.jobs["j"].state is JobState.PLACED
+
+
+def test_an_over_share_queues_reservations_do_not_keep_fair_share_preemption_off_their_hosts() -> None:
+    """Found by exploring: u1 (unmetered, fair-share preemption on) fills both hosts with
+    two jobs left waiting, which reserve the hosts; u2 arrives with none of its share, and
+    its fair-share preemption found every host held for u1's jobs, so it waited until u1's
+    waiting jobs were cancelled. A reservation holds only against the jobs of queues that do
+    not rank before its job's queue."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=8)
+    for name in ("u1", "u2"):
+        w.queue(name, fair_share_preemption=True, min_runtime_s=0, preempt_grace_s=3)
+    policy = QueuePolicy()
+    for i in range(18):
+        w.qsubmit(f"a{i}", "u1", submitted_at=NOW - 60, group="g1")
+    w.qcycle(now=NOW - 50, policy=policy)
+    w.qcycle(w.agent_reports(NOW - 50), now=NOW - 50, policy=policy)
+    for t in range(-45, -5, 5):  # the two left waiting reserve the hosts
+        plan = w.qcycle(w.agent_reports(NOW + t), now=NOW + t, policy=policy)
+    assert sorted(h for r in plan.reservations for h in r.hosts) == ["h1", "h2"]
+    assert {r.job_id for r in plan.reservations} <= {f"a{i}" for i in range(18)}
+    for i in range(4):
+        w.qsubmit(f"b{i}", "u2", submitted_at=NOW, group="g2")
+    plan = w.qcycle(now=NOW, policy=policy)
+    assert plan.preempted == {("fair-share", "u2"): 4}
+    assert all(len(w.job(f"b{i}").preempting) == 1 for i in range(4))

@@ -396,12 +396,26 @@ class Placing:
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = self.w.latest(r.job_id)
+                    if held_for is not None and self.ahead(job, held_for):
+                        continue  # a reservation holds only against the jobs after its own
                     parts.append(kept_off(job.spec, limit, self.now, r, held_for.spec if held_for else None,
                                           self.placer.view, q.preempt_grace_s if q is not None else 0.0))
         parts = [p for p in parts if p]
         if len(parts) <= 1:
             return parts[0] if parts else frozenset()
         return frozenset().union(*parts)
+
+    def ahead(self, job: Job, other: Job) -> bool:
+        """Whether `job`'s queue comes before `other`'s in admission order now: another
+        queue with a lower fair-share rank (share per weight). A reservation made for a job
+        does not hold against the jobs of a queue that has come before its queue since (a
+        queue below its share arrived): found by exploring, where the reservations of an
+        over-share queue's waiting jobs kept the fair-share preemption of a queue at none of
+        its share off every host. (Within a queue a reservation stays with its job.)"""
+        if job.spec.queue == other.spec.queue:
+            return False
+        share = self.adm.shares.share
+        return share(job.spec.queue) < share(other.spec.queue)
 
     # ------------------------------------------------------------ preemption
 
