@@ -354,8 +354,11 @@ class QueueBook:
             key = (q.cohort, r)
             if key not in self.pool:
                 self._recount(q.cohort, r)
-            drawn = self.drawn[key] - self._drawn_by(name, r, used) + self._drawn_by(name, r, new)
-            if drawn > self.pool[key] + EPS:
+            more = self._drawn_by(name, r, new) - self._drawn_by(name, r, used)
+            drawn = self.drawn[key] + more
+            # Only what it would draw from the pool is refused there: a pool others overdraw
+            # (a quota lowered under them) does not refuse the part of its quota it does not lend.
+            if more > EPS and drawn > self.pool[key] + EPS:
                 # The most it may hold now, shown as its limit: what it holds (or the part
                 # of its quota it does not lend, when it holds less) + what the pool has unused.
                 g = guaranteed(q, r)

@@ -983,3 +983,25 @@ def test_an_over_share_queues_reservations_do_not_keep_fair_share_preemption_off
     plan = w.qcycle(now=NOW, policy=policy)
     assert plan.preempted == {("fair-share", "u2"): 4}
     assert all(len(w.job(f"b{i}").preempting) == 1 for i in range(4))
+
+
+def test_after_a_quota_is_lowered_reclaim_stops_only_what_the_job_needs() -> None:
+    """Found by exploring: r2's nominal quota lowered under what it holds overdraws the
+    cohort's pool; a job of r1 within the part of its quota r1 does not lend was refused by
+    the pool all the same, and reclaim stopped 4 of r2's jobs for 1 GPU, leaving 3 idle."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=8)
+    w.queue("r1", cohort="rc", gpus=8, borrow=4, lend=2, min_runtime_s=0, preempt_grace_s=3)
+    w.queue("r2", cohort="rc", gpus=8, min_runtime_s=0, preempt_grace_s=3)
+    for i in range(16):
+        w.qsubmit(f"b{i}", "r2", submitted_at=NOW - 1000 + i)
+    for i in range(6):
+        w.qsubmit(f"a{i}", "r1", submitted_at=NOW - 1000 + i)
+    _placed_and_running(w, NOW - 990)
+    assert (w.holding("r1"), w.holding("r2")) == (6.0, 10.0)
+    w.queue("r2", cohort="rc", gpus=4, min_runtime_s=0, preempt_grace_s=3)
+    w.queue("r1", cohort="rc", gpus=12, borrow=4, lend=2, min_runtime_s=0, preempt_grace_s=3)  # lends 2 of 12
+    w.qsubmit("one", "r1", submitted_at=NOW - 5)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "r1"): 1} and len(w.job("one").preempting) == 1

@@ -120,6 +120,17 @@ def test_what_lenders_are_shown_to_lend_adds_up_to_what_their_cohort_borrows() -
     assert book.lent("a") == {H100: pytest.approx(6 * 3 / 7)} and book.lent("b") == {H100: pytest.approx(6 * 4 / 7)}
 
 
+def test_a_pool_others_overdraw_does_not_refuse_the_part_of_a_quota_not_lent() -> None:
+    """b's nominal quota lowered under what it holds: the pool (a's 2 lendable + b's 4) is
+    overdrawn by b's 10. a, lending 2 of 12, may still take its other 10; what it would
+    draw from the pool beyond them is refused."""
+    queues = {"a": queue("a", "c", gpu_H100=(12, 4, 2)), "b": queue("b", "c", gpu_H100=(4, None, None))}
+    book = QueueBook(queues, {"a": {H100: 6.0}, "b": {H100: 10.0}})
+    assert book.admits("a", {H100: 4}) is None
+    refusal = book.admits("a", {H100: 5})
+    assert refusal is not None and refusal.reason == COHORT_EXHAUSTED and refusal.within_nominal
+
+
 def test_default_queue_is_unmetered_and_always_exists() -> None:
     book = QueueBook({}, {"default": {H100: 100}})
     assert book.admits("default", {H100: 1000, "cpu": 1e6}) is None
