@@ -33,11 +33,17 @@ STOPPING_S = 15.0
 
 @dataclass(frozen=True)
 class Reservation:
-    """Hosts held for one waiting job, from `start` on (UNKNOWN: no known time)."""
+    """Hosts held for one waiting job, from `start` on (UNKNOWN: no known time);
+    `stacked`: one host for all the tasks of a gang."""
 
     job_id: str
     hosts: frozenset[str]
     start: float
+    stacked: bool = False
+
+    def holds_all(self, replicas: int) -> bool:
+        """Whether the hosts are enough for every task of the job (a task each, or stacked)."""
+        return self.stacked or len(self.hosts) >= replicas
 
     def known(self) -> bool:
         return self.start != UNKNOWN

@@ -595,8 +595,22 @@ class Placer:
         GPUs (RESERVE_CANDIDATES of them) and `soonest` (hosts that free up first); and
         when the job could start there. `ends(host)` gives
         the expected ends of the tasks on a host. Hosts held back from this job are not
-        taken."""
+        taken. A gang of one model of several (`sameModel`) holds hosts of one model: the
+        model where it could start soonest, none where no model has hosts enough."""
         models = spec.models()
+        soonest = tuple(soonest)
+        if spec.same_model and spec.replicas > 1 and models is not None and len(models) > 1:
+            best = Reservation(job_id, frozenset(), UNKNOWN)
+            for m in sorted(models):
+                r = self._reservation_in(job_id, spec, frozenset({m}), now, ends, soonest)
+                if r.hosts and (not best.hosts or r.start < best.start):
+                    best = r
+            return best
+        return self._reservation_in(job_id, spec, models, now, ends, soonest)
+
+    def _reservation_in(self, job_id: str, spec: JobSpec, models: frozenset[str] | None, now: float,
+                        ends: Callable[[str], Ends], soonest: Iterable[str]) -> Reservation:
+        """`reservation_for` on hosts of `models` (None: any)."""
         if spec.same_rack:
             racks = [hosts for hosts in self._racks(spec, models) if self.exclude.isdisjoint(hosts)]
             for hosts in racks[:RESERVE_RACKS]:
@@ -607,6 +621,16 @@ class Placer:
         candidates = self._most_free(spec, models, RESERVE_CANDIDATES * spec.replicas)
         candidates.update(soonest)
         hosts, start = choose(spec, self._starts(candidates, spec, models, now, ends), self._free)
+        if len(hosts) < spec.replicas and spec.gpus and not spec.gpu_share and not spec.mig_profile:
+            # Too few hosts for a task each: a gang of whole GPUs may stack on one host (as
+            # placement does), held for all of its tasks together.
+            n = spec.replicas
+            whole = spec.model_copy(update={"gpus": spec.gpus * n, "cpus": spec.cpus * n,
+                                            "memory_mb": spec.memory_mb * n, "replicas": 1})
+            one = self._starts(candidates, whole, models, now, ends)
+            if one:
+                host = min(one, key=lambda h: (one[h], -self._free(h), h))
+                return Reservation(job_id, frozenset({host}), one[host], stacked=True)
         return Reservation(job_id, frozenset(hosts), start)
 
     def _free(self, host_id: str) -> int:

@@ -16,7 +16,7 @@ from server.scheduling.placement import HostCapacity
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queues import RESERVED, RESERVED_FOR_OTHER
 from server.views.jobs import JobView
-from tests.factories import host_capacity, job_spec
+from tests.factories import heartbeat_record, host_capacity, job_spec
 from tests.factories import job as make_job
 from tests.unit.test_gangs import NOW, World
 from wire.messages import AttemptState, JobState, Reserved, Task, encode, implicit_default_queue
@@ -429,3 +429,53 @@ def test_a_full_cluster_still_gives_a_reservation() -> None:
     w2.state.apply_state_record(Record("job.big", next(w2.rev), encode(big)))
     r = next(iter(w2.cycle().reservations), None)
     assert r is not None and r.start == UNKNOWN and len(r.hosts) == 1
+
+
+def test_a_gang_of_one_model_holds_hosts_of_one_model_or_none() -> None:
+    """Found by exploring: a `sameModel` gang of two tasks on A100 or L4, with one host of
+    each, held both hosts (a set it can never run on) with a start of "now" for ever, and
+    every other job was kept off them, idle as they were. It holds hosts of one model only:
+    none here, two A100 hosts once there are two."""
+    w = World()
+    for host_id, model in (("a1", "A100"), ("l1", "L4")):
+        rec = heartbeat_record(host_id, next(w.rev), shape=False, boot_id="b", seq=0, ts=NOW, gpus=2, model=model,
+                               cpus=64, memory_mb=10**6)
+        w.state.apply_host_record(rec, now=NOW)
+
+    def submit(job_id: str, **fields: object) -> None:
+        spec = job_spec(job_id, command=["x"], cpus=1, memory_mb=1, **fields)
+        w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(make_job(job_id, spec=spec,
+                                                                                         submitted_at=NOW - 30))))
+
+    submit("pair", gpus=2, gpu_models=["A100", "L4"], same_model=True, replicas=2)
+    w.cycle()
+    assert w.job("pair").state is JobState.QUEUED and w.job("pair").reserved is None
+    submit("one", gpus=1, gpu_model="A100")  # no time limit: only a host nobody holds
+    w.cycle()
+    assert w.job("one").state is JobState.PLACED
+    rec = heartbeat_record("a2", next(w.rev), shape=False, boot_id="b", seq=0, ts=NOW, gpus=2, model="A100",
+                           cpus=64, memory_mb=10**6)
+    w.state.apply_host_record(rec, now=NOW)
+    plan = w.cycle()
+    assert [(r.job_id, sorted(r.hosts)) for r in plan.reservations] == [("pair", ["a1", "a2"])]
+
+
+def test_a_gang_that_fits_stacked_on_one_host_holds_it() -> None:
+    """Found by exploring: a gang of two 1-GPU tasks that only one 2-GPU host can take
+    (placement stacks a gang's tasks) held nothing, since it found fewer hosts than tasks,
+    and a later job with no time limit took the GPU the first job there freed: it waited for
+    ever. It holds the host, for both of its tasks."""
+    w = World()
+    w.host("h", gpus=2)
+    for name, limit in (("x", 40.0), ("y", 80.0)):
+        w.submit(name, gpus=1, at=NOW - 100, time_limit_s=limit)
+        w.cycle(now=NOW - 50)
+        w.cycle(reports=[w.report(name, 0, AttemptState.RUNNING, ts=NOW - 50)], now=NOW - 50)
+    w.submit("gang", gpus=1, replicas=2, at=NOW - 30, time_limit_s=60)
+    plan = w.cycle()
+    assert plan.reservations == [Reservation("gang", frozenset({"h"}), NOW + 30 + GRACE, stacked=True)]
+    w.submit("open", gpus=1, at=NOW - 5)  # no time limit
+    w.cycle(reports=[w.report("x", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 1)], now=NOW + 1)
+    assert w.job("open").state is JobState.QUEUED  # x's GPU is kept for the gang
+    w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 2)], now=NOW + 2)
+    assert w.job("gang").state is JobState.PLACED and {a.host_id for a in w.job("gang").attempts} == {"h"}

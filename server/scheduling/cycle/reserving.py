@@ -75,9 +75,9 @@ class Reserving:
         placer.exclude = apart | {h for r in self.made.values() for h in r.hosts}
         soonest = soonest_hosts(self.w.state.deadlines, self.w.state.jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, self.ends, soonest)
-        if got.hosts and not spec.same_rack and len(got.hosts) < spec.replicas:
+        if got.hosts and not spec.same_rack and not got.holds_all(spec.replicas):
             placer.exclude = apart
-            if len(placer.reservation_for(job.id, spec, now, self.ends, soonest).hosts) < spec.replicas:
+            if not placer.reservation_for(job.id, spec, now, self.ends, soonest).holds_all(spec.replicas):
                 got = Reservation(job.id, frozenset(), got.start)
         placer.exclude = held
         waited = now - job.submitted_at
