@@ -130,8 +130,8 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     """The options of `job submit`: on its parser, and on the one `submit_command` reads
     options given after the job's name with."""
     js.add_argument("--gpus", type=int, default=0)
-    js.add_argument("--gpu-model", default=None, metavar="MODEL[,MODEL...]",
-                    help="one GPU model, or several, comma-separated: any of them will do")
+    js.add_argument("--gpu-model", action="append", default=None, metavar="MODEL[,MODEL...]",
+                    help="one GPU model, or several, comma-separated (or repeated): any of them will do")
     js.add_argument("--same-model", action="store_true", help="a gang's tasks all on one of the models")
     js.add_argument("--gpu-share", type=int, default=0, metavar="THOUSANDTHS",
                     help="a share of ONE GPU in thousandths, 1-999 (with --gpus 0); shared, not isolated")
@@ -242,7 +242,7 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
     API's defaults."""
     inp: dict[str, Any] = {"name": args.name, "command": command, "gpus": args.gpus,
                            "cpus": args.cpus, "memoryMb": args.memory_mb, "priority": args.priority}
-    models = [m.strip() for m in (args.gpu_model or "").split(",") if m.strip()]
+    models = list(dict.fromkeys(m.strip() for given in args.gpu_model or () for m in given.split(",") if m.strip()))
     if len(models) == 1:
         inp["gpuModel"] = models[0]
     elif models:

@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the most jobs of one user's placed or running at once; the others wait (0: no limit)")
         p.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
                        help="a label every host that runs the queue's jobs has (repeat for more; replaces the "
-                            "queue's labels; added to each job's host labels when it is submitted)")
+                            "queue's labels; added to each job's host labels when it is placed)")
         if name == "set":
             p.add_argument("--no-host-labels", action="store_true", help="the queue's jobs run on any host")
         add_output(p)

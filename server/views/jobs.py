@@ -319,7 +319,11 @@ class JobView:
         placer.exclude = set(kept)
         if (placer.place_gang(spec) if spec.replicas > 1 else placer.place(spec)) is not None:
             return []
-        return sorted(kept)
+        # The kept hosts that would take a task of it now: not those it excludes, whose
+        # labels or models it does not take, or with no room (found by exploring: a
+        # reservation of a host the job excludes was named).
+        fit = [h for h in sorted(kept) if (cap := placer.view(h)) is not None and check(spec, cap)[0] is None]
+        return fit or sorted(kept)
 
     def reserved_on(self, host_id: str) -> Job | None:
         """The queued job whose reservation holds `host_id` (as its record names it), if any:

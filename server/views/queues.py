@@ -337,13 +337,14 @@ def set_aside_text(state: ClusterState, job: Job, q: Queue, hosts: Sequence[str]
     for r in sorted(found.values(), key=lambda r: (r.starts, r.name))[:3]:
         queues = advance.whom(r)
         if advance.active(r, now):
-            parts.append(f"{r.name} sets {len(r.hosts)} host(s) aside for {queues} for about {r.ends - now:.0f} s more")
+            parts.append(f"advance reservation {r.name} sets {len(r.hosts)} host(s) aside for {queues} for about "
+                         f"{r.ends - now:.0f} s more")
         else:
             why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to "
                    "start)" if limit > 0 else "it has no time limit")
-            parts.append(f"{r.name} sets {len(r.hosts)} host(s) aside for {queues} in about {r.starts - now:.0f} s, "
-                         f"and {why}")
-    return f"the hosts with room for it are set aside by advance reservation {'; '.join(parts)}"
+            parts.append(f"advance reservation {r.name} will set {len(r.hosts)} host(s) aside for {queues} in about "
+                         f"{r.starts - now:.0f} s, and {why}")
+    return f"the hosts with room for it are set aside: {'; '.join(parts)}"
 
 
 def reservation_text(job: Job, now: float) -> str:

@@ -125,9 +125,9 @@ def test_before_it_opens_the_hosts_take_only_other_jobs_that_end_by_its_start() 
     assert w.job("open").state is JobState.QUEUED and w.job("long").state is JobState.QUEUED
     view = JobView(w.state, None, half_life_s=0)
     why = {r.reason: r.detail for r in view.queue_reasons(w.job("long"), NOW)}
-    assert why[SET_ASIDE] == ("the hosts with room for it are set aside by advance reservation launch sets 1 host(s) "
-                              "aside for queue launch in about 600 s, and its time limit of 591 s runs past that "
-                              "(allowing 10 s to start)")
+    assert why[SET_ASIDE] == ("the hosts with room for it are set aside: advance reservation launch will set 1 "
+                              "host(s) aside for queue launch in about 600 s, and its time limit of 591 s runs past "
+                              "that (allowing 10 s to start)")
     assert "it has no time limit" in {r.reason: r.detail for r in view.queue_reasons(w.job("open"), NOW)}[SET_ASIDE]
     # A host not set aside takes them.
     w.host("b")
@@ -296,3 +296,17 @@ def test_before_it_opens_its_queues_jobs_are_placed_as_any_other() -> None:
     _submit(w, "ours1", queue="launch", gpus=1, at=NOW - 90)
     w.cycle()
     assert _host_of(w, "ours1") == tight  # bin-packing's tighter host, not z
+
+
+def test_why_pending_names_only_the_reservations_of_hosts_the_job_could_take() -> None:
+    """Found by exploring: a job excluding host a was told a's reservation kept it waiting."""
+    w = _world("a", "b")
+    _reserve(w, LAUNCH)  # a
+    _reserve(w, AdvanceReservation(name="later", hosts=["b"], queues=["launch"], starts=NOW + 900, ends=NOW + 5000))
+    spec = job_spec("open", command=["x"], gpus=1, cpus=1, memory_mb=1, exclude_hosts=["a"])
+    w.state.apply_state_record(Record("job.open", next(w.rev), encode(make_job("open", spec=spec,
+                                                                              submitted_at=NOW - 10))))
+    w.cycle()
+    assert w.job("open").state is JobState.QUEUED
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("open"), NOW)}
+    assert "advance reservation later " in why[SET_ASIDE] and "reservation launch" not in why[SET_ASIDE], why

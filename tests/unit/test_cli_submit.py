@@ -31,8 +31,19 @@ def test_options_before_the_name() -> None:
 def test_options_after_the_name_end_with_a_double_dash() -> None:
     opts, command = _submit("--cpus", "4", "train", "--gpus", "1", "--gpu-model", "H200", "-o", "json", "--",
                             "python", "t.py", "--", "x")
-    assert opts == {"name": "train", "gpus": 1, "gpu_model": "H200", "wait": False, "output": "json", "cpus": 4.0}
+    assert opts == {"name": "train", "gpus": 1, "gpu_model": ["H200"], "wait": False, "output": "json", "cpus": 4.0}
     assert command == ["python", "t.py", "--", "x"]
+
+
+def test_gpu_models_given_several_times_add_up() -> None:
+    """Found by exploring: a repeated --gpu-model kept only the last (as --exclude and
+    --host-label do not)."""
+    args = parse_args(["job", "submit", "--gpu-model", "H100,A100", "--gpu-model", "L4", "--gpu-model", "H100",
+                       "--", "x"])
+    assert submit_input(args, ["x"])["gpuModels"] == ["H100", "A100", "L4"]
+    args = parse_args(["job", "submit", "--gpu-model", "H100", "--", "x"])
+    inp = submit_input(args, ["x"])
+    assert inp["gpuModel"] == "H100" and "gpuModels" not in inp
 
 
 def test_options_after_the_name_without_a_double_dash_are_refused_not_run() -> None:
