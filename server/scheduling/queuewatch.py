@@ -43,8 +43,9 @@ class QueueWatch:
             cost_h = sum(c for _t, _k, c in self._preemptions) / 3600
             return [Event(kind=ALERT_PREEMPTION_STORM, ts=now,
                           message=f"{total} jobs preempted within {self.storm_window_s:g} s (threshold "
-                                  f"{self.storm_count}), about {cost_h:.1f} GPU-hours of work lost (runtime x "
-                                  "GPUs; the grace for jobs that checkpoint): check queue quotas, weights and "
+                                  f"{self.storm_count}), at least {cost_h:.2f} GPU-hours of work lost (what they "
+                                  "had run x GPUs when stopped, the grace for jobs that checkpoint; their graces "
+                                  "add more, which `usage` counts once they end): check queue quotas, weights and "
                                   "minimum runtimes",
                           data={"preempted": total, "window_s": self.storm_window_s,
                                 "gpu_hours_lost": round(cost_h, 3)})]

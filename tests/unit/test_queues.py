@@ -453,7 +453,7 @@ def test_queue_watch_alerts_a_storm_once_and_a_starved_queue_once() -> None:
     [storm] = w.preempted(10.0, 2, 5400.0)
     assert storm.kind == "preemption.storm" and storm.data["preempted"] == 5
     # What the window's stops cost, by the victims' cost: 1 + 1.5 GPU-hours.
-    assert storm.data["gpu_hours_lost"] == 2.5 and "about 2.5 GPU-hours of work lost" in storm.message
+    assert storm.data["gpu_hours_lost"] == 2.5 and "at least 2.50 GPU-hours of work lost" in storm.message
     assert w.preempted(20.0, 4) == []  # the same storm
     assert w.preempted(200.0, 0) == []  # quiet window: re-armed
     assert len(w.preempted(201.0, 5)) == 1
