@@ -41,6 +41,7 @@ from server.scheduling.queues import (
     label_conflict,
     meters,
     nominal,
+    task_demand,
     unmetered,
 )
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
@@ -232,14 +233,19 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
         out.append(QueueReason(GROUP_LIMIT, groups.wait_text(job, running)))
     if job.preempting:
         stopping = 0
+        future = b.copy()  # the book once its victims have stopped, as the planner decides on it
         for entry in job.preempting:
             vid, _, number = entry.rpartition(":")
             v = state.jobs.get(vid)
-            if v is not None and any(str(a.number) == number and not a.state.terminal for a in v.attempts):
+            live = [a for a in v.attempts if str(a.number) == number and not a.state.terminal] if v else []
+            if v is not None and live:
                 stopping += 1
+                for a in live:
+                    future.give(v.spec.queue, task_demand(v.spec, a.gpu_model))
         if stopping:
             out.append(QueueReason(PREEMPTION_GRACE, f"{stopping} preempted job(s) stopping (grace up to "
                                                      f"{_grace(state, job):g} s)"))
+            b = future  # (found by exploring: the victims stopping were counted as refusing it)
     models = _models(state, job)
     refusals = [b.admits(name, job_demand(job.spec, m)) for m in models or [None]]
     if all(r is not None for r in refusals):

@@ -21,6 +21,7 @@ from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.scheduling.preemption import stoppable
 from server.scheduling.queues import (
     OVER_QUOTA,
+    PREEMPTION_GRACE,
     PRIORITY_WAIT,
     RECLAIM_WAIT,
     USER_LIMIT,
@@ -1005,3 +1006,17 @@ def test_after_a_quota_is_lowered_reclaim_stops_only_what_the_job_needs() -> Non
     w.qsubmit("one", "r1", submitted_at=NOW - 5)
     plan = w.qcycle(now=NOW)
     assert plan.preempted == {("reclaim", "r1"): 1} and len(w.job("one").preempting) == 1
+
+
+def test_why_pending_of_a_preemptor_does_not_count_its_victims_stopping_against_it() -> None:
+    """Found by exploring: a high-priority job of a full queue, waiting for the victims it
+    preempted, was also told 'over nominal quota: 8 held + 2 wanted > 8', the 8 counting
+    the 2 victims stopping."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", gpus=8, min_runtime_s=0, preempt_grace_s=30)
+    _fill(w, "a", 8, NOW - 100)
+    w.qsubmit("urgent", "a", gpus=2, priority=10)
+    assert w.qcycle(now=NOW).preempted == {("priority", "a"): 2}
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["urgent"], NOW + 1, 0.0)}
+    assert PREEMPTION_GRACE in why and OVER_QUOTA not in why, why
