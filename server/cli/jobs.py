@@ -540,7 +540,7 @@ def show(args: argparse.Namespace) -> None:
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
             print(f"    GPUs over its run: {a['gpuUtilAvgPct']:g} % busy on average{shared}")
         if a["outputTail"]:
-            print("    " + a["outputTail"].rstrip().replace("\n", "\n    "))
+            print("    " + for_terminal(a["outputTail"].rstrip()).replace("\n", "\n    "))
 
 
 def lost_note(attempt: dict[str, Any]) -> str:
@@ -620,6 +620,7 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
             more = new_output(before[1] if before else "", text, before[2] if before else None, written)
             if more:
+                more = for_terminal(more)
                 print(more, end="" if more.endswith("\n") else "\n")
             if before is not None and before[0] != a["state"] and not live:
                 print(header(job, a))
@@ -629,6 +630,19 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
             return job
         time.sleep(2)
         job = _logs(job["id"])
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def for_terminal(text: str, tty: bool | None = None) -> str:
+    """A job's output as it may reach an operator's terminal: written to one (`tty`, by
+    default whether stdout is), its control characters but newline, tab and carriage
+    return are shown escaped (\\x1b ...), so that a job cannot clear the screen, set the
+    window's title or the clipboard, or hide text; piped or redirected, as it is."""
+    if tty is None:
+        tty = sys.stdout.isatty()
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if tty else text
 
 
 def header(job: dict[str, Any], a: dict[str, Any], where: str = "") -> str:

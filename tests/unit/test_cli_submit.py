@@ -358,3 +358,13 @@ def test_job_idle_lists_the_jobs_holding_idle_gpus(monkeypatch: pytest.MonkeyPat
     assert lines[1].split() == ["j1", "train", "vision", "ann", "gpu-7", "0,1", "2026-12-06", "10:00", "UTC"]
     assert lines[2].split() == ["j2", "infer", "serve", "bo", "gpu-8", "250/1000", "of", "3", "2026-12-06", "11:30",
                                 "UTC"]
+
+
+def test_a_jobs_output_reaches_a_terminal_with_its_control_characters_escaped() -> None:
+    """Found by exploring: a job's output reached the operator's terminal raw (clear screen,
+    window title sequences); piped, it stays as written."""
+    from server.cli.jobs import for_terminal
+
+    text = "step 1\r\n\x1b[2J\x1b]0;owned\x07done\t\x9b31m\n"
+    assert for_terminal(text, tty=True) == "step 1\r\n\\x1b[2J\\x1b]0;owned\\x07done\t\\x9b31m\n"
+    assert for_terminal(text, tty=False) == text
