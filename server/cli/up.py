@@ -5,6 +5,7 @@ a subprocess with its log in <data-dir>/logs, until Ctrl-C. NATS auth is on unle
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import subprocess
@@ -22,6 +23,11 @@ MUSTER = [sys.executable, "-m", "server.cli"]
 AGENT_STOP_S = 25.0
 AGENT = [sys.executable, "-m", "agent"]
 
+
+
+def cgroup_tag(data: Path) -> str:
+    """A short tag of a data directory, the same at each start: its agents' cgroups."""
+    return hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:8]
 
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="start NATS, a server and local agents (Ctrl-C stops)")
@@ -114,8 +120,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         wait_for_port(args.http_port, timeout=60, proc=server)
         for i, gpus in enumerate(agent_gpus):
             host = f"local-{i + 1}"
+            # Each `muster up`'s agents under cgroups of their own (another `muster up` on
+            # this machine names its hosts local-1 ... too, and an agent removes the empty
+            # attempt cgroups it finds under its base).
             argv = AGENT + ["--nats", nats_url, "--host-id", host,
-                            "--labels", "rack=local,zone=local", "--state-dir", str(data / "agents")]
+                            "--labels", "rack=local,zone=local", "--state-dir", str(data / "agents"),
+                            "--cgroup-name", f"muster-{cgroup_tag(data)}-{host}"]
             if gpus:
                 argv += ["--simulate-gpus", gpus]
             spawn(f"agent-{i + 1}", argv, creds=auth.agent_creds(host) if auth is not None else None)

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from server.broker.natsd import free_port
+from server.cli.up import cgroup_tag
 from tests.conftest import ROOT, wait_until
 from tests.integration.conftest import Api
 
@@ -124,6 +125,10 @@ def test_up_runs_everything_and_resumes(public: Path) -> None:
             assert token not in tail
             isolated = api.q("{ hosts { edges { node { isolated } } } }")["hosts"]["edges"]
             assert all(h["node"]["isolated"] is True for h in isolated), isolated
+        # Its agents' cgroups are its own (another `muster up` here names its hosts alike).
+        agents = [c for c in leftovers(data) if " -m agent " in f"{c} "]
+        assert len(agents) == 2 and all(f"--cgroup-name muster-{cgroup_tag(data)}-local-" in c for c in agents), \
+            agents
     finally:
         rc = stop_up(p)
     assert rc == 0
