@@ -54,7 +54,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js import errors as jserrors
 
-from agent.gpu import GpuBackend, SimulatedBackend, mps_running, open_backend
+from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation
 from agent.runner import Run, fenced_by_watchdog
@@ -316,6 +316,7 @@ class Agent:
         if not self._runs_dir.exists():
             return killed
         for f in sorted(self._runs_dir.iterdir()):
+            fields: list[str] = []
             try:
                 fields = f.read_text().split()
                 cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
@@ -330,12 +331,11 @@ class Agent:
                                 f.name, pid)
             except (ValueError, OSError):
                 pass
-            else:
-                # Its working directory (the attempt's data, which a later task of the same
-                # job could read): removed, with its work root once empty.
-                for x in fields[2:]:
-                    if x.startswith("wd:"):
-                        self.isolation.remove_leftover_dir(Path(x[3:]), f.name)
+            # Its working directory (the attempt's data, which a later task of the same job
+            # could read): removed, with its work root once empty, whatever the kill met.
+            for x in fields[2:]:
+                if x.startswith("wd:"):
+                    self.isolation.remove_leftover_dir(Path(x[3:]), f.name)
             f.unlink(missing_ok=True)
         return killed
 
@@ -713,7 +713,8 @@ class Agent:
         self._mark_seen(t.attempt_id)
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
                   fenced_dir=self._watch_dir / "fenced", isolation=self.isolation, host_id=self.config.host_id,
-                  mps=bool(t.gpu_share) and mps_running())
+                  mps=bool(t.gpu_share) and mps_running(),
+                  shared_user=mps_reached(t.gpu_share, bool(t.gpu_indices or t.mig or t.gpu_share)))
         self.runs[t.attempt_id] = run
         run.start()
 

@@ -785,6 +785,16 @@ def mps_running(env: dict[str, str] | None = None) -> bool:
     return os.path.exists(os.path.join(pipe_dir, "control"))
 
 
+def mps_reached(gpu_share: int, uses_gpu: bool, env: dict[str, str] | None = None) -> bool:
+    """Whether a task's CUDA calls reach the host's MPS daemon: a GPU share where MPS runs
+    (it is told the daemon's pipe directory), or any task using a GPU where MPS runs at the
+    default directory (its clean environment finds that one). Such tasks run as one uid:
+    an MPS server serves one uid at a time, and tasks of another wait for it to end."""
+    if not uses_gpu or not mps_running(env):
+        return False
+    return bool(gpu_share) or not (env if env is not None else os.environ).get("CUDA_MPS_PIPE_DIRECTORY")
+
+
 # ---------------------------------------------------------------- selection
 
 _warned_no_nvml = False

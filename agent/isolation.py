@@ -7,8 +7,9 @@ Each attempt:
   the default task user, each job's attempts run under a **uid of the job's own**
   (`job_uid`: the same on every host and for every try, from `--job-uids`, with a group of
   the same number), so that no task can read another job's environment, working
-  directory or processes; only tasks sharing a GPU under CUDA MPS (whose server serves
-  one uid at a time) run as the task user itself. A non-root agent cannot switch users:
+  directory or processes; only tasks using a GPU on a host where CUDA MPS runs (its
+  server serves one uid at a time, and every CUDA program reaches it) run as the task
+  user itself. A non-root agent cannot switch users:
   its tasks run as itself, and it says so;
 - starts with a **clean environment**: `PATH` (a fixed default), `HOME`, `USER`,
   `LOGNAME`, the job's `env` (which may override those four), then the facts the agent
@@ -283,7 +284,7 @@ class Isolation:
     def ids_for(self, t: Task, shared_user: bool = False) -> tuple[int, int, list[int]]:
         """(uid, gid, groups) attempt `t` runs as: its job's own uid and group, with the task
         user's other groups (device access); the task user's when uids per job are off or
-        the task must share the task user (`shared_user`: a GPU share under CUDA MPS)."""
+        the task must share the task user (`shared_user`: a GPU task where CUDA MPS runs)."""
         if self.job_uids is None or shared_user:
             return self.user.uid, self.user.gid, list(self.user.groups)
         uid = job_uid(t.job_id, self.job_uids)

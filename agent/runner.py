@@ -91,9 +91,12 @@ class Run:
         mps: bool = False,
         isolation: Isolation | None = None,
         host_id: str = "",
+        shared_user: bool = False,
     ) -> None:
         self.task = task
         self.mps = mps  # CUDA MPS runs on the host: a shared task gets its limits
+        # It runs as the task user itself, not its job's uid (a GPU task where CUDA MPS runs).
+        self.shared_user = shared_user
         self.fenced_dir = fenced_dir  # where the agent's watchdog notes the attempts it stopped
         self.on_state = on_state
         self.kill_grace_s = kill_grace_s
@@ -180,7 +183,7 @@ class Run:
         t = self.task
         loop = asyncio.get_running_loop()
         if self.isolation is not None:
-            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env(), self.mps)
+            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env(), self.shared_user)
         else:
             self.launch = Isolation.unconfined(t, self.env())
         status_r, status_w = os.pipe()

@@ -26,7 +26,8 @@ whole of its cgroups GRACE seconds later (so a double fork or `setsid` does not 
 An awake agent fences by itself (it freezes its attempts, and continues them if its key
 held): the watchdog leaves it alone until DEADLINE seconds of silence, then SIGKILLs
 whatever it left. A group whose leader's start time
-does not match was reused by something else and is left alone. The agent chooses
+does not match may have been reused by something else and is not signalled; what the
+attempt left in its cgroups (its own, made for it alone) is stopped all the same. The agent chooses
 STALE_AFTER just over its own fence delay, and GRACE and DEADLINE so that the attempts
 are dead before the heartbeat key can expire.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -369,7 +370,7 @@ def _check_description(text: object) -> None:
     """A queue's or an advance reservation's description: no control characters but tab
     and newline (PostgreSQL refuses a NUL in text; logs and the console break on others).
     Its length is the record's rule."""
-    if isinstance(text, str) and any(not (c.isprintable() or c in "\t\n") for c in text):
+    if isinstance(text, str) and any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in text):
         raise ValidationError("description", "must not contain control characters", "INVALID")
 
 

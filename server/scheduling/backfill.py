@@ -130,15 +130,16 @@ def choose(spec: JobSpec, starts: dict[str, float], free: Callable[[str], int]) 
     return ranked, max((starts[h] for h in ranked), default=UNKNOWN)
 
 
-def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec) -> bool:
+def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec, tasks: int = 1) -> bool:
     """Whether a task of `spec` placed on the host now leaves the reserved job's start
     there as it is: it takes no GPU, and what is free of CPU and memory now, less what it
-    takes, still holds a task of `reserved` (the tasks there only free more as they end,
-    so the reserved task's GPUs are the wait, not its CPU or memory)."""
+    takes, still holds the `tasks` tasks of `reserved` the host is held for (the tasks
+    there only free more as they end, so the reserved tasks' GPUs are the wait, not their
+    CPU or memory)."""
     if cap is None or spec.wants_gpu():
         return False
-    return (cap.cpus - cap.used_cpus - spec.cpus >= reserved.cpus - 1e-9
-            and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb)
+    return (cap.cpus - cap.used_cpus - spec.cpus >= reserved.cpus * tasks - 1e-9
+            and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb * tasks)
 
 
 def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved: JobSpec | None,
@@ -153,7 +154,9 @@ def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved
         return frozenset()
     if spec.wants_gpu() or reserved is None:
         return r.hosts
-    return frozenset(h for h in r.hosts if not spares(view(h), spec, reserved))
+    # A gang held fewer hosts than it has tasks is stacked: each host for all of them.
+    tasks = reserved.replicas if r.stacked or len(r.hosts) < reserved.replicas else 1
+    return frozenset(h for h in r.hosts if not spares(view(h), spec, reserved, tasks))
 
 
 def may_backfill(limit_s: float, now: float, reservation: Reservation | None, grace_s: float = 0.0) -> bool:

@@ -600,12 +600,12 @@ class Placer:
         models = spec.models()
         soonest = tuple(soonest)
         if spec.same_model and spec.replicas > 1 and models is not None and len(models) > 1:
-            best = Reservation(job_id, frozenset(), UNKNOWN)
-            for m in sorted(models):
-                r = self._reservation_in(job_id, spec, frozenset({m}), now, ends, soonest)
-                if r.hosts and (not best.hosts or r.start < best.start):
-                    best = r
-            return best
+            found = [r for m in sorted(models)
+                     if (r := self._reservation_in(job_id, spec, frozenset({m}), now, ends, soonest)).hosts]
+            # Hosts enough for every task first (a model short of hosts holds none, later),
+            # then the soonest start.
+            return min(found, key=lambda r: (not r.holds_all(spec.replicas), r.start),
+                       default=Reservation(job_id, frozenset(), UNKNOWN))
         return self._reservation_in(job_id, spec, models, now, ends, soonest)
 
     def _reservation_in(self, job_id: str, spec: JobSpec, models: frozenset[str] | None, now: float,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.scheduling import advance, dependencies, fairshare, groups, maintenance
+from server.scheduling.backfill import STOPPING_S
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
@@ -272,7 +273,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     holders = [j for j in reserved_for if j.reserved is not None]
     if holders:
         limit = effective_time_limit(job.spec, q)
-        why = f"its time limit of {limit:g} s runs past that" if limit > 0 else "it has no time limit"
+        why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to start "
+               f"and its grace of {q.preempt_grace_s or STOPPING_S:g} s to leave)") if limit > 0 \
+            else "it has no time limit"
         starts = {j.id: j.reserved.start for j in holders if j.reserved is not None}
         if len(holders) == 1:
             start = starts[holders[0].id]
@@ -424,6 +427,6 @@ def _grace(state: ClusterState, job: Job) -> float:
     for entry in job.preempting:
         v = state.jobs.get(entry.rpartition(":")[0])
         if v is not None:
-            vq = state.queues.get(v.spec.queue)
+            vq = queues(state).get(v.spec.queue)  # (the implicit default queue too)
             best = max(best, vq.preempt_grace_s if vq is not None else 0.0)
     return best

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -479,3 +480,59 @@ def test_a_gang_that_fits_stacked_on_one_host_holds_it() -> None:
     assert w.job("open").state is JobState.QUEUED  # x's GPU is kept for the gang
     w.cycle(reports=[w.report("y", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 2)], now=NOW + 2)
     assert w.job("gang").state is JobState.PLACED and {a.host_id for a in w.job("gang").attempts} == {"h"}
+
+
+def test_why_pending_counts_the_start_allowance_and_the_grace_as_backfill_does() -> None:
+    """Found by review: a job whose 100 s limit would end before a start 130 s away was told
+    its limit 'runs past that': backfill also allows 10 s to start and its grace to leave."""
+    w = World()
+    w.host("a")
+    _running(w, "soon", gpus=7, limit=150)  # ends NOW + 100, gone by NOW + 130
+    w.submit("big", gpus=8, at=NOW - 20)
+    w.submit("mid", gpus=1, at=NOW - 5, time_limit_s=100)
+    w.cycle()
+    assert w.job("mid").state is JobState.QUEUED
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("mid"), NOW)}
+    assert ("its time limit of 100 s runs past that (allowing 10 s to start and its grace of 30 s to leave)"
+            in why[RESERVED_FOR_OTHER]), why
+
+
+@pytest.mark.parametrize(("short", "enough"), [("A100", "L4"), ("L4", "A100")])
+def test_a_gang_of_one_model_holds_the_model_with_hosts_enough_whatever_their_names(short: str,
+                                                                                       enough: str) -> None:
+    """Found by review: a model short of hosts sorting first kept the one with hosts enough
+    from being chosen (both starts unknown), so the gang held nothing."""
+    w = World()
+    hosts = [("s1", short), ("e1", enough), ("e2", enough)]
+    for host_id, model in hosts:
+        w.state.apply_host_record(heartbeat_record(host_id, next(w.rev), shape=False, boot_id="b", seq=0, ts=NOW,
+                                                   gpus=2, model=model, cpus=64, memory_mb=10**6), now=NOW)
+
+    def submit(job_id: str, at: float, **fields: object) -> None:
+        spec = job_spec(job_id, command=["x"], cpus=1, memory_mb=1, **fields)
+        w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(make_job(job_id, spec=spec,
+                                                                                         submitted_at=at))))
+
+    for host_id, model in hosts:  # every host busy with a job of no time limit
+        submit(f"busy-{host_id}", NOW - 200, gpus=2, gpu_model=model)
+        w.cycle(now=NOW - 150)
+    submit("pair", NOW - 100, gpus=2, gpu_models=[short, enough], same_model=True, replicas=2)
+    plan = w.cycle()
+    assert [(r.job_id, sorted(r.hosts)) for r in plan.reservations] == [("pair", ["e1", "e2"])]
+
+
+def test_a_stacked_gangs_host_is_kept_from_jobs_without_gpus_that_would_take_what_all_its_tasks_need() -> None:
+    """Found by review: a job with no GPU and no time limit was let onto a host held for a
+    stacked gang when what it left held one task's CPUs, not the gang's: it waited for ever."""
+    w = World()
+    w.host("h", gpus=2)  # 64 CPUs
+    for name, limit in (("x", 40.0), ("y", 80.0)):
+        w.submit(name, gpus=1, at=NOW - 100, time_limit_s=limit, cpus=4)
+        w.cycle(now=NOW - 50)
+        w.cycle(reports=[w.report(name, 0, AttemptState.RUNNING, ts=NOW - 50)], now=NOW - 50)
+    w.submit("gang", gpus=1, replicas=2, at=NOW - 30, time_limit_s=60, cpus=24)  # 48 CPUs on h
+    assert [r.stacked for r in w.cycle().reservations] == [True]
+    w.submit("hog", at=NOW - 5, cpus=30)  # 56 free - 30 = 26: one task's 24, not two
+    w.submit("small", at=NOW - 4, cpus=8)  # 56 - 8 = 48: both tasks' still
+    w.cycle(now=NOW + 1)
+    assert w.job("hog").state is JobState.QUEUED and w.job("small").state is JobState.PLACED

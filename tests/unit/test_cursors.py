@@ -42,7 +42,8 @@ def test_a_history_lists_cursor_is_its_last_items_time_and_id() -> None:
     assert history_page(None, encode_cursor(41), "al") == (42, None, 50)  # an offset cursor given out before
     for bad in (history_cursor("ea", 1.0, "x"),  # the other order's
                 history_cursor("al", 1.0, "x"),  # another list's
-                b64("ed:[1.0]"), b64('ed:["x",1.0]'), b64("ed:[1e999,\"x\"]"), b64("ed:" + "[" * 5000)):
+                b64("ed:[1.0]"), b64('ed:["x",1.0]'), b64("ed:[1e999,\"x\"]"), b64("ed:" + "[" * 5000),
+                b64("ed:[" + "9" * 400 + ',"x"]')):  # an integer no float holds (found by review)
         with pytest.raises(ValidationError) as exc:
             history_page(10, bad, "ed")
         assert exc.value.code == "INVALID_CURSOR", bad

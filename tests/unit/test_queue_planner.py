@@ -1020,3 +1020,15 @@ def test_why_pending_of_a_preemptor_does_not_count_its_victims_stopping_against_
     assert w.qcycle(now=NOW).preempted == {("priority", "a"): 2}
     why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["urgent"], NOW + 1, 0.0)}
     assert PREEMPTION_GRACE in why and OVER_QUOTA not in why, why
+
+
+def test_why_pending_tells_the_grace_of_victims_of_the_implicit_default_queue() -> None:
+    """Found by review: 'grace up to 0 s' for victims of the implicit default queue (30 s)."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", fair_share_preemption=True, min_runtime_s=0)
+    _fill(w, "default", 8, NOW - 100)
+    w.qsubmit("mine", "a", gpus=1)
+    assert w.qcycle(now=NOW).preempted
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["mine"], NOW + 1, 0.0)}
+    assert why[PREEMPTION_GRACE] == "1 preempted job(s) stopping (grace up to 30 s)", why

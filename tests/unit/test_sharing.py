@@ -10,7 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.gpu import NvmlBackend, SimulatedBackend, mig_profile_of, mps_running, parse_full_spec, parse_spec
+from agent.gpu import (
+    NvmlBackend,
+    SimulatedBackend,
+    mig_profile_of,
+    mps_reached,
+    mps_running,
+    parse_full_spec,
+    parse_spec,
+)
 from agent.runner import gpu_env
 from bench.observer import check_alloc
 from bench.simhosts import SimHost, hold, unhold
@@ -151,6 +159,24 @@ def test_mps_is_seen_by_its_control_pipe(tmp_path: Path) -> None:
     assert not mps_running(env)
     (tmp_path / "control").touch()
     assert mps_running(env)
+
+
+def test_which_tasks_reach_mps_and_so_run_as_one_uid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: with a uid per job, whole-GPU tasks of several jobs reached one MPS
+    daemon (at the default pipe directory) as several uids, and waited on each other."""
+    import agent.gpu as gpu
+
+    monkeypatch.setattr(gpu, "MPS_PIPE_DEFAULT", str(tmp_path / "default"))
+    (tmp_path / "default").mkdir()
+    assert not mps_reached(250, True, {})  # no daemon
+    (tmp_path / "default" / "control").touch()
+    assert mps_reached(250, True, {}) and mps_reached(0, True, {})  # a share, a whole GPU: both
+    assert not mps_reached(0, False, {})  # no GPU: its own uid
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "control").touch()
+    elsewhere = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "elsewhere")}
+    assert mps_reached(250, True, elsewhere)  # a share is told where it listens
+    assert not mps_reached(0, True, elsewhere)  # a whole GPU's clean environment does not find it
 
 
 # ---------------------------------------------------------------- overcommit checks

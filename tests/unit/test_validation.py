@@ -186,6 +186,8 @@ def test_descriptions_refuse_control_characters(text: str) -> None:
     from wire.validation import validate_advance_reservation, validate_queue
 
     assert validate_queue({"name": "q", "description": "two lines\n\tand a tab"}).description
+    # Ordinary text that is not "printable" to Python is taken (found by review).
+    assert validate_queue({"name": "q", "description": "GPU team\xa0: training \U0001f469\u200d\U0001f52c"})
     with pytest.raises(ValidationError) as exc:
         validate_queue({"name": "q", "description": text})
     assert (exc.value.field, exc.value.code) == ("description", "INVALID")

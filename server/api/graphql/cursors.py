@@ -66,10 +66,14 @@ def job_keyset(rest: str, texts: Sequence[bool]) -> str:
         key = json.loads(rest)
     except (ValueError, RecursionError) as exc:
         raise _invalid() from exc
-    if not isinstance(key, list) or len(key) != len(texts) or not all(
+    try:
+        good = isinstance(key, list) and len(key) == len(texts) and all(
             isinstance(v, str) if text else (isinstance(v, int | float) and not isinstance(v, bool)
                                              and math.isfinite(v))
-            for v, text in zip(key, texts, strict=False)):
+            for v, text in zip(key, texts, strict=False))
+    except OverflowError:  # an integer too large for a float
+        good = False
+    if not good:
         raise _invalid()
     return rest
 
