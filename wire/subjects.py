@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # KV bucket of heartbeats: key = host id, per-key TTL = 3 heartbeat intervals.
 HOSTS_BUCKET = "hosts"
 # KV bucket of durable control-plane state. Keys:
@@ -113,6 +115,27 @@ def output_subject(host_id: str) -> str:
 
 def status_subject(host_id: str) -> str:
     return f"{STATUS_PREFIX}.{host_id}"
+
+
+# A submitter's user name: one subject token (the job's user is the token after
+# SUBMIT_PREFIX), the characters API token names take but '.'.
+SUBMITTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def submit_subject(user: str) -> str:
+    return f"{SUBMIT_PREFIX}.{user}"
+
+
+def submitter_of(subject: str) -> str | None:
+    """The user a submission's subject names (`muster.submit.<user>`), None if it names none."""
+    user = subject.removeprefix(SUBMIT_PREFIX + ".")
+    return user if user != subject and SUBMITTER_RE.fullmatch(user) else None
+
+
+def submitter_inbox_prefix(user: str) -> str:
+    """The inbox prefix a submitter connects with (where its publishes' acknowledgements
+    come): one token of its own, apart from agents' (`_INBOX_<host>`)."""
+    return "_SUBMIT_INBOX_" + user
 
 
 def agent_inbox_prefix(host_id: str) -> str:

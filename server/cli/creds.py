@@ -1,5 +1,6 @@
-"""`muster creds issue-agent|revoke-agent|issue-subscriber|revoke-subscriber|list`: the
-NATS credentials (nkeys) of agents and subscribers, in the credentials directory; running
+"""`muster creds issue-agent|revoke-agent|issue-subscriber|revoke-subscriber|
+issue-submitter|revoke-submitter|list`: the NATS credentials (nkeys) of agents, alert
+subscribers and batch clients submitting over NATS, in the credentials directory; running
 nats-servers are told to reload."""
 
 from __future__ import annotations
@@ -11,24 +12,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from server.cli.client import add_output, out
-from wire.errors import NotFound
+from wire.errors import ConfigError, NotFound
 
 if TYPE_CHECKING:
     from server.broker.natsauth import AuthDir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents and subscribers")
+    cr = sub.add_parser("creds", help="issue and revoke NATS credentials of agents, subscribers and submitters")
     crsub = cr.add_subparsers(dest="creds_cmd", required=True)
     helps = {"issue-agent": "an agent's nkey for one host (it may use only that host's subjects)",
              "revoke-agent": "a host's agent may no longer connect",
              "issue-subscriber": "an nkey that may only read alerts and events",
              "revoke-subscriber": "a subscriber may no longer connect",
-             "list": "the agents and subscribers with credentials"}
+             "issue-submitter": "an nkey that may only submit jobs over NATS, as USER (muster.submit.USER)",
+             "revoke-submitter": "a submitter may no longer connect",
+             "list": "the agents, subscribers and submitters with credentials"}
     for name, what in helps.items():
         c = crsub.add_parser(name, help=what)
         if name != "list":
-            c.add_argument("name", metavar="HOST" if "agent" in name else "NAME")
+            c.add_argument("name", metavar="HOST" if "agent" in name else "USER" if "submitter" in name else "NAME")
         c.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
         c.add_argument("--auth-dir", default=None, help="credentials directory (default: found in --data-dir)")
         if name == "list":
@@ -41,17 +44,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _auth_dir(args: argparse.Namespace) -> AuthDir:
+    """The credentials directory, which must exist: one made here would hold credentials
+    no nats-server knows (found by exploring: a wrong --data-dir made a new one, and the
+    credential printed worked nowhere)."""
     from server.broker.natsauth import AuthDir, find_auth_dir
 
-    return AuthDir(Path(args.auth_dir) if args.auth_dir else find_auth_dir(args.data_dir))
+    auth = AuthDir(Path(args.auth_dir) if args.auth_dir else find_auth_dir(args.data_dir))
+    if not auth.exists():
+        raise ConfigError(f"no NATS credentials directory at {auth.path.resolve()} (users.json): give the "
+                          "--data-dir of `muster up` or `muster nats`, or --auth-dir")
+    return auth
 
 
 def cmd_issue(args: argparse.Namespace) -> int:
     auth = _auth_dir(args)
     if args.creds_cmd == "issue-agent":
         path = auth.issue_agent(args.name)
+    elif args.creds_cmd == "issue-submitter":
+        path = auth.issue_submitter(args.name)
     else:
         path = auth.issue_subscriber(args.name)
+    path = path.resolve()
     reloaded = auth.reload_servers()
     print(path)
     print(f"credentials for {args.name} in {path} (give the process MUSTER_NATS_CREDS={path});"
@@ -61,7 +74,7 @@ def cmd_issue(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     auth = _auth_dir(args)
-    kind = "agent" if args.creds_cmd == "revoke-agent" else "subscriber"
+    kind = args.creds_cmd.removeprefix("revoke-")
     if not auth.revoke(kind, args.name):
         raise NotFound(f"no {kind} credentials for {args.name!r} in {auth.path}")
     reloaded = auth.reload_servers()

@@ -195,12 +195,22 @@ class Scheduler:
         return r
 
     def _decode_submission(self, msg: Msg) -> SubmitRequest | None:
+        """A submission as its subject and NATS tell it: its jobs are the user's the subject
+        names (`muster.submit.<user>`: what a submitter's credentials allow it), whatever
+        its body says, and were submitted when the stream stored it, not when the client
+        says (found by exploring: a client named any user, and dated its jobs back to the
+        head of their queues)."""
+        user = subjects.submitter_of(msg.subject)
         try:
-            return decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+            if user is None:
+                raise DecodeError(f"{msg.subject[:80]!r} names no user")
+            req = decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
         except DecodeError as exc:
             metrics.DROPPED.labels("submission").inc()
             log.warning("dropped submission: %s", exc)
             return None
+        stored = _stored_at(msg)
+        return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time()})
 
     def _decode_command(self, msg: Msg) -> Command | None:
         try:

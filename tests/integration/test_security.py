@@ -337,6 +337,52 @@ def test_revoked_agent_can_no_longer_connect(secure_nats: NatsProcess, auth: Aut
     asyncio.run(main())
 
 
+def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth: AuthDir, tmp_path: Path) -> None:
+    """A batch client's credentials (`muster creds issue-submitter USER`): it publishes
+    submissions on its own subject and gets their acknowledgements in its own inbox; another
+    user's subject, another inbox and everything else are refused (found by exploring: only
+    the control plane's credentials could submit over NATS, and they can do anything).
+    Issuing into a directory that is not a credentials directory is refused."""
+    from wire.subjects import submitter_inbox_prefix
+    from wire.submit import submit_over_nats
+
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        await ensure_streams(Store(srv))
+        r = await asyncio.to_thread(cli, "creds", "issue-submitter", "alice", "--auth-dir", str(auth.path))
+        assert r.returncode == 0, r.stderr
+        errors = Errors()
+        nc = None
+        for _ in range(300):
+            try:
+                nc = await connect(secure_nats.url, "alice", creds=r.stdout.strip(), error_cb=errors.cb,
+                                   inbox_prefix=submitter_inbox_prefix("alice"), allow_reconnect=False,
+                                   max_reconnect_attempts=0)
+                break
+            except StoreError:
+                await asyncio.sleep(0.1)  # the reload is asynchronous
+        assert nc is not None
+        ids = await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="alice",
+                                     within_s=0)
+        assert len(ids) == 1
+        info = await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)
+        assert info.state.messages == 1
+        await nc.publish(f"{subjects.SUBMIT_PREFIX}.bob", b"{}")
+        await nc.flush()
+        await errors.wait_for(f'permissions violation for publish to "{subjects.SUBMIT_PREFIX}.bob"')
+        for subject in ("_INBOX.>", "muster.assign.>", "alerts.>"):
+            await nc.subscribe(subject)
+            await errors.wait_for(f'subscription to "{subject.lower()}"')
+        assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 1
+        await nc.close()
+        await srv.close()
+
+    asyncio.run(main())
+    nowhere = cli("creds", "issue-submitter", "bob", "--data-dir", str(tmp_path / "not-a-data-dir"))
+    assert nowhere.returncode != 0 and "no NATS credentials directory" in nowhere.stderr, nowhere.stderr
+    assert not (tmp_path / "not-a-data-dir").exists()
+
+
 def _spawn_agent(c: Cluster, auth: AuthDir, host: str) -> Any:
     argv = ["agent", "--nats", c.nats_url, "--host-id", host, "--labels", "rack=r1,zone=z1",
             "--state-dir", str(c.tmp / "agents"), "--simulate-gpus", "2xH100"]

@@ -20,6 +20,49 @@ from wire.submit import submit_over_nats
 PY = sys.executable
 
 
+def test_a_submissions_user_is_its_subjects_and_its_time_when_stored(cluster: Cluster) -> None:
+    """Found by exploring: the job's user was the one the message's body named (any, with
+    any characters), and its submission time the client's (dated back, it went to the head
+    of its queue). The subject names the user (what a submitter's credentials allow) and the
+    stream's clock dates it; a subject that names no user is dropped."""
+    import time
+
+    from wire.messages import SubmitRequest, encode
+
+    srv = cluster.server()
+    api = Api(srv.url, cluster.token)
+
+    async def publish() -> float:
+        nc = await natslib.connect(cluster.nats_url)
+        js = nc.jetstream()
+        before = time.time()
+        forged = SubmitRequest(user="root\x1b[2J", ts=1000.0, jobs=[{"id": "forged-user-1", "name": "f",
+                                                                       "command": ["true"], "held": True}])
+        await js.publish(f"{subjects.SUBMIT_PREFIX}.alice", encode(forged))
+        nobody = SubmitRequest(user="bob", jobs=[{"id": "no-user-1", "name": "n", "command": ["true"]}])
+        await js.publish(f"{subjects.SUBMIT_PREFIX}.a.b", encode(nobody))
+        await nc.close()
+        return before
+
+    before = asyncio.run(publish())
+    job = wait_until(lambda: api.job("forged-user-1"), timeout=60, what="the job created")
+    full = api.q('query { job(id: "forged-user-1") { user submittedAt } }')["job"]
+    assert full["user"] == "alice", full
+    import datetime as dt
+
+    submitted = dt.datetime.fromisoformat(full["submittedAt"]).timestamp()
+    assert before - 1 <= submitted <= time.time(), (before, full)
+    async def left() -> int:  # messages not yet taken (and acknowledged) by the leader
+        nc = await natslib.connect(cluster.nats_url)
+        try:
+            return (await nc.jetstream().stream_info(subjects.SUBMIT_STREAM)).state.messages
+        finally:
+            await nc.close()
+
+    wait_until(lambda: asyncio.run(left()) == 0, timeout=60, what="both submissions taken")
+    assert job["state"] == "QUEUED" and api.job("no-user-1") is None
+
+
 def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:
     srv = cluster.server()
     cluster.agent("ns-a", gpus="4xH100")

@@ -666,6 +666,17 @@ def test_a_job_submitted_held_over_nats_is_not_placed(w: World) -> None:
     assert plan.jobs["free-job-1"].state is JobState.PLACED
 
 
+def test_a_nats_submission_to_a_queue_that_does_not_exist_is_rejected(w: World) -> None:
+    """As the API refuses one; found by exploring: it was stored and waited for ever."""
+    from wire.messages import SubmitRequest
+
+    sub = SubmitRequest(user="u", ts=NOW, jobs=[{"id": "lost-queue-1", "name": "x", "command": ["true"],
+                                                 "queue": "nosuchqueue"}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert "lost-queue-1" not in plan.jobs
+    assert plan.rejected == [("lost-queue-1", "queue: no queue named 'nosuchqueue'")]
+
+
 def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_ok: bool = False,
           gpus: int = 1) -> None:
     """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""
