@@ -37,7 +37,7 @@ from server.history.models import AttemptRow, EventRow, JobRow, StreamPositionRo
 from server.history.timeline import job_events
 from server.scheduling.queues import gpu_amount, preemption_loss
 from wire.errors import DecodeError
-from wire.messages import MAX_RECORD_BYTES, AttemptState, Job, decode
+from wire.messages import MAX_RECORD_BYTES, AttemptState, Job, JobState, decode
 from wire.stopping import pause
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ DB_FILE = "history.db"
 # pg_advisory_xact_lock key serialising schema upgrades ("muster" + 1); advisory locks
 # are per database, so this only orders replicas that share one database.
 _PG_MIGRATE_LOCK = 0x6D757374657201
-FINISHED_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+FINISHED_STATES = tuple(s.value for s in JobState if s.terminal)  # TIMEOUT too (found by exploring)
 # How often queued records are written. A job's first records (queued, placed, running)
 # usually follow each other within a second: once a second writes most of them as one
 # row, and took about a quarter less CPU than every 0.2 s (README, Benchmarks).

@@ -505,7 +505,7 @@ def test_retention_prunes_only_old_finished_jobs(db_url: str, monkeypatch: pytes
     h = History(db_url, retention_days=7)
     try:
         old, keep = [], []
-        for i, st in enumerate([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED] * 3):
+        for i, st in enumerate([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT] * 3):
             j = job_in_state(f"old{i}", now - 30 * DAY, state=st, updated=now - 8 * DAY - i)
             old.append(j)
         keep.append(job_in_state("oldq", now - 30 * DAY, state=JobState.QUEUED, updated=now - 20 * DAY))

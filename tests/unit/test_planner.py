@@ -290,7 +290,7 @@ def test_succeeded_frees_the_alloc_task(w: World) -> None:
     assert w.cycle().placed == 0  # host full
     w.cycle(reports=[report(w, "j1", AttemptState.RUNNING)])
     ended = report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 3).model_copy(update={"gpu_util_pct": 71.5})
-    plan = w.cycle(reports=[ended])
+    plan = w.cycle(reports=[ended], now=NOW + 5)
     job = plan.jobs["j1"]
     assert job.state is JobState.SUCCEEDED
     a = job.attempts[0]
@@ -306,10 +306,30 @@ def test_succeeded_frees_the_alloc_task(w: World) -> None:
 
 def test_terminal_report_without_running_sets_started_at(w: World) -> None:
     placed(w)
-    plan = w.cycle(reports=[report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 4)])
+    plan = w.cycle(reports=[report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 4)], now=NOW + 5)
     a = plan.jobs["j1"].attempts[0]
     assert a.started_at == NOW + 4 and a.finished_at == NOW + 4
     assert w.tasks("h1") == []
+
+
+def test_a_reports_time_is_kept_within_what_the_leader_knows(w: World) -> None:
+    """Found by exploring: a report dated a day ahead (an agent's clock, or a forged one)
+    was taken as it was, and `usage` counted the finished attempt's GPU-hours for that day.
+    A time ahead of the leader's is now; one before the placement is the placement's. A
+    MIG attempt keeps no GPU utilisation (NVML tells none per instance)."""
+    placed(w)
+    placed_at = w.job("j1").current.placed_at
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING, ts=placed_at - 50)], now=NOW + 1)
+    assert w.job("j1").current.started_at == placed_at
+    ahead = report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 86400)
+    a = w.cycle(reports=[ahead], now=NOW + 10).jobs["j1"].attempts[0]
+    assert a.finished_at == NOW + 10
+    placed(w, "m1")  # as if on a MIG instance
+    rec = w.job("m1").model_copy(deep=True)
+    rec.attempts[0].mig = ["MIG-abc"]
+    w.state.apply_state_record(Record("job.m1", next(w.rev), encode(rec)))
+    busy = report(w, "m1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 11).model_copy(update={"gpu_util_pct": 80.0})
+    assert w.cycle(reports=[busy], now=NOW + 12).jobs["m1"].attempts[0].gpu_util_pct is None
 
 
 def test_failed_with_exit_code_fails_the_job(w: World) -> None:

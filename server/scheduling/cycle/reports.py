@@ -43,9 +43,13 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     assert job is not None
     a = attempt_of(job, r.attempt_id)
     assert a is not None
+    # The agent's clock, kept within what the leader knows: not after now, not before the
+    # placement (found by exploring: a report dated a day ahead made a finished attempt
+    # count GPU-hours in `usage` for a day).
+    ts = max(min(r.ts, now), a.placed_at or 0.0)
     if r.state is AttemptState.RUNNING:
         a.state = AttemptState.RUNNING
-        a.started_at = r.ts
+        a.started_at = ts
         if job.state is JobState.PLACED:
             job.state = JobState.RUNNING
         job.updated_at = now
@@ -67,9 +71,9 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
         if r.gpu_fault:
             w.faulted.setdefault(r.host_id, set()).update(w.state.task_gpus(r.host_id, a.gpu_indices, a.mig))
     a.state = ended
-    a.finished_at = r.ts
+    a.finished_at = max(ts, a.started_at or 0.0)
     a.exit_code = r.exit_code
-    a.gpu_util_pct = r.gpu_util_pct
+    a.gpu_util_pct = None if a.mig else r.gpu_util_pct  # NVML tells none per MIG instance
     # Text from the job's own process, clipped to the share of the job record's budget
     # an attempt may take (bytes as encoded: wire.budgets).
     tail_limit, reason_limit = text_limits(job.spec)
@@ -79,7 +83,7 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     elif not a.stop_kind or not a.reason:
         a.reason = clip_start(r.reason, reason_limit)
     if a.started_at is None:
-        a.started_at = r.ts
+        a.started_at = ts
     alloc = w.alloc(r.host_id)
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
