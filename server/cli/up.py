@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,19 @@ AGENT_STOP_S = 25.0
 AGENT = [sys.executable, "-m", "agent"]
 
 
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on `port` here (0: any port is free)."""
+    if not port:
+        return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 def cgroup_tag(data: Path) -> str:
     """A short tag of a data directory, the same at each start: its agents' cgroups."""
@@ -97,6 +111,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                     p.kill()
                     p.wait()
 
+    # A port another process listens on would be taken for ours (found by exploring: with
+    # the NATS port in use, its nats-server died and the server joined the other NATS).
+    for port, flag in ((args.nats_port, "--nats-port"), (args.http_port, "--http-port")):
+        if not port_free(port):
+            raise ConfigError(f"port {port} is in use (another `muster up`?): choose another with {flag}")
     nats_url = f"nats://127.0.0.1:{args.nats_port}"
     # Where `muster token` and `muster check` find this NATS when given --data-dir alone.
     (data / NATS_URL_FILE).write_text(nats_url + "\n")

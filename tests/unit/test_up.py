@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from server.cli.up import plan_agents
@@ -29,3 +31,23 @@ def test_real_gpus_back_one_agent_only() -> None:
     # started NATS and the server, then each agent exited with the error).
     with pytest.raises(ValueError, match="expected COUNTxMODEL"):
         plan_agents(None, "4", nvidia=False)
+
+
+def test_up_refuses_a_port_another_process_listens_on(tmp_path: Path) -> None:
+    """Found by exploring: with its NATS port in use, `muster up` said it was up, its own
+    nats-server dead, and its server joined the other NATS."""
+    import socket
+    import subprocess
+    import sys
+
+    from server.cli.up import port_free
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not port_free(port)
+        r = subprocess.run([sys.executable, "-m", "server.cli", "up", "--data-dir", str(tmp_path / "d"),
+                            "--nats-port", str(port), "--http-port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"port {port} is in use" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert port_free(port)
