@@ -336,10 +336,11 @@ class HostTable:
     def gpu_use(self, host_id: str, indices: Iterable[int]) -> GpuUse | None:
         """How busy the GPUs `indices` of the host are in its latest heartbeat (a running
         attempt's, for its job's page: is it using what it holds?); None for no GPUs, a
-        host never heard of, or a GPU its heartbeat does not report."""
+        host never heard of or lost (its last heartbeat's figures are not now's: found by
+        exploring), or a GPU its heartbeat does not report."""
         wanted = list(indices)
         entry = self.state.hosts.get(host_id)
-        if not wanted or entry is None or entry.heartbeat is None:
+        if not wanted or entry is None or entry.heartbeat is None or not entry.present:
             return None
         hb = entry.latest()
         assert hb is not None

@@ -980,6 +980,12 @@ async def test_hosts_filters_and_sorting(console: Console) -> None:
     r = await c.get("/hosts?health=LOST")
     row = r.text[r.text.index('href="/hosts/h-2"'):]
     assert ids(r.text) == ["h-2"] and "90.0" not in row[:row.index("</tr>")], row
+    # Nor on its page, per GPU (found by exploring: util, temperature and power were shown).
+    r = await c.get("/hosts/h-2")
+    gpus = r.text[r.text.index("<caption class=\"visually-hidden\">GPUs of h-2"):]
+    body = gpus[gpus.index("<tbody>"):]
+    first = body[:body.index("</tr>")]
+    assert "<td" in first and "°C" not in first and " W</td>" not in first and "90" not in first, first
 
 
 async def test_hosts_filters_page_through_many(console: Console) -> None:

@@ -132,6 +132,9 @@ def test_a_running_attempts_gpus_are_read_from_its_hosts_newest_heartbeat(tmp_pa
     assert mu.hosts.gpu_use("h-001", []) is None
     assert mu.hosts.gpu_use("h-001", [8]) is None
     assert mu.hosts.gpu_use("nowhere", [0]) is None
+    # Lost (its key expired): its last figures are not now's (found by exploring).
+    mu.state.apply_host_record(Record("h-001", 12, None), now=busy.ts + 20)
+    assert not mu.state.hosts["h-001"].present and mu.hosts.gpu_use("h-001", [2, 6]) is None
 
 
 async def test_each_gpus_telemetry_is_the_newest_heartbeats_also_when_kept_raw(tmp_path: Path) -> None:
