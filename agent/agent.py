@@ -682,14 +682,19 @@ class Agent:
             if t.attempt_id in self.runs:
                 continue
             if t.attempt_id in self.seen:
-                if t.attempt_id in self._inherited and not t.stop and t.attempt_id not in self._reported_lost:
+                if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
                     # Started by a previous incarnation of this agent: stopped by its
-                    # watchdog (which noted it), or its outcome is unknown (any process it
-                    # left was killed at start-up).
+                    # watchdog (which noted it), being stopped by the control plane (the
+                    # stop is done: what it left was killed at start-up; found by exploring,
+                    # where such an attempt was never reported and held its GPUs for good),
+                    # or its outcome is unknown (any process it left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)
                     fenced = fenced_by_watchdog(self._watch_dir / "fenced", t.attempt_id)
                     if fenced:
                         await self._report(t, AttemptState.KILLED, None, "", fenced)
+                    elif t.stop:
+                        await self._report(t, AttemptState.KILLED, None, "",
+                                           f"{t.stop_reason or 'stopped'} (killed when its agent restarted)")
                     else:
                         await self._report(t, AttemptState.LOST, None, "",
                                            "agent restarted; the attempt's outcome is unknown")

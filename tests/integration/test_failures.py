@@ -222,6 +222,37 @@ def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster
     assert_invariants(cluster.nats_url)
 
 
+def test_an_agent_restarted_while_a_stop_is_under_way_reports_the_stop_done(cluster: Cluster,
+                                                                          tmp_path: Path) -> None:
+    """Found by exploring: a job cancelled (or a victim preempted) whose task ignores SIGTERM,
+    its agent killed -9 and started again within the grace: the new agent killed the
+    leftover but never reported it, so the job stayed CANCELLED with a live attempt (an
+    invariant broken) holding its GPU for good. It reports the stop done (KILLED)."""
+    srv = cluster.server()
+    a = cluster.agent("rs", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    started = tmp_path / "started"
+    stubborn = f"trap '' TERM; touch {started}; while true; do sleep 1; done"
+    job = api.submit(name="stubborn", command=["sh", "-c", stubborn], gpus=1, cpus=1, memoryMb=64)["job"]
+    api.wait_job(job["id"], {"RUNNING"})
+    wait_until(started.exists, what="the task started")
+    run_file = wait_until(lambda: list((tmp_path / "agents" / "rs.runs").glob("*")), what="the run file")[0]
+    pid = int(run_file.read_text().split()[0])
+    r = api.q('mutation($id: ID!) { cancelJob(id: $id, reason: "test") { userErrors { code } } }', {"id": job["id"]})
+    assert r["cancelJob"]["userErrors"] == []
+    wait_until(lambda: api.job(job["id"])["state"] == "CANCELLED", what="the job cancelled")
+    time.sleep(1)  # the agent has sent SIGTERM, which the task ignores (its grace is 30 s)
+    assert not process_gone(pid)
+    a.kill9()
+    cluster.agent("rs", gpus="2xH100")
+    wait_until(lambda: process_gone(pid), timeout=60, what="the leftover killed")
+    attempt = wait_until(lambda: (x := api.job(job["id"])["attempts"][0])["state"] != "RUNNING" and x,
+                         timeout=60, what="the attempt reported")
+    assert attempt["state"] == "KILLED", attempt
+    assert_invariants(cluster.nats_url)
+
+
 def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluster, tmp_path: Path) -> None:
     """An agent killed with SIGKILL leaves its task running (a session of its own). When
     it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
