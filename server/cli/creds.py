@@ -44,14 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _auth_dir(args: argparse.Namespace) -> AuthDir:
-    """The credentials directory, which must exist: one made here would hold credentials
-    no nats-server knows (found by exploring: a wrong --data-dir made a new one, and the
-    credential printed worked nowhere)."""
+    """The credentials directory: `--auth-dir` as given (made on first use, as compose's
+    nats-auth service makes its registry), or the one found in `--data-dir`, which must
+    exist: one made there would hold credentials no nats-server knows (found by exploring:
+    a wrong --data-dir made a new one, and the credential printed worked nowhere)."""
     from server.broker.natsauth import AuthDir, find_auth_dir
 
-    auth = AuthDir(Path(args.auth_dir) if args.auth_dir else find_auth_dir(args.data_dir))
+    if args.auth_dir:
+        return AuthDir(Path(args.auth_dir))
+    auth = AuthDir(find_auth_dir(args.data_dir))
     if not auth.exists():
-        raise ConfigError(f"no NATS credentials directory at {auth.path.resolve()} (users.json): give the "
+        raise ConfigError(f"no NATS credentials directory in {Path(args.data_dir).resolve()}: give the "
                           "--data-dir of `muster up` or `muster nats`, or --auth-dir")
     return auth
 

@@ -381,6 +381,9 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
     nowhere = cli("creds", "issue-submitter", "bob", "--data-dir", str(tmp_path / "not-a-data-dir"))
     assert nowhere.returncode != 0 and "no NATS credentials directory" in nowhere.stderr, nowhere.stderr
     assert not (tmp_path / "not-a-data-dir").exists()
+    # A directory named with --auth-dir is made on first use (compose's nats-auth makes its registry so).
+    made = cli("creds", "issue-agent", "host-z", "--auth-dir", str(tmp_path / "registry"))
+    assert made.returncode == 0 and AuthDir(tmp_path / "registry").agent_creds("host-z").exists(), made.stderr
 
 
 def _spawn_agent(c: Cluster, auth: AuthDir, host: str) -> Any:
