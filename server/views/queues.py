@@ -250,7 +250,13 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     models = _models(state, job)
     refusals = [b.admits(name, job_demand(job.spec, m)) for m in models or [None]]
     if all(r is not None for r in refusals):
-        r = next((x for x in refusals if x is not None and x.reason == COHORT_EXHAUSTED), refusals[0])
+        # The refusal shown: on a model the queue has a quota of first (as the planner's
+        # `restrict` tells it; found by exploring: a job of an H100 queue was told of A100,
+        # which it has no quota of), a drained cohort before an own limit.
+        ranked = sorted(zip(models or [None], refusals, strict=True),
+                        key=lambda mr: (mr[0] is not None and nominal(q, "gpu:" + mr[0]) <= 0,
+                                        mr[1] is None or mr[1].reason != COHORT_EXHAUSTED))
+        r = ranked[0][1]
         assert r is not None
         label = COHORT_EXHAUSTED if r.reason == COHORT_EXHAUSTED else (
             OVER_QUOTA if r.reason == OVER_QUOTA else r.reason)

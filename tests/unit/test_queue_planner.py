@@ -1055,3 +1055,17 @@ def test_while_a_reclaim_that_makes_room_is_under_way_the_cohort_lends_nothing_n
     w.qsubmit("b2", "b", cpus=1, submitted_at=NOW - 1)  # would borrow h2's free GPU
     plan = w.qcycle(now=NOW)
     assert plan.preempted == {("reclaim", "a"): 1} and w.job("b2").state is JobState.QUEUED
+
+
+def test_why_pending_tells_the_refusal_on_a_model_the_queue_has_a_quota_of() -> None:
+    """Found by exploring: a job of a queue with an H100 quota, on a cluster with A100 hosts
+    too, was told 'gpu:A100: 0 held + 4 wanted > 0' (a model it has no quota of), not that
+    its H100 quota was used up."""
+    w = QWorld()
+    w.host("h1", gpus=4)
+    w.host("a1", gpus=4, model="A100")
+    w.queue("lo", gpus=4, min_runtime_s=0)
+    _fill(w, "lo", 4, NOW - 100)
+    w.qsubmit("more", "lo", gpus=1)
+    why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["more"], NOW, 0.0)}
+    assert why[OVER_QUOTA].startswith("gpu:H100: 4 held + 1 wanted > 4"), why
