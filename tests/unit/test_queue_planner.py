@@ -1069,3 +1069,37 @@ def test_why_pending_tells_the_refusal_on_a_model_the_queue_has_a_quota_of() -> 
     w.qsubmit("more", "lo", gpus=1)
     why = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["more"], NOW, 0.0)}
     assert why[OVER_QUOTA].startswith("gpu:H100: 4 held + 1 wanted > 4"), why
+
+
+def test_a_ready_preemptor_whose_freed_host_a_commit_in_flight_writes_waits_a_cycle() -> None:
+    """Found by exploring: a gang reclaimed two hosts; the first victim's end was being
+    committed while the next cycle read the second's: the gang, its room not visible yet,
+    gave up its preemption, the second victim was placed again on the host it had just
+    freed, and the gang preempted a third job. It waits a cycle, keeping its hosts."""
+    w = QWorld()
+    for h in ("l1", "l2", "l3"):
+        w.host(h, gpus=4)
+    w.queue("hi", cohort="lab", gpus=8, min_runtime_s=0, preempt_grace_s=5)
+    w.queue("lo", cohort="lab", gpus=4, min_runtime_s=0, preempt_grace_s=5)
+    for i, n in enumerate("abc"):
+        w.qsubmit(n, "lo", gpus=4, submitted_at=NOW - 100 + i)
+        _placed_and_running(w, NOW - 90 + i)
+    w.qsubmit("h", "hi", gpus=4, replicas=2, submitted_at=NOW - 5)
+    assert w.qcycle(now=NOW).preempted == {("reclaim", "hi"): 2}
+    victims = {e.split(":")[0] for e in w.job("h").preempting}
+    assert victims == {"b", "c"}
+    kills = {r.job_id: r for r in w.agent_reports(NOW + 6)}
+    policy = QueuePolicy(half_life_s=0)
+    for h in ("l1", "l2", "l3"):
+        w.host(h, gpus=4, now=NOW + 6)
+    a = plan_cycle(w.state, reports=[kills["b"]], commands=[], now=NOW + 6, term=TERM, queues=policy)
+    b = plan_cycle(w.state, reports=[kills["c"]], commands=[], now=NOW + 6.1, term=TERM, queues=policy,
+                   frozen_jobs=set(a.jobs), frozen_hosts=set(a.allocs), pending=a.jobs)
+    assert not b.preempted and "h" not in b.jobs  # still preempting, nothing placed in its hosts
+    assert not any(j.state is JobState.PLACED for j in b.jobs.values())
+    w.commit(a)
+    w.commit(b)
+    c = w.qcycle(now=NOW + 6.2)
+    assert c.jobs["h"].state is JobState.PLACED and not c.preempted
+    assert sorted(t.host_id for t in c.jobs["h"].current_tasks()) == sorted(
+        w.job(v).attempts[0].host_id for v in victims)

@@ -520,6 +520,12 @@ class Placing:
             if choices is None:
                 choices = _placed(placer, spec)
             if choices is None:
+                if job.preempting and self.held.get(job.id, set()) & w.frozen_hosts:
+                    # A commit in flight writes a host its victims freed (a victim's end): the
+                    # room is not this cycle's to see yet. It waits a cycle, keeping its hosts
+                    # (found by exploring: given up, it let a victim be placed again on the
+                    # freed host and preempted a third job).
+                    continue
                 if job.preempting:
                     self.give_up(job)
                 else:
