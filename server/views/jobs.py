@@ -26,7 +26,7 @@ from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_room
 from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
-from wire.messages import DEFAULT_QUEUE, Job, JobSpec, JobState, Queue, implicit_default_queue
+from wire.messages import Job, JobSpec, JobState, Queue
 
 if TYPE_CHECKING:
     from server.history.database import History
@@ -308,8 +308,7 @@ class JobView:
         have room for it; none when it has room elsewhere."""
         if not self.state.maintenance and not self.state.advance:
             return []
-        q = self.state.queues.get(job.spec.queue) or (
-            implicit_default_queue() if job.spec.queue == DEFAULT_QUEUE else None)  # as the planner's book has it
+        q = queue_view.queue_of(self.state, job.spec.queue)
         limit = effective_time_limit(job.spec, q)
         windows = self.state.maintenance
         kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now) \
@@ -339,8 +338,7 @@ class JobView:
         not backfill them (its time limit runs past their reserved starts); none when it
         has room elsewhere. Of several, those whose hosts alone would give it room (all of
         them if none would alone)."""
-        q = self.state.queues.get(job.spec.queue) or (
-            implicit_default_queue() if job.spec.queue == DEFAULT_QUEUE else None)  # as the planner's book has it
+        q = queue_view.queue_of(self.state, job.spec.queue)
         limit = effective_time_limit(job.spec, q)
         blockers: list[tuple[Job, frozenset[str]]] = []
         shares = None

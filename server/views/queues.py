@@ -114,6 +114,11 @@ def queues(state: ClusterState) -> dict[str, Queue]:
     return out
 
 
+def queue_of(state: ClusterState, name: str) -> Queue | None:
+    """A queue as the planner's book has it: its record, or the implicit default queue."""
+    return state.queues.get(name) or (implicit_default_queue() if name == DEFAULT_QUEUE else None)
+
+
 def book(state: ClusterState) -> QueueBook:
     return QueueBook(queues(state), state.queue_usage)
 
@@ -433,6 +438,6 @@ def _grace(state: ClusterState, job: Job) -> float:
     for entry in job.preempting:
         v = state.jobs.get(entry.rpartition(":")[0])
         if v is not None:
-            vq = queues(state).get(v.spec.queue)  # (the implicit default queue too)
+            vq = queue_of(state, v.spec.queue)
             best = max(best, vq.preempt_grace_s if vq is not None else 0.0)
     return best

@@ -159,8 +159,12 @@ def test_fair_share_interleaves_queues_by_weight() -> None:
 def _fill(w: QWorld, queue: str, n: int, started: float, prefix: str | None = None) -> None:
     for i in range(n):
         w.qsubmit(f"{prefix or queue}{i}", queue, submitted_at=started + i)
-    w.qcycle(now=started + n)
-    w.qcycle(w.agent_reports(started + n), now=started + n)
+    _placed_and_running(w, started + n)
+
+
+def _placed_and_running(w: QWorld, now: float) -> None:
+    w.qcycle(now=now)
+    w.qcycle(w.agent_reports(now), now=now)
 
 
 def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
@@ -891,11 +895,6 @@ def test_a_queue_whose_jobs_all_wait_for_their_begin_time_is_not_counted_as_wait
     assert fairness(w.state, NOW + 3601)[1] == 2  # b's job may be placed from its begin time
 
 
-def _placed_and_running(w: QWorld, now: float) -> None:
-    w.qcycle(now=now)
-    w.qcycle(w.agent_reports(now), now=now)
-
-
 @pytest.mark.parametrize("first", [4, 3])
 def test_reclaim_counts_what_the_same_cycle_placed(first: int) -> None:
     """Found by review: preemption decided on a book that lacked the cycle's own placements,
@@ -1046,10 +1045,7 @@ def test_while_a_reclaim_that_makes_room_is_under_way_the_cohort_lends_nothing_n
     w.host("h2", gpus=1, cpus=8)
     w.queue("a", cohort="c", gpus=2, min_runtime_s=0)
     w.queue("b", cohort="c", gpus=1, min_runtime_s=0)
-    for i in range(2):
-        w.qsubmit(f"b{i}", "b", cpus=1, submitted_at=NOW - 1000 + i)
-    w.qcycle(now=NOW - 900)
-    w.qcycle(w.agent_reports(NOW - 900), now=NOW - 900)
+    _fill(w, "b", 2, NOW - 1000)
     assert {w.job(f"b{i}").current.host_id for i in range(2)} == {"h1"}  # b borrows 1 of a's 2
     w.qsubmit("a0", "a", cpus=60, submitted_at=NOW - 2)  # only h1 has its CPUs: b's jobs must go
     w.qsubmit("b2", "b", cpus=1, submitted_at=NOW - 1)  # would borrow h2's free GPU
