@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -155,8 +156,15 @@ class Hosts(Protocol):
         ...
 
 
+Fit = bool | AbstractSet[str]
+"""What a placement test (`choose`'s `fits`) says of a set of victims: False, the waiting
+job does not fit were they stopped; a (non-empty) set of hosts, it fits there; True, it
+fits, where is not said (a gang: its placement is not known to hold wherever the hosts it
+was found on stay as they are)."""
+
+
 def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: Shares | None, now: float,
-           fits: Callable[[list[Victim]], bool], hosts: Hosts | None = None) -> Preemption | None:
+           fits: Callable[[list[Victim]], Fit], hosts: Hosts | None = None) -> Preemption | None:
     """The cheapest set of victims after whose stop `req` is admitted by its queue's quota
     and `fits` on the hosts (the caller's placement test with their tasks released), for
     the first kind (in `req.kinds` order) that finds one; None when none does.
@@ -169,27 +177,43 @@ def choose(req: Request, candidates: Sequence[Victim], book: QueueBook, shares: 
     for kind in req.kinds:
         if kind == RECLAIM and not book.within_nominal(req.queue, req.demand):
             continue  # reclaim only restores a queue's nominal quota
-        chosen = _cheapest_first(req, kind, ranked, book, shares, now, fits)
-        if chosen is None and hosts is not None:
-            chosen = _by_host(req, kind, ranked, book, shares, now, fits, hosts)
-        if chosen is None:
+        found = _cheapest_first(req, kind, ranked, book, shares, now, fits)
+        if found is None and hosts is not None:
+            found = _by_host(req, kind, ranked, book, shares, now, fits, hosts)
+        if found is None:
             continue
-        # Give back every victim the fit does not need, the most valuable first.
-        for v in list(reversed(chosen)):
-            rest = [x for x in chosen if x is not v]
-            if not rest:
-                break
-            again = book.copy()
-            for x in rest:
-                again.give(x.queue, x.usage)
-            if again.admits(req.queue, req.demand) is None and fits(rest):
-                chosen = rest
-        return Preemption(kind, chosen)
+        return Preemption(kind, _needed(req, book, fits, *found))
     return None
 
 
+def _needed(req: Request, book: QueueBook, fits: Callable[[list[Victim]], Fit], chosen: list[Victim],
+            where: Fit) -> list[Victim]:
+    """`chosen` less every victim the fit and the quota do not need, the most valuable
+    given back first. `where` is what `fits` said of `chosen`: a victim with no task on
+    the hosts the job fits on is not needed for the fit (those hosts stay as they were), so
+    only the quota is asked of it."""
+    again = book.copy()
+    for x in chosen:
+        again.give(x.queue, x.usage)
+    for v in list(reversed(chosen)):
+        if len(chosen) == 1:
+            break
+        again.take(v.queue, v.usage)  # were it kept running
+        if again.admits(req.queue, req.demand) is None:
+            rest = [x for x in chosen if x is not v]
+            if isinstance(where, AbstractSet) and not any(h in where for h, _t in v.tasks):
+                chosen = rest
+                continue
+            got = fits(rest)
+            if got:
+                chosen, where = rest, got
+                continue
+        again.give(v.queue, v.usage)
+    return chosen
+
+
 def _cheapest_first(req: Request, kind: str, ranked: Sequence[Victim], book: QueueBook, shares: Shares | None,
-                    now: float, fits: Callable[[list[Victim]], bool]) -> list[Victim] | None:
+                    now: float, fits: Callable[[list[Victim]], Fit]) -> tuple[list[Victim], Fit] | None:
     chosen: list[Victim] = []
     trial = book.copy()
     for v in ranked:
@@ -197,13 +221,13 @@ def _cheapest_first(req: Request, kind: str, ranked: Sequence[Victim], book: Que
             continue
         chosen.append(v)
         trial.give(v.queue, v.usage)
-        if trial.admits(req.queue, req.demand) is None and fits(chosen):
-            return chosen
+        if trial.admits(req.queue, req.demand) is None and (where := fits(chosen)):
+            return chosen, where
     return None
 
 
 def _by_host(req: Request, kind: str, ranked: Sequence[Victim], book: QueueBook, shares: Shares | None,
-             now: float, fits: Callable[[list[Victim]], bool], hosts: Hosts) -> list[Victim] | None:
+             now: float, fits: Callable[[list[Victim]], Fit], hosts: Hosts) -> tuple[list[Victim], Fit] | None:
     """Victims host by host: on each host where a candidate runs (the cheapest
     candidates' hosts first), the cheapest of its eligible jobs after whose stop one task
     of the waiting job fits there; then whole hosts' sets, the least work lost first,
@@ -234,6 +258,6 @@ def _by_host(req: Request, kind: str, ranked: Sequence[Victim], book: QueueBook,
             seen.add(v.job_id)
             chosen.append(v)
             trial.give(v.queue, v.usage)
-        if chosen and trial.admits(req.queue, req.demand) is None and fits(chosen):
-            return chosen
+        if chosen and trial.admits(req.queue, req.demand) is None and (where := fits(chosen)):
+            return chosen, where
     return None

@@ -485,3 +485,53 @@ def test_fairness_is_jains_index_of_what_the_waiting_queues_hold_over_their_weig
     # Fewer than two waiting: nothing to compare; a queue not waiting is not counted.
     assert fairness(QueueBook(queues, {"a": {H100: 8}}), capacity, ["a"]) == 1.0
     assert fairness(QueueBook(queues, {"a": {H100: 1}, "c": {H100: 7}}), capacity, ["a", "b"]) == pytest.approx(0.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=3, max_size=24), st.integers(1, 8), st.integers(0, 24),
+       st.randoms(use_true_random=False))
+def test_where_a_job_fits_spares_asking_again_and_changes_no_choice(placed: list[int], need: int, nominal_b: int,
+                                                                    rnd) -> None:  # type: ignore[no-untyped-def]
+    """A placement test that says where the job fits (a host, as cycle.victims' does for
+    one task) lets the give-back skip asking it of victims with no task there: the victims
+    chosen are those of a test that only says whether, for priority and reclaim alike,
+    asked less often."""
+    queues = {"a": queue("a", "c", gpu_H100=(64, None, None)), "b": queue("b", "c", gpu_H100=(nominal_b, None, None))}
+    for q in queues.values():
+        q.min_runtime_s = 0
+    book = QueueBook(queues, {})
+    by_host: dict[str, list[preemption.Victim]] = {}
+    starts = list(range(len(placed)))
+    rnd.shuffle(starts)
+    for i, h in enumerate(placed):
+        name = "a" if i % 5 == 0 else "b"
+        book.take(name, {H100: 1.0})
+        by_host.setdefault(f"h{h}", []).append(victim(f"v{i}", name, priority=i % 3, started=float(starts[i]),
+                                                     host=f"h{h}"))
+    free = {h: 8 - len(vs) for h, vs in by_host.items()}
+    asked = {"where": 0, "whether": 0}
+
+    def where(victims: list[preemption.Victim]) -> preemption.Fit:
+        asked["where"] += 1
+        for h in sorted(by_host):  # the first host with room, as a placer's complete search finds one
+            if free[h] + sum(1 for v in victims for x, _t in v.tasks if x == h) >= need:
+                return frozenset((h,))
+        return False
+
+    def whether(victims: list[preemption.Victim]) -> preemption.Fit:
+        asked["whether"] += 1
+        return bool(where(victims))
+
+    for kinds in ((preemption.PRIORITY,), (preemption.RECLAIM,), (preemption.PRIORITY, preemption.RECLAIM)):
+        req = preemption.Request("new", "a", 2, {H100: float(need)}, kinds)
+        cands = [v for vs in by_host.values() for v in vs]
+        with_where = preemption.choose(req, cands, book, None, 100.0, where)
+        asked_where = asked["where"]
+        asked["where"] = 0
+        with_whether = preemption.choose(req, cands, book, None, 100.0, whether)
+        assert (with_where is None) == (with_whether is None)
+        if with_where is not None and with_whether is not None:
+            assert with_where.kind == with_whether.kind
+            assert [v.job_id for v in with_where.victims] == [v.job_id for v in with_whether.victims]
+        assert asked_where <= asked["whether"]
+        asked.update(where=0, whether=0)

@@ -110,3 +110,48 @@ def test_reading_stops_where_the_reader_stops() -> None:
     # Past the minimum runtime only: jobs started after 20,000 - 15,000 are left out.
     assert next(state.victims.cheapest("a", 20_000.0, 15_000.0))[1] == "j5000"
     assert list(state.victims.cheapest("nope", 20_000.0)) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 3), max_size=4), min_size=1, max_size=5), st.integers(1, 8),
+       st.integers(1, 3), st.lists(st.integers(0, 40), min_size=1, max_size=12))
+def test_a_search_asks_where_a_job_fits_as_a_fresh_copy_would_answer(hosts: list[list[int]], gpus: int,
+                                                                     replicas: int, asks: list[int]) -> None:
+    """cycle.victims' placement test keeps its what-if copy while the victims asked of grow
+    one by one: every answer, through growing, shrinking and unrelated lists, is what a
+    fresh copy with those victims' tasks released says (the job fits, on the host named)."""
+    from server.scheduling.capacity import CapacityIndex, Placer
+    from server.scheduling.cycle.victims import _Fits
+    from tests.factories import host_capacity, task
+
+    index = CapacityIndex()
+    victims: list[Victim] = []
+    for h, sizes in enumerate(hosts):
+        first = 0
+        placed: list[tuple[str, object]] = []
+        for k, n in enumerate(sizes):
+            if first + n > 8:
+                break
+            t = task(f"v{h}-{k}", gpu_indices=list(range(first, first + n)), cpus=1.0)
+            placed.append((f"h{h}", t))
+            first += n
+        index.put(host_capacity(f"h{h}", used_gpus=range(first), used_cpus=float(len(placed))))
+        victims += [Victim(t.job_id, "b", 0, 0.0, 0.0, {"gpu:H100": 1.0}, ((where, t),))  # type: ignore[arg-type]
+                    for where, t in placed]
+    placer = Placer(index, healthy=lambda host_id: True)
+    spec = job_spec("w", gpus=gpus, replicas=replicas)
+    fits = _Fits(placer, spec)
+    for n in asks:
+        chosen = victims[: n % (len(victims) + 1)] if n < 30 else victims[n % (len(victims) + 1):]
+        trial = placer.fork()
+        for v in chosen:
+            for host_id, t in v.tasks:
+                cap = trial.cap(host_id)
+                assert cap is not None
+                cap.let_go(t)
+        if replicas > 1:
+            assert fits(chosen) is (trial.place_gang(spec) is not None)
+            continue
+        fresh = trial.place(spec)
+        got = fits(chosen)
+        assert got == (frozenset((fresh.host_id,)) if fresh is not None else False)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from server.scheduling import fairshare, userfair
+from server.scheduling import fairshare, preemption, userfair
 from server.scheduling.cycle.work import QueuePolicy, Work
 from server.scheduling.livecounts import LiveCounts
 from server.scheduling.queues import (
@@ -102,6 +102,9 @@ class Admission:
         # Per queue, its running jobs that could be victims, cheapest first: built once a
         # cycle (cycle.victims.running_by_cost), read by every search for victims.
         self.running: dict[str, Ranked] = {}
+        # Per running job read as a victim this cycle, what every search reads of it
+        # (cycle.victims._victim; None: it cannot be stopped now).
+        self.victims: dict[str, preemption.Victim | None] = {}
 
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)

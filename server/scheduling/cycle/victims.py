@@ -5,7 +5,7 @@ reclaim, fair share), found cheapest first and paced, and the stops started
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
 from server.scheduling import preemption
@@ -128,7 +128,7 @@ def _candidates(w: Work, adm: Admission, req: preemption.Request, kind: str, now
     for cost, job in heapq.merge(*pools, key=lambda x: x[0]):
         if kind == preemption.PRIORITY and cost[0] >= req.priority:
             break  # the rest are of the preemptor's priority or higher (the cost starts with it)
-        v = _victim(w, book, job, wanted, now)
+        v = _victim(w, adm, job, wanted, now)
         if v is not None:
             out.append(v)
             if len(out) >= limit:
@@ -160,15 +160,22 @@ def borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
                for n in _lenders(book, job.spec.queue, q))
 
 
-def _victim(w: Work, book: QueueBook, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
+def _victim(w: Work, adm: Admission, job: Job, wanted: AbstractSet[str], now: float) -> preemption.Victim | None:
     """A running job as a victim: None when this cycle changed it (a victim already, or a
     report), it holds none of `wanted` (when given), a task of it is on a host a commit in
     flight writes, or one is stopping already."""
     if job.id in w.plan.jobs:
         return None
-    held = job_usage(job)
-    if wanted and not any(r in wanted for r in held):
+    read = adm.victims
+    v = read[job.id] if job.id in read else read.setdefault(job.id, _as_victim(w, adm.book, job, now))
+    if v is None or wanted and not any(r in wanted for r in v.usage):
         return None
+    return v
+
+
+def _as_victim(w: Work, book: QueueBook, job: Job, now: float) -> preemption.Victim | None:
+    """What `_victim` reads of a job, whatever the cycle has changed since and whatever is
+    wanted: a cycle reads it once (Admission.victims)."""
     tasks = [t for t in job.current_tasks() if not t.state.terminal]
     if any(t.host_id in w.frozen_hosts for t in tasks):
         return None
@@ -183,17 +190,17 @@ def _victim(w: Work, book: QueueBook, job: Job, wanted: AbstractSet[str], now: f
     since = min(t.started_at or now for t in tasks)
     q = book.queue(job.spec.queue)  # the implicit default queue too: the grace a victim index read uses
     cap = preemption.checkpoint_cap(job.spec.checkpoints, q.preempt_grace_s if q is not None else 0.0)
-    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, held, tuple(where),
-                             cap)
+    return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, job_usage(job),
+                             tuple(where), cap)
 
 
 class _HostVictims:
     """preemption.Hosts over this cycle: the jobs on a host that could be stopped, and
     whether one task of `spec` fits there once some are (on a copy of the host)."""
 
-    def __init__(self, w: Work, book: QueueBook, placer: Placer, spec: JobSpec, wanted: AbstractSet[str],
+    def __init__(self, w: Work, adm: Admission, placer: Placer, spec: JobSpec, wanted: AbstractSet[str],
                  now: float) -> None:
-        self.w, self.book, self.placer, self.spec, self.wanted, self.now = w, book, placer, spec, wanted, now
+        self.w, self.adm, self.placer, self.spec, self.wanted, self.now = w, adm, placer, spec, wanted, now
 
     def victims_on(self, host_id: str) -> list[preemption.Victim]:
         state, frozen = self.w.state, self.w.frozen_jobs
@@ -203,7 +210,7 @@ class _HostVictims:
             job = state.jobs.get(job_id)
             if job is None or job_id in frozen or preemption.stoppable(job) is None:
                 continue
-            v = _victim(self.w, self.book, job, self.wanted, self.now)
+            v = _victim(self.w, self.adm, job, self.wanted, self.now)
             if v is not None:
                 out.append(v)
         return out
@@ -223,18 +230,38 @@ class _HostVictims:
         return placement_check(self.spec, cap)[0] is None
 
 
-def _fits(placer: Placer, spec: JobSpec) -> Callable[[list[preemption.Victim]], bool]:
-    def fits(victims: list[preemption.Victim]) -> bool:
-        trial = placer.fork()
-        for v in victims:
+class _Fits:
+    """Whether one waiting job fits on the hosts were some victims stopped, and where
+    (preemption.Fit): on a what-if copy of the cycle's placer with their tasks released.
+    A search for victims asks of a list that grows by one victim at a time: while each
+    list asked extends the one before, the copy is kept and only the new victims' tasks
+    are released on it (a fresh copy with every task released again, each time, was the
+    most of a cycle's planning with preemptions to find)."""
+
+    def __init__(self, placer: Placer, spec: JobSpec) -> None:
+        self.placer, self.spec = placer, spec
+        self.trial: Placer | None = None
+        self.released: list[preemption.Victim] = []
+
+    def __call__(self, victims: list[preemption.Victim]) -> preemption.Fit:
+        done = self.released
+        trial = self.trial
+        if trial is None or len(victims) < len(done) or any(a is not b for a, b in zip(victims, done, strict=False)):
+            trial = self.trial = self.placer.fork()
+            done = self.released = []
+        for v in victims[len(done):]:
             for host_id, t in v.tasks:
                 cap = trial.cap(host_id)
                 if cap is not None:
                     cap.let_go(t)
-        if spec.replicas > 1:
-            return trial.place_gang(spec) is not None
-        return trial.place(spec) is not None
-    return fits
+            done.append(v)
+        # What failed on the copy before failed with fewer tasks released: it says nothing now.
+        trial.failed.clear()
+        trial.failed_gangs.clear()
+        if self.spec.replicas > 1:
+            return trial.place_gang(self.spec) is not None
+        choice = trial.place(self.spec)
+        return frozenset((choice.host_id,)) if choice is not None else False
 
 
 def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refusal | None, now: float,
@@ -282,8 +309,8 @@ def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refu
     if spec is None:  # its labels and its queue's conflict: it is not placed, so nothing is stopped for it
         return 0
     wanted = {r for r, v in demand.items() if v > 0}
-    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _fits(placer, spec),
-                              _HostVictims(w, adm.book, placer, spec, wanted, now))
+    found = preemption.choose(req, candidates, adm.future, adm.shares, now, _Fits(placer, spec),
+                              _HostVictims(w, adm, placer, spec, wanted, now))
     if found is None or len(found.victims) > allowed:
         return 0
     hosts = {h for v in found.victims for h, _t in v.tasks}
