@@ -285,16 +285,24 @@ def validate_job(
 
 def validate_reason(reason: str, field: str = "reason", required: bool = False) -> str:
     """An operator's reason (cancel, cordon, drain): at most 512 characters, no control
-    characters but tab and newline (a NUL is refused by PostgreSQL, and breaks logs).
-    Returns it stripped; raises ValidationError."""
+    characters but tab and newline (`has_control`). Returns it stripped; raises
+    ValidationError."""
     text = reason.strip()
     if required and not text:
         raise ValidationError(field, "a reason is required", "REQUIRED")
     if len(text) > MAX_REASON_CHARS:
         raise ValidationError(field, f"must be at most {MAX_REASON_CHARS} characters", "TOO_LARGE")
-    if any(not (c.isprintable() or c in "\t\n") for c in text):
+    if has_control(text):
         raise ValidationError(field, "must not contain control characters", "INVALID")
     return text
+
+
+def has_control(text: str, allowed: str = "\t\n") -> bool:
+    """Whether an operator's text holds a control character (Unicode category Cc: the C0
+    controls, DEL and the C1 controls) other than those `allowed`. PostgreSQL refuses a
+    NUL in text; escapes break logs and terminals. Other characters are text, whatever
+    their category (an emoji sequence's joiner, a right-to-left mark)."""
+    return any(unicodedata.category(c) == "Cc" and c not in allowed for c in text)
 
 
 LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
@@ -367,10 +375,9 @@ def _check_name(name: object) -> None:
 
 
 def _check_description(text: object) -> None:
-    """A queue's or an advance reservation's description: no control characters but tab
-    and newline (PostgreSQL refuses a NUL in text; logs and the console break on others).
-    Its length is the record's rule."""
-    if isinstance(text, str) and any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in text):
+    """A queue's or an advance reservation's description: no control characters but tab,
+    newline and carriage return (`has_control`). Its length is the record's rule."""
+    if isinstance(text, str) and has_control(text, "\t\n\r"):
         raise ValidationError("description", "must not contain control characters", "INVALID")
 
 

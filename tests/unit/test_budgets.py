@@ -229,7 +229,7 @@ def test_a_full_assignment_record_refuses_one_more_task() -> None:
 @settings(max_examples=300, deadline=None)
 def test_reasons_with_control_characters_are_refused(text: str) -> None:
     stripped = text.strip()
-    bad = any(not (c.isprintable() or c in "\t\n") for c in stripped) or len(stripped) > 512
+    bad = any((ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F) and c not in "\t\n" for c in stripped) or len(stripped) > 512
     try:
         assert validate_reason(text) == stripped and not bad
     except ValidationError as exc:
@@ -249,6 +249,14 @@ def test_validate_reason_refuses_nul_and_requires_when_asked() -> None:
     except ValidationError as exc:
         assert exc.code == "REQUIRED"
     assert validate_reason(string.printable.strip() + "\tok\nnext") .endswith("next")
+    # Text of any other category is text: an emoji sequence's joiner, a right-to-left mark, accents.
+    assert validate_reason("fixed by 👩\u200d💻 \u200fשלום café") == "fixed by 👩\u200d💻 \u200fשלום café"
+    for reason in ("line\x85next", "del\x7fete"):  # C1 and DEL are controls too
+        try:
+            validate_reason(reason)
+            raise AssertionError("accepted")
+        except ValidationError as exc:
+            assert exc.code == "INVALID"
 
 
 # ---------------------------------------------------------------- the planner keeps its records small

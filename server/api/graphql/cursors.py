@@ -10,6 +10,7 @@ import bisect
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from wire.errors import ValidationError
 
@@ -57,9 +58,16 @@ def decode_cursor(c: str | None) -> int:
 
 
 def job_keyset(rest: str, texts: Sequence[bool]) -> str:
-    """The key of a jobs keyset cursor (`j:<sort>:<json key>`), checked: a JSON list with
-    a string where `texts` says, a finite number elsewhere, else INVALID_CURSOR (a crafted
-    one used to reach the database's error, or Python's JSON recursion limit)."""
+    """The key of a jobs keyset cursor (`j:<sort>:<json key>`), checked (`keyset_key`),
+    as the JSON text it came as."""
+    keyset_key(rest, texts)
+    return rest
+
+
+def keyset_key(rest: str, texts: Sequence[bool]) -> list[Any]:
+    """A keyset cursor's key, checked: a JSON list with a string where `texts` says, a
+    finite number elsewhere, else INVALID_CURSOR (a crafted one used to reach the
+    database's error, or Python's JSON recursion limit)."""
     if len(rest) > MAX_KEY_CHARS:
         raise _invalid()
     try:
@@ -75,7 +83,7 @@ def job_keyset(rest: str, texts: Sequence[bool]) -> str:
         good = False
     if not good:
         raise _invalid()
-    return rest
+    return key
 
 
 def encode_key_cursor(kind: str, key: object) -> str:
@@ -113,7 +121,7 @@ def history_page(first: int | None, after: str | None, kind: str) -> tuple[int, 
         return decode_cursor(after), None, n
     if k != kind:
         raise ValidationError("after", "this cursor belongs to another list or order", "INVALID_CURSOR")
-    at, ident = json.loads(job_keyset(rest, [False, True]))
+    at, ident = keyset_key(rest, [False, True])
     return 0, (float(at), ident), n
 
 

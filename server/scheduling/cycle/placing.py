@@ -118,18 +118,18 @@ class Placing:
         # A preemption within one queue (by priority) frees nothing another queue lent: it
         # holds back no borrower.
         self.deferred: dict[str, list[Job]] = {}
-        self.starved: set[str | None] = set()  # cohorts waiting for other queues' victims to stop
-        # Of those, the cohorts a preemption under way starves, and per cohort the jobs
-        # within their nominal quota that found no room and wait for a reclaim this cycle
-        # (`wait_for_reclaim`): once the reclaim for each of them has found no victims,
-        # the cohort lends again (what is free would otherwise stay idle for nothing).
+        # The cohorts that lend nothing new this cycle (`starved`): those where a preemption
+        # under way waits for other queues' victims to stop, and those where jobs within
+        # their nominal quota found no room and wait for a reclaim this cycle
+        # (`wait_for_reclaim`; per cohort, those jobs): once the reclaim for each of them has
+        # found no victims, the cohort lends again (what is free would otherwise stay idle
+        # for nothing).
         self.preempted_in: set[str | None] = set()
         self.reclaim_for: dict[str, set[str]] = {}
         ready_ids = {r.id for r in self.ready}
         for job in [*self.preempting, *self.starting]:
             if job.id not in ready_ids and takes_from_others(w, job):
                 q = adm.queue(job)
-                self.starved.add(q.cohort if q is not None else None)
                 self.preempted_in.add(q.cohort if q is not None else None)
         # Per queue, the size of a job (of any model) that would borrow: one at least as large
         # would too, and waits for the second pass without its demand being worked out.
@@ -211,7 +211,7 @@ class Placing:
         # hosts are frozen, so none is chosen twice): in the future book, the queues' limits
         # and the cohorts that lend nothing new meanwhile.
         self.starting = [j for j in w.pending.values()
-                         if j.state is JobState.QUEUED and j.preempting and j.id not in w.state.backlog.preempting]
+                         if _still_preempting(j) and j.id not in w.state.backlog.preempting]
         for job in self.starting:
             foresee(w, adm, job)
             self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + len(job.preempting)
@@ -352,8 +352,14 @@ class Placing:
             else:
                 yield job
 
+    def starved(self) -> set[str | None]:
+        """The cohorts waiting for other queues' victims to stop: a preemption under way, or
+        a job within its nominal quota waiting for a reclaim that has not (yet) been found
+        to have no victims."""
+        return self.preempted_in | {c for c, jobs in self.reclaim_for.items() if jobs}
+
     def second_pass(self) -> Iterator[Job]:
-        book, starved = self.book, self.starved
+        book, starved = self.book, self.starved()
 
         def lends(name: str) -> bool:
             q = book.queue(name)
@@ -379,8 +385,8 @@ class Placing:
         job) is lent: a borrower placed now is what a later reclaim takes back."""
         q = self.adm.queue(job)
         if self.within and q is not None and q.reclaim and q.cohort is not None \
-                and (q.cohort in self.reclaim_for or q.cohort not in self.starved) and borrowed_from(self.adm, job, q):
-            self.starved.add(q.cohort)
+                and (q.cohort in self.reclaim_for or q.cohort not in self.preempted_in) \
+                and borrowed_from(self.adm, job, q):
             self.reclaim_for.setdefault(q.cohort, set()).add(job.id)
 
     # ------------------------------------------------------------ where a job may go
@@ -455,7 +461,6 @@ class Placing:
                 self.inflight[job.spec.queue] = self.inflight.get(job.spec.queue, 0) + n
                 preemptor = w.latest(job.id)
                 if preemptor is not None and takes_from_others(w, preemptor):
-                    self.starved.add(cohort)
                     self.preempted_in.add(cohort)
             elif cohort is not None and job.id in self.reclaim_for.get(cohort, ()):
                 # No victims make room for it (the borrowers hold too little, or where it
@@ -463,8 +468,6 @@ class Placing:
                 # (found by a benchmark: GPUs stood idle, outside any grace, for a reclaim
                 # that could not come).
                 self.reclaim_for[cohort].discard(job.id)
-                if not self.reclaim_for[cohort] and cohort not in self.preempted_in:
-                    self.starved.discard(cohort)
         self.blocked.clear()
 
     # ------------------------------------------------------------ the cycle's placements
