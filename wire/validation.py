@@ -73,6 +73,10 @@ def validate_job(
     data: dict[str, Any], known_models: Iterable[str] = ()
 ) -> tuple[JobSpec | None, list[ValidationError]]:
     """Check a job submission; returns (spec, []) or (None, errors)."""
+    unstorable = next((k for k, v in data.items() if not storable(v)), None)
+    if unstorable is not None:  # (a JSON body may hold "\ud800": it cannot be written as UTF-8)
+        field = unstorable.split("_")[0] + "".join(w.title() for w in unstorable.split("_")[1:])
+        return None, [ValidationError(field, "must be Unicode text: it holds a lone surrogate", "INVALID")]
     errors: list[ValidationError] = []
 
     def err(field: str, message: str, code: str = "INVALID") -> None:
@@ -297,12 +301,38 @@ def validate_reason(reason: str, field: str = "reason", required: bool = False) 
     return text
 
 
+def storable(value: object) -> bool:
+    """Whether every string in a decoded JSON value (keys too) can be written as UTF-8:
+    JSON's escapes can name a lone surrogate, which no record can hold."""
+    if isinstance(value, str):
+        if value.isascii():
+            return True
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(storable(k) and storable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(storable(v) for v in value)
+    return True
+
+
 def has_control(text: str, allowed: str = "\t\n") -> bool:
-    """Whether an operator's text holds a control character (Unicode category Cc: the C0
-    controls, DEL and the C1 controls) other than those `allowed`. PostgreSQL refuses a
-    NUL in text; escapes break logs and terminals. Other characters are text, whatever
+    """Whether an operator's text holds a character that is not text to show (other than
+    those `allowed`): a control character (Unicode category Cc: the C0 controls, DEL and
+    the C1 controls; PostgreSQL refuses a NUL, escapes break logs and terminals), a lone
+    surrogate (Cs: it cannot be written as UTF-8, so a record holding one cannot be
+    stored), a line or paragraph separator (Zl, Zp: a line break to some readers), or a
+    bidirectional embedding, override or isolate (U+202A-202E, U+2066-2069: they reorder
+    what a log line or a terminal shows after them). Other characters are text, whatever
     their category (an emoji sequence's joiner, a right-to-left mark)."""
-    return any(unicodedata.category(c) == "Cc" and c not in allowed for c in text)
+    return any((unicodedata.category(c) in _NOT_TEXT or c in _BIDI_CONTROLS) and c not in allowed for c in text)
+
+
+_NOT_TEXT = frozenset(("Cc", "Cs", "Zl", "Zp"))
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)

@@ -535,3 +535,27 @@ def test_where_a_job_fits_spares_asking_again_and_changes_no_choice(placed: list
             assert [v.job_id for v in with_where.victims] == [v.job_id for v in with_whether.victims]
         assert asked_where <= asked["whether"]
         asked.update(where=0, whether=0)
+
+
+def test_a_victim_off_the_host_the_job_fits_on_is_given_back_without_asking_the_placement() -> None:
+    """The cheapest victims alternate between two full hosts; the job (2 GPUs) fits on h0
+    once two of its jobs stop. The victim taken on h1 on the way is given back on the
+    quota's word: the placement is not asked of it, and the victims are h0's two."""
+    book = QueueBook({"a": queue("a", gpu_H100=(16, None, None))}, {"a": {H100: 16}})
+    cands = [victim(f"{h}-{i}", "a", started=900.0 - 2 * i - (h == "h1"), host=h)
+             for i in range(8) for h in ("h0", "h1")]
+    asked: list[list[str]] = []
+
+    def fits(victims: list[preemption.Victim]) -> preemption.Fit:
+        asked.append([v.job_id for v in victims])
+        for h in ("h0", "h1"):
+            if sum(1 for v in victims for x, _t in v.tasks if x == h) >= 2:
+                return frozenset((h,))
+        return False
+
+    req = preemption.Request("new", "a", 5, {H100: 2}, (preemption.PRIORITY,))
+    got = preemption.choose(req, cands, book, None, 1000.0, fits)
+    assert got is not None and [v.job_id for v in got.victims] == ["h0-0", "h0-1"]
+    # Asked: two victims (no room), three (room on h0), and without h0-1 (no room); h1-0 is
+    # given back unasked (the test that only says whether is asked of h0's two as well).
+    assert asked == [["h0-0", "h1-0"], ["h0-0", "h1-0", "h0-1"], ["h0-0", "h1-0"]]

@@ -147,6 +147,16 @@ def test_command_with_nul() -> None:
     assert errs(command=["echo", "a\x00b"]) == [("command", "INVALID")]
 
 
+def test_a_lone_surrogate_anywhere_is_refused_by_field() -> None:
+    """JSON's escapes can name a lone surrogate ("\\ud800"), which cannot be written as
+    UTF-8: a submission holding one was an internal error when its record was written."""
+    for field, value, api in (("command", ["echo", "a\ud800"], "command"), ("env", {"A": "\udfff"}, "env"),
+                              ("env", {"\ud800": "x"}, "env"), ("cwd", "/tmp/\ud800", "cwd"),
+                              ("user", "u\ud800", "user"), ("host_labels", {"zone": "\ud800"}, "hostLabels")):
+        assert errs(**{field: value}) == [(api, "INVALID")]
+    assert errs(command=["echo", "é ✓ \U0001f600"]) == []  # a pair written as one character is text
+
+
 def test_host_labels() -> None:
     assert errs(host_labels={"zone": "eu-1", "net": "ib", "empty": ""}) == []
     assert errs(host_labels=["zone=eu-1"]) == [("hostLabels", "TOO_LARGE")]
