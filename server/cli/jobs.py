@@ -529,8 +529,9 @@ def show(args: argparse.Namespace) -> None:
         where = (f"MIG {','.join(a['migInstances'])}" if a["migInstances"] else
                  f"GPU {a['gpuIndices'][0]} ({a['gpuShare']}/1000, shared, not isolated)" if a["gpuShare"] else
                  f"GPUs {a['gpuIndices']}" if a["gpuIndices"] else "no GPU")
+        code = f" exit={a['exitCode']}" if a["exitCode"] is not None else ""  # none yet while it runs
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
-              f" exit={a['exitCode']} {a['reason']}".rstrip() + lost_note(a))
+              f"{code} {a['reason']}".rstrip() + lost_note(a))
         if a.get("gpuUtilPct") is not None:
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
             print(f"    GPUs now: {a['gpuUtilPct']:g} % busy, {a['gpuMemUsedMb']:,} MB in use{shared}")

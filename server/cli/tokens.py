@@ -7,11 +7,11 @@ import argparse
 import asyncio
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from server.cli.client import add_output, out
+from server.timefmt import iso_utc
 from wire.errors import NotFound
 
 # The file in its data dir where `muster up` writes the URL of the NATS it started.
@@ -88,10 +88,10 @@ def cmd_token(args: argparse.Namespace) -> int:
             elif args.token_cmd == "list":
                 tokens = await list_tokens(store)
                 rows = sorted(([i.name, i.role, ",".join(i.queues) if i.queues else "*",
-                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
+                                iso_utc(i.created_at)[:19],  # UTC, as every other list prints times
                                 h[:12]] for h, i in tokens.items()), key=lambda r: r[0])
-                out(args, [{"name": i.name, "role": i.role, "queues": i.queues, "createdAt": i.created_at, "hash": h}
-                           for h, i in tokens.items()], rows, ["NAME", "ROLE", "QUEUES", "CREATED", "HASH"])
+                out(args, [{"name": i.name, "role": i.role, "queues": i.queues, "createdAt": iso_utc(i.created_at),
+                            "hash": h} for h, i in tokens.items()], rows, ["NAME", "ROLE", "QUEUES", "CREATED", "HASH"])
             else:  # revoke
                 n = await revoke_token(store, args.name)
                 if n == 0:

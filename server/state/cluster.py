@@ -163,6 +163,12 @@ def _keep(into: dict[str, M], name: str, value: bytes | None, cls: type[M]) -> N
         into[name] = decode(cls, value)
 
 
+def gpus_held(alloc: HostAlloc) -> int:
+    """How many of a host's GPUs its tasks hold: a GPU shared by several tasks (each a
+    share of it) once, as the host's own figures count it."""
+    return len({i for t in alloc.tasks for i in t.gpu_indices})
+
+
 @dataclass
 class ClusterState:
     heartbeat_interval_s: float = 5.0
@@ -269,12 +275,12 @@ class ClusterState:
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None, size: int = 0) -> None:
         old = self.allocs.pop(host_id, None)
         if old is not None:
-            self.gpus_allocated -= sum(len(t.gpu_indices) for t in old.tasks)
+            self.gpus_allocated -= gpus_held(old)
         self.alloc_bytes.pop(host_id, None)
         if alloc is not None:
             self.allocs[host_id] = alloc
             self.alloc_bytes[host_id] = size
-            self.gpus_allocated += sum(len(t.gpu_indices) for t in alloc.tasks)
+            self.gpus_allocated += gpus_held(alloc)
             if host_id not in self.hosts:
                 self.unheard.add(host_id)
         else:

@@ -282,6 +282,8 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
 
     blocker = submit("blocker", "sleep", "600")
     api.wait_job(blocker, {"RUNNING"})
+    shown = muster(cluster, srv.url, "job", "show", blocker).stdout
+    assert ": RUNNING" in shown and "exit=" not in shown, shown  # no exit code yet ("exit=None" was printed)
     held = submit("held", "true")
     r = muster(cluster, srv.url, "job", "hold", held, "--reason", "dataset not ready")
     assert r.returncode == 0 and "change requested" in r.stdout, r.stdout + r.stderr

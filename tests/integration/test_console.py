@@ -681,6 +681,13 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "give at least one filter" in r.text
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "state": "BOGUS", "reason": "x"})
     assert r.status_code == 422 and "no state &#39;BOGUS&#39;" in r.text, r.text  # it cancelled none, saying done
+    # A misspelt queue matches no job (found by exploring: the queue was dropped, and the
+    # jobs of that name in every queue were cancelled); the list says there is no such queue.
+    r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "queue": "defualt", "reason": "x"})
+    assert r.status_code == 303 and "n=0" in r.headers["location"] and "queue=defualt" in r.headers["location"]
+    page = (await c.get(r.headers["location"])).text
+    assert "There is no queue defualt" in page and "sweep-0" not in page
+    assert all(m.state.jobs[j.id].state is JobState.QUEUED for j in sweep)
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "",
                                            "queue": "", "group": "sw", "reason": "sweep over"})
     assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]
@@ -1237,7 +1244,20 @@ async def test_job_page_timeline_attempts_and_why_pending(console: Console) -> N
     # In the jobs table a queued job shows no host: where its last try ran is not where it is.
     row = re.search(r'<tr>\s*<th scope="row"><a href="/jobs/jgang0001".*?</tr>', (await c.get("/jobs")).text, re.S)
     assert row is not None and "QUEUED" in row.group(0) and "/hosts/" not in row.group(0)
-    assert "1 try of at most 3; each try runs 2 tasks." in html
+    assert "1 try, 0 counted of at most 3 (preempted tries, those a drain, shutdown or requeue stopped, and failed " \
+        "tries, which count against its retries, are not); each try runs 2 tasks." in html
+    # A preempted try is not counted against the attempt limit (found by exploring: "2 tries
+    # of at most 1" for a job the scheduler rightly ran again).
+    again = make_job(
+        "jpre00001", spec=job_spec("again", command=["train"], gpus=1, max_attempts=1), state=JobState.RUNNING,
+        submitted_at=now - 60, updated_at=now - 5,
+        attempts=[Attempt(id="p1", number=1, host_id="h-x", gpu_indices=[0], state=AttemptState.PREEMPTED,
+                          placed_at=now - 50, started_at=now - 49, finished_at=now - 30, reason="preempted"),
+                  Attempt(id="p2", number=2, host_id="h-y", gpu_indices=[1], state=AttemptState.RUNNING,
+                          placed_at=now - 20, started_at=now - 19)])
+    m.state.apply_job(again, 10**9 + 1)
+    page = (await c.get("/jobs/jpre00001")).text
+    assert "2 tries, 1 counted of at most 1 (preempted tries" in page
     rows = re.findall(r'<tr>\s*<th scope="row" class="num">(\d+)</th>(.*?)</tr>', html, re.S)
     assert len(rows) == 2
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for _, row in rows]

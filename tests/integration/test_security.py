@@ -10,6 +10,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -421,6 +422,9 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
         listed = {t["name"]: t for t in json.loads(r.stdout)}
         assert listed["vera"]["role"] == "viewer" and listed["otto"]["role"] == "operator"
         assert listed["operator"]["role"] == "admin"  # the bootstrap token
+        # Times in UTC, as every list prints them (it printed the local time, an epoch in JSON).
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", listed["vera"]["createdAt"])
+        assert listed["vera"]["createdAt"][:19] in cli("token", "list", *admin, env={"TZ": "Asia/Tokyo"}).stdout
         assert viewer not in r.stdout and operator not in r.stdout  # only hashes are stored
 
         job_input = {"name": "hello", "command": ["true"], "gpus": 1, "cpus": 1, "memoryMb": 64}

@@ -86,6 +86,14 @@ def test_fleet_summary_follows_heartbeats_allocations_and_health(tmp_path: Path)
     assert got == fresh(now)
     assert got.by_model["H100"][2] == 119 and got.by_model["A100"][1] == 2 and got.cpu_allocated == 4
     assert mu.hosts.row("h-002", now).gpus_allocated == 2  # type: ignore[union-attr]
+    # Two shares of one GPU and a whole one: the cluster's count is the hosts' (found by
+    # exploring: `cluster.gpus.allocated` counted a shared GPU once per share).
+    st.apply_alloc(host_alloc("h-003", [task("s1", command=["x"], gpu_indices=[5], gpu_share=300),
+                                         task("s2", command=["x"], gpu_indices=[5], gpu_share=250),
+                                         task("w", command=["x"], gpu_indices=[6])]), 102)
+    assert mu.hosts.row("h-003", now).gpus_allocated == 2  # type: ignore[union-attr]
+    assert mu.hosts.counts(now).gpus_allocated == 4 == sum(
+        mu.hosts.row(h, now).gpus_allocated for h in ("h-002", "h-003"))  # type: ignore[union-attr]
     # a minute later every host is SUSPECT: none of their GPUs counts as healthy
     later = mu.hosts.summary(now + 60)
     assert later == fresh(now + 60) and later.by_model["H100"][2] == 0

@@ -19,6 +19,7 @@ from server.api.reads import reads_for
 from server.health.rules import Health
 from server.operations.jobs import MAX_LIVE_OUTPUTS
 from server.replica import Muster
+from server.scheduling.retry import used_tries
 from server.timefmt import parse_time
 from server.views.jobs import reason_detail, time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
@@ -63,7 +64,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
     if bad_state:
         state = ""
     queues = [q.name for q in m.queues()]
-    f = _list_filters(m, params, queues)
+    f = _list_filters(params)
     filters: dict[str, Any] = dict(state=state or None, queue=f["queue"] or None, name=f["name"] or None,
                                    user=f["user"] or None, group=f["group"] or None)
     assert m.history is not None
@@ -90,6 +91,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
         "state": state,
         "states": states,
         "bad_state": bad_state,
+        "unknown_queue": bool(f["queue"]) and f["queue"] not in queues,
         # (`user` is the signed-in user's name on every page)
         "queue": f["queue"], "name_filter": f["name"], "user_filter": f["user"], "group_filter": f["group"],
         "filtered": any(keep.values()),
@@ -106,13 +108,13 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
     }
 
 
-def _list_filters(m: Muster, params: Any, queues: list[str] | None = None) -> dict[str, str]:
-    """The jobs list's filters besides the state, from a query string or a form: a queue
-    that exists (among `queues`, the queues' names when the caller has them), a name
-    prefix, a user, a group."""
-    queue = params.get("queue", "").strip()
-    names = queues if queues is not None else [q.name for q in m.queues()]
-    return {"queue": queue if queue in names else "",
+def _list_filters(params: Any) -> dict[str, str]:
+    """The jobs list's filters besides the state, from a query string or a form: a queue,
+    a name prefix, a user, a group. A queue that does not exist is kept, as GraphQL's
+    filter keeps it: it matches the jobs recorded in it (none, or those of a queue deleted
+    since). (Found by exploring: one was dropped, and a cancel of the jobs matching a
+    misspelt queue and a name cancelled that name's jobs in every queue.)"""
+    return {"queue": params.get("queue", "").strip()[:64],
             "name": params.get("name", "").strip()[:128], "user": params.get("user", "").strip()[:64],
             "group": params.get("group", "").strip()[:128]}
 
@@ -125,7 +127,7 @@ async def cancel_matching(request: Request) -> Response:
     sess: Session = request.state.session
     form = await read_form(request)
     state = form.get("state", "").strip().upper()
-    f = _list_filters(m, form)
+    f = _list_filters(form)
     back = dict(state=state, **f)
     reason = form.get("reason", "").strip()[:512]
     try:
@@ -194,7 +196,12 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "last_try": sorted(job.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         "hosts_known": len(m.state.hosts),
         "position": reads.queue_position(job),
-        "queued_total": len(m.state.backlog),
+        "queued_in_queue": m.state.backlog.count(job.spec.queue),
+        # What the attempt limit counts: not preempted tries, those a drain, a shutdown or a
+        # requeue stopped, nor failed ones (they count against its retries). Found by
+        # exploring: a preempted job's page said "2 tries of at most 1" while the scheduler
+        # rightly ran it again.
+        "tries_counted": used_tries(job),
         "events": m.jobs.timeline(job, recorded),
         "history_error": history_error,
         "gang": job.spec.replicas > 1,

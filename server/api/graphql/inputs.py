@@ -255,8 +255,9 @@ class QueueInput:
                                   "limit); the others wait.")
     host_labels: strawberry.scalars.JSON | None = strawberry.field(
         default=None, description="Labels (a map) every host that runs the queue's jobs has: added to each job's "
-                                  "hostLabels when it is submitted (a job asking for another value of one is "
-                                  "refused); {} for none. Jobs already submitted keep theirs.")
+                                  "hostLabels when it is placed, as the queue has them then (a job asking for "
+                                  "another value of one is refused at submission); {} for none. Placed and "
+                                  "running jobs stay where they are.")
 
 
 @strawberry.enum

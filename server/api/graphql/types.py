@@ -977,7 +977,7 @@ class Queue:
         return self._row.queue.max_running_jobs_per_user
 
     @strawberry.field(description="Labels every host that runs the queue's jobs has (added to each job's "
-                                  "hostLabels at submission).")
+                                  "hostLabels when it is placed, as the queue has them then).")
     def host_labels(self) -> list[Label]:
         return [Label(key=k, value=v) for k, v in sorted(self._row.queue.host_labels.items())]
 
