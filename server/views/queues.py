@@ -193,8 +193,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             reserved_for: Sequence[Job] = (), b: QueueBook | None = None,
             closing: Sequence[str] = ()) -> list[QueueReason]:
     """Why a queued job waits, at queue level: it is held, waits for the jobs it runs
-    after, or may not be placed yet (its begin time, a retry backoff), and nothing else
-    is said; its queue is missing; it waits for the
+    after, or may not be placed yet (its begin time, a retry backoff), each said, and
+    nothing else; its queue is missing; it waits for the
     victims it preempted to stop; its queue is over quota or its cohort exhausted; a gang
     that fits task by task but not whole (`gang_fits_whole` False, computed by the
     caller); its quota admits it but no host has room (`fits_now` False, computed by the
@@ -205,14 +205,20 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     turn by fair share (with the queue's figures)."""
     if job.state is not JobState.QUEUED:
         return []
+    # Held, waiting for other jobs, not to be placed before a time: each says so (a held
+    # job's begin time too), and nothing else is looked at.
+    parked: list[QueueReason] = []
     if job.hold:
-        return [QueueReason(HELD, f"{job.hold}; not considered for placement until released")]
+        parked.append(QueueReason(HELD, f"{job.hold}; not considered for placement until released"))
     if job.waiting_for:
         end = dependencies.needs(job.spec)
-        return [QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the {len(job.spec.depends_on)} "
-                                        "it runs after); not considered for placement until then")]
+        parked.append(QueueReason(DEPENDENCY, f"{', '.join(job.waiting_for)} {end} (of the "
+                                              f"{len(job.spec.depends_on)} it runs after); not considered for "
+                                              "placement until then"))
     if job.not_before > now:
-        return [QueueReason(NOT_YET, not_yet_text(job, now))]
+        parked.append(QueueReason(NOT_YET, not_yet_text(job, now)))
+    if parked:
+        return parked
     b = b or book(state)
     name = job.spec.queue
     q = b.queue(name)

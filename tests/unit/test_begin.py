@@ -57,3 +57,20 @@ def test_why_pending_names_a_retry_backoff() -> None:
     assert [(r.reason, r.detail) for r in why] == [
         (NOT_YET, "its next try waits out the retry backoff (in about 1 s) after try 2 ended")]
     assert job_spec("x").begin_at == 0.0 and job.spec.begin_at == 0.0
+
+
+def test_a_held_job_with_a_begin_time_is_told_both() -> None:
+    """Held, it is not placed until released; released before its begin time, not until
+    then: why pending says both (the hold hid the begin time)."""
+    from server.scheduling.queues import HELD
+
+    w = World()
+    w.host("a")
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=1, submissions=[SubmitRequest(
+        user="alice", ts=NOW, jobs=[{"id": "job-later", "name": "later", "command": ["x"], "begin_at": NOW + 60,
+                                     "held": True}])])
+    for job in plan.jobs.values():
+        w.state.apply_state_record(Record(f"job.{job.id}", next(w.rev), encode(job)))
+    why = JobView(w.state, None, half_life_s=0).queue_reasons(w.job("job-later"), NOW)
+    assert [r.reason for r in why] == [HELD, NOT_YET]
+    assert why[1].detail.startswith("not placed before its begin time (in about 60 s)")
