@@ -914,14 +914,28 @@ class Agent:
                 t.cancel()
         assert self.store is not None
         try:
+            await self._disconnect()
+        finally:  # what is the host's is let go of whatever became of the link
+            self.gpus.close()
+            self._stop_watchdog()
+            self.isolation.close()
+            if self._tmp_dir is not None:
+                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    async def _disconnect(self) -> None:
+        """Drain the NATS connection, or close it where it cannot be drained (NATS is gone:
+        a drain raises while reconnecting, and a close may raise too: found by exploring, an
+        agent stopped while its NATS was down ended with a traceback, its clean-up not run)."""
+        assert self.store is not None
+        try:
             await asyncio.wait_for(self.store.nc.drain(), timeout=5)
-        except Exception:  # noqa: BLE001
-            await self.store.nc.close()
-        self.gpus.close()
-        self._stop_watchdog()
-        self.isolation.close()
-        if self._tmp_dir is not None:
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            return
+        except Exception as exc:  # noqa: BLE001
+            log.debug("NATS connection not drained (%s); closing it", exc)
+        try:
+            await asyncio.wait_for(self.store.nc.close(), timeout=5)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("NATS connection not closed cleanly: %s", exc)
 
     async def _reports_sent(self, timeout_s: float) -> None:
         """Wait until every status report is delivered, `timeout_s` at most (an undelivered

@@ -390,6 +390,14 @@ class Job(_Model):
         """How many tries were made (a gang's tasks of one try count once)."""
         return self.attempts[-1].number if self.attempts else 0
 
+    @property
+    def stopping(self) -> bool:
+        """Ended (its state terminal: cancelled, at its time limit, a gang task failed)
+        while a task of its last try has not been confirmed stopped yet (its stop's grace).
+        Until then it still runs: jobs that run after it, and limits on how many of a kind
+        run at once (a singleton), wait for it."""
+        return self.state.terminal and any(not a.state.terminal for a in self.current_tasks())
+
     def current_tasks(self) -> list[Attempt]:
         """The attempts of the latest try (one, or one per gang task). Tries are appended
         one after another (cycle.placing.place_queued), so they are the list's tail: no walk

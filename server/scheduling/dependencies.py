@@ -38,6 +38,8 @@ def waits(spec: JobSpec, deps: Sequence[str],
             left.append(d)
         elif not spec.depend_any and (dep.state is JobState.SUCCEEDED) is spec.depend_not_ok:
             return left, (d, dep.state)
+        elif dep.stopping:
+            left.append(d)  # ended, but a task of it is still stopping: it has not ended yet for what runs after it
     return left, None
 
 
@@ -49,8 +51,10 @@ class Dependencies:
 
     @staticmethod
     def _ended(jobs: Mapping[str, Job], job_id: str) -> bool:
+        """Gone, or ended with its tasks stopped (`Job.stopping`: a cancelled job whose task
+        runs out its grace has not ended for the jobs that run after it)."""
         job = jobs.get(job_id)
-        return job is None or job.state.terminal
+        return job is None or job.state.terminal and not job.stopping
 
     def changed(self, jobs: Mapping[str, Job], job_id: str) -> None:
         """Job `job_id`'s record was set or dropped (`jobs` as it now stands)."""

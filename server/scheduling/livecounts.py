@@ -2,7 +2,7 @@
 user), kept from job records as they arrive: what limits on how many jobs run at once are
 checked against (job groups, a queue's per-user running-jobs limit). A job counts from its
 placement, or from the moment the jobs it preempted are told to stop (it is placed as soon
-as they have), until it ends or is queued again.
+as they have), until it is queued again, or has ended and its tasks have stopped.
 
 Pure: a tally over records; a tally of changes may go below zero."""
 
@@ -18,10 +18,13 @@ K = TypeVar("K", bound=Hashable)
 
 
 def live(job: Job | None) -> bool:
-    """A job that counts: placed or running, or queued while its victims stop."""
+    """A job that counts: placed or running, queued while its victims stop, or ended while
+    a task of it still stops (`Job.stopping`: found by exploring, a singleton started while
+    the one cancelled before it ran on for its grace)."""
     if job is None:
         return False
-    return job.state in (JobState.PLACED, JobState.RUNNING) or (job.state is JobState.QUEUED and bool(job.preempting))
+    return job.state in (JobState.PLACED, JobState.RUNNING) or (job.state is JobState.QUEUED and bool(job.preempting)) \
+        or job.stopping
 
 
 def queue_user(job: Job) -> tuple[str, str]:

@@ -408,3 +408,32 @@ async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
         assert not logs["b"].exists()
     finally:
         await nc.close()
+
+
+async def test_an_agent_stopped_while_nats_is_gone_still_cleans_up(tmp_path: Path) -> None:
+    """Its NATS killed, then the agent stopped: the drain fails and the close may raise
+    too; the shutdown still ends cleanly, stopping its watchdog and removing its work root
+    (found by exploring: it ended with a traceback and left its work root behind)."""
+    from server.broker.natsd import start_nats
+
+    proc = start_nats(tmp_path / "nats", port=0)
+    try:
+        nc = await connect(proc.url, name="test-agent")
+        await ensure_streams(Store(nc))
+        await nc.close()
+        agent = Agent(AgentConfig(nats_url=proc.url, host_id="ng-1", simulate_gpus="1xH100",
+                                  state_dir=tmp_path / "agent", cpus=4, memory_mb=4096, run_as=ME,
+                                  heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5))
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        await eventually(lambda: agent._watchdog is not None and agent.store is not None, timeout=60,
+                         what="the agent running")
+        watchdog, root = agent._watchdog, agent.isolation.work_root
+        assert watchdog is not None and root.exists()
+        proc.proc.kill()
+        proc.proc.wait()
+        stop.set()
+        await asyncio.wait_for(run, timeout=60)  # raised before, from the connection's close
+        assert agent._watchdog is None and watchdog.poll() is not None and not root.exists()
+    finally:
+        proc.stop()

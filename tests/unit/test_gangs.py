@@ -10,7 +10,7 @@ from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.state.cluster import ClusterState, HostConfig
 from tests.factories import heartbeat_record, job_spec
 from tests.factories import job as make_job
-from wire.messages import AttemptState, Job, JobState, StatusReport, encode
+from wire.messages import AttemptState, Command, Job, JobState, StatusReport, encode
 from wire.records import Record
 
 NOW = 1_000_000.0
@@ -37,8 +37,9 @@ class World:
                                              time_limit_s=time_limit_s), submitted_at=at)
         self.state.apply_state_record(Record(f"job.{job_id}", next(self.rev), encode(job)))
 
-    def cycle(self, reports: list[StatusReport] | None = None, now: float = NOW) -> Plan:
-        plan = plan_cycle(self.state, reports=reports or [], commands=[], now=now, term=1,
+    def cycle(self, reports: list[StatusReport] | None = None, now: float = NOW,
+              commands: list[Command] | None = None) -> Plan:
+        plan = plan_cycle(self.state, reports=reports or [], commands=commands or [], now=now, term=1,
                           budget=EvictionBudget(), queues=self.policy)
         for job in plan.jobs.values():
             self.state.apply_state_record(Record(f"job.{job.id}", next(self.rev), encode(job)))

@@ -16,7 +16,7 @@ from server.views.jobs import JobView
 from tests.factories import job as make_job
 from tests.factories import job_spec
 from tests.unit.test_gangs import NOW, World
-from wire.messages import AttemptState, Job, JobState, Queue, encode
+from wire.messages import AttemptState, Command, Job, JobState, Queue, encode
 from wire.records import Record
 from wire.validation import validate_job
 
@@ -128,6 +128,32 @@ def test_a_singleton_waits_while_one_of_its_name_runs() -> None:
     w.cycle(reports=[w.report("n1", 0, AttemptState.RUNNING)])
     w.cycle(reports=[w.report("n1", 0, AttemptState.SUCCEEDED, code=0)])
     assert _live(w, "n1", "n2") == ["n2"]
+
+
+def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
+    """A cancelled job ends CANCELLED at once, but its task runs on for its stop's grace:
+    the next singleton of its name waits for the stop to be confirmed (found by exploring:
+    the two ran at once for 15 s), and so does a job that runs after it (afterany)."""
+    w = World()
+    w.host("a")
+    _submit(w, "n1", group="nightly", limit=1, name="nightly", at=NOW - 3)
+    _submit(w, "n2", group="nightly", limit=1, name="nightly", at=NOW - 2)
+    after = make_job("after", spec=job_spec("after", command=["x"], gpus=1, cpus=1, memory_mb=1, depends_on=["n1"],
+                                            depend_any=True), submitted_at=NOW - 1, waiting_for=["n1"])
+    w.state.apply_state_record(Record("job.after", next(w.rev), encode(after)))
+    w.cycle()
+    w.cycle(reports=[w.report("n1", 0, AttemptState.RUNNING)])
+    w.cycle(commands=[Command(kind="cancel", job_id="n1", by="op", reason="wrong input", ts=NOW)])
+    n1 = w.job("n1")
+    assert n1.state is JobState.CANCELLED and n1.stopping and live(n1)
+    w.cycle()
+    assert _live(w, "n2") == [] and w.job("after").waiting_for == ["n1"]
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
+    assert why[GROUP_LIMIT].startswith("1 job(s) of alice's singleton 'nightly'")
+    w.cycle(reports=[w.report("n1", 0, AttemptState.KILLED, code=-15)])
+    assert not w.job("n1").stopping
+    w.cycle()
+    assert _live(w, "n2", "after") == ["n2", "after"]
 
 
 def test_a_job_waiting_for_its_group_holds_no_reservation_and_does_not_keep_others_off() -> None:
