@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -39,7 +40,7 @@ from server.state.lease import FENCE_SLOTS, Leader
 from server.views import queues as queue_view
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
-from wire.kv import Store, Write
+from wire.kv import CommitResult, Store, Write
 from wire.messages import Command, Event, Job, StatusReport, SubmitRequest, decode, encode
 from wire.records import ack_position
 from wire.stopping import pause
@@ -51,6 +52,19 @@ def _stored_at(msg: Msg) -> float:
     """When the store stored a delivered message (its clock, seconds); unknown: no bound."""
     pos = ack_position(msg.reply)
     return pos[2] if pos is not None else float("inf")
+
+
+T = TypeVar("T")
+
+
+def _stream_order(items: list[tuple[Msg, T]]) -> list[tuple[Msg, T]]:
+    """Queued inputs in the order their stream stored them (by stream sequence; a stable
+    sort: those of an unknown position keep their order, first)."""
+    def seq(item: tuple[Msg, T]) -> int:
+        pos = ack_position(item[0].reply)
+        return pos[0] if pos is not None else 0
+
+    return sorted(items, key=seq)
 
 
 @dataclass
@@ -66,6 +80,7 @@ class _Cycle:
     slot: int = 0  # fence slot of its commit (one per commit in flight: see store.Fence)
     narrowing: Narrowing | None = None  # while isolating a refused input (scheduling.isolation)
     failing: tuple[str, ...] = ()  # the jobs this cycle fails because their records were refused
+    term: int = 0  # the term it was planned under: it commits under that term only
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
@@ -147,7 +162,7 @@ class Scheduler:
         self.placed = 0
         self.conflicts = 0
         self.budget = EvictionBudget(self.config.eviction)
-        self.disrupted: set[tuple[str, str]] = set()
+        self.disrupted: dict[tuple[str, str], float] = {}  # domains alerted as disrupted: when last found so
         self.last_plan: Plan | None = None
         self.replans = 0  # plans dropped because they touched a record in flight (KeyInFlight)
         self._inflight: dict[asyncio.Task[Plan], _Cycle] = {}
@@ -309,7 +324,7 @@ class Scheduler:
                     await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
                     if await self._wait_for_turn(stop):
                         break
-                    c = self._plan_next()
+                    c = self._plan_next(term)
                     if c is None:
                         continue
                     if not c.writes:
@@ -329,28 +344,37 @@ class Scheduler:
                     await asyncio.sleep(0.1)
         finally:
             # Commits in flight end on their own (each has a timeout); their inputs are
-            # acknowledged, or put back and returned to the stream below.
-            if self._inflight:
-                await asyncio.wait(list(self._inflight), timeout=30)
-                for t in list(self._inflight):
-                    if not t.done():
-                        t.cancel()
-                await asyncio.gather(*self._inflight, return_exceptions=True)
-                self._inflight.clear()
-            leading_stop.set()
-            self._status_feed = None
-            for f in fetchers:
-                f.cancel()
-            await asyncio.gather(*fetchers, return_exceptions=True)
-            # Unacknowledged inputs go back to the stream for the next leader.
-            for m, _ in self._reports + self._commands + self._submissions:
-                try:
-                    await m.nak()
-                except Exception:  # noqa: BLE001
-                    pass
-            self._reports.clear()
-            self._commands.clear()
-            self._submissions.clear()
+            # acknowledged, or put back and returned to the stream below. The replica's
+            # shutdown may cancel this wait: what follows runs all the same (found by a
+            # review: the cancel skipped it, and the fetchers and commits ran on).
+            try:
+                if self._inflight:
+                    await asyncio.wait(list(self._inflight), timeout=30)
+            finally:
+                await self._stop_leading(leading_stop, fetchers)
+
+    async def _stop_leading(self, leading_stop: asyncio.Event, fetchers: list[asyncio.Task[None]]) -> None:
+        """Leading ends: commits still in flight are cancelled (their inputs put back),
+        the feeds stop, and every input not acknowledged goes back to the stream."""
+        for t in list(self._inflight):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        self._inflight.clear()
+        leading_stop.set()
+        self._status_feed = None
+        for f in fetchers:
+            f.cancel()
+        await asyncio.gather(*fetchers, return_exceptions=True)
+        # Unacknowledged inputs go back to the stream for the next leader.
+        for m, _ in self._reports + self._commands + self._submissions:
+            try:
+                await m.nak()
+            except Exception:  # noqa: BLE001
+                pass
+        self._reports.clear()
+        self._commands.clear()
+        self._submissions.clear()
 
     async def _wait_for_turn(self, stop: asyncio.Event) -> bool:
         """Leave the event loop to the rest of the replica until the last cycle's gap
@@ -405,10 +429,14 @@ class Scheduler:
             return None
         return await self._finish(c)
 
-    def _plan_next(self) -> _Cycle | None:
+    def _plan_next(self, term: int | None = None) -> _Cycle | None:
         """Plan a cycle from the snapshot, leaving alone what the commits in flight write.
-        Takes the inputs it uses off the queues (the rest stay, in order)."""
-        if not self.leadership.leading:
+        Takes the inputs it uses off the queues (the rest stay, in order). None when not
+        leading, or (`term` given) when leading under another term than `term`: the loop
+        waited (for a commit, its turn) while the lease was lost and taken again, and the
+        new term's read barrier has not been passed (found by a review: a cycle was
+        committed under a new term before that term caught up with the store)."""
+        if not self.leadership.leading or (term is not None and self.leadership.term != term):
             return None
         frozen_jobs: set[str] = set()
         frozen_hosts: set[str] = set()
@@ -516,7 +544,7 @@ class Scheduler:
         metrics.PLAN_SECONDS.observe(took)
         self._plan_after = time.monotonic() + cycle_gap(took, self.config.plan_share, placed=plan.placed)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
-                      failing=failing)
+                      failing=failing, term=term)
 
     async def _redeliver(self) -> None:
         """Once a second: send again the assignment record of each host whose agent has
@@ -592,12 +620,17 @@ class Scheduler:
         return [x for i, x in enumerate(head) if i not in skip]
 
     def _put_back(self, c: _Cycle) -> None:
-        """A cycle that did not commit: its inputs go back to the front of the queues."""
+        """A cycle that did not commit: its inputs go back into the queues, where their
+        stream put them. (Not simply at the front: two pipelined cycles whose commits
+        failed, the later first back, put the later inputs before the earlier ones, and
+        `_reports_read_to`, which reads the first queued report's time as the bound of what
+        has been read, said a report still queued was read: a lost host's work could be
+        replaced before its last report was applied. Found by a review.)"""
         for w in c.writes:
             self.state.unexpect(w.key)
-        self._reports[:0] = c.reports
-        self._commands[:0] = c.commands
-        self._submissions[:0] = c.submissions
+        self._reports[:] = _stream_order([*c.reports, *self._reports])
+        self._commands[:] = _stream_order([*c.commands, *self._commands])
+        self._submissions[:] = _stream_order([*c.submissions, *self._submissions])
 
     async def _not_committed(self, c: _Cycle) -> None:
         """A refused commit, or one whose outcome is unknown: its inputs go back, and its
@@ -605,13 +638,33 @@ class Scheduler:
         self._put_back(c)
         await self._refresh([w.key for w in c.writes])
 
+    async def _landed(self, c: _Cycle) -> bool:
+        """Whether a commit whose outcome is unknown landed: every key it wrote holds what it
+        wrote. (Its keys are frozen for later cycles while it is in flight, and its records
+        carry their times: no other write leaves the same bytes.) False when they cannot
+        be read."""
+        try:
+            for w in c.writes:
+                if (await self.store.get(w.key)).value != w.value:
+                    return False
+        except StoreError:
+            return False
+        return True
+
     async def _finish(self, c: _Cycle) -> Plan:
         """Commit a planned cycle; once durable, acknowledge its inputs and publish."""
         plan, now, writes = c.plan, c.now, c.writes
         if writes:
+            fence = self.leadership.fence(c.slot)
+            if c.term and fence.term != c.term:
+                # Planned under a term that has ended (this replica may lead again, under a
+                # new term whose read barrier this plan did not pass): not committed.
+                metrics.COMMITS.labels("fenced").inc()
+                self._put_back(c)
+                return plan
             started = time.perf_counter()
             try:
-                res = await self.store.commit(writes, fence=self.leadership.fence(c.slot))
+                res = await self.store.commit(writes, fence=fence)
             except FencedError:
                 metrics.COMMITS.labels("fenced").inc()
                 self._put_back(c)
@@ -628,10 +681,16 @@ class Scheduler:
                 await self._refused(c, exc)
                 self.wake.set()
                 return plan
-            except BaseException:
+            except BaseException as exc:
                 metrics.COMMITS.labels("unknown").inc()
-                await self._not_committed(c)
-                raise
+                if not isinstance(exc, StoreError) or not await self._landed(c):
+                    await self._not_committed(c)
+                    raise
+                # Its reply was lost, but it landed: as a duplicate, its keys read back, its
+                # inputs acknowledged and its events and alerts published (found by a review:
+                # they were lost, the inputs put back and ignored when read again).
+                log.warning("a commit whose outcome was unknown had landed: %s", exc)
+                res = CommitResult(duplicate=True)
             metrics.COMMITS.labels("ok").inc()
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             if res.duplicate:
@@ -788,8 +847,15 @@ class Scheduler:
         queues = {ev.job_id: plan.jobs[ev.job_id].spec.queue for ev in failed if ev.job_id and ev.job_id in plan.jobs}
         for ev in job_failed_alerts(failed, queues, now):  # one for many past 5 in a cycle
             await publish_alert(nc, subjects.ALERT_JOB_FAILED, ev)
+        # A domain alerted stays alerted until a window has passed without a cycle finding
+        # it disrupted: only cycles with lost hosts to evict look (found by a review: a
+        # cycle that had none forgot it, and the next one alerted again).
+        window = self.budget.config.domain_window_s
+        self.disrupted = {d: t for d, t in self.disrupted.items() if now - t <= window}
         for dom, lost in plan.disrupted.items():
-            if dom in self.disrupted:
+            seen = dom in self.disrupted
+            self.disrupted[dom] = now
+            if seen:
                 continue
             label, value = dom
             size = sum(1 for e in self.state.hosts.values()
@@ -804,7 +870,6 @@ class Scheduler:
                              "rate_per_s": cfg.domain_rate_per_s})
             await self.store.nc.publish(f"{subjects.EVENTS_PREFIX}.domain.disrupted", encode(ev))
             await publish_alert(nc, subjects.ALERT_DOMAIN_DISRUPTED, ev)
-        self.disrupted = set(plan.disrupted) | {d for d in self.disrupted if d in plan.disrupted}
 
     @staticmethod
     def _live_attempt(job) -> bool:

@@ -347,7 +347,12 @@ class JobView:
             r = other.reserved if other is not None and other_id != job.id else None
             if other is None or r is None:
                 continue
-            if other.spec.queue != job.spec.queue:  # a queue that ranks before its job's is not held off
+            # As the planner (cycle.placing.Placing.ahead): a queue that ranks before its job's,
+            # or a higher priority in its job's queue, is not held off.
+            if other.spec.queue == job.spec.queue:
+                if job.spec.priority > other.spec.priority:
+                    continue
+            else:
                 shares = shares or queue_view.shares(self.state, queue_view.book(self.state), now, self.half_life_s)
                 if shares.share(job.spec.queue) < shares.share(other.spec.queue):
                     continue

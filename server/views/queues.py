@@ -316,11 +316,15 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                            "not all"))
     act = active(state)
     s = shares(state, b, now, half_life_s)
-    others = [a for a in act if a != name and state.backlog.count(a) > 0]
-    if others and not out:
+    # Only the waiting queues that admission order puts before this one (a lower share per
+    # weight, ties by name) keep it waiting for fair share (found by exploring: a queue at
+    # none of its share, first in that order, was told it waited for fair share).
+    mine = (s.share(name), name)
+    ahead = [a for a in act if a != name and state.backlog.count(a) > 0 and (s.share(a), a) < mine]
+    if ahead and not out:
         out.append(QueueReason(FAIR_SHARE, f"queue {name} share {s.share(name):.3f} (dominant {s.dominant(name):.3f}"
-                                           f", entitled {s.entitled(name, act):.3f}); {len(others)} other queue(s) "
-                                           "waiting"))
+                                           f", entitled {s.entitled(name, act):.3f}); {len(ahead)} waiting queue(s) "
+                                           "come first by fair share"))
     return out
 
 

@@ -1149,6 +1149,7 @@ async def test_a_drain_scheduled_ahead_is_shown_until_it_begins_and_can_be_calle
     r = await c.get("/hosts/w-1?notice=drain-scheduled")
     assert "Drain scheduled" in r.text and 'id="drain-scheduled"' in r.text and "driver update" in r.text
     assert "Cancel the scheduled drain" in r.text
+    assert "uncordoned by" not in r.text  # a drain scheduled is no uncordon (found by exploring)
     r = await c.get("/hosts?cordoned=scheduled")
     assert "w-1" in r.text and "DRAIN AT" in r.text
     assert "w-1" not in (await c.get("/hosts?cordoned=draining")).text
@@ -1156,6 +1157,7 @@ async def test_a_drain_scheduled_ahead_is_shown_until_it_begins_and_can_be_calle
     assert r.status_code == 303
     cfg = m.state.hostcfg["w-1"]
     assert not cfg.draining and not cfg.cordoned and m.state.maintenance == {}
+    assert "uncordoned by" in (await c.get("/hosts/w-1")).text
 
 
 async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: Console) -> None:

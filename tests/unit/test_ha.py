@@ -48,3 +48,349 @@ def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.Log
         (logging.WARNING, False), (logging.WARNING, False), (logging.ERROR, True)]
     assert "FencedError: term 1 superseded by 2" in records[0].getMessage()
     assert "TimeoutError" in records[1].getMessage()
+
+
+def test_inputs_put_back_keep_their_streams_order() -> None:
+    """Two pipelined cycles whose commits failed, the earlier one's first: their inputs go
+    back where the stream stored them, so the bound of the reports read (the first queued
+    one's time) never passes a report still queued (found by a review: the later cycle's
+    inputs went back before the earlier's, and a report stored at 5 s was said read when
+    10 s was the bound)."""
+    from server.scheduling.planner import Plan
+    from server.scheduling.scheduler import _Cycle
+
+    class Msg:
+        def __init__(self, seq: int, ts: float) -> None:
+            self.reply = f"$JS.ACK.STATUS.sched.1.{seq}.{seq}.{int(ts * 1e9)}.0"
+
+    class Feed:
+        read_to = 100.0
+
+    class Leading:
+        leading = True
+        term = 1
+        changed = asyncio.Event()
+
+    sched = Scheduler(None, ClusterState(), Leading())  # type: ignore[arg-type]
+    sched._status_feed = Feed()  # type: ignore[assignment]
+    first, second, third, later = Msg(1, 5.0), Msg(2, 10.0), Msg(3, 11.0), Msg(4, 50.0)
+    sched._reports = [(later, None)]  # type: ignore[list-item]
+    sched._commands = [(later, None)]  # type: ignore[list-item]
+    c1 = _Cycle(Plan(), 0.0, [], [(first, None)], [(first, None)], [])  # type: ignore[list-item]
+    c2 = _Cycle(Plan(), 0.0, [], [(second, None), (third, None)], [], [])  # type: ignore[list-item]
+    sched._put_back(c1)
+    sched._put_back(c2)
+    assert [m for m, _ in sched._reports] == [first, second, third, later]
+    assert [m for m, _ in sched._commands] == [first, later]
+    assert sched._reports_read_to() == 5.0 and sched._reports_read_to(1) == 10.0
+
+
+def test_a_disrupted_domain_is_alerted_once_per_window() -> None:
+    """Only cycles with lost hosts to evict find a domain disrupted: one in between that
+    has none does not make the next alert again (found by a review); a window after the
+    last finding, a new disruption is alerted."""
+    from server.scheduling.planner import Plan
+
+    class Nc:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
+            self.sent.append(subject)
+
+    class Store:
+        nc = Nc()
+
+    class Leading:
+        leading = True
+        term = 1
+        changed = asyncio.Event()
+
+    def alerted() -> int:
+        return Store.nc.sent.count("alerts.domain.disrupted")
+
+    async def main() -> list[int]:
+        sched = Scheduler(Store(), ClusterState(), Leading())  # type: ignore[arg-type]
+        window = sched.budget.config.domain_window_s
+        dom = {("rack", "r1"): 10}
+        for at, found in ((1000.0, dom), (1001.0, dom), (1002.0, {}), (1003.0, dom)):
+            await sched._alerts(Plan(disrupted=dict(found)), at)
+        once = alerted()
+        await sched._alerts(Plan(disrupted=dict(dom)), 1003.0 + window + 1)
+        return [once, alerted()]
+
+    assert asyncio.run(main()) == [1, 2]
+    assert Store.nc.sent.count("muster.events.domain.disrupted") == 2
+
+
+def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> None:
+    """The replica's shutdown waits a while, then cancels the scheduler: while a commit
+    hangs (NATS away), that cancel lands in the scheduler's wait for its commits in flight.
+    The rest of leading's end runs all the same: the commit is cancelled, the feeds stop,
+    nothing is left running (found by a review: the feeds and the commit ran on)."""
+    import time
+
+    import server.scheduling.scheduler as sch
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import World
+    from wire.errors import StoreError
+    from wire.kv import Fence
+
+    stops: list[asyncio.Event] = []
+
+    class Nc:
+        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
+            pass
+
+    class Store:
+        nc = Nc()
+        js = None
+
+        async def commit(self, writes: object, fence: object = None) -> None:
+            await asyncio.sleep(3)
+            raise StoreError("commit outcome unknown")
+
+        async def get(self, key: str) -> None:
+            raise StoreError("timeout")
+
+    class Lease:
+        class config:  # noqa: N801 - as Leader's
+            ttl_s = 5
+
+        leading = True
+        term = 1
+        changed = asyncio.Event()
+
+        def fence(self, slot: int = 0) -> Fence:
+            return Fence(1, "me")
+
+        def step_down(self, why: str) -> None:
+            pass
+
+    class Feed:
+        def __init__(self, nc: object, stream: str, *args: object, **kw: object) -> None:
+            self.stream, self.read_to = stream, None
+
+        async def run(self, stop: asyncio.Event) -> None:
+            stops.append(stop)
+            await stop.wait()
+
+    async def no_consumer(*args: object, **kw: object) -> None:
+        pass
+
+    async def main() -> tuple[bool, bool, list[str], int]:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=now)
+        sched = Scheduler(Store(), w.state, Lease(), SchedulerConfig(tick_s=0.2, plan_share=1.0))  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        task = asyncio.create_task(sched.run(stop))
+        w.submit("j1", gpus=1, submitted_at=now - 10)
+        for _ in range(500):  # until its commit is in flight
+            if sched._inflight:
+                break
+            await asyncio.sleep(0.02)
+        in_flight = bool(sched._inflight)
+        stop.set()
+        await asyncio.sleep(1.0)  # the scheduler is left waiting for the commit
+        task.cancel()  # as the replica's shutdown does after its wait
+        await asyncio.gather(task, return_exceptions=True)
+        left = [t.get_coro().__qualname__ for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return in_flight, all(s.is_set() for s in stops) and bool(stops), left, len(sched._inflight)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(sch, "ensure_consumer", no_consumer)
+    patch.setattr(sch, "PullFeed", Feed)
+    try:
+        assert asyncio.run(main()) == (True, True, [], 0)
+    finally:
+        patch.undo()
+
+
+def test_the_gauges_loop_outlives_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    """An exception while setting the gauges is logged, and the next round runs (found by a
+    review: one exception ended the loop unseen, the gauges frozen)."""
+    from server import replica
+
+    class Replica:
+        def __init__(self) -> None:
+            self._stop = asyncio.Event()
+            self.rounds = 0
+
+        def _set_gauges(self) -> None:
+            self.rounds += 1
+            if self.rounds == 1:
+                raise KeyError("a queue deleted meanwhile")
+            self._stop.set()
+
+    r = Replica()
+
+    async def main() -> None:
+        await asyncio.wait_for(replica.Muster._gauges(r), timeout=30)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert r.rounds == 2 and "gauges not updated" in caplog.text
+
+
+def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
+    """The lease lost and taken again (term 1, then 2) while the loop of term 1 waits: no
+    cycle commits under term 2 before term 2's read barrier has run (found by a review:
+    the loop planned and committed under the new term first)."""
+    import time
+
+    import server.scheduling.scheduler as sch
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import World
+    from wire.kv import CommitResult, Fence
+
+    log: list[tuple[str, int]] = []
+
+    class Nc:
+        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
+            pass
+
+    class Store:
+        nc = Nc()
+        js = None
+        seq = 1000
+
+        async def commit(self, writes: list, fence: Fence) -> CommitResult:  # type: ignore[type-arg]
+            log.append(("commit", fence.term))
+            revs = {}
+            for w in writes:
+                Store.seq += 1
+                revs[w.key] = Store.seq
+            return CommitResult(revisions=revs, last_seq=Store.seq)
+
+    class Lease:
+        class config:  # noqa: N801 - as Leader's
+            ttl_s = 5
+
+        def __init__(self) -> None:
+            self.leading, self.term, self.changed = True, 1, asyncio.Event()
+
+        def fence(self, slot: int = 0) -> Fence:
+            return Fence(self.term, "me")
+
+        def step_down(self, why: str) -> None:
+            pass
+
+    class Feed:
+        def __init__(self, nc: object, stream: str, *args: object, **kw: object) -> None:
+            self.stream, self.read_to = stream, None
+
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+
+    async def no_consumer(*args: object, **kw: object) -> None:
+        pass
+
+    async def main() -> None:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=now)
+        lease = Lease()
+
+        async def caught_up() -> None:
+            log.append(("caught up", lease.term))
+
+        sched = Scheduler(Store(), w.state, lease, SchedulerConfig(tick_s=0.3, plan_share=1.0),  # type: ignore[arg-type]
+                          caught_up=caught_up)
+        stop = asyncio.Event()
+        task = asyncio.create_task(sched.run(stop))
+        for _ in range(500):
+            if log:
+                break
+            await asyncio.sleep(0.01)
+        lease.term = 2  # lost and taken again while term 1's loop waits
+        w.submit("j1", gpus=1, submitted_at=now - 10)
+        for _ in range(500):
+            if ("commit", 2) in log:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(sch, "ensure_consumer", no_consumer)
+    patch.setattr(sch, "PullFeed", Feed)
+    try:
+        asyncio.run(main())
+    finally:
+        patch.undo()
+    assert ("commit", 2) in log and log.index(("caught up", 2)) < log.index(("commit", 2)), log
+    assert ("commit", 1) not in log
+
+
+def test_a_commit_whose_outcome_was_unknown_but_that_landed_is_published() -> None:
+    """The store raised "outcome unknown" for a commit that had landed: its keys are read
+    back, and it is treated as done (its input acknowledged, its events and alerts
+    published), not put back to be ignored when read again with nothing published (found
+    by a review: a job's failure alert was lost so)."""
+    import time
+
+    from tests.unit.test_planner import World, report
+    from wire.errors import StoreError
+    from wire.kv import CommitResult, Fence
+    from wire.messages import AttemptState
+    from wire.records import Record
+
+    class Nc:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
+            self.sent.append(subject)
+
+    class Store:
+        def __init__(self, state: ClusterState) -> None:
+            self.nc, self.state, self.stored, self.seq = Nc(), state, dict[str, tuple[int, bytes]](), 1000
+
+        async def commit(self, writes: list, fence: Fence) -> CommitResult:  # type: ignore[type-arg]
+            for w in writes:
+                self.seq += 1
+                self.stored[w.key] = (self.seq, w.value)
+            raise StoreError("commit outcome unknown: nats: timeout")  # ... but it landed
+
+        async def get(self, key: str) -> Record:
+            rev, value = self.stored.get(key, (self.state.revisions.get(key, 0), None))
+            return Record(key, rev, value)
+
+    class Leading:
+        leading = True
+        term = 7
+        changed = asyncio.Event()
+
+        def fence(self, slot: int = 0) -> Fence:
+            return Fence(7, "me")
+
+        def step_down(self, why: str) -> None:
+            pass
+
+    class Msg:
+        reply = None
+        acked = 0
+
+        async def ack(self) -> None:
+            self.acked += 1
+
+        async def nak(self) -> None:
+            pass
+
+    async def main() -> tuple[list[str], int, int]:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=now)
+        w.submit("j1", gpus=1, max_attempts=1, submitted_at=now - 10)
+        w.cycle(now=now)
+        store = Store(w.state)
+        sched = Scheduler(store, w.state, Leading())  # type: ignore[arg-type]
+        m = Msg()
+        sched._reports.append((m, report(w, "j1", AttemptState.FAILED, exit_code=1, ts=now)))  # type: ignore[arg-type]
+        c = sched._plan_next()
+        assert c is not None and "job.failed" in [e.kind for e in c.plan.events]
+        await sched._finish(c)
+        return store.nc.sent, m.acked, len(sched._reports)
+
+    sent, acked, queued = asyncio.run(main())
+    assert "alerts.job.failed" in sent and acked == 1 and queued == 0, (sent, acked, queued)

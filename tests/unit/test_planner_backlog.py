@@ -212,8 +212,13 @@ def test_a_job_as_hard_to_place_as_one_that_found_no_host_is_not_looked_at(monke
 def test_a_reservation_given_up_in_the_cycle_lets_jobs_that_found_no_host_be_looked_at_again() -> None:
     """p holds a reservation on the host of x, the job that ends first; once x has ended,
     p is placed there in the second pass, after a 1-GPU job of its queue found no host
-    (the other host full, x's reserved for p). The hosts of its reservation are no longer
-    held back: a later 1-GPU job is placed on what p left of it, the shortcut as without."""
+    (the other host full, x's reserved for p: submitted before p, of p's priority, it may
+    not be placed before its begin time, so p reserved first). The hosts of its
+    reservation are no longer held back: a later 1-GPU job is placed on what p left of
+    it, the shortcut as without."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+
     w = QWorld()
     w.host("h0", gpus=8)
     w.host("h1", gpus=8)
@@ -234,7 +239,9 @@ def test_a_reservation_given_up_in_the_cycle_lets_jobs_that_found_no_host_be_loo
     assert reserved is not None and reserved.hosts == [on]
     for i in range(8):  # fit no host: fill the list for preemption and use the cycle's reservation tries
         w.qsubmit(f"huge{i}", "qa", gpus=16, priority=2, submitted_at=NOW - 70 + i)
-    w.qsubmit("first", "qa", gpus=1, priority=1, submitted_at=NOW - 60)
+    first = make_job("first", spec=job_spec("first", command=["run", "first"], gpus=1, queue="qa"),
+                     submitted_at=NOW - 95, not_before=NOW - 1)
+    w.state.apply_state_record(Record("job.first", next(w.rev), encode(first)))
     w.qsubmit("later", "qa", gpus=1, submitted_at=NOW - 50)
     ended = [StatusReport(host_id=on, attempt_id=x.attempts[-1].id, job_id="x", state=AttemptState.SUCCEEDED,
                           ts=NOW, exit_code=0)]

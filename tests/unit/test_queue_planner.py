@@ -1099,3 +1099,47 @@ def test_a_ready_preemptor_whose_freed_host_a_commit_in_flight_writes_waits_a_cy
     assert c.jobs["h"].state is JobState.PLACED and not c.preempted
     assert sorted(t.host_id for t in c.jobs["h"].current_tasks()) == sorted(
         w.job(v).attempts[0].host_id for v in victims)
+
+
+def test_only_a_queue_that_others_come_before_waits_for_fair_share() -> None:
+    """`waiting for fair share` names the waiting queues admission order puts first: the
+    queue holding nothing is first in that order and is not told it waits for fair share
+    (found by exploring), the one holding everything is, by that one."""
+    from server.scheduling.queues import FAIR_SHARE
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("big", min_runtime_s=0, fair_share_preemption=False)
+    w.queue("team", min_runtime_s=0)
+    _fill(w, "big", 8, NOW - 20)
+    w.qsubmit("big-more", "big")
+    w.qsubmit("mine", "team")
+    team = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["mine"], NOW, 0.0)}
+    assert FAIR_SHARE not in team, team
+    big = {r.reason: r.detail for r in reasons(w.state, w.state.jobs["big-more"], NOW, 0.0)}
+    assert big[FAIR_SHARE].endswith("1 waiting queue(s) come first by fair share"), big
+
+
+def test_a_reservation_does_not_hold_against_a_higher_priority_job_of_its_queue() -> None:
+    """Found by exploring: low-priority jobs left waiting (preempted ones keep their
+    submission time, so they reserve at once) held every host for themselves, and the
+    higher-priority jobs of the same queue could neither start nor preempt there until the
+    reservations ran out, ten minutes later. A reservation holds against the jobs after
+    its own in the queue's order, not against those of a higher priority."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.host("h2", gpus=8)
+    w.queue("q", min_runtime_s=0, preempt_grace_s=3)
+    policy = QueuePolicy()
+    for i in range(18):
+        w.qsubmit(f"lo{i}", "q", submitted_at=NOW - 60)
+    w.qcycle(now=NOW - 50, policy=policy)
+    w.qcycle(w.agent_reports(NOW - 50), now=NOW - 50, policy=policy)
+    for t in range(-45, -5, 5):  # the two left waiting reserve the hosts
+        plan = w.qcycle(w.agent_reports(NOW + t), now=NOW + t, policy=policy)
+    assert sorted(h for r in plan.reservations for h in r.hosts) == ["h1", "h2"]
+    for i in range(4):
+        w.qsubmit(f"hi{i}", "q", priority=10, submitted_at=NOW)
+    plan = w.qcycle(now=NOW, policy=policy)
+    assert plan.preempted == {("priority", "q"): 4}
+    assert all(len(w.job(f"hi{i}").preempting) == 1 for i in range(4))

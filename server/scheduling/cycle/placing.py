@@ -420,14 +420,17 @@ class Placing:
         return frozenset().union(*parts)
 
     def ahead(self, job: Job, other: Job) -> bool:
-        """Whether `job`'s queue comes before `other`'s in admission order now: another
-        queue with a lower fair-share rank (share per weight). A reservation made for a job
-        does not hold against the jobs of a queue that has come before its queue since (a
-        queue below its share arrived): found by exploring, where the reservations of an
-        over-share queue's waiting jobs kept the fair-share preemption of a queue at none of
-        its share off every host. (Within a queue a reservation stays with its job.)"""
+        """Whether `job` comes before `other` now, so that a reservation made for `other`
+        does not hold against it: of another queue with a lower fair-share rank (share per
+        weight; found by exploring, where the reservations of an over-share queue's waiting
+        jobs kept the fair-share preemption of a queue at none of its share off every
+        host), or of the same queue and a higher priority (found by exploring: preempted
+        low-priority jobs, which keep their submission time and so reserve at once, kept
+        the higher-priority jobs that preempted them from starting or preempting on every
+        host for ten minutes). Among a queue's jobs of one priority a reservation stays
+        with its job."""
         if job.spec.queue == other.spec.queue:
-            return False
+            return job.spec.priority > other.spec.priority
         share = self.adm.shares.share
         return share(job.spec.queue) < share(other.spec.queue)
 
