@@ -57,6 +57,11 @@ def _stored_at(msg: Msg) -> float:
 T = TypeVar("T")
 
 
+def _index_of(queue: list[tuple[Msg, T]], item: tuple[Msg, T]) -> int:
+    """Where an input is in its queue (the same delivery: the message itself)."""
+    return next(i for i, x in enumerate(queue) if x[0] is item[0])
+
+
 def _stream_order(items: list[tuple[Msg, T]]) -> list[tuple[Msg, T]]:
     """Queued inputs in the order their stream stored them (by stream sequence; a stable
     sort: those of an unknown position keep their order, first)."""
@@ -681,9 +686,16 @@ class Scheduler:
                 await self._refused(c, exc)
                 self.wake.set()
                 return plan
-            except BaseException as exc:
+            except asyncio.CancelledError:
+                # Leading ends (the replica's shutdown): inputs back to be returned to the
+                # stream; its keys are not read again one by one while NATS may be away (a
+                # review timed the wait at keys x the read timeout); the next leader reads them.
                 metrics.COMMITS.labels("unknown").inc()
+                self._put_back(c)
+                raise
+            except BaseException as exc:
                 if not isinstance(exc, StoreError) or not await self._landed(c):
+                    metrics.COMMITS.labels("unknown").inc()
                     await self._not_committed(c)
                     raise
                 # Its reply was lost, but it landed: as a duplicate, its keys read back, its
@@ -774,24 +786,27 @@ class Scheduler:
             return
         iso = self._isolation
         assert iso is not None
+        # The refused cycle's first input, found where it went back (by identity: put back in
+        # stream order, an input redelivered after another leader's ack wait may be ahead).
         if c.reports:
             m, r = c.reports[0]
+            at = _index_of(self._reports, c.reports[0])
             key = (r.attempt_id, r.state.value)
             if (r.output_tail or r.reason) and key not in self._stripped:
                 self._stripped.add(key)
                 bare = r.model_copy(update={"output_tail": "", "reason": "output dropped: the job's record "
                                                                        "could not take it"})
-                self._reports[0] = (m, bare)  # tried again without the job's text
+                self._reports[at] = (m, bare)  # tried again without the job's text
                 return
-            self._reports.pop(0)
+            del self._reports[at]
             await self._drop(m, "status", f"status report of {r.attempt_id} dropped: {exc}", job_ids=[r.job_id])
         elif c.commands:
             m, cmd = c.commands[0]
-            self._commands.pop(0)
+            del self._commands[_index_of(self._commands, c.commands[0])]
             await self._drop(m, "command", f"{cmd.kind} of {cmd.job_id} dropped: {exc}", job_ids=[cmd.job_id])
         elif c.submissions:
             m, req = c.submissions[0]
-            self._submissions.pop(0)
+            del self._submissions[_index_of(self._submissions, c.submissions[0])]
             ids = [str(d.get("id")) for d in req.jobs]
             await self._drop(m, "submission", f"a submission of {len(ids)} jobs from {req.user} dropped: {exc}",
                              job_ids=ids)

@@ -94,6 +94,8 @@ def check(
     """Every violation found, as a sentence; an empty list means all invariants hold."""
     problems: list[str] = []
     jobs = list(jobs)
+    allocs = list(allocs)
+    told_to_stop = {t.attempt_id for a in allocs for t in a.tasks if t.stop}
     # (host) -> list of (start, end, GPUs held, cpus, mem, attempt id)
     spans: dict[str, list[tuple[float, float, Hold, float, int, str]]] = defaultdict(list)
     live_by_attempt: dict[str, str] = {}
@@ -108,8 +110,11 @@ def check(
         live = [a for a in job.attempts if not a.state.terminal]
         if len(live) > job.spec.replicas or any(a.number != job.tries for a in live):
             problems.append(f"job {job.id}: {len(live)} live attempts {[a.id for a in live]}")
-        if job.state.terminal and live:
-            problems.append(f"job {job.id} is {job.state.value} with live attempt {live[0].id}")
+        # An ended job's attempt still stopping (a cancel's or a time limit's grace: `Job.stopping`)
+        # is the normal course; one not told to stop is not.
+        unstopped = [a for a in live if not a.stop_kind and a.id not in told_to_stop]
+        if job.state.terminal and unstopped:
+            problems.append(f"job {job.id} is {job.state.value} with live attempt {unstopped[0].id} not told to stop")
         terms = [a.term for a in job.attempts]
         if terms != sorted(terms):
             problems.append(f"job {job.id}: attempt terms go backwards {terms}")

@@ -146,6 +146,18 @@ def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
     w.cycle(commands=[Command(kind="cancel", job_id="n1", by="op", reason="wrong input", ts=NOW)])
     n1 = w.job("n1")
     assert n1.state is JobState.CANCELLED and n1.stopping and live(n1)
+    # The normal course, not a broken invariant (`muster check` said so during any grace);
+    # an ended job's live attempt not told to stop still is one.
+    from server.state.invariants import check
+
+    def live_problems(allocs: list) -> list[str]:  # type: ignore[type-arg]
+        return [p for p in check(w.state.jobs.values(), {}, allocs) if "live attempt" in p]
+
+    assert live_problems(list(w.state.allocs.values())) == []
+    unstopped = [a.model_copy(update={"tasks": [t.model_copy(update={"stop": ""}) for t in a.tasks]})
+                 for a in w.state.allocs.values()]
+    assert n1.current is not None
+    assert live_problems(unstopped) == [f"job n1 is CANCELLED with live attempt {n1.current.id} not told to stop"]
     w.cycle()
     assert _live(w, "n2") == [] and w.job("after").waiting_for == ["n1"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}

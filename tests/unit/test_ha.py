@@ -146,11 +146,14 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
         nc = Nc()
         js = None
 
+        gets = 0
+
         async def commit(self, writes: object, fence: object = None) -> None:
             await asyncio.sleep(3)
             raise StoreError("commit outcome unknown")
 
         async def get(self, key: str) -> None:
+            Store.gets += 1
             raise StoreError("timeout")
 
     class Lease:
@@ -203,6 +206,9 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
     patch.setattr(sch, "PullFeed", Feed)
     try:
         assert asyncio.run(main()) == (True, True, [], 0)
+        # The cancelled commit's keys are not read again one by one (each read waits out its
+        # timeout while NATS is away: a review timed such a shutdown at keys x 5 s).
+        assert Store.gets == 0
     finally:
         patch.undo()
 
@@ -394,3 +400,60 @@ def test_a_commit_whose_outcome_was_unknown_but_that_landed_is_published() -> No
 
     sent, acked, queued = asyncio.run(main())
     assert "alerts.job.failed" in sent and acked == 1 and queued == 0, (sent, acked, queued)
+
+
+def test_a_refused_input_is_found_where_it_went_back() -> None:
+    """A narrowed cycle's one input refused by the store: that input is stripped of its
+    text (then dropped), wherever it went back in the queue, not the queue's head (found by
+    a review: a redelivered report of an earlier stream position ahead of it was dropped,
+    or overwritten by the refused one)."""
+    from server.scheduling.isolation import INPUT, Isolation
+    from server.scheduling.planner import Plan
+    from server.scheduling.scheduler import _Cycle
+    from wire.errors import RejectedError
+    from wire.messages import AttemptState, StatusReport
+
+    class Msg:
+        def __init__(self, seq: int) -> None:
+            self.reply = f"$JS.ACK.STATUS.sched.1.{seq}.{seq}.{seq * 10**9}.0"
+            self.acked = 0
+
+        async def ack(self) -> None:
+            self.acked += 1
+
+        async def nak(self) -> None:
+            pass
+
+    class Nc:
+        async def publish(self, *args: object, **kw: object) -> None:
+            pass
+
+    class Store:
+        nc = Nc()
+
+    class Leading:
+        leading = True
+        term = 1
+        changed = asyncio.Event()
+
+    def report(job: str, tail: str = "") -> StatusReport:
+        return StatusReport(host_id="h1", attempt_id=f"{job}.1", job_id=job, state=AttemptState.SUCCEEDED, ts=1.0,
+                            output_tail=tail)
+
+    async def main() -> list[tuple[str, str]]:
+        sched = Scheduler(Store(), ClusterState(), Leading())  # type: ignore[arg-type]
+        sched._isolation = Isolation(inputs=1, placements=0, evictions=False)
+        refused, late = Msg(20), Msg(5)
+        sched._reports = [(late, report("redelivered"))]  # type: ignore[list-item]
+        c = _Cycle(Plan(), 0.0, [], [(refused, report("big", "lots of output"))], [], [],  # type: ignore[list-item]
+                   narrowing=INPUT)
+        sched._put_back(c)
+        await sched._refused(c, RejectedError("message size exceeds maximum allowed"))
+        stripped = [(r.job_id, r.output_tail) for _, r in sched._reports]
+        c = _Cycle(Plan(), 0.0, [], [(refused, sched._reports[1][1])], [], [], narrowing=INPUT)  # type: ignore[list-item]
+        sched._reports.remove(c.reports[0])
+        sched._put_back(c)
+        await sched._refused(c, RejectedError("message size exceeds maximum allowed"))
+        return [*stripped, *[(r.job_id, "left") for _, r in sched._reports]]
+
+    assert asyncio.run(main()) == [("redelivered", ""), ("big", ""), ("redelivered", "left")]
