@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from nats.aio.client import Client as NATS
+
 from wire.errors import ConfigError, ConflictError, StoreError
 from wire.kv import Fence, Store, Write
 from wire.stopping import pause
@@ -280,7 +282,10 @@ class ThreadedLeadership:
 
             self._tloop = asyncio.get_running_loop()
             self._tstop = asyncio.Event()
-            nc = await self._connect()  # type: ignore[misc]
+            nc = await self._connected(self._tstop)
+            if nc is None:  # stopped before NATS could be reached
+                self._ready.set()
+                return
             try:
                 self.inner = Leadership(Store(nc, replicas=self.replicas), self.holder, self.config,
                                         on_change=self._changed)
@@ -298,6 +303,19 @@ class ThreadedLeadership:
         except Exception:  # noqa: BLE001
             log.exception("lease thread failed")
             self._ready.set()
+
+    async def _connected(self, stop: asyncio.Event) -> NATS | None:
+        """The lease's own NATS connection, tried again until it is made or `stop` is set
+        (found by a review: a first try that failed, NATS restarting as the replica started,
+        ended the thread, and the replica never campaigned, looking healthy)."""
+        while True:
+            try:
+                nc: NATS = await self._connect()  # type: ignore[misc]
+                return nc
+            except Exception as exc:  # noqa: BLE001 - whatever the client raises: said, and tried again
+                log.warning("lease: cannot connect to NATS (%s); trying again", exc)
+            if await pause(stop, max(1.0, self.config.retry_every_s)):
+                return None
 
     async def run(self, stop: asyncio.Event) -> None:
         self._main = asyncio.get_running_loop()

@@ -369,3 +369,29 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(nat
             await asyncio.wait_for(store.create("job.big", b"x" * (nc.max_payload + 1), within_s=120), timeout=60)
     finally:
         await nc.close()
+
+
+async def test_the_lease_thread_connects_again_after_a_failed_first_try(store: Store, nats_url: str) -> None:
+    """The lease is kept by a thread with its own connection: a first try that fails (NATS
+    restarting as the replica starts) is tried again, and the replica campaigns (found by a
+    review: the thread ended, and the replica never led, looking healthy)."""
+    from server.state.lease import ThreadedLeadership
+
+    tries = 0
+
+    async def flaky() -> object:
+        nonlocal tries
+        tries += 1
+        if tries < 3:
+            raise OSError("connection refused")
+        return await connect(nats_url, name="test-lease")
+
+    lead = ThreadedLeadership(flaky, "flaky-replica", LeaseConfig(ttl_s=2, renew_every_s=0.5))
+    stop = asyncio.Event()
+    run = asyncio.create_task(lead.run(stop))
+    try:
+        await eventually(lambda: lead.leading, timeout=60, what="the replica leading")
+        assert tries == 3 and lead.term > 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
