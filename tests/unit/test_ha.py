@@ -302,6 +302,9 @@ def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
 
         sched = Scheduler(Store(), w.state, lease, SchedulerConfig(tick_s=0.3, plan_share=1.0),  # type: ignore[arg-type]
                           caught_up=caught_up)
+        # What an earlier term of this replica watched is not carried into a new one.
+        sched.watch._waiting_since["long-gone"] = 1.0
+        sched.disrupted[("rack", "r9")] = now
         stop = asyncio.Event()
         task = asyncio.create_task(sched.run(stop))
         for _ in range(500):
@@ -316,6 +319,7 @@ def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
             await asyncio.sleep(0.01)
         stop.set()
         await task
+        assert "long-gone" not in sched.watch._waiting_since and sched.disrupted == {}
 
     patch = pytest.MonkeyPatch()
     patch.setattr(sch, "ensure_consumer", no_consumer)
