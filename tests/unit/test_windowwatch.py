@@ -25,10 +25,12 @@ def test_a_reservation_is_alerted_when_it_opens_and_when_it_ends_once_each() -> 
     assert w.check(NOW + 12, {"launch": longer}, {}) == []  # its end moved: the same window
     ended = w.check(NOW + 100, {"launch": R}, {})
     assert [e.kind for e in ended] == [ALERT_RESERVATION_ENDED] and ended[0].data["name"] == "launch"
+    assert ended[0].data["why"] == "past its end" and "(past its end)" in ended[0].message
     assert w.check(NOW + 101, {"launch": R}, {}) == []
-    # Deleted while open: ended too.
+    # Deleted while open: ended too, saying so.
     w.check(NOW + 20, {"launch": R}, {})
-    assert [e.kind for e in w.check(NOW + 21, {}, {})] == [ALERT_RESERVATION_ENDED]
+    deleted = w.check(NOW + 21, {}, {})
+    assert [e.kind for e in deleted] == [ALERT_RESERVATION_ENDED] and deleted[0].data["why"] == "deleted"
 
 
 def test_a_maintenance_window_is_alerted_once_when_it_begins_for_all_its_hosts() -> None:
