@@ -69,9 +69,9 @@ class WindowWatch:
         for key in [k for k in self._open if k not in current]:
             what = self._open.pop(key)
             if key[0] == "advres":
-                r = reservations.get(key[1])
+                left = reservations.get(key[1])
                 # Which: found by exploring (it said "past its end or deleted" either way).
-                why = "deleted" if r is None else "past its end" if now >= r.ends else "moved to a later start"
+                why = "deleted" if left is None else "past its end" if now >= left.ends else "moved to a later start"
                 out.append(Event(kind=ALERT_RESERVATION_ENDED, ts=now,
                                  message=f"{what} ended ({why}): its hosts take anyone's jobs",
                                  data={"name": key[1], "starts": key[2], "why": why}))
