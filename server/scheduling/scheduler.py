@@ -184,6 +184,7 @@ class Scheduler:
         self._delivered: dict[str, Sent] = {}
         self._delivery_checked = 0.0
         self.watch = self.config.watch
+        self._watched_term = 0  # the term `watch` and `disrupted` were started for
         self.windows = WindowWatch()  # anew with each term (_lead)
         self.idle_gpus = IdleWatch()  # anew with each term (_lead)
         self._placed_queues: set[str] = set()
@@ -290,12 +291,15 @@ class Scheduler:
         log.info("scheduling as leader, term %d", term)
         self.windows = WindowWatch()  # its first check takes the windows open now as known
         self.idle_gpus = IdleWatch()  # its first check alerts the attempts idle now again
-        # As a new leader's (found by a review: a replica leading again kept when it had last
-        # seen each queue waiting, and alerted a starvation it had not watched, or not one it had).
-        w = self.config.watch
-        self.watch = QueueWatch(storm_count=w.storm_count, storm_window_s=w.storm_window_s,
-                                starved_after_s=w.starved_after_s)
-        self.disrupted = {}
+        if term != self._watched_term:
+            # A new term starts them afresh, as a new leader's (found by a review: a replica
+            # leading again kept when it had last seen each queue waiting, and alerted a
+            # starvation it had not watched); a loop interrupted within a term keeps them.
+            w = self.config.watch
+            self.watch = QueueWatch(storm_count=w.storm_count, storm_window_s=w.storm_window_s,
+                                    starved_after_s=w.starved_after_s)
+            self.disrupted = {}
+            self._watched_term = term
         js = self.store.js
         # A message taken by a leader that then died or froze returns after ack_wait:
         # keep it close to the lease so a new leader sees it soon after taking over.
