@@ -71,7 +71,7 @@ class WindowWatch:
             if key[0] == "advres":
                 left = reservations.get(key[1])
                 # Which: found by exploring (it said "past its end or deleted" either way).
-                why = "deleted" if left is None else "past its end" if now >= left.ends else "moved to a later start"
+                why = "deleted" if left is None else "past its end" if now >= left.ends else "its start changed"
                 out.append(Event(kind=ALERT_RESERVATION_ENDED, ts=now,
                                  message=f"{what} ended ({why}): its hosts take anyone's jobs",
                                  data={"name": key[1], "starts": key[2], "why": why}))

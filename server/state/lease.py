@@ -321,7 +321,12 @@ class ThreadedLeadership:
         self._main = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._thread_main, name="muster-lease", daemon=True)
         self._thread.start()
-        await asyncio.to_thread(self._ready.wait, 30)
+        # Until the thread is ready (30 s at most) or told to stop: a stop while it still
+        # tries to connect is passed on at once (found by a review: it waited the 30 s).
+        deadline = time.monotonic() + 30
+        while not self._ready.is_set() and time.monotonic() < deadline:
+            if await pause(stop, 0.05):
+                break
         await stop.wait()
         if self._tloop is not None and self._tstop is not None:
             self._tloop.call_soon_threadsafe(self._tstop.set)  # resigns the lease on the way out

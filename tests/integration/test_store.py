@@ -395,3 +395,27 @@ async def test_the_lease_thread_connects_again_after_a_failed_first_try(store: S
     finally:
         stop.set()
         await asyncio.wait_for(run, timeout=30)
+
+
+async def test_the_lease_thread_stops_at_once_while_it_cannot_connect() -> None:
+    """Told to stop while its connection cannot be made, the lease thread stops trying then,
+    not after the 30 s it gives itself to be ready (found by a review: it went on trying,
+    once a second, until those had passed)."""
+    from server.state.lease import ThreadedLeadership
+
+    tries = 0
+
+    async def refused() -> object:
+        nonlocal tries
+        tries += 1
+        raise OSError("connection refused")
+
+    lead = ThreadedLeadership(refused, "no-nats", LeaseConfig(ttl_s=2, renew_every_s=0.5))
+    stop = asyncio.Event()
+    run = asyncio.create_task(lead.run(stop))
+    await eventually(lambda: tries >= 1, timeout=30, what="a first try")
+    stop.set()
+    at_stop = tries
+    await asyncio.wait_for(run, timeout=60)
+    assert not lead.leading and lead._thread is not None and not lead._thread.is_alive()
+    assert tries - at_stop <= 1  # at most the try under way when told
