@@ -142,6 +142,21 @@ def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec, tasks: in
             and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb * tasks)
 
 
+def comes_before(job: Job, holder: Job, share: Callable[[str], float]) -> bool:
+    """Whether `job` comes before `holder`, the job a reservation was made for, so that the
+    reservation does not hold against it: of another queue with a lower fair-share rank
+    (`share`: share per weight; found by exploring, where the reservations of an over-share
+    queue's waiting jobs kept the fair-share preemption of a queue at none of its share off
+    every host), or of the same queue and a higher priority (found by exploring: preempted
+    low-priority jobs, which keep their submission time and so reserve at once, kept the
+    higher-priority jobs that preempted them from starting or preempting on every host for
+    ten minutes). Among a queue's jobs of one priority a reservation stays with its job.
+    The planner and why pending decide alike with it."""
+    if job.spec.queue == holder.spec.queue:
+        return job.spec.priority > holder.spec.priority
+    return share(job.spec.queue) < share(holder.spec.queue)
+
+
 def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved: JobSpec | None,
              view: Callable[[str], HostCapacity | None], grace_s: float = 0.0) -> frozenset[str]:
     """The hosts of reservation `r` that a job of `spec`, running at most `limit_s` and

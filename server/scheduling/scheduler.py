@@ -653,18 +653,21 @@ class Scheduler:
         self._put_back(c)
         await self._refresh([w.key for w in c.writes])
 
-    async def _landed(self, c: _Cycle) -> bool:
-        """Whether a commit whose outcome is unknown landed: every key it wrote holds what it
-        wrote. (Its keys are frozen for later cycles while it is in flight, and its records
-        carry their times: no other write leaves the same bytes.) False when they cannot
-        be read."""
+    async def _landed(self, c: _Cycle) -> CommitResult | None:
+        """The result of a commit whose outcome is unknown, if it landed: every key it wrote
+        holds what it wrote, at the revisions read. (Its keys are frozen for later cycles
+        while it is in flight, and its records carry their times: no other write leaves the
+        same bytes.) None when it did not, or they cannot be read."""
+        revisions: dict[str, int] = {}
         try:
             for w in c.writes:
-                if (await self.store.get(w.key)).value != w.value:
-                    return False
+                rec = await self.store.get(w.key)
+                if rec.value != w.value:
+                    return None
+                revisions[w.key] = rec.revision
         except StoreError:
-            return False
-        return True
+            return None
+        return CommitResult(revisions=revisions)
 
     async def _finish(self, c: _Cycle) -> Plan:
         """Commit a planned cycle; once durable, acknowledge its inputs and publish."""
@@ -704,15 +707,16 @@ class Scheduler:
                 self._put_back(c)
                 raise
             except BaseException as exc:
-                if not isinstance(exc, StoreError) or not await self._landed(c):
+                landed = await self._landed(c) if isinstance(exc, StoreError) else None
+                if landed is None:
                     metrics.COMMITS.labels("unknown").inc()
                     await self._not_committed(c)
                     raise
-                # Its reply was lost, but it landed: as a duplicate, its keys read back, its
-                # inputs acknowledged and its events and alerts published (found by a review:
-                # they were lost, the inputs put back and ignored when read again).
+                # Its reply was lost, but it landed: as committed, at the revisions read back,
+                # its inputs acknowledged and its events and alerts published (found by a
+                # review: they were lost, the inputs put back and ignored when read again).
                 log.warning("a commit whose outcome was unknown had landed: %s", exc)
-                res = CommitResult(duplicate=True)
+                res = landed
             metrics.COMMITS.labels("ok").inc()
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             if res.duplicate:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from server.health.rules import Health
 from server.history.timeline import job_events
-from server.scheduling import advance, maintenance
-from server.scheduling.backfill import Reservation, kept_off
+from server.scheduling import advance, fairshare, maintenance
+from server.scheduling.backfill import Reservation, comes_before, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import queue_order
 from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_room
@@ -341,21 +341,18 @@ class JobView:
         q = queue_view.queue_of(self.state, job.spec.queue)
         limit = effective_time_limit(job.spec, q)
         blockers: list[tuple[Job, frozenset[str]]] = []
-        shares = None
+        shares: fairshare.Shares | None = None
+
+        def share(name: str) -> float:  # worked out only when a reservation of another queue is met
+            nonlocal shares
+            shares = shares or queue_view.shares(self.state, queue_view.book(self.state), now, self.half_life_s)
+            return shares.share(name)
+
         for other_id in sorted(self.state.reserved):
             other = self.state.jobs.get(other_id)
             r = other.reserved if other is not None and other_id != job.id else None
-            if other is None or r is None:
+            if other is None or r is None or comes_before(job, other, share):
                 continue
-            # As the planner (cycle.placing.Placing.ahead): a queue that ranks before its job's,
-            # or a higher priority in its job's queue, is not held off.
-            if other.spec.queue == job.spec.queue:
-                if job.spec.priority > other.spec.priority:
-                    continue
-            else:
-                shares = shares or queue_view.shares(self.state, queue_view.book(self.state), now, self.half_life_s)
-                if shares.share(job.spec.queue) < shares.share(other.spec.queue):
-                    continue
             hosts = kept_off(job.spec, limit, now, Reservation.of_record(other_id, r), other.spec, placer.view,
                              q.preempt_grace_s if q is not None else 0.0)
             if hosts:

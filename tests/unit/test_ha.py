@@ -5,11 +5,92 @@ other is logged with its traceback, and the loop keeps going until told to stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 
 from server.scheduling.scheduler import Scheduler
 from server.state.cluster import ClusterState
+from wire.kv import Fence
+
+# Stand-ins for what the scheduler's loop talks to, shared by the tests below.
+
+
+class Lease:
+    """The leadership: leading under `term` (a test may change it)."""
+
+    class config:  # noqa: N801 - as Leader's
+        ttl_s = 5
+
+    def __init__(self, term: int = 1) -> None:
+        self.leading, self.term, self.changed = True, term, asyncio.Event()
+
+    def fence(self, slot: int = 0) -> Fence:
+        return Fence(self.term, "me")
+
+    def step_down(self, why: str) -> None:
+        pass
+
+
+class Nc:
+    """A NATS connection that keeps the subjects published to."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def publish(self, subject: str, data: bytes = b"", headers: object = None) -> None:
+        self.sent.append(subject)
+
+
+class Msg:
+    """A JetStream delivery at stream position `seq`, stored at `ts` (no position: seq 0)."""
+
+    def __init__(self, seq: int = 0, ts: float = 0.0) -> None:
+        self.reply = f"$JS.ACK.STATUS.sched.1.{seq}.{seq}.{int(ts * 1e9)}.0" if seq else None
+        self.acked = 0
+
+    async def ack(self) -> None:
+        self.acked += 1
+
+    async def nak(self) -> None:
+        pass
+
+
+class Feed:
+    """A pull feed that delivers nothing until told to stop."""
+
+    def __init__(self, nc: object = None, stream: str = "", *args: object, **kw: object) -> None:
+        self.stream, self.read_to = stream, None
+        self.stop: asyncio.Event | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        await stop.wait()
+
+
+@contextlib.contextmanager
+def feeds_stood_in() -> Iterator[list[Feed]]:
+    """The scheduler's consumers and feeds replaced by `Feed`s for the block: the list of
+    those made."""
+    import server.scheduling.scheduler as sch
+
+    made: list[Feed] = []
+
+    async def no_consumer(*args: object, **kw: object) -> None:
+        pass
+
+    def feed(*args: object, **kw: object) -> Feed:
+        made.append(Feed(*args, **kw))
+        return made[-1]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(sch, "ensure_consumer", no_consumer)
+    patch.setattr(sch, "PullFeed", feed)
+    try:
+        yield made
+    finally:
+        patch.undo()
 
 
 def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -22,14 +103,9 @@ def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.Log
 
     from wire.errors import FencedError
 
-    class Leading:
-        leading = True
-        term = 1
-        changed = asyncio.Event()
-
     async def main() -> list[logging.LogRecord]:
         stop = asyncio.Event()
-        sched = Scheduler(None, ClusterState(), Leading())  # type: ignore[arg-type]
+        sched = Scheduler(None, ClusterState(), Lease())  # type: ignore[arg-type]
         errors = [FencedError("term 1 superseded by 2"), nats.errors.TimeoutError(), ValueError("a bug")]
 
         async def lead(_stop: asyncio.Event) -> None:
@@ -59,20 +135,9 @@ def test_inputs_put_back_keep_their_streams_order() -> None:
     from server.scheduling.planner import Plan
     from server.scheduling.scheduler import _Cycle
 
-    class Msg:
-        def __init__(self, seq: int, ts: float) -> None:
-            self.reply = f"$JS.ACK.STATUS.sched.1.{seq}.{seq}.{int(ts * 1e9)}.0"
-
-    class Feed:
-        read_to = 100.0
-
-    class Leading:
-        leading = True
-        term = 1
-        changed = asyncio.Event()
-
-    sched = Scheduler(None, ClusterState(), Leading())  # type: ignore[arg-type]
+    sched = Scheduler(None, ClusterState(), Lease())  # type: ignore[arg-type]
     sched._status_feed = Feed()  # type: ignore[assignment]
+    sched._status_feed.read_to = 100.0
     first, second, third, later = Msg(1, 5.0), Msg(2, 10.0), Msg(3, 11.0), Msg(4, 50.0)
     sched._reports = [(later, None)]  # type: ignore[list-item]
     sched._commands = [(later, None)]  # type: ignore[list-item]
@@ -91,26 +156,14 @@ def test_a_disrupted_domain_is_alerted_once_per_window() -> None:
     last finding, a new disruption is alerted."""
     from server.scheduling.planner import Plan
 
-    class Nc:
-        def __init__(self) -> None:
-            self.sent: list[str] = []
-
-        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
-            self.sent.append(subject)
-
     class Store:
         nc = Nc()
-
-    class Leading:
-        leading = True
-        term = 1
-        changed = asyncio.Event()
 
     def alerted() -> int:
         return Store.nc.sent.count("alerts.domain.disrupted")
 
     async def main() -> list[int]:
-        sched = Scheduler(Store(), ClusterState(), Leading())  # type: ignore[arg-type]
+        sched = Scheduler(Store(), ClusterState(), Lease())  # type: ignore[arg-type]
         window = sched.budget.config.domain_window_s
         dom = {("rack", "r1"): 10}
         for at, found in ((1000.0, dom), (1001.0, dom), (1002.0, {}), (1003.0, dom)):
@@ -130,22 +183,13 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
     nothing is left running (found by a review: the feeds and the commit ran on)."""
     import time
 
-    import server.scheduling.scheduler as sch
     from server.scheduling.scheduler import SchedulerConfig
     from tests.unit.test_planner import World
     from wire.errors import StoreError
-    from wire.kv import Fence
-
-    stops: list[asyncio.Event] = []
-
-    class Nc:
-        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
-            pass
 
     class Store:
         nc = Nc()
         js = None
-
         gets = 0
 
         async def commit(self, writes: object, fence: object = None) -> None:
@@ -155,31 +199,6 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
         async def get(self, key: str) -> None:
             Store.gets += 1
             raise StoreError("timeout")
-
-    class Lease:
-        class config:  # noqa: N801 - as Leader's
-            ttl_s = 5
-
-        leading = True
-        term = 1
-        changed = asyncio.Event()
-
-        def fence(self, slot: int = 0) -> Fence:
-            return Fence(1, "me")
-
-        def step_down(self, why: str) -> None:
-            pass
-
-    class Feed:
-        def __init__(self, nc: object, stream: str, *args: object, **kw: object) -> None:
-            self.stream, self.read_to = stream, None
-
-        async def run(self, stop: asyncio.Event) -> None:
-            stops.append(stop)
-            await stop.wait()
-
-    async def no_consumer(*args: object, **kw: object) -> None:
-        pass
 
     async def main() -> tuple[bool, bool, list[str], int]:
         now = time.time()
@@ -199,18 +218,14 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
         task.cancel()  # as the replica's shutdown does after its wait
         await asyncio.gather(task, return_exceptions=True)
         left = [t.get_coro().__qualname__ for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        return in_flight, all(s.is_set() for s in stops) and bool(stops), left, len(sched._inflight)
+        stopped = bool(feeds) and all(f.stop is not None and f.stop.is_set() for f in feeds)
+        return in_flight, stopped, left, len(sched._inflight)
 
-    patch = pytest.MonkeyPatch()
-    patch.setattr(sch, "ensure_consumer", no_consumer)
-    patch.setattr(sch, "PullFeed", Feed)
-    try:
+    with feeds_stood_in() as feeds:
         assert asyncio.run(main()) == (True, True, [], 0)
-        # The cancelled commit's keys are not read again one by one (each read waits out its
-        # timeout while NATS is away: a review timed such a shutdown at keys x 5 s).
-        assert Store.gets == 0
-    finally:
-        patch.undo()
+    # The cancelled commit's keys are not read again one by one (each read waits out its
+    # timeout while NATS is away: a review timed such a shutdown at keys x 5 s).
+    assert Store.gets == 0
 
 
 def test_the_gauges_loop_outlives_a_failure(caplog: pytest.LogCaptureFixture) -> None:
@@ -244,16 +259,11 @@ def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
     the loop planned and committed under the new term first)."""
     import time
 
-    import server.scheduling.scheduler as sch
     from server.scheduling.scheduler import SchedulerConfig
     from tests.unit.test_planner import World
-    from wire.kv import CommitResult, Fence
+    from wire.kv import CommitResult
 
     log: list[tuple[str, int]] = []
-
-    class Nc:
-        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
-            pass
 
     class Store:
         nc = Nc()
@@ -267,29 +277,6 @@ def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
                 Store.seq += 1
                 revs[w.key] = Store.seq
             return CommitResult(revisions=revs, last_seq=Store.seq)
-
-    class Lease:
-        class config:  # noqa: N801 - as Leader's
-            ttl_s = 5
-
-        def __init__(self) -> None:
-            self.leading, self.term, self.changed = True, 1, asyncio.Event()
-
-        def fence(self, slot: int = 0) -> Fence:
-            return Fence(self.term, "me")
-
-        def step_down(self, why: str) -> None:
-            pass
-
-    class Feed:
-        def __init__(self, nc: object, stream: str, *args: object, **kw: object) -> None:
-            self.stream, self.read_to = stream, None
-
-        async def run(self, stop: asyncio.Event) -> None:
-            await stop.wait()
-
-    async def no_consumer(*args: object, **kw: object) -> None:
-        pass
 
     async def main() -> None:
         now = time.time()
@@ -321,13 +308,8 @@ def test_a_cycle_commits_only_after_its_terms_read_barrier() -> None:
         await task
         assert "long-gone" not in sched.watch._waiting_since and sched.disrupted == {}
 
-    patch = pytest.MonkeyPatch()
-    patch.setattr(sch, "ensure_consumer", no_consumer)
-    patch.setattr(sch, "PullFeed", Feed)
-    try:
+    with feeds_stood_in():
         asyncio.run(main())
-    finally:
-        patch.undo()
     assert ("commit", 2) in log and log.index(("caught up", 2)) < log.index(("commit", 2)), log
     assert ("commit", 1) not in log
 
@@ -341,16 +323,9 @@ def test_a_commit_whose_outcome_was_unknown_but_that_landed_is_published() -> No
 
     from tests.unit.test_planner import World, report
     from wire.errors import StoreError
-    from wire.kv import CommitResult, Fence
+    from wire.kv import CommitResult
     from wire.messages import AttemptState
     from wire.records import Record
-
-    class Nc:
-        def __init__(self) -> None:
-            self.sent: list[str] = []
-
-        async def publish(self, subject: str, data: bytes, headers: object = None) -> None:
-            self.sent.append(subject)
 
     class Store:
         def __init__(self, state: ClusterState) -> None:
@@ -366,27 +341,6 @@ def test_a_commit_whose_outcome_was_unknown_but_that_landed_is_published() -> No
             rev, value = self.stored.get(key, (self.state.revisions.get(key, 0), None))
             return Record(key, rev, value)
 
-    class Leading:
-        leading = True
-        term = 7
-        changed = asyncio.Event()
-
-        def fence(self, slot: int = 0) -> Fence:
-            return Fence(7, "me")
-
-        def step_down(self, why: str) -> None:
-            pass
-
-    class Msg:
-        reply = None
-        acked = 0
-
-        async def ack(self) -> None:
-            self.acked += 1
-
-        async def nak(self) -> None:
-            pass
-
     async def main() -> tuple[list[str], int, int]:
         now = time.time()
         w = World(interval_s=3600.0)
@@ -394,7 +348,7 @@ def test_a_commit_whose_outcome_was_unknown_but_that_landed_is_published() -> No
         w.submit("j1", gpus=1, max_attempts=1, submitted_at=now - 10)
         w.cycle(now=now)
         store = Store(w.state)
-        sched = Scheduler(store, w.state, Leading())  # type: ignore[arg-type]
+        sched = Scheduler(store, w.state, Lease(term=7))  # type: ignore[arg-type]
         m = Msg()
         sched._reports.append((m, report(w, "j1", AttemptState.FAILED, exit_code=1, ts=now)))  # type: ignore[arg-type]
         c = sched._plan_next()
@@ -417,37 +371,17 @@ def test_a_refused_input_is_found_where_it_went_back() -> None:
     from wire.errors import RejectedError
     from wire.messages import AttemptState, StatusReport
 
-    class Msg:
-        def __init__(self, seq: int) -> None:
-            self.reply = f"$JS.ACK.STATUS.sched.1.{seq}.{seq}.{seq * 10**9}.0"
-            self.acked = 0
-
-        async def ack(self) -> None:
-            self.acked += 1
-
-        async def nak(self) -> None:
-            pass
-
-    class Nc:
-        async def publish(self, *args: object, **kw: object) -> None:
-            pass
-
     class Store:
         nc = Nc()
-
-    class Leading:
-        leading = True
-        term = 1
-        changed = asyncio.Event()
 
     def report(job: str, tail: str = "") -> StatusReport:
         return StatusReport(host_id="h1", attempt_id=f"{job}.1", job_id=job, state=AttemptState.SUCCEEDED, ts=1.0,
                             output_tail=tail)
 
     async def main() -> list[tuple[str, str]]:
-        sched = Scheduler(Store(), ClusterState(), Leading())  # type: ignore[arg-type]
+        sched = Scheduler(Store(), ClusterState(), Lease())  # type: ignore[arg-type]
         sched._isolation = Isolation(inputs=1, placements=0, evictions=False)
-        refused, late = Msg(20), Msg(5)
+        refused, late = Msg(20, 20.0), Msg(5, 5.0)
         sched._reports = [(late, report("redelivered"))]  # type: ignore[list-item]
         c = _Cycle(Plan(), 0.0, [], [(refused, report("big", "lots of output"))], [], [],  # type: ignore[list-item]
                    narrowing=INPUT)

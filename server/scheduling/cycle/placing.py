@@ -13,7 +13,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from server.scheduling import advance, fairshare, maintenance, userfair
-from server.scheduling.backfill import ends_by_host, kept_off
+from server.scheduling.backfill import comes_before, ends_by_host, kept_off
 from server.scheduling.capacity import Placer, as_hard, placement_size
 from server.scheduling.cycle.admission import Admission, at_least, refused_whole
 from server.scheduling.cycle.limits import UserLimits
@@ -410,7 +410,7 @@ class Placing:
             for r in reservations.values():
                 if r.job_id != job.id:
                     held_for = self.w.latest(r.job_id)
-                    if held_for is not None and self.ahead(job, held_for):
+                    if held_for is not None and comes_before(job, held_for, self.adm.shares.share):
                         continue  # a reservation holds only against the jobs after its own
                     parts.append(kept_off(job.spec, limit, self.now, r, held_for.spec if held_for else None,
                                           self.placer.view, q.preempt_grace_s if q is not None else 0.0))
@@ -418,21 +418,6 @@ class Placing:
         if len(parts) <= 1:
             return parts[0] if parts else frozenset()
         return frozenset().union(*parts)
-
-    def ahead(self, job: Job, other: Job) -> bool:
-        """Whether `job` comes before `other` now, so that a reservation made for `other`
-        does not hold against it: of another queue with a lower fair-share rank (share per
-        weight; found by exploring, where the reservations of an over-share queue's waiting
-        jobs kept the fair-share preemption of a queue at none of its share off every
-        host), or of the same queue and a higher priority (found by exploring: preempted
-        low-priority jobs, which keep their submission time and so reserve at once, kept
-        the higher-priority jobs that preempted them from starting or preempting on every
-        host for ten minutes). Among a queue's jobs of one priority a reservation stays
-        with its job."""
-        if job.spec.queue == other.spec.queue:
-            return job.spec.priority > other.spec.priority
-        share = self.adm.shares.share
-        return share(job.spec.queue) < share(other.spec.queue)
 
     # ------------------------------------------------------------ preemption
 
