@@ -91,6 +91,8 @@ class EvictionBudget:
     config: EvictionConfig = field(default_factory=EvictionConfig)
     domains: dict[tuple[str, str], Bucket] = field(default_factory=dict)
     global_bucket: Bucket | None = None
+    # What `allow` spent since the last `taken()`: the domains of each reschedule allowed.
+    spent: list[tuple[tuple[str, str], ...]] = field(default_factory=list)
 
     def allow(self, host_domains: list[tuple[str, str]], disrupted: dict[tuple[str, str], int], now: float) -> bool:  # noqa: ARG002
         """One reschedule out of a host in `host_domains`: within every budget?"""
@@ -108,8 +110,27 @@ class EvictionBudget:
         if all(b.tokens >= 1.0 for b in (*buckets, self.global_bucket)):
             for b in (*buckets, self.global_bucket):
                 b.tokens -= 1.0
+            self.spent.append(tuple(paced))
             return True
         return False
+
+    def taken(self) -> list[tuple[tuple[str, str], ...]]:
+        """What was spent since the last call: one cycle's reschedules, to be given back
+        (`refund`) if that cycle's commit does not land."""
+        spent, self.spent = self.spent, []
+        return spent
+
+    def refund(self, spent: Iterable[tuple[tuple[str, str], ...]], now: float) -> None:
+        """Give back what a cycle spent whose reschedules did not happen (its commit was
+        refused, fenced or lost, or it was planned again): a failed commit does not slow the
+        next cycle's rescheduling."""
+        for domains in spent:
+            buckets = [self.domains[d] for d in domains if d in self.domains]
+            if self.global_bucket is not None:
+                buckets.append(self.global_bucket)
+            for b in buckets:
+                b.refill(now)
+                b.tokens = min(b.burst, b.tokens + 1.0)
 
 
 def host_domains(labels: dict[str, str]) -> list[tuple[str, str]]:

@@ -86,6 +86,8 @@ class _Cycle:
     narrowing: Narrowing | None = None  # while isolating a refused input (scheduling.isolation)
     failing: tuple[str, ...] = ()  # the jobs this cycle fails because their records were refused
     term: int = 0  # the term it was planned under: it commits under that term only
+    # The eviction budget it spent (EvictionBudget.taken): given back if it does not commit.
+    evictions: list[tuple[tuple[str, str], ...]] = field(default_factory=list)
 
     def frozen(self) -> tuple[set[str], set[str]]:
         return set(self.plan.jobs), set(self.plan.allocs)
@@ -363,6 +365,10 @@ class Scheduler:
             # shutdown may cancel this wait: what follows runs all the same (found by a
             # review: the cancel skipped it, and the fetchers and commits ran on).
             try:
+                # The feeds take nothing more meanwhile: what they hold goes back to the
+                # stream below, for the next leader (found by a review: they went on pulling
+                # while the commits drained, holding inputs from the next leader).
+                leading_stop.set()
                 if self._inflight:
                     await asyncio.wait(list(self._inflight), timeout=30)
             finally:
@@ -522,6 +528,7 @@ class Scheduler:
         except KeyInFlight as exc:
             # A check missed a record in flight: plan again once nothing is in flight.
             self.replans += 1
+            self.budget.refund(self.budget.taken(), now)
             log.warning("cycle touched %s while its commit is in flight; planning again after it", exc)
             self.wake.set()
             return None
@@ -559,7 +566,7 @@ class Scheduler:
         metrics.PLAN_SECONDS.observe(took)
         self._plan_after = time.monotonic() + cycle_gap(took, self.config.plan_share, placed=plan.placed)
         return _Cycle(plan, now, writes, reports_in, commands_in, submissions_in, narrowing=narrowing,
-                      failing=failing, term=term)
+                      failing=failing, term=term, evictions=self.budget.taken())
 
     async def _redeliver(self) -> None:
         """Once a second: send again the assignment record of each host whose agent has
@@ -643,6 +650,8 @@ class Scheduler:
         replaced before its last report was applied. Found by a review.)"""
         for w in c.writes:
             self.state.unexpect(w.key)
+        self.budget.refund(c.evictions, time.time())
+        c.evictions = []
         self._reports[:] = _stream_order([*c.reports, *self._reports])
         self._commands[:] = _stream_order([*c.commands, *self._commands])
         self._submissions[:] = _stream_order([*c.submissions, *self._submissions])
@@ -707,7 +716,13 @@ class Scheduler:
                 self._put_back(c)
                 raise
             except BaseException as exc:
-                landed = await self._landed(c) if isinstance(exc, StoreError) else None
+                try:
+                    landed = await self._landed(c) if isinstance(exc, StoreError) else None
+                except asyncio.CancelledError:
+                    # Leading ends while its keys are read back: as a cancelled commit.
+                    metrics.COMMITS.labels("unknown").inc()
+                    self._put_back(c)
+                    raise
                 if landed is None:
                     metrics.COMMITS.labels("unknown").inc()
                     await self._not_committed(c)

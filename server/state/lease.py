@@ -126,6 +126,9 @@ class Leadership:
         if self.term:
             log.warning("stepping down from term %d: %s", self.term, why)
             self._lease_rev = 0
+            # Every fence from here is refused, in whichever slot (the slot keys' revisions
+            # of the term stepped down from would still pass where no one took over).
+            self._slots = {}
             self._set(0)
 
     async def try_acquire(self) -> bool:

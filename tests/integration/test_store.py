@@ -130,6 +130,22 @@ async def test_only_one_leader_and_a_stale_leader_is_fenced(store: Store) -> Non
     assert (await store.get("lease")).value in (None, b"")
 
 
+async def test_a_leader_that_stepped_down_is_fenced_in_every_slot(store: Store) -> None:
+    """Stepping down (its lease found expired, say) ends the term's fences in every slot,
+    even with no one taken over: slot 0 checks the term, the others their slot keys' revisions
+    (found by a review: those were kept, and a commit in slots 1-3 still landed)."""
+    a = Leadership(store, "a", LeaseConfig(ttl_s=30, renew_every_s=10))
+    assert await a.try_acquire()
+    for slot in (1, 2):
+        await store.commit([Write(f"job.s{slot}", b"{}", expected=0)], fence=a.fence(slot))
+    a.step_down("a test")
+    for slot in range(4):
+        with pytest.raises(FencedError):
+            await store.commit([Write(f"job.t{slot}", b"{}", expected=0)], fence=a.fence(slot))
+        assert (await store.get(f"job.t{slot}")).value is None
+    await a.resign()
+
+
 async def test_lease_renewal_keeps_ttl(store: Store) -> None:
     cfg = LeaseConfig(ttl_s=1, renew_every_s=0.3)
     a = Leadership(store, "a", cfg)

@@ -395,3 +395,137 @@ def test_a_refused_input_is_found_where_it_went_back() -> None:
         return [*stripped, *[(r.job_id, "left") for _, r in sched._reports]]
 
     assert asyncio.run(main()) == [("redelivered", ""), ("big", ""), ("redelivered", "left")]
+
+
+def test_a_cycle_that_does_not_commit_gives_its_eviction_budget_back() -> None:
+    """A lost host's work replaced in a cycle whose commit conflicts: the reschedules did
+    not happen, so the pacing buckets get their tokens back (found by a review: they were
+    spent at plan time, and failed commits slowed the rescheduling that followed)."""
+    import time
+
+    from server.scheduling.eviction import EvictionConfig
+    from tests.unit.test_planner import World
+    from wire.errors import ConflictError
+    from wire.kv import CommitResult
+    from wire.records import Record
+
+    class Store:
+        def __init__(self, state: ClusterState) -> None:
+            self.nc, self.state, self.commits = Nc(), state, 0
+
+        async def commit(self, writes: list, fence: Fence) -> CommitResult:  # type: ignore[type-arg]
+            self.commits += 1
+            raise ConflictError("wrong last sequence")
+
+        async def get(self, key: str) -> Record:
+            return Record(key, self.state.revisions.get(key, 0), None)
+
+    async def main() -> tuple[int, float, float, float]:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", now=now)
+        w.submit("j1", gpus=8, submitted_at=now - 10)
+        w.cycle(now=now)
+        w.state.apply_host_record(Record("h1", next(w.rev), None), now=now)  # its key expired
+        w.host("h2", now=now)
+        store = Store(w.state)
+        sched = Scheduler(store, w.state, Lease())  # type: ignore[arg-type]
+        sched.budget.config = EvictionConfig(global_rate_per_s=0.001, global_burst=5.0)
+        c = sched._plan_next()
+        assert c is not None and c.plan.evicted == 1 and c.evictions == [()]
+        assert sched.budget.global_bucket is not None
+        spent = sched.budget.global_bucket.tokens
+        await sched._finish(c)
+        return store.commits, spent, sched.budget.global_bucket.tokens, sched.budget.global_bucket.burst
+
+    commits, spent, left, burst = asyncio.run(main())
+    assert commits == 1 and spent == burst - 1 and left == burst, (commits, spent, left)
+
+
+def test_a_cancel_while_an_unknown_commit_is_read_back_puts_its_inputs_back() -> None:
+    """Leading ends while the keys of a commit whose outcome is unknown are read back: its
+    inputs go back to the queues (to be returned to the stream), as for a commit cancelled
+    in flight (found by a review: they were left out, back only after the ack wait)."""
+    import time
+
+    from tests.unit.test_planner import World, report
+    from wire.errors import StoreError
+    from wire.messages import AttemptState
+
+    reading = asyncio.Event()
+
+    class Store:
+        nc = Nc()
+
+        async def commit(self, writes: object, fence: object = None) -> None:
+            raise StoreError("commit outcome unknown: nats: timeout")
+
+        async def get(self, key: str) -> None:
+            reading.set()
+            await asyncio.sleep(30)
+
+    async def main() -> tuple[bool, list[str]]:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=now)
+        w.submit("j1", gpus=1, submitted_at=now - 10)
+        w.cycle(now=now)
+        sched = Scheduler(Store(), w.state, Lease())  # type: ignore[arg-type]
+        sched._reports.append((Msg(3, now), report(w, "j1", AttemptState.RUNNING, ts=now)))  # type: ignore[arg-type]
+        c = sched._plan_next()
+        assert c is not None and c.reports and not sched._reports
+        task = asyncio.create_task(sched._finish(c))
+        await asyncio.wait_for(reading.wait(), 10)
+        task.cancel()
+        done = await asyncio.gather(task, return_exceptions=True)
+        return isinstance(done[0], asyncio.CancelledError), [r.job_id for _, r in sched._reports]
+
+    assert asyncio.run(main()) == (True, ["j1"])
+
+
+def test_the_feeds_stop_when_leading_ends_while_commits_drain() -> None:
+    """Leading ends with a commit in flight: the feeds stop at once, not once the commit
+    is done (found by a review: they went on pulling for up to 30 s, holding inputs from
+    the next leader)."""
+    import time
+
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import World
+    from wire.errors import StoreError
+
+    release = asyncio.Event()
+
+    class Store:
+        nc = Nc()
+        js = None
+
+        async def commit(self, writes: object, fence: object = None) -> None:
+            await release.wait()
+            raise StoreError("commit outcome unknown")
+
+        async def get(self, key: str) -> None:
+            raise StoreError("timeout")
+
+    async def main() -> tuple[bool, bool, bool]:
+        now = time.time()
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=now)
+        sched = Scheduler(Store(), w.state, Lease(), SchedulerConfig(tick_s=0.2, plan_share=1.0))  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        task = asyncio.create_task(sched.run(stop))
+        w.submit("j1", gpus=1, submitted_at=now - 10)
+        for _ in range(500):  # until its commit is in flight
+            if sched._inflight:
+                break
+            await asyncio.sleep(0.02)
+        in_flight = bool(sched._inflight)
+        stop.set()
+        await asyncio.sleep(0.5)
+        stopped_while_draining = bool(feeds) and all(f.stop is not None and f.stop.is_set() for f in feeds)
+        still_draining = bool(sched._inflight)
+        release.set()
+        await asyncio.wait_for(task, 10)
+        return in_flight, stopped_while_draining, still_draining
+
+    with feeds_stood_in() as feeds:
+        assert asyncio.run(main()) == (True, True, True)
