@@ -6,14 +6,14 @@ queues' figures in, alert events out (the scheduler publishes them on `alerts.>`
   stops cost, as the victims' cost estimates it (runtime x GPUs, the grace for a job
   that checkpoints).
 - A starved queue: a queue with jobs waiting, below its entitled share, that has had no
-  job placed for `starved_after_s`; alerted once until it gets a placement, has nothing
-  waiting, or reaches its entitled share.
+  job placed for `starved_after_s`, and a job waiting that could ever run; alerted once
+  until it gets a placement, has nothing waiting, or reaches its entitled share.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from wire.messages import Event
@@ -54,10 +54,14 @@ class QueueWatch:
         return []
 
     def queues(self, now: float, pending: Mapping[str, int], placed: Collection[str],
-               below_entitled: Collection[str], shares: Mapping[str, tuple[float, float]]) -> list[Event]:
+               below_entitled: Collection[str], shares: Mapping[str, tuple[float, float]],
+               runnable: Callable[[str], bool] | None = None) -> list[Event]:
         """The queues' state at `now`: jobs waiting per queue, the queues that got a job
         placed since the last call, those below their entitled share, and each queue's
-        (share, entitled share) for the message."""
+        (share, entitled share) for the message. `runnable(queue)`, asked only of a queue
+        about to be alerted: whether a job of it waiting could ever run as the cluster
+        stands; a queue none of whose jobs could is not starved but waits for a host or a
+        quota (its submitters were told so), and is not alerted."""
         out: list[Event] = []
         for q in list(self._waiting_since):
             if pending.get(q, 0) <= 0 or q in placed or q not in below_entitled:
@@ -68,6 +72,8 @@ class QueueWatch:
                 continue
             since = self._waiting_since.setdefault(q, now)
             if now - since >= self.starved_after_s and q not in self._starved:
+                if runnable is not None and not runnable(q):
+                    continue
                 self._starved.add(q)
                 share, entitled = shares.get(q, (0.0, 0.0))
                 out.append(Event(kind=ALERT_QUEUE_STARVED, ts=now,

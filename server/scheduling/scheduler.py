@@ -38,6 +38,8 @@ from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
 from server.views import queues as queue_view
+from server.views.hosts import finish
+from server.views.jobs import JobView
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import CommitResult, Store, Write
@@ -55,6 +57,10 @@ def _stored_at(msg: Msg) -> float:
 
 
 T = TypeVar("T")
+
+# Jobs of a queue about to be alerted as starved looked at for one that could ever run
+# (Scheduler._runnable).
+RUNNABLE_LOOKS = 200
 
 
 def _index_of(queue: list[tuple[Msg, T]], item: tuple[Msg, T]) -> int:
@@ -189,6 +195,7 @@ class Scheduler:
         self._watched_term = 0  # the term `watch` and `disrupted` were started for
         self.windows = WindowWatch()  # anew with each term (_lead)
         self.idle_gpus = IdleWatch()  # anew with each term (_lead)
+        self._jobs_view: JobView | None = None  # what _runnable asks whether a job could ever run
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
@@ -879,9 +886,29 @@ class Scheduler:
             rows = queue_view.rows(self.state, now, self.config.queues.half_life_s)
             below = {r.queue.name for r in rows if r.share * r.queue.weight < r.entitled - 1e-9}
             out += self.watch.queues(now, self.state.backlog.eligible_counts(now), self._placed_queues, below,
-                                     {r.queue.name: (r.dominant, r.entitled) for r in rows})
+                                     {r.queue.name: (r.dominant, r.entitled) for r in rows},
+                                     lambda q: self._runnable(q, now))
             self._placed_queues = set()
         return out
+
+    def _runnable(self, queue: str, now: float) -> bool:
+        """Whether a job of `queue` waiting now could ever run as the cluster stands: its
+        queue's own limits admit it with nothing else held, and some host known could take
+        it idle (what its submitter was warned of otherwise: server.views.jobs). The first
+        RUNNABLE_LOOKS jobs in the queue's order are looked at; past them it is taken as
+        runnable."""
+        view = self._jobs_view
+        if view is None or view.state is not self.state:
+            view = self._jobs_view = JobView(self.state, None, self.config.queues.half_life_s)
+        for n, key in enumerate(self.state.backlog.order.get(queue, ())):
+            if n >= RUNNABLE_LOOKS:
+                return True
+            job = self.state.jobs.get(key[2])
+            if job is None or job.not_before > now:
+                continue
+            if not view.queue_never(job) and not finish(view.hosts_never_steps(job, time.monotonic())):
+                return True
+        return False
 
     async def _alerts(self, plan: Plan, now: float) -> None:
         nc = self.store.nc

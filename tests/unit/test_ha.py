@@ -529,3 +529,29 @@ def test_the_feeds_stop_when_leading_ends_while_commits_drain() -> None:
 
     with feeds_stood_in() as feeds:
         assert asyncio.run(main()) == (True, True, True)
+
+
+def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -> None:
+    """A queue's only waiting job asks for more GPUs than any host has: it waits for a host
+    that can take it (its submitter was told so), and the queue is not alerted as starved;
+    once a job that could run waits as long with none placed, it is (found by exploring:
+    `queue.starved` fired for the impossible job)."""
+    from server.scheduling.planner import Plan
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import NOW, World
+
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=8, now=NOW)
+    w.submit("huge", gpus=16, submitted_at=NOW - 10)
+    sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
+    sched.config = SchedulerConfig()
+    sched.watch.starved_after_s = 100.0
+
+    def alerts(now: float) -> list[str]:
+        return [str(e.data["queue"]) for e in sched._queue_alerts(Plan(), now) if e.kind == "queue.starved"]
+
+    assert sched._runnable("default", NOW) is False
+    assert alerts(NOW) == [] and alerts(NOW + 200) == []
+    w.submit("fits", gpus=8, submitted_at=NOW + 150)
+    assert sched._runnable("default", NOW + 200) is True
+    assert alerts(NOW + 201) == ["default"]
