@@ -29,7 +29,6 @@ from wire.messages import (
     AttemptState,
     Job,
     JobSpec,
-    JobState,
     Queue,
     implicit_default_queue,
 )
@@ -90,8 +89,10 @@ def job_gpus(spec: JobSpec) -> float:
 
 
 def held_gpus(job: Job) -> float:
-    """GPUs a live job holds for its user's per-user limit (its try's tasks not yet ended)."""
-    if not job.spec.wants_gpu() or job.state not in (JobState.PLACED, JobState.RUNNING):
+    """GPUs a job holds for its user's per-user limit: its last try's tasks not yet ended,
+    whatever the job's state (one that ended while a task runs out its stop's grace still
+    holds that task's GPUs, as its queue's quota counts them: `job_usage`)."""
+    if not job.spec.wants_gpu():
         return 0.0
     return sum(gpu_amount(job.spec) for t in job.current_tasks() if not t.state.terminal)
 

@@ -700,6 +700,32 @@ def test_a_users_jobs_stop_at_the_queues_per_user_limit_and_preempt_nothing() ->
     assert w.state.jobs["urgent"].state is JobState.PLACED and w.state.jobs["big3"].state is JobState.QUEUED
 
 
+def test_a_cancelled_job_still_stopping_counts_against_its_users_limit() -> None:
+    """A user at her per-user limit cancels a job: its task runs out its stop's grace on
+    its GPU, and her next job waits until it has stopped (found by a review: a job that
+    ended while its task stopped held no GPU of its user's, who could go past the limit
+    with GPUs still held; the queue's quota counted them)."""
+    from tests.unit.test_planner import cancel
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("team", gpus=8, max_gpus_per_user=3, min_runtime_s=0)
+    for i in range(4):
+        w.qsubmit(f"big{i}", "team", gpus=1, submitted_at=NOW - 100 + i, user="alice")
+    w.qcycle()
+    w.qcycle(w.agent_reports(NOW), now=NOW)
+    w.qcycle(commands=[cancel("big0")], now=NOW + 1)
+    assert w.state.jobs["big0"].stopping and w.state.jobs["big3"].state is JobState.QUEUED
+    assert user_gpus(w.state.jobs.values(), "team") == w.state.user_usage["team"] == {"alice": 3.0}
+    w.qcycle(now=NOW + 2)
+    assert w.state.jobs["big3"].state is JobState.QUEUED
+    killed = StatusReport(host_id="h1", attempt_id="big0.1", job_id="big0", state=AttemptState.KILLED,
+                          exit_code=-15, ts=NOW + 3)
+    w.qcycle([killed], now=NOW + 3)
+    w.qcycle(now=NOW + 4)
+    assert not w.state.jobs["big0"].stopping and w.state.jobs["big3"].state is JobState.PLACED
+
+
 def test_preemption_for_a_user_stops_at_the_users_limit() -> None:
     """Reclaim starts only for what a user may still take: with a per-user limit of 3 and
     jobs of 2, 2, 2 and 1 GPUs, it stops 3 GPUs' worth (for a 2 and the 1), not 7, and no
