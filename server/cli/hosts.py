@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, what in (("cordon", "no new work on the host; what runs there goes on"),
                        ("uncordon", "the host takes new work again (also ends a drain)")):
         hc = hsub.add_parser(name, help=what)
-        hc.add_argument("id")
+        hc.add_argument("ids", nargs="*", metavar="ID", help="host id (several: each alike)")
+        hc.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
+        hc.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
         hc.add_argument("--reason", default="", required=(name == "cordon"))
         add_output(hc)
         hc.set_defaults(fn=cmd_cordon)
@@ -154,16 +156,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def targets_of(args: argparse.Namespace, verb: str) -> list[str]:
+    """The hosts a command names: its ids, then those `--rack` and `--label` select, each once."""
+    targets = list(dict.fromkeys([*args.ids, *selected_hosts(args.rack, args.label)]))
+    if not targets:
+        raise ValidationError("id", f"name the hosts to {verb}: ids, --rack R or --label KEY=VALUE")
+    return targets
+
+
 def cmd_cordon(args: argparse.Namespace) -> int:
-    """`cordon` and `uncordon`."""
+    """`cordon` and `uncordon` each host named; stops at the first host refused."""
     field = "cordonHost" if args.host_cmd == "cordon" else "uncordonHost"
     q = f"""mutation($input: HostActionInput!) {{ {field}(input: $input) {{
             host {{ id health cordoned }} userErrors {{ field message code }} }} }}"""
-    res = gql(q, {"input": {"id": args.id, "reason": args.reason}})[field]
-    if res["userErrors"]:
-        raise user_errors(res["userErrors"])
-    h = res["host"]
-    out(args, h, [[h["id"], h["health"], "yes" if h["cordoned"] else "no"]], ["ID", "HEALTH", "CORDONED"])
+    hosts = []
+    for host_id in targets_of(args, args.host_cmd):
+        res = gql(q, {"input": {"id": host_id, "reason": args.reason}})[field]
+        if res["userErrors"]:
+            raise user_errors(res["userErrors"])
+        hosts.append(res["host"])
+    rows = [[h["id"], h["health"], "yes" if h["cordoned"] else "no"] for h in hosts]
+    out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "CORDONED"])
     return 0
 
 
@@ -184,11 +197,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
            host { id health cordoned draining drainAt drainDeadline } userErrors { field message code } } }"""
     at = ahead(args.at)
-    targets = list(dict.fromkeys([*args.ids, *selected_hosts(args.rack, args.label)]))
-    if not targets:
-        raise ValidationError("id", "name the hosts to drain: ids, --rack R or --label KEY=VALUE")
     hosts = []
-    for host_id in targets:
+    for host_id in targets_of(args, "drain"):
         given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
         if at is not None:
             given["at"] = at

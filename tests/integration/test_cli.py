@@ -97,6 +97,15 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert hosts["totalCount"] == 1
     hosts = json.loads(muster(cluster, srv.url, "host", "list", "--rack", "r9", "-o", "json").stdout)
     assert hosts["totalCount"] == 0
+    # cordon and uncordon take hosts as drain does: by rack or label too
+    r = muster(cluster, srv.url, "host", "cordon", "--rack", "r1", "--reason", "cable check")
+    assert r.returncode == 0 and "cli-1" in r.stdout and "yes" in r.stdout, r.stdout + r.stderr
+    assert json.loads(muster(cluster, srv.url, "host", "show", "cli-1", "-o", "json").stdout)["cordoned"] is True
+    r = muster(cluster, srv.url, "host", "uncordon", "cli-1", "--label", "rack=r1")  # named twice: once
+    assert r.returncode == 0 and r.stdout.count("cli-1") == 1, r.stdout + r.stderr
+    assert json.loads(muster(cluster, srv.url, "host", "show", "cli-1", "-o", "json").stdout)["cordoned"] is False
+    r = muster(cluster, srv.url, "host", "cordon", "--reason", "x")
+    assert r.returncode != 0 and "name the hosts to cordon" in r.stderr, r.stderr
 
     # --watch re-renders until Ctrl-C, which exits 0
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
