@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
+from agent.watchdog import LEFTOVERS_ONLY
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 log = logging.getLogger(__name__)
@@ -68,16 +69,25 @@ def gpu_env(task: Task, mps: bool, agent_env: Mapping[str, str] | None = None) -
     return env
 
 
-def fenced_by_watchdog(fenced_dir: Path, attempt_id: str) -> str | None:
-    """The stop reason when the agent's watchdog stopped the attempt (it leaves
-    `fenced/<attempt>` behind, which this takes away), else None."""
+def watchdog_mark(fenced_dir: Path, attempt_id: str) -> tuple[str, bool] | None:
+    """When the agent's watchdog stopped the attempt (it leaves `fenced/<attempt>` behind,
+    which this takes away): the stop reason, and whether it signalled the attempt's first
+    process (False: that had exited already, and only what it left behind was stopped).
+    None when it did not."""
     mark = fenced_dir / attempt_id
     try:
-        silent = mark.read_text().strip()
-    except OSError:
+        silent, *what = mark.read_text().split()
+    except (OSError, ValueError):
         return None
     mark.unlink(missing_ok=True)
-    return f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
+    reason = f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
+    return reason, what != [LEFTOVERS_ONLY]
+
+
+def fenced_by_watchdog(fenced_dir: Path, attempt_id: str) -> str | None:
+    """The stop reason when the agent's watchdog stopped the attempt, else None."""
+    mark = watchdog_mark(fenced_dir, attempt_id)
+    return mark[0] if mark is not None else None
 
 
 class Run:
@@ -250,16 +260,20 @@ class Run:
             log.warning("attempt %s: what it left behind still holds its output; no longer read", t.attempt_id)
         oom = self.launch.group.oom_kills() if self.launch is not None and self.launch.group is not None else 0
         await self._cleanup()
-        fenced = self._fenced_by_watchdog()
+        mark = watchdog_mark(self.fenced_dir, t.attempt_id) if self.fenced_dir is not None else None
+        # Stopped by the watchdog, whatever its exit code (one that saves its state on the
+        # SIGTERM and exits 0 has not finished: found by a review, it was SUCCEEDED), unless
+        # it had exited before and only what it left behind was stopped.
+        fenced = mark[0] if mark is not None and (mark[1] or code != 0 or self.signaled) else None
         reason = ""
-        if code == 0 and not self.signaled:
-            state = AttemptState.SUCCEEDED  # it finished on its own
-        elif fenced:
+        if fenced:
             # The watchdog stopped it (the agent was frozen or cut off); an agent that
             # comes back and fences itself only finds the attempt ended.
             state = AttemptState.KILLED
             self.stop_reason = reason = fenced
             log.warning("attempt %s %s", t.attempt_id, fenced.removeprefix("fenced: "))
+        elif code == 0 and not self.signaled:
+            state = AttemptState.SUCCEEDED  # it finished on its own
         elif self.signaled:
             # Stopped, whatever its exit code: one that saves its state in the grace and
             # exits 0 has not finished its work (a preempted try must be run again, a
@@ -302,10 +316,6 @@ class Run:
             await asyncio.to_thread(Isolation.release, self.launch)
         if self._transport is not None:
             self._transport.close()  # the pipe, if something still holds it
-
-    def _fenced_by_watchdog(self) -> str | None:
-        """The stop reason when the agent's watchdog stopped this attempt, else None."""
-        return fenced_by_watchdog(self.fenced_dir, self.task.attempt_id) if self.fenced_dir is not None else None
 
     async def stop(self, reason: str, grace_s: float | None = None) -> None:
         """SIGTERM the attempt, wait the grace period, then SIGKILL all of it. A stop

@@ -50,6 +50,9 @@ POLL_S = 0.25
 # An agent that has not touched DIR/awake for this long is taken for frozen or hung.
 AWAKE_S = 2.0
 NO_GROUP = 0  # a fenced attempt whose first process was gone: only its cgroups are signalled
+# A fence mark (fenced/<attempt>: the seconds without a heartbeat) ends with this word when
+# only what an attempt left behind was stopped (its first process had exited by itself).
+LEFTOVERS_ONLY = "leftovers"
 
 
 def _load_cgroups() -> ModuleType | None:
@@ -202,7 +205,7 @@ class Watchdog:
             os.makedirs(self.fenced_dir, exist_ok=True)
             silent = now - self.changed
             with open(os.path.join(self.fenced_dir, attempt), "w") as f:
-                f.write(f"{silent:.1f}\n")
+                f.write(f"{silent:.1f}{' ' + LEFTOVERS_ONLY if group == NO_GROUP else ''}\n")
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
             self.fenced[attempt] = (group, started, kill_at, cgs)

@@ -221,3 +221,39 @@ async def test_a_try_that_exits_0_after_its_stop_signal_is_stopped_not_succeeded
     done.start()
     await asyncio.wait_for(done.wait(), timeout=120)
     assert reports[-1] == (AttemptState.SUCCEEDED, 0)
+
+
+async def test_a_try_the_watchdog_stops_that_exits_0_on_its_sigterm_is_killed(tmp_path: Path) -> None:
+    """The agent's watchdog (in this process here) fences a try that saves its state on the
+    SIGTERM and exits 0: it ends KILLED with the watchdog's reason, not SUCCEEDED (found by
+    a review: the exit 0 was taken as the try's own end). A try that had ended by itself,
+    whose leftovers alone the watchdog stopped, stays SUCCEEDED."""
+    from agent import watchdog
+
+    reports: list[tuple[AttemptState, int | None, str]] = []
+
+    async def on_state(_task: object, state: AttemptState, code: int | None, _tail: str, reason: str) -> None:
+        reports.append((state, code, reason))
+
+    log, runs, fenced = tmp_path / "signals", tmp_path / "runs", tmp_path / "fenced"
+    runs.mkdir()
+    t = task(command=[sys.executable, "-c", CHECKPOINTS, str(log), "600"])
+    run = Run(t, on_state, kill_grace_s=60.0, fenced_dir=fenced)
+    run.start()
+    await _started(run, log)
+    assert run.proc is not None
+    (runs / t.attempt_id).write_text(f"{run.proc.pid} {watchdog.start_time(run.proc.pid)}\n")  # as the agent's
+    wd = watchdog.Watchdog(str(tmp_path), str(runs), os.getpid(), stale_after_s=1.0, grace_s=30.0)
+    wd.fence(time.monotonic())
+    await asyncio.wait_for(run.wait(), timeout=120)
+    assert "checkpoint" in log.read_text()
+    assert reports[-1][:2] == (AttemptState.KILLED, 0) and "watchdog" in reports[-1][2], reports
+    assert not (fenced / t.attempt_id).exists()
+
+    reports.clear()
+    t = task(command=["true"])
+    (fenced / t.attempt_id).write_text(f"3.0 {watchdog.LEFTOVERS_ONLY}\n")  # its leftovers alone were stopped
+    done = Run(t, on_state, fenced_dir=fenced)
+    done.start()
+    await asyncio.wait_for(done.wait(), timeout=120)
+    assert reports[-1] == (AttemptState.SUCCEEDED, 0, ""), reports
