@@ -89,12 +89,13 @@ def parse_job_uids(text: str | None) -> tuple[int, int] | None:
     return start, count
 
 
-def job_uid(job_id: str, uids: tuple[int, int]) -> int:
-    """The uid a job's attempts run as: the same for the job wherever and whenever it runs
-    (a checkpoint one try writes, the next can read), another job's with odds of one in
-    COUNT."""
+def job_uid(key: str, uids: tuple[int, int]) -> int:
+    """The uid a job's attempts run as, from its uid key (Task.uid_key: for a job whose
+    client chose its id, a key the leader drew; else its id): the same for the job wherever
+    and whenever it runs (a checkpoint one try writes, the next can read), another job's
+    with odds of one in COUNT that no client can steer."""
     start, count = uids
-    return start + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % count
+    return start + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ class Isolation:
         the task must share the task user (`shared_user`: a GPU task where CUDA MPS runs)."""
         if self.job_uids is None or shared_user:
             return self.user.uid, self.user.gid, list(self.user.groups)
-        uid = job_uid(t.job_id, self.job_uids)
+        uid = job_uid(t.uid_key or t.job_id, self.job_uids)
         return uid, uid, [uid, *(g for g in self.user.groups if g != self.user.gid)]
 
     def log_start(self) -> None:

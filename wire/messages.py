@@ -377,6 +377,10 @@ class Job(_Model):
     preempting: list[str] = Field(default_factory=list)
     # While QUEUED: the hosts held for it so that smaller jobs do not keep it waiting.
     reserved: Reserved | None = None
+    # What the uid its tasks run as is drawn from, when not its id: for a job submitted over
+    # NATS, whose id its client chose, a key the leader drew when it accepted the job (a
+    # client could otherwise choose an id whose uid is another job's).
+    uid_key: str = ""
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_defaults=True).encode()
@@ -448,6 +452,8 @@ class Task(_Model):
     # between SIGTERM and SIGKILL (0: the agent's own default).
     stop_reason: str = ""
     grace_s: float = 0.0
+    # Its job's `uid_key`: what the uid it runs as is drawn from ("": its job's id).
+    uid_key: str = ""
 
     def __eq__(self, other: object) -> bool:  # the fields only, not the cached JSON
         return type(other) is type(self) and self.__dict__ == other.__dict__
@@ -749,6 +755,9 @@ class SubmitRequest(_Model):
     user: str = Field(default="nats", max_length=64)
     ts: float = 0.0
     jobs: list[dict[str, object]] = Field(min_length=1, max_length=MAX_SUBMIT_JOBS)
+    # Drawn at random by the leader as it reads the submission (a client's is replaced):
+    # its jobs' uid keys are made from it (Job.uid_key).
+    nonce: str = ""
 
 
 class Event(_Model):

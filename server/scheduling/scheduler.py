@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -240,7 +241,10 @@ class Scheduler:
             log.warning("dropped submission: %s", exc)
             return None
         stored = _stored_at(msg)
-        return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time()})
+        # The uid keys of its jobs come from a nonce of the leader's, not from ids the client
+        # chose (found by exploring: an id chosen for its uid ran as another team's job's).
+        return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
+                                      "nonce": secrets.token_hex(16)})
 
     def _decode_command(self, msg: Msg) -> Command | None:
         try:

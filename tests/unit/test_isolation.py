@@ -185,3 +185,44 @@ def test_each_job_runs_as_a_uid_of_its_own() -> None:
     assert iso.ids_for(t, shared_user=True) == (999, 999, [44, 999])  # a GPU share under MPS
     iso.job_uids = None
     assert iso.ids_for(t) == (999, 999, [44, 999])
+
+
+def test_a_job_whose_client_chose_its_id_runs_as_a_uid_the_leader_drew() -> None:
+    """Over NATS a client chooses its jobs' ids: an id chosen so that its uid is another
+    job's ran as that job, and read its env (found by exploring, with a million hashes
+    tried in a second). The leader draws a nonce for each submission it reads (a client's
+    own is replaced), the job's uid key is made from it, and its tasks run as the uid of
+    that key: the same id in two submissions runs as two uids."""
+    from agent.isolation import DEFAULT_JOB_UIDS, Isolation, TaskUser, job_uid
+    from server.scheduling.planner import plan_cycle
+    from server.scheduling.scheduler import Scheduler
+    from tests.unit.test_ha import Lease, Msg
+    from tests.unit.test_planner import NOW, TERM, World
+    from wire.messages import SubmitRequest, encode
+
+    sched = Scheduler(None, World().state, Lease())  # type: ignore[arg-type]
+
+    def read(nonce: str) -> SubmitRequest:
+        m = Msg(7, NOW)
+        m.subject, m.data = "muster.submit.mallory", encode(SubmitRequest(  # type: ignore[attr-defined]
+            user="mallory", nonce=nonce, jobs=[{"id": "mallory000000539495", "name": "m", "command": ["id"]}]))
+        req = sched._decode_submission(m)  # type: ignore[arg-type]
+        assert req is not None
+        return req
+
+    uids = set()
+    for nonce in ("chosen", "chosen"):
+        req = read(nonce)
+        assert req.nonce not in ("", "chosen")
+        w = World()
+        w.host("h1")
+        plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[req])
+        job = plan.jobs["mallory000000539495"]
+        [t] = [t for a in plan.allocs.values() for t in a.tasks]
+        assert job.uid_key and t.uid_key == job.uid_key
+        iso = Isolation.__new__(Isolation)  # (only what ids_for reads)
+        iso.user, iso.job_uids = TaskUser("muster-task", 999, 999, (999,)), DEFAULT_JOB_UIDS
+        uid = iso.ids_for(t)[0]
+        assert uid == job_uid(job.uid_key, DEFAULT_JOB_UIDS) != job_uid(job.id, DEFAULT_JOB_UIDS)
+        uids.add(uid)
+    assert len(uids) == 2

@@ -623,6 +623,7 @@ def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list
                 term=term,
                 keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
                 grace_s=q.preempt_grace_s,
+                uid_key=job.uid_key,
             )
         )
     job.state = JobState.PLACED

@@ -3,6 +3,7 @@ released or cancelled once those ended. Pure."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 
@@ -49,7 +50,8 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
             continue
         submitted = req.ts if 0 < req.ts <= now else now
         hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
-        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold, not_before=spec.begin_at)
+        job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold, not_before=spec.begin_at,
+                  uid_key=uid_key(req.nonce, job_id))
         job.waiting_for, never = dependency_state(w, job, spec.depends_on)
         if never:
             w.plan.rejected.append((job_id, f"dependsOn: {never}"))
@@ -63,6 +65,12 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
         w.plan.accepted += 1
         if w.open_changes is not None:
             w.open_changes.update(None, job)
+
+
+def uid_key(nonce: str, job_id: str) -> str:
+    """A NATS-submitted job's uid key (Job.uid_key): drawn from the leader's nonce for its
+    submission, which its client cannot choose; "" (its id) without one."""
+    return hashlib.sha256(f"{nonce}:{job_id}".encode()).hexdigest()[:32] if nonce else ""
 
 
 def submission_refusal(w: Work, spec: JobSpec) -> str:
