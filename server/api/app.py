@@ -22,6 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.unset import UNSET, UnsetType
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -34,12 +36,43 @@ MAX_BODY_BYTES = 1024 * 1024
 HSTS = b"max-age=31536000"
 
 
+def _revoked(view: Any, context: Any) -> bool:
+    """Whether the token a WebSocket was opened with has been revoked since."""
+    h = context.get("token_hash") if isinstance(context, dict) else None
+    return h is not None and h not in view.muster.state.tokens
+
+
+class _TransportWS(BaseGraphQLTransportWSHandler[dict[str, Any], None]):
+    """graphql-transport-ws: every operation on the socket is refused once its token is
+    revoked: the socket is closed (4403), as a new one would be (found by exploring: its
+    queries and mutations went on under the revoked token's role)."""
+
+    async def handle_subscribe(self, message: Any) -> None:
+        if self.connection_acknowledged and _revoked(self.view, self.context):
+            await self.websocket.close(code=4403, reason="the token was revoked")
+            return
+        await super().handle_subscribe(message)
+
+
+class _LegacyWS(BaseGraphQLWSHandler[dict[str, Any], None]):
+    """graphql-ws (legacy): as `_TransportWS`."""
+
+    async def handle_start(self, message: Any) -> None:
+        if self.connection_acknowledged and _revoked(self.view, self.context):
+            await self.websocket.close(code=4403, reason="the token was revoked")
+            return
+        await super().handle_start(message)
+
+
 class MusterGraphQL(GraphQL[dict[str, Any], None]):
     """GraphQL over HTTP, and subscriptions over WebSockets (graphql-transport-ws, and the
     legacy graphql-ws). A WebSocket is authenticated at `connection_init`: its payload
     carries `{"Authorization": "Bearer <token>"}` (or `authorization`, or `token`); an
     `Authorization` header on the handshake is accepted too. Otherwise it is closed
     (4403 Forbidden)."""
+
+    graphql_transport_ws_handler_class = _TransportWS
+    graphql_ws_handler_class = _LegacyWS
 
     def __init__(self, muster: Muster, **kw: Any) -> None:
         kw.setdefault("connection_init_wait_timeout", timedelta(seconds=10))

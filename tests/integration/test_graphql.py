@@ -657,6 +657,33 @@ async def test_a_revoked_token_ends_its_subscriptions(muster: Muster) -> None:
     await ws.close()
 
 
+@pytest.mark.parametrize("protocol", ["graphql-transport-ws", "graphql-ws"])
+async def test_a_socket_whose_token_was_revoked_takes_no_more_operations(muster: Muster, protocol: str) -> None:
+    """A query or mutation sent on a WebSocket after its token was revoked is refused: the
+    socket is closed (found by exploring: a revoked operator's socket still submitted jobs,
+    while HTTP refused the token)."""
+    from server.api.auth import token_hash
+
+    app = build_app(muster, manage_lifecycle=False)
+    ws = WS(app, subprotocols=(protocol,))
+    await ws.connect()
+    assert (await ws.init({"Authorization": f"Bearer {muster.new_token}"}))["type"] == "connection_ack"
+    # graphql-ws takes subscriptions only
+    start, stop, query = ("subscribe", "complete", "{ ping }") if protocol == "graphql-transport-ws" else \
+        ("start", "stop", "subscription { clusterStats(intervalSeconds: 0.5) { hosts { total } } }")
+    await ws.send({"id": "q1", "type": start, "payload": {"query": query}})
+    first = await ws.next()
+    assert first["id"] == "q1" and first["payload"]["data"], first
+    await ws.send({"id": "q1", "type": stop})
+    assert muster.new_token is not None
+    muster.state.tokens.pop(token_hash(muster.new_token))  # as the watch does on `muster token revoke`
+    await ws.send({"id": "q2", "type": start, "payload": {"query": query}})
+    while (msg := await ws.recv()) is not None:
+        assert msg.get("id") != "q2" or msg["type"] not in ("next", "data"), msg
+    assert ws.closed is not None and ws.closed["code"] == 4403, ws.closed
+    await ws.close()
+
+
 async def test_subscription_sees_a_host_get_lost(muster: Muster, nc: Any) -> None:
     app = build_app(muster, manage_lifecycle=False)
     ws = WS(app)
