@@ -684,6 +684,26 @@ async def test_a_socket_whose_token_was_revoked_takes_no_more_operations(muster:
     await ws.close()
 
 
+async def test_json_nested_past_the_parser_is_refused_cleanly(muster: Muster, caplog: pytest.LogCaptureFixture) -> None:
+    """JSON nested deeper than the parser recurses (a body's variables, a WebSocket's
+    `connection_init`, which needs no token) is refused as JSON that does not parse: 400,
+    or the socket closed 4400; no internal error, no traceback (found by exploring: 500s
+    and a traceback logged per message)."""
+    app = build_app(muster, manage_lifecycle=False)
+    deep = "[" * 200_000 + "]" * 200_000
+    body = '{"query": "{ ping }", "variables": {"x": ' + deep + "}}"
+    c = Client(app, muster.new_token or "")
+    r = await c.http.post("/graphql", content=body, headers={"Authorization": f"Bearer {c.token}",
+                                                              "Content-Type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    ws = WS(app)
+    await ws.connect()
+    await ws.to_app.put({"type": "websocket.receive", "text": '{"type": "connection_init", "payload": ' + deep + "}"})
+    assert await ws.recv() is None and ws.closed is not None and ws.closed["code"] == 4400, ws.closed
+    await ws.close()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
 async def test_subscription_sees_a_host_get_lost(muster: Muster, nc: Any) -> None:
     app = build_app(muster, manage_lifecycle=False)
     ws = WS(app)
