@@ -488,7 +488,7 @@ def show(args: argparse.Namespace) -> None:
         out(args, job)
         return
     print(f"{job['id']}  {job['name']}  {job['state']}  queue {job['queue']}  priority {job['priority']}")
-    print(f"  command: {shlex.join(job['command'])}")
+    print(f"  command: {for_terminal(shlex.join(job['command']), one_line=True)}")
     if job.get("hold"):
         print(f"  {job['hold']} (muster job release {job['id']})")
     if job.get("retryFailures"):
@@ -531,7 +531,7 @@ def show(args: argparse.Namespace) -> None:
                  f"GPUs {a['gpuIndices']}" if a["gpuIndices"] else "no GPU")
         code = f" exit={a['exitCode']}" if a["exitCode"] is not None else ""  # none yet while it runs
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
-              f"{code} {a['reason']}".rstrip() + lost_note(a))
+              f"{code} {for_terminal(a['reason'], one_line=True)}".rstrip() + lost_note(a))
         if a.get("gpuUtilPct") is not None:
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
             print(f"    GPUs now: {a['gpuUtilPct']:g} % busy, {a['gpuMemUsedMb']:,} MB in use{shared}")
@@ -634,16 +634,19 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_ALL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def for_terminal(text: str, tty: bool | None = None) -> str:
+def for_terminal(text: str, tty: bool | None = None, one_line: bool = False) -> str:
     """A job's output as it may reach an operator's terminal: written to one (`tty`, by
     default whether stdout is), its control characters but newline, tab and carriage
-    return are shown escaped (\\x1b ...), so that a job cannot clear the screen, set the
-    window's title or the clipboard, or hide text; piped or redirected, as it is."""
+    return (with `one_line`, those too: a command's arguments) are shown escaped
+    (\\x1b ...), so that a job cannot clear the screen, set the window's title or the
+    clipboard, or hide text; piped or redirected, as it is."""
     if tty is None:
         tty = sys.stdout.isatty()
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if tty else text
+    pattern = _CONTROL_ALL if one_line else _CONTROL
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if tty else text
 
 
 def header(job: dict[str, Any], a: dict[str, Any], where: str = "") -> str:

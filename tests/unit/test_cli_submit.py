@@ -368,3 +368,26 @@ def test_a_jobs_output_reaches_a_terminal_with_its_control_characters_escaped() 
     text = "step 1\r\n\x1b[2J\x1b]0;owned\x07done\t\x9b31m\n"
     assert for_terminal(text, tty=True) == "step 1\r\n\\x1b[2J\\x1b]0;owned\\x07done\t\\x9b31m\n"
     assert for_terminal(text, tty=False) == text
+
+
+def test_job_show_escapes_control_characters_of_the_command_and_reasons_on_a_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: a command with escape sequences (a window title, colours) reached
+    the terminal of whoever ran `job show` raw; on a terminal each control character is
+    shown escaped, newlines of an argument included."""
+    import sys
+
+    from server.cli import jobs as cli_jobs
+
+    job = {"id": "j1", "name": "t", "state": "FAILED", "queue": "default", "priority": 0,
+           "command": ["printf", "\x1b]0;PWNED\x07\x1b[31mRED\n"], "gpus": 0, "gpuModels": [], "cpus": 1.0,
+           "memoryMb": 512, "replicas": 1, "effectiveTimeLimitSeconds": 0, "timeLimitSeconds": 0,
+           "attempts": [{"number": 1, "task": 0, "host": {"id": "h1"}, "migInstances": [], "gpuShare": 0,
+                         "gpuIndices": [], "exitCode": 1, "state": "FAILED", "reason": "bad \x1b[2J",
+                         "outputTail": ""}]}
+    monkeypatch.setattr(cli_jobs, "gql", lambda *a, **kw: {"job": job})
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli_jobs.show(parse_args(["job", "show", "j1"]))
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and "\x07" not in text, text
+    assert "\\x1b]0;PWNED\\x07\\x1b[31mRED\\x0a" in text and "bad \\x1b[2J" in text, text
