@@ -767,7 +767,16 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
-            self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
+            try:
+                self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
+            except OSError as exc:
+                # Unrecorded, the watchdog could not stop it were this agent frozen or cut
+                # off (and a restarted agent would not know it): it is stopped, and says why
+                # (found by a review: the error ended the run's task, and the attempt was
+                # never reported ended, its GPUs held for good).
+                why = f"the agent could not record it for its watchdog ({exc})"
+                log.error("attempt %s: %s: stopping it", t.attempt_id, why)
+                asyncio.create_task(run.stop(why))
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.
         fault = self._task_gpu_fault(t) if state is AttemptState.FAILED else ""

@@ -123,6 +123,7 @@ class Run:
         self.frozen = False  # SIGSTOPped by the agent's fence (freeze), not yet continued
         self.cgroup_frozen = False  # and its cgroup frozen by the kernel freezer
         self._kill_at: float | None = None  # when it sends SIGKILL (monotonic)
+        self._early_grace: float | None = None  # the grace of a stop made while it was being started
         self._kill_at_moved = asyncio.Event()
         self.started_at: float | None = None
         # Its GPUs' utilisation, sampled at each heartbeat while it runs (`sample_gpus`), and
@@ -244,9 +245,12 @@ class Run:
             return
         assert self.proc is not None and self.proc.stdout is not None
         self.started_at = time.time()
-        await self.on_state(t, AttemptState.RUNNING, None, "", "")
+        try:
+            await self.on_state(t, AttemptState.RUNNING, None, "", "")
+        except Exception:  # noqa: BLE001 - its end is still waited for and reported
+            log.exception("attempt %s: reporting its start failed", t.attempt_id)
         if self.stop_reason is not None:  # stopped while it was being started
-            asyncio.create_task(self.stop(self.stop_reason))
+            asyncio.create_task(self.stop(self.stop_reason, self._early_grace))
         reader = asyncio.create_task(self._read(self.proc.stdout))
         await self._exited.wait()
         code = self.proc.returncode
@@ -325,6 +329,10 @@ class Run:
         if self.stop_reason is None:
             self.stop_reason = reason
         proc = self.proc
+        if proc is None and grace_s is not None:
+            # Stopped while it is being started: the stop made once it has is given this
+            # grace (found by a review: it got the agent's default, a second for a 20 s one).
+            self._early_grace = grace_s if self._early_grace is None else min(self._early_grace, grace_s)
         if proc is None or self._exited.is_set():
             return
         # A later stop may shorten the grace (fencing must finish within the TTL), never

@@ -257,3 +257,67 @@ async def test_a_try_the_watchdog_stops_that_exits_0_on_its_sigterm_is_killed(tm
     done.start()
     await asyncio.wait_for(done.wait(), timeout=120)
     assert reports[-1] == (AttemptState.SUCCEEDED, 0, ""), reports
+
+
+async def test_a_stop_made_while_a_try_is_being_started_keeps_its_grace(tmp_path: Path) -> None:
+    """A stop that comes before the try's process exists (the control plane's, with the
+    queue's grace) is made once it does, with that grace, not the agent's default (found
+    by a review: a 20 s grace became 1 s)."""
+    async def on_state(*_: object) -> None:
+        pass
+
+    run = Run(task(command=[sys.executable, "-c", "import time; time.sleep(600)"]), on_state, kill_grace_s=1.0)
+    run.start()
+    await run.stop("preempted", 300.0)  # at once: no process yet
+    deadline = time.monotonic() + 60
+    while run._kill_at is None:
+        assert time.monotonic() < deadline, "the stop was never made"
+        await asyncio.sleep(0.01)
+    assert run._kill_at - time.monotonic() > 200, run._kill_at - time.monotonic()
+    await asyncio.wait_for(run.stop("done", 0.0), timeout=60)
+    await asyncio.wait_for(run.wait(), timeout=60)
+
+
+async def test_a_try_whose_start_could_not_be_reported_is_still_reported_ended(tmp_path: Path) -> None:
+    """What the agent does on the try's start raises (its runs file could not be written):
+    the try's end is still waited for and reported (found by a review: it never was, and
+    its GPUs stayed held)."""
+    got: list[AttemptState] = []
+
+    async def on_state(_t: object, state: AttemptState, *_: object) -> None:
+        got.append(state)
+        if state is AttemptState.RUNNING:
+            raise OSError(28, "No space left on device")
+
+    run = Run(task(command=[sys.executable, "-c", "pass"]), on_state)
+    run.start()
+    await asyncio.wait_for(run.done.wait(), timeout=60)
+    assert got == [AttemptState.RUNNING, AttemptState.SUCCEEDED], got
+
+
+async def test_a_try_the_agent_cannot_record_for_its_watchdog_is_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent cannot write the runs file its watchdog reads (a full disk): the try is
+    stopped, saying why, and reported ended; unrecorded, no watchdog could stop it were the
+    agent frozen while the control plane replaced it."""
+    from agent.agent import Agent, AgentConfig
+
+    agent = Agent(AgentConfig(nats_url="nats://127.0.0.1:4222", host_id="h1", state_dir=tmp_path / "agent"))
+    reported: list[tuple[AttemptState, str]] = []
+
+    async def report(_t: object, state: AttemptState, _code: object, _tail: str, reason: str, **_: object) -> None:
+        reported.append((state, reason))
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agent, "_report", report)
+    monkeypatch.setattr(agent, "_record_run", full)
+    log = tmp_path / "signals"
+    t = task(command=[sys.executable, "-c", STUBBORN, str(log)])
+    run = Run(t, agent._on_run_state, kill_grace_s=0.5)
+    agent.runs[t.attempt_id] = run
+    run.start()
+    await asyncio.wait_for(run.done.wait(), timeout=120)
+    assert [s for s, _ in reported] == [AttemptState.RUNNING, AttemptState.KILLED], reported
+    assert "could not record it for its watchdog" in reported[-1][1], reported
