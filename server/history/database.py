@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # The SQLite file a server keeps its history in, in its data directory, unless given a
 # database URL (server.replica.Config.database_url).
 DB_FILE = "history.db"
+# The key of `stream_positions` under which a database keeps its own identity (History.database_id).
+DATABASE_ID_KEY = "@database"
 # pg_advisory_xact_lock key serialising schema upgrades ("muster" + 1); advisory locks
 # are per database, so this only orders replicas that share one database.
 _PG_MIGRATE_LOCK = 0x6D757374657201
@@ -320,6 +323,23 @@ class History:
                 self.record(job, rev)
             raise
         return len(batch)
+
+    def database_id(self) -> str:
+        """This database's own identity, drawn at random the first time it is asked and kept
+        in it (a row of `stream_positions` under `DATABASE_ID_KEY`): what tells two SQLite
+        files at the same path on two machines apart."""
+        with Session(self.engine) as s:
+            row = s.get(StreamPositionRow, DATABASE_ID_KEY)
+        if row is not None:
+            return row.origin
+        t = StreamPositionRow.__table__  # type: ignore[attr-defined]
+        stmt = self._insert(t).values(stream=DATABASE_ID_KEY, origin=uuid.uuid4().hex, seq=0)
+        with self.engine.begin() as conn:
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["stream"]))
+        with Session(self.engine) as s:
+            row = s.get(StreamPositionRow, DATABASE_ID_KEY)
+        assert row is not None
+        return row.origin
 
     def _insert(self, table: Any) -> Any:
         if self.dialect == "postgresql":

@@ -1,8 +1,9 @@
 """Copies host/domain events and alerts from their streams into the history database.
 
 One durable consumer per history database (its name is derived from the database
-URL): replicas sharing one PostgreSQL share the consumer, so each event is written
-once; a replica with its own SQLite file has its own consumer and gets every event.
+URL, and for SQLite from the identity kept in the file as well): replicas sharing one
+PostgreSQL share the consumer, so each event is written once; a replica with its own
+SQLite file has its own consumer and gets every event, wherever the file lies.
 Event ids are `<stream>:<sequence>:<stored at, µs>`: a redelivered message is not written
 twice, and after the streams were recreated (a NATS store wiped, sequences starting at 1
 again) new events do not collide with the ones already recorded.
@@ -26,15 +27,20 @@ from wire.messages import Event, decode
 log = logging.getLogger(__name__)
 
 
-def consumer_name(db_url: str) -> str:
-    return "history-" + hashlib.sha256(db_url.encode()).hexdigest()[:12]
+def consumer_name(db_url: str, database_id: str = "") -> str:
+    """The durable consumer of a history database: by its URL, and for a SQLite file by
+    the identity kept in it as well (found by a review: two replicas whose files had the
+    same path, the default data directory, shared one consumer and each recorded half the
+    events)."""
+    key = f"{db_url}#{database_id}" if database_id and not db_url.startswith("postgresql") else db_url
+    return "history-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 class Recorder:
     def __init__(self, js, history: History, db_url: str) -> None:
         self.js = js
         self.history = history
-        self.durable = consumer_name(db_url)
+        self.durable = consumer_name(db_url, history.database_id() if history.dialect == "sqlite" else "")
         self.recorded = 0
         self.dropped = 0  # events the database refused even without their NUL characters
 

@@ -74,3 +74,28 @@ async def test_events_survive_recreated_streams_and_redelivery(nats_url: str, tm
     finally:
         await nc.close()
         history.close()
+
+
+async def test_two_sqlite_files_at_the_same_path_each_record_every_event(nats_url: str, tmp_path: Path) -> None:
+    """Two replicas on two machines, each with its own SQLite file at the same path (the
+    default data directory: one URL): each file gets every event (found by a review: they
+    shared one consumer, and each recorded about half). Replicas sharing one database (one
+    file here) share its consumer, as they do one PostgreSQL."""
+    url = "sqlite:///.muster/history.db"  # what both replicas are given
+    a, b = History(f"sqlite:///{tmp_path / 'a.db'}"), History(f"sqlite:///{tmp_path / 'b.db'}")
+    shared = History(f"sqlite:///{tmp_path / 'a.db'}")  # a second replica on machine A's file
+    nc = await connect(nats_url, name="t")
+    try:
+        store = Store(nc)
+        await ensure_streams(store)
+        for i in range(50):
+            await store.js.publish(f"{subjects.EVENTS_PREFIX}.host.suspect",
+                                   encode(Event(kind="host.suspect", ts=float(i), host_id=f"h{i}")))
+        ra, rb = Recorder(store.js, a, url), Recorder(store.js, b, url)
+        assert ra.durable != rb.durable and Recorder(store.js, shared, url).durable == ra.durable
+        await asyncio.gather(record_all(ra, store.js), record_all(rb, store.js))
+        assert len(rows(a)) == len(rows(b)) == 50
+    finally:
+        await nc.close()
+        for h in (a, b, shared):
+            h.close()
