@@ -91,22 +91,39 @@ def _file_lock(path: str) -> Iterator[None]:
 
 
 def upgrade_schema(engine: Engine) -> None:
-    """`alembic upgrade head`, safe to run repeatedly and from several processes at once."""
-    from alembic import command
-
+    """`alembic upgrade head`, safe to run repeatedly and from several processes at once.
+    A database a newer release has migrated already (its revision is not one of these
+    scripts') is left as it is: migrations are additive, so this release's code reads and
+    writes it (a rolling upgrade's replicas not yet upgraded keep their history; found by
+    a review: they could not start, and a historian of theirs wrote nothing)."""
     if engine.dialect.name == "postgresql":
         # PostgreSQL DDL is transactional: the whole upgrade commits with the lock release,
         # and a replica waiting on the lock then finds the schema at head.
         with engine.begin() as conn:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATE_LOCK})")
-            command.upgrade(alembic_config(conn), "head")
+            _upgrade(conn)
         return
     lock: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     db = engine.url.database
     if engine.dialect.name == "sqlite" and db and db != ":memory:" and not db.startswith("file:"):
         lock = _file_lock(os.path.abspath(db) + ".migrate-lock")
     with lock, engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "head")
+        _upgrade(conn)
+
+
+def _upgrade(conn: Connection) -> None:
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    cfg = alembic_config(conn)
+    known = {s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()}
+    newer = [r for r in MigrationContext.configure(conn).get_current_heads() if r not in known]
+    if newer:
+        log.warning("history database at revision %s, newer than this release's (%s): left as it is",
+                    ", ".join(newer), ", ".join(sorted(known)[-1:]))
+        return
+    command.upgrade(cfg, "head")
 
 
 # ---------------------------------------------------------------- queries
