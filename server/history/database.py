@@ -620,9 +620,12 @@ class History:
             conds.append(a.queue == queue)
         if user is not None:
             conds.append(a.user == user)
-        ended_within = col(a.finished_at) < until
+        # Ended within the period as the attempts counted are: after `since`, by `until`
+        # (found by a review: one that ended at a boundary of two adjacent periods had its
+        # loss in neither, ending `>= since` while overlapping `> since`).
+        ended_within = col(a.finished_at) <= until
         if since is not None:
-            ended_within = and_(ended_within, col(a.finished_at) >= since)
+            ended_within = and_(ended_within, col(a.finished_at) > since)
         lost = case((ended_within, col(a.lost_gpu_s)), else_=0.0)
         # GPU-seconds of the attempts whose agent reported how busy their GPUs were, and
         # those weighted by it: their ratio is the GPUs' utilisation over the period.

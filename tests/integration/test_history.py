@@ -34,6 +34,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_retry_keeps_every_attempt,
     test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,
     test_the_stream_position_moves_only_once_what_came_before_it_is_written,
+    test_usage_of_adjacent_periods_adds_up_to_the_whole,
     test_usage_sums_attempts_per_queue_user_and_model,
 )
 

@@ -634,7 +634,7 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
         e[1] += secs * j.spec.cpus
         e[2] += secs * j.spec.memory_mb
         e[3] += 1
-        if a.state is AttemptState.PREEMPTED and since <= a.finished_at < until:
+        if a.state is AttemptState.PREEMPTED and since < a.finished_at <= until:
             e[4] += (a.finished_at - (a.stop_at if j.spec.checkpoints else a.started_at)) * j.spec.gpus
     rows = hist.usage(since=since, until=until, now=now)
     got = {(r.queue, r.user, r.gpu_model): [r.gpu_seconds, r.cpu_seconds, r.memory_mb_seconds, r.attempts,
@@ -656,6 +656,24 @@ def test_usage_sums_attempts_per_queue_user_and_model(hist: History) -> None:
     assert total == pytest.approx(sum(((a.finished_at or now) - a.started_at) * j.spec.gpus
                                       for j in jobs for a in j.attempts))
     assert {r.spec.queue for r in hist.list_jobs(queue="b", limit=100)[0]} == {"b"}
+
+
+def test_usage_of_adjacent_periods_adds_up_to_the_whole(hist: History) -> None:
+    """A preempted attempt that ended exactly where one period ends and the next begins:
+    its GPU-seconds and its loss are in the first and not in the second, and the two add up
+    to the whole (found by a review: its loss was in neither)."""
+    spec = job_spec("p", gpus=2, queue="q", user="ann")
+    a = Attempt(id="p.1", number=1, host_id="h", gpu_indices=[0, 1], state=AttemptState.PREEMPTED,
+                placed_at=1000.0, started_at=1000.0, finished_at=2000.0, stop_at=1990.0)
+    hist.record(job("p", spec=spec, state=JobState.QUEUED, attempts=[a], submitted_at=1000.0, updated_at=2000.0), 1)
+    hist.flush()
+
+    def figures(since: float, until: float) -> tuple[float, float, int]:
+        rows = hist.usage(since=since, until=until, now=5000.0)
+        return (sum(r.gpu_seconds for r in rows), sum(r.lost_gpu_seconds for r in rows), sum(r.attempts for r in rows))
+
+    assert figures(0.0, 2000.0) == figures(0.0, 4000.0) == (2000.0, 2000.0, 1)
+    assert figures(2000.0, 4000.0) == (0.0, 0.0, 0)
 
 
 def test_a_task_groups_error_is_told_as_its_tasks_errors() -> None:
