@@ -389,7 +389,7 @@ class History:
                 if job.id not in applied:
                     continue
                 for row in attempt_rows(job):
-                    attempts[str(row["id"])] = row
+                    attempts[str(row["id"])] = clean(row)
                 for e in job_events(job):
                     events[str(e["id"])] = clean(e)
             if attempts:

@@ -200,8 +200,15 @@ def test_a_row_the_database_refuses_never_blocks_the_rows_behind_it(db_url: str)
         assert h.flush() == 4
         assert h.dropped == 1
         assert h.get_job("always-refused") is None
-        for jid in ("a-before", "m-nul", "z-after"):
+        # A NUL in what only an attempt's row holds (an agent's GPU model): written without
+        # it too (found by a review: the attempts were not cleaned, and the job was dropped).
+        odd = _job("g-nul")
+        odd.attempts[0].gpu_model = "H1\x0000"
+        h.record(odd, 5)
+        assert h.flush() == 1 and h.dropped == 1
+        for jid in ("a-before", "m-nul", "z-after", "g-nul"):
             assert h.get_job(jid) is not None, jid
+        assert h.count_attempts(job_id="g-nul") == 1
         # SQLite stores a NUL; PostgreSQL refuses it, and the row is written without it.
         want = "stopped\x00by operator" if h.dialect == "sqlite" else "stoppedby operator"
         events = h.list_events(job_id="m-nul", limit=50)
