@@ -70,7 +70,8 @@ class JobOperations(Operations):
         only an admin (`may_raise`) may raise a limit or set one above the queue's maximum.
         Raises NotFound, Forbidden (`queues`, as cancel; a raise without `may_raise`),
         ValidationError (nothing to change, a value out of range, holding a job that is
-        not QUEUED or is taking GPUs by preemption, a limit for a try that is stopping;
+        not QUEUED or is taking GPUs by preemption, holding a held job or releasing one not
+        held with nothing else to change, a limit for a try that is stopping;
         ALREADY_FINISHED)."""
         reason = validate_reason(reason)
         if priority is None and hold is None and time_limit_s is None:
@@ -84,6 +85,11 @@ class JobOperations(Operations):
         if hold and (job.state is not JobState.QUEUED or job.preempting):
             why = "it is taking GPUs by preemption" if job.preempting else f"it is {job.state.value}"
             raise ValidationError("hold", f"only a queued job can be held; {why} (cancel it instead)", "NOT_QUEUED")
+        if hold is not None and priority is None and time_limit_s is None and bool(job.hold) == hold:
+            # Nothing would change (found by exploring: "change requested", and a second
+            # hold's reason was dropped).
+            raise ValidationError("hold", f"it is held already ({job.hold}): release it first" if hold
+                                  else "it is not held", "ALREADY_HELD" if hold else "NOT_HELD")
         if time_limit_s is not None:
             self._check_time_limit(job, time_limit_s, may_raise)
         await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold,

@@ -350,6 +350,11 @@ async def test_update_job_holds_releases_and_reprioritises(api: Client, muster: 
         return (await job(0))["hold"] == "held by operator: dataset not ready"
 
     await wait_for(held, what="the hold applied")
+    # Holding it again, or releasing one not held, changes nothing: refused, not "requested".
+    again = (await api.q(UPDATE_JOB, {"input": {"id": ids[0], "held": True, "reason": "other"}}))["updateJob"]
+    assert again["userErrors"][0]["code"] == "ALREADY_HELD" and "dataset not ready" in again["userErrors"][0]["message"]
+    free = (await api.q(UPDATE_JOB, {"input": {"id": ids[1], "held": False}}))["updateJob"]
+    assert free["userErrors"][0]["code"] == "NOT_HELD"
     j = await job(0)
     assert j["state"] == "QUEUED" and j["queuePosition"] is None
     assert [(p["kind"], p["reason"]) for p in j["pendingReasons"]] == [("queue", "held")]
