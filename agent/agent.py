@@ -41,6 +41,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -193,6 +194,8 @@ class Agent:
         self.config = config.validate()
         self.gpus = gpus or open_backend(config.simulate_gpus, config.fault_file)
         self.boot_id = boot_id()
+        self.instance = secrets.token_hex(8)  # this process, in its heartbeats (Heartbeat.instance)
+        self._lock_fd: int | None = None  # the state directory's lock, held while running
         self.runs: dict[str, Run] = {}
         self.seen: set[str] = set()  # attempts ever started (or refused) here
         self.max_term = 0
@@ -259,13 +262,13 @@ class Agent:
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
                                    gpu_minors=getattr(self.gpus, "device_minors", lambda: None)(),
                                    cgroup_name=config.cgroup_name, job_uids=config.job_uids)
-        self._touch_alive()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0
         self._load_seen()
-        # Attempts a previous incarnation started and this one cannot watch: reported LOST
-        # once each when their assignment is seen.
-        self.killed_leftovers = self._kill_leftovers()
+        # Attempts a previous incarnation started and this one cannot watch, killed when it
+        # runs (once no other agent is found running as this host): reported LOST once each
+        # when their assignment is seen.
+        self.killed_leftovers: list[str] = []
         # Attempts a previous incarnation started: one still assigned is reported LOST once.
         # (Only those: an attempt this agent ran itself and whose report is not applied yet
         # is still in the assignment for a while, and must be left alone.)
@@ -408,6 +411,7 @@ class Agent:
         return Heartbeat(
             host_id=self.config.host_id,
             boot_id=self.boot_id,
+            instance=self.instance,
             seq=self.hb_seq,
             ts=time.time(),
             labels=self.config.labels,
@@ -514,6 +518,13 @@ class Agent:
             return "unknown"
         if rec.value is None:
             return "changed"
+        try:
+            theirs = decode(Heartbeat, rec.value).instance
+        except DecodeError:
+            theirs = ""
+        if theirs and theirs != self.instance:
+            log.error("another agent (instance %s) heartbeats as host %s: two agents run this host's work; stop "
+                      "one of them", theirs, self.config.host_id)
         for seq, (data, sent) in self._unacked.items():
             if data == rec.value:
                 self._hb_rev = rec.revision
@@ -862,8 +873,13 @@ class Agent:
         external = stop or asyncio.Event()
         self.isolation.log_start()
         self._check_creds()
-        self._start_watchdog()
+        self._lock_state_dir()
+        try:
+            await self._run(external)
+        finally:
+            self._unlock_state_dir()
 
+    async def _run(self, external: asyncio.Event) -> None:
         async def on_reconnect() -> None:
             log.info("reconnected to NATS")
             asyncio.create_task(self._refresh_assignments())
@@ -879,6 +895,17 @@ class Agent:
                            tls_key=getattr(self.config, "nats_key", None),
                            inbox_prefix=agent_inbox_prefix(self.config.host_id))
         self.store = Store(nc)
+        other = await self._another_agent()
+        if other:
+            await self._disconnect()
+            self.gpus.close()
+            raise ConfigError(f"{other}: not starting a second agent as host {self.config.host_id} (the two would "
+                              "run the host's work twice); stop the other, or give this one its own host id")
+        # No other agent runs as this host: what a previous incarnation left is killed, and
+        # the watchdog watches this one.
+        self._touch_alive()
+        self.killed_leftovers = self._kill_leftovers()
+        self._start_watchdog()
         sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
                                  pending_msgs_limit=10_000)
         await nc.subscribe(subjects.output_subject(self.config.host_id), cb=self._on_output_request,
@@ -956,6 +983,56 @@ class Agent:
         if self._reports:
             log.warning("%d status report(s) not delivered before shutdown; kept for the next start",
                         len(self._reports))
+
+    def _lock_state_dir(self) -> None:
+        """Hold the state directory's lock while running: a second agent of this host on
+        the same directory would kill the first one's attempts as leftovers of its own."""
+        import fcntl
+
+        path = self._runs_dir.parent / f"{self.config.host_id}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(f"another agent of host {self.config.host_id} runs with the state directory "
+                              f"{path.parent}: not starting a second") from None
+        self._lock_fd = fd
+
+    def _unlock_state_dir(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the lock goes with it
+            self._lock_fd = None
+
+    async def _another_agent(self) -> str:
+        """Whether another agent process runs as this host: its heartbeats are in the key,
+        and go on being stored for a heartbeat interval and a second (one that stopped, a
+        previous incarnation of this agent, stores none); what it is, or "" when none does."""
+        assert self.store is not None
+
+        async def other() -> tuple[int, Heartbeat | None]:
+            try:
+                rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET)  # type: ignore[union-attr]
+            except StoreError as exc:
+                log.warning("cannot read this host's heartbeat key to look for another agent: %s", exc)
+                return 0, None
+            try:
+                hb = decode(Heartbeat, rec.value) if rec.value else None
+            except DecodeError:
+                return rec.revision, None
+            return rec.revision, hb if hb is not None and hb.instance != self.instance else None
+
+        rev, hb = await other()
+        if hb is None:
+            return ""
+        log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
+                 "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
+        await asyncio.sleep(self.config.heartbeat_interval_s + 1)
+        later_rev, later = await other()
+        if later is None or later_rev == rev:
+            return ""
+        return (f"another agent (instance {later.instance or 'unknown'}, version {later.agent_version or 'unknown'}) "
+                f"heartbeats as host {self.config.host_id}")
 
     def _check_creds(self) -> None:
         """Say so when the agent's NATS credentials are open to the task user."""

@@ -133,6 +133,9 @@ class Heartbeat(_Model):
     v: Literal[1] = 1
     host_id: str = Field(pattern=HOST_ID_PATTERN)
     boot_id: str = Field(max_length=64)
+    # The agent process that sent it, drawn at its start: an agent that finds another's
+    # heartbeats in its host's key refuses to start (two would run the host's work twice).
+    instance: str = Field(default="", max_length=32)
     seq: int = 0
     ts: float
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)

@@ -437,3 +437,43 @@ async def test_an_agent_stopped_while_nats_is_gone_still_cleans_up(tmp_path: Pat
         assert agent._watchdog is None and watchdog.poll() is not None and not root.exists()
     finally:
         proc.stop()
+
+
+async def test_a_second_agent_of_a_running_host_refuses_to_start(nats_url: str, tmp_path: Path) -> None:
+    """Found by exploring: a second agent started with a running host's id (another state
+    directory, another machine) started every attempt of that host again: each ran twice.
+    It finds the first one's heartbeats in the key and refuses to start, starting nothing;
+    one on the same state directory finds it locked. Once the first has stopped, an agent
+    of the host starts (after a heartbeat interval and a second without one)."""
+    from wire.errors import ConfigError
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    cfg = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
+    try:
+        async with running_agent(nats_url, tmp_path, "dup-1", **cfg) as first:
+            t = task("j-dup", command=["sh", "-c", f"echo $$ >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                     term=1)
+            await store.put(subjects.alloc_key("dup-1"), encode(host_alloc("dup-1", [t], term=1)))
+            await eventually(lambda: marks.exists() and marks.read_text().strip(), timeout=60, what="the task runs")
+            for state_dir in (tmp_path / "elsewhere", tmp_path / "agent"):
+                second = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
+                                           state_dir=state_dir, cpus=4, memory_mb=4096, run_as=ME, **cfg))
+                try:
+                    await asyncio.wait_for(second.run(asyncio.Event()), timeout=60)
+                    raise AssertionError("the second agent started")
+                except ConfigError as exc:
+                    assert ("another agent" in str(exc) and first.instance in str(exc)
+                            if state_dir.name == "elsewhere" else "state directory" in str(exc)), exc
+            assert len(marks.read_text().split()) == 1 and "j-dup.1" in first.runs  # ran once, still runs
+        third = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
+                                  state_dir=tmp_path / "elsewhere", cpus=4, memory_mb=4096, run_as=ME, **cfg))
+        stop = asyncio.Event()
+        run = asyncio.create_task(third.run(stop))
+        await eventually(lambda: third._hb_stored.is_set(), timeout=60, what="the next agent of the host heartbeats")
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+    finally:
+        await nc.close()
