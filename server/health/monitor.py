@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from nats.aio.client import Client as NATS
 
@@ -29,6 +30,13 @@ from wire import subjects
 from wire.messages import Event, GpuUsage, Heartbeat, encode
 
 log = logging.getLogger(__name__)
+
+# Host transitions a replica saw while following, this recent, are still published and
+# alerted when it takes the lead: the old leader may have been gone for them (it is lost
+# a lease's TTL before a follower takes over), and without them a host lost or back in
+# that gap had no event and no alert (found by exploring). One the old leader had alerted
+# just before it stopped is alerted again.
+TAKEOVER_WINDOW_S = 15.0
 
 
 async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
@@ -139,6 +147,9 @@ class HealthMonitor:
         self.wake = asyncio.Event()
         self._gpu_alerts: list[tuple[str, GpuUsage]] = []
         self._fence_alerts: list[tuple[str, Heartbeat, Heartbeat]] = []
+        # While following: (when, host, from, to) of the transitions seen, the last
+        # TAKEOVER_WINDOW_S of them.
+        self._following: deque[tuple[float, str, Health, Health]] = deque()
         state.listeners.append(self._on_state)
 
     def _on_state(self, kind: str, obj: object) -> None:
@@ -155,14 +166,21 @@ class HealthMonitor:
         # Only the hosts touched since the last check, or whose last heartbeat has just
         # grown too old, are looked at (server.health.index).
         changes = self.state.refresh_health(now).take_changes()
+        following = self._following
         if not self.leadership.leading:
             self._gpu_alerts.clear()
             self._fence_alerts.clear()
+            following.extend((now, h, frm, to) for h, frm, to in changes if frm is not None)
+            while following and now - following[0][0] > TAKEOVER_WINDOW_S:
+                following.popleft()
             return
         if self._term != self.leadership.term:
-            # A new term: take the present as known, without re-announcing it.
+            # A new term: the present is taken as known, not announced again, but for the
+            # transitions of the last TAKEOVER_WINDOW_S, in their order.
             self._term = self.leadership.term
-            changes = []
+            recent = [(h, frm, to) for t, h, frm, to in following if now - t <= TAKEOVER_WINDOW_S]
+            following.clear()
+            changes = [*recent, *changes]
         lost: list[Event] = []
         recovered: list[Event] = []
         for host_id, old, new in changes:

@@ -491,3 +491,45 @@ def test_parse_labels_accepts(text: str | None, expected: dict[str, str]) -> Non
 def test_parse_labels_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_labels(text)
+
+
+def test_a_new_leader_announces_the_host_transitions_it_saw_while_following(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host lost, and one back, while this replica followed and the old leader was gone:
+    the new leader publishes their events and alerts (found by exploring: a host lost, then
+    back across a takeover, had neither a recovered alert nor its event); older ones, from
+    before TAKEOVER_WINDOW_S, are not announced again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.health.monitor import TAKEOVER_WINDOW_S, HealthMonitor
+
+    sent: list[str] = []
+    queued: list[list[tuple[str, Health | None, Health]]] = []
+
+    class Nc:
+        async def publish(self, subject: str, data: bytes = b"") -> None:
+            sent.append(subject)
+
+    index = SimpleNamespace(take_changes=lambda: queued.pop(0) if queued else [])
+    state = SimpleNamespace(listeners=[], hosts={}, refresh_health=lambda now: index)
+    lead = SimpleNamespace(leading=False, term=0)
+    mon = HealthMonitor(Nc(), state, lead)  # type: ignore[arg-type]
+    clock = [1000.0]
+    import server.health.monitor as monitor
+
+    monkeypatch.setattr(monitor.time, "time", lambda: clock[0])
+    queued.append([("old", Health.HEALTHY, Health.LOST)])
+    asyncio.run(mon.check())
+    clock[0] += TAKEOVER_WINDOW_S + 5
+    queued.append([("h1", Health.SUSPECT, Health.LOST), ("h2", Health.LOST, Health.HEALTHY),
+                   ("new", None, Health.HEALTHY)])
+    asyncio.run(mon.check())
+    assert sent == []  # a follower publishes nothing
+    lead.leading, lead.term = True, 7
+    clock[0] += 3
+    asyncio.run(mon.check())
+    assert sorted(sent) == ["alerts.host.lost", "alerts.host.recovered", "muster.events.host.HEALTHY",
+                            "muster.events.host.LOST"], sent
+    sent.clear()
+    asyncio.run(mon.check())
+    assert sent == []  # once
