@@ -139,6 +139,19 @@ async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console)
     assert "strict-transport-security" not in (await c.get("/login")).headers
 
 
+async def test_a_sign_in_posted_from_another_site_is_refused(console: Console) -> None:
+    """Login CSRF (found by exploring): a form on another site could sign a browser in under
+    a token of its own. A browser says where a form was posted from (Sec-Fetch-Site): from
+    another site it is refused; from the console's own page, or unsaid, it is not."""
+    c = console.client
+    for site in ("cross-site", "same-site"):
+        r = await c.post("/login", data={"token": console.token}, headers={"Sec-Fetch-Site": site})
+        assert r.status_code == 403 and "set-cookie" not in r.headers and "own page" in r.text, (site, r.text)
+    for site in ("same-origin", "none"):
+        r = await c.post("/login", data={"token": console.token}, headers={"Sec-Fetch-Site": site})
+        assert r.status_code == 303 and "set-cookie" in r.headers, site
+
+
 async def test_behind_a_trusted_tls_proxy_the_cookie_is_secure(console: Console) -> None:
     """A TLS-terminating proxy at a trusted address (127.0.0.1 by default) says
     X-Forwarded-Proto: https; from an untrusted address the header is ignored."""

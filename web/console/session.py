@@ -202,6 +202,11 @@ async def login_form(request: Request) -> Response:
 
 @console(auth=False)
 async def login(request: Request) -> Response:
+    if request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+        # A form on another site signing the browser in under a token of its choosing (login
+        # CSRF: what the victim then submits, the token's owner sees). Browsers say where
+        # a form came from; one that says nothing (an older browser, a script) is let in.
+        return render(request, "login.html", {"error": "Sign in from this console's own page."}, 403)
     try:
         form = await read_form(request)
     except Exception:  # noqa: BLE001
