@@ -880,6 +880,12 @@ class Agent:
             self._unlock_state_dir()
 
     async def _run(self, external: asyncio.Event) -> None:
+        # The state directory is this agent's (locked): what a previous incarnation left in
+        # it is killed, and the watchdog watches this one.
+        self._touch_alive()
+        self.killed_leftovers = self._kill_leftovers()
+        self._start_watchdog()
+
         async def on_reconnect() -> None:
             log.info("reconnected to NATS")
             asyncio.create_task(self._refresh_assignments())
@@ -895,17 +901,23 @@ class Agent:
                            tls_key=getattr(self.config, "nats_key", None),
                            inbox_prefix=agent_inbox_prefix(self.config.host_id))
         self.store = Store(nc)
-        other = await self._another_agent()
-        if other:
+        other = await self._another_agent(external)
+        if other or external.is_set():
+            # Nothing was started: let go of what this agent took (another runs as this host).
             await self._disconnect()
             self.gpus.close()
+            self._stop_watchdog()
+            if self._tmp_dir is not None:
+                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            if not other:
+                return
             raise ConfigError(f"{other}: not starting a second agent as host {self.config.host_id} (the two would "
                               "run the host's work twice); stop the other, or give this one its own host id")
-        # No other agent runs as this host: what a previous incarnation left is killed, and
-        # the watchdog watches this one.
+        # The fence counts from here, not from the wait above: nothing has run yet, and a
+        # wait as long as the fence delay made it freeze, then stop, what it was just given
+        # (found by a review).
+        self.last_heartbeat_ok = time.monotonic()
         self._touch_alive()
-        self.killed_leftovers = self._kill_leftovers()
-        self._start_watchdog()
         sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
                                  pending_msgs_limit=10_000)
         await nc.subscribe(subjects.output_subject(self.config.host_id), cb=self._on_output_request,
@@ -1004,7 +1016,7 @@ class Agent:
             os.close(self._lock_fd)  # the lock goes with it
             self._lock_fd = None
 
-    async def _another_agent(self) -> str:
+    async def _another_agent(self, stop: asyncio.Event) -> str:
         """Whether another agent process runs as this host: its heartbeats are in the key,
         and go on being stored for a heartbeat interval and a second (one that stopped, a
         previous incarnation of this agent, stores none); what it is, or "" when none does."""
@@ -1027,7 +1039,8 @@ class Agent:
             return ""
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
-        await asyncio.sleep(self.config.heartbeat_interval_s + 1)
+        if await pause(stop, self.config.heartbeat_interval_s + 1):
+            return ""
         later_rev, later = await other()
         if later is None or later_rev == rev:
             return ""

@@ -118,6 +118,17 @@ def start_time(pid: int) -> str:
     return stat[stat.rindex(")") + 2:].split()[19]
 
 
+def exited(pid: int) -> bool:
+    """Whether process `pid` has exited but is not reaped yet (a zombie: what a try that
+    ended by itself is while its agent, frozen, does not wait for it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X")
+
+
 def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
     """attempt -> (process group, its leader's start time, keeps running, cgroup directories)."""
     out: dict[str, tuple[int, str, bool, list[str]]] = {}
@@ -195,6 +206,10 @@ class Watchdog:
         for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
             if keep or attempt in self.fenced:
                 continue
+            # A first process that has exited but is not reaped (its agent frozen) ended by
+            # itself: what is left of it is stopped, the try's end stands (found by a review:
+            # its exit 0 was taken for a stop, and the finished job ran again).
+            ended = exited(group)
             if start_time(group) != started:
                 # Its first process is gone (and its pid may be another's by now: its group
                 # is not signalled), but what it left in the attempt's cgroups (a `setsid`
@@ -205,7 +220,7 @@ class Watchdog:
             os.makedirs(self.fenced_dir, exist_ok=True)
             silent = now - self.changed
             with open(os.path.join(self.fenced_dir, attempt), "w") as f:
-                f.write(f"{silent:.1f}{' ' + LEFTOVERS_ONLY if group == NO_GROUP else ''}\n")
+                f.write(f"{silent:.1f}{' ' + LEFTOVERS_ONLY if group == NO_GROUP or ended else ''}\n")
             log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
                 f"(process group {group})")
             self.fenced[attempt] = (group, started, kill_at, cgs)

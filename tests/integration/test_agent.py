@@ -477,3 +477,32 @@ async def test_a_second_agent_of_a_running_host_refuses_to_start(nats_url: str, 
         await asyncio.wait_for(run, timeout=30)
     finally:
         await nc.close()
+
+
+async def test_an_agent_that_waited_for_another_does_not_fence_what_it_is_given(nats_url: str, tmp_path: Path) -> None:
+    """A restart within the key's TTL: the key holds the previous incarnation's heartbeat,
+    and the new agent waits a heartbeat interval and a second to see whether it still runs.
+    That wait, as long as its fence delay, does not make it freeze and stop the work it is
+    then given (found by a review: it was stopped as 'cut off')."""
+    from tests.factories import heartbeat
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    try:
+        before = heartbeat("rw-1", instance="0123456789abcdef", ts=0.0)
+        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "rw-1"), encode(before),
+                               headers={"Nats-TTL": "30s"})
+        t = task("j-rw", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("rw-1"), encode(host_alloc("rw-1", [t], term=1)))
+        async with running_agent(nats_url, tmp_path, "rw-1", heartbeat_interval_s=1.0, ttl_intervals=6,
+                                 fence_after_s=1.5) as agent:
+            await eventually(lambda: marks.exists(), timeout=60, what="the task runs")
+            await eventually(lambda: agent._hb_stored.is_set(), timeout=60, what="a heartbeat stored")
+            await eventually(lambda: len(agent._ended) == 0 and t.attempt_id in agent.runs
+                             and agent.runs[t.attempt_id].stop_reason is None and agent.fences == 0, timeout=5,
+                             what="the task running, unfenced")
+            assert agent.fences == 0 and agent.runs[t.attempt_id].stop_reason is None
+    finally:
+        await nc.close()

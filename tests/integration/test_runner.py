@@ -250,6 +250,20 @@ async def test_a_try_the_watchdog_stops_that_exits_0_on_its_sigterm_is_killed(tm
     assert reports[-1][:2] == (AttemptState.KILLED, 0) and "watchdog" in reports[-1][2], reports
     assert not (fenced / t.attempt_id).exists()
 
+    # A try whose process exited by itself but was not reaped (its agent frozen: a zombie)
+    # is marked as ended by itself, its leftovers alone stopped (found by a review).
+    import subprocess
+
+    zombie = subprocess.Popen(["true"], start_new_session=True)
+    (runs / "z.1").write_text(f"{zombie.pid} {watchdog.start_time(zombie.pid)}\n")
+    deadline = time.monotonic() + 30
+    while not watchdog.exited(zombie.pid):
+        assert time.monotonic() < deadline, "the process did not exit"
+        await asyncio.sleep(0.05)
+    wd.fence(time.monotonic())
+    assert (fenced / "z.1").read_text().split()[1:] == [watchdog.LEFTOVERS_ONLY]
+    assert zombie.wait() == 0
+
     reports.clear()
     t = task(command=["true"])
     (fenced / t.attempt_id).write_text(f"3.0 {watchdog.LEFTOVERS_ONLY}\n")  # its leftovers alone were stopped
