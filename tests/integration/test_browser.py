@@ -240,11 +240,35 @@ def test_submit_job_and_watch_it_succeed(page: Any, stack: tuple[Cluster, Any, s
     expect(page.locator("#live section.output pre")).to_contain_text("hello browser")
     expect(page.locator("section[aria-labelledby=job-spec]")).to_contain_text("python3 -c")
     shot(page, "05-job-succeeded")
-    # A finished job offers no cancel form (the form sits outside #live, so only a
-    # reload drops it).
-    page.reload()
-    expect(page.locator("section[aria-labelledby=job-status] dd").first).to_have_text("SUCCEEDED")
+    # A finished job offers no cancel form: the forms (outside #live) are fetched again once
+    # the live part says the job changed, without a reload (found by exploring: a job that
+    # had ended still offered them).
     expect(page.locator("#cancel-reason")).to_have_count(0)
+    assert page.evaluate("() => window.__browserTestMark") == "same-document", "the job page was reloaded"
+
+
+def test_hold_and_release_from_a_jobs_page_show_at_once(page: Any, stack: tuple[Cluster, Any, str]) -> None:
+    """Found by exploring: after "Hold job" the page kept saying "not held" and offered
+    "Hold job" again until reloaded (the change landed after the page was rendered, and no
+    event refreshed it). The page catches up when its event stream opens, and its forms
+    follow the job."""
+    from playwright.sync_api import expect
+
+    cluster, srv, _ = stack
+    done = Api(srv.url, cluster.token).submit(name="too-big", command=["true"], gpus=64)  # queued for good
+    assert done["job"] is not None, done["userErrors"]
+    job = done["job"]["id"]
+    login(page, cluster.token)
+    page.goto(f"/jobs/{job}")
+    page.fill("#hold-reason", "browser test: data not ready")
+    page.get_by_role("button", name="Hold job").click()
+    expect(page.locator("p.notice")).to_be_visible()
+    expect(page.locator("#job-hold")).to_contain_text("browser test: data not ready")
+    expect(page.get_by_role("button", name="Release job")).to_be_visible()
+    page.get_by_role("button", name="Release job").click()
+    expect(page.locator("#job-hold")).to_have_count(0)
+    expect(page.get_by_role("button", name="Hold job")).to_be_visible()
+    shot(page, "05b-job-released")
 
 
 def test_invalid_submit_shows_inline_errors(page: Any, stack: tuple[Cluster, Any, str]) -> None:

@@ -101,6 +101,7 @@ async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console)
     assert r.status_code == 200
     assert 'name="token"' in r.text
 
+    assert (await c.get("/favicon.ico")).status_code == 204  # no icon, and no 404 in the browser's console
     r = await c.post("/login", data={"token": "mst_wrong"})
     assert r.status_code == 401
     assert "not valid" in r.text
@@ -795,6 +796,44 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
     assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job.id}?notice=time-limit"
     await eventually(lambda: m.state.jobs[job.id].spec.time_limit_s == 5400, timeout=20, what="the time limit applied")
     assert "<dt>Time limit</dt><dd>5400 s" in (await c.get(f"/jobs/{job.id}")).text
+    # The forms say what they were made for, as the live part does: live.js fetches them
+    # again (the whole page, for `#actions`) when the two differ.
+    page = (await c.get(f"/jobs/{job.id}")).text
+    version = re.search(r'id="live"[^>]* data-version="([^"]+)"', page)
+    assert version is not None and f'<div id="actions" data-for="{version.group(1)}">' in page
+    live = (await c.get(f"/jobs/{job.id}", headers={"HX-Request": "true"})).text
+    assert 'id="actions"' not in live and f'data-version="{version.group(1)}"' in live
+    forms = (await c.get(f"/jobs/{job.id}", headers={"HX-Request": "true", "HX-Target": "actions"})).text
+    assert f'<div id="actions" data-for="{version.group(1)}">' in forms
+    # A job that ended offers no form, and a change refused then is said all the same
+    # (found by exploring: a priority set on a job that had just ended showed nothing).
+    await m.cancel(job.id, by="operator", reason="done with it")
+    await eventually(lambda: m.state.jobs[job.id].state is JobState.CANCELLED, timeout=20, what="the cancel")
+    r = await c.post(f"/jobs/{job.id}/priority", data={"csrf": console.csrf, "priority": "3"})
+    assert r.status_code == 409 and 'class="field-error"' in r.text and "CANCELLED" in r.text, r.text
+    assert f'action="/jobs/{job.id}/priority"' not in r.text
+
+
+async def test_a_queued_job_whose_last_try_was_preempted_offers_a_time_limit(console: Console) -> None:
+    """A job queued again after a preemption: its last try's stop is over, and its time
+    limit may be set (found by exploring: the form was missing, as for a try still being
+    stopped, while `muster job set --time-limit` worked)."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import Attempt, AttemptState
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    tried = Attempt(id="jpreempted1.1", number=1, host_id="h1", gpu_indices=[0], state=AttemptState.PREEMPTED,
+                    placed_at=10.0, started_at=11.0, finished_at=20.0, stop_kind="preempt", stop_at=15.0)
+    rec = make_job("jpreempted1", spec=job_spec("again", gpus=1), state=JobState.QUEUED, attempts=[tried],
+                   submitted_at=5.0, updated_at=20.0)
+    assert m.store is not None
+    await m.store.put(subjects.job_key(rec.id), encode(rec))
+    await eventually(lambda: rec.id in m.state.jobs, what="the job in the view")
+    page = (await c.get(f"/jobs/{rec.id}")).text
+    assert f'action="/jobs/{rec.id}/time-limit"' in page and f'action="/jobs/{rec.id}/hold"' in page
 
 
 async def test_requeue_form(console: Console) -> None:
@@ -839,6 +878,10 @@ async def test_a_teams_token_acts_on_its_queues_jobs_only(console: Console) -> N
     assert "theirs" in page and "k-123" not in page and f'action="/jobs/{theirs.id}/cancel"' not in page
     r = await c.post(f"/jobs/{theirs.id}/cancel", data={"csrf": console.csrf, "reason": "mine now"})
     assert r.status_code == 403 and "in queue &#39;vision&#39;" in r.text
+    # Its other forms' refusals are said too (found by exploring: nothing was shown).
+    for action, field in (("priority", {"priority": "5"}), ("hold", {}), ("time-limit", {"time_limit": "60"})):
+        r = await c.post(f"/jobs/{theirs.id}/{action}", data={"csrf": console.csrf, **field})
+        assert r.status_code == 403 and 'class="field-error"' in r.text and "vision" in r.text, (action, r.text)
     # The bulk cancel is offered for its own queue's list, not for another's.
     assert 'action="/jobs/cancel"' in (await c.get("/jobs?queue=audio")).text
     assert 'action="/jobs/cancel"' not in (await c.get("/jobs?queue=vision")).text

@@ -46,6 +46,8 @@ Imports: `server` (replica, views, api.auth, state.cluster) and `wire`; nothing 
 
 from __future__ import annotations
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -55,12 +57,19 @@ from web.console.render import SECURITY_HEADERS
 from web.console.session import COOKIE, csrf_token
 
 
+async def no_icon(request: Request) -> Response:
+    """`/favicon.ico`, which every browser asks for: none (a 404 was logged as an error in
+    the browser's console on every page)."""
+    return Response(status_code=204)
+
+
 def console_routes() -> list[BaseRoute]:
     """The console's pages, its static files and htmx (served from the installed
     django-js-lib-htmx package: no CDN)."""
     return [
         Mount("/static/htmx", StaticFiles(packages=[("js_lib_htmx", "static/htmx")]), name="htmx"),
         Mount("/static", StaticFiles(packages=[("web.console", "static")]), name="static"),
+        Route("/favicon.ico", no_icon, methods=["GET"]),
         Route("/login", session.login_form, methods=["GET"]),
         Route("/login", session.login, methods=["POST"]),
         Route("/logout", session.logout, methods=["POST"]),

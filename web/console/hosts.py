@@ -20,7 +20,7 @@ from server.timefmt import parse_time
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
 from web.console.errors import FORM_ERRORS, no_such_host, status_for
-from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
+from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url, wants_live_part
 from web.console.session import Session, console, read_form
 from wire.errors import InvalidInput, MusterError, ValidationError
 from wire.messages import JobState
@@ -207,6 +207,8 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "spark_w": SPARK_W,
         "spark_h": SPARK_H,
         "live_url": f"/hosts/{host_id}",
+        # What the action forms depend on (see the job page's).
+        "actions_version": "|".join(map(str, (view.cordoned, view.draining, view.drain_at, view.gpus_unhealthy))),
         "sse_on": "host stats job",
         "sse_id": host_id,
     }
@@ -224,7 +226,7 @@ async def host_detail(request: Request) -> Response:
     if ctx is None:
         raise no_such_host(host_id)
     ctx["errors"] = {}
-    if is_htmx(request):  # the live part, every few seconds: no database read
+    if wants_live_part(request):  # the live part, every few seconds: no database read
         return render(request, "_host.html", ctx)
     await _recent_attempts(m, host_id, ctx)
     return render(request, "host.html", ctx)

@@ -23,7 +23,7 @@ from server.scheduling.retry import used_tries
 from server.timefmt import parse_time
 from server.views.jobs import reason_detail, time_limit
 from web.console.errors import FORM_ERRORS, no_such_job, status_for
-from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url
+from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url, wants_live_part
 from web.console.session import Session, console, read_form
 from wire.errors import Forbidden, ValidationError
 from wire.messages import AttemptState, JobState
@@ -208,6 +208,12 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "live_url": f"/jobs/{job_id}",
         "sse_on": "job",
         "sse_id": job_id,
+        # What the action forms depend on: when a refresh of the live part says otherwise,
+        # live.js fetches the forms again (found by exploring: forms of a job that had
+        # ended, or been held, were still offered).
+        "actions_version": "|".join(map(str, (
+            job.state.value, job.hold, len(job.preempting), job.tries,
+            sum(1 for t in job.current_tasks() if not t.state.terminal and t.stop_kind)))),
     }
 
 
@@ -218,7 +224,7 @@ async def job_detail(request: Request) -> Response:
     if ctx is None:
         raise no_such_job(job_id)
     ctx["errors"] = []
-    return render(request, "_job.html" if is_htmx(request) else "job.html", ctx)
+    return render(request, "_job.html" if wants_live_part(request) else "job.html", ctx)
 
 
 @console(csrf=True, action=True)

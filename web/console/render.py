@@ -93,6 +93,12 @@ def is_htmx(request: Request) -> bool:
     return request.headers.get("hx-request", "").lower() == "true"
 
 
+def wants_live_part(request: Request) -> bool:
+    """Whether a page's request is htmx's refresh of its live part (`#live`), not of its
+    action forms (`#actions`, live.js), which are outside it: those get the whole page."""
+    return is_htmx(request) and request.headers.get("hx-target", "") != "actions"
+
+
 def url(path: str, **params: Any) -> str:
     q = {k: v for k, v in params.items() if v not in (None, "") and not (k == "page" and v == 1)}
     return f"{path}?{urlencode(q)}" if q else path

@@ -11,6 +11,14 @@
    only when an event says something it shows changed (at most once a second); when the
    stream is down (no EventSource, a buffering proxy, a server restart) polling resumes.
 
+   When the stream opens (and opens again), #live is refreshed once: what changed
+   between the page's render and the stream's start (an action just taken, applied by the
+   leader a moment later) is not missed.
+
+   Action forms: a page's #actions (data-for) was rendered for a version of what it acts
+   on; when a refresh of #live (data-version) says it changed, #actions is fetched again,
+   unless a field in it is being filled in (then it says the page is out of date).
+
    Confirmation: a form with data-confirm="question" asks that question (with the
    reason typed) before it is sent. */
 (function () {
@@ -97,6 +105,44 @@
     }
   });
 
+  // ------------------------------------------------------------ action forms
+
+  function busy(area) {
+    var fields = area.querySelectorAll("input, select, textarea");
+    for (var i = 0; i < fields.length; i++) {
+      var f = fields[i];
+      if (f === document.activeElement) return true;
+      if (f.type === "checkbox" || f.type === "radio") {
+        if (f.checked !== f.defaultChecked) return true;
+      } else if (f.type !== "hidden" && f.value !== f.defaultValue) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  document.addEventListener("htmx:afterSettle", function (evt) {
+    var live = liveElt();
+    var area = document.getElementById("actions");
+    if (!live || !area || !window.htmx) return;
+    var now = live.getAttribute("data-version");
+    if (!now || now === area.getAttribute("data-for")) return;
+    if (busy(area)) {
+      if (!area.querySelector(".stale-note")) {
+        var note = document.createElement("p");
+        note.className = "stale-note notice";
+        note.setAttribute("role", "status");
+        note.textContent = "This has changed since the page was loaded: reload before acting on it.";
+        area.insertBefore(note, area.firstChild);
+      }
+      return;
+    }
+    area.setAttribute("data-for", now);  // one fetch per change
+    window.htmx.ajax("GET", live.getAttribute("hx-get"), {
+      source: area, target: area, swap: "outerHTML", select: "#actions"
+    });
+  });
+
   function start() {
     var el = liveElt();
     if (!el || !window.EventSource) return;
@@ -109,6 +155,7 @@
       lastMessage = Date.now();
       streamOpen = true;
       document.documentElement.setAttribute("data-live", "sse");
+      schedule();  // what changed before the stream was open (found by exploring)
     });
     source.addEventListener("error", function () {
       // The browser reconnects by itself; poll meanwhile.
