@@ -223,7 +223,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             self.ingest = HeartbeatIngest(IngestConfig(
                 nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
                 nats_key=cfg.nats_key, every_s=cfg.follower_heartbeats_every_s), self.state.apply_heartbeat,
-                self._read_to)
+                self._read_to, self.state.hosts_renumbered)
             self.ingest.start()
         else:
             # ... or arrive on a connection of their own, so lease renewals and commits
@@ -232,7 +232,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                                        creds=cfg.nats_creds, tls_ca=cfg.nats_ca, tls_cert=cfg.nats_cert,
                                        tls_key=cfg.nats_key)
             self._watches.append(
-                await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET)
+                await Store(self.hb_nc).watch(">", self._on_heartbeat, bucket=subjects.HOSTS_BUCKET,
+                                              on_reset=self.state.hosts_renumbered)
             )
         loading: list[Watch | HeartbeatIngest] = [*self._watches, *([self.ingest] if self.ingest else [])]
         for w in loading:

@@ -40,6 +40,8 @@ DUPLICATE_MSG_ID = 10201
 # any unknown outcome, never taken for a refusal of the batch's content.
 NOT_READY = frozenset({10005, 10008, 10118})
 WATCH_HEARTBEAT_S = 1.0
+# How often a watch with `on_reset` looks whether its stream numbers its records afresh.
+RESET_CHECK_S = 2.0
 MAX_BATCH = 999  # messages per atomic batch, leaving room for the fence record
 
 
@@ -207,12 +209,14 @@ class Store:
         on_record: Callable[[Record], None],
         bucket: str = subjects.STATE_BUCKET,
         after_seq: int = 0,
+        on_reset: Callable[[], None] | None = None,
     ) -> Watch:
         """Watch keys matching `pattern` (the latest value of each, then every change;
         with `after_seq`, only the keys written after that stream sequence: a reader that
         has everything up to it). `on_record` runs synchronously in the subscription
-        callback."""
-        w = Watch(self, bucket, pattern, on_record, after_seq=after_seq)
+        callback. With `on_reset`, the watch starts again from each key's latest when the
+        bucket's stream numbers its records afresh (see Watch)."""
+        w = Watch(self, bucket, pattern, on_record, after_seq=after_seq, on_reset=on_reset)
         await w.start()
         return w
 
@@ -429,8 +433,17 @@ class Watch:
         *,
         every_revision: bool = False,
         after_seq: int = 0,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
+        # Told when the bucket's stream went back to numbering its records afresh (a bucket
+        # kept in memory, after every NATS node restarted): its records' revisions start
+        # low again, below those read before, and the watch starts again from each key's
+        # latest (found by exploring: the ordered consumer waited past the old last
+        # sequence, and every heartbeat was ignored for as long as the bucket had been in use).
+        self.on_reset = on_reset
+        self.resets = 0
+        self._monitor: asyncio.Task[None] | None = None
         self.bucket = bucket
         self.pattern = pattern
         self.on_record = on_record
@@ -448,6 +461,42 @@ class Watch:
         self._prefix = f"$KV.{bucket}."
 
     async def start(self) -> None:
+        await self._subscribe()
+        if self.on_reset is not None:
+            self._monitor = asyncio.ensure_future(self._watch_for_reset())
+
+    async def _watch_for_reset(self) -> None:
+        """Every RESET_CHECK_S: a stream whose last sequence is below the last one read
+        was emptied and numbers its records afresh: `on_reset`, then read again."""
+        stream = f"KV_{self.bucket}"
+        while True:
+            await asyncio.sleep(RESET_CHECK_S)
+            try:
+                last = (await self.store.js.stream_info(stream)).state.last_seq
+            except Exception as exc:  # noqa: BLE001 - NATS away or electing: look again later
+                log.debug("watch %s: stream info: %s", self.bucket, exc)
+                continue
+            if self._sub is not None and last >= self.last_seq:
+                continue
+            if self._sub is not None:
+                log.warning("watch %s: the stream's last record is %d, below the %d read: it was emptied and "
+                            "numbers its records afresh; reading each key's latest again", self.bucket, last,
+                            self.last_seq)
+                self.resets += 1
+                try:
+                    await self._sub.unsubscribe()
+                except Exception:  # noqa: BLE001
+                    pass
+                self._sub = None
+                self.last_seq = self.after_seq = 0
+                assert self.on_reset is not None
+                self.on_reset()
+            try:
+                await self._subscribe()
+            except Exception as exc:  # noqa: BLE001 - tried again at the next look
+                log.warning("watch %s: starting again failed: %s", self.bucket, exc)
+
+    async def _subscribe(self) -> None:
         info = await self.store.js.stream_info(f"KV_{self.bucket}")
         self.start_seq = info.state.last_seq
         if info.state.messages == 0:
@@ -541,6 +590,10 @@ class Watch:
             await asyncio.sleep(poll_s)
 
     async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+            self._monitor = None
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

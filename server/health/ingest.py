@@ -75,6 +75,9 @@ class HeartbeatBatch(NamedTuple):
     # of the bucket, after which it reads nothing until the next; the server's read clock
     # then stands at `position` rather than run on).
     live: bool = True
+    # The bucket was emptied and numbers its records afresh (every NATS node restarted with
+    # it in memory): the server forgets the revisions it read before applying these.
+    reset: bool = False
 
 
 # ---------------------------------------------------------------- child
@@ -106,6 +109,12 @@ class Pending:
 
     def __len__(self) -> int:
         return len(self.beats) + len(self.expired)
+
+    def clear(self) -> None:
+        """Forget what waits (read from a stream since emptied)."""
+        self.beats.clear()
+        self.expired.clear()
+        self.read_to = (0.0, 0)
 
     def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float,
             stamp: float = 0.0, behind: int = 0, skipped: int = 0) -> None:
@@ -201,6 +210,13 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
     pending = Pending()
     known: set[str] = set()  # the hosts read so far
     joined = 0  # hosts first read in the current reading
+    high = 0  # the highest stream sequence read (a reading that finds the stream below it: a reset)
+    reset = False  # a reset not yet told to the server
+
+    def on_reset() -> None:
+        nonlocal reset, high
+        pending.clear()  # records of the stream before: their revisions would hide the new ones
+        reset, high = True, 0
 
     def on_record(rec: Record) -> None:
         nonlocal joined
@@ -222,7 +238,14 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
     try:
         while not stop.is_set():
             began, joined = time.monotonic(), 0
-            watch = await Store(nc).watch(">", on_record, bucket=subjects.HOSTS_BUCKET)
+            store = Store(nc)
+            if high:  # emptied since the last reading (a follower's)? Looked at before reading anew.
+                last = (await store.js.stream_info(f"KV_{subjects.HOSTS_BUCKET}")).state.last_seq
+                if last < high:
+                    log.warning("heartbeat ingest: the hosts bucket's last record is %d, below the %d read: it "
+                                "was emptied and numbers its records afresh", last, high)
+                    on_reset()
+            watch = await store.watch(">", on_record, bucket=subjects.HOSTS_BUCKET, on_reset=on_reset)
             sent_synced = False
             try:
                 while not stop.is_set():
@@ -237,9 +260,11 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                         if done:
                             await watch.stop()
                         synced = watch.synced.is_set() if on else done
-                        if not pending and synced == sent_synced:
+                        if not pending and synced == sent_synced and not reset:
                             break
                         batch = pending.take(cfg.batch_max, synced, on)
+                        if reset:
+                            batch, reset = batch._replace(reset=True), False
                         try:
                             # Pickling and writing happen off the loop, which keeps reading.
                             await loop.run_in_executor(None, out.send, batch)
@@ -258,6 +283,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                                   "in %.1f s", watch.received, joined, time.monotonic() - began)
                         break  # a follower's reading of the bucket is done: sent, not live
             finally:
+                high = max(high, watch.last_seq)
                 await watch.stop()
             # Until the next reading, or until the server leads. While hosts are joining (a
             # reading found hosts the ones before had not, or none at all) it comes a second
@@ -293,10 +319,12 @@ class HeartbeatIngest(HelperProcess):
     label = "heartbeat ingest"
 
     def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
-                 on_position: Callable[[float, int, float, int, bool], None] | None = None) -> None:
+                 on_position: Callable[[float, int, float, int, bool], None] | None = None,
+                 on_reset: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.apply = apply
+        self.on_reset = on_reset  # the bucket numbers its records afresh: before a batch that says so
         # Told (stream time sent up to, records still unsent, local time, records the
         # watch skipped, whether the child reads on) after each batch: ReadClock.advance.
         self.on_position = on_position
@@ -362,6 +390,8 @@ class HeartbeatIngest(HelperProcess):
             conn.close()
 
     def _on_batch(self, batch: HeartbeatBatch) -> None:
+        if batch.reset and self.on_reset is not None:
+            self.on_reset()
         apply, at = self.apply, batch.received_at
         for key, rev, value, shape, stamp in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
                                                  batch.stamps, strict=True):

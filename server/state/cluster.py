@@ -467,6 +467,16 @@ class ClusterState:
             except Exception:  # noqa: BLE001
                 log.exception("listener failed on %s", kind)
 
+    def hosts_renumbered(self) -> None:
+        """The `hosts` bucket was emptied and numbers its records afresh (every NATS node
+        restarted with it in memory): the revisions read before are forgotten, so that the
+        heartbeats stored from now on, at lower revisions, are applied (found by exploring:
+        every one was taken for an older record and dropped, and every host stayed SUSPECT,
+        scheduling nothing, for as long as the bucket had been in use)."""
+        log.warning("the hosts bucket numbers its records afresh: the revisions read before are forgotten")
+        for entry in self.hosts.values():
+            entry.revision = 0
+
     def apply_host_record(self, rec: Record, now: float | None = None) -> None:
         """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry. A
         watched record is stamped with the store's time and moves the read clock."""

@@ -202,3 +202,40 @@ async def test_a_follower_reads_the_bucket_now_and_then_and_on_once_it_leads(nat
         await asyncio.wait_for(supervisor, timeout=10)
         await asyncio.to_thread(ingest.stop)
         await nc.close()
+
+
+@pytest.mark.parametrize("every_s", [0.0, 0.5])
+async def test_a_bucket_that_numbers_its_records_afresh_is_read_again(nats_url: str, every_s: float) -> None:
+    """Every NATS node restarted with the replicated `hosts` bucket in memory: it comes back
+    empty, its records numbered from 1 again. The ingest (reading live, or a follower's
+    readings now and then) sees the stream below what it read, the server forgets the
+    revisions it read, and the heartbeats stored from then on are applied (found by
+    exploring: each was taken for an older record and dropped; every host stayed SUSPECT
+    and nothing was scheduled). Shown here by deleting and creating the stream again."""
+    nc = await connect(nats_url, name="test-ingest-renumbered")
+    store = Store(nc)
+    await ensure_streams(store)
+    state = ClusterState(heartbeat_interval_s=5)
+    for i in range(20):
+        await send(store, heartbeat("h-r", seq=i, ts=time.time(), **AGENT))
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05, every_s=every_s), state.apply_heartbeat,
+                             state.clock.advance, state.hosts_renumbered)
+    stop = asyncio.Event()
+    ingest.start()
+    supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+    try:
+        await asyncio.wait_for(ingest.synced.wait(), timeout=60)
+        await eventually(lambda: "h-r" in state.hosts and state.hosts["h-r"].revision == 20, 60, "the first reading")
+        await store.js.delete_stream(f"KV_{subjects.HOSTS_BUCKET}")
+        await ensure_streams(store)
+        rev = await send(store, heartbeat("h-r", seq=100, cpus=48, ts=time.time(), **AGENT))
+        assert rev == 1
+        await eventually(lambda: state.hosts["h-r"].revision == rev, 60, "the heartbeat of the renumbered bucket")
+        assert state.hosts["h-r"].latest().seq == 100 and state.index.caps["h-r"].cpus == 48
+        rev = await send(store, heartbeat("h-r", seq=101, cpus=48, ts=time.time(), **AGENT))
+        await eventually(lambda: state.hosts["h-r"].revision == rev, 60, "the next one")
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        await asyncio.to_thread(ingest.stop)
+        await nc.close()
