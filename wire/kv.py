@@ -469,6 +469,7 @@ class Watch:
         """Every RESET_CHECK_S: a stream whose last sequence is below the last one read
         was emptied and numbers its records afresh: `on_reset`, then read again."""
         stream = f"KV_{self.bucket}"
+        below = 0  # looks in a row that found the stream below what was read
         while True:
             await asyncio.sleep(RESET_CHECK_S)
             try:
@@ -476,8 +477,10 @@ class Watch:
             except Exception as exc:  # noqa: BLE001 - NATS away or electing: look again later
                 log.debug("watch %s: stream info: %s", self.bucket, exc)
                 continue
-            if self._sub is not None and last >= self.last_seq:
-                continue
+            below = below + 1 if last < self.last_seq else 0
+            if self._sub is not None and below < 2:
+                continue  # (two looks in a row: not one answer of a stream leader just elected)
+            below = 0
             if self._sub is not None:
                 log.warning("watch %s: the stream's last record is %d, below the %d read: it was emptied and "
                             "numbers its records afresh; reading each key's latest again", self.bucket, last,

@@ -211,7 +211,11 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
     known: set[str] = set()  # the hosts read so far
     joined = 0  # hosts first read in the current reading
     high = 0  # the highest stream sequence read (a reading that finds the stream below it: a reset)
-    reset = False  # a reset not yet told to the server
+    # A reset not yet told to the server. A child's first batch says so whatever it finds:
+    # it reads each key's latest, and one started after the bucket was renumbered (the one
+    # before it died meanwhile: found by a review) would not know the stream went below what
+    # its server had read.
+    reset = True
 
     def on_reset() -> None:
         nonlocal reset, high

@@ -60,7 +60,7 @@ T = TypeVar("T")
 
 # Jobs of a queue about to be alerted as starved looked at for one that could ever run
 # (Scheduler._runnable), and how long a queue's answer is kept.
-RUNNABLE_LOOKS = 20
+RUNNABLE_LOOKS = 200
 RUNNABLE_KEPT_S = 60.0
 
 
@@ -200,6 +200,7 @@ class Scheduler:
         # queue -> (whether a job of it waiting could ever run, when that was found out),
         # and the check under way (one at a time, off the commit path: Scheduler._runnable).
         self._runnable_found: dict[str, tuple[bool, float]] = {}
+        self._runnable_wanted: dict[str, float] = {}  # queues asked about, in the order first asked
         self._runnable_check: asyncio.Task[None] | None = None
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
@@ -396,7 +397,7 @@ class Scheduler:
             self._runnable_check.cancel()
             await asyncio.gather(self._runnable_check, return_exceptions=True)
             self._runnable_check = None
-        self._runnable_found = {}
+        self._runnable_found, self._runnable_wanted = {}, {}
         for t in list(self._inflight):
             if not t.done():
                 t.cancel()
@@ -915,9 +916,19 @@ class Scheduler:
         found = self._runnable_found.get(queue)
         if found is not None and now - found[1] <= RUNNABLE_KEPT_S:
             return found[0]
+        # Every queue asked about gets its turn, in the order first asked (found by a
+        # review: one check at a time, started by the first queue asked, left queues late
+        # in the order never looked at).
+        self._runnable_wanted.setdefault(queue, now)
         if self._runnable_check is None or self._runnable_check.done():
-            self._runnable_check = asyncio.ensure_future(self._find_runnable(queue, now))
+            self._runnable_check = asyncio.ensure_future(self._find_wanted())
         return False
+
+    async def _find_wanted(self) -> None:
+        while self._runnable_wanted:
+            queue, asked = next(iter(self._runnable_wanted.items()))
+            await self._find_runnable(queue, asked)
+            self._runnable_wanted.pop(queue, None)
 
     async def _find_runnable(self, queue: str, now: float) -> None:
         """`_runnable`'s answer for `queue`: the first RUNNABLE_LOOKS jobs in its order are

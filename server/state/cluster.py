@@ -154,6 +154,10 @@ class HostEntry:
 
 M = TypeVar("M", bound=BaseModel)
 
+# A host's heartbeat key lives this many intervals (the agents' default `--ttl-intervals`):
+# a host not heard again that long after the bucket was renumbered is taken as expired.
+UNCONFIRMED_TTL_INTERVALS = 3
+
 
 def _keep(into: dict[str, M], name: str, value: bytes | None, cls: type[M]) -> None:
     """A record's decoded value under `name`, or nothing once the record is deleted."""
@@ -208,6 +212,10 @@ class ClusterState:
     # Hosts whose heartbeat key expired (entry.present False), kept as heartbeats arrive
     # so the planner need not walk every host each cycle.
     absent: set[str] = field(default_factory=set)
+    # Hosts present when the hosts bucket was last renumbered (hosts_renumbered) and not
+    # heard since, and when that was (wall clock).
+    _unconfirmed: set[str] = field(default_factory=set)
+    _renumbered_at: float = 0.0
     # Hosts whose last decoded heartbeat names attempts with idle GPUs (Heartbeat.gpu_idle).
     idle_gpu_hosts: set[str] = field(default_factory=set)
     # Hosts with an alloc record but no record in the hosts bucket at all (their key
@@ -473,9 +481,27 @@ class ClusterState:
         heartbeats stored from now on, at lower revisions, are applied (found by exploring:
         every one was taken for an older record and dropped, and every host stayed SUSPECT,
         scheduling nothing, for as long as the bucket had been in use)."""
-        log.warning("the hosts bucket numbers its records afresh: the revisions read before are forgotten")
+        self._unconfirmed = {key for key, entry in self.hosts.items() if entry.present}
+        if self._unconfirmed:
+            log.warning("the hosts bucket numbers its records afresh: the revisions read before are forgotten")
+        self._renumbered_at = time.time()
         for entry in self.hosts.values():
             entry.revision = 0
+
+    def _expire_unconfirmed(self, now: float) -> None:
+        """Hosts present before the bucket was renumbered and not heard since, a heartbeat
+        TTL and an interval later: as if their keys expired (their markers went with the
+        bucket; found by a review: such a host stayed SUSPECT for good, its work never
+        replaced)."""
+        if now - self._renumbered_at <= (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s:
+            return
+        gone, self._unconfirmed = self._unconfirmed, set()
+        for key in gone:
+            entry = self.hosts.get(key)
+            if entry is not None and entry.present:
+                log.warning("host %s not heard since the hosts bucket was renumbered: taken as expired", key)
+                entry.revision = -1  # (the marker applies; the host's next heartbeat, at any revision, too)
+                self.apply_heartbeat(key, 0, None, None, now)
 
     def apply_host_record(self, rec: Record, now: float | None = None) -> None:
         """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry. A
@@ -494,6 +520,8 @@ class ClusterState:
         entry = self.hosts.get(key)
         if entry is not None and revision <= entry.revision:
             return
+        if self._unconfirmed:
+            self._unconfirmed.discard(key)
         if value is None:
             self.absent.add(key)
             self.idle_gpu_hosts.discard(key)
@@ -676,6 +704,8 @@ class ClusterState:
 
     def refresh_health(self, now: float) -> HealthIndex:
         """The health index brought up to `now` (see server.health.index)."""
+        if self._unconfirmed:
+            self._expire_unconfirmed(now)
         self.health_index.refresh(self.hosts, self.health_time(now), self.heartbeat_interval_s)
         return self.health_index
 

@@ -204,14 +204,17 @@ async def test_a_follower_reads_the_bucket_now_and_then_and_on_once_it_leads(nat
         await nc.close()
 
 
-@pytest.mark.parametrize("every_s", [0.0, 0.5])
-async def test_a_bucket_that_numbers_its_records_afresh_is_read_again(nats_url: str, every_s: float) -> None:
+@pytest.mark.parametrize(("every_s", "kill"), [(0.0, False), (0.5, False), (0.0, True)])
+async def test_a_bucket_that_numbers_its_records_afresh_is_read_again(nats_url: str, every_s: float,
+                                                                      kill: bool) -> None:
     """Every NATS node restarted with the replicated `hosts` bucket in memory: it comes back
     empty, its records numbered from 1 again. The ingest (reading live, or a follower's
     readings now and then) sees the stream below what it read, the server forgets the
     revisions it read, and the heartbeats stored from then on are applied (found by
     exploring: each was taken for an older record and dropped; every host stayed SUSPECT
-    and nothing was scheduled). Shown here by deleting and creating the stream again."""
+    and nothing was scheduled). Shown here by deleting and creating the stream again; with
+    `kill`, the ingest process is killed meanwhile, and the one started after it (which never
+    read the stream before) has the server forget all the same (found by a review)."""
     nc = await connect(nats_url, name="test-ingest-renumbered")
     store = Store(nc)
     await ensure_streams(store)
@@ -227,6 +230,10 @@ async def test_a_bucket_that_numbers_its_records_afresh_is_read_again(nats_url: 
         await asyncio.wait_for(ingest.synced.wait(), timeout=60)
         await eventually(lambda: "h-r" in state.hosts and state.hosts["h-r"].revision == 20, 60, "the first reading")
         await store.js.delete_stream(f"KV_{subjects.HOSTS_BUCKET}")
+        if kill:
+            assert ingest.proc is not None and ingest.proc.pid is not None
+            os.kill(ingest.proc.pid, signal.SIGKILL)
+            await eventually(lambda: ingest.restarts == 1, 60, "a restart")
         await ensure_streams(store)
         rev = await send(store, heartbeat("h-r", seq=100, cpus=48, ts=time.time(), **AGENT))
         assert rev == 1

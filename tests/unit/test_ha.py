@@ -543,7 +543,8 @@ def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -
 
     w = World(interval_s=3600.0)
     w.host("h1", gpus=8, now=NOW)
-    w.submit("huge", gpus=16, submitted_at=NOW - 10)
+    for i in range(25):  # more than the first 20 looked at once (a review: those past them were taken as runnable)
+        w.submit(f"huge{i}", gpus=16, submitted_at=NOW - 10 + i)
 
     async def main() -> list[list[str]]:
         sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
@@ -566,3 +567,27 @@ def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -
         return said
 
     assert asyncio.run(main()) == [[], [], [], [], [], ["default"]]
+
+
+def test_every_queue_gets_its_turn_to_be_found_runnable() -> None:
+    """Whether a queue's jobs could ever run is found one queue at a time: every queue
+    asked about gets its turn, in the order first asked (found by a review: with many
+    queues, the first asked took every turn and the last were never looked at)."""
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import NOW, World
+
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=8, now=NOW)
+    w.submit("huge", gpus=16, submitted_at=NOW - 10)
+
+    async def main() -> dict[str, tuple[bool, float]]:
+        sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
+        sched.config = SchedulerConfig()
+        for q in ("a", "b", "c", "default"):
+            assert sched._runnable(q, NOW) is False  # not known yet
+        assert sched._runnable_check is not None
+        await sched._runnable_check
+        return sched._runnable_found
+
+    found = asyncio.run(main())
+    assert {q: f[0] for q, f in found.items()} == {"a": False, "b": False, "c": False, "default": False}

@@ -533,3 +533,34 @@ def test_a_new_leader_announces_the_host_transitions_it_saw_while_following(monk
     sent.clear()
     asyncio.run(mon.check())
     assert sent == []  # once
+
+
+def test_hosts_not_heard_again_after_the_bucket_was_renumbered_expire() -> None:
+    """The hosts bucket came back empty, numbering its records from 1 (every NATS node
+    restarted with it in memory): a heartbeat at a revision below those read before is
+    applied, and a host not heard again within a TTL and an interval is taken as expired
+    (its expiry marker went with the bucket; found by a review: it stayed SUSPECT for good
+    and its work was never replaced)."""
+    import time
+
+    from tests.factories import heartbeat_record
+    from wire.records import Record
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    lost: list[str] = []
+    state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
+    t0 = time.time()
+    for rev, host in ((40, "h1"), (41, "h2")):
+        state.apply_host_record(heartbeat_record(host, rev, shape=False, boot_id="b", seq=1, ts=t0), now=t0)
+    state.hosts_renumbered()
+    state.apply_host_record(heartbeat_record("h2", 1, shape=False, boot_id="b", seq=2, ts=t0), now=t0 + 1)
+    assert state.hosts["h2"].revision == 1 and state.hosts["h2"].latest().seq == 2
+    state.refresh_health(t0 + 10)
+    assert state.hosts["h1"].present and not lost  # a TTL not over yet
+    state.refresh_health(t0 + 25)
+    assert not state.hosts["h1"].present and state.hosts["h2"].present and lost == ["h1"]
+    # Its agent back, at any revision: present again.
+    state.apply_host_record(heartbeat_record("h1", 2, shape=False, boot_id="b", seq=5, ts=t0 + 30), now=t0 + 30)
+    assert state.hosts["h1"].present
+    state.apply_host_record(Record("h1", 3, None), now=t0 + 60)  # an expiry as usual
+    assert not state.hosts["h1"].present

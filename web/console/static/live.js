@@ -121,12 +121,19 @@
     return false;
   }
 
+  // The live part's version last acted on: #actions is fetched again only when that moves
+  // (its own fetch may carry a newer version than #live has yet: no fetch loop).
+  var seenVersion = null;
+
   document.addEventListener("htmx:afterSettle", function (evt) {
     var live = liveElt();
     var area = document.getElementById("actions");
     if (!live || !area || !window.htmx) return;
     var now = live.getAttribute("data-version");
-    if (!now || now === area.getAttribute("data-for")) return;
+    if (seenVersion === null) seenVersion = area.getAttribute("data-for");
+    if (!now || now === seenVersion) return;
+    seenVersion = now;
+    if (now === area.getAttribute("data-for")) return;
     if (busy(area)) {
       if (!area.querySelector(".stale-note")) {
         var note = document.createElement("p");
@@ -137,7 +144,6 @@
       }
       return;
     }
-    area.setAttribute("data-for", now);  // one fetch per change
     window.htmx.ajax("GET", live.getAttribute("hx-get"), {
       source: area, target: area, swap: "outerHTML", select: "#actions"
     });
