@@ -471,7 +471,9 @@ class Watch:
         stream = f"KV_{self.bucket}"
         below = 0  # looks in a row that found the stream below what was read
         while True:
-            await asyncio.sleep(RESET_CHECK_S)
+            # A start again that failed is tried again sooner (found by exploring: its first
+            # try often timed out while the stream was being restored).
+            await asyncio.sleep(RESET_CHECK_S if self._sub is not None else RESET_CHECK_S / 4)
             try:
                 last = (await self.store.js.stream_info(stream)).state.last_seq
             except Exception as exc:  # noqa: BLE001 - NATS away or electing: look again later

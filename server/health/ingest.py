@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
+from nats.errors import Error as NatsError
+
 from server import metrics
 from server.childproc import HelperProcess
 from wire import subjects
@@ -243,13 +245,20 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
         while not stop.is_set():
             began, joined = time.monotonic(), 0
             store = Store(nc)
-            if high:  # emptied since the last reading (a follower's)? Looked at before reading anew.
-                last = (await store.js.stream_info(f"KV_{subjects.HOSTS_BUCKET}")).state.last_seq
-                if last < high:
-                    log.warning("heartbeat ingest: the hosts bucket's last record is %d, below the %d read: it "
-                                "was emptied and numbers its records afresh", last, high)
-                    on_reset()
-            watch = await store.watch(">", on_record, bucket=subjects.HOSTS_BUCKET, on_reset=on_reset)
+            try:
+                if high:  # emptied since the last reading (a follower's)? Looked at before reading anew.
+                    last = (await store.js.stream_info(f"KV_{subjects.HOSTS_BUCKET}")).state.last_seq
+                    if last < high:
+                        log.warning("heartbeat ingest: the hosts bucket's last record is %d, below the %d read: it "
+                                    "was emptied and numbers its records afresh", last, high)
+                        on_reset()
+                watch = await store.watch(">", on_record, bucket=subjects.HOSTS_BUCKET, on_reset=on_reset)
+            except (NatsError, TimeoutError) as exc:
+                # NATS away, or its stream not restored yet (found by exploring: the process
+                # died with a traceback and was started again): read again in a second.
+                log.warning("heartbeat ingest: cannot read the hosts bucket yet: %s", str(exc) or type(exc).__name__)
+                await pause(stop, 1.0)
+                continue
             sent_synced = False
             try:
                 while not stop.is_set():

@@ -25,7 +25,13 @@ def test_a_server_waiting_for_nats_stops_on_a_signal(tmp_path: Path, sig: signal
              "--http-port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--name", "early"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:
-            time.sleep(3)  # several tries to connect
+            # Trying to connect (it says so in a line): its signal handlers are in place. (A
+            # fixed 3 s was not always enough for a loaded machine to start it: the signal
+            # came first and ended it with nothing said.)
+            deadline = time.monotonic() + 120
+            while "NATS at nats://" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
             assert proc.poll() is None, log.read_text()
             proc.send_signal(sig)
             assert proc.wait(timeout=60) is not None  # it used to wait for NATS whatever the signal
