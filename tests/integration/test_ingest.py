@@ -246,3 +246,30 @@ async def test_a_bucket_that_numbers_its_records_afresh_is_read_again(nats_url: 
         await asyncio.wait_for(supervisor, timeout=10)
         await asyncio.to_thread(ingest.stop)
         await nc.close()
+
+
+async def test_an_ingest_that_cannot_read_the_bucket_yet_waits_for_it(nats_url: str) -> None:
+    """The hosts bucket's stream is not there (NATS restoring it after a restart): the
+    ingest process says so and reads again a second later, rather than end with a
+    traceback and be started again (found by exploring)."""
+    nc = await connect(nats_url, name="test-ingest-waits")
+    store = Store(nc)
+    await ensure_streams(store)
+    await store.js.delete_stream(f"KV_{subjects.HOSTS_BUCKET}")
+    state = ClusterState(heartbeat_interval_s=5)
+    ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05), state.apply_heartbeat,
+                             state.clock.advance, state.hosts_renumbered)
+    stop = asyncio.Event()
+    ingest.start()
+    supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+    try:
+        await asyncio.sleep(3)  # several tries to read
+        await ensure_streams(store)
+        rev = await send(store, heartbeat("h-w", ts=time.time(), **AGENT))
+        await eventually(lambda: "h-w" in state.hosts and state.hosts["h-w"].revision == rev, 60, "the heartbeat")
+        assert ingest.restarts == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(supervisor, timeout=10)
+        await asyncio.to_thread(ingest.stop)
+        await nc.close()
