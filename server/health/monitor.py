@@ -31,11 +31,11 @@ from wire.messages import Event, GpuUsage, Heartbeat, encode
 
 log = logging.getLogger(__name__)
 
-# Host transitions a replica saw while following, this recent, are still published and
-# alerted when it takes the lead: the old leader may have been gone for them (it is lost
-# a lease's TTL before a follower takes over), and without them a host lost or back in
-# that gap had no event and no alert (found by exploring). One the old leader had alerted
-# just before it stopped is alerted again.
+# Host transitions a replica saw while following, this recent (and at least three lease
+# TTLs), are still published and alerted when it takes the lead: the old leader may have
+# been gone for them (it is lost a lease's TTL before a follower takes over), and without
+# them a host lost or back in that gap had no event and no alert (found by exploring).
+# One the old leader had alerted just before it stopped is alerted again.
 TAKEOVER_WINDOW_S = 15.0
 
 
@@ -171,14 +171,14 @@ class HealthMonitor:
             self._gpu_alerts.clear()
             self._fence_alerts.clear()
             following.extend((now, h, frm, to) for h, frm, to in changes if frm is not None)
-            while following and now - following[0][0] > TAKEOVER_WINDOW_S:
+            while following and now - following[0][0] > self._takeover_window_s():
                 following.popleft()
             return
         if self._term != self.leadership.term:
             # A new term: the present is taken as known, not announced again, but for the
             # transitions of the last TAKEOVER_WINDOW_S, in their order.
             self._term = self.leadership.term
-            recent = [(h, frm, to) for t, h, frm, to in following if now - t <= TAKEOVER_WINDOW_S]
+            recent = [(h, frm, to) for t, h, frm, to in following if now - t <= self._takeover_window_s()]
             following.clear()
             changes = [*recent, *changes]
         lost: list[Event] = []
@@ -214,6 +214,10 @@ class HealthMonitor:
             metrics.FENCED_ATTEMPTS.labels(outcome="stopped").inc(stopped)
         for ev in fence_alerts(fenced, now):
             await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, ev)
+
+    def _takeover_window_s(self) -> float:
+        config = getattr(self.leadership, "config", None)
+        return max(TAKEOVER_WINDOW_S, 3 * config.ttl_s) if config is not None else TAKEOVER_WINDOW_S
 
     @staticmethod
     def _host_alert(entry: HostEntry | None, now: float, why: str) -> Event:

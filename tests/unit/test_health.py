@@ -533,6 +533,9 @@ def test_a_new_leader_announces_the_host_transitions_it_saw_while_following(monk
     sent.clear()
     asyncio.run(mon.check())
     assert sent == []  # once
+    # A longer lease: the window is three of its TTLs.
+    lead.config = SimpleNamespace(ttl_s=10.0)  # type: ignore[attr-defined]
+    assert mon._takeover_window_s() == 30.0
 
 
 def test_hosts_not_heard_again_after_the_bucket_was_renumbered_expire() -> None:
