@@ -213,7 +213,7 @@ class ClusterState:
     # so the planner need not walk every host each cycle.
     absent: set[str] = field(default_factory=set)
     # Hosts present when the hosts bucket was last renumbered (hosts_renumbered) and not
-    # heard since, and when that was (wall clock).
+    # heard since, and when that was (on the read clock: health_time).
     _unconfirmed: set[str] = field(default_factory=set)
     _renumbered_at: float = 0.0
     # Hosts whose last decoded heartbeat names attempts with idle GPUs (Heartbeat.gpu_idle).
@@ -484,7 +484,9 @@ class ClusterState:
         self._unconfirmed = {key for key, entry in self.hosts.items() if entry.present}
         if self._unconfirmed:
             log.warning("the hosts bucket numbers its records afresh: the revisions read before are forgotten")
-        self._renumbered_at = time.time()
+        # On the read clock, as heartbeats' ages are judged: a follower reading the bucket
+        # now and then takes no host as expired before a reading has been applied.
+        self._renumbered_at = self.health_time()
         for entry in self.hosts.values():
             entry.revision = 0
 
@@ -493,7 +495,7 @@ class ClusterState:
         TTL and an interval later: as if their keys expired (their markers went with the
         bucket; found by a review: such a host stayed SUSPECT for good, its work never
         replaced)."""
-        if now - self._renumbered_at <= (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s:
+        if self.health_time(now) - self._renumbered_at <= (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s:
             return
         gone, self._unconfirmed = self._unconfirmed, set()
         for key in gone:

@@ -567,3 +567,23 @@ def test_hosts_not_heard_again_after_the_bucket_was_renumbered_expire() -> None:
     assert state.hosts["h1"].present
     state.apply_host_record(Record("h1", 3, None), now=t0 + 60)  # an expiry as usual
     assert not state.hosts["h1"].present
+
+
+def test_a_follower_reading_now_and_then_takes_no_host_as_expired_before_a_reading() -> None:
+    """A follower reads the hosts bucket only now and then (its read clock stands at the
+    last reading): after a renumbering, a host is taken as expired only once readings a
+    TTL and an interval on have not brought it, not while the wall clock runs on."""
+    import time
+
+    from tests.factories import heartbeat_record
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    t0 = time.time()
+    state.apply_host_record(heartbeat_record("h1", 40, shape=False, boot_id="b", seq=1, ts=t0), now=t0)
+    state.clock.advance(t0, 0, t0, live=False)  # a reading, then nothing read until the next
+    state.hosts_renumbered()
+    state.refresh_health(t0 + 60)
+    assert state.hosts["h1"].present  # no reading since: nothing said it is gone
+    state.clock.advance(t0 + 30, 0, t0 + 61, live=False)  # a reading 30 s on, without h1
+    state.refresh_health(t0 + 61)
+    assert not state.hosts["h1"].present
