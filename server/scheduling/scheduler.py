@@ -200,8 +200,10 @@ class Scheduler:
         # queue -> (whether a job of it waiting could ever run, when that was found out),
         # and the check under way (one at a time, off the commit path: Scheduler._runnable).
         self._runnable_found: dict[str, tuple[bool, float]] = {}
-        self._runnable_wanted: dict[str, float] = {}  # queues asked about, in the order first asked
+        # Queues asked about, in the order first asked: when (the caller's clock, and monotonic).
+        self._runnable_wanted: dict[str, tuple[float, float]] = {}
         self._runnable_check: asyncio.Task[None] | None = None
+        self._monotonic = time.monotonic  # (a test's own clock)
         self._placed_queues: set[str] = set()
         self._watched_at = 0.0
         self._plan_after = 0.0  # time.monotonic() before which the next cycle waits (plan_share)
@@ -919,18 +921,25 @@ class Scheduler:
         # Every queue asked about gets its turn, in the order first asked (found by a
         # review: one check at a time, started by the first queue asked, left queues late
         # in the order never looked at).
-        self._runnable_wanted.setdefault(queue, now)
+        self._runnable_wanted.setdefault(queue, (now, self._monotonic()))
         if self._runnable_check is None or self._runnable_check.done():
             self._runnable_check = asyncio.ensure_future(self._find_wanted())
         return False
 
     async def _find_wanted(self) -> None:
         while self._runnable_wanted:
-            queue, asked = next(iter(self._runnable_wanted.items()))
-            await self._find_runnable(queue, asked)
+            queue, (asked, since) = next(iter(self._runnable_wanted.items()))
+            try:
+                runnable = await self._find_runnable(queue, asked)
+            except Exception:  # noqa: BLE001 - an answer kept as unknown; the other queues go on
+                log.exception("finding whether queue %s's jobs could run failed", queue)
+                runnable = True
+            # Kept from when it was found, on the caller's clock (a review: stamped with when
+            # it was asked, an answer that took its turn past RUNNABLE_KEPT_S was stale at once).
+            self._runnable_found[queue] = (runnable, asked + self._monotonic() - since)
             self._runnable_wanted.pop(queue, None)
 
-    async def _find_runnable(self, queue: str, now: float) -> None:
+    async def _find_runnable(self, queue: str, now: float) -> bool:
         """`_runnable`'s answer for `queue`: the first RUNNABLE_LOOKS jobs in its order are
         looked at; past them it is taken as runnable."""
         view = self._jobs_view
@@ -955,7 +964,7 @@ class Scheduler:
             if not never:
                 runnable = True
                 break
-        self._runnable_found[queue] = (runnable, now)
+        return runnable
 
     async def _alerts(self, plan: Plan, now: float) -> None:
         nc = self.store.nc

@@ -215,7 +215,7 @@ class ClusterState:
     # Hosts present when the hosts bucket was last renumbered (hosts_renumbered) and not
     # heard since, and when that was (on the read clock: health_time).
     _unconfirmed: set[str] = field(default_factory=set)
-    _renumbered_at: float = 0.0
+    _renumbered_at: float | None = None
     # Hosts whose last decoded heartbeat names attempts with idle GPUs (Heartbeat.gpu_idle).
     idle_gpu_hosts: set[str] = field(default_factory=set)
     # Hosts with an alloc record but no record in the hosts bucket at all (their key
@@ -483,10 +483,12 @@ class ClusterState:
         scheduling nothing, for as long as the bucket had been in use)."""
         self._unconfirmed = {key for key, entry in self.hosts.items() if entry.present}
         if self._unconfirmed:
-            log.warning("the hosts bucket numbers its records afresh: the revisions read before are forgotten")
-        # On the read clock, as heartbeats' ages are judged: a follower reading the bucket
-        # now and then takes no host as expired before a reading has been applied.
-        self._renumbered_at = self.health_time()
+            log.warning("the hosts bucket is read anew (it numbers its records afresh, or its reader started "
+                        "again): the revisions read before are forgotten")
+        # Counted on the store's clock from the first record read after it, as heartbeats'
+        # ages are judged (a review: from the read clock as it stood, a follower's last
+        # reading or a reader behind, hosts not read yet were taken as expired at once).
+        self._renumbered_at = None
         for entry in self.hosts.values():
             entry.revision = 0
 
@@ -495,7 +497,8 @@ class ClusterState:
         TTL and an interval later: as if their keys expired (their markers went with the
         bucket; found by a review: such a host stayed SUSPECT for good, its work never
         replaced)."""
-        if self.health_time(now) - self._renumbered_at <= (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s:
+        window = (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s
+        if self._renumbered_at is None or self.health_time(now) - self._renumbered_at <= window:
             return
         gone, self._unconfirmed = self._unconfirmed, set()
         for key in gone:
@@ -524,6 +527,8 @@ class ClusterState:
             return
         if self._unconfirmed:
             self._unconfirmed.discard(key)
+            if self._renumbered_at is None:
+                self._renumbered_at = now
         if value is None:
             self.absent.add(key)
             self.idle_gpu_hosts.discard(key)

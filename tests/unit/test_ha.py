@@ -591,3 +591,29 @@ def test_every_queue_gets_its_turn_to_be_found_runnable() -> None:
 
     found = asyncio.run(main())
     assert {q: f[0] for q, f in found.items()} == {"a": False, "b": False, "c": False, "default": False}
+
+
+def test_a_queues_runnable_answer_is_kept_from_when_it_was_found() -> None:
+    """An answer that took its turn long after it was asked is kept RUNNABLE_KEPT_S from
+    when it was found (a review: stamped with when it was asked, one that took longer was
+    stale at once, and the queue was never alerted)."""
+    from server.scheduling.scheduler import RUNNABLE_KEPT_S, SchedulerConfig
+    from tests.unit.test_planner import World
+
+    clock = iter([0.0, 100.0])  # monotonic: when asked, when found
+
+    async def main() -> bool:
+        sched = Scheduler(None, World().state, Lease())  # type: ignore[arg-type]
+        sched.config = SchedulerConfig()
+        sched._monotonic = lambda: next(clock)
+
+        async def found(queue: str, now: float) -> bool:
+            return True
+
+        sched._find_runnable = found  # type: ignore[method-assign]
+        assert sched._runnable("q", 1000.0) is False
+        assert sched._runnable_check is not None
+        await sched._runnable_check
+        return sched._runnable("q", 1000.0 + 100.0 + RUNNABLE_KEPT_S - 1)
+
+    assert asyncio.run(main()) is True

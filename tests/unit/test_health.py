@@ -571,19 +571,25 @@ def test_hosts_not_heard_again_after_the_bucket_was_renumbered_expire() -> None:
 
 def test_a_follower_reading_now_and_then_takes_no_host_as_expired_before_a_reading() -> None:
     """A follower reads the hosts bucket only now and then (its read clock stands at the
-    last reading): after a renumbering, a host is taken as expired only once readings a
-    TTL and an interval on have not brought it, not while the wall clock runs on."""
+    last reading), and learns of a renumbering with the first reading after it: a host is
+    taken as expired only once the readings a TTL and an interval past the first record
+    read after the renumbering have not brought it (a review: counted from the clock as it
+    stood, the last reading, hosts not yet handed over were taken as expired at once)."""
     import time
 
     from tests.factories import heartbeat_record
 
     state = ClusterState(heartbeat_interval_s=5.0)
     t0 = time.time()
-    state.apply_host_record(heartbeat_record("h1", 40, shape=False, boot_id="b", seq=1, ts=t0), now=t0)
+    for rev, host in ((40, "h1"), (41, "h2")):
+        state.apply_host_record(heartbeat_record(host, rev, shape=False, boot_id="b", seq=1, ts=t0), now=t0)
     state.clock.advance(t0, 0, t0, live=False)  # a reading, then nothing read until the next
+    # 30 s on, a reading after the renumbering: its first records, then its position.
     state.hosts_renumbered()
+    state.apply_host_record(heartbeat_record("h2", 1, shape=False, boot_id="b", seq=2, ts=t0 + 29), now=t0 + 29)
+    state.clock.advance(t0 + 30, 0, t0 + 30, live=False)
     state.refresh_health(t0 + 60)
-    assert state.hosts["h1"].present  # no reading since: nothing said it is gone
-    state.clock.advance(t0 + 30, 0, t0 + 61, live=False)  # a reading 30 s on, without h1
+    assert state.hosts["h1"].present and state.hosts["h2"].present  # h1 may come in the next reading
+    state.clock.advance(t0 + 55, 0, t0 + 61, live=False)  # the next reading, without h1
     state.refresh_health(t0 + 61)
-    assert not state.hosts["h1"].present
+    assert not state.hosts["h1"].present and state.hosts["h2"].present

@@ -132,9 +132,11 @@
     var now = live.getAttribute("data-version");
     if (seenVersion === null) seenVersion = area.getAttribute("data-for");
     if (!now || now === seenVersion) return;
-    seenVersion = now;
-    if (now === area.getAttribute("data-for")) return;
-    if (busy(area)) {
+    if (now === area.getAttribute("data-for")) {
+      seenVersion = now;
+      return;
+    }
+    if (busy(area)) {  // (fetched at a later refresh once the field is left)
       if (!area.querySelector(".stale-note")) {
         var note = document.createElement("p");
         note.className = "stale-note notice";
@@ -144,6 +146,7 @@
       }
       return;
     }
+    seenVersion = now;
     window.htmx.ajax("GET", live.getAttribute("hx-get"), {
       source: area, target: area, swap: "outerHTML", select: "#actions"
     });
