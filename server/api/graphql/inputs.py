@@ -207,8 +207,8 @@ class AdvanceReservationInput:
     ends_at: dt.datetime = strawberry.field(description="When the hosts go back to every queue (UTC unless an "
                                                         "offset is given).")
     starts_at: dt.datetime | None = strawberry.field(
-        default=None, description="When it opens; default, or a time past: now. At most 365 days ahead; it lasts "
-                                  "at most 90 days.")
+        default=None, description="When it opens; default, or a time past: now. It starts and ends at most 365 "
+                                  "days ahead, and lasts at most 90 days.")
     description: str = ""
 
 
