@@ -43,26 +43,30 @@ def _revoked(view: Any, context: Any) -> bool:
     return h is not None and h not in view.muster.state.tokens
 
 
+async def _closed_if_revoked(handler: Any) -> bool:
+    """Close a WebSocket whose token was revoked since it was opened (4403, as a new one
+    would be: found by exploring, its queries and mutations went on under the revoked
+    token's role); whether it did."""
+    if handler.connection_acknowledged and _revoked(handler.view, handler.context):
+        await handler.websocket.close(code=4403, reason="the token was revoked")
+        return True
+    return False
+
+
 class _TransportWS(BaseGraphQLTransportWSHandler[dict[str, Any], None]):
-    """graphql-transport-ws: every operation on the socket is refused once its token is
-    revoked: the socket is closed (4403), as a new one would be (found by exploring: its
-    queries and mutations went on under the revoked token's role)."""
+    """graphql-transport-ws: every operation on the socket is refused once its token is revoked."""
 
     async def handle_subscribe(self, message: Any) -> None:
-        if self.connection_acknowledged and _revoked(self.view, self.context):
-            await self.websocket.close(code=4403, reason="the token was revoked")
-            return
-        await super().handle_subscribe(message)
+        if not await _closed_if_revoked(self):
+            await super().handle_subscribe(message)
 
 
 class _LegacyWS(BaseGraphQLWSHandler[dict[str, Any], None]):
     """graphql-ws (legacy): as `_TransportWS`."""
 
     async def handle_start(self, message: Any) -> None:
-        if self.connection_acknowledged and _revoked(self.view, self.context):
-            await self.websocket.close(code=4403, reason="the token was revoked")
-            return
-        await super().handle_start(message)
+        if not await _closed_if_revoked(self):
+            await super().handle_start(message)
 
 
 class MusterGraphQL(GraphQL[dict[str, Any], None]):

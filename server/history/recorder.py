@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def consumer_name(db_url: str, database_id: str = "") -> str:
-    """The durable consumer of a history database: by its URL, and for a SQLite file by
-    the identity kept in it as well (found by a review: two replicas whose files had the
+    """The durable consumer of a history database: by its URL, and by the identity kept in
+    it when given (for a SQLite file: found by a review, two replicas whose files had the
     same path, the default data directory, shared one consumer and each recorded half the
     events)."""
-    key = f"{db_url}#{database_id}" if database_id and not db_url.startswith("postgresql") else db_url
+    key = f"{db_url}#{database_id}" if database_id else db_url
     return "history-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 

@@ -39,6 +39,7 @@ from server.state.cluster import ClusterState
 from server.state.consumers import PullFeed, ensure_consumer
 from server.state.lease import FENCE_SLOTS, Leader
 from server.views import queues as queue_view
+from server.views.hosts import finish_stepwise
 from server.views.jobs import JobView
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
@@ -953,15 +954,7 @@ class Scheduler:
             job = self.state.jobs.get(key[2])
             if job is None or job.not_before > now or view.queue_never(job):
                 continue
-            steps = view.hosts_never_steps(job, time.monotonic())
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    never = done.value
-                    break
-                await asyncio.sleep(0)
-            if not never:
+            if not await finish_stepwise(view.hosts_never_steps(job, time.monotonic()), lambda: asyncio.sleep(0)):
                 runnable = True
                 break
         return runnable

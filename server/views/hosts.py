@@ -14,7 +14,7 @@ defined here once. Pure: no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +40,17 @@ def finish(steps: Steps[T]) -> T:
             next(steps)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+
+async def finish_stepwise(steps: Steps[T], pause: Callable[[], Awaitable[object]]) -> T:
+    """Run a pass through, awaiting `pause()` between its steps (the event loop's other work
+    then runs; the API's reads pace theirs more: server.api.reads.Reads.run)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await pause()
 
 
 HEALTH_RANK = {Health.LOST.value: 0, Health.SUSPECT.value: 1, Health.HEALTHY.value: 2}

@@ -93,6 +93,28 @@ def feeds_stood_in() -> Iterator[list[Feed]]:
         patch.undo()
 
 
+async def leading_with_a_commit_in_flight(store: object) -> tuple[Scheduler, asyncio.Event, asyncio.Task[None], bool]:
+    """A scheduler running with `store` (whose commit hangs), a job submitted: it, the
+    event that stops it, its task, and whether a commit came to be in flight."""
+    import time
+
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import World
+
+    now = time.time()
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=2, now=now)
+    sched = Scheduler(store, w.state, Lease(), SchedulerConfig(tick_s=0.2, plan_share=1.0))  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    task = asyncio.create_task(sched.run(stop))
+    w.submit("j1", gpus=1, submitted_at=now - 10)
+    for _ in range(500):  # until its commit is in flight
+        if sched._inflight:
+            break
+        await asyncio.sleep(0.02)
+    return sched, stop, task, bool(sched._inflight)
+
+
 def test_interrupted_leading_logs_expected_errors_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     """A fenced commit or a NATS timeout is part of a cluster's life: one warning line,
     then the scheduler leads again. Anything else is a bug: logged with its traceback.
@@ -181,10 +203,7 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
     hangs (NATS away), that cancel lands in the scheduler's wait for its commits in flight.
     The rest of leading's end runs all the same: the commit is cancelled, the feeds stop,
     nothing is left running (found by a review: the feeds and the commit ran on)."""
-    import time
 
-    from server.scheduling.scheduler import SchedulerConfig
-    from tests.unit.test_planner import World
     from wire.errors import StoreError
 
     class Store:
@@ -201,18 +220,7 @@ def test_a_shutdown_that_cancels_the_wait_for_commits_still_stops_leading() -> N
             raise StoreError("timeout")
 
     async def main() -> tuple[bool, bool, list[str], int]:
-        now = time.time()
-        w = World(interval_s=3600.0)
-        w.host("h1", gpus=2, now=now)
-        sched = Scheduler(Store(), w.state, Lease(), SchedulerConfig(tick_s=0.2, plan_share=1.0))  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        task = asyncio.create_task(sched.run(stop))
-        w.submit("j1", gpus=1, submitted_at=now - 10)
-        for _ in range(500):  # until its commit is in flight
-            if sched._inflight:
-                break
-            await asyncio.sleep(0.02)
-        in_flight = bool(sched._inflight)
+        sched, stop, task, in_flight = await leading_with_a_commit_in_flight(Store())
         stop.set()
         await asyncio.sleep(1.0)  # the scheduler is left waiting for the commit
         task.cancel()  # as the replica's shutdown does after its wait
@@ -487,10 +495,7 @@ def test_the_feeds_stop_when_leading_ends_while_commits_drain() -> None:
     """Leading ends with a commit in flight: the feeds stop at once, not once the commit
     is done (found by a review: they went on pulling for up to 30 s, holding inputs from
     the next leader)."""
-    import time
 
-    from server.scheduling.scheduler import SchedulerConfig
-    from tests.unit.test_planner import World
     from wire.errors import StoreError
 
     release = asyncio.Event()
@@ -507,18 +512,7 @@ def test_the_feeds_stop_when_leading_ends_while_commits_drain() -> None:
             raise StoreError("timeout")
 
     async def main() -> tuple[bool, bool, bool]:
-        now = time.time()
-        w = World(interval_s=3600.0)
-        w.host("h1", gpus=2, now=now)
-        sched = Scheduler(Store(), w.state, Lease(), SchedulerConfig(tick_s=0.2, plan_share=1.0))  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        task = asyncio.create_task(sched.run(stop))
-        w.submit("j1", gpus=1, submitted_at=now - 10)
-        for _ in range(500):  # until its commit is in flight
-            if sched._inflight:
-                break
-            await asyncio.sleep(0.02)
-        in_flight = bool(sched._inflight)
+        sched, stop, task, in_flight = await leading_with_a_commit_in_flight(Store())
         stop.set()
         await asyncio.sleep(0.5)
         stopped_while_draining = bool(feeds) and all(f.stop is not None and f.stop.is_set() for f in feeds)
