@@ -260,6 +260,7 @@ class RackSummary:
     gpus_unhealthy: int = 0
     lost: int = 0
     suspect: int = 0
+    cordoned: int = 0
 
     @property
     def util(self) -> float | None:
@@ -271,7 +272,9 @@ class FleetSummary:
     """The fleet's totals in one pass over the rows. GPU, CPU and memory totals count
     hosts whose heartbeat key is live (a LOST host counts for nothing); `by_model` and
     `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a HEALTHY host, no fault);
-    `racks` (every host, by its `rack` label, "" without one) feed the heat map."""
+    `racks` (every host, by its `rack` label, "" without one) feed the heat map.
+    `gpus_free` counts only what a job could be given now: GPUs with no fault and nothing
+    allocated on HEALTHY hosts that are not cordoned, draining or leaving."""
 
     health: dict[str, int] = field(default_factory=lambda: {h.value: 0 for h in Health})
     hosts: int = 0
@@ -281,6 +284,8 @@ class FleetSummary:
     gpus_total: int = 0
     gpus_allocated: int = 0
     gpus_unhealthy: int = 0
+    gpus_free: int = 0
+    gpus_unavailable: int = 0  # neither allocated nor free, on hosts whose key is live
     gpu_hosts: int = 0
     util_sum: float = 0.0
     cpus: int = 0
@@ -469,6 +474,7 @@ class HostTable:
             cell.gpus += r.gpus
             cell.gpus_allocated += r.gpus_allocated
             cell.gpus_unhealthy += r.gpus_unhealthy
+            cell.cordoned += r.cordoned
             if r.gpus:
                 cell.gpu_hosts += 1
                 cell.util_sum += r.gpu_util_pct
@@ -486,6 +492,9 @@ class HostTable:
             s.mem_used_mb += r.mem_used_mb
             s.mem_allocated += r.mem_allocated
             healthy_host = r.health == Health.HEALTHY.value
+            free = r.gpus_free if healthy_host and not (r.cordoned or r.draining or r.leaving) else 0
+            s.gpus_free += free
+            s.gpus_unavailable += r.gpus - r.gpus_allocated - free
             by_rack = s.by_gpu_rack.get(r.rack or NO_RACK)
             if by_rack is None:
                 by_rack = s.by_gpu_rack[r.rack or NO_RACK] = [0, 0, 0]

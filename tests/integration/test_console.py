@@ -961,6 +961,16 @@ async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: 
     assert re.search(r'class="cell heat-none" href="/hosts/c-1"', html)
     assert 'title="a-2: 45.0 % GPU util, 0/2 GPUs allocated, HEALTHY"' in html
     assert 'href="/hosts?rack=ra"' in html
+    assert '<dd id="ov-gpus-free">6</dd>' in html and 'id="ov-gpus-unavailable"' not in html
+    # A cordoned host's GPUs are not free (the overview said total minus allocated), and its
+    # cell is marked.
+    await m.set_cordon("a-1", True, "operator", "maintenance")
+    r = await get_when_summary_shows(c, "/", {}, '<dd id="ov-gpus-free">4</dd>')
+    assert "2 more GPUs neither allocated nor free" in r.text
+    assert re.search(r'class="cell heat-0 cell-cordoned" href="/hosts/a-1"', r.text)
+    assert 'title="a-1: 5.0 % GPU util, 0/2 GPUs allocated, HEALTHY, cordoned"' in r.text
+    await m.set_cordon("a-1", False, "operator", "")
+    await get_when_summary_shows(c, "/", {}, '<dd id="ov-gpus-free">6</dd>')
 
     # Many hosts: one cell per rack, capped, and the page says so.
     monkeypatch.setattr(wc, "HEAT_PER_HOST_MAX", 2)
@@ -978,6 +988,10 @@ async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: 
         r'class="cell heat-3" href="/hosts\?rack=ra"[^>]*title="ra: 36.7 % mean GPU util over 3 hosts', html
     )
     assert re.search(r'class="cell heat-10" href="/hosts\?rack=rb"', html)
+    await m.set_cordon("b-1", True, "operator", "maintenance")  # rack rb's only host
+    r = await get_when_summary_shows(c, "/", {}, "1 cordoned")
+    assert re.search(r'class="cell heat-10 cell-cordoned" href="/hosts\?rack=rb"', r.text)
+    assert re.search(r'class="cell heat-3" href="/hosts\?rack=ra"', r.text)
     assert "rc" not in re.findall(r'href="/hosts\?rack=(\w+)"', html)
 
 

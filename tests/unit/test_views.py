@@ -85,6 +85,8 @@ def test_fleet_summary_follows_heartbeats_allocations_and_health(tmp_path: Path)
     got = mu.hosts.summary(now)
     assert got == fresh(now)
     assert got.by_model["H100"][2] == 119 and got.by_model["A100"][1] == 2 and got.cpu_allocated == 4
+    # Free: what a job could be given now (the faulted GPU and the 2 allocated are not).
+    assert (got.gpus_free, got.gpus_unavailable) == (240 - 3, 1)
     assert mu.hosts.row("h-002", now).gpus_allocated == 2  # type: ignore[union-attr]
     # Two shares of one GPU and a whole one: the cluster's count is the hosts' (found by
     # exploring: `cluster.gpus.allocated` counted a shared GPU once per share).
@@ -97,12 +99,24 @@ def test_fleet_summary_follows_heartbeats_allocations_and_health(tmp_path: Path)
     # a minute later every host is SUSPECT: none of their GPUs counts as healthy
     later = mu.hosts.summary(now + 60)
     assert later == fresh(now + 60) and later.by_model["H100"][2] == 0
+    assert (later.gpus_free, later.gpus_unavailable) == (0, 240 - 4)  # none is given work while SUSPECT
     assert later.health["SUSPECT"] == 30
     # a host's key expires: it counts for nothing in the totals, but is still listed
     st.apply_host_record(Record("h-004", 102, None), now=now)
     gone = mu.hosts.summary(now)
     assert gone == fresh(now) and gone.health["LOST"] == 1 and gone.hosts == 30
     assert gone.gpus_total == 29 * 8
+    # Cordoned and draining hosts' GPUs are not free (the overview said total - allocated:
+    # found by exploring); a drain scheduled ahead that has not begun leaves them free.
+    before = mu.hosts.summary(now)
+    _cfg(mu, "h-010", 200, HostConfig(cordoned=True, reason="maint"))
+    _cfg(mu, "h-011", 201, HostConfig(draining=True, drain_deadline=now + 60, reason="r"))
+    _cfg(mu, "h-012", 202, HostConfig(draining=True, drain_at=now + 30, drain_deadline=now + 60, reason="r"))
+    cordoned = mu.hosts.summary(now)
+    assert cordoned == fresh(now)
+    assert cordoned.gpus_free == before.gpus_free - 16
+    assert cordoned.gpus_unavailable == before.gpus_unavailable + 16
+    assert cordoned.racks["r1"].cordoned == 1 and cordoned.racks["r2"].cordoned == 1  # h-010, h-011
 
 
 def test_host_rows_read_raw_heartbeats_without_decoding_them(tmp_path: Path) -> None:
