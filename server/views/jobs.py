@@ -371,18 +371,22 @@ class JobView:
 
     def queue_position(self, job: Job, now: float | None = None, at: float | None = None) -> int | None:
         """1-based place in its queue's order (priority, then submission; the users' fair
-        order in a queue with fair share between its users) while QUEUED, not held and not
-        waiting for other jobs. The orders are sorted at most once every `ORDER_MAX_AGE_S`
-        (given `now`, a monotonic clock), however many jobs ask; users' past use decayed to
-        `at` (the wall clock's time by default)."""
-        if job.state is not JobState.QUEUED or job.hold or job.waiting_for:
+        order in a queue with fair share between its users) while QUEUED, not held, not
+        waiting for other jobs and not kept back until later (a begin time, a retry's
+        back-off: such a job neither has a place nor takes one from the jobs after it).
+        The orders are sorted at most once every `ORDER_MAX_AGE_S` (given `now`, a
+        monotonic clock), however many jobs ask; users' past use decayed to `at` (the wall
+        clock's time by default)."""
+        at = time.time() if at is None else at
+        if job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.not_before > at:
             return None
         fresh = now is not None and self._order_at is not None and 0 <= now - self._order_at <= ORDER_MAX_AGE_S
         if not fresh or job.id not in self._positions:  # a job queued since: sort again
             by_queue: dict[str, list[Job]] = {}
             for j in self.state.queued():
-                by_queue.setdefault(j.spec.queue, []).append(j)
-            queues, at = self.state.queues, time.time() if at is None else at
+                if j.not_before <= at:
+                    by_queue.setdefault(j.spec.queue, []).append(j)
+            queues = self.state.queues
             self._positions = {j.id: i for qn, js in by_queue.items() for i, j in enumerate(
                 queue_order(js, queues.get(qn), self.state, at, self.half_life_s), start=1)}
             self._order_at = now

@@ -74,3 +74,24 @@ def test_a_held_job_with_a_begin_time_is_told_both() -> None:
     why = JobView(w.state, None, half_life_s=0).queue_reasons(w.job("job-later"), NOW)
     assert [r.reason for r in why] == [HELD, NOT_YET]
     assert why[1].detail.startswith("not placed before its begin time (in about 60 s)")
+
+
+def test_a_job_kept_back_until_its_begin_time_has_no_queue_position_and_takes_none() -> None:
+    """A job that begins tomorrow was shown first in its queue, and every job behind it one
+    place further back than it stood."""
+    w = World()
+    w.host("a", gpus=1)
+    w.submit("running", gpus=1)
+    w.cycle()
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=1, submissions=[SubmitRequest(
+        user="alice", ts=NOW, jobs=[{"id": "job-later", "name": "later", "command": ["x"], "begin_at": NOW + 86400,
+                                     "gpus": 1},
+                                    {"id": "job-next", "name": "next", "command": ["x"], "gpus": 1}])])
+    for job in plan.jobs.values():
+        w.state.apply_state_record(Record(f"job.{job.id}", next(w.rev), encode(job)))
+    view = JobView(w.state, None, half_life_s=0)
+    assert view.queue_position(w.job("job-later"), 0.0, NOW) is None
+    assert view.queue_position(w.job("job-next"), 0.0, NOW) == 1
+    # Once its begin time has passed it takes its place by submission again.
+    assert view.queue_position(w.job("job-later"), 1.0, NOW + 86400) == 1
+    assert view.queue_position(w.job("job-next"), 1.0, NOW + 86400) == 2

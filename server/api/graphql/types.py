@@ -591,7 +591,9 @@ class Job:
             return []
         return await reads_for(muster(info)).never_runs(self._m)
 
-    @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED.")
+    @strawberry.field(description="1-based place in its queue (priority, then submission) while QUEUED and "
+                                  "neither held, waiting for other jobs, nor kept back by a begin time or a "
+                                  "retry backoff.")
     def queue_position(self, info: Info) -> int | None:
         return reads_for(muster(info)).queue_position(self._m)
 
