@@ -279,6 +279,9 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     elif fits_now is False and not job.preempting:
         # Its quota admits it but no host has room: what preemption could free, and why
         # it has not yet (reclaim for a queue within its nominal quota, priority within it).
+        # A gang that does not fit whole says so first: it is why no host has room.
+        if gang_fits_whole is False:
+            out.append(_gang_whole(job))
         for m in models:
             demand = job_demand(job.spec, m)
             if b.admits(name, demand) is None and b.within_nominal(name, demand):
@@ -311,9 +314,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     aside = [h for h in closing if h not in state.maintenance]
     if aside:
         out.append(QueueReason(SET_ASIDE, set_aside_text(state, job, q, aside, now)))
-    if gang_fits_whole is False:
-        out.append(QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, "
-                                           "not all"))
+    if gang_fits_whole is False and _gang_whole(job) not in out:
+        out.append(_gang_whole(job))
     act = active(state)
     s = shares(state, b, now, half_life_s)
     # Only the waiting queues that admission order puts before this one (a lower share per
@@ -411,6 +413,10 @@ def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, n
         if young is not None:
             out.append(QueueReason(RECLAIM_WAIT, f"queue {m} borrows {resource}, but its {young}"))
     return out
+
+
+def _gang_whole(job: Job) -> QueueReason:
+    return QueueReason(GANG_WHOLE, f"{job.spec.replicas} tasks must be placed at once; hosts take some, not all")
 
 
 def _priority_waits(state: ClusterState, q: Queue, job: Job, now: float) -> list[QueueReason]:

@@ -20,6 +20,7 @@ from server.scheduling.cycle.work import Work
 from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.scheduling.preemption import stoppable
 from server.scheduling.queues import (
+    GANG_WHOLE,
     OVER_QUOTA,
     PREEMPTION_GRACE,
     PRIORITY_WAIT,
@@ -1169,3 +1170,21 @@ def test_a_reservation_does_not_hold_against_a_higher_priority_job_of_its_queue(
     plan = w.qcycle(now=NOW, policy=policy)
     assert plan.preempted == {("priority", "q"): 4}
     assert all(len(w.job(f"hi{i}").preempting) == 1 for i in range(4))
+
+
+def test_why_pending_names_a_gang_that_does_not_fit_whole_before_the_preemption_it_waits_for() -> None:
+    """A gang whose tasks each fit but not all at once, in a queue without priority
+    preemption: that it cannot fit whole comes first (it was told "priority preemption is
+    off" first, found by exploring), then why nothing is stopped for it."""
+    from server.views.jobs import JobView
+
+    w = QWorld()
+    w.host("h1", gpus=4)
+    w.host("h2", gpus=4)
+    w.queue("a", preempt_within=False)
+    _fill(w, "a", 4, NOW - 14)  # four one-GPU jobs on one host
+    assert len({t.gpu_indices[0] for a in w.state.allocs.values() for t in a.tasks}) == 4
+    w.qsubmit("gang", "a", gpus=4, priority=10, replicas=2)
+    why = JobView(w.state, None, half_life_s=0).queue_reasons(w.state.jobs["gang"], NOW)
+    assert [r.reason for r in why] == [GANG_WHOLE, PRIORITY_WAIT]
+    assert why[0].detail == "2 tasks must be placed at once; hosts take some, not all"
