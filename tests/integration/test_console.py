@@ -142,8 +142,9 @@ async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console)
 
 async def test_a_sign_in_posted_from_another_site_is_refused(console: Console) -> None:
     """Login CSRF (found by exploring): a form on another site could sign a browser in under
-    a token of its own. A browser says where a form was posted from (Sec-Fetch-Site): from
-    another site it is refused; from the console's own page, or unsaid, it is not."""
+    a token of its own. A browser says where a form was posted from (Sec-Fetch-Site, and
+    Origin): from another site it is refused; from the console's own page, or unsaid, it is
+    not."""
     c = console.client
     for site in ("cross-site", "same-site"):
         r = await c.post("/login", data={"token": console.token}, headers={"Sec-Fetch-Site": site})
@@ -151,6 +152,19 @@ async def test_a_sign_in_posted_from_another_site_is_refused(console: Console) -
     for site in ("same-origin", "none"):
         r = await c.post("/login", data={"token": console.token}, headers={"Sec-Fetch-Site": site})
         assert r.status_code == 303 and "set-cookie" in r.headers, site
+    # A browser that does not send Sec-Fetch-Site sends Origin: another host's, or "null"
+    # (a sandboxed frame), is refused; the console's own is not (the test client's host is
+    # "test").
+    for origin in ("https://evil.example", "http://test.evil.example", "null", "http://test:8080"):
+        r = await c.post("/login", data={"token": console.token}, headers={"Origin": origin})
+        assert r.status_code == 403 and "set-cookie" not in r.headers, origin
+    r = await c.post("/login", data={"token": console.token}, headers={"Origin": "http://test"})
+    assert r.status_code == 303 and "set-cookie" in r.headers
+    # Where the browser says Sec-Fetch-Site, that is what counts (behind a proxy that
+    # rewrites Host, the console's own origin differs from the Host header).
+    r = await c.post("/login", data={"token": console.token},
+                     headers={"Origin": "https://muster.example", "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 303 and "set-cookie" in r.headers
 
 
 async def test_behind_a_trusted_tls_proxy_the_cookie_is_secure(console: Console) -> None:

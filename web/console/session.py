@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -200,12 +201,27 @@ async def login_form(request: Request) -> Response:
     return render(request, "login.html", {"error": None})
 
 
+def _foreign_origin(request: Request) -> bool:
+    """Whether the request's Origin names another host than the one it was sent to (the
+    Host header a proxy passes on), or is "null"."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    if origin.strip().lower() == "null":
+        return True
+    return urlsplit(origin.strip()).netloc.lower() != request.headers.get("host", "").strip().lower()
+
+
 @console(auth=False)
 async def login(request: Request) -> Response:
-    if request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+    site = request.headers.get("sec-fetch-site")
+    if site in ("cross-site", "same-site") or (site is None and _foreign_origin(request)):
         # A form on another site signing the browser in under a token of its choosing (login
         # CSRF: what the victim then submits, the token's owner sees). Browsers say where
-        # a form came from; one that says nothing (an older browser, a script) is let in.
+        # a form came from: Sec-Fetch-Site, or from older browsers only Origin ("null" from
+        # a sandboxed frame), read only then (a proxy that rewrites the Host header would
+        # make the console's own origin look foreign); a request that says neither (a
+        # script) is let in.
         return render(request, "login.html", {"error": "Sign in from this console's own page."}, 403)
     try:
         form = await read_form(request)
