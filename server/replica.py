@@ -435,6 +435,18 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         return "leader" if self.leadership and self.leadership.leading else "follower"
 
     @property
+    def leader(self) -> str:
+        """The replica named as holding the leader lease (API, console): this one while it
+        leads; otherwise the lease key's holder, or "" once the key has not been renewed
+        within the lease's TTL and a second (it expired, or this replica cannot hear the
+        store: either way no leader is known; it named the last holder for as long)."""
+        if self.leadership is not None and self.leadership.leading:
+            return self.config.name
+        if self.state.leader and time.monotonic() - self.state.lease_seen_at > self.config.lease_ttl_s + 1.0:
+            return ""
+        return self.state.leader
+
+    @property
     def term(self) -> int:
         """The term shown (API, console): the one this replica holds when it leads (the
         store may already show a newer one it has not noticed yet, and the two must not

@@ -200,6 +200,7 @@ class ClusterState:
     revisions: dict[str, int] = field(default_factory=dict)
     term: int = 0
     leader: str = ""
+    lease_seen_at: float = 0.0  # time.monotonic() when the lease key last changed here
     dropped: Counter[str] = field(default_factory=Counter)
     listeners: list[Callable[[str, object], None]] = field(default_factory=list)
     index: CapacityIndex = field(default_factory=CapacityIndex)
@@ -648,6 +649,7 @@ class ClusterState:
                 self.term = rec.revision
             elif key == "lease":
                 self.leader = (rec.value or b"").decode(errors="replace")
+                self.lease_seen_at = time.monotonic()
         except DecodeError as exc:
             self.dropped[kind] += 1
             log.warning("dropped state record %s: %s", key, exc)

@@ -496,3 +496,26 @@ def test_warned_exactly_when_an_idle_fleet_could_not_place_it(hosts: list[tuple[
     placed = placer.place_gang(spec) if replicas > 1 else placer.place(spec)
     event(f"warned={warned} gang={replicas > 1}")
     assert warned == (placed is None), (hosts, spec)
+
+
+async def test_leadership_names_no_leader_once_the_lease_has_not_been_renewed_within_its_ttl(tmp_path: Path) -> None:
+    """While no replica led (a leader frozen, NATS without a quorum), `leadership.leader`
+    and the console went on naming the last holder (found by exploring an HA cluster)."""
+    mu, _ = _muster(tmp_path, 1)
+    query = "{ cluster { leadership { leader role } } }"
+
+    async def leader() -> str:
+        res = await build_schema().execute(query, context_value={"muster": mu, "token": None})
+        assert res.errors is None, res.errors
+        return res.data["cluster"]["leadership"]["leader"]
+
+    mu.state.apply_state_record(Record("lease", 7, b"replica-a"))
+    assert mu.leader == "replica-a" and await leader() == "replica-a"
+    mu.state.lease_seen_at -= mu.config.lease_ttl_s + 0.5  # within the TTL and a second: still named
+    assert await leader() == "replica-a"
+    mu.state.lease_seen_at -= 1.0
+    assert mu.leader == "" and await leader() == ""
+    mu.state.apply_state_record(Record("lease", 8, b"replica-b"))  # a renewal, or a new holder
+    assert await leader() == "replica-b"
+    mu.state.apply_state_record(Record("lease", 9, None))  # the key expired: its marker
+    assert await leader() == ""

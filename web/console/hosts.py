@@ -76,7 +76,7 @@ async def overview(request: Request) -> Response:
         "heat": _heatmap(m, snap, now),
         "heat_class": heat_class,
         "term": m.term,
-        "leader": m.state.leader,
+        "leader": m.leader,
         "role": m.role,
         "replica": m.config.name,
         "live_url": "/",

@@ -100,7 +100,7 @@ def cluster(mu: Muster) -> Cluster:
         jobs=JobCounts(queued=j.get("QUEUED", 0), placed=j.get("PLACED", 0), running=j.get("RUNNING", 0),
                        succeeded=j.get("SUCCEEDED", 0), failed=j.get("FAILED", 0),
                        cancelled=j.get("CANCELLED", 0), timeout=j.get("TIMEOUT", 0)),
-        leadership=Leadership(term=mu.term, leader=mu.state.leader, role=mu.role,
+        leadership=Leadership(term=mu.term, leader=mu.leader, role=mu.role,
                               replica=mu.config.name),
         _mu=mu,
     )

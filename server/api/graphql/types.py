@@ -640,7 +640,10 @@ class JobCounts:
 class Leadership:
     term: int = strawberry.field(description="The leader's term: the one this replica holds when it leads, "
                                              "otherwise the newest it has seen in the store.")
-    leader: str
+    leader: str = strawberry.field(description="The replica holding the leader lease: this one while it leads; "
+                                               "empty while none is known to (the lease key was not renewed "
+                                               "within its TTL and a second, or this replica cannot hear the "
+                                               "store).")
     role: str = strawberry.field(description="This replica's role: leader or follower.")
     replica: str
 
