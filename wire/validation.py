@@ -56,6 +56,7 @@ JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 HOST_ID_RE = re.compile(HOST_ID_PATTERN)
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_GROUP_LIMIT = 100_000  # jobs of one group placed or running at once (wire.messages.JobSpec.group_limit)
+MAX_RETRY_DELAY_S = 3600.0  # the first retry's wait (wire.messages.JobSpec.retry_delay_s)
 
 
 def _whole(v: object, lo: int, hi: int) -> bool:
@@ -224,6 +225,7 @@ def validate_job(
     retry_failures = data.get("retry_failures", 0) or 0
     retry_codes = data.get("retry_exit_codes") or []
     retry_timeouts = data.get("retry_timeouts", False)
+    retry_delay = data.get("retry_delay_s", 0) or 0
     if not _whole(retry_failures, 0, 100):
         err("retryFailures", "must be a whole number from 0 to 100", "OUT_OF_RANGE")
     if (not isinstance(retry_codes, list) or len(retry_codes) > 16
@@ -235,6 +237,11 @@ def validate_job(
         err("retryTimeouts", "must be true or false")
     if (retry_codes or retry_timeouts is True) and not retry_failures:
         err("retryFailures", "retryExitCodes and retryTimeouts say which tries retryFailures retries: give it too")
+    if not _real(retry_delay, 0, MAX_RETRY_DELAY_S):
+        err("retryDelaySeconds", f"must be from 0 (the default backoff) to {MAX_RETRY_DELAY_S:g} seconds",
+            "OUT_OF_RANGE")
+    elif retry_delay and not retry_failures:
+        err("retryFailures", "retryDelaySeconds is the wait before retryFailures' retries: give it too")
     checkpoints = data.get("checkpoints", False)
     if not isinstance(checkpoints, bool):
         err("checkpoints", "must be true or false")
@@ -278,6 +285,7 @@ def validate_job(
         retry_failures=retry_failures,
         retry_exit_codes=sorted(set(retry_codes)),
         retry_timeouts=retry_timeouts is True,
+        retry_delay_s=float(retry_delay),
         checkpoints=checkpoints is True,
     )
     # The records the job will make must fit what NATS accepts (wire.budgets).

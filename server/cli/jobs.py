@@ -19,7 +19,7 @@ from wire.errors import NotFound, ValidationError
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
 submittedAt updatedAt cancelReason endReason queuePosition hold dependsOn dependency waitingFor group groupLimit
-beginAt notBefore retryFailures retryExitCodes retryTimeouts checkpoints excludeHosts
+beginAt notBefore retryFailures retryExitCodes retryTimeouts retryDelaySeconds checkpoints excludeHosts
 pendingReasons { reason hosts kind detail }
 attempts { id number task state host { id health } gpuIndices gpuShare migInstances exitCode startedAt finishedAt
 outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct gpuIdleSince }"""
@@ -28,7 +28,7 @@ outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct gpuIdleSince }"""
 # Job fields a server of an earlier version lacks: list and show ask again without them.
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
                 "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts",
-                "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct", "gpuIdleSince")
+                "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct", "gpuIdleSince", "retryDelaySeconds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -166,6 +166,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     dest="retry_exit_codes", help="with --retry-failures: only these exit codes (repeat for more)")
     js.add_argument("--retry-timeouts", action="store_true",
                     help="with --retry-failures: a try stopped at its time limit is retried too")
+    js.add_argument("--retry-delay", type=float, default=None, metavar="S",
+                    help="with --retry-failures: wait S seconds before the first retry, doubling for each one "
+                         "after it, at most an hour (default: 1, 2, 4 ... s, at most a minute)")
     js.add_argument("--checkpoints", action="store_true",
                     help="it saves its state on SIGTERM (within its queue's grace, MUSTER_PREEMPT_DEADLINE) and "
                          "resumes from it: a preemption costs it the grace only, and such jobs are stopped first")
@@ -267,6 +270,8 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
         inp["retryExitCodes"] = args.retry_exit_codes
     if args.retry_timeouts:
         inp["retryTimeouts"] = True
+    if args.retry_delay is not None:
+        inp["retryDelaySeconds"] = args.retry_delay
     if args.checkpoints:
         inp["checkpoints"] = True
     if args.exclude_hosts:
@@ -494,7 +499,9 @@ def show(args: argparse.Namespace) -> None:
     if job.get("retryFailures"):
         codes = f" exiting {', '.join(map(str, job['retryExitCodes']))}" if job.get("retryExitCodes") else ""
         also = " (and tries that reach the time limit)" if job.get("retryTimeouts") else ""
-        print(f"  retries: up to {job['retryFailures']} failed tries{codes}{also}")
+        delay = job.get("retryDelaySeconds") or 0
+        wait = f", {delay:g} s before the first, doubling (at most an hour)" if delay else ""
+        print(f"  retries: up to {job['retryFailures']} failed tries{codes}{also}{wait}")
     if job.get("checkpoints"):
         print("  checkpoints: saves its state when stopped and resumes from it")
     if job.get("beginAt"):

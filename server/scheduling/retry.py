@@ -11,6 +11,7 @@ from wire.messages import Attempt, AttemptState, Job
 # agent fenced itself or shut down. A nonzero exit is the job's own failure.
 INFRASTRUCTURE_ENDINGS = (AttemptState.LOST, AttemptState.KILLED)
 MAX_BACKOFF_S = 60.0
+MAX_DELAY_S = 3600.0  # a job's own retry delay, doubled, is at most an hour
 # Attempt.stop_kind of an orderly disruption: the host was drained, its agent shut
 # down (an upgrade, a reboot), or an operator requeued the job. Like a preemption, such a try is not counted against
 # maxAttempts (as Kubernetes leaves disruptions out of a Job's backoffLimit), and the job
@@ -33,6 +34,16 @@ def backoff_s(attempt_number: int) -> float:
     if attempt_number <= 1:
         return 0.0
     return min(MAX_BACKOFF_S, 2.0 ** (attempt_number - 2))
+
+
+def failure_backoff_s(job: Job, retry: int) -> float:
+    """The wait before the `retry`-th retry (1-based) of the job's own failures: its
+    `retry_delay_s` doubled for each retry after the first, at most an hour (never less than
+    the delay itself); without one the default backoff (1, 2, 4 ... s, at most a minute)."""
+    delay = job.spec.retry_delay_s
+    if delay <= 0:
+        return backoff_s(retry + 1)
+    return max(delay, min(MAX_DELAY_S, delay * 2.0 ** min(retry - 1, 32)))
 
 
 def disrupted(tasks: list[Attempt]) -> bool:
@@ -96,7 +107,7 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
         asked = spec.retry_failures and (ended is AttemptState.FAILED or spec.retry_timeouts)
         if asked and failed <= spec.retry_failures and (ended is AttemptState.TIMEOUT or retried_codes(job)):
             what = "reached its time limit" if ended is AttemptState.TIMEOUT else "failed"
-            return RetryDecision(True, now + backoff_s(failed + 1),
+            return RetryDecision(True, now + failure_backoff_s(job, failed),
                                  f"try {job.tries} {what}: tried again ({failed} of {spec.retry_failures} retries)")
         if ended is AttemptState.TIMEOUT:
             return RetryDecision(False, why="time limit reached")

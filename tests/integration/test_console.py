@@ -741,18 +741,23 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     assert r.status_code == 422 and 'id="f-begin-error"' in r.text and "a date and time" in r.text
     r = await c.post("/submit", data={**base_form, "retry_exit_codes": "75, x"})
     assert r.status_code == 422 and 'id="f-retry_exit_codes-error"' in r.text
+    for bad in ("x", "7200", "nan"):
+        r = await c.post("/submit", data={**base_form, "retry_failures": "1", "retry_delay": bad})
+        assert r.status_code == 422 and 'id="f-retry_delay-error"' in r.text, bad
     r = await c.post("/submit", data={**base_form, "begin": "2126-01-01T06:00", "group": "etl", "group_limit": "1",
-                                      "retry_failures": "2", "retry_exit_codes": "75, 143", "checkpoints": "1"})
+                                      "retry_failures": "2", "retry_exit_codes": "75, 143", "retry_delay": "45",
+                                      "checkpoints": "1"})
     assert r.status_code == 303
     later = m.state.jobs[r.headers["location"].split("/jobs/")[1].split("?")[0]]
     assert later.not_before == later.spec.begin_at == dt.datetime(2126, 1, 1, 6, tzinfo=dt.UTC).timestamp()
     assert (later.spec.group, later.spec.group_limit) == ("etl", 1)
-    assert (later.spec.retry_failures, later.spec.retry_exit_codes) == (2, [75, 143])
+    assert (later.spec.retry_failures, later.spec.retry_exit_codes, later.spec.retry_delay_s) == (2, [75, 143], 45)
     assert later.spec.checkpoints
     page = (await c.get(f"/jobs/{later.id}")).text
     assert 'id="job-checkpoints">saves its state when stopped and resumes from it</dd>' in page
     assert 'id="job-begin">2126-01-01T06:00:00Z' in page and "waiting for its start time" in page
-    assert 'id="job-retries">up to 2 failed tries exiting 75, 143</dd>' in page
+    assert ('id="job-retries">up to 2 failed tries exiting 75, 143, 45 s before the first, doubling (at most an '
+            'hour)</dd>') in page
     grouped = await submitted(m, {"name": "sweep-0", "command": ["true"], "group": "sweep#1", "group_limit": 2})
     page = (await c.get(f"/jobs/{grouped.id}")).text
     assert ('id="job-group"><code>sweep#1</code> <span class="muted">(at most 2 of operator\'s jobs in it placed '

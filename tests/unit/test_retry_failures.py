@@ -38,6 +38,28 @@ def test_failed_tries_are_retried_with_a_backoff_up_to_the_count_asked_for() -> 
     assert not retry.decide(_job(job_spec("j"), (F, 1)), F, NOW).retry  # none asked: as ever
 
 
+def test_a_retry_delay_is_waited_before_the_first_retry_and_doubles_up_to_an_hour() -> None:
+    """A job whose failures take time to clear (a service down) waits what it asks before
+    each retry (the backoff was a constant: 1, 2, 4 ... s); a lost host's retry keeps the
+    default."""
+    spec = job_spec("j", retry_failures=20, retry_delay_s=600)
+    waits = [retry.decide(_job(spec, *[(F, 1)] * n), F, NOW).not_before - NOW for n in range(1, 5)]
+    assert waits == [600, 1200, 2400, 3600]
+    assert retry.decide(_job(spec, *[(F, 1)] * 20), F, NOW).not_before == NOW + 3600
+    # An hour asked: an hour each time (never less than the delay).
+    assert retry.failure_backoff_s(_job(job_spec("j", retry_failures=5, retry_delay_s=3600)), 3) == 3600
+    assert retry.decide(_job(spec, (F, 1), (L, None)), L, NOW).not_before == NOW  # the first infrastructure retry
+    assert retry.decide(_job(spec, (L, None), (L, None)), L, NOW).not_before == NOW + 1
+    # Validated: a number of seconds up to an hour, with retryFailures.
+    spec2, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 2, "retry_delay_s": 30})
+    assert not errors and spec2 is not None and spec2.retry_delay_s == 30.0
+    for bad in (-1, 3601, "soon", float("nan"), True):
+        _spec, errors = validate_job({"name": "a", "command": ["x"], "retry_failures": 2, "retry_delay_s": bad})
+        assert [e.field for e in errors] == ["retryDelaySeconds"], bad
+    _spec, errors = validate_job({"name": "a", "command": ["x"], "retry_delay_s": 30})
+    assert [e.field for e in errors] == ["retryFailures"]
+
+
 def test_only_the_exit_codes_listed_are_retried_and_a_timeout_only_when_asked() -> None:
     spec = job_spec("j", retry_failures=3, retry_exit_codes=[75])
     assert retry.decide(_job(spec, (F, 75)), F, NOW).retry

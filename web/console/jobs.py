@@ -40,7 +40,8 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
                  "priority": "priority", "hostLabels": "host_labels", "host_labels": "host_labels",
                  "excludeHosts": "exclude_hosts",
                  "dependsOn": "after", "beginAt": "begin", "group": "group", "groupLimit": "group_limit",
-                 "retryFailures": "retry_failures", "retryExitCodes": "retry_exit_codes"}
+                 "retryFailures": "retry_failures", "retryExitCodes": "retry_exit_codes",
+                 "retryDelaySeconds": "retry_delay", "retry_delay_s": "retry_delay"}
 
 
 # ---------------------------------------------------------------- the jobs list
@@ -333,7 +334,7 @@ SUBMIT_DEFAULTS = {"name": "", "command": "", "gpus": "0", "gpu_model": "", "gpu
                    "mig_profile": "", "cpus": "1", "memory_mb": "512", "replicas": "1", "priority": "0",
                    "host_labels": "", "exclude_hosts": "", "queue": "", "time_limit": "", "after": "",
                    "after_rule": "ok", "held": "", "begin": "", "group": "", "group_limit": "", "retry_failures": "",
-                   "retry_exit_codes": "", "checkpoints": ""}
+                   "retry_exit_codes": "", "retry_delay": "", "checkpoints": ""}
 
 
 @console()
@@ -421,6 +422,9 @@ async def submit(request: Request) -> Response:
     if values["retry_exit_codes"]:
         codes = [_number(c.strip(), int) for c in values["retry_exit_codes"].split(",") if c.strip()]
         data["retry_exit_codes"] = codes  # a code that is not a number is refused by validation
+    if values["retry_delay"]:
+        delay = _number(values["retry_delay"], float)
+        data["retry_delay_s"] = delay if not isinstance(delay, float) or math.isfinite(delay) else values["retry_delay"]
     if values["time_limit"]:
         limit = _number(values["time_limit"], float)
         data["time_limit_s"] = limit if not isinstance(limit, float) or math.isfinite(limit) else values["time_limit"]

@@ -87,6 +87,10 @@ class SubmitJobInput:
     retry_timeouts: bool = strawberry.field(
         default=False, description="With retryFailures: a try stopped at its time limit is retried too (counted "
         "with the failures) instead of ending the job TIMEOUT.")
+    retry_delay_seconds: float = strawberry.field(
+        default=0.0, description="With retryFailures: the wait before the first retry of a failed try, doubled "
+        "for each retry after it, at most an hour (up to 3600; 0: the default backoff, 1, 2, 4 ... s, at most a "
+        "minute). For failures that take time to clear; a retry after a lost host keeps the default.")
     checkpoints: bool = strawberry.field(
         default=False, description="The job saves its state when told to stop (SIGTERM, within its queue's grace: "
         "MUSTER_PREEMPT_DEADLINE) and its next try resumes from it. Preemption then counts a stop as losing "

@@ -65,7 +65,7 @@ def _job_data(i: SubmitJobInput) -> dict[str, object]:
         "depend_any": i.dependency is Dependency.AFTER_ANY, "depend_not_ok": i.dependency is Dependency.AFTER_NOT_OK,
         "group": i.group or "", "group_limit": i.group_limit, "begin_at": epoch(i.begin_at) or 0.0,
         "retry_failures": i.retry_failures, "retry_exit_codes": i.retry_exit_codes or [],
-        "retry_timeouts": i.retry_timeouts, "checkpoints": i.checkpoints,
+        "retry_timeouts": i.retry_timeouts, "retry_delay_s": i.retry_delay_seconds, "checkpoints": i.checkpoints,
     }
 
 

@@ -511,6 +511,11 @@ class Job:
     def retry_timeouts(self) -> bool:
         return self._m.spec.retry_timeouts
 
+    @strawberry.field(description="The wait before the first retry of a failed try, doubling after (0: the "
+                      "default backoff; see SubmitJobInput).")
+    def retry_delay_seconds(self) -> float:
+        return self._m.spec.retry_delay_s
+
     @strawberry.field(description="Whether it saves its state when told to stop and resumes from it (see "
                       "SubmitJobInput).")
     def checkpoints(self) -> bool:
