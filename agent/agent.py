@@ -884,6 +884,7 @@ class Agent:
         # it is killed, and the watchdog watches this one.
         self._touch_alive()
         self.killed_leftovers = self._kill_leftovers()
+        self.isolation.remove_empty_leftovers()
         self._start_watchdog()
 
         async def on_reconnect() -> None:

@@ -263,10 +263,6 @@ class Isolation:
             if missing:
                 self.warnings.append(f"{self.hierarchy.describe()}: no {', '.join(missing)} limit")
             self.warnings.extend(self.hierarchy.notes)
-        if self.hierarchy is not None:  # empty attempt cgroups a killed agent left behind
-            for g in self.hierarchy.leftovers():
-                if not g.pids():
-                    cgroups.remove_paths(g.paths)
         confined = self.hierarchy is not None and "memory" in self.hierarchy.controllers
         self.isolated = confined and self.user.switches and self.user.uid != 0
 
@@ -390,6 +386,15 @@ class Isolation:
         """A previous agent's attempt cgroup (from its runs file): kill and remove it."""
         cgroups.kill_paths(paths)
         cgroups.remove_paths(paths)
+
+    def remove_empty_leftovers(self) -> None:
+        """Remove the empty attempt cgroups a killed agent left behind. Called once this
+        agent holds its state directory: another agent of the host still running could have
+        just made one of its own, not yet holding its task."""
+        if self.hierarchy is not None:
+            for g in self.hierarchy.leftovers():
+                if not g.pids():
+                    cgroups.remove_paths(g.paths)
 
     def close(self) -> None:
         """At the agent's clean shutdown: remove what it made (empty bases only)."""

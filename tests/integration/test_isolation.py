@@ -274,3 +274,27 @@ def test_a_bpf_device_program_refuses_exactly_the_devices_it_lists(tmp_path: Pat
         group.kill()
         group.remove()
         cgroups.remove_paths(h.bases.values())
+
+
+@needs("v1")
+def test_an_agent_removes_empty_attempt_cgroups_left_behind_only_once_it_runs(tmp_path: Path) -> None:
+    """Empty attempt cgroups a killed agent left are removed, but not when the agent is
+    only set up (`Isolation()`): a second agent of a host that still runs, refused at its
+    state directory's lock, removed the first one's attempt cgroup made but not yet holding
+    its task."""
+    from agent.isolation import Isolation
+
+    name = f"muster-test-sweep-{os.getpid()}"
+    h, why = cgroups.detect("v1", name)
+    assert h is not None, why
+    try:
+        made = h.create("j1.1", cgroups.Limits(memory_mb=64))
+        assert all(os.path.isdir(p) for p in made.paths)
+        iso = Isolation("sweep", cgroup_mode="v1", private_dir=tmp_path / "private", cgroup_name=name)
+        assert all(os.path.isdir(p) for p in made.paths)  # set up: nothing removed
+        iso.remove_empty_leftovers()
+        assert not any(os.path.isdir(p) for p in made.paths)
+        assert [g.name for g in h.leftovers()] == []
+    finally:
+        cgroups.remove_paths([p for g in h.leftovers() for p in g.paths])
+        cgroups.remove_paths(h.bases.values())
