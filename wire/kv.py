@@ -421,6 +421,12 @@ def delivery_position(msg: Msg) -> tuple[int, int, float]:
     return pos
 
 
+def _let_go(made: asyncio.Future[JetStreamContext.PushSubscription]) -> None:
+    """A subscription made for a watch that was stopped meanwhile: unsubscribed."""
+    if not made.cancelled() and made.exception() is None:
+        asyncio.ensure_future(made.result().unsubscribe())
+
+
 class Watch:
     """A KV watch built on an ordered push consumer; resumes across reconnects."""
 
@@ -458,9 +464,11 @@ class Watch:
         self.last_seq = 0  # stream sequence of the last record handed to on_record
         self.start_seq = 0  # the stream's last sequence when the watch started
         self._sub: JetStreamContext.PushSubscription | None = None
+        self._stopped = False
         self._prefix = f"$KV.{bucket}."
 
     async def start(self) -> None:
+        self._stopped = False
         await self._subscribe()
         if self.on_reset is not None:
             self._monitor = asyncio.ensure_future(self._watch_for_reset())
@@ -508,6 +516,8 @@ class Watch:
             self.synced.set()
 
         async def cb(msg: Msg) -> None:
+            if self._stopped:
+                return
             try:
                 seq, pending, stamp = delivery_position(msg)
                 # `pending` counts what the store had not delivered yet; what it delivered
@@ -527,7 +537,10 @@ class Watch:
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch
                 log.exception("watch %s: handling %s failed", self.bucket, msg.subject)
 
-        self._sub = await self.store.js.subscribe(
+        # Shielded: a stop() that cancels a start again (after a reset) while the
+        # subscription is being made lets it go once it is made, instead of leaving it
+        # delivering to a stopped watch (a review's doubt).
+        making = asyncio.ensure_future(self.store.js.subscribe(
             f"{self._prefix}{self.pattern}",
             stream=f"KV_{self.bucket}",
             cb=cb,
@@ -541,7 +554,15 @@ class Watch:
             inactive_threshold=300,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1024 * 1024 * 1024,
-        )
+        ))
+        try:
+            self._sub = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            making.add_done_callback(_let_go)
+            raise
+        if self._stopped:
+            await self.stop()
+            return
         if not self.synced.is_set():
             try:
                 ci = await self._sub.consumer_info()
@@ -595,6 +616,7 @@ class Watch:
             await asyncio.sleep(poll_s)
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)

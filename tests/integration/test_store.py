@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -435,3 +436,45 @@ async def test_the_lease_thread_stops_at_once_while_it_cannot_connect() -> None:
     await asyncio.wait_for(run, timeout=60)
     assert not lead.leading and lead._thread is not None and not lead._thread.is_alive()
     assert tries - at_stop <= 1  # at most the try under way when told
+
+
+async def test_a_watch_stopped_while_it_subscribes_again_after_a_reset_leaves_no_subscription(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop() that cancels the watch's start again (after its stream was found renumbered)
+    while the subscription is being made: once made, it is let go, and nothing more is
+    handed to the stopped watch (a review's doubt: it went on delivering)."""
+    from wire import kv
+    from wire.kv import Watch
+
+    monkeypatch.setattr(kv, "RESET_CHECK_S", 0.1)
+    seen: list[str] = []
+    resets: list[int] = []
+    w = Watch(store, subjects.STATE_BUCKET, "sub.>", lambda rec: seen.append(rec.key),
+              on_reset=lambda: resets.append(1))
+    await store.put("sub.a", b"1")
+    await w.start()
+    await eventually(lambda: seen == ["sub.a"], 30, "the first record")
+    # The stream looks renumbered (what it read is above its last record), and making the
+    # subscription again is slow.
+    real = store.js.subscribe
+    release = asyncio.Event()
+    made: list[Any] = []
+
+    async def slow_subscribe(*args: Any, **kwargs: Any) -> Any:
+        # As nats-py's own: the core subscription is made, then the consumer is awaited.
+        sub = await real(*args, **kwargs)
+        made.append(sub)
+        await release.wait()
+        return sub
+
+    monkeypatch.setattr(store.js, "subscribe", slow_subscribe)
+    w.last_seq += 1_000_000
+    await eventually(lambda: resets, 30, "the reset")
+    await asyncio.sleep(0.3)  # the watch is waiting to subscribe again
+    await eventually(lambda: made, 30, "the subscription being made")
+    await w.stop()
+    release.set()
+    await eventually(lambda: not store.nc._subs.get(made[0]._id), 30, "the subscription let go")  # noqa: SLF001
+    await store.put("sub.b", b"2")
+    await asyncio.sleep(0.5)
+    assert "sub.b" not in seen
