@@ -395,17 +395,18 @@ class Scheduler:
 
     async def _stop_leading(self, leading_stop: asyncio.Event, fetchers: list[asyncio.Task[None]]) -> None:
         """Leading ends: commits still in flight are cancelled (their inputs put back),
-        the feeds stop, and every input not acknowledged goes back to the stream."""
-        if self._runnable_check is not None:
-            self._runnable_check.cancel()
-            await asyncio.gather(self._runnable_check, return_exceptions=True)
-            self._runnable_check = None
-        self._runnable_found, self._runnable_wanted = {}, {}
+        the feeds stop, and every input not acknowledged goes back to the stream. The
+        runnable check goes last: a commit's landing may still ask for one."""
         for t in list(self._inflight):
             if not t.done():
                 t.cancel()
         await asyncio.gather(*self._inflight, return_exceptions=True)
         self._inflight.clear()
+        if self._runnable_check is not None:
+            self._runnable_check.cancel()
+            await asyncio.gather(self._runnable_check, return_exceptions=True)
+            self._runnable_check = None
+        self._runnable_found, self._runnable_wanted = {}, {}
         leading_stop.set()
         self._status_feed = None
         for f in fetchers:
