@@ -18,6 +18,9 @@ from wire.validation import validate_reason
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
 MAX_DRAIN_AHEAD_S = 90 * 86400
+# A drain's start up to this far past is taken as now (a script's "at 06:00" sent at
+# 06:00:05); further past is refused as a mistake (a wrong day or year would drain at once).
+DRAIN_PAST_SLACK_S = 300.0
 
 
 
@@ -39,7 +42,10 @@ class HostOperations(Operations):
         now = time.time()
         if at is not None and not at <= now + MAX_DRAIN_AHEAD_S:
             raise ValidationError("at", f"must be at most {MAX_DRAIN_AHEAD_S // 86400:.0f} days ahead", "OUT_OF_RANGE")
-        start = at if at is not None and at > now else 0.0  # a time already past: at once
+        if at is not None and at < now - DRAIN_PAST_SLACK_S:
+            raise ValidationError("at", f"is {now - at:.0f} s in the past: give a time ahead, or none to drain now",
+                                  "OUT_OF_RANGE")
+        start = at if at is not None and at > now else 0.0  # a time just past: at once
         await self._set_hostcfg(host_id, lambda cur: HostConfig(
             cordoned=not start, draining=True, drain_at=start, drain_deadline=(start or now) + deadline_s,
             reason=reason, by=by, ts=now, gpu_clears=cur.gpu_clears))

@@ -1228,6 +1228,12 @@ async def test_a_drain_scheduled_ahead_is_shown_until_it_begins_and_can_be_calle
     r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
                                                "at": "2126-01-01T00:00"})
     assert r.status_code == 422 and "at most 90 days ahead" in r.text
+    # A start well past is refused as the mistake it most likely is (a wrong day or year
+    # drained the host at once); one a moment past is taken as now.
+    r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
+                                               "at": "2025-01-01T06:00"})
+    assert r.status_code == 422 and "s in the past: give a time ahead, or none to drain now" in r.text
+    assert "w-1" not in m.state.hostcfg
     at = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) + dt.timedelta(days=2)
     r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "driver update", "deadline_s": "60",
                                                "at": at.strftime("%Y-%m-%dT%H:%M")})
@@ -1247,6 +1253,13 @@ async def test_a_drain_scheduled_ahead_is_shown_until_it_begins_and_can_be_calle
     cfg = m.state.hostcfg["w-1"]
     assert not cfg.draining and not cfg.cordoned and m.state.maintenance == {}
     assert "uncordoned by" in (await c.get("/hosts/w-1")).text
+    # The form's minute, just past, is taken as now: drained at once.
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    r = await c.post("/hosts/w-1/drain", data={"csrf": console.csrf, "reason": "now", "deadline_s": "60",
+                                               "at": now.strftime("%Y-%m-%dT%H:%M")})
+    assert r.status_code == 303
+    cfg = m.state.hostcfg["w-1"]
+    assert cfg.draining and cfg.cordoned and cfg.drain_at == 0.0
 
 
 async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: Console) -> None:
