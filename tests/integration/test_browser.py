@@ -437,3 +437,19 @@ def test_last_page_of_ten_thousand_hosts_via_pager(page: Any, stack: tuple[Clust
     expect(pager.locator("span").filter(has_text="Page")).to_have_text(f"Page {pages - 1} of {pages}")
     assert row_ids(page) == expected_page(pages - 1)
 
+
+
+def test_the_alerts_page_shows_a_new_alert_without_a_reload(page: Any, stack: tuple[Cluster, Any, str]) -> None:
+    """The alerts page was not live: a job that failed while it was open was not shown
+    until it was reloaded."""
+    from playwright.sync_api import expect
+
+    cluster, srv, _ = stack
+    login(page, cluster.token)
+    page.goto("/alerts?kind=job.failed")
+    page.evaluate("() => { window.__alertsMark = 'same-document'; }")
+    done = Api(srv.url, cluster.token).submit(name="browser-fails", command=["false"], maxAttempts=1)
+    assert done["job"] is not None, done["userErrors"]
+    expect(page.locator("#live")).to_contain_text(done["job"]["id"], timeout=60_000)
+    assert page.evaluate("() => window.__alertsMark") == "same-document", "the alerts page was reloaded"
+    shot(page, "14-alerts-live")

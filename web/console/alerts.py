@@ -38,5 +38,6 @@ async def alerts(request: Request) -> Response:
         "next_url": url("/alerts", kind=kind, page=page + 1) if page < pages else None,
         "first_url": url("/alerts", kind=kind, page=1) if page > 1 else None,
         "last_url": url("/alerts", kind=kind, page=pages) if page < pages else None,
+        "live_url": url("/alerts", kind=kind),
     }
     return render(request, "alerts.html", ctx)
