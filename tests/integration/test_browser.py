@@ -453,3 +453,16 @@ def test_the_alerts_page_shows_a_new_alert_without_a_reload(page: Any, stack: tu
     expect(page.locator("#live")).to_contain_text(done["job"]["id"], timeout=60_000)
     assert page.evaluate("() => window.__alertsMark") == "same-document", "the alerts page was reloaded"
     shot(page, "14-alerts-live")
+
+
+def test_the_navigation_fits_a_narrow_screen(page: Any, stack: tuple[Cluster, Any, str]) -> None:
+    """On a phone-wide screen the main navigation wraps instead of running off the page
+    (found by exploring: its last links were off screen)."""
+    cluster, _, _ = stack
+    page.set_viewport_size({"width": 360, "height": 740})
+    login(page, cluster.token)
+    for link in page.locator("nav[aria-label=Main] a").all():
+        box = link.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 360, (link.inner_text(), box)
+    assert page.evaluate("() => document.querySelector('header.topbar').scrollWidth") <= 360
+    shot(page, "15-narrow-nav")
