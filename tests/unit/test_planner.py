@@ -707,6 +707,18 @@ def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_
         make_job(job_id, spec=spec, submitted_at=NOW - 50, waiting_for=waiting))))
 
 
+def test_a_job_cancelled_while_it_waits_for_others_waits_for_none(w: World) -> None:
+    """Found by exploring: a cancelled job kept its `waitingFor` (listed "CANCELLED after")."""
+    w.submit("prep-job", gpus=1)
+    w.cycle()
+    after(w, "train-job", ["prep-job"])
+    plan = w.cycle(commands=[cancel("train-job")], now=NOW + 1)
+    job = plan.jobs["train-job"]
+    assert job.state is JobState.CANCELLED and job.waiting_for == []
+    w.commit(plan)
+    assert "train-job" not in w.state.backlog.waiting
+
+
 def test_a_job_runs_after_its_dependencies_succeed(w: World) -> None:
     w.submit("prep-job", gpus=1)
     w.cycle()

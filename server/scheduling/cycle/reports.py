@@ -176,6 +176,7 @@ def apply_cancel(w: Work, c: Command, now: float) -> None:
     assert job is not None
     job.state = JobState.CANCELLED
     job.hold = ""  # a held job cancelled is no longer waiting for a release
+    job.waiting_for = []  # nor for the jobs it was to run after
     job.cancel_reason = clip_start(c.reason, CANCEL_REASON_MAX) or f"cancelled by {c.by or 'operator'}"
     job.updated_at = now
     a = job.current
