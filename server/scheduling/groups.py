@@ -4,7 +4,9 @@ are placed or running at a time, the others waiting their turn in their queue. T
 job array's throttle (Slurm's `--array=0-999%16`: `muster job submit --array 1000%16`) and,
 with a limit of 1 and the job's name as the group, Slurm's `--dependency=singleton`
 (`muster job submit --singleton`): a sweep of a thousand points does not take every GPU its
-quota allows at once, and a nightly job does not start while yesterday's still runs.
+quota allows at once, and a nightly job does not start while yesterday's still runs. As
+Slurm's, a singleton waits for every job of its user with its name, singleton or not (those
+outside its group are tallied apart: `named_counts`).
 
 A job waiting for its group is not blocked by the cluster: it is no reason to preempt
 anything nor to hold a reservation. Groups are per user, so one user's group cannot hold
@@ -31,14 +33,41 @@ def counts() -> LiveCounts[Key]:
     return LiveCounts(key)
 
 
+def singleton(job: Job) -> bool:
+    """A singleton: the group of its own name, with a limit of 1."""
+    return job.spec.group_limit == 1 and job.spec.group == job.spec.name
+
+
+def named_key(job: Job) -> Key | None:
+    """(user, name) of a job outside the group of its own name: what a singleton of that
+    name waits for besides its group (found by exploring: a singleton started beside a
+    plain job of its name, where Slurm's waits for every job of its user and name)."""
+    s = job.spec
+    return None if s.group == s.name and s.group_limit else (s.user, s.name)
+
+
+def named_counts() -> LiveCounts[Key]:
+    """An empty tally of jobs placed or running per (user, name), outside their name's group."""
+    return LiveCounts(named_key)
+
+
+def running(job: Job, in_group: int, named: int) -> int:
+    """The jobs `job`'s limit counts, placed or running: `in_group` of its group (a
+    preemptor not among them) and, for a singleton, the `named` jobs of its user and name
+    outside the group."""
+    return in_group - bool(job.preempting) + (named if singleton(job) else 0)
+
+
 def waits(job: Job, running: int) -> bool:
-    """Whether `job` waits for its group: `running` of the group's jobs are placed or
-    running (this one not among them) and that is its limit already."""
+    """Whether `job` waits for its group: `running` of the jobs its limit counts are placed
+    or running (this one not among them) and that is its limit already."""
     return key(job) is not None and running >= job.spec.group_limit
 
 
 def wait_text(job: Job, running: int) -> str:
     """Why pending, in words."""
-    what = "singleton" if job.spec.group_limit == 1 and job.spec.group == job.spec.name else "group"
-    return (f"{running} job(s) of {job.spec.user}'s {what} {job.spec.group!r} placed or running, its limit "
+    if singleton(job):
+        return (f"{running} job(s) of {job.spec.user}'s named {job.spec.name!r} placed or running: a singleton "
+                "starts when none is")
+    return (f"{running} job(s) of {job.spec.user}'s group {job.spec.group!r} placed or running, its limit "
             f"{job.spec.group_limit}: it starts when one of them ends")

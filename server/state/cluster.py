@@ -252,6 +252,7 @@ class ClusterState:
     # job group with a limit (scheduling.groups), and per queue and user (what a queue's
     # per-user running-jobs limit is checked against).
     group_live: LiveCounts[groups.Key] = field(default_factory=groups.counts)
+    named_live: LiveCounts[groups.Key] = field(default_factory=groups.named_counts)
     user_live: LiveCounts[tuple[str, str]] = field(default_factory=lambda: LiveCounts(queue_user))
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
     capacity: dict[str, float] = field(default_factory=dict)
@@ -304,6 +305,7 @@ class ClusterState:
             add_user(self.user_usage, old, -1.0)
             self.open_jobs.update(old, None)
             self.group_live.update(old, None)
+            self.named_live.update(old, None)
             self.user_live.update(old, None)
             self.backlog.update(old, None)
             self.deps.changed(self.jobs, job_id)
@@ -328,6 +330,7 @@ class ClusterState:
         add_user(self.user_usage, job, 1.0)
         self.open_jobs.update(old, job)
         self.group_live.update(old, job)
+        self.named_live.update(old, job)
         self.user_live.update(old, job)
         self.backlog.update(old, job)
         self.deps.changed(self.jobs, job.id)

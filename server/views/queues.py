@@ -240,7 +240,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
                                                f"{job_gpus(job.spec):g} wanted > its per-user limit "
                                                f"{q.max_gpus_per_user:g}"))
     k = groups.key(job)
-    running = state.group_live.get(k) - bool(job.preempting) if k is not None else 0
+    running = groups.running(job, state.group_live.get(k), state.named_live.get((job.spec.user, job.spec.name))) \
+        if k is not None else 0
     if groups.waits(job, running):
         out.append(QueueReason(GROUP_LIMIT, groups.wait_text(job, running)))
     if job.preempting:

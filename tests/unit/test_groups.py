@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.scheduling.groups import counts, key, waits
+from server.scheduling.groups import counts, key, named_counts, waits
 from server.scheduling.livecounts import LiveCounts, live, queue_user
 from server.scheduling.planner import plan_cycle
 from server.scheduling.queues import GROUP_LIMIT, USER_LIMIT
@@ -66,22 +66,26 @@ _STATES = [JobState.QUEUED, JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDE
 def test_the_counts_kept_equal_a_count_afresh(
         steps: list[tuple[str, tuple[JobState, str, str, int, bool, str] | None]]) -> None:
     """Per user and group, and per queue and user (a queue's running-jobs limit)."""
-    by_group, by_user, jobs = counts(), LiveCounts(queue_user), dict[str, Job]()
+    by_group, by_user, by_name, jobs = counts(), LiveCounts(queue_user), named_counts(), dict[str, Job]()
     for job_id, change in steps:
         old = jobs.get(job_id)
         if change is None:
             jobs.pop(job_id, None)
             by_group.update(old, None)
             by_user.update(old, None)
+            by_name.update(old, None)
             continue
         state, user, group, limit, preempting, queue = change
-        new = make_job(job_id, state=state, spec=job_spec(job_id, user=user, group=group, group_limit=limit,
+        name = group if group and job_id in "ab" else job_id  # a and b: singletons when their limit is 1
+        new = make_job(job_id, state=state, spec=job_spec(name, user=user, group=group, group_limit=limit,
                                                           queue=queue),
                        preempting=["v:1"] if preempting and state is JobState.QUEUED else [])
         jobs[job_id] = new
         by_group.update(old, new)
         by_user.update(old, new)
+        by_name.update(old, new)
     assert by_group.as_dict() == by_group.recount(jobs.values()).as_dict()
+    assert by_name.as_dict() == by_name.recount(jobs.values()).as_dict()
     assert by_user.as_dict() == by_user.recount(jobs.values()).as_dict()
     assert sum(by_user.as_dict().values()) == sum(1 for j in jobs.values() if live(j))
 
@@ -124,10 +128,38 @@ def test_a_singleton_waits_while_one_of_its_name_runs() -> None:
     w.cycle()
     assert _live(w, "n1", "n2") == ["n1"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
-    assert why[GROUP_LIMIT].startswith("1 job(s) of alice's singleton 'nightly'")
+    assert why[GROUP_LIMIT] == "1 job(s) of alice's named 'nightly' placed or running: a singleton starts when none is"
     w.cycle(reports=[w.report("n1", 0, AttemptState.RUNNING)])
     w.cycle(reports=[w.report("n1", 0, AttemptState.SUCCEEDED, code=0)])
     assert _live(w, "n1", "n2") == ["n2"]
+
+
+def test_a_singleton_waits_for_any_job_of_its_name_and_a_plain_job_waits_for_none() -> None:
+    """As Slurm's singleton: it waits for every job of its user with its name, singleton or
+    not (found by exploring: one started beside a plain job of its name); a plain job of
+    that name, or another user's, does not wait for it."""
+    w = World()
+    w.host("a")
+    _submit(w, "plain1", group="", limit=0, name="nightly", at=NOW - 3)
+    _submit(w, "single", group="nightly", limit=1, name="nightly", at=NOW - 2)
+    _submit(w, "other", group="nightly", limit=1, name="nightly", user="bob", at=NOW - 1)
+    w.cycle()
+    assert _live(w, "plain1", "single", "other") == ["plain1", "other"]
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("single"), NOW)}
+    assert why[GROUP_LIMIT] == "1 job(s) of alice's named 'nightly' placed or running: a singleton starts when none is"
+    w.cycle(reports=[w.report("plain1", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("plain1", 0, AttemptState.SUCCEEDED, code=0)])
+    assert _live(w, "single") == ["single"]
+    # A plain job of the name submitted while the singleton runs is not held back.
+    _submit(w, "plain2", group="", limit=0, name="nightly")
+    w.cycle()
+    assert _live(w, "single", "plain2") == ["single", "plain2"]
+    # Placed in one cycle: a plain job and a singleton of one name are not both started
+    # when the plain one comes first.
+    _submit(w, "plain3", group="", limit=0, name="weekly", at=NOW + 1)
+    _submit(w, "single2", group="weekly", limit=1, name="weekly", at=NOW + 2)
+    w.cycle()
+    assert _live(w, "plain3", "single2") == ["plain3"]
 
 
 def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
@@ -161,7 +193,7 @@ def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
     w.cycle()
     assert _live(w, "n2") == [] and w.job("after").waiting_for == ["n1"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
-    assert why[GROUP_LIMIT].startswith("1 job(s) of alice's singleton 'nightly'")
+    assert why[GROUP_LIMIT] == "1 job(s) of alice's named 'nightly' placed or running: a singleton starts when none is"
     w.cycle(reports=[w.report("n1", 0, AttemptState.KILLED, code=-15)])
     assert not w.job("n1").stopping
     w.cycle()

@@ -32,6 +32,7 @@ class UserLimits:
         # Jobs placed or running per user and job group, and per queue and user: the state's
         # counts with this cycle's changes and the commits in flight, then what it places.
         self.in_group = LiveTally(w, w.state.group_live)
+        self.named = LiveTally(w, w.state.named_live)
         self.user_jobs = LiveTally(w, w.state.user_live)
 
     def tally(self, qn: str) -> dict[str, float]:
@@ -69,7 +70,10 @@ class UserLimits:
         """The job's group has its limit of jobs placed or running: it waits its turn, and
         is not a reason to preempt anything. A preemptor is counted in its group already."""
         k = groups.key(job)
-        return k is not None and groups.waits(job, self.in_group.get(k) - bool(job.preempting))
+        if k is None:
+            return False
+        named = self.named.get((job.spec.user, job.spec.name)) if groups.singleton(job) else 0
+        return groups.waits(job, groups.running(job, self.in_group.get(k), named))
 
     def waits(self, job: Job, q: Queue | None) -> bool:
         """Either of the above (a job whose queue is gone is held by neither)."""
@@ -86,6 +90,9 @@ class UserLimits:
         k = groups.key(job)
         if k is not None:
             self.in_group.add(k)
+        n = groups.named_key(job)
+        if n is not None:
+            self.named.add(n)
 
     def user_load(self, qn: str) -> Callable[[str], userfair.Load]:
         """Each user's load in queue `qn` for fair share between its users: what the user
