@@ -253,6 +253,9 @@ class JobSpec(_Model):
     # time limit in seconds (0: the queue's default, if any).
     queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME_PATTERN)
     time_limit_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600)
+    # An admin set `time_limit_s` past the queue's maximum (updateJob): every try of the job
+    # runs under it, not capped by the queue (never set by a submission).
+    time_limit_exempt: bool = False
     # Labels a host must have to run the job (key=value each, all of them: a zone, a
     # network, a driver line), as its agent reports them (`--labels`).
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_HOST_LABELS)
@@ -743,6 +746,8 @@ class Command(_Model):
     priority: int | None = Field(default=None, ge=-1000, le=1000)
     hold: bool | None = None
     time_limit_s: float | None = Field(default=None, gt=0, le=365 * 24 * 3600)
+    # With `time_limit_s`: an admin's limit past the queue's maximum (JobSpec.time_limit_exempt).
+    time_limit_exempt: bool = False
 
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"

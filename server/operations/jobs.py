@@ -90,10 +90,15 @@ class JobOperations(Operations):
             # hold's reason was dropped).
             raise ValidationError("hold", f"it is held already ({job.hold}): release it first" if hold
                                   else "it is not held", "ALREADY_HELD" if hold else "NOT_HELD")
+        exempt = False
         if time_limit_s is not None:
             self._check_time_limit(job, time_limit_s, may_raise)
+            q = self.queue(job.spec.queue)
+            # An admin's limit past the queue's maximum holds for every try (found by
+            # exploring: a queued job's raise was accepted, and its try ran capped).
+            exempt = may_raise and q is not None and 0 < q.max_time_limit_s < time_limit_s
         await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold,
-                                    time_limit_s=time_limit_s))
+                                    time_limit_s=time_limit_s, time_limit_exempt=exempt))
 
     def _check_time_limit(self, job: Job, limit: float, may_raise: bool) -> None:
         """A new time limit for `job` that the caller may set: one no longer than the limit

@@ -414,8 +414,16 @@ def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_oper
     assert a["state"] == "TIMEOUT" and "time limit of 1 s" in a["reason"], a
     assert when(tmp_path, "short", "term")["deadline"] == "2"
     assert api.job(ids[0])["state"] == "RUNNING"
+    # A queued job raised by the admin past the queue's maximum runs under that limit too
+    # (found by exploring: accepted, but its try would have run capped at the maximum).
+    held = submit(api, "held", task(tmp_path, "held", 600), token=bob, queue="runs", timeLimitSeconds=60,
+                  held=True)["job"]["id"]
+    r = muster(cluster, srv.url, "job", "set", held, "--time-limit", "7200")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_until(lambda: limits(held) == (7200, 7200), timeout=30, what="the queued job's raised limit")
     cancel(api, ids[0])
-    settled(api, *ids)
+    cancel(api, held)
+    settled(api, *ids, held)
     assert_invariants(cluster.nats_url)
 
 

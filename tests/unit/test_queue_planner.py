@@ -463,11 +463,21 @@ def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stop
     assert w.qcycle(commands=[limit("eval", 900, NOW + 22)], now=NOW + 22).ignored == 1
     w.qcycle(w.agent_reports(NOW + 23), now=NOW + 23)
     assert w.job("eval").state is JobState.TIMEOUT and w.job("train").state is JobState.RUNNING
-    # A queued job: its own limit changes; placed, it runs under the queue's maximum.
+    # A queued job: its own limit changes; placed, it runs under the queue's maximum,
+    # unless an admin set it past that (found by exploring: a queued job's raise was
+    # accepted, and its try ran capped all the same).
     w.qsubmit("later", "a", time_limit_s=60)
+    w.qsubmit("over", "a", time_limit_s=60)
     w.qsubmit("blocker", "a", gpus=8)  # not placed: train holds a GPU
-    w.qcycle(commands=[limit("later", 5000, NOW + 30)], now=NOW + 30)
+    w.qcycle(commands=[limit("later", 5000, NOW + 30),
+                       Command(kind="update", job_id="over", by="admin", time_limit_s=5000, time_limit_exempt=True,
+                               ts=NOW + 30)], now=NOW + 30)
     assert w.job("later").spec.time_limit_s == 5000 and w.job("later").current.time_limit_s == 3600
+    assert w.job("over").spec.time_limit_exempt and w.job("over").current.time_limit_s == 5000
+    # The same limit, no longer exempt (an admin set it again within the maximum's rules):
+    # a change, and later tries are capped again.
+    plan = w.qcycle(commands=[limit("over", 5000, NOW + 31)], now=NOW + 31)
+    assert plan.ignored == 0 and not w.job("over").spec.time_limit_exempt
 
 
 def test_a_new_leader_finishes_a_preemption_from_the_records() -> None:

@@ -186,8 +186,8 @@ class UpdateJobInput:
     time_limit_seconds: float | None = strawberry.field(
         default=None, description="A new time limit, in seconds: the job's, and its running try's (one that has run "
                                   "longer is stopped at once, and ends TIMEOUT). Only an admin may raise a limit or "
-                                  "set one above the queue's maximum (as Slurm's scontrol update TimeLimit); later "
-                                  "tries run under it capped by the queue's maximum, as always.")
+                                  "set one above the queue's maximum (as Slurm's scontrol update TimeLimit), which "
+                                  "then holds for every try of the job.")
     reason: str = strawberry.field(default="", description="Why (shown with a hold).")
 
 

@@ -204,7 +204,8 @@ def apply_update(w: Work, c: Command, now: float) -> None:
     release = c.hold is False and bool(job.hold)
     live = [t for t in job.current_tasks() if not t.state.terminal]
     limit = c.time_limit_s if c.time_limit_s is not None and not any(t.stop_kind for t in live) else None
-    if limit is not None and limit == job.spec.time_limit_s and all(t.time_limit_s == limit for t in live):
+    if limit is not None and limit == job.spec.time_limit_s and c.time_limit_exempt == job.spec.time_limit_exempt \
+            and all(t.time_limit_s == limit for t in live):
         limit = None
     if priority is None and not hold and not release and limit is None:
         w.plan.ignored += 1
@@ -218,7 +219,7 @@ def apply_update(w: Work, c: Command, now: float) -> None:
     if limit is not None:
         was = next((t.time_limit_s for t in job.current_tasks() if not t.state.terminal), job.spec.time_limit_s)
         done.append(f"time limit {f'{was:g} s' if was else 'none'} -> {limit:g} s")
-        job.spec = job.spec.model_copy(update={"time_limit_s": limit})
+        job.spec = job.spec.model_copy(update={"time_limit_s": limit, "time_limit_exempt": c.time_limit_exempt})
         for t in job.current_tasks():
             if not t.state.terminal:
                 t.time_limit_s = limit
