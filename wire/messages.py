@@ -381,6 +381,10 @@ class Job(_Model):
     # takes each out as it ends). A job that waits stays QUEUED but is not considered
     # for placement.
     waiting_for: list[str] = Field(default_factory=list)
+    # When it was last released, or last stopped waiting for the jobs it runs after (0:
+    # never held nor waiting): how long it has waited for room counts from then
+    # (`waiting_since`), not from its submission.
+    freed_at: float = 0.0
     # Why the job ended when no attempt says so (its records could not be written, ...).
     end_reason: str = ""
     # A job that preempted others waits for these attempts to end before it is placed
@@ -395,6 +399,12 @@ class Job(_Model):
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_defaults=True).encode()
+
+    @property
+    def waiting_since(self) -> float:
+        """Since when the job may be placed: its submission, its begin time or a retry's
+        backoff, its release, or its dependencies' end, whichever came last."""
+        return max(self.submitted_at, self.not_before, self.freed_at)
 
     @property
     def current(self) -> Attempt | None:

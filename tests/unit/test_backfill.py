@@ -218,6 +218,40 @@ def test_without_a_time_limit_a_reservation_holds_the_emptiest_host_for_a_bounde
     assert _unlimited(waited=111)[1] is None  # waited past 10 + 100 s: its start unknown, no more
 
 
+def test_a_jobs_wait_for_a_reservation_counts_from_when_it_could_first_be_placed() -> None:
+    """A job held, or waiting for its begin time or the jobs it runs after, longer than
+    the window of reservations whose start is unknown never held one, while jobs submitted
+    after it did (found by exploring): its wait counts from its release, its begin time or
+    its dependencies' end."""
+    from wire.messages import Command
+
+    def parked(**fields: object) -> tuple[World, Reservation | None]:
+        w = _two_busy_hosts(x_limit=0, y_limit=0, policy=QueuePolicy(reserve_after_s=10, reserve_max_s=100))
+        w.submit("big", gpus=8, at=NOW - 1000)
+        job = w.job("big").model_copy(update=fields)
+        w.state.apply_state_record(Record("job.big", next(w.rev), encode(job)))
+        return w, next(iter(w.cycle().reservations), None)
+
+    assert parked()[1] is None  # waited 1,000 s for room: past the window
+    for fields in ({"not_before": NOW - 20}, {"freed_at": NOW - 20}):
+        _w, r = parked(**fields)
+        assert r is not None and r.job_id == "big" and r.start == UNKNOWN, fields
+        assert parked(**{k: NOW - 5 for k in fields})[1] is None  # not waited long enough since
+    # A release and the end of the jobs it runs after say when.
+    w, _r = parked(hold="held by op")
+    w.cycle(commands=[Command(kind="update", job_id="big", by="op", hold=False, ts=NOW)], now=NOW + 1)
+    assert w.job("big").freed_at == NOW + 1 and w.job("big").waiting_since == NOW + 1
+    w.submit("first", gpus=0)
+    w.cycle()
+    after = make_job("then", spec=job_spec("then", command=["x"], gpus=8, cpus=1, memory_mb=1, depends_on=["first"]),
+                     submitted_at=NOW - 1000, waiting_for=["first"])
+    w.state.apply_state_record(Record("job.then", next(w.rev), encode(after)))
+    w.cycle(reports=[w.report("first", 0, AttemptState.RUNNING)], now=NOW + 2)
+    w.cycle(reports=[w.report("first", 0, AttemptState.SUCCEEDED, code=0)], now=NOW + 3)
+    w.cycle(now=NOW + 4)  # the end is read back, then the jobs after it are looked at
+    assert w.job("then").waiting_for == [] and w.job("then").freed_at == NOW + 4
+
+
 def _streams(seed: int, policy: QueuePolicy, steps: int = 40, bigs: int = 1) -> list[int | None]:
     """Four 8-GPU hosts, six 1-GPU jobs arriving each 5 s step and running 2-8 steps (no
     time limits); `bigs` 8-GPU jobs arrive at step 5. The steps each waited (None: never

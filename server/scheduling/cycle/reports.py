@@ -228,6 +228,7 @@ def apply_update(w: Work, c: Command, now: float) -> None:
         done.append(job.hold)
     if release:
         job.hold = ""
+        job.freed_at = now
         done.append(f"released by {c.by or 'operator'}")
     job.updated_at = now
     w.plan.events.append(job_event("job.updated", job, job.current, now, "; ".join(done)))

@@ -50,7 +50,7 @@ class Reserving:
             job = w.latest(job_id)
             if job is None or job.state is not JobState.QUEUED or job.hold or job.waiting_for or job.preempting \
                     or job.id in w.frozen_jobs or job.id in self.skip or job.not_before > now \
-                    or now - job.submitted_at < policy.reserve_after_s or job.id in self.tried:
+                    or now - job.waiting_since < policy.reserve_after_s or job.id in self.tried:
                 continue
             q = self.adm.queue(job)
             if q is None or self.limits.waits(job, q):
@@ -80,14 +80,17 @@ class Reserving:
             if not placer.reservation_for(job.id, spec, now, self.ends, soonest).holds_all(spec.replicas):
                 got = Reservation(job.id, frozenset(), got.start)
         placer.exclude = held
-        waited = now - job.submitted_at
+        # Counted from when it could first be placed (found by exploring: a job held, or
+        # waiting for its begin time or the jobs it runs after, for longer than the window
+        # never held a reservation whose start is unknown, while the jobs behind it did).
+        waited = now - job.waiting_since
         if got.hosts and (got.known() or waited < self.policy.reserve_after_s + self.policy.reserve_max_s):
             self.made[job.id] = got
 
     def reserve_for(self, job: Job, spec: JobSpec) -> None:
         """Hold hosts for a job that found no room, once it has waited long enough."""
         policy = self.policy
-        waited = self.now - job.submitted_at
+        waited = self.now - job.waiting_since
         if not self.open() or job.preempting or waited < policy.reserve_after_s or job.id in self.tried:
             return
         # The first jobs a cycle that waited and found no room and that some hosts could

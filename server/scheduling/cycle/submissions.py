@@ -128,3 +128,5 @@ def resolve_dependencies(w: Work, now: float, room: int) -> None:
             w.plan.events.append(job_event("job.cancelled", job, None, now, job.cancel_reason))
         else:
             job.waiting_for = left
+            if not left:
+                job.freed_at = now
