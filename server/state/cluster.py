@@ -502,7 +502,15 @@ class ClusterState:
         bucket; found by a review: such a host stayed SUSPECT for good, its work never
         replaced)."""
         window = (UNCONFIRMED_TTL_INTERVALS + 1) * self.heartbeat_interval_s
-        if self._renumbered_at is None or self.health_time(now) - self._renumbered_at <= window:
+        if self._renumbered_at is None:
+            # No record read since. While the reader is caught up (its clock runs on with
+            # the local one) the wait counts from now: with every agent gone no record
+            # comes at all, and the hosts stayed SUSPECT for good (a review). A reader that
+            # is behind, or reads now and then (a follower), waits for its next record.
+            if self.clock.caught_up:
+                self._renumbered_at = self.health_time(now)
+            return
+        if self.health_time(now) - self._renumbered_at <= window:
             return
         gone, self._unconfirmed = self._unconfirmed, set()
         for key in gone:

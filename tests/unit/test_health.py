@@ -569,6 +569,29 @@ def test_hosts_not_heard_again_after_the_bucket_was_renumbered_expire() -> None:
     assert not state.hosts["h1"].present
 
 
+def test_hosts_expire_after_a_renumbering_when_no_record_at_all_is_read_after_it() -> None:
+    """Every agent gone when the bucket was renumbered: no record comes after it. A reader
+    that is caught up counts the wait from when it learns of the renumbering (a review:
+    every host stayed SUSPECT for good, its work never replaced)."""
+    import dataclasses
+    import time
+
+    from tests.factories import heartbeat_record
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    t0 = time.time()
+    for rev, host in ((40, "h1"), (41, "h2")):
+        rec = heartbeat_record(host, rev, shape=False, boot_id="b", seq=1, ts=t0)
+        state.apply_host_record(dataclasses.replace(rec, stamp=t0), now=t0)
+    assert state.clock.caught_up
+    state.hosts_renumbered()
+    state.refresh_health(t0 + 1)
+    state.refresh_health(t0 + 20)
+    assert state.hosts["h1"].present and state.hosts["h2"].present  # within a TTL and an interval
+    state.refresh_health(t0 + 22)
+    assert not state.hosts["h1"].present and not state.hosts["h2"].present
+
+
 def test_a_follower_reading_now_and_then_takes_no_host_as_expired_before_a_reading() -> None:
     """A follower reads the hosts bucket only now and then (its read clock stands at the
     last reading), and learns of a renumbering with the first reading after it: a host is
