@@ -502,6 +502,9 @@ class Watch:
                     pass
                 self._sub = None
                 self.last_seq = self.after_seq = 0
+                # Replaying each key's latest again: its gaps are no records missed (they
+                # were counted as skipped, and held the read clock).
+                self.synced.clear()
                 assert self.on_reset is not None
                 self.on_reset()
             try:

@@ -478,3 +478,30 @@ async def test_a_watch_stopped_while_it_subscribes_again_after_a_reset_leaves_no
     await store.put("sub.b", b"2")
     await asyncio.sleep(0.5)
     assert "sub.b" not in seen
+
+
+async def test_a_watch_that_reads_each_keys_latest_again_after_a_reset_counts_no_gap_as_skipped(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reset the watch reads each key's latest again: the sequence numbers between
+    them are records replaced, not records missed (they were counted as skipped, inflating
+    `muster_heartbeats_skipped` and holding the read clock)."""
+    from wire import kv
+    from wire.kv import Watch
+
+    monkeypatch.setattr(kv, "RESET_CHECK_S", 0.1)
+    got: list[Record] = []
+    w = Watch(store, subjects.STATE_BUCKET, "gap.>", got.append, on_reset=lambda: None)
+    for key in ("gap.a", "gap.b", "gap.a", "gap.a"):  # the latest: b, then a two records on
+        await store.put(key, b"x")
+    await w.start()
+    try:
+        await eventually(lambda: w.synced.is_set() and len(got) == 2, 30, "the first reading")
+        got.clear()
+        w.last_seq += 1_000_000  # as if the stream went below what was read
+        await eventually(lambda: w.resets == 1 and len(got) == 2 and w.synced.is_set(), 30, "the reading again")
+        assert [r.skipped for r in got] == [0, 0], got
+        await store.put("gap.a", b"new")  # a record after the replay: nothing skipped either
+        await eventually(lambda: len(got) == 3, 30, "the new record")
+        assert got[-1].skipped == 0
+    finally:
+        await w.stop()
