@@ -282,7 +282,7 @@ class JobSpec(_Model):
     retry_exit_codes: list[int] = Field(default_factory=list, max_length=16)
     retry_timeouts: bool = False
     # The wait before the first retry of a failed try, doubling for each retry after it, at
-    # most an hour (0: the default, at once and then 1, 2, 4 ... s, at most a minute), for
+    # most an hour (0: the default, 1, 2, 4 ... s, at most a minute), for
     # failures that take time to clear (a file server or licence server down); retries after
     # a lost host keep the default (server.scheduling.retry).
     retry_delay_s: float = Field(default=0.0, ge=0, le=3600)

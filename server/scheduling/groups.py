@@ -67,7 +67,7 @@ def waits(job: Job, running: int) -> bool:
 def wait_text(job: Job, running: int) -> str:
     """Why pending, in words."""
     if singleton(job):
-        return (f"{running} job(s) of {job.spec.user}'s named {job.spec.name!r} placed or running: a singleton "
+        return (f"{running} of {job.spec.user}'s jobs named {job.spec.name!r} placed or running: a singleton "
                 "starts when none is")
     return (f"{running} job(s) of {job.spec.user}'s group {job.spec.group!r} placed or running, its limit "
             f"{job.spec.group_limit}: it starts when one of them ends")

@@ -74,6 +74,13 @@ class LiveTally(Generic[K]):
         """One more job of `k` placed (or preempting) this cycle."""
         self._changes().add(k, 1)
 
+    def note(self, k: K) -> None:
+        """`add`, for a job whose record this cycle has changed (or is about to, before the
+        tally is next read): counted now only if the changes were gathered already, else
+        gathered with them when first asked (a tally no one reads costs nothing)."""
+        if self._delta is not None:
+            self._delta.add(k, 1)
+
 
 class Admission:
     """One cycle's queue accounting: the queue book (what each queue holds, this cycle's

@@ -92,7 +92,9 @@ class UserLimits:
             self.in_group.add(k)
         n = groups.named_key(job)
         if n is not None:
-            self.named.add(n)
+            # Read only for singletons: counted now only once one has read it (the job's
+            # record, placed or preempting by the next read, is gathered otherwise).
+            self.named.note(n)
 
     def user_load(self, qn: str) -> Callable[[str], userfair.Load]:
         """Each user's load in queue `qn` for fair share between its users: what the user
