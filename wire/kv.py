@@ -421,10 +421,23 @@ def delivery_position(msg: Msg) -> tuple[int, int, float]:
     return pos
 
 
+_letting_go: set[asyncio.Task[None]] = set()  # unsubscribes under way (a reference keeps each)
+
+
 def _let_go(made: asyncio.Future[JetStreamContext.PushSubscription]) -> None:
     """A subscription made for a watch that was stopped meanwhile: unsubscribed."""
-    if not made.cancelled() and made.exception() is None:
-        asyncio.ensure_future(made.result().unsubscribe())
+    if made.cancelled() or made.exception() is not None:
+        return
+
+    async def unsubscribe() -> None:
+        try:
+            await made.result().unsubscribe()
+        except Exception as exc:  # noqa: BLE001 - the connection is going: nothing to let go
+            log.debug("a stopped watch's subscription: %s", exc)
+
+    task = asyncio.ensure_future(unsubscribe())
+    _letting_go.add(task)
+    task.add_done_callback(_letting_go.discard)
 
 
 class Watch:
@@ -470,7 +483,7 @@ class Watch:
     async def start(self) -> None:
         self._stopped = False
         await self._subscribe()
-        if self.on_reset is not None:
+        if self.on_reset is not None and not self._stopped:  # (a stop() while it subscribed)
             self._monitor = asyncio.ensure_future(self._watch_for_reset())
 
     async def _watch_for_reset(self) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from server.cli.client import add_output, add_watch, gql, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
+from server.timefmt import parse_time
 from wire.errors import NotFound, ValidationError
 
 
@@ -197,10 +199,14 @@ def cmd_drain(args: argparse.Namespace) -> int:
     q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
            host { id health cordoned draining drainAt drainDeadline } userErrors { field message code } } }"""
     at = ahead(args.at)
-    hosts = []
+    start = parse_time(at).timestamp() if at is not None else None
+    hosts: list[dict[str, Any]] = []
     for host_id in targets_of(args, "drain"):
         given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
-        if at is not None:
+        # A start that has passed while the hosts were being drained one by one is now for
+        # the rest (the server refuses one long past: a rack's last hosts were refused); the
+        # first host is sent the time as given, which the server judges.
+        if at is not None and (not hosts or start is None or start > time.time()):
             given["at"] = at
         res = gql(q, {"input": given}, optional=("drainAt", "drainDeadline"))["drainHost"]
         if res["userErrors"]:

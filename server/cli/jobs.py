@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import secrets
@@ -29,6 +30,14 @@ outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct gpuIdleSince }"""
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
                 "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts",
                 "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct", "gpuIdleSince", "retryDelaySeconds")
+
+
+def finite_float(text: str) -> float:
+    """A number option: "nan" and "inf" are refused here (sent on, they made invalid JSON)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     jp.add_argument("ids", nargs="+", metavar="ID")
     jp.add_argument("--priority", type=int, default=None,
                     help="-1000 to 1000: its place in its queue, and as a preemption victim")
-    jp.add_argument("--time-limit", type=float, default=None, metavar="S", dest="time_limit",
+    jp.add_argument("--time-limit", type=finite_float, default=None, metavar="S", dest="time_limit",
                     help="a new time limit in seconds, its running try's too (one that ran longer is stopped); "
                          "only an admin may raise one (scontrol update TimeLimit)")
     add_output(jp)
@@ -144,20 +153,20 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     help="a label the host must have, as its agent reports it (repeat for more: all must match)")
     js.add_argument("--exclude", action="append", default=None, metavar="HOST[,HOST...]", dest="exclude_hosts",
                     help="hosts it must not run on (repeat for more), as Slurm's --exclude")
-    js.add_argument("--cpus", type=float, default=1.0)
+    js.add_argument("--cpus", type=finite_float, default=1.0)
     js.add_argument("--memory-mb", type=int, default=512)
     js.add_argument("--priority", type=int, default=0)
     js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
     js.add_argument("--queue", default=None, help="the queue to run in (default: default, or the first of the "
                     "token's queues when it is bound to queues that leave default out)")
-    js.add_argument("--time-limit", type=float, default=None, metavar="S",
+    js.add_argument("--time-limit", type=finite_float, default=None, metavar="S",
                     help="stop the job after S seconds of running; it ends TIMEOUT (default: the queue's)")
     js.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
                     help="an environment variable of the task (repeat for more)")
     js.add_argument("--cwd", default=None, help="the task's working directory (default: a directory of its own)")
     js.add_argument("--keep-running", action="store_true",
                     help="keep running when the host is cut off from the control plane (KEEP_RUNNING)")
-    js.add_argument("--replace-after", type=float, default=None, metavar="S",
+    js.add_argument("--replace-after", type=finite_float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
     js.add_argument("--retry-failures", type=int, default=None, metavar="N",
@@ -166,7 +175,7 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                     dest="retry_exit_codes", help="with --retry-failures: only these exit codes (repeat for more)")
     js.add_argument("--retry-timeouts", action="store_true",
                     help="with --retry-failures: a try stopped at its time limit is retried too")
-    js.add_argument("--retry-delay", type=float, default=None, metavar="S",
+    js.add_argument("--retry-delay", type=finite_float, default=None, metavar="S",
                     help="with --retry-failures: wait S seconds before the first retry, doubling for each one "
                          "after it, at most an hour (default: 1, 2, 4 ... s, at most a minute)")
     js.add_argument("--checkpoints", action="store_true",
@@ -199,7 +208,7 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("-f", "--follow", action="store_true",
                     help="wait, printing the job's output as it runs (as job logs -f); exit as --wait does")
-    js.add_argument("--timeout", type=float, default=None, metavar="S",
+    js.add_argument("--timeout", type=finite_float, default=None, metavar="S",
                     help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
     add_output(js)
 

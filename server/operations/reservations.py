@@ -20,13 +20,14 @@ from wire.validation import validate_advance_reservation
 MAX_RESERVATION_AHEAD_S = 365 * 86400
 MAX_RESERVATION_S = 90 * 86400
 RESERVATION_KEPT_S = 86400
+PAST_SLACK_S = 300.0  # a start this much past is taken as now; further past is refused
 
 
 
 class ReservationOperations(Operations):
     async def create_advance_reservation(self, data: dict[str, Any], by: str) -> AdvanceReservation:
         """Set hosts aside for some queues' and users' jobs over a time window
-        (scheduling.advance). A start already past (or none) is now. Raises
+        (scheduling.advance). A start just past (5 minutes at most), or none, is now. Raises
         ValidationError: bad input, a name taken, an unknown host or queue, a window too far
         ahead or too long, a record too large, or a host set aside by another reservation
         over an overlapping window (OVERLAPS)."""
@@ -80,7 +81,13 @@ class ReservationOperations(Operations):
         """An advance reservation's record from `data` (its start no earlier than `now` when
         `clamp_start`), with every check but its name's being free; and its bytes."""
         if clamp_start:
-            data = {**data, "starts": max(now, float(data.get("starts") or now))}
+            starts = float(data.get("starts") or now)
+            if starts < now - PAST_SLACK_S:
+                # A wrong day or year would set the hosts aside at once, stopping what runs
+                # there (a review); a moment past is taken as now.
+                raise ValidationError("startsAt", f"is {now - starts:.0f} s in the past: give a time ahead, or none "
+                                                  "to open it now", "OUT_OF_RANGE")
+            data = {**data, "starts": max(now, starts)}
         r = validate_advance_reservation(data)
         if r.ends > now + MAX_RESERVATION_AHEAD_S or r.starts > now + MAX_RESERVATION_AHEAD_S:
             raise ValidationError("endsAt", f"must be at most {MAX_RESERVATION_AHEAD_S // 86400} days ahead",

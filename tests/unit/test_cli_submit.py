@@ -391,3 +391,43 @@ def test_job_show_escapes_control_characters_of_the_command_and_reasons_on_a_ter
     text = capsys.readouterr().out
     assert "\x1b" not in text and "\x07" not in text, text
     assert "\\x1b]0;PWNED\\x07\\x1b[31mRED\\x0a" in text and "bad \\x1b[2J" in text, text
+
+
+def test_a_drain_of_many_hosts_from_a_start_that_passes_meanwhile_drains_the_rest_now(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`host drain a b c --at 2m`: the first host is sent the start as given; once it has
+    passed (the hosts drained one by one), the rest are drained now rather than refused by
+    the server for a start long past (a review)."""
+    import server.cli.hosts as hosts_cli
+
+    sent: list[dict[str, object]] = []
+
+    def fake_gql(_q: str, variables: dict[str, dict[str, object]], **_kw: object) -> dict[str, object]:
+        sent.append(variables["input"])
+        return {"drainHost": {"userErrors": [], "host": {"id": variables["input"]["id"], "health": "HEALTHY",
+                                                        "drainAt": None, "drainDeadline": None}}}
+
+    clock = [1000.0]
+    monkeypatch.setattr(hosts_cli.time, "time", lambda: clock[0])
+    monkeypatch.setattr(hosts_cli, "ahead", lambda _text: "1970-01-01T00:18:20+00:00")  # 1,100 s
+    args = parse_args(["host", "drain", "a", "b", "c", "--reason", "r", "--at", "2m", "-o", "json"])
+    monkeypatch.setattr(hosts_cli, "out", lambda *a, **k: None)
+
+    def passing(q: str, variables: dict[str, dict[str, object]], **kw: object) -> dict[str, object]:
+        got = fake_gql(q, variables, **kw)
+        clock[0] += 60  # each host takes a minute: the start passes after the second
+        return got
+
+    monkeypatch.setattr(hosts_cli, "gql", passing)
+    assert hosts_cli.cmd_drain(args) == 0
+    assert [("at" in s) for s in sent] == [True, True, False]
+
+
+def test_number_options_refuse_what_is_not_a_finite_number(capsys: pytest.CaptureFixture[str]) -> None:
+    for option in ("--retry-delay", "--time-limit", "--cpus"):
+        for bad in ("nan", "inf"):
+            with pytest.raises(SystemExit):
+                parse_args(["job", "submit", "--retry-failures", "1", option, bad, "x", "--", "run"])
+            assert "is not a finite number" in capsys.readouterr().err
+    args = parse_args(["job", "submit", "--retry-failures", "1", "--retry-delay", "30", "x", "--", "run"])
+    assert submit_input(args, submit_command(args))["retryDelaySeconds"] == 30.0

@@ -203,13 +203,14 @@ async def login_form(request: Request) -> Response:
 
 def _foreign_origin(request: Request) -> bool:
     """Whether the request's Origin names another host than the one it was sent to (the
-    Host header a proxy passes on), or is "null"."""
+    Host header a proxy passes on; ports aside: a proxy's `Host $host` drops its port), or
+    is "null"."""
     origin = request.headers.get("origin")
     if origin is None:
         return False
     if origin.strip().lower() == "null":
         return True
-    return urlsplit(origin.strip()).netloc.lower() != request.headers.get("host", "").strip().lower()
+    return urlsplit(origin.strip()).hostname != urlsplit("//" + request.headers.get("host", "").strip()).hostname
 
 
 @console(auth=False)

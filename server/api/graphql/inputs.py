@@ -123,7 +123,8 @@ class DrainHostInput:
     at: dt.datetime | None = strawberry.field(
         default=None, description="When the drain begins (a maintenance window): until then the host takes only "
         "jobs whose time limit (or their queue's default) ends them by the drain's deadline; nothing placed "
-        "after it was scheduled is stopped by it. Default, or a time past: now. At most 90 days ahead.")
+        "after it was scheduled is stopped by it. Default, or a time at most 5 minutes past: now (further past "
+        "is refused). At most 90 days ahead.")
 
 @strawberry.input(description="Hosts matching every given field.")
 class HostFilter:
@@ -211,8 +212,8 @@ class AdvanceReservationInput:
     ends_at: dt.datetime = strawberry.field(description="When the hosts go back to every queue (UTC unless an "
                                                         "offset is given).")
     starts_at: dt.datetime | None = strawberry.field(
-        default=None, description="When it opens; default, or a time past: now. It starts and ends at most 365 "
-                                  "days ahead, and lasts at most 90 days.")
+        default=None, description="When it opens; default, or a time at most 5 minutes past: now (further past is "
+                                  "refused). It starts and ends at most 365 days ahead, and lasts at most 90 days.")
     description: str = ""
 
 
@@ -221,7 +222,8 @@ class AdvanceReservationUpdate:
     name: str
     ends_at: dt.datetime | None = None
     starts_at: dt.datetime | None = strawberry.field(
-        default=None, description="A new start (a time past: now); an open reservation given none keeps its own.")
+        default=None, description="A new start (at most 5 minutes past: now; further past is refused); an open "
+                                  "reservation given none keeps its own.")
     hosts: list[strawberry.ID] | None = None
     queues: list[str] | None = None
     users: list[str] | None = None
