@@ -780,11 +780,12 @@ class Agent:
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
             try:
                 self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the try is unrecorded
                 # Unrecorded, the watchdog could not stop it were this agent frozen or cut
                 # off (and a restarted agent would not know it): it is stopped, and says why
                 # (found by a review: the error ended the run's task, and the attempt was
-                # never reported ended, its GPUs held for good).
+                # never reported ended, its GPUs held for good; by exploring: a process name
+                # that was not text made another error, and the try ran on unrecorded).
                 why = f"the agent could not record it for its watchdog ({exc})"
                 log.error("attempt %s: %s: stopping it", t.attempt_id, why)
                 asyncio.create_task(run.stop(why))

@@ -107,26 +107,35 @@ def written(path: str) -> tuple[int | None, float | None]:
     return pid, sent
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the process's name (field 3 on), or None when
+    there is no such process. Read as bytes: the name is whatever the task made it (a
+    program name cut in the middle of a character, one set by prctl), and decoding it as
+    text failed: the start of a try went unrecorded, and the watchdog died (found by
+    exploring: a job then ran twice)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    try:
+        return stat[stat.rindex(b")") + 2:].decode("ascii", errors="replace").split()
+    except ValueError:
+        return None
+
+
 def start_time(pid: int) -> str:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot): tells a process apart from
     a later one with the same pid; "" when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2:].split()[19]
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else ""
 
 
 def exited(pid: int) -> bool:
     """Whether process `pid` has exited but is not reaped yet (a zombie: what a try that
     ended by itself is while its agent, frozen, does not wait for it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X")
+    fields = _stat(pid)
+    return bool(fields) and fields[0] in ("Z", "X")  # type: ignore[index]
 
 
 def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
@@ -272,7 +281,18 @@ class Watchdog:
             pass
 
     def run(self) -> None:
-        while self.step(time.monotonic()):
+        failed = ""
+        while True:
+            try:
+                if not self.step(time.monotonic()):
+                    break
+                failed = ""
+            except Exception as exc:  # noqa: BLE001 - the watchdog must not die: it looks again
+                # (found by exploring: one error it did not foresee ended it, and the attempts of
+                # a frozen agent then ran on beside their replacements.)
+                if repr(exc) != failed:
+                    failed = repr(exc)
+                    log(f"a look at the attempts failed ({failed}): looking again")
             time.sleep(POLL_S)
         # What fenced attempts left behind in their groups dies with them, now.
         self.finish(float("inf"))

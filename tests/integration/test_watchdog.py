@@ -151,6 +151,29 @@ def test_a_killed_agents_attempts_are_stopped_once_it_is_stale(setup: Setup, tmp
     assert wd.returncode == 0
 
 
+def test_an_attempt_whose_process_name_is_not_text_is_recorded_and_stopped(setup: Setup, tmp_path: Path) -> None:
+    """A task may name its process anything (prctl; a program name the kernel cuts in the
+    middle of a character): its start time is read all the same, and the watchdog stops it
+    (found by exploring: reading /proc/<pid>/stat as UTF-8 failed, the try's start went
+    unrecorded, the watchdog died, and the job ran twice)."""
+    log = tmp_path / "marks"
+    code = marker(log)[2].replace("note('start')", "import ctypes; ctypes.CDLL(None).prctl(15, b'\\xff\\xfe', 0, 0, "
+                                                     "0); note('start')")
+    p = setup.spawn([PY, "-c", code], start_new_session=True)
+    wait_until(lambda: log.exists(), what="the attempt started")
+    assert Path(f"/proc/{p.pid}/comm").read_bytes() == b"\xff\xfe\n"
+    started = start_time(p.pid)
+    assert started.isdigit()
+    (setup.runs / "j1.1").write_text(f"{p.pid} {started}\n")
+    wd = setup.start(stale_after=1.5, grace=0.5)
+    setup.agent.kill()
+    setup.agent.wait()
+    p.wait(60)
+    assert log.read_text().split() == ["start", "stop"]
+    wd.wait(30)
+    assert wd.returncode == 0, wd.stderr.read() if wd.stderr else ""
+
+
 def test_an_attempt_its_dead_agent_froze_is_continued_to_run_its_sigterm_handler(setup: Setup,
                                                                                    tmp_path: Path) -> None:
     """The agent froze an attempt (its fence: SIGSTOP) and died: the watchdog's SIGTERM
@@ -379,3 +402,23 @@ def test_an_attempt_in_its_cgroup_and_process_group_gets_one_sigterm(
         group.kill()
         group.remove()
         cgroups.remove_paths(h.bases.values())
+
+
+def test_the_watchdog_looks_again_after_a_look_that_failed(setup: Setup, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An error the watchdog did not foresee does not end it (found by exploring: one did,
+    and a frozen agent's attempts ran on beside their replacements)."""
+    wd = watchdog.Watchdog(str(setup.dir), str(setup.runs), setup.agent.pid, 1.0, 1.0, None)
+    looks: list[float] = []
+
+    def step(now: float) -> bool:
+        looks.append(now)
+        if len(looks) <= 2:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return len(looks) < 4
+
+    monkeypatch.setattr(wd, "step", step)
+    monkeypatch.setattr(watchdog, "POLL_S", 0.01)
+    wd.run()
+    assert len(looks) == 4
+    assert capsys.readouterr().err.count("a look at the attempts failed") == 1  # said once, not every look
