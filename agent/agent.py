@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +56,7 @@ from nats.js import errors as jserrors
 
 from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
-from agent.isolation import DEFAULT_PIDS_MAX, Isolation
+from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import Run, fenced_by_watchdog
 from agent.watchdog import start_time
 from wire import subjects
@@ -910,7 +909,7 @@ class Agent:
             self.gpus.close()
             self._stop_watchdog()
             if self._tmp_dir is not None:
-                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+                remove_tree(self._tmp_dir)
             if not other:
                 return
             raise ConfigError(f"{other}: not starting a second agent as host {self.config.host_id} (the two would "
@@ -970,7 +969,7 @@ class Agent:
             self._stop_watchdog()
             self.isolation.close()
             if self._tmp_dir is not None:
-                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+                remove_tree(self._tmp_dir)
 
     async def _disconnect(self) -> None:
         """Drain the NATS connection, or close it where it cannot be drained (NATS is gone:

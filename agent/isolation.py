@@ -98,6 +98,24 @@ def job_uid(key: str, uids: tuple[int, int]) -> int:
     return start + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
 
 
+def remove_tree(path: Path | str) -> None:
+    """Remove a directory tree, errors ignored, however deep: Python's `shutil.rmtree`
+    recurses a level a directory and raises RecursionError past about a thousand, which
+    `ignore_errors` does not catch (found by exploring: a task's deep directory left its
+    try never reported, its GPUs held, and the agent unable to start again), so what is
+    left is then removed by `rm -rf` (no depth limit; it follows no link and stays on one
+    file system). Blocking."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        log.warning("%s is too deep for Python's removal: removing it with rm -rf", path)
+        try:
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=600)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("cannot remove %s: %s", path, exc)
+
+
 @dataclass(frozen=True)
 class TaskUser:
     name: str
@@ -352,7 +370,7 @@ class Isolation:
             group.kill(wait_s=1.0)
             group.remove()
         if work_dir is not None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+            remove_tree(work_dir)
 
     @staticmethod
     def sweep(launch: Launch) -> None:
@@ -368,7 +386,7 @@ class Isolation:
         if launch.group is not None and not launch.group.remove():
             log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
         if launch.work_dir is not None:
-            shutil.rmtree(launch.work_dir, ignore_errors=True)
+            remove_tree(launch.work_dir)
 
     def remove_leftover_dir(self, work_dir: Path, attempt_id: str) -> None:
         """A previous agent's attempt directory (from its runs file): removed, and the work
@@ -376,7 +394,7 @@ class Isolation:
         named for the attempt is touched."""
         if work_dir.name != attempt_id or not work_dir.is_absolute():
             return
-        shutil.rmtree(work_dir, ignore_errors=True)
+        remove_tree(work_dir)
         root = work_dir.parent
         if root != self.work_root and root.name.startswith(f"muster-work-{self.host_id}-"):
             with contextlib.suppress(OSError):
@@ -404,4 +422,4 @@ class Isolation:
                     cgroups.remove_paths(g.paths)
             cgroups.remove_paths(self.hierarchy.bases.values())
         if self._own_root:
-            shutil.rmtree(self.work_root, ignore_errors=True)
+            remove_tree(self.work_root)

@@ -317,7 +317,10 @@ class Run:
     async def _cleanup(self) -> None:
         if self.launch is not None:
             await self._sweep()
-            await asyncio.to_thread(Isolation.release, self.launch)
+            try:
+                await asyncio.to_thread(Isolation.release, self.launch)
+            except Exception:  # noqa: BLE001 - the try ended whatever its clean-up met, and is reported
+                log.exception("attempt %s: removing its cgroup or directory failed", self.task.attempt_id)
         if self._transport is not None:
             self._transport.close()  # the pipe, if something still holds it
 

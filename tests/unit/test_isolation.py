@@ -226,3 +226,33 @@ def test_a_job_whose_client_chose_its_id_runs_as_a_uid_the_leader_drew() -> None
         assert uid == job_uid(job.uid_key, DEFAULT_JOB_UIDS) != job_uid(job.id, DEFAULT_JOB_UIDS)
         uids.add(uid)
     assert len(uids) == 2
+
+
+def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path: Path) -> None:
+    """Python's rmtree raises RecursionError past about a thousand levels, which its
+    ignore_errors does not catch (found by exploring: a task's deep directory left its try
+    never reported, its GPUs held, and the agent unable to start again)."""
+    import shutil
+
+    from agent.isolation import Isolation, Launch, remove_tree
+
+    def deep(root: Path) -> Path:
+        root.mkdir()
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            for _ in range(1500):
+                os.mkdir("d", dir_fd=fd)
+                nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
+        return root
+
+    with pytest.raises(RecursionError):
+        shutil.rmtree(deep(tmp_path / "plain"), ignore_errors=True)
+    remove_tree(tmp_path / "plain")
+    assert not (tmp_path / "plain").exists()
+    work = deep(tmp_path / "j1.1")
+    Isolation.release(Launch(["x"], None, work))
+    assert not work.exists()
