@@ -10,6 +10,7 @@ process group), so that nothing of an ended attempt runs on or holds its output 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 import os
 import signal
@@ -21,6 +22,10 @@ from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
 from agent.watchdog import LEFTOVERS_ONLY
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
+
+# A decoding error handler: each byte that is not UTF-8 becomes one "?" (Run.tail).
+BYTE_FOR_BYTE = "muster-byte-for-byte"
+codecs.register_error(BYTE_FOR_BYTE, lambda e: ("?" * (e.end - e.start), e.end))  # type: ignore[attr-defined]
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +143,11 @@ class Run:
 
     @property
     def tail(self) -> str:
-        return self._tail.decode(errors="replace")
+        """The last bytes written, as text: a byte that is not UTF-8 is a "?" each, so that
+        the text is as many bytes as the output it shows, and two looks' byte counts tell
+        where the new part begins (`muster job logs -f`; found by exploring: with U+FFFD,
+        three bytes for one, that much real output before each was dropped)."""
+        return self._tail.decode("utf-8", errors=BYTE_FOR_BYTE)
 
     def sample_gpus(self, util_by_index: dict[int, float], now: float) -> None:
         """One sample, at `now`, of how busy its GPUs are (their mean utilisation, as the

@@ -256,3 +256,21 @@ def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path
     work = deep(tmp_path / "j1.1")
     Isolation.release(Launch(["x"], None, work))
     assert not work.exists()
+
+
+def test_output_that_is_not_utf8_keeps_its_byte_count_so_follow_shows_every_new_byte() -> None:
+    """A byte that is not UTF-8 is one "?" in the tail (as U+FFFD it was three bytes for
+    one, and `muster job logs -f` dropped that much real output before each: found by
+    exploring)."""
+    from server.cli.jobs import new_output
+
+    run = Run(Task(attempt_id="j.1", job_id="j", number=1, command=["x"]), None)  # type: ignore[arg-type]
+    first = b"line one\n"
+    run._tail.extend(first)  # noqa: SLF001 - as the reader adds what the process wrote
+    before, before_bytes = run.tail, len(first)
+    more = b"IMPORTANT: checkpoint saved\n" + bytes(range(0x80, 0x8a)) + b"\n\xe2\x82"
+    run._tail.extend(more)  # noqa: SLF001
+    now = run.tail
+    assert len(now.encode()) == len(first) + len(more)
+    shown = new_output(before, now, before_bytes, len(first) + len(more))
+    assert shown == "IMPORTANT: checkpoint saved\n" + "?" * 10 + "\n??"
