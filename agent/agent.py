@@ -92,6 +92,7 @@ SIM_MEMORY_MB = 1024 * 1024
 ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 UNACKED_KEPT = 64  # heartbeats sent and not acknowledged, remembered to recognise in the key
 REPORTS_AT_SHUTDOWN_S = 10.0  # the most a clean shutdown waits to deliver its last reports
+START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try could not start for want of its resources
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -173,6 +174,9 @@ class AgentConfig:
     # A running attempt whose GPUs have all been idle this long is named in the heartbeat
     # (Heartbeat.gpu_idle: the leader alerts `job.gpus_idle`); 0: never.
     gpu_idle_after_s: float = 1800.0
+    # Below this much free space where attempts' directories are made, or in the state
+    # directory, the host asks for no new work (Heartbeat.pressure); 0: never.
+    min_free_disk_mb: int = 256
 
     def validate(self) -> AgentConfig:
         """Check the settings; an unset fence delay becomes two heartbeat intervals (one
@@ -196,6 +200,9 @@ class Agent:
         self.instance = secrets.token_hex(8)  # this process, in its heartbeats (Heartbeat.instance)
         self._lock_fd: int | None = None  # the state directory's lock, held while running
         self.runs: dict[str, Run] = {}
+        # The last try that could not start for want of the host's resources: why, and when
+        # (time.monotonic()); the host asks for no new work for START_TROUBLE_S after it.
+        self._start_trouble: tuple[str, float] | None = None
         self.seen: set[str] = set()  # attempts ever started (or refused) here
         self.max_term = 0
         self.applied_seq = 0
@@ -431,7 +438,30 @@ class Agent:
             fence_stopped=self.fence_stopped,
             leaving=self.leaving,
             gpu_idle=dict(sorted(idle.items())[:MAX_TASKS_PER_HEARTBEAT]),
+            pressure=self.pressure(),
         )
+
+    def pressure(self) -> str:
+        """Why this host should be given no new work now ("" while it may): too little free
+        disk where attempts' directories are made or in the state directory, or a try that
+        could not start for want of the host's resources within START_TROUBLE_S (found by
+        exploring: with the disk full every try sent here failed, each counted as its job's
+        own failure, and the host went on being given work)."""
+        why: list[str] = []
+        floor = self.config.min_free_disk_mb
+        if floor > 0:
+            for what, path in (("work directory", self.isolation.work_root),
+                               ("state directory", self._runs_dir.parent)):
+                try:
+                    st = os.statvfs(path)
+                except OSError:
+                    continue
+                free_mb = st.f_bavail * st.f_frsize // (1024 * 1024)
+                if free_mb < floor:
+                    why.append(f"disk: {free_mb} MB free in its {what} {path} (below {floor} MB)")
+        if self._start_trouble is not None and time.monotonic() - self._start_trouble[1] < START_TROUBLE_S:
+            why.append(f"could not start a try: {self._start_trouble[0]}")
+        return "; ".join(dict.fromkeys(why))[:512]
 
     async def _heartbeat_loop(self) -> None:
         assert self.store is not None
@@ -776,6 +806,9 @@ class Agent:
         self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str
     ) -> None:
         run = self.runs.get(t.attempt_id)
+        if run is not None and run.host_trouble and state.terminal:
+            self._start_trouble = (run.host_trouble, time.monotonic())
+            self._hb_wake.set()  # the leader hears of it at once, not at the next heartbeat
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
             try:
                 self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)

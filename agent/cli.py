@@ -43,6 +43,9 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
                    help="seconds a running attempt's GPUs may all stay idle (under 5 %% at every heartbeat) "
                         "before its heartbeat names it and the control plane alerts job.gpus_idle "
                         "(MUSTER_GPU_IDLE_AFTER; 0: never)")
+    a.add_argument("--min-free-disk-mb", type=int, default=int(os.environ.get("MUSTER_MIN_FREE_DISK_MB", "256")),
+                   help="below this much free space where attempts' directories are made, or in the state "
+                        "directory, the host asks for no new work (MUSTER_MIN_FREE_DISK_MB; 0: never)")
     a.add_argument("--cpus", type=int, default=None)
     a.add_argument("--memory-mb", type=int, default=None)
     a.add_argument("--state-dir", default=os.environ.get("MUSTER_AGENT_STATE_DIR"))
@@ -100,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
         fence_after_s=args.fence_after,
         kill_grace_s=args.kill_grace,
         gpu_idle_after_s=args.gpu_idle_after,
+        min_free_disk_mb=args.min_free_disk_mb,
         cpus=args.cpus,
         memory_mb=args.memory_mb,
         state_dir=Path(args.state_dir) if args.state_dir else None,

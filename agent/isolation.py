@@ -347,8 +347,13 @@ class Isolation:
             if self.user.switches:
                 spec.update(uid=uid, gid=gid, groups=groups)
             fd, spec_path = tempfile.mkstemp(prefix=f"{t.attempt_id}.", suffix=".json", dir=self.private_dir)
-            with os.fdopen(fd, "w") as f:
-                json.dump(spec, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(spec, f)
+            except OSError:
+                # (a disk full: the empty file was left behind for good, found by exploring)
+                Path(spec_path).unlink(missing_ok=True)
+                raise
         except OSError:
             self._undo(group, work_dir)
             raise

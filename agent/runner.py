@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import errno
 import logging
 import os
 import signal
@@ -22,6 +23,10 @@ from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
 from agent.watchdog import LEFTOVERS_ONLY
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
+
+# Errors starting a try that are the host's want, not the job's fault (Run._run).
+HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
+                         errno.EIO, errno.EROFS})
 
 # A decoding error handler: each byte that is not UTF-8 becomes one "?" (Run.tail).
 BYTE_FOR_BYTE = "muster-byte-for-byte"
@@ -122,6 +127,7 @@ class Run:
         self.launch: Launch | None = None
         self._tail = bytearray()
         self.written = 0  # bytes the attempt's process wrote in all (the tail is their last ones)
+        self.host_trouble = ""  # why it could not start for want of the host's resources (Run._run)
         self.stop_reason: str | None = None
         self.signaled = False  # a stop signal really reached the process
         self._stopping: asyncio.Future[None] | None = None  # the stop under way
@@ -244,12 +250,22 @@ class Run:
             failed = await self._spawn()
         except (OSError, ValueError) as exc:
             failed = str(exc)
+            if isinstance(exc, OSError) and (exc.errno in HOST_ERRNOS or isinstance(exc, cgroups.CgroupError)):
+                # The host's want, not the job's fault (no space, memory, processes, a
+                # cgroup it cannot make): the try ends as the infrastructure's, retried, and
+                # the host asks for no new work a while (found by exploring: with the disk
+                # full, every try sent here FAILED as its job's own failure).
+                self.host_trouble = failed
         if failed:
             if self.proc is not None:
                 await self._exited.wait()
             await self._cleanup()
             self._tail.extend(f"{failed}\n".encode())
-            await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {failed}")
+            if self.host_trouble:
+                await self.on_state(t, AttemptState.KILLED, None, self.tail,
+                                    f"the host could not start it: {failed}")
+            else:
+                await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {failed}")
             self.done.set()
             return
         assert self.proc is not None and self.proc.stdout is not None

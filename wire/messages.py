@@ -167,6 +167,12 @@ class Heartbeat(_Model):
     # heartbeat) for the agent's `--gpu-idle-after` or longer: attempt id -> since when (the
     # agent's clock). Part of the shape, so the control plane decodes each change of the set.
     gpu_idle: dict[str, float] = Field(default_factory=dict, max_length=MAX_TASKS_PER_HEARTBEAT)
+    # Why the host should be given no new work now, "" while it may: its disk nearly full
+    # (the agent's `--min-free-disk-mb`), or a try it could not start for want of the
+    # host's resources (no space, memory or processes) in the last minute. As Kubernetes'
+    # DiskPressure: the host stays HEALTHY, its work runs on, nothing new is placed there.
+    # Part of the shape.
+    pressure: str = Field(default="", max_length=512)
 
     @field_validator("labels")
     @classmethod
@@ -200,6 +206,8 @@ def shape_digest(hb: Heartbeat) -> str:
         parts.append("leaving")
     if hb.gpu_idle:  # (a host whose attempts use their GPUs: unchanged)
         parts.append("idle=" + ",".join(sorted(hb.gpu_idle)))
+    if hb.pressure:  # (a host under no pressure: unchanged)
+        parts.append("pressure=" + hb.pressure)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
 
 

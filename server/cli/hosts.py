@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
-           edges { node { id health cordoned draining drainAt leaving simulated gpus gpuModel gpusAllocated
+           edges { node { id health cordoned draining drainAt leaving pressure simulated gpus gpuModel gpusAllocated
            gpuUtilPct cpus memoryMb labels { key value } } } } }"""
     flt: dict[str, Any] = {k: v for k, v in (
         ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
@@ -90,7 +90,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         flt["gpuFaults"] = args.gpu_faults
 
     def render() -> None:
-        data = gql(q, {"first": args.limit, "filter": flt or None}, optional=("drainAt",))["hosts"]
+        data = gql(q, {"first": args.limit, "filter": flt or None}, optional=("drainAt", "pressure"))["hosts"]
         rows = [host_row(e["node"]) for e in data["edges"]]
         out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
 
@@ -98,7 +98,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    q = """query($id: ID!) { host(id: $id) { id health cordoned draining leaving simulated gpus gpuModel gpusAllocated
+    q = """query($id: ID!) { host(id: $id) { id health cordoned draining leaving pressure simulated gpus gpuModel
+           gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
@@ -106,7 +107,7 @@ def cmd_show(args: argparse.Namespace) -> int:
            setAside { name queues users startsAt endsAt state } }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
-    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside"))
+    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside", "pressure"))
     h = data["host"]
     if h is None:
         raise NotFound(f"no host {args.id}")
@@ -119,6 +120,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                                       ("SIMULATED", h["simulated"]), ("NOT-ISOLATED", h["isolated"] is False))
                      if on)
     print(f"{h['id']}  {h['health']}  {flags}".rstrip())
+    if h.get("pressure"):
+        print(f"  takes no new work: {h['pressure']}")
     if h.get("drainAt"):
         print(f"  drain scheduled from {when_text(h['drainAt'])}, what still runs then stopped at "
               f"{when_text(h['drainDeadline'])}: until then only jobs whose time limit ends them by then are placed "
@@ -252,7 +255,7 @@ def host_row(n: dict[str, Any]) -> list[str]:
         n["id"],
         n["health"] + (" DRAINING" if n.get("draining") else " CORDONED" if n["cordoned"] else "")
         + (f" DRAIN AT {when_text(n['drainAt'])}" if n.get("drainAt") else "")
-        + (" LEAVING" if n.get("leaving") else ""),
+        + (" LEAVING" if n.get("leaving") else "") + (" PRESSURE" if n.get("pressure") else ""),
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
         f"{n['gpuUtilPct']}%" if n["health"] != "LOST" else "-",  # a lost host's last figure is stale
         str(n["cpus"]),

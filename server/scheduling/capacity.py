@@ -85,7 +85,7 @@ def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
     shares, by the most free share on one GPU of each model (in SHARE_STEP levels); for
     MIG, by how many instances of each profile are free; each with its CPU and memory
     class."""
-    if not cap.schedulable or cap.cordoned:
+    if not cap.schedulable or cap.cordoned or cap.pressure:
         return []
     whole: dict[str, int] = defaultdict(int)
     share: dict[str, int] = defaultdict(int)
@@ -527,7 +527,7 @@ class Placer:
         free: dict[str, int] = defaultdict(int)
         for host_id, cap in self.index.caps.items():
             rack = cap.labels.get("rack")
-            if not rack or not cap.schedulable or cap.cordoned or not allowed_host(spec, cap):
+            if not rack or not cap.schedulable or cap.cordoned or cap.pressure or not allowed_host(spec, cap):
                 continue
             view = self.view(host_id) or cap
             racks[rack].append(host_id)
@@ -644,7 +644,8 @@ class Placer:
         out: dict[str, float] = {}
         for h in hosts:
             cap = self.view(h)
-            if cap is None or h in self.exclude or not cap.schedulable or cap.cordoned or not self.healthy(h):
+            if cap is None or h in self.exclude or not cap.schedulable or cap.cordoned or cap.pressure \
+                    or not self.healthy(h):
                 continue
             start = start_on(cap, ends(h), spec, models, now)
             if start is not None:

@@ -36,8 +36,9 @@ TOO_MANY_TASKS = "host runs its maximum number of tasks"
 RECORD_FULL = "host's assignment record is full"
 NO_LABELS = "host lacks a required label"
 EXCLUDED = "host excluded by the job"
-REASONS = (NOT_HEALTHY, CORDONED, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS, NO_FREE_SHARE,
-           TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
+UNDER_PRESSURE = "host asks for no new work"  # its disk nearly full, ... (Heartbeat.pressure)
+REASONS = (NOT_HEALTHY, CORDONED, UNDER_PRESSURE, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS,
+           NO_FREE_SHARE, TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS, NO_FREE_CPU,
            TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
 # The reasons a host gives however little it runs: it could not take the job even idle.
 NEVER = frozenset({EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, TOO_LITTLE_GPU_MEMORY, NO_MIG, TOO_FEW_CPUS,
@@ -73,6 +74,8 @@ class HostCapacity:
     # Bytes its tasks take in the host's allocation record (wire.budgets).
     record_bytes: int = 0
     gpu_memory: dict[int, int] = field(default_factory=dict)  # GPU index -> MB
+    # Its agent asks for no new work (Heartbeat.pressure: its disk nearly full, ...).
+    pressure: bool = False
     share_used: dict[int, int] = field(default_factory=dict)  # GPU index -> thousandths held by shares
     share_memory_used: dict[int, int] = field(default_factory=dict)  # GPU index -> MB held by shares
     mig: dict[str, tuple[int, str, int]] = field(default_factory=dict)
@@ -191,6 +194,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
         return NOT_HEALTHY, [], ()
     if host.cordoned:
         return CORDONED, [], ()
+    if host.pressure:
+        return UNDER_PRESSURE, [], ()
     if spec.exclude_hosts and host.id in spec.exclude_hosts:
         return EXCLUDED, [], ()
     if spec.host_labels and not labels_match(spec, host):

@@ -429,6 +429,7 @@ class ClusterState:
             schedulable=entry.present and not hb.leaving and entry.leaving_reported is None,
             # A drain scheduled ahead is placement's to keep (`maintenance`), by the clock.
             cordoned=bool(cfg and (cfg.cordoned or (cfg.draining and not cfg.drain_at))),
+            pressure=bool(hb.pressure),
             gpu_models=models,
             unhealthy_gpus=unhealthy,
             cpus=float(hb.cpus),
@@ -468,7 +469,7 @@ class ClusterState:
             return None
         return (tuple((g.index, g.model) for g in hb.gpus),
                 tuple(u.index for u in hb.gpu_usage if not u.healthy), hb.cpus, hb.memory_mb,
-                tuple(sorted(hb.labels.items())), hb.leaving)
+                tuple(sorted(hb.labels.items())), hb.leaving, hb.pressure)
 
     # ------------------------------------------------------------ feeding
 

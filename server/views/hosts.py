@@ -97,6 +97,8 @@ class HostRow:
     fence_stopped: int = 0
     # The agent is shutting down (wire.messages.Heartbeat.leaving): nothing new is placed.
     leaving: bool = False
+    # Why its agent asks for no new work (wire.messages.Heartbeat.pressure), "" none.
+    pressure: str = ""
     # A drain scheduled ahead that has not begun: when it begins, and when what still runs
     # is stopped (scheduling.maintenance); 0 when none. `drain_deadline` of a drain begun.
     drain_at: float = 0.0
@@ -274,7 +276,7 @@ class FleetSummary:
     `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a HEALTHY host, no fault);
     `racks` (every host, by its `rack` label, "" without one) feed the heat map.
     `gpus_free` counts only what a job could be given now: GPUs with no fault and nothing
-    allocated on HEALTHY hosts that are not cordoned, draining or leaving."""
+    allocated on HEALTHY hosts that are not cordoned, draining, leaving or under pressure."""
 
     health: dict[str, int] = field(default_factory=lambda: {h.value: 0 for h in Health})
     hosts: int = 0
@@ -492,7 +494,7 @@ class HostTable:
             s.mem_used_mb += r.mem_used_mb
             s.mem_allocated += r.mem_allocated
             healthy_host = r.health == Health.HEALTHY.value
-            free = r.gpus_free if healthy_host and not (r.cordoned or r.draining or r.leaving) else 0
+            free = r.gpus_free if healthy_host and not (r.cordoned or r.draining or r.leaving or r.pressure) else 0
             s.gpus_free += free
             s.gpus_unavailable += r.gpus - r.gpus_allocated - free
             by_rack = s.by_gpu_rack.get(r.rack or NO_RACK)
@@ -568,7 +570,7 @@ class HostTable:
             tasks=len(alloc.tasks) if alloc is not None else 0,
             isolated=hb.isolated, isolation=hb.isolation,
             fences=hb.fences, last_fence_s=hb.last_fence_s, fence_continued=hb.fence_continued,
-            fence_stopped=hb.fence_stopped, leaving=hb.leaving,
+            fence_stopped=hb.fence_stopped, leaving=hb.leaving, pressure=hb.pressure,
             _heartbeat=hb, _alloc=alloc, _cfg=cfg,
         )
         _usage_from(row, hb)

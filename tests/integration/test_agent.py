@@ -506,3 +506,65 @@ async def test_an_agent_that_waited_for_another_does_not_fence_what_it_is_given(
             assert agent.fences == 0 and agent.runs[t.attempt_id].stop_reason is None
     finally:
         await nc.close()
+
+
+async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_work(
+        nats_url: str, tmp_path: Path, monkeypatch: Any) -> None:
+    """Found by exploring: with its disk full, every try sent to a host FAILED as its job's
+    own failure (not retried) and the host went on being given work. Now the agent says in
+    its heartbeat that the host takes no new work (`Heartbeat.pressure`): its free disk below
+    `--min-free-disk-mb`, or a try it could not start for want of the host's resources,
+    which ends KILLED (the infrastructure's: retried), not FAILED."""
+    import errno
+    import sys
+
+    from agent.isolation import Isolation
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    cfg = dict(nats_url=nats_url, host_id="pr-1", simulate_gpus="1xH100", state_dir=tmp_path / "agent", cpus=4,
+               memory_mb=4096, run_as=ME, heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
+
+    async def pressure() -> str:
+        try:
+            rec = await store.get("pr-1", bucket=subjects.HOSTS_BUCKET)
+        except Exception:  # noqa: BLE001 - not stored yet
+            return ""
+        return decode(Heartbeat, rec.value).pressure if rec.value else ""
+
+    try:
+        # Less free disk than it asks for.
+        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=10**9))  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        got = await eventually(pressure, timeout=60, what="a heartbeat with pressure")
+        assert got.startswith("disk: ") and "MB free in its work directory" in got and "(below 1000000000 MB)" in got
+        stop.set()
+        await asyncio.wait_for(run, timeout=60)
+
+        # A try that cannot start for want of space: KILLED, and the host asks for no new work.
+        def no_space(*_a: object, **_k: object) -> object:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
+        monkeypatch.setattr(agent.isolation, "prepare", no_space)
+        assert isinstance(agent.isolation, Isolation)
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        async def unpressed() -> bool:
+            return await pressure() == ""
+
+        await eventually(unpressed, timeout=60, what="a heartbeat of the agent with room")
+        t = task("j-ns", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [t], term=1)))
+        await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try's end")
+        ended, _at = agent._ended[t.attempt_id]
+        assert ended.state is AttemptState.KILLED and ended.exit_code is None, ended
+        assert ended.reason == "the host could not start it: [Errno 28] No space left on device"
+        got = await eventually(pressure, timeout=60, what="the pressure in a heartbeat")
+        assert got == "could not start a try: [Errno 28] No space left on device"
+        stop.set()
+        await asyncio.wait_for(run, timeout=60)
+    finally:
+        await nc.close()

@@ -541,3 +541,25 @@ def test_agent_entry_points() -> None:
         assert "error: label 'no-equals-sign' is not key=value" in r.stderr and "Traceback" not in r.stderr
         r = subprocess.run([*argv, "--no-such-option"], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert r.returncode == 2 and "unrecognized arguments: --no-such-option" in r.stderr, (name, r.stderr)
+
+
+def test_a_host_short_of_disk_takes_no_new_work_and_says_why(cluster: Cluster) -> None:
+    """An agent whose disk is below its `--min-free-disk-mb` (here: more than any disk has)
+    is passed over: a job waits, saying why, and `host show` / `host list` say so."""
+    srv = cluster.server()
+    cluster.agent("tight", gpus="1xH100", min_free_disk_mb=10**9)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    wait_until(lambda: api.q('{ host(id: "tight") { pressure } }')["host"]["pressure"], timeout=60,
+               what="the host's pressure")
+    r = muster(cluster, srv.url, "job", "submit", "--gpus", "1", "-o", "json", "waits", "--", "true")
+    assert r.returncode == 0, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    wait_until(lambda: any(p["reason"] == "host asks for no new work" and p["hosts"] == 1
+                           for p in api.job(job_id)["pendingReasons"]), timeout=60, what="the job's reason")
+    assert api.job(job_id)["state"] == "QUEUED"
+    shown = muster(cluster, srv.url, "host", "show", "tight").stdout
+    assert "takes no new work: disk: " in shown and "MB free in its work directory" in shown, shown
+    assert "PRESSURE" in muster(cluster, srv.url, "host", "list").stdout
+    # A job no host could take however idle is still told so; this one is not.
+    assert "could never run" not in muster(cluster, srv.url, "job", "why", job_id).stdout

@@ -1785,3 +1785,16 @@ async def test_the_queues_pages_usage_says_what_preemption_cost(console: Console
     assert "GPU-hours lost to preemption" in r.text
     # How busy the GPUs were: the two tries that reported it, weighted alike: 50 %.
     assert '<td class="num">50 %</td></tr>' in row[:row.index("</tr>") + 5], row[:row.index("</tr>")]
+
+
+async def test_a_host_under_pressure_says_so_on_its_page_and_in_the_table(console: Console) -> None:
+    c, m = await signed_in_with_host(console, "p-1")
+    assert "PRESSURE" not in (await c.get("/hosts/p-1")).text
+    hb = heartbeat("p-1", seq=1, ts=time.time(), gpus=2, labels={"rack": "r1", "zone": "z1"}).model_copy(
+        update={"pressure": "disk: 12 MB free in its work directory /w (below 256 MB)"})
+    assert m.store is not None
+    await m.store.put("p-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: m.state.hosts["p-1"].latest().pressure, what="the pressure")  # type: ignore[union-attr]
+    page = (await c.get("/hosts/p-1")).text
+    assert 'id="host-pressure"' in page and "takes no new work: disk: 12 MB free in its work directory /w" in page
+    assert 'title="Takes no new work: disk: 12 MB free' in (await c.get("/hosts")).text

@@ -28,6 +28,7 @@ from server.scheduling.placement import (
     TOO_LITTLE_GPU_MEMORY,
     TOO_LITTLE_MEMORY,
     TOO_MANY_TASKS,
+    UNDER_PRESSURE,
     WRONG_MODEL,
     Choice,
     HostCapacity,
@@ -44,9 +45,9 @@ from wire.messages import JobSpec
 
 
 def test_reason_constants_are_listed_in_check_order() -> None:
-    assert REASONS == (NOT_HEALTHY, CORDONED, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS, NO_FREE_GPUS,
-                       NO_FREE_SHARE, TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG, TOO_FEW_CPUS,
-                       NO_FREE_CPU, TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
+    assert REASONS == (NOT_HEALTHY, CORDONED, UNDER_PRESSURE, EXCLUDED, NO_LABELS, WRONG_MODEL, TOO_FEW_GPUS,
+                       NO_FREE_GPUS, NO_FREE_SHARE, TOO_LITTLE_GPU_MEMORY, NO_FREE_GPU_MEMORY, NO_MIG, NO_FREE_MIG,
+                       TOO_FEW_CPUS, NO_FREE_CPU, TOO_LITTLE_MEMORY, NO_FREE_MEMORY, TOO_MANY_TASKS, RECORD_FULL)
     assert len(set(REASONS)) == len(REASONS)
 
 
@@ -550,3 +551,27 @@ def test_a_placement_within_some_hosts_takes_only_them_and_its_failures_say_noth
     assert placer.only is None and not placer.failed and not placer.failed_gangs
     got = placer.place(two)
     assert got is not None and got.host_id == "free"
+
+
+def test_a_host_under_pressure_takes_no_new_work_and_says_why() -> None:
+    """An agent whose disk is nearly full (Heartbeat.pressure) is given nothing new: the
+    planner passes it over in the capacity index, and why pending says so; idle, it could
+    still take the job (it is no reason the job could never run)."""
+    from server.scheduling.capacity import CapacityIndex, Placer
+    from server.scheduling.placement import idle_room
+
+    full = host("full")
+    full.pressure = True
+    hosts = [full, host("ok", gpus=1)]
+    wants = spec("t", command=["x"], gpus=2)
+    assert check(wants, full)[0] == UNDER_PRESSURE and check(wants, hosts[1])[0] == TOO_FEW_GPUS
+    assert explain(wants, hosts) == Counter({UNDER_PRESSURE: 1, TOO_FEW_GPUS: 1})
+    assert idle_room(wants, full) == (1, None)
+    index = CapacityIndex()
+    for h in hosts:
+        index.put(h)
+    assert Placer(index, lambda _h: True).place(wants) is None
+    full.pressure = False
+    index.put(full)
+    got = Placer(index, lambda _h: True).place(wants)
+    assert got is not None and got.host_id == "full"

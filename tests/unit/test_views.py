@@ -519,3 +519,26 @@ async def test_leadership_names_no_leader_once_the_lease_has_not_been_renewed_wi
     assert await leader() == "replica-b"
     mu.state.apply_state_record(Record("lease", 9, None))  # the key expired: its marker
     assert await leader() == ""
+
+
+async def test_a_host_under_pressure_is_shown_so_and_its_gpus_are_not_free(tmp_path: Path) -> None:
+    """Heartbeat.pressure (its disk nearly full): a new shape (decoded, not taken as
+    liveness alone), the host's capacity passed over by placement, its row and GraphQL say
+    why, and its GPUs are not counted free."""
+    mu, hbs = _muster(tmp_path, 2)
+    before = mu.hosts.summary(time.time())
+    pressed = hbs[1].model_copy(update={"seq": 2, "pressure": "disk: 12 MB free in its work directory /w"})
+    assert shape_digest(pressed) != shape_digest(hbs[1])
+    mu.state.apply_host_record(heartbeat_record(pressed, 10))
+    now = time.time()
+    assert mu.state.index.caps["h-001"].pressure and not mu.state.index.caps["h-000"].pressure
+    row = mu.hosts.row("h-001", now)
+    assert row is not None and row.pressure == "disk: 12 MB free in its work directory /w"
+    assert mu.hosts.summary(now).gpus_free == before.gpus_free - 8
+    res = await build_schema().execute('{ host(id: "h-001") { pressure } other: host(id: "h-000") { pressure } }',
+                                       context_value={"muster": mu, "token": None})
+    assert res.errors is None and res.data == {"host": {"pressure": "disk: 12 MB free in its work directory /w"},
+                                               "other": {"pressure": ""}}
+    # Relieved: placed on again.
+    mu.state.apply_host_record(heartbeat_record(hbs[1].model_copy(update={"seq": 3}), 11))
+    assert not mu.state.index.caps["h-001"].pressure

@@ -136,6 +136,10 @@ class Host:
     leaving: bool = strawberry.field(
         default=False, description="The host's agent is shutting down: it starts nothing new and nothing is "
         "placed on it (until it starts again, or its heartbeat expires and the host is lost)")
+    pressure: str = strawberry.field(
+        default="", description="Why the host's agent asks for no new work now, empty while it may: its disk nearly "
+        "full (its --min-free-disk-mb), or a try it could not start for want of the host's resources in the last "
+        "minute. Its work runs on; nothing new is placed there (as Kubernetes' DiskPressure).")
     drain_at: dt.datetime | None = strawberry.field(
         default=None, description="When a drain scheduled ahead begins (a maintenance window; until then the host "
         "takes only jobs that its deadline would not stop); null: none, or it has begun")
@@ -171,6 +175,7 @@ class Host:
             last_seen=ts(r.last_seen), tasks=r.tasks, isolated=r.isolated, isolation=r.isolation,
             fences=r.fences, last_fence_seconds=r.last_fence_s, fence_continued=r.fence_continued,
             fence_stopped=r.fence_stopped, leaving=r.leaving and r.present,
+            pressure=r.pressure if r.present else "",
             drain_at=ts(r.drain_at) if r.drain_at else None,
             drain_deadline=ts(r.drain_deadline) if r.drain_deadline else None,
         )
