@@ -36,6 +36,7 @@ from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
 from wire.records import ack_position
+from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,20 @@ class PullFeed:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Pull until `stop` is set (or the task is cancelled); then unsubscribe.
-        Messages delivered but not acknowledged return after the consumer's ack_wait."""
+        Messages delivered but not acknowledged return after the consumer's ack_wait. An
+        error it did not foresee is logged and the feed starts again a second later: a
+        feed that died would leave the leader reading no more of its stream (status
+        reports: no try would be seen to end) while it went on leading."""
+        while not stop.is_set():
+            try:
+                await self._run(stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                log.exception("pull feed %s/%s failed: starting it again", self.stream, self.consumer)
+                await pause(stop, 1.0)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=self._cb, pending_msgs_limit=4 * self.batch + 100,
                                       pending_bytes_limit=256 * 1024 * 1024)

@@ -505,3 +505,41 @@ async def test_a_watch_that_reads_each_keys_latest_again_after_a_reset_counts_no
         assert got[-1].skipped == 0
     finally:
         await w.stop()
+
+
+async def test_a_pull_feed_that_meets_an_error_it_did_not_foresee_starts_again(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A feed task that died would leave the leader reading no more of its stream (no try
+    seen to end) while it went on leading: it logs the error and starts again."""
+    from nats.js import api as jsapi
+
+    from server.state.consumers import PullFeed, ensure_consumer
+
+    subject = f"{subjects.STATUS_PREFIX}.againhost"
+    await ensure_consumer(store.js, subjects.STATUS_STREAM, "feed-again", subject,
+                          jsapi.ConsumerConfig(ack_wait=2, max_ack_pending=1000, max_deliver=-1))
+    got: list[bytes] = []
+
+    async def on_msg(m) -> None:  # type: ignore[no-untyped-def]
+        got.append(m.data)
+        await m.ack()
+
+    real = store.nc.subscribe
+    failures = [RuntimeError("an error no one foresaw")]
+
+    async def subscribe(*a: Any, **k: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*a, **k)
+
+    monkeypatch.setattr(store.nc, "subscribe", subscribe)
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "feed-again", on_msg, batch=10, expires_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(stop))
+    try:
+        await store.js.publish(subject, b"after")
+        await eventually(lambda: got == [b"after"], 30, "the message, read by the feed started again")
+        assert not failures and not task.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
