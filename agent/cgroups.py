@@ -278,6 +278,18 @@ class Hierarchy:
         what = ", ".join(self.controllers) if self.controllers else "no resource controllers"
         return f"cgroup v{self.version} ({what})"
 
+    def cap_pids(self, most: int) -> None:
+        """At most `most` processes and threads in all the attempts together (the base's
+        `pids.max`): a few fork bombs, each within its own attempt's limit, cannot take every
+        process id of the host, the agent's and the system's included."""
+        base = self.bases.get("pids" if self.version == 1 else "")
+        if "pids" not in self.controllers or base is None or most <= 0:
+            return
+        try:
+            _write(os.path.join(base, "pids.max"), str(most))
+        except OSError as exc:
+            self.notes.append(f"cannot limit the attempts' processes together: {exc}")
+
     def limits_missing(self) -> list[str]:
         """The controllers this host lacks for full isolation (devices: on v2, BPF)."""
         return [c for c in ("cpu", "memory", "pids", "devices") if c not in self.controllers]

@@ -98,6 +98,20 @@ def job_uid(key: str, uids: tuple[int, int]) -> int:
     return start + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
 
 
+def attempts_pids_cap(pid_max_path: str = "/proc/sys/kernel/pid_max") -> int:
+    """How many processes and threads all attempts may have together: the kernel's
+    `pid_max` less a quarter of it (at least 1,024) kept for the agent and the system
+    (an exploration's reckoning, not run: four fork bombs, each within its attempt's limit,
+    could take every process id of a host whose pid_max is 32,768); 0 when it cannot be
+    read."""
+    try:
+        with open(pid_max_path) as f:
+            pid_max = int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+    return max(1, pid_max - max(1024, pid_max // 4))
+
+
 def remove_tree(path: Path | str) -> None:
     """Remove a directory tree, errors ignored, however deep: Python's `shutil.rmtree`
     recurses a level a directory and raises RecursionError past about a thousand, which
@@ -260,6 +274,8 @@ class Isolation:
         # user (a user named with --run-as is the operator's choice: its files, its access).
         self.job_uids = uids if (self.user.switches and self.user.uid != 0 and not run_as) else None
         self.hierarchy, cgroup_why = cgroups.detect(cgroup_mode, cgroup_name or f"muster-{host_id}")
+        if self.hierarchy is not None and pids_max > 0:
+            self.hierarchy.cap_pids(attempts_pids_cap())
         self.pids_max = pids_max
         self.dev_dir = dev_dir
         self.gpu_minors = gpu_minors

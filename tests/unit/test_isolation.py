@@ -274,3 +274,28 @@ def test_output_that_is_not_utf8_keeps_its_byte_count_so_follow_shows_every_new_
     assert len(now.encode()) == len(first) + len(more)
     shown = new_output(before, now, before_bytes, len(first) + len(more))
     assert shown == "IMPORTANT: checkpoint saved\n" + "?" * 10 + "\n??"
+
+
+def test_all_attempts_together_are_kept_below_the_hosts_process_ids(tmp_path: Path) -> None:
+    """The attempts' base gets a pids.max of the kernel's pid_max less a quarter of it (at
+    least 1,024 kept), so that several fork bombs, each within its attempt's limit, cannot
+    take every process id of the host; nothing is written without the pids controller."""
+    from agent.isolation import attempts_pids_cap
+
+    pid_max = tmp_path / "pid_max"
+    for have, cap in ((32768, 24576), (4194304, 3145728), (2000, 976)):
+        pid_max.write_text(f"{have}\n")
+        assert attempts_pids_cap(str(pid_max)) == cap
+    assert attempts_pids_cap(str(tmp_path / "none")) == 0
+    v1 = {c: str(tmp_path / "v1" / c / "muster-h") for c in ("cpu", "pids")}
+    for b in v1.values():
+        os.makedirs(b)
+    cgroups.Hierarchy(1, v1, tuple(v1)).cap_pids(24576)
+    assert (Path(v1["pids"]) / "pids.max").read_text() == "24576"
+    assert not (Path(v1["cpu"]) / "pids.max").exists()
+    v2 = tmp_path / "v2" / "muster-h"
+    v2.mkdir(parents=True)
+    cgroups.Hierarchy(2, {"": str(v2)}, ("cpu", "memory")).cap_pids(24576)
+    assert not (v2 / "pids.max").exists()  # no pids controller there
+    cgroups.Hierarchy(2, {"": str(v2)}, ("cpu", "memory", "pids")).cap_pids(24576)
+    assert (v2 / "pids.max").read_text() == "24576"
