@@ -215,46 +215,60 @@ class Watchdog:
         for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
             if keep or attempt in self.fenced:
                 continue
-            # A first process that has exited but is not reaped (its agent frozen) ended by
-            # itself: what is left of it is stopped, the try's end stands (found by a review:
-            # its exit 0 was taken for a stop, and the finished job ran again).
-            ended = exited(group)
-            if start_time(group) != started:
-                # Its first process is gone (and its pid may be another's by now: its group
-                # is not signalled), but what it left in the attempt's cgroups (a `setsid`
-                # daemon, a double fork) is the attempt's all the same, and is stopped.
-                if cgroups is None or not cgs or not cgroups.populated(cgs):
-                    continue
-                group = NO_GROUP
+            try:
+                self._fence_one(attempt, group, started, cgs, now, kill_at, kill)
+            except Exception as exc:  # noqa: BLE001 - the others are stopped all the same
+                log(f"stopping attempt {attempt} failed ({exc!r}): trying again")
+
+    def _fence_one(self, attempt: str, group: int, started: str, cgs: list[str], now: float, kill_at: float,
+                   kill: bool) -> None:
+        """Stop one attempt: its fence mark, SIGTERM (and SIGCONT) now, SIGKILL at `kill_at`."""
+        # A first process that has exited but is not reaped (its agent frozen) ended by
+        # itself: what is left of it is stopped, the try's end stands (found by a review:
+        # its exit 0 was taken for a stop, and the finished job ran again).
+        ended = exited(group)
+        if start_time(group) != started:
+            # Its first process is gone (and its pid may be another's by now: its group
+            # is not signalled), but what it left in the attempt's cgroups (a `setsid`
+            # daemon, a double fork) is the attempt's all the same, and is stopped.
+            if cgroups is None or not cgs or not cgroups.populated(cgs):
+                return
+            group = NO_GROUP
+        silent = now - self.changed
+        # Recorded as fenced first, the mark written as best it can be: a mark that cannot
+        # be written (the state directory's disk full) must not keep the attempt running
+        # (a review: the error ended every look, and nothing was ever stopped).
+        self.fenced[attempt] = (group, started, kill_at, cgs)
+        try:
             os.makedirs(self.fenced_dir, exist_ok=True)
-            silent = now - self.changed
             with open(os.path.join(self.fenced_dir, attempt), "w") as f:
                 f.write(f"{silent:.1f}{' ' + LEFTOVERS_ONLY if group == NO_GROUP or ended else ''}\n")
-            log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
-                f"(process group {group})")
-            self.fenced[attempt] = (group, started, kill_at, cgs)
-            if kill:
-                continue  # finish(), in this same step
-            # One SIGTERM a process, as the agent's own stop sends it (cgroups.signal_attempt:
-            # a process found both in the cgroup and in the group would get two, and its
-            # handler would run twice). SIGKILL, GRACE seconds later, goes to both.
-            # Then continued, as the agent's own stop does: an attempt its agent froze (the
-            # fence: SIGSTOP and the cgroup freezer) would otherwise keep the SIGTERM pending
-            # and never run its handler before the SIGKILL.
-            if cgroups is None:
-                self.signal(group, signal.SIGTERM)
-                self.signal(group, signal.SIGCONT)
-            elif group == NO_GROUP:
-                cgroups.signal_paths(cgs, signal.SIGTERM)
+        except OSError as exc:
+            log(f"cannot write the fence mark of attempt {attempt}: {exc}")
+        log(f"no heartbeat from the agent for {silent:.1f} s: stopping attempt {attempt} "
+            f"(process group {group})")
+        if kill:
+            return  # finish(), in this same step
+        # One SIGTERM a process, as the agent's own stop sends it (cgroups.signal_attempt:
+        # a process found both in the cgroup and in the group would get two, and its
+        # handler would run twice). SIGKILL, GRACE seconds later, goes to both.
+        # Then continued, as the agent's own stop does: an attempt its agent froze (the
+        # fence: SIGSTOP and the cgroup freezer) would otherwise keep the SIGTERM pending
+        # and never run its handler before the SIGKILL.
+        if cgroups is None:
+            self.signal(group, signal.SIGTERM)
+            self.signal(group, signal.SIGCONT)
+        elif group == NO_GROUP:
+            cgroups.signal_paths(cgs, signal.SIGTERM)
+            cgroups.set_frozen(cgs, False)
+            cgroups.signal_paths(cgs, signal.SIGCONT)
+        else:
+            try:
+                cgroups.signal_attempt(cgs, group, signal.SIGTERM)
                 cgroups.set_frozen(cgs, False)
-                cgroups.signal_paths(cgs, signal.SIGCONT)
-            else:
-                try:
-                    cgroups.signal_attempt(cgs, group, signal.SIGTERM)
-                    cgroups.set_frozen(cgs, False)
-                    cgroups.signal_attempt(cgs, group, signal.SIGCONT)
-                except OSError:
-                    pass
+                cgroups.signal_attempt(cgs, group, signal.SIGCONT)
+            except OSError:
+                pass
 
     def finish(self, now: float) -> None:
         """SIGKILL, once, what is left of each group fenced GRACE seconds ago (a process

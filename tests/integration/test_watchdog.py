@@ -404,6 +404,24 @@ def test_an_attempt_in_its_cgroup_and_process_group_gets_one_sigterm(
         cgroups.remove_paths(h.bases.values())
 
 
+def test_an_attempt_is_stopped_even_when_its_fence_mark_cannot_be_written(setup: Setup, tmp_path: Path) -> None:
+    """The mark (the state directory's disk full, here a file where its directory goes)
+    is written as best it can be: the attempt is stopped all the same (a review: the error
+    ended every look, and nothing was ever stopped)."""
+    (setup.dir / "fenced").write_text("in the way")
+    log = tmp_path / "marks"
+    p = setup.attempt("j1.1", marker(log))
+    wait_until(lambda: log.exists(), what="the attempt started")
+    wd = setup.start(stale_after=1.5, grace=0.5)
+    setup.agent.kill()
+    setup.agent.wait()
+    p.wait(60)
+    assert log.read_text().split() == ["start", "stop"]
+    wd.wait(30)
+    assert wd.returncode == 0
+    assert wd.stderr is not None and b"cannot write the fence mark of attempt j1.1" in wd.stderr.read()
+
+
 def test_the_watchdog_looks_again_after_a_look_that_failed(setup: Setup, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """An error the watchdog did not foresee does not end it (found by exploring: one did,
