@@ -113,22 +113,26 @@ def attempts_pids_cap(pid_max_path: str = "/proc/sys/kernel/pid_max") -> int:
 
 
 def remove_tree(path: Path | str) -> None:
-    """Remove a directory tree, errors ignored, however deep: Python's `shutil.rmtree`
-    recurses a level a directory and raises RecursionError past about a thousand, which
-    `ignore_errors` does not catch (found by exploring: a task's deep directory left its
-    try never reported, its GPUs held, and the agent unable to start again), so what is
-    left is then removed by `rm -rf` (no depth limit; it follows no link and stays on one
-    file system). Blocking."""
+    """Remove a directory tree, errors ignored, however deep. Python's `shutil.rmtree`
+    recurses a level a directory, holding a file handle for each: past about a thousand
+    levels it raises RecursionError, which `ignore_errors` does not catch (found by
+    exploring: a task's deep directory left its try never reported, its GPUs held, and the
+    agent unable to start again), or runs out of file handles first and leaves the tree (a
+    review). Whatever it leaves is removed by `rm -rf` (no depth limit; it follows no
+    link and stays on one file system). Blocking."""
     try:
         shutil.rmtree(path, ignore_errors=True)
     except RecursionError:
-        log.warning("%s is too deep for Python's removal: removing it with rm -rf", path)
-        try:
-            subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=600)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("cannot remove %s: %s", path, exc)
-
+        pass
+    if not os.path.lexists(path):
+        return
+    log.warning("%s was not removed whole: removing the rest with rm -rf", path)
+    rm = "/bin/rm" if os.path.exists("/bin/rm") else "rm"
+    try:
+        subprocess.run([rm, "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("cannot remove %s: %s", path, exc)
 
 @dataclass(frozen=True)
 class TaskUser:

@@ -256,6 +256,16 @@ def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path
     work = deep(tmp_path / "j1.1")
     Isolation.release(Launch(["x"], None, work))
     assert not work.exists()
+    # Out of file handles before the recursion's end (a review: the tree was left).
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (600, hard))
+    try:
+        remove_tree(deep(tmp_path / "j2.1"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not (tmp_path / "j2.1").exists()
 
 
 def test_output_that_is_not_utf8_keeps_its_byte_count_so_follow_shows_every_new_byte() -> None:
