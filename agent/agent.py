@@ -57,7 +57,7 @@ from nats.js import errors as jserrors
 from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
-from agent.runner import Run, fenced_by_watchdog
+from agent.runner import HOST_ERRNOS, Run, fenced_by_watchdog
 from agent.watchdog import start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
@@ -441,6 +441,12 @@ class Agent:
             pressure=self.pressure(),
         )
 
+    def _start_troubled(self) -> str:
+        """Why a try could not start here within START_TROUBLE_S, or ""."""
+        if self._start_trouble is not None and time.monotonic() - self._start_trouble[1] < START_TROUBLE_S:
+            return self._start_trouble[0]
+        return ""
+
     def pressure(self) -> str:
         """Why this host should be given no new work now ("" while it may): too little free
         disk where attempts' directories are made or in the state directory, or a try that
@@ -459,8 +465,9 @@ class Agent:
                 free_mb = st.f_bavail * st.f_frsize // (1024 * 1024)
                 if free_mb < floor:
                     why.append(f"disk: {free_mb} MB free in its {what} {path} (below {floor} MB)")
-        if self._start_trouble is not None and time.monotonic() - self._start_trouble[1] < START_TROUBLE_S:
-            why.append(f"could not start a try: {self._start_trouble[0]}")
+        trouble = self._start_troubled()
+        if trouble:
+            why.append(f"could not start a try: {trouble}")
         return "; ".join(dict.fromkeys(why))[:512]
 
     async def _heartbeat_loop(self) -> None:
@@ -752,6 +759,16 @@ class Agent:
                 self._mark_seen(t.attempt_id)
                 await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
                 continue
+            trouble = self._start_troubled()
+            if trouble:
+                # The host could not start a try a moment ago (no space, memory, ...): what
+                # the leader placed before it read that is given back unstarted (requeued
+                # at once, not counted), rather than failing the same way (a review: the
+                # retry came straight back here and used up the job's attempts).
+                self._mark_seen(t.attempt_id)
+                await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
+                                   f"a moment ago ({trouble})", host_trouble=True)
+                continue
             self._start(t)
 
     def _start(self, t: Task) -> None:
@@ -820,6 +837,10 @@ class Agent:
                 # that was not text made another error, and the try ran on unrecorded).
                 why = f"the agent could not record it for its watchdog ({exc})"
                 log.error("attempt %s: %s: stopping it", t.attempt_id, why)
+                if isinstance(exc, OSError) and exc.errno in HOST_ERRNOS:  # (its disk full: the host's want)
+                    run.host_trouble = str(exc)
+                    self._start_trouble = (run.host_trouble, time.monotonic())
+                    self._hb_wake.set()
                 asyncio.create_task(run.stop(why))
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.
@@ -827,7 +848,8 @@ class Agent:
         if fault:
             await self._heartbeat_since(self._fault_at)
         await self._report(t, state, code, tail, reason, gpu_fault=fault,
-                           gpu_util_pct=run.gpu_util_pct if run is not None and state.terminal else None)
+                           gpu_util_pct=run.gpu_util_pct if run is not None and state.terminal else None,
+                           host_trouble=run is not None and bool(run.host_trouble))
         if state.terminal:
             self.runs.pop(t.attempt_id, None)
             self._forget_run(t.attempt_id)
@@ -835,12 +857,12 @@ class Agent:
     # ------------------------------------------------------------ status reports
 
     async def _report(self, t: Task, state: AttemptState, code: int | None, tail: str, reason: str,
-                      gpu_fault: str = "", gpu_util_pct: float | None = None) -> None:
+                      gpu_fault: str = "", gpu_util_pct: float | None = None, host_trouble: bool = False) -> None:
         r = StatusReport(
             host_id=self.config.host_id, attempt_id=t.attempt_id, job_id=t.job_id, state=state,
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
             gpu_fault=gpu_fault[:512], shutdown=self.leaving and state is AttemptState.KILLED,
-            gpu_util_pct=gpu_util_pct,
+            gpu_util_pct=gpu_util_pct, host_trouble=host_trouble and state is AttemptState.KILLED,
         )
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:

@@ -715,6 +715,10 @@ class StatusReport(_Model):
     # The agent stopped the attempt because the agent itself is shutting down (an orderly
     # stop: the leader does not count the try against the job's maxAttempts).
     shutdown: bool = False
+    # The try could not start for want of the host's resources (no space, memory or
+    # processes, a cgroup it could not make), or was handed back unstarted while the host
+    # had such trouble: not the job's failure; requeued at once, not counted (retry.HOST).
+    host_trouble: bool = False
     # With an end: its GPUs' mean utilisation over its run, in percent, from the agent's
     # samples at each heartbeat (None: no sample, a MIG instance, or no GPU).
     gpu_util_pct: float | None = Field(default=None, ge=0, le=100)

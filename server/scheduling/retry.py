@@ -19,7 +19,8 @@ MAX_DELAY_S = 3600.0  # a job's own retry delay, doubled, is at most an hour
 DRAIN = "drain"
 SHUTDOWN = "shutdown"
 REQUEUE = "requeue"  # an operator's requeue of the job (muster job requeue)
-DISRUPTIONS = (DRAIN, SHUTDOWN, REQUEUE)
+HOST = "host"  # its host could not start it (StatusReport.host_trouble): the host's want, not the job's
+DISRUPTIONS = (DRAIN, SHUTDOWN, REQUEUE, HOST)
 
 
 @dataclass(frozen=True)

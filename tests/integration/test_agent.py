@@ -560,10 +560,20 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
         await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [t], term=1)))
         await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try's end")
         ended, _at = agent._ended[t.attempt_id]
-        assert ended.state is AttemptState.KILLED and ended.exit_code is None, ended
+        assert ended.state is AttemptState.KILLED and ended.exit_code is None and ended.host_trouble, ended
         assert ended.reason == "the host could not start it: [Errno 28] No space left on device"
         got = await eventually(pressure, timeout=60, what="the pressure in a heartbeat")
         assert got == "could not start a try: [Errno 28] No space left on device"
+        # A try placed here before the leader read that is handed back unstarted (a review:
+        # the retry came straight back and used up the job's attempts).
+        calls: list[str] = []
+        monkeypatch.setattr(agent.isolation, "prepare", lambda *a, **k: calls.append("prepare"))
+        again = task("j-ns2", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [again], term=1)))
+        await eventually(lambda: again.attempt_id in agent._ended, timeout=60, what="the second try handed back")
+        back, _at = agent._ended[again.attempt_id]
+        assert back.state is AttemptState.KILLED and back.host_trouble and not calls, back
+        assert back.reason.startswith("not started: the host could not start a try a moment ago")
         stop.set()
         await asyncio.wait_for(run, timeout=60)
     finally:

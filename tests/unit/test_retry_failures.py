@@ -118,3 +118,24 @@ def test_a_gang_whose_task_fails_is_retried_as_a_whole_then_succeeds() -> None:
     w.cycle(reports=[w.report("g", i, AttemptState.FAILED, code=1) for i in range(2)], now=NOW + 2)
     g = w.job("g")
     assert g.state is JobState.FAILED and g.tries == 2  # its one retry used
+
+
+def test_a_try_its_host_could_not_start_is_requeued_at_once_and_not_counted() -> None:
+    """StatusReport.host_trouble (no space, memory, processes on the host): not the job's
+    failure; a job of one attempt is tried again, at once (a review: such tries used up
+    the job's attempts on the same host)."""
+    w = World()
+    w.host("a")
+    w.submit("j", gpus=1, max_attempts=1)
+    w.cycle()
+    r = w.report("j", 0, AttemptState.KILLED).model_copy(update={"host_trouble": True,
+                                                                  "reason": "the host could not start it: ..."})
+    w.cycle(reports=[r])
+    job = w.job("j")
+    assert job.attempts[0].stop_kind == retry.HOST and job.state is JobState.PLACED and job.tries == 2
+    assert retry.used_tries(job) == 1  # the try now placed only
+    # Without the flag (an older agent) it counts, and a job of one attempt ends.
+    w.submit("k", gpus=1, max_attempts=1)
+    w.cycle()
+    w.cycle(reports=[w.report("k", 0, AttemptState.KILLED)])
+    assert w.job("k").state is JobState.FAILED

@@ -60,6 +60,8 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
         return
     if r.shutdown and r.state is AttemptState.KILLED and not a.stop_kind:
         a.stop_kind, a.stop_at = retry.SHUTDOWN, now  # stopped by its agent's orderly shutdown
+    if r.host_trouble and r.state is AttemptState.KILLED and not a.stop_kind:
+        a.stop_kind, a.stop_at = retry.HOST, now  # its host could not start it: not the job's failure
     ended = ended_as(a, r.state)
     # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
     # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
