@@ -92,6 +92,7 @@ SIM_MEMORY_MB = 1024 * 1024
 ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 UNACKED_KEPT = 64  # heartbeats sent and not acknowledged, remembered to recognise in the key
 REPORTS_AT_SHUTDOWN_S = 10.0  # the most a clean shutdown waits to deliver its last reports
+DISK_CHECK_S = 15.0  # how often the free disk space is looked at (Agent._disk_checked)
 START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try could not start for want of its resources
 
 
@@ -203,6 +204,9 @@ class Agent:
         # The last try that could not start for want of the host's resources: why, and when
         # (time.monotonic()); the host asks for no new work for START_TROUBLE_S after it.
         self._start_trouble: tuple[str, float] | None = None
+        self._disk_trouble = ""  # _check_disk's last answer
+        self._disk_next = 0.0  # when it is asked again (time.monotonic())
+        self._disk_task: asyncio.Future[str] | None = None
         self.seen: set[str] = set()  # attempts ever started (or refused) here
         self.max_term = 0
         self.applied_seq = 0
@@ -453,22 +457,49 @@ class Agent:
         could not start for want of the host's resources within START_TROUBLE_S (found by
         exploring: with the disk full every try sent here failed, each counted as its job's
         own failure, and the host went on being given work)."""
-        why: list[str] = []
-        floor = self.config.min_free_disk_mb
-        if floor > 0:
-            for what, path in (("work directory", self.isolation.work_root),
-                               ("state directory", self._runs_dir.parent)):
-                try:
-                    st = os.statvfs(path)
-                except OSError:
-                    continue
-                free_mb = st.f_bavail * st.f_frsize // (1024 * 1024)
-                if free_mb < floor:
-                    why.append(f"disk: {free_mb} MB free in its {what} {path} (below {floor} MB)")
+        why = [self._disk_trouble] if self._disk_trouble else []
         trouble = self._start_troubled()
         if trouble:
             why.append(f"could not start a try: {trouble}")
         return "; ".join(dict.fromkeys(why))[:512]
+
+    def _check_disk(self) -> str:
+        """Too little free disk where attempts' directories are made or in the state
+        directory, in words, or "". Blocking (statvfs: a hung network file system would
+        hang it), so run in a thread now and then (`_disk_look`). Its words change only
+        when the trouble does (a heartbeat's shape, decoded by the control plane at each
+        change), and a trouble clears only above the floor and a quarter (no flapping)."""
+        floor = self.config.min_free_disk_mb
+        if floor <= 0:
+            return ""
+        out = []
+        for what, path in (("directory for attempts", self.isolation.work_root),
+                           ("state directory", self._runs_dir.parent)):
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            free_mb = st.f_bavail * st.f_frsize // (1024 * 1024)
+            text = f"disk: less than {floor} MB free in its {what}"
+            if free_mb < floor or (text in self._disk_trouble and free_mb < floor * 1.25):
+                out.append(text)
+        return "; ".join(out)
+
+    def _disk_look(self) -> None:
+        """Take the last free disk space check's answer (`_disk_trouble`) when it has come,
+        and start the next in a thread every DISK_CHECK_S: a check that hangs keeps the last
+        answer, and never holds a heartbeat up."""
+        t = self._disk_task
+        if t is not None and t.done():
+            self._disk_task = None
+            try:
+                self._disk_trouble = t.result()
+            except Exception as exc:  # noqa: BLE001 - the last answer stands
+                log.warning("the free disk space check failed: %s", exc)
+        now = time.monotonic()
+        if self._disk_task is None and now >= self._disk_next:
+            self._disk_next = now + DISK_CHECK_S
+            self._disk_task = asyncio.ensure_future(asyncio.to_thread(self._check_disk))
 
     async def _heartbeat_loop(self) -> None:
         assert self.store is not None
@@ -479,6 +510,7 @@ class Agent:
         while not self._stop.is_set():
             began = time.monotonic()
             self._poll_gpu_faults()
+            self._disk_look()
             # Each heartbeat is stored only over the last one this agent stored, so that one
             # taken while attempts are frozen (or sent just before the fence froze them)
             # proves the key never expired (see the module's docstring).

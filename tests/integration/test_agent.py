@@ -539,7 +539,8 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
         stop = asyncio.Event()
         run = asyncio.create_task(agent.run(stop))
         got = await eventually(pressure, timeout=60, what="a heartbeat with pressure")
-        assert got.startswith("disk: ") and "MB free in its work directory" in got and "(below 1000000000 MB)" in got
+        assert got == ("disk: less than 1000000000 MB free in its directory for attempts; disk: less than "
+                       "1000000000 MB free in its state directory")
         stop.set()
         await asyncio.wait_for(run, timeout=60)
 
@@ -578,3 +579,25 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
         await asyncio.wait_for(run, timeout=60)
     finally:
         await nc.close()
+
+
+def test_the_disk_pressure_clears_only_well_above_its_floor(tmp_path: Path, monkeypatch: Any) -> None:
+    """Its words do not change with each megabyte (a heartbeat's shape, decoded at each
+    change), and a host hovering at the floor does not flap in and out of pressure."""
+    import types
+
+    import agent.agent as agent_module
+
+    free = {"mb": 300}
+    monkeypatch.setattr(agent_module.os, "statvfs",
+                        lambda _p: types.SimpleNamespace(f_bavail=free["mb"] * 1024, f_frsize=1024))
+    agent = Agent(AgentConfig(nats_url="nats://127.0.0.1:1", host_id="dk-1", simulate_gpus="1xH100",
+                              state_dir=tmp_path / "agent", run_as=ME, min_free_disk_mb=256))
+    seen = []
+    for mb in (300, 250, 200, 300, 319, 321, 250):
+        free["mb"] = mb
+        agent._disk_trouble = agent._check_disk()
+        seen.append(agent._disk_trouble)
+    words = ("disk: less than 256 MB free in its directory for attempts; disk: less than 256 MB free in its state "
+             "directory")
+    assert seen == ["", words, words, words, words, "", words]

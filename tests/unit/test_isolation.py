@@ -231,8 +231,11 @@ def test_a_job_whose_client_chose_its_id_runs_as_a_uid_the_leader_drew() -> None
 def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path: Path) -> None:
     """Python's rmtree raises RecursionError past about a thousand levels, which its
     ignore_errors does not catch (found by exploring: a task's deep directory left its try
-    never reported, its GPUs held, and the agent unable to start again)."""
+    never reported, its GPUs held, and the agent unable to start again), or runs out of
+    file handles first and leaves the tree (a review)."""
+    import resource
     import shutil
+    import subprocess
 
     from agent.isolation import Isolation, Launch, remove_tree
 
@@ -249,23 +252,23 @@ def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path
             os.close(fd)
         return root
 
-    with pytest.raises(RecursionError):
-        shutil.rmtree(deep(tmp_path / "plain"), ignore_errors=True)
-    remove_tree(tmp_path / "plain")
-    assert not (tmp_path / "plain").exists()
-    work = deep(tmp_path / "j1.1")
-    Isolation.release(Launch(["x"], None, work))
-    assert not work.exists()
-    # Out of file handles before the recursion's end (a review: the tree was left).
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (600, hard))
     try:
-        remove_tree(deep(tmp_path / "j2.1"))
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert not (tmp_path / "j2.1").exists()
+        with pytest.raises(RecursionError):
+            shutil.rmtree(deep(tmp_path / "plain"), ignore_errors=True)
+        remove_tree(tmp_path / "plain")
+        assert not (tmp_path / "plain").exists()
+        work = deep(tmp_path / "j1.1")
+        Isolation.release(Launch(["x"], None, work))
+        assert not work.exists()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (600, hard))
+        try:
+            remove_tree(deep(tmp_path / "j2.1"))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert not (tmp_path / "j2.1").exists()
+    finally:  # (a deep tree left behind would break pytest's own removal of old temporary directories)
+        subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
 
 
 def test_output_that_is_not_utf8_keeps_its_byte_count_so_follow_shows_every_new_byte() -> None:
