@@ -342,7 +342,8 @@ class Scheduler:
         for stream, durable, subject, sink, decoder in consumers:
             await ensure_consumer(js, stream, durable, subject, dataclasses.replace(cfg))
             feeds.append(PullFeed(self.store.nc, stream, durable, self._receiver(sink, decoder),
-                                  batch=self.config.fetch_batch, trust_after=trust_after))
+                                  batch=self.config.fetch_batch, trust_after=trust_after,
+                                  redelivered_after_s=cfg.ack_wait or 0))
         self._status_feed = next(f for f in feeds if f.stream == subjects.STATUS_STREAM)
         fetchers = [asyncio.create_task(f.run(leading_stop)) for f in feeds]
         go_again = False

@@ -63,7 +63,8 @@ async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, subje
 
 class PullFeed:
     def __init__(self, nc: NATS, stream: str, consumer: str, on_msg: Callable[[Msg], Awaitable[None]],
-                 batch: int = 500, expires_s: float = 2.0, trust_after: float = 0.0) -> None:
+                 batch: int = 500, expires_s: float = 2.0, trust_after: float = 0.0,
+                 redelivered_after_s: float = 0.0) -> None:
         self.nc = nc
         self.stream = stream
         self.consumer = consumer
@@ -77,6 +78,9 @@ class PullFeed:
         self._status: str | None = None
         self.read_to = 0.0
         self.trust_after = trust_after
+        # The consumer's ack_wait: what a feed that starts again had been handed and not
+        # acknowledged (in its old inbox) comes back only after it.
+        self.redelivered_after_s = redelivered_after_s
 
     async def _cb(self, msg: Msg) -> None:
         status = msg.headers.get(jsapi.Header.STATUS) if msg.headers else None
@@ -105,13 +109,21 @@ class PullFeed:
         error it did not foresee is logged and the feed starts again a second later: a
         feed that died would leave the leader reading no more of its stream (status
         reports: no try would be seen to end) while it went on leading."""
+        failed = ""
         while not stop.is_set():
             try:
                 await self._run(stop)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001
-                log.exception("pull feed %s/%s failed: starting it again", self.stream, self.consumer)
+            except Exception as exc:  # noqa: BLE001
+                if repr(exc) != failed:  # (a traceback once, not every second)
+                    failed = repr(exc)
+                    log.exception("pull feed %s/%s failed: starting it again", self.stream, self.consumer)
+                else:
+                    log.warning("pull feed %s/%s failed again: %s", self.stream, self.consumer, exc)
+                # Until what the old feed was handed comes back, how far the stream has been
+                # read cannot be told (a review: the new feed's "nothing more" said so at once).
+                self.trust_after = max(self.trust_after, time.time() + self.redelivered_after_s)
                 await pause(stop, 1.0)
 
     async def _run(self, stop: asyncio.Event) -> None:

@@ -533,13 +533,18 @@ async def test_a_pull_feed_that_meets_an_error_it_did_not_foresee_starts_again(
         return await real(*a, **k)
 
     monkeypatch.setattr(store.nc, "subscribe", subscribe)
-    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "feed-again", on_msg, batch=10, expires_s=0.5)
+    feed = PullFeed(store.nc, subjects.STATUS_STREAM, "feed-again", on_msg, batch=10, expires_s=0.5,
+                    redelivered_after_s=2.0)
     stop = asyncio.Event()
+    started = time.time()
     task = asyncio.create_task(feed.run(stop))
     try:
         await store.js.publish(subject, b"after")
         await eventually(lambda: got == [b"after"], 30, "the message, read by the feed started again")
         assert not failures and not task.done()
+        # How far the stream was read is not told until what the old feed was handed could
+        # have come back (the consumer's ack_wait after the restart).
+        assert feed.trust_after >= started + 2.0
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
