@@ -184,6 +184,8 @@ class AgentConfig:
         heartbeat may fail without a fence), which must be shorter than the key's TTL."""
         if self.heartbeat_interval_s <= 0:
             raise ConfigError("heartbeat interval must be positive")
+        if self.min_free_disk_mb < 0:
+            raise ConfigError("the free disk floor (--min-free-disk-mb) must be 0 (none) or more")
         if self.fence_after_s == 0:
             self.fence_after_s = 2 * self.heartbeat_interval_s
         ttl = self.heartbeat_interval_s * self.ttl_intervals

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -147,3 +148,11 @@ def watch(args: argparse.Namespace, render: Callable[[], None], every_s: float =
             time.sleep(every_s)
     except KeyboardInterrupt:
         return 0
+
+
+def finite_float(text: str) -> float:
+    """A number option: "nan" and "inf" are refused here (sent on, they made invalid JSON)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return v

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import secrets
@@ -12,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, key_values, labels_text, out, watch
+from server.cli.client import add_output, add_watch, finite_float, gql, key_values, labels_text, out, watch
 from server.cli.errors import ApiError, JobFailed, user_errors
 from server.cli.times import ahead, when_text
 from wire.errors import NotFound, ValidationError
@@ -30,14 +29,6 @@ outputTail reason gpuUtilPct gpuMemUsedMb gpuUtilAvgPct gpuIdleSince }"""
 NEWER_FIELDS = ("hold", "dependsOn", "dependency", "waitingFor", "reservation", "group", "groupLimit", "beginAt",
                 "notBefore", "retryFailures", "retryExitCodes", "retryTimeouts", "checkpoints", "excludeHosts",
                 "gpuUtilPct", "gpuMemUsedMb", "gpuUtilAvgPct", "gpuIdleSince", "retryDelaySeconds")
-
-
-def finite_float(text: str) -> float:
-    """A number option: "nan" and "inf" are refused here (sent on, they made invalid JSON)."""
-    v = float(text)
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:

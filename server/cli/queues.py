@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from server.cli.client import add_output, add_watch, gql, key_values, labels_text, out, watch
+from server.cli.client import add_output, add_watch, finite_float, gql, key_values, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ago, when_text
 from wire.errors import ConfigError, NotFound
@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "for no limit); repeat for each resource (cpu, memory_mb, gpu:<model>); with `set` the "
                             "given quotas replace the whole quota ('--quota none' removes it)")
         p.add_argument("--cohort", default=None, help="the cohort to borrow and lend in ('' for none, with set)")
-        p.add_argument("--weight", type=float, default=None, help=f"fair-share weight (default {_default('weight')})")
+        p.add_argument("--weight", type=finite_float, default=None,
+                       help=f"fair-share weight (default {_default('weight')})")
         p.add_argument("--description", default=None, help="what the queue is for (shown in listings)")
         p.add_argument("--preempt-within", choices=["on", "off"], default=None,
                        help=f"priority preemption within the queue (default {_default('preempt_within')})")
@@ -64,20 +65,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="fair share between the queue's users: at equal priority, the user whose jobs hold "
                             "least (with past use, decayed) goes next "
                             f"(default {_default('fair_share_users')}: submission order)")
-        p.add_argument("--grace", type=float, default=None, metavar="S",
+        p.add_argument("--grace", type=finite_float, default=None, metavar="S",
                        help=f"SIGTERM to SIGKILL when preempted: the victim's checkpoint window "
                             f"(default {_default('preempt_grace_s')})")
-        p.add_argument("--min-runtime", type=float, default=None, metavar="S",
+        p.add_argument("--min-runtime", type=finite_float, default=None, metavar="S",
                        help="a try runs at least this long before it may be preempted "
                             f"(default {_default('min_runtime_s')})")
         p.add_argument("--max-preemptions", type=int, default=None, metavar="N",
                        help="the most victims stopping for the queue's jobs at once "
                             f"(default {_default('max_preemptions')})")
-        p.add_argument("--default-time-limit", type=float, default=None, metavar="S",
+        p.add_argument("--default-time-limit", type=finite_float, default=None, metavar="S",
                        help="the time limit of a job that gives none (0: none)")
-        p.add_argument("--max-time-limit", type=float, default=None, metavar="S",
+        p.add_argument("--max-time-limit", type=finite_float, default=None, metavar="S",
                        help="the longest time limit a job may ask (0: no maximum)")
-        p.add_argument("--max-gpus-per-user", type=float, default=None, metavar="N",
+        p.add_argument("--max-gpus-per-user", type=finite_float, default=None, metavar="N",
                        help="the most GPUs one user's jobs of the queue hold at once (0: no limit)")
         p.add_argument("--max-submitted-jobs", type=int, default=None, metavar="N",
                        help="the most jobs not ended (queued, held, placed, running) the queue takes; a submission "

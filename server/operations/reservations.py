@@ -81,7 +81,8 @@ class ReservationOperations(Operations):
         """An advance reservation's record from `data` (its start no earlier than `now` when
         `clamp_start`), with every check but its name's being free; and its bytes."""
         if clamp_start:
-            starts = float(data.get("starts") or now)
+            given = data.get("starts")
+            starts = now if given is None else float(given)
             if starts < now - PAST_SLACK_S:
                 # A wrong day or year would set the hosts aside at once, stopping what runs
                 # there (a review); a moment past is taken as now.

@@ -155,7 +155,7 @@ async def test_a_sign_in_posted_from_another_site_is_refused(console: Console) -
     # A browser that does not send Sec-Fetch-Site sends Origin: another host's, or "null"
     # (a sandboxed frame), is refused; the console's own is not (the test client's host is
     # "test").
-    for origin in ("https://evil.example", "http://test.evil.example", "null", "http://evil.test"):
+    for origin in ("https://evil.example", "http://test.evil.example", "null", "http://evil.test", "http://[test"):
         r = await c.post("/login", data={"token": console.token}, headers={"Origin": origin})
         assert r.status_code == 403 and "set-cookie" not in r.headers, origin
     # Its own host, on any port (a proxy's `Host $host` drops the port it listens on).

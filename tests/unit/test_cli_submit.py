@@ -429,5 +429,10 @@ def test_number_options_refuse_what_is_not_a_finite_number(capsys: pytest.Captur
             with pytest.raises(SystemExit):
                 parse_args(["job", "submit", "--retry-failures", "1", option, bad, "x", "--", "run"])
             assert "is not a finite number" in capsys.readouterr().err
+    for argv in (["host", "drain", "h1", "--reason", "r", "--deadline"], ["queue", "create", "q", "--weight"],
+                 ["queue", "set", "q", "--grace"]):
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "nan"])
+        assert "is not a finite number" in capsys.readouterr().err
     args = parse_args(["job", "submit", "--retry-failures", "1", "--retry-delay", "30", "x", "--", "run"])
     assert submit_input(args, submit_command(args))["retryDelaySeconds"] == 30.0

@@ -210,7 +210,10 @@ def _foreign_origin(request: Request) -> bool:
         return False
     if origin.strip().lower() == "null":
         return True
-    return urlsplit(origin.strip()).hostname != urlsplit("//" + request.headers.get("host", "").strip()).hostname
+    try:
+        return urlsplit(origin.strip()).hostname != urlsplit("//" + request.headers.get("host", "").strip()).hostname
+    except ValueError:  # (a malformed one, "[" in it: refused, not a 500)
+        return True
 
 
 @console(auth=False)
