@@ -17,22 +17,30 @@ a directory the task user may not use is refused here. The command is looked up 
 job's PATH and exec'd in place of this process, which keeps its pid.
 
 On any failure before the exec it writes one line to STATUS_FD (closed on exec, so the
-agent reads nothing when the exec succeeded) and exits 127.
+agent reads nothing when the exec succeeded) and exits 127. A failure that is the host's
+want, not the job's fault (its spec unreadable, a cgroup it cannot join, a user it cannot
+become, an exec refused for want of memory, processes or file handles), begins with
+`host: ` (agent.runner.HOST_FAILURE).
 
 Standard library only; no import of the rest of Muster.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 import warnings  # noqa: F401  # os.execvpe imports it: loaded before the switch of user
 
+HOST_FAILURE = "host: "  # begins a failure that is the host's, not the job's
+# An exec refused for one of these is the host's want.
+HOST_ERRNOS = frozenset({errno.ENOMEM, errno.EAGAIN, errno.ENFILE, errno.EMFILE, errno.ENOSPC, errno.EIO})
 
-def fail(status_fd: int, message: str) -> None:
+
+def fail(status_fd: int, message: str, host: bool = False) -> None:
     try:
-        os.write(status_fd, message.encode(errors="replace")[:2000])
+        os.write(status_fd, ((HOST_FAILURE if host else "") + message).encode(errors="replace")[:2000])
     except OSError:
         pass
     os._exit(127)
@@ -49,7 +57,7 @@ def main(argv: list[str]) -> None:
             spec = json.load(f)
         os.unlink(argv[0])
     except (OSError, ValueError) as exc:
-        fail(status_fd, f"cannot read the launch spec: {exc}")
+        fail(status_fd, f"cannot read the launch spec: {exc}", host=True)
         return
     pid = str(os.getpid())
     for procs in spec.get("cgroup_procs", []):
@@ -57,7 +65,7 @@ def main(argv: list[str]) -> None:
             with open(procs, "w") as f:
                 f.write(pid)
         except OSError as exc:
-            fail(status_fd, f"cannot join cgroup {os.path.dirname(procs)}: {exc}")
+            fail(status_fd, f"cannot join cgroup {os.path.dirname(procs)}: {exc}", host=True)
     user = spec.get("user", "")
     if spec.get("uid") is not None:
         try:
@@ -65,7 +73,7 @@ def main(argv: list[str]) -> None:
             os.setgid(spec["gid"])
             os.setuid(spec["uid"])
         except (OSError, KeyError) as exc:
-            fail(status_fd, f"cannot run as user {user!r}: {exc}")
+            fail(status_fd, f"cannot run as user {user!r}: {exc}", host=True)
     os.umask(int(spec.get("umask", 0o022)))
     cwd = spec.get("cwd")
     if cwd:
@@ -77,7 +85,8 @@ def main(argv: list[str]) -> None:
     try:
         os.execvpe(command[0], command, spec.get("env", {}))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the attempt did not start
-        fail(status_fd, f"cannot start {command[0]!r}: {exc}")
+        fail(status_fd, f"cannot start {command[0]!r}: {exc}",
+             host=isinstance(exc, OSError) and exc.errno in HOST_ERRNOS)
 
 
 if __name__ == "__main__":

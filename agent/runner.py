@@ -24,6 +24,8 @@ from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolati
 from agent.watchdog import LEFTOVERS_ONLY
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
+# The launcher's failures that are the host's begin with this (agent/launch.py).
+HOST_FAILURE = "host: "
 # Errors starting a try that are the host's want, not the job's fault (Run._run).
 HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
                          errno.EIO, errno.EROFS})
@@ -256,6 +258,9 @@ class Run:
                 # the host asks for no new work a while (found by exploring: with the disk
                 # full, every try sent here FAILED as its job's own failure).
                 self.host_trouble = failed
+        if failed.startswith(HOST_FAILURE):  # the launcher's, for the host's want (agent/launch.py)
+            failed = failed[len(HOST_FAILURE):]
+            self.host_trouble = failed
         if failed:
             if self.proc is not None:
                 await self._exited.wait()

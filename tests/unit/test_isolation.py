@@ -312,3 +312,31 @@ def test_all_attempts_together_are_kept_below_the_hosts_process_ids(tmp_path: Pa
     assert not (v2 / "pids.max").exists()  # no pids controller there
     cgroups.Hierarchy(2, {"": str(v2)}, ("cpu", "memory", "pids")).cap_pids(24576)
     assert (v2 / "pids.max").read_text() == "24576"
+
+
+def test_the_launcher_says_which_failures_are_the_hosts(tmp_path: Path) -> None:
+    """A cgroup it cannot join is the host's want (the try is not the job's failure); a
+    command that does not exist is the job's."""
+    import json
+    import subprocess
+    import sys
+
+    from agent.isolation import LAUNCHER
+    from agent.runner import HOST_FAILURE
+
+    def launch(spec: dict[str, object]) -> str:
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(spec))
+        r, w = os.pipe()
+        p = subprocess.run([sys.executable, "-I", "-S", LAUNCHER, str(path), str(w)], pass_fds=(w,), check=False)
+        os.close(w)
+        try:
+            return os.read(r, 4096).decode()
+        finally:
+            os.close(r)
+            assert p.returncode == 127
+
+    got = launch({"cgroup_procs": [str(tmp_path / "gone" / "cgroup.procs")], "command": ["true"], "env": {}})
+    assert got.startswith(HOST_FAILURE + "cannot join cgroup "), got
+    got = launch({"cgroup_procs": [], "command": ["/no/such/program"], "env": {}})
+    assert got.startswith("cannot start '/no/such/program'"), got
