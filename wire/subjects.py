@@ -55,6 +55,8 @@ ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
 # A host's agent fenced itself (no heartbeat stored for its fence delay) and is heard
 # again: how long, and how many attempts it continued or stopped.
 ALERT_HOST_FENCED = "host.fenced"
+# A host's agent asks for no new work (Heartbeat.pressure: its disk nearly full, ...).
+ALERT_HOST_PRESSURE = "host.pressure"
 ALERT_JOB_FAILED = "job.failed"
 # A running attempt's GPUs have all been idle for its agent's --gpu-idle-after
 # (server.health.idlegpus).
@@ -72,7 +74,8 @@ ALERT_RESERVATION_OPENED = "reservation.opened"
 ALERT_RESERVATION_ENDED = "reservation.ended"
 ALERT_MAINTENANCE_BEGAN = "maintenance.began"
 # Every kind, in the order the console offers them as a filter.
-ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_DOMAIN_DISRUPTED, ALERT_GPU_UNHEALTHY,
+ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_HOST_PRESSURE, ALERT_DOMAIN_DISRUPTED,
+               ALERT_GPU_UNHEALTHY,
                ALERT_JOB_FAILED, ALERT_JOB_GPUS_IDLE, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED,
                ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
 

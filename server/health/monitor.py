@@ -95,6 +95,15 @@ def gpu_alerts(faulted: list[tuple[str, GpuUsage]], now: float) -> list[Event]:
                       {"gpus": len(faulted), "faults": kinds})
 
 
+def pressure_alerts(pressed: list[tuple[str, Heartbeat]], now: float) -> list[Event]:
+    """Hosts whose agents began to ask for no new work (or for another reason) since the
+    last check: one alert a host, or one for them all past ALERTS_ONE_BY_ONE."""
+    events = [Event(kind=subjects.ALERT_HOST_PRESSURE, ts=now, host_id=h,
+                    message=f"host {h} takes no new work: {hb.pressure}",
+                    data={"labels": dict(hb.labels), "pressure": hb.pressure}) for h, hb in pressed]
+    return summarized(events, now, f"{len(events)} hosts take no new work", {"by_rack": _by_label(events, "rack")})
+
+
 def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
     """(fences, frozen attempts continued, stopped) that `hb` reports beyond `before` (the
     agent's counters only grow, and move together when a fence ends)."""
@@ -147,6 +156,7 @@ class HealthMonitor:
         self.wake = asyncio.Event()
         self._gpu_alerts: list[tuple[str, GpuUsage]] = []
         self._fence_alerts: list[tuple[str, Heartbeat, Heartbeat]] = []
+        self._pressure_alerts: list[tuple[str, Heartbeat]] = []
         # While following: (when, host, from, to) of the transitions seen, the last
         # TAKEOVER_WINDOW_S of them.
         self._following: deque[tuple[float, str, Health, Health]] = deque()
@@ -160,6 +170,8 @@ class HealthMonitor:
             self.wake.set()
         elif kind == "host_fenced":  # alerted at the next check (within every_s), with the others then
             self._fence_alerts.append(obj)  # type: ignore[arg-type]
+        elif kind == "host_pressure":
+            self._pressure_alerts.append(obj)  # type: ignore[arg-type]
 
     async def check(self) -> None:
         now = time.time()
@@ -170,6 +182,7 @@ class HealthMonitor:
         if not self.leadership.leading:
             self._gpu_alerts.clear()
             self._fence_alerts.clear()
+            self._pressure_alerts.clear()
             following.extend((now, h, frm, to) for h, frm, to in changes if frm is not None)
             while following and now - following[0][0] > self._takeover_window_s():
                 following.popleft()
@@ -214,6 +227,9 @@ class HealthMonitor:
             metrics.FENCED_ATTEMPTS.labels(outcome="stopped").inc(stopped)
         for ev in fence_alerts(fenced, now):
             await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, ev)
+        pressed, self._pressure_alerts = self._pressure_alerts, []
+        for ev in pressure_alerts(pressed, now):
+            await publish_alert(self.nc, subjects.ALERT_HOST_PRESSURE, ev)
 
     def _takeover_window_s(self) -> float:
         config = getattr(self.leadership, "config", None)

@@ -604,6 +604,8 @@ class ClusterState:
         for u in hb.gpu_usage:
             if not u.healthy and u.index not in before:
                 self._notify("gpu_unhealthy", (key, u))
+        if hb.pressure and (entry is None or entry.heartbeat is None or entry.heartbeat.pressure != hb.pressure):
+            self._notify("host_pressure", (key, hb))
         if hb.gpu_idle:
             self.idle_gpu_hosts.add(key)
         else:

@@ -563,3 +563,8 @@ def test_a_host_short_of_disk_takes_no_new_work_and_says_why(cluster: Cluster) -
     assert "PRESSURE" in muster(cluster, srv.url, "host", "list").stdout
     # A job no host could take however idle is still told so; this one is not.
     assert "could never run" not in muster(cluster, srv.url, "job", "why", job_id).stdout
+    # The operators are told once (alerts.host.pressure, recorded).
+    q = '{ alerts(first: 10, kind: "host.pressure") { edges { node { hostId message } } } }'
+    wait_until(lambda: api.q(q)["alerts"]["edges"], timeout=60, what="the host.pressure alert")
+    [alert] = [e["node"] for e in api.q(q)["alerts"]["edges"]]
+    assert alert["hostId"] == "tight" and alert["message"].startswith("host tight takes no new work: disk: less than")

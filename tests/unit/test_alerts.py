@@ -55,3 +55,32 @@ def test_jobs_failed_in_one_cycle_are_one_alert_a_job_or_one_for_many_by_queue()
     assert alert.job_id is None and alert.host_id is None
     assert alert.message.startswith("30 jobs failed for good: j00, j01") and alert.message.endswith("and 10 more")
     assert alert.data == {"jobs": 30, "job_ids": [f"j{i:02d}" for i in range(20)], "by_queue": {"a": 25, "b": 5}}
+
+
+def test_hosts_that_begin_to_take_no_new_work_are_alerted_once_each_change() -> None:
+    """`host.pressure`: a host whose agent asks for no new work (its disk nearly full),
+    noticed by the cluster view when its heartbeat's pressure appears or changes, not at
+    each heartbeat; one alert a host, or one for many."""
+    import time
+
+    from server.health.monitor import pressure_alerts
+    from server.state.cluster import ClusterState
+    from tests.factories import heartbeat, heartbeat_record
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    seen: list[tuple[str, str]] = []
+    state.listeners.append(lambda kind, obj: seen.append((obj[0], obj[1].pressure)) if kind == "host_pressure"
+                           else None)
+    t0 = time.time()
+    full = "disk: less than 256 MB free in its directory for attempts"
+    for rev, pressure in enumerate(("", full, full, "", full), start=1):
+        hb = heartbeat("h1", seq=rev, ts=t0 + rev, labels={"rack": "r1"}).model_copy(update={"pressure": pressure})
+        state.apply_host_record(heartbeat_record(hb, rev), now=t0 + rev)
+    assert seen == [("h1", full), ("h1", full)]  # when it began, and began again
+    [one] = pressure_alerts([("h1", state.hosts["h1"].latest())], 9.0)  # type: ignore[list-item]
+    assert one.kind == "host.pressure" and one.host_id == "h1" and one.message == f"host h1 takes no new work: {full}"
+    many = [(f"h{i}", heartbeat(f"h{i}", labels={"rack": "r2"}).model_copy(update={"pressure": full}))
+            for i in range(ALERTS_ONE_BY_ONE + 1)]
+    [alert] = pressure_alerts(many, 9.0)
+    assert alert.message.startswith(f"{ALERTS_ONE_BY_ONE + 1} hosts take no new work: h0, h1")
+    assert alert.data["by_rack"] == {"r2": ALERTS_ONE_BY_ONE + 1}
