@@ -38,24 +38,23 @@ def singleton(job: Job) -> bool:
     return job.spec.group_limit == 1 and job.spec.group == job.spec.name
 
 
-def named_key(job: Job) -> Key | None:
-    """(user, name) of a job outside the group of its own name: what a singleton of that
-    name waits for besides its group (found by exploring: a singleton started beside a
-    plain job of its name, where Slurm's waits for every job of its user and name)."""
-    s = job.spec
-    return None if s.group == s.name and s.group_limit else (s.user, s.name)
+def named_key(job: Job) -> Key:
+    """(user, name) of a job: what a singleton of that name waits for (found by exploring:
+    a singleton started beside a plain job of its name, where Slurm's waits for every job of
+    its user and name; and not for a job of another name put in a group of its name)."""
+    return job.spec.user, job.spec.name
 
 
 def named_counts() -> LiveCounts[Key]:
-    """An empty tally of jobs placed or running per (user, name), outside their name's group."""
+    """An empty tally of jobs placed or running per (user, name)."""
     return LiveCounts(named_key)
 
 
 def running(job: Job, in_group: int, named: int) -> int:
-    """The jobs `job`'s limit counts, placed or running: `in_group` of its group (a
-    preemptor not among them) and, for a singleton, the `named` jobs of its user and name
-    outside the group."""
-    return in_group - bool(job.preempting) + (named if singleton(job) else 0)
+    """The jobs `job`'s limit counts, placed or running, a preemptor itself not among
+    them: for a singleton the `named` jobs of its user and name, for another the `in_group`
+    of its group."""
+    return (named if singleton(job) else in_group) - bool(job.preempting)
 
 
 def waits(job: Job, running: int) -> bool:

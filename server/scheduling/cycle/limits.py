@@ -90,11 +90,9 @@ class UserLimits:
         k = groups.key(job)
         if k is not None:
             self.in_group.add(k)
-        n = groups.named_key(job)
-        if n is not None:
-            # Read only for singletons: counted now only once one has read it (the job's
-            # record, placed or preempting by the next read, is gathered otherwise).
-            self.named.note(n)
+        # Read only for singletons: counted now only once one has read it (the job's record,
+        # placed or preempting by the next read, is gathered otherwise).
+        self.named.note(groups.named_key(job))
 
     def user_load(self, qn: str) -> Callable[[str], userfair.Load]:
         """Each user's load in queue `qn` for fair share between its users: what the user
