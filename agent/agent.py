@@ -696,9 +696,9 @@ class Agent:
             log.warning("dropped output request: %s", exc)
             return
         run = self.runs.get(req.attempt_id)
-        reply = OutputReply(attempt_id=req.attempt_id, running=run is not None,
-                            output_tail=run.tail if run is not None else "", ts=time.time(),
-                            written=run.written if run is not None else 0)
+        tail, written = run.live_tail() if run is not None else ("", 0)
+        reply = OutputReply(attempt_id=req.attempt_id, running=run is not None, output_tail=tail, ts=time.time(),
+                            written=written)
         try:
             await msg.respond(encode(reply))
         except Exception as exc:  # noqa: BLE001 - the asker is gone, or the link is down

@@ -149,6 +149,17 @@ class Run:
         self._transport: asyncio.SubprocessTransport | None = None
         self._task: asyncio.Task[None] | None = None
 
+    def live_tail(self) -> tuple[str, int]:
+        """The tail as a running process's output is shown (`liveOutput`) and the bytes
+        written up to its end (`liveOutputBytes`): a character its process has written only
+        part of so far is held back, counted neither, and shown whole at a later look (found
+        by exploring: split between two looks, `job logs -f` printed "??" and then a
+        replacement character)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors=BYTE_FOR_BYTE)
+        text = decoder.decode(bytes(self._tail), final=False)
+        held = len(decoder.getstate()[0])
+        return text, self.written - held
+
     @property
     def tail(self) -> str:
         """The last bytes written, as text: a byte that is not UTF-8 is a "?" each, so that

@@ -612,6 +612,7 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
     The job as last read."""
     # attempt (number, task) -> (state, output shown, bytes written by then when known)
     shown: dict[tuple[int, int], tuple[str, str, float | None]] = {}
+    mid_line = False  # the last output printed did not end its line (a job's progress, written bit by bit)
     while True:
         for a in job["attempts"]:
             key = (a["number"], a["task"])
@@ -623,18 +624,29 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
             else:
                 text = a["liveOutput"] if live else a["outputTail"]
             if before is None:
+                if mid_line:
+                    print()
+                    mid_line = False
                 print(header(job, a, f" on {a['host']['id']}"))
                 if a["state"] == "RUNNING" and a["liveOutput"] is None:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
             more = new_output(before[1] if before else "", text, before[2] if before else None, written)
             if more:
                 more = for_terminal(more)
-                print(more, end="" if more.endswith("\n") else "\n")
+                # Followed, output is printed as it was written: a line written in parts is
+                # one line (found by exploring: each part was printed on a line of its own).
+                mid_line = follow and live and not more.endswith("\n")
+                print(more, end="" if more.endswith("\n") or mid_line else "\n")
             if before is not None and before[0] != a["state"] and not live:
+                if mid_line:
+                    print()
+                    mid_line = False
                 print(header(job, a))
             shown[key] = (a["state"], text, written)
         sys.stdout.flush()
         if not follow or job["state"] in TERMINAL:
+            if mid_line:
+                print()
             return job
         time.sleep(2)
         job = _logs(job["id"])

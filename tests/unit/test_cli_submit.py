@@ -436,3 +436,35 @@ def test_number_options_refuse_what_is_not_a_finite_number(capsys: pytest.Captur
         assert "is not a finite number" in capsys.readouterr().err
     args = parse_args(["job", "submit", "--retry-failures", "1", "--retry-delay", "30", "x", "--", "run"])
     assert submit_input(args, submit_command(args))["retryDelaySeconds"] == 30.0
+
+
+def test_followed_output_shows_a_character_split_between_looks_whole_and_a_line_written_in_parts_as_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: "x€ y" written in two parts, the euro sign split between them,
+    was printed "x??", a new line, then a replacement character; a progress line written
+    bit by bit came out one part a line."""
+    import server.cli.jobs as jobs_cli
+    from agent.runner import Run
+    from wire.messages import Task
+
+    run = Run(Task(attempt_id="j.1", job_id="j", number=1, command=["x"]), None)  # type: ignore[arg-type]
+    looks = []
+    for part in (b"x\xe2\x82", b"\xac y", b" 50%\n"):
+        run._tail.extend(part)  # noqa: SLF001 - as the reader adds what the process wrote
+        run.written += len(part)
+        looks.append(run.live_tail())
+    assert looks == [("x", 1), ("x€ y", 6), ("x€ y 50%\n", 11)]
+
+    def job(state: str, look: tuple[str, int] | None) -> dict[str, object]:
+        text, written = look or ("", 0)
+        return {"id": "j", "state": state, "replicas": 1, "attempts": [{
+            "number": 1, "task": 0, "state": state, "host": {"id": "h"}, "exitCode": None if look else 0,
+            "liveOutput": text if look else None, "liveOutputBytes": float(written) if look else None,
+            "outputTail": "x€ y 50%\n"}]}
+
+    answers = iter([job("RUNNING", looks[1]), job("RUNNING", looks[2]), job("SUCCEEDED", None)])
+    monkeypatch.setattr(jobs_cli, "_logs", lambda _id: next(answers))
+    monkeypatch.setattr(jobs_cli.time, "sleep", lambda _s: None)
+    jobs_cli.print_output(job("RUNNING", looks[0]), follow=True)
+    out = capsys.readouterr().out
+    assert out == ("==> attempt 1 on h: RUNNING <==\nx€ y 50%\n==> attempt 1: SUCCEEDED (exit 0) <==\n"), out
