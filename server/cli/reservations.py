@@ -125,7 +125,10 @@ def cmd_create(args: argparse.Namespace) -> int:
     if args.end is not None:
         end = ahead(args.end)
     else:
-        begins = parse_time(start) if start else dt.datetime.now(dt.UTC)
+        # From its start, or from now for one just past, which the server takes as now (found
+        # by exploring: "4 minutes ago for 10 minutes" lasted 6).
+        now = dt.datetime.now(dt.UTC)
+        begins = max(parse_time(start), now) if start else now
         end = (begins + dt.timedelta(seconds=_duration(args.duration))).isoformat()
     given: dict[str, Any] = {"name": args.name, "hosts": hosts, "endsAt": end, "description": args.description,
                              "queues": _names(args.queues)}

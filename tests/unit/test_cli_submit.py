@@ -468,3 +468,20 @@ def test_followed_output_shows_a_character_split_between_looks_whole_and_a_line_
     jobs_cli.print_output(job("RUNNING", looks[0]), follow=True)
     out = capsys.readouterr().out
     assert out == ("==> attempt 1 on h: RUNNING <==\nx€ y 50%\n==> attempt 1: SUCCEEDED (exit 0) <==\n"), out
+
+
+def test_a_reservation_from_a_start_just_past_lasts_its_duration_from_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server takes a start just past as now: the end a duration gives is counted from
+    now, not from the start as typed (found by exploring: 4 minutes ago for 10 minutes
+    lasted 6)."""
+    import server.cli.reservations as res_cli
+
+    sent: list[dict[str, object]] = []
+    monkeypatch.setattr(res_cli, "_send", lambda _a, _m, _t, given: sent.append(given) or 0)
+    past = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%S")
+    args = parse_args(["reservation", "create", "r", "h1", "--queues", "q", "--start", past, "--duration", "10m"])
+    before = dt.datetime.now(dt.UTC)
+    assert res_cli.cmd_create(args) == 0
+    ends = dt.datetime.fromisoformat(str(sent[0]["endsAt"]))
+    assert before + dt.timedelta(minutes=10) - dt.timedelta(seconds=1) <= ends <= dt.datetime.now(dt.UTC) + \
+        dt.timedelta(minutes=10)
