@@ -294,14 +294,23 @@ class Agent:
         if self._seen_file and self._seen_file.exists():
             self.seen.update(x for x in self._seen_file.read_text().split() if x)
 
-    def _mark_seen(self, attempt_id: str) -> None:
+    def _mark_seen(self, attempt_id: str) -> str:
+        """Note the attempt as seen here, in memory and on disk (so that a restart never
+        starts it again): "" once it is, else why it could not be written (found by
+        exploring: with the disk full the error ended the reading of the assignment, and
+        the attempt stayed PLACED for good, a cancel unable to end it)."""
         self.seen.add(attempt_id)
         if self._seen_file:
-            self._seen_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._seen_file, "a") as f:
-                f.write(attempt_id + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                self._seen_file.parent.mkdir(parents=True, exist_ok=True)
+                with open(self._seen_file, "a") as f:
+                    f.write(attempt_id + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                log.warning("attempt %s cannot be noted as seen: %s", attempt_id, exc)
+                return str(exc)
+        return ""
 
     def _run_file(self, attempt_id: str) -> Path:
         return self._runs_dir / attempt_id
@@ -382,11 +391,15 @@ class Agent:
         self._unsent_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self._unsent_dir / r.attempt_id
         tmp = path.parent / f"{path.name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(msg_id.encode() + b"\n" + encode(r))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(msg_id.encode() + b"\n" + encode(r))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # (its disk full: an empty file was left for each report)
+            raise
 
     # ------------------------------------------------------------ heartbeats
 
@@ -803,10 +816,19 @@ class Agent:
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue
+            unsaved = self._mark_seen(t.attempt_id)
+            if unsaved:
+                # Unnoted, a restart of this agent could start it again: handed back unstarted,
+                # the host's trouble (its state directory's disk full, say), not the job's.
+                self._start_trouble = (unsaved, time.monotonic())
+                self._hb_wake.set()
+                await self._report(t, AttemptState.KILLED, None, "", f"not started: the agent could not note it "
+                                   f"({unsaved})", host_trouble=True)
+                continue
             self._start(t)
 
     def _start(self, t: Task) -> None:
-        self._mark_seen(t.attempt_id)
+        """Start an attempt noted as seen (`_mark_seen`)."""
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
                   fenced_dir=self._watch_dir / "fenced", isolation=self.isolation, host_id=self.config.host_id,
                   mps=bool(t.gpu_share) and mps_running(),

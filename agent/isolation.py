@@ -352,6 +352,11 @@ class Isolation:
                 group = self.hierarchy.create(t.attempt_id, limits)
             cwd = t.cwd
             if not cwd:
+                if not self.work_root.is_dir():
+                    # Removed under the agent (a temporary directory's cleaner: found by
+                    # exploring, every try failed): made again.
+                    self.work_root.mkdir(parents=True, exist_ok=True)
+                    os.chmod(self.work_root, 0o711)
                 work_dir = self.work_root / t.attempt_id
                 work_dir.mkdir(mode=0o700)
                 os.chown(work_dir, uid, gid)

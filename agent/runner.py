@@ -26,7 +26,7 @@ from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 # The launcher's failures that are the host's begin with this (agent/launch.py).
 HOST_FAILURE = "host: "
-# Errors starting a try that are the host's want, not the job's fault (Run._run).
+# Errors that are the host's want, not the job's fault (a try that cannot be recorded: Agent._on_run_state).
 HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
                          errno.EIO, errno.EROFS})
 
@@ -263,11 +263,13 @@ class Run:
             failed = await self._spawn()
         except (OSError, ValueError) as exc:
             failed = str(exc)
-            if isinstance(exc, OSError) and (exc.errno in HOST_ERRNOS or isinstance(exc, cgroups.CgroupError)):
-                # The host's want, not the job's fault (no space, memory, processes, a
-                # cgroup it cannot make): the try ends as the infrastructure's, retried, and
-                # the host asks for no new work a while (found by exploring: with the disk
-                # full, every try sent here FAILED as its job's own failure).
+            if isinstance(exc, OSError):
+                # The agent's own making of the try failed (no space, memory or processes, a
+                # cgroup, its directory gone): the host's want, not the job's fault (nothing of
+                # the job's is tried here; its command and cwd are the launcher's). The try
+                # ends as the host's, requeued, and the host asks for no new work a while
+                # (found by exploring: with the disk full, every try sent here FAILED as its
+                # job's own failure).
                 self.host_trouble = failed
         if failed.startswith(HOST_FAILURE):  # the launcher's, for the host's want (agent/launch.py)
             failed = failed[len(HOST_FAILURE):]

@@ -577,6 +577,31 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
         assert back.reason.startswith("not started: the host could not start a try a moment ago")
         stop.set()
         await asyncio.wait_for(run, timeout=60)
+
+        # An attempt the agent cannot note as seen (its state directory's disk full: a
+        # restart could start it again) is handed back too, the reading of its assignment
+        # going on (found by exploring: the error ended it, and the try stayed PLACED for good).
+        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        await eventually(unpressed, timeout=60, what="a heartbeat of the third agent")
+        seen_file = agent._seen_file
+        assert seen_file is not None
+        seen_file.unlink(missing_ok=True)
+        seen_file.mkdir()  # appending to it fails
+        third = task("j-ns3", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+        fourth = task("j-ns4", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [third, fourth], term=1)))
+        await eventually(lambda: {third.attempt_id, fourth.attempt_id} <= agent._ended.keys(), timeout=60,
+                         what="both handed back")
+        for t in (third, fourth):
+            ended, _at = agent._ended[t.attempt_id]
+            assert ended.state is AttemptState.KILLED and ended.host_trouble, ended
+            assert ended.reason.startswith("not started: the agent could not note it") or \
+                ended.reason.startswith("not started: the host could not start a try a moment ago"), ended
+        seen_file.rmdir()
+        stop.set()
+        await asyncio.wait_for(run, timeout=60)
     finally:
         await nc.close()
 

@@ -340,3 +340,19 @@ def test_the_launcher_says_which_failures_are_the_hosts(tmp_path: Path) -> None:
     assert got.startswith(HOST_FAILURE + "cannot join cgroup "), got
     got = launch({"cgroup_procs": [], "command": ["/no/such/program"], "env": {}})
     assert got.startswith("cannot start '/no/such/program'"), got
+
+
+def test_a_work_root_removed_under_the_agent_is_made_again(tmp_path: Path) -> None:
+    """A temporary directory's cleaner removed the agent's work root: every try then failed
+    to start (found by exploring); the next one makes it again."""
+    import shutil
+
+    from agent.isolation import Isolation
+
+    root = tmp_path / "work"
+    iso = Isolation("wr", cgroup_mode="off", private_dir=tmp_path / "private", work_root=root)
+    shutil.rmtree(root)
+    launch = iso.prepare(Task(attempt_id="j.1", job_id="j", number=1, command=["true"]), {})
+    assert launch.work_dir is not None and launch.work_dir.is_dir() and launch.work_dir.parent == root
+    assert root.stat().st_mode & 0o777 == 0o711
+    Isolation.release(launch)
