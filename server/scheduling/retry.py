@@ -20,6 +20,7 @@ DRAIN = "drain"
 SHUTDOWN = "shutdown"
 REQUEUE = "requeue"  # an operator's requeue of the job (muster job requeue)
 HOST = "host"  # its host could not start it (StatusReport.host_trouble): the host's want, not the job's
+HOST_TROUBLE_WAIT_S = 2.0  # such a try's job is placed again no sooner than this
 DISRUPTIONS = (DRAIN, SHUTDOWN, REQUEUE, HOST)
 
 
@@ -118,6 +119,13 @@ def decide(job: Job, ended: AttemptState, now: float) -> RetryDecision:
     if ended not in INFRASTRUCTURE_ENDINGS:
         return RetryDecision(False, why="the attempt itself failed")
     if disrupted(job.current_tasks()):
+        if any(t.stop_kind == HOST for t in job.current_tasks()):
+            # Its host could not start it: requeued after a moment, by which its agent's
+            # heartbeat saying so has been read (found by exploring: placed straight back
+            # there, a job went round up to 16 times in a fraction of a second, each try
+            # kept in its record).
+            return RetryDecision(True, now + HOST_TROUBLE_WAIT_S,
+                                 "its host could not start it; requeued (not counted)")
         return RetryDecision(True, now, "stopped by a drain, its agent's shutdown or a requeue; requeued (not counted)")
     used = used_tries(job)
     if used >= job.spec.max_attempts:

@@ -132,7 +132,12 @@ def test_a_try_its_host_could_not_start_is_requeued_at_once_and_not_counted() ->
                                                                   "reason": "the host could not start it: ..."})
     w.cycle(reports=[r])
     job = w.job("j")
-    assert job.attempts[0].stop_kind == retry.HOST and job.state is JobState.PLACED and job.tries == 2
+    # Requeued, after a moment (its host's heartbeat saying so is read meanwhile).
+    assert job.attempts[0].stop_kind == retry.HOST and job.state is JobState.QUEUED
+    assert job.not_before == NOW + retry.HOST_TROUBLE_WAIT_S
+    w.cycle(now=NOW + retry.HOST_TROUBLE_WAIT_S)
+    job = w.job("j")
+    assert job.state is JobState.PLACED and job.tries == 2
     assert retry.used_tries(job) == 1  # the try now placed only
     # Without the flag (an older agent) it counts, and a job of one attempt ends.
     w.submit("k", gpus=1, max_attempts=1)
