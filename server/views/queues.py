@@ -337,6 +337,9 @@ def not_yet_text(job: Job, now: float) -> str:
     wait = f"in about {job.not_before - now:.0f} s"
     if job.spec.begin_at and job.not_before == job.spec.begin_at:
         return f"not placed before its begin time ({wait}); not considered for placement until then"
+    if any(t.stop_kind == "host" for t in job.current_tasks()):  # (retry.HOST: its host could not start it)
+        return (f"its host could not start try {job.tries} (not counted): placed again {wait}, once that host's "
+                "heartbeat saying so has been read")
     return f"its next try waits out the retry backoff ({wait}) after try {job.tries} ended"
 
 

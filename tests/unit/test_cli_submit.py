@@ -485,3 +485,22 @@ def test_a_reservation_from_a_start_just_past_lasts_its_duration_from_now(monkey
     ends = dt.datetime.fromisoformat(str(sent[0]["endsAt"]))
     assert before + dt.timedelta(minutes=10) - dt.timedelta(seconds=1) <= ends <= dt.datetime.now(dt.UTC) + \
         dt.timedelta(minutes=10)
+
+
+def test_followed_output_of_a_gangs_tasks_keeps_each_tasks_line_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review: task 1's output was appended to task 0's line still open."""
+    import server.cli.jobs as jobs_cli
+
+    def job(state: str, outs: tuple[str, str]) -> dict[str, object]:
+        return {"id": "j", "state": state, "replicas": 2, "attempts": [{
+            "number": 1, "task": i, "state": "RUNNING", "host": {"id": f"h{i}"}, "exitCode": None,
+            "liveOutput": out, "liveOutputBytes": float(len(out.encode())), "outputTail": out}
+            for i, out in enumerate(outs)]}
+
+    answers = iter([job("RUNNING", ("step 1 ", "hello\n")), job("SUCCEEDED", ("step 1 step 2\n", "hello\nworld\n"))])
+    monkeypatch.setattr(jobs_cli, "_logs", lambda _id: next(answers))
+    monkeypatch.setattr(jobs_cli.time, "sleep", lambda _s: None)
+    jobs_cli.print_output(job("RUNNING", ("", "")), follow=True)
+    out = capsys.readouterr().out
+    assert "step 1 hello" not in out and "step 1 \nhello\n" in out, out

@@ -135,6 +135,11 @@ def test_a_try_its_host_could_not_start_is_requeued_at_once_and_not_counted() ->
     # Requeued, after a moment (its host's heartbeat saying so is read meanwhile).
     assert job.attempts[0].stop_kind == retry.HOST and job.state is JobState.QUEUED
     assert job.not_before == NOW + retry.HOST_TROUBLE_WAIT_S
+    from server.views.jobs import JobView
+
+    [why] = JobView(w.state, None, half_life_s=0).queue_reasons(job, NOW)
+    assert why.detail == ("its host could not start try 1 (not counted): placed again in about 2 s, once that "
+                          "host's heartbeat saying so has been read")
     w.cycle(now=NOW + retry.HOST_TROUBLE_WAIT_S)
     job = w.job("j")
     assert job.state is JobState.PLACED and job.tries == 2
