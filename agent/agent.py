@@ -460,6 +460,13 @@ class Agent:
             pressure=self.pressure(),
         )
 
+    def _troubled(self, why: str) -> None:
+        """A try could not start, or be kept, for want of the host's resources: the host asks
+        for no new work for START_TROUBLE_S, and the leader hears of it at once, not at the
+        next heartbeat."""
+        self._start_trouble = (why, time.monotonic())
+        self._hb_wake.set()
+
     def _start_troubled(self) -> str:
         """Why a try could not start here within START_TROUBLE_S, or ""."""
         if self._start_trouble is not None and time.monotonic() - self._start_trouble[1] < START_TROUBLE_S:
@@ -820,8 +827,7 @@ class Agent:
             if unsaved:
                 # Unnoted, a restart of this agent could start it again: handed back unstarted,
                 # the host's trouble (its state directory's disk full, say), not the job's.
-                self._start_trouble = (unsaved, time.monotonic())
-                self._hb_wake.set()
+                self._troubled(unsaved)
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the agent could not note it "
                                    f"({unsaved})", host_trouble=True)
                 continue
@@ -880,8 +886,7 @@ class Agent:
     ) -> None:
         run = self.runs.get(t.attempt_id)
         if run is not None and run.host_trouble and state.terminal:
-            self._start_trouble = (run.host_trouble, time.monotonic())
-            self._hb_wake.set()  # the leader hears of it at once, not at the next heartbeat
+            self._troubled(run.host_trouble)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
             try:
                 self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
@@ -895,8 +900,7 @@ class Agent:
                 log.error("attempt %s: %s: stopping it", t.attempt_id, why)
                 if isinstance(exc, OSError) and exc.errno in HOST_ERRNOS:  # (its disk full: the host's want)
                     run.host_trouble = str(exc)
-                    self._start_trouble = (run.host_trouble, time.monotonic())
-                    self._hb_wake.set()
+                    self._troubled(run.host_trouble)
                 asyncio.create_task(run.stop(why))
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.

@@ -615,6 +615,14 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
     # The attempt whose last output printed did not end its line (a job's progress, written
     # bit by bit), if one: another's output, or a header, first ends that line.
     mid_line: tuple[int, int] | None = None
+
+    def put(text: str, owner: tuple[int, int] | None = None, open_line: bool = False) -> None:
+        nonlocal mid_line
+        if mid_line is not None and mid_line != owner:  # (another task's line still open: a review)
+            print()
+        print(text, end="" if open_line or text.endswith("\n") else "\n")
+        mid_line = owner if open_line else None
+
     while True:
         for a in job["attempts"]:
             key = (a["number"], a["task"])
@@ -626,26 +634,17 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
             else:
                 text = a["liveOutput"] if live else a["outputTail"]
             if before is None:
-                if mid_line is not None:
-                    print()
-                    mid_line = None
-                print(header(job, a, f" on {a['host']['id']}"))
+                put(header(job, a, f" on {a['host']['id']}"))
                 if a["state"] == "RUNNING" and a["liveOutput"] is None:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
             more = new_output(before[1] if before else "", text, before[2] if before else None, written)
             if more:
                 more = for_terminal(more)
-                if mid_line is not None and mid_line != key:  # (another task's line still open: a review)
-                    print()
                 # Followed, output is printed as it was written: a line written in parts is
                 # one line (found by exploring: each part was printed on a line of its own).
-                mid_line = key if follow and live and not more.endswith("\n") else None
-                print(more, end="" if more.endswith("\n") or mid_line is not None else "\n")
+                put(more, key, open_line=follow and live and not more.endswith("\n"))
             if before is not None and before[0] != a["state"] and not live:
-                if mid_line is not None:
-                    print()
-                    mid_line = None
-                print(header(job, a))
+                put(header(job, a))
             shown[key] = (a["state"], text, written)
         sys.stdout.flush()
         if not follow or job["state"] in TERMINAL:

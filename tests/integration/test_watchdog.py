@@ -94,6 +94,20 @@ while True:
     return [PY, "-c", code]
 
 
+def stopped_once_the_agent_dies(setup: Setup, p: subprocess.Popen[bytes], log: Path) -> subprocess.Popen[bytes]:
+    """Start the watchdog, kill the agent (-9, not restarted): the attempt `p` (a `marker`
+    writing to `log`) gets its SIGTERM once `alive` has gone stale, and the watchdog then
+    exits 0. The watchdog, for what it said."""
+    wd = setup.start(stale_after=1.5, grace=0.5)
+    setup.agent.kill()
+    setup.agent.wait()
+    p.wait(60)
+    assert log.read_text().split() == ["start", "stop"]
+    wd.wait(30)
+    assert wd.returncode == 0, wd.stderr.read() if wd.stderr else ""
+    return wd
+
+
 @contextlib.contextmanager
 def touching(path: Path, pid: int) -> Iterator[None]:
     """`path` written (the agent's pid) every 0.1 s by a thread, as an agent keeps
@@ -141,14 +155,8 @@ def test_a_killed_agents_attempts_are_stopped_once_it_is_stale(setup: Setup, tmp
     log = tmp_path / "marks"
     p = setup.attempt("j1.1", marker(log))
     wait_until(lambda: log.exists(), what="the attempt started")
-    wd = setup.start(stale_after=1.5, grace=0.5)
-    setup.agent.kill()
-    setup.agent.wait()
-    p.wait(60)
-    assert log.read_text().split() == ["start", "stop"]
+    stopped_once_the_agent_dies(setup, p, log)
     assert (setup.dir / "fenced" / "j1.1").exists()
-    wd.wait(30)
-    assert wd.returncode == 0
 
 
 def test_an_attempt_whose_process_name_is_not_text_is_recorded_and_stopped(setup: Setup, tmp_path: Path) -> None:
@@ -165,13 +173,7 @@ def test_an_attempt_whose_process_name_is_not_text_is_recorded_and_stopped(setup
     started = start_time(p.pid)
     assert started.isdigit()
     (setup.runs / "j1.1").write_text(f"{p.pid} {started}\n")
-    wd = setup.start(stale_after=1.5, grace=0.5)
-    setup.agent.kill()
-    setup.agent.wait()
-    p.wait(60)
-    assert log.read_text().split() == ["start", "stop"]
-    wd.wait(30)
-    assert wd.returncode == 0, wd.stderr.read() if wd.stderr else ""
+    stopped_once_the_agent_dies(setup, p, log)
 
 
 def test_an_attempt_its_dead_agent_froze_is_continued_to_run_its_sigterm_handler(setup: Setup,
@@ -412,13 +414,7 @@ def test_an_attempt_is_stopped_even_when_its_fence_mark_cannot_be_written(setup:
     log = tmp_path / "marks"
     p = setup.attempt("j1.1", marker(log))
     wait_until(lambda: log.exists(), what="the attempt started")
-    wd = setup.start(stale_after=1.5, grace=0.5)
-    setup.agent.kill()
-    setup.agent.wait()
-    p.wait(60)
-    assert log.read_text().split() == ["start", "stop"]
-    wd.wait(30)
-    assert wd.returncode == 0
+    wd = stopped_once_the_agent_dies(setup, p, log)
     assert wd.stderr is not None and b"cannot write the fence mark of attempt j1.1" in wd.stderr.read()
 
 
