@@ -93,6 +93,7 @@ ENDED_KEPT = 10_000  # ended attempts remembered for re-reporting
 UNACKED_KEPT = 64  # heartbeats sent and not acknowledged, remembered to recognise in the key
 REPORTS_AT_SHUTDOWN_S = 10.0  # the most a clean shutdown waits to deliver its last reports
 DISK_CHECK_S = 15.0  # how often the free disk space is looked at (Agent._disk_checked)
+CLAIM_TRIES = 5  # looks for another agent of the host, each followed by a claim of its heartbeat key (Agent._claim)
 START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try could not start for want of its resources
 
 
@@ -525,7 +526,7 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         assert self.store is not None
-        ttl = f"{int(self.config.heartbeat_interval_s * self.config.ttl_intervals)}s"
+        ttl = self._heartbeat_ttl()
         subject = subjects.kv_subject(subjects.HOSTS_BUCKET, self.config.host_id)
         interval = self.config.heartbeat_interval_s
         failures = 0
@@ -1017,7 +1018,14 @@ class Agent:
                            tls_key=getattr(self.config, "nats_key", None),
                            inbox_prefix=agent_inbox_prefix(self.config.host_id))
         self.store = Store(nc)
-        other = await self._another_agent(external)
+        other = ""
+        for _ in range(CLAIM_TRIES):
+            other, rev = await self._another_agent(external)
+            if other or external.is_set() or await self._claim(rev):
+                break
+        else:
+            other = (f"host {self.config.host_id}'s heartbeat key was written by someone else at each of "
+                     f"{CLAIM_TRIES} tries to claim it")
         if other or external.is_set():
             # Nothing was started: let go of what this agent took (another runs as this host).
             await self._disconnect()
@@ -1132,18 +1140,19 @@ class Agent:
             os.close(self._lock_fd)  # the lock goes with it
             self._lock_fd = None
 
-    async def _another_agent(self, stop: asyncio.Event) -> str:
+    async def _another_agent(self, stop: asyncio.Event) -> tuple[str, int | None]:
         """Whether another agent process runs as this host: its heartbeats are in the key,
         and go on being stored for a heartbeat interval and a second (one that stopped, a
-        previous incarnation of this agent, stores none); what it is, or "" when none does."""
+        previous incarnation of this agent, stores none); what it is, or "" when none does,
+        and the key's revision last read (None when it could not be read)."""
         assert self.store is not None
 
-        async def other() -> tuple[int, Heartbeat | None]:
+        async def other() -> tuple[int | None, Heartbeat | None]:
             try:
                 rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET)  # type: ignore[union-attr]
             except StoreError as exc:
                 log.warning("cannot read this host's heartbeat key to look for another agent: %s", exc)
-                return 0, None
+                return None, None
             try:
                 hb = decode(Heartbeat, rec.value) if rec.value else None
             except DecodeError:
@@ -1152,16 +1161,51 @@ class Agent:
 
         rev, hb = await other()
         if hb is None:
-            return ""
+            return "", rev
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
         if await pause(stop, self.config.heartbeat_interval_s + 1):
-            return ""
+            return "", None
         later_rev, later = await other()
         if later is None or later_rev == rev:
-            return ""
+            return "", later_rev
         return (f"another agent (instance {later.instance or 'unknown'}, version {later.agent_version or 'unknown'}) "
-                f"heartbeats as host {self.config.host_id}")
+                f"heartbeats as host {self.config.host_id}"), later_rev
+
+    async def _claim(self, rev: int | None) -> bool:
+        """Store this agent's first heartbeat only over the key's revision `rev` that
+        `_another_agent` last read: of two agents of one host started at the same instant,
+        both of which found no other's heartbeat, only one is stored; the other is refused
+        and looks again (False), and then finds the first one's. The heartbeats after it go
+        on from it (`_hb_rev`). True also when the outcome is unknown (the key unread, the
+        link down): the first heartbeat of the loop then goes unconditionally, as before."""
+        assert self.store is not None
+        if rev is None:
+            return True
+        hb = self.heartbeat()
+        headers = {"Nats-TTL": self._heartbeat_ttl(), SHAPE_HEADER: shape_digest(hb),
+                   "Nats-Expected-Last-Subject-Sequence": str(rev)}
+        sent = time.monotonic()
+        try:
+            ack = await self.store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, self.config.host_id),
+                                              encode(hb), headers=headers,
+                                              timeout=min(2.0, self.config.heartbeat_interval_s))
+        except jserrors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                log.warning("host %s's heartbeat key was written since it was read: looking again for another "
+                            "agent of this host", self.config.host_id)
+                return False
+            log.warning("first heartbeat not stored (%s): going on", exc)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the link is down: the heartbeat loop tries again
+            log.warning("first heartbeat not stored (%s): going on", exc)
+            return True
+        self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
+        self._hb_stored.set()
+        return True
+
+    def _heartbeat_ttl(self) -> str:
+        return f"{int(self.config.heartbeat_interval_s * self.config.ttl_intervals)}s"
 
     def _check_creds(self) -> None:
         """Say so when the agent's NATS credentials are open to the task user."""

@@ -626,3 +626,50 @@ def test_the_disk_pressure_clears_only_well_above_its_floor(tmp_path: Path, monk
     words = ("disk: less than 256 MB free in its directory for attempts; disk: less than 256 MB free in its state "
              "directory")
     assert seen == ["", words, words, words, words, "", words]
+
+
+async def test_of_two_agents_of_a_host_started_at_the_same_instant_one_starts(nats_url: str, tmp_path: Path,
+                                                                            monkeypatch: Any) -> None:
+    """Two agents given the same host id (each its own state directory) that both read the
+    empty heartbeat key before either stored a heartbeat both started, and ran every
+    attempt of the host twice. Each now stores its first heartbeat only over what it read:
+    one is refused, looks again, finds the other heartbeating and refuses to start."""
+    from wire.errors import ConfigError
+
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    looked = asyncio.Barrier(2)
+    first_looks: set[int] = set()
+    original = Agent._another_agent
+
+    async def look_together(self: Agent, stop: asyncio.Event) -> Any:
+        found = await original(self, stop)
+        if id(self) not in first_looks:  # both have read the key before either goes on
+            first_looks.add(id(self))
+            await asyncio.wait_for(looked.wait(), timeout=30)
+        return found
+
+    monkeypatch.setattr(Agent, "_another_agent", look_together)
+    cfg = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
+    agents = [Agent(AgentConfig(nats_url=nats_url, host_id="twin-1", simulate_gpus="1xH100",
+                                state_dir=tmp_path / name, cpus=4, memory_mb=4096, run_as=ME, **cfg))
+              for name in ("a", "b")]
+    stops = [asyncio.Event(), asyncio.Event()]
+    runs = [asyncio.create_task(a.run(s)) for a, s in zip(agents, stops, strict=True)]
+    try:
+        done, _ = await asyncio.wait(runs, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1, "neither agent refused to start"
+        refused = runs.index(next(iter(done)))
+        with contextlib.suppress(ConfigError):
+            runs[refused].result()
+            raise AssertionError("an agent stopped without refusing to start")
+        starter = agents[1 - refused]
+        assert starter.instance in str(runs[refused].exception())
+        await eventually(lambda: starter._hb_stored.is_set(), timeout=30, what="the other heartbeats")
+        assert not runs[1 - refused].done()
+    finally:
+        for s in stops:
+            s.set()
+        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=30)
+        await nc.close()
