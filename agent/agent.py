@@ -313,6 +313,15 @@ class Agent:
                 return str(exc)
         return ""
 
+    def _note_handed_back(self, attempt_id: str) -> None:
+        """Note a try about to be handed back unstarted as seen. Where that cannot be written
+        the host is in trouble (it asks for no new work) and the try's report kept on disk,
+        if it can be, keeps a restart from starting it (`_load_unsent`); with neither written,
+        a restart before the leader has applied the report could start it."""
+        unsaved = self._mark_seen(attempt_id)
+        if unsaved:
+            self._troubled(unsaved)
+
     def _run_file(self, attempt_id: str) -> Path:
         return self._runs_dir / attempt_id
 
@@ -385,6 +394,9 @@ class Agent:
         for r, msg_id in sorted(loaded, key=lambda x: x[0].ts):
             self._reports.append((r, msg_id))
             self._reported_lost.add(r.attempt_id)  # its end is known: never LOST
+            # Nor started here: a try handed back unstarted whose note as seen could not be
+            # written (a disk that failed the one and not the other) is still assigned.
+            self.seen.add(r.attempt_id)
         if loaded:
             log.warning("delivering %d reports a previous agent could not deliver", len(loaded))
 
@@ -802,7 +814,7 @@ class Agent:
                                            "agent restarted; the attempt's outcome is unknown")
                 continue
             if t.stop:
-                self._mark_seen(t.attempt_id)
+                self._mark_seen(t.attempt_id)  # a restart finds it stopped in the assignment all the same
                 await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
                 continue
             if self.leaving:
@@ -811,7 +823,7 @@ class Agent:
                 # at once, not counted as a try). Started now, it would outlive the agent
                 # with no one to stop or report it; left assigned, it would wait for the
                 # host's return or end LOST, counted, once the host's key expired.
-                self._mark_seen(t.attempt_id)
+                self._note_handed_back(t.attempt_id)
                 await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
                 continue
             trouble = self._start_troubled()
@@ -820,7 +832,7 @@ class Agent:
                 # the leader placed before it read that is given back unstarted (requeued
                 # at once, not counted), rather than failing the same way (a review: the
                 # retry came straight back here and used up the job's attempts).
-                self._mark_seen(t.attempt_id)
+                self._note_handed_back(t.attempt_id)
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue

@@ -673,3 +673,58 @@ async def test_of_two_agents_of_a_host_started_at_the_same_instant_one_starts(na
             s.set()
         await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=30)
         await nc.close()
+
+
+async def test_a_try_whose_end_is_kept_unsent_is_not_started_by_the_next_agent(nats_url: str, tmp_path: Path) -> None:
+    """A try handed back unstarted (its agent leaving, its host in trouble) whose note as
+    seen could not be written but whose report was kept on disk, the agent then restarted
+    before the leader dropped the try from the assignment: the next agent started it, though
+    its report (delivered by that agent) ended it. The kept report now counts as seen."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    try:
+        t = task("j-kept", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                 term=1)
+        await store.put(subjects.alloc_key("kept-1"), encode(host_alloc("kept-1", [t], term=1)))
+        unsent = tmp_path / "agent" / "kept-1.reports"
+        unsent.mkdir(parents=True)
+        r = StatusReport(host_id="kept-1", attempt_id=t.attempt_id, job_id=t.job_id, state=AttemptState.KILLED,
+                         ts=1.0, term=1, reason="not started: its agent was shutting down", shutdown=True)
+        (unsent / t.attempt_id).write_bytes(f"{t.attempt_id}:killed\n".encode() + encode(r))
+        delivered: list[StatusReport] = []
+
+        async def on_status(msg: Any) -> None:
+            delivered.append(decode(StatusReport, msg.data))
+
+        sub = await nc.subscribe(subjects.status_subject("kept-1"), cb=on_status)
+        async with running_agent(nats_url, tmp_path, "kept-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                                 fence_after_s=2.5) as agent:
+            await eventually(lambda: any(d.attempt_id == t.attempt_id for d in delivered), timeout=60,
+                             what="the kept report delivered")
+            await eventually(lambda: agent.applied_seq > 0, timeout=30, what="the assignment read")
+            assert t.attempt_id not in agent.runs and not marks.exists()
+            assert [d.state for d in delivered] == [AttemptState.KILLED]
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+
+
+def test_a_try_handed_back_that_cannot_be_noted_as_seen_puts_the_host_in_trouble(tmp_path: Path) -> None:
+    """A try handed back unstarted (its agent leaving, its host in trouble) whose note as seen
+    cannot be written: the host asks for no new work, as when a try to be started cannot be
+    noted (a review: the failure was ignored)."""
+    agent = Agent(AgentConfig(nats_url="nats://127.0.0.1:1", host_id="hb-1", simulate_gpus="1xH100",
+                              state_dir=tmp_path / "agent", cpus=4, memory_mb=4096, run_as=ME))
+    try:
+        assert agent._seen_file is not None
+        agent._note_handed_back("j-a.1")
+        assert agent._start_troubled() == "" and "j-a.1" in agent._seen_file.read_text().split()
+        agent._seen_file.unlink()
+        agent._seen_file.mkdir()  # appending to it fails
+        agent._note_handed_back("j-b.1")
+        assert "Is a directory" in agent._start_troubled()
+    finally:
+        agent.gpus.close()
+        agent.isolation.close()
