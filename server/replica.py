@@ -57,6 +57,9 @@ from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
+READY_PROBE_S = 2.0  # how long /readyz trusts its last look at the state stream (Muster.store_ready)
+READY_PROBE_TIMEOUT_S = 2.0  # the most that look waits for an answer
+
 # A submission NATS cannot take is tried again for SUBMIT_RETRY_S (wire.kv.Store.create,
 # Store.commit), so a client waits at most that plus one store timeout (5 s) for its answer.
 
@@ -202,6 +205,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         self._gauge_labels: dict[int, set[tuple[str, ...]]] = {}
         # Jobs this replica's requests are storing now: counted against submission limits.
         self._storing = OpenJobs()
+        self._ready_probe: tuple[float, str] = (float("-inf"), "")  # (when, why not ready) of store_ready
+        self._ready_lock = asyncio.Lock()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -429,6 +434,31 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
     @property
     def ready(self) -> bool:
         return self.nc is not None and self.nc.is_connected
+
+    async def store_ready(self) -> str:
+        """Whether the state stream answers this replica (its JetStream leader reachable):
+        "" when it does, else why not. A replica connected to a NATS node that lost its
+        cluster's quorum, or is cut off from the rest, has a live connection and can store
+        nothing. Asked at most every READY_PROBE_S; health checks meanwhile get the last
+        answer."""
+        at, why = self._ready_probe
+        if time.monotonic() - at < READY_PROBE_S:
+            return why
+        async with self._ready_lock:
+            at, why = self._ready_probe
+            if time.monotonic() - at < READY_PROBE_S:
+                return why
+            if self.store is None:
+                why = "not started"
+            else:
+                try:
+                    await asyncio.wait_for(self.store.js.stream_info(f"KV_{subjects.STATE_BUCKET}"),
+                                           timeout=READY_PROBE_TIMEOUT_S)
+                    why = ""
+                except Exception as exc:  # noqa: BLE001 - any failure is the answer
+                    why = f"the state stream does not answer ({exc or type(exc).__name__})"
+            self._ready_probe = (time.monotonic(), why)
+            return why
 
     @property
     def role(self) -> str:

@@ -223,6 +223,9 @@ def build_app(muster: Muster, routes: Sequence[BaseRoute] = (), manage_lifecycle
         at a quarter of its loop (server.api.reads)."""
         if not muster.ready:
             return PlainTextResponse("NATS connection down", status_code=503)
+        why = await muster.store_ready()
+        if why:
+            return PlainTextResponse(why, status_code=503)
         if request.query_params.get("role") == "follower" and muster.role == "leader":
             return PlainTextResponse("leader", status_code=503)
         return PlainTextResponse("ready")

@@ -563,3 +563,32 @@ def test_a_follower_that_reads_heartbeats_now_and_then_takes_over_with_a_live_vi
     assert not res["userErrors"], res
     assert api_b.wait_job(res["job"]["id"], {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
     assert api_b.q(seen)["host"]["health"] == "HEALTHY"
+
+
+def test_a_replica_whose_nats_node_lost_its_quorum_is_not_ready(tmp_path: Path) -> None:
+    """`/readyz` answered 200 while the replica's NATS node had lost its cluster's quorum:
+    connected, it could store nothing, and a load balancer went on sending it requests. It
+    now asks the state stream (at most every 2 s) and is not ready while that does not
+    answer; with one node of three lost it stays ready."""
+    from server.broker.natsd import start_cluster
+
+    nats = start_cluster(tmp_path / "nats", size=3)
+    c = Cluster(nats.nodes[0].url, tmp_path)
+    try:
+        srv = c.server(env={"MUSTER_REPLICAS": "3"})
+        wait_until(lambda: httpx.get(srv.url + "/readyz", timeout=10).status_code == 200, timeout=60,
+                   what="the replica ready")
+        nats.nodes[2].proc.send_signal(signal.SIGKILL)
+        nats.nodes[2].proc.wait(10)
+        wait_until(lambda: httpx.get(srv.url + "/readyz", timeout=10).status_code == 200, timeout=60,
+                   what="ready with two nodes of three")
+        nats.nodes[1].proc.send_signal(signal.SIGKILL)
+        nats.nodes[1].proc.wait(10)
+        wait_until(lambda: httpx.get(srv.url + "/readyz", timeout=10).status_code == 503, timeout=60,
+                   what="not ready without a quorum")
+        r = httpx.get(srv.url + "/readyz", timeout=10)
+        assert r.status_code == 503 and "state stream does not answer" in r.text, r.text
+        assert httpx.get(srv.url + "/livez", timeout=10).status_code == 200
+    finally:
+        c.stop_all()
+        nats.stop()
