@@ -34,6 +34,7 @@ agent's user or root) is shown "not isolated".
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -352,17 +354,16 @@ class Isolation:
                 group = self.hierarchy.create(t.attempt_id, limits)
             cwd = t.cwd
             if not cwd:
-                if not self.work_root.is_dir():
-                    # Removed under the agent (a temporary directory's cleaner: found by
-                    # exploring, every try failed): made again.
-                    self.work_root.mkdir(parents=True, exist_ok=True)
-                    os.chmod(self.work_root, 0o711)
-                work_dir = self.work_root / t.attempt_id
+                work_dir = self._work_root() / t.attempt_id
                 work_dir.mkdir(mode=0o700)
-                os.chown(work_dir, uid, gid)
+                os.chown(work_dir, uid, gid, follow_symlinks=False)
                 cwd = str(work_dir)
             env = dict(env)
-            for k, v in (("HOME", str(work_dir or cwd)), ("USER", self.user.name), ("LOGNAME", self.user.name)):
+            # Under a uid of its job's own, a name of that uid's own: tools that key a cache by
+            # the user's name (`/tmp/<tool>_<user>`) shared it, and what one job planted there
+            # another ran (found by exploring).
+            name = self.user.name if uid == self.user.uid else f"{self.user.name}-{uid}"
+            for k, v in (("HOME", str(work_dir or cwd)), ("USER", name), ("LOGNAME", name)):
                 env.setdefault(k, v)
             env["MUSTER_WORK_DIR"] = cwd
             spec: dict[str, object] = {
@@ -417,6 +418,40 @@ class Isolation:
             log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
         if launch.work_dir is not None:
             remove_tree(launch.work_dir)
+
+    def _work_root(self) -> Path:
+        """The directory attempts' directories are made in, the agent's own: a directory
+        owned by the agent's user that no one else may write to. One removed under the agent
+        (a temporary directory's cleaner: found by exploring, every try failed) is made
+        again, but never taken over: its path is in every task's environment, and a job
+        that made it there in the meantime (open to all) moved other users' attempt
+        directories aside and put its own in their place (found by exploring: another
+        user's job ran in it). The agent's own temporary root is replaced by a new one of
+        a name no one knows; a root named by the operator (`--work-dir`) is made again only
+        where nothing is at its path, and one that is not the agent's fails the try (the
+        host's trouble)."""
+        root = self.work_root
+        try:
+            st = os.lstat(root) if self._own_root else os.stat(root)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+                return root
+            if not self._own_root:
+                raise OSError(errno.EPERM, f"the directory for attempts {root} is not the agent's (owner uid "
+                                           f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): no attempt's "
+                                           f"directory is made in it")
+        if self._own_root:
+            self.work_root = Path(tempfile.mkdtemp(prefix=f"muster-work-{self.host_id}-"))
+            os.chmod(self.work_root, 0o711)
+            log.warning("the directory for attempts %s was removed or replaced: attempts' directories are made in "
+                        "%s from now on", root, self.work_root)
+            return self.work_root
+        root.mkdir(parents=True)  # not exist_ok: one made by someone else meanwhile is not taken
+        os.chmod(root, 0o711)
+        log.warning("the directory for attempts %s was removed: made again", root)
+        return root
 
     def remove_leftover_dir(self, work_dir: Path, attempt_id: str) -> None:
         """A previous agent's attempt directory (from its runs file): removed, and the work

@@ -356,3 +356,85 @@ def test_a_work_root_removed_under_the_agent_is_made_again(tmp_path: Path) -> No
     assert launch.work_dir is not None and launch.work_dir.is_dir() and launch.work_dir.parent == root
     assert root.stat().st_mode & 0o777 == 0o711
     Isolation.release(launch)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives directories to another user")
+def test_a_work_root_made_by_someone_else_is_never_taken_over(tmp_path: Path) -> None:
+    """Found by exploring: once a cleaner removed the agent's work root, a job made it again
+    at the same path (in every task's environment), open to all; the agent used it, and the
+    job moved another user's attempt directory aside and put its own in its place. The
+    agent's own temporary root is replaced by a new one of another name; a root the operator
+    named fails the try when it is not the agent's, and is made again only where nothing is."""
+    import shutil
+
+    from agent.isolation import Isolation
+
+    other = 65534  # nobody
+    t = Task(attempt_id="j.1", job_id="j", number=1, command=["true"])
+    own = Isolation("wr", cgroup_mode="off", private_dir=tmp_path / "private")
+    try:
+        first = own.work_root
+        shutil.rmtree(first)
+        first.mkdir(mode=0o777)
+        os.chmod(first, 0o777)
+        os.chown(first, other, other)  # a job's, open to all
+        launch = own.prepare(t, {})
+        assert own.work_root != first and launch.work_dir is not None and launch.work_dir.parent == own.work_root
+        st = own.work_root.stat()
+        assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o711 and os.listdir(first) == []
+        Isolation.release(launch)
+        # A link in its place, to a directory of the agent's own, is not taken either.
+        second = own.work_root
+        shutil.rmtree(second)
+        (tmp_path / "elsewhere").mkdir(mode=0o711)
+        second.symlink_to(tmp_path / "elsewhere")
+        launch = own.prepare(t, {})
+        assert own.work_root not in (first, second) and list((tmp_path / "elsewhere").iterdir()) == []
+        Isolation.release(launch)
+        second.unlink()
+    finally:
+        own.close()
+        shutil.rmtree(first, ignore_errors=True)
+
+    root = tmp_path / "work"
+    named = Isolation("wr", cgroup_mode="off", private_dir=tmp_path / "private", work_root=root)
+    os.chown(root, other, other)
+    with pytest.raises(OSError, match="is not the agent's"):
+        named.prepare(t, {})
+    assert list(root.iterdir()) == []
+    os.chown(root, os.geteuid(), os.getegid())
+    os.chmod(root, 0o777)
+    with pytest.raises(OSError, match="is not the agent's"):
+        named.prepare(t, {})
+    os.chmod(root, 0o711)
+    Isolation.release(named.prepare(t, {}))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the attempt's directory to the job's uid")
+def test_a_task_under_a_uid_of_its_jobs_own_is_told_a_name_of_its_own(tmp_path: Path) -> None:
+    """Found by exploring: every job's tasks were told they were the task user (`USER`,
+    `LOGNAME`), so a cache a tool keys by the user's name (`/tmp/<tool>_<user>`) was one
+    for all jobs, and what one job planted there another ran. Under a uid of its job's own
+    a task is told a name of that uid's own; the task user's own tasks keep its name."""
+    import json
+
+    from agent.isolation import DEFAULT_JOB_UIDS, Isolation, TaskUser, job_uid
+
+    iso = Isolation("nm", cgroup_mode="off", private_dir=tmp_path / "private", work_root=tmp_path / "work")
+    iso.user, iso.job_uids = TaskUser("muster-task", 999, 999, (999,)), DEFAULT_JOB_UIDS
+
+    def told(t: Task, shared_user: bool = False) -> tuple[str, str]:
+        launch = iso.prepare(t, {}, shared_user=shared_user)
+        try:
+            assert launch.spec is not None
+            env = json.loads(launch.spec.read_text())["env"]
+        finally:
+            Isolation.release(launch)
+        return env["USER"], env["LOGNAME"]
+
+    a, b = (Task(attempt_id=f"{j}.1", job_id=j, number=1, command=["true"]) for j in ("ja", "jb"))
+    ua, ub = job_uid("ja", DEFAULT_JOB_UIDS), job_uid("jb", DEFAULT_JOB_UIDS)
+    assert told(a) == (f"muster-task-{ua}", f"muster-task-{ua}") and told(b) == (f"muster-task-{ub}",) * 2
+    assert told(a, shared_user=True) == ("muster-task", "muster-task")
+    iso.job_uids = None
+    assert told(a) == ("muster-task", "muster-task")
