@@ -325,6 +325,35 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     assert bad["queue"] is None and bad["userErrors"][0]["field"] == "maxGpusPerUser"
 
 
+async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, muster: Muster,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: 1,000 jobs per submitJobs was counted per field, and 30 aliases of
+    it (the alias limit) took 30,000 jobs in one request. Submissions and bulk cancels are
+    now counted over the request (here with limits of 5 jobs submitted and 3 cancelled)."""
+    from server.api.graphql import mutations
+
+    monkeypatch.setattr(mutations, "MAX_BATCH_SUBMIT", 5)
+    monkeypatch.setattr(mutations, "MAX_CANCEL_MATCHING", 3)
+    job = '{name: "al", command: ["true"], gpus: 64}'
+    got = await api.q(f"""mutation {{
+        a: submitJobs(input: [{job}, {job}, {job}]) {{ job {{ id }} userErrors {{ code }} }}
+        b: submitJobs(input: [{job}, {job}, {job}]) {{ job {{ id }} userErrors {{ code }} }}
+        c: submitJob(input: {job}) {{ job {{ id }} userErrors {{ code }} }}
+        d: submitJob(input: {job}) {{ job {{ id }} userErrors {{ code }} }}
+        e: submitJob(input: {job}) {{ job {{ id }} userErrors {{ code }} }} }}""")
+    assert [r["job"] is not None for r in got["a"]] == [True] * 3
+    assert got["b"] == [{"job": None, "userErrors": [{"code": "TOO_LARGE"}]}]
+    assert got["c"]["job"] and got["d"]["job"] and got["e"] == {"job": None, "userErrors": [{"code": "TOO_LARGE"}]}
+    await eventually(lambda: sum(j.spec.name == "al" for j in muster.state.jobs.values()) == 5, what="5 stored")
+    f = '{namePrefix: "al"}'
+    got = await api.q(f"""mutation {{
+        x: cancelJobs(filter: {f}, limit: 2) {{ count userErrors {{ code }} }}
+        y: cancelJobs(filter: {f}) {{ count userErrors {{ code }} }}
+        z: cancelJobs(filter: {f}) {{ count userErrors {{ code }} }} }}""")
+    assert got["x"] == {"count": 2, "userErrors": []} and got["y"] == {"count": 1, "userErrors": []}
+    assert got["z"] == {"count": 0, "userErrors": [{"code": "OUT_OF_RANGE"}]}
+
+
 UPDATE_JOB = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
                 job { id state priority hold } userErrors { field message code } } }"""
 JOB_WAIT = """query($id: ID!) { job(id: $id) { state priority hold queuePosition
