@@ -188,7 +188,8 @@ class Mutation:
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "
                                      "100000 over the request, aliases together; run it again for more). A token "
-                                     "bound to queues cancels only their jobs. The leader stops them shortly, as cancelJob.")
+                                     "bound to queues cancels only their jobs. The leader stops them shortly, as "
+                                     "cancelJob.")
     async def cancel_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                           limit: int | None = None) -> CancelJobsPayload:
         async def op() -> list[str]:
