@@ -66,6 +66,21 @@ READY_PROBE_TIMEOUT_S = 2.0  # the most that look waits for an answer
 
 
 
+def private_dir(path: Path) -> None:
+    """Make the server's data directory its own: one made before the server (by hand, or a
+    package's) kept its mode, and the SQLite history in it, every job's `env` included, was
+    open to every user of the host, its tasks too (found by exploring)."""
+    try:
+        st = path.stat()
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+            log.warning("data directory %s was open to other users (mode %o): made private (0700)", path,
+                        st.st_mode & 0o777)
+    except OSError as exc:
+        log.error("data directory %s cannot be made private (%s): the history and the token file in it may be "
+                  "read by other users of this host", path, exc)
+
+
 @dataclass
 class ServerConfig:
     nats_url: str = field(default_factory=lambda: os.environ.get("MUSTER_NATS_URL", "nats://127.0.0.1:4222"))
@@ -214,6 +229,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         cfg = self.config
         metrics.watch_gc()
         cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the token file, SQLite history
+        private_dir(cfg.data_dir)
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
         self.jobs.history = self.history
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -805,3 +806,19 @@ async def test_job_updates_and_alerts_subscriptions(muster: Muster, api: Client,
     alert = msg["payload"]["data"]["alerts"]
     assert alert["kind"] == "host.lost" and alert["hostId"] == "h-999" and alert["message"] == "heartbeat key expired"
     await ws.close()
+
+
+async def test_a_data_directory_made_before_the_server_is_made_private(nats_url: str, tmp_path: Path) -> None:
+    """Found by exploring: a data directory made before the server (mode 0755, by hand or a
+    package) kept its mode, and a job on the host read every job's `env` in its SQLite
+    history. The server makes it 0700 at its start."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    mu = Muster(ServerConfig(nats_url=nats_url, data_dir=data, name="priv-test", heartbeat_interval_s=1.0,
+                             production=False))
+    await mu.start()
+    try:
+        assert data.stat().st_mode & 0o777 == 0o700
+    finally:
+        await mu.shutdown()
