@@ -66,6 +66,9 @@ def main(argv: list[str]) -> None:
                 f.write(pid)
         except OSError as exc:
             fail(status_fd, f"cannot join cgroup {os.path.dirname(procs)}: {exc}", host=True)
+    # Nothing of the agent's from here on: `/proc/self/cwd` as the job's `cwd` started the
+    # task in the agent's own working directory (found by exploring).
+    os.chdir("/")
     user = spec.get("user", "")
     if spec.get("uid") is not None:
         try:

@@ -342,6 +342,31 @@ def test_the_launcher_says_which_failures_are_the_hosts(tmp_path: Path) -> None:
     assert got.startswith("cannot start '/no/such/program'"), got
 
 
+def test_a_task_never_starts_in_the_agents_working_directory(tmp_path: Path) -> None:
+    """Found by exploring: `/proc/self/cwd` as a job's `cwd` (an absolute path, which the
+    validation takes) started the task in the agent's own working directory. The launcher
+    leaves it before anything of the job's."""
+    import json
+    import subprocess
+    import sys
+
+    from agent.isolation import LAUNCHER
+
+    agents = tmp_path / "agents-own"
+    agents.mkdir()
+    out = tmp_path / "cwd"
+    spec = tmp_path / "spec.json"
+    write_cwd = f"import os; open({str(out)!r}, 'w').write(os.getcwd())"
+    spec.write_text(json.dumps({"cgroup_procs": [], "cwd": "/proc/self/cwd", "env": {},
+                                "command": [sys.executable, "-c", write_cwd]}))
+    r, w = os.pipe()
+    p = subprocess.run([sys.executable, "-I", "-S", LAUNCHER, str(spec), str(w)], pass_fds=(w,), cwd=agents,
+                       check=False)
+    os.close(w)
+    os.close(r)
+    assert p.returncode == 0 and out.read_text() == "/"
+
+
 def test_a_work_root_removed_under_the_agent_is_made_again(tmp_path: Path) -> None:
     """A temporary directory's cleaner removed the agent's work root: every try then failed
     to start (found by exploring); the next one makes it again."""
