@@ -16,6 +16,11 @@ def as_utc(t: dt.datetime) -> dt.datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
+# A start (a drain's, an advance reservation's) up to this far past is taken as now (a
+# script's "at 06:00" sent at 06:00:05); further past is refused as a mistake (a wrong day
+# or year would act at once).
+PAST_START_SLACK_S = 300.0
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from server.operations.base import Operations
 from server.state.cluster import HostConfig
-from server.timefmt import iso_utc
+from server.timefmt import PAST_START_SLACK_S, iso_utc
 from wire import subjects
 from wire.errors import ConflictError, NotFound, ValidationError
 from wire.messages import Event
@@ -18,9 +18,6 @@ from wire.validation import validate_reason
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
 MAX_DRAIN_AHEAD_S = 90 * 86400
-# A drain's start up to this far past is taken as now (a script's "at 06:00" sent at
-# 06:00:05); further past is refused as a mistake (a wrong day or year would drain at once).
-DRAIN_PAST_SLACK_S = 300.0
 
 
 
@@ -42,7 +39,7 @@ class HostOperations(Operations):
         now = time.time()
         if at is not None and not at <= now + MAX_DRAIN_AHEAD_S:
             raise ValidationError("at", f"must be at most {MAX_DRAIN_AHEAD_S // 86400:.0f} days ahead", "OUT_OF_RANGE")
-        if at is not None and at < now - DRAIN_PAST_SLACK_S:
+        if at is not None and at < now - PAST_START_SLACK_S:
             raise ValidationError("at", f"is {now - at:.0f} s in the past: give a time ahead, or none to drain now",
                                   "OUT_OF_RANGE")
         start = at if at is not None and at > now else 0.0  # a time just past: at once

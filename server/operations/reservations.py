@@ -8,7 +8,7 @@ from typing import Any
 
 from server.operations.base import Operations
 from server.scheduling import advance
-from server.timefmt import iso_utc
+from server.timefmt import PAST_START_SLACK_S, iso_utc
 from wire import subjects
 from wire.errors import ConflictError, NotFound, ValidationError
 from wire.messages import MAX_MESSAGE_BYTES, AdvanceReservation, Event, encode
@@ -20,7 +20,6 @@ from wire.validation import validate_advance_reservation
 MAX_RESERVATION_AHEAD_S = 365 * 86400
 MAX_RESERVATION_S = 90 * 86400
 RESERVATION_KEPT_S = 86400
-PAST_SLACK_S = 300.0  # a start this much past is taken as now; further past is refused
 
 
 
@@ -83,7 +82,7 @@ class ReservationOperations(Operations):
         if clamp_start:
             given = data.get("starts")
             starts = now if given is None else float(given)
-            if starts < now - PAST_SLACK_S:
+            if starts < now - PAST_START_SLACK_S:
                 # A wrong day or year would set the hosts aside at once, stopping what runs
                 # there (a review); a moment past is taken as now.
                 raise ValidationError("startsAt", f"is {now - starts:.0f} s in the past: give a time ahead, or none "
