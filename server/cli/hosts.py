@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="hosts with a drain scheduled ahead (drain --at) that has not begun")
     hl.add_argument("--gpu-faults", default=None, action=argparse.BooleanOptionalAction,
                     help="hosts with (or, --no-gpu-faults, without) a faulted GPU")
+    hl.add_argument("--pressure", default=None, action=argparse.BooleanOptionalAction,
+                    help="hosts whose agent asks for no new work (or, --no-pressure, not)")
     add_output(hl)
     add_watch(hl)
     hl.set_defaults(fn=cmd_list)
@@ -88,6 +90,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             flt[key] = value
     if args.gpu_faults is not None:
         flt["gpuFaults"] = args.gpu_faults
+    if args.pressure is not None:
+        flt["pressure"] = args.pressure
 
     def render() -> None:
         data = gql(q, {"first": args.limit, "filter": flt or None}, optional=("drainAt", "pressure"))["hosts"]

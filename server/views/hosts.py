@@ -192,7 +192,8 @@ def _telemetry(u: GpuUsage | None) -> dict[str, Any]:
 class HostQuery:
     """Hosts matching every given field. `search` is a case-insensitive part of the id;
     `label` is `key` (any value) or `key=value`; `cordoned` counts draining hosts as
-    cordoned; `gpu_faults`: hosts with (True) or without (False) a faulted GPU."""
+    cordoned; `gpu_faults`: hosts with (True) or without (False) a faulted GPU; `pressure`:
+    hosts whose agent asks for no new work (True: `Heartbeat.pressure`) or not."""
 
     search: str | None = None
     health: frozenset[str] | None = None
@@ -204,6 +205,7 @@ class HostQuery:
     draining: bool | None = None
     drain_scheduled: bool | None = None
     gpu_faults: bool | None = None
+    pressure: bool | None = None
 
     def matches_static(self, r: HostRow) -> bool:
         if self.search and self.search.lower() not in r.id.lower():
@@ -221,6 +223,8 @@ class HostQuery:
         if self.cordoned is not None and r.cordoned != self.cordoned:
             return False
         if self.gpu_faults is not None and (r.gpus_unhealthy > 0) != self.gpu_faults:
+            return False
+        if self.pressure is not None and bool(r.pressure) != self.pressure:
             return False
         if self.drain_scheduled is not None and bool(r.drain_at) != self.drain_scheduled:
             return False

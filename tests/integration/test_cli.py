@@ -561,6 +561,8 @@ def test_a_host_short_of_disk_takes_no_new_work_and_says_why(cluster: Cluster) -
     shown = muster(cluster, srv.url, "host", "show", "tight").stdout
     assert "takes no new work: disk: less than 1000000000 MB free in its directory for attempts" in shown, shown
     assert "PRESSURE" in muster(cluster, srv.url, "host", "list").stdout
+    assert "tight" in muster(cluster, srv.url, "host", "list", "--pressure").stdout
+    assert "tight" not in muster(cluster, srv.url, "host", "list", "--no-pressure").stdout
     # A job no host could take however idle is still told so; this one is not.
     assert "could never run" not in muster(cluster, srv.url, "job", "why", job_id).stdout
     # The operators are told once (alerts.host.pressure, recorded).

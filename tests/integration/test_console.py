@@ -1275,6 +1275,14 @@ async def test_clearing_gpu_faults_needs_a_reason_and_keeps_the_cordon(console: 
     r = await c.get("/hosts?faults=yes")
     assert 'href="/hosts/g-1"' in r.text and '<option value="yes" selected>With a faulted GPU</option>' in r.text
     assert 'href="/hosts/g-1"' not in (await c.get("/hosts?faults=no")).text
+    # Hosts whose agent asks for no new work are a filter of their own.
+    assert 'href="/hosts/g-1"' not in (await c.get("/hosts?pressure=yes")).text
+    hb = hb.model_copy(update={"seq": 2, "pressure": "disk: less than 256 MB free in its state directory"})
+    await m.store.put("g-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: m.state.hosts["g-1"].heartbeat.pressure != "", what="the pressure")  # type: ignore[union-attr]
+    r = await c.get("/hosts?pressure=yes")
+    assert 'href="/hosts/g-1"' in r.text and '<option value="yes" selected>Asking for no new work</option>' in r.text
+    assert 'href="/hosts/g-1"' not in (await c.get("/hosts?pressure=no")).text
     r = await c.get("/hosts/g-1")
     assert re.search(r'action="/hosts/g-1/clear-gpu-faults" class="stack" data-confirm="Clear GPU fault marks '
                      r'of g-1\? The GPUs cleared', r.text)

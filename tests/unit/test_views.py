@@ -179,7 +179,8 @@ async def test_each_gpus_telemetry_is_the_newest_heartbeats_also_when_kept_raw(t
 
 def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
     """Both read one table with one query type: a case-insensitive part of the id, a
-    draining host counts as cordoned, a host with a faulted GPU is one with GPU faults."""
+    draining host counts as cordoned, a host with a faulted GPU is one with GPU faults, a
+    host whose agent asks for no new work is one under pressure."""
     mu, hbs = _muster(tmp_path, 12)
     _cfg(mu, "h-003", 50, HostConfig(cordoned=True, reason="maint"))
     _cfg(mu, "h-004", 51, HostConfig(cordoned=True, draining=True, drain_deadline=time.time() + 60, reason="r"))
@@ -188,6 +189,8 @@ def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
         GpuUsage(index=g, healthy=g != 3, fault="xid 79: GPU has fallen off the bus" if g == 3 else None)
         for g in range(8)]})
     mu.state.apply_host_record(heartbeat_record(faulted, 53))
+    pressed = hbs[9].model_copy(update={"seq": 2, "pressure": "disk: less than 256 MB free in its state directory"})
+    mu.state.apply_host_record(heartbeat_record(pressed, 54))
     now = time.time()
 
     def ids(q: HostQuery) -> list[str]:
@@ -201,6 +204,8 @@ def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
         (HostFilter(rack="r1", gpu_model="H100"), {"rack": "r1", "model": "H100"}),
         (HostFilter(gpu_faults=True), {"faults": "yes"}),
         (HostFilter(gpu_faults=False, cordoned=True), {"faults": "no", "cordoned": "yes"}),
+        (HostFilter(pressure=True), {"pressure": "yes"}),
+        (HostFilter(pressure=False, rack="r1"), {"pressure": "no", "rack": "r1"}),
     ]
     for gql, console in cases:
         assert ids(host_query(gql)) == ids(console_query(console)), (gql, console)
@@ -209,6 +214,7 @@ def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
     assert ids(console_query({"cordoned": "draining"})) == ["h-004", "h-005"]
     assert ids(host_query(HostFilter(gpu_faults=True))) == ["h-007"]
     assert "h-007" not in ids(host_query(HostFilter(gpu_faults=False))) and len(ids(HostQuery(gpu_faults=False))) == 11
+    assert ids(host_query(HostFilter(pressure=True))) == ["h-009"] and len(ids(HostQuery(pressure=False))) == 11
 
 
 def test_why_pending_reads_the_index_and_counts_what_fresh_capacities_would(tmp_path: Path) -> None:

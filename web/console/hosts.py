@@ -89,10 +89,11 @@ async def overview(request: Request) -> Response:
 
 # The table's sort columns (server.views.hosts.ORDERS, "-" reversing), and its filters.
 HOST_SORTS = ("id", "health", "util", "alloc")
-HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "faults", "sort")
+HOST_FILTERS = ("q", "health", "rack", "zone", "model", "cordoned", "faults", "pressure", "sort")
 CORDONED_CHOICES = {"yes": "Cordoned", "no": "Not cordoned", "draining": "Draining",
                     "scheduled": "Drain scheduled"}
 FAULTS_CHOICES = {"yes": "With a faulted GPU", "no": "No faulted GPU"}
+PRESSURE_CHOICES = {"yes": "Asking for no new work", "no": "Taking new work"}
 
 
 def console_query(f: dict[str, str]) -> HostQuery:
@@ -102,7 +103,8 @@ def console_query(f: dict[str, str]) -> HostQuery:
                      rack=f.get("rack") or None, zone=f.get("zone") or None, model=f.get("model") or None,
                      cordoned={"yes": True, "no": False}.get(cord), draining=True if cord == "draining" else None,
                      drain_scheduled=True if cord == "scheduled" else None,
-                     gpu_faults={"yes": True, "no": False}.get(f.get("faults", "")))
+                     gpu_faults={"yes": True, "no": False}.get(f.get("faults", "")),
+                     pressure={"yes": True, "no": False}.get(f.get("pressure", "")))
 
 
 def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
@@ -117,10 +119,12 @@ def _host_filters(request: Request) -> tuple[dict[str, str], bool]:
         f["cordoned"] = ""
     if f["faults"] not in FAULTS_CHOICES:
         f["faults"] = ""
+    if f["pressure"] not in PRESSURE_CHOICES:
+        f["pressure"] = ""
     sort = f["sort"]
     if sort.lstrip("-") not in HOST_SORTS or sort == "id":
         f["sort"] = ""
-    for k in ("health", "cordoned", "faults", "sort"):
+    for k in ("health", "cordoned", "faults", "pressure", "sort"):
         if qp.get(k) is not None and f[k] != qp.get(k):
             canonical = False
     return f, canonical
@@ -163,6 +167,7 @@ async def hosts(request: Request) -> Response:
         "healths": list(HEALTH_RANK),
         "cordoned_choices": CORDONED_CHOICES,
         "faults_choices": FAULTS_CHOICES,
+        "pressure_choices": PRESSURE_CHOICES,
         "page": page,
         "pages": pages,
         "prev_url": url("/hosts", **f, page=page - 1) if page > 1 else None,

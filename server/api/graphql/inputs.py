@@ -139,6 +139,8 @@ class HostFilter:
         default=None, description="Hosts with a drain scheduled ahead that has not begun (true) or without.")
     gpu_faults: bool | None = strawberry.field(
         default=None, description="Hosts with (true) or without (false) a faulted GPU.")
+    pressure: bool | None = strawberry.field(
+        default=None, description="Hosts whose agent asks for no new work (true: see Host.pressure) or not.")
     search: str | None = strawberry.field(default=None, description="Part of the host id (any case).")
 
 

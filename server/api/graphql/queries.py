@@ -78,7 +78,8 @@ def host_query(f: HostFilter | None) -> HostQuery:
         return HostQuery()
     return HostQuery(search=f.search or None, health=frozenset(h.upper() for h in f.health) if f.health else None,
                      rack=f.rack, zone=f.zone, model=f.gpu_model, label=f.label or None, cordoned=f.cordoned,
-                     draining=f.draining, drain_scheduled=f.drain_scheduled, gpu_faults=f.gpu_faults)
+                     draining=f.draining, drain_scheduled=f.drain_scheduled, gpu_faults=f.gpu_faults,
+                     pressure=f.pressure)
 
 
 def host_key(r: HostRow, order: str) -> tuple[str | int | float, ...]:
