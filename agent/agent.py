@@ -95,6 +95,7 @@ REPORTS_AT_SHUTDOWN_S = 10.0  # the most a clean shutdown waits to deliver its l
 DISK_CHECK_S = 15.0  # how often the free disk space is looked at (Agent._disk_checked)
 CLAIM_TRIES = 5  # looks for another agent of the host, each followed by a claim of its heartbeat key (Agent._claim)
 START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try could not start for want of its resources
+START_TROUBLE_MAX_S = 960.0  # ... doubled each time the trouble comes back before a try started, up to this
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -204,9 +205,11 @@ class Agent:
         self.instance = secrets.token_hex(8)  # this process, in its heartbeats (Heartbeat.instance)
         self._lock_fd: int | None = None  # the state directory's lock, held while running
         self.runs: dict[str, Run] = {}
-        # The last try that could not start for want of the host's resources: why, and when
-        # (time.monotonic()); the host asks for no new work for START_TROUBLE_S after it.
-        self._start_trouble: tuple[str, float] | None = None
+        # The last try that could not start for want of the host's resources: why, when
+        # (time.monotonic()) and for how long after it the host asks for no new work
+        # (START_TROUBLE_S, doubled each time the trouble came back before a try started).
+        self._start_trouble: tuple[str, float, float] | None = None
+        self._started_since_trouble = False  # a try has started since the last trouble
         self._disk_trouble = ""  # _check_disk's last answer
         self._disk_next = 0.0  # when it is asked again (time.monotonic())
         self._disk_task: asyncio.Future[str] | None = None
@@ -473,17 +476,31 @@ class Agent:
             pressure=self.pressure(),
         )
 
-    def _troubled(self, why: str) -> None:
+    def _troubled(self, why: str, now: float | None = None) -> None:
         """A try could not start, or be kept, for want of the host's resources: the host asks
         for no new work for START_TROUBLE_S, and the leader hears of it at once, not at the
-        next heartbeat."""
-        self._start_trouble = (why, time.monotonic())
+        next heartbeat. A trouble that comes back once that has passed, no try having
+        started meanwhile (a fault that stays: a read-only work root, a broken mount), keeps
+        the host out twice as long each time, up to START_TROUBLE_MAX_S: it took a batch
+        again each minute, each try requeued and an alert each time (a review)."""
+        now = time.monotonic() if now is None else now
+        last = self._start_trouble
+        hold = START_TROUBLE_S
+        if last is not None:
+            _why, at, held = last
+            if now - at < held or not self._started_since_trouble:
+                hold = held if now - at < held else min(2 * held, START_TROUBLE_MAX_S)
+        self._start_trouble = (why, now, hold)
+        self._started_since_trouble = False
         self._hb_wake.set()
 
-    def _start_troubled(self) -> str:
-        """Why a try could not start here within START_TROUBLE_S, or ""."""
-        if self._start_trouble is not None and time.monotonic() - self._start_trouble[1] < START_TROUBLE_S:
-            return self._start_trouble[0]
+    def _start_troubled(self, now: float | None = None) -> str:
+        """Why a try could not start here within the trouble's hold (START_TROUBLE_S, or
+        longer when it keeps coming back), or ""."""
+        now = time.monotonic() if now is None else now
+        if self._start_trouble is not None and now - self._start_trouble[1] < self._start_trouble[2]:
+            why, _at, hold = self._start_trouble
+            return why if hold <= START_TROUBLE_S else f"{why} (again: no new work for {hold:.0f} s)"
         return ""
 
     def pressure(self) -> str:
@@ -901,6 +918,7 @@ class Agent:
         if run is not None and run.host_trouble and state.terminal:
             self._troubled(run.host_trouble)
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
+            self._started_since_trouble = True
             try:
                 self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
             except Exception as exc:  # noqa: BLE001 - whatever it was, the try is unrecorded

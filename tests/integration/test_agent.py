@@ -728,3 +728,37 @@ def test_a_try_handed_back_that_cannot_be_noted_as_seen_puts_the_host_in_trouble
     finally:
         agent.gpus.close()
         agent.isolation.close()
+
+
+def test_a_host_whose_trouble_keeps_coming_back_asks_for_no_new_work_longer_each_time(tmp_path: Path) -> None:
+    """A fault that stays (a read-only work root, a broken mount) made the host take a batch
+    again each minute, each try handed back and an alert each time (a review): a trouble
+    that comes back once its hold has passed, no try having started meanwhile, holds the
+    host out twice as long, up to 16 minutes; a try that starts ends the streak."""
+    from agent.agent import START_TROUBLE_MAX_S, START_TROUBLE_S
+
+    agent = Agent(AgentConfig(nats_url="nats://127.0.0.1:1", host_id="tb-1", simulate_gpus="1xH100",
+                              state_dir=tmp_path / "agent", cpus=4, memory_mb=4096, run_as=ME))
+    try:
+        t = 1000.0
+        agent._troubled("read-only file system", now=t)
+        assert agent._start_troubled(now=t + START_TROUBLE_S - 1) == "read-only file system"
+        assert agent._start_troubled(now=t + START_TROUBLE_S) == ""
+        holds = []
+        for _ in range(6):  # each time its hold has passed, the next batch fails alike
+            t += 1 + (agent._start_trouble[2] if agent._start_trouble else 0)
+            agent._troubled("read-only file system", now=t)
+            holds.append(agent._start_trouble[2])  # type: ignore[index]
+        assert holds == [120.0, 240.0, 480.0, 960.0, START_TROUBLE_MAX_S, START_TROUBLE_MAX_S]
+        assert agent._start_troubled(now=t + 900) == "read-only file system (again: no new work for 960 s)"
+        # Again within its hold: the same hold, counted from the latest.
+        agent._troubled("read-only file system", now=t + 10)
+        assert agent._start_trouble[2] == START_TROUBLE_MAX_S  # type: ignore[index]
+        # A try started since: the next trouble holds the host out for a minute again.
+        agent._started_since_trouble = True
+        agent._troubled("no space left on device", now=t + 2000)
+        assert agent._start_trouble[2] == START_TROUBLE_S  # type: ignore[index]
+        assert agent._start_troubled(now=t + 2001) == "no space left on device"
+    finally:
+        agent.gpus.close()
+        agent.isolation.close()
