@@ -111,8 +111,9 @@ def check(
         if len(live) > job.spec.replicas or any(a.number != job.tries for a in live):
             problems.append(f"job {job.id}: {len(live)} live attempts {[a.id for a in live]}")
         # An ended job's attempt still stopping (a cancel's or a time limit's grace: `Job.stopping`)
-        # is the normal course; one not told to stop is not.
-        unstopped = [a for a in live if not a.stop_kind and a.id not in told_to_stop]
+        # is the normal course; one not told to stop is not. (A cancel's stop kind, "cancel",
+        # is set with the stop mark it needs: it excuses nothing.)
+        unstopped = [a for a in live if a.stop_kind in ("", "cancel") and a.id not in told_to_stop]
         if job.state.terminal and unstopped:
             problems.append(f"job {job.id} is {job.state.value} with live attempt {unstopped[0].id} not told to stop")
         terms = [a.term for a in job.attempts]

@@ -207,6 +207,33 @@ def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     assert (w.holding("a"), w.holding("b")) == (4, 4)
 
 
+def test_a_victim_cancelled_in_its_grace_ends_killed_as_cancelled_not_preempted() -> None:
+    """Found by exploring: a reclaim's victim cancelled while in its grace ended CANCELLED
+    with its attempt PREEMPTED (the cancel's reason on it), its run charged to preemption in
+    the accounting. It now ends KILLED, stopped by the cancel, and costs no preemption; the
+    preemptor still gets its GPU once the victim has stopped."""
+    from wire.messages import Command
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0, preempt_grace_s=45)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0)
+    _fill(w, "a", 3, NOW - 1000)
+    _fill(w, "b", 5, NOW - 900)  # b borrows 1 of a's 4
+    w.qsubmit("a-new", "a", submitted_at=NOW - 10)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "a"): 1}
+    [victim] = [t.job_id for t in w.tasks("h1") if t.stop]
+    w.qcycle(commands=[Command(kind="cancel", job_id=victim, by="op", reason="wrong input", ts=NOW + 1)],
+             now=NOW + 1)
+    assert w.job(victim).state is JobState.CANCELLED and w.job(victim).current.stop_kind == "cancel"
+    plan = w.qcycle(w.agent_reports(NOW + 20), now=NOW + 20)
+    a = w.job(victim).current
+    assert a.state is AttemptState.KILLED and a.reason == "wrong input", a
+    assert plan.preemption_lost == {} and plan.placed == 1 and w.job("a-new").state is JobState.PLACED
+    no_overcommit(w.state)
+
+
 def test_reclaim_stops_jobs_that_checkpoint_first_as_they_lose_only_the_grace() -> None:
     """A job that checkpoints (JobSpec.checkpoints) loses at most its queue's grace of work
     when stopped: b0 and b1, running 900 s but checkpointing (30 s lost each), go before

@@ -359,9 +359,9 @@ class Attempt:
         return self._m.reason
 
     @strawberry.field(description="What stopped it, when the control plane or its agent did: preempt, timeout, "
-                                  "gpu-fault, drain, requeue, shutdown (the agent's) or host (its host could not "
-                                  "start it); empty otherwise. A try stopped by preempt, drain, requeue, shutdown or "
-                                  "host does not count against maxAttempts.")
+                                  "gpu-fault, cancel, drain, requeue, shutdown (the agent's) or host (its host could "
+                                  "not start it); empty otherwise. A try stopped by preempt, drain, requeue, shutdown "
+                                  "or host does not count against maxAttempts.")
     def stop_kind(self) -> str:
         return self._m.stop_kind
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from server.scheduling import retry
 from server.scheduling.cycle.work import (
+    CANCEL,
     GPU_FAULT,
     Work,
     attempt_of,
@@ -186,6 +187,10 @@ def apply_cancel(w: Work, c: Command, now: float) -> None:
         # The task keeps its allocation, marked to stop, until the agent reports the
         # process gone (SIGTERM, grace, SIGKILL): freed capacity is really free.
         live.reason = clip_start(job.cancel_reason, text_limits(job.spec)[1])
+        # Whatever it was being stopped for before: a victim cancelled in its grace ended
+        # PREEMPTED with the cancel's reason, its run charged to preemption (found by
+        # exploring).
+        live.stop_kind, live.stop_at = CANCEL, now
         stop_tasks(w.alloc(live.host_id), {live.id}, live.reason)
     w.plan.events.append(job_event("job.cancelled", job, a, now, job.cancel_reason))
 

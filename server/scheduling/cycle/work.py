@@ -17,10 +17,12 @@ from wire.budgets import STOP_REASON_MAX, clip_start
 from wire.messages import Attempt, AttemptState, Event, HostAlloc, Job, QueueUsage
 
 # Attempt.stop_kind: what the control plane stopped a try for (stop_attempt): to make room
-# for another job, at its time limit, or because a GPU it holds faulted.
+# for another job, at its time limit, because a GPU it holds faulted, or its job was
+# cancelled (also one being stopped for another of these: it ends KILLED, as cancelled).
 PREEMPT = "preempt"
 TIMEOUT = "timeout"
 GPU_FAULT = "gpu-fault"
+CANCEL = "cancel"
 
 
 @dataclass
