@@ -57,7 +57,7 @@ from nats.js import errors as jserrors
 from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
-from agent.runner import HOST_ERRNOS, Run, fenced_by_watchdog
+from agent.runner import HOST_ERRNOS, Run, watchdog_mark
 from agent.watchdog import start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
@@ -285,6 +285,11 @@ class Agent:
         # runs (once no other agent is found running as this host): reported LOST once each
         # when their assignment is seen.
         self.killed_leftovers: list[str] = []
+        # Attempts whose tasks ended while no agent ran: the wait status their launcher kept
+        # (agent/launch.py), reported as their end when their assignment is seen.
+        self._ended_away: dict[str, int] = {}
+        self._previous_instance = ""  # the last agent on this state directory (_take_instance)
+        self.waited_for = ""  # the other agent whose heartbeat this one waited to see go on, if any
         # Attempts a previous incarnation started: one still assigned is reported LOST once.
         # (Only those: an attempt this agent ran itself and whose report is not applied yet
         # is still in the assignment for a while, and must be left alone.)
@@ -315,6 +320,22 @@ class Agent:
                 log.warning("attempt %s cannot be noted as seen: %s", attempt_id, exc)
                 return str(exc)
         return ""
+
+    @staticmethod
+    def _ended_while_away(t: Task, status: int) -> tuple[AttemptState, int | None, str, str]:
+        """The end of a task that ended while no agent ran, from the wait status its
+        launcher kept: (state, exit code, output, reason) for its report. Its output is
+        not known (no agent read it)."""
+        gone = "ended while its agent was down; its output was not kept"
+        if os.WIFEXITED(status):
+            code = os.WEXITSTATUS(status)
+            if code == 0:
+                return AttemptState.SUCCEEDED, 0, "", gone
+            return AttemptState.FAILED, code, "", f"exit code {code}: {gone}"
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        if t.stop:  # asked to stop, and killed: stopped, as a live agent's run says
+            return AttemptState.KILLED, -sig, "", f"{t.stop_reason or 'stopped'} ({gone})"
+        return AttemptState.FAILED, -sig, "", f"killed by signal {sig}: {gone}"
 
     def _note_handed_back(self, attempt_id: str) -> None:
         """Note a try about to be handed back unstarted as seen. Where that cannot be written
@@ -354,19 +375,25 @@ class Agent:
             return killed
         for f in sorted(self._runs_dir.iterdir()):
             fields: list[str] = []
+            cgroup_paths: list[str] = []
             try:
                 fields = f.read_text().split()
                 cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
-                if cgroup_paths:
-                    self.isolation.kill_leftover(cgroup_paths)
                 pid_s, start_s = fields[:2]
                 pid = int(pid_s)
+                # The process group first, its launcher with it: a task killed alone (its
+                # cgroup) would have its launcher write that end down as the task's own.
                 if start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
                     killed.append(f.name)
                     log.warning("killed attempt %s (process group %d) left running by a previous agent",
                                 f.name, pid)
             except (ValueError, OSError):
+                pass
+            try:
+                if cgroup_paths:
+                    self.isolation.kill_leftover(cgroup_paths)
+            except OSError:
                 pass
             # Its working directory (the attempt's data, which a later task of the same job
             # could read): removed, with its work root once empty, whatever the kill met.
@@ -820,9 +847,15 @@ class Agent:
                     # where such an attempt was never reported and held its GPUs for good),
                     # or its outcome is unknown (any process it left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)
-                    fenced = fenced_by_watchdog(self._watch_dir / "fenced", t.attempt_id)
-                    if fenced:
-                        await self._report(t, AttemptState.KILLED, None, "", fenced)
+                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id)
+                    status = self._ended_away.pop(t.attempt_id, None)
+                    clean = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+                    if mark is not None and (mark[1] or not clean):
+                        # Stopped by the watchdog (what it left, when its task had ended by
+                        # itself, unless that end was a failure), as a live agent's run says.
+                        await self._report(t, AttemptState.KILLED, None, "", mark[0])
+                    elif status is not None:
+                        await self._report(t, *self._ended_while_away(t, status))
                     elif t.stop:
                         await self._report(t, AttemptState.KILLED, None, "",
                                            f"{t.stop_reason or 'stopped'} (killed when its agent restarted)")
@@ -1029,6 +1062,10 @@ class Agent:
         # The state directory is this agent's (locked): what a previous incarnation left in
         # it is killed, and the watchdog watches this one.
         self._touch_alive()
+        self._previous_instance = self._take_instance()
+        # What ended while no agent ran is read before anything left is killed (the end of
+        # what this start kills is no task's own end).
+        self._ended_away = self.isolation.ended_while_away()
         self.killed_leftovers = self._kill_leftovers()
         self.isolation.remove_empty_leftovers()
         self._start_watchdog()
@@ -1192,6 +1229,15 @@ class Agent:
         rev, hb = await other()
         if hb is None:
             return "", rev
+        if self._previous_instance and hb.instance == self._previous_instance:
+            # This host's last agent on this state directory, whose lock this one now holds:
+            # it has stopped. Waiting to see whether it still runs let the key expire after a
+            # restart a few seconds late, the host go LOST and what had ended meanwhile run
+            # again (found by exploring).
+            log.info("host %s's key holds the heartbeat of its previous agent (instance %s), which has stopped",
+                     self.config.host_id, hb.instance)
+            return "", rev
+        self.waited_for = hb.instance or "unknown"
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
         if await pause(stop, self.config.heartbeat_interval_s + 1):
@@ -1201,6 +1247,23 @@ class Agent:
             return "", later_rev
         return (f"another agent (instance {later.instance or 'unknown'}, version {later.agent_version or 'unknown'}) "
                 f"heartbeats as host {self.config.host_id}"), later_rev
+
+    def _take_instance(self) -> str:
+        """The instance of the last agent that ran on this state directory (read from
+        `<host>.instance`, "" when none), which this one's replaces there. Called once the
+        directory's lock is held: that agent has stopped."""
+        if self.config.state_dir is None:
+            return ""
+        path = self._runs_dir.parent / f"{self.config.host_id}.instance"
+        try:
+            previous = path.read_text().strip()
+        except OSError:
+            previous = ""
+        try:
+            path.write_text(self.instance + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s (a restart will wait to see whether this agent still runs)", path, exc)
+        return previous
 
     async def _claim(self, rev: int | None) -> bool:
         """Store this agent's first heartbeat only over the key's revision `rev` that

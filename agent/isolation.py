@@ -262,6 +262,7 @@ class Launch:
     group: cgroups.Group | None
     work_dir: Path | None  # made for this attempt, removed at its end
     spec: Path | None = None  # the launcher removes it once read
+    exit_file: Path | None = None  # where the launcher writes the task's wait status (removed at its end)
 
 
 class Isolation:
@@ -288,6 +289,9 @@ class Isolation:
         self.private_dir = private_dir
         private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(private_dir, 0o700)
+        # The launchers' records of their tasks' ends (agent/launch.py: `exit_file`).
+        self.exits_dir = private_dir / "exits"
+        self.exits_dir.mkdir(exist_ok=True, mode=0o700)
         self._own_root = work_root is None
         self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
         self.work_root.mkdir(parents=True, exist_ok=True)
@@ -366,9 +370,12 @@ class Isolation:
             for k, v in (("HOME", str(work_dir or cwd)), ("USER", name), ("LOGNAME", name)):
                 env.setdefault(k, v)
             env["MUSTER_WORK_DIR"] = cwd
+            exit_file = self.exit_file(t.attempt_id)
+            exit_file.unlink(missing_ok=True)  # (an earlier start's, never this try's end)
             spec: dict[str, object] = {
                 "cgroup_procs": group.procs_files() if group is not None else [],
                 "user": self.user.name, "cwd": cwd, "command": list(t.command), "env": env,
+                "exit_file": str(exit_file),
             }
             if self.user.switches:
                 spec.update(uid=uid, gid=gid, groups=groups)
@@ -383,7 +390,26 @@ class Isolation:
         except OSError:
             self._undo(group, work_dir)
             raise
-        return Launch([sys.executable, "-I", "-S", LAUNCHER, spec_path], group, work_dir, Path(spec_path))
+        return Launch([sys.executable, "-I", "-S", LAUNCHER, spec_path], group, work_dir, Path(spec_path),
+                      exit_file)
+
+    def exit_file(self, attempt_id: str) -> Path:
+        """Where the launcher of `attempt_id` writes its task's wait status."""
+        return self.exits_dir / attempt_id
+
+    def ended_while_away(self) -> dict[str, int]:
+        """The wait statuses the launchers wrote that no agent read (their tasks ended while
+        no agent ran), by attempt; every record is removed (read at an agent's start, before
+        it kills what is left: the end of a task that start kills is not one of these)."""
+        out: dict[str, int] = {}
+        for f in self.exits_dir.iterdir():
+            try:
+                if not f.name.endswith(".tmp"):
+                    out[f.name] = int(f.read_text().strip())
+            except (OSError, ValueError):
+                pass
+            f.unlink(missing_ok=True)
+        return out
 
     @staticmethod
     def unconfined(t: Task, env: dict[str, str]) -> Launch:
@@ -414,6 +440,8 @@ class Isolation:
         """Remove the attempt's cgroup and working directory (blocking)."""
         if launch.spec is not None:
             launch.spec.unlink(missing_ok=True)
+        if launch.exit_file is not None:
+            launch.exit_file.unlink(missing_ok=True)
         if launch.group is not None and not launch.group.remove():
             log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
         if launch.work_dir is not None:

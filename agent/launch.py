@@ -14,7 +14,16 @@ the agent's private directory that it reads and removes at once:
 the cgroups before anything of the job runs puts every descendant in them (a double fork
 or `setsid` cannot leave). The working directory is entered after the switch of user, so
 a directory the task user may not use is refused here. The command is looked up on the
-job's PATH and exec'd in place of this process, which keeps its pid.
+job's PATH and exec'd.
+
+With `"exit_file": PATH` in the spec (the agent's own attempts), this process forks first
+and stays, as root and outside the attempt's cgroups, the parent of the task: it waits
+for it, writes its wait status to PATH (atomically, fsync'd) and ends as it did (its exit
+code, or killed by the same signal). The task's exit is then known also when it comes
+while the agent is dead: its next start reports the try's real end, not LOST (found by
+exploring: a try that succeeded while its agent was down was run again, and a job with
+one attempt ended FAILED). It ignores SIGTERM (the agent's stop is for the task, sent to
+the process group), and is killed with the task by SIGKILL.
 
 On any failure before the exec it writes one line to STATUS_FD (closed on exec, so the
 agent reads nothing when the exec succeeded) and exits 127. A failure that is the host's
@@ -30,6 +39,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
+import signal
 import sys
 import warnings  # noqa: F401  # os.execvpe imports it: loaded before the switch of user
 
@@ -46,6 +57,49 @@ def fail(status_fd: int, message: str, host: bool = False) -> None:
     os._exit(127)
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """The supervisor's SIGTERM: the stop is for the task (a handler, not SIG_IGN, which
+    the exec would pass on to the task)."""
+
+
+def supervise(exit_file: str, status_fd: int) -> None:
+    """Fork; return in the child, which goes on to become the task. The parent waits for
+    it, writes its wait status to `exit_file` and ends as it did; it never returns."""
+    signal.signal(signal.SIGTERM, _ignore)  # before the fork: no moment where a stop kills it alone
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        fail(status_fd, f"cannot fork: {exc}", host=True)
+        return
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    os.close(status_fd)  # the child's copy says whether the exec worked
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the output pipe is the task's alone: it closes when the task's side does
+        os.dup2(null, fd)
+    _, status = os.waitpid(pid, 0)
+    try:
+        tmp = f"{exit_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{status}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, exit_file)
+    except OSError:
+        pass  # the agent, if alive, has the status from this process's own end
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # (the task's core, if any, is the task's)
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    finally:
+        os._exit(128 + sig)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.stderr.write("usage: launch.py SPEC STATUS_FD\n")
@@ -59,6 +113,8 @@ def main(argv: list[str]) -> None:
     except (OSError, ValueError) as exc:
         fail(status_fd, f"cannot read the launch spec: {exc}", host=True)
         return
+    if spec.get("exit_file"):
+        supervise(spec["exit_file"], status_fd)
     pid = str(os.getpid())
     for procs in spec.get("cgroup_procs", []):
         try:

@@ -289,6 +289,47 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     assert_invariants(cluster.nats_url)
 
 
+def test_a_task_that_ends_while_its_agent_is_dead_is_reported_as_it_ended(cluster: Cluster, tmp_path: Path) -> None:
+    """Found by exploring: a task that ended while its agent was dead (killed, restarted a
+    few seconds later) was reported LOST and run again, also when it had succeeded; a job
+    with one attempt ended FAILED. Its launcher, the task's parent, keeps its exit status
+    for the next agent, which reports the real end: once, nothing run again. And that agent
+    does not wait to see whether its predecessor on the same state directory still runs."""
+    srv = cluster.server()
+    a = cluster.agent("ea", gpus="2xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    script = (f"echo start $MUSTER_ATTEMPT_ID >> {marks}; while [ ! -e {gate} ]; do sleep 0.05; done; "
+              f"echo end $MUSTER_ATTEMPT_ID >> {marks}; exit $CODE")
+    ok = api.submit(name="ok", command=["sh", "-c", script], env={"CODE": "0"}, gpus=1, cpus=1, memoryMb=64,
+                    maxAttempts=1)["job"]
+    bad = api.submit(name="bad", command=["sh", "-c", script], env={"CODE": "3"}, gpus=1, cpus=1, memoryMb=64,
+                     maxAttempts=2)["job"]
+    for j in (ok, bad):
+        api.wait_job(j["id"], {"RUNNING"})
+    wait_until(lambda: marks.exists() and marks.read_text().count("start") == 2, what="both tasks started")
+    a.kill9()
+    gate.write_text("go")
+    exits = tmp_path / "agents" / "ea.launch" / "exits"
+    wait_until(lambda: {f.name for f in exits.iterdir()} == {f"{ok['id']}.1", f"{bad['id']}.1"}, timeout=60,
+               what="both ends kept by their launchers")
+    cluster.agent("ea", gpus="2xH100")
+    assert api.wait_job(ok["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    assert api.wait_job(bad["id"], {"SUCCEEDED", "FAILED"})["state"] == "FAILED"
+    q = 'query($id: ID!) { job(id: $id) { attempts { state exitCode reason } } }'
+    [first] = api.q(q, {"id": ok["id"]})["job"]["attempts"]
+    assert first["state"] == "SUCCEEDED" and "ended while its agent was down" in first["reason"], first
+    [failed] = api.q(q, {"id": bad["id"]})["job"]["attempts"]  # the job's own failure: not retried
+    assert failed["state"] == "FAILED" and failed["exitCode"] == 3, failed
+    lines = sorted(marks.read_text().split("\n"))
+    assert lines == sorted(["", f"start {ok['id']}.1", f"end {ok['id']}.1", f"start {bad['id']}.1",
+                            f"end {bad['id']}.1"]), lines  # each ran once
+    assert not list(exits.iterdir())
+    assert "previous agent" in a.output() and "waiting" not in a.output().split("previous agent")[-1]
+    assert_invariants(cluster.nats_url)
+
+
 def test_a_restarted_agent_reports_what_its_watchdog_stopped_as_such(cluster: Cluster, tmp_path: Path) -> None:
     """An agent killed with SIGKILL whose watchdog then stopped its attempt (the only host:
     the attempt waits on the lost host, having nowhere else to go): started again, the
