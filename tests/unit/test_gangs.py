@@ -155,8 +155,13 @@ def test_a_gang_with_a_drained_member_is_requeued_without_using_an_attempt() -> 
     cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW - 1, reason="", by="ops")
     w.state.apply_state_record(Record(f"hostcfg.{drained}", next(w.rev), cfg.model_dump_json().encode()))
     w.cycle()
+    # Every task of the try is told to stop in the same cycle (found by exploring: the
+    # others got their SIGTERM only once the drained one had gone, a grace later).
+    other = w.job("g").attempts[1]
+    assert other.stop_kind == "drain" and other.reason == f"gang task on {drained}: host {drained} drained"
+    told = {t.attempt_id: t for a in w.state.allocs.values() for t in a.tasks}
+    assert all(t.stop for t in told.values()) and len(told) == 2, told
     w.cycle(reports=[w.report("g", 0, AttemptState.KILLED)])
-    # The other task is stopped for the same drain ...
     other = w.job("g").attempts[1]
     assert other.stop_kind == "drain" and other.state is AttemptState.RUNNING
     w.cycle(reports=[w.report("g", 1, AttemptState.KILLED)])

@@ -199,14 +199,18 @@ def _stop_host_work(w: Work, host_id: str, why: str, now: float, max_keys: int,
         live = [t for t in snap.current_tasks() if t.id == entry.attempt_id and not t.state.terminal]
         if not live or live[0].stop_kind:
             continue
-        if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 2 > max_keys):
+        gang = [t for t in snap.current_tasks() if not t.state.terminal and not t.stop_kind]
+        if w.busy(entry.job_id) or (entry.job_id not in w.plan.jobs and w.plan.keys + 1 + len(gang) > max_keys):
             later.add(entry.attempt_id)
             continue
         job = w.job(entry.job_id)
         assert job is not None
-        a = attempt_of(job, entry.attempt_id)
-        assert a is not None
-        stop_attempt(w, a, retry.DRAIN, clip_start(why, text_limits(job.spec)[1]), now)
+        # Every task of the try at once, as a GPU fault or a time limit stops a gang (found
+        # by exploring: a gang's other tasks got their SIGTERM only once the drained one had
+        # gone, a whole grace later, holding their GPUs for a try already over).
+        for t in [t for t in job.current_tasks() if not t.state.terminal and not t.stop_kind]:
+            stop_attempt(w, t, retry.DRAIN, clip_start(why if t.host_id == host_id else f"gang task on {host_id}: "
+                                                       f"{why}", text_limits(job.spec)[1]), now)
         job.updated_at = now
     if later or only is not None:
         stop_tasks(w.alloc(host_id), picked - later, why)
