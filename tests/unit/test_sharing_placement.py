@@ -359,3 +359,36 @@ print([sorted(s.models) for s, _ in ShapeMix.of(c).shapes if s.models])
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(1, 7)}
     assert len(outs) == 1, outs
+
+
+def test_the_mix_of_recent_shapes_is_made_again_soon_while_it_was_made_from_few() -> None:
+    """Found by exploring: the fragmentation measure made at a start from the one task seen
+    then (a GPU share) stood for the next 500 tasks, 8-GPU ones among them, and placement
+    spread small jobs over the hosts those needed. It is made again after as many new tasks
+    as it was made from, until that is `refresh_every`."""
+    from server.scheduling.fragmentation import RecentShapes, Shape
+
+    share = Shape(0, 250, 0, 1.0, 1024, None, None)
+    whole = Shape(8, 0, 0, 32.0, 65536, None, None)
+    recent = RecentShapes(window=5000, refresh_every=500)
+    recent.saw(share)
+    first = recent.fragmentation()
+    assert first is not None and [s for s, _ in first.mix.shapes] == [share]
+    made = [first]
+    for _ in range(400):
+        recent.saw(whole)
+        f = recent.fragmentation()
+        assert f is not None
+        if f is not made[-1]:
+            made.append(f)
+    assert dict(made[1].mix.shapes).keys() == {share, whole}  # one task later
+    assert [s for s, _ in made[-1].mix.shapes][0] == whole and dict(made[-1].mix.shapes)[whole] > 0.99
+    assert 5 <= len(made) <= 12  # made again as its base doubles, not at every task
+    for _ in range(600):
+        recent.saw(whole)
+    before = recent.fragmentation()
+    for _ in range(499):
+        recent.saw(share)
+        assert recent.fragmentation() is before  # past refresh_every: every 500 as before
+    recent.saw(share)
+    assert recent.fragmentation() is not before
