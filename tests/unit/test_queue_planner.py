@@ -1106,10 +1106,10 @@ def test_while_a_reclaim_that_makes_room_is_under_way_the_cohort_lends_nothing_n
     back at once): a borrower's job waits though a GPU is free elsewhere."""
     w = QWorld()
     w.host("h1", gpus=2, cpus=64)
-    w.host("h2", gpus=1, cpus=8)
     w.queue("a", cohort="c", gpus=2, min_runtime_s=0)
     w.queue("b", cohort="c", gpus=1, min_runtime_s=0)
     _fill(w, "b", 2, NOW - 1000)
+    w.host("h2", gpus=1, cpus=8)  # (joins after: placement would take the tighter host first)
     assert {w.job(f"b{i}").current.host_id for i in range(2)} == {"h1"}  # b borrows 1 of a's 2
     w.qsubmit("a0", "a", cpus=60, submitted_at=NOW - 2)  # only h1 has its CPUs: b's jobs must go
     w.qsubmit("b2", "b", cpus=1, submitted_at=NOW - 1)  # would borrow h2's free GPU

@@ -392,3 +392,19 @@ def test_the_mix_of_recent_shapes_is_made_again_soon_while_it_was_made_from_few(
         assert recent.fragmentation() is before  # past refresh_every: every 500 as before
     recent.saw(share)
     assert recent.fragmentation() is not before
+
+
+def test_among_equal_scores_the_tightest_host_wins() -> None:
+    """Found by exploring: a job asking no GPU, whose fragmentation growth is none on any
+    host the mix cannot tell apart, went by host id to an idle 8-GPU host before an idle
+    CPU-only one, and an 8-GPU job then found too few CPUs there. Equal scores now go to
+    the tightest host (the fewest free GPUs), then by id."""
+    from tests.factories import host_capacity
+
+    index = CapacityIndex()
+    for cap in (host_capacity("a100a", gpus=8, model="A100", cpus=64), host_capacity("cpu1", gpus=0, cpus=32)):
+        index.put(cap)
+    share = Shape(0, 250, 0, 1.0, 1024, None, None)  # a mix in which no host's CPUs matter
+    mix = Fragmentation(ShapeMix.of(Counter({share: 1})))
+    got = Placer(index, lambda _h: True, policy="fgd", fragmentation=mix).place(job_spec(gpus=0, cpus=31))
+    assert got is not None and got.host_id == "cpu1"
