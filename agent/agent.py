@@ -38,6 +38,7 @@ temporary directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -289,7 +290,6 @@ class Agent:
         # (agent/launch.py), reported as their end when their assignment is seen.
         self._ended_away: dict[str, int] = {}
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
-        self.waited_for = ""  # the other agent whose heartbeat this one waited to see go on, if any
         # Attempts a previous incarnation started: one still assigned is reported LOST once.
         # (Only those: an attempt this agent ran itself and whose report is not applied yet
         # is still in the assignment for a while, and must be left alone.)
@@ -327,14 +327,18 @@ class Agent:
         launcher kept: (state, exit code, output, reason) for its report. Its output is
         not known (no agent read it)."""
         gone = "ended while its agent was down; its output was not kept"
+        if t.stop:
+            # Asked to stop (a preemption, a cancel, a time limit): its agent may have sent
+            # the SIGTERM before it died, and a task that saved its state and exited 0 has
+            # not finished (as a live agent's run says: found by a review).
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+            return AttemptState.KILLED, code, "", f"{t.stop_reason or 'stopped'} ({gone})"
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
             if code == 0:
                 return AttemptState.SUCCEEDED, 0, "", gone
             return AttemptState.FAILED, code, "", f"exit code {code}: {gone}"
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-        if t.stop:  # asked to stop, and killed: stopped, as a live agent's run says
-            return AttemptState.KILLED, -sig, "", f"{t.stop_reason or 'stopped'} ({gone})"
         return AttemptState.FAILED, -sig, "", f"killed by signal {sig}: {gone}"
 
     def _note_handed_back(self, attempt_id: str) -> None:
@@ -350,13 +354,18 @@ class Agent:
         return self._runs_dir / attempt_id
 
     def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False,
-                    cgroup_paths: list[str] | None = None, work_dir: str | None = None) -> None:
+                    cgroup_paths: list[str] | None = None, work_dir: str | None = None,
+                    launcher: int | None = None) -> None:
         path = self._run_file(attempt_id)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # `keep`: a KEEP_RUNNING attempt, which the watchdog leaves alone; `cg:<dir>`: the
-        # attempt's cgroup directories (killed whole by the watchdog and a restarted agent);
-        # `wd:<dir>`: the directory made for it (removed by a restarted agent).
+        # `pid`: the task's process group; `keep`: a KEEP_RUNNING attempt, which the watchdog
+        # leaves alone; `cg:<dir>`: the attempt's cgroup directories (killed whole by the
+        # watchdog and a restarted agent); `wd:<dir>`: the directory made for it (removed by
+        # a restarted agent); `sup:<pid>:<start>`: the launcher that stays the task's parent
+        # (killed first by a restarted agent: it would write that kill down as the task's end).
         fields = [str(pid), start_time(pid)] + (["keep"] if keep_running else [])
+        if launcher is not None and launcher != pid:
+            fields.append(f"sup:{launcher}:{start_time(launcher)}")
         fields += [f"cg:{d}" for d in cgroup_paths or []]
         if work_dir is not None and " " not in work_dir:
             fields.append(f"wd:{work_dir}")
@@ -381,8 +390,14 @@ class Agent:
                 cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
                 pid_s, start_s = fields[:2]
                 pid = int(pid_s)
-                # The process group first, its launcher with it: a task killed alone (its
-                # cgroup) would have its launcher write that end down as the task's own.
+                # Its launcher first, then its process group and its cgroup: a task killed
+                # while its launcher lives would have that end written down as its own.
+                for x in fields[2:]:
+                    if x.startswith("sup:"):
+                        _, sup_s, sup_start = x.split(":", 2)
+                        if start_time(int(sup_s)) == sup_start:
+                            with contextlib.suppress(OSError):
+                                os.kill(int(sup_s), signal.SIGKILL)
                 if start_time(pid) == start_s:
                     os.killpg(pid, signal.SIGKILL)
                     killed.append(f.name)
@@ -506,17 +521,21 @@ class Agent:
     def _troubled(self, why: str, now: float | None = None) -> None:
         """A try could not start, or be kept, for want of the host's resources: the host asks
         for no new work for START_TROUBLE_S, and the leader hears of it at once, not at the
-        next heartbeat. A trouble that comes back once that has passed, no try having
-        started meanwhile (a fault that stays: a read-only work root, a broken mount), keeps
-        the host out twice as long each time, up to START_TROUBLE_MAX_S: it took a batch
-        again each minute, each try requeued and an alert each time (a review)."""
+        next heartbeat. A trouble that comes back within START_TROUBLE_MAX_S of the end of
+        its hold, no try having started meanwhile (a fault that stays: a read-only work
+        root, a broken mount), keeps the host out twice as long each time, up to
+        START_TROUBLE_MAX_S: it took a batch again each minute, each try requeued and an
+        alert each time (a review)."""
         now = time.monotonic() if now is None else now
         last = self._start_trouble
         hold = START_TROUBLE_S
         if last is not None:
             _why, at, held = last
-            if now - at < held or not self._started_since_trouble:
-                hold = held if now - at < held else min(2 * held, START_TROUBLE_MAX_S)
+            if now - at < held:
+                hold = held
+            elif not self._started_since_trouble and now - at - held < START_TROUBLE_MAX_S:
+                # Back soon after its hold (a host quiet for longer starts again from a minute).
+                hold = min(2 * held, START_TROUBLE_MAX_S)
         self._start_trouble = (why, now, hold)
         self._started_since_trouble = False
         self._hb_wake.set()
@@ -953,7 +972,8 @@ class Agent:
         if state is AttemptState.RUNNING and run is not None and run.proc is not None:
             self._started_since_trouble = True
             try:
-                self._record_run(t.attempt_id, run.proc.pid, t.keep_running, run.cgroup_paths, run.work_dir)
+                self._record_run(t.attempt_id, run.group_pid, t.keep_running, run.cgroup_paths, run.work_dir,
+                                 launcher=run.proc.pid)
             except Exception as exc:  # noqa: BLE001 - whatever it was, the try is unrecorded
                 # Unrecorded, the watchdog could not stop it were this agent frozen or cut
                 # off (and a restarted agent would not know it): it is stopped, and says why
@@ -1237,7 +1257,6 @@ class Agent:
             log.info("host %s's key holds the heartbeat of its previous agent (instance %s), which has stopped",
                      self.config.host_id, hb.instance)
             return "", rev
-        self.waited_for = hb.instance or "unknown"
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
         if await pause(stop, self.config.heartbeat_interval_s + 1):

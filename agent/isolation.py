@@ -460,7 +460,9 @@ class Isolation:
         host's trouble)."""
         root = self.work_root
         try:
-            st = os.lstat(root) if self._own_root else os.stat(root)
+            st = os.lstat(root)
+            if stat.S_ISLNK(st.st_mode) and not self._own_root and st.st_uid == os.geteuid():
+                st = os.stat(root)  # the operator's own link (a review: one a job planted is not taken)
         except FileNotFoundError:
             st = None
         if st is not None:

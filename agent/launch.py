@@ -22,8 +22,10 @@ for it, writes its wait status to PATH (atomically, fsync'd) and ends as it did 
 code, or killed by the same signal). The task's exit is then known also when it comes
 while the agent is dead: its next start reports the try's real end, not LOST (found by
 exploring: a try that succeeded while its agent was down was run again, and a job with
-one attempt ended FAILED). It ignores SIGTERM (the agent's stop is for the task, sent to
-the process group), and is killed with the task by SIGKILL.
+one attempt ended FAILED). The task leads a session and process group of its own, as when
+this process exec'd it (`kill -- -$$` in a task's script is its own group); this process
+writes `pid: <task pid>` to STATUS_FD first, so that the agent signals the task's group,
+and ignores every signal it can (a task of the agent's own user may signal its parent).
 
 On any failure before the exec it writes one line to STATUS_FD (closed on exec, so the
 agent reads nothing when the exec succeeded) and exits 127. A failure that is the host's
@@ -57,23 +59,43 @@ def fail(status_fd: int, message: str, host: bool = False) -> None:
     os._exit(127)
 
 
+TASK_PID = "pid: "  # begins the line that names the task's pid (agent.runner reads it)
+# What the supervisor ignores: every signal it may (a handler, not SIG_IGN, which an exec
+# would pass on to the task).
+CAUGHT = tuple(s for s in signal.valid_signals()
+               if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT))
+
+
 def _ignore(signum: int, frame: object) -> None:
-    """The supervisor's SIGTERM: the stop is for the task (a handler, not SIG_IGN, which
-    the exec would pass on to the task)."""
+    """A signal sent to the supervisor: the task's business, not its."""
+
+
+def _handle(handler: object) -> None:
+    for sig in CAUGHT:
+        try:
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        except (OSError, ValueError):
+            pass
 
 
 def supervise(exit_file: str, status_fd: int) -> None:
-    """Fork; return in the child, which goes on to become the task. The parent waits for
-    it, writes its wait status to `exit_file` and ends as it did; it never returns."""
-    signal.signal(signal.SIGTERM, _ignore)  # before the fork: no moment where a stop kills it alone
+    """Fork; return in the child, which goes on to become the task, in a session of its
+    own. The parent names it on `status_fd`, waits for it, writes its wait status to
+    `exit_file` and ends as it did; it never returns."""
+    _handle(_ignore)
     try:
         pid = os.fork()
     except OSError as exc:
         fail(status_fd, f"cannot fork: {exc}", host=True)
         return
     if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _handle(signal.SIG_DFL)
+        os.setsid()
         return
+    try:
+        os.write(status_fd, f"{TASK_PID}{pid}\n".encode())
+    except OSError:
+        pass
     os.close(status_fd)  # the child's copy says whether the exec worked
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the output pipe is the task's alone: it closes when the task's side does
@@ -141,6 +163,9 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             fail(status_fd, f"cannot use working directory {cwd!r} as user {user!r}: {exc.strerror}")
     command = spec["command"]
+    # Python ignores these; an exec would pass that on (`producer | head` ran on).
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(command[0], command, spec.get("env", {}))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the attempt did not start

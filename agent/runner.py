@@ -14,6 +14,7 @@ import codecs
 import errno
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,6 +27,7 @@ from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 # The launcher's failures that are the host's begin with this (agent/launch.py).
 HOST_FAILURE = "host: "
+TASK_PID_LINE = re.compile(r"(?m)^pid: (\d+)\n")  # agent/launch.py's TASK_PID line
 # Errors that are the host's want, not the job's fault (a try that cannot be recorded: Agent._on_run_state).
 HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
                          errno.EIO, errno.EROFS})
@@ -125,7 +127,8 @@ class Run:
         self.base_env = base_env if base_env is not None else clean_env()
         self.isolation = isolation
         self.host_id = host_id
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | None = None  # the launcher
+        self.task_pid = 0  # the task's first process, when the launcher stays its parent (group_pid)
         self.launch: Launch | None = None
         self._tail = bytearray()
         self.written = 0  # bytes the attempt's process wrote in all (the tail is their last ones)
@@ -242,18 +245,32 @@ class Run:
                 os.close(status_w)
             self._transport = transport
             self.proc = asyncio.subprocess.Process(transport, protocol, loop)
-            readable: asyncio.Future[None] = loop.create_future()
+            # Read to its end (every copy closed: the exec, or the launcher's failure), the
+            # task's pid taken out (agent/launch.py: `pid: `, when the launcher stays its
+            # parent); what is left is why the command could not start, nothing once it runs.
+            data = b""
+            while True:
+                readable: asyncio.Future[None] = loop.create_future()
 
-            def ready() -> None:
-                if not readable.done():
-                    readable.set_result(None)
+                def ready(fut: asyncio.Future[None] = readable) -> None:
+                    if not fut.done():
+                        fut.set_result(None)
 
-            loop.add_reader(status_r, ready)
-            try:
-                await readable
-            finally:
-                loop.remove_reader(status_r)
-            return os.read(status_r, 4096).decode(errors="replace")  # nothing once the command runs
+                loop.add_reader(status_r, ready)
+                try:
+                    await readable
+                finally:
+                    loop.remove_reader(status_r)
+                chunk = os.read(status_r, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            text = data.decode(errors="replace")
+            named = TASK_PID_LINE.search(text)
+            if named is not None:
+                self.task_pid = int(named.group(1))
+                text = text[:named.start()] + text[named.end():]
+            return text
         finally:
             os.close(status_r)
 
@@ -351,7 +368,7 @@ class Run:
         """SIGKILL what is left of the attempt: its cgroup, and its process group."""
         if self.proc is not None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.group_pid, signal.SIGKILL)
             except OSError:
                 pass
         if self.launch is not None and self.launch.group is not None:
@@ -420,9 +437,9 @@ class Run:
         assert self.proc is not None
         for _ in range(3 if sig == signal.SIGSTOP else 1):
             try:
-                cgroups.signal_attempt(self.cgroup_paths, self.proc.pid, sig)
+                cgroups.signal_attempt(self.cgroup_paths, self.group_pid, sig)
             except PermissionError:
-                self.proc.send_signal(sig)
+                self._kill_first(sig)
 
     async def _stop(self) -> None:
         self._signal(signal.SIGTERM)
@@ -456,9 +473,24 @@ class Run:
         self.signaled = True
         group = self.launch.group if self.launch is not None else None
         try:
-            cgroups.signal_attempt(group.paths if group is not None else (), self.proc.pid, sig)
+            cgroups.signal_attempt(group.paths if group is not None else (), self.group_pid, sig)
         except PermissionError:
-            self.proc.send_signal(sig)
+            self._kill_first(sig)
+
+    def _kill_first(self, sig: int) -> None:
+        """`sig` to the task's first process alone (its group could not be signalled)."""
+        try:
+            os.kill(self.group_pid, sig)
+        except OSError:
+            pass
+
+    @property
+    def group_pid(self) -> int:
+        """The task's process group: its first process's pid, which the launcher names when
+        it stays the task's parent, else the launcher's own (it became the task)."""
+        if self.task_pid:
+            return self.task_pid
+        return self.proc.pid if self.proc is not None else 0
 
     async def wait(self) -> None:
         if self._task is not None:

@@ -452,8 +452,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         return self.nc is not None and self.nc.is_connected
 
     async def store_ready(self) -> str:
-        """Whether the state stream answers this replica (its JetStream leader reachable):
-        "" when it does, else why not. A replica connected to a NATS node that lost its
+        """Whether the state stream answers this replica and has a leader: "" when it does,
+        else why not. A replica connected to a NATS node that lost its
         cluster's quorum, or is cut off from the rest, has a live connection and can store
         nothing. Asked at most every READY_PROBE_S; health checks meanwhile get the last
         answer."""
@@ -468,9 +468,12 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                 why = "not started"
             else:
                 try:
-                    await asyncio.wait_for(self.store.js.stream_info(f"KV_{subjects.STATE_BUCKET}"),
-                                           timeout=READY_PROBE_TIMEOUT_S)
-                    why = ""
+                    info = await asyncio.wait_for(self.store.js.stream_info(f"KV_{subjects.STATE_BUCKET}"),
+                                                  timeout=READY_PROBE_TIMEOUT_S)
+                    # A node that lost its quorum answers from its own replica after a few
+                    # seconds, naming no leader (found by a clean clone's run: ready again).
+                    leaderless = info.cluster is not None and not info.cluster.leader
+                    why = "the state stream has no leader (its NATS cluster lost its quorum)" if leaderless else ""
                 except Exception as exc:  # noqa: BLE001 - any failure is the answer
                     why = f"the state stream does not answer ({exc or type(exc).__name__})"
             self._ready_probe = (time.monotonic(), why)

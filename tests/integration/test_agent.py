@@ -192,7 +192,7 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
             await store.put(subjects.alloc_key("fr-1"), encode(host_alloc("fr-1", tasks, term=1)))
             await eventually(lambda: all(f.exists() and "start" in f.read_text() for f in logs.values()),
                              timeout=60, what="both attempts running")
-            groups = [agent.runs[t.attempt_id].proc.pid for t in tasks]  # type: ignore[union-attr]
+            groups = [agent.runs[t.attempt_id].group_pid for t in tasks]
 
             async def fence() -> None:
                 # No heartbeat stored for 100 s longer than fence_after: the agent notices late
@@ -754,11 +754,37 @@ def test_a_host_whose_trouble_keeps_coming_back_asks_for_no_new_work_longer_each
         # Again within its hold: the same hold, counted from the latest.
         agent._troubled("read-only file system", now=t + 10)
         assert agent._start_trouble[2] == START_TROUBLE_MAX_S  # type: ignore[index]
-        # A try started since: the next trouble holds the host out for a minute again.
-        agent._started_since_trouble = True
-        agent._troubled("no space left on device", now=t + 2000)
+        # Back only long after its hold: a minute again.
+        at, held = agent._start_trouble[1], agent._start_trouble[2]  # type: ignore[index]
+        agent._troubled("read-only file system", now=at + held + START_TROUBLE_MAX_S + 1)
         assert agent._start_trouble[2] == START_TROUBLE_S  # type: ignore[index]
-        assert agent._start_troubled(now=t + 2001) == "no space left on device"
+        agent._troubled("read-only file system", now=at + held + START_TROUBLE_MAX_S + 2)  # (within it: the same)
+        assert agent._start_trouble[2] == START_TROUBLE_S  # type: ignore[index]
+        # A try started since: the next trouble holds the host out for a minute again.
+        for _ in range(3):
+            at, held = agent._start_trouble[1], agent._start_trouble[2]  # type: ignore[index]
+            agent._troubled("read-only file system", now=at + held + 1)
+        assert agent._start_trouble[2] == 8 * START_TROUBLE_S  # type: ignore[index]
+        t = agent._start_trouble[1]  # type: ignore[index]
+        agent._started_since_trouble = True
+        agent._troubled("no space left on device", now=t + 8 * START_TROUBLE_S + 1)
+        assert agent._start_trouble[2] == START_TROUBLE_S  # type: ignore[index]
+        assert agent._start_troubled(now=t + 8 * START_TROUBLE_S + 2) == "no space left on device"
     finally:
         agent.gpus.close()
         agent.isolation.close()
+
+
+def test_a_try_asked_to_stop_that_ended_while_its_agent_was_down_is_reported_stopped() -> None:
+    """A review: a try being stopped (a preemption, a cancel, a time limit) whose agent died
+    in its grace, and which saved its state and exited 0 (or 143) meanwhile, was reported
+    SUCCEEDED (or FAILED): it has not finished, and ends as its stop says, as a live
+    agent's run reports it. One not asked to stop is reported as it ended."""
+    t = task("j-st", command=["x"], cpus=1, memory_mb=64, term=1)
+    stopped = t.model_copy(update={"stop": True, "stop_reason": "preempted for job k"})
+    for status in (0, 143 << 8, 15):
+        state, _code, _out, reason = Agent._ended_while_away(stopped, status)
+        assert state is AttemptState.KILLED and reason.startswith("preempted for job k"), (status, state)
+    assert Agent._ended_while_away(t, 0)[:2] == (AttemptState.SUCCEEDED, 0)
+    assert Agent._ended_while_away(t, 3 << 8)[:2] == (AttemptState.FAILED, 3)
+    assert Agent._ended_while_away(t, 9)[:2] == (AttemptState.FAILED, -9)

@@ -286,6 +286,8 @@ def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluste
     # The leftover never got to finish (SIGKILL: no 'stop', no 'end'); the retry ran once.
     assert by_attempt == {f"{job['id']}.1": ["start"], f"{job['id']}.2": ["start", "end"]}, by_attempt
     assert not list((tmp_path / "agents" / "ra.runs").glob("*"))
+    # Its launcher was killed before it: nothing wrote the kill down as the task's own end.
+    assert not list((tmp_path / "agents" / "ra.launch" / "exits").glob("*"))
     assert_invariants(cluster.nats_url)
 
 

@@ -353,6 +353,25 @@ async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, mus
         z: cancelJobs(filter: {f}) {{ count userErrors {{ code }} }} }}""")
     assert got["x"] == {"count": 2, "userErrors": []} and got["y"] == {"count": 1, "userErrors": []}
     assert got["z"] == {"count": 0, "userErrors": [{"code": "OUT_OF_RANGE"}]}
+    # Over a WebSocket (one context for the connection) each operation has its own count (a
+    # review: the limits became the connection's, refusing a client after 1,000 jobs in all).
+    ws = WS(build_app(muster, manage_lifecycle=False))
+    await ws.connect()
+    try:
+        assert (await ws.init({"Authorization": f"Bearer {muster.new_token}"}))["type"] == "connection_ack"
+        seen = []
+        for i in range(3):
+            await ws.subscribe(f"s{i}", f"mutation {{ submitJobs(input: [{job}, {job}, {job}, {job}]) "
+                                        f"{{ userErrors {{ code }} }} }}")
+            while True:
+                m = await ws.next()
+                if m["type"] == "next":
+                    seen.append([r["userErrors"] for r in m["payload"]["data"]["submitJobs"]])
+                if m["type"] == "complete":
+                    break
+        assert seen == [[[]] * 4] * 3, seen
+    finally:
+        await ws.close()
 
 
 UPDATE_JOB = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {

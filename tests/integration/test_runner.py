@@ -167,7 +167,7 @@ async def test_a_frozen_attempt_in_a_cgroup_with_a_freezer_stays_frozen_whoever_
         assert run.proc is not None and run.cgroup_paths
         run.freeze()
         assert run.cgroup_frozen
-        group = run.proc.pid
+        group = run.group_pid  # the task's (its launcher stays its parent)
         while not group_frozen(group):
             await asyncio.sleep(0.05)
         for pid in cgroups.Group("x", int(version[1]), run.cgroup_paths).pids():

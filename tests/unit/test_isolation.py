@@ -433,6 +433,17 @@ def test_a_work_root_made_by_someone_else_is_never_taken_over(tmp_path: Path) ->
         named.prepare(t, {})
     os.chmod(root, 0o711)
     Isolation.release(named.prepare(t, {}))
+    # A link at its path: the operator's own is followed, one someone else made is not (a review).
+    import shutil as _shutil
+
+    _shutil.rmtree(root)
+    target = tmp_path / "target"
+    target.mkdir(mode=0o711)
+    root.symlink_to(target)
+    Isolation.release(named.prepare(t, {}))
+    os.chown(root, other, other, follow_symlinks=False)
+    with pytest.raises(OSError, match="is not the agent's"):
+        named.prepare(t, {})
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives the attempt's directory to the job's uid")
@@ -463,3 +474,51 @@ def test_a_task_under_a_uid_of_its_jobs_own_is_told_a_name_of_its_own(tmp_path: 
     assert told(a, shared_user=True) == ("muster-task", "muster-task")
     iso.job_uids = None
     assert told(a) == ("muster-task", "muster-task")
+
+
+def test_a_launcher_that_stays_the_tasks_parent_keeps_its_end_and_leaves_it_its_own_group(tmp_path: Path) -> None:
+    """With an exit file the launcher forks and stays the task's parent, to keep its wait
+    status for an agent that died meanwhile. The task still leads a session and process
+    group of its own (a review: `kill -- -$$` in its script found no such group), the
+    launcher names it first on the status pipe, ignores what the task (of the same user)
+    sends it (a review: SIGUSR1 to the group killed the launcher, and the try with it),
+    ends as the task did, and the task starts with SIGPIPE and SIGXFSZ as the system has
+    them (Python's launcher ignored both, and an exec passed that on)."""
+    import json
+    import subprocess
+    import sys
+
+    from agent.isolation import LAUNCHER
+
+    out, exit_file = tmp_path / "out", tmp_path / "exit"
+    script = ("import os, signal; os.kill(os.getppid(), signal.SIGUSR1); os.kill(os.getppid(), signal.SIGHUP); "
+              f"open({str(out)!r}, 'w').write(f'{{os.getpid()}} {{os.getpgid(0)}} {{os.getsid(0)}}'); "
+              "raise SystemExit(3)")
+
+    def launch(command: list[str]) -> tuple[int, str]:
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"cgroup_procs": [], "cwd": "/", "env": {}, "command": command,
+                                    "exit_file": str(exit_file)}))
+        r, w = os.pipe()
+        p = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(spec), str(w)], pass_fds=(w,),
+                             start_new_session=True)
+        os.close(w)
+        said = b""
+        while chunk := os.read(r, 4096):
+            said += chunk
+        os.close(r)
+        return p.wait(30), said.decode()
+
+    code, said = launch([sys.executable, "-c", script])
+    pid, pgid, sid = (int(x) for x in out.read_text().split())
+    assert said == f"pid: {pid}\n" and pgid == sid == pid, (said, pid, pgid, sid)
+    assert code == 3 and int(exit_file.read_text()) == 3 << 8
+    code, _ = launch(["sh", "-c", f"grep SigIgn /proc/$$/status > {out}"])
+    ignored = int(out.read_text().split()[1], 16)
+    assert code == 0 and ignored & ((1 << (13 - 1)) | (1 << (25 - 1))) == 0, hex(ignored)  # SIGPIPE, SIGXFSZ
+    # Killed by a signal: the launcher ends by the same one, and says so in its file.
+    code, _ = launch([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
+    assert code == -15 and os.WIFSIGNALED(int(exit_file.read_text()))
+    # A command that cannot start: the failure after the task's pid, exit 127, as before.
+    code, said = launch(["/no/such/program"])
+    assert code == 127 and said.startswith("pid: ") and "cannot start '/no/such/program'" in said, said

@@ -12,7 +12,7 @@ import strawberry
 from strawberry.types import Info
 
 from server.api.auth import allows, require_cluster_wide
-from server.api.graphql.context import epoch, muster, require, user
+from server.api.graphql.context import epoch, muster, operation_counts, require, user
 from server.api.graphql.errors import UserError, attempt, user_errors
 from server.api.graphql.inputs import (
     AdvanceReservationInput,
@@ -104,12 +104,13 @@ def _queue(info: Info, name: str) -> Queue | None:
 
 
 def _take(info: Info, what: str, n: int, most: int) -> bool:
-    """Count `n` more of `what` in this request (its context, one per request: a request's
-    mutations run one after the other); False, counting nothing, past `most`."""
-    done = info.context.get(what, 0)
+    """Count `n` more of `what` in this operation (a request's mutations run one after the
+    other); False, counting nothing, past `most`."""
+    counts = operation_counts(info)
+    done = counts.get(what, 0)
     if done + n > most:
         return False
-    info.context[what] = done + n
+    counts[what] = done + n
     return True
 
 
@@ -195,13 +196,14 @@ class Mutation:
         async def op() -> list[str]:
             require(info)
             # At most MAX_CANCEL_MATCHING over the request, aliases of the field together.
-            left = MAX_CANCEL_MATCHING - info.context.get("cancelled", 0)
+            counts = operation_counts(info)
+            left = MAX_CANCEL_MATCHING - counts.get("cancelled", 0)
             if left <= 0 or (limit is not None and not 1 <= limit <= left):
                 raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled per request",
                                       "OUT_OF_RANGE")
             ids = await muster(info).cancel_matching(user(info), reason, bound_queues(info),
                                                      limit=limit if limit is not None else left, **filter.filters())
-            info.context["cancelled"] = info.context.get("cancelled", 0) + len(ids)
+            counts["cancelled"] = counts.get("cancelled", 0) + len(ids)
             return ids
 
         ids, errors = await attempt(op)

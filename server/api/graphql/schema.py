@@ -19,6 +19,7 @@ from strawberry.extensions import (
     ValidationCache,
 )
 
+from server.api.graphql.context import PerOperation
 from server.api.graphql.errors import add_code
 from server.api.graphql.mutations import Mutation
 from server.api.graphql.queries import Query
@@ -62,6 +63,7 @@ def build_schema(production: bool = False) -> strawberry.Schema:
         lambda: AddValidationRules(LIMIT_RULES),
         lambda: ValidationCache(maxsize=256),
         lambda: MaxTokensLimiter(max_token_count=5000),
+        PerOperation,
     ]
     if production:
         extensions.append(MaskErrors)
