@@ -132,12 +132,22 @@ def choose(spec: JobSpec, starts: dict[str, float], free: Callable[[str], int]) 
 
 def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec, tasks: int = 1) -> bool:
     """Whether a task of `spec` placed on the host now leaves the reserved job's start
-    there as it is: it takes no GPU, and what is free of CPU and memory now, less what it
+    there as it is: it takes no GPU the reserved job could use (none at all, a MIG
+    instance where the reserved job wants whole GPUs or shares, a whole GPU or a share
+    where it wants MIG instances, which are on other GPUs, or a GPU of a model it does not
+    take; found by exploring: a job waiting for a whole GPU kept jobs of MIG slices off the
+    free MIG instances of its host), and what is free of CPU and memory now, less what it
     takes, still holds the `tasks` tasks of `reserved` the host is held for (the tasks
     there only free more as they end, so the reserved tasks' GPUs are the wait, not their
     CPU or memory)."""
-    if cap is None or spec.wants_gpu():
+    if cap is None:
         return False
+    if spec.wants_gpu():
+        mine, theirs = spec.models(), reserved.models()
+        apart = ((spec.mig_profile is None) != (reserved.mig_profile is None)
+                 or (mine is not None and theirs is not None and not mine & theirs))
+        if not apart:
+            return False
     return (cap.cpus - cap.used_cpus - spec.cpus >= reserved.cpus * tasks - 1e-9
             and cap.memory_mb - cap.used_memory_mb - spec.memory_mb >= reserved.memory_mb * tasks)
 

@@ -570,3 +570,25 @@ def test_a_stacked_gangs_host_is_kept_from_jobs_without_gpus_that_would_take_wha
     w.submit("small", at=NOW - 4, cpus=8)  # 56 - 8 = 48: both tasks' still
     w.cycle(now=NOW + 1)
     assert w.job("hog").state is JobState.QUEUED and w.job("small").state is JobState.PLACED
+
+
+def test_a_task_taking_gpus_the_reserved_job_cannot_use_spares_its_host() -> None:
+    """Found by exploring: a job waiting for a whole GPU held its host, and jobs of MIG
+    slices waited beside free MIG instances it could never use. A task spares a reserved
+    host when the GPUs it takes are not of a kind the reserved job takes (MIG instances
+    against whole GPUs or shares, and back; a model it does not take), and the CPU and
+    memory left still hold the reserved tasks."""
+    from server.scheduling.backfill import spares
+    from tests.factories import host_capacity, job_spec
+
+    cap = host_capacity("m1", gpus=4, model="A100", cpus=64, memory_mb=256_000)
+    whole = job_spec("w", gpus=1, gpu_model="A100", cpus=4, memory_mb=1000)
+    mig = job_spec("m", gpus=0, mig_profile="1g.10gb", cpus=2, memory_mb=1000)
+    assert spares(cap, mig, whole) and spares(cap, whole, mig)
+    assert not spares(cap, job_spec("w2", gpus=1, cpus=1, memory_mb=10), whole)  # a whole GPU it could use
+    assert not spares(cap, job_spec("s", gpus=0, gpu_share=500, cpus=1, memory_mb=10), whole)  # a share of one
+    h100 = job_spec("h", gpus=1, gpu_model="H100", cpus=1, memory_mb=10)
+    assert spares(cap, h100, whole)  # a model the reserved job does not take
+    assert spares(cap, job_spec("c", gpus=0, cpus=1, memory_mb=10), whole)  # no GPU, as before
+    hungry = job_spec("mh", gpus=0, mig_profile="1g.10gb", cpus=62, memory_mb=1000)
+    assert not spares(cap, hungry, whole)  # the CPUs the reserved task needs
