@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import errors as jserrors
 
 from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
@@ -290,6 +291,8 @@ class Agent:
         # (agent/launch.py), reported as their end when their assignment is seen.
         self._ended_away: dict[str, int] = {}
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
+        self._assign_sub: Subscription | None = None  # the subscription to this host's assignments
+        self.coalesced = 0  # assignments passed over for a newer one already queued
         # Attempts a previous incarnation started: one still assigned is reported LOST once.
         # (Only those: an attempt this agent ran itself and whose report is not applied yet
         # is still in the assignment for a while, and must be left alone.)
@@ -774,6 +777,13 @@ class Agent:
     # ------------------------------------------------------------ assignments
 
     async def _on_assign(self, msg: Msg) -> None:
+        sub = self._assign_sub
+        if sub is not None and sub.pending_msgs > 0:
+            # A newer assignment is queued behind this one (each is the host's whole list):
+            # only the newest is read (found by exploring: an agent continued after a
+            # SIGSTOP started a cancelled gang task from the older one, then stopped it).
+            self.coalesced += 1
+            return
         try:
             alloc = decode(HostAlloc, msg.data, limit=MAX_RECORD_BYTES)
         except DecodeError as exc:
@@ -1129,8 +1139,8 @@ class Agent:
         # (found by a review).
         self.last_heartbeat_ok = time.monotonic()
         self._touch_alive()
-        sub = await nc.subscribe(subjects.assign_subject(self.config.host_id), cb=self._on_assign,
-                                 pending_msgs_limit=10_000)
+        sub = self._assign_sub = await nc.subscribe(subjects.assign_subject(self.config.host_id),
+                                                    cb=self._on_assign, pending_msgs_limit=10_000)
         await nc.subscribe(subjects.output_subject(self.config.host_id), cb=self._on_output_request,
                            pending_msgs_limit=1_000)
         await self._refresh_assignments()

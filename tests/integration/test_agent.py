@@ -788,3 +788,48 @@ def test_a_try_asked_to_stop_that_ended_while_its_agent_was_down_is_reported_sto
     assert Agent._ended_while_away(t, 0)[:2] == (AttemptState.SUCCEEDED, 0)
     assert Agent._ended_while_away(t, 3 << 8)[:2] == (AttemptState.FAILED, 3)
     assert Agent._ended_while_away(t, 9)[:2] == (AttemptState.FAILED, -9)
+
+
+async def test_assignments_queued_behind_one_another_are_read_newest_only(nats_url: str, tmp_path: Path,
+                                                                           monkeypatch: Any) -> None:
+    """Found by exploring: an agent continued after a SIGSTOP read every assignment queued
+    meanwhile in order, and started a cancelled gang task from an older one before the
+    newer one stopped it. Each assignment is the host's whole list: one with a newer one
+    queued behind it is passed over."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    marks = tmp_path / "runs"
+    try:
+        async with running_agent(nats_url, tmp_path, "co-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                                 fence_after_s=2.5) as agent:
+            await eventually(lambda: agent._hb_stored.is_set() and agent._assign_sub is not None, timeout=60,
+                             what="the agent up")
+            original = agent.reconcile
+            held = asyncio.Event()
+            entered = asyncio.Event()
+
+            async def slow(alloc: Any, seq: int) -> None:
+                if alloc.tasks and alloc.tasks[0].job_id == "j-hold" and not held.is_set():
+                    entered.set()
+                    await held.wait()  # as an agent stopped while the next ones queue up
+                await original(alloc, seq)
+
+            monkeypatch.setattr(agent, "reconcile", slow)
+            first = task("j-hold", command=["true"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
+            await asyncio.wait_for(entered.wait(), timeout=30)
+            t = task("j-co", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                     term=1)
+            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [t], term=1)))
+            stopped = t.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
+            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [stopped], term=1)))
+            await eventually(lambda: agent._assign_sub.pending_msgs == 2, timeout=30,  # type: ignore[union-attr]
+                             what="both queued")
+            held.set()
+            await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try handed back")
+            ended, _at = agent._ended[t.attempt_id]
+            assert ended.state is AttemptState.KILLED and ended.reason == "cancelled before it started", ended
+            assert not marks.exists() and agent.coalesced == 1
+    finally:
+        await nc.close()
