@@ -171,13 +171,13 @@ def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved
              view: Callable[[str], HostCapacity | None], grace_s: float = 0.0) -> frozenset[str]:
     """The hosts of reservation `r` that a job of `spec`, running at most `limit_s` and
     stopped with a grace of `grace_s` (its queue's; 0: the agent's), may not take now:
-    none when its limit ends it by the reserved start (`may_backfill`); for
-    a job that wants no GPU, those where it would take CPU or memory a task of the
-    reserved job (`reserved`) needs (`spares`, over the hosts as `view` gives them); else
-    all of them. The planner and why pending decide alike with it."""
+    none when its limit ends it by the reserved start (`may_backfill`); else those where
+    it would take a GPU, CPU or memory a task of the reserved job (`reserved`) needs
+    (`spares`, over the hosts as `view` gives them). The planner and why pending decide
+    alike with it."""
     if may_backfill(limit_s, now, r, grace_s):
         return frozenset()
-    if spec.wants_gpu() or reserved is None:
+    if reserved is None:
         return r.hosts
     # A gang held fewer hosts than it has tasks is stacked: each host for all of them.
     tasks = reserved.replicas if r.stacked or len(r.hosts) < reserved.replicas else 1

@@ -592,3 +592,10 @@ def test_a_task_taking_gpus_the_reserved_job_cannot_use_spares_its_host() -> Non
     assert spares(cap, job_spec("c", gpus=0, cpus=1, memory_mb=10), whole)  # no GPU, as before
     hungry = job_spec("mh", gpus=0, mig_profile="1g.10gb", cpus=62, memory_mb=1000)
     assert not spares(cap, hungry, whole)  # the CPUs the reserved task needs
+    # What the planner and why pending ask (a review: it kept every job wanting a GPU off,
+    # whatever `spares` said).
+    from server.scheduling.backfill import kept_off
+
+    r = Reservation("w", frozenset({"m1"}), None)
+    assert kept_off(mig, 0.0, NOW, r, whole, lambda _h: cap) == frozenset()
+    assert kept_off(job_spec("w2", gpus=1, cpus=1, memory_mb=10), 0.0, NOW, r, whole, lambda _h: cap) == {"m1"}
