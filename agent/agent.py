@@ -292,6 +292,7 @@ class Agent:
         self._ended_away: dict[str, int] = {}
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
         self._assign_sub: Subscription | None = None  # the subscription to this host's assignments
+        self._newest_queued: tuple[HostAlloc, int] | None = None  # of those passed over (_on_assign)
         self.coalesced = 0  # assignments passed over for a newer one already queued
         # Attempts a previous incarnation started: one still assigned is reported LOST once.
         # (Only those: an attempt this agent ran itself and whose report is not applied yet
@@ -366,9 +367,11 @@ class Agent:
         # watchdog and a restarted agent); `wd:<dir>`: the directory made for it (removed by
         # a restarted agent); `sup:<pid>:<start>`: the launcher that stays the task's parent
         # (killed first by a restarted agent: it would write that kill down as the task's end).
-        fields = [str(pid), start_time(pid)] + (["keep"] if keep_running else [])
+        # A process already gone has no start time: "-" keeps the fields in their places (a
+        # review: the launcher reaps a task that ends at once, and `sup:` was read as one).
+        fields = [str(pid), start_time(pid) or "-"] + (["keep"] if keep_running else [])
         if launcher is not None and launcher != pid:
-            fields.append(f"sup:{launcher}:{start_time(launcher)}")
+            fields.append(f"sup:{launcher}:{start_time(launcher) or '-'}")
         fields += [f"cg:{d}" for d in cgroup_paths or []]
         if work_dir is not None and " " not in work_dir:
             fields.append(f"wd:{work_dir}")
@@ -777,13 +780,6 @@ class Agent:
     # ------------------------------------------------------------ assignments
 
     async def _on_assign(self, msg: Msg) -> None:
-        sub = self._assign_sub
-        if sub is not None and sub.pending_msgs > 0:
-            # A newer assignment is queued behind this one (each is the host's whole list):
-            # only the newest is read (found by exploring: an agent continued after a
-            # SIGSTOP started a cancelled gang task from the older one, then stopped it).
-            self.coalesced += 1
-            return
         try:
             alloc = decode(HostAlloc, msg.data, limit=MAX_RECORD_BYTES)
         except DecodeError as exc:
@@ -791,7 +787,21 @@ class Agent:
             log.warning("dropped assignment: %s", exc)
             return
         seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
-        await self.reconcile(alloc, seq)
+        # Each assignment is the host's whole list: of those queued one behind another only
+        # the newest (the highest revision; the later of equals) is read (found by
+        # exploring: an agent continued after a SIGSTOP started a cancelled gang task from
+        # an older one, then stopped it). Kept until the queue is read to its end, not
+        # dropped: the one behind may be an older revision sent again (a review).
+        best = self._newest_queued
+        if best is None or seq >= best[1]:
+            best = (alloc, seq)
+        sub = self._assign_sub
+        if sub is not None and sub.pending_msgs > 0:
+            self._newest_queued = best
+            self.coalesced += 1
+            return
+        self._newest_queued = None
+        await self.reconcile(*best)
 
     async def _on_output_request(self, msg: Msg) -> None:
         """Answer an API replica's question for a running attempt's output so far."""

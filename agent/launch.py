@@ -63,7 +63,8 @@ TASK_PID = "pid: "  # begins the line that names the task's pid (agent.runner re
 # What the supervisor ignores: every signal it may (a handler, not SIG_IGN, which an exec
 # would pass on to the task).
 CAUGHT = tuple(s for s in signal.valid_signals()
-               if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT))
+               if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT,
+                            signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE))  # (its own faults kill it)
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -84,6 +85,7 @@ def supervise(exit_file: str, status_fd: int) -> None:
     `exit_file` and ends as it did; it never returns."""
     _handle(_ignore)
     try:
+        go_r, go_w = os.pipe()  # the child waits for the pid line to be written first (a review)
         pid = os.fork()
     except OSError as exc:
         fail(status_fd, f"cannot fork: {exc}", host=True)
@@ -91,11 +93,16 @@ def supervise(exit_file: str, status_fd: int) -> None:
     if pid == 0:
         _handle(signal.SIG_DFL)
         os.setsid()
+        os.close(go_w)
+        os.read(go_r, 1)  # EOF once the parent has named this process
+        os.close(go_r)
         return
+    os.close(go_r)
     try:
         os.write(status_fd, f"{TASK_PID}{pid}\n".encode())
     except OSError:
         pass
+    os.close(go_w)
     os.close(status_fd)  # the child's copy says whether the exec worked
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the output pipe is the task's alone: it closes when the task's side does

@@ -27,7 +27,7 @@ from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 # The launcher's failures that are the host's begin with this (agent/launch.py).
 HOST_FAILURE = "host: "
-TASK_PID_LINE = re.compile(r"(?m)^pid: (\d+)\n")  # agent/launch.py's TASK_PID line
+TASK_PID_LINE = re.compile(r"^pid: (\d+)\n")  # agent/launch.py's TASK_PID line (written before anything else)
 # Errors that are the host's want, not the job's fault (a try that cannot be recorded: Agent._on_run_state).
 HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
                          errno.EIO, errno.EROFS})
@@ -129,6 +129,8 @@ class Run:
         self.host_id = host_id
         self.proc: asyncio.subprocess.Process | None = None  # the launcher
         self.task_pid = 0  # the task's first process, when the launcher stays its parent (group_pid)
+        self._running = False  # the command runs (the launcher has said which process is the task)
+        self._freeze_early = False  # frozen before that: applied once it runs
         self.launch: Launch | None = None
         self._tail = bytearray()
         self.written = 0  # bytes the attempt's process wrote in all (the tail is their last ones)
@@ -304,6 +306,10 @@ class Run:
             self.done.set()
             return
         assert self.proc is not None and self.proc.stdout is not None
+        self._running = True
+        if self._freeze_early:  # frozen while it was being started
+            self._freeze_early = False
+            self.freeze()
         self.started_at = time.time()
         try:
             await self.on_state(t, AttemptState.RUNNING, None, "", "")
@@ -392,11 +398,13 @@ class Run:
         if self.stop_reason is None:
             self.stop_reason = reason
         proc = self.proc
-        if proc is None and grace_s is not None:
+        if not self._running and grace_s is not None:
             # Stopped while it is being started: the stop made once it has is given this
             # grace (found by a review: it got the agent's default, a second for a 20 s one).
             self._early_grace = grace_s if self._early_grace is None else min(self._early_grace, grace_s)
-        if proc is None or self._exited.is_set():
+        if proc is None or not self._running or self._exited.is_set():
+            # (Until the launcher has said which process is the task, a signal would reach
+            # the launcher alone, which ignores it: a review. The start applies the stop.)
             return
         # A later stop may shorten the grace (fencing must finish within the TTL), never
         # lengthen it.
@@ -417,7 +425,10 @@ class Run:
         when the signal comes is restarted, stopped). The freezer holds them even against
         a SIGCONT from another process of the task's user; the SIGSTOP keeps a host without
         one (or an attempt without a cgroup) frozen all the same."""
-        if self.proc is None or self._exited.is_set():
+        if self._exited.is_set():
+            return
+        if self.proc is None or not self._running:
+            self._freeze_early = True  # applied once the task is known (a SIGSTOP would stop its launcher)
             return
         self.frozen = True
         self._pause(signal.SIGSTOP)
@@ -425,6 +436,7 @@ class Run:
 
     def thaw(self) -> None:
         """Thaw the cgroup and SIGCONT what `freeze` stopped."""
+        self._freeze_early = False
         if not self.frozen:
             return
         self.frozen = False

@@ -831,5 +831,24 @@ async def test_assignments_queued_behind_one_another_are_read_newest_only(nats_u
             ended, _at = agent._ended[t.attempt_id]
             assert ended.state is AttemptState.KILLED and ended.reason == "cancelled before it started", ended
             assert not marks.exists() and agent.coalesced == 1
+            # The newest is read also when an older revision sent again is queued behind it (a
+            # review: the newest was passed over, and the older one started the task it stopped).
+            held.clear()
+            entered.clear()
+            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
+            await asyncio.wait_for(entered.wait(), timeout=30)
+            u = task("j-co2", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                     term=1)
+            older = await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u], term=1)))
+            u_stopped = u.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
+            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u_stopped], term=1)))
+            await nc.publish(subjects.assign_subject("co-1"), encode(host_alloc("co-1", [u], term=1)),
+                             headers={"Nats-Sequence": str(older)})  # as the leader's resend of an older one
+            await eventually(lambda: agent._assign_sub.pending_msgs == 3, timeout=30,  # type: ignore[union-attr]
+                             what="all three queued")
+            held.set()
+            await eventually(lambda: u.attempt_id in agent._ended, timeout=60, what="the second try handed back")
+            ended, _at = agent._ended[u.attempt_id]
+            assert ended.reason == "cancelled before it started" and not marks.exists(), ended
     finally:
         await nc.close()

@@ -335,3 +335,48 @@ async def test_a_try_the_agent_cannot_record_for_its_watchdog_is_stopped(
     await asyncio.wait_for(run.done.wait(), timeout=120)
     assert [s for s, _ in reported] == [AttemptState.RUNNING, AttemptState.KILLED], reported
     assert "could not record it for its watchdog" in reported[-1][1], reported
+
+
+async def test_a_stop_or_freeze_before_the_launcher_names_the_task_reaches_the_task(tmp_path: Path) -> None:
+    """A review: between the launcher's start and its word of which process is the task
+    (it stays the task's parent, in another process group), a freeze stopped the launcher
+    alone, for good (the try never ended), and a stop's SIGTERM went to the launcher, which
+    ignores it: the task got no checkpoint window, only the SIGKILL. Both wait now until
+    the task is known. (The task is held there by a FIFO in place of its cgroup's
+    `cgroup.procs`; `sleep` ends at its SIGTERM.)"""
+    import json
+
+    from agent.isolation import LAUNCHER, Isolation, Launch
+
+    fifo, exit_file = tmp_path / "procs", tmp_path / "exit"
+    os.mkfifo(fifo)
+    iso = Isolation("early", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode="off",
+                    private_dir=tmp_path / "private")
+
+    def prepare(t: object, env: dict[str, str], shared_user: bool = False) -> Launch:
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"cgroup_procs": [str(fifo)], "cwd": "/", "env": env, "exit_file": str(exit_file),
+                                    "command": ["sleep", "600"]}))
+        return Launch([sys.executable, "-I", "-S", LAUNCHER, str(spec)], None, None, spec, exit_file)
+
+    iso.prepare = prepare  # type: ignore[method-assign]
+    ends: list[tuple[AttemptState, int | None]] = []
+
+    async def on_state(_task: object, state: AttemptState, code: int | None, *_: object) -> None:
+        ends.append((state, code))
+
+    run = Run(task(command=["unused"]), on_state, kill_grace_s=600.0, isolation=iso, host_id="early")
+    run.start()
+    deadline = time.monotonic() + 30
+    while run.proc is None:
+        assert time.monotonic() < deadline, "the launcher did not start"
+        await asyncio.sleep(0.01)
+    run.freeze()
+    stop = asyncio.create_task(run.stop("preempted", 30.0))
+    await asyncio.sleep(0.2)
+    with open(fifo) as f:  # the task's side goes on: it "joins its cgroup" and runs
+        f.read()
+    await asyncio.wait_for(stop, timeout=25)  # (its SIGTERM ends it: well within the 30 s grace)
+    await asyncio.wait_for(run.wait(), timeout=60)
+    assert ends[-1] == (AttemptState.KILLED, -signal.SIGTERM), ends
+    iso.close()
