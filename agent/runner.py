@@ -321,6 +321,11 @@ class Run:
         await self._exited.wait()
         code = self.proc.returncode
         assert code is not None
+        # A launcher that stays the task's parent and ended without writing the task's end
+        # was killed itself (the OOM killer, an operator), the task perhaps running on: the
+        # try's end is the host's want, not the job's failure (a review).
+        orphaned = (self.task_pid and self.launch is not None and self.launch.exit_file is not None
+                    and not self.launch.exit_file.exists())
         # Whatever the process left (daemons, background children) dies with it.
         await self._sweep()
         try:
@@ -342,6 +347,10 @@ class Run:
             state = AttemptState.KILLED
             self.stop_reason = reason = fenced
             log.warning("attempt %s %s", t.attempt_id, fenced.removeprefix("fenced: "))
+        elif orphaned:
+            state = AttemptState.KILLED
+            self.host_trouble = reason = "its launcher was killed, and the task with it"
+            log.warning("attempt %s: %s", t.attempt_id, reason)
         elif code == 0 and not self.signaled:
             state = AttemptState.SUCCEEDED  # it finished on its own
         elif self.signaled:

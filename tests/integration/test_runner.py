@@ -380,3 +380,41 @@ async def test_a_stop_or_freeze_before_the_launcher_names_the_task_reaches_the_t
     await asyncio.wait_for(run.wait(), timeout=60)
     assert ends[-1] == (AttemptState.KILLED, -signal.SIGTERM), ends
     iso.close()
+
+
+async def test_a_try_whose_launcher_is_killed_alone_ends_as_the_hosts_want(tmp_path: Path) -> None:
+    """A review: the launcher that stays the task's parent, killed alone (the OOM killer,
+    an operator), ended the try FAILED -9 as the job's own failure, the task swept. It ends
+    KILLED as the host's want (requeued, not counted), and the task does not run on."""
+    from agent.isolation import Isolation
+
+    iso = Isolation("orph", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode="off",
+                    private_dir=tmp_path / "private", work_root=tmp_path / "work")
+    log = tmp_path / "signals"
+    ends: list[tuple[AttemptState, str]] = []
+
+    async def on_state(_task: object, state: AttemptState, _code: object, _tail: object, reason: str) -> None:
+        ends.append((state, reason))
+
+    run = Run(task(command=[sys.executable, "-c", STUBBORN, str(log)]), on_state, kill_grace_s=1.0, isolation=iso,
+              host_id="orph")
+    run.start()
+    await _started(run, log)
+    assert run.proc is not None and run.task_pid and run.task_pid != run.proc.pid
+    task_pid = run.task_pid
+    os.kill(run.proc.pid, signal.SIGKILL)
+    await asyncio.wait_for(run.wait(), timeout=60)
+    assert ends[-1] == (AttemptState.KILLED, "its launcher was killed, and the task with it"), ends
+    assert run.host_trouble
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{task_pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    deadline = time.monotonic() + 30
+    while not gone():
+        assert time.monotonic() < deadline, "the task runs on"
+        await asyncio.sleep(0.05)
+    iso.close()
