@@ -1107,6 +1107,12 @@ class Agent:
         # what this start kills is no task's own end).
         self._ended_away = self.isolation.ended_while_away()
         self.killed_leftovers = self._kill_leftovers()
+        # A task that ended by itself in between (its launcher killed first, none that this
+        # start killed has its end written): its end too, read again.
+        killed = set(self.killed_leftovers)
+        for attempt_id, status in self.isolation.ended_while_away().items():
+            if attempt_id not in killed:
+                self._ended_away.setdefault(attempt_id, status)
         self.isolation.remove_empty_leftovers()
         self._start_watchdog()
 

@@ -852,3 +852,40 @@ async def test_assignments_queued_behind_one_another_are_read_newest_only(nats_u
             assert ended.reason == "cancelled before it started" and not marks.exists(), ended
     finally:
         await nc.close()
+
+
+async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_reported_as_it_ended(
+        nats_url: str, tmp_path: Path, monkeypatch: Any) -> None:
+    """A task whose launcher wrote its end just after the next agent read the launchers'
+    records, and before it killed what was left, was reported LOST (its record left on disk
+    for a later start): the records are read again once the kill is done (the launcher of
+    every task that start kills is killed first, and writes nothing)."""
+    nc = await connect(nats_url, name="test-agent")
+    store = Store(nc)
+    await ensure_streams(store)
+    try:
+        t = task("j-late", command=["true"], cpus=1, memory_mb=64, term=1)
+        (tmp_path / "agent").mkdir(parents=True)
+        (tmp_path / "agent" / "late-1.seen").write_text(t.attempt_id + "\n")  # a previous agent started it
+        await store.put(subjects.alloc_key("late-1"), encode(host_alloc("late-1", [t], term=1)))
+        original = Agent._kill_leftovers
+
+        def kill_leftovers(self: Agent) -> list[str]:
+            (self.isolation.exits_dir / t.attempt_id).write_text("0\n")  # it ended just now, by itself
+            return original(self)
+
+        monkeypatch.setattr(Agent, "_kill_leftovers", kill_leftovers)
+        delivered: list[StatusReport] = []
+
+        async def on_status(msg: Any) -> None:
+            delivered.append(decode(StatusReport, msg.data))
+
+        sub = await nc.subscribe(subjects.status_subject("late-1"), cb=on_status)
+        async with running_agent(nats_url, tmp_path, "late-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                                 fence_after_s=2.5) as agent:
+            await eventually(lambda: delivered, timeout=60, what="its end reported")
+            assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
+            assert not list(agent.isolation.exits_dir.iterdir())
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
