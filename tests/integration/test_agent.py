@@ -23,6 +23,25 @@ from wire.messages import AttemptState, Heartbeat, StatusReport, decode, encode
 ME = pwd.getpwuid(os.geteuid()).pw_name  # the tasks write to the test's directory
 
 
+# A short heartbeat, TTL and fence: what most of these tests run their agents with.
+QUICK: dict[str, Any] = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
+
+
+@contextlib.asynccontextmanager
+async def status_reports(nc: Any, host_id: str) -> AsyncIterator[list[StatusReport]]:
+    """The status reports of `host_id` stored while the block runs, as they arrive."""
+    delivered: list[StatusReport] = []
+
+    async def on_status(msg: Any) -> None:
+        delivered.append(decode(StatusReport, msg.data))
+
+    sub = await nc.subscribe(subjects.status_subject(host_id), cb=on_status)
+    try:
+        yield delivered
+    finally:
+        await sub.unsubscribe()
+
+
 @contextlib.asynccontextmanager
 async def running_agent(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any) -> AsyncIterator[Agent]:
     """An agent run in this process (one simulated GPU, tasks as the test's user) until
@@ -651,9 +670,8 @@ async def test_of_two_agents_of_a_host_started_at_the_same_instant_one_starts(na
         return found
 
     monkeypatch.setattr(Agent, "_another_agent", look_together)
-    cfg = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
     agents = [Agent(AgentConfig(nats_url=nats_url, host_id="twin-1", simulate_gpus="1xH100",
-                                state_dir=tmp_path / name, cpus=4, memory_mb=4096, run_as=ME, **cfg))
+                                state_dir=tmp_path / name, cpus=4, memory_mb=4096, run_as=ME, **QUICK))
               for name in ("a", "b")]
     stops = [asyncio.Event(), asyncio.Event()]
     runs = [asyncio.create_task(a.run(s)) for a, s in zip(agents, stops, strict=True)]
@@ -693,20 +711,13 @@ async def test_a_try_whose_end_is_kept_unsent_is_not_started_by_the_next_agent(n
         r = StatusReport(host_id="kept-1", attempt_id=t.attempt_id, job_id=t.job_id, state=AttemptState.KILLED,
                          ts=1.0, term=1, reason="not started: its agent was shutting down", shutdown=True)
         (unsent / t.attempt_id).write_bytes(f"{t.attempt_id}:killed\n".encode() + encode(r))
-        delivered: list[StatusReport] = []
-
-        async def on_status(msg: Any) -> None:
-            delivered.append(decode(StatusReport, msg.data))
-
-        sub = await nc.subscribe(subjects.status_subject("kept-1"), cb=on_status)
-        async with running_agent(nats_url, tmp_path, "kept-1", heartbeat_interval_s=0.5, ttl_intervals=6,
-                                 fence_after_s=2.5) as agent:
+        async with status_reports(nc, "kept-1") as delivered, \
+                running_agent(nats_url, tmp_path, "kept-1", **QUICK) as agent:
             await eventually(lambda: any(d.attempt_id == t.attempt_id for d in delivered), timeout=60,
                              what="the kept report delivered")
             await eventually(lambda: agent.applied_seq > 0, timeout=30, what="the assignment read")
             assert t.attempt_id not in agent.runs and not marks.exists()
             assert [d.state for d in delivered] == [AttemptState.KILLED]
-        await sub.unsubscribe()
     finally:
         await nc.close()
 
@@ -801,8 +812,7 @@ async def test_assignments_queued_behind_one_another_are_read_newest_only(nats_u
     await ensure_streams(store)
     marks = tmp_path / "runs"
     try:
-        async with running_agent(nats_url, tmp_path, "co-1", heartbeat_interval_s=0.5, ttl_intervals=6,
-                                 fence_after_s=2.5) as agent:
+        async with running_agent(nats_url, tmp_path, "co-1", **QUICK) as agent:
             await eventually(lambda: agent._hb_stored.is_set() and agent._assign_sub is not None, timeout=60,
                              what="the agent up")
             original = agent.reconcile
@@ -875,17 +885,10 @@ async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_repor
             return original(self)
 
         monkeypatch.setattr(Agent, "_kill_leftovers", kill_leftovers)
-        delivered: list[StatusReport] = []
-
-        async def on_status(msg: Any) -> None:
-            delivered.append(decode(StatusReport, msg.data))
-
-        sub = await nc.subscribe(subjects.status_subject("late-1"), cb=on_status)
-        async with running_agent(nats_url, tmp_path, "late-1", heartbeat_interval_s=0.5, ttl_intervals=6,
-                                 fence_after_s=2.5) as agent:
+        async with status_reports(nc, "late-1") as delivered, \
+                running_agent(nats_url, tmp_path, "late-1", **QUICK) as agent:
             await eventually(lambda: delivered, timeout=60, what="its end reported")
             assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
             assert not list(agent.isolation.exits_dir.iterdir())
-        await sub.unsubscribe()
     finally:
         await nc.close()
