@@ -489,9 +489,13 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         leads; otherwise the lease key's holder, or "" once the key has not been renewed
         within the lease's TTL and a second (it expired, or this replica cannot hear the
         store: either way no leader is known; it named the last holder for as long)."""
+        return self.leader_at(time.monotonic())
+
+    def leader_at(self, now: float) -> str:
+        """`leader` as at `now` (time.monotonic())."""
         if self.leadership is not None and self.leadership.leading:
             return self.config.name
-        if self.state.leader and time.monotonic() - self.state.lease_seen_at > self.config.lease_ttl_s + 1.0:
+        if self.state.leader and now - self.state.lease_seen_at > self.config.lease_ttl_s + 1.0:
             return ""
         return self.state.leader
 

@@ -517,9 +517,10 @@ async def test_leadership_names_no_leader_once_the_lease_has_not_been_renewed_wi
 
     mu.state.apply_state_record(Record("lease", 7, b"replica-a"))
     assert mu.leader == "replica-a" and await leader() == "replica-a"
-    mu.state.lease_seen_at -= mu.config.lease_ttl_s + 0.5  # within the TTL and a second: still named
-    assert await leader() == "replica-a"
-    mu.state.lease_seen_at -= 1.0
+    seen, ttl = mu.state.lease_seen_at, mu.config.lease_ttl_s
+    assert mu.leader_at(seen + ttl + 0.9) == "replica-a"  # within the TTL and a second: still named
+    assert mu.leader_at(seen + ttl + 1.1) == ""
+    mu.state.lease_seen_at -= ttl + 60.0  # long past it (the clock is real here: no boundary)
     assert mu.leader == "" and await leader() == ""
     mu.state.apply_state_record(Record("lease", 8, b"replica-b"))  # a renewal, or a new holder
     assert await leader() == "replica-b"
