@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from server.scheduling.deadlines import Deadlines
 from server.scheduling.maintenance import START_ALLOWANCE_S
-from server.scheduling.placement import HostCapacity, check
+from server.scheduling.placement import MAX_TASKS_PER_HOST, HostCapacity, check
+from wire.budgets import ALLOC_RECORD_OVERHEAD, RECORD_BUDGET, task_bytes
 from wire.messages import HostAlloc, Job, JobSpec, Reserved, Task
 
 UNKNOWN = math.inf
@@ -139,8 +140,14 @@ def spares(cap: HostCapacity | None, spec: JobSpec, reserved: JobSpec, tasks: in
     free MIG instances of its host), and what is free of CPU and memory now, less what it
     takes, still holds the `tasks` tasks of `reserved` the host is held for (the tasks
     there only free more as they end, so the reserved tasks' GPUs are the wait, not their
-    CPU or memory)."""
+    CPU or memory), nor the host's room for their tasks in its record (its task count and
+    record size: found reviewing, where a backfilled task could take the last of a full
+    host's 256 tasks)."""
     if cap is None:
+        return False
+    if (cap.tasks + 1 + tasks > MAX_TASKS_PER_HOST
+            or cap.record_bytes + task_bytes(spec) + task_bytes(reserved) * tasks + ALLOC_RECORD_OVERHEAD
+            > RECORD_BUDGET):
         return False
     if spec.wants_gpu():
         mine, theirs = spec.models(), reserved.models()

@@ -592,6 +592,14 @@ def test_a_task_taking_gpus_the_reserved_job_cannot_use_spares_its_host() -> Non
     assert spares(cap, job_spec("c", gpus=0, cpus=1, memory_mb=10), whole)  # no GPU, as before
     hungry = job_spec("mh", gpus=0, mig_profile="1g.10gb", cpus=62, memory_mb=1000)
     assert not spares(cap, hungry, whole)  # the CPUs the reserved task needs
+    from dataclasses import replace
+
+    from server.scheduling.placement import MAX_TASKS_PER_HOST
+    from wire.budgets import RECORD_BUDGET
+
+    full = replace(cap, tasks=MAX_TASKS_PER_HOST - 2)  # room for two tasks: the reserved one's and this
+    assert spares(full, mig, whole) and not spares(full, mig, whole, tasks=2)
+    assert not spares(replace(cap, record_bytes=RECORD_BUDGET - 100), mig, whole)  # no room in its record
     # What the planner and why pending ask (a review: it kept every job wanting a GPU off,
     # whatever `spares` said).
     from server.scheduling.backfill import kept_off
