@@ -167,10 +167,16 @@ def _keep(into: dict[str, M], name: str, value: bytes | None, cls: type[M]) -> N
         into[name] = decode(cls, value)
 
 
-def gpus_held(alloc: HostAlloc) -> int:
+def gpus_held(alloc: HostAlloc, hb: Heartbeat | None = None) -> int:
     """How many of a host's GPUs its tasks hold: a GPU shared by several tasks (each a
-    share of it) once, as the host's own figures count it."""
-    return len({i for t in alloc.tasks for i in t.gpu_indices})
+    share of it) once, as the host's own figures count it, and a GPU any of whose MIG
+    instances a task holds (found by exploring: `cluster.gpus.allocated` counted none for
+    MIG tasks; their GPUs are known from the host's heartbeat `hb`)."""
+    held = {i for t in alloc.tasks for i in t.gpu_indices}
+    if hb is not None and any(t.mig for t in alloc.tasks):
+        parents = {m.uuid: g.index for g in hb.gpus for m in g.mig}
+        held.update(parents[u] for t in alloc.tasks for u in t.mig if u in parents)
+    return len(held)
 
 
 @dataclass
@@ -229,9 +235,12 @@ class ClusterState:
     # How far the heartbeats have been read, on the store's clock: health is judged at
     # its time, not the wall clock's (server.health.readclock).
     clock: ReadClock = field(default_factory=ReadClock)
-    # GPUs of present hosts, and GPUs allocated to tasks: kept as records arrive.
+    # GPUs of present hosts, and those of them allocated to tasks (counted per host in
+    # `_held`): kept as records arrive. A lost host's allocated GPUs count for nothing, as
+    # its GPUs do (found by exploring: `cluster.gpus` said 8 of 4 allocated).
     gpus_present: int = 0
     gpus_allocated: int = 0
+    _held: dict[str, int] = field(default_factory=dict)
     # Queues (`queue.<name>`), their decayed past use (`qusage.<name>`), and per queue
     # what its jobs hold now and its jobs holding something: kept as job records arrive
     # (server.scheduling.queues; its queued jobs are the backlog's, below).
@@ -282,15 +291,24 @@ class ClusterState:
         # The host read model (GraphQL and the console), told of every change below.
         self.host_table = HostTable(self)
 
+    def _count_held(self, host_id: str) -> None:
+        """Count again the GPUs allocated on `host_id` into `gpus_allocated` (its
+        allocation or its heartbeat changed, or it was lost)."""
+        self.gpus_allocated -= self._held.pop(host_id, 0)
+        alloc = self.allocs.get(host_id)
+        entry = self.hosts.get(host_id)
+        if alloc is not None and alloc.tasks and entry is not None and entry.present:
+            n = self._held[host_id] = gpus_held(alloc, entry.heartbeat)
+            self.gpus_allocated += n
+
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None, size: int = 0) -> None:
-        old = self.allocs.pop(host_id, None)
-        if old is not None:
-            self.gpus_allocated -= gpus_held(old)
+        self.allocs.pop(host_id, None)
         self.alloc_bytes.pop(host_id, None)
         if alloc is not None:
             self.allocs[host_id] = alloc
             self.alloc_bytes[host_id] = size
-            self.gpus_allocated += gpus_held(alloc)
+        self._count_held(host_id)
+        if alloc is not None:
             if host_id not in self.hosts:
                 self.unheard.add(host_id)
         else:
@@ -555,6 +573,7 @@ class ClusterState:
                     entry.lost_at = now
                     if entry.heartbeat is not None:
                         self.gpus_present -= len(entry.heartbeat.gpus)
+                    self._count_held(key)
                     self.health_index.expired(key, entry.seen_at)
                     self._index_host(key)
                     self._notify("host_lost", entry)
@@ -591,6 +610,7 @@ class ClusterState:
         if was_present and entry is not None and entry.heartbeat is not None:
             self.gpus_present -= len(entry.heartbeat.gpus)
         self.gpus_present += len(hb.gpus)
+        self._count_held(key)
         self.absent.discard(key)
         if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
             self._domain_sizes = None

@@ -275,8 +275,9 @@ class RackSummary:
 
 @dataclass
 class FleetSummary:
-    """The fleet's totals in one pass over the rows. GPU, CPU and memory totals count
-    hosts whose heartbeat key is live (a LOST host counts for nothing); `by_model` and
+    """The fleet's totals in one pass over the rows. GPU, CPU and memory totals and
+    utilization count hosts whose heartbeat key is live (a LOST host counts for nothing
+    but its health and `gpus_allocated_lost`; a rack's cell likewise); `by_model` and
     `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a HEALTHY host, no fault);
     `racks` (every host, by its `rack` label, "" without one) feed the heat map.
     `gpus_free` counts only what a job could be given now: GPUs with no fault and nothing
@@ -292,6 +293,7 @@ class FleetSummary:
     gpus_unhealthy: int = 0
     gpus_free: int = 0
     gpus_unavailable: int = 0  # neither allocated nor free, on hosts whose key is live
+    gpus_allocated_lost: int = 0  # allocated on LOST hosts (their work not yet replaced)
     gpu_hosts: int = 0
     util_sum: float = 0.0
     cpus: int = 0
@@ -465,11 +467,6 @@ class HostTable:
             s.cordoned += r.cordoned
             s.draining += r.draining
             s.simulated += r.simulated
-            if r.gpus:
-                s.gpu_hosts += 1
-                s.util_sum += r.gpu_util_pct
-            s.gpus_allocated += r.gpus_allocated
-            s.gpus_unhealthy += r.gpus_unhealthy
             if r.zone:
                 zones.add(r.zone)
             models.update(r.models)
@@ -477,19 +474,27 @@ class HostTable:
             if cell is None:
                 cell = s.racks[r.rack] = RackSummary(r.rack)
             cell.hosts += 1
-            cell.gpus += r.gpus
-            cell.gpus_allocated += r.gpus_allocated
-            cell.gpus_unhealthy += r.gpus_unhealthy
             cell.cordoned += r.cordoned
-            if r.gpus:
-                cell.gpu_hosts += 1
-                cell.util_sum += r.gpu_util_pct
             if r.health == Health.LOST.value:
+                # Its GPUs, their use and its last utilization count for nothing (found by
+                # exploring: the overview said "8 of 4 GPUs allocated" while work stayed
+                # allocated on a lost host); what its work still holds is said apart.
                 cell.lost += 1
+                s.gpus_allocated_lost += r.gpus_allocated
                 continue
             if r.health == Health.SUSPECT.value:
                 cell.suspect += 1
             # A host whose key is live:
+            if r.gpus:
+                s.gpu_hosts += 1
+                s.util_sum += r.gpu_util_pct
+                cell.gpu_hosts += 1
+                cell.util_sum += r.gpu_util_pct
+            s.gpus_allocated += r.gpus_allocated
+            s.gpus_unhealthy += r.gpus_unhealthy
+            cell.gpus += r.gpus
+            cell.gpus_allocated += r.gpus_allocated
+            cell.gpus_unhealthy += r.gpus_unhealthy
             s.gpus_total += r.gpus
             s.cpus += r.cpus
             s.cpu_used += r.cpus * r.cpu_pct / 100

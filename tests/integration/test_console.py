@@ -1014,6 +1014,17 @@ async def test_overview_utilization_and_heat_map(console: Console, monkeypatch: 
     assert re.search(r'class="cell heat-10 cell-cordoned" href="/hosts\?rack=rb"', r.text)
     assert re.search(r'class="cell heat-3" href="/hosts\?rack=ra"', r.text)
     assert "rc" not in re.findall(r'href="/hosts\?rack=(\w+)"', html)
+    # A lost host: its GPUs, the work still allocated there and its last utilization count
+    # for nothing in the totals and its rack's cell (found by exploring: "8 of 4 GPUs"); the
+    # work it holds is said apart.
+    from tests.factories import host_alloc, task
+    from wire.records import Record
+
+    m.state.apply_alloc(host_alloc("a-2", [task("l", command=["x"], gpu_indices=[0, 1])]), 10**9)
+    m.state.apply_host_record(Record("a-2", 10**9, None), now=time.time())
+    r = await get_when_summary_shows(c, "/", {}, 'id="ov-gpus-lost"')
+    assert "2 GPUs still allocated on lost hosts" in r.text and "0 of 6 GPUs" in r.text
+    assert re.search(r'href="/hosts\?rack=ra"[^>]*title="ra: 32.5 % mean GPU util over 2 hosts', r.text)
 
 
 async def test_hosts_filters_and_sorting(console: Console) -> None:

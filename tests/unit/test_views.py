@@ -22,7 +22,17 @@ from server.views import jobs as job_views
 from server.views.hosts import HostQuery, HostTable, finish
 from tests.factories import T0, heartbeat, heartbeat_record, host_alloc, job, job_spec, task
 from web.console.hosts import console_query
-from wire.messages import SHAPE_HEADER, GpuUsage, Heartbeat, JobState, Queue, ResourceQuota, encode, shape_digest
+from wire.messages import (
+    SHAPE_HEADER,
+    GpuUsage,
+    Heartbeat,
+    JobState,
+    MigInstance,
+    Queue,
+    ResourceQuota,
+    encode,
+    shape_digest,
+)
 from wire.records import Record
 
 
@@ -106,6 +116,28 @@ def test_fleet_summary_follows_heartbeats_allocations_and_health(tmp_path: Path)
     gone = mu.hosts.summary(now)
     assert gone == fresh(now) and gone.health["LOST"] == 1 and gone.hosts == 30
     assert gone.gpus_total == 29 * 8
+    # ... nor does the work still allocated there (found by exploring: "8 of 4 GPUs
+    # allocated" while a lost host's work waited to be replaced), nor its last utilization.
+    st.apply_alloc(host_alloc("h-004", [task("l", command=["x"], gpu_indices=[0, 1, 2])]), 103)
+    held = mu.hosts.summary(now)
+    assert held == fresh(now) and held.gpus_allocated == 4 and held.gpus_allocated_lost == 3
+    assert mu.hosts.counts(now).gpus_allocated == 4
+    lost_rack = held.racks[mu.hosts.row("h-004", now).rack]  # type: ignore[union-attr]
+    assert lost_rack.lost == 1 and lost_rack.gpus_allocated == gone.racks[lost_rack.rack].gpus_allocated
+    assert held.gpu_hosts == 29 and lost_rack.gpu_hosts == gone.racks[lost_rack.rack].gpu_hosts
+    st.apply_host_record(heartbeat_record(hbs[4].model_copy(update={"seq": 9}), 104))  # heard again
+    back = mu.hosts.summary(now)
+    assert back == fresh(now) and back.gpus_allocated == 7 and back.gpus_allocated_lost == 0
+    assert mu.hosts.counts(now).gpus_allocated == 7
+    # A MIG instance's task holds its GPU (found by exploring: `cluster.gpus.allocated`
+    # counted none): as the host's row counts it.
+    migged = hbs[5].model_copy(update={"seq": 9, "gpus": [
+        g.model_copy(update={"mig": [MigInstance(uuid=f"MIG-{g.index}-{k}", profile="1g.10gb", memory_mb=10_000)
+                                     for k in range(3)] if g.index == 2 else []}) for g in hbs[5].gpus]})
+    st.apply_host_record(heartbeat_record(migged, 105))
+    st.apply_alloc(host_alloc("h-005", [task(f"m{k}", command=["x"], mig=[f"MIG-2-{k}"]) for k in range(2)]), 106)
+    assert mu.hosts.row("h-005", now).gpus_allocated == 1  # type: ignore[union-attr]
+    assert mu.hosts.counts(now).gpus_allocated == 8 == mu.hosts.summary(now).gpus_allocated
     # Cordoned and draining hosts' GPUs are not free (the overview said total - allocated:
     # found by exploring); a drain scheduled ahead that has not begun leaves them free.
     before = mu.hosts.summary(now)

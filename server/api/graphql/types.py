@@ -630,10 +630,12 @@ class HostCounts:
     lost: int
 
 
-@strawberry.type
+@strawberry.type(description="GPUs of the hosts whose heartbeat key is live (a LOST host's count for nothing, "
+                             "its allocated ones included).")
 class GpuCounts:
     total: int
-    allocated: int
+    allocated: int = strawberry.field(description="GPUs any task holds: whole, a share of it or one of its MIG "
+                                                  "instances (each GPU once).")
 
 
 @strawberry.type
