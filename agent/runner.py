@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agent import cgroups
 from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
-from agent.watchdog import LEFTOVERS_ONLY
+from agent.watchdog import LEFTOVERS_ONLY, exited, start_time
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
 # The launcher's failures that are the host's begin with this (agent/launch.py).
@@ -323,8 +323,11 @@ class Run:
         assert code is not None
         # A launcher that stays the task's parent and ended without writing the task's end
         # was killed itself (the OOM killer, an operator), the task perhaps running on: the
-        # try's end is the host's want, not the job's failure (a review).
-        orphaned = (self.task_pid and self.launch is not None and self.launch.exit_file is not None
+        # try's end is the host's want, not the job's failure (a review). One that exited
+        # (not killed by a signal) could only not write it (its disk full: found by
+        # exploring, a try that succeeded was reported KILLED and run again): its exit code
+        # is the task's.
+        orphaned = (self.task_pid and code < 0 and self.launch is not None and self.launch.exit_file is not None
                     and not self.launch.exit_file.exists())
         # Whatever the process left (daemons, background children) dies with it.
         await self._sweep()
@@ -491,7 +494,12 @@ class Run:
         without one, its process group. SIGKILL goes to both."""
         if self.proc is None or self._exited.is_set():
             return
-        self.signaled = True
+        # A task that has already ended by itself (its parent, the launcher, not yet seen to
+        # end) was not stopped by this signal: it ends as it ended (found by exploring: a
+        # requeue in that moment made a finished try KILLED, and it ran again). What it
+        # left behind is still signalled.
+        if start_time(self.group_pid) and not exited(self.group_pid):
+            self.signaled = True
         group = self.launch.group if self.launch is not None else None
         try:
             cgroups.signal_attempt(group.paths if group is not None else (), self.group_pid, sig)

@@ -418,3 +418,85 @@ async def test_a_try_whose_launcher_is_killed_alone_ends_as_the_hosts_want(tmp_p
         assert time.monotonic() < deadline, "the task runs on"
         await asyncio.sleep(0.05)
     iso.close()
+
+
+WAIT_FOR_FILE = """
+import os, sys, time
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+"""
+
+
+async def test_a_task_that_ended_before_its_stop_ends_as_it_ended(tmp_path: Path) -> None:
+    """Found by exploring: a stop (a requeue, a preemption, a time limit) that came after
+    the task had exited by itself, before its launcher was seen to end (the launcher's
+    fsync of its record, the loop's delay), made a finished try KILLED, and it ran again.
+    (The launcher is held with SIGSTOP to hold that moment open: the task a zombie.)"""
+    from agent.isolation import Isolation
+    from agent.watchdog import exited
+
+    iso = Isolation("late", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode="off",
+                    private_dir=tmp_path / "private", work_root=tmp_path / "work")
+    go = tmp_path / "go"
+    ends: list[tuple[AttemptState, int | None]] = []
+
+    async def on_state(_task: object, state: AttemptState, code: int | None, *_: object) -> None:
+        ends.append((state, code))
+
+    run = Run(task(command=[sys.executable, "-c", WAIT_FOR_FILE, str(go)]), on_state, kill_grace_s=30.0,
+              isolation=iso, host_id="late")
+    run.start()
+    deadline = time.monotonic() + 30
+    while not (run.task_pid and Path(f"{go}.ready").exists()):
+        assert time.monotonic() < deadline, "the task did not start"
+        await asyncio.sleep(0.02)
+    assert run.proc is not None
+    os.kill(run.proc.pid, signal.SIGSTOP)
+    try:
+        go.touch()  # the task ends by itself, its launcher not waiting for it
+        while not exited(run.task_pid):
+            assert time.monotonic() < deadline, "the task did not end"
+            await asyncio.sleep(0.02)
+        stop = asyncio.create_task(run.stop("requeued by operator", 30.0))
+        await asyncio.sleep(0.3)
+        assert not run.signaled
+    finally:
+        os.kill(run.proc.pid, signal.SIGCONT)
+    await asyncio.wait_for(stop, timeout=25)
+    await asyncio.wait_for(run.wait(), timeout=60)
+    assert ends[-1] == (AttemptState.SUCCEEDED, 0), ends
+    iso.close()
+
+
+async def test_a_launcher_that_could_not_write_the_tasks_end_ends_the_try_as_the_task_did(tmp_path: Path) -> None:
+    """Found by exploring: with the state directory's disk full the launcher could not
+    write the task's end; the try that succeeded was taken for one whose launcher was
+    killed (KILLED, the host's trouble) and ran again. A launcher that exited (not killed
+    by a signal) ended as its task did."""
+    import json
+
+    from agent.isolation import LAUNCHER, Isolation, Launch
+
+    exit_file = tmp_path / "gone" / "exit"  # (its directory does not exist: the write fails)
+    iso = Isolation("full", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode="off",
+                    private_dir=tmp_path / "private")
+    ends: list[tuple[AttemptState, int | None, str]] = []
+
+    def prepare(_t: object, env: dict[str, str], shared_user: bool = False) -> Launch:
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"cwd": "/", "env": env, "exit_file": str(exit_file),
+                                    "command": ["sh", "-c", "exit $0", code]}))
+        return Launch([sys.executable, "-I", "-S", LAUNCHER, str(spec)], None, None, spec, exit_file)
+
+    iso.prepare = prepare  # type: ignore[method-assign]
+
+    async def on_state(_task: object, state: AttemptState, c: int | None, _tail: object, reason: str) -> None:
+        ends.append((state, c, reason))
+
+    for code, state in (("0", AttemptState.SUCCEEDED), ("3", AttemptState.FAILED)):
+        run = Run(task(command=["unused"]), on_state, kill_grace_s=5.0, isolation=iso, host_id="full")
+        run.start()
+        await asyncio.wait_for(run.wait(), timeout=60)
+        assert run.task_pid and ends[-1][:2] == (state, int(code)) and not run.host_trouble, ends
+    iso.close()
