@@ -58,6 +58,10 @@ async def create_token(store: Store, name: str, role: str, queues: list[str] | N
         # would be ignored, so it is refused rather than stored.
         raise ConfigError("an admin token acts on every queue and on hosts; bind an operator or viewer token to "
                           "queues instead")
+    if queues is not None and not queues:
+        # Bound to no queue: an empty list (a script's empty `$QUEUES`) must not read as
+        # "not bound", a token for every queue and the hosts (found by exploring).
+        raise ConfigError("a token bound to queues needs at least one (leave the queues out for every queue)")
     for q in queues or ():
         if not QUEUE_NAME_RE.fullmatch(q):
             raise ConfigError(f"invalid queue name {q!r}")

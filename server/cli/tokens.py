@@ -12,6 +12,7 @@ from typing import Any
 
 from server.cli.client import add_output, out
 from server.timefmt import iso_utc
+from wire import subjects
 from wire.errors import NotFound
 
 # The file in its data dir where `muster up` writes the URL of the NATS it started.
@@ -70,6 +71,7 @@ def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_token(args: argparse.Namespace) -> int:
     from server.api.tokens import create_token, list_tokens, revoke_token
+    from wire.messages import DEFAULT_QUEUE
     from wire.kv import Store, connect_once
 
     opts = admin_nats(args)
@@ -79,8 +81,12 @@ def cmd_token(args: argparse.Namespace) -> int:
         try:
             store = Store(nc)
             if args.token_cmd == "create":
-                queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+                queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
                 token, info = await create_token(store, args.name, args.role, queues)
+                for q in info.queues or ():
+                    if q != DEFAULT_QUEUE and (await store.get(subjects.queue_key(q))).value is None:
+                        print(f"warning: there is no queue {q!r} (yet): the token can submit nowhere else",
+                              file=sys.stderr)
                 bound = f", queues {', '.join(info.queues)}" if info.queues else ""
                 print(f"Token {info.name!r} ({info.role}{bound}) created; it is shown only this once:",
                       file=sys.stderr)

@@ -413,6 +413,13 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
         # An admin acts on every queue and on hosts: a binding to queues would be ignored.
         r = cli("token", "create", "--role", "admin", "ada", "--queues", "team-a", *admin)
         assert r.returncode != 0 and "bind an operator or viewer token to queues instead" in r.stderr, r.stderr
+        # Bound to no queue (a script's empty list): refused, not a token for every queue
+        # and the hosts (found by exploring); a queue not there yet is warned of.
+        for empty in ("", ","):
+            r = cli("token", "create", "--role", "operator", "nobody", "--queues", empty, *admin)
+            assert r.returncode != 0 and "needs at least one" in r.stderr, r.stderr
+        r = cli("token", "create", "--role", "viewer", "later", "--queues", "not-yet", *admin)
+        assert r.returncode == 0 and "there is no queue 'not-yet'" in r.stderr, r.stderr
         r = cli("token", "create", "--role", "viewer", "nobody", "--nats", secure_nats.url,
                 "--data-dir", str(tmp_path / "elsewhere"))  # no credentials: refused by NATS
         assert r.returncode != 0 and "uthorization" in r.stderr
