@@ -448,6 +448,11 @@ class Job(_Model):
 # ---------------------------------------------------------------- allocations
 
 
+# A grace of 0 (SIGKILL at once) as `Task.grace_s` says it: 0 there is the agent's own
+# default (found by exploring: a queue's grace of 0 gave its tries the agent's 10 s).
+IMMEDIATE_GRACE_S = 0.001
+
+
 class Task(_Model):
     """One task attempt assigned to a host: what the agent runs, and what it holds.
 
@@ -478,7 +483,9 @@ class Task(_Model):
     # KEEP_RUNNING jobs: the agent does not stop this attempt when it fences itself.
     keep_running: bool = False
     # With `stop`: why (shown in the agent's log and report), and the grace in seconds
-    # between SIGTERM and SIGKILL (0: the agent's own default).
+    # between SIGTERM and SIGKILL (0: the agent's own default; a queue's grace of 0 is sent
+    # as IMMEDIATE_GRACE_S). Set at placement to its queue's grace, told to the task
+    # (MUSTER_PREEMPT_DEADLINE), and kept by its preemption or time limit.
     stop_reason: str = ""
     grace_s: float = 0.0
     # Its job's `uid_key`: what the uid it runs as is drawn from ("": its job's id).

@@ -454,10 +454,18 @@ def _too_young(state: ClusterState, q: Queue, now: float, below: int | None = No
 
 
 def _grace(state: ClusterState, job: Job) -> float:
+    """The longest grace `job`'s victims were given: each the one its tasks were told
+    (their queue's when placed), or their queue's now where that is not known."""
     best = 0.0
     for entry in job.preempting:
         v = state.jobs.get(entry.rpartition(":")[0])
-        if v is not None:
+        if v is None:
+            continue
+        told = [t.grace_s for a in v.current_tasks() if (alloc := state.allocs.get(a.host_id)) is not None
+                for t in alloc.tasks if t.attempt_id == a.id and t.grace_s > 0]
+        if told:
+            best = max(best, *told)
+        else:
             vq = queue_of(state, v.spec.queue)
             best = max(best, vq.preempt_grace_s if vq is not None else 0.0)
     return best

@@ -168,6 +168,35 @@ def _placed_and_running(w: QWorld, now: float) -> None:
     w.qcycle(w.agent_reports(now), now=now)
 
 
+def test_a_victim_is_stopped_with_the_grace_it_was_told_and_a_grace_of_0_kills_at_once() -> None:
+    """Found by exploring: a queue's grace lowered after its tries started cut their
+    checkpoint short of the MUSTER_PREEMPT_DEADLINE they were told (they got the new
+    grace); and a queue's grace of 0 gave its tries the agent's 10 s (0 on the wire is the
+    agent's default)."""
+    from wire.messages import IMMEDIATE_GRACE_S
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a", cohort="c", gpus=4, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0, preempt_grace_s=30)
+    _fill(w, "a", 2, NOW - 1000)
+    _fill(w, "b", 6, NOW - 900)  # b borrows 2 of a's 4
+    assert all(t.grace_s == 30 for t in w.tasks("h1") if t.job_id.startswith("b"))
+    w.queue("b", cohort="c", gpus=4, min_runtime_s=0, preempt_grace_s=3)  # lowered while they run
+    w.qsubmit("a-new1", "a", submitted_at=NOW - 10)
+    w.qsubmit("a-new2", "a", submitted_at=NOW - 9)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "a"): 2}
+    stopping = [t for t in w.tasks("h1") if t.stop]
+    assert len(stopping) == 2 and all(t.grace_s == 30 for t in stopping), stopping
+    assert "grace up to 30 s" in " ".join(r.detail for r in reasons(w.state, w.job("a-new1"), NOW, 0.0))
+    w.host("h2", gpus=8)
+    w.queue("z", gpus=2, preempt_grace_s=0)
+    w.qsubmit("z0", "z", submitted_at=NOW - 5)
+    w.qcycle(now=NOW + 1)
+    assert [t.grace_s for t in w.tasks("h2") if t.job_id == "z0"] == [IMMEDIATE_GRACE_S]
+
+
 def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     w = QWorld()
     w.host("h1", gpus=8)

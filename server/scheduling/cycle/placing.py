@@ -37,7 +37,7 @@ from server.scheduling.queues import (
     label_conflict,
     task_demand,
 )
-from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, Queue, Task
+from wire.messages import IMMEDIATE_GRACE_S, Attempt, AttemptState, Job, JobSpec, JobState, Queue, Task
 
 
 def _placed(placer: Placer, spec: JobSpec) -> list[Choice] | None:
@@ -622,7 +622,7 @@ def _start_try(w: Work, placer: Placer, book: QueueBook, job: Job, choices: list
                 memory_mb=job.spec.memory_mb,
                 term=term,
                 keep_running=job.spec.on_disconnect == "KEEP_RUNNING",
-                grace_s=q.preempt_grace_s,
+                grace_s=q.preempt_grace_s or IMMEDIATE_GRACE_S,
                 uid_key=job.uid_key,
             )
         )

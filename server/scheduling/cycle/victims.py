@@ -322,15 +322,15 @@ def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refu
     for v in found.victims:
         victim = w.job(v.job_id)
         assert victim is not None
-        vq = adm.book.queue(v.queue)
-        grace = vq.preempt_grace_s if vq is not None else 0.0
         why = f"preempted ({found.kind}) by {job.id} of queue {job.spec.queue}"
         number = 0
         for t in victim.current_tasks():
             if t.state.terminal:
                 continue
             number = t.number
-            stop_attempt(w, t, PREEMPT, why, now, grace)
+            # With the grace it was told when placed (its queue's then: found by exploring, a
+            # grace lowered since cut a try's checkpoint short of what its environment said).
+            stop_attempt(w, t, PREEMPT, why, now)
         victim.updated_at = now
         entries.append(f"{victim.id}:{number}")
         w.plan.events.append(job_event("job.preempting", victim, victim.current, now, why))
