@@ -71,8 +71,8 @@ def admin_nats(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_token(args: argparse.Namespace) -> int:
     from server.api.tokens import create_token, list_tokens, revoke_token
-    from wire.messages import DEFAULT_QUEUE
     from wire.kv import Store, connect_once
+    from wire.messages import DEFAULT_QUEUE
 
     opts = admin_nats(args)
 
