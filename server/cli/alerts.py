@@ -7,18 +7,39 @@ import json
 import time
 from typing import Any
 
-from server.cli.client import add_output, gql
+from server.cli.client import add_output, finite_float, gql
+from wire import subjects
 
 POLL = 100  # alerts each poll reads, the newest first
+MAX_LINES = 500  # the API's largest page
+MIN_INTERVAL_S = 0.2
+
+
+def _lines(text: str) -> int:
+    n = int(text)
+    if not 0 <= n <= MAX_LINES:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_LINES}")
+    return n
+
+
+def _interval(text: str) -> float:
+    v = finite_float(text)
+    if v < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL_S:g} s")
+    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     al = sub.add_parser("alerts", help="follow alerts")
     alsub = al.add_subparsers(dest="alerts_cmd", required=True)
     at = alsub.add_parser("tail", help="print the last alerts, then new ones until Ctrl-C")
-    at.add_argument("-n", "--lines", type=int, default=10, help="recent alerts to print first")
-    at.add_argument("--kind", default=None, help='only this kind, e.g. "host.lost"')
-    at.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    # Each checked here (found by exploring: -n -1 printed all but one, --kind nope printed
+    # nothing and exited 0, --interval 0 polled in a tight loop).
+    at.add_argument("-n", "--lines", type=_lines, default=10, help=f"recent alerts to print first (0-{MAX_LINES})")
+    at.add_argument("--kind", default=None, choices=sorted(subjects.ALERT_KINDS), metavar="KIND",
+                    help=f'only this kind: {", ".join(sorted(subjects.ALERT_KINDS))}')
+    at.add_argument("--interval", type=_interval, default=1.0,
+                    help=f"seconds between polls (at least {MIN_INTERVAL_S:g})")
     add_output(at)
     at.set_defaults(fn=cmd_tail)
 

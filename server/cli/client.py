@@ -68,7 +68,16 @@ def _gql(query: str, variables: dict[str, Any] | None) -> dict[str, Any]:
         raise ApiError(f"cannot reach {url}: {exc}") from exc
     if r.status_code == 401:
         raise AuthError("unauthorised: the token was refused")
-    body = r.json()
+    try:
+        body = r.json()
+        if not isinstance(body, dict) or not ("data" in body or "errors" in body):
+            raise ValueError(body)
+    except ValueError as exc:
+        # Not the API's answer (a proxy's error page, a wrong MUSTER_URL): said, not a
+        # traceback (found by exploring).
+        text = " ".join(r.text.split())[:200]
+        raise ApiError(f"{url} answered HTTP {r.status_code}, not a GraphQL answer"
+                       f"{': ' + text if text else ''} (is MUSTER_URL the server's address?)") from exc
     if body.get("errors"):
         messages = [e.get("message", "?") for e in body["errors"]]
         missing = [m.group(1) for m in (re.match(r"Cannot query field '(\w+)'", x) for x in messages) if m]

@@ -169,6 +169,11 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 4 and "error: no token" in r.stderr, r.stderr
     r = muster(cluster, f"http://127.0.0.1:{free_port()}", "job", "list")
     assert r.returncode == 1 and "error: cannot reach" in r.stderr, r.stderr
+    # An address that answers, not with the API (a wrong path, a proxy's error page): said,
+    # not a traceback (found by exploring).
+    r = muster(cluster, srv.url + "/console", "job", "list")
+    assert r.returncode == 1 and "answered HTTP 404, not a GraphQL answer" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 PHASES = """

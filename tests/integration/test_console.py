@@ -1693,6 +1693,9 @@ async def test_alerts_page_lists_recorded_alerts(console: Console) -> None:
     assert "host.lost" in r.text and "gpu.unhealthy" in r.text
     r = await console.client.get("/alerts?kind=gpu.unhealthy")
     assert "xid 79" in r.text and "rack9-host" not in r.text
+    # Past the last page: the last page (found by exploring: "No alerts yet.", no pager).
+    r = await console.client.get("/alerts?page=999")
+    assert "rack9-host" in r.text and "xid 79" in r.text and "No alerts" not in r.text
     # Every kind the control plane publishes is a filter (the page once offered 8 of 12).
     from wire import subjects
     offered = re.findall(r'<option value="([a-z._]+)"', r.text)

@@ -470,6 +470,14 @@ async def test_host_filter_is_one_cheap_pass_at_50000_hosts(muster: Muster) -> N
     assert res.data["hosts"]["totalCount"] == 5000
     assert res.data["hosts"]["edges"][0]["node"]["id"] == "big-49990"
     assert {m["model"]: m["total"] for m in res.data["cluster"]["gpusByModel"]} == {"A100": 40_000, "H100": 360_000}
+    # An unknown health is refused, as an unknown job state is (found by exploring: it
+    # matched no host, quietly); one in any case is taken.
+    res = await schema.execute('{ hosts(filter: {health: ["healthy", "BOGUS"]}) { totalCount } }',
+                               context_value={"muster": muster, "token": None})
+    assert res.errors and res.errors[0].extensions["code"] == "INVALID" and "'BOGUS'" in res.errors[0].message
+    res = await schema.execute('{ hosts(health: "healthy") { totalCount } }', context_value={"muster": muster,
+                                                                                            "token": None})
+    assert res.errors is None and res.data["hosts"]["totalCount"] == 50_000
 
 
 # ---------------------------------------------------------------- jobs

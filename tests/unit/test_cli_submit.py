@@ -504,3 +504,16 @@ def test_followed_output_of_a_gangs_tasks_keeps_each_tasks_line_its_own(
     jobs_cli.print_output(job("RUNNING", ("", "")), follow=True)
     out = capsys.readouterr().out
     assert "step 1 hello" not in out and "step 1 \nhello\n" in out, out
+
+
+def test_alerts_tail_checks_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: `-n -1` printed all but one alert, `--kind nope` printed nothing
+    and exited 0, `--interval 0` polled in a tight loop."""
+    args = parse_args(["alerts", "tail", "-n", "0", "--kind", "host.lost", "--interval", "0.5"])
+    assert (args.lines, args.kind, args.interval) == (0, "host.lost", 0.5)
+    for bad, said in ((["-n", "-1"], "must be from 0 to 500"), (["-n", "501"], "must be from 0 to 500"),
+                      (["--kind", "nope"], "invalid choice: 'nope'"), (["--interval", "0"], "at least 0.2"),
+                      (["--interval", "nan"], "not a finite number")):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(["alerts", "tail", *bad])
+        assert exc.value.code == 2 and said in capsys.readouterr().err, bad

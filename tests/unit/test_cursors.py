@@ -36,6 +36,19 @@ def test_a_jobs_keyset_is_a_list_of_finite_numbers_and_strings() -> None:
         assert exc.value.code == "INVALID_CURSOR", bad
 
 
+def test_a_hosts_cursor_too_deep_or_too_long_is_invalid() -> None:
+    """Found by exploring: `hosts(after:)` with "[" * 5000 came back as Python's recursion
+    error, no code, a traceback in the log."""
+    from server.api.graphql.cursors import decode_key_cursor, encode_key_cursor
+
+    assert decode_key_cursor(encode_key_cursor("hID_ASC", ["h1"]), "hID_ASC") == ["h1"]
+    for bad in (b64("hID_ASC:" + "[" * 5000 + "]" * 5000), b64('hID_ASC:["' + "a" * 5000 + '"]'),
+                b64("hID_ASC:[1,"), b64('hID_DESC:["h1"]')):
+        with pytest.raises(ValidationError) as exc:
+            decode_key_cursor(bad, "hID_ASC")
+        assert exc.value.code == "INVALID_CURSOR", bad
+
+
 def test_a_history_lists_cursor_is_its_last_items_time_and_id() -> None:
     assert history_page(10, None, "ed") == (0, None, 10)
     assert history_page(10, history_cursor("ed", 1000.25, "j1:submitted"), "ed") == (0, (1000.25, "j1:submitted"), 10)

@@ -25,7 +25,13 @@ async def alerts(request: Request) -> Response:
     page = page_arg(request)
     assert m.history is not None
     rows, total = await run_in_threadpool(m.history.list_alerts, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
+    asked = page
     page, pages = clamp_page(total, page)
+    if page != asked and total:
+        # Past the last page: the last one, as the jobs and hosts pages show it (found by
+        # exploring: it said "No alerts yet." with no pager).
+        rows, total = await run_in_threadpool(m.history.list_alerts, kind or None, PER_PAGE, (page - 1) * PER_PAGE)
+        page, pages = clamp_page(total, page)
     ctx = {
         "rows": [{"id": r.id, "kind": r.kind.removeprefix("alert."), "ts": r.ts, "host_id": r.host_id,
                   "job_id": r.job_id, "message": r.message} for r in rows],

@@ -93,11 +93,11 @@ def encode_key_cursor(kind: str, key: object) -> str:
 
 def decode_key_cursor(c: str, kind: str) -> object:
     k, rest = unb64(c)
-    if k != kind:
+    if k != kind or len(rest) > MAX_KEY_CHARS:
         raise _invalid()
     try:
         return json.loads(rest)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (found by exploring: "[" * 5000, a traceback)
         raise _invalid() from exc
 
 

@@ -58,6 +58,7 @@ from server.api.graphql.types import (
 )
 from server.api.reads import in_thread, reads_for
 from server.health.idlegpus import running_idle
+from server.health.rules import Health
 from server.history.database import JOB_SORTS, job_cursor
 from server.history.models import EventRow
 from server.replica import Muster
@@ -76,7 +77,14 @@ HOST_ORDERS = {HostSort.ID_ASC: "id", HostSort.ID_DESC: "-id", HostSort.HEALTH: 
 def host_query(f: HostFilter | None) -> HostQuery:
     if f is None:
         return HostQuery()
-    return HostQuery(search=f.search or None, health=frozenset(h.upper() for h in f.health) if f.health else None,
+    health = frozenset(h.upper() for h in f.health) if f.health else None
+    unknown = sorted((health or set()) - {h.value for h in Health})
+    if unknown:
+        # (found by exploring: an unknown one matched no host, quietly, where an unknown
+        # job state is refused)
+        raise ValidationError("health", f"unknown health {', '.join(map(repr, unknown))}: HEALTHY, SUSPECT or LOST",
+                              "INVALID")
+    return HostQuery(search=f.search or None, health=health,
                      rack=f.rack, zone=f.zone, model=f.gpu_model, label=f.label or None, cordoned=f.cordoned,
                      draining=f.draining, drain_scheduled=f.drain_scheduled, gpu_faults=f.gpu_faults,
                      pressure=f.pressure)
