@@ -419,12 +419,22 @@ def _check_description(text: object) -> None:
         raise ValidationError("description", "must not contain control characters", "INVALID")
 
 
-def validate_queue(data: dict[str, Any]) -> Queue:
+def validate_queue(data: dict[str, Any], known_models: set[str] | frozenset[str] = frozenset(),
+                   kept: set[str] | frozenset[str] = frozenset()) -> Queue:
     """A queue's record from an operator's input (snake_case fields of wire.messages.Queue);
-    raises InvalidInput with one error per bad field."""
+    raises InvalidInput with one error per bad field. A quota of a GPU model is refused
+    unless the model is known (KNOWN_GPU_MODELS, `known_models`: the fleet's) or the
+    queue had it before (`kept`) (found by exploring: `gpu:h100` was taken, and every GPU
+    job of the queue waited for good, metered at 0 for the models it runs on)."""
     _check_name(data.get("name"))
     _check_description(data.get("description"))
     q = _record(Queue, data, _QUEUE_FIELDS)
+    known = KNOWN_GPU_MODELS.union(known_models)
+    for resource in q.quota:
+        model = resource.partition(":")[2] if resource.startswith("gpu:") else None
+        if model and model not in known and resource not in kept:
+            raise ValidationError("quota", f"unknown GPU model {model[:32]!r} (GPU models are named as the hosts "
+                                           "report them, such as H100)", "UNKNOWN_GPU_MODEL")
     for resource, rq in q.quota.items():
         # (Checked on input only: a record stored before this rule still reads.)
         if rq.lending_limit is not None and rq.lending_limit > rq.nominal:

@@ -20,9 +20,12 @@ class QueueOperations(Operations):
         marker is the revision the write expects). Raises ValidationError (bad input, or
         the name is taken, here or by another replica meanwhile)."""
         now = time.time()
-        q = validate_queue({**data, "created_at": now, "updated_at": now, "by": by})
-        if q.name in self.state.queues:
-            raise ValidationError("name", f"a queue named {q.name!r} exists", "EXISTS")
+        q = validate_queue({**data, "created_at": now, "updated_at": now, "by": by}, self.known_gpu_models())
+        if q.name in self.state.queues or q.name == DEFAULT_QUEUE:
+            # (The default queue exists before any record of its own: found by exploring,
+            # creating it replaced its settings with a new queue's, preemption on.)
+            raise ValidationError("name", f"a queue named {q.name!r} exists"
+                                  + (" (change it with updateQueue)" if q.name == DEFAULT_QUEUE else ""), "EXISTS")
         key = subjects.queue_key(q.name)
         try:
             await self._put_queue(q, self.state.revisions.get(key, 0), created=True)
@@ -41,7 +44,8 @@ class QueueOperations(Operations):
             cur = self.queue(name)
             if cur is None:
                 raise NotFound(f"no queue named {name!r}")
-            q = validate_queue({**cur.model_dump(), **changes, "name": name, "updated_at": time.time(), "by": by})
+            q = validate_queue({**cur.model_dump(), **changes, "name": name, "updated_at": time.time(), "by": by},
+                               self.known_gpu_models(), kept=set(cur.quota))
             try:
                 await self._put_queue(q, self.state.revisions.get(subjects.queue_key(name), 0))
                 return q

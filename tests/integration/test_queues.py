@@ -346,11 +346,18 @@ def test_a_deleted_queues_name_can_be_used_again(cluster: Cluster) -> None:
     api = Api(srv.url, cluster.token)
     for quota, field, code in (([{"resource": "cpu", "nominal": 1}, {"resource": "cpu", "nominal": 2}], "quota",
                                 "INVALID"),
-                               ([{"resource": "gpu:H100", "nominal": 1, "lendingLimit": 5}], "quota", "OUT_OF_RANGE")):
+                               ([{"resource": "gpu:H100", "nominal": 1, "lendingLimit": 5}], "quota", "OUT_OF_RANGE"),
+                               ([{"resource": "gpu:h100", "nominal": 1}], "quota", "UNKNOWN_GPU_MODEL")):
         res = api.q("""mutation($input: QueueInput!) { createQueue(input: $input) { queue { name }
                        userErrors { field code message } } }""",
                     {"input": {"name": "odd", "quota": quota}})["createQueue"]
         assert res["queue"] is None and [(e["field"], e["code"]) for e in res["userErrors"]] == [(field, code)], res
+    # The default queue exists before any record of its own: creating it is refused, not a
+    # new queue's settings over it (found by exploring: preemption turned on).
+    taken = muster(cluster, srv.url, "queue", "create", "default", "--quota", "gpu:H100=2")
+    assert taken.returncode != 0 and "exists" in taken.stderr, taken.stdout + taken.stderr
+    shown = muster(cluster, srv.url, "queue", "show", "default").stdout
+    assert "within off" in shown and "reclaim off" in shown, shown
 
 
 def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Cluster, tmp_path: Path) -> None:

@@ -184,6 +184,16 @@ def test_operators_mistakes_are_told_in_words() -> None:
     with pytest.raises(ValidationError, match="lower-case letters") as exc:
         validate_queue({"name": "A"})
     assert exc.value.field == "name"
+    # A quota of a GPU model no host reports and none known is refused, as a job's is
+    # (found by exploring: `gpu:h100` was taken and the queue's GPU jobs waited for good);
+    # one the fleet reports, or one the queue had before, is taken.
+    h100 = {"nominal": 4}
+    with pytest.raises(ValidationError, match="unknown GPU model 'h100'") as exc:
+        validate_queue({"name": "q", "quota": {"gpu:h100": h100}})
+    assert (exc.value.field, exc.value.code) == ("quota", "UNKNOWN_GPU_MODEL")
+    assert validate_queue({"name": "q", "quota": {"gpu:H100": h100, "cpu": h100}}).quota["gpu:H100"].nominal == 4
+    assert validate_queue({"name": "q", "quota": {"gpu:X9": h100}}, known_models={"X9"}).quota
+    assert validate_queue({"name": "q", "quota": {"gpu:X9": h100}}, kept={"gpu:X9"}).quota
     with pytest.raises(ValidationError, match="lower-case letters") as exc:
         validate_advance_reservation({"name": "", "hosts": ["h1"], "queues": ["q"], "starts": 1.0, "ends": 2.0})
     assert exc.value.field == "name"
