@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, op
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
-from agent.watchdog import start_time
+from agent.watchdog import RunRecord, read_run, run_record, start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
 from wire.kv import WRONG_LAST_SEQUENCE, Store, connect
@@ -367,15 +368,10 @@ class Agent:
         # watchdog and a restarted agent); `wd:<dir>`: the directory made for it (removed by
         # a restarted agent); `sup:<pid>:<start>`: the launcher that stays the task's parent
         # (killed first by a restarted agent: it would write that kill down as the task's end).
-        # A process already gone has no start time: "-" keeps the fields in their places (a
-        # review: the launcher reaps a task that ends at once, and `sup:` was read as one).
-        fields = [str(pid), start_time(pid) or "-"] + (["keep"] if keep_running else [])
-        if launcher is not None and launcher != pid:
-            fields.append(f"sup:{launcher}:{start_time(launcher) or '-'}")
-        fields += [f"cg:{d}" for d in cgroup_paths or []]
-        if work_dir is not None and " " not in work_dir:
-            fields.append(f"wd:{work_dir}")
-        path.write_text(" ".join(fields) + "\n")
+        # (The launcher wrote the same before the task started: agent/launch.py.)
+        path.write_text(run_record(pid, start_time(pid), keep_running, launcher,
+                                   start_time(launcher) if launcher is not None else "", cgroup_paths or (),
+                                   work_dir))
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -389,38 +385,30 @@ class Agent:
         if not self._runs_dir.exists():
             return killed
         for f in sorted(self._runs_dir.iterdir()):
-            fields: list[str] = []
-            cgroup_paths: list[str] = []
+            r: RunRecord | None = None
             try:
-                fields = f.read_text().split()
-                cgroup_paths = [x[3:] for x in fields[2:] if x.startswith("cg:")]
-                pid_s, start_s = fields[:2]
-                pid = int(pid_s)
+                r = read_run(f.read_text())
                 # Its launcher first, then its process group and its cgroup: a task killed
                 # while its launcher lives would have that end written down as its own.
-                for x in fields[2:]:
-                    if x.startswith("sup:"):
-                        _, sup_s, sup_start = x.split(":", 2)
-                        if start_time(int(sup_s)) == sup_start:
-                            with contextlib.suppress(OSError):
-                                os.kill(int(sup_s), signal.SIGKILL)
-                if start_time(pid) == start_s:
-                    os.killpg(pid, signal.SIGKILL)
+                if r.launcher is not None and start_time(r.launcher[0]) == r.launcher[1]:
+                    with contextlib.suppress(OSError):
+                        os.kill(r.launcher[0], signal.SIGKILL)
+                if start_time(r.pid) == r.start:
+                    os.killpg(r.pid, signal.SIGKILL)
                     killed.append(f.name)
                     log.warning("killed attempt %s (process group %d) left running by a previous agent",
-                                f.name, pid)
-            except (ValueError, OSError):
+                                f.name, r.pid)
+            except (ValueError, IndexError, OSError):
                 pass
             try:
-                if cgroup_paths:
-                    self.isolation.kill_leftover(cgroup_paths)
+                if r is not None and r.cgroups:
+                    self.isolation.kill_leftover(r.cgroups)
             except OSError:
                 pass
             # Its working directory (the attempt's data, which a later task of the same job
             # could read): removed, with its work root once empty, whatever the kill met.
-            for x in fields[2:]:
-                if x.startswith("wd:"):
-                    self.isolation.remove_leftover_dir(Path(x[3:]), f.name)
+            if r is not None and r.work_dir is not None:
+                self.isolation.remove_leftover_dir(Path(r.work_dir), f.name)
             f.unlink(missing_ok=True)
         return killed
 
@@ -940,7 +928,8 @@ class Agent:
         run = Run(t, self._on_run_state, kill_grace_s=self.config.kill_grace_s,
                   fenced_dir=self._watch_dir / "fenced", isolation=self.isolation, host_id=self.config.host_id,
                   mps=bool(t.gpu_share) and mps_running(),
-                  shared_user=mps_reached(t.gpu_share, bool(t.gpu_indices or t.mig or t.gpu_share)))
+                  shared_user=mps_reached(t.gpu_share, bool(t.gpu_indices or t.mig or t.gpu_share)),
+                  run_file=self._run_file(t.attempt_id))
         self.runs[t.attempt_id] = run
         run.start()
 
@@ -1371,16 +1360,26 @@ class Agent:
         wrote) and when that heartbeat was sent (monotonic, the clock the watchdog reads)."""
         path = self._watch_dir / "alive"
         try:
-            path.write_text(f"{os.getpid()} {self.last_heartbeat_ok:.3f}\n")
+            self._in_watch_dir(lambda: path.write_text(f"{os.getpid()} {self.last_heartbeat_ok:.3f}\n"))
         except OSError as exc:
             log.warning("cannot write %s: %s (the watchdog will stop this host's attempts)", path, exc)
 
     def _touch_awake(self) -> None:
         """Show the watchdog this agent is running its fence loop (and so fences itself)."""
         try:
-            (self._watch_dir / "awake").touch()  # its time is what the watchdog reads
+            self._in_watch_dir((self._watch_dir / "awake").touch)  # its time is what the watchdog reads
         except OSError:
             pass  # the watchdog then treats a silent agent as asleep: SIGTERM at stale_after
+
+    def _in_watch_dir(self, write: Callable[[], object]) -> None:
+        """`write` a file of the watchdog's directory, made again first if it is gone
+        (found by exploring: removed by hand, it was never made again, and the watchdog
+        stopped every try of a healthy agent, new ones too). Raises OSError."""
+        try:
+            write()
+        except FileNotFoundError:
+            self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write()
 
     def _start_watchdog(self) -> None:
         stale_after, grace, deadline = self.watchdog_timing()

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import cgroups
+from agent.watchdog import run_record
 from wire.errors import ConfigError
 from wire.messages import Task
 
@@ -341,10 +342,11 @@ class Isolation:
 
     # ------------------------------------------------------------ one attempt
 
-    def prepare(self, t: Task, env: dict[str, str], shared_user: bool = False) -> Launch:
+    def prepare(self, t: Task, env: dict[str, str], shared_user: bool = False, run_file: Path | None = None) -> Launch:
         """Make attempt `t` ready to start with `env`: its cgroup, its working directory and
-        the launcher's spec, for the uid it runs as (`ids_for`). Raises OSError (the
-        attempt fails to start)."""
+        the launcher's spec, for the uid it runs as (`ids_for`), with `run_file`, where the
+        launcher records the try before it runs (agent.watchdog.run_record). Raises OSError
+        (the attempt fails to start)."""
         group = None
         work_dir = None
         uid, gid, groups = self.ids_for(t, shared_user)
@@ -377,6 +379,10 @@ class Isolation:
                 "user": self.user.name, "cwd": cwd, "command": list(t.command), "env": env,
                 "exit_file": str(exit_file),
             }
+            if run_file is not None:
+                spec["run_record"] = {"path": str(run_file), "line": run_record(
+                    "%PID%", "%START%", t.keep_running, "%SUP%", "%SUPSTART%",
+                    group.paths if group is not None else (), str(work_dir) if work_dir is not None else None)}
             if self.user.switches:
                 spec.update(uid=uid, gid=gid, groups=groups)
             fd, spec_path = tempfile.mkstemp(prefix=f"{t.attempt_id}.", suffix=".json", dir=self.private_dir)

@@ -17,6 +17,8 @@ a directory the task user may not use is refused here. The command is looked up 
 job's PATH and exec'd.
 
 With `"exit_file": PATH` in the spec (the agent's own attempts), this process forks first
+(and with `"run_record": {"path": ..., "line": ...}` writes the try's record for the
+agent's watchdog before the task goes on: agent.watchdog.run_record)
 and stays, as root and outside the attempt's cgroups, the parent of the task: it waits
 for it, writes its wait status to PATH (atomically, fsync'd) and ends as it did (its exit
 code, or killed by the same signal). The task's exit is then known also when it comes
@@ -60,6 +62,7 @@ def fail(status_fd: int, message: str, host: bool = False) -> None:
 
 
 TASK_PID = "pid: "  # begins the line that names the task's pid (agent.runner reads it)
+GO = b"g"  # what the supervisor tells the task's process to go on with
 # What the supervisor ignores: every signal it may (a handler, not SIG_IGN, which an exec
 # would pass on to the task).
 CAUGHT = tuple(s for s in signal.valid_signals()
@@ -79,10 +82,34 @@ def _handle(handler: object) -> None:
             pass
 
 
-def supervise(exit_file: str, status_fd: int) -> None:
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat, "" when there is no such process (as
+    agent.watchdog.start_time reads it: this file imports nothing of Muster)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:].decode("ascii", errors="replace").split()[19]
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def _record(record: dict[str, str], pid: int) -> None:
+    """Write the try's record for the agent's watchdog and a restarted agent (`record`:
+    its path, and its line with the task's and this process's pids and start times to
+    fill in: agent.watchdog.run_record). Raises OSError."""
+    me = os.getpid()
+    line = (record["line"].replace("%PID%", str(pid)).replace("%START%", _start_time(pid) or "-")
+            .replace("%SUPSTART%", _start_time(me) or "-").replace("%SUP%", str(me)))
+    with open(record["path"], "w") as f:
+        f.write(line)
+
+
+def supervise(exit_file: str, status_fd: int, record: dict[str, str] | None = None) -> None:
     """Fork; return in the child, which goes on to become the task, in a session of its
-    own. The parent names it on `status_fd`, waits for it, writes its wait status to
-    `exit_file` and ends as it did; it never returns."""
+    own. The parent writes the try's `record` (when given), names the child on
+    `status_fd`, lets it go on, waits for it, writes its wait status to `exit_file` and
+    ends as it did; it never returns. The child goes on only when told to: a parent that
+    died or could not record it ends it before anything of the job's runs."""
     _handle(_ignore)
     try:
         go_r, go_w = os.pipe()  # the child waits for the pid line to be written first (a review)
@@ -94,14 +121,29 @@ def supervise(exit_file: str, status_fd: int) -> None:
         _handle(signal.SIG_DFL)
         os.setsid()
         os.close(go_w)
-        os.read(go_r, 1)  # EOF once the parent has named this process
+        go = os.read(go_r, 1)  # once the parent has recorded and named this process
         os.close(go_r)
+        if go != GO:
+            os._exit(127)
         return
     os.close(go_r)
+    if record is not None:
+        # Recorded before the task runs: were the agent to die or freeze before its own
+        # record of the running try (found by exploring: an agent killed in that moment
+        # left its task running unknown to its watchdog and to the next agent, beside its
+        # replacement), the watchdog and the next agent find it.
+        try:
+            _record(record, pid)
+        except OSError as exc:
+            os.close(go_w)
+            os.waitpid(pid, 0)
+            fail(status_fd, f"cannot record the try for the agent's watchdog: {exc}", host=True)
+            return
     try:
         os.write(status_fd, f"{TASK_PID}{pid}\n".encode())
     except OSError:
         pass
+    os.write(go_w, GO)
     os.close(go_w)
     os.close(status_fd)  # the child's copy says whether the exec worked
     null = os.open(os.devnull, os.O_RDWR)
@@ -143,7 +185,7 @@ def main(argv: list[str]) -> None:
         fail(status_fd, f"cannot read the launch spec: {exc}", host=True)
         return
     if spec.get("exit_file"):
-        supervise(spec["exit_file"], status_fd)
+        supervise(spec["exit_file"], status_fd, spec.get("run_record"))
     pid = str(os.getpid())
     for procs in spec.get("cgroup_procs", []):
         try:

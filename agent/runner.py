@@ -116,8 +116,12 @@ class Run:
         isolation: Isolation | None = None,
         host_id: str = "",
         shared_user: bool = False,
+        run_file: Path | None = None,
     ) -> None:
         self.task = task
+        # Where the try is recorded for the agent's watchdog and a restarted agent: its
+        # launcher writes it before the task runs (agent/launch.py).
+        self.run_file = run_file
         self.mps = mps  # CUDA MPS runs on the host: a shared task gets its limits
         # It runs as the task user itself, not its job's uid (a GPU task where CUDA MPS runs).
         self.shared_user = shared_user
@@ -222,12 +226,18 @@ class Run:
         env["MUSTER_PREEMPT_DEADLINE"] = f"{self.task.grace_s or self.kill_grace_s:g}"
         return env
 
+    def _prepare(self, isolation: Isolation) -> Launch:
+        if self.run_file is None:
+            return isolation.prepare(self.task, self.env(), self.shared_user)
+        self.run_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return isolation.prepare(self.task, self.env(), self.shared_user, run_file=self.run_file)
+
     async def _spawn(self) -> str:
         """Start the launcher; "" once the job's command runs, else why it could not."""
         t = self.task
         loop = asyncio.get_running_loop()
         if self.isolation is not None:
-            self.launch = await asyncio.to_thread(self.isolation.prepare, t, self.env(), self.shared_user)
+            self.launch = await asyncio.to_thread(self._prepare, self.isolation)
         else:
             self.launch = Isolation.unconfined(t, self.env())
         status_r, status_w = os.pipe()

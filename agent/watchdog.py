@@ -12,8 +12,10 @@ session of its own so that it outlives the agent:
 The agent writes to DIR/alive, after every heartbeat the store took, its pid and when that
 heartbeat was sent (its monotonic clock, which is the system's and so this process's
 too); it touches DIR/awake twice a second while its fence loop runs; and it keeps in RUNS
-one file per running attempt: `<process group> <process start time> [keep] [cg:<dir>]...`
-(agent.agent), the directories being the attempt's cgroups (agent.cgroups).
+one file per running attempt: `<process group> <process start time> [keep]
+[sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>]` (`run_record`, paths
+quoted), the directories being the attempt's cgroups (agent.cgroups) and the one made for
+it. The attempt's launcher writes it before the task runs, the agent again once it runs.
 Four times a second the watchdog looks at both. The agent is silent for as long as no
 heartbeat was stored since (from the time in DIR/alive, or when the watchdog saw the file
 change; a step of the wall clock changes nothing). Once it has been silent for
@@ -44,7 +46,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from types import ModuleType
+from typing import NamedTuple
+from urllib.parse import quote, unquote
 
 POLL_S = 0.25
 # An agent that has not touched DIR/awake for this long is taken for frozen or hung.
@@ -138,9 +143,49 @@ def exited(pid: int) -> bool:
     return bool(fields) and fields[0] in ("Z", "X")  # type: ignore[index]
 
 
-def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
-    """attempt -> (process group, its leader's start time, keeps running, cgroup directories)."""
-    out: dict[str, tuple[int, str, bool, list[str]]] = {}
+class RunRecord(NamedTuple):
+    """One attempt's record in the agent's runs directory (a file named after it)."""
+
+    pid: int  # the task's process group (its first process's pid)
+    start: str  # that process's start time ("-": gone when recorded)
+    keep: bool  # a KEEP_RUNNING attempt, which the watchdog leaves alone
+    launcher: tuple[int, str] | None  # the launcher that stays the task's parent: pid, start time
+    cgroups: list[str]  # the attempt's cgroup directories
+    work_dir: str | None  # the directory made for it
+
+
+def run_record(pid: object, start: str, keep: bool, launcher: object = None, launcher_start: str = "",
+               cgroups: Iterable[str] = (), work_dir: str | None = None) -> str:
+    """The line `read_run` reads: fields apart by spaces, paths quoted (found by exploring:
+    a work directory with a space in its path was left out, and a restarted agent left a
+    crashed try's data behind). A process already gone has no start time: "-" keeps the
+    fields in their places. The agent writes it once a try runs, and its launcher before
+    the task starts, with its own and the task's pid (agent/launch.py: placeholders)."""
+    fields = [str(pid), start or "-"] + (["keep"] if keep else [])
+    if launcher is not None and str(launcher) != str(pid):
+        fields.append(f"sup:{launcher}:{launcher_start or '-'}")
+    fields += [f"cg:{quote(d)}" for d in cgroups]
+    if work_dir is not None:
+        fields.append(f"wd:{quote(work_dir)}")
+    return " ".join(fields) + "\n"
+
+
+def read_run(text: str) -> RunRecord:
+    """A line `run_record` wrote. Raises ValueError (or IndexError) for one that is not."""
+    fields = text.split()
+    launcher = None
+    for f in fields[2:]:
+        if f.startswith("sup:"):
+            _, pid, start = f.split(":", 2)
+            launcher = (int(pid), start)
+    work = [unquote(f[3:]) for f in fields[2:] if f.startswith("wd:")]
+    return RunRecord(int(fields[0]), fields[1], "keep" in fields[2:], launcher,
+                     [unquote(f[3:]) for f in fields[2:] if f.startswith("cg:")], work[0] if work else None)
+
+
+def runs(directory: str) -> dict[str, RunRecord]:
+    """attempt -> its record."""
+    out: dict[str, RunRecord] = {}
     try:
         names = os.listdir(directory)
     except OSError:
@@ -148,9 +193,7 @@ def runs(directory: str) -> dict[str, tuple[int, str, bool, list[str]]]:
     for name in names:
         try:
             with open(os.path.join(directory, name)) as f:
-                fields = f.read().split()
-            out[name] = (int(fields[0]), fields[1], "keep" in fields[2:],
-                         [f[3:] for f in fields[2:] if f.startswith("cg:")])
+                out[name] = read_run(f.read())
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -212,11 +255,11 @@ class Watchdog:
         """Stop every listed attempt not yet fenced: SIGTERM, SIGKILL after the grace;
         with `kill`, SIGKILL now."""
         kill_at = now if kill else now + self.grace_s
-        for attempt, (group, started, keep, cgs) in runs(self.runs_dir).items():
-            if keep or attempt in self.fenced:
+        for attempt, r in runs(self.runs_dir).items():
+            if r.keep or attempt in self.fenced:
                 continue
             try:
-                self._fence_one(attempt, group, started, cgs, now, kill_at, kill)
+                self._fence_one(attempt, r.pid, r.start, r.cgroups, now, kill_at, kill)
             except Exception as exc:  # noqa: BLE001 - the others are stopped all the same
                 log(f"stopping attempt {attempt} failed ({exc!r}): trying again")
 

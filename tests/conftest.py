@@ -85,8 +85,10 @@ def frozen(*pids: int) -> Iterator[None]:
 
 def proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command's parentheses (state, ppid,
-    process group, ...). Raises OSError when there is no such process."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    process group, ...). Raises OSError when there is no such process. Read as bytes: a
+    process's name may be any bytes (a test of the watchdog names one b"\\xff\\xfe", and
+    a test looking over every process failed on it)."""
+    return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].decode("ascii", errors="replace").split()
 
 
 def _state(pid: int) -> str:

@@ -137,6 +137,31 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
     assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown
 
 
+async def test_the_watchdogs_directory_removed_is_made_again(nats_url: str, tmp_path: Path) -> None:
+    """Found by exploring: the watchdog's directory removed by hand was never made again,
+    and the watchdog, reading no heartbeat, stopped every try of a healthy agent, new ones
+    too. The agent makes it again at its next heartbeat."""
+    import shutil
+
+    nc = await connect(nats_url, name="test-agent")
+    await ensure_streams(Store(nc))
+    await nc.close()
+    async with running_agent(nats_url, tmp_path, "wd-2", heartbeat_interval_s=0.5, ttl_intervals=6,
+                             fence_after_s=2.5) as agent:
+        alive = agent._watch_dir / "alive"
+        for _ in range(200):
+            if alive.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert alive.exists()
+        shutil.rmtree(agent._watch_dir)
+        for _ in range(200):
+            if alive.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert alive.exists() and alive.read_text().split()[0] == str(os.getpid())
+
+
 async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resume(
         nats_url: str, tmp_path: Path) -> None:
     """A fenced agent (cut off from the control plane) starts nothing; the assignment

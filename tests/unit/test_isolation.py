@@ -522,3 +522,90 @@ def test_a_launcher_that_stays_the_tasks_parent_keeps_its_end_and_leaves_it_its_
     # A command that cannot start: the failure after the task's pid, exit 127, as before.
     code, said = launch(["/no/such/program"])
     assert code == 127 and said.startswith("pid: ") and "cannot start '/no/such/program'" in said, said
+
+
+def test_the_launcher_records_the_try_before_anything_of_the_job_runs(tmp_path: Path) -> None:
+    """Found by exploring: an agent killed (or frozen) after it started a try's launcher and
+    before its own record of the running try left the task running unknown to its
+    watchdog and to the next agent, beside its replacement. The launcher writes the record
+    (the task's pid and start, its own, the cgroups and work directory, paths with spaces
+    read back whole) before the task goes on; one it cannot write stops the try before it
+    runs, as the host's want; and a task whose launcher dies before saying go never runs."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from agent.isolation import LAUNCHER
+    from agent.watchdog import read_run, run_record, start_time
+    from tests.conftest import proc_stat
+
+    fifo, ran, exit_file = tmp_path / "procs", tmp_path / "ran", tmp_path / "exit"
+    os.mkfifo(fifo)
+    work = tmp_path / "work dir" / "a.1"
+
+    def launch(record_path: Path, procs: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+        spec = tmp_path / "spec.json"
+        line = run_record("%PID%", "%START%", False, "%SUP%", "%SUPSTART%", ["/sys/fs/cgroup/x y/a.1"], str(work))
+        spec.write_text(json.dumps({"cgroup_procs": procs, "cwd": "/", "env": {}, "command": ["touch", str(ran)],
+                                    "exit_file": str(exit_file),
+                                    "run_record": {"path": str(record_path), "line": line}}))
+        r, w = os.pipe()
+        p = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, str(spec), str(w)], pass_fds=(w,),
+                             start_new_session=True)
+        os.close(w)
+        return p, r
+
+    record = tmp_path / "runs" / "a.1"
+    record.parent.mkdir()
+    p, r = launch(record, [str(fifo)])  # the task is held where it joins its cgroup
+    deadline = time.monotonic() + 30
+    while not record.exists() or not record.read_text().endswith("\n"):
+        assert time.monotonic() < deadline and p.poll() is None, "no record"
+        time.sleep(0.01)
+    rec = read_run(record.read_text())
+    assert rec.launcher == (p.pid, start_time(p.pid)) and rec.pid != p.pid and rec.start == start_time(rec.pid)
+    assert rec.cgroups == ["/sys/fs/cgroup/x y/a.1"] and rec.work_dir == str(work) and not rec.keep
+    assert not ran.exists()
+    with open(fifo) as f:  # it goes on
+        assert f.read() == str(rec.pid)
+    assert p.wait(30) == 0 and ran.exists()
+    while os.read(r, 4096):
+        pass
+    os.close(r)
+    # Its record cannot be written: the task never runs, and the failure is the host's.
+    ran.unlink()
+    p, r = launch(tmp_path / "gone" / "a.1", [])
+    said = b""
+    while chunk := os.read(r, 4096):
+        said += chunk
+    os.close(r)
+    assert p.wait(30) == 127 and said.decode().startswith("host: cannot record the try"), said
+    assert not ran.exists()
+    # Its launcher dies before it says go (held here writing the record, into a FIFO): the
+    # task ends without running anything.
+    held = tmp_path / "held"
+    os.mkfifo(held)
+    p, r = launch(held, [])
+
+    def children() -> list[int]:
+        out = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and int(proc_stat(int(d.name))[1]) == p.pid:
+                    out.append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                pass
+        return out
+
+    while not (kids := children()):
+        assert time.monotonic() < deadline + 30 and p.poll() is None, "no task process"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    while any(Path(f"/proc/{k}").exists() and proc_stat(k)[0] != "Z" for k in kids):
+        assert time.monotonic() < deadline + 60, "the task's process goes on"
+        time.sleep(0.01)
+    os.close(r)
+    assert not ran.exists()
