@@ -14,7 +14,7 @@ from server.scheduling import submitlimits
 from server.scheduling.cycle.reports import hold_text
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
-from server.scheduling.queues import queue_label_refusal
+from server.scheduling.queues import queue_refusal
 from server.scheduling.submitlimits import OpenJobs
 from wire import subjects
 from wire.errors import Forbidden, InvalidInput, ValidationError
@@ -35,13 +35,7 @@ class Submissions(Operations):
         Raises Forbidden or ValidationError."""
         if allowed is not None and spec.queue not in allowed:
             raise Forbidden(f"this token may not submit to queue {spec.queue!r} (only to {', '.join(allowed)})")
-        q = self.queue(spec.queue)
-        if q is None:
-            raise ValidationError("queue", f"no queue named {spec.queue!r}", "UNKNOWN_QUEUE")
-        if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
-            raise ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
-                                  "OUT_OF_RANGE")
-        refused = queue_label_refusal(spec, q)
+        refused = queue_refusal(spec, self.queue(spec.queue))
         if refused is not None:
             raise refused
         return spec

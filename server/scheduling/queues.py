@@ -481,8 +481,22 @@ def label_conflict(spec: JobSpec, q: Queue | None) -> str:
     return ""
 
 
-def queue_label_refusal(spec: JobSpec, q: Queue | None) -> ValidationError | None:
-    """The refusal of a submission whose host labels conflict with its queue's, or None."""
+def queue_named(queues: Mapping[str, Queue], name: str) -> Queue | None:
+    """Queue `name` as the planner's book has it: its record in `queues`, or the implicit
+    default queue."""
+    return queues.get(name) or (implicit_default_queue() if name == DEFAULT_QUEUE else None)
+
+
+def queue_refusal(spec: JobSpec, q: Queue | None) -> ValidationError | None:
+    """The refusal of a submission to queue `q` (None: there is no such queue), or None:
+    over the queue's maximum time limit, or host labels that conflict with the queue's.
+    The API and NATS submissions refuse alike (found by exploring: a job over the maximum
+    was refused by the API and taken over NATS, its limit cut without a word)."""
+    if q is None:
+        return ValidationError("queue", f"no queue named {spec.queue!r}", "UNKNOWN_QUEUE")
+    if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
+        return ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
+                               "OUT_OF_RANGE")
     why = label_conflict(spec, q)
     return ValidationError("hostLabels", why, "INVALID") if why else None
 

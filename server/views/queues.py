@@ -42,6 +42,7 @@ from server.scheduling.queues import (
     label_conflict,
     meters,
     nominal,
+    queue_named,
     task_demand,
     unmetered,
 )
@@ -116,7 +117,7 @@ def queues(state: ClusterState) -> dict[str, Queue]:
 
 def queue_of(state: ClusterState, name: str) -> Queue | None:
     """A queue as the planner's book has it: its record, or the implicit default queue."""
-    return state.queues.get(name) or (implicit_default_queue() if name == DEFAULT_QUEUE else None)
+    return queue_named(state.queues, name)
 
 
 def book(state: ClusterState) -> QueueBook:

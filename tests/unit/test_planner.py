@@ -697,6 +697,21 @@ def test_a_nats_submission_to_a_queue_that_does_not_exist_is_rejected(w: World) 
     assert plan.rejected == [("lost-queue-1", "queue: no queue named 'nosuchqueue'")]
 
 
+def test_a_nats_submission_over_its_queues_maximum_time_limit_is_rejected(w: World) -> None:
+    """As the API refuses one (found by exploring: it was taken, and its limit cut to the
+    maximum without a word to its submitter)."""
+    from wire.messages import Queue, SubmitRequest, encode
+    from wire.records import Record
+
+    w.state.apply_state_record(Record("queue.tl", 900, encode(Queue(name="tl", max_time_limit_s=60))))
+    sub = SubmitRequest(user="u", ts=NOW, jobs=[
+        {"id": "too-long-1", "name": "x", "command": ["true"], "queue": "tl", "time_limit_s": 100},
+        {"id": "in-time-1", "name": "y", "command": ["true"], "queue": "tl", "time_limit_s": 60}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert "too-long-1" not in plan.jobs and "in-time-1" in plan.jobs
+    assert plan.rejected == [("too-long-1", "timeLimitSeconds: queue 'tl' allows at most 60 s")]
+
+
 def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_ok: bool = False,
           gpus: int = 1) -> None:
     """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from server.scheduling.planner import plan_cycle
-from server.scheduling.queues import LABEL_CONFLICT, label_conflict, placement_spec, queue_label_refusal
+from server.scheduling.queues import LABEL_CONFLICT, label_conflict, placement_spec, queue_refusal
 from server.views.jobs import JobView
 from tests.factories import job, job_spec
 from tests.unit.test_gangs import NOW, World
@@ -33,8 +33,8 @@ def test_a_queues_labels_are_added_to_a_jobs_when_it_is_placed_and_a_conflict_is
     other = job_spec("j", host_labels={"rack": "ra"})
     assert label_conflict(other, q) == "queue 'team' runs on hosts with rack=rb; the job asks for rack=ra"
     assert placement_spec(other, q) is None
-    refused = queue_label_refusal(other, q)
-    assert refused is not None and refused.field == "hostLabels" and queue_label_refusal(own, q) is None
+    refused = queue_refusal(other, q)
+    assert refused is not None and refused.field == "hostLabels" and queue_refusal(own, q) is None
     with pytest.raises(InvalidInput):
         validate_queue({"name": "team", "host_labels": {"Bad Key": "v"}})
 

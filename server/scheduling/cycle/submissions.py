@@ -12,11 +12,11 @@ from server.scheduling.cycle.reports import hold_text
 from server.scheduling.cycle.work import KeyInFlight, Work, job_event
 from server.scheduling.dependencies import kind as dependency_kind
 from server.scheduling.dependencies import waits
-from server.scheduling.queues import queue_label_refusal
+from server.scheduling.queues import queue_named, queue_refusal
 from server.scheduling.submitlimits import OpenJobs
 from wire import subjects
 from wire.budgets import CANCEL_REASON_MAX, clip_start
-from wire.messages import DEFAULT_QUEUE, JOB_ID_PATTERN, Job, JobSpec, JobState, SubmitRequest
+from wire.messages import JOB_ID_PATTERN, Job, JobSpec, JobState, SubmitRequest
 from wire.validation import validate_job
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
@@ -40,11 +40,9 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
-        if spec.queue != DEFAULT_QUEUE and spec.queue not in w.state.queues:
-            # As the API refuses one (found by exploring: it was stored and waited for ever).
-            w.plan.rejected.append((job_id, f"queue: no queue named {spec.queue!r}"))
-            continue
-        refused = queue_label_refusal(spec, w.state.queues.get(spec.queue))
+        # As the API refuses one (found by exploring: one to no queue was stored and waited
+        # for ever).
+        refused = queue_refusal(spec, queue_named(w.state.queues, spec.queue))
         if refused is not None:
             w.plan.rejected.append((job_id, str(refused)))
             continue
