@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from prometheus_client import Gauge
 
 from server import memory, metrics
 from server.api.auth import bootstrap_token
@@ -422,30 +423,35 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
     def _queue_gauges(self) -> None:
         """Per queue: allocated, nominal and borrowed per resource, pending jobs, fair share (the rank,
         the dominant share and the entitled share)."""
-        seen: set[tuple[str, ...]] = set()
+        # Per gauge, the label sets set now: any other set before is removed (found by
+        # exploring: a GPU quota removed while its GPUs were in use kept its nominal series).
+        seen: dict[int, set[tuple[str, ...]]] = {}
+
+        def put(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+            gauge.labels(*labels).set(value)
+            seen.setdefault(id(gauge), set()).add(labels)
+
         for row in queue_rows(self.state, time.time(), self.config.fair_share_half_life_s):
             name = row.queue.name
-            metrics.QUEUE_PENDING.labels(name).set(row.pending)
-            metrics.QUEUE_FAIR_SHARE.labels(name).set(row.share)
-            metrics.QUEUE_DOMINANT_SHARE.labels(name).set(row.dominant)
-            metrics.QUEUE_ENTITLED_SHARE.labels(name).set(row.entitled)
-            seen.add((name,))
+            put(metrics.QUEUE_PENDING, (name,), row.pending)
+            put(metrics.QUEUE_FAIR_SHARE, (name,), row.share)
+            put(metrics.QUEUE_DOMINANT_SHARE, (name,), row.dominant)
+            put(metrics.QUEUE_ENTITLED_SHARE, (name,), row.entitled)
             for r in row.resources:
-                metrics.QUEUE_ALLOCATED.labels(name, r.resource).set(r.used)
-                metrics.QUEUE_BORROWED.labels(name, r.resource).set(r.borrowed)
+                put(metrics.QUEUE_ALLOCATED, (name, r.resource), r.used)
+                put(metrics.QUEUE_BORROWED, (name, r.resource), r.borrowed)
                 if r.nominal is not None:
-                    metrics.QUEUE_NOMINAL.labels(name, r.resource).set(r.nominal)
-                seen.add((name, r.resource))
+                    put(metrics.QUEUE_NOMINAL, (name, r.resource), r.nominal)
         for gauge in (metrics.QUEUE_PENDING, metrics.QUEUE_FAIR_SHARE, metrics.QUEUE_DOMINANT_SHARE,
                       metrics.QUEUE_ENTITLED_SHARE, metrics.QUEUE_ALLOCATED,
                       metrics.QUEUE_BORROWED, metrics.QUEUE_NOMINAL):
-            for labels in list(self._gauge_labels.get(id(gauge), set())):
-                if labels not in seen:
-                    try:
-                        gauge.remove(*labels)
-                    except KeyError:
-                        pass
-            self._gauge_labels[id(gauge)] = {x for x in seen if len(x) == len(gauge._labelnames)}
+            now_set = seen.get(id(gauge), set())
+            for labels in self._gauge_labels.get(id(gauge), set()) - now_set:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+            self._gauge_labels[id(gauge)] = now_set
 
     @property
     def ready(self) -> bool:

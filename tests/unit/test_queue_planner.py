@@ -10,6 +10,7 @@ quota left waiting behind borrowers once reclaim has run)."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1254,3 +1255,26 @@ def test_why_pending_names_a_gang_that_does_not_fit_whole_before_the_preemption_
     why = JobView(w.state, None, half_life_s=0).queue_reasons(w.state.jobs["gang"], NOW)
     assert [r.reason for r in why] == [GANG_WHOLE, PRIORITY_WAIT]
     assert why[0].detail == "2 tasks must be placed at once; hosts take some, not all"
+
+
+def test_a_quota_removed_while_in_use_leaves_no_nominal_gauge(tmp_path: Path) -> None:
+    """Found by exploring: a queue's GPU quota removed while its GPUs were in use kept its
+    `muster_queue_nominal` series on /metrics (the old figure), beside `allocated`."""
+    from server.metrics import REGISTRY
+    from server.replica import Muster, ServerConfig
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("gq", gpus=4)
+    _fill(w, "gq", 2, NOW - 100)
+    mu = Muster(ServerConfig(data_dir=tmp_path / "mu"))
+    mu.state = w.state
+
+    def sample(name: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"queue": "gq", "resource": H100})
+
+    mu._queue_gauges()
+    assert (sample("muster_queue_nominal"), sample("muster_queue_allocated")) == (4.0, 2.0)
+    w.queue("gq", gpus=None)  # no GPU quota now; its jobs run on
+    mu._queue_gauges()
+    assert (sample("muster_queue_nominal"), sample("muster_queue_allocated")) == (None, 2.0)
