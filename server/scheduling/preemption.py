@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from server.scheduling.fairshare import Shares
-from server.scheduling.queues import QueueBook, Resources, gpu_amount
+from server.scheduling.queues import QueueBook, Resources, gpu_amount, reclaims_from
 from wire.messages import Job, JobState, Task
 
 PRIORITY = "priority"
@@ -131,7 +131,7 @@ def eligible(v: Victim, req: Request, kind: str, book: QueueBook, shares: Shares
         return False
     if kind == RECLAIM:
         me = book.queue(req.queue)
-        return me is not None and (vq.cohort is not None and vq.cohort == me.cohort or not vq.quota)
+        return me is not None and reclaims_from(me, vq)
     if kind == FAIR_SHARE:
         if shares is None:
             return False

@@ -192,6 +192,16 @@ def unmetered(q: Queue) -> bool:
     return not q.quota
 
 
+def reclaims_from(q: Queue, other: Queue) -> bool:
+    """Whether reclaim for queue `q` may take what `other` holds above its nominal quota:
+    `other` is of `q`'s cohort, unmetered, or of no cohort (it could not have borrowed:
+    what it holds above its nominal quota it kept when it left a cohort or its quota was
+    cut; found by exploring, a queue moved out of its cohort kept what it had borrowed
+    for good, its cohort's members below their nominal quotas)."""
+    return other.name != q.name and (
+        other.cohort is None or unmetered(other) or (q.cohort is not None and other.cohort == q.cohort))
+
+
 def nominal(q: Queue, resource: str) -> float:
     rq = q.quota.get(resource)
     return rq.nominal if rq is not None else 0.0

@@ -43,8 +43,8 @@ from server.scheduling.queues import (
     meters,
     nominal,
     queue_named,
+    reclaims_from,
     task_demand,
-    unmetered,
 )
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
 
@@ -398,12 +398,11 @@ def reservation_text(job: Job, now: float) -> str:
 
 def _reclaim_waits(state: ClusterState, b: QueueBook, q: Queue, resource: str, now: float) -> list[QueueReason]:
     """Why reclaim has not taken back what a job within its queue's nominal quota needs:
-    reclaim is off for its queue, or the borrowers' running jobs (its cohort's queues
-    above their nominal quota, and unmetered queues, whose every GPU counts as borrowed)
-    are all younger than their queue's minimum runtime (with when the first may be
-    stopped)."""
-    cohort = set(b.cohorts.get(q.cohort or "", []))
-    borrowers = [m for m in sorted(b.queues) if m != q.name and (m in cohort or unmetered(b.queues[m]))
+    reclaim is off for its queue, or the borrowers' running jobs (queues reclaim takes
+    from, `reclaims_from`, above their nominal quota; unmetered queues, whose every GPU
+    counts as borrowed) are all younger than their queue's minimum runtime (with when the
+    first may be stopped)."""
+    borrowers = [m for m in sorted(b.queues) if m != q.name and reclaims_from(q, b.queues[m])
                  and resource in b.borrowed(m)]
     if not borrowers:
         return []

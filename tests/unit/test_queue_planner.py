@@ -198,6 +198,27 @@ def test_a_victim_is_stopped_with_the_grace_it_was_told_and_a_grace_of_0_kills_a
     assert [t.grace_s for t in w.tasks("h2") if t.job_id == "z0"] == [IMMEDIATE_GRACE_S]
 
 
+def test_a_queue_moved_out_of_its_cohort_gives_back_what_it_borrowed() -> None:
+    """Found by exploring: a queue that borrowed and was then moved out of its cohort kept
+    what it held above its nominal quota for good (reclaim took only from its own cohort
+    and unmetered queues), the cohort's member below its nominal quota waiting with no
+    reason given. A queue of no cohort cannot borrow: what it holds above its nominal
+    quota is reclaimed as a cohort member's would be."""
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("x1", cohort="cx", gpus=4, min_runtime_s=0)
+    w.queue("x2", cohort="cx", gpus=4, min_runtime_s=0)
+    _fill(w, "x1", 6, NOW - 1000)  # 4 of its own, 2 borrowed
+    assert w.holding("x1") == 6
+    w.queue("x1", gpus=4, min_runtime_s=0)  # out of the cohort
+    for i in range(4):
+        w.qsubmit(f"x2-{i}", "x2", submitted_at=NOW - 10 + i)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "x2"): 2}, plan.preempted
+    assert sorted(t.job_id for t in w.tasks("h1") if t.stop) == ["x14", "x15"]  # the youngest
+    no_overcommit(w.state)
+
+
 def test_reclaim_hands_gpus_over_only_after_the_victims_stopped() -> None:
     w = QWorld()
     w.host("h1", gpus=8)

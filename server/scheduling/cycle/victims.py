@@ -22,6 +22,7 @@ from server.scheduling.queues import (
     add,
     job_usage,
     placement_spec,
+    reclaims_from,
     task_demand,
 )
 from wire.budgets import MAX_PREEMPTING
@@ -144,10 +145,8 @@ def paced(left: int, limit: int) -> int:
 
 
 def _lenders(book: QueueBook, name: str, q: Queue) -> list[str]:
-    """The queues reclaim for queue `name` (`q`) may take from: the others of its cohort,
-    and unmetered queues."""
-    return [n for n, c in book.queues.items()
-            if n != name and ((c.cohort is not None and c.cohort == q.cohort) or not c.quota)]
+    """The queues reclaim for queue `name` (`q`) may take from (`reclaims_from`)."""
+    return [n for n, c in book.queues.items() if n != name and reclaims_from(q, c)]
 
 
 def borrowed_from(adm: Admission, job: Job, q: Queue) -> bool:
