@@ -204,7 +204,8 @@ def _show(args: argparse.Namespace, q: dict[str, Any]) -> None:
         out(args, q)
         return
     print(f"{q['name']}  cohort {q['cohort'] or '-'}  weight {q['weight']:g}  {q['description']}")
-    parked = f" (and {q['parkedCount']} held or waiting for other jobs)" if q.get("parkedCount") else ""
+    parked = (f" (and {q['parkedCount']} held, waiting for other jobs or for a time ahead)"
+              if q.get("parkedCount") else "")
     print(f"  pending {q['pendingCount']}{parked}, running {q['runningCount']}; "
           f"dominant share {q['dominantShare']:.3f}, entitled {q['entitledShare']:.3f}; "
           f"fair-share rank {q['fairShare']:.3f} (share / weight: lowest first)")

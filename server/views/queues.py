@@ -147,6 +147,9 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
     b = book(state)
     s = shares(state, b, now, half_life_s)
     act = active(state)
+    # Jobs not to be placed before a begin time or a back-off still ahead are parked, not
+    # pending (found by exploring: a job to begin in 2 h counted as its queue's pending).
+    eligible = state.backlog.eligible_counts(now)
     out = []
     for name, q in sorted(b.queues.items()):
         used = b.usage.get(name, {})
@@ -163,8 +166,10 @@ def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:
                 borrowing_limit=None if limit is None or limit == float("inf") else limit,
                 lending_limit=rq.lending_limit if rq is not None else None,
                 used=used.get(r, 0.0), borrowed=borrowed.get(r, 0.0), lent=lent.get(r, 0.0)))
-        out.append(QueueRow(queue=q, resources=res, pending=state.backlog.count(name),
-                            running=len(state.queue_live.get(name, ())), parked=state.backlog.held_in(name),
+        pending = eligible.get(name, 0)
+        out.append(QueueRow(queue=q, resources=res, pending=pending,
+                            running=len(state.queue_live.get(name, ())),
+                            parked=state.backlog.held_in(name) + state.backlog.count(name) - pending,
                             share=s.share(name),
                             dominant=s.dominant(name), entitled=s.entitled(name, act),
                             open_jobs=state.open_jobs.total(name), open_by_user=state.open_jobs.users(name)))

@@ -307,7 +307,7 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     wait_until(lambda: 'muster_jobs_parked{why="held"} 1.0' in httpx.get(srv.url + "/metrics", timeout=30).text,
                timeout=30, what="the held job in the metrics")
     shown = muster(cluster, srv.url, "queue", "show", "default").stdout
-    assert "pending 0 (and 1 held or waiting for other jobs), running 1" in shown, shown
+    assert "pending 0 (and 1 held, waiting for other jobs or for a time ahead), running 1" in shown, shown
     # Of the same priority and submitted later, so behind the held job in the queue.
     later = submit("later", "true")
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": blocker})

@@ -1299,3 +1299,20 @@ def test_a_quota_removed_while_in_use_leaves_no_nominal_gauge(tmp_path: Path) ->
     w.queue("gq", gpus=None)  # no GPU quota now; its jobs run on
     mu._queue_gauges()
     assert (sample("muster_queue_nominal"), sample("muster_queue_allocated")) == (None, 2.0)
+
+
+def test_a_job_to_begin_later_is_parked_not_pending() -> None:
+    """Found by exploring: a job with a begin time 2 h ahead counted as its queue's
+    pending (`pendingCount`, `muster_queue_pending`), while nothing could place it."""
+    from server.views.queues import rows
+
+    w = QWorld()
+    w.queue("bq", gpus=4)
+    w.qsubmit("now-1", "bq")
+    spec = job_spec("later-1", command=["x"], gpus=1, queue="bq", begin_at=NOW + 7200)
+    w.state.apply_state_record(Record("job.later-1", next(w.rev), encode(make_job(
+        "later-1", spec=spec, submitted_at=NOW - 5, not_before=NOW + 7200))))
+    row = next(r for r in rows(w.state, NOW, 0.0) if r.queue.name == "bq")
+    assert (row.pending, row.parked) == (1, 1)
+    row = next(r for r in rows(w.state, NOW + 7201, 0.0) if r.queue.name == "bq")
+    assert (row.pending, row.parked) == (2, 0)

@@ -903,12 +903,13 @@ class Queue:
                               lending_limit=r.lending_limit, used=r.used, borrowed=r.borrowed, lent=r.lent)
                 for r in self._row.resources]
 
-    @strawberry.field(description="Jobs waiting to be placed.")
+    @strawberry.field(description="Jobs waiting to be placed now.")
     def pending_count(self) -> int:
         return self._row.pending
 
-    @strawberry.field(description="Queued jobs not considered for placement: held, or waiting for the jobs they "
-                                  "run after (not in pendingCount).")
+    @strawberry.field(description="Queued jobs not considered for placement: held, waiting for the jobs they "
+                                  "run after, or not to be placed before a begin time or a retry's back-off still "
+                                  "ahead (not in pendingCount).")
     def parked_count(self) -> int:
         return self._row.parked
 
