@@ -68,11 +68,17 @@ def time_limit(spec: JobSpec, q: Queue | None, job: Job | None = None) -> tuple[
     """The time limit a job's tries run under (0: none), and where it comes from in words:
     '' (none), 'its own', "the queue's default" or "the queue's maximum". Given the
     `job`, a placed or running try's own limit (set at placement, or changed since by an
-    operator) is the one told."""
+    operator) is the one told; for an ended job, its last try's."""
     if job is not None and job.state in (JobState.PLACED, JobState.RUNNING):
         live = next((t for t in job.current_tasks() if not t.state.terminal), None)
         if live is not None and live.time_limit_s != effective_time_limit(spec, q):
             return live.time_limit_s, "its running try's" if live.time_limit_s else ""
+    elif job is not None and job.state.terminal and job.attempts:
+        # An ended job: the limit its last try ran under (found by exploring: a queue's
+        # maximum lowered since was shown beside "time limit of 30 s reached").
+        last = job.attempts[-1]
+        if last.time_limit_s != effective_time_limit(spec, q):
+            return last.time_limit_s, "its last try's" if last.time_limit_s else ""
     limit = effective_time_limit(spec, q)
     if not limit:
         return 0.0, ""

@@ -152,6 +152,15 @@ def test_time_limits_default_and_maximum() -> None:
     assert time_limit(job_spec(time_limit_s=1000), q) == (600, "the queue's maximum")
     assert time_limit(job_spec(), Queue(name="r", max_time_limit_s=5)) == (5, "the queue's maximum")
     assert time_limit(job_spec(), None) == (0, "")
+    # An ended job: the limit its last try ran under, not the queue's as it is now (found by
+    # exploring: a maximum lowered since was shown beside "time limit of 30 s reached").
+    from tests.factories import job as make_job
+    from wire.messages import Attempt, AttemptState, JobState
+
+    ended = make_job("t", spec=job_spec(time_limit_s=30), state=JobState.TIMEOUT, attempts=[
+        Attempt(id="t.1", number=1, host_id="h", state=AttemptState.TIMEOUT, time_limit_s=30)])
+    assert time_limit(ended.spec, Queue(name="m", max_time_limit_s=10), ended) == (30, "its last try's")
+    assert time_limit(ended.spec, Queue(name="m", max_time_limit_s=60), ended) == (30, "its own")
 
 
 # ---------------------------------------------------------------- properties of the book
