@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -1332,7 +1333,11 @@ class Agent:
         return True
 
     def _heartbeat_ttl(self) -> str:
-        return f"{int(self.config.heartbeat_interval_s * self.config.ttl_intervals)}s"
+        """The heartbeat key's TTL (`Nats-TTL`: whole seconds, at least 1): rounded up, so
+        that the key lives at least as long as the fence and the watchdog assume (found by
+        exploring: 0.5 s x 3 was sent as 1 s, and the key expired before the watchdog had
+        stopped the frozen agent's tries)."""
+        return f"{max(1, math.ceil(self.config.heartbeat_interval_s * self.config.ttl_intervals - 1e-9))}s"
 
     def _check_creds(self) -> None:
         """Say so when the agent's NATS credentials are open to the task user."""

@@ -434,6 +434,20 @@ def test_fence_timing(fence_after: float, ttl: float, grace: float, expected: tu
     assert fence_timing(fence_after, ttl, grace) == pytest.approx(expected)
 
 
+def test_the_heartbeat_keys_ttl_is_never_shorter_than_the_agent_assumes() -> None:
+    """NATS takes whole seconds: found by exploring, 0.5 s x 3 was sent as 1 s, and the key
+    expired before the watchdog had stopped a frozen agent's tries."""
+    from types import SimpleNamespace
+
+    from agent.agent import Agent
+
+    def ttl(interval: float, intervals: int) -> str:
+        me = SimpleNamespace(config=SimpleNamespace(heartbeat_interval_s=interval, ttl_intervals=intervals))
+        return Agent._heartbeat_ttl(me)  # type: ignore[arg-type]
+
+    assert [ttl(5.0, 3), ttl(0.5, 3), ttl(0.2, 3), ttl(1.0, 3), ttl(0.1, 2)] == ["15s", "2s", "1s", "3s", "1s"]
+
+
 def test_the_watchdog_acts_after_the_agent_and_before_the_key_expires() -> None:
     """The watchdog's SIGTERM (for an agent that is not awake) comes after the agent's own
     fence, its SIGKILL and its deadline for an awake agent after the agent's own deadline,
