@@ -30,6 +30,7 @@ cgroups of the attempts it stops (`kill_paths`).
 from __future__ import annotations
 
 import errno
+import math
 import os
 import platform
 import signal
@@ -42,7 +43,20 @@ CGROUP_FS = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("cpu", "memory", "pids", "devices", "freezer")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 CPU_PERIOD_US = 100_000
-MIN_CPU_QUOTA_US = 1_000
+MIN_CPU_QUOTA_US = 1_000  # the kernel's least quota
+MAX_CPU_PERIOD_US = 1_000_000  # the kernel's longest period
+
+
+def cpu_quota(cpus: float) -> tuple[int, int]:
+    """The CFS quota and period (µs) that hold a task to `cpus` cores (0, 0: no limit).
+    Under 0.01 core the quota would be below the kernel's least, so the period is made
+    longer, up to a second (found by exploring: 0.001 core got 1 % of one)."""
+    if cpus <= 0:
+        return 0, 0
+    period = CPU_PERIOD_US
+    if cpus * period < MIN_CPU_QUOTA_US:
+        period = min(MAX_CPU_PERIOD_US, math.ceil(MIN_CPU_QUOTA_US / cpus))
+    return max(MIN_CPU_QUOTA_US, int(cpus * period)), period
 MB = 1024 * 1024
 
 
@@ -251,6 +265,36 @@ class Group:
             return _counter(os.path.join(self.memory, "memory.events"), "oom_kill")
         return _counter(os.path.join(self.memory, "memory.oom_control"), "oom_kill")
 
+    def reached_limit(self) -> bool:
+        """Whether the group's memory use ever reached its own limit: its count of hitting
+        it (v2 memory.events `max`, v1 `failcnt`), or its peak at it (some kernels count
+        no hit: found here). An OOM kill in a group that never did came from an enclosing
+        group's limit or the host's memory running out. True when it cannot be told."""
+        if self.memory is None:
+            return True
+        if self.version == 2:
+            if _counter(os.path.join(self.memory, "memory.events"), "max") > 0:
+                return True
+            try:  # (memory.peak: kernels from 5.19; without it, it cannot be told apart)
+                peak = int(_read(os.path.join(self.memory, "memory.peak")).strip())
+                limit = _read(os.path.join(self.memory, "memory.max")).strip()
+                return limit == "max" or peak >= int(limit) - MB
+            except (OSError, ValueError):
+                return True
+        for kind in ("memory", "memory.memsw"):  # (memory, and memory with swap)
+            try:
+                if int(_read(os.path.join(self.memory, f"{kind}.failcnt")).strip() or 0) > 0:
+                    return True
+                # (Some kernels count no failure at the limit: the peak tells.)
+                peak = int(_read(os.path.join(self.memory, f"{kind}.max_usage_in_bytes")).strip())
+                if peak >= int(_read(os.path.join(self.memory, f"{kind}.limit_in_bytes")).strip()) - MB:
+                    return True
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                return True
+        return False
+
     def remove(self, wait_s: float = 2.0) -> bool:
         """Remove the (empty) cgroup; the kernel may take a moment after the last exit."""
         deadline = time.monotonic() + wait_s
@@ -316,11 +360,11 @@ class Hierarchy:
         return group
 
     def _limit(self, group: Group, limits: Limits) -> None:
-        quota = max(MIN_CPU_QUOTA_US, int(limits.cpus * CPU_PERIOD_US)) if limits.cpus > 0 else 0
+        quota, period = cpu_quota(limits.cpus)
         if self.version == 2:
             d = group.paths[0]
             if quota and "cpu" in self.controllers:
-                _write(os.path.join(d, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+                _write(os.path.join(d, "cpu.max"), f"{quota} {period}")
             if limits.memory_mb > 0 and "memory" in self.controllers:
                 _write(os.path.join(d, "memory.max"), str(limits.memory_mb * MB))
                 if os.path.exists(os.path.join(d, "memory.swap.max")):
@@ -333,7 +377,7 @@ class Hierarchy:
             return
         at = {c: os.path.join(base, group.name) for c, base in self.bases.items()}
         if quota and "cpu" in at:
-            _write(os.path.join(at["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(at["cpu"], "cpu.cfs_period_us"), str(period))
             _write(os.path.join(at["cpu"], "cpu.cfs_quota_us"), str(quota))
         if limits.memory_mb > 0 and "memory" in at:
             _write(os.path.join(at["memory"], "memory.limit_in_bytes"), str(limits.memory_mb * MB))

@@ -376,7 +376,7 @@ class Isolation:
             exit_file.unlink(missing_ok=True)  # (an earlier start's, never this try's end)
             spec: dict[str, object] = {
                 "cgroup_procs": group.procs_files() if group is not None else [],
-                "user": self.user.name, "cwd": cwd, "command": list(t.command), "env": env,
+                "user": name, "cwd": cwd, "command": list(t.command), "env": env,
                 "exit_file": str(exit_file),
             }
             if run_file is not None:

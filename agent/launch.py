@@ -215,11 +215,34 @@ def main(argv: list[str]) -> None:
     # Python ignores these; an exec would pass that on (`producer | head` ran on).
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
+    env = spec.get("env", {})
     try:
-        os.execvpe(command[0], command, spec.get("env", {}))
+        os.execvpe(command[0], command, env)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the attempt did not start
-        fail(status_fd, f"cannot start {command[0]!r}: {exc}",
+        fail(status_fd, f"cannot start {command[0]!r}: {_why_not(command[0], exc, env.get('PATH', os.defpath))}",
              host=isinstance(exc, OSError) and exc.errno in HOST_ERRNOS)
+
+
+def _why_not(program: str, exc: BaseException, path: str) -> str:
+    """Why `program` could not be exec'd, in words (found by exploring: a program not on
+    PATH was "No such file or directory: b'/bin/x'", the last directory tried, and a script
+    whose #! interpreter is missing was said to be missing itself)."""
+    if isinstance(exc, FileNotFoundError):
+        found = program if "/" in program else next(
+            (p for d in path.split(":") if os.path.isfile(p := os.path.join(d or ".", program))), None)
+        if found is None or not os.path.exists(found):
+            return "no such program" + ("" if "/" in program else f" on its PATH ({path[:300]})")
+        try:
+            with open(found, "rb") as f:
+                head = f.read(256)
+        except OSError:
+            head = b""
+        if head.startswith(b"#!"):
+            interpreter = head[2:].split(b"\n", 1)[0].strip().split(b" ", 1)[0].decode(errors="replace")
+            return f"its interpreter {interpreter!r} (its #! line) was not found"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 if __name__ == "__main__":

@@ -346,7 +346,9 @@ class Run:
         except TimeoutError:
             reader.cancel()
             log.warning("attempt %s: what it left behind still holds its output; no longer read", t.attempt_id)
-        oom = self.launch.group.oom_kills() if self.launch is not None and self.launch.group is not None else 0
+        group = self.launch.group if self.launch is not None else None
+        oom = group.oom_kills() if group is not None else 0
+        own_oom = group.reached_limit() if group is not None and oom else True
         await self._cleanup()
         mark = watchdog_mark(self.fenced_dir, t.attempt_id) if self.fenced_dir is not None else None
         # Stopped by the watchdog, whatever its exit code (one that saves its state on the
@@ -372,6 +374,16 @@ class Run:
             # try at its time limit ends TIMEOUT), so it is not SUCCEEDED.
             state = AttemptState.KILLED
             reason = self.stop_reason or ""
+        elif oom and not own_oom:
+            # Killed for want of memory its own limit did not set (an enclosing group's, the
+            # host's): the host's want, not the job's failure (found by exploring: it was
+            # FAILED "for using more than its memory limit").
+            state = AttemptState.KILLED
+            self.host_trouble = reason = (
+                f"{OOM_REASON}: the kernel killed {oom} process{'es' if oom > 1 else ''} of the task for want of "
+                f"the host's memory (an enclosing cgroup's limit, or the host's), not for its own limit of "
+                f"{max(t.memory_mb, MIN_MEMORY_LIMIT_MB)} MB")
+            log.warning("attempt %s %s", t.attempt_id, reason)
         elif oom:
             state = AttemptState.FAILED
             reason = (f"{OOM_REASON}: the kernel killed {oom} process{'es' if oom > 1 else ''} of the task "

@@ -184,6 +184,45 @@ async def test_a_frozen_attempt_in_a_cgroup_with_a_freezer_stays_frozen_whoever_
         await run.wait()
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+async def test_an_oom_kill_its_own_limit_did_not_cause_is_the_hosts_want(tmp_path: Path, version: str) -> None:
+    """Found by exploring: a task within its own memory limit, killed because an enclosing
+    cgroup (here the attempts' base, at 150 MB) ran out, ended FAILED "for using more than
+    its memory limit of 500 MB", the job's fault. It ends KILLED as the host's want."""
+    from agent import cgroups
+    from agent.isolation import Isolation
+
+    name = f"muster-test-oom-{version}-{os.getpid()}"
+    h, why = cgroups.detect(version, name)
+    if h is not None:
+        cgroups.remove_paths(h.bases.values())
+    if h is None or "memory" not in h.controllers:
+        pytest.skip(f"no cgroup {version} memory controller here: {why or h.describe()}")  # type: ignore[union-attr]
+    iso = Isolation("oom", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode=version,
+                    private_dir=tmp_path / "private", cgroup_name=name)
+    assert iso.hierarchy is not None
+    base = iso.hierarchy.bases["memory" if version == "v1" else ""]
+    limit = str(150 * 1024 * 1024)
+    Path(base, "memory.limit_in_bytes" if version == "v1" else "memory.max").write_text(limit)
+    if version == "v2" and Path(base, "memory.swap.max").exists():
+        Path(base, "memory.swap.max").write_text("0")
+    ends: list[tuple[AttemptState, str]] = []
+
+    async def on_state(_task: object, state: AttemptState, _code: object, _tail: object, reason: str) -> None:
+        ends.append((state, reason))
+
+    grab = "x = bytearray(300 * 1024 * 1024); print('still here')"
+    run = Run(task(command=[sys.executable, "-c", grab], memory_mb=500), on_state, isolation=iso, host_id="oom")
+    try:
+        run.start()
+        await asyncio.wait_for(run.wait(), timeout=120)
+    finally:
+        iso.close()
+    state, reason = ends[-1]
+    assert state is AttemptState.KILLED and run.host_trouble, ends
+    assert "for want of the host's memory" in reason and "not for its own limit of 500 MB" in reason, reason
+
+
 # Saves its state when asked to stop, then exits 0, as a job that checkpoints in its grace does.
 CHECKPOINTS = """
 import signal, sys, time

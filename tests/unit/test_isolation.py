@@ -339,7 +339,19 @@ def test_the_launcher_says_which_failures_are_the_hosts(tmp_path: Path) -> None:
     got = launch({"cgroup_procs": [str(tmp_path / "gone" / "cgroup.procs")], "command": ["true"], "env": {}})
     assert got.startswith(HOST_FAILURE + "cannot join cgroup "), got
     got = launch({"cgroup_procs": [], "command": ["/no/such/program"], "env": {}})
-    assert got.startswith("cannot start '/no/such/program'"), got
+    assert got == "cannot start '/no/such/program': no such program", got
+    # Said in words (found by exploring: "No such file or directory: b'/bin/x'", the last
+    # directory of PATH tried; a script whose interpreter is missing said to be missing).
+    got = launch({"cgroup_procs": [], "command": ["no-such-program-x"], "env": {"PATH": "/usr/bin:/bin"}})
+    assert got == "cannot start 'no-such-program-x': no such program on its PATH (/usr/bin:/bin)", got
+    script = tmp_path / "s.sh"
+    script.write_text("#!/no/such/shell -e\necho hi\n")
+    script.chmod(0o755)
+    got = launch({"cgroup_procs": [], "command": [str(script)], "env": {}})
+    assert got == f"cannot start {str(script)!r}: its interpreter '/no/such/shell' (its #! line) was not found", got
+    script.chmod(0o644)
+    got = launch({"cgroup_procs": [], "command": [str(script)], "env": {}})
+    assert got == f"cannot start {str(script)!r}: Permission denied", got
 
 
 def test_a_task_never_starts_in_the_agents_working_directory(tmp_path: Path) -> None:
@@ -609,3 +621,46 @@ def test_the_launcher_records_the_try_before_anything_of_the_job_runs(tmp_path: 
         time.sleep(0.01)
     os.close(r)
     assert not ran.exists()
+
+
+def test_a_cpu_share_under_a_hundredth_of_a_core_gets_a_longer_period() -> None:
+    """Found by exploring: 0.001 core (the least a job may ask) got the kernel's least
+    quota, 1 ms in 100 ms: a hundredth of a core. The period grows up to a second."""
+    from agent.cgroups import cpu_quota
+
+    assert cpu_quota(0) == (0, 0)
+    assert cpu_quota(1.5) == (150_000, 100_000) and cpu_quota(0.01) == (1_000, 100_000)
+    assert cpu_quota(0.001) == (1_000, 1_000_000)  # a thousandth
+    quota, period = cpu_quota(0.004)
+    assert quota / period == 0.004 and quota >= 1_000
+
+
+def test_whether_a_cgroup_reached_its_own_memory_limit(tmp_path: Path) -> None:
+    """What tells an OOM kill by the task's own limit from one by an enclosing group's or
+    the host's (agent.cgroups.Group.reached_limit), from the counters as the kernel keeps
+    them; when they cannot tell, the task's own limit is blamed, as before."""
+    from agent.cgroups import MB, Group
+
+    def v1(failcnt: int, peak: int, limit: int) -> bool:
+        for k, v in (("memory.failcnt", failcnt), ("memory.max_usage_in_bytes", peak),
+                     ("memory.limit_in_bytes", limit)):
+            (tmp_path / k).write_text(f"{v}\n")
+        return Group("a", 1, [str(tmp_path)], str(tmp_path)).reached_limit()
+
+    assert v1(3, 10 * MB, 500 * MB) and v1(0, 500 * MB, 500 * MB)
+    assert not v1(0, 150 * MB, 500 * MB)  # the peak well under its limit: not its own
+    v2dir = tmp_path / "v2"
+    v2dir.mkdir()
+
+    def v2(events_max: int, peak: int | None, limit: str) -> bool:
+        (v2dir / "memory.events").write_text(f"low 0\nhigh 0\nmax {events_max}\noom 1\noom_kill 1\n")
+        (v2dir / "memory.max").write_text(limit + "\n")
+        if peak is None:
+            (v2dir / "memory.peak").unlink(missing_ok=True)
+        else:
+            (v2dir / "memory.peak").write_text(f"{peak}\n")
+        return Group("a", 2, [str(v2dir)], str(v2dir)).reached_limit()
+
+    assert v2(2, None, str(500 * MB)) and v2(0, 500 * MB, str(500 * MB))
+    assert not v2(0, 150 * MB, str(500 * MB))
+    assert v2(0, None, str(500 * MB))  # no peak to tell by: its own, as before
