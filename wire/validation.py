@@ -247,7 +247,10 @@ def validate_job(
         err("checkpoints", "must be true or false")
     begin_at = data.get("begin_at", 0) or 0
     if not _real(begin_at, 0, MAX_EPOCH_S):
-        err("beginAt", "must be a time (epoch seconds, or a date and time)", "OUT_OF_RANGE")
+        # (Found by exploring: a time in the year 3000 was told it was no time at all.)
+        far = isinstance(begin_at, int | float) and not isinstance(begin_at, bool) and begin_at > MAX_EPOCH_S
+        err("beginAt", "must be before the year 2242" if far else "must be a time (epoch seconds, or a date and time)",
+            "OUT_OF_RANGE")
     if errors:
         return None, errors
     assert isinstance(command, list)

@@ -300,6 +300,10 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
         assert own == {"count": 1, "jobIds": [ids["arr-2"]], "userErrors": []}
     finally:
         await vic.http.aclose()
+    # A limit under 1 is said so (found by exploring: "at most 100000").
+    for bad in (0, -1):
+        zero = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}, "limit": bad}))["cancelJobs"]
+        assert zero["count"] == 0 and "at least 1" in zero["userErrors"][0]["message"], zero
     # The limit takes the oldest; the rest follow in a second request.
     first = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-", "state": ["QUEUED"]}, "limit": 2}))["cancelJobs"]
     assert first == {"count": 2, "jobIds": [ids["arr-0"], ids["arr-1"]], "userErrors": []}

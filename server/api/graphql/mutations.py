@@ -198,7 +198,10 @@ class Mutation:
             # At most MAX_CANCEL_MATCHING over the request, aliases of the field together.
             counts = operation_counts(info)
             left = MAX_CANCEL_MATCHING - counts.get("cancelled", 0)
-            if left <= 0 or (limit is not None and not 1 <= limit <= left):
+            if limit is not None and limit < 1:
+                # (found by exploring: 0 and -1 were told "at most 100000")
+                raise ValidationError("limit", "must be at least 1 (leave it out for every match)", "OUT_OF_RANGE")
+            if left <= 0 or (limit is not None and limit > left):
                 raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled per request",
                                       "OUT_OF_RANGE")
             ids = await muster(info).cancel_matching(user(info), reason, bound_queues(info),
