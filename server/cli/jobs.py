@@ -359,8 +359,10 @@ def array_inputs(inp: dict[str, Any], indices: list[int], limit: int = 0,
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it FAILED or
-    was never placed within --timeout; ApiError (exit 1) when it still runs by then."""
+    """Submit; with --wait poll until the job ends. JobFailed (exit 2) when it ended
+    otherwise than SUCCEEDED (FAILED, TIMEOUT, CANCELLED: found by exploring, a cancelled
+    job exited 0, as if it had done its work) or was never placed within --timeout;
+    ApiError (exit 1) when it still runs by then."""
     inp = submit_input(args, submit_command(args))
     if args.array is not None:
         if args.wait or args.follow:
@@ -381,7 +383,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             job = print_output(_logs(job["id"]), follow=True)
         except KeyboardInterrupt:
             return 0  # the job goes on; `muster job logs -f ID` follows it again
-        if job["state"] in ("FAILED", "TIMEOUT"):
+        if job["state"] in NOT_OK:
             raise JobFailed(ended(job))
         return 0
     if args.wait:
@@ -390,7 +392,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"{job['id']} submitted; waiting for it to end", file=sys.stderr, flush=True)
         job, timed_out = wait_for(job["id"], args.timeout)
     out(args, job, [[job["id"], job["state"]]], ["ID", "STATE"])
-    if job["state"] in ("FAILED", "TIMEOUT"):
+    if job["state"] in NOT_OK:
         raise JobFailed(ended(job))
     if timed_out:
         if job["state"] == "QUEUED":
@@ -588,6 +590,7 @@ def wants_gpu(job: dict[str, Any]) -> str:
 LOGS_QUERY = """query($id: ID!) { job(id: $id) { id state replicas endReason attempts { number task state
                 host { id } exitCode reason outputTail liveOutput liveOutputBytes } } }"""
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+NOT_OK = ("FAILED", "CANCELLED", "TIMEOUT")  # the ends `--wait` and `-f` exit 2 for
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -76,6 +76,19 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert why["couldNeverRun"] == [
         "no host could run it even idle (of 1 known: 1 not enough GPUs on host); it waits for one that can"]
     assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
+    # a job cancelled while waited for: 2, it did not do its work (found by exploring: 0)
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}
+    waiting = subprocess.Popen([sys.executable, "-m", "server.cli", "job", "submit", "--gpus", "64", "--wait",
+                                "doomed", "--", "true"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: json.loads(muster(cluster, srv.url, "job", "list", "--name", "doomed", "-o",
+                                             "json").stdout)["totalCount"] == 1, timeout=60, what="doomed submitted")
+        assert muster(cluster, srv.url, "job", "cancel", "--name", "doomed").returncode == 0
+        out_, err_ = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 2 and "CANCELLED" in out_, (out_, err_)
 
     # listings in json, filters
     wait_until(lambda: json.loads(muster(cluster, srv.url, "job", "list", "-o", "json").stdout)["totalCount"] >= 3,
