@@ -9,7 +9,8 @@ from server.cli import alerts, check, creds, hosts, jobs, nats, passthrough, que
 DESCRIPTION = (
     "The `muster` command: run the parts (up, nats, server, agent) and operate the cluster "
     "(job, host, alerts) through the GraphQL API. Exit codes: 0 ok, 1 error, 2 the job waited for "
-    "did not succeed (it failed, timed out, was cancelled or could not be placed), 3 not found, 4 unauthorised, 130 interrupted (Ctrl-C)."
+    "did not succeed (it failed, timed out, was cancelled or could not be placed), 3 not found, "
+    "4 unauthorised, 130 interrupted (Ctrl-C)."
 )
 
 # In the order `muster --help` lists them.
