@@ -618,6 +618,10 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
     # The attempt whose last output printed did not end its line (a job's progress, written
     # bit by bit), if one: another's output, or a header, first ends that line.
     mid_line: tuple[int, int] | None = None
+    # Whose header or output was printed last: another's output is headed again, as
+    # `tail -f` heads each file's (found by exploring: a gang's tasks' lines were mixed,
+    # nothing saying which task wrote which).
+    last: tuple[int, int] | None = None
 
     def put(text: str, owner: tuple[int, int] | None = None, open_line: bool = False) -> None:
         nonlocal mid_line
@@ -638,16 +642,21 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
                 text = a["liveOutput"] if live else a["outputTail"]
             if before is None:
                 put(header(job, a, f" on {a['host']['id']}"))
+                last = key
                 if a["state"] == "RUNNING" and a["liveOutput"] is None:
                     print("(its agent did not answer: no output yet)", file=sys.stderr)
             more = new_output(before[1] if before else "", text, before[2] if before else None, written)
             if more:
                 more = for_terminal(more)
+                if last != key:
+                    put(header(job, a, f" on {a['host']['id']}"))
                 # Followed, output is printed as it was written: a line written in parts is
                 # one line (found by exploring: each part was printed on a line of its own).
                 put(more, key, open_line=follow and live and not more.endswith("\n"))
+                last = key
             if before is not None and before[0] != a["state"] and not live:
                 put(header(job, a))
+                last = key
             shown[key] = (a["state"], text, written)
         sys.stdout.flush()
         if not follow or job["state"] in TERMINAL:
