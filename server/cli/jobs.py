@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -402,13 +403,39 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+# The most bytes of jobs one `submitJobs` request of an array carries: the API takes a body
+# of at most 1 MiB (server.api.app.MAX_BODY_BYTES), with room for the query.
+ARRAY_REQUEST_BYTES = 768 * 1024
+
+
+def array_requests(inputs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """An array's jobs in as few requests as the API's body limit allows (found by
+    exploring: 600 jobs of a 2,000-character command were refused whole, "request body
+    too large")."""
+    out: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for inp in inputs:
+        n = len(json.dumps(inp)) + 1
+        if out[-1] and size + n > ARRAY_REQUEST_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(inp)
+        size += n
+    return out
+
+
 def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
-    """One request for every job of an array. The jobs differ only in name and index, so a
-    refusal is normally every job's; the jobs stored, if any were, are listed before the
-    first refusal is raised."""
+    """The jobs of an array, in one request, or a few where they would not fit in one
+    (`array_requests`). The jobs differ only in name and index, so a refusal is normally
+    every job's; the jobs stored, if any were, are listed before the first refusal is
+    raised (and no later request is sent)."""
     q = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
         job { id name state } userErrors { field message code } warnings } }"""
-    res = gql(q, {"input": inputs}, optional=("warnings",))["submitJobs"]
+    res: list[dict[str, Any]] = []
+    for part in array_requests(inputs):
+        res += gql(q, {"input": part}, optional=("warnings",))["submitJobs"]
+        if any(r["userErrors"] for r in res):
+            break
     jobs = [r["job"] for r in res if r["job"]]
     warn(list(dict.fromkeys(w for r in res for w in r.get("warnings") or [])))  # an array's jobs share theirs
     if jobs:

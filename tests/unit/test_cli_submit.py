@@ -521,3 +521,28 @@ def test_alerts_tail_checks_its_options(capsys: pytest.CaptureFixture[str]) -> N
         with pytest.raises(SystemExit) as exc:
             parse_args(["alerts", "tail", *bad])
         assert exc.value.code == 2 and said in capsys.readouterr().err, bad
+
+
+def test_an_array_too_large_for_one_request_goes_in_several(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: 600 jobs of a 2,000-character command (within every documented
+    limit) were refused whole, "request body too large"; each request stays under the
+    API's 1 MiB, in order, and a refusal sends no more."""
+    import json
+
+    import server.cli.jobs as jobs_cli
+    from server.api.app import MAX_BODY_BYTES
+
+    args = parse_args(["job", "submit", "--array", "600", "big", "--", "echo", "x" * 2000])
+    inputs = jobs_cli.array_inputs(jobs_cli.submit_input(args, jobs_cli.submit_command(args)),
+                                   *jobs_cli.array_indices(args.array), args.group)
+    sent: list[list[dict[str, object]]] = []
+
+    def gql(_q: str, variables: dict[str, list[dict[str, object]]], optional: object = ()) -> dict[str, object]:
+        sent.append(variables["input"])
+        assert len(json.dumps(variables)) < MAX_BODY_BYTES - 4096
+        return {"submitJobs": [{"job": {"id": f"id-{i['name']}", "name": i["name"], "state": "QUEUED"},
+                                "userErrors": [], "warnings": []} for i in variables["input"]]}
+
+    monkeypatch.setattr(jobs_cli, "gql", gql)
+    assert jobs_cli.submit_array(args, inputs) == 0
+    assert len(sent) >= 2 and [i["name"] for part in sent for i in part] == [f"big-{k}" for k in range(600)]
