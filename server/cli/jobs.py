@@ -498,6 +498,9 @@ def cmd_list(args: argparse.Namespace) -> int:
                  n["gpuModel"] or ",".join(n.get("gpuModels") or []) or "-",
                  str(n["priority"]), (n["submittedAt"] or "")[:19]] for n in (e["node"] for e in data["edges"])]
         out(args, data, rows, ["ID", "NAME", "STATE", "USER", "QUEUE", "GPUS", "MODEL", "PRIO", "SUBMITTED"])
+        if args.output != "json" and data["totalCount"] > len(rows):
+            # (found by exploring: 50 rows of 336, nothing said there were more)
+            print(f"{len(rows)} of {data['totalCount']} jobs shown (--limit N for more)", file=sys.stderr)
 
     return watch(args, render)
 

@@ -546,3 +546,20 @@ def test_an_array_too_large_for_one_request_goes_in_several(monkeypatch: pytest.
     monkeypatch.setattr(jobs_cli, "gql", gql)
     assert jobs_cli.submit_array(args, inputs) == 0
     assert len(sent) >= 2 and [i["name"] for part in sent for i in part] == [f"big-{k}" for k in range(600)]
+
+
+def test_job_list_says_when_it_shows_fewer_than_match(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: `job list` showed 50 rows of 336 and said nothing of the rest."""
+    import server.cli.jobs as jobs_cli
+
+    node = {"id": "j1", "name": "n", "state": "QUEUED", "user": "u", "queue": "default", "gpus": 1, "gpuModel": None,
+            "gpuModels": None, "gpuShare": 0, "migProfile": None, "replicas": 1, "priority": 0,
+            "submittedAt": "2026-01-01T00:00:00", "hold": None, "waitingFor": [], "reservation": None}
+    total = 336
+    monkeypatch.setattr(jobs_cli, "gql", lambda *_a, **_k: {"jobs": {"totalCount": total, "edges": [{"node": node}]}})
+    assert jobs_cli.cmd_list(parse_args(["job", "list", "--limit", "1"])) == 0
+    assert "1 of 336 jobs shown (--limit N for more)" in capsys.readouterr().err
+    total = 1
+    assert jobs_cli.cmd_list(parse_args(["job", "list", "--limit", "1"])) == 0
+    assert "shown" not in capsys.readouterr().err
