@@ -62,7 +62,7 @@ from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, op
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
-from agent.watchdog import RunRecord, read_run, run_record, start_time
+from agent.watchdog import RUN_TMP, RunRecord, read_run, run_record, start_time
 from wire import subjects
 from wire.errors import ConfigError, DecodeError, StoreError
 from wire.kv import WRONG_LAST_SEQUENCE, Store, connect
@@ -370,9 +370,18 @@ class Agent:
         # a restarted agent); `sup:<pid>:<start>`: the launcher that stays the task's parent
         # (killed first by a restarted agent: it would write that kill down as the task's end).
         # (The launcher wrote the same before the task started: agent/launch.py.)
-        path.write_text(run_record(pid, start_time(pid), keep_running, launcher,
-                                   start_time(launcher) if launcher is not None else "", cgroup_paths or (),
-                                   work_dir))
+        text = run_record(pid, start_time(pid), keep_running, launcher,
+                          start_time(launcher) if launcher is not None else "", cgroup_paths or (), work_dir)
+        try:
+            if path.read_text() == text:
+                return  # the launcher's, as it should be: not written again
+        except OSError:
+            pass
+        # Put in place whole (a review: written over in place, an agent killed in the
+        # middle left an empty record, and the try unknown to its watchdog).
+        tmp = path.with_name(path.name + RUN_TMP)
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -386,6 +395,9 @@ class Agent:
         if not self._runs_dir.exists():
             return killed
         for f in sorted(self._runs_dir.iterdir()):
+            if f.name.endswith(RUN_TMP):  # (half written when the agent died: the record is the other)
+                f.unlink(missing_ok=True)
+                continue
             r: RunRecord | None = None
             try:
                 r = read_run(f.read_text())

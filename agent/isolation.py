@@ -254,6 +254,16 @@ def clean_env() -> dict[str, str]:
     return {"PATH": DEFAULT_PATH}
 
 
+def task_end(path: Path) -> int | None:
+    """The wait status a launcher wrote in its record of the task's end (agent/launch.py),
+    or None: no record, or one made when the task started that was never written over
+    (the task runs on, or its launcher was killed)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass
 class Launch:
     """One attempt made ready to start: the launcher's argv (the status fd is appended)
@@ -409,11 +419,9 @@ class Isolation:
         it kills what is left: the end of a task that start kills is not one of these)."""
         out: dict[str, int] = {}
         for f in self.exits_dir.iterdir():
-            try:
-                if not f.name.endswith(".tmp"):
-                    out[f.name] = int(f.read_text().strip())
-            except (OSError, ValueError):
-                pass
+            status = None if f.name.endswith(".tmp") else task_end(f)
+            if status is not None:
+                out[f.name] = status
             f.unlink(missing_ok=True)
         return out
 

@@ -19,8 +19,9 @@ job's PATH and exec'd.
 With `"exit_file": PATH` in the spec (the agent's own attempts), this process forks first
 (and with `"run_record": {"path": ..., "line": ...}` writes the try's record for the
 agent's watchdog before the task goes on: agent.watchdog.run_record)
-and stays, as root and outside the attempt's cgroups, the parent of the task: it waits
-for it, writes its wait status to PATH (atomically, fsync'd) and ends as it did (its exit
+and stays, as root and outside the attempt's cgroups, the parent of the task: it makes
+PATH first ("running", fsync'd), waits for the task, writes its wait status over it in
+place (fsync'd: no new room needed on a disk filled meanwhile) and ends as it did (its exit
 code, or killed by the same signal). The task's exit is then known also when it comes
 while the agent is dead: its next start reports the try's real end, not LOST (found by
 exploring: a try that succeeded while its agent was down was run again, and a job with
@@ -104,6 +105,31 @@ def _record(record: dict[str, str], pid: int) -> None:
         f.write(line)
 
 
+END_WIDTH = 16  # the bytes of the record of a task's end, its newline included
+NOT_ENDED = "running"  # that record until the task ends: no wait status
+
+
+def _write_end(path: str, text: str, fresh: bool = False) -> None:
+    """Write the record of the task's end (`text` padded to END_WIDTH), fsync'd: over the
+    record made before, in place (no new room needed), or `fresh`, a new file put in its
+    place. Raises OSError."""
+    data = text.encode().ljust(END_WIDTH - 1)[:END_WIDTH - 1] + b"\n"
+    if not fresh:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def supervise(exit_file: str, status_fd: int, record: dict[str, str] | None = None) -> None:
     """Fork; return in the child, which goes on to become the task, in a session of its
     own. The parent writes the try's `record` (when given), names the child on
@@ -127,6 +153,17 @@ def supervise(exit_file: str, status_fd: int, record: dict[str, str] | None = No
             os._exit(127)
         return
     os.close(go_r)
+    try:
+        # The record of the task's end made now, its room taken: at the end it is written
+        # over in place, which a disk filled meanwhile does not refuse (found by exploring:
+        # with the disk full the end went unwritten, and a try that succeeded was taken
+        # for one whose launcher was killed, and ran again).
+        _write_end(exit_file, NOT_ENDED, fresh=True)
+    except OSError as exc:
+        os.close(go_w)
+        os.waitpid(pid, 0)
+        fail(status_fd, f"cannot make the record of the task's end: {exc}", host=True)
+        return
     if record is not None:
         # Recorded before the task runs: were the agent to die or freeze before its own
         # record of the running try (found by exploring: an agent killed in that moment
@@ -143,7 +180,10 @@ def supervise(exit_file: str, status_fd: int, record: dict[str, str] | None = No
         os.write(status_fd, f"{TASK_PID}{pid}\n".encode())
     except OSError:
         pass
-    os.write(go_w, GO)
+    try:
+        os.write(go_w, GO)
+    except OSError:
+        pass  # (the child is gone already: its end is waited for below, as any other)
     os.close(go_w)
     os.close(status_fd)  # the child's copy says whether the exec worked
     null = os.open(os.devnull, os.O_RDWR)
@@ -151,14 +191,12 @@ def supervise(exit_file: str, status_fd: int, record: dict[str, str] | None = No
         os.dup2(null, fd)
     _, status = os.waitpid(pid, 0)
     try:
-        tmp = f"{exit_file}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{status}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, exit_file)
+        _write_end(exit_file, str(status))
     except OSError:
-        pass  # the agent, if alive, has the status from this process's own end
+        try:  # (its record gone, or a directory now: a new one)
+            _write_end(exit_file, str(status), fresh=True)
+        except OSError:
+            pass  # the agent, if alive, has the status from this process's own end
     if os.WIFEXITED(status):
         os._exit(os.WEXITSTATUS(status))
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL

@@ -21,7 +21,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from agent import cgroups
-from agent.isolation import LAUNCH_ENV, MIN_MEMORY_LIMIT_MB, OOM_REASON, Isolation, Launch, clean_env, task_facts
+from agent.isolation import (
+    LAUNCH_ENV,
+    MIN_MEMORY_LIMIT_MB,
+    OOM_REASON,
+    Isolation,
+    Launch,
+    clean_env,
+    task_end,
+    task_facts,
+)
 from agent.watchdog import LEFTOVERS_ONLY, exited, start_time
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 
@@ -333,12 +342,15 @@ class Run:
         assert code is not None
         # A launcher that stays the task's parent and ended without writing the task's end
         # was killed itself (the OOM killer, an operator), the task perhaps running on: the
-        # try's end is the host's want, not the job's failure (a review). One that exited
-        # (not killed by a signal) could only not write it (its disk full: found by
-        # exploring, a try that succeeded was reported KILLED and run again): its exit code
-        # is the task's.
+        # try's end is the host's want, not the job's failure (a review). The launcher makes
+        # the record when the task starts and writes the end over it in place, so a disk
+        # filled meanwhile does not keep it from doing so (found by exploring: a try that
+        # succeeded was reported KILLED and run again); one that exited (not killed by a
+        # signal) and still wrote nothing ended as its task did, its exit code the task's.
+        # (Left: a task killed by a signal whose end could not be written even in place is
+        # taken for a killed launcher's.)
         orphaned = (self.task_pid and code < 0 and self.launch is not None and self.launch.exit_file is not None
-                    and not self.launch.exit_file.exists())
+                    and task_end(self.launch.exit_file) is None)
         # Whatever the process left (daemons, background children) dies with it.
         await self._sweep()
         try:

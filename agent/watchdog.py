@@ -143,6 +143,9 @@ def exited(pid: int) -> bool:
     return bool(fields) and fields[0] in ("Z", "X")  # type: ignore[index]
 
 
+RUN_TMP = ".tmp"  # a record being written, put in place under its attempt's name once whole
+
+
 class RunRecord(NamedTuple):
     """One attempt's record in the agent's runs directory (a file named after it)."""
 
@@ -191,6 +194,8 @@ def runs(directory: str) -> dict[str, RunRecord]:
     except OSError:
         return out
     for name in names:
+        if name.endswith(RUN_TMP):
+            continue
         try:
             with open(os.path.join(directory, name)) as f:
                 out[name] = read_run(f.read())

@@ -20,6 +20,9 @@ def as_utc(t: dt.datetime) -> dt.datetime:
 # script's "at 06:00" sent at 06:00:05); further past is refused as a mistake (a wrong day
 # or year would act at once).
 PAST_START_SLACK_S = 300.0
+# What still runs this long after a drain begins is stopped, unless the drain says otherwise
+# (the API, the CLI and the console alike: the console's was 600 s, found by a review).
+DRAIN_DEADLINE_S = 300.0
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -541,6 +541,20 @@ class HostAlloc(_Model):
         return head.encode() + b",".join(t.compact_json() for t in self.tasks) + b"]}"
 
 
+def host_gpus_held(alloc: HostAlloc | None, hb: Heartbeat | None = None) -> set[int]:
+    """The indices of a host's GPUs its tasks hold: whole, a share of one (a GPU shared by
+    several tasks once), or one of its MIG instances (found by exploring:
+    `cluster.gpus.allocated` counted none for MIG tasks; their GPUs are known from the
+    host's heartbeat `hb`). The host's row and the cluster's count alike."""
+    if alloc is None:
+        return set()
+    held = {i for t in alloc.tasks for i in t.gpu_indices}
+    if hb is not None and any(t.mig for t in alloc.tasks):
+        parents = {m.uuid: g.index for g in hb.gpus for m in g.mig}
+        held.update(parents[u] for t in alloc.tasks for u in t.mig if u in parents)
+    return held
+
+
 # ---------------------------------------------------------------- queues
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -36,6 +37,8 @@ KNOWN_GPU_MODELS = frozenset(
      "V100", "V100M16", "V100M32", "T4", "P100", "G2", "G3", "RTX6000", "RTX4090"}
 )
 MAX_GPUS = 64
+# The last day a time may name (MAX_EPOCH_S), as told to whoever names a later one.
+LATEST_DATE = dt.datetime.fromtimestamp(MAX_EPOCH_S, dt.UTC).date().isoformat()
 MAX_CPUS = 1024.0
 MIN_CPUS = 0.001  # a thousandth of a core, the least a CPU share can tell (Kubernetes' 1m)
 MAX_SIGNAL = 64  # a task ended by signal N reports exit code -N (Linux signals go to 64)
@@ -249,7 +252,7 @@ def validate_job(
     if not _real(begin_at, 0, MAX_EPOCH_S):
         # (Found by exploring: a time in the year 3000 was told it was no time at all.)
         far = isinstance(begin_at, int | float) and not isinstance(begin_at, bool) and begin_at > MAX_EPOCH_S
-        err("beginAt", "must be before the year 2242" if far else "must be a time (epoch seconds, or a date and time)",
+        err("beginAt", f"must be before {LATEST_DATE}" if far else "must be a time (epoch seconds, or a date and time)",
             "OUT_OF_RANGE")
     if errors:
         return None, errors

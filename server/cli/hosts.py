@@ -9,7 +9,7 @@ from typing import Any
 from server.cli.client import add_output, add_watch, finite_float, gql, labels_text, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
-from server.timefmt import parse_time
+from server.timefmt import DRAIN_DEADLINE_S, parse_time
 from wire.errors import NotFound, ValidationError
 
 
@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     hd.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
     hd.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
     hd.add_argument("--reason", required=True)
-    hd.add_argument("--deadline", type=finite_float, default=300.0, help="seconds before running work is stopped")
+    hd.add_argument("--deadline", type=finite_float, default=DRAIN_DEADLINE_S,
+                    help=f"seconds before running work is stopped ({DRAIN_DEADLINE_S:g})")
     hd.add_argument("--at", default=None, metavar="WHEN",
                     help="when the drain begins: ISO 8601 (UTC unless it names an offset) or a time from now "
                     "(90m, 2h, 1d); until then the host takes only jobs whose time limit ends them by the deadline")

@@ -335,7 +335,7 @@ def array_indices(text: str) -> tuple[list[int], int]:
         if hi < lo or step < 1:
             raise ValidationError("array", f"{item!r}: a range runs up, by a step of at least 1")
         if (hi - lo) // step + 1 > MAX_ARRAY:
-            raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs (one request)")
+            raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs")
         indices.update(range(lo, hi + 1, step))
     return sorted(indices), k
 
@@ -347,7 +347,7 @@ def array_inputs(inp: dict[str, Any], indices: list[int], limit: int = 0,
     own (`group`, by default NAME and a random suffix) with `limit` of them placed or
     running at once."""
     if not 1 <= len(indices) <= MAX_ARRAY:
-        raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs (one request)")
+        raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs")
     widest = max(len(str(i)) for i in indices)
     if len(inp["name"]) + 1 + widest > 128:
         raise ValidationError("name", f"at most {128 - widest - 1} characters with --array indices up to "
@@ -432,8 +432,15 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
     q = """mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) {
         job { id name state } userErrors { field message code } warnings } }"""
     res: list[dict[str, Any]] = []
+    failed: Exception | None = None
     for part in array_requests(inputs):
-        res += gql(q, {"input": part}, optional=("warnings",))["submitJobs"]
+        try:
+            res += gql(q, {"input": part}, optional=("warnings",))["submitJobs"]
+        except Exception as exc:  # noqa: BLE001 - said after the jobs stored by the requests before
+            # (a review: a later request's failure hid the jobs the earlier ones stored, and
+            # the command run again would have run them twice)
+            failed = exc
+            break
         if any(r["userErrors"] for r in res):
             break
     jobs = [r["job"] for r in res if r["job"]]
@@ -442,6 +449,10 @@ def submit_array(args: argparse.Namespace, inputs: list[dict[str, Any]]) -> int:
         out(args, jobs, [[j["id"], j["name"], j["state"]] for j in jobs], ["ID", "NAME", "STATE"])
         print(f"array group {inputs[0]['group']}: muster job list --group '{inputs[0]['group']}' lists it, "
               f"job cancel --group cancels it", file=sys.stderr)
+    if failed is not None:
+        if jobs:
+            print(f"{len(jobs)} of the array's {len(inputs)} jobs were stored (above) before this:", file=sys.stderr)
+        raise failed
     refused = [r for r in res if r["userErrors"]]
     if refused:
         raise user_errors(refused[0]["userErrors"], "{field}: {message} ({code})")

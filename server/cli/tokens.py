@@ -13,7 +13,7 @@ from typing import Any
 from server.cli.client import add_output, out
 from server.timefmt import iso_utc
 from wire import subjects
-from wire.errors import NotFound
+from wire.errors import NotFound, StoreError
 
 # The file in its data dir where `muster up` writes the URL of the NATS it started.
 NATS_URL_FILE = "nats-url"
@@ -83,14 +83,19 @@ def cmd_token(args: argparse.Namespace) -> int:
             if args.token_cmd == "create":
                 queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
                 token, info = await create_token(store, args.name, args.role, queues)
-                for q in info.queues or ():
-                    if q != DEFAULT_QUEUE and (await store.get(subjects.queue_key(q))).value is None:
-                        print(f"warning: there is no queue {q!r} (yet): the token can submit nowhere else",
-                              file=sys.stderr)
                 bound = f", queues {', '.join(info.queues)}" if info.queues else ""
                 print(f"Token {info.name!r} ({info.role}{bound}) created; it is shown only this once:",
                       file=sys.stderr)
                 print(token, flush=True)
+                # After the token, which is shown only once (a review: a failed look here lost it).
+                for q in info.queues or ():
+                    try:
+                        missing = q != DEFAULT_QUEUE and (await store.get(subjects.queue_key(q))).value is None
+                    except StoreError:
+                        break
+                    if missing:
+                        print(f"warning: there is no queue {q!r} (yet): the token cannot submit to it until one is "
+                              "created", file=sys.stderr)
             elif args.token_cmd == "list":
                 tokens = await list_tokens(store)
                 rows = sorted(([i.name, i.role, ",".join(i.queues) if i.queues else "*",

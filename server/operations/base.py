@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+from server.scheduling.queues import queue_named
 from server.state.cluster import ClusterState
 from server.views.jobs import JobView
 from wire import subjects
@@ -42,10 +43,7 @@ class Operations:
 
     def queue(self, name: str) -> Queue | None:
         """A queue's record; the `default` queue always exists."""
-        q = self.state.queues.get(name)
-        if q is None and name == DEFAULT_QUEUE:
-            return implicit_default_queue()
-        return q
+        return queue_named(self.state.queues, name)
 
     def queues(self) -> list[Queue]:
         out = dict(self.state.queues)

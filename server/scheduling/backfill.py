@@ -23,7 +23,7 @@ from server.scheduling.deadlines import Deadlines
 from server.scheduling.maintenance import START_ALLOWANCE_S
 from server.scheduling.placement import MAX_TASKS_PER_HOST, HostCapacity, check
 from wire.budgets import ALLOC_RECORD_OVERHEAD, RECORD_BUDGET, task_bytes
-from wire.messages import HostAlloc, Job, JobSpec, Reserved, Task
+from wire.messages import IMMEDIATE_GRACE_S, HostAlloc, Job, JobSpec, Reserved, Task
 
 UNKNOWN = math.inf
 # A task told to stop (preempted, timed out, cancelled) is expected gone this long after
@@ -60,7 +60,9 @@ def task_end(task: Task, job: Job | None, deadline: float | None, now: float) ->
     stopped; its stop's grace after its job's deadline when running under a time limit
     (at the deadline it is only told to stop); its time limit and grace after now (and
     the time a start takes) when placed and not started yet; otherwise unknown."""
-    grace = task.grace_s or STOPPING_S
+    # (A queue's grace of 0, IMMEDIATE_GRACE_S on the wire, is taken as none given: the
+    # stop's report still takes its time, as may_backfill and why pending count it.)
+    grace = task.grace_s if task.grace_s > IMMEDIATE_GRACE_S else STOPPING_S
     if task.stop:
         return now + grace
     attempt = None
@@ -177,7 +179,7 @@ def comes_before(job: Job, holder: Job, share: Callable[[str], float]) -> bool:
 def kept_off(spec: JobSpec, limit_s: float, now: float, r: Reservation, reserved: JobSpec | None,
              view: Callable[[str], HostCapacity | None], grace_s: float = 0.0) -> frozenset[str]:
     """The hosts of reservation `r` that a job of `spec`, running at most `limit_s` and
-    stopped with a grace of `grace_s` (its queue's; 0: the agent's), may not take now:
+    stopped with a grace of `grace_s` (its queue's; 0: `STOPPING_S`), may not take now:
     none when its limit ends it by the reserved start (`may_backfill`); else those where
     it would take a GPU, CPU or memory a task of the reserved job (`reserved`) needs
     (`spares`, over the hosts as `view` gives them). The planner and why pending decide
@@ -195,7 +197,7 @@ def may_backfill(limit_s: float, now: float, reservation: Reservation | None, gr
     """Whether a job that runs at most `limit_s` (0: no limit) may be placed on the
     reservation's hosts: its limit ends it by the reserved start, allowing
     `START_ALLOWANCE_S` for it to start (its limit runs from its start) and its stop's
-    grace (`grace_s`; 0: the agent's, `STOPPING_S`) for it to leave: the end `task_end`
+    grace (`grace_s`; 0, the queue's 0 or none given: `STOPPING_S`) for it to leave: the end `task_end`
     will expect of it."""
     if reservation is None:
         return True

@@ -51,6 +51,7 @@ from wire.messages import (
     Queue,
     QueueUsage,
     decode,
+    host_gpus_held,
     shape_digest,
 )
 from wire.records import Record
@@ -165,18 +166,6 @@ def _keep(into: dict[str, M], name: str, value: bytes | None, cls: type[M]) -> N
         into.pop(name, None)
     else:
         into[name] = decode(cls, value)
-
-
-def gpus_held(alloc: HostAlloc, hb: Heartbeat | None = None) -> int:
-    """How many of a host's GPUs its tasks hold: a GPU shared by several tasks (each a
-    share of it) once, as the host's own figures count it, and a GPU any of whose MIG
-    instances a task holds (found by exploring: `cluster.gpus.allocated` counted none for
-    MIG tasks; their GPUs are known from the host's heartbeat `hb`)."""
-    held = {i for t in alloc.tasks for i in t.gpu_indices}
-    if hb is not None and any(t.mig for t in alloc.tasks):
-        parents = {m.uuid: g.index for g in hb.gpus for m in g.mig}
-        held.update(parents[u] for t in alloc.tasks for u in t.mig if u in parents)
-    return len(held)
 
 
 @dataclass
@@ -298,7 +287,7 @@ class ClusterState:
         alloc = self.allocs.get(host_id)
         entry = self.hosts.get(host_id)
         if alloc is not None and alloc.tasks and entry is not None and entry.present:
-            n = self._held[host_id] = gpus_held(alloc, entry.heartbeat)
+            n = self._held[host_id] = len(host_gpus_held(alloc, entry.heartbeat))
             self.gpus_allocated += n
 
     def _set_alloc(self, host_id: str, alloc: HostAlloc | None, size: int = 0) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.health.rules import Health, host_health
-from wire.messages import GpuUsage, Heartbeat
+from wire.messages import GpuUsage, Heartbeat, host_gpus_held
 
 if TYPE_CHECKING:
     from server.state.cluster import ClusterState, HostEntry
@@ -542,17 +542,11 @@ class HostTable:
         assert hb is not None
         # A GPU counts as allocated when any task holds it, whole, a share of it or one of
         # its MIG instances (GpuDevice says how much).
-        used: set[int] = set()
+        used = host_gpus_held(alloc, hb)
         cpu_allocated, mem_allocated = 0.0, 0
-        mig_used: list[str] = []
         for t in alloc.tasks if alloc is not None else ():
-            used.update(t.gpu_indices)
-            mig_used += t.mig
             cpu_allocated += t.cpus
             mem_allocated += t.memory_mb
-        if mig_used:
-            parents = {m.uuid: g.index for g in hb.gpus for m in g.mig}
-            used.update(parents[u] for u in mig_used if u in parents)
         bad = {u.index for u in hb.gpu_usage if not u.healthy}
         per_model: dict[str, list[int]] = {}
         for g in hb.gpus:

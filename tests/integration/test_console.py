@@ -1200,6 +1200,10 @@ async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
     c, m = await signed_in_with_host(console, "d-1")
     r = await c.get("/hosts/d-1")
     assert 'action="/hosts/d-1/drain"' in r.text and 'name="deadline_s"' in r.text
+    # The deadline the API and the CLI default to (a review: the console's was 600 s).
+    from server.timefmt import DRAIN_DEADLINE_S
+
+    assert re.search(rf'id="drain-deadline"[^>]*value="{DRAIN_DEADLINE_S:g}"', r.text) and DRAIN_DEADLINE_S == 300
     # Destructive forms ask for confirmation (static/live.js) and need a reason.
     assert re.search(r'<form method="post" action="/hosts/d-1/drain" class="stack" data-confirm="Drain d-1\?', r.text)
     assert re.search(r'<form method="post" action="/hosts/d-1/cordon" class="stack" data-confirm="', r.text)
@@ -1217,11 +1221,11 @@ async def test_drain_needs_a_reason_and_confirmation(console: Console) -> None:
     assert "d-1" not in m.state.hostcfg
 
     before = time.time()
-    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU", "deadline_s": "60"})
+    r = await c.post("/hosts/d-1/drain", data={"csrf": console.csrf, "reason": "swap PSU"})  # no deadline given
     assert r.status_code == 303 and r.headers["location"] == "/hosts/d-1?notice=draining"
     cfg = m.state.hostcfg["d-1"]
     assert cfg.draining and cfg.cordoned and cfg.reason == "swap PSU" and cfg.by == "operator"
-    assert before + 59 <= cfg.drain_deadline <= time.time() + 61
+    assert before + 299 <= cfg.drain_deadline <= time.time() + 301
     r = await c.get("/hosts/d-1?notice=draining")
     assert "Host draining" in r.text and "DRAINING" in r.text and "swap PSU" in r.text
     assert 'action="/hosts/d-1/drain"' not in r.text and "Uncordon host" in r.text

@@ -511,21 +511,23 @@ async def test_a_task_that_ended_before_its_stop_ends_as_it_ended(tmp_path: Path
 async def test_a_launcher_that_could_not_write_the_tasks_end_ends_the_try_as_the_task_did(tmp_path: Path) -> None:
     """Found by exploring: with the state directory's disk full the launcher could not
     write the task's end; the try that succeeded was taken for one whose launcher was
-    killed (KILLED, the host's trouble) and ran again. A launcher that exited (not killed
-    by a signal) ended as its task did."""
+    killed (KILLED, the host's trouble) and ran again. The record is made when the task
+    starts and written over in place at its end; and a launcher that exited (not killed
+    by a signal) without writing it (here the task put a directory in its place) ends the
+    try as its task did."""
     import json
 
     from agent.isolation import LAUNCHER, Isolation, Launch
 
-    exit_file = tmp_path / "gone" / "exit"  # (its directory does not exist: the write fails)
+    exit_file = tmp_path / "exit"
     iso = Isolation("full", run_as=pwd.getpwuid(os.geteuid()).pw_name, cgroup_mode="off",
                     private_dir=tmp_path / "private")
     ends: list[tuple[AttemptState, int | None, str]] = []
 
     def prepare(_t: object, env: dict[str, str], shared_user: bool = False) -> Launch:
         spec = tmp_path / "spec.json"
-        spec.write_text(json.dumps({"cwd": "/", "env": env, "exit_file": str(exit_file),
-                                    "command": ["sh", "-c", "exit $0", code]}))
+        spec.write_text(json.dumps({"cwd": "/", "env": env, "exit_file": str(exit_file), "command": [
+            "sh", "-c", 'grep -q running "$1" && rm "$1" && mkdir "$1" && exit $0', code, str(exit_file)]}))
         return Launch([sys.executable, "-I", "-S", LAUNCHER, str(spec)], None, None, spec, exit_file)
 
     iso.prepare = prepare  # type: ignore[method-assign]
@@ -538,4 +540,5 @@ async def test_a_launcher_that_could_not_write_the_tasks_end_ends_the_try_as_the
         run.start()
         await asyncio.wait_for(run.wait(), timeout=60)
         assert run.task_pid and ends[-1][:2] == (state, int(code)) and not run.host_trouble, ends
+        exit_file.rmdir()
     iso.close()

@@ -523,7 +523,8 @@ def test_alerts_tail_checks_its_options(capsys: pytest.CaptureFixture[str]) -> N
         assert exc.value.code == 2 and said in capsys.readouterr().err, bad
 
 
-def test_an_array_too_large_for_one_request_goes_in_several(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_array_too_large_for_one_request_goes_in_several(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Found by exploring: 600 jobs of a 2,000-character command (within every documented
     limit) were refused whole, "request body too large"; each request stays under the
     API's 1 MiB, in order, and a refusal sends no more."""
@@ -546,6 +547,26 @@ def test_an_array_too_large_for_one_request_goes_in_several(monkeypatch: pytest.
     monkeypatch.setattr(jobs_cli, "gql", gql)
     assert jobs_cli.submit_array(args, inputs) == 0
     assert len(sent) >= 2 and [i["name"] for part in sent for i in part] == [f"big-{k}" for k in range(600)]
+    # A later request that fails (a timeout, the server gone): the jobs the earlier ones
+    # stored are listed before the error (a review: they were not, and the command run
+    # again would have run them twice).
+    from server.cli.errors import ApiError
+
+    first = len(sent[0])
+    sent.clear()
+    capsys.readouterr()
+
+    def failing(q: str, variables: dict[str, list[dict[str, object]]], optional: object = ()) -> dict[str, object]:
+        if sent:
+            raise ApiError("cannot reach the server")
+        return gql(q, variables, optional)
+
+    monkeypatch.setattr(jobs_cli, "gql", failing)
+    with pytest.raises(ApiError):
+        jobs_cli.submit_array(args, inputs)
+    got = capsys.readouterr()
+    assert "big-0" in got.out and f"big-{first - 1}" in got.out and f"big-{first}" not in got.out
+    assert f"{first} of the array's 600 jobs were stored (above) before this" in got.err
 
 
 def test_job_list_says_when_it_shows_fewer_than_match(monkeypatch: pytest.MonkeyPatch,

@@ -187,7 +187,7 @@ def test_operators_mistakes_are_told_in_words() -> None:
     # A begin time too far ahead is said so (found by exploring: the year 3000 was "must be a
     # time").
     _, errors = validate_job({"name": "b", "command": ["x"], "begin_at": 32503680000.0}, set())
-    assert [(e.field, e.message) for e in errors] == [("beginAt", "must be before the year 2242")]
+    assert [(e.field, e.message) for e in errors] == [("beginAt", "must be before 2242-03-16")]
     # A quota of a GPU model no host reports and none known is refused, as a job's is
     # (found by exploring: `gpu:h100` was taken and the queue's GPU jobs waited for good);
     # one the fleet reports, or one the queue had before, is taken.

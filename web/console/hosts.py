@@ -16,11 +16,21 @@ from starlette.responses import RedirectResponse, Response
 from server.api.reads import reads_for
 from server.replica import Muster
 from server.scheduling import advance
-from server.timefmt import parse_time
+from server.timefmt import DRAIN_DEADLINE_S, parse_time
 from server.views.hosts import HEALTH_RANK, FleetSummary, HostQuery, HostRow
 from web.console.charts import SPARK_H, SPARK_W, Sample, Telemetry, gpu_charts, telemetry
 from web.console.errors import FORM_ERRORS, no_such_host, status_for
-from web.console.render import PER_PAGE, clamp_page, is_htmx, muster_of, page_arg, render, url, wants_live_part
+from web.console.render import (
+    PER_PAGE,
+    clamp_page,
+    is_htmx,
+    muster_of,
+    page_arg,
+    render,
+    templates,
+    url,
+    wants_live_part,
+)
 from web.console.session import Session, console, read_form
 from wire.errors import InvalidInput, MusterError, ValidationError
 from wire.messages import JobState
@@ -309,7 +319,8 @@ async def clear_gpu_faults(request: Request) -> Response:
     return await _reasoned_action(request, "gpus", "gpus-cleared", clear, {"gpus": raw})
 
 
-DRAIN_DEFAULT_S = "600"
+DRAIN_DEFAULT_S = f"{DRAIN_DEADLINE_S:g}"
+templates.env.globals["drain_default_s"] = DRAIN_DEFAULT_S  # (the form's value)
 
 
 @console(csrf=True, action=True, hosts=True)

@@ -11,6 +11,7 @@ import strawberry
 from server.api.graphql.context import epoch
 from server.api.graphql.conversion import plan_once
 from server.api.graphql.types import Dependency, JobState
+from server.timefmt import DRAIN_DEADLINE_S
 
 
 @strawberry.enum(description="What happens to a running attempt when its host is cut off.")
@@ -118,8 +119,9 @@ class ClearGpuFaultsInput:
 class DrainHostInput:
     id: strawberry.ID
     reason: str
-    deadline_seconds: float = strawberry.field(default=300.0, description="What still runs this long after the "
-                                               "drain begins is stopped (and requeued elsewhere).")
+    deadline_seconds: float = strawberry.field(
+        default=DRAIN_DEADLINE_S, description="What still runs this long after the drain begins is stopped (and "
+                                              "requeued elsewhere).")
     at: dt.datetime | None = strawberry.field(
         default=None, description="When the drain begins (a maintenance window): until then the host takes only "
         "jobs whose time limit (or their queue's default) ends them by the drain's deadline; nothing placed "
