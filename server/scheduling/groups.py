@@ -20,16 +20,21 @@ from __future__ import annotations
 from server.scheduling.livecounts import LiveCounts
 from wire.messages import Job
 
-Key = tuple[str, str]  # (user, group)
+Key = tuple[str, str]  # (user, group), or (user, name)
+GroupKey = tuple[str, str, int]  # (user, group, limit)
 
 
-def key(job: Job) -> Key | None:
-    """The group a job counts in, or None (no group, or no limit to count against)."""
-    return (job.spec.user, job.spec.group) if job.spec.group and job.spec.group_limit else None
+def key(job: Job) -> GroupKey | None:
+    """The group a job counts in, or None (no group, or no limit to count against): its
+    user's jobs of that group name and that limit (found by exploring: a singleton named
+    after a group of others with a limit of 3 was held back by them, and once that was
+    undone, a job named after its group of limit 1 ran beside the group's others; with the
+    limit in the key the first is no member of the others' group, and the second is)."""
+    return (job.spec.user, job.spec.group, job.spec.group_limit) if job.spec.group and job.spec.group_limit else None
 
 
-def counts() -> LiveCounts[Key]:
-    """An empty tally of jobs placed or running per (user, group) (scheduling.livecounts)."""
+def counts() -> LiveCounts[GroupKey]:
+    """An empty tally of jobs placed or running per (user, group, limit) (scheduling.livecounts)."""
     return LiveCounts(key)
 
 
@@ -52,9 +57,12 @@ def named_counts() -> LiveCounts[Key]:
 
 def running(job: Job, in_group: int, named: int) -> int:
     """The jobs `job`'s limit counts, placed or running, a preemptor itself not among
-    them: for a singleton the `named` jobs of its user and name, for another the `in_group`
-    of its group."""
-    return (named if singleton(job) else in_group) - bool(job.preempting)
+    them: for a singleton the `named` jobs of its user and name, and the `in_group` of its
+    group (of its name: a job named after the group it is put in with a limit of 1 is a
+    singleton too, and another of that group must keep it waiting as well; found by
+    exploring, two of a group limited to 1 ran at once), the larger (its limit is 1: it
+    waits while either is any); for another the `in_group` of its group."""
+    return (max(named, in_group) if singleton(job) else in_group) - bool(job.preempting)
 
 
 def waits(job: Job, running: int) -> bool:
@@ -66,7 +74,7 @@ def waits(job: Job, running: int) -> bool:
 def wait_text(job: Job, running: int) -> str:
     """Why pending, in words."""
     if singleton(job):
-        return (f"{running} of {job.spec.user}'s jobs named {job.spec.name!r} placed or running: a singleton "
-                "starts when none is")
+        return (f"{running} of {job.spec.user}'s jobs named {job.spec.name!r} or of its group {job.spec.group!r} "
+                "placed or running: a singleton starts when none is")
     return (f"{running} job(s) of {job.spec.user}'s group {job.spec.group!r} placed or running, its limit "
             f"{job.spec.group_limit}: it starts when one of them ends")

@@ -249,7 +249,7 @@ class ClusterState:
     # Jobs placed or running (scheduling.livecounts), kept as records arrive: per user and
     # job group with a limit (scheduling.groups), and per queue and user (what a queue's
     # per-user running-jobs limit is checked against).
-    group_live: LiveCounts[groups.Key] = field(default_factory=groups.counts)
+    group_live: LiveCounts[groups.GroupKey] = field(default_factory=groups.counts)
     named_live: LiveCounts[groups.Key] = field(default_factory=groups.named_counts)
     user_live: LiveCounts[tuple[str, str]] = field(default_factory=lambda: LiveCounts(queue_user))
     # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).

@@ -37,7 +37,7 @@ def _live(w: World, *ids: str) -> list[str]:
 
 def test_a_job_counts_in_its_users_group_only_with_a_limit_and_only_while_placed_or_running() -> None:
     spec = job_spec("a", group="g", group_limit=2, user="alice")
-    assert key(make_job("a", spec=spec)) == ("alice", "g")
+    assert key(make_job("a", spec=spec)) == ("alice", "g", 2)  # its user, group and limit
     assert key(make_job("a", spec=job_spec("a", group="g"))) is None  # no limit: nothing to count against
     assert not live(make_job("a", spec=spec)) and live(make_job("a", spec=spec, state=JobState.RUNNING))
     assert live(make_job("a", spec=spec, preempting=["v:1"]))  # placed once its victims stopped
@@ -128,7 +128,8 @@ def test_a_singleton_waits_while_one_of_its_name_runs() -> None:
     w.cycle()
     assert _live(w, "n1", "n2") == ["n1"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
-    assert why[GROUP_LIMIT] == "1 of alice's jobs named 'nightly' placed or running: a singleton starts when none is"
+    assert why[GROUP_LIMIT] == ("1 of alice's jobs named 'nightly' or of its group 'nightly' placed or running: a "
+                                "singleton starts when none is")
     w.cycle(reports=[w.report("n1", 0, AttemptState.RUNNING)])
     w.cycle(reports=[w.report("n1", 0, AttemptState.SUCCEEDED, code=0)])
     assert _live(w, "n1", "n2") == ["n2"]
@@ -146,7 +147,8 @@ def test_a_singleton_waits_for_any_job_of_its_name_and_a_plain_job_waits_for_non
     w.cycle()
     assert _live(w, "plain1", "single", "other") == ["plain1", "other"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("single"), NOW)}
-    assert why[GROUP_LIMIT] == "1 of alice's jobs named 'nightly' placed or running: a singleton starts when none is"
+    assert why[GROUP_LIMIT] == ("1 of alice's jobs named 'nightly' or of its group 'nightly' placed or running: a "
+                                "singleton starts when none is")
     w.cycle(reports=[w.report("plain1", 0, AttemptState.RUNNING)])
     w.cycle(reports=[w.report("plain1", 0, AttemptState.SUCCEEDED, code=0)])
     assert _live(w, "single") == ["single"]
@@ -173,6 +175,26 @@ def test_a_singleton_waits_for_any_job_of_its_name_and_a_plain_job_waits_for_non
     _submit(w, "single-d", group="daily", limit=1, name="daily", at=NOW + 7)
     w.cycle()
     assert _live(w, "other", "single-d") == ["other", "single-d"]
+
+
+def test_a_job_named_after_its_group_of_one_waits_for_the_groups_others() -> None:
+    """Found by exploring: of three jobs of `--group db --group-limit 1`, the one named
+    `db` (taken for a singleton, which waited only for jobs of its name) ran beside
+    another of the group."""
+    w = World()
+    w.host("a")
+    _submit(w, "other", group="db", limit=1, name="other", at=NOW - 3)
+    w.cycle()
+    _submit(w, "db", group="db", limit=1, name="db", at=NOW - 2)
+    _submit(w, "third", group="db", limit=1, name="third", at=NOW - 1)
+    w.cycle()
+    assert _live(w, "other", "db", "third") == ["other"]
+    why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("db"), NOW)}
+    assert why[GROUP_LIMIT] == ("1 of alice's jobs named 'db' or of its group 'db' placed or running: a singleton "
+                                "starts when none is")
+    w.cycle(reports=[w.report("other", 0, AttemptState.RUNNING)])
+    w.cycle(reports=[w.report("other", 0, AttemptState.SUCCEEDED, code=0)])
+    assert _live(w, "other", "db", "third") == ["db"]
 
 
 def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
@@ -206,7 +228,8 @@ def test_a_singleton_waits_for_a_cancelled_one_to_stop() -> None:
     w.cycle()
     assert _live(w, "n2") == [] and w.job("after").waiting_for == ["n1"]
     why = {r.reason: r.detail for r in JobView(w.state, None, half_life_s=0).queue_reasons(w.job("n2"), NOW)}
-    assert why[GROUP_LIMIT] == "1 of alice's jobs named 'nightly' placed or running: a singleton starts when none is"
+    assert why[GROUP_LIMIT] == ("1 of alice's jobs named 'nightly' or of its group 'nightly' placed or running: a "
+                                "singleton starts when none is")
     w.cycle(reports=[w.report("n1", 0, AttemptState.KILLED, code=-15)])
     assert not w.job("n1").stopping
     w.cycle()
