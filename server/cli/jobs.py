@@ -323,6 +323,8 @@ def array_indices(text: str) -> tuple[list[int], int]:
     if pct and k < 1:
         raise ValidationError("array", "the K of %K must be at least 1")
     if spec.isdigit():
+        if not 1 <= int(spec) <= MAX_ARRAY:  # (before the list: found by exploring, a huge N ate the memory)
+            raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs")
         return list(range(int(spec))), k
     indices: set[int] = set()
     for item in spec.split(","):

@@ -95,10 +95,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_DURATION_S = 10 * 365 * 86400.0  # what --duration takes
+
+
 def _duration(text: str) -> float:
     got = seconds(text)
     if got is None:
         raise ConfigError(f"--duration {text!r}: a duration like 8h or 2d")
+    if got > MAX_DURATION_S:  # (found by exploring: a traceback; the API takes much less anyway)
+        raise ConfigError(f"--duration {text!r}: at most {MAX_DURATION_S // 86400:.0f}d")
     return got
 
 

@@ -14,7 +14,10 @@ __all__ = ["ago", "ahead", "seconds", "when_text"]
 
 def _parse(text: str, sign: int, example: str) -> str:
     if (s := seconds(text)) is not None:
-        return (dt.datetime.now(dt.UTC) + sign * dt.timedelta(seconds=s)).isoformat()
+        try:
+            return (dt.datetime.now(dt.UTC) + sign * dt.timedelta(seconds=s)).isoformat()
+        except (OverflowError, ValueError):  # (found by exploring: a traceback)
+            raise ConfigError(f"{text!r} is too far from now") from None
     try:
         return parse_time(text).isoformat()
     except ValueError:

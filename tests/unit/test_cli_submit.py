@@ -584,3 +584,23 @@ def test_job_list_says_when_it_shows_fewer_than_match(monkeypatch: pytest.Monkey
     total = 1
     assert jobs_cli.cmd_list(parse_args(["job", "list", "--limit", "1"])) == 0
     assert "shown" not in capsys.readouterr().err
+
+
+def test_huge_counts_and_times_are_refused_in_words() -> None:
+    """Found by exploring: `--array 99999999999999999999` and `--begin 99999999999d` ended
+    in tracebacks (OverflowError), and `--array 100000000000` built its list of indices
+    before the check and ran out of memory."""
+    import server.cli.jobs as jobs_cli
+    from server.cli.reservations import _duration
+    from server.cli.times import ahead
+    from wire.errors import ConfigError, ValidationError
+
+    for n in ("99999999999999999999", "100000000000", "1001", "0"):
+        with pytest.raises(ValidationError, match="must be from 1 to 1000 jobs"):
+            jobs_cli.array_indices(n)
+    for far in ("99999999999d", "9999999d"):
+        with pytest.raises(ConfigError, match="too far from now"):
+            ahead(far)
+    with pytest.raises(ConfigError, match="at most 3650d"):
+        _duration("99999999999999999999d")
+    assert jobs_cli.array_indices("3%2") == ([0, 1, 2], 2) and _duration("2d") == 172800
