@@ -122,6 +122,15 @@ def test_an_advance_reservation_sets_a_rack_aside_for_a_queue(cluster: Cluster, 
     gone = muster(cluster, srv.url, "reservation", "show", "launch-run")
     assert gone.returncode != 0 and "no advance reservation launch-run" in gone.stderr, gone
     wait_until(lambda: alerts(api, "reservation.ended"), timeout=30, what="the reservation's end alerted")
+    # One that has ended is not opened again by a change of its end (found by exploring: it
+    # opened at once at its old start, stopping what ran on its hosts).
+    made = muster(cluster, srv.url, "reservation", "create", "brief", "ar-a", "--queues", "launch", "--duration", "2s")
+    assert made.returncode == 0, made.stderr
+    wait_until(lambda: "OVER" in muster(cluster, srv.url, "reservation", "show", "brief").stdout, timeout=60,
+               what="the brief reservation over")
+    revived = muster(cluster, srv.url, "reservation", "set", "brief", "--end", "2m")
+    assert revived.returncode != 0 and "has ended: give it a new start too" in revived.stderr, revived
+    assert "OVER" in muster(cluster, srv.url, "reservation", "show", "brief").stdout
     api.q("mutation($id: ID!) { cancelJob(id: $id) { job { id } } }", {"id": early})
     settled(api, early)
     assert_invariants(cluster.nats_url)
