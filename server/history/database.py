@@ -168,6 +168,7 @@ def job_cursor(job: Job, sort: str = "-submitted_at") -> str:
 
 # Failures of the database itself, not of what was written: never a reason to drop a row.
 _DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError, TimeoutError, ConnectionError)
+SCHEMA_RETRY_S = 2.0  # the least time between tries at a schema the database could not take
 T = TypeVar("T")
 
 
@@ -225,19 +226,30 @@ class History:
         kw: dict[str, object] = {"pool_pre_ping": True}
         if url.startswith("sqlite"):
             kw = {"connect_args": {"check_same_thread": False, "timeout": 30}}
-        self.engine = create_engine(url, **kw)
-        self.dialect = self.engine.dialect.name
+        self._engine = create_engine(url, **kw)
+        self.dialect = self._engine.dialect.name
         if self.dialect == "sqlite":
             from sqlalchemy import event
 
-            @event.listens_for(self.engine, "connect")
+            @event.listens_for(self._engine, "connect")
             def _pragmas(conn, _rec):
                 cur = conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.close()
 
-        upgrade_schema(self.engine)
+        # The schema brought up to date now, or, with the database down, at the first use
+        # once it is back (found by exploring: a replica could not start while PostgreSQL
+        # was down; history is not on the scheduling path).
+        self._schema_lock = threading.Lock()
+        self._schema_ok = False
+        self._schema_tried = 0.0
+        self._schema_error: BaseException | None = None
+        try:
+            self._upgrade_schema()
+        except (*_DATABASE_DOWN, OSError) as exc:
+            log.warning("history database unreachable (%s): its schema is brought up to date once it answers",
+                        " ".join(str(exc).split())[:300])
         # job id -> (the job, or its record's bytes not decoded yet, revision)
         self._pending: dict[str, tuple[Job | bytes, int]] = {}
         self._lock = threading.Lock()
@@ -672,7 +684,31 @@ class History:
             return list(s.exec(q).all())
 
     def close(self) -> None:
-        self.engine.dispose()
+        self._engine.dispose()
+
+    @property
+    def engine(self) -> Engine:
+        """The database, its schema up to date: brought up to date first when it was not
+        (raises the database's error while it cannot be, trying again at most every
+        SCHEMA_RETRY_S)."""
+        if not self._schema_ok:
+            with self._schema_lock:
+                if not self._schema_ok:
+                    if self._schema_error is not None and time.monotonic() - self._schema_tried < SCHEMA_RETRY_S:
+                        raise self._schema_error
+                    self._upgrade_schema()
+        return self._engine
+
+    def _upgrade_schema(self) -> None:
+        self._schema_tried = time.monotonic()
+        try:
+            upgrade_schema(self._engine)
+        except (*_DATABASE_DOWN, OSError) as exc:  # (OSError: SQLite's lock file where it cannot be made)
+            # Said as the database being down, so that no write takes it for rows refused.
+            self._schema_error = exc if isinstance(exc, _DATABASE_DOWN) else OperationalError(
+                "upgrading the history schema", None, exc)
+            raise self._schema_error from None
+        self._schema_ok, self._schema_error = True, None
 
 
 def _past(first: Any, second: Any, key: tuple[float, str], descending: bool) -> Any:

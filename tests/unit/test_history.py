@@ -203,6 +203,30 @@ def _initial_module():  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------- writing
 
 
+def test_a_history_whose_database_is_down_at_start_comes_up_when_it_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: a replica could not start while PostgreSQL was down (its schema
+    upgrade raised at start), though history is not on the scheduling path. It starts; what
+    reads or writes the history meanwhile gets the database's error; once the database
+    answers, the schema is brought up to date and the queued records written."""
+    monkeypatch.setattr(history_mod, "SCHEMA_RETRY_S", 0.0)
+    later = tmp_path / "not-yet"
+    hist = History(f"sqlite:///{later}/history.db")  # (its directory missing: the database cannot be opened)
+    try:
+        with pytest.raises(OperationalError):
+            hist.get_job("j1")
+        for rev, j in enumerate(lifecycle("j1"), start=1):
+            hist.record(j, rev)
+        with pytest.raises(OperationalError):
+            hist.flush()  # (kept for the next flush)
+        later.mkdir()
+        hist.flush()
+        got = hist.get_job("j1")
+        assert got is not None and got.state == JobState.SUCCEEDED and counts(hist) == (1, 1, 5)
+    finally:
+        hist.close()
+
+
 @pytest.mark.parametrize("flush_each", [False, True])
 def test_lifecycle_one_row_and_full_timeline(hist: History, flush_each: bool) -> None:
     for rev, j in enumerate(lifecycle("j1"), start=1):
