@@ -166,8 +166,10 @@ def job_cursor(job: Job, sort: str = "-submitted_at") -> str:
     return json.dumps([_JOB_KEY[c](job) for c, _ in JOB_SORTS[sort]])
 
 
-# Failures of the database itself, not of what was written: never a reason to drop a row.
-_DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError, TimeoutError, ConnectionError)
+# Failures of the database itself, not of what was written: never a reason to drop a row,
+# and what a page that reads history says as the database being unavailable.
+DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError, TimeoutError, ConnectionError)
+_DATABASE_DOWN = DATABASE_DOWN
 SCHEMA_RETRY_S = 2.0  # the least time between tries at a schema the database could not take
 T = TypeVar("T")
 

@@ -1824,3 +1824,24 @@ async def test_a_host_under_pressure_says_so_on_its_page_and_in_the_table(consol
     page = (await c.get("/hosts/p-1")).text
     assert 'id="host-pressure"' in page and "takes no new work: disk: 12 MB free in its work directory /w" in page
     assert 'title="Takes no new work: disk: 12 MB free' in (await c.get("/hosts")).text
+
+
+async def test_pages_that_read_history_say_when_its_database_is_down(console: Console,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: with the history database down, the host page (its recent
+    attempts) and the alerts page were a bare 500. The host page shows the host and says
+    history did not answer; a page made of history says so, 503."""
+    from sqlalchemy.exc import OperationalError
+
+    c, m = await signed_in_with_host(console, "hd-1")
+    assert m.history is not None
+
+    def down(*_a: object, **_k: object) -> None:
+        raise OperationalError("SELECT", None, ConnectionRefusedError("connection refused"))
+
+    monkeypatch.setattr(m.history, "list_attempts", down)
+    monkeypatch.setattr(m.history, "list_alerts", down)
+    r = await c.get("/hosts/hd-1")
+    assert r.status_code == 200 and 'id="history-down"' in r.text and "connection refused" in r.text
+    r = await c.get("/alerts")
+    assert r.status_code == 503 and "History unavailable" in r.text and "did not answer" in r.text

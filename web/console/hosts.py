@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
+from server.history.database import DATABASE_DOWN
 from server.replica import Muster
 from server.scheduling import advance
 from server.timefmt import DRAIN_DEADLINE_S, parse_time
@@ -250,12 +251,15 @@ async def host_detail(request: Request) -> Response:
 async def _recent_attempts(m: Muster, host_id: str, ctx: dict[str, Any]) -> None:
     """The host's latest attempts as history has them (what ran here and how it ended, for
     a host suspected of failing its jobs), and how many there are in all."""
+    ctx["recent"], ctx["recent_total"], ctx["history_down"] = [], 0, ""
     if m.history is None:
-        ctx["recent"], ctx["recent_total"] = [], 0
         return
-    ctx["recent"] = await run_in_threadpool(m.history.list_attempts, host_id=host_id, limit=RECENT_ATTEMPTS,
-                                            newest_first=True)
-    ctx["recent_total"] = await run_in_threadpool(m.history.count_attempts, host_id=host_id)
+    try:
+        ctx["recent"] = await run_in_threadpool(m.history.list_attempts, host_id=host_id, limit=RECENT_ATTEMPTS,
+                                                newest_first=True)
+        ctx["recent_total"] = await run_in_threadpool(m.history.count_attempts, host_id=host_id)
+    except DATABASE_DOWN as exc:  # the host's live state is shown all the same
+        ctx["history_down"] = " ".join(str(exc).split())[:300]
 
 
 async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,
