@@ -146,12 +146,17 @@ def check(
                 active.discard(i)
                 continue
             active.add(i)
-            problems += [f"host {host_id} at {t:.3f}: {p}" for p in gpu_problems((items[j][2] for j in active), cap)]
-            if cap is not None:
-                if sum(items[j][3] for j in active) > cap.cpus + EPS:
-                    problems.append(f"host {host_id} at {t:.3f}: CPU over {cap.cpus}")
-                if sum(items[j][4] for j in active) > cap.memory_mb:
-                    problems.append(f"host {host_id} at {t:.3f}: memory over {cap.memory_mb}")
+            # The host's capacity is what it reports now: it holds for moments a live try
+            # is among, not for the past alone (found by exploring: a host restarted with
+            # fewer GPUs had every finished try of before it called a violation).
+            now_cap = cap if any(items[j][1] == float("inf") for j in active) else None
+            problems += [f"host {host_id} at {t:.3f}: {p}" for p in gpu_problems((items[j][2] for j in active),
+                                                                                   now_cap)]
+            if now_cap is not None:
+                if sum(items[j][3] for j in active) > now_cap.cpus + EPS:
+                    problems.append(f"host {host_id} at {t:.3f}: CPU over {now_cap.cpus}")
+                if sum(items[j][4] for j in active) > now_cap.memory_mb:
+                    problems.append(f"host {host_id} at {t:.3f}: memory over {now_cap.memory_mb}")
     seen_tasks: dict[str, str] = {}
     for alloc in allocs:
         for task in alloc.tasks:

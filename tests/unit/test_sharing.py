@@ -210,6 +210,25 @@ def test_muster_check_replays_shared_attempts() -> None:
     assert any("GPU 0 shared 1500/1000" in p for p in check(over, cap))
 
 
+def test_muster_check_judges_past_tries_by_no_capacity_of_now() -> None:
+    """Found by exploring: a host restarted with 2 GPUs instead of 4 had every finished try
+    on GPUs 2 and 3 called a violation ("GPUs [2, 3] beyond 2"). The capacity a host reports
+    now holds for moments a live try is among; two tries holding one GPU at once are a
+    violation whenever."""
+    def attempt(i: int, gpus: list[int], end: float | None) -> Attempt:
+        return Attempt(id=f"w{i}.1", number=1, host_id="h1", gpu_indices=gpus, term=1,
+                       state=AttemptState.SUCCEEDED if end else AttemptState.RUNNING, placed_at=T0 + i,
+                       started_at=T0 + i, finished_at=end)
+
+    cap = {"h1": Capacity(2, 8.0, 10_000)}
+    before = [job("w0", state=JobState.SUCCEEDED, spec=job_spec(gpus=2), attempts=[attempt(0, [2, 3], T0 + 5)])]
+    assert check(before, cap) == []
+    twice = before + [job("w1", state=JobState.SUCCEEDED, spec=job_spec(gpus=1), attempts=[attempt(1, [3], T0 + 4)])]
+    assert any("a GPU held twice" in p for p in check(twice, cap))
+    live = [job("w2", state=JobState.RUNNING, spec=job_spec(gpus=1), attempts=[attempt(10, [3], None)])]
+    assert any("GPUs [3] beyond 2" in p for p in check(before + live, cap))
+
+
 def test_the_benchmark_checks_shares_exactly() -> None:
     shared = [{"gpu_indices": [0], "gpu_share": 300, "gpu_memory_mb": 100, "cpus": 1, "memory_mb": 1}] * 3
     assert check_alloc({"tasks": shared}, (1, 8.0, 100, 300)) == []
