@@ -139,9 +139,14 @@ def test_one_failed_task_stops_the_gang_and_it_fails_as_one() -> None:
     assert job.state is JobState.RUNNING
     stops = [t for a in w.state.allocs.values() for t in a.tasks]
     assert len(stops) == 2 and all(t.stop and t.stop_reason == "gang task 1 ended FAILED" for t in stops)
-    w.cycle(reports=[w.report("g", 0, AttemptState.KILLED), w.report("g", 2, AttemptState.KILLED)])
+    plan = w.cycle(reports=[w.report("g", 0, AttemptState.KILLED), w.report("g", 2, AttemptState.KILLED)])
     assert w.job("g").state is JobState.FAILED
     assert w.used_gpus() == 0
+    # Its end names the task that failed, with its exit code (found by exploring: it named
+    # the last task stopped with it, "gang task 1 ended FAILED", no exit code).
+    failed = next(t for t in w.job("g").attempts if t.task == 1)
+    ev = [e for e in plan.events if e.kind == "job.failed"]
+    assert [(e.attempt_id, e.message) for e in ev] == [(failed.id, "exit code 2 (gang task 1)")], ev
 
 
 def test_a_gang_with_a_drained_member_is_requeued_without_using_an_attempt() -> None:

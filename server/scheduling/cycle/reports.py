@@ -129,6 +129,12 @@ def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: 
     # The try is over. A gang retries only for infrastructure reasons if every task
     # that did not succeed ended that way; any FAILED task makes it a FAILED try.
     worst = AttemptState.FAILED if any(t.state is AttemptState.FAILED for t in tasks) else ended
+    if worst is AttemptState.FAILED and a.state is not AttemptState.FAILED:
+        # A gang's try decided when its last task stopped: it is the task that failed
+        # that the job's end names, with its exit code (found by exploring: `job.failed`
+        # named the task stopped with it, "gang task 1 ended FAILED", no exit code).
+        a = min((t for t in tasks if t.state is AttemptState.FAILED), key=lambda t: (t.finished_at or 0.0, t.task))
+        why = f"exit code {a.exit_code}" + (f" ({a.reason})" if a.reason else "") + f" (gang task {a.task})"
     if any(t.state is AttemptState.TIMEOUT for t in tasks) and worst is not AttemptState.FAILED:
         worst = AttemptState.TIMEOUT
     elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
