@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 from server.cli.client import add_output, finite_float, gql
+from server.cli.errors import ApiError
 from wire import subjects
 
 POLL = 100  # alerts each poll reads, the newest first
@@ -71,9 +73,23 @@ def cmd_tail(args: argparse.Namespace) -> int:
         for a in reversed(first[: args.lines]):
             show(a)
         seen.update(a["id"] for a in first)
+        failing = ""
         while True:
             time.sleep(args.interval)
-            new = [a for a in fetch(POLL) if a["id"] not in seen]
+            try:
+                got = fetch(POLL)
+            except ApiError as exc:
+                # Followed through an outage (the server restarting, its history database
+                # down): said once, and asked again (found by exploring: it exited at the
+                # first error). A refused token still ends it (AuthError is not caught).
+                if str(exc) != failing:
+                    print(f"warning: {exc}; asking again every {args.interval:g} s", file=sys.stderr, flush=True)
+                    failing = str(exc)
+                continue
+            if failing:
+                print("alerts answer again", file=sys.stderr, flush=True)
+                failing = ""
+            new = [a for a in got if a["id"] not in seen]
             for a in reversed(new):  # oldest first
                 seen.add(a["id"])
                 show(a)

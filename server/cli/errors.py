@@ -11,7 +11,7 @@ from wire.errors import AuthError, Forbidden, MusterError, NotFound
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # any other MusterError
-EXIT_PLACEMENT = 2  # JobFailed: the waited-for job FAILED, or was not placed within --timeout
+EXIT_PLACEMENT = 2  # JobFailed: the waited-for job FAILED, TIMEOUT or CANCELLED, or was not placed in --timeout
 EXIT_NOT_FOUND = 3  # NotFound
 EXIT_UNAUTHORISED = 4  # AuthError: no token, or the API refused it
 EXIT_INTERRUPTED = 130  # Ctrl-C (outside --watch and `alerts tail`, where Ctrl-C is the way out: 0)
@@ -22,7 +22,8 @@ class ApiError(MusterError):
 
 
 class JobFailed(MusterError):
-    """`job submit --wait`: the job FAILED, or was still not placed when --timeout passed."""
+    """`job submit --wait`: the job FAILED, TIMEOUT or CANCELLED, or was still not placed when --timeout
+    passed."""
 
 
 # The first class that matches wins: subclasses before their bases.

@@ -604,3 +604,32 @@ def test_huge_counts_and_times_are_refused_in_words() -> None:
     with pytest.raises(ConfigError, match="at most 3650d"):
         _duration("99999999999999999999d")
     assert jobs_cli.array_indices("3%2") == ([0, 1, 2], 2) and _duration("2d") == 172800
+
+
+def test_alerts_tail_follows_through_an_outage(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: `alerts tail` exited at the first error (the server restarting,
+    its history database down). It says so once and asks again; what came meanwhile is
+    printed once it answers."""
+    import server.cli.alerts as alerts_cli
+    from server.cli.errors import ApiError
+
+    def alert(i: int) -> dict[str, object]:
+        return {"node": {"id": str(i), "kind": "host.lost", "ts": "2026-12-07T10:00:00", "hostId": f"h{i}",
+                         "jobId": None, "message": f"host h{i} lost"}}
+
+    answers: list[object] = [[alert(1)], ApiError("cannot reach x"), ApiError("cannot reach x"), [alert(2), alert(1)],
+                             KeyboardInterrupt()]
+
+    def gql(*_a: object, **_k: object) -> dict[str, object]:
+        got = answers.pop(0)
+        if isinstance(got, BaseException):
+            raise got
+        return {"alerts": {"edges": got}}
+
+    monkeypatch.setattr(alerts_cli, "gql", gql)
+    monkeypatch.setattr(alerts_cli.time, "sleep", lambda _s: None)
+    assert alerts_cli.cmd_tail(parse_args(["alerts", "tail"])) == 0
+    out = capsys.readouterr()
+    assert [line.split()[-2] for line in out.out.splitlines()] == ["h1", "h2"], out.out
+    assert out.err.count("warning: cannot reach x; asking again") == 1 and "alerts answer again" in out.err
