@@ -1,7 +1,8 @@
 """The server's helper processes (historian, heartbeat ingest): how each one runs and
 stops. A helper names itself (`ps` shows `muster-history`, `muster-ingest`), stops
 cleanly on SIGTERM or SIGINT, and does not outlive the server: when its parent is gone
-(kill -9) it stops by itself within a second. The server starts a helper that died
+(kill -9) it stops by itself within a second, and is ended ORPHAN_EXIT_S later if it has
+not. The server starts a helper that died
 again (HelperProcess.run)."""
 
 from __future__ import annotations
@@ -52,7 +53,28 @@ def run_helper(name: str, body: Callable[[asyncio.Event], Awaitable[None]], nice
         finally:
             watchdog.cancel()
 
+    _exit_when_orphaned(name, os.getppid())
     asyncio.run(go())
+
+
+ORPHAN_EXIT_S = 10.0  # how long a helper whose server is gone has to stop before it is ended
+
+
+def _exit_when_orphaned(name: str, parent: int) -> None:
+    """End this process ORPHAN_EXIT_S after its server is gone, whatever its event loop
+    is doing: a thread of its own (found in a test run: an ingest whose server was killed
+    -9 sat blocked, ignoring SIGTERM, for good; the loop's own look at its parent never
+    ran)."""
+    import threading
+
+    def look() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        time.sleep(ORPHAN_EXIT_S)
+        log.warning("%s: server process gone and this one still running; ending it", name)
+        os._exit(1)
+
+    threading.Thread(target=look, name="orphan-exit", daemon=True).start()
 
 
 def stop_helper(proc: multiprocessing.process.BaseProcess | None, timeout: float) -> None:
