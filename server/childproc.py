@@ -38,38 +38,30 @@ def run_helper(name: str, body: Callable[[asyncio.Event], Awaitable[None]], nice
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        parent = os.getppid()
+        _watch_parent(name, os.getppid(), lambda: loop.call_soon_threadsafe(stop.set))
+        await body(stop)
 
-        async def orphaned() -> None:
-            while not stop.is_set():
-                if os.getppid() != parent:
-                    log.warning("%s: server process gone; stopping", name)
-                    stop.set()
-                await asyncio.sleep(1)
-
-        watchdog = asyncio.create_task(orphaned())
-        try:
-            await body(stop)
-        finally:
-            watchdog.cancel()
-
-    _exit_when_orphaned(name, os.getppid())
     asyncio.run(go())
 
 
 ORPHAN_EXIT_S = 10.0  # how long a helper whose server is gone has to stop before it is ended
 
 
-def _exit_when_orphaned(name: str, parent: int) -> None:
-    """End this process ORPHAN_EXIT_S after its server is gone, whatever its event loop
-    is doing: a thread of its own (found in a test run: an ingest whose server was killed
-    -9 sat blocked, ignoring SIGTERM, for good; the loop's own look at its parent never
-    ran)."""
+def _watch_parent(name: str, parent: int, stop: Callable[[], object]) -> None:
+    """Once the server is gone: `stop` (the helper finishes what it holds), and
+    ORPHAN_EXIT_S later, if it still runs, end it, whatever its event loop is doing. A
+    thread of its own (found in a test run: an ingest whose server was killed -9 sat
+    blocked, ignoring SIGTERM, for good; a look from its own loop never ran)."""
     import threading
 
     def look() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
+        log.warning("%s: server process gone; stopping", name)
+        try:
+            stop()
+        except RuntimeError:  # (its loop over already: the process is ending)
+            return
         time.sleep(ORPHAN_EXIT_S)
         log.warning("%s: server process gone and this one still running; ending it", name)
         os._exit(1)

@@ -23,7 +23,7 @@ from server.scheduling.backfill import Reservation, comes_before, kept_off
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import queue_order
 from server.scheduling.placement import NEVER, NOT_HEALTHY, check, idle_room
-from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec
+from server.scheduling.queues import QueueBook, effective_time_limit, job_demand, placement_spec, queue_named
 from server.views import queues as queue_view
 from server.views.hosts import STEP_ROWS, Steps, finish
 from wire.messages import Job, JobSpec, JobState, Queue
@@ -314,7 +314,7 @@ class JobView:
         have room for it; none when it has room elsewhere."""
         if not self.state.maintenance and not self.state.advance:
             return []
-        q = queue_view.queue_of(self.state, job.spec.queue)
+        q = queue_named(self.state.queues, job.spec.queue)
         limit = effective_time_limit(job.spec, q)
         windows = self.state.maintenance
         kept = maintenance.KeptOff(windows, now)(limit) | maintenance.begun(windows, now) \
@@ -344,7 +344,7 @@ class JobView:
         not backfill them (its time limit runs past their reserved starts); none when it
         has room elsewhere. Of several, those whose hosts alone would give it room (all of
         them if none would alone)."""
-        q = queue_view.queue_of(self.state, job.spec.queue)
+        q = queue_named(self.state.queues, job.spec.queue)
         limit = effective_time_limit(job.spec, q)
         blockers: list[tuple[Job, frozenset[str]]] = []
         shares: fairshare.Shares | None = None

@@ -115,11 +115,6 @@ def queues(state: ClusterState) -> dict[str, Queue]:
     return out
 
 
-def queue_of(state: ClusterState, name: str) -> Queue | None:
-    """A queue as the planner's book has it: its record, or the implicit default queue."""
-    return queue_named(state.queues, name)
-
-
 def book(state: ClusterState) -> QueueBook:
     return QueueBook(queues(state), state.queue_usage)
 
@@ -471,6 +466,6 @@ def _grace(state: ClusterState, job: Job) -> float:
         if told:
             best = max(best, *told)
         else:
-            vq = queue_of(state, v.spec.queue)
+            vq = queue_named(state.queues, v.spec.queue)
             best = max(best, vq.preempt_grace_s if vq is not None else 0.0)
     return best
