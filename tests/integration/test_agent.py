@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.agent import Agent, AgentConfig
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
@@ -25,6 +27,18 @@ ME = pwd.getpwuid(os.geteuid()).pw_name  # the tasks write to the test's directo
 
 # A short heartbeat, TTL and fence: what most of these tests run their agents with.
 QUICK: dict[str, Any] = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
+
+
+@pytest.fixture
+async def store(nats_url: str) -> AsyncIterator[Store]:
+    """The test's own connection's store, the control plane's streams made."""
+    nc = await connect(nats_url, name="test-agent")
+    try:
+        kv = Store(nc)
+        await ensure_streams(kv)
+        yield kv
+    finally:
+        await nc.close()
 
 
 @contextlib.asynccontextmanager
@@ -58,58 +72,52 @@ async def running_agent(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any)
 
 
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
-        nats_url: str, tmp_path: Path) -> None:
+        nats_url: str, tmp_path: Path, store: Store) -> None:
     """Nobody applies the agent's SUCCEEDED report (as when a new leader whose view
     lagged dropped it as stale): the assignment keeps listing the attempt, so the agent
     reports its end again, and stops once the assignment no longer lists it. It never
     runs the attempt a second time."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     marks = tmp_path / "runs"
-    try:
-        async with running_agent(nats_url, tmp_path, "ra-1", heartbeat_interval_s=0.5, ttl_intervals=6,
-                                 fence_after_s=2.5, resend_after_s=1.0) as agent:
-            t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-            await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
+    async with running_agent(nats_url, tmp_path, "ra-1", heartbeat_interval_s=0.5, ttl_intervals=6,
+                             fence_after_s=2.5, resend_after_s=1.0) as agent:
+        t = task("j-ra", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [t], term=1)))
 
-            subject = subjects.status_subject("ra-1")
+        subject = subjects.status_subject("ra-1")
 
-            async def reported() -> int:
-                """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
-                info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
-                return int((info.state.subjects or {}).get(subject, 0))
+        async def reported() -> int:
+            """Reports of the attempt in the STATUS stream (its RUNNING once, then ends)."""
+            info = await store.js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
+            return int((info.state.subjects or {}).get(subject, 0))
 
-            async def last() -> StatusReport:
-                return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
+        async def last() -> StatusReport:
+            return decode(StatusReport, (await store.js.get_last_msg(subjects.STATUS_STREAM, subject)).data)
 
-            for _ in range(200):
-                if await reported() >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            assert await reported() >= 3, f"{await reported()} reports"
-            r = await last()
-            assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
-            assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
+        for _ in range(200):
+            if await reported() >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert await reported() >= 3, f"{await reported()} reports"
+        r = await last()
+        assert (r.attempt_id, r.job_id, r.state) == ("j-ra.1", "j-ra", AttemptState.SUCCEEDED)
+        assert marks.read_text().splitlines() == ["ran"]  # reported again, never run again
 
-            # The end is applied: the assignment drops the attempt; no more reports of it.
-            await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
-            for _ in range(100):
-                if not agent._assigned:
-                    break
-                await asyncio.sleep(0.05)
-            assert not agent._assigned
-            for _ in range(200):  # a report queued before the assignment changed lands first
-                if not agent._reports:
-                    break
-                await asyncio.sleep(0.05)
-            assert not agent._reports
-            before = await reported()
-            await asyncio.sleep(2.5)  # more than resend_after_s
-            assert await reported() == before
-            assert marks.read_text().splitlines() == ["ran"]
-    finally:
-        await nc.close()
+        # The end is applied: the assignment drops the attempt; no more reports of it.
+        await store.put(subjects.alloc_key("ra-1"), encode(host_alloc("ra-1", [], term=1)))
+        for _ in range(100):
+            if not agent._assigned:
+                break
+            await asyncio.sleep(0.05)
+        assert not agent._assigned
+        for _ in range(200):  # a report queued before the assignment changed lands first
+            if not agent._reports:
+                break
+            await asyncio.sleep(0.05)
+        assert not agent._reports
+        before = await reported()
+        await asyncio.sleep(2.5)  # more than resend_after_s
+        assert await reported() == before
+        assert marks.read_text().splitlines() == ["ran"]
 
 
 async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_path: Path) -> None:
@@ -137,15 +145,12 @@ async def test_the_watchdog_is_started_again_when_it_dies(nats_url: str, tmp_pat
     assert agent._watchdog is None and second.returncode == 0  # ended by the clean shutdown
 
 
-async def test_the_watchdogs_directory_removed_is_made_again(nats_url: str, tmp_path: Path) -> None:
+async def test_the_watchdogs_directory_removed_is_made_again(nats_url: str, tmp_path: Path, store: Store) -> None:
     """Found by exploring: the watchdog's directory removed by hand was never made again,
     and the watchdog, reading no heartbeat, stopped every try of a healthy agent, new ones
     too. The agent makes it again at its next heartbeat."""
     import shutil
 
-    nc = await connect(nats_url, name="test-agent")
-    await ensure_streams(Store(nc))
-    await nc.close()
     async with running_agent(nats_url, tmp_path, "wd-2", heartbeat_interval_s=0.5, ttl_intervals=6,
                              fence_after_s=2.5) as agent:
         alive = agent._watch_dir / "alive"
@@ -163,41 +168,35 @@ async def test_the_watchdogs_directory_removed_is_made_again(nats_url: str, tmp_
 
 
 async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resume(
-        nats_url: str, tmp_path: Path) -> None:
+        nats_url: str, tmp_path: Path, store: Store) -> None:
     """A fenced agent (cut off from the control plane) starts nothing; the assignment
     that reached it meanwhile is not taken as applied, so the read of the record when
     heartbeats resume starts its work (it stayed PLACED for good when the record counted
     as applied: the leader's resends of the same revision were ignored too)."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     marks = tmp_path / "runs"
-    try:
-        # One heartbeat at the start, seen before the test fences the agent, and none after
-        # it: a heartbeat taken while the test holds the agent fenced would end the fence
-        # (and start the work) by itself. Seen in clean-clone runs on a loaded machine with
-        # a 5 s interval, and with a 30 s one when the first heartbeat came only after the
-        # test had stopped waiting for it and fenced the agent.
-        async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=300.0, ttl_intervals=3,
-                                 fence_after_s=600.0) as agent:
-            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
-            agent.fenced = True  # as _check_fence sets it when heartbeats fail
-            t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-            await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
-            for _ in range(200):
-                if "j-fz.1" in agent._assigned:
-                    break
-                await asyncio.sleep(0.05)
-            assert "j-fz.1" in agent._assigned  # the record reached the agent ...
-            assert "j-fz.1" not in agent.runs and not marks.exists()  # ... which started nothing
-            # Heartbeats resume (what the heartbeat loop does then):
-            agent.fenced = False
-            await agent._refresh_assignments()
-            # The shell's ">>" creates the file before echo writes to it: wait for the line.
-            await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=10, what="the task's mark")
-            assert marks.read_text().splitlines() == ["ran"]
-    finally:
-        await nc.close()
+    # One heartbeat at the start, seen before the test fences the agent, and none after
+    # it: a heartbeat taken while the test holds the agent fenced would end the fence
+    # (and start the work) by itself. Seen in clean-clone runs on a loaded machine with
+    # a 5 s interval, and with a 30 s one when the first heartbeat came only after the
+    # test had stopped waiting for it and fenced the agent.
+    async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        agent.fenced = True  # as _check_fence sets it when heartbeats fail
+        t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
+        for _ in range(200):
+            if "j-fz.1" in agent._assigned:
+                break
+            await asyncio.sleep(0.05)
+        assert "j-fz.1" in agent._assigned  # the record reached the agent ...
+        assert "j-fz.1" not in agent.runs and not marks.exists()  # ... which started nothing
+        # Heartbeats resume (what the heartbeat loop does then):
+        agent.fenced = False
+        await agent._refresh_assignments()
+        # The shell's ">>" creates the file before echo writes to it: wait for the line.
+        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=10, what="the task's mark")
+        assert marks.read_text().splitlines() == ["ran"]
 
 
 MARKER = """
@@ -211,7 +210,8 @@ while True:
 """
 
 
-async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(nats_url: str, tmp_path: Path) -> None:
+async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(nats_url: str, tmp_path: Path,
+                                                                                store: Store) -> None:
     """The agent freezes its attempts at the fence. A heartbeat stored afterwards continues
     them only if it was checked against the last one stored before (the key held); stored
     without that check (the agent knew of none to check against), they are stopped: the
@@ -221,133 +221,115 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
     from agent.agent import FENCED_REASON
     from tests.integration.conftest import group_frozen, group_running
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
-    try:
-        # Heartbeats far apart and a fence far away: the test moves the agent's clock of the
-        # last stored heartbeat back to fence it, and plays the heartbeat's outcome itself.
-        async with running_agent(nats_url, tmp_path, "fr-1", heartbeat_interval_s=300.0, ttl_intervals=3,
-                                 fence_after_s=600.0) as agent:
-            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
-            logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
-            tasks = [task(f"j-{k}", command=[sys.executable, "-c", MARKER, str(logs[k])], cpus=1, memory_mb=64,
-                          term=1) for k in logs]
-            await store.put(subjects.alloc_key("fr-1"), encode(host_alloc("fr-1", tasks, term=1)))
-            await eventually(lambda: all(f.exists() and "start" in f.read_text() for f in logs.values()),
-                             timeout=60, what="both attempts running")
-            groups = [agent.runs[t.attempt_id].group_pid for t in tasks]
+    # Heartbeats far apart and a fence far away: the test moves the agent's clock of the
+    # last stored heartbeat back to fence it, and plays the heartbeat's outcome itself.
+    async with running_agent(nats_url, tmp_path, "fr-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
+        tasks = [task(f"j-{k}", command=[sys.executable, "-c", MARKER, str(logs[k])], cpus=1, memory_mb=64,
+                      term=1) for k in logs]
+        await store.put(subjects.alloc_key("fr-1"), encode(host_alloc("fr-1", tasks, term=1)))
+        await eventually(lambda: all(f.exists() and "start" in f.read_text() for f in logs.values()),
+                         timeout=60, what="both attempts running")
+        groups = [agent.runs[t.attempt_id].group_pid for t in tasks]
 
-            async def fence() -> None:
-                # No heartbeat stored for 100 s longer than fence_after: the agent notices late
-                # (as one frozen with SIGSTOP does), and its fence began those 100 s ago.
-                agent.last_heartbeat_ok -= 700.0
-                await agent._check_fence()
-                assert agent.fenced and set(agent._frozen) == {t.attempt_id for t in tasks}
-                await eventually(lambda: all(group_frozen(g) for g in groups), timeout=30,
-                                 what="the attempts frozen")
-                agent.last_heartbeat_ok += 700.0
+        async def fence() -> None:
+            # No heartbeat stored for 100 s longer than fence_after: the agent notices late
+            # (as one frozen with SIGSTOP does), and its fence began those 100 s ago.
+            agent.last_heartbeat_ok -= 700.0
+            await agent._check_fence()
+            assert agent.fenced and set(agent._frozen) == {t.attempt_id for t in tasks}
+            await eventually(lambda: all(group_frozen(g) for g in groups), timeout=30,
+                             what="the attempts frozen")
+            agent.last_heartbeat_ok += 700.0
 
-            await fence()
-            agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
-            assert agent.last_fence_s >= 100.0  # it told the time it saw the fence (~0 s) before
-            await eventually(lambda: all(group_running(g) for g in groups), timeout=30,
-                             what="the attempts continued")
-            assert agent.fence_continued == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
+        await fence()
+        agent._end_fence(key_intact=True)  # a heartbeat stored over the last one before
+        assert agent.last_fence_s >= 100.0  # it told the time it saw the fence (~0 s) before
+        await eventually(lambda: all(group_running(g) for g in groups), timeout=30,
+                         what="the attempts continued")
+        assert agent.fence_continued == 2 and all(f.read_text().split() == ["start"] for f in logs.values())
 
-            await fence()
-            agent._end_fence(key_intact=False)  # a heartbeat stored without the check
-            # Both attempts stopped (SIGTERM, their handlers ran), reported KILLED as fenced.
-            await eventually(lambda: not agent.runs, timeout=60, what="the attempts stopped")
-            assert all(f.read_text().split() == ["start", "stop"] for f in logs.values())
-            # An attempt leaves `runs` when it ends and enters `_ended` once the STATUS
-            # stream has taken its report: wait for both reports, then check them.
-            await eventually(lambda: len(agent._ended) == 2, timeout=60, what="both ends reported")
-            assert {r.attempt_id: (r.state, r.reason) for r, _ in agent._ended.values()} == {
-                f"j-{k}.1": (AttemptState.KILLED, FENCED_REASON) for k in logs}
-            # The heartbeat tells the control plane of both fences and what they did.
-            hb = agent.heartbeat()
-            assert (hb.fences, hb.fence_continued, hb.fence_stopped) == (2, 2, 2) and hb.last_fence_s > 0
-    finally:
-        await nc.close()
+        await fence()
+        agent._end_fence(key_intact=False)  # a heartbeat stored without the check
+        # Both attempts stopped (SIGTERM, their handlers ran), reported KILLED as fenced.
+        await eventually(lambda: not agent.runs, timeout=60, what="the attempts stopped")
+        assert all(f.read_text().split() == ["start", "stop"] for f in logs.values())
+        # An attempt leaves `runs` when it ends and enters `_ended` once the STATUS
+        # stream has taken its report: wait for both reports, then check them.
+        await eventually(lambda: len(agent._ended) == 2, timeout=60, what="both ends reported")
+        assert {r.attempt_id: (r.state, r.reason) for r, _ in agent._ended.values()} == {
+            f"j-{k}.1": (AttemptState.KILLED, FENCED_REASON) for k in logs}
+        # The heartbeat tells the control plane of both fences and what they did.
+        hb = agent.heartbeat()
+        assert (hb.fences, hb.fence_continued, hb.fence_stopped) == (2, 2, 2) and hb.last_fence_s > 0
 
 
 async def test_a_refused_heartbeat_reads_the_key_to_tell_a_lost_acknowledgement_from_a_change(
-        nats_url: str, tmp_path: Path) -> None:
+        nats_url: str, tmp_path: Path, store: Store) -> None:
     """After a checked heartbeat is refused the agent reads its key: its own heartbeat,
     sent with the check and never acknowledged, there byte for byte, is adopted (the chain
     goes on from it); the very heartbeat the refused one was checked against (a replica
     behind) tells nothing; anything else is a change."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     key = subjects.kv_subject(subjects.HOSTS_BUCKET, "ak-1")
-    try:
-        # Heartbeats far apart: the test plays them itself.
-        async with running_agent(nats_url, tmp_path, "ak-1", heartbeat_interval_s=300.0, ttl_intervals=3,
-                                 fence_after_s=600.0) as agent:
-            await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
-            probe = agent._hb_rev
-            assert probe is not None
-            assert await agent._adopt_unacknowledged(probe) == "unknown"  # the key shows the probe itself
-            # A heartbeat of the agent's, sent with the check, whose acknowledgement was lost.
-            hb = agent.heartbeat()
-            data = encode(hb)
-            agent._unacked[hb.seq] = (data, 1.0)
-            ack = await store.js.publish(key, data, headers={"Nats-TTL": "900s",
-                                                             "Nats-Expected-Last-Subject-Sequence": str(probe)})
-            assert await agent._adopt_unacknowledged(probe) == "adopted"
-            assert agent._hb_rev == ack.seq and agent.adopted == 1 and not agent._unacked
-            # A heartbeat for this host the agent did not send (another process, by hand),
-            # while one of its own is still unacknowledged: a change.
-            agent._unacked[hb.seq + 1] = (encode(agent.heartbeat()), 2.0)
-            forged = hb.model_copy(update={"seq": hb.seq + 100})
-            await store.js.publish(key, encode(forged), headers={"Nats-TTL": "900s"})
-            assert await agent._adopt_unacknowledged(ack.seq) == "changed"
-    finally:
-        await nc.close()
+    # Heartbeats far apart: the test plays them itself.
+    async with running_agent(nats_url, tmp_path, "ak-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        probe = agent._hb_rev
+        assert probe is not None
+        assert await agent._adopt_unacknowledged(probe) == "unknown"  # the key shows the probe itself
+        # A heartbeat of the agent's, sent with the check, whose acknowledgement was lost.
+        hb = agent.heartbeat()
+        data = encode(hb)
+        agent._unacked[hb.seq] = (data, 1.0)
+        ack = await store.js.publish(key, data, headers={"Nats-TTL": "900s",
+                                                         "Nats-Expected-Last-Subject-Sequence": str(probe)})
+        assert await agent._adopt_unacknowledged(probe) == "adopted"
+        assert agent._hb_rev == ack.seq and agent.adopted == 1 and not agent._unacked
+        # A heartbeat for this host the agent did not send (another process, by hand),
+        # while one of its own is still unacknowledged: a change.
+        agent._unacked[hb.seq + 1] = (encode(agent.heartbeat()), 2.0)
+        forged = hb.model_copy(update={"seq": hb.seq + 100})
+        await store.js.publish(key, encode(forged), headers={"Nats-TTL": "900s"})
+        assert await agent._adopt_unacknowledged(ack.seq) == "changed"
 
 
 async def test_a_task_that_fails_with_its_gpu_is_reported_with_the_fault_after_a_heartbeat_shows_it(
-        nats_url: str, tmp_path: Path) -> None:
+        nats_url: str, tmp_path: Path, store: Store) -> None:
     """The task exits 1 just after its GPU faulted. The agent's FAILED report names the
     fault, and is sent only once a heartbeat showing the fault is stored: with a 60 s
     heartbeat interval, the fault itself wakes the heartbeat (else the report would wait
     two intervals)."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     crash = tmp_path / "crash"
-    try:
-        async with running_agent(nats_url, tmp_path, "gf-1", heartbeat_interval_s=60.0) as agent:
-            t = task("j-gf", command=["sh", "-c", f"while [ ! -e {crash} ]; do sleep 0.05; done; exit 1"],
-                     gpu_indices=[0], cpus=1, memory_mb=64, term=1)
-            await store.put(subjects.alloc_key("gf-1"), encode(host_alloc("gf-1", [t], term=1)))
-            subject = subjects.status_subject("gf-1")
+    async with running_agent(nats_url, tmp_path, "gf-1", heartbeat_interval_s=60.0) as agent:
+        t = task("j-gf", command=["sh", "-c", f"while [ ! -e {crash} ]; do sleep 0.05; done; exit 1"],
+                 gpu_indices=[0], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("gf-1"), encode(host_alloc("gf-1", [t], term=1)))
+        subject = subjects.status_subject("gf-1")
 
-            async def last() -> StatusReport | None:
-                try:
-                    msg = await store.js.get_last_msg(subjects.STATUS_STREAM, subject)
-                except Exception:  # noqa: BLE001 - nothing reported yet
-                    return None
-                return decode(StatusReport, msg.data)
+        async def last() -> StatusReport | None:
+            try:
+                msg = await store.js.get_last_msg(subjects.STATUS_STREAM, subject)
+            except Exception:  # noqa: BLE001 - nothing reported yet
+                return None
+            return decode(StatusReport, msg.data)
 
-            await eventually(lambda: agent.runs.get("j-gf.1") is not None and agent.runs["j-gf.1"].proc is not None)
-            agent.gpus.inject_fault(0)  # type: ignore[attr-defined]  # the simulated backend
-            crash.write_text("now")
-            r = None
-            for _ in range(300):
-                r = await last()
-                if r is not None and r.state is AttemptState.FAILED:
-                    break
-                await asyncio.sleep(0.1)
-            assert r is not None and r.state is AttemptState.FAILED and r.exit_code == 1, r
-            assert r.gpu_fault.startswith("GPU 0 faulted (xid 79"), r.gpu_fault
-            hb = decode(Heartbeat, (await store.get("gf-1", bucket=subjects.HOSTS_BUCKET)).value)
-            assert [u.healthy for u in hb.gpu_usage] == [False]
-            assert agent.gpu_faults == {0: "xid 79: GPU has fallen off the bus"}
-    finally:
-        await nc.close()
+        await eventually(lambda: agent.runs.get("j-gf.1") is not None and agent.runs["j-gf.1"].proc is not None)
+        agent.gpus.inject_fault(0)  # type: ignore[attr-defined]  # the simulated backend
+        crash.write_text("now")
+        r = None
+        for _ in range(300):
+            r = await last()
+            if r is not None and r.state is AttemptState.FAILED:
+                break
+            await asyncio.sleep(0.1)
+        assert r is not None and r.state is AttemptState.FAILED and r.exit_code == 1, r
+        assert r.gpu_fault.startswith("GPU 0 faulted (xid 79"), r.gpu_fault
+        hb = decode(Heartbeat, (await store.get("gf-1", bucket=subjects.HOSTS_BUCKET)).value)
+        assert [u.healthy for u in hb.gpu_usage] == [False]
+        assert agent.gpu_faults == {0: "xid 79: GPU has fallen off the bus"}
 
 
 HOLD_ON_STOP = """
@@ -365,7 +347,7 @@ while True:
 
 
 async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
-        nats_url: str, tmp_path: Path) -> None:
+        nats_url: str, tmp_path: Path, store: Store) -> None:
     """A clean shutdown first stores a heartbeat saying the host is leaving (the leader
     places nothing more on it), then stops the running attempts. An assignment that
     arrives meanwhile (the leader placed it before it read that heartbeat) is not started
@@ -374,9 +356,6 @@ async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
     next start does not run it."""
     import sys
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
     release = tmp_path / "release"
     a = task("j-a", command=[sys.executable, "-c", HOLD_ON_STOP, str(logs["a"]), str(release)], cpus=1,
@@ -394,64 +373,61 @@ async def test_an_agent_shutting_down_says_it_is_leaving_and_starts_nothing_new(
             return None
         return decode(Heartbeat, rec.value) if rec.value else None
 
-    try:
-        agent = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        run = asyncio.create_task(agent.run(stop))
-        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a], term=1)))
-        await eventually(lambda: logs["a"].exists() and "start" in logs["a"].read_text(), timeout=60,
-                         what="attempt a running")
+    agent = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a], term=1)))
+    await eventually(lambda: logs["a"].exists() and "start" in logs["a"].read_text(), timeout=60,
+                     what="attempt a running")
+    hb = await stored_heartbeat()
+    assert hb is not None and not hb.leaving
+
+    stop.set()  # the agent's clean shutdown begins
+    for _ in range(600):
         hb = await stored_heartbeat()
-        assert hb is not None and not hb.leaving
+        if hb is not None and hb.leaving:
+            break
+        await asyncio.sleep(0.05)
+    assert hb is not None and hb.leaving, "no heartbeat saying the host is leaving"
+    await eventually(lambda: "stop" in logs["a"].read_text(), timeout=60, what="attempt a told to stop")
+    # a is in its grace (held by the test); a placement made before the leader read
+    # the heartbeat arrives now.
+    await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a, b], term=1)))
+    await eventually(lambda: b.attempt_id in agent._assigned, timeout=60, what="the assignment of b read")
+    # The grace goes on for several heartbeat intervals: the agent keeps heartbeating
+    # (the host must not expire and be LOST while its attempts stop: found by hand,
+    # an attempt whose grace outlasted the key ended LOST and was counted as a try).
+    first = await stored_heartbeat()
+    await asyncio.sleep(4 * cfg["heartbeat_interval_s"])  # type: ignore[operator]
+    later = await stored_heartbeat()
+    assert first is not None and later is not None and later.leaving and later.seq > first.seq
+    release.touch()
+    await asyncio.wait_for(run, timeout=60)
+    assert not logs["b"].exists() and b.attempt_id in agent.seen  # never started
+    assert logs["a"].read_text().split() == ["start", "stop"]
+    # a's end and b's refusal were reported as the agent's shutdown (not counted as
+    # tries), and delivered before the agent exited (none left on disk for its next start).
+    for t in (a, b):
+        ended, _at = agent._ended[t.attempt_id]
+        assert ended.state is AttemptState.KILLED and ended.shutdown, ended
+    assert "shutting down" in agent._ended[b.attempt_id][0].reason
+    assert not any((tmp_path / "agent").glob("*.reports/*"))
 
-        stop.set()  # the agent's clean shutdown begins
-        for _ in range(600):
-            hb = await stored_heartbeat()
-            if hb is not None and hb.leaving:
-                break
-            await asyncio.sleep(0.05)
-        assert hb is not None and hb.leaving, "no heartbeat saying the host is leaving"
-        await eventually(lambda: "stop" in logs["a"].read_text(), timeout=60, what="attempt a told to stop")
-        # a is in its grace (held by the test); a placement made before the leader read
-        # the heartbeat arrives now.
-        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [a, b], term=1)))
-        await eventually(lambda: b.attempt_id in agent._assigned, timeout=60, what="the assignment of b read")
-        # The grace goes on for several heartbeat intervals: the agent keeps heartbeating
-        # (the host must not expire and be LOST while its attempts stop: found by hand,
-        # an attempt whose grace outlasted the key ended LOST and was counted as a try).
-        first = await stored_heartbeat()
-        await asyncio.sleep(4 * cfg["heartbeat_interval_s"])  # type: ignore[operator]
-        later = await stored_heartbeat()
-        assert first is not None and later is not None and later.leaving and later.seq > first.seq
-        release.touch()
-        await asyncio.wait_for(run, timeout=60)
-        assert not logs["b"].exists() and b.attempt_id in agent.seen  # never started
-        assert logs["a"].read_text().split() == ["start", "stop"]
-        # a's end and b's refusal were reported as the agent's shutdown (not counted as
-        # tries), and delivered before the agent exited (none left on disk for its next start).
-        for t in (a, b):
-            ended, _at = agent._ended[t.attempt_id]
-            assert ended.state is AttemptState.KILLED and ended.shutdown, ended
-        assert "shutting down" in agent._ended[b.attempt_id][0].reason
-        assert not any((tmp_path / "agent").glob("*.reports/*"))
-
-        # The agent's next start does not run b either (the leader has requeued it as a new try).
-        release.unlink()
-        await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [b], term=1)))
-        again = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
-        stop2 = asyncio.Event()
-        run2 = asyncio.create_task(again.run(stop2))
-        try:
-            await eventually(lambda: again.applied_seq > 0 and again.last_heartbeat_ok > 0, timeout=60,
-                             what="the next agent read its assignment")
-            assert b.attempt_id not in again.runs and b.attempt_id in again.seen
-        finally:
-            release.touch()
-            stop2.set()
-            await asyncio.wait_for(run2, timeout=60)
-        assert not logs["b"].exists()
+    # The agent's next start does not run b either (the leader has requeued it as a new try).
+    release.unlink()
+    await store.put(subjects.alloc_key("lv-1"), encode(host_alloc("lv-1", [b], term=1)))
+    again = Agent(AgentConfig(**cfg))  # type: ignore[arg-type]
+    stop2 = asyncio.Event()
+    run2 = asyncio.create_task(again.run(stop2))
+    try:
+        await eventually(lambda: again.applied_seq > 0 and again.last_heartbeat_ok > 0, timeout=60,
+                         what="the next agent read its assignment")
+        assert b.attempt_id not in again.runs and b.attempt_id in again.seen
     finally:
-        await nc.close()
+        release.touch()
+        stop2.set()
+        await asyncio.wait_for(run2, timeout=60)
+    assert not logs["b"].exists()
 
 
 async def test_an_agent_stopped_while_nats_is_gone_still_cleans_up(tmp_path: Path) -> None:
@@ -483,7 +459,7 @@ async def test_an_agent_stopped_while_nats_is_gone_still_cleans_up(tmp_path: Pat
         proc.stop()
 
 
-async def test_a_second_agent_of_a_running_host_refuses_to_start(nats_url: str, tmp_path: Path) -> None:
+async def test_a_second_agent_of_a_running_host_refuses_to_start(nats_url: str, tmp_path: Path, store: Store) -> None:
     """Found by exploring: a second agent started with a running host's id (another state
     directory, another machine) started every attempt of that host again: each ran twice.
     It finds the first one's heartbeats in the key and refuses to start, starting nothing;
@@ -491,69 +467,58 @@ async def test_a_second_agent_of_a_running_host_refuses_to_start(nats_url: str, 
     of the host starts (after a heartbeat interval and a second without one)."""
     from wire.errors import ConfigError
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     marks = tmp_path / "runs"
     cfg = dict(heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
-    try:
-        async with running_agent(nats_url, tmp_path, "dup-1", **cfg) as first:
-            t = task("j-dup", command=["sh", "-c", f"echo $$ >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
-                     term=1)
-            await store.put(subjects.alloc_key("dup-1"), encode(host_alloc("dup-1", [t], term=1)))
-            await eventually(lambda: marks.exists() and marks.read_text().strip(), timeout=60, what="the task runs")
-            for state_dir in (tmp_path / "elsewhere", tmp_path / "agent"):
-                second = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
-                                           state_dir=state_dir, cpus=4, memory_mb=4096, run_as=ME, **cfg))
-                try:
-                    await asyncio.wait_for(second.run(asyncio.Event()), timeout=60)
-                    raise AssertionError("the second agent started")
-                except ConfigError as exc:
-                    assert ("another agent" in str(exc) and first.instance in str(exc)
-                            if state_dir.name == "elsewhere" else "state directory" in str(exc)), exc
-            assert len(marks.read_text().split()) == 1 and "j-dup.1" in first.runs  # ran once, still runs
-        third = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
-                                  state_dir=tmp_path / "elsewhere", cpus=4, memory_mb=4096, run_as=ME, **cfg))
-        stop = asyncio.Event()
-        run = asyncio.create_task(third.run(stop))
-        await eventually(lambda: third._hb_stored.is_set(), timeout=60, what="the next agent of the host heartbeats")
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
-    finally:
-        await nc.close()
+    async with running_agent(nats_url, tmp_path, "dup-1", **cfg) as first:
+        t = task("j-dup", command=["sh", "-c", f"echo $$ >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                 term=1)
+        await store.put(subjects.alloc_key("dup-1"), encode(host_alloc("dup-1", [t], term=1)))
+        await eventually(lambda: marks.exists() and marks.read_text().strip(), timeout=60, what="the task runs")
+        for state_dir in (tmp_path / "elsewhere", tmp_path / "agent"):
+            second = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
+                                       state_dir=state_dir, cpus=4, memory_mb=4096, run_as=ME, **cfg))
+            try:
+                await asyncio.wait_for(second.run(asyncio.Event()), timeout=60)
+                raise AssertionError("the second agent started")
+            except ConfigError as exc:
+                assert ("another agent" in str(exc) and first.instance in str(exc)
+                        if state_dir.name == "elsewhere" else "state directory" in str(exc)), exc
+        assert len(marks.read_text().split()) == 1 and "j-dup.1" in first.runs  # ran once, still runs
+    third = Agent(AgentConfig(nats_url=nats_url, host_id="dup-1", simulate_gpus="1xH100",
+                              state_dir=tmp_path / "elsewhere", cpus=4, memory_mb=4096, run_as=ME, **cfg))
+    stop = asyncio.Event()
+    run = asyncio.create_task(third.run(stop))
+    await eventually(lambda: third._hb_stored.is_set(), timeout=60, what="the next agent of the host heartbeats")
+    stop.set()
+    await asyncio.wait_for(run, timeout=30)
 
 
-async def test_an_agent_that_waited_for_another_does_not_fence_what_it_is_given(nats_url: str, tmp_path: Path) -> None:
+async def test_an_agent_that_waited_for_another_does_not_fence_what_it_is_given(nats_url: str, tmp_path: Path,
+                                                                                store: Store) -> None:
     """A restart within the key's TTL: the key holds the previous incarnation's heartbeat,
     and the new agent waits a heartbeat interval and a second to see whether it still runs.
     That wait, as long as its fence delay, does not make it freeze and stop the work it is
     then given (found by a review: it was stopped as 'cut off')."""
     from tests.factories import heartbeat
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     marks = tmp_path / "runs"
-    try:
-        before = heartbeat("rw-1", instance="0123456789abcdef", ts=0.0)
-        await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "rw-1"), encode(before),
-                               headers={"Nats-TTL": "30s"})
-        t = task("j-rw", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("rw-1"), encode(host_alloc("rw-1", [t], term=1)))
-        async with running_agent(nats_url, tmp_path, "rw-1", heartbeat_interval_s=1.0, ttl_intervals=6,
-                                 fence_after_s=1.5) as agent:
-            await eventually(lambda: marks.exists(), timeout=60, what="the task runs")
-            await eventually(lambda: agent._hb_stored.is_set(), timeout=60, what="a heartbeat stored")
-            await eventually(lambda: len(agent._ended) == 0 and t.attempt_id in agent.runs
-                             and agent.runs[t.attempt_id].stop_reason is None and agent.fences == 0, timeout=5,
-                             what="the task running, unfenced")
-            assert agent.fences == 0 and agent.runs[t.attempt_id].stop_reason is None
-    finally:
-        await nc.close()
+    before = heartbeat("rw-1", instance="0123456789abcdef", ts=0.0)
+    await store.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, "rw-1"), encode(before),
+                           headers={"Nats-TTL": "30s"})
+    t = task("j-rw", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64, term=1)
+    await store.put(subjects.alloc_key("rw-1"), encode(host_alloc("rw-1", [t], term=1)))
+    async with running_agent(nats_url, tmp_path, "rw-1", heartbeat_interval_s=1.0, ttl_intervals=6,
+                             fence_after_s=1.5) as agent:
+        await eventually(lambda: marks.exists(), timeout=60, what="the task runs")
+        await eventually(lambda: agent._hb_stored.is_set(), timeout=60, what="a heartbeat stored")
+        await eventually(lambda: len(agent._ended) == 0 and t.attempt_id in agent.runs
+                         and agent.runs[t.attempt_id].stop_reason is None and agent.fences == 0, timeout=5,
+                         what="the task running, unfenced")
+        assert agent.fences == 0 and agent.runs[t.attempt_id].stop_reason is None
 
 
 async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_work(
-        nats_url: str, tmp_path: Path, monkeypatch: Any) -> None:
+        nats_url: str, tmp_path: Path, monkeypatch: Any, store: Store) -> None:
     """Found by exploring: with its disk full, every try sent to a host FAILED as its job's
     own failure (not retried) and the host went on being given work. Now the agent says in
     its heartbeat that the host takes no new work (`Heartbeat.pressure`): its free disk below
@@ -564,9 +529,6 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
 
     from agent.isolation import Isolation
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     cfg = dict(nats_url=nats_url, host_id="pr-1", simulate_gpus="1xH100", state_dir=tmp_path / "agent", cpus=4,
                memory_mb=4096, run_as=ME, heartbeat_interval_s=0.5, ttl_intervals=6, fence_after_s=2.5)
 
@@ -577,77 +539,74 @@ async def test_a_host_short_of_disk_or_unable_to_start_a_try_asks_for_no_new_wor
             return ""
         return decode(Heartbeat, rec.value).pressure if rec.value else ""
 
-    try:
-        # Less free disk than it asks for.
-        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=10**9))  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        run = asyncio.create_task(agent.run(stop))
-        got = await eventually(pressure, timeout=60, what="a heartbeat with pressure")
-        assert got == ("disk: less than 1000000000 MB free in its directory for attempts; disk: less than "
-                       "1000000000 MB free in its state directory")
-        stop.set()
-        await asyncio.wait_for(run, timeout=60)
+    # Less free disk than it asks for.
+    agent = Agent(AgentConfig(**cfg, min_free_disk_mb=10**9))  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    got = await eventually(pressure, timeout=60, what="a heartbeat with pressure")
+    assert got == ("disk: less than 1000000000 MB free in its directory for attempts; disk: less than "
+                   "1000000000 MB free in its state directory")
+    stop.set()
+    await asyncio.wait_for(run, timeout=60)
 
-        # A try that cannot start for want of space: KILLED, and the host asks for no new work.
-        def no_space(*_a: object, **_k: object) -> object:
-            raise OSError(errno.ENOSPC, "No space left on device")
+    # A try that cannot start for want of space: KILLED, and the host asks for no new work.
+    def no_space(*_a: object, **_k: object) -> object:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
-        monkeypatch.setattr(agent.isolation, "prepare", no_space)
-        assert isinstance(agent.isolation, Isolation)
-        stop = asyncio.Event()
-        run = asyncio.create_task(agent.run(stop))
-        async def unpressed() -> bool:
-            return await pressure() == ""
+    agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
+    monkeypatch.setattr(agent.isolation, "prepare", no_space)
+    assert isinstance(agent.isolation, Isolation)
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    async def unpressed() -> bool:
+        return await pressure() == ""
 
-        await eventually(unpressed, timeout=60, what="a heartbeat of the agent with room")
-        t = task("j-ns", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [t], term=1)))
-        await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try's end")
+    await eventually(unpressed, timeout=60, what="a heartbeat of the agent with room")
+    t = task("j-ns", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+    await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [t], term=1)))
+    await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try's end")
+    ended, _at = agent._ended[t.attempt_id]
+    assert ended.state is AttemptState.KILLED and ended.exit_code is None and ended.host_trouble, ended
+    assert ended.reason == "the host could not start it: [Errno 28] No space left on device"
+    got = await eventually(pressure, timeout=60, what="the pressure in a heartbeat")
+    assert got == "could not start a try: [Errno 28] No space left on device"
+    # A try placed here before the leader read that is handed back unstarted (a review:
+    # the retry came straight back and used up the job's attempts).
+    calls: list[str] = []
+    monkeypatch.setattr(agent.isolation, "prepare", lambda *a, **k: calls.append("prepare"))
+    again = task("j-ns2", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+    await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [again], term=1)))
+    await eventually(lambda: again.attempt_id in agent._ended, timeout=60, what="the second try handed back")
+    back, _at = agent._ended[again.attempt_id]
+    assert back.state is AttemptState.KILLED and back.host_trouble and not calls, back
+    assert back.reason.startswith("not started: the host could not start a try a moment ago")
+    stop.set()
+    await asyncio.wait_for(run, timeout=60)
+
+    # An attempt the agent cannot note as seen (its state directory's disk full: a
+    # restart could start it again) is handed back too, the reading of its assignment
+    # going on (found by exploring: the error ended it, and the try stayed PLACED for good).
+    agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    await eventually(unpressed, timeout=60, what="a heartbeat of the third agent")
+    seen_file = agent._seen_file
+    assert seen_file is not None
+    seen_file.unlink(missing_ok=True)
+    seen_file.mkdir()  # appending to it fails
+    third = task("j-ns3", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+    fourth = task("j-ns4", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
+    await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [third, fourth], term=1)))
+    await eventually(lambda: {third.attempt_id, fourth.attempt_id} <= agent._ended.keys(), timeout=60,
+                     what="both handed back")
+    for t in (third, fourth):
         ended, _at = agent._ended[t.attempt_id]
-        assert ended.state is AttemptState.KILLED and ended.exit_code is None and ended.host_trouble, ended
-        assert ended.reason == "the host could not start it: [Errno 28] No space left on device"
-        got = await eventually(pressure, timeout=60, what="the pressure in a heartbeat")
-        assert got == "could not start a try: [Errno 28] No space left on device"
-        # A try placed here before the leader read that is handed back unstarted (a review:
-        # the retry came straight back and used up the job's attempts).
-        calls: list[str] = []
-        monkeypatch.setattr(agent.isolation, "prepare", lambda *a, **k: calls.append("prepare"))
-        again = task("j-ns2", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [again], term=1)))
-        await eventually(lambda: again.attempt_id in agent._ended, timeout=60, what="the second try handed back")
-        back, _at = agent._ended[again.attempt_id]
-        assert back.state is AttemptState.KILLED and back.host_trouble and not calls, back
-        assert back.reason.startswith("not started: the host could not start a try a moment ago")
-        stop.set()
-        await asyncio.wait_for(run, timeout=60)
-
-        # An attempt the agent cannot note as seen (its state directory's disk full: a
-        # restart could start it again) is handed back too, the reading of its assignment
-        # going on (found by exploring: the error ended it, and the try stayed PLACED for good).
-        agent = Agent(AgentConfig(**cfg, min_free_disk_mb=0))  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        run = asyncio.create_task(agent.run(stop))
-        await eventually(unpressed, timeout=60, what="a heartbeat of the third agent")
-        seen_file = agent._seen_file
-        assert seen_file is not None
-        seen_file.unlink(missing_ok=True)
-        seen_file.mkdir()  # appending to it fails
-        third = task("j-ns3", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
-        fourth = task("j-ns4", command=[sys.executable, "-c", "pass"], cpus=1, memory_mb=64, term=1)
-        await store.put(subjects.alloc_key("pr-1"), encode(host_alloc("pr-1", [third, fourth], term=1)))
-        await eventually(lambda: {third.attempt_id, fourth.attempt_id} <= agent._ended.keys(), timeout=60,
-                         what="both handed back")
-        for t in (third, fourth):
-            ended, _at = agent._ended[t.attempt_id]
-            assert ended.state is AttemptState.KILLED and ended.host_trouble, ended
-            assert ended.reason.startswith("not started: the agent could not note it") or \
-                ended.reason.startswith("not started: the host could not start a try a moment ago"), ended
-        seen_file.rmdir()
-        stop.set()
-        await asyncio.wait_for(run, timeout=60)
-    finally:
-        await nc.close()
+        assert ended.state is AttemptState.KILLED and ended.host_trouble, ended
+        assert ended.reason.startswith("not started: the agent could not note it") or \
+            ended.reason.startswith("not started: the host could not start a try a moment ago"), ended
+    seen_file.rmdir()
+    stop.set()
+    await asyncio.wait_for(run, timeout=60)
 
 
 def test_the_disk_pressure_clears_only_well_above_its_floor(tmp_path: Path, monkeypatch: Any) -> None:
@@ -673,16 +632,13 @@ def test_the_disk_pressure_clears_only_well_above_its_floor(tmp_path: Path, monk
 
 
 async def test_of_two_agents_of_a_host_started_at_the_same_instant_one_starts(nats_url: str, tmp_path: Path,
-                                                                            monkeypatch: Any) -> None:
+                                                                            monkeypatch: Any, store: Store) -> None:
     """Two agents given the same host id (each its own state directory) that both read the
     empty heartbeat key before either stored a heartbeat both started, and ran every
     attempt of the host twice. Each now stores its first heartbeat only over what it read:
     one is refused, looks again, finds the other heartbeating and refuses to start."""
     from wire.errors import ConfigError
 
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
     looked = asyncio.Barrier(2)
     first_looks: set[int] = set()
     original = Agent._another_agent
@@ -715,36 +671,31 @@ async def test_of_two_agents_of_a_host_started_at_the_same_instant_one_starts(na
         for s in stops:
             s.set()
         await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), timeout=30)
-        await nc.close()
 
 
-async def test_a_try_whose_end_is_kept_unsent_is_not_started_by_the_next_agent(nats_url: str, tmp_path: Path) -> None:
+async def test_a_try_whose_end_is_kept_unsent_is_not_started_by_the_next_agent(nats_url: str, tmp_path: Path,
+                                                                               store: Store) -> None:
     """A try handed back unstarted (its agent leaving, its host in trouble) whose note as
     seen could not be written but whose report was kept on disk, the agent then restarted
     before the leader dropped the try from the assignment: the next agent started it, though
     its report (delivered by that agent) ended it. The kept report now counts as seen."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
+    nc = store.nc
     marks = tmp_path / "runs"
-    try:
-        t = task("j-kept", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
-                 term=1)
-        await store.put(subjects.alloc_key("kept-1"), encode(host_alloc("kept-1", [t], term=1)))
-        unsent = tmp_path / "agent" / "kept-1.reports"
-        unsent.mkdir(parents=True)
-        r = StatusReport(host_id="kept-1", attempt_id=t.attempt_id, job_id=t.job_id, state=AttemptState.KILLED,
-                         ts=1.0, term=1, reason="not started: its agent was shutting down", shutdown=True)
-        (unsent / t.attempt_id).write_bytes(f"{t.attempt_id}:killed\n".encode() + encode(r))
-        async with status_reports(nc, "kept-1") as delivered, \
-                running_agent(nats_url, tmp_path, "kept-1", **QUICK) as agent:
-            await eventually(lambda: any(d.attempt_id == t.attempt_id for d in delivered), timeout=60,
-                             what="the kept report delivered")
-            await eventually(lambda: agent.applied_seq > 0, timeout=30, what="the assignment read")
-            assert t.attempt_id not in agent.runs and not marks.exists()
-            assert [d.state for d in delivered] == [AttemptState.KILLED]
-    finally:
-        await nc.close()
+    t = task("j-kept", command=["sh", "-c", f"echo run >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+             term=1)
+    await store.put(subjects.alloc_key("kept-1"), encode(host_alloc("kept-1", [t], term=1)))
+    unsent = tmp_path / "agent" / "kept-1.reports"
+    unsent.mkdir(parents=True)
+    r = StatusReport(host_id="kept-1", attempt_id=t.attempt_id, job_id=t.job_id, state=AttemptState.KILLED,
+                     ts=1.0, term=1, reason="not started: its agent was shutting down", shutdown=True)
+    (unsent / t.attempt_id).write_bytes(f"{t.attempt_id}:killed\n".encode() + encode(r))
+    async with status_reports(nc, "kept-1") as delivered, \
+            running_agent(nats_url, tmp_path, "kept-1", **QUICK) as agent:
+        await eventually(lambda: any(d.attempt_id == t.attempt_id for d in delivered), timeout=60,
+                         what="the kept report delivered")
+        await eventually(lambda: agent.applied_seq > 0, timeout=30, what="the assignment read")
+        assert t.attempt_id not in agent.runs and not marks.exists()
+        assert [d.state for d in delivered] == [AttemptState.KILLED]
 
 
 def test_a_try_handed_back_that_cannot_be_noted_as_seen_puts_the_host_in_trouble(tmp_path: Path) -> None:
@@ -827,93 +778,83 @@ def test_a_try_asked_to_stop_that_ended_while_its_agent_was_down_is_reported_sto
 
 
 async def test_assignments_queued_behind_one_another_are_read_newest_only(nats_url: str, tmp_path: Path,
-                                                                           monkeypatch: Any) -> None:
+                                                                           monkeypatch: Any, store: Store) -> None:
     """Found by exploring: an agent continued after a SIGSTOP read every assignment queued
     meanwhile in order, and started a cancelled gang task from an older one before the
     newer one stopped it. Each assignment is the host's whole list: one with a newer one
     queued behind it is passed over."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
+    nc = store.nc
     marks = tmp_path / "runs"
-    try:
-        async with running_agent(nats_url, tmp_path, "co-1", **QUICK) as agent:
-            await eventually(lambda: agent._hb_stored.is_set() and agent._assign_sub is not None, timeout=60,
-                             what="the agent up")
-            original = agent.reconcile
-            held = asyncio.Event()
-            entered = asyncio.Event()
+    async with running_agent(nats_url, tmp_path, "co-1", **QUICK) as agent:
+        await eventually(lambda: agent._hb_stored.is_set() and agent._assign_sub is not None, timeout=60,
+                         what="the agent up")
+        original = agent.reconcile
+        held = asyncio.Event()
+        entered = asyncio.Event()
 
-            async def slow(alloc: Any, seq: int) -> None:
-                if alloc.tasks and alloc.tasks[0].job_id == "j-hold" and not held.is_set():
-                    entered.set()
-                    await held.wait()  # as an agent stopped while the next ones queue up
-                await original(alloc, seq)
+        async def slow(alloc: Any, seq: int) -> None:
+            if alloc.tasks and alloc.tasks[0].job_id == "j-hold" and not held.is_set():
+                entered.set()
+                await held.wait()  # as an agent stopped while the next ones queue up
+            await original(alloc, seq)
 
-            monkeypatch.setattr(agent, "reconcile", slow)
-            first = task("j-hold", command=["true"], cpus=1, memory_mb=64, term=1)
-            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
-            await asyncio.wait_for(entered.wait(), timeout=30)
-            t = task("j-co", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
-                     term=1)
-            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [t], term=1)))
-            stopped = t.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
-            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [stopped], term=1)))
-            await eventually(lambda: agent._assign_sub.pending_msgs == 2, timeout=30,  # type: ignore[union-attr]
-                             what="both queued")
-            held.set()
-            await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try handed back")
-            ended, _at = agent._ended[t.attempt_id]
-            assert ended.state is AttemptState.KILLED and ended.reason == "cancelled before it started", ended
-            assert not marks.exists() and agent.coalesced == 1
-            # The newest is read also when an older revision sent again is queued behind it (a
-            # review: the newest was passed over, and the older one started the task it stopped).
-            held.clear()
-            entered.clear()
-            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
-            await asyncio.wait_for(entered.wait(), timeout=30)
-            u = task("j-co2", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
-                     term=1)
-            older = await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u], term=1)))
-            u_stopped = u.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
-            await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u_stopped], term=1)))
-            await nc.publish(subjects.assign_subject("co-1"), encode(host_alloc("co-1", [u], term=1)),
-                             headers={"Nats-Sequence": str(older)})  # as the leader's resend of an older one
-            await eventually(lambda: agent._assign_sub.pending_msgs == 3, timeout=30,  # type: ignore[union-attr]
-                             what="all three queued")
-            held.set()
-            await eventually(lambda: u.attempt_id in agent._ended, timeout=60, what="the second try handed back")
-            ended, _at = agent._ended[u.attempt_id]
-            assert ended.reason == "cancelled before it started" and not marks.exists(), ended
-    finally:
-        await nc.close()
+        monkeypatch.setattr(agent, "reconcile", slow)
+        first = task("j-hold", command=["true"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
+        await asyncio.wait_for(entered.wait(), timeout=30)
+        t = task("j-co", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                 term=1)
+        await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [t], term=1)))
+        stopped = t.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
+        await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [stopped], term=1)))
+        await eventually(lambda: agent._assign_sub.pending_msgs == 2, timeout=30,  # type: ignore[union-attr]
+                         what="both queued")
+        held.set()
+        await eventually(lambda: t.attempt_id in agent._ended, timeout=60, what="the try handed back")
+        ended, _at = agent._ended[t.attempt_id]
+        assert ended.state is AttemptState.KILLED and ended.reason == "cancelled before it started", ended
+        assert not marks.exists() and agent.coalesced == 1
+        # The newest is read also when an older revision sent again is queued behind it (a
+        # review: the newest was passed over, and the older one started the task it stopped).
+        held.clear()
+        entered.clear()
+        await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [first], term=1)))
+        await asyncio.wait_for(entered.wait(), timeout=30)
+        u = task("j-co2", command=["sh", "-c", f"echo ran >> {marks}; exec sleep 600"], cpus=1, memory_mb=64,
+                 term=1)
+        older = await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u], term=1)))
+        u_stopped = u.model_copy(update={"stop": True, "stop_reason": "cancelled by op"})
+        await store.put(subjects.alloc_key("co-1"), encode(host_alloc("co-1", [u_stopped], term=1)))
+        await nc.publish(subjects.assign_subject("co-1"), encode(host_alloc("co-1", [u], term=1)),
+                         headers={"Nats-Sequence": str(older)})  # as the leader's resend of an older one
+        await eventually(lambda: agent._assign_sub.pending_msgs == 3, timeout=30,  # type: ignore[union-attr]
+                         what="all three queued")
+        held.set()
+        await eventually(lambda: u.attempt_id in agent._ended, timeout=60, what="the second try handed back")
+        ended, _at = agent._ended[u.attempt_id]
+        assert ended.reason == "cancelled before it started" and not marks.exists(), ended
 
 
 async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_reported_as_it_ended(
-        nats_url: str, tmp_path: Path, monkeypatch: Any) -> None:
+        nats_url: str, tmp_path: Path, monkeypatch: Any, store: Store) -> None:
     """A task whose launcher wrote its end just after the next agent read the launchers'
     records, and before it killed what was left, was reported LOST (its record left on disk
     for a later start): the records are read again once the kill is done (the launcher of
     every task that start kills is killed first, and writes nothing)."""
-    nc = await connect(nats_url, name="test-agent")
-    store = Store(nc)
-    await ensure_streams(store)
-    try:
-        t = task("j-late", command=["true"], cpus=1, memory_mb=64, term=1)
-        (tmp_path / "agent").mkdir(parents=True)
-        (tmp_path / "agent" / "late-1.seen").write_text(t.attempt_id + "\n")  # a previous agent started it
-        await store.put(subjects.alloc_key("late-1"), encode(host_alloc("late-1", [t], term=1)))
-        original = Agent._kill_leftovers
+    nc = store.nc
+    t = task("j-late", command=["true"], cpus=1, memory_mb=64, term=1)
+    (tmp_path / "agent").mkdir(parents=True)
+    (tmp_path / "agent" / "late-1.seen").write_text(t.attempt_id + "\n")  # a previous agent started it
+    await store.put(subjects.alloc_key("late-1"), encode(host_alloc("late-1", [t], term=1)))
+    original = Agent._kill_leftovers
 
-        def kill_leftovers(self: Agent) -> list[str]:
-            (self.isolation.exits_dir / t.attempt_id).write_text("0\n")  # it ended just now, by itself
-            return original(self)
+    def kill_leftovers(self: Agent) -> list[str]:
+        (self.isolation.exits_dir / t.attempt_id).write_text("0\n")  # it ended just now, by itself
+        return original(self)
 
-        monkeypatch.setattr(Agent, "_kill_leftovers", kill_leftovers)
-        async with status_reports(nc, "late-1") as delivered, \
-                running_agent(nats_url, tmp_path, "late-1", **QUICK) as agent:
-            await eventually(lambda: delivered, timeout=60, what="its end reported")
-            assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
-            assert not list(agent.isolation.exits_dir.iterdir())
-    finally:
-        await nc.close()
+    monkeypatch.setattr(Agent, "_kill_leftovers", kill_leftovers)
+    async with status_reports(nc, "late-1") as delivered, \
+            running_agent(nats_url, tmp_path, "late-1", **QUICK) as agent:
+        await eventually(lambda: delivered, timeout=60, what="its end reported")
+        assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
+        assert not list(agent.isolation.exits_dir.iterdir())
