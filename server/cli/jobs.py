@@ -882,6 +882,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         res = gql(q, {"f": flt, "reason": args.reason})["cancelJobs"]
         if res["userErrors"]:
             raise user_errors(res["userErrors"])
+        if not res["count"] and args.output != "json":
+            print("no job matches: nothing to cancel", file=sys.stderr)
+            return 0
         print(f"cancel requested for {res['count']} job(s)", file=sys.stderr)
         out(args, res, [[i, "cancel requested"] for i in res["jobIds"]], ["ID", "STATUS"])
         return 0

@@ -289,6 +289,9 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     assert api.q('query($id: ID!) { job(id: $id) { cancelReason } }', {"id": ids[0]})["job"]["cancelReason"] \
         == "sweep over"
     assert api.job(other["id"])["state"] in ("QUEUED", "PLACED", "RUNNING")
+    # Filters that match nothing say so, with no empty table.
+    r = muster(cluster, srv.url, "job", "cancel", "--name", "nothing-by-this-name", "--reason", "none")
+    assert r.returncode == 0 and r.stdout == "" and "no job matches" in r.stderr, r.stdout + r.stderr
     r = muster(cluster, srv.url, "job", "cancel", other["id"], "--name", "widen")
     assert r.returncode == 1 and "not both" in r.stderr, r.stderr
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": other["id"]})
