@@ -385,7 +385,7 @@ class SimulatedBackend:
     def inventory(self) -> list[GpuInfo]:
         return [
             GpuInfo(index=i, model=self.model, memory_mb=self.memory_mb, uuid=self._uuids[i],
-                    mig=[m.model_copy() for m in self.mig.get(i, ())])
+                    mig=[m.model_copy() for m in self.mig.get(i, ())], mig_mode=i in self.mig)
             for i in range(self.count)
         ]
 
@@ -566,17 +566,23 @@ class NvmlBackend:
             memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0,
             uuid=(raw_uuid or "")[:96],
             mig=self._mig_instances(i, handle),
+            mig_mode=self._mig_mode(i, handle),
         )
+
+    def _mig_mode(self, i: int, handle: Any) -> bool:
+        """Whether GPU `i` is in MIG mode now (CUDA cannot use it whole then, whatever
+        instances it has)."""
+        nv = self._nv
+        if not hasattr(nv, "nvmlDeviceGetMigMode"):
+            return False
+        mode = self._try(f"migMode{i}", nv.nvmlDeviceGetMigMode, handle)
+        return mode is not None and bool(mode) and mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
 
     def _mig_instances(self, i: int, handle: Any) -> list[MigInstance]:
         """The MIG instances of GPU `i` as NVML reports them (none unless MIG mode is on).
         The agent only reads MIG state; it never changes a GPU's MIG mode."""
         nv = self._nv
-        if not hasattr(nv, "nvmlDeviceGetMigMode"):
-            return []
-        mode = self._try(f"migMode{i}", nv.nvmlDeviceGetMigMode, handle)
-        enabled = getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
-        if not mode or mode[0] != enabled:
+        if not self._mig_mode(i, handle):
             return []
         slots = self._try(f"migCount{i}", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
         out: list[MigInstance] = []

@@ -108,6 +108,13 @@ class GpuInfo(_Model):
     uuid: str = Field(default="", max_length=96)
     # A GPU in MIG mode is scheduled only through its instances (never whole or shared).
     mig: list[MigInstance] = Field(default_factory=list, max_length=8)
+    # In MIG mode (also with no instance made yet, or none the agent could read: CUDA
+    # cannot use such a GPU whole). Older agents send none: a GPU with instances is in
+    # MIG mode whatever this says.
+    mig_mode: bool = False
+
+    def in_mig_mode(self) -> bool:
+        return self.mig_mode or bool(self.mig)
 
 
 class GpuUsage(_Model):
@@ -195,6 +202,7 @@ def shape_digest(hb: Heartbeat) -> str:
 
     parts = [hb.host_id, hb.boot_id, str(hb.cpus), str(hb.memory_mb), str(hb.simulated)]
     parts += [f"{g.index}:{g.model}:{g.memory_mb}" + "".join(f"|{m.uuid}/{m.profile}/{m.memory_mb}" for m in g.mig)
+              + ("|mig" if g.mig_mode and not g.mig else "")  # (unchanged for GPUs not in MIG mode)
               for g in hb.gpus]
     parts += [f"u{u.index}:{u.fault}" for u in hb.gpu_usage if not u.healthy]
     parts += [f"{k}={v}" for k, v in sorted(hb.labels.items())]

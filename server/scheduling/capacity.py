@@ -28,7 +28,6 @@ from wire.messages import JobSpec
 
 POLICIES = ("fgd", "binpack")
 ANY = "*"  # bucket key over all GPUs of a host, whatever the model
-MIXED = "+"  # bucket key over all GPUs of a host with GPUs of more than one model
 SHARE_STEP = 50  # thousandths per level of the share buckets
 KIND = 4  # placement_size: the items that must be equal for one failure to say anything of another
 # Hosts held back from a job past which the placer reads each bucket of the index without
@@ -100,13 +99,13 @@ def _keys(cap: HostCapacity) -> list[tuple[Key, int, tuple[int, int]]]:
         best = max(best, f)
     mig: dict[str, int] = defaultdict(int)
     for u, (g, profile, _mem) in cap.mig.items():
-        if u not in cap.used_mig and g not in cap.unhealthy_gpus:
+        if cap.mig_free(u, g):
             mig[profile] += 1
     room = (cpu_class(cap.cpus - cap.used_cpus), size_class(cap.memory_mb - cap.used_memory_mb))
     out: list[tuple[Key, int, tuple[int, int]]] = [(("w", m), n, room) for m, n in whole.items()]
+    # Any model: by all its free GPUs (a task without GPUs goes where fewest are free; one
+    # of whole GPUs of any model finds, among these, a host with as many of one model).
     out.append((("w", ANY), total, room))
-    if len(set(cap.gpu_models.values())) > 1:
-        out.append((("w", MIXED), total, room))
     out += [(("s", m), f // SHARE_STEP, room) for m, f in share.items() if f > 0]
     if best > 0:
         out.append((("s", ANY), best // SHARE_STEP, room))
@@ -152,11 +151,6 @@ class _Filtered:
 def _wanted(spec: JobSpec, models: frozenset[str] | None) -> tuple[list[Key], int]:
     """The bucket keys a task of `spec` may find a host in, and the lowest level."""
     if spec.gpus > 0:
-        if models and len(models) > 1:
-            # Hosts are filed per model; one whose free GPUs of several accepted models add
-            # up to the request has each model at a lower level, and is found among the
-            # hosts of several models instead (filed by all their free GPUs).
-            return [("w", m) for m in sorted(models)] + [("w", MIXED)], spec.gpus
         return ([("w", m) for m in sorted(models)] if models else [("w", ANY)]), spec.gpus
     if spec.gpu_share > 0:
         return ([("s", m) for m in sorted(models)] if models else [("s", ANY)]), spec.gpu_share // SHARE_STEP

@@ -108,7 +108,7 @@ def mig_free(host: HostCapacity, taken: tuple[str, ...] = ()) -> tuple[tuple[str
     if not host.mig:
         return ()
     return tuple(sorted((p, host.gpu_models.get(g, "")) for u, (g, p, _m) in host.mig.items()
-                        if u not in host.used_mig and u not in taken and g not in host.unhealthy_gpus))
+                        if u not in taken and host.mig_free(u, g)))
 
 
 def state(gpus: Iterable[GpuFree], cpus_free: float, memory_free: int, mig: tuple[tuple[str, str], ...]) -> State:
@@ -132,9 +132,16 @@ def frag_in(st: State, s: Shape) -> int:
         return total
     models = s.models
     if s.gpus > 0:
-        if sum(1 for m, f, _fm in gpus if f == FULL and (models is None or m in models)) < s.gpus:
+        # A task's whole GPUs are of one model (placement.check): those of the models it
+        # accepts with enough free GPUs.
+        free: dict[str, int] = {}
+        for m, f, _fm in gpus:
+            if f == FULL and (models is None or m in models):
+                free[m] = free.get(m, 0) + 1
+        fit = {m for m, n in free.items() if n >= s.gpus}
+        if not fit:
             return total
-        return sum(f for m, f, _fm in gpus if f < FULL or (models is not None and m not in models))
+        return sum(f for m, f, _fm in gpus if f < FULL or m not in fit)
     if s.share > 0:
         if not any(f >= s.share and fm >= s.gpu_memory_mb and (models is None or m in models) for m, f, fm in gpus):
             return total

@@ -57,7 +57,11 @@ class HostCapacity:
     A GPU is held whole (`used_gpus`), or shared by tasks that each hold thousandths of
     it and some of its memory (`share_used`, `share_memory_used`), or it is in MIG mode
     (`mig_gpus`) and only its instances (`mig`: uuid -> (GPU, profile, memory)) are
-    scheduled, each whole (`used_mig`). Shares are integers: no drift."""
+    scheduled, each whole (`used_mig`). Shares are integers: no drift. A GPU held one way
+    is given out no other way, also while a host's MIG layout has changed under tasks
+    that hold it: a GPU held whole or shared gives no MIG instance, and a GPU whose MIG
+    instance is held is not given whole or shared (every GPU, when the host no longer
+    reports a held instance: which GPU it was on is not known)."""
 
     id: str
     schedulable: bool  # the heartbeat key is live (health is checked by the caller)
@@ -94,28 +98,50 @@ class HostCapacity:
         m = self.gpu_models[i]
         return m == models if isinstance(models, str) else m in models
 
+    def mig_held_gpus(self) -> frozenset[int] | set[int]:
+        """The GPUs held through MIG instances (every GPU when a held instance is one the
+        host no longer reports)."""
+        if not self.used_mig:
+            return frozenset()
+        held = set()
+        for u in self.used_mig:
+            where = self.mig.get(u)
+            if where is None:
+                return set(self.gpu_models)
+            held.add(where[0])
+        return held
+
     def free_gpus(self, models: frozenset[str] | str | None) -> list[int]:
         """GPUs free to be held whole: healthy, not in MIG mode, not held, not shared."""
+        busy = self.mig_held_gpus()
         return sorted(i for i in self.gpu_models
-                      if i not in self.used_gpus and not self.share_used.get(i) and self._usable(i, models))
+                      if i not in self.used_gpus and not self.share_used.get(i) and i not in busy
+                      and self._usable(i, models))
 
     def share_options(self, share: int, memory_mb: int, models: frozenset[str] | str | None) -> list[int]:
         """GPUs a share of `share` thousandths with `memory_mb` of GPU memory fits on."""
+        busy = self.mig_held_gpus()
         return [i for i in sorted(self.gpu_models)
-                if i not in self.used_gpus and self._usable(i, models)
+                if i not in self.used_gpus and i not in busy and self._usable(i, models)
                 and self.share_used.get(i, 0) + share <= FULL
                 and self.share_memory_used.get(i, 0) + memory_mb <= self.gpu_memory.get(i, 0)]
 
     def free_share(self, i: int) -> int:
-        """Thousandths of GPU `i` still free (0 when it is held whole, faulty or in MIG mode)."""
-        if i in self.used_gpus or not self._usable(i, None):
+        """Thousandths of GPU `i` still free (0 when it is held whole or through a MIG
+        instance, faulty or in MIG mode)."""
+        if i in self.used_gpus or not self._usable(i, None) or (self.used_mig and i in self.mig_held_gpus()):
             return 0
         return FULL - self.share_used.get(i, 0)
 
+    def mig_free(self, u: str, g: int) -> bool:
+        """Whether MIG instance `u` (on GPU `g`) may be given: not held, its GPU healthy and
+        held no other way (whole or shared, as before a change of its MIG layout)."""
+        return (u not in self.used_mig and g not in self.unhealthy_gpus and g not in self.used_gpus
+                and not self.share_used.get(g))
+
     def free_mig(self, profile: str, models: frozenset[str] | None) -> list[str]:
         return sorted(u for u, (g, p, _m) in self.mig.items()
-                      if p == profile and u not in self.used_mig and g not in self.unhealthy_gpus
-                      and (models is None or self.gpu_models.get(g) in models))
+                      if p == profile and self.mig_free(u, g) and (models is None or self.gpu_models.get(g) in models))
 
     def copy(self) -> HostCapacity:
         """A working copy: what placement changes (the used amounts) is its own; the
@@ -187,9 +213,11 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
           ) -> tuple[str | None, list[int], tuple[str, ...]]:
     """Feasibility of one host: (None, GPU indices, MIG instances) when it fits, else
     (reason, [], ()). `models` narrows the job's accepted GPU models (a gang whose tasks
-    must share one model); by default the job's own. Whole GPUs: the lowest free
-    indices; a share: the fitting GPU with the least free share left (best fit); MIG:
-    the first free instance of the profile."""
+    must share one model); by default the job's own. Whole GPUs: of one model (a task
+    never spans models: its quota and its accounting count one), the lowest free indices
+    of the accepted model with the fewest free that are enough (best fit); a share: the
+    fitting GPU with the least free share left (best fit); MIG: the first free instance
+    of the profile."""
     if not host.schedulable:
         return NOT_HEALTHY, [], ()
     if host.cordoned:
@@ -209,13 +237,15 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
         # GPUs in MIG mode are scheduled only through their instances.
         matching = [i for i, m in host.gpu_models.items()
                     if (accept is None or m in accept) and i not in host.mig_gpus]
-        if len(matching) < max(1, spec.gpus):
+        if len(matching) < max(1, spec.gpus) or (spec.gpus > 1 and _most_of_one_model(host, matching) < spec.gpus):
             return TOO_FEW_GPUS, [], ()
         if spec.gpus > 0:
             free = host.free_gpus(accept)
             if len(free) < spec.gpus:
                 return NO_FREE_GPUS, [], ()
-            gpus = free[: spec.gpus]
+            gpus = _of_one_model(host, free, spec.gpus)
+            if not gpus:
+                return NO_FREE_GPUS, [], ()
         else:
             fits = host.share_options(spec.gpu_share, 0, accept)
             if not fits:
@@ -246,6 +276,32 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     if host.record_bytes + task_bytes(spec) + ALLOC_RECORD_OVERHEAD > RECORD_BUDGET:
         return RECORD_FULL, [], ()
     return None, gpus, mig
+
+
+def _most_of_one_model(host: HostCapacity, gpus: list[int]) -> int:
+    """The most of `gpus` that are of one model."""
+    models = host.gpu_models
+    first = models[gpus[0]]
+    if all(models[i] == first for i in gpus):
+        return len(gpus)
+    return max(Counter(models[i] for i in gpus).values())
+
+
+def _of_one_model(host: HostCapacity, free: list[int], n: int) -> list[int]:
+    """`n` of the `free` GPUs (sorted), all of one model: the lowest ones when they are;
+    else of the model with the fewest free that are enough (its lowest indices first
+    among equals); [] when no model has `n` free."""
+    models = host.gpu_models
+    first = models[free[0]]
+    if all(models[i] == first for i in free[:n]):
+        return free[:n]
+    by_model: dict[str, list[int]] = {}
+    for i in free:
+        by_model.setdefault(models[i], []).append(i)
+    fits = [g for g in by_model.values() if len(g) >= n]
+    if not fits:
+        return []
+    return min(fits, key=lambda g: (len(g), g[0]))[:n]
 
 
 def idle_room(spec: JobSpec, host: HostCapacity, most: int = 1,

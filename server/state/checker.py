@@ -27,7 +27,7 @@ def violations(state: ClusterState) -> list[str]:
     capacity = {
         h: Capacity(len(e.heartbeat.gpus), float(e.heartbeat.cpus), e.heartbeat.memory_mb,
                     {g.index: g.memory_mb for g in e.heartbeat.gpus},
-                    frozenset(m.uuid for g in e.heartbeat.gpus for m in g.mig))
+                    {m.uuid: g.index for g in e.heartbeat.gpus for m in g.mig})
         for h, e in state.hosts.items()
         if e.heartbeat is not None
     }

@@ -423,7 +423,7 @@ class ClusterState:
             mig = {m.uuid: (g.index, m.profile, m.memory_mb) for g in hb.gpus for m in g.mig}
             shape = self._host_shapes[host_id] = (
                 hb, {g.index: g.model for g in hb.gpus}, {g.index: g.memory_mb for g in hb.gpus}, mig,
-                frozenset(g.index for g in hb.gpus if g.mig),
+                frozenset(g.index for g in hb.gpus if g.in_mig_mode()),
                 frozenset(u.index for u in hb.gpu_usage if not u.healthy), dict(hb.labels))
         _hb, models, memory, mig, mig_gpus, unhealthy, labels = shape
         if unhealthy:
@@ -474,7 +474,11 @@ class ClusterState:
     def _shape(hb: Heartbeat | None) -> tuple[object, ...] | None:
         if hb is None:
             return None
-        return (tuple((g.index, g.model) for g in hb.gpus),
+        # Everything placement reads of a heartbeat (`_index_host`): a change of a GPU's
+        # memory or MIG layout alone must reach it too.
+        return (tuple((g.index, g.model, g.memory_mb, g.in_mig_mode(), tuple((m.uuid, m.profile, m.memory_mb)
+                                                                              for m in g.mig))
+                      for g in hb.gpus),
                 tuple(u.index for u in hb.gpu_usage if not u.healthy), hb.cpus, hb.memory_mb,
                 tuple(sorted(hb.labels.items())), hb.leaving, hb.pressure)
 

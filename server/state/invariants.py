@@ -16,7 +16,7 @@ leader's); that holds for processes on one machine and for hosts with synced clo
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from wire.messages import AttemptState, HostAlloc, Job, JobState
@@ -30,7 +30,8 @@ class Capacity:
     cpus: float
     memory_mb: int
     gpu_memory_mb: dict[int, int] = field(default_factory=dict)  # GPU index -> MB (for shares)
-    mig: frozenset[str] = frozenset()  # the MIG instances the host reports
+    # The MIG instances the host reports: uuid -> the GPU it is on.
+    mig: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class Hold:
 def gpu_problems(holds: Iterable[Hold], cap: Capacity | None) -> list[str]:
     """Overcommit of GPUs among `holds`, held at once on one host: a GPU held whole twice,
     held whole and shared, shared past 1000 thousandths or past its memory; a MIG
-    instance held twice or unknown to the host; a GPU index beyond the host's."""
+    instance held twice or unknown to the host, or held while its GPU is held whole or
+    shared; a GPU index beyond the host's."""
     problems: list[str] = []
     whole: defaultdict[int, int] = defaultdict(int)
     share: defaultdict[int, int] = defaultdict(int)
@@ -82,6 +84,11 @@ def gpu_problems(holds: Iterable[Hold], cap: Capacity | None) -> list[str]:
         unknown = sorted(u for u in mig if u not in cap.mig)
         if unknown:
             problems.append(f"MIG instances {unknown} not on the host")
+        for u in sorted(mig):
+            parent = cap.mig.get(u)
+            if parent is not None and parent in gpus:
+                how = "whole" if whole.get(parent) else "shared"
+                problems.append(f"GPU {parent} held {how} and through its MIG instance {u}")
     return problems
 
 

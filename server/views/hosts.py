@@ -131,7 +131,7 @@ class GpuUse:
 class GpuDevice:
     """One GPU of a host as placement holds it: `share_allocated` thousandths of it are
     allocated (1000 when a task holds it whole), `mem_allocated_mb` of its memory to
-    shared tasks, by `tasks` tasks; a GPU in MIG mode lists its instances."""
+    shared tasks, by `tasks` tasks; a GPU in MIG mode (`mig_mode`) lists its instances."""
 
     index: int
     model: str
@@ -144,6 +144,7 @@ class GpuDevice:
     whole: bool
     mig: tuple[MigDevice, ...]
     fault: str | None = None  # what its agent reported when it faulted (healthy False)
+    mig_mode: bool = False
     # Its telemetry in the host's latest heartbeat.
     util_pct: float = 0.0
     mem_used_mb: int = 0
@@ -178,7 +179,7 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
                       mem_allocated_mb=mem.get(g.index, 0), tasks=count.get(g.index, 0), whole=g.index in whole,
                       mig=tuple(MigDevice(m.uuid, m.profile, m.memory_mb, m.uuid in mig_used) for m in g.mig),
                       fault=(bad[g.index] or "unhealthy") if g.index in bad else None,
-                      **_telemetry(usage.get(g.index)))
+                      mig_mode=g.in_mig_mode(), **_telemetry(usage.get(g.index)))
             for g in sorted(hb.gpus, key=lambda g: g.index)]
 
 

@@ -175,8 +175,10 @@ def test_gpus_of_the_requested_model_only() -> None:
     h = host(models={0: "A100", 1: "H100", 2: "A100", 3: "H100", 4: "H100"}, used_gpus={1})
     assert check(spec(gpus=2, gpu_model="H100"), h)[:2] == (None, [3, 4])
     assert check(spec(gpus=2, gpu_model="A100"), h)[:2] == (None, [0, 2])
-    # No model named: lowest free indices of any model.
-    assert check(spec(gpus=3), h)[:2] == (None, [0, 2, 3])
+    # No model named: GPUs of one model (the lowest free indices of the one with the fewest
+    # free that are enough).
+    assert check(spec(gpus=2), h)[:2] == (None, [0, 2])
+    assert check(spec(gpus=3), h)[0] == NO_FREE_GPUS  # 2 A100s and 2 H100s free
 
 
 def test_used_gpus_are_skipped() -> None:

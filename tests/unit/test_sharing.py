@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -183,7 +184,7 @@ def test_which_tasks_reach_mps_and_so_run_as_one_uid(tmp_path: Path, monkeypatch
 
 
 def test_gpu_problems_count_shares_in_thousandths() -> None:
-    cap = Capacity(2, 8.0, 1000, {0: 1000, 1: 1000}, frozenset({"MIG-a"}))
+    cap = Capacity(2, 8.0, 1000, {0: 1000, 1: 1000}, {"MIG-a": 1})
     assert gpu_problems([Hold((0,), 333, 300), Hold((0,), 333, 300), Hold((0,), 334, 400)], cap) == []
     assert gpu_problems([Hold((0,), 500), Hold((0,), 501)], cap) == ["GPU 0 shared 1001/1000"]
     assert gpu_problems([Hold((0,), 500, 600), Hold((0,), 400, 401)], cap) == \
@@ -193,6 +194,12 @@ def test_gpu_problems_count_shares_in_thousandths() -> None:
         ["MIG instances held twice ['MIG-a']"]
     assert gpu_problems([Hold((), mig=("MIG-b",))], cap) == ["MIG instances ['MIG-b'] not on the host"]
     assert gpu_problems([Hold((0, 1)), Hold((2,))], cap) == ["GPUs [0, 1, 2] beyond 2"]
+    # A GPU held whole or shared while a task holds a MIG instance on it (the host's MIG
+    # layout changed under its tasks).
+    assert gpu_problems([Hold((1,)), Hold((), mig=("MIG-a",))], cap) == \
+        ["GPU 1 held whole and through its MIG instance MIG-a"]
+    assert gpu_problems([Hold((1,), 300), Hold((), mig=("MIG-a",))], cap) == \
+        ["GPU 1 held shared and through its MIG instance MIG-a"]
 
 
 def test_muster_check_replays_shared_attempts() -> None:
@@ -256,3 +263,130 @@ def test_allocation_records_are_checked_too() -> None:
                               for i in range(2)])
     problems = check([], {"h1": Capacity(1, 64.0, 100_000)}, [alloc])
     assert problems == ["allocation of h1: GPU 0 shared 1200/1000"]
+
+
+# ---------------------------------------------------------------- MIG layout changes and model sets
+
+
+class _Cluster:
+    """A ClusterState fed heartbeats and state records as its watches would, and planned
+    as the leader plans (found by exploring: the three defects below)."""
+
+    NOW = 1_000_000.0
+
+    def __init__(self) -> None:
+        import itertools
+
+        from server.state.cluster import ClusterState
+
+        self.state = ClusterState(heartbeat_interval_s=3600.0)
+        self.rev = itertools.count(1)
+        self.seq = itertools.count(1)
+
+    def heartbeat(self, host: str, gpus: list[Any]) -> None:
+        from tests.factories import heartbeat_record
+        from wire.messages import GpuUsage, Heartbeat
+
+        hb = Heartbeat(host_id=host, boot_id="b", seq=next(self.seq), ts=self.NOW, cpus=16, memory_mb=64000,
+                       gpus=gpus, gpu_usage=[GpuUsage(index=g.index) for g in gpus])
+        self.state.apply_host_record(heartbeat_record(hb, next(self.rev), shape=False), now=self.NOW)
+
+    def record(self, key: str, obj: Any) -> None:
+        from wire.messages import encode
+        from wire.records import Record
+
+        self.state.apply_state_record(Record(key, next(self.rev), encode(obj)))
+
+    def submit(self, job_id: str, **spec: Any) -> None:
+        self.record(f"job.{job_id}", job(job_id, spec=job_spec(job_id, **spec), submitted_at=self.NOW - 100))
+
+    def cycle(self) -> None:
+        from server.scheduling.planner import plan_cycle
+
+        plan = plan_cycle(self.state, reports=[], commands=[], now=self.NOW, term=7, max_keys=900)
+        for j in plan.jobs.values():
+            self.record(f"job.{j.id}", j)
+        for a in plan.allocs.values():
+            self.record(f"alloc.{a.host_id}", a)
+
+    def tasks(self) -> list[tuple[str, Any]]:
+        """(job id, attempt) of every live task."""
+        return [(j.id, a) for j in self.state.jobs.values() for a in j.current_tasks()]
+
+
+def test_a_heartbeat_that_changes_only_a_gpus_mig_layout_or_memory_reaches_placement() -> None:
+    """A heartbeat whose GPUs changed only in MIG layout or memory was not taken as a new
+    shape: placement kept the GPU as it was (a whole-GPU job went onto a GPU in MIG mode,
+    a task was given an instance that no longer existed)."""
+    from wire.messages import GpuInfo, MigInstance
+
+    c = _Cluster()
+    c.heartbeat("h1", [GpuInfo(index=0, model="H100", memory_mb=80000)])
+    assert c.state.index.caps["h1"].mig_gpus == frozenset()
+    c.heartbeat("h1", [GpuInfo(index=0, model="H100", memory_mb=80000, mig_mode=True,
+                               mig=[MigInstance(uuid="MIG-x", profile="1g.10gb", memory_mb=10240)])])
+    cap = c.state.index.caps["h1"]
+    assert cap.mig_gpus == frozenset({0}) and set(cap.mig) == {"MIG-x"}
+    c.heartbeat("h1", [GpuInfo(index=0, model="H100", memory_mb=80000, mig_mode=True,
+                               mig=[MigInstance(uuid="MIG-y", profile="3g.40gb", memory_mb=40960)])])
+    assert set(c.state.index.caps["h1"].mig) == {"MIG-y"}
+    c.heartbeat("h2", [GpuInfo(index=0, model="H100", memory_mb=0)])
+    c.heartbeat("h2", [GpuInfo(index=0, model="H100", memory_mb=80000)])
+    assert c.state.index.caps["h2"].gpu_memory == {0: 80000}
+    # Placed as the new layout says: the whole GPU on h2, the instance that exists on h1.
+    c.submit("whole", gpus=1)
+    c.submit("slice", mig_profile="3g.40gb")
+    c.cycle()
+    placed = {j: (a.host_id, a.gpu_indices, a.mig) for j, a in c.tasks()}
+    assert placed == {"whole": ("h2", [0], []), "slice": ("h1", [], ["MIG-y"])}, placed
+
+
+def test_a_gpu_in_mig_mode_with_no_instance_made_yet_is_not_given_whole() -> None:
+    """NVML's MIG mode on and no instance made (as right after `nvidia-smi -mig 1`) was
+    reported as an ordinary GPU, and placement gave it whole: CUDA cannot use it so."""
+    from server.scheduling.placement import TOO_FEW_GPUS
+    from server.scheduling.placement import check as place_check
+    from wire.messages import GpuInfo
+
+    class NoInstances(MigNvml):
+        def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> tuple[int, int]:
+            raise self.NVMLError(6)
+
+    backend = NvmlBackend(nvml=NoInstances(["NVIDIA H100 80GB HBM3"] * 2))
+    g0, g1 = backend.inventory()
+    backend.close()
+    assert (g0.mig_mode, g1.mig_mode, g1.mig) == (False, True, [])
+    assert [g.mig_mode for g in NvmlBackend(nvml=MigNvml(["NVIDIA H100 80GB HBM3"] * 2)).inventory()] == [False, True]
+    sim = SimulatedBackend("2xH100,mig=1:2*1g.10gb")
+    assert [g.mig_mode for g in sim.inventory()] == [False, True]
+    c = _Cluster()
+    c.heartbeat("h1", [g0, g1])
+    cap = c.state.index.caps["h1"]
+    assert cap.mig_gpus == frozenset({1})
+    assert place_check(job_spec(gpus=2), cap)[0] == TOO_FEW_GPUS
+    assert place_check(job_spec(gpu_share=100), cap)[1] == [0]
+    # Older agents say nothing of the mode: a GPU with instances is in MIG mode still.
+    assert not GpuInfo(index=0, model="H100", memory_mb=1).in_mig_mode()
+    assert GpuInfo.model_validate({"index": 0, "model": "H100", "memory_mb": 1,
+                                   "mig": [{"uuid": "MIG-a", "profile": "1g.10gb", "memory_mb": 1}]}).in_mig_mode()
+
+
+def test_a_model_set_job_is_booked_on_its_queues_quota_as_the_model_it_runs_on() -> None:
+    """A 2-GPU task accepting {A100, H100} on a host of one of each got both, booked as two
+    A100s: the queue then ran three H100s on a quota of two."""
+    from wire.messages import GpuInfo, Queue, ResourceQuota
+
+    c = _Cluster()
+    c.heartbeat("h1", [GpuInfo(index=0, model="A100", memory_mb=40000), GpuInfo(index=1, model="H100",
+                                                                                 memory_mb=80000)])
+    c.heartbeat("h2", [GpuInfo(index=i, model="H100", memory_mb=80000) for i in range(2)])
+    c.record("queue.q", Queue(name="q", quota={"gpu:A100": ResourceQuota(nominal=2),
+                                               "gpu:H100": ResourceQuota(nominal=2)}))
+    c.submit("x", gpus=2, gpu_models=["A100", "H100"], queue="q")
+    c.cycle()
+    c.submit("y", gpus=2, gpu_model="H100", queue="q")
+    c.cycle()
+    caps = c.state.index.caps
+    held = [(j, [caps[a.host_id].gpu_models[g] for g in a.gpu_indices]) for j, a in c.tasks()]
+    assert held == [("x", ["H100", "H100"])], held  # y waits: the quota's two H100s are x's
+    assert all(len(set(models)) == 1 for _j, models in held)

@@ -82,7 +82,9 @@ def test_a_share_goes_to_the_fullest_gpu_it_fits_and_never_to_a_gpu_held_whole()
 
 def test_model_sets_and_their_reasons() -> None:
     h = host_capacity(models={0: "V100M16", 1: "V100M32"})
-    assert check(job_spec(gpus=2, gpu_models=["V100M16", "V100M32"]), h)[:2] == (None, [0, 1])
+    # A task's whole GPUs are of one model (its quota and accounting count one).
+    assert check(job_spec(gpus=2, gpu_models=["V100M16", "V100M32"]), h)[0] == TOO_FEW_GPUS
+    assert check(job_spec(gpus=2), h)[0] == TOO_FEW_GPUS
     assert check(job_spec(gpus=1, gpu_models=["V100M32", "T4"]), h)[:2] == (None, [1])
     assert check(job_spec(gpus=2, gpu_models=["V100M32", "T4"]), h)[0] == TOO_FEW_GPUS
     assert check(job_spec(gpus=1, gpu_models=["A10", "T4"]), h)[0] == WRONG_MODEL
@@ -90,6 +92,46 @@ def test_model_sets_and_their_reasons() -> None:
     # A host without GPUs is the wrong model for a job that names one (whatever it asks).
     assert check(job_spec(gpus=1, gpu_model="H100"), host_capacity(gpus=0))[0] == WRONG_MODEL
     assert check(job_spec(gpus=1), host_capacity(gpus=0))[0] == TOO_FEW_GPUS
+
+
+def test_one_task_gets_whole_gpus_of_one_model_the_best_fit_of_those_it_accepts() -> None:
+    """Found by exploring: a task accepting {A100, H100} got one of each (booked on its
+    queue's quota as two of the first, so the queue then ran three H100s on a quota of
+    two), also where two of one model were free."""
+    h = host_capacity(models={0: "A100", 1: "H100", 2: "A100", 3: "H100", 4: "H100"})
+    assert check(job_spec(gpus=2, gpu_models=["A100", "H100"]), h)[:2] == (None, [0, 2])
+    assert check(job_spec(gpus=3), h)[:2] == (None, [1, 3, 4])
+    assert check(job_spec(gpus=4), h)[0] == TOO_FEW_GPUS
+    h.reserve([0], 1.0, 100)
+    # A100 has one free left: two of H100, its lowest.
+    assert check(job_spec(gpus=2, gpu_models=["A100", "H100"]), h)[:2] == (None, [1, 3])
+    h.reserve([1, 3], 1.0, 100)
+    assert check(job_spec(gpus=2), h)[0] == NO_FREE_GPUS  # GPU 2 (A100) and 4 (H100) free: not of one model
+    assert check(job_spec(gpus=1), h)[:2] == (None, [2])
+
+
+def test_a_gpu_is_held_one_way_also_when_the_mig_layout_changed_under_its_tasks() -> None:
+    """Found by exploring: a GPU held whole, then reported in MIG mode, gave its MIG
+    instance to another task; a GPU whose held MIG instance was no longer reported (MIG
+    mode turned off) was given whole."""
+    h = mig_host()
+    h.used_gpus = {0}  # held whole before GPU 0 went into MIG mode
+    assert check(job_spec(mig_profile="1g.10gb"), h)[0] == NO_FREE_MIG
+    h = mig_host()
+    h.share_used, h.share_memory_used = {0: 300}, {0: 0}
+    assert check(job_spec(mig_profile="1g.10gb"), h)[0] == NO_FREE_MIG
+    # An instance held on GPU 0 whose GPU then left MIG mode: GPU 0 is not given whole or shared.
+    h = host_capacity("m2", gpus=2)
+    h.gpu_memory = {0: 81920, 1: 81920}
+    h.mig = {"MIG-a": (0, "1g.10gb", 10240)}
+    h.used_mig = {"MIG-a"}
+    assert check(job_spec(gpus=2), h)[0] == NO_FREE_GPUS
+    assert check(job_spec(gpus=1), h)[1] == [1]
+    assert h.free_share(0) == 0 and h.share_options(100, 0, None) == [1]
+    # ... and an instance the host no longer reports at all: which GPU it was on is unknown.
+    h.mig, h.used_mig = {}, {"MIG-gone"}
+    assert check(job_spec(gpus=1), h)[0] == NO_FREE_GPUS
+    assert check(job_spec(gpu_share=100), h)[0] == NO_FREE_SHARE
 
 
 def test_mig_instances_are_devices_of_their_own() -> None:
@@ -248,6 +290,13 @@ def hosts(draw: st.DrawFn, i: int) -> HostCapacity:
     if n and draw(st.booleans()):
         cap.mig_gpus = frozenset({0})
         cap.mig = {f"MIG-{i}-{k}": (0, draw(st.sampled_from(PROFILES)), 10240) for k in range(draw(st.integers(1, 3)))}
+    # Holds left from before a change of the host's MIG layout: GPU 0 held whole (now in
+    # MIG mode), or a MIG instance the host no longer reports.
+    changed = draw(st.sampled_from(["none", "none", "whole", "vanished"])) if n else "none"
+    if changed == "whole":
+        cap.used_gpus = {0}
+    elif changed == "vanished":
+        cap.used_mig = {f"MIG-{i}-gone"}
     return cap
 
 
@@ -275,12 +324,23 @@ def specs(draw: st.DrawFn) -> JobSpec:
 Held = dict[str, list[tuple[JobSpec, list[int], tuple[str, ...]]]]
 
 
-def assert_never_overcommitted(caps: list[HostCapacity], held: Held) -> None:
+def assert_never_overcommitted(caps: list[HostCapacity], held: Held,
+                               before: dict[str, tuple[set[int], set[str]]] | None = None) -> None:
+    """What `held` holds of `caps`, on top of what each host held `before` (whole GPUs, MIG
+    instances, maybe no longer reported), overcommits nothing: one way of holding a GPU
+    at a time, whole GPUs of one model a task."""
     for h in caps:
         share: Counter[int] = Counter()
         mem: Counter[int] = Counter()
         whole: Counter[int] = Counter()
         mig: Counter[str] = Counter()
+        pre_whole, pre_mig = (before or {}).get(h.id, (set(), set()))
+        whole.update(pre_whole)
+        vanished = any(u not in h.mig for u in pre_mig)
+        for s, gpus, _instances in held[h.id]:
+            assert not (gpus and vanished), f"{h.id}: a GPU given while a MIG instance no longer reported is held"
+            if gpus and not s.gpu_share:
+                assert len({h.gpu_models[g] for g in gpus}) == 1, f"one task given GPUs of several models {gpus}"
         for s, gpus, instances in held[h.id]:
             for g in gpus:
                 assert g in h.gpu_models and g not in h.unhealthy_gpus and g not in h.mig_gpus
@@ -294,13 +354,15 @@ def assert_never_overcommitted(caps: list[HostCapacity], held: Held) -> None:
             mig.update(instances)
             for u in instances:
                 assert u in h.mig and h.mig[u][1] == s.mig_profile
+        mig_parents = {h.mig[u][0] for u in set(mig) | pre_mig if u in h.mig}
         for g in set(share) | set(whole):
             assert whole[g] <= 1 and not (whole[g] and share[g]), f"GPU {g} of {h.id} held twice"
+            assert g not in mig_parents, f"GPU {g} of {h.id} held whole or shared and through a MIG instance"
             assert share[g] <= FULL, f"GPU {g} of {h.id} shared {share[g]}/1000"
             assert mem[g] <= h.gpu_memory[g], f"GPU {g} of {h.id} gives {mem[g]} MB of {h.gpu_memory[g]}"
         assert all(n == 1 for n in mig.values()), f"a MIG instance of {h.id} held twice"
         assert h.share_used == {g: n for g, n in share.items() if n}
-        assert h.used_mig == set(mig)
+        assert h.used_mig == set(mig) | pre_mig
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -314,6 +376,7 @@ def test_property_placer_never_overcommits_and_finds_what_a_scan_finds(
     mix = Fragmentation(ShapeMix.of(Counter(Shape.of(s) for s in job_specs)))
     placer = Placer(index, lambda _h: True, policy=policy, fragmentation=mix)
     held: Held = {h.id: [] for h in fleet}
+    before = {h.id: (set(h.used_gpus), set(h.used_mig)) for h in fleet}
     for s, release in zip(job_specs, releases, strict=False):
         if release and any(held.values()):
             host_id = next(h for h, v in held.items() if v)
@@ -333,7 +396,7 @@ def test_property_placer_never_overcommits_and_finds_what_a_scan_finds(
         assert reason is None
         placer.reserve(got, s)
         held[got.host_id].append((s, got.gpu_indices, got.mig))
-        assert_never_overcommitted([placer.touched.get(h.id, index.caps[h.id]) for h in fleet], held)
+        assert_never_overcommitted([placer.touched.get(h.id, index.caps[h.id]) for h in fleet], held, before)
     for h in fleet:  # the index itself is never changed by a cycle
         assert index.caps[h.id] is h
 

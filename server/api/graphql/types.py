@@ -94,7 +94,7 @@ class HostGpu:
         shared = not d.whole and d.share_allocated > 0
         return HostGpu(index=d.index, model=d.model, memory_mb=d.memory_mb, uuid=d.uuid, healthy=d.healthy,
                        share_allocated=d.share_allocated, mem_allocated_mb=d.mem_allocated_mb, tasks=d.tasks,
-                       sharing=sharing(int(shared), bool(d.mig)),
+                       sharing=sharing(int(shared), d.mig_mode),
                        mig_instances=[MigInstance(uuid=m.uuid, profile=m.profile, memory_mb=m.memory_mb,
                                                   allocated=m.allocated) for m in d.mig], fault=d.fault,
                        util_pct=d.util_pct, mem_used_mb=d.mem_used_mb, temp_c=d.temp_c, power_w=d.power_w)
