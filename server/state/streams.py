@@ -148,7 +148,7 @@ async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float)
             if exc.err_code != STREAM_IN_USE:
                 raise StoreError(f"cannot create stream {cfg.name}: {exc}") from exc
             try:
-                await store.js.update_stream(await _keeping_storage(store, cfg))
+                await store.js.update_stream(await _keeping(store, cfg))
             except jserrors.BadRequestError as refused:  # a configuration it cannot change
                 raise StoreError(f"cannot update stream {cfg.name}: {refused}") from refused
 
@@ -169,12 +169,23 @@ async def _ensure_stream(store: Store, cfg: jsapi.StreamConfig, deadline: float)
                          f"after {tries} tries)") from exc
 
 
-async def _keeping_storage(store: Store, cfg: jsapi.StreamConfig) -> jsapi.StreamConfig:
-    """`cfg` with the storage of the stream as it exists: JetStream cannot change a
-    stream's storage in place. A `hosts` bucket made on file by an earlier version stays
-    on file (and costs its fsyncs) until it is deleted with the servers stopped
-    (docs/deployment.md); the servers then make it anew."""
+async def _keeping(store: Store, cfg: jsapi.StreamConfig) -> jsapi.StreamConfig:
+    """`cfg` with what a server must not change of the stream as it exists:
+
+    - its storage: JetStream cannot change it in place. A `hosts` bucket made on file by
+      an earlier version stays on file (and costs its fsyncs) until it is deleted with
+      the servers stopped (docs/deployment.md); the servers then make it anew.
+    - more replicas than this server was started with (found by exploring: a replica
+      started without `MUSTER_REPLICAS=3` beside one with it cut every stream to one
+      copy, and acknowledged jobs were one node's loss from being lost). A server raises
+      the replicas, never lowers them; lowering is an operator's act on the stream."""
     info = await store.js.stream_info(cfg.name or "")
+    have_replicas = info.config.num_replicas or 1
+    if have_replicas > (cfg.num_replicas or 1):
+        log.warning("stream %s keeps its %d replicas: this server was started with %d (MUSTER_REPLICAS); a "
+                    "server never lowers them (to lower them, edit the stream with the nats CLI)",
+                    cfg.name, have_replicas, cfg.num_replicas or 1)
+        cfg = dataclasses.replace(cfg, num_replicas=have_replicas)
     if info.config.storage is None or cfg.storage is None:
         return cfg
     have, want = jsapi.StorageType(info.config.storage), jsapi.StorageType(cfg.storage)  # nats-py gives a str

@@ -213,7 +213,8 @@ def test_replicated_hosts_bucket_is_kept_in_memory_and_an_old_file_one_is_kept_a
                                                                                          caplog) -> None:
     """On 3 nodes the `hosts` bucket is R3 in memory (heartbeats are ephemeral) and the
     state bucket R3 on file; a `hosts` bucket an earlier version made on file is left on
-    file (JetStream cannot change a stream's storage), with a warning, and start-up goes on."""
+    file (JetStream cannot change a stream's storage), with a warning, and start-up goes on.
+    A server started with fewer replicas than the streams have leaves them as they are."""
     import dataclasses
     import logging
 
@@ -250,6 +251,24 @@ def test_replicated_hosts_bucket_is_kept_in_memory_and_an_old_file_one_is_kept_a
             assert asyncio.run(storages(cluster.url, [old_hosts])) == {subjects.HOSTS_STREAM: "file",
                                                                         subjects.STATE_STREAM: "file"}
         assert any("KV_hosts is kept on file storage" in r.getMessage() for r in caplog.records), caplog.text
+
+        async def replicas_after_a_server_of_one(url: str) -> dict[str, int]:
+            """Found by exploring: a replica started without MUSTER_REPLICAS=3 (so 1) beside
+            one with it cut every stream to one copy."""
+            nc = await connect(url, name="replicas")
+            try:
+                await ensure_streams(Store(nc, replicas=3))
+                await ensure_streams(Store(nc, replicas=1))
+                return {cfg.name or "": (await nc.jetstream().stream_info(cfg.name or "")).config.num_replicas or 1
+                        for cfg in stream_configs(3)}
+            finally:
+                await nc.close()
+
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="server.state.streams"):
+            kept = asyncio.run(replicas_after_a_server_of_one(cluster.url))
+        assert set(kept.values()) == {3}, kept
+        assert any("keeps its 3 replicas" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         cluster.stop()
 
