@@ -254,25 +254,32 @@ class Store:
         return int(ack.seq)
 
     async def create(self, key: str, value: bytes, *, within_s: float = 0.0, every_s: float = 0.5,
-                     bucket: str = subjects.STATE_BUCKET) -> int:
-        """Write a key that must not exist yet (a fresh id); returns its revision. While
-        NATS cannot take the write (a stream electing its leader, a node lost) it is tried
-        again every `every_s` for up to `within_s`. A try whose outcome was unknown may have
-        been stored: the next then finds the key taken (NATS checks the expected revision
-        before the message id) and reads it back, so the key is written once and the
-        caller told so. ConflictError when the key holds something else."""
+                     bucket: str = subjects.STATE_BUCKET, ours: Callable[[bytes], bool] | None = None) -> Record:
+        """Write a key that must not exist yet (a fresh id); returns the record stored: the
+        value written at its revision. While NATS cannot take the write (a stream electing
+        its leader, a node lost) it is tried again every `every_s` for up to `within_s`. A
+        try whose outcome was unknown may have been stored: the next then finds the key
+        taken (NATS checks the expected revision before the message id) and reads it back,
+        so the key is written once and the caller told so. What it reads back may have
+        been rewritten since (a job placed by the leader: found by exploring, where the
+        submission was refused as taken and its client told to submit again): `ours` tells
+        whether a value found is this write's, rewritten or not (by default the same
+        bytes), and the record found is returned. ConflictError when the key holds
+        something else."""
         unknown = False
 
-        async def once() -> int:
+        async def once() -> Record:
             nonlocal unknown
             try:
-                return await self.put(key, value, expected=0, bucket=bucket)
+                return Record(key, await self.put(key, value, expected=0, bucket=bucket), value)
             except ConflictError:
                 if not unknown:
                     raise
                 rec = await self.get(key, bucket)  # a StoreError here: tried again
-                if rec.value == value:
-                    return rec.revision
+                if rec.value is None:  # a replica behind the write that was refused as taken
+                    raise StoreError(f"write {key}: taken, but not read back yet") from None
+                if rec.value == value or (ours is not None and ours(rec.value)):
+                    return rec
                 raise
             except StoreError:
                 unknown = True  # it may have been stored (a refusal is not tried again anyway)

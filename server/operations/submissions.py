@@ -17,9 +17,9 @@ from server.scheduling.dependencies import waits
 from server.scheduling.queues import queue_refusal
 from server.scheduling.submitlimits import OpenJobs
 from wire import subjects
-from wire.errors import Forbidden, InvalidInput, ValidationError
+from wire.errors import DecodeError, Forbidden, InvalidInput, ValidationError
 from wire.kv import Write
-from wire.messages import DEFAULT_QUEUE, Job, JobSpec, encode, new_id
+from wire.messages import DEFAULT_QUEUE, Job, JobSpec, decode, encode, new_id
 from wire.retrying import SUBMIT_RETRY_S
 from wire.validation import validate_job
 
@@ -112,10 +112,15 @@ class Submissions(Operations):
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits,
                   not_before=spec.begin_at)
         assert self.store is not None
+        record = encode(job)
         with self._storing_now([job]), maybe_stored(f"job {job.id}"):
-            # Tried again while NATS cannot take it; a try that was stored is found, not repeated.
-            rev = await self.store.create(subjects.job_key(job.id), encode(job), within_s=SUBMIT_RETRY_S)
-        self.state.apply_job(job, rev)
+            # Tried again while NATS cannot take it; a try that was stored is found, not
+            # repeated (its id is fresh: a record under it is this job's, placed since or not).
+            stored = await self.store.create(subjects.job_key(job.id), record, within_s=SUBMIT_RETRY_S,
+                                             ours=lambda found: _is_job(found, job))
+        if stored.value is not None and stored.value != record:
+            job = decode(Job, stored.value)
+        self.state.apply_job(job, stored.revision)
         metrics.SUBMISSIONS.inc()
         return job
 
@@ -162,3 +167,12 @@ class Submissions(Operations):
                     self.state.apply_job(j, res.revisions[subjects.job_key(j.id)])
         metrics.SUBMISSIONS.inc(len(jobs))
         return results
+
+
+def _is_job(found: bytes, job: Job) -> bool:
+    """Whether a record found under `job`'s key is that job (as stored, or changed since)."""
+    try:
+        other = decode(Job, found)
+    except DecodeError:
+        return False
+    return other.id == job.id and other.submitted_at == job.submitted_at

@@ -367,9 +367,9 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(nat
                 [Write("job.c2", b"C2", expected=0), Write("job.c3", b"C3", expected=0)], within_s=120, every_s=0.2))
             await asyncio.sleep(2.5)  # at least two tries of each have timed out
             assert not created.done() and not committed.done()
-        rev = await asyncio.wait_for(created, timeout=120)
+        rec = await asyncio.wait_for(created, timeout=120)
         res = await asyncio.wait_for(committed, timeout=120)
-        assert await store.get("job.c1") == Record("job.c1", rev, b"C1")
+        assert await store.get("job.c1") == rec and rec.value == b"C1"
         for key, value in (("job.c2", b"C2"), ("job.c3", b"C3")):
             rec = await store.get(key)
             assert rec.value == value and (res.duplicate or res.revisions[key] == rec.revision)
@@ -386,6 +386,48 @@ async def test_create_and_commit_ride_out_a_nats_server_that_stops_answering(nat
             await asyncio.wait_for(store.create("job.big", b"x" * (nc.max_payload + 1), within_s=120), timeout=60)
     finally:
         await nc.close()
+
+
+async def test_a_create_whose_answer_was_lost_finds_its_record_rewritten_since(nats_url: str) -> None:
+    """Found by exploring: the first write of a new job reached NATS but its answer did
+    not; before the try again the leader had placed the job (rewritten the record), and
+    the read back, which took only the same bytes, said the key was taken: the client was
+    told its job was refused, and one that submitted again ran it twice. `ours` tells a
+    record this write made, changed since, from another's."""
+    from tests.integration.netproxy import TcpProxy
+
+    proxy = TcpProxy(int(nats_url.rsplit(":", 1)[1]))
+    nc_api = await connect(proxy.url, name="api")
+    nc_leader = await connect(nats_url, name="leader")
+    try:
+        leader = Store(nc_leader)
+        await ensure_streams(leader)
+        api = Store(nc_api, timeout=1.0)
+
+        async def lost_answer_then_rewritten(key: str, **kw: Any) -> Any:
+            proxy.hold_replies()
+            created = asyncio.create_task(api.create(key, b"queued " + key.encode(), within_s=30, every_s=0.2, **kw))
+            rec = await leader.get(key)
+            for _ in range(500):
+                if rec.value is not None:
+                    break
+                await asyncio.sleep(0.02)
+                rec = await leader.get(key)
+            assert rec.value == b"queued " + key.encode()
+            placed = await leader.put(key, b"placed " + key.encode(), expected=rec.revision)
+            await asyncio.sleep(1.5)  # past the first try's timeout: its outcome unknown
+            proxy.release()
+            return placed, await asyncio.wait_for(created, timeout=60)
+
+        placed, found = await lost_answer_then_rewritten("job.lost1", ours=lambda v: v.endswith(b" job.lost1"))
+        assert found == Record("job.lost1", placed, b"placed job.lost1")
+        # Without `ours` only the same bytes are this write's: the rewritten record is another's.
+        with pytest.raises(ConflictError):
+            await lost_answer_then_rewritten("job.lost2")
+    finally:
+        await nc_api.close()
+        await nc_leader.close()
+        proxy.close()
 
 
 async def test_the_lease_thread_connects_again_after_a_failed_first_try(store: Store, nats_url: str) -> None:
