@@ -82,6 +82,7 @@ from wire.messages import (
     max_counts,
     shape_digest,
 )
+from wire.owndir import own_dir
 from wire.stopping import pause
 from wire.subjects import agent_inbox_prefix
 
@@ -268,15 +269,22 @@ class Agent:
         self._tmp_dir = None if config.state_dir else Path(tempfile.mkdtemp(prefix=f"muster-agent-{config.host_id}-"))
         base = config.state_dir or self._tmp_dir
         assert base is not None
-        # The agent's files are its own: a task (another user) can neither read nor change them.
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(base, 0o700)
+        # The agent's files are its own: a task (another user) can neither read nor change
+        # them, nor have made the directory first (wire.owndir).
+        try:
+            own_dir(base, "the agent's state directory")
+        except OSError as exc:
+            raise ConfigError(str(exc)) from exc
         self._runs_dir = base / f"{config.host_id}.runs"
         # Terminal reports not yet acknowledged by the STATUS stream, one file each: an
         # agent killed before delivering one delivers it after its restart.
         self._unsent_dir = base / f"{config.host_id}.reports"
         self._watch_dir = base / f"{config.host_id}.watchdog"
-        self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            for d in (self._runs_dir, self._unsent_dir, self._watch_dir):
+                own_dir(d)
+        except OSError as exc:
+            raise ConfigError(str(exc)) from exc
         self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
                                    pids_max=config.pids_max, work_root=config.work_dir,
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
@@ -317,7 +325,7 @@ class Agent:
         self.seen.add(attempt_id)
         if self._seen_file:
             try:
-                self._seen_file.parent.mkdir(parents=True, exist_ok=True)
+                own_dir(self._seen_file.parent)  # made again, if gone, only as the agent's own
                 with open(self._seen_file, "a") as f:
                     f.write(attempt_id + "\n")
                     f.flush()
@@ -363,7 +371,7 @@ class Agent:
                     cgroup_paths: list[str] | None = None, work_dir: str | None = None,
                     launcher: int | None = None) -> None:
         path = self._run_file(attempt_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        own_dir(path.parent)
         # `pid`: the task's process group; `keep`: a KEEP_RUNNING attempt, which the watchdog
         # leaves alone; `cg:<dir>`: the attempt's cgroup directories (killed whole by the
         # watchdog and a restarted agent); `wd:<dir>`: the directory made for it (removed by
@@ -453,7 +461,7 @@ class Agent:
             log.warning("delivering %d reports a previous agent could not deliver", len(loaded))
 
     def _persist_unsent(self, r: StatusReport, msg_id: str) -> None:
-        self._unsent_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        own_dir(self._unsent_dir)
         path = self._unsent_dir / r.attempt_id
         tmp = path.parent / f"{path.name}.tmp"
         try:
@@ -1395,7 +1403,7 @@ class Agent:
         try:
             write()
         except FileNotFoundError:
-            self._watch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            own_dir(self._watch_dir)
             write()
 
     def _start_watchdog(self) -> None:

@@ -53,6 +53,7 @@ from agent import cgroups
 from agent.watchdog import run_record
 from wire.errors import ConfigError
 from wire.messages import Task
+from wire.owndir import own_dir
 
 log = logging.getLogger(__name__)
 
@@ -298,11 +299,13 @@ class Isolation:
         self.dev_dir = dev_dir
         self.gpu_minors = gpu_minors
         self.private_dir = private_dir
-        private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(private_dir, 0o700)
         # The launchers' records of their tasks' ends (agent/launch.py: `exit_file`).
         self.exits_dir = private_dir / "exits"
-        self.exits_dir.mkdir(exist_ok=True, mode=0o700)
+        try:
+            own_dir(private_dir, "the launchers' directory")
+            own_dir(self.exits_dir)
+        except OSError as exc:
+            raise ConfigError(str(exc)) from exc
         self._own_root = work_root is None
         self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
         self.work_root.mkdir(parents=True, exist_ok=True)
@@ -500,19 +503,31 @@ class Isolation:
     def remove_leftover_dir(self, work_dir: Path, attempt_id: str) -> None:
         """A previous agent's attempt directory (from its runs file): removed, and the work
         root it was made in too once empty, unless it is this agent's. Only a directory
-        named for the attempt is touched."""
+        named for the attempt is touched, in this agent's work root or one of the host's
+        earlier temporary ones."""
         if work_dir.name != attempt_id or not work_dir.is_absolute():
             return
-        remove_tree(work_dir)
         root = work_dir.parent
+        if root != self.work_root and not (root.name.startswith(f"muster-work-{self.host_id}-")
+                                           and root.parent == Path(tempfile.gettempdir())):
+            log.warning("a run record names %s for attempt %s, not in a directory for attempts: left alone",
+                        work_dir, attempt_id)
+            return
+        remove_tree(work_dir)
         if root != self.work_root and root.name.startswith(f"muster-work-{self.host_id}-"):
             with contextlib.suppress(OSError):
                 root.rmdir()  # (only if empty: another agent's attempts may still be there)
 
     def kill_leftover(self, paths: list[str]) -> None:
-        """A previous agent's attempt cgroup (from its runs file): kill and remove it."""
-        cgroups.kill_paths(paths)
-        cgroups.remove_paths(paths)
+        """A previous agent's attempt cgroup (from its runs file): kill and remove it (only
+        cgroups under this agent's bases)."""
+        bases = list(self.hierarchy.bases.values()) if self.hierarchy is not None else []
+        ours = [p for p in paths if any(os.path.dirname(os.path.normpath(p)) == b for b in bases)]
+        if len(ours) < len(paths):
+            log.warning("a run record names cgroups outside the agent's: %s left alone",
+                        sorted(set(paths) - set(ours)))
+        cgroups.kill_paths(ours)
+        cgroups.remove_paths(ours)
 
     def remove_empty_leftovers(self) -> None:
         """Remove the empty attempt cgroups a killed agent left behind. Called once this

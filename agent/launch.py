@@ -216,7 +216,13 @@ def main(argv: list[str]) -> None:
     status_fd = int(argv[1])
     os.set_inheritable(status_fd, False)  # closed by the exec: nothing read means it worked
     try:
-        with open(argv[0]) as f:
+        # The agent's own file only (not a link, nor one another user put in its place):
+        # what it says runs as root until the switch of user.
+        fd = os.open(argv[0], os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise OSError(f"{argv[0]} is not the agent's (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
             spec = json.load(f)
         os.unlink(argv[0])
     except (OSError, ValueError) as exc:

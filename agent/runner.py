@@ -33,6 +33,7 @@ from agent.isolation import (
 )
 from agent.watchdog import LEFTOVERS_ONLY, exited, start_time
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
+from wire.owndir import own_dir
 
 # The launcher's failures that are the host's begin with this (agent/launch.py).
 HOST_FAILURE = "host: "
@@ -238,7 +239,7 @@ class Run:
     def _prepare(self, isolation: Isolation) -> Launch:
         if self.run_file is None:
             return isolation.prepare(self.task, self.env(), self.shared_user)
-        self.run_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        own_dir(self.run_file.parent)
         return isolation.prepare(self.task, self.env(), self.shared_user, run_file=self.run_file)
 
     async def _spawn(self) -> str:

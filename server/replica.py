@@ -53,6 +53,7 @@ from wire.messages import (
     Job,
     JobState,
 )
+from wire.owndir import own_dir
 from wire.records import Record
 from wire.stopping import pause
 
@@ -68,18 +69,15 @@ READY_PROBE_TIMEOUT_S = 2.0  # the most that look waits for an answer
 
 
 def private_dir(path: Path) -> None:
-    """Make the server's data directory its own: one made before the server (by hand, or a
-    package's) kept its mode, and the SQLite history in it, every job's `env` included, was
-    open to every user of the host, its tasks too (found by exploring)."""
+    """Make the server's data directory (the admin token, the SQLite history with every
+    job's `env`), or take it, only as this user's alone (wire.owndir): one made before the
+    server by hand or a package, kept open, put the history before every user of the host
+    (found by exploring); one another user made first took the admin token into that
+    user's file through a link (found by exploring). ConfigError otherwise."""
     try:
-        st = path.stat()
-        if st.st_mode & 0o077:
-            os.chmod(path, 0o700)
-            log.warning("data directory %s was open to other users (mode %o): made private (0700)", path,
-                        st.st_mode & 0o777)
+        own_dir(path, "data directory")
     except OSError as exc:
-        log.error("data directory %s cannot be made private (%s): the history and the token file in it may be "
-                  "read by other users of this host", path, exc)
+        raise ConfigError(str(exc)) from exc
 
 
 @dataclass
@@ -229,8 +227,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
     async def start(self) -> None:
         cfg = self.config
         metrics.watch_gc()
-        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the token file, SQLite history
-        private_dir(cfg.data_dir)
+        private_dir(cfg.data_dir)  # the token file, SQLite history
         self.history = History(cfg.database_url, retention_days=cfg.history_retention_days)
         self.jobs.history = self.history
         self.nc = await connect(cfg.nats_url, name=f"muster-server-{cfg.name}", creds=cfg.nats_creds,

@@ -91,7 +91,7 @@ async def bootstrap_token(store: Store, state: ClusterState, data_dir: Path) -> 
     state.tokens[token_hash(token)] = info
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token

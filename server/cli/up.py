@@ -17,6 +17,7 @@ from typing import Any
 
 from server.cli.tokens import NATS_URL_FILE
 from wire.errors import ConfigError
+from wire.owndir import own_dir
 
 MUSTER = [sys.executable, "-m", "server.cli"]
 # How long Ctrl-C waits for the agents: an agent's default kill grace (10 s), then up to
@@ -61,11 +62,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from server.broker.natsd import wait_for_port
 
     data = Path(args.data_dir).resolve()
-    data.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Everything under it (NATS seeds, the operator token, the job history and NATS's own
     # store, which hold jobs' env, the agents' state) is for this user only: tasks run as
-    # another user when this runs as root (docs/security.md).
-    os.chmod(data, 0o700)
+    # another user when this runs as root (docs/security.md); nor may another user have
+    # made it first (wire.owndir).
+    try:
+        own_dir(data, "data directory")
+    except OSError as exc:
+        print(f"muster up: {exc}", file=sys.stderr)
+        return 2
     try:
         agent_gpus = plan_agents(args.agents, args.simulate_gpus, nvidia=args.simulate_gpus is None and has_nvidia())
     except ValueError as e:

@@ -664,3 +664,67 @@ def test_whether_a_cgroup_reached_its_own_memory_limit(tmp_path: Path) -> None:
     assert v2(2, None, str(500 * MB)) and v2(0, 500 * MB, str(500 * MB))
     assert not v2(0, 150 * MB, str(500 * MB))
     assert v2(0, None, str(500 * MB))  # no peak to tell by: its own, as before
+
+
+def test_the_launcher_runs_only_a_spec_that_is_the_agents_own(tmp_path: Path) -> None:
+    """Its spec runs as root until the switch of user: a link, or a file others may write
+    to, is refused as the host's failure, and nothing of it runs (found by exploring: a
+    job that had made the launchers' directory put its own spec in place of another job's,
+    and its command ran as root)."""
+    import json
+    import subprocess
+    import sys
+
+    from agent.isolation import LAUNCHER
+    from agent.runner import HOST_FAILURE
+
+    mark = tmp_path / "ran"
+    spec = {"cgroup_procs": [], "command": ["touch", str(mark)], "env": {"PATH": "/usr/bin:/bin"}}
+
+    def launch(path: Path) -> str:
+        r, w = os.pipe()
+        subprocess.run([sys.executable, "-I", "-S", LAUNCHER, str(path), str(w)], pass_fds=(w,), check=False)
+        os.close(w)
+        try:
+            return os.read(r, 4096).decode()
+        finally:
+            os.close(r)
+
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps(spec))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert launch(link).startswith(HOST_FAILURE + "cannot read the launch spec")
+    os.chmod(real, 0o666)
+    assert launch(real).startswith(HOST_FAILURE + "cannot read the launch spec")
+    assert not mark.exists()
+    os.chmod(real, 0o600)
+    assert launch(real) == "" and mark.exists()  # the agent's own: it runs
+
+
+def test_a_run_record_touches_only_the_agents_attempt_directories_and_cgroups(tmp_path: Path) -> None:
+    """What a restarted agent removes and kills by its run records: attempt directories in
+    its work root or the host's earlier temporary ones, cgroups under its bases; a record
+    naming anything else leaves it alone."""
+    import tempfile
+
+    from agent.isolation import Isolation
+
+    iso = Isolation("rr", cgroup_mode="off", private_dir=tmp_path / "private", work_root=tmp_path / "work")
+    victim = tmp_path / "elsewhere" / "j.1"
+    victim.mkdir(parents=True)
+    iso.remove_leftover_dir(victim, "j.1")
+    assert victim.is_dir()
+    mine = iso.work_root / "j.1"
+    mine.mkdir()
+    iso.remove_leftover_dir(mine, "j.1")
+    assert not mine.exists()
+    earlier = Path(tempfile.mkdtemp(prefix="muster-work-rr-"))
+    (earlier / "j.2").mkdir()
+    iso.remove_leftover_dir(earlier / "j.2", "j.2")
+    assert not earlier.exists()  # removed, and the earlier root with it once empty
+    # No cgroup hierarchy here: no cgroup named by a record is the agent's.
+    elsewhere = tmp_path / "cg"
+    elsewhere.mkdir()
+    iso.kill_leftover([str(elsewhere)])
+    assert elsewhere.is_dir()

@@ -1,0 +1,66 @@
+"""A directory that is this process's user's alone: the agent's state directory (the
+launch specs its root launcher runs, the run records its restarts kill and remove by) and
+the server's data directory (the admin token, the SQLite history with every job's env).
+
+Found by exploring: a job that made an agent's state directory in /tmp before the agent
+ran its own command as root through a launch spec it put there, and had a root-owned
+directory removed through a run record; a server's data directory made first by another
+user took the admin token into that user's file through a link. Such a directory is made,
+or taken only when it is this user's and no one else can change it or what leads to it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+def _safe(st: os.stat_result, me: int) -> bool:
+    """A directory or link on the way that no other user can change: owned by root or this
+    user, and not writable by others unless sticky (as /tmp: others cannot move what is
+    this user's in it)."""
+    if st.st_uid not in (0, me):
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        return True
+    return not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX)
+
+
+def _check_chain(path: Path, me: int) -> None:
+    for above in reversed(path.parents):
+        st = os.lstat(above)
+        if not _safe(st, me):
+            raise PermissionError(errno.EPERM, f"{above}, on the way to {path}, may be changed by another user "
+                                               f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def own_dir(path: Path, what: str = "directory") -> Path:
+    """Make `path` (the directories above it too) or take it as it is, once it is sure to
+    be this process's user's alone: a directory (or a link to one, of root or this user)
+    owned by this user, no other user able to write to it, to the directories above it or
+    to those its links lead through. One others may read is made private (0700). Raises
+    PermissionError (an OSError) naming what is wrong, before anything is read from or
+    written into it."""
+    path = Path(os.path.abspath(path))
+    me = os.geteuid()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_chain(path, me)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in (0, me):
+            raise PermissionError(errno.EPERM, f"{what} {path} is a link of another user (uid {st.st_uid})")
+        real = Path(os.path.realpath(path))
+        _check_chain(real, me)
+        st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+        raise PermissionError(errno.EPERM, f"{what} {path} is not this user's directory (owner uid {st.st_uid}, "
+                                           f"this user {me}): someone else made it; remove it, or choose another")
+    if st.st_mode & 0o022:
+        raise PermissionError(errno.EPERM, f"{what} {path} may be written by other users (mode "
+                                           f"{stat.S_IMODE(st.st_mode):o}): what is in it cannot be trusted; check "
+                                           "what it holds, make it 0700, and start again")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
