@@ -3,8 +3,10 @@ of Muster): run the host agent until SIGINT/SIGTERM.
 
 Each option falls back to an environment variable: MUSTER_NATS_URL, MUSTER_HOST_ID,
 MUSTER_LABELS, MUSTER_SIMULATE_GPUS, MUSTER_AGENT_STATE_DIR, MUSTER_NATS_CREDS,
-MUSTER_NATS_CA, MUSTER_NATS_CERT, MUSTER_NATS_KEY, MUSTER_RUN_AS, MUSTER_CGROUPS,
-MUSTER_AGENT_WORK_DIR; logging follows MUSTER_LOG_FORMAT
+MUSTER_NATS_CA, MUSTER_NATS_CERT, MUSTER_NATS_KEY, MUSTER_RUN_AS, MUSTER_JOB_UIDS,
+MUSTER_CGROUPS, MUSTER_CGROUP_NAME, MUSTER_AGENT_WORK_DIR, MUSTER_GPU_IDLE_AFTER,
+MUSTER_MIN_FREE_DISK_MB (and MUSTER_FAULT_FILE, read by the simulated and NVML GPU
+backends); logging follows MUSTER_LOG_FORMAT
 (text or json) and MUSTER_LOG_LEVEL. Exit codes: 0 stopped, 1 error (bad options,
 labels or settings), 130 interrupted before the agent ran.
 
