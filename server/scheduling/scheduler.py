@@ -356,6 +356,8 @@ class Scheduler:
                         pass
                 self.wake.clear()
                 go_again = False
+                if not (self.leadership.leading and self.leadership.term == term):
+                    break  # a leader woken after its lease ended sends nothing, no resend either
                 try:
                     await self._redeliver()
                     await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))

@@ -611,3 +611,49 @@ def test_a_queues_runnable_answer_is_kept_from_when_it_was_found() -> None:
         return sched._runnable("q", 1000.0 + 100.0 + RUNNABLE_KEPT_S - 1)
 
     assert asyncio.run(main()) is True
+
+
+def test_a_leader_woken_after_its_lease_ended_sends_no_assignment_again() -> None:
+    """The loop waits for work; its lease ends meanwhile (a leader frozen past its TTL, as
+    `leading` says by the clock): woken, it sends nothing, not even a resend of the
+    assignment records from its stale view (found by exploring: the resend came before the
+    look at the lease)."""
+    import time
+
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.unit.test_planner import World
+
+    class Store:
+        nc = Nc()
+        js = None
+
+    async def main() -> list[bool]:
+        w = World(interval_s=3600.0)
+        w.host("h1", gpus=2, now=time.time())
+        lease = Lease()
+        sched = Scheduler(Store(), w.state, lease, SchedulerConfig(tick_s=30.0))  # type: ignore[arg-type]
+        resent: list[bool] = []
+
+        async def redeliver() -> None:
+            resent.append(lease.leading)
+
+        sched._redeliver = redeliver  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        task = asyncio.create_task(sched.run(stop))
+        sched.wake.set()
+        for _ in range(500):
+            if resent:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # back to waiting for work
+        lease.leading = False  # the lease ran out while it waited
+        sched.wake.set()
+        await asyncio.sleep(0.3)
+        stop.set()
+        lease.changed.set()
+        await asyncio.wait_for(task, timeout=30)
+        return resent
+
+    with feeds_stood_in():
+        resent = asyncio.run(main())
+    assert resent and all(resent), resent
