@@ -308,8 +308,10 @@ class Isolation:
             raise ConfigError(str(exc)) from exc
         self._own_root = work_root is None
         self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
-        self.work_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.work_root, 0o711)  # the task user may enter its own directory, not list
+        try:  # the task user may enter its own directory, not list; one another user made is refused
+            own_dir(self.work_root, "the directory for attempts", mode=0o711)
+        except OSError as exc:
+            raise ConfigError(str(exc)) from exc
         self.warnings: list[str] = []
         if user_warning:
             self.warnings.append(user_warning)

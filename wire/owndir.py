@@ -36,13 +36,13 @@ def _check_chain(path: Path, me: int) -> None:
                                                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
 
 
-def own_dir(path: Path, what: str = "directory") -> Path:
+def own_dir(path: Path, what: str = "directory", mode: int = 0o700) -> Path:
     """Make `path` (the directories above it too) or take it as it is, once it is sure to
     be this process's user's alone: a directory (or a link to one, of root or this user)
     owned by this user, no other user able to write to it, to the directories above it or
-    to those its links lead through. One others may read is made private (0700). Raises
-    PermissionError (an OSError) naming what is wrong, before anything is read from or
-    written into it."""
+    to those its links lead through. It is then given `mode` (private by default; the
+    work root lets tasks enter their own directories, 0711). Raises PermissionError (an
+    OSError) naming what is wrong, before anything is read from or written into it."""
     path = Path(os.path.abspath(path))
     me = os.geteuid()
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -61,6 +61,6 @@ def own_dir(path: Path, what: str = "directory") -> Path:
         raise PermissionError(errno.EPERM, f"{what} {path} may be written by other users (mode "
                                            f"{stat.S_IMODE(st.st_mode):o}): what is in it cannot be trusted; check "
                                            "what it holds, make it 0700, and start again")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
     return path

@@ -456,6 +456,14 @@ def test_a_work_root_made_by_someone_else_is_never_taken_over(tmp_path: Path) ->
     os.chown(root, other, other, follow_symlinks=False)
     with pytest.raises(OSError, match="is not the agent's"):
         named.prepare(t, {})
+    # At the agent's start, a named root another user made (or may write to) is refused
+    # (found by exploring: it was taken, made 0711, and then every try failed).
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other, other)
+    with pytest.raises(ConfigError, match="not this user's directory"):
+        Isolation("wr", cgroup_mode="off", private_dir=tmp_path / "private", work_root=theirs)
+    assert theirs.stat().st_mode & 0o777 != 0o711  # nothing changed of it
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives the attempt's directory to the job's uid")
