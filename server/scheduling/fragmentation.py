@@ -134,10 +134,15 @@ def frag_in(st: State, s: Shape) -> int:
     if s.gpus > 0:
         # A task's whole GPUs are of one model (placement.check): those of the models it
         # accepts with enough free GPUs.
+        full = [m for m, f, _fm in gpus if f == FULL and (models is None or m in models)]
+        if len(full) < s.gpus:
+            return total
+        first = full[0]
+        if all(m == first for m in full):  # (one model: most hosts)
+            return sum(f for m, f, _fm in gpus if f < FULL or m != first)
         free: dict[str, int] = {}
-        for m, f, _fm in gpus:
-            if f == FULL and (models is None or m in models):
-                free[m] = free.get(m, 0) + 1
+        for m in full:
+            free[m] = free.get(m, 0) + 1
         fit = {m for m, n in free.items() if n >= s.gpus}
         if not fit:
             return total

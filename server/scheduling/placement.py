@@ -89,6 +89,16 @@ class HostCapacity:
     # copy out to be changed): what a cycle has memoised about it holds while it is
     # unchanged (the Placer's scores).
     version: int = 0
+    # Whether its GPUs are of more than one model (from `gpu_models`, which never changes:
+    # worked out once, on first use).
+    _mixed: bool | None = field(default=None, init=False, repr=False, compare=False)
+
+    def mixed_models(self) -> bool:
+        if self._mixed is None:
+            models = iter(self.gpu_models.values())
+            first = next(models, None)
+            self._mixed = any(m != first for m in models)
+        return self._mixed
 
     def _usable(self, i: int, models: frozenset[str] | str | None) -> bool:
         if i in self.unhealthy_gpus or i in self.mig_gpus:
@@ -113,18 +123,23 @@ class HostCapacity:
 
     def free_gpus(self, models: frozenset[str] | str | None) -> list[int]:
         """GPUs free to be held whole: healthy, not in MIG mode, not held, not shared."""
-        busy = self.mig_held_gpus()
-        return sorted(i for i in self.gpu_models
-                      if i not in self.used_gpus and not self.share_used.get(i) and i not in busy
-                      and self._usable(i, models))
+        free = sorted(i for i in self.gpu_models
+                      if i not in self.used_gpus and not self.share_used.get(i) and self._usable(i, models))
+        if self.used_mig:
+            busy = self.mig_held_gpus()
+            free = [i for i in free if i not in busy]
+        return free
 
     def share_options(self, share: int, memory_mb: int, models: frozenset[str] | str | None) -> list[int]:
         """GPUs a share of `share` thousandths with `memory_mb` of GPU memory fits on."""
-        busy = self.mig_held_gpus()
-        return [i for i in sorted(self.gpu_models)
-                if i not in self.used_gpus and i not in busy and self._usable(i, models)
+        fits = [i for i in sorted(self.gpu_models)
+                if i not in self.used_gpus and self._usable(i, models)
                 and self.share_used.get(i, 0) + share <= FULL
                 and self.share_memory_used.get(i, 0) + memory_mb <= self.gpu_memory.get(i, 0)]
+        if self.used_mig:
+            busy = self.mig_held_gpus()
+            fits = [i for i in fits if i not in busy]
+        return fits
 
     def free_share(self, i: int) -> int:
         """Thousandths of GPU `i` still free (0 when it is held whole or through a MIG
@@ -215,7 +230,8 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
     (reason, [], ()). `models` narrows the job's accepted GPU models (a gang whose tasks
     must share one model); by default the job's own. Whole GPUs: of one model (a task
     never spans models: its quota and its accounting count one), the lowest free indices
-    of the accepted model with the fewest free that are enough (best fit); a share: the
+    when they are of one model, else those of the accepted model with the fewest free
+    that are enough (best fit); a share: the
     fitting GPU with the least free share left (best fit); MIG: the first free instance
     of the profile."""
     if not host.schedulable:
@@ -237,13 +253,14 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
         # GPUs in MIG mode are scheduled only through their instances.
         matching = [i for i, m in host.gpu_models.items()
                     if (accept is None or m in accept) and i not in host.mig_gpus]
-        if len(matching) < max(1, spec.gpus) or (spec.gpus > 1 and _most_of_one_model(host, matching) < spec.gpus):
+        mixed = spec.gpus > 1 and host.mixed_models()
+        if len(matching) < max(1, spec.gpus) or (mixed and _most_of_one_model(host, matching) < spec.gpus):
             return TOO_FEW_GPUS, [], ()
         if spec.gpus > 0:
             free = host.free_gpus(accept)
             if len(free) < spec.gpus:
                 return NO_FREE_GPUS, [], ()
-            gpus = _of_one_model(host, free, spec.gpus)
+            gpus = _of_one_model(host, free, spec.gpus) if mixed else free[: spec.gpus]
             if not gpus:
                 return NO_FREE_GPUS, [], ()
         else:
@@ -280,11 +297,7 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
 
 def _most_of_one_model(host: HostCapacity, gpus: list[int]) -> int:
     """The most of `gpus` that are of one model."""
-    models = host.gpu_models
-    first = models[gpus[0]]
-    if all(models[i] == first for i in gpus):
-        return len(gpus)
-    return max(Counter(models[i] for i in gpus).values())
+    return max(Counter(host.gpu_models[i] for i in gpus).values())
 
 
 def _of_one_model(host: HostCapacity, free: list[int], n: int) -> list[int]:

@@ -50,6 +50,32 @@ def test_a_directory_others_may_write_to_or_lead_through_is_refused(tmp_path: Pa
         own_dir(tmp_path / "file")
 
 
+def test_a_umask_of_002_and_the_users_own_group_are_the_user(tmp_path: Path) -> None:
+    """Found by a review: under a umask of 002 (ordinary users' default on many systems)
+    the directories own_dir made above its own came out group-writable and were then
+    refused, as was a checkout's `.muster`. Those it makes are 0755 whatever the umask, and
+    a group that is the user's own private group counts as the user."""
+    import grp
+    import pwd
+
+    old = os.umask(0o002)
+    try:
+        made = own_dir(tmp_path / "x" / "y" / "state")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x").stat().st_mode & 0o777 == 0o755 and made.stat().st_mode & 0o777 == 0o700
+    me = pwd.getpwuid(os.geteuid())
+    group = grp.getgrgid(me.pw_gid)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    os.chmod(checkout, 0o775)
+    if group.gr_name == me.pw_name and not group.gr_mem:  # a user private group
+        assert own_dir(checkout / ".muster").is_dir()
+    else:
+        with pytest.raises(PermissionError, match="may be changed by another user"):
+            own_dir(checkout / ".muster")
+
+
 def test_this_users_link_to_its_own_directory_is_taken(tmp_path: Path) -> None:
     real = own_dir(tmp_path / "real")
     (tmp_path / "link").symlink_to(real)
@@ -73,6 +99,18 @@ def test_another_users_directory_or_link_is_refused(tmp_path: Path) -> None:
     # A directory of theirs on the way.
     with pytest.raises(PermissionError, match="may be changed by another user"):
         own_dir(theirs / "deeper")
+    # ... also when reached through a link of root's part-way (found by a review: only a
+    # link at the end was followed and checked).
+    (tmp_path / "through").symlink_to(theirs)
+    with pytest.raises(PermissionError, match="may be changed by another user"):
+        own_dir(tmp_path / "through" / "state")
+    # A group-writable directory of a group that is not this user's own.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, OTHER)
+    os.chmod(shared, 0o775)
+    with pytest.raises(PermissionError, match="may be changed by another user"):
+        own_dir(shared / "state")
 
 
 @ROOT_ONLY
