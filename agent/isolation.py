@@ -522,9 +522,16 @@ class Isolation:
 
     def kill_leftover(self, paths: list[str]) -> None:
         """A previous agent's attempt cgroup (from its runs file): kill and remove it (only
-        cgroups under this agent's bases)."""
-        bases = list(self.hierarchy.bases.values()) if self.hierarchy is not None else []
-        ours = [p for p in paths if any(os.path.dirname(os.path.normpath(p)) == b for b in bases)]
+        an attempt cgroup of a base named as this agent's, in a cgroup hierarchy: a previous
+        agent started from another login session had its bases elsewhere)."""
+        names = {os.path.basename(b) for b in self.hierarchy.bases.values()} if self.hierarchy is not None else set()
+        points = [m.point.rstrip("/") + "/" for m in cgroups.mounts() if m.fstype in ("cgroup", "cgroup2")]
+
+        def attempt_cgroup(p: str) -> bool:
+            p = os.path.normpath(p)
+            return os.path.basename(os.path.dirname(p)) in names and any(p.startswith(m) for m in points)
+
+        ours = [p for p in paths if attempt_cgroup(p)]
         if len(ours) < len(paths):
             log.warning("a run record names cgroups outside the agent's: %s left alone",
                         sorted(set(paths) - set(ours)))

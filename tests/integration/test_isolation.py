@@ -298,3 +298,42 @@ def test_an_agent_removes_empty_attempt_cgroups_left_behind_only_once_it_runs(tm
     finally:
         cgroups.remove_paths([p for g in h.leftovers() for p in g.paths])
         cgroups.remove_paths(h.bases.values())
+
+
+@ROOT_ONLY
+@needs("v1", "pids")
+def test_a_restarted_agent_kills_by_its_run_records_only_attempt_cgroups_of_its_own_bases(tmp_path: Path) -> None:
+    """A run record's cgroups are killed and removed when they are an attempt cgroup of a
+    base named as the agent's (also one made from another login session, its base
+    elsewhere in the hierarchy), and left alone otherwise (found by exploring: a record a
+    job had planted named any cgroup, and a restarted agent killed what was in it)."""
+    import subprocess
+
+    from agent.isolation import Isolation
+
+    name = f"muster-test-rec-{os.getpid()}"
+    h, why = cgroups.detect("v1", name)
+    assert h is not None, why
+    pids_base = h.bases["pids"]
+    elsewhere = os.path.join(os.path.dirname(pids_base), f"muster-test-session-{os.getpid()}")
+    earlier = os.path.join(elsewhere, name, "j1.1")  # an earlier agent's base, from another session
+    foreign = os.path.join(elsewhere, "system-service")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for d in (earlier, foreign):
+            os.makedirs(d)
+            p = subprocess.Popen(["sleep", "600"])
+            procs.append(p)
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(p.pid))
+        iso = Isolation("rec", cgroup_mode="v1", private_dir=tmp_path / "private", cgroup_name=name)
+        iso.kill_leftover([earlier, foreign])
+        assert procs[0].wait(timeout=30) == -9 and not os.path.isdir(earlier)
+        assert procs[1].poll() is None and os.path.isdir(foreign)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        cgroups.remove_paths([foreign, earlier, os.path.join(elsewhere, name), elsewhere])
+        cgroups.remove_paths([p for g in h.leftovers() for p in g.paths])
+        cgroups.remove_paths(h.bases.values())
