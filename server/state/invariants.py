@@ -129,9 +129,17 @@ def check(
         if current_term is not None and any(t > current_term for t in terms):
             problems.append(f"job {job.id}: attempt term above the current term {current_term}")
         if job.state is JobState.SUCCEEDED:
-            ok = [a for a in job.attempts if a.state is AttemptState.SUCCEEDED]
-            if len(ok) != job.spec.replicas or any(a.number != job.tries for a in ok):
-                problems.append(f"job {job.id}: SUCCEEDED with {len(ok)} successful attempts")
+            # Exactly one successful try, its last: every task of it succeeded, and no earlier
+            # try's every task (a gang's task that succeeded in a try retried whole, another
+            # of its tasks lost, is not a successful try: found by exploring).
+            ok: defaultdict[int, int] = defaultdict(int)
+            for a in job.attempts:
+                if a.state is AttemptState.SUCCEEDED:
+                    ok[a.number] += 1
+            whole = sorted(n for n, k in ok.items() if k >= job.spec.replicas)
+            if whole != [job.tries] or ok[job.tries] != job.spec.replicas:
+                problems.append(f"job {job.id}: SUCCEEDED with successful tries {whole} (its last: {job.tries}), "
+                                f"{ok[job.tries]} of {job.spec.replicas} tasks of the last succeeded")
         for a in job.attempts:
             end = a.finished_at if a.state.terminal and a.finished_at is not None else float("inf")
             hold = Hold(tuple(a.gpu_indices), a.gpu_share, job.spec.gpu_memory_mb if a.gpu_share else 0,

@@ -243,3 +243,55 @@ def test_big_gang_is_not_starved_by_a_stream_of_small_jobs() -> None:
     w = World()
     assert _stream(w, steps=40, reserve=True) is True
     assert {a.host_id for a in w.job("gang").attempts} == {"a", "b"}
+
+
+def test_a_gang_retried_whole_after_one_task_succeeded_passes_muster_check() -> None:
+    """Found by exploring: a gang's task 1 succeeded, task 0's host was lost, the gang ran
+    again whole and succeeded; `muster check` said "SUCCEEDED with 3 successful attempts".
+    A successful try is one whose every task succeeded: exactly one, the last."""
+    from server.state.invariants import Capacity, check
+    from wire.messages import GpuInfo, Heartbeat, JobSpec
+
+    now = 1_000_000.0
+    st = ClusterState(heartbeat_interval_s=1e9)
+    rev = itertools.count(1)
+    for h in ("a", "b", "c"):
+        hb = Heartbeat(host_id=h, boot_id="b", ts=now, cpus=8, memory_mb=64000,
+                       gpus=[GpuInfo(index=0, model="H100", memory_mb=80000)])
+        st.apply_heartbeat(h, next(rev), encode(hb), None, now)
+    job = Job(id="gang0001", spec=JobSpec(name="g", command=["x"], gpus=1, replicas=2), submitted_at=now,
+              updated_at=now)
+    st.apply_state_record(Record("job.gang0001", next(rev), encode(job)))
+    budget = EvictionBudget()
+
+    def cycle(at: float, reports: list[StatusReport] | None = None) -> None:
+        plan = plan_cycle(st, reports=reports or [], commands=[], now=at, term=1, budget=budget)
+        for j in plan.jobs.values():
+            st.apply_job(j, next(rev))
+        for al in plan.allocs.values():
+            st.apply_alloc(al, next(rev))
+
+    def report(t: object, state: AttemptState, at: float) -> StatusReport:
+        return StatusReport(host_id=t.host_id, attempt_id=t.id, job_id="gang0001", state=state, ts=at,  # type: ignore[attr-defined]
+                            exit_code=0 if state is AttemptState.SUCCEEDED else None)
+
+    cycle(now)
+    tasks = st.jobs["gang0001"].current_tasks()
+    cycle(now + 1, [report(t, AttemptState.RUNNING, now + 1) for t in tasks])
+    cycle(now + 2, [report(tasks[1], AttemptState.SUCCEEDED, now + 2)])
+    st.apply_heartbeat(tasks[0].host_id, next(rev), None, None, now + 3)  # task 0's host lost
+    cycle(now + 4)
+    assert st.jobs["gang0001"].tries == 2
+    again = st.jobs["gang0001"].current_tasks()
+    cycle(now + 5, [report(t, AttemptState.RUNNING, now + 5) for t in again])
+    cycle(now + 6, [report(t, AttemptState.SUCCEEDED, now + 6) for t in again])
+    done = st.jobs["gang0001"]
+    assert done.state is JobState.SUCCEEDED
+    caps = {h: Capacity(1, 8, 64000) for h in "abc"}
+    assert check(st.jobs.values(), caps, st.allocs.values(), 1) == []
+    # Two whole successful tries, or a last one short of a task, are still violations.
+    twice = done.model_copy(update={"attempts": [a.model_copy(update={"state": AttemptState.SUCCEEDED})
+                                                 for a in done.attempts]})
+    assert any("successful tries [1, 2]" in p for p in check([twice], caps))
+    short = done.model_copy(update={"attempts": done.attempts[:-1]})
+    assert any("1 of 2 tasks of the last succeeded" in p for p in check([short], caps))
