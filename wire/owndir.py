@@ -19,6 +19,16 @@ import stat
 from pathlib import Path
 
 
+class NotOwnDir(PermissionError):
+    """What is wrong with a directory own_dir refused, said in words (no errno prefix)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EPERM, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def _private_group(gid: int, uid: int) -> bool:
     """Whether group `gid` is user `uid`'s own (the user private group a umask of 002
     writes for: its primary group, of its name, no other member)."""
@@ -50,7 +60,7 @@ def _check_chain(path: Path, me: int) -> None:
     for above in reversed(path.parents):
         st = os.lstat(above)
         if not _safe(st, me):
-            raise PermissionError(errno.EPERM, f"{above}, on the way to {path}, may be changed by another user "
+            raise NotOwnDir(f"{above}, on the way to {path}, may be changed by another user "
                                                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
 
 
@@ -79,26 +89,26 @@ def own_dir(path: Path, what: str = "directory", mode: int = 0o700) -> Path:
     owned by this user, no other user able to write to it, to the directories above it or
     to those its links lead through (a group that is the user's own private group, as a
     umask of 002 leaves, is the user). It is then given `mode` (private by default; the
-    work root lets tasks enter their own directories, 0711). Raises PermissionError (an
-    OSError) naming what is wrong, before anything is read from or written into it."""
+    work root lets tasks enter their own directories, 0711). Raises NotOwnDir (a
+    PermissionError) naming what is wrong, before anything is read from or written into it."""
     path = Path(os.path.abspath(path))
     me = os.geteuid()
     _make(path)
     _check_chain(path, me)  # as named: no link or directory on the way another user can change
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
-        raise PermissionError(errno.EPERM, f"{what} {path} is a link of another user (uid {st.st_uid})")
+        raise NotOwnDir(f"{what} {path} is a link of another user (uid {st.st_uid})")
     real = Path(os.path.realpath(path))
     if real != path:
         _check_chain(real, me)  # and where its links lead
     st = os.stat(real)
     if not stat.S_ISDIR(st.st_mode):
-        raise FileExistsError(errno.EEXIST, f"{what} {path} is not a directory")
+        raise NotOwnDir(f"{what} {path} is not a directory")
     if st.st_uid != me:
-        raise PermissionError(errno.EPERM, f"{what} {path} is not this user's directory (owner uid {st.st_uid}, "
+        raise NotOwnDir(f"{what} {path} is not this user's directory (owner uid {st.st_uid}, "
                                            f"this user {me}): someone else made it; remove it, or choose another")
     if _others_write(st):
-        raise PermissionError(errno.EPERM, f"{what} {path} may be written by other users (mode "
+        raise NotOwnDir(f"{what} {path} may be written by other users (mode "
                                            f"{stat.S_IMODE(st.st_mode):o}): what is in it cannot be trusted; check "
                                            "what it holds, make it 0700, and start again")
     if stat.S_IMODE(st.st_mode) != mode:

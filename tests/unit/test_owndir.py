@@ -46,7 +46,7 @@ def test_a_directory_others_may_write_to_or_lead_through_is_refused(tmp_path: Pa
     assert own_dir(sticky / "state").is_dir()
     # Not a directory.
     (tmp_path / "file").write_text("")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(PermissionError, match="not a directory"):
         own_dir(tmp_path / "file")
 
 
