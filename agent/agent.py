@@ -301,6 +301,10 @@ class Agent:
         # (agent/launch.py), reported as their end when their assignment is seen.
         self._ended_away: dict[str, int] = {}
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
+        # Another agent of this host that stopped, not the last one on this state directory
+        # (this one started without its state: a new or wiped directory, or none): what the
+        # first assignment lists it may have started (_another_agent, _apply).
+        self._stateless_after = ""
         self._assign_sub: Subscription | None = None  # the subscription to this host's assignments
         self._newest_queued: tuple[HostAlloc, int] | None = None  # of those passed over (_on_assign)
         self.coalesced = 0  # assignments passed over for a newer one already queued
@@ -883,9 +887,21 @@ class Agent:
             # read when heartbeats resume (or the leader's resend of the same revision)
             # starts what it lists, which would otherwise stay PLACED for good.
             return
+        first = self.applied_seq == 0
         self.applied_seq = max(self.applied_seq, seq)
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
+                continue
+            if first and self._stateless_after and t.attempt_id not in self.seen and not t.stop:
+                # This agent started without its host's previous agent's state: the tries
+                # it was given may have been started by that one (found by exploring: an
+                # agent restarted on a fresh state directory ran the same try again beside
+                # what the old one had left). Never started here; reported LOST, run again.
+                self._mark_seen(t.attempt_id)
+                self._reported_lost.add(t.attempt_id)
+                await self._report(t, AttemptState.LOST, None, "",
+                                   f"agent restarted without its state (the previous agent, instance "
+                                   f"{self._stateless_after}, may have started it)")
                 continue
             if t.attempt_id in self.seen:
                 if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
@@ -1285,7 +1301,10 @@ class Agent:
         rev, hb = await other()
         if hb is None:
             return "", rev
+        if hb.instance:
+            self._stateless_after = hb.instance  # (its own previous one: cleared below)
         if self._previous_instance and hb.instance == self._previous_instance:
+            self._stateless_after = ""
             # This host's last agent on this state directory, whose lock this one now holds:
             # it has stopped. Waiting to see whether it still runs let the key expire after a
             # restart a few seconds late, the host go LOST and what had ended meanwhile run

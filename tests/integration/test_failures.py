@@ -253,6 +253,30 @@ def test_an_agent_restarted_while_a_stop_is_under_way_reports_the_stop_done(clus
     assert_invariants(cluster.nats_url)
 
 
+def test_an_agent_restarted_without_its_state_never_starts_a_try_again(cluster: Cluster, tmp_path: Path) -> None:
+    """Found by exploring: an agent killed with SIGKILL and started again at once on a new
+    (or wiped) state directory found its host's assignment listing the running try, did not
+    know it had been started, and started it a second time beside what the old agent had
+    left. An agent that finds another agent's heartbeat in its host's key that is not the
+    last one of its own state directory reports what its first assignment lists LOST; the
+    job runs again as a new try, and no try runs twice."""
+    a, api, job, gate, log = running_marked_job(cluster, tmp_path, "fr", "fresh", **LONG_TTL)
+    first = f"{job['id']}.1"
+    a.kill9()
+    time.sleep(0.5)
+    cluster.agent("fr", gpus="2xH100", state_dir=str(tmp_path / "fresh-state"), **LONG_TTL)
+    wait_until(lambda: len(api.job(job["id"])["attempts"]) == 2, timeout=60, what="a second try")
+    tries = api.q('query($id: ID!) { job(id: $id) { attempts { id state reason } } }',
+                  {"id": job["id"]})["job"]["attempts"]
+    assert tries[0]["state"] == "LOST" and "without its state" in tries[0]["reason"], tries
+    gate.write_text("go")
+    assert api.wait_job(job["id"], {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+    by_attempt = marks_by_attempt(log)
+    assert by_attempt[first].count("start") == 1, by_attempt
+    assert by_attempt[f"{job['id']}.2"] == ["start", "end"], by_attempt
+    assert_invariants(cluster.nats_url)
+
+
 def test_restarted_agent_kills_leftover_work_and_reports_it_lost(cluster: Cluster, tmp_path: Path) -> None:
     """An agent killed with SIGKILL leaves its task running (a session of its own). When
     it starts again (within the heartbeat TTL, so the host is never LOST), it kills that
