@@ -572,7 +572,7 @@ class ClusterState:
                     self._notify("host_lost", entry)
             return
         if (entry is not None and entry.present and entry.heartbeat is not None and shape
-                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES):
+                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES and entry.leaving_reported is None):
             # Same shape as the last decoded heartbeat: liveness only; decode when read.
             self.health_index.seen(key, entry.seen_at, now)
             entry.revision = revision
@@ -591,10 +591,16 @@ class ClusterState:
             return
         was_present = entry.present if entry else False
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()
-        # A shutdown a report told of holds until a heartbeat sent after it says the agent is
-        # not leaving (the agent was started again).
+        # A shutdown a report told of holds until a heartbeat says the agent is not leaving
+        # and was sent after it, or comes from another agent (instance or boot) or after the
+        # key expired: the agent was started again. (Not by the clock alone: found by
+        # exploring, a report stamped by an agent clock a day fast kept the host from work
+        # across restarts, a reboot and a LOST until its clock passed the stamp.)
         reported = entry.leaving_reported if entry is not None else None
-        if reported is not None and not hb.leaving and hb.ts > reported:
+        last = entry.heartbeat if entry is not None else None
+        if reported is not None and not hb.leaving and (
+                hb.ts > reported or last is None or not entry.present  # type: ignore[union-attr]
+                or hb.instance != last.instance or hb.boot_id != last.boot_id):
             reported = None
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
                                     shape if shape == shape_digest(hb) else None, leaving_reported=reported)

@@ -90,6 +90,23 @@ def test_a_host_whose_agent_reported_its_shutdown_takes_no_work_until_a_later_ag
     s.apply_host_record(heartbeat_record("h1", 3, ts=T0 + 20, seq=1, boot_id="boot-2"), now=T0 + 20)  # a new agent
     assert s.index.caps["h1"].schedulable and s.hosts["h1"].leaving_reported is None
     s.mark_leaving("nobody", T0)  # a host never heard of: nothing to mark
+    # A report stamped by an agent clock far ahead (found by exploring: the host took no work
+    # until its clock passed the stamp, across restarts and a LOST): another agent's
+    # heartbeat (instance or boot), or one after the key expired, ends the mark; a
+    # heartbeat of the same agent, with the same shape as before, does not.
+    for change in ({"instance": "another"}, {"boot_id": "boot-9"}, "expired"):
+        s = ClusterState(heartbeat_interval_s=5.0)
+        s.apply_host_record(heartbeat_record("h1", 1, ts=T0, instance="first"), now=T0)
+        s.mark_leaving("h1", T0 + 86_400)
+        s.apply_host_record(heartbeat_record("h1", 2, ts=T0 + 1, seq=2, instance="first"), now=T0 + 1)
+        assert not s.index.caps["h1"].schedulable
+        if change == "expired":
+            s.apply_host_record(Record("h1", 3, None), now=T0 + 20)  # the key expired
+            s.apply_host_record(heartbeat_record("h1", 4, ts=T0 + 60, instance="first"), now=T0 + 60)
+        else:
+            s.apply_host_record(heartbeat_record("h1", 3, ts=T0 + 60, **{"instance": "first", **change}),
+                                now=T0 + 60)
+        assert s.index.caps["h1"].schedulable and s.hosts["h1"].leaving_reported is None, change
 
 
 def test_unknown_host_is_lost() -> None:
