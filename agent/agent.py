@@ -303,8 +303,9 @@ class Agent:
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
         # Another agent of this host that stopped, not the last one on this state directory
         # (this one started without its state: a new or wiped directory, or none): what the
-        # first assignment lists it may have started (_another_agent, _apply).
+        # first assignment lists it may have started (_another_agent, reconcile).
         self._stateless_after = ""
+        self._applied_once = False  # an assignment (or its absence) applied since the start
         self._assign_sub: Subscription | None = None  # the subscription to this host's assignments
         self._newest_queued: tuple[HostAlloc, int] | None = None  # of those passed over (_on_assign)
         self.coalesced = 0  # assignments passed over for a newer one already queued
@@ -887,7 +888,7 @@ class Agent:
             # read when heartbeats resume (or the leader's resend of the same revision)
             # starts what it lists, which would otherwise stay PLACED for good.
             return
-        first = self.applied_seq == 0
+        first, self._applied_once = not self._applied_once, True
         self.applied_seq = max(self.applied_seq, seq)
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
@@ -1053,6 +1054,7 @@ class Agent:
             exit_code=code, output_tail=tail, ts=time.time(), term=t.term, reason=reason,
             gpu_fault=gpu_fault[:512], shutdown=self.leaving and state is AttemptState.KILLED,
             gpu_util_pct=gpu_util_pct, host_trouble=host_trouble and state is AttemptState.KILLED,
+            instance=self.instance,
         )
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:

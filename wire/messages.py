@@ -751,6 +751,8 @@ class StatusReport(_Model):
     # With an end: its GPUs' mean utilisation over its run, in percent, from the agent's
     # samples at each heartbeat (None: no sample, a MIG instance, or no GPU).
     gpu_util_pct: float | None = Field(default=None, ge=0, le=100)
+    # The agent process that sent it (`Heartbeat.instance`; "" from older agents).
+    instance: str = Field(default="", max_length=32)
 
 
 # ---------------------------------------------------------------- api <-> agent

@@ -231,6 +231,7 @@ class Scheduler:
             return None
         if r.shutdown:
             self.state.mark_leaving(r.host_id, r.ts)
+        self.state.heard_from(r.host_id, r.instance, r.ts)
         return r
 
     def _decode_submission(self, msg: Msg) -> SubmitRequest | None:

@@ -139,6 +139,10 @@ class HostEntry:
     # When (its agent's clock) a status report of its said the agent is shutting down,
     # before a heartbeat saying so was read: nothing is placed here from then.
     leaving_reported: float | None = None
+    # A report came from an agent process its last decoded heartbeat is not from
+    # (`heard_from`): (that process, when by its clock). Nothing is placed here until a
+    # heartbeat of that process, or one sent since, is read.
+    unheard_agent: tuple[str, float] | None = None
 
     def latest(self) -> Heartbeat | None:
         """The newest heartbeat, decoding a raw one on demand."""
@@ -433,7 +437,8 @@ class ClusterState:
         cap = HostCapacity(
             id=host_id,
             # An agent shutting down starts nothing: its heartbeat says so, or a report did first.
-            schedulable=entry.present and not hb.leaving and entry.leaving_reported is None,
+            schedulable=entry.present and not hb.leaving and entry.leaving_reported is None
+            and entry.unheard_agent is None,
             # A drain scheduled ahead is placement's to keep (`maintenance`), by the clock.
             cordoned=bool(cfg and (cfg.cordoned or (cfg.draining and not cfg.drain_at))),
             pressure=bool(hb.pressure),
@@ -572,7 +577,8 @@ class ClusterState:
                     self._notify("host_lost", entry)
             return
         if (entry is not None and entry.present and entry.heartbeat is not None and shape
-                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES and entry.leaving_reported is None):
+                and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES and entry.leaving_reported is None
+                and entry.unheard_agent is None):
             # Same shape as the last decoded heartbeat: liveness only; decode when read.
             self.health_index.seen(key, entry.seen_at, now)
             entry.revision = revision
@@ -602,8 +608,13 @@ class ClusterState:
                 hb.ts > reported or last is None or not entry.present  # type: ignore[union-attr]
                 or hb.instance != last.instance or hb.boot_id != last.boot_id):
             reported = None
+        # A report of an agent not heard from yet holds until a heartbeat sent since is read.
+        unheard = entry.unheard_agent if entry is not None else None
+        if unheard is not None and (hb.instance == unheard[0] or hb.ts >= unheard[1]):
+            unheard = None
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
-                                    shape if shape == shape_digest(hb) else None, leaving_reported=reported)
+                                    shape if shape == shape_digest(hb) else None, leaving_reported=reported,
+                                    unheard_agent=unheard)
         self.unheard.discard(key)
         self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
         if was_present and entry is not None and entry.heartbeat is not None:
@@ -613,7 +624,8 @@ class ClusterState:
         self.absent.discard(key)
         if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
             self._domain_sizes = None
-        cleared = entry is not None and entry.leaving_reported is not None and reported is None
+        cleared = entry is not None and ((entry.leaving_reported is not None and reported is None)
+                                         or (entry.unheard_agent is not None and unheard is None))
         if not was_present or cleared or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
             self._index_host(key)
         if not was_present:
@@ -779,6 +791,23 @@ class ClusterState:
             return
         if entry.leaving_reported is None or ts > entry.leaving_reported:
             entry.leaving_reported = ts
+            self._index_host(host_id)
+
+    def heard_from(self, host_id: str, instance: str, ts: float) -> None:
+        """A status report sent at `ts` (its agent's clock) by agent process `instance`: one
+        the host's last decoded heartbeat is not from, and sent after it, is an agent started
+        again whose heartbeats have not been read yet (they come through the ingest, reports
+        at once). Nothing is placed there until one is: the host may now have other labels,
+        GPUs or MIG instances (found by exploring: a job requiring a label was placed on a
+        host its agent had just restarted without it)."""
+        entry = self.hosts.get(host_id)
+        if not instance or entry is None or not entry.present or entry.heartbeat is None:
+            return
+        last = entry.latest()
+        if last is None or not last.instance or last.instance == instance or ts <= last.ts:
+            return
+        if entry.unheard_agent is None:
+            entry.unheard_agent = (instance, ts)
             self._index_host(host_id)
 
     def idle_gpus(self) -> dict[str, tuple[str, float]]:

@@ -647,3 +647,47 @@ def test_a_follower_reading_now_and_then_takes_no_host_as_expired_before_a_readi
     state.clock.advance(t0 + 55, 0, t0 + 61, live=False)  # the next reading, without h1
     state.refresh_health(t0 + 61)
     assert not state.hosts["h1"].present and state.hosts["h2"].present
+
+
+def test_a_report_from_an_agent_not_heard_from_yet_keeps_its_host_from_work_until_one_of_its_heartbeats() -> None:
+    """Found by exploring: an agent restarted without a label; its report (LOST, read at
+    once) came before its heartbeat (read through the ingest), and the leader placed the
+    job requiring the label straight back on the host as it was. A report from an agent
+    process the last heartbeat is not from, sent after it, keeps the host from placement
+    until that process's heartbeat (or one sent since) is read."""
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(heartbeat_record("h1", 1, ts=T0, instance="old", labels={"zone": "z8"}), now=T0)
+    needs = job_spec("j", host_labels={"zone": "z8"})
+    assert check(needs, s.index.caps["h1"])[0] is None
+    s.heard_from("h1", "new", T0 + 3)
+    assert not s.index.caps["h1"].schedulable and check(needs, s.index.caps["h1"])[0] == NOT_HEALTHY
+    # The new agent's heartbeat (stored before its report): the host as it is now.
+    s.apply_host_record(heartbeat_record("h1", 2, ts=T0 + 2, instance="new", labels={"zone": "z1"}), now=T0 + 4)
+    assert s.index.caps["h1"].schedulable and s.hosts["h1"].unheard_agent is None
+    assert check(needs, s.index.caps["h1"])[0] is not None  # no longer has the label
+    # A report of the agent heard, one sent before the last heartbeat (an earlier agent's
+    # delivered late), or one without an instance (an older agent) marks nothing.
+    for instance, ts in (("new", T0 + 9), ("old", T0 + 1), ("", T0 + 9)):
+        s.heard_from("h1", instance, ts)
+        assert s.index.caps["h1"].schedulable, (instance, ts)
+    # A heartbeat sent after the report ends the mark too (its agent restarted again).
+    s.heard_from("h1", "third", T0 + 10)
+    assert not s.index.caps["h1"].schedulable
+    s.apply_host_record(heartbeat_record("h1", 3, ts=T0 + 11, instance="fourth"), now=T0 + 11)
+    assert s.index.caps["h1"].schedulable
+    # The leader takes note as it reads each report, before the cycle it goes into.
+    from types import SimpleNamespace
+
+    from server.scheduling.scheduler import Scheduler
+    from wire import subjects
+    from wire.messages import AttemptState, StatusReport, encode
+
+    class Lease:
+        leading, term, changed = True, 1, None
+
+    sched = Scheduler(None, s, Lease())  # type: ignore[arg-type]
+    report = StatusReport(host_id="h1", attempt_id="j.1", job_id="j", state=AttemptState.LOST, ts=T0 + 20,
+                          instance="fifth")
+    msg = SimpleNamespace(data=encode(report), subject=subjects.status_subject("h1"))
+    assert sched._decode_report(msg) == report  # type: ignore[arg-type]
+    assert s.hosts["h1"].unheard_agent == ("fifth", T0 + 20) and not s.index.caps["h1"].schedulable
