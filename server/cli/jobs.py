@@ -809,7 +809,7 @@ def cmd_why(args: argparse.Namespace) -> int:
 def _reason(r: dict[str, Any]) -> str:
     if r.get("kind") == "queue":
         return f"queue: {r['reason']}" + (f" ({r['detail']})" if r.get("detail") else "")
-    return f"{r['hosts']} hosts: {r['reason']}"
+    return f"{r['hosts']} {'host' if r['hosts'] == 1 else 'hosts'}: {r['reason']}"
 
 
 def cmd_update(args: argparse.Namespace) -> int:

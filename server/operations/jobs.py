@@ -84,7 +84,8 @@ class JobOperations(Operations):
         job = self._live_job_for(job_id, queues)
         if hold and (job.state is not JobState.QUEUED or job.preempting):
             why = "it is taking GPUs by preemption" if job.preempting else f"it is {job.state.value}"
-            raise ValidationError("hold", f"only a queued job can be held; {why} (cancel it instead)", "NOT_QUEUED")
+            raise ValidationError("hold", f"only a queued job can be held; {why} (requeue it held instead: "
+                                          "requeueJob with hold, muster job requeue --hold)", "NOT_QUEUED")
         if hold is not None and priority is None and time_limit_s is None and bool(job.hold) == hold:
             # Nothing would change (found by exploring: "change requested", and a second
             # hold's reason was dropped).
@@ -114,7 +115,7 @@ class JobOperations(Operations):
         if now_limit and limit > now_limit:
             raise Forbidden(f"only an admin may raise a time limit ({now_limit:g} s now)")
         if q is not None and q.max_time_limit_s and limit > q.max_time_limit_s:
-            raise Forbidden(f"only an admin may set a time limit over queue {q.name!r}'s maximum "
+            raise Forbidden(f"only an admin may set a time limit over the maximum of queue {q.name} "
                             f"({q.max_time_limit_s:g} s)")
 
     async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,

@@ -266,7 +266,8 @@ class JobView:
                 yield
         found: list[str] = []
         if not enough:
-            why = ", ".join(f"{k} {r}" for r, k in sorted(reasons.items(), key=lambda x: (-x[1], x[0])))
+            why = ", ".join(f"{k} {'host' if k == 1 else 'hosts'}: {r}"
+                            for r, k in sorted(reasons.items(), key=lambda x: (-x[1], x[0])))
             best = max(tasks, key=lambda g: (tasks[g], g), default=("", 0))
             if spec.replicas == 1:
                 found.append(f"no host could run it even idle (of {len(caps)} known: {why}); it waits for one "
@@ -276,7 +277,7 @@ class JobView:
                                  f" of model {sorted(choices[best[1]] or ())[0]}" if len(choices) > 1 else ""])
                 found.append(f"the {len(caps)} hosts known could run at most {tasks[best]} of its {spec.replicas} "
                              f"tasks{where} even idle (on {hosts[best]} of them"
-                             f"{f'; hosts that take none: {why}' if why else ''}); it waits for more")
+                             f"{f'; the others take none: {why}' if why else ''}); it waits for more")
         if len(self._never) >= NEVER_MEMO_SIZE:
             self._never.clear()
         self._never[key] = (now, found)

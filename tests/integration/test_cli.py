@@ -63,18 +63,18 @@ def test_job_and_host_commands(cluster: Cluster) -> None:
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "not placed" in r.stderr
     # ... and told at once that no host could ever take it
-    assert ("warning: no host could run it even idle (of 1 known: 1 not enough GPUs on host); it waits for one that "
-            "can") in r.stderr, r.stderr
+    assert ("warning: no host could run it even idle (of 1 known: 1 host: not enough GPUs on host); it waits for one "
+            "that can") in r.stderr, r.stderr
     queued_id = r.stdout.split()[-2]  # table: ID STATE / <id> QUEUED
     r = muster(cluster, srv.url, "job", "why", queued_id)
     assert r.returncode == 0, r.stderr
     assert "QUEUED" in r.stdout and "position 1" in r.stdout and "GPU" in r.stdout.upper(), r.stdout
-    assert ("it could never run as the cluster stands: no host could run it even idle (of 1 known: 1 not enough "
+    assert ("it could never run as the cluster stands: no host could run it even idle (of 1 known: 1 host: not enough "
             "GPUs on host)") in r.stdout, r.stdout
     why = json.loads(muster(cluster, srv.url, "job", "why", queued_id, "-o", "json").stdout)
     assert why["queuePosition"] == 1 and why["pendingReasons"][0]["hosts"] == 1
     assert why["couldNeverRun"] == [
-        "no host could run it even idle (of 1 known: 1 not enough GPUs on host); it waits for one that can"]
+        "no host could run it even idle (of 1 known: 1 host: not enough GPUs on host); it waits for one that can"]
     assert muster(cluster, srv.url, "job", "why", "j-nope").returncode == 3
     # a job cancelled while waited for: 2, it did not do its work (found by exploring: 0)
     env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": cluster.token}

@@ -785,6 +785,20 @@ async def test_a_job_page_shows_what_it_runs_after_and_waits_for(console: Consol
     assert "(once they ended otherwise than succeeded)" in page
 
 
+async def test_a_job_that_waits_for_no_host_is_not_said_to_wait_for_the_next_cycle(console: Console) -> None:
+    """Found by exploring: a held job (or one its queue's limit keeps back) on a cluster with
+    room was said to be waiting only for the next scheduling cycle ("A host can take it
+    now"), while `job why` and GraphQL gave its real reason."""
+    m = console.muster
+    await console.login()
+    await put_heartbeat(m, "room-1")
+    await eventually(lambda: "room-1" in m.state.hosts, timeout=20, what="the host in the view")
+    job = await submitted(m, {"name": "kept", "command": ["true"], "gpus": 1, "held": True})
+    page = (await console.client.get(f"/jobs/{job.id}")).text
+    assert "Held: out of queue default" in page
+    assert "A host can take it now" not in page
+
+
 async def test_hold_release_and_priority_forms(console: Console) -> None:
     c = console.client
     m = console.muster
@@ -1420,8 +1434,8 @@ async def test_why_pending_tells_a_host_too_small_from_a_busy_one(console: Conso
     fits = await submitted(m, {"name": "fits", "command": ["true"], "cpus": 2, "gpus": 2})
     html = (await console.client.get(f"/jobs/{big.id}")).text
     assert "not enough CPUs on host" in html and "(these hosts could not take it even idle)" in html
-    assert ("It could never run as the cluster stands: no host could run it even idle (of 1 known: 1 not enough CPUs "
-            "on host); it waits for one that can.") in html
+    assert ("It could never run as the cluster stands: no host could run it even idle (of 1 known: 1 host: not "
+            "enough CPUs on host); it waits for one that can.") in html
     # One that would fit the idle host says nothing of the kind (here the host is free:
     # a host can take it now).
     assert "even idle" not in (await console.client.get(f"/jobs/{fits.id}")).text

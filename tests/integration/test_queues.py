@@ -411,7 +411,7 @@ def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_oper
     assert "time limit: 7200 s (its own)" in muster(cluster, srv.url, "job", "show", ids[0]).stdout
     # Lower than that, but still above the queue's maximum: the admin's to give, not bob's.
     r = muster(cluster, srv.url, "job", "set", ids[0], "--time-limit", "5000", token=bob)
-    assert r.returncode == 4 and "over queue 'runs''s maximum (3600 s)" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 4 and "over the maximum of queue runs (3600 s)" in r.stderr, r.stdout + r.stderr
     # bob lowers his other job's below what it has run: stopped (SIGTERM), TIMEOUT.
     r = muster(cluster, srv.url, "job", "set", ids[1], "--time-limit", "1", token=bob)
     assert r.returncode == 0, r.stdout + r.stderr

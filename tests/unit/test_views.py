@@ -299,29 +299,30 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
     assert mu.jobs.why_pending(waiting, now).get(NO_FREE_GPUS) == 1  # busy now, and h-007 is cordoned
     assert warnings("fits-idle", gpus=8, gpu_model="H100", host_labels=r1) == []
     assert warnings("too-big", gpus=16) == [
-        "no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one that can"]
+        "no host could run it even idle (of 12 known: 12 hosts: not enough GPUs on host); it waits for one that can"]
     assert warnings("cpus", cpus=1000) == [
-        "no host could run it even idle (of 12 known: 12 not enough CPUs on host); it waits for one that can"]
+        "no host could run it even idle (of 12 known: 12 hosts: not enough CPUs on host); it waits for one that can"]
     assert warnings("gang", gpus=8, gpu_model="H100", host_labels=r1, replicas=3) == [
-        "the 12 hosts known could run at most 2 of its 3 tasks even idle (on 2 of them; hosts that take none: 8 "
-        "host lacks a required label, 2 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run at most 2 of its 3 tasks even idle (on 2 of them; the others take none: 8 "
+        "hosts: host lacks a required label, 2 hosts: wrong GPU model); it waits for more"]
     assert warnings("gang2", gpus=8, gpu_model="H100", host_labels=r1, replicas=2) == []
     # Hosts the job excludes are counted as hosts that never take it: a gang of two on r1's
     # two H100 hosts that excludes one of them could never run whole.
     assert warnings("gang2-x", gpus=8, gpu_model="H100", host_labels=r1, replicas=2, exclude_hosts=["h-007"]) == [
-        "the 12 hosts known could run at most 1 of its 2 tasks even idle (on 1 of them; hosts that take none: 8 "
-        "host lacks a required label, 2 wrong GPU model, 1 host excluded by the job); it waits for more"]
+        "the 12 hosts known could run at most 1 of its 2 tasks even idle (on 1 of them; the others take none: 8 "
+        "hosts: host lacks a required label, 2 hosts: wrong GPU model, 1 host: host excluded by the job); it waits "
+        "for more"]
     assert warnings("fits-idle-x", gpus=8, gpu_model="H100", host_labels=r1, exclude_hosts=["h-001"]) == []
     # A gang's tasks share a host where they fit, as they are placed: 8 of 2 GPUs on the two.
     assert warnings("gang8", gpus=2, gpu_model="H100", host_labels=r1, replicas=8) == []
     assert warnings("gang9", gpus=2, gpu_model="H100", host_labels=r1, replicas=9) == [
-        "the 12 hosts known could run at most 8 of its 9 tasks even idle (on 2 of them; hosts that take none: 8 "
-        "host lacks a required label, 2 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run at most 8 of its 9 tasks even idle (on 2 of them; the others take none: 8 "
+        "hosts: host lacks a required label, 2 hosts: wrong GPU model); it waits for more"]
     # In one rack (sameRack): rack r1 has 2 H100 hosts, r0 and r2 2 each as well; 4 tasks
     # of 8 GPUs fit no rack, and the best rack is told.
     assert warnings("racked", gpus=8, gpu_model="H100", replicas=4, same_rack=True) == [
-        "the 12 hosts known could run at most 2 of its 4 tasks in rack r2 even idle (on 2 of them; hosts that "
-        "take none: 6 wrong GPU model); it waits for more"]
+        "the 12 hosts known could run at most 2 of its 4 tasks in rack r2 even idle (on 2 of them; the others "
+        "take none: 6 hosts: wrong GPU model); it waits for more"]
     assert warnings("racked2", gpus=8, gpu_model="H100", replicas=2, same_rack=True) == []
     # Of one model (sameModel): 6 hosts of each, so 7 tasks of 8 GPUs fit neither alone.
     assert warnings("mixed", gpus=8, gpu_models=["A100", "H100"], replicas=7) == []
@@ -334,7 +335,7 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
     assert warnings("q-ok", "t", gpus=4) == []  # on H100
     assert warnings("q-big", "t", gpus=9) == [
         "queue t can never admit it: gpu:H100: 0 held + 9 wanted > 8, its nominal quota (no cohort)",
-        "no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one that can"]
+        "no host could run it even idle (of 12 known: 12 hosts: not enough GPUs on host); it waits for one that can"]
     st.apply_state_record(Record("queue.u", 61, encode(Queue(name="u", cohort="c", quota={
         "gpu:H100": ResourceQuota(nominal=4.0, borrowing_limit=2.0)}))))
     assert warnings("u-ok", "u", gpus=6, gpu_model="H100") == []
@@ -351,7 +352,7 @@ def test_a_job_that_could_never_run_is_told_apart_from_one_that_waits(tmp_path: 
                                           submitted_at=1.0), time.monotonic())
     next(steps)
     assert finish(steps) == [
-        "no host could run it even idle (of 13 known: 13 not enough GPUs on host); it waits for one that can"]
+        "no host could run it even idle (of 13 known: 13 hosts: not enough GPUs on host); it waits for one that can"]
 
 
 async def test_warnings_asked_for_a_batch_of_one_shape_cost_one_pass(tmp_path: Path, monkeypatch: Any) -> None:
@@ -368,8 +369,8 @@ async def test_warnings_asked_for_a_batch_of_one_shape_cost_one_pass(tmp_path: P
     jobs = [job(f"b{i}", spec=job_spec(f"b{i}", command=["x"], gpus=16), state=JobState.QUEUED, submitted_at=1.0)
             for i in range(20)]
     said = await asyncio.gather(*(reads.never_runs(j) for j in jobs))
-    assert said == [["no host could run it even idle (of 12 known: 12 not enough GPUs on host); it waits for one "
-                     "that can"]] * 20
+    assert said == [["no host could run it even idle (of 12 known: 12 hosts: not enough GPUs on host); it waits for "
+                     "one that can"]] * 20
     assert reads.passes == 1
     # A job a host can take is answered in the first step, without a pass.
     assert await reads.never_runs(job("s", spec=job_spec("s", command=["x"], gpus=1), state=JobState.QUEUED,
