@@ -266,6 +266,12 @@ def test_reclaim_tokens_quota_changes_and_accounting(cluster: Cluster, tmp_path:
         return sum(u["gpuSeconds"] for u in usage), total
 
     wait_until(lambda: abs(sums()[0] - sums()[1]) < 1e-3, timeout=20, what="usage equals the attempts' sum")
+    # A period that ends before it begins is refused, not an empty answer (found by exploring).
+    r = muster(cluster, srv.url, "usage", "--since", "1h", "--until", "2020-01-01")
+    assert r.returncode != 0 and "until is before since" in r.stderr, r.stdout + r.stderr
+    bad = api.raw('{ jobs(filter: {submittedAfter: "2030-01-01T00:00:00Z", submittedBefore: '
+                  '"2020-01-01T00:00:00Z"}) { totalCount } }').json()
+    assert "submittedBefore is before submittedAfter" in bad["errors"][0]["message"], bad
     r = muster(cluster, srv.url, "usage", "--queue", "research", "-o", "json")
     rows = json.loads(r.stdout)
     assert {x["queue"] for x in rows} == {"research"} and {x["user"] for x in rows} == {"alice"}

@@ -12,6 +12,7 @@ from server.api.graphql.context import epoch
 from server.api.graphql.conversion import plan_once
 from server.api.graphql.types import Dependency, JobState
 from server.timefmt import DRAIN_DEADLINE_S
+from wire.errors import ValidationError
 
 
 @strawberry.enum(description="What happens to a running attempt when its host is cut off.")
@@ -171,6 +172,10 @@ class JobFilter:
         """The filters as views.jobs.matches and History.list_jobs name them; `states`
         (from the query's own `state` argument) and this filter's `state`, when both are
         given, are both met: a job in one of each (as every other filter adds to them)."""
+        if self.submitted_after is not None and self.submitted_before is not None \
+                and self.submitted_before < self.submitted_after:
+            raise ValidationError("submittedBefore", "submittedBefore is before submittedAfter: no period",
+                                  "OUT_OF_RANGE")
         mine = [s.value for s in self.state or ()]
         if states and mine:
             states = [s for s in states if s in mine] or [NO_STATE]

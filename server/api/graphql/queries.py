@@ -357,6 +357,9 @@ class Query:
                     since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[Usage]:
         mu = muster(info)
         assert mu.history is not None
+        if since is not None and until is not None and until < since:
+            # (found by exploring: an empty list, as if nothing had run)
+            raise ValidationError("until", "until is before since: no period", "OUT_OF_RANGE")
         rows = await in_thread(mu.history.usage, queue=queue, user=user, since=epoch(since), until=epoch(until))
         return [Usage(queue=r.queue, user=r.user, gpu_model=r.gpu_model, gpu_seconds=r.gpu_seconds,
                       cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts,
