@@ -305,6 +305,11 @@ class Agent:
         # (this one started without its state: a new or wiped directory, or none): what the
         # first assignment lists it may have started (_another_agent, reconcile).
         self._stateless_after = ""
+        # ... reported LOST once that agent's heartbeat key would have expired (by its last
+        # heartbeat's time): its watchdog has stopped what it ran by then, as the leader
+        # would have replaced it then had this agent not started.
+        self._stateless_until = 0.0
+        self._lost_later: list[Task] = []
         self._applied_once = False  # an assignment (or its absence) applied since the start
         self._assign_sub: Subscription | None = None  # the subscription to this host's assignments
         self._newest_queued: tuple[HostAlloc, int] | None = None  # of those passed over (_on_assign)
@@ -900,9 +905,10 @@ class Agent:
                 # what the old one had left). Never started here; reported LOST, run again.
                 self._mark_seen(t.attempt_id)
                 self._reported_lost.add(t.attempt_id)
-                await self._report(t, AttemptState.LOST, None, "",
-                                   f"agent restarted without its state (the previous agent, instance "
-                                   f"{self._stateless_after}, may have started it)")
+                if time.time() >= self._stateless_until:
+                    await self._report_stateless_lost(t)
+                else:
+                    self._lost_later.append(t)
                 continue
             if t.attempt_id in self.seen:
                 if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
@@ -1114,6 +1120,19 @@ class Agent:
                     return
                 await asyncio.sleep(0.5)
 
+    async def _report_stateless_lost(self, t: Task) -> None:
+        await self._report(t, AttemptState.LOST, None, "", f"agent restarted without its state (the previous agent, "
+                                                           f"instance {self._stateless_after}, may have started it)")
+
+    async def _lost_when_the_old_key_would_expire(self) -> None:
+        """Report LOST what the first assignment listed of a previous agent whose state this
+        one has not, once that agent's key would have expired (none if this one stops first:
+        the next finds them noted as seen, and reports them as a restart does)."""
+        if await pause(self._stop, max(0.0, self._stateless_until - time.time())):
+            return
+        while self._lost_later:
+            await self._report_stateless_lost(self._lost_later.pop(0))
+
     # ------------------------------------------------------------ lifecycle
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -1193,6 +1212,8 @@ class Agent:
             asyncio.create_task(self._fence_loop(), name="fence"),
             asyncio.create_task(self._report_loop(), name="reports"),
         ]
+        if self._stateless_after:
+            tasks.append(asyncio.create_task(self._lost_when_the_old_key_would_expire(), name="stateless-lost"))
         log.info("agent %s up (%s GPUs%s)", self.config.host_id, len(self.gpus.inventory()),
                  ", simulated" if self.gpus.simulated else "")
         await external.wait()
@@ -1305,6 +1326,7 @@ class Agent:
             return "", rev
         if hb.instance:
             self._stateless_after = hb.instance  # (its own previous one: cleared below)
+            self._stateless_until = hb.ts + self.config.heartbeat_interval_s * self.config.ttl_intervals
         if self._previous_instance and hb.instance == self._previous_instance:
             self._stateless_after = ""
             # This host's last agent on this state directory, whose lock this one now holds:

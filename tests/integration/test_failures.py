@@ -274,6 +274,10 @@ def test_an_agent_restarted_without_its_state_never_starts_a_try_again(cluster: 
     by_attempt = marks_by_attempt(log)
     assert by_attempt[first].count("start") == 1, by_attempt
     assert by_attempt[f"{job['id']}.2"] == ["start", "end"], by_attempt
+    # Reported once the old agent's key would have expired: its watchdog had stopped the old
+    # task by then, so the new try never ran beside it.
+    marks = read_marks(log)
+    assert max(ts for _, a, ts in marks if a == first) < min(ts for _, a, ts in marks if a == f"{job['id']}.2")
     assert_invariants(cluster.nats_url)
 
 
