@@ -904,7 +904,6 @@ class Agent:
                 # agent restarted on a fresh state directory ran the same try again beside
                 # what the old one had left). Never started here; reported LOST, run again.
                 self._mark_seen(t.attempt_id)
-                self._reported_lost.add(t.attempt_id)
                 if time.time() >= self._stateless_until:
                     await self._report_stateless_lost(t)
                 else:
@@ -1324,11 +1323,7 @@ class Agent:
         rev, hb = await other()
         if hb is None:
             return "", rev
-        if hb.instance:
-            self._stateless_after = hb.instance  # (its own previous one: cleared below)
-            self._stateless_until = hb.ts + self.config.heartbeat_interval_s * self.config.ttl_intervals
         if self._previous_instance and hb.instance == self._previous_instance:
-            self._stateless_after = ""
             # This host's last agent on this state directory, whose lock this one now holds:
             # it has stopped. Waiting to see whether it still runs let the key expire after a
             # restart a few seconds late, the host go LOST and what had ended meanwhile run
@@ -1336,6 +1331,9 @@ class Agent:
             log.info("host %s's key holds the heartbeat of its previous agent (instance %s), which has stopped",
                      self.config.host_id, hb.instance)
             return "", rev
+        if hb.instance:  # not the last agent of this state directory: what it started is not known here
+            self._stateless_after = hb.instance
+            self._stateless_until = hb.ts + self.config.heartbeat_interval_s * self.config.ttl_intervals
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
         if await pause(stop, self.config.heartbeat_interval_s + 1):

@@ -560,13 +560,14 @@ class NvmlBackend:
         raw_uuid = self._try(f"uuid{i}", nv.nvmlDeviceGetUUID, handle, gpu=i)
         if isinstance(raw_uuid, bytes):
             raw_uuid = raw_uuid.decode("ascii", "replace")
+        mig_mode = self._mig_mode(i, handle)
         return GpuInfo(
             index=i,
             model=normalise_model(name) if name is not None else "UNKNOWN",
             memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0,
             uuid=(raw_uuid or "")[:96],
-            mig=self._mig_instances(i, handle),
-            mig_mode=self._mig_mode(i, handle),
+            mig=self._mig_instances(i, handle) if mig_mode else [],
+            mig_mode=mig_mode,
         )
 
     def _mig_mode(self, i: int, handle: Any) -> bool:
@@ -579,11 +580,9 @@ class NvmlBackend:
         return mode is not None and bool(mode) and mode[0] == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
 
     def _mig_instances(self, i: int, handle: Any) -> list[MigInstance]:
-        """The MIG instances of GPU `i` as NVML reports them (none unless MIG mode is on).
-        The agent only reads MIG state; it never changes a GPU's MIG mode."""
+        """The MIG instances of GPU `i`, in MIG mode, as NVML reports them. The agent only
+        reads MIG state; it never changes a GPU's MIG mode."""
         nv = self._nv
-        if not self._mig_mode(i, handle):
-            return []
         slots = self._try(f"migCount{i}", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
         out: list[MigInstance] = []
         for j in range(min(int(slots), MAX_MIG_PER_GPU + 1)):

@@ -307,6 +307,8 @@ class Isolation:
         except OSError as exc:
             raise ConfigError(str(exc)) from exc
         self._own_root = work_root is None
+        # Base names and cgroup mount points a run record's cgroups must be under (kill_leftover).
+        self._leftover_bases: tuple[set[str], list[str]] | None = None
         self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
         try:  # the task user may enter its own directory, not list; one another user made is refused
             own_dir(self.work_root, "the directory for attempts", mode=0o711)
@@ -516,7 +518,7 @@ class Isolation:
                         work_dir, attempt_id)
             return
         remove_tree(work_dir)
-        if root != self.work_root and root.name.startswith(f"muster-work-{self.host_id}-"):
+        if root != self.work_root:  # (an earlier temporary one, checked above)
             with contextlib.suppress(OSError):
                 root.rmdir()  # (only if empty: another agent's attempts may still be there)
 
@@ -524,8 +526,11 @@ class Isolation:
         """A previous agent's attempt cgroup (from its runs file): kill and remove it (only
         an attempt cgroup of a base named as this agent's, in a cgroup hierarchy: a previous
         agent started from another login session had its bases elsewhere)."""
-        names = {os.path.basename(b) for b in self.hierarchy.bases.values()} if self.hierarchy is not None else set()
-        points = [m.point.rstrip("/") + "/" for m in cgroups.mounts() if m.fstype in ("cgroup", "cgroup2")]
+        if self._leftover_bases is None:  # worked out once for every record of a restart
+            names = {os.path.basename(b) for b in self.hierarchy.bases.values()} if self.hierarchy else set()
+            points = [m.point.rstrip("/") + "/" for m in cgroups.mounts() if m.fstype in ("cgroup", "cgroup2")]
+            self._leftover_bases = (names, points)
+        names, points = self._leftover_bases
 
         def attempt_cgroup(p: str) -> bool:
             p = os.path.normpath(p)

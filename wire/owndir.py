@@ -64,6 +64,16 @@ def _check_chain(path: Path, me: int) -> None:
                                                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
 
 
+# Directories own_dir took, by path: (device, inode, owner, mode) as they were then. The
+# agent asks again at each try (a directory removed under it is made again only as its
+# own); while one is the very directory taken, unchanged, that is one lstat, not the walk.
+_taken: dict[Path, tuple[int, int, int, int]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_uid, st.st_mode
+
+
 def _make(path: Path) -> None:
     """Make `path`'s missing directories: those above it 0755 and itself 0700, whatever
     the umask (one of 002 would leave them writable by the group)."""
@@ -92,6 +102,11 @@ def own_dir(path: Path, what: str = "directory", mode: int = 0o700) -> Path:
     work root lets tasks enter their own directories, 0711). Raises NotOwnDir (a
     PermissionError) naming what is wrong, before anything is read from or written into it."""
     path = Path(os.path.abspath(path))
+    try:
+        if _taken.get(path) == _identity(os.lstat(path)):
+            return path
+    except OSError:
+        pass
     me = os.geteuid()
     _make(path)
     _check_chain(path, me)  # as named: no link or directory on the way another user can change
@@ -113,4 +128,5 @@ def own_dir(path: Path, what: str = "directory", mode: int = 0o700) -> Path:
                                            "what it holds, make it 0700, and start again")
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(real, mode)
+    _taken[path] = _identity(os.lstat(path))
     return path

@@ -169,8 +169,12 @@ def job_cursor(job: Job, sort: str = "-submitted_at") -> str:
 # Failures of the database itself, not of what was written: never a reason to drop a row,
 # and what a page that reads history says as the database being unavailable.
 DATABASE_DOWN = (OperationalError, InterfaceError, DisconnectionError, TimeoutError, ConnectionError)
-_DATABASE_DOWN = DATABASE_DOWN
 SCHEMA_RETRY_S = 2.0  # the least time between tries at a schema the database could not take
+
+
+def down_text(exc: BaseException) -> str:
+    """What the database said when it was down, on one line and short enough to show."""
+    return " ".join(str(exc).split())[:300]
 T = TypeVar("T")
 
 
@@ -192,7 +196,7 @@ def write_isolating(write: Callable[[Sequence[T]], None], items: Sequence[T],
     try:
         write(items)
         return 0
-    except _DATABASE_DOWN:
+    except DATABASE_DOWN:
         raise
     except Exception as exc:  # noqa: BLE001 - a row the database refuses
         if len(items) == 1:
@@ -200,7 +204,7 @@ def write_isolating(write: Callable[[Sequence[T]], None], items: Sequence[T],
                 write_sanitized(items)
                 log.warning("history: %s written without the text the database refused (%s)", what(items), exc)
                 return 0
-            except _DATABASE_DOWN:
+            except DATABASE_DOWN:
                 raise
             except Exception as exc2:  # noqa: BLE001
                 log.error("history: %s dropped, the database refuses it: %s", what(items), exc2)
@@ -249,9 +253,9 @@ class History:
         self._schema_error: BaseException | None = None
         try:
             self._upgrade_schema()
-        except (*_DATABASE_DOWN, OSError) as exc:
+        except (*DATABASE_DOWN, OSError) as exc:
             log.warning("history database unreachable (%s): its schema is brought up to date once it answers",
-                        " ".join(str(exc).split())[:300])
+                        down_text(exc))
         # job id -> (the job, or its record's bytes not decoded yet, revision)
         self._pending: dict[str, tuple[Job | bytes, int]] = {}
         self._lock = threading.Lock()
@@ -705,9 +709,9 @@ class History:
         self._schema_tried = time.monotonic()
         try:
             upgrade_schema(self._engine)
-        except (*_DATABASE_DOWN, OSError) as exc:  # (OSError: SQLite's lock file where it cannot be made)
+        except (*DATABASE_DOWN, OSError) as exc:  # (OSError: SQLite's lock file where it cannot be made)
             # Said as the database being down, so that no write takes it for rows refused.
-            self._schema_error = exc if isinstance(exc, _DATABASE_DOWN) else OperationalError(
+            self._schema_error = exc if isinstance(exc, DATABASE_DOWN) else OperationalError(
                 "upgrading the history schema", None, exc)
             raise self._schema_error from None
         self._schema_ok, self._schema_error = True, None

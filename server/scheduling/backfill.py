@@ -55,14 +55,19 @@ class Reservation:
         return cls(job_id, frozenset(r.hosts), r.start if r.start is not None else UNKNOWN)
 
 
+def leave_s(grace_s: float) -> float:
+    """How long a stop with grace `grace_s` is expected to take to free what it holds:
+    that grace, or STOPPING_S for none given (0) or a queue's grace of 0 (sent as
+    IMMEDIATE_GRACE_S: the stop's report still takes its time)."""
+    return grace_s if grace_s > IMMEDIATE_GRACE_S else STOPPING_S
+
+
 def task_end(task: Task, job: Job | None, deadline: float | None, now: float) -> float:
     """When a task is expected to have freed what it holds: soon when it is being
     stopped; its stop's grace after its job's deadline when running under a time limit
     (at the deadline it is only told to stop); its time limit and grace after now (and
     the time a start takes) when placed and not started yet; otherwise unknown."""
-    # (A queue's grace of 0, IMMEDIATE_GRACE_S on the wire, is taken as none given: the
-    # stop's report still takes its time, as may_backfill and why pending count it.)
-    grace = task.grace_s if task.grace_s > IMMEDIATE_GRACE_S else STOPPING_S
+    grace = leave_s(task.grace_s)
     if task.stop:
         return now + grace
     attempt = None
@@ -201,5 +206,5 @@ def may_backfill(limit_s: float, now: float, reservation: Reservation | None, gr
     will expect of it."""
     if reservation is None:
         return True
-    leave = grace_s or STOPPING_S
+    leave = leave_s(grace_s)
     return limit_s > 0 and reservation.known() and now + START_ALLOWANCE_S + limit_s + leave <= reservation.start

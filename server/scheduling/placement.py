@@ -91,7 +91,7 @@ class HostCapacity:
     version: int = 0
     # Whether its GPUs are of more than one model (from `gpu_models`, which never changes:
     # worked out once, on first use).
-    _mixed: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _mixed: bool | None = field(default=None, repr=False, compare=False)  # (carried by copy())
 
     def mixed_models(self) -> bool:
         if self._mixed is None:
@@ -272,7 +272,7 @@ def check(spec: JobSpec, host: HostCapacity, models: frozenset[str] | None | Ell
                 if not fits:
                     big = any(host.gpu_memory.get(i, 0) >= spec.gpu_memory_mb for i in matching)
                     return NO_FREE_GPU_MEMORY if big else TOO_LITTLE_GPU_MEMORY, [], ()
-            gpus = [min(fits, key=lambda i: (host.free_share(i), i))]
+            gpus = [min(fits, key=lambda i: (FULL - host.share_used.get(i, 0), i))]  # (fits: share_options')
     elif spec.mig_profile is not None:
         if accept is not None and not any(m in accept for m in host.gpu_models.values()):
             return WRONG_MODEL, [], ()

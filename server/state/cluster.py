@@ -801,8 +801,9 @@ class ClusterState:
         GPUs or MIG instances (found by exploring: a job requiring a label was placed on a
         host its agent had just restarted without it)."""
         entry = self.hosts.get(host_id)
-        if not instance or entry is None or not entry.present or entry.heartbeat is None:
-            return
+        if (not instance or entry is None or not entry.present or entry.heartbeat is None
+                or entry.heartbeat.instance == instance):
+            return  # (the common case, read without decoding the newest heartbeat)
         last = entry.latest()
         if last is None or not last.instance or last.instance == instance or ts <= last.ts:
             return

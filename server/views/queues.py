@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.scheduling import advance, dependencies, fairshare, groups, maintenance
-from server.scheduling.backfill import STOPPING_S
+from server.scheduling.backfill import leave_s
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
     DEPENDENCY,
@@ -296,7 +296,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     if holders:
         limit = effective_time_limit(job.spec, q)
         why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to start "
-               f"and its grace of {q.preempt_grace_s or STOPPING_S:g} s to leave)") if limit > 0 \
+               f"and its grace of {leave_s(q.preempt_grace_s):g} s to leave)") if limit > 0 \
             else "it has no time limit"
         starts = {j.id: j.reserved.start for j in holders if j.reserved is not None}
         if len(holders) == 1:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from server.api.reads import reads_for
-from server.history.database import DATABASE_DOWN
+from server.history.database import DATABASE_DOWN, down_text
 from server.replica import Muster
 from server.scheduling import advance
 from server.timefmt import DRAIN_DEADLINE_S, parse_time
@@ -259,7 +259,7 @@ async def _recent_attempts(m: Muster, host_id: str, ctx: dict[str, Any]) -> None
                                                 newest_first=True)
         ctx["recent_total"] = await run_in_threadpool(m.history.count_attempts, host_id=host_id)
     except DATABASE_DOWN as exc:  # the host's live state is shown all the same
-        ctx["history_down"] = " ".join(str(exc).split())[:300]
+        ctx["history_down"] = down_text(exc)
 
 
 async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,

@@ -24,7 +24,7 @@ from starlette.responses import RedirectResponse, Response
 
 from server.api import auth
 from server.api.auth import check_token, require_cluster_wide
-from server.history.database import DATABASE_DOWN
+from server.history.database import DATABASE_DOWN, down_text
 from server.state.cluster import TokenInfo
 from web.console.errors import MAPPED, error_response
 from web.console.render import error_page, is_htmx, muster_of, render, secure
@@ -161,7 +161,7 @@ def console(*, auth: bool = True, csrf: bool = False, action: bool = False,
                 # (found by exploring: pages that read job history were a bare 500 while its
                 # database was down)
                 resp = error_page(request, 503, "History unavailable",
-                                  f"The job history database did not answer: {' '.join(str(exc).split())[:300]}")
+                                  f"The job history database did not answer: {down_text(exc)}")
             return secure(resp)
 
         endpoint.__name__ = fn.__name__

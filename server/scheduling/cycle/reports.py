@@ -91,10 +91,15 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     alloc.tasks = [t for t in alloc.tasks if t.attempt_id != r.attempt_id]
     job.updated_at = now
     if ended is AttemptState.FAILED:  # the agent's reason (spawn failed, oom-killed, ...) with the code
-        why = f"exit code {r.exit_code}" + (f" ({a.reason})" if a.reason else "")
+        why = _failed_why(r.exit_code, a.reason)
     else:
         why = a.reason or r.reason
     _after_attempt_end(w, job, a, ended, now, why)
+
+
+def _failed_why(exit_code: int | None, reason: str) -> str:
+    """A FAILED try's reason: its exit code, with the agent's reason when it gave one."""
+    return f"exit code {exit_code}" + (f" ({reason})" if reason else "")
 
 
 def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: float, why: str) -> None:
@@ -133,8 +138,9 @@ def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: 
         # A gang's try decided when its last task stopped: it is the task that failed
         # that the job's end names, with its exit code (found by exploring: `job.failed`
         # named the task stopped with it, "gang task 1 ended FAILED", no exit code).
+        # (`a`, the task the job's end and events name from here on, is that one.)
         a = min((t for t in tasks if t.state is AttemptState.FAILED), key=lambda t: (t.finished_at or 0.0, t.task))
-        why = f"exit code {a.exit_code}" + (f" ({a.reason})" if a.reason else "") + f" (gang task {a.task})"
+        why = _failed_why(a.exit_code, a.reason) + f" (gang task {a.task})"
     if any(t.state is AttemptState.TIMEOUT for t in tasks) and worst is not AttemptState.FAILED:
         worst = AttemptState.TIMEOUT
     elif worst is not AttemptState.FAILED and any(t.state is AttemptState.PREEMPTED for t in tasks):
