@@ -1452,7 +1452,8 @@ class Agent:
         # A session of its own: it must outlive this process, and not get its signals.
         self._watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", WATCHDOG, str(self._watch_dir), str(self._runs_dir), str(os.getpid()),
-             str(stale_after), str(grace), str(deadline)], stdin=subprocess.DEVNULL, start_new_session=True)
+             str(stale_after), str(grace), str(deadline), *self.isolation.cgroup_bases()],
+            stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _keep_watchdog(self) -> None:
         """Start the watchdog again if it died (killed by hand, or by the OOM killer)."""

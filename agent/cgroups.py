@@ -160,6 +160,25 @@ def set_frozen(paths: Iterable[str], frozen: bool) -> bool:
     return True
 
 
+def attempt_cgroups(paths: Iterable[str], base_names: Iterable[str],
+                    found: list[Mount] | None = None) -> tuple[list[str], list[str]]:
+    """(the attempt cgroups among `paths`, the others): an attempt cgroup is a directory
+    right under a base named as one of `base_names`, on a cgroup mount. What a run record
+    names is killed only when it is one (a record is a file: a cgroup it names must not
+    be any cgroup of the machine)."""
+    names = set(base_names)
+    points = [m.point.rstrip("/") + "/" for m in (mounts() if found is None else found)
+              if m.fstype in ("cgroup", "cgroup2")]
+    ours: list[str] = []
+    others: list[str] = []
+    for path in paths:
+        p = os.path.normpath(path)
+        attempt = (os.path.isabs(p) and os.path.basename(os.path.dirname(p)) in names
+                   and any(p.startswith(m) for m in points))
+        (ours if attempt else others).append(path)
+    return ours, others
+
+
 def populated(paths: Iterable[str]) -> bool:
     return any(_pids(d) for d in paths)
 

@@ -307,8 +307,8 @@ class Isolation:
         except OSError as exc:
             raise ConfigError(str(exc)) from exc
         self._own_root = work_root is None
-        # Base names and cgroup mount points a run record's cgroups must be under (kill_leftover).
-        self._leftover_bases: tuple[set[str], list[str]] | None = None
+        # Base names and cgroup mounts a run record's cgroups must be under (kill_leftover).
+        self._leftover_bases: tuple[set[str], list[cgroups.Mount]] | None = None
         self.work_root = work_root or Path(tempfile.mkdtemp(prefix=f"muster-work-{host_id}-"))
         try:  # the task user may enter its own directory, not list; one another user made is refused
             own_dir(self.work_root, "the directory for attempts", mode=0o711)
@@ -522,24 +522,21 @@ class Isolation:
             with contextlib.suppress(OSError):
                 root.rmdir()  # (only if empty: another agent's attempts may still be there)
 
+    def cgroup_bases(self) -> list[str]:
+        """The directories the attempts' cgroups are made in (none without cgroups)."""
+        return sorted(self.hierarchy.bases.values()) if self.hierarchy is not None else []
+
     def kill_leftover(self, paths: list[str]) -> None:
         """A previous agent's attempt cgroup (from its runs file): kill and remove it (only
         an attempt cgroup of a base named as this agent's, in a cgroup hierarchy: a previous
         agent started from another login session had its bases elsewhere)."""
         if self._leftover_bases is None:  # worked out once for every record of a restart
             names = {os.path.basename(b) for b in self.hierarchy.bases.values()} if self.hierarchy else set()
-            points = [m.point.rstrip("/") + "/" for m in cgroups.mounts() if m.fstype in ("cgroup", "cgroup2")]
-            self._leftover_bases = (names, points)
-        names, points = self._leftover_bases
-
-        def attempt_cgroup(p: str) -> bool:
-            p = os.path.normpath(p)
-            return os.path.basename(os.path.dirname(p)) in names and any(p.startswith(m) for m in points)
-
-        ours = [p for p in paths if attempt_cgroup(p)]
-        if len(ours) < len(paths):
-            log.warning("a run record names cgroups outside the agent's: %s left alone",
-                        sorted(set(paths) - set(ours)))
+            self._leftover_bases = (names, cgroups.mounts())
+        names, found = self._leftover_bases
+        ours, others = cgroups.attempt_cgroups(paths, names, found)
+        if others:
+            log.warning("a run record names cgroups outside the agent's: %s left alone", sorted(set(others)))
         cgroups.kill_paths(ours)
         cgroups.remove_paths(ours)
 

@@ -7,15 +7,17 @@ hung machine), cannot, and its attempts would run on while the control plane, se
 heartbeat key expire, runs them again elsewhere. So each agent starts one watchdog, in a
 session of its own so that it outlives the agent:
 
-    python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE]
+    python -I -S agent/watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE [BASE]...]
 
 The agent writes to DIR/alive, after every heartbeat the store took, its pid and when that
 heartbeat was sent (its monotonic clock, which is the system's and so this process's
 too); it touches DIR/awake twice a second while its fence loop runs; and it keeps in RUNS
 one file per running attempt: `<process group> <process start time> [keep]
 [sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>]` (`run_record`, paths
-quoted), the directories being the attempt's cgroups (agent.cgroups) and the one made for
-it. The attempt's launcher writes it before the task runs, the agent again once it runs.
+quoted), the directories being the attempt's cgroups (agent.cgroups: each right under one
+of the agent's cgroup bases, the BASE arguments; a record naming any other cgroup has
+that one left alone) and the one made for it. The attempt's launcher writes it before the
+task runs, the agent again once it runs.
 Four times a second the watchdog looks at both. The agent is silent for as long as no
 heartbeat was stored since (from the time in DIR/alive, or when the watchdog saw the file
 change; a step of the wall clock changes nothing). Once it has been silent for
@@ -206,7 +208,7 @@ def runs(directory: str) -> dict[str, RunRecord]:
 
 class Watchdog:
     def __init__(self, directory: str, runs_dir: str, agent_pid: int, stale_after_s: float,
-                 grace_s: float, deadline_s: float | None = None) -> None:
+                 grace_s: float, deadline_s: float | None = None, bases: Iterable[str] = ()) -> None:
         self.alive = os.path.join(directory, "alive")
         self.awake = os.path.join(directory, "awake")
         self.fenced_dir = os.path.join(directory, "fenced")
@@ -216,6 +218,10 @@ class Watchdog:
         self.stale_after_s = stale_after_s
         self.grace_s = grace_s
         self.deadline_s = stale_after_s + grace_s if deadline_s is None else deadline_s
+        # The names of the agent's cgroup bases, and the machine's cgroup mounts: a run
+        # record's cgroups are killed only under them (cgroups.attempt_cgroups).
+        self.base_names = {os.path.basename(os.path.normpath(b)) for b in bases}
+        self.mounts = cgroups.mounts() if cgroups is not None else []
         # attempt -> (process group, its leader's start time, when to SIGKILL it (None: done),
         # its cgroup directories)
         self.fenced: dict[str, tuple[int, str, float | None, list[str]]] = {}
@@ -263,8 +269,14 @@ class Watchdog:
         for attempt, r in runs(self.runs_dir).items():
             if r.keep or attempt in self.fenced:
                 continue
+            cgs = r.cgroups
+            if cgs and cgroups is not None:
+                cgs, others = cgroups.attempt_cgroups(cgs, self.base_names, self.mounts)
+                if others:
+                    log(f"the record of attempt {attempt} names cgroups that are not the agent's attempts': "
+                        f"{' '.join(others)} left alone")
             try:
-                self._fence_one(attempt, r.pid, r.start, r.cgroups, now, kill_at, kill)
+                self._fence_one(attempt, r.pid, r.start, cgs, now, kill_at, kill)
             except Exception as exc:  # noqa: BLE001 - the others are stopped all the same
                 log(f"stopping attempt {attempt} failed ({exc!r}): trying again")
 
@@ -361,12 +373,12 @@ class Watchdog:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) not in (5, 6):
-        sys.stderr.write("usage: watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE]\n")
+    if len(argv) < 5:
+        sys.stderr.write("usage: watchdog.py DIR RUNS AGENT_PID STALE_AFTER GRACE [DEADLINE [BASE]...]\n")
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     Watchdog(argv[0], argv[1], int(argv[2]), float(argv[3]), float(argv[4]),
-             float(argv[5]) if len(argv) == 6 else None).run()
+             float(argv[5]) if len(argv) > 5 else None, argv[6:]).run()
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent import cgroups, watchdog
 from agent.agent import WATCHDOG
-from agent.watchdog import start_time
+from agent.watchdog import run_record, start_time
 from tests.conftest import wait_until
 from tests.integration.conftest import group_states, process_gone
 
@@ -47,11 +47,12 @@ class Setup:
         (self.runs / name).write_text(f"{p.pid} {start_time(p.pid)}{' keep' if keep else ''}\n")
         return p
 
-    def start(self, stale_after: float = 1.0, grace: float = 1.0,
-              deadline: float | None = None) -> subprocess.Popen[bytes]:
+    def start(self, stale_after: float = 1.0, grace: float = 1.0, deadline: float | None = None,
+              bases: Iterable[str] = ()) -> subprocess.Popen[bytes]:
+        """The watchdog (`bases`: the agent's cgroup bases; a deadline is needed with them)."""
         self.watchdog = subprocess.Popen(
             [PY, "-I", "-S", WATCHDOG, str(self.dir), str(self.runs), str(self.agent.pid), str(stale_after),
-             str(grace), *([str(deadline)] if deadline is not None else [])],
+             str(grace), *([str(deadline)] if deadline is not None else []), *bases],
             stderr=subprocess.PIPE, start_new_session=True)
         return self.watchdog
 
@@ -320,7 +321,7 @@ def test_a_daemon_that_left_the_attempts_process_group_is_killed_with_its_cgroup
         assert os.getsid(pid) != os.getsid(p.pid) and pid in group.pids()
         line = " ".join([str(p.pid), start_time(p.pid)] + [f"cg:{d}" for d in group.paths])
         (setup.runs / "j1.1").write_text(line + "\n")
-        setup.start(stale_after=1.0, grace=0.5)
+        setup.start(stale_after=1.0, grace=0.5, deadline=1.5, bases=h.bases.values())
         p.wait(60)
         wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
         assert group.pids() == []
@@ -353,7 +354,7 @@ def test_a_daemon_is_killed_with_its_cgroup_after_the_attempts_first_process_exi
         assert not process_gone(pid) and pid in group.pids()
         setup.agent.kill()  # the agent is gone too
         setup.agent.wait()
-        wd = setup.start(stale_after=1.0, grace=0.5)
+        wd = setup.start(stale_after=1.0, grace=0.5, deadline=1.5, bases=h.bases.values())
         wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
         assert group.pids() == [] and (setup.dir / "fenced" / "j1.1").exists()
         assert wd.wait(60) == 0  # then it is done
@@ -361,6 +362,45 @@ def test_a_daemon_is_killed_with_its_cgroup_after_the_attempts_first_process_exi
         group.kill()
         group.remove()
         cgroups.remove_paths(h.bases.values())
+
+
+@pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
+def test_a_run_record_naming_a_cgroup_that_is_not_an_attempts_has_that_one_left_alone(
+        setup: Setup, tmp_path: Path) -> None:
+    """A run record is a file: a cgroup it names is killed only when it is an attempt
+    cgroup of the agent's bases (as a restarted agent's leftovers are). Here the record
+    names the attempt's cgroup and one of another base, holding a process of its own: the
+    attempt's daemon is killed, the other process is not."""
+    h = _hierarchy()
+    other, _ = cgroups.detect("auto", f"muster-test-other-{os.getpid()}")
+    assert h is not None and other is not None
+    group = h.create(f"wd3-{os.getpid()}", cgroups.Limits())
+    bystander = other.create("bystander", cgroups.Limits())
+    try:
+        joins = "; ".join(f"echo $$ > {f}" for f in bystander.procs_files())
+        innocent = setup.spawn(["sh", "-c", f"{joins}; exec sleep 600"], start_new_session=True)
+        wait_until(lambda: bystander.pids() == [innocent.pid], what="the bystander in its cgroup")
+        daemon = tmp_path / "daemon"
+        joins = "; ".join(f"echo $$ > {f}" for f in group.procs_files())
+        script = (f"{joins}; (setsid sh -c 'echo $$ > {daemon}; exec sleep 600' < /dev/null > /dev/null 2>&1 &); "
+                  f"while [ ! -s {daemon} ]; do sleep 0.05; done")
+        p = setup.spawn(["sh", "-c", script], start_new_session=True)
+        cgs = [*group.paths, *bystander.paths]
+        (setup.runs / "j1.1").write_text(run_record(p.pid, start_time(p.pid), False, cgroups=cgs))
+        assert p.wait(60) == 0
+        pid = int(daemon.read_text())
+        setup.agent.kill()
+        setup.agent.wait()
+        wd = setup.start(stale_after=1.0, grace=0.5, deadline=1.5, bases=h.bases.values())
+        wait_until(lambda: process_gone(pid), timeout=30, what="the daemon killed")
+        assert wd.wait(60) == 0  # done: what it stopped is gone
+        assert innocent.poll() is None and bystander.pids() == [innocent.pid]
+        assert wd.stderr is not None and b"left alone" in wd.stderr.read()
+    finally:
+        for g in (group, bystander):
+            g.kill()
+            g.remove()
+        cgroups.remove_paths([*h.bases.values(), *other.bases.values()])
 
 
 @pytest.mark.skipif(_no_cgroups(), reason="no cgroup the test may create")
@@ -392,7 +432,8 @@ def test_an_attempt_in_its_cgroup_and_process_group_gets_one_sigterm(
 
         monkeypatch.setattr(os, "kill", kill)
         monkeypatch.setattr(os, "killpg", killpg)
-        wd = watchdog.Watchdog(str(setup.dir), str(setup.runs), setup.agent.pid, stale_after_s=1.0, grace_s=5.0)
+        wd = watchdog.Watchdog(str(setup.dir), str(setup.runs), setup.agent.pid, stale_after_s=1.0, grace_s=5.0,
+                               bases=h.bases.values())
         wd.fence(0.0)
         assert [s for s in sent if s[2] == signal.SIGTERM] == [("kill", p.pid, signal.SIGTERM)]
         p.wait(30)

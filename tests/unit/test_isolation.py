@@ -62,6 +62,21 @@ def test_mountinfo_and_proc_cgroup_are_read(tmp_path: Path) -> None:
     assert cgroups.under(v2, "/kubepods/pod1/agent") == "/sys/fs/cgroup/agent"
 
 
+def test_only_an_attempt_cgroup_of_the_agents_bases_is_taken_from_a_run_record(tmp_path: Path) -> None:
+    """What a run record names is killed only when it is right under a base named as the
+    agent's, on a cgroup mount: not a base, not a deeper cgroup, not another agent's, not
+    a directory off the cgroup mounts, nor one reached through `..`."""
+    (tmp_path / "mountinfo").write_text(HYBRID)
+    found = cgroups.mounts(str(tmp_path / "mountinfo"))
+    ours = ["/sys/fs/cgroup/memory/muster-h1/j1.1", "/sys/fs/cgroup/pids/x/muster-h1/j1.1/",
+            "/sys/fs/cgroup/unified/muster-h1/j2.1"]
+    others = ["/sys/fs/cgroup/memory/muster-h1", "/sys/fs/cgroup/memory/muster-h2/j1.1",
+              "/sys/fs/cgroup/memory/muster-h1/j1.1/deeper", "/tmp/muster-h1/j1.1", "muster-h1/j1.1",
+              "/sys/fs/cgroup/memory/muster-h1/../system.slice", "/sys/fs/cgroup/blkio/muster-h1/j1.1"]
+    assert cgroups.attempt_cgroups([*ours, *others], ["muster-h1"], found) == (ours, others)
+    assert cgroups.attempt_cgroups(ours, [], found) == ([], ours)
+
+
 def test_cgroups_off_is_said_so() -> None:
     h, why = cgroups.detect("off", "muster-x")
     assert h is None and "off" in why
