@@ -83,16 +83,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jw)
     jw.set_defaults(fn=cmd_why)
 
-    jh = jsub.add_parser("hold", help="hold queued jobs: they stay queued, not placed until released")
-    jh.add_argument("ids", nargs="+", metavar="ID")
+    jh = jsub.add_parser("hold", help="hold queued jobs (by id, or every one the filters match): they stay "
+                                      "queued, not placed until released",
+                         description="Hold the jobs given by id, or every QUEUED job not held that matches all the "
+                                     "filters given (--name, --queue, --user, --group), as scontrol hold does.")
+    jh.add_argument("ids", nargs="*", metavar="ID")
+    add_job_filters(jh, states=False)
     jh.add_argument("--reason", default="", help="why (shown with the job)")
     add_output(jh)
-    jh.set_defaults(fn=cmd_update, change={"held": True})
+    jh.set_defaults(fn=cmd_update, change={"held": True}, matching="holdJobs")
 
-    jr = jsub.add_parser("release", help="release held jobs: they take their place in their queue again")
-    jr.add_argument("ids", nargs="+", metavar="ID")
+    jr = jsub.add_parser("release", help="release held jobs (by id, or every one the filters match): they take "
+                                         "their place in their queue again",
+                         description="Release the jobs given by id, or every held job that matches all the filters "
+                                     "given (--name, --queue, --user, --group), as scontrol release does.")
+    jr.add_argument("ids", nargs="*", metavar="ID")
+    add_job_filters(jr, states=False)
     add_output(jr)
-    jr.set_defaults(fn=cmd_update, change={"held": False}, reason="")
+    jr.set_defaults(fn=cmd_update, change={"held": False}, reason="", matching="releaseJobs")
 
     jq = jsub.add_parser("requeue", help="stop placed or running jobs and queue them again (not counted as a try)")
     jq.add_argument("ids", nargs="+", metavar="ID")
@@ -116,12 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "all the filters given (--name, --state, --queue, --user, --group), as "
                                      "scancel does.")
     jc.add_argument("ids", nargs="*", metavar="ID")
-    jc.add_argument("--name", help="filter: name prefix (an --array's NAME- cancels the array)")
-    jc.add_argument("--state", help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
-    jc.add_argument("--queue", help="filter: queue")
-    jc.add_argument("--user", help="filter: the user who submitted")
-    jc.add_argument("--group", help="filter: the jobs' group (--group's; an --array's is printed when it is "
-                                    "submitted, and by job show)")
+    add_job_filters(jc, states=True)
     jc.add_argument("--reason", default="")
     add_output(jc)
     jc.set_defaults(fn=cmd_cancel)
@@ -812,9 +815,28 @@ def _reason(r: dict[str, Any]) -> str:
     return f"{r['hosts']} {'host' if r['hosts'] == 1 else 'hosts'}: {r['reason']}"
 
 
+def add_job_filters(p: argparse.ArgumentParser, states: bool) -> None:
+    """The filters `job cancel`, `job hold` and `job release` take instead of ids."""
+    p.add_argument("--name", help="filter: name prefix (an --array's NAME- matches the array)")
+    if states:
+        p.add_argument("--state", help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
+    p.add_argument("--queue", help="filter: queue")
+    p.add_argument("--user", help="filter: the user who submitted")
+    p.add_argument("--group", help="filter: the jobs' group (--group's; an --array's is printed when it is "
+                                   "submitted, and by job show)")
+
+
 def cmd_update(args: argparse.Namespace) -> int:
     """Hold, release or change the priority of each job given (`updateJob`), as cancel
-    does: the refused ones listed with why, the first refusal's error ends the command."""
+    does: the refused ones listed with why, the first refusal's error ends the command.
+    `job hold` and `job release` take filters instead of ids (holdJobs, releaseJobs)."""
+    matching = getattr(args, "matching", None)
+    if matching is not None:
+        flt = job_filter(args)
+        if bool(flt) == bool(args.ids):
+            raise ValidationError("ids", "give job ids, or filters (--name, --queue, --user, --group), not both")
+        if flt:
+            return _on_matching(args, matching, flt, "hold" if matching == "holdJobs" else "release")
     q = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
            job { id state priority hold } userErrors { field message code } } }"""
     change = dict(getattr(args, "change", {}))
@@ -863,10 +885,30 @@ def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
 
 
 def job_filter(args: argparse.Namespace) -> dict[str, Any]:
-    """The GraphQL JobFilter of `job list`'s and `job cancel`'s filter options."""
-    return {k: v for k, v in (("state", [s.strip().upper() for s in args.state.split(",")] if args.state else None),
+    """The GraphQL JobFilter of `job list`'s, `job cancel`'s, `job hold`'s and `job release`'s
+    filter options."""
+    state = getattr(args, "state", None)
+    return {k: v for k, v in (("state", [s.strip().upper() for s in state.split(",")] if state else None),
                               ("user", args.user), ("namePrefix", args.name), ("queue", args.queue),
                               ("group", args.group)) if v}
+
+
+def _on_matching(args: argparse.Namespace, mutation: str, flt: dict[str, Any], verb: str) -> int:
+    """cancelJobs, holdJobs or releaseJobs (`mutation`) over the filter `flt`, in one
+    request: the count on stderr, the ids on stdout."""
+    reason = "" if mutation == "releaseJobs" else ", $reason: String!"
+    q = f"""mutation($f: JobFilter!{reason}) {{ {mutation}(filter: $f{", reason: $reason" if reason else ""}) {{
+           count jobIds userErrors {{ field message code }} }} }}"""
+    res = gql(q, {"f": flt, **({"reason": args.reason} if reason else {})})[mutation]
+    if res["userErrors"]:
+        raise user_errors(res["userErrors"])
+    done = f"{verb} requested"
+    if not res["count"] and args.output != "json":
+        print(f"no job matches: nothing to {verb}", file=sys.stderr)
+        return 0
+    print(f"{done} for {res['count']} job(s)", file=sys.stderr)
+    out(args, res, [[i, done] for i in res["jobIds"]], ["ID", "STATUS"])
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -877,17 +919,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if bool(flt) == bool(args.ids):
         raise ValidationError("ids", "give job ids, or filters (--name, --state, --queue, --user, --group), not both")
     if flt:
-        q = """mutation($f: JobFilter!, $reason: String!) { cancelJobs(filter: $f, reason: $reason) {
-               count jobIds userErrors { field message code } } }"""
-        res = gql(q, {"f": flt, "reason": args.reason})["cancelJobs"]
-        if res["userErrors"]:
-            raise user_errors(res["userErrors"])
-        if not res["count"] and args.output != "json":
-            print("no job matches: nothing to cancel", file=sys.stderr)
-            return 0
-        print(f"cancel requested for {res['count']} job(s)", file=sys.stderr)
-        out(args, res, [[i, "cancel requested"] for i in res["jobIds"]], ["ID", "STATUS"])
-        return 0
+        return _on_matching(args, "cancelJobs", flt, "cancel")
     q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
            job { id state } userErrors { field message code } } }"""
     return _each(args, lambda job_id: gql(q, {"id": job_id, "reason": args.reason})["cancelJob"],

@@ -1,4 +1,4 @@
-"""Operators' commands on jobs (cancel, update, requeue, cancel many), which the leader
+"""Operators' commands on jobs (cancel, update, requeue; cancel, hold and release many), which the leader
 applies, and a running attempt's live output asked of its agent."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 # seconds, cannot become a request to every agent of the cluster.
 MAX_LIVE_OUTPUTS = 32
 
-# Jobs one cancelJobs request may cancel (run it again for more), the live jobs looked at
-# between two yields of the event loop, and the cancel commands published at once.
+# Jobs one request may cancel, hold or release by filter (cancelJobs, holdJobs,
+# releaseJobs together; run it again for more), the live jobs looked at between two yields
+# of the event loop, and the commands published at once.
 MAX_CANCEL_MATCHING = 100_000
 CANCEL_SCAN_CHUNK = 20_000
 CANCEL_PUBLISH_CHUNK = 256
@@ -124,8 +125,26 @@ class JobOperations(Operations):
         of views.jobs.matches: state, user, name, priority, submitted_after,
         submitted_before, queue, group; at least one given), of the queues `queues` (the caller's
         token's) allow: at most `limit`, the oldest first. Returns their ids. Raises
-        ValidationError (no filter, a limit out of range), Forbidden (a queue the token
-        may not act on), StoreError (NATS did not take a command: run it again)."""
+        ValidationError (no filter, a limit out of range), NotFound (no such queue), Forbidden
+        (a queue the token may not act on), StoreError (NATS did not take a command: run it
+        again)."""
+        return await self._on_matching("cancel", by, reason, queues, limit, filters)
+
+    async def hold_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
+                            limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
+        """As cancel_matching, holding every QUEUED job that matches and is not held (nor
+        taking GPUs by preemption): it stays queued, not placed until released (Slurm's
+        `scontrol hold` of a list)."""
+        return await self._on_matching("hold", by, reason, queues, limit, filters)
+
+    async def release_matching(self, by: str, queues: list[str] | None = None,
+                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
+        """As cancel_matching, releasing every held job that matches."""
+        return await self._on_matching("release", by, "", queues, limit, filters)
+
+    async def _on_matching(self, action: str, by: str, reason: str, queues: list[str] | None, limit: int,
+                           filters: dict[str, Any]) -> list[str]:
+        """Cancel, hold or release (`action`) the live jobs `filters` match (see cancel_matching)."""
         reason = validate_reason(reason)
         if not any(v not in (None, "", [], ()) for v in filters.values()):
             raise ValidationError("filter", "give at least one filter (a name prefix, user, queue, state ...)",
@@ -135,25 +154,41 @@ class JobOperations(Operations):
         queue = filters.get("queue")
         if queues is not None and queue is not None and queue not in queues:
             raise Forbidden(f"this token acts only on jobs of its queues ({', '.join(queues)}); not of {queue!r}")
+        if queue is not None and self.queue(queue) is None:
+            # (found by exploring: a misspelt queue matched nothing, and was told so as if
+            # the queue had nothing to cancel; a queue with live jobs cannot be deleted)
+            raise NotFound(f"no queue {queue[:128]!r} (muster queue list)")
+
+        def wanted(j: Job) -> bool:
+            if action == "hold":
+                return j.state is JobState.QUEUED and not j.hold and not j.preempting
+            if action == "release":
+                return bool(j.hold) and not j.state.terminal
+            return not j.state.terminal
+
         live = list(self.state.jobs.values())
         found: list[Job] = []
         for start in range(0, len(live), CANCEL_SCAN_CHUNK):
             if start:
                 await asyncio.sleep(0)  # half a million live jobs: let the scheduler and the API run
             found.extend(j for j in live[start:start + CANCEL_SCAN_CHUNK]
-                         if not j.state.terminal and (queues is None or j.spec.queue in queues)
-                         and matches(j, **filters))
+                         if wanted(j) and (queues is None or j.spec.queue in queues) and matches(j, **filters))
         found.sort(key=lambda j: (j.submitted_at, j.id))
         ids = [j.id for j in found[:limit]]
         assert self.store is not None
         js = self.store.js
+
+        def command(job_id: str) -> Command:
+            if action == "cancel":
+                return Command(kind="cancel", job_id=job_id, by=by, reason=reason)
+            return Command(kind="update", job_id=job_id, by=by, reason=reason, hold=action == "hold")
+
         for start in range(0, len(ids), CANCEL_PUBLISH_CHUNK):
-            cmds = [encode(Command(kind="cancel", job_id=i, by=by, reason=reason))
-                    for i in ids[start:start + CANCEL_PUBLISH_CHUNK]]
+            cmds = [command(i) for i in ids[start:start + CANCEL_PUBLISH_CHUNK]]
             try:
-                await asyncio.gather(*(js.publish(f"{subjects.CMDS_PREFIX}.cancel", c) for c in cmds))
+                await asyncio.gather(*(js.publish(f"{subjects.CMDS_PREFIX}.{c.kind}", encode(c)) for c in cmds))
             except Exception as exc:  # noqa: BLE001
-                raise StoreError(f"cancel: {exc} (the first {start} were asked for; run it again)") from exc
+                raise StoreError(f"{action}: {exc} (the first {start} were asked for; run it again)") from exc
         return ids
 
     async def requeue(self, job_id: str, by: str, reason: str = "", hold: bool = False,

@@ -324,7 +324,15 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
                timeout=30, what="the held job in the metrics")
     shown = muster(cluster, srv.url, "queue", "show", "default").stdout
     assert "pending 0 (and 1 held, waiting for other jobs or for a time ahead), running 1" in shown, shown
-    # Of the same priority and submitted later, so behind the held job in the queue.
+    # Many held at once by a filter (scontrol hold of a list), released at the end.
+    batch = [submit(f"batch-{i}", "true") for i in range(2)]
+    r = muster(cluster, srv.url, "job", "hold", "--name", "batch-", "--reason", "dataset not ready")
+    assert r.returncode == 0 and "hold requested for 2 job(s)" in r.stderr and set(r.stdout.split()) >= set(batch), r
+    r = muster(cluster, srv.url, "job", "hold", batch[0], "--name", "batch-")
+    assert r.returncode != 0 and "not both" in r.stderr, r.stderr
+    wait_until(lambda: all(api.q('query($id: ID!) { job(id: $id) { hold } }', {"id": b})["job"]["hold"]
+                           for b in batch), timeout=30, what="the batch held")
+    # Of the same priority and submitted later, so behind the held jobs in the queue.
     later = submit("later", "true")
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": blocker})
     assert api.wait_job(later, {"SUCCEEDED"})["state"] == "SUCCEEDED"  # the GPU was free: the held job stayed
@@ -345,6 +353,14 @@ def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
                                                 {"id": born["id"]})["job"]["hold"] == "held by operator at submission"
     muster(cluster, srv.url, "job", "release", born["id"])
     assert api.wait_job(born["id"], {"SUCCEEDED"})["state"] == "SUCCEEDED"
+    assert all(api.job(b)["state"] == "QUEUED" for b in batch)  # still held, the GPU free
+    r = muster(cluster, srv.url, "job", "release", "--queue", "default", "--name", "batch-")
+    assert r.returncode == 0 and "release requested for 2 job(s)" in r.stderr, r.stderr
+    assert all(api.wait_job(b, {"SUCCEEDED"})["state"] == "SUCCEEDED" for b in batch)
+    r = muster(cluster, srv.url, "job", "release", "--name", "batch-")
+    assert r.returncode == 0 and "no job matches: nothing to release" in r.stderr, r.stderr
+    r = muster(cluster, srv.url, "job", "hold", "--queue", "defualt")
+    assert r.returncode != 0 and "no queue 'defualt'" in r.stderr, r.stderr
 
 
 def test_requeue_from_the_cli(cluster: Cluster) -> None:

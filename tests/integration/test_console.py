@@ -683,7 +683,7 @@ async def test_an_admin_sets_hosts_aside_and_deletes_the_reservation_from_the_qu
     assert r.status_code == 404
 
 
-async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(console: Console) -> None:
+async def test_jobs_list_filters_by_name_and_user_and_acts_on_what_they_match(console: Console) -> None:
     c = console.client
     m = console.muster
     await console.login()
@@ -711,13 +711,24 @@ async def test_jobs_list_filters_by_name_and_user_and_cancels_what_they_match(co
     assert r.status_code == 422 and 'id="cancel-many-error"' in r.text and "give at least one filter" in r.text
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "state": "BOGUS", "reason": "x"})
     assert r.status_code == 422 and "no state &#39;BOGUS&#39;" in r.text, r.text  # it cancelled none, saying done
-    # A misspelt queue matches no job (found by exploring: the queue was dropped, and the
-    # jobs of that name in every queue were cancelled); the list says there is no such queue.
+    # A misspelt queue is refused (found by exploring: the queue was dropped, and the jobs
+    # of that name in every queue were cancelled; then it was told "0 cancelled").
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "sweep-", "queue": "defualt", "reason": "x"})
-    assert r.status_code == 303 and "n=0" in r.headers["location"] and "queue=defualt" in r.headers["location"]
-    page = (await c.get(r.headers["location"])).text
-    assert "There is no queue defualt" in page and "sweep-0" not in page
+    assert r.status_code == 404 and 'id="cancel-many-error"' in r.text and "no queue &#39;defualt&#39;" in r.text
+    assert "There is no queue defualt" in r.text and "sweep-0" not in r.text
     assert all(m.state.jobs[j.id].state is JobState.QUEUED for j in sweep)
+    # Held and released by the same filters (scontrol hold and release of many jobs).
+    assert 'action="/jobs/hold"' in page and 'action="/jobs/hold"' not in (await c.get("/jobs")).text
+    r = await c.post("/jobs/hold", data={"csrf": console.csrf, "group": "sw", "reason": "quota review"})
+    assert r.status_code == 303 and "notice=hold-many" in r.headers["location"] and "n=3" in r.headers["location"]
+    assert "Hold requested for 3 queued job(s)" in (await c.get(r.headers["location"])).text
+    await eventually(lambda: all(m.state.jobs[j.id].hold == "held by operator: quota review" for j in sweep),
+                     timeout=20, what="the sweep held")
+    r = await c.post("/jobs/release", data={"csrf": console.csrf, "group": "sw", "queue": "defualt"})
+    assert r.status_code == 404 and 'id="hold-many-error"' in r.text and "no queue &#39;defualt&#39;" in r.text
+    r = await c.post("/jobs/release", data={"csrf": console.csrf, "group": "sw"})
+    assert r.status_code == 303 and "notice=release-many" in r.headers["location"] and "n=3" in r.headers["location"]
+    await eventually(lambda: not any(m.state.jobs[j.id].hold for j in sweep), timeout=20, what="the sweep released")
     r = await c.post("/jobs/cancel", data={"csrf": console.csrf, "name": "", "user": "", "state": "",
                                            "queue": "", "group": "sw", "reason": "sweep over"})
     assert r.status_code == 303 and "notice=cancel-many" in r.headers["location"] and "n=3" in r.headers["location"]

@@ -316,6 +316,11 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     again = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
     assert again == {"count": 0, "jobIds": [], "userErrors": []}  # ended jobs are not asked again
 
+    # A queue that does not exist is said so (found by exploring: a misspelt queue was
+    # told "0 cancelled", as if it had nothing to cancel).
+    missing = (await api.q(CANCEL_JOBS, {"f": {"queue": "adio"}}))["cancelJobs"]
+    assert missing["count"] == 0 and missing["userErrors"][0]["code"] == "NOT_FOUND", missing
+
     async def queue_created() -> bool:  # operators' changes to queues are kept in history too
         q = '{ events(kind: "queue.created") { edges { node { message } } } }'
         got = [e["node"]["message"] for e in (await api.q(q))["events"]["edges"]]
@@ -328,6 +333,60 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     assert (await api.q(set_limit, {"n": 2}))["updateQueue"]["queue"] == {"maxGpusPerUser": 2.0}
     bad = (await api.q(set_limit, {"n": -1}))["updateQueue"]
     assert bad["queue"] is None and bad["userErrors"][0]["field"] == "maxGpusPerUser"
+
+
+HOLD_JOBS = """mutation($f: JobFilter!, $limit: Int) { holdJobs(filter: $f, reason: "maintenance", limit: $limit) {
+               count jobIds userErrors { field message code } } }"""
+RELEASE_JOBS = """mutation($f: JobFilter!) { releaseJobs(filter: $f) {
+                  count jobIds userErrors { field message code } } }"""
+
+
+async def test_hold_and_release_jobs_by_filter(api: Client, muster: Muster) -> None:
+    """holdJobs holds every QUEUED job not held that the filter matches, the oldest first,
+    up to its limit; releaseJobs releases every held one; a filter is required, a queue
+    must exist, and a team's token acts on its queues' jobs only (Slurm's scontrol hold and
+    release of many jobs)."""
+    await muster.create_queue({"name": "video"}, "operator")
+    await eventually(lambda: "video" in muster.state.queues, what="the queue")
+    ids = {}
+    for name, queue in (("b-0", "default"), ("b-1", "default"), ("b-2", "video"), ("other", "default"),
+                        ("b-3", "default")):
+        d = (await api.q(SUBMIT, {"input": {"name": name, "command": ["true"], "gpus": 64, "queue": queue}}))
+        ids[name] = d["submitJob"]["job"]["id"]
+    await eventually(lambda: all(i in muster.state.jobs for i in ids.values()), what="the jobs stored")
+
+    def held() -> set[str]:
+        return {n for n, i in ids.items() if muster.state.jobs[i].hold}
+
+    none = (await api.q(HOLD_JOBS, {"f": {}}))["holdJobs"]
+    assert none["count"] == 0 and none["userErrors"][0]["code"] == "REQUIRED"
+    missing = (await api.q(RELEASE_JOBS, {"f": {"queue": "vid"}}))["releaseJobs"]
+    assert missing["userErrors"][0]["code"] == "NOT_FOUND"
+    assert muster.store is not None
+    team, _ = await create_token(muster.store, "vee", "operator", ["video"])
+    await eventually(lambda: len(muster.state.tokens) == 2, what="the team's token")
+    vee = Client(build_app(muster, manage_lifecycle=False), team)
+    try:
+        refused = (await vee.q(HOLD_JOBS, {"f": {"queue": "default"}}))["holdJobs"]
+        assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "FORBIDDEN"
+        own = (await vee.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}}))["holdJobs"]
+        assert own == {"count": 1, "jobIds": [ids["b-2"]], "userErrors": []}
+        await eventually(lambda: held() == {"b-2"}, what="b-2 held")
+        assert muster.state.jobs[ids["b-2"]].hold == "held by vee: maintenance"
+    finally:
+        await vee.http.aclose()
+    first = (await api.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}, "limit": 2}))["holdJobs"]
+    assert first == {"count": 2, "jobIds": [ids["b-0"], ids["b-1"]], "userErrors": []}
+    await eventually(lambda: held() == {"b-0", "b-1", "b-2"}, what="b-0 and b-1 held")
+    rest = (await api.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}}))["holdJobs"]  # the held ones are not asked again
+    assert rest == {"count": 1, "jobIds": [ids["b-3"]], "userErrors": []}
+    await eventually(lambda: held() == {"b-0", "b-1", "b-2", "b-3"}, what="b-3 held")
+    released = (await api.q(RELEASE_JOBS, {"f": {"queue": "default", "namePrefix": "b-"}}))["releaseJobs"]
+    assert released == {"count": 3, "jobIds": [ids["b-0"], ids["b-1"], ids["b-3"]], "userErrors": []}
+    await eventually(lambda: held() == {"b-2"}, what="the default queue's released")
+    again = (await api.q(RELEASE_JOBS, {"f": {"queue": "default"}}))["releaseJobs"]
+    assert again == {"count": 0, "jobIds": [], "userErrors": []}
+    assert all(muster.state.jobs[i].state.value == "QUEUED" for i in ids.values())
 
 
 async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, muster: Muster,
@@ -354,7 +413,7 @@ async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, mus
     got = await api.q(f"""mutation {{
         x: cancelJobs(filter: {f}, limit: 2) {{ count userErrors {{ code }} }}
         y: cancelJobs(filter: {f}) {{ count userErrors {{ code }} }}
-        z: cancelJobs(filter: {f}) {{ count userErrors {{ code }} }} }}""")
+        z: holdJobs(filter: {f}) {{ count userErrors {{ code }} }} }}""")
     assert got["x"] == {"count": 2, "userErrors": []} and got["y"] == {"count": 1, "userErrors": []}
     assert got["z"] == {"count": 0, "userErrors": [{"code": "OUT_OF_RANGE"}]}
     # Over a WebSocket (one context for the connection) each operation has its own count (a

@@ -86,6 +86,8 @@ def console_routes() -> list[BaseRoute]:
         Route("/hosts/{host_id}/clear-gpu-faults", hosts.clear_gpu_faults, methods=["POST"]),
         Route("/jobs", jobs.jobs, methods=["GET"]),
         Route("/jobs/cancel", jobs.cancel_matching, methods=["POST"]),
+        Route("/jobs/hold", jobs.hold_matching, methods=["POST"]),
+        Route("/jobs/release", jobs.release_matching, methods=["POST"]),
         Route("/jobs/{job_id}", jobs.job_detail, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/hold", jobs.hold_job, methods=["POST"]),

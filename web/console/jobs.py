@@ -46,14 +46,23 @@ SUBMIT_FIELDS = {"name": "name", "command": "command", "gpus": "gpus", "gpuModel
 
 # ---------------------------------------------------------------- the jobs list
 
+# What the list says after a cancel, hold or release of the jobs its filters match.
+MANY_NOTICES = {
+    "cancel-many": "Cancel requested for {n} job(s) that the filters match and that had not ended. The leader "
+                   "stops them shortly.",
+    "hold-many": "Hold requested for {n} queued job(s) that the filters match and that were not held. They stay "
+                 "queued, not placed until released.",
+    "release-many": "Release requested for {n} held job(s) that the filters match.",
+}
+
 
 @console()
 async def jobs(request: Request) -> Response:
     ctx = await _list_ctx(muster_of(request), request.query_params, page_arg(request))
     n = request.query_params.get("n", "")
-    if request.query_params.get("notice") == "cancel-many" and n.isdigit():
-        ctx["notice"] = (f"Cancel requested for {int(n)} job(s) that the filters match and that had not ended. "
-                         "The leader stops them shortly.")
+    notice = request.query_params.get("notice")
+    if notice in MANY_NOTICES and n.isdigit():
+        ctx["notice"] = MANY_NOTICES[notice].format(n=int(n))
     return render(request, "_jobs.html" if is_htmx(request) else "jobs.html", ctx)
 
 
@@ -106,6 +115,7 @@ async def _list_ctx(m: Muster, params: Any, page: int) -> dict[str, Any]:
         "live_url": url("/jobs", **keep, page=page),
         "sse_on": "job",
         "cancel_errors": [],
+        "hold_errors": [],
     }
 
 
@@ -124,6 +134,24 @@ def _list_filters(params: Any) -> dict[str, str]:
 async def cancel_matching(request: Request) -> Response:
     """Cancel every job not ended that the list's filters match (Muster.cancel_matching:
     a team's token, its queues' only); a reason and at least one filter are required."""
+    return await _on_matching(request, "cancel")
+
+
+@console(csrf=True, action=True)
+async def hold_matching(request: Request) -> Response:
+    """Hold every queued job not held that the list's filters match (Muster.hold_matching)."""
+    return await _on_matching(request, "hold")
+
+
+@console(csrf=True, action=True)
+async def release_matching(request: Request) -> Response:
+    """Release every held job that the list's filters match (Muster.release_matching)."""
+    return await _on_matching(request, "release")
+
+
+async def _on_matching(request: Request, action: str) -> Response:
+    """Cancel, hold or release (`action`) the jobs the list's filters match; the list again
+    with a notice, or with the refusal under the form."""
     m = muster_of(request)
     sess: Session = request.state.session
     form = await read_form(request)
@@ -132,18 +160,24 @@ async def cancel_matching(request: Request) -> Response:
     back = dict(state=state, **f)
     reason = form.get("reason", "").strip()[:512]
     try:
-        if not reason:
+        if action == "cancel" and not reason:
             raise ValidationError("reason", "a reason is required to cancel jobs", "REQUIRED")
         if state and state not in {s.value for s in JobState}:
             raise ValidationError("state", f"no state {state[:32]!r}", "INVALID")
-        ids = await m.cancel_matching(sess.user, reason, sess.info.submit_queues, state=[state] if state else None,
-                                      queue=f["queue"] or None, name=f["name"] or None, user=f["user"] or None,
-                                      group=f["group"] or None)
+        filters: dict[str, Any] = dict(state=[state] if state else None, queue=f["queue"] or None,
+                                       name=f["name"] or None, user=f["user"] or None, group=f["group"] or None)
+        queues = sess.info.submit_queues
+        if action == "hold":
+            ids = await m.hold_matching(sess.user, reason, queues, **filters)
+        elif action == "release":
+            ids = await m.release_matching(sess.user, queues, **filters)
+        else:
+            ids = await m.cancel_matching(sess.user, reason, queues, **filters)
     except FORM_ERRORS as exc:
         ctx = await _list_ctx(m, form, 1)
-        ctx["cancel_errors"] = [e.message for e in exc.details()]
+        ctx["cancel_errors" if action == "cancel" else "hold_errors"] = [e.message for e in exc.details()]
         return render(request, "jobs.html", ctx, status_for(exc))
-    return RedirectResponse(url("/jobs", **back, notice="cancel-many", n=len(ids)), status_code=303)
+    return RedirectResponse(url("/jobs", **back, notice=f"{action}-many", n=len(ids)), status_code=303)
 
 
 # ---------------------------------------------------------------- one job

@@ -36,6 +36,7 @@ from server.api.graphql.types import (
     Host,
     HostActionPayload,
     Job,
+    JobsChangedPayload,
     Queue,
     QueuePayload,
     SubmitJobPayload,
@@ -188,30 +189,30 @@ class Mutation:
 
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "
-                                     "100000 over the request, aliases together; run it again for more). A token "
-                                     "bound to queues cancels only their jobs. The leader stops them shortly, as "
-                                     "cancelJob.")
+                                     "100000 over the request, holdJobs, releaseJobs and aliases together; run it "
+                                     "again for more). A token bound to queues cancels only their jobs. The leader "
+                                     "stops them shortly, as cancelJob.")
     async def cancel_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                           limit: int | None = None) -> CancelJobsPayload:
-        async def op() -> list[str]:
-            require(info)
-            # At most MAX_CANCEL_MATCHING over the request, aliases of the field together.
-            counts = operation_counts(info)
-            left = MAX_CANCEL_MATCHING - counts.get("cancelled", 0)
-            if limit is not None and limit < 1:
-                # (found by exploring: 0 and -1 were told "at most 100000")
-                raise ValidationError("limit", "must be at least 1 (leave it out for every match)", "OUT_OF_RANGE")
-            if left <= 0 or (limit is not None and limit > left):
-                raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled per request",
-                                      "OUT_OF_RANGE")
-            ids = await muster(info).cancel_matching(user(info), reason, bound_queues(info),
-                                                     limit=limit if limit is not None else left, **filter.filters())
-            counts["cancelled"] = counts.get("cancelled", 0) + len(ids)
-            return ids
+        ids, errors = await _on_matching(info, "cancel", filter, reason, limit)
+        return CancelJobsPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
 
-        ids, errors = await attempt(op)
-        return CancelJobsPayload(count=len(ids or []), job_ids=[strawberry.ID(i) for i in ids or []],
-                                 user_errors=errors)
+    @strawberry.mutation(description="Hold every QUEUED job that matches `filter` (at least one of its fields "
+                                     "given) and is not held already nor taking GPUs by preemption: each stays "
+                                     "queued, not placed until released (Slurm's scontrol hold of many jobs). The "
+                                     "oldest first, at most `limit`, as cancelJobs. A token bound to queues holds "
+                                     "only their jobs. The leader applies it shortly, as updateJob's hold.")
+    async def hold_jobs(self, info: Info, filter: JobFilter, reason: str = "",
+                        limit: int | None = None) -> JobsChangedPayload:
+        ids, errors = await _on_matching(info, "hold", filter, reason, limit)
+        return JobsChangedPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
+
+    @strawberry.mutation(description="Release every held job that matches `filter` (at least one of its fields "
+                                     "given): each takes its place in its queue again. The oldest first, at most "
+                                     "`limit`, as cancelJobs. A token bound to queues releases only their jobs.")
+    async def release_jobs(self, info: Info, filter: JobFilter, limit: int | None = None) -> JobsChangedPayload:
+        ids, errors = await _on_matching(info, "release", filter, "", limit)
+        return JobsChangedPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
 
     @strawberry.mutation(description="Create a queue (admin).")
     async def create_queue(self, info: Info, input: QueueInput) -> QueuePayload:
@@ -309,6 +310,35 @@ class Mutation:
         return await _on_host(info, str(input.id),
                               lambda m: m.drain(str(input.id), user(info), input.reason, input.deadline_seconds,
                                                 epoch(input.at)))
+
+
+async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str,
+                       limit: int | None) -> tuple[list[str], list[UserError]]:
+    """cancelJobs, holdJobs or releaseJobs (`action`): the ids of the jobs asked for, and
+    the user errors. At most MAX_CANCEL_MATCHING jobs over the request, every such field
+    and alias together."""
+    async def op() -> list[str]:
+        require(info)
+        counts = operation_counts(info)
+        left = MAX_CANCEL_MATCHING - counts.get("matched", 0)
+        if limit is not None and limit < 1:
+            # (found by exploring: 0 and -1 were told "at most 100000")
+            raise ValidationError("limit", "must be at least 1 (leave it out for every match)", "OUT_OF_RANGE")
+        if left <= 0 or (limit is not None and limit > left):
+            raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled, held or released per "
+                                           "request", "OUT_OF_RANGE")
+        m, by, queues, take = muster(info), user(info), bound_queues(info), limit if limit is not None else left
+        if action == "hold":
+            ids = await m.hold_matching(by, reason, queues, limit=take, **filter.filters())
+        elif action == "release":
+            ids = await m.release_matching(by, queues, limit=take, **filter.filters())
+        else:
+            ids = await m.cancel_matching(by, reason, queues, limit=take, **filter.filters())
+        counts["matched"] = counts.get("matched", 0) + len(ids)
+        return ids
+
+    ids, errors = await attempt(op)
+    return ids or [], errors
 
 
 async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:

@@ -794,6 +794,13 @@ class CancelJobsPayload:
 
 
 @strawberry.type
+class JobsChangedPayload:
+    count: int = strawberry.field(description="The jobs whose change was asked for.")
+    job_ids: list[strawberry.ID] = strawberry.field(description="Their ids, oldest first.")
+    user_errors: list[UserError]
+
+
+@strawberry.type
 class Alert:
     id: strawberry.ID
     kind: str
