@@ -798,8 +798,10 @@ class Command(_Model):
     ts: float = Field(default_factory=time.time)
     priority: int | None = Field(default=None, ge=-1000, le=1000)
     hold: bool | None = None
-    time_limit_s: float | None = Field(default=None, gt=0, le=365 * 24 * 3600)
-    # With `time_limit_s`: an admin's limit past the queue's maximum (JobSpec.time_limit_exempt).
+    # 0: none (an admin's removal, with `time_limit_exempt`).
+    time_limit_s: float | None = Field(default=None, ge=0, le=365 * 24 * 3600)
+    # With `time_limit_s`: an admin's limit past the queue's maximum, or no limit
+    # (JobSpec.time_limit_exempt).
     time_limit_exempt: bool = False
 
 

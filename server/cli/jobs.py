@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="-1000 to 1000: its place in its queue, and as a preemption victim")
     jp.add_argument("--time-limit", type=finite_float, default=None, metavar="S", dest="time_limit",
                     help="a new time limit in seconds, its running try's too (one that ran longer is stopped); "
-                         "only an admin may raise one (scontrol update TimeLimit)")
+                         "0: none; only an admin may raise or remove one (scontrol update TimeLimit)")
     add_output(jp)
     jp.set_defaults(fn=cmd_update, reason="")
 

@@ -67,8 +67,9 @@ class JobOperations(Operations):
         """Ask the leader to change a job that has not ended: its priority (-1000 to 1000),
         hold it (True: a QUEUED job stays queued but is not placed; `reason` says why) or
         release it (False), and its time limit in seconds (a running try's too: one that
-        has run longer is stopped at once). As with Slurm's `scontrol update TimeLimit`,
-        only an admin (`may_raise`) may raise a limit or set one above the queue's maximum.
+        has run longer is stopped at once; 0: none). As with Slurm's `scontrol update
+        TimeLimit`, only an admin (`may_raise`) may raise a limit, set one above the queue's
+        maximum or remove it (UNLIMITED).
         Raises NotFound, Forbidden (`queues`, as cancel; a raise without `may_raise`),
         ValidationError (nothing to change, a value out of range, holding a job that is
         not QUEUED or is taking GPUs by preemption, holding a held job or releasing one not
@@ -79,8 +80,8 @@ class JobOperations(Operations):
             raise ValidationError("input", "give a priority, a time limit, or hold or release the job", "REQUIRED")
         if priority is not None and not -1000 <= priority <= 1000:
             raise ValidationError("priority", "must be from -1000 to 1000", "OUT_OF_RANGE")
-        if time_limit_s is not None and not 0 < time_limit_s <= MAX_TIME_LIMIT_S:
-            raise ValidationError("timeLimitSeconds", f"must be more than 0 and at most {MAX_TIME_LIMIT_S} seconds",
+        if time_limit_s is not None and not 0 <= time_limit_s <= MAX_TIME_LIMIT_S:
+            raise ValidationError("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds",
                                   "OUT_OF_RANGE")
         job = self._live_job_for(job_id, queues)
         if hold and (job.state is not JobState.QUEUED or job.preempting):
@@ -97,8 +98,10 @@ class JobOperations(Operations):
             self._check_time_limit(job, time_limit_s, may_raise)
             q = self.queue(job.spec.queue)
             # An admin's limit past the queue's maximum holds for every try (found by
-            # exploring: a queued job's raise was accepted, and its try ran capped).
-            exempt = may_raise and q is not None and 0 < q.max_time_limit_s < time_limit_s
+            # exploring: a queued job's raise was accepted, and its try ran capped), and so
+            # does an admin's removal of the limit (0: neither the queue's default nor its
+            # maximum comes back).
+            exempt = may_raise and (time_limit_s == 0 or (q is not None and 0 < q.max_time_limit_s < time_limit_s))
         await self._command(Command(kind="update", job_id=job_id, by=by, reason=reason, priority=priority, hold=hold,
                                     time_limit_s=time_limit_s, time_limit_exempt=exempt))
 
@@ -111,6 +114,8 @@ class JobOperations(Operations):
             raise ValidationError("timeLimitSeconds", "its try is being stopped already", "STOPPING")
         if may_raise:
             return
+        if limit == 0:
+            raise Forbidden("only an admin may remove a time limit")
         q = self.queue(job.spec.queue)
         now_limit = live[0].time_limit_s if live else effective_time_limit(job.spec, q)
         if now_limit and limit > now_limit:

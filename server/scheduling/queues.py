@@ -543,8 +543,9 @@ def placement_spec(spec: JobSpec, q: Queue | None) -> JobSpec | None:
 
 def effective_time_limit(spec: JobSpec, q: Queue | None) -> float:
     """The time limit a job runs under: its own, else its queue's default, capped by the
-    queue's maximum (0: none), unless an admin set it past that maximum."""
-    if spec.time_limit_exempt and spec.time_limit_s > 0:
+    queue's maximum (0: none), unless an admin set it past that maximum or removed it
+    (`time_limit_exempt`: its own, 0 for none)."""
+    if spec.time_limit_exempt:
         return spec.time_limit_s
     limit = spec.time_limit_s or (q.default_time_limit_s if q is not None else 0.0)
     if q is not None and q.max_time_limit_s > 0:

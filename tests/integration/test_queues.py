@@ -388,9 +388,9 @@ def test_time_limit_stops_the_job_with_sigterm_and_it_ends_timeout(cluster: Clus
 def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_operator(
         cluster: Cluster, tmp_path: Path) -> None:
     """`muster job set --time-limit` (updateJob): an operator's token may lower its job's
-    limit, not raise it; an admin may raise one above the queue's maximum; the running try
-    runs under the new limit, and one lowered below what it has run is stopped with
-    SIGTERM and ends TIMEOUT."""
+    limit, not raise it; an admin may raise one above the queue's maximum, or remove it;
+    the running try runs under the new limit, and one lowered below what it has run is
+    stopped with SIGTERM and ends TIMEOUT."""
     srv = cluster.server()
     cluster.agent("t2", gpus="2xH100")
     api = Api(srv.url, cluster.token)
@@ -434,6 +434,15 @@ def test_a_running_jobs_time_limit_is_raised_by_an_admin_and_lowered_by_its_oper
     r = muster(cluster, srv.url, "job", "set", held, "--time-limit", "7200")
     assert r.returncode == 0, r.stdout + r.stderr
     wait_until(lambda: limits(held) == (7200, 7200), timeout=30, what="the queued job's raised limit")
+    # Removed (0, Slurm's UNLIMITED): the admin's alone; neither the queue's default nor its
+    # maximum comes back, for the running try as for a queued job's.
+    r = muster(cluster, srv.url, "job", "set", ids[0], "--time-limit", "0", token=bob)
+    assert r.returncode == 4 and "only an admin may remove a time limit" in r.stderr, r.stdout + r.stderr
+    for j in (ids[0], held):
+        r = muster(cluster, srv.url, "job", "set", j, "--time-limit", "0")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_until(lambda j=j: limits(j) == (0, 0), timeout=30, what="the limit removed")
+    assert "time limit" not in muster(cluster, srv.url, "job", "show", ids[0]).stdout
     cancel(api, ids[0])
     cancel(api, held)
     settled(api, *ids, held)

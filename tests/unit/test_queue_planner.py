@@ -556,6 +556,11 @@ def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stop
     # a change, and later tries are capped again.
     plan = w.qcycle(commands=[limit("over", 5000, NOW + 31)], now=NOW + 31)
     assert plan.ignored == 0 and not w.job("over").spec.time_limit_exempt
+    # An admin removes a running try's limit (0, exempt): it has no deadline any more.
+    plan = w.qcycle(commands=[Command(kind="update", job_id="train", by="admin", time_limit_s=0,
+                                      time_limit_exempt=True, ts=NOW + 32)], now=NOW + 32)
+    assert [e.message for e in plan.events if e.kind == "job.updated"] == ["time limit 7200 s -> none"]
+    assert w.job("train").current.time_limit_s == 0 and w.state.deadlines.get("train") is None
 
 
 def test_a_new_leader_finishes_a_preemption_from_the_records() -> None:

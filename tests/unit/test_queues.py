@@ -146,6 +146,8 @@ def test_time_limits_default_and_maximum() -> None:
     assert effective_time_limit(job_spec(time_limit_s=1000), q) == 600
     assert effective_time_limit(job_spec(), Queue(name="r", max_time_limit_s=5)) == 5
     assert effective_time_limit(job_spec(), None) == 0
+    # An admin removed it (UNLIMITED): neither the default nor the maximum comes back.
+    assert effective_time_limit(job_spec(time_limit_s=0, time_limit_exempt=True), q) == 0
     # What the job page and `job show` say of it: the limit, and where it comes from.
     assert time_limit(job_spec(), q) == (60, "the queue's default")
     assert time_limit(job_spec(time_limit_s=100), q) == (100, "its own")

@@ -195,9 +195,9 @@ class UpdateJobInput:
                                                                    "until released); false releases it.")
     time_limit_seconds: float | None = strawberry.field(
         default=None, description="A new time limit, in seconds: the job's, and its running try's (one that has run "
-                                  "longer is stopped at once, and ends TIMEOUT). Only an admin may raise a limit or "
-                                  "set one above the queue's maximum (as Slurm's scontrol update TimeLimit), which "
-                                  "then holds for every try of the job.")
+                                  "longer is stopped at once, and ends TIMEOUT); 0: none. Only an admin may raise a "
+                                  "limit, set one above the queue's maximum or remove it (as Slurm's scontrol update "
+                                  "TimeLimit, UNLIMITED), which then holds for every try of the job.")
     reason: str = strawberry.field(default="", description="Why (shown with a hold).")
 
 

@@ -237,7 +237,7 @@ def apply_update(w: Work, c: Command, now: float) -> None:
         job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
     if limit is not None:
         was = next((t.time_limit_s for t in job.current_tasks() if not t.state.terminal), job.spec.time_limit_s)
-        done.append(f"time limit {f'{was:g} s' if was else 'none'} -> {limit:g} s")
+        done.append(f"time limit {f'{was:g} s' if was else 'none'} -> {f'{limit:g} s' if limit else 'none'}")
         job.spec = job.spec.model_copy(update={"time_limit_s": limit, "time_limit_exempt": c.time_limit_exempt})
         for t in job.current_tasks():
             if not t.state.terminal:
