@@ -283,7 +283,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                                                                       reserve_jobs=max(0, cfg.reserve_jobs)),
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,
                                                                     starved_after_s=cfg.queue_starved_after_s)),
-                                   caught_up=self._watches[0].caught_up)
+                                   caught_up=self._watches[0].caught_up,
+                                   used_ids=lambda ids: asyncio.to_thread(self._history_ids, ids))
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
         if cfg.history_process:
@@ -387,6 +388,10 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             job = obj
             assert isinstance(job, Job)
             self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
+
+    def _history_ids(self, ids: list[str]) -> set[str]:
+        """Of `ids`, those history has a job of (the scheduler refuses them to submissions)."""
+        return self.history.known_job_ids(ids) if self.history is not None else set()
 
     def _on_leadership(self, leading: bool, term: int) -> None:
         metrics.LEADER.set(1 if leading else 0)

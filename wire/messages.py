@@ -826,6 +826,9 @@ class SubmitRequest(_Model):
     # Drawn at random by the leader as it reads the submission (a client's is replaced):
     # its jobs' uid keys are made from it (Job.uid_key).
     nonce: str = ""
+    # Set by the leader as it reads the submission (a client's is replaced): the ids of
+    # its jobs that an earlier job had (history knows them): refused, ids are never reused.
+    used: list[str] = Field(default_factory=list)
 
 
 class Event(_Model):

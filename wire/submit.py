@@ -1,11 +1,15 @@
 """Submitting jobs over NATS, for programs that speak NATS (the high-rate path).
 
-    ids = await submit_over_nats(js, [{"name": "train", "command": ["python", "t.py"], "gpus": 1}])
+    jobs = [{"name": "train", "command": ["python", "t.py"], "gpus": 1}]
+    ids = await submit_over_nats(js, jobs, user="alice")
 
-Each job gets a client-chosen id before it is sent, so the publish can be retried
-safely: the stream deduplicates the message (Nats-Msg-Id) and the leader never creates
-a job id twice. The publish is acknowledged once the batch is stored durably; the jobs
-appear as QUEUED (or already PLACED) records on the leader's next cycle.
+Each job gets a client-chosen id before it is sent, written into its dict (one without
+an `id`), so the publish can be retried safely, by this function or by sending the same
+dicts again after it raised: the stream deduplicates the same message (its Nats-Msg-Id
+is a digest of its user and jobs), and the leader creates a job id once (the same user's
+id again is skipped; another user's job's, or an earlier job's, is refused). The publish
+is acknowledged once the batch is stored durably; the jobs appear as QUEUED (or already
+PLACED) records on the leader's next cycle.
 
 While NATS cannot take the publish (the submission stream electing a leader after a
 node was lost: no responders, a timeout, 503) it is sent again every `every_s` for up to
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -30,19 +35,23 @@ from wire import retrying, subjects
 from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
 
-async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str = "nats", timeout: float = 10, *,
+async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float = 10, *,
                            within_s: float = retrying.SUBMIT_RETRY_S, every_s: float = 0.5) -> list[str]:
-    """Publish `jobs` on `muster.submit.<user>`, in messages of at most MAX_SUBMIT_JOBS
-    jobs; returns their ids. Each message carries a Nats-Msg-Id derived from its job ids,
-    so publishing the same jobs again (a retry after a lost ack) creates nothing twice;
-    a message NATS cannot take is sent again for up to `within_s` (0: raised at once)."""
-    jobs = [dict(j) for j in jobs]
+    """Publish `jobs` on `muster.submit.<user>` (the user the credentials may submit as),
+    in messages of at most MAX_SUBMIT_JOBS jobs; returns their ids, also written into
+    the dicts that had none. Each message carries a Nats-Msg-Id that is a digest of its
+    user and jobs, so publishing the same jobs again (a retry after a lost ack, or after
+    this raised) creates nothing twice, and a corrected one is taken; a message NATS
+    cannot take is sent again for up to `within_s` (0: raised at once)."""
     for j in jobs:
         j.setdefault("id", new_id("j"))
     for i in range(0, len(jobs), MAX_SUBMIT_JOBS):
         chunk = jobs[i : i + MAX_SUBMIT_JOBS]
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
-        msg_id = hashlib.sha256("\x1f".join(str(j["id"]) for j in chunk).encode()).hexdigest()[:32]
+        # (found by exploring: a digest of the ids alone dropped a corrected job sent again
+        # under its id, and another user's message naming the same ids, for 2 minutes)
+        body = json.dumps([user, chunk], sort_keys=True, separators=(",", ":"), default=str)
+        msg_id = hashlib.sha256(body.encode()).hexdigest()[:32]
         publish = functools.partial(js.publish, f"{subjects.SUBMIT_PREFIX}.{user}", encode(req),
                                     headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
         await retrying.within(publish, within_s, every_s, _again)

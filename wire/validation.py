@@ -73,6 +73,11 @@ def _real(v: object, lo: float, hi: float, *, above: bool = False) -> bool:
             and (lo < v if above else lo <= v) and v <= hi)
 
 
+# The fields a job submitted over NATS may have: the stored spec's (but what only the
+# control plane sets), its id, `held`, and `user` (which the subject overrides).
+SUBMIT_FIELDS = frozenset(JobSpec.model_fields) - {"time_limit_exempt"} | {"id", "held", "user"}
+
+
 def validate_job(
     data: dict[str, Any], known_models: Iterable[str] = ()
 ) -> tuple[JobSpec | None, list[ValidationError]]:

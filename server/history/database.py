@@ -472,6 +472,15 @@ class History:
             row = s.get(JobRow, job_id)
             return Job.model_validate_json(row.doc) if row else None
 
+    def known_job_ids(self, ids: Sequence[str]) -> set[str]:
+        """Those of `ids` that history has a job of (by the primary key, 500 at a time)."""
+        found: set[str] = set()
+        ids = list(ids)
+        with Session(self.engine) as s:
+            for i in range(0, len(ids), 500):
+                found.update(s.exec(select(JobRow.id).where(col(JobRow.id).in_(ids[i:i + 500]))).all())
+        return found
+
     def _name_prefix(self, prefix: str) -> Any:
         name = col(JobRow.name)
         if self.dialect == "sqlite":

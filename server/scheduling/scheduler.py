@@ -50,6 +50,10 @@ from wire.stopping import pause
 
 log = logging.getLogger(__name__)
 
+# How long the intake of a submission waits for history to say which of its ids were used.
+USED_IDS_WAIT_S = 2.0
+USED_IDS_PAUSE_S = 10.0  # and, after it did not, how long it is not asked
+
 
 def _stored_at(msg: Msg) -> float:
     """When the store stored a delivered message (its clock, seconds); unknown: no bound."""
@@ -159,8 +163,13 @@ class Scheduler:
         leadership: Leader,
         config: SchedulerConfig | None = None,
         caught_up: Callable[[], Awaitable[None]] | None = None,
+        used_ids: Callable[[list[str]], Awaitable[set[str]]] | None = None,
     ) -> None:
         self.store = store
+        # Which of some job ids an earlier job had (history's): a submission over NATS
+        # naming one is refused, ids are never reused (SubmitRequest.used).
+        self.used_ids = used_ids
+        self._used_ids_failed_at: float | None = None
         # A read barrier: returns once the state watch has delivered everything stored
         # before the call (Watch.caught_up). A new leader waits for it before it takes
         # any input, or it would act on records older than the previous leader's last
@@ -253,7 +262,33 @@ class Scheduler:
         # The uid keys of its jobs come from a nonce of the leader's, not from ids the client
         # chose (found by exploring: an id chosen for its uid ran as another team's job's).
         return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
-                                      "nonce": secrets.token_hex(16)})
+                                      "nonce": secrets.token_hex(16), "used": []})
+
+    async def _screen_submission(self, req: SubmitRequest) -> SubmitRequest:
+        """The submission with the ids of its jobs that an earlier job had, whose records
+        are gone (`used`, from history): found by exploring, an id used again after its
+        job's record expired ran a second job under it, another user's included, and
+        replaced the first's history. History out of reach: none are known (said once), and
+        it is not asked again for USED_IDS_PAUSE_S (each ask holds a thread meanwhile)."""
+        failed = self._used_ids_failed_at
+        if self.used_ids is None or (failed is not None and time.monotonic() - failed < USED_IDS_PAUSE_S):
+            return req
+        fresh = [i for i in (d.get("id") for d in req.jobs) if isinstance(i, str) and i not in self.state.jobs
+                 and subjects.job_key(i) not in self.state.revisions]
+        if not fresh:
+            return req
+        try:
+            # (a database that does not answer must not hold submissions up)
+            used = await asyncio.wait_for(self.used_ids(fresh), USED_IDS_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - NATS is the truth; history only guards ids gone from it
+            if failed is None:
+                log.warning("cannot ask history which submitted job ids were used before (%r): taking them", exc)
+            self._used_ids_failed_at = time.monotonic()
+            return req
+        if failed is not None:
+            log.warning("history answers again which submitted job ids were used before")
+        self._used_ids_failed_at = None
+        return req.model_copy(update={"used": sorted(used)}) if used else req
 
     def _decode_command(self, msg: Msg) -> Command | None:
         try:
@@ -275,6 +310,8 @@ class Scheduler:
                 except Exception:  # noqa: BLE001
                     pass
                 return
+            if isinstance(decoded, SubmitRequest):
+                decoded = await self._screen_submission(decoded)
             sink.append((m, decoded))
             self.wake.set()
 

@@ -108,7 +108,7 @@ def test_a_large_nats_submission_is_split_and_nothing_behind_it_waits(cluster: C
         nc = await natslib.connect(cluster.nats_url)
         js = nc.jetstream()
         ids = await submit_over_nats(js, jobs, user="bulk")
-        later = await submit_over_nats(js, [dict(jobs[0], name="after")], user="bulk")
+        later = await submit_over_nats(js, [dict(jobs[0], name="after", id="after-the-batch")], user="bulk")
         await nc.close()
         return ids, later
 
@@ -156,3 +156,66 @@ async def test_a_submission_rides_out_a_nats_server_that_stops_answering(nats: N
         assert await stored() == 2
     finally:
         await nc.close()
+
+
+def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: Cluster) -> None:
+    """Found by exploring: once a finished job's record had expired and the server had
+    restarted, a submission over NATS naming its id created a second job under it (another
+    user's too), which ran again, and whose history row replaced the first's. History knows
+    the id: the leader refuses it (muster.events.job.rejected) and the first job stays."""
+    import json
+
+    from wire.messages import SubmitRequest, encode
+
+    env = {"MUSTER_FINISHED_JOB_TTL": "1"}
+    srv = cluster.server(env=env)
+    cluster.agent("reuse-1", gpus="1xH100")
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+
+    async def publish(job: dict[str, object], user: str) -> None:
+        nc = await natslib.connect(cluster.nats_url)
+        await nc.jetstream().publish(f"{subjects.SUBMIT_PREFIX}.{user}", encode(SubmitRequest(jobs=[job])))
+        await nc.close()
+
+    asyncio.run(publish({"id": "nightly-etl-01", "name": "first", "command": ["true"], "gpus": 1}, "alice"))
+    wait_until(lambda: api.job("nightly-etl-01"), timeout=60, what="the job created")
+    assert api.wait_job("nightly-etl-01", {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
+
+    async def record_gone() -> bool:
+        nc = await natslib.connect(cluster.nats_url)
+        try:
+            return (await Store(nc).get(subjects.job_key("nightly-etl-01"))).value is None
+        finally:
+            await nc.close()
+
+    wait_until(lambda: asyncio.run(record_gone()), timeout=60, what="the finished job's record expired")
+
+    async def marker_gone() -> None:  # as its expiry marker's own TTL (60 s) does
+        nc = await natslib.connect(cluster.nats_url)
+        await nc.jetstream().purge_stream(f"KV_{subjects.STATE_BUCKET}",
+                                          subject=subjects.kv_subject(subjects.STATE_BUCKET,
+                                                                      subjects.job_key("nightly-etl-01")))
+        await nc.close()
+
+    asyncio.run(marker_gone())
+    srv.stop()  # a new leader: its view has no trace of the record
+    srv = cluster.server(env=env)
+    api = Api(srv.url, cluster.token)
+    api.wait_hosts(1)
+
+    async def again() -> list[dict[str, object]]:
+        nc = await natslib.connect(cluster.nats_url)
+        sub = await nc.subscribe(f"{subjects.EVENTS_PREFIX}.job.rejected")
+        seen = []
+        for user in ("alice", "bob"):
+            await nc.jetstream().publish(f"{subjects.SUBMIT_PREFIX}.{user}", encode(SubmitRequest(jobs=[
+                {"id": "nightly-etl-01", "name": "second", "command": ["true"], "gpus": 1}])))
+            seen.append(json.loads((await sub.next_msg(timeout=60)).data))
+        await nc.close()
+        return seen
+
+    for event in asyncio.run(again()):
+        assert event["job_id"] == "nightly-etl-01" and "ids are never reused" in str(event["message"]), event
+    job = api.q('query { job(id: "nightly-etl-01") { name user attempts { id } } }')["job"]
+    assert job == {"name": "first", "user": "alice", "attempts": [{"id": "nightly-etl-01.1"}]}, job

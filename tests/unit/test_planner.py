@@ -712,6 +712,39 @@ def test_a_nats_submission_over_its_queues_maximum_time_limit_is_rejected(w: Wor
     assert plan.rejected == [("too-long-1", "timeLimitSeconds: queue 'tl' allows at most 60 s")]
 
 
+def test_a_nats_submissions_ids_and_fields_are_checked(w: World) -> None:
+    """Found by exploring, each dropped without a word (or worse): an id given twice in a
+    message, another user's job's id (alice's job never made, bob's kept), an id an
+    earlier job had (history's, or a record gone: it ran a second job under the first's
+    id), a misspelt field (`gpu`: it ran without a GPU), a `held` that is not a boolean
+    (held "yes" ran). The same user's id again is a retried publish: skipped."""
+    from wire.messages import SubmitRequest
+
+    def job(job_id: str, **kw: object) -> dict[str, object]:
+        return {"id": job_id, "name": "x", "command": ["true"], **kw}
+
+    w.commit(plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM,
+                        submissions=[SubmitRequest(user="bob", ts=NOW, jobs=[job("nightly-etl-1")])]))
+    assert w.job("nightly-etl-1").spec.user == "bob"
+    w.state.revisions["job.gone-job-1"] = 5  # an expired record, as ClusterState keeps its revision
+    sub = SubmitRequest(user="alice", ts=NOW, used=["old-job-01"], jobs=[
+        job("twice-job-1"), job("twice-job-1", name="y"), job("nightly-etl-1"), job("old-job-01"),
+        job("gone-job-1"), job("typo-job-1", gpu=2), job("held-job-1", held="yes"), job("fine-job-1", held=False)])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert set(plan.jobs) == {"twice-job-1", "fine-job-1"} and plan.jobs["twice-job-1"].spec.name == "x"
+    assert plan.rejected == [
+        ("twice-job-1", "id: given twice in this submission"),
+        ("nightly-etl-1", "id: another user's job has it (choose another id)"),
+        ("old-job-01", "id: an earlier job had it, and ids are never reused (choose another)"),
+        ("gone-job-1", "id: an earlier job had it, and ids are never reused (choose another)"),
+        ("typo-job-1", "gpu: no such field (the stored spec's names: gpus, memory_mb, time_limit_s, ...)"),
+        ("held-job-1", "held: must be true or false")]
+    # bob's publish again: skipped, nothing said.
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM,
+                      submissions=[SubmitRequest(user="bob", ts=NOW, jobs=[job("nightly-etl-1")])])
+    assert plan.rejected == [] and "nightly-etl-1" not in plan.jobs
+
+
 def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_ok: bool = False,
           gpus: int = 1) -> None:
     """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""

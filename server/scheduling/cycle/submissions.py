@@ -17,23 +17,47 @@ from server.scheduling.submitlimits import OpenJobs
 from wire import subjects
 from wire.budgets import CANCEL_REASON_MAX, clip_start
 from wire.messages import JOB_ID_PATTERN, Job, JobSpec, JobState, SubmitRequest
-from wire.validation import validate_job
+from wire.validation import SUBMIT_FIELDS, validate_job
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
 def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
     """Jobs submitted over NATS become QUEUED job records in this cycle's commit (and may
-    be placed in the same commit). A job id that exists already is a retried publish."""
+    be placed in the same commit). A job id that is the same user's job already is a
+    retried publish, skipped; one that is another user's job, that an earlier job had
+    (`req.used`, or a record gone since), or given twice in the message is refused, as is
+    a field no job has (found by exploring: each was dropped without a word, a misspelt
+    `gpu` ran with none, and an id used before ran a second job under the first's id)."""
+    seen: set[str] = set()
+    used = set(req.used)
     for data in req.jobs:
         job_id = data.get("id")
         if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
             w.plan.rejected.append((str(job_id)[:64], "id: 8-64 letters, digits, '_' or '-'"))
             continue
-        if job_id in w.state.jobs or job_id in w.plan.jobs or subjects.job_key(job_id) in w.state.revisions:
+        if job_id in seen:
+            w.plan.rejected.append((job_id, "id: given twice in this submission"))
+            continue
+        seen.add(job_id)
+        existing = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
+        if existing is not None:
+            if existing.spec.user != req.user:
+                w.plan.rejected.append((job_id, "id: another user's job has it (choose another id)"))
+            continue
+        if job_id in used or subjects.job_key(job_id) in w.state.revisions:
+            w.plan.rejected.append((job_id, "id: an earlier job had it, and ids are never reused (choose another)"))
             continue
         if job_id in w.frozen_jobs:
             raise KeyInFlight(subjects.job_key(job_id))  # plan_cycle holds such submissions back
+        unknown = sorted(k for k in data if k not in SUBMIT_FIELDS)
+        if unknown:
+            w.plan.rejected.append((job_id, f"{', '.join(unknown)[:200]}: no such field (the stored spec's names: "
+                                            "gpus, memory_mb, time_limit_s, ...)"))
+            continue
+        if data.get("held") not in (None, True, False):
+            w.plan.rejected.append((job_id, "held: must be true or false"))
+            continue
         fields = {k: v for k, v in data.items() if k not in ("id", "user", "held")}
         fields["user"] = req.user
         spec, errors = validate_job(fields, known_models)
