@@ -829,6 +829,9 @@ class SubmitRequest(_Model):
     # Set by the leader as it reads the submission (a client's is replaced): the ids of
     # its jobs that an earlier job had (history knows them): refused, ids are never reused.
     used: list[str] = Field(default_factory=list)
+    # Set by the leader from the subject (`muster.submit.<user>.<queue>`; a client's is
+    # replaced): the only queue its jobs may be in ("": any), the one a job naming none is in.
+    queue: str = ""
 
 
 class Event(_Model):

@@ -125,14 +125,26 @@ def status_subject(host_id: str) -> str:
 SUBMITTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-def submit_subject(user: str) -> str:
-    return f"{SUBMIT_PREFIX}.{user}"
+# A queue's name (wire.messages.QUEUE_NAME_PATTERN): one subject token.
+QUEUE_TOKEN_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
-def submitter_of(subject: str) -> str | None:
-    """The user a submission's subject names (`muster.submit.<user>`), None if it names none."""
-    user = subject.removeprefix(SUBMIT_PREFIX + ".")
-    return user if user != subject and SUBMITTER_RE.fullmatch(user) else None
+def submit_subject(user: str, queue: str | None = None) -> str:
+    """`muster.submit.<user>`, or `muster.submit.<user>.<queue>` for jobs of that queue
+    only (what a submitter bound to queues may publish on)."""
+    return f"{SUBMIT_PREFIX}.{user}" + (f".{queue}" if queue else "")
+
+
+def submitter_of(subject: str) -> tuple[str, str] | None:
+    """(the user, the queue or "") a submission's subject names (`muster.submit.<user>`
+    or `muster.submit.<user>.<queue>`), None if it names no user (or a bad queue)."""
+    rest = subject.removeprefix(SUBMIT_PREFIX + ".")
+    if rest == subject:
+        return None
+    user, _, queue = rest.partition(".")
+    if not SUBMITTER_RE.fullmatch(user) or (queue and not QUEUE_TOKEN_RE.fullmatch(queue)):
+        return None
+    return user, queue
 
 
 def submitter_inbox_prefix(user: str) -> str:

@@ -36,9 +36,12 @@ from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
 
 async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float = 10, *,
-                           within_s: float = retrying.SUBMIT_RETRY_S, every_s: float = 0.5) -> list[str]:
+                           within_s: float = retrying.SUBMIT_RETRY_S, every_s: float = 0.5,
+                           queue: str | None = None) -> list[str]:
     """Publish `jobs` on `muster.submit.<user>` (the user the credentials may submit as),
-    in messages of at most MAX_SUBMIT_JOBS jobs; returns their ids, also written into
+    or on `muster.submit.<user>.<queue>` with `queue` (jobs of that queue only: what
+    credentials bound to queues may publish on; a job naming no queue is in it), in
+    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids, also written into
     the dicts that had none. Each message carries a Nats-Msg-Id that is a digest of its
     user and jobs, so publishing the same jobs again (a retry after a lost ack, or after
     this raised) creates nothing twice, and a corrected one is taken; a message NATS
@@ -50,9 +53,9 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
         # (found by exploring: a digest of the ids alone dropped a corrected job sent again
         # under its id, and another user's message naming the same ids, for 2 minutes)
-        body = json.dumps([user, chunk], sort_keys=True, separators=(",", ":"), default=str)
+        body = json.dumps([user, queue, chunk], sort_keys=True, separators=(",", ":"), default=str)
         msg_id = hashlib.sha256(body.encode()).hexdigest()[:32]
-        publish = functools.partial(js.publish, f"{subjects.SUBMIT_PREFIX}.{user}", encode(req),
+        publish = functools.partial(js.publish, subjects.submit_subject(user, queue), encode(req),
                                     headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
         await retrying.within(publish, within_s, every_s, _again)
     return [str(j["id"]) for j in jobs]

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
              "revoke-agent": "a host's agent may no longer connect",
              "issue-subscriber": "an nkey that may only read alerts and events",
              "revoke-subscriber": "a subscriber may no longer connect",
-             "issue-submitter": "an nkey that may only submit jobs over NATS, as USER (muster.submit.USER)",
+             "issue-submitter": "an nkey that may only submit jobs over NATS, as USER (muster.submit.USER), "
+                                "to the --queues given if any",
              "revoke-submitter": "a submitter may no longer connect",
              "list": "the agents, subscribers and submitters with credentials"}
     for name, what in helps.items():
@@ -34,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             c.add_argument("name", metavar="HOST" if "agent" in name else "USER" if "submitter" in name else "NAME")
         c.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
         c.add_argument("--auth-dir", default=None, help="credentials directory (default: found in --data-dir)")
+        if name == "issue-submitter":
+            c.add_argument("--queues", default=None, metavar="A,B",
+                           help="the queues it may submit to (on muster.submit.USER.QUEUE), as a team's token is "
+                                "bound (muster token create --queues); issued again, its queues become these")
         if name == "list":
             add_output(c)
             c.set_defaults(fn=cmd_list)
@@ -64,7 +69,8 @@ def cmd_issue(args: argparse.Namespace) -> int:
     if args.creds_cmd == "issue-agent":
         path = auth.issue_agent(args.name)
     elif args.creds_cmd == "issue-submitter":
-        path = auth.issue_submitter(args.name)
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
+        path = auth.issue_submitter(args.name, queues)
     else:
         path = auth.issue_subscriber(args.name)
     path = path.resolve()
@@ -87,5 +93,6 @@ def cmd_revoke(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     users = _auth_dir(args).users()
-    out(args, users, [[u["kind"], u["name"], u["public"]] for u in users], ["KIND", "NAME", "PUBLIC KEY"])
+    out(args, users, [[u["kind"], u["name"], ",".join(u.get("queues") or []) or "-", u["public"]] for u in users],
+        ["KIND", "NAME", "QUEUES", "PUBLIC KEY"])
     return 0

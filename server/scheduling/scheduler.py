@@ -246,12 +246,13 @@ class Scheduler:
     def _decode_submission(self, msg: Msg) -> SubmitRequest | None:
         """A submission as its subject and NATS tell it: its jobs are the user's the subject
         names (`muster.submit.<user>`: what a submitter's credentials allow it), whatever
-        its body says, and were submitted when the stream stored it, not when the client
-        says (found by exploring: a client named any user, and dated its jobs back to the
-        head of their queues)."""
-        user = subjects.submitter_of(msg.subject)
+        its body says, of the queue it names if it names one (`muster.submit.<user>.<queue>`:
+        all a submitter bound to queues may publish on), and were submitted when the stream
+        stored it, not when the client says (found by exploring: a client named any user,
+        and dated its jobs back to the head of their queues)."""
+        named = subjects.submitter_of(msg.subject)
         try:
-            if user is None:
+            if named is None:
                 raise DecodeError(f"{msg.subject[:80]!r} names no user")
             req = decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
         except DecodeError as exc:
@@ -261,8 +262,9 @@ class Scheduler:
         stored = _stored_at(msg)
         # The uid keys of its jobs come from a nonce of the leader's, not from ids the client
         # chose (found by exploring: an id chosen for its uid ran as another team's job's).
+        user, queue = named
         return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
-                                      "nonce": secrets.token_hex(16), "used": []})
+                                      "nonce": secrets.token_hex(16), "used": [], "queue": queue})
 
     async def _screen_submission(self, req: SubmitRequest) -> SubmitRequest:
         """The submission with the ids of its jobs that an earlier job had, whose records

@@ -376,9 +376,38 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
             await errors.wait_for(f'subscription to "{subject.lower()}"')
         assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 1
         await nc.close()
+        # Bound to queues (as a team's token is; found by exploring: a submitter put jobs in
+        # any queue): it publishes on muster.submit.<user>.<queue> of those only.
+        r = await asyncio.to_thread(cli, "creds", "issue-submitter", "carol", "--queues", "research,vision",
+                                    "--auth-dir", str(auth.path))
+        assert r.returncode == 0, r.stderr
+        errors = Errors()
+        nc = None
+        for _ in range(300):
+            try:
+                nc = await connect(secure_nats.url, "carol", creds=r.stdout.strip(), error_cb=errors.cb,
+                                   inbox_prefix=submitter_inbox_prefix("carol"), allow_reconnect=False,
+                                   max_reconnect_attempts=0)
+                break
+            except StoreError:
+                await asyncio.sleep(0.1)
+        assert nc is not None
+        await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="carol",
+                               queue="research", within_s=0)
+        assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2
+        for subject in (subjects.submit_subject("carol"), subjects.submit_subject("carol", "prod")):
+            await nc.publish(subject, b"{}")
+            await nc.flush()
+            await errors.wait_for(f'permissions violation for publish to "{subject}"')
+        assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2
+        await nc.close()
         await srv.close()
 
     asyncio.run(main())
+    listed = cli("creds", "list", "--auth-dir", str(auth.path))
+    assert re.search(r"submitter +carol +research,vision ", listed.stdout), listed.stdout
+    bad = cli("creds", "issue-submitter", "dave", "--queues", "Prod", "--auth-dir", str(auth.path))
+    assert bad.returncode != 0 and "invalid queue name 'Prod'" in bad.stderr, bad.stderr
     nowhere = cli("creds", "issue-submitter", "bob", "--data-dir", str(tmp_path / "not-a-data-dir"))
     assert nowhere.returncode != 0 and "no NATS credentials directory" in nowhere.stderr, nowhere.stderr
     assert not (tmp_path / "not-a-data-dir").exists()

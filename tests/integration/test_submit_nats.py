@@ -23,14 +23,17 @@ PY = sys.executable
 def test_a_submissions_user_is_its_subjects_and_its_time_when_stored(cluster: Cluster) -> None:
     """Found by exploring: the job's user was the one the message's body named (any, with
     any characters), and its submission time the client's (dated back, it went to the head
-    of its queue). The subject names the user (what a submitter's credentials allow) and the
-    stream's clock dates it; a subject that names no user is dropped."""
+    of its queue). The subject names the user (what a submitter's credentials allow), and
+    the queue when it names one, and the stream's clock dates it; a subject that names no
+    user is dropped."""
     import time
 
     from wire.messages import SubmitRequest, encode
 
     srv = cluster.server()
     api = Api(srv.url, cluster.token)
+    made = api.q('mutation { createQueue(input: {name: "research"}) { userErrors { message } } }')
+    assert made["createQueue"]["userErrors"] == [], made
 
     async def publish() -> float:
         nc = await natslib.connect(cluster.nats_url)
@@ -40,7 +43,10 @@ def test_a_submissions_user_is_its_subjects_and_its_time_when_stored(cluster: Cl
                                                                        "command": ["true"], "held": True}])
         await js.publish(f"{subjects.SUBMIT_PREFIX}.alice", encode(forged))
         nobody = SubmitRequest(user="bob", jobs=[{"id": "no-user-1", "name": "n", "command": ["true"]}])
-        await js.publish(f"{subjects.SUBMIT_PREFIX}.a.b", encode(nobody))
+        await js.publish(f"{subjects.SUBMIT_PREFIX}.a.b.c", encode(nobody))
+        queued = SubmitRequest(user="bob", queue="prod", jobs=[{"id": "to-research-1", "name": "r",
+                                                                 "command": ["true"]}])
+        await js.publish(subjects.submit_subject("carol", "research"), encode(queued))
         await nc.close()
         return before
 
@@ -59,8 +65,10 @@ def test_a_submissions_user_is_its_subjects_and_its_time_when_stored(cluster: Cl
         finally:
             await nc.close()
 
-    wait_until(lambda: asyncio.run(left()) == 0, timeout=60, what="both submissions taken")
+    wait_until(lambda: asyncio.run(left()) == 0, timeout=60, what="the submissions taken")
     assert job["state"] == "QUEUED" and api.job("no-user-1") is None
+    research = api.q('query { job(id: "to-research-1") { user queue } }')["job"]
+    assert research == {"user": "carol", "queue": "research"}, research
 
 
 def test_jobs_submitted_over_nats_run_once(cluster: Cluster) -> None:

@@ -745,6 +745,30 @@ def test_a_nats_submissions_ids_and_fields_are_checked(w: World) -> None:
     assert plan.rejected == [] and "nightly-etl-1" not in plan.jobs
 
 
+def test_a_nats_submission_sent_for_a_queue_is_of_that_queue_only(w: World) -> None:
+    """Sent on muster.submit.<user>.<queue> (what a submitter bound to queues may publish
+    on; found by exploring: its credentials put jobs in any queue): a job naming no queue
+    is in it, one naming another is refused. The subject's user and queue are the
+    leader's reading (wire.subjects.submitter_of), a client's body is not."""
+    from wire import subjects
+    from wire.messages import Queue, SubmitRequest, encode
+    from wire.records import Record
+
+    assert subjects.submitter_of("muster.submit.alice") == ("alice", "")
+    assert subjects.submitter_of("muster.submit.alice.research") == ("alice", "research")
+    for bad in ("muster.submit.alice.Research", "muster.submit.alice.a.b", "muster.submit.", "muster.other.x"):
+        assert subjects.submitter_of(bad) is None, bad
+    for name in ("research", "prod"):
+        w.state.apply_state_record(Record(f"queue.{name}", 900, encode(Queue(name=name))))
+    sub = SubmitRequest(user="alice", ts=NOW, queue="research", jobs=[
+        {"id": "no-queue-01", "name": "x", "command": ["true"]},
+        {"id": "its-queue-1", "name": "x", "command": ["true"], "queue": "research"},
+        {"id": "elsewhere-1", "name": "x", "command": ["true"], "queue": "prod"}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert {i: j.spec.queue for i, j in plan.jobs.items()} == {"no-queue-01": "research", "its-queue-1": "research"}
+    assert plan.rejected == [("elsewhere-1", "queue: sent for queue 'research', it names 'prod'")]
+
+
 def after(w: World, job_id: str, deps: list[str], *, any_end: bool = False, not_ok: bool = False,
           gpus: int = 1) -> None:
     """Submit `job_id` to run after `deps`, waiting for those of them not ended (as the API does)."""

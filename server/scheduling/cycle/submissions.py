@@ -60,6 +60,16 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
             continue
         fields = {k: v for k, v in data.items() if k not in ("id", "user", "held")}
         fields["user"] = req.user
+        if req.queue:
+            # Sent on muster.submit.<user>.<queue>: of that queue only (a submitter bound to
+            # queues may publish nowhere else; found by exploring: its credentials put jobs
+            # in any queue, past the queues its team's token is bound to).
+            if fields.get("queue") in (None, ""):
+                fields["queue"] = req.queue
+            elif fields["queue"] != req.queue:
+                w.plan.rejected.append((job_id, f"queue: sent for queue {req.queue!r}, it names "
+                                                f"{str(fields['queue'])[:64]!r}"))
+                continue
         spec, errors = validate_job(fields, known_models)
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
