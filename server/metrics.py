@@ -68,7 +68,8 @@ JOBS_PARKED = Gauge("muster_jobs_parked", "Queued jobs not considered for placem
                     "waiting for the jobs they run after", ["why"], registry=REGISTRY)
 LOST_HOSTS_WAITING_FOR_REPORTS = Gauge(
     "muster_lost_hosts_waiting_for_reports",
-    "Lost hosts whose work is not replaced yet: their key expired after the last status report read",
+    "Lost hosts whose work is not replaced yet: their key expired after the last status report read (the leader's; "
+    "0 on the other replicas)",
     registry=REGISTRY)
 PLACEMENTS = Counter("muster_placements_total", "Jobs placed (a gang of N tasks counts once)", registry=REGISTRY)
 REDELIVERED = Counter("muster_assignments_redelivered_total",
@@ -76,7 +77,8 @@ REDELIVERED = Counter("muster_assignments_redelivered_total",
                       "on it (scheduling.delivery)", registry=REGISTRY)
 PLACEMENT_LATENCY = Histogram(
     "muster_placement_latency_seconds",
-    "Submission to committed placement",
+    "From when a job could be placed (its submission, begin time, release, dependencies' end, or its last try's "
+    "end) to its committed placement (observed by the leader)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
@@ -89,13 +91,13 @@ PREEMPTION_LOST = Counter(
     "does not loses all it ran; one that does, the time from its stop to its exit)",
     ["queue", "checkpoints"], registry=REGISTRY)
 TIMEOUTS = Counter("muster_timeouts_total", "Tries stopped at their time limit", registry=REGISTRY)
-RESERVATIONS = Gauge("muster_reservations", "Waiting jobs the last scheduling cycle held hosts for "
-                     "(scheduling.backfill)", registry=REGISTRY)
-RESERVED_HOSTS = Gauge("muster_reserved_hosts", "Hosts the last scheduling cycle held for waiting jobs "
-                       "(scheduling.backfill); 0: no reservation", registry=REGISTRY)
+RESERVATIONS = Gauge("muster_reservations", "Waiting jobs the leader's last scheduling cycle held hosts for "
+                     "(scheduling.backfill; 0 on the other replicas)", registry=REGISTRY)
+RESERVED_HOSTS = Gauge("muster_reserved_hosts", "Hosts the leader's last scheduling cycle held for waiting jobs "
+                       "(scheduling.backfill); 0: no reservation, or not the leader", registry=REGISTRY)
 RESERVATION_WAIT = Gauge("muster_reservation_start_seconds", "How long until the first reserved job could start on "
-                         "its hosts, as the last cycle worked it out (+Inf: unknown, a task there has no time "
-                         "limit; 0: no reservation)", registry=REGISTRY)
+                         "its hosts, as the leader's last cycle worked it out (+Inf: unknown, a task there has no "
+                         "time limit; 0: no reservation, or not the leader)", registry=REGISTRY)
 GPU_FAULT_STOPS = Counter("muster_gpu_fault_stops_total", "Tries stopped because a GPU they hold faulted",
                           registry=REGISTRY)
 QUEUE_ALLOCATED = Gauge("muster_queue_allocated", "What a queue's jobs hold now, by resource",
@@ -140,7 +142,8 @@ SUBMISSIONS_REFUSED = Counter("muster_submissions_refused_total", "Jobs refused 
                               "API and, while it leads, NATS submissions", ["queue"], registry=REGISTRY)
 INPUTS_WAITING = Gauge(
     "muster_scheduler_inputs_waiting",
-    "Status reports, commands and submissions fetched by the leader and not yet committed",
+    "Status reports, commands and submissions fetched by the leader and not yet committed (0 on the other "
+    "replicas)",
     ["kind"],
     registry=REGISTRY,
 )
@@ -150,7 +153,8 @@ INPUTS_DEFERRED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
-COMMITS_IN_FLIGHT = Gauge("muster_scheduler_commits_in_flight", "Cycles committing at once", registry=REGISTRY)
+COMMITS_IN_FLIGHT = Gauge("muster_scheduler_commits_in_flight", "Cycles committing at once (the leader's; 0 on "
+                          "the other replicas)", registry=REGISTRY)
 STATE_LOAD_SECONDS = Gauge(
     "muster_state_load_seconds", "How long the server took at start to replay a bucket", ["bucket"],
     registry=REGISTRY,
@@ -204,3 +208,13 @@ def watch_gc(slow_s: float = 0.5) -> None:
                                                 info.get("generation"), took, info.get("collected"))
 
     on_collection(report)._muster = True  # type: ignore[attr-defined]
+
+
+def leader_gauges_cleared() -> None:
+    """A replica that stops leading: the gauges only the leader's cycles set go to 0, so
+    that a sum over the replicas is the leader's (found by exploring: a replica that had
+    led kept saying what it last saw)."""
+    for gauge in (COMMITS_IN_FLIGHT, LOST_HOSTS_WAITING_FOR_REPORTS, RESERVATIONS, RESERVED_HOSTS, RESERVATION_WAIT):
+        gauge.set(0)
+    for kind in ("status", "command", "submission"):
+        INPUTS_WAITING.labels(kind).set(0)

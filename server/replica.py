@@ -395,6 +395,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
 
     def _on_leadership(self, leading: bool, term: int) -> None:
         metrics.LEADER.set(1 if leading else 0)
+        if not leading:
+            metrics.leader_gauges_cleared()
         if leading and self.ingest is not None:
             self.ingest.go_live()  # a follower reading heartbeats now and then reads them all
         if term:
@@ -417,6 +419,11 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         for st in JobState:
             metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
         metrics.TERM.set(self.state.term)
+        # From the view, on every replica (found by exploring: the leader's cycles set them,
+        # and a replica that never led said 0, one that had led what it last saw).
+        metrics.QUEUE_DEPTH.set(len(self.state.backlog))
+        metrics.JOBS_PARKED.labels("held").set(len(self.state.backlog.held))
+        metrics.JOBS_PARKED.labels("dependencies").set(len(self.state.backlog.waiting))
         self._queue_gauges()
         index, waiting = queue_fairness(self.state, time.time())
         metrics.FAIRNESS.set(index)

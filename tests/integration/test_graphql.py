@@ -912,3 +912,47 @@ async def test_a_data_directory_made_before_the_server_is_made_private(nats_url:
         assert data.stat().st_mode & 0o777 == 0o700
     finally:
         await mu.shutdown()
+
+
+async def test_gauges_of_the_view_are_every_replicas_and_the_leaders_are_zero_elsewhere(
+        api: Client, muster: Muster) -> None:
+    """Found by exploring: the queue depth and parked jobs were set by the leader's cycles
+    (a replica that never led said 0, one that had led what it last saw), and the gauges
+    only the leader knows stayed at their last value on a replica that stopped leading (a
+    sum over replicas counted them twice); commits in flight never went below 1."""
+    from prometheus_client import generate_latest
+
+    from server import metrics
+
+    for name, held in (("g-0", False), ("g-1", True)):
+        d = await api.q(SUBMIT, {"input": {"name": name, "command": ["true"], "gpus": 64, "held": held}})
+        assert d["submitJob"]["job"], d
+    await eventually(lambda: len(muster.state.backlog) == 1 and len(muster.state.backlog.held) == 1,
+                     what="both queued, one held")
+
+    def scraped(name: str) -> float:
+        for line in generate_latest(metrics.REGISTRY).decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(name)
+
+    await eventually(lambda: muster.scheduler._inflight == {}, what="no commit in flight")
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    muster.scheduler._inflight[done] = None  # type: ignore[index] # a commit that has just landed
+    metrics.COMMITS_IN_FLIGHT.set(1)
+    await muster.scheduler._reap(block=False)
+    assert scraped("muster_scheduler_commits_in_flight") == 0
+    metrics.QUEUE_DEPTH.set(0)  # as on a replica whose scheduler never ran a cycle
+    muster._set_gauges()
+    assert scraped("muster_queue_depth") == 1 and scraped('muster_jobs_parked{why="held"}') == 1
+    metrics.RESERVATIONS.set(3)
+    metrics.INPUTS_WAITING.labels("status").set(5)
+    metrics.COMMITS_IN_FLIGHT.set(1)
+    muster._on_leadership(False, muster.state.term)  # it stops leading
+    try:
+        assert scraped("muster_reservations") == 0 and scraped("muster_scheduler_commits_in_flight") == 0
+        assert scraped('muster_scheduler_inputs_waiting{kind="status"}') == 0
+        assert scraped("muster_queue_depth") == 1  # the view's, as every replica's
+    finally:
+        muster._on_leadership(True, muster.state.term)
