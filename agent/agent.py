@@ -188,7 +188,8 @@ class AgentConfig:
 
     def validate(self) -> AgentConfig:
         """Check the settings; an unset fence delay becomes two heartbeat intervals (one
-        heartbeat may fail without a fence), which must be shorter than the key's TTL."""
+        heartbeat may fail without a fence), which must be shorter than the key's TTL, and
+        relative directories absolute."""
         if self.heartbeat_interval_s <= 0:
             raise ConfigError("heartbeat interval must be positive")
         if self.min_free_disk_mb < 0:
@@ -199,6 +200,13 @@ class AgentConfig:
         if not 0 < self.fence_after_s < ttl:
             raise ConfigError(f"fence_after ({self.fence_after_s:g} s) must be positive and shorter than the "
                               f"heartbeat TTL ({ttl:g} s)")
+        # Directories given relative to where the agent started (found by exploring: a
+        # relative --work-dir was taken, and every task failed, exit 127, unable to enter
+        # its directory from the launcher's working directory).
+        if self.state_dir is not None:
+            self.state_dir = self.state_dir.absolute()
+        if self.work_dir is not None:
+            self.work_dir = self.work_dir.absolute()
         return self
 
 

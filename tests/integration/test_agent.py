@@ -863,3 +863,20 @@ async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_repor
         await eventually(lambda: delivered, timeout=60, what="its end reported")
         assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
         assert not list(agent.isolation.exits_dir.iterdir())
+
+
+async def test_a_relative_work_dir_is_where_the_agent_started(nats_url: str, tmp_path: Path, store: Store,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: `--work-dir a/work` (relative) was taken, and every task failed
+    (exit 127): its launcher leaves the agent's working directory before anything of the
+    job's, and could not enter `a/work/<attempt>`. The agent takes it from where it started."""
+    monkeypatch.chdir(tmp_path)
+    marks = tmp_path / "where"
+    async with running_agent(nats_url, tmp_path, "rw-1", work_dir=Path("a/work")) as agent:
+        assert agent.isolation.work_root == tmp_path / "a" / "work"
+        async with status_reports(store.nc, "rw-1") as reports:
+            t = task("j-rw", command=["sh", "-c", f"pwd > {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("rw-1"), encode(host_alloc("rw-1", [t], term=1)))
+            await eventually(lambda: any(r.state.terminal for r in reports), timeout=60, what="the task ended")
+        assert [r.state for r in reports if r.state.terminal] == [AttemptState.SUCCEEDED], reports
+        assert marks.read_text().strip() == str(tmp_path / "a" / "work" / "j-rw.1")
