@@ -55,9 +55,18 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
         # under its id, and another user's message naming the same ids, for 2 minutes)
         body = json.dumps([user, queue, chunk], sort_keys=True, separators=(",", ":"), default=str)
         msg_id = hashlib.sha256(body.encode()).hexdigest()[:32]
-        publish = functools.partial(js.publish, subjects.submit_subject(user, queue), encode(req),
-                                    headers={"Nats-Msg-Id": msg_id}, timeout=timeout)
-        await retrying.within(publish, within_s, every_s, _again)
+        subject = subjects.submit_subject(user, queue)
+        publish = functools.partial(js.publish, subject, encode(req), headers={"Nats-Msg-Id": msg_id},
+                                    timeout=timeout)
+        try:
+            await retrying.within(publish, within_s, every_s, _again)
+        except TimeoutError as exc:
+            # NATS refuses a publish the credentials do not allow only to the connection's
+            # error callback: the client just sees no acknowledgement (found by exploring).
+            exc.add_note(f"no acknowledgement for {subject}: NATS is down or electing a stream leader, or these "
+                         "credentials may not publish there (a submitter publishes as its own user only, and, "
+                         "bound to queues, with queue= one of them)")
+            raise
     return [str(j["id"]) for j in jobs]
 
 

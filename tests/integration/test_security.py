@@ -395,6 +395,10 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
         await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="carol",
                                queue="research", within_s=0)
         assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2
+        with pytest.raises(TimeoutError) as refused:  # the server tells only the error callback
+            await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="carol",
+                                   queue="prod", timeout=1.0, within_s=0)
+        assert "these credentials may not publish there" in "".join(refused.value.__notes__)
         for subject in (subjects.submit_subject("carol"), subjects.submit_subject("carol", "prod")):
             await nc.publish(subject, b"{}")
             await nc.flush()
