@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import secrets
 import time
@@ -275,6 +276,25 @@ class Scheduler:
         return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
                                       "nonce": secrets.token_hex(16), "used": [], "queue": queue})
 
+    async def _reject_unread(self, msg: Msg) -> None:
+        """A submission that cannot be read (malformed, too many jobs, a field of the wrong
+        type): each job id found in it is said rejected on muster.events.job.rejected, with
+        why (found by exploring: it was acknowledged and dropped with a log line only)."""
+        try:
+            decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+            why = f"{msg.subject[:80]!r} names no user"
+        except DecodeError as exc:
+            why = str(exc)
+        try:
+            body = json.loads(msg.data)
+        except ValueError:
+            return
+        jobs = body.get("jobs") if isinstance(body, dict) else None
+        ids = [j["id"] for j in jobs if isinstance(j, dict) and isinstance(j.get("id"), str)] \
+            if isinstance(jobs, list) else []
+        await self._publish([Event(kind="job.rejected", job_id=i[:128], message=f"the submission could not be read: "
+                                                                                f"{why}"[:1000]) for i in ids[:1000]])
+
     async def _screen_submission(self, req: SubmitRequest) -> SubmitRequest:
         """The submission with the ids of its jobs that an earlier job had, whose records
         are gone (`used`, from history): found by exploring, an id used again after its
@@ -316,6 +336,8 @@ class Scheduler:
         async def receive(m: Msg) -> None:
             decoded = decoder(m)
             if decoded is None:
+                if sink is self._submissions:
+                    await self._reject_unread(m)
                 try:
                     await m.ack()
                 except Exception:  # noqa: BLE001

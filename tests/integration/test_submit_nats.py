@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 from nats.errors import MaxPayloadError
@@ -227,3 +228,33 @@ def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: C
         assert event["job_id"] == "nightly-etl-01" and "ids are never reused" in str(event["message"]), event
     job = api.q('query { job(id: "nightly-etl-01") { name user attempts { id } } }')["job"]
     assert job == {"name": "first", "user": "alice", "attempts": [{"id": "nightly-etl-01.1"}]}, job
+
+
+async def test_a_submission_that_cannot_be_read_has_its_jobs_said_rejected(nats_url: str, tmp_path: Path) -> None:
+    """Found by exploring: a malformed submission (too many jobs, an element that is not
+    a job, a field of the wrong type) was acknowledged and dropped with a log line only:
+    its client, watching muster.events.job.rejected, never heard of its jobs again."""
+    import json
+
+    from server.replica import Muster, ServerConfig
+
+    mu = Muster(ServerConfig(nats_url=nats_url, data_dir=tmp_path / "data", name="unread-test",
+                             heartbeat_interval_s=5.0))
+    await mu.start()
+    try:
+        assert mu.store is not None
+        rejected: list[dict[str, object]] = []
+
+        async def on_rejected(msg) -> None:  # type: ignore[no-untyped-def]
+            rejected.append(json.loads(msg.data))
+
+        await mu.store.nc.subscribe(f"{subjects.EVENTS_PREFIX}.job.rejected", cb=on_rejected)
+        body = {"v": 1, "ts": "now", "jobs": [{"id": "unread-job-1", "name": "a", "command": ["true"]}, 7,
+                                               {"id": "unread-job-2", "name": "b", "command": ["true"]}]}
+        await mu.store.js.publish(subjects.submit_subject("alice"), json.dumps(body).encode())
+        await eventually(lambda: len(rejected) == 2, what="both jobs said rejected")
+        assert [e["job_id"] for e in rejected] == ["unread-job-1", "unread-job-2"]
+        assert all(str(e["message"]).startswith("the submission could not be read: ") for e in rejected), rejected
+        assert "unread-job-1" not in mu.state.jobs
+    finally:
+        await mu.shutdown()
