@@ -38,9 +38,12 @@ HSTS = b"max-age=31536000"
 
 
 def _revoked(view: Any, context: Any) -> bool:
-    """Whether the token a WebSocket was opened with has been revoked since."""
+    """Whether the token a WebSocket was opened with has been revoked (or has expired) since."""
     h = context.get("token_hash") if isinstance(context, dict) else None
-    return h is not None and h not in view.muster.state.tokens
+    if h is None:
+        return False
+    info = view.muster.state.tokens.get(h)
+    return info is None or info.expired()
 
 
 async def _closed_if_revoked(handler: Any) -> bool:

@@ -52,13 +52,13 @@ def token_hash(token: str) -> str:
 
 
 def check_token(state: ClusterState, token: str | None) -> TokenInfo | None:
-    """The token's record, or None when it is missing, unknown or revoked."""
+    """The token's record, or None when it is missing, unknown, revoked or expired."""
     if not token:
         return None
     h = token_hash(token)
     for known, info in state.tokens.items():
         if hmac.compare_digest(known, h):
-            return info
+            return None if info.expired() else info
     return None
 
 
@@ -121,13 +121,14 @@ def session_of(state: ClusterState, session_id: str, now: float | None = None) -
     if info is None or (time.time() if now is None else now) >= info.expires_at:
         return None
     token = state.tokens.get(info.token)
-    return (h, token) if token is not None else None
+    return (h, token) if token is not None and not token.expired(now) else None
 
 
 def session_alive(state: ClusterState, h: str) -> bool:
     """The session (by hash) is still there and its token too."""
     info = state.sessions.get(h)
-    return info is not None and time.time() < info.expires_at and info.token in state.tokens
+    token = state.tokens.get(info.token) if info is not None else None
+    return info is not None and time.time() < info.expires_at and token is not None and not token.expired()
 
 
 async def close_session(store: Store, state: ClusterState, h: str) -> None:

@@ -22,6 +22,9 @@ from wire.records import Record
 from wire.validation import QUEUE_NAME_RE
 
 PREFIX = "auth.token."
+# A token's lifetime when it has one (`muster token create --expires`).
+MIN_EXPIRY_S = 1
+MAX_EXPIRY_S = 5 * 366 * 86400
 
 
 async def list_tokens(store: Store, timeout: float = 10) -> dict[str, TokenInfo]:
@@ -48,9 +51,14 @@ async def list_tokens(store: Store, timeout: float = 10) -> dict[str, TokenInfo]
     return found
 
 
-async def create_token(store: Store, name: str, role: str, queues: list[str] | None = None) -> tuple[str, TokenInfo]:
+async def create_token(store: Store, name: str, role: str, queues: list[str] | None = None,
+                       expires_s: float | None = None) -> tuple[str, TokenInfo]:
     """A new random token for `name` with `role`, bound to `queues` (the queues it may
-    submit jobs to; None: any). Returns (token, info); only the hash is stored."""
+    submit jobs to; None: any), working for `expires_s` seconds (None: until revoked: its
+    key then carries that TTL, and every replica drops it as it expires). Returns (token,
+    info); only the hash is stored."""
+    if expires_s is not None and not MIN_EXPIRY_S <= expires_s <= MAX_EXPIRY_S:
+        raise ConfigError(f"a token's lifetime must be from {MIN_EXPIRY_S} s to {MAX_EXPIRY_S // 86400} days")
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
     if role == "admin" and queues:
@@ -70,8 +78,11 @@ async def create_token(store: Store, name: str, role: str, queues: list[str] | N
     if any(info.name == name for info in (await list_tokens(store)).values()):
         raise ConflictError(f"a token named {name!r} exists; revoke it first")
     token = "mst_" + secrets.token_urlsafe(24)
-    info = TokenInfo(name=name, role=role, created_at=time.time(), queues=sorted(set(queues)) if queues else None)
-    await store.put(PREFIX + token_hash(token), info.model_dump_json().encode(), expected=0)
+    now = time.time()
+    info = TokenInfo(name=name, role=role, created_at=now, queues=sorted(set(queues)) if queues else None,
+                     expires_at=now + int(expires_s) if expires_s is not None else 0.0)
+    await store.put(PREFIX + token_hash(token), info.model_dump_json().encode(), expected=0,
+                    ttl=f"{int(expires_s)}s" if expires_s is not None else None)
     return token, info
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from server.cli.client import add_output, out
+from server.timefmt import duration_s as seconds
 from server.timefmt import iso_utc
 from wire import subjects
-from wire.errors import NotFound, StoreError
+from wire.errors import ConfigError, NotFound, StoreError
 
 # The file in its data dir where `muster up` writes the URL of the NATS it started.
 NATS_URL_FILE = "nats-url"
@@ -27,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tc.add_argument("--role", choices=["viewer", "operator", "admin"], required=True)
     tc.add_argument("--queues", default=None, help="comma-separated queues the token may submit to and cancel in; "
                     "a token bound to queues cannot act on hosts (default: any queue, and hosts)")
+    tc.add_argument("--expires", default=None, metavar="DURATION",
+                    help="how long it works, such as 90d, 12h or 30m (default: until revoked); its key expires then "
+                         "too, and every replica refuses it")
     add_admin_nats(tc)
     tc.set_defaults(fn=cmd_token)
     tl = tsub.add_parser("list", help="API tokens: name, role, queues (never the secret)")
@@ -82,8 +86,13 @@ def cmd_token(args: argparse.Namespace) -> int:
             store = Store(nc)
             if args.token_cmd == "create":
                 queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
-                token, info = await create_token(store, args.name, args.role, queues)
+                expires_s = None
+                if args.expires is not None and (expires_s := seconds(args.expires)) is None:
+                    raise ConfigError(f"--expires {args.expires!r} is not a duration such as 90d, 12h or 30m")
+                token, info = await create_token(store, args.name, args.role, queues, expires_s)
                 bound = f", queues {', '.join(info.queues)}" if info.queues else ""
+                if info.expires_at:
+                    bound += f", expires {iso_utc(info.expires_at)[:19]} UTC"
                 print(f"Token {info.name!r} ({info.role}{bound}) created; it is shown only this once:",
                       file=sys.stderr)
                 print(token, flush=True)
@@ -100,9 +109,12 @@ def cmd_token(args: argparse.Namespace) -> int:
                 tokens = await list_tokens(store)
                 rows = sorted(([i.name, i.role, ",".join(i.queues) if i.queues else "*",
                                 iso_utc(i.created_at)[:19],  # UTC, as every other list prints times
-                                h[:12]] for h, i in tokens.items()), key=lambda r: r[0])
+                                iso_utc(i.expires_at)[:19] if i.expires_at else "-",
+                                h[:12]] for h, i in tokens.items() if not i.expired()), key=lambda r: r[0])
                 out(args, [{"name": i.name, "role": i.role, "queues": i.queues, "createdAt": iso_utc(i.created_at),
-                            "hash": h} for h, i in tokens.items()], rows, ["NAME", "ROLE", "QUEUES", "CREATED", "HASH"])
+                            "expiresAt": iso_utc(i.expires_at) if i.expires_at else None, "hash": h}
+                           for h, i in tokens.items() if not i.expired()], rows,
+                    ["NAME", "ROLE", "QUEUES", "CREATED", "EXPIRES", "HASH"])
             else:  # revoke
                 n = await revoke_token(store, args.name)
                 if n == 0:

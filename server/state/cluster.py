@@ -98,6 +98,11 @@ class TokenInfo(BaseModel):
     created_at: float = 0.0
     # The queues this token may submit to (None: any; admin tokens: any).
     queues: list[str] | None = None
+    # When it stops working (0: never); its key expires then too (Nats-TTL).
+    expires_at: float = 0.0
+
+    def expired(self, now: float | None = None) -> bool:
+        return bool(self.expires_at) and (time.time() if now is None else now) >= self.expires_at
 
     @property
     def submit_queues(self) -> list[str] | None:

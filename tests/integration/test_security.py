@@ -488,6 +488,19 @@ def test_tokens_through_the_cli_and_roles_in_the_api(secure_nats: NatsProcess, a
         assert o.raw("{ cluster { hosts { total } } }").status_code == 200
         assert cli("token", "revoke", "vera", *admin).returncode == 3
         assert "vera" not in cli("token", "list", *admin).stdout
+        # A token that expires (found by exploring: tokens worked until revoked, a CI
+        # job's too): it works until then, its key expires with it, and it is refused.
+        assert cli("token", "create", "--role", "viewer", "ci", "--expires", "soon", *admin).returncode != 0
+        r = cli("token", "create", "--role", "viewer", "ci", "--expires", "15s", *admin)
+        assert r.returncode == 0 and "expires 20" in r.stderr, r.stderr
+        ci = Api(srv.url, r.stdout.strip())
+        wait_until(lambda: ci.raw("{ cluster { hosts { total } } }").status_code == 200, timeout=10,
+                   what="the token accepted")
+        listed = {t["name"]: t for t in json.loads(cli("token", "list", "-o", "json", *admin).stdout)}
+        assert listed["ci"]["expiresAt"] is not None and listed["otto"]["expiresAt"] is None
+        wait_until(lambda: ci.raw("{ cluster { hosts { total } } }").status_code == 401, timeout=60,
+                   what="the expired token refused")
+        assert "ci" not in cli("token", "list", *admin).stdout
         assert agent.alive()
         # `muster check` reaches NATS as `muster token` does: the control plane's key found
         # under --data-dir; without credentials NATS refuses it.
