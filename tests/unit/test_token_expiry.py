@@ -3,7 +3,7 @@ whatever the replica's view still holds (its key expires then too, a moment late
 
 from __future__ import annotations
 
-from server.api.auth import check_token, session_alive, session_of, session_hash, token_hash
+from server.api.auth import check_token, session_alive, session_hash, session_of, token_hash
 from server.state.cluster import ClusterState, SessionInfo, TokenInfo
 
 
