@@ -11,8 +11,9 @@
     ├── StoreError               the NATS store failed (foreign exceptions translated here)
     │   ├── ConflictError        a revision-checked write lost a race (retry from a fresh view)
     │   ├── FencedError          the write carried a stale leadership term (step down)
-    │   └── RejectedError        the store refused the write for what it holds (too large, ...):
-    │                            sending it again unchanged cannot succeed
+    │   ├── RejectedError        the store refused the write for what it holds (too large, ...):
+    │   │                        sending it again unchanged cannot succeed
+    │   └── HistoryUnavailable   the history database did not answer a read
     └── DecodeError              an untrusted message could not be decoded
 
 Each boundary maps them once: GraphQL (server.api.graphql.errors: userErrors on
@@ -91,6 +92,10 @@ class ConflictError(StoreError):
 
 class FencedError(StoreError):
     code = "FENCED"
+
+
+class HistoryUnavailable(StoreError):
+    code = "HISTORY_UNAVAILABLE"
 
 
 class RejectedError(StoreError):

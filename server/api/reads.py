@@ -27,17 +27,21 @@ One `Reads` per replica (`reads_for`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from server.history.database import DATABASE_DOWN, down_text
 from server.views.hosts import FleetSummary, HostQuery, HostRow, Steps
+from wire.errors import HistoryUnavailable
 from wire.messages import Job
 
 if TYPE_CHECKING:
     from server.replica import Muster
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SUMMARY_MAX_AGE_S = 1.0
 LEADER_SUMMARY_MAX_AGE_S = 5.0
@@ -126,8 +130,16 @@ def _first_step(steps: Steps[list[str]]) -> list[str] | None:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-    """A blocking read (SQL) in a worker thread, off the event loop."""
-    return await asyncio.to_thread(fn, *args, **kw)
+    """A blocking read (SQL) in a worker thread, off the event loop. A database that does
+    not answer is HistoryUnavailable (found by exploring: GraphQL answered its driver's
+    text, host and port included, without a code, and "Unexpected error." in production,
+    logging a traceback for each)."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kw)
+    except DATABASE_DOWN as exc:
+        log.warning("history read failed: %s", down_text(exc))
+        raise HistoryUnavailable("the history database does not answer (the server's log says why); live jobs "
+                                 "and hosts can still be read, and nothing written is lost") from exc
 
 
 _READS: weakref.WeakKeyDictionary[Any, Reads] = weakref.WeakKeyDictionary()

@@ -702,15 +702,36 @@ async def test_limits_refuse_big_deep_and_aliased_queries(api: Client) -> None:
     assert (await api.q("{ " + " ".join(f"a{i}: ping" for i in range(10)) + " }"))["a9"] == "pong"
 
 
-async def test_errors_are_masked_in_production(nats_url: str, tmp_path: Path) -> None:
+async def test_unexpected_errors_are_masked_in_production_and_refusals_keep_their_code(
+        nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In production an error that is not ours (a bug, a library's text) is masked; a
+    refusal of ours keeps its message and code (found by exploring: every error was
+    masked, a bad cursor as much as a database that does not answer, without a code), and
+    a history database that does not answer is HISTORY_UNAVAILABLE, not its driver's text."""
+    from sqlalchemy.exc import OperationalError
+
     mu = Muster(ServerConfig(nats_url=nats_url, data_dir=tmp_path / "prod", name="prod", production=True))
     await mu.start()
     try:
         c = Client(build_app(mu, manage_lifecycle=False), mu.new_token or "")
-        r = await c.raw('{ hosts(after: "bm90LWEtY3Vyc29y") { totalCount } }')
-        body = r.json()
-        assert body["errors"][0]["message"] == "Unexpected error."
-        assert "cursor" not in json.dumps(body)
+        body = (await c.raw('{ hosts(after: "bm90LWEtY3Vyc29y") { totalCount } }')).json()
+        assert body["errors"][0]["extensions"]["code"] == "INVALID_CURSOR", body
+        assert mu.history is not None
+
+        def broken(**_: object) -> object:
+            raise RuntimeError("secret detail of a bug")
+
+        monkeypatch.setattr(mu.history, "list_jobs", broken)
+        body = (await c.raw("{ jobs(first: 1) { totalCount } }")).json()
+        assert body["errors"][0]["message"] == "Unexpected error." and "secret" not in json.dumps(body)
+
+        def down(**_: object) -> object:
+            raise OperationalError("SELECT", {}, Exception('connection to "db.internal" port 5432 failed'))
+
+        monkeypatch.setattr(mu.history, "list_jobs", down)
+        body = (await c.raw("{ jobs(first: 1) { totalCount } }")).json()
+        assert body["errors"][0]["extensions"]["code"] == "HISTORY_UNAVAILABLE", body
+        assert "db.internal" not in json.dumps(body)
         await c.http.aclose()
     finally:
         await mu.shutdown()

@@ -217,6 +217,60 @@ def test_a_row_the_database_refuses_never_blocks_the_rows_behind_it(db_url: str)
         h.close()
 
 
+def test_a_read_only_database_drops_no_row_and_takes_them_once_writable(postgres_url: str) -> None:  # noqa: F811
+    """Found by exploring: a database that refuses writes without being down (a standby
+    after a failover: "read-only transaction", SQLSTATE 25006; permission denied) had every
+    row taken for a bad one and dropped, for good. Only what a row holds drops it; the
+    rows wait for the database as they do through an outage."""
+    from sqlalchemy.engine import make_url
+
+    from tests.integration.postgres import _admin_execute
+
+    name = make_url(postgres_url).database
+    h = History(postgres_url)
+    try:
+        h.record(_job("ro-before"), 1)
+        assert h.flush() == 1
+        _admin_execute(postgres_url, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        h.engine.dispose()  # new sessions: read-only
+        h.record(_job("ro-during"), 2)
+        with pytest.raises(Exception, match="read-only"):  # noqa: PT011 - the driver's error, as it comes
+            h.flush()
+        assert h.dropped == 0
+        _admin_execute(postgres_url, f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        h.engine.dispose()
+        assert h.flush() == 1 and h.get_job("ro-during") is not None
+    finally:
+        h.close()
+
+
+def test_alerts_are_counted_under_a_languages_collation(postgres_server: str) -> None:  # noqa: F811
+    """Found by exploring: on a database made with an en_US collation (the compose
+    PostgreSQL's), `alerts` counted 0 beside the alerts it listed: the count was a range
+    on `kind` ('alert.' to 'alert/') that such a collation orders otherwise."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from tests.integration.postgres import _admin_execute
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    # (ICU's en-US with punctuation ignorable orders as glibc's en_US.UTF-8 does; no glibc
+    # locale but C is installed here.)
+    _admin_execute(postgres_server, f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu "
+                                    "ICU_LOCALE 'en-US-u-ka-shifted' LOCALE 'C.UTF-8'")
+    h = History(make_url(postgres_server).set(database=name).render_as_string(hide_password=False))
+    try:
+        with h.engine.begin() as conn:
+            for i, kind in enumerate(["alert.host.lost", "alert.queue.starved", "job.placed", "alertx"]):
+                conn.execute(h._insert(EventRow).values(id=f"e{i}", ts=float(i), kind=kind))
+        rows, total = h.list_alerts()
+        assert [r.kind for r in rows] == ["alert.queue.starved", "alert.host.lost"] and total == 2
+    finally:
+        h.close()
+        _admin_execute(postgres_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 async def test_an_event_with_nul_is_recorded_and_the_events_behind_it_too(nats_url: str, db_url: str) -> None:
     history = History(db_url)
     nc = await connect(nats_url, name="test-recorder-nul")

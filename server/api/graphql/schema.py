@@ -49,6 +49,16 @@ class _Schema(strawberry.Schema):
             super().process_errors(unexpected, execution_context)
 
 
+def unexpected(error: GraphQLError) -> bool:
+    """An error no client should see the text of (a bug, a library's): not one of ours
+    (MusterError: a refusal, with its code, written for the client) nor the request's own
+    (a query that does not validate). Only these are masked in production (found by
+    exploring: every error was, and a client could not tell a bad cursor or a time range
+    from a failure, nor see any code)."""
+    original = error.original_error
+    return original is not None and not isinstance(original, MusterError | GraphQLError)
+
+
 class OneOperation(SchemaExtension):
     """A document of several operations needs the name of the one to run: the GraphQL
     spec's request error, which strawberry does not give (it ran the first: found by
@@ -86,7 +96,7 @@ def build_schema(production: bool = False) -> strawberry.Schema:
         PerOperation,
     ]
     if production:
-        extensions.append(MaskErrors)
+        extensions.append(lambda: MaskErrors(should_mask_error=unexpected))
     return _Schema(query=Query, mutation=Mutation, subscription=Subscription, extensions=extensions)
 
 
