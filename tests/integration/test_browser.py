@@ -169,8 +169,9 @@ def test_login_and_overview(page: Any, stack: tuple[Cluster, Any, str]) -> None:
     from playwright.sync_api import expect
 
     cluster, _, _ = stack
-    page.goto("/hosts")
-    expect(page).to_have_url(re.compile(r"/login$"))  # not signed in: sent to the login form
+    page.goto("/hosts?rack=r1")
+    # Not signed in: sent to the login form, which keeps the page asked for.
+    expect(page).to_have_url(re.compile(r"/login\?next=%2Fhosts%3Frack%3Dr1$"))
     # A wrong token is refused inline.
     page.fill("#token", "not-a-token")
     page.get_by_role("button", name="Sign in").click()
@@ -179,6 +180,13 @@ def test_login_and_overview(page: Any, stack: tuple[Cluster, Any, str]) -> None:
 
     page.fill("#token", cluster.token)
     page.get_by_role("button", name="Sign in").click()
+    # Signed in, back at the page asked for (found by exploring: sign-in always went to the
+    # overview, so a link into the console from elsewhere lost its page).
+    expect(page).to_have_url(re.compile(r"/hosts\?rack=r1$"))
+    expect(page.get_by_role("heading", name="Hosts", exact=True)).to_be_visible()
+    [cookie] = page.context.cookies()
+    assert cookie["sameSite"] == "Lax" and cookie["httpOnly"], cookie  # a link from a chat keeps the session
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Overview").click()
     expect(page).to_have_url(re.compile(r"/$"))
     expect(page.get_by_role("heading", name="Cluster overview")).to_be_visible()
     hosts_card = page.locator("section[aria-labelledby=ov-hosts]")
@@ -351,6 +359,85 @@ def test_set_hosts_aside_from_the_queues_page(page: Any, stack: tuple[Cluster, A
     row.get_by_role("button", name="Delete advance reservation browser-demo").click()
     expect(page.locator("p.notice")).to_have_text("Advance reservation deleted: its hosts are every queue's again.")
     expect(page.locator("[id='advres-browser-demo']")).to_have_count(0)
+
+
+def test_a_running_jobs_output_so_far_follows_with_the_event_stream_open(page: Any,
+                                                                         stack: tuple[Cluster, Any, str]) -> None:
+    """Found by exploring: on a running job's page the output so far ("from its agent") and
+    "now N % busy" never moved while the page's event stream was open: live.js polled only
+    while the stream was down, and no job event fires as output grows. While a try runs,
+    the page is polled every 2 s all the same."""
+    from playwright.sync_api import expect
+
+    cluster, srv, _ = stack
+    api = Api(srv.url, cluster.token)
+    ticker = "import time\nfor i in range(1200):\n    print('tick', i, flush=True)\n    time.sleep(0.25)"
+    done = api.submit(name="ticker", command=["python3", "-c", ticker], gpus=1)
+    assert done["job"] is not None, done["userErrors"]
+    job = done["job"]["id"]
+    try:
+        api.wait_job(job, {"RUNNING"})
+        login(page, cluster.token)
+        page.goto(f"/jobs/{job}")
+        page.evaluate("() => { window.__tickerMark = 'same-document'; }")
+        expect(page.locator("html")).to_have_attribute("data-live", "sse")
+        out = page.locator("#live pre[id^='live-']")
+        expect(out).to_contain_text("tick")
+        first = max(int(n) for n in re.findall(r"tick (\d+)", out.inner_text()))
+        # Forty more ticks (ten seconds' worth): more than the one refresh when the stream
+        # opened could have brought.
+        expect(out).to_contain_text(f"tick {first + 40}")
+        expect(page.locator("html")).to_have_attribute("data-live", "sse")  # the stream is still open
+        assert page.evaluate("() => window.__tickerMark") == "same-document", "the job page was reloaded"
+        expect(page.locator("#live [id^='gpu-use-']")).to_contain_text("% busy")
+        shot(page, "08b-job-output-live")
+    finally:
+        api.q("mutation($id: ID!) { cancelJob(id: $id, reason: \"browser test done\") { job { id } } }", {"id": job})
+
+
+HIDE = """() => {
+  Object.defineProperty(document, "hidden", {value: true, configurable: true});
+  Object.defineProperty(document, "visibilityState", {value: "hidden", configurable: true});
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+SHOW = """() => {
+  Object.defineProperty(document, "hidden", {value: false, configurable: true});
+  Object.defineProperty(document, "visibilityState", {value: "visible", configurable: true});
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+
+
+def test_hidden_tabs_hold_no_event_stream(page: Any, stack: tuple[Cluster, Any, str]) -> None:
+    """Found by exploring: with six console tabs open the whole console hung: each page held
+    its event stream open, and Chromium opens at most six HTTP/1.1 connections to a host.
+    A hidden tab closes its stream, and opens it again (refreshing its live part at once)
+    when shown. Headless Chromium shows every page, so hiding is played: `document.hidden`
+    set and `visibilitychange` sent, as a browser does when a tab goes to the background."""
+    from playwright.sync_api import expect
+
+    cluster, _, _ = stack
+    login(page, cluster.token)
+    js_errors: list[str] = []
+    tabs = [page]
+    for n in range(9):  # three more than the browser's connections to the console
+        tab = page
+        if n:
+            tab = page.context.new_page()
+            tab.on("pageerror", lambda exc: js_errors.append(str(exc)))
+            tabs.append(tab)
+        # Without the fix the seventh page never loaded: every connection held a stream.
+        tab.goto("/jobs")
+        expect(tab.locator("html")).to_have_attribute("data-live", "sse")
+        tab.evaluate(HIDE)
+    for tab in tabs:
+        expect(tab.locator("html")).to_have_attribute("data-live", "hidden")
+    # Shown again: its stream opens, and its live part is refreshed at once.
+    with page.expect_request(lambda r: r.headers.get("hx-request") == "true" and "/jobs" in r.url):
+        page.evaluate(SHOW)
+    expect(page.locator("html")).to_have_attribute("data-live", "sse")
+    for tab in tabs[1:]:
+        tab.close()
+    assert not js_errors, f"JavaScript errors in the console: {js_errors}"
 
 
 # 10,000 simulated hosts heartbeating beside the browser: on a loaded 2-core machine (the

@@ -119,7 +119,9 @@ async def test_login_wrong_token_fails_right_token_sets_cookie(console: Console)
     assert console.token not in cookie and console.token_hash not in cookie and len(console.session) >= 40
     first = console.session
     low = cookie.lower()
-    assert "httponly" in low and "samesite=strict" in low and "path=/" in low
+    # Lax (found by exploring: under Strict a link from a chat or a ticket landed on the
+    # sign-in form); every change is a POST with the CSRF token.
+    assert "httponly" in low and "samesite=lax" in low and "path=/" in low
     assert "secure" not in low  # plain http here
     assert "max-age=28800" in low  # MUSTER_SESSION_TTL
     assert (await c.get("/")).status_code == 200
@@ -209,14 +211,15 @@ def test_login_throttle_forgets_old_failures_and_old_addresses() -> None:
 
 async def test_logged_out_user_is_redirected(console: Console) -> None:
     c = console.client
-    for path in ("/", "/hosts", "/jobs", "/submit", "/jobs/j123", "/hosts/h1"):
+    assert (await c.get("/")).headers["location"] == "/login"
+    for path in ("/hosts", "/jobs", "/submit", "/jobs/j123", "/hosts/h1"):
         r = await c.get(path)
         assert r.status_code == 303, path
-        assert r.headers["location"] == "/login"
+        assert r.headers["location"] == "/login?next=" + path.replace("/", "%2F")
         assert_security_headers(r)
     r = await c.get("/hosts", headers={"HX-Request": "true"})
     assert r.status_code == 401
-    assert r.headers["hx-redirect"] == "/login"
+    assert r.headers["hx-redirect"] == "/login?next=%2Fhosts"
     r = await c.post("/submit", data={"name": "x", "command": "true"})
     assert r.status_code == 303 and r.headers["location"] == "/login"
     assert console.muster.state.jobs == {}
@@ -231,6 +234,42 @@ async def test_logged_out_user_is_redirected(console: Console) -> None:
     assert (await c.get("/")).status_code == 200
     console.muster.state.tokens.pop(console.token_hash)
     r = await c.get("/")
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+
+
+async def test_sign_in_returns_to_the_page_asked_for(console: Console) -> None:
+    """Found by exploring: a link into the console (from a chat, a ticket) landed on the
+    sign-in form, and sign-in then went to the overview, the page asked for forgotten. The
+    redirect to sign-in carries it (`next`), the form keeps it, sign-in goes there: a path
+    on this console only, never another site."""
+    c = console.client
+    r = await c.get("/jobs?state=RUNNING&queue=default")
+    assert r.status_code == 303
+    assert r.headers["location"] == "/login?next=%2Fjobs%3Fstate%3DRUNNING%26queue%3Ddefault"
+    r = await c.get(r.headers["location"])
+    assert r.status_code == 200
+    assert '<input type="hidden" name="next" value="/jobs?state=RUNNING&amp;queue=default">' in r.text
+    # A wrong token: the form again, still keeping it.
+    r = await c.post("/login", data={"token": "mst_wrong", "next": "/hosts/h1"})
+    assert r.status_code == 401 and '<input type="hidden" name="next" value="/hosts/h1">' in r.text
+    r = await c.post("/login", data={"token": console.token, "next": "/jobs?state=RUNNING&queue=default"})
+    assert r.status_code == 303 and r.headers["location"] == "/jobs?state=RUNNING&queue=default"
+    # Signed in already: the sign-in form's link goes straight there.
+    r = await c.get("/login?next=%2Fqueues")
+    assert r.status_code == 303 and r.headers["location"] == "/queues"
+    # Anything but a local path is the overview: another site (an open redirect), a
+    # scheme, a backslash or a control character a browser would read as "//".
+    for bad in ("https://evil.example/", "//evil.example", "/\\evil.example", "\\evil.example", "/\\/evil.example",
+                "javascript:alert(1)", "/\t/evil.example", "/\n/evil.example", " /jobs", "evil.example", "",
+                "/" + "x" * 3000):
+        c.cookies.clear()
+        r = await c.post("/login", data={"token": console.token, "next": bad})
+        assert r.status_code == 303 and r.headers["location"] == "/", bad
+        r = await c.get("/login", params={"next": bad})
+        assert 'name="next"' not in r.text, bad
+    # A form posted elsewhere is not a page to come back to.
+    c.cookies.clear()
+    r = await c.post("/jobs/j1/cancel", data={"reason": "x"})
     assert r.status_code == 303 and r.headers["location"] == "/login"
 
 
@@ -647,10 +686,16 @@ async def test_an_admin_sets_hosts_aside_and_deletes_the_reservation_from_the_qu
     form = {"csrf": console.csrf, "name": "launch-run", "hosts": "", "rack": "r1", "label": "", "queues": "launch",
             "users": "", "start": "", "duration": "", "description": "the launch"}
     r = await c.post("/queues/reservations", data=form)  # no duration: refused at its form, the values kept
-    assert r.status_code == 422 and 'id="advres-error"' in r.text and "a duration such as 8h" in r.text
+    # Each error names its field by its label (found by exploring: "no host has it" did not
+    # say which field had it wrong).
+    assert r.status_code == 422 and 'id="advres-error"' in r.text and "For: a duration such as 8h" in r.text
     assert 'value="launch-run"' in r.text and "<details class=\"card\" id=\"new-reservation\" open>" in r.text
     r = await c.post("/queues/reservations", data={**form, "rack": "nope", "duration": "2h"})
-    assert r.status_code == 422 and "no host has it" in r.text
+    assert r.status_code == 422 and "Rack: no host has it" in r.text
+    r = await c.post("/queues/reservations", data={**form, "queues": "nope", "duration": "2h"})
+    assert r.status_code == 422 and "For queues: no queue named &#39;nope&#39;" in r.text, r.text
+    r = await c.post("/queues/reservations", data={**form, "start": "soon", "duration": "2h"})
+    assert r.status_code == 422 and "Opens: the start must be a date and time" in r.text
     r = await c.post("/queues/reservations", data={**form, "duration": "2h"})
     assert r.status_code == 303 and r.headers["location"] == "/queues?notice=advres-created#advance-reservations"
     made = m.state.advance["launch-run"]
@@ -1113,13 +1158,17 @@ async def test_hosts_filters_and_sorting(console: Console) -> None:
     await eventually(lambda: m.state.health("h-2", time.time()).value == "LOST", what="h-2 lost")
     r = await c.get("/hosts?health=LOST")
     row = r.text[r.text.index('href="/hosts/h-2"'):]
-    assert ids(r.text) == ["h-2"] and "90.0" not in row[:row.index("</tr>")], row
+    row = row[:row.index("</tr>")]
+    assert ids(r.text) == ["h-2"] and "90.0" not in row, row
+    # Nor its CPU and RAM use (found by exploring: its last heartbeat's were shown as now's).
+    assert "50.0 %" not in row and "64.0 GiB /" not in row and "— / 256.0 GiB" in row, row
     # Nor on its page, per GPU (found by exploring: util, temperature and power were shown).
     r = await c.get("/hosts/h-2")
     gpus = r.text[r.text.index("<caption class=\"visually-hidden\">GPUs of h-2"):]
     body = gpus[gpus.index("<tbody>"):]
     first = body[:body.index("</tr>")]
     assert "<td" in first and "°C" not in first and " W</td>" not in first and "90" not in first, first
+    assert '<dd id="host-cpu">— of 32 cores</dd>' in r.text and '<dd id="host-ram">— of 256.0 GiB</dd>' in r.text
 
 
 async def test_hosts_filters_page_through_many(console: Console) -> None:
@@ -1572,7 +1621,7 @@ async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Consol
         req = decode(OutputRequest, msg.data)
         asked.append(req.attempt_id)
         await msg.respond(encode(OutputReply(attempt_id=req.attempt_id, running=True,
-                                             output_tail="epoch 1 <loss> 0.5\n", ts=time.time())))
+                                             output_tail="epoch 1 <loss> 0.5\u202e\n", ts=time.time())))
 
     sub = await m.store.nc.subscribe(subjects.output_subject("h-live"), cb=agent)
     try:
@@ -1582,6 +1631,10 @@ async def test_a_running_trys_output_so_far_comes_from_its_agent(console: Consol
     assert r.status_code == 200 and asked == ["jlive0001.1.0"]
     assert "Output of try 1, task 0 on h-live so far" in r.text
     assert '<pre tabindex="0" class="tail" id="live-jlive0001.1.0"><code>epoch 1 &lt;loss&gt; 0.5' in r.text  # escaped
+    # A bidirectional override shown, not obeyed (found by exploring).
+    assert '0.5<span class="ctl">&lt;U+202E&gt;</span>\n' in r.text and "\u202e" not in r.text
+    # The page is polled while a try runs, the event stream open or not (found by exploring).
+    assert " data-poll>" in r.text[r.text.index('<div id="live"'):][:1000]
     gone = r.text[r.text.index("Output of try 1, task 1 on h-gone so far"):]
     assert gone.index("Its agent did not answer") < gone.index("</section>")
     # Neither host was ever heard of (LOST): each try says its host is lost.
@@ -1870,3 +1923,178 @@ async def test_pages_that_read_history_say_when_its_database_is_down(console: Co
     assert r.status_code == 200 and 'id="history-down"' in r.text and "connection refused" in r.text
     r = await c.get("/alerts")
     assert r.status_code == 503 and "History unavailable" in r.text and "did not answer" in r.text
+
+
+# ---------------------------------------------------------------- found by exploring
+
+
+def attempts_of(job_id: str, tries: int, tasks: int, state: Any, *, output: str = "") -> list[Any]:
+    """`tries` tries of `tasks` tasks each, all ended in `state` (an AttemptState)."""
+    from wire.messages import Attempt
+
+    now = time.time()
+    return [Attempt(id=f"{job_id}.{n}.{t}", number=n, task=t, host_id=f"h-{t}", gpu_indices=[0], state=state,
+                    placed_at=now - 60, started_at=now - 50, finished_at=now - 10, exit_code=0, output_tail=output)
+            for n in range(1, tries + 1) for t in range(tasks)]
+
+
+def live_tag(text: str) -> str:
+    """The opening tag of a page's live part."""
+    part = live_fragment(text)
+    return part[:part.index(">") + 1]
+
+
+async def test_only_a_job_page_with_a_try_running_is_polled_with_the_stream_open(console: Console) -> None:
+    """Found by exploring: a running try's output so far and "now N % busy" never moved
+    while the job page's event stream was open (live.js polled only while it was down, and
+    no job event fires as output grows). While a try runs, the live part says so
+    (data-poll) and live.js polls it all the same; otherwise the stream alone refreshes it."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import AttemptState
+
+    m = console.muster
+    await console.login()
+    m.state.apply_job(make_job("jpolled01", spec=job_spec("done"), state=JobState.SUCCEEDED,
+                               attempts=attempts_of("jpolled01", 1, 1, AttemptState.SUCCEEDED)), 10**9)
+    r = await console.client.get("/jobs/jpolled01")
+    assert r.status_code == 200 and "data-poll" not in live_tag(r.text)
+    js = (await console.client.get("/static/live.js")).text
+    assert 'hasAttribute("data-poll")' in js
+    # (a running try's page: test_a_running_trys_output_so_far_comes_from_its_agent)
+
+
+async def test_a_jobs_output_shows_control_and_bidi_characters_as_code_points(console: Console) -> None:
+    """Found by exploring: a job's output with Unicode bidirectional controls (a
+    right-to-left override, isolates, marks) showed its text reordered, and other control
+    characters hid in it. Each shows as its code point (<U+202E>), in a span of class
+    "ctl"; tabs and newlines are kept."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import AttemptState
+
+    m = console.muster
+    await console.login()
+    out = "ok \u202eevil\u202c \u2066iso\u2069 \u200e\u200f\u061c\x1b[31mred\x07\x00\x7f\tx\ny <b>"
+    m.state.apply_job(make_job("jbidi0001", spec=job_spec("bidi"), state=JobState.SUCCEEDED,
+                               attempts=attempts_of("jbidi0001", 1, 1, AttemptState.SUCCEEDED, output=out)), 10**9)
+    r = await console.client.get("/jobs/jbidi0001")
+    assert r.status_code == 200
+    pre = r.text[r.text.index('<pre tabindex="0" class="tail"><code>'):]
+    pre = pre[:pre.index("</pre>")]
+
+    def ctl(code: str) -> str:
+        return f'<span class="ctl">&lt;U+{code}&gt;</span>'
+
+    assert (f"ok {ctl('202E')}evil{ctl('202C')} {ctl('2066')}iso{ctl('2069')} {ctl('200E')}{ctl('200F')}"
+            f"{ctl('061C')}{ctl('001B')}[31mred{ctl('0007')}{ctl('0000')}{ctl('007F')}\tx\ny &lt;b&gt;") in pre, pre
+    assert not re.search("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\x00-\x08\x1b\x7f]", r.text)
+
+
+async def test_an_action_the_store_did_not_answer_says_it_may_have_been_done(console: Console,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: when the store timed out on an action, the console said "Store
+    unavailable ... cancel: nats: timeout" as a failure, and the cancel had been applied
+    (so had a requeue). The outcome is unknown: the page says it may have been applied and
+    to look before trying again."""
+    from wire.errors import StoreError
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    job = await submitted(m, {"name": "slow-store", "command": ["true"], "gpus": 64})
+
+    async def timed_out(*_a: object, **_k: object) -> None:
+        raise StoreError("cancel: nats: timeout")
+
+    monkeypatch.setattr(m, "cancel", timed_out)
+    r = await c.post(f"/jobs/{job.id}/cancel", data={"csrf": console.csrf, "reason": "not needed"})
+    assert r.status_code == 503 and "Store unavailable" not in r.text
+    assert "Outcome unknown" in r.text and "cancel: nats: timeout" in r.text and "may have been applied" in r.text
+    assert "before trying again" in r.text
+    monkeypatch.setattr(m, "requeue", timed_out)
+    r = await c.post(f"/jobs/{job.id}/requeue", data={"csrf": console.csrf}, headers={"HX-Request": "true"})
+    assert r.status_code == 503 and r.text.startswith("The cluster store did not answer in time")
+    assert "may have been applied" in r.text
+
+
+async def test_the_jobs_list_counts_tries_as_the_job_page_does(console: Console) -> None:
+    """Found by exploring: the jobs list's Attempts column counted a gang's tasks (4 for a
+    4-task gang's first try) while the job's page said "1 try". It counts tries."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from wire.messages import AttemptState
+
+    m = console.muster
+    await console.login()
+    m.state.apply_job(make_job("jgang0001", spec=job_spec("gang", replicas=4), state=JobState.SUCCEEDED,
+                               attempts=attempts_of("jgang0001", 2, 4, AttemptState.SUCCEEDED)), 10**9)
+    r = await console.client.get("/jobs")
+    assert '<th scope="col" class="num">Tries</th>' in r.text
+    row = r.text[r.text.index('id="job-jgang0001"'):]
+    row = row[:row.index("</tr>")]
+    assert '<td class="num">2</td>' in row and '<td class="num">8</td>' not in row, row
+    assert "2 tries" in (await console.client.get("/jobs/jgang0001")).text
+
+
+async def test_no_bulk_forms_for_a_queue_that_does_not_exist(console: Console) -> None:
+    """Found by exploring: /jobs?queue=<a deleted queue> offered the forms that cancel, hold
+    or release the jobs it matches, which were always refused (404). The list still shows
+    the jobs recorded in it; the forms are not offered."""
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    m.state.apply_job(make_job("jgone0001", spec=job_spec("old", queue="gone"), state=JobState.SUCCEEDED), 10**9)
+    await submitted(m, {"name": "here", "command": ["true"], "gpus": 64})
+    r = await c.get("/jobs?queue=gone")
+    assert r.status_code == 200 and "There is no queue gone" in r.text and 'id="job-jgone0001"' in r.text
+    assert 'id="cancel-matching"' not in r.text and 'id="hold-matching"' not in r.text
+    r = await c.get("/jobs?queue=default")  # a queue that exists: offered
+    assert 'id="cancel-matching"' in r.text and 'id="hold-matching"' in r.text
+
+
+async def test_the_overviews_jobs_card_counts_ended_jobs_from_history(console: Console,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: once ended jobs' records expired from the live state
+    (MUSTER_FINISHED_JOB_TTL), the overview's Jobs card said "No jobs yet", and its
+    SUCCEEDED and FAILED counts disagreed with /jobs?state=..., which reads history. Ended
+    jobs are counted from history; with history down, the card says so."""
+    from sqlalchemy.exc import OperationalError
+
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+
+    c = console.client
+    m = console.muster
+    await console.login()
+    assert m.history is not None
+    # Ended an hour ago: in history only, as after the live state forgot them.
+    for i, state in enumerate((JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED)):
+        m.history.record(make_job(f"jold{i}", spec=job_spec(f"old-{i}"), state=state), 1)
+    m.history.flush()
+    queued = await submitted(m, {"name": "waiting", "command": ["true"], "gpus": 64})
+
+    def count(text: str, state: str) -> int:
+        found = re.search(rf'id="ov-state-{state}">.*?</a></td><td class="num">(\d+)</td>', text)
+        assert found, (state, text)
+        return int(found.group(1))
+
+    r = await c.get("/")
+    assert "No jobs yet" not in r.text
+    assert (count(r.text, "SUCCEEDED"), count(r.text, "FAILED"), count(r.text, "QUEUED")) == (3, 1, 1)
+    assert "3 jobs SUCCEEDED" in (await c.get("/jobs?state=SUCCEEDED")).text  # as the list counts them
+    assert "1 job FAILED" in (await c.get("/jobs?state=FAILED")).text
+
+    def down(*_a: object, **_k: object) -> None:
+        raise OperationalError("SELECT", None, ConnectionRefusedError("connection refused"))
+
+    from web.console import hosts as hosts_module
+
+    monkeypatch.setattr(m.history, "list_jobs", down)
+    hosts_module._ENDED_COUNTS.clear()  # (the counts are kept ENDED_COUNTS_MAX_AGE_S)
+    r = await c.get("/")
+    assert r.status_code == 200 and 'id="ov-jobs-history-down"' in r.text and "connection refused" in r.text
+    assert count(r.text, "QUEUED") == 1 and count(r.text, "SUCCEEDED") == 0 and queued.id in m.state.jobs

@@ -26,7 +26,10 @@ and the console's own script (`/static/live.js`) come from /static. The live par
 page sit in one element (`#live`); an htmx request (header `HX-Request`) gets only that
 fragment back. `#live` is refreshed when the server-sent event stream (`/events/stream`)
 says something it shows changed; while that stream is not connected (no EventSource, a
-proxy that buffers, a restart) it polls its own URL every 2 s instead.
+proxy that buffers, a restart) it polls its own URL every 2 s instead, and so does a job's
+page while a try of it runs (`data-poll`: its output so far changes with no event). A
+hidden tab holds no stream (browsers allow six connections per host) and is not polled;
+shown again, it reopens the stream and refreshes `#live` once.
 
 Errors: an operation's error (wire.errors) becomes a status in one place,
 `errors.status_for`; a form shows it next to its fields with that status, anything else

@@ -5,7 +5,8 @@
     AuthError        403 (Forbidden too: a role that may only view, a wrong CSRF token)
     ConflictError    409 (a revision-checked write kept losing its race)
     RejectedError    413 (the store refused the record for what it holds: too large)
-    StoreError       503 (the cluster store did not answer)
+    StoreError       503 (the cluster store did not answer; on an action, whether it was
+                     done is unknown: see `error_response`)
 
 `status_for` is the mapping. A form shows the first three (and ConflictError) next to
 its fields with that status (`FORM_ERRORS`); an endpoint that lets one of `MAPPED`
@@ -19,7 +20,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from web.console.render import error_page
-from wire.errors import AuthError, ConflictError, MusterError, NotFound, RejectedError, StoreError, ValidationError
+from wire.errors import (
+    AuthError,
+    ConflictError,
+    FencedError,
+    HistoryUnavailable,
+    MusterError,
+    NotFound,
+    RejectedError,
+    StoreError,
+    ValidationError,
+)
 
 # The errors a form shows next to its fields; the others in MAPPED become an error page.
 FORM_ERRORS = (ValidationError, NotFound, AuthError, ConflictError, RejectedError)
@@ -29,6 +40,7 @@ MAPPED = (ValidationError, NotFound, AuthError, StoreError)
 NOT_FOUND_TITLES = {"host": "No such host", "job": "No such job"}
 TITLES = {403: "Forbidden", 404: "Not found", 409: "Conflict", 413: "Too large", 422: "Invalid input",
           503: "Store unavailable"}
+UNKNOWN_OUTCOME = "Outcome unknown"
 
 
 def status_for(exc: MusterError) -> int:
@@ -53,7 +65,17 @@ def error_response(request: Request, exc: MusterError) -> Response:
     status = status_for(exc)
     if isinstance(exc, NotFound):
         return error_page(request, status, NOT_FOUND_TITLES.get(exc.field, TITLES[404]), exc.message)
-    if isinstance(exc, StoreError) and not isinstance(exc, (ConflictError, RejectedError)):
+    if isinstance(exc, HistoryUnavailable):  # a read of history, not of the cluster store
+        return error_page(request, status, "History unavailable", exc.message)
+    if isinstance(exc, StoreError) and not isinstance(exc, (ConflictError, RejectedError, FencedError)):
+        if request.method == "POST":
+            # A write the store did not answer in time may still have been applied (found
+            # by exploring: a cancel and a requeue said "Store unavailable" as a failure,
+            # and had been done): say so, rather than invite the operator to do it again.
+            return error_page(request, status, UNKNOWN_OUTCOME,
+                              f"The cluster store did not answer in time ({exc}), so whether this was done is "
+                              "unknown: it may have been applied. Look at the job or host it was for (reload its "
+                              "page) before trying again.")
         return error_page(request, status, TITLES[503], f"The cluster store did not answer: {exc}")
     return error_page(request, status, TITLES.get(status, "Error"), exc.message)
 

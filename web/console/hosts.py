@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -71,16 +72,58 @@ def _heatmap(m: Muster, snap: FleetSummary, now: float) -> dict[str, Any]:
     return {"mode": "racks", "cells": shown, "shown": len(shown), "racks": len(racks)}
 
 
+ENDED = [st for st in JobState if st.terminal]
+# How long a replica's overview reuses history's counts of ended jobs: each is a count over
+# every job of that state (hundreds of ms at millions of jobs on PostgreSQL), and every
+# signed-in overview refreshes itself every few seconds.
+ENDED_COUNTS_MAX_AGE_S = 15.0
+_ENDED_COUNTS: weakref.WeakKeyDictionary[Muster, tuple[float, dict[str, int]]] = weakref.WeakKeyDictionary()
+
+
+def _ended_counts(m: Muster) -> dict[str, int]:
+    """How many jobs history holds in each state a job ends in (as the jobs list counts
+    them: `/jobs?state=...` reads history), at most ENDED_COUNTS_MAX_AGE_S old."""
+    assert m.history is not None
+    now = time.monotonic()
+    kept = _ENDED_COUNTS.get(m)
+    if kept is not None and now - kept[0] < ENDED_COUNTS_MAX_AGE_S:
+        return kept[1]
+    counts = {st.value: m.history.list_jobs(state=st.value, limit=0)[1] for st in ENDED}
+    _ENDED_COUNTS[m] = (now, counts)
+    return counts
+
+
+async def _job_counts(m: Muster) -> tuple[list[tuple[str, int]], str]:
+    """Jobs by state for the overview, and what history said if it did not answer. Jobs
+    not ended are counted from the live state; ended ones from history, since the live
+    state forgets them MUSTER_FINISHED_JOB_TTL after they end (found by exploring: the card
+    said "No jobs yet" an hour after the last job ended, and its SUCCEEDED and FAILED
+    counts disagreed with the jobs list's). With history down, the ended jobs the live
+    state still holds (the page says so)."""
+    live = m.state.job_counts()
+    ended: dict[str, int] = {}
+    down = ""
+    if m.history is not None:
+        try:
+            ended = await run_in_threadpool(_ended_counts, m)
+        except DATABASE_DOWN as exc:
+            down = down_text(exc)
+    counts = [(st.value, ended.get(st.value, live.get(st.value, 0)) if st.terminal else live.get(st.value, 0))
+              for st in JobState]
+    return counts, down
+
+
 @console()
 async def overview(request: Request) -> Response:
     m = muster_of(request)
     now = time.time()
     snap = await reads_for(m).summary()
-    counts = m.state.job_counts()
+    jobs, history_down = await _job_counts(m)
     ctx = {
         "snap": snap,
-        "jobs": [(st.value, counts.get(st.value, 0)) for st in JobState],
-        "jobs_total": sum(counts.values()),
+        "jobs": jobs,
+        "jobs_total": sum(n for _, n in jobs),
+        "jobs_history_down": history_down,
         "gpu_meter": _meter(snap.gpus_allocated, snap.gpus_total),
         "cpu_meter": _meter(snap.cpu_used, snap.cpus),
         "mem_meter": _meter(snap.mem_used_mb, snap.memory_mb),

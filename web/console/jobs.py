@@ -243,6 +243,10 @@ async def _job_ctx(m: Muster, job_id: str) -> dict[str, Any] | None:
         "live_url": f"/jobs/{job_id}",
         "sse_on": "job",
         "sse_id": job_id,
+        # While a try runs, its output so far and how busy its GPUs are change with no job
+        # event: live.js polls the page every 2 s even with the event stream open (found by
+        # exploring: neither moved while the stream was open).
+        "poll": bool(running),
         # What the action forms depend on: when a refresh of the live part says otherwise,
         # live.js fetches the forms again (found by exploring: forms of a job that had
         # ended, or been held, were still offered).

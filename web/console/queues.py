@@ -22,13 +22,25 @@ from server.views.queues import rows as queue_rows
 from web.console.errors import FORM_ERRORS, status_for
 from web.console.render import is_htmx, muster_of, render, url
 from web.console.session import Session, console, read_form
-from wire.errors import InvalidInput, ValidationError
+from wire.errors import InvalidInput, MusterError, ValidationError
 
 PERIODS = {"day": 86400.0, "week": 7 * 86400.0, "month": 30 * 86400.0}
 USERS_SHOWN = 5  # per queue, in the users' fair order
 
 
 RESERVATION_FIELDS = ("name", "hosts", "rack", "label", "queues", "users", "start", "duration", "description")
+# The reservation form's labels, by the field an error names (the form's own, and those of
+# wire.validation and the operation: its end is the start and the duration together).
+RESERVATION_LABELS = {"name": "Name", "hosts": "Hosts", "rack": "Rack", "label": "Label", "queues": "For queues",
+                      "users": "For users", "start": "Opens", "starts": "Opens", "startsAt": "Opens",
+                      "duration": "For", "ends": "For", "endsAt": "For", "description": "Description"}
+
+
+def reservation_error(exc: MusterError) -> str:
+    """An error of the reservation form, prefixed with the label of the field it is about
+    (found by exploring: "no host has it" did not say it was the rack, or the label)."""
+    label = RESERVATION_LABELS.get(exc.field, exc.field)  # (one the form has no input for: its name)
+    return f"{label}: {exc.message}" if label else exc.message
 
 
 @console()
@@ -111,7 +123,7 @@ async def create_reservation(request: Request) -> Response:
              "description": values["description"]}, sess.user)
     except FORM_ERRORS as exc:
         ctx = await _queues_ctx(request, "day")
-        ctx["reservation_errors"] = [e.message for e in exc.details()]
+        ctx["reservation_errors"] = [reservation_error(e) for e in exc.details()]
         ctx["reservation_values"] = values
         return render(request, "queues.html", ctx, status_for(exc))
     return RedirectResponse(url("/queues", notice="advres-created") + "#advance-reservations", status_code=303)

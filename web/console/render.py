@@ -4,12 +4,13 @@ the security headers every response carries, URLs, notices and paging."""
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
@@ -76,9 +77,35 @@ def pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f} %"
 
 
+# Characters a job's output may hold that are not text to read: the control characters
+# (C0 but tab and newline, DEL, C1) and the bidirectional controls (embeddings, overrides,
+# isolates, marks), which reorder or hide what is shown after them, and the line and
+# paragraph separators. A carriage return is left, as `muster job logs` leaves it: HTML
+# reads it as a newline (a progress bar's updates show one a line).
+NOT_TEXT_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                         r"\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str | None) -> Markup:
+    """`text` escaped for HTML, each character of NOT_TEXT_RE shown as its code point
+    (`<U+202E>`, in a span of class "ctl") instead of acting on what follows it. Found by
+    exploring: a job's output with a right-to-left override showed its lines reordered."""
+    if not text:
+        return Markup("")
+    parts: list[Markup] = []
+    pos = 0
+    for m in NOT_TEXT_RE.finditer(text):
+        parts.append(escape(text[pos:m.start()]))
+        parts.append(Markup('<span class="ctl">&lt;U+{:04X}&gt;</span>').format(ord(m.group())))
+        pos = m.end()
+    parts.append(escape(text[pos:]))
+    return Markup("").join(parts)
+
+
 templates.env.filters["utc"] = utc
 templates.env.filters["mib"] = mib
 templates.env.filters["pct"] = pct
+templates.env.filters["visible"] = visible
 templates.env.filters["shjoin"] = lambda argv: shlex.join(argv or [])
 templates.env.globals["notices"] = NOTICES
 

@@ -6,7 +6,15 @@ The cookie holds a random session id (server.api.auth.open_session), never anyth
 token list shows; the session ends when it expires (MUSTER_SESSION_TTL), when its token
 is revoked, or at sign-out, on every replica. The cookie is `Secure` on HTTPS, including
 behind a TLS-terminating proxy the server trusts (MUSTER_TRUSTED_PROXIES: its
-X-Forwarded-Proto). Failed sign-ins are limited per client address (`LoginThrottle`)."""
+X-Forwarded-Proto). Failed sign-ins are limited per client address (`LoginThrottle`).
+
+The cookie is SameSite=Lax, not Strict: a link to a console page followed from elsewhere
+(a chat, a ticket) keeps the session (found by exploring: under Strict it landed on the
+sign-in form). Lax sends it with another site's top-level GET only, and no GET handler
+changes anything; every state-changing request is a POST that needs the CSRF token (the
+sign-in form aside, which checks where it was posted from). Sent to sign in from a page,
+the browser comes back to it afterwards (`next`: a path on this console only,
+`local_path`)."""
 
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from server.api.auth import check_token, require_cluster_wide
 from server.history.database import DATABASE_DOWN, down_text
 from server.state.cluster import TokenInfo
 from web.console.errors import MAPPED, error_response
-from web.console.render import error_page, is_htmx, muster_of, render, secure
+from web.console.render import error_page, is_htmx, muster_of, render, secure, url
 from wire.errors import Forbidden
 
 COOKIE = "muster_session"
@@ -124,12 +132,43 @@ def _throttle(request: Request) -> LoginThrottle:
     return throttle
 
 
+MAX_NEXT_CHARS = 2048
+
+
+def local_path(value: str | None) -> str:
+    """Where to send the browser after sign-in: `value` if it is a path on this console
+    (one "/" first: "//host" is another site to a browser; no scheme, no backslash,
+    which browsers read as "/", and no space or control character, which they drop, so
+    "/\\t/host" is "//host"), else "/". The sign-in form cannot be made to send a signed-in
+    browser to another site."""
+    if not value or len(value) > MAX_NEXT_CHARS or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    if "\\" in value or any(c.isspace() or not c.isprintable() for c in value):
+        return "/"
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "/"
+    return "/" if parts.scheme or parts.netloc else value
+
+
+def _login_url(request: Request) -> str:
+    """The sign-in form, with the page asked for to come back to after it: a page (a GET,
+    not the event stream; not the overview, where sign-in leads anyway)."""
+    if request.method != "GET" or request.url.path in ("/", "/events/stream"):
+        return "/login"
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1").partition("?")[0] if isinstance(raw, bytes) and raw else request.url.path
+    query = request.url.query
+    return url("/login", next=local_path(path + (f"?{query}" if query else "")))
+
+
 def _unauthenticated(request: Request) -> Response:
     if is_htmx(request):
         resp = Response("not signed in", status_code=401, media_type="text/plain")
-        resp.headers["HX-Redirect"] = "/login"
+        resp.headers["HX-Redirect"] = _login_url(request)
         return resp
-    return RedirectResponse("/login", status_code=303)
+    return RedirectResponse(_login_url(request), status_code=303)
 
 
 async def read_form(request: Request) -> dict[str, str]:
@@ -202,9 +241,10 @@ async def _guarded(fn: Handler, request: Request, *, auth: bool, csrf: bool, act
 
 @console(auth=False)
 async def login_form(request: Request) -> Response:
+    target = local_path(request.query_params.get("next"))
     if session_of(request) is not None:
-        return RedirectResponse("/", status_code=303)
-    return render(request, "login.html", {"error": None})
+        return RedirectResponse(target, status_code=303)
+    return render(request, "login.html", {"error": None, "next": target})
 
 
 def _foreign_origin(request: Request) -> bool:
@@ -237,12 +277,14 @@ async def login(request: Request) -> Response:
         form = await read_form(request)
     except Exception:  # noqa: BLE001
         form = {}
+    target = local_path(form.get("next"))  # the page that sent the browser here
     client = request.client.host if request.client else "?"
     throttle = _throttle(request)
     wait = throttle.wait_s(client, time.monotonic())
     if wait > 0:
         resp = render(request, "login.html",
-                      {"error": f"Too many failed sign-ins from your address: try again in {math.ceil(wait)} s."}, 429)
+                      {"error": f"Too many failed sign-ins from your address: try again in {math.ceil(wait)} s.",
+                       "next": target}, 429)
         resp.headers["Retry-After"] = str(math.ceil(wait))
         return resp
     token = form.get("token", "").strip()
@@ -250,12 +292,12 @@ async def login(request: Request) -> Response:
     info = check_token(m.state, token) if 0 < len(token) <= MAX_TOKEN_CHARS else None
     if info is None:
         throttle.failed(client, time.monotonic())
-        return render(request, "login.html", {"error": "That token is not valid."}, 401)
+        return render(request, "login.html", {"error": "That token is not valid.", "next": target}, 401)
     assert m.store is not None
     session_id = await auth.open_session(m.store, m.state, token, m.config.session_ttl_s)
-    resp = RedirectResponse("/", status_code=303)
+    resp = RedirectResponse(target, status_code=303)
     resp.set_cookie(
-        COOKIE, session_id, max_age=int(m.config.session_ttl_s), httponly=True, samesite="strict", path="/",
+        COOKIE, session_id, max_age=int(m.config.session_ttl_s), httponly=True, samesite="lax", path="/",
         secure=request.url.scheme == "https",
     )
     return resp
@@ -276,6 +318,6 @@ async def logout(request: Request) -> Response:
         assert m.store is not None
         await auth.close_session(m.store, m.state, sess.hash)
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="lax",
                        secure=request.url.scheme == "https")
     return resp

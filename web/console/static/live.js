@@ -15,6 +15,15 @@
    between the page's render and the stream's start (an action just taken, applied by the
    leader a moment later) is not missed.
 
+   A live element with data-poll keeps its 2 s poll even while the stream is open: what
+   it shows changes with no event saying so (a running try's output so far and how busy
+   its GPUs are, on a job's page; the server sets it only while a try runs).
+
+   A hidden tab holds no stream: it is closed when the tab is hidden and opened again
+   (#live refreshed once) when it is shown, and #live is not polled meanwhile. Found by
+   exploring: each tab held one, and with six console tabs open the browser's six
+   connections per host were all taken, so the whole console hung.
+
    Action forms: a page's #actions (data-for) was rendered for a version of what it acts
    on; when a refresh of #live (data-version) says it changed, #actions is fetched again,
    unless a field in it is being filled in (then it says the page is out of date).
@@ -75,12 +84,18 @@
     timer = window.setTimeout(refresh, wait);
   }
 
-  // Suppress the 2 s poll of #live while the stream is open.
+  // Suppress the 2 s poll of #live while the stream is open (unless #live asks for it:
+  // data-poll), and while the tab is hidden (it is refreshed once when shown again).
   document.addEventListener("htmx:confirm", function (evt) {
     var d = evt.detail || {};
-    if (!streamOpen || !d.elt || d.elt.id !== "live") return;
-    if (Date.now() - lastMessage > SILENT_MS) return;  // e.g. a buffering proxy: keep polling
+    if (!d.elt || d.elt.id !== "live") return;
     if (d.triggeringEvent && d.triggeringEvent.type === "muster:sse") return;
+    if (document.hidden) {
+      evt.preventDefault();
+      return;
+    }
+    if (!streamOpen || d.elt.hasAttribute("data-poll")) return;
+    if (Date.now() - lastMessage > SILENT_MS) return;  // e.g. a buffering proxy: keep polling
     evt.preventDefault();
   });
 
@@ -152,11 +167,13 @@
     });
   });
 
+  // Open the page's event stream (once: not while one is open, nor in a hidden tab);
+  // whether one was opened.
   function start() {
     var el = liveElt();
-    if (!el || !window.EventSource) return;
+    if (source || document.hidden || !el || !window.EventSource) return false;
     var url = el.getAttribute("data-sse");
-    if (!url) return;
+    if (!url) return false;
     var wanted = (el.getAttribute("data-sse-on") || "").split(/\s+/).filter(Boolean);
     source = new window.EventSource(url);
     source.addEventListener("stats", function () { lastMessage = Date.now(); });
@@ -186,12 +203,30 @@
     });
     source.addEventListener("resync", schedule);
     source.addEventListener("signout", function () {
-      source.close();
-      streamOpen = false;
+      stop();
       window.location.reload();
     });
-    window.addEventListener("pagehide", function () { if (source) source.close(); });
+    return true;
   }
+
+  function stop() {
+    if (source) source.close();
+    source = null;
+    streamOpen = false;
+  }
+
+  window.addEventListener("pagehide", stop);
+  window.addEventListener("pageshow", function (evt) {  // back from the back-forward cache
+    if (evt.persisted && !start()) schedule();
+  });
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) {
+      stop();
+      document.documentElement.setAttribute("data-live", "hidden");
+    } else if (!start()) {  // (an opened stream refreshes #live when it opens)
+      schedule();
+    }
+  });
 
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", start);
