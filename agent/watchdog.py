@@ -220,7 +220,8 @@ class Watchdog:
         self.deadline_s = stale_after_s + grace_s if deadline_s is None else deadline_s
         # The names of the agent's cgroup bases, and the machine's cgroup mounts: a run
         # record's cgroups are killed only under them (cgroups.attempt_cgroups).
-        self.base_names = {os.path.basename(os.path.normpath(b)) for b in bases}
+        self.bases = {os.path.normpath(b) for b in bases}
+        self.base_names = {os.path.basename(b) for b in self.bases}
         self.mounts = cgroups.mounts() if cgroups is not None else []
         # attempt -> (process group, its leader's start time, when to SIGKILL it (None: done),
         # its cgroup directories)
@@ -272,6 +273,10 @@ class Watchdog:
             cgs = r.cgroups
             if cgs and cgroups is not None:
                 cgs, others = cgroups.attempt_cgroups(cgs, self.base_names, self.mounts)
+                # Its agent's bases themselves (the watchdog is given them): not another
+                # directory of the same name elsewhere in the hierarchy (a review).
+                others += [p for p in cgs if os.path.dirname(os.path.normpath(p)) not in self.bases]
+                cgs = [p for p in cgs if os.path.dirname(os.path.normpath(p)) in self.bases]
                 if others:
                     log(f"the record of attempt {attempt} names cgroups that are not the agent's attempts': "
                         f"{' '.join(others)} left alone")

@@ -826,9 +826,10 @@ class SubmitRequest(_Model):
     # Drawn at random by the leader as it reads the submission (a client's is replaced):
     # its jobs' uid keys are made from it (Job.uid_key).
     nonce: str = ""
-    # Set by the leader as it reads the submission (a client's is replaced): the ids of
-    # its jobs that an earlier job had (history knows them): refused, ids are never reused.
-    used: list[str] = Field(default_factory=list)
+    # Set by the leader before it plans with the submission (a client's is replaced): the
+    # ids of its jobs that an earlier job had (history knows them): refused, ids are never
+    # reused. None: not asked (none known).
+    used: list[str] | None = None
     # Set by the leader from the subject (`muster.submit.<user>.<queue>`; a client's is
     # replaced): the only queue its jobs may be in ("": any), the one a job naming none is in.
     queue: str = ""

@@ -3,13 +3,15 @@
     jobs = [{"name": "train", "command": ["python", "t.py"], "gpus": 1}]
     ids = await submit_over_nats(js, jobs, user="alice")
 
-Each job gets a client-chosen id before it is sent, written into its dict (one without
-an `id`), so the publish can be retried safely, by this function or by sending the same
-dicts again after it raised: the stream deduplicates the same message (its Nats-Msg-Id
-is a digest of its user and jobs), and the leader creates a job id once (the same user's
-id again is skipped; another user's job's, or an earlier job's, is refused). The publish
-is acknowledged once the batch is stored durably; the jobs appear as QUEUED (or already
-PLACED) records on the leader's next cycle.
+Each job without an `id` gets a client-chosen one before it is sent (the dicts given are
+not changed), so the publish can be retried safely: by this function, and after it
+raised, by sending the jobs again with the ids the exception carries (`job_ids`, in the
+jobs' order: `[dict(j, id=i) for j, i in zip(jobs, exc.job_ids)]`). The stream
+deduplicates the same message (its Nats-Msg-Id is a digest of its user and jobs), and
+the leader creates a job id once (the same user's id again is skipped; another user's
+job's, or an earlier job's, is refused). The publish is acknowledged once the batch is
+stored durably; the jobs appear as QUEUED (or already PLACED) records on the leader's
+next cycle.
 
 While NATS cannot take the publish (the submission stream electing a leader after a
 node was lost: no responders, a timeout, 503) it is sent again every `every_s` for up to
@@ -41,13 +43,25 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
     """Publish `jobs` on `muster.submit.<user>` (the user the credentials may submit as),
     or on `muster.submit.<user>.<queue>` with `queue` (jobs of that queue only: what
     credentials bound to queues may publish on; a job naming no queue is in it), in
-    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids, also written into
-    the dicts that had none. Each message carries a Nats-Msg-Id that is a digest of its
-    user and jobs, so publishing the same jobs again (a retry after a lost ack, or after
-    this raised) creates nothing twice, and a corrected one is taken; a message NATS
-    cannot take is sent again for up to `within_s` (0: raised at once)."""
-    for j in jobs:
-        j.setdefault("id", new_id("j"))
+    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids. Each message carries a
+    Nats-Msg-Id that is a digest of its user and jobs, so publishing the same jobs again
+    (a retry after a lost ack, or after this raised: the exception's `job_ids`) creates
+    nothing twice, and a corrected one is taken; a message NATS cannot take is sent again
+    for up to `within_s` (0: raised at once). The dicts given are not changed (a review:
+    written into, one dict given three times, or a template sent in a loop, made one job)."""
+    jobs = [j if "id" in j else {**j, "id": new_id("j")} for j in jobs]
+    try:
+        await _publish_all(js, jobs, user, timeout, within_s, every_s, queue)
+    except Exception as exc:
+        # (found by exploring: the ids lived on copies, and a retry after an error sent new
+        # ones: the jobs stored by the try that seemed to fail ran twice)
+        exc.job_ids = [str(j["id"]) for j in jobs]  # type: ignore[attr-defined]
+        raise
+    return [str(j["id"]) for j in jobs]
+
+
+async def _publish_all(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float, within_s: float,
+                       every_s: float, queue: str | None) -> None:
     for i in range(0, len(jobs), MAX_SUBMIT_JOBS):
         chunk = jobs[i : i + MAX_SUBMIT_JOBS]
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
@@ -67,7 +81,6 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
                          "credentials may not publish there (a submitter publishes as its own user only, and, "
                          "bound to queues, with queue= one of them)")
             raise
-    return [str(j["id"]) for j in jobs]
 
 
 def _again(exc: Exception) -> bool:

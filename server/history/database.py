@@ -184,7 +184,8 @@ def refuses_row(exc: BaseException) -> bool:
         return True
     if isinstance(exc, DBAPIError):
         code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
-        return isinstance(code, str) and code[:2] in ("22", "23")
+        # (no SQLSTATE: the driver's own refusal of a value, as SQLite's binding errors)
+        return not isinstance(code, str) or code[:2] in ("22", "23")
     return True  # not the database's refusal: a value the driver could not send (a NUL)
 
 

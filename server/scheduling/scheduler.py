@@ -52,8 +52,9 @@ from wire.stopping import pause
 log = logging.getLogger(__name__)
 
 # How long the intake of a submission waits for history to say which of its ids were used.
-USED_IDS_WAIT_S = 2.0
+USED_IDS_WAIT_S = 5.0
 USED_IDS_PAUSE_S = 10.0  # and, after it did not, how long it is not asked
+SCREEN_AT_ONCE = 100  # submissions marked at once: what a cycle takes (_plan_next)
 
 
 def _stored_at(msg: Msg) -> float:
@@ -274,52 +275,60 @@ class Scheduler:
         # chose (found by exploring: an id chosen for its uid ran as another team's job's).
         user, queue = named
         return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
-                                      "nonce": secrets.token_hex(16), "used": [], "queue": queue})
+                                      "nonce": secrets.token_hex(16), "used": None, "queue": queue})
 
     async def _reject_unread(self, msg: Msg) -> None:
         """A submission that cannot be read (malformed, too many jobs, a field of the wrong
         type): each job id found in it is said rejected on muster.events.job.rejected, with
-        why (found by exploring: it was acknowledged and dropped with a log line only)."""
+        why (found by exploring: it was acknowledged and dropped with a log line only).
+        Whatever the body is (nested past the parser's depth included), it raises nothing:
+        the message is acknowledged after it."""
         try:
-            decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
-            why = f"{msg.subject[:80]!r} names no user"
-        except DecodeError as exc:
-            why = str(exc)
-        try:
+            try:
+                decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+                why = f"{msg.subject[:80]!r} names no user, or a queue that is not a queue's name"
+            except DecodeError as exc:
+                why = str(exc)
             body = json.loads(msg.data)
-        except ValueError:
+            jobs = body.get("jobs") if isinstance(body, dict) else None
+            ids = [j["id"] for j in jobs if isinstance(j, dict) and isinstance(j.get("id"), str)] \
+                if isinstance(jobs, list) else []
+        except Exception:  # noqa: BLE001 - not JSON, or JSON past any parser's depth: no ids to tell
             return
-        jobs = body.get("jobs") if isinstance(body, dict) else None
-        ids = [j["id"] for j in jobs if isinstance(j, dict) and isinstance(j.get("id"), str)] \
-            if isinstance(jobs, list) else []
         await self._publish([Event(kind="job.rejected", job_id=i[:128], message=f"the submission could not be read: "
                                                                                 f"{why}"[:1000]) for i in ids[:1000]])
 
-    async def _screen_submission(self, req: SubmitRequest) -> SubmitRequest:
-        """The submission with the ids of its jobs that an earlier job had, whose records
-        are gone (`used`, from history): found by exploring, an id used again after its
-        job's record expired ran a second job under it, another user's included, and
-        replaced the first's history. History out of reach: none are known (said once), and
-        it is not asked again for USED_IDS_PAUSE_S (each ask holds a thread meanwhile)."""
+    async def _screen_submissions(self) -> None:
+        """Mark the submissions waiting for a cycle (those not marked yet) with the ids of
+        their jobs that an earlier job had, whose records are gone (`used`, from history),
+        in one question to history for them all: found by exploring, an id used again
+        after its job's record expired ran a second job under it, another user's included,
+        and replaced the first's history. History out of reach: none are known (said
+        once), and it is not asked again for USED_IDS_PAUSE_S (each ask holds a thread)."""
+        waiting = [r for _, r in self._submissions[:SCREEN_AT_ONCE] if r.used is None]
+        if not waiting:
+            return
         failed = self._used_ids_failed_at
-        if self.used_ids is None or (failed is not None and time.monotonic() - failed < USED_IDS_PAUSE_S):
-            return req
-        fresh = [i for i in (d.get("id") for d in req.jobs) if isinstance(i, str) and i not in self.state.jobs
-                 and subjects.job_key(i) not in self.state.revisions]
-        if not fresh:
-            return req
-        try:
-            # (a database that does not answer must not hold submissions up)
-            used = await asyncio.wait_for(self.used_ids(fresh), USED_IDS_WAIT_S)
-        except Exception as exc:  # noqa: BLE001 - NATS is the truth; history only guards ids gone from it
-            if failed is None:
-                log.warning("cannot ask history which submitted job ids were used before (%r): taking them", exc)
-            self._used_ids_failed_at = time.monotonic()
-            return req
-        if failed is not None:
-            log.warning("history answers again which submitted job ids were used before")
-        self._used_ids_failed_at = None
-        return req.model_copy(update={"used": sorted(used)}) if used else req
+        fresh = {i for r in waiting for i in (d.get("id") for d in r.jobs) if isinstance(i, str)
+                 and i not in self.state.jobs and subjects.job_key(i) not in self.state.revisions}
+        used: set[str] = set()
+        if fresh and self.used_ids is not None and (failed is None or time.monotonic() - failed >= USED_IDS_PAUSE_S):
+            try:
+                # (a database that does not answer must not hold submissions up)
+                used = await asyncio.wait_for(self.used_ids(sorted(fresh)), USED_IDS_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - NATS is the truth; history only guards ids gone from it
+                if failed is None:
+                    log.warning("cannot ask history which submitted job ids were used before (%r): taking them",
+                                exc)
+                self._used_ids_failed_at = time.monotonic()
+            else:
+                if failed is not None:
+                    log.warning("history answers again which submitted job ids were used before")
+                self._used_ids_failed_at = None
+        marked = {id(r): r.model_copy(update={"used": sorted(used & {d.get("id") for d in r.jobs})})
+                  for r in waiting}
+        # (the feed may have added submissions meanwhile: those are left as they are)
+        self._submissions[:] = [(m, marked.get(id(r), r)) for m, r in self._submissions]
 
     def _decode_command(self, msg: Msg) -> Command | None:
         try:
@@ -343,8 +352,6 @@ class Scheduler:
                 except Exception:  # noqa: BLE001
                     pass
                 return
-            if isinstance(decoded, SubmitRequest):
-                decoded = await self._screen_submission(decoded)
             sink.append((m, decoded))
             self.wake.set()
 
@@ -434,6 +441,7 @@ class Scheduler:
                     await self._reap(block=len(self._inflight) >= max(1, min(self.config.pipeline, FENCE_SLOTS)))
                     if await self._wait_for_turn(stop):
                         break
+                    await self._screen_submissions()
                     c = self._plan_next(term)
                     if c is None:
                         continue
@@ -580,7 +588,7 @@ class Scheduler:
         started = time.perf_counter()
         reports_in = self._reports[: self.config.fetch_batch * 4]
         commands_in = self._commands[: self.config.fetch_batch]
-        submissions_in = self._submissions[:100]
+        submissions_in = self._submissions[:SCREEN_AT_ONCE]
         placements: int | None = None
         evict = True
         if failing:  # a cycle of its own: only the failures

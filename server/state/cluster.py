@@ -205,8 +205,10 @@ class ClusterState:
     tokens: dict[str, TokenInfo] = field(default_factory=dict)
     sessions: dict[str, SessionInfo] = field(default_factory=dict)
     revisions: dict[str, int] = field(default_factory=dict)
-    # The keys deleted (or expired), oldest first: (when, key, the deletion's revision);
-    # their revisions are forgotten DELETED_KEEP_S later (`_forget_deleted`).
+    # The job keys deleted (expired), oldest first: (when, key, the deletion's revision);
+    # their revisions are forgotten DELETED_KEEP_S later (`_forget_deleted`). Only jobs'
+    # (the keys without bound; their expiry markers go after a minute): a queue deleted
+    # keeps its marker, and a create expecting revision 0 would have been refused.
     deleted: deque[tuple[float, str, int]] = field(default_factory=deque)
     term: int = 0
     leader: str = ""
@@ -658,7 +660,7 @@ class ClusterState:
         if rec.revision <= self.revisions.get(key, 0):
             return
         self.revisions[key] = rec.revision
-        if rec.value is None:
+        if rec.value is None and key.startswith("job."):
             self.deleted.append((time.monotonic(), key, rec.revision))
         if self.deleted:
             self._forget_deleted(time.monotonic())

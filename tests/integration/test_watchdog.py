@@ -477,3 +477,25 @@ def test_the_watchdog_looks_again_after_a_look_that_failed(setup: Setup, monkeyp
     wd.run()
     assert len(looks) == 4
     assert capsys.readouterr().err.count("a look at the attempts failed") == 1  # said once, not every look
+
+
+def test_a_cgroup_of_the_bases_name_elsewhere_in_the_hierarchy_is_left_alone(
+        setup: Setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review: only the base's name was compared, so a record naming
+    `<anywhere>/<the base's name>/<x>` on a cgroup mount passed. The watchdog is given its
+    agent's bases themselves: a cgroup right under one of them only. (The cgroups are not
+    made here: what the watchdog would signal is recorded.)"""
+    assert watchdog.cgroups is not None
+    pids = cgroups.Mount("/sys/fs/cgroup/pids", "/", "cgroup", frozenset({"pids"}))
+    monkeypatch.setattr(watchdog.cgroups, "mounts", lambda: [pids])
+    signalled: list[list[str]] = []
+    monkeypatch.setattr(watchdog.cgroups, "signal_attempt", lambda cgs, group, sig: signalled.append(list(cgs)))
+    monkeypatch.setattr(watchdog.cgroups, "set_frozen", lambda cgs, frozen: False)
+    p = setup.spawn(["sleep", "600"], start_new_session=True)
+    ours, elsewhere = "/sys/fs/cgroup/pids/muster-h1/j1.1", "/sys/fs/cgroup/pids/other/muster-h1/j1.1"
+    (setup.runs / "j1.1").write_text(run_record(p.pid, start_time(p.pid), False, cgroups=[ours, elsewhere]))
+    wd = watchdog.Watchdog(str(setup.dir), str(setup.runs), setup.agent.pid, stale_after_s=1.0, grace_s=30.0,
+                           bases=["/sys/fs/cgroup/pids/muster-h1"])
+    wd.fence(time.monotonic())
+    assert signalled and all(cgs == [ours] for cgs in signalled), signalled
+    assert f"{elsewhere} left alone" in capsys.readouterr().err

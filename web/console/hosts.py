@@ -4,12 +4,15 @@ cordon, uncordon, drain and clear-GPU-faults forms."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -36,6 +39,8 @@ from web.console.render import (
 from web.console.session import Session, console, read_form
 from wire.errors import InvalidInput, MusterError, ValidationError
 from wire.messages import JobState
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- the heat map
 
@@ -73,44 +78,54 @@ def _heatmap(m: Muster, snap: FleetSummary, now: float) -> dict[str, Any]:
 
 
 ENDED = [st for st in JobState if st.terminal]
-# How long a replica's overview reuses history's counts of ended jobs: each is a count over
-# every job of that state (hundreds of ms at millions of jobs on PostgreSQL), and every
-# signed-in overview refreshes itself every few seconds.
+# How long a replica's overview reuses history's counts of ended jobs, or its failure to
+# give them: each is a count over every job of that state (hundreds of ms at millions of
+# jobs on PostgreSQL), and every signed-in overview refreshes itself every few seconds.
 ENDED_COUNTS_MAX_AGE_S = 15.0
-_ENDED_COUNTS: weakref.WeakKeyDictionary[Muster, tuple[float, dict[str, int]]] = weakref.WeakKeyDictionary()
+_ENDED_COUNTS: weakref.WeakKeyDictionary[Muster, tuple[float, dict[str, int] | None]] = weakref.WeakKeyDictionary()
+_ENDED_LOCKS: weakref.WeakKeyDictionary[Muster, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
-def _ended_counts(m: Muster) -> dict[str, int]:
+def _count_ended(m: Muster) -> dict[str, int]:
     """How many jobs history holds in each state a job ends in (as the jobs list counts
-    them: `/jobs?state=...` reads history), at most ENDED_COUNTS_MAX_AGE_S old."""
+    them: `/jobs?state=...` reads history)."""
     assert m.history is not None
-    now = time.monotonic()
+    return {st.value: m.history.list_jobs(state=st.value, limit=0)[1] for st in ENDED}
+
+
+async def _ended_counts(m: Muster) -> dict[str, int] | None:
+    """_count_ended at most ENDED_COUNTS_MAX_AGE_S old, asked by one request at a time
+    (the overviews that refresh together wait for its answer); None while history does
+    not give them (any error of the database's: logged, and not asked again for as long)."""
     kept = _ENDED_COUNTS.get(m)
-    if kept is not None and now - kept[0] < ENDED_COUNTS_MAX_AGE_S:
+    if kept is not None and time.monotonic() - kept[0] < ENDED_COUNTS_MAX_AGE_S:
         return kept[1]
-    counts = {st.value: m.history.list_jobs(state=st.value, limit=0)[1] for st in ENDED}
-    _ENDED_COUNTS[m] = (now, counts)
-    return counts
-
-
-async def _job_counts(m: Muster) -> tuple[list[tuple[str, int]], str]:
-    """Jobs by state for the overview, and what history said if it did not answer. Jobs
-    not ended are counted from the live state; ended ones from history, since the live
-    state forgets them MUSTER_FINISHED_JOB_TTL after they end (found by exploring: the card
-    said "No jobs yet" an hour after the last job ended, and its SUCCEEDED and FAILED
-    counts disagreed with the jobs list's). With history down, the ended jobs the live
-    state still holds (the page says so)."""
-    live = m.state.job_counts()
-    ended: dict[str, int] = {}
-    down = ""
-    if m.history is not None:
+    async with _ENDED_LOCKS.setdefault(m, asyncio.Lock()):
+        kept = _ENDED_COUNTS.get(m)
+        if kept is not None and time.monotonic() - kept[0] < ENDED_COUNTS_MAX_AGE_S:
+            return kept[1]
+        counts: dict[str, int] | None
         try:
-            ended = await run_in_threadpool(_ended_counts, m)
-        except DATABASE_DOWN as exc:
-            down = down_text(exc)
-    counts = [(st.value, ended.get(st.value, live.get(st.value, 0)) if st.terminal else live.get(st.value, 0))
-              for st in JobState]
-    return counts, down
+            counts = await run_in_threadpool(_count_ended, m)
+        except SQLAlchemyError as exc:  # down, or refusing (a permission, a missing table): not a 500
+            log.warning("the overview's ended jobs: history did not answer: %s", down_text(exc))
+            counts = None
+        _ENDED_COUNTS[m] = (time.monotonic(), counts)
+        return counts
+
+
+async def _job_counts(m: Muster) -> tuple[list[tuple[str, int]], bool]:
+    """Jobs by state for the overview, and whether history did not answer. Jobs not ended
+    are counted from the live state; ended ones from history, since the live state forgets
+    them MUSTER_FINISHED_JOB_TTL after they end (found by exploring: the card said "No jobs
+    yet" an hour after the last job ended, and its SUCCEEDED and FAILED counts disagreed
+    with the jobs list's). With history down, the ended jobs the live state still holds
+    (the page says so; the database's own words only in the log)."""
+    live = m.state.job_counts()
+    ended = await _ended_counts(m) if m.history is not None else {}
+    counts = [(st.value, (ended or {}).get(st.value, live.get(st.value, 0)) if st.terminal else
+               live.get(st.value, 0)) for st in JobState]
+    return counts, ended is None
 
 
 @console()

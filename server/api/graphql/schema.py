@@ -1,6 +1,7 @@
 """The schema: queries, mutations and subscriptions, with the limits every request runs
 under (depth, tokens, aliases). Errors carry their code (`extensions.code`, from
-wire.errors); in production every error's message is masked ("Unexpected error.")."""
+wire.errors); in production an unexpected error's message is masked ("Unexpected error."),
+not Muster's own refusals (`unexpected`)."""
 
 from __future__ import annotations
 

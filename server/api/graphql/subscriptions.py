@@ -41,14 +41,14 @@ def _can_read(info: Info) -> None:
 
 
 async def _while_valid(info: Info, source: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
-    """What `source` yields, until its token is revoked (then AuthError ends it)."""
+    """What `source` yields, until its token is revoked or expires (then AuthError ends it)."""
     h = info.context.get("token_hash")
     tokens = muster(info).state.tokens
     pending: asyncio.Future[T] | None = None
     try:
         while True:
-            if h is None or h not in tokens:
-                raise AuthError("the token was revoked")
+            if h is None or h not in tokens or tokens[h].expired():
+                raise AuthError("the token was revoked, or has expired")
             if pending is None:
                 pending = asyncio.ensure_future(source.__anext__())
             done, _ = await asyncio.wait({pending}, timeout=REVOKED_CHECK_S)

@@ -30,7 +30,7 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
     a field no job has (found by exploring: each was dropped without a word, a misspelt
     `gpu` ran with none, and an id used before ran a second job under the first's id)."""
     seen: set[str] = set()
-    used = set(req.used)
+    used = set(req.used or ())
     for data in req.jobs:
         job_id = data.get("id")
         if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
