@@ -180,10 +180,10 @@ def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: C
     the id: the leader refuses it (muster.events.job.rejected) and the first job stays."""
     import json
 
+    from server.history.database import DB_FILE, History
     from wire.messages import SubmitRequest, encode
 
-    env = {"MUSTER_FINISHED_JOB_TTL": "1"}
-    srv = cluster.server(env=env)
+    srv = cluster.server()
     cluster.agent("reuse-1", gpus="1xH100")
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
@@ -196,26 +196,28 @@ def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: C
     asyncio.run(publish({"id": "nightly-etl-01", "name": "first", "command": ["true"], "gpus": 1}, "alice"))
     wait_until(lambda: api.job("nightly-etl-01"), timeout=60, what="the job created")
     assert api.wait_job("nightly-etl-01", {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
+    history = History(f"sqlite:///{cluster.tmp / 'server' / DB_FILE}")
+    try:
+        wait_until(lambda: (lambda j: j is not None and j.state.value == "SUCCEEDED")(
+            history.get_job("nightly-etl-01")), timeout=60, what="the ended job in history")
+    finally:
+        history.close()
+    srv.stop()
 
-    async def record_gone() -> bool:
-        nc = await natslib.connect(cluster.nats_url)
-        try:
-            return (await Store(nc).get(subjects.job_key("nightly-etl-01"))).value is None
-        finally:
-            await nc.close()
-
-    wait_until(lambda: asyncio.run(record_gone()), timeout=60, what="the finished job's record expired")
-
-    async def marker_gone() -> None:  # as its expiry marker's own TTL (60 s) does
+    async def record_gone() -> None:
+        """As the finished record's TTL (MUSTER_FINISHED_JOB_TTL), then its expiry marker's
+        (60 s), would have it: nothing of the key is left in the stream."""
         nc = await natslib.connect(cluster.nats_url)
         await nc.jetstream().purge_stream(f"KV_{subjects.STATE_BUCKET}",
                                           subject=subjects.kv_subject(subjects.STATE_BUCKET,
                                                                       subjects.job_key("nightly-etl-01")))
-        await nc.close()
+        try:
+            assert (await Store(nc).get(subjects.job_key("nightly-etl-01"))).value is None
+        finally:
+            await nc.close()
 
-    asyncio.run(marker_gone())
-    srv.stop()  # a new leader: its view has no trace of the record
-    srv = cluster.server(env=env)
+    asyncio.run(record_gone())
+    srv = cluster.server()  # a new leader: its view has no trace of the record
     api = Api(srv.url, cluster.token)
     api.wait_hosts(1)
     # History answers (its first read opens the database): the leader asks it within
