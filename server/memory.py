@@ -13,6 +13,12 @@ when the last reference to it goes (almost everything here: replaced jobs, alloc
 heartbeats); only reference cycles among frozen objects would stay, and the collector
 found almost none. Young objects are collected (generations 0 and 1) before each freeze
 so fresh garbage is not frozen with them. `muster_gc_pause_seconds` shows the effect.
+
+What it costs: an object alive at a freeze that later dies in a reference cycle is never
+freed (found by exploring: a request in flight at a freeze, about 2 % of them, left its
+library objects behind, about 1.6 KB/s under a modest console and API load). Muster's own
+objects are kept out of cycles; docs/architecture.md says what an operator does about
+the rest.
 """
 
 from __future__ import annotations

@@ -61,16 +61,21 @@ class KeptOff:
         self.windows = windows
         self.now = now
         self._by_limit: dict[float, frozenset[str]] = {}
-        self._ahead: dict[Window, list[str]] | None = None  # windows not begun -> their hosts
-        self._of = Unions[Window](lambda w: self._ahead[w] if self._ahead else ())
+        # Windows not begun -> their hosts, filled in when first asked. The union's lambda
+        # holds the dict, not this object (a reference cycle: the server's collector, which
+        # freezes what lives, never freed one, found by exploring, one every few cycles).
+        ahead: dict[Window, list[str]] = {}
+        self._ahead = ahead
+        self._ahead_made = False
+        self._of = Unions[Window](lambda w: ahead.get(w, ()))
 
     def __call__(self, limit_s: float) -> frozenset[str]:
         if not self.windows:
             return frozenset()
         got = self._by_limit.get(limit_s)
         if got is None:
-            if self._ahead is None:
-                self._ahead = {}
+            if not self._ahead_made:
+                self._ahead_made = True
                 for h, w in self.windows.items():
                     if not started(w, self.now):
                         self._ahead.setdefault(w, []).append(h)

@@ -89,3 +89,23 @@ def test_a_queue_moved_to_other_hosts_takes_its_waiting_jobs_along() -> None:
     w.cycle(now=NOW + 2)
     assert w.job("j-own").state is JobState.QUEUED
     assert LABEL_CONFLICT not in [r.reason for r in JobView(w.state, None).queue_reasons(w.job("j-own"), NOW + 2)]
+
+
+def test_a_labelled_copy_goes_with_its_spec() -> None:
+    """Found by exploring: placement_spec's copies kept every spec they were made for, the
+    ended jobs' too, up to 200,000 (about 1.5 GB at 500 jobs/s in a labelled queue). A
+    copy is kept only while its spec lives, and handed out again while it does."""
+    import gc
+
+    from server.scheduling import queues as queues_module
+    from wire.messages import Queue
+
+    q = Queue(name="zoned", host_labels={"zone": "z1"})
+    before = len(queues_module._LABELLED)
+    spec = job_spec("kept")
+    first = queues_module.placement_spec(spec, q)
+    assert first is not None and first.host_labels == {"zone": "z1"}
+    assert queues_module.placement_spec(spec, q) is first and len(queues_module._LABELLED) == before + 1
+    del spec, first
+    gc.collect()
+    assert len(queues_module._LABELLED) == before
