@@ -317,7 +317,8 @@ async def _recent_attempts(m: Muster, host_id: str, ctx: dict[str, Any]) -> None
                                                 newest_first=True)
         ctx["recent_total"] = await run_in_threadpool(m.history.count_attempts, host_id=host_id)
     except DATABASE_DOWN as exc:  # the host's live state is shown all the same
-        ctx["history_down"] = down_text(exc)
+        log.warning("history did not answer the host page: %s", down_text(exc))
+        ctx["history_down"] = True
 
 
 async def _host_form_error(request: Request, m: Muster, host_id: str, form_name: str,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import time
 from collections import OrderedDict, deque
@@ -37,6 +38,8 @@ from server.state.cluster import TokenInfo
 from web.console.errors import MAPPED, error_response
 from web.console.render import error_page, is_htmx, muster_of, render, secure, url
 from wire.errors import Forbidden
+
+log = logging.getLogger(__name__)
 
 COOKIE = "muster_session"
 MAX_FORM_BYTES = 256 * 1024
@@ -198,9 +201,12 @@ def console(*, auth: bool = True, csrf: bool = False, action: bool = False,
                 resp = error_response(request, exc)
             except DATABASE_DOWN as exc:
                 # (found by exploring: pages that read job history were a bare 500 while its
-                # database was down)
+                # database was down). The database's own words (its host and port) go to the
+                # log, not to every signed-in viewer, as GraphQL's HISTORY_UNAVAILABLE.
+                log.warning("history did not answer a console page: %s", down_text(exc))
                 resp = error_page(request, 503, "History unavailable",
-                                  f"The job history database did not answer: {down_text(exc)}")
+                                  "The job history database did not answer (the server's log says why). Live "
+                                  "jobs and hosts can still be read, and nothing written is lost.")
             return secure(resp)
 
         endpoint.__name__ = fn.__name__
