@@ -71,6 +71,15 @@ async def running_agent(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any)
         await asyncio.wait_for(run, timeout=30)
 
 
+async def start_heartbeats_stored(agent: Agent) -> None:
+    """Until both heartbeats of the agent's start are stored: the one claiming the host's
+    key, then the heartbeat loop's first, which comes at once. (A test that fenced the
+    agent between the two, on a loaded machine, saw the loop's first heartbeat end the
+    fence and start the work: seen in clean clones beside other load.)"""
+    await eventually(lambda: agent.hb_seq >= 2 and agent._hb_rev is not None and not agent._unacked,
+                     timeout=60, what="the agent's first heartbeats")
+
+
 async def test_an_attempt_still_assigned_after_its_end_was_reported_is_reported_again(
         nats_url: str, tmp_path: Path, store: Store) -> None:
     """Nobody applies the agent's SUCCEEDED report (as when a new leader whose view
@@ -182,7 +191,7 @@ async def test_an_assignment_that_arrives_while_fenced_runs_once_heartbeats_resu
     # test had stopped waiting for it and fenced the agent.
     async with running_agent(nats_url, tmp_path, "fz-1", heartbeat_interval_s=300.0, ttl_intervals=3,
                              fence_after_s=600.0) as agent:
-        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        await start_heartbeats_stored(agent)
         agent.fenced = True  # as _check_fence sets it when heartbeats fail
         t = task("j-fz", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
         await store.put(subjects.alloc_key("fz-1"), encode(host_alloc("fz-1", [t], term=1)))
@@ -226,7 +235,7 @@ async def test_frozen_attempts_go_on_only_when_the_stored_heartbeat_was_checked(
     # last stored heartbeat back to fence it, and plays the heartbeat's outcome itself.
     async with running_agent(nats_url, tmp_path, "fr-1", heartbeat_interval_s=300.0, ttl_intervals=3,
                              fence_after_s=600.0) as agent:
-        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        await start_heartbeats_stored(agent)
         logs = {k: tmp_path / f"{k}.log" for k in ("a", "b")}
         tasks = [task(f"j-{k}", command=[sys.executable, "-c", MARKER, str(logs[k])], cpus=1, memory_mb=64,
                       term=1) for k in logs]
@@ -277,7 +286,7 @@ async def test_a_refused_heartbeat_reads_the_key_to_tell_a_lost_acknowledgement_
     # Heartbeats far apart: the test plays them itself.
     async with running_agent(nats_url, tmp_path, "ak-1", heartbeat_interval_s=300.0, ttl_intervals=3,
                              fence_after_s=600.0) as agent:
-        await eventually(lambda: agent._hb_rev is not None, timeout=60, what="the agent's first heartbeat")
+        await start_heartbeats_stored(agent)
         probe = agent._hb_rev
         assert probe is not None
         assert await agent._adopt_unacknowledged(probe) == "unknown"  # the key shows the probe itself
