@@ -160,13 +160,16 @@ def set_frozen(paths: Iterable[str], frozen: bool) -> bool:
     return True
 
 
-def attempt_cgroups(paths: Iterable[str], base_names: Iterable[str],
-                    found: list[Mount] | None = None) -> tuple[list[str], list[str]]:
+def attempt_cgroups(paths: Iterable[str], base_names: Iterable[str], found: list[Mount] | None = None,
+                    bases: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
     """(the attempt cgroups among `paths`, the others): an attempt cgroup is a directory
-    right under a base named as one of `base_names`, on a cgroup mount. What a run record
-    names is killed only when it is one (a record is a file: a cgroup it names must not
-    be any cgroup of the machine)."""
+    right under a base named as one of `base_names`, on a cgroup mount, and, given the
+    `bases` themselves (the watchdog is given its agent's), under one of them: not another
+    directory of that name elsewhere in the hierarchy. What a run record names is killed
+    only when it is one (a record is a file: a cgroup it names must not be any cgroup of
+    the machine)."""
     names = set(base_names)
+    within = None if bases is None else {os.path.normpath(b) for b in bases}
     points = [m.point.rstrip("/") + "/" for m in (mounts() if found is None else found)
               if m.fstype in ("cgroup", "cgroup2")]
     ours: list[str] = []
@@ -174,7 +177,8 @@ def attempt_cgroups(paths: Iterable[str], base_names: Iterable[str],
     for path in paths:
         p = os.path.normpath(path)
         attempt = (os.path.isabs(p) and os.path.basename(os.path.dirname(p)) in names
-                   and any(p.startswith(m) for m in points))
+                   and any(p.startswith(m) for m in points)
+                   and (within is None or os.path.dirname(p) in within))
         (ours if attempt else others).append(path)
     return ours, others
 

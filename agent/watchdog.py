@@ -272,11 +272,7 @@ class Watchdog:
                 continue
             cgs = r.cgroups
             if cgs and cgroups is not None:
-                cgs, others = cgroups.attempt_cgroups(cgs, self.base_names, self.mounts)
-                # Its agent's bases themselves (the watchdog is given them): not another
-                # directory of the same name elsewhere in the hierarchy (a review).
-                others += [p for p in cgs if os.path.dirname(os.path.normpath(p)) not in self.bases]
-                cgs = [p for p in cgs if os.path.dirname(os.path.normpath(p)) in self.bases]
+                cgs, others = cgroups.attempt_cgroups(cgs, self.base_names, self.mounts, bases=self.bases)
                 if others:
                     log(f"the record of attempt {attempt} names cgroups that are not the agent's attempts': "
                         f"{' '.join(others)} left alone")

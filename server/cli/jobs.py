@@ -83,24 +83,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(jw)
     jw.set_defaults(fn=cmd_why)
 
-    jh = jsub.add_parser("hold", help="hold queued jobs (by id, or every one the filters match): they stay "
-                                      "queued, not placed until released",
-                         description="Hold the jobs given by id, or every QUEUED job not held that matches all the "
-                                     "filters given (--name, --queue, --user, --group), as scontrol hold does.")
-    jh.add_argument("ids", nargs="*", metavar="ID")
-    add_job_filters(jh, states=False)
-    jh.add_argument("--reason", default="", help="why (shown with the job)")
-    add_output(jh)
-    jh.set_defaults(fn=cmd_update, change={"held": True}, matching="holdJobs")
-
-    jr = jsub.add_parser("release", help="release held jobs (by id, or every one the filters match): they take "
-                                         "their place in their queue again",
-                         description="Release the jobs given by id, or every held job that matches all the filters "
-                                     "given (--name, --queue, --user, --group), as scontrol release does.")
-    jr.add_argument("ids", nargs="*", metavar="ID")
-    add_job_filters(jr, states=False)
-    add_output(jr)
-    jr.set_defaults(fn=cmd_update, change={"held": False}, reason="", matching="releaseJobs")
+    for verb, held, what, after in (("hold", True, "queued jobs", "they stay queued, not placed until released"),
+                                     ("release", False, "held jobs", "they take their place in their queue again")):
+        jh = jsub.add_parser(verb, help=f"{verb} {what} (by id, or every one the filters match): {after}",
+                             description=f"{verb.title()} the jobs given by id, or every "
+                                         f"{'QUEUED job not held' if held else 'held job'} that matches all the "
+                                         f"filters given (--name, --queue, --user, --group), as scontrol {verb} does.")
+        jh.add_argument("ids", nargs="*", metavar="ID")
+        add_job_filters(jh, states=False)
+        if held:
+            jh.add_argument("--reason", default="", help="why (shown with the job)")
+        add_output(jh)
+        jh.set_defaults(fn=cmd_update, change={"held": held}, matching=verb, **({} if held else {"reason": ""}))
 
     jq = jsub.add_parser("requeue", help="stop placed or running jobs and queue them again (not counted as a try)")
     jq.add_argument("ids", nargs="+", metavar="ID")
@@ -836,7 +830,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         if bool(flt) == bool(args.ids):
             raise ValidationError("ids", "give job ids, or filters (--name, --queue, --user, --group), not both")
         if flt:
-            return _on_matching(args, matching, flt, "hold" if matching == "holdJobs" else "release")
+            return _on_matching(args, matching, flt)
     q = """mutation($input: UpdateJobInput!) { updateJob(input: $input) {
            job { id state priority hold } userErrors { field message code } } }"""
     change = dict(getattr(args, "change", {}))
@@ -893,13 +887,14 @@ def job_filter(args: argparse.Namespace) -> dict[str, Any]:
                               ("group", args.group)) if v}
 
 
-def _on_matching(args: argparse.Namespace, mutation: str, flt: dict[str, Any], verb: str) -> int:
-    """cancelJobs, holdJobs or releaseJobs (`mutation`) over the filter `flt`, in one
-    request: the count on stderr, the ids on stdout."""
-    reason = "" if mutation == "releaseJobs" else ", $reason: String!"
-    q = f"""mutation($f: JobFilter!{reason}) {{ {mutation}(filter: $f{", reason: $reason" if reason else ""}) {{
+def _on_matching(args: argparse.Namespace, verb: str, flt: dict[str, Any]) -> int:
+    """cancelJobs, holdJobs or releaseJobs (`verb`: cancel, hold, release) over the filter
+    `flt`, in one request: the count on stderr, the ids on stdout."""
+    mutation, with_reason = f"{verb}Jobs", verb != "release"
+    q = f"""mutation($f: JobFilter!{", $reason: String!" if with_reason else ""}) {{
+           {mutation}(filter: $f{", reason: $reason" if with_reason else ""}) {{
            count jobIds userErrors {{ field message code }} }} }}"""
-    res = gql(q, {"f": flt, **({"reason": args.reason} if reason else {})})[mutation]
+    res = gql(q, {"f": flt, **({"reason": args.reason} if with_reason else {})})[mutation]
     if res["userErrors"]:
         raise user_errors(res["userErrors"])
     done = f"{verb} requested"
@@ -919,7 +914,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if bool(flt) == bool(args.ids):
         raise ValidationError("ids", "give job ids, or filters (--name, --state, --queue, --user, --group), not both")
     if flt:
-        return _on_matching(args, "cancelJobs", flt, "cancel")
+        return _on_matching(args, "cancel", flt)
     q = """mutation($id: ID!, $reason: String!) { cancelJob(id: $id, reason: $reason) {
            job { id state } userErrors { field message code } } }"""
     return _each(args, lambda job_id: gql(q, {"id": job_id, "reason": args.reason})["cancelJob"],

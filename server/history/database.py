@@ -504,6 +504,13 @@ class History:
                 found.update(s.exec(select(JobRow.id).where(col(JobRow.id).in_(ids[i:i + 500]))).all())
         return found
 
+    def count_by_state(self, states: Sequence[str]) -> dict[str, int]:
+        """How many jobs history holds in each of `states`, in one query."""
+        with Session(self.engine) as s:
+            found = s.exec(select(JobRow.state, func.count()).where(col(JobRow.state).in_(list(states)))
+                           .group_by(JobRow.state)).all()
+        return {st: 0 for st in states} | {str(st): int(n) for st, n in found}
+
     def _name_prefix(self, prefix: str) -> Any:
         name = col(JobRow.name)
         if self.dialect == "sqlite":

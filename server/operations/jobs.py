@@ -25,6 +25,7 @@ MAX_LIVE_OUTPUTS = 32
 # Jobs one request may cancel, hold or release by filter (cancelJobs, holdJobs,
 # releaseJobs together; run it again for more), the live jobs looked at between two yields
 # of the event loop, and the commands published at once.
+MATCHING_ACTIONS = ("cancel", "hold", "release")
 MAX_CANCEL_MATCHING = 100_000
 CANCEL_SCAN_CHUNK = 20_000
 CANCEL_PUBLISH_CHUNK = 256
@@ -124,33 +125,20 @@ class JobOperations(Operations):
             raise Forbidden(f"only an admin may set a time limit over the maximum of queue {q.name} "
                             f"({q.max_time_limit_s:g} s)")
 
-    async def cancel_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
+    async def act_on_matching(self, action: str, by: str, reason: str = "", queues: list[str] | None = None,
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
-        """Ask the leader to cancel every job that has not ended and matches `filters` (those
+        """Ask the leader to cancel (`action` "cancel": every job that has not ended), hold
+        ("hold": every QUEUED job not held nor taking GPUs by preemption; it stays queued,
+        not placed until released, as Slurm's `scontrol hold` of a list) or release
+        ("release": every held job; `reason` unused) the jobs that match `filters` (those
         of views.jobs.matches: state, user, name, priority, submitted_after,
-        submitted_before, queue, group; at least one given), of the queues `queues` (the caller's
-        token's) allow: at most `limit`, the oldest first. Returns their ids. Raises
-        ValidationError (no filter, a limit out of range), NotFound (no such queue), Forbidden
-        (a queue the token may not act on), StoreError (NATS did not take a command: run it
-        again)."""
-        return await self._on_matching("cancel", by, reason, queues, limit, filters)
-
-    async def hold_matching(self, by: str, reason: str = "", queues: list[str] | None = None,
-                            limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
-        """As cancel_matching, holding every QUEUED job that matches and is not held (nor
-        taking GPUs by preemption): it stays queued, not placed until released (Slurm's
-        `scontrol hold` of a list)."""
-        return await self._on_matching("hold", by, reason, queues, limit, filters)
-
-    async def release_matching(self, by: str, queues: list[str] | None = None,
-                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
-        """As cancel_matching, releasing every held job that matches."""
-        return await self._on_matching("release", by, "", queues, limit, filters)
-
-    async def _on_matching(self, action: str, by: str, reason: str, queues: list[str] | None, limit: int,
-                           filters: dict[str, Any]) -> list[str]:
-        """Cancel, hold or release (`action`) the live jobs `filters` match (see cancel_matching)."""
-        reason = validate_reason(reason)
+        submitted_before, queue, group; at least one given), of the queues `queues` (the
+        caller's token's) allow: at most `limit`, the oldest first. Returns their ids.
+        Raises ValidationError (no filter, a limit out of range), NotFound (no such queue),
+        Forbidden (a queue the token may not act on), StoreError (NATS did not take a
+        command: run it again)."""
+        assert action in MATCHING_ACTIONS, action
+        reason = validate_reason(reason if action != "release" else "")
         if not any(v not in (None, "", [], ()) for v in filters.values()):
             raise ValidationError("filter", "give at least one filter (a name prefix, user, queue, state ...)",
                                   "REQUIRED")

@@ -2095,7 +2095,7 @@ async def test_the_overviews_jobs_card_counts_ended_jobs_from_history(console: C
 
     from web.console import hosts as hosts_module
 
-    monkeypatch.setattr(m.history, "list_jobs", down)
+    monkeypatch.setattr(m.history, "count_by_state", down)
     hosts_module._ENDED_COUNTS.clear()  # (the counts are kept ENDED_COUNTS_MAX_AGE_S)
     r = await c.get("/")
     assert r.status_code == 200 and 'id="ov-jobs-history-down"' in r.text
@@ -2107,7 +2107,7 @@ async def test_the_overviews_jobs_card_counts_ended_jobs_from_history(console: C
     def refused(*_a: object, **_k: object) -> None:
         raise ProgrammingError("SELECT", None, Exception("permission denied for table jobs"))
 
-    monkeypatch.setattr(m.history, "list_jobs", refused)
+    monkeypatch.setattr(m.history, "count_by_state", refused)
     hosts_module._ENDED_COUNTS.clear()
     r = await c.get("/")
     assert r.status_code == 200 and 'id="ov-jobs-history-down"' in r.text

@@ -5,6 +5,7 @@ driven through httpx.ASGITransport (HTTP) and a small ASGI WebSocket driver
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -272,6 +273,20 @@ async def _job_state(api: Client, job_id: str, states: set[str]) -> bool:
     return j is not None and j["state"] in states
 
 
+@contextlib.asynccontextmanager
+async def team_client(muster: Muster, name: str, queue: str) -> AsyncIterator[Client]:
+    """A client with a new operator token bound to `queue` (a team's), once this replica
+    knows the token."""
+    assert muster.store is not None
+    token, _ = await create_token(muster.store, name, "operator", [queue])
+    await eventually(lambda: any(t.name == name for t in muster.state.tokens.values()), what="the team's token")
+    client = Client(build_app(muster, manage_lifecycle=False), token)
+    try:
+        yield client
+    finally:
+        await client.http.aclose()
+
+
 CANCEL_JOBS = """mutation($f: JobFilter!, $limit: Int) { cancelJobs(filter: $f, reason: "bulk", limit: $limit) {
                  count jobIds userErrors { field message code } } }"""
 
@@ -289,17 +304,11 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
     none = (await api.q(CANCEL_JOBS, {"f": {}}))["cancelJobs"]
     assert none["count"] == 0 and none["userErrors"][0]["code"] == "REQUIRED"
     # A team's token: another queue is refused; without a queue filter only its own queue's jobs go.
-    assert muster.store is not None
-    team, _ = await create_token(muster.store, "vic", "operator", ["audio"])
-    await eventually(lambda: len(muster.state.tokens) == 2, what="the team's token")
-    vic = Client(build_app(muster, manage_lifecycle=False), team)
-    try:
+    async with team_client(muster, "vic", "audio") as vic:
         refused = (await vic.q(CANCEL_JOBS, {"f": {"queue": "default"}}))["cancelJobs"]
         assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "FORBIDDEN"
         own = (await vic.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
         assert own == {"count": 1, "jobIds": [ids["arr-2"]], "userErrors": []}
-    finally:
-        await vic.http.aclose()
     # A limit under 1 is said so (found by exploring: "at most 100000").
     for bad in (0, -1):
         zero = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}, "limit": bad}))["cancelJobs"]
@@ -362,19 +371,13 @@ async def test_hold_and_release_jobs_by_filter(api: Client, muster: Muster) -> N
     assert none["count"] == 0 and none["userErrors"][0]["code"] == "REQUIRED"
     missing = (await api.q(RELEASE_JOBS, {"f": {"queue": "vid"}}))["releaseJobs"]
     assert missing["userErrors"][0]["code"] == "NOT_FOUND"
-    assert muster.store is not None
-    team, _ = await create_token(muster.store, "vee", "operator", ["video"])
-    await eventually(lambda: len(muster.state.tokens) == 2, what="the team's token")
-    vee = Client(build_app(muster, manage_lifecycle=False), team)
-    try:
+    async with team_client(muster, "vee", "video") as vee:
         refused = (await vee.q(HOLD_JOBS, {"f": {"queue": "default"}}))["holdJobs"]
         assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "FORBIDDEN"
         own = (await vee.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}}))["holdJobs"]
         assert own == {"count": 1, "jobIds": [ids["b-2"]], "userErrors": []}
         await eventually(lambda: held() == {"b-2"}, what="b-2 held")
         assert muster.state.jobs[ids["b-2"]].hold == "held by vee: maintenance"
-    finally:
-        await vee.http.aclose()
     first = (await api.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}, "limit": 2}))["holdJobs"]
     assert first == {"count": 2, "jobIds": [ids["b-0"], ids["b-1"]], "userErrors": []}
     await eventually(lambda: held() == {"b-0", "b-1", "b-2"}, what="b-0 and b-1 held")

@@ -350,19 +350,21 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
     async def main() -> None:
         srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
         await ensure_streams(Store(srv))
-        r = await asyncio.to_thread(cli, "creds", "issue-submitter", "alice", "--auth-dir", str(auth.path))
-        assert r.returncode == 0, r.stderr
-        errors = Errors()
-        nc = None
-        for _ in range(300):
-            try:
-                nc = await connect(secure_nats.url, "alice", creds=r.stdout.strip(), error_cb=errors.cb,
-                                   inbox_prefix=submitter_inbox_prefix("alice"), allow_reconnect=False,
-                                   max_reconnect_attempts=0)
-                break
-            except StoreError:
-                await asyncio.sleep(0.1)  # the reload is asynchronous
-        assert nc is not None
+        async def submitter(user: str, *issue: str) -> tuple[Any, Errors]:
+            """`muster creds issue-submitter USER ...`, and a connection with those credentials."""
+            r = await asyncio.to_thread(cli, "creds", "issue-submitter", user, *issue, "--auth-dir", str(auth.path))
+            assert r.returncode == 0, r.stderr
+            errors = Errors()
+            for _ in range(300):
+                try:
+                    return await connect(secure_nats.url, user, creds=r.stdout.strip(), error_cb=errors.cb,
+                                         inbox_prefix=submitter_inbox_prefix(user), allow_reconnect=False,
+                                         max_reconnect_attempts=0), errors
+                except StoreError:
+                    await asyncio.sleep(0.1)  # the reload is asynchronous
+            raise AssertionError(f"{user}'s credentials were never taken")
+
+        nc, errors = await submitter("alice")
         ids = await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="alice",
                                      within_s=0)
         assert len(ids) == 1
@@ -378,20 +380,7 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
         await nc.close()
         # Bound to queues (as a team's token is; found by exploring: a submitter put jobs in
         # any queue): it publishes on muster.submit.<user>.<queue> of those only.
-        r = await asyncio.to_thread(cli, "creds", "issue-submitter", "carol", "--queues", "research,vision",
-                                    "--auth-dir", str(auth.path))
-        assert r.returncode == 0, r.stderr
-        errors = Errors()
-        nc = None
-        for _ in range(300):
-            try:
-                nc = await connect(secure_nats.url, "carol", creds=r.stdout.strip(), error_cb=errors.cb,
-                                   inbox_prefix=submitter_inbox_prefix("carol"), allow_reconnect=False,
-                                   max_reconnect_attempts=0)
-                break
-            except StoreError:
-                await asyncio.sleep(0.1)
-        assert nc is not None
+        nc, errors = await submitter("carol", "--queues", "research,vision")
         await submit_over_nats(nc.jetstream(), [{"name": "t", "command": ["true"]}], user="carol",
                                queue="research", within_s=0)
         assert (await Store(srv).js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 2

@@ -90,7 +90,7 @@ def _count_ended(m: Muster) -> dict[str, int]:
     """How many jobs history holds in each state a job ends in (as the jobs list counts
     them: `/jobs?state=...` reads history)."""
     assert m.history is not None
-    return {st.value: m.history.list_jobs(state=st.value, limit=0)[1] for st in ENDED}
+    return m.history.count_by_state([st.value for st in ENDED])
 
 
 async def _ended_counts(m: Muster) -> dict[str, int] | None:

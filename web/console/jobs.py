@@ -132,20 +132,20 @@ def _list_filters(params: Any) -> dict[str, str]:
 
 @console(csrf=True, action=True)
 async def cancel_matching(request: Request) -> Response:
-    """Cancel every job not ended that the list's filters match (Muster.cancel_matching:
+    """Cancel every job not ended that the list's filters match (Muster.act_on_matching:
     a team's token, its queues' only); a reason and at least one filter are required."""
     return await _on_matching(request, "cancel")
 
 
 @console(csrf=True, action=True)
 async def hold_matching(request: Request) -> Response:
-    """Hold every queued job not held that the list's filters match (Muster.hold_matching)."""
+    """Hold every queued job not held that the list's filters match."""
     return await _on_matching(request, "hold")
 
 
 @console(csrf=True, action=True)
 async def release_matching(request: Request) -> Response:
-    """Release every held job that the list's filters match (Muster.release_matching)."""
+    """Release every held job that the list's filters match."""
     return await _on_matching(request, "release")
 
 
@@ -166,13 +166,7 @@ async def _on_matching(request: Request, action: str) -> Response:
             raise ValidationError("state", f"no state {state[:32]!r}", "INVALID")
         filters: dict[str, Any] = dict(state=[state] if state else None, queue=f["queue"] or None,
                                        name=f["name"] or None, user=f["user"] or None, group=f["group"] or None)
-        queues = sess.info.submit_queues
-        if action == "hold":
-            ids = await m.hold_matching(sess.user, reason, queues, **filters)
-        elif action == "release":
-            ids = await m.release_matching(sess.user, queues, **filters)
-        else:
-            ids = await m.cancel_matching(sess.user, reason, queues, **filters)
+        ids = await m.act_on_matching(action, sess.user, reason, sess.info.submit_queues, **filters)
     except FORM_ERRORS as exc:
         ctx = await _list_ctx(m, form, 1)
         ctx["cancel_errors" if action == "cancel" else "hold_errors"] = [e.message for e in exc.details()]

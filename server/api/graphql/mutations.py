@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import strawberry
 from strawberry.types import Info
@@ -50,6 +50,7 @@ from wire.messages import Job as JobModel
 if TYPE_CHECKING:
     from server.replica import Muster
 
+P = TypeVar("P")  # a payload type
 MAX_BATCH_SUBMIT = 1000
 
 
@@ -194,8 +195,7 @@ class Mutation:
                                      "stops them shortly, as cancelJob.")
     async def cancel_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                           limit: int | None = None) -> CancelJobsPayload:
-        ids, errors = await _on_matching(info, "cancel", filter, reason, limit)
-        return CancelJobsPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
+        return await _on_matching(info, "cancel", filter, reason, limit, CancelJobsPayload)
 
     @strawberry.mutation(description="Hold every QUEUED job that matches `filter` (at least one of its fields "
                                      "given) and is not held already nor taking GPUs by preemption: each stays "
@@ -204,15 +204,13 @@ class Mutation:
                                      "only their jobs. The leader applies it shortly, as updateJob's hold.")
     async def hold_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                         limit: int | None = None) -> JobsChangedPayload:
-        ids, errors = await _on_matching(info, "hold", filter, reason, limit)
-        return JobsChangedPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
+        return await _on_matching(info, "hold", filter, reason, limit, JobsChangedPayload)
 
     @strawberry.mutation(description="Release every held job that matches `filter` (at least one of its fields "
                                      "given): each takes its place in its queue again. The oldest first, at most "
                                      "`limit`, as cancelJobs. A token bound to queues releases only their jobs.")
     async def release_jobs(self, info: Info, filter: JobFilter, limit: int | None = None) -> JobsChangedPayload:
-        ids, errors = await _on_matching(info, "release", filter, "", limit)
-        return JobsChangedPayload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors)
+        return await _on_matching(info, "release", filter, "", limit, JobsChangedPayload)
 
     @strawberry.mutation(description="Create a queue (admin).")
     async def create_queue(self, info: Info, input: QueueInput) -> QueuePayload:
@@ -312,11 +310,11 @@ class Mutation:
                                                 epoch(input.at)))
 
 
-async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str,
-                       limit: int | None) -> tuple[list[str], list[UserError]]:
-    """cancelJobs, holdJobs or releaseJobs (`action`): the ids of the jobs asked for, and
-    the user errors. At most MAX_CANCEL_MATCHING jobs over the request, every such field
-    and alias together."""
+async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str, limit: int | None,
+                       payload: Callable[..., P]) -> P:
+    """cancelJobs, holdJobs or releaseJobs (`action`): its `payload` (the ids of the jobs
+    asked for, their count, the user errors). At most MAX_CANCEL_MATCHING jobs over the
+    request, every such field and alias together."""
     async def op() -> list[str]:
         require(info)
         counts = operation_counts(info)
@@ -327,18 +325,13 @@ async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str,
         if left <= 0 or (limit is not None and limit > left):
             raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled, held or released per "
                                            "request", "OUT_OF_RANGE")
-        m, by, queues, take = muster(info), user(info), bound_queues(info), limit if limit is not None else left
-        if action == "hold":
-            ids = await m.hold_matching(by, reason, queues, limit=take, **filter.filters())
-        elif action == "release":
-            ids = await m.release_matching(by, queues, limit=take, **filter.filters())
-        else:
-            ids = await m.cancel_matching(by, reason, queues, limit=take, **filter.filters())
+        ids = await muster(info).act_on_matching(action, user(info), reason, bound_queues(info),
+                                                 limit=limit if limit is not None else left, **filter.filters())
         counts["matched"] = counts.get("matched", 0) + len(ids)
         return ids
 
     ids, errors = await attempt(op)
-    return ids or [], errors
+    return payload(count=len(ids or []), job_ids=[strawberry.ID(i) for i in ids or []], user_errors=errors)
 
 
 async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:
