@@ -88,6 +88,8 @@ from wire.subjects import agent_inbox_prefix
 
 log = logging.getLogger(__name__)
 WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
+# The fence loop comes round every half second; one this late is said in the log.
+LATE_LOOP_S = 1.5
 FENCED_REASON = "fenced: host cut off from the control plane"  # an attempt stopped by a fence
 
 VERSION = "0.1.0"
@@ -737,11 +739,19 @@ class Agent:
         return "changed"
 
     async def _fence_loop(self) -> None:
+        last = time.monotonic()
         while not self._stop.is_set():
             await self._check_fence()
             self._touch_awake()
             self._keep_watchdog()
             await pause(self._stop, 0.5)
+            # A loop that came round late: this agent did not run (the machine starved or
+            # froze it, or a write blocked its loop), and its watchdog may have taken it
+            # for asleep. Said, so that a fence it caused can be told from one NATS caused.
+            now = time.monotonic()
+            if now - last > LATE_LOOP_S:
+                log.warning("the agent did not run for %.1f s (its loop came round late)", now - last - 0.5)
+            last = now
 
     def fence_timing(self) -> tuple[float, float]:
         c = self.config

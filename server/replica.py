@@ -4,6 +4,7 @@ the operations the API and console call. `Muster.start()` / `Muster.shutdown()`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -58,6 +59,10 @@ from wire.records import Record
 from wire.stopping import pause
 
 log = logging.getLogger(__name__)
+# A shutdown waits this long for its tasks to end after the stop, then cancels them, and
+# waits this long again for them to take the cancellation.
+SHUTDOWN_TASKS_S = 10.0
+SHUTDOWN_CANCEL_S = 5.0
 
 READY_PROBE_S = 2.0  # how long /readyz trusts its last look at the state stream (Muster.store_ready)
 READY_PROBE_TIMEOUT_S = 2.0  # the most that look waits for an answer
@@ -346,12 +351,25 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         self._closed = True
         self._stop.set()
         if self._tasks:
-            done, pending = await asyncio.wait(self._tasks, timeout=10)
+            done, pending = await asyncio.wait(self._tasks, timeout=SHUTDOWN_TASKS_S)
             for t in pending:
+                log.warning("shutdown: task %s did not end within %g s of the stop; cancelled", t.get_name(),
+                            SHUTDOWN_TASKS_S)
                 t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Bounded as well: a shutdown that cannot end is worse than one that leaves a
+            # task behind (named in the log), in a process about to exit.
+            if pending:
+                _, stuck = await asyncio.wait(pending, timeout=SHUTDOWN_CANCEL_S)
+                for t in stuck:
+                    log.error("shutdown: task %s ignored its cancellation; left behind", t.get_name())
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    log.error("shutdown: task %s had failed: %r", t.get_name(), t.exception())
         for w in self._watches:
-            await w.stop()
+            try:
+                await asyncio.wait_for(w.stop(), timeout=5)
+            except (TimeoutError, Exception) as exc:  # noqa: BLE001 - said, and the shutdown goes on
+                log.warning("shutdown: the watch of %s did not stop cleanly: %r", w.bucket, exc)
         if self.historian is not None:
             await asyncio.to_thread(self.historian.stop)
         if self.ingest is not None:
@@ -361,7 +379,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                 try:
                     await asyncio.wait_for(nc.drain(), timeout=5)
                 except Exception:  # noqa: BLE001
-                    await nc.close()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(nc.close(), timeout=5)
         if self.history is not None:
             self.history.close()
 

@@ -14,6 +14,7 @@ a leader that could not renew within the lease TTL stops leading on its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -247,6 +248,7 @@ class ThreadedLeadership:
         self._tloop: asyncio.AbstractEventLoop | None = None
         self._tstop: asyncio.Event | None = None
         self._ready = threading.Event()
+        self._stopping = threading.Event()  # set by run() on stop, read by the thread as it starts
         self._thread: threading.Thread | None = None
 
     @property
@@ -285,6 +287,11 @@ class ThreadedLeadership:
 
             self._tloop = asyncio.get_running_loop()
             self._tstop = asyncio.Event()
+            # A stop that came before the two above were set could not be passed on (found
+            # by a test's shutdown right after start: the thread went on, took the lease and
+            # kept it, and the shutdown waited for it in vain).
+            if self._stopping.is_set():
+                self._tstop.set()
             nc = await self._connected(self._tstop)
             if nc is None:  # stopped before NATS could be reached
                 self._ready.set()
@@ -331,6 +338,8 @@ class ThreadedLeadership:
             if await pause(stop, 0.05):
                 break
         await stop.wait()
+        self._stopping.set()  # (before the look below: the thread sees the one or the other)
         if self._tloop is not None and self._tstop is not None:
-            self._tloop.call_soon_threadsafe(self._tstop.set)  # resigns the lease on the way out
+            with contextlib.suppress(RuntimeError):  # (its loop closed: the thread has ended)
+                self._tloop.call_soon_threadsafe(self._tstop.set)  # resigns the lease on the way out
         await asyncio.to_thread(self._thread.join, 15)

@@ -217,6 +217,9 @@ def test_frozen_agent_work_is_stopped_by_its_watchdog_before_replacement(cluster
     j = api.q('query($id: ID!) { job(id: $id) { attempts { state host { id } } } }', {"id": job["id"]})["job"]
     assert [(x["state"], x["host"]["id"]) for x in j["attempts"]] == [("LOST", "fa"), ("SUCCEEDED", "fb")]
     wait_until(lambda: "stopped by the agent's watchdog" in a.output(), timeout=30, what="the thawed agent's report")
+    # It says it did not run (so that a fence a starved or frozen agent caused is told
+    # from one NATS caused).
+    assert "the agent did not run for" in a.output()
     by_attempt = marks_by_attempt(log)
     assert by_attempt == {a1: ["start", "stop"], a2: ["start", "end"]}, by_attempt
     assert_invariants(cluster.nats_url)

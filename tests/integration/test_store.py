@@ -480,6 +480,34 @@ async def test_the_lease_thread_stops_at_once_while_it_cannot_connect() -> None:
     assert tries - at_stop <= 1  # at most the try under way when told
 
 
+async def test_the_lease_thread_told_to_stop_before_its_loop_runs_stops(nats_url: str) -> None:
+    """A replica shut down right after its start: the stop came before the lease thread had
+    made its event loop, and could not be passed on; the thread went on, took the lease and
+    kept it for good, and the shutdown waited 10 s for it (found by a CI run, where such a
+    test timed out)."""
+    import threading
+
+    from server.state.lease import ThreadedLeadership
+
+    class Slow(ThreadedLeadership):
+        def _thread_main(self) -> None:
+            started.wait(30)  # the thread's loop runs only once run() has seen the stop
+            super()._thread_main()
+
+    started = threading.Event()
+    lead = Slow(lambda: connect(nats_url, name="test-late-lease"), "late-replica",
+                LeaseConfig(ttl_s=2, renew_every_s=0.5))
+    stop = asyncio.Event()
+    stop.set()
+    run = asyncio.create_task(lead.run(stop))
+    await eventually(lambda: lead._stopping.is_set(), what="run() told to stop")
+    assert lead._tloop is None  # the thread has not made its loop yet
+    started.set()
+    await asyncio.wait_for(run, timeout=30)
+    assert lead._thread is not None and not lead._thread.is_alive()
+    assert not lead.leading and lead.term == 0
+
+
 async def test_a_watch_stopped_while_it_subscribes_again_after_a_reset_leaves_no_subscription(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stop() that cancels the watch's start again (after its stream was found renumbered)
