@@ -229,6 +229,14 @@ class Agent:
         self._disk_next = 0.0  # when it is asked again (time.monotonic())
         self._disk_task: asyncio.Future[str] | None = None
         self.seen: set[str] = set()  # attempts ever started (or refused) here
+        # Noted as seen, not started: the fence began while the note was being written;
+        # started by the next reconcile that finds them still assigned.
+        self._unstarted: set[str] = set()
+        # One reconcile at a time: one waits for the note of what it starts to be written
+        # (off the loop), and a newer record must not be applied meanwhile (it could stop
+        # an attempt before the older one had started it).
+        self._reconcile_lock = asyncio.Lock()
+        self._refreshes: set[asyncio.Task[None]] = set()
         self.max_term = 0
         self.applied_seq = 0
         # When the last heartbeat the store took was sent (monotonic): the store stored it
@@ -343,15 +351,27 @@ class Agent:
         exploring: with the disk full the error ended the reading of the assignment, and
         the attempt stayed PLACED for good, a cancel unable to end it)."""
         self.seen.add(attempt_id)
+        return self._write_seen([attempt_id])
+
+    async def _mark_seen_off_loop(self, attempt_ids: list[str]) -> str:
+        """`_mark_seen` of several attempts, written with one fsync in a thread: a disk
+        that takes seconds to sync (a task writing its checkpoint with fsync, say) would
+        otherwise stop this agent's loop, its heartbeats and its fence for as long, and the
+        host be fenced for it (found by a CI run, where an agent whose loop did not run for
+        2 s had its tries stopped by its watchdog)."""
+        self.seen.update(attempt_ids)
+        return await asyncio.to_thread(self._write_seen, attempt_ids)
+
+    def _write_seen(self, attempt_ids: list[str]) -> str:
         if self._seen_file:
             try:
                 own_dir(self._seen_file.parent)  # made again, if gone, only as the agent's own
                 with open(self._seen_file, "a") as f:
-                    f.write(attempt_id + "\n")
+                    f.write("".join(a + "\n" for a in attempt_ids))
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as exc:
-                log.warning("attempt %s cannot be noted as seen: %s", attempt_id, exc)
+                log.warning("attempts %s cannot be noted as seen: %s", ", ".join(attempt_ids), exc)
                 return str(exc)
         return ""
 
@@ -668,7 +688,7 @@ class Agent:
                 self._touch_alive()
                 if self.fenced:
                     self._end_fence(key_intact=probe is not None)
-                    await self._refresh_assignments()
+                    self._refresh_soon()
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
                 if probe is not None and isinstance(exc, jserrors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
@@ -689,7 +709,7 @@ class Agent:
                     log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             await self._check_fence()
             if self._resend_unapplied(time.monotonic()):
-                await self._refresh_assignments()  # in case it is our view that is old
+                self._refresh_soon()  # in case it is our view that is old
             # One heartbeat an interval, counted from the start of the last (a slow publish
             # does not stretch the period); after a failure the next try comes within a
             # second, so that one slow or lost answer is not half of fence_after.
@@ -857,6 +877,13 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - the asker is gone, or the link is down
             log.info("output request not answered: %s", exc)
 
+    def _refresh_soon(self) -> None:
+        """Read the assignment again in a task of its own: the heartbeat loop must not wait
+        for a reconcile, which may be waiting for its note to be written to a slow disk."""
+        t = asyncio.create_task(self._refresh_assignments(), name="refresh-assignments")
+        self._refreshes.add(t)
+        t.add_done_callback(self._refreshes.discard)
+
     async def _refresh_assignments(self) -> None:
         assert self.store is not None
         try:
@@ -877,12 +904,16 @@ class Agent:
 
     async def reconcile(self, alloc: HostAlloc, seq: int) -> None:
         """Make the running attempts match `alloc`."""
+        async with self._reconcile_lock:
+            await self._reconcile(alloc, seq)
+
+    async def _reconcile(self, alloc: HostAlloc, seq: int) -> None:
         if alloc.host_id != self.config.host_id:
             self.dropped += 1
             log.warning("dropped assignment for another host %s", alloc.host_id)
             return
-        if seq and seq <= self.applied_seq:
-            return  # older than what we applied
+        if seq and (seq < self.applied_seq or (seq == self.applied_seq and not self._unstarted)):
+            return  # older than what we applied (the same again only for what it left unstarted)
         if alloc.term < self.max_term:
             self.dropped += 1
             log.warning("refused assignment with stale term %d < %d", alloc.term, self.max_term)
@@ -898,6 +929,7 @@ class Agent:
         self._gpu_clears = max_counts(seen or {}, alloc.gpu_clears)
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
+        self._unstarted &= self._assigned
         for attempt_id, run in list(self.runs.items()):
             t = wanted.get(attempt_id)
             if t is None or t.stop:
@@ -913,6 +945,7 @@ class Agent:
             return
         first, self._applied_once = not self._applied_once, True
         self.applied_seq = max(self.applied_seq, seq)
+        to_start: list[Task] = []
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
                 continue
@@ -926,6 +959,16 @@ class Agent:
                     await self._report_stateless_lost(t)
                 else:
                     self._lost_later.append(t)
+                continue
+            if t.attempt_id in self._unstarted:
+                # Noted as seen while a fence began: never started.
+                self._unstarted.discard(t.attempt_id)
+                if t.stop:
+                    await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
+                elif self.leaving:
+                    await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
+                else:
+                    self._start(t)
                 continue
             if t.attempt_id in self.seen:
                 if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
@@ -974,15 +1017,26 @@ class Agent:
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue
-            unsaved = self._mark_seen(t.attempt_id)
+            to_start.append(t)
+        if not to_start:
+            return
+        unsaved = await self._mark_seen_off_loop([t.attempt_id for t in to_start])
+        for t in to_start:
             if unsaved:
                 # Unnoted, a restart of this agent could start it again: handed back unstarted,
                 # the host's trouble (its state directory's disk full, say), not the job's.
                 self._troubled(unsaved)
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the agent could not note it "
                                    f"({unsaved})", host_trouble=True)
-                continue
-            self._start(t)
+            elif self.leaving:
+                # The shutdown began while the note was written: handed back, as above.
+                await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
+            elif self.fenced:
+                # Cut off while the note was written: started by the reconcile that comes
+                # when heartbeats resume (the same record may be applied again for it).
+                self._unstarted.add(t.attempt_id)
+            else:
+                self._start(t)
 
     def _start(self, t: Task) -> None:
         """Start an attempt noted as seen (`_mark_seen`)."""
@@ -1082,7 +1136,8 @@ class Agent:
         msg_id = f"{r.attempt_id}:{r.state.value}"
         if state.terminal:
             try:
-                self._persist_unsent(r, msg_id)
+                # In a thread: its fsync may take seconds on a busy disk (see _mark_seen_off_loop).
+                await asyncio.to_thread(self._persist_unsent, r, msg_id)
             except OSError as exc:
                 log.warning("cannot keep the report of %s on disk: %s", r.attempt_id, exc)
         self._reports.append((r, msg_id))
@@ -1182,7 +1237,7 @@ class Agent:
 
         async def on_reconnect() -> None:
             log.info("reconnected to NATS")
-            asyncio.create_task(self._refresh_assignments())
+            self._refresh_soon()
 
         # Credentials: AgentConfig.nats_creds/... when present, else MUSTER_NATS_CREDS etc.
         # (read by connect()). The per-host inbox prefix is what the agent's NATS

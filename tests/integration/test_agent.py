@@ -889,3 +889,106 @@ async def test_a_relative_work_dir_is_where_the_agent_started(nats_url: str, tmp
             await eventually(lambda: any(r.state.terminal for r in reports), timeout=60, what="the task ended")
         assert [r.state for r in reports if r.state.terminal] == [AttemptState.SUCCEEDED], reports
         assert marks.read_text().strip() == str(tmp_path / "a" / "work" / "j-rw.1")
+
+
+@contextlib.contextmanager
+def seen_note_held(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fsync of the agent's note of tries as seen (`<host>.seen`) held until the test
+    lets it go, as a disk that takes seconds to sync would: (noting, go), two events."""
+    import threading
+
+    real_fsync = os.fsync
+    noting, go = threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".seen"):
+            noting.set()
+            go.wait(120)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        yield noting, go
+    finally:
+        go.set()
+
+
+async def test_a_disk_slow_to_sync_the_note_of_a_try_does_not_stop_the_agents_loop(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a CI run: the agent noted each try as seen with an fsync on its event loop;
+    a disk slow to sync (there, three NATS nodes and PostgreSQL syncing every write; on a
+    GPU host, a task writing its checkpoint) stopped the loop, its heartbeats and its
+    fence, and its watchdog took it for asleep and stopped its tries. The note is written
+    in a thread now: heartbeats go on while it is, and the try starts once it is written."""
+    import threading
+
+    marks = tmp_path / "runs"
+    async with running_agent(nats_url, tmp_path, "slow-1", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        with seen_note_held(monkeypatch) as (noting, go):
+            beats: list[int] = []
+
+            def watch() -> None:  # a thread: it sees the agent's heartbeats even if its loop is stopped
+                noting.wait(120)
+                first = agent.hb_seq
+                for _ in range(400):
+                    if agent.hb_seq >= first + 2:
+                        beats.append(agent.hb_seq - first)
+                        break
+                    threading.Event().wait(0.05)
+                go.set()
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            t = task("j-slow", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("slow-1"), encode(host_alloc("slow-1", [t], term=1)))
+            await eventually(lambda: not watcher.is_alive(), timeout=60, what="the note written")
+        assert beats, "no heartbeat was sent while the note of the try was being written"
+        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
+        assert marks.read_text().splitlines() == ["ran"]
+        assert "j-slow.1" in (tmp_path / "agent" / "slow-1.seen").read_text().split()
+
+
+async def test_a_fence_that_begins_while_a_try_is_being_noted_holds_it_until_heartbeats_resume(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note of a try as seen is written off the agent's loop, so the fence may begin
+    meanwhile: the try is then not started (nothing starts while cut off), and the read of
+    the assignment when heartbeats resume starts it, though that record was applied."""
+    marks = tmp_path / "runs"
+    async with running_agent(nats_url, tmp_path, "fnote-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        with seen_note_held(monkeypatch) as (noting, go):
+            t = task("j-fnote", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("fnote-1"), encode(host_alloc("fnote-1", [t], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            agent.fenced = True  # as _check_fence sets it when heartbeats fail
+            go.set()
+            await eventually(lambda: "j-fnote.1" in agent._unstarted, timeout=30, what="the try held")
+        assert "j-fnote.1" not in agent.runs and not marks.exists()
+        # Heartbeats resume (what the heartbeat loop does then): the same record again.
+        agent.fenced = False
+        await agent._refresh_assignments()
+        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
+        assert marks.read_text().splitlines() == ["ran"] and not agent._unstarted
+
+
+async def test_a_shutdown_that_begins_while_a_try_is_being_noted_hands_it_back(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and a shutdown that begins meanwhile hands the try back unstarted (KILLED, not
+    counted), as it does what comes after it."""
+    marks = tmp_path / "runs"
+    async with status_reports(store.nc, "snote-1") as delivered, \
+            running_agent(nats_url, tmp_path, "snote-1", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        with seen_note_held(monkeypatch) as (noting, go):
+            t = task("j-snote", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("snote-1"), encode(host_alloc("snote-1", [t], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            agent.leaving = True  # as the shutdown sets it
+            go.set()
+            await eventually(lambda: any(d.attempt_id == "j-snote.1" for d in delivered), timeout=30,
+                             what="the try handed back")
+        assert "j-snote.1" not in agent.runs and not marks.exists()
+        assert [(d.state, d.reason) for d in delivered] == [
+            (AttemptState.KILLED, "not started: its agent was shutting down")]
