@@ -139,6 +139,13 @@ class JobOperations(Operations):
         command: run it again)."""
         assert action in MATCHING_ACTIONS, action
         reason = validate_reason(reason if action != "release" else "")
+        empty = [k for k in ("name", "user", "queue", "group") if filters.get(k) == ""]
+        if empty:
+            # (found by exploring: an empty value was taken for none, so `--name "" --queue
+            # q`, a script's empty variable, held or cancelled the whole queue)
+            field = {"name": "namePrefix"}.get(empty[0], empty[0])
+            raise ValidationError(field, f"{field} is empty: give a value, or leave it out (it would match every "
+                                         "job)", "INVALID")
         if not any(v not in (None, "", [], ()) for v in filters.values()):
             raise ValidationError("filter", "give at least one filter (a name prefix, user, queue, state ...)",
                                   "REQUIRED")

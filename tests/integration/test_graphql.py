@@ -202,6 +202,10 @@ async def test_host_pagination_filters_sorting_and_aggregates(api: Client, nc: A
     assert await ids({"zone": "z1", "gpuModel": "A100"}) == expect(lambda i: i % 2 == 1 and i % 3 == 1)
     assert await ids({"label": "tier=gold"}) == expect(lambda i: i < 10)
     assert await ids({"label": "tier"}) == expect(lambda i: True)
+    # An empty selector is refused (found by exploring: taken for none, it matched every
+    # host, and the CLI cordoned the whole cluster on a script's empty variable).
+    r = (await api.raw('query($f: HostFilter) { hosts(filter: $f) { totalCount } }', {"f": {"label": ""}})).json()
+    assert r["errors"] and "empty label selector" in r["errors"][0]["message"], r
     assert await ids({"search": "h-05"}) == expect(lambda i: 50 <= i < 60)
     assert await ids({"health": ["HEALTHY"]}) == expect(lambda i: True)
     assert await ids({"health": ["LOST", "SUSPECT"]}) == []
@@ -303,6 +307,13 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
         ids[name] = d["submitJob"]["job"]["id"]
     none = (await api.q(CANCEL_JOBS, {"f": {}}))["cancelJobs"]
     assert none["count"] == 0 and none["userErrors"][0]["code"] == "REQUIRED"
+    # An empty value is refused, not taken for none (found by exploring: `namePrefix: ""`
+    # beside a queue, a script's empty variable, matched the whole queue).
+    for empty in ({"namePrefix": "", "queue": "default"}, {"user": "", "namePrefix": "arr-"}, {"group": ""},
+                  {"queue": ""}):
+        refused = (await api.q(CANCEL_JOBS, {"f": empty}))["cancelJobs"]
+        assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "INVALID", (empty, refused)
+        assert refused["userErrors"][0]["field"] == next(k for k, v in empty.items() if v == ""), refused
     # A team's token: another queue is refused; without a queue filter only its own queue's jobs go.
     async with team_client(muster, "vic", "audio") as vic:
         refused = (await vic.q(CANCEL_JOBS, {"f": {"queue": "default"}}))["cancelJobs"]

@@ -84,8 +84,13 @@ def host_query(f: HostFilter | None) -> HostQuery:
         # job state is refused)
         raise ValidationError("health", f"unknown health {', '.join(map(repr, unknown))}: HEALTHY, SUSPECT or LOST",
                               "INVALID")
+    if f.label == "":
+        # (found by exploring: taken for no selector, it matched every host, and a script's
+        # empty variable cordoned or drained the whole cluster through the CLI)
+        raise ValidationError("label", "an empty label selector: give a key or key=value, or leave it out",
+                              "INVALID")
     return HostQuery(search=f.search or None, health=health,
-                     rack=f.rack, zone=f.zone, model=f.gpu_model, label=f.label or None, cordoned=f.cordoned,
+                     rack=f.rack, zone=f.zone, model=f.gpu_model, label=f.label, cordoned=f.cordoned,
                      draining=f.draining, drain_scheduled=f.drain_scheduled, gpu_faults=f.gpu_faults,
                      pressure=f.pressure)
 
