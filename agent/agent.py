@@ -90,6 +90,8 @@ log = logging.getLogger(__name__)
 WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
 # The fence loop comes round every half second; one this late is said in the log.
 LATE_LOOP_S = 1.5
+# The shutdown waits this long for a reconcile under way (its note of tries as seen).
+RECONCILE_AT_SHUTDOWN_S = 10.0
 FENCED_REASON = "fenced: host cut off from the control plane"  # an attempt stopped by a fence
 
 VERSION = "0.1.0"
@@ -230,8 +232,13 @@ class Agent:
         self._disk_task: asyncio.Future[str] | None = None
         self.seen: set[str] = set()  # attempts ever started (or refused) here
         # Noted as seen, not started: the fence began while the note was being written;
-        # started by the next reconcile that finds them still assigned.
-        self._unstarted: set[str] = set()
+        # started by the next reconcile that finds them still assigned, or handed back by
+        # the shutdown. attempt id -> its task.
+        self._unstarted: dict[str, Task] = {}
+        # The newest assignment record a reconcile was given, applied or not (fenced): the
+        # one applied may be applied again for what it left unstarted only while no newer
+        # one came (a review: an older record could otherwise start a try since stopped).
+        self._newest_seq = 0
         # One reconcile at a time: one waits for the note of what it starts to be written
         # (off the loop), and a newer record must not be applied meanwhile (it could stop
         # an attempt before the older one had started it).
@@ -912,12 +919,14 @@ class Agent:
             self.dropped += 1
             log.warning("dropped assignment for another host %s", alloc.host_id)
             return
-        if seq and (seq < self.applied_seq or (seq == self.applied_seq and not self._unstarted)):
+        again = seq == self.applied_seq and bool(self._unstarted) and seq >= self._newest_seq
+        if seq and (seq < self.applied_seq or (seq == self.applied_seq and not again)):
             return  # older than what we applied (the same again only for what it left unstarted)
         if alloc.term < self.max_term:
             self.dropped += 1
             log.warning("refused assignment with stale term %d < %d", alloc.term, self.max_term)
             return
+        self._newest_seq = max(self._newest_seq, seq)
         self.max_term = max(self.max_term, alloc.term)
         seen = self._gpu_clears
         if seen is not None:
@@ -929,7 +938,8 @@ class Agent:
         self._gpu_clears = max_counts(seen or {}, alloc.gpu_clears)
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
-        self._unstarted &= self._assigned
+        for gone in self._unstarted.keys() - self._assigned:
+            del self._unstarted[gone]
         for attempt_id, run in list(self.runs.items()):
             t = wanted.get(attempt_id)
             if t is None or t.stop:
@@ -945,7 +955,8 @@ class Agent:
             return
         first, self._applied_once = not self._applied_once, True
         self.applied_seq = max(self.applied_seq, seq)
-        to_start: list[Task] = []
+        to_start: list[Task] = []  # to be noted as seen, then started
+        held: list[Task] = []  # noted already (`_unstarted`), to be started
         for t in alloc.tasks:
             if t.attempt_id in self.runs:
                 continue
@@ -961,14 +972,14 @@ class Agent:
                     self._lost_later.append(t)
                 continue
             if t.attempt_id in self._unstarted:
-                # Noted as seen while a fence began: never started.
-                self._unstarted.discard(t.attempt_id)
+                # Noted as seen while a fence began: never started. Started below, with
+                # what is noted now, under the same checks (a review: started here, a
+                # fence that began during a report above was not seen).
+                del self._unstarted[t.attempt_id]
                 if t.stop:
                     await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
-                elif self.leaving:
-                    await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
                 else:
-                    self._start(t)
+                    held.append(t)
                 continue
             if t.attempt_id in self.seen:
                 if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
@@ -1018,9 +1029,9 @@ class Agent:
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue
             to_start.append(t)
-        if not to_start:
-            return
-        unsaved = await self._mark_seen_off_loop([t.attempt_id for t in to_start])
+        unsaved = await self._mark_seen_off_loop([t.attempt_id for t in to_start]) if to_start else ""
+        for t in held:
+            await self._start_noted(t)
         for t in to_start:
             if unsaved:
                 # Unnoted, a restart of this agent could start it again: handed back unstarted,
@@ -1028,15 +1039,28 @@ class Agent:
                 self._troubled(unsaved)
                 await self._report(t, AttemptState.KILLED, None, "", f"not started: the agent could not note it "
                                    f"({unsaved})", host_trouble=True)
-            elif self.leaving:
-                # The shutdown began while the note was written: handed back, as above.
-                await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
-            elif self.fenced:
-                # Cut off while the note was written: started by the reconcile that comes
-                # when heartbeats resume (the same record may be applied again for it).
-                self._unstarted.add(t.attempt_id)
             else:
-                self._start(t)
+                await self._start_noted(t)
+
+    async def _start_noted(self, t: Task) -> None:
+        """Start a try noted as seen, unless the shutdown or the fence began while it was
+        being noted (or while a report before it was written): the shutdown hands it back
+        (as above); the fence holds it, started by the reconcile that comes when heartbeats
+        resume (the same record may be applied again for it) or handed back by the
+        shutdown. No await between the look and the start."""
+        if self.leaving:
+            await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
+        elif self.fenced:
+            self._unstarted[t.attempt_id] = t
+        else:
+            self._start(t)
+
+    async def _hand_back_unstarted(self) -> None:
+        """The shutdown: what a fence held unstarted is handed back (KILLED, not counted;
+        the report is kept on disk if it cannot be delivered now)."""
+        held, self._unstarted = self._unstarted, {}
+        for t in held.values():
+            await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
 
     def _start(self, t: Task) -> None:
         """Start an attempt noted as seen (`_mark_seen`)."""
@@ -1307,6 +1331,20 @@ class Agent:
             await asyncio.wait_for(self._leaving_stored.wait(), timeout=min(5.0, 2 * self.config.heartbeat_interval_s))
         except TimeoutError:
             log.warning("shutting down before a heartbeat saying so was stored")
+        # A reconcile under way (its note being written) ends first, bounded: a disk that
+        # hangs must not hang the shutdown (a review: the connection's close cut it short,
+        # and the try it was starting was reported LOST by the next agent, never run).
+        try:
+            await asyncio.wait_for(self._reconcile_lock.acquire(), timeout=RECONCILE_AT_SHUTDOWN_S)
+        except TimeoutError:
+            log.warning("shutting down while an assignment is still being applied (its note not written)")
+        else:
+            try:
+                await self._hand_back_unstarted()
+            finally:
+                self._reconcile_lock.release()
+        for t in list(self._refreshes):
+            t.cancel()
         await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
         await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
         await self._reports_sent(REPORTS_AT_SHUTDOWN_S)

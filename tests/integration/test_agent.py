@@ -992,3 +992,156 @@ async def test_a_shutdown_that_begins_while_a_try_is_being_noted_hands_it_back(
         assert "j-snote.1" not in agent.runs and not marks.exists()
         assert [(d.state, d.reason) for d in delivered] == [
             (AttemptState.KILLED, "not started: its agent was shutting down")]
+
+
+@contextlib.contextmanager
+def fsync_held(monkeypatch: pytest.MonkeyPatch, part: str) -> Any:
+    """Any fsync of a file whose path holds `part` held until the test lets it go."""
+    import threading
+
+    real_fsync = os.fsync
+    syncing, go = threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        if part in os.readlink(f"/proc/self/fd/{fd}"):
+            syncing.set()
+            go.wait(120)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        yield syncing, go
+    finally:
+        go.set()
+
+
+async def test_a_held_try_is_not_started_by_a_reconcile_during_which_the_fence_began_again(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: the tries a fence held unstarted were started as the reconcile
+    that came when heartbeats resumed reached them, without looking at the fence again; a
+    report before them (kept on a slow disk) gave the fence time to begin again, and the
+    try ran while cut off, unfrozen. They are started last, each right after a look."""
+    marks = tmp_path / "runs"
+    async with running_agent(nats_url, tmp_path, "uf-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        c = task("j-c", command=["sleep", "30"], cpus=1, memory_mb=64, term=1)
+        x = task("j-x", command=["sh", "-c", f"echo ran >> {marks}; sleep 30"], cpus=1, memory_mb=64, term=1)
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
+            await store.put(subjects.alloc_key("uf-1"), encode(host_alloc("uf-1", [c, x], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            agent.fenced = True  # as _check_fence sets it when heartbeats fail
+            go.set()
+            await eventually(lambda: agent._unstarted.keys() == {"j-c.1", "j-x.1"}, timeout=30, what="both held")
+        # While fenced, j-c is cancelled (a record not applied: fenced).
+        c_stop = task("j-c", command=["sleep", "30"], cpus=1, memory_mb=64, term=1, stop=True, stop_reason="cancel")
+        await store.put(subjects.alloc_key("uf-1"), encode(host_alloc("uf-1", [c_stop, x], term=1)))
+        # Heartbeats resume; j-c's report is kept on a slow disk, and the fence begins again meanwhile.
+        with fsync_held(monkeypatch, ".reports") as (keeping, go):
+            agent.fenced = False
+            refresh = asyncio.create_task(agent._refresh_assignments())
+            await eventually(keeping.is_set, timeout=30, what="j-c's report being kept")
+            agent.fenced = True
+            go.set()
+            await asyncio.wait_for(refresh, 30)
+        assert "j-x.1" not in agent.runs and "j-x.1" in agent._unstarted and not marks.exists()
+        agent.fenced = False
+        await agent._refresh_assignments()
+        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
+        assert marks.read_text().splitlines() == ["ran"] and not agent._unstarted
+
+
+async def test_an_older_record_is_not_applied_again_for_a_held_try_once_a_newer_one_came(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: the record applied may be applied again for the tries a fence
+    held, but once a newer one came (it cancelled the try, while fenced), the older one
+    (a read of it that waited its turn) started the cancelled try."""
+    marks = tmp_path / "runs"
+    async with running_agent(nats_url, tmp_path, "or-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                             fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        x = task("j-or", command=["sh", "-c", f"echo ran >> {marks}; sleep 30"], cpus=1, memory_mb=64, term=1)
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
+            await store.put(subjects.alloc_key("or-1"), encode(host_alloc("or-1", [x], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            agent.fenced = True
+            go.set()
+            await eventually(lambda: agent._unstarted.keys() == {"j-or.1"}, timeout=30, what="held")
+        old = agent.applied_seq
+        x_stop = task("j-or", command=["true"], cpus=1, memory_mb=64, term=1, stop=True, stop_reason="cancelled")
+        await store.put(subjects.alloc_key("or-1"), encode(host_alloc("or-1", [x_stop], term=1)))
+        await eventually(lambda: agent._newest_seq > old, timeout=30, what="the newer record read (fenced)")
+        agent.fenced = False
+        await agent.reconcile(host_alloc("or-1", [x], term=1), old)  # the older record again
+        assert "j-or.1" not in agent.runs
+        await agent._refresh_assignments()  # the newest: the try was cancelled before it started
+        await eventually(lambda: not agent._unstarted, timeout=30, what="the held try let go")
+        assert "j-or.1" not in agent.runs and not marks.exists()
+
+
+async def test_a_shutdown_waits_for_the_note_under_way_and_hands_the_try_back(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: the shutdown did not wait for a reconcile whose note was being
+    written; the connection's close cut it short, and the next agent reported the try LOST
+    (counted) though it never ran. The shutdown waits for it (bounded), and the try is
+    handed back (KILLED by the shutdown, not counted)."""
+    marks = tmp_path / "runs"
+    async with status_reports(store.nc, "sd2-1") as delivered:
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
+            agent = Agent(AgentConfig(nats_url=nats_url, host_id="sd2-1", simulate_gpus="1xH100",
+                                      state_dir=tmp_path / "agent", cpus=4, memory_mb=4096, run_as=ME, **QUICK))
+            stop = asyncio.Event()
+            run = asyncio.create_task(agent.run(stop))
+            await start_heartbeats_stored(agent)
+            t = task("j-sd2", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+            await store.put(subjects.alloc_key("sd2-1"), encode(host_alloc("sd2-1", [t], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            stop.set()
+            # The shutdown waits for the reconcile (before, it went on, and ended).
+            await eventually(lambda: run.done() or bool(agent._reconcile_lock._waiters), timeout=60,
+                             what="the shutdown waiting, or ended")
+            assert not run.done()
+            go.set()
+            await asyncio.wait_for(run, 60)
+        await eventually(lambda: any(d.attempt_id == "j-sd2.1" for d in delivered), timeout=30, what="the report")
+        assert [(d.state, d.reason, d.shutdown) for d in delivered if d.attempt_id == "j-sd2.1"] == [
+            (AttemptState.KILLED, "not started: its agent was shutting down", True)]
+        assert not marks.exists()
+
+
+async def test_a_shutdown_while_fenced_hands_back_the_tries_the_fence_held(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: a try held unstarted by a fence was never handed back by the
+    shutdown (only a reconcile after it would have): the next agent reported it LOST, as
+    one whose outcome is unknown, though it never ran. The shutdown hands it back (the
+    report kept on disk until delivered: by the next agent, if not by this one)."""
+    marks = tmp_path / "runs"
+    t = task("j-sf", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+    async with status_reports(store.nc, "sf-1") as delivered:
+        async with running_agent(nats_url, tmp_path, "sf-1", **QUICK) as agent:
+            await start_heartbeats_stored(agent)
+            with fsync_held(monkeypatch, ".seen") as (noting, go):
+                await store.put(subjects.alloc_key("sf-1"), encode(host_alloc("sf-1", [t], term=1)))
+                await eventually(noting.is_set, timeout=30, what="the note being written")
+                assert agent.store is not None
+                real = agent.store.js.publish
+                hb_subject = subjects.kv_subject(subjects.HOSTS_BUCKET, "sf-1")
+
+                async def publish(subject: str, *a: Any, **kw: Any) -> Any:
+                    if subject == hb_subject:
+                        raise TimeoutError("heartbeats cut off (test)")
+                    return await real(subject, *a, **kw)
+
+                agent.store.js.publish = publish  # type: ignore[method-assign]
+                await eventually(lambda: agent.fenced, timeout=30, what="fenced")
+                go.set()
+                await eventually(lambda: "j-sf.1" in agent._unstarted, timeout=30, what="held unstarted")
+        assert not agent._unstarted
+        if not any(d.attempt_id == "j-sf.1" for d in delivered):
+            assert (tmp_path / "agent" / "sf-1.reports" / "j-sf.1").exists()  # kept for the next agent
+            async with running_agent(nats_url, tmp_path, "sf-1", **QUICK):
+                await eventually(lambda: any(d.attempt_id == "j-sf.1" for d in delivered), timeout=30,
+                                 what="the kept report delivered by the next agent")
+        assert [(d.state, d.reason) for d in delivered if d.attempt_id == "j-sf.1"] == [
+            (AttemptState.KILLED, "not started: its agent was shutting down")]
+    assert not marks.exists()
