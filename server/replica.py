@@ -359,16 +359,17 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             # Bounded as well: a shutdown that cannot end is worse than one that leaves a
             # task behind (named in the log), in a process about to exit.
             if pending:
-                _, stuck = await asyncio.wait(pending, timeout=SHUTDOWN_CANCEL_S)
+                ended, stuck = await asyncio.wait(pending, timeout=SHUTDOWN_CANCEL_S)
                 for t in stuck:
                     log.error("shutdown: task %s ignored its cancellation; left behind", t.get_name())
+                done |= ended
             for t in done:
                 if not t.cancelled() and t.exception() is not None:
                     log.error("shutdown: task %s had failed: %r", t.get_name(), t.exception())
         for w in self._watches:
             try:
                 await asyncio.wait_for(w.stop(), timeout=5)
-            except (TimeoutError, Exception) as exc:  # noqa: BLE001 - said, and the shutdown goes on
+            except Exception as exc:  # noqa: BLE001 - a timeout or a failure: said, and the shutdown goes on
                 log.warning("shutdown: the watch of %s did not stop cleanly: %r", w.bucket, exc)
         if self.historian is not None:
             await asyncio.to_thread(self.historian.stop)
