@@ -4,6 +4,7 @@ taken as UTC (GraphQL's DateTime inputs, the console's forms and the CLI alike).
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 
 def iso_utc(t: float) -> str:
@@ -27,11 +28,15 @@ DRAIN_DEADLINE_S = 300.0
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# ASCII digits only: str.isdigit() took '²' (float() refused it: a traceback) and '٣' (read
+# as 3), found by exploring.
+_DURATION = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)([smhd])")
+
+
 def duration_s(text: str) -> float | None:
     """A duration such as `90m`, `2h`, `1d` in seconds (None: not one)."""
-    if text and text[-1] in DURATION_UNITS and text[:-1].replace(".", "", 1).isdigit():
-        return float(text[:-1]) * DURATION_UNITS[text[-1]]
-    return None
+    m = _DURATION.fullmatch(text)
+    return float(m.group(1)) * DURATION_UNITS[m.group(2)] if m else None
 
 
 def parse_time(text: str) -> dt.datetime:

@@ -21,15 +21,31 @@ from typing import Any
 from server.cli.errors import ApiError
 from wire.errors import AuthError, ValidationError
 
+# What a token may hold: visible ASCII, which an HTTP header carries as it is.
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
 
 def token() -> str:
-    tok = os.environ.get("MUSTER_TOKEN")
-    if tok:
-        return tok
-    path = Path(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "token"
-    if path.exists():
-        return path.read_text().strip()
-    raise AuthError("no token: set MUSTER_TOKEN (or run from the directory holding .muster/token)")
+    """The bearer token, without surrounding whitespace: MUSTER_TOKEN="$(cat token)" with a
+    newline after it, or a trailing space, was sent as it was and refused by the HTTP
+    library in a message that held the whole token (found by exploring). One that still
+    holds what a header cannot carry is refused without being printed."""
+    tok = (os.environ.get("MUSTER_TOKEN") or "").strip()
+    where = "MUSTER_TOKEN"
+    if not tok:
+        path = Path(os.environ.get("MUSTER_DATA_DIR", ".muster")) / "token"
+        if not path.exists():
+            raise AuthError("no token: set MUSTER_TOKEN (or run from the directory holding .muster/token)")
+        tok, where = path.read_text().strip(), str(path)
+    if tok and not _TOKEN.fullmatch(tok):
+        raise AuthError(f"the token in {where} holds characters an HTTP header cannot carry (whitespace, control "
+                        "or non-ASCII characters within it): check how it was set")
+    return tok
+
+
+def _redacted(text: str, tok: str) -> str:
+    """`text` without the token in it (an error of the HTTP client may quote the header)."""
+    return text.replace(tok, "<token>") if tok else text
 
 
 def gql(query: str, variables: dict[str, Any] | None = None, optional: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -61,11 +77,13 @@ def _gql(query: str, variables: dict[str, Any] | None) -> dict[str, Any]:
     import httpx
 
     url = os.environ.get("MUSTER_URL", "http://127.0.0.1:8080").rstrip("/") + "/graphql"
+    tok = token()
     try:
         r = httpx.post(url, json={"query": query, "variables": variables or {}},
-                       headers={"Authorization": f"Bearer {token()}"}, timeout=30)
+                       headers={"Authorization": f"Bearer {tok}"}, timeout=30)
     except httpx.HTTPError as exc:
-        raise ApiError(f"cannot reach {url}: {exc}") from exc
+        # Not chained: the cause's text may hold the Authorization header.
+        raise ApiError(f"cannot reach {url}: {_redacted(str(exc), tok)}") from None
     if r.status_code == 401:
         raise AuthError("unauthorised: the token was refused")
     try:
@@ -75,7 +93,7 @@ def _gql(query: str, variables: dict[str, Any] | None) -> dict[str, Any]:
     except ValueError as exc:
         # Not the API's answer (a proxy's error page, a wrong MUSTER_URL): said, not a
         # traceback (found by exploring).
-        text = " ".join(r.text.split())[:200]
+        text = _redacted(" ".join(r.text.split()), tok)[:200]
         raise ApiError(f"{url} answered HTTP {r.status_code}, not a GraphQL answer"
                        f"{': ' + text if text else ''} (is MUSTER_URL the server's address?)") from exc
     if body.get("errors"):
@@ -160,8 +178,22 @@ def watch(args: argparse.Namespace, render: Callable[[], None], every_s: float =
 
 
 def finite_float(text: str) -> float:
-    """A number option: "nan" and "inf" are refused here (sent on, they made invalid JSON)."""
+    """A number option: "nan" and "inf" are refused here (sent on, they made invalid JSON),
+    and digits other than ASCII's (float() reads '٣' as 3)."""
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
     v = float(text)
     if not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return v
+
+
+def nonempty(text: str) -> str:
+    """A selector's or filter's value (--label, --rack, --name, --queue ...): an empty one
+    is refused here, as the API takes an empty filter for none (found by exploring: `host
+    cordon --label '' --reason x` cordoned every host, `job cancel --name "$P" --queue q`
+    with P empty cancelled the whole queue)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty, which the API takes as no filter, matching everything: give a "
+                                         "value or leave the option out")
+    return text

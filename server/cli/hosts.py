@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from server.cli.client import add_output, add_watch, finite_float, gql, labels_text, out, watch
+from server.cli.client import add_output, add_watch, finite_float, gql, labels_text, nonempty, out, watch
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
 from server.timefmt import DRAIN_DEADLINE_S, parse_time
-from wire.errors import NotFound, ValidationError
+from wire.errors import MusterError, NotFound, ValidationError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     hl = hsub.add_parser("list", help="hosts with health, GPUs, utilisation and labels")
     hl.add_argument("--limit", type=int, default=500)
     hl.add_argument("--health", default=None, help="HEALTHY, SUSPECT, LOST (comma-separated)")
-    hl.add_argument("--rack", default=None)
-    hl.add_argument("--zone", default=None)
-    hl.add_argument("--gpu-model", default=None)
-    hl.add_argument("--label", default=None, help="key=value (or key)")
-    hl.add_argument("--search", default=None, help="part of the host id, in any case")
+    hl.add_argument("--rack", type=nonempty, default=None)
+    hl.add_argument("--zone", type=nonempty, default=None)
+    hl.add_argument("--gpu-model", type=nonempty, default=None)
+    hl.add_argument("--label", type=nonempty, default=None, help="key=value (or key)")
+    hl.add_argument("--search", type=nonempty, default=None, help="part of the host id, in any case")
     hl.add_argument("--cordoned", default=None, action=argparse.BooleanOptionalAction)
     hl.add_argument("--draining", default=None, action=argparse.BooleanOptionalAction,
                     help="hosts whose drain has begun (or, --no-draining, has not)")
@@ -47,8 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("uncordon", "the host takes new work again (also ends a drain)")):
         hc = hsub.add_parser(name, help=what)
         hc.add_argument("ids", nargs="*", metavar="ID", help="host id (several: each alike)")
-        hc.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
-        hc.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
+        hc.add_argument("--rack", type=nonempty, default=None,
+                        help="also every host of this rack (its `rack` label)")
+        hc.add_argument("--label", type=nonempty, default=None, metavar="KEY=VALUE",
+                        help="also every host with this label")
         hc.add_argument("--reason", default="", required=(name == "cordon"))
         add_output(hc)
         hc.set_defaults(fn=cmd_cordon)
@@ -56,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     hd = hsub.add_parser("drain", help="cordon, then stop what still runs after --deadline seconds; with --at, "
                          "from a time ahead (a maintenance window)")
     hd.add_argument("ids", nargs="*", metavar="ID", help="host id (several: each drained alike)")
-    hd.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
-    hd.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
+    hd.add_argument("--rack", type=nonempty, default=None, help="also every host of this rack (its `rack` label)")
+    hd.add_argument("--label", type=nonempty, default=None, metavar="KEY=VALUE",
+                    help="also every host with this label")
     hd.add_argument("--reason", required=True)
     hd.add_argument("--deadline", type=finite_float, default=DRAIN_DEADLINE_S,
                     help=f"seconds before running work is stopped ({DRAIN_DEADLINE_S:g})")
@@ -82,7 +88,8 @@ def cmd_list(args: argparse.Namespace) -> int:
            edges { node { id health cordoned draining drainAt leaving pressure simulated gpus gpuModel gpusAllocated
            gpuUtilPct cpus memoryMb labels { key value } } } } }"""
     flt: dict[str, Any] = {k: v for k, v in (
-        ("health", [h.upper() for h in args.health.split(",")] if args.health else None),
+        # Stripped, as job list's --state is: "HEALTHY, LOST" was refused (found by exploring).
+        ("health", [h.strip().upper() for h in args.health.split(",") if h.strip()] if args.health else None),
         ("rack", args.rack), ("zone", args.zone), ("gpuModel", args.gpu_model), ("label", args.label),
         ("search", args.search)) if v}
     for key, value in (("cordoned", args.cordoned), ("draining", args.draining),
@@ -98,6 +105,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         data = gql(q, {"first": args.limit, "filter": flt or None}, optional=("drainAt", "pressure"))["hosts"]
         rows = [host_row(e["node"]) for e in data["edges"]]
         out(args, data, rows, ["ID", "HEALTH", "GPUS", "GPU UTIL", "CPUS", "LABELS"])
+        if args.output != "json" and data["totalCount"] > len(rows):
+            # As job list says it (found by exploring: host list stopped at --limit silently).
+            print(f"{len(rows)} of {data['totalCount']} hosts shown (--limit N for more)", file=sys.stderr)
 
     return watch(args, render)
 
@@ -179,12 +189,13 @@ def cmd_cordon(args: argparse.Namespace) -> int:
     field = "cordonHost" if args.host_cmd == "cordon" else "uncordonHost"
     q = f"""mutation($input: HostActionInput!) {{ {field}(input: $input) {{
             host {{ id health cordoned }} userErrors {{ field message code }} }} }}"""
-    hosts = []
-    for host_id in targets_of(args, args.host_cmd):
-        res = gql(q, {"input": {"id": host_id, "reason": args.reason}})[field]
-        if res["userErrors"]:
-            raise user_errors(res["userErrors"])
-        hosts.append(res["host"])
+    hosts: list[dict[str, Any]] = []
+    with changed_before_refusal(f"{args.host_cmd}ed", hosts):
+        for host_id in targets_of(args, args.host_cmd):
+            res = gql(q, {"input": {"id": host_id, "reason": args.reason}})[field]
+            if res["userErrors"]:
+                raise user_errors(res["userErrors"])
+            hosts.append(res["host"])
     rows = [[h["id"], h["health"], "yes" if h["cordoned"] else "no"] for h in hosts]
     out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "CORDONED"])
     return 0
@@ -209,21 +220,36 @@ def cmd_drain(args: argparse.Namespace) -> int:
     at = ahead(args.at)
     start = parse_time(at).timestamp() if at is not None else None
     hosts: list[dict[str, Any]] = []
-    for host_id in targets_of(args, "drain"):
-        given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
-        # A start that has passed while the hosts were being drained one by one is now for
-        # the rest (the server refuses one long past: a rack's last hosts were refused); the
-        # first host is sent the time as given, which the server judges.
-        if at is not None and (not hosts or start is None or start > time.time()):
-            given["at"] = at
-        res = gql(q, {"input": given}, optional=("drainAt", "drainDeadline"))["drainHost"]
-        if res["userErrors"]:
-            raise user_errors(res["userErrors"])
-        hosts.append(res["host"])
+    with changed_before_refusal("drained", hosts):
+        for host_id in targets_of(args, "drain"):
+            given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
+            # A start that has passed while the hosts were being drained one by one is now for
+            # the rest (the server refuses one long past: a rack's last hosts were refused); the
+            # first host is sent the time as given, which the server judges.
+            if at is not None and (not hosts or start is None or start > time.time()):
+                given["at"] = at
+            res = gql(q, {"input": given}, optional=("drainAt", "drainDeadline"))["drainHost"]
+            if res["userErrors"]:
+                raise user_errors(res["userErrors"])
+            hosts.append(res["host"])
     rows = [[h["id"], h["health"], f"drain from {when_text(h['drainAt'])}" if h.get("drainAt") else "draining",
              when_text(h.get("drainDeadline"))] for h in hosts]
     out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "STATE", "RUNNING WORK STOPPED AT"])
     return 0
+
+
+@contextlib.contextmanager
+def changed_before_refusal(done: str, hosts: list[dict[str, Any]]) -> Iterator[None]:
+    """A command acting on hosts one by one that stops at an error says on stderr which
+    hosts it had already changed (`done`: cordoned, drained ...), before the error (found
+    by exploring: `host cordon ex-2 nosuch` said only `no host nosuch`, ex-2 cordoned)."""
+    try:
+        yield
+    except (MusterError, KeyboardInterrupt) as exc:
+        if hosts:
+            when = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "the refusal"
+            print(f"{done} before {when}: {', '.join(h['id'] for h in hosts)}", file=sys.stderr)
+        raise
 
 
 MAX_SELECTED_HOSTS = 10_000  # hosts one drain by --rack or --label takes in (a rack, a zone's racks)
@@ -234,6 +260,9 @@ def selected_hosts(rack: str | None, label: str | None) -> list[str]:
     a page of 500 at a time."""
     if rack is None and label is None:
         return []
+    for option, value in (("rack", rack), ("label", label)):
+        if value is not None and not value.strip():  # the API would take it for no filter: every host
+            raise ValidationError(option, f"--{option} is empty: it would select every host")
     q = """query($first: Int, $after: String, $filter: HostFilter) { hosts(first: $first, after: $after,
            filter: $filter) { totalCount edges { node { id } } pageInfo { hasNextPage endCursor } } }"""
     flt = {k: v for k, v in (("rack", rack), ("label", label)) if v is not None}

@@ -12,7 +12,17 @@ import sys
 import time
 from typing import Any
 
-from server.cli.client import add_output, add_watch, finite_float, gql, key_values, labels_text, out, watch
+from server.cli.client import (
+    add_output,
+    add_watch,
+    finite_float,
+    gql,
+    key_values,
+    labels_text,
+    nonempty,
+    out,
+    watch,
+)
 from server.cli.errors import ApiError, JobFailed, user_errors
 from server.cli.times import ahead, when_text
 from wire.errors import NotFound, ValidationError
@@ -48,12 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     js.set_defaults(fn=cmd_submit, after=None)
 
     jl = jsub.add_parser("list", help="jobs, newest first (filters: state, user, name, queue)")
-    jl.add_argument("--state", default=None, help="one state or several, comma-separated")
-    jl.add_argument("--user", default=None)
-    jl.add_argument("--name", default=None, help="name prefix")
-    jl.add_argument("--queue", default=None)
-    jl.add_argument("--group", default=None, help="the jobs' group (--group's; an --array's is printed when it is "
-                                                  "submitted, and by job show)")
+    jl.add_argument("--state", type=nonempty, default=None, help="one state or several, comma-separated")
+    jl.add_argument("--user", type=nonempty, default=None)
+    jl.add_argument("--name", type=nonempty, default=None, help="name prefix")
+    jl.add_argument("--queue", type=nonempty, default=None)
+    jl.add_argument("--group", type=nonempty, default=None,
+                    help="the jobs' group (--group's; an --array's is printed when it is submitted, and by job show)")
     jl.add_argument("--limit", type=int, default=50)
     add_output(jl)
     add_watch(jl)
@@ -173,9 +183,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--begin", default=None, metavar="WHEN",
                     help="not placed before this time: ISO 8601 (UTC unless it names an offset) or a time from now "
                          "(90m, 2h, 1d), as Slurm's --begin")
-    js.add_argument("--after", action="append", default=None, metavar="ID", dest="depends_on",
-                    help="run after this job SUCCEEDED (repeat for more: after all of them); one that ends "
-                         "otherwise cancels this job")
+    js.add_argument("--after", action="append", default=None, metavar="ID[,ID...]", dest="depends_on",
+                    help="run after this job SUCCEEDED (several, comma-separated or repeated: after all of them); "
+                         "one that ends otherwise cancels this job")
     js.add_argument("--after-any", action="store_true",
                     help="with --after: run once they ended, whatever their end (afterany)")
     js.add_argument("--after-notok", action="store_true",
@@ -198,16 +208,18 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("-f", "--follow", action="store_true",
                     help="wait, printing the job's output as it runs (as job logs -f); exit as --wait does")
     js.add_argument("--timeout", type=finite_float, default=None, metavar="S",
-                    help="with --wait: give up after S seconds (exit 2 if the job was never placed)")
+                    help="with --wait or -f: give up after S seconds (exit 2 if the job was never placed, 1 if it "
+                         "still runs)")
     add_output(js)
 
 
 def submit_command(args: argparse.Namespace) -> list[str]:
     """The command of `job submit NAME ...`: what follows the first `--` (`args.after`,
     see `parser.parse_args`), word for word, with options given between NAME and that
-    `--` read into `args`; without a `--`, the words after NAME. Options after NAME with
-    no `--` are refused rather than taken as the command: `job submit train --gpus 1
-    python t.py` would otherwise run the command `--gpus 1 python t.py` on no GPU."""
+    `--` read into `args`; without a `--`, the words after NAME, one string of them split
+    as a shell would. Options after NAME with no `--` are refused rather than taken as the
+    command: `job submit train --gpus 1 python t.py` would otherwise run the command
+    `--gpus 1 python t.py` on no GPU."""
     words = list(args.command)
     after: list[str] | None = getattr(args, "after", None)
     if after is None:
@@ -215,14 +227,20 @@ def submit_command(args: argparse.Namespace) -> list[str]:
             raise ValidationError("command", f"{words[0]} after the job's name: put options before the name, "
                                   "or end them with -- (muster job submit NAME --gpus 1 -- COMMAND ...)")
         command = words
+        if len(command) == 1 and " " in command[0]:
+            try:
+                command = shlex.split(command[0])
+            except ValueError as exc:  # (found by exploring: a traceback)
+                raise ValidationError("command", f"{command[0]!r}: {exc}; quote it whole, or give its words "
+                                      "after --") from None
     else:
         if words:
             late = argparse.ArgumentParser(prog="muster job submit NAME", add_help=False)
             submit_options(late)
             late.parse_args(words, namespace=args)
+        # Word for word, one word with spaces too (found by exploring: `-- "/tmp/sp ace/run.sh"`
+        # was split in two).
         command = list(after)
-    if len(command) == 1 and " " in command[0]:
-        command = shlex.split(command[0])
     if args.name is None:
         if after is None:
             raise ValidationError("name", "a job name, or options ended with -- before the command "
@@ -277,7 +295,9 @@ def submit_input(args: argparse.Namespace, command: list[str]) -> dict[str, Any]
     if args.after_any and args.after_notok:
         raise ValidationError("after-any", "--after-any and --after-notok exclude each other")
     if args.depends_on:
-        inp["dependsOn"] = args.depends_on
+        # Comma-separated or repeated, as --exclude (found by exploring: `--after A,B` was one id).
+        inp["dependsOn"] = list(dict.fromkeys(j.strip() for given in args.depends_on for j in given.split(",")
+                                              if j.strip()))
         if args.after_any:
             inp["dependency"] = "AFTER_ANY"
         elif args.after_notok:
@@ -313,13 +333,12 @@ def array_indices(text: str) -> tuple[list[int], int]:
     spec, pct, k_text = text.partition("%")
     bad = ValidationError("array", f"{text!r}: expected N, N%K or indices such as 0-15, 1,3,5-9 or 0-99:10 "
                                    "(with %K: at most K at once)")
-    try:
-        k = int(k_text) if pct else 0
-    except ValueError:
-        raise bad from None
+    if pct and not _digits(k_text):
+        raise bad
+    k = int(k_text) if pct else 0
     if pct and k < 1:
         raise ValidationError("array", "the K of %K must be at least 1")
-    if spec.isdigit():
+    if _digits(spec):
         if not 1 <= int(spec) <= MAX_ARRAY:  # (before the list: found by exploring, a huge N ate the memory)
             raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs")
         return list(range(int(spec))), k
@@ -327,7 +346,7 @@ def array_indices(text: str) -> tuple[list[int], int]:
     for item in spec.split(","):
         first, dash, rest = item.partition("-")
         last, colon, step_text = rest.partition(":")
-        if not first.isdigit() or (dash and not last.isdigit()) or (colon and not step_text.isdigit()) \
+        if not _digits(first) or (dash and not _digits(last)) or (colon and not _digits(step_text)) \
                 or (not dash and colon):
             raise bad
         lo, hi, step = int(first), int(last) if dash else int(first), int(step_text) if colon else 1
@@ -337,6 +356,12 @@ def array_indices(text: str) -> tuple[list[int], int]:
             raise ValidationError("array", f"must be from 1 to {MAX_ARRAY} jobs")
         indices.update(range(lo, hi + 1, step))
     return sorted(indices), k
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() takes '²' (which int() refuses: a traceback) and
+    '٣' (which int() reads as 3), found by exploring."""
+    return text.isascii() and text.isdigit()
 
 
 def array_inputs(inp: dict[str, Any], indices: list[int], limit: int = 0,
@@ -364,6 +389,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job exited 0, as if it had done its work) or was never placed within --timeout;
     ApiError (exit 1) when it still runs by then."""
     inp = submit_input(args, submit_command(args))
+    if args.timeout is not None and not (args.wait or args.follow):
+        # It would bound nothing (found by exploring: ignored without a word).
+        raise ValidationError("timeout", "--timeout goes with --wait or -f: it bounds the wait")
     if args.array is not None:
         if args.wait or args.follow:
             raise ValidationError("array", "--array submits many jobs: follow them with job list --name NAME-")
@@ -379,12 +407,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     timed_out = False
     if args.follow:
         print(f"{job['id']} submitted", file=sys.stderr)
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
         try:
-            job = print_output(_logs(job["id"]), follow=True)
+            job = print_output(_logs(job["id"]), follow=True, deadline=deadline)
         except KeyboardInterrupt:
             return 0  # the job goes on; `muster job logs -f ID` follows it again
         if job["state"] in NOT_OK:
             raise JobFailed(ended(job))
+        if job["state"] not in TERMINAL:  # --timeout passed: as --wait's (found by exploring: not bounded)
+            gave_up(job, args.timeout)
         return 0
     if args.wait:
         # Said before the wait: should the API be lost meanwhile, the job stays stored and
@@ -395,11 +426,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if job["state"] in NOT_OK:
         raise JobFailed(ended(job))
     if timed_out:
-        if job["state"] == "QUEUED":
-            reasons = "".join(f"\n  {_reason(r)}" for r in job.get("pendingReasons") or [])
-            raise JobFailed(f"job {job['id']} was not placed within {args.timeout:g}s{reasons}")
-        raise ApiError(f"job {job['id']} still {job['state']} after {args.timeout:g}s")
+        gave_up(job, args.timeout)
     return 0
+
+
+def gave_up(job: dict[str, Any], timeout: float) -> None:
+    """`--timeout` passed before the job ended: JobFailed (exit 2) when it was never
+    placed, ApiError (exit 1) when it was and still runs."""
+    if job["state"] == "QUEUED":
+        reasons = "".join(f"\n  {_reason(r)}" for r in job.get("pendingReasons") or [])
+        raise JobFailed(f"job {job['id']} was not placed within {timeout:g}s{reasons}")
+    raise ApiError(f"job {job['id']} still {job['state']} after {timeout:g}s")
 
 
 # The most bytes of jobs one `submitJobs` request of an array carries: the API takes a body
@@ -649,10 +686,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
+def print_output(job: dict[str, Any], follow: bool, deadline: float | None = None) -> dict[str, Any]:
     """Print each attempt's output (LOGS_QUERY's `job`) under a header; with `follow`, ask
-    again every 2 s and print what is new, and each attempt's end, until the job ends.
-    The job as last read."""
+    again every 2 s and print what is new, and each attempt's end, until the job ends or
+    `deadline` (time.monotonic()) passes. The job as last read."""
     # attempt (number, task) -> (state, output shown, bytes written by then when known)
     shown: dict[tuple[int, int], tuple[str, str, float | None]] = {}
     # The attempt whose last output printed did not end its line (a job's progress, written
@@ -699,11 +736,12 @@ def print_output(job: dict[str, Any], follow: bool) -> dict[str, Any]:
                 last = key
             shown[key] = (a["state"], text, written)
         sys.stdout.flush()
-        if not follow or job["state"] in TERMINAL:
+        left = None if deadline is None else deadline - time.monotonic()
+        if not follow or job["state"] in TERMINAL or (left is not None and left <= 0):
             if mid_line is not None:
                 print()
             return job
-        time.sleep(2)
+        time.sleep(2 if left is None else min(2, left))
         job = _logs(job["id"])
 
 
@@ -811,13 +849,15 @@ def _reason(r: dict[str, Any]) -> str:
 
 def add_job_filters(p: argparse.ArgumentParser, states: bool) -> None:
     """The filters `job cancel`, `job hold` and `job release` take instead of ids."""
-    p.add_argument("--name", help="filter: name prefix (an --array's NAME- matches the array)")
+    p.add_argument("--name", type=nonempty, help="filter: name prefix (an --array's NAME- matches the array)")
     if states:
-        p.add_argument("--state", help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
-    p.add_argument("--queue", help="filter: queue")
-    p.add_argument("--user", help="filter: the user who submitted")
-    p.add_argument("--group", help="filter: the jobs' group (--group's; an --array's is printed when it is "
-                                   "submitted, and by job show)")
+        p.add_argument("--state", type=nonempty,
+                       help="filter: QUEUED, PLACED or RUNNING, or several, comma-separated")
+    p.add_argument("--queue", type=nonempty, help="filter: queue")
+    p.add_argument("--user", type=nonempty, help="filter: the user who submitted")
+    p.add_argument("--group", type=nonempty,
+                   help="filter: the jobs' group (--group's; an --array's is printed when it is submitted, and by "
+                        "job show)")
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -853,8 +893,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
     """`act(id)` (a mutation's payload: job, userErrors) for each of `args.ids`; the
-    refused ones listed with why, and the first refusal's error (its exit code) ends the
-    command."""
+    refused ones listed with why (in JSON, `{"id", "error"}` among the jobs), and the
+    first refusal's error (its exit code) ends the command."""
     done: list[dict[str, Any]] = []
     rows: list[list[str]] = []
     first: Exception | None = None
@@ -864,6 +904,8 @@ def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
             err = user_errors(res["userErrors"], "{message}")
             first = first or err
             rows.append([job_id, f"refused: {err}"])
+            # In the JSON too, in order (found by exploring: only the jobs acted on were in it).
+            done.append({"id": job_id, "error": str(err)})
         else:
             done.append(res["job"])
             rows.append([res["job"]["id"], done_text])
@@ -878,13 +920,34 @@ def _each(args: argparse.Namespace, act: Any, done_text: str) -> int:
     return 0
 
 
+JOB_STATES = ("QUEUED", "PLACED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")  # GraphQL's JobState
+
+
 def job_filter(args: argparse.Namespace) -> dict[str, Any]:
     """The GraphQL JobFilter of `job list`'s, `job cancel`'s, `job hold`'s and `job release`'s
-    filter options."""
-    state = getattr(args, "state", None)
-    return {k: v for k, v in (("state", [s.strip().upper() for s in state.split(",")] if state else None),
-                              ("user", args.user), ("namePrefix", args.name), ("queue", args.queue),
-                              ("group", args.group)) if v}
+    filter options. An option given empty is refused, not dropped: dropped, it widened a
+    bulk action to every job the other filters match (found by exploring: `job hold --name
+    '' --queue default` held every queued job of default)."""
+    flt: dict[str, Any] = {}
+    for option, key in (("state", "state"), ("user", "user"), ("name", "namePrefix"), ("queue", "queue"),
+                        ("group", "group")):
+        value = getattr(args, option, None)
+        if value is None:
+            continue
+        if not value.strip():
+            raise ValidationError(option, f"--{option} is empty: it would match every job; give a value or leave "
+                                  "it out")
+        flt[key] = value
+    if "state" in flt:
+        states = [s.strip() for s in flt["state"].split(",") if s.strip()]
+        if not states:
+            raise ValidationError("state", "--state names no state: give one or several, comma-separated")
+        # Said here, with the states there are (found by exploring: GraphQL's enum error).
+        for s in states:
+            if s.upper() not in JOB_STATES:
+                raise ValidationError("state", f"{s!r} is not a job state: one of {', '.join(JOB_STATES)}")
+        flt["state"] = [s.upper() for s in states]
+    return flt
 
 
 def _on_matching(args: argparse.Namespace, verb: str, flt: dict[str, Any]) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from server.cli.client import add_output, add_watch, finite_float, gql, key_values, labels_text, out, watch
@@ -47,9 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = qsub.add_parser(name, help=text)
         p.add_argument("name")
         p.add_argument("--quota", action="append", default=None, metavar="RESOURCE=NOMINAL[:BORROW[:LEND]]",
-                       help="a resource's quota, e.g. gpu:H100=8:4:2 (borrow up to 4 more, lend at most 2; '-' "
-                            "for no limit); repeat for each resource (cpu, memory_mb, gpu:<model>); with `set` the "
-                            "given quotas replace the whole quota ('--quota none' removes it)")
+                       help="a resource's quota, e.g. gpu:H100=8:4:2 (borrow up to 4 more, lend at most 2; NOMINAL "
+                            "a number, BORROW or LEND '-' for no limit); repeat for each resource (cpu, "
+                            "memory_mb, gpu:<model>); with `set` the given quotas replace the whole quota "
+                            "('--quota none' removes it)")
         p.add_argument("--cohort", default=None, help="the cohort to borrow and lend in ('' for none, with set)")
         p.add_argument("--weight", type=finite_float, default=None,
                        help=f"fair-share weight (default {_default('weight')})")
@@ -125,12 +127,19 @@ def parse_quota(items: list[str]) -> list[dict[str, Any]]:
             if x in ("", "-"):
                 return None
             try:
-                return float(x)
+                v = float(x) if x.isascii() else math.nan
             except ValueError:
                 raise ConfigError(f"quota {item!r}: {x!r} is not a number") from None
+            if not math.isfinite(v):  # (found by exploring: nan, inf and 1e400 ended in a traceback)
+                raise ConfigError(f"quota {item!r}: {x!r} is not a finite number")
+            return v
 
         nominal = num(parts[0])
-        out_.append({"resource": res, "nominal": nominal or 0.0,
+        if nominal is None:
+            # The API has no unlimited nominal quota: '-' was sent as 0 (found by exploring).
+            raise ConfigError(f"quota {item!r}: NOMINAL is a number, the amount guaranteed (0 for none); "
+                              "'-' or empty, no limit, is for BORROW and LEND")
+        out_.append({"resource": res, "nominal": nominal,
                      "borrowingLimit": num(parts[1]) if len(parts) > 1 else None,
                      "lendingLimit": num(parts[2]) if len(parts) > 2 else None})
     return out_

@@ -7,7 +7,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from server.cli.client import add_output, gql, out
+from server.cli.client import add_output, gql, nonempty, out
 from server.cli.errors import user_errors
 from server.cli.hosts import selected_hosts
 from server.cli.times import ahead, seconds, when_text
@@ -31,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "until it starts, other jobs take them only if their time limit ends them by then")
     rc.add_argument("name")
     rc.add_argument("ids", nargs="*", metavar="HOST", help="a host to set aside")
-    rc.add_argument("--rack", default=None, help="also every host of this rack (its `rack` label)")
-    rc.add_argument("--label", default=None, metavar="KEY=VALUE", help="also every host with this label")
+    rc.add_argument("--rack", type=nonempty, default=None, help="also every host of this rack (its `rack` label)")
+    rc.add_argument("--label", type=nonempty, default=None, metavar="KEY=VALUE",
+                    help="also every host with this label")
     rc.add_argument("--queues", default="", metavar="A,B", help="the queues whose jobs may use the hosts")
     rc.add_argument("--users", default="", metavar="U,V",
                     help="the users whose jobs, of any queue, may use them (queues, users or both)")

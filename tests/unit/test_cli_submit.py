@@ -322,8 +322,9 @@ def test_a_job_without_a_name_is_named_after_its_command() -> None:
     assert opts["name"] == "python3" and opts["gpus"] == 1 and command == ["python3", "t.py"]
     assert _submit("--", "/opt/run/train.sh", "--lr", "3")[0]["name"] == "train.sh"
     assert _submit("--", "./run+v2@a100")[0]["name"] == "run-v2-a100"
-    opts, command = _submit("--", "sh -c 'echo hi'")
-    assert opts["name"] == "sh" and command == ["sh", "-c", "echo hi"]
+    # After `--`, one string is one word, its command's program (a path with a space).
+    opts, command = _submit("--", "/tmp/sp ace/run.sh")
+    assert opts["name"] == "run.sh" and command == ["/tmp/sp ace/run.sh"]
     assert _submit("--", "_")[0]["name"] == "job"
 
 
