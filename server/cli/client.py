@@ -190,10 +190,9 @@ def finite_float(text: str) -> float:
 
 def nonempty(text: str) -> str:
     """A selector's or filter's value (--label, --rack, --name, --queue ...): an empty one
-    is refused here, as the API takes an empty filter for none (found by exploring: `host
+    is refused here, before the API is asked (found by exploring: taken for none, `host
     cordon --label '' --reason x` cordoned every host, `job cancel --name "$P" --queue q`
-    with P empty cancelled the whole queue)."""
+    with P empty cancelled the whole queue; the API refuses them too)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("empty, which the API takes as no filter, matching everything: give a "
-                                         "value or leave the option out")
+        raise argparse.ArgumentTypeError("empty, which would match everything: give a value or leave the option out")
     return text
