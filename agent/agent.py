@@ -314,6 +314,7 @@ class Agent:
                                    pids_max=config.pids_max, work_root=config.work_dir,
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
                                    gpu_minors=getattr(self.gpus, "device_minors", lambda: None)(),
+                                   mig_parents={m.uuid: g.index for g in self.gpus.inventory() for m in g.mig},
                                    cgroup_name=config.cgroup_name, job_uids=config.job_uids)
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0

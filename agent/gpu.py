@@ -67,8 +67,15 @@ MODEL_POWER_W: dict[str, float] = {
 DEFAULT_POWER_W = 250.0
 
 # Xids that are almost always caused by the application, not the hardware (e.g. 45 is
-# logged whenever a CUDA process is killed). They are logged, not reported as faults.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+# logged whenever a CUDA process is killed). They are logged, not reported as faults. The
+# list NVIDIA's Kubernetes device plugin skips too (68: a video processor exception, 109:
+# a context switch timeout, both a program's doing).
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# NVML errors that say a GPU is gone until it is reset: GPU_IS_LOST (15), RESET_REQUIRED (16).
+_LOST_ERRORS = (("NVML_ERROR_GPU_IS_LOST", 15, "is lost"), ("NVML_ERROR_RESET_REQUIRED", 16, "needs a reset"))
+# A failing event wait is logged the first time and then every this many times: Xid watching
+# that keeps failing stays visible in the log without filling it.
+EVENT_WAIT_LOG_EVERY = 100
 
 _SPEC_RE = re.compile(r"^\s*(\d{1,3})\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9_.-]{0,31})\s*$")
 _BRAND_TOKENS = frozenset({"NVIDIA", "TESLA", "GEFORCE", "QUADRO"})
@@ -143,7 +150,11 @@ def normalise_model(name: str | bytes) -> str:
 
 
 _MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
-_MIG_IN_NAME_RE = re.compile(r"([1-9]g\.[0-9]{1,4}gb(\+me)?)", re.IGNORECASE)
+# The profile word after "MIG " in an NVML MIG device name, whole: "1g.10gb", "1g.20gb+me",
+# and for a compute instance smaller than its GPU instance "1c.7g.80gb" (so that it is not
+# taken for a 7g.80gb).
+_MIG_IN_NAME_RE = re.compile(r"(?:^|\s)MIG\s+(\S{1,32})", re.IGNORECASE)
+_COMPUTE_INSTANCE_RE = re.compile(r"^[1-9]c\.", re.IGNORECASE)
 MAX_MIG_PER_GPU = 7
 
 
@@ -171,12 +182,19 @@ def parse_mig(clause: str, count: int) -> dict[int, list[str]]:
 
 
 def mig_profile_of(name: str | bytes) -> str | None:
-    """The MIG profile in an NVML MIG device name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" ->
-    "1g.10gb"), or None."""
+    """The MIG profile in an NVML MIG device name, the whole word after "MIG " ("NVIDIA H100
+    80GB HBM3 MIG 1g.10gb" -> "1g.10gb", "... MIG 1c.7g.80gb" -> "1c.7g.80gb"), or None.
+    Only a profile matching `MIG_PROFILE_PATTERN` can be reported and scheduled."""
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
     m = _MIG_IN_NAME_RE.search(name)
     return m.group(1).lower() if m else None
+
+
+def is_compute_instance(profile: str) -> bool:
+    """Whether a MIG profile names a compute instance smaller than its GPU instance
+    ("1c.7g.80gb": one of the 7g.80gb's seven slices, its memory shared with the others)."""
+    return bool(_COMPUTE_INSTANCE_RE.match(profile))
 
 
 def mig_memory_mb(profile: str) -> int:
@@ -488,6 +506,9 @@ class NvmlBackend:
         self._closed = False
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")  # the library has version 2
         self._memory_v1_only: set[int] = set()  # GPUs whose driver answered version 2 with an error
+        self._ecc_unsupported: set[int] = set()  # GPUs whose ECC counters NVML does not offer
+        self._wait_failures = 0  # event waits failed other than by timing out
+        self._minors: dict[int, int] | None = None  # device_minors(), read once
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -534,12 +555,14 @@ class NvmlBackend:
             return None
 
     def _fault_if_lost(self, gpu: int, exc: Exception) -> bool:
-        """Raise a fault on `gpu` when `exc` says NVML lost it; whether it did."""
-        lost = getattr(self._nv, "NVML_ERROR_GPU_IS_LOST", None)
-        if lost is None or getattr(exc, "value", None) != lost:
-            return False
-        self._raise_fault(gpu, "xid", 79, "NVML reports the GPU is lost")
-        return True
+        """Raise a fault on `gpu` when `exc` says NVML lost it, or that it needs a reset
+        before it is usable again; whether it did."""
+        value = getattr(exc, "value", None)
+        for name, default, what in _LOST_ERRORS:
+            if value is not None and value == getattr(self._nv, name, default):
+                self._raise_fault(gpu, "xid", 79, f"NVML reports the GPU {what}")
+                return True
+        return False
 
     def _raise_fault(self, index: int, kind: str, code: int, message: str) -> None:
         """Queue a fault for poll_faults() unless this GPU already has one."""
@@ -585,6 +608,7 @@ class NvmlBackend:
         nv = self._nv
         slots = self._try(f"migCount{i}", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
         out: list[MigInstance] = []
+        parts: list[str] = []  # compute instances, not reported
         for j in range(min(int(slots), MAX_MIG_PER_GPU + 1)):
             try:  # an empty slot raises NOT_FOUND: not an error
                 mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
@@ -596,15 +620,42 @@ class NvmlBackend:
             if isinstance(raw_uuid, bytes):
                 raw_uuid = raw_uuid.decode("ascii", "replace")
             profile = mig_profile_of(name) if name is not None else None
-            if not raw_uuid or profile is None or len(out) >= MAX_MIG_PER_GPU:
+            if profile is not None and is_compute_instance(profile):
+                # A slice of a GPU instance shared with its other compute instances (and its
+                # memory with them): the scheduler places whole GPU instances only, and a job
+                # asking for the GPU instance's profile must not get a slice of it.
+                parts.append(f"{j} ({profile})")
+                continue
+            if not raw_uuid or profile is None or not _MIG_PROFILE_RE.fullmatch(profile) \
+                    or len(out) >= MAX_MIG_PER_GPU:
                 log.warning("GPU %d: MIG device %d not reported (name %r, uuid %r)", i, j, name, raw_uuid)
                 continue
             out.append(MigInstance(uuid=raw_uuid[:96], profile=profile,
                                    memory_mb=int(mem.total) // (1024 * 1024) if mem is not None else 0))
+        if parts:
+            log.warning("GPU %d: MIG devices %s are compute instances sharing a GPU instance: not reported "
+                        "(only whole GPU instances are scheduled)", i, ", ".join(parts))
         return out
 
     def inventory(self) -> list[GpuInfo]:
         return [g.model_copy() for g in self._inventory]
+
+    def device_minors(self) -> dict[int, int]:
+        """GPU index -> N of its /dev/nvidiaN (NVIDIA does not promise N is the NVML index).
+        A GPU whose minor number cannot be read is left out (its index is taken for N) and
+        said once in the log."""
+        with self._lock:
+            if self._minors is None:
+                self._minors = {}
+                read = getattr(self._nv, "nvmlDeviceGetMinorNumber", None)
+                for i, handle in enumerate(self._handles):
+                    minor = self._try(f"minor{i}", read, handle) if read is not None and handle is not None \
+                        else None
+                    if minor is None:
+                        log.warning("GPU %d: its device file's minor number is unknown: /dev/nvidia%d assumed", i, i)
+                    else:
+                        self._minors[i] = int(minor)
+            return dict(self._minors)
 
     # -- usage
 
@@ -700,9 +751,13 @@ class NvmlBackend:
             try:
                 data = nv.nvmlEventSetWait(self._events, 0)
             except nv.NVMLError as exc:
-                if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT and "eventWait" not in self._logged:
-                    self._logged.add("eventWait")
-                    log.warning("NVML event wait failed: %s", exc)
+                if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:
+                    # No GPU is marked for it (the GPUs may be fine), but while it lasts no Xid
+                    # is seen: said again every so often, not once for good.
+                    if self._wait_failures % EVENT_WAIT_LOG_EVERY == 0:
+                        log.warning("NVML event wait failed (failure %d): %s: Xid and ECC events are not "
+                                    "seen meanwhile", self._wait_failures + 1, exc)
+                    self._wait_failures += 1
                 return
             index = self._event_index(data.device)
             if index is None:
@@ -721,25 +776,33 @@ class NvmlBackend:
                     log.info("GPU %d: application Xid %d (not a hardware fault)", index, xid)
 
     def _ecc_total(self, i: int, handle: Any | None) -> int | None:
+        """GPU `i`'s uncorrected ECC errors, or None. Only NOT_SUPPORTED stops the asking
+        (no ECC, or ECC off); any other error is asked again next time (logged once a kind)."""
         nv = self._nv
-        if handle is None or f"ecc{i}" in self._logged:
-            return None  # a failing ECC query is not retried (often NOT_SUPPORTED)
-        total = self._try(
-            f"ecc{i}",
-            nv.nvmlDeviceGetTotalEccErrors,
-            handle,
-            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            nv.NVML_VOLATILE_ECC,
-            gpu=i,
-        )
-        return int(total) if total is not None else None
+        if handle is None or i in self._ecc_unsupported:
+            return None
+        try:
+            total = nv.nvmlDeviceGetTotalEccErrors(handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                   nv.NVML_VOLATILE_ECC)
+        except nv.NVMLError as exc:
+            value = getattr(exc, "value", None)
+            if value == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3):
+                self._ecc_unsupported.add(i)
+            key = f"ecc{i}:{value}"
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("NVML ecc%d failed: %s%s", i, exc,
+                            " (not asked again)" if i in self._ecc_unsupported else "")
+            self._fault_if_lost(i, exc)
+            return None
+        return int(total)
 
     def _check_ecc_counters(self) -> None:
         for i, handle in enumerate(self._handles):
-            if i not in self._ecc_baseline:
-                continue
             total = self._ecc_total(i, handle)
-            if total is not None and total > self._ecc_baseline[i]:
+            if total is not None and i not in self._ecc_baseline:
+                self._ecc_baseline[i] = total  # the first count read (the one at the start failed)
+            elif total is not None and total > self._ecc_baseline[i]:
                 new = total - self._ecc_baseline[i]
                 self._ecc_baseline[i] = total
                 self._raise_fault(i, "ecc_uncorrectable", total, f"{new} new uncorrectable ECC errors")

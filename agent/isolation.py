@@ -19,7 +19,8 @@ Each attempt:
   mode 0700, removed when the attempt ends) unless the job sets `cwd`, which the task
   user must be able to enter;
 - lives in a **cgroup of its own** (agent.cgroups) with the job's CPU and memory, a pids
-  limit and (cgroup v1) no access to the GPUs it was not given; the whole cgroup is
+  limit and (cgroup v1) no access to the GPUs it was not given (a MIG task is given its
+  instances' parent GPUs); the whole cgroup is
   killed when the attempt is stopped or its first process ends, so no descendant
   survives it; an attempt whose process the kernel killed for memory ends FAILED with
   the reason `oom-killed: ...`.
@@ -231,9 +232,21 @@ def denied_devices(gpu_indices: list[int], devices: dict[int, tuple[int, int]],
                    minors: dict[int, int] | None = None) -> tuple[tuple[int, int], ...]:
     """The GPU device files an attempt given `gpu_indices` may not open: every
     /dev/nvidiaN but those of its GPUs (`minors`: GPU index -> N, the index itself when
-    unknown). The control devices (nvidiactl, nvidia-uvm, ...) stay open."""
+    unknown). The control devices (nvidiactl, nvidia-uvm, ...) and the MIG capability
+    files (/dev/nvidia-caps/*) stay open."""
     mine = {(minors or {}).get(i, i) for i in gpu_indices}
     return tuple(sorted(dev for n, dev in devices.items() if n not in mine))
+
+
+def device_gpus(t: Task, mig_parents: dict[str, int]) -> list[int]:
+    """The GPUs whose device files attempt `t` needs: its whole GPUs (or its share's) and
+    the parent GPU of each of its MIG instances (CUDA opens an instance through its parent's
+    /dev/nvidiaN and /dev/nvidia-caps). An instance of unknown parent opens none."""
+    unknown = [u for u in t.mig if u not in mig_parents]
+    if unknown:
+        log.warning("attempt %s: no GPU of this host holds MIG instance(s) %s: their GPU's device file stays "
+                    "closed", t.attempt_id, ", ".join(unknown))
+    return sorted({*t.gpu_indices, *(mig_parents[u] for u in t.mig if u in mig_parents)})
 
 
 def task_facts(t: Task, host_id: str) -> dict[str, str]:
@@ -283,7 +296,8 @@ class Isolation:
     def __init__(self, host_id: str, *, run_as: str | None = None, cgroup_mode: str = "auto",
                  pids_max: int = DEFAULT_PIDS_MAX, work_root: Path | None = None, private_dir: Path,
                  dev_dir: str = "/dev", gpu_minors: dict[int, int] | None = None,
-                 cgroup_name: str | None = None, job_uids: str | None = None) -> None:
+                 mig_parents: dict[str, int] | None = None, cgroup_name: str | None = None,
+                 job_uids: str | None = None) -> None:
         if cgroup_mode not in CGROUP_MODES:
             raise ConfigError(f"--cgroups must be one of {', '.join(CGROUP_MODES)}")
         self.host_id = host_id
@@ -298,6 +312,9 @@ class Isolation:
         self.pids_max = pids_max
         self.dev_dir = dev_dir
         self.gpu_minors = gpu_minors
+        # MIG instance uuid -> the index of its GPU (the GPU inventory's, read at the start as
+        # the MIG layout is): a MIG task has no GPU index, only its instances.
+        self.mig_parents = dict(mig_parents or {})
         self.private_dir = private_dir
         # The launchers' records of their tasks' ends (agent/launch.py: `exit_file`).
         self.exits_dir = private_dir / "exits"
@@ -371,7 +388,8 @@ class Isolation:
             if self.hierarchy is not None:
                 deny: tuple[tuple[int, int], ...] = ()
                 if "devices" in self.hierarchy.controllers:
-                    deny = denied_devices(t.gpu_indices, gpu_devices(self.dev_dir), self.gpu_minors)
+                    deny = denied_devices(device_gpus(t, self.mig_parents), gpu_devices(self.dev_dir),
+                                          self.gpu_minors)
                 limits = cgroups.Limits(cpus=t.cpus, memory_mb=max(t.memory_mb, MIN_MEMORY_LIMIT_MB),
                                         pids=self.pids_max, deny_devices=deny)
                 group = self.hierarchy.create(t.attempt_id, limits)

@@ -259,6 +259,7 @@ class FakeNvml:
     NVML_ERROR_TIMEOUT = 10
     NVML_ERROR_LIBRARY_NOT_FOUND = 12
     NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_RESET_REQUIRED = 16
     nvmlEventTypeDoubleBitEccError = 0x2
     nvmlEventTypeXidCriticalError = 0x8
 
@@ -272,6 +273,8 @@ class FakeNvml:
         self.init_error = init_error
         self.fail: dict[str, int] = {}
         self.ecc = [0] * len(names)
+        self.ecc_calls = [0] * len(names)
+        self.minors = list(range(len(names)))  # N of each GPU's /dev/nvidiaN
         self.events: list[SimpleNamespace] = []
         self.registered: dict[int, int] = {}
         self.shutdown_calls = 0
@@ -331,8 +334,13 @@ class FakeNvml:
         return 250_500 + h
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
+        self.ecc_calls[h] += 1
         self._check("ecc", h)
         return self.ecc[h]
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        self._check("minor", h)
+        return self.minors[h]
 
     def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
         self._check("supported", h)
@@ -489,6 +497,82 @@ def test_nvml_gpu_lost_during_usage_is_a_fault() -> None:
     fake.fail = {"memory_v2:1": fake.NVML_ERROR_GPU_IS_LOST}
     assert [u.healthy for u in backend.usage()] == [False, False]
     assert [(f.index, f.code) for f in backend.poll_faults()] == [(1, 79)]
+
+
+def test_nvml_device_minors_are_read_per_gpu(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a review: the NVML backend had no device_minors(), so the agent took
+    /dev/nvidiaN for GPU index N, which NVIDIA does not promise; a task was then let open
+    another GPU's device file and kept from its own. A GPU whose minor cannot be read is
+    left out (its index stands for it), said once."""
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 3)
+    fake.minors = [2, 0, 1]
+    fake.fail["minor:2"] = 999
+    backend = NvmlBackend(nvml=fake)
+    with caplog.at_level("WARNING", logger="agent.gpu"):
+        assert backend.device_minors() == {0: 2, 1: 0}
+        assert backend.device_minors() == {0: 2, 1: 0}
+    assert sum("/dev/nvidia2 assumed" in r.getMessage() for r in caplog.records) == 1
+    backend.close()
+
+
+def test_nvml_ecc_query_is_given_up_only_when_not_supported() -> None:
+    """Found by a review: one failed ECC query (any error) stopped ECC checking of that GPU
+    for good, so its uncorrectable errors counted later were never a fault. Only
+    NOT_SUPPORTED stops the asking; a failure at the start leaves the baseline to the next
+    count read."""
+    fake = FakeNvml(["NVIDIA H200"] * 3)
+    fake.fail = {"ecc:1": 999, "ecc:2": fake.NVML_ERROR_NOT_SUPPORTED}
+    backend = NvmlBackend(nvml=fake)
+    fake.fail["ecc:0"] = 999  # a passing failure
+    assert backend.poll_faults() == []
+    del fake.fail["ecc:0"], fake.fail["ecc:1"]
+    fake.ecc = [5, 3, 0]
+    # GPU 0: 5 new errors; GPU 1: its first count read, the baseline (not a fault)
+    assert [(f.index, f.code) for f in backend.poll_faults()] == [(0, 5)]
+    fake.ecc[1] = 4
+    assert [(f.index, f.code) for f in backend.poll_faults()] == [(1, 4)]
+    assert [u.healthy for u in backend.usage()] == [False, False, True]
+    calls = fake.ecc_calls[2]
+    backend.poll_faults()
+    assert fake.ecc_calls[2] == calls == 1  # NOT_SUPPORTED: asked once, at the start
+    backend.close()
+
+
+def test_nvml_reset_required_is_a_lost_gpu() -> None:
+    """Found by a review: only GPU_IS_LOST marked a GPU faulty; NVML_ERROR_RESET_REQUIRED
+    (the GPU unusable until reset) left it taking work."""
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"] * 2)
+    backend = NvmlBackend(nvml=fake)
+    fake.fail["util:1"] = fake.NVML_ERROR_RESET_REQUIRED
+    assert [u.healthy for u in backend.usage()] == [True, False]
+    assert [(f.index, f.code) for f in backend.poll_faults()] == [(1, 79)]
+    backend.close()
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
+def test_application_xids_are_not_faults(xid: int) -> None:
+    """Found by a review: Xids 68 and 109, which NVIDIA's Kubernetes device plugin skips as
+    the application's doing, marked the GPU faulty."""
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"])
+    backend = NvmlBackend(nvml=fake)
+    fake.event(0, fake.nvmlEventTypeXidCriticalError, xid)
+    assert backend.poll_faults() == [] and backend.usage()[0].healthy is True
+    backend.close()
+
+
+def test_a_lasting_event_wait_failure_is_logged_again(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a review: an event wait failing every time was logged once, so that Xid
+    watching dead for days was one line at its start. Logged the first time and every
+    100th after; no GPU is marked for it."""
+    fake = FakeNvml(["NVIDIA H100 80GB HBM3"])
+    backend = NvmlBackend(nvml=fake)
+    fake.fail["wait"] = 999
+    with caplog.at_level("WARNING", logger="agent.gpu"):
+        for _ in range(201):
+            assert backend.poll_faults() == []
+    assert sum("event wait failed" in r.getMessage() for r in caplog.records) == 3
+    assert backend.usage()[0].healthy is True
+    backend.close()
 
 
 def test_nvml_init_failure_raises_unavailable() -> None:

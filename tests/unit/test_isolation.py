@@ -138,6 +138,60 @@ def test_gpu_device_files_are_found_and_the_others_denied(tmp_path: Path) -> Non
     assert (os.major(full), os.minor(full)) not in denied_devices([1], devices, {0: 0, 1: 2, 2: 1})
 
 
+class _Recording(cgroups.Hierarchy):
+    """A v1 hierarchy with the devices controller that only records the limits asked."""
+
+    def __init__(self) -> None:
+        super().__init__(1, {}, ("devices",))
+        self.limits: list[cgroups.Limits] = []
+
+    def create(self, name: str, limits: cgroups.Limits) -> cgroups.Group:
+        self.limits.append(limits)
+        return cgroups.Group(name, 1, [], None)
+
+
+def test_a_mig_task_may_open_its_instances_parent_gpu(tmp_path: Path) -> None:
+    """Found by a review: a MIG task has no GPU index, only its instances, so every
+    /dev/nvidiaN was denied to it, its instance's parent GPU's too, and CUDA saw no device
+    (every MIG job failed where device files are limited). The parent of each of its
+    instances (from the agent's GPU inventory) stays open, by its minor number where known;
+    /dev/nvidia-caps is never denied."""
+    from agent.isolation import Isolation
+
+    dev = tmp_path / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for n, target in ((0, "/dev/null"), (1, "/dev/zero"), (2, "/dev/full")):
+        (dev / f"nvidia{n}").symlink_to(target)
+    (dev / "nvidia-caps" / "nvidia-cap21").symlink_to("/dev/random")
+    null, zero, full, rnd = (os.stat(p).st_rdev for p in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random"))
+    rdev = {n: (os.major(r), os.minor(r)) for n, r in enumerate((null, zero, full, rnd))}
+    for minors, parent_dev in ((None, 1), ({0: 0, 1: 2, 2: 1}, 2)):
+        iso = Isolation("mg", cgroup_mode="off", run_as=str(os.geteuid()), private_dir=tmp_path / "private",
+                        work_root=tmp_path / "work", dev_dir=str(dev), gpu_minors=minors,
+                        mig_parents={"MIG-a": 1, "MIG-b": 1, "MIG-c": 0})
+        rec = iso.hierarchy = _Recording()
+        launch = iso.prepare(task(mig=["MIG-a"]), {})
+        Isolation.release(launch)
+        denied = set(rec.limits[-1].deny_devices)
+        assert rdev[parent_dev] not in denied and rdev[3] not in denied
+        assert denied == {rdev[n] for n in (0, 1, 2) if n != parent_dev}
+    # An instance of no GPU this host knows opens none.
+    Isolation.release(iso.prepare(task(mig=["MIG-z"]), {}))
+    assert set(rec.limits[-1].deny_devices) == {rdev[0], rdev[1], rdev[2]}
+
+
+def test_the_agent_gives_its_isolation_the_parents_of_its_mig_instances(tmp_path: Path) -> None:
+    """The agent tells its isolation which GPU each MIG instance of its inventory is on."""
+    from agent.agent import Agent, AgentConfig
+
+    agent = Agent(AgentConfig(nats_url="nats://127.0.0.1:4222", host_id="h1", state_dir=tmp_path / "state",
+                              simulate_gpus="3xH100,mig=1-2:2*3g.40gb", cgroups="off", run_as=str(os.geteuid())))
+    inv = agent.gpus.inventory()
+    assert agent.isolation.mig_parents == {m.uuid: g.index for g in inv for m in g.mig}
+    assert sorted(agent.isolation.mig_parents.values()) == [1, 1, 2, 2]
+    agent.isolation.close()
+
+
 @given(assigned=st.sets(st.integers(0, 15)), present=st.sets(st.integers(0, 15)))
 def test_an_attempt_is_denied_exactly_the_gpus_it_was_not_given(assigned: set[int], present: set[int]) -> None:
     devices = {n: (195, n) for n in present}
