@@ -1048,11 +1048,16 @@ class Agent:
         being noted (or while a report before it was written): the shutdown hands it back
         (as above); the fence holds it, started by the reconcile that comes when heartbeats
         resume (the same record may be applied again for it) or handed back by the
-        shutdown. No await between the look and the start."""
+        shutdown; a host in trouble since (it could not start a try) hands it back as the
+        host's (a review: a held try was started without that look). No await between the
+        look and the start."""
         if self.leaving:
             await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
         elif self.fenced:
             self._unstarted[t.attempt_id] = t
+        elif trouble := self._start_troubled():
+            await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
+                               f"a moment ago ({trouble})", host_trouble=True)
         else:
             self._start(t)
 

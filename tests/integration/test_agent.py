@@ -1145,3 +1145,31 @@ async def test_a_shutdown_while_fenced_hands_back_the_tries_the_fence_held(
         assert [(d.state, d.reason) for d in delivered if d.attempt_id == "j-sf.1"] == [
             (AttemptState.KILLED, "not started: its agent was shutting down")]
     assert not marks.exists()
+
+
+async def test_a_held_try_is_handed_back_when_the_host_got_into_trouble_meanwhile(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: a try a fence held unstarted was started when heartbeats resumed
+    without the look every other try gets, whether the host could start a try a moment
+    ago; in trouble since (its disk full, say), it is handed back as the host's (KILLED,
+    not counted), as the others are."""
+    marks = tmp_path / "runs"
+    async with status_reports(store.nc, "tr-1") as delivered, \
+            running_agent(nats_url, tmp_path, "tr-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                          fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        t = task("j-tr", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
+            await store.put(subjects.alloc_key("tr-1"), encode(host_alloc("tr-1", [t], term=1)))
+            await eventually(noting.is_set, timeout=30, what="the note being written")
+            agent.fenced = True  # as _check_fence sets it when heartbeats fail
+            go.set()
+            await eventually(lambda: "j-tr.1" in agent._unstarted, timeout=30, what="held")
+        agent._troubled("[Errno 28] No space left on device")
+        agent.fenced = False
+        await agent._refresh_assignments()
+        await eventually(lambda: any(d.attempt_id == "j-tr.1" for d in delivered), timeout=30, what="handed back")
+        mine = [d for d in delivered if d.attempt_id == "j-tr.1"]
+        assert [(d.state, d.host_trouble) for d in mine] == [(AttemptState.KILLED, True)], mine
+        assert "No space left" in mine[0].reason
+        assert "j-tr.1" not in agent.runs and not marks.exists()
