@@ -261,7 +261,7 @@ def selected_hosts(rack: str | None, label: str | None) -> list[str]:
     if rack is None and label is None:
         return []
     for option, value in (("rack", rack), ("label", label)):
-        if value is not None and not value.strip():  # the API would take it for no filter: every host
+        if value is not None and not value.strip():  # (taken for no filter, it selected every host)
             raise ValidationError(option, f"--{option} is empty: it would select every host")
     q = """query($first: Int, $after: String, $filter: HostFilter) { hosts(first: $first, after: $after,
            filter: $filter) { totalCount edges { node { id } } pageInfo { hasNextPage endCursor } } }"""

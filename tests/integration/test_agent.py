@@ -892,25 +892,39 @@ async def test_a_relative_work_dir_is_where_the_agent_started(nats_url: str, tmp
 
 
 @contextlib.contextmanager
-def seen_note_held(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The fsync of the agent's note of tries as seen (`<host>.seen`) held until the test
-    lets it go, as a disk that takes seconds to sync would: (noting, go), two events."""
+def fsync_held(monkeypatch: pytest.MonkeyPatch, part: str) -> Any:
+    """Any fsync of a file whose path holds `part` (".seen": the agent's note of tries as
+    seen; ".reports": a try's end kept until delivered) held until the test lets it go, as
+    a disk that takes seconds to sync would: (syncing, go), two events."""
     import threading
 
     real_fsync = os.fsync
-    noting, go = threading.Event(), threading.Event()
+    syncing, go = threading.Event(), threading.Event()
 
     def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".seen"):
-            noting.set()
+        if part in os.readlink(f"/proc/self/fd/{fd}"):
+            syncing.set()
             go.wait(120)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     try:
-        yield noting, go
+        yield syncing, go
     finally:
         go.set()
+
+
+async def held_by_a_fence(agent: Agent, store: Store, monkeypatch: pytest.MonkeyPatch, *tasks: Any) -> None:
+    """Assign `tasks` to the agent's host and let the fence begin while their note as seen
+    is being written: the agent holds them unstarted (`_unstarted`)."""
+    host = agent.config.host_id
+    with fsync_held(monkeypatch, ".seen") as (noting, go):
+        await store.put(subjects.alloc_key(host), encode(host_alloc(host, list(tasks), term=1)))
+        await eventually(noting.is_set, timeout=30, what="the note being written")
+        agent.fenced = True  # as _check_fence sets it when heartbeats fail
+        go.set()
+        await eventually(lambda: agent._unstarted.keys() == {t.attempt_id for t in tasks}, timeout=30,
+                         what="the tries held")
 
 
 async def test_a_disk_slow_to_sync_the_note_of_a_try_does_not_stop_the_agents_loop(
@@ -925,7 +939,7 @@ async def test_a_disk_slow_to_sync_the_note_of_a_try_does_not_stop_the_agents_lo
     marks = tmp_path / "runs"
     async with running_agent(nats_url, tmp_path, "slow-1", **QUICK) as agent:
         await start_heartbeats_stored(agent)
-        with seen_note_held(monkeypatch) as (noting, go):
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
             beats: list[int] = []
 
             def watch() -> None:  # a thread: it sees the agent's heartbeats even if its loop is stopped
@@ -958,13 +972,8 @@ async def test_a_fence_that_begins_while_a_try_is_being_noted_holds_it_until_hea
     async with running_agent(nats_url, tmp_path, "fnote-1", heartbeat_interval_s=300.0, ttl_intervals=3,
                              fence_after_s=600.0) as agent:
         await start_heartbeats_stored(agent)
-        with seen_note_held(monkeypatch) as (noting, go):
-            t = task("j-fnote", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-            await store.put(subjects.alloc_key("fnote-1"), encode(host_alloc("fnote-1", [t], term=1)))
-            await eventually(noting.is_set, timeout=30, what="the note being written")
-            agent.fenced = True  # as _check_fence sets it when heartbeats fail
-            go.set()
-            await eventually(lambda: "j-fnote.1" in agent._unstarted, timeout=30, what="the try held")
+        t = task("j-fnote", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await held_by_a_fence(agent, store, monkeypatch, t)
         assert "j-fnote.1" not in agent.runs and not marks.exists()
         # Heartbeats resume (what the heartbeat loop does then): the same record again.
         agent.fenced = False
@@ -981,7 +990,7 @@ async def test_a_shutdown_that_begins_while_a_try_is_being_noted_hands_it_back(
     async with status_reports(store.nc, "snote-1") as delivered, \
             running_agent(nats_url, tmp_path, "snote-1", **QUICK) as agent:
         await start_heartbeats_stored(agent)
-        with seen_note_held(monkeypatch) as (noting, go):
+        with fsync_held(monkeypatch, ".seen") as (noting, go):
             t = task("j-snote", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
             await store.put(subjects.alloc_key("snote-1"), encode(host_alloc("snote-1", [t], term=1)))
             await eventually(noting.is_set, timeout=30, what="the note being written")
@@ -992,27 +1001,6 @@ async def test_a_shutdown_that_begins_while_a_try_is_being_noted_hands_it_back(
         assert "j-snote.1" not in agent.runs and not marks.exists()
         assert [(d.state, d.reason) for d in delivered] == [
             (AttemptState.KILLED, "not started: its agent was shutting down")]
-
-
-@contextlib.contextmanager
-def fsync_held(monkeypatch: pytest.MonkeyPatch, part: str) -> Any:
-    """Any fsync of a file whose path holds `part` held until the test lets it go."""
-    import threading
-
-    real_fsync = os.fsync
-    syncing, go = threading.Event(), threading.Event()
-
-    def fsync(fd: int) -> None:
-        if part in os.readlink(f"/proc/self/fd/{fd}"):
-            syncing.set()
-            go.wait(120)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    try:
-        yield syncing, go
-    finally:
-        go.set()
 
 
 async def test_a_held_try_is_not_started_by_a_reconcile_during_which_the_fence_began_again(
@@ -1027,12 +1015,7 @@ async def test_a_held_try_is_not_started_by_a_reconcile_during_which_the_fence_b
         await start_heartbeats_stored(agent)
         c = task("j-c", command=["sleep", "30"], cpus=1, memory_mb=64, term=1)
         x = task("j-x", command=["sh", "-c", f"echo ran >> {marks}; sleep 30"], cpus=1, memory_mb=64, term=1)
-        with fsync_held(monkeypatch, ".seen") as (noting, go):
-            await store.put(subjects.alloc_key("uf-1"), encode(host_alloc("uf-1", [c, x], term=1)))
-            await eventually(noting.is_set, timeout=30, what="the note being written")
-            agent.fenced = True  # as _check_fence sets it when heartbeats fail
-            go.set()
-            await eventually(lambda: agent._unstarted.keys() == {"j-c.1", "j-x.1"}, timeout=30, what="both held")
+        await held_by_a_fence(agent, store, monkeypatch, c, x)
         # While fenced, j-c is cancelled (a record not applied: fenced).
         c_stop = task("j-c", command=["sleep", "30"], cpus=1, memory_mb=64, term=1, stop=True, stop_reason="cancel")
         await store.put(subjects.alloc_key("uf-1"), encode(host_alloc("uf-1", [c_stop, x], term=1)))
@@ -1061,12 +1044,7 @@ async def test_an_older_record_is_not_applied_again_for_a_held_try_once_a_newer_
                              fence_after_s=600.0) as agent:
         await start_heartbeats_stored(agent)
         x = task("j-or", command=["sh", "-c", f"echo ran >> {marks}; sleep 30"], cpus=1, memory_mb=64, term=1)
-        with fsync_held(monkeypatch, ".seen") as (noting, go):
-            await store.put(subjects.alloc_key("or-1"), encode(host_alloc("or-1", [x], term=1)))
-            await eventually(noting.is_set, timeout=30, what="the note being written")
-            agent.fenced = True
-            go.set()
-            await eventually(lambda: agent._unstarted.keys() == {"j-or.1"}, timeout=30, what="held")
+        await held_by_a_fence(agent, store, monkeypatch, x)
         old = agent.applied_seq
         x_stop = task("j-or", command=["true"], cpus=1, memory_mb=64, term=1, stop=True, stop_reason="cancelled")
         await store.put(subjects.alloc_key("or-1"), encode(host_alloc("or-1", [x_stop], term=1)))
@@ -1159,12 +1137,7 @@ async def test_a_held_try_is_handed_back_when_the_host_got_into_trouble_meanwhil
                           fence_after_s=600.0) as agent:
         await start_heartbeats_stored(agent)
         t = task("j-tr", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
-        with fsync_held(monkeypatch, ".seen") as (noting, go):
-            await store.put(subjects.alloc_key("tr-1"), encode(host_alloc("tr-1", [t], term=1)))
-            await eventually(noting.is_set, timeout=30, what="the note being written")
-            agent.fenced = True  # as _check_fence sets it when heartbeats fail
-            go.set()
-            await eventually(lambda: "j-tr.1" in agent._unstarted, timeout=30, what="held")
+        await held_by_a_fence(agent, store, monkeypatch, t)
         agent._troubled("[Errno 28] No space left on device")
         agent.fenced = False
         await agent._refresh_assignments()
