@@ -93,6 +93,9 @@ LATE_LOOP_S = 1.5
 # The shutdown waits this long for a reconcile under way (its note of tries as seen).
 RECONCILE_AT_SHUTDOWN_S = 10.0
 FENCED_REASON = "fenced: host cut off from the control plane"  # an attempt stopped by a fence
+# A try not started, handed back after a fence whose end could not check the heartbeat key.
+UNCHECKED_REASON = ("not started: its host was cut off, and whether its heartbeat key expired meanwhile (and the try "
+                    "was placed again elsewhere) could not be checked")
 
 VERSION = "0.1.0"
 # Simulated hosts report a typical GPU node's CPU and RAM unless told otherwise.
@@ -235,6 +238,13 @@ class Agent:
         # started by the next reconcile that finds them still assigned, or handed back by
         # the shutdown. attempt id -> its task.
         self._unstarted: dict[str, Task] = {}
+        # Nonzero (which of them) after a fence that ended with a heartbeat stored without
+        # the check (`_end_fence(key_intact=False)`): the key may have expired meanwhile and
+        # the leader replaced what the assignment lists, so nothing listed is started until
+        # a read of the assignment made after that end (`_refresh_assignments`) was applied;
+        # until then each try not started is handed back (`UNCHECKED_REASON`).
+        self._key_unchecked = 0
+        self._unchecked_ends = 0
         # The newest assignment record a reconcile was given, applied or not (fenced): the
         # one applied may be applied again for what it left unstarted only while no newer
         # one came (a review: an older record could otherwise start a try since stopped).
@@ -697,6 +707,8 @@ class Agent:
                 if self.fenced:
                     self._end_fence(key_intact=probe is not None)
                     self._refresh_soon()
+                elif self._key_unchecked and not self._refreshes:
+                    self._refresh_soon()  # the last read after an unchecked fence failed: again
             except Exception as exc:  # noqa: BLE001 - the link is down: keep trying
                 failures += 1
                 if probe is not None and isinstance(exc, jserrors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
@@ -822,10 +834,16 @@ class Agent:
     def _end_fence(self, key_intact: bool) -> None:
         """A heartbeat was stored again. Over the one stored before the fence (`key_intact`):
         the frozen attempts go on where they stood; else (the agent knew of no heartbeat
-        stored to check against) they are stopped."""
+        stored to check against) they are stopped, and no try the assignment lists is
+        started from a record read before this end (`_key_unchecked`): the leader may have
+        taken the key's expiry and placed those tries elsewhere, and the record the agent
+        reads now may be one written before it did (found by a review: the read when
+        heartbeats resumed started them, beside their replacements)."""
         self.fenced = False
         if not key_intact:
             self._stop_frozen("a heartbeat was stored again, but whether the key held could not be checked")
+            self._unchecked_ends += 1
+            self._key_unchecked = self._unchecked_ends
         # The counters move together, once a fence is over, so that every heartbeat
         # carries whole fences.
         self.fences += 1
@@ -894,6 +912,7 @@ class Agent:
 
     async def _refresh_assignments(self) -> None:
         assert self.store is not None
+        unchecked = self._key_unchecked  # this read comes after that unchecked fence's end
         try:
             rec = await self.store.get(subjects.alloc_key(self.config.host_id))
         except StoreError as exc:
@@ -901,14 +920,22 @@ class Agent:
             return
         if rec.value is None:
             await self.reconcile(HostAlloc(host_id=self.config.host_id), rec.revision)
-            return
-        try:
-            alloc = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
-        except DecodeError as exc:
-            self.dropped += 1
-            log.warning("dropped assignment record: %s", exc)
-            return
-        await self.reconcile(alloc, rec.revision)
+        else:
+            try:
+                alloc = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
+            except DecodeError as exc:
+                self.dropped += 1
+                log.warning("dropped assignment record: %s", exc)
+                return
+            await self.reconcile(alloc, rec.revision)
+        if unchecked and self._key_unchecked == unchecked and not self.fenced and rec.revision >= self._newest_seq:
+            # What it listed unstarted was handed back (by it, or by a record pushed before
+            # it). Records after it list, besides those, only tries placed since the
+            # leader heard this host again: it places nothing on a host it has not heard
+            # from for two heartbeat intervals, and the fence began as long after the last
+            # heartbeat stored. (A read older than a record already given, from a replica
+            # behind, clears nothing: the next heartbeat reads again.)
+            self._key_unchecked = 0
 
     async def reconcile(self, alloc: HostAlloc, seq: int) -> None:
         """Make the running attempts match `alloc`."""
@@ -979,6 +1006,8 @@ class Agent:
                 del self._unstarted[t.attempt_id]
                 if t.stop:
                     await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
+                elif self._key_unchecked:
+                    await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
                 else:
                     held.append(t)
                 continue
@@ -1019,6 +1048,13 @@ class Agent:
                 self._note_handed_back(t.attempt_id)
                 await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
                 continue
+            if self._key_unchecked:
+                # Placed before the fence, perhaps replaced since (`_end_fence`): handed back
+                # unstarted as the host's (requeued at once, not counted). A report for a try
+                # the leader has ended already changes nothing.
+                self._note_handed_back(t.attempt_id)
+                await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
+                continue
             trouble = self._start_troubled()
             if trouble:
                 # The host could not start a try a moment ago (no space, memory, ...): what
@@ -1055,6 +1091,8 @@ class Agent:
             await self._report(t, AttemptState.KILLED, None, "", "not started: its agent was shutting down")
         elif self.fenced:
             self._unstarted[t.attempt_id] = t
+        elif self._key_unchecked:  # an unchecked fence began and ended while it was noted
+            await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
         elif trouble := self._start_troubled():
             await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
                                f"a moment ago ({trouble})", host_trouble=True)

@@ -1057,6 +1057,71 @@ async def test_an_older_record_is_not_applied_again_for_a_held_try_once_a_newer_
         assert "j-or.1" not in agent.runs and not marks.exists()
 
 
+async def test_after_a_fence_whose_end_could_not_check_the_key_nothing_placed_before_is_started(
+        nats_url: str, tmp_path: Path, store: Store) -> None:
+    """Found by a review: a fence that ended with a heartbeat stored without the check
+    (the key may have expired, and the leader replaced the host's tries) stopped the
+    frozen attempts, but the read of the assignment that followed started what it listed
+    unstarted: a record written before the leader took the expiry lists tries it has
+    placed again elsewhere. They are handed back unstarted now (KILLED as the host's, not
+    counted), a record pushed before that read included; what is placed after it starts."""
+    from agent.agent import UNCHECKED_REASON
+
+    marks = tmp_path / "runs"
+    async with status_reports(store.nc, "uk-1") as delivered, \
+            running_agent(nats_url, tmp_path, "uk-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                          fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        agent.last_heartbeat_ok -= 700.0  # no heartbeat stored for longer than fence_after
+        await agent._check_fence()
+        agent.last_heartbeat_ok += 700.0
+        assert agent.fenced
+        a = task("j-uka", command=["sh", "-c", f"echo a >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("uk-1"), encode(host_alloc("uk-1", [a], term=1)))
+        await eventually(lambda: "j-uka.1" in agent._assigned, timeout=30, what="the record read (fenced)")
+        agent._end_fence(key_intact=False)  # a heartbeat stored without the check
+        # A record pushed before the read of the assignment (written before the leader took
+        # the expiry): its new try is handed back too.
+        b = task("j-ukb", command=["sh", "-c", f"echo b >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("uk-1"), encode(host_alloc("uk-1", [a, b], term=1)))
+        await eventually(lambda: {"j-uka.1", "j-ukb.1"} <= {d.attempt_id for d in delivered if d.state.terminal},
+                         timeout=30, what="both tries ended")
+        assert {(d.attempt_id, d.state, d.reason, d.host_trouble) for d in delivered} == {
+            (f"j-uk{k}.1", AttemptState.KILLED, UNCHECKED_REASON, True) for k in "ab"}
+        assert agent._key_unchecked  # no read of the assignment since the fence's end yet
+        await agent._refresh_assignments()  # what the heartbeat loop does when the fence ends
+        assert not agent._key_unchecked
+        assert not agent.runs and not marks.exists() and len(delivered) == 2
+        # Placed after the read: started.
+        c = task("j-ukc", command=["sh", "-c", f"echo c >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("uk-1"), encode(host_alloc("uk-1", [a, b, c], term=1)))
+        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the new try's mark")
+        assert marks.read_text().splitlines() == ["c"]
+
+
+async def test_a_try_a_fence_held_is_handed_back_when_the_fences_end_could_not_check_the_key(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and so is a try the fence held unstarted (its note was being written when the
+    fence began), which a checked end would start."""
+    from agent.agent import UNCHECKED_REASON
+
+    marks = tmp_path / "runs"
+    async with status_reports(store.nc, "ukh-1") as delivered, \
+            running_agent(nats_url, tmp_path, "ukh-1", heartbeat_interval_s=300.0, ttl_intervals=3,
+                          fence_after_s=600.0) as agent:
+        await start_heartbeats_stored(agent)
+        t = task("j-ukh", command=["sh", "-c", f"echo ran >> {marks}"], cpus=1, memory_mb=64, term=1)
+        await held_by_a_fence(agent, store, monkeypatch, t)
+        agent._end_fence(key_intact=False)
+        await agent._refresh_assignments()
+        await eventually(lambda: any(d.attempt_id == "j-ukh.1" for d in delivered), timeout=30,
+                         what="the held try handed back")
+        assert [(d.state, d.reason, d.host_trouble) for d in delivered] == [
+            (AttemptState.KILLED, UNCHECKED_REASON, True)]
+        assert not agent._unstarted and "j-ukh.1" not in agent.runs and not marks.exists()
+        assert not agent._key_unchecked
+
+
 async def test_a_shutdown_waits_for_the_note_under_way_and_hands_the_try_back(
         nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by a review: the shutdown did not wait for a reconcile whose note was being
