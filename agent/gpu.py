@@ -79,6 +79,10 @@ EVENT_WAIT_LOG_EVERY = 100
 
 _SPEC_RE = re.compile(r"^\s*(\d{1,3})\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9_.-]{0,31})\s*$")
 _BRAND_TOKENS = frozenset({"NVIDIA", "TESLA", "GEFORCE", "QUADRO"})
+# Words after an RTX or GTX number that make another product: the architecture some
+# workstation names add ("RTX 6000 Ada Generation", a generation after the Quadro RTX 6000)
+# and the consumer variants ("RTX 4070 Ti SUPER"), often with other memory.
+_VARIANT_TOKENS = frozenset({"ADA", "BLACKWELL", "HOPPER", "AMPERE", "TURING", "TI", "SUPER"})
 
 
 @dataclass
@@ -133,17 +137,31 @@ def normalise_model(name: str | bytes) -> str:
 
     "NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" -> "A100",
     "Tesla V100-SXM2-16GB" -> "V100", "NVIDIA GeForce RTX 4090" -> "RTX4090",
-    "NVIDIA RTX A6000" -> "A6000". Unrecognisable input gives "UNKNOWN".
+    "NVIDIA RTX A6000" -> "A6000". Names that share their first words keep the words that
+    tell them apart: "NVIDIA RTX 6000 Ada Generation" -> "RTX6000ADA" (not the Quadro RTX
+    6000's "RTX6000"), "NVIDIA RTX PRO 6000 Blackwell ..." -> "RTXPRO6000" (not the RTX
+    PRO 4000's), "NVIDIA GeForce RTX 4070 Ti SUPER" -> "RTX4070TISUPER", "NVIDIA TITAN
+    RTX" -> "TITANRTX", "NVIDIA TITAN V" -> "TITANV".
+    Unrecognisable input gives "UNKNOWN".
     """
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
     tokens = [t for t in name.upper().split() if t not in _BRAND_TOKENS]
     if not tokens:
         return "UNKNOWN"
-    first = tokens[0]
-    if first in ("RTX", "GTX") and len(tokens) > 1:
-        following = tokens[1]
-        first = first + following if following[:1].isdigit() else following
+    first, rest = tokens[0], tokens[1:]
+    if first in ("RTX", "GTX") and rest:
+        following = rest.pop(0)
+        if following == "PRO" and rest and rest[0][:1].isdigit():  # RTX PRO 6000 Blackwell
+            first = "RTXPRO" + rest.pop(0)
+        elif following[:1].isdigit():
+            first = first + following
+            while rest and rest[0] in _VARIANT_TOKENS:  # RTX 6000 Ada Generation, RTX 4070 Ti SUPER
+                first += rest.pop(0)
+        else:
+            first = following  # RTX A6000; GTX TITAN X
+    if first == "TITAN" and rest and re.fullmatch(r"[A-Z0-9]{1,4}", rest[0]):
+        first += rest.pop(0)  # TITAN RTX, TITAN V, TITAN XP
     model = first.split("-", 1)[0]
     model = re.sub(r"[^A-Z0-9_.]", "", model)[:64]
     return model or "UNKNOWN"

@@ -44,6 +44,23 @@ from wire.messages import GpuInfo, GpuUsage
         (b"NVIDIA A100-PCIE-40GB", "A100"),
         ("", "UNKNOWN"),
         ("NVIDIA", "UNKNOWN"),
+        # Names that share their first words (a review: each pair below became one model,
+        # so a job asking for a 96 GB RTX PRO 6000 could be given a 24 GB RTX PRO 4000).
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTXPRO6000"),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTXPRO6000"),
+        ("NVIDIA RTX PRO 4000 Blackwell", "RTXPRO4000"),
+        ("Quadro RTX 6000", "RTX6000"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000ADA"),
+        ("NVIDIA RTX 5000 Ada Generation", "RTX5000ADA"),
+        ("NVIDIA TITAN RTX", "TITANRTX"),
+        ("NVIDIA TITAN V", "TITANV"),
+        ("NVIDIA TITAN Xp", "TITANXP"),
+        ("NVIDIA GeForce GTX TITAN X", "TITANX"),
+        ("NVIDIA GeForce RTX 3090 Ti", "RTX3090TI"),
+        ("NVIDIA GeForce RTX 4070 Ti SUPER", "RTX4070TISUPER"),
+        ("NVIDIA GeForce RTX 4070", "RTX4070"),
+        ("NVIDIA H100 NVL", "H100"),
+        ("NVIDIA L40S", "L40S"),
     ],
 )
 def test_normalise_model(name: str | bytes, model: str) -> None:
