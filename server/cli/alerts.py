@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from server.cli.client import add_output, finite_float, gql
+from server.cli.client import add_output, finite_float, gql, whole_number
 from server.cli.errors import ApiError
 from wire import subjects
 
@@ -18,7 +18,7 @@ MIN_INTERVAL_S = 0.2
 
 
 def _lines(text: str) -> int:
-    n = int(text)
+    n = whole_number(text)
     if not 0 <= n <= MAX_LINES:
         raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_LINES}")
     return n

@@ -188,6 +188,18 @@ def finite_float(text: str) -> float:
     return v
 
 
+def whole_number(text: str) -> int:
+    """An integer option (--gpus, --replicas, --priority, --limit ...): ASCII digits only,
+    as finite_float (int() reads '٣' as 3, and '３' as 3); refused in words, not with
+    argparse's "invalid whole_number value"."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (ASCII digits, e.g. 3 or -1)") from None
+
+
 def nonempty(text: str) -> str:
     """A selector's or filter's value (--label, --rack, --name, --queue ...): an empty one
     is refused here, before the API is asked (found by exploring: taken for none, `host

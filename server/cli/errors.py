@@ -7,6 +7,8 @@ exit code themselves; `server.cli.entry.main` turns an error into its code with
 
 from __future__ import annotations
 
+import re
+
 from wire.errors import AuthError, Forbidden, MusterError, NotFound
 
 EXIT_OK = 0
@@ -42,11 +44,44 @@ def exit_code(exc: MusterError) -> int:
     return EXIT_ERROR  # pragma: no cover - MusterError matches every MusterError
 
 
+# The API's names, in its errors, for what a CLI user gives as an option or a command,
+# and the CLI's words for each (found by exploring: `job submit --time-limit` was told
+# `timeLimitSeconds: ...`, `queue create default` to "change it with updateQueue"). Put in
+# when a command prints a mutation's userErrors; the server's message is otherwise as it
+# is, and GraphQL clients get it unchanged.
+CLI_WORDS: dict[str, str] = {
+    # job submit, job set
+    "timeLimitSeconds": "--time-limit", "dependsOn": "--after", "AFTER_ANY": "--after-any",
+    "AFTER_NOT_OK": "--after-notok", "hostLabels": "--host-label", "excludeHosts": "--exclude",
+    "maxAttempts": "--max-attempts", "memoryMb": "--memory-mb", "gpuMemoryMb": "--gpu-memory-mb",
+    "gpuShare": "--gpu-share", "gpuModel": "--gpu-model", "gpuModels": "--gpu-model", "migProfile": "--mig-profile",
+    "groupLimit": "--group-limit", "beginAt": "--begin",
+    "retryFailures": "--retry-failures", "retryExitCodes": "--retry-exit-code", "retryTimeouts": "--retry-timeouts",
+    "retryDelaySeconds": "--retry-delay", "replaceAfter": "--replace-after",
+    "onDisconnect: KEEP_RUNNING": "--keep-running",
+    # queue create, queue set
+    "createQueue": "muster queue create", "updateQueue": "muster queue set", "preemptGraceSeconds": "--grace",
+    "minRuntimeSeconds": "--min-runtime", "defaultTimeLimitSeconds": "--default-time-limit",
+    "maxTimeLimitSeconds": "--max-time-limit", "maxPreemptions": "--max-preemptions",
+    "maxGpusPerUser": "--max-gpus-per-user", "maxSubmittedJobs": "--max-submitted-jobs",
+    "maxSubmittedJobsPerUser": "--max-submitted-jobs-per-user", "maxRunningJobsPerUser": "--max-running-jobs-per-user",
+    # host drain, reservation create and set
+    "deadlineSeconds": "--deadline", "startsAt": "--start", "endsAt": "--end",
+}
+_API_WORDS = re.compile(r"(?<![\w$-])(" + "|".join(map(re.escape, sorted(CLI_WORDS, key=len, reverse=True)))
+                        + r")(?![\w-])")
+
+
+def cli_words(text: str) -> str:
+    """`text` (an API error's field or message) with the API's names in CLI_WORDS put in the CLI's words."""
+    return _API_WORDS.sub(lambda m: CLI_WORDS[m.group(1)], text)
+
+
 def user_errors(errors: list[dict[str, str]], line: str = "{field}: {message}") -> MusterError:
     """The error for a mutation's `userErrors` (a non-empty list): NotFound when the first
     is NOT_FOUND, Forbidden (exit 4) when it is FORBIDDEN, else ApiError; one message line
     per error, formatted by `line` (an error about no one field, such as a queue the token
-    may not use, without it)."""
-    text = "\n".join(line.format(**e) if e.get("field") else str(e.get("message", "")) for e in errors)
+    may not use, without it), in the CLI's words (`cli_words`)."""
+    text = "\n".join(cli_words(line.format(**e) if e.get("field") else str(e.get("message", ""))) for e in errors)
     kind = {NotFound.code: NotFound, Forbidden.code: Forbidden}.get(errors[0].get("code", ""), ApiError)
     return kind(text)

@@ -9,7 +9,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from server.cli.client import add_output, add_watch, finite_float, gql, labels_text, nonempty, out, watch
+from server.cli.client import (
+    add_output,
+    add_watch,
+    finite_float,
+    gql,
+    labels_text,
+    nonempty,
+    out,
+    watch,
+    whole_number,
+)
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
 from server.timefmt import DRAIN_DEADLINE_S, parse_time
@@ -21,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     hsub = h.add_subparsers(dest="host_cmd", required=True)
 
     hl = hsub.add_parser("list", help="hosts with health, GPUs, utilisation and labels")
-    hl.add_argument("--limit", type=int, default=500)
+    hl.add_argument("--limit", type=whole_number, default=500)
     hl.add_argument("--health", default=None, help="HEALTHY, SUSPECT, LOST (comma-separated)")
     hl.add_argument("--rack", type=nonempty, default=None)
     hl.add_argument("--zone", type=nonempty, default=None)
@@ -77,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="clear GPU fault marks of a host after those GPUs were reset or replaced")
     hg.add_argument("id")
     hg.add_argument("--reason", required=True)
-    hg.add_argument("--gpu", type=int, action="append", default=None, dest="gpus",
+    hg.add_argument("--gpu", type=whole_number, action="append", default=None, dest="gpus",
                     help="a GPU index to clear (repeat for more; default: every faulted GPU)")
     add_output(hg)
     hg.set_defaults(fn=cmd_clear_gpu_faults)

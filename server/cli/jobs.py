@@ -22,10 +22,11 @@ from server.cli.client import (
     nonempty,
     out,
     watch,
+    whole_number,
 )
 from server.cli.errors import ApiError, JobFailed, user_errors
 from server.cli.times import ahead, when_text
-from wire.errors import NotFound, ValidationError
+from wire.errors import Forbidden, NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
 gpuModels sameModel hostLabels { key value } gpuShare gpuMemoryMb migProfile gpuSharing cpus memoryMb priority
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     jl.add_argument("--queue", type=nonempty, default=None)
     jl.add_argument("--group", type=nonempty, default=None,
                     help="the jobs' group (--group's; an --array's is printed when it is submitted, and by job show)")
-    jl.add_argument("--limit", type=int, default=50)
+    jl.add_argument("--limit", type=whole_number, default=50)
     add_output(jl)
     add_watch(jl)
     jl.set_defaults(fn=cmd_list)
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ji = jsub.add_parser("idle", help="running jobs holding GPUs that have all been idle for their agent's "
                                       "--gpu-idle-after, idle longest first")
-    ji.add_argument("--limit", type=int, default=100)
+    ji.add_argument("--limit", type=whole_number, default=100)
     add_output(ji)
     ji.set_defaults(fn=cmd_idle)
 
@@ -115,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     jp = jsub.add_parser("set", help="change a job that has not ended: its priority, its time limit")
     jp.add_argument("ids", nargs="+", metavar="ID")
-    jp.add_argument("--priority", type=int, default=None,
+    jp.add_argument("--priority", type=whole_number, default=None,
                     help="-1000 to 1000: its place in its queue, and as a preemption victim")
     jp.add_argument("--time-limit", type=finite_float, default=None, metavar="S", dest="time_limit",
                     help="a new time limit in seconds, its running try's too (one that ran longer is stopped); "
@@ -137,25 +138,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 def submit_options(js: argparse.ArgumentParser) -> None:
     """The options of `job submit`: on its parser, and on the one `submit_command` reads
     options given after the job's name with."""
-    js.add_argument("--gpus", type=int, default=0)
+    js.add_argument("--gpus", type=whole_number, default=0)
     js.add_argument("--gpu-model", action="append", default=None, metavar="MODEL[,MODEL...]",
                     help="one GPU model, or several, comma-separated (or repeated): any of them will do")
     js.add_argument("--same-model", action="store_true", help="a gang's tasks all on one of the models")
-    js.add_argument("--gpu-share", type=int, default=0, metavar="THOUSANDTHS",
+    js.add_argument("--gpu-share", type=whole_number, default=0, metavar="THOUSANDTHS",
                     help="a share of ONE GPU in thousandths, 1-999 (with --gpus 0); shared, not isolated")
-    js.add_argument("--gpu-memory-mb", type=int, default=0, help="GPU memory a --gpu-share task needs")
+    js.add_argument("--gpu-memory-mb", type=whole_number, default=0, help="GPU memory a --gpu-share task needs")
     js.add_argument("--mig-profile", default=None, metavar="PROFILE",
                     help="one MIG instance of this profile, e.g. 1g.10gb (with --gpus 0)")
-    js.add_argument("--replicas", type=int, default=1, help="gang size: tasks placed all at once or not at all")
+    js.add_argument("--replicas", type=whole_number, default=1,
+                    help="gang size: tasks placed all at once or not at all")
     js.add_argument("--same-rack", action="store_true", help="a gang's tasks all in one rack")
     js.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
                     help="a label the host must have, as its agent reports it (repeat for more: all must match)")
     js.add_argument("--exclude", action="append", default=None, metavar="HOST[,HOST...]", dest="exclude_hosts",
                     help="hosts it must not run on (repeat for more), as Slurm's --exclude")
     js.add_argument("--cpus", type=finite_float, default=1.0)
-    js.add_argument("--memory-mb", type=int, default=512)
-    js.add_argument("--priority", type=int, default=0)
-    js.add_argument("--max-attempts", type=int, default=None, help="tries when hosts are lost (default 3)")
+    js.add_argument("--memory-mb", type=whole_number, default=512)
+    js.add_argument("--priority", type=whole_number, default=0)
+    js.add_argument("--max-attempts", type=whole_number, default=None, help="tries when hosts are lost (default 3)")
     js.add_argument("--queue", default=None, help="the queue to run in (default: default, or the first of the "
                     "token's queues when it is bound to queues that leave default out)")
     js.add_argument("--time-limit", type=finite_float, default=None, metavar="S",
@@ -168,9 +170,9 @@ def submit_options(js: argparse.ArgumentParser) -> None:
     js.add_argument("--replace-after", type=finite_float, default=None, metavar="S",
                     help="with --keep-running: seconds after the host is lost before the work is replaced")
     js.add_argument("--hold", action="store_true", help="submit it held: queued, not placed until `job release`")
-    js.add_argument("--retry-failures", type=int, default=None, metavar="N",
+    js.add_argument("--retry-failures", type=whole_number, default=None, metavar="N",
                     help="try a failed try again, up to N times (its own code exited nonzero; a gang as a whole)")
-    js.add_argument("--retry-exit-code", action="append", type=int, default=None, metavar="CODE",
+    js.add_argument("--retry-exit-code", action="append", type=whole_number, default=None, metavar="CODE",
                     dest="retry_exit_codes", help="with --retry-failures: only these exit codes (repeat for more)")
     js.add_argument("--retry-timeouts", action="store_true",
                     help="with --retry-failures: a try stopped at its time limit is retried too")
@@ -202,7 +204,7 @@ def submit_options(js: argparse.ArgumentParser) -> None:
                          "singleton: the group NAME, limit 1)")
     js.add_argument("--group", default=None, metavar="G",
                     help="a group of your jobs this one is in (with --group-limit)")
-    js.add_argument("--group-limit", type=int, default=None, metavar="K",
+    js.add_argument("--group-limit", type=whole_number, default=None, metavar="K",
                     help="with --group: at most K jobs of the group placed or running at once")
     js.add_argument("--wait", action="store_true", help="wait until the job finishes")
     js.add_argument("-f", "--follow", action="store_true",
@@ -952,19 +954,34 @@ def job_filter(args: argparse.Namespace) -> dict[str, Any]:
 
 def _on_matching(args: argparse.Namespace, verb: str, flt: dict[str, Any]) -> int:
     """cancelJobs, holdJobs or releaseJobs (`verb`: cancel, hold, release) over the filter
-    `flt`, in one request: the count on stderr, the ids on stdout."""
+    `flt`, in one request: the count on stderr, the ids on stdout. Jobs that match but are
+    of queues the token may not act on (a token bound to queues) are said so: when they are
+    all that match, it is a refusal (Forbidden, exit 4), not "no job matches" (found by
+    exploring)."""
     mutation, with_reason = f"{verb}Jobs", verb != "release"
     q = f"""mutation($f: JobFilter!{", $reason: String!" if with_reason else ""}) {{
            {mutation}(filter: $f{", reason: $reason" if with_reason else ""}) {{
-           count jobIds userErrors {{ field message code }} }} }}"""
-    res = gql(q, {"f": flt, **({"reason": args.reason} if with_reason else {})})[mutation]
+           count jobIds outsideTokenQueues tokenQueues userErrors {{ field message code }} }} }}"""
+    res = gql(q, {"f": flt, **({"reason": args.reason} if with_reason else {})},
+              optional=("outsideTokenQueues", "tokenQueues"))[mutation]  # (an older server has neither)
     if res["userErrors"]:
         raise user_errors(res["userErrors"])
     done = f"{verb} requested"
-    if not res["count"] and args.output != "json":
-        print(f"no job matches: nothing to {verb}", file=sys.stderr)
-        return 0
+    outside = res.get("outsideTokenQueues") or 0
+    queues = f" ({', '.join(res['tokenQueues'])})" if res.get("tokenQueues") else ""
+    left_alone = (f"{outside} job(s) that match are of other queues, and this token acts only on jobs of its "
+                  f"queues{queues}")
+    if not res["count"]:
+        if outside:
+            if args.output == "json":
+                out(args, res)
+            raise Forbidden(f"no job of this token's queues{queues} matches: nothing to {verb}; {left_alone}")
+        if args.output != "json":
+            print(f"no job matches: nothing to {verb}", file=sys.stderr)
+            return 0
     print(f"{done} for {res['count']} job(s)", file=sys.stderr)
+    if outside:
+        print(f"left alone: {left_alone}", file=sys.stderr)
     out(args, res, [[i, done] for i in res["jobIds"]], ["ID", "STATUS"])
     return 0
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.cli.client import whole_number
 from wire.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     n = sub.add_parser("nats", help="run the embedded nats-server with JetStream (auth on by default)")
-    n.add_argument("--port", type=int, default=4222, help="client port (of the first node with --cluster)")
+    n.add_argument("--port", type=whole_number, default=4222, help="client port (of the first node with --cluster)")
     n.add_argument("--host", default="127.0.0.1")
     n.add_argument("--data-dir", default=".muster/nats")
     n.add_argument("--config", default=None,
@@ -33,11 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--tls-key", default=None)
     n.add_argument("--tls-ca", default=None, help="CA for client certificates")
     n.add_argument("--tls-verify", action="store_true", help="require client certificates")
-    n.add_argument("--cluster", type=int, default=0, metavar="N",
+    n.add_argument("--cluster", type=whole_number, default=0, metavar="N",
                    help="start N local nodes forming a JetStream cluster (Ctrl-C stops all)")
-    n.add_argument("--cluster-port", type=int, default=6222,
+    n.add_argument("--cluster-port", type=whole_number, default=6222,
                    help="with --cluster: route port of the first node (0: free)")
-    n.add_argument("--http-port", type=int, default=None,
+    n.add_argument("--http-port", type=whole_number, default=None,
                    help="monitoring port (/healthz, /varz): a single node's, off unless given; with --cluster the "
                         "first node's (default 8222, 0: free)")
     n.set_defaults(fn=cmd_nats)

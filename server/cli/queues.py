@@ -7,7 +7,17 @@ import argparse
 import math
 from typing import Any
 
-from server.cli.client import add_output, add_watch, finite_float, gql, key_values, labels_text, out, watch
+from server.cli.client import (
+    add_output,
+    add_watch,
+    finite_float,
+    gql,
+    key_values,
+    labels_text,
+    out,
+    watch,
+    whole_number,
+)
 from server.cli.errors import user_errors
 from server.cli.times import ago, when_text
 from wire.errors import ConfigError, NotFound
@@ -73,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--min-runtime", type=finite_float, default=None, metavar="S",
                        help="a try runs at least this long before it may be preempted "
                             f"(default {_default('min_runtime_s')})")
-        p.add_argument("--max-preemptions", type=int, default=None, metavar="N",
+        p.add_argument("--max-preemptions", type=whole_number, default=None, metavar="N",
                        help="the most victims stopping for the queue's jobs at once "
                             f"(default {_default('max_preemptions')})")
         p.add_argument("--default-time-limit", type=finite_float, default=None, metavar="S",
@@ -82,12 +92,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the longest time limit a job may ask (0: no maximum)")
         p.add_argument("--max-gpus-per-user", type=finite_float, default=None, metavar="N",
                        help="the most GPUs one user's jobs of the queue hold at once (0: no limit)")
-        p.add_argument("--max-submitted-jobs", type=int, default=None, metavar="N",
+        p.add_argument("--max-submitted-jobs", type=whole_number, default=None, metavar="N",
                        help="the most jobs not ended (queued, held, placed, running) the queue takes; a submission "
                             "past it is refused (0: no limit)")
-        p.add_argument("--max-submitted-jobs-per-user", type=int, default=None, metavar="N",
+        p.add_argument("--max-submitted-jobs-per-user", type=whole_number, default=None, metavar="N",
                        help="the same for one user's jobs of the queue (0: no limit)")
-        p.add_argument("--max-running-jobs-per-user", type=int, default=None, metavar="N",
+        p.add_argument("--max-running-jobs-per-user", type=whole_number, default=None, metavar="N",
                        help="the most jobs of one user's placed or running at once; the others wait (0: no limit)")
         p.add_argument("--host-label", action="append", default=None, metavar="KEY=VALUE", dest="host_labels",
                        help="a label every host that runs the queue's jobs has (repeat for more; replaces the "

@@ -11,23 +11,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from server.cli.client import finite_float, whole_number
 from server.scheduling.capacity import POLICIES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("server", help="run a control-plane replica")
     s.add_argument("--nats", default=None, help="NATS URL(s), comma-separated (MUSTER_NATS_URL)")
-    s.add_argument("--http-port", type=int, default=None)
+    s.add_argument("--http-port", type=whole_number, default=None)
     s.add_argument("--http-host", default=None)
     s.add_argument("--data-dir", default=None)
     s.add_argument("--db-url", default=None, help="SQLAlchemy URL of the history database (MUSTER_DB_URL)")
     s.add_argument("--name", default=None, help="replica name (default host-pid-random)")
-    s.add_argument("--lease-ttl", type=int, default=None, help="leader lease in seconds (default 5)")
+    s.add_argument("--lease-ttl", type=whole_number, default=None, help="leader lease in seconds (default 5)")
     s.add_argument("--history-in-process", action="store_true",
                    help="write history from the server process instead of a historian process of its own")
     s.add_argument("--heartbeats-in-process", action="store_true",
                    help="read heartbeats in the server process instead of an ingest process of its own")
-    s.add_argument("--heartbeat-interval", type=float, default=None,
+    s.add_argument("--heartbeat-interval", type=finite_float, default=None,
                    help="agents' heartbeat interval in seconds, for SUSPECT detection (default 5)")
     s.add_argument("--creds", dest="nats_creds", default=None,
                    help="NATS credentials: an nkey seed file (MUSTER_NATS_CREDS)")
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--placement-policy", default=None, choices=POLICIES,
                    help="how a task's host is chosen: fgd (fragmentation-aware, the default) or binpack "
                         "(MUSTER_PLACEMENT_POLICY)")
-    s.add_argument("--placement-candidates", type=int, default=None,
+    s.add_argument("--placement-candidates", type=whole_number, default=None,
                    help="fgd: feasible hosts compared per task (default 16; MUSTER_PLACEMENT_CANDIDATES)")
     s.set_defaults(fn=cmd_server)
 
@@ -103,7 +104,9 @@ def cmd_server(args: argparse.Namespace) -> int:
             started = True
             await super().startup(sockets)
             if muster.new_token:
-                print(f"Operator token (shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
+                # Its role is admin (its name is `operator`; found by exploring, it was
+                # announced as an "Operator token").
+                print(f"Admin token (role admin; shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
                       flush=True)
             print(f"muster server {cfg.name} listening on {scheme}://{cfg.http_host}:{cfg.http_port}", flush=True)
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.cli.client import whole_number
 from server.cli.tokens import NATS_URL_FILE
 from wire.errors import ConfigError
 from wire.owndir import own_dir
@@ -47,9 +48,9 @@ def cgroup_tag(data: Path) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="start NATS, a server and local agents (Ctrl-C stops)")
     up.add_argument("--data-dir", default=os.environ.get("MUSTER_DATA_DIR", ".muster"))
-    up.add_argument("--http-port", type=int, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
-    up.add_argument("--nats-port", type=int, default=4222)
-    up.add_argument("--agents", type=int, default=None,
+    up.add_argument("--http-port", type=whole_number, default=int(os.environ.get("MUSTER_HTTP_PORT", "8080")))
+    up.add_argument("--nats-port", type=whole_number, default=4222)
+    up.add_argument("--agents", type=whole_number, default=None,
                     help="local agents (default 2 with simulated GPUs; 1 on this machine's NVIDIA GPUs)")
     up.add_argument("--simulate-gpus", default=os.environ.get("MUSTER_SIMULATE_GPUS"), metavar="SPEC",
                     help="each agent's simulated GPUs: COUNTxMODEL[,mig=GPUS:N*PROFILE], e.g. 4xH100")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from server.operations.base import Operations
@@ -29,6 +30,15 @@ MATCHING_ACTIONS = ("cancel", "hold", "release")
 MAX_CANCEL_MATCHING = 100_000
 CANCEL_SCAN_CHUNK = 20_000
 CANCEL_PUBLISH_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Matched:
+    """What JobOperations.act_on_matching_counted asked for: the jobs' ids, the oldest
+    first; and how many jobs matched too but are of queues the caller's token may not act
+    on, left alone (0 for a token bound to no queue)."""
+    ids: list[str]
+    outside_queues: int = 0
 
 
 
@@ -127,13 +137,20 @@ class JobOperations(Operations):
 
     async def act_on_matching(self, action: str, by: str, reason: str = "", queues: list[str] | None = None,
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:
+        """act_on_matching_counted's ids."""
+        return (await self.act_on_matching_counted(action, by, reason, queues, limit, **filters)).ids
+
+    async def act_on_matching_counted(self, action: str, by: str, reason: str = "", queues: list[str] | None = None,
+                                      limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> Matched:
         """Ask the leader to cancel (`action` "cancel": every job that has not ended), hold
         ("hold": every QUEUED job not held nor taking GPUs by preemption; it stays queued,
         not placed until released, as Slurm's `scontrol hold` of a list) or release
         ("release": every held job; `reason` unused) the jobs that match `filters` (those
         of views.jobs.matches: state, user, name, priority, submitted_after,
         submitted_before, queue, group; at least one given), of the queues `queues` (the
-        caller's token's) allow: at most `limit`, the oldest first. Returns their ids.
+        caller's token's) allow: at most `limit`, the oldest first. Returns their ids, and
+        how many more matched but are of queues that `queues` leave out (not acted on: found
+        by exploring, a team's `muster job cancel --name x` was told no job matched).
         Raises ValidationError (no filter, a limit out of range), NotFound (no such queue),
         Forbidden (a queue the token may not act on), StoreError (NATS did not take a
         command: run it again)."""
@@ -168,11 +185,16 @@ class JobOperations(Operations):
 
         live = list(self.state.jobs.values())
         found: list[Job] = []
+        outside = 0
         for start in range(0, len(live), CANCEL_SCAN_CHUNK):
             if start:
                 await asyncio.sleep(0)  # half a million live jobs: let the scheduler and the API run
-            found.extend(j for j in live[start:start + CANCEL_SCAN_CHUNK]
-                         if wanted(j) and (queues is None or j.spec.queue in queues) and matches(j, **filters))
+            for j in live[start:start + CANCEL_SCAN_CHUNK]:
+                if wanted(j) and matches(j, **filters):
+                    if queues is None or j.spec.queue in queues:
+                        found.append(j)
+                    else:
+                        outside += 1
         found.sort(key=lambda j: (j.submitted_at, j.id))
         ids = [j.id for j in found[:limit]]
         assert self.store is not None
@@ -189,7 +211,7 @@ class JobOperations(Operations):
                 await asyncio.gather(*(js.publish(f"{subjects.CMDS_PREFIX}.{c.kind}", encode(c)) for c in cmds))
             except Exception as exc:  # noqa: BLE001
                 raise StoreError(f"{action}: {exc} (the first {start} were asked for; run it again)") from exc
-        return ids
+        return Matched(ids, outside)
 
     async def requeue(self, job_id: str, by: str, reason: str = "", hold: bool = False,
                       queues: list[str] | None = None) -> None:

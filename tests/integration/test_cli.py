@@ -297,6 +297,43 @@ def test_a_running_jobs_output_is_asked_of_its_agent_and_followed(cluster: Clust
     api.q('mutation($id: ID!) { cancelJob(id: $id) { job { id } } }', {"id": other["id"]})
 
 
+def test_a_team_token_is_told_the_jobs_its_filters_match_are_of_other_queues(cluster: Cluster) -> None:
+    """Found by exploring: a token bound to queues a and b running `job cancel --name x`
+    (hold, release alike) was told "no job matches: nothing to cancel" while jobs named x
+    were queued in default; and the server announced its bootstrap token, an admin's, as an
+    "Operator token"."""
+    srv = cluster.server()
+    # The first start's token is announced as what it is (printed once the port is open).
+    wait_until(lambda: "token (" in srv.output(), timeout=30, what="the token announced")
+    assert f"Admin token (role admin; shown once, also in {cluster.tmp / 'server' / 'token'}): {cluster.token}" \
+        in srv.output(), srv.output()
+    assert "Operator token" not in srv.output()
+    api = Api(srv.url, cluster.token)
+    for queue in ("a", "b"):
+        r = muster(cluster, srv.url, "queue", "create", queue)
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = muster(cluster, srv.url, "job", "submit", "-o", "json", "x-1", "--", "true")  # default: no host takes it
+    assert r.returncode == 0, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    r = subprocess.run([sys.executable, "-m", "server.cli", "token", "create", "team", "--role", "operator",
+                        "--queues", "a,b", "--nats", cluster.nats_url], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    team = r.stdout.strip().splitlines()[-1]
+    wait_until(lambda: api.raw("{ ping }", token=team).status_code == 200, timeout=10, what="the team's token")
+    env = {**os.environ, "MUSTER_URL": srv.url, "MUSTER_TOKEN": team}
+    for argv in (["job", "cancel", "--name", "x-", "--reason", "r"], ["job", "hold", "--name", "x-"]):
+        r = subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                           env=env, timeout=60)
+        assert r.returncode == 4, r.stdout + r.stderr
+        assert "no job matches" not in r.stderr, r.stderr
+        assert (f"no job of this token's queues (a, b) matches: nothing to {argv[1]}; 1 job(s) that match are of "
+                "other queues, and this token acts only on jobs of its queues (a, b)") in r.stderr, r.stderr
+    assert api.job(job_id)["state"] == "QUEUED"
+    r = muster(cluster, srv.url, "job", "cancel", "--name", "x-", "--reason", "done")  # the admin's token
+    assert r.returncode == 0 and "cancel requested for 1 job(s)" in r.stderr, r.stdout + r.stderr
+
+
 def test_hold_release_and_priority_from_the_cli(cluster: Cluster) -> None:
     """`job hold` keeps a queued job from being placed while the GPU it waits for is free
     and later jobs take it; `job release` puts it back; `job set --priority` moves a job."""

@@ -105,7 +105,7 @@ def test_shared_gpu_and_mig_instances_end_to_end(cluster: Cluster, tmp_path: Pat
     assert "GPU 0 A10" in r.stdout and "shared, not isolated" in r.stdout, r.stdout
     r = muster_cli(cluster, srv.url, "job", "submit", "--gpus", "1", "--gpu-model", "A10", "--gpu-share", "100",
                    "both", "--", "true")
-    assert r.returncode != 0 and "gpuShare" in r.stderr
+    assert r.returncode != 0 and "--gpu-share" in r.stderr
 
     # Let them finish: the waiting ones run once the GPU and the instances are free.
     flag.touch()

@@ -293,6 +293,7 @@ async def team_client(muster: Muster, name: str, queue: str) -> AsyncIterator[Cl
 
 CANCEL_JOBS = """mutation($f: JobFilter!, $limit: Int) { cancelJobs(filter: $f, reason: "bulk", limit: $limit) {
                  count jobIds userErrors { field message code } } }"""
+COUNTED = """mutation($f: JobFilter!) { %s(filter: $f) { count outsideTokenQueues tokenQueues } }"""
 
 
 async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: Client, muster: Muster) -> None:
@@ -320,6 +321,13 @@ async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: 
         assert refused["count"] == 0 and refused["userErrors"][0]["code"] == "FORBIDDEN"
         own = (await vic.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}}))["cancelJobs"]
         assert own == {"count": 1, "jobIds": [ids["arr-2"]], "userErrors": []}
+        # The jobs that match in other queues, left alone, are counted, beside the token's
+        # queues (found by exploring: the CLI could only say that no job matched).
+        outside = (await vic.q(COUNTED % "cancelJobs", {"f": {"namePrefix": "keep"}}))["cancelJobs"]
+        assert outside == {"count": 0, "outsideTokenQueues": 1, "tokenQueues": ["audio"]}, outside
+    # A token bound to no queue: none left alone, no queues.
+    unbound = (await api.q(COUNTED % "cancelJobs", {"f": {"namePrefix": "nomatch"}}))["cancelJobs"]
+    assert unbound == {"count": 0, "outsideTokenQueues": 0, "tokenQueues": None}, unbound
     # A limit under 1 is said so (found by exploring: "at most 100000").
     for bad in (0, -1):
         zero = (await api.q(CANCEL_JOBS, {"f": {"namePrefix": "arr-"}, "limit": bad}))["cancelJobs"]
@@ -389,6 +397,9 @@ async def test_hold_and_release_jobs_by_filter(api: Client, muster: Muster) -> N
         assert own == {"count": 1, "jobIds": [ids["b-2"]], "userErrors": []}
         await eventually(lambda: held() == {"b-2"}, what="b-2 held")
         assert muster.state.jobs[ids["b-2"]].hold == "held by vee: maintenance"
+        # b-2 held, the b- jobs left are all of other queues: counted, none held.
+        outside = (await vee.q(COUNTED % "holdJobs", {"f": {"namePrefix": "b-"}}))["holdJobs"]
+        assert outside == {"count": 0, "outsideTokenQueues": 3, "tokenQueues": ["video"]}, outside
     first = (await api.q(HOLD_JOBS, {"f": {"namePrefix": "b-"}, "limit": 2}))["holdJobs"]
     assert first == {"count": 2, "jobIds": [ids["b-0"], ids["b-1"]], "userErrors": []}
     await eventually(lambda: held() == {"b-0", "b-1", "b-2"}, what="b-0 and b-1 held")

@@ -96,3 +96,28 @@ def test_job_submit_wait_polls_an_older_server_without_the_newer_fields(monkeypa
     job, timed_out = jobs.wait_for("j1", timeout=5)
     assert job["state"] == "SUCCEEDED" and not timed_out
     assert "gpuIdleSince" in asked[0] and "gpuIdleSince" not in asked[-1]
+
+
+def test_a_bulk_action_asks_an_older_server_without_the_count_of_other_queues_jobs(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`job cancel --name x` asks cancelJobs for `outsideTokenQueues` and `tokenQueues`
+    (newer than some servers): an older server is asked again without them, and the
+    command says what it said before."""
+    from server.cli.entry import main
+
+    asked: list[str] = []
+
+    def post(url: str, json: dict[str, Any], **_: Any) -> httpx.Response:
+        q = json["query"]
+        asked.append(q)
+        missing = [f for f in ("outsideTokenQueues", "tokenQueues") if f in q]
+        if missing:
+            return httpx.Response(200, json={"data": None, "errors": [
+                {"message": f"Cannot query field '{f}' on type 'CancelJobsPayload'."} for f in missing]})
+        return httpx.Response(200, json={"data": {"cancelJobs": {"count": 0, "jobIds": [], "userErrors": []}}})
+
+    monkeypatch.setattr(httpx, "post", post)
+    monkeypatch.setenv("MUSTER_TOKEN", "mst_x")
+    assert main(["job", "cancel", "--name", "x", "--reason", "r"]) == 0
+    assert "no job matches: nothing to cancel" in capsys.readouterr().err
+    assert len(asked) == 2 and "outsideTokenQueues" in asked[0] and "tokenQueues" not in asked[1]

@@ -1,11 +1,14 @@
 """What the `muster` CLI makes of what it is given, through its entry point with the API
 stood in for: empty selectors and filters, a job's command after `--`, the token's
 whitespace, numbers and durations, several hosts or jobs acted on, `--timeout` while
-following, and what `host list` says of hosts it does not show."""
+following, what `host list` says of hosts it does not show, the API's errors in the CLI's
+words, and jobs a bulk action leaves alone in queues other than the token's."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,11 +16,12 @@ import pytest
 
 import server.cli.hosts as hosts_cli
 import server.cli.jobs as jobs_cli
+import server.cli.queues as queues_cli
 from server.cli import client
 from server.cli.entry import main
 from server.cli.errors import EXIT_NOT_FOUND, EXIT_UNAUTHORISED, ApiError, JobFailed, exit_code
 from server.cli.jobs import array_indices, submit_command, submit_input
-from server.cli.parser import parse_args
+from server.cli.parser import build_parser, parse_args
 from server.cli.queues import parse_quota
 from server.cli.times import ago, ahead
 from server.timefmt import duration_s
@@ -297,3 +301,113 @@ def test_list_options_are_stripped_and_checked_and_after_takes_several(monkeypat
     assert main(["job", "cancel", "--state", "done", "--queue", "q"]) == 1
     args = parse_args(["job", "submit", "--after", "j1,j2", "--after", " j3 ", "x", "--", "true"])
     assert submit_input(args, submit_command(args))["dependsOn"] == ["j1", "j2", "j3"]
+
+
+def _every_option(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, argparse.Action]]:
+    """Each option of `p` and of every subcommand under it, with the command it is of."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_option(sub, (*path, name))
+        else:
+            yield " ".join(path), action
+
+
+def test_integer_options_take_ascii_digits_only_and_refuse_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: `job submit --gpus ٣` (and --replicas, --max-attempts,
+    --priority ... every option parsed with int()) was read as 3, as float() read '٣' before
+    finite_float; `--gpus ３` alike. Every integer and number option takes ASCII digits only."""
+    parser = build_parser()
+    loose = [f"{cmd} {'/'.join(a.option_strings)}" for cmd, a in _every_option(parser) if a.type in (int, float)]
+    assert loose == [], loose
+    for argv in (["job", "submit", "--gpus", "٣", "x", "--", "true"],
+                 ["job", "submit", "x", "--replicas", "３", "--", "true"],
+                 ["job", "submit", "--max-attempts", "²", "x", "--", "true"],
+                 ["job", "set", "j1", "--priority", "٣"],
+                 ["job", "list", "--limit", "٣"],
+                 ["host", "list", "--limit", "٣"],
+                 ["host", "clear-gpu-faults", "h1", "--reason", "r", "--gpu", "٣"],
+                 ["queue", "set", "q", "--max-submitted-jobs", "٣"],
+                 ["alerts", "tail", "-n", "٣"],
+                 ["job", "submit", "--gpus", "1.5", "x", "--", "true"]):
+        err = _refused(argv, capsys)
+        assert "is not a whole number" in err and "Traceback" not in err, (argv, err)
+    err = _refused(["server", "--heartbeat-interval", "٣"], capsys)
+    assert "is not a number" in err, err
+    # ASCII digits, with a sign, as before.
+    args = parse_args(["job", "submit", "--gpus", "3", "--priority", "-5", "x", "--", "true"])
+    assert (args.gpus, args.priority) == (3, -5)
+    assert parse_args(["alerts", "tail", "-n", "0"]).lines == 0
+
+
+def test_api_errors_name_the_cli_options_the_user_gave(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: `job submit --time-limit 7200` was told `timeLimitSeconds: queue
+    'runs' allows at most 3600 s`, `--after J` `dependsOn: ... use AFTER_ANY`, and `queue
+    create default` to "change it with updateQueue": the API's names, not the options given.
+    The server's message is kept, in the CLI's words."""
+    answers: list[dict[str, Any]] = []
+
+    def fake(q: str, _v: dict[str, Any], **_k: Any) -> dict[str, Any]:
+        field = "submitJob" if "submitJob" in q else "createQueue"
+        return {field: {"job": None, "queue": None, "warnings": [], "userErrors": answers}}
+
+    monkeypatch.setattr(jobs_cli, "gql", fake)
+    monkeypatch.setattr(queues_cli, "gql", fake)
+    answers[:] = [{"field": "timeLimitSeconds", "message": "queue 'runs' allows at most 3600 s", "code": "TIME_LIMIT"},
+                  {"field": "dependsOn", "message": "job j-1 ended FAILED: this job could never run (afterok; use "
+                                                    "AFTER_ANY to run after it whatever its end)",
+                   "code": "DEPENDENCY_FAILED"}]
+    assert main(["job", "submit", "--time-limit", "7200", "--after", "j-1", "x", "--", "true"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --time-limit: queue 'runs' allows at most 3600 s (TIME_LIMIT)" in err, err
+    assert ("error: --after: job j-1 ended FAILED: this job could never run (afterok; use --after-any to run after "
+            "it whatever its end) (DEPENDENCY_FAILED)") in err, err
+    answers[:] = [{"field": "name", "message": "a queue named 'default' exists (change it with updateQueue)",
+                   "code": "EXISTS"}]
+    assert main(["queue", "create", "default"]) == 1
+    err = capsys.readouterr().err
+    assert "error: name: a queue named 'default' exists (change it with muster queue set) (EXISTS)" in err, err
+    # Only whole names: a word that merely holds one is left as it is.
+    answers[:] = [{"field": "queue", "message": "its per-user limit (maxSubmittedJobsPerUser 3); xtimeLimitSeconds",
+                   "code": "JOB_LIMIT"}]
+    assert main(["job", "submit", "x", "--", "true"]) == 1
+    err = capsys.readouterr().err
+    assert "queue: its per-user limit (--max-submitted-jobs-per-user 3); xtimeLimitSeconds (JOB_LIMIT)" in err, err
+
+
+def test_a_bulk_action_says_when_the_jobs_that_match_are_outside_the_tokens_queues(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: with a token bound to queues a and b, `job cancel --name x`
+    (hold, release alike) said "no job matches: nothing to cancel" though jobs named x
+    existed, in other queues; the API left them alone without a word."""
+    answer: dict[str, Any] = {}
+
+    def fake(q: str, _v: dict[str, Any], **_k: Any) -> dict[str, Any]:
+        return {next(m for m in ("cancelJobs", "holdJobs", "releaseJobs") if m in q): dict(answer)}
+
+    monkeypatch.setattr(jobs_cli, "gql", fake)
+    answer.update(count=0, jobIds=[], outsideTokenQueues=2, tokenQueues=["a", "b"], userErrors=[])
+    for argv in (["job", "cancel", "--name", "x", "--reason", "r"], ["job", "hold", "--name", "x"],
+                 ["job", "release", "--name", "x"]):
+        assert main(argv) == EXIT_UNAUTHORISED, argv  # a refusal, as `--queue c` is (FORBIDDEN)
+        err = capsys.readouterr().err
+        assert "no job matches" not in err, err
+        assert (f"error: no job of this token's queues (a, b) matches: nothing to {argv[1]}; 2 job(s) that match "
+                "are of other queues, and this token acts only on jobs of its queues (a, b)") in err, err
+    # Some in its queues, some not: those done, and the others said.
+    answer.update(count=1, jobIds=["j1"], outsideTokenQueues=3)
+    assert main(["job", "cancel", "--name", "x", "--reason", "r"]) == 0
+    captured = capsys.readouterr()
+    assert "cancel requested for 1 job(s)" in captured.err and "left alone: 3 job(s) that match" in captured.err
+    assert "j1" in captured.out
+    # With -o json, the API's answer on stdout either way.
+    answer.update(count=0, jobIds=[])
+    assert main(["job", "cancel", "--name", "x", "--reason", "r", "-o", "json"]) == EXIT_UNAUTHORISED
+    assert json.loads(capsys.readouterr().out)["outsideTokenQueues"] == 3
+    # Nothing matches anywhere (or an older server, which says nothing of other queues): as before.
+    for older in ({"outsideTokenQueues": 0, "tokenQueues": ["a"]}, {}):
+        answer.clear()
+        answer.update(count=0, jobIds=[], userErrors=[], **older)
+        assert main(["job", "cancel", "--name", "x", "--reason", "r"]) == 0
+        assert "no job matches: nothing to cancel" in capsys.readouterr().err

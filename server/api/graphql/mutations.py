@@ -42,7 +42,7 @@ from server.api.graphql.types import (
     SubmitJobPayload,
     UpdateJobPayload,
 )
-from server.operations.jobs import MAX_CANCEL_MATCHING
+from server.operations.jobs import MAX_CANCEL_MATCHING, Matched
 from server.views.queues import rows as queue_rows
 from wire.errors import AuthError, MusterError, ValidationError
 from wire.messages import Job as JobModel
@@ -313,9 +313,10 @@ class Mutation:
 async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str, limit: int | None,
                        payload: Callable[..., P]) -> P:
     """cancelJobs, holdJobs or releaseJobs (`action`): its `payload` (the ids of the jobs
-    asked for, their count, the user errors). At most MAX_CANCEL_MATCHING jobs over the
+    asked for, their count, the user errors; the jobs that matched but are of queues the
+    token may not act on, and the token's queues). At most MAX_CANCEL_MATCHING jobs over the
     request, every such field and alias together."""
-    async def op() -> list[str]:
+    async def op() -> Matched:
         require(info)
         counts = operation_counts(info)
         left = MAX_CANCEL_MATCHING - counts.get("matched", 0)
@@ -325,13 +326,17 @@ async def _on_matching(info: Info, action: str, filter: JobFilter, reason: str, 
         if left <= 0 or (limit is not None and limit > left):
             raise ValidationError("limit", f"at most {MAX_CANCEL_MATCHING} jobs cancelled, held or released per "
                                            "request", "OUT_OF_RANGE")
-        ids = await muster(info).act_on_matching(action, user(info), reason, bound_queues(info),
-                                                 limit=limit if limit is not None else left, **filter.filters())
-        counts["matched"] = counts.get("matched", 0) + len(ids)
-        return ids
+        done = await muster(info).act_on_matching_counted(action, user(info), reason, bound_queues(info),
+                                                          limit=limit if limit is not None else left,
+                                                          **filter.filters())
+        counts["matched"] = counts.get("matched", 0) + len(done.ids)
+        return done
 
-    ids, errors = await attempt(op)
-    return payload(count=len(ids or []), job_ids=[strawberry.ID(i) for i in ids or []], user_errors=errors)
+    done, errors = await attempt(op)
+    ids = done.ids if done is not None else []
+    return payload(count=len(ids), job_ids=[strawberry.ID(i) for i in ids], user_errors=errors,
+                   outside_token_queues=done.outside_queues if done is not None else 0,
+                   token_queues=bound_queues(info))
 
 
 async def _on_job(info: Info, job_id: str, op: Callable[[], Awaitable[None]]) -> tuple[Job | None, list[UserError]]:

@@ -791,6 +791,12 @@ class CancelJobsPayload:
     count: int = strawberry.field(description="The jobs whose cancel was asked for.")
     job_ids: list[strawberry.ID] = strawberry.field(description="Their ids, oldest first.")
     user_errors: list[UserError]
+    outside_token_queues: int = strawberry.field(
+        default=0, description="Jobs that match too but are of queues the caller's token may not act on: left "
+                               "alone (0 for a token bound to no queue).")
+    token_queues: list[str] | None = strawberry.field(
+        default=None, description="The queues the caller's token acts on when it is bound to queues (a team's); "
+                                  "null when it acts on every queue.")
 
 
 @strawberry.type
@@ -798,6 +804,12 @@ class JobsChangedPayload:
     count: int = strawberry.field(description="The jobs whose change was asked for.")
     job_ids: list[strawberry.ID] = strawberry.field(description="Their ids, oldest first.")
     user_errors: list[UserError]
+    outside_token_queues: int = strawberry.field(
+        default=0, description="Jobs that match too but are of queues the caller's token may not act on: left "
+                               "alone (0 for a token bound to no queue).")
+    token_queues: list[str] | None = strawberry.field(
+        default=None, description="The queues the caller's token acts on when it is bound to queues (a team's); "
+                                  "null when it acts on every queue.")
 
 
 @strawberry.type
