@@ -58,7 +58,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import errors as jserrors
 
-from agent.gpu import GpuBackend, SimulatedBackend, mps_reached, mps_running, open_backend
+from agent.gpu import GpuBackend, mps_reached, mps_running, open_backend
+from agent.gpuwatch import STALE_ROUNDS, GpuWatch, is_stale, usage_to_report
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
@@ -108,6 +109,8 @@ DISK_CHECK_S = 15.0  # how often the free disk space is looked at (Agent._disk_c
 CLAIM_TRIES = 5  # looks for another agent of the host, each followed by a claim of its heartbeat key (Agent._claim)
 START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try could not start for want of its resources
 START_TROUBLE_MAX_S = 960.0  # ... doubled each time the trouble comes back before a try started, up to this
+GPU_LOOK_S = 5.0  # the most a failed try's report waits for a fresh reading of its GPUs (Agent._task_gpu_fault)
+GPU_CLOSE_S = 5.0  # the most the shutdown waits for the GPU watch's thread (stuck in NVML: left behind)
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -221,6 +224,13 @@ class Agent:
     def __init__(self, config: AgentConfig, gpus: GpuBackend | None = None) -> None:
         self.config = config.validate()
         self.gpus = gpus or open_backend(config.simulate_gpus, config.fault_file)
+        # The only caller of the backend once the agent runs (agent.gpuwatch): NVML is read on
+        # a thread of its own, a round each heartbeat interval, and the loop reads its snapshot.
+        self.gpu_watch = GpuWatch(self.gpus, config.heartbeat_interval_s)
+        # A snapshot older than this means an NVML call hangs: reported without telemetry,
+        # and the host asks for no new work (`_gpu_stall`, said in `pressure()`).
+        self._gpu_stale_after_s = STALE_ROUNDS * config.heartbeat_interval_s
+        self._gpu_stall = ""
         self.boot_id = boot_id()
         self.instance = secrets.token_hex(8)  # this process, in its heartbeats (Heartbeat.instance)
         self._lock_fd: int | None = None  # the state directory's lock, held while running
@@ -320,6 +330,8 @@ class Agent:
                 own_dir(d)
         except OSError as exc:
             raise ConfigError(str(exc)) from exc
+        # Read at start-up, before the loop runs (the backend's inventory is the one it read
+        # when it started; the device minors are read here once): not the GPU watch's.
         self.isolation = Isolation(config.host_id, run_as=config.run_as, cgroup_mode=config.cgroups,
                                    pids_max=config.pids_max, work_root=config.work_dir,
                                    private_dir=base / f"{config.host_id}.launch", dev_dir=config.gpu_dev_dir,
@@ -543,9 +555,16 @@ class Agent:
         mem = self.config.memory_mb or mem
         cpu_pct, mem_used = host_usage()
         self.hb_seq += 1
-        if isinstance(self.gpus, SimulatedBackend):
-            self.gpus.set_busy({i for r in self.runs.values() for i in r.task.gpu_indices})
-        usage = self.gpus.usage()
+        # The GPU watch's latest snapshot (read now where the backend is read in line): it
+        # never waits on NVML. The faults it found are taken first, so that the snapshot
+        # shows each of them and `_fault_at` comes before this heartbeat is sent.
+        self.gpu_watch.set_busy({i for r in self.runs.values() for i in r.task.gpu_indices})
+        self.gpu_watch.current()
+        self._poll_gpu_faults()
+        snap = self.gpu_watch.snapshot()
+        stale = self.gpu_watch.threaded and is_stale(snap, time.monotonic(), self._gpu_stale_after_s)
+        self._note_gpu_stall(stale, snap.taken_at is None)
+        usage = usage_to_report(snap, stale)
         # What this agent runs on each GPU: thousandths allocated (1000 for a GPU held
         # whole) and GPU memory given to shared tasks.
         share: dict[int, int] = {}
@@ -560,7 +579,8 @@ class Agent:
         util = {u.index: u.util_pct for u in usage}
         now = time.time()
         for r in self.runs.values():
-            r.sample_gpus(util, now)
+            if not stale:  # no sample of telemetry not read (nor idle for it)
+                r.sample_gpus(util, now)
         idle_after = self.config.gpu_idle_after_s
         idle = {r.task.attempt_id: r.gpu_idle_since for r in self.runs.values()
                 if idle_after > 0 and r.gpu_idle_since is not None and now - r.gpu_idle_since >= idle_after}
@@ -571,7 +591,7 @@ class Agent:
             seq=self.hb_seq,
             ts=time.time(),
             labels=self.config.labels,
-            gpus=self.gpus.inventory(),
+            gpus=list(snap.inventory),
             cpus=cpus,
             memory_mb=mem,
             gpu_usage=usage,
@@ -590,6 +610,24 @@ class Agent:
             gpu_idle=dict(sorted(idle.items())[:MAX_TASKS_PER_HEARTBEAT]),
             pressure=self.pressure(),
         )
+
+    def _note_gpu_stall(self, stale: bool, never_read: bool) -> None:
+        """Say once, loudly, that the GPU watch's snapshot is stale (an NVML call hangs: a
+        wedged driver), and once that it is fresh again. While it is stale the heartbeats go
+        on, with each GPU's fault marks and no telemetry (`usage_to_report`), and the host asks
+        for no new work (`pressure()`): its GPU faults cannot be seen meanwhile, and new work
+        would likely hang in the driver too. Running work is left alone."""
+        was = self._gpu_stall
+        if not stale:
+            if was:
+                log.warning("NVML answers again: GPU telemetry reported again, and the host takes new work")
+            self._gpu_stall = ""
+            return
+        self._gpu_stall = ("GPU telemetry: no NVML reading yet" if never_read else
+                           f"GPU telemetry: NVML has not answered for over {self._gpu_stale_after_s:g} s")
+        if not was:
+            log.error("%s (a hung NVML call: a wedged driver?): heartbeats go on without GPU telemetry, GPU faults "
+                      "are not seen, and the host asks for no new work until NVML answers", self._gpu_stall)
 
     def _troubled(self, why: str, now: float | None = None) -> None:
         """A try could not start, or be kept, for want of the host's resources: the host asks
@@ -629,6 +667,8 @@ class Agent:
         exploring: with the disk full every try sent here failed, each counted as its job's
         own failure, and the host went on being given work)."""
         why = [self._disk_trouble] if self._disk_trouble else []
+        if self._gpu_stall:
+            why.append(self._gpu_stall)
         trouble = self._start_troubled()
         if trouble:
             why.append(f"could not start a try: {trouble}")
@@ -680,7 +720,6 @@ class Agent:
         failures = 0
         while not self._stop.is_set():
             began = time.monotonic()
-            self._poll_gpu_faults()
             self._disk_look()
             # Each heartbeat is stored only over the last one this agent stored, so that one
             # taken while attempts are frozen (or sent just before the fence froze them)
@@ -960,9 +999,11 @@ class Agent:
         if seen is not None:
             rose = sorted(i for i, n in alloc.gpu_clears.items() if n > seen.get(i, 0))
             if rose:
-                cleared = self.gpus.clear_faults(rose)
-                log.warning("GPU fault marks cleared by an operator: GPUs %s (%s marked)", rose, cleared or "none")
-                self._hb_wake.set()  # the leader learns of the GPUs at once
+                # Made by the GPU watch (at once for a backend read in line), whose round after
+                # it wakes the heartbeat again: the leader learns of the GPUs at once.
+                self.gpu_watch.clear(rose)
+                log.warning("GPU fault marks cleared by an operator: GPUs %s", rose)
+                self._hb_wake.set()
         self._gpu_clears = max_counts(seen or {}, alloc.gpu_clears)
         wanted = {t.attempt_id: t for t in alloc.tasks}
         self._assigned = set(wanted)
@@ -1117,9 +1158,9 @@ class Agent:
         run.start()
 
     def _poll_gpu_faults(self) -> None:
-        """Take in the faults the GPU backend saw since it was last asked (each is
-        reported once; the GPU stays unhealthy in every later heartbeat)."""
-        for fault in self.gpus.poll_faults():
+        """Take in the faults the GPU watch found since it was last asked (each is handed
+        over once; the GPU stays unhealthy in every later heartbeat). Never waits."""
+        for fault in self.gpu_watch.take_faults():
             log.error("GPU %d fault: %s", fault.index, fault.describe())
             self._fault_at = time.monotonic()
             self._hb_wake.set()
@@ -1127,8 +1168,9 @@ class Agent:
     @property
     def gpu_faults(self) -> dict[int, str]:
         """The GPUs the backend holds faulted (until an operator clears them): index -> the
-        fault. The backend's marks are the one record of them."""
-        return {u.index: u.fault or "unhealthy" for u in self.gpus.usage() if not u.healthy}
+        fault, as the GPU watch's latest snapshot shows them. The backend's marks are the one
+        record of them."""
+        return self.gpu_watch.snapshot().faulted()
 
     async def _heartbeat_since(self, t0: float) -> None:
         """Wait, two heartbeat intervals at most, until a heartbeat sent after `t0` (monotonic)
@@ -1144,15 +1186,19 @@ class Agent:
             self._hb_stored.clear()
             await pause(self._hb_stored, left)
 
-    def _task_gpu_fault(self, t: Task) -> str:
-        """The faults of the GPUs `t` holds (whole, shared, or under its MIG instance)."""
+    async def _task_gpu_fault(self, t: Task) -> str:
+        """The faults of the GPUs `t` holds (whole, shared, or under its MIG instance), from
+        a reading begun after it ended (its GPU may have faulted a moment ago), waited for
+        GPU_LOOK_S at most: with NVML hung, the last reading says."""
+        await self.gpu_watch.fresh(GPU_LOOK_S)
         self._poll_gpu_faults()
-        faults = self.gpu_faults
+        snap = self.gpu_watch.snapshot()
+        faults = snap.faulted()
         if not faults:
             return ""
         held = set(t.gpu_indices)
         if t.mig:
-            held.update(g.index for g in self.gpus.inventory() for m in g.mig if m.uuid in t.mig)
+            held.update(g.index for g in snap.inventory for m in g.mig if m.uuid in t.mig)
         return "; ".join(f"GPU {i} faulted ({faults[i]})" for i in sorted(held & faults.keys()))
 
     async def _on_run_state(
@@ -1180,7 +1226,7 @@ class Agent:
                 asyncio.create_task(run.stop(why))
         # Terminal: the report is kept on disk (until delivered) before the run is
         # forgotten, so that a restart finds one or the other.
-        fault = self._task_gpu_fault(t) if state is AttemptState.FAILED else ""
+        fault = await self._task_gpu_fault(t) if state is AttemptState.FAILED else ""
         if fault:
             await self._heartbeat_since(self._fault_at)
         await self._report(t, state, code, tail, reason, gpu_fault=fault,
@@ -1301,6 +1347,16 @@ class Agent:
             if attempt_id not in killed:
                 self._ended_away.setdefault(attempt_id, status)
         self.isolation.remove_empty_leftovers()
+        # The GPU watch's news (a fault found, a clear made) wakes the heartbeat; its first
+        # reading is waited for, before anything runs (bounded: a hung NVML is then said in
+        # the heartbeats, `_note_gpu_stall`).
+        loop = asyncio.get_running_loop()
+
+        def gpu_news() -> None:  # on the GPU watch's thread
+            loop.call_soon_threadsafe(self._hb_wake.set)
+
+        self.gpu_watch.on_news = gpu_news
+        await self.gpu_watch.fresh(self._gpu_stale_after_s)
         self._start_watchdog()
 
         async def on_reconnect() -> None:
@@ -1329,7 +1385,7 @@ class Agent:
         if other or external.is_set():
             # Nothing was started: let go of what this agent took (another runs as this host).
             await self._disconnect()
-            self.gpus.close()
+            await self.gpu_watch.aclose(GPU_CLOSE_S)
             self._stop_watchdog()
             if self._tmp_dir is not None:
                 remove_tree(self._tmp_dir)
@@ -1354,7 +1410,7 @@ class Agent:
         ]
         if self._stateless_after:
             tasks.append(asyncio.create_task(self._lost_when_the_old_key_would_expire(), name="stateless-lost"))
-        log.info("agent %s up (%s GPUs%s)", self.config.host_id, len(self.gpus.inventory()),
+        log.info("agent %s up (%s GPUs%s)", self.config.host_id, len(self.gpu_watch.snapshot().inventory),
                  ", simulated" if self.gpus.simulated else "")
         await external.wait()
         await self.shutdown(tasks, sub)
@@ -1404,7 +1460,7 @@ class Agent:
         try:
             await self._disconnect()
         finally:  # what is the host's is let go of whatever became of the link
-            self.gpus.close()
+            await self.gpu_watch.aclose(GPU_CLOSE_S)
             self._stop_watchdog()
             self.isolation.close()
             if self._tmp_dir is not None:

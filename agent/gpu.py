@@ -9,7 +9,9 @@ Three backends share one protocol (`GpuBackend`):
                      JSON-lines fault file.
 * `EmptyBackend`     no GPUs (no driver on this host).
 
-`open_backend()` picks one. GPU indices are NVML enumeration order (PCI bus order); a
+`open_backend()` picks one; the agent makes the calls of a backend whose calls may block
+(`GpuBackend.blocking`: NVML) on a thread of its own, never on its loop (`agent.gpuwatch`).
+GPU indices are NVML enumeration order (PCI bus order); a
 process that runs work on them should set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA agrees.
 
 Fault semantics: `poll_faults()` returns each fault once; from then on the GPU's
@@ -103,9 +105,12 @@ class GpuFault:
 
 @runtime_checkable
 class GpuBackend(Protocol):
-    """What the agent needs from a GPU telemetry source."""
+    """What the agent needs from a GPU telemetry source. `blocking`: whether its calls may
+    wait on a device (NVML: tens of milliseconds, or for good with a wedged driver); the
+    agent then makes them on a thread of its own (`agent.gpuwatch`), else on its loop."""
 
     simulated: bool
+    blocking: bool
 
     def inventory(self) -> list[GpuInfo]:
         """Static description of every GPU on the host."""
@@ -356,6 +361,7 @@ class EmptyBackend:
     """A host without GPUs (or without a working driver)."""
 
     simulated = False
+    blocking = False
 
     def inventory(self) -> list[GpuInfo]:
         return []
@@ -392,6 +398,7 @@ class SimulatedBackend:
     """
 
     simulated = True
+    blocking = False  # in-process: read on the agent's loop, deterministically
 
     def __init__(self, spec: str, fault_file: str | None = None, seed: int | None = None) -> None:
         self.count, self.model, mig = parse_full_spec(spec)
@@ -506,10 +513,12 @@ class NvmlBackend:
     """Real GPUs through NVML. Construction raises NvmlUnavailable if NVML cannot start.
 
     `nvml` is the pynvml module (injectable for tests). A GPU whose handle cannot be
-    obtained is still listed (model "UNKNOWN") and reported unhealthy.
+    obtained is still listed (model "UNKNOWN") and reported unhealthy. Its calls block
+    (`blocking`): the agent makes them on its GPU watch's thread (`agent.gpuwatch`).
     """
 
     simulated = False
+    blocking = True
 
     def __init__(self, fault_file: str | None = None, nvml: ModuleType | Any | None = None) -> None:
         if nvml is None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent.agent import Agent, AgentConfig
+from agent.gpu import GpuBackend, SimulatedBackend
 from server.state.streams import ensure_streams
 from tests.conftest import eventually
 from tests.factories import host_alloc, task
@@ -57,11 +58,12 @@ async def status_reports(nc: Any, host_id: str) -> AsyncIterator[list[StatusRepo
 
 
 @contextlib.asynccontextmanager
-async def running_agent(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any) -> AsyncIterator[Agent]:
-    """An agent run in this process (one simulated GPU, tasks as the test's user) until
-    the block ends; then its clean shutdown."""
+async def running_agent(nats_url: str, tmp_path: Path, host_id: str, gpus: GpuBackend | None = None,
+                        **cfg: Any) -> AsyncIterator[Agent]:
+    """An agent run in this process (one simulated GPU unless given `gpus`, tasks as the
+    test's user) until the block ends; then its clean shutdown."""
     agent = Agent(AgentConfig(nats_url=nats_url, host_id=host_id, simulate_gpus="1xH100", state_dir=tmp_path / "agent",
-                              cpus=4, memory_mb=4096, run_as=ME, **cfg))
+                              cpus=4, memory_mb=4096, run_as=ME, **cfg), gpus=gpus)
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
     try:
@@ -340,6 +342,39 @@ async def test_a_task_that_fails_with_its_gpu_is_reported_with_the_fault_after_a
         hb = decode(Heartbeat, (await store.get("gf-1", bucket=subjects.HOSTS_BUCKET)).value)
         assert [u.healthy for u in hb.gpu_usage] == [False]
         assert agent.gpu_faults == {0: "xid 79: GPU has fallen off the bus"}
+
+
+class _ReadLikeNvml(SimulatedBackend):
+    """Simulated GPUs the agent reads as it reads NVML: on its GPU watch's thread."""
+
+    blocking = True
+
+
+async def test_an_agent_reads_a_blocking_gpu_backend_on_a_thread_of_its_own(
+        nats_url: str, tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """A backend whose calls may block (NVML's) is read on the agent's GPU watch thread:
+    the stored heartbeats carry its telemetry, a fault it finds reaches them (and the
+    agent's log once), and the clean shutdown stops the thread."""
+    gpus = _ReadLikeNvml("2xH100", seed=3)
+
+    async def stored() -> Heartbeat:
+        return decode(Heartbeat, (await store.get("gt-1", bucket=subjects.HOSTS_BUCKET)).value)
+
+    async with running_agent(nats_url, tmp_path, "gt-1", gpus=gpus, **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        assert agent.gpu_watch.threaded and agent.gpu_watch.alive
+        hb = await stored()
+        assert [u.index for u in hb.gpu_usage] == [0, 1] and all(u.temp_c > 0 for u in hb.gpu_usage)
+        assert hb.pressure == "" and len(hb.gpus) == 2
+        gpus.inject_fault(1)
+
+        async def faulted() -> bool:
+            return [u.healthy for u in (await stored()).gpu_usage] == [True, False]
+
+        await eventually(faulted, timeout=30, what="the fault in a stored heartbeat")
+        assert agent.gpu_faults == {1: "xid 79: GPU has fallen off the bus"}
+    assert not agent.gpu_watch.alive
+    assert sum(1 for r in caplog.records if r.getMessage().startswith("GPU 1 fault:")) == 1
 
 
 HOLD_ON_STOP = """
