@@ -131,10 +131,10 @@ def plan_cycle(
 
     queues = queues or QueuePolicy()
     if evict:
+        enforce_time_limits(w, now, room)  # first: a limit passed before a drain's deadline is the try's end
         drain_due(w, now, room)
         stop_set_aside(w, now, room)
         pass_gpu_clears(w)
-        enforce_time_limits(w, now, room)
         stop_on_faulted_gpus(w, now, room)
     frag = state.shapes.fragmentation()
     if evict and budget is not None:

@@ -23,7 +23,7 @@ from server.health.rules import Health, host_health
 from server.scheduling import groups
 from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
-from server.scheduling.deadlines import Deadlines
+from server.scheduling.deadlines import Deadlines, try_deadline
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fragmentation import RecentShapes, Shape
@@ -392,12 +392,11 @@ class ClusterState:
             live.discard(job.id)
 
     def _deadline(self, job: Job) -> None:
-        """Keep the time a running try reaches its time limit (none once it is stopping)."""
+        """Keep the time a running try reaches its time limit (`try_deadline`)."""
         tasks = job.current_tasks() if job.state in (JobState.RUNNING, JobState.PLACED) else []
-        started = [t.started_at for t in tasks if t.state is AttemptState.RUNNING and t.started_at is not None]
-        limit = tasks[0].time_limit_s if tasks else 0.0
-        if started and limit > 0 and not any(t.stop_kind for t in tasks):
-            self.deadlines.set(job.id, min(started) + limit)
+        at = try_deadline(tasks)
+        if at is not None:
+            self.deadlines.set(job.id, at)
         else:
             self.deadlines.drop(job.id)
 

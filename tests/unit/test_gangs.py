@@ -295,3 +295,55 @@ def test_a_gang_retried_whole_after_one_task_succeeded_passes_muster_check() -> 
     assert any("successful tries [1, 2]" in p for p in check([twice], caps))
     short = done.model_copy(update={"attempts": done.attempts[:-1]})
     assert any("1 of 2 tasks of the last succeeded" in p for p in check([short], caps))
+
+
+def test_a_gangs_time_limit_counts_from_its_first_start_and_follows_changes_after_a_task_ended() -> None:
+    """Found by exploring: once a gang's first task had ended (SUCCEEDED), its deadline took
+    the start of the tasks still running (later) and the limit of the ended task, which a
+    change of the limit does not reach: a raise was ignored (TIMEOUT at the old limit), a
+    lowering too."""
+    from wire.messages import Command
+
+    def started() -> World:
+        w = World()
+        w.host("a")
+        w.host("b")
+        w.submit("g", gpus=8, replicas=2, time_limit_s=600)
+        w.cycle()
+        w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW + 100)],
+                now=NOW + 100)
+        w.cycle([w.report("g", 0, AttemptState.SUCCEEDED, code=0, ts=NOW + 150)], now=NOW + 150)
+        return w
+
+    w = started()
+    assert w.state.deadlines.get("g") == NOW + 600  # from the first start, not task 1's
+    assert w.cycle(now=NOW + 601).timed_out == 1
+    w = started()
+    w.cycle(commands=[Command(kind="update", job_id="g", by="admin", time_limit_s=7200, ts=NOW + 160)], now=NOW + 160)
+    assert w.state.deadlines.get("g") == NOW + 7200
+    assert w.cycle(now=NOW + 750).timed_out == 0  # raised: not stopped at the old limit
+    w = started()
+    w.cycle(commands=[Command(kind="update", job_id="g", by="ops", time_limit_s=160, ts=NOW + 160)], now=NOW + 160)
+    assert w.state.deadlines.get("g") == NOW + 160
+    assert w.cycle(now=NOW + 170).timed_out == 1  # lowered below what it has run: stopped
+
+
+def test_a_gang_whose_task_was_killed_keeps_that_end_when_its_limit_passes_while_the_rest_stop() -> None:
+    """Found by exploring: a gang task KILLED as the host's (a fence, say) 10 s before the
+    limit has the rest stopped for it; the limit passing meanwhile made them TIMEOUT, and
+    the job ended TIMEOUT, not retried. The try keeps the end it had: retried."""
+    w = World()
+    w.host("a")
+    w.host("b")
+    w.submit("g", gpus=8, replicas=2, time_limit_s=600, max_attempts=3)
+    w.cycle()
+    w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW)], now=NOW)
+    # The kill and the limit in one cycle, and in two.
+    both = w.cycle([w.report("g", 1, AttemptState.KILLED, ts=NOW + 599)], now=NOW + 601)
+    assert both.timed_out == 0
+    assert w.state.deadlines.get("g") is None
+    assert w.cycle(now=NOW + 602).timed_out == 0
+    w.cycle([w.report("g", 0, AttemptState.KILLED, ts=NOW + 603)], now=NOW + 603)
+    j = w.job("g")
+    assert j.state is not JobState.TIMEOUT and j.tries == 2, (j.state, j.tries)
+    assert [a.state for a in j.attempts if a.number == 1] == [AttemptState.KILLED, AttemptState.KILLED]

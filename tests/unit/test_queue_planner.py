@@ -508,6 +508,28 @@ def test_time_limit_stops_the_try_and_ends_the_job_timeout() -> None:
     assert w.job("long").state is JobState.RUNNING
 
 
+def test_a_time_limit_passed_before_a_drains_deadline_ends_the_try_timeout_when_one_cycle_sees_both() -> None:
+    """Found by exploring: a limit (NOW+60) and the host's drain deadline (NOW+65) both
+    passed when a cycle came (NOW+70: a new leader's first, a slow one): the drain's stop
+    came first, and the try was requeued uncounted, to run again with a fresh limit. The
+    earlier of the two ends it; a drain that came first still requeues it."""
+    from server.state.cluster import HostConfig
+    from wire.records import Record
+
+    for drain_at, expect in ((NOW + 65, JobState.TIMEOUT), (NOW + 55, JobState.QUEUED)):
+        w = QWorld()
+        w.host("h1")
+        w.queue("a", preempt_grace_s=5)
+        w.qsubmit("j", "a", time_limit_s=60, max_attempts=1)
+        w.qcycle(now=NOW)
+        w.qcycle(w.agent_reports(NOW), now=NOW)
+        cfg = HostConfig(cordoned=True, draining=True, drain_deadline=drain_at, reason="reboot", by="alice")
+        w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+        w.qcycle(now=NOW + 70)
+        w.qcycle(w.agent_reports(NOW + 71), now=NOW + 71)
+        assert w.job("j").state is expect, (drain_at - NOW, w.job("j").state)
+
+
 def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stops_it() -> None:
     """`updateJob(timeLimitSeconds)`: the job's limit and its running try's change at
     once, the deadline moves with them; a limit the try has run past stops it in the next

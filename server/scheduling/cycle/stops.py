@@ -19,6 +19,7 @@ from server.scheduling.cycle.work import (
     stop_attempt,
     stop_tasks,
 )
+from server.scheduling.deadlines import try_deadline
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.scheduling.queues import placement_spec
 from server.scheduling.setasidework import others_work
@@ -233,7 +234,10 @@ def pass_gpu_clears(w: Work) -> None:
 
 def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
     """Stop the running tries that reached their time limit (SIGTERM, the grace of their
-    task, SIGKILL); they end TIMEOUT once their agent reports them stopped."""
+    task, SIGKILL); they end TIMEOUT once their agent reports them stopped. Run before the
+    drains' and reservations' stops: a limit and a drain deadline both passed when a
+    cycle comes (a new leader's first, a slow one) stop the try as the earlier of the two
+    (found by exploring: the drain won, and a try past its limit was requeued uncounted)."""
     for job_id in w.state.due_deadlines(now):
         if w.plan.keys + 2 > max_keys:
             return
@@ -242,9 +246,15 @@ def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
         job = w.job(job_id)
         if job is None or job.state.terminal:
             continue
+        # As this cycle's reports left it (a task that ended meanwhile may end the try).
+        deadline = try_deadline(job.current_tasks())
         tasks = [t for t in job.current_tasks() if not t.state.terminal]
-        if not tasks or any(t.stop_kind for t in tasks):
+        if deadline is None or deadline > now or not tasks:
             continue
+        drained = [cfg.drain_deadline for t in tasks if (cfg := w.state.hostcfg.get(t.host_id)) is not None
+                   and cfg.draining and cfg.drain_deadline <= now]
+        if drained and min(drained) < deadline:
+            continue  # its host's drain came first: stopped as the drain's
         if w.plan.keys + 1 + len(tasks) > max_keys:
             return
         why = f"time limit of {tasks[0].time_limit_s:g} s reached"
