@@ -645,6 +645,41 @@ async def test_jobs_user_errors_batch_filters_sort_and_history(api: Client, must
     assert ev["events"]["totalCount"] >= 0
 
 
+async def test_a_period_given_with_and_without_an_offset_is_read_as_utc(api: Client, muster: Muster) -> None:
+    """Found by exploring: `usage(since, until)` with one of the two naming an offset and
+    the other not failed with an unexpected error (Python compared a naive datetime with
+    an aware one), and so did the jobs filter's submittedAfter/submittedBefore. A time
+    without an offset is UTC, as everywhere in the API; the two are compared so."""
+    from tests.factories import job, job_spec
+    from wire.messages import Attempt, AttemptState, JobState
+
+    assert muster.history is not None
+    t = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+    a = Attempt(id="utcjob001.1", number=1, host_id="h", state=AttemptState.SUCCEEDED, placed_at=t, started_at=t,
+                finished_at=t + 3600, gpu_model="H100")
+    muster.history.record(job("utcjob001", spec=job_spec("g", gpus=2, queue="q", user="ann"),
+                              state=JobState.SUCCEEDED, attempts=[a], submitted_at=t, updated_at=t + 3600), 1)
+    muster.history.flush()
+    usage = "query($s: DateTime, $t: DateTime) { usage(since: $s, until: $t) { queue gpuSeconds attempts } }"
+    # Half an hour of 2 GPUs each time: 22:43:20 as UTC, or as 00:43:20 two hours east.
+    for since, until in [("2023-11-14T22:13:10", "2023-11-14T22:43:20Z"),
+                         ("2023-11-14T22:13:10Z", "2023-11-14T22:43:20"),
+                         ("2023-11-15T00:13:10+02:00", "2023-11-14T22:43:20"),
+                         ("2023-11-14T22:13:10", "2023-11-15T00:43:20+02:00")]:
+        rows = (await api.q(usage, {"s": since, "t": until}))["usage"]
+        assert rows == [{"queue": "q", "gpuSeconds": 3600.0, "attempts": 1}], (since, until, rows)
+    # Before `since` once both are UTC (22:13:10Z is later than 23:00:00+02:00): refused.
+    body = (await api.raw(usage, {"s": "2023-11-14T22:13:10", "t": "2023-11-14T23:00:00+02:00"})).json()
+    assert body["errors"][0]["extensions"]["code"] == "OUT_OF_RANGE", body
+    listing = "query($f: JobFilter) { jobs(first: 5, filter: $f) { totalCount } }"
+    d = await api.q(listing, {"f": {"submittedAfter": "2023-11-14T22:00:00", "submittedBefore":
+                                    "2023-11-15T00:30:00+02:00"}})
+    assert d["jobs"]["totalCount"] == 1, d
+    body = (await api.raw(listing, {"f": {"submittedAfter": "2023-11-14T22:00:00", "submittedBefore":
+                                          "2023-11-14T23:30:00+02:00"}})).json()
+    assert body["errors"][0]["extensions"]["code"] == "OUT_OF_RANGE", body
+
+
 async def test_walking_events_newest_first_while_jobs_are_submitted_repeats_none(api: Client) -> None:
     """Found by exploring the API: `events` and `alerts` paged by offset, so a walk newest
     first repeated what newer events pushed down. Their cursors are now keyset cursors."""

@@ -172,8 +172,8 @@ class JobFilter:
         """The filters as views.jobs.matches and History.list_jobs name them; `states`
         (from the query's own `state` argument) and this filter's `state`, when both are
         given, are both met: a job in one of each (as every other filter adds to them)."""
-        if self.submitted_after is not None and self.submitted_before is not None \
-                and self.submitted_before < self.submitted_after:
+        after, before = epoch(self.submitted_after), epoch(self.submitted_before)  # one may name no offset: UTC
+        if after is not None and before is not None and before < after:
             raise ValidationError("submittedBefore", "submittedBefore is before submittedAfter: no period",
                                   "OUT_OF_RANGE")
         mine = [s.value for s in self.state or ()]
@@ -182,7 +182,7 @@ class JobFilter:
         else:
             states = list(states or mine)
         return dict(state=states or None, user=self.user, name=self.name_prefix, priority=self.priority,
-                    submitted_after=epoch(self.submitted_after), submitted_before=epoch(self.submitted_before),
+                    submitted_after=after, submitted_before=before,
                     queue=self.queue, group=self.group)
 
 

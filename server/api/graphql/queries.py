@@ -362,10 +362,13 @@ class Query:
                     since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[Usage]:
         mu = muster(info)
         assert mu.history is not None
-        if since is not None and until is not None and until < since:
+        # As Unix times: one given with an offset and one without (taken as UTC) compare so
+        # (found by exploring: comparing the two raised a TypeError, an unexpected error).
+        start, end = epoch(since), epoch(until)
+        if start is not None and end is not None and end < start:
             # (found by exploring: an empty list, as if nothing had run)
             raise ValidationError("until", "until is before since: no period", "OUT_OF_RANGE")
-        rows = await in_thread(mu.history.usage, queue=queue, user=user, since=epoch(since), until=epoch(until))
+        rows = await in_thread(mu.history.usage, queue=queue, user=user, since=start, until=end)
         return [Usage(queue=r.queue, user=r.user, gpu_model=r.gpu_model, gpu_seconds=r.gpu_seconds,
                       cpu_seconds=r.cpu_seconds, memory_mb_seconds=r.memory_mb_seconds, attempts=r.attempts,
                       gpu_seconds_lost_to_preemption=r.lost_gpu_seconds, gpu_util_pct=r.gpu_util_pct)
