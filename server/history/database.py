@@ -149,12 +149,13 @@ def job_row(job: Job, revision: int) -> dict[str, object]:
 
 
 def attempt_rows(job: Job) -> list[dict[str, object]]:
-    """A job's rows in the `attempts` table, with what each attempt held (accounting)."""
-    gpus = gpu_amount(job.spec)
+    """A job's rows in the `attempts` table, with what each attempt held (accounting: a
+    MIG instance as the part of its GPU's model it is, as its queue's quota counts it)."""
     return [dict(id=a.id, job_id=job.id, number=a.number, host_id=a.host_id, state=a.state.value,
                  term=a.term, exit_code=a.exit_code, placed_at=a.placed_at,
                  started_at=a.started_at, finished_at=a.finished_at, queue=job.spec.queue,
-                 user=job.spec.user, gpus=gpus, gpu_model=a.gpu_model or job.spec.gpu_model or "",
+                 user=job.spec.user, gpus=gpu_amount(job.spec, a.gpu_model),
+                 gpu_model=a.gpu_model or job.spec.gpu_model or "",
                  cpus=job.spec.cpus, memory_mb=float(job.spec.memory_mb),
                  lost_gpu_s=preemption_loss(job.spec, a) if a.state is AttemptState.PREEMPTED else 0.0,
                  gpu_util_pct=a.gpu_util_pct)

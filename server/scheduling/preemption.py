@@ -95,7 +95,8 @@ def stoppable(job: Job) -> tuple[float, float] | None:
     started = [t.started_at for t in tasks if t.started_at is not None]
     if not tasks or len(started) < len(tasks) or any(t.stop_kind for t in tasks):
         return None
-    return min(started), work_size(gpu_amount(job.spec) * len(tasks), job.spec.cpus * len(tasks))
+    return min(started), work_size(sum(gpu_amount(job.spec, t.gpu_model) for t in tasks),
+                                   job.spec.cpus * len(tasks))
 
 
 @dataclass

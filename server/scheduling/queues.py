@@ -65,23 +65,48 @@ def gpu_key(model: str) -> str:
     return GPU_PREFIX + model
 
 
-def mig_fraction(profile: str | None) -> float:
-    """The part of a GPU a MIG instance is: its compute slices of 7 ("3g.40gb" -> 3/7)."""
+# A GPU in MIG mode has 7 compute slices (A100, H100, H200, GH200, B200, GB200), except
+# those named here (NVIDIA's MIG user guide; `agent.gpu.normalise_model` names models).
+MIG_SLICES: dict[str, int] = {"A30": 4}
+MIG_SLICES_DEFAULT = 7
+# The profiles only a GPU of 4 slices has (an A30's: 1g.6gb, 2g.12gb, 4g.24gb, the first
+# two also "+me"): the slices of an instance whose GPU model is not known.
+FOUR_SLICE_PROFILES = frozenset({"1g.6gb", "2g.12gb", "4g.24gb"})
+
+
+def mig_slices(profile: str, model: str | None = None) -> int:
+    """The compute slices of the GPU a MIG instance of `profile` is made on: by its GPU's
+    `model` when that is one of MIG_SLICES, else by the profile (only an A30's profiles
+    are of 4 slices; every other of 7)."""
+    if model and model in MIG_SLICES:
+        return MIG_SLICES[model]
+    return 4 if profile.split("+", 1)[0] in FOUR_SLICE_PROFILES else MIG_SLICES_DEFAULT
+
+
+def mig_fraction(profile: str | None, model: str | None = None) -> float:
+    """The part of a GPU a MIG instance is: its compute slices of its GPU's ("3g.40gb" on
+    an H100 -> 3/7, "2g.12gb" on an A30 -> 2/4; `mig_slices`)."""
     if not profile:
         return 0.0
     try:
-        return min(1.0, int(profile.split("g", 1)[0]) / 7)
+        return min(1.0, int(profile.split("g", 1)[0]) / mig_slices(profile, model))
     except ValueError:
         return 1.0
 
 
-def gpu_amount(spec: JobSpec) -> float:
-    """GPUs one task of `spec` holds: whole GPUs, a share, or a MIG instance's part."""
+def gpu_amount(spec: JobSpec, model: str | None = None) -> float:
+    """GPUs one task of `spec` holds: whole GPUs, a share, or a MIG instance's part (of a
+    GPU of `model`, the model it was placed on; not known: the one the job names, if one)."""
     if spec.gpus > 0:
         return float(spec.gpus)
     if spec.gpu_share > 0:
         return spec.gpu_share / 1000
-    return mig_fraction(spec.mig_profile)
+    if not spec.mig_profile:
+        return 0.0
+    if not model:
+        models = spec.models()
+        model = next(iter(models)) if models is not None and len(models) == 1 else None
+    return mig_fraction(spec.mig_profile, model)
 
 
 def job_gpus(spec: JobSpec) -> float:
@@ -95,7 +120,7 @@ def held_gpus(job: Job) -> float:
     holds that task's GPUs, as its queue's quota counts them: `job_usage`)."""
     if not job.spec.wants_gpu():
         return 0.0
-    return sum(gpu_amount(job.spec) for t in job.current_tasks() if not t.state.terminal)
+    return sum(gpu_amount(job.spec, t.gpu_model) for t in job.current_tasks() if not t.state.terminal)
 
 
 def user_gpus(jobs: Iterable[Job], queue: str) -> dict[str, float]:
@@ -137,7 +162,7 @@ def job_size(spec: JobSpec) -> tuple[float, ...]:
 def task_demand(spec: JobSpec, model: str | None) -> Resources:
     """What one task of `spec` costs, its GPUs counted as `model` ("" when unknown)."""
     d: Resources = {CPU: spec.cpus, MEMORY: float(spec.memory_mb)}
-    g = gpu_amount(spec)
+    g = gpu_amount(spec, model)
     if g > 0:
         d[gpu_key(model or "")] = g
     return d

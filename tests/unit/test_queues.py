@@ -20,7 +20,10 @@ from server.scheduling.queues import (
     OVER_QUOTA,
     QueueBook,
     effective_time_limit,
+    gpu_amount,
+    held_gpus,
     job_demand,
+    job_gpus,
     job_usage,
     meters,
     mig_fraction,
@@ -50,6 +53,30 @@ def test_demand_counts_gangs_shares_and_mig() -> None:
     assert job_demand(job_spec(mig_profile="3g.40gb"), "A100")[A100] == pytest.approx(3 / 7)
     assert "gpu:" not in " ".join(job_demand(job_spec(), None))
     assert mig_fraction("7g.80gb") == 1.0
+
+
+@pytest.mark.parametrize(("profile", "model", "part"), [
+    ("4g.24gb", "A30", 1.0), ("2g.12gb", "A30", 0.5), ("1g.6gb", "A30", 0.25), ("1g.6gb+me", "A30", 0.25),
+    ("4g.24gb", None, 1.0), ("2g.12gb+me", "", 0.5),  # an A30's profiles, its model not known
+    ("3g.40gb", "H100", 3 / 7), ("1g.18gb", "H200", 1 / 7), ("4g.20gb", "A100", 4 / 7), ("7g.180gb", "B200", 1.0),
+    ("3g.40gb", None, 3 / 7)])
+def test_a_mig_instance_is_the_part_of_its_gpus_compute_slices(profile: str, model: str | None,
+                                                                 part: float) -> None:
+    """Found by exploring: every MIG instance was counted in sevenths, an A30's (4 slices:
+    1g.6gb, 2g.12gb, 4g.24gb) too: its whole-GPU instance was 4/7 of a GPU in the queue's
+    quota and in the accounting. Its part is of its GPU model's slices; the quota that
+    placement books (task_demand, by the model placed on), what a try holds (job_usage,
+    held_gpus, by its attempt's model) and what the history records (gpu_amount, by the
+    attempt's model) agree."""
+    spec = job_spec(mig_profile=profile)
+    assert mig_fraction(profile, model) == pytest.approx(part)
+    assert job_demand(spec, model or "")[f"gpu:{model or ''}"] == pytest.approx(part)
+    if model:
+        assert job_gpus(spec.model_copy(update={"gpu_model": model})) == pytest.approx(part)  # as it names it
+        j = job("m", spec=spec, state=JobState.RUNNING, attempts=[
+            Attempt(id="m.1", number=1, host_id="a", state=AttemptState.RUNNING, gpu_model=model, mig=["MIG-x"])])
+        booked = job_demand(spec, model)[f"gpu:{model}"]
+        assert job_usage(j)[f"gpu:{model}"] == booked == held_gpus(j) == gpu_amount(spec, model)
 
 
 def test_job_usage_counts_live_tasks_only() -> None:

@@ -390,3 +390,41 @@ def test_a_model_set_job_is_booked_on_its_queues_quota_as_the_model_it_runs_on()
     held = [(j, [caps[a.host_id].gpu_models[g] for g in a.gpu_indices]) for j, a in c.tasks()]
     assert held == [("x", ["H100", "H100"])], held  # y waits: the quota's two H100s are x's
     assert all(len(set(models)) == 1 for _j, models in held)
+
+
+def test_an_a30s_mig_instances_are_booked_recorded_and_given_back_as_quarters() -> None:
+    """Found by exploring: an A30's MIG instances (4 compute slices) were counted in
+    sevenths, its whole-GPU 4g.24gb as 4/7 of a GPU, so a queue with a quota of one A30 ran
+    it and a quarter more. The whole-GPU instance takes the quota's one A30; the quota is
+    given back whole when it ends (nothing left over), and the history records a GPU."""
+    from server.history.database import attempt_rows
+    from server.scheduling.planner import plan_cycle
+    from wire.messages import GpuInfo, MigInstance, Queue, ResourceQuota, StatusReport
+
+    c = _Cluster()
+    c.heartbeat("h1", [GpuInfo(index=0, model="A30", memory_mb=24000, mig_mode=True,
+                               mig=[MigInstance(uuid="MIG-whole", profile="4g.24gb", memory_mb=24000)]),
+                       GpuInfo(index=1, model="A30", memory_mb=24000, mig_mode=True,
+                               mig=[MigInstance(uuid=f"MIG-q{i}", profile="1g.6gb", memory_mb=6000)
+                                    for i in range(4)])])
+    c.record("queue.q", Queue(name="q", quota={"gpu:A30": ResourceQuota(nominal=1)}))
+    c.submit("whole", mig_profile="4g.24gb", queue="q")
+    c.cycle()
+    c.submit("quarter", mig_profile="1g.6gb", queue="q", gpu_model="A30")
+    c.cycle()
+    assert [j for j, _a in c.tasks()] == ["whole"]  # the quarter waits: the quota's one A30 is taken
+    assert c.state.queue_usage["q"]["gpu:A30"] == pytest.approx(1.0)
+    a = c.state.jobs["whole"].attempts[0]
+    assert (a.gpu_model, a.mig) == ("A30", ["MIG-whole"])
+    done = StatusReport(host_id="h1", attempt_id=a.id, job_id="whole", state=AttemptState.SUCCEEDED, exit_code=0,
+                        ts=c.NOW)
+    plan = plan_cycle(c.state, reports=[done], commands=[], now=c.NOW, term=7, max_keys=900, placements=0)
+    for j in plan.jobs.values():
+        c.record(f"job.{j.id}", j)
+    for alloc in plan.allocs.values():
+        c.record(f"alloc.{alloc.host_id}", alloc)
+    assert "gpu:A30" not in c.state.queue_usage.get("q", {})  # given back whole
+    assert [r["gpus"] for r in attempt_rows(c.state.jobs["whole"])] == [1.0]
+    c.cycle()
+    assert [j for j, a in c.tasks() if not a.state.terminal] == ["quarter"]
+    assert c.state.queue_usage["q"]["gpu:A30"] == pytest.approx(0.25)
