@@ -7,6 +7,7 @@ events to publish. The scheduler commits the result atomically; nothing here doe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 
 from server.health.rules import Health
@@ -80,9 +81,10 @@ def plan_cycle(
 
     `reports_read_to` is the store's time up to which every status report has been
     given to this cycle or an earlier one (None: not known), and `report_stamps` when the
-    store stored each of `reports`: work on a host whose key expired later waits
-    (`evict_lost`), and so does any whose expiry is newer than a report this cycle
-    leaves for the next."""
+    store stored each of `reports` (inf, or none given: not known): work on a host whose
+    key expired later waits (`evict_lost`), and so does any whose expiry is newer than a
+    report this cycle leaves for the next; a report's time is bounded by its stamp
+    (`cycle.reports.report_time`)."""
     plan = Plan()
     w = Work(state, plan, frozen_jobs, frozen_hosts, pending, pending_held)
     for job_id, why in (fail or {}).items():
@@ -98,7 +100,7 @@ def plan_cycle(
         if w.busy(r.job_id, (r.host_id,)):
             plan.deferred_reports.append(i)
             continue
-        apply_report(w, r, now)
+        apply_report(w, r, now, report_stamps[i] if i < len(report_stamps) else math.inf)
     for i, c in enumerate(commands):
         if plan.keys + 2 > room:
             break

@@ -603,9 +603,10 @@ class Scheduler:
         term = self.leadership.term
         self._note_unheard(now)
         # Every report the store stored before `read_to` is in `reports_in` or was taken
-        # by an earlier cycle: the queue holds them in the stream's order.
+        # by an earlier cycle: the queue holds them in the stream's order. When the store
+        # stored each bounds its time too (cycle.reports.report_time).
         read_to = self._reports_read_to(len(reports_in))
-        stamps = [_stored_at(m) for m, _ in reports_in] if read_to is not None else []
+        stamps = [_stored_at(m) for m, _ in reports_in]
         try:
             plan = plan_cycle(
                 self.state,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from server.scheduling import retry
 from server.scheduling.cycle.admission import queue_order
+from server.scheduling.cycle.reports import REPORT_DELAY_S
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState, HostConfig
@@ -284,6 +285,33 @@ def test_running_report_moves_placed_to_running(w: World) -> None:
     assert plan.ignored == 1 and not plan.jobs and not plan.events
 
 
+@pytest.mark.parametrize("skew", [-3600.0, -30.0, 0.0, 3600.0])
+def test_a_reports_time_is_bounded_by_when_the_store_stored_it(w: World, skew: float) -> None:
+    """Found by exploring: an agent whose clock was an hour behind ran a 2-hour try (from
+    NOW + 1 to NOW + 7201), and its reports, dated by its clock, had the try end an hour
+    early: charged half its run. A report's time is taken within REPORT_DELAY_S before
+    when the status stream stored it, and never after; a clock ahead, read late, is
+    bounded by the stored time, not by when the leader reads it. Within the tolerance the
+    agent's clock stands."""
+    placed(w, gpus=4)
+
+    def cycle(r: StatusReport, stored: float, now: float) -> Plan:
+        plan = plan_cycle(w.state, reports=[r], commands=[], now=now, term=TERM, max_keys=900,
+                          report_stamps=[stored])
+        w.commit(plan)
+        return plan
+
+    cycle(report(w, "j1", AttemptState.RUNNING, ts=NOW + 1 + skew), NOW + 1, NOW + 1)
+    cycle(report(w, "j1", AttemptState.SUCCEEDED, exit_code=0, ts=NOW + 7201 + skew), NOW + 7201, NOW + 9000)
+    a = w.job("j1").attempts[0]
+    if skew == -3600.0:
+        assert (a.started_at, a.finished_at) == (NOW, NOW + 7201 - REPORT_DELAY_S)  # not before its placement
+    elif skew == 3600.0:
+        assert (a.started_at, a.finished_at) == (NOW + 1, NOW + 7201)
+    else:
+        assert (a.started_at, a.finished_at) == (max(NOW, NOW + 1 + skew), NOW + 7201 + skew)
+
+
 def test_succeeded_frees_the_alloc_task(w: World) -> None:
     placed(w, gpus=8, cpus=64)
     w.submit("waiting", gpus=1, submitted_at=NOW)
@@ -492,6 +520,40 @@ def test_work_on_a_lost_host_waits_until_the_status_reports_are_read_up_to_its_e
         plan = cycle(read_to)
         assert plan.evicted == 1 and plan.held_for_reports == 0
         assert plan.jobs[on[lost]].attempts[0].state is AttemptState.LOST
+
+
+@pytest.mark.parametrize("keep_running", [False, True])
+def test_a_try_on_a_lost_host_ends_when_its_host_was_lost_not_when_there_was_room(keep_running: bool) -> None:
+    """Found by exploring: h1's key expired at NOW + 10 with its 8-GPU try running, and no
+    host had room for it for 8 h; the try ended LOST when room appeared, its record (and
+    the accounting) charging it 8 h of the 8 GPUs. It ends when its host was lost; a
+    KEEP_RUNNING try, which its agent keeps running through `replaceAfter`, when it was
+    due to be replaced."""
+    w = World(interval_s=3600.0)
+    w.host("h1")
+    extra = {"on_disconnect": "KEEP_RUNNING", "replace_after_s": 300.0} if keep_running else {}
+    spec = job_spec("j1", command=["run"], gpus=8, **extra)
+    w.state.apply_state_record(Record("job.j1", next(w.rev), encode(make_job("j1", spec=spec, submitted_at=NOW))))
+    w.cycle()
+    w.cycle(reports=[report(w, "j1", AttemptState.RUNNING, ts=NOW + 1)], now=NOW + 1)
+    w.state.apply_host_record(Record("h1", next(w.rev), None), now=NOW + 10)
+
+    def cycle(now: float) -> Plan:
+        plan = plan_cycle(w.state, reports=[], commands=[], now=now, term=TERM, max_keys=900,
+                          budget=EvictionBudget())
+        w.commit(plan)
+        return plan
+
+    for now in (NOW + 60, NOW + 3600):
+        plan = cycle(now)
+        assert plan.evicted == 0 and plan.held_no_capacity + plan.held_keep_running == 1
+    w.host("h2", now=NOW + 8 * 3600)  # room, 8 h later
+    plan = cycle(NOW + 8 * 3600)
+    assert plan.evicted == 1
+    first = w.job("j1").attempts[0]
+    assert first.state is AttemptState.LOST and first.started_at == NOW + 1
+    assert first.finished_at == (NOW + 10 + 300 if keep_running else NOW + 10)
+    assert w.job("j1").current.number == 2 and w.job("j1").current.host_id == "h2"
 
 
 @pytest.mark.parametrize("said", ["heartbeat", "report"])

@@ -3,6 +3,8 @@ one cycle's job and allocation records: a try's end, its job's retry or end. Pur
 
 from __future__ import annotations
 
+import math
+
 from server.scheduling import retry
 from server.scheduling.cycle.work import (
     CANCEL,
@@ -27,8 +29,30 @@ from wire.budgets import (
 )
 from wire.messages import Attempt, AttemptState, Command, Job, JobState, StatusReport
 
+# How long before the store stored a report its time may be (a report whose agent's clock
+# says earlier is taken as of this long before it was stored): room for what delivery
+# takes when NATS is briefly out of reach (a stream's leader election, a reconnect, an
+# agent's resend of a report not applied, 30 s after the first). A report held longer by
+# its agent (cut off from NATS for minutes, its tries KEEP_RUNNING) is charged up to a
+# minute before it was stored.
+REPORT_DELAY_S = 60.0
 
-def apply_report(w: Work, r: StatusReport, now: float) -> None:
+
+def report_time(ts: float, placed_at: float, now: float, stored: float = math.inf) -> float:
+    """A report's time (`ts`, its agent's clock) as the leader takes it: by its agent's
+    clock, but not after the store stored it (`stored`; inf: not known) nor `now`, not more
+    than REPORT_DELAY_S before it was stored, and not before the try was placed. Found by
+    exploring: an agent whose clock was an hour behind had its 2-hour try charged an hour
+    (its end read an hour early). An agent whose clock is ahead is bounded by the stored
+    time rather than by when the leader reads the report, which may be later."""
+    if stored != math.inf:
+        ts = min(max(ts, stored - REPORT_DELAY_S), stored)
+    return max(min(ts, now), placed_at)
+
+
+def apply_report(w: Work, r: StatusReport, now: float, stored: float = math.inf) -> None:
+    """Fold an agent's status report, stored by the status stream at `stored` (inf: not
+    known), into its job's and its host's records."""
     job = w.plan.jobs.get(r.job_id) or w.state.jobs.get(r.job_id)
     if job is None:
         w.plan.ignored += 1
@@ -44,10 +68,9 @@ def apply_report(w: Work, r: StatusReport, now: float) -> None:
     assert job is not None
     a = attempt_of(job, r.attempt_id)
     assert a is not None
-    # The agent's clock, kept within what the leader knows: not after now, not before the
-    # placement (found by exploring: a report dated a day ahead made a finished attempt
-    # count GPU-hours in `usage` for a day).
-    ts = max(min(r.ts, now), a.placed_at or 0.0)
+    # The agent's clock, kept within what the leader knows (found by exploring: a report
+    # dated a day ahead made a finished attempt count GPU-hours in `usage` for a day).
+    ts = report_time(r.ts, a.placed_at or 0.0, now, stored)
     if r.state is AttemptState.RUNNING:
         a.state = AttemptState.RUNNING
         a.started_at = ts
@@ -277,9 +300,11 @@ def apply_requeue(w: Work, c: Command, now: float) -> None:
     w.plan.events.append(job_event("job.updated", job, job.current, now, why + ("; held" if c.hold else "")))
 
 
-def end_attempt(w: Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float) -> None:
-    """An attempt ended without a report from its agent (host lost): record it, and
-    requeue the job or fail it according to the retry policy."""
+def end_attempt(w: Work, job_id: str, attempt_id: str, ended: AttemptState, reason: str, now: float,
+                ended_at: float | None = None) -> None:
+    """An attempt ended without a report from its agent (host lost): record it, ended at
+    `ended_at` (default `now`; never before the try started, or was placed), and requeue
+    the job or fail it according to the retry policy."""
     job = w.job(job_id)
     if job is None:
         return
@@ -288,7 +313,7 @@ def end_attempt(w: Work, job_id: str, attempt_id: str, ended: AttemptState, reas
         return
     ended = ended_as(a, ended)
     a.state = ended
-    a.finished_at = now
+    a.finished_at = max(now if ended_at is None else ended_at, a.started_at or a.placed_at or 0.0)
     a.reason = a.reason if a.stop_kind and a.reason else reason
     job.updated_at = now
     _after_attempt_end(w, job, a, ended, now, reason)

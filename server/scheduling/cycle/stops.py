@@ -107,7 +107,8 @@ def evict_lost(
                 alloc = w.alloc(host_id)
                 alloc.tasks = [t for t in alloc.tasks if t.attempt_id != task.attempt_id]
                 if job is not None and a is not None and not a.state.terminal:
-                    end_attempt(w, job.id, a.id, AttemptState.KILLED, "host lost while stopping", now)
+                    end_attempt(w, job.id, a.id, AttemptState.KILLED, "host lost while stopping", now,
+                                lost_end(job, lost_at, now))
                 continue
             if job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
                 w.plan.held_keep_running += 1
@@ -132,10 +133,27 @@ def evict_lost(
                 if stopped is not None:
                     stopped.stop_kind, stopped.stop_at = retry.SHUTDOWN, now
                 end_attempt(w, job.id, a.id, AttemptState.KILLED,
-                            f"not started: host {host_id} left (its agent shut down)", now)
+                            f"not started: host {host_id} left (its agent shut down)", now, lost_end(job, lost_at, now))
             else:
-                end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now)
+                end_attempt(w, job.id, a.id, AttemptState.LOST, f"host {host_id} lost", now,
+                            lost_end(job, lost_at, now))
             w.plan.evicted += 1
+
+
+def lost_end(job: Job, lost_at: float, now: float) -> float:
+    """When a try on a lost host ended, as its record and the accounting keep it: when its
+    host was lost (its key expired: `lost_at`; for a host unheard of, when the scheduler
+    first saw it so), not when the cycle replaced it, which may be hours later when the
+    cluster had no room for it meanwhile. A KEEP_RUNNING try may really have run on through
+    its `replaceAfter` (its agent does not stop it when cut off, and the leader waits for
+    it): it ends when it was due to be replaced, `lost_at + replaceAfter`. Never after
+    `now`; an unknown loss time (0) is `now`. (`end_attempt` keeps it at or after the
+    try's start.)"""
+    if lost_at <= 0.0:
+        return now
+    if job.spec.on_disconnect == "KEEP_RUNNING":
+        lost_at += job.spec.replace_after_s
+    return min(lost_at, now)
 
 
 def drain_due(w: Work, now: float, max_keys: int) -> None:
