@@ -59,7 +59,7 @@ from nats.aio.subscription import Subscription
 from nats.js import errors as jserrors
 
 from agent.gpu import GpuBackend, mps_reached, mps_running, open_backend
-from agent.gpuwatch import STALE_ROUNDS, GpuWatch, is_stale, usage_to_report
+from agent.gpuwatch import STALE_ROUNDS, GpuWatch, is_stale, usage_to_report, util_by_index
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
@@ -576,7 +576,7 @@ class Agent:
         for u in usage:
             u.share_allocated = share.get(u.index, 0)
             u.mem_allocated_mb = gpu_mem.get(u.index, 0)
-        util = {u.index: u.util_pct for u in usage}
+        util = util_by_index(usage)  # (a GPU whose utilisation is unread: no sample, nor idle for it)
         now = time.time()
         for r in self.runs.values():
             if not stale:  # no sample of telemetry not read (nor idle for it)

@@ -30,13 +30,13 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from wire.errors import ConfigError
-from wire.messages import MIG_PROFILE_PATTERN, GpuInfo, GpuUsage, MigInstance
+from wire.messages import GPU_FIGURE_FIELDS, GPU_FIGURES, MIG_PROFILE_PATTERN, GpuFigure, GpuInfo, GpuUsage, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +419,7 @@ class SimulatedBackend:
             for i, profiles in sorted(mig.items())}
         self._gpus = [_SimGpu() for _ in range(self.count)]
         self._busy: set[int] = set()
+        self._unreadable: dict[int, list[GpuFigure]] = {}
         self._health = _Health(self.count)
         self._pending: list[GpuFault] = []
         path = fault_file if fault_file is not None else os.environ.get(FAULT_FILE_ENV)
@@ -437,6 +438,12 @@ class SimulatedBackend:
         with self._lock:
             self._busy = {i for i in indices if 0 <= i < self.count}
 
+    def set_unreadable(self, figures: Mapping[int, Iterable[GpuFigure]]) -> None:
+        """Have these GPUs' figures reported unread from now on (as NVML refuses
+        utilisation for a GPU in MIG mode), replacing any set before."""
+        with self._lock:
+            self._unreadable = {i: list(f) for i, f in figures.items() if 0 <= i < self.count}
+
     def usage(self) -> list[GpuUsage]:
         """Advance the simulation one step and report it."""
         out: list[GpuUsage] = []
@@ -445,13 +452,12 @@ class SimulatedBackend:
                 self._step(gpu, busy=i in self._busy)
                 power = self.power_limit_w * (0.08 + 0.85 * gpu.util / 100.0)
                 power *= 1.0 + self._rng.uniform(-0.03, 0.03)
-                entry = GpuUsage(
-                    index=i,
-                    util_pct=round(gpu.util, 1),
-                    mem_used_mb=gpu.mem_used,
-                    temp_c=round(gpu.temp, 1),
-                    power_w=round(power, 1),
-                )
+                figures: dict[str, Any] = {"util_pct": round(gpu.util, 1), "mem_used_mb": gpu.mem_used,
+                                           "temp_c": round(gpu.temp, 1), "power_w": round(power, 1)}
+                unread = self._unreadable.get(i, [])
+                for f in unread:  # (0 where not read, as NVML's backend says it)
+                    figures[GPU_FIGURE_FIELDS[f]] = 0
+                entry = GpuUsage(index=i, unread=unread, **figures)
                 out.append(self._health.apply(entry))
         return out
 
@@ -693,22 +699,35 @@ class NvmlBackend:
             if self._closed:
                 return []
             for i, handle in enumerate(self._handles):
-                entry = GpuUsage(index=i)
+                # A figure NVML does not give (it refuses utilisation for a GPU in MIG mode;
+                # a call fails; the GPU could not be opened: all four) is marked unread, its
+                # 0 not a reading.
+                entry = GpuUsage(index=i, unread=list(GPU_FIGURES))
                 if handle is not None:
+                    unread: list[GpuFigure] = []
                     rates = self._try(f"utilization{i}", nv.nvmlDeviceGetUtilizationRates, handle, gpu=i)
                     if rates is not None:
                         entry.util_pct = float(rates.gpu)
+                    else:
+                        unread.append("util")
                     used = self._memory_used(i, handle)
                     if used is not None:
                         entry.mem_used_mb = used // (1024 * 1024)
+                    else:
+                        unread.append("memory")
                     temp = self._try(
                         f"temperature{i}", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU, gpu=i
                     )
                     if temp is not None:
                         entry.temp_c = float(temp)
+                    else:
+                        unread.append("temperature")
                     milliwatts = self._try(f"power{i}", nv.nvmlDeviceGetPowerUsage, handle, gpu=i)
                     if milliwatts is not None:
                         entry.power_w = round(float(milliwatts) / 1000.0, 1)
+                    else:
+                        unread.append("power")
+                    entry.unread = unread
                 out.append(self._health.apply(entry))
         return out
 

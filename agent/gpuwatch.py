@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from agent.gpu import GpuBackend, GpuFault
-from wire.messages import GpuInfo, GpuUsage
+from wire.messages import GPU_FIGURES, GpuInfo, GpuUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,11 +107,19 @@ def is_stale(snap: GpuSnapshot, now: float, stale_after_s: float) -> bool:
 
 def usage_to_report(snap: GpuSnapshot, stale: bool) -> list[GpuUsage]:
     """The usage entries a heartbeat carries, copies it may change. From a stale snapshot
-    each GPU's health marks only (a fault stays known), its telemetry zero: numbers read
-    long ago are not reported as the GPUs' state."""
+    each GPU's health marks only (a fault stays known), every figure of its telemetry
+    unread (`GpuUsage.unread`; 0 for older readers): numbers read long ago are not
+    reported as the GPUs' state."""
     if not stale:
-        return [u.model_copy() for u in snap.usage]
-    return [GpuUsage(index=u.index, healthy=u.healthy, fault=u.fault) for u in snap.usage]
+        return [u.model_copy(update={"unread": list(u.unread)}) for u in snap.usage]
+    return [GpuUsage(index=u.index, healthy=u.healthy, fault=u.fault, unread=list(GPU_FIGURES)) for u in snap.usage]
+
+
+def util_by_index(usage: Iterable[GpuUsage]) -> dict[int, float]:
+    """Each GPU's utilisation where it was read: a GPU whose utilisation is unread is
+    left out, so that a run on it takes no sample (`Run.sample_gpus`): unknown is not
+    idle."""
+    return {u.index: u.util_pct for u in usage if u.util_read is not None}
 
 
 # ---------------------------------------------------------------- the watch
@@ -128,7 +136,7 @@ class GpuWatch:
         self.on_news: Callable[[], None] | None = None
         inventory = tuple(backend.inventory())  # start-up: see the module's docstring
         self._lock = threading.Lock()
-        self._snapshot = GpuSnapshot(usage=tuple(GpuUsage(index=g.index) for g in inventory),
+        self._snapshot = GpuSnapshot(usage=tuple(GpuUsage(index=g.index, unread=list(GPU_FIGURES)) for g in inventory),
                                      inventory=inventory, taken_at=None)
         self._faults: list[GpuFault] = []
         self._clears: list[tuple[list[int], concurrent.futures.Future[list[int]]]] = []

@@ -191,8 +191,9 @@ class Run:
         """One sample, at `now`, of how busy its GPUs are (their mean utilisation, as the
         heartbeat reports it: for a share, the whole GPU's), taken while its process runs;
         none for a task without GPUs or on a MIG instance (NVML gives no utilisation per
-        instance). All of them under GPU_IDLE_UTIL_PCT: idle since this sample, unless
-        since an earlier one."""
+        instance), nor when one of its GPUs is missing from `util_by_index` (its utilisation
+        not read: `gpuwatch.util_by_index`), which leaves an idle stretch as it was. All of
+        them under GPU_IDLE_UTIL_PCT: idle since this sample, unless since an earlier one."""
         t = self.task
         if self.proc is None or self.proc.returncode is not None or not t.gpu_indices or t.mig:
             return

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from server.scheduling.placement import HostCapacity
 from wire.messages import (
+    GPU_FIGURE_FIELDS,
     SHAPE_HEADER,
+    GpuFigure,
     GpuInfo,
     GpuUsage,
     Heartbeat,
@@ -54,6 +56,7 @@ def heartbeat(
     util: float | Sequence[float] = 0.0,
     temp_c: float | Sequence[float] = 0.0,
     power_w: float | Sequence[float] = 0.0,
+    unread: Mapping[int, Sequence[GpuFigure]] | None = None,
     simulated: bool = False,
     boot_id: str = "boot-1",
     seq: int = 1,
@@ -62,7 +65,8 @@ def heartbeat(
 ) -> Heartbeat:
     """Host `host_id` with `gpus` GPUs of `model` (`gpu_memory_mb` each, `uuids` if given),
     each reporting usage (`util` percent, `temp_c`, `power_w`: one figure, or one per GPU);
-    the GPUs in `unhealthy` report unhealthy (with `fault`). Any other Heartbeat field
+    the GPUs in `unhealthy` report unhealthy (with `fault`); `unread`: GPU index -> the
+    figures its agent could not read (GpuUsage.unread, each then 0). Any other Heartbeat field
     (`cpu_pct`, `mem_used_mb`, `agent_version`, `term`, or `gpus`/`gpu_usage` lists
     built by hand, replacing the ones built here) is passed through."""
     bad = set(unhealthy)
@@ -70,6 +74,9 @@ def heartbeat(
              for i in range(gpus)]
     usage = [GpuUsage(index=i, util_pct=_per_gpu(util, i), temp_c=_per_gpu(temp_c, i), power_w=_per_gpu(power_w, i),
                       healthy=i not in bad, fault=fault if i in bad else None) for i in range(gpus)]
+    for i, figures in (unread or {}).items():
+        usage[i] = GpuUsage.model_validate({**usage[i].model_dump(), "unread": list(figures),
+                                            **{GPU_FIGURE_FIELDS[f]: 0 for f in figures}})
     values: dict[str, Any] = {"gpus": infos, "gpu_usage": usage, **fields}
     return Heartbeat(host_id=host_id, boot_id=boot_id, seq=seq, ts=ts, labels=dict(labels or {}), cpus=cpus,
                      memory_mb=memory_mb, simulated=simulated, **values)

@@ -117,6 +117,14 @@ class GpuInfo(_Model):
         return self.mig_mode or bool(self.mig)
 
 
+# The figures of a GPU's telemetry (GpuUsage), by the names `GpuUsage.unread` gives them.
+GpuFigure = Literal["util", "memory", "temperature", "power"]
+GPU_FIGURES: tuple[GpuFigure, ...] = ("util", "memory", "temperature", "power")
+GPU_FIGURE_FIELDS: dict[GpuFigure, str] = {"util": "util_pct", "memory": "mem_used_mb", "temperature": "temp_c",
+                                           "power": "power_w"}
+_MAX_UNREAD_SENT = 16  # names a heartbeat may give per GPU (a newer agent's included)
+
+
 class GpuUsage(_Model):
     index: int = Field(ge=0, le=63)
     util_pct: float = 0.0
@@ -129,6 +137,39 @@ class GpuUsage(_Model):
     # the GPU memory they were given (a GPU held whole shows 1000).
     share_allocated: int = 0
     mem_allocated_mb: int = 0
+    # The figures the agent could not read (NVML refused or failed the call, as it refuses
+    # utilisation for a GPU in MIG mode; NVML hangs): unknown, not 0. Each still says 0
+    # there, for servers older than the field, which ignore it; older agents send none.
+    # Names this version does not know (a newer agent's) are dropped, not refused.
+    unread: list[GpuFigure] = Field(default_factory=list, max_length=len(GPU_FIGURES))
+
+    @field_validator("unread", mode="before")
+    @classmethod
+    def _known_figures(cls, names: object) -> object:
+        """The known names of `names`, once each, in GPU_FIGURES' order."""
+        if not isinstance(names, (list, tuple)) or len(names) > _MAX_UNREAD_SENT:
+            return names  # (refused by the field's own rules)
+        return [f for f in GPU_FIGURES if f in names]
+
+    @property
+    def util_read(self) -> float | None:
+        """Utilisation in percent; None when not read."""
+        return None if "util" in self.unread else self.util_pct
+
+    @property
+    def mem_used_read(self) -> int | None:
+        """GPU memory in use in MB; None when not read."""
+        return None if "memory" in self.unread else self.mem_used_mb
+
+    @property
+    def temp_read(self) -> float | None:
+        """Temperature in °C; None when not read."""
+        return None if "temperature" in self.unread else self.temp_c
+
+    @property
+    def power_read(self) -> float | None:
+        """Power draw in watts; None when not read."""
+        return None if "power" in self.unread else self.power_w
 
 
 # A GPU under this utilisation at a heartbeat is idle there (Heartbeat.gpu_idle).

@@ -162,12 +162,12 @@ def cmd_show(args: argparse.Namespace) -> int:
               "them before it could start (muster job why " + h["reservedFor"] + ")")
     lost = h["health"] == "LOST"  # its telemetry is its last heartbeat's, stale: not shown
     print(f"  gpus:    {h['gpusAllocated']}/{h['gpus']} allocated, {h['gpusUnhealthy']} unhealthy, {h['gpuModel']}"
-          + (f", util {h['gpuUtilPct']}%" if not lost else " (LOST: no telemetry)"))
+          + (f", util {figure(h['gpuUtilPct'], '{}%')}" if not lost else " (LOST: no telemetry)"))
     for g in h["gpuDevices"]:
         print(f"    GPU {g['index']} {g['model']} {g['memoryMb']} MB: {gpu_line(g)}")
-        if not lost:
-            print(f"      util {g['utilPct']:.0f}%, memory {g['memUsedMb']}/{g['memoryMb']} MB, "
-                  f"{g['tempC']:.0f} °C, {g['powerW']:.0f} W")
+        if not lost:  # (a figure its agent could not read: "-")
+            print(f"      util {figure(g['utilPct'], '{:.0f}%')}, memory {figure(g['memUsedMb'], '{}')}/"
+                  f"{g['memoryMb']} MB, {figure(g['tempC'], '{:.0f} °C')}, {figure(g['powerW'], '{:.0f} W')}")
     print(f"  cpus:    {h['cpus']}" + (f" ({h['cpuPct']}% busy)" if not lost else ""))
     print("  memory:  " + (f"{h['memUsedMb']}/{h['memoryMb']} MB" if not lost else f"{h['memoryMb']} MB"))
     print(f"  tasks:   {h['tasks']}")
@@ -301,10 +301,15 @@ def host_row(n: dict[str, Any]) -> list[str]:
         + (f" DRAIN AT {when_text(n['drainAt'])}" if n.get("drainAt") else "")
         + (" LEAVING" if n.get("leaving") else "") + (" PRESSURE" if n.get("pressure") else ""),
         f"{n['gpusAllocated']}/{n['gpus']} {n['gpuModel']}" + (" (simulated)" if n["simulated"] else ""),
-        f"{n['gpuUtilPct']}%" if n["health"] != "LOST" else "-",  # a lost host's last figure is stale
+        figure(n["gpuUtilPct"], "{}%") if n["health"] != "LOST" else "-",  # a lost host's last figure is stale
         str(n["cpus"]),
         labels_text(n["labels"]),
     ]
+
+
+def figure(value: float | None, fmt: str) -> str:
+    """A telemetry figure as `fmt` shows it; "-" for null (no GPUs, or not read)."""
+    return "-" if value is None else fmt.format(value)
 
 
 def gpu_line(g: dict[str, Any]) -> str:

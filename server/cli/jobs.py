@@ -620,9 +620,11 @@ def show(args: argparse.Namespace) -> None:
         code = f" exit={a['exitCode']}" if a["exitCode"] is not None else ""  # none yet while it runs
         print(f"  attempt {a['number']}{task_of(job, a)} on {a['host']['id']} {where}: {a['state']}"
               f"{code} {for_terminal(a['reason'], one_line=True)}".rstrip() + lost_note(a))
-        if a.get("gpuUtilPct") is not None:
+        util, mem = a.get("gpuUtilPct"), a.get("gpuMemUsedMb")
+        if util is not None or mem is not None:  # (a figure its agent could not read: "-")
             shared = " (the whole GPU's: shared)" if a["gpuShare"] else ""
-            print(f"    GPUs now: {a['gpuUtilPct']:g} % busy, {a['gpuMemUsedMb']:,} MB in use{shared}")
+            print(f"    GPUs now: {'-' if util is None else format(util, 'g')} % busy, "
+                  f"{'-' if mem is None else format(mem, ',')} MB in use{shared}")
         if a.get("gpuIdleSince"):
             print(f"    GPUs idle since {when_text(a['gpuIdleSince'])}: it holds GPUs it does not use")
         if a.get("gpuUtilAvgPct") is not None:

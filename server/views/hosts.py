@@ -77,7 +77,9 @@ class HostRow:
     gpus_allocated: int
     gpus_unhealthy: int
     gpus_free: int  # healthy and not allocated
-    gpu_util_pct: float
+    # The mean utilisation of its GPUs whose utilisation its latest heartbeat read (None:
+    # no GPUs, or none read: GpuUsage.unread).
+    gpu_util_pct: float | None
     cpus: int
     cpu_pct: float
     cpu_allocated: float
@@ -120,10 +122,11 @@ class MigDevice:
 
 @dataclass(frozen=True)
 class GpuUse:
-    """Some GPUs of a host as its latest heartbeat reports them."""
+    """Some GPUs of a host as its latest heartbeat reports them: a figure is None when it
+    was not read for every one of them (GpuUsage.unread)."""
 
-    util_pct: float  # the mean of theirs
-    mem_used_mb: int  # in all
+    util_pct: float | None  # the mean of theirs
+    mem_used_mb: int | None  # in all
     at: float  # the heartbeat's time (the agent's clock)
 
 
@@ -145,11 +148,12 @@ class GpuDevice:
     mig: tuple[MigDevice, ...]
     fault: str | None = None  # what its agent reported when it faulted (healthy False)
     mig_mode: bool = False
-    # Its telemetry in the host's latest heartbeat.
-    util_pct: float = 0.0
-    mem_used_mb: int = 0
-    temp_c: float = 0.0
-    power_w: float = 0.0
+    # Its telemetry in the host's latest heartbeat; None: not read (GpuUsage.unread), or
+    # not reported.
+    util_pct: float | None = None
+    mem_used_mb: int | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
 
 
 def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
@@ -186,7 +190,14 @@ def gpu_devices(hb: Heartbeat, tasks: Iterable[Any]) -> list[GpuDevice]:
 def _telemetry(u: GpuUsage | None) -> dict[str, Any]:
     if u is None:
         return {}
-    return {"util_pct": u.util_pct, "mem_used_mb": u.mem_used_mb, "temp_c": u.temp_c, "power_w": u.power_w}
+    return {"util_pct": u.util_read, "mem_used_mb": u.mem_used_read, "temp_c": u.temp_read, "power_w": u.power_read}
+
+
+def mean_util(utils: Iterable[float | None]) -> float | None:
+    """The mean of the utilisations read, to 0.1 %; None when none was (an unread one is
+    unknown, not 0: it is left out)."""
+    read = [u for u in utils if u is not None]
+    return round(sum(read) / len(read), 1) if read else None
 
 
 @dataclass(frozen=True)
@@ -247,8 +258,9 @@ ORDERS: dict[str, Order] = {
     "-id": Order(lambda r: r.id, reverse=True),
     "health": Order(lambda r: HEALTH_RANK.get(r.health, 3), live=True),
     "-health": Order(lambda r: HEALTH_RANK.get(r.health, 3), reverse=True, live=True),
-    "util": Order(lambda r: r.gpu_util_pct if r.gpus else -1.0, live=True),
-    "-util": Order(lambda r: r.gpu_util_pct if r.gpus else -1.0, reverse=True, live=True),
+    "util": Order(lambda r: r.gpu_util_pct if r.gpus and r.gpu_util_pct is not None else -1.0, live=True),
+    "-util": Order(lambda r: r.gpu_util_pct if r.gpus and r.gpu_util_pct is not None else -1.0, reverse=True,
+                   live=True),
     "alloc": Order(lambda r: (r.gpus_allocated, r.gpus)),
     "-alloc": Order(lambda r: (r.gpus_allocated, r.gpus), reverse=True),
     "free": Order(lambda r: -r.gpus_free),
@@ -261,6 +273,7 @@ class RackSummary:
     rack: str
     hosts: int = 0
     gpu_hosts: int = 0
+    util_hosts: int = 0  # GPU hosts with a mean utilisation (HostRow.gpu_util_pct)
     util_sum: float = 0.0
     gpus: int = 0
     gpus_allocated: int = 0
@@ -271,15 +284,17 @@ class RackSummary:
 
     @property
     def util(self) -> float | None:
-        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
+        return self.util_sum / self.util_hosts if self.util_hosts else None
 
 
 @dataclass
 class FleetSummary:
     """The fleet's totals in one pass over the rows. GPU, CPU and memory totals and
     utilization count hosts whose heartbeat key is live (a LOST host counts for nothing
-    but its health and `gpus_allocated_lost`; a rack's cell likewise); `by_model` and
-    `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a HEALTHY host, no fault);
+    but its health and `gpus_allocated_lost`; a rack's cell likewise), utilization only
+    those with a mean (`util_hosts`: a host none of whose GPUs' utilization was read has
+    none); `by_model` and `by_gpu_rack` are [GPUs, allocated, healthy] (healthy: on a
+    HEALTHY host, no fault);
     `racks` (every host, by its `rack` label, "" without one) feed the heat map.
     `gpus_free` counts only what a job could be given now: GPUs with no fault and nothing
     allocated on HEALTHY hosts that are not cordoned, draining, leaving or under pressure."""
@@ -296,6 +311,7 @@ class FleetSummary:
     gpus_unavailable: int = 0  # neither allocated nor free, on hosts whose key is live
     gpus_allocated_lost: int = 0  # allocated on LOST hosts (their work not yet replaced)
     gpu_hosts: int = 0
+    util_hosts: int = 0  # GPU hosts with a mean utilisation (HostRow.gpu_util_pct)
     util_sum: float = 0.0
     cpus: int = 0
     cpu_used: float = 0.0
@@ -311,7 +327,7 @@ class FleetSummary:
 
     @property
     def gpu_util(self) -> float | None:
-        return self.util_sum / self.gpu_hosts if self.gpu_hosts else None
+        return self.util_sum / self.util_hosts if self.util_hosts else None
 
     @property
     def hosts_total(self) -> int:
@@ -362,7 +378,8 @@ class HostTable:
         """How busy the GPUs `indices` of the host are in its latest heartbeat (a running
         attempt's, for its job's page: is it using what it holds?); None for no GPUs, a
         host never heard of or lost (its last heartbeat's figures are not now's: found by
-        exploring), or a GPU its heartbeat does not report."""
+        exploring), or a GPU its heartbeat does not report. A figure not read for one of
+        them is None (a mean of the others would pass for theirs all)."""
         wanted = list(indices)
         entry = self.state.hosts.get(host_id)
         if not wanted or entry is None or entry.heartbeat is None or not entry.present:
@@ -373,7 +390,10 @@ class HostTable:
         got = [by_index[i] for i in wanted if i in by_index]
         if len(got) != len(wanted):
             return None
-        return GpuUse(sum(u.util_pct for u in got) / len(got), sum(u.mem_used_mb for u in got), hb.ts)
+        utils = [x for u in got if (x := u.util_read) is not None]
+        mems = [x for u in got if (x := u.mem_used_read) is not None]
+        return GpuUse(sum(utils) / len(utils) if len(utils) == len(got) else None,
+                      sum(mems) if len(mems) == len(got) else None, hb.ts)
 
     def devices(self, host_id: str) -> list[GpuDevice]:
         """The host's GPUs with what is allocated of each (empty for a host never heard of)."""
@@ -488,9 +508,12 @@ class HostTable:
             # A host whose key is live:
             if r.gpus:
                 s.gpu_hosts += 1
-                s.util_sum += r.gpu_util_pct
                 cell.gpu_hosts += 1
-                cell.util_sum += r.gpu_util_pct
+                if r.gpu_util_pct is not None:  # (none of its GPUs' utilisation read: left out)
+                    s.util_hosts += 1
+                    s.util_sum += r.gpu_util_pct
+                    cell.util_hosts += 1
+                    cell.util_sum += r.gpu_util_pct
             s.gpus_allocated += r.gpus_allocated
             s.gpus_unhealthy += r.gpus_unhealthy
             cell.gpus += r.gpus
@@ -569,7 +592,7 @@ class HostTable:
             gpus_by_model=tuple((k, v[0], v[1], v[2]) for k, v in per_model.items()),
             gpus_allocated=len(used), gpus_unhealthy=len(bad),
             gpus_free=sum(1 for g in hb.gpus if g.index not in used and g.index not in bad),
-            gpu_util_pct=0.0, cpus=hb.cpus, cpu_pct=0.0, cpu_allocated=cpu_allocated, memory_mb=hb.memory_mb,
+            gpu_util_pct=None, cpus=hb.cpus, cpu_pct=0.0, cpu_allocated=cpu_allocated, memory_mb=hb.memory_mb,
             mem_used_mb=0, mem_allocated=mem_allocated, last_seen=entry.seen_at,
             tasks=len(alloc.tasks) if alloc is not None else 0,
             isolated=hb.isolated, isolation=hb.isolation,
@@ -600,8 +623,7 @@ class HostTable:
 
 
 def _usage_from(r: HostRow, hb: Heartbeat) -> None:
-    utils = [u.util_pct for u in hb.gpu_usage]
-    r.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else 0.0
+    r.gpu_util_pct = mean_util(u.util_read for u in hb.gpu_usage)
     r.cpu_pct = round(hb.cpu_pct, 1)
     r.mem_used_mb = hb.mem_used_mb
 
@@ -612,6 +634,15 @@ def _number(v: object) -> float:
     return float(v)
 
 
+def _unread_util(u: dict[str, Any]) -> bool:
+    """Whether a GPU usage entry of an undecoded heartbeat marks its utilisation unread
+    (GpuUsage.unread; absent from older agents'); TypeError when the mark is malformed."""
+    unread = u.get("unread", ())
+    if not isinstance(unread, list):
+        raise TypeError(f"not a list: {unread!r}")
+    return "util" in unread
+
+
 def _usage_from_raw(r: HostRow, raw: bytes) -> bool:
     """Copy GPU utilisation, CPU % and memory in use from an undecoded heartbeat into `r`;
     False when it does not parse as one of this host's heartbeats."""
@@ -619,14 +650,14 @@ def _usage_from_raw(r: HostRow, raw: bytes) -> bool:
         d = json.loads(raw)
         if d["host_id"] != r.id:
             return False
-        utils = [_number(u.get("util_pct", 0.0)) for u in d.get("gpu_usage", ())]
+        utils = [None if _unread_util(u) else _number(u.get("util_pct", 0.0)) for u in d.get("gpu_usage", ())]
         cpu_pct = _number(d.get("cpu_pct", 0.0))
         mem_used = d.get("mem_used_mb", 0)
         if isinstance(mem_used, bool) or not isinstance(mem_used, int):
             return False
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return False
-    r.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else 0.0
+    r.gpu_util_pct = mean_util(utils)
     r.cpu_pct = round(cpu_pct, 1)
     r.mem_used_mb = mem_used
     return True

@@ -85,6 +85,9 @@ def main() -> int:
         "uuid": all(g["uuid"] == r["uuid"] for g, r in pairs),
         "memory": all(g["memory_mb"] == r["mem_total_mb"] > 0 for g, r in pairs),
         "telemetry": all(u["temp_c"] > 0 and u["power_w"] > 0 and u["healthy"] for u in rep["usage"]),
+        # every figure read (none marked unread) where NVML gives it: GPUs not in MIG mode
+        "telemetry_read": all(not u["unread"] for u, r in zip(rep["usage"], raw, strict=False)
+                              if not isinstance(r["mig_mode"], list) or r["mig_mode"][0] != 1),
         "no_mig_instances_when_mig_is_off": all(not g["mig"] for g, r in pairs
                                                 if not isinstance(r["mig_mode"], list) or r["mig_mode"][0] != 1),
         "fault_marks_the_gpu": rep["usage_after_fault"][0]["healthy"] is False,

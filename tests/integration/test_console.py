@@ -1262,6 +1262,46 @@ async def test_host_page_charts_after_heartbeats(console: Console) -> None:
     assert tel.buffers["gpu-1"].maxlen == wc.TELEMETRY_MAX_SAMPLES
 
 
+async def test_host_page_shows_a_dash_for_a_gpu_figure_not_read(console: Console) -> None:
+    """NVML gives no utilisation for a GPU in MIG mode (GpuUsage.unread): the GPU's row
+    shows "—" for it, not "0.0 %", the host's mean is over the GPU read, and its chart has
+    no point for it; a GPU read at all shows "—" for each figure."""
+    c = console.client
+    m = console.muster
+    await console.login()
+    hb = heartbeat("mig-1", seq=0, ts=time.time(), labels={"rack": "r1"}, gpus=3, gpu_memory_mb=81920,
+                   util=[0.0, 80.0, 0.0], temp_c=55.0, power_w=300.0, simulated=True,
+                   unread={0: ["util"], 2: ["util", "memory", "temperature", "power"]})
+    assert m.store is not None
+    await m.store.put("mig-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: "mig-1" in m.state.hosts, what="heartbeat")
+    html = (await c.get("/hosts/mig-1")).text
+    body = html[html.index("<caption class=\"visually-hidden\">GPUs of mig-1"):]
+    rows = body[body.index("<tbody>"):body.index("</tbody>")].split("</tr>")
+    cells = [re.findall(r'<td class="num">([^<]*)</td>', r) for r in rows[:3]]
+    assert cells[0] == ["0 MiB / 80.0 GiB", "—", "55 °C", "300 W"], cells
+    assert cells[1] == ["0 MiB / 80.0 GiB", "80.0 %", "55 °C", "300 W"], cells
+    assert cells[2] == ["— / 80.0 GiB", "—", "—", "—"], cells
+    assert "<dt>GPU util</dt><dd>80.0 %</dd>" in html
+    later = hb.model_copy(update={"seq": 1, "ts": hb.ts + 1})
+    await m.store.put("mig-1", encode(later), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: m.state.hosts["mig-1"].latest().ts == later.ts,  # type: ignore[union-attr]
+                     what="the second heartbeat")
+    html = (await c.get("/hosts/mig-1")).text
+    assert "GPU 0 Utilization: now —, min —, max —" in html and "GPU 0 Temperature: now 55 °C" in html
+    assert "GPU 1 Utilization: now 80 %" in html and "GPU 2 Power: now —" in html
+    # A host none of whose GPUs' utilisation was read: no mean (not 0 %) on the heat map.
+    dark = heartbeat("dark-1", seq=0, ts=time.time(), labels={"rack": "r1"}, gpus=1, simulated=True,
+                     unread={0: ["util"]})
+    await m.store.put("dark-1", encode(dark), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: "dark-1" in m.state.hosts, what="its heartbeat")
+    r = await get_when_summary_shows(c, "/", {"HX-Request": "true"}, 'id="heat-dark-1"')
+    assert re.search(r'class="cell heat-none" href="/hosts/dark-1"[^>]*title="dark-1: not read GPU util', r.text)
+    assert "(not read on 1 more host with GPUs)" in r.text
+    html = (await c.get("/hosts/dark-1")).text
+    assert "<dt>GPU util</dt><dd>—</dd>" in html
+
+
 async def signed_in_with_host(console: Console, host_id: str) -> tuple[httpx.AsyncClient, Muster]:
     """The console's client, signed in, and its replica, which has read `host_id`'s heartbeat."""
     await console.login()

@@ -296,6 +296,29 @@ CANCEL_JOBS = """mutation($f: JobFilter!, $limit: Int) { cancelJobs(filter: $f, 
 COUNTED = """mutation($f: JobFilter!) { %s(filter: $f) { count outsideTokenQueues tokenQueues } }"""
 
 
+async def test_a_gpu_figure_its_agent_could_not_read_is_null(api: Client, nc: Any) -> None:
+    """NVML gives no utilisation for a GPU in MIG mode (GpuUsage.unread): null, not 0, and
+    left out of the host's mean; a GPU that could not be read at all has every figure null,
+    and a host with no utilisation read has no mean."""
+    partly = heartbeat("mig-1", boot_id="b", seq=1, ts=time.time(), gpus=2, util=[0.0, 80.0], temp_c=55.0,
+                       power_w=300.0, unread={0: ["util"]})
+    unread = heartbeat("dark-1", boot_id="b", seq=1, ts=time.time(), gpus=1, temp_c=55.0, power_w=300.0,
+                       unread={0: ["util", "memory", "temperature", "power"]})
+    for hb in (partly, unread):
+        await nc.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, hb.host_id), encode(hb),
+                         headers={"Nats-TTL": "60s"})
+    await nc.flush()
+    await wait_for(lambda: _total(api, 2), what="2 hosts")
+    q = """query($id: ID!) { host(id: $id) { gpuUtilPct gpuDevices { index utilPct memUsedMb tempC powerW } } }"""
+    h = (await api.q(q, {"id": "mig-1"}))["host"]
+    assert h["gpuUtilPct"] == 80.0  # the mean of those read
+    assert h["gpuDevices"] == [{"index": 0, "utilPct": None, "memUsedMb": 0, "tempC": 55.0, "powerW": 300.0},
+                               {"index": 1, "utilPct": 80.0, "memUsedMb": 0, "tempC": 55.0, "powerW": 300.0}]
+    h = (await api.q(q, {"id": "dark-1"}))["host"]
+    assert h == {"gpuUtilPct": None, "gpuDevices": [{"index": 0, "utilPct": None, "memUsedMb": None, "tempC": None,
+                                                     "powerW": None}]}
+
+
 async def test_cancel_jobs_by_filter_oldest_first_within_the_tokens_queues(api: Client, muster: Muster) -> None:
     """cancelJobs cancels every job not ended that the filter matches, the oldest first,
     up to its limit; a filter is required, and a team's token cancels its queues' only."""

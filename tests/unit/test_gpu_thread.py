@@ -186,7 +186,8 @@ def test_heartbeats_go_on_while_nvml_hangs_without_its_telemetry(
     hb = wait_until(lambda: (h := within(BOUND_S, agent.heartbeat)).pressure and h, timeout=30,
                     what="the telemetry taken as stale")
     assert hb.pressure == "GPU telemetry: NVML has not answered for over 0.6 s"
-    assert [u.util_pct for u in hb.gpu_usage] == [0.0, 0.0]
+    assert [u.util_pct for u in hb.gpu_usage] == [0.0, 0.0]  # (for servers older than the mark)
+    assert all(u.unread == ["util", "memory", "temperature", "power"] for u in hb.gpu_usage)
 
 
 def test_a_fault_reaches_the_agent_once_while_nvml_hangs_after_finding_it(

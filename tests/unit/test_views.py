@@ -209,6 +209,45 @@ async def test_each_gpus_telemetry_is_the_newest_heartbeats_also_when_kept_raw(t
                                                  "powerW": 650.0}
 
 
+def test_an_unread_utilisation_is_left_out_of_every_mean(tmp_path: Path) -> None:
+    """A GPU whose utilisation its agent could not read (GpuUsage.unread: in MIG mode) is
+    unknown, not idle: the host's mean is over the others, decoded or kept raw; a host
+    with none read has no mean, nor counts in its rack's and the fleet's; an attempt on it
+    has no utilisation, and the GPU none of the figures not read."""
+    mu, _ = _muster(tmp_path, 3)  # GPUs at 0, 10, ..., 70 %: a mean of 35
+    now = time.time()
+    half = heartbeat("h-000", boot_id="b", seq=1, ts=now, labels={"rack": "r0"}, gpus=8, model="A100",
+                     gpu_memory_mb=81920, util=[97.0] * 4 + [0.0] * 4, cpus=192, memory_mb=2 * 1024 * 1024,
+                     unread={g: ["util"] for g in range(4, 8)})
+    mu.state.apply_host_record(heartbeat_record(half, 10))
+    row = mu.hosts.row("h-000", now)
+    assert row is not None and row.gpu_util_pct == 97.0
+    raw = half.model_copy(update={"seq": 2, "gpu_usage": [u.model_copy(update={"util_pct": 90.0}) if u.index < 4
+                                                          else u for u in half.gpu_usage]})
+    mu.state.apply_host_record(heartbeat_record(raw, 11))
+    assert mu.state.hosts["h-000"].raw is not None  # same shape: kept raw, read without decoding
+    row = mu.hosts.row("h-000", now)
+    assert row is not None and row.gpu_util_pct == 90.0
+    none = heartbeat("h-001", boot_id="b", seq=1, ts=now, labels={"rack": "r1"}, gpus=8, model="H100",
+                     gpu_memory_mb=81920, cpus=192, memory_mb=2 * 1024 * 1024,
+                     unread={g: ["util", "memory", "temperature", "power"] for g in range(8)})
+    mu.state.apply_host_record(heartbeat_record(none, 12))
+    row = mu.hosts.row("h-001", now)
+    assert row is not None and row.gpu_util_pct is None
+    s = mu.hosts.summary(now)
+    assert (s.gpu_hosts, s.util_hosts, s.gpu_util) == (3, 2, (90.0 + 35.0) / 2)
+    assert s.racks["r1"].util is None and s.racks["r1"].gpu_hosts == 1 and s.racks["r0"].util == 90.0
+    assert mu.hosts.select(None, "-util", now)[-1].id == "h-001"  # sorted as a host without GPUs
+    use = mu.hosts.gpu_use("h-000", [3, 4])
+    assert use is not None and use.util_pct is None and use.mem_used_mb == 0  # one of them not read
+    use = mu.hosts.gpu_use("h-000", [2, 3])
+    assert use is not None and use.util_pct == 90.0
+    d = mu.hosts.devices("h-001")[0]
+    assert (d.util_pct, d.mem_used_mb, d.temp_c, d.power_w) == (None, None, None, None)
+    d = mu.hosts.devices("h-000")[5]
+    assert (d.util_pct, d.mem_used_mb, d.temp_c, d.power_w) == (None, 0, 0.0, 0.0)
+
+
 def test_graphql_and_console_filters_mean_the_same(tmp_path: Path) -> None:
     """Both read one table with one query type: a case-insensitive part of the id, a
     draining host counts as cordoned, a host with a faulted GPU is one with GPU faults, a

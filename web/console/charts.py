@@ -22,7 +22,8 @@ TELEMETRY_IDLE_S = 120.0  # a host nobody viewed for this long is no longer samp
 @dataclass(slots=True)
 class Sample:
     ts: float
-    gpus: dict[int, tuple[float, float, float]]  # index -> (util %, temp °C, power W)
+    # index -> (util %, temp °C, power W), each None where its agent could not read it
+    gpus: dict[int, tuple[float | None, float | None, float | None]]
 
 
 class Telemetry:
@@ -58,7 +59,7 @@ class Telemetry:
             buf = self.buffers[host_id] = deque(maxlen=TELEMETRY_MAX_SAMPLES)
         if buf and hb.ts <= buf[-1].ts:
             return  # the same heartbeat (or an older one) again
-        buf.append(Sample(hb.ts, {u.index: (u.util_pct, u.temp_c, u.power_w) for u in hb.gpu_usage}))
+        buf.append(Sample(hb.ts, {u.index: (u.util_read, u.temp_read, u.power_read) for u in hb.gpu_usage}))
         cutoff = hb.ts - TELEMETRY_WINDOW_S
         while buf and buf[0].ts < cutoff:
             buf.popleft()
@@ -121,8 +122,11 @@ class Spark:
         return f"{self.label}: now {self.fmt(self.now)}, min {self.fmt(self.lo)}, max {self.fmt(self.hi)}"
 
 
-def _spark(label: str, unit: str, kind: str, series: list[tuple[float, float]], t0: float, t1: float,
+def _spark(label: str, unit: str, kind: str, samples: list[tuple[float, float | None]], t0: float, t1: float,
            fixed: tuple[float, float] | None = None) -> Spark:
+    """A sparkline of `samples` (time, value); a value not read (None) is no point, and
+    "now" is None when the latest was not read."""
+    series = [(ts, v) for ts, v in samples if v is not None]
     if not series:
         return Spark(label, unit, "", None, None, None, kind)
     values = [v for _, v in series]
@@ -140,7 +144,7 @@ def _spark(label: str, unit: str, kind: str, series: list[tuple[float, float]], 
             x = (ts - t0) / span_t * SPARK_W
             y = SPARK_H - 1 - (min(max(v, lo), hi) - lo) / span_v * (SPARK_H - 2)
             pts.append(f"{x:.1f},{y:.1f}")
-    return Spark(label, unit, " ".join(pts), values[-1], lo_v, hi_v, kind)
+    return Spark(label, unit, " ".join(pts), samples[-1][1], lo_v, hi_v, kind)
 
 
 def gpu_charts(samples: list[Sample]) -> list[tuple[int, list[Spark]]]:

@@ -84,10 +84,15 @@ class HostGpu:
     fault: str | None = strawberry.field(
         description="What faulted (an Xid, uncorrectable ECC errors, the GPU unreachable) when it is not healthy; "
                     "cleared by clearGpuFaults or the agent's restart.")
-    util_pct: float = strawberry.field(default=0.0, description="Utilization in the latest heartbeat, in percent.")
-    mem_used_mb: int = strawberry.field(default=0, description="GPU memory in use in the latest heartbeat.")
-    temp_c: float = strawberry.field(default=0.0, description="Temperature in the latest heartbeat, in °C.")
-    power_w: float = strawberry.field(default=0.0, description="Power draw in the latest heartbeat, in watts.")
+    util_pct: float | None = strawberry.field(
+        default=None, description="Utilization in the latest heartbeat, in percent; null when its agent could not "
+                                  "read it (NVML gives none for a GPU in MIG mode; a failed or hung call).")
+    mem_used_mb: int | None = strawberry.field(
+        default=None, description="GPU memory in use in the latest heartbeat; null when not read (as utilPct).")
+    temp_c: float | None = strawberry.field(
+        default=None, description="Temperature in the latest heartbeat, in °C; null when not read (as utilPct).")
+    power_w: float | None = strawberry.field(
+        default=None, description="Power draw in the latest heartbeat, in watts; null when not read (as utilPct).")
 
     @staticmethod
     def of(d: GpuDevice) -> HostGpu:
@@ -112,7 +117,9 @@ class Host:
     gpu_model: str
     gpus_allocated: int
     gpus_unhealthy: int
-    gpu_util_pct: float
+    gpu_util_pct: float | None = strawberry.field(description=(
+        "The mean utilization of its GPUs in its latest heartbeat, in percent, over those whose utilization its "
+        "agent could read (see HostGpu.utilPct); null without GPUs or when none was read."))
     cpus: int
     cpu_pct: float
     memory_mb: int
@@ -190,7 +197,7 @@ class Host:
     def unknown(host_id: str) -> Host:
         return Host(
             id=strawberry.ID(host_id), health="LOST", cordoned=False, draining=False, simulated=False, labels=[],
-            gpus=0, gpu_model="-", gpus_allocated=0, gpus_unhealthy=0, gpu_util_pct=0.0, cpus=0,
+            gpus=0, gpu_model="-", gpus_allocated=0, gpus_unhealthy=0, gpu_util_pct=None, cpus=0,
             cpu_pct=0.0, memory_mb=0, mem_used_mb=0, last_seen=None, tasks=0,
         )
 
@@ -281,10 +288,11 @@ class Attempt:
     @strawberry.field(description="A running attempt's GPUs' utilisation in its host's latest heartbeat, in "
                                   "percent (their mean; for a share of a GPU, the whole GPU's, which its other "
                                   "tasks share): is it using what it holds? null when it is not running, runs "
-                                  "on a MIG instance (NVML reports no utilisation per instance) or holds no GPU.")
+                                  "on a MIG instance (NVML reports no utilisation per instance), holds no GPU, "
+                                  "or its agent could not read the utilisation of one of its GPUs.")
     def gpu_util_pct(self, info: Info) -> float | None:
         use = self._gpu_use(info)
-        return round(use.util_pct, 1) if use is not None else None
+        return round(use.util_pct, 1) if use is not None and use.util_pct is not None else None
 
     @strawberry.field(description="Its GPUs' mean utilisation over its run, in percent, as its agent sampled it at "
                                   "each heartbeat and reported at its end (for a share, the whole GPU's): null "
@@ -294,7 +302,8 @@ class Attempt:
         return self._m.gpu_util_pct
 
     @strawberry.field(description="A running attempt's GPUs' memory in use in its host's latest heartbeat, in MB "
-                                  "(theirs in all; for a share, the whole GPU's); null as gpuUtilPct.")
+                                  "(theirs in all; for a share, the whole GPU's); null as gpuUtilPct (here, the "
+                                  "memory in use not read).")
     def gpu_mem_used_mb(self, info: Info) -> int | None:
         use = self._gpu_use(info)
         return use.mem_used_mb if use is not None else None
