@@ -223,6 +223,13 @@ class JobOperations(Operations):
         if job.state not in (JobState.PLACED, JobState.RUNNING):
             raise ValidationError("id", f"job {job_id} is {job.state.value}: only a placed or running job is "
                                         "requeued", "NOT_RUNNING")
+        stopping = next((t.stop_kind for t in job.current_tasks() if not t.state.terminal and t.stop_kind), "")
+        if stopping and not hold:
+            # Its try ends as that stop says (a preempted job is queued again by it): a
+            # requeue would be taken and dropped (found by exploring).
+            raise ValidationError("id", f"job {job_id}'s try is being stopped already ({stopping}): it ends as "
+                                        "that stop says; requeue it held to keep it from being placed again",
+                                  "ALREADY_STOPPING")
         await self._command(Command(kind="requeue", job_id=job_id, by=by, reason=reason, hold=hold))
 
     async def live_output(self, host_id: str, attempt_id: str, timeout_s: float = 2.0) -> str | None:

@@ -1024,7 +1024,8 @@ class Scheduler:
 
     async def _find_runnable(self, queue: str, now: float) -> bool:
         """`_runnable`'s answer for `queue`: the first RUNNABLE_LOOKS jobs in its order are
-        looked at; past them it is taken as runnable."""
+        looked at (a job its own limits hold back, its user's or its group's, is not one that
+        could run: `queue_view.own_limits`); past them it is taken as runnable."""
         view = self._jobs_view
         if view is None or view.state is not self.state:
             view = self._jobs_view = JobView(self.state, None, self.config.queues.half_life_s)
@@ -1036,6 +1037,8 @@ class Scheduler:
             job = self.state.jobs.get(key[2])
             if job is None or job.not_before > now or view.queue_never(job):
                 continue
+            if queue_view.own_limits(self.state, job, self.state.queues.get(job.spec.queue)):
+                continue  # waits its turn by its own (its user's, its group's) limits: not starved
             if not await finish_stepwise(view.hosts_never_steps(job, time.monotonic()), lambda: asyncio.sleep(0)):
                 runnable = True
                 break

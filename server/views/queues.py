@@ -189,6 +189,33 @@ def admitted(state: ClusterState, job: Job, b: QueueBook | None = None) -> bool:
     return any(b.admits(job.spec.queue, job_demand(job.spec, m)) is None for m in _models(state, job) or [None])
 
 
+def own_limits(state: ClusterState, job: Job, q: Queue | None) -> list[QueueReason]:
+    """What holds a queued job back by its own limits, not the cluster's: its user's in its
+    queue `q` (jobs placed or running, GPUs held; None: a queue with no record, without
+    such limits) and its group's (an array's throttle, a singleton). It waits its turn:
+    nothing is blocked, and its queue is not starved for it (found by exploring:
+    `queue.starved` was alerted for an array waiting on its `%K`)."""
+    name = job.spec.queue
+    out: list[QueueReason] = []
+    if q is not None and q.max_running_jobs_per_user:
+        running = state.user_live.get((name, job.spec.user)) - bool(job.preempting)
+        if running >= q.max_running_jobs_per_user:
+            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} has {running} jobs of queue {name} placed or "
+                                               f"running, its per-user limit {q.max_running_jobs_per_user}"))
+    if q is not None and q.max_gpus_per_user and job.spec.wants_gpu():
+        holds = state.user_usage.get(name, {}).get(job.spec.user, 0.0)
+        if holds + job_gpus(job.spec) > q.max_gpus_per_user + 1e-6:
+            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} holds {holds:g} GPUs of queue {name} + "
+                                               f"{job_gpus(job.spec):g} wanted > its per-user limit "
+                                               f"{q.max_gpus_per_user:g}"))
+    k = groups.key(job)
+    running = groups.running(job, state.group_live.get(k), state.named_live.get((job.spec.user, job.spec.name))) \
+        if k is not None else 0
+    if groups.waits(job, running):
+        out.append(QueueReason(GROUP_LIMIT, groups.wait_text(job, running)))
+    return out
+
+
 def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
             gang_fits_whole: bool | None = None, fits_now: bool | None = None,
             reserved_for: Sequence[Job] = (), b: QueueBook | None = None,
@@ -228,23 +255,7 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     conflict = label_conflict(job.spec, q)
     if conflict:
         return [QueueReason(LABEL_CONFLICT, f"{conflict}: it waits until the queue's or its own labels change")]
-    out: list[QueueReason] = []
-    if q.max_running_jobs_per_user:
-        running = state.user_live.get((name, job.spec.user)) - bool(job.preempting)
-        if running >= q.max_running_jobs_per_user:
-            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} has {running} jobs of queue {name} placed or "
-                                               f"running, its per-user limit {q.max_running_jobs_per_user}"))
-    if q.max_gpus_per_user and job.spec.wants_gpu():
-        holds = state.user_usage.get(name, {}).get(job.spec.user, 0.0)
-        if holds + job_gpus(job.spec) > q.max_gpus_per_user + 1e-6:
-            out.append(QueueReason(USER_LIMIT, f"{job.spec.user} holds {holds:g} GPUs of queue {name} + "
-                                               f"{job_gpus(job.spec):g} wanted > its per-user limit "
-                                               f"{q.max_gpus_per_user:g}"))
-    k = groups.key(job)
-    running = groups.running(job, state.group_live.get(k), state.named_live.get((job.spec.user, job.spec.name))) \
-        if k is not None else 0
-    if groups.waits(job, running):
-        out.append(QueueReason(GROUP_LIMIT, groups.wait_text(job, running)))
+    out = own_limits(state, job, q)
     if job.preempting:
         stopping = 0
         future = b.copy()  # the book once its victims have stopped, as the planner decides on it

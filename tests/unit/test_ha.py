@@ -563,6 +563,59 @@ def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -
     assert asyncio.run(main()) == [[], [], [], [], [], ["default"]]
 
 
+def test_a_queue_whose_jobs_wait_for_their_group_or_their_users_limit_is_not_alerted_as_starved() -> None:
+    """Found by exploring: an array throttled to 2 at once (`%2`) on an idle 8-GPU host had
+    its other elements waiting for their group, as why-pending said, and the queue was
+    alerted as starved ("6 jobs waiting and none placed"); so was one whose jobs waited for
+    their user's running-jobs limit. Jobs held back by their own limits wait their turn."""
+    from server.scheduling.planner import Plan
+    from server.scheduling.scheduler import SchedulerConfig
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from tests.unit.test_planner import NOW, World
+    from wire.messages import Queue, encode
+    from wire.records import Record
+
+    def starved(w: World) -> list[list[str]]:
+        async def main() -> list[list[str]]:
+            sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
+            sched.config = SchedulerConfig()
+            sched.watch.starved_after_s = 100.0
+
+            async def alerts(now: float) -> list[str]:
+                sched._watched_at = 0.0
+                out = [str(e.data["queue"]) for e in sched._queue_alerts(Plan(), now) if e.kind == "queue.starved"]
+                if sched._runnable_check is not None:
+                    await sched._runnable_check
+                return out
+
+            return [await alerts(NOW), await alerts(NOW + 200), await alerts(NOW + 201)]
+
+        return asyncio.run(main())
+
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=8, now=NOW)
+    for i in range(8):
+        spec = job_spec(f"sweep-{i}", command=["x"], gpus=1, group="sweep#abcd", group_limit=2, user="alice")
+        w.state.apply_state_record(Record(f"job.s{i:07d}", next(w.rev),
+                                          encode(make_job(f"s{i:07d}", spec=spec, submitted_at=NOW - 100 + i))))
+    assert w.cycle(now=NOW - 50).placed == 2
+    assert w.state.backlog.eligible_counts(NOW) == {"default": 6}
+    assert starved(w) == [[], [], []]
+
+    w = World(interval_s=3600.0)
+    w.host("h1", gpus=8, now=NOW)
+    w.state.apply_state_record(Record("queue.default", next(w.rev),
+                                      encode(Queue(name="default", max_running_jobs_per_user=1))))
+    for i in range(3):
+        w.submit(f"u{i}", gpus=1, submitted_at=NOW - 100 + i)
+    assert w.cycle(now=NOW - 50).placed == 1
+    assert starved(w) == [[], [], []]
+    other = make_job("other", spec=job_spec("other", command=["x"], gpus=1, user="someone-else"), submitted_at=NOW - 40)
+    w.state.apply_state_record(Record("job.other", next(w.rev), encode(other)))  # one that could be placed: alerted
+    assert starved(w) == [[], [], ["default"]]
+
+
 def test_every_queue_gets_its_turn_to_be_found_runnable() -> None:
     """Whether a queue's jobs could ever run is found one queue at a time: every queue
     asked about gets its turn, in the order first asked (found by a review: with many

@@ -1343,3 +1343,46 @@ def test_a_job_to_begin_later_is_parked_not_pending() -> None:
     assert (row.pending, row.parked) == (1, 1)
     row = next(r for r in rows(w.state, NOW + 7201, 0.0) if r.queue.name == "bq")
     assert (row.pending, row.parked) == (2, 0)
+
+
+def test_a_requeue_held_of_a_job_in_its_preemption_grace_holds_it_once_its_try_has_stopped() -> None:
+    """Found by exploring: `requeueJob(hold: true)` (the remedy updateJob(held)'s refusal
+    for a running job points to) of a job being preempted was taken, and dropped by the
+    leader: the job came back queued, not held, and was placed again once the preemptor
+    ended. Its try keeps its stop and end (PREEMPTED), and the job is held."""
+    import asyncio
+
+    from server.operations.jobs import JobOperations
+    from server.views.jobs import JobView
+    from wire.errors import ValidationError
+    from wire.messages import Command
+
+    w = QWorld()
+    w.host("h1", gpus=2)
+    w.queue("a", gpus=2, min_runtime_s=0, preempt_grace_s=30)
+    w.qsubmit("low", "a", submitted_at=NOW - 500)
+    w.qcycle(now=NOW - 300)
+    w.qcycle(w.agent_reports(NOW - 299), now=NOW - 299)
+    w.qsubmit("high", "a", gpus=2, priority=10, submitted_at=NOW - 10)
+    w.qcycle(now=NOW)
+    assert w.job("low").current.stop_kind == "preempt"
+    # The API refuses a requeue not held of a try stopping already (it would be dropped).
+    ops = JobOperations()
+    ops.state, ops.store, ops.jobs = w.state, None, JobView(w.state, None, 0.0)
+    with pytest.raises(ValidationError) as refused:
+        asyncio.run(ops.requeue("low", "op"))
+    assert refused.value.code == "ALREADY_STOPPING" and "preempt" in refused.value.message
+    plan = w.qcycle(now=NOW + 1, commands=[Command(kind="requeue", job_id="low", by="op", reason="bad data",
+                                                   hold=True)])
+    assert plan.ignored == 0 and [e.message for e in plan.events if e.kind == "job.updated"] == [
+        "held by op (its try already stopping: preempt)"]
+    w.qcycle(w.agent_reports(NOW + 5), now=NOW + 5)  # the victim stopped
+    low = w.job("low")
+    assert low.state is JobState.QUEUED and low.hold == "held by op: bad data"
+    assert [a.state for a in low.attempts] == [AttemptState.PREEMPTED]
+    w.qcycle(w.agent_reports(NOW + 6), now=NOW + 6)
+    high = w.job("high").current
+    w.qcycle([StatusReport(host_id=high.host_id, attempt_id=high.id, job_id="high", state=AttemptState.SUCCEEDED,
+                           exit_code=0, ts=NOW + 7)], now=NOW + 7)
+    w.qcycle(now=NOW + 8)
+    assert w.job("low").state is JobState.QUEUED and w.job("low").tries == 1  # held: not placed again

@@ -280,17 +280,27 @@ def apply_requeue(w: Work, c: Command, now: float) -> None:
     """An operator's requeue: the live tasks of a placed or running job's try are stopped
     (SIGTERM, the grace, SIGKILL) as an orderly disruption (retry.REQUEUE: not counted
     against maxAttempts), and once they are gone the job is queued again at its old place,
-    held if asked. A job already stopping, queued or ended is left as it is."""
+    held if asked. A job queued or ended is left as it is; one whose try is being stopped
+    already (preempted, drained, at its time limit) keeps that stop and its end, and is
+    held if asked (found by exploring: a requeue held of a job in its preemption grace was
+    taken and dropped, and the job placed again as soon as it was queued)."""
     job = w.plan.jobs.get(c.job_id) or w.state.jobs.get(c.job_id)
     if job is None or job.state not in (JobState.PLACED, JobState.RUNNING):
         w.plan.ignored += 1
         return
     live = [t for t in job.current_tasks() if not t.state.terminal]
-    if not live or any(t.stop_kind for t in live):
+    stopping = next((t.stop_kind for t in live if t.stop_kind), "")
+    if not live or (stopping and (not c.hold or job.hold)):
         w.plan.ignored += 1
         return
     job = w.job(c.job_id)
     assert job is not None
+    if stopping:
+        job.hold = hold_text(c.by, c.reason)
+        job.updated_at = now
+        w.plan.events.append(job_event("job.updated", job, job.current, now,
+                                       f"held by {c.by or 'operator'} (its try already stopping: {stopping})"))
+        return
     why = f"requeued by {c.by or 'operator'}" + (f": {c.reason}" if c.reason else "")
     for t in [t for t in job.current_tasks() if not t.state.terminal]:
         stop_attempt(w, t, retry.REQUEUE, clip_start(why, text_limits(job.spec)[1]), now)
