@@ -67,7 +67,9 @@ def gpu_key(model: str) -> str:
 
 # A GPU in MIG mode has 7 compute slices (A100, H100, H200, GH200, B200, GB200), except
 # those named here (NVIDIA's MIG user guide; `agent.gpu.normalise_model` names models).
-MIG_SLICES: dict[str, int] = {"A30": 4}
+# GPU models whose MIG mode has 4 compute slices, not 7 (the RTX PRO 6000 Blackwell: 1g.24gb,
+# 2g.48gb, 4g.96gb; its 1g.24gb is also an H100 NVL's seventh, so only its model tells).
+MIG_SLICES: dict[str, int] = {"A30": 4, "RTXPRO6000": 4}
 MIG_SLICES_DEFAULT = 7
 # The profiles only a GPU of 4 slices has (an A30's: 1g.6gb, 2g.12gb, 4g.24gb, the first
 # two also "+me"): the slices of an instance whose GPU model is not known.

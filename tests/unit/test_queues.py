@@ -59,7 +59,8 @@ def test_demand_counts_gangs_shares_and_mig() -> None:
     ("4g.24gb", "A30", 1.0), ("2g.12gb", "A30", 0.5), ("1g.6gb", "A30", 0.25), ("1g.6gb+me", "A30", 0.25),
     ("4g.24gb", None, 1.0), ("2g.12gb+me", "", 0.5),  # an A30's profiles, its model not known
     ("3g.40gb", "H100", 3 / 7), ("1g.18gb", "H200", 1 / 7), ("4g.20gb", "A100", 4 / 7), ("7g.180gb", "B200", 1.0),
-    ("3g.40gb", None, 3 / 7)])
+    ("3g.40gb", None, 3 / 7), ("2g.48gb", "RTXPRO6000", 0.5), ("1g.24gb", "RTXPRO6000", 0.25),
+    ("1g.24gb", "H100", 1 / 7)])
 def test_a_mig_instance_is_the_part_of_its_gpus_compute_slices(profile: str, model: str | None,
                                                                  part: float) -> None:
     """Found by exploring: every MIG instance was counted in sevenths, an A30's (4 slices:
