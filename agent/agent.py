@@ -576,11 +576,12 @@ class Agent:
         for u in usage:
             u.share_allocated = share.get(u.index, 0)
             u.mem_allocated_mb = gpu_mem.get(u.index, 0)
-        util = util_by_index(usage)  # (a GPU whose utilisation is unread: no sample, nor idle for it)
+        # A GPU whose utilisation is unread (all of them from a stale snapshot) gives no
+        # sample, and ends an idle stretch: unknown is not idle.
+        util = {} if stale else util_by_index(usage)
         now = time.time()
         for r in self.runs.values():
-            if not stale:  # no sample of telemetry not read (nor idle for it)
-                r.sample_gpus(util, now)
+            r.sample_gpus(util, now)
         idle_after = self.config.gpu_idle_after_s
         idle = {r.task.attempt_id: r.gpu_idle_since for r in self.runs.values()
                 if idle_after > 0 and r.gpu_idle_since is not None and now - r.gpu_idle_since >= idle_after}

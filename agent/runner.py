@@ -192,13 +192,17 @@ class Run:
         heartbeat reports it: for a share, the whole GPU's), taken while its process runs;
         none for a task without GPUs or on a MIG instance (NVML gives no utilisation per
         instance), nor when one of its GPUs is missing from `util_by_index` (its utilisation
-        not read: `gpuwatch.util_by_index`), which leaves an idle stretch as it was. All of
-        them under GPU_IDLE_UTIL_PCT: idle since this sample, unless since an earlier one."""
+        not read: `gpuwatch.util_by_index`), which ends an idle stretch: idle is seen at every
+        sample of it (a review: a stretch begun before NVML stopped answering grew on, and
+        raised `job.gpus_idle` from unknown figures). All of them under GPU_IDLE_UTIL_PCT:
+        idle since this sample, unless since an earlier one."""
         t = self.task
         if self.proc is None or self.proc.returncode is not None or not t.gpu_indices or t.mig:
             return
         got = [util_by_index[i] for i in t.gpu_indices if i in util_by_index]
-        if len(got) == len(t.gpu_indices):
+        if len(got) != len(t.gpu_indices):
+            self.gpu_idle_since = None
+        else:
             self.gpu_util_sum += sum(got) / len(got)
             self.gpu_util_samples += 1
             if max(got) < GPU_IDLE_UTIL_PCT:

@@ -193,7 +193,7 @@ def whole_number(text: str) -> int:
     as finite_float (int() reads '٣' as 3, and '３' as 3); refused in words, not with
     argparse's "invalid whole_number value"."""
     try:
-        if not text.isascii():
+        if not re.fullmatch(r"[+-]?[0-9]+", text):  # (int() also takes "1_000" and " 3 ": a review)
             raise ValueError(text)
         return int(text)
     except ValueError:

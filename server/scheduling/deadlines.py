@@ -12,20 +12,22 @@ from sortedcontainers import SortedList
 from wire.messages import Attempt, AttemptState
 
 
-def try_deadline(tasks: Sequence[Attempt]) -> float | None:
+def try_deadline(tasks: Sequence[Attempt], ended_end: bool = True) -> float | None:
     """When a try (its tasks: one, or a gang's) reaches its time limit: its first task's
     start plus the limit its tasks still live hold (a change of the limit reaches only
     those: found by exploring, a gang whose first task had ended kept that task's limit,
     and took the start of the tasks still running only). None without a limit or a task
     running, once it is being stopped, or once a task of it ended other than SUCCEEDED: the
     rest are being stopped for that, and the try keeps that end (found by exploring: a
-    limit passing meanwhile made the gang of a lost task TIMEOUT, not retried)."""
+    limit passing meanwhile made the gang of a lost task TIMEOUT, not retried); with
+    `ended_end` False such a try has its deadline all the same (for the leader to tell which
+    came first)."""
     live = [t for t in tasks if not t.state.terminal]
     limit = live[0].time_limit_s if live else 0.0
     started = [t.started_at for t in tasks if t.started_at is not None]
     if (not started or limit <= 0 or not any(t.state is AttemptState.RUNNING for t in live)
             or any(t.stop_kind for t in tasks)
-            or any(t.state.terminal and t.state is not AttemptState.SUCCEEDED for t in tasks)):
+            or (ended_end and any(t.state.terminal and t.state is not AttemptState.SUCCEEDED for t in tasks))):
         return None
     return min(started) + limit
 

@@ -637,7 +637,7 @@ def _number(v: object) -> float:
 def _unread_util(u: dict[str, Any]) -> bool:
     """Whether a GPU usage entry of an undecoded heartbeat marks its utilisation unread
     (GpuUsage.unread; absent from older agents'); TypeError when the mark is malformed."""
-    unread = u.get("unread", ())
+    unread = u.get("unread", [])  # an older agent's has none (a review: all of theirs were decoded whole)
     if not isinstance(unread, list):
         raise TypeError(f"not a list: {unread!r}")
     return "util" in unread

@@ -329,7 +329,9 @@ def test_integer_options_take_ascii_digits_only_and_refuse_in_words(capsys: pyte
                  ["host", "clear-gpu-faults", "h1", "--reason", "r", "--gpu", "٣"],
                  ["queue", "set", "q", "--max-submitted-jobs", "٣"],
                  ["alerts", "tail", "-n", "٣"],
-                 ["job", "submit", "--gpus", "1.5", "x", "--", "true"]):
+                 ["job", "submit", "--gpus", "1.5", "x", "--", "true"],
+                 ["job", "submit", "--gpus", "1_000", "x", "--", "true"],  # int() takes these (a review)
+                 ["job", "list", "--limit", " 3 "]):
         err = _refused(argv, capsys)
         assert "is not a whole number" in err and "Traceback" not in err, (argv, err)
     err = _refused(["server", "--heartbeat-interval", "٣"], capsys)

@@ -347,3 +347,14 @@ def test_a_gang_whose_task_was_killed_keeps_that_end_when_its_limit_passes_while
     j = w.job("g")
     assert j.state is not JobState.TIMEOUT and j.tries == 2, (j.state, j.tries)
     assert [a.state for a in j.attempts if a.number == 1] == [AttemptState.KILLED, AttemptState.KILLED]
+    # A task that ended after the limit (its report read late, with the limit's cycle): the
+    # limit came first, and the try ends TIMEOUT (a review).
+    w = World()
+    w.host("a")
+    w.host("b")
+    w.submit("g", gpus=8, replicas=2, time_limit_s=600, max_attempts=3)
+    w.cycle()
+    w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW)], now=NOW)
+    assert w.cycle([w.report("g", 1, AttemptState.KILLED, ts=NOW + 605)], now=NOW + 606).timed_out == 1
+    w.cycle([w.report("g", 0, AttemptState.KILLED, ts=NOW + 607)], now=NOW + 607)
+    assert w.job("g").state is JobState.TIMEOUT

@@ -118,3 +118,8 @@ def test_no_idle_sample_is_taken_from_an_unread_utilisation() -> None:
     backend.set_unreadable({})
     agent.heartbeat()
     assert both.gpu_util_samples == 1 and both.gpu_idle_since is not None
+    # Unread again: the idle stretch ends (a review: it grew on through unknown figures, and
+    # raised job.gpus_idle once long enough); idle again from the next read sample.
+    backend.set_unreadable({1: ["util"]})
+    agent.heartbeat()
+    assert both.gpu_util_samples == 1 and both.gpu_idle_since is None and alone.gpu_idle_since is not None

@@ -528,6 +528,22 @@ def test_a_time_limit_passed_before_a_drains_deadline_ends_the_try_timeout_when_
         w.qcycle(now=NOW + 70)
         w.qcycle(w.agent_reports(NOW + 71), now=NOW + 71)
         assert w.job("j").state is expect, (drain_at - NOW, w.job("j").state)
+    # The same for an advance reservation that sets the host aside for another queue (a
+    # review): one that began before the limit stops the try as its own, requeued.
+    from wire.messages import AdvanceReservation
+
+    for starts, expect in ((NOW + 65, JobState.TIMEOUT), (NOW + 55, JobState.QUEUED)):
+        w = QWorld()
+        w.host("h1")
+        w.queue("a", preempt_grace_s=5)
+        w.qsubmit("j", "a", time_limit_s=60, max_attempts=1)
+        w.qcycle(now=NOW)
+        w.qcycle(w.agent_reports(NOW), now=NOW)
+        r = AdvanceReservation(name="launch", hosts=["h1"], queues=["other"], starts=starts, ends=NOW + 4000)
+        w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
+        w.qcycle(now=NOW + 70)
+        w.qcycle(w.agent_reports(NOW + 71), now=NOW + 71)
+        assert w.job("j").state is expect, (starts - NOW, w.job("j").state)
 
 
 def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stops_it() -> None:

@@ -50,5 +50,7 @@ def test_a_run_is_idle_since_the_first_of_the_samples_that_found_all_its_gpus_id
     r.sample_gpus({0: 0.0, 1: 5.0}, 20.0)  # one of them busy: no longer idle
     assert r.gpu_idle_since is None
     r.sample_gpus({0: 0.0, 1: 0.0}, 25.0)
-    r.sample_gpus({0: 0.0}, 30.0)  # GPU 1 not reported: no sample, the stretch goes on
-    assert r.gpu_idle_since == 25.0
+    r.sample_gpus({0: 0.0}, 30.0)  # GPU 1 not read: no sample, and the stretch ends (unknown is not idle)
+    assert r.gpu_idle_since is None and r.gpu_util_samples == 4
+    r.sample_gpus({0: 0.0, 1: 0.0}, 35.0)
+    assert r.gpu_idle_since == 35.0

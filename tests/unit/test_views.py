@@ -621,3 +621,21 @@ async def test_a_host_under_pressure_is_shown_so_and_its_gpus_are_not_free(tmp_p
     # Relieved: placed on again.
     mu.state.apply_host_record(heartbeat_record(hbs[1].model_copy(update={"seq": 3}), 11))
     assert not mu.state.index.caps["h-001"].pressure
+
+
+def test_an_older_agents_heartbeat_without_unread_marks_is_read_raw() -> None:
+    """Found by a review: the raw read of a heartbeat (a server's fast path, no decode)
+    refused every heartbeat of an agent older than GpuUsage.unread, so a fleet of them,
+    as a server-first upgrade has, was decoded whole on every read."""
+    import json
+
+    from server.views.hosts import HostRow, _usage_from_raw
+
+    hb = heartbeat("h-old", boot_id="b", seq=1, ts=1.0, gpus=2, util=[40.0, 60.0])
+    d = json.loads(hb.to_json())
+    for u in d["gpu_usage"]:
+        del u["unread"]  # as an older agent sends it
+    r = HostRow.__new__(HostRow)
+    r.id = "h-old"
+    assert _usage_from_raw(r, json.dumps(d).encode()) and r.gpu_util_pct == 50.0
+

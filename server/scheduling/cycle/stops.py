@@ -24,7 +24,7 @@ from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domai
 from server.scheduling.queues import placement_spec
 from server.scheduling.setasidework import others_work
 from wire.budgets import clip_start, text_limits
-from wire.messages import AdvanceReservation, AttemptState, Job, max_counts
+from wire.messages import AdvanceReservation, Attempt, AttemptState, Job, max_counts
 
 
 def evict_lost(
@@ -255,7 +255,10 @@ def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
     task, SIGKILL); they end TIMEOUT once their agent reports them stopped. Run before the
     drains' and reservations' stops: a limit and a drain deadline both passed when a
     cycle comes (a new leader's first, a slow one) stop the try as the earlier of the two
-    (found by exploring: the drain won, and a try past its limit was requeued uncounted)."""
+    (found by exploring: the drain won, and a try past its limit was requeued uncounted);
+    the same for an advance reservation that set its host aside, and for a gang task that
+    ended (not SUCCEEDED) in this cycle: before its limit, the try keeps that end; after it
+    (its report read late), the limit came first."""
     for job_id in w.state.due_deadlines(now):
         if w.plan.keys + 2 > max_keys:
             return
@@ -264,15 +267,17 @@ def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
         job = w.job(job_id)
         if job is None or job.state.terminal:
             continue
-        # As this cycle's reports left it (a task that ended meanwhile may end the try).
-        deadline = try_deadline(job.current_tasks())
-        tasks = [t for t in job.current_tasks() if not t.state.terminal]
+        # As this cycle's reports and commands left it (its limit changed, a task ended).
+        current = job.current_tasks()
+        deadline = try_deadline(current, ended_end=False)
+        tasks = [t for t in current if not t.state.terminal]
         if deadline is None or deadline > now or not tasks:
             continue
-        drained = [cfg.drain_deadline for t in tasks if (cfg := w.state.hostcfg.get(t.host_id)) is not None
-                   and cfg.draining and cfg.drain_deadline <= now]
-        if drained and min(drained) < deadline:
-            continue  # its host's drain came first: stopped as the drain's
+        ended = [t.finished_at or now for t in current if t.state.terminal and t.state is not AttemptState.SUCCEEDED]
+        if ended and min(ended) < deadline:
+            continue  # a task ended before the limit: the try keeps that end
+        if _stopped_first(w, job, tasks, deadline, now):
+            continue
         if w.plan.keys + 1 + len(tasks) > max_keys:
             return
         why = f"time limit of {tasks[0].time_limit_s:g} s reached"
@@ -281,6 +286,21 @@ def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
         job.updated_at = now
         w.plan.timed_out += 1
         w.plan.events.append(job_event("job.timing_out", job, tasks[0], now, why))
+
+
+def _stopped_first(w: Work, job: Job, tasks: list[Attempt], deadline: float, now: float) -> bool:
+    """Whether a drain's deadline or an advance reservation's start that sets a host of
+    `tasks` aside from `job` came before its try's `deadline` (both past `now`): the try is
+    stopped as theirs (requeued uncounted), not for its limit."""
+    for t in tasks:
+        cfg = w.state.hostcfg.get(t.host_id)
+        if cfg is not None and cfg.draining and cfg.drain_deadline <= now and cfg.drain_deadline < deadline:
+            return True
+    for r in w.state.advance.values():
+        if r.starts < deadline and advance.active(r, now) and not advance.admits(r, job.spec.queue, job.spec.user) \
+                and any(t.host_id in r.hosts for t in tasks):
+            return True
+    return False
 
 
 def stop_on_faulted_gpus(w: Work, now: float, max_keys: int) -> None:
