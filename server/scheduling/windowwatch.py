@@ -48,7 +48,10 @@ class WindowWatch:
                           "starts": r.starts, "ends": r.ends}))
         drained: dict[Window, list[str]] = {}
         for host_id, w in windows.items():
-            if w.starts <= now < w.stops:
+            # Begun, its deadline passed or not (found by exploring: one of deadline 0, or
+            # one that began and passed its deadline between two checks, was never alerted);
+            # known for as long as its hosts drain.
+            if w.starts <= now:
                 drained.setdefault(w, []).append(host_id)
         for w, hosts in drained.items():
             key = ("maintenance", "", w.starts, w.stops)

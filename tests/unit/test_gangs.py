@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from server.scheduling.eviction import EvictionBudget
 from server.scheduling.planner import Plan, QueuePolicy, plan_cycle
 from server.state.cluster import ClusterState, HostConfig
@@ -358,3 +360,38 @@ def test_a_gang_whose_task_was_killed_keeps_that_end_when_its_limit_passes_while
     assert w.cycle([w.report("g", 1, AttemptState.KILLED, ts=NOW + 605)], now=NOW + 606).timed_out == 1
     w.cycle([w.report("g", 0, AttemptState.KILLED, ts=NOW + 607)], now=NOW + 607)
     assert w.job("g").state is JobState.TIMEOUT
+
+
+@pytest.mark.parametrize("stopped_by", ["drain", "reservation"])
+def test_a_keep_running_try_on_a_lost_host_is_held_through_a_drain_or_reservation_of_that_host(
+        stopped_by: str) -> None:
+    """Found by exploring: a drain whose deadline passed (or an advance reservation that
+    opened) on a host already lost marked its KEEP_RUNNING try to stop, and the eviction took
+    a try marked to stop for one with nothing left to replace: it ended at once and the job
+    was placed elsewhere, 3,580 s before its replaceAfter, while the cut-off agent (which
+    never stops such a task) ran it on. It is held until replaceAfter as any such try."""
+    from wire.messages import AdvanceReservation
+
+    w = World()
+    w.host("a")
+    w.host("b", gpus=0)
+    spec = job_spec("k", command=["x"], gpus=1, cpus=1, memory_mb=1, on_disconnect="KEEP_RUNNING",
+                    replace_after_s=3600)
+    w.state.apply_state_record(Record("job.k", next(w.rev), encode(make_job("k", spec=spec, submitted_at=NOW))))
+    w.cycle()
+    w.cycle([w.report("k", 0, AttemptState.RUNNING)])
+    w.host("b")  # room elsewhere
+    w.lose("a")
+    w.cycle(now=NOW + 10)
+    if stopped_by == "drain":
+        cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW + 20, reason="rma", by="ops")
+        w.state.apply_state_record(Record("hostcfg.a", next(w.rev), cfg.model_dump_json().encode()))
+    else:
+        r = AdvanceReservation(name="launch", hosts=["a"], queues=["launch"], starts=NOW + 20, ends=NOW + 9000)
+        w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
+    for at in (NOW + 30, NOW + 31):
+        plan = w.cycle(now=at)
+        assert plan.held_keep_running == 1 and w.job("k").tries == 1, (at, w.job("k").attempts)
+    w.cycle(now=NOW + 3620)  # past replaceAfter: replaced, the stop's (not counted)
+    j = w.job("k")
+    assert j.tries == 2 and j.attempts[0].state is AttemptState.KILLED and j.attempts[1].host_id == "b"

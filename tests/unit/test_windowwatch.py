@@ -44,6 +44,19 @@ def test_a_maintenance_window_is_alerted_once_when_it_begins_for_all_its_hosts()
     assert w.check(NOW + 7, {}, hosts) == [] and w.check(NOW + 60, {}, hosts) == []  # no alert at its end
 
 
+
+def test_a_maintenance_window_that_began_and_reached_its_deadline_between_two_checks_is_alerted() -> None:
+    """Found by exploring: a window scheduled with deadline 0 (`drain --at T --deadline 0`)
+    never raised maintenance.began, nor did one whose start and deadline both fell between
+    two checks (at most once a second, and only when a cycle runs)."""
+    w = WindowWatch()
+    hosts = {"a": Window(NOW + 600, NOW + 600), "b": Window(NOW + 600, NOW + 601)}
+    assert w.check(NOW, {}, hosts) == []
+    began = w.check(NOW + 602, {}, hosts)
+    assert sorted(e.data["hosts"] for e in began) == [1, 1] and {e.kind for e in began} == {ALERT_MAINTENANCE_BEGAN}
+    assert w.check(NOW + 603, {}, hosts) == []  # once
+
+
 def test_a_leader_that_takes_over_alerts_only_what_began_lately() -> None:
     old = R.model_copy(update={"name": "old", "starts": NOW - 600})
     late = R.model_copy(update={"name": "late", "starts": NOW - 30})

@@ -102,6 +102,15 @@ def evict_lost(
                 continue
             job = w.plan.jobs.get(task.job_id) or state.jobs.get(task.job_id)
             a = attempt_of(job, task.attempt_id) if job else None
+            if task.stop and job is not None and a is not None and not a.state.terminal and not job.state.terminal \
+                    and job.spec.on_disconnect == "KEEP_RUNNING" and now - lost_at < job.spec.replace_after_s:
+                # Marked to stop (a drain, a reservation, a preemption, a requeue) while, or
+                # just before, its host was cut off: its agent, which keeps a KEEP_RUNNING task
+                # running while cut off, may never have heard of it. Held as any such try
+                # (found by exploring: the drain of a lost host replaced it at once, and the
+                # job ran twice).
+                w.plan.held_keep_running += 1
+                continue
             if job is None or a is None or a.state.terminal or task.stop:
                 # Nothing left to replace (finished, cancelled or unknown): free the slot.
                 alloc = w.alloc(host_id)
