@@ -372,8 +372,11 @@ class Agent:
     # ------------------------------------------------------------ persistence of "started"
 
     def _load_seen(self) -> None:
+        # Read as bytes (found by exploring: one byte that is not UTF-8 kept the agent from
+        # starting); each note begins a line of its own (`_write_seen`), so a line cut short
+        # by a crash or a full disk spoils no other.
         if self._seen_file and self._seen_file.exists():
-            self.seen.update(x for x in self._seen_file.read_text().split() if x)
+            self.seen.update(x for x in self._seen_file.read_bytes().decode("utf-8", "replace").split() if x)
 
     def _mark_seen(self, attempt_id: str) -> str:
         """Note the attempt as seen here, in memory and on disk (so that a restart never
@@ -397,7 +400,10 @@ class Agent:
             try:
                 own_dir(self._seen_file.parent)  # made again, if gone, only as the agent's own
                 with open(self._seen_file, "a") as f:
-                    f.write("".join(a + "\n" for a in attempt_ids))
+                    # Begun on a line of its own: one the last write left cut short (a crash,
+                    # a full disk) would otherwise run into this one, and both be lost (found
+                    # by exploring: a try so lost was started again after a restart).
+                    f.write("\n" + "".join(a + "\n" for a in attempt_ids))
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as exc:
@@ -1061,7 +1067,7 @@ class Agent:
                     # where such an attempt was never reported and held its GPUs for good),
                     # or its outcome is unknown (any process it left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)
-                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id)
+                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id, take=False)
                     status = self._ended_away.pop(t.attempt_id, None)
                     clean = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
                     if mark is not None and (mark[1] or not clean):
@@ -1076,6 +1082,10 @@ class Agent:
                     else:
                         await self._report(t, AttemptState.LOST, None, "",
                                            "agent restarted; the attempt's outcome is unknown")
+                    # What its end was read from, kept until its report was (a restart
+                    # meanwhile reads it again: found by exploring).
+                    self.isolation.forget_exit(t.attempt_id)
+                    (self._watch_dir / "fenced" / t.attempt_id).unlink(missing_ok=True)
                 continue
             if t.stop:
                 self._mark_seen(t.attempt_id)  # a restart finds it stopped in the assignment all the same
@@ -1108,6 +1118,11 @@ class Agent:
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue
             to_start.append(t)
+        if first:
+            # The ends read at the start of tries no longer assigned: nothing to report.
+            for gone in [a for a in self._ended_away if a not in wanted]:
+                del self._ended_away[gone]
+                self.isolation.forget_exit(gone)
         unsaved = await self._mark_seen_off_loop([t.attempt_id for t in to_start]) if to_start else ""
         for t in held:
             await self._start_noted(t)
@@ -1345,7 +1360,9 @@ class Agent:
         # start killed has its end written): its end too, read again.
         killed = set(self.killed_leftovers)
         for attempt_id, status in self.isolation.ended_while_away().items():
-            if attempt_id not in killed:
+            if attempt_id in killed and attempt_id not in self._ended_away:
+                self.isolation.forget_exit(attempt_id)  # this start's kill: no task's own end
+            else:
                 self._ended_away.setdefault(attempt_id, status)
         self.isolation.remove_empty_leftovers()
         # The GPU watch's news (a fault found, a clear made) wakes the heartbeat; its first

@@ -440,15 +440,25 @@ class Isolation:
 
     def ended_while_away(self) -> dict[str, int]:
         """The wait statuses the launchers wrote that no agent read (their tasks ended while
-        no agent ran), by attempt; every record is removed (read at an agent's start, before
-        it kills what is left: the end of a task that start kills is not one of these)."""
+        no agent ran), by attempt (read at an agent's start, before it kills what is left:
+        the end of a task that start kills is not one of these). The records are kept until
+        the report made from each is kept on disk (`forget_exit`): found by exploring, an
+        agent killed between reading them and reporting left the next one nothing to go by,
+        and a task that had finished was reported LOST and run again. Half-written ones,
+        and records of no task's end, are removed."""
         out: dict[str, int] = {}
         for f in self.exits_dir.iterdir():
             status = None if f.name.endswith(".tmp") else task_end(f)
             if status is not None:
                 out[f.name] = status
-            f.unlink(missing_ok=True)
+            else:
+                f.unlink(missing_ok=True)
         return out
+
+    def forget_exit(self, attempt_id: str) -> None:
+        """Remove a launcher's record of its task's end, once the report made from it is
+        kept (or the end is no task's own: a leftover the agent killed)."""
+        self.exit_file(attempt_id).unlink(missing_ok=True)
 
     @staticmethod
     def unconfined(t: Task, env: dict[str, str]) -> Launch:
@@ -476,11 +486,11 @@ class Isolation:
 
     @staticmethod
     def release(launch: Launch) -> None:
-        """Remove the attempt's cgroup and working directory (blocking)."""
+        """Remove the attempt's cgroup and working directory (blocking). Its launcher's
+        record of the task's end stays until the report of that end is kept (the Run
+        removes it then): a restart in between reads the end from it."""
         if launch.spec is not None:
             launch.spec.unlink(missing_ok=True)
-        if launch.exit_file is not None:
-            launch.exit_file.unlink(missing_ok=True)
         if launch.group is not None and not launch.group.remove():
             log.warning("cannot remove cgroup %s: %s", launch.group.name, launch.group.paths)
         if launch.work_dir is not None:

@@ -93,9 +93,10 @@ def gpu_env(task: Task, mps: bool, agent_env: Mapping[str, str] | None = None) -
     return env
 
 
-def watchdog_mark(fenced_dir: Path, attempt_id: str) -> tuple[str, bool] | None:
+def watchdog_mark(fenced_dir: Path, attempt_id: str, take: bool = True) -> tuple[str, bool] | None:
     """When the agent's watchdog stopped the attempt (it leaves `fenced/<attempt>` behind,
-    which this takes away): the stop reason, and whether it signalled the attempt's first
+    which this takes away, unless `take` is False: the caller removes it once the report
+    it goes into is kept): the stop reason, and whether it signalled the attempt's first
     process (False: that had exited already, and only what it left behind was stopped).
     None when it did not."""
     mark = fenced_dir / attempt_id
@@ -103,7 +104,8 @@ def watchdog_mark(fenced_dir: Path, attempt_id: str) -> tuple[str, bool] | None:
         silent, *what = mark.read_text().split()
     except (OSError, ValueError):
         return None
-    mark.unlink(missing_ok=True)
+    if take:
+        mark.unlink(missing_ok=True)
     reason = f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
     return reason, what != [LEFTOVERS_ONLY]
 
@@ -328,6 +330,7 @@ class Run:
                                     f"the host could not start it: {failed}")
             else:
                 await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {failed}")
+            self._forget_end()
             self.done.set()
             return
         assert self.proc is not None and self.proc.stdout is not None
@@ -368,7 +371,7 @@ class Run:
         oom = group.oom_kills() if group is not None else 0
         own_oom = group.reached_limit() if group is not None and oom else True
         await self._cleanup()
-        mark = watchdog_mark(self.fenced_dir, t.attempt_id) if self.fenced_dir is not None else None
+        mark = watchdog_mark(self.fenced_dir, t.attempt_id, take=False) if self.fenced_dir is not None else None
         # Stopped by the watchdog, whatever its exit code (one that saves its state on the
         # SIGTERM and exits 0 has not finished: found by a review, it was SUCCEEDED), unless
         # it had exited before and only what it left behind was stopped.
@@ -410,7 +413,18 @@ class Run:
         else:
             state = AttemptState.FAILED
         await self.on_state(t, state, code, self.tail, reason)
+        # Only now, its report kept: a restart before would have found the task's end in
+        # neither (found by exploring: a try that had succeeded was reported LOST, and run
+        # again, when the agent was killed while its report was being written).
+        self._forget_end()
         self.done.set()
+
+    def _forget_end(self) -> None:
+        """Remove the launcher's record of the task's end and the watchdog's mark."""
+        if self.launch is not None and self.launch.exit_file is not None:
+            self.launch.exit_file.unlink(missing_ok=True)
+        if self.fenced_dir is not None:
+            (self.fenced_dir / self.task.attempt_id).unlink(missing_ok=True)
 
     async def _read(self, stdout: asyncio.StreamReader) -> None:
         while True:

@@ -909,6 +909,80 @@ async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_repor
         assert not list(agent.isolation.exits_dir.iterdir())
 
 
+
+async def test_the_ends_read_at_the_start_are_kept_on_disk_until_reported(
+        nats_url: str, tmp_path: Path, monkeypatch: Any, store: Store) -> None:
+    """Found by exploring: the next agent removed the launchers' records of the ends of
+    tasks that ended while no agent ran as soon as it read them, holding them in memory
+    until it could report them; killed before it did (NATS still down), it left the one
+    after nothing to go by, and a task that had succeeded was reported LOST and run again.
+    The records stay until the reports made from them are kept."""
+    t = task("j-kept", command=["true"], cpus=1, memory_mb=64, term=1)
+    (tmp_path / "agent").mkdir(parents=True)
+    (tmp_path / "agent" / "kept-1.seen").write_text(t.attempt_id + "\n")  # a previous agent started it
+    await store.put(subjects.alloc_key("kept-1"), encode(host_alloc("kept-1", [t], term=1)))
+    original = Agent._kill_leftovers
+    after_read: list[bool] = []
+
+    def kill_leftovers(self: Agent) -> list[str]:
+        after_read.append(self.isolation.exit_file(t.attempt_id).exists())  # read by now
+        return original(self)
+
+    monkeypatch.setattr(Agent, "_kill_leftovers", kill_leftovers)
+    exits = tmp_path / "agent" / "kept-1.launch" / "exits"
+    exits.mkdir(parents=True)
+    (exits / t.attempt_id).write_text("0\n")  # it ended while no agent ran
+    async with status_reports(store.nc, "kept-1") as delivered, \
+            running_agent(nats_url, tmp_path, "kept-1", **QUICK) as agent:
+        assert agent.isolation.exits_dir == exits
+        await eventually(lambda: delivered, timeout=60, what="its end reported")
+        assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
+        assert after_read == [True]
+        assert not agent.isolation.exit_file(t.attempt_id).exists()  # gone once its report was kept
+
+
+async def test_a_tries_end_is_kept_by_its_launchers_record_until_its_report_is(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: a try's end was removed from its launcher's record (with its
+    cgroup and directory) before its report was written to disk; an agent killed while that
+    report's fsync was under way left the next one a run record and no end, and a try that
+    had succeeded was reported LOST and run again."""
+    async with status_reports(store.nc, "keep-1") as delivered, \
+            running_agent(nats_url, tmp_path, "keep-1", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        t = task("j-keep", command=["true"], cpus=1, memory_mb=64, term=1)
+        with fsync_held(monkeypatch, ".reports") as (syncing, go):
+            await store.put(subjects.alloc_key("keep-1"), encode(host_alloc("keep-1", [t], term=1)))
+            await eventually(syncing.is_set, timeout=60, what="its report being kept")
+            kept = agent.isolation.exit_file(t.attempt_id).read_text().strip()
+            go.set()
+        assert kept == "0"
+        await eventually(lambda: any(d.state.terminal for d in delivered), timeout=60, what="its end reported")
+        await eventually(lambda: not agent.isolation.exit_file(t.attempt_id).exists(), timeout=30,
+                         what="the record removed once the report was kept")
+
+
+async def test_a_note_of_tries_seen_cut_short_spoils_no_other(nats_url: str, tmp_path: Path, store: Store) -> None:
+    """Found by exploring: a `seen` file whose last line was cut short (a crash, a full
+    disk) ran into the next note, `j9.1j1.1`, and after a restart j1.1 was started again;
+    one byte that is not UTF-8 kept the agent from starting at all."""
+    (tmp_path / "agent").mkdir(parents=True)
+    seen = tmp_path / "agent" / "torn-1.seen"
+    seen.write_bytes(b"j0.1\nj9.1")  # no newline at its end
+    async with status_reports(store.nc, "torn-1") as delivered, \
+            running_agent(nats_url, tmp_path, "torn-1", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        t = task("j1", command=["true"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("torn-1"), encode(host_alloc("torn-1", [t], term=1)))
+        await eventually(lambda: any(d.state.terminal for d in delivered), timeout=60, what="the try ended")
+    assert {"j0.1", "j9.1", t.attempt_id} <= set(seen.read_text().split())
+    (tmp_path / "agent" / "torn-2.seen").write_bytes(b"j0.1\n\xffj8.1\n")
+    other = Agent(AgentConfig(nats_url=nats_url, host_id="torn-2", simulate_gpus="1xH100", state_dir=tmp_path / "agent",
+                              cpus=4, memory_mb=4096, run_as=ME, **QUICK))
+    assert "j0.1" in other.seen
+    other.isolation.close()
+
+
 async def test_a_relative_work_dir_is_where_the_agent_started(nats_url: str, tmp_path: Path, store: Store,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by exploring: `--work-dir a/work` (relative) was taken, and every task failed
