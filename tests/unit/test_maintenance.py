@@ -226,3 +226,29 @@ def test_the_hosts_kept_off_are_freed_with_their_cycle() -> None:
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_reservation_is_not_held_on_a_host_closed_by_the_time_the_job_could_start_there() -> None:
+    """Found by exploring: a job that waited was held host a, whose maintenance window began
+    before the reserved start (a was free only after it), so it could never start there;
+    host b, where it could, was given to a later job without a time limit, and the job
+    waited for the window's end. The same with an advance reservation for another queue.
+    It is held b, and the later job kept off b."""
+    from wire.messages import AdvanceReservation
+
+    for closed_by in ("window", "reservation"):
+        w = World()
+        w.host("a")
+        w.host("b")
+        assert _running(w, "ra", 8, 700) == "a"  # a frees at about NOW + 650
+        assert _running(w, "rb", 4, 800) == "b"  # b has 4 GPUs free now, all at about NOW + 750
+        if closed_by == "window":
+            _schedule(w, "a", NOW + 600, NOW + 5000)
+        else:
+            r = AdvanceReservation(name="launch", hosts=["a"], queues=["launch"], starts=NOW + 600, ends=NOW + 5000)
+            w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
+        w.submit("keeper", gpus=8, at=NOW - 300, time_limit_s=100)  # fits nowhere now; waited 300 s
+        w.submit("filler", gpus=4, at=NOW - 10)  # behind it, without a time limit
+        plan = w.cycle()
+        assert [(r.job_id, sorted(r.hosts)) for r in plan.reservations] == [("keeper", ["b"])], closed_by
+        assert w.job("filler").state is JobState.QUEUED, closed_by

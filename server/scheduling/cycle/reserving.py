@@ -75,6 +75,20 @@ class Reserving:
         placer.exclude = apart | {h for r in self.made.values() for h in r.hosts}
         soonest = soonest_hosts(self.w.state.deadlines, self.w.state.jobs.get, RESERVE_SOONEST)
         got = placer.reservation_for(job.id, spec, now, self.ends, soonest)
+        for _ in range(RESERVE_TRIES):
+            # Hosts a window or another's advance reservation will have closed by the time
+            # the job could start there (those above are closed to it if it started now):
+            # found by exploring, a job was held a host it could never start on, and waited
+            # for the window's end while a host it could use was given to others.
+            shut = self.shut_by_then(got, limit, job)
+            if not shut:
+                break
+            apart = apart | shut
+            placer.exclude = placer.exclude | shut
+            got = placer.reservation_for(job.id, spec, now, self.ends, soonest)
+        else:
+            if self.shut_by_then(got, limit, job):
+                got = Reservation(job.id, frozenset(), got.start)
         if got.hosts and not spec.same_rack and not got.holds_all(spec.replicas):
             placer.exclude = apart
             if not placer.reservation_for(job.id, spec, now, self.ends, soonest).holds_all(spec.replicas):
@@ -86,6 +100,25 @@ class Reserving:
         waited = now - job.waiting_since
         if got.hosts and (got.known() or waited < self.policy.reserve_after_s + self.policy.reserve_max_s):
             self.made[job.id] = got
+
+    def shut_by_then(self, got: Reservation, limit: float, job: Job) -> frozenset[str]:
+        """The hosts of `got` closed to `job` by the time it could start there (`got.start`,
+        unknown: at any time ahead): a maintenance window its limit would run into, or an
+        advance reservation for others open then or opening before its limit ends it."""
+        if not got.hosts:
+            return frozenset()
+        state, start = self.w.state, got.start
+        ends = start + limit if limit > 0 and got.known() else float("inf")
+        out: set[str] = set()
+        for h in got.hosts:
+            window = state.maintenance.get(h) if state.maintenance else None
+            if window is not None and not maintenance.started(window, self.now) and (
+                    not got.known() or not maintenance.may_run_before(limit, start, window)):
+                out.add(h)
+        for r in state.advance.values() if state.advance else ():
+            if r.starts < ends and r.ends > start and not advance.admits(r, job.spec.queue, job.spec.user):
+                out.update(got.hosts.intersection(r.hosts))
+        return frozenset(out)
 
     def reserve_for(self, job: Job, spec: JobSpec) -> None:
         """Hold hosts for a job that found no room, once it has waited long enough."""
