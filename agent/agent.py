@@ -43,6 +43,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -50,7 +51,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +112,16 @@ START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try co
 START_TROUBLE_MAX_S = 960.0  # ... doubled each time the trouble comes back before a try started, up to this
 GPU_LOOK_S = 5.0  # the most a failed try's report waits for a fresh reading of its GPUs (Agent._task_gpu_fault)
 GPU_CLOSE_S = 5.0  # the most the shutdown waits for the GPU watch's thread (stuck in NVML: left behind)
+
+
+def stored_ttl_s(headers: Mapping[str, str] | None) -> float | None:
+    """The TTL a heartbeat was stored with (its `Nats-TTL` header: "15s", "15", "1m"), in
+    seconds; None when it has none that reads."""
+    text = (headers or {}).get("Nats-TTL", "").strip().lower()
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?", text)
+    if m is None:
+        return None
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -1537,9 +1548,12 @@ class Agent:
         and the key's revision last read (None when it could not be read)."""
         assert self.store is not None
 
+        ttl_s: list[float] = []  # the other's heartbeat's TTL, as stored with it
+
         async def other() -> tuple[int | None, Heartbeat | None]:
             try:
-                rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET)  # type: ignore[union-attr]
+                rec = await self.store.get(self.config.host_id, bucket=subjects.HOSTS_BUCKET,  # type: ignore[union-attr]
+                                           with_headers=True)
             except StoreError as exc:
                 log.warning("cannot read this host's heartbeat key to look for another agent: %s", exc)
                 return None, None
@@ -1547,6 +1561,9 @@ class Agent:
                 hb = decode(Heartbeat, rec.value) if rec.value else None
             except DecodeError:
                 return rec.revision, None
+            ttl = stored_ttl_s(rec.headers)
+            if ttl is not None:
+                ttl_s.append(ttl)
             return rec.revision, hb if hb is not None and hb.instance != self.instance else None
 
         rev, hb = await other()
@@ -1562,7 +1579,11 @@ class Agent:
             return "", rev
         if hb.instance:  # not the last agent of this state directory: what it started is not known here
             self._stateless_after = hb.instance
-            self._stateless_until = hb.ts + self.config.heartbeat_interval_s * self.config.ttl_intervals
+            # When its key expires by the TTL it was stored with (found by exploring: this
+            # agent's own, shorter after a change of settings, had its tries reported LOST
+            # before the other's watchdog stopped them); this agent's where none was read.
+            ttl = ttl_s[0] if ttl_s else self.config.heartbeat_interval_s * self.config.ttl_intervals
+            self._stateless_until = hb.ts + max(ttl, self.config.heartbeat_interval_s * self.config.ttl_intervals)
         log.info("host %s's key holds a heartbeat of another agent (instance %s): waiting %.0f s to see whether "
                  "it runs", self.config.host_id, hb.instance or "unknown", self.config.heartbeat_interval_s + 1)
         if await pause(stop, self.config.heartbeat_interval_s + 1):

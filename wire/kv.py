@@ -189,8 +189,9 @@ class Store:
 
     # ------------------------------------------------------------ reads
 
-    async def get(self, key: str, bucket: str = subjects.STATE_BUCKET) -> Record:
-        """Latest value of a key, read from the stream (expiry markers count as absent)."""
+    async def get(self, key: str, bucket: str = subjects.STATE_BUCKET, with_headers: bool = False) -> Record:
+        """Latest value of a key, read from the stream (expiry markers count as absent);
+        with `with_headers`, the headers it was stored with too (a heartbeat's `Nats-TTL`)."""
         stream = f"KV_{bucket}"
         try:
             msg = await self.js.get_last_msg(stream, subjects.kv_subject(bucket, key), direct=True)
@@ -201,7 +202,8 @@ class Store:
         seq = int(msg.seq or 0)
         if is_tombstone(msg.headers):
             return Record(key, seq, None)
-        return Record(key, seq, msg.data or b"")
+        headers = dict(msg.headers) if with_headers and msg.headers else None
+        return Record(key, seq, msg.data or b"", headers=headers)
 
     async def watch(
         self,

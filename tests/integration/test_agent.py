@@ -558,6 +558,10 @@ async def test_an_agent_that_waited_for_another_does_not_fence_what_it_is_given(
         await eventually(lambda: agent._hb_stored.is_set() and agent._applied_once, timeout=60,
                          what="a heartbeat stored and the first assignment read")
         assert agent._stateless_after == "0123456789abcdef"
+        # What the other started is reported LOST once its key would have expired by the TTL
+        # it was stored with, not this agent's 6 s (found by exploring: after a change of
+        # settings, LOST came before the other's watchdog had stopped its tries).
+        assert agent._stateless_until == before.ts + 30.0
         await store.put(subjects.alloc_key("rw-1"), encode(host_alloc("rw-1", [t], term=1)))
         await eventually(lambda: marks.exists(), timeout=60, what="the task runs")
         await eventually(lambda: len(agent._ended) == 0 and t.attempt_id in agent.runs
