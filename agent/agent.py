@@ -1093,10 +1093,6 @@ class Agent:
                     else:
                         await self._report(t, AttemptState.LOST, None, "",
                                            "agent restarted; the attempt's outcome is unknown")
-                    # What its end was read from, kept until its report was (a restart
-                    # meanwhile reads it again: found by exploring).
-                    self.isolation.forget_exit(t.attempt_id)
-                    (self._watch_dir / "fenced" / t.attempt_id).unlink(missing_ok=True)
                 continue
             if t.stop:
                 self._mark_seen(t.attempt_id)  # a restart finds it stopped in the assignment all the same
@@ -1129,11 +1125,6 @@ class Agent:
                                    f"a moment ago ({trouble})", host_trouble=True)
                 continue
             to_start.append(t)
-        if first:
-            # The ends read at the start of tries no longer assigned: nothing to report.
-            for gone in [a for a in self._ended_away if a not in wanted]:
-                del self._ended_away[gone]
-                self.isolation.forget_exit(gone)
         unsaved = await self._mark_seen_off_loop([t.attempt_id for t in to_start]) if to_start else ""
         for t in held:
             await self._start_noted(t)
@@ -1323,6 +1314,7 @@ class Agent:
                 self._reports.popleft()
                 if r.state.terminal:
                     (self._unsent_dir / r.attempt_id).unlink(missing_ok=True)
+                    self._forget_end(r.attempt_id)
                     self._ended[r.attempt_id] = (r, time.monotonic())
                     self._ended.move_to_end(r.attempt_id)
                     while len(self._ended) > ENDED_KEPT:
@@ -1332,6 +1324,17 @@ class Agent:
                 if self._stop.is_set():
                     return
                 await asyncio.sleep(0.5)
+
+    def _forget_end(self, attempt_id: str) -> None:
+        """Once the STATUS stream took a try's end: its launcher's record of it and the
+        watchdog's mark of its stop go, which a restart before would read the end from (found
+        by exploring: removed before the report was kept, an agent killed in between left the
+        next one nothing to go by, and a try that had succeeded was reported LOST and run
+        again; removed once kept, a report that could not be kept on a full disk left the
+        same, a review)."""
+        self._ended_away.pop(attempt_id, None)
+        self.isolation.forget_exit(attempt_id)
+        (self._watch_dir / "fenced" / attempt_id).unlink(missing_ok=True)
 
     async def _report_stateless_lost(self, t: Task) -> None:
         await self._report(t, AttemptState.LOST, None, "", f"agent restarted without its state (the previous agent, "

@@ -47,6 +47,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,10 @@ from wire.messages import Task
 from wire.owndir import own_dir
 
 log = logging.getLogger(__name__)
+
+# A launcher's record of its task's end read at an agent's start is taken no longer than this
+# after it was written (Isolation.ended_while_away): older, the try was long since replaced.
+EXIT_KEPT_S = 7 * 86400.0
 
 LAUNCHER = str(Path(__file__).with_name("launch.py"))
 DEFAULT_TASK_USER = "muster-task"
@@ -441,23 +446,29 @@ class Isolation:
     def ended_while_away(self) -> dict[str, int]:
         """The wait statuses the launchers wrote that no agent read (their tasks ended while
         no agent ran), by attempt (read at an agent's start, before it kills what is left:
-        the end of a task that start kills is not one of these). The records are kept until
-        the report made from each is kept on disk (`forget_exit`): found by exploring, an
+        the end of a task that start kills is not one of these). The records stay until the
+        STATUS stream took the report made from each (`forget_exit`): found by exploring, an
         agent killed between reading them and reporting left the next one nothing to go by,
         and a task that had finished was reported LOST and run again. Half-written ones,
-        and records of no task's end, are removed."""
+        records of no task's end, and records a week old (a try long since replaced, whose
+        end no assignment asks for) are removed."""
         out: dict[str, int] = {}
+        old = time.time() - EXIT_KEPT_S
         for f in self.exits_dir.iterdir():
             status = None if f.name.endswith(".tmp") else task_end(f)
-            if status is not None:
+            try:
+                stale = f.stat().st_mtime < old
+            except OSError:
+                stale = True
+            if status is not None and not stale:
                 out[f.name] = status
             else:
                 f.unlink(missing_ok=True)
         return out
 
     def forget_exit(self, attempt_id: str) -> None:
-        """Remove a launcher's record of its task's end, once the report made from it is
-        kept (or the end is no task's own: a leftover the agent killed)."""
+        """Remove a launcher's record of its task's end, once the STATUS stream took the
+        report made from it (or the end is no task's own: a leftover the agent killed)."""
         self.exit_file(attempt_id).unlink(missing_ok=True)
 
     @staticmethod
@@ -487,8 +498,8 @@ class Isolation:
     @staticmethod
     def release(launch: Launch) -> None:
         """Remove the attempt's cgroup and working directory (blocking). Its launcher's
-        record of the task's end stays until the report of that end is kept (the Run
-        removes it then): a restart in between reads the end from it."""
+        record of the task's end stays until the STATUS stream took the report of that end
+        (the agent removes it then, `forget_exit`): a restart in between reads the end from it."""
         if launch.spec is not None:
             launch.spec.unlink(missing_ok=True)
         if launch.group is not None and not launch.group.remove():

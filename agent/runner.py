@@ -330,7 +330,6 @@ class Run:
                                     f"the host could not start it: {failed}")
             else:
                 await self.on_state(t, AttemptState.FAILED, 127, self.tail, f"spawn failed: {failed}")
-            self._forget_end()
             self.done.set()
             return
         assert self.proc is not None and self.proc.stdout is not None
@@ -412,19 +411,11 @@ class Run:
             log.warning("attempt %s %s", t.attempt_id, reason)
         else:
             state = AttemptState.FAILED
+        # The launcher's record of the task's end and the watchdog's mark stay: the agent
+        # removes them once the STATUS stream took the report (a restart before reads the
+        # end from them: found by exploring).
         await self.on_state(t, state, code, self.tail, reason)
-        # Only now, its report kept: a restart before would have found the task's end in
-        # neither (found by exploring: a try that had succeeded was reported LOST, and run
-        # again, when the agent was killed while its report was being written).
-        self._forget_end()
         self.done.set()
-
-    def _forget_end(self) -> None:
-        """Remove the launcher's record of the task's end and the watchdog's mark."""
-        if self.launch is not None and self.launch.exit_file is not None:
-            self.launch.exit_file.unlink(missing_ok=True)
-        if self.fenced_dir is not None:
-            (self.fenced_dir / self.task.attempt_id).unlink(missing_ok=True)
 
     async def _read(self, stdout: asyncio.StreamReader) -> None:
         while True:

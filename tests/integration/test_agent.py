@@ -910,7 +910,8 @@ async def test_a_task_that_ends_while_the_next_agent_kills_what_is_left_is_repor
             running_agent(nats_url, tmp_path, "late-1", **QUICK) as agent:
         await eventually(lambda: delivered, timeout=60, what="its end reported")
         assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
-        assert not list(agent.isolation.exits_dir.iterdir())
+        await eventually(lambda: not list(agent.isolation.exits_dir.iterdir()), timeout=30,
+                         what="the records gone once the reports were taken")
 
 
 
@@ -942,7 +943,62 @@ async def test_the_ends_read_at_the_start_are_kept_on_disk_until_reported(
         await eventually(lambda: delivered, timeout=60, what="its end reported")
         assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
         assert after_read == [True]
-        assert not agent.isolation.exit_file(t.attempt_id).exists()  # gone once its report was kept
+        await eventually(lambda: not agent.isolation.exit_file(t.attempt_id).exists(), timeout=30,
+                         what="the record gone once its report was taken")
+
+
+async def test_an_end_read_at_the_start_is_reported_when_a_later_assignment_lists_its_try(
+        nats_url: str, tmp_path: Path, store: Store) -> None:
+    """Found by a review: the ends read at the start whose tries the first assignment did
+    not list were dropped, and when a later one listed the try (its record missing or
+    behind at the start, as after a NATS restart that lost the bucket) it was reported LOST
+    and run again, though it had succeeded."""
+    t = task("j-late2", command=["true"], cpus=1, memory_mb=64, term=1)
+    (tmp_path / "agent").mkdir(parents=True)
+    (tmp_path / "agent" / "lt-1.seen").write_text(t.attempt_id + "\n")  # a previous agent started it
+    exits = tmp_path / "agent" / "lt-1.launch" / "exits"
+    exits.mkdir(parents=True)
+    (exits / t.attempt_id).write_text("0\n")  # it ended while no agent ran
+    async with status_reports(store.nc, "lt-1") as delivered, \
+            running_agent(nats_url, tmp_path, "lt-1", **QUICK) as agent:
+        await eventually(lambda: agent._applied_once, timeout=60, what="the first assignment (none) applied")
+        await store.put(subjects.alloc_key("lt-1"), encode(host_alloc("lt-1", [t], term=1)))
+        await eventually(lambda: delivered, timeout=60, what="its end reported")
+        assert [(d.state, d.exit_code) for d in delivered] == [(AttemptState.SUCCEEDED, 0)], delivered
+
+
+async def test_an_end_whose_report_could_not_be_kept_stays_on_disk_until_the_stream_takes_it(
+        nats_url: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: a try's end was removed from its launcher's record once its report
+    was written, or failed to be (a full disk): an agent killed before delivering it left
+    the next one nothing to go by. It goes once the STATUS stream took the report."""
+    async with status_reports(store.nc, "nk-1") as delivered, \
+            running_agent(nats_url, tmp_path, "nk-1", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        assert agent.store is not None
+        js = agent.store.js
+        real = js.publish
+        cut = [True]
+
+        async def publish(subject: str, *args: Any, **kw: Any) -> Any:
+            if cut[0] and subject == subjects.status_subject("nk-1"):
+                raise RuntimeError("no route to NATS")  # as a link cut for reports
+            return await real(subject, *args, **kw)
+
+        def no_space(self: Agent, *_: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(js, "publish", publish)
+        monkeypatch.setattr(Agent, "_persist_unsent", no_space)
+        t = task("j-nk", command=["true"], cpus=1, memory_mb=64, term=1)
+        await store.put(subjects.alloc_key("nk-1"), encode(host_alloc("nk-1", [t], term=1)))
+        await eventually(lambda: t.attempt_id in agent.runs, timeout=60, what="the try started")
+        await eventually(lambda: t.attempt_id not in agent.runs, timeout=60, what="the try ended")
+        assert agent.isolation.exit_file(t.attempt_id).read_text().strip() == "0"
+        cut[0] = False
+        await eventually(lambda: any(d.state.terminal for d in delivered), timeout=60, what="its end delivered")
+        await eventually(lambda: not agent.isolation.exit_file(t.attempt_id).exists(), timeout=30,
+                         what="the record gone once the stream took the report")
 
 
 async def test_a_tries_end_is_kept_by_its_launchers_record_until_its_report_is(

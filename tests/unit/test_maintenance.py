@@ -236,7 +236,9 @@ def test_a_reservation_is_not_held_on_a_host_closed_by_the_time_the_job_could_st
     It is held b, and the later job kept off b."""
     from wire.messages import AdvanceReservation
 
-    for closed_by in ("window", "reservation"):
+    # ("late reservation": one that opens after the job's 100 s limit from its start on a,
+    # NOW + 680, but within the 10 s allowed for a start: a review.)
+    for closed_by in ("window", "reservation", "late reservation"):
         w = World()
         w.host("a")
         w.host("b")
@@ -245,7 +247,8 @@ def test_a_reservation_is_not_held_on_a_host_closed_by_the_time_the_job_could_st
         if closed_by == "window":
             _schedule(w, "a", NOW + 600, NOW + 5000)
         else:
-            r = AdvanceReservation(name="launch", hosts=["a"], queues=["launch"], starts=NOW + 600, ends=NOW + 5000)
+            starts = NOW + 600 if closed_by == "reservation" else NOW + 680 + 105
+            r = AdvanceReservation(name="launch", hosts=["a"], queues=["launch"], starts=starts, ends=NOW + 5000)
             w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
         w.submit("keeper", gpus=8, at=NOW - 300, time_limit_s=100)  # fits nowhere now; waited 300 s
         w.submit("filler", gpus=4, at=NOW - 10)  # behind it, without a time limit

@@ -108,7 +108,6 @@ class Reserving:
         if not got.hosts:
             return frozenset()
         state, start = self.w.state, got.start
-        ends = start + limit if limit > 0 and got.known() else float("inf")
         out: set[str] = set()
         for h in got.hosts:
             window = state.maintenance.get(h) if state.maintenance else None
@@ -116,7 +115,8 @@ class Reserving:
                     not got.known() or not maintenance.may_run_before(limit, start, window)):
                 out.add(h)
         for r in state.advance.values() if state.advance else ():
-            if r.starts < ends and r.ends > start and not advance.admits(r, job.spec.queue, job.spec.user):
+            if r.ends > start and not advance.admits(r, job.spec.queue, job.spec.user) and (
+                    not got.known() or not advance.may_run_before(limit, start, r)):
                 out.update(got.hosts.intersection(r.hosts))
         return frozenset(out)
 
