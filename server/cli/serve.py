@@ -104,10 +104,11 @@ def cmd_server(args: argparse.Namespace) -> int:
             started = True
             await super().startup(sockets)
             if muster.new_token:
-                # Its role is admin (its name is `operator`; found by exploring, it was
-                # announced as an "Operator token").
-                print(f"Admin token (role admin; shown once, also in {cfg.data_dir / 'token'}): {muster.new_token}",
-                      flush=True)
+                # Its name is `operator`, as the docs call it, and its role admin (found by
+                # exploring: announced as an "Operator token" alone, it read as the operator
+                # role's).
+                print(f"Operator token (its role is admin; shown once, also in {cfg.data_dir / 'token'}): "
+                      f"{muster.new_token}", flush=True)
             print(f"muster server {cfg.name} listening on {scheme}://{cfg.http_host}:{cfg.http_port}", flush=True)
 
         async def shutdown(self, sockets: Any = None) -> None:
