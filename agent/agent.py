@@ -919,12 +919,19 @@ class Agent:
 
     # ------------------------------------------------------------ assignments
 
-    async def _on_assign(self, msg: Msg) -> None:
+    def _decoded_alloc(self, data: bytes, what: str) -> HostAlloc | None:
+        """An assignment record's `data` decoded; None (counted in `dropped`, said) when it
+        does not decode."""
         try:
-            alloc = decode(HostAlloc, msg.data, limit=MAX_RECORD_BYTES)
+            return decode(HostAlloc, data, limit=MAX_RECORD_BYTES)
         except DecodeError as exc:
             self.dropped += 1
-            log.warning("dropped assignment: %s", exc)
+            log.warning("dropped %s: %s", what, exc)
+            return None
+
+    async def _on_assign(self, msg: Msg) -> None:
+        alloc = self._decoded_alloc(msg.data, "assignment")
+        if alloc is None:
             return
         seq = int((msg.headers or {}).get("Nats-Sequence", "0") or 0)
         # Each assignment is the host's whole list: of those queued one behind another only
@@ -975,16 +982,11 @@ class Agent:
         except StoreError as exc:
             log.warning("cannot read assignments: %s", exc)
             return
-        if rec.value is None:
-            await self.reconcile(HostAlloc(host_id=self.config.host_id), rec.revision)
-        else:
-            try:
-                alloc = decode(HostAlloc, rec.value, limit=MAX_RECORD_BYTES)
-            except DecodeError as exc:
-                self.dropped += 1
-                log.warning("dropped assignment record: %s", exc)
-                return
-            await self.reconcile(alloc, rec.revision)
+        alloc = HostAlloc(host_id=self.config.host_id) if rec.value is None else \
+            self._decoded_alloc(rec.value, "assignment record")
+        if alloc is None:
+            return
+        await self.reconcile(alloc, rec.revision)
         if unchecked and self._key_unchecked == unchecked and not self.fenced and rec.revision >= self._newest_seq:
             # What it listed unstarted was handed back (by it, or by a record pushed before
             # it). Records after it list, besides those, only tries placed since the
@@ -1066,7 +1068,7 @@ class Agent:
                 if t.stop:
                     await self._report(t, AttemptState.KILLED, None, "", "cancelled before it started")
                 elif self._key_unchecked:
-                    await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
+                    await self._hand_back_unchecked(t)
                 else:
                     held.append(t)
                 continue
@@ -1078,7 +1080,7 @@ class Agent:
                     # where such an attempt was never reported and held its GPUs for good),
                     # or its outcome is unknown (any process it left was killed at start-up).
                     self._reported_lost.add(t.attempt_id)
-                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id, take=False)
+                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id)
                     status = self._ended_away.pop(t.attempt_id, None)
                     clean = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
                     if mark is not None and (mark[1] or not clean):
@@ -1112,7 +1114,7 @@ class Agent:
                 # unstarted as the host's (requeued at once, not counted). A report for a try
                 # the leader has ended already changes nothing.
                 self._note_handed_back(t.attempt_id)
-                await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
+                await self._hand_back_unchecked(t)
                 continue
             trouble = self._start_troubled()
             if trouble:
@@ -1151,12 +1153,17 @@ class Agent:
         elif self.fenced:
             self._unstarted[t.attempt_id] = t
         elif self._key_unchecked:  # an unchecked fence began and ended while it was noted
-            await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
+            await self._hand_back_unchecked(t)
         elif trouble := self._start_troubled():
             await self._report(t, AttemptState.KILLED, None, "", f"not started: the host could not start a try "
                                f"a moment ago ({trouble})", host_trouble=True)
         else:
             self._start(t)
+
+    async def _hand_back_unchecked(self, t: Task) -> None:
+        """Hand a try back unstarted after a fence whose end could not check the heartbeat
+        key (`_key_unchecked`): KILLED as the host's, requeued at once, not counted."""
+        await self._report(t, AttemptState.KILLED, None, "", UNCHECKED_REASON, host_trouble=True)
 
     async def _hand_back_unstarted(self) -> None:
         """The shutdown: what a fence held unstarted is handed back (KILLED, not counted;

@@ -93,27 +93,18 @@ def gpu_env(task: Task, mps: bool, agent_env: Mapping[str, str] | None = None) -
     return env
 
 
-def watchdog_mark(fenced_dir: Path, attempt_id: str, take: bool = True) -> tuple[str, bool] | None:
+def watchdog_mark(fenced_dir: Path, attempt_id: str) -> tuple[str, bool] | None:
     """When the agent's watchdog stopped the attempt (it leaves `fenced/<attempt>` behind,
-    which this takes away, unless `take` is False: the caller removes it once the report
-    it goes into is kept): the stop reason, and whether it signalled the attempt's first
+    which the agent removes once the STATUS stream took the report it goes into:
+    `Agent._forget_end`): the stop reason, and whether it signalled the attempt's first
     process (False: that had exited already, and only what it left behind was stopped).
     None when it did not."""
-    mark = fenced_dir / attempt_id
     try:
-        silent, *what = mark.read_text().split()
+        silent, *what = (fenced_dir / attempt_id).read_text().split()
     except (OSError, ValueError):
         return None
-    if take:
-        mark.unlink(missing_ok=True)
     reason = f"fenced: stopped by the agent's watchdog after {silent} s without a heartbeat from the agent"
     return reason, what != [LEFTOVERS_ONLY]
-
-
-def fenced_by_watchdog(fenced_dir: Path, attempt_id: str) -> str | None:
-    """The stop reason when the agent's watchdog stopped the attempt, else None."""
-    mark = watchdog_mark(fenced_dir, attempt_id)
-    return mark[0] if mark is not None else None
 
 
 class Run:
@@ -370,7 +361,7 @@ class Run:
         oom = group.oom_kills() if group is not None else 0
         own_oom = group.reached_limit() if group is not None and oom else True
         await self._cleanup()
-        mark = watchdog_mark(self.fenced_dir, t.attempt_id, take=False) if self.fenced_dir is not None else None
+        mark = watchdog_mark(self.fenced_dir, t.attempt_id) if self.fenced_dir is not None else None
         # Stopped by the watchdog, whatever its exit code (one that saves its state on the
         # SIGTERM and exits 0 has not finished: found by a review, it was SUCCEEDED), unless
         # it had exited before and only what it left behind was stopped.

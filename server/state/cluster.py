@@ -83,6 +83,10 @@ class HostConfig(BaseModel):
         """The drain scheduled ahead, if one is (from `drain_at` to `drain_deadline`)."""
         return Window(self.drain_at, self.drain_deadline) if self.draining and self.drain_at else None
 
+    def drain_due(self, now: float) -> bool:
+        """Whether the drain's deadline has come: what still runs there is stopped."""
+        return self.draining and now >= self.drain_deadline
+
     def drain_begun(self, now: float) -> bool:
         """Whether the host is draining at `now` (a drain scheduled ahead: from its start)."""
         return self.draining and now >= self.drain_at

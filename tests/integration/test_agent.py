@@ -1083,6 +1083,15 @@ def fsync_held(monkeypatch: pytest.MonkeyPatch, part: str) -> Any:
         go.set()
 
 
+async def resumed_and_ran(agent: Agent, marks: Path) -> None:
+    """Heartbeats resume (what the heartbeat loop does then: the fence ends, the assignment
+    is read again) and the try held writes its one mark, "ran"."""
+    agent.fenced = False
+    await agent._refresh_assignments()
+    await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
+    assert marks.read_text().splitlines() == ["ran"]
+
+
 async def held_by_a_fence(agent: Agent, store: Store, monkeypatch: pytest.MonkeyPatch, *tasks: Any) -> None:
     """Assign `tasks` to the agent's host and let the fence begin while their note as seen
     is being written: the agent holds them unstarted (`_unstarted`)."""
@@ -1145,10 +1154,8 @@ async def test_a_fence_that_begins_while_a_try_is_being_noted_holds_it_until_hea
         await held_by_a_fence(agent, store, monkeypatch, t)
         assert "j-fnote.1" not in agent.runs and not marks.exists()
         # Heartbeats resume (what the heartbeat loop does then): the same record again.
-        agent.fenced = False
-        await agent._refresh_assignments()
-        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
-        assert marks.read_text().splitlines() == ["ran"] and not agent._unstarted
+        await resumed_and_ran(agent, marks)
+        assert not agent._unstarted
 
 
 async def test_a_shutdown_that_begins_while_a_try_is_being_noted_hands_it_back(
@@ -1197,10 +1204,8 @@ async def test_a_held_try_is_not_started_by_a_reconcile_during_which_the_fence_b
             go.set()
             await asyncio.wait_for(refresh, 30)
         assert "j-x.1" not in agent.runs and "j-x.1" in agent._unstarted and not marks.exists()
-        agent.fenced = False
-        await agent._refresh_assignments()
-        await eventually(lambda: marks.exists() and marks.read_text() != "", timeout=30, what="the task's mark")
-        assert marks.read_text().splitlines() == ["ran"] and not agent._unstarted
+        await resumed_and_ran(agent, marks)
+        assert not agent._unstarted
 
 
 async def test_an_older_record_is_not_applied_again_for_a_held_try_once_a_newer_one_came(

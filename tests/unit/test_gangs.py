@@ -334,12 +334,19 @@ def test_a_gang_whose_task_was_killed_keeps_that_end_when_its_limit_passes_while
     """Found by exploring: a gang task KILLED as the host's (a fence, say) 10 s before the
     limit has the rest stopped for it; the limit passing meanwhile made them TIMEOUT, and
     the job ended TIMEOUT, not retried. The try keeps the end it had: retried."""
-    w = World()
-    w.host("a")
-    w.host("b")
-    w.submit("g", gpus=8, replicas=2, time_limit_s=600, max_attempts=3)
-    w.cycle()
-    w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW)], now=NOW)
+
+    def running() -> World:
+        """A gang of two with a 600 s limit, both tasks running from NOW."""
+        w = World()
+        w.host("a")
+        w.host("b")
+        w.submit("g", gpus=8, replicas=2, time_limit_s=600, max_attempts=3)
+        w.cycle()
+        w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW)],
+                now=NOW)
+        return w
+
+    w = running()
     # The kill and the limit in one cycle, and in two.
     both = w.cycle([w.report("g", 1, AttemptState.KILLED, ts=NOW + 599)], now=NOW + 601)
     assert both.timed_out == 0
@@ -351,12 +358,7 @@ def test_a_gang_whose_task_was_killed_keeps_that_end_when_its_limit_passes_while
     assert [a.state for a in j.attempts if a.number == 1] == [AttemptState.KILLED, AttemptState.KILLED]
     # A task that ended after the limit (its report read late, with the limit's cycle): the
     # limit came first, and the try ends TIMEOUT (a review).
-    w = World()
-    w.host("a")
-    w.host("b")
-    w.submit("g", gpus=8, replicas=2, time_limit_s=600, max_attempts=3)
-    w.cycle()
-    w.cycle([w.report("g", 0, AttemptState.RUNNING, ts=NOW), w.report("g", 1, AttemptState.RUNNING, ts=NOW)], now=NOW)
+    w = running()
     assert w.cycle([w.report("g", 1, AttemptState.KILLED, ts=NOW + 605)], now=NOW + 606).timed_out == 1
     w.cycle([w.report("g", 0, AttemptState.KILLED, ts=NOW + 607)], now=NOW + 607)
     assert w.job("g").state is JobState.TIMEOUT

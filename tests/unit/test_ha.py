@@ -525,14 +525,35 @@ def test_the_feeds_stop_when_leading_ends_while_commits_drain() -> None:
         assert asyncio.run(main()) == (True, True, True)
 
 
+def watching_for_starved_queues(state: ClusterState) -> Scheduler:
+    """A scheduler over `state` whose starved-queue watch alerts after 100 s."""
+    from server.scheduling.scheduler import SchedulerConfig
+
+    sched = Scheduler(None, state, Lease())  # type: ignore[arg-type]
+    sched.config = SchedulerConfig()
+    sched.watch.starved_after_s = 100.0
+    return sched
+
+
+async def starved_at(sched: Scheduler, now: float) -> list[str]:
+    """The queues `sched` alerts as starved at `now` (its once-a-second look made now), once
+    the look it began at whether their jobs could run is done."""
+    from server.scheduling.planner import Plan
+
+    sched._watched_at = 0.0
+    out = [str(e.data["queue"]) for e in sched._queue_alerts(Plan(), now) if e.kind == "queue.starved"]
+    if sched._runnable_check is not None:
+        await sched._runnable_check  # found out meanwhile
+    return out
+
+
 def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -> None:
     """A queue's only waiting job asks for more GPUs than any host has: it waits for a host
     that can take it (its submitter was told so), and the queue is not alerted as starved;
     once a job that could run waits as long with none placed, it is (found by exploring:
     `queue.starved` fired for the impossible job). Whether a queue's jobs could run is
     found out in a task of its own, off the commit path, and kept a while."""
-    from server.scheduling.planner import Plan
-    from server.scheduling.scheduler import RUNNABLE_KEPT_S, SchedulerConfig
+    from server.scheduling.scheduler import RUNNABLE_KEPT_S
     from tests.unit.test_planner import NOW, World
 
     w = World(interval_s=3600.0)
@@ -541,23 +562,14 @@ def test_a_queue_whose_jobs_no_host_could_ever_run_is_not_alerted_as_starved() -
         w.submit(f"huge{i}", gpus=16, submitted_at=NOW - 10 + i)
 
     async def main() -> list[list[str]]:
-        sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
-        sched.config = SchedulerConfig()
-        sched.watch.starved_after_s = 100.0
+        sched = watching_for_starved_queues(w.state)
 
-        async def alerts(now: float) -> list[str]:
-            sched._watched_at = 0.0
-            out = [str(e.data["queue"]) for e in sched._queue_alerts(Plan(), now) if e.kind == "queue.starved"]
-            if sched._runnable_check is not None:
-                await sched._runnable_check  # found out meanwhile
-            return out
-
-        said = [await alerts(NOW), await alerts(NOW + 200), await alerts(NOW + 201)]
+        said = [await starved_at(sched, NOW), await starved_at(sched, NOW + 200), await starved_at(sched, NOW + 201)]
         assert sched._runnable_found["default"][0] is False
         w.submit("fits", gpus=8, submitted_at=NOW + 150)
-        said.append(await alerts(NOW + 202))  # the answer is kept a while
+        said.append(await starved_at(sched, NOW + 202))  # the answer is kept a while
         later = NOW + 202 + RUNNABLE_KEPT_S + 1
-        said += [await alerts(later), await alerts(later + 1)]
+        said += [await starved_at(sched, later), await starved_at(sched, later + 1)]
         return said
 
     assert asyncio.run(main()) == [[], [], [], [], [], ["default"]]
@@ -568,8 +580,6 @@ def test_a_queue_whose_jobs_wait_for_their_group_or_their_users_limit_is_not_ale
     its other elements waiting for their group, as why-pending said, and the queue was
     alerted as starved ("6 jobs waiting and none placed"); so was one whose jobs waited for
     their user's running-jobs limit. Jobs held back by their own limits wait their turn."""
-    from server.scheduling.planner import Plan
-    from server.scheduling.scheduler import SchedulerConfig
     from tests.factories import job as make_job
     from tests.factories import job_spec
     from tests.unit.test_planner import NOW, World
@@ -578,18 +588,8 @@ def test_a_queue_whose_jobs_wait_for_their_group_or_their_users_limit_is_not_ale
 
     def starved(w: World) -> list[list[str]]:
         async def main() -> list[list[str]]:
-            sched = Scheduler(None, w.state, Lease())  # type: ignore[arg-type]
-            sched.config = SchedulerConfig()
-            sched.watch.starved_after_s = 100.0
-
-            async def alerts(now: float) -> list[str]:
-                sched._watched_at = 0.0
-                out = [str(e.data["queue"]) for e in sched._queue_alerts(Plan(), now) if e.kind == "queue.starved"]
-                if sched._runnable_check is not None:
-                    await sched._runnable_check
-                return out
-
-            return [await alerts(NOW), await alerts(NOW + 200), await alerts(NOW + 201)]
+            sched = watching_for_starved_queues(w.state)
+            return [await starved_at(sched, at) for at in (NOW, NOW + 200, NOW + 201)]
 
         return asyncio.run(main())
 

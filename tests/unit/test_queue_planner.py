@@ -514,36 +514,33 @@ def test_a_time_limit_passed_before_a_drains_deadline_ends_the_try_timeout_when_
     came first, and the try was requeued uncounted, to run again with a fresh limit. The
     earlier of the two ends it; a drain that came first still requeues it."""
     from server.state.cluster import HostConfig
+    from wire.messages import AdvanceReservation
     from wire.records import Record
 
-    for drain_at, expect in ((NOW + 65, JobState.TIMEOUT), (NOW + 55, JobState.QUEUED)):
+    def ended_with(key: str, value: bytes) -> JobState:
+        """A 60 s try running from NOW, the record `key` stored, and a cycle at NOW+70: how
+        its job is then."""
         w = QWorld()
         w.host("h1")
         w.queue("a", preempt_grace_s=5)
         w.qsubmit("j", "a", time_limit_s=60, max_attempts=1)
         w.qcycle(now=NOW)
         w.qcycle(w.agent_reports(NOW), now=NOW)
-        cfg = HostConfig(cordoned=True, draining=True, drain_deadline=drain_at, reason="reboot", by="alice")
-        w.state.apply_state_record(Record("hostcfg.h1", next(w.rev), cfg.model_dump_json().encode()))
+        w.state.apply_state_record(Record(key, next(w.rev), value))
         w.qcycle(now=NOW + 70)
         w.qcycle(w.agent_reports(NOW + 71), now=NOW + 71)
-        assert w.job("j").state is expect, (drain_at - NOW, w.job("j").state)
+        return w.job("j").state
+
+    for drain_at, expect in ((NOW + 65, JobState.TIMEOUT), (NOW + 55, JobState.QUEUED)):
+        cfg = HostConfig(cordoned=True, draining=True, drain_deadline=drain_at, reason="reboot", by="alice")
+        got = ended_with("hostcfg.h1", cfg.model_dump_json().encode())
+        assert got is expect, (drain_at - NOW, got)
     # The same for an advance reservation that sets the host aside for another queue (a
     # review): one that began before the limit stops the try as its own, requeued.
-    from wire.messages import AdvanceReservation
-
     for starts, expect in ((NOW + 65, JobState.TIMEOUT), (NOW + 55, JobState.QUEUED)):
-        w = QWorld()
-        w.host("h1")
-        w.queue("a", preempt_grace_s=5)
-        w.qsubmit("j", "a", time_limit_s=60, max_attempts=1)
-        w.qcycle(now=NOW)
-        w.qcycle(w.agent_reports(NOW), now=NOW)
         r = AdvanceReservation(name="launch", hosts=["h1"], queues=["other"], starts=starts, ends=NOW + 4000)
-        w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
-        w.qcycle(now=NOW + 70)
-        w.qcycle(w.agent_reports(NOW + 71), now=NOW + 71)
-        assert w.job("j").state is expect, (starts - NOW, w.job("j").state)
+        got = ended_with("advres.launch", encode(r))
+        assert got is expect, (starts - NOW, got)
 
 
 def test_a_running_jobs_time_limit_is_changed_for_its_try_and_a_shorter_one_stops_it() -> None:

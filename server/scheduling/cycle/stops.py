@@ -171,7 +171,7 @@ def drain_due(w: Work, now: float, max_keys: int) -> None:
     A job whose record is in flight, or that would not fit this cycle's commit, is left
     for a later cycle (its host's other tasks are stopped now)."""
     for host_id, cfg in w.state.hostcfg.items():
-        if not cfg.draining or now < cfg.drain_deadline or host_id in w.frozen_hosts:
+        if not cfg.drain_due(now) or host_id in w.frozen_hosts:
             continue
         _stop_host_work(w, host_id, f"host {host_id} drained" + (f": {cfg.reason}" if cfg.reason else ""), now,
                         max_keys)
@@ -303,7 +303,7 @@ def _stopped_first(w: Work, job: Job, tasks: list[Attempt], deadline: float, now
     stopped as theirs (requeued uncounted), not for its limit."""
     for t in tasks:
         cfg = w.state.hostcfg.get(t.host_id)
-        if cfg is not None and cfg.draining and cfg.drain_deadline <= now and cfg.drain_deadline < deadline:
+        if cfg is not None and cfg.drain_due(now) and cfg.drain_deadline < deadline:
             return True
     for r in w.state.advance.values():
         if r.starts < deadline and advance.active(r, now) and not advance.admits(r, job.spec.queue, job.spec.user) \
