@@ -106,8 +106,10 @@ def test_an_arrays_throttle_and_a_singleton_hold_with_real_tasks(cluster: Cluste
 def test_a_queues_running_jobs_limit_runs_one_users_jobs_one_at_a_time(cluster: Cluster, tmp_path: Path) -> None:
     url, api, shown = one_host_and_a_queue(cluster, "gr-b", "etl", "--max-running-jobs-per-user", "1")
     assert "per user: at most 1 jobs placed or running at once" in shown, shown
-    # CPU-only work, room for all three at once.
-    ids = [submitted(cluster, url, "--queue", "etl", name, "--", *task(tmp_path, name, 3.0))
+    # CPU-only work, room for all three at once. Each runs 10 s (found in a clean clone's
+    # run: at 3 s, the first two had ended before a loaded machine had submitted the
+    # third, which then never waited for its user's limit to be seen doing so).
+    ids = [submitted(cluster, url, "--queue", "etl", name, "--", *task(tmp_path, name, 10.0))
            for name in ("load-0", "load-1", "load-2")]
     wait_until(lambda: "user at its queue's per-user limit" in queue_reasons(api, ids[-1]), timeout=30,
                what="a waiting job says it is at its user's limit")
