@@ -12,6 +12,12 @@ behind one that did not, and the difference halves every half-life; with the hal
 The admission order interleaves the queues: always the next job of the queue with the
 lowest share (ties: the queue's name), the share recomputed as the cycle places jobs;
 within a queue, higher priority first, then submission order.
+
+The cluster's capacity a share is taken of is what the cluster's work holds and what
+placement could still give (`host_capacity`, summed over hosts by the cluster state): the
+free part of a host that takes no new work (cordoned, draining, short of disk, its agent
+leaving or lost) and of a faulty GPU is not capacity, as no queue could get it; what runs
+there still is use, and counts on both sides.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from server.scheduling.queues import QueueBook
+from server.scheduling.placement import FULL, HostCapacity
+from server.scheduling.queues import CPU, MEMORY, QueueBook, gpu_key, mig_fraction
 from wire.messages import MAX_USAGE_USERS, Job, QueueUsage
 
 LN2 = math.log(2)
@@ -78,8 +85,51 @@ def past_allocation(rec: QueueUsage | None, now: float, half_life_s: float) -> d
     return {r: v * scale * f * LN2 / half_life_s for r, v in rec.usage.items()}
 
 
+def takes_work(cap: HostCapacity) -> bool:
+    """Whether placement may put new work on the host, as its index entry says (the
+    planner also keeps work off hosts not HEALTHY and in a maintenance window begun)."""
+    return cap.schedulable and not cap.cordoned and not cap.pressure
+
+
+def host_capacity(cap: HostCapacity) -> tuple[dict[str, float], dict[str, float]]:
+    """What one host adds to the cluster's capacity for fair share, and the free part of
+    it: on a host that takes new work (`takes_work`), each healthy GPU whole (a share or
+    MIG instance held or not), its CPUs and memory; and everywhere what its tasks hold (a
+    share or MIG instance as its part, as a queue's use counts it), on a faulty GPU or a
+    host that takes no new work included. The free part is what of the first no task
+    holds: what a maintenance window once begun takes out (`ClusterState.capacity_at`)."""
+    total: dict[str, float] = {}
+    free: dict[str, float] = {}
+    takes = takes_work(cap)
+    mig_held: dict[int, float] = {}
+    for u in cap.used_mig:
+        where = cap.mig.get(u)
+        if where is not None:  # an instance its host no longer reports: which GPU is not known
+            g, profile, _memory = where
+            mig_held[g] = mig_held.get(g, 0.0) + mig_fraction(profile, cap.gpu_models.get(g))
+    for i, m in cap.gpu_models.items():
+        held = 1.0 if i in cap.used_gpus else min(1.0, cap.share_used.get(i, 0) / FULL + mig_held.get(i, 0.0))
+        k = gpu_key(m)
+        if takes and i not in cap.unhealthy_gpus:
+            total[k] = total.get(k, 0.0) + 1.0
+            if held < 1.0:
+                free[k] = free.get(k, 0.0) + 1.0 - held
+        elif held > 0.0:
+            total[k] = total.get(k, 0.0) + held
+    if takes:
+        total[CPU] = max(cap.cpus, cap.used_cpus)
+        total[MEMORY] = float(max(cap.memory_mb, cap.used_memory_mb))
+        free[CPU] = max(0.0, cap.cpus - cap.used_cpus)
+        free[MEMORY] = float(max(0, cap.memory_mb - cap.used_memory_mb))
+    else:
+        total[CPU] = cap.used_cpus
+        total[MEMORY] = float(cap.used_memory_mb)
+    return {r: v for r, v in total.items() if v > 0}, {r: v for r, v in free.items() if v > 0}
+
+
 class Shares:
-    """Queues' weighted dominant shares against the cluster's `capacity`."""
+    """Queues' weighted dominant shares against the cluster's `capacity` (what its work
+    holds and what placement could still give: `host_capacity`)."""
 
     def __init__(self, book: QueueBook, capacity: Mapping[str, float],
                  past: Mapping[str, Mapping[str, float]] | None = None) -> None:

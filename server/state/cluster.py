@@ -26,12 +26,13 @@ from server.scheduling.capacity import CapacityIndex
 from server.scheduling.deadlines import Deadlines, try_deadline
 from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
+from server.scheduling.fairshare import host_capacity
 from server.scheduling.fragmentation import RecentShapes, Shape
 from server.scheduling.livecounts import LiveCounts, queue_user
-from server.scheduling.maintenance import Window
+from server.scheduling.maintenance import Window, started
 from server.scheduling.placement import HostCapacity
 from server.scheduling.queues import add as add_resources
-from server.scheduling.queues import add_user, gpu_key, job_usage
+from server.scheduling.queues import add_user, job_usage
 from server.scheduling.setasidework import SetAsideWork
 from server.scheduling.submitlimits import OpenJobs
 from server.scheduling.victimindex import VictimIndex
@@ -273,9 +274,14 @@ class ClusterState:
     group_live: LiveCounts[groups.GroupKey] = field(default_factory=groups.counts)
     named_live: LiveCounts[groups.Key] = field(default_factory=groups.named_counts)
     user_live: LiveCounts[tuple[str, str]] = field(default_factory=lambda: LiveCounts(queue_user))
-    # The resources of schedulable hosts (GPUs per model but faulty ones, CPUs, memory).
+    # The cluster's capacity for fair share (fairshare.host_capacity, summed): the GPUs
+    # (per model, but faulty ones), CPUs and memory of hosts that take new work, and what
+    # tasks hold on the others; `capacity_at` takes out the free part of hosts in a
+    # maintenance window begun. Per host, its part; per window, its hosts' free part.
     capacity: dict[str, float] = field(default_factory=dict)
     _host_resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    _host_window_free: dict[str, tuple[Window, dict[str, float]]] = field(default_factory=dict)
+    _window_free: dict[Window, dict[str, float]] = field(default_factory=dict)
     # Hosts whose heartbeat reports faulted GPUs, and their indices; and those of them where
     # a task not yet told to stop holds one (both kept by _index_host): the planner stops
     # that work without a pass over every host, or over every task of a faulted host.
@@ -404,20 +410,39 @@ class ClusterState:
         else:
             self.deadlines.drop(job.id)
 
-    def _host_capacity(self, cap: HostCapacity | None) -> None:
-        """Keep the cluster's capacity totals as a host's entry changes."""
-        host_id = cap.id if cap is not None else ""
-        old = self._host_resources.pop(host_id, None) if cap is not None else None
+    def _host_capacity(self, host_id: str, cap: HostCapacity | None) -> None:
+        """Keep the cluster's capacity totals as a host's entry changes (None: gone from
+        the index)."""
+        old = self._host_resources.pop(host_id, None)
         if old:
             add_resources(self.capacity, old, -1.0)
-        if cap is None or not cap.schedulable:
+        was = self._host_window_free.pop(host_id, None)
+        if was is not None:
+            window_free = self._window_free[was[0]]
+            add_resources(window_free, was[1], -1.0)
+            if not window_free:
+                del self._window_free[was[0]]
+        if cap is None:
             return
-        res: dict[str, float] = {"cpu": cap.cpus, "memory_mb": float(cap.memory_mb)}
-        for i, m in cap.gpu_models.items():
-            if i not in cap.unhealthy_gpus:
-                res[gpu_key(m)] = res.get(gpu_key(m), 0.0) + 1.0
-        self._host_resources[host_id] = res
-        add_resources(self.capacity, res)
+        res, free = host_capacity(cap)
+        if res:
+            self._host_resources[host_id] = res
+            add_resources(self.capacity, res)
+        window = self.maintenance.get(host_id)
+        if window is not None and free:
+            self._host_window_free[host_id] = (window, free)
+            add_resources(self._window_free.setdefault(window, {}), free)
+
+    def capacity_at(self, now: float) -> dict[str, float]:
+        """The cluster's capacity for fair share at `now`: `capacity` less the free part
+        of hosts whose maintenance window has begun (nothing new is placed there)."""
+        begun = [free for window, free in self._window_free.items() if started(window, now)]
+        if not begun:
+            return self.capacity
+        out = dict(self.capacity)
+        for free in begun:
+            add_resources(out, free, -1.0)
+        return out
 
     def _index_host(self, host_id: str) -> None:
         """Rebuild one host's entry in the capacity index from heartbeat, alloc, settings,
@@ -430,9 +455,7 @@ class ClusterState:
             self._host_shapes.pop(host_id, None)
             self.faulted_gpus.pop(host_id, None)
             self.faulted_work.discard(host_id)
-            old = self._host_resources.pop(host_id, None)
-            if old:
-                add_resources(self.capacity, old, -1.0)
+            self._host_capacity(host_id, None)
             return
         hb = entry.heartbeat
         cfg = self.hostcfg.get(host_id)
@@ -479,7 +502,7 @@ class ClusterState:
         else:
             self.faulted_work.discard(host_id)
         self.index.put(cap)
-        self._host_capacity(cap)
+        self._host_capacity(host_id, cap)
 
     def task_gpus(self, host_id: str, gpu_indices: Iterable[int], mig: Iterable[str]) -> set[int]:
         """The GPUs a task holds on a host: whole, shared, or the GPU its MIG instance is on

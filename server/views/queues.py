@@ -121,7 +121,7 @@ def book(state: ClusterState) -> QueueBook:
 
 def shares(state: ClusterState, b: QueueBook, now: float, half_life_s: float) -> fairshare.Shares:
     past = {q: fairshare.past_allocation(rec, now, half_life_s) for q, rec in state.queue_past.items()}
-    return fairshare.Shares(b, state.capacity, past)
+    return fairshare.Shares(b, state.capacity_at(now), past)
 
 
 def active(state: ClusterState) -> list[str]:
@@ -135,7 +135,7 @@ def fairness(state: ClusterState, now: float) -> tuple[float, int]:
     others, not before a begin time or a back-off still ahead at `now`) hold the cluster
     now (scheduling.fairshare.fairness), and how many they are."""
     waiting = sorted(q for q, n in state.backlog.eligible_counts(now).items() if n > 0)
-    return fairshare.fairness(book(state), state.capacity, waiting), len(waiting)
+    return fairshare.fairness(book(state), state.capacity_at(now), waiting), len(waiting)
 
 
 def rows(state: ClusterState, now: float, half_life_s: float) -> list[QueueRow]:

@@ -1399,3 +1399,119 @@ def test_a_requeue_held_of_a_job_in_its_preemption_grace_holds_it_once_its_try_h
                            exit_code=0, ts=NOW + 7)], now=NOW + 7)
     w.qcycle(now=NOW + 8)
     assert w.job("low").state is JobState.QUEUED and w.job("low").tries == 1  # held: not placed again
+
+
+def _capacity_afresh(state: ClusterState) -> dict[str, float]:
+    from server.scheduling.fairshare import host_capacity
+    from server.scheduling.queues import add
+
+    out: dict[str, float] = {}
+    for cap in state.index.caps.values():
+        add(out, host_capacity(cap)[0])
+    return out
+
+
+def test_fair_share_is_taken_of_the_capacity_work_can_be_placed_on() -> None:
+    """Found by review: a queue's share was taken of every host's GPUs, CPUs and memory,
+    cordoned and draining hosts' too, so the shares shown and the fair order were worked
+    out against room no job could get. The capacity is now what the work holds and what
+    placement could still give: a cordoned host (h2), a draining one (h3) and one in a
+    maintenance window begun (h4, from NOW + 100) add only what runs there. With their 48
+    GPUs counted, queue b (25 of 65 usable CPUs) looked more served than queue a (4 of 10
+    usable GPUs), and a's job took the last 4 GPUs of h1 first."""
+    from server.state.cluster import HostConfig
+    from server.views.queues import rows
+
+    def setting(host_id: str, cfg: HostConfig) -> None:
+        w.state.apply_state_record(Record(f"hostcfg.{host_id}", next(w.rev), cfg.model_dump_json().encode()))
+
+    w = QWorld()
+    w.host("h1", gpus=8)
+    w.queue("a")
+    w.queue("b")
+    w.qsubmit("a0", "a", gpus=4, cpus=4, submitted_at=NOW - 300)
+    w.qsubmit("b0", "b", gpus=0, cpus=24, submitted_at=NOW - 300)
+    _placed_and_running(w, NOW - 200)
+    for h in ("h2", "h3", "h4"):
+        w.host(h, gpus=16, now=NOW - 200)
+    setting("h3", HostConfig(cordoned=True, draining=True, drain_deadline=NOW + 3600, by="ops"))
+    setting("h4", HostConfig(draining=True, drain_at=NOW + 100, drain_deadline=NOW + 3600, by="ops"))
+    # b runs 2 GPUs on h2 (h1 cordoned meanwhile; h4 takes no job without a time limit),
+    # which is then cordoned.
+    setting("h1", HostConfig(cordoned=True))
+    w.qsubmit("b-on-h2", "b", gpus=2, cpus=1, submitted_at=NOW - 200)
+    _placed_and_running(w, NOW - 100)
+    assert w.job("b-on-h2").current.host_id == "h2"
+    setting("h1", HostConfig())
+    setting("h2", HostConfig(cordoned=True, by="ops"))
+    assert w.state.capacity == _capacity_afresh(w.state)
+    # h1's 8 GPUs and 64 CPUs, what b holds on h2, and h4 whole until its window begins.
+    assert w.state.capacity_at(NOW)[H100] == 8 + 2 + 16 and w.state.capacity_at(NOW)["cpu"] == 64 + 1 + 64
+    assert w.state.capacity_at(NOW + 100)[H100] == 8 + 2 and w.state.capacity_at(NOW + 100)["cpu"] == 64 + 1
+    by = {r.queue.name: r for r in rows(w.state, NOW + 100, 0.0)}
+    assert by["a"].dominant == 4 / 10 and by["b"].dominant == 25 / 65
+    # One waiting job each, room for one of them (4 GPUs free on h1): the queue whose
+    # dominant share is lower goes first, b.
+    w.qsubmit("a1", "a", gpus=4, cpus=1, submitted_at=NOW - 50)
+    w.qsubmit("b1", "b", gpus=4, cpus=1, submitted_at=NOW - 40)
+    plan = w.qcycle(now=NOW + 100)
+    assert plan.placed == 1 and w.job("b1").state is JobState.PLACED and w.job("a1").state is JobState.QUEUED
+
+
+def _capacity_step(draw: st.DrawFn) -> tuple[str, str, object]:
+    host = draw(st.sampled_from(["h0", "h1", "h2"]))
+    kind = draw(st.sampled_from(["heartbeat", "lost", "setting", "alloc"]))
+    if kind == "heartbeat":
+        return host, kind, (draw(st.sampled_from([2, 4])), draw(st.sets(st.integers(0, 3), max_size=2)),
+                            draw(st.sampled_from(["", "", "disk nearly full"])))
+    if kind == "setting":
+        return host, kind, draw(st.sampled_from(["none", "cordoned", "draining", "ahead", "ahead-later"]))
+    if kind == "alloc":
+        return host, kind, draw(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 250, 500])),
+                                         max_size=3))
+    return host, kind, None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.composite(_capacity_step)(), max_size=25), st.sampled_from([NOW, NOW + 100, NOW + 1000]))
+def test_the_capacity_kept_equals_one_summed_afresh(steps: list, now: float) -> None:
+    """Whatever heartbeats (faulty GPUs, a disk nearly full), losses, host settings (a
+    cordon, a drain, one scheduled ahead) and allocations (whole GPUs, shares) arrive, the
+    capacity the cluster state keeps is every host's part summed afresh, and at any time
+    the free part of hosts whose maintenance window has begun is taken out of it."""
+    from server.scheduling.fairshare import host_capacity
+    from server.scheduling.maintenance import started
+    from server.scheduling.queues import add
+    from server.state.cluster import HostConfig
+    from tests.factories import heartbeat_record, host_alloc, task
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    rev = iter(range(1, 10_000))
+    settings_of = {"none": HostConfig(), "cordoned": HostConfig(cordoned=True),
+                   "draining": HostConfig(cordoned=True, draining=True, drain_deadline=NOW + 50),
+                   "ahead": HostConfig(draining=True, drain_at=NOW + 50, drain_deadline=NOW + 500),
+                   "ahead-later": HostConfig(draining=True, drain_at=NOW + 500, drain_deadline=NOW + 900)}
+    for host, kind, arg in steps:
+        if kind == "heartbeat":
+            gpus, bad, pressure = arg
+            state.apply_host_record(heartbeat_record(host, next(rev), shape=False, gpus=gpus, unhealthy=bad,
+                                                     pressure=pressure, cpus=16), now=NOW)
+        elif kind == "lost":
+            state.apply_host_record(Record(host, next(rev), None), now=NOW)
+        elif kind == "setting":
+            state.apply_state_record(Record(f"hostcfg.{host}", next(rev),
+                                            settings_of[arg].model_dump_json().encode()))
+        else:
+            tasks = [task(f"{host}-{i}", gpu_indices=[g], gpu_share=share, gpu_memory_mb=1000 if share else 0,
+                          cpus=2.0, memory_mb=100) for i, (g, share) in enumerate(arg)]
+            state.apply_state_record(Record(f"alloc.{host}", next(rev), encode(host_alloc(host, tasks))))
+        afresh: dict[str, float] = {}
+        begun: dict[str, float] = {}
+        for cap in state.index.caps.values():
+            part, free = host_capacity(cap)
+            add(afresh, part)
+            if started(state.maintenance.get(cap.id), now):
+                add(begun, free)
+        assert state.capacity == pytest.approx(afresh)
+        add(afresh, begun, -1.0)
+        assert state.capacity_at(now) == pytest.approx(afresh)

@@ -7,6 +7,7 @@ The planner-level tests are in test_queue_planner.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -270,6 +271,26 @@ def test_shares_are_dominant_and_weighted() -> None:
     assert s.entitled("a", ["a", "b"]) == pytest.approx(2 / 3)
     past = fairshare.Shares(book, {H100: 8, "cpu": 100}, past={"b": {H100: 8}})
     assert past.share("b") == pytest.approx(1.0)
+
+
+def test_a_hosts_part_of_the_capacity_is_what_its_work_holds_and_what_could_be_placed_there() -> None:
+    """fairshare.host_capacity: a host that takes work adds its healthy GPUs whole, a faulty
+    GPU only while a task holds it; a host that takes none (cordoned, draining, short of
+    disk, lost) adds only what its tasks hold, a share or MIG instance as its part."""
+    from tests.factories import host_capacity
+
+    cap = host_capacity("h", gpus=4, cpus=16.0, memory_mb=1000, unhealthy=[3], used_cpus=3.0, used_memory_mb=100)
+    cap.used_gpus.update({0, 3})
+    cap.share_used[1] = 250
+    assert fairshare.host_capacity(cap) == ({H100: 4.0, "cpu": 16.0, "memory_mb": 1000.0},
+                                            {H100: 1.75, "cpu": 13.0, "memory_mb": 900.0})
+    for change in ({"cordoned": True}, {"schedulable": False}, {"pressure": True}):
+        off = dataclasses.replace(cap, **change)
+        assert fairshare.host_capacity(off) == ({H100: 2.25, "cpu": 3.0, "memory_mb": 100.0}, {})
+    mig = dataclasses.replace(cap, cordoned=True, used_gpus=set(), share_used={}, mig_gpus=frozenset({2}),
+                              mig={"m1": (2, "3g.40gb", 40_000), "m2": (2, "1g.10gb", 10_000)}, used_mig={"m1"},
+                              used_cpus=0.0, used_memory_mb=0)
+    assert fairshare.host_capacity(mig) == ({H100: pytest.approx(3 / 7)}, {})
 
 
 def test_admission_order_interleaves_by_share() -> None:

@@ -946,12 +946,13 @@ class Queue:
         return self._row.running
 
     @strawberry.field(description="Weighted dominant share: current and decayed past use over the cluster's "
-                                  "capacity, divided by the weight. The lowest goes first.")
+                                  "usable capacity (what hosts that take new work have, and what runs on the "
+                                  "others), divided by the weight. The lowest goes first.")
     def fair_share(self) -> float:
         return self._row.share
 
     @strawberry.field(description="Dominant share, unweighted: current and decayed past use over the cluster's "
-                                  "capacity, the largest over resources. Compare it with entitledShare.")
+                                  "usable capacity, the largest over resources. Compare it with entitledShare.")
     def dominant_share(self) -> float:
         return self._row.dominant
 

@@ -102,7 +102,7 @@ class Admission:
         # stopping are not counted as borrowing twice.
         self.future = self.book.copy()
         past = {q: fairshare.past_allocation(rec, now, policy.half_life_s) for q, rec in state.queue_past.items()}
-        self.shares = fairshare.Shares(self.book, state.capacity, past)
+        self.shares = fairshare.Shares(self.book, state.capacity_at(now), past)
         self.models = sorted(state.index.models())
         self._demands: dict[str, tuple[JobSpec, dict[str, float]]] = {}
         self._any_model: dict[str, str] = {}  # per queue, the model a job naming none is counted as
