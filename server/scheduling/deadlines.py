@@ -23,11 +23,20 @@ def try_deadline(tasks: Sequence[Attempt], ended_end: bool = True) -> float | No
     `ended_end` False such a try has its deadline all the same (for the leader to tell which
     came first)."""
     live = [t for t in tasks if not t.state.terminal]
+    if (not any(t.state is AttemptState.RUNNING for t in live) or any(t.stop_kind for t in tasks)
+            or (ended_end and any(t.state.terminal and t.state is not AttemptState.SUCCEEDED for t in tasks))):
+        return None
+    return limit_at(tasks)
+
+
+def limit_at(tasks: Sequence[Attempt]) -> float | None:
+    """When a try (its tasks) reaches its time limit, whether or not it is being stopped:
+    its first task's start plus the limit its tasks still live hold. None without a limit,
+    a start or a task still live."""
+    live = [t for t in tasks if not t.state.terminal]
     limit = live[0].time_limit_s if live else 0.0
     started = [t.started_at for t in tasks if t.started_at is not None]
-    if (not started or limit <= 0 or not any(t.state is AttemptState.RUNNING for t in live)
-            or any(t.stop_kind for t in tasks)
-            or (ended_end and any(t.state.terminal and t.state is not AttemptState.SUCCEEDED for t in tasks))):
+    if not started or limit <= 0:
         return None
     return min(started) + limit
 
@@ -57,6 +66,11 @@ class Deadlines:
     def due(self, now: float) -> list[str]:
         """Jobs whose deadline is `now` or earlier, earliest first."""
         return [j for _d, j in self._order.irange(maximum=(now, "\U0010ffff"))]
+
+    def until(self, at: float) -> Iterator[tuple[str, float]]:
+        """(job id, deadline) of the jobs whose deadline is `at` or earlier, earliest first."""
+        for d, j in self._order.irange(maximum=(at, "\U0010ffff")):
+            yield j, d
 
     def earliest(self, n: int) -> Iterator[tuple[float, str]]:
         """The first `n` (deadline, job id), earliest first."""

@@ -13,8 +13,10 @@ nominal quota (checked again after each victim chosen); no job younger than its 
 `min_runtime_s` and no job already stopping is a victim; a gang is a victim as a whole.
 Victims are chosen to lose the least work: lowest priority first, then the least
 runtime times GPUs held (a job that checkpoints, `JobSpec.checkpoints`, loses at most its
-queue's grace of it); then every victim not needed for the fit is given back (most valuable first),
-so the set is minimal in that order. Where the cheapest victims over every host free no
+queue's grace of it; one that ends by itself within its queue's grace, at its time limit
+or by its host's drain or an advance reservation, loses nothing: stopped, one at its time
+limit ends TIMEOUT); then every victim not needed for the fit is given back (most
+valuable first), so the set is minimal in that order. Where the cheapest victims over every host free no
 room the job fits in (spread over many hosts, none cleared), they are looked for host by
 host, whole hosts' sets the cheapest first.
 """
@@ -52,21 +54,38 @@ class Victim:
     # The most seconds of work a stop loses: its queue's grace for a job that checkpoints
     # (it saves its state in the grace and resumes from it), else all it has run.
     cap: float = math.inf
+    # When its try reaches its time limit, and when the control plane stops it anyway
+    # (its host's drain deadline, the start of an advance reservation that sets its host
+    # aside from it); its queue's grace: a victim that ends by itself within the grace
+    # loses nothing by being stopped (`victim_cost`).
+    limit_at: float = math.inf
+    stopped_at: float = math.inf
+    grace_s: float = 0.0
 
     def cost(self, now: float) -> tuple[int, float, float, str]:
         """Lower is cheaper to stop: low priority, then little work lost (victim_cost)."""
         gpus = sum(v for r, v in self.usage.items() if r.startswith("gpu:"))
         size = work_size(gpus, self.usage.get("cpu", 1.0))
-        return victim_cost(self.priority, size, self.cap, self.started_at, self.submitted_at, self.job_id, now)
+        return victim_cost(self.priority, size, self.cap, self.started_at, self.submitted_at, self.job_id, now,
+                           min(self.limit_at, self.stopped_at), self.grace_s)
+
+    def times_out(self, now: float) -> bool:
+        """Whether its time limit falls within its grace from `now`, before anything else
+        stops it: stopped now, it ends TIMEOUT, as its limit would have ended it."""
+        return self.limit_at < math.inf and self.limit_at <= min(now + self.grace_s, self.stopped_at)
 
 
 def victim_cost(priority: int, size: float, cap: float, started_at: float, submitted_at: float, job_id: str,
-                now: float) -> tuple[int, float, float, str]:
+                now: float, ends_at: float = math.inf, grace_s: float = 0.0) -> tuple[int, float, float, str]:
     """What stopping a running job costs at `now`, lower first: its priority, then the
     work lost, its runtime (at most `cap`, for a job that checkpoints) times its size;
     among equals the later submitted, or, among jobs that checkpoint and would each lose
-    their whole cap, the later started."""
+    their whole cap, the later started. A job that ends by itself (`ends_at`: its time
+    limit, or a stop of its host's) within `grace_s` loses nothing: left running, it
+    would be told to stop before the grace of a stop told now runs out."""
     ran = now - started_at
+    if ends_at < math.inf and ends_at <= now + grace_s:
+        return (priority, 0.0, -submitted_at, job_id)
     if ran >= cap:
         return (priority, cap * size, -started_at, job_id)
     return (priority, ran * size, -submitted_at, job_id)

@@ -8,7 +8,9 @@ holds for long. Within one (priority, size, checkpoints) group it does: the late
 started, the cheaper it is (or as cheap, and first among equals), whatever the time.
 Each group is therefore kept sorted by start (a SortedList, updated as job records
 arrive), and a search for victims merges the groups' youngest jobs by their cost now,
-reading only as far as it needs. Building the ranking by walking every running job of a
+reading only as far as it needs. The few jobs that end by themselves within the grace
+(their time limit, their host's drain or reservation) cost nothing: the reader names
+them, and they are read first, out of their groups. Building the ranking by walking every running job of a
 queue, each cycle, was most of a cycle's cost with 140,000 running jobs and a long
 backlog (docs/benchmarks.md, "A long queue").
 
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 from sortedcontainers import SortedList
@@ -112,36 +115,49 @@ class VictimIndex:
         """How many of the queue's stoppable jobs have a priority lower than `priority`."""
         return sum(len(g) for (p, _size, _ckpt), g in self._groups.get(queue, {}).items() if p < priority)
 
-    def cheapest(self, queue: str, now: float, min_runtime_s: float = 0.0,
-                 grace_s: float = math.inf) -> Iterator[tuple[Cost, str]]:
+    def cheapest(self, queue: str, now: float, min_runtime_s: float = 0.0, grace_s: float = math.inf,
+                 ends: Mapping[str, float] | None = None) -> Iterator[tuple[Cost, str]]:
         """The queue's stoppable jobs that have run at least `min_runtime_s`, cheapest
         first: (cost, job id), the cost as preemption.Victim.cost has it at `now` (with
-        the queue's grace, `grace_s`, as the cap of those that checkpoint). Lazy: each
-        step reads a few more jobs. The index must not change while it is read (a cycle
-        plans without awaiting)."""
+        the queue's grace, `grace_s`, as the cap of those that checkpoint). `ends`: when
+        jobs are stopped anyway (their time limit, their host's drain or reservation), for
+        those that end within the grace (at no cost, read first; others may be left out).
+        Lazy: each step reads a few more jobs. The index must not change while it is read
+        (a cycle plans without awaiting)."""
         groups = self._groups.get(queue)
         if not groups:
             return iter(())
-        runs = [_group_by_cost(group, prio, size, checkpoint_cap(ckpt, grace_s), now, min_runtime_s)
+        soon: list[tuple[Cost, str]] = []
+        for job_id, at in (ends or {}).items():
+            f = self.facts.get(job_id)
+            if f is not None and f.queue == queue and at <= now + grace_s and now - f.started_at >= min_runtime_s:
+                soon.append((victim_cost(f.priority, f.size, checkpoint_cap(f.checkpoints, grace_s), f.started_at,
+                                         f.submitted_at, job_id, now, at, grace_s), job_id))
+        soon.sort()
+        skip = frozenset(job_id for _cost, job_id in soon)
+        runs = [_group_by_cost(group, prio, size, checkpoint_cap(ckpt, grace_s), now, min_runtime_s, skip)
                 for (prio, size, ckpt), group in groups.items()]
+        if soon:
+            runs.append(iter(soon))
         if len(runs) == 1:
             return runs[0]
         return heapq.merge(*runs, key=lambda x: x[0])
 
 
 def _group_by_cost(group: SortedList, priority: int, size: float, cap: float, now: float,
-                   min_runtime_s: float) -> Iterator[tuple[Cost, str]]:
+                   min_runtime_s: float, skip: AbstractSet[str] = frozenset()) -> Iterator[tuple[Cost, str]]:
     """One (priority, size, checkpoints) group in cost order: the youngest first. Jobs
     whose runtimes times the size round to one cost are put in the cost's own order (its
     later terms); those past the cap all cost the cap, in start order (youngest first),
-    as the cost says, so they are read as they come."""
+    as the cost says, so they are read as they come. Jobs in `skip` (read elsewhere: they
+    end within the grace) are left out."""
     # Start at jobs a little younger than the minimum runtime allows; the exact test is below.
     latest = (now - min_runtime_s + 1.0,)
     tied: list[tuple[Cost, str]] = []
     tied_key: tuple[float, ...] = ()
     for started, submitted, job_id in group.irange(maximum=latest, reverse=True):
         ran = now - started
-        if ran < min_runtime_s:
+        if ran < min_runtime_s or job_id in skip:
             continue
         cost = victim_cost(priority, size, cap, started, submitted, job_id, now)
         key = (cost[1], cost[2]) if ran >= cap else (cost[1],)

@@ -1515,3 +1515,88 @@ def test_the_capacity_kept_equals_one_summed_afresh(steps: list, now: float) -> 
         assert state.capacity == pytest.approx(afresh)
         add(afresh, begun, -1.0)
         assert state.capacity_at(now) == pytest.approx(afresh)
+
+
+@pytest.mark.parametrize("ends_by", ["time limit", "drain", "reservation", None])
+def test_a_victim_that_ends_by_itself_within_the_grace_is_stopped_first_and_loses_nothing(
+        ends_by: str | None) -> None:
+    """Found by review: victims were ranked by runtime alone, so reclaim stopped b-young
+    (run 100 s) and spared b-old (run 900 s), though b-old was to end within the grace
+    anyway: at its time limit (NOW + 10), by its host's drain deadline or at the start of
+    an advance reservation that sets its host aside for queue a. Stopping such a victim
+    loses nothing: it goes first. One at its time limit ends TIMEOUT, as its limit would
+    have ended it (not PREEMPTED, requeued to run again with a fresh limit); one the drain
+    or reservation was to stop is requeued, as they would have requeued it. (The fit is on
+    h4, free: a's job needs the victim for its cohort's quota only.)"""
+    from server.state.cluster import HostConfig
+    from wire.messages import AdvanceReservation
+
+    w = QWorld()
+    w.queue("a", cohort="c", gpus=2, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=1, min_runtime_s=0)  # grace 30 s, the default
+    for h, job_id, queue, started, limit in (("h1", "a0", "a", NOW - 1000, 0.0), ("h2", "b-old", "b", NOW - 900, 910.0),
+                                             ("h3", "b-young", "b", NOW - 100, 0.0)):
+        w.host(h, gpus=1)
+        w.qsubmit(job_id, queue, submitted_at=started - 1,
+                  time_limit_s=limit if ends_by == "time limit" else 0.0)
+        _placed_and_running(w, started)
+    assert [w.job(j).current.host_id for j in ("a0", "b-old", "b-young")] == ["h1", "h2", "h3"]
+    w.host("h4", gpus=1)
+    if ends_by == "drain":
+        cfg = HostConfig(cordoned=True, draining=True, drain_deadline=NOW + 10, by="ops")
+        w.state.apply_state_record(Record("hostcfg.h2", next(w.rev), cfg.model_dump_json().encode()))
+    elif ends_by == "reservation":
+        r = AdvanceReservation(name="launch", hosts=["h2"], queues=["a"], starts=NOW + 10, ends=NOW + 4000)
+        w.state.apply_state_record(Record("advres.launch", next(w.rev), encode(r)))
+    w.qsubmit("a-new", "a", submitted_at=NOW - 5)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "a"): 1}
+    [victim] = [e.split(":")[0] for e in w.job("a-new").preempting]
+    if ends_by is None:
+        assert victim == "b-young" and plan.preemption_cost == 100.0
+        return
+    assert victim == "b-old" and plan.preemption_cost == 0.0
+    stopping = w.job("b-old").current
+    if ends_by == "time limit":
+        assert stopping.stop_kind == "timeout"
+        assert stopping.reason.startswith("time limit of 910 s due within the grace: preempted (reclaim) by a-new")
+    else:
+        assert stopping.stop_kind == "preempt"
+    plan = w.qcycle(w.agent_reports(NOW + 3), now=NOW + 3)  # it stops well before its limit
+    j = w.job("b-old")
+    if ends_by == "time limit":
+        assert j.state is JobState.TIMEOUT and j.current.state is AttemptState.TIMEOUT
+        assert plan.preemption_lost == {}
+    else:
+        assert j.state is JobState.QUEUED and j.current.state is AttemptState.PREEMPTED
+    assert w.job("a-new").state is JobState.PLACED and w.job("b-young").state is JobState.RUNNING
+
+
+@pytest.mark.parametrize("stopped_at", [NOW + 20, NOW + 45])
+def test_a_preempted_try_still_running_when_its_time_limit_passes_ends_timeout(stopped_at: float) -> None:
+    """Found by review: a try preempted before its time limit (NOW + 40) that was still
+    running when the limit passed (its grace of 60 s, its queue's when it was placed,
+    since lowered to 5 s) ended PREEMPTED and was requeued, to run again with a fresh
+    limit. Its limit came while it stopped: it ends TIMEOUT, its reason saying so; one
+    that stopped before its limit ends PREEMPTED and is requeued, as before."""
+    w = QWorld()
+    w.queue("a", cohort="c", gpus=2, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=0, min_runtime_s=0, preempt_grace_s=60)
+    w.host("h1", gpus=2)
+    _fill(w, "a", 1, NOW - 1000)
+    w.qsubmit("b0", "b", submitted_at=NOW - 901, time_limit_s=940)  # borrows a's second GPU
+    _placed_and_running(w, NOW - 900)
+    w.queue("b", cohort="c", gpus=0, min_runtime_s=0, preempt_grace_s=5)
+    w.qsubmit("a-new", "a", submitted_at=NOW - 5)
+    plan = w.qcycle(now=NOW)
+    assert plan.preempted == {("reclaim", "a"): 1} and w.job("b0").current.stop_kind == "preempt"
+    [t] = [t for t in w.tasks("h1") if t.job_id == "b0"]
+    assert t.stop and t.grace_s == 60
+    w.qcycle(w.agent_reports(stopped_at), now=stopped_at)
+    j = w.job("b0")
+    if stopped_at > NOW + 40:
+        assert j.state is JobState.TIMEOUT and j.current.state is AttemptState.TIMEOUT
+        assert j.current.reason.startswith("time limit of 940 s reached while being stopped: preempted (reclaim)")
+    else:
+        assert j.state is JobState.QUEUED and j.current.state is AttemptState.PREEMPTED
+    assert w.job("a-new").state is JobState.PLACED

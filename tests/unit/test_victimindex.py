@@ -16,16 +16,17 @@ from wire.messages import Attempt, AttemptState, Job, JobState
 
 
 def afresh(jobs: dict[str, Job], queue: str, now: float, min_runtime_s: float,
-           grace_s: float = math.inf) -> list[tuple[tuple, str]]:
+           grace_s: float = math.inf, ends: dict[str, float] | None = None) -> list[tuple[tuple, str]]:
     """Every stoppable job of `queue` past the minimum runtime, sorted by its cost now
-    (Victim.cost, its size as the index has it)."""
+    (Victim.cost, its size as the index has it; `ends`: when jobs end by themselves)."""
     out = []
     for j in jobs.values():
         facts = stoppable(j)
         if j.spec.queue != queue or facts is None or now - facts[0] < min_runtime_s:
             continue
         v = Victim(j.id, queue, j.spec.priority, facts[0], j.submitted_at, {"gpu:x": facts[1]}, (),
-                   checkpoint_cap(j.spec.checkpoints, grace_s))
+                   checkpoint_cap(j.spec.checkpoints, grace_s), (ends or {}).get(j.id, math.inf), math.inf,
+                   grace_s)
         out.append((v.cost(now), j.id))
     return sorted(out)
 
@@ -51,19 +52,25 @@ record = st.builds(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(record, st.integers(0, 9)), max_size=40),
        st.sampled_from([10.0, 10.3, 12.0, 1e9]), st.sampled_from([0.0, 0.0, 2.0, 5.0, 8.3, 9.8]),
-       st.sampled_from([None, 1]), st.sampled_from([math.inf, 0.0, 2.0, 4.9, 8.3]))
+       st.sampled_from([None, 1]), st.sampled_from([math.inf, 0.0, 2.0, 4.9, 8.3]),
+       st.dictionaries(st.sampled_from([f"j{i}" for i in range(12)]),
+                       st.sampled_from([9.0, 10.0, 12.0, 14.9, 18.3, 40.0, 1e9 + 2.0]), max_size=6))
 def test_the_cheapest_first_equals_sorting_by_cost_afresh(steps: list, now: float, min_runtime_s: float,
-                                                          below: int | None, grace_s: float) -> None:
+                                                          below: int | None, grace_s: float,
+                                                          ends: dict[str, float]) -> None:
     """Records set (a job) and dropped (an index) in any order, a job's queue, priority,
     size, start, state and checkpointing changing between its records; jobs that
-    checkpoint cost at most the grace of work (many of them exactly that: ties). The jobs
-    still too young to be stopped (`young`) are exactly the others: a job that has run
-    the minimum runtime exactly (a start of 5.0 at 10.0 with 5.0) may be stopped, and is
-    not young."""
+    checkpoint cost at most the grace of work (many of them exactly that: ties); jobs that
+    end by themselves within the grace (`ends`, some of them of no queue read, not
+    stoppable or not known) cost nothing. The jobs still too young to be stopped (`young`)
+    are exactly the others: a job that has run the minimum runtime exactly (a start of 5.0
+    at 10.0 with 5.0) may be stopped, and is not young."""
     state = ClusterState()
     for step in steps:
         set_or_drop(state, step)
     for q in ("a", "b"):
+        assert list(state.victims.cheapest(q, now, min_runtime_s, grace_s, ends)) == afresh(
+            state.jobs, q, now, min_runtime_s, grace_s, ends)
         assert list(state.victims.cheapest(q, now, min_runtime_s, grace_s)) == afresh(state.jobs, q, now,
                                                                                       min_runtime_s, grace_s)
         starts = [f[0] for j in state.jobs.values() if j.spec.queue == q and (f := stoppable(j)) is not None

@@ -112,6 +112,11 @@ class Admission:
         # Per running job read as a victim this cycle, what every search reads of it
         # (cycle.victims._victim; None: it cannot be stopped now).
         self.victims: dict[str, preemption.Victim | None] = {}
+        # The running jobs that end by themselves within the longest grace of a queue:
+        # job id -> (its time limit, its host's stop), and per queue job id -> the earlier
+        # (cycle.victims.ending, worked out when a search for victims first asks).
+        self.ends: dict[str, tuple[float, float]] | None = None
+        self.ends_by_queue: dict[str, dict[str, float]] = {}
 
     def queue(self, job: Job) -> Queue | None:
         return self.book.queue(job.spec.queue)

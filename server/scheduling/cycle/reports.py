@@ -14,6 +14,7 @@ from server.scheduling.cycle.work import (
     ended_as,
     gpu_fault,
     job_event,
+    limit_came_first,
     stop_attempt,
     stop_tasks,
 )
@@ -86,6 +87,8 @@ def apply_report(w: Work, r: StatusReport, now: float, stored: float = math.inf)
         a.stop_kind, a.stop_at = retry.SHUTDOWN, now  # stopped by its agent's orderly shutdown
     if r.host_trouble and r.state is AttemptState.KILLED and not a.stop_kind:
         a.stop_kind, a.stop_at = retry.HOST, now  # its host could not start it: not the job's failure
+    if r.state in (AttemptState.KILLED, AttemptState.LOST):
+        limit_came_first(job, a, max(ts, a.started_at or 0.0))
     ended = ended_as(a, r.state)
     # A task that failed on a GPU that faulted under it (its agent saw the fault, or its
     # host's heartbeat shows it) failed through no fault of its own code: it ends KILLED,
@@ -321,9 +324,12 @@ def end_attempt(w: Work, job_id: str, attempt_id: str, ended: AttemptState, reas
     a = attempt_of(job, attempt_id)
     if a is None or a.state.terminal:
         return
+    finished = max(now if ended_at is None else ended_at, a.started_at or a.placed_at or 0.0)
+    if ended in (AttemptState.KILLED, AttemptState.LOST):
+        limit_came_first(job, a, finished)
     ended = ended_as(a, ended)
     a.state = ended
-    a.finished_at = max(now if ended_at is None else ended_at, a.started_at or a.placed_at or 0.0)
+    a.finished_at = finished
     a.reason = a.reason if a.stop_kind and a.reason else reason
     job.updated_at = now
     _after_attempt_end(w, job, a, ended, now, reason)

@@ -5,13 +5,14 @@ reclaim, fair share), found cheapest first and paced, and the stops started
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
-from server.scheduling import preemption
+from server.scheduling import advance, preemption
 from server.scheduling.capacity import Placer
 from server.scheduling.cycle.admission import Admission, Ranked
-from server.scheduling.cycle.work import PREEMPT, Work, job_event, stop_attempt
+from server.scheduling.cycle.work import PREEMPT, TIMEOUT, Work, job_event, stop_attempt
 from server.scheduling.placement import check as placement_check
 from server.scheduling.queues import (
     COHORT_EXHAUSTED,
@@ -25,8 +26,8 @@ from server.scheduling.queues import (
     reclaims_from,
     task_demand,
 )
-from wire.budgets import MAX_PREEMPTING
-from wire.messages import Job, JobSpec, Queue, Task
+from wire.budgets import MAX_PREEMPTING, clip_start, text_limits
+from wire.messages import AdvanceReservation, Job, JobSpec, Queue, Task
 
 
 def _victim_try(entry: str) -> tuple[str, int]:
@@ -88,10 +89,54 @@ def running_by_cost(w: Work, adm: Admission, qn: str, now: float) -> Ranked:
     if hit is not None:
         return hit
     vq = adm.book.queue(qn)
+    ending(w, adm, now)
     ranked = adm.running[qn] = Ranked(_unfrozen(w, w.state.victims.cheapest(qn, now, vq.min_runtime_s,
-                                                                              vq.preempt_grace_s))
+                                                                              vq.preempt_grace_s,
+                                                                              adm.ends_by_queue.get(qn)))
                                        if vq is not None else iter(()))
     return ranked
+
+
+def ending(w: Work, adm: Admission, now: float) -> dict[str, tuple[float, float]]:
+    """The running jobs that end by themselves within the longest grace of any queue
+    (`Admission.ends`, worked out once a cycle): job id -> (when its try reaches its time
+    limit, when the control plane stops it anyway: its host's drain deadline, or the start
+    of an advance reservation that sets its host aside from it; inf: none). A victim among
+    them loses nothing when its own queue's grace reaches that far (preemption.victim_cost)."""
+    if adm.ends is not None:
+        return adm.ends
+    state = w.state
+    horizon = now + max((q.preempt_grace_s for q in adm.book.queues.values()), default=0.0)
+    limits: dict[str, float] = dict(state.deadlines.until(horizon))
+    stops: dict[str, float] = {}
+
+    def stopped(host_id: str, at: float, only: AdvanceReservation | None = None) -> None:
+        alloc = state.allocs.get(host_id)
+        for t in alloc.tasks if alloc is not None else ():
+            if t.stop:
+                continue
+            if only is not None:
+                job = state.jobs.get(t.job_id)
+                if job is None or advance.admits(only, job.spec.queue, job.spec.user):
+                    continue
+            if at < stops.get(t.job_id, math.inf):
+                stops[t.job_id] = at
+
+    for host_id, cfg in state.hostcfg.items():
+        if cfg.draining and cfg.drain_deadline <= horizon:
+            stopped(host_id, cfg.drain_deadline)
+    for r in state.advance.values():
+        if r.starts <= horizon and not advance.over(r, now):
+            for host_id in state.set_aside_work.hosts(r.name):
+                stopped(host_id, r.starts, r)
+    ends = adm.ends = {}
+    for job_id in limits.keys() | stops.keys():
+        f = state.victims.facts.get(job_id)
+        if f is None:
+            continue  # not a job that could be stopped now
+        at = ends[job_id] = (limits.get(job_id, math.inf), stops.get(job_id, math.inf))
+        adm.ends_by_queue.setdefault(f.queue, {})[job_id] = min(at)
+    return ends
 
 
 def _unfrozen(w: Work, ranked: Iterator[tuple[tuple[int, float, float, str], str]]
@@ -166,13 +211,13 @@ def _victim(w: Work, adm: Admission, job: Job, wanted: AbstractSet[str], now: fl
     if job.id in w.plan.jobs:
         return None
     read = adm.victims
-    v = read[job.id] if job.id in read else read.setdefault(job.id, _as_victim(w, adm.book, job, now))
+    v = read[job.id] if job.id in read else read.setdefault(job.id, _as_victim(w, adm, job, now))
     if v is None or wanted and not any(r in wanted for r in v.usage):
         return None
     return v
 
 
-def _as_victim(w: Work, book: QueueBook, job: Job, now: float) -> preemption.Victim | None:
+def _as_victim(w: Work, adm: Admission, job: Job, now: float) -> preemption.Victim | None:
     """What `_victim` reads of a job, whatever the cycle has changed since and whatever is
     wanted: a cycle reads it once (Admission.victims)."""
     tasks = [t for t in job.current_tasks() if not t.state.terminal]
@@ -187,10 +232,12 @@ def _as_victim(w: Work, book: QueueBook, job: Job, now: float) -> preemption.Vic
             return None
         where.append((t.host_id, task))
     since = min(t.started_at or now for t in tasks)
-    q = book.queue(job.spec.queue)  # the implicit default queue too: the grace a victim index read uses
-    cap = preemption.checkpoint_cap(job.spec.checkpoints, q.preempt_grace_s if q is not None else 0.0)
+    q = adm.book.queue(job.spec.queue)  # the implicit default queue too: the grace a victim index read uses
+    grace = q.preempt_grace_s if q is not None else 0.0
+    cap = preemption.checkpoint_cap(job.spec.checkpoints, grace)
+    limit_at, stopped_at = ending(w, adm, now).get(job.id, (math.inf, math.inf))
     return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, job_usage(job),
-                             tuple(where), cap)
+                             tuple(where), cap, limit_at, stopped_at, grace)
 
 
 class _HostVictims:
@@ -322,14 +369,21 @@ def preempt_for(w: Work, adm: Admission, placer: Placer, job: Job, refusal: Refu
         victim = w.job(v.job_id)
         assert victim is not None
         why = f"preempted ({found.kind}) by {job.id} of queue {job.spec.queue}"
+        # A try whose time limit falls within the grace is stopped for its limit: it ends
+        # TIMEOUT, as it would have (not requeued to run again with a fresh limit).
+        kind, told = PREEMPT, why
         number = 0
         for t in victim.current_tasks():
             if t.state.terminal:
                 continue
             number = t.number
+            if v.times_out(now):
+                kind = TIMEOUT
+                told = clip_start(f"time limit of {t.time_limit_s:g} s due within the grace: {why}",
+                                  text_limits(victim.spec)[1])
             # With the grace it was told when placed (its queue's then: found by exploring, a
             # grace lowered since cut a try's checkpoint short of what its environment said).
-            stop_attempt(w, t, PREEMPT, why, now)
+            stop_attempt(w, t, kind, told, now)
         victim.updated_at = now
         entries.append(f"{victim.id}:{number}")
         w.plan.events.append(job_event("job.preempting", victim, victim.current, now, why))

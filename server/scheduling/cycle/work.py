@@ -9,11 +9,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from server.scheduling.backfill import Reservation
+from server.scheduling.deadlines import limit_at
 from server.scheduling.queues import Resources, job_usage
 from server.scheduling.submitlimits import OpenJobs
 from server.state.cluster import ClusterState
 from wire import subjects
-from wire.budgets import STOP_REASON_MAX, clip_start
+from wire.budgets import STOP_REASON_MAX, clip_start, text_limits
 from wire.messages import Attempt, AttemptState, Event, HostAlloc, Job, QueueUsage
 
 # Attempt.stop_kind: what the control plane stopped a try for (stop_attempt): to make room
@@ -218,6 +219,20 @@ def stop_attempt(w: Work, t: Attempt, kind: str, why: str, now: float, grace_s: 
     SIGKILL)."""
     t.stop_kind, t.stop_at, t.reason = kind, now, why
     stop_tasks(w.alloc(t.host_id), {t.id}, why, grace_s)
+
+
+def limit_came_first(job: Job, a: Attempt, at: float) -> None:
+    """A task of a try being preempted that ends at `at`, its try's time limit past by
+    then, was still running at its limit: its limit ended it, not the preemption (which
+    would requeue it to run again with a fresh limit). It is marked stopped for its time
+    limit (`TIMEOUT`), its reason saying so, so that it ends TIMEOUT (`ended_as`)."""
+    if a.stop_kind != PREEMPT:
+        return
+    limit = limit_at([t for t in job.attempts if t.number == a.number])
+    if limit is not None and at >= limit:
+        a.stop_kind = TIMEOUT
+        a.reason = clip_start(f"time limit of {a.time_limit_s:g} s reached while being stopped: {a.reason}",
+                              text_limits(job.spec)[1])
 
 
 def ended_as(a: Attempt, ended: AttemptState) -> AttemptState:
