@@ -188,6 +188,22 @@ def render_config(
     return "\n".join(lines) + "\n"
 
 
+def adopt_global_streams(store_dir: Path) -> bool:
+    """Move the streams a node made before its users had accounts (nats-server's global
+    account, `$G`) to the control plane's account, where a node whose config includes an
+    auth directory keeps them (server.broker.natsauth). For a single node only, stopped: a
+    cluster's nodes also record in their meta group which account each stream is in
+    (docs/deployment.md says how to move a cluster's). Returns True when it moved them."""
+    from server.broker.natsauth import CONTROL_ACCOUNT
+
+    js = store_dir / "jetstream"
+    old, new = js / "$G", js / CONTROL_ACCOUNT
+    if not old.is_dir() or new.exists():
+        return False
+    os.rename(old, new)
+    return True
+
+
 def start_nats(
     data_dir: Path,
     port: int = 4222,
@@ -211,6 +227,7 @@ def start_nats(
             raise ConfigError("a custom nats config cannot be combined with generated auth/TLS")
         if auth is not None:
             auth.ensure()
+            adopt_global_streams(data_dir.resolve())
         conf_path = data_dir / "nats-server.conf"
         conf_path.write_text(render_config(
             store_dir=data_dir.resolve(), host=host, port=port, conf_dir=data_dir, auth=auth,

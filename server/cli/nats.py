@@ -57,7 +57,7 @@ def server_tls(args: argparse.Namespace) -> ServerTls | None:
 
 def cmd_nats(args: argparse.Namespace) -> int:
     from server.broker.natsauth import AuthDir
-    from server.broker.natsd import nats_server_binary, render_config
+    from server.broker.natsd import adopt_global_streams, nats_server_binary, render_config
 
     tls = server_tls(args)
     if args.config:
@@ -82,6 +82,9 @@ def cmd_nats(args: argparse.Namespace) -> int:
         if args.http_port:
             argv += ["-m", str(args.http_port)]
     else:
+        if auth is not None and adopt_global_streams(data_dir):
+            print(f"streams moved to the control plane's NATS account ({data_dir / 'jetstream'})",
+                  file=sys.stderr, flush=True)
         conf = data_dir / "nats-server.conf"
         conf.write_text(render_config(
             store_dir=data_dir, host=args.host, port=args.port, conf_dir=data_dir, auth=auth,

@@ -409,6 +409,113 @@ def test_a_submitter_may_submit_as_its_user_only(secure_nats: NatsProcess, auth:
     assert made.returncode == 0 and AuthDir(tmp_path / "registry").agent_creds("host-z").exists(), made.stderr
 
 
+def test_an_acknowledgement_cannot_be_sent_over_the_control_planes_keys(secure_nats: NatsProcess,
+                                                                       auth: AuthDir) -> None:
+    """Found by exploring: JetStream acknowledges a publish on the reply subject its
+    publisher chose, whatever that publisher may publish. With every party in one NATS
+    account, an agent's heartbeat or status report, or a submitter's submission, with the
+    reply `$KV.state.lease` had its acknowledgement written over the leader's lease (no
+    replica led again), over another host's configuration (a drain undone) or heartbeat.
+    Agents and submitters are in accounts of their own now: a reply they choose stays in
+    their account."""
+    from wire.subjects import submitter_inbox_prefix
+
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        store = Store(srv)
+        await ensure_streams(store)
+        await store.put("lease", b'{"holder": "s1"}')
+        await store.put(subjects.hostcfg_key(B), b'{"draining": true}')
+        await store.put(B, b'{"host_id": "host-b"}', bucket=subjects.HOSTS_BUCKET)
+        await store.put(subjects.alloc_key(A), b'{"host_id": "host-a", "tasks": []}')
+        targets = ["$KV.state.lease", subjects.kv_subject(subjects.STATE_BUCKET, subjects.hostcfg_key(B)),
+                   subjects.kv_subject(subjects.HOSTS_BUCKET, B), "$KV.state.job.forged"]
+
+        async def written() -> tuple[int, int]:
+            return ((await store.js.stream_info(subjects.STATE_STREAM)).state.last_seq,
+                    (await store.js.stream_info(subjects.HOSTS_STREAM)).state.last_seq)
+
+        before = await written()
+        errors = Errors()
+        agent = await connect(secure_nats.url, "rogue", creds=str(auth.agent_creds(A)),
+                              inbox_prefix=agent_inbox_prefix(A), error_cb=errors.cb)
+        auth.issue_submitter("alice")
+        auth.reload_servers()
+        for _ in range(300):
+            try:
+                submitter = await connect(secure_nats.url, "alice", creds=str(auth.submitter_creds("alice")),
+                                          inbox_prefix=submitter_inbox_prefix("alice"), error_cb=errors.cb,
+                                          allow_reconnect=False, max_reconnect_attempts=0)
+                break
+            except StoreError:
+                await asyncio.sleep(0.1)  # the reload is asynchronous
+        else:
+            raise AssertionError("alice's credentials were never taken")
+        errors.seen.clear()  # alice's refusals before the reload
+        own_get = (f"$JS.API.DIRECT.GET.{subjects.STATE_STREAM}."
+                   + subjects.kv_subject(subjects.STATE_BUCKET, subjects.alloc_key(A)))
+        for reply in targets:
+            await agent.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", reply=reply)
+            await agent.publish(subjects.status_subject(A), b"{}", reply=reply)
+            await agent.publish(own_get, b"", reply=reply)
+            await submitter.publish(subjects.submit_subject("alice"), b"{}", reply=reply)
+        await agent.flush()
+        await submitter.flush()
+        # What each party may do still works, through its account's imports, and comes after
+        # the publishes above on the same connections.
+        own = Store(agent, timeout=15)
+        await own.js.publish(subjects.kv_subject(subjects.HOSTS_BUCKET, A), b"{}", timeout=15,
+                             headers={"Nats-TTL": "15s"})
+        await own.js.publish(subjects.status_subject(A), b"{}", timeout=15)
+        assert (await own.get(subjects.alloc_key(A))).value is not None
+        await submitter.jetstream().publish(subjects.submit_subject("alice"), b"{}", timeout=15)
+        await asyncio.sleep(0.5)  # what a misdirected acknowledgement would write is written by now
+        assert (await store.get("lease")).value == b'{"holder": "s1"}'
+        assert (await store.get(subjects.hostcfg_key(B))).value == b'{"draining": true}'
+        assert (await store.get(B, bucket=subjects.HOSTS_BUCKET)).value == b'{"host_id": "host-b"}'
+        assert (await store.get("job.forged")).value is None
+        after = await written()
+        assert after[0] == before[0], "nothing written to the state bucket"
+        assert after[1] == before[1] + 5, "host A's five heartbeats only"  # 4 with a reply, one acknowledged
+        assert errors.seen == [], errors.seen
+        await agent.close()
+        await submitter.close()
+        await srv.close()
+
+    asyncio.run(main())
+
+
+def test_a_node_made_without_accounts_keeps_its_streams_once_its_users_have_them(tmp_path: Path, auth: AuthDir) -> None:
+    """A single node's store made before its users had NATS accounts (its streams in the
+    global account) is moved to the control plane's account at its next start with an
+    auth directory: the state written before is read after."""
+    data = tmp_path / "node"
+    plain = start_nats(data, port=0)
+    try:
+        async def write() -> None:
+            nc = await connect(plain.url, "server")
+            store = Store(nc)
+            await ensure_streams(store)
+            await store.put(subjects.job_key("j-before"), b'{"id": "j-before"}')
+            await nc.close()
+
+        asyncio.run(write())
+    finally:
+        plain.stop()
+    assert (data / "jetstream" / "$G").is_dir()
+    secure = start_nats(data, port=0, auth=auth)
+    try:
+        async def read() -> bytes | None:
+            nc = await connect(secure.url, "server", creds=str(auth.server_creds))
+            value = (await Store(nc).get(subjects.job_key("j-before"))).value
+            await nc.close()
+            return value
+
+        assert asyncio.run(read()) == b'{"id": "j-before"}'
+    finally:
+        secure.stop()
+
+
 def _spawn_agent(c: Cluster, auth: AuthDir, host: str) -> Any:
     argv = ["agent", "--nats", c.nats_url, "--host-id", host, "--labels", "rack=r1,zone=z1",
             "--state-dir", str(c.tmp / "agents"), "--simulate-gpus", "2xH100"]
