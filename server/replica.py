@@ -27,6 +27,7 @@ from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
 from server.history.recorder import Recorder
+from server.operations.base import ORDER_CATCH_UP_S
 from server.operations.hosts import HostOperations
 from server.operations.jobs import JobOperations
 from server.operations.queues import QueueOperations
@@ -48,6 +49,7 @@ from server.views.queues import rows as queue_rows
 from wire import subjects
 from wire.errors import (
     ConfigError,
+    ConflictError,
 )
 from wire.kv import Store, Watch, connect
 from wire.messages import (
@@ -314,6 +316,14 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"),
             asyncio.create_task(self._gauges(), name="gauges"),
         ]
+
+    async def view_caught_up(self) -> None:
+        if not self._watches:
+            return
+        try:
+            await asyncio.wait_for(self._watches[0].caught_up(), ORDER_CATCH_UP_S)
+        except TimeoutError:
+            raise ConflictError("this server's view is behind the store; try again", field="name") from None
 
     @staticmethod
     async def _wait_synced(w: Watch | HeartbeatIngest, stall_s: float = 30.0, every_s: float = 10.0) -> None:

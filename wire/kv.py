@@ -50,12 +50,14 @@ class Write:
     """One key write inside an atomic batch.
 
     `expected` is the revision the key must still have (0 = must not exist, or be
-    expired); None means unchecked. `ttl` sets a per-message TTL ("15s")."""
+    expired); None means unchecked. `ttl` sets a per-message TTL ("15s"). `delete`
+    writes the key's delete marker instead of a value."""
 
     key: str
     value: bytes
     expected: int | None = None
     ttl: str | None = None
+    delete: bool = False
 
 
 @dataclass
@@ -339,7 +341,9 @@ class Store:
                 h["Nats-Expected-Last-Subject-Sequence"] = str(w.expected)
             if w.ttl is not None:
                 h["Nats-TTL"] = w.ttl
-            msgs.append((subjects.kv_subject(bucket, w.key), w.value, h))
+            if w.delete:
+                h["KV-Operation"] = "DEL"
+            msgs.append((subjects.kv_subject(bucket, w.key), b"" if w.delete else w.value, h))
         if fence is not None:
             msgs.append(
                 (
@@ -358,7 +362,7 @@ class Store:
         digest = hashlib.sha256()
         for subj, data, h in msgs:
             digest.update(subj.encode() + b"\0" + h.get("Nats-Expected-Last-Subject-Sequence", "").encode()
-                          + b"\0" + hashlib.sha256(data).digest())
+                          + b"\0" + hashlib.sha256(data).digest() + (b"\0DEL" if "KV-Operation" in h else b""))
         ident = digest.hexdigest()[:32]
         for i, (_subj, _data, h) in enumerate(msgs, start=1):
             h["Nats-Msg-Id"] = f"{ident}.{i}"

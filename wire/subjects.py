@@ -20,6 +20,9 @@ HOSTS_BUCKET = "hosts"
 #   qusage.<name>   a queue's decayed past use (the leader)
 #   advres.<name>   an advance reservation: hosts set aside for queues over a time window
 #                   (the API, admin only; expires a day after it ends)
+#   advres-order    written, revision-checked, in the same atomic batch as every change
+#                   of an advance reservation and every deletion of a queue (the API): of
+#                   two such changes decided on the same view, one is stored
 STATE_BUCKET = "state"
 STATE_STREAM = f"KV_{STATE_BUCKET}"
 HOSTS_STREAM = f"KV_{HOSTS_BUCKET}"
@@ -102,6 +105,10 @@ def qusage_key(name: str) -> str:
 
 def advres_key(name: str) -> str:
     return f"advres.{name}"
+
+
+# (A key of its own kind: `advres.<name>` names are reservations.)
+ADVRES_ORDER_KEY = "advres-order"
 
 
 def kv_subject(bucket: str, key: str) -> str:

@@ -3,8 +3,12 @@ the events it publishes. `server.replica.Muster` is all the operations in one ob
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
+import random
+import time
 from collections.abc import Iterator
 
 from server.scheduling.queues import queue_named
@@ -12,10 +16,17 @@ from server.state.cluster import ClusterState
 from server.views.jobs import JobView
 from wire import subjects
 from wire.errors import ConflictError, FencedError, RejectedError, StoreError
-from wire.kv import Store
+from wire.kv import Store, Write
 from wire.messages import DEFAULT_QUEUE, Event, Queue, encode, implicit_default_queue
+from wire.records import Record
 
 log = logging.getLogger(__name__)
+
+# Tries of a change committed with the `advres-order` key (Operations.ordered_commit)
+# before it is refused as made concurrently, and how long each waits at most for this
+# replica's view to read what was stored before it.
+ORDERED_TRIES = 12
+ORDER_CATCH_UP_S = 5.0
 
 
 @contextlib.contextmanager
@@ -49,6 +60,53 @@ class Operations:
         out = dict(self.state.queues)
         out.setdefault(DEFAULT_QUEUE, implicit_default_queue())
         return [out[n] for n in sorted(out)]
+
+    async def view_caught_up(self) -> None:
+        """A read barrier: return once this replica's view holds every record stored before
+        the call (server.replica.Muster: its state watch's). ConflictError past
+        ORDER_CATCH_UP_S. Nothing to wait for here, without a watch."""
+
+    async def ordered_commit(self, writes: list[Write], by: str) -> dict[str, int]:
+        """Commit `writes` (a change of an advance reservation, a queue's deletion) in one
+        atomic batch with a write of the `advres-order` key checked against the revision
+        this replica's view has of it; returns the new revisions. Every such change writes
+        that key, so one checked against this view is stored only if nothing of the kind
+        was stored since the view's: the checks made on the view (a host set aside by one
+        reservation at a time, a queue a reservation names not deleted) hold when it is
+        stored, whichever replica stores the others. The view has read every such change
+        up to its revision of the key: the watch hands records over in the store's order,
+        and a write of this replica's own was checked against the one before. Raises
+        ConflictError when anything checked moved on (then `after_ordered_refusal`, and
+        decide again)."""
+        assert self.store is not None
+        key = subjects.ADVRES_ORDER_KEY
+        order = json.dumps({"key": writes[0].key, "by": by, "at": time.time()}).encode()
+        res = await self.store.commit([*writes, Write(key, order, expected=self.state.revisions.get(key, 0))])
+        if res.duplicate:  # (applied by an earlier try whose answer was lost: read it back)
+            await self.after_ordered_refusal([w.key for w in writes])
+            return {w.key: self.state.revisions.get(w.key, 0) for w in writes}
+        self.state.apply_state_record(Record(key, res.revisions[key], order))
+        return res.revisions
+
+    async def after_ordered_refusal(self, keys: list[str], tries: int = 0) -> dict[str, Record]:
+        """After an ordered commit was refused: this replica's view holds `keys` as stored
+        now, and every ordered change stored so far (the watch has brought the
+        `advres-order` key's revision up to the store's); returns `keys` as stored. Raises
+        ConflictError when the view does not get there within ORDER_CATCH_UP_S. `tries`
+        (the refusals so far) spreads out the next try of writers that refuse each other
+        (a clustered stream refuses a check of a key another is checking at the moment)."""
+        assert self.store is not None
+        stored = {k: await self.store.get(k) for k in keys}
+        for rec in stored.values():
+            self.state.apply_state_record(rec)
+        target = (await self.store.get(subjects.ADVRES_ORDER_KEY)).revision
+        deadline = time.monotonic() + ORDER_CATCH_UP_S
+        while self.state.revisions.get(subjects.ADVRES_ORDER_KEY, 0) < target:
+            if time.monotonic() > deadline:
+                raise ConflictError("this server's view is behind the store; try again", field="name")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(random.uniform(0, 0.01 * min(tries, 5)))
+        return stored
 
     async def _publish_event(self, subject: str, ev: Event) -> None:
         assert self.store is not None

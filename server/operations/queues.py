@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from server.operations.base import Operations
+from server.operations.base import ORDERED_TRIES, Operations
 from server.scheduling import advance
 from wire import subjects
 from wire.errors import ConflictError, NotFound, ValidationError
+from wire.kv import Write
 from wire.messages import DEFAULT_QUEUE, Event, Queue, encode
 from wire.records import Record
 from wire.validation import validate_queue
@@ -57,27 +58,43 @@ class QueueOperations(Operations):
     async def delete_queue(self, name: str, by: str) -> None:
         """Delete a queue that holds no work and that no advance reservation names. Raises
         NotFound, or ValidationError (QUEUE_IN_USE with the counts or the reservations; the
-        default queue cannot be deleted)."""
+        default queue cannot be deleted). The reservations' check and the deletion are one:
+        of a deletion and a reservation naming the queue made meanwhile (on any replica),
+        one is stored and the other refused (Operations.ordered_commit). The jobs counted
+        are those stored (by any replica) before the call; one submitted at the same moment
+        is not held off so (every submission would be a check of its queue's key, one at a
+        time): it waits until a queue of that name exists again."""
         if name == DEFAULT_QUEUE:
             raise ValidationError("name", "the default queue always exists (change it with updateQueue)",
                                   "PROTECTED")
-        if name not in self.state.queues:
-            raise NotFound(f"no queue named {name!r}")
-        queued = self.state.backlog.count(name) + self.state.backlog.held_in(name)
-        live = len(self.state.queue_live.get(name, ()))
-        if queued or live:
-            raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "
-                                          "cancel them or wait for them to end first", "QUEUE_IN_USE")
-        now = time.time()
-        naming = sorted(r.name for r in self.state.advance.values() if name in r.queues and not advance.over(r, now))
-        if naming:
-            raise ValidationError("name", f"queue {name!r} is named by advance reservation {', '.join(naming)}: delete "
-                                          "it first, or wait for it to end", "QUEUE_IN_USE")
-        assert self.store is not None
         key = subjects.queue_key(name)
-        rev = await self.store.delete(key, expected=self.state.revisions.get(key, 0))
-        self.state.apply_state_record(Record(key, rev, None))
-        await self._queue_event("deleted", name, by)
+        # Jobs and reservations any replica stored before now are in the view, not only
+        # those this one has read so far.
+        await self.view_caught_up()
+        for tries in range(ORDERED_TRIES):
+            if name not in self.state.queues:
+                raise NotFound(f"no queue named {name!r}")
+            queued = self.state.backlog.count(name) + self.state.backlog.held_in(name)
+            live = len(self.state.queue_live.get(name, ()))
+            if queued or live:
+                raise ValidationError("name", f"queue {name!r} has {queued} queued and {live} placed or running jobs: "
+                                              "cancel them or wait for them to end first", "QUEUE_IN_USE")
+            now = time.time()
+            naming = sorted(r.name for r in self.state.advance.values()
+                            if name in r.queues and not advance.over(r, now))
+            if naming:
+                raise ValidationError("name", f"queue {name!r} is named by advance reservation {', '.join(naming)}: "
+                                              "delete it first, or wait for it to end", "QUEUE_IN_USE")
+            try:
+                revs = await self.ordered_commit([Write(key, b"", expected=self.state.revisions.get(key, 0),
+                                                        delete=True)], by)
+            except ConflictError:
+                await self.after_ordered_refusal([key], tries)
+                continue
+            self.state.apply_state_record(Record(key, revs[key], None))
+            await self._queue_event("deleted", name, by)
+            return
+        raise ConflictError("the queue or advance reservations changed concurrently; try again", field="name")
 
     async def _put_queue(self, q: Queue, expected: int, created: bool = False) -> None:
         assert self.store is not None
