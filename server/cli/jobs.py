@@ -860,8 +860,8 @@ def add_job_filters(p: argparse.ArgumentParser, states: bool) -> None:
     p.add_argument("--queue", type=nonempty, help="filter: queue")
     p.add_argument("--user", type=nonempty, help="filter: the user who submitted")
     p.add_argument("--group", type=nonempty,
-                   help="filter: the jobs' group (--group's; an --array's is printed when it is submitted, and by "
-                        "job show)")
+                   help="filter: a group of your jobs (--group's; an --array's is printed when it is submitted, and "
+                        "by job show); with --user, that user's group of that name")
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -979,7 +979,10 @@ def _on_matching(args: argparse.Namespace, verb: str, flt: dict[str, Any]) -> in
                 out(args, res)
             raise Forbidden(f"no job of this token's queues{queues} matches: nothing to {verb}; {left_alone}")
         if args.output != "json":
-            print(f"no job matches: nothing to {verb}", file=sys.stderr)
+            # (A group is its user's: without --user, the caller's own.)
+            whose = " of yours" if "group" in flt and "user" not in flt else ""
+            hint = " (--group is a group of your jobs: add --user U for another user's)" if whose else ""
+            print(f"no job{whose} matches: nothing to {verb}{hint}", file=sys.stderr)
             return 0
     print(f"{done} for {res['count']} job(s)", file=sys.stderr)
     if outside:

@@ -148,7 +148,9 @@ class JobOperations(Operations):
         ("release": every held job; `reason` unused) the jobs that match `filters` (those
         of views.jobs.matches: state, user, name, priority, submitted_after,
         submitted_before, queue, group; at least one given), of the queues `queues` (the
-        caller's token's) allow: at most `limit`, the oldest first. Returns their ids, and
+        caller's token's) allow: at most `limit`, the oldest first. A group is named within
+        its user's jobs: a `group` without a `user` is the caller's (`by`) own group, as
+        the jobs that share a group's limit are. Returns their ids, and
         how many more matched but are of queues that `queues` leave out (not acted on: found
         by exploring, a team's `muster job cancel --name x` was told no job matched).
         Raises ValidationError (no filter, a limit out of range), NotFound (no such queue),
@@ -175,6 +177,9 @@ class JobOperations(Operations):
             # (found by exploring: a misspelt queue matched nothing, and was told so as if
             # the queue had nothing to cancel; a queue with live jobs cannot be deleted)
             raise NotFound(f"no queue {queue[:128]!r} (muster queue list)")
+        if filters.get("group") is not None and filters.get("user") is None:
+            # (found by exploring: `job cancel --group etl` cancelled every user's etl group)
+            filters = {**filters, "user": by}
 
         def wanted(j: Job) -> bool:
             if action == "hold":

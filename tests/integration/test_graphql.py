@@ -437,6 +437,48 @@ async def test_hold_and_release_jobs_by_filter(api: Client, muster: Muster) -> N
     assert all(muster.state.jobs[i].state.value == "QUEUED" for i in ids.values())
 
 
+async def test_a_group_filter_acts_on_the_callers_own_group_unless_a_user_is_given(
+        api: Client, muster: Muster) -> None:
+    """Groups are per user (two users' `etl` are two groups): cancelJobs, holdJobs and
+    releaseJobs given a group and no user act on the caller's own group; with a user, on
+    that user's. Found by exploring: `job cancel --group etl` cancelled every user's."""
+    mine, anns = [], []
+    for i in range(2):
+        d = await api.q(SUBMIT, {"input": {"name": f"load-{i}", "command": ["true"], "gpus": 64, "group": "etl"}})
+        mine.append(d["submitJob"]["job"]["id"])
+        anns.append((await muster.submit({"name": f"load-{i}", "command": ["true"], "gpus": 64, "group": "etl"},
+                                         "ann")).id)
+    await eventually(lambda: all(i in muster.state.jobs for i in mine + anns), what="the jobs stored")
+    assert {muster.state.jobs[i].spec.user for i in mine} == {"operator"}  # (the api fixture's token)
+
+    def held() -> set[str]:
+        return {i for i in mine + anns if muster.state.jobs[i].hold}
+
+    ours = (await api.q(HOLD_JOBS, {"f": {"group": "etl"}}))["holdJobs"]
+    assert ours == {"count": 2, "jobIds": mine, "userErrors": []}, ours
+    await eventually(lambda: held() == set(mine), what="the caller's own group held")
+    assert muster.store is not None
+    token, _ = await create_token(muster.store, "ann", "operator")
+    await eventually(lambda: any(t.name == "ann" for t in muster.state.tokens.values()), what="ann's token")
+    ann = Client(build_app(muster, manage_lifecycle=False), token)
+    try:
+        # Ann's own etl group: none of hers is held, and the caller's are not hers to release.
+        none = (await ann.q(RELEASE_JOBS, {"f": {"group": "etl"}}))["releaseJobs"]
+        assert none == {"count": 0, "jobIds": [], "userErrors": []}, none
+        hers = (await ann.q(HOLD_JOBS, {"f": {"group": "etl"}}))["holdJobs"]
+        assert hers == {"count": 2, "jobIds": anns, "userErrors": []}, hers
+    finally:
+        await ann.http.aclose()
+    await eventually(lambda: held() == set(mine + anns), what="ann's group held")
+    # Another user's group, named with its user.
+    theirs = (await api.q(RELEASE_JOBS, {"f": {"group": "etl", "user": "ann"}}))["releaseJobs"]
+    assert theirs == {"count": 2, "jobIds": anns, "userErrors": []}, theirs
+    cancelled = (await api.q(CANCEL_JOBS, {"f": {"group": "etl"}}))["cancelJobs"]
+    assert cancelled == {"count": 2, "jobIds": mine, "userErrors": []}, cancelled
+    await eventually(lambda: all(muster.state.jobs[i].state.value == "CANCELLED" for i in mine), what="cancelled")
+    assert all(muster.state.jobs[i].state.value == "QUEUED" and not muster.state.jobs[i].hold for i in anns)
+
+
 async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, muster: Muster,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by exploring: 1,000 jobs per submitJobs was counted per field, and 30 aliases of

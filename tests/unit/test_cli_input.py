@@ -413,3 +413,26 @@ def test_a_bulk_action_says_when_the_jobs_that_match_are_outside_the_tokens_queu
         answer.update(count=0, jobIds=[], userErrors=[], **older)
         assert main(["job", "cancel", "--name", "x", "--reason", "r"]) == 0
         assert "no job matches: nothing to cancel" in capsys.readouterr().err
+
+
+def test_a_bulk_action_by_group_says_the_group_is_the_callers_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A group is named within its user (the API acts on the caller's own group unless a
+    user is given): when none of the caller's matches, `job cancel --group etl` says so, and
+    how to name another user's, not that no job of that group exists."""
+    sent: list[dict[str, Any]] = []
+
+    def fake(q: str, v: dict[str, Any], **_k: Any) -> dict[str, Any]:
+        sent.append(v["f"])
+        return {next(m for m in ("cancelJobs", "holdJobs", "releaseJobs") if m in q):
+                {"count": 0, "jobIds": [], "outsideTokenQueues": 0, "tokenQueues": None, "userErrors": []}}
+
+    monkeypatch.setattr(jobs_cli, "gql", fake)
+    for verb in ("cancel", "hold", "release"):
+        assert main(["job", verb, "--group", "etl"]) == 0
+        err = capsys.readouterr().err
+        assert (f"no job of yours matches: nothing to {verb} (--group is a group of your jobs: add --user U for "
+                "another user's)") in err, err
+    assert main(["job", "cancel", "--group", "etl", "--user", "ann"]) == 0
+    assert "no job matches: nothing to cancel\n" in capsys.readouterr().err
+    assert sent[-1] == {"group": "etl", "user": "ann"}

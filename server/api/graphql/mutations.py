@@ -191,7 +191,8 @@ class Mutation:
     @strawberry.mutation(description="Cancel every job that has not ended and matches `filter` (at least one of "
                                      "its fields given), the oldest first, at most `limit` (by default and at most "
                                      "100000 over the request, holdJobs, releaseJobs and aliases together; run it "
-                                     "again for more). A token bound to queues cancels only their jobs. The leader "
+                                     "again for more). A `group` without a `user` is the caller's own group (groups "
+                                     "are per user). A token bound to queues cancels only their jobs. The leader "
                                      "stops them shortly, as cancelJob.")
     async def cancel_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                           limit: int | None = None) -> CancelJobsPayload:
@@ -200,15 +201,17 @@ class Mutation:
     @strawberry.mutation(description="Hold every QUEUED job that matches `filter` (at least one of its fields "
                                      "given) and is not held already nor taking GPUs by preemption: each stays "
                                      "queued, not placed until released (Slurm's scontrol hold of many jobs). The "
-                                     "oldest first, at most `limit`, as cancelJobs. A token bound to queues holds "
-                                     "only their jobs. The leader applies it shortly, as updateJob's hold.")
+                                     "oldest first, at most `limit`, as cancelJobs; a group as cancelJobs takes it. "
+                                     "A token bound to queues holds only their jobs. The leader applies it shortly, "
+                                     "as updateJob's hold.")
     async def hold_jobs(self, info: Info, filter: JobFilter, reason: str = "",
                         limit: int | None = None) -> JobsChangedPayload:
         return await _on_matching(info, "hold", filter, reason, limit, JobsChangedPayload)
 
     @strawberry.mutation(description="Release every held job that matches `filter` (at least one of its fields "
                                      "given): each takes its place in its queue again. The oldest first, at most "
-                                     "`limit`, as cancelJobs. A token bound to queues releases only their jobs.")
+                                     "`limit`, as cancelJobs; a group as cancelJobs takes it. A token bound to "
+                                     "queues releases only their jobs.")
     async def release_jobs(self, info: Info, filter: JobFilter, limit: int | None = None) -> JobsChangedPayload:
         return await _on_matching(info, "release", filter, "", limit, JobsChangedPayload)
 
