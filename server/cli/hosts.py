@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import sys
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from server.cli.client import (
 )
 from server.cli.errors import user_errors
 from server.cli.times import ahead, when_text
-from server.timefmt import DRAIN_DEADLINE_S, parse_time
+from server.timefmt import DRAIN_DEADLINE_S, PAST_START_SLACK_S, parse_time
 from wire.errors import MusterError, NotFound, ValidationError
 
 
@@ -223,25 +224,46 @@ def cmd_clear_gpu_faults(args: argparse.Namespace) -> int:
     return 0
 
 
+# How long past the start of a drain of many hosts the hosts left are still given that
+# start (the server takes one up to PAST_START_SLACK_S past as now, its deadline reckoned
+# from it); later ones are drained from now, their deadline later (never earlier).
+DRAIN_START_KEPT_S = PAST_START_SLACK_S / 2
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
-    """Drain each host named, now or from `--at`; stops at the first host refused."""
+    """Drain each host named, now or from `--at`; stops at the first host refused. Every
+    host is given one start, so that they share one deadline (found by exploring: a rack
+    drained `--at` a few seconds ahead got deadlines that differed host to host, those
+    drained once the start had passed reckoned from when each was): the time given, or,
+    without `--at`, the time the server drained the first host at."""
     q = """mutation($input: DrainHostInput!) { drainHost(input: $input) {
            host { id health cordoned draining drainAt drainDeadline } userErrors { field message code } } }"""
     at = ahead(args.at)
     start = parse_time(at).timestamp() if at is not None else None
+    begun: float | None = None  # (time.monotonic()) when the server told the start of a drain now
     hosts: list[dict[str, Any]] = []
+    late: list[str] = []
     with changed_before_refusal("drained", hosts):
         for host_id in targets_of(args, "drain"):
             given: dict[str, Any] = {"id": host_id, "reason": args.reason, "deadlineSeconds": args.deadline}
-            # A start that has passed while the hosts were being drained one by one is now for
-            # the rest (the server refuses one long past: a rack's last hosts were refused); the
-            # first host is sent the time as given, which the server judges.
-            if at is not None and (not hosts or start is None or start > time.time()):
+            # The first host is sent the time as given, which the server judges.
+            past = (time.time() - start) if start is not None else \
+                (time.monotonic() - begun) if begun is not None else 0.0
+            if at is not None and (not hosts or past <= DRAIN_START_KEPT_S):
                 given["at"] = at
+            elif at is not None:
+                late.append(host_id)
             res = gql(q, {"input": given}, optional=("drainAt", "drainDeadline"))["drainHost"]
             if res["userErrors"]:
                 raise user_errors(res["userErrors"])
             hosts.append(res["host"])
+            if at is None and res["host"].get("drainDeadline"):
+                # Drained now: the others are given the start the server took.
+                at = (parse_time(res["host"]["drainDeadline"]) - dt.timedelta(seconds=args.deadline)).isoformat()
+                begun = time.monotonic()
+    if late:
+        print(f"drained from when each was, the start {DRAIN_START_KEPT_S:g} s and more past, their deadline later: "
+              f"{', '.join(late)}", file=sys.stderr)
     rows = [[h["id"], h["health"], f"drain from {when_text(h['drainAt'])}" if h.get("drainAt") else "draining",
              when_text(h.get("drainDeadline"))] for h in hosts]
     out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "HEALTH", "STATE", "RUNNING WORK STOPPED AT"])

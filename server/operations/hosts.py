@@ -32,7 +32,9 @@ class HostOperations(Operations):
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
         and requeued elsewhere. With `at` (a time ahead): the drain begins then, and until
         then the host takes only jobs whose time limit ends them by its deadline
-        (scheduling.maintenance)."""
+        (scheduling.maintenance). An `at` just past (PAST_START_SLACK_S at most) begins it
+        now, its deadline still reckoned from `at`: the hosts of one drain given one start
+        (a rack's, drained host by host while the start passes) share one deadline."""
         reason = validate_reason(reason, required=True)
         if not 0 <= deadline_s <= 7 * 24 * 3600:
             raise ValidationError("deadlineSeconds", "must be from 0 to 604800 seconds", "OUT_OF_RANGE")
@@ -43,8 +45,9 @@ class HostOperations(Operations):
             raise ValidationError("at", f"is {now - at:.0f} s in the past: give a time ahead, or none to drain now",
                                   "OUT_OF_RANGE")
         start = at if at is not None and at > now else 0.0  # a time just past: at once
+        deadline = (now if at is None else at) + deadline_s
         await self._set_hostcfg(host_id, lambda cur: HostConfig(
-            cordoned=not start, draining=True, drain_at=start, drain_deadline=(start or now) + deadline_s,
+            cordoned=not start, draining=True, drain_at=start, drain_deadline=deadline,
             reason=reason, by=by, ts=now, gpu_clears=cur.gpu_clears))
 
     async def clear_gpu_faults(self, host_id: str, by: str, reason: str, gpus: list[int] | None = None) -> list[int]:

@@ -479,6 +479,23 @@ async def test_a_group_filter_acts_on_the_callers_own_group_unless_a_user_is_giv
     assert all(muster.state.jobs[i].state.value == "QUEUED" and not muster.state.jobs[i].hold for i in anns)
 
 
+async def test_a_drain_from_a_start_just_past_keeps_the_deadline_of_that_start(muster: Muster, nc: Any) -> None:
+    """A drain given a start a moment past begins now, its deadline reckoned from the start
+    given, not from when the request came: the hosts of a rack drained one by one from one
+    start share one deadline (found by exploring: those reached after the start had passed
+    each got a later one)."""
+    await publish_hosts(nc, range(2))
+    await eventually(lambda: {"h-000", "h-001"} <= set(muster.state.hosts), what="the hosts")
+    at = time.time() - 30
+    await muster.drain("h-000", "op", "rack work", 300, at=at)
+    cfg = muster.state.hostcfg["h-000"]
+    assert cfg.draining and cfg.cordoned and not cfg.drain_at and cfg.drain_deadline == at + 300, cfg
+    ahead = time.time() + 3600
+    await muster.drain("h-001", "op", "rack work", 300, at=ahead)
+    cfg = muster.state.hostcfg["h-001"]
+    assert not cfg.cordoned and cfg.drain_at == ahead and cfg.drain_deadline == ahead + 300, cfg
+
+
 async def test_the_limits_on_jobs_per_request_hold_over_aliases(api: Client, muster: Muster,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by exploring: 1,000 jobs per submitJobs was counted per field, and 30 aliases of

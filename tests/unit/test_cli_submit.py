@@ -4,6 +4,7 @@ errors, hosts and a job's wants are printed."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from server.cli.jobs import gpus_cell, new_output, submit_command, submit_input,
 from server.cli.parser import parse_args
 from server.cli.queues import time_limits
 from server.cli.times import ago, ahead, when_text
+from server.timefmt import parse_time
 from wire.errors import ConfigError, ValidationError
 
 
@@ -394,34 +396,50 @@ def test_job_show_escapes_control_characters_of_the_command_and_reasons_on_a_ter
     assert "\\x1b]0;PWNED\\x07\\x1b[31mRED\\x0a" in text and "bad \\x1b[2J" in text, text
 
 
-def test_a_drain_of_many_hosts_from_a_start_that_passes_meanwhile_drains_the_rest_now(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """`host drain a b c --at 2m`: the first host is sent the start as given; once it has
-    passed (the hosts drained one by one), the rest are drained now rather than refused by
-    the server for a start long past (a review)."""
+def test_a_drain_of_many_hosts_gives_every_host_one_start_and_so_one_deadline(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by exploring: a rack drained `--at` a few seconds ahead got deadlines that
+    differed host to host: once the start had passed (the hosts drained one by one) the
+    rest were drained now, each deadline reckoned from when it was. Every host is given
+    the start (the server takes one just past as now, its deadline reckoned from it); with
+    no --at, the start the server drained the first host at; hosts reached long after the
+    start are drained from then, and said so."""
     import server.cli.hosts as hosts_cli
 
-    sent: list[dict[str, object]] = []
-
-    def fake_gql(_q: str, variables: dict[str, dict[str, object]], **_kw: object) -> dict[str, object]:
-        sent.append(variables["input"])
-        return {"drainHost": {"userErrors": [], "host": {"id": variables["input"]["id"], "health": "HEALTHY",
-                                                        "drainAt": None, "drainDeadline": None}}}
+    def iso(t: float) -> str:
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat()
 
     clock = [1000.0]
+
+    def server(_q: str, variables: dict[str, dict[str, Any]], **_kw: object) -> dict[str, object]:
+        """drainHost, reckoning the deadline as server.operations.hosts does; each host takes a minute."""
+        i = variables["input"]
+        now = clock[0]
+        clock[0] += 60
+        at = parse_time(i["at"]).timestamp() if "at" in i else None
+        return {"drainHost": {"userErrors": [], "host": {
+            "id": i["id"], "health": "HEALTHY", "drainAt": iso(at) if at is not None and at > now else None,
+            "drainDeadline": iso((now if at is None else at) + i["deadlineSeconds"])}}}
+
+    shown: list[list[dict[str, Any]]] = []
     monkeypatch.setattr(hosts_cli.time, "time", lambda: clock[0])
-    monkeypatch.setattr(hosts_cli, "ahead", lambda _text: "1970-01-01T00:18:20+00:00")  # 1,100 s
-    args = parse_args(["host", "drain", "a", "b", "c", "--reason", "r", "--at", "2m", "-o", "json"])
-    monkeypatch.setattr(hosts_cli, "out", lambda *a, **k: None)
+    monkeypatch.setattr(hosts_cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hosts_cli, "gql", server)
+    monkeypatch.setattr(hosts_cli, "out", lambda _args, hosts, *_a, **_k: shown.append(hosts))
 
-    def passing(q: str, variables: dict[str, dict[str, object]], **kw: object) -> dict[str, object]:
-        got = fake_gql(q, variables, **kw)
-        clock[0] += 60  # each host takes a minute: the start passes after the second
-        return got
+    def drain(*argv: str) -> list[str]:
+        assert hosts_cli.cmd_drain(parse_args(["host", "drain", *argv, "--reason", "r", "--deadline", "300"])) == 0
+        return [h["drainDeadline"] for h in shown[-1]]
 
-    monkeypatch.setattr(hosts_cli, "gql", passing)
-    assert hosts_cli.cmd_drain(args) == 0
-    assert [("at" in s) for s in sent] == [True, True, False]
+    # From 100 s ahead: the start passes after the second host; the third has its deadline too.
+    assert drain("a", "b", "c", "--at", iso(1100)) == [iso(1400)] * 3
+    # Now: the first drained at 1,180, the others from then.
+    assert drain("a", "b", "c") == [iso(1480)] * 3
+    assert capsys.readouterr().err == ""
+    # Reached more than DRAIN_START_KEPT_S after the start: drained from then.
+    clock[0] = 1000.0
+    assert drain("a", "b", "c", "d", "e", "--at", iso(1000)) == [iso(1300)] * 3 + [iso(1480), iso(1540)]
+    assert "the start 150 s and more past, their deadline later: d, e" in capsys.readouterr().err
 
 
 def test_number_options_refuse_what_is_not_a_finite_number(capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,7 +127,8 @@ class DrainHostInput:
         default=None, description="When the drain begins (a maintenance window): until then the host takes only "
         "jobs whose time limit (or their queue's default) ends them by the drain's deadline; nothing placed "
         "after it was scheduled is stopped by it. Default, or a time at most 5 minutes past: now (further past "
-        "is refused). At most 90 days ahead.")
+        "is refused; the deadline is reckoned from the time given, so hosts drained one by one from one start "
+        "share one deadline). At most 90 days ahead.")
 
 @strawberry.input(description="Hosts matching every given field.")
 class HostFilter:
