@@ -39,6 +39,18 @@ def duration_s(text: str) -> float | None:
     return float(m.group(1)) * DURATION_UNITS[m.group(2)] if m else None
 
 
+def duration_text(s: float) -> str:
+    """A duration in seconds as people read it (a time limit, in messages, the CLI and the
+    console): seconds under a day (`90 s`, `7200 s`, as other durations are shown); from a
+    day up, a whole number of days or hours as `duration_s` reads them (`30d`, `36h`), or
+    else seconds; never with an exponent (`:g` wrote 30 days as `2.592e+06 s`)."""
+    if s >= DURATION_UNITS["d"]:
+        for unit in ("d", "h"):
+            if s % DURATION_UNITS[unit] == 0:
+                return f"{s // DURATION_UNITS[unit]:.0f}{unit}"
+    return f"{s:g} s" if abs(s) < 1e6 else f"{s:.0f} s" if s == int(s) else f"{s:.1f} s"
+
+
 def parse_time(text: str) -> dt.datetime:
     """An ISO 8601 date and time, UTC unless it names an offset; raises ValueError."""
     return as_utc(dt.datetime.fromisoformat(text))

@@ -26,6 +26,7 @@ from server.cli.client import (
 )
 from server.cli.errors import ApiError, JobFailed, user_errors
 from server.cli.times import ahead, when_text
+from server.timefmt import duration_text
 from wire.errors import Forbidden, NotFound, ValidationError
 
 JOB_FIELDS = """id name state user queue timeLimitSeconds effectiveTimeLimitSeconds command replicas gpus gpuModel
@@ -607,7 +608,7 @@ def show(args: argparse.Namespace) -> None:
         print(f"  not on:  {', '.join(job['excludeHosts'])}")
     if job["effectiveTimeLimitSeconds"]:
         whose = "its own" if job["effectiveTimeLimitSeconds"] == job["timeLimitSeconds"] else f"queue {job['queue']}"
-        print(f"  time limit: {job['effectiveTimeLimitSeconds']:g} s ({whose})")
+        print(f"  time limit: {duration_text(job['effectiveTimeLimitSeconds'])} ({whose})")
     if job["state"] == "QUEUED":
         if job["queuePosition"] is not None:
             print(f"  queue position: {job['queuePosition']}")

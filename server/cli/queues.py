@@ -20,6 +20,7 @@ from server.cli.client import (
 )
 from server.cli.errors import user_errors
 from server.cli.times import ago, when_text
+from server.timefmt import duration_text
 from wire.errors import ConfigError, NotFound
 from wire.messages import Queue
 
@@ -267,8 +268,8 @@ def submission_limits(q: dict[str, Any]) -> str:
 
 def time_limits(default: float, maximum: float) -> str:
     """A queue's time limits in words (0 is none)."""
-    return (f"{f'{default:g} s' if default else 'none'} by default, "
-            f"{f'at most {maximum:g} s' if maximum else 'no maximum'}")
+    return (f"{duration_text(default) if default else 'none'} by default, "
+            f"{f'at most {duration_text(maximum)}' if maximum else 'no maximum'}")
 
 
 def _mutate(args: argparse.Namespace, name: str) -> int:

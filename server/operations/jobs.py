@@ -10,6 +10,7 @@ from typing import Any
 
 from server.operations.base import Operations
 from server.scheduling.queues import effective_time_limit
+from server.timefmt import duration_text
 from server.views.jobs import matches
 from wire import subjects
 from wire.errors import Forbidden, NotFound, StoreError, ValidationError
@@ -130,10 +131,10 @@ class JobOperations(Operations):
         q = self.queue(job.spec.queue)
         now_limit = live[0].time_limit_s if live else effective_time_limit(job.spec, q)
         if now_limit and limit > now_limit:
-            raise Forbidden(f"only an admin may raise a time limit ({now_limit:g} s now)")
+            raise Forbidden(f"only an admin may raise a time limit ({duration_text(now_limit)} now)")
         if q is not None and q.max_time_limit_s and limit > q.max_time_limit_s:
             raise Forbidden(f"only an admin may set a time limit over the maximum of queue {q.name} "
-                            f"({q.max_time_limit_s:g} s)")
+                            f"({duration_text(q.max_time_limit_s)})")
 
     async def act_on_matching(self, action: str, by: str, reason: str = "", queues: list[str] | None = None,
                               limit: int = MAX_CANCEL_MATCHING, **filters: Any) -> list[str]:

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from server.timefmt import duration_text
 from wire.errors import ValidationError
 from wire.messages import (
     DEFAULT_QUEUE,
@@ -533,8 +534,8 @@ def queue_refusal(spec: JobSpec, q: Queue | None) -> ValidationError | None:
     if q is None:
         return ValidationError("queue", f"no queue named {spec.queue!r}", "UNKNOWN_QUEUE")
     if q.max_time_limit_s and spec.time_limit_s > q.max_time_limit_s:
-        return ValidationError("timeLimitSeconds", f"queue {q.name!r} allows at most {q.max_time_limit_s:g} s",
-                               "OUT_OF_RANGE")
+        return ValidationError("timeLimitSeconds",
+                               f"queue {q.name!r} allows at most {duration_text(q.max_time_limit_s)}", "OUT_OF_RANGE")
     why = label_conflict(spec, q)
     return ValidationError("hostLabels", why, "INVALID") if why else None
 

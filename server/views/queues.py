@@ -46,6 +46,7 @@ from server.scheduling.queues import (
     reclaims_from,
     task_demand,
 )
+from server.timefmt import duration_text
 from wire.messages import DEFAULT_QUEUE, Job, JobState, Queue, implicit_default_queue
 
 if TYPE_CHECKING:
@@ -306,8 +307,8 @@ def reasons(state: ClusterState, job: Job, now: float, half_life_s: float,
     holders = [j for j in reserved_for if j.reserved is not None]
     if holders:
         limit = effective_time_limit(job.spec, q)
-        why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to start "
-               f"and its grace of {leave_s(q.preempt_grace_s):g} s to leave)") if limit > 0 \
+        why = (f"its time limit of {duration_text(limit)} runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s "
+               f"to start and its grace of {leave_s(q.preempt_grace_s):g} s to leave)") if limit > 0 \
             else "it has no time limit"
         starts = {j.id: j.reserved.start for j in holders if j.reserved is not None}
         if len(holders) == 1:
@@ -367,8 +368,8 @@ def maintenance_text(state: ClusterState, job: Job, q: Queue, closing: Sequence[
     limit = effective_time_limit(job.spec, q)
     if now >= starts:
         return f"the hosts with room for it ({hosts}) are being drained for maintenance"
-    why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to start)"
-           if limit > 0 else "it has no time limit")
+    why = (f"its time limit of {duration_text(limit)} runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s "
+           "to start)" if limit > 0 else "it has no time limit")
     return (f"the hosts with room for it ({hosts}) are drained for maintenance in about {starts - now:.0f} s, what "
             f"still runs there stopped in about {stops - now:.0f} s; {why}, so it may not start there now")
 
@@ -388,8 +389,8 @@ def set_aside_text(state: ClusterState, job: Job, q: Queue, hosts: Sequence[str]
             parts.append(f"advance reservation {r.name} sets {len(r.hosts)} host(s) aside for {queues} for about "
                          f"{r.ends - now:.0f} s more")
         else:
-            why = (f"its time limit of {limit:g} s runs past that (allowing {maintenance.START_ALLOWANCE_S:g} s to "
-                   "start)" if limit > 0 else "it has no time limit")
+            why = (f"its time limit of {duration_text(limit)} runs past that (allowing "
+                   f"{maintenance.START_ALLOWANCE_S:g} s to start)" if limit > 0 else "it has no time limit")
             parts.append(f"advance reservation {r.name} will set {len(r.hosts)} host(s) aside for {queues} in about "
                          f"{r.starts - now:.0f} s, and {why}")
     return f"the hosts with room for it are set aside: {'; '.join(parts)}"

@@ -887,6 +887,12 @@ async def test_hold_release_and_priority_forms(console: Console) -> None:
     assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job.id}?notice=time-limit"
     await eventually(lambda: m.state.jobs[job.id].spec.time_limit_s == 5400, timeout=20, what="the time limit applied")
     assert "<dt>Time limit</dt><dd>5400 s" in (await c.get(f"/jobs/{job.id}")).text
+    # Thirty days, in days; the form's field in seconds (found by exploring: 2.592e+06 s).
+    r = await c.post(f"/jobs/{job.id}/time-limit", data={"csrf": console.csrf, "time_limit": "2592000"})
+    assert r.status_code == 303
+    await eventually(lambda: m.state.jobs[job.id].spec.time_limit_s == 2592000, timeout=20, what="30 days applied")
+    page = (await c.get(f"/jobs/{job.id}")).text
+    assert "<dt>Time limit</dt><dd>30d <span" in page and 'value="2592000"' in page, page
     # The forms say what they were made for, as the live part does: live.js fetches them
     # again (the whole page, for `#actions`) when the two differ.
     page = (await c.get(f"/jobs/{job.id}")).text

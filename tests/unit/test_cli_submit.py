@@ -134,8 +134,11 @@ def test_the_submission_carries_env_cwd_rack_and_disconnect_options_and_only_wha
 
 def test_a_queues_time_limits_in_words() -> None:
     assert time_limits(0, 0) == "none by default, no maximum"
-    assert time_limits(3600, 86400) == "3600 s by default, at most 86400 s"
+    assert time_limits(3600, 86400) == "3600 s by default, at most 1d"
     assert time_limits(0, 600) == "none by default, at most 600 s"
+    # Found by exploring: `2.592e+06 s`. From a day up, in days or hours when whole.
+    assert time_limits(129600, 30 * 86400) == "36h by default, at most 30d"
+    assert time_limits(100000, 1_000_001) == "100000 s by default, at most 1000001 s"
 
 
 def test_a_gangs_attempts_say_their_task_from_task_0() -> None:

@@ -508,6 +508,21 @@ def test_time_limit_stops_the_try_and_ends_the_job_timeout() -> None:
     assert w.job("long").state is JobState.RUNNING
 
 
+def test_a_time_limit_of_days_is_told_in_days() -> None:
+    """Found by exploring: a job with a 30-day limit ended "time limit of 2.592e+06 s reached"."""
+    w = QWorld()
+    w.host("h1")
+    w.queue("a", preempt_grace_s=5)
+    w.qsubmit("month", "a", time_limit_s=30 * 86400)
+    w.qcycle(now=NOW)
+    w.qcycle(w.agent_reports(NOW), now=NOW)
+    w.qcycle(now=NOW + 30 * 86400 + 1)
+    [t] = w.tasks("h1")
+    assert t.stop and t.stop_reason == "time limit of 30d reached", t.stop_reason
+    w.qcycle(w.agent_reports(NOW + 30 * 86400 + 3), now=NOW + 30 * 86400 + 3)
+    assert w.job("month").state is JobState.TIMEOUT and w.job("month").end_reason == "time limit of 30d reached"
+
+
 def test_a_time_limit_passed_before_a_drains_deadline_ends_the_try_timeout_when_one_cycle_sees_both() -> None:
     """Found by exploring: a limit (NOW+60) and the host's drain deadline (NOW+65) both
     passed when a cycle came (NOW+70: a new leader's first, a slow one): the drain's stop

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from server.replica import Muster
-from server.timefmt import iso_utc
+from server.timefmt import duration_text, iso_utc
 
 if TYPE_CHECKING:
     from web.console.session import Session
@@ -77,6 +77,12 @@ def pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f} %"
 
 
+def number(value: float) -> str:
+    """A number as a form's field shows it and takes it back: no exponent (`%g` wrote a
+    time limit of 30 days as 2.592e+06)."""
+    return f"{value:.0f}" if value == int(value) else repr(value)
+
+
 # Characters a job's output may hold that are not text to read: the control characters
 # (C0 but tab and newline, DEL, C1) and the bidirectional controls (embeddings, overrides,
 # isolates, marks), which reorder or hide what is shown after them, and the line and
@@ -105,6 +111,8 @@ def visible(text: str | None) -> Markup:
 templates.env.filters["utc"] = utc
 templates.env.filters["mib"] = mib
 templates.env.filters["pct"] = pct
+templates.env.filters["duration"] = duration_text
+templates.env.filters["number"] = number
 templates.env.filters["visible"] = visible
 templates.env.filters["shjoin"] = lambda argv: shlex.join(argv or [])
 templates.env.globals["notices"] = NOTICES

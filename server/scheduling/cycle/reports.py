@@ -19,6 +19,7 @@ from server.scheduling.cycle.work import (
     stop_tasks,
 )
 from server.scheduling.queues import preemption_loss
+from server.timefmt import duration_text
 from wire.budgets import (
     CANCEL_REASON_MAX,
     HOLD_REASON_MAX,
@@ -185,7 +186,7 @@ def _after_attempt_end(w: Work, job: Job, a: Attempt, ended: AttemptState, now: 
             return
     if worst is AttemptState.TIMEOUT and not decision.retry:
         job.state = JobState.TIMEOUT
-        job.end_reason = job.end_reason or f"time limit of {a.time_limit_s:g} s reached"
+        job.end_reason = job.end_reason or f"time limit of {duration_text(a.time_limit_s)} reached"
         w.plan.events.append(job_event("job.timeout", job, a, now, job.end_reason))
         return
     if worst is AttemptState.PREEMPTED:
@@ -263,7 +264,8 @@ def apply_update(w: Work, c: Command, now: float) -> None:
         job.spec = job.spec.model_copy(update={"priority": priority})  # the spec is shared: a new one
     if limit is not None:
         was = next((t.time_limit_s for t in job.current_tasks() if not t.state.terminal), job.spec.time_limit_s)
-        done.append(f"time limit {f'{was:g} s' if was else 'none'} -> {f'{limit:g} s' if limit else 'none'}")
+        done.append(f"time limit {duration_text(was) if was else 'none'} -> "
+                    f"{duration_text(limit) if limit else 'none'}")
         job.spec = job.spec.model_copy(update={"time_limit_s": limit, "time_limit_exempt": c.time_limit_exempt})
         for t in job.current_tasks():
             if not t.state.terminal:

@@ -23,6 +23,7 @@ from server.scheduling.deadlines import try_deadline
 from server.scheduling.eviction import EvictionBudget, HostLoss, disrupted_domains, host_domains
 from server.scheduling.queues import placement_spec
 from server.scheduling.setasidework import others_work
+from server.timefmt import duration_text
 from wire.budgets import clip_start, text_limits
 from wire.messages import AdvanceReservation, Attempt, AttemptState, Job, max_counts
 
@@ -289,7 +290,7 @@ def enforce_time_limits(w: Work, now: float, max_keys: int) -> None:
             continue
         if w.plan.keys + 1 + len(tasks) > max_keys:
             return
-        why = f"time limit of {tasks[0].time_limit_s:g} s reached"
+        why = f"time limit of {duration_text(tasks[0].time_limit_s)} reached"
         for t in tasks:
             stop_attempt(w, t, TIMEOUT, why, now)
         job.updated_at = now
