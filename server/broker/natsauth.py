@@ -3,7 +3,7 @@
 Everything lives in an *auth directory* (mode 0700), by default `<nats-data-dir>/auth`:
 
     users.json            who has credentials: kind, name, public nkey (no secrets)
-    auth.conf             the nats-server `authorization {}` block, generated from users.json
+    auth.conf             the nats-server `accounts {}` block, generated from users.json
     server.nk             the control plane's nkey seed (servers, `muster token`)
     agents/<host>.nk      one seed per agent host
     subscribers/<n>.nk    one seed per alert subscriber
@@ -15,6 +15,10 @@ signs the server's nonce with them (`nkeys_seed`). The nats-server config includ
 `auth.conf`; issuing or revoking a credential rewrites it and signals every server in
 `pids/` to reload (SIGHUP). On reload nats-server drops connections of removed users and
 refuses them from then on.
+
+Accounts (CONTROL_ACCOUNT and the others, below): the server and subscribers are in the
+control plane's account, which holds the streams; agents and submitters in accounts of
+their own, which import from it the subjects they publish on.
 
 Permissions:
 - server: everything (control-plane replicas and the admin CLI).
