@@ -66,6 +66,7 @@ from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
 from agent.watchdog import RUN_TMP, RunRecord, read_run, run_record, start_time
 from wire import subjects
+from wire.durable import TMP, sync_dir, write_durably
 from wire.errors import ConfigError, DecodeError, StoreError
 from wire.kv import WRONG_LAST_SEQUENCE, Store, connect
 from wire.messages import (
@@ -410,6 +411,7 @@ class Agent:
         if self._seen_file:
             try:
                 own_dir(self._seen_file.parent)  # made again, if gone, only as the agent's own
+                made = not self._seen_file.exists()
                 with open(self._seen_file, "a") as f:
                     # Begun on a line of its own: one the last write left cut short (a crash,
                     # a full disk) would otherwise run into this one, and both be lost (found
@@ -417,6 +419,8 @@ class Agent:
                     f.write("\n" + "".join(a + "\n" for a in attempt_ids))
                     f.flush()
                     os.fsync(f.fileno())
+                if made:  # its name, too, must outlive a crash of the machine
+                    sync_dir(self._seen_file.parent)
             except OSError as exc:
                 log.warning("attempts %s cannot be noted as seen: %s", ", ".join(attempt_ids), exc)
                 return str(exc)
@@ -527,7 +531,7 @@ class Agent:
             return
         loaded: list[tuple[StatusReport, str]] = []
         for f in self._unsent_dir.iterdir():
-            if f.name.endswith(".tmp"):  # half written when the agent died: never acknowledged either
+            if f.name.endswith(TMP):  # half written when the agent died: never acknowledged either
                 f.unlink(missing_ok=True)
                 continue
             try:
@@ -548,18 +552,12 @@ class Agent:
             log.warning("delivering %d reports a previous agent could not deliver", len(loaded))
 
     def _persist_unsent(self, r: StatusReport, msg_id: str) -> None:
+        """Keep a terminal report on disk until the STATUS stream takes it, durably (its
+        directory synced too: a report whose name a machine's crash lost was reported LOST
+        by the next start, and its try run again). A temporary file a full disk left is
+        removed. Raises OSError."""
         own_dir(self._unsent_dir)
-        path = self._unsent_dir / r.attempt_id
-        tmp = path.parent / f"{path.name}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(msg_id.encode() + b"\n" + encode(r))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # (its disk full: an empty file was left for each report)
-            raise
+        write_durably(self._unsent_dir / r.attempt_id, msg_id.encode() + b"\n" + encode(r))
 
     # ------------------------------------------------------------ heartbeats
 
@@ -1616,7 +1614,9 @@ class Agent:
         except OSError:
             previous = ""
         try:
-            path.write_text(self.instance + "\n")
+            # Whole and durable: one written over in place and cut short by a crash (or lost
+            # with the machine) left the next start without it, on the stateless path.
+            write_durably(path, (self.instance + "\n").encode())
         except OSError as exc:
             log.warning("cannot write %s: %s (a restart will wait to see whether this agent still runs)", path, exc)
         return previous
