@@ -488,7 +488,9 @@ class Agent:
     def _kill_leftovers(self) -> list[str]:
         """SIGKILL the process groups of attempts a previous incarnation left running
         (each ran in a session of its own: its pid is its group id). A pid whose process
-        start time differs was reused by something else and is left alone. Returns the
+        start time differs was reused by something else and is left alone, and so is
+        every process of a record written in another boot of the machine (its processes
+        are gone, and a pid and start tick may come again after a reboot). Returns the
         attempts whose processes were killed."""
         killed: list[str] = []
         if not self._runs_dir.exists():
@@ -500,20 +502,24 @@ class Agent:
             r: RunRecord | None = None
             try:
                 r = read_run(f.read_text())
-                # Its launcher first, then its process group and its cgroup: a task killed
-                # while its launcher lives would have that end written down as its own.
-                if r.launcher is not None and start_time(r.launcher[0]) == r.launcher[1]:
-                    with contextlib.suppress(OSError):
-                        os.kill(r.launcher[0], signal.SIGKILL)
-                if start_time(r.pid) == r.start:
-                    os.killpg(r.pid, signal.SIGKILL)
-                    killed.append(f.name)
-                    log.warning("killed attempt %s (process group %d) left running by a previous agent",
-                                f.name, r.pid)
+                if r.other_boot():
+                    log.info("attempt %s was recorded in an earlier boot of this machine (boot %s): its processes "
+                             "are gone, and none is signalled", f.name, r.boot)
+                else:
+                    # Its launcher first, then its process group and its cgroup: a task killed
+                    # while its launcher lives would have that end written down as its own.
+                    if r.launcher is not None and start_time(r.launcher[0]) == r.launcher[1]:
+                        with contextlib.suppress(OSError):
+                            os.kill(r.launcher[0], signal.SIGKILL)
+                    if start_time(r.pid) == r.start:
+                        os.killpg(r.pid, signal.SIGKILL)
+                        killed.append(f.name)
+                        log.warning("killed attempt %s (process group %d) left running by a previous agent",
+                                    f.name, r.pid)
             except (ValueError, IndexError, OSError):
                 pass
             try:
-                if r is not None and r.cgroups:
+                if r is not None and r.cgroups and not r.other_boot():
                     self.isolation.kill_leftover(r.cgroups)
             except OSError:
                 pass

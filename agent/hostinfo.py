@@ -7,7 +7,8 @@ import uuid
 
 import psutil
 
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+from agent.watchdog import BOOT_ID_PATH, kernel_boot_id
+
 _MIB = 1024 * 1024
 _fallback_boot_id: str | None = None
 
@@ -34,13 +35,9 @@ def host_usage() -> tuple[float, int]:
 def boot_id() -> str:
     """The kernel's boot id, or a random id fixed for this process where there is none."""
     global _fallback_boot_id
-    try:
-        with open(BOOT_ID_PATH, encoding="ascii") as fh:
-            value = fh.read().strip()
-        if value:
-            return value[:64]
-    except OSError:
-        pass
+    value = kernel_boot_id(BOOT_ID_PATH)
+    if value:
+        return value
     if _fallback_boot_id is None:
         _fallback_boot_id = str(uuid.uuid4())
     return _fallback_boot_id

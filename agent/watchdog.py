@@ -13,8 +13,9 @@ The agent writes to DIR/alive, after every heartbeat the store took, its pid and
 heartbeat was sent (its monotonic clock, which is the system's and so this process's
 too); it touches DIR/awake twice a second while its fence loop runs; and it keeps in RUNS
 one file per running attempt: `<process group> <process start time> [keep]
-[sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>]` (`run_record`, paths
-quoted), the directories being the attempt's cgroups (agent.cgroups: each right under one
+[sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>] [boot:<boot id>]`
+(`run_record`, paths quoted; a record of another boot of the machine is left alone: its
+processes are gone), the directories being the attempt's cgroups (agent.cgroups: each right under one
 of the agent's cgroup bases, the BASE arguments; a record naming any other cgroup has
 that one left alone) and the one made for it. The attempt's launcher writes it before the
 task runs, the agent again once it runs.
@@ -145,6 +146,29 @@ def exited(pid: int) -> bool:
     return bool(fields) and fields[0] in ("Z", "X")  # type: ignore[index]
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def kernel_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """The kernel's boot id (a new one at each boot), "" where it cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()[:64]
+    except (OSError, ValueError):
+        return ""
+
+
+_this_boot: str | None = None
+
+
+def this_boot() -> str:
+    """This machine's boot id, read once (it cannot change while a process lives)."""
+    global _this_boot
+    if _this_boot is None:
+        _this_boot = kernel_boot_id()
+    return _this_boot
+
+
 RUN_TMP = ".tmp"  # a record being written, put in place under its attempt's name once whole
 
 
@@ -157,6 +181,13 @@ class RunRecord(NamedTuple):
     launcher: tuple[int, str] | None  # the launcher that stays the task's parent: pid, start time
     cgroups: list[str]  # the attempt's cgroup directories
     work_dir: str | None  # the directory made for it
+    boot: str = ""  # the boot id of the machine's boot it was written in ("": unknown, an older record)
+
+    def other_boot(self) -> bool:
+        """Written in another boot of this machine: its processes are certainly gone, and a
+        process of this boot with the same pid and start tick is another's. False where
+        either boot is unknown."""
+        return bool(self.boot) and bool(this_boot()) and self.boot != this_boot()
 
 
 def run_record(pid: object, start: str, keep: bool, launcher: object = None, launcher_start: str = "",
@@ -165,18 +196,23 @@ def run_record(pid: object, start: str, keep: bool, launcher: object = None, lau
     a work directory with a space in its path was left out, and a restarted agent left a
     crashed try's data behind). A process already gone has no start time: "-" keeps the
     fields in their places. The agent writes it once a try runs, and its launcher before
-    the task starts, with its own and the task's pid (agent/launch.py: placeholders)."""
+    the task starts, with its own and the task's pid (agent/launch.py: placeholders).
+    Stamped with this boot's id (`boot:`): a pid and start tick may come again after a
+    reboot, and name an unrelated process."""
     fields = [str(pid), start or "-"] + (["keep"] if keep else [])
     if launcher is not None and str(launcher) != str(pid):
         fields.append(f"sup:{launcher}:{launcher_start or '-'}")
     fields += [f"cg:{quote(d)}" for d in cgroups]
     if work_dir is not None:
         fields.append(f"wd:{quote(work_dir)}")
+    if this_boot():
+        fields.append(f"boot:{quote(this_boot())}")
     return " ".join(fields) + "\n"
 
 
 def read_run(text: str) -> RunRecord:
-    """A line `run_record` wrote. Raises ValueError (or IndexError) for one that is not."""
+    """A line `run_record` wrote (an older one, without its boot, too). Raises ValueError
+    (or IndexError) for one that is not."""
     fields = text.split()
     launcher = None
     for f in fields[2:]:
@@ -184,8 +220,10 @@ def read_run(text: str) -> RunRecord:
             _, pid, start = f.split(":", 2)
             launcher = (int(pid), start)
     work = [unquote(f[3:]) for f in fields[2:] if f.startswith("wd:")]
+    boot = [unquote(f[5:]) for f in fields[2:] if f.startswith("boot:")]
     return RunRecord(int(fields[0]), fields[1], "keep" in fields[2:], launcher,
-                     [unquote(f[3:]) for f in fields[2:] if f.startswith("cg:")], work[0] if work else None)
+                     [unquote(f[3:]) for f in fields[2:] if f.startswith("cg:")], work[0] if work else None,
+                     boot[0] if boot else "")
 
 
 def runs(directory: str) -> dict[str, RunRecord]:
@@ -268,7 +306,7 @@ class Watchdog:
         with `kill`, SIGKILL now."""
         kill_at = now if kill else now + self.grace_s
         for attempt, r in runs(self.runs_dir).items():
-            if r.keep or attempt in self.fenced:
+            if r.keep or attempt in self.fenced or r.other_boot():  # (another boot's: its processes are gone)
                 continue
             cgs = r.cgroups
             if cgs and cgroups is not None:
