@@ -9,9 +9,9 @@ records stamped with a leadership term older than one it has seen.
 Restarts: with a state dir the agent keeps `<host>.seen` (attempts ever started here) and
 `<host>.runs/<attempt>` (the process group of each attempt running now). An agent that
 starts again after a crash (kill -9, OOM) first kills the process groups its previous
-incarnation left running, then reports each attempt it had started and that is still
-assigned as LOST ("agent restarted"): the control plane retries it, and nothing is left
-RUNNING with nobody watching it.
+incarnation left running (one it was stopping once its grace has ended), then reports
+each attempt it had started and that is still assigned as LOST ("agent restarted"): the
+control plane retries it, and nothing is left RUNNING with nobody watching it.
 
 Self-fencing: a cut-off host's work must be dead before the control plane, seeing its
 heartbeat key expire one TTL after the last heartbeat stored, replaces it elsewhere. When
@@ -62,9 +62,9 @@ from nats.js import errors as jserrors
 from agent.gpu import GpuBackend, mps_reached, mps_running, open_backend
 from agent.gpuwatch import STALE_ROUNDS, GpuWatch, is_stale, usage_to_report, util_by_index
 from agent.hostinfo import boot_id, host_capacity, host_usage
-from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree
+from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree, task_end
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
-from agent.watchdog import RUN_TMP, RunRecord, read_run, run_record, start_time
+from agent.watchdog import RUN_TMP, RunRecord, exited, put_run, read_run, run_record, start_time
 from wire import subjects
 from wire.durable import TMP, sync_dir, write_durably
 from wire.errors import ConfigError, DecodeError, StoreError
@@ -360,6 +360,13 @@ class Agent:
         # Attempts whose tasks ended while no agent ran: the wait status their launcher kept
         # (agent/launch.py), reported as their end when their assignment is seen.
         self._ended_away: dict[str, int] = {}
+        # Tries a previous incarnation was stopping whose grace had not ended when this one
+        # started (`kill:` in their run records): left to run to that end, their checkpoint
+        # window, then killed as leftovers are (`_let_grace_end`). attempt id -> its record;
+        # and of those, the tries an assignment listed meanwhile, reported once they ended.
+        self._in_grace: dict[str, RunRecord] = {}
+        self._after_grace: dict[str, Task] = {}
+        self._grace_tasks: list[asyncio.Task[None]] = []
         self._previous_instance = ""  # the last agent on this state directory (_take_instance)
         # Another agent of this host that stopped, not the last one on this state directory
         # (this one started without its state: a new or wiped directory, or none): what the
@@ -427,11 +434,13 @@ class Agent:
         return ""
 
     @staticmethod
-    def _ended_while_away(t: Task, status: int) -> tuple[AttemptState, int | None, str, str]:
-        """The end of a task that ended while no agent ran, from the wait status its
-        launcher kept: (state, exit code, output, reason) for its report. Its output is
-        not known (no agent read it)."""
-        gone = "ended while its agent was down; its output was not kept"
+    def _ended_while_away(t: Task, status: int,
+                          gone: str = "ended while its agent was down; its output was not kept",
+                          ) -> tuple[AttemptState, int | None, str, str]:
+        """The end of a task that ended while no agent ran (or in the grace of a stop its
+        previous agent began: `gone` says which), from the wait status its launcher kept:
+        (state, exit code, output, reason) for its report. Its output is not known (no
+        agent read it)."""
         if t.stop:
             # Asked to stop (a preemption, a cancel, a time limit): its agent may have sent
             # the SIGTERM before it died, and a task that saved its state and exited 0 has
@@ -460,7 +469,7 @@ class Agent:
 
     def _record_run(self, attempt_id: str, pid: int, keep_running: bool = False,
                     cgroup_paths: list[str] | None = None, work_dir: str | None = None,
-                    launcher: int | None = None) -> None:
+                    launcher: int | None = None, kill_at: float | None = None) -> None:
         path = self._run_file(attempt_id)
         own_dir(path.parent)
         # `pid`: the task's process group; `keep`: a KEEP_RUNNING attempt, which the watchdog
@@ -468,19 +477,17 @@ class Agent:
         # watchdog and a restarted agent); `wd:<dir>`: the directory made for it (removed by
         # a restarted agent); `sup:<pid>:<start>`: the launcher that stays the task's parent
         # (killed first by a restarted agent: it would write that kill down as the task's end).
-        # (The launcher wrote the same before the task started: agent/launch.py.)
+        # (The launcher wrote the same before the task started: agent/launch.py.) `kill:`
+        # the end of a stop's grace (Run._record_stop).
         text = run_record(pid, start_time(pid), keep_running, launcher,
-                          start_time(launcher) if launcher is not None else "", cgroup_paths or (), work_dir)
+                          start_time(launcher) if launcher is not None else "", cgroup_paths or (), work_dir,
+                          kill_at=kill_at)
         try:
             if path.read_text() == text:
                 return  # the launcher's, as it should be: not written again
         except OSError:
             pass
-        # Put in place whole (a review: written over in place, an agent killed in the
-        # middle left an empty record, and the try unknown to its watchdog).
-        tmp = path.with_name(path.name + RUN_TMP)
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        put_run(path, text)
 
     def _forget_run(self, attempt_id: str) -> None:
         self._run_file(attempt_id).unlink(missing_ok=True)
@@ -490,8 +497,10 @@ class Agent:
         (each ran in a session of its own: its pid is its group id). A pid whose process
         start time differs was reused by something else and is left alone, and so is
         every process of a record written in another boot of the machine (its processes
-        are gone, and a pid and start tick may come again after a reboot). Returns the
-        attempts whose processes were killed."""
+        are gone, and a pid and start tick may come again after a reboot). A try that
+        incarnation was stopping, whose grace has not ended (`kill:` in its record), is left
+        to run to that end (`_in_grace`, `_let_grace_end`): its checkpoint window is not cut
+        short. Returns the attempts whose processes were killed."""
         killed: list[str] = []
         if not self._runs_dir.exists():
             return killed
@@ -499,36 +508,89 @@ class Agent:
             if f.name.endswith(RUN_TMP):  # (half written when the agent died: the record is the other)
                 f.unlink(missing_ok=True)
                 continue
-            r: RunRecord | None = None
             try:
                 r = read_run(f.read_text())
-                if r.other_boot():
-                    log.info("attempt %s was recorded in an earlier boot of this machine (boot %s): its processes "
-                             "are gone, and none is signalled", f.name, r.boot)
-                else:
-                    # Its launcher first, then its process group and its cgroup: a task killed
-                    # while its launcher lives would have that end written down as its own.
-                    if r.launcher is not None and start_time(r.launcher[0]) == r.launcher[1]:
-                        with contextlib.suppress(OSError):
-                            os.kill(r.launcher[0], signal.SIGKILL)
-                    if start_time(r.pid) == r.start:
-                        os.killpg(r.pid, signal.SIGKILL)
-                        killed.append(f.name)
-                        log.warning("killed attempt %s (process group %d) left running by a previous agent",
-                                    f.name, r.pid)
             except (ValueError, IndexError, OSError):
-                pass
+                f.unlink(missing_ok=True)
+                continue
+            if r.other_boot():
+                log.info("attempt %s was recorded in an earlier boot of this machine (boot %s): its processes "
+                         "are gone, and none is signalled", f.name, r.boot)
+            elif r.kill_at is not None and r.kill_at > time.monotonic() and self._leftover_runs(r):
+                log.warning("attempt %s (process group %d) was being stopped by a previous agent: left to run to "
+                            "the end of its grace, in %.1f s", f.name, r.pid, r.kill_at - time.monotonic())
+                self._in_grace[f.name] = r
+                continue  # (its record stays: the watchdog, and the next start, find it)
+            if self._kill_leftover(f.name, r):
+                killed.append(f.name)
+        return killed
+
+    @staticmethod
+    def _leftover_runs(r: RunRecord) -> bool:
+        """The task a run record names still runs (its first process, not a zombie)."""
+        return start_time(r.pid) == r.start and not exited(r.pid)
+
+    def _kill_leftover(self, attempt_id: str, r: RunRecord) -> bool:
+        """Kill what is left of a try a previous incarnation ran (none of a record of
+        another boot), remove its cgroups, its directory and its record. Whether its task
+        was killed."""
+        killed = False
+        if not r.other_boot():
+            # Its launcher first, then its process group and its cgroup: a task killed
+            # while its launcher lives would have that end written down as its own.
+            if r.launcher is not None and start_time(r.launcher[0]) == r.launcher[1]:
+                with contextlib.suppress(OSError):
+                    os.kill(r.launcher[0], signal.SIGKILL)
+            if start_time(r.pid) == r.start:
+                with contextlib.suppress(OSError):
+                    os.killpg(r.pid, signal.SIGKILL)
+                    killed = True
+                    log.warning("killed attempt %s (process group %d) left running by a previous agent",
+                                attempt_id, r.pid)
             try:
-                if r is not None and r.cgroups and not r.other_boot():
+                if r.cgroups:
                     self.isolation.kill_leftover(r.cgroups)
             except OSError:
                 pass
-            # Its working directory (the attempt's data, which a later task of the same job
-            # could read): removed, with its work root once empty, whatever the kill met.
-            if r is not None and r.work_dir is not None:
-                self.isolation.remove_leftover_dir(Path(r.work_dir), f.name)
-            f.unlink(missing_ok=True)
+        # Its working directory (the attempt's data, which a later task of the same job
+        # could read): removed, with its work root once empty, whatever the kill met.
+        if r.work_dir is not None:
+            self.isolation.remove_leftover_dir(Path(r.work_dir), attempt_id)
+        self._run_file(attempt_id).unlink(missing_ok=True)
         return killed
+
+    def _grace_ends(self, r: RunRecord) -> float:
+        """When a try left in its grace (`_in_grace`) is killed (monotonic): its stop's end,
+        or the fence's deadline if this agent is fenced and that comes first (it must be dead
+        before the heartbeat key can expire, as this agent's own tries are)."""
+        assert r.kill_at is not None
+        if not self.fenced:
+            return r.kill_at
+        return min(r.kill_at, self.last_heartbeat_ok + self.fence_timing()[1])
+
+    async def _let_grace_end(self, attempt_id: str, r: RunRecord) -> None:
+        """Let a try a previous incarnation was stopping run to the end of its grace (or end
+        in it), then kill what is left of it as a leftover, note its end (its launcher's
+        record, if it ended by itself), and report it if an assignment listed it meanwhile
+        (`_after_grace`; else the assignment that lists it reports it). Cancelled (the agent
+        does not start after all), it is killed at once."""
+        try:
+            while self._leftover_runs(r) and time.monotonic() < self._grace_ends(r):
+                await asyncio.sleep(0.25)
+        finally:
+            own_end = task_end(self.isolation.exit_file(attempt_id))
+            killed = self._kill_leftover(attempt_id, r)
+            status = task_end(self.isolation.exit_file(attempt_id))
+            if killed and own_end is None:
+                self.isolation.forget_exit(attempt_id)  # (its launcher killed first: the kill's, not its own)
+            elif status is not None:
+                self._ended_away.setdefault(attempt_id, status)
+            del self._in_grace[attempt_id]
+        t = self._after_grace.pop(attempt_id, None)
+        if t is not None:
+            async with self._reconcile_lock:
+                if attempt_id in self._assigned and attempt_id not in self._reported_lost:
+                    await self._report_inherited(t, in_grace=True)
 
     def _load_unsent(self) -> None:
         """Queue the terminal reports a previous incarnation could not deliver: the real
@@ -1077,28 +1139,12 @@ class Agent:
                     held.append(t)
                 continue
             if t.attempt_id in self.seen:
-                if t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
-                    # Started by a previous incarnation of this agent: stopped by its
-                    # watchdog (which noted it), being stopped by the control plane (the
-                    # stop is done: what it left was killed at start-up; found by exploring,
-                    # where such an attempt was never reported and held its GPUs for good),
-                    # or its outcome is unknown (any process it left was killed at start-up).
-                    self._reported_lost.add(t.attempt_id)
-                    mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id)
-                    status = self._ended_away.pop(t.attempt_id, None)
-                    clean = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-                    if mark is not None and (mark[1] or not clean):
-                        # Stopped by the watchdog (what it left, when its task had ended by
-                        # itself, unless that end was a failure), as a live agent's run says.
-                        await self._report(t, AttemptState.KILLED, None, "", mark[0])
-                    elif status is not None:
-                        await self._report(t, *self._ended_while_away(t, status))
-                    elif t.stop:
-                        await self._report(t, AttemptState.KILLED, None, "",
-                                           f"{t.stop_reason or 'stopped'} (killed when its agent restarted)")
-                    else:
-                        await self._report(t, AttemptState.LOST, None, "",
-                                           "agent restarted; the attempt's outcome is unknown")
+                if t.attempt_id in self._in_grace:
+                    # Being stopped by a previous incarnation, its grace still running: reported
+                    # once it has ended (`_let_grace_end`), not while it may still run.
+                    self._after_grace[t.attempt_id] = t
+                elif t.attempt_id in self._inherited and t.attempt_id not in self._reported_lost:
+                    await self._report_inherited(t)
                 continue
             if t.stop:
                 self._mark_seen(t.attempt_id)  # a restart finds it stopped in the assignment all the same
@@ -1143,6 +1189,34 @@ class Agent:
                                    f"({unsaved})", host_trouble=True)
             else:
                 await self._start_noted(t)
+
+    async def _report_inherited(self, t: Task, in_grace: bool = False) -> None:
+        """Report once a try a previous incarnation of this agent started: stopped by its
+        watchdog (which noted it), being stopped by the control plane (the stop is done: what
+        it left was killed at start-up, or at the end of its grace; found by exploring, where
+        such an attempt was never reported and held its GPUs for good), ended while no agent
+        ran (its launcher's record), or its outcome is unknown (any process it left was
+        killed at start-up). `in_grace`: left to run to the end of its stop's grace first
+        (`_let_grace_end`)."""
+        self._reported_lost.add(t.attempt_id)
+        mark = watchdog_mark(self._watch_dir / "fenced", t.attempt_id)
+        status = self._ended_away.pop(t.attempt_id, None)
+        clean = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        if mark is not None and (mark[1] or not clean):
+            # Stopped by the watchdog (what it left, when its task had ended by itself,
+            # unless that end was a failure), as a live agent's run says.
+            await self._report(t, AttemptState.KILLED, None, "", mark[0])
+        elif status is not None and in_grace:
+            await self._report(t, *self._ended_while_away(
+                t, status, "ended in its grace, its agent having restarted; its output was not kept"))
+        elif status is not None:
+            await self._report(t, *self._ended_while_away(t, status))
+        elif t.stop:
+            how = "killed at the end of its grace, its agent having restarted" if in_grace else \
+                "killed when its agent restarted"
+            await self._report(t, AttemptState.KILLED, None, "", f"{t.stop_reason or 'stopped'} ({how})")
+        else:
+            await self._report(t, AttemptState.LOST, None, "", "agent restarted; the attempt's outcome is unknown")
 
     async def _start_noted(self, t: Task) -> None:
         """Start a try noted as seen, unless the shutdown or the fence began while it was
@@ -1389,6 +1463,8 @@ class Agent:
                 self.isolation.forget_exit(attempt_id)  # this start's kill: no task's own end
             else:
                 self._ended_away.setdefault(attempt_id, status)
+        self._grace_tasks = [asyncio.create_task(self._let_grace_end(a, r), name=f"grace-{a}")
+                             for a, r in list(self._in_grace.items())]
         self.isolation.remove_empty_leftovers()
         # The GPU watch's news (a fault found, a clear made) wakes the heartbeat; its first
         # reading is waited for, before anything runs (bounded: a hung NVML is then said in
@@ -1426,7 +1502,11 @@ class Agent:
             other = (f"host {self.config.host_id}'s heartbeat key was written by someone else at each of "
                      f"{CLAIM_TRIES} tries to claim it")
         if other or external.is_set():
-            # Nothing was started: let go of what this agent took (another runs as this host).
+            # Nothing was started: let go of what this agent took (another runs as this host);
+            # what was left in its grace is killed now, as any leftover.
+            for g in self._grace_tasks:
+                g.cancel()
+            await asyncio.gather(*self._grace_tasks, return_exceptions=True)
             await self._disconnect()
             await self.gpu_watch.aclose(GPU_CLOSE_S)
             self._stop_watchdog()
@@ -1490,6 +1570,8 @@ class Agent:
             t.cancel()
         await asyncio.gather(*(r.stop("agent shutting down") for r in list(self.runs.values())))
         await asyncio.gather(*(r.wait() for r in list(self.runs.values())), return_exceptions=True)
+        # A try left in its grace by the previous incarnation ends by that grace's end too.
+        await asyncio.gather(*self._grace_tasks, return_exceptions=True)
         await self._reports_sent(REPORTS_AT_SHUTDOWN_S)
         self._stop.set()
         self._hb_wake.set()

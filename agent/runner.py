@@ -31,7 +31,7 @@ from agent.isolation import (
     task_end,
     task_facts,
 )
-from agent.watchdog import LEFTOVERS_ONLY, exited, start_time
+from agent.watchdog import LEFTOVERS_ONLY, exited, put_run, read_run, start_time
 from wire.messages import GPU_IDLE_UTIL_PCT, AttemptState, Task
 from wire.owndir import own_dir
 
@@ -506,6 +506,7 @@ class Run:
         # A frozen attempt gets its SIGTERM when it is continued: its handler runs, within
         # the grace (a fenced agent's grace ends before its heartbeat key can expire).
         self.thaw()
+        self._record_stop()
         exited = asyncio.ensure_future(self._exited.wait())
         try:
             while not self._exited.is_set():
@@ -516,6 +517,8 @@ class Run:
                 self._kill_at_moved.clear()
                 moved = asyncio.ensure_future(self._kill_at_moved.wait())
                 await asyncio.wait({exited, moved}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if moved.done():
+                    self._record_stop()
                 moved.cancel()
         finally:
             exited.cancel()
@@ -523,6 +526,28 @@ class Run:
             self._signal(signal.SIGKILL)
             await self._sweep()
             await self._exited.wait()
+
+    @property
+    def stop_deadline(self) -> float | None:
+        """When the stop under way sends its SIGKILL (monotonic), once its SIGTERM reached
+        the task; else None."""
+        return self._kill_at if self._stopping is not None and self.signaled else None
+
+    def _record_stop(self) -> None:
+        """Write the stop's SIGKILL time into the try's run record (`kill:`): an agent
+        started again in the grace (this one killed -9) lets the task run to it rather than
+        kill it at its start, cutting its checkpoint window short. Written after the SIGTERM:
+        a record saying a grace runs for a task never told to stop would hold it to a SIGKILL
+        without its window."""
+        deadline = self.stop_deadline
+        if self.run_file is None or deadline is None or self._exited.is_set():
+            return
+        try:
+            r = read_run(self.run_file.read_text())
+            put_run(self.run_file, r._replace(kill_at=deadline).line())
+        except (OSError, ValueError, IndexError) as exc:
+            log.warning("attempt %s: the end of its stop's grace cannot be recorded (%s): an agent started again "
+                        "before it would kill the task at once", self.task.attempt_id, exc)
 
     def _signal(self, sig: int) -> None:
         """`sig` to every process of the attempt, once each: the processes in its cgroup

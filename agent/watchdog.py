@@ -13,9 +13,10 @@ The agent writes to DIR/alive, after every heartbeat the store took, its pid and
 heartbeat was sent (its monotonic clock, which is the system's and so this process's
 too); it touches DIR/awake twice a second while its fence loop runs; and it keeps in RUNS
 one file per running attempt: `<process group> <process start time> [keep]
-[sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>] [boot:<boot id>]`
-(`run_record`, paths quoted; a record of another boot of the machine is left alone: its
-processes are gone), the directories being the attempt's cgroups (agent.cgroups: each right under one
+[sup:<launcher pid>:<its start time>] [cg:<dir>]... [wd:<dir>] [boot:<boot id>]
+[kill:<when>]` (`run_record`, paths quoted; a record of another boot of the machine is
+left alone: its processes are gone; `kill:`, a stop's end, is for a restarted agent), the
+directories being the attempt's cgroups (agent.cgroups: each right under one
 of the agent's cgroup bases, the BASE arguments; a record naming any other cgroup has
 that one left alone) and the one made for it. The attempt's launcher writes it before the
 task runs, the agent again once it runs.
@@ -182,6 +183,15 @@ class RunRecord(NamedTuple):
     cgroups: list[str]  # the attempt's cgroup directories
     work_dir: str | None  # the directory made for it
     boot: str = ""  # the boot id of the machine's boot it was written in ("": unknown, an older record)
+    # A stop under way (SIGTERM sent): when its grace ends and the SIGKILL comes, on the
+    # system's monotonic clock (the same for every process of one boot). None: none is.
+    kill_at: float | None = None
+
+    def line(self) -> str:
+        """The record as `run_record` writes it."""
+        launcher, launcher_start = self.launcher or (None, "")
+        return run_record(self.pid, self.start, self.keep, launcher, launcher_start, self.cgroups, self.work_dir,
+                          kill_at=self.kill_at)
 
     def other_boot(self) -> bool:
         """Written in another boot of this machine: its processes are certainly gone, and a
@@ -191,14 +201,16 @@ class RunRecord(NamedTuple):
 
 
 def run_record(pid: object, start: str, keep: bool, launcher: object = None, launcher_start: str = "",
-               cgroups: Iterable[str] = (), work_dir: str | None = None) -> str:
+               cgroups: Iterable[str] = (), work_dir: str | None = None, kill_at: float | None = None) -> str:
     """The line `read_run` reads: fields apart by spaces, paths quoted (found by exploring:
     a work directory with a space in its path was left out, and a restarted agent left a
     crashed try's data behind). A process already gone has no start time: "-" keeps the
     fields in their places. The agent writes it once a try runs, and its launcher before
     the task starts, with its own and the task's pid (agent/launch.py: placeholders).
     Stamped with this boot's id (`boot:`): a pid and start tick may come again after a
-    reboot, and name an unrelated process."""
+    reboot, and name an unrelated process. `kill:<t>`: the try is being stopped, and its
+    grace ends at `t` (RunRecord.kill_at): an agent started again meanwhile lets it run
+    to then."""
     fields = [str(pid), start or "-"] + (["keep"] if keep else [])
     if launcher is not None and str(launcher) != str(pid):
         fields.append(f"sup:{launcher}:{launcher_start or '-'}")
@@ -207,7 +219,19 @@ def run_record(pid: object, start: str, keep: bool, launcher: object = None, lau
         fields.append(f"wd:{quote(work_dir)}")
     if this_boot():
         fields.append(f"boot:{quote(this_boot())}")
+    if kill_at is not None:
+        fields.append(f"kill:{kill_at:.3f}")
     return " ".join(fields) + "\n"
+
+
+def put_run(path: str | os.PathLike[str], text: str) -> None:
+    """Put a run record in place whole (written beside it first: one written over in place
+    by an agent killed in the middle was left empty, and the try unknown to its watchdog).
+    Raises OSError."""
+    tmp = f"{os.fspath(path)}{RUN_TMP}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def read_run(text: str) -> RunRecord:
@@ -221,9 +245,10 @@ def read_run(text: str) -> RunRecord:
             launcher = (int(pid), start)
     work = [unquote(f[3:]) for f in fields[2:] if f.startswith("wd:")]
     boot = [unquote(f[5:]) for f in fields[2:] if f.startswith("boot:")]
+    kill = [float(f[5:]) for f in fields[2:] if f.startswith("kill:")]
     return RunRecord(int(fields[0]), fields[1], "keep" in fields[2:], launcher,
                      [unquote(f[3:]) for f in fields[2:] if f.startswith("cg:")], work[0] if work else None,
-                     boot[0] if boot else "")
+                     boot[0] if boot else "", kill[0] if kill else None)
 
 
 def runs(directory: str) -> dict[str, RunRecord]:

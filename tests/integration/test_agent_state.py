@@ -6,18 +6,54 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.agent import Agent, AgentConfig
-from agent.watchdog import Watchdog, read_run, run_record, start_time, this_boot
-from tests.integration.test_agent import ME
-from wire.messages import AttemptState, StatusReport
+from agent.watchdog import RunRecord, Watchdog, read_run, run_record, start_time, this_boot
+from server.state.streams import ensure_streams
+from tests.conftest import ROOT, eventually
+from tests.factories import host_alloc, task
+from tests.integration.conftest import process_gone
+from tests.integration.test_agent import ME, running_agent, start_heartbeats_stored, status_reports
+from wire import subjects
+from wire.kv import Store, connect
+from wire.messages import AttemptState, StatusReport, encode
+
+PY = sys.executable
+
+
+@pytest.fixture
+async def kv(nats_url: str) -> AsyncIterator[Store]:
+    """The test's own connection's store, the control plane's streams made."""
+    nc = await connect(nats_url, name="test-agent-state")
+    try:
+        store = Store(nc)
+        await ensure_streams(store)
+        yield store
+    finally:
+        await nc.close()
+
+
+def agent_process(nats_url: str, tmp_path: Path, host_id: str, **cfg: Any) -> subprocess.Popen[bytes]:
+    """`muster agent` as a process of its own (to be killed -9), on the state directory
+    `running_agent` gives an agent of this process: `tmp_path/agent`."""
+    argv = [PY, "-m", "agent", "--nats", nats_url, "--host-id", host_id, "--state-dir", str(tmp_path / "agent"),
+            "--simulate-gpus", "1xH100", "--cpus", "4", "--memory-mb", "4096", "--run-as", ME]
+    for k, v in cfg.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    log = open(tmp_path / f"agent-{host_id}.log", "ab")
+    try:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
 
 
 def quiet_agent(tmp_path: Path, host_id: str, **cfg: Any) -> Agent:
@@ -76,6 +112,17 @@ def sleepers(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
             p.wait()
 
 
+def test_a_run_record_reads_back_as_written() -> None:
+    """A run record's fields, the boot that wrote it and a stop's end among them, read back
+    as written; an older record without them reads with none."""
+    line = run_record(12, "345", True, 11, "340", ["/sys/fs/cgroup/memory/m/a b.1"], "/w/a b.1", kill_at=987.25)
+    r = read_run(line)
+    assert r == RunRecord(12, "345", True, (11, "340"), ["/sys/fs/cgroup/memory/m/a b.1"], "/w/a b.1", this_boot(),
+                          987.25)
+    assert r.line() == line and read_run(r._replace(kill_at=None).line()).kill_at is None
+    assert read_run("12 345 keep sup:11:340\n") == RunRecord(12, "345", True, (11, "340"), [], None, "", None)
+
+
 def test_a_run_record_of_another_boot_has_no_process_signalled(tmp_path: Path) -> None:
     """Found by an exploration: run records carried no boot id, and a pid and start tick
     that come again after a reboot would have had an unrelated process killed by the next
@@ -104,3 +151,82 @@ def test_a_run_record_of_another_boot_has_no_process_signalled(tmp_path: Path) -
     finally:
         agent.gpus.close()
         agent.isolation.close()
+
+
+# A try's task: notes "start"; on SIGTERM notes "term", and then the saver checkpoints
+# (waits for the gate, notes "saved" and exits 0), the stubborn one goes on (only a
+# SIGKILL ends it).
+GRACEFUL = """
+import signal, sys, time
+from pathlib import Path
+marks, gate, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+def note(what):
+    with open(marks, "a") as f:
+        f.write(f"{name} {what}\\n")
+def on_term(*_):
+    note("term")
+    if name == "saver":
+        while not gate.exists():
+            time.sleep(0.05)
+        note("saved")
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+note("start")
+while True:
+    time.sleep(0.1)
+"""
+
+
+async def test_an_agent_restarted_in_a_stops_grace_lets_the_grace_run_to_its_end(
+        nats_url: str, tmp_path: Path, kv: Store) -> None:
+    """Found by an exploration: an agent killed (-9) while it stopped a try (SIGTERM sent,
+    its grace running: a preemption's checkpoint window, MUSTER_PREEMPT_DEADLINE) and
+    started again killed the task at once, at its start, as any leftover: the checkpoint
+    was cut short. The stop's SIGKILL time is in the try's run record; the next agent lets
+    the task run to it (one that ends in its grace ends as it did), kills it then, and only
+    then reports the stop done."""
+    host = "gr-1"
+    cfg = dict(heartbeat_interval=1, ttl_intervals=60, fence_after=30,  # (no fence nor watchdog in the way)
+               cgroup_name=f"muster-{host}-{zlib.crc32(str(tmp_path).encode()):08x}")
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    saver, stubborn = (task(f"j-{name}", command=[PY, "-c", GRACEFUL, str(marks), str(gate), name], cpus=1,
+                            memory_mb=64, term=1) for name in ("saver", "stubborn"))
+
+    def noted(*lines: str) -> bool:
+        return marks.exists() and set(lines) <= set(marks.read_text().splitlines())
+
+    first = agent_process(nats_url, tmp_path, host, **cfg)
+    try:
+        await kv.put(subjects.alloc_key(host), encode(host_alloc(host, [saver, stubborn], term=1)))
+        await eventually(lambda: noted("saver start", "stubborn start"), timeout=60, what="both tasks started")
+        stops = [t.model_copy(update={"stop": True, "stop_reason": "preempted for job k", "grace_s": grace})
+                 for t, grace in ((saver, 300.0), (stubborn, 8.0))]
+        stopped_at = time.monotonic()
+        await kv.put(subjects.alloc_key(host), encode(host_alloc(host, stops, term=1)))
+        await eventually(lambda: noted("saver term", "stubborn term"), timeout=60, what="both tasks told to stop")
+        runs = tmp_path / "agent" / f"{host}.runs"
+        pids = {t.attempt_id: read_run((runs / t.attempt_id).read_text()).pid for t in (saver, stubborn)}
+    finally:
+        first.kill()
+        first.wait()
+    async with status_reports(kv.nc, host) as delivered, \
+            running_agent(nats_url, tmp_path, host, heartbeat_interval_s=1.0, ttl_intervals=60, fence_after_s=30.0,
+                          cgroup_name=cfg["cgroup_name"]) as agent:
+        await start_heartbeats_stored(agent)
+        assert not process_gone(pids[saver.attempt_id]), "the saver was killed in its grace"
+
+        def ended(t: Any) -> list[StatusReport]:
+            return [d for d in delivered if d.attempt_id == t.attempt_id and d.state.terminal]
+
+        await eventually(lambda: process_gone(pids[stubborn.attempt_id]), timeout=90, what="the stubborn one killed")
+        assert time.monotonic() >= stopped_at + 8.0  # not before the end of its grace
+        await eventually(lambda: ended(stubborn), timeout=60, what="the stubborn one's stop reported")
+        assert not process_gone(pids[saver.attempt_id]) and not ended(saver)
+        gate.write_text("go")
+        await eventually(lambda: ended(saver), timeout=60, what="the saver's stop reported")
+        assert noted("saver saved")
+        for t, how in ((saver, "ended in its grace"), (stubborn, "killed at the end of its grace")):
+            [r] = ended(t)
+            assert r.state is AttemptState.KILLED and r.reason.startswith("preempted for job k"), r
+            assert how in r.reason, r
+        await eventually(lambda: not list(runs.iterdir()), timeout=30, what="the run records removed")
