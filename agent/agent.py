@@ -11,7 +11,9 @@ Restarts: with a state dir the agent keeps `<host>.seen` (attempts ever started 
 starts again after a crash (kill -9, OOM) first kills the process groups its previous
 incarnation left running (one it was stopping once its grace has ended), then reports
 each attempt it had started and that is still assigned as LOST ("agent restarted"): the
-control plane retries it, and nothing is left RUNNING with nobody watching it.
+control plane retries it, and nothing is left RUNNING with nobody watching it. What the
+agent keeps there, removed under it while it runs, is written again at the next heartbeat
+(`_look_at_state_dir`, agent.statedir).
 
 Self-fencing: a cut-off host's work must be dead before the control plane, seeing its
 heartbeat key expire one TTL after the last heartbeat stored, replaces it elsewhere. When
@@ -53,6 +55,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from nats.aio.msg import Msg
@@ -64,6 +67,7 @@ from agent.gpuwatch import STALE_ROUNDS, GpuWatch, is_stale, usage_to_report, ut
 from agent.hostinfo import boot_id, host_capacity, host_usage
 from agent.isolation import DEFAULT_PIDS_MAX, Isolation, remove_tree, task_end
 from agent.runner import HOST_ERRNOS, Run, watchdog_mark
+from agent.statedir import StateWatch, take_lock
 from agent.watchdog import RUN_TMP, RunRecord, exited, put_run, read_run, run_record, start_time
 from wire import subjects
 from wire.durable import TMP, sync_dir, write_durably
@@ -337,6 +341,8 @@ class Agent:
         # agent killed before delivering one delivers it after its restart.
         self._unsent_dir = base / f"{config.host_id}.reports"
         self._watch_dir = base / f"{config.host_id}.watchdog"
+        # This agent's instance, for its next start (`_take_instance`): with a state dir.
+        self._instance_file = (base / f"{config.host_id}.instance") if config.state_dir else None
         try:
             for d in (self._runs_dir, self._unsent_dir, self._watch_dir):
                 own_dir(d)
@@ -352,6 +358,14 @@ class Agent:
                                    cgroup_name=config.cgroup_name, job_uids=config.job_uids)
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.watchdog_restarts = 0
+        # What the agent made in its state directory, looked at each heartbeat: lost (removed
+        # under it), it is written again (`_look_at_state_dir`); what could not be, why (the
+        # host asks for no new work meanwhile: `pressure()`).
+        self._state_watch = StateWatch(
+            [base, self._runs_dir, self._unsent_dir, self.isolation.private_dir, self.isolation.exits_dir,
+             *([self._instance_file] if self._instance_file is not None else [])],
+            lock=base / f"{config.host_id}.lock")
+        self._state_trouble = ""
         self._load_seen()
         # Attempts a previous incarnation started and this one cannot watch, killed when it
         # runs (once no other agent is found running as this host): reported LOST once each
@@ -391,11 +405,27 @@ class Agent:
     # ------------------------------------------------------------ persistence of "started"
 
     def _load_seen(self) -> None:
-        # Read as bytes (found by exploring: one byte that is not UTF-8 kept the agent from
-        # starting); each note begins a line of its own (`_write_seen`), so a line cut short
-        # by a crash or a full disk spoils no other.
         if self._seen_file and self._seen_file.exists():
-            self.seen.update(x for x in self._seen_file.read_bytes().decode("utf-8", "replace").split() if x)
+            self.seen.update(self._seen_on_disk())
+
+    def _seen_on_disk(self) -> set[str]:
+        """The tries the seen file notes. Read as bytes (found by exploring: one byte that is
+        not UTF-8 kept the agent from starting); each note begins a line of its own
+        (`_write_seen`), so a line cut short by a crash or a full disk spoils no other.
+        Raises OSError."""
+        assert self._seen_file is not None
+        return {x for x in self._seen_file.read_bytes().decode("utf-8", "replace").split() if x}
+
+    def _write_all_seen(self) -> None:
+        """Write the seen file again whole, where it lacks a try this agent has seen (made
+        again by a note written since the state directory was lost, or gone). Raises OSError."""
+        assert self._seen_file is not None
+        try:
+            if self.seen <= self._seen_on_disk():
+                return
+        except FileNotFoundError:
+            pass
+        write_durably(self._seen_file, "".join(f"{a}\n" for a in sorted(self.seen)).encode())
 
     def _mark_seen(self, attempt_id: str) -> str:
         """Note the attempt as seen here, in memory and on disk (so that a restart never
@@ -746,11 +776,14 @@ class Agent:
 
     def pressure(self) -> str:
         """Why this host should be given no new work now ("" while it may): too little free
-        disk where attempts' directories are made or in the state directory, or a try that
+        disk where attempts' directories are made or in the state directory, a state
+        directory lost and not written again whole (`_write_state_again`), or a try that
         could not start for want of the host's resources within START_TROUBLE_S (found by
         exploring: with the disk full every try sent here failed, each counted as its job's
         own failure, and the host went on being given work)."""
         why = [self._disk_trouble] if self._disk_trouble else []
+        if self._state_trouble:
+            why.append(self._state_trouble)
         if self._gpu_stall:
             why.append(self._gpu_stall)
         trouble = self._start_troubled()
@@ -780,6 +813,84 @@ class Agent:
                 out.append(text)
         return "; ".join(out)
 
+    def _look_at_state_dir(self) -> None:
+        """Each heartbeat: whether what the agent made in its state directory is still there
+        (agent.statedir); what was lost (removed under the agent) is written again, at once,
+        and until it could be whole."""
+        needed = [self._seen_file] if self._seen_file is not None and self.seen else []
+        lost = self._state_watch.lost(self._lock_fd, needed)
+        if lost or self._state_trouble:
+            self._write_state_again(lost)
+
+    def _write_state_again(self, lost: list[str]) -> None:
+        """Write again what the agent keeps in its state directory, `lost` under it: its
+        directories (the launchers' too), its lock, its instance, the tries it has seen, the
+        records of the tries running (and of those left in their grace) with the records of
+        their ends, and the reports not yet delivered, so that a restart finds them as they
+        were. Each piece that cannot be written (a disk full, the directory taken by
+        another user) is said, and the host asks for no new work until the next heartbeat's
+        try writes it (`pressure()`). Not written again: the watchdog's marks of tries it
+        stopped (`fenced/`, its own), and the launch specs of tries being started (those
+        fail to start, as the host's trouble). On the loop: a rare event, and its writes
+        small (the seen file and the reports are synced)."""
+        base = self._runs_dir.parent
+        if lost:
+            log.error("the agent's state directory %s lost what the agent keeps there (%s): removed or replaced "
+                      "while the agent ran; writing it again", base, ", ".join(lost))
+        failed: list[str] = []
+
+        def attempt(what: str, write: Callable[[], object]) -> None:
+            try:
+                write()
+            except OSError as exc:
+                failed.append(f"{what}: {exc}")
+
+        def own_dirs() -> None:
+            own_dir(base, "the agent's state directory")
+            for d in (self._runs_dir, self._unsent_dir, self._watch_dir):
+                own_dir(d)
+            self.isolation.own_dirs()
+
+        attempt("its directories", own_dirs)
+        attempt("its lock", self._lock_again)
+        instance = self._instance_file
+        if instance is not None and not self._holds(instance, self.instance + "\n"):
+            attempt("its instance", partial(write_durably, instance, (self.instance + "\n").encode()))
+        if self._seen_file is not None and self.seen:
+            attempt("the tries it has seen", self._write_all_seen)
+        for a, run in list(self.runs.items()):
+            if run.live and run.proc is not None:
+                attempt(f"the record of try {a}", partial(
+                    self._record_run, a, run.group_pid, run.task.keep_running, run.cgroup_paths, run.work_dir,
+                    launcher=run.proc.pid, kill_at=run.stop_deadline))
+                attempt(f"the record of try {a}'s end", partial(self.isolation.keep_end_record, a))
+        for a, record in list(self._in_grace.items()):
+            attempt(f"the record of try {a}", partial(put_run, self._run_file(a), record.line()))
+        for a, status in list(self._ended_away.items()):
+            attempt(f"the record of try {a}'s end", partial(self.isolation.keep_end_record, a, status))
+        for r, msg_id in list(self._reports):
+            if r.state.terminal and not (self._unsent_dir / r.attempt_id).exists():
+                attempt(f"the report of try {r.attempt_id}", partial(self._persist_unsent, r, msg_id))
+        self._touch_alive()
+        self._touch_awake()
+        self._state_watch.mark()
+        if not failed:
+            if lost or self._state_trouble:
+                log.warning("the agent's state directory %s is written again", base)
+            self._state_trouble = ""
+            return
+        trouble = f"state directory lost, not written again whole: {'; '.join(failed)}"[:400]
+        if trouble != self._state_trouble:
+            log.error("%s: the host asks for no new work until it is", trouble)
+        self._state_trouble = trouble
+
+    @staticmethod
+    def _holds(path: Path, text: str) -> bool:
+        try:
+            return path.read_text() == text
+        except OSError:
+            return False
+
     def _disk_look(self) -> None:
         """Take the last free disk space check's answer (`_disk_trouble`) when it has come,
         and start the next in a thread every DISK_CHECK_S: a check that hangs keeps the last
@@ -805,6 +916,7 @@ class Agent:
         while not self._stop.is_set():
             began = time.monotonic()
             self._disk_look()
+            self._look_at_state_dir()
             # Each heartbeat is stored only over the last one this agent stored, so that one
             # taken while attempts are frozen (or sent just before the fence froze them)
             # proves the key never expired (see the module's docstring).
@@ -1451,6 +1563,7 @@ class Agent:
         # it is killed, and the watchdog watches this one.
         self._touch_alive()
         self._previous_instance = self._take_instance()
+        self._state_watch.mark()
         # What ended while no agent ran is read before anything left is killed (the end of
         # what this start kills is no task's own end).
         self._ended_away = self.isolation.ended_while_away()
@@ -1620,17 +1733,24 @@ class Agent:
     def _lock_state_dir(self) -> None:
         """Hold the state directory's lock while running: a second agent of this host on
         the same directory would kill the first one's attempts as leftovers of its own."""
-        import fcntl
-
-        path = self._runs_dir.parent / f"{self.config.host_id}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        path = self._state_watch.lock
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = take_lock(path)
         except OSError:
-            os.close(fd)
             raise ConfigError(f"another agent of host {self.config.host_id} runs with the state directory "
                               f"{path.parent}: not starting a second") from None
-        self._lock_fd = fd
+
+    def _lock_again(self) -> None:
+        """Hold the lock of a lock file made again (the one held was removed, or replaced):
+        the lock of the one removed keeps out no agent started later. Raises OSError (the
+        lock of the new one is another process's: an agent started on the directory while
+        it was gone, which finds this one's heartbeats in the key and stops)."""
+        if self._state_watch.lock_held(self._lock_fd):
+            return
+        fd = take_lock(self._state_watch.lock)
+        old, self._lock_fd = self._lock_fd, fd
+        if old is not None:
+            os.close(old)
 
     def _unlock_state_dir(self) -> None:
         if self._lock_fd is not None:
@@ -1694,9 +1814,9 @@ class Agent:
         """The instance of the last agent that ran on this state directory (read from
         `<host>.instance`, "" when none), which this one's replaces there. Called once the
         directory's lock is held: that agent has stopped."""
-        if self.config.state_dir is None:
+        path = self._instance_file
+        if path is None:
             return ""
-        path = self._runs_dir.parent / f"{self.config.host_id}.instance"
         try:
             previous = path.read_text().strip()
         except OSError:

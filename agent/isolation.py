@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import cgroups
+from agent.launch import END_WIDTH, NOT_ENDED
 from agent.watchdog import run_record
 from wire.errors import ConfigError
 from wire.messages import Task
@@ -324,8 +325,7 @@ class Isolation:
         # The launchers' records of their tasks' ends (agent/launch.py: `exit_file`).
         self.exits_dir = private_dir / "exits"
         try:
-            own_dir(private_dir, "the launchers' directory")
-            own_dir(self.exits_dir)
+            self.own_dirs()
         except OSError as exc:
             raise ConfigError(str(exc)) from exc
         self._own_root = work_root is None
@@ -349,6 +349,12 @@ class Isolation:
             self.warnings.extend(self.hierarchy.notes)
         confined = self.hierarchy is not None and "memory" in self.hierarchy.controllers
         self.isolated = confined and self.user.switches and self.user.uid != 0
+
+    def own_dirs(self) -> None:
+        """Make the launchers' directory and the one of their records of tasks' ends, if
+        gone, only as the agent's own (wire.owndir). Raises OSError."""
+        own_dir(self.private_dir, "the launchers' directory")
+        own_dir(self.exits_dir)
 
     def describe(self) -> str:
         """One line for the heartbeat and the log."""
@@ -465,6 +471,22 @@ class Isolation:
             else:
                 f.unlink(missing_ok=True)
         return out
+
+    def keep_end_record(self, attempt_id: str, status: int | None = None) -> None:
+        """Make again, if gone, a launcher's record of its task's end: "running" (room made
+        for the end, which the launcher writes over in place: a disk filled meanwhile does
+        not refuse it), or the wait status `status` it wrote. Never over a record there (the
+        task may have ended meanwhile, and its launcher written its end). Raises OSError."""
+        text = (str(status) if status is not None else NOT_ENDED).encode()
+        try:
+            fd = os.open(self.exit_file(attempt_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, text.ljust(END_WIDTH - 1)[:END_WIDTH - 1] + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def forget_exit(self, attempt_id: str) -> None:
         """Remove a launcher's record of its task's end, once the STATUS stream took the

@@ -528,6 +528,11 @@ class Run:
             await self._exited.wait()
 
     @property
+    def live(self) -> bool:
+        """The task runs (the launcher has named it) and has not been seen to end."""
+        return self._running and not self._exited.is_set()
+
+    @property
     def stop_deadline(self) -> float | None:
         """When the stop under way sends its SIGKILL (monotonic), once its SIGTERM reached
         the task; else None."""

@@ -4,7 +4,9 @@ the machine, and a restarted agent reads it right."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from server.state.streams import ensure_streams
 from tests.conftest import ROOT, eventually
 from tests.factories import host_alloc, task
 from tests.integration.conftest import process_gone
-from tests.integration.test_agent import ME, running_agent, start_heartbeats_stored, status_reports
+from tests.integration.test_agent import ME, QUICK, running_agent, start_heartbeats_stored, status_reports
 from wire import subjects
 from wire.kv import Store, connect
 from wire.messages import AttemptState, StatusReport, encode
@@ -230,3 +232,104 @@ async def test_an_agent_restarted_in_a_stops_grace_lets_the_grace_run_to_its_end
             assert r.state is AttemptState.KILLED and r.reason.startswith("preempted for job k"), r
             assert how in r.reason, r
         await eventually(lambda: not list(runs.iterdir()), timeout=30, what="the run records removed")
+
+
+async def test_a_state_directory_removed_under_a_running_agent_is_written_again(
+        nats_url: str, tmp_path: Path, kv: Store) -> None:
+    """Found by an exploration: the state directory removed under a running agent (an
+    operator's `rm -rf`, a temporary files' cleaner) was made again empty, without its
+    launchers' directory (every later try was KILLED, "the host could not start it"), and
+    without the running tries' records, the instance file and the lock: killed (-9) and
+    started again, the agent took the stateless path and never killed the old task, which
+    ran on unknown to everything. The agent notices the loss at its next heartbeat and
+    writes it all again: a later try runs, and the next agent kills the old task and
+    reports it as a restart does."""
+    host = "sd-1"
+    cfg = dict(heartbeat_interval=0.5, ttl_intervals=120, fence_after=30,  # (no fence nor watchdog in the way)
+               cgroup_name=f"muster-{host}-{zlib.crc32(str(tmp_path).encode()):08x}")
+    marks = tmp_path / "marks"
+    long, later = (task(f"j-{name}", command=["sh", "-c", f"echo {name} >> {marks}; exec sleep 600"], cpus=1,
+                        memory_mb=64, term=1) for name in ("long", "later"))
+
+    def noted(*names: str) -> bool:
+        return marks.exists() and set(names) <= set(marks.read_text().split())
+
+    state = tmp_path / "agent"
+    runs, instance, lock = state / f"{host}.runs", state / f"{host}.instance", state / f"{host}.lock"
+    first = agent_process(nats_url, tmp_path, host, **cfg)
+    try:
+        await kv.put(subjects.alloc_key(host), encode(host_alloc(host, [long], term=1)))
+        await eventually(lambda: noted("long") and (runs / long.attempt_id).exists(), timeout=60,
+                         what="the try running")
+        pid = read_run((runs / long.attempt_id).read_text()).pid
+        written = instance.read_text()
+        shutil.rmtree(state)
+        await eventually(lambda: (runs / long.attempt_id).exists() and instance.exists() and lock.exists(),
+                         timeout=30, what="the state written again")
+        assert instance.read_text() == written and read_run((runs / long.attempt_id).read_text()).pid == pid
+        assert long.attempt_id in (state / f"{host}.seen").read_text().split()
+        with open(lock) as f:  # held again by the agent
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        await kv.put(subjects.alloc_key(host), encode(host_alloc(host, [long, later], term=1)))
+        await eventually(lambda: noted("later"), timeout=60, what="a later try started")
+        assert "state directory" in (tmp_path / f"agent-{host}.log").read_text()
+    finally:
+        first.kill()
+        first.wait()
+    assert not process_gone(pid)
+    async with status_reports(kv.nc, host) as delivered, \
+            running_agent(nats_url, tmp_path, host, heartbeat_interval_s=0.5, ttl_intervals=120, fence_after_s=30.0,
+                          cgroup_name=cfg["cgroup_name"]) as agent:
+        await eventually(lambda: process_gone(pid), timeout=60, what="the old task killed by the next agent")
+        assert not agent._stateless_after  # (the last agent's state found: not the stateless path)
+        await eventually(lambda: any(d.attempt_id == long.attempt_id for d in delivered), timeout=60,
+                         what="the old try reported")
+        [r] = [d for d in delivered if d.attempt_id == long.attempt_id]
+        assert r.state is AttemptState.LOST and "agent restarted" in r.reason, r
+
+
+def test_a_state_directory_made_again_by_a_note_since_is_written_again_whole(tmp_path: Path) -> None:
+    """The state directory lost, a note of a try seen written before the next heartbeat's
+    look made it again with a seen file of that try alone: the look writes again every try
+    seen, the instance, the launchers' directories, and takes the lock of the new lock file."""
+    agent = quiet_agent(tmp_path, "sd-3")
+    state = tmp_path / "agent"
+    try:
+        agent._lock_state_dir()
+        agent._take_instance()
+        agent._state_watch.mark()
+        agent._mark_seen("j-a.1")
+        agent._look_at_state_dir()  # nothing lost: nothing written
+        shutil.rmtree(state)
+        agent._mark_seen("j-b.1")
+        assert (state / "sd-3.seen").read_text().split() == ["j-b.1"]
+        agent._look_at_state_dir()
+        assert sorted((state / "sd-3.seen").read_text().split()) == ["j-a.1", "j-b.1"]
+        assert (state / "sd-3.instance").read_text() == agent.instance + "\n"
+        assert agent.isolation.exits_dir.is_dir() and agent.pressure() == ""
+        with open(state / "sd-3.lock") as f, pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        agent._unlock_state_dir()
+        agent.gpus.close()
+        agent.isolation.close()
+
+
+async def test_a_state_directory_that_cannot_be_written_again_keeps_new_work_away(
+        nats_url: str, tmp_path: Path, kv: Store) -> None:
+    """A state directory lost that cannot be written again (here a file took its place)
+    leaves the agent unable to note what it starts or record it for its watchdog: the host
+    asks for no new work (`Heartbeat.pressure`) until a later heartbeat's try writes it
+    again."""
+    state = tmp_path / "agent"
+    async with running_agent(nats_url, tmp_path, "sd-2", **QUICK) as agent:
+        await start_heartbeats_stored(agent)
+        assert agent.pressure() == ""
+        shutil.rmtree(state)
+        state.write_text("not a directory")
+        await eventually(lambda: "state directory lost" in agent.pressure(), timeout=30, what="the host in trouble")
+        state.unlink()
+        await eventually(lambda: agent.pressure() == "", timeout=30, what="the trouble over")
+        assert (state / "sd-2.instance").read_text() == agent.instance + "\n"
+        assert (state / "sd-2.launch" / "exits").is_dir()
