@@ -419,6 +419,21 @@ def test_heartbeat_storage_benchmark_stores_every_key(tmp_path: Path) -> None:
     assert res["nats_cpu_s"] > 0 and res["cpu_us_per_heartbeat"] > 0
 
 
+def test_heartbeat_storage_benchmark_with_accounts_stores_through_the_agents_import(tmp_path: Path) -> None:
+    """`python -m bench.hbcost --accounts`: the same heartbeats published from the control
+    plane's NATS account and from the agents' (through its service import, as agents
+    publish) are all stored. Correctness only."""
+    from bench import hbcost
+
+    out = tmp_path / "hbcost.json"
+    assert hbcost.main(["--variants", "r1-memory", "--n", "2000", "--hosts", "100", "--rate", "4000",
+                        "--accounts", "--json", str(out)]) == 0
+    ctl, agent = json.loads(out.read_text())["results"]
+    assert (ctl["publisher_account"], agent["publisher_account"]) == ("MUSTER", "MUSTER_AGENTS")
+    for res in (ctl, agent):
+        assert res["sent"] == 2000 and res["keys_stored"] == 100 and res["nats_cpu_s"] > 0
+
+
 # ---------------------------------------------------------------- what one submitJob costs
 
 @pytest.mark.timeout(150)
