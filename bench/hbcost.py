@@ -116,8 +116,8 @@ async def measure(variant: str, n: int, hosts: int, rate: float, size: int = 700
         if pub is not nc:
             await pub.close()
         await nc.close()
-        return {"variant": variant, **({"publisher_account": CONTROL_ACCOUNT if publisher == "ctl"
-                                        else AGENTS_ACCOUNT} if publisher else {}), "replicas": replicas, "storage": storage.value, "sent": n,
+        account = {"publisher_account": CONTROL_ACCOUNT if publisher == "ctl" else AGENTS_ACCOUNT} if publisher else {}
+        return {"variant": variant, **account, "replicas": replicas, "storage": storage.value, "sent": n,
                 "keys_stored": info.state.messages, "seconds": round(elapsed, 1),
                 "nats_cpu_s": round(used, 3), "cpu_us_per_heartbeat": round(used / n * 1e6, 1),
                 "cores_at_10000_per_s": round(used / n * 10_000, 2)}
