@@ -45,7 +45,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -53,7 +52,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -90,6 +89,7 @@ from wire.messages import (
     shape_digest,
 )
 from wire.owndir import own_dir
+from wire.records import stored_ttl_s
 from wire.stopping import pause
 from wire.subjects import agent_inbox_prefix
 
@@ -117,16 +117,6 @@ START_TROUBLE_S = 60.0  # the host asks for no new work this long after a try co
 START_TROUBLE_MAX_S = 960.0  # ... doubled each time the trouble comes back before a try started, up to this
 GPU_LOOK_S = 5.0  # the most a failed try's report waits for a fresh reading of its GPUs (Agent._task_gpu_fault)
 GPU_CLOSE_S = 5.0  # the most the shutdown waits for the GPU watch's thread (stuck in NVML: left behind)
-
-
-def stored_ttl_s(headers: Mapping[str, str] | None) -> float | None:
-    """The TTL a heartbeat was stored with (its `Nats-TTL` header: "15s", "15", "1m"), in
-    seconds; None when it has none that reads."""
-    text = (headers or {}).get("Nats-TTL", "").strip().lower()
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?", text)
-    if m is None:
-        return None
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
 
 
 def parse_labels(text: str | None) -> dict[str, str]:

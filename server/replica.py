@@ -249,7 +249,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             self.ingest = HeartbeatIngest(IngestConfig(
                 nats_url=cfg.nats_url, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert,
                 nats_key=cfg.nats_key, every_s=cfg.follower_heartbeats_every_s), self.state.apply_heartbeat,
-                self._read_to, self.state.hosts_renumbered)
+                self._read_to, self.state.hosts_renumbered, self.state.rolled_up)
             self.ingest.start()
         else:
             # ... or arrive on a connection of their own, so lease renewals and commits
@@ -400,11 +400,13 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         self.state.apply_host_record(rec)  # moves the read clock itself
         self._count_read(rec.behind, rec.skipped)
 
-    def _read_to(self, position: float, behind: int, local_now: float, skipped: int, live: bool = True) -> None:
+    def _read_to(self, position: float, behind: int, local_now: float, skipped: int, live: bool = True,
+                 whole: bool = True) -> None:
         """The heartbeat ingest process has sent everything stored before `position`
         (`live` False: a follower's reading, after which it reads nothing until the next,
-        so what it left unread is not a backlog)."""
-        self.state.clock.advance(position, behind, local_now, skipped, live)
+        so what it left unread is not a backlog; `whole` False: it is reading each key's
+        latest and has not sent them all yet)."""
+        self.state.clock.advance(position, behind, local_now, skipped, live, whole)
         self._count_read(behind if live else 0, skipped)
 
     @staticmethod

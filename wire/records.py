@@ -4,6 +4,9 @@ name a record without importing the NATS client."""
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -31,6 +34,41 @@ def is_tombstone(headers: dict[str, str] | None) -> bool:
     if headers.get("KV-Operation") in ("DEL", "PURGE"):
         return True
     return "Nats-Marker-Reason" in headers
+
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)?")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+@functools.lru_cache(maxsize=64)
+def _duration_s(text: str) -> float | None:
+    """A `Nats-TTL` value in seconds: a number of seconds ("15"), or a duration as Go writes
+    one ("15s", "1m0s", "500ms"); None for anything else ("never" included)."""
+    text = text.strip().lower()
+    if not text:
+        return None
+    total, at = 0.0, 0
+    while at < len(text):
+        m = _DURATION_PART.match(text, at)
+        if m is None or (m.group(2) is None and (at or m.end() < len(text))):
+            return None  # (a bare number only alone)
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        at = m.end()
+    return total
+
+
+def stored_ttl_s(headers: Mapping[str, str] | None) -> float | None:
+    """The TTL a record was stored with (its `Nats-TTL` header: "15s", "15", "1m"), in
+    seconds; None when it has none that reads (the store keeps it until it is replaced)."""
+    text = (headers or {}).get("Nats-TTL")
+    return _duration_s(text) if text else None
+
+
+def rolls_up_all(headers: Mapping[str, str] | None) -> bool:
+    """Whether a record was published with `Nats-Rollup: all`: the store removed every
+    other record of its stream as it stored it (in the `hosts` bucket, every host's
+    heartbeat, without an expiry marker)."""
+    return (headers or {}).get("Nats-Rollup", "").strip().lower() == "all"
 
 
 def ack_position(reply: str | None) -> tuple[int, int, float] | None:

@@ -60,6 +60,9 @@ ALERT_GPU_UNHEALTHY = "gpu.unhealthy"
 ALERT_HOST_FENCED = "host.fenced"
 # A host's agent asks for no new work (Heartbeat.pressure: its disk nearly full, ...).
 ALERT_HOST_PRESSURE = "host.pressure"
+# A host's heartbeat was published with `Nats-Rollup: all`, which removed every other
+# host's heartbeat from the bucket: no agent sends it, so its credentials are misused.
+ALERT_HOST_ROLLUP = "host.rollup"
 ALERT_JOB_FAILED = "job.failed"
 # A running attempt's GPUs have all been idle for its agent's --gpu-idle-after
 # (server.health.idlegpus).
@@ -78,7 +81,7 @@ ALERT_RESERVATION_ENDED = "reservation.ended"
 ALERT_MAINTENANCE_BEGAN = "maintenance.began"
 # Every kind, in the order the console offers them as a filter.
 ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_HOST_PRESSURE, ALERT_DOMAIN_DISRUPTED,
-               ALERT_GPU_UNHEALTHY,
+               ALERT_GPU_UNHEALTHY, ALERT_HOST_ROLLUP,
                ALERT_JOB_FAILED, ALERT_JOB_GPUS_IDLE, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED,
                ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
 

@@ -9,6 +9,11 @@ touched since the last refresh and at the seconds that have just fallen due. Wha
 health *is* stays decided by `health.host_health`; what changed by
 `health.transitions`.
 
+A host found SUSPECT is also filed under the second its heartbeat key should expire
+(its last heartbeat's time plus the TTL it was stored with): `overdue(heard_to)` looks
+only at the seconds that have fallen due for `rules.key_overdue`, for the hosts whose
+key was removed without an expiry marker (a purged bucket).
+
 Time is the caller's (the time a heartbeat was received, and `now`), so the index is
 tested with a fake clock. Heartbeat times need not be monotonic: every filed second
 older than the due line is examined, in order, on each refresh.
@@ -20,7 +25,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Protocol
 
-from server.health.rules import Health, host_health, transitions
+from server.health.rules import Health, host_health, key_overdue, transitions
 
 
 class Seen(Protocol):
@@ -28,6 +33,7 @@ class Seen(Protocol):
 
     present: bool
     seen_at: float
+    ttl_s: float | None  # the TTL its last heartbeat was stored with (None: none)
 
     @property
     def heartbeat(self) -> object | None: ...
@@ -43,6 +49,9 @@ class HealthIndex:
         self._touched: set[str] = set()
         # int(seen_at) -> live hosts whose last heartbeat arrived in that second.
         self._filed: dict[int, set[str]] = {}
+        # int(seen_at + ttl_s) -> hosts found SUSPECT whose heartbeat key should expire in
+        # that second (a host heard since is dropped when its second comes).
+        self._expiring: dict[int, set[str]] = {}
         self._changes: list[Change] = []
 
     # ------------------------------------------------------------ told by ClusterState
@@ -94,8 +103,10 @@ class HealthIndex:
             entry = hosts.get(host_id)
             if entry is None or entry.heartbeat is None:
                 continue
-            current[host_id] = host_health(present=entry.present, last_seen=entry.seen_at,
-                                           now=now, interval_s=interval_s)
+            health = current[host_id] = host_health(present=entry.present, last_seen=entry.seen_at,
+                                                    now=now, interval_s=interval_s)
+            if health is Health.SUSPECT and entry.ttl_s is not None:
+                self._expiring.setdefault(int(entry.seen_at + entry.ttl_s), set()).add(host_id)
         changes = transitions(self.health, current)
         for host_id, old, new in changes:
             if old is not None:
@@ -103,6 +114,24 @@ class HealthIndex:
             self.counts[new] += 1
             self.health[host_id] = new
         self._changes.extend(changes)
+
+    def overdue(self, hosts: Mapping[str, Seen], heard_to: float, margin_s: float) -> list[str]:
+        """Hosts found SUSPECT whose heartbeat key should have expired `margin_s` before
+        `heard_to` and is still present here (`rules.key_overdue`), in host order. Only the
+        seconds that have fallen due are looked at; a host heard since its filing is
+        dropped (it is filed again if it falls silent again)."""
+        out: list[str] = []
+        for second in sorted(s for s in self._expiring if s <= heard_to - margin_s):
+            for host_id in self._expiring.pop(second):
+                entry = hosts.get(host_id)
+                if entry is None or not entry.present or entry.ttl_s is None:
+                    continue
+                if key_overdue(last_seen=entry.seen_at, ttl_s=entry.ttl_s, now=heard_to, margin_s=margin_s):
+                    out.append(host_id)
+                elif int(entry.seen_at + entry.ttl_s) == second:  # due later in this second
+                    self._expiring.setdefault(second, set()).add(host_id)
+        out.sort()
+        return out
 
     def take_changes(self) -> list[Change]:
         """Transitions found by refreshes since the last call, oldest first

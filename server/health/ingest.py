@@ -80,6 +80,15 @@ class HeartbeatBatch(NamedTuple):
     # The bucket was emptied and numbers its records afresh (every NATS node restarted with
     # it in memory): the server forgets the revisions it read before applying these.
     reset: bool = False
+    # The TTL each heartbeat was stored with (`Nats-TTL`, seconds; 0.0 none, and for an
+    # expiry), in the order of `keys`.
+    ttls: list[float] | None = None
+    # Hosts whose heartbeat was published with `Nats-Rollup: all` (every other host's was
+    # removed from the bucket as it was stored), and when it was stored.
+    rollups: list[tuple[str, float]] | None = None
+    # Every record of each key's latest that the child's current watch began with has been
+    # sent (it is not in the middle of reading the bucket: ReadClock.whole).
+    whole: bool = False
 
 
 # ---------------------------------------------------------------- child
@@ -101,13 +110,16 @@ class Pending:
     waiting record was received here (a batch carries it as `received_at`)."""
 
     def __init__(self) -> None:
-        # key -> (revision, value, shape, stamp, first stamp, first received here)
-        self.beats: dict[str, tuple[int, bytes, str | None, float, float, float]] = {}
+        # key -> (revision, value, shape, stamp, first stamp, first received here, TTL)
+        self.beats: dict[str, tuple[int, bytes, str | None, float, float, float, float]] = {}
         # key -> (revision, stamp, first stamp, first received here)
         self.expired: dict[str, tuple[int, float, float, float]] = {}
         self.first_at = 0.0
         self.read_to: tuple[float, int] = (0.0, 0)  # newest stamp read, pending in the stream after it
         self.skipped = 0
+        # Hosts whose heartbeat was published with Nats-Rollup: all, and when the first since
+        # the last batch was stored (one a host, however often it is sent).
+        self.rollups: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self.beats) + len(self.expired)
@@ -119,10 +131,12 @@ class Pending:
         self.read_to = (0.0, 0)
 
     def add(self, key: str, revision: int, value: bytes | None, shape: str | None, now: float,
-            stamp: float = 0.0, behind: int = 0, skipped: int = 0) -> None:
+            stamp: float = 0.0, behind: int = 0, skipped: int = 0, ttl: float = 0.0, rollup: bool = False) -> None:
         if not self:
             self.first_at = now
         self.skipped += skipped
+        if rollup:
+            self.rollups.setdefault(key, stamp)
         if value is None:
             old = self.beats.pop(key, None)
             gone = self.expired.get(key)
@@ -132,7 +146,7 @@ class Pending:
         else:
             old_beat = self.beats.get(key)
             self.beats[key] = (revision, value, shape, stamp, old_beat[4] if old_beat else stamp,
-                               old_beat[5] if old_beat else now)
+                               old_beat[5] if old_beat else now, ttl)
         if stamp >= self.read_to[0]:
             self.read_to = (stamp, behind)
 
@@ -160,6 +174,8 @@ class Pending:
         values: list[bytes | None] = [None] * len(gone) + [e[1] for _, e in beats]
         shapes: list[str | None] = [None] * len(gone) + [e[2] for _, e in beats]
         stamps = [e[1] for _, e in gone] + [e[3] for _, e in beats]
+        ttls = [0.0] * len(gone) + [e[6] for _, e in beats]
+        rollups, self.rollups = list(self.rollups.items()), {}
         received_at = self.first_at
         if self:
             # Heartbeats wait in the order their hosts started waiting; an expiry may
@@ -177,7 +193,7 @@ class Pending:
         if not self:
             self.skipped = 0
         return HeartbeatBatch(received_at, synced and not self, keys, revs, values, shapes, stamps,
-                              position, behind, skipped, live)
+                              position, behind, skipped, live, ttls=ttls, rollups=rollups or None)
 
 
 class LiveSwitch:
@@ -207,7 +223,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
     from wire import subjects
     from wire.kv import Store, connect
     from wire.messages import SHAPE_HEADER
-    from wire.records import Record
+    from wire.records import Record, rolls_up_all, stored_ttl_s
 
     pending = Pending()
     known: set[str] = set()  # the hosts read so far
@@ -218,19 +234,25 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
     # before it died meanwhile: found by a review) would not know the stream went below what
     # its server had read.
     reset = True
+    # Every record the current watch began with (each key's latest) has been sent: set
+    # once its watch has replayed and a batch left nothing waiting (HeartbeatBatch.whole).
+    whole = False
 
     def on_reset() -> None:
-        nonlocal reset, high
+        nonlocal reset, high, whole
         pending.clear()  # records of the stream before: their revisions would hide the new ones
-        reset, high = True, 0
+        reset, high, whole = True, 0, False
 
     def on_record(rec: Record) -> None:
         nonlocal joined
         if rec.key not in known:
             known.add(rec.key)
             joined += 1
-        pending.add(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER), time.time(),
-                    rec.stamp, rec.behind, rec.skipped)
+        headers = rec.headers or {}
+        beat = rec.value is not None
+        pending.add(rec.key, rec.revision, rec.value, headers.get(SHAPE_HEADER), time.time(),
+                    rec.stamp, rec.behind, rec.skipped, ttl=(stored_ttl_s(headers) or 0.0) if beat else 0.0,
+                    rollup=beat and rolls_up_all(headers))
 
     def reading_on() -> bool:
         return cfg.every_s <= 0 or (live is not None and live.is_set())
@@ -253,13 +275,14 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                                     "was emptied and numbers its records afresh", last, high)
                         on_reset()
                 watch = await store.watch(">", on_record, bucket=subjects.HOSTS_BUCKET, on_reset=on_reset)
+                whole = False
             except (NatsError, TimeoutError) as exc:
                 # NATS away, or its stream not restored yet (found by exploring: the process
                 # died with a traceback and was started again): read again in a second.
                 log.warning("heartbeat ingest: cannot read the hosts bucket yet: %s", str(exc) or type(exc).__name__)
                 await pause(stop, 1.0)
                 continue
-            sent_synced = False
+            sent_synced = sent_whole = False
             try:
                 while not stop.is_set():
                     await pause(stop, cfg.flush_s)
@@ -273,9 +296,14 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                         if done:
                             await watch.stop()
                         synced = watch.synced.is_set() if on else done
-                        if not pending and synced == sent_synced and not reset:
+                        replayed = watch.replayed
+                        if not pending and synced == sent_synced and not reset and (whole or not replayed) \
+                                and whole == sent_whole:
                             break
                         batch = pending.take(cfg.batch_max, synced, on)
+                        # (No record comes between the look and the take: both on this loop.)
+                        whole = whole or (replayed and not pending)
+                        batch = batch._replace(whole=whole)
                         if reset:
                             batch, reset = batch._replace(reset=True), False
                         try:
@@ -285,7 +313,7 @@ async def run(cfg: IngestConfig, out: Connection, stop: asyncio.Event, live: Liv
                             log.warning("heartbeat ingest: server process gone; stopping")
                             stop.set()
                             break
-                        sent_synced = batch.synced
+                        sent_synced, sent_whole = batch.synced, batch.whole
                         if not on and batch.keys:
                             # A follower's reading is handed over at a measured pace: the first
                             # reading after many hosts joined is one decode each, which at once
@@ -331,16 +359,21 @@ class HeartbeatIngest(HelperProcess):
     bucket = subjects.HOSTS_BUCKET
     label = "heartbeat ingest"
 
-    def __init__(self, cfg: IngestConfig, apply: Callable[[str, int, bytes | None, str | None, float], None],
-                 on_position: Callable[[float, int, float, int, bool], None] | None = None,
-                 on_reset: Callable[[], None] | None = None) -> None:
+    def __init__(self, cfg: IngestConfig,
+                 apply: Callable[[str, int, bytes | None, str | None, float, float | None], None],
+                 on_position: Callable[[float, int, float, int, bool, bool], None] | None = None,
+                 on_reset: Callable[[], None] | None = None,
+                 on_rollup: Callable[[str, float], None] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        # Told each record: (key, revision, value or None, shape, when stored, its TTL or None).
         self.apply = apply
         self.on_reset = on_reset  # the bucket numbers its records afresh: before a batch that says so
         # Told (stream time sent up to, records still unsent, local time, records the
-        # watch skipped, whether the child reads on) after each batch: ReadClock.advance.
+        # watch skipped, whether the child reads on, whether it has read every key's
+        # latest) after each batch: ReadClock.advance.
         self.on_position = on_position
+        self.on_rollup = on_rollup  # a heartbeat published with Nats-Rollup: all (its key, when stored)
         # Set once the server leads: a child reading the bucket every `cfg.every_s` reads
         # it as it changes from then on (told over `_control`; a restarted child is
         # started live).
@@ -406,14 +439,18 @@ class HeartbeatIngest(HelperProcess):
         if batch.reset and self.on_reset is not None:
             self.on_reset()
         apply, at = self.apply, batch.received_at
-        for key, rev, value, shape, stamp in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
-                                                 batch.stamps, strict=True):
+        ttls = batch.ttls or [0.0] * len(batch.keys)
+        for key, rev, value, shape, stamp, ttl in zip(batch.keys, batch.revisions, batch.values, batch.shapes,
+                                                      batch.stamps, ttls, strict=True):
             try:
-                apply(key, rev, value, shape, stamp or at)
+                apply(key, rev, value, shape, stamp or at, ttl or None)
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 log.exception("heartbeat ingest: applying %s failed", key)
+        if batch.rollups and self.on_rollup is not None:
+            for key, stamp in batch.rollups:
+                self.on_rollup(key, stamp or at)
         if batch.position and self.on_position is not None:
-            self.on_position(batch.position, batch.behind, time.time(), batch.skipped, batch.live)
+            self.on_position(batch.position, batch.behind, time.time(), batch.skipped, batch.live, batch.whole)
         n = len(batch.keys)
         self.received += n
         metrics.HEARTBEATS.inc(n)

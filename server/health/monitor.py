@@ -6,6 +6,7 @@ Subjects (JSON payloads are `messages.Event`):
   muster.events.host.<HEALTHY|SUSPECT|LOST>   every health transition (kept in EVENTS)
   alerts.host.lost / alerts.host.recovered     a host's heartbeat key expired / it came back
   alerts.host.fenced                           a host's agent fenced itself and is heard again
+  alerts.host.rollup                           a host's heartbeat purged every other host's (Nats-Rollup: all)
   alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error (its work is moved)
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 # them a host lost or back in that gap had no event and no alert (found by exploring).
 # One the old leader had alerted just before it stopped is alerted again.
 TAKEOVER_WINDOW_S = 15.0
+# A host whose heartbeats purge the bucket again and again is alerted once this long.
+ROLLUP_REALERT_S = 60.0
 
 
 async def publish_alert(nc: NATS, kind: str, ev: Event) -> None:
@@ -104,6 +107,17 @@ def pressure_alerts(pressed: list[tuple[str, Heartbeat]], now: float) -> list[Ev
     return summarized(events, now, f"{len(events)} hosts take no new work", {"by_rack": _by_label(events, "rack")})
 
 
+def rollup_alert(host_id: str, stamp: float, now: float) -> Event:
+    """The alert for a heartbeat of `host_id` published with `Nats-Rollup: all` (stored at
+    `stamp`), which removed every other host's heartbeat from the bucket."""
+    return Event(kind=subjects.ALERT_HOST_ROLLUP, ts=now, host_id=host_id,
+                 message=(f"host {host_id}'s heartbeat was published with Nats-Rollup: all, which removed every other "
+                          f"host's heartbeat: no agent sends that, so {host_id}'s NATS credentials are being misused "
+                          f"(revoke them: muster creds revoke-agent {host_id}). Hosts whose agents do not heartbeat "
+                          f"again are taken as LOST a TTL and an interval after their last heartbeat"),
+                 data={"stored_at": stamp})
+
+
 def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
     """(fences, frozen attempts continued, stopped) that `hb` reports beyond `before` (the
     agent's counters only grow, and move together when a fence ends)."""
@@ -157,6 +171,8 @@ class HealthMonitor:
         self._gpu_alerts: list[tuple[str, GpuUsage]] = []
         self._fence_alerts: list[tuple[str, Heartbeat, Heartbeat]] = []
         self._pressure_alerts: list[tuple[str, Heartbeat]] = []
+        self._rollup_alerts: list[tuple[str, float]] = []
+        self._rollup_alerted: dict[str, float] = {}  # host -> when its last host.rollup was published
         # While following: (when, host, from, to) of the transitions seen, the last
         # TAKEOVER_WINDOW_S of them.
         self._following: deque[tuple[float, str, Health, Health]] = deque()
@@ -172,6 +188,9 @@ class HealthMonitor:
             self._fence_alerts.append(obj)  # type: ignore[arg-type]
         elif kind == "host_pressure":
             self._pressure_alerts.append(obj)  # type: ignore[arg-type]
+        elif kind == "host_rollup":
+            self._rollup_alerts.append(obj)  # type: ignore[arg-type]
+            self.wake.set()
 
     async def check(self) -> None:
         now = time.time()
@@ -183,6 +202,7 @@ class HealthMonitor:
             self._gpu_alerts.clear()
             self._fence_alerts.clear()
             self._pressure_alerts.clear()
+            self._rollup_alerts.clear()
             following.extend((now, h, frm, to) for h, frm, to in changes if frm is not None)
             while following and now - following[0][0] > self._takeover_window_s():
                 following.popleft()
@@ -209,7 +229,10 @@ class HealthMonitor:
             except Exception as exc:  # noqa: BLE001
                 log.warning("host event not published: %s", exc)
             if new is Health.LOST:
-                lost.append(self._host_alert(entry, now, "heartbeat key expired"))
+                lost.append(self._host_alert(entry, now, "heartbeat key expired" if entry is None
+                                             or not entry.lost_unmarked else
+                                             "no heartbeat for its key's TTL, and its key gone without an expiry "
+                                             "marker (the hosts bucket purged): taken as expired"))
             elif old is Health.LOST and new is Health.HEALTHY:
                 recovered.append(self._host_alert(entry, now, "heartbeats resumed"))
         for ev in host_alerts(lost, now, "lost (heartbeat keys expired)"):
@@ -230,6 +253,11 @@ class HealthMonitor:
         pressed, self._pressure_alerts = self._pressure_alerts, []
         for ev in pressure_alerts(pressed, now):
             await publish_alert(self.nc, subjects.ALERT_HOST_PRESSURE, ev)
+        rolled, self._rollup_alerts = self._rollup_alerts, []
+        for host_id, stamp in dict(reversed(rolled)).items():  # (each host once, its first)
+            if now - self._rollup_alerted.get(host_id, float("-inf")) >= ROLLUP_REALERT_S:
+                self._rollup_alerted[host_id] = now
+                await publish_alert(self.nc, subjects.ALERT_HOST_ROLLUP, rollup_alert(host_id, stamp, now))
 
     def _takeover_window_s(self) -> float:
         config = getattr(self.leadership, "config", None)

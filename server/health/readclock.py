@@ -27,7 +27,14 @@ Health is judged at `now()`:
   a skip.
 
 LOST does not depend on this clock: the store's TTL decides it and the expiry marker
-arrives in the stream's order (late, when the reader is behind).
+arrives in the stream's order (late, when the reader is behind). Only where the marker
+never comes (the bucket purged: a heartbeat published with `Nats-Rollup: all` removes
+every other host's, markers included) is a host taken as expired by its age, on
+`heard_to()`: the position itself, never run on by the local clock (a reader cut off from
+NATS, or stalled, is not taken for silent hosts), and only once the reader has read every
+host's latest heartbeat since it began reading (`whole`): while a reading of each key's
+latest is under way, a host whose older heartbeat this server holds may have a newer one
+not read yet, stored before the position.
 """
 
 from __future__ import annotations
@@ -48,13 +55,18 @@ class ReadClock:
         self.held_at: float | None = None
         self.settle_s = 5.0
         self._skipped_to = 0.0
+        # Every host's latest heartbeat as of `position` has been applied: the reader is
+        # not in the middle of reading each key's latest (its start, a follower's reading).
+        self.whole = True
 
-    def advance(self, position: float, behind: int, local_now: float, skipped: int = 0, live: bool = True) -> None:
+    def advance(self, position: float, behind: int, local_now: float, skipped: int = 0, live: bool = True,
+                whole: bool = True) -> None:
         """Every record the store held before `position` (its time) has been applied;
         `behind` records were still unread or unsent (0: caught up). Not `live`: the
         reader has stopped after reading the bucket once (a follower reading it every so
         often), so the clock stands at `position` until the next reading, however far
-        the local clock runs: nothing newer has been read."""
+        the local clock runs: nothing newer has been read. Not `whole`: the reader is
+        reading each key's latest and has not handed them all over yet."""
         if skipped:
             # The stream removed records before they were read: a heartbeat replaced by a
             # newer one of its host (the bucket keeps one per host) while the reader was
@@ -78,6 +90,16 @@ class ReadClock:
         # word let the clock run on at 50,000 hosts while the server was 20 s behind.
         self.caught_up = live and behind == 0 and local_now - position < FRESH_S
         self.local_at = local_now
+        self.whole = whole
+
+    def heard_to(self) -> float | None:
+        """The store's time up to which every host's heartbeats have been read, not run on
+        by the local clock (held while records are skipped); None while a reading of every
+        key's latest is under way, or before anything was read. What a host's key is
+        judged overdue at (health.rules.key_overdue)."""
+        if self.position is None or not self.whole:
+            return None
+        return self.held_at if self.held_at is not None else self.position
 
     def now(self, local_now: float) -> float:
         """The time health is judged at (the local clock until anything was read)."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from server.health.index import HealthIndex
 from server.health.readclock import ReadClock
-from server.health.rules import Health, host_health
+from server.health.rules import EXPIRY_TICK_S, Health, host_health
 from server.scheduling import groups
 from server.scheduling.backlog import Backlog
 from server.scheduling.capacity import CapacityIndex
@@ -55,7 +55,7 @@ from wire.messages import (
     host_gpus_held,
     shape_digest,
 )
-from wire.records import Record
+from wire.records import Record, rolls_up_all, stored_ttl_s
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,12 @@ class HostEntry:
     # (`heard_from`): (that process, when by its clock). Nothing is placed here until a
     # heartbeat of that process, or one sent since, is read.
     unheard_agent: tuple[str, float] | None = None
+    # The TTL its last heartbeat was stored with (`Nats-TTL`; None: none, the store keeps
+    # it until it is replaced).
+    ttl_s: float | None = None
+    # Taken as expired by its age, its key having gone without an expiry marker
+    # (`ClusterState._expire_overdue`), rather than by the marker.
+    lost_unmarked: bool = False
 
     def latest(self) -> Heartbeat | None:
         """The newest heartbeat, decoding a raw one on demand."""
@@ -576,20 +582,49 @@ class ClusterState:
                 entry.revision = -1  # (the marker applies; the host's next heartbeat, at any revision, too)
                 self.apply_heartbeat(key, 0, None, None, now)
 
+    def _expire_overdue(self, key: str, heard_to: float) -> None:
+        """A host whose heartbeat key should have expired (its last heartbeat older, at
+        `heard_to`, than the TTL it was stored with and an interval: rules.key_overdue)
+        and whose expiry marker never came: the key was removed without one (the bucket
+        purged, as a heartbeat published with `Nats-Rollup: all` does; found by exploring:
+        a dead host stayed SUSPECT for good and its work was never replaced). Taken as
+        expired, when its key would have: as if its marker had come."""
+        entry = self.hosts.get(key)
+        if entry is None or not entry.present or entry.ttl_s is None:
+            return
+        log.warning("host %s: no heartbeat read for %.0f s, past the %.0f s TTL of its key, and no expiry marker (the "
+                    "hosts bucket was purged?): taken as expired", key, heard_to - entry.seen_at, entry.ttl_s)
+        entry.lost_unmarked = True
+        self._lose(key, entry, entry.seen_at + entry.ttl_s)
+
+    def rolled_up(self, key: str, stamp: float) -> None:
+        """Host `key`'s heartbeat was published with `Nats-Rollup: all`, stored at
+        `stamp`: the store removed every other host's heartbeat as it stored it (no agent
+        sends that header: its credentials were used by something else). Hosts alive
+        heartbeat again within an interval; those that are not are taken as expired a
+        TTL and an interval after their last heartbeat (`_expire_overdue`)."""
+        log.error("host %s's heartbeat was published with Nats-Rollup: all, which removed every other host's heartbeat "
+                  "from the hosts bucket: that host's NATS credentials are being misused", key)
+        self._notify("host_rollup", (key, stamp))
+
     def apply_host_record(self, rec: Record, now: float | None = None) -> None:
         """A record of the `hosts` bucket: a heartbeat, or (value None) its expiry. A
         watched record is stamped with the store's time and moves the read clock."""
         local = time.time() if now is None else now
-        self.apply_heartbeat(rec.key, rec.revision, rec.value, (rec.headers or {}).get(SHAPE_HEADER),
-                             rec.stamp or local)
+        headers = rec.headers or {}
+        self.apply_heartbeat(rec.key, rec.revision, rec.value, headers.get(SHAPE_HEADER), rec.stamp or local,
+                             stored_ttl_s(headers) if rec.value is not None else None)
+        if rec.value is not None and rolls_up_all(headers):
+            self.rolled_up(rec.key, rec.stamp or local)
         if rec.stamp:
             self.clock.advance(rec.stamp, rec.behind, local, rec.skipped)
 
     def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
-                        now: float) -> None:
-        """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`) or its
-        expiry marker (`value` None), stored at `revision` and at time `now` (the store's
-        time when known, else when it was received)."""
+                        now: float, ttl_s: float | None = None) -> None:
+        """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`, stored
+        with a TTL of `ttl_s`, None: none) or its expiry marker (`value` None), stored at
+        `revision` and at time `now` (the store's time when known, else when it was
+        received)."""
         entry = self.hosts.get(key)
         if entry is not None and revision <= entry.revision:
             return
@@ -605,15 +640,7 @@ class ClusterState:
                 self.unheard.discard(key)
             else:
                 entry.revision = revision
-                if entry.present:
-                    entry.present = False
-                    entry.lost_at = now
-                    if entry.heartbeat is not None:
-                        self.gpus_present -= len(entry.heartbeat.gpus)
-                    self._count_held(key)
-                    self.health_index.expired(key, entry.seen_at)
-                    self._index_host(key)
-                    self._notify("host_lost", entry)
+                self._lose(key, entry, now)
             return
         if (entry is not None and entry.present and entry.heartbeat is not None and shape
                 and shape == entry.shape and len(value) <= MAX_MESSAGE_BYTES and entry.leaving_reported is None
@@ -622,6 +649,7 @@ class ClusterState:
             self.health_index.seen(key, entry.seen_at, now)
             entry.revision = revision
             entry.seen_at = now
+            entry.ttl_s = ttl_s
             entry.raw = value
             return
         try:
@@ -653,7 +681,7 @@ class ClusterState:
             unheard = None
         self.hosts[key] = HostEntry(key, hb, revision, now, True, None,
                                     shape if shape == shape_digest(hb) else None, leaving_reported=reported,
-                                    unheard_agent=unheard)
+                                    unheard_agent=unheard, ttl_s=ttl_s)
         self.unheard.discard(key)
         self.health_index.seen(key, entry.seen_at if entry is not None and entry.present else None, now)
         if was_present and entry is not None and entry.heartbeat is not None:
@@ -680,6 +708,21 @@ class ClusterState:
             self.idle_gpu_hosts.add(key)
         else:
             self.idle_gpu_hosts.discard(key)
+
+    def _lose(self, key: str, entry: HostEntry, at: float) -> None:
+        """A present host's heartbeat key expired at `at` (the store's time)."""
+        self.absent.add(key)
+        self.idle_gpu_hosts.discard(key)
+        if not entry.present:
+            return
+        entry.present = False
+        entry.lost_at = at
+        if entry.heartbeat is not None:
+            self.gpus_present -= len(entry.heartbeat.gpus)
+        self._count_held(key)
+        self.health_index.expired(key, entry.seen_at)
+        self._index_host(key)
+        self._notify("host_lost", entry)
 
     def apply_state_record(self, rec: Record) -> None:
         key = rec.key
@@ -816,6 +859,14 @@ class ClusterState:
         if self._unconfirmed:
             self._expire_unconfirmed(now)
         self.health_index.refresh(self.hosts, self.health_time(now), self.heartbeat_interval_s)
+        heard_to = self.clock.heard_to()
+        if heard_to is not None:
+            overdue = self.health_index.overdue(self.hosts, heard_to, self.heartbeat_interval_s + EXPIRY_TICK_S)
+            for key in overdue:
+                if key not in self._unconfirmed:  # (those wait for their own window: _expire_unconfirmed)
+                    self._expire_overdue(key, heard_to)
+            if overdue:
+                self.health_index.refresh(self.hosts, self.health_time(now), self.heartbeat_interval_s)
         return self.health_index
 
     def domain_sizes(self) -> dict[tuple[str, str], int]:

@@ -156,9 +156,10 @@ async def test_a_follower_reads_the_bucket_now_and_then_and_on_once_it_leads(nat
     state = ClusterState(heartbeat_interval_s=5)
     positions: list[bool] = []
 
-    def advance(position: float, behind: int, local_now: float, skipped: int, live: bool = True) -> None:
+    def advance(position: float, behind: int, local_now: float, skipped: int, live: bool = True,
+                whole: bool = True) -> None:
         positions.append(live)
-        state.clock.advance(position, behind, local_now, skipped, live)
+        state.clock.advance(position, behind, local_now, skipped, live, whole)
 
     ingest = HeartbeatIngest(IngestConfig(nats_url=nats_url, flush_s=0.05, every_s=3600), state.apply_heartbeat,
                              advance)

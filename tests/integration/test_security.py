@@ -27,7 +27,7 @@ from server.broker.natsauth import AuthDir
 from server.broker.natsd import NatsProcess, ServerTls, free_port, start_nats, wait_for_port
 from server.cli import build_parser
 from server.state.streams import ensure_streams
-from tests.conftest import ROOT, A, B, wait_until
+from tests.conftest import ROOT, A, B, eventually, wait_until
 from tests.integration.conftest import Api, Cluster
 from wire import subjects
 from wire.errors import StoreError
@@ -481,6 +481,81 @@ def test_an_acknowledgement_cannot_be_sent_over_the_control_planes_keys(secure_n
         await agent.close()
         await submitter.close()
         await srv.close()
+
+    asyncio.run(main())
+
+
+def test_an_agent_that_purges_the_hosts_bucket_leaves_no_dead_host_suspect_for_good(secure_nats: NatsProcess,
+                                                                                     auth: AuthDir) -> None:
+    """Found by exploring: an agent's credentials publish its own heartbeat with
+    `Nats-Rollup: all`, which the hosts bucket's stream allows (nats-server forces it on
+    where expiry markers are kept) and which removes every other host's heartbeat, without
+    an expiry marker. A host whose agent had died stayed SUSPECT for good and its work was
+    never replaced. The server's view (fed by the real ingest process) takes the dead host
+    as expired once its last heartbeat is a TTL and an interval old on the store's clock,
+    keeps the hosts that heartbeat on, and is told whose heartbeat purged the bucket."""
+    from server.health.ingest import HeartbeatIngest, IngestConfig
+    from server.state.cluster import ClusterState
+    from tests.factories import heartbeat
+    from wire.messages import SHAPE_HEADER, encode, shape_digest
+
+    async def main() -> None:
+        srv = await connect(secure_nats.url, "server", creds=str(auth.server_creds))
+        store = Store(srv)
+        await ensure_streams(store)
+        state = ClusterState(heartbeat_interval_s=1.0)
+        lost: list[str] = []
+        rolled: list[str] = []
+        state.listeners.append(lambda kind, obj: lost.append(obj.host_id) if kind == "host_lost" else None)
+        state.listeners.append(lambda kind, obj: rolled.append(obj[0]) if kind == "host_rollup" else None)
+        ingest = HeartbeatIngest(IngestConfig(nats_url=secure_nats.url, nats_creds=str(auth.server_creds),
+                                              flush_s=0.05),
+                                 state.apply_heartbeat, state.clock.advance, state.hosts_renumbered, state.rolled_up)
+        stop = asyncio.Event()
+        ingest.start()
+        supervisor = asyncio.create_task(ingest.run(stop, check_s=0.1))
+        agents = {h: await connect(secure_nats.url, h, creds=str(auth.agent_creds(h)),
+                                   inbox_prefix=agent_inbox_prefix(h)) for h in (A, B)}
+
+        async def beat(host: str, seq: int, **headers: str) -> None:
+            hb = heartbeat(host, seq=seq, ts=time.time(), boot_id="b1")
+            await Store(agents[host], timeout=15).js.publish(
+                subjects.kv_subject(subjects.HOSTS_BUCKET, host), encode(hb), timeout=15,
+                headers={"Nats-TTL": "2s", SHAPE_HEADER: shape_digest(hb), **headers})
+
+        try:
+            await asyncio.wait_for(ingest.synced.wait(), timeout=60)
+            await beat(B, 1)  # host B's last heartbeat: its agent dies
+            await beat(A, 1)
+            await eventually(lambda: B in state.hosts and A in state.hosts, 60, "both hosts")
+            await beat(A, 2, **{"Nats-Rollup": "all"})
+            assert (await store.get(B, bucket=subjects.HOSTS_BUCKET)).value is None  # gone, with no marker
+            stored = await store.get(A, bucket=subjects.HOSTS_BUCKET, with_headers=True)
+            assert stored.headers is not None and stored.headers.get("Nats-Rollup") == "all"
+
+            async def a_lives() -> None:
+                for seq in range(3, 10_000):
+                    await beat(A, seq)
+                    await asyncio.sleep(0.3)
+
+            living = asyncio.create_task(a_lives())
+            try:
+                def b_lost() -> bool:
+                    state.refresh_health(time.time())
+                    return not state.hosts[B].present
+
+                await eventually(b_lost, 60, "host B taken as expired")
+            finally:
+                living.cancel()
+            assert lost == [B] and state.hosts[A].present and state.hosts[B].lost_unmarked
+            assert rolled == [A]
+        finally:
+            stop.set()
+            await asyncio.wait_for(supervisor, timeout=10)
+            await asyncio.to_thread(ingest.stop)
+            for nc in agents.values():
+                await nc.close()
+            await srv.close()
 
     asyncio.run(main())
 

@@ -691,3 +691,150 @@ def test_a_report_from_an_agent_not_heard_from_yet_keeps_its_host_from_work_unti
     msg = SimpleNamespace(data=encode(report), subject=subjects.status_subject("h1"))
     assert sched._decode_report(msg) == report  # type: ignore[arg-type]
     assert s.hosts["h1"].unheard_agent == ("fifth", T0 + 20) and not s.index.caps["h1"].schedulable
+
+
+def _beat(host: str, rev: int, stamp: float, ttl: str | None = "15s", **headers: str) -> Record:
+    """A heartbeat record as the watch yields it: stored at `stamp` (the store's clock)
+    with the TTL an agent gives it."""
+    import dataclasses
+
+    rec = heartbeat_record(host, rev, shape=False, boot_id="b", seq=rev, ts=stamp)
+    extra = {"Nats-TTL": ttl} if ttl is not None else {}
+    return dataclasses.replace(rec, stamp=stamp, headers={**(rec.headers or {}), **extra, **headers})
+
+
+def test_a_host_whose_key_was_purged_without_a_marker_is_lost_a_ttl_and_an_interval_after_its_last_heartbeat() -> None:
+    """A heartbeat published with `Nats-Rollup: all` (an agent's credentials suffice, on
+    its own key) removes every other host's heartbeat, and a purged record gets no expiry
+    marker: a host dead then stayed SUSPECT for good, its work never replaced (found by
+    exploring). A host whose last heartbeat is older, on the store's clock, than the TTL it
+    was stored with and an interval (and the store's one-second tick) is taken as expired,
+    as of when its key would have expired; the hosts that heartbeat on are not."""
+    state = ClusterState(heartbeat_interval_s=5.0)
+    seen = Listener()
+    state.listeners.append(seen)
+    t0 = 1_000_000.0
+    state.apply_host_record(_beat("h1", 1, t0), now=t0)
+    state.apply_host_record(_beat("h2", 2, t0), now=t0)
+    rev = 2
+    # h2's agent purges the bucket and heartbeats on; h1's agent died.
+    for k in range(1, 6):
+        rev += 1
+        state.apply_host_record(_beat("h2", rev, t0 + 5 * k, **({"Nats-Rollup": "all"} if k == 1 else {})),
+                                now=t0 + 5 * k)
+        state.refresh_health(t0 + 5 * k)
+        if 5 * k <= 15 + 5 + 1:
+            assert state.hosts["h1"].present, k  # SUSPECT from 10 s on, not LOST yet
+    assert not state.hosts["h1"].present and state.hosts["h2"].present
+    assert state.hosts["h1"].lost_at == t0 + 15 and state.hosts["h1"].lost_unmarked  # when its key would have gone
+    assert "h1" in state.absent
+    assert [obj.host_id for kind, obj in seen.calls if kind == "host_lost"] == ["h1"]
+    assert [obj for kind, obj in seen.calls if kind == "host_rollup"] == [("h2", t0 + 5)]
+    assert state.health_index.health["h1"] is Health.LOST and state.health_index.health["h2"] is Health.HEALTHY
+    # Its agent back: present again, and HEALTHY.
+    state.apply_host_record(_beat("h1", rev + 1, t0 + 30), now=t0 + 30)
+    assert state.hosts["h1"].present and not state.hosts["h1"].lost_unmarked
+
+
+def test_a_host_is_not_taken_as_expired_by_its_age_on_what_the_server_has_not_read() -> None:
+    """What a host's key is judged overdue at is the store's time every host's heartbeats
+    have been read up to: never the local clock run on (a server cut off from NATS, or
+    whose reader stalled, sees no heartbeat and must not take live hosts as expired), nor
+    a position reached while the reader is reading each key's latest (a follower's
+    reading, a leader that just took over: a host's newer heartbeat may not have been
+    handed over yet). A heartbeat stored without a TTL never expires in the store, nor
+    here; hosts present before the bucket was renumbered wait for their own window."""
+    t0 = 1_000_000.0
+
+    def cluster() -> ClusterState:
+        s = ClusterState(heartbeat_interval_s=5.0)
+        s.apply_host_record(_beat("h1", 1, t0), now=t0)
+        s.apply_host_record(_beat("h2", 2, t0), now=t0)
+        return s
+
+    # The local clock runs on (caught up), nothing more is read: SUSPECT, never LOST.
+    s = cluster()
+    assert s.clock.caught_up and s.health_time(t0 + 600) == t0 + 600 and s.clock.heard_to() == t0
+    for at in (t0 + 10, t0 + 30, t0 + 600):
+        s.refresh_health(at)
+    assert s.hosts["h1"].present and s.hosts["h2"].present
+    assert s.health("h1", t0 + 600) is Health.SUSPECT
+    # A reading of each key's latest under way (not whole): its position does not count.
+    s = cluster()
+    s.refresh_health(t0 + 11)  # both SUSPECT
+    s.apply_heartbeat("h2", 3, _beat("h2", 3, t0 + 40).value, None, t0 + 40, 15.0)
+    s.clock.advance(t0 + 40, 500, t0 + 40, whole=False)
+    s.refresh_health(t0 + 41)
+    assert s.hosts["h1"].present  # h1's latest may be among the 500 not read yet
+    s.apply_heartbeat("h1", 4, _beat("h1", 4, t0 + 39).value, None, t0 + 39, 15.0)  # ... and it was
+    s.clock.advance(t0 + 40, 0, t0 + 41, whole=True)
+    s.refresh_health(t0 + 42)
+    assert s.hosts["h1"].present and s.hosts["h2"].present
+    # Without a TTL: kept as the store keeps it.
+    s = ClusterState(heartbeat_interval_s=5.0)
+    s.apply_host_record(_beat("h1", 1, t0, ttl=None), now=t0)
+    s.refresh_health(t0 + 11)
+    s.apply_host_record(_beat("h2", 2, t0 + 100), now=t0 + 100)
+    s.refresh_health(t0 + 101)
+    assert s.hosts["h1"].present
+    # Renumbered: a host not heard since waits a TTL and an interval from the first record
+    # read after it (_expire_unconfirmed), not from its last heartbeat.
+    s = cluster()
+    s.refresh_health(t0 + 11)
+    s.hosts_renumbered()
+    s.apply_host_record(_beat("h2", 1, t0 + 60), now=t0 + 60)
+    s.refresh_health(t0 + 60)
+    assert s.hosts["h1"].present
+    s.apply_host_record(_beat("h2", 2, t0 + 81), now=t0 + 81)
+    s.refresh_health(t0 + 81)
+    assert not s.hosts["h1"].present  # its own window over
+
+
+def test_a_heartbeat_that_purged_the_bucket_is_alerted_and_a_host_lost_so_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader alerts `host.rollup` naming the host whose heartbeat carried
+    `Nats-Rollup: all` (its NATS credentials are misused), and the `host.lost` of a host
+    taken as expired by its age says that its key went without an expiry marker."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from server.health.monitor import HealthMonitor
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    class Nc:
+        async def publish(self, subject: str, data: bytes = b"") -> None:
+            sent.append((subject, json.loads(data)))
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    mon = HealthMonitor(Nc(), state, SimpleNamespace(leading=True, term=1))  # type: ignore[arg-type]
+    t0 = 1_000_000.0
+    state.apply_host_record(_beat("h1", 1, t0), now=t0)
+    state.apply_host_record(_beat("h2", 2, t0), now=t0)
+    import server.health.monitor as monitor
+
+    clock = [t0 + 1]
+    monkeypatch.setattr(monitor.time, "time", lambda: clock[0])
+    asyncio.run(mon.check())
+    state.apply_host_record(_beat("h2", 3, t0 + 5, **{"Nats-Rollup": "all"}), now=t0 + 5)
+    state.apply_host_record(_beat("h2", 4, t0 + 25), now=t0 + 25)
+    sent.clear()
+    clock[0] = t0 + 25
+    asyncio.run(mon.check())
+    alerts = {subject: ev for subject, ev in sent if subject.startswith("alerts.")}
+    assert alerts["alerts.host.rollup"]["host_id"] == "h2" and "Nats-Rollup: all" in \
+        alerts["alerts.host.rollup"]["message"]
+    assert alerts["alerts.host.lost"]["host_id"] == "h1" and "without an expiry marker" in \
+        alerts["alerts.host.lost"]["message"]
+    # Sent again and again (each heartbeat): alerted once a minute, not once a heartbeat.
+    sent.clear()
+    for k in range(1, 4):
+        state.apply_host_record(_beat("h2", 4 + k, t0 + 25 + 5 * k, **{"Nats-Rollup": "all"}), now=t0 + 25 + 5 * k)
+        clock[0] = t0 + 25 + 5 * k
+        asyncio.run(mon.check())
+    assert [subject for subject, _ in sent] == []
+    clock[0] = t0 + 90
+    state.apply_host_record(_beat("h2", 9, t0 + 90, **{"Nats-Rollup": "all"}), now=t0 + 90)
+    asyncio.run(mon.check())
+    assert [subject for subject, _ in sent] == ["alerts.host.rollup"]

@@ -90,7 +90,7 @@ async def test_the_server_takes_one_batch_at_a_time_from_the_pipe() -> None:
 
     seen: list[tuple[int, int]] = []  # (batches taken from the pipe, batches applied) at each apply
 
-    def apply(key: str, rev: int, value: bytes | None, shape: str | None, now: float) -> None:
+    def apply(key: str, rev: int, value: bytes | None, shape: str | None, now: float, ttl: float | None) -> None:
         seen.append((ingest.batches_read, len(seen) + 1))
 
     ingest = HeartbeatIngest(IngestConfig(nats_url="nats://unused"), apply)
@@ -117,3 +117,32 @@ def test_pending_reports_skipped_records_until_it_drains() -> None:
     assert p.take(10, synced=True).skipped == 9  # said until the child has drained
     p.add("d", 13, b"d", "s", now=1.3, stamp=1.7)
     assert p.take(10, synced=True).skipped == 0
+
+
+def test_pending_carries_each_heartbeats_ttl_and_every_rollup() -> None:
+    """The TTL each heartbeat was stored with reaches the server with it (a key purged
+    without an expiry marker is judged by it), and a heartbeat published with
+    `Nats-Rollup: all` is told even when a newer heartbeat of its host replaced it."""
+    p = Pending()
+    p.add("a", 1, b"a1", "s", now=1.0, stamp=1.0, ttl=15.0, rollup=True)
+    p.add("a", 2, b"a2", "s", now=1.1, stamp=1.1, ttl=15.0, rollup=True)  # replaces the one that purged
+    p.add("b", 3, b"b1", "s", now=1.2, stamp=1.2, ttl=6.0)
+    p.add("c", 4, None, None, now=1.3, stamp=1.3)
+    batch = p.take(10, synced=True)
+    assert batch.keys == ["c", "a", "b"] and batch.ttls == [0.0, 15.0, 6.0]
+    assert batch.rollups == [("a", 1.0)]  # one a host, the first
+    assert p.take(10, synced=True).rollups is None  # told once
+
+    # The server applies each with its TTL, and is told of the rollup.
+    state = ClusterState(heartbeat_interval_s=5)
+    told: list[object] = []
+    state.listeners.append(lambda kind, obj: told.append(obj) if kind == "host_rollup" else None)
+    ingest = HeartbeatIngest(IngestConfig(nats_url="nats://unused"), state.apply_heartbeat, state.clock.advance,
+                             on_rollup=state.rolled_up)
+    hb = encode(heartbeat("a", ts=time.time(), **AGENT))
+    ingest._on_batch(batch._replace(values=[None, hb, hb], keys=["c", "a", "a"], whole=True))
+    assert state.hosts["a"].ttl_s == 6.0 and told == [("a", 1.0)]
+    assert state.clock.whole
+    ingest._on_batch(batch._replace(keys=[], revisions=[], values=[], shapes=[], stamps=[], ttls=[], rollups=None,
+                                    position=2.0, whole=False))
+    assert not state.clock.whole and state.clock.heard_to() is None  # reading each key's latest
