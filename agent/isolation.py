@@ -101,10 +101,10 @@ def parse_job_uids(text: str | None) -> tuple[int, int] | None:
 
 
 def job_uid(key: str, uids: tuple[int, int]) -> int:
-    """The uid a job's attempts run as, from its uid key (Task.uid_key: for a job whose
-    client chose its id, a key the leader drew; else its id): the same for the job wherever
-    and whenever it runs (a checkpoint one try writes, the next can read), another job's
-    with odds of one in COUNT that no client can steer."""
+    """The uid a job's attempts run as, from its uid key (Task.uid_key: a secret the control
+    plane drew for the job; its id for a job stored before uid keys): the same for the job
+    wherever and whenever it runs (a checkpoint one try writes, the next can read), another
+    job's with odds of one in COUNT that no client can steer."""
     start, count = uids
     return start + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
 

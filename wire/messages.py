@@ -449,9 +449,11 @@ class Job(_Model):
     preempting: list[str] = Field(default_factory=list)
     # While QUEUED: the hosts held for it so that smaller jobs do not keep it waiting.
     reserved: Reserved | None = None
-    # What the uid its tasks run as is drawn from, when not its id: for a job submitted over
-    # NATS, whose id its client chose, a key the leader drew when it accepted the job (a
-    # client could otherwise choose an id whose uid is another job's).
+    # What the uid its tasks run as is drawn from, a secret never shown: for a job submitted
+    # through the API, a key the server drew when it stored the job; over NATS, whose ids
+    # their clients choose, one the leader drew when it accepted it (from a public id, a
+    # client could reckon each job's uid and keep one that is another job's). "": its id
+    # (jobs stored before uid keys).
     uid_key: str = ""
 
     def to_json(self) -> bytes:

@@ -727,6 +727,36 @@ async def test_jobs_user_errors_batch_filters_sort_and_history(api: Client, must
     assert ev["events"]["totalCount"] >= 0
 
 
+async def test_an_api_jobs_uid_key_is_drawn_for_it_and_never_shown(api: Client, muster: Muster) -> None:
+    """Found by exploring: a job submitted through the API ran as the uid of its public id,
+    so an operator could reckon offline which of its jobs would share a running job's uid,
+    keep that one and cancel the rest (one of 1,000 running jobs matched in 414 ids). Every
+    job stored through the API has a key of its own, drawn at random, which its uid is
+    drawn from: not its id, another job's key, nor anything GraphQL returns."""
+    import re
+
+    from wire.messages import Job, decode
+
+    one = (await api.q(SUBMIT, {"input": {"name": "k1", "command": ["true"], "gpus": 64}}))["submitJob"]["job"]["id"]
+    many = (await api.q("""mutation($input: [SubmitJobInput!]!) { submitJobs(input: $input) { job { id } } }""",
+                        {"input": [{"name": f"k{i}", "command": ["true"], "gpus": 64} for i in (2, 3)]}))
+    ids = [one, *(r["job"]["id"] for r in many["submitJobs"])]
+    assert muster.store is not None
+    keys = []
+    for job_id in ids:
+        stored = decode(Job, (await muster.store.get(subjects.job_key(job_id))).value or b"")
+        assert re.fullmatch(r"[0-9a-f]{32}", stored.uid_key), stored.uid_key
+        keys.append(stored.uid_key)
+    assert len(set(keys)) == 3
+    # No GraphQL type has it, and a job read through it does not carry it.
+    schema = await api.q("{ __schema { types { name fields { name } inputFields { name } } } }")
+    names = [f["name"] for t in schema["__schema"]["types"] for f in (t["fields"] or []) + (t["inputFields"] or [])]
+    assert not [n for n in names if n.lower() in ("uid", "uidkey", "uid_key")], names
+    shown = json.dumps(await api.q("""query($id: ID!) { job(id: $id) { id name user queue state command
+                                      submittedAt pendingReasons { kind reason } } }""", {"id": ids[0]}))
+    assert keys[0] not in shown
+
+
 async def test_a_period_given_with_and_without_an_offset_is_read_as_utc(api: Client, muster: Muster) -> None:
     """Found by exploring: `usage(since, until)` with one of the two naming an offset and
     the other not failed with an unexpected error (Python compared a naive datetime with

@@ -297,6 +297,44 @@ def test_a_job_whose_client_chose_its_id_runs_as_a_uid_the_leader_drew() -> None
     assert len(uids) == 2
 
 
+def test_a_job_stored_through_the_api_runs_every_try_as_the_uid_of_a_secret_key() -> None:
+    """Found by exploring: a job submitted through the API ran as the uid of its public id,
+    so an operator could submit held jobs, reckon each one's uid offline, keep one that
+    shared a running job's uid (one of 1,000 in 414 ids) and cancel the rest. The server
+    draws a secret key for every job it stores; each try is placed with it, and runs as its
+    uid, the same across retries (a checkpoint one try wrote, the next can read). A job
+    stored before uid keys (none) runs as the uid of its id, as it did."""
+    from agent.isolation import DEFAULT_JOB_UIDS, Isolation, TaskUser, job_uid
+    from server.operations.submissions import new_uid_key
+    from tests.factories import job as make_job
+    from tests.factories import job_spec
+    from tests.unit.test_planner import NOW, World, report
+    from wire.messages import AttemptState, encode
+    from wire.records import Record
+
+    keys = {new_uid_key() for _ in range(100)}
+    assert len(keys) == 100 and all(len(k) == 32 for k in keys)
+    iso = Isolation.__new__(Isolation)  # (only what ids_for reads)
+    iso.user, iso.job_uids = TaskUser("muster-task", 999, 999, (999,)), DEFAULT_JOB_UIDS
+    w = World(interval_s=3600.0)  # (the host stays HEALTHY over these minutes)
+    w.host("h1")
+    key = new_uid_key()
+    for job_id, uid_key in (("j1", key), ("old", "")):
+        rec = make_job(job_id, spec=job_spec(job_id, gpus=1), submitted_at=NOW - 100, uid_key=uid_key)
+        w.state.apply_state_record(Record(f"job.{job_id}", next(w.rev), encode(rec)))
+    w.cycle(now=NOW)
+    uids = []
+    for n in (1, 2, 3):
+        [t] = [t for t in w.tasks("h1") if t.job_id == "j1" and not t.stop]
+        assert t.attempt_id == f"j1.{n}" and t.uid_key == key
+        uids.append(iso.ids_for(t)[0])
+        w.cycle(reports=[report(w, "j1", AttemptState.LOST)], now=NOW + 10 * n)
+        w.cycle(now=NOW + 10 * n + 5)
+    assert uids == [job_uid(key, DEFAULT_JOB_UIDS)] * 3 and uids[0] != job_uid("j1", DEFAULT_JOB_UIDS)
+    [old] = [t for t in w.tasks("h1") if t.job_id == "old"]
+    assert old.uid_key == "" and iso.ids_for(old)[0] == job_uid("old", DEFAULT_JOB_UIDS)
+
+
 def test_an_attempts_directory_is_removed_however_deep_the_task_made_it(tmp_path: Path) -> None:
     """Python's rmtree raises RecursionError past about a thousand levels, which its
     ignore_errors does not catch (found by exploring: a task's deep directory left its try
