@@ -10,6 +10,12 @@ Everything lives in an *auth directory* (mode 0700), by default `<nats-data-dir>
     submitters/<u>.nk     one seed per batch client submitting as user <u>
     pids/*.pid            pid files of the nats-servers using this directory (for reloads)
 
+The directory, and each one under it, is taken only as this user's own (wire.owndir: made
+by this user, no other user able to write to it or to what leads to it), and files are
+written through a fresh temporary file that no link can redirect: found by exploring, an
+auth directory another user made first, with a link `server.nk.tmp` to a file of theirs,
+took the control plane's seed into that file.
+
 Seed files (mode 0600) are what `--creds FILE` / MUSTER_NATS_CREDS point at; nats-py
 signs the server's nonce with them (`nkeys_seed`). The nats-server config includes
 `auth.conf`; issuing or revoking a credential rewrites it and signals every server in
@@ -49,6 +55,7 @@ from typing import Any
 
 from wire import subjects
 from wire.errors import ConfigError
+from wire.owndir import own_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 KINDS = ("server", "agent", "subscriber", "submitter")
@@ -143,13 +150,30 @@ def _check_name(name: str, what: str) -> None:
         raise ConfigError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
 
 
+def private_dir(path: Path, what: str = "NATS credentials directory") -> Path:
+    """Make `path`, or take it, only as this user's alone (wire.owndir.own_dir, mode 0700);
+    ConfigError saying what is wrong otherwise (another user made it, may write to it or
+    to a directory on the way), before anything is read from or written into it."""
+    try:
+        return own_dir(path, what)
+    except OSError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Write `path` (mode 0600) in a directory of this user's alone, through `<path>.tmp`
+    made afresh: one left there (a link to another file included) is removed first, and
+    the new one is created exclusively, never through a link."""
+    private_dir(path.parent)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
         f.write(text)
-    os.chmod(tmp, 0o600)
     os.replace(tmp, path)
 
 
@@ -229,9 +253,8 @@ class AuthDir:
 
     def ensure(self) -> bool:
         """Create the directory and the server credentials on first use. Returns True
-        when it created them."""
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.path, 0o700)
+        when it created them. ConfigError when the directory is not this user's alone."""
+        private_dir(self.path)
         users = self._load()
         created = False
         if "server:server" not in users or not self.server_creds.exists():
@@ -331,7 +354,7 @@ class AuthDir:
         _write_private(self.conf_file, self.render(users))
 
     def pid_file(self, node: str = "nats") -> Path:
-        self.pids_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.pids_dir)
         return self.pids_dir / f"{node}.pid"
 
     def reload_servers(self) -> list[int]:

@@ -53,14 +53,18 @@ def _auth_dir(args: argparse.Namespace) -> AuthDir:
     nats-auth service makes its registry), or the one found in `--data-dir`, which must
     exist: one made there would hold credentials no nats-server knows (found by exploring:
     a wrong --data-dir made a new one, and the credential printed worked nowhere)."""
-    from server.broker.natsauth import AuthDir, find_auth_dir
+    from server.broker.natsauth import AuthDir, find_auth_dir, private_dir
 
     if args.auth_dir:
-        return AuthDir(Path(args.auth_dir))
-    auth = AuthDir(find_auth_dir(args.data_dir))
-    if not auth.exists():
-        raise ConfigError(f"no NATS credentials directory in {Path(args.data_dir).resolve()}: give the "
-                          "--data-dir of `muster up` or `muster nats`, or --auth-dir")
+        auth = AuthDir(Path(args.auth_dir))
+    else:
+        auth = AuthDir(find_auth_dir(args.data_dir))
+        if not auth.exists():
+            raise ConfigError(f"no NATS credentials directory in {Path(args.data_dir).resolve()}: give the "
+                              "--data-dir of `muster up` or `muster nats`, or --auth-dir")
+    # Read or written only as this user's alone (another user's could hold links to its
+    # own files, or a registry of its choosing).
+    private_dir(auth.path)
     return auth
 
 

@@ -56,7 +56,7 @@ def server_tls(args: argparse.Namespace) -> ServerTls | None:
 
 
 def cmd_nats(args: argparse.Namespace) -> int:
-    from server.broker.natsauth import AuthDir
+    from server.broker.natsauth import AuthDir, private_dir
     from server.broker.natsd import adopt_global_streams, nats_server_binary, render_config
 
     tls = server_tls(args)
@@ -68,7 +68,9 @@ def cmd_nats(args: argparse.Namespace) -> int:
         argv = [nats_server_binary(), "-c", str(Path(args.config).resolve())]
         os.execv(argv[0], argv)
     data_dir = Path(args.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # NATS's store (every job's env), its config and the default credentials directory:
+    # this user's alone, or refused (found by exploring: one another user made first).
+    private_dir(data_dir, "NATS data directory")
     auth = None
     if not args.no_auth:
         auth = AuthDir(Path(args.auth_dir).resolve() if args.auth_dir else data_dir / "auth")
