@@ -35,6 +35,7 @@ from server.operations.reservations import ReservationOperations
 from server.operations.submissions import Submissions
 from server.scheduling.capacity import POLICIES
 from server.scheduling.eviction import EvictionConfig
+from server.scheduling.hostlabels import LabelTrust, parse_keys
 from server.scheduling.planner import QueuePolicy
 from server.scheduling.queuewatch import QueueWatch
 from server.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -59,6 +60,7 @@ from wire.messages import (
 from wire.owndir import own_dir
 from wire.records import Record
 from wire.stopping import pause
+from wire.validation import LABEL_KEY_RE
 
 log = logging.getLogger(__name__)
 # A shutdown waits this long for its tasks to end after the stop, then cancels them, and
@@ -156,6 +158,9 @@ class ServerConfig:
     # The pacing of work moved off lost hosts and the partition threshold
     # (scheduling.eviction), from MUSTER_EVICTION_* and MUSTER_PARTITION_*.
     eviction: EvictionConfig = field(default_factory=lambda: eviction_from_env(os.environ))
+    # Label keys only operators set (scheduling.hostlabels): placement and failure domains
+    # ignore what agents report of them (keys beginning `muster.` always).
+    operator_label_keys: frozenset[str] = field(default_factory=lambda: operator_label_keys_from_env(os.environ))
 
     @property
     def database_url(self) -> str:
@@ -172,6 +177,18 @@ EVICTION_SETTINGS: dict[str, tuple[str, type, float]] = {
     "MUSTER_PARTITION_WINDOW": ("domain_window_s", float, 1.0),
     "MUSTER_PARTITION_MIN_HOSTS": ("domain_min_hosts", int, 1),
 }
+
+
+def operator_label_keys_from_env(env: Mapping[str, str]) -> frozenset[str]:
+    """MUSTER_OPERATOR_LABEL_KEYS: comma-separated label keys (`team,rack,zone`); none when
+    unset. Raises ConfigError for one that is not a label key."""
+    raw = env.get("MUSTER_OPERATOR_LABEL_KEYS", "")
+    keys = parse_keys(raw)
+    bad = sorted(k for k in keys if not LABEL_KEY_RE.fullmatch(k))
+    if bad:
+        raise ConfigError(f"MUSTER_OPERATOR_LABEL_KEYS={raw!r}: {bad[0][:64]!r} is not a label key (lower-case "
+                          "letters, digits, '_', '.', '-', starting with a letter)")
+    return keys
 
 
 def eviction_from_env(env: Mapping[str, str]) -> EvictionConfig:
@@ -205,7 +222,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             raise ConfigError(f"unknown placement policy {config.placement_policy!r} (MUSTER_PLACEMENT_POLICY): "
                               f"one of {', '.join(POLICIES)}")
         self.config = config
-        self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s)
+        self.state = ClusterState(heartbeat_interval_s=config.heartbeat_interval_s,
+                                  label_trust=LabelTrust(config.operator_label_keys))
         # The read models the API and the console show (server.views).
         self.hosts: HostTable = self.state.host_table
         self.jobs = JobView(self.state, None, half_life_s=config.fair_share_half_life_s)

@@ -63,6 +63,10 @@ ALERT_HOST_PRESSURE = "host.pressure"
 # A host's heartbeat was published with `Nats-Rollup: all`, which removed every other
 # host's heartbeat from the bucket: no agent sends it, so its credentials are misused.
 ALERT_HOST_ROLLUP = "host.rollup"
+# A host's agent reports a label key only operators set (MUSTER_OPERATOR_LABEL_KEYS,
+# `muster.*`) with another value than the operator's, or one the operator did not set:
+# ignored, but its host may be misconfigured, or its credentials misused.
+ALERT_HOST_LABELS_DISPUTED = "host.labels_disputed"
 ALERT_JOB_FAILED = "job.failed"
 # A running attempt's GPUs have all been idle for its agent's --gpu-idle-after
 # (server.health.idlegpus).
@@ -81,7 +85,7 @@ ALERT_RESERVATION_ENDED = "reservation.ended"
 ALERT_MAINTENANCE_BEGAN = "maintenance.began"
 # Every kind, in the order the console offers them as a filter.
 ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_HOST_PRESSURE, ALERT_DOMAIN_DISRUPTED,
-               ALERT_GPU_UNHEALTHY, ALERT_HOST_ROLLUP,
+               ALERT_GPU_UNHEALTHY, ALERT_HOST_ROLLUP, ALERT_HOST_LABELS_DISPUTED,
                ALERT_JOB_FAILED, ALERT_JOB_GPUS_IDLE, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED,
                ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
 

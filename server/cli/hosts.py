@@ -1,4 +1,4 @@
-"""`muster host list|show|cordon|uncordon|drain|clear-gpu-faults`, through the GraphQL API."""
+"""`muster host list|show|cordon|uncordon|drain|clear-gpu-faults|label`, through the GraphQL API."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from wire.errors import MusterError, NotFound, ValidationError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    h = sub.add_parser("host", help="list and show hosts; cordon, drain and uncordon them; clear GPU faults")
+    h = sub.add_parser("host", help="list and show hosts; cordon, drain and uncordon them; clear GPU faults; label "
+                       "them")
     hsub = h.add_subparsers(dest="host_cmd", required=True)
 
     hl = hsub.add_parser("list", help="hosts with health, GPUs, utilisation and labels")
@@ -93,6 +94,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output(hg)
     hg.set_defaults(fn=cmd_clear_gpu_faults)
 
+    hb = hsub.add_parser("label", help="set or remove the operator's labels of hosts (admin): they override what "
+                         "agents report, and are the only source of the keys only operators set")
+    hb.add_argument("items", nargs="*", metavar="HOST|KEY=VALUE",
+                    help="host ids and the labels to set on each (KEY=VALUE)")
+    hb.add_argument("--remove", action="append", default=[], metavar="KEY",
+                    help="a key of the operator's labels to remove (repeat, or comma-separated)")
+    hb.add_argument("--rack", type=nonempty, default=None, help="also every host of this rack (its `rack` label)")
+    hb.add_argument("--label", type=nonempty, default=None, metavar="KEY=VALUE",
+                    help="also every host with this label")
+    hb.add_argument("--reason", default="")
+    add_output(hb)
+    hb.set_defaults(fn=cmd_label)
+
 
 def cmd_list(args: argparse.Namespace) -> int:
     q = """query($first: Int, $filter: HostFilter) { hosts(first: $first, filter: $filter) { totalCount
@@ -127,13 +141,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     q = """query($id: ID!) { host(id: $id) { id health cordoned draining leaving pressure simulated gpus gpuModel
            gpusAllocated
            gpusUnhealthy gpuUtilPct cpus cpuPct memoryMb memUsedMb lastSeen tasks labels { key value }
+           operatorLabels { key value } agentLabels { key value }
            gpuDevices { index model memoryMb healthy fault shareAllocated memAllocatedMb tasks sharing
            utilPct memUsedMb tempC powerW migInstances { uuid profile memoryMb allocated } } isolated isolation
            fences lastFenceSeconds fenceContinued fenceStopped reservedFor drainAt drainDeadline
            setAside { name queues users startsAt endsAt state } }
            attempts(hostId: $id, first: 10, newestFirst: true) { totalCount edges { node {
            id jobId number state exitCode placedAt } } } }"""
-    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside", "pressure"))
+    data = gql(q, {"id": args.id}, optional=("reservedFor", "drainAt", "drainDeadline", "setAside", "pressure",
+                                             "operatorLabels", "agentLabels"))
     h = data["host"]
     if h is None:
         raise NotFound(f"no host {args.id}")
@@ -172,8 +188,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  cpus:    {h['cpus']}" + (f" ({h['cpuPct']}% busy)" if not lost else ""))
     print("  memory:  " + (f"{h['memUsedMb']}/{h['memoryMb']} MB" if not lost else f"{h['memoryMb']} MB"))
     print(f"  tasks:   {h['tasks']}")
-    labels = labels_text(h["labels"]) or "-"
-    print(f"  labels:  {labels}")
+    for line in labels_lines(h):
+        print(line)
     print(f"  isolation: {h['isolation'] or '-'}")
     if h["fences"]:
         print(f"  fences:  {h['fences']} since the agent started, the last {h['lastFenceSeconds']:.1f} s;"
@@ -221,6 +237,40 @@ def cmd_clear_gpu_faults(args: argparse.Namespace) -> int:
     h = res["host"]
     # The agent clears its marks once the leader has passed the clear on: a heartbeat later.
     out(args, h, [[h["id"], h["health"], str(h["gpusUnhealthy"])]], ["ID", "HEALTH", "GPUS UNHEALTHY (BEFORE)"])
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    """Set and remove the operator's labels of each host named; stops at the first host
+    refused. Items with `=` are labels, the others host ids (a host id has no `=`)."""
+    labels: dict[str, str] = {}
+    ids: list[str] = []
+    for item in args.items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            ids.append(item)
+        elif not key.strip():
+            raise ValidationError("labels", f"{item!r} is not KEY=VALUE")
+        elif key.strip() in labels and labels[key.strip()] != value.strip():
+            raise ValidationError("labels", f"{key.strip()} is given twice")
+        else:
+            labels[key.strip()] = value.strip()
+    remove = list(dict.fromkeys(k.strip() for r in args.remove for k in r.split(",") if k.strip()))
+    if not labels and not remove:
+        raise ValidationError("labels", "give labels to set (KEY=VALUE) or keys to remove (--remove KEY)")
+    args.ids = ids
+    q = """mutation($input: SetHostLabelsInput!) { setHostLabels(input: $input) {
+           host { id health labels { key value } operatorLabels { key value } } userErrors { field message code } } }"""
+    hosts: list[dict[str, Any]] = []
+    with changed_before_refusal("labelled", hosts):
+        for host_id in targets_of(args, "label"):
+            res = gql(q, {"input": {"id": host_id, "labels": labels, "remove": remove, "reason": args.reason}})
+            res = res["setHostLabels"]
+            if res["userErrors"]:
+                raise user_errors(res["userErrors"])
+            hosts.append(res["host"])
+    rows = [[h["id"], labels_text(h["operatorLabels"]) or "-", labels_text(h["labels"]) or "-"] for h in hosts]
+    out(args, hosts if len(hosts) > 1 else hosts[0], rows, ["ID", "OPERATOR'S LABELS", "LABELS"])
     return 0
 
 
@@ -312,6 +362,20 @@ def selected_hosts(rack: str | None, label: str | None) -> list[str]:
     if not ids:
         raise NotFound(f"no host with {' and '.join(f'{k} {v}' for k, v in flt.items())}")
     return ids
+
+
+def labels_lines(h: dict[str, Any]) -> list[str]:
+    """`host show`'s labels: those placement reads, each the operator's marked `*`, then
+    what the agent reports that is not in effect (a key only operators set, or one the
+    operator set otherwise)."""
+    ops = {lb["key"] for lb in h.get("operatorLabels") or []}
+    shown = ",".join(f"{lb['key']}={lb['value']}{'*' if lb['key'] in ops else ''}" for lb in h["labels"]) or "-"
+    lines = [f"  labels:  {shown}" + ("  (* the operator's)" if ops else "")]
+    have = {lb["key"]: lb["value"] for lb in h["labels"]}
+    ignored = [lb for lb in h.get("agentLabels") or [] if have.get(lb["key"]) != lb["value"]]
+    if ignored:
+        lines.append(f"  agent's labels not in effect: {labels_text(ignored)}")
+    return lines
 
 
 def host_row(n: dict[str, Any]) -> list[str]:

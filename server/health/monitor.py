@@ -7,6 +7,7 @@ Subjects (JSON payloads are `messages.Event`):
   alerts.host.lost / alerts.host.recovered     a host's heartbeat key expired / it came back
   alerts.host.fenced                           a host's agent fenced itself and is heard again
   alerts.host.rollup                           a host's heartbeat purged every other host's (Nats-Rollup: all)
+  alerts.host.labels_disputed                  a host's agent reports a label key only operators set, another value
   alerts.gpu.unhealthy                         a GPU reported an Xid or uncorrectable ECC error (its work is moved)
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
@@ -19,13 +20,15 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 
 from nats.aio.client import Client as NATS
 
 from server import metrics
 from server.health.alertsummary import ALERTS_ONE_BY_ONE, summarized, summary
 from server.health.rules import Health
-from server.state.cluster import ClusterState, HostEntry
+from server.scheduling.hostlabels import Dispute
+from server.state.cluster import ClusterState
 from server.state.lease import Leader
 from wire import subjects
 from wire.messages import Event, GpuUsage, Heartbeat, encode
@@ -98,12 +101,21 @@ def gpu_alerts(faulted: list[tuple[str, GpuUsage]], now: float) -> list[Event]:
                       {"gpus": len(faulted), "faults": kinds})
 
 
-def pressure_alerts(pressed: list[tuple[str, Heartbeat]], now: float) -> list[Event]:
+# A host's labels as placement reads them (ClusterState.labels_of), for alerts' data.
+LabelsOf = Callable[[str], Mapping[str, str]]
+
+
+def _reported(hb: Heartbeat) -> LabelsOf:
+    return lambda _host: hb.labels
+
+
+def pressure_alerts(pressed: list[tuple[str, Heartbeat]], now: float, labels_of: LabelsOf | None = None) -> list[Event]:
     """Hosts whose agents began to ask for no new work (or for another reason) since the
     last check: one alert a host, or one for them all past ALERTS_ONE_BY_ONE."""
     events = [Event(kind=subjects.ALERT_HOST_PRESSURE, ts=now, host_id=h,
                     message=f"host {h} takes no new work: {hb.pressure}",
-                    data={"labels": dict(hb.labels), "pressure": hb.pressure}) for h, hb in pressed]
+                    data={"labels": dict((labels_of or _reported(hb))(h)), "pressure": hb.pressure})
+              for h, hb in pressed]
     return summarized(events, now, f"{len(events)} hosts take no new work", {"by_rack": _by_label(events, "rack")})
 
 
@@ -118,6 +130,25 @@ def rollup_alert(host_id: str, stamp: float, now: float) -> Event:
                  data={"stored_at": stamp})
 
 
+def labels_disputed_alerts(disputed: list[tuple[str, tuple[Dispute, ...]]], now: float) -> list[Event]:
+    """Hosts whose agents newly report label keys only operators set with another value
+    than the operator's (scheduling.hostlabels: ignored): one alert a host, or one for them
+    all with how many hosts each key was disputed on."""
+    events = []
+    keys: dict[str, int] = {}
+    for h, found in disputed:
+        for d in found:
+            keys[d.key] = keys.get(d.key, 0) + 1
+        events.append(Event(
+            kind=subjects.ALERT_HOST_LABELS_DISPUTED, ts=now, host_id=h,
+            message=(f"host {h}'s agent reports {', '.join(d.text() for d in found)}: label keys only operators set, "
+                     f"so ignored. If the host should have them, set them (muster host label {h} KEY=VALUE); else "
+                     "its agent's --labels are wrong, or its NATS credentials are misused"),
+            data={"disputes": [{"key": d.key, "agent": d.agent, "operator": d.operator} for d in found]}))
+    return summarized(events, now, f"{len(events)} hosts' agents report label keys only operators set, with "
+                      "values not the operator's (ignored)", {"by_key": keys})
+
+
 def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
     """(fences, frozen attempts continued, stopped) that `hb` reports beyond `before` (the
     agent's counters only grow, and move together when a fence ends)."""
@@ -125,7 +156,8 @@ def _fence_counts(hb: Heartbeat, before: Heartbeat) -> tuple[int, int, int]:
             max(0, hb.fence_stopped - before.fence_stopped))
 
 
-def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float) -> Event:
+def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float,
+                labels_of: LabelsOf | None = None) -> Event:
     """The alert for fences a host's heartbeat `hb` reports beyond those of the heartbeat
     read `before`."""
     n, continued, stopped = _fence_counts(hb, before)
@@ -134,30 +166,32 @@ def fence_alert(host_id: str, hb: Heartbeat, before: Heartbeat, now: float) -> E
         kind=subjects.ALERT_HOST_FENCED, ts=now, host_id=host_id,
         message=(f"host {host_id}: {what} (no heartbeat stored for its fence delay), the last for "
                  f"{hb.last_fence_s:.1f} s; {continued} frozen attempts continued, {stopped} stopped"),
-        data={"labels": dict(hb.labels), "fences": n, "last_fence_s": hb.last_fence_s,
+        data={"labels": dict((labels_of or _reported(hb))(host_id)), "fences": n, "last_fence_s": hb.last_fence_s,
               "continued": continued, "stopped": stopped})
 
 
-def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> Event:
+def fences_alert(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float,
+                 labels_of: LabelsOf | None = None) -> Event:
     """One alert for many hosts' fences noticed together: how many hosts, what their
     fences did in all, the longest, and the first hosts by name."""
     each = [_fence_counts(hb, before) for _, hb, before in fenced]
     continued = sum(c for _, c, _ in each)
     stopped = sum(x for _, _, x in each)
     longest = max(hb.last_fence_s for _, hb, _ in fenced)
-    return summary([fence_alert(h, hb, before, now) for h, hb, before in fenced], now,
+    return summary([fence_alert(h, hb, before, now, labels_of) for h, hb, before in fenced], now,
                    f"{len(fenced)} hosts fenced (no heartbeat stored for their fence delay), the longest for "
                    f"{longest:.1f} s; {continued} frozen attempts continued, {stopped} stopped",
                    {"fences": sum(n for n, _, _ in each), "last_fence_s": longest, "continued": continued,
                     "stopped": stopped})
 
 
-def fence_alerts(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float) -> list[Event]:
+def fence_alerts(fenced: list[tuple[str, Heartbeat, Heartbeat]], now: float,
+                 labels_of: LabelsOf | None = None) -> list[Event]:
     """The alerts for the fences noticed since the last check: one a host, or one for
     them all past ALERTS_ONE_BY_ONE."""
     if len(fenced) > ALERTS_ONE_BY_ONE:
-        return [fences_alert(fenced, now)]
-    return [fence_alert(host_id, hb, before, now) for host_id, hb, before in fenced]
+        return [fences_alert(fenced, now, labels_of)]
+    return [fence_alert(host_id, hb, before, now, labels_of) for host_id, hb, before in fenced]
 
 
 class HealthMonitor:
@@ -173,6 +207,7 @@ class HealthMonitor:
         self._pressure_alerts: list[tuple[str, Heartbeat]] = []
         self._rollup_alerts: list[tuple[str, float]] = []
         self._rollup_alerted: dict[str, float] = {}  # host -> when its last host.rollup was published
+        self._disputes: list[tuple[str, tuple[Dispute, ...]]] = []
         # While following: (when, host, from, to) of the transitions seen, the last
         # TAKEOVER_WINDOW_S of them.
         self._following: deque[tuple[float, str, Health, Health]] = deque()
@@ -191,6 +226,8 @@ class HealthMonitor:
         elif kind == "host_rollup":
             self._rollup_alerts.append(obj)  # type: ignore[arg-type]
             self.wake.set()
+        elif kind == "host_labels_disputed":  # alerted at the next check
+            self._disputes.append(obj)  # type: ignore[arg-type]
 
     async def check(self) -> None:
         now = time.time()
@@ -203,6 +240,7 @@ class HealthMonitor:
             self._fence_alerts.clear()
             self._pressure_alerts.clear()
             self._rollup_alerts.clear()
+            self._disputes.clear()
             following.extend((now, h, frm, to) for h, frm, to in changes if frm is not None)
             while following and now - following[0][0] > self._takeover_window_s():
                 following.popleft()
@@ -223,18 +261,18 @@ class HealthMonitor:
             ev = Event(kind=f"host.{new.value.lower()}", ts=now, host_id=host_id,
                        message=f"{host_id}: {old.value if old else 'NEW'} -> {new.value}",
                        data={"from": old.value if old else None, "to": new.value,
-                             "labels": dict(entry.heartbeat.labels) if entry and entry.heartbeat else {}})
+                             "labels": dict(self.state.labels_of(host_id))})
             try:
                 await self.nc.publish(f"{subjects.EVENTS_PREFIX}.host.{new.value}", encode(ev))
             except Exception as exc:  # noqa: BLE001
                 log.warning("host event not published: %s", exc)
             if new is Health.LOST:
-                lost.append(self._host_alert(entry, now, "heartbeat key expired" if entry is None
+                lost.append(self._host_alert(host_id, now, "heartbeat key expired" if entry is None
                                              or not entry.lost_unmarked else
                                              "no heartbeat for its key's TTL, and its key gone without an expiry "
                                              "marker (the hosts bucket purged): taken as expired"))
             elif old is Health.LOST and new is Health.HEALTHY:
-                recovered.append(self._host_alert(entry, now, "heartbeats resumed"))
+                recovered.append(self._host_alert(host_id, now, "heartbeats resumed"))
         for ev in host_alerts(lost, now, "lost (heartbeat keys expired)"):
             await publish_alert(self.nc, subjects.ALERT_HOST_LOST, ev)
         for ev in host_alerts(recovered, now, "recovered (heartbeats resumed)"):
@@ -248,26 +286,30 @@ class HealthMonitor:
             metrics.HOST_FENCES.inc(n)
             metrics.FENCED_ATTEMPTS.labels(outcome="continued").inc(continued)
             metrics.FENCED_ATTEMPTS.labels(outcome="stopped").inc(stopped)
-        for ev in fence_alerts(fenced, now):
+        for ev in fence_alerts(fenced, now, self.state.labels_of):
             await publish_alert(self.nc, subjects.ALERT_HOST_FENCED, ev)
         pressed, self._pressure_alerts = self._pressure_alerts, []
-        for ev in pressure_alerts(pressed, now):
+        for ev in pressure_alerts(pressed, now, self.state.labels_of):
             await publish_alert(self.nc, subjects.ALERT_HOST_PRESSURE, ev)
         rolled, self._rollup_alerts = self._rollup_alerts, []
         for host_id, stamp in dict(reversed(rolled)).items():  # (each host once, its first)
             if now - self._rollup_alerted.get(host_id, float("-inf")) >= ROLLUP_REALERT_S:
                 self._rollup_alerted[host_id] = now
                 await publish_alert(self.nc, subjects.ALERT_HOST_ROLLUP, rollup_alert(host_id, stamp, now))
+        disputed, self._disputes = self._disputes, []
+        # (each host once, as it stands now: a dispute settled since the notice is not alerted)
+        current = [(h, self.state.label_disputes[h]) for h in dict.fromkeys(h for h, _ in disputed)
+                   if h in self.state.label_disputes]
+        for ev in labels_disputed_alerts(current, now):
+            await publish_alert(self.nc, subjects.ALERT_HOST_LABELS_DISPUTED, ev)
 
     def _takeover_window_s(self) -> float:
         config = getattr(self.leadership, "config", None)
         return max(TAKEOVER_WINDOW_S, 3 * config.ttl_s) if config is not None else TAKEOVER_WINDOW_S
 
-    @staticmethod
-    def _host_alert(entry: HostEntry | None, now: float, why: str) -> Event:
-        host_id = entry.host_id if entry else "?"
-        labels = dict(entry.heartbeat.labels) if entry and entry.heartbeat else {}
-        return Event(kind="", ts=now, host_id=host_id, message=f"host {host_id}: {why}", data={"labels": labels})
+    def _host_alert(self, host_id: str, now: float, why: str) -> Event:
+        return Event(kind="", ts=now, host_id=host_id, message=f"host {host_id}: {why}",
+                     data={"labels": dict(self.state.labels_of(host_id))})
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -1,19 +1,20 @@
-"""Operators' commands on hosts: cordon, drain (now or ahead), and clearing GPU fault
-marks; each stored in the host's settings record the planner reads."""
+"""Operators' commands on hosts: cordon, drain (now or ahead), clearing GPU fault marks and
+the operator's labels; each stored in the host's settings record the planner reads."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from server.operations.base import Operations
+from server.scheduling.hostlabels import changed_labels
 from server.state.cluster import HostConfig
 from server.timefmt import PAST_START_SLACK_S, iso_utc
 from wire import subjects
-from wire.errors import ConflictError, NotFound, ValidationError
+from wire.errors import ConflictError, InvalidInput, NotFound, ValidationError
 from wire.messages import Event
 from wire.records import Record
-from wire.validation import validate_reason
+from wire.validation import LABEL_KEY_RE, MAX_LABELS, validate_labels, validate_reason
 
 # How far ahead a drain may be scheduled (a maintenance window is announced days ahead,
 # not months).
@@ -26,7 +27,8 @@ class HostOperations(Operations):
         """Cordon (no new placements) or uncordon (also ends a drain) a host."""
         reason = validate_reason(reason, required=cordoned)
         await self._set_hostcfg(host_id, lambda cur: HostConfig(cordoned=cordoned, reason=reason, by=by,
-                                                                ts=time.time(), gpu_clears=cur.gpu_clears))
+                                                                ts=time.time(), gpu_clears=cur.gpu_clears,
+                                                                labels=cur.labels))
 
     async def drain(self, host_id: str, by: str, reason: str, deadline_s: float, at: float | None = None) -> None:
         """Drain a host: no new placements; what still runs after `deadline_s` is stopped
@@ -48,7 +50,7 @@ class HostOperations(Operations):
         deadline = (now if at is None else at) + deadline_s
         await self._set_hostcfg(host_id, lambda cur: HostConfig(
             cordoned=not start, draining=True, drain_at=start, drain_deadline=deadline,
-            reason=reason, by=by, ts=now, gpu_clears=cur.gpu_clears))
+            reason=reason, by=by, ts=now, gpu_clears=cur.gpu_clears, labels=cur.labels))
 
     async def clear_gpu_faults(self, host_id: str, by: str, reason: str, gpus: list[int] | None = None) -> list[int]:
         """Clear GPU fault marks of a host (after those GPUs were reset or replaced): the
@@ -79,12 +81,48 @@ class HostOperations(Operations):
                                 reason=f"{reason} (GPUs {', '.join(map(str, targets))})")
         return targets
 
+    async def set_labels(self, host_id: str, by: str, labels: object, remove: Iterable[str] = (),
+                         reason: str = "") -> dict[str, str]:
+        """Set the operator's `labels` on a host and remove those of the keys in `remove`:
+        they override what its agent reports, and are the only source of the keys only
+        operators set (scheduling.hostlabels). A cordon or drain stays as it is. Returns
+        the operator's labels of the host now."""
+        reason = validate_reason(reason)
+        if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in labels.items()):
+            raise ValidationError("labels", "must be a map of label keys to values (strings)", "INVALID")
+        given = {str(k): str(v) for k, v in labels.items()}
+        remove = list(dict.fromkeys(remove))
+        if not given and not remove:
+            raise ValidationError("labels", "give labels to set or keys to remove", "REQUIRED")
+        errors = [ValidationError("remove", f"invalid label key {k[:64]!r}") for k in remove
+                  if not LABEL_KEY_RE.fullmatch(k)] + validate_labels(given)
+        errors += [ValidationError("remove", f"{k} is both set and removed") for k in sorted(set(given) & set(remove))]
+        if errors:
+            raise InvalidInput(errors)
+        result: dict[str, str] = {}
+
+        def change(cur: HostConfig) -> HostConfig:
+            new = changed_labels(cur.labels, given, remove)
+            if len(new) > MAX_LABELS:
+                raise ValidationError("labels", f"a host has at most {MAX_LABELS} labels of the operator's; {host_id} "
+                                      f"would have {len(new)}", "TOO_LARGE")
+            result.clear()
+            result.update(new)
+            return cur.model_copy(update={"labels": new})
+
+        what = ", ".join([*(f"{k}={v}" for k, v in sorted(given.items())), *(f"-{k}" for k in remove)])
+        await self._set_hostcfg(host_id, change, action="labels", by=by,
+                                reason=f"{reason} ({what})" if reason else what,
+                                data={"set": given, "removed": remove, "labels": result})
+        return result
+
     async def _set_hostcfg(self, host_id: str, change: Callable[[HostConfig], HostConfig], action: str = "",
-                           by: str = "", reason: str = "") -> None:
+                           by: str = "", reason: str = "", data: dict[str, object] | None = None) -> None:
         """Store a host's settings as `change` makes them from the stored ones (read
         again after a concurrent change). `action` names the event (by default what the
         settings say: drain, cordon or uncordon), `by` and `reason` its author and why
-        (by default the settings')."""
+        (by default the settings'); `data`, more of the event's data."""
         if host_id not in self.state.hosts:
             raise NotFound(f"no host {host_id}")
         assert self.store is not None
@@ -97,10 +135,10 @@ class HostOperations(Operations):
                 self.state.apply_state_record(Record(key, rev, body))
                 what = action or ("drain" if cfg.draining else ("cordon" if cfg.cordoned else "uncordon"))
                 who, why = by or cfg.by, reason or cfg.reason
-                ahead = f" from {iso_utc(cfg.drain_at)}" if cfg.draining and cfg.drain_at else ""
+                ahead = f" from {iso_utc(cfg.drain_at)}" if not action and cfg.draining and cfg.drain_at else ""
                 ev = Event(kind=f"host.{what}", host_id=host_id, message=f"{what}{ahead} by {who}: {why}",
                            data={"by": who, "reason": why, "deadline": cfg.drain_deadline,
-                                 **({"at": cfg.drain_at} if ahead else {})})
+                                 **({"at": cfg.drain_at} if ahead else {}), **(data or {})})
                 await self._publish_event(f"host.{what}", ev)  # best effort: the setting is stored
                 return
             except ConflictError:

@@ -1063,8 +1063,7 @@ class Scheduler:
             if seen:
                 continue
             label, value = dom
-            size = sum(1 for e in self.state.hosts.values()
-                       if e.heartbeat and e.heartbeat.labels.get(label) == value)
+            size = self.state.domain_sizes().get(dom, 0)
             cfg = self.budget.config
             ev = Event(kind=subjects.ALERT_DOMAIN_DISRUPTED, ts=now,
                        message=(f"{lost} of {size} hosts in {label}={value} lost within "

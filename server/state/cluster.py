@@ -28,6 +28,7 @@ from server.scheduling.dependencies import Dependencies
 from server.scheduling.eviction import host_domains
 from server.scheduling.fairshare import host_capacity
 from server.scheduling.fragmentation import RecentShapes, Shape
+from server.scheduling.hostlabels import Dispute, LabelTrust, disputes, effective_labels
 from server.scheduling.livecounts import LiveCounts, queue_user
 from server.scheduling.maintenance import Window, started
 from server.scheduling.placement import HostCapacity
@@ -69,7 +70,10 @@ class HostConfig(BaseModel):
     scheduled ahead (`drain_at` after the time it was set) begins then: until then the host
     takes only jobs that its deadline would not stop (scheduling.maintenance).
     `gpu_clears` counts the operator's clears of each GPU's fault mark, by GPU index (the
-    leader copies them into the host's assignment, where the agent reads them)."""
+    leader copies them into the host's assignment, where the agent reads them). `labels`
+    are the operator's labels of the host (`muster host label`): they override its
+    agent's, and are the only source of the keys only operators set
+    (scheduling.hostlabels). A cordon or drain keeps both."""
 
     cordoned: bool = False
     draining: bool = False
@@ -79,6 +83,7 @@ class HostConfig(BaseModel):
     by: str = ""
     ts: float = 0.0
     gpu_clears: dict[int, int] = {}
+    labels: dict[str, str] = {}
 
     def window(self) -> Window | None:
         """The drain scheduled ahead, if one is (from `drain_at` to `drain_deadline`)."""
@@ -178,6 +183,8 @@ class HostEntry:
 
 M = TypeVar("M", bound=BaseModel)
 
+_NO_LABELS: dict[str, str] = {}
+
 # A host's heartbeat key lives this many intervals (the agents' default `--ttl-intervals`):
 # a host not heard again that long after the bucket was renumbered is taken as expired.
 UNCONFIRMED_TTL_INTERVALS = 3
@@ -204,6 +211,14 @@ class ClusterState:
     # Per host: its last decoded heartbeat and what placement reads of it (_index_host).
     _host_shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     hostcfg: dict[str, HostConfig] = field(default_factory=dict)
+    # The label keys only operators set (scheduling.hostlabels; MUSTER_OPERATOR_LABEL_KEYS):
+    # change them with `set_label_trust`.
+    label_trust: LabelTrust = field(default_factory=LabelTrust)
+    # Per host, the labels placement and failure domains read (`labels_of`), and the
+    # trusted keys its agent reports otherwise than the operator set them (`disputes`):
+    # kept as its last decoded heartbeat's labels and its settings change (`_relabel`).
+    host_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    label_disputes: dict[str, tuple[Dispute, ...]] = field(default_factory=dict)
     # Hosts with a drain scheduled ahead, and its window (scheduling.maintenance): kept as
     # host settings arrive.
     maintenance: dict[str, Window] = field(default_factory=dict)
@@ -473,8 +488,8 @@ class ClusterState:
             shape = self._host_shapes[host_id] = (
                 hb, {g.index: g.model for g in hb.gpus}, {g.index: g.memory_mb for g in hb.gpus}, mig,
                 frozenset(g.index for g in hb.gpus if g.in_mig_mode()),
-                frozenset(u.index for u in hb.gpu_usage if not u.healthy), dict(hb.labels))
-        _hb, models, memory, mig, mig_gpus, unhealthy, labels = shape
+                frozenset(u.index for u in hb.gpu_usage if not u.healthy))
+        _hb, models, memory, mig, mig_gpus, unhealthy = shape
         if unhealthy:
             self.faulted_gpus[host_id] = unhealthy
         else:
@@ -491,7 +506,7 @@ class ClusterState:
             unhealthy_gpus=unhealthy,
             cpus=float(hb.cpus),
             memory_mb=hb.memory_mb,
-            labels=labels,
+            labels=self.host_labels.get(host_id, {}),
             gpu_memory=memory,
             mig=mig,
             mig_gpus=mig_gpus,
@@ -690,7 +705,7 @@ class ClusterState:
         self._count_held(key)
         self.absent.discard(key)
         if entry is None or entry.heartbeat is None or entry.heartbeat.labels != hb.labels:
-            self._domain_sizes = None
+            self._relabel(key)
         cleared = entry is not None and ((entry.leaving_reported is not None and reported is None)
                                          or (entry.unheard_agent is not None and unheard is None))
         if not was_present or cleared or self._shape(entry.heartbeat if entry else None) != self._shape(hb):
@@ -761,6 +776,7 @@ class ClusterState:
                     self.maintenance[name] = window
                 else:
                     self.maintenance.pop(name, None)
+                self._relabel(name)
                 self._index_host(name)
                 self._notify("hostcfg", name)
             elif kind == "queue":
@@ -876,10 +892,51 @@ class ClusterState:
             sizes: dict[tuple[str, str], int] = {}
             for e in self.hosts.values():
                 if e.heartbeat:
-                    for d in host_domains(e.heartbeat.labels):
+                    for d in host_domains(self.labels_of(e.host_id)):
                         sizes[d] = sizes.get(d, 0) + 1
             self._domain_sizes = sizes
         return self._domain_sizes
+
+    def labels_of(self, host_id: str) -> dict[str, str]:
+        """The host's labels as placement and failure domains read them: its agent's of the
+        keys it may set, and the operator's (scheduling.hostlabels). Not to be changed."""
+        return self.host_labels.get(host_id, _NO_LABELS)
+
+    def _relabel(self, host_id: str) -> None:
+        """Make the host's labels again from its last decoded heartbeat's and its settings'
+        (either changed), and note a new dispute over a trusted key (its agent reporting
+        another value than the operator's): logged here, alerted by the leader
+        (`host_labels_disputed`), once each time the disputes change."""
+        entry = self.hosts.get(host_id)
+        reported = entry.heartbeat.labels if entry is not None and entry.heartbeat is not None else _NO_LABELS
+        cfg = self.hostcfg.get(host_id)
+        operator = cfg.labels if cfg is not None else _NO_LABELS
+        labels = effective_labels(reported, operator, self.label_trust)
+        if labels != self.host_labels.get(host_id, _NO_LABELS):
+            self._domain_sizes = None
+        if labels:
+            self.host_labels[host_id] = labels
+        else:
+            self.host_labels.pop(host_id, None)
+        found = disputes(reported, operator, self.label_trust)
+        if found == self.label_disputes.get(host_id, ()):
+            return
+        if not found:
+            del self.label_disputes[host_id]
+            return
+        self.label_disputes[host_id] = found
+        log.warning("host %s: its agent reports %s: label keys only operators set; ignored", host_id,
+                    ", ".join(d.text() for d in found))
+        self._notify("host_labels_disputed", (host_id, found))
+
+    def set_label_trust(self, trust: LabelTrust) -> None:
+        """Take `trust` as the label keys only operators set, every host's labels made again."""
+        self.label_trust = trust
+        for host_id in set(self.hosts) | set(self.hostcfg):
+            before = self.host_labels.get(host_id)
+            self._relabel(host_id)
+            if self.host_labels.get(host_id) != before:
+                self._index_host(host_id)
 
     def job_counts(self) -> Counter[str]:
         return Counter({k: v for k, v in self.job_state_counts.items() if v})

@@ -67,6 +67,8 @@ class HostRow:
     cordoned: bool  # no new placements (a draining host is cordoned too)
     draining: bool  # a drain has begun (one scheduled ahead: from its start)
     simulated: bool
+    # The labels placement reads (ClusterState.labels_of), those of them the operator set,
+    # and what its agent reports (some of which may be ignored: scheduling.hostlabels).
     labels: dict[str, str]
     rack: str
     zone: str
@@ -105,6 +107,8 @@ class HostRow:
     # is stopped (scheduling.maintenance); 0 when none. `drain_deadline` of a drain begun.
     drain_at: float = 0.0
     drain_deadline: float = 0.0
+    operator_labels: dict[str, str] = field(default_factory=dict)
+    agent_labels: dict[str, str] = field(default_factory=dict)
     # What the row was built from (identity), and the raw heartbeat its usage came from.
     _heartbeat: object = None
     _alloc: object = None
@@ -580,7 +584,7 @@ class HostTable:
             m[0] += 1
             m[1] += g.index in used
             m[2] += g.index in bad
-        labels = dict(hb.labels)
+        labels = dict(state.labels_of(host_id))
         models = tuple(sorted(per_model))
         row = HostRow(
             id=host_id, health=Health.LOST.value, present=entry.present,
@@ -598,6 +602,7 @@ class HostTable:
             isolated=hb.isolated, isolation=hb.isolation,
             fences=hb.fences, last_fence_s=hb.last_fence_s, fence_continued=hb.fence_continued,
             fence_stopped=hb.fence_stopped, leaving=hb.leaving, pressure=hb.pressure,
+            operator_labels=dict(cfg.labels) if cfg is not None else {}, agent_labels=dict(hb.labels),
             _heartbeat=hb, _alloc=alloc, _cfg=cfg,
         )
         _usage_from(row, hb)

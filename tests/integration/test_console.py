@@ -1950,6 +1950,26 @@ async def test_a_host_under_pressure_says_so_on_its_page_and_in_the_table(consol
     assert 'title="Takes no new work: disk: 12 MB free' in (await c.get("/hosts")).text
 
 
+async def test_a_host_page_says_which_labels_are_the_operators_and_which_of_its_agents_are_ignored(
+        console: Console) -> None:
+    from server.scheduling.hostlabels import LabelTrust
+
+    c, m = await signed_in_with_host(console, "lb-1")
+    m.state.set_label_trust(LabelTrust(frozenset({"team"})))
+    hb = heartbeat("lb-1", seq=1, ts=time.time(), gpus=2, labels={"rack": "r1", "team": "vision", "net": "ib"})
+    assert m.store is not None
+    await m.store.put("lb-1", encode(hb), bucket=subjects.HOSTS_BUCKET)
+    await eventually(lambda: "team" in m.state.hosts["lb-1"].latest().labels, what="the labels")  # type: ignore
+    await m.set_labels("lb-1", "operator", {"rack": "r2"}, reason="moved")
+    page = (await c.get("/hosts/lb-1")).text
+    shown = page[page.index('id="host-labels"'):]
+    shown = shown[:shown.index("</dd>")]
+    assert re.findall(r'<span class="label( operator-label)?"[^>]*>(\w+=\w+)', shown) == [
+        ("", "net=ib"), (" operator-label", "rack=r2")], shown
+    ignored = page[page.index('id="host-labels-ignored"'):]
+    assert "rack=r1" in ignored[:ignored.index("</dd>")] and "team=vision" in ignored[:ignored.index("</dd>")]
+
+
 async def test_pages_that_read_history_say_when_its_database_is_down(console: Console,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by exploring: with the history database down, the host page (its recent

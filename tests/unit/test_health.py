@@ -542,7 +542,8 @@ def test_a_new_leader_announces_the_host_transitions_it_saw_while_following(monk
             sent.append(subject)
 
     index = SimpleNamespace(take_changes=lambda: queued.pop(0) if queued else [])
-    state = SimpleNamespace(listeners=[], hosts={}, refresh_health=lambda now: index)
+    state = SimpleNamespace(listeners=[], hosts={}, refresh_health=lambda now: index, labels_of=lambda host: {},
+                            label_disputes={})
     lead = SimpleNamespace(leading=False, term=0)
     mon = HealthMonitor(Nc(), state, lead)  # type: ignore[arg-type]
     clock = [1000.0]

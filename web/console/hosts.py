@@ -271,6 +271,9 @@ def _host_ctx(m: Muster, host_id: str, tel: Telemetry | None = None) -> dict[str
         "tasks": list(alloc.tasks) if alloc else [],
         "jobs": {t.job_id: j for t in (alloc.tasks if alloc else []) if (j := m.state.jobs.get(t.job_id)) is not None},
         "cfg": m.state.hostcfg.get(host_id),
+        # What its agent reports that placement does not read (scheduling.hostlabels).
+        "labels_ignored": sorted((k, v) for k, v in view.agent_labels.items() if view.labels.get(k) != v),
+        "labels_disputed": host_id in m.state.label_disputes,
         "reserved_for": m.jobs.reserved_on(host_id),
         "set_aside": advance.on_host(m.state.advance.values(), host_id, time.time()),
         "now": time.time(),

@@ -116,6 +116,19 @@ class ClearGpuFaultsInput:
         default=None, description="The GPU indices to clear; null: every GPU the host reports faulted.")
 
 
+@strawberry.input(description="The operator's labels of a host to set and to remove (admin).")
+class SetHostLabelsInput:
+    id: strawberry.ID
+    labels: strawberry.scalars.JSON | None = strawberry.field(
+        default=None, description="Labels to set, a map of label to value ({\"team\": \"vision\"}): they override "
+                                  "what the host's agent reports, and are the only source of the keys only operators "
+                                  "set (Cluster.operatorLabelKeys). A host has at most 32 of the operator's.")
+    remove: list[str] | None = strawberry.field(
+        default=None, description="Keys of the operator's labels to remove: the host then has the agent's value of "
+                                  "such a key again, unless only operators set it (then none).")
+    reason: str = ""
+
+
 @strawberry.input
 class DrainHostInput:
     id: strawberry.ID

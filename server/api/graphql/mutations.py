@@ -23,6 +23,7 @@ from server.api.graphql.inputs import (
     HostActionInput,
     JobFilter,
     QueueInput,
+    SetHostLabelsInput,
     SubmitJobInput,
     UpdateJobInput,
 )
@@ -303,6 +304,20 @@ class Mutation:
     async def clear_gpu_faults(self, info: Info, input: ClearGpuFaultsInput) -> HostActionPayload:
         return await _on_host(info, str(input.id),
                               lambda m: m.clear_gpu_faults(str(input.id), user(info), input.reason, input.gpus))
+
+    @strawberry.mutation(description="Set or remove the operator's labels of a host (admin): as Slurm's node "
+                                     "features in slurm.conf, or Kubernetes' node labels set by the admin. They "
+                                     "override what its agent reports; for the keys only operators set "
+                                     "(Cluster.operatorLabelKeys) they are the host's only labels. A cordon or drain "
+                                     "stays as it is. The event host.labels records it.")
+    async def set_host_labels(self, info: Info, input: SetHostLabelsInput) -> HostActionPayload:
+        async def op() -> None:
+            require(info, "admin")
+            await muster(info).set_labels(str(input.id), user(info), input.labels or {}, input.remove or [],
+                                          input.reason)
+
+        _, errors = await attempt(op)
+        return _host_payload(info, str(input.id), errors)
 
     @strawberry.mutation(description="Cordon a host and stop what still runs on it after the deadline; with "
                                      "`at`, from then on (a maintenance window), the host taking until then only "

@@ -112,7 +112,10 @@ class Host:
     cordoned: bool
     draining: bool
     simulated: bool
-    labels: list[Label]
+    labels: list[Label] = strawberry.field(description=(
+        "The host's labels as placement, queues' and jobs' hostLabels and failure domains (rack, zone) read them: "
+        "its agent's (--labels), but for the keys only operators set (Cluster.operatorLabelKeys), and the "
+        "operator's (operatorLabels), which override the agent's."))
     gpus: int
     gpu_model: str
     gpus_allocated: int
@@ -152,6 +155,14 @@ class Host:
         "takes only jobs that its deadline would not stop); null: none, or it has begun")
     drain_deadline: dt.datetime | None = strawberry.field(
         default=None, description="When what still runs on the draining host is stopped (a drain begun or ahead)")
+    operator_labels: list[Label] = strawberry.field(
+        default_factory=list, description="The labels an admin set on the host (setHostLabels, muster host label): "
+        "each is in labels as set here.")
+    agent_labels: list[Label] = strawberry.field(
+        default_factory=list, description="The labels the host's agent reports (its --labels), as it reports them. "
+        "Its value of a key only operators set is ignored, and one the operator set too is overridden: labels has "
+        "the operator's. An agent's credentials are on its host: what it reports is the host's word, not the "
+        "operator's.")
 
     @strawberry.field(description="The queued job this host is held for (a reservation: nothing else is placed "
                                   "here unless its time limit ends it before that job could start); null: none.")
@@ -185,6 +196,8 @@ class Host:
             pressure=r.pressure if r.present else "",
             drain_at=ts(r.drain_at) if r.drain_at else None,
             drain_deadline=ts(r.drain_deadline) if r.drain_deadline else None,
+            operator_labels=[Label(key=k, value=val) for k, val in sorted(r.operator_labels.items())],
+            agent_labels=[Label(key=k, value=val) for k, val in sorted(r.agent_labels.items())],
         )
 
     @staticmethod
@@ -728,6 +741,13 @@ class Cluster:
             assert self._mu is not None
             self._summary = await reads_for(self._mu).summary()
         return self._summary
+
+    @strawberry.field(description="The label keys only operators set (setHostLabels): placement and failure "
+                                  "domains ignore what agents report of them. Those of MUSTER_OPERATOR_LABEL_KEYS (as "
+                                  "this replica has it), and every key beginning `muster.` (not listed).")
+    def operator_label_keys(self) -> list[str]:
+        assert self._mu is not None
+        return sorted(self._mu.state.label_trust.keys)
 
     @strawberry.field(description="GPUs on live hosts by GPU model.")
     async def gpus_by_model(self) -> list[GpuModelCounts]:

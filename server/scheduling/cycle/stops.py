@@ -81,8 +81,7 @@ def evict_lost(
     if not lost:
         return
     absent = [state.hosts[h] for h in state.absent]
-    losses = [HostLoss(e.host_id, dict(e.heartbeat.labels) if e.heartbeat else {}, e.lost_at or 0.0)
-              for e in absent]
+    losses = [HostLoss(e.host_id, dict(state.labels_of(e.host_id)), e.lost_at or 0.0) for e in absent]
     disrupted = disrupted_domains(losses, state.domain_sizes(), now, budget.config)
     w.plan.disrupted = disrupted
     # `feasible` is where evicted work could go: its own reservations, made as work is
@@ -91,7 +90,7 @@ def evict_lost(
         if host_id in w.frozen_hosts:
             continue  # an earlier cycle's commit is changing it: next cycle
         entry = state.hosts.get(host_id)
-        domains = host_domains(entry.heartbeat.labels) if entry and entry.heartbeat else []
+        domains = host_domains(state.labels_of(host_id)) if entry and entry.heartbeat else []
         # Its agent said it was leaving (a heartbeat, or a report of its shutdown) before it went.
         left = entry is not None and (entry.leaving_reported is not None
                                       or (entry.heartbeat is not None and entry.heartbeat.leaving))
