@@ -544,6 +544,55 @@ async def test_a_job_is_listed_before_history_has_written_it(tmp_path: Path) -> 
     mu.history.close()
 
 
+async def test_a_page_whose_rows_are_all_left_out_still_leads_to_the_next(tmp_path: Path) -> None:
+    """Found by exploring: a page of `jobs(state: QUEUED)` whose history rows' live records
+    had all moved on (RUNNING, history not written yet) had no edges and said
+    `hasNextPage: true` with `endCursor: null`, so a client could not go on. The rows after
+    them fill the page; past a few reads, the page ends at the last row read."""
+    from server.api.graphql.queries import JOB_PAGE_READS
+    from server.history.database import History
+
+    mu = Muster(ServerConfig(data_dir=tmp_path / "mu"))
+    mu.history = mu.jobs.history = History(f"sqlite:///{tmp_path / 'h.db'}")
+    stale = 2 * JOB_PAGE_READS + 1  # more than one page's reads of `first: 1` can pass
+    total = stale + 3
+    for i in range(total):
+        j = job(f"j{i:02d}", submitted_at=T0 + i, spec=job_spec(f"j{i:02d}", user="u", priority=i % 2))
+        mu.history.record(j, i + 1)
+        mu.state.apply_job(j, i + 1)
+    mu.history.flush()
+    # The newest were placed since; history has not written that yet.
+    for i in range(total - stale, total):
+        mu.state.apply_job(job(f"j{i:02d}", state=JobState.RUNNING, submitted_at=T0 + i,
+                               spec=job_spec(f"j{i:02d}", user="u", priority=i % 2)), 100 + i)
+    queued = {"j00", "j01", "j02"}
+    for sort in ("SUBMITTED_AT_DESC", "SUBMITTED_AT_ASC", "PRIORITY_DESC", "PRIORITY_ASC"):
+        for first in (1, 2, 5):
+            walked: list[str] = []
+            after = ""
+            for _ in range(total + 2):
+                res = await build_schema().execute(
+                    f"{{ jobs(state: QUEUED, first: {first}, sort: {sort}{after}) {{ edges {{ node {{ id }} }} "
+                    "pageInfo { hasNextPage endCursor } } }", context_value={"muster": mu, "token": None})
+                assert res.errors is None, res.errors
+                page = res.data["jobs"]
+                walked += [e["node"]["id"] for e in page["edges"]]
+                if not page["pageInfo"]["hasNextPage"]:
+                    break
+                assert page["pageInfo"]["endCursor"], (sort, first, walked)
+                after = f', after: "{page["pageInfo"]["endCursor"]}"'
+            else:
+                raise AssertionError(f"{sort} first {first}: no last page")
+            assert sorted(walked) == sorted(queued), (sort, first, walked)
+    # Newest first, a page of 5 reads past every row left out at once.
+    res = await build_schema().execute(
+        "{ jobs(state: QUEUED, first: 5) { edges { node { id } } pageInfo { hasNextPage } } }",
+        context_value={"muster": mu, "token": None})
+    assert [e["node"]["id"] for e in res.data["jobs"]["edges"]] == ["j02", "j01", "j00"]
+    assert res.data["jobs"]["pageInfo"]["hasNextPage"] is False
+    mu.history.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["H100", "A100"]), st.sampled_from([8, 32, 64]),
                           st.sampled_from([16_000, 256_000]), st.sampled_from(["r0", "r1", ""])),

@@ -69,6 +69,10 @@ from wire.messages import Attempt as AttemptModel
 from wire.messages import AttemptState
 from wire.messages import Job as JobModel
 
+# History reads at most that make one page of `jobs` (the rows of the first, then those
+# after them while rows whose live record no longer passes the filters left it short).
+JOB_PAGE_READS = 4
+
 # GraphQL host sorts as orders of the read model.
 HOST_ORDERS = {HostSort.ID_ASC: "id", HostSort.ID_DESC: "-id", HostSort.HEALTH: "health",
                HostSort.GPUS_FREE_DESC: "free", HostSort.LAST_SEEN_DESC: "last_seen"}
@@ -191,7 +195,22 @@ class Query:
         # Each shown job with the job its cursor is made of (the history row, whose order the
         # next page continues).
         shown, stale = mu.jobs.overlay(rows, **filters)
+        # Rows whose live record no longer passes the filters are left out; the rows after
+        # them fill the page, for a few reads at most (found by exploring: a page whose rows
+        # were all left out had no edges, and said there was a next page without a cursor).
+        for _ in range(JOB_PAGE_READS - 1):
+            if not more or len(shown) >= n:
+                break
+            want = n - len(shown)
+            extra, _ = await in_thread(mu.history.list_jobs, **filters, sort=sort.value, limit=want + 1,
+                                       after=job_cursor(rows[-1], sort.value), counted=False)
+            more = len(extra) > want
+            rows += extra[:want]
+            kept, left_out = mu.jobs.overlay(extra[:want], **filters)
+            shown += kept
+            stale += left_out
         total -= stale
+        listed = len(shown)  # jobs this page and the next ones list from here on, shown or not
         if sort is JobSort.SUBMITTED_AT_DESC and (not after or keyset is not None):
             # Jobs not written to history yet come where they fall, newest first: a job is
             # listed once submitted, on whichever page (past the first, those older than the
@@ -200,14 +219,20 @@ class Query:
             fresh, count = mu.jobs.unrecorded(rows, n, before=before, **filters)
             if fresh:
                 total += count
-                more = more or count + len(shown) > n
+                listed += count
+                more = more or listed > n
                 shown = ([(j, j) for j in fresh] + shown)[:n]
         edges = [JobEdge(cursor=b64(f"j:{sort.value}:{job_cursor(j, sort.value)}"), node=Job(_m=live))
                  for j, live in shown]
+        end = edges[-1].cursor if edges else None
+        if more and rows and listed <= n:
+            # Every job read is shown or left out: the next page goes on after the last row
+            # read, which may be one left out (also when none is shown).
+            end = b64(f"j:{sort.value}:{job_cursor(rows[-1], sort.value)}")
         return JobConnection(
             total_count=total,
             edges=edges,
-            page_info=PageInfo(has_next_page=more, end_cursor=edges[-1].cursor if edges else None),
+            page_info=PageInfo(has_next_page=more, end_cursor=end),
         )
 
     @strawberry.field
