@@ -26,6 +26,7 @@ from server.health.rules import Health
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
 from server.history.historian import HistorianConfig, HistorianProcess
+from server.history.reconcile import run as reconcile_history
 from server.history.recorder import Recorder
 from server.operations.base import ORDER_CATCH_UP_S
 from server.operations.hosts import HostOperations
@@ -315,13 +316,16 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         if cfg.history_process:
             self.historian = HistorianProcess(HistorianConfig(
                 nats_url=cfg.nats_url, database_url=cfg.database_url, retention_days=cfg.history_retention_days,
-                nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca, nats_cert=cfg.nats_cert, nats_key=cfg.nats_key))
+                finished_job_ttl_s=cfg.finished_job_ttl_s, nats_creds=cfg.nats_creds, nats_ca=cfg.nats_ca,
+                nats_cert=cfg.nats_cert, nats_key=cfg.nats_key))
             self.historian.start()
         else:
             self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
             self._tasks += [
                 asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
                 asyncio.create_task(self.history.run(self._stop), name="history"),
+                asyncio.create_task(reconcile_history(self.store, self.history, cfg.finished_job_ttl_s, self._stop),
+                                    name="history-reconcile"),
             ]
         if self.historian is not None:
             self._tasks.append(asyncio.create_task(self.historian.run(self._stop), name="historian"))

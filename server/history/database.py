@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, case, delete, func, or_, text, tuple_
+from sqlalchemy import and_, case, delete, func, or_, text, tuple_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError
@@ -425,24 +425,62 @@ class History:
             # Only the jobs whose row this revision replaced (and now holds locked) get
             # their attempts and events written: a newer revision already has them all.
             applied = set(conn.execute(stmt, rows).scalars())
-            attempts: dict[str, dict[str, object]] = {}
-            events: dict[str, dict[str, object]] = {}
-            for job, _rev in batch:
-                if job.id not in applied:
-                    continue
-                for row in attempt_rows(job):
-                    attempts[str(row["id"])] = clean(row)
-                for e in job_events(job):
-                    events[str(e["id"])] = clean(e)
-            if attempts:
-                att_t = AttemptRow.__table__  # type: ignore[attr-defined]
-                arows = list(attempts.values())
-                stmt = self._insert(att_t)
-                conn.execute(stmt.on_conflict_do_update(
-                    index_elements=["id"], set_={c: stmt.excluded[c] for c in arows[0] if c != "id"}), arows)
-            if events:
-                stmt = self._insert(EventRow.__table__)  # type: ignore[attr-defined]
-                conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]), list(events.values()))
+            self._write_details(conn, [job for job, _rev in batch if job.id in applied], clean)
+
+    def _write_details(self, conn: Connection, jobs: Sequence[Job],
+                       clean: Callable[[dict[str, object]], dict[str, object]] = _same) -> None:
+        """The attempts and events of `jobs`, whose rows this transaction has written."""
+        attempts: dict[str, dict[str, object]] = {}
+        events: dict[str, dict[str, object]] = {}
+        for job in jobs:
+            for row in attempt_rows(job):
+                attempts[str(row["id"])] = clean(row)
+            for e in job_events(job):
+                events[str(e["id"])] = clean(e)
+        if attempts:
+            att_t = AttemptRow.__table__  # type: ignore[attr-defined]
+            arows = list(attempts.values())
+            stmt = self._insert(att_t)
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["id"], set_={c: stmt.excluded[c] for c in arows[0] if c != "id"}), arows)
+        if events:
+            stmt = self._insert(EventRow.__table__)  # type: ignore[attr-defined]
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]), list(events.values()))
+
+    def unfinished_before(self, cutoff: float, after: tuple[float, str] | None = None,
+                          limit: int = 500) -> list[tuple[Job, int]]:
+        """Jobs history holds in a state not finished and last updated before `cutoff`, with
+        their rows' revisions, oldest update first (then by id); `after`: past that
+        (updated_at, id) (a keyset page). What reconciliation (server.history.reconcile)
+        looks for in the state bucket."""
+        updated, ident = col(JobRow.updated_at), col(JobRow.id)
+        q = select(JobRow).where(col(JobRow.state).not_in(FINISHED_STATES), updated < cutoff)
+        if after is not None:
+            q = q.where(_past(updated, ident, after, False))
+        with Session(self.engine) as s:
+            rows = s.exec(q.order_by(updated, ident).limit(limit)).all()
+            return [(Job.model_validate_json(r.doc), r.revision) for r in rows]
+
+    def settle(self, ended: Sequence[tuple[Job, int]]) -> int:
+        """Write jobs that reconciliation found ended (each with the revision its row was
+        read at) over their rows, with their attempts and events: each only while its row
+        still holds that revision and a state not finished, so a record written meanwhile
+        wins. The revision stays: any later record of the job is newer. Returns how many
+        rows were written."""
+        jobs_t = JobRow.__table__  # type: ignore[attr-defined]
+        written: list[Job] = []
+        with self.engine.begin() as conn:
+            for job, rev in sorted(ended, key=lambda e: e[0].id):  # in the order writers lock rows
+                row = job_row(job, rev)
+                res = conn.execute(
+                    update(jobs_t)
+                    .where(jobs_t.c.id == job.id, jobs_t.c.revision == rev,
+                           jobs_t.c.state.not_in(FINISHED_STATES))
+                    .values(state=row["state"], updated_at=row["updated_at"], doc=row["doc"]))
+                if res.rowcount == 1:
+                    written.append(job)
+            self._write_details(conn, written)
+        return len(written)
 
     def prune(self, now: float | None = None) -> int:
         """Delete finished jobs last updated more than `retention_days` before `now`, with

@@ -2,9 +2,10 @@
 its own, so database work never competes with scheduling for the server's interpreter.
 
 `muster server` starts it beside the API/scheduler process; it watches the job records
-in the `state` bucket and follows the EVENTS and ALERTS streams (server.history.recorder), and
-stops cleanly on SIGTERM after a last flush. Writes are idempotent, so a restart never
-duplicates anything. Of the replicas sharing one PostgreSQL database, one historian
+in the `state` bucket and follows the EVENTS and ALERTS streams (server.history.recorder),
+settles the jobs whose end it never read (server.history.reconcile), and stops cleanly
+on SIGTERM after a last flush. Writes are idempotent, so a restart never duplicates
+anything. Of the replicas sharing one PostgreSQL database, one historian
 writes at a time (server.history.writerlease); the others wait to take over.
 """
 
@@ -38,6 +39,9 @@ class HistorianConfig:
     nats_url: str
     database_url: str
     retention_days: float | None = None
+    # How long a finished job's last record stays in the state bucket (ServerConfig's):
+    # older jobs history holds as not ended are looked for there (server.history.reconcile).
+    finished_job_ttl_s: float = 3600.0
     nats_creds: str | None = None
     nats_ca: str | None = None
     nats_cert: str | None = None
@@ -128,6 +132,7 @@ def why(exc: BaseException) -> str:
 
 
 async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> None:
+    from server.history import reconcile
     from server.history.recorder import Recorder
     from wire import subjects
     from wire.records import Record
@@ -148,6 +153,8 @@ async def _write(cfg: HistorianConfig, store: Store, stop: asyncio.Event) -> Non
             async with asyncio.TaskGroup() as group:  # one failing stops the other
                 group.create_task(history.run(stop), name="history-flush")
                 group.create_task(recorder.run(stop), name="history-recorder")
+                group.create_task(reconcile.run(store, history, cfg.finished_job_ttl_s, stop),
+                                  name="history-reconcile")
         finally:
             await watch.stop()
     finally:

@@ -25,5 +25,6 @@ def job_events(job: Job) -> list[dict[str, object]]:
     if job.state.terminal:
         out.append(dict(id=f"{job.id}:{job.state.value.lower()}", ts=job.updated_at,
                         kind=f"job.{job.state.value.lower()}", job_id=job.id,
-                        host_id=job.current.host_id if job.current else None, message=job.cancel_reason))
+                        host_id=job.current.host_id if job.current else None,
+                        message=job.cancel_reason or job.end_reason))
     return out

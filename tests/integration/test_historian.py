@@ -31,7 +31,7 @@ from tests.integration.postgres import (  # noqa: F401 - fixtures
 )
 from wire import subjects
 from wire.kv import Store, connect
-from wire.messages import Job, JobSpec, JobState, encode
+from wire.messages import Attempt, AttemptState, Job, JobSpec, JobState, encode
 
 WRITES = "this historian writes the shared history database"
 RESTARTS = "history writing stopped"
@@ -271,6 +271,58 @@ async def test_a_historian_started_again_reads_only_the_job_records_after_its_st
             await _put_job(store, jid)
         await write_until(jids[-1])
         assert all(history.get_job(jid) is not None for jid in jids)
+    finally:
+        history.close()
+        await nc.close()
+
+
+async def test_a_job_whose_end_expired_unread_is_settled_when_a_historian_starts(
+        nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Found by exploring: a job whose final record expired from the state bucket while no
+    historian wrote (the database down longer than MUSTER_FINISHED_JOB_TTL, the writer
+    restarted meanwhile) stayed RUNNING in history, charged without bound. The writing
+    historian settles such jobs when it starts (server.history.reconcile): FAILED, the
+    outcome unknown; a job whose record is still in the bucket is left as it is."""
+    from server.history.reconcile import UNKNOWN_END
+
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    history = History(url)
+
+    def running(jid: str, state: JobState = JobState.RUNNING) -> bytes:
+        attempt = Attempt(id=f"{jid}.1", number=1, host_id="h1", gpu_indices=[0], placed_at=1.0, started_at=1.0,
+                          state=AttemptState.RUNNING if state is JobState.RUNNING else AttemptState.SUCCEEDED,
+                          finished_at=None if state is JobState.RUNNING else 50.0)
+        return encode(Job(id=jid, spec=JobSpec(name=jid, command=["x"], gpus=1), state=state, submitted_at=1.0,
+                          updated_at=2.0 if state is JobState.RUNNING else 50.0, attempts=[attempt]))
+
+    async def write_until(check) -> None:  # type: ignore[no-untyped-def]
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=url), stop))
+        try:
+            await _until(check)
+        finally:
+            stop.set()
+            await task
+
+    try:
+        for jid in ("gone", "kept"):
+            await store.put(subjects.job_key(jid), running(jid))
+        await write_until(lambda: all(history.get_job(j) is not None for j in ("gone", "kept")))
+        # While no historian writes, "gone" ends, and its last record expires unread.
+        await store.put(subjects.job_key("gone"), running("gone", JobState.SUCCEEDED), ttl="1s")
+
+        async def expired() -> bool:
+            return (await store.get(subjects.job_key("gone"))).value is None
+
+        await eventually(expired, timeout=30, what="the job record's expiry")
+        await write_until(lambda: history.get_job("gone").state is JobState.FAILED)  # type: ignore[union-attr]
+        gone = history.get_job("gone")
+        assert gone is not None and gone.end_reason == UNKNOWN_END
+        assert [(a.state, a.finished_at) for a in history.list_attempts(job_id="gone")] == [("LOST", 2.0)]
+        assert history.get_job("kept").state is JobState.RUNNING  # type: ignore[union-attr]
     finally:
         history.close()
         await nc.close()

@@ -20,6 +20,7 @@ from tests.unit.test_history import (  # noqa: F401
     _schema_diff,
     hist,
     test_a_database_a_newer_release_migrated_is_used_as_it_is,
+    test_a_job_settled_as_ended_is_charged_no_longer,
     test_adopts_pre_alembic_database,
     test_filters_and_sorting,
     test_five_thousand_jobs,

@@ -570,6 +570,47 @@ def test_retention_prunes_only_old_finished_jobs(db_url: str, monkeypatch: pytes
         h.close()
 
 
+def test_a_job_settled_as_ended_is_charged_no_longer(db_url: str) -> None:
+    """Found by exploring: a job whose final record left the state bucket before history
+    read it stayed RUNNING in history, and its attempt was charged up to whenever `usage`
+    was asked, without bound. Settled (server.history.reconcile), it is FAILED with its
+    outcome unknown, its attempt LOST at its last known time, and the charge stops there;
+    a settlement read before a newer record was written changes nothing."""
+    from server.history.reconcile import UNKNOWN_END, ended_unknown
+
+    h = History(db_url)
+    try:
+        t0 = 10 * DAY
+        stuck = lifecycle("stuck", t0)[2]  # RUNNING since t0 + 2
+        stuck.updated_at = t0 + 500  # its last record history read
+        other = lifecycle("other", t0)[2]
+        h.record(stuck, 5)
+        h.record(other, 6)
+        h.flush()
+        now = t0 + 30 * DAY
+        assert [u.gpu_seconds for u in h.usage(now=now)] == [2 * (now - t0 - 2)]  # growing without bound
+        found = h.unfinished_before(t0 + DAY)
+        assert [(j.id, rev) for j, rev in found] == [("other", 6), ("stuck", 5)]
+        assert h.unfinished_before(t0 + DAY, after=(found[0][0].updated_at, "other"))[0][0].id == "stuck"
+        # `other` got a newer record after it was read: its settlement is not written.
+        h.record(lifecycle("other", t0)[3], 7)
+        h.flush()
+        assert h.settle([(ended_unknown(j), rev) for j, rev in found]) == 1
+        got = h.get_job("stuck")
+        assert got is not None and got.state is JobState.FAILED and got.end_reason == UNKNOWN_END
+        assert got.updated_at == t0 + 500
+        [att] = h.list_attempts(job_id="stuck")
+        assert att.state == "LOST" and att.finished_at == t0 + 500
+        assert h.get_job("other").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+        assert h.events_for_job("stuck")[-1].kind == "job.failed"
+        assert h.unfinished_before(now) == []
+        used = {u.user: u.gpu_seconds for u in h.usage(now=now)}
+        assert used == {"alice": (t0 + 500 - (t0 + 2)) + 8.0}  # stuck up to its last known time; other's run
+        assert h.settle([(ended_unknown(stuck), 5)]) == 0  # ended already: once
+    finally:
+        h.close()
+
+
 async def test_run_prunes_with_retention(tmp_path: Path) -> None:
     import time
 
