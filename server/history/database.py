@@ -327,18 +327,49 @@ class History:
             out.append((job, rev))
         return out
 
-    def follow(self, stream: str, origin: str) -> int:
-        """Keep this history's position in `stream`, the one created at `origin`, whose
-        records are queued in their order (a watch): each flush stores the newest revision
-        queued before it once everything it took is written. Returns the position stored:
-        every record up to it is written already, so a reader may start after it; 0 when
-        none is stored, or it belongs to a stream created anew."""
+    def follow(self, stream: str, origin: str, last_seq: int | None = None) -> int:
+        """Keep this history's position in `stream`, the one created at `origin` (its last
+        sequence now `last_seq`), whose records are queued in their order (a watch): each
+        flush stores the newest revision queued before it once everything it took is
+        written. Returns the position stored: every record up to it is written already, so a
+        reader may start after it; 0 when none is stored.
+
+        A stream that numbers anew (`renumbered`: created anew, or put back from a backup
+        and so ending below the position stored) also gives 0, and its records must be
+        able to replace rows written from the old numbering, whose revisions may be
+        higher: the rows' revisions are set to 0 (those of a stream created anew; those
+        past `last_seq` of one put back), in the transaction that stores the new origin
+        at position 0 (found by exploring: history kept a job RUNNING for good after the
+        stream was made anew, since only a higher revision replaces a row)."""
         with Session(self.engine) as s:
             row = s.get(StreamPositionRow, stream)
+        seq = 0
+        if row is not None:
+            if row.origin != origin:
+                self._renumbered(stream, origin, None)
+            elif last_seq is not None and row.seq > last_seq:
+                self._renumbered(stream, origin, last_seq)
+            else:
+                seq = row.seq
         with self._lock:
             self._stream = (stream, origin)
-            self._saved = self._seen = row.seq if row is not None and row.origin == origin else 0
-            return self._saved
+            self._saved = self._seen = seq
+            return seq
+
+    def _renumbered(self, stream: str, origin: str, last_seq: int | None) -> None:
+        """`stream` numbers anew from `origin`: rows past `last_seq` (every row, when None)
+        take revision 0, and the position is stored as 0 of `origin`, at once."""
+        jobs_t = JobRow.__table__  # type: ignore[attr-defined]
+        pos_t = StreamPositionRow.__table__  # type: ignore[attr-defined]
+        stmt = self._insert(pos_t).values(stream=stream, origin=origin, seq=0)
+        with self.engine.begin() as conn:
+            reset = update(jobs_t).where(jobs_t.c.revision > (last_seq or 0)).values(revision=0)
+            n = conn.execute(reset).rowcount
+            conn.execute(stmt.on_conflict_do_update(index_elements=["stream"],
+                                                    set_={"origin": stmt.excluded.origin, "seq": 0}))
+        log.warning("history: stream %s numbers anew (%s): %d job rows take its records whatever their revision",
+                    stream, "created anew" if last_seq is None else f"its last sequence {last_seq} below the "
+                    "position stored", n)
 
     def _save_position(self, seq: int) -> None:
         if self._stream is None or seq <= self._saved:

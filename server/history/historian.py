@@ -171,9 +171,9 @@ async def _resume_point(store: Store, history: History) -> int:
 
     info = await store.js.stream_info(subjects.STATE_STREAM)
     origin = info.created.isoformat() if info.created is not None else ""
-    start = await asyncio.to_thread(history.follow, subjects.STATE_STREAM, origin)
-    if start > info.state.last_seq:
-        return 0  # not this stream's: a stream put back from elsewhere, with the same creation time
+    # (0 for a stream numbered anew: created anew, or put back from a backup with the
+    # same creation time and fewer records than the position stored)
+    start = await asyncio.to_thread(history.follow, subjects.STATE_STREAM, origin, info.state.last_seq)
     if start:
         log.info("history: reading job records after state sequence %d", start)
     return start

@@ -276,6 +276,52 @@ async def test_a_historian_started_again_reads_only_the_job_records_after_its_st
         await nc.close()
 
 
+async def test_a_job_put_back_on_a_state_stream_made_anew_is_written_at_its_lower_revision(
+        nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Found by exploring: after the state stream was made anew (its sequences starting at
+    1 again), a job history held at a higher revision of the old stream was never updated
+    again, since only a higher revision replaces a row. A historian that finds the stream
+    numbering anew lets its records replace every row."""
+    nc = await connect(nats_url, name="test")
+    store = Store(nc)
+    await ensure_streams(store)
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    history = History(url)
+
+    async def put(jid: str, state: JobState) -> int:
+        job = Job(id=jid, spec=JobSpec(name=jid, command=["x"]), state=state, submitted_at=1.0, updated_at=2.0)
+        return await store.put(subjects.job_key(jid), encode(job))
+
+    async def write_until(check) -> None:  # type: ignore[no-untyped-def]
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=url), stop))
+        try:
+            await _until(check)
+        finally:
+            stop.set()
+            await task
+
+    try:
+        for i in range(20):  # the cluster before the loss: many revisions
+            await put(f"pad{i}", JobState.QUEUED)
+        high = await put("jX", JobState.RUNNING)
+        await write_until(lambda: history.get_job("jX") is not None)
+        await store.js.delete_stream(subjects.STATE_STREAM)
+        await ensure_streams(store)
+        assert await put("jX", JobState.SUCCEEDED) < high
+        await put("marker", JobState.QUEUED)
+        await write_until(lambda: history.get_job("marker") is not None)
+        await write_until(lambda: history.get_job("jX").state is JobState.SUCCEEDED)  # type: ignore[union-attr]
+        # Written from the new stream from now on: a later record, at a revision higher
+        # than the first of the new stream's, replaces it as usual.
+        await put("jX", JobState.FAILED)
+        await write_until(lambda: history.get_job("jX").state is JobState.FAILED)  # type: ignore[union-attr]
+        assert history.get_job("pad3") is not None  # the old stream's jobs stay in history
+    finally:
+        history.close()
+        await nc.close()
+
+
 async def test_a_job_whose_end_expired_unread_is_settled_when_a_historian_starts(
         nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Found by exploring: a job whose final record expired from the state bucket while no

@@ -30,6 +30,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_migrations_apply_and_match_models,
     test_older_revision_never_overwrites_newer,
     test_raw_records_decoded_only_when_newest,
+    test_records_of_a_stream_numbered_anew_replace_rows_of_the_old_numbering,
     test_replicas_write_concurrently_once,
     test_retention_prunes_only_old_finished_jobs,
     test_retry_keeps_every_attempt,

@@ -403,10 +403,47 @@ def test_the_stream_position_moves_only_once_what_came_before_it_is_written(db_u
         a.record_raw("j3", encode(lifecycle("j3")[0]), 7)
         a.flush()
         assert b.follow("KV_state", "t1") == 7
-        assert b.follow("KV_state", "t0") == 0
     finally:
         a.close()
         b.close()
+
+
+def test_records_of_a_stream_numbered_anew_replace_rows_of_the_old_numbering(db_url: str) -> None:
+    """Found by exploring: rows are replaced only by a higher revision, so once the state
+    stream numbered anew (created anew; or put back from a backup, with its creation time
+    and fewer records than the position stored) history never took a job's records again.
+    `follow` finding the stream numbered anew lets its records replace the rows of the old
+    numbering (all of them for a stream created anew; those past its last sequence for one
+    put back), and stores position 0 of it."""
+    h = History(db_url)
+    try:
+        revs = lifecycle("j1")
+        assert h.follow("KV_state", "t0", last_seq=0) == 0
+        h.record(revs[2], 500)  # RUNNING at 500
+        h.record(lifecycle("j2")[2], 90)
+        h.flush()
+        assert h.follow("KV_state", "t0", last_seq=500) == 500
+        # Put back from a backup: the same creation time, 100 records.
+        assert h.follow("KV_state", "t0", last_seq=100) == 0
+        h.record(revs[1], 120)  # the backup's later record of j1 (older in the job's life)
+        h.record(lifecycle("j2")[1], 60)  # below j2's row, which the backup holds too: stays
+        h.flush()
+        assert h.get_job("j1").state is JobState.PLACED  # type: ignore[union-attr]
+        assert h.get_job("j2").state is JobState.RUNNING  # type: ignore[union-attr]
+        assert h.follow("KV_state", "t0", last_seq=130) == 120  # from then on, as usual
+        # Created anew: numbering from 1, every row takes its records.
+        assert h.follow("KV_state", "t1", last_seq=3) == 0
+        h.record(revs[3], 2)
+        h.record(lifecycle("j2")[3], 3)
+        h.flush()
+        assert h.get_job("j1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+        assert h.get_job("j2").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+        assert h.follow("KV_state", "t1", last_seq=3) == 3
+        h.record(revs[2], 1)  # older than the row now: ignored as ever
+        h.flush()
+        assert h.get_job("j1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    finally:
+        h.close()
 
 
 # ---------------------------------------------------------------- reading
