@@ -32,6 +32,7 @@ from tests.unit.test_history import (  # noqa: F401
     test_raw_records_decoded_only_when_newest,
     test_records_of_a_stream_numbered_anew_replace_rows_of_the_old_numbering,
     test_replicas_write_concurrently_once,
+    test_retention_prunes_old_events_of_no_job,
     test_retention_prunes_only_old_finished_jobs,
     test_retry_keeps_every_attempt,
     test_the_group_column_is_filled_from_the_documents_of_rows_written_before_it,

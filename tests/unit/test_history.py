@@ -648,6 +648,40 @@ def test_a_job_settled_as_ended_is_charged_no_longer(db_url: str) -> None:
         h.close()
 
 
+def _events(h: History, rows: list[tuple[str, float, str, str | None]]) -> None:
+    """Recorded events as the recorder writes them: (id, ts, kind, job id)."""
+    with h.engine.begin() as conn:
+        conn.execute(EventRow.__table__.insert(),  # type: ignore[attr-defined]
+                     [dict(id=i, ts=ts, kind=kind, job_id=jid, host_id=None if jid else "h1", message="")
+                      for i, ts, kind, jid in rows])
+
+
+def test_retention_prunes_old_events_of_no_job(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: retention went by jobs only, so host and queue events and alerts
+    (no job id) were kept for ever. `prune_events` deletes those older than the retention
+    and those of a job history no longer has; a job's that history still has stay with
+    it."""
+    monkeypatch.setattr(history_mod, "_PRUNE_CHUNK", 3)  # several chunks
+    now = 100 * DAY
+    h = History(db_url, retention_days=7)
+    try:
+        h.record(job_in_state("oldq", now - 30 * DAY, state=JobState.QUEUED, updated=now - 20 * DAY), 1)
+        h.flush()
+        old = [(f"EVENTS:{i}:1", now - 8 * DAY - i, "host.lost", None) for i in range(5)]
+        old += [(f"ALERTS:{i}:1", now - 9 * DAY, "alert.host.lost", None) for i in range(4)]
+        old += [("EVENTS:90:1", now - 9 * DAY, "job.updated", "pruned-long-ago")]
+        keep = [("EVENTS:50:1", now - 6 * DAY, "host.lost", None), ("ALERTS:50:1", now - DAY, "alert.host.lost", None),
+                ("EVENTS:91:1", now - 9 * DAY, "job.updated", "oldq")]
+        _events(h, old + keep)
+        assert h.prune_events(now) == len(old)
+        left = {e.id for e in h.list_events(limit=1000)}
+        assert {i for i, *_ in keep} <= left and not left & {i for i, *_ in old}
+        assert h.prune_events(now) == 0
+        assert History(db_url).prune_events(now + 365 * DAY) == 0  # no retention: nothing goes
+    finally:
+        h.close()
+
+
 async def test_run_prunes_with_retention(tmp_path: Path) -> None:
     import time
 
@@ -657,15 +691,18 @@ async def test_run_prunes_with_retention(tmp_path: Path) -> None:
                               updated=time.time() - 5 * DAY), 1)
         h.record(job_in_state("new", time.time(), state=JobState.SUCCEEDED, updated=time.time()), 1)
         h.flush()
+        _events(h, [("ALERTS:1:1", time.time() - 5 * DAY, "alert.host.lost", None),
+                    ("ALERTS:2:1", time.time(), "alert.host.lost", None)])
         stop = asyncio.Event()
         task = asyncio.create_task(h.run(stop, every_s=0.05))
         for _ in range(100):
             await asyncio.sleep(0.05)
-            if h.get_job("old") is None:
+            if h.get_job("old") is None and h.list_alerts()[1] == 1:
                 break
         stop.set()
         await asyncio.wait_for(task, 10)
         assert h.get_job("old") is None and h.get_job("new") is not None
+        assert [a.id for a in h.list_alerts()[0]] == ["ALERTS:2:1"]  # an old alert goes too
     finally:
         h.close()
 
