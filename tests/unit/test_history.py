@@ -371,6 +371,41 @@ def test_failed_flush_requeues(tmp_path: Path) -> None:
         h.close()
 
 
+def test_a_failed_flush_keeps_its_records_as_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by exploring: a flush decoded the whole backlog at once and, when the database
+    was down, queued it again decoded: the historian's memory grew about sixfold during
+    an outage. Records are decoded a chunk at a time as they are written; what a failed
+    flush did not write is queued again as the bytes it came as."""
+    monkeypatch.setattr(history_mod, "_WRITE_CHUNK", 2)
+    h = History(f"sqlite:///{tmp_path / 'h.db'}")
+    try:
+        for i in range(7):
+            h.record_raw(f"j{i}", encode(lifecycle(f"j{i}")[2]), i + 1)
+        h.record_raw("j9", b"{not json", 9)  # dropped once, at its chunk's decoding
+        real = h._write
+        calls = []
+
+        def second_fails(batch, sanitize=False):  # type: ignore[no-untyped-def]
+            calls.append([j.id for j, _ in batch])
+            if len(calls) == 2:
+                raise OperationalError("INSERT", {}, Exception("database restarting"))
+            real(batch, sanitize)
+
+        h._write = second_fails  # type: ignore[method-assign]
+        with pytest.raises(OperationalError):
+            h.flush()
+        assert calls == [["j0", "j1"], ["j2", "j3"]]  # decoded a chunk at a time
+        assert h.get_job("j1") is not None and h.get_job("j2") is None
+        assert sorted(h._pending) == ["j2", "j3", "j4", "j5", "j6", "j9"]
+        assert all(isinstance(raw, bytes) for raw, _rev in h._pending.values())
+        assert h.dropped == 0
+        h._write = real  # type: ignore[method-assign]
+        assert h.flush() == 5 and h.dropped == 1
+        assert all(h.get_job(f"j{i}").state is JobState.RUNNING for i in range(7))  # type: ignore[union-attr]
+    finally:
+        h.close()
+
+
 def test_the_stream_position_moves_only_once_what_came_before_it_is_written(db_url: str) -> None:
     """`follow`: each flush stores the newest revision queued before it, after its writes
     and not on their failure; never backwards (two writers); a stream of another origin
