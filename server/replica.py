@@ -310,7 +310,7 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
                                                    watch=QueueWatch(storm_count=cfg.preemption_storm,
                                                                     starved_after_s=cfg.queue_starved_after_s)),
                                    caught_up=self._watches[0].caught_up,
-                                   used_ids=lambda ids: asyncio.to_thread(self._history_ids, ids))
+                                   recorded_jobs=lambda ids: asyncio.to_thread(self._history_states, ids))
         self.monitor = HealthMonitor(self.nc, self.state, self.leadership)
         self._tasks = [asyncio.create_task(self.monitor.run(self._stop), name="monitor")]
         if cfg.history_process:
@@ -443,9 +443,12 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             assert isinstance(job, Job)
             self.history.record(job, self.state.revisions.get(subjects.job_key(job.id), 0))
 
-    def _history_ids(self, ids: list[str]) -> set[str]:
-        """Of `ids`, those history has a job of (the scheduler refuses them to submissions)."""
-        return self.history.known_job_ids(ids) if self.history is not None else set()
+    def _history_states(self, ids: list[str]) -> dict[str, JobState]:
+        """Of `ids`, those history has a job of, with its state there (the scheduler refuses
+        them as submissions' own ids, and judges them as their dependencies)."""
+        if self.history is None:
+            return {}
+        return {i: JobState(s) for i, s in self.history.job_states(ids).items()}
 
     def _on_leadership(self, leading: bool, term: int) -> None:
         metrics.LEADER.set(1 if leading else 0)

@@ -873,6 +873,11 @@ class SubmitRequest(_Model):
     # ids of its jobs that an earlier job had (history knows them): refused, ids are never
     # reused. None: not asked (none known).
     used: list[str] | None = None
+    # Set by the leader with `used` (a client's is replaced): of the jobs its jobs run after
+    # (`depends_on`) that the leader does not hold, those history has, with the state
+    # history last saw each in, so that a dependency known only to history is judged as
+    # the API judges it.
+    recorded: dict[str, JobState] = Field(default_factory=dict)
     # Set by the leader from the subject (`muster.submit.<user>.<queue>`; a client's is
     # replaced): the only queue its jobs may be in ("": any), the one a job naming none is in.
     queue: str = ""

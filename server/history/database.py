@@ -601,13 +601,15 @@ class History:
             row = s.get(JobRow, job_id)
             return Job.model_validate_json(row.doc) if row else None
 
-    def known_job_ids(self, ids: Sequence[str]) -> set[str]:
-        """Those of `ids` that history has a job of (by the primary key, 500 at a time)."""
-        found: set[str] = set()
+    def job_states(self, ids: Sequence[str]) -> dict[str, str]:
+        """Those of `ids` that history has a job of, with the state it holds for each (by
+        the primary key, 500 at a time)."""
+        found: dict[str, str] = {}
         ids = list(ids)
         with Session(self.engine) as s:
             for i in range(0, len(ids), 500):
-                found.update(s.exec(select(JobRow.id).where(col(JobRow.id).in_(ids[i:i + 500]))).all())
+                q = select(JobRow.id, JobRow.state).where(col(JobRow.id).in_(ids[i:i + 500]))
+                found.update((str(j), str(st)) for j, st in s.exec(q).all())
         return found
 
     def count_by_state(self, states: Sequence[str]) -> dict[str, int]:

@@ -23,8 +23,9 @@ def needs(spec: JobSpec) -> str:
 
 
 def waits(spec: JobSpec, deps: Sequence[str],
-          lookup: Callable[[str], Job | None]) -> tuple[list[str], tuple[str, JobState | None] | None]:
-    """Of `deps` (jobs a job with `spec` runs after, found with `lookup`), those not ended
+          lookup: Callable[[str], Job | JobState | None]) -> tuple[list[str], tuple[str, JobState | None] | None]:
+    """Of `deps` (jobs a job with `spec` runs after, found with `lookup`: a job, or only
+    the state history last saw it in, for one whose record is gone), those not ended
     yet, which it waits for; and the first that means it can never run: (its id, None) for
     one not known, (its id, its end) for one whose end the rule excludes (afterok: any but
     SUCCEEDED; afternotok: SUCCEEDED). The API, at submission, and the leader, as
@@ -34,11 +35,12 @@ def waits(spec: JobSpec, deps: Sequence[str],
         dep = lookup(d)
         if dep is None:
             return left, (d, None)
-        if not dep.state.terminal:
+        state = dep if isinstance(dep, JobState) else dep.state
+        if not state.terminal:
             left.append(d)
-        elif not spec.depend_any and (dep.state is JobState.SUCCEEDED) is spec.depend_not_ok:
-            return left, (d, dep.state)
-        elif dep.stopping:
+        elif not spec.depend_any and (state is JobState.SUCCEEDED) is spec.depend_not_ok:
+            return left, (d, state)
+        elif isinstance(dep, Job) and dep.stopping:
             left.append(d)  # ended, but a task of it is still stopping: it has not ended yet for what runs after it
     return left, None
 

@@ -45,7 +45,7 @@ from server.views.jobs import JobView
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import CommitResult, Store, Write
-from wire.messages import Command, Event, Job, StatusReport, SubmitRequest, decode, encode
+from wire.messages import Command, Event, Job, JobState, StatusReport, SubmitRequest, decode, encode
 from wire.records import ack_position
 from wire.stopping import pause
 
@@ -157,6 +157,12 @@ class SchedulerConfig:
     plan_share: float = 0.5
 
 
+def _depends_on(data: dict[str, object]) -> list[str]:
+    """The job ids a submitted job's input names to run after (the planner checks them)."""
+    deps = data.get("depends_on")
+    return [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+
+
 def placeable_since(job: Job) -> float:
     """Since when a job just placed could have been: its submission, begin time, release or
     dependencies' end (Job.waiting_since), or its last try's end (a retry, a preemption, a
@@ -174,12 +180,14 @@ class Scheduler:
         leadership: Leader,
         config: SchedulerConfig | None = None,
         caught_up: Callable[[], Awaitable[None]] | None = None,
-        used_ids: Callable[[list[str]], Awaitable[set[str]]] | None = None,
+        recorded_jobs: Callable[[list[str]], Awaitable[dict[str, JobState]]] | None = None,
     ) -> None:
         self.store = store
-        # Which of some job ids an earlier job had (history's): a submission over NATS
-        # naming one is refused, ids are never reused (SubmitRequest.used).
-        self.used_ids = used_ids
+        # Of some job ids, those history has a job of, with the state it last saw each in:
+        # a submission over NATS naming one as its own id is refused, ids are never reused
+        # (SubmitRequest.used); one it runs after is judged by that state
+        # (SubmitRequest.recorded), as the API judges it.
+        self.recorded_jobs = recorded_jobs
         self._used_ids_failed_at: float | None = None
         # A read barrier: returns once the state watch has delivered everything stored
         # before the call (Watch.caught_up). A new leader waits for it before it takes
@@ -275,7 +283,8 @@ class Scheduler:
         # chose (found by exploring: an id chosen for its uid ran as another team's job's).
         user, queue = named
         return req.model_copy(update={"user": user, "ts": stored if stored != float("inf") else time.time(),
-                                      "nonce": secrets.token_hex(16), "used": None, "queue": queue})
+                                      "nonce": secrets.token_hex(16), "used": None, "recorded": {},
+                                      "queue": queue})
 
     async def _reject_unread(self, msg: Msg) -> None:
         """A submission that cannot be read (malformed, too many jobs, a field of the wrong
@@ -301,32 +310,42 @@ class Scheduler:
     async def _screen_submissions(self) -> None:
         """Mark the submissions waiting for a cycle (those not marked yet) with the ids of
         their jobs that an earlier job had, whose records are gone (`used`, from history),
-        in one question to history for them all: found by exploring, an id used again
-        after its job's record expired ran a second job under it, another user's included,
-        and replaced the first's history. History out of reach: none are known (said
-        once), and it is not asked again for USED_IDS_PAUSE_S (each ask holds a thread)."""
+        and with the state history last saw each job they run after in that the view does
+        not hold (`recorded`), in one question to history for them all: found by
+        exploring, an id used again after its job's record expired ran a second job under
+        it, another user's included, and replaced the first's history; and a dependency
+        known only to history was refused, where the API accepted it. The decision stays
+        the planner's (cycle.submissions), over what is marked here. History out of reach:
+        none are known (said once), and it is not asked again for USED_IDS_PAUSE_S (each
+        ask holds a thread)."""
         waiting = [r for _, r in self._submissions[:SCREEN_AT_ONCE] if r.used is None]
         if not waiting:
             return
         failed = self._used_ids_failed_at
         fresh = {i for r in waiting for i in (d.get("id") for d in r.jobs) if isinstance(i, str)
                  and i not in self.state.jobs and subjects.job_key(i) not in self.state.revisions}
-        used: set[str] = set()
-        if fresh and self.used_ids is not None and (failed is None or time.monotonic() - failed >= USED_IDS_PAUSE_S):
+        deps = {d for r in waiting for data in r.jobs for d in _depends_on(data) if d not in self.state.jobs}
+        found: dict[str, JobState] = {}
+        asked = fresh | deps
+        if asked and self.recorded_jobs is not None and (
+                failed is None or time.monotonic() - failed >= USED_IDS_PAUSE_S):
             try:
                 # (a database that does not answer must not hold submissions up)
-                used = await asyncio.wait_for(self.used_ids(sorted(fresh)), USED_IDS_WAIT_S)
+                found = await asyncio.wait_for(self.recorded_jobs(sorted(asked)), USED_IDS_WAIT_S)
             except Exception as exc:  # noqa: BLE001 - NATS is the truth; history only guards ids gone from it
                 if failed is None:
-                    log.warning("cannot ask history which submitted job ids were used before (%r): taking them",
-                                exc)
+                    log.warning("cannot ask history which submitted job ids were used before, or how the jobs "
+                                "they run after ended (%r): taking the ids, not knowing those jobs", exc)
                 self._used_ids_failed_at = time.monotonic()
             else:
                 if failed is not None:
-                    log.warning("history answers again which submitted job ids were used before")
+                    log.warning("history answers again about submitted job ids and the jobs they run after")
                 self._used_ids_failed_at = None
-        marked = {id(r): r.model_copy(update={"used": sorted(used & {d.get("id") for d in r.jobs})})
-                  for r in waiting}
+        used = fresh & found.keys()
+        marked = {id(r): r.model_copy(update={
+            "used": sorted(used & {d.get("id") for d in r.jobs}),
+            "recorded": {d: found[d] for data in r.jobs for d in _depends_on(data) if d in deps and d in found}})
+            for r in waiting}
         # (the feed may have added submissions meanwhile: those are left as they are)
         self._submissions[:] = [(m, marked.get(id(r), r)) for m, r in self._submissions]
 

@@ -177,7 +177,8 @@ def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: C
     """Found by exploring: once a finished job's record had expired and the server had
     restarted, a submission over NATS naming its id created a second job under it (another
     user's too), which ran again, and whose history row replaced the first's. History knows
-    the id: the leader refuses it (muster.events.job.rejected) and the first job stays."""
+    the id: the leader refuses it (muster.events.job.rejected) and the first job stays; a
+    job that runs after it is judged by the end history holds."""
     import json
 
     from server.history.database import DB_FILE, History
@@ -239,6 +240,12 @@ def test_an_id_an_earlier_job_had_is_refused_after_its_record_expired(cluster: C
         assert event["job_id"] == "nightly-etl-01" and "ids are never reused" in str(event["message"]), event
     job = api.q('query { job(id: "nightly-etl-01") { name user attempts { id } } }')["job"]
     assert job == {"name": "first", "user": "alice", "attempts": [{"id": "nightly-etl-01.1"}]}, job
+    # A job that runs after it, known to history only, is taken over NATS as the API takes
+    # it (found by exploring: refused there as depending on no known job), and runs.
+    asyncio.run(publish({"id": "etl-report-01", "name": "report", "command": ["true"],
+                         "depends_on": ["nightly-etl-01"]}, "alice"))
+    wait_until(lambda: api.job("etl-report-01"), timeout=60, what="the job that runs after it created")
+    assert api.wait_job("etl-report-01", {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=60)["state"] == "SUCCEEDED"
 
 
 async def test_a_submission_that_cannot_be_read_has_its_jobs_said_rejected(nats_url: str, tmp_path: Path) -> None:

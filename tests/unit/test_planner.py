@@ -936,6 +936,25 @@ def test_a_nats_submission_runs_after_a_job_of_the_same_batch(w: World) -> None:
     assert plan.rejected == [("orphan-job", "dependsOn: dependency nosuch-job is not known")]
 
 
+def test_a_nats_submission_runs_after_a_job_only_history_has_as_the_api_would(w: World) -> None:
+    """Found by exploring: a dependency known only to history (its record expired) was
+    accepted over GraphQL, which reads history, and refused over NATS as not known. The
+    leader marks the submission with what history holds of it (SubmitRequest.recorded):
+    the planner judges it by that end, by the same rules."""
+    from wire.messages import SubmitRequest
+
+    sub = SubmitRequest(user="u", ts=NOW, recorded={"etl-done-01": JobState.SUCCEEDED,
+                                                     "etl-fail-01": JobState.FAILED}, jobs=[
+        {"id": "after-ok-01", "name": "a", "command": ["true"], "depends_on": ["etl-done-01"]},
+        {"id": "after-ok-02", "name": "b", "command": ["true"], "depends_on": ["etl-fail-01"]},
+        {"id": "after-not-ok", "name": "c", "command": ["true"], "depends_on": ["etl-fail-01"],
+         "depend_not_ok": True}])
+    plan = plan_cycle(w.state, reports=[], commands=[], now=NOW, term=TERM, submissions=[sub])
+    assert plan.jobs["after-ok-01"].waiting_for == [] and plan.jobs["after-ok-01"].state is JobState.PLACED
+    assert plan.jobs["after-not-ok"].waiting_for == []
+    assert plan.rejected == [("after-ok-02", "dependsOn: dependency etl-fail-01 ended FAILED")]
+
+
 def requeue(job_id: str, *, hold: bool = False, reason: str = "") -> Command:
     return Command(kind="requeue", job_id=job_id, by="alice", reason=reason, hold=hold, ts=NOW)
 

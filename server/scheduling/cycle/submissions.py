@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from server.scheduling import submitlimits
 from server.scheduling.cycle.reports import hold_text
@@ -84,7 +84,7 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
         hold = hold_text(req.user, at_submission=True) if data.get("held") is True else ""
         job = Job(id=job_id, spec=spec, submitted_at=submitted, updated_at=now, hold=hold, not_before=spec.begin_at,
                   uid_key=uid_key(req.nonce, job_id))
-        job.waiting_for, never = dependency_state(w, job, spec.depends_on)
+        job.waiting_for, never = dependency_state(w, job, spec.depends_on, req.recorded)
         if never:
             w.plan.rejected.append((job_id, f"dependsOn: {never}"))
             continue
@@ -120,12 +120,17 @@ def submission_refusal(w: Work, spec: JobSpec) -> str:
     return submitlimits.refusal(q, spec.user, (w.state.open_jobs, w.open_changes))
 
 
-def dependency_state(w: Work, job: Job, deps: Sequence[str]) -> tuple[list[str], str]:
+def dependency_state(w: Work, job: Job, deps: Sequence[str],
+                     recorded: Mapping[str, JobState] | None = None) -> tuple[list[str], str]:
     """Of `deps` (job ids `job` runs after), those it still waits for, and why it can never
     run ("" if it can): a dependency whose end its rule excludes (afterok: any but
-    SUCCEEDED; afternotok: SUCCEEDED), or one no longer known (its record gone).
-    dependencies.waits over this cycle's records."""
-    left, never = waits(job.spec, deps, lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d))
+    SUCCEEDED; afternotok: SUCCEEDED), or one no longer known (its record gone, and not in
+    `recorded`: the states history gave for a submission's dependencies, as the API
+    reads them from history; found by exploring, one known only to history was accepted
+    over GraphQL and refused over NATS). dependencies.waits over this cycle's records."""
+    recorded = recorded or {}
+    left, never = waits(job.spec, deps,
+                        lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d) or recorded.get(d))
     if never is None:
         return left, ""
     dep, ended = never
