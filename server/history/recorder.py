@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 
 from nats.js import api as jsapi
+from nats.js.client import JetStreamContext
 
 from server.history.database import History, without_nul, write_isolating
 from server.history.models import EventRow
@@ -25,6 +26,13 @@ from wire.errors import DecodeError
 from wire.messages import Event, decode
 
 log = logging.getLogger(__name__)
+
+# A durable consumer no historian has fetched from for this long is deleted by NATS: that
+# of a replica gone for good, or of a SQLite file removed, no longer weighs on the server
+# (on a replicated stream each consumer is a Raft group of its own) for ever. A historian
+# away for longer creates it again and records what the streams still hold once more
+# (event ids are deterministic: nothing is written twice).
+INACTIVE_S = 86400.0
 
 
 def consumer_name(db_url: str, database_id: str = "") -> str:
@@ -69,9 +77,21 @@ class Recorder:
         with engine.begin() as conn:
             conn.execute(insert(table).on_conflict_do_nothing(index_elements=["id"]), list(rows))
 
+    def _config(self, subject: str) -> jsapi.ConsumerConfig:
+        return jsapi.ConsumerConfig(durable_name=self.durable, name=self.durable, filter_subject=subject,
+                                    ack_wait=30, max_ack_pending=20_000, deliver_policy=jsapi.DeliverPolicy.ALL,
+                                    inactive_threshold=INACTIVE_S)
+
+    async def _subscribe(self, stream: str, subject: str) -> JetStreamContext.PullSubscription:
+        """The durable consumer's pull subscription, the consumer created, or brought to this
+        release's settings (`INACTIVE_S`: one an older release created has none) first."""
+        try:
+            await self.js.add_consumer(stream, config=self._config(subject))  # creates or updates
+        except Exception as exc:  # noqa: BLE001 - a setting this server cannot change: subscribe as it is
+            log.debug("recorder %s: consumer not updated: %s", stream, exc)
+        return await self.js.pull_subscribe(subject, durable=self.durable, stream=stream, config=self._config(subject))
+
     async def _follow(self, stream: str, stop: asyncio.Event) -> None:
-        cfg = jsapi.ConsumerConfig(ack_wait=30, max_ack_pending=20_000,
-                                   deliver_policy=jsapi.DeliverPolicy.ALL)
         sub = None
         while not stop.is_set():
             try:
@@ -81,7 +101,7 @@ class Recorder:
                         if stream == subjects.EVENTS_STREAM
                         else f"{subjects.ALERTS_PREFIX}.>"
                     )
-                    sub = await self.js.pull_subscribe(subject, durable=self.durable, stream=stream, config=cfg)
+                    sub = await self._subscribe(stream, subject)
                 msgs = await sub.fetch(batch=500, timeout=1)
             except TimeoutError:
                 continue

@@ -99,3 +99,34 @@ async def test_two_sqlite_files_at_the_same_path_each_record_every_event(nats_ur
         await nc.close()
         for h in (a, b, shared):
             h.close()
+
+
+async def test_the_recorders_consumers_go_once_nobody_fetches_from_them(nats_url: str, tmp_path: Path) -> None:
+    """Found by exploring: the durable consumers had no inactivity threshold, so those of a
+    replica gone for good stayed on the NATS server for ever. Each now has one
+    (recorder.INACTIVE_S), also one an older release created without it."""
+    from nats.js import api as jsapi
+
+    from server.history import recorder as recorder_module
+
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    history = History(db)
+    nc = await connect(nats_url, name="test-recorder")
+    try:
+        store = Store(nc)
+        await ensure_streams(store)
+        rec = Recorder(store.js, history, db)
+        # An older release's consumer of the ALERTS stream: no threshold.
+        await store.js.add_consumer(subjects.ALERTS_STREAM, config=jsapi.ConsumerConfig(
+            durable_name=rec.durable, filter_subject=f"{subjects.ALERTS_PREFIX}.>", ack_wait=30,
+            max_ack_pending=20_000, deliver_policy=jsapi.DeliverPolicy.ALL))
+        await store.js.publish(f"{subjects.EVENTS_PREFIX}.host.suspect",
+                               encode(Event(kind="host.suspect", ts=1.0, host_id="h1")))
+        await record_all(rec, store.js)
+        for stream in (subjects.EVENTS_STREAM, subjects.ALERTS_STREAM):
+            info = await store.js.consumer_info(stream, rec.durable)
+            assert info.config.inactive_threshold, (stream, info.config)
+            assert info.config.inactive_threshold == recorder_module.INACTIVE_S
+    finally:
+        await nc.close()
+        history.close()
