@@ -38,6 +38,12 @@ HEARTBEAT_INGEST_RESTARTS = Counter(
     "muster_heartbeat_ingest_restarts_total", "Heartbeat ingest processes restarted after dying",
     registry=REGISTRY,
 )
+HISTORY_UNWRITTEN = Gauge(
+    "muster_history_unwritten_seconds",
+    "How long the history this replica's historian writes has gone unwritten, its writes failing (0 while "
+    "they go through, and on a replica whose historian does not hold the writer lease)",
+    registry=REGISTRY,
+)
 HISTORIAN_RESTARTS = Counter(
     "muster_historian_restarts_total", "Historian processes restarted after dying", registry=REGISTRY,
 )

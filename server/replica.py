@@ -25,9 +25,10 @@ from server.health.monitor import HealthMonitor
 from server.health.rules import Health
 from server.history.database import DB_FILE as HISTORY_DB_FILE
 from server.history.database import History
-from server.history.historian import HistorianConfig, HistorianProcess
+from server.history.historian import HistorianConfig, HistorianProcess, watch_writes
 from server.history.reconcile import run as reconcile_history
 from server.history.recorder import Recorder
+from server.history.writehealth import WriteHealth
 from server.operations.base import ORDER_CATCH_UP_S
 from server.operations.hosts import HostOperations
 from server.operations.jobs import JobOperations
@@ -231,6 +232,8 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         self.nc: NATS | None = None
         self.hb_nc: NATS | None = None
         self.historian: HistorianProcess | None = None
+        # Whether the history written in this process (no historian process) gets written.
+        self.history_health: WriteHealth | None = None
         self.ingest: HeartbeatIngest | None = None
         self.store: Store | None = None
         self.history: History | None = None
@@ -321,9 +324,11 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
             self.historian.start()
         else:
             self.recorder = Recorder(self.store.js, self.history, cfg.database_url)
+            self.history_health = WriteHealth()
             self._tasks += [
                 asyncio.create_task(self.recorder.run(self._stop), name="recorder"),
-                asyncio.create_task(self.history.run(self._stop), name="history"),
+                asyncio.create_task(self.history.run(self._stop, health=self.history_health), name="history"),
+                asyncio.create_task(watch_writes(self.nc, self.history_health, self._stop), name="history-write-watch"),
                 asyncio.create_task(reconcile_history(self.store, self.history, cfg.finished_job_ttl_s, self._stop),
                                     name="history-reconcile"),
             ]
@@ -476,6 +481,10 @@ class Muster(Submissions, QueueOperations, ReservationOperations, JobOperations,
         for st in JobState:
             metrics.JOBS.labels(st.value).set(self.state.job_state_counts.get(st.value, 0))
         metrics.TERM.set(self.state.term)
+        if self.historian is not None:
+            metrics.HISTORY_UNWRITTEN.set(self.historian.unwritten_s())
+        elif self.history_health is not None:
+            metrics.HISTORY_UNWRITTEN.set(self.history_health.unwritten_s(time.time()))
         # From the view, on every replica (found by exploring: the leader's cycles set them,
         # and a replica that never led said 0, one that had led what it last saw).
         metrics.QUEUE_DEPTH.set(len(self.state.backlog))

@@ -83,11 +83,16 @@ ALERT_QUEUE_STARVED = "queue.starved"
 ALERT_RESERVATION_OPENED = "reservation.opened"
 ALERT_RESERVATION_ENDED = "reservation.ended"
 ALERT_MAINTENANCE_BEGAN = "maintenance.began"
+# The writing historian has not got history into its database for a while; and it has
+# again (server.history.writehealth).
+ALERT_HISTORY_BEHIND = "history.behind"
+ALERT_HISTORY_RECOVERED = "history.recovered"
 # Every kind, in the order the console offers them as a filter.
 ALERT_KINDS = (ALERT_HOST_LOST, ALERT_HOST_RECOVERED, ALERT_HOST_FENCED, ALERT_HOST_PRESSURE, ALERT_DOMAIN_DISRUPTED,
                ALERT_GPU_UNHEALTHY, ALERT_HOST_ROLLUP, ALERT_HOST_LABELS_DISPUTED,
                ALERT_JOB_FAILED, ALERT_JOB_GPUS_IDLE, ALERT_PREEMPTION_STORM, ALERT_QUEUE_STARVED,
-               ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED)
+               ALERT_RESERVATION_OPENED, ALERT_RESERVATION_ENDED, ALERT_MAINTENANCE_BEGAN, ALERT_INPUT_REJECTED,
+               ALERT_HISTORY_BEHIND, ALERT_HISTORY_RECOVERED)
 
 
 def job_key(job_id: str) -> str:

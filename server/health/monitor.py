@@ -12,6 +12,7 @@ Subjects (JSON payloads are `messages.Event`):
   alerts.domain.disrupted                      (from the scheduler) a suspected partition
   alerts.job.failed                            (from the scheduler) a job failed for good
   alerts.job.gpus_idle                         (from the scheduler) a running job's GPUs all idle for long
+  alerts.history.behind / history.recovered    (from the writing historian) history unwritten for long / written again
 """
 
 from __future__ import annotations

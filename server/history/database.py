@@ -36,6 +36,7 @@ from sqlmodel import Session, col, create_engine, select
 
 from server.history.models import AttemptRow, EventRow, JobRow, StreamPositionRow
 from server.history.timeline import job_events
+from server.history.writehealth import WriteHealth
 from server.scheduling.queues import gpu_amount, preemption_loss
 from wire.errors import DecodeError
 from wire.messages import MAX_RECORD_BYTES, AttemptState, Job, JobState, decode
@@ -570,17 +571,24 @@ class History:
             if len(ids) < _PRUNE_CHUNK:
                 return total
 
-    async def run(self, stop: asyncio.Event, every_s: float = FLUSH_EVERY_S, prune_every_s: float = 60.0) -> None:
+    async def run(self, stop: asyncio.Event, every_s: float = FLUSH_EVERY_S, prune_every_s: float = 60.0,
+                  health: WriteHealth | None = None) -> None:
         """Flush pending records until `stop`; a last flush on the way out. With retention
-        set, prune about every `prune_every_s` seconds."""
+        set, prune about every `prune_every_s` seconds. `health` is told of each flush's
+        failure or success."""
         next_prune = time.monotonic()
         while not stop.is_set():
             await pause(stop, every_s)
             try:
                 await asyncio.to_thread(self.flush)
-            except Exception:  # noqa: BLE001 - the database may be restarting; keep going
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting; keep going
                 log.exception("history flush failed")
+                if health is not None:
+                    health.failed(time.time(), down_text(exc))
                 await asyncio.sleep(1)
+            else:
+                if health is not None:
+                    health.wrote()
             if self.retention_days is not None and time.monotonic() >= next_prune and not stop.is_set():
                 next_prune = time.monotonic() + prune_every_s
                 try:

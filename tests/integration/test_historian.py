@@ -374,6 +374,63 @@ async def test_a_job_whose_end_expired_unread_is_settled_when_a_historian_starts
         await nc.close()
 
 
+async def test_history_that_cannot_be_written_is_alerted_and_so_is_its_return(
+        nats_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Found by exploring: while the database took no writes, nothing but the historian's
+    log said so. The writing historian alerts history.behind once history has gone
+    unwritten for a while (writehealth.BEHIND_AFTER_S), history.recovered once it is
+    written again, and reports how long it has been (muster_history_unwritten_seconds)."""
+    import json
+
+    from server.history import historian as historian_module
+    from server.history import writehealth
+
+    monkeypatch.setattr(writehealth, "BEHIND_AFTER_S", 1.0)
+    monkeypatch.setattr(historian_module, "WATCH_EVERY_S", 0.2)
+    missing = tmp_path / "not-yet"  # a database that cannot be opened until it exists
+    nc = await connect(nats_url, name="test")
+    reports: list[float] = []
+    stop = asyncio.Event()
+    try:
+        await ensure_streams(Store(nc))
+        sub = await nc.subscribe(f"{subjects.ALERTS_PREFIX}.history.>")
+        task = asyncio.create_task(run(HistorianConfig(nats_url=nats_url, database_url=f"sqlite:///{missing}/h.db"),
+                                       stop, reports.append))
+        try:
+            behind = await sub.next_msg(timeout=30)
+            assert behind.subject == f"{subjects.ALERTS_PREFIX}.{subjects.ALERT_HISTORY_BEHIND}"
+            assert "history not written for" in json.loads(behind.data)["message"]
+            assert max(reports) > 0
+            missing.mkdir()
+            back = await sub.next_msg(timeout=30)
+            assert back.subject == f"{subjects.ALERTS_PREFIX}.{subjects.ALERT_HISTORY_RECOVERED}"
+        finally:
+            stop.set()
+            await task
+        assert reports[-1] == 0.0
+    finally:
+        await nc.close()
+
+
+async def test_the_historian_process_tells_the_server_how_long_history_has_gone_unwritten(
+        nats_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What the server exports as muster_history_unwritten_seconds comes from the historian
+    process (HistorianProcess.unwritten_s), 0 again once it stopped."""
+    from server.history.historian import HistorianProcess
+
+    nc = await connect(nats_url, name="test")
+    await ensure_streams(Store(nc))
+    await nc.close()
+    historian = HistorianProcess(HistorianConfig(nats_url=nats_url,
+                                                 database_url=f"sqlite:///{tmp_path / 'missing' / 'h.db'}"))
+    historian.start()
+    try:
+        await eventually(lambda: historian.unwritten_s() > 0, timeout=120, what="the historian's report")
+    finally:
+        await asyncio.to_thread(historian.stop, 120)
+    assert historian.unwritten_s() == 0.0
+
+
 async def test_a_writer_whose_lease_expired_takes_it_again(nats_url: str) -> None:
     """A writer whose renewals did not land within the TTL (a saturated machine) finds
     the key expired, not held by another, at its next renewal: it takes the key again
