@@ -127,10 +127,12 @@ def dependency_state(w: Work, job: Job, deps: Sequence[str],
     SUCCEEDED; afternotok: SUCCEEDED), or one no longer known (its record gone, and not in
     `recorded`: the states history gave for a submission's dependencies, as the API
     reads them from history; found by exploring, one known only to history was accepted
-    over GraphQL and refused over NATS). dependencies.waits over this cycle's records."""
+    over GraphQL and refused over NATS). dependencies.waits over each job's latest record:
+    this cycle's, a commit's in flight, or the stored one (found by exploring: a job sent
+    after another's submission was acknowledged was refused, its dependency "not known",
+    while the cycle that created that one was still committing)."""
     recorded = recorded or {}
-    left, never = waits(job.spec, deps,
-                        lambda d: w.plan.jobs.get(d) or w.state.jobs.get(d) or recorded.get(d))
+    left, never = waits(job.spec, deps, lambda d: w.latest(d) or recorded.get(d))
     if never is None:
         return left, ""
     dep, ended = never
