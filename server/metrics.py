@@ -159,6 +159,13 @@ INPUTS_DEFERRED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+INPUTS_HELD_AGAIN = Counter(
+    "muster_scheduler_inputs_held_again_total",
+    "Deliveries of an input the leader held already (queued or being committed past the consumer's ack_wait), "
+    "dropped",
+    ["kind"],
+    registry=REGISTRY,
+)
 COMMITS_IN_FLIGHT = Gauge("muster_scheduler_commits_in_flight", "Cycles committing at once (the leader's; 0 on "
                           "the other replicas)", registry=REGISTRY)
 STATE_LOAD_SECONDS = Gauge(

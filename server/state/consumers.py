@@ -18,6 +18,18 @@ earlier reader (a leader that died) and not acknowledged comes back only after t
 consumer's `ack_wait`, so a new reader learns nothing from what it reads before then:
 `read_to` stays 0 until `trust_after` (local time; the scheduler passes its start plus
 `ack_wait`).
+
+A reader that handles messages later than it receives them (the scheduler queues them
+for its cycles and acknowledges each once its cycle committed) passes a `Held`: the
+messages it was handed and has not settled yet. The feed then asks for no more than
+`Held.room()` (back-pressure: what is held is taken by the reader well within the
+consumer's `ack_wait`, and the rest waits in the stream), and marks each message held
+for half the `ack_wait` in progress, which starts its `ack_wait` again. A message held
+past its `ack_wait` all the same (the event loop blocked) is delivered again: `Held.add`
+tells the reader it holds that one already, by its stream sequence, and the reader
+drops the second delivery (acknowledging the first delivery settles the message).
+Found by exploring: with 30,000 submissions waiting, the leader pulled them all, held
+them past the 6 s `ack_wait`, and queued 69,105 deliveries.
 """
 
 from __future__ import annotations
@@ -61,10 +73,65 @@ async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, subje
     await js.add_consumer(stream, config=config)
 
 
+def stream_sequence(msg: Msg) -> int | None:
+    """A delivered message's sequence in its stream (from its reply subject); None if not
+    a JetStream delivery."""
+    pos = ack_position(msg.reply)
+    return pos[0] if pos is not None else None
+
+
+class Held:
+    """The messages a feed's reader was handed and has not settled (acknowledged, or given
+    back to the stream), by stream sequence, with when each was handed or last marked in
+    progress (the caller's monotonic clock). No I/O: the feed sends what `due` returns."""
+
+    def __init__(self, limit: int, ack_wait_s: float) -> None:
+        self.limit = limit  # the most held at once: the feed pulls no more
+        self.ack_wait_s = ack_wait_s  # the consumer's
+        self._held: dict[int, tuple[Msg, float]] = {}
+        self.again = 0  # deliveries of a message held already, dropped
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, msg: Msg, now: float) -> bool:
+        """Hold a delivered message; False if it is held already (delivered again after its
+        ack_wait: the reader drops this delivery and settles the first)."""
+        seq = stream_sequence(msg)
+        if seq is None:
+            return True
+        if seq in self._held:
+            self.again += 1
+            return False
+        self._held[seq] = (msg, now)
+        return True
+
+    def settle(self, msg: Msg) -> None:
+        """The message was acknowledged or given back: no longer held."""
+        seq = stream_sequence(msg)
+        if seq is not None:
+            self._held.pop(seq, None)
+
+    def room(self) -> int:
+        """How many more messages the feed may ask for."""
+        return max(0, self.limit - len(self._held))
+
+    def due(self, now: float) -> list[Msg]:
+        """The messages held for half the ack_wait or more since they were handed or last
+        marked in progress: to mark in progress now (taken as marked at `now`)."""
+        since = now - self.ack_wait_s / 2
+        out = [m for m, at in self._held.values() if at <= since]
+        for m in out:
+            seq = stream_sequence(m)
+            assert seq is not None
+            self._held[seq] = (m, now)
+        return out
+
+
 class PullFeed:
     def __init__(self, nc: NATS, stream: str, consumer: str, on_msg: Callable[[Msg], Awaitable[None]],
                  batch: int = 500, expires_s: float = 2.0, trust_after: float = 0.0,
-                 redelivered_after_s: float = 0.0) -> None:
+                 redelivered_after_s: float = 0.0, held: Held | None = None) -> None:
         self.nc = nc
         self.stream = stream
         self.consumer = consumer
@@ -81,6 +148,11 @@ class PullFeed:
         # The consumer's ack_wait: what a feed that starts again had been handed and not
         # acknowledged (in its old inbox) comes back only after it.
         self.redelivered_after_s = redelivered_after_s
+        # What the reader holds (module docstring): the feed pulls at most its room, and
+        # marks what it has held for half the ack_wait in progress.
+        self.held = held
+        self._want = batch  # the batch of the pull request outstanding
+        self.waited = 0  # pull requests held back for want of room
 
     async def _cb(self, msg: Msg) -> None:
         status = msg.headers.get(jsapi.Header.STATUS) if msg.headers else None
@@ -100,7 +172,7 @@ class PullFeed:
         pos = ack_position(msg.reply)
         if pos is not None and pos[2] > self.read_to and time.time() >= self.trust_after:
             self.read_to = pos[2]
-        if self._n >= self.batch:
+        if self._n >= self._want:
             self._ended.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -110,32 +182,71 @@ class PullFeed:
         feed that died would leave the leader reading no more of its stream (status
         reports: no try would be seen to end) while it went on leading."""
         failed = ""
+        keeper = asyncio.create_task(self._keep_in_progress(stop)) if self.held is not None else None
+        try:
+            while not stop.is_set():
+                try:
+                    await self._run(stop)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    if repr(exc) != failed:  # (a traceback once, not every second)
+                        failed = repr(exc)
+                        log.exception("pull feed %s/%s failed: starting it again", self.stream, self.consumer)
+                    else:
+                        log.warning("pull feed %s/%s failed again: %s", self.stream, self.consumer, exc)
+                    # Until what the old feed was handed comes back, how far the stream has been
+                    # read cannot be told (a review: the new feed's "nothing more" said so at once).
+                    self.trust_after = max(self.trust_after, time.time() + self.redelivered_after_s)
+                    await pause(stop, 1.0)
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+                await asyncio.gather(keeper, return_exceptions=True)
+
+    async def _keep_in_progress(self, stop: asyncio.Event) -> None:
+        """Mark the messages held for half the ack_wait in progress (`+WPI`), looking a few
+        times per ack_wait, until `stop`."""
+        held = self.held
+        assert held is not None
+        every = max(0.05, min(1.0, held.ack_wait_s / 6))
+        while not await pause(stop, every):
+            for m in held.due(time.monotonic()):
+                try:
+                    await m.in_progress()
+                except Exception as exc:  # noqa: BLE001 - it comes back after ack_wait, and is dropped then
+                    log.debug("in progress %s: %s", m.reply, exc)
+
+    async def _room(self, stop: asyncio.Event) -> int:
+        """How many messages the next pull request asks for: the batch, or what the reader
+        has room for, waiting while it has none (0 once `stop` is set)."""
+        if self.held is None:
+            return self.batch
+        waited = False
         while not stop.is_set():
-            try:
-                await self._run(stop)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                if repr(exc) != failed:  # (a traceback once, not every second)
-                    failed = repr(exc)
-                    log.exception("pull feed %s/%s failed: starting it again", self.stream, self.consumer)
-                else:
-                    log.warning("pull feed %s/%s failed again: %s", self.stream, self.consumer, exc)
-                # Until what the old feed was handed comes back, how far the stream has been
-                # read cannot be told (a review: the new feed's "nothing more" said so at once).
-                self.trust_after = max(self.trust_after, time.time() + self.redelivered_after_s)
-                await pause(stop, 1.0)
+            room = min(self.batch, self.held.room())
+            if room > 0:
+                return room
+            if not waited:
+                waited = True
+                self.waited += 1
+            await pause(stop, 0.05)
+        return 0
 
     async def _run(self, stop: asyncio.Event) -> None:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=self._cb, pending_msgs_limit=4 * self.batch + 100,
                                       pending_bytes_limit=256 * 1024 * 1024)
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
-        request = json.dumps({"batch": self.batch, "expires": int(self.expires_s * 1e9)}).encode()
         stop_wait = asyncio.ensure_future(stop.wait())
         ended: asyncio.Future[Literal[True]] | None = None
         try:
             while not stop.is_set():
+                want = await self._room(stop)
+                if not want:
+                    break
+                request = json.dumps({"batch": want, "expires": int(self.expires_s * 1e9)}).encode()
+                self._want = want
                 self._n = 0
                 self._status = None
                 self._ended.clear()
