@@ -13,6 +13,8 @@
     │   ├── FencedError          the write carried a stale leadership term (step down)
     │   ├── RejectedError        the store refused the write for what it holds (too large, ...):
     │   │                        sending it again unchanged cannot succeed
+    │   ├── SubmissionsWaiting   the SUBMIT stream holds as many messages not yet taken by the
+    │   │                        leader as it may (of the subject, or in all): send again later
     │   └── HistoryUnavailable   the history database did not answer a read
     └── DecodeError              an untrusted message could not be decoded
 
@@ -104,6 +106,10 @@ class RejectedError(StoreError):
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key  # the record the store refused, when known
+
+
+class SubmissionsWaiting(StoreError):
+    code = "TOO_MANY_WAITING"
 
 
 class DecodeError(MusterError):

@@ -19,7 +19,12 @@ node was lost: no responders, a timeout, 503) it is sent again every `every_s` f
 election): a try that was stored although its answer was lost makes the next a
 duplicate, acknowledged as stored.
 A refusal that a retry cannot change (past `max_payload`, another JetStream error) is
-raised at once.
+raised at once. So is a stream that holds as many submissions not yet taken by the
+leader as it may, of this subject (`muster.submit.<user>[.<queue>]`: 10,000 messages) or
+in all: `wire.errors.SubmissionsWaiting`, raised at once so that the client waits for the
+leader to take its earlier ones before it sends more (found by exploring: a per-subject
+refusal came back as a bare 503, tried again for 10 s, then raised as
+ServiceUnavailableError).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from nats.errors import MaxPayloadError
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from wire import retrying, subjects
+from wire.errors import SubmissionsWaiting
 from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
 
@@ -74,6 +80,11 @@ async def _publish_all(js: Any, jobs: list[dict[str, Any]], user: str, timeout: 
                                     timeout=timeout)
         try:
             await retrying.within(publish, within_s, every_s, _again)
+        except APIError as exc:
+            waiting = _waiting(exc, subject)
+            if waiting is None:
+                raise
+            raise waiting from exc
         except TimeoutError as exc:
             # NATS refuses a publish the credentials do not allow only to the connection's
             # error callback: the client just sees no acknowledgement (found by exploring).
@@ -83,11 +94,32 @@ async def _publish_all(js: Any, jobs: list[dict[str, Any]], user: str, timeout: 
             raise
 
 
+# What JetStream says (a 503, error 10077) of a publish a full stream refuses.
+_PER_SUBJECT_FULL = "maximum messages per subject exceeded"
+_STREAM_FULL = ("maximum messages exceeded", "maximum bytes exceeded")
+
+
+def _waiting(exc: APIError, subject: str) -> SubmissionsWaiting | None:
+    """The error for a publish refused because the stream holds as many messages as it
+    may (of the subject, or in all); None for another refusal."""
+    said = str(exc.description or "")
+    if _PER_SUBJECT_FULL in said:
+        return SubmissionsWaiting(f"{subject} holds as many submissions not yet taken by the leader as one subject may "
+                                  f"(NATS: {said}): send these again once it has taken some")
+    if any(full in said for full in _STREAM_FULL):
+        return SubmissionsWaiting(f"the {subjects.SUBMIT_STREAM} stream holds as many submissions not yet taken by the "
+                                  f"leader as it may (NATS: {said}): send these again later")
+    return None
+
+
 def _again(exc: Exception) -> bool:
-    """Whether NATS may take the publish later: not past max_payload, nor another
-    JetStream refusal; a 503, no responders, a timeout or a lost connection may pass."""
+    """Whether NATS may take the publish later: not past max_payload, nor a full stream,
+    nor another JetStream refusal; a 503, no responders, a timeout or a lost connection
+    may pass."""
     if isinstance(exc, MaxPayloadError):
         return False
     if isinstance(exc, APIError):
+        if _waiting(exc, "") is not None:
+            return False
         return isinstance(exc, ServiceUnavailableError) or exc.code == 503
     return True

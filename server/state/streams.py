@@ -63,6 +63,14 @@ INPUT_CAPS = {
     subjects.CMDS_STREAM: (100_000, 256 * 1024**2),
     subjects.SUBMIT_STREAM: (100_000, 2 * 1024**3),
 }
+# Messages one subject of SUBMIT may hold (`muster.submit.<user>`, or `.<user>.<queue>`):
+# past it, that subject's publishes are refused ("maximum messages per subject exceeded",
+# wire.errors.SubmissionsWaiting), and the other submitters' still pass (found by
+# exploring: one user's runaway script filled the stream, and every other submitter was
+# refused). A tenth of the stream: 5,000,000 jobs in submit_over_nats' messages of 500,
+# far more than the leader takes in minutes.
+SUBMIT_PER_SUBJECT = 10_000
+PER_SUBJECT_CAPS = {subjects.SUBMIT_STREAM: SUBMIT_PER_SUBJECT}
 
 
 def log_stream(name: str, subject_list: list[str], replicas: int, *, work_queue: bool, max_age_days: int,
@@ -72,6 +80,8 @@ def log_stream(name: str, subject_list: list[str], replicas: int, *, work_queue:
     if work_queue and name in INPUT_CAPS:
         extra = {"max_msgs": INPUT_CAPS[name][0], "max_bytes": INPUT_CAPS[name][1],
                  "discard": jsapi.DiscardPolicy.NEW, **extra}
+    if work_queue and name in PER_SUBJECT_CAPS:
+        extra = {"max_msgs_per_subject": PER_SUBJECT_CAPS[name], "discard_new_per_subject": True, **extra}
     return jsapi.StreamConfig(
         name=name,
         subjects=subject_list,

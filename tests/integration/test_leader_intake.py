@@ -78,3 +78,50 @@ async def test_a_backlog_of_submissions_is_handled_once_each_and_held_a_few_cycl
     # At most what five cycles take (three commits in flight, one planned, one more).
     assert most <= 5 * 100, most
     assert (await store.js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 0
+
+
+async def test_one_subject_cannot_fill_the_submit_stream_and_its_client_is_told_so(store: Store) -> None:
+    """Found by exploring: one user's runaway script filled SUBMIT (100,000 messages) and
+    every other submitter was refused, with a bare 503 tried again for 10 s. Each subject
+    now holds at most SUBMIT_PER_SUBJECT messages not yet taken (the others' still pass),
+    and submit_over_nats raises SubmissionsWaiting at once. Shown with the cap lowered to 3."""
+    import dataclasses
+
+    from server.state.streams import SUBMIT_PER_SUBJECT, stream_configs
+    from wire.errors import SubmissionsWaiting
+    from wire.submit import submit_over_nats
+
+    info = await store.js.stream_info(subjects.SUBMIT_STREAM)
+    assert info.config.max_msgs_per_subject == SUBMIT_PER_SUBJECT and info.config.discard_new_per_subject
+    cfg = next(c for c in stream_configs(1) if c.name == subjects.SUBMIT_STREAM)
+    await store.js.update_stream(dataclasses.replace(cfg, max_msgs_per_subject=3))
+    job = {"name": "t", "command": ["true"]}
+    for _ in range(3):
+        await submit_over_nats(store.js, [job], user="alice", within_s=3)
+    with pytest.raises(SubmissionsWaiting, match="muster.submit.alice holds as many submissions") as refused:
+        await submit_over_nats(store.js, [job], user="alice", within_s=3)
+    assert len(refused.value.job_ids) == 1  # type: ignore[attr-defined]
+    await submit_over_nats(store.js, [job], user="bob", within_s=3)
+    await submit_over_nats(store.js, [job], user="alice", queue="research", within_s=3)  # another subject
+    assert (await store.js.stream_info(subjects.SUBMIT_STREAM)).state.messages == 5
+
+
+async def test_a_submit_stream_made_by_an_earlier_version_gets_the_per_subject_cap_at_start(nats_url: str) -> None:
+    """ensure_streams (a server's start) updates a SUBMIT stream made without the cap, and
+    keeps what it holds."""
+    import dataclasses
+
+    from server.state.streams import SUBMIT_PER_SUBJECT, stream_configs
+
+    nc = await connect(nats_url, name="old")
+    try:
+        s = Store(nc)
+        cfg = next(c for c in stream_configs(1) if c.name == subjects.SUBMIT_STREAM)
+        await s.js.add_stream(dataclasses.replace(cfg, max_msgs_per_subject=-1, discard_new_per_subject=False))
+        await s.js.publish(subjects.submit_subject("alice"), b"{}")
+        await ensure_streams(s)
+        info = await s.js.stream_info(subjects.SUBMIT_STREAM)
+        assert info.config.max_msgs_per_subject == SUBMIT_PER_SUBJECT and info.config.discard_new_per_subject
+        assert info.state.messages == 1
+    finally:
+        await nc.close()
