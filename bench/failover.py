@@ -59,9 +59,9 @@ async def submit_load(url: str, rate: float, duration: float, submitted: dict[st
     t0 = time.monotonic()
     n = 0
     # Batches not yet acknowledged, oldest first: their first try's time and their jobs,
-    # ids included. A failed publish is sent again with the same ids, so a try that was
-    # stored although its answer was lost makes the resend a duplicate (no job runs
-    # uncounted); its jobs are timed from the first try.
+    # ids included. A failed publish is sent again with the same ids, so that the jobs of a
+    # try stored although its answer was lost are the resend's (the leader creates each id
+    # once: no job runs uncounted, none twice); its jobs are timed from the first try.
     pending: list[tuple[float, list[dict[str, object]]]] = []
     while time.monotonic() - t0 < duration:
         due = int((time.monotonic() - t0) * rate) - n

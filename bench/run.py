@@ -66,8 +66,8 @@ HOST = "query($id: ID!) { host(id: $id) { id health } }"
 # 258, server/scheduling/planner.py plan_cycle), so a message of more than 642 jobs would never be
 # taken and would hold up every later one.
 MAX_BATCH = {"graphql": 1000, "nats": 500}
-# How long a failed NATS submission is sent again: well inside the SUBMIT stream's 120 s
-# duplicate window (server.state.streams), so a retry of a stored one is dropped.
+# How long a failed NATS submission is sent again (with the same job ids: the leader
+# skips the jobs a stored try made).
 SUBMIT_RETRY_S = 60.0
 # The window starts once the observer has this many state records or fewer left to read.
 OBSERVER_CAUGHT_UP = 2000
@@ -91,8 +91,8 @@ class Bench(Processes):
     burst_submitted: float | None = None
     submit_errors: int = 0
     submit_requests: int = 0
-    # NATS submissions whose publish failed, sent again with the same ids (the stream's
-    # duplicate window makes that safe): jobs accepted on a later try, retry tasks still
+    # NATS submissions whose publish failed, sent again with the same ids (the leader
+    # creates each id once, so that is safe): jobs accepted on a later try, retry tasks still
     # running, and jobs given up while in doubt (a publish that timed out may have been
     # stored: such a job may still run, and is not counted as an unknown dispatch).
     submit_retried_ok: int = 0
@@ -331,9 +331,9 @@ class Bench(Processes):
 
     async def submit_again(self, jobs: list[dict[str, Any]], batch: list[JobReq], ts: float) -> None:
         """A NATS submission whose publish failed, sent again once a second with the same
-        ids, as a client would: the stream stores it at most once (Nats-Msg-Id from its
-        ids, a 120 s duplicate window), so a publish that timed out after being stored
-        creates nothing twice. Its jobs count from the first try. Given up after
+        ids, as a client would: the leader creates each id once (the same user's job sent
+        again is skipped), so a publish that timed out after being stored creates nothing
+        twice. Its jobs count from the first try. Given up after
         SUBMIT_RETRY_S (or when the run ends): then counted as errors, and in doubt."""
         try:
             await asyncio.sleep(1.0)

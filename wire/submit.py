@@ -6,12 +6,12 @@
 Each job without an `id` gets a client-chosen one before it is sent (the dicts given are
 not changed), so the publish can be retried safely: by this function, and after it
 raised, by sending the jobs again with the ids the exception carries (`job_ids`, in the
-jobs' order: `[dict(j, id=i) for j, i in zip(jobs, exc.job_ids)]`). The stream
-deduplicates the same message (its Nats-Msg-Id is a digest of its user and jobs), and
-the leader creates a job id once (the same user's id again is skipped; another user's
-job's, or an earlier job's, is refused). The publish is acknowledged once the batch is
-stored durably; the jobs appear as QUEUED (or already PLACED) records on the leader's
-next cycle.
+jobs' order: `[dict(j, id=i) for j, i in zip(jobs, exc.job_ids)]`). Within one call the
+stream deduplicates a message tried again (its Nats-Msg-Id is drawn afresh for each call
+and kept by the call's own tries); the leader creates a job id once (the same user's id
+again is skipped; another user's job's, or an earlier job's, is refused). The publish is
+acknowledged once the batch is stored durably; the jobs appear as QUEUED (or already
+PLACED) records on the leader's next cycle.
 
 While NATS cannot take the publish (the submission stream electing a leader after a
 node was lost: no responders, a timeout, 503) it is sent again every `every_s` for up to
@@ -30,8 +30,7 @@ ServiceUnavailableError).
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
+import secrets
 import time
 from typing import Any
 
@@ -49,15 +48,19 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
     """Publish `jobs` on `muster.submit.<user>` (the user the credentials may submit as),
     or on `muster.submit.<user>.<queue>` with `queue` (jobs of that queue only: what
     credentials bound to queues may publish on; a job naming no queue is in it), in
-    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids. Each message carries a
-    Nats-Msg-Id that is a digest of its user and jobs, so publishing the same jobs again
-    (a retry after a lost ack, or after this raised: the exception's `job_ids`) creates
-    nothing twice, and a corrected one is taken; a message NATS cannot take is sent again
-    for up to `within_s` (0: raised at once). The dicts given are not changed (a review:
-    written into, one dict given three times, or a template sent in a loop, made one job)."""
+    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids. A message NATS cannot
+    take is sent again for up to `within_s` (0: raised at once) under the same
+    Nats-Msg-Id, so that a try stored although its answer was lost makes the next a
+    duplicate. Another call is another message, whatever it holds (found by exploring:
+    with the id a digest of the user and jobs, a job refused and sent again unchanged
+    within the stream's 2-minute duplicate window, its queue made meanwhile, was
+    acknowledged and dropped without a word): sent again after this raised (the
+    exception's `job_ids`), the leader skips the jobs it already has. The dicts given are
+    not changed (a review: written into, one dict given three times, or a template sent
+    in a loop, made one job)."""
     jobs = [j if "id" in j else {**j, "id": new_id("j")} for j in jobs]
     try:
-        await _publish_all(js, jobs, user, timeout, within_s, every_s, queue)
+        await _publish_all(js, jobs, user, timeout, within_s, every_s, queue, secrets.token_hex(16))
     except Exception as exc:
         # (found by exploring: the ids lived on copies, and a retry after an error sent new
         # ones: the jobs stored by the try that seemed to fail ran twice)
@@ -67,14 +70,11 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
 
 
 async def _publish_all(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float, within_s: float,
-                       every_s: float, queue: str | None) -> None:
+                       every_s: float, queue: str | None, call: str) -> None:
     for i in range(0, len(jobs), MAX_SUBMIT_JOBS):
         chunk = jobs[i : i + MAX_SUBMIT_JOBS]
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
-        # (found by exploring: a digest of the ids alone dropped a corrected job sent again
-        # under its id, and another user's message naming the same ids, for 2 minutes)
-        body = json.dumps([user, queue, chunk], sort_keys=True, separators=(",", ":"), default=str)
-        msg_id = hashlib.sha256(body.encode()).hexdigest()[:32]
+        msg_id = f"{call}-{i // MAX_SUBMIT_JOBS}"  # this call's, its tries' alike
         subject = subjects.submit_subject(user, queue)
         publish = functools.partial(js.publish, subject, encode(req), headers={"Nats-Msg-Id": msg_id},
                                     timeout=timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from wire.messages import MAX_SUBMIT_JOBS
 from wire.submit import submit_over_nats
 
 
@@ -29,13 +30,29 @@ async def test_each_dict_given_is_a_job_of_its_own_and_is_not_changed() -> None:
     assert own == ["my-own-id-1"] and js.sent[-1][0] == "muster.submit.alice.research"
 
 
-async def test_the_message_id_is_a_digest_of_the_user_the_queue_and_the_jobs() -> None:
-    """Found by exploring: a digest of the job ids alone made a corrected job sent again
-    under its id, and another user's message naming the same ids, duplicates for 2 minutes."""
+async def test_each_call_is_a_message_of_its_own_and_its_tries_share_its_id() -> None:
+    """Found by exploring: with the message id a digest of the user, queue and jobs, a job
+    refused and sent again unchanged within the stream's 2-minute duplicate window (its
+    queue made meanwhile) was acknowledged as a duplicate and dropped without a word. Each
+    call's messages now have ids of their own; a try again within the call (NATS not
+    taking it) keeps the id, so that a try stored although its answer was lost makes the
+    next a duplicate."""
+    from nats.js.errors import ServiceUnavailableError
+
     js = _Recorder()
     job = {"id": "same-id-01", "name": "t", "command": ["true"]}
-    for user, queue, j in (("alice", None, job), ("alice", None, job), ("bob", None, job),
-                           ("alice", "research", job), ("alice", None, dict(job, gpus=1))):
-        await submit_over_nats(js, [j], user=user, queue=queue)
+    for _ in range(2):
+        await submit_over_nats(js, [job], user="alice")
+    await submit_over_nats(js, [dict(job, id=f"many-{i:04d}") for i in range(MAX_SUBMIT_JOBS + 1)], user="alice")
     ids = [m for _, _, m in js.sent]
-    assert ids[0] == ids[1] and len(set(ids)) == 4
+    assert len(ids) == 4 and len(set(ids)) == 4
+
+    class _Electing(_Recorder):
+        async def publish(self, subject: str, data: bytes, headers: dict[str, str], timeout: float) -> None:
+            await super().publish(subject, data, headers, timeout)
+            if len(self.sent) == 1:  # the first try's answer lost
+                raise ServiceUnavailableError()
+
+    js = _Electing()
+    await submit_over_nats(js, [job], user="alice", every_s=0)
+    assert len(js.sent) == 2 and js.sent[0][2] == js.sent[1][2]
