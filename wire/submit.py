@@ -9,7 +9,8 @@ raised, by sending the jobs again with the ids the exception carries (`job_ids`,
 jobs' order: `[dict(j, id=i) for j, i in zip(jobs, exc.job_ids)]`). Within one call the
 stream deduplicates a message tried again (its Nats-Msg-Id is drawn afresh for each call
 and kept by the call's own tries); the leader creates a job id once (the same user's id
-again is skipped; another user's job's, or an earlier job's, is refused). The publish is
+again is skipped when the job is unchanged, refused when it differs; another user's
+job's, or an earlier job's, is refused). The publish is
 acknowledged once the batch is stored durably; the jobs appear as QUEUED (or already
 PLACED) records on the leader's next cycle.
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from server.scheduling.planner import Plan, plan_cycle
 from server.state.cluster import ClusterState
-from wire.messages import JobState, SubmitRequest
+from wire.messages import JobState, SubmitRequest, encode
+from wire.records import Record
 
 NOW = 1_000_000.0
 TERM = 3
@@ -42,3 +43,35 @@ def test_a_job_runs_after_one_an_earlier_cycle_is_still_committing() -> None:
     # One no cycle knows is still refused.
     fourth = _cycle(state, _job("orphan-job1", depends_on=["nosuch-job"]), in_flight=(first,))
     assert fourth.rejected == [("orphan-job1", "dependsOn: dependency nosuch-job is not known")]
+
+
+
+def _stored(state: ClusterState, plan: Plan) -> None:
+    """What the scheduler does once a cycle's commit landed: its records reach the state."""
+    for job in plan.jobs.values():
+        state.apply_state_record(Record(f"job.{job.id}", len(state.revisions) + 100, encode(job)))
+
+
+def test_an_id_sent_again_by_its_user_is_skipped_only_when_the_job_is_the_same() -> None:
+    """Found by exploring: the same user's id that exists was skipped without a word even
+    when the job sent differed (a corrected job under its first id: the first ran, and its
+    submitter never heard that the correction was not). A job sent again unchanged (a
+    publish sent again) is still skipped, held or not; a different one is refused, also
+    when the first is created by the same cycle."""
+    state = ClusterState(heartbeat_interval_s=60)
+    _stored(state, _cycle(state, _job("train-job-1", gpus=1, env={"A": "1"})))
+    for held in (False, True):
+        again = _cycle(state, _job("train-job-1", gpus=1, env={"A": "1"}, held=held))
+        assert again.rejected == [] and again.jobs == {}
+    changed = _cycle(state, _job("train-job-1", gpus=2, env={"A": "2"}))
+    assert changed.jobs == {} and changed.rejected == [
+        ("train-job-1", "id: in use by your job train-job-1, which differs (env, gpus): a job sent again is skipped "
+                        "only unchanged; choose another id")]
+    # Two messages of one cycle: the first creates it, the second differs.
+    plan = plan_cycle(state, reports=[], commands=[], now=NOW, term=TERM, submissions=[
+        SubmitRequest(user="alice", ts=NOW, nonce="a", used=[], jobs=[_job("eval-job-01")]),
+        SubmitRequest(user="alice", ts=NOW, nonce="b", used=[], jobs=[_job("eval-job-01")]),
+        SubmitRequest(user="alice", ts=NOW, nonce="c", used=[], jobs=[_job("eval-job-01", name="y")])])
+    assert list(plan.jobs) == ["eval-job-01"] and plan.jobs["eval-job-01"].spec.name == "x"
+    assert plan.rejected == [("eval-job-01", "id: in use by your job eval-job-01, which differs (name): a job sent "
+                                             "again is skipped only unchanged; choose another id")]

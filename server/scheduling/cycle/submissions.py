@@ -24,11 +24,13 @@ JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: float) -> None:
     """Jobs submitted over NATS become QUEUED job records in this cycle's commit (and may
-    be placed in the same commit). A job id that is the same user's job already is a
-    retried publish, skipped; one that is another user's job, that an earlier job had
-    (`req.used`, or a record gone since), or given twice in the message is refused, as is
-    a field no job has (found by exploring: each was dropped without a word, a misspelt
-    `gpu` ran with none, and an id used before ran a second job under the first's id)."""
+    be placed in the same commit). A job id that is the same user's job already, sent as
+    it was, is a publish sent again, skipped; one whose job differs (found by exploring:
+    skipped without a word, a corrected job never ran), one that is another user's job,
+    that an earlier job had (`req.used`, or a record gone since), or given twice in the
+    message is refused, as is a field no job has (found by exploring: each was dropped
+    without a word, a misspelt `gpu` ran with none, and an id used before ran a second
+    job under the first's id)."""
     seen: set[str] = set()
     used = set(req.used or ())
     for data in req.jobs:
@@ -41,14 +43,13 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
             continue
         seen.add(job_id)
         existing = w.plan.jobs.get(job_id) or w.state.jobs.get(job_id)
-        if existing is not None:
-            if existing.spec.user != req.user:
-                w.plan.rejected.append((job_id, "id: another user's job has it (choose another id)"))
+        if existing is not None and existing.spec.user != req.user:
+            w.plan.rejected.append((job_id, "id: another user's job has it (choose another id)"))
             continue
-        if job_id in used or subjects.job_key(job_id) in w.state.revisions:
+        if existing is None and (job_id in used or subjects.job_key(job_id) in w.state.revisions):
             w.plan.rejected.append((job_id, "id: an earlier job had it, and ids are never reused (choose another)"))
             continue
-        if job_id in w.frozen_jobs:
+        if existing is None and job_id in w.frozen_jobs:
             raise KeyInFlight(subjects.job_key(job_id))  # plan_cycle holds such submissions back
         unknown = sorted(k for k in data if k not in SUBMIT_FIELDS)
         if unknown:
@@ -74,6 +75,13 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
         if spec is None:
             w.plan.rejected.append((job_id, "; ".join(str(e) for e in errors)))
             continue
+        if existing is not None:
+            differs = spec_differences(existing.spec, spec)
+            if differs:
+                w.plan.rejected.append((job_id, f"id: in use by your job {job_id}, which differs "
+                                                f"({', '.join(differs[:5])}): a job sent again is skipped only "
+                                                "unchanged; choose another id"))
+            continue
         # As the API refuses one (found by exploring: one to no queue was stored and waited
         # for ever).
         refused = queue_refusal(spec, queue_named(w.state.queues, spec.queue))
@@ -97,6 +105,13 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
         w.plan.accepted += 1
         if w.open_changes is not None:
             w.open_changes.update(None, job)
+
+
+def spec_differences(stored: JobSpec, sent: JobSpec) -> list[str]:
+    """The fields (the stored spec's names, sorted) in which a job sent again differs from
+    the stored job of its id, but those only the control plane sets."""
+    a, b = stored.model_dump(), sent.model_dump()
+    return sorted(k for k in a if k != "time_limit_exempt" and a[k] != b.get(k))
 
 
 def uid_key(nonce: str, job_id: str) -> str:
