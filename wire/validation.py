@@ -73,6 +73,14 @@ def _real(v: object, lo: float, hi: float, *, above: bool = False) -> bool:
             and (lo < v if above else lo <= v) and v <= hi)
 
 
+def _given(data: dict[str, Any], key: str, default: Any) -> Any:
+    """A field's value, `default` when it is absent or null; any other value is checked as
+    given (found by exploring: `"time_limit_s": ""`, `"env": []`, `"gpu_share": false`
+    were read as `... or 0` and taken silently as the defaults)."""
+    value = data.get(key)
+    return default if value is None else value
+
+
 # The fields a job submitted over NATS may have: the stored spec's (but what only the
 # control plane sets), its id, `held`, and `user` (which the subject overrides).
 SUBMIT_FIELDS = frozenset(JobSpec.model_fields) - {"time_limit_exempt"} | {"id", "held", "user"}
@@ -103,7 +111,7 @@ def validate_job(
         err("command", f"must be at most 256 arguments and {MAX_COMMAND_BYTES} bytes", "TOO_LARGE")
     elif any("\x00" in c for c in command):
         err("command", "must not contain NUL characters")
-    env = data.get("env") or {}
+    env = _given(data, "env", {})
     if not isinstance(env, dict):
         err("env", "must be a map of names to values")
     else:
@@ -125,9 +133,9 @@ def validate_job(
         err("cpus", f"must be from {MIN_CPUS:g} to {MAX_CPUS:g}", "OUT_OF_RANGE")
     if not _whole(memory_mb, 1, MAX_MEMORY_MB):
         err("memoryMb", f"must be more than 0 and at most {MAX_MEMORY_MB} MB", "OUT_OF_RANGE")
-    share = data.get("gpu_share", 0) or 0
-    gpu_memory = data.get("gpu_memory_mb", 0) or 0
-    mig_profile = data.get("mig_profile") or None
+    share = _given(data, "gpu_share", 0)
+    gpu_memory = _given(data, "gpu_memory_mb", 0)
+    mig_profile = None if data.get("mig_profile") == "" else data.get("mig_profile")  # "": none
     if not _whole(share, 0, 999):
         err("gpuShare", "must be a whole number of thousandths of one GPU, from 1 to 999", "OUT_OF_RANGE")
     elif share and isinstance(gpus, int) and gpus:
@@ -142,7 +150,7 @@ def validate_job(
         elif (isinstance(gpus, int) and gpus) or share:
             err("migProfile", "a MIG instance goes with gpus: 0 and no gpuShare")
     wants_gpu = (isinstance(gpus, int) and gpus > 0) or bool(share) or mig_profile is not None
-    model = data.get("gpu_model") or None
+    model = None if data.get("gpu_model") == "" else data.get("gpu_model")  # "": any
     models = data.get("gpu_models")
     known = KNOWN_GPU_MODELS.union(known_models)
     if model is not None and models:
@@ -188,10 +196,11 @@ def validate_job(
     same_rack = data.get("same_rack", False)
     if not isinstance(same_rack, bool):
         err("sameRack", "must be true or false")
-    queue = data.get("queue") or DEFAULT_QUEUE
+    queue = _given(data, "queue", "")
+    queue = DEFAULT_QUEUE if queue == "" else queue
     if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
         err("queue", "must be 1-63 characters: lower-case letters, digits, '_', '-', starting with a letter or digit")
-    host_labels = data.get("host_labels") or {}
+    host_labels = _given(data, "host_labels", {})
     if not isinstance(host_labels, dict) or len(host_labels) > MAX_HOST_LABELS:
         err("hostLabels", f"must be a map of at most {MAX_HOST_LABELS} labels", "TOO_LARGE")
     else:
@@ -203,12 +212,12 @@ def validate_job(
             if not isinstance(v, str) or not LABEL_VALUE_RE.fullmatch(v):
                 err("hostLabels", f"invalid value for label {k!r}")
                 break
-    exclude_hosts = data.get("exclude_hosts") or []
+    exclude_hosts = _given(data, "exclude_hosts", [])
     if (not isinstance(exclude_hosts, list) or len(exclude_hosts) > MAX_EXCLUDED_HOSTS
             or not all(isinstance(h, str) and HOST_ID_RE.fullmatch(h) for h in exclude_hosts)):
         err("excludeHosts", f"must be a list of at most {MAX_EXCLUDED_HOSTS} host ids", "INVALID")
         exclude_hosts = []
-    depends_on = data.get("depends_on") or []
+    depends_on = _given(data, "depends_on", [])
     if not isinstance(depends_on, list) or len(depends_on) > MAX_DEPENDENCIES:
         err("dependsOn", f"must be a list of at most {MAX_DEPENDENCIES} job ids", "INVALID")
         depends_on = []
@@ -219,21 +228,21 @@ def validate_job(
     depend_not_ok = data.get("depend_not_ok", False)
     if not isinstance(depend_any, bool) or not isinstance(depend_not_ok, bool) or (depend_any and depend_not_ok):
         err("dependency", "must be one of AFTER_OK, AFTER_ANY and AFTER_NOT_OK")
-    time_limit = data.get("time_limit_s", 0) or 0
+    time_limit = _given(data, "time_limit_s", 0)
     if not _real(time_limit, 0, MAX_TIME_LIMIT_S):
         err("timeLimitSeconds", f"must be from 0 (none) to {MAX_TIME_LIMIT_S} seconds", "OUT_OF_RANGE")
-    group = data.get("group") or ""
-    group_limit = data.get("group_limit", 0) or 0
+    group = _given(data, "group", "")
+    group_limit = _given(data, "group_limit", 0)
     if not isinstance(group, str) or len(group) > 128 or any(c < " " for c in group):
         err("group", "must be at most 128 characters, none of them control characters")
     if not _whole(group_limit, 0, MAX_GROUP_LIMIT):
         err("groupLimit", f"must be a whole number from 0 (none) to {MAX_GROUP_LIMIT}", "OUT_OF_RANGE")
     elif group_limit and not group:
         err("groupLimit", "a limit needs a group: the jobs it counts are those of the same user and group")
-    retry_failures = data.get("retry_failures", 0) or 0
-    retry_codes = data.get("retry_exit_codes") or []
+    retry_failures = _given(data, "retry_failures", 0)
+    retry_codes = _given(data, "retry_exit_codes", [])
     retry_timeouts = data.get("retry_timeouts", False)
-    retry_delay = data.get("retry_delay_s", 0) or 0
+    retry_delay = _given(data, "retry_delay_s", 0)
     if not _whole(retry_failures, 0, 100):
         err("retryFailures", "must be a whole number from 0 to 100", "OUT_OF_RANGE")
     if (not isinstance(retry_codes, list) or len(retry_codes) > 16
@@ -253,7 +262,7 @@ def validate_job(
     checkpoints = data.get("checkpoints", False)
     if not isinstance(checkpoints, bool):
         err("checkpoints", "must be true or false")
-    begin_at = data.get("begin_at", 0) or 0
+    begin_at = _given(data, "begin_at", 0)
     if not _real(begin_at, 0, MAX_EPOCH_S):
         # (Found by exploring: a time in the year 3000 was told it was no time at all.)
         far = isinstance(begin_at, int | float) and not isinstance(begin_at, bool) and begin_at > MAX_EPOCH_S

@@ -75,3 +75,32 @@ def test_an_id_sent_again_by_its_user_is_skipped_only_when_the_job_is_the_same()
     assert list(plan.jobs) == ["eval-job-01"] and plan.jobs["eval-job-01"].spec.name == "x"
     assert plan.rejected == [("eval-job-01", "id: in use by your job eval-job-01, which differs (name): a job sent "
                                              "again is skipped only unchanged; choose another id")]
+
+
+def test_held_and_every_field_of_the_wrong_type_is_refused_not_read_as_its_default() -> None:
+    """Found by exploring: `"held": 1` (or 1.0) was taken, and the job was not held
+    (1 == True); `"time_limit_s": ""`, `"env": []`, `"gpu_share": false` and the like were
+    read as `... or 0` and taken as the defaults. Null is still the default, and "" still
+    names the default queue, no GPU model or no MIG profile."""
+    state = ClusterState(heartbeat_interval_s=60)
+    wrong = {"held": 1, "time_limit_s": "", "env": [], "gpu_share": False, "gpu_memory_mb": "", "host_labels": [],
+             "exclude_hosts": {}, "depends_on": "", "group": 0, "group_limit": False, "retry_failures": False,
+             "retry_exit_codes": {}, "retry_delay_s": "", "begin_at": False, "queue": 0, "gpu_model": False,
+             "mig_profile": 0}
+    plan = _cycle(state, *(_job(f"wrong-{k.replace('_', '-')}", **{k: v}) for k, v in wrong.items()),
+                  _job("wrong-held-float", held=1.0))
+    assert plan.jobs == {}
+    fields = {job_id: why.split(":")[0] for job_id, why in plan.rejected}
+    assert fields == {"wrong-held": "held", "wrong-held-float": "held", "wrong-time-limit-s": "timeLimitSeconds",
+                      "wrong-env": "env", "wrong-gpu-share": "gpuShare", "wrong-gpu-memory-mb": "gpuMemoryMb",
+                      "wrong-host-labels": "hostLabels", "wrong-exclude-hosts": "excludeHosts",
+                      "wrong-depends-on": "dependsOn", "wrong-group": "group", "wrong-group-limit": "groupLimit",
+                      "wrong-retry-failures": "retryFailures", "wrong-retry-exit-codes": "retryExitCodes",
+                      "wrong-retry-delay-s": "retryDelaySeconds", "wrong-begin-at": "beginAt", "wrong-queue": "queue",
+                      "wrong-gpu-model": "gpuModel", "wrong-mig-profile": "migProfile"}, plan.rejected
+    nulls = {k: None for k in wrong}
+    fine = _cycle(state, _job("null-fields", **nulls), _job("empty-names", queue="", gpu_model="", mig_profile=""))
+    assert fine.rejected == [] and set(fine.jobs) == {"null-fields", "empty-names"}
+    spec = fine.jobs["null-fields"].spec
+    assert (spec.queue, spec.time_limit_s, spec.env, spec.gpu_share, spec.gpu_model) == ("default", 0.0, {}, 0, None)
+    assert fine.jobs["null-fields"].hold == "" and fine.jobs["empty-names"].spec.mig_profile is None

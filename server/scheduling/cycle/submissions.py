@@ -56,7 +56,7 @@ def apply_submission(w: Work, req: SubmitRequest, known_models: set[str], now: f
             w.plan.rejected.append((job_id, f"{', '.join(unknown)[:200]}: no such field (the stored spec's names: "
                                             "gpus, memory_mb, time_limit_s, ...)"))
             continue
-        if data.get("held") not in (None, True, False):
+        if data.get("held") is not None and not isinstance(data["held"], bool):  # (1 == True: "held": 1 ran)
             w.plan.rejected.append((job_id, "held: must be true or false"))
             continue
         fields = {k: v for k, v in data.items() if k not in ("id", "user", "held")}
