@@ -609,6 +609,16 @@ class History:
             row = s.get(JobRow, job_id)
             return Job.model_validate_json(row.doc) if row else None
 
+    def get_jobs(self, ids: Sequence[str]) -> dict[str, Job]:
+        """The recorded jobs of `ids` (those it has), by id, by the primary key, 500 at a time."""
+        found: dict[str, Job] = {}
+        ids = list(ids)
+        with Session(self.engine) as s:
+            for i in range(0, len(ids), 500):
+                for row in s.exec(select(JobRow).where(col(JobRow.id).in_(ids[i:i + 500]))).all():
+                    found[row.id] = Job.model_validate_json(row.doc)
+        return found
+
     def job_states(self, ids: Sequence[str]) -> dict[str, str]:
         """Those of `ids` that history has a job of, with the state it holds for each (by
         the primary key, 500 at a time)."""

@@ -3,10 +3,11 @@ dependencies, and stored QUEUED (any replica stores them; the leader places them
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from server import metrics
@@ -66,12 +67,24 @@ class Submissions(Operations):
             metrics.SUBMISSIONS_REFUSED.labels(spec.queue).inc()
             raise ValidationError("queue", why, submitlimits.JOB_LIMIT)
 
-    def _waits_for(self, spec: JobSpec) -> list[str]:
-        """Of the jobs `spec` runs after, those it must wait for (not ended yet, as this
-        replica sees them: the leader takes out each as it ends). Raises ValidationError
-        for one that does not exist, or one whose end its rule excludes (afterok: any but
-        SUCCEEDED; afternotok: SUCCEEDED): the job could never run."""
-        left, never = waits(spec, spec.depends_on, self.jobs.get)
+    async def _dependencies(self, items: Iterable[dict[str, Any]]) -> Callable[[str], Job | None]:
+        """How the jobs `items` run after are looked up while they are checked: the live
+        record, else history's, read for them all at once, in a thread, before the checks
+        (found by exploring: a read of the database per dependency not live, on the event
+        loop, held it 13 s for 1,000 jobs of 32 dependencies each)."""
+        wanted = {d for data in items if isinstance(deps := data.get("depends_on"), list)
+                  for d in deps if isinstance(d, str)}
+        missing = sorted(d for d in wanted if d not in self.state.jobs)
+        recorded = await asyncio.to_thread(self.jobs.recorded, missing) if missing else {}
+        live = self.state.jobs
+        return lambda d: live.get(d) or recorded.get(d)
+
+    def _waits_for(self, spec: JobSpec, lookup: Callable[[str], Job | None]) -> list[str]:
+        """Of the jobs `spec` runs after (found with `lookup`), those it must wait for (not
+        ended yet, as this replica sees them: the leader takes out each as it ends). Raises
+        ValidationError for one that does not exist, or one whose end its rule excludes
+        (afterok: any but SUCCEEDED; afternotok: SUCCEEDED): the job could never run."""
+        left, never = waits(spec, spec.depends_on, lookup)
         if never is not None:
             dep, ended = never
             if ended is None:
@@ -102,13 +115,14 @@ class Submissions(Operations):
     async def submit(self, data: dict[str, Any], user: str, queues: list[str] | None = None) -> Job:
         """Validate and store a job (QUEUED). Raises InvalidInput (nothing stored) when
         it is rejected; Forbidden when `queues` (the caller's token's) leave its queue out."""
+        lookup = await self._dependencies([data])  # (no wait from the limits' check to the store's)
         data, hold = self._job_input(data, user, queues)
         spec, errors = validate_job(data, self.known_gpu_models())
         if spec is None:
             raise InvalidInput(errors)
         spec = self._check_queue(spec, queues)
         self._check_limits(spec)
-        waits = self._waits_for(spec)
+        waits = self._waits_for(spec, lookup)
         now = time.time()
         job = Job(id=new_id("j"), spec=spec, submitted_at=now, updated_at=now, hold=hold, waiting_for=waits,
                   not_before=spec.begin_at, uid_key=new_uid_key())
@@ -129,6 +143,7 @@ class Submissions(Operations):
                           queues: list[str] | None = None) -> list[Job | InvalidInput | Forbidden]:
         """Validate every job, then store the valid ones in one atomic batch per 1,000;
         each item's result is its job or why it was rejected."""
+        lookup = await self._dependencies(items)  # (no wait from here until the jobs are being stored)
         known = self.known_gpu_models()
         now = time.time()
         results: list[Job | InvalidInput | Forbidden] = []
@@ -141,7 +156,7 @@ class Submissions(Operations):
                 try:
                     spec = self._check_queue(spec, queues)
                     self._check_limits(spec, batch)
-                    waits = self._waits_for(spec)
+                    waits = self._waits_for(spec, lookup)
                 except ValidationError as exc:
                     spec, errors = None, [exc]
                 except Forbidden as exc:

@@ -129,6 +129,11 @@ class JobView:
             job = self.history.get_job(job_id)
         return job
 
+    def recorded(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The recorded jobs of `job_ids`, by id, in one batched read of the database (no
+        live records: a caller off the event loop must not read the state it changes)."""
+        return self.history.get_jobs(job_ids) if self.history is not None and job_ids else {}
+
     def overlay(self, rows: Sequence[Job], **filters: Any) -> tuple[list[tuple[Job, Job]], int]:
         """History rows, each with its live record where there is one (fresher: the row to
         show), less those whose live record no longer passes `filters` (`matches`: history

@@ -247,6 +247,18 @@ def test_lifecycle_one_row_and_full_timeline(hist: History, flush_each: bool) ->
         assert row is not None and (row.revision, row.state, row.updated_at) == (4, "SUCCEEDED", 1010.0)
 
 
+def test_jobs_are_read_many_at_once_by_id(hist: History) -> None:
+    """History.get_jobs: the jobs it has of the ids asked (past one query's 500), as
+    get_job reads each; those it has not left out."""
+    for i in range(0, 600, 100):
+        hist.record(lifecycle(f"many-{i:04d}")[-1], 1)
+    hist.flush()
+    ids = [f"many-{i:04d}" for i in range(600)]
+    got = hist.get_jobs(ids)
+    assert sorted(got) == [f"many-{i:04d}" for i in range(0, 600, 100)]
+    assert got["many-0500"] == hist.get_job("many-0500") and hist.get_jobs([]) == {}
+
+
 def test_raw_records_decoded_only_when_newest(hist: History) -> None:
     """The historian queues job records as stored; only the newest revision of each job
     is decoded at flush, so a superseded one is never looked at, and a newest one that
