@@ -855,6 +855,9 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
 # reports and commands (server/planner.py keeps 642 of a commit's 900 keys for inputs), so
 # a larger one could never be taken and would hold up every submission behind it.
 MAX_SUBMIT_JOBS = 500
+# Bytes of one NATS submission's message: the leader decodes no larger one (and NATS takes
+# none past its max_payload, 1 MiB by default: submit_over_nats splits by the smaller).
+MAX_SUBMIT_BYTES = 4 * 1024 * 1024
 
 
 class SubmitRequest(_Model):

@@ -38,8 +38,8 @@ OUTPUT_PREFIX = "muster.output"
 # API replicas send commands to the leader (stream CMDS).
 CMDS_STREAM = "CMDS"
 CMDS_PREFIX = "muster.cmd"
-# Programs that speak NATS submit jobs here (stream SUBMIT), in batches of up to 1,000;
-# the leader turns them into job records in its next commit.
+# Programs that speak NATS submit jobs here (stream SUBMIT), in messages of up to 500 jobs
+# (wire.messages.MAX_SUBMIT_JOBS); the leader turns them into job records in its next commit.
 SUBMIT_STREAM = "SUBMIT"
 SUBMIT_PREFIX = "muster.submit"
 

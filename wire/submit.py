@@ -31,6 +31,7 @@ ServiceUnavailableError).
 from __future__ import annotations
 
 import functools
+import json
 import secrets
 import time
 from typing import Any
@@ -40,7 +41,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 
 from wire import retrying, subjects
 from wire.errors import SubmissionsWaiting
-from wire.messages import MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
+from wire.messages import MAX_SUBMIT_BYTES, MAX_SUBMIT_JOBS, SubmitRequest, encode, new_id
 
 
 async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float = 10, *,
@@ -49,10 +50,10 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
     """Publish `jobs` on `muster.submit.<user>` (the user the credentials may submit as),
     or on `muster.submit.<user>.<queue>` with `queue` (jobs of that queue only: what
     credentials bound to queues may publish on; a job naming no queue is in it), in
-    messages of at most MAX_SUBMIT_JOBS jobs; returns their ids. A message NATS cannot
-    take is sent again for up to `within_s` (0: raised at once) under the same
-    Nats-Msg-Id, so that a try stored although its answer was lost makes the next a
-    duplicate. Another call is another message, whatever it holds (found by exploring:
+    messages of at most MAX_SUBMIT_JOBS jobs and the bytes NATS takes (`messages`);
+    returns their ids. A message NATS cannot take is sent again for up to `within_s` (0:
+    raised at once) under the same Nats-Msg-Id, so that a try stored although its answer
+    was lost makes the next a duplicate. Another call is another message, whatever it holds (found by exploring:
     with the id a digest of the user and jobs, a job refused and sent again unchanged
     within the stream's 2-minute duplicate window, its queue made meanwhile, was
     acknowledged and dropped without a word): sent again after this raised (the
@@ -70,12 +71,43 @@ async def submit_over_nats(js: Any, jobs: list[dict[str, Any]], user: str, timeo
     return [str(j["id"]) for j in jobs]
 
 
+# What a message holds besides its jobs (SubmitRequest's other fields, its headers),
+# generously: a message is filled with jobs up to its bytes less this.
+_ENVELOPE_BYTES = 1024
+
+
+def messages(jobs: list[dict[str, Any]], limit: int) -> list[list[dict[str, Any]]]:
+    """`jobs` in order, in messages of at most MAX_SUBMIT_JOBS jobs and `limit` bytes (found
+    by exploring: split by count alone, 500 jobs of a few KiB each made a message past
+    NATS's max_payload, refused whole). A job past `limit` on its own is a message of its
+    own, which NATS refuses (MaxPayloadError)."""
+    out: list[list[dict[str, Any]]] = []
+    chunk: list[dict[str, Any]] = []
+    size = _ENVELOPE_BYTES
+    for job in jobs:
+        n = len(json.dumps(job, separators=(",", ":"), ensure_ascii=False, default=str).encode()) + 1
+        if chunk and (len(chunk) >= MAX_SUBMIT_JOBS or size + n > limit):
+            out.append(chunk)
+            chunk, size = [], _ENVELOPE_BYTES
+        chunk.append(job)
+        size += n
+    if chunk:
+        out.append(chunk)
+    return out
+
+
+def _limit(js: Any) -> int:
+    """The most bytes a submission's message may have: the server's max_payload (as the
+    client's connection was told it), and what the leader decodes."""
+    payload = getattr(getattr(js, "_nc", None), "max_payload", None)
+    return min(MAX_SUBMIT_BYTES, payload) if isinstance(payload, int) and payload > 0 else MAX_SUBMIT_BYTES
+
+
 async def _publish_all(js: Any, jobs: list[dict[str, Any]], user: str, timeout: float, within_s: float,
                        every_s: float, queue: str | None, call: str) -> None:
-    for i in range(0, len(jobs), MAX_SUBMIT_JOBS):
-        chunk = jobs[i : i + MAX_SUBMIT_JOBS]
+    for i, chunk in enumerate(messages(jobs, _limit(js))):
         req = SubmitRequest(user=user, ts=time.time(), jobs=chunk)
-        msg_id = f"{call}-{i // MAX_SUBMIT_JOBS}"  # this call's, its tries' alike
+        msg_id = f"{call}-{i}"  # this call's, its tries' alike
         subject = subjects.submit_subject(user, queue)
         publish = functools.partial(js.publish, subject, encode(req), headers={"Nats-Msg-Id": msg_id},
                                     timeout=timeout)

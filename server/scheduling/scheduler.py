@@ -45,7 +45,7 @@ from server.views.jobs import JobView
 from wire import subjects
 from wire.errors import ConflictError, DecodeError, FencedError, RejectedError, StoreError
 from wire.kv import CommitResult, Store, Write
-from wire.messages import Command, Event, Job, JobState, StatusReport, SubmitRequest, decode, encode
+from wire.messages import MAX_SUBMIT_BYTES, Command, Event, Job, JobState, StatusReport, SubmitRequest, decode, encode
 from wire.records import ack_position
 from wire.stopping import pause
 
@@ -285,7 +285,7 @@ class Scheduler:
         try:
             if named is None:
                 raise DecodeError(f"{msg.subject[:80]!r} names no user")
-            req = decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+            req = decode(SubmitRequest, msg.data, limit=MAX_SUBMIT_BYTES)
         except DecodeError as exc:
             metrics.DROPPED.labels("submission").inc()
             log.warning("dropped submission: %s", exc)
@@ -306,7 +306,7 @@ class Scheduler:
         the message is acknowledged after it."""
         try:
             try:
-                decode(SubmitRequest, msg.data, limit=4 * 1024 * 1024)
+                decode(SubmitRequest, msg.data, limit=MAX_SUBMIT_BYTES)
                 why = f"{msg.subject[:80]!r} names no user, or a queue that is not a queue's name"
             except DecodeError as exc:
                 why = str(exc)

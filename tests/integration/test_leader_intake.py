@@ -125,3 +125,21 @@ async def test_a_submit_stream_made_by_an_earlier_version_gets_the_per_subject_c
         assert info.state.messages == 1
     finally:
         await nc.close()
+
+
+async def test_a_list_past_max_payload_is_stored_in_messages_that_fit(store: Store) -> None:
+    """Found by exploring: 500 jobs of a few KiB each were one message past the server's
+    max_payload (1 MiB here), refused whole; now they are split to fit and stored."""
+    from wire.messages import SubmitRequest as Request
+    from wire.submit import submit_over_nats
+
+    jobs = [{"name": "t", "command": ["true"], "env": {"DATA": "x" * 4000}} for _ in range(500)]
+    ids = await submit_over_nats(store.js, jobs, user="alice", within_s=0)
+    info = await store.js.stream_info(subjects.SUBMIT_STREAM)
+    assert info.state.messages >= 2
+    stored = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await store.js.get_msg(subjects.SUBMIT_STREAM, seq)
+        assert len(msg.data) <= store.nc.max_payload
+        stored += [j["id"] for j in Request.model_validate_json(msg.data).jobs]
+    assert stored == ids

@@ -56,3 +56,24 @@ async def test_each_call_is_a_message_of_its_own_and_its_tries_share_its_id() ->
     js = _Electing()
     await submit_over_nats(js, [job], user="alice", every_s=0)
     assert len(js.sent) == 2 and js.sent[0][2] == js.sent[1][2]
+
+
+async def test_a_list_is_split_by_bytes_as_well_as_by_count() -> None:
+    """Found by exploring: split by count alone, 500 jobs of a few KiB each made one message
+    past NATS's max_payload, refused whole (MaxPayloadError). Messages now keep to the
+    connection's max_payload too, the jobs in order."""
+    from types import SimpleNamespace
+
+    js = _Recorder()
+    js._nc = SimpleNamespace(max_payload=64 * 1024)  # type: ignore[attr-defined]
+    jobs = [{"id": f"big-{i:05d}", "name": "t", "command": ["true"], "env": {"DATA": "x" * 1000}} for i in range(500)]
+    ids = await submit_over_nats(js, jobs, user="alice")
+    assert ids == [j["id"] for j in jobs]
+    sent = [[j["id"] for j in body["jobs"]] for _, body, _ in js.sent]
+    assert [i for ids_ in sent for i in ids_] == ids and len(sent) > 1
+    for _, body, _ in js.sent:
+        assert len(json.dumps(body).encode()) <= 64 * 1024
+    small = [{"id": f"small-{i:05d}", "name": "t", "command": ["true"]} for i in range(501)]
+    js.sent.clear()
+    await submit_over_nats(js, small, user="alice")
+    assert [len(body["jobs"]) for _, body, _ in js.sent] == [500, 1]  # the count still bounds a message
