@@ -11,8 +11,12 @@ with whoever handles the message (`Msg.ack()` works on these as on fetched ones)
 `read_to` says how far the stream has been handed over: every message the store stored
 before that time (its clock, seconds) has been given to `on_msg`. A message moves it to
 when it was stored (the stream delivers in order); a pull request that ends with 404 or 408 having
-found nothing more moves it to when that answer arrived (the local clock, which must be
-kept close to the store's, as for host health). The consumer must not be paused: a
+found nothing more moves it to when the server answered so, at the latest: when the
+request was sent, plus its wait for a 408 (the local clock, which must be kept close to
+the store's, as for host health), or when the answer is read if that is sooner. Not when
+the answer is read: a reader behind on the messages before it reads it late, and the
+messages stored meanwhile, for the next request, were said read (found by a test that
+failed now and then on a loaded machine). The consumer must not be paused: a
 paused consumer lets requests expire with messages waiting. A message handed to an
 earlier reader (a leader that died) and not acknowledged comes back only after the
 consumer's `ack_wait`, so a new reader learns nothing from what it reads before then:
@@ -152,6 +156,7 @@ class PullFeed:
         # marks what it has held for half the ack_wait in progress.
         self.held = held
         self._want = batch  # the batch of the pull request outstanding
+        self._asked_at = 0.0  # when it was sent (local clock)
         self.waited = 0  # pull requests held back for want of room
 
     async def _cb(self, msg: Msg) -> None:
@@ -161,7 +166,8 @@ class PullFeed:
                 self._status = status
                 self._ended.set()
             if status in _NOTHING_MORE and (now := time.time()) >= self.trust_after:
-                self.read_to = max(self.read_to, now)
+                answered = self._asked_at + (self.expires_s if status == "408" else 0.0)
+                self.read_to = max(self.read_to, min(now, answered))
             return
         self._n += 1
         self.delivered += 1
@@ -247,6 +253,7 @@ class PullFeed:
                     break
                 request = json.dumps({"batch": want, "expires": int(self.expires_s * 1e9)}).encode()
                 self._want = want
+                self._asked_at = time.time()
                 self._n = 0
                 self._status = None
                 self._ended.clear()
