@@ -634,6 +634,20 @@ class ClusterState:
         if rec.stamp:
             self.clock.advance(rec.stamp, rec.behind, local, rec.skipped)
 
+    def _heard_undecoded(self, key: str, entry: HostEntry | None, revision: int, now: float,
+                         ttl_s: float | None) -> None:
+        """A heartbeat the store holds for a present host, which this server could not use
+        (it does not decode: an agent newer than this server sending a value it refuses; or
+        it names another host): its key is alive all the same, so the host is not taken as
+        expired by its age (`_expire_overdue`; found by a review: such a host was declared
+        LOST while its agent, unfenced, ran its tries on). What it reported last stays."""
+        if entry is None or not entry.present or entry.heartbeat is None:
+            return
+        self.health_index.seen(key, entry.seen_at, now)
+        entry.revision = revision
+        entry.seen_at = now
+        entry.ttl_s = ttl_s
+
     def apply_heartbeat(self, key: str, revision: int, value: bytes | None, shape: str | None,
                         now: float, ttl_s: float | None = None) -> None:
         """One host's heartbeat (`value`, with its `Muster-Shape` header `shape`, stored
@@ -672,10 +686,12 @@ class ClusterState:
         except DecodeError as exc:
             self.dropped["heartbeat"] += 1
             log.warning("dropped heartbeat for %s: %s", key, exc)
+            self._heard_undecoded(key, entry, revision, now, ttl_s)
             return
         if hb.host_id != key:
             self.dropped["heartbeat"] += 1
             log.warning("dropped heartbeat: key %s carries host %s", key, hb.host_id)
+            self._heard_undecoded(key, entry, revision, now, ttl_s)
             return
         was_present = entry.present if entry else False
         before = {u.index for u in entry.heartbeat.gpu_usage if not u.healthy} if entry and entry.heartbeat else set()

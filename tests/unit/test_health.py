@@ -737,6 +737,27 @@ def test_a_host_whose_key_was_purged_without_a_marker_is_lost_a_ttl_and_an_inter
     assert state.hosts["h1"].present and not state.hosts["h1"].lost_unmarked
 
 
+def test_a_host_whose_heartbeats_this_server_cannot_decode_is_not_taken_as_expired_by_its_age() -> None:
+    """Found by a review: a heartbeat the store held but this server could not decode (an
+    agent newer than it, sending a value it refuses) was dropped without moving the host's
+    last heartbeat; a TTL and an interval later the host was taken as expired by its age
+    and its work replaced, while its agent, whose heartbeats were stored, ran it on. Its
+    key is alive: the host stays present (with what it reported last)."""
+    import dataclasses
+
+    state = ClusterState(heartbeat_interval_s=5.0)
+    t0 = 1_000_000.0
+    state.apply_host_record(_beat("h1", 1, t0), now=t0)
+    first = state.hosts["h1"].heartbeat
+    for k in range(1, 7):
+        bad = dataclasses.replace(_beat("h1", 1 + k, t0 + 5 * k), value=b'{"host_id": "h1", "ts": "not a time"}')
+        state.apply_host_record(bad, now=t0 + 5 * k)
+        state.refresh_health(t0 + 5 * k)
+    assert state.hosts["h1"].present and not state.hosts["h1"].lost_unmarked
+    assert state.hosts["h1"].heartbeat is first and state.hosts["h1"].revision == 7
+    assert state.dropped["heartbeat"] == 6
+
+
 def test_a_host_is_not_taken_as_expired_by_its_age_on_what_the_server_has_not_read() -> None:
     """What a host's key is judged overdue at is the store's time every host's heartbeats
     have been read up to: never the local clock run on (a server cut off from NATS, or
