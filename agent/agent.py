@@ -1308,6 +1308,15 @@ class Agent:
             # Stopped by the watchdog (what it left, when its task had ended by itself,
             # unless that end was a failure), as a live agent's run says.
             await self._report(t, AttemptState.KILLED, None, "", mark[0])
+        elif in_grace and not t.stop:
+            # Stopped by the previous agent itself (its shutdown, its fence: the record's
+            # `kill:` says a SIGTERM was sent), not by the control plane: the stop's end, as
+            # a live agent's run says (KILLED whatever its exit: a task that saved its state
+            # and exited 0 has not finished; found by a review, it was reported SUCCEEDED, or
+            # FAILED and counted), and the host's doing, not the job's (requeued, uncounted).
+            code = None if status is None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+            await self._report(t, AttemptState.KILLED, code, "", "stopped by its agent, which restarted in the "
+                               "stop's grace; its output was not kept", host_trouble=True)
         elif status is not None and in_grace:
             await self._report(t, *self._ended_while_away(
                 t, status, "ended in its grace, its agent having restarted; its output was not kept"))

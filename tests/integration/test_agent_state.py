@@ -234,6 +234,54 @@ async def test_an_agent_restarted_in_a_stops_grace_lets_the_grace_run_to_its_end
         await eventually(lambda: not list(runs.iterdir()), timeout=30, what="the run records removed")
 
 
+async def test_a_try_its_agent_stopped_itself_before_a_restart_ends_killed_not_by_its_exit(
+        nats_url: str, tmp_path: Path, kv: Store) -> None:
+    """Found by a review: an agent's own stop (its orderly shutdown, SIGTERM to it) puts the
+    grace's end in the try's run record too; killed (-9) in that grace and started again,
+    the next agent let the task run on, and reported it by its exit: a task that saved its
+    state and exited 0 on SIGTERM was SUCCEEDED (its job ended for good, unfinished). A
+    stop begun by the agent itself ends KILLED, as a live agent's run says, and as the
+    host's doing (requeued, not counted against the job)."""
+    import signal
+
+    host = "gs-1"
+    cfg = dict(heartbeat_interval=1, ttl_intervals=60, fence_after=30, kill_grace=300,
+               cgroup_name=f"muster-{host}-{zlib.crc32(str(tmp_path).encode()):08x}")
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    saver = task("j-saver", command=[PY, "-c", GRACEFUL, str(marks), str(gate), "saver"], cpus=1, memory_mb=64,
+                 term=1)
+
+    def noted(*lines: str) -> bool:
+        return marks.exists() and set(lines) <= set(marks.read_text().splitlines())
+
+    first = agent_process(nats_url, tmp_path, host, **cfg)
+    try:
+        await kv.put(subjects.alloc_key(host), encode(host_alloc(host, [saver], term=1)))
+        await eventually(lambda: noted("saver start"), timeout=60, what="the task started")
+        first.send_signal(signal.SIGTERM)  # its orderly shutdown stops the try: SIGTERM, its grace
+        await eventually(lambda: noted("saver term"), timeout=60, what="the task told to stop")
+        runs = tmp_path / "agent" / f"{host}.runs"
+        await eventually(lambda: read_run((runs / saver.attempt_id).read_text()).kill_at is not None, timeout=30,
+                         what="the grace's end recorded")
+    finally:
+        first.kill()
+        first.wait()
+    async with status_reports(kv.nc, host) as delivered, \
+            running_agent(nats_url, tmp_path, host, heartbeat_interval_s=1.0, ttl_intervals=60, fence_after_s=30.0,
+                          cgroup_name=cfg["cgroup_name"]) as agent:
+        await start_heartbeats_stored(agent)
+        gate.write_text("go")  # it saves its state and exits 0, in its grace
+
+        def ended() -> list[StatusReport]:
+            return [d for d in delivered if d.attempt_id == saver.attempt_id and d.state.terminal]
+
+        await eventually(ended, timeout=60, what="the try's end reported")
+        assert noted("saver saved")
+        [r] = ended()
+        assert r.state is AttemptState.KILLED and r.host_trouble, r
+        assert "stopped by its agent" in r.reason, r
+
+
 async def test_a_state_directory_removed_under_a_running_agent_is_written_again(
         nats_url: str, tmp_path: Path, kv: Store) -> None:
     """Found by an exploration: the state directory removed under a running agent (an
