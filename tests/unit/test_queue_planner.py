@@ -1587,6 +1587,30 @@ def test_a_victim_that_ends_by_itself_within_the_grace_is_stopped_first_and_lose
     assert w.job("a-new").state is JobState.PLACED and w.job("b-young").state is JobState.RUNNING
 
 
+def test_a_victim_ends_by_itself_within_the_grace_its_tries_were_told_not_its_queues_now() -> None:
+    """Found by a review: whether a victim reaches its time limit within the grace was
+    judged by its queue's grace now (30 s, raised since it was placed), though a stop gives
+    a try the grace it was told when placed (5 s): b-old, 10 s from its limit, was stopped
+    first as losing nothing and recorded TIMEOUT, though it would have been killed 5 s
+    before its limit. With the grace it was told it loses its 900 s: b-young (100 s) goes."""
+    w = QWorld()
+    w.queue("a", cohort="c", gpus=2, min_runtime_s=0)
+    w.queue("b", cohort="c", gpus=1, min_runtime_s=0, preempt_grace_s=5.0)
+    for h, job_id, queue, started, limit in (("h1", "a0", "a", NOW - 1000, 0.0), ("h2", "b-old", "b", NOW - 900, 910.0),
+                                             ("h3", "b-young", "b", NOW - 100, 0.0)):
+        w.host(h, gpus=1)
+        w.qsubmit(job_id, queue, submitted_at=started - 1, time_limit_s=limit)
+        _placed_and_running(w, started)
+    assert w.state.allocs["h2"].tasks[0].grace_s == 5.0
+    w.queue("b", cohort="c", gpus=1, min_runtime_s=0, preempt_grace_s=30.0)
+    w.host("h4", gpus=1)
+    w.qsubmit("a-new", "a", submitted_at=NOW - 5)
+    plan = w.qcycle(now=NOW)
+    [victim] = [e.split(":")[0] for e in w.job("a-new").preempting]
+    assert victim == "b-young" and plan.preemption_cost == 100.0
+    assert w.job("b-young").current.stop_kind == "preempt"
+
+
 @pytest.mark.parametrize("stopped_at", [NOW + 20, NOW + 45])
 def test_a_preempted_try_still_running_when_its_time_limit_passes_ends_timeout(stopped_at: float) -> None:
     """Found by review: a try preempted before its time limit (NOW + 40) that was still

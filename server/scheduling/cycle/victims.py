@@ -236,8 +236,13 @@ def _as_victim(w: Work, adm: Admission, job: Job, now: float) -> preemption.Vict
     grace = q.preempt_grace_s if q is not None else 0.0
     cap = preemption.checkpoint_cap(job.spec.checkpoints, grace)
     limit_at, stopped_at = ending(w, adm, now).get(job.id, (math.inf, math.inf))
+    # The grace its stop would give it is the one its tries were told when placed (its
+    # queue's then; 0: the agent's default, unknown here, so its queue's now): whether it
+    # ends by itself within it is judged by that (found by a review: by its queue's grace
+    # now, raised since, a try was taken to reach its limit within a grace it was not given).
+    told = min((task.grace_s if task.grace_s > 0 else grace for _h, task in where), default=grace)
     return preemption.Victim(job.id, job.spec.queue, job.spec.priority, since, job.submitted_at, job_usage(job),
-                             tuple(where), cap, limit_at, stopped_at, grace)
+                             tuple(where), cap, limit_at, stopped_at, told)
 
 
 class _HostVictims:
