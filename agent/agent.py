@@ -297,6 +297,11 @@ class Agent:
         self._fault_at = 0.0
         self._hb_wake = asyncio.Event()
         self._hb_stored = asyncio.Event()  # set each time the store takes a heartbeat
+        # When the previous incarnation's last heartbeat was sent (monotonic, from its
+        # watchdog file: `_run`), and when this one's first was stored: until then a try it
+        # left in its grace must be dead before that heartbeat's key could expire (`_grace_ends`).
+        self._previous_heard: float | None = None
+        self._first_stored: float | None = None
         # Shutting down: heartbeats say so (nothing more is placed here), and no new
         # attempt is started; set once the store has taken a heartbeat that says so.
         self.leaving = False
@@ -584,9 +589,18 @@ class Agent:
         or the fence's deadline if this agent is fenced and that comes first (it must be dead
         before the heartbeat key can expire, as this agent's own tries are)."""
         assert r.kill_at is not None
-        if not self.fenced:
-            return r.kill_at
-        return min(r.kill_at, self.last_heartbeat_ok + self.fence_timing()[1])
+        ends = r.kill_at
+        if self.fenced:
+            ends = min(ends, self.last_heartbeat_ok + self.fence_timing()[1])
+        if self._previous_heard is not None:
+            # Until this agent's first heartbeat is stored (NATS unreachable at its start, say),
+            # the key is the previous one's, and may expire a TTL after its last heartbeat:
+            # the leader then frees the try's place (found by a review: the try ran on to its
+            # grace's end, minutes away, past the expiry).
+            bound = self._previous_heard + self.fence_timing()[1]
+            if self._first_stored is None or self._first_stored > bound:
+                ends = min(ends, bound)
+        return ends
 
     async def _let_grace_end(self, attempt_id: str, r: RunRecord) -> None:
         """Let a try a previous incarnation was stopping run to the end of its grace (or end
@@ -923,6 +937,8 @@ class Agent:
                         self._unacked.popitem(last=False)
                 ack = await self.store.js.publish(subject, data, headers=headers, timeout=min(2.0, interval))
                 self.last_heartbeat_ok, self._hb_rev = sent, ack.seq
+                if self._first_stored is None:
+                    self._first_stored = sent
                 self._hb_stored.set()
                 if hb.leaving:
                     self._leaving_stored.set()
@@ -1560,6 +1576,7 @@ class Agent:
     async def _run(self, external: asyncio.Event) -> None:
         # The state directory is this agent's (locked): what a previous incarnation left in
         # it is killed, and the watchdog watches this one.
+        self._previous_heard = self._last_alive()
         self._touch_alive()
         self._previous_instance = self._take_instance()
         self._state_watch.mark()
@@ -1887,6 +1904,14 @@ class Agent:
     def watchdog_timing(self) -> tuple[float, float, float]:
         c = self.config
         return watchdog_timing(c.fence_after_s, c.heartbeat_interval_s * c.ttl_intervals, c.kill_grace_s)
+
+    def _last_alive(self) -> float | None:
+        """When the agent that wrote the watchdog's `alive` file last had a heartbeat stored
+        (monotonic: this boot's; None if the file is missing or unreadable)."""
+        try:
+            return float((self._watch_dir / "alive").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
 
     def _touch_alive(self) -> None:
         """Show the watchdog a heartbeat was stored: write this agent's pid (which agent

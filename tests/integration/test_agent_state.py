@@ -282,6 +282,29 @@ async def test_a_try_its_agent_stopped_itself_before_a_restart_ends_killed_not_b
         assert "stopped by its agent" in r.reason, r
 
 
+def test_a_try_left_in_its_grace_dies_before_the_previous_agents_key_could_expire(tmp_path: Path) -> None:
+    """Found by a review: a try a previous agent was stopping, left to run to its grace's
+    end (minutes away) by the next agent, was not bounded by the heartbeat key while that
+    agent could not store a heartbeat of its own (NATS unreachable at its start): the key,
+    the previous agent's, expired a TTL after its last heartbeat, the leader freed the try's
+    place, and the task ran on. Until the new agent's first heartbeat is stored in time, the
+    try is killed by the previous one's fence deadline."""
+    agent = quiet_agent(tmp_path, "gb-1", heartbeat_interval_s=1.0, ttl_intervals=15, fence_after_s=5.0)
+    try:
+        now = time.monotonic()
+        r = RunRecord(pid=1, start="1", keep=False, launcher=None, cgroups=[], work_dir=None, kill_at=now + 600)
+        deadline = agent.fence_timing()[1]
+        assert agent._grace_ends(r) == now + 600  # no previous agent's heartbeat known: its grace's end
+        agent._previous_heard = now - 3
+        assert agent._grace_ends(r) == pytest.approx(now - 3 + deadline)  # none of this one's stored yet
+        agent._first_stored = now - 2  # stored in time: the key is this agent's, alive
+        assert agent._grace_ends(r) == now + 600
+        agent._first_stored = now - 3 + deadline + 1  # stored too late: the key may have expired before
+        assert agent._grace_ends(r) == pytest.approx(now - 3 + deadline)
+    finally:
+        agent.isolation.close()
+
+
 async def test_a_state_directory_removed_under_a_running_agent_is_written_again(
         nats_url: str, tmp_path: Path, kv: Store) -> None:
     """Found by an exploration: the state directory removed under a running agent (an
