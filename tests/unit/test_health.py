@@ -247,11 +247,12 @@ def test_heartbeat_with_other_host_id_is_dropped() -> None:
     assert "h1" not in s.hosts and "h2" not in s.hosts
     assert s.dropped["heartbeat"] == 1
     assert lis.calls == []
-    # Also for a known host: the held heartbeat stays.
+    # Also for a known host: the held heartbeat stays (its key counts as heard: it is alive,
+    # not to be taken as expired by its age).
     s.apply_host_record(heartbeat_record("h1", 2, shape=False, cpus=16), now=T0)
     s.apply_host_record(heartbeat_record("evil", 3, key="h1", shape=False, cpus=4096), now=T0 + 1)
     assert s.dropped["heartbeat"] == 2
-    assert s.hosts["h1"].heartbeat.cpus == 16 and s.hosts["h1"].revision == 2
+    assert s.hosts["h1"].heartbeat.cpus == 16 and s.hosts["h1"].revision == 3 and s.hosts["h1"].seen_at == T0 + 1
 
 
 def test_undecodable_heartbeat_is_dropped() -> None:
