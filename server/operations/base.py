@@ -9,7 +9,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from server.scheduling.queues import queue_named
 from server.state.cluster import ClusterState
@@ -21,6 +22,8 @@ from wire.messages import DEFAULT_QUEUE, Event, Queue, encode, implicit_default_
 from wire.records import Record
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Tries of a change committed with the `advres-order` key (Operations.ordered_commit)
 # before it is refused as made concurrently, and how long each waits at most for this
@@ -87,6 +90,25 @@ class Operations:
             return {w.key: self.state.revisions.get(w.key, 0) for w in writes}
         self.state.apply_state_record(Record(key, res.revisions[key], order))
         return res.revisions
+
+    async def ordered_write(self, decide: Callable[[Record | None], tuple[Write, T]], by: str, what: str) -> T:
+        """Decide one write on this replica's view and commit it ordered (`ordered_commit`),
+        deciding again on the view as stored after each refusal (`after_ordered_refusal`),
+        ORDERED_TRIES times at most. `decide` is given the key as stored when the last try
+        was refused (None at the first) and returns the write and what to return once it is
+        stored (its record applied to the view); it raises where the view refuses the change.
+        ConflictError naming `what` when every try was refused."""
+        stored: Record | None = None
+        for tries in range(ORDERED_TRIES):
+            write, result = decide(stored)
+            try:
+                revs = await self.ordered_commit([write], by)
+            except ConflictError:
+                stored = (await self.after_ordered_refusal([write.key], tries))[write.key]
+                continue
+            self.state.apply_state_record(Record(write.key, revs[write.key], None if write.delete else write.value))
+            return result
+        raise ConflictError(f"{what} changed concurrently; try again", field="name")
 
     async def after_ordered_refusal(self, keys: list[str], tries: int = 0) -> dict[str, Record]:
         """After an ordered commit was refused: this replica's view holds `keys` as stored

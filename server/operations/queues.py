@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from server.operations.base import ORDERED_TRIES, Operations
+from server.operations.base import Operations
 from server.scheduling import advance
 from wire import subjects
 from wire.errors import ConflictError, NotFound, ValidationError
@@ -71,7 +71,7 @@ class QueueOperations(Operations):
         # Jobs and reservations any replica stored before now are in the view, not only
         # those this one has read so far.
         await self.view_caught_up()
-        for tries in range(ORDERED_TRIES):
+        def decide(_stored: Record | None) -> tuple[Write, None]:
             if name not in self.state.queues:
                 raise NotFound(f"no queue named {name!r}")
             queued = self.state.backlog.count(name) + self.state.backlog.held_in(name)
@@ -85,16 +85,10 @@ class QueueOperations(Operations):
             if naming:
                 raise ValidationError("name", f"queue {name!r} is named by advance reservation {', '.join(naming)}: "
                                               "delete it first, or wait for it to end", "QUEUE_IN_USE")
-            try:
-                revs = await self.ordered_commit([Write(key, b"", expected=self.state.revisions.get(key, 0),
-                                                        delete=True)], by)
-            except ConflictError:
-                await self.after_ordered_refusal([key], tries)
-                continue
-            self.state.apply_state_record(Record(key, revs[key], None))
-            await self._queue_event("deleted", name, by)
-            return
-        raise ConflictError("the queue or advance reservations changed concurrently; try again", field="name")
+            return Write(key, b"", expected=self.state.revisions.get(key, 0), delete=True), None
+
+        await self.ordered_write(decide, by, "the queue or advance reservations")
+        await self._queue_event("deleted", name, by)
 
     async def _put_queue(self, q: Queue, expected: int, created: bool = False) -> None:
         assert self.store is not None

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from server.operations.base import ORDERED_TRIES, Operations
+from server.operations.base import Operations
 from server.scheduling import advance
 from server.timefmt import PAST_START_SLACK_S, iso_utc
 from wire import subjects
-from wire.errors import ConflictError, NotFound, ValidationError
+from wire.errors import NotFound, ValidationError
 from wire.kv import Write
 from wire.messages import MAX_MESSAGE_BYTES, AdvanceReservation, Event, encode
 from wire.records import Record
@@ -33,34 +33,30 @@ class ReservationOperations(Operations):
         over an overlapping window (OVERLAPS). The checks and the write are one: of two
         creations (on any replicas) that would clash, or a creation and the deletion of a
         queue it names, one is stored and the other refused (Operations.ordered_commit)."""
-        absent: dict[str, int] = {}  # the key as stored when a try was refused, if it held nothing
-        for tries in range(ORDERED_TRIES):
+        def decide(stored: Record | None) -> tuple[Write, AdvanceReservation]:
             now = time.time()
             r, body = self._checked_reservation({**data, "created_at": now, "by": by}, now)
             if r.name in self.state.advance:
                 raise ValidationError("name", f"an advance reservation named {r.name!r} exists", "EXISTS")
             key = subjects.advres_key(r.name)
             # Expected: the key's delete marker, or its expiry's, when one of the name was
-            # before; or none once that marker has gone too, which the view does not see.
-            write = Write(key, body, expected=absent.get(key, self.state.revisions.get(key, 0)),
-                          ttl=f"{int(r.ends - now + RESERVATION_KEPT_S)}s")
-            try:
-                revs = await self.ordered_commit([write], by)
-            except ConflictError:
-                stored = (await self.after_ordered_refusal([key], tries))[key]
-                absent = {key: stored.revision} if stored.value is None else {}
-                continue
-            self.state.apply_state_record(Record(key, revs[key], body))
-            await self._reservation_event("created", r, by)
-            return r
-        raise ConflictError("advance reservations changed concurrently; try again", field="name")
+            # before; or none once that marker has gone too, which the view does not see (the
+            # key as stored when the last try was refused, if it held nothing).
+            absent = stored is not None and stored.key == key and stored.value is None
+            return Write(key, body, expected=stored.revision if absent and stored else self.state.revisions.get(key, 0),
+                         ttl=f"{int(r.ends - now + RESERVATION_KEPT_S)}s"), r
+
+        r = await self.ordered_write(decide, by, "advance reservations")
+        await self._reservation_event("created", r, by)
+        return r
 
     async def update_advance_reservation(self, name: str, changes: dict[str, Any], by: str) -> AdvanceReservation:
         """Change the given fields of an advance reservation (its end, start, hosts, queues,
         users, description), checked as a new one is, and stored as one is. Raises NotFound
         or ValidationError."""
         key = subjects.advres_key(name)
-        for tries in range(ORDERED_TRIES):
+
+        def decide(_stored: Record | None) -> tuple[Write, AdvanceReservation]:
             cur = self.state.advance.get(name)
             if cur is None:
                 raise NotFound(f"no advance reservation named {name!r}")
@@ -76,17 +72,12 @@ class ReservationOperations(Operations):
             # the window it is: no alert that it ended and opened again).
             r, body = self._checked_reservation({**cur.model_dump(), **given, "name": name, "by": by}, now,
                                                 clamp_start="starts" in given)
-            write = Write(key, body, expected=self.state.revisions.get(key, 0),
-                          ttl=f"{int(r.ends - now + RESERVATION_KEPT_S)}s")
-            try:
-                revs = await self.ordered_commit([write], by)
-            except ConflictError:
-                await self.after_ordered_refusal([key], tries)
-                continue
-            self.state.apply_state_record(Record(key, revs[key], body))
-            await self._reservation_event("updated", r, by)
-            return r
-        raise ConflictError("the advance reservation changed concurrently; try again", field="name")
+            return Write(key, body, expected=self.state.revisions.get(key, 0),
+                         ttl=f"{int(r.ends - now + RESERVATION_KEPT_S)}s"), r
+
+        r = await self.ordered_write(decide, by, "the advance reservation")
+        await self._reservation_event("updated", r, by)
+        return r
 
     def _checked_reservation(self, data: dict[str, Any], now: float,
                              clamp_start: bool = True) -> tuple[AdvanceReservation, bytes]:
@@ -137,20 +128,14 @@ class ReservationOperations(Operations):
 
     async def delete_advance_reservation(self, name: str, by: str) -> None:
         """Give the hosts of an advance reservation back to every queue. Raises NotFound."""
-        assert self.store is not None
         key = subjects.advres_key(name)
-        for tries in range(ORDERED_TRIES):
+
+        def decide(_stored: Record | None) -> tuple[Write, None]:
             if name not in self.state.advance:
                 raise NotFound(f"no advance reservation named {name!r}")
-            try:
-                revs = await self.ordered_commit([Write(key, b"", expected=self.state.revisions.get(key, 0),
-                                                        delete=True)], by)
-            except ConflictError:
-                await self.after_ordered_refusal([key], tries)
-                continue
-            self.state.apply_state_record(Record(key, revs[key], None))
-            await self._publish_event("advres.deleted", Event(
-                kind="advres.deleted", message=f"advance reservation {name} deleted by {by}",
-                data={"name": name, "by": by}))
-            return
-        raise ConflictError("advance reservations changed concurrently; try again", field="name")
+            return Write(key, b"", expected=self.state.revisions.get(key, 0), delete=True), None
+
+        await self.ordered_write(decide, by, "advance reservations")
+        await self._publish_event("advres.deleted", Event(
+            kind="advres.deleted", message=f"advance reservation {name} deleted by {by}",
+            data={"name": name, "by": by}))
